@@ -1,0 +1,466 @@
+// Package balancer is inferlb's routing core: one power-of-two-choices (P2C)
+// picker shared by the gRPC policy and the HTTP transport.
+//
+// P2C samples two distinct endpoints, weighted by capacity, and keeps the one
+// with the lower cost from the request's scorer (Mitzenmacher, "The Power of
+// Two Choices in Randomized Load Balancing", 2001; Azar, Broder, Karlin and
+// Upfal, "Balanced Allocations", 1999): with n requests on n endpoints the
+// most loaded endpoint holds ln ln n / ln 2 + O(1) of them instead of the
+// ln n / ln ln n of a single random choice, without any shared state.
+//
+// A Balancer owns durable per-endpoint state keyed by endpoint ID (in-flight
+// calls and tokens, peak-EWMA latency, error rate, telemetry slot, standing).
+// Update builds a new immutable snapshot and swaps it in atomically; the state
+// of endpoints that stay is kept. Pick never blocks, locks or allocates.
+package balancer
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/scoring"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// ErrNoEndpoints is returned by Pick when no endpoint can take the request:
+// none is configured, none is ready, none serves the requested model, or all
+// are excluded and panic routing is disabled.
+var ErrNoEndpoints = errors.New("inferlb: no endpoint available")
+
+// drawTries bounds the rejection-sampling attempts per candidate before the
+// picker falls back to a scan (only when most endpoints are unusable).
+const drawTries = 8
+
+// Balancer routes requests across a set of endpoints. It is safe for
+// concurrent use; one Balancer may serve gRPC and HTTP traffic together so
+// both see the same live load.
+//
+// Concurrency: cfg is immutable. mu serializes Update and guards eps, loads
+// and warm. snap and epoch are atomic; Pick reads only them and the atomics
+// of endpoint state, so it never takes mu.
+type Balancer struct {
+	cfg *config
+
+	mu    sync.Mutex
+	eps   map[string]*endpoint     // guarded by mu
+	loads map[string]*atomic.Int64 // durable group in-flight counters, guarded by mu
+	warm  bool                     // guarded by mu: a non-empty Update happened
+
+	snap  atomic.Pointer[snapshot]
+	epoch atomic.Uint64 // bumped on any readiness or standing change
+}
+
+// snapshot is the immutable picker state built by Update.
+type snapshot struct {
+	all      *group
+	byModel  map[string]*group // nil when no endpoint carries the subset label
+	anyModel *group            // unlabelled endpoints, for models nobody lists; may be nil
+}
+
+func (s *snapshot) groupFor(model string) *group {
+	if model == "" || s.byModel == nil {
+		return s.all
+	}
+	if g, ok := s.byModel[model]; ok {
+		return g
+	}
+	return s.anyModel
+}
+
+// New returns a Balancer with no endpoints. It panics if opts fail Validate,
+// which is a programming error; configuration parsers validate first.
+func New(opts Options) *Balancer {
+	cfg, err := opts.resolve()
+	if err != nil {
+		panic(err)
+	}
+	return &Balancer{
+		cfg:   cfg,
+		eps:   map[string]*endpoint{},
+		loads: map[string]*atomic.Int64{},
+	}
+}
+
+// Telemetry returns the Store the balancer reads samples from.
+func (b *Balancer) Telemetry() *telemetry.Store { return b.cfg.store }
+
+// Publish records a telemetry sample for an endpoint; the Balancer is a
+// telemetry.Sink. Adapters call it with per-call load reports.
+func (b *Balancer) Publish(endpointID string, s telemetry.Sample) {
+	b.cfg.store.Publish(endpointID, s)
+}
+
+var _ telemetry.Sink = (*Balancer)(nil)
+
+// Update replaces the endpoint set. Endpoints are matched to existing state by
+// Key (ID, else Addr): the load, latency, error and standing of endpoints that
+// stay are kept; new endpoints start fresh and, once the balancer has served
+// a non-empty set, ramp up through slow start.
+//
+// Entries with neither ID nor Addr, and later duplicates of an ID, are skipped;
+// a non-positive or non-finite Weight is read as 1. Every such problem is
+// reported in the returned error, and the rest of the set is applied.
+func (b *Balancer) Update(endpoints []inferlb.Endpoint) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	nowNs := max(b.cfg.clock.Now().UnixNano(), 1)
+
+	var errs []error
+	next := make(map[string]*endpoint, len(endpoints))
+	members := make([]*endpoint, 0, len(endpoints))
+	for i, ep := range endpoints {
+		id := ep.Key()
+		if id == "" {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: ID and Addr are both empty; skipped", i))
+			continue
+		}
+		if _, dup := next[id]; dup {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: duplicate ID %q; skipped", i, id))
+			continue
+		}
+		if w := ep.Weight; w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %q: Weight %v is not a finite non-negative number; using 1", id, w))
+			ep.Weight = 1
+		}
+		e, ok := b.eps[id]
+		if !ok {
+			e = newEndpoint(id, b.cfg.store.Slot(id))
+			if b.warm {
+				e.rampFrom.Store(nowNs)
+			}
+		}
+		ep.Labels = maps.Clone(ep.Labels)
+		e.info.Store(&ep)
+		next[id] = e
+		members = append(members, e)
+	}
+	b.eps = next
+	b.snap.Store(b.build(members))
+	b.epoch.Add(1)
+	if len(members) > 0 {
+		b.warm = true
+	}
+	return errors.Join(errs...)
+}
+
+// models returns the model names an endpoint serves, from the subset label.
+func (b *Balancer) models(e *endpoint) []string {
+	v := e.info.Load().Labels[b.cfg.subsetLabel]
+	var out []string
+	for m := range strings.SplitSeq(v, ",") {
+		if m = strings.TrimSpace(m); m != "" && !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// build makes the snapshot for members and moves each endpoint's in-flight
+// count onto the durable counters of the groups it now belongs to. Called with mu held.
+func (b *Balancer) build(members []*endpoint) *snapshot {
+	used := map[string]bool{}
+	counter := func(key string) *atomic.Int64 {
+		used[key] = true
+		c, ok := b.loads[key]
+		if !ok {
+			c = new(atomic.Int64)
+			b.loads[key] = c
+		}
+		return c
+	}
+	mkGroup := func(key string, ms []*endpoint) *group {
+		w := make([]float64, len(ms))
+		for i, e := range ms {
+			w[i] = e.info.Load().Capacity()
+		}
+		return newGroup(ms, w, counter(key))
+	}
+
+	snap := &snapshot{all: mkGroup("", members)}
+	byModel := map[string][]*endpoint{}
+	var unlabelled []*endpoint
+	var names []string
+	for _, e := range members {
+		ms := b.models(e)
+		if len(ms) == 0 {
+			unlabelled = append(unlabelled, e)
+			continue
+		}
+		for _, m := range ms {
+			if _, ok := byModel[m]; !ok {
+				names = append(names, m)
+			}
+			byModel[m] = append(byModel[m], e)
+		}
+	}
+	groupsOf := make(map[*endpoint][]*atomic.Int64, len(members))
+	for _, e := range members {
+		groupsOf[e] = []*atomic.Int64{snap.all.load}
+	}
+	if len(names) > 0 {
+		snap.byModel = make(map[string]*group, len(names))
+		for _, m := range names {
+			ms := append(byModel[m], unlabelled...)
+			g := mkGroup("model:"+m, ms)
+			snap.byModel[m] = g
+			for _, e := range ms {
+				groupsOf[e] = append(groupsOf[e], g.load)
+			}
+		}
+		if len(unlabelled) > 0 {
+			snap.anyModel = mkGroup("unlabelled", unlabelled)
+			for _, e := range unlabelled {
+				groupsOf[e] = append(groupsOf[e], snap.anyModel.load)
+			}
+		}
+	}
+	for _, e := range members {
+		setGroupLoads(e, groupsOf[e])
+	}
+	for k := range b.loads {
+		if !used[k] {
+			delete(b.loads, k)
+		}
+	}
+	return snap
+}
+
+// setGroupLoads points e at new group counters, moving its in-flight count
+// from counters it leaves to counters it joins. A pick or Done racing with
+// this can be miscounted by one on a counter; counters are clamped at 0 where
+// read and are only used for the affinity load bound.
+func setGroupLoads(e *endpoint, next []*atomic.Int64) {
+	old := e.groupLoads.Load()
+	if old != nil && slices.Equal(*old, next) {
+		return
+	}
+	n := e.inFlight.Load()
+	if old != nil {
+		for _, c := range *old {
+			if !slices.Contains(next, c) {
+				c.Add(-n)
+			}
+		}
+	}
+	for _, c := range next {
+		if old == nil || !slices.Contains(*old, c) {
+			c.Add(n)
+		}
+	}
+	e.groupLoads.Store(&next)
+}
+
+// SetReady marks an endpoint ready or not (gRPC: its subchannel is READY).
+// Endpoints start ready. A not-ready endpoint is never picked, even in panic
+// routing. It reports whether id is a current endpoint.
+func (b *Balancer) SetReady(id string, ready bool) bool {
+	b.mu.Lock()
+	e, ok := b.eps[id]
+	b.mu.Unlock()
+	if !ok {
+		return false
+	}
+	if e.ready.Swap(ready) != ready {
+		b.epoch.Add(1)
+	}
+	return true
+}
+
+func (b *Balancer) rand() uint64 { return b.cfg.rand.Uint64() }
+
+// Pick chooses an endpoint for req. It never blocks, locks or allocates. The
+// caller must call Done on the returned Pick exactly once when the call ends
+// (later calls are no-ops). It returns ErrNoEndpoints when nothing can serve req.
+func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
+	snap := b.snap.Load()
+	if snap == nil {
+		return Pick{}, ErrNoEndpoints
+	}
+	g := snap.groupFor(req.Model)
+	if g == nil || len(g.members) == 0 {
+		return Pick{}, ErrNoEndpoints
+	}
+	now := b.cfg.clock.Now()
+	nowNs := now.UnixNano()
+	st := g.eligibility(b.epoch.Load(), nowNs)
+	if st.ready == 0 {
+		return Pick{}, ErrNoEndpoints
+	}
+	panicking := b.cfg.panicThreshold > 0 && float64(st.good) < b.cfg.panicThreshold*float64(st.ready)
+	if !panicking && st.good == 0 {
+		return Pick{}, ErrNoEndpoints
+	}
+	i := b.draw(g, nowNs, panicking, -1)
+	if i < 0 {
+		return Pick{}, ErrNoEndpoints
+	}
+	choice := i
+	if len(g.members) > 1 {
+		if j := b.draw(g, nowNs, panicking, i); j >= 0 {
+			sc := b.scorer(req.Service)
+			ci, cj := b.cost(sc, req, g, i, now, nowNs), b.cost(sc, req, g, j, now, nowNs)
+			if cj < ci || (cj == ci && b.rand()&1 == 1) {
+				choice = j
+			}
+		}
+	}
+	return b.acquire(g.members[choice], req, nowNs), nil
+}
+
+func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {
+	if int(svc) < len(b.cfg.scorers) {
+		return b.cfg.scorers[svc]
+	}
+	return b.cfg.scorers[inferlb.ServiceUnknown]
+}
+
+// draw samples a usable member other than not, by capacity weight and slow
+// start. After drawTries rejections it scans from a random start, so it
+// terminates in O(n) even when almost nothing is usable; -1 means none.
+func (b *Balancer) draw(g *group, nowNs int64, panicking bool, not int) int {
+	for range drawTries {
+		r := b.rand()
+		i := g.sample(r)
+		if i == not || !g.members[i].usable(nowNs, panicking) {
+			continue
+		}
+		if f := g.members[i].rampFactor(b.cfg, nowNs); f < 1 {
+			// Accept a ramping endpoint with probability f, which scales its
+			// share of candidacies by f, like a weight of w*f.
+			if float64(b.rand()>>11)/(1<<53) >= f {
+				continue
+			}
+		}
+		return i
+	}
+	n := len(g.members)
+	start := int(b.rand() % uint64(n))
+	for k := range n {
+		i := (start + k) % n
+		if i != not && g.members[i].usable(nowNs, panicking) {
+			return i
+		}
+	}
+	return -1
+}
+
+func (b *Balancer) cost(sc scoring.Scorer, req *inferlb.Request, g *group, i int, now time.Time, nowNs int64) float64 {
+	e := g.members[i]
+	var st scoring.State
+	e.state(b.cfg, now, g.weights[i]*e.rampFactor(b.cfg, nowNs), &st)
+	return sc.Cost(req, st)
+}
+
+func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, nowNs int64) Pick {
+	tokens := req.Tokens()
+	e.inFlight.Add(1)
+	e.inFlightTokens.Add(tokens)
+	for _, c := range *e.groupLoads.Load() {
+		c.Add(1)
+	}
+	e.picks.Add(1)
+	return Pick{b: b, e: e, start: nowNs, tokens: tokens}
+}
+
+// Pick is the result of Balancer.Pick: the endpoint chosen and the handle to
+// report how the call ended. Call Done exactly once, when the response or
+// stream has ended, not when headers arrive; further calls are no-ops. Do
+// not copy a Pick before calling Done: each copy could report once.
+type Pick struct {
+	b      *Balancer
+	e      *endpoint
+	start  int64 // unix ns at pick
+	tokens int64
+	done   uint32 // atomic
+}
+
+// Endpoint returns the chosen endpoint as last given to Update.
+func (p *Pick) Endpoint() inferlb.Endpoint {
+	if p.e == nil {
+		return inferlb.Endpoint{}
+	}
+	return *p.e.info.Load()
+}
+
+// ID returns the chosen endpoint's ID (Endpoint().Key()) without copying it.
+func (p *Pick) ID() string {
+	if p.e == nil {
+		return ""
+	}
+	return p.e.id
+}
+
+// Done records the call's outcome: it releases the in-flight count and
+// tokens, feeds latency and error EWMAs, and cools the endpoint down on
+// overload. Only the first call has an effect; it is safe for concurrent use.
+func (p *Pick) Done(o inferlb.Outcome) {
+	if p.e == nil || !atomic.CompareAndSwapUint32(&p.done, 0, 1) {
+		return
+	}
+	p.b.finish(p, o)
+}
+
+func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
+	e := p.e
+	e.inFlight.Add(-1)
+	e.inFlightTokens.Add(-p.tokens)
+	for _, c := range *e.groupLoads.Load() {
+		c.Add(-1)
+	}
+	nowNs := b.cfg.clock.Now().UnixNano()
+	e.lastOutcome.Store(nowNs)
+	latency := o.Latency
+	if latency <= 0 {
+		latency = time.Duration(nowNs - p.start)
+	}
+	switch {
+	case o.Canceled():
+		e.observe(b.cfg, nowNs, 0, o.TTFT, false, false)
+	case o.Overloaded:
+		e.overloads.Add(1)
+		b.cooldown(e, nowNs, o.RetryAfter)
+	case o.Err != nil:
+		e.failures.Add(1)
+		e.observe(b.cfg, nowNs, latency, 0, true, true)
+	default:
+		e.successes.Add(1)
+		e.observe(b.cfg, nowNs, latency, o.TTFT, true, false)
+	}
+}
+
+// cooldown keeps e out of rotation for the server's Retry-After hint, or
+// DefaultCooldown, capped at MaxCooldown. It never shortens an exclusion.
+func (b *Balancer) cooldown(e *endpoint, nowNs int64, retryAfter time.Duration) {
+	d := retryAfter
+	if d <= 0 {
+		d = b.cfg.cooldown
+	}
+	d = min(d, b.cfg.maxCooldown)
+	if d <= 0 {
+		return
+	}
+	if exclude(e, nowNs+int64(d)) {
+		b.epoch.Add(1)
+	}
+}
+
+// exclude extends e's exclusion to until; it reports whether it changed.
+func exclude(e *endpoint, until int64) bool {
+	for {
+		cur := e.excludedUntil.Load()
+		if cur >= until {
+			return false
+		}
+		if e.excludedUntil.CompareAndSwap(cur, until) {
+			return true
+		}
+	}
+}

@@ -1,0 +1,210 @@
+package balancer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/scoring"
+)
+
+func endpoints(n int) []inferlb.Endpoint {
+	eps := make([]inferlb.Endpoint, n)
+	for i := range eps {
+		eps[i] = inferlb.Endpoint{Addr: fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256)}
+	}
+	return eps
+}
+
+func newBalancer(t testing.TB, n int, opts balancer.Options) *balancer.Balancer {
+	t.Helper()
+	b := balancer.New(opts)
+	require.NoError(t, b.Update(endpoints(n)))
+	return b
+}
+
+// maxLoad routes n requests into n equal endpoints through the real
+// Balancer, holding every call (in-flight is the load), and returns the
+// largest in-flight count.
+func maxLoad(t *testing.T, n int, seed uint64, scorer scoring.Scorer) int {
+	opts := balancer.Options{Rand: rand.NewPCG(seed, seed+1), Clock: testutil.NewClock()}
+	if scorer != nil {
+		opts.Scorers = map[inferlb.Service]scoring.Scorer{inferlb.ServiceUnknown: scorer}
+	}
+	b := newBalancer(t, n, opts)
+	counts := map[string]int{}
+	req := &inferlb.Request{}
+	most := 0
+	for range n {
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		counts[p.ID()]++
+		most = max(most, counts[p.ID()])
+	}
+	return most
+}
+
+// constant makes every endpoint cost the same, so the pick is a fair coin
+// between two random candidates: a single random choice.
+type constant struct{}
+
+func (constant) Cost(*inferlb.Request, scoring.State) float64 { return 1 }
+
+// TestTwoChoicesMaxLoad checks the theory P2C rests on (Azar et al. 1999):
+// n balls into n bins with two choices give a max load of
+// ln ln n / ln 2 + O(1) (about 3.3 + O(1) for n = 1e5), against about 7.7
+// for one random choice.
+func TestTwoChoicesMaxLoad(t *testing.T) {
+	const n, seeds = 100_000, 5
+	var p2c, single float64
+	for seed := range uint64(seeds) {
+		p2c += float64(maxLoad(t, n, seed, nil))
+		single += float64(maxLoad(t, n, seed, constant{}))
+	}
+	p2c /= seeds
+	single /= seeds
+	t.Logf("n=%d: mean max load P2C %.1f, single choice %.1f", n, p2c, single)
+	assert.LessOrEqual(t, p2c, 4.0, "P2C max load")
+	assert.GreaterOrEqual(t, single, 6.0, "single random choice should be far worse")
+}
+
+func TestSlowEndpointGetsLessEmbeddingTraffic(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	slow := endpoints(4)[3].Addr
+	req := &inferlb.Request{Service: inferlb.ServiceEmbedding}
+	counts := map[string]int{}
+	// A closed loop with 8 calls outstanding: each step finishes the oldest
+	// call with its endpoint's latency and starts a new one.
+	var window []balancer.Pick
+	for i := range 4000 {
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		if i >= 400 { // after warm-up
+			counts[p.ID()]++
+		}
+		window = append(window, p)
+		if len(window) == 8 {
+			lat := 10 * time.Millisecond
+			if window[0].ID() == slow {
+				lat = 30 * time.Millisecond
+			}
+			clock.Advance(2 * time.Millisecond)
+			window[0].Done(inferlb.Outcome{Latency: lat})
+			window = window[1:]
+		}
+	}
+	fair := 3600 / 4
+	t.Logf("shares: %v", counts)
+	assert.Less(t, counts[slow], fair/2, "the 3x slower endpoint should get well under a fair share")
+	for _, ep := range endpoints(3) {
+		assert.Greater(t, counts[ep.Addr], fair, "fast endpoints absorb the slow one's share")
+	}
+}
+
+func TestLoadedEndpointGetsLessLLMTraffic(t *testing.T) {
+	// Load one endpoint while it is alone, then add its peers: its in-flight
+	// count survives the membership update.
+	b := newBalancer(t, 1, balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(2), SlowStartWindow: -1})
+	loaded := endpoints(4)[0].Addr
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 500, MaxOutputTokens: 200}
+	var held []balancer.Pick
+	for range 6 {
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		held = append(held, p)
+	}
+	require.NoError(t, b.Update(endpoints(4)))
+	counts := map[string]int{}
+	for range 3000 {
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		counts[p.ID()]++
+		p.Done(inferlb.Outcome{})
+	}
+	t.Logf("shares: %v", counts)
+	assert.Less(t, counts[loaded], 3000/4/10, "an endpoint with 6 calls in flight should get little new traffic")
+	for _, p := range held {
+		p.Done(inferlb.Outcome{})
+	}
+}
+
+func TestPickAndDoneDoNotAllocate(t *testing.T) {
+	for _, svc := range []inferlb.Service{inferlb.ServiceUnknown, inferlb.ServiceLLM, inferlb.ServiceEmbedding, inferlb.ServiceRerank} {
+		b := newBalancer(t, 64, balancer.Options{})
+		req := &inferlb.Request{Service: svc, PromptTokens: 100}
+		allocs := testing.AllocsPerRun(1000, func() {
+			p, err := b.Pick(req)
+			if err != nil {
+				panic(err)
+			}
+			p.Done(inferlb.Outcome{Latency: time.Millisecond})
+		})
+		assert.Zero(t, allocs, "service %v", svc)
+	}
+}
+
+func TestPickSamplesTwoDistinctEndpoints(t *testing.T) {
+	// Both draws land on endpoint 2; the second must be redrawn, and the
+	// lower-cost one of the distinct pair wins.
+	const n = 4
+	seq := []uint64{testutil.Index(2, n)}
+	for range 8 {
+		seq = append(seq, testutil.Index(2, n)) // second candidate keeps hitting 2
+	}
+	seq = append(seq, 1) // the fallback scan starts at index 1
+	cost := costByAddr{endpoints(n)[2].Addr: 5, endpoints(n)[1].Addr: 1}
+	b := newBalancer(t, n, balancer.Options{
+		Rand:    testutil.NewScript(seq...),
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceUnknown: cost},
+	})
+	p, err := b.Pick(&inferlb.Request{})
+	require.NoError(t, err)
+	assert.Equal(t, endpoints(n)[1].Addr, p.ID())
+}
+
+// costByAddr scores by a fixed table keyed by endpoint address.
+type costByAddr map[string]float64
+
+func (c costByAddr) Cost(_ *inferlb.Request, s scoring.State) float64 {
+	return c[s.Endpoint.Key()]
+}
+
+func TestDoneOnceAndReleasesLoad(t *testing.T) {
+	b := newBalancer(t, 1, balancer.Options{})
+	req := &inferlb.Request{PromptTokens: 10, MaxOutputTokens: 5}
+	p, err := b.Pick(req)
+	require.NoError(t, err)
+	st := b.Stats()[0]
+	assert.EqualValues(t, 1, st.InFlight)
+	assert.EqualValues(t, 15, st.InFlightTokens)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { p.Done(inferlb.Outcome{Err: errors.New("boom")}) })
+	}
+	wg.Wait()
+	st = b.Stats()[0]
+	assert.Zero(t, st.InFlight)
+	assert.Zero(t, st.InFlightTokens)
+	assert.EqualValues(t, 1, st.Failures, "eight Done calls record one outcome")
+}
+
+func TestCanceledCountsAsNeither(t *testing.T) {
+	b := newBalancer(t, 1, balancer.Options{})
+	p, _ := b.Pick(&inferlb.Request{})
+	p.Done(inferlb.Outcome{Err: fmt.Errorf("client gave up: %w", context.Canceled)})
+	st := b.Stats()[0]
+	assert.Zero(t, st.Failures)
+	assert.Zero(t, st.Successes)
+	assert.Zero(t, st.ErrorRate)
+}

@@ -1,0 +1,149 @@
+package balancer
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/scoring"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// endpoint is the durable live state of one endpoint ID. It outlives picker
+// snapshots: Update reconciles by ID and keeps it for endpoints that stay.
+//
+// Concurrency: id and slot are immutable. Every other field is atomic and read
+// without locks by Pick; mu only serializes the read-modify-write of the
+// EWMAs in Done so two concurrent outcomes are not lost.
+type endpoint struct {
+	id   string
+	slot *telemetry.Slot // nil when the telemetry table is full
+
+	info atomic.Pointer[inferlb.Endpoint] // latest description from Update
+
+	inFlight       atomic.Int64
+	inFlightTokens atomic.Int64
+	groupLoads     atomic.Pointer[[]*atomic.Int64] // in-flight counters of the groups it belongs to
+
+	ready         atomic.Bool  // transport-level readiness (gRPC subchannel READY); true by default
+	excludedUntil atomic.Int64 // unix ns; soft exclusion (cooldown, ejection, open breaker) until then
+	rampFrom      atomic.Int64 // unix ns slow start began; 0 = not ramping
+
+	latencyEWMA atomic.Int64  // ns, peak-EWMA
+	latencyAt   atomic.Int64  // unix ns of last latency sample
+	ttftEWMA    atomic.Int64  // ns
+	errRate     atomic.Uint64 // float64 bits
+	errAt       atomic.Int64  // unix ns of last counted outcome
+	lastOutcome atomic.Int64  // unix ns
+
+	picks     atomic.Uint64
+	successes atomic.Uint64
+	failures  atomic.Uint64
+	overloads atomic.Uint64
+
+	mu sync.Mutex // serializes EWMA updates; never taken by Pick
+}
+
+func newEndpoint(id string, slot *telemetry.Slot) *endpoint {
+	e := &endpoint{id: id, slot: slot}
+	e.ready.Store(true)
+	return e
+}
+
+// usable reports whether Pick may consider e: ready, and in good standing
+// unless the group is in panic.
+func (e *endpoint) usable(nowNs int64, panicking bool) bool {
+	if !e.ready.Load() {
+		return false
+	}
+	return panicking || e.excludedUntil.Load() <= nowNs
+}
+
+// rampFactor is the slow-start fraction of weight at now, in (0, 1].
+func (e *endpoint) rampFactor(c *config, nowNs int64) float64 {
+	from := e.rampFrom.Load()
+	if from == 0 || c.slowStart <= 0 {
+		return 1
+	}
+	elapsed := nowNs - from
+	if elapsed >= int64(c.slowStart) {
+		return 1
+	}
+	if elapsed <= 0 {
+		return c.slowStartMin
+	}
+	f := float64(elapsed) / float64(c.slowStart)
+	if c.slowStartAggr != 1 {
+		f = math.Pow(f, 1/c.slowStartAggr)
+	}
+	return max(f, c.slowStartMin)
+}
+
+// state fills a scoring.State for e at now.
+func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.State) {
+	nowNs := now.UnixNano()
+	st.Endpoint = e.info.Load()
+	st.Now = now
+	st.Weight = weight
+	st.InFlight = e.inFlight.Load()
+	st.InFlightTokens = e.inFlightTokens.Load()
+	st.LatencyEWMA = time.Duration(e.latencyEWMA.Load())
+	st.LastLatency = time.Unix(0, e.latencyAt.Load())
+	st.LatencyDecay = c.latencyDecay
+	st.TTFTEWMA = time.Duration(e.ttftEWMA.Load())
+	st.ErrorRate = e.errorRate(c, nowNs)
+	e.slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
+}
+
+func (e *endpoint) errorRate(c *config, nowNs int64) float64 {
+	r := math.Float64frombits(e.errRate.Load())
+	if r == 0 {
+		return 0
+	}
+	if dt := nowNs - e.errAt.Load(); dt > 0 && c.errorDecay > 0 {
+		r *= math.Exp(-float64(dt) / float64(c.errorDecay))
+	}
+	return r
+}
+
+// observe folds one finished call into the EWMAs. failed is nil for an
+// outcome that says nothing about health (overload, cancellation).
+func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, counted, failed bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if counted {
+		x := 0.0
+		if failed {
+			x = 1
+		}
+		r := e.errorRate(c, nowNs)
+		r += c.errorAlpha * (x - r)
+		e.errRate.Store(math.Float64bits(r))
+		e.errAt.Store(nowNs)
+	}
+	// Only successes feed latency: a fast failure (refused connection, a 500
+	// in a millisecond) must not make a broken endpoint look fast.
+	if counted && !failed && latency > 0 {
+		cur := e.latencyEWMA.Load()
+		dt := nowNs - e.latencyAt.Load()
+		if cur == 0 || int64(latency) > cur {
+			cur = int64(latency) // peak: jump up at once
+		} else {
+			w := math.Exp(-float64(max(dt, 0)) / float64(c.latencyDecay))
+			cur = int64(float64(cur)*w + float64(latency)*(1-w))
+		}
+		e.latencyEWMA.Store(cur)
+		e.latencyAt.Store(nowNs)
+	}
+	if ttft > 0 && !failed {
+		cur := e.ttftEWMA.Load()
+		if cur == 0 {
+			cur = int64(ttft)
+		} else {
+			cur += int64(c.errorAlpha * float64(int64(ttft)-cur))
+		}
+		e.ttftEWMA.Store(cur)
+	}
+}

@@ -1,0 +1,124 @@
+package balancer
+
+import (
+	"math"
+	"math/bits"
+	"sync/atomic"
+)
+
+// group is an immutable set of endpoints that can serve one kind of request:
+// the whole fleet, or the endpoints serving one model. It belongs to one
+// snapshot; the durable load counter it points to does not.
+type group struct {
+	members []*endpoint
+	weights []float64 // capacity weight per member
+	total   float64   // sum of weights
+
+	// alias is Vose's alias table for O(1) sampling by weight; nil when all
+	// weights are equal (sampling is then a plain uniform draw).
+	aliasProb []uint32 // acceptance threshold scaled to 2^32
+	aliasIdx  []int32
+
+	load *atomic.Int64 // durable: in-flight calls on the group's members
+
+	standing atomic.Pointer[standing] // cached eligibility counts, see eligibility
+}
+
+// standing caches how many members are ready and how many are in good
+// standing, so the panic decision costs O(1) per pick. It is recomputed when
+// the balancer's epoch moves (a readiness or exclusion change) or when the
+// earliest exclusion it saw expires.
+type standing struct {
+	epoch uint64
+	until int64 // earliest excludedUntil in the future at compute time
+	ready int
+	good  int
+}
+
+func newGroup(members []*endpoint, weights []float64, load *atomic.Int64) *group {
+	g := &group{members: members, weights: weights, load: load}
+	uniform := true
+	for _, w := range weights {
+		g.total += w
+		if w != weights[0] {
+			uniform = false
+		}
+	}
+	if !uniform {
+		g.buildAlias()
+	}
+	return g
+}
+
+// buildAlias builds Vose's alias table (Vose 1991, "A linear algorithm for
+// generating random numbers with a given distribution").
+func (g *group) buildAlias() {
+	n := len(g.weights)
+	g.aliasProb = make([]uint32, n)
+	g.aliasIdx = make([]int32, n)
+	scaled := make([]float64, n)
+	small := make([]int, 0, n)
+	large := make([]int, 0, n)
+	for i, w := range g.weights {
+		scaled[i] = w * float64(n) / g.total
+		if scaled[i] < 1 {
+			small = append(small, i)
+		} else {
+			large = append(large, i)
+		}
+	}
+	for len(small) > 0 && len(large) > 0 {
+		s, l := small[len(small)-1], large[len(large)-1]
+		small = small[:len(small)-1]
+		g.aliasProb[s] = uint32(scaled[s] * math.MaxUint32)
+		g.aliasIdx[s] = int32(l)
+		scaled[l] -= 1 - scaled[s]
+		if scaled[l] < 1 {
+			large = large[:len(large)-1]
+			small = append(small, l)
+		}
+	}
+	for _, i := range large {
+		g.aliasProb[i] = math.MaxUint32
+		g.aliasIdx[i] = int32(i)
+	}
+	for _, i := range small { // rounding leftovers
+		g.aliasProb[i] = math.MaxUint32
+		g.aliasIdx[i] = int32(i)
+	}
+}
+
+// sample draws a member index with probability proportional to its weight
+// from one 64-bit random value.
+func (g *group) sample(r uint64) int {
+	n := uint64(len(g.members))
+	// Lemire's multiply-shift maps the high 32 bits onto [0, n).
+	hi, _ := bits.Mul64(r>>32, n<<32)
+	i := int(hi)
+	if g.aliasProb == nil || uint32(r) <= g.aliasProb[i] {
+		return i
+	}
+	return int(g.aliasIdx[i])
+}
+
+// eligibility returns the group's cached standing at now, recomputing it when stale.
+func (g *group) eligibility(epoch uint64, nowNs int64) *standing {
+	s := g.standing.Load()
+	if s != nil && s.epoch == epoch && nowNs < s.until {
+		return s
+	}
+	next := &standing{epoch: epoch, until: math.MaxInt64}
+	for _, e := range g.members {
+		if !e.ready.Load() {
+			continue
+		}
+		next.ready++
+		if u := e.excludedUntil.Load(); u > nowNs {
+			next.until = min(next.until, u)
+		} else {
+			next.good++
+		}
+	}
+	g.standing.CompareAndSwap(s, next)
+	return next
+}

@@ -1,0 +1,211 @@
+package balancer
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/scoring"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// Clock tells the balancer the time. Tests and the fleet simulator inject a
+// fake one; the zero Options use the wall clock.
+type Clock interface {
+	Now() time.Time
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// runtimeRand is math/rand/v2's top-level generator: per-thread ChaCha8,
+// lock-free and safe for concurrent use.
+type runtimeRand struct{}
+
+func (runtimeRand) Uint64() uint64 { return rand.Uint64() }
+
+// Defaults for Options. Each is what the zero value of its field means.
+const (
+	DefaultTelemetryMaxAge = 30 * time.Second
+	DefaultLatencyDecay    = 10 * time.Second
+	DefaultErrorDecay      = 30 * time.Second
+	DefaultErrorAlpha      = 0.1
+	DefaultPanicThreshold  = 0.5
+	DefaultCooldown        = time.Second
+	DefaultMaxCooldown     = 30 * time.Second
+	DefaultSlowStartWindow = 30 * time.Second
+	DefaultSlowStartMin    = 0.1
+	DefaultSubsetLabel     = "model"
+)
+
+// Options configure a Balancer. The zero value is ready to use: wall clock,
+// the runtime's random source, the default scorer per service and the
+// documented defaults.
+type Options struct {
+	// Clock is the time source; nil means the wall clock.
+	Clock Clock
+	// Rand is the random source for sampling. nil means math/rand/v2's
+	// concurrent-safe generator. A custom source must be safe for concurrent
+	// use if the Balancer is (tests pass a scripted one).
+	Rand rand.Source
+	// Scorers overrides the scorer per Service; services not named keep
+	// scoring.DefaultFor.
+	Scorers map[inferlb.Service]scoring.Scorer
+	// Telemetry is where the balancer reads endpoint samples. nil means a
+	// private Store, reachable through Balancer.Telemetry. Share one Store
+	// between Balancers to share one telemetry plane.
+	Telemetry *telemetry.Store
+	// TelemetryMaxAge is how old a telemetry field may be before it is
+	// ignored (treated as absent, i.e. neutral). Default 30s: twice
+	// Prometheus' default scrape interval. Negative means never stale.
+	TelemetryMaxAge time.Duration
+	// LatencyDecay is the peak-EWMA time constant. Default 10s (Linkerd's).
+	LatencyDecay time.Duration
+	// ErrorAlpha is the weight of each new outcome in the error-rate EWMA.
+	// Default 0.1 (about the last 10 calls).
+	ErrorAlpha float64
+	// ErrorDecay is how fast an idle endpoint's error rate fades towards 0.
+	// Default 30s.
+	ErrorDecay time.Duration
+	// PanicThreshold: when fewer than this fraction of an eligible group's
+	// ready endpoints are in good standing (not cooling down, ejected or
+	// breaker-open), the picker ignores standing and routes across all ready
+	// endpoints, as Envoy does, rather than piling the whole load onto a few
+	// survivors. Default 0.5 (Envoy's); negative disables panic routing.
+	PanicThreshold float64
+	// DefaultCooldown is how long an endpoint that answered "overloaded"
+	// without a Retry-After hint is kept out of rotation. Default 1s.
+	DefaultCooldown time.Duration
+	// MaxCooldown caps any Retry-After hint. Default 30s.
+	MaxCooldown time.Duration
+	// SlowStartWindow is how long an endpoint that joins an already-serving
+	// balancer (or recovers) takes to ramp to its full weight. Default 30s;
+	// negative disables slow start.
+	SlowStartWindow time.Duration
+	// SlowStartMinWeight is the fraction of weight a ramping endpoint starts
+	// from. Default 0.1 (Envoy's min_weight_percent of 10%).
+	SlowStartMinWeight float64
+	// SlowStartAggression shapes the ramp: weight fraction =
+	// max(min, (t/window)^(1/aggression)). Default 1 (linear); above 1
+	// ramps faster early. As Envoy's slow_start_config.aggression.
+	SlowStartAggression float64
+	// SubsetLabel is the endpoint label listing the models an endpoint
+	// serves (comma-separated). Default "model".
+	SubsetLabel string
+}
+
+// config is Options with defaults applied; immutable after New.
+type config struct {
+	clock           Clock
+	rand            rand.Source
+	scorers         [inferlb.NumServices]scoring.Scorer
+	store           *telemetry.Store
+	telemetryMaxAge time.Duration
+	latencyDecay    time.Duration
+	errorAlpha      float64
+	errorDecay      time.Duration
+	panicThreshold  float64
+	cooldown        time.Duration
+	maxCooldown     time.Duration
+	slowStart       time.Duration
+	slowStartMin    float64
+	slowStartAggr   float64
+	subsetLabel     string
+}
+
+func durationOr(v, d time.Duration) time.Duration {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+func floatOr(v, d float64) float64 {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+// Validate reports the first invalid field, named as in Options. New panics
+// on invalid Options; configuration parsers call Validate first so a bad
+// config fails at parse time with this message.
+func (o *Options) Validate() error {
+	bad := func(field, rule string, v any) error {
+		return fmt.Errorf("inferlb: balancer.Options.%s = %v: %s", field, v, rule)
+	}
+	switch {
+	case o.ErrorAlpha < 0 || o.ErrorAlpha > 1 || math.IsNaN(o.ErrorAlpha):
+		return bad("ErrorAlpha", "must be in [0, 1]", o.ErrorAlpha)
+	case o.PanicThreshold > 1 || math.IsNaN(o.PanicThreshold):
+		return bad("PanicThreshold", "must be at most 1", o.PanicThreshold)
+	case o.SlowStartMinWeight < 0 || o.SlowStartMinWeight > 1 || math.IsNaN(o.SlowStartMinWeight):
+		return bad("SlowStartMinWeight", "must be in [0, 1]", o.SlowStartMinWeight)
+	case o.SlowStartAggression < 0 || math.IsNaN(o.SlowStartAggression) || math.IsInf(o.SlowStartAggression, 0):
+		return bad("SlowStartAggression", "must be positive and finite", o.SlowStartAggression)
+	case o.LatencyDecay < 0:
+		return bad("LatencyDecay", "must not be negative", o.LatencyDecay)
+	case o.ErrorDecay < 0:
+		return bad("ErrorDecay", "must not be negative", o.ErrorDecay)
+	case o.DefaultCooldown < 0:
+		return bad("DefaultCooldown", "must not be negative", o.DefaultCooldown)
+	case o.MaxCooldown < 0:
+		return bad("MaxCooldown", "must not be negative", o.MaxCooldown)
+	}
+	for svc, s := range o.Scorers {
+		if int(svc) >= inferlb.NumServices {
+			return bad("Scorers", "names an unknown service", svc)
+		}
+		if s == nil {
+			return bad("Scorers["+svc.String()+"]", "must not be nil", s)
+		}
+	}
+	return nil
+}
+
+func (o *Options) resolve() (*config, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	c := &config{
+		clock:           o.Clock,
+		rand:            o.Rand,
+		store:           o.Telemetry,
+		telemetryMaxAge: durationOr(o.TelemetryMaxAge, DefaultTelemetryMaxAge),
+		latencyDecay:    durationOr(o.LatencyDecay, DefaultLatencyDecay),
+		errorAlpha:      floatOr(o.ErrorAlpha, DefaultErrorAlpha),
+		errorDecay:      durationOr(o.ErrorDecay, DefaultErrorDecay),
+		panicThreshold:  floatOr(o.PanicThreshold, DefaultPanicThreshold),
+		cooldown:        durationOr(o.DefaultCooldown, DefaultCooldown),
+		maxCooldown:     durationOr(o.MaxCooldown, DefaultMaxCooldown),
+		slowStart:       durationOr(o.SlowStartWindow, DefaultSlowStartWindow),
+		slowStartMin:    floatOr(o.SlowStartMinWeight, DefaultSlowStartMin),
+		slowStartAggr:   floatOr(o.SlowStartAggression, 1),
+		subsetLabel:     o.SubsetLabel,
+	}
+	if c.clock == nil {
+		c.clock = wallClock{}
+	}
+	if c.rand == nil {
+		c.rand = runtimeRand{}
+	}
+	if c.store == nil {
+		c.store = &telemetry.Store{}
+	}
+	if c.telemetryMaxAge < 0 {
+		c.telemetryMaxAge = 0 // Slot.LoadInto: keep all
+	}
+	if c.subsetLabel == "" {
+		c.subsetLabel = DefaultSubsetLabel
+	}
+	for svc := range inferlb.NumServices {
+		c.scorers[svc] = scoring.DefaultFor(inferlb.Service(svc))
+	}
+	for svc, s := range o.Scorers {
+		c.scorers[svc] = s
+	}
+	return c, nil
+}

@@ -1,0 +1,63 @@
+package balancer
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// EndpointStats is a point-in-time view of one endpoint's live state, for
+// metrics, debugging and tests.
+type EndpointStats struct {
+	ID             string
+	Ready          bool
+	ExcludedUntil  time.Time // zero when in good standing
+	Weight         float64   // capacity weight
+	RampFactor     float64   // slow-start fraction of Weight now, 1 when done
+	InFlight       int64
+	InFlightTokens int64
+	Latency        time.Duration // peak-EWMA as last observed (not decayed)
+	TTFT           time.Duration // EWMA of time to first token
+	ErrorRate      float64       // decayed to now
+	Picks          uint64
+	Successes      uint64
+	Failures       uint64
+	Overloads      uint64
+}
+
+// Stats returns the live state of the current endpoints, sorted by ID. It
+// allocates and takes the Balancer's mutex: call it from metrics, not per request.
+func (b *Balancer) Stats() []EndpointStats {
+	b.mu.Lock()
+	eps := make([]*endpoint, 0, len(b.eps))
+	for _, e := range b.eps {
+		eps = append(eps, e)
+	}
+	b.mu.Unlock()
+	slices.SortFunc(eps, func(a, b *endpoint) int { return strings.Compare(a.id, b.id) })
+	nowNs := b.cfg.clock.Now().UnixNano()
+	out := make([]EndpointStats, len(eps))
+	for i, e := range eps {
+		s := EndpointStats{
+			ID:             e.id,
+			Ready:          e.ready.Load(),
+			Weight:         e.info.Load().Capacity(),
+			RampFactor:     e.rampFactor(b.cfg, nowNs),
+			InFlight:       e.inFlight.Load(),
+			InFlightTokens: e.inFlightTokens.Load(),
+			Latency:        time.Duration(e.latencyEWMA.Load()),
+			TTFT:           time.Duration(e.ttftEWMA.Load()),
+			ErrorRate:      e.errorRate(b.cfg, nowNs),
+			Picks:          e.picks.Load(),
+			Successes:      e.successes.Load(),
+			Failures:       e.failures.Load(),
+			Overloads:      e.overloads.Load(),
+		}
+		if u := e.excludedUntil.Load(); u > nowNs && u != math.MaxInt64 {
+			s.ExcludedUntil = time.Unix(0, u)
+		}
+		out[i] = s
+	}
+	return out
+}

@@ -1,0 +1,153 @@
+package inferlb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Service is the kind of work a request asks for. Each kind is scored
+// differently: LLM generation on reliability and current load, embeddings and
+// rerankers on recent latency.
+type Service uint8
+
+const (
+	// ServiceUnknown is a request the caller did not classify; it is routed
+	// to the least-loaded endpoint.
+	ServiceUnknown Service = iota
+	// ServiceLLM is text generation (chat, completions, responses).
+	ServiceLLM
+	// ServiceEmbedding is an embedding call: short, uniform work.
+	ServiceEmbedding
+	// ServiceRerank is a reranker (cross-encoder scoring) call.
+	ServiceRerank
+
+	// NumServices is the number of Service values; useful to size arrays.
+	NumServices = int(ServiceRerank) + 1
+)
+
+var serviceNames = [NumServices]string{"unknown", "llm", "embedding", "rerank"}
+
+// String returns the lower-case name used in configuration ("llm", ...).
+func (s Service) String() string {
+	if int(s) < NumServices {
+		return serviceNames[s]
+	}
+	return fmt.Sprintf("Service(%d)", uint8(s))
+}
+
+// ParseService maps a configuration name to a Service. It accepts the names
+// String returns plus the common aliases "generation", "chat", "completion",
+// "embed", "embeddings" and "reranker"; case is ignored.
+func ParseService(name string) (Service, error) {
+	switch strings.ToLower(strings.TrimSpace(name)) {
+	case "unknown", "":
+		return ServiceUnknown, nil
+	case "llm", "generation", "chat", "completion", "completions":
+		return ServiceLLM, nil
+	case "embedding", "embeddings", "embed":
+		return ServiceEmbedding, nil
+	case "rerank", "reranker", "reranking":
+		return ServiceRerank, nil
+	}
+	return ServiceUnknown, fmt.Errorf("inferlb: unknown service %q (want llm, embedding, rerank or unknown)", name)
+}
+
+// Endpoint is one backend replica.
+//
+// ID identifies the endpoint's durable state (load counters, latency history,
+// breaker) across membership updates and is what consistent hashing places keys
+// on, so every caller must use the same ID for the same replica; it defaults to
+// Addr. Weight is the relative capacity (a replica on two GPUs might be 2); 0
+// means 1. Labels carry facts such as "model" (comma-separated served model
+// names, LoRA adapters included), "version", "host", "pod" or "dp_group".
+type Endpoint struct {
+	ID     string
+	Addr   string
+	Weight float64
+	Labels map[string]string
+}
+
+// Key returns the endpoint's identity: ID, or Addr when ID is empty.
+func (e Endpoint) Key() string {
+	if e.ID != "" {
+		return e.ID
+	}
+	return e.Addr
+}
+
+// Capacity returns Weight, with 0 (and any non-positive or NaN value) read as 1.
+func (e Endpoint) Capacity() float64 {
+	if e.Weight > 0 {
+		return e.Weight
+	}
+	return 1
+}
+
+// Request is what the balancer knows about one call. Adapters fill it from
+// the HTTP request or gRPC call; the zero value is a valid unclassified request.
+type Request struct {
+	Service Service
+	// Model names the model asked for; when endpoints carry a "model" label,
+	// only endpoints serving it are eligible.
+	Model string
+	// AffinityKey routes related requests (a conversation, a shared prompt
+	// prefix, a session) to the same endpoint. 0 means no affinity.
+	AffinityKey uint64
+	// Tenant identifies the caller's customer, for isolation policies.
+	Tenant string
+	// PromptTokens and MaxOutputTokens estimate the work; they are added to
+	// the endpoint's in-flight tokens for the life of the call.
+	PromptTokens    int
+	MaxOutputTokens int
+}
+
+// Tokens is the request's token estimate: prompt plus maximum output, never negative.
+func (r *Request) Tokens() int64 {
+	t := int64(r.PromptTokens) + int64(r.MaxOutputTokens)
+	if t < 0 {
+		return 0
+	}
+	return t
+}
+
+// Outcome is how a call ended, reported once through the pick's Done.
+type Outcome struct {
+	// Err is nil for success. A context.Canceled error is the client's own
+	// doing and counts as neither success nor failure.
+	Err error
+	// Overloaded marks an explicit "too busy" answer (HTTP 429/503,
+	// gRPC RESOURCE_EXHAUSTED): the endpoint is cooled down, not failed.
+	Overloaded bool
+	// RetryAfter is the server's hint for how long to stay away (0 = none).
+	RetryAfter time.Duration
+	// Latency is the whole call, pick to end of response. 0 means "measure
+	// it for me": the balancer uses the time since the pick.
+	Latency time.Duration
+	// TTFT is time to first token for streamed generation (0 = unknown).
+	TTFT time.Duration
+	// OutputTokens is how many tokens the response carried (0 = unknown).
+	OutputTokens int
+}
+
+// Canceled reports whether the outcome is the client's own cancellation, which
+// says nothing about the endpoint's health.
+func (o Outcome) Canceled() bool {
+	return o.Err != nil && errors.Is(o.Err, context.Canceled)
+}
+
+type requestKey struct{}
+
+// NewContext returns a copy of ctx carrying req, for transports that see only
+// a context (gRPC's picker). The request must not be modified afterwards.
+func NewContext(ctx context.Context, req *Request) context.Context {
+	return context.WithValue(ctx, requestKey{}, req)
+}
+
+// FromContext returns the request stored by NewContext, if any.
+func FromContext(ctx context.Context) (*Request, bool) {
+	r, ok := ctx.Value(requestKey{}).(*Request)
+	return r, ok && r != nil
+}

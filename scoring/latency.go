@@ -1,0 +1,52 @@
+package scoring
+
+import (
+	"time"
+
+	"github.com/inferlb/inferlb"
+)
+
+// DefaultLatencyPrior is the latency assumed for an endpoint with no history.
+const DefaultLatencyPrior = 50 * time.Millisecond
+
+// Latency scores short, uniform calls (embeddings, rerankers) on recent
+// latency: peak-EWMA latency x (in-flight + 1) / weight, the cost function of
+// Finagle's and Linkerd's P2C-PeakEWMA balancers. Peak-EWMA jumps up to a slow
+// response at once and decays slowly, so one slow replica is avoided quickly.
+// The zero value uses the documented defaults.
+type Latency struct {
+	// Prior is the latency assumed for an endpoint with no history (or whose
+	// history has fully decayed). Default DefaultLatencyPrior.
+	Prior time.Duration
+	// ErrorPenalty scales the error rate into a multiplier, as in LLM. Default 10.
+	ErrorPenalty float64
+}
+
+// Cost implements Scorer.
+func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
+	lat := s.Latency()
+	prior := l.Prior
+	if prior <= 0 {
+		prior = DefaultLatencyPrior
+	}
+	if s.LatencyEWMA <= 0 {
+		lat = prior
+	}
+	// An EWMA that decayed to nothing while the endpoint was idle makes it
+	// the next probe (as intended); the floor keeps in-flight meaningful.
+	lat = max(lat, time.Microsecond)
+	cost := lat.Seconds() * float64(s.InFlight+1) / s.weight()
+	return cost * (1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate)
+}
+
+// LeastLoaded scores on in-flight requests per unit of capacity, with
+// reliability as in LLM. It is the default for ServiceUnknown.
+type LeastLoaded struct {
+	// ErrorPenalty scales the error rate into a multiplier. Default 10.
+	ErrorPenalty float64
+}
+
+// Cost implements Scorer.
+func (l *LeastLoaded) Cost(_ *inferlb.Request, s State) float64 {
+	return float64(s.InFlight+1) / s.weight() * (1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate)
+}

@@ -1,0 +1,72 @@
+package scoring
+
+import (
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// LLM scores generation endpoints on reliability and current load. The zero
+// value uses the documented defaults.
+//
+// cost = (load + 1) / weight x reliability x kvPressure x memPressure, where
+//
+//	load        = max(in-flight here, running on the server) + QueueWeight x waiting
+//	              + in-flight tokens / TokenUnit
+//	reliability = 1 + ErrorPenalty x error rate
+//	kvPressure  = Pressure(KV-cache usage, KVKnee, Steepness)
+//	memPressure = Pressure(GPU memory used/total, MemoryKnee, Steepness)
+//
+// Server-side running and waiting counts see every client's traffic, so they
+// correct this process's partial view when fresh; when telemetry is absent or
+// stale the factors are neutral (1) and the cost is this process's own view.
+// Completion latency is deliberately ignored: it measures prompt and output
+// length more than the endpoint.
+type LLM struct {
+	// QueueWeight is what one request waiting on the server counts for,
+	// relative to one running. Default 2: a queued request has not even
+	// started prefill.
+	QueueWeight float64
+	// TokenUnit is how many in-flight tokens count as one more request.
+	// Default 4096.
+	TokenUnit float64
+	// ErrorPenalty scales the error rate into the reliability factor.
+	// Default 10: an endpoint failing half its calls costs 6x.
+	ErrorPenalty float64
+	// KVKnee is the KV-cache usage above which cost rises steeply. Default 0.85.
+	KVKnee float64
+	// MemoryKnee is the GPU memory usage above which cost rises steeply.
+	// Default 0.92: engines such as vLLM pre-allocate about 90% of GPU memory,
+	// so usage up to there is normal.
+	MemoryKnee float64
+	// Steepness scales both pressure curves. Default 4.
+	Steepness float64
+}
+
+func orDefault(v, d float64) float64 {
+	if v > 0 {
+		return v
+	}
+	return d
+}
+
+// Cost implements Scorer.
+func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
+	load := float64(s.InFlight)
+	if r, ok := s.Telemetry.Get(telemetry.Running); ok && r > load {
+		load = r
+	}
+	if w, ok := s.Telemetry.Get(telemetry.Waiting); ok && w > 0 {
+		load += orDefault(l.QueueWeight, 2) * w
+	}
+	load += float64(s.InFlightTokens) / orDefault(l.TokenUnit, 4096)
+	steep := orDefault(l.Steepness, 4)
+	cost := (load + 1) / s.weight()
+	cost *= 1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate
+	if kv, ok := s.Telemetry.Get(telemetry.KVCacheUsage); ok {
+		cost *= Pressure(kv, orDefault(l.KVKnee, 0.85), steep)
+	}
+	if mem, ok := s.Telemetry.MemoryUsage(); ok {
+		cost *= Pressure(mem, orDefault(l.MemoryKnee, 0.92), steep)
+	}
+	return cost
+}

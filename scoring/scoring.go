@@ -1,0 +1,118 @@
+// Package scoring turns what the balancer knows about an endpoint into a cost:
+// lower is better. Scorers are pure functions of the request and a read-only
+// State snapshot; they do no I/O, take no locks and keep no state, so the
+// picker can call them twice per pick on any goroutine.
+//
+// One scorer per kind of traffic (see DESIGN: signals, per service):
+//   - LLM generation routes on reliability and current load (in-flight
+//     requests and tokens, the server's queue, KV-cache and GPU memory
+//     pressure), not on completion latency, which mostly measures prompt and
+//     output length.
+//   - Embeddings and rerankers are short and uniform, so recent latency is a
+//     good signal: peak-EWMA latency x (in-flight + 1), as in Finagle and
+//     Linkerd.
+//   - Unknown traffic goes to the least-loaded endpoint.
+package scoring
+
+import (
+	"math"
+	"time"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// Scorer returns the cost of sending req to the endpoint described by s; the
+// lower cost wins. Implementations must be safe for concurrent use and must not
+// block, allocate or do I/O.
+type Scorer interface {
+	Cost(req *inferlb.Request, s State) float64
+}
+
+// State is a read-only snapshot of one endpoint, assembled by the balancer for
+// a single cost evaluation.
+type State struct {
+	// Endpoint is the endpoint being scored, as last given to the balancer's
+	// Update. Treat it as read-only.
+	Endpoint *inferlb.Endpoint
+	// Now is the picker's clock reading; scorers use it, never time.Now.
+	Now time.Time
+	// Weight is the effective capacity weight (> 0): the endpoint's Weight,
+	// reduced while it ramps up after joining or recovering (slow start).
+	Weight float64
+	// InFlight and InFlightTokens count calls this process has picked the
+	// endpoint for and not yet finished, and their estimated tokens.
+	InFlight       int64
+	InFlightTokens int64
+	// LatencyEWMA is the peak-EWMA of call latency as of LastLatency; 0 means
+	// no history. Use Latency to read it decayed to Now.
+	LatencyEWMA time.Duration
+	// LastLatency is when LatencyEWMA was last updated.
+	LastLatency time.Time
+	// LatencyDecay is the EWMA time constant (how fast old latency is forgotten).
+	LatencyDecay time.Duration
+	// TTFTEWMA is the EWMA of time to first token of streamed calls (0 = none).
+	TTFTEWMA time.Duration
+	// ErrorRate is the EWMA of failures over recent outcomes, 0..1, already
+	// decayed towards 0 for the time since the last outcome.
+	ErrorRate float64
+	// Telemetry holds the endpoint's fresh telemetry fields only: stale or
+	// never-reported fields are absent (neutral).
+	Telemetry telemetry.Sample
+}
+
+// Latency returns the peak-EWMA latency decayed towards zero for the time
+// since it was last observed, so an endpoint that stopped receiving traffic
+// because it was slow is probed again later (Finagle's PeakEwma does the same).
+func (s *State) Latency() time.Duration {
+	if s.LatencyEWMA <= 0 {
+		return 0
+	}
+	dt := s.Now.Sub(s.LastLatency)
+	if dt <= 0 || s.LatencyDecay <= 0 {
+		return s.LatencyEWMA
+	}
+	return time.Duration(float64(s.LatencyEWMA) * math.Exp(-float64(dt)/float64(s.LatencyDecay)))
+}
+
+func (s *State) weight() float64 {
+	if s.Weight > 0 {
+		return s.Weight
+	}
+	return 1
+}
+
+// Pressure maps a utilization u in 0..1 to a cost multiplier that is 1 up to
+// knee and rises steeply (hyperbolically) towards the ceiling:
+//
+//	1 + steepness * (u - knee) / (1 - u)
+//
+// With knee 0.9 and steepness 4, 95% costs 5x and 99% costs 37x. The
+// hyperbola, not a line, is the point: near a full GPU the next request evicts
+// KV cache or preempts others, so the cost of filling the last percent is far
+// higher than that of the percent before.
+func Pressure(u, knee, steepness float64) float64 {
+	if !(u > knee) { // also false for NaN
+		return 1
+	}
+	const floor = 0.001 // keeps 100% finite
+	return 1 + steepness*(u-knee)/max(1-u, floor)
+}
+
+var (
+	_ Scorer = (*LLM)(nil)
+	_ Scorer = (*Latency)(nil)
+	_ Scorer = (*LeastLoaded)(nil)
+)
+
+// DefaultFor returns the scorer the balancer uses for svc when none is configured.
+func DefaultFor(svc inferlb.Service) Scorer {
+	switch svc {
+	case inferlb.ServiceLLM:
+		return &LLM{}
+	case inferlb.ServiceEmbedding, inferlb.ServiceRerank:
+		return &Latency{}
+	default:
+		return &LeastLoaded{}
+	}
+}

@@ -1,0 +1,209 @@
+package telemetry
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Sink receives samples. Store implements it; adapters that learn load on the
+// request path (ORCA reports, vLLM's endpoint-load-metrics header) and Sources
+// publish into one.
+type Sink interface {
+	Publish(endpointID string, s Sample)
+}
+
+// DefaultMaxEndpoints bounds a Store's table: samples for further unknown IDs
+// are dropped and counted.
+const DefaultMaxEndpoints = 65536
+
+// Store keeps, per endpoint ID, the latest value of every field together with
+// the time it was observed, so a fresh field from one source (say vLLM's queue
+// depth) is not hidden by a stale one from another (say DCGM's memory).
+//
+// Readers never lock: Slot returns a durable per-endpoint handle whose
+// LoadInto is one atomic pointer read. The Store's mutex is taken only to
+// create a slot the first time an ID is seen. The table is bounded (MaxEndpoints).
+//
+// The zero Store is ready to use and safe for concurrent use.
+type Store struct {
+	// MaxEndpoints bounds the number of IDs tracked; 0 means DefaultMaxEndpoints.
+	// Set it before first use.
+	MaxEndpoints int
+
+	mu    sync.Mutex // serializes slot creation so the bound holds
+	slots sync.Map   // string -> *Slot; lock-free reads
+	n     atomic.Int64
+
+	accepted     atomic.Uint64
+	droppedEmpty atomic.Uint64 // no valid field
+	droppedOld   atomic.Uint64 // older than what is held
+	droppedFull  atomic.Uint64 // table full
+}
+
+var _ Sink = (*Store)(nil)
+
+// Slot is one endpoint's entry in a Store. Its methods are safe for concurrent use.
+type Slot struct {
+	cur atomic.Pointer[entry]
+	mu  sync.Mutex // serializes merges; readers never take it
+}
+
+// entry is immutable once published.
+type entry struct {
+	s     Sample // merged values; s.Time is the newest field time
+	times [NumFields]int64
+}
+
+// StoreStats counts what a Store did with the samples it was given.
+type StoreStats struct {
+	Accepted     uint64 // samples merged
+	DroppedEmpty uint64 // samples with no usable field (malformed input)
+	DroppedOld   uint64 // samples older than every field they carried
+	DroppedFull  uint64 // samples for a new ID once MaxEndpoints were tracked
+}
+
+// Stats returns the counters.
+func (st *Store) Stats() StoreStats {
+	return StoreStats{
+		Accepted:     st.accepted.Load(),
+		DroppedEmpty: st.droppedEmpty.Load(),
+		DroppedOld:   st.droppedOld.Load(),
+		DroppedFull:  st.droppedFull.Load(),
+	}
+}
+
+// Slot returns the durable slot for id, creating it if needed. It returns nil
+// only when the table is full. Callers on a hot path resolve the slot once and
+// keep it.
+func (st *Store) Slot(id string) *Slot {
+	if s, ok := st.slots.Load(id); ok {
+		return s.(*Slot)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if s, ok := st.slots.Load(id); ok {
+		return s.(*Slot)
+	}
+	limit := st.MaxEndpoints
+	if limit <= 0 {
+		limit = DefaultMaxEndpoints
+	}
+	if st.n.Load() >= int64(limit) {
+		return nil
+	}
+	s := &Slot{}
+	st.slots.Store(id, s)
+	st.n.Add(1)
+	return s
+}
+
+// Forget drops id's slot (for an endpoint that left the fleet for good).
+// Holders of the slot keep a working but orphaned handle.
+func (st *Store) Forget(id string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if _, ok := st.slots.LoadAndDelete(id); ok {
+		st.n.Add(-1)
+	}
+}
+
+// Len returns the number of IDs tracked.
+func (st *Store) Len() int { return int(st.n.Load()) }
+
+// Publish merges s into id's entry: each present field replaces the held one
+// unless the held one was observed later. A sample without a usable field or
+// without a time is dropped and counted.
+func (st *Store) Publish(id string, s Sample) {
+	if s.Empty() || s.Time.IsZero() {
+		st.droppedEmpty.Add(1)
+		return
+	}
+	slot := st.Slot(id)
+	if slot == nil {
+		st.droppedFull.Add(1)
+		return
+	}
+	if slot.merge(s) {
+		st.accepted.Add(1)
+	} else {
+		st.droppedOld.Add(1)
+	}
+}
+
+// Latest returns id's merged sample with fields older than maxAge at now
+// removed (maxAge <= 0 keeps all), and whether any field remains.
+func (st *Store) Latest(id string, now time.Time, maxAge time.Duration) (Sample, bool) {
+	v, ok := st.slots.Load(id)
+	if !ok {
+		return Sample{}, false
+	}
+	var s Sample
+	v.(*Slot).LoadInto(&s, now, maxAge)
+	return s, !s.Empty()
+}
+
+func (sl *Slot) merge(s Sample) bool {
+	t := s.Time.UnixNano()
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	next := &entry{}
+	if cur := sl.cur.Load(); cur != nil {
+		*next = *cur
+	}
+	changed := false
+	for f := range NumFields {
+		if !s.Has.Has(Field(f)) {
+			continue
+		}
+		if next.s.Has.Has(Field(f)) && next.times[f] > t {
+			continue
+		}
+		next.s.Values[f] = s.Values[f]
+		next.s.Has |= 1 << f
+		next.times[f] = t
+		changed = true
+	}
+	if !changed {
+		return false
+	}
+	if s.Time.After(next.s.Time) {
+		next.s.Time = s.Time
+	}
+	sl.cur.Store(next)
+	return true
+}
+
+// LoadInto writes the slot's fields observed no more than maxAge before now
+// into dst (maxAge <= 0 keeps every field). dst.Time becomes the oldest time
+// among the fields kept. It never allocates or locks.
+func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
+	dst.Has = 0
+	dst.Time = time.Time{}
+	if sl == nil {
+		return
+	}
+	cur := sl.cur.Load()
+	if cur == nil {
+		return
+	}
+	if maxAge <= 0 {
+		*dst = cur.s
+		return
+	}
+	cutoff := now.UnixNano() - int64(maxAge)
+	oldest := int64(0)
+	for f := range NumFields {
+		if !cur.s.Has.Has(Field(f)) || cur.times[f] < cutoff {
+			continue
+		}
+		dst.Values[f] = cur.s.Values[f]
+		dst.Has |= 1 << f
+		if oldest == 0 || cur.times[f] < oldest {
+			oldest = cur.times[f]
+		}
+	}
+	if oldest != 0 {
+		dst.Time = time.Unix(0, oldest)
+	}
+}
