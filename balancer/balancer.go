@@ -56,6 +56,10 @@ type Balancer struct {
 
 	snap  atomic.Pointer[snapshot]
 	epoch atomic.Uint64 // bumped on any readiness or standing change
+
+	retry         *retryBudget
+	retries       atomic.Uint64
+	retriesDenied atomic.Uint64
 }
 
 // snapshot is the immutable picker state built by Update.
@@ -86,6 +90,7 @@ func New(opts Options) *Balancer {
 		cfg:   cfg,
 		eps:   map[string]*endpoint{},
 		loads: map[string]*atomic.Int64{},
+		retry: newRetryBudget(cfg.retryRatio, cfg.retryFloor),
 	}
 }
 
@@ -367,6 +372,7 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, nowNs int64) Pick 
 		c.Add(1)
 	}
 	e.picks.Add(1)
+	b.retry.deposit()
 	return Pick{b: b, e: e, start: nowNs, tokens: tokens}
 }
 

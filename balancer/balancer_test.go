@@ -208,3 +208,27 @@ func TestCanceledCountsAsNeither(t *testing.T) {
 	assert.Zero(t, st.Successes)
 	assert.Zero(t, st.ErrorRate)
 }
+
+func TestRetryBudget(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, RetryRatio: 0.2, RetryFloor: 1})
+	// A quiet client still gets the floor: one retry per second.
+	assert.True(t, b.AllowRetry())
+	assert.False(t, b.AllowRetry(), "floor spent")
+	clock.Advance(time.Second)
+	assert.True(t, b.AllowRetry())
+	assert.False(t, b.AllowRetry())
+	// 100 requests earn 20 retries.
+	for range 100 {
+		p, _ := b.Pick(&inferlb.Request{})
+		p.Done(inferlb.Outcome{})
+	}
+	allowed := 0
+	for range 50 {
+		if b.AllowRetry() {
+			allowed++
+		}
+	}
+	assert.Equal(t, 20, allowed)
+	assert.Equal(t, balancer.RetryStats{Allowed: 22, Denied: 32}, b.RetryStats())
+}

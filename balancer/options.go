@@ -92,6 +92,12 @@ type Options struct {
 	// max(min, (t/window)^(1/aggression)). Default 1 (linear); above 1
 	// ramps faster early. As Envoy's slow_start_config.aggression.
 	SlowStartAggression float64
+	// RetryRatio is the share of traffic that failover retries may add
+	// (AllowRetry). Default 0.2; negative allows only RetryFloor.
+	RetryRatio float64
+	// RetryFloor is how many retries per second are allowed regardless of
+	// traffic. Default 10; negative means none.
+	RetryFloor float64
 	// SubsetLabel is the endpoint label listing the models an endpoint
 	// serves (comma-separated). Default "model".
 	SubsetLabel string
@@ -114,6 +120,8 @@ type config struct {
 	slowStartMin    float64
 	slowStartAggr   float64
 	subsetLabel     string
+	retryRatio      float64
+	retryFloor      float64
 }
 
 func durationOr(v, d time.Duration) time.Duration {
@@ -146,6 +154,10 @@ func (o *Options) Validate() error {
 		return bad("SlowStartMinWeight", "must be in [0, 1]", o.SlowStartMinWeight)
 	case o.SlowStartAggression < 0 || math.IsNaN(o.SlowStartAggression) || math.IsInf(o.SlowStartAggression, 0):
 		return bad("SlowStartAggression", "must be positive and finite", o.SlowStartAggression)
+	case math.IsNaN(o.RetryRatio) || math.IsInf(o.RetryRatio, 0) || o.RetryRatio > 1:
+		return bad("RetryRatio", "must be finite and at most 1", o.RetryRatio)
+	case math.IsNaN(o.RetryFloor) || math.IsInf(o.RetryFloor, 0):
+		return bad("RetryFloor", "must be finite", o.RetryFloor)
 	case o.LatencyDecay < 0:
 		return bad("LatencyDecay", "must not be negative", o.LatencyDecay)
 	case o.ErrorDecay < 0:
@@ -185,6 +197,8 @@ func (o *Options) resolve() (*config, error) {
 		slowStartMin:    floatOr(o.SlowStartMinWeight, DefaultSlowStartMin),
 		slowStartAggr:   floatOr(o.SlowStartAggression, 1),
 		subsetLabel:     o.SubsetLabel,
+		retryRatio:      max(floatOr(o.RetryRatio, DefaultRetryRatio), 0),
+		retryFloor:      max(floatOr(o.RetryFloor, DefaultRetryFloor), 0),
 	}
 	if c.clock == nil {
 		c.clock = wallClock{}

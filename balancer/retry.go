@@ -1,0 +1,93 @@
+package balancer
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Retry budget defaults, after Finagle's and Linkerd's retry budgets: retries
+// may add at most 20% to the traffic, plus a floor of 10 per second so a
+// quiet client can still fail over.
+const (
+	DefaultRetryRatio     = 0.2
+	DefaultRetryFloor     = 10 // retries per second always allowed
+	retryCapacityRequests = 100
+)
+
+// retryBudget is a token bucket in milli-tokens: every pick deposits
+// ratio*1000 (capped), every retry withdraws 1000. A second bucket refills at
+// floor retries per second from the clock. Lock-free.
+type retryBudget struct {
+	ratioMilli int64 // deposit per request
+	capMilli   int64
+	floor      float64
+	tokens     atomic.Int64 // milli-tokens from traffic
+	floorAt    atomic.Int64 // unix ns up to which floor tokens were spent
+}
+
+func newRetryBudget(ratio, floor float64) *retryBudget {
+	rb := &retryBudget{ratioMilli: int64(ratio * 1000), floor: floor}
+	rb.capMilli = max(int64(float64(retryCapacityRequests)*ratio*1000), 1000)
+	return rb
+}
+
+func (rb *retryBudget) deposit() {
+	if rb.ratioMilli <= 0 {
+		return
+	}
+	if rb.tokens.Add(rb.ratioMilli) > rb.capMilli {
+		rb.tokens.Store(rb.capMilli) // racy clamp is fine: the cap is soft
+	}
+}
+
+func (rb *retryBudget) withdraw(nowNs int64) bool {
+	for {
+		t := rb.tokens.Load()
+		if t < 1000 {
+			break
+		}
+		if rb.tokens.CompareAndSwap(t, t-1000) {
+			return true
+		}
+	}
+	if rb.floor <= 0 {
+		return false
+	}
+	// The floor: one retry per 1/floor seconds, with up to one second of
+	// unused allowance banked.
+	step := int64(float64(time.Second) / rb.floor)
+	for {
+		at := rb.floorAt.Load()
+		next := max(at, nowNs-int64(time.Second)) + step
+		if next > nowNs {
+			return false
+		}
+		if rb.floorAt.CompareAndSwap(at, next) {
+			return true
+		}
+	}
+}
+
+// AllowRetry reports whether one more retry fits the retry budget and, if
+// so, spends it. Adapters call it before failing a call over to another
+// endpoint, so retries cannot storm a degraded fleet: they add at most
+// RetryRatio of the traffic (default 20%) plus RetryFloor per second.
+func (b *Balancer) AllowRetry() bool {
+	ok := b.retry.withdraw(b.cfg.clock.Now().UnixNano())
+	if ok {
+		b.retries.Add(1)
+	} else {
+		b.retriesDenied.Add(1)
+	}
+	return ok
+}
+
+// RetryStats counts AllowRetry answers.
+type RetryStats struct {
+	Allowed, Denied uint64
+}
+
+// RetryStats returns how many retries were allowed and denied.
+func (b *Balancer) RetryStats() RetryStats {
+	return RetryStats{Allowed: b.retries.Load(), Denied: b.retriesDenied.Load()}
+}
