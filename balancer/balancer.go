@@ -311,7 +311,7 @@ func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
 	if len(g.members) > 1 {
 		if j := b.draw(g, nowNs, panicking, i); j >= 0 {
 			sc := b.scorer(req.Service)
-			ci, cj := b.cost(sc, req, g, i, now, nowNs), b.cost(sc, req, g, j, now, nowNs)
+			ci, cj := b.cost(sc, req, g, i, now), b.cost(sc, req, g, j, now)
 			if cj < ci || (cj == ci && b.rand()&1 == 1) {
 				choice = j
 			}
@@ -357,10 +357,13 @@ func (b *Balancer) draw(g *group, nowNs int64, panicking bool, not int) int {
 	return -1
 }
 
-func (b *Balancer) cost(sc scoring.Scorer, req *inferlb.Request, g *group, i int, now time.Time, nowNs int64) float64 {
+// cost prices member i. Slow start is applied to candidacy in draw, not
+// here: scaling the cost too would make an idle joiner lose every comparison
+// (cost 1/f against 1) until its window ends, a step instead of a ramp.
+func (b *Balancer) cost(sc scoring.Scorer, req *inferlb.Request, g *group, i int, now time.Time) float64 {
 	e := g.members[i]
 	var st scoring.State
-	e.state(b.cfg, now, g.weights[i]*e.rampFactor(b.cfg, nowNs), &st)
+	e.state(b.cfg, now, g.weights[i], &st)
 	return sc.Cost(req, st)
 }
 

@@ -232,3 +232,37 @@ func TestRetryBudget(t *testing.T) {
 	assert.Equal(t, 20, allowed)
 	assert.Equal(t, balancer.RetryStats{Allowed: 22, Denied: 32}, b.RetryStats())
 }
+
+func TestOptionsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		opts balancer.Options
+		want string
+	}{
+		{balancer.Options{}, ""},
+		{balancer.Options{ErrorAlpha: 1.5}, "ErrorAlpha = 1.5: must be in [0, 1]"},
+		{balancer.Options{PanicThreshold: 2}, "PanicThreshold = 2: must be at most 1"},
+		{balancer.Options{PanicThreshold: -1}, ""},
+		{balancer.Options{SlowStartMinWeight: -0.1}, "SlowStartMinWeight"},
+		{balancer.Options{SlowStartAggression: -1}, "SlowStartAggression"},
+		{balancer.Options{LatencyDecay: -time.Second}, "LatencyDecay"},
+		{balancer.Options{RetryRatio: 3}, "RetryRatio"},
+		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: nil}}, "Scorers[llm]"},
+		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{9: &scoring.LLM{}}}, "unknown service"},
+	} {
+		err := tc.opts.Validate()
+		if tc.want == "" {
+			assert.NoError(t, err)
+			continue
+		}
+		if assert.Error(t, err) {
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Contains(t, err.Error(), "inferlb: balancer.Options.")
+		}
+	}
+	assert.Panics(t, func() { balancer.New(balancer.Options{ErrorAlpha: -1}) })
+}
+
+func TestRetryBudgetDoesNotAllocate(t *testing.T) {
+	b := newBalancer(t, 2, balancer.Options{})
+	assert.Zero(t, testing.AllocsPerRun(100, func() { b.AllowRetry() }))
+}

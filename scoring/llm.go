@@ -8,13 +8,14 @@ import (
 // LLM scores generation endpoints on reliability and current load. The zero
 // value uses the documented defaults.
 //
-// cost = (load + 1) / weight x reliability x kvPressure x memPressure, where
+// cost = (load + 1) / weight x reliability x kvPressure x memPressure x utilPressure, where
 //
 //	load        = max(in-flight here, running on the server) + QueueWeight x waiting
 //	              + in-flight tokens / TokenUnit
 //	reliability = 1 + ErrorPenalty x error rate
 //	kvPressure  = Pressure(KV-cache usage, KVKnee, Steepness)
-//	memPressure = Pressure(GPU memory used/total, MemoryKnee, Steepness)
+//	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness)
+//	utilPressure = Pressure(ORCA application utilization, UtilKnee, Steepness)
 //
 // Server-side running and waiting counts see every client's traffic, so they
 // correct this process's partial view when fresh; when telemetry is absent or
@@ -38,7 +39,13 @@ type LLM struct {
 	// Default 0.92: engines such as vLLM pre-allocate about 90% of GPU memory,
 	// so usage up to there is normal.
 	MemoryKnee float64
-	// Steepness scales both pressure curves. Default 4.
+	// MemorySteepness scales the memory pressure curve. Default 8: memory
+	// has no queue to absorb a burst, so 95% already costs 5.8x and 97% 14x.
+	MemorySteepness float64
+	// UtilKnee is the ORCA application utilization above which cost rises
+	// steeply. Default 0.9.
+	UtilKnee float64
+	// Steepness scales the KV-cache and utilization curves. Default 4.
 	Steepness float64
 }
 
@@ -66,7 +73,10 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 		cost *= Pressure(kv, orDefault(l.KVKnee, 0.85), steep)
 	}
 	if mem, ok := s.Telemetry.MemoryUsage(); ok {
-		cost *= Pressure(mem, orDefault(l.MemoryKnee, 0.92), steep)
+		cost *= Pressure(mem, orDefault(l.MemoryKnee, 0.92), orDefault(l.MemorySteepness, 8))
+	}
+	if u, ok := s.Telemetry.Get(telemetry.AppUtil); ok {
+		cost *= Pressure(u, orDefault(l.UtilKnee, 0.9), steep)
 	}
 	return cost
 }

@@ -37,8 +37,9 @@ type State struct {
 	Endpoint *inferlb.Endpoint
 	// Now is the picker's clock reading; scorers use it, never time.Now.
 	Now time.Time
-	// Weight is the effective capacity weight (> 0): the endpoint's Weight,
-	// reduced while it ramps up after joining or recovering (slow start).
+	// Weight is the endpoint's capacity weight (> 0). Slow start does not
+	// change it: the balancer ramps a joining endpoint by how often it is a
+	// candidate, not by its cost.
 	Weight float64
 	// InFlight and InFlightTokens count calls this process has picked the
 	// endpoint for and not yet finished, and their estimated tokens.

@@ -1,0 +1,75 @@
+package balancer_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// llmShares runs a closed loop of LLM calls with 8 outstanding and counts
+// new calls per endpoint.
+func llmShares(t *testing.T, b *balancer.Balancer, n int) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	var window []balancer.Pick
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 800, MaxOutputTokens: 300}
+	for range n {
+		p, err := b.Pick(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[p.ID()]++
+		window = append(window, p)
+		if len(window) == 8 {
+			window[0].Done(inferlb.Outcome{})
+			window = window[1:]
+		}
+	}
+	for _, p := range window {
+		p.Done(inferlb.Outcome{})
+	}
+	return counts
+}
+
+func TestTelemetryPressureSteersAndGoesStale(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		sample func(*telemetry.Sample)
+	}{
+		{"gpu memory 95%", func(s *telemetry.Sample) {
+			s.Set(telemetry.GPUMemUsed, 76e9)
+			s.Set(telemetry.GPUMemTotal, 80e9)
+		}},
+		{"kv cache 95%", func(s *telemetry.Sample) { s.Set(telemetry.KVCacheUsage, 0.95) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(10)})
+			hot := endpoints(4)[0].Addr
+			s := telemetry.Sample{Time: clock.Now()}
+			tc.sample(&s)
+			b.Publish(hot, s)
+			for _, ep := range endpoints(4)[1:] { // peers report comfortable levels
+				calm := telemetry.Sample{Time: clock.Now()}
+				calm.Set(telemetry.KVCacheUsage, 0.3)
+				calm.Set(telemetry.GPUMemUsed, 72e9)
+				calm.Set(telemetry.GPUMemTotal, 80e9)
+				b.Publish(ep.Addr, calm)
+			}
+			c := llmShares(t, b, 4000)
+			t.Logf("fresh: %v", c)
+			assert.Less(t, c[hot], 4000/4/5, "the pressured endpoint gets far fewer new requests")
+
+			clock.Advance(balancer.DefaultTelemetryMaxAge + time.Second)
+			c = llmShares(t, b, 4000)
+			t.Logf("stale: %v", c)
+			assert.InDelta(t, 1000, c[hot], 150, "a stale sample is neutral: treated like its peers")
+		})
+	}
+}

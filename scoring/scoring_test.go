@@ -1,0 +1,112 @@
+package scoring_test
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/scoring"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+var now = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func withTelemetry(st scoring.State, kv ...float64) scoring.State {
+	for i := 0; i+1 < len(kv); i += 2 {
+		st.Telemetry.Set(telemetry.Field(kv[i]), kv[i+1])
+	}
+	return st
+}
+
+func TestPressureIsFlatThenSteep(t *testing.T) {
+	assert.Equal(t, 1.0, scoring.Pressure(0.5, 0.9, 4))
+	assert.Equal(t, 1.0, scoring.Pressure(0.9, 0.9, 4))
+	assert.InDelta(t, 5, scoring.Pressure(0.95, 0.9, 4), 1e-9)
+	assert.InDelta(t, 37, scoring.Pressure(0.99, 0.9, 4), 1e-9)
+	assert.False(t, math.IsInf(scoring.Pressure(1, 0.9, 4), 0), "a full GPU is very expensive, not infinite")
+	assert.Equal(t, 1.0, scoring.Pressure(math.NaN(), 0.9, 4))
+	// Steep, not linear: the last 4% cost more than the 5% before them.
+	lo := scoring.Pressure(0.95, 0.9, 4) - scoring.Pressure(0.9, 0.9, 4)
+	hi := scoring.Pressure(0.99, 0.9, 4) - scoring.Pressure(0.95, 0.9, 4)
+	assert.Greater(t, hi, 5*lo)
+}
+
+func TestLLMCost(t *testing.T) {
+	l := &scoring.LLM{}
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	base := scoring.State{Now: now, Weight: 1}
+	idle := l.Cost(req, base)
+	assert.InDelta(t, 1, idle, 1e-9)
+
+	busy := base
+	busy.InFlight = 3
+	assert.InDelta(t, 4, l.Cost(req, busy), 1e-9, "in-flight requests")
+
+	tokens := base
+	tokens.InFlightTokens = 8192
+	assert.InDelta(t, 3, l.Cost(req, tokens), 1e-9, "8192 in-flight tokens count as two requests")
+
+	big := busy
+	big.Weight = 2
+	assert.InDelta(t, 2, l.Cost(req, big), 1e-9, "capacity weight divides load")
+
+	flaky := base
+	flaky.ErrorRate = 0.5
+	assert.InDelta(t, 6, l.Cost(req, flaky), 1e-9, "reliability")
+
+	// Server-side counts see other clients' load.
+	assert.InDelta(t, 8, l.Cost(req, withTelemetry(busy, float64(telemetry.Running), 7)), 1e-9, "running on the server beats our own view")
+	assert.InDelta(t, 4, l.Cost(req, withTelemetry(busy, float64(telemetry.Running), 1)), 1e-9, "never below our own in-flight")
+	assert.InDelta(t, 5, l.Cost(req, withTelemetry(base, float64(telemetry.Waiting), 2)), 1e-9, "a queued request counts double")
+
+	// Memory and KV pressure multiply.
+	gib := float64(1 << 30)
+	full := withTelemetry(base, float64(telemetry.GPUMemUsed), 76*gib, float64(telemetry.GPUMemTotal), 80*gib)
+	assert.Greater(t, l.Cost(req, full), 3.0, "95% GPU memory is expensive")
+	normal := withTelemetry(base, float64(telemetry.GPUMemUsed), 72*gib, float64(telemetry.GPUMemTotal), 80*gib)
+	assert.InDelta(t, 1, l.Cost(req, normal), 1e-9, "vLLM's usual 90% is normal")
+	assert.Greater(t, l.Cost(req, withTelemetry(base, float64(telemetry.KVCacheUsage), 0.95)), 3.0)
+	assert.Greater(t, l.Cost(req, withTelemetry(base, float64(telemetry.AppUtil), 0.99)), 10.0)
+}
+
+func TestLLMCostIgnoresLatency(t *testing.T) {
+	l := &scoring.LLM{}
+	fast := scoring.State{Now: now, Weight: 1, LatencyEWMA: time.Second, LastLatency: now}
+	slow := fast
+	slow.LatencyEWMA = time.Minute
+	assert.Equal(t, l.Cost(nil, fast), l.Cost(nil, slow), "completion latency measures output length, not the endpoint")
+}
+
+func TestLatencyCost(t *testing.T) {
+	l := &scoring.Latency{}
+	st := scoring.State{Now: now, Weight: 1, LatencyEWMA: 20 * time.Millisecond, LastLatency: now, LatencyDecay: 10 * time.Second}
+	assert.InDelta(t, 0.020, l.Cost(nil, st), 1e-9)
+	st.InFlight = 2
+	assert.InDelta(t, 0.060, l.Cost(nil, st), 1e-9, "latency x (in-flight + 1)")
+
+	unknown := scoring.State{Now: now, Weight: 1}
+	assert.InDelta(t, scoring.DefaultLatencyPrior.Seconds(), l.Cost(nil, unknown), 1e-9, "prior for no history")
+	assert.InDelta(t, 0.2, (&scoring.Latency{Prior: 200 * time.Millisecond}).Cost(nil, unknown), 1e-9)
+
+	// Peak-EWMA decays towards zero while unobserved, so a slow endpoint is
+	// probed again after a while.
+	old := scoring.State{Now: now.Add(10 * time.Second), Weight: 1, LatencyEWMA: 100 * time.Millisecond, LastLatency: now, LatencyDecay: 10 * time.Second}
+	assert.InDelta(t, 0.1/math.E, l.Cost(nil, old), 1e-6)
+}
+
+func TestLeastLoaded(t *testing.T) {
+	l := &scoring.LeastLoaded{}
+	assert.InDelta(t, 3, l.Cost(nil, scoring.State{Weight: 1, InFlight: 2}), 1e-9)
+	assert.InDelta(t, 1.5, l.Cost(nil, scoring.State{Weight: 2, InFlight: 2}), 1e-9)
+	assert.InDelta(t, 1, l.Cost(nil, scoring.State{InFlight: 0}), 1e-9, "zero weight reads as 1")
+}
+
+func TestDefaultFor(t *testing.T) {
+	assert.IsType(t, &scoring.LLM{}, scoring.DefaultFor(inferlb.ServiceLLM))
+	assert.IsType(t, &scoring.Latency{}, scoring.DefaultFor(inferlb.ServiceEmbedding))
+	assert.IsType(t, &scoring.Latency{}, scoring.DefaultFor(inferlb.ServiceRerank))
+	assert.IsType(t, &scoring.LeastLoaded{}, scoring.DefaultFor(inferlb.ServiceUnknown))
+}

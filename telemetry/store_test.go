@@ -1,0 +1,137 @@
+package telemetry_test
+
+import (
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func sample(at time.Time, kv ...float64) telemetry.Sample {
+	s := telemetry.Sample{Time: at}
+	for i := 0; i+1 < len(kv); i += 2 {
+		s.Set(telemetry.Field(kv[i]), kv[i+1])
+	}
+	return s
+}
+
+func TestSampleRejectsNonFinite(t *testing.T) {
+	var s telemetry.Sample
+	assert.False(t, s.Set(telemetry.KVCacheUsage, math.NaN()))
+	assert.False(t, s.Set(telemetry.Waiting, math.Inf(1)))
+	assert.True(t, s.Empty())
+	assert.True(t, s.Set(telemetry.Waiting, 3))
+	v, ok := s.Get(telemetry.Waiting)
+	assert.True(t, ok)
+	assert.Equal(t, 3.0, v)
+	_, ok = s.Get(telemetry.Running)
+	assert.False(t, ok)
+}
+
+func TestMemoryUsage(t *testing.T) {
+	s := sample(t0, float64(telemetry.GPUMemUsed), 40, float64(telemetry.GPUMemTotal), 80)
+	u, ok := s.MemoryUsage()
+	assert.True(t, ok)
+	assert.Equal(t, 0.5, u)
+	s = sample(t0, float64(telemetry.GPUMemUsed), 40, float64(telemetry.GPUMemTotal), 0)
+	_, ok = s.MemoryUsage()
+	assert.False(t, ok, "no total, no usage")
+}
+
+func TestFieldNames(t *testing.T) {
+	for f := range telemetry.NumFields {
+		back, ok := telemetry.ParseField(telemetry.Field(f).String())
+		assert.True(t, ok)
+		assert.Equal(t, telemetry.Field(f), back)
+	}
+	_, ok := telemetry.ParseField("nope")
+	assert.False(t, ok)
+}
+
+func TestStoreMergesFieldsByAge(t *testing.T) {
+	var st telemetry.Store
+	// DCGM reports memory; the model server reports the queue later.
+	st.Publish("a", sample(t0, float64(telemetry.GPUMemUsed), 70, float64(telemetry.GPUMemTotal), 80))
+	st.Publish("a", sample(t0.Add(20*time.Second), float64(telemetry.Waiting), 4))
+	// An older report of the queue must not overwrite the newer one.
+	st.Publish("a", sample(t0.Add(10*time.Second), float64(telemetry.Waiting), 99))
+
+	got, ok := st.Latest("a", t0.Add(25*time.Second), 0)
+	require.True(t, ok)
+	w, _ := got.Get(telemetry.Waiting)
+	assert.Equal(t, 4.0, w)
+	_, ok = got.Get(telemetry.GPUMemUsed)
+	assert.True(t, ok)
+
+	// With a 10s max age at t=25s only the queue (t=20s) is fresh: the stale
+	// memory field is dropped, not the whole sample.
+	got, ok = st.Latest("a", t0.Add(25*time.Second), 10*time.Second)
+	require.True(t, ok)
+	_, ok = got.Get(telemetry.GPUMemUsed)
+	assert.False(t, ok)
+	_, ok = got.Get(telemetry.Waiting)
+	assert.True(t, ok)
+	assert.True(t, got.Time.Equal(t0.Add(20*time.Second)))
+
+	_, ok = st.Latest("a", t0.Add(time.Hour), time.Minute)
+	assert.False(t, ok, "everything stale")
+	_, ok = st.Latest("b", t0, 0)
+	assert.False(t, ok)
+
+	assert.Equal(t, telemetry.StoreStats{Accepted: 2, DroppedOld: 1}, st.Stats())
+}
+
+func TestStoreDropsAndCountsBadInput(t *testing.T) {
+	st := telemetry.Store{MaxEndpoints: 2}
+	st.Publish("a", telemetry.Sample{Time: t0})                          // no field
+	st.Publish("a", sample(time.Time{}, float64(telemetry.Waiting), 1)) // no time
+	st.Publish("a", sample(t0, float64(telemetry.Waiting), 1))
+	st.Publish("b", sample(t0, float64(telemetry.Waiting), 1))
+	st.Publish("c", sample(t0, float64(telemetry.Waiting), 1)) // table full
+	assert.Equal(t, telemetry.StoreStats{Accepted: 2, DroppedEmpty: 2, DroppedFull: 1}, st.Stats())
+	assert.Equal(t, 2, st.Len())
+	assert.Nil(t, st.Slot("c"))
+	st.Forget("a")
+	assert.Equal(t, 1, st.Len())
+	assert.NotNil(t, st.Slot("c"), "room again")
+}
+
+func TestSlotReadsAreConsistentUnderConcurrency(t *testing.T) {
+	var st telemetry.Store
+	slot := st.Slot("a")
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 500 {
+				st.Publish("a", sample(t0.Add(time.Duration(i)*time.Millisecond), float64(telemetry.Running), float64(w*1000+i)))
+			}
+		})
+	}
+	wg.Go(func() {
+		var s telemetry.Sample
+		for range 2000 {
+			slot.LoadInto(&s, t0, 0)
+		}
+	})
+	wg.Wait()
+	var s telemetry.Sample
+	slot.LoadInto(&s, t0, 0)
+	v, ok := s.Get(telemetry.Running)
+	require.True(t, ok)
+	assert.Equal(t, 499.0, math.Mod(v, 1000), "the newest observation wins")
+}
+
+func TestSlotLoadDoesNotAllocate(t *testing.T) {
+	var st telemetry.Store
+	st.Publish("a", sample(t0, float64(telemetry.Running), 1))
+	slot := st.Slot("a")
+	var s telemetry.Sample
+	assert.Zero(t, testing.AllocsPerRun(100, func() { slot.LoadInto(&s, t0, time.Minute) }))
+}
