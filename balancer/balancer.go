@@ -60,6 +60,9 @@ type Balancer struct {
 	retry         *retryBudget
 	retries       atomic.Uint64
 	retriesDenied atomic.Uint64
+
+	outlierMu   sync.Mutex   // one outlier evaluation at a time (TryLock)
+	nextOutlier atomic.Int64 // unix ns of the next evaluation
 }
 
 // snapshot is the immutable picker state built by Update.
@@ -138,6 +141,7 @@ func (b *Balancer) Update(endpoints []inferlb.Endpoint) error {
 		e, ok := b.eps[id]
 		if !ok {
 			e = newEndpoint(id, b.cfg.store.Slot(id))
+			e.breaker = b.newBreaker(e)
 			if b.warm {
 				e.rampFrom.Store(nowNs)
 			}
@@ -375,8 +379,11 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, nowNs int64) Pick 
 		c.Add(1)
 	}
 	e.picks.Add(1)
+	if e.brOpen.Load() {
+		e.probeSlots.Add(-1)
+	}
 	b.retry.deposit()
-	return Pick{b: b, e: e, start: nowNs, tokens: tokens}
+	return Pick{b: b, e: e, start: nowNs, tokens: tokens, gen: e.brGen.Load()}
 }
 
 // Pick is the result of Balancer.Pick: the endpoint chosen and the handle to
@@ -388,6 +395,7 @@ type Pick struct {
 	e      *endpoint
 	start  int64 // unix ns at pick
 	tokens int64
+	gen    uint32 // breaker generation at pick
 	done   uint32 // atomic
 }
 
@@ -433,16 +441,23 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	switch {
 	case o.Canceled():
 		e.observe(b.cfg, nowNs, 0, o.TTFT, false, false)
+		b.report(e, p.gen, errExcluded)
 	case o.Overloaded:
 		e.overloads.Add(1)
 		b.cooldown(e, nowNs, o.RetryAfter)
+		b.report(e, p.gen, errExcluded)
 	case o.Err != nil:
 		e.failures.Add(1)
 		e.observe(b.cfg, nowNs, latency, 0, true, true)
+		noteStreak(e, nowNs, true)
+		b.report(e, p.gen, errFailed)
 	default:
 		e.successes.Add(1)
 		e.observe(b.cfg, nowNs, latency, o.TTFT, true, false)
+		noteStreak(e, nowNs, false)
+		b.report(e, p.gen, nil)
 	}
+	b.maybeEvaluateOutliers(nowNs)
 }
 
 // cooldown keeps e out of rotation for the server's Retry-After hint, or
@@ -458,6 +473,7 @@ func (b *Balancer) cooldown(e *endpoint, nowNs int64, retryAfter time.Duration) 
 	}
 	if exclude(e, nowNs+int64(d)) {
 		b.epoch.Add(1)
+		b.emit(Event{Kind: EventCooldown, Endpoint: e.id, At: time.Unix(0, nowNs), Until: time.Unix(0, nowNs+int64(d))})
 	}
 }
 

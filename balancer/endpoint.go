@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sony/gobreaker/v2"
+
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/scoring"
 	"github.com/inferlb/inferlb/telemetry"
@@ -38,6 +40,24 @@ type endpoint struct {
 	errAt       atomic.Int64  // unix ns of last counted outcome
 	lastOutcome atomic.Int64  // unix ns
 
+	// Resilience (resilience.go). breaker is immutable (nil when disabled).
+	breaker       *gobreaker.CircuitBreaker[struct{}]
+	brOpen        atomic.Bool   // the breaker's exclusion is in force (open or probing)
+	brGen         atomic.Uint32 // bumped on every breaker exclusion and recovery
+	probeSlots    atomic.Int32  // half-open probes left to hand out
+	opens         atomic.Int32  // consecutive opens, for the doubling exclusion time
+	failStreak    atomic.Int64  // unix ns of the first failure of the current streak; 0 = none
+	trippedAt     atomic.Int64
+	ejectedUntil  atomic.Int64 // outlier ejection in force until
+	ejections     atomic.Int32 // consecutive outlier ejections
+	lastDetection atomic.Int64 // ns
+	lastDowntime  atomic.Int64 // ns
+	trips         atomic.Uint64
+	recoveries    atomic.Uint64
+	ejectCount    atomic.Uint64
+	// Outlier window baselines; guarded by Balancer.outlierMu.
+	winSucc, winFail uint64
+
 	picks     atomic.Uint64
 	successes atomic.Uint64
 	failures  atomic.Uint64
@@ -58,7 +78,14 @@ func (e *endpoint) usable(nowNs int64, panicking bool) bool {
 	if !e.ready.Load() {
 		return false
 	}
-	return panicking || e.excludedUntil.Load() <= nowNs
+	if panicking {
+		return true
+	}
+	if e.excludedUntil.Load() > nowNs {
+		return false
+	}
+	// A breaker past its exclusion is half-open: only probeSlots calls.
+	return !e.brOpen.Load() || e.probeSlots.Load() > 0
 }
 
 // rampFactor is the slow-start fraction of weight at now, in (0, 1].
@@ -97,6 +124,9 @@ func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.S
 	e.slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
 }
 
+// errorRateFloor is the error rate below which an endpoint counts as clean.
+const errorRateFloor = 0.01
+
 func (e *endpoint) errorRate(c *config, nowNs int64) float64 {
 	r := math.Float64frombits(e.errRate.Load())
 	if r == 0 {
@@ -104,6 +134,11 @@ func (e *endpoint) errorRate(c *config, nowNs int64) float64 {
 	}
 	if dt := nowNs - e.errAt.Load(); dt > 0 && c.errorDecay > 0 {
 		r *= math.Exp(-float64(dt) / float64(c.errorDecay))
+	}
+	if r < errorRateFloor {
+		// A residue of an old failure is noise; left in, it would make an
+		// otherwise idle endpoint lose every tie for ever.
+		return 0
 	}
 	return r
 }

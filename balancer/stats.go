@@ -24,6 +24,16 @@ type EndpointStats struct {
 	Successes      uint64
 	Failures       uint64
 	Overloads      uint64
+	// Resilience: whether the breaker holds the endpoint out (or is
+	// probing it), how often it tripped, recovered and was ejected as an
+	// outlier, and the last detection time (first failure to exclusion) and
+	// downtime (exclusion to recovery).
+	BreakerOpen   bool
+	Trips         uint64
+	Recoveries    uint64
+	Ejections     uint64
+	LastDetection time.Duration
+	LastDowntime  time.Duration
 }
 
 // Stats returns the live state of the current endpoints, sorted by ID. It
@@ -53,6 +63,12 @@ func (b *Balancer) Stats() []EndpointStats {
 			Successes:      e.successes.Load(),
 			Failures:       e.failures.Load(),
 			Overloads:      e.overloads.Load(),
+			BreakerOpen:    e.brOpen.Load(),
+			Trips:          e.trips.Load(),
+			Recoveries:     e.recoveries.Load(),
+			Ejections:      e.ejectCount.Load(),
+			LastDetection:  time.Duration(e.lastDetection.Load()),
+			LastDowntime:   time.Duration(e.lastDowntime.Load()),
 		}
 		if u := e.excludedUntil.Load(); u > nowNs && u != math.MaxInt64 {
 			s.ExcludedUntil = time.Unix(0, u)

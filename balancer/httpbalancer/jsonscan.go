@@ -1,0 +1,417 @@
+package httpbalancer
+
+import (
+	"encoding/json"
+	"unicode/utf8"
+)
+
+// scanner is a tolerant, single-pass reader of the few top-level fields of a
+// JSON request body that routing needs. It is not a validator: it accepts a
+// truncated body (a bounded peek of a larger one) and stops at the first
+// thing it does not understand, keeping what it found so far.
+//
+// It never recurses on input structure (skip counts brackets in a loop), so
+// a hostile, deeply nested body cannot exhaust the stack, and every index is
+// checked, so no input can make it panic; FuzzInspect holds it to that.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// peek returns the next non-space byte, or 0 at the end.
+func (s *scanner) peek() byte {
+	s.ws()
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *scanner) eat(c byte) bool {
+	if s.peek() == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+// str reads a string. raw is the text between the quotes, quoted includes
+// them; esc reports escape sequences (raw is then not the decoded value).
+func (s *scanner) str() (raw, quoted []byte, esc, ok bool) {
+	if s.peek() != '"' {
+		return nil, nil, false, false
+	}
+	start := s.i
+	for j := start + 1; j < len(s.b); j++ {
+		switch s.b[j] {
+		case '\\':
+			esc = true
+			j++
+		case '"':
+			s.i = j + 1
+			return s.b[start+1 : j], s.b[start : j+1], esc, true
+		}
+	}
+	s.i = len(s.b)
+	return nil, nil, false, false
+}
+
+// text reads a string and decodes it. Decoding allocates; callers that only
+// need a length use str.
+func (s *scanner) text() (string, bool) {
+	raw, quoted, esc, ok := s.str()
+	if !ok {
+		return "", false
+	}
+	return decode(raw, quoted, esc), true
+}
+
+func decode(raw, quoted []byte, esc bool) string {
+	if esc {
+		var v string
+		if json.Unmarshal(quoted, &v) == nil {
+			return v
+		}
+	}
+	return string(raw)
+}
+
+func isDelim(c byte) bool {
+	switch c {
+	case ',', '}', ']', ' ', '\t', '\n', '\r', ':':
+		return true
+	}
+	return false
+}
+
+// skip steps over one value of any shape. It reports false when the body
+// ends inside the value or is malformed in a way that loses track of it.
+func (s *scanner) skip() bool {
+	s.ws()
+	depth := 0
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; c {
+		case '"':
+			if _, _, _, ok := s.str(); !ok {
+				return false
+			}
+			if depth == 0 {
+				return true
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth < 0 {
+				return false
+			}
+			if depth == 0 {
+				s.i++
+				return true
+			}
+		default:
+			if depth == 0 { // a scalar: true, false, null or a number
+				start := s.i
+				for s.i < len(s.b) && !isDelim(s.b[s.i]) {
+					s.i++
+				}
+				return s.i > start && s.i < len(s.b)
+			}
+		}
+		s.i++
+	}
+	return false
+}
+
+// scalar reads a bare literal or number and returns its text.
+func (s *scanner) scalar() ([]byte, bool) {
+	s.ws()
+	start := s.i
+	for s.i < len(s.b) && !isDelim(s.b[s.i]) {
+		if c := s.b[s.i]; c == '"' || c == '{' || c == '[' {
+			return nil, false
+		}
+		s.i++
+	}
+	return s.b[start:s.i], s.i > start && s.i < len(s.b)
+}
+
+// integer reads a non-negative integer that fits an int32 (token counts);
+// anything else (fractions, exponents, huge values) reads as absent. The
+// bound keeps a hostile max_tokens from overflowing the in-flight token sum.
+func (s *scanner) integer() (int, bool) {
+	if s.peek() != '-' && (s.peek() < '0' || s.peek() > '9') {
+		return 0, s.skip()
+	}
+	lit, ok := s.scalar()
+	if !ok {
+		return 0, false
+	}
+	n := 0
+	for _, c := range lit {
+		if c < '0' || c > '9' {
+			return 0, true
+		}
+		n = n*10 + int(c-'0')
+		if n > 1<<31-1 {
+			return 0, true
+		}
+	}
+	return n, true
+}
+
+// object calls field for every key of the object at the cursor; field must
+// consume the value. It reports whether the whole object was read.
+func (s *scanner) object(field func(key []byte) bool) bool {
+	if s.peek() != '{' {
+		return s.skip() // not an object: nothing to read, but step over it
+	}
+	s.i++
+	if s.eat('}') {
+		return true
+	}
+	for {
+		key, _, esc, ok := s.str()
+		if !ok || !s.eat(':') {
+			return false
+		}
+		if esc { // no field we read is spelled with escapes
+			ok = s.skip()
+		} else {
+			ok = field(key)
+		}
+		if !ok {
+			return false
+		}
+		if s.eat(',') {
+			continue
+		}
+		return s.eat('}')
+	}
+}
+
+// array calls elem for every element of the array at the cursor; elem must
+// consume the value. It reports whether the whole array was read.
+func (s *scanner) array(elem func() bool) bool {
+	if !s.eat('[') {
+		return false
+	}
+	if s.eat(']') {
+		return true
+	}
+	for {
+		if !elem() {
+			return false
+		}
+		if s.eat(',') {
+			continue
+		}
+		return s.eat(']')
+	}
+}
+
+// body is what the OpenAI inspector reads from a request body.
+type body struct {
+	model     string
+	stream    bool
+	maxTokens int // the largest of max_tokens, max_completion_tokens, max_output_tokens
+	chars     int // characters of prompt text seen (message contents, prompt, input)
+	cacheKey  string
+
+	// keyed is set when the fields below should be collected (LLM calls);
+	// collecting them allocates one string per message.
+	keyed    bool
+	system   string         // /v1/responses instructions
+	messages []cacheMessage // chat messages (or responses input items), complete ones only
+	prompt   string         // completions prompt, or responses input given as a string
+	hasText  bool           // prompt is set
+	parts    []byte         // scratch for joining content parts
+}
+
+// cacheMessage mirrors cache.Message; kept separate so scanning does not
+// depend on the cache package's field set.
+type cacheMessage struct {
+	role, content string
+}
+
+// parseBody reads the fields of interest from an OpenAI-compatible request
+// body (chat completions, completions, responses, embeddings, rerank; TGI's
+// "inputs" too). It never fails: what it cannot read stays zero.
+func parseBody(b []byte, keyed bool, out *body) {
+	out.keyed = keyed
+	s := &scanner{b: b}
+	s.object(func(key []byte) bool {
+		switch string(key) {
+		case "model":
+			v, ok := s.text()
+			out.model = v
+			return ok
+		case "stream":
+			lit, ok := s.scalar()
+			out.stream = ok && string(lit) == "true"
+			return ok
+		case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
+			n, ok := s.integer()
+			out.maxTokens = max(out.maxTokens, n)
+			return ok
+		case "parameters": // TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}}
+			return s.object(func(key []byte) bool {
+				if string(key) == "max_new_tokens" {
+					n, ok := s.integer()
+					out.maxTokens = max(out.maxTokens, n)
+					return ok
+				}
+				return s.skip()
+			})
+		case "messages":
+			return s.messages(out)
+		case "prompt", "input", "inputs", "query", "documents", "texts":
+			return s.promptValue(out)
+		case "instructions":
+			raw, quoted, esc, ok := s.str()
+			if !ok {
+				return s.skip()
+			}
+			out.chars += utf8.RuneCount(raw)
+			if out.keyed {
+				out.system = decode(raw, quoted, esc)
+			}
+			return true
+		case "prompt_cache_key":
+			v, ok := s.text()
+			out.cacheKey = v
+			return ok
+		}
+		return s.skip()
+	})
+}
+
+// promptValue reads a prompt or input: a string, a list of strings or token
+// IDs, or (for /v1/responses) a list of message items.
+func (s *scanner) promptValue(out *body) bool {
+	switch s.peek() {
+	case '"':
+		raw, quoted, esc, ok := s.str()
+		if !ok {
+			return false
+		}
+		out.chars += utf8.RuneCount(raw)
+		if out.keyed && !out.hasText {
+			out.prompt, out.hasText = decode(raw, quoted, esc), true
+		}
+		return true
+	case '[':
+		return s.array(func() bool {
+			switch s.peek() {
+			case '"':
+				raw, quoted, esc, ok := s.str()
+				if ok {
+					out.chars += utf8.RuneCount(raw)
+					if out.keyed && !out.hasText {
+						// A batch of prompts: key on the first, which is
+						// where a shared prefix would be.
+						out.prompt, out.hasText = decode(raw, quoted, esc), true
+					}
+				}
+				return ok
+			case '{':
+				return s.message(out)
+			case '[': // a batch of token-ID lists
+				return s.array(func() bool { out.chars += 4; return s.skip() })
+			}
+			out.chars += 4 // a token ID is one token: four characters' worth
+			return s.skip()
+		})
+	}
+	return s.skip()
+}
+
+func (s *scanner) messages(out *body) bool {
+	if s.peek() != '[' {
+		return s.skip()
+	}
+	return s.array(func() bool { return s.message(out) })
+}
+
+// message reads one chat message or responses input item:
+// {"role": ..., "content": "text" | [{"type": "text", "text": ...}, ...]}.
+func (s *scanner) message(out *body) bool {
+	if s.peek() != '{' {
+		return s.skip()
+	}
+	var role string
+	out.parts = out.parts[:0]
+	ok := s.object(func(key []byte) bool {
+		switch string(key) {
+		case "role":
+			v, ok := s.text()
+			role = v
+			return ok
+		case "content", "text":
+			return s.content(out)
+		}
+		return s.skip()
+	})
+	if ok && out.keyed {
+		out.messages = append(out.messages, cacheMessage{role: role, content: string(out.parts)})
+	}
+	return ok
+}
+
+// content reads a message's content, appending its text to out.parts.
+func (s *scanner) content(out *body) bool {
+	switch s.peek() {
+	case '"':
+		raw, quoted, esc, ok := s.str()
+		if ok {
+			out.chars += utf8.RuneCount(raw)
+			if out.keyed {
+				out.parts = appendText(out.parts, raw, quoted, esc)
+			}
+		}
+		return ok
+	case '[':
+		return s.array(func() bool {
+			if s.peek() != '{' {
+				return s.skip()
+			}
+			return s.object(func(key []byte) bool {
+				if string(key) != "text" {
+					return s.skip()
+				}
+				raw, quoted, esc, ok := s.str()
+				if !ok {
+					return s.skip()
+				}
+				out.chars += utf8.RuneCount(raw)
+				if out.keyed {
+					out.parts = appendText(out.parts, raw, quoted, esc)
+				}
+				return true
+			})
+		})
+	}
+	return s.skip()
+}
+
+func appendText(dst, raw, quoted []byte, esc bool) []byte {
+	if len(dst) > 0 {
+		dst = append(dst, '\n')
+	}
+	if esc {
+		return append(dst, decode(raw, quoted, esc)...)
+	}
+	return append(dst, raw...)
+}

@@ -1,0 +1,253 @@
+package balancer
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// EventKind says what happened to an endpoint's standing.
+type EventKind uint8
+
+const (
+	// EventTripped: the circuit breaker opened after consecutive failures
+	// and the endpoint left rotation. Event.Detection is the time from the
+	// first failure of the streak to the exclusion.
+	EventTripped EventKind = iota + 1
+	// EventProbeFailed: a half-open probe failed; the endpoint stays out for
+	// a longer (doubled) period.
+	EventProbeFailed
+	// EventRecovered: half-open probes succeeded; the endpoint is back and
+	// ramps up through slow start. Event.Downtime is exclusion to recovery.
+	EventRecovered
+	// EventEjected: outlier detection removed the endpoint because its
+	// success rate fell well below its peers'.
+	EventEjected
+	// EventCooldown: the endpoint answered "overloaded" and rests for its
+	// Retry-After.
+	EventCooldown
+	// EventCapped: the breaker tripped or outlier detection fired, but
+	// MaxEjectedFraction was reached, so the endpoint stays in rotation.
+	EventCapped
+)
+
+var eventNames = [...]string{"", "tripped", "probe-failed", "recovered", "ejected", "cooldown", "capped"}
+
+func (k EventKind) String() string {
+	if int(k) < len(eventNames) {
+		return eventNames[k]
+	}
+	return "unknown"
+}
+
+// Event reports a change in an endpoint's standing, through Options.OnEvent.
+type Event struct {
+	Kind     EventKind
+	Endpoint string
+	At       time.Time
+	// Until is when the endpoint may be tried again (tripped, probe-failed,
+	// ejected, cooldown).
+	Until time.Time
+	// Detection is the first failure of the streak to exclusion (tripped).
+	Detection time.Duration
+	// Downtime is exclusion to recovery (recovered).
+	Downtime time.Duration
+}
+
+// Sentinels the breaker classifies; they never reach callers.
+var (
+	errFailed   = errors.New("inferlb: call failed")
+	errExcluded = errors.New("inferlb: outcome says nothing about health")
+)
+
+// newBreaker returns e's breaker, or nil when breaking is disabled.
+//
+// gobreaker counts outcomes and decides when to trip, probe and close; the
+// balancer's clock decides how long the endpoint stays out. Outcomes are
+// reported at Done (Pick never locks; the half-open probe budget is kept in
+// an atomic, probeSlots). gobreaker reads the wall clock, so its own open timeout is set to a
+// nanosecond (always elapsed) and the exclusion window is kept in
+// excludedUntil instead, which keeps fake clocks and the simulator exact.
+func (b *Balancer) newBreaker(e *endpoint) *gobreaker.CircuitBreaker[struct{}] {
+	if b.cfg.breakerFailures <= 0 {
+		return nil
+	}
+	return gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        e.id,
+		MaxRequests: uint32(b.cfg.breakerProbes),
+		Timeout:     time.Nanosecond,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= uint32(b.cfg.breakerFailures)
+		},
+		IsExcluded: func(err error) bool { return err == errExcluded },
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			b.onBreakerChange(e, from, to)
+		},
+	})
+}
+
+// onBreakerChange runs under the breaker's mutex: atomics only.
+func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
+	now := b.cfg.clock.Now()
+	nowNs := now.UnixNano()
+	switch to {
+	case gobreaker.StateOpen:
+		if !e.brOpen.Load() && !b.mayEject(nowNs) {
+			b.emit(Event{Kind: EventCapped, Endpoint: e.id, At: now})
+			return
+		}
+		n := e.opens.Add(1)
+		until := nowNs + int64(b.ejectionTime(n))
+		e.probeSlots.Store(int32(b.cfg.breakerProbes))
+		e.brGen.Add(1)
+		exclude(e, until)
+		ev := Event{Kind: EventTripped, Endpoint: e.id, At: now, Until: time.Unix(0, until)}
+		if from == gobreaker.StateHalfOpen && e.brOpen.Load() {
+			ev.Kind = EventProbeFailed
+		} else {
+			e.brOpen.Store(true)
+			e.trips.Add(1)
+			e.trippedAt.Store(nowNs)
+			if s := e.failStreak.Load(); s > 0 {
+				ev.Detection = time.Duration(nowNs - s)
+				e.lastDetection.Store(int64(ev.Detection))
+			}
+		}
+		b.epoch.Add(1)
+		b.emit(ev)
+	case gobreaker.StateClosed:
+		if !e.brOpen.Swap(false) {
+			return
+		}
+		e.opens.Store(0)
+		e.brGen.Add(1)
+		e.rampFrom.Store(nowNs) // recovered: ramp up, as a new endpoint would
+		down := time.Duration(nowNs - e.trippedAt.Load())
+		e.lastDowntime.Store(int64(down))
+		e.recoveries.Add(1)
+		b.epoch.Add(1)
+		b.emit(Event{Kind: EventRecovered, Endpoint: e.id, At: now, Downtime: down})
+	}
+}
+
+// ejectionTime is the exclusion for the n-th consecutive ejection:
+// EjectionTime doubled each time, capped at MaxEjectionTime.
+func (b *Balancer) ejectionTime(n int32) time.Duration {
+	d := b.cfg.ejectionTime
+	for i := int32(1); i < n && d < b.cfg.maxEjectionTime; i++ {
+		d *= 2
+	}
+	return min(d, b.cfg.maxEjectionTime)
+}
+
+// mayEject reports whether one more endpoint may be ejected without passing
+// MaxEjectedFraction of the fleet (one is always allowed). It scans the
+// fleet: ejections are rare, picks are not.
+func (b *Balancer) mayEject(nowNs int64) bool {
+	snap := b.snap.Load()
+	if snap == nil {
+		return true
+	}
+	ejected := 0
+	for _, e := range snap.all.members {
+		if e.brOpen.Load() || e.ejectedUntil.Load() > nowNs {
+			ejected++
+		}
+	}
+	limit := max(int(b.cfg.maxEjected*float64(len(snap.all.members))), 1)
+	return ejected+1 <= limit
+}
+
+func (b *Balancer) emit(ev Event) {
+	if b.cfg.onEvent != nil {
+		b.cfg.onEvent(ev)
+	}
+}
+
+// report feeds one outcome to e's breaker. Calls picked before the breaker's
+// last transition (gen differs) are ignored, as gobreaker ignores stale
+// generations: a straggler must not close a breaker its failures opened.
+func (b *Balancer) report(e *endpoint, gen uint32, err error) {
+	if e.breaker == nil || e.brGen.Load() != gen {
+		return
+	}
+	// Execute is gobreaker's allow-then-report in one call; the call itself
+	// already happened, so the function only hands over its result. This
+	// closure does not escape, so reporting does not allocate (the two-step
+	// API's Allow returns a heap closure per call).
+	_, _ = e.breaker.Execute(func() (struct{}, error) { return struct{}{}, err })
+}
+
+// noteStreak tracks when the current run of failures began, for detection time.
+func noteStreak(e *endpoint, nowNs int64, failed bool) {
+	if !failed {
+		e.failStreak.Store(0)
+		return
+	}
+	e.failStreak.CompareAndSwap(0, nowNs)
+}
+
+// maybeEvaluateOutliers runs outlier detection when its interval is due.
+// Only one caller at a time evaluates; others skip.
+func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
+	if b.cfg.outlierInterval <= 0 || nowNs < b.nextOutlier.Load() || !b.outlierMu.TryLock() {
+		return
+	}
+	defer b.outlierMu.Unlock()
+	if nowNs < b.nextOutlier.Load() {
+		return
+	}
+	b.nextOutlier.Store(nowNs + int64(b.cfg.outlierInterval))
+	snap := b.snap.Load()
+	if snap == nil {
+		return
+	}
+	type obs struct {
+		e    *endpoint
+		rate float64
+	}
+	var seen []obs
+	for _, e := range snap.all.members {
+		s, f := e.successes.Load(), e.failures.Load()
+		ds, df := s-e.winSucc, f-e.winFail
+		e.winSucc, e.winFail = s, f
+		if n := ds + df; n >= uint64(b.cfg.outlierMinRequests) {
+			seen = append(seen, obs{e, float64(ds) / float64(n)})
+		}
+	}
+	if len(seen) < 3 {
+		return // too few peers to call anyone an outlier
+	}
+	rates := make([]float64, len(seen))
+	for i, o := range seen {
+		rates[i] = o.rate
+	}
+	slices.Sort(rates)
+	median := rates[len(rates)/2]
+	if len(rates)%2 == 0 {
+		median = (rates[len(rates)/2-1] + median) / 2
+	}
+	for _, o := range seen {
+		if o.rate >= median-b.cfg.outlierMargin {
+			o.e.ejections.Store(0)
+			continue
+		}
+		if o.e.excludedUntil.Load() > nowNs {
+			continue
+		}
+		now := time.Unix(0, nowNs)
+		if !b.mayEject(nowNs) {
+			b.emit(Event{Kind: EventCapped, Endpoint: o.e.id, At: now})
+			continue
+		}
+		until := nowNs + int64(b.ejectionTime(o.e.ejections.Add(1)))
+		o.e.ejectedUntil.Store(until)
+		o.e.rampFrom.Store(until) // ramp up when it returns
+		o.e.ejectCount.Add(1)
+		exclude(o.e, until)
+		b.epoch.Add(1)
+		b.emit(Event{Kind: EventEjected, Endpoint: o.e.id, At: now, Until: time.Unix(0, until)})
+	}
+}

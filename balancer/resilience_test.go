@@ -1,0 +1,210 @@
+package balancer_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+var errDown = errors.New("connection refused")
+
+type recorder struct {
+	mu     sync.Mutex
+	events []balancer.Event
+}
+
+func (r *recorder) record(ev balancer.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, ev)
+}
+
+func (r *recorder) kinds() []balancer.EventKind {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []balancer.EventKind
+	for _, ev := range r.events {
+		out = append(out, ev.Kind)
+	}
+	return out
+}
+
+func (r *recorder) last() balancer.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.events[len(r.events)-1]
+}
+
+// pickOn picks until the chosen endpoint is id (finishing others with
+// success) and returns that pick, still open.
+func pickOn(t *testing.T, b *balancer.Balancer, id string) balancer.Pick {
+	t.Helper()
+	for range 10_000 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		if p.ID() == id {
+			return p
+		}
+		p.Done(inferlb.Outcome{})
+	}
+	t.Fatalf("never picked %s", id)
+	return balancer.Pick{}
+}
+
+func resilient(t *testing.T, clock *testutil.Clock, rec *recorder, n int) *balancer.Balancer {
+	return newBalancer(t, n, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(11), OnEvent: rec.record,
+		OutlierInterval: -1, SlowStartWindow: 30 * time.Second,
+		// Equal costs: the error-rate term of the real scorers would steer
+		// traffic away before the breaker is even needed.
+		Scorers: constantScorers(),
+	})
+}
+
+func TestBreakerTripsProbesAndRecovers(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := resilient(t, clock, rec, 4)
+	bad := endpoints(4)[0].Addr
+
+	// A straggler picked before the trip must not count after it.
+	straggler := pickOn(t, b, bad)
+
+	// Five consecutive failures, a second apart, trip the breaker.
+	for i := range 5 {
+		p := pickOn(t, b, bad)
+		p.Done(inferlb.Outcome{Err: errDown})
+		if i < 4 {
+			clock.Advance(time.Second)
+		}
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds())
+	ev := rec.last()
+	assert.Equal(t, 4*time.Second, ev.Detection, "first failure to exclusion")
+	assert.WithinDuration(t, clock.Now().Add(balancer.DefaultEjectionTime), ev.Until, 0)
+	st := stat(t, b, bad)
+	assert.True(t, st.BreakerOpen)
+	assert.Equal(t, 4*time.Second, st.LastDetection)
+	assert.Zero(t, spread(t, b, &inferlb.Request{}, 500)[bad], "no traffic while open")
+
+	straggler.Done(inferlb.Outcome{}) // late success from before the trip
+	assert.True(t, stat(t, b, bad).BreakerOpen, "a straggler does not close the breaker")
+
+	// After the ejection time the breaker is half-open: at most 3 probes
+	// are handed out while they are in flight.
+	clock.Advance(balancer.DefaultEjectionTime)
+	var probes []balancer.Pick
+	for range 2000 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		if p.ID() == bad {
+			probes = append(probes, p)
+		} else {
+			p.Done(inferlb.Outcome{})
+		}
+	}
+	require.Len(t, probes, 3, "half-open lets BreakerProbes calls through")
+
+	// One probe fails: open again, for twice as long.
+	probes[0].Done(inferlb.Outcome{Err: errDown})
+	probes[1].Done(inferlb.Outcome{}) // stale probes from the failed round
+	probes[2].Done(inferlb.Outcome{})
+	assert.Equal(t, balancer.EventProbeFailed, rec.last().Kind)
+	assert.WithinDuration(t, clock.Now().Add(2*balancer.DefaultEjectionTime), rec.last().Until, 0)
+	assert.True(t, stat(t, b, bad).BreakerOpen)
+
+	clock.Advance(2 * balancer.DefaultEjectionTime)
+	for range 3 {
+		p := pickOn(t, b, bad)
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Equal(t, balancer.EventRecovered, rec.last().Kind)
+	assert.Equal(t, 3*balancer.DefaultEjectionTime, rec.last().Downtime, "downtime: trip to recovery")
+	st = stat(t, b, bad)
+	assert.False(t, st.BreakerOpen)
+	assert.EqualValues(t, 1, st.Trips)
+	assert.EqualValues(t, 1, st.Recoveries)
+	assert.InDelta(t, balancer.DefaultSlowStartMin, st.RampFactor, 1e-9, "a recovered endpoint ramps up again")
+}
+
+func TestOverloadAndCancellationDoNotTrip(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := resilient(t, clock, rec, 2)
+	id := endpoints(2)[0].Addr
+	for range 10 {
+		p := pickOn(t, b, id)
+		p.Done(inferlb.Outcome{Err: context.Canceled})
+	}
+	for range 10 {
+		p := pickOn(t, b, id)
+		p.Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Millisecond})
+		clock.Advance(time.Millisecond)
+	}
+	for _, k := range rec.kinds() {
+		assert.Equal(t, balancer.EventCooldown, k)
+	}
+	assert.False(t, stat(t, b, id).BreakerOpen)
+	assert.Zero(t, stat(t, b, id).Trips)
+}
+
+func TestMaxEjectedFraction(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := resilient(t, clock, rec, 4)
+	for i := range 3 {
+		id := endpoints(4)[i].Addr
+		for range 5 {
+			p := pickOn(t, b, id)
+			p.Done(inferlb.Outcome{Err: errDown})
+		}
+	}
+	// Half of four may be held out; the third trip is capped and the
+	// endpoint stays in rotation.
+	assert.Equal(t, []balancer.EventKind{balancer.EventTripped, balancer.EventTripped, balancer.EventCapped}, rec.kinds())
+	assert.False(t, stat(t, b, endpoints(4)[2].Addr).BreakerOpen)
+	assert.Positive(t, spread(t, b, &inferlb.Request{}, 400)[endpoints(4)[2].Addr])
+}
+
+func TestOutlierEjectionBySuccessRate(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := newBalancer(t, 4, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(12), OnEvent: rec.record, BreakerFailures: -1, Scorers: constantScorers(),
+	})
+	bad := endpoints(4)[3].Addr
+	// Ten seconds of traffic: the bad endpoint fails every other call (never
+	// five in a row, so no breaker would see it).
+	n := 0
+	for range 4000 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		if p.ID() == bad {
+			n++
+			if n%2 == 0 {
+				p.Done(inferlb.Outcome{Err: errDown})
+				continue
+			}
+		}
+		p.Done(inferlb.Outcome{})
+		clock.Advance(balancer.DefaultOutlierInterval / 2000)
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventEjected}, rec.kinds())
+	ev := rec.last()
+	assert.Equal(t, bad, ev.Endpoint)
+	assert.Equal(t, balancer.DefaultEjectionTime, ev.Until.Sub(ev.At))
+	assert.EqualValues(t, 1, stat(t, b, bad).Ejections)
+	assert.Zero(t, spread(t, b, &inferlb.Request{}, 400)[bad], "ejected")
+	clock.Set(ev.Until)
+	assert.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, bad).RampFactor, 1e-9, "returns through slow start")
+	assert.Positive(t, spread(t, b, &inferlb.Request{}, 2000)[bad], "back after the ejection time")
+}
