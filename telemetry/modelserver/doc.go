@@ -1,0 +1,17 @@
+// Package modelserver reads load from inference servers' own telemetry: the
+// Prometheus /metrics of vLLM, SGLang, TensorRT-LLM, Triton and TGI, and
+// vLLM's per-response ORCA load header (endpoint-load-metrics).
+//
+// ParseMetrics detects the engine from the metric names it finds, so one
+// Source can scrape a mixed fleet. ParseLoadHeader is cheap enough for the
+// response path: an HTTP transport calls it on every response that carries
+// the header and publishes the result, which is fresher than any scrape.
+//
+// Parsers leave Sample.Time zero: only the caller knows when the values were
+// observed (the response's arrival, the scrape's start), so the caller stamps
+// it before publishing; a telemetry.Store drops samples without a time.
+//
+// Malformed input never panics. When part of an input is unreadable the
+// parsers return what they could read together with an error wrapping
+// telemetry.ErrPartial.
+package modelserver

@@ -1,0 +1,151 @@
+package modelserver_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/modelserver"
+)
+
+// fields flattens a Sample into name -> value for readable comparisons.
+func fields(s telemetry.Sample) map[string]float64 {
+	out := map[string]float64{}
+	for f := range telemetry.NumFields {
+		if v, ok := s.Get(telemetry.Field(f)); ok {
+			out[telemetry.Field(f).String()] = v
+		}
+	}
+	return out
+}
+
+func TestParseLoadHeader(t *testing.T) {
+	tests := []struct {
+		name    string
+		value   string
+		want    map[string]float64
+		partial bool // error wraps telemetry.ErrPartial, fields still returned
+		err     bool // error and no fields
+	}{
+		{
+			name:  "vllm text",
+			value: "TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3",
+			want:  map[string]float64{"kv_cache_usage": 0.4, "waiting": 3},
+		},
+		{
+			name:  "text with orca top-level keys and unknown keys",
+			value: "TEXT cpu_utilization=0.25, mem_utilization=0.9, application_utilization=0.5, named_metrics.num_requests_running=7, named_metrics.custom=1, rps_fractional=10",
+			want:  map[string]float64{"cpu_util": 0.25, "app_util": 0.5, "running": 7},
+		},
+		{
+			name:  "lower-case prefix, stray spaces and empty pairs",
+			value: "  text  named_metrics.num_requests_waiting = 2 ,, ",
+			want:  map[string]float64{"waiting": 2},
+		},
+		{
+			name:  "vllm doc spelling kv_cache_utilization",
+			value: "TEXT named_metrics.kv_cache_utilization=0.75",
+			want:  map[string]float64{"kv_cache_usage": 0.75},
+		},
+		{
+			name:  "vllm json",
+			value: `JSON {"named_metrics": {"kv_cache_usage_perc": 0.4, "num_requests_waiting": 3.0}}`,
+			want:  map[string]float64{"kv_cache_usage": 0.4, "waiting": 3},
+		},
+		{
+			name:  "json with top-level utilizations, snake and camel case",
+			value: `JSON {"cpu_utilization": 0.3, "applicationUtilization": 0.6, "namedMetrics": {"num_requests_running": 4}}`,
+			want:  map[string]float64{"cpu_util": 0.3, "app_util": 0.6, "running": 4},
+		},
+		{
+			name:    "text with one bad number keeps the rest",
+			value:   "TEXT named_metrics.kv_cache_usage_perc=abc, named_metrics.num_requests_waiting=3",
+			want:    map[string]float64{"waiting": 3},
+			partial: true,
+		},
+		{
+			name:    "text pair without equals sign",
+			value:   "TEXT named_metrics.num_requests_waiting=3, garbage",
+			want:    map[string]float64{"waiting": 3},
+			partial: true,
+		},
+		{
+			name:    "nan, negative and percent-scaled values are rejected",
+			value:   "TEXT named_metrics.kv_cache_usage_perc=40, named_metrics.num_requests_waiting=-1, cpu_utilization=NaN, named_metrics.num_requests_running=2",
+			want:    map[string]float64{"running": 2},
+			partial: true,
+		},
+		{
+			name:    "json with an out-of-range value",
+			value:   `JSON {"named_metrics": {"kv_cache_usage_perc": 1.5, "num_requests_waiting": 1}}`,
+			want:    map[string]float64{"waiting": 1},
+			partial: true,
+		},
+		{name: "empty", value: "", err: true},
+		{name: "no prefix", value: "named_metrics.kv_cache_usage_perc=0.4", err: true},
+		{name: "binary form", value: "BIN Cg0KBGZvbxIFCgNiYXI=", err: true},
+		{name: "text with nothing known", value: "TEXT named_metrics.custom=1", err: true},
+		{name: "text with only bad values", value: "TEXT named_metrics.num_requests_waiting=x", err: true},
+		{name: "broken json", value: `JSON {"named_metrics": {`, err: true},
+		{name: "python json NaN", value: `JSON {"named_metrics": {"kv_cache_usage_perc": NaN}}`, err: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := modelserver.ParseLoadHeader(tt.value)
+			assert.True(t, s.Time.IsZero(), "parsers leave Time to the caller")
+			switch {
+			case tt.err:
+				require.Error(t, err)
+				assert.NotErrorIs(t, err, telemetry.ErrPartial)
+				assert.True(t, s.Empty())
+			case tt.partial:
+				require.ErrorIs(t, err, telemetry.ErrPartial)
+				assert.Equal(t, tt.want, fields(s))
+			default:
+				require.NoError(t, err)
+				assert.Equal(t, tt.want, fields(s))
+			}
+		})
+	}
+}
+
+func TestParseLoadHeaderFormatError(t *testing.T) {
+	_, err := modelserver.ParseLoadHeader("BIN abc")
+	assert.True(t, errors.Is(err, modelserver.ErrLoadFormat))
+	assert.Contains(t, err.Error(), "BIN")
+}
+
+func TestParseLoadHeaderTextDoesNotAllocate(t *testing.T) {
+	v := "TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3"
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := modelserver.ParseLoadHeader(v); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs, "the response path parses this header on every call")
+}
+
+func FuzzParseLoadHeader(f *testing.F) {
+	for _, seed := range []string{
+		"TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3",
+		`JSON {"named_metrics": {"kv_cache_usage_perc": 0.4}, "cpu_utilization": 0.2}`,
+		"TEXT ,=,==,", "JSON", "BIN x", "",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		s, err := modelserver.ParseLoadHeader(v)
+		if err != nil && !errors.Is(err, telemetry.ErrPartial) && !s.Empty() {
+			t.Fatalf("a non-partial error must not return fields: %v", err)
+		}
+		if err == nil && s.Empty() {
+			t.Fatal("success must return at least one field")
+		}
+		if u, ok := s.Get(telemetry.KVCacheUsage); ok && (u < 0 || u > 1) {
+			t.Fatalf("kv cache usage %v out of range", u)
+		}
+	})
+}
