@@ -441,21 +441,19 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	switch {
 	case o.Canceled():
 		e.observe(b.cfg, nowNs, 0, o.TTFT, false, false)
-		b.report(e, p.gen, errExcluded)
+		b.report(e, p.gen, errExcluded, 0)
 	case o.Overloaded:
 		e.overloads.Add(1)
 		b.cooldown(e, nowNs, o.RetryAfter)
-		b.report(e, p.gen, errExcluded)
+		b.report(e, p.gen, errExcluded, 0)
 	case o.Err != nil:
 		e.failures.Add(1)
 		e.observe(b.cfg, nowNs, latency, 0, true, true)
-		noteStreak(e, nowNs, true)
-		b.report(e, p.gen, errFailed)
+		b.report(e, p.gen, errFailed, noteStreak(e, nowNs, true))
 	default:
 		e.successes.Add(1)
 		e.observe(b.cfg, nowNs, latency, o.TTFT, true, false)
-		noteStreak(e, nowNs, false)
-		b.report(e, p.gen, nil)
+		b.report(e, p.gen, nil, noteStreak(e, nowNs, false))
 	}
 	b.maybeEvaluateOutliers(nowNs)
 }

@@ -43,6 +43,7 @@ type endpoint struct {
 	// Resilience (resilience.go). breaker is immutable (nil when disabled).
 	breaker       *gobreaker.CircuitBreaker[struct{}]
 	brOpen        atomic.Bool   // the breaker's exclusion is in force (open or probing)
+	brState       atomic.Int32  // mirror of gobreaker's state (closed = 0)
 	brGen         atomic.Uint32 // bumped on every breaker exclusion and recovery
 	probeSlots    atomic.Int32  // half-open probes left to hand out
 	opens         atomic.Int32  // consecutive opens, for the doubling exclusion time

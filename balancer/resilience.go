@@ -90,6 +90,7 @@ func (b *Balancer) newBreaker(e *endpoint) *gobreaker.CircuitBreaker[struct{}] {
 
 // onBreakerChange runs under the breaker's mutex: atomics only.
 func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
+	e.brState.Store(int32(to))
 	now := b.cfg.clock.Now()
 	nowNs := now.UnixNano()
 	switch to {
@@ -169,8 +170,15 @@ func (b *Balancer) emit(ev Event) {
 // report feeds one outcome to e's breaker. Calls picked before the breaker's
 // last transition (gen differs) are ignored, as gobreaker ignores stale
 // generations: a straggler must not close a breaker its failures opened.
-func (b *Balancer) report(e *endpoint, gen uint32, err error) {
+//
+// The common case, a success on a closed breaker with no failure streak to
+// reset, changes nothing gobreaker acts on, so it is not reported: that keeps
+// the breaker's mutex and clock reads off the path of healthy endpoints.
+func (b *Balancer) report(e *endpoint, gen uint32, err error, streak int64) {
 	if e.breaker == nil || e.brGen.Load() != gen {
+		return
+	}
+	if err == nil && streak == 0 && e.brState.Load() == int32(gobreaker.StateClosed) {
 		return
 	}
 	// Execute is gobreaker's allow-then-report in one call; the call itself
@@ -180,13 +188,14 @@ func (b *Balancer) report(e *endpoint, gen uint32, err error) {
 	_, _ = e.breaker.Execute(func() (struct{}, error) { return struct{}{}, err })
 }
 
-// noteStreak tracks when the current run of failures began, for detection time.
-func noteStreak(e *endpoint, nowNs int64, failed bool) {
+// noteStreak tracks when the current run of failures began, for detection
+// time, and returns the streak's start before this outcome (0 = none).
+func noteStreak(e *endpoint, nowNs int64, failed bool) int64 {
 	if !failed {
-		e.failStreak.Store(0)
-		return
+		return e.failStreak.Swap(0)
 	}
 	e.failStreak.CompareAndSwap(0, nowNs)
+	return e.failStreak.Load()
 }
 
 // maybeEvaluateOutliers runs outlier detection when its interval is due.

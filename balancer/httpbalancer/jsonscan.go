@@ -2,6 +2,8 @@ package httpbalancer
 
 import (
 	"encoding/json"
+
+	"github.com/inferlb/inferlb/cache"
 	"unicode/utf8"
 )
 
@@ -233,17 +235,11 @@ type body struct {
 	// keyed is set when the fields below should be collected (LLM calls);
 	// collecting them allocates one string per message.
 	keyed    bool
-	system   string         // /v1/responses instructions
-	messages []cacheMessage // chat messages (or responses input items), complete ones only
-	prompt   string         // completions prompt, or responses input given as a string
-	hasText  bool           // prompt is set
-	parts    []byte         // scratch for joining content parts
-}
-
-// cacheMessage mirrors cache.Message; kept separate so scanning does not
-// depend on the cache package's field set.
-type cacheMessage struct {
-	role, content string
+	system   string          // /v1/responses instructions
+	messages []cache.Message // chat messages (or responses input items), complete ones only
+	prompt   string          // completions prompt, or responses input given as a string
+	hasText  bool            // prompt is set
+	parts    []byte          // scratch for joining content parts
 }
 
 // parseBody reads the fields of interest from an OpenAI-compatible request
@@ -365,7 +361,7 @@ func (s *scanner) message(out *body) bool {
 		return s.skip()
 	})
 	if ok && out.keyed {
-		out.messages = append(out.messages, cacheMessage{role: role, content: string(out.parts)})
+		out.messages = append(out.messages, cache.Message{Role: role, Content: string(out.parts)})
 	}
 	return ok
 }

@@ -1,0 +1,331 @@
+package grpcbalancer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/serviceconfig"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/cache"
+)
+
+// DefaultOOBInterval is how often out-of-band ORCA reports are requested
+// when "orca.outOfBand" is on and no interval is given. The server may send
+// them less often: grpc-go's ORCA service enforces its own minimum (30s by
+// default).
+const DefaultOOBInterval = 10 * time.Second
+
+// jsonConfig is the service config as written. Durations are strings parsed
+// in a second pass so an error can name the field.
+type jsonConfig struct {
+	Methods           map[string]string `json:"methods"`
+	DefaultService    string            `json:"defaultService"`
+	AffinityKeyHeader string            `json:"affinityKeyHeader"`
+	AffinitySeed      uint64            `json:"affinitySeed"`
+	TenantHeader      string            `json:"tenantHeader"`
+	ModelHeader       string            `json:"modelHeader"`
+	ORCA              *jsonORCA         `json:"orca"`
+	Balancer          *jsonTunables     `json:"balancer"`
+}
+
+type jsonORCA struct {
+	PerCall   *bool  `json:"perCall"`
+	OutOfBand bool   `json:"outOfBand"`
+	Interval  string `json:"interval"`
+}
+
+// jsonTunables mirrors the scalar fields of balancer.Options; the zero value
+// of each means the core's default, exactly as in Options. It is comparable,
+// so a policy can tell whether a new config changes its Balancer.
+type jsonTunables struct {
+	TelemetryMaxAge     string  `json:"telemetryMaxAge"`
+	LatencyDecay        string  `json:"latencyDecay"`
+	ErrorAlpha          float64 `json:"errorAlpha"`
+	ErrorDecay          string  `json:"errorDecay"`
+	PanicThreshold      float64 `json:"panicThreshold"`
+	DefaultCooldown     string  `json:"defaultCooldown"`
+	MaxCooldown         string  `json:"maxCooldown"`
+	SlowStartWindow     string  `json:"slowStartWindow"`
+	SlowStartMinWeight  float64 `json:"slowStartMinWeight"`
+	SlowStartAggression float64 `json:"slowStartAggression"`
+	RetryRatio          float64 `json:"retryRatio"`
+	RetryFloor          float64 `json:"retryFloor"`
+	SubsetLabel         string  `json:"subsetLabel"`
+}
+
+// lbConfig is the parsed, validated and defaulted config. It is immutable
+// once ParseConfig returns; pickers share it.
+type lbConfig struct {
+	serviceconfig.LoadBalancingConfig
+
+	exact          map[string]inferlb.Service // "/pkg.Svc/Method"; nil when empty
+	prefix         map[string]inferlb.Service // "/pkg.Svc/"; nil when empty
+	defaultService inferlb.Service
+	// templates holds one read-only Request per Service, so a call whose
+	// facts come from its method alone is routed without building one.
+	templates [inferlb.NumServices]inferlb.Request
+
+	affinityHeader string
+	tenantHeader   string
+	modelHeader    string
+	keyer          *cache.Keyer
+
+	orcaPerCall bool
+	oob         bool
+	oobInterval time.Duration
+
+	tunables    jsonTunables // as written, for change detection
+	hasTunables bool
+	opts        balancer.Options // tunables applied; zero when absent
+}
+
+// readsMetadata reports whether picks look at outgoing metadata at all.
+func (c *lbConfig) readsMetadata() bool {
+	return c.affinityHeader != "" || c.tenantHeader != "" || c.modelHeader != ""
+}
+
+// service maps a full method name ("/pkg.Svc/Method") to a Service: an
+// exact entry first, then the service-wide prefix, then the default. It
+// does not allocate.
+func (c *lbConfig) service(method string) inferlb.Service {
+	if c.exact != nil {
+		if s, ok := c.exact[method]; ok {
+			return s
+		}
+	}
+	if c.prefix != nil {
+		if i := strings.LastIndexByte(method, '/'); i > 0 {
+			if s, ok := c.prefix[method[:i+1]]; ok {
+				return s
+			}
+		}
+	}
+	return c.defaultService
+}
+
+// processKeyer is the Keyer used when the config names no seed: random, but
+// one per process, so every channel (and a shared Balancer) in the process
+// maps the same affinity value to the same key.
+var processKeyer = sync.OnceValue(func() *cache.Keyer { return cache.NewKeyer(0) })
+
+// configError formats a parse error that names the field.
+func configError(field, format string, args ...any) error {
+	return fmt.Errorf("inferlb: service config field %s: %s", field, fmt.Sprintf(format, args...))
+}
+
+// parseConfig parses, validates and defaults the policy's JSON config.
+// shared reports whether the policy routes with a caller's Balancer, whose
+// tunables are fixed and so may not appear in the config.
+func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
+	var raw jsonConfig
+	if len(bytes.TrimSpace(js)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(js))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&raw); err != nil {
+			return nil, decodeError(err)
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			return nil, errors.New("inferlb: service config: unexpected data after the JSON object")
+		}
+	}
+	c := &lbConfig{orcaPerCall: true}
+
+	for m, name := range raw.Methods {
+		field := fmt.Sprintf("methods[%q]", m)
+		svc, err := inferlb.ParseService(name)
+		if err != nil {
+			return nil, configError(field, "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
+		}
+		switch {
+		case !strings.HasPrefix(m, "/") || strings.Count(m, "/") != 2 || strings.HasPrefix(m, "//"):
+			return nil, configError(field, `want "/package.Service/Method" or the service-wide "/package.Service/"`)
+		case strings.HasSuffix(m, "/"):
+			if c.prefix == nil {
+				c.prefix = map[string]inferlb.Service{}
+			}
+			c.prefix[m] = svc
+		default:
+			if c.exact == nil {
+				c.exact = map[string]inferlb.Service{}
+			}
+			c.exact[m] = svc
+		}
+	}
+	svc, err := inferlb.ParseService(raw.DefaultService)
+	if err != nil {
+		return nil, configError("defaultService", "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
+	}
+	c.defaultService = svc
+	for s := range inferlb.NumServices {
+		c.templates[s] = inferlb.Request{Service: inferlb.Service(s)}
+	}
+
+	headers := []struct {
+		field string
+		src   string
+		dst   *string
+	}{
+		{"affinityKeyHeader", raw.AffinityKeyHeader, &c.affinityHeader},
+		{"tenantHeader", raw.TenantHeader, &c.tenantHeader},
+		{"modelHeader", raw.ModelHeader, &c.modelHeader},
+	}
+	for _, h := range headers {
+		if h.src == "" {
+			continue
+		}
+		key := strings.ToLower(h.src)
+		if err := metadata.ValidateKey(key); err != nil {
+			return nil, configError(h.field, "%q is not a valid metadata key: %v", h.src, err)
+		}
+		if strings.HasPrefix(key, "grpc-") {
+			return nil, configError(h.field, "%q: keys starting with \"grpc-\" are reserved by gRPC", h.src)
+		}
+		*h.dst = key
+	}
+	if raw.AffinitySeed != 0 {
+		c.keyer = cache.NewKeyer(raw.AffinitySeed)
+	} else {
+		c.keyer = processKeyer()
+	}
+
+	if o := raw.ORCA; o != nil {
+		if o.PerCall != nil {
+			c.orcaPerCall = *o.PerCall
+		}
+		c.oob = o.OutOfBand
+		if o.Interval != "" {
+			d, err := parseDuration("orca.interval", o.Interval)
+			if err != nil {
+				return nil, err
+			}
+			if d <= 0 {
+				return nil, configError("orca.interval", "%q must be positive", o.Interval)
+			}
+			c.oobInterval = d
+		}
+	}
+	if c.oobInterval == 0 {
+		c.oobInterval = DefaultOOBInterval
+	}
+
+	if raw.Balancer != nil {
+		if shared {
+			return nil, configError("balancer", "not allowed: this policy routes with a caller-provided *balancer.Balancer, whose options were fixed by balancer.New")
+		}
+		c.hasTunables = true
+		c.tunables = *raw.Balancer
+		if c.opts, err = raw.Balancer.options(); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// options maps the tunables onto balancer.Options and validates them: each
+// field alone first, so the error names the JSON field, then all together.
+func (t *jsonTunables) options() (balancer.Options, error) {
+	dur := func(src string, ptr func(*balancer.Options) *time.Duration) func(*balancer.Options) error {
+		return func(o *balancer.Options) error {
+			if src == "" {
+				return nil
+			}
+			d, err := time.ParseDuration(src)
+			if err != nil {
+				return fmt.Errorf("%q is not a duration such as \"1.5s\" or \"250ms\"", src)
+			}
+			*ptr(o) = d
+			return nil
+		}
+	}
+	num := func(v float64, ptr func(*balancer.Options) *float64) func(*balancer.Options) error {
+		return func(o *balancer.Options) error { *ptr(o) = v; return nil }
+	}
+	fields := []struct {
+		name  string
+		apply func(*balancer.Options) error
+	}{
+		{"telemetryMaxAge", dur(t.TelemetryMaxAge, func(o *balancer.Options) *time.Duration { return &o.TelemetryMaxAge })},
+		{"latencyDecay", dur(t.LatencyDecay, func(o *balancer.Options) *time.Duration { return &o.LatencyDecay })},
+		{"errorDecay", dur(t.ErrorDecay, func(o *balancer.Options) *time.Duration { return &o.ErrorDecay })},
+		{"defaultCooldown", dur(t.DefaultCooldown, func(o *balancer.Options) *time.Duration { return &o.DefaultCooldown })},
+		{"maxCooldown", dur(t.MaxCooldown, func(o *balancer.Options) *time.Duration { return &o.MaxCooldown })},
+		{"slowStartWindow", dur(t.SlowStartWindow, func(o *balancer.Options) *time.Duration { return &o.SlowStartWindow })},
+		{"errorAlpha", num(t.ErrorAlpha, func(o *balancer.Options) *float64 { return &o.ErrorAlpha })},
+		{"panicThreshold", num(t.PanicThreshold, func(o *balancer.Options) *float64 { return &o.PanicThreshold })},
+		{"slowStartMinWeight", num(t.SlowStartMinWeight, func(o *balancer.Options) *float64 { return &o.SlowStartMinWeight })},
+		{"slowStartAggression", num(t.SlowStartAggression, func(o *balancer.Options) *float64 { return &o.SlowStartAggression })},
+		{"retryRatio", num(t.RetryRatio, func(o *balancer.Options) *float64 { return &o.RetryRatio })},
+		{"retryFloor", num(t.RetryFloor, func(o *balancer.Options) *float64 { return &o.RetryFloor })},
+	}
+	var o balancer.Options
+	for _, f := range fields {
+		var one balancer.Options
+		if err := f.apply(&one); err != nil {
+			return o, configError("balancer."+f.name, "%v", err)
+		}
+		if err := one.Validate(); err != nil {
+			return o, configError("balancer."+f.name, "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
+		}
+		_ = f.apply(&o)
+	}
+	o.SubsetLabel = t.SubsetLabel
+	if err := o.Validate(); err != nil {
+		return o, configError("balancer", "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
+	}
+	return o, nil
+}
+
+// parseDuration reads a Go duration ("1.5s", "250ms"), which also covers
+// the protobuf JSON form of google.protobuf.Duration ("1.5s").
+func parseDuration(field, s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, configError(field, "%q is not a duration such as \"1.5s\" or \"250ms\"", s)
+	}
+	return d, nil
+}
+
+// decodeError rewrites encoding/json's errors so they carry the prefix and
+// name the field.
+func decodeError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		field := typeErr.Field
+		if field == "" {
+			field = "(top level)"
+		}
+		return configError(field, "got JSON %s, want %s", typeErr.Value, jsonKind(typeErr.Type.Kind().String()))
+	case errors.As(err, &syntaxErr):
+		return fmt.Errorf("inferlb: service config: invalid JSON at offset %d: %v", syntaxErr.Offset, err)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return fmt.Errorf("inferlb: service config: unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return fmt.Errorf("inferlb: service config: %v", err)
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "map", "struct":
+		return "an object"
+	case "slice", "array":
+		return "an array"
+	case "uint64":
+		return "a non-negative integer"
+	}
+	return "a number"
+}

@@ -1,0 +1,97 @@
+package grpcbalancer
+
+import (
+	"maps"
+
+	"google.golang.org/grpc/resolver"
+
+	"github.com/inferlb/inferlb"
+)
+
+type endpointKey struct{}
+
+// endpointAttr is the value stored under endpointKey. gRPC compares
+// attribute values, so it is a pointer with an Equal method (Labels is a
+// map, which == cannot compare).
+type endpointAttr struct {
+	id     string
+	weight float64
+	labels map[string]string
+}
+
+// Equal implements the interface attributes.Attributes.Equal looks for.
+func (a *endpointAttr) Equal(o any) bool {
+	b, ok := o.(*endpointAttr)
+	if !ok {
+		return false
+	}
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.id == b.id && a.weight == b.weight && maps.Equal(a.labels, b.labels)
+}
+
+// WithEndpoint returns a copy of ep that carries what the balancer should
+// know about it, for resolvers that have more than addresses to say:
+//
+//   - info.ID names the endpoint's live state in the Balancer. By default it
+//     is the endpoint's first address; set it when the same replica is also
+//     reached through another transport (say, HTTP on another port) with a
+//     shared Balancer, so both see one load, or when addresses change while
+//     the replica stays.
+//   - info.Weight is the relative capacity (0 means 1).
+//   - info.Labels carry facts such as "model" (the models served, for
+//     model subsets) or "version".
+//
+// info.Addr is ignored: the address is always ep's own.
+func WithEndpoint(ep resolver.Endpoint, info inferlb.Endpoint) resolver.Endpoint {
+	ep.Attributes = ep.Attributes.WithValue(endpointKey{}, &endpointAttr{
+		id:     info.ID,
+		weight: info.Weight,
+		labels: maps.Clone(info.Labels),
+	})
+	return ep
+}
+
+// endpointOf describes ep for the Balancer. The ID is the WithEndpoint ID,
+// else the first address, which is what endpointsharding keys children by
+// (together with the other addresses).
+func endpointOf(ep resolver.Endpoint) inferlb.Endpoint {
+	var e inferlb.Endpoint
+	if len(ep.Addresses) > 0 {
+		e.Addr = ep.Addresses[0].Addr
+	}
+	if a, ok := ep.Attributes.Value(endpointKey{}).(*endpointAttr); ok && a != nil {
+		e.ID, e.Weight, e.Labels = a.id, a.weight, a.labels
+	}
+	if e.ID == "" {
+		e.ID = e.Addr
+	}
+	return e
+}
+
+// endpointID is endpointOf(ep).ID without building the rest.
+func endpointID(ep resolver.Endpoint) string {
+	if a, ok := ep.Attributes.Value(endpointKey{}).(*endpointAttr); ok && a != nil && a.id != "" {
+		return a.id
+	}
+	if len(ep.Addresses) > 0 {
+		return ep.Addresses[0].Addr
+	}
+	return ""
+}
+
+// sameEndpoints reports whether two membership lists are the same, so an
+// unchanged resolver update does not rebuild the core's snapshot.
+func sameEndpoints(a, b []inferlb.Endpoint) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := &a[i], &b[i]
+		if x.ID != y.ID || x.Addr != y.Addr || x.Weight != y.Weight || !maps.Equal(x.Labels, y.Labels) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,130 @@
+package httpbalancer
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/cache"
+)
+
+// Info is what inspection learns about one request. The Transport routes on
+// Request and uses Stream as a hint for reading the response.
+type Info struct {
+	inferlb.Request
+	// Stream is set when the body asks for a streamed (SSE) response. The
+	// transport treats a response as a stream when its Content-Type is
+	// text/event-stream, or when Stream is set and the Content-Type is not JSON.
+	Stream bool
+}
+
+// An Inspector classifies a request for routing. Inspect fills info from the
+// request's method, URL and headers and from body, the first bytes of the
+// request body (all of it when complete is true; nil when the transport did
+// not read ahead, see Options.MaxPeek).
+//
+// Inspect must not modify r or retain body, must be safe for concurrent use,
+// and must not panic on any input: request bodies are untrusted. Session and
+// tenant headers are applied by the Transport after Inspect returns.
+type Inspector interface {
+	Inspect(r *http.Request, body []byte, complete bool, info *Info)
+}
+
+// InspectorFunc adapts a function to the Inspector interface.
+type InspectorFunc func(r *http.Request, body []byte, complete bool, info *Info)
+
+// Inspect calls f.
+func (f InspectorFunc) Inspect(r *http.Request, body []byte, complete bool, info *Info) {
+	f(r, body, complete, info)
+}
+
+var (
+	_ Inspector = (*OpenAI)(nil)
+	_ Inspector = InspectorFunc(nil)
+)
+
+// OpenAI inspects OpenAI-compatible APIs as served by vLLM, SGLang, TGI,
+// TensorRT-LLM and Triton's OpenAI frontend, plus the native paths of TGI
+// and Hugging Face TEI. It is the default Inspector.
+//
+// The service comes from the last path segments, so a gateway prefix
+// ("/openai/v1/chat/completions") is fine:
+//
+//	.../chat/completions, .../completions, .../responses,
+//	.../generate, .../generate_stream                      -> LLM
+//	.../embeddings, .../embed                             -> embedding
+//	.../rerank, .../score                                 -> rerank
+//
+// From a JSON body it reads model, stream, the output bound (max_tokens,
+// max_completion_tokens, max_output_tokens, TGI's max_new_tokens), a prompt
+// token estimate (characters of prompt text / 4, or the body size / 4 when the
+// body was larger than the peek), and for LLM calls the affinity key: the
+// request's prompt_cache_key as a session, else the cache Keyer's key of the
+// chat messages (Chat) or prompt (Prompt).
+type OpenAI struct {
+	// Keyer computes prompt affinity keys. nil means no prompt affinity
+	// (session headers still apply).
+	Keyer *cache.Keyer
+}
+
+// ServiceForPath maps an OpenAI-compatible (or TGI/TEI) request path to a
+// Service, as the OpenAI inspector does; unknown paths are ServiceUnknown.
+func ServiceForPath(path string) inferlb.Service {
+	path = strings.TrimSuffix(path, "/")
+	last := path[strings.LastIndexByte(path, '/')+1:]
+	switch last {
+	case "completions", "responses", "generate", "generate_stream":
+		return inferlb.ServiceLLM
+	case "embeddings", "embed":
+		return inferlb.ServiceEmbedding
+	case "rerank", "score":
+		return inferlb.ServiceRerank
+	}
+	return inferlb.ServiceUnknown
+}
+
+// charsPerToken is the usual rule of thumb for English text under BPE
+// tokenizers. It only has to rank requests by size, not bill them.
+const charsPerToken = 4
+
+// Inspect implements Inspector.
+func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info) {
+	info.Service = ServiceForPath(r.URL.Path)
+	if len(peek) == 0 {
+		return
+	}
+	var b body
+	parseBody(peek, info.Service == inferlb.ServiceLLM && o.Keyer != nil, &b)
+	info.Model = b.model
+	info.Stream = b.stream
+	info.MaxOutputTokens = b.maxTokens
+	chars := b.chars
+	if !complete {
+		// Text dominates an AI request body, so the whole body's size is a
+		// better estimate than the part of it the peek saw.
+		chars = max(chars, int(min(r.ContentLength, 1<<40)), len(peek))
+	}
+	info.PromptTokens = int(min(chars/charsPerToken, 1<<31-1))
+	if info.Service != inferlb.ServiceLLM || o.Keyer == nil {
+		return
+	}
+	switch {
+	case b.cacheKey != "":
+		info.AffinityKey = o.Keyer.Session(b.cacheKey)
+	case len(b.messages) > 0 || b.system != "":
+		msgs := b.messages
+		if b.system != "" || b.hasText { // /v1/responses: instructions, input items or text
+			msgs = make([]cache.Message, 0, len(b.messages)+2)
+			if b.system != "" {
+				msgs = append(msgs, cache.Message{Role: "system", Content: b.system})
+			}
+			msgs = append(msgs, b.messages...)
+			if b.hasText {
+				msgs = append(msgs, cache.Message{Role: "user", Content: b.prompt})
+			}
+		}
+		info.AffinityKey = chatKey(o.Keyer, b.model, msgs)
+	case b.hasText:
+		info.AffinityKey = promptKey(o.Keyer, b.model, b.prompt)
+	}
+}

@@ -1,0 +1,211 @@
+package httpbalancer
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/textproto"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/cache"
+)
+
+// Defaults for Options. Each is what the zero value of its field means.
+const (
+	// DefaultMaxPeek bounds how much of a request body is read before the
+	// request is sent, to find the model and prompt. 1 MiB holds a chat
+	// request of about 250k tokens of English; larger bodies are still
+	// forwarded whole, routed on what the first MiB says.
+	DefaultMaxPeek = 1 << 20
+	// DefaultSessionHeader names the request header whose value pins a
+	// conversation to one endpoint (Keyer.Session); it beats the prompt key.
+	DefaultSessionHeader = "X-Session-Id"
+	// DefaultTenantHeader names the request header that sets Request.Tenant.
+	DefaultTenantHeader = "X-Tenant-Id"
+	// DefaultDiscoveryInterval is how often Discovery re-resolves its name:
+	// Kubernetes' headless-service DNS answers change within that time.
+	DefaultDiscoveryInterval = 30 * time.Second
+)
+
+// Options configure a Transport. Only Endpoints (or Discovery, or a shared
+// Balancer that someone else feeds) is needed; everything else has a default.
+type Options struct {
+	// Endpoints is the initial endpoint set. An Addr is "host:port" or
+	// "scheme://host:port" with scheme http or https; without a scheme the
+	// request URL's scheme is used.
+	Endpoints []inferlb.Endpoint
+	// Base sends each attempt once its URL points at the picked endpoint.
+	// nil means http.DefaultTransport.
+	Base http.RoundTripper
+	// Balancer is a Balancer to share with other adapters (a gRPC policy
+	// routing to the same fleet sees the same live load). nil means the
+	// Transport builds its own from BalancerOptions, which must then be the
+	// only one set. The Transport calls the shared Balancer's Update only
+	// when Endpoints or Discovery is set, or when its own Update is called,
+	// and then replaces the Balancer's whole set.
+	Balancer        *balancer.Balancer
+	BalancerOptions balancer.Options
+	// Discovery, if set, re-resolves a DNS name on an interval and serves
+	// the addresses found next to Endpoints.
+	Discovery *Discovery
+	// Inspector classifies requests. nil means &OpenAI{Keyer: Keyer}.
+	Inspector Inspector
+	// Keyer computes affinity keys for sessions and prompts. nil means
+	// cache.NewKeyer(0), a random per-process seed; processes that should
+	// agree on where a prompt lives share a seed.
+	Keyer *cache.Keyer
+	// MaxPeek bounds how many body bytes are read before sending, for
+	// inspection. 0 means DefaultMaxPeek; negative means never read ahead
+	// (routing then sees only the path and headers). Only bodies whose
+	// Content-Type is absent or JSON are read ahead. A body read whole can be
+	// replayed, so failover works even when the caller gave no GetBody.
+	MaxPeek int
+	// SessionHeader and TenantHeader name the request headers read for the
+	// session affinity key and the tenant. "" means the defaults.
+	SessionHeader string
+	TenantHeader  string
+	// LoadReports asks every endpoint for a vLLM load report per response
+	// (request header endpoint-load-metrics-format: text) and publishes it
+	// into the Balancer's telemetry. Reports that arrive unasked are used too.
+	LoadReports bool
+	// DisableFailover turns off the one retry on another endpoint for calls
+	// that failed before any response arrived.
+	DisableFailover bool
+	// Clock times streams (TTFT, gaps between tokens) and stamps load
+	// reports. nil means BalancerOptions.Clock, else the wall clock. Set it
+	// when sharing a Balancer that runs on a fake clock.
+	Clock balancer.Clock
+	// OnResult, if set, is called once per attempt when it ends (after the
+	// balancer has been told), for metrics and logs. It runs on the goroutine
+	// that ended the call and must be quick and safe for concurrent use.
+	OnResult func(Result)
+}
+
+// Discovery re-resolves a DNS name (a Kubernetes headless service, a
+// Consul name) and serves every address it returns.
+type Discovery struct {
+	// Target is "host:port": the name to resolve and the port every
+	// resolved address serves on.
+	Target string
+	// Scheme, "http" or "https", is given to every resolved address; ""
+	// means the request URL's scheme.
+	Scheme string
+	// Interval between resolutions; 0 means DefaultDiscoveryInterval. Each
+	// lookup is also bounded by it.
+	Interval time.Duration
+	// LookupHost resolves a name; nil means net.DefaultResolver.LookupHost.
+	// Tests inject a fake.
+	LookupHost func(ctx context.Context, host string) ([]string, error)
+	// Labels are given to every resolved endpoint, e.g. {"model": "llama-3-8b"}.
+	Labels map[string]string
+	// OnError, if set, is told about failed resolutions. The last good set
+	// stays in use: a resolver hiccup must not empty the fleet.
+	OnError func(error)
+}
+
+// Result describes one finished attempt, for Options.OnResult.
+type Result struct {
+	// Endpoint is the ID of the endpoint the attempt went to.
+	Endpoint string
+	// Request is what inspection found.
+	Request inferlb.Request
+	// Status is the response status code; 0 when no response arrived.
+	Status int
+	// Outcome is what was reported to the balancer.
+	Outcome inferlb.Outcome
+	// Events counts the data events of an SSE stream (0 otherwise).
+	Events int
+	// TimeBetweenTokens is the mean gap between data events of a stream
+	// (0 with fewer than two).
+	TimeBetweenTokens time.Duration
+	// FailedOver is set when this attempt failed and the call was retried
+	// on another endpoint.
+	FailedOver bool
+}
+
+// config is Options with defaults applied; immutable after NewTransport.
+type config struct {
+	base          http.RoundTripper
+	inspector     Inspector
+	keyer         *cache.Keyer
+	maxPeek       int
+	sessionHeader string // canonical
+	tenantHeader  string // canonical
+	loadReports   bool
+	failover      bool
+	clock         balancer.Clock
+	onResult      func(Result)
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+func bad(field, rule string, v any) error {
+	return fmt.Errorf("inferlb: httpbalancer.Options.%s = %v: %s", field, v, rule)
+}
+
+// resolve validates o and applies the defaults, in one place.
+func (o *Options) resolve() (*config, error) {
+	if o.Balancer != nil && !reflect.ValueOf(o.BalancerOptions).IsZero() {
+		return nil, fmt.Errorf("inferlb: httpbalancer.Options.BalancerOptions: must be zero when Balancer is set (the shared Balancer has its own)")
+	}
+	if o.Balancer == nil {
+		if err := o.BalancerOptions.Validate(); err != nil {
+			return nil, fmt.Errorf("inferlb: httpbalancer.Options.BalancerOptions: %w", err)
+		}
+	}
+	if d := o.Discovery; d != nil {
+		if host, port, err := net.SplitHostPort(d.Target); err != nil || host == "" || port == "" {
+			return nil, bad("Discovery.Target", `must be "host:port"`, fmt.Sprintf("%q", d.Target))
+		}
+		if d.Scheme != "" && d.Scheme != "http" && d.Scheme != "https" {
+			return nil, bad("Discovery.Scheme", `must be "", "http" or "https"`, fmt.Sprintf("%q", d.Scheme))
+		}
+		if d.Interval < 0 {
+			return nil, bad("Discovery.Interval", "must not be negative", d.Interval)
+		}
+	}
+	for _, h := range []struct{ field, v string }{{"SessionHeader", o.SessionHeader}, {"TenantHeader", o.TenantHeader}} {
+		if strings.ContainsAny(h.v, " \t\r\n:") {
+			return nil, bad(h.field, "must be a header name", fmt.Sprintf("%q", h.v))
+		}
+	}
+	c := &config{
+		base:          o.Base,
+		inspector:     o.Inspector,
+		keyer:         o.Keyer,
+		maxPeek:       o.MaxPeek,
+		sessionHeader: textproto.CanonicalMIMEHeaderKey(cmp.Or(o.SessionHeader, DefaultSessionHeader)),
+		tenantHeader:  textproto.CanonicalMIMEHeaderKey(cmp.Or(o.TenantHeader, DefaultTenantHeader)),
+		loadReports:   o.LoadReports,
+		failover:      !o.DisableFailover,
+		clock:         o.Clock,
+		onResult:      o.OnResult,
+	}
+	if c.base == nil {
+		c.base = http.DefaultTransport
+	}
+	if c.keyer == nil {
+		c.keyer = cache.NewKeyer(0)
+	}
+	if c.inspector == nil {
+		c.inspector = &OpenAI{Keyer: c.keyer}
+	}
+	if c.maxPeek == 0 {
+		c.maxPeek = DefaultMaxPeek
+	}
+	if c.clock == nil {
+		c.clock = o.BalancerOptions.Clock
+	}
+	if c.clock == nil {
+		c.clock = wallClock{}
+	}
+	return c, nil
+}
