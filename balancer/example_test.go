@@ -1,0 +1,67 @@
+package balancer_test
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// A process routes its own LLM calls: update the endpoint set, pick per
+// call, and report the outcome once the response has ended.
+func Example() {
+	b := balancer.New(balancer.Options{}) // documented defaults
+	if err := b.Update([]inferlb.Endpoint{
+		{Addr: "10.0.0.5:8000", Labels: map[string]string{"model": "llama-3-70b"}},
+		{Addr: "10.0.0.6:8000", Labels: map[string]string{"model": "llama-3-70b"}, Weight: 2},
+	}); err != nil {
+		fmt.Println(err)
+	}
+
+	p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "llama-3-70b", PromptTokens: 900, MaxOutputTokens: 256})
+	if err != nil {
+		fmt.Println(err) // balancer.ErrNoEndpoints
+		return
+	}
+	fmt.Println("send to one of the llama endpoints:", p.Endpoint().Labels["model"])
+	// ... send the call to p.Endpoint().Addr, stream the answer ...
+	p.Done(inferlb.Outcome{TTFT: 180 * time.Millisecond, OutputTokens: 240})
+	// Output: send to one of the llama endpoints: llama-3-70b
+}
+
+// Telemetry from any source reaches the scorers through Publish: here a
+// GPU at 97% memory makes its endpoint expensive for LLM traffic.
+func ExampleBalancer_Publish() {
+	b := balancer.New(balancer.Options{})
+	_ = b.Update([]inferlb.Endpoint{{Addr: "gpu-a:8000"}, {Addr: "gpu-b:8000"}})
+
+	hot := telemetry.Sample{Time: time.Now()}
+	hot.Set(telemetry.GPUMemUsed, 77.6e9)
+	hot.Set(telemetry.GPUMemTotal, 80e9)
+	b.Publish("gpu-a:8000", hot)
+
+	counts := map[string]int{}
+	for range 100 {
+		p, _ := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+		counts[p.ID()]++
+		p.Done(inferlb.Outcome{})
+	}
+	fmt.Println("gpu-b takes every call:", counts["gpu-b:8000"] == 100)
+	// Output: gpu-b takes every call: true
+}
+
+// Circuit-breaker trips, recoveries and ejections are reported as events,
+// for logs and metrics.
+func ExampleOptions_onEvent() {
+	b := balancer.New(balancer.Options{
+		OnEvent: func(ev balancer.Event) { fmt.Println(ev.Kind, ev.Endpoint) },
+	})
+	_ = b.Update([]inferlb.Endpoint{{Addr: "a:8000"}})
+	for range balancer.DefaultBreakerFailures {
+		p, _ := b.Pick(&inferlb.Request{})
+		p.Done(inferlb.Outcome{Err: fmt.Errorf("connection refused")})
+	}
+	// Output: tripped a:8000
+}
