@@ -1,0 +1,107 @@
+// Package metrics exports a Balancer's live state as Prometheus metrics, so
+// operators see what the router sees: load, latency, error rate, standing
+// and the telemetry it ingested. It is an adapter: the core never imports
+// Prometheus.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inferlb/inferlb/balancer"
+)
+
+// Collector is a prometheus.Collector over one Balancer. Each scrape reads
+// Balancer.Stats once; label cardinality is the number of endpoints, which
+// comes from configuration, never from request data.
+type Collector struct {
+	b        *balancer.Balancer
+	constLbl prometheus.Labels
+
+	inFlight, inFlightTokens, latency, ttft, errRate, ready, breakerOpen, ramp *prometheus.Desc
+	picks, successes, failures, overloads, trips, recoveries, ejections       *prometheus.Desc
+	retries, telemetry                                                        *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// NewCollector returns a Collector for b. balancerName becomes the constant
+// label balancer="..." so several Balancers in one process can be told apart.
+func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
+	cl := prometheus.Labels{"balancer": balancerName}
+	ep := []string{"endpoint"}
+	d := func(name, help string, labels []string) *prometheus.Desc {
+		return prometheus.NewDesc("inferlb_"+name, help, labels, cl)
+	}
+	return &Collector{
+		b: b, constLbl: cl,
+		inFlight:       d("endpoint_in_flight", "Calls picked for the endpoint and not yet done.", ep),
+		inFlightTokens: d("endpoint_in_flight_tokens", "Estimated tokens (prompt + max output) of in-flight calls.", ep),
+		latency:        d("endpoint_latency_ewma_seconds", "Peak-EWMA latency of successful calls, as last observed.", ep),
+		ttft:           d("endpoint_ttft_ewma_seconds", "EWMA of time to first token of streamed calls.", ep),
+		errRate:        d("endpoint_error_rate", "EWMA of the failure rate, decayed to now.", ep),
+		ready:          d("endpoint_ready", "1 when the transport reports the endpoint ready.", ep),
+		breakerOpen:    d("endpoint_breaker_open", "1 while the circuit breaker holds the endpoint out or probes it.", ep),
+		ramp:           d("endpoint_slow_start_factor", "Slow-start fraction of weight now (1 = full).", ep),
+		picks:          d("endpoint_picks_total", "Calls routed to the endpoint.", ep),
+		successes:      d("endpoint_successes_total", "Calls that succeeded.", ep),
+		failures:       d("endpoint_failures_total", "Calls that failed (not counting overload or cancellation).", ep),
+		overloads:      d("endpoint_overloads_total", "Calls answered with overload (429, 503, RESOURCE_EXHAUSTED).", ep),
+		trips:          d("endpoint_breaker_trips_total", "Times the circuit breaker tripped.", ep),
+		recoveries:     d("endpoint_breaker_recoveries_total", "Times the endpoint recovered through half-open probes.", ep),
+		ejections:      d("endpoint_outlier_ejections_total", "Times outlier detection ejected the endpoint.", ep),
+		retries:        d("retries_total", "Failover retries asked of the retry budget, by answer.", []string{"result"}),
+		telemetry:      d("telemetry_samples_total", "Telemetry samples offered to the store, by what happened to them.", []string{"result"}),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.errRate, c.ready, c.breakerOpen, c.ramp,
+		c.picks, c.successes, c.failures, c.overloads, c.trips, c.recoveries, c.ejections, c.retries, c.telemetry,
+	} {
+		ch <- d
+	}
+}
+
+func b2f(v bool) float64 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
+	}
+	for _, s := range c.b.Stats() {
+		gauge(c.inFlight, float64(s.InFlight), s.ID)
+		gauge(c.inFlightTokens, float64(s.InFlightTokens), s.ID)
+		gauge(c.latency, s.Latency.Seconds(), s.ID)
+		gauge(c.ttft, s.TTFT.Seconds(), s.ID)
+		gauge(c.errRate, s.ErrorRate, s.ID)
+		gauge(c.ready, b2f(s.Ready), s.ID)
+		gauge(c.breakerOpen, b2f(s.BreakerOpen), s.ID)
+		gauge(c.ramp, s.RampFactor, s.ID)
+		counter(c.picks, s.Picks, s.ID)
+		counter(c.successes, s.Successes, s.ID)
+		counter(c.failures, s.Failures, s.ID)
+		counter(c.overloads, s.Overloads, s.ID)
+		counter(c.trips, s.Trips, s.ID)
+		counter(c.recoveries, s.Recoveries, s.ID)
+		counter(c.ejections, s.Ejections, s.ID)
+	}
+	r := c.b.RetryStats()
+	counter(c.retries, r.Allowed, "allowed")
+	counter(c.retries, r.Denied, "denied")
+	t := c.b.Telemetry().Stats()
+	counter(c.telemetry, t.Accepted, "accepted")
+	counter(c.telemetry, t.DroppedEmpty, "dropped_empty")
+	counter(c.telemetry, t.DroppedOld, "dropped_old")
+	counter(c.telemetry, t.DroppedFull, "dropped_full")
+}

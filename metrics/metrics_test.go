@@ -1,0 +1,64 @@
+package metrics_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	tu "github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/metrics"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+func TestCollectorExportsLiveState(t *testing.T) {
+	clock := tu.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}}))
+	held, err := b.Pick(&inferlb.Request{PromptTokens: 100, MaxOutputTokens: 20})
+	require.NoError(t, err)
+	p, _ := b.Pick(&inferlb.Request{})
+	p.Done(inferlb.Outcome{Err: errors.New("boom")})
+	p, _ = b.Pick(&inferlb.Request{})
+	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond})
+	b.Publish("a:1", telemetry.Sample{}) // malformed: counted, not kept
+
+	c := metrics.NewCollector(b, "llm")
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_endpoint_in_flight Calls picked for the endpoint and not yet done.
+# TYPE inferlb_endpoint_in_flight gauge
+inferlb_endpoint_in_flight{balancer="llm",endpoint="a:1"} 1
+# HELP inferlb_endpoint_in_flight_tokens Estimated tokens (prompt + max output) of in-flight calls.
+# TYPE inferlb_endpoint_in_flight_tokens gauge
+inferlb_endpoint_in_flight_tokens{balancer="llm",endpoint="a:1"} 120
+# HELP inferlb_endpoint_failures_total Calls that failed (not counting overload or cancellation).
+# TYPE inferlb_endpoint_failures_total counter
+inferlb_endpoint_failures_total{balancer="llm",endpoint="a:1"} 1
+# HELP inferlb_endpoint_latency_ewma_seconds Peak-EWMA latency of successful calls, as last observed.
+# TYPE inferlb_endpoint_latency_ewma_seconds gauge
+inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1"} 0.25
+# HELP inferlb_telemetry_samples_total Telemetry samples offered to the store, by what happened to them.
+# TYPE inferlb_telemetry_samples_total counter
+inferlb_telemetry_samples_total{balancer="llm",result="accepted"} 0
+inferlb_telemetry_samples_total{balancer="llm",result="dropped_empty"} 1
+inferlb_telemetry_samples_total{balancer="llm",result="dropped_full"} 0
+inferlb_telemetry_samples_total{balancer="llm",result="dropped_old"} 0
+`), "inferlb_endpoint_in_flight", "inferlb_endpoint_in_flight_tokens", "inferlb_endpoint_failures_total",
+		"inferlb_endpoint_latency_ewma_seconds", "inferlb_telemetry_samples_total"))
+	held.Done(inferlb.Outcome{})
+
+	// The collector registers cleanly and passes the linter.
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+	assert.Equal(t, 15+2+4, testutil.CollectAndCount(c), "15 series per endpoint, 2 retry and 4 telemetry")
+}
