@@ -1,0 +1,247 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults for PollerOptions. Each is what the zero value of its field means.
+const (
+	// DefaultPollInterval is Prometheus' default scrape interval, so a poller
+	// sees each exporter update about once.
+	DefaultPollInterval = 15 * time.Second
+	// DefaultPollJitter spreads replicas that started together (a rollout)
+	// so they do not scrape an exporter in lockstep.
+	DefaultPollJitter = 0.1
+	// DefaultMaxBackoff caps the delay after repeated failures: a source that
+	// comes back is noticed within a few minutes.
+	DefaultMaxBackoff = 5 * time.Minute
+)
+
+// Clock tells a Poller the time used to stamp samples. Tests inject one; nil
+// means the wall clock.
+type Clock interface {
+	Now() time.Time
+}
+
+// PollerOptions configure a Poller. The zero value polls every
+// DefaultPollInterval with DefaultPollJitter, a timeout of one interval and
+// backoff up to DefaultMaxBackoff.
+type PollerOptions struct {
+	// Interval is the delay between rounds that succeed. Default
+	// DefaultPollInterval.
+	Interval time.Duration
+	// Jitter spreads each delay uniformly over ±Jitter of it, in [0, 1).
+	// Default DefaultPollJitter; negative means none.
+	Jitter float64
+	// Timeout bounds one Collect. Default: Interval, so rounds never pile up.
+	Timeout time.Duration
+	// MaxBackoff caps the delay after consecutive failures, which doubles
+	// from Interval on each one. Default DefaultMaxBackoff; it is raised to
+	// Interval if smaller.
+	MaxBackoff time.Duration
+	// Clock stamps samples a Source left without a time. nil means the wall clock.
+	Clock Clock
+	// Rand draws the jitter. nil means math/rand/v2's runtime generator.
+	Rand rand.Source
+	// OnError, if set, is called with each failed or partial round's error
+	// (for logging). It runs on the polling goroutine and must not block.
+	OnError func(error)
+}
+
+// PollerStats counts what a Poller did. Errors are counted, never fatal.
+type PollerStats struct {
+	Rounds    uint64 // Collect calls
+	Failures  uint64 // rounds that returned an error and no usable result (includes timeouts)
+	Timeouts  uint64 // rounds cut short by Timeout
+	Partial   uint64 // rounds that returned observations with an ErrPartial error
+	Published uint64 // samples handed to the Sink
+	Skipped   uint64 // observations without an endpoint ID or a field
+	// ConsecutiveFailures is the current run of failed rounds (0 after a success).
+	ConsecutiveFailures uint64
+}
+
+// Poller calls a Source periodically and publishes what it returns into a
+// Sink. Rounds never overlap. After a failed round the next delay doubles
+// (exponential backoff, capped at MaxBackoff) and a successful round resets
+// it; every delay is jittered. A Poller never stops on an error: telemetry is
+// advisory, and a source that is down now may be back at the next round.
+//
+// Concurrency: src, sink and the options are immutable after NewPoller. The
+// counters are atomic, so Stats may be called from any goroutine while Run
+// is going. Run may be active in only one goroutine at a time.
+type Poller struct {
+	src  Source
+	sink Sink
+	opts PollerOptions
+
+	running atomic.Bool
+
+	rounds, failures, timeouts, partial, published, skipped, streak atomic.Uint64
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+type runtimeRand struct{}
+
+func (runtimeRand) Uint64() uint64 { return rand.Uint64() }
+
+// NewPoller validates opts, applies the defaults and returns a Poller that
+// reads src and publishes into sink.
+func NewPoller(src Source, sink Sink, opts PollerOptions) (*Poller, error) {
+	switch {
+	case src == nil:
+		return nil, errors.New("telemetry: NewPoller: Source is nil")
+	case sink == nil:
+		return nil, errors.New("telemetry: NewPoller: Sink is nil")
+	case opts.Interval < 0:
+		return nil, fmt.Errorf("telemetry: PollerOptions.Interval is %v, want >= 0", opts.Interval)
+	case opts.Timeout < 0:
+		return nil, fmt.Errorf("telemetry: PollerOptions.Timeout is %v, want >= 0", opts.Timeout)
+	case opts.MaxBackoff < 0:
+		return nil, fmt.Errorf("telemetry: PollerOptions.MaxBackoff is %v, want >= 0", opts.MaxBackoff)
+	case opts.Jitter >= 1:
+		return nil, fmt.Errorf("telemetry: PollerOptions.Jitter is %v, want < 1", opts.Jitter)
+	}
+	if opts.Interval == 0 {
+		opts.Interval = DefaultPollInterval
+	}
+	switch {
+	case opts.Jitter == 0:
+		opts.Jitter = DefaultPollJitter
+	case opts.Jitter < 0:
+		opts.Jitter = 0
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = opts.Interval
+	}
+	if opts.MaxBackoff == 0 {
+		opts.MaxBackoff = DefaultMaxBackoff
+	}
+	opts.MaxBackoff = max(opts.MaxBackoff, opts.Interval)
+	if opts.Clock == nil {
+		opts.Clock = wallClock{}
+	}
+	if opts.Rand == nil {
+		opts.Rand = runtimeRand{}
+	}
+	return &Poller{src: src, sink: sink, opts: opts}, nil
+}
+
+// ErrPollerRunning is returned by Run when the Poller is already running.
+var ErrPollerRunning = errors.New("telemetry: Poller is already running")
+
+// Run polls until ctx is done, starting with an immediate round so routing
+// has telemetry as soon as possible, and returns ctx's error. It starts no
+// goroutine of its own.
+func (p *Poller) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return ErrPollerRunning
+	}
+	defer p.running.Store(false)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+		}
+		ok := p.Poll(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		timer.Reset(p.nextDelay(ok))
+	}
+}
+
+// Poll runs one round: Collect under Timeout, then Publish every usable
+// observation. It reports whether the round succeeded (a partial result
+// counts as success: the source answered). Run calls it; tests and callers
+// that schedule rounds themselves may too, but not concurrently with Run.
+func (p *Poller) Poll(ctx context.Context) bool {
+	p.rounds.Add(1)
+	start := p.opts.Clock.Now()
+	cctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
+	obs, err := p.src.Collect(cctx)
+	timedOut := errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+	cancel()
+
+	if err != nil && (!errors.Is(err, ErrPartial) || len(obs) == 0) {
+		if ctx.Err() != nil {
+			return false // shutting down: not the source's fault
+		}
+		p.failures.Add(1)
+		p.streak.Add(1)
+		if timedOut {
+			p.timeouts.Add(1)
+			err = fmt.Errorf("telemetry: poll timed out after %v: %w", p.opts.Timeout, err)
+		}
+		p.report(err)
+		return false
+	}
+	if err != nil {
+		p.partial.Add(1)
+		p.report(err)
+	}
+	p.streak.Store(0)
+	for _, o := range obs {
+		if o.EndpointID == "" || o.Sample.Empty() {
+			p.skipped.Add(1)
+			continue
+		}
+		if o.Sample.Time.IsZero() {
+			// The round's start, not its end: values are at least this old,
+			// so they expire no later than they should.
+			o.Sample.Time = start
+		}
+		p.sink.Publish(o.EndpointID, o.Sample)
+		p.published.Add(1)
+	}
+	return true
+}
+
+func (p *Poller) report(err error) {
+	if p.opts.OnError != nil {
+		p.opts.OnError(err)
+	}
+}
+
+// nextDelay is Interval after a success, Interval·2^n after n consecutive
+// failures (capped at MaxBackoff), jittered by ±Jitter.
+func (p *Poller) nextDelay(ok bool) time.Duration {
+	d := p.opts.Interval
+	if !ok {
+		for n := p.streak.Load(); n > 0 && d < p.opts.MaxBackoff; n-- {
+			if d > p.opts.MaxBackoff/2 {
+				d = p.opts.MaxBackoff // doubling would pass the cap (or overflow)
+				break
+			}
+			d *= 2
+		}
+	}
+	if j := p.opts.Jitter; j > 0 {
+		u := float64(p.opts.Rand.Uint64()>>11) / (1 << 53) // [0, 1)
+		d = time.Duration(float64(d) * (1 + j*(2*u-1)))
+	}
+	return max(d, time.Millisecond)
+}
+
+// Stats returns the counters.
+func (p *Poller) Stats() PollerStats {
+	return PollerStats{
+		Rounds:              p.rounds.Load(),
+		Failures:            p.failures.Load(),
+		Timeouts:            p.timeouts.Load(),
+		Partial:             p.partial.Load(),
+		Published:           p.published.Load(),
+		Skipped:             p.skipped.Load(),
+		ConsecutiveFailures: p.streak.Load(),
+	}
+}

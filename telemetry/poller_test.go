@@ -1,0 +1,282 @@
+package telemetry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// recorder is a Sink that keeps what it was given.
+type recorder struct {
+	mu  sync.Mutex
+	ids []string
+	got []telemetry.Sample
+}
+
+func (r *recorder) Publish(id string, s telemetry.Sample) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ids = append(r.ids, id)
+	r.got = append(r.got, s)
+}
+
+// scripted is a Source that returns errs[i] on its i-th call (nil means one
+// good observation; the last entry repeats) and records when it was called.
+type scripted struct {
+	mu    sync.Mutex
+	errs  []error
+	calls []time.Duration // since the bubble's start
+	start time.Time
+}
+
+func (s *scripted) Collect(ctx context.Context) ([]telemetry.Observation, error) {
+	s.mu.Lock()
+	i := len(s.calls)
+	s.calls = append(s.calls, time.Since(s.start))
+	err := s.errs[min(i, len(s.errs)-1)]
+	s.mu.Unlock()
+	if err != nil && !errors.Is(err, errHalf) {
+		return nil, err
+	}
+	return []telemetry.Observation{{EndpointID: "a", Sample: sample(time.Time{}, float64(telemetry.Waiting), float64(i))}}, err
+}
+
+func (s *scripted) times() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Duration(nil), s.calls...)
+}
+
+// runFor runs p in the bubble for d of fake time, then stops it and waits
+// for Run to return.
+func runFor(t *testing.T, p *telemetry.Poller, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	time.Sleep(d)
+	synctest.Wait()
+	cancel()
+	assert.ErrorIs(t, <-done, context.Canceled)
+}
+
+var (
+	errDown = errors.New("exporter down")
+	// errHalf is a partial result: the scripted source returns its
+	// observation along with it.
+	errHalf = fmt.Errorf("%w: one family unreadable", telemetry.ErrPartial)
+	// errNothing wraps ErrPartial but comes with no observation: the source
+	// answered nothing usable, so the round is a failure.
+	errNothing = fmt.Errorf("%w: every family unreadable", telemetry.ErrPartial)
+)
+
+func secs(v ...float64) []time.Duration {
+	out := make([]time.Duration, len(v))
+	for i, x := range v {
+		out[i] = time.Duration(x * float64(time.Second))
+	}
+	return out
+}
+
+func TestPollerSchedule(t *testing.T) {
+	tests := []struct {
+		name string
+		opts telemetry.PollerOptions
+		errs []error
+		run  time.Duration
+		want []time.Duration
+		st   telemetry.PollerStats
+	}{
+		{
+			name: "steady interval, first round at once",
+			opts: telemetry.PollerOptions{Interval: 10 * time.Second, Jitter: -1},
+			errs: []error{nil},
+			run:  35 * time.Second,
+			want: secs(0, 10, 20, 30),
+			st:   telemetry.PollerStats{Rounds: 4, Published: 4},
+		},
+		{
+			name: "backoff doubles to the cap and resets after a success",
+			opts: telemetry.PollerOptions{Interval: 10 * time.Second, MaxBackoff: 30 * time.Second, Jitter: -1},
+			errs: []error{errDown, errDown, errDown, nil, errDown, nil},
+			run:  125 * time.Second,
+			// fail +20, fail +30 (40 capped), fail +30, ok +10, fail +20, ok
+			want: secs(0, 20, 50, 80, 90, 110, 120),
+			st:   telemetry.PollerStats{Rounds: 7, Failures: 4, Published: 3},
+		},
+		{
+			name: "a partial result is a success and is published",
+			opts: telemetry.PollerOptions{Interval: 10 * time.Second, Jitter: -1},
+			errs: []error{errHalf},
+			run:  15 * time.Second,
+			want: secs(0, 10),
+			st:   telemetry.PollerStats{Rounds: 2, Partial: 2, Published: 2},
+		},
+		{
+			name: "a partial error without observations is a failure",
+			opts: telemetry.PollerOptions{Interval: 10 * time.Second, Jitter: -1},
+			errs: []error{errNothing},
+			run:  25 * time.Second,
+			want: secs(0, 20),
+			st:   telemetry.PollerStats{Rounds: 2, Failures: 2, ConsecutiveFailures: 2},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				src := &scripted{errs: tt.errs, start: time.Now()}
+				sink := &recorder{}
+				p, err := telemetry.NewPoller(src, sink, tt.opts)
+				require.NoError(t, err)
+				runFor(t, p, tt.run)
+				assert.Equal(t, tt.want, src.times())
+				assert.Equal(t, tt.st, p.Stats())
+			})
+		})
+	}
+}
+
+func TestPollerJitter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &scripted{errs: []error{nil}, start: time.Now()}
+		// u = 0, 0.5, 0.75 of the range: delays of 0.9, 1.0 and 1.05 intervals.
+		p, err := telemetry.NewPoller(src, &recorder{}, telemetry.PollerOptions{
+			Interval: 10 * time.Second, Jitter: 0.1, Rand: testutil.NewScript(0, 1<<63, 3<<62),
+		})
+		require.NoError(t, err)
+		runFor(t, p, 30*time.Second)
+		got := src.times()
+		want := secs(0, 9, 19, 29.5)
+		require.Len(t, got, len(want))
+		for i := range want {
+			assert.InDelta(t, want[i], got[i], float64(time.Microsecond), "call %d", i)
+		}
+	})
+}
+
+func TestPollerTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var calls []time.Duration
+		src := telemetry.SourceFunc(func(ctx context.Context) ([]telemetry.Observation, error) {
+			calls = append(calls, time.Since(start))
+			<-ctx.Done() // a hung exporter
+			return nil, ctx.Err()
+		})
+		var errs []error
+		p, err := telemetry.NewPoller(src, &recorder{}, telemetry.PollerOptions{
+			Interval: 10 * time.Second, Timeout: 2 * time.Second, Jitter: -1,
+			OnError: func(err error) { errs = append(errs, err) },
+		})
+		require.NoError(t, err)
+		runFor(t, p, 30*time.Second)
+		// Each round ends 2s in and backs off: 0 -> 2+20 -> 24+40 (past 30s).
+		assert.Equal(t, secs(0, 22), calls)
+		assert.Equal(t, telemetry.PollerStats{Rounds: 2, Failures: 2, Timeouts: 2, ConsecutiveFailures: 2}, p.Stats())
+		require.Len(t, errs, 2)
+		assert.ErrorIs(t, errs[0], context.DeadlineExceeded)
+		assert.Contains(t, errs[0].Error(), "telemetry: poll timed out after 2s")
+	})
+}
+
+func TestPollerStopsDuringCollect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		entered := make(chan struct{})
+		src := telemetry.SourceFunc(func(ctx context.Context) ([]telemetry.Observation, error) {
+			close(entered)
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+		p, err := telemetry.NewPoller(src, &recorder{}, telemetry.PollerOptions{Interval: time.Minute})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		<-entered
+		assert.ErrorIs(t, p.Run(ctx), telemetry.ErrPollerRunning, "one Run at a time")
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+		assert.Zero(t, p.Stats().Failures, "shutting down is not the source's failure")
+	})
+}
+
+func TestPollerPublishes(t *testing.T) {
+	clock := testutil.NewClock()
+	observed := t0.Add(-time.Minute)
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		return []telemetry.Observation{
+			{EndpointID: "a", Sample: sample(time.Time{}, float64(telemetry.Waiting), 1)}, // stamped by the poller
+			{EndpointID: "b", Sample: sample(observed, float64(telemetry.Running), 2)},    // keeps its own time
+			{EndpointID: "", Sample: sample(observed, float64(telemetry.Running), 3)},     // no endpoint
+			{EndpointID: "c"}, // no field
+		}, errors.Join(telemetry.ErrPartial, errors.New("one family unreadable"))
+	})
+	var st telemetry.Store
+	p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{Clock: clock})
+	require.NoError(t, err)
+	assert.True(t, p.Poll(t.Context()), "a partial result is a success")
+
+	got, ok := st.Latest("a", clock.Now(), 0)
+	require.True(t, ok)
+	assert.True(t, got.Time.Equal(testutil.Epoch))
+	got, ok = st.Latest("b", clock.Now(), 0)
+	require.True(t, ok)
+	assert.True(t, got.Time.Equal(observed))
+	assert.Equal(t, telemetry.PollerStats{Rounds: 1, Partial: 1, Published: 2, Skipped: 2}, p.Stats())
+}
+
+func TestNewPollerValidates(t *testing.T) {
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) { return nil, nil })
+	tests := []struct {
+		name string
+		src  telemetry.Source
+		sink telemetry.Sink
+		opts telemetry.PollerOptions
+		want string
+	}{
+		{"nil source", nil, &recorder{}, telemetry.PollerOptions{}, "Source is nil"},
+		{"nil sink", src, nil, telemetry.PollerOptions{}, "Sink is nil"},
+		{"negative interval", src, &recorder{}, telemetry.PollerOptions{Interval: -1}, "Interval is -1ns, want >= 0"},
+		{"negative timeout", src, &recorder{}, telemetry.PollerOptions{Timeout: -1}, "Timeout"},
+		{"negative backoff", src, &recorder{}, telemetry.PollerOptions{MaxBackoff: -1}, "MaxBackoff"},
+		{"jitter of 1", src, &recorder{}, telemetry.PollerOptions{Jitter: 1}, "Jitter is 1, want < 1"},
+		{"zero value", src, &recorder{}, telemetry.PollerOptions{}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := telemetry.NewPoller(tt.src, tt.sink, tt.opts)
+			if tt.want == "" {
+				require.NoError(t, err)
+				assert.NotNil(t, p)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "telemetry: ")
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestPollerDefaults(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &scripted{errs: []error{errDown}, start: time.Now()}
+		// Zero options except no jitter: 15s interval, backoff capped at 5m.
+		p, err := telemetry.NewPoller(src, &recorder{}, telemetry.PollerOptions{Jitter: -1})
+		require.NoError(t, err)
+		runFor(t, p, 16*time.Minute)
+		assert.Equal(t, secs(0, 30, 90, 210, 450, 750), src.times())
+	})
+}
