@@ -1,0 +1,118 @@
+package main
+
+import (
+	"encoding/csv"
+	"fmt"
+	"image/color"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/inferlb/inferlb/benchmarks/fleetsim"
+)
+
+func writeCSV(path string, res []fleetsim.Result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	_ = w.Write([]string{"scenario", "policy", "rate", "clients", "seed", "requests", "completed", "failed", "unfinished", "retries",
+		"throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
+		"e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "cache_hit_rate", "gpu_busy", "max_mean_load", "preemptions"})
+	g := func(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
+	for _, r := range res {
+		_ = w.Write([]string{r.Scenario, r.Policy, g(r.Rate), strconv.Itoa(r.Clients), strconv.FormatUint(r.Seed, 10),
+			strconv.Itoa(r.Requests), strconv.Itoa(r.Completed), strconv.Itoa(r.Failed), strconv.Itoa(r.Unfinished), strconv.Itoa(r.Retries),
+			g(r.Throughput), g(r.TTFTP50), g(r.TTFTP90), g(r.TTFTP99), g(r.ITLP50), g(r.ITLP99),
+			g(r.E2EP50), g(r.E2EP90), g(r.E2EP99), g(r.CacheHit), g(r.GPUBusy), g(r.MaxMean), strconv.Itoa(r.Preemptions)})
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// writeCharts draws p90 TTFT and throughput against offered load, one line
+// per policy, for scenarios that sweep more than one load.
+func writeCharts(dir string, sc *fleetsim.Scenario, res []fleetsim.Result) error {
+	if len(sc.Rates) < 2 {
+		return nil
+	}
+	for _, c := range clientCounts(res) {
+		suffix := ""
+		if len(clientCounts(res)) > 1 {
+			suffix = fmt.Sprintf("-%dclients", c)
+		}
+		charts := []struct {
+			file, title, y string
+			log            bool
+			val            func(fleetsim.Result) float64
+		}{
+			{"ttft-p90", "p90 time to first token", "seconds (log)", true, func(r fleetsim.Result) float64 { return r.TTFTP90 }},
+			{"throughput", "output throughput", "tokens/s", false, func(r fleetsim.Result) float64 { return r.Throughput }},
+		}
+		for _, ch := range charts {
+			p := plot.New()
+			p.Title.Text = fmt.Sprintf("%s: %s", sc.Name, ch.title)
+			p.X.Label.Text = "offered load (" + sc.RateUnit + ")"
+			p.Y.Label.Text = ch.y
+			if ch.log {
+				p.Y.Scale = plot.LogScale{}
+				p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+			}
+			p.Legend.Top = true
+			p.Legend.Left = !ch.log
+			p.Add(plotter.NewGrid())
+			for k, pol := range sc.Policies {
+				var pts plotter.XYs
+				for _, r := range res {
+					if r.Policy == pol.Name && r.Clients == c {
+						v := ch.val(r)
+						if math.IsNaN(v) || (ch.log && v <= 0) {
+							continue
+						}
+						if ch.log {
+							v = max(v, 1e-3)
+						}
+						pts = append(pts, plotter.XY{X: r.Rate, Y: v})
+					}
+				}
+				if len(pts) == 0 {
+					continue
+				}
+				l, s, err := plotter.NewLinePoints(pts)
+				if err != nil {
+					return err
+				}
+				l.Color = plotutil.Color(k)
+				l.Dashes = plotutil.Dashes(k / 7)
+				l.Width = vg.Points(1.5)
+				s.Color = l.Color
+				s.Shape = plotutil.Shape(k)
+				if pol.Name == "inferlb" {
+					l.Width = vg.Points(3)
+					l.Color = color.RGBA{R: 200, A: 255}
+					s.Color = l.Color
+					s.Shape = draw.CircleGlyph{}
+				}
+				p.Add(l, s)
+				p.Legend.Add(pol.Name, l, s)
+			}
+			path := filepath.Join(dir, fmt.Sprintf("%s-%s%s.png", sc.Name, ch.file, suffix))
+			if err := p.Save(7*vg.Inch, 4.5*vg.Inch, path); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

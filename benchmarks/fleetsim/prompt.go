@@ -1,0 +1,102 @@
+package fleetsim
+
+// Segment is a run of synthetic tokens with one content ID: a shared context,
+// a user's question, a model's answer. Token i of a segment is a pure function
+// of (ID, i), so two prompts that start with the same segments have the same
+// leading tokens, and the server's prefix cache and the router's affinity key
+// can both be computed from the content, as for real text.
+type Segment struct {
+	ID     uint64
+	Tokens int
+}
+
+// Prompt is a request's input: its segments and the chained hashes of its
+// full KV blocks, computed once when the prompt is built and shared by every
+// request that sends it.
+type Prompt struct {
+	Segments []Segment
+	Tokens   int
+	Hashes   []uint64 // one per full block of BlockSize tokens
+}
+
+// BlockSize is the KV-cache block size in tokens: vLLM's default --block-size
+// of 16 (https://docs.vllm.ai/en/latest/configuration/engine_args.html).
+const BlockSize = 16
+
+// mix64 is SplitMix64's finalizer (Steele, Lea and Flood, "Fast splittable
+// pseudorandom number generators", 2014): a cheap bijective 64-bit mixer.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// token is the synthetic token at offset i of segment id.
+func token(id uint64, i int) uint64 {
+	return mix64(id*0x9e3779b97f4a7c15 + uint64(i) + 1)
+}
+
+// blockHasher chains block hashes over a token stream, as vLLM hashes each
+// full block together with its parent's hash.
+type blockHasher struct {
+	parent uint64
+	cur    uint64
+	n      int
+}
+
+// add feeds one token; it returns the block's hash when the token completes a block.
+func (h *blockHasher) add(tok uint64) (uint64, bool) {
+	if h.n == 0 {
+		h.cur = mix64(h.parent ^ 0x51af3c2b7d4e9f01)
+	}
+	h.cur = mix64(h.cur ^ tok)
+	h.n++
+	if h.n < BlockSize {
+		return 0, false
+	}
+	out := h.cur | 1 // 0 means "no hash" in the block pool
+	h.parent, h.n = out, 0
+	return out, true
+}
+
+// NewPrompt builds a prompt from segments and hashes its full blocks.
+func NewPrompt(segs ...Segment) *Prompt {
+	p := &Prompt{Segments: segs}
+	for _, s := range segs {
+		p.Tokens += s.Tokens
+	}
+	p.Hashes = make([]uint64, 0, p.Tokens/BlockSize)
+	var h blockHasher
+	for _, s := range segs {
+		for i := range s.Tokens {
+			if bh, ok := h.add(token(s.ID, i)); ok {
+				p.Hashes = append(p.Hashes, bh)
+			}
+		}
+	}
+	return p
+}
+
+// Extend returns a prompt that continues p with more segments (the next turn
+// of a conversation), reusing p's hashes for the blocks they share.
+func (p *Prompt) Extend(segs ...Segment) *Prompt {
+	all := make([]Segment, 0, len(p.Segments)+len(segs))
+	all = append(append(all, p.Segments...), segs...)
+	return NewPrompt(all...)
+}
+
+// tokenAt returns token i of the stream formed by the prompt followed by an
+// answer segment, which is how the server hashes blocks that straddle the end
+// of the prompt.
+func (p *Prompt) tokenAt(i int, answer uint64) uint64 {
+	for _, s := range p.Segments {
+		if i < s.Tokens {
+			return token(s.ID, i)
+		}
+		i -= s.Tokens
+	}
+	return token(answer, i)
+}

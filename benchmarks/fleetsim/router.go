@@ -1,0 +1,350 @@
+package fleetsim
+
+import (
+	"math/rand/v2"
+	"slices"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// Router is one client's routing policy in the simulator. Baselines are
+// implemented here; inferlb policies wrap the library's real Balancer.
+type Router interface {
+	// Pick chooses a replica index for req and returns the function that
+	// reports how the call ended (called exactly once).
+	Pick(req *Request) (replica int, done func(inferlb.Outcome), err error)
+	// SetMembers replaces the replicas service discovery lists (ascending).
+	SetMembers(replicas []int)
+	// Publish delivers a telemetry scrape of one replica.
+	Publish(replica int, s telemetry.Sample)
+	// AllowRetry reports whether a failed call may be retried once.
+	AllowRetry() bool
+}
+
+// Env is what a policy's constructor gets.
+type Env struct {
+	Client  int
+	Seed    uint64 // for the policy's own randomness; differs per client
+	Clock   Clock
+	IDs     []string  // replica IDs by index
+	Weights []float64 // capacity weights by index (what discovery would say)
+	run     *run
+}
+
+// Rand returns a PCG source seeded for this policy instance.
+func (e Env) Rand() *rand.PCG { return rand.NewPCG(e.Seed, 0x5eed0f90117c1e5) }
+
+// Policy names a routing policy and builds its routers.
+type Policy struct {
+	Name string
+	// Shared policies use one router for all clients; only the oracle,
+	// which is a thought experiment rather than a library, is shared.
+	Shared bool
+	New    func(Env) Router
+}
+
+func noop(inferlb.Outcome) {}
+
+// baseline holds what the simple policies share.
+type baseline struct {
+	members []int
+	rng     *rand.Rand
+}
+
+func (b *baseline) SetMembers(m []int)            { b.members = slices.Clone(m) }
+func (b *baseline) Publish(int, telemetry.Sample) {}
+func (b *baseline) AllowRetry() bool              { return true }
+func (b *baseline) pickRandom() (int, error) {
+	if len(b.members) == 0 {
+		return 0, balancer.ErrNoEndpoints
+	}
+	return b.members[b.rng.IntN(len(b.members))], nil
+}
+
+// RoundRobin cycles through the replicas; each client starts at a random
+// offset, as independent processes do.
+func RoundRobin() Policy {
+	return Policy{Name: "round-robin", New: func(e Env) Router {
+		r := &roundRobin{baseline: baseline{rng: rand.New(e.Rand())}}
+		r.next = r.rng.Uint64()
+		return r
+	}}
+}
+
+type roundRobin struct {
+	baseline
+	next uint64
+}
+
+func (r *roundRobin) Pick(*Request) (int, func(inferlb.Outcome), error) {
+	if len(r.members) == 0 {
+		return 0, nil, balancer.ErrNoEndpoints
+	}
+	i := r.members[r.next%uint64(len(r.members))]
+	r.next++
+	return i, noop, nil
+}
+
+// Random picks a replica uniformly.
+func Random() Policy {
+	return Policy{Name: "random", New: func(e Env) Router {
+		return &random{baseline{rng: rand.New(e.Rand())}}
+	}}
+}
+
+type random struct{ baseline }
+
+func (r *random) Pick(*Request) (int, func(inferlb.Outcome), error) {
+	i, err := r.pickRandom()
+	return i, noop, err
+}
+
+// LeastRequest samples two replicas and sends to the one with fewer of this
+// client's requests in flight: Envoy's LEAST_REQUEST (choice_count 2) and
+// grpc-go's least_request policy, the generic balancers users start from.
+func LeastRequest() Policy {
+	return Policy{Name: "least-request", New: func(e Env) Router {
+		return &leastRequest{baseline: baseline{rng: rand.New(e.Rand())}, inFlight: make([]int, len(e.IDs))}
+	}}
+}
+
+type leastRequest struct {
+	baseline
+	inFlight []int
+}
+
+func (l *leastRequest) Pick(*Request) (int, func(inferlb.Outcome), error) {
+	n := len(l.members)
+	if n == 0 {
+		return 0, nil, balancer.ErrNoEndpoints
+	}
+	i := l.members[l.rng.IntN(n)]
+	if n > 1 {
+		j := l.members[l.rng.IntN(n-1)]
+		if j == i {
+			j = l.members[n-1]
+		}
+		if l.inFlight[j] < l.inFlight[i] {
+			i = j
+		}
+	}
+	l.inFlight[i]++
+	return i, func(inferlb.Outcome) { l.inFlight[i]-- }, nil
+}
+
+// RingHash places each affinity key on a consistent-hash ring (Karger et al.,
+// 1997) with 100 virtual nodes per replica and no load bound: every client
+// agrees on the owner, and a hot key overloads it. Requests without a key go
+// to a random replica.
+func RingHash() Policy {
+	return Policy{Name: "consistent-hash", New: func(e Env) Router {
+		return &ringHash{baseline: baseline{rng: rand.New(e.Rand())}, ids: e.IDs}
+	}}
+}
+
+type ringHash struct {
+	baseline
+	ids    []string
+	points []ringPoint
+}
+
+type ringPoint struct {
+	h   uint64
+	rep int
+}
+
+func (r *ringHash) SetMembers(m []int) {
+	r.baseline.SetMembers(m)
+	r.points = r.points[:0]
+	for _, i := range m {
+		base := stringHash(r.ids[i])
+		for v := range 100 {
+			r.points = append(r.points, ringPoint{mix64(base + uint64(v)), i})
+		}
+	}
+	slices.SortFunc(r.points, func(a, b ringPoint) int {
+		switch {
+		case a.h < b.h:
+			return -1
+		case a.h > b.h:
+			return 1
+		}
+		return a.rep - b.rep
+	})
+}
+
+func (r *ringHash) Pick(req *Request) (int, func(inferlb.Outcome), error) {
+	if len(r.points) == 0 {
+		return 0, nil, balancer.ErrNoEndpoints
+	}
+	if req.AffinityKey == 0 {
+		i, err := r.pickRandom()
+		return i, noop, err
+	}
+	h := mix64(req.AffinityKey)
+	k, _ := slices.BinarySearchFunc(r.points, h, func(p ringPoint, h uint64) int {
+		switch {
+		case p.h < h:
+			return -1
+		case p.h > h:
+			return 1
+		}
+		return 0
+	})
+	if k == len(r.points) {
+		k = 0
+	}
+	return r.points[k].rep, noop, nil
+}
+
+func stringHash(s string) uint64 {
+	h := uint64(0xcbf29ce484222325)
+	for i := range len(s) {
+		h = (h ^ uint64(s[i])) * 0x100000001b3
+	}
+	return mix64(h)
+}
+
+// Variant describes an inferlb configuration: the real Balancer built from
+// Options, plus what the client feeds it.
+type Variant struct {
+	Name string
+	// Options returns the balancer options; the simulator sets Clock and Rand.
+	Options func() balancer.Options
+	// NoAffinity clears Request.AffinityKey before Pick, for a balancer that
+	// has no switch for it in Options.
+	NoAffinity bool
+	// NoTelemetry never publishes scrapes to the balancer.
+	NoTelemetry bool
+}
+
+// InferLB is the library's real Balancer in the given configuration.
+func InferLB(v Variant) Policy {
+	return Policy{Name: v.Name, New: func(e Env) Router {
+		var o balancer.Options
+		if v.Options != nil {
+			o = v.Options()
+		}
+		o.Clock = e.Clock
+		o.Rand = e.Rand()
+		r := &inferlbRouter{v: v, b: balancer.New(o), ids: e.IDs, weights: e.Weights, byID: map[string]int{}}
+		for i, id := range e.IDs {
+			r.byID[id] = i
+		}
+		return r
+	}}
+}
+
+type inferlbRouter struct {
+	v       Variant
+	b       *balancer.Balancer
+	ids     []string
+	weights []float64
+	byID    map[string]int // lookups only
+}
+
+func (r *inferlbRouter) SetMembers(m []int) {
+	eps := make([]inferlb.Endpoint, 0, len(m))
+	for _, i := range m {
+		eps = append(eps, inferlb.Endpoint{ID: r.ids[i], Addr: r.ids[i], Weight: r.weights[i]})
+	}
+	_ = r.b.Update(eps)
+}
+
+func (r *inferlbRouter) Publish(i int, s telemetry.Sample) {
+	if !r.v.NoTelemetry {
+		r.b.Publish(r.ids[i], s)
+	}
+}
+
+func (r *inferlbRouter) AllowRetry() bool { return r.b.AllowRetry() }
+
+func (r *inferlbRouter) Pick(req *Request) (int, func(inferlb.Outcome), error) {
+	ir := inferlb.Request{
+		Service:         req.Service,
+		Model:           req.Model,
+		AffinityKey:     req.AffinityKey,
+		PromptTokens:    req.Prompt.Tokens,
+		MaxOutputTokens: req.MaxOutputTokens,
+	}
+	if r.v.NoAffinity {
+		ir.AffinityKey = 0
+	}
+	p, err := r.b.Pick(&ir)
+	if err != nil {
+		return 0, nil, err
+	}
+	held := &p
+	return r.byID[p.ID()], held.Done, nil
+}
+
+// Oracle is the practical upper bound: one omniscient router that sees every
+// replica's prefix cache and queue exactly at the moment of each pick. It
+// sends a request where its estimated time to first token plus the fleet
+// prefill work it causes is least: the prompt tokens the replica must
+// compute (its cache miss), the prefill queued ahead of it, the decode batch
+// it joins, and any wait for KV-cache blocks.
+func Oracle() Policy {
+	return Policy{Name: "oracle", Shared: true, New: func(e Env) Router {
+		return &oracle{run: e.run}
+	}}
+}
+
+type oracle struct {
+	baseline
+	run *run
+}
+
+func (o *oracle) Pick(req *Request) (int, func(inferlb.Outcome), error) {
+	best, bestCost := -1, 0.0
+	for _, i := range o.members {
+		r := o.run.reps[i]
+		if !r.up {
+			continue
+		}
+		c := o.cost(r, req)
+		if best < 0 || c < bestCost {
+			best, bestCost = i, c
+		}
+	}
+	if best < 0 {
+		return 0, nil, balancer.ErrNoEndpoints
+	}
+	return best, noop, nil
+}
+
+func (o *oracle) cost(r *replica, req *Request) float64 {
+	p := r.p
+	hit := 0
+	if p.PrefixCaching {
+		maxBlocks := (req.Prompt.Tokens - 1) / BlockSize
+		hit = r.kv.contains(req.Prompt.Hashes[:min(len(req.Prompt.Hashes), maxBlocks)]) * BlockSize
+	}
+	miss := req.Prompt.Tokens - hit
+	pend := r.pendingPrefill()
+	prefill := float64(pend+miss) * p.PerPrefillToken.Seconds()
+	// Every step the prefill spans also carries the running batch's decodes.
+	batch := len(r.running) + len(r.waiting)
+	steps := float64(pend+miss)/float64(p.MaxBatchedTokens) + 1
+	ctx := 0
+	for _, s := range r.running {
+		ctx += s.computed
+	}
+	decode := steps * (p.StepFixed.Seconds() + float64(batch)*p.PerDecodeSeq.Seconds() + float64(ctx)*p.PerKVToken.Seconds())
+	// Blocks this request and the queue ahead of it need beyond what is free
+	// wait for running sequences to finish: price that as prefill-equivalent
+	// work, four times dearer than compute.
+	need := (miss + req.MaxOutputTokens) / BlockSize
+	for _, s := range r.waiting {
+		need += (s.numTokens() - s.hitTokens) / BlockSize
+	}
+	kvWait := 0.0
+	if deficit := need - r.kv.nFree; deficit > 0 {
+		kvWait = 4 * float64(deficit*BlockSize) * p.PerPrefillToken.Seconds()
+	}
+	ttft := r.speed * (prefill + decode + kvWait)
+	// The miss is also work taken from the fleet's shared capacity.
+	return ttft + r.speed*float64(miss)*p.PerPrefillToken.Seconds()
+}

@@ -1,0 +1,332 @@
+package fleetsim
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// ReplicaSpec is one replica of a fleet.
+type ReplicaSpec struct {
+	Server ServerParams
+	// Speed multiplies step time: 1 is nominal, 3 is three times slower
+	// (an older GPU, a noisy neighbour, thermal throttling).
+	Speed float64
+	// Weight is the capacity weight discovery advertises (0 = 1).
+	Weight float64
+}
+
+// EventKind is a fleet incident.
+type EventKind uint8
+
+// Fleet incidents a scenario can script.
+const (
+	Crash       EventKind = iota + 1 // fail everything in flight; cache lost
+	Restart                          // come back cold and rejoin discovery
+	SlowDown                         // step time x Factor
+	Recover                          // back to normal speed
+	ThrottleOn                       // answer 429 beyond MaxWaiting
+	ThrottleOff                      // queue without limit again
+)
+
+// FleetEvent scripts an incident at a time after the start of the run.
+type FleetEvent struct {
+	At      time.Duration
+	Replica int
+	Kind    EventKind
+	Factor  float64 // SlowDown
+}
+
+// Sim is what a workload sees of the simulator.
+type Sim interface {
+	// Now is the simulated time since the start.
+	Now() time.Duration
+	// After runs fn after d of simulated time.
+	After(d time.Duration, fn func())
+	// Submit sends a request now.
+	Submit(req *Request)
+	// Rand returns a deterministic generator for one named stream of the run's seed.
+	Rand(stream uint64) *rand.Rand
+	// Stopped reports whether the arrival window has closed.
+	Stopped() bool
+}
+
+// Workload generates a scenario's requests. A new one is built for each run
+// so every policy sees the same seeded arrivals.
+type Workload interface {
+	// Start schedules the first arrivals.
+	Start(s Sim)
+	// Done is called when a request has finished (ok) or failed for good,
+	// so closed-loop workloads can send the next turn.
+	Done(s Sim, req *Request, ok bool)
+}
+
+// Scenario is a fleet, a workload swept over offered loads, and the policies
+// compared on it.
+type Scenario struct {
+	Name        string
+	Description string
+	Fleet       []ReplicaSpec
+	// Workload builds the workload for one offered load.
+	Workload func(rate float64) Workload
+	// Rates are the offered loads swept, in RateUnit.
+	Rates    []float64
+	RateUnit string
+	// Headline is the rate of the summary table (near saturation).
+	Headline float64
+	// Warmup is excluded from measurement; arrivals stop at Duration; the
+	// run then drains for at most Drain, and calls still unfinished are
+	// counted with their latency so far.
+	Warmup, Duration, Drain time.Duration
+	// Scrape is the telemetry scrape interval.
+	Scrape time.Duration
+	// DiscoveryDelay is how long a crashed replica stays listed by service
+	// discovery (readiness probes must fail first).
+	DiscoveryDelay time.Duration
+	Events         []FleetEvent
+	Policies       []Policy
+	// Clients lists the numbers of independent clients to compare; empty
+	// means the command's -clients flag.
+	Clients []int
+}
+
+// RunConfig is one run's settings.
+type RunConfig struct {
+	Rate                    float64
+	Clients                 int
+	Seed                    uint64
+	Warmup, Duration, Drain time.Duration
+	Scrape                  time.Duration
+}
+
+// Result is one run's measurements. Latencies are in seconds.
+type Result struct {
+	Scenario string  `json:"scenario"`
+	Policy   string  `json:"policy"`
+	Rate     float64 `json:"rate"`
+	Clients  int     `json:"clients"`
+	Seed     uint64  `json:"seed"`
+
+	Requests   int `json:"requests"`
+	Completed  int `json:"completed"`
+	Failed     int `json:"failed"`
+	Unfinished int `json:"unfinished"`
+	Retries    int `json:"retries"`
+
+	Throughput float64 `json:"throughput_tok_s"` // output tokens/s in the window
+	TTFTP50    float64 `json:"ttft_p50_s"`
+	TTFTP90    float64 `json:"ttft_p90_s"`
+	TTFTP99    float64 `json:"ttft_p99_s"`
+	ITLP50     float64 `json:"itl_p50_s"`
+	ITLP99     float64 `json:"itl_p99_s"`
+	E2EP50     float64 `json:"e2e_p50_s"`
+	E2EP90     float64 `json:"e2e_p90_s"`
+	E2EP99     float64 `json:"e2e_p99_s"`
+	CacheHit   float64 `json:"cache_hit_rate"`
+	GPUBusy    float64 `json:"gpu_busy"`
+	MaxMean    float64 `json:"max_mean_load"`
+	// Preemptions counts KV-cache preemptions over the whole run.
+	Preemptions int `json:"preemptions"`
+	// ClassE2EP99 is the p99 end-to-end latency per request class.
+	ClassE2EP99 map[string]float64 `json:"class_e2e_p99_s,omitempty"`
+}
+
+// Run simulates one policy on one scenario at one offered load. It is
+// deterministic: the same arguments give the same Result.
+func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
+	if cfg.Clients <= 0 {
+		cfg.Clients = 1
+	}
+	s := &run{sc: sc, cfg: cfg, classE2E: map[string][]float64{}}
+	s.rng = rand.New(rand.NewPCG(cfg.Seed, 0xc11e))
+	ids := make([]string, len(sc.Fleet))
+	weights := make([]float64, len(sc.Fleet))
+	for i, spec := range sc.Fleet {
+		ids[i] = fmt.Sprintf("r%d", i)
+		weights[i] = spec.Weight
+		if weights[i] <= 0 {
+			weights[i] = 1
+		}
+		speed := spec.Speed
+		if speed <= 0 {
+			speed = 1
+		}
+		s.reps = append(s.reps, newReplica(i, ids[i], spec.Server, speed, s))
+		s.members = append(s.members, i)
+	}
+	clock := Clock{now: &s.now}
+	var shared Router
+	for c := range cfg.Clients {
+		var rt Router
+		switch {
+		case pol.Shared && shared != nil:
+			rt = shared
+		default:
+			rt = pol.New(Env{
+				Client: c, Seed: cfg.Seed*1000003 + uint64(c) + 1, Clock: clock,
+				IDs: ids, Weights: weights, run: s,
+			})
+			s.uniq = append(s.uniq, rt)
+			if pol.Shared {
+				shared = rt
+			}
+		}
+		s.routers = append(s.routers, rt)
+	}
+	s.setMembers()
+	for i, r := range s.reps {
+		// Scrapes are phased across the interval, as independent targets are.
+		r := r
+		s.at(cfg.Scrape*time.Duration(i)/time.Duration(len(s.reps)), func() { s.scrape(r) })
+	}
+	for _, ev := range sc.Events {
+		ev := ev
+		s.at(ev.At, func() { s.applyEvent(ev) })
+	}
+	s.at(cfg.Warmup, func() { s.mark(0) })
+	s.at(cfg.Duration, func() { s.mark(1); s.stopped = true })
+	s.wl = sc.Workload(cfg.Rate)
+	s.wl.Start(s)
+	heap.Init(&s.events)
+	s.loop()
+	if s.marks[1].busy == nil { // ended early: nothing in flight
+		s.mark(1)
+	}
+	return s.result(pol.Name)
+}
+
+func (s *run) result(policy string) Result {
+	res := Result{
+		Scenario: s.sc.Name, Policy: policy, Rate: s.cfg.Rate, Clients: s.cfg.Clients, Seed: s.cfg.Seed,
+		Requests: s.requests, Failed: s.failed, Retries: s.retries,
+		Completed: len(s.e2e), Unfinished: s.outstanding,
+	}
+	// Calls still in flight at the end count with their latency so far: a
+	// policy that leaves a backlog must not look good by leaving it out.
+	if s.outstanding > 0 {
+		s.censor()
+	}
+	a, b := s.marks[0], s.marks[1]
+	window := (b.at - a.at).Seconds()
+	if window > 0 {
+		res.Throughput = float64(b.tokens-a.tokens) / window
+		var busy float64
+		for i := range b.busy {
+			busy += (b.busy[i] - a.busy[i]).Seconds()
+		}
+		res.GPUBusy = min(busy/window/float64(len(b.busy)), 1)
+	}
+	if q := b.queries - a.queries; q > 0 {
+		res.CacheHit = float64(b.hits-a.hits) / float64(q)
+	}
+	maxA, sum := 0, 0
+	for i := range b.assigned {
+		d := b.assigned[i] - a.assigned[i]
+		maxA = max(maxA, d)
+		sum += d
+	}
+	if sum > 0 {
+		res.MaxMean = float64(maxA) / (float64(sum) / float64(len(b.assigned)))
+	}
+	slices.Sort(s.ttft)
+	slices.Sort(s.e2e)
+	res.TTFTP50, res.TTFTP90, res.TTFTP99 = pct(s.ttft, 50), pct(s.ttft, 90), pct(s.ttft, 99)
+	res.E2EP50, res.E2EP90, res.E2EP99 = pct(s.e2e, 50), pct(s.e2e, 90), pct(s.e2e, 99)
+	res.ITLP50, res.ITLP99 = s.itl.quantile(0.50), s.itl.quantile(0.99)
+	for _, r := range s.reps {
+		res.Preemptions += r.preemptions
+	}
+	if len(s.classE2E) > 0 {
+		res.ClassE2EP99 = map[string]float64{}
+		for _, k := range slices.Sorted(mapsKeys(s.classE2E)) {
+			v := s.classE2E[k]
+			slices.Sort(v)
+			res.ClassE2EP99[k] = pct(v, 99)
+		}
+	}
+	return res
+}
+
+// censor adds the measured calls still in flight with their latency so far.
+func (s *run) censor() {
+	add := func(j *job) {
+		if !j.measured {
+			return
+		}
+		if j.firstToken < 0 {
+			s.ttft = append(s.ttft, (s.now - j.arrive).Seconds())
+		} else {
+			s.ttft = append(s.ttft, (j.firstToken - j.arrive).Seconds())
+		}
+		e := (s.now - j.arrive).Seconds()
+		s.e2e = append(s.e2e, e)
+		if j.req.Class != "" {
+			s.classE2E[j.req.Class] = append(s.classE2E[j.req.Class], e)
+		}
+	}
+	for _, r := range s.reps {
+		for _, q := range r.running {
+			add(q.job)
+		}
+		for _, q := range r.waiting {
+			add(q.job)
+		}
+	}
+}
+
+func mapsKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// pct is the nearest-rank percentile of sorted xs.
+func pct(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	k := int(math.Ceil(p/100*float64(len(xs)))) - 1
+	return xs[min(max(k, 0), len(xs)-1)]
+}
+
+// histogram is a log-scale histogram of durations with 1% wide buckets from
+// 1µs, for the inter-token latency of millions of tokens.
+type histogram struct {
+	counts []int64
+	n      int64
+}
+
+const histBase = 1.01
+
+func (h *histogram) add(d time.Duration) {
+	us := max(float64(d)/1e3, 1)
+	k := int(math.Log(us) / math.Log(histBase))
+	if k >= len(h.counts) {
+		h.counts = append(h.counts, make([]int64, k-len(h.counts)+1)...)
+	}
+	h.counts[k]++
+	h.n++
+}
+
+// quantile returns the upper edge of the bucket holding quantile q, in seconds.
+func (h *histogram) quantile(q float64) float64 {
+	if h.n == 0 {
+		return math.NaN()
+	}
+	want := int64(math.Ceil(q * float64(h.n)))
+	var acc int64
+	for k, c := range h.counts {
+		acc += c
+		if acc >= want {
+			return math.Pow(histBase, float64(k+1)) / 1e6
+		}
+	}
+	return math.Pow(histBase, float64(len(h.counts))) / 1e6
+}

@@ -1,0 +1,228 @@
+package fleetsim
+
+import (
+	"slices"
+	"time"
+)
+
+// Policies returns the policies every LLM scenario compares, in table order:
+// generic baselines, the real inferlb Balancer by default and with parts
+// switched off, and the oracle.
+func Policies() []Policy {
+	return []Policy{
+		RoundRobin(),
+		Random(),
+		LeastRequest(),
+		RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb -affinity", NoAffinity: true}),
+		InferLB(Variant{Name: "inferlb -telemetry", NoTelemetry: true}),
+		InferLB(Variant{Name: "inferlb -affinity -telemetry", NoAffinity: true, NoTelemetry: true}),
+		Oracle(),
+	}
+}
+
+func fleet(n int, p ServerParams) []ReplicaSpec {
+	out := make([]ReplicaSpec, n)
+	for i := range out {
+		out[i] = ReplicaSpec{Server: p, Speed: 1}
+	}
+	return out
+}
+
+// Default timing: Prometheus-style scrapes every second would be optimistic
+// for a library that scrapes each server itself; llm-d's endpoint picker
+// refreshes every 50ms from inside the cluster. One second sits between a
+// sidecar-free client and a Prometheus server's 15s default.
+const (
+	defaultScrape    = time.Second
+	defaultDiscovery = 10 * time.Second // Kubernetes readiness: periodSeconds 10, one failure
+)
+
+// Scenarios returns every scenario, in the order the command lists them.
+func Scenarios() []*Scenario {
+	return []*Scenario{
+		SharedPrefixScenario(),
+		EmbeddingScenario(),
+		MultiClientScenario(),
+		ChatScenario(),
+		MixScenario(),
+		HotPromptScenario(),
+		FailuresScenario(),
+	}
+}
+
+// Lookup returns the scenario called name, or nil.
+func Lookup(name string) *Scenario {
+	i := slices.IndexFunc(Scenarios(), func(s *Scenario) bool { return s.Name == name })
+	if i < 0 {
+		return nil
+	}
+	return Scenarios()[i]
+}
+
+// Quick returns a copy of sc shrunk to run in seconds: a shorter window and
+// the headline rate only.
+func (sc *Scenario) Quick() *Scenario {
+	q := *sc
+	q.Rates = []float64{sc.Headline}
+	q.Warmup = sc.Warmup / 2
+	q.Duration = q.Warmup + (sc.Duration-sc.Warmup)/3
+	q.Drain = sc.Drain / 2
+	var evs []FleetEvent
+	for _, ev := range sc.Events {
+		ev.At = ev.At / 2
+		evs = append(evs, ev)
+	}
+	q.Events = evs
+	return &q
+}
+
+// SharedPrefixScenario is llm-d's precise prefix-cache benchmark shape: 8
+// replicas of a 32B model, 150 groups x 5 users, 6,000-token shared context,
+// 1,200-token question, 1,000-token answer, Poisson arrivals. The groups'
+// contexts (900k tokens) exceed one replica's KV cache (300k) three times but
+// fit the fleet's, so a router that keeps each group on one replica turns
+// most prefill into cache hits, and one that scatters them cannot.
+func SharedPrefixScenario() *Scenario {
+	return &Scenario{
+		Name:        "shared-prefix",
+		Description: "150 groups x 5 users, 6k shared context + 1.2k question -> 1k answer, 8 replicas (llm-d's benchmark)",
+		Fleet:       fleet(8, LLMServer()),
+		Workload: func(rate float64) Workload {
+			return &SharedPrefix{Groups: 150, Users: 5, Context: 6000, Question: 1200, Output: 1000, Rate: rate}
+		},
+		Rates:    []float64{4, 8, 12, 16, 20, 24},
+		RateUnit: "req/s",
+		Headline: 16,
+		Warmup:   90 * time.Second, Duration: 390 * time.Second, Drain: 300 * time.Second,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Policies: Policies(),
+	}
+}
+
+// MultiClientScenario is the shared-prefix workload at its headline rate sent
+// through 1 and through 8 independent clients (no shared state).
+func MultiClientScenario() *Scenario {
+	sc := SharedPrefixScenario()
+	sc.Name = "multi-client"
+	sc.Description = "shared-prefix at its headline rate through 1 and 8 independent client balancers"
+	sc.Rates = []float64{sc.Headline}
+	sc.Clients = []int{1, 8}
+	sc.Policies = []Policy{
+		RoundRobin(), LeastRequest(), RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb -affinity", NoAffinity: true}),
+	}
+	return sc
+}
+
+// EmbeddingScenario is embedding and rerank traffic on 6 replicas, one of
+// them three times slower (an older GPU or a noisy neighbour).
+func EmbeddingScenario() *Scenario {
+	fl := fleet(6, EmbeddingServer())
+	fl[5].Speed = 3
+	return &Scenario{
+		Name:        "embedding",
+		Description: "80% embeddings (64-512 tokens), 20% rerank (20 docs x 150 tokens), 6 replicas, one 3x slower",
+		Fleet:       fl,
+		Workload: func(rate float64) Workload {
+			return &Pooling{Rate: rate, Rerank: 0.2, EmbedTokens: [2]int{64, 512}, Docs: 20, DocToken: 150}
+		},
+		Rates:    []float64{100, 200, 300, 400, 500},
+		RateUnit: "req/s",
+		Headline: 400,
+		Warmup:   10 * time.Second, Duration: 70 * time.Second, Drain: 60 * time.Second,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Policies: []Policy{
+			RoundRobin(), Random(), LeastRequest(),
+			InferLB(Variant{Name: "inferlb"}),
+			Oracle(),
+		},
+	}
+}
+
+// ChatScenario is multi-turn conversations on 8 replicas.
+func ChatScenario() *Scenario {
+	return &Scenario{
+		Name:        "chat",
+		Description: "multi-turn chat: 3-12 turns, 1.5k-token system prompt (4 apps), 50-400-token messages, 100-600-token answers, 5s think time",
+		Fleet:       fleet(8, LLMServer()),
+		Workload: func(rate float64) Workload {
+			return &Chat{Rate: rate, Apps: 4, System: 1500, MinTurns: 3, MaxTurns: 12,
+				MinUser: 50, MaxUser: 400, MinAnswer: 100, MaxAnswer: 600, Think: 5 * time.Second}
+		},
+		Rates:    []float64{10, 20, 30, 40, 50},
+		RateUnit: "req/s",
+		Headline: 40,
+		Warmup:   120 * time.Second, Duration: 420 * time.Second, Drain: 300 * time.Second,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Policies: Policies(),
+	}
+}
+
+// MixScenario is heavy and light requests on a heterogeneous fleet: six
+// nominal replicas, one 1.5x and one 2x slower.
+func MixScenario() *Scenario {
+	fl := fleet(8, LLMServer())
+	fl[6].Speed, fl[7].Speed = 1.5, 2
+	return &Scenario{
+		Name:        "mix",
+		Description: "15% heavy (6-12k prompt, 800-1.5k answer), 85% light (200-1k prompt, 50-300 answer), no shared prefixes; 2 of 8 replicas 1.5x/2x slower",
+		Fleet:       fl,
+		Workload: func(rate float64) Workload {
+			return &Mix{Rate: rate, Heavy: 0.15,
+				HeavyPrompt: [2]int{6000, 12000}, HeavyOut: [2]int{800, 1500},
+				LightPrompt: [2]int{200, 1000}, LightOut: [2]int{50, 300}}
+		},
+		Rates:    []float64{10, 20, 30, 40},
+		RateUnit: "req/s",
+		Headline: 30,
+		Warmup:   60 * time.Second, Duration: 360 * time.Second, Drain: 300 * time.Second,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Policies: Policies(),
+	}
+}
+
+// HotPromptScenario is half the traffic carrying one popular 3,000-token
+// system prompt.
+func HotPromptScenario() *Scenario {
+	return &Scenario{
+		Name:        "hot-prompt",
+		Description: "50% of requests share one 3k-token system prompt (+100-500-token message), 50% unrelated 1-4k prompts; 200-500-token answers",
+		Fleet:       fleet(8, LLMServer()),
+		Workload: func(rate float64) Workload {
+			return &HotPrompt{Rate: rate, Hot: 0.5, System: 3000,
+				User: [2]int{100, 500}, Other: [2]int{1000, 4000}, Output: [2]int{200, 500}}
+		},
+		Rates:    []float64{10, 20, 30, 40},
+		RateUnit: "req/s",
+		Headline: 30,
+		Warmup:   60 * time.Second, Duration: 360 * time.Second, Drain: 300 * time.Second,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Policies: Policies(),
+	}
+}
+
+// FailuresScenario is the chat workload on a fleet that misbehaves: one
+// replica crashes and comes back cold a minute later, one runs 4x slower for
+// two minutes, one sheds load with 429 whenever more than 4 requests wait.
+func FailuresScenario() *Scenario {
+	sc := ChatScenario()
+	sc.Name = "failures"
+	sc.Description = "chat at 30 req/s; r0 crashes at 150s (back at 210s, cold), r1 4x slower 180-300s, r2 answers 429 beyond 4 waiting from 120s"
+	sc.Rates = []float64{30}
+	sc.Headline = 30
+	for i := range sc.Fleet {
+		sc.Fleet[i].Server.RetryAfter = time.Second
+	}
+	sc.Fleet[2].Server.MaxWaiting = 4
+	sc.Events = []FleetEvent{
+		{At: 150 * time.Second, Replica: 0, Kind: Crash},
+		{At: 210 * time.Second, Replica: 0, Kind: Restart},
+		{At: 180 * time.Second, Replica: 1, Kind: SlowDown, Factor: 4},
+		{At: 300 * time.Second, Replica: 1, Kind: Recover},
+		{At: 120 * time.Second, Replica: 2, Kind: ThrottleOn},
+	}
+	return sc
+}

@@ -1,0 +1,397 @@
+package fleetsim
+
+import (
+	"time"
+)
+
+// ServerParams model one replica of an inference engine run with continuous
+// batching, after vLLM V1's scheduler. The zero value is not usable; start
+// from LLMServer or EmbeddingServer.
+type ServerParams struct {
+	// KVTokens is the KV-cache capacity in tokens (rounded down to blocks).
+	KVTokens int
+	// MaxNumSeqs caps the running batch (vLLM --max-num-seqs).
+	MaxNumSeqs int
+	// MaxBatchedTokens is the per-step token budget shared by decodes and
+	// chunked prefills (vLLM --max-num-batched-tokens).
+	MaxBatchedTokens int
+	// StepFixed is the cost of one forward pass regardless of batch: reading
+	// the weights once, kernel launches, scheduling and sampling overhead.
+	StepFixed time.Duration
+	// PerPrefillToken is the compute cost of one prompt token.
+	PerPrefillToken time.Duration
+	// PerDecodeSeq is the extra cost of one decoding sequence in a step.
+	PerDecodeSeq time.Duration
+	// PerKVToken is the attention cost of one token of context read by a
+	// scheduled sequence (memory bandwidth over its KV cache).
+	PerKVToken time.Duration
+	// PrefixCaching enables automatic prefix caching (vLLM's default in V1).
+	PrefixCaching bool
+	// MaxWaiting, when positive, makes the replica answer 429 (too many
+	// requests) instead of queueing beyond this many waiting requests, as a
+	// server with an admission limit does.
+	MaxWaiting int
+	// RetryAfter is the hint sent with a 429.
+	RetryAfter time.Duration
+}
+
+// LLMServer returns the parameters of one replica serving a 32B dense model
+// (Qwen3-32B class) on H100s with vLLM, as in llm-d's prefix-cache benchmark
+// (https://llm-d.ai/blog/kvcache-wins-you-can-see: 8 vLLM pods on 16 H100,
+// i.e. tensor parallel 2 per pod):
+//
+//   - PerPrefillToken 50µs: about 20,000 prefill tokens/s per replica, the
+//     figure llm-d publishes for this setup. It agrees with arithmetic: 32B
+//     parameters need 64 GFLOP per token, and two H100s at ~50% of their
+//     989 dense BF16 TFLOPS give ~15-20k tokens/s.
+//   - KVTokens 300,000: llm-d's per-pod KV capacity for that model. (Qwen3-32B
+//     stores 64 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 bytes =
+//     256 KiB per token; ~75 GiB of KV across two 80 GB GPUs.)
+//   - StepFixed 12ms: reading 64 GB of BF16 weights once per step at two
+//     GPUs' 3.35 TB/s takes ~10ms, plus scheduling and sampling overhead.
+//   - PerDecodeSeq 50µs: a decoded token costs the FLOPs of a prefilled one.
+//   - PerKVToken 40ns: reading 256 KiB of KV per token of context at 6.7 TB/s.
+//   - MaxNumSeqs 256 and MaxBatchedTokens 8192: vLLM's defaults for an
+//     OpenAI-compatible server on a large GPU
+//     (https://docs.vllm.ai/en/latest/configuration/optimization.html,
+//     "Chunked Prefill").
+//
+// The resulting ITL is 20-40 ms at the batch sizes the scenarios reach, and
+// the TTFT of a cold 10,000-token prompt on an idle replica is ~0.6 s (llm-d
+// reports 4.3 s cold on a single TP1 instance and 0.6 s warm; with TP2 and
+// chunked prefill our cold figure sits between).
+func LLMServer() ServerParams {
+	return ServerParams{
+		KVTokens:         300_000,
+		MaxNumSeqs:       256,
+		MaxBatchedTokens: 8192,
+		StepFixed:        12 * time.Millisecond,
+		PerPrefillToken:  50 * time.Microsecond,
+		PerDecodeSeq:     50 * time.Microsecond,
+		PerKVToken:       40 * time.Nanosecond,
+		PrefixCaching:    true,
+	}
+}
+
+// EmbeddingServer returns the parameters of one replica serving an embedding
+// or cross-encoder reranker model (BGE-large / bge-reranker class, ~335M
+// parameters) with a batching server such as vLLM's pooling runner or
+// Hugging Face TEI: prefill only, no decode. 335M parameters need 0.7 GFLOP
+// per token; at a conservative ~30% of an L4's 121 TFLOPS FP16 that is about
+// 60,000 tokens/s (PerPrefillToken 16µs), and a forward pass has a few
+// milliseconds of fixed overhead (tokenization, padding, launch). The batch
+// is capped at 32 sequences and 16,384 tokens, TEI's default
+// --max-batch-tokens (https://huggingface.co/docs/text-embeddings-inference/cli_arguments).
+func EmbeddingServer() ServerParams {
+	return ServerParams{
+		KVTokens:         1 << 20, // no KV pressure: pooling models keep nothing
+		MaxNumSeqs:       32,
+		MaxBatchedTokens: 16384,
+		StepFixed:        3 * time.Millisecond,
+		PerPrefillToken:  16 * time.Microsecond,
+		PerDecodeSeq:     0,
+		PerKVToken:       0,
+		PrefixCaching:    false,
+	}
+}
+
+// seq is one request inside a replica.
+type seq struct {
+	job       *job
+	prompt    *Prompt
+	hashes    []uint64 // prompt hashes, then hashes of answer blocks as they fill
+	computed  int      // tokens whose KV is computed
+	generated int      // output tokens produced (survive preemption)
+	blocks    []int32
+	sched     int // tokens scheduled in the current step; 0 = not scheduled
+	hitTokens int // prefix-cache hit expected at enqueue, then found at admission
+	prefilled bool
+	lastToken time.Duration
+}
+
+func (s *seq) numTokens() int { return s.prompt.Tokens + s.generated }
+
+// replica is one simulated server.
+//
+// It is driven by the simulator's single goroutine: enqueue from arrivals,
+// stepDone from the event it scheduled.
+type replica struct {
+	idx   int
+	id    string
+	p     ServerParams
+	speed float64 // step-time multiplier: 3 means three times slower
+	base  float64 // speed when healthy
+	kv    *blockPool
+	sim   *run
+
+	up       bool
+	throttle bool // answer 429 beyond MaxWaiting
+	gen      uint64
+	waiting  []*seq // FIFO; preempted sequences go back to the front
+	running  []*seq // admission order; the last is preempted first
+	stepping bool
+
+	// counters
+	busy          time.Duration
+	hitTokens     int64
+	queryTokens   int64
+	scrapeHits    int64 // since the last scrape, for the windowed hit rate
+	scrapeQueries int64
+	assigned      int
+	preemptions   int
+}
+
+func newReplica(idx int, id string, p ServerParams, speed float64, s *run) *replica {
+	return &replica{
+		idx: idx, id: id, p: p, speed: speed, base: speed, sim: s, up: true,
+		kv: newBlockPool(p.KVTokens / BlockSize),
+	}
+}
+
+// enqueue accepts a job. It returns false when the replica rejects it with 429.
+func (r *replica) enqueue(j *job) bool {
+	if r.throttle && r.p.MaxWaiting > 0 && len(r.waiting) >= r.p.MaxWaiting {
+		return false
+	}
+	s := &seq{job: j, prompt: j.req.Prompt}
+	s.hashes = s.prompt.Hashes[:len(s.prompt.Hashes):len(s.prompt.Hashes)] // appends copy
+	s.hitTokens = r.expectedHit(s)
+	r.waiting = append(r.waiting, s)
+	r.assigned++
+	r.kick()
+	return true
+}
+
+// expectedHit is the cache hit a sequence would get if admitted now.
+func (r *replica) expectedHit(s *seq) int {
+	if !r.p.PrefixCaching {
+		return 0
+	}
+	maxBlocks := (s.numTokens() - 1) / BlockSize
+	h := s.hashes[:min(len(s.hashes), maxBlocks)]
+	return r.kv.contains(h) * BlockSize
+}
+
+func (r *replica) kick() {
+	if !r.stepping && r.up && (len(r.running) > 0 || len(r.waiting) > 0) {
+		r.step()
+	}
+}
+
+// preempt frees a running sequence's blocks and puts it back at the front of
+// the queue; it will recompute its prompt and answer so far (vLLM V1's
+// recompute preemption), usually with a prefix-cache hit on its own blocks.
+func (r *replica) preempt(s *seq) {
+	r.kv.release(s.blocks)
+	s.blocks = s.blocks[:0]
+	s.computed = 0
+	s.sched = 0
+	s.prefilled = false
+	r.waiting = append([]*seq{s}, r.waiting...)
+	r.preemptions++
+}
+
+// ensure allocates blocks so s can hold upto tokens.
+func (r *replica) ensure(s *seq, upto int) bool {
+	need := (upto+BlockSize-1)/BlockSize - len(s.blocks)
+	if need <= 0 {
+		return true
+	}
+	var ok bool
+	s.blocks, ok = r.kv.alloc(need, s.blocks)
+	return ok
+}
+
+// step schedules one engine iteration, after vLLM V1's Scheduler.schedule:
+// running sequences first (decodes and unfinished chunked prefills), then
+// waiting ones while the batch, the token budget and the KV cache allow.
+// When the cache cannot hold the next token of a running sequence, the most
+// recently admitted sequence is preempted.
+func (r *replica) step() {
+	budget := r.p.MaxBatchedTokens
+	preempted := false
+	var prefillTok, decodes, kvTok int
+	for i := 0; i < len(r.running) && budget > 0; i++ {
+		s := r.running[i]
+		n := min(s.numTokens()-s.computed, budget)
+		for !r.ensure(s, s.computed+n) {
+			victim := r.running[len(r.running)-1]
+			r.running = r.running[:len(r.running)-1]
+			r.preempt(victim)
+			preempted = true
+			if victim == s {
+				n = 0
+				break
+			}
+		}
+		if n == 0 {
+			break // s itself was preempted: it was the last one
+		}
+		s.sched = n
+		budget -= n
+		if s.prefilled {
+			decodes++
+		} else {
+			prefillTok += n
+		}
+		kvTok += s.computed + n
+	}
+	for !preempted && len(r.waiting) > 0 && len(r.running) < r.p.MaxNumSeqs && budget > 0 {
+		s := r.waiting[0]
+		hit := 0
+		if r.p.PrefixCaching && s.computed == 0 {
+			maxBlocks := (s.numTokens() - 1) / BlockSize // at least one token must be computed
+			h := s.hashes[:min(len(s.hashes), maxBlocks)]
+			var idle int
+			hit, idle = r.kv.lookup(h)
+			n := min(s.numTokens()-hit*BlockSize, budget)
+			need := (hit*BlockSize+n+BlockSize-1)/BlockSize - hit
+			if need > r.kv.nFree-idle {
+				break // wait for blocks to free up
+			}
+			s.blocks = r.kv.touch(h, hit, s.blocks)
+			s.computed = hit * BlockSize
+		}
+		n := min(s.numTokens()-s.computed, budget)
+		if !r.ensure(s, s.computed+n) {
+			r.kv.release(s.blocks)
+			s.blocks = s.blocks[:0]
+			s.computed = 0
+			break
+		}
+		r.waiting = r.waiting[1:]
+		r.running = append(r.running, s)
+		hitTok := hit * BlockSize
+		s.hitTokens = hitTok
+		r.hitTokens += int64(hitTok)
+		r.queryTokens += int64(s.numTokens())
+		r.scrapeHits += int64(hitTok)
+		r.scrapeQueries += int64(s.numTokens())
+		s.sched = n
+		budget -= n
+		prefillTok += n
+		kvTok += s.computed + n
+	}
+	if len(r.running) == 0 {
+		return
+	}
+	d := r.p.StepFixed +
+		time.Duration(prefillTok)*r.p.PerPrefillToken +
+		time.Duration(decodes)*r.p.PerDecodeSeq +
+		time.Duration(kvTok)*r.p.PerKVToken
+	d = time.Duration(float64(d) * r.speed)
+	r.stepping = true
+	r.busy += d
+	gen := r.gen
+	r.sim.after(d, func() { r.stepDone(gen) })
+}
+
+// stepDone applies one finished iteration: computed KV advances, full blocks
+// enter the prefix cache, sequences whose input is all computed emit a token,
+// finished ones leave and free their blocks.
+func (r *replica) stepDone(gen uint64) {
+	if gen != r.gen { // the replica crashed during the step
+		return
+	}
+	r.stepping = false
+	now := r.sim.now
+	keep := r.running[:0]
+	for _, s := range r.running {
+		n := s.sched
+		if n == 0 {
+			keep = append(keep, s)
+			continue
+		}
+		s.sched = 0
+		before := s.computed
+		s.computed += n
+		if r.p.PrefixCaching {
+			r.cacheFull(s, before)
+		}
+		if s.computed < s.numTokens() {
+			keep = append(keep, s) // more prefill chunks to go
+			continue
+		}
+		s.prefilled = true
+		s.generated++
+		j := s.job
+		if s.generated == 1 && j.firstToken < 0 {
+			j.firstToken = now
+		} else if s.generated > 1 && r.sim.inWindow() {
+			r.sim.itl.add(now - s.lastToken)
+		}
+		s.lastToken = now
+		r.sim.tokenOut(now)
+		if s.generated >= max(j.req.OutputTokens, 1) {
+			r.kv.release(s.blocks)
+			s.blocks = nil
+			r.sim.finish(j, now, nil)
+			continue
+		}
+		keep = append(keep, s)
+	}
+	clear(r.running[len(keep):])
+	r.running = keep
+	r.kick()
+}
+
+// cacheFull registers the blocks that became full between before and s.computed.
+func (r *replica) cacheFull(s *seq, before int) {
+	for k := before / BlockSize; k < s.computed/BlockSize; k++ {
+		if k >= len(s.hashes) {
+			s.hashes = append(s.hashes, r.answerBlockHash(s, k))
+		}
+		r.kv.register(s.blocks[k], s.hashes[k])
+	}
+}
+
+// answerBlockHash hashes full block k of the prompt-plus-answer stream; it is
+// called only for blocks beyond the prompt's full blocks.
+func (r *replica) answerBlockHash(s *seq, k int) uint64 {
+	var h blockHasher
+	if k > 0 {
+		h.parent = s.hashes[k-1]
+	}
+	var out uint64
+	for i := k * BlockSize; i < (k+1)*BlockSize; i++ {
+		out, _ = h.add(s.prompt.tokenAt(i, s.job.req.AnswerID))
+	}
+	return out
+}
+
+func (r *replica) baseSpeed() float64 { return r.base }
+
+// crash fails everything on the replica and drops its cache.
+func (r *replica) crash() {
+	r.up = false
+	r.gen++
+	r.stepping = false
+	now := r.sim.now
+	fail := append(append([]*seq(nil), r.running...), r.waiting...)
+	r.running, r.waiting = nil, nil
+	r.kv.flush()
+	for _, s := range fail {
+		r.sim.finish(s.job, now, errCrashed)
+	}
+}
+
+// restart brings a crashed replica back, cold.
+func (r *replica) restart() {
+	r.up = true
+	r.kick()
+}
+
+// pendingPrefill is the prompt work queued or in progress on the replica, in
+// tokens after prefix-cache hits: the oracle's view of its queue.
+func (r *replica) pendingPrefill() int {
+	n := 0
+	for _, s := range r.waiting {
+		n += s.numTokens() - s.hitTokens
+	}
+	for _, s := range r.running {
+		if !s.prefilled {
+			n += s.numTokens() - s.computed
+		}
+	}
+	return n
+}

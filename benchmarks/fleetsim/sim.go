@@ -1,0 +1,343 @@
+package fleetsim
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// Epoch is the wall-clock instant the virtual clock starts at.
+var Epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Errors a simulated call can end with.
+var (
+	errCrashed = errors.New("fleetsim: replica crashed")
+	errRefused = errors.New("fleetsim: connection refused")
+)
+
+// Clock is the simulator's virtual clock; it implements balancer.Clock, so
+// the real Balancer sees simulated time.
+type Clock struct{ now *time.Duration }
+
+// Now returns the simulated instant.
+func (c Clock) Now() time.Time { return Epoch.Add(*c.now) }
+
+// Request is one call a workload sends. Workloads fill every field but
+// Client, which the run assigns.
+type Request struct {
+	Service inferlb.Service
+	Model   string
+	Prompt  *Prompt
+	// OutputTokens is how many tokens the server generates (0 for embeddings).
+	OutputTokens int
+	// MaxOutputTokens is what the client declares (max_tokens), the router's
+	// estimate of the work.
+	MaxOutputTokens int
+	// AnswerID is the content ID of the answer, so a follow-up turn that
+	// quotes it hits the blocks the server cached while generating it.
+	AnswerID uint64
+	// AffinityKey is the key a client derives from the request content with
+	// the cache package (0 = none).
+	AffinityKey uint64
+	// Client is the index of the client process that sends the request.
+	Client int
+	// Class labels the request for per-class reporting ("heavy", "rerank").
+	Class string
+	// session lets closed-loop workloads find their state on completion.
+	session any
+}
+
+// job is one request's life across attempts.
+type job struct {
+	req        *Request
+	arrive     time.Duration
+	firstToken time.Duration // -1 until the first token
+	attempts   int
+	measured   bool
+	done       func(inferlb.Outcome)
+	rep        *replica
+	start      time.Duration // of the current attempt
+}
+
+type event struct {
+	at  time.Duration
+	seq uint64
+	fn  func()
+}
+
+type eventQueue []event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq // FIFO among equal times: determinism
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	old[len(old)-1] = event{}
+	*q = old[:len(old)-1]
+	return e
+}
+
+// run is one simulation: one scenario, one policy, one offered load.
+// Everything happens on one goroutine in virtual time.
+type run struct {
+	sc      *Scenario
+	cfg     RunConfig
+	now     time.Duration
+	seq     uint64
+	events  eventQueue
+	rng     *rand.Rand // client assignment and retries
+	reps    []*replica
+	routers []Router // one per client; shared policies repeat one router
+	uniq    []Router // each router once, in client order
+	members []int    // replicas in service discovery, ascending
+	wl      Workload
+	stopped bool // no new arrivals
+
+	outstanding int // measured jobs not yet finished
+	itl         histogram
+	ttft, e2e   []float64
+	classE2E    map[string][]float64 // keyed by class; read in sorted key order
+	tokens      int64                // output tokens produced
+	failed      int
+	retries     int
+	requests    int
+	marks       [2]counters
+}
+
+// counters are snapshots taken at the start and end of the measurement window.
+type counters struct {
+	at       time.Duration
+	tokens   int64
+	busy     []time.Duration
+	hits     int64
+	queries  int64
+	assigned []int
+}
+
+func (s *run) after(d time.Duration, fn func()) { s.at(s.now+d, fn) }
+
+func (s *run) at(t time.Duration, fn func()) {
+	s.seq++
+	heap.Push(&s.events, event{at: t, seq: s.seq, fn: fn})
+}
+
+func (s *run) tokenOut(time.Duration) { s.tokens++ }
+
+func (s *run) inWindow() bool { return s.now >= s.cfg.Warmup && s.now < s.cfg.Duration }
+
+// Submit sends a request now. Workloads call it from their events.
+func (s *run) Submit(req *Request) {
+	if s.stopped {
+		return
+	}
+	req.Client = 0
+	if n := len(s.routers); n > 1 {
+		req.Client = s.rng.IntN(n)
+	}
+	j := &job{req: req, arrive: s.now, firstToken: -1}
+	j.measured = s.now >= s.cfg.Warmup && s.now < s.cfg.Duration
+	if j.measured {
+		s.outstanding++
+		s.requests++
+	}
+	s.dispatch(j)
+}
+
+// Now is the simulated time since the start of the run.
+func (s *run) Now() time.Duration { return s.now }
+
+// After schedules fn on the simulator after d; workloads use it for arrivals.
+func (s *run) After(d time.Duration, fn func()) { s.after(d, fn) }
+
+// Rand returns a random source for workloads, seeded from the run's seed.
+func (s *run) Rand(stream uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(s.cfg.Seed, stream))
+}
+
+// Stopped reports whether the arrival window has closed.
+func (s *run) Stopped() bool { return s.stopped }
+
+func (s *run) dispatch(j *job) {
+	j.attempts++
+	rt := s.routers[j.req.Client]
+	idx, done, err := rt.Pick(j.req)
+	if err != nil {
+		s.finish(j, s.now, err)
+		return
+	}
+	r := s.reps[idx]
+	j.rep, j.done, j.start = r, done, s.now
+	if !r.up {
+		s.finish(j, s.now, errRefused)
+		return
+	}
+	if !r.enqueue(j) {
+		s.finish(j, s.now, errThrottled)
+	}
+}
+
+var errThrottled = errors.New("fleetsim: 429 too many requests")
+
+// finish ends one attempt. Failed attempts are retried once, immediately, on
+// a new pick, as a client with one retry does.
+func (s *run) finish(j *job, now time.Duration, err error) {
+	if j.done != nil {
+		o := inferlb.Outcome{Err: err, OutputTokens: j.req.OutputTokens}
+		if err == nil && j.firstToken >= 0 {
+			o.TTFT = j.firstToken - j.start
+		}
+		if errors.Is(err, errThrottled) {
+			o = inferlb.Outcome{Overloaded: true, RetryAfter: j.rep.p.RetryAfter}
+		}
+		d := j.done
+		j.done = nil
+		d(o)
+	}
+	if err != nil {
+		if j.attempts < 2 && s.routers[j.req.Client].AllowRetry() {
+			s.retries++
+			s.dispatch(j)
+			return
+		}
+		if j.measured {
+			s.failed++
+			s.outstanding--
+		}
+		s.wl.Done(s, j.req, false)
+		return
+	}
+	if j.measured {
+		s.outstanding--
+		s.ttft = append(s.ttft, (j.firstToken - j.arrive).Seconds())
+		e := (now - j.arrive).Seconds()
+		s.e2e = append(s.e2e, e)
+		if j.req.Class != "" {
+			s.classE2E[j.req.Class] = append(s.classE2E[j.req.Class], e)
+		}
+	}
+	s.wl.Done(s, j.req, true)
+}
+
+func (s *run) mark(i int) {
+	c := counters{at: s.now, tokens: s.tokens}
+	for _, r := range s.reps {
+		c.busy = append(c.busy, r.busy)
+		c.hits += r.hitTokens
+		c.queries += r.queryTokens
+		c.assigned = append(c.assigned, r.assigned)
+	}
+	s.marks[i] = c
+}
+
+// scrape publishes one replica's metrics to every client, as a /metrics
+// scrape does: the values are as of now and grow stale until the next one.
+func (s *run) scrape(r *replica) {
+	if r.up {
+		var smp telemetry.Sample
+		smp.Time = Epoch.Add(s.now)
+		smp.Set(telemetry.Running, float64(len(r.running)))
+		smp.Set(telemetry.Waiting, float64(len(r.waiting)))
+		smp.Set(telemetry.KVCacheUsage, r.kv.usage())
+		if r.scrapeQueries > 0 {
+			smp.Set(telemetry.PrefixCacheHitRate, float64(r.scrapeHits)/float64(r.scrapeQueries))
+		}
+		r.scrapeHits, r.scrapeQueries = 0, 0
+		for _, rt := range s.uniq {
+			rt.Publish(r.idx, smp)
+		}
+	}
+	if !s.stopped || s.outstanding > 0 {
+		s.after(s.cfg.Scrape, func() { s.scrape(r) })
+	}
+}
+
+func (s *run) setMembers() {
+	for _, rt := range s.uniq {
+		rt.SetMembers(s.members)
+	}
+}
+
+func (s *run) applyEvent(ev FleetEvent) {
+	r := s.reps[ev.Replica]
+	switch ev.Kind {
+	case Crash:
+		r.crash()
+		s.after(s.sc.DiscoveryDelay, func() {
+			if !r.up {
+				s.members = removeInt(s.members, r.idx)
+				s.setMembers()
+			}
+		})
+	case Restart:
+		r.restart()
+		s.members = insertInt(s.members, r.idx)
+		s.setMembers()
+	case SlowDown:
+		r.speed = r.baseSpeed() * ev.Factor
+	case Recover:
+		r.speed = r.baseSpeed()
+	case ThrottleOn:
+		r.throttle = true
+	case ThrottleOff:
+		r.throttle = false
+	default:
+		panic(fmt.Sprintf("fleetsim: unknown event kind %d", ev.Kind))
+	}
+}
+
+func removeInt(xs []int, x int) []int {
+	out := make([]int, 0, len(xs))
+	for _, v := range xs {
+		if v != x {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func insertInt(xs []int, x int) []int {
+	out := make([]int, 0, len(xs)+1)
+	done := false
+	for _, v := range xs {
+		if v == x {
+			done = true
+		}
+		if !done && v > x {
+			out = append(out, x)
+			done = true
+		}
+		out = append(out, v)
+	}
+	if !done {
+		out = append(out, x)
+	}
+	return out
+}
+
+func (s *run) loop() {
+	limit := s.cfg.Duration + s.cfg.Drain
+	for s.events.Len() > 0 {
+		ev := heap.Pop(&s.events).(event)
+		if ev.at > limit {
+			s.now = limit
+			return
+		}
+		s.now = ev.at
+		ev.fn()
+		if s.stopped && s.outstanding == 0 && s.now >= s.cfg.Duration {
+			return
+		}
+	}
+}

@@ -1,0 +1,277 @@
+package fleetsim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/cache"
+)
+
+// KeyerSeed is the affinity-key seed every simulated client shares, as a
+// fleet that wants its independent routers to agree shares one secret seed
+// (see package cache).
+const KeyerSeed = 0x1f1ee75eed
+
+var keyer = cache.NewKeyer(KeyerSeed)
+
+// prefixKey is the affinity key a client derives for a request whose
+// cache-worthy prefix is named by id (a document, a system prompt, a
+// conversation). It uses the cache package's Session key until content keys
+// over the prompt land in package cache.
+func prefixKey(id string) uint64 { return keyer.Session(id) }
+
+// Content IDs are drawn from disjoint ranges per kind so unrelated segments
+// never collide.
+func contentID(kind, a, b uint64) uint64 { return mix64(kind<<56 ^ a<<28 ^ b) }
+
+// poisson schedules arrivals with exponential gaps at rate per second until
+// the arrival window closes; each arrival calls emit.
+func poisson(s Sim, rng *rand.Rand, rate float64, emit func()) {
+	if rate <= 0 {
+		return
+	}
+	var next func()
+	next = func() {
+		if s.Stopped() {
+			return
+		}
+		emit()
+		s.After(expDuration(rng, 1/rate), next)
+	}
+	s.After(expDuration(rng, 1/rate), next)
+}
+
+func expDuration(rng *rand.Rand, mean float64) time.Duration {
+	return time.Duration(rng.ExpFloat64() * mean * float64(time.Second))
+}
+
+func uniform(rng *rand.Rand, lo, hi int) int { return lo + rng.IntN(hi-lo+1) }
+
+// SharedPrefix is llm-d's prefix-cache benchmark workload
+// (https://llm-d.ai/blog/kvcache-wins-you-can-see, generated with
+// inference-perf's shared_prefix data type): Groups groups (customers) of
+// Users users each; a group shares a long context (a document, a system
+// prompt) and each user asks a fixed question about it. Requests pick a
+// group and a user uniformly, so prompts repeat, and arrive as a Poisson
+// process.
+type SharedPrefix struct {
+	Groups, Users             int
+	Context, Question, Output int
+	Rate                      float64
+	prompts                   [][]*Prompt
+	rng                       *rand.Rand
+	answers                   uint64
+	keys                      []uint64
+}
+
+// Start implements Workload.
+func (w *SharedPrefix) Start(s Sim) {
+	w.rng = s.Rand(1)
+	w.prompts = make([][]*Prompt, w.Groups)
+	w.keys = make([]uint64, w.Groups)
+	for g := range w.Groups {
+		w.prompts[g] = make([]*Prompt, w.Users)
+		w.keys[g] = prefixKey(fmt.Sprintf("group-%d", g))
+	}
+	poisson(s, w.rng, w.Rate, func() {
+		g, u := w.rng.IntN(w.Groups), w.rng.IntN(w.Users)
+		p := w.prompts[g][u]
+		if p == nil {
+			p = NewPrompt(
+				Segment{contentID(1, uint64(g), 0), w.Context},
+				Segment{contentID(2, uint64(g), uint64(u)), w.Question})
+			w.prompts[g][u] = p
+		}
+		w.answers++
+		s.Submit(&Request{
+			Service: inferlb.ServiceLLM, Prompt: p,
+			OutputTokens: w.Output, MaxOutputTokens: w.Output,
+			AnswerID: contentID(3, w.answers, 0), AffinityKey: w.keys[g],
+		})
+	})
+}
+
+// Done implements Workload.
+func (w *SharedPrefix) Done(Sim, *Request, bool) {}
+
+// Chat is multi-turn conversations: each session opens with one of Apps
+// system prompts, then alternates user messages and answers; every turn
+// resends the whole history, so each turn's prompt extends the previous
+// turn's prompt and answer. The next turn is sent after the answer plus a
+// think time, so the load is closed-loop per session. Sessions start as a
+// Poisson process at Rate / mean turns, so Rate is in requests per second.
+type Chat struct {
+	Rate                 float64
+	Apps, System         int
+	MinTurns, MaxTurns   int
+	MinUser, MaxUser     int
+	MinAnswer, MaxAnswer int
+	Think                time.Duration
+	rng                  *rand.Rand
+	sessions             uint64
+	system               []Segment
+}
+
+type chatSession struct {
+	id         uint64
+	key        uint64
+	turn, last int
+	prompt     *Prompt
+}
+
+// Start implements Workload.
+func (w *Chat) Start(s Sim) {
+	w.rng = s.Rand(2)
+	for a := range w.Apps {
+		w.system = append(w.system, Segment{contentID(4, uint64(a), 0), w.System})
+	}
+	meanTurns := float64(w.MinTurns+w.MaxTurns) / 2
+	poisson(s, w.rng, w.Rate/meanTurns, func() {
+		w.sessions++
+		cs := &chatSession{
+			id:   w.sessions,
+			key:  prefixKey(fmt.Sprintf("conversation-%d", w.sessions)),
+			last: uniform(w.rng, w.MinTurns, w.MaxTurns),
+		}
+		cs.prompt = NewPrompt(w.system[w.rng.IntN(w.Apps)])
+		w.send(s, cs)
+	})
+}
+
+func (w *Chat) send(s Sim, cs *chatSession) {
+	cs.turn++
+	user := Segment{contentID(5, cs.id, uint64(cs.turn)), uniform(w.rng, w.MinUser, w.MaxUser)}
+	cs.prompt = cs.prompt.Extend(user)
+	out := uniform(w.rng, w.MinAnswer, w.MaxAnswer)
+	s.Submit(&Request{
+		Service: inferlb.ServiceLLM, Prompt: cs.prompt,
+		OutputTokens: out, MaxOutputTokens: w.MaxAnswer,
+		AnswerID: contentID(6, cs.id, uint64(cs.turn)), AffinityKey: cs.key,
+		session: cs,
+	})
+}
+
+// Done implements Workload: the next turn quotes this answer.
+func (w *Chat) Done(s Sim, req *Request, ok bool) {
+	cs, _ := req.session.(*chatSession)
+	if cs == nil || !ok || cs.turn >= cs.last {
+		return
+	}
+	cs.prompt = cs.prompt.Extend(Segment{req.AnswerID, req.OutputTokens})
+	s.After(expDuration(w.rng, w.Think.Seconds()), func() {
+		if !s.Stopped() {
+			w.send(s, cs)
+		}
+	})
+}
+
+// Mix is independent single-turn requests of two sizes: Heavy of them long
+// (documents to summarize, long generations), the rest short chat. Prompts
+// do not share prefixes; the client still derives a key from each prompt, as
+// it would from content, so keys are all distinct.
+type Mix struct {
+	Rate                  float64
+	Heavy                 float64 // fraction of heavy requests
+	HeavyPrompt, HeavyOut [2]int  // ranges
+	LightPrompt, LightOut [2]int
+	rng                   *rand.Rand
+	n                     uint64
+}
+
+// Start implements Workload.
+func (w *Mix) Start(s Sim) {
+	w.rng = s.Rand(3)
+	poisson(s, w.rng, w.Rate, func() {
+		w.n++
+		class, pr, out := "light", w.LightPrompt, w.LightOut
+		if w.rng.Float64() < w.Heavy {
+			class, pr, out = "heavy", w.HeavyPrompt, w.HeavyOut
+		}
+		o := uniform(w.rng, out[0], out[1])
+		s.Submit(&Request{
+			Service: inferlb.ServiceLLM, Class: class,
+			Prompt:       NewPrompt(Segment{contentID(7, w.n, 0), uniform(w.rng, pr[0], pr[1])}),
+			OutputTokens: o, MaxOutputTokens: out[1],
+			AnswerID: contentID(8, w.n, 0), AffinityKey: prefixKey(fmt.Sprintf("prompt-%d", w.n)),
+		})
+	})
+}
+
+// Done implements Workload.
+func (w *Mix) Done(Sim, *Request, bool) {}
+
+// Pooling is embedding and rerank calls: short uniform embedding inputs and
+// rerank calls that score Docs query-document pairs at once. Neither carries
+// an affinity key: there is no cache to find.
+type Pooling struct {
+	Rate           float64
+	Rerank         float64 // fraction of rerank calls
+	EmbedTokens    [2]int
+	Docs, DocToken int
+	rng            *rand.Rand
+	n              uint64
+}
+
+// Start implements Workload.
+func (w *Pooling) Start(s Sim) {
+	w.rng = s.Rand(4)
+	poisson(s, w.rng, w.Rate, func() {
+		w.n++
+		svc, class, tok := inferlb.ServiceEmbedding, "embedding", uniform(w.rng, w.EmbedTokens[0], w.EmbedTokens[1])
+		if w.rng.Float64() < w.Rerank {
+			svc, class, tok = inferlb.ServiceRerank, "rerank", w.Docs*w.DocToken
+		}
+		s.Submit(&Request{
+			Service: svc, Class: class,
+			Prompt: NewPrompt(Segment{contentID(9, w.n, 0), tok}),
+		})
+	})
+}
+
+// Done implements Workload.
+func (w *Pooling) Done(Sim, *Request, bool) {}
+
+// HotPrompt is traffic where a Hot fraction of requests carries the same
+// long system prompt (one popular application) followed by a unique user
+// message, and the rest are unrelated prompts. Affinity alone would send
+// every hot request to one replica; the load bound must spill them.
+type HotPrompt struct {
+	Rate                float64
+	Hot                 float64
+	System              int
+	User, Other, Output [2]int
+	rng                 *rand.Rand
+	n                   uint64
+	hotKey              uint64
+	sys                 Segment
+}
+
+// Start implements Workload.
+func (w *HotPrompt) Start(s Sim) {
+	w.rng = s.Rand(5)
+	w.sys = Segment{contentID(10, 0, 0), w.System}
+	w.hotKey = prefixKey("system-prompt-hot")
+	poisson(s, w.rng, w.Rate, func() {
+		w.n++
+		out := uniform(w.rng, w.Output[0], w.Output[1])
+		req := &Request{
+			Service: inferlb.ServiceLLM, OutputTokens: out, MaxOutputTokens: w.Output[1],
+			AnswerID: contentID(11, w.n, 0),
+		}
+		if w.rng.Float64() < w.Hot {
+			req.Class = "hot"
+			req.Prompt = NewPrompt(w.sys, Segment{contentID(12, w.n, 0), uniform(w.rng, w.User[0], w.User[1])})
+			req.AffinityKey = w.hotKey
+		} else {
+			req.Class = "other"
+			req.Prompt = NewPrompt(Segment{contentID(13, w.n, 0), uniform(w.rng, w.Other[0], w.Other[1])})
+			req.AffinityKey = prefixKey(fmt.Sprintf("prompt-%d", w.n))
+		}
+		s.Submit(req)
+	})
+}
+
+// Done implements Workload.
+func (w *HotPrompt) Done(Sim, *Request, bool) {}
