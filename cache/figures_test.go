@@ -1,0 +1,121 @@
+package cache
+
+import (
+	"flag"
+	"fmt"
+	"testing"
+	"time"
+)
+
+var figures = flag.Bool("figures", false, "print the placement comparison of the package doc")
+
+type ownerFunc func(key uint64) int
+
+func ringOwnerFunc(p *Placement) ownerFunc {
+	return func(k uint64) int { w := p.Walk(k); m, _ := w.Next(); return m }
+}
+
+// moved counts keys whose owner ID differs between two placements.
+func moved(a, b ownerFunc, ia, ib []Member, keys int) float64 {
+	n := 0
+	for k := range uint64(keys) {
+		key := mix64(k + 0x1234567)
+		if ia[a(key)].ID != ib[b(key)].ID {
+			n++
+		}
+	}
+	return float64(n) / float64(keys)
+}
+
+func maxOverMean(f ownerFunc, n, keys int) float64 {
+	c := make([]int, n)
+	for k := range uint64(keys) {
+		c[f(mix64(k+0xabcdef))]++
+	}
+	mx := 0
+	for _, v := range c {
+		mx = max(mx, v)
+	}
+	return float64(mx) * float64(n) / float64(keys)
+}
+
+// ringShare is the exact largest share of the ring a member owns over its
+// fair share.
+func ringShare(p *Placement) float64 {
+	share := make([]float64, p.n)
+	res := uint(64 - p.shift + subBits)
+	prev := uint64(0)
+	last := -1
+	for b := 0; b+1 < len(p.index); b++ {
+		for i := p.index[b]; i < p.index[b+1]; i++ {
+			pos := (uint64(b)<<subBits | uint64(p.points[i]>>memberBits)) << (64 - res)
+			m := int(uint16(p.points[i]))
+			share[m] += float64(pos-prev) / (1 << 64)
+			prev = pos
+			last = m
+		}
+	}
+	share[int(uint16(p.points[0]))] += float64(-prev) / (1 << 64) // wrap arc
+	_ = last
+	mx := 0.0
+	for _, s := range share {
+		mx = max(mx, s)
+	}
+	return mx * float64(p.n)
+}
+
+func TestPlacementFigures(t *testing.T) {
+	if !*figures {
+		t.Skip("run with -args -figures")
+	}
+	for _, n := range []int{8, 16, 64, 512, 4096} {
+		ms := members(n)
+		less := ms[1:]
+		more := members(n + 1)
+		keys := 100_000
+		for _, v := range []int{64, 100, 160} {
+			t0 := time.Now()
+			p := newPlacement(ms, 42, v)
+			build := time.Since(t0)
+			pl, pm := newPlacement(less, 42, v), newPlacement(more, 42, v)
+			fmt.Printf("ring V=%-3d n=%-5d build %-10v mem %7d B  share max/mean %.3f  keys max/mean %.3f  remove1 %.3f/n  add1 %.3f/(n+1)\n",
+				v, n, build.Round(time.Microsecond), 4*len(p.points)+4*len(p.index), ringShare(p), maxOverMean(ringOwnerFunc(p), n, 1000*n),
+				moved(ringOwnerFunc(p), ringOwnerFunc(pl), ms, less, keys)*float64(n),
+				moved(ringOwnerFunc(p), ringOwnerFunc(pm), ms, more, keys)*float64(n+1))
+		}
+		for _, m := range []int{65537, 262147} {
+			t0 := time.Now()
+			g := newMaglev(ms, 42, m)
+			build := time.Since(t0)
+			gl, gm := newMaglev(less, 42, m), newMaglev(more, 42, m)
+			fmt.Printf("maglev M=%-6d n=%-5d build %-10v mem %7d B  keys max/mean %.3f  remove1 %.3f/n  add1 %.3f/(n+1)\n",
+				m, n, build.Round(time.Microsecond), 2*m, maxOverMean(g.owner, n, 1000*n),
+				moved(g.owner, gl.owner, ms, less, keys)*float64(n),
+				moved(g.owner, gm.owner, ms, more, keys)*float64(n+1))
+		}
+		if n <= 512 {
+			r := newRendezvous(ms, 42)
+			rl, rm := newRendezvous(less, 42), newRendezvous(more, 42)
+			rf := func(r *rendezvous) ownerFunc {
+				return func(k uint64) int { w := r.Walk(k); m, _ := w.Next(); return m }
+			}
+			fmt.Printf("rendezvous n=%-5d keys max/mean %.3f  remove1 %.3f/n  add1 %.3f/(n+1)\n", n,
+				maxOverMean(rf(r), n, 1000*n), moved(rf(r), rf(rl), ms, less, keys)*float64(n), moved(rf(r), rf(rm), ms, more, keys)*float64(n+1))
+		}
+	}
+}
+
+func TestMprobeFigures(t *testing.T) {
+	if !*figures {
+		t.Skip("run with -args -figures")
+	}
+	for _, n := range []int{16, 512, 4096} {
+		ms := members(n)
+		less, more := ms[1:], members(n+1)
+		for _, vk := range [][2]int{{1, 21}, {4, 5}, {4, 9}, {8, 3}, {8, 5}, {16, 3}, {16, 5}} {
+			f := func(ms []Member) ownerFunc { return newMprobe(ms, 42, vk[0], vk[1]).owner }
+			fmt.Printf("mprobe V=%-2d K=%-2d n=%-5d keys max/mean %.3f  remove1 %.3f/n  add1 %.3f/(n+1)\n", vk[0], vk[1], n,
+				maxOverMean(f(ms), n, 1000*n), moved(f(ms), f(less), ms, less, 100000)*float64(n), moved(f(ms), f(more), ms, more, 100000)*float64(n+1))
+		}
+	}
+}

@@ -1,0 +1,282 @@
+package cache
+
+import (
+	"math"
+	"math/bits"
+	"slices"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+const (
+	// PointsPerWeight is how many points a member of weight 1 puts on the
+	// ring. The ownership share of a member deviates from its weight by about
+	// 1/sqrt(PointsPerWeight * weight) (one standard deviation); see the
+	// package doc for the measured balance and memory.
+	PointsPerWeight = 100
+
+	// MaxWeight caps a member's weight (and so its points), so that one
+	// misconfigured weight cannot make the ring unboundedly large. Weights
+	// below 1/PointsPerWeight still get one point.
+	MaxWeight = 64
+
+	// MaxMembers is the largest placement: member indices are packed into 16
+	// bits of each ring point. Members beyond it are never offered by Walk.
+	MaxMembers = 1 << memberBits
+
+	// DistinctOffers is how many members a Walk remembers to avoid offering
+	// one twice; see Walk.Next.
+	DistinctOffers = 16
+)
+
+const (
+	memberBits = 16
+	memberMask = 1<<memberBits - 1
+	posMask    = ^uint64(memberMask) // the high 48 bits of a point: its ring position
+	subBits    = 16                  // position bits kept per point below the bucket bits
+
+	// pointsPerBucket is the mean number of ring points per bucket of the
+	// index: a lookup reads one index entry and scans about this many
+	// contiguous 4-byte points (one cache line). Fewer would make the index,
+	// read first at a random place, too large to stay in cache.
+	pointsPerBucket = 16
+)
+
+// Member is one placement target. ID must be the same string in every
+// process that should agree (inferlb.Endpoint.Key). Weight is the relative
+// capacity; 0 (or any non-positive or non-finite value) means 1.
+type Member struct {
+	ID     string
+	Weight float64
+}
+
+// Placement maps affinity keys to members by consistent hashing on a ring
+// (Karger et al. 1997) with PointsPerWeight virtual points per unit weight,
+// and an O(1) bucket index over the sorted points.
+//
+// Where a point lands depends only on (seed, member ID, weight), never on the
+// order or number of the other members, so two processes with the same seed
+// and members place every key identically, and a membership change moves
+// only the keys of the arcs that changed hands: about 1/n of them.
+//
+// A Placement is immutable and safe for concurrent use; build a new one when
+// the members change.
+type Placement struct {
+	n      int      // members placed (at most MaxMembers)
+	salt   uint64   // mixed into keys so the seed moves every key's position
+	points []uint32 // in ring order; high 16 bits position within bucket, low 16 member index
+	index  []uint32 // bucket b: first point in bucket b or later; len = buckets+1
+	shift  uint     // 64 - log2(buckets)
+}
+
+// NewPlacement places members on a ring keyed by seed. Members are
+// identified by ID: of duplicate IDs only the first is placed, and members
+// after the first MaxMembers are not placed at all. An empty member list
+// gives a Placement whose walks offer nothing.
+func NewPlacement(members []Member, seed uint64) *Placement {
+	return newPlacement(members, seed, PointsPerWeight)
+}
+
+func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
+	n := min(len(members), MaxMembers)
+	p := &Placement{salt: mix64(seed ^ 0x243f6a8885a308d3)}
+
+	ids := make(map[string]struct{}, n)
+	hashes := make([]uint64, n) // per-member hash of (seed, ID)
+	counts := make([]int, n)    // ring points per member; 0 for duplicates
+	total := 0
+	for i, m := range members[:n] {
+		if _, dup := ids[m.ID]; dup {
+			continue
+		}
+		ids[m.ID] = struct{}{}
+		p.n++
+		counts[i] = pointsFor(m.Weight, perWeight)
+		total += counts[i]
+		var d xxhash.Digest
+		d.ResetWithSeed(seed)
+		_, _ = d.WriteString("member\x00")
+		_, _ = d.WriteString(m.ID)
+		hashes[i] = d.Sum64()
+	}
+
+	full := make([]uint64, 0, total) // 48-bit positions | member index
+	for i := range members[:n] {
+		// A member's points come from its hash of (seed, ID) alone: the same
+		// in every process, whatever the member's index.
+		for j := range counts[i] {
+			pos := mix64(hashes[i]+uint64(j)*0x9e3779b97f4a7c15) & posMask
+			full = append(full, pos|uint64(i))
+		}
+	}
+	slices.Sort(full)
+	// Equal positions (about P^2/2^49 of them: none in practice) sort by
+	// member index, which depends on member order; re-sort such runs by ID
+	// hash so the ring stays independent of order.
+	for lo := 0; lo < len(full); {
+		hi := lo + 1
+		for hi < len(full) && full[hi]&posMask == full[lo]&posMask {
+			hi++
+		}
+		if hi-lo > 1 {
+			slices.SortFunc(full[lo:hi], func(a, b uint64) int {
+				return cmpUint64(hashes[a&memberMask], hashes[b&memberMask])
+			})
+		}
+		lo = hi
+	}
+
+	// The bucket index splits the ring into a power-of-two number of equal
+	// buckets; the bucket number gives a point's high position bits, so each
+	// point keeps only the next subBits of position beside its member index,
+	// which halves the memory a lookup touches. Positions compare at
+	// log2(buckets)+subBits bits: keys closer than that to a point resolve
+	// the same way in every process with the same members.
+	buckets := 1
+	for buckets*pointsPerBucket < len(full) {
+		buckets <<= 1
+	}
+	// With one bucket the shift is 64, and Go defines x >> 64 == 0.
+	p.shift = uint(64 - bits.TrailingZeros(uint(buckets)))
+	p.index = make([]uint32, buckets+1)
+	p.points = make([]uint32, len(full))
+	b := 0
+	for i, f := range full {
+		for b < buckets && f>>p.shift >= uint64(b) {
+			p.index[b] = uint32(i)
+			b++
+		}
+		p.points[i] = uint32(f>>(p.shift-subBits))<<memberBits | uint32(f&memberMask)
+	}
+	for ; b <= buckets; b++ {
+		p.index[b] = uint32(len(full))
+	}
+	return p
+}
+
+func pointsFor(w float64, perWeight int) int {
+	if !(w > 0) || math.IsInf(w, 0) {
+		w = 1
+	}
+	w = min(w, MaxWeight)
+	return max(1, int(math.Round(w*float64(perWeight))))
+}
+
+func cmpUint64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Len returns the number of members placed.
+func (p *Placement) Len() int { return p.n }
+
+// Walk returns the key's preference order over the members: its owner
+// first, then the members that take its spills. It does not allocate.
+func (p *Placement) Walk(key uint64) Walk {
+	w := Walk{p: p}
+	if len(p.points) == 0 {
+		return w
+	}
+	k := mix64(key ^ p.salt)
+	b := k >> p.shift
+	sub := uint32(k>>(p.shift-subBits)) & memberMask
+	// Lower bound of sub in the bucket by binary search: the trip count
+	// depends only on the bucket's size, and the compiler turns the step
+	// into a conditional move, so no branch waits on the (likely uncached)
+	// points to be mispredicted.
+	i, n := p.index[b], p.index[b+1]-p.index[b]
+	for n > 1 {
+		half := n / 2
+		if p.points[i+half-1]>>memberBits < sub {
+			i += half
+		}
+		n -= half
+	}
+	if n == 1 && p.points[i]>>memberBits < sub {
+		i++
+	}
+	// Past the bucket's last point the successor is the next bucket's first
+	// point, which is the next in the array; past the last one, the first.
+	if int(i) == len(p.points) {
+		i = 0
+	}
+	w.i = int32(i)
+	w.left = int32(len(p.points))
+	return w
+}
+
+// Walk is one key's preference order over a Placement's members, consumed
+// with Next. It is a small value; copying it forks the walk.
+type Walk struct {
+	p     *Placement
+	i     int32 // next ring point to visit
+	left  int32 // ring points not yet visited
+	nseen int32
+	seen  [DistinctOffers]uint16 // members offered so far (the first DistinctOffers)
+}
+
+// Next returns the next member index (into the members slice given to
+// NewPlacement) in the key's preference order, and false when the walk is
+// over. The first member is the key's owner; the following ones are its
+// spill order, the clockwise successors on the ring, as in the bounded-load
+// algorithm of Mirrokni, Thorup and Zadimoghaddam.
+//
+// The first DistinctOffers members are distinct (so with at most that many
+// members every member is offered exactly once); after that a member may be
+// offered again. The walk ends after one turn of the ring, by which time every
+// member has been offered at least once. Next does not allocate.
+func (w *Walk) Next() (member int, ok bool) {
+	if w.left <= 0 {
+		return 0, false
+	}
+	pts := w.p.points
+	if w.nseen == 0 {
+		// The owner: nothing to skip yet.
+		m := uint16(pts[w.i])
+		w.step(len(pts))
+		w.seen[0], w.nseen = m, 1
+		return int(m), true
+	}
+	// With few members the walk remembers them all and can stop as soon as
+	// each has been offered, instead of finishing the turn.
+	for w.left > 0 && (w.p.n > DistinctOffers || int(w.nseen) < w.p.n) {
+		m := uint16(pts[w.i])
+		w.step(len(pts))
+		if slices.Contains(w.seen[:w.nseen], m) {
+			continue
+		}
+		if w.nseen < DistinctOffers {
+			w.seen[w.nseen] = m
+			w.nseen++
+		}
+		return int(m), true
+	}
+	w.left = 0
+	return 0, false
+}
+
+// step moves the walk one point clockwise.
+func (w *Walk) step(npoints int) {
+	w.i++
+	if int(w.i) == npoints {
+		w.i = 0
+	}
+	w.left--
+}
+
+// mix64 is the SplitMix64 finalizer (Steele, Lea and Flood 2014): a cheap
+// bijection whose output bits each depend on every input bit, so sequential
+// point numbers and poorly mixed caller keys still land uniformly.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
