@@ -1,0 +1,203 @@
+package modelserver
+
+import (
+	"fmt"
+	"math"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/internal/promtext"
+)
+
+// extractors maps each engine to the function that fills a Sample from its
+// metrics. Names are in index form (namespace colon replaced by '_').
+var extractors = [...]func(*extractor){
+	Unknown: func(*extractor) {},
+	VLLM: func(x *extractor) {
+		x.sum(telemetry.Running, x.all("vllm_num_requests_running"))
+		x.sum(telemetry.Waiting, x.all("vllm_num_requests_waiting"))
+		// kv_cache_usage_perc replaced gpu_cache_usage_perc (vLLM V1); both
+		// are fractions in 0..1 despite the name.
+		x.max(telemetry.KVCacheUsage, x.first("vllm_kv_cache_usage_perc", "vllm_gpu_cache_usage_perc"))
+		if !x.ratio(telemetry.PrefixCacheHitRate,
+			x.first("vllm_prefix_cache_hits_total", "vllm_prefix_cache_hits"),
+			x.first("vllm_prefix_cache_queries_total", "vllm_prefix_cache_queries")) {
+			x.max(telemetry.PrefixCacheHitRate, x.all("vllm_gpu_prefix_cache_hit_rate")) // V0's gauge
+		}
+	},
+	SGLang: func(x *extractor) {
+		x.sum(telemetry.Running, x.all("sglang_num_running_reqs"))
+		x.sum(telemetry.Waiting, x.all("sglang_num_queue_reqs"))
+		x.max(telemetry.KVCacheUsage, x.all("sglang_token_usage"))
+		x.mean(telemetry.PrefixCacheHitRate, x.all("sglang_cache_hit_rate"))
+	},
+	TensorRTLLM: func(x *extractor) {
+		x.sum(telemetry.Running, x.all("trtllm_num_requests_running"))
+		x.sum(telemetry.Waiting, x.all("trtllm_num_requests_waiting"))
+		x.max(telemetry.KVCacheUsage, x.all("trtllm_kv_cache_utilization"))
+		x.mean(telemetry.PrefixCacheHitRate, x.all("trtllm_kv_cache_hit_rate"))
+	},
+	TGI: func(x *extractor) {
+		x.sum(telemetry.Running, x.all("tgi_batch_current_size"))
+		x.sum(telemetry.Waiting, x.all("tgi_queue_size"))
+	},
+	Triton: func(x *extractor) {
+		// The TensorRT-LLM backend's gauges; other backends have none.
+		x.sum(telemetry.Running, x.where("nv_trt_llm_request_metrics", "request_type", "scheduled"))
+		if pending := x.all("nv_inference_pending_request_count"); len(pending) > 0 {
+			x.sum(telemetry.Waiting, pending)
+		} else {
+			x.sum(telemetry.Waiting, x.where("nv_trt_llm_request_metrics", "request_type", "waiting"))
+		}
+		x.max(telemetry.KVCacheUsage, x.where("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction"))
+		x.max(telemetry.GPUUtil, x.all("nv_gpu_utilization"))
+		x.max(telemetry.GPUPower, x.all("nv_gpu_power_usage"))
+		x.worstMemory(x.all("nv_gpu_memory_used_bytes"), x.all("nv_gpu_memory_total_bytes"), "gpu_uuid")
+	},
+}
+
+// extractor accumulates a Sample and counts values it had to drop.
+type extractor struct {
+	m        metrics
+	s        telemetry.Sample
+	bad      int
+	firstBad string
+}
+
+func (x *extractor) all(name string) []*dto.Metric { return x.m[name] }
+
+// first returns the series of the first name present.
+func (x *extractor) first(names ...string) []*dto.Metric {
+	for _, n := range names {
+		if ms := x.m[n]; len(ms) > 0 {
+			return ms
+		}
+	}
+	return nil
+}
+
+// where returns name's series whose label has value.
+func (x *extractor) where(name, label, value string) []*dto.Metric {
+	var out []*dto.Metric
+	for _, m := range x.m[name] {
+		if promtext.Label(m, label) == value {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// valid reports whether v is in f's range; fractions above 1 are a unit
+// mistake (a percentage), not a full cache, so they are dropped.
+func valid(f telemetry.Field, v float64) bool {
+	switch f {
+	case telemetry.KVCacheUsage, telemetry.PrefixCacheHitRate, telemetry.GPUUtil:
+		return v >= 0 && v <= 1
+	}
+	return v >= 0
+}
+
+// values returns the valid values of ms for f, counting the rest.
+func (x *extractor) values(f telemetry.Field, ms []*dto.Metric) []float64 {
+	out := make([]float64, 0, len(ms))
+	for _, m := range ms {
+		v, ok := promtext.Value(m)
+		if !ok || !valid(f, v) {
+			x.drop(f, v)
+			continue
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func (x *extractor) drop(f telemetry.Field, v float64) {
+	x.bad++
+	if x.firstBad == "" {
+		x.firstBad = fmt.Sprintf("%s=%g", f, v)
+	}
+}
+
+func (x *extractor) sum(f telemetry.Field, ms []*dto.Metric) {
+	if vs := x.values(f, ms); len(vs) > 0 {
+		total := 0.0
+		for _, v := range vs {
+			total += v
+		}
+		x.s.Set(f, total)
+	}
+}
+
+func (x *extractor) max(f telemetry.Field, ms []*dto.Metric) {
+	if vs := x.values(f, ms); len(vs) > 0 {
+		m := math.Inf(-1)
+		for _, v := range vs {
+			m = math.Max(m, v)
+		}
+		x.s.Set(f, m)
+	}
+}
+
+func (x *extractor) mean(f telemetry.Field, ms []*dto.Metric) {
+	if vs := x.values(f, ms); len(vs) > 0 {
+		total := 0.0
+		for _, v := range vs {
+			total += v
+		}
+		x.s.Set(f, total/float64(len(vs)))
+	}
+}
+
+// ratio sets f to sum(num)/sum(den) when den is positive and the result is a
+// fraction, and reports whether it did.
+func (x *extractor) ratio(f telemetry.Field, num, den []*dto.Metric) bool {
+	if len(num) == 0 || len(den) == 0 {
+		return false
+	}
+	var n, d float64
+	for _, m := range num {
+		v, _ := promtext.Value(m)
+		n += v
+	}
+	for _, m := range den {
+		v, _ := promtext.Value(m)
+		d += v
+	}
+	if d <= 0 {
+		return false // no query yet: unknown, not zero
+	}
+	if r := n / d; valid(f, r) {
+		return x.s.Set(f, r)
+	}
+	x.drop(f, n/d)
+	return false
+}
+
+// worstMemory sets GPUMemUsed and GPUMemTotal from the GPU (matched by key
+// label) with the highest used/total: the one that runs out first.
+func (x *extractor) worstMemory(used, total []*dto.Metric, key string) {
+	totals := make(map[string]float64, len(total))
+	for _, m := range total {
+		if v, ok := promtext.Value(m); ok && v > 0 {
+			totals[promtext.Label(m, key)] = v
+		}
+	}
+	worst, found := -1.0, false
+	var wu, wt float64
+	for _, m := range used {
+		u, ok := promtext.Value(m)
+		t, okT := totals[promtext.Label(m, key)]
+		if !ok || !okT || u < 0 || u > t {
+			x.drop(telemetry.GPUMemUsed, u)
+			continue
+		}
+		if r := u / t; r > worst {
+			worst, wu, wt, found = r, u, t, true
+		}
+	}
+	if found {
+		x.s.Set(telemetry.GPUMemUsed, wu)
+		x.s.Set(telemetry.GPUMemTotal, wt)
+	}
+}

@@ -1,0 +1,164 @@
+package modelserver
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/internal/promtext"
+)
+
+// Engine is an inference server, as recognized from its metric names.
+type Engine uint8
+
+// The engines ParseMetrics recognizes, in the order it checks them (a Triton
+// server running the TensorRT-LLM backend is Triton).
+const (
+	Unknown     Engine = iota
+	VLLM               // vllm:* metrics
+	SGLang             // sglang:* metrics
+	TensorRTLLM        // trtllm-serve, trtllm_* metrics
+	TGI                // Hugging Face text-generation-inference, tgi_* metrics
+	Triton             // NVIDIA Triton Inference Server, nv_* metrics
+)
+
+var engineNames = [...]string{"unknown", "vllm", "sglang", "tensorrt-llm", "tgi", "triton"}
+
+// String returns the engine's lower-case name.
+func (e Engine) String() string {
+	if int(e) < len(engineNames) {
+		return engineNames[e]
+	}
+	return fmt.Sprintf("Engine(%d)", uint8(e))
+}
+
+// ErrUnknownEngine is returned when an exposition holds no metric of a
+// known engine (a wrong URL, a sidecar's /metrics).
+var ErrUnknownEngine = errors.New("modelserver: no vLLM, SGLang, TensorRT-LLM, TGI or Triton metrics found")
+
+// Result is what Parse read from one exposition.
+type Result struct {
+	Engine Engine
+	Sample telemetry.Sample // Time is zero: the caller stamps it
+}
+
+// ParseMetrics reads a model server's Prometheus text exposition and returns
+// its load as a Sample. It is Parse without the engine.
+func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
+	res, err := Parse(r)
+	return res.Sample, err
+}
+
+// Parse reads a model server's Prometheus text exposition, detects the engine
+// from the metric names and maps its metrics to Sample fields:
+//
+//	vLLM          Running      vllm:num_requests_running
+//	              Waiting      vllm:num_requests_waiting
+//	              KVCacheUsage vllm:kv_cache_usage_perc (before V1: vllm:gpu_cache_usage_perc)
+//	              PrefixCacheHitRate  vllm:prefix_cache_hits[_total] / vllm:prefix_cache_queries[_total]
+//	                           (before V1: vllm:gpu_prefix_cache_hit_rate)
+//	SGLang        Running      sglang:num_running_reqs
+//	              Waiting      sglang:num_queue_reqs
+//	              KVCacheUsage sglang:token_usage
+//	              PrefixCacheHitRate  sglang:cache_hit_rate
+//	TensorRT-LLM  Running      trtllm_num_requests_running
+//	              Waiting      trtllm_num_requests_waiting
+//	              KVCacheUsage trtllm_kv_cache_utilization
+//	              PrefixCacheHitRate  trtllm_kv_cache_hit_rate
+//	TGI           Running      tgi_batch_current_size
+//	              Waiting      tgi_queue_size
+//	Triton        Waiting      nv_inference_pending_request_count
+//	              Running      nv_trt_llm_request_metrics{request_type="scheduled"} (TensorRT-LLM backend)
+//	              KVCacheUsage nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}
+//	              GPUUtil, GPUPower   nv_gpu_utilization, nv_gpu_power_usage (highest GPU)
+//	              GPUMemUsed, GPUMemTotal  nv_gpu_memory_used_bytes, nv_gpu_memory_total_bytes
+//	                           (the GPU with the highest used/total)
+//
+// A namespace separator may be ':' or '_' (vllm:x or vllm_x). Series of one
+// metric are aggregated across their labels (model, data-parallel engine,
+// SGLang's tp_rank/pp_rank/engine_type): request counts are summed; usage
+// takes the maximum, because the fullest rank is the one that evicts or
+// queues first; hit rates take the mean. vLLM's prefix-cache hit rate is
+// hits over queries since the server started: one scrape cannot see a recent
+// rate.
+//
+// Malformed lines are skipped and values out of range (a negative count, a
+// fraction above 1) are dropped; either makes the error wrap
+// telemetry.ErrPartial while the Result keeps what was read. An exposition
+// with no metric of a known engine returns ErrUnknownEngine; one with none of
+// the load metrics above returns an error and an empty Sample. Parse never
+// panics. Sample.Time is left zero.
+func Parse(r io.Reader) (Result, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return Result{}, fmt.Errorf("modelserver: reading exposition: %w", err)
+	}
+	return parseBytes(data)
+}
+
+func parseBytes(data []byte) (Result, error) {
+	fams, skipped, perr := promtext.Parse(data)
+	m := index(fams)
+	res := Result{Engine: detect(m)}
+	if res.Engine == Unknown {
+		if perr != nil {
+			return res, fmt.Errorf("%w (exposition malformed, %d lines skipped: %v)", ErrUnknownEngine, skipped, perr)
+		}
+		return res, ErrUnknownEngine
+	}
+	x := extractor{m: m}
+	extractors[res.Engine](&x)
+	res.Sample = x.s
+	switch {
+	case res.Sample.Empty() && perr != nil:
+		return res, fmt.Errorf("modelserver: %s exposition: no load metric readable (%d lines skipped: %v)", res.Engine, skipped, perr)
+	case res.Sample.Empty():
+		return res, fmt.Errorf("modelserver: %s exposition has none of the load metrics this package reads", res.Engine)
+	case perr != nil && x.bad > 0:
+		return res, fmt.Errorf("%w: modelserver: %s exposition malformed, read line by line (%d lines skipped: %v); %d values out of range (%s)", telemetry.ErrPartial, res.Engine, skipped, perr, x.bad, x.firstBad)
+	case perr != nil:
+		return res, fmt.Errorf("%w: modelserver: %s exposition malformed, read line by line (%d lines skipped): %v", telemetry.ErrPartial, res.Engine, skipped, perr)
+	case x.bad > 0:
+		return res, fmt.Errorf("%w: modelserver: %s exposition: %d values out of range (%s)", telemetry.ErrPartial, res.Engine, x.bad, x.firstBad)
+	}
+	return res, nil
+}
+
+// metrics indexes gauge, counter and untyped families by name, with a
+// namespace's ':' turned into '_' ("vllm:x" and "vllm_x" are one metric:
+// collectors and OpenTelemetry pipelines rewrite the colon). Histograms and
+// summaries carry no load gauge and are left out.
+type metrics map[string][]*dto.Metric
+
+func index(fams promtext.Families) metrics {
+	out := make(metrics, len(fams))
+	for name, f := range fams {
+		switch f.GetType() {
+		case dto.MetricType_GAUGE, dto.MetricType_COUNTER, dto.MetricType_UNTYPED:
+			key := strings.Replace(name, ":", "_", 1)
+			out[key] = append(out[key], f.Metric...)
+		}
+	}
+	return out
+}
+
+// detect names the engine from the first namespace found, checking engines
+// in their declared order.
+func detect(m metrics) Engine {
+	prefixes := [...]struct {
+		e Engine
+		p string
+	}{{VLLM, "vllm_"}, {SGLang, "sglang_"}, {TensorRTLLM, "trtllm_"}, {TGI, "tgi_"}, {Triton, "nv_"}}
+	for _, pr := range prefixes {
+		for name := range m {
+			if strings.HasPrefix(name, pr.p) {
+				return pr.e
+			}
+		}
+	}
+	return Unknown
+}

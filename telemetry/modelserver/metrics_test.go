@@ -1,0 +1,220 @@
+package modelserver_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/modelserver"
+)
+
+func readFile(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	require.NoError(t, err)
+	return b
+}
+
+func TestParseFixtures(t *testing.T) {
+	tests := []struct {
+		file    string
+		engine  modelserver.Engine
+		want    map[string]float64
+		partial bool
+		err     string // a non-partial error containing this
+	}{
+		{file: "vllm-design-doc-sample.txt", engine: modelserver.VLLM, want: map[string]float64{"running": 8}},
+		{
+			file:   "vllm-v1-two-engines.txt",
+			engine: modelserver.VLLM,
+			// counts summed over engines, usage the fuller engine, hit rate 2000/4000
+			want: map[string]float64{"running": 14, "waiting": 4, "kv_cache_usage": 0.87, "prefix_cache_hit_rate": 0.5},
+		},
+		{
+			file:   "vllm-older-names.txt",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 2, "waiting": 0, "kv_cache_usage": 0.125, "prefix_cache_hit_rate": 0.25},
+		},
+		{
+			file:   "sglang-docs-production-metrics-legacy.txt",
+			engine: modelserver.SGLang,
+			want:   map[string]float64{"running": 162, "waiting": 2826, "kv_cache_usage": 0.28, "prefix_cache_hit_rate": 0.007507552643049313},
+		},
+		{
+			file:   "sglang-tp-pp-ranks.txt",
+			engine: modelserver.SGLang,
+			want:   map[string]float64{"running": 22, "waiting": 5, "kv_cache_usage": 0.74, "prefix_cache_hit_rate": 0.4},
+		},
+		{
+			file:   "trtllm-serve.txt",
+			engine: modelserver.TensorRTLLM,
+			want:   map[string]float64{"running": 5, "waiting": 2, "kv_cache_usage": 0.62, "prefix_cache_hit_rate": 0.4},
+		},
+		{file: "tgi.txt", engine: modelserver.TGI, want: map[string]float64{"running": 5, "waiting": 3}},
+		{
+			file:   "triton-trtllm-backend.txt",
+			engine: modelserver.Triton,
+			want:   map[string]float64{"running": 7, "waiting": 2, "kv_cache_usage": 0.3},
+		},
+		{
+			// The doc's histogram lines parse (expfmt reads them as buckets)
+			// but carry no load gauge: recognized, nothing to route on.
+			file:   "triton-docs-metrics-examples.txt",
+			engine: modelserver.Triton,
+			err:    "modelserver: triton exposition has none of the load metrics",
+		},
+		{
+			// expfmt rejects the second HELP line and the truncated last line;
+			// the line-by-line fallback keeps every readable gauge.
+			file:   "triton-merged-truncated.txt",
+			engine: modelserver.Triton,
+			want: map[string]float64{
+				"waiting": 5, "gpu_util": 0.5, "gpu_power_w": 250.5,
+				"gpu_mem_used_bytes": 77309411328, "gpu_mem_total_bytes": 85899345920, // GPU-bbbb, the fuller one
+			},
+			partial: true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			res, err := modelserver.Parse(bytes.NewReader(readFile(t, tt.file)))
+			assert.Equal(t, tt.engine, res.Engine)
+			assert.True(t, res.Sample.Time.IsZero(), "parsers leave Time to the caller")
+			switch {
+			case tt.err != "":
+				require.Error(t, err)
+				assert.NotErrorIs(t, err, telemetry.ErrPartial)
+				assert.Contains(t, err.Error(), tt.err)
+				assert.True(t, res.Sample.Empty())
+				return
+			case tt.partial:
+				require.ErrorIs(t, err, telemetry.ErrPartial)
+				assert.Contains(t, err.Error(), "1 lines skipped")
+			default:
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tt.want, fields(res.Sample))
+			// ParseMetrics is Parse without the engine.
+			s, err2 := modelserver.ParseMetrics(bytes.NewReader(readFile(t, tt.file)))
+			assert.Equal(t, res.Sample, s)
+			assert.Equal(t, err == nil, err2 == nil)
+		})
+	}
+}
+
+func TestParseInlineCases(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		engine  modelserver.Engine
+		want    map[string]float64
+		partial bool
+		err     error
+	}{
+		{
+			name:   "underscore namespace from a rewriting collector",
+			in:     "vllm_num_requests_waiting 4\nvllm_kv_cache_usage_perc 0.5\n",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"waiting": 4, "kv_cache_usage": 0.5},
+		},
+		{
+			name:    "out-of-range values are dropped, the rest kept",
+			in:      "vllm:num_requests_waiting -3\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 87\n",
+			engine:  modelserver.VLLM,
+			want:    map[string]float64{"running": 2},
+			partial: true,
+		},
+		{
+			name:   "NaN is absent, not an error",
+			in:     "vllm:num_requests_waiting NaN\nvllm:num_requests_running 1\n",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 1},
+			// NaN fails the range check: counted as dropped.
+			partial: true,
+		},
+		{
+			name:   "no queries yet: hit rate unknown, not zero",
+			in:     "vllm:num_requests_running 1\nvllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 1},
+		},
+		{
+			name:   "engine order: vllm wins over a stray nv_ metric",
+			in:     "nv_gpu_utilization{gpu_uuid=\"x\"} 0.1\nvllm:num_requests_running 3\n",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 3},
+		},
+		{name: "unknown engine", in: "process_cpu_seconds_total 12\n", err: modelserver.ErrUnknownEngine},
+		{name: "empty body", in: "", err: modelserver.ErrUnknownEngine},
+		{name: "garbage", in: "{{{ not metrics\n\x00\xff", err: modelserver.ErrUnknownEngine},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := modelserver.Parse(strings.NewReader(tt.in))
+			assert.Equal(t, tt.engine, res.Engine)
+			switch {
+			case tt.err != nil:
+				require.ErrorIs(t, err, tt.err)
+				return
+			case tt.partial:
+				require.ErrorIs(t, err, telemetry.ErrPartial)
+			default:
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tt.want, fields(res.Sample))
+		})
+	}
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+func TestParseReadError(t *testing.T) {
+	_, err := modelserver.ParseMetrics(failingReader{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "modelserver: reading exposition: connection reset")
+}
+
+func TestEngineString(t *testing.T) {
+	assert.Equal(t, "vllm", modelserver.VLLM.String())
+	assert.Equal(t, "tensorrt-llm", modelserver.TensorRTLLM.String())
+	assert.Equal(t, "Engine(99)", modelserver.Engine(99).String())
+}
+
+func FuzzParseMetrics(f *testing.F) {
+	entries, err := os.ReadDir("testdata")
+	require.NoError(f, err)
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".txt") {
+			f.Add(readFile(f, e.Name()))
+		}
+	}
+	f.Add([]byte("vllm:num_requests_running{a=\"b\"} 1 2 3\n# TYPE x histogram\nx{le=\"+Inf\"} 1\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		res, err := modelserver.Parse(bytes.NewReader(in))
+		if err == nil && res.Sample.Empty() {
+			t.Fatal("success must carry a field")
+		}
+		if err != nil && !errors.Is(err, telemetry.ErrPartial) && !res.Sample.Empty() {
+			t.Fatalf("a failure must not return fields: %v", err)
+		}
+		for _, f := range []telemetry.Field{telemetry.KVCacheUsage, telemetry.PrefixCacheHitRate, telemetry.GPUUtil} {
+			if v, ok := res.Sample.Get(f); ok && (v < 0 || v > 1) {
+				t.Fatalf("%s = %v out of 0..1", f, v)
+			}
+		}
+		for _, f := range []telemetry.Field{telemetry.Running, telemetry.Waiting} {
+			if v, ok := res.Sample.Get(f); ok && v < 0 {
+				t.Fatalf("%s = %v negative", f, v)
+			}
+		}
+	})
+}

@@ -1,0 +1,112 @@
+package modelserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/internal/promtext"
+)
+
+// Target is one model server to scrape.
+type Target struct {
+	EndpointID string // the endpoint ID the balancer knows the server by
+	URL        string // its metrics URL, e.g. http://10.0.0.5:8000/metrics
+}
+
+// Static returns a Targets function for a fixed list.
+func Static(targets ...Target) func() []Target {
+	return func() []Target { return targets }
+}
+
+// DefaultParallelism bounds concurrent scrapes per Collect.
+const DefaultParallelism = 8
+
+// Source scrapes each target's /metrics and parses it with ParseMetrics. It
+// suits fleets small enough for every client to scrape every server; past
+// that, query a Prometheus server once instead (package promapi).
+//
+// The zero Source has no targets. Fields must not change while Collect runs.
+type Source struct {
+	// Targets lists what to scrape; it is called once per Collect so the
+	// list can follow membership.
+	Targets func() []Target
+	// Client does the requests; nil means http.DefaultClient. Collect's
+	// context bounds each round, so the client needs no timeout of its own.
+	Client *http.Client
+	// MaxBodyBytes bounds a response body; 0 means 16 MiB.
+	MaxBodyBytes int64
+	// Parallelism bounds concurrent scrapes; 0 means DefaultParallelism.
+	Parallelism int
+}
+
+var _ telemetry.Source = (*Source)(nil)
+
+// Collect scrapes every target concurrently and returns one observation per
+// target that answered with a usable exposition (partial ones included).
+// Sample times are left zero for the Poller to stamp. If some targets fail
+// the error wraps telemetry.ErrPartial and names the first failure; if all
+// fail it does not.
+func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
+	if s.Targets == nil {
+		return nil, nil
+	}
+	targets := s.Targets()
+	par := s.Parallelism
+	if par <= 0 {
+		par = DefaultParallelism
+	}
+	type result struct {
+		obs telemetry.Observation
+		ok  bool
+		err error
+	}
+	results := make([]result, len(targets))
+	sem := make(chan struct{}, par)
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			sample, err := s.scrape(ctx, t)
+			if err != nil && !errors.Is(err, telemetry.ErrPartial) {
+				results[i].err = fmt.Errorf("endpoint %q: %w", t.EndpointID, err)
+				return
+			}
+			results[i] = result{obs: telemetry.Observation{EndpointID: t.EndpointID, Sample: sample}, ok: true}
+		})
+	}
+	wg.Wait()
+	var obs []telemetry.Observation
+	var first error
+	failed := 0
+	for _, r := range results {
+		if r.ok {
+			obs = append(obs, r.obs)
+			continue
+		}
+		failed++
+		if first == nil {
+			first = r.err
+		}
+	}
+	switch {
+	case failed == 0:
+		return obs, nil
+	case len(obs) == 0:
+		return nil, fmt.Errorf("modelserver: all %d targets failed; first: %w", len(targets), first)
+	}
+	return obs, fmt.Errorf("%w: modelserver: %d of %d targets failed; first: %w", telemetry.ErrPartial, failed, len(targets), first)
+}
+
+func (s *Source) scrape(ctx context.Context, t Target) (telemetry.Sample, error) {
+	body, err := promtext.Fetch(ctx, s.Client, t.URL, s.MaxBodyBytes)
+	if err != nil {
+		return telemetry.Sample{}, fmt.Errorf("modelserver: scrape: %w", err)
+	}
+	res, err := parseBytes(body)
+	return res.Sample, err
+}

@@ -1,0 +1,96 @@
+package modelserver_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/modelserver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// serve starts a server that answers every request with status and body,
+// closed at the end of the test.
+func serve(t *testing.T, status int, body string) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		assert.Contains(t, r.Header.Get("Accept"), "text/plain")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL + "/metrics"
+}
+
+func client(t *testing.T) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+func TestSourceCollect(t *testing.T) {
+	good := serve(t, 200, string(readFile(t, "vllm-v1-two-engines.txt")))
+	partial := serve(t, 200, string(readFile(t, "triton-merged-truncated.txt")))
+	down := serve(t, 503, "overloaded")
+	notMetrics := serve(t, 200, "<html>hello</html>")
+	huge := serve(t, 200, "vllm:num_requests_running 1\n"+strings.Repeat("# padding\n", 500))
+
+	src := &modelserver.Source{
+		Client:       client(t),
+		MaxBodyBytes: 4096,
+		Parallelism:  2,
+		Targets: modelserver.Static(
+			modelserver.Target{EndpointID: "good", URL: good},
+			modelserver.Target{EndpointID: "partial", URL: partial},
+			modelserver.Target{EndpointID: "down", URL: down},
+			modelserver.Target{EndpointID: "html", URL: notMetrics},
+			modelserver.Target{EndpointID: "huge", URL: huge},
+		),
+	}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "modelserver: 3 of 5 targets failed")
+	assert.Contains(t, err.Error(), `endpoint "down"`)
+	assert.Contains(t, err.Error(), "503")
+
+	got := map[string]map[string]float64{}
+	for _, o := range obs {
+		assert.True(t, o.Sample.Time.IsZero(), "the poller stamps the time")
+		got[o.EndpointID] = fields(o.Sample)
+	}
+	assert.Equal(t, map[string]map[string]float64{
+		"good": {"running": 14, "waiting": 4, "kv_cache_usage": 0.87, "prefix_cache_hit_rate": 0.5},
+		"partial": {
+			"waiting": 5, "gpu_util": 0.5, "gpu_power_w": 250.5,
+			"gpu_mem_used_bytes": 77309411328, "gpu_mem_total_bytes": 85899345920,
+		},
+	}, got)
+}
+
+func TestSourceAllFail(t *testing.T) {
+	src := &modelserver.Source{
+		Client: client(t),
+		Targets: modelserver.Static(
+			modelserver.Target{EndpointID: "a", URL: serve(t, 500, "")},
+			modelserver.Target{EndpointID: "b", URL: "http://127.0.0.1:1/metrics"}, // nothing listens on port 1
+		),
+	}
+	obs, err := src.Collect(t.Context())
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "modelserver: all 2 targets failed")
+	assert.Empty(t, obs)
+}
+
+func TestSourceNoTargets(t *testing.T) {
+	obs, err := (&modelserver.Source{}).Collect(t.Context())
+	assert.NoError(t, err)
+	assert.Empty(t, obs)
+}
