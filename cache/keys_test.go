@@ -1,0 +1,214 @@
+package cache_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/cache"
+)
+
+const model = "llama-3.1-70b"
+
+// conversation returns the message list a client sends at each turn: the
+// history so far plus the new user message.
+func conversation(system string, users ...string) [][]cache.Message {
+	var turns [][]cache.Message
+	msgs := []cache.Message{{Role: "system", Content: system}}
+	for i, u := range users {
+		msgs = append(msgs, cache.Message{Role: "user", Content: u})
+		turns = append(turns, append([]cache.Message(nil), msgs...))
+		msgs = append(msgs, cache.Message{Role: "assistant", Content: fmt.Sprintf("answer %d to %q", i, u)})
+	}
+	return turns
+}
+
+func TestChatTurnsShareKey(t *testing.T) {
+	k := cache.NewKeyer(1)
+	for _, system := range []string{"", "You are terse.", strings.Repeat("Use the tools. ", 3000)} {
+		turns := conversation(system, "What is a KV cache?", "And prefix caching?", "Thanks", strings.Repeat("long follow-up ", 1000))
+		first := k.Chat(model, turns[0])
+		var prev []uint64
+		for i, msgs := range turns {
+			assert.Equal(t, first, k.Chat(model, msgs), "turn %d", i)
+			// Each turn's blocks extend the previous turn's: the prefix a
+			// longest-prefix index or an engine cache would reuse.
+			blocks := k.Blocks(model, msgs, nil)
+			require.GreaterOrEqual(t, len(blocks), len(prev))
+			if len(prev) > 0 {
+				assert.Equal(t, prev, blocks[:len(prev)], "turn %d", i)
+			}
+			prev = blocks
+		}
+	}
+}
+
+func TestChatSharedSystemPromptSpreads(t *testing.T) {
+	k := cache.NewKeyer(2)
+	p := cache.NewPlacement(membersN(16), k.Seed())
+	// A long application system prompt (well past Depth), as agents send.
+	system := strings.Repeat("You are a coding agent. Follow the rules. ", 500)
+	const conversations = 10_000
+	keys := map[uint64]bool{}
+	owners := make([]int, 16)
+	for i := range conversations {
+		msgs := []cache.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprintf("task %d: fix the build", i)}}
+		key := k.Chat(model, msgs)
+		keys[key] = true
+		w := p.Walk(key)
+		m, ok := w.Next()
+		require.True(t, ok)
+		owners[m]++
+	}
+	assert.Len(t, keys, conversations, "conversations sharing only a system prompt must not share keys")
+	for m, c := range owners {
+		assert.LessOrEqual(t, c, 2*conversations/16, "member %d owns %d of %d conversations", m, c, conversations)
+	}
+}
+
+func TestChatSharedLongContextSharesKey(t *testing.T) {
+	k := cache.NewKeyer(3)
+	doc := strings.Repeat("Retrieved passage about KV caches. ", 200) // 7 KB > Depth
+	ask := func(ctx, q string) uint64 {
+		return k.Chat(model, []cache.Message{
+			{Role: "system", Content: "Answer from the context."},
+			{Role: "user", Content: ctx + "\n\nQuestion: " + q},
+		})
+	}
+	// Past Depth the shared document decides the key: the questions share
+	// the document's KV cache on one owner (and its spills).
+	assert.Equal(t, ask(doc, "What is paged attention?"), ask(doc, "Who wrote vLLM?"))
+	// A short context does not: the questions are what tells them apart.
+	short := doc[:500]
+	assert.NotEqual(t, ask(short, "What is paged attention?"), ask(short, "Who wrote vLLM?"))
+	// A deeper Keyer tells the long ones apart too.
+	deep := k.WithDepth(64 << 10)
+	assert.Equal(t, 64<<10, deep.Depth())
+	a := deep.Chat(model, []cache.Message{{Role: "user", Content: doc + "Q1"}})
+	b := deep.Chat(model, []cache.Message{{Role: "user", Content: doc + "Q2"}})
+	assert.NotEqual(t, a, b)
+	assert.Equal(t, cache.DefaultDepth, k.Depth(), "WithDepth must not change the original")
+	assert.Equal(t, cache.BlockChars, k.WithDepth(1).Depth())
+	assert.Equal(t, cache.MaxKeyChars, k.WithDepth(1<<30).Depth())
+}
+
+func TestChatMessageSplitsDiffer(t *testing.T) {
+	k := cache.NewKeyer(4)
+	lists := [][]cache.Message{
+		{{Role: "system", Content: "ab"}, {Role: "user", Content: "c"}},
+		{{Role: "system", Content: "a"}, {Role: "user", Content: "bc"}},
+		{{Role: "system", Content: "abc"}, {Role: "user", Content: ""}},
+		{{Role: "systema", Content: "b"}, {Role: "user", Content: "c"}},
+		{{Role: "user", Content: "abc"}},
+		{{Role: "", Content: "abc"}},
+		{{Role: "system", Content: "abc"}},
+		{},
+	}
+	seen := map[uint64]int{}
+	for i, msgs := range lists {
+		key := k.Chat(model, msgs)
+		if j, dup := seen[key]; dup {
+			t.Errorf("lists %d and %d share key %x", j, i, key)
+		}
+		seen[key] = i
+	}
+	// Blocks see the whole rendering: long contents split differently over
+	// messages differ from the block where the split happens.
+	text := strings.Repeat("x", 3*cache.BlockChars)
+	a := k.Blocks(model, []cache.Message{{Role: "user", Content: text[:200]}, {Role: "user", Content: text[200:]}}, nil)
+	b := k.Blocks(model, []cache.Message{{Role: "user", Content: text[:201]}, {Role: "user", Content: text[201:]}}, nil)
+	require.Len(t, a, len(b))
+	assert.Equal(t, a[0], b[0], "the first block is identical text")
+	assert.NotEqual(t, a[1], b[1])
+	assert.NotEqual(t, a[len(a)-1], b[len(b)-1])
+}
+
+func TestKeysSaltedBySeedAndModel(t *testing.T) {
+	msgs := conversation("sys", "hello")[0]
+	k1, k2 := cache.NewKeyer(1), cache.NewKeyer(2)
+	assert.NotEqual(t, k1.Chat(model, msgs), k1.Chat("other-model", msgs))
+	assert.NotEqual(t, k1.Chat(model, msgs), k2.Chat(model, msgs))
+	assert.NotEqual(t, k1.Prompt(model, "p"), k1.Prompt("other-model", "p"))
+	assert.NotEqual(t, k1.Prompt(model, "p"), k2.Prompt(model, "p"))
+	assert.NotEqual(t, k1.Session("s"), k2.Session("s"))
+	assert.Equal(t, k1.Chat(model, msgs), cache.NewKeyer(1).Chat(model, msgs), "same seed, same key")
+	// A chat and a prompt with the same text are different requests.
+	assert.NotEqual(t, k1.Prompt(model, "hello"), k1.Chat(model, []cache.Message{{Content: "hello"}}))
+}
+
+func TestPromptDepth(t *testing.T) {
+	k := cache.NewKeyer(5)
+	preamble := strings.Repeat("p", cache.DefaultDepth)
+	assert.Equal(t, k.Prompt(model, preamble+"A"), k.Prompt(model, preamble+"B"), "agree on Depth chars: share a key")
+	assert.NotEqual(t, k.Prompt(model, preamble[1:]+"A"), k.Prompt(model, preamble[1:]+"B"))
+	assert.NotEqual(t, k.Prompt(model, "a"), k.Prompt(model, "b"))
+	// At a block boundary the key is the chain's block hash there, so an
+	// index over Blocks can find what a key routed on.
+	blocks := k.PromptBlocks(model, preamble+"tail", nil)
+	require.Len(t, blocks, cache.DefaultDepth/cache.BlockChars)
+	assert.Equal(t, blocks[len(blocks)-1], k.Prompt(model, preamble+"tail"))
+}
+
+func TestNewKeyerRandomSeed(t *testing.T) {
+	a, b := cache.NewKeyer(0), cache.NewKeyer(0)
+	assert.NotZero(t, a.Seed())
+	assert.NotEqual(t, a.Seed(), b.Seed())
+	assert.Equal(t, uint64(7), cache.NewKeyer(7).Seed())
+	assert.Zero(t, a.Session(""), "no session ID, no affinity")
+}
+
+func TestKeysDoNotAllocate(t *testing.T) {
+	k := cache.NewKeyer(6)
+	turns := conversation(strings.Repeat("s", 5000), "one", "two", "three")
+	msgs := turns[len(turns)-1]
+	prompt := strings.Repeat("q", 32<<10)
+	dst := make([]uint64, 0, 1024)
+	for name, f := range map[string]func(){
+		"Chat":         func() { _ = k.Chat(model, msgs) },
+		"Prompt":       func() { _ = k.Prompt(model, prompt) },
+		"Session":      func() { _ = k.Session("session-1234") },
+		"Blocks":       func() { dst = k.Blocks(model, msgs, dst[:0]) },
+		"PromptBlocks": func() { dst = k.PromptBlocks(model, prompt, dst[:0]) },
+	} {
+		assert.Zero(t, testing.AllocsPerRun(100, f), name)
+	}
+}
+
+func FuzzKeys(f *testing.F) {
+	f.Add(uint64(1), "m", "system", "hello", "user", "world", "a prompt")
+	f.Add(uint64(0), "", "", "", "", "", "")
+	f.Add(uint64(42), "model", "user", strings.Repeat("z", 5000), "assistant", "\x00\xff", "\x00")
+	f.Fuzz(func(t *testing.T, seed uint64, model, r1, c1, r2, c2, prompt string) {
+		k := cache.NewKeyer(seed)
+		msgs := []cache.Message{{Role: r1, Content: c1}, {Role: r2, Content: c2}}
+		for _, m := range [][]cache.Message{nil, msgs[:1], msgs} {
+			if k.Chat(model, m) == 0 {
+				t.Fatalf("Chat(%q, %q) = 0", model, m)
+			}
+			n := 0
+			for _, x := range m {
+				n += len(x.Content) + len(x.Role) + 16
+			}
+			if got := len(k.Blocks(model, m, nil)); got != n/cache.BlockChars {
+				t.Fatalf("Blocks: %d blocks for %d rendered bytes", got, n)
+			}
+		}
+		if k.Prompt(model, prompt) == 0 {
+			t.Fatalf("Prompt(%q, %q) = 0", model, prompt)
+		}
+		if got := len(k.PromptBlocks(model, prompt, nil)); got != len(prompt)/cache.BlockChars {
+			t.Fatalf("PromptBlocks: %d blocks for %d bytes", got, len(prompt))
+		}
+	})
+}
+
+func membersN(n int) []cache.Member {
+	ms := make([]cache.Member, n)
+	for i := range ms {
+		ms[i] = cache.Member{ID: fmt.Sprintf("vllm-%d.inference.svc:8000", i)}
+	}
+	return ms
+}

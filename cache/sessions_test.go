@@ -1,0 +1,172 @@
+package cache_test
+
+import (
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/cache"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+func newSessions(t *testing.T, opts cache.SessionOptions) (*cache.Sessions, *testutil.Clock) {
+	t.Helper()
+	clock := testutil.NewClock()
+	opts.Clock = clock
+	s, err := cache.NewSessions(opts)
+	require.NoError(t, err)
+	return s, clock
+}
+
+func TestSessionsTTL(t *testing.T) {
+	s, clock := newSessions(t, cache.SessionOptions{TTL: time.Minute})
+	k := cache.NewKeyer(1)
+	alice, bob := k.Session("alice"), k.Session("bob")
+	s.Put(alice, 7)
+	s.Put(bob, 8)
+	v, ok := s.Get(alice)
+	require.True(t, ok)
+	assert.Equal(t, uint64(7), v)
+
+	// Gets keep a session alive: the TTL is an idle timeout.
+	for range 5 {
+		clock.Advance(50 * time.Second)
+		_, ok = s.Get(alice)
+		require.True(t, ok)
+	}
+	_, ok = s.Get(bob)
+	assert.False(t, ok, "bob idled past the TTL")
+	assert.Equal(t, 1, s.Len())
+
+	clock.Advance(time.Minute)
+	_, ok = s.Get(alice)
+	assert.False(t, ok)
+	assert.Zero(t, s.Len())
+
+	s.Put(alice, 9)
+	v, ok = s.Get(alice)
+	assert.True(t, ok)
+	assert.Equal(t, uint64(9), v)
+	s.Put(alice, 10)
+	v, _ = s.Get(alice)
+	assert.Equal(t, uint64(10), v, "Put replaces")
+	assert.Equal(t, 1, s.Len())
+	s.Delete(alice)
+	_, ok = s.Get(alice)
+	assert.False(t, ok)
+	s.Delete(alice) // deleting twice is fine
+
+	s.Put(0, 1)
+	_, ok = s.Get(0)
+	assert.False(t, ok, "key 0 means no session")
+	assert.Zero(t, s.Len())
+}
+
+func TestSessionsEvictLeastRecentlyUsed(t *testing.T) {
+	// Eight entries is one set, so eviction order is plain LRU.
+	s, clock := newSessions(t, cache.SessionOptions{MaxEntries: 8, TTL: time.Minute})
+	require.Equal(t, 8, s.Cap())
+	for k := uint64(1); k <= 8; k++ {
+		s.Put(k, k*10)
+		clock.Advance(time.Second)
+	}
+	// Recency has a resolution of TTL/8: a Get refreshes an entry only when
+	// that moves its expiry by more than that.
+	clock.Advance(15 * time.Second)
+	_, ok := s.Get(1) // 1 becomes the most recently used; 2 is now the LRU
+	require.True(t, ok)
+	s.Put(9, 90)
+	_, ok = s.Get(2)
+	assert.False(t, ok, "the least recently used entry was evicted")
+	for _, k := range []uint64{1, 3, 4, 5, 6, 7, 8, 9} {
+		v, ok := s.Get(k)
+		assert.True(t, ok, "key %d", k)
+		assert.Equal(t, k*10, v)
+	}
+	assert.Equal(t, 8, s.Len())
+
+	// A freed slot is reused before any live entry is evicted.
+	s.Delete(5)
+	s.Put(10, 100)
+	_, ok = s.Get(6)
+	assert.True(t, ok)
+}
+
+func TestSessionsBounded(t *testing.T) {
+	s, _ := newSessions(t, cache.SessionOptions{})
+	assert.Equal(t, cache.DefaultMaxSessions, s.Cap())
+	assert.Equal(t, cache.DefaultMaxSessionBytes, s.Cap()*cache.SessionEntryBytes)
+	k := cache.NewKeyer(3)
+	for i := range 4 * cache.DefaultMaxSessions {
+		s.Put(k.Session("id-"+strconv.Itoa(i)), uint64(i))
+	}
+	assert.LessOrEqual(t, s.Len(), s.Cap())
+	assert.Greater(t, s.Len(), s.Cap()*9/10, "a flood fills the table, it does not grow it")
+
+	for _, tc := range []struct {
+		opts cache.SessionOptions
+		cap  int
+	}{
+		{cache.SessionOptions{MaxEntries: 1000}, 512},
+		{cache.SessionOptions{MaxBytes: 64 << 10}, 2048},
+		{cache.SessionOptions{MaxEntries: 1 << 20, MaxBytes: 1 << 20}, 1 << 15},
+		{cache.SessionOptions{MaxEntries: 1}, 8},
+	} {
+		s, err := cache.NewSessions(tc.opts)
+		require.NoError(t, err)
+		assert.Equal(t, tc.cap, s.Cap(), "%+v", tc.opts)
+	}
+}
+
+func TestSessionOptionsValidate(t *testing.T) {
+	for _, opts := range []cache.SessionOptions{{MaxEntries: -1}, {MaxBytes: -1}, {TTL: -time.Second}} {
+		_, err := cache.NewSessions(opts)
+		assert.ErrorIs(t, err, cache.ErrSessionOptions, "%+v", opts)
+	}
+}
+
+func TestSessionsConcurrent(t *testing.T) {
+	// Every value stored for key k is k*3+1, so a torn read (key of one
+	// entry, value of another) would show.
+	s, clock := newSessions(t, cache.SessionOptions{MaxEntries: 64})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 20_000 {
+				k := uint64(i%200 + 1)
+				switch (i + g) % 4 {
+				case 0:
+					s.Put(k, k*3+1)
+				case 1:
+					s.Delete(k)
+				default:
+					if v, ok := s.Get(k); ok && v != k*3+1 {
+						t.Errorf("key %d: value %d", k, v)
+						return
+					}
+				}
+				if i%5000 == 0 {
+					clock.Advance(time.Second)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.LessOrEqual(t, s.Len(), s.Cap())
+}
+
+func TestSessionsDoNotAllocate(t *testing.T) {
+	s, _ := newSessions(t, cache.SessionOptions{})
+	k := uint64(1)
+	allocs := testing.AllocsPerRun(1000, func() {
+		k++
+		s.Put(k, k)
+		_, _ = s.Get(k)
+		_, _ = s.Get(k + 1<<40)
+	})
+	assert.Zero(t, allocs)
+}
