@@ -315,6 +315,15 @@ func (o *oracle) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	return best, noop, nil
 }
 
+// queued is the mean number of requests waiting per replica.
+func (o *oracle) queued() float64 {
+	n := 0
+	for _, r := range o.run.reps {
+		n += len(r.waiting)
+	}
+	return float64(n) / float64(len(o.run.reps))
+}
+
 func (o *oracle) cost(r *replica, req *Request) float64 {
 	p := r.p
 	hit := 0
@@ -345,6 +354,9 @@ func (o *oracle) cost(r *replica, req *Request) float64 {
 		kvWait = 4 * float64(deficit*BlockSize) * p.PerPrefillToken.Seconds()
 	}
 	ttft := r.speed * (prefill + decode + kvWait)
-	// The miss is also work taken from the fleet's shared capacity.
-	return ttft + r.speed*float64(miss)*p.PerPrefillToken.Seconds()
+	// The miss is also work taken from the fleet's shared capacity, which
+	// every queued request pays for: the longer the fleet's queues, the
+	// dearer a miss, so under overload the oracle keeps prefixes together
+	// rather than levelling queues by scattering them.
+	return ttft + r.speed*float64(miss)*p.PerPrefillToken.Seconds()*(1+o.queued())
 }

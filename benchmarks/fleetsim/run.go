@@ -116,7 +116,9 @@ type Result struct {
 	Unfinished int `json:"unfinished"`
 	Retries    int `json:"retries"`
 
-	Throughput float64 `json:"throughput_tok_s"` // output tokens/s in the window
+	// Throughput is output tokens per second in the measurement window
+	// (input tokens for embedding and rerank calls, which produce none).
+	Throughput float64 `json:"throughput_tok_s"`
 	TTFTP50    float64 `json:"ttft_p50_s"`
 	TTFTP90    float64 `json:"ttft_p90_s"`
 	TTFTP99    float64 `json:"ttft_p99_s"`
@@ -287,10 +289,10 @@ func mapsKeys[V any](m map[string]V) func(func(string) bool) {
 	}
 }
 
-// pct is the nearest-rank percentile of sorted xs.
+// pct is the nearest-rank percentile of sorted xs, 0 for none (JSON has no NaN).
 func pct(xs []float64, p float64) float64 {
 	if len(xs) == 0 {
-		return math.NaN()
+		return 0
 	}
 	k := int(math.Ceil(p/100*float64(len(xs)))) - 1
 	return xs[min(max(k, 0), len(xs)-1)]
@@ -318,7 +320,7 @@ func (h *histogram) add(d time.Duration) {
 // quantile returns the upper edge of the bucket holding quantile q, in seconds.
 func (h *histogram) quantile(q float64) float64 {
 	if h.n == 0 {
-		return math.NaN()
+		return 0 // no decoding (pooling calls): not applicable
 	}
 	want := int64(math.Ceil(q * float64(h.n)))
 	var acc int64

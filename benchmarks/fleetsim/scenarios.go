@@ -129,9 +129,9 @@ func EmbeddingScenario() *Scenario {
 		Workload: func(rate float64) Workload {
 			return &Pooling{Rate: rate, Rerank: 0.2, EmbedTokens: [2]int{64, 512}, Docs: 20, DocToken: 150}
 		},
-		Rates:    []float64{100, 200, 300, 400, 500},
+		Rates:    []float64{100, 200, 300, 350, 400},
 		RateUnit: "req/s",
-		Headline: 400,
+		Headline: 300,
 		Warmup:   10 * time.Second, Duration: 70 * time.Second, Drain: 60 * time.Second,
 		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
 		Policies: []Policy{

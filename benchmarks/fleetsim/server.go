@@ -321,7 +321,11 @@ func (r *replica) stepDone(gen uint64) {
 			r.sim.itl.add(now - s.lastToken)
 		}
 		s.lastToken = now
-		r.sim.tokenOut(now)
+		if j.req.OutputTokens == 0 {
+			r.sim.tokens += int64(s.prompt.Tokens) // pooling: the work is the input
+		} else {
+			r.sim.tokens++
+		}
 		if s.generated >= max(j.req.OutputTokens, 1) {
 			r.kv.release(s.blocks)
 			s.blocks = nil

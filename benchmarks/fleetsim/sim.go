@@ -109,7 +109,7 @@ type run struct {
 	itl         histogram
 	ttft, e2e   []float64
 	classE2E    map[string][]float64 // keyed by class; read in sorted key order
-	tokens      int64                // output tokens produced
+	tokens      int64                // output tokens produced (input tokens for pooling calls)
 	failed      int
 	retries     int
 	requests    int
@@ -132,8 +132,6 @@ func (s *run) at(t time.Duration, fn func()) {
 	s.seq++
 	heap.Push(&s.events, event{at: t, seq: s.seq, fn: fn})
 }
-
-func (s *run) tokenOut(time.Duration) { s.tokens++ }
 
 func (s *run) inWindow() bool { return s.now >= s.cfg.Warmup && s.now < s.cfg.Duration }
 

@@ -1,26 +1,11 @@
 package fleetsim
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"time"
 
 	"github.com/inferlb/inferlb"
-	"github.com/inferlb/inferlb/cache"
 )
-
-// KeyerSeed is the affinity-key seed every simulated client shares, as a
-// fleet that wants its independent routers to agree shares one secret seed
-// (see package cache).
-const KeyerSeed = 0x1f1ee75eed
-
-var keyer = cache.NewKeyer(KeyerSeed)
-
-// prefixKey is the affinity key a client derives for a request whose
-// cache-worthy prefix is named by id (a document, a system prompt, a
-// conversation). It uses the cache package's Session key until content keys
-// over the prompt land in package cache.
-func prefixKey(id string) uint64 { return keyer.Session(id) }
 
 // Content IDs are drawn from disjoint ranges per kind so unrelated segments
 // never collide.
@@ -73,25 +58,29 @@ func (w *SharedPrefix) Start(s Sim) {
 	w.keys = make([]uint64, w.Groups)
 	for g := range w.Groups {
 		w.prompts[g] = make([]*Prompt, w.Users)
-		w.keys[g] = prefixKey(fmt.Sprintf("group-%d", g))
+		// Sent as one plain prompt, context first: the key covers the
+		// start of the shared context, so a group shares one key.
+		w.keys[g] = promptKey(w.context(g))
 	}
 	poisson(s, w.rng, w.Rate, func() {
 		g, u := w.rng.IntN(w.Groups), w.rng.IntN(w.Users)
 		p := w.prompts[g][u]
 		if p == nil {
 			p = NewPrompt(
-				Segment{contentID(1, uint64(g), 0), w.Context},
+				w.context(g),
 				Segment{contentID(2, uint64(g), uint64(u)), w.Question})
 			w.prompts[g][u] = p
 		}
 		w.answers++
 		s.Submit(&Request{
-			Service: inferlb.ServiceLLM, Prompt: p,
+			Service: inferlb.ServiceLLM, Model: Model, Prompt: p,
 			OutputTokens: w.Output, MaxOutputTokens: w.Output,
 			AnswerID: contentID(3, w.answers, 0), AffinityKey: w.keys[g],
 		})
 	})
 }
+
+func (w *SharedPrefix) context(g int) Segment { return Segment{contentID(1, uint64(g), 0), w.Context} }
 
 // Done implements Workload.
 func (w *SharedPrefix) Done(Sim, *Request, bool) {}
@@ -132,7 +121,6 @@ func (w *Chat) Start(s Sim) {
 		w.sessions++
 		cs := &chatSession{
 			id:   w.sessions,
-			key:  prefixKey(fmt.Sprintf("conversation-%d", w.sessions)),
 			last: uniform(w.rng, w.MinTurns, w.MaxTurns),
 		}
 		cs.prompt = NewPrompt(w.system[w.rng.IntN(w.Apps)])
@@ -143,10 +131,13 @@ func (w *Chat) Start(s Sim) {
 func (w *Chat) send(s Sim, cs *chatSession) {
 	cs.turn++
 	user := Segment{contentID(5, cs.id, uint64(cs.turn)), uniform(w.rng, w.MinUser, w.MaxUser)}
+	if cs.turn == 1 {
+		cs.key = chatKey(cs.prompt.Segments[0], user)
+	}
 	cs.prompt = cs.prompt.Extend(user)
 	out := uniform(w.rng, w.MinAnswer, w.MaxAnswer)
 	s.Submit(&Request{
-		Service: inferlb.ServiceLLM, Prompt: cs.prompt,
+		Service: inferlb.ServiceLLM, Model: Model, Prompt: cs.prompt,
 		OutputTokens: out, MaxOutputTokens: w.MaxAnswer,
 		AnswerID: contentID(6, cs.id, uint64(cs.turn)), AffinityKey: cs.key,
 		session: cs,
@@ -190,11 +181,11 @@ func (w *Mix) Start(s Sim) {
 			class, pr, out = "heavy", w.HeavyPrompt, w.HeavyOut
 		}
 		o := uniform(w.rng, out[0], out[1])
+		seg := Segment{contentID(7, w.n, 0), uniform(w.rng, pr[0], pr[1])}
 		s.Submit(&Request{
-			Service: inferlb.ServiceLLM, Class: class,
-			Prompt:       NewPrompt(Segment{contentID(7, w.n, 0), uniform(w.rng, pr[0], pr[1])}),
-			OutputTokens: o, MaxOutputTokens: out[1],
-			AnswerID: contentID(8, w.n, 0), AffinityKey: prefixKey(fmt.Sprintf("prompt-%d", w.n)),
+			Service: inferlb.ServiceLLM, Model: Model, Class: class,
+			Prompt: NewPrompt(seg), OutputTokens: o, MaxOutputTokens: out[1],
+			AnswerID: contentID(8, w.n, 0), AffinityKey: promptKey(seg),
 		})
 	})
 }
@@ -235,8 +226,10 @@ func (w *Pooling) Done(Sim, *Request, bool) {}
 
 // HotPrompt is traffic where a Hot fraction of requests carries the same
 // long system prompt (one popular application) followed by a unique user
-// message, and the rest are unrelated prompts. Affinity alone would send
-// every hot request to one replica; the load bound must spill them.
+// message, and the rest are unrelated prompts. The requests are plain
+// prompts (completions API), whose key covers only the first Depth
+// characters, so every hot request has the same key: affinity alone would
+// send half the traffic to one replica, and the load bound must spill it.
 type HotPrompt struct {
 	Rate                float64
 	Hot                 float64
@@ -252,12 +245,12 @@ type HotPrompt struct {
 func (w *HotPrompt) Start(s Sim) {
 	w.rng = s.Rand(5)
 	w.sys = Segment{contentID(10, 0, 0), w.System}
-	w.hotKey = prefixKey("system-prompt-hot")
+	w.hotKey = promptKey(w.sys)
 	poisson(s, w.rng, w.Rate, func() {
 		w.n++
 		out := uniform(w.rng, w.Output[0], w.Output[1])
 		req := &Request{
-			Service: inferlb.ServiceLLM, OutputTokens: out, MaxOutputTokens: w.Output[1],
+			Service: inferlb.ServiceLLM, Model: Model, OutputTokens: out, MaxOutputTokens: w.Output[1],
 			AnswerID: contentID(11, w.n, 0),
 		}
 		if w.rng.Float64() < w.Hot {
@@ -266,8 +259,9 @@ func (w *HotPrompt) Start(s Sim) {
 			req.AffinityKey = w.hotKey
 		} else {
 			req.Class = "other"
-			req.Prompt = NewPrompt(Segment{contentID(13, w.n, 0), uniform(w.rng, w.Other[0], w.Other[1])})
-			req.AffinityKey = prefixKey(fmt.Sprintf("prompt-%d", w.n))
+			seg := Segment{contentID(13, w.n, 0), uniform(w.rng, w.Other[0], w.Other[1])}
+			req.Prompt = NewPrompt(seg)
+			req.AffinityKey = promptKey(seg)
 		}
 		s.Submit(req)
 	})

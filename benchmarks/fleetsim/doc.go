@@ -1,0 +1,73 @@
+// Package fleetsim is a deterministic discrete-event simulator of a GPU
+// inference fleet that compares routing policies, with inferlb's real
+// balancer.Balancer among them, on the same seeded workload.
+//
+// # Why a simulator, and what keeps it honest
+//
+// Routing quality is a property of a fleet under load, not of one call; a
+// simulator lets anyone rerun the comparison in seconds without GPUs. Three
+// rules keep it from flattering inferlb:
+//
+//   - inferlb policies are the library's own Balancer (balancer.New, Update,
+//     Pick, Pick.Done, Publish), fed a virtual Clock and a seeded PCG source;
+//     nothing of it is re-implemented here. Variants with parts switched off
+//     differ only in balancer.Options and in what the client feeds the
+//     balancer (affinity keys, telemetry).
+//   - Affinity keys come from request content through package cache, as a
+//     real client computes them; the server's prefix cache is computed
+//     independently from the same synthetic tokens.
+//   - The oracle, an omniscient router that reads every replica's cache and
+//     queue at the instant of each pick, bounds what any router could do.
+//
+// # Server model (after vLLM V1)
+//
+// Each replica runs continuous batching: a FIFO waiting queue and a running
+// batch of at most MaxNumSeqs sequences. Every engine step spends a token
+// budget (MaxBatchedTokens) on the running sequences first, one token per
+// decode and a chunk per unfinished prefill (chunked prefill), then admits
+// waiting sequences while the batch, the budget and the KV cache allow. A
+// step takes
+//
+//	speed x (StepFixed + PerPrefillToken x prefill tokens
+//	         + PerDecodeSeq x decoding sequences + PerKVToken x context tokens read)
+//
+// so long prefills stall the decodes batched with them, as in vLLM.
+//
+// The KV cache holds KVTokens/16 blocks of 16 tokens (vLLM's default block
+// size). Full blocks are identified by chained hashes (parent hash + the
+// block's tokens), registered as soon as they are computed, kept after their
+// sequence finishes and evicted least recently freed first; a new sequence
+// reuses the longest cached chain of its prompt (automatic prefix caching,
+// https://docs.vllm.ai/en/latest/design/prefix_caching.html). Answers are
+// cached too, so the next turn of a conversation hits the previous answer.
+// When a running sequence needs a block and none is free, the most recently
+// admitted sequence is preempted and recomputed later (vLLM V1's policy).
+//
+// LLMServer and EmbeddingServer document every parameter and its source; in
+// short, one LLM replica is a 32B model on two H100s: ~20,000 prefill
+// tokens/s and 300,000 KV tokens (llm-d's figures for its benchmark fleet,
+// https://llm-d.ai/blog/kvcache-wins-you-can-see), 256 sequences, 8,192
+// tokens per step (vLLM defaults).
+//
+// # Clients, telemetry and incidents
+//
+// Each request is sent by one of Clients independent client processes
+// (chosen at random per request), each with its own Router and no shared
+// state; the oracle alone is shared. Replicas publish Running, Waiting,
+// KVCacheUsage and PrefixCacheHitRate every Scrape interval (phased per
+// replica), so the balancer sees telemetry as stale as a real scrape.
+// Scenarios can script crashes (in-flight calls fail, the cache is lost,
+// service discovery drops the replica after DiscoveryDelay), slow-downs and
+// 429 load shedding; a failed call is retried once when the router allows.
+//
+// # Measurement
+//
+// Requests that arrive in [Warmup, Duration) are measured. After Duration
+// no new requests arrive and the run drains for at most Drain; calls still
+// unfinished then are counted with their latency so far, so a policy cannot
+// look good by leaving a backlog. Throughput counts tokens produced inside
+// the window. The inter-token latency distribution is over every token gap
+// (a 1%-resolution log histogram), including stalls from prefill chunks and
+// preemption. Everything runs on one goroutine in virtual time with seeded
+// generators and ordered iteration, so the same seed gives the same Result.
+package fleetsim

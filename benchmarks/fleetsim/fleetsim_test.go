@@ -1,0 +1,103 @@
+package fleetsim_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/benchmarks/fleetsim"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// smallSharedPrefix is the shared-prefix scenario cut to run in about a
+// second (several under -race): 4 replicas, 60 groups whose contexts
+// (360k tokens) exceed one replica's cache, shorter answers.
+func smallSharedPrefix() *fleetsim.Scenario {
+	sc := fleetsim.SharedPrefixScenario()
+	sc.Fleet = sc.Fleet[:4]
+	sc.Workload = func(rate float64) fleetsim.Workload {
+		return &fleetsim.SharedPrefix{Groups: 60, Users: 5, Context: 6000, Question: 1200, Output: 200, Rate: rate}
+	}
+	sc.Headline = 24
+	sc.Warmup, sc.Duration, sc.Drain = 30*time.Second, 90*time.Second, 60*time.Second
+	return sc
+}
+
+func smallEmbedding() *fleetsim.Scenario {
+	sc := fleetsim.EmbeddingScenario()
+	sc.Warmup, sc.Duration, sc.Drain = 5*time.Second, 25*time.Second, 30*time.Second
+	return sc
+}
+
+func runAt(sc *fleetsim.Scenario, p fleetsim.Policy, clients int, seed uint64) fleetsim.Result {
+	return fleetsim.Run(sc, p, fleetsim.RunConfig{
+		Rate: sc.Headline, Clients: clients, Seed: seed,
+		Warmup: sc.Warmup, Duration: sc.Duration, Drain: sc.Drain, Scrape: sc.Scrape,
+	})
+}
+
+func TestSameSeedSameResult(t *testing.T) {
+	sc := smallSharedPrefix()
+	sc.Warmup, sc.Duration, sc.Drain = 10*time.Second, 40*time.Second, 20*time.Second
+	for _, p := range []fleetsim.Policy{fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), fleetsim.Oracle()} {
+		a := runAt(sc, p, 3, 7)
+		b := runAt(sc, p, 3, 7)
+		assert.Equal(t, a, b, "%s: same seed, same result", p.Name)
+		assert.Positive(t, a.Completed, p.Name)
+	}
+	c := runAt(sc, fleetsim.RoundRobin(), 3, 8)
+	assert.NotEqual(t, runAt(sc, fleetsim.RoundRobin(), 3, 7), c, "the seed matters")
+}
+
+// balancerHasAffinity reports whether the Balancer keeps requests with one
+// affinity key on one endpoint; the shared-prefix assertions need it.
+func balancerHasAffinity() bool {
+	b := balancer.New(balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(1)})
+	var eps []inferlb.Endpoint
+	for _, id := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+		eps = append(eps, inferlb.Endpoint{ID: id})
+	}
+	_ = b.Update(eps)
+	first := ""
+	for range 32 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 12345})
+		if err != nil {
+			return false
+		}
+		id := p.ID()
+		p.Done(inferlb.Outcome{})
+		if first == "" {
+			first = id
+		} else if id != first {
+			return false
+		}
+	}
+	return true
+}
+
+func TestInferLBBeatsRoundRobinOnSharedPrefixes(t *testing.T) {
+	if !balancerHasAffinity() {
+		t.Skip("the Balancer does not route by AffinityKey yet")
+	}
+	sc := smallSharedPrefix()
+	rr := runAt(sc, fleetsim.RoundRobin(), 1, 1)
+	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
+	t.Logf("round-robin: %.0f tok/s, p90 TTFT %.2fs, hit %.2f", rr.Throughput, rr.TTFTP90, rr.CacheHit)
+	t.Logf("inferlb:     %.0f tok/s, p90 TTFT %.2fs, hit %.2f", lb.Throughput, lb.TTFTP90, lb.CacheHit)
+	assert.Greater(t, lb.CacheHit, rr.CacheHit+0.3, "affinity keeps shared contexts cached")
+	assert.Greater(t, lb.Throughput, 1.3*rr.Throughput)
+	assert.Less(t, lb.TTFTP90, rr.TTFTP90/5)
+}
+
+func TestInferLBAvoidsASlowEmbeddingReplica(t *testing.T) {
+	sc := smallEmbedding()
+	rr := runAt(sc, fleetsim.RoundRobin(), 1, 1)
+	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
+	t.Logf("p99 latency: round-robin %.3fs, inferlb %.3fs", rr.E2EP99, lb.E2EP99)
+	require.Positive(t, lb.Completed)
+	assert.Less(t, lb.E2EP99, rr.E2EP99/2, "peak-EWMA latency steers around the 3x slower replica")
+}

@@ -1,0 +1,79 @@
+package fleetsim
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestPromptsSharingAPrefixShareBlockHashes(t *testing.T) {
+	ctx := Segment{ID: 1, Tokens: 100}
+	a := NewPrompt(ctx, Segment{ID: 2, Tokens: 50})
+	b := NewPrompt(ctx, Segment{ID: 3, Tokens: 50})
+	require.Len(t, a.Hashes, 150/BlockSize)
+	assert.Equal(t, a.Hashes[:100/BlockSize], b.Hashes[:100/BlockSize], "blocks inside the shared context")
+	assert.NotEqual(t, a.Hashes[100/BlockSize], b.Hashes[100/BlockSize], "the block that straddles into the question")
+	assert.Equal(t, a.Hashes, a.Extend().Hashes)
+	// Same tokens in a different position hash differently: hashes are chained.
+	c := NewPrompt(Segment{ID: 2, Tokens: 50})
+	assert.NotEqual(t, c.Hashes[0], a.Hashes[100/BlockSize])
+}
+
+func TestBlockPoolCachesAndEvictsLeastRecentlyFreed(t *testing.T) {
+	p := newBlockPool(4)
+	h := []uint64{11, 13, 15}
+	tab, ok := p.alloc(3, nil)
+	require.True(t, ok)
+	for i, b := range tab {
+		p.register(b, h[i])
+	}
+	assert.InDelta(t, 0.75, p.usage(), 1e-9)
+	hit, idle := p.lookup(h)
+	assert.Equal(t, 3, hit)
+	assert.Equal(t, 0, idle, "all referenced")
+	p.release(tab)
+	assert.Equal(t, 0.0, p.usage(), "cached blocks count as free, as in vLLM")
+	hit, idle = p.lookup(h)
+	assert.Equal(t, 3, hit, "freed blocks stay cached")
+	assert.Equal(t, 3, idle)
+
+	// Two new blocks: the never-used block goes first, then the prompt's
+	// tail (freed first), so the head of the prefix survives.
+	_, ok = p.alloc(2, nil)
+	require.True(t, ok)
+	hit, _ = p.lookup(h)
+	assert.Equal(t, 2, hit)
+	_, ok = p.alloc(3, nil)
+	assert.False(t, ok, "only two blocks left")
+
+	// Touching a cached block takes it off the free queue.
+	p2 := newBlockPool(2)
+	tab, _ = p2.alloc(1, nil)
+	p2.register(tab[0], 7)
+	p2.release(tab)
+	tab = p2.touch([]uint64{7}, 1, nil)
+	assert.Equal(t, 1, p2.nFree)
+	_, ok = p2.alloc(2, nil)
+	assert.False(t, ok)
+	p2.release(tab)
+}
+
+func TestHashTableDeleteKeepsProbeRuns(t *testing.T) {
+	tb := newHashTable(8)
+	// Keys with the same home slot form one probe run.
+	keys := []uint64{1 << 40, 2 << 40, 3 << 40, 4 << 40}
+	for i, k := range keys {
+		tb.put(k|1, int32(i))
+	}
+	tb.del(keys[1] | 1)
+	for i, k := range keys {
+		v, ok := tb.get(k | 1)
+		if i == 1 {
+			assert.False(t, ok)
+			continue
+		}
+		assert.True(t, ok)
+		assert.Equal(t, int32(i), v)
+	}
+}
