@@ -1,0 +1,259 @@
+// Package dcgm reads NVIDIA GPU telemetry from dcgm-exporter's Prometheus
+// endpoint (default :9400/metrics) and maps GPUs to the endpoints they serve.
+//
+// ParseMetrics turns one exposition into a GPU record per GPU (per MIG
+// instance, per attributed container). A Mapping says which endpoint IDs a
+// GPU serves: by host name (ByHost), by Kubernetes pod (ByPod) or by any
+// function. Aggregate folds GPUs into one Sample per endpoint, taking the
+// worst GPU: an endpoint whose model spans several GPUs runs out of memory
+// when its fullest GPU does, so GPUMemUsed and GPUMemTotal come from the GPU
+// with the highest memory pressure, and utilization, temperature and power
+// are the highest among its GPUs. Source scrapes exporters and does both.
+//
+// dcgm-exporter has no total-memory metric: total is FB_FREE + FB_USED +
+// FB_RESERVED (MiB). GPUMemUsed is total - FB_FREE (used plus reserved:
+// whatever a new allocation cannot have).
+package dcgm
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/internal/promtext"
+)
+
+// Metric names one dcgm-exporter gauge a GPU record carries.
+type Metric uint8
+
+// The gauges read, with their dcgm-exporter names.
+const (
+	FBUsed     Metric = iota // DCGM_FI_DEV_FB_USED, MiB
+	FBFree                   // DCGM_FI_DEV_FB_FREE, MiB
+	FBReserved               // DCGM_FI_DEV_FB_RESERVED, MiB
+	Util                     // DCGM_FI_DEV_GPU_UTIL (%), or DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio) on MIG
+	Temp                     // DCGM_FI_DEV_GPU_TEMP, °C
+	Power                    // DCGM_FI_DEV_POWER_USAGE, W
+	XIDErrors                // DCGM_FI_DEV_XID_ERRORS, the last XID error code (0: none)
+)
+
+// MetricSet is a set of Metrics.
+type MetricSet uint16
+
+// Has reports whether m is in the set.
+func (s MetricSet) Has(m Metric) bool { return s&(1<<m) != 0 }
+
+// GPU is one GPU (or MIG instance) as dcgm-exporter reports it.
+type GPU struct {
+	UUID        string // UUID label (uuid with --use-old-namespace)
+	Index       int    // gpu label; -1 if absent
+	Device      string // device label, e.g. nvidia0
+	PCIBusID    string
+	ModelName   string // modelName label, e.g. "NVIDIA H100 80GB HBM3"
+	Host        string // Hostname label (hostname in newer exporters)
+	MIGProfile  string // GPU_I_PROFILE, e.g. "1g.10gb"; empty without MIG
+	MIGInstance string // GPU_I_ID; empty without MIG
+	Pod         string // pod, namespace, container: set with --kubernetes
+	Namespace   string
+	Container   string
+
+	FBUsedMiB, FBFreeMiB, FBReservedMiB float64
+	UtilPercent                         float64 // 0..100
+	TempC                               float64
+	PowerW                              float64
+	XIDError                            float64 // last XID error code
+	Has                                 MetricSet
+}
+
+// MemTotalMiB returns FB_FREE + FB_USED + FB_RESERVED (reserved counts as 0
+// when an older exporter does not report it), and false without used and free.
+func (g *GPU) MemTotalMiB() (float64, bool) {
+	if !g.Has.Has(FBUsed) || !g.Has.Has(FBFree) {
+		return 0, false
+	}
+	t := g.FBUsedMiB + g.FBFreeMiB + g.FBReservedMiB
+	return t, t > 0
+}
+
+// MemPressure returns (total - free) / total in 0..1.
+func (g *GPU) MemPressure() (float64, bool) {
+	total, ok := g.MemTotalMiB()
+	if !ok {
+		return 0, false
+	}
+	return min(max((total-g.FBFreeMiB)/total, 0), 1), true
+}
+
+const mib = 1 << 20
+
+// Sample converts g to telemetry units: bytes, utilization 0..1, °C, W. Its
+// Time is zero.
+func (g *GPU) Sample() telemetry.Sample {
+	var s telemetry.Sample
+	if total, ok := g.MemTotalMiB(); ok {
+		s.Set(telemetry.GPUMemTotal, total*mib)
+		s.Set(telemetry.GPUMemUsed, (total-g.FBFreeMiB)*mib)
+	}
+	if g.Has.Has(Util) {
+		s.Set(telemetry.GPUUtil, g.UtilPercent/100)
+	}
+	if g.Has.Has(Temp) {
+		s.Set(telemetry.GPUTemp, g.TempC)
+	}
+	if g.Has.Has(Power) {
+		s.Set(telemetry.GPUPower, g.PowerW)
+	}
+	return s
+}
+
+// family describes how one dcgm-exporter metric fills a GPU.
+type family struct {
+	name   string
+	metric Metric
+	scale  float64 // multiply to get the GPU field's unit
+	lo, hi float64 // valid range after scaling
+}
+
+var families = [...]family{
+	{"DCGM_FI_DEV_FB_USED", FBUsed, 1, 0, 1 << 40},
+	{"DCGM_FI_DEV_FB_FREE", FBFree, 1, 0, 1 << 40},
+	{"DCGM_FI_DEV_FB_RESERVED", FBReserved, 1, 0, 1 << 40},
+	{"DCGM_FI_DEV_GPU_UTIL", Util, 1, 0, 100},
+	// MIG instances have no GPU_UTIL; graphics-engine activity is a 0..1 ratio.
+	{"DCGM_FI_PROF_GR_ENGINE_ACTIVE", Util, 100, 0, 100},
+	{"DCGM_FI_DEV_GPU_TEMP", Temp, 1, -100, 200},
+	{"DCGM_FI_DEV_POWER_USAGE", Power, 1, 0, 1e5},
+	{"DCGM_FI_DEV_XID_ERRORS", XIDErrors, 1, 0, 1e9},
+}
+
+// ErrNoGPUs is returned for an exposition without any GPU metric this
+// package reads (a wrong URL, or an exporter with those collectors off).
+var ErrNoGPUs = errors.New("dcgm: no DCGM GPU metrics found")
+
+// key identifies one record: a GPU or MIG instance as attributed to one
+// container. Attribution is part of the key so a GPU time-sliced between
+// pods yields one record per pod, which ByPod needs.
+type key struct {
+	host, id, mig, ns, pod, container string
+}
+
+// ParseMetrics reads a dcgm-exporter text exposition and returns one GPU per
+// GPU or MIG instance (and attributed container), sorted by host, index and
+// MIG instance.
+//
+// Malformed lines are skipped and values out of range (negative memory,
+// utilization above 100%) are dropped; either returns the GPUs read so far
+// with an error wrapping telemetry.ErrPartial. An exposition with no GPU
+// metric returns ErrNoGPUs. ParseMetrics never panics.
+func ParseMetrics(r io.Reader) ([]GPU, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("dcgm: reading exposition: %w", err)
+	}
+	return parseBytes(data)
+}
+
+func parseBytes(data []byte) ([]GPU, error) {
+	fams, skipped, perr := promtext.Parse(data)
+	byKey := map[key]*GPU{}
+	bad := 0
+	var firstBad string
+	for _, f := range families {
+		fam, ok := fams[f.name]
+		if !ok {
+			continue
+		}
+		for _, m := range fam.Metric {
+			g := record(byKey, m)
+			v, ok := promtext.Value(m)
+			v *= f.scale
+			if !ok || v < f.lo || v > f.hi {
+				bad++
+				if firstBad == "" {
+					firstBad = fmt.Sprintf("%s=%g for GPU %q", f.name, v, g.UUID)
+				}
+				continue
+			}
+			if f.metric == Util && g.Has.Has(Util) {
+				continue // GPU_UTIL, listed first, wins over engine activity
+			}
+			g.set(f.metric, v)
+		}
+	}
+	gpus := make([]GPU, 0, len(byKey))
+	for _, g := range byKey {
+		if g.Has != 0 {
+			gpus = append(gpus, *g)
+		}
+	}
+	slices.SortFunc(gpus, func(a, b GPU) int {
+		return cmp.Or(cmp.Compare(a.Host, b.Host), cmp.Compare(a.Index, b.Index), cmp.Compare(a.UUID, b.UUID),
+			cmp.Compare(a.MIGInstance, b.MIGInstance), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Pod, b.Pod),
+			cmp.Compare(a.Container, b.Container))
+	})
+	switch {
+	case len(gpus) == 0 && perr != nil:
+		return nil, fmt.Errorf("%w (exposition malformed, %d lines skipped: %v)", ErrNoGPUs, skipped, perr)
+	case len(gpus) == 0 && bad > 0:
+		return nil, fmt.Errorf("%w (%d values out of range, first %s)", ErrNoGPUs, bad, firstBad)
+	case len(gpus) == 0:
+		return nil, ErrNoGPUs
+	case perr != nil:
+		return gpus, fmt.Errorf("%w: dcgm: exposition malformed, read line by line (%d lines skipped): %v", telemetry.ErrPartial, skipped, perr)
+	case bad > 0:
+		return gpus, fmt.Errorf("%w: dcgm: %d values out of range, first %s", telemetry.ErrPartial, bad, firstBad)
+	}
+	return gpus, nil
+}
+
+// record returns the GPU for m's labels, creating it.
+func record(byKey map[key]*GPU, m *dto.Metric) *GPU {
+	l := func(name string) string { return promtext.Label(m, name) }
+	uuid := cmp.Or(l("UUID"), l("uuid"))
+	k := key{
+		host: cmp.Or(l("Hostname"), l("hostname")),
+		id:   cmp.Or(uuid, "gpu:"+l("gpu")),
+		mig:  l("GPU_I_ID"),
+		ns:   l("namespace"), pod: l("pod"), container: l("container"),
+	}
+	if g, ok := byKey[k]; ok {
+		return g
+	}
+	idx, err := strconv.Atoi(l("gpu"))
+	if err != nil {
+		idx = -1
+	}
+	g := &GPU{
+		UUID: uuid, Index: idx, Device: l("device"), PCIBusID: l("pci_bus_id"), ModelName: l("modelName"),
+		Host: k.host, MIGProfile: l("GPU_I_PROFILE"), MIGInstance: k.mig,
+		Pod: k.pod, Namespace: k.ns, Container: k.container,
+	}
+	byKey[k] = g
+	return g
+}
+
+func (g *GPU) set(m Metric, v float64) {
+	switch m {
+	case FBUsed:
+		g.FBUsedMiB = v
+	case FBFree:
+		g.FBFreeMiB = v
+	case FBReserved:
+		g.FBReservedMiB = v
+	case Util:
+		g.UtilPercent = v
+	case Temp:
+		g.TempC = v
+	case Power:
+		g.PowerW = v
+	case XIDErrors:
+		g.XIDError = v
+	}
+	g.Has |= 1 << m
+}

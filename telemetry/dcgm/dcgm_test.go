@@ -1,0 +1,256 @@
+package dcgm_test
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/dcgm"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const mib = 1 << 20
+
+func readFile(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	require.NoError(t, err)
+	return b
+}
+
+func parseFile(t *testing.T, name string) []dcgm.GPU {
+	t.Helper()
+	gpus, err := dcgm.ParseMetrics(bytes.NewReader(readFile(t, name)))
+	require.NoError(t, err)
+	return gpus
+}
+
+func fields(s telemetry.Sample) map[string]float64 {
+	out := map[string]float64{}
+	for f := range telemetry.NumFields {
+		if v, ok := s.Get(telemetry.Field(f)); ok {
+			out[telemetry.Field(f).String()] = v
+		}
+	}
+	return out
+}
+
+func TestParseRealH100Node(t *testing.T) {
+	gpus := parseFile(t, "dcgm-exporter-h100-eks-k8s.txt")
+	require.Len(t, gpus, 8)
+	for i, g := range gpus {
+		assert.Equal(t, i, g.Index, "sorted by index")
+		assert.Equal(t, "ip-10-0-180-136.ec2.internal", g.Host)
+		assert.Equal(t, "NVIDIA H100 80GB HBM3", g.ModelName)
+		assert.True(t, g.Has.Has(dcgm.Temp) && g.Has.Has(dcgm.Power) && g.Has.Has(dcgm.Util))
+		_, ok := g.MemTotalMiB()
+		assert.False(t, ok, "this capture has no FB_* series")
+	}
+	g6 := gpus[6]
+	assert.Equal(t, dcgm.GPU{
+		UUID: "GPU-d0f25a6f-9a3f-61b9-c128-3d14759651d7", Index: 6, Device: "nvidia6", PCIBusID: "00000000:B9:00.0",
+		ModelName: "NVIDIA H100 80GB HBM3", Host: "ip-10-0-180-136.ec2.internal",
+		Pod: "llama-3-2-1b-7577f87fc7-dhb97", Namespace: "nim-workload", Container: "llama-3-2-1b-ctr",
+		TempC: 37, PowerW: 112.67, UtilPercent: 0,
+		Has: 1<<dcgm.Temp | 1<<dcgm.Power | 1<<dcgm.Util,
+	}, g6)
+	assert.Equal(t, map[string]float64{"gpu_util": 0, "gpu_temp_c": 37, "gpu_power_w": 112.67}, fields(g6.Sample()))
+}
+
+func TestParseMemoryAndXID(t *testing.T) {
+	gpus := parseFile(t, "node-a-two-gpus-one-pod.txt")
+	require.Len(t, gpus, 2)
+	g := gpus[1]
+	assert.Equal(t, "node-a", g.Host)
+	assert.Equal(t, 76000.0, g.FBUsedMiB)
+	assert.Equal(t, 4937.0, g.FBFreeMiB)
+	assert.Equal(t, 534.0, g.FBReservedMiB)
+	assert.Equal(t, 31.0, g.XIDError)
+	total, ok := g.MemTotalMiB()
+	require.True(t, ok)
+	assert.Equal(t, 81471.0, total, "FB_FREE + FB_USED + FB_RESERVED")
+	p, ok := g.MemPressure()
+	require.True(t, ok)
+	assert.InDelta(t, (81471.0-4937)/81471, p, 1e-12)
+	assert.Equal(t, map[string]float64{
+		"gpu_mem_used_bytes": (81471 - 4937) * mib, "gpu_mem_total_bytes": 81471 * mib,
+		"gpu_util": 0.92, "gpu_temp_c": 55, "gpu_power_w": 650.25,
+	}, fields(g.Sample()))
+}
+
+func TestParseMIG(t *testing.T) {
+	gpus := parseFile(t, "node-b-mig.txt")
+	require.Len(t, gpus, 3, "the parent GPU's device-level series and two instances")
+	parent, i1, i2 := gpus[0], gpus[1], gpus[2]
+	assert.Equal(t, "node-b", parent.Host, "lower-case hostname label")
+	assert.Empty(t, parent.MIGInstance)
+	assert.Equal(t, 63.0, parent.TempC)
+	assert.Equal(t, "1", i1.MIGInstance)
+	assert.Equal(t, "3g.40gb", i1.MIGProfile)
+	assert.Equal(t, "sglang-0", i1.Pod)
+	assert.Equal(t, 60.0, i1.UtilPercent, "graphics-engine activity ratio, as percent")
+	assert.Equal(t, "2", i2.MIGInstance)
+	total, _ := i2.MemTotalMiB()
+	assert.Equal(t, 40000.0, total)
+}
+
+func TestAggregate(t *testing.T) {
+	a := parseFile(t, "node-a-two-gpus-one-pod.txt")
+	b := parseFile(t, "node-b-mig.txt")
+	all := append(append([]dcgm.GPU(nil), a...), b...)
+
+	t.Run("by pod: a two-GPU pod takes its fuller GPU", func(t *testing.T) {
+		obs := dcgm.Aggregate(all, dcgm.ByPod(map[string]dcgm.Pod{
+			"10.0.0.1:8000": {Namespace: "ml", Name: "vllm-0"},
+			"10.0.0.2:8000": {Namespace: "ml", Name: "sglang-0"},
+			"10.0.0.3:8000": {Namespace: "other", Name: "sglang-1"}, // wrong namespace: no GPU
+		}))
+		got := map[string]map[string]float64{}
+		for _, o := range obs {
+			got[o.EndpointID] = fields(o.Sample)
+		}
+		assert.Equal(t, map[string]map[string]float64{
+			"10.0.0.1:8000": {
+				"gpu_mem_used_bytes": (81471 - 4937) * mib, "gpu_mem_total_bytes": 81471 * mib,
+				"gpu_util": 0.92, "gpu_temp_c": 55, "gpu_power_w": 650.25,
+			},
+			"10.0.0.2:8000": {"gpu_mem_used_bytes": 30000 * mib, "gpu_mem_total_bytes": 40000 * mib, "gpu_util": 0.6},
+		}, got)
+	})
+
+	t.Run("by host: every endpoint of the host takes the host's worst GPU", func(t *testing.T) {
+		obs := dcgm.Aggregate(all, dcgm.ByHost(map[string]string{"b1": "node-b", "b2": "node-b", "x": "node-x"}))
+		require.Len(t, obs, 2)
+		want := map[string]float64{
+			"gpu_mem_used_bytes": 30000 * mib, "gpu_mem_total_bytes": 40000 * mib, // instance 1: 75%
+			"gpu_util": 0.6, "gpu_temp_c": 63, "gpu_power_w": 210,
+		}
+		assert.Equal(t, "b1", obs[0].EndpointID)
+		assert.Equal(t, want, fields(obs[0].Sample))
+		assert.Equal(t, "b2", obs[1].EndpointID)
+		assert.Equal(t, want, fields(obs[1].Sample))
+	})
+
+	t.Run("a custom mapping by GPU UUID", func(t *testing.T) {
+		obs := dcgm.Aggregate(all, func(g *dcgm.GPU) []string {
+			if g.UUID == "GPU-aaaa0000-0000-0000-0000-000000000000" {
+				return []string{"e0"}
+			}
+			return nil
+		})
+		require.Len(t, obs, 1)
+		u, ok := obs[0].Sample.MemoryUsage()
+		require.True(t, ok)
+		assert.InDelta(t, (81471.0-40937)/81471, u, 1e-12)
+	})
+
+	assert.Nil(t, dcgm.Aggregate(all, nil))
+}
+
+func TestParseBadInput(t *testing.T) {
+	const labels = `{gpu="0",UUID="GPU-x",Hostname="h"}`
+	tests := []struct {
+		name    string
+		in      string
+		gpus    int
+		partial bool
+		err     error
+	}{
+		{name: "negative memory dropped", in: "DCGM_FI_DEV_FB_USED" + labels + " -5\nDCGM_FI_DEV_GPU_TEMP" + labels + " 40\n", gpus: 1, partial: true},
+		{name: "utilization above 100 dropped", in: "DCGM_FI_DEV_GPU_UTIL" + labels + " 140\nDCGM_FI_DEV_GPU_TEMP" + labels + " 40\n", gpus: 1, partial: true},
+		{name: "NaN dropped", in: "DCGM_FI_DEV_POWER_USAGE" + labels + " NaN\nDCGM_FI_DEV_GPU_TEMP" + labels + " 40\n", gpus: 1, partial: true},
+		{name: "truncated body keeps complete lines", in: "DCGM_FI_DEV_GPU_TEMP" + labels + " 40\nDCGM_FI_DEV_FB_USED{gpu=\"0\",UU", gpus: 1, partial: true},
+		{name: "only bad values", in: "DCGM_FI_DEV_FB_USED" + labels + " -5\n", err: dcgm.ErrNoGPUs},
+		{name: "no dcgm metrics", in: "go_goroutines 12\n", err: dcgm.ErrNoGPUs},
+		{name: "empty", in: "", err: dcgm.ErrNoGPUs},
+		{name: "garbage", in: "\x00\x01{{{\n", err: dcgm.ErrNoGPUs},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			gpus, err := dcgm.ParseMetrics(strings.NewReader(tt.in))
+			if tt.err != nil {
+				require.ErrorIs(t, err, tt.err)
+				assert.Empty(t, gpus)
+				return
+			}
+			require.ErrorIs(t, err, telemetry.ErrPartial)
+			assert.Contains(t, err.Error(), "dcgm: ")
+			assert.Len(t, gpus, tt.gpus)
+		})
+	}
+}
+
+func TestSourceCollect(t *testing.T) {
+	serve := func(status int, body []byte) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(status)
+			_, _ = w.Write(body)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL + "/metrics"
+	}
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	nodeA := serve(200, readFile(t, "node-a-two-gpus-one-pod.txt"))
+	nodeB := serve(200, readFile(t, "node-b-mig.txt"))
+	down := serve(500, nil)
+	mapping := dcgm.ByPod(map[string]dcgm.Pod{"vllm": {"ml", "vllm-0"}, "sglang": {"ml", "sglang-1"}})
+
+	src := &dcgm.Source{URLs: []string{nodeA, nodeB, down}, Map: mapping, Client: &http.Client{Transport: tr}}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "dcgm: 1 of 3 exporters failed")
+	got := map[string]float64{}
+	for _, o := range obs {
+		u, ok := o.Sample.MemoryUsage()
+		require.True(t, ok)
+		got[o.EndpointID] = u
+	}
+	assert.InDelta(t, (81471.0-4937)/81471, got["vllm"], 1e-12)
+	assert.InDelta(t, 5000.0/40000, got["sglang"], 1e-12)
+
+	src = &dcgm.Source{URLs: []string{down}, Map: mapping, Client: &http.Client{Transport: tr}}
+	_, err = src.Collect(t.Context())
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "dcgm: all 1 exporters failed")
+
+	_, err = (&dcgm.Source{URLs: []string{nodeA}}).Collect(t.Context())
+	assert.ErrorContains(t, err, "dcgm: Source.Map is nil")
+}
+
+func FuzzParseMetrics(f *testing.F) {
+	for _, name := range []string{"dcgm-exporter-h100-eks-k8s.txt", "node-a-two-gpus-one-pod.txt", "node-b-mig.txt"} {
+		f.Add(readFile(f, name))
+	}
+	f.Add([]byte("DCGM_FI_DEV_FB_USED{UUID=\"x\"} 1e308\nDCGM_FI_DEV_FB_FREE{UUID=\"x\"} 1e308\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		gpus, err := dcgm.ParseMetrics(bytes.NewReader(in))
+		if err != nil && !errors.Is(err, telemetry.ErrPartial) && len(gpus) > 0 {
+			t.Fatalf("a failure must not return GPUs: %v", err)
+		}
+		if err == nil && len(gpus) == 0 {
+			t.Fatal("success must return a GPU")
+		}
+		obs := dcgm.Aggregate(gpus, func(*dcgm.GPU) []string { return []string{"e"} })
+		for _, o := range obs {
+			if u, ok := o.Sample.MemoryUsage(); ok && (u < 0 || u > 1) {
+				t.Fatalf("memory usage %v", u)
+			}
+			if v, ok := o.Sample.Get(telemetry.GPUUtil); ok && (v < 0 || v > 1) {
+				t.Fatalf("util %v", v)
+			}
+		}
+	})
+}

@@ -1,0 +1,100 @@
+package dcgm
+
+import (
+	"sort"
+
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// Mapping returns the IDs of the endpoints a GPU serves; nil means none (a
+// GPU of another workload). It must be safe to call from the goroutine that
+// runs Collect while other goroutines change what it reads, if they do.
+type Mapping func(g *GPU) []string
+
+// ByHost maps every GPU of a host to the endpoints on that host. hostOf maps
+// endpoint ID to host name as dcgm-exporter reports it (its Hostname or
+// hostname label: the node name in Kubernetes). Several endpoints on one
+// host each take the worst GPU of the host, a conservative reading when the
+// host's GPUs are split between them; use ByPod for an exact one.
+func ByHost(hostOf map[string]string) Mapping {
+	byHost := map[string][]string{}
+	for id, host := range hostOf {
+		byHost[host] = append(byHost[host], id)
+	}
+	for _, ids := range byHost {
+		sort.Strings(ids)
+	}
+	return func(g *GPU) []string { return byHost[g.Host] }
+}
+
+// Pod names a Kubernetes pod.
+type Pod struct{ Namespace, Name string }
+
+// ByPod maps a GPU to the endpoints served by the pod it is attributed to
+// (dcgm-exporter with --kubernetes adds pod and namespace labels to the
+// series of a GPU allocated to a pod). podOf maps endpoint ID to pod. GPUs
+// not attributed to a listed pod map to nothing.
+func ByPod(podOf map[string]Pod) Mapping {
+	byPod := map[Pod][]string{}
+	for id, p := range podOf {
+		byPod[p] = append(byPod[p], id)
+	}
+	for _, ids := range byPod {
+		sort.Strings(ids)
+	}
+	return func(g *GPU) []string {
+		if g.Pod == "" {
+			return nil
+		}
+		return byPod[Pod{Namespace: g.Namespace, Name: g.Pod}]
+	}
+}
+
+// Aggregate folds GPUs into one observation per endpoint, in order of first
+// appearance. An endpoint served by several GPUs takes the worst of them:
+// GPUMemUsed and GPUMemTotal from the GPU with the highest memory pressure
+// (so the pair stays consistent), and the highest utilization, temperature
+// and power. Sample times are zero.
+func Aggregate(gpus []GPU, m Mapping) []telemetry.Observation {
+	if m == nil {
+		return nil
+	}
+	var out []telemetry.Observation
+	at := map[string]int{}
+	pressure := map[string]float64{}
+	for i := range gpus {
+		g := &gpus[i]
+		ids := m(g)
+		if len(ids) == 0 {
+			continue
+		}
+		gs := g.Sample()
+		p, hasP := g.MemPressure()
+		for _, id := range ids {
+			j, seen := at[id]
+			if !seen {
+				j = len(out)
+				at[id] = j
+				out = append(out, telemetry.Observation{EndpointID: id})
+			}
+			s := &out[j].Sample
+			if hasP {
+				if prev, ok := pressure[id]; !ok || p > prev {
+					pressure[id] = p
+					used, _ := gs.Get(telemetry.GPUMemUsed)
+					total, _ := gs.Get(telemetry.GPUMemTotal)
+					s.Set(telemetry.GPUMemUsed, used)
+					s.Set(telemetry.GPUMemTotal, total)
+				}
+			}
+			for _, f := range []telemetry.Field{telemetry.GPUUtil, telemetry.GPUTemp, telemetry.GPUPower} {
+				if v, ok := gs.Get(f); ok {
+					if cur, had := s.Get(f); !had || v > cur {
+						s.Set(f, v)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
