@@ -7,10 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inferlb/inferlb"
-	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/benchmarks/fleetsim"
-	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // smallSharedPrefix is the shared-prefix scenario cut to run in about a
@@ -53,36 +50,7 @@ func TestSameSeedSameResult(t *testing.T) {
 	assert.NotEqual(t, runAt(sc, fleetsim.RoundRobin(), 3, 7), c, "the seed matters")
 }
 
-// balancerHasAffinity reports whether the Balancer keeps requests with one
-// affinity key on one endpoint; the shared-prefix assertions need it.
-func balancerHasAffinity() bool {
-	b := balancer.New(balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(1)})
-	var eps []inferlb.Endpoint
-	for _, id := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
-		eps = append(eps, inferlb.Endpoint{ID: id})
-	}
-	_ = b.Update(eps)
-	first := ""
-	for range 32 {
-		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 12345})
-		if err != nil {
-			return false
-		}
-		id := p.ID()
-		p.Done(inferlb.Outcome{})
-		if first == "" {
-			first = id
-		} else if id != first {
-			return false
-		}
-	}
-	return true
-}
-
 func TestInferLBBeatsRoundRobinOnSharedPrefixes(t *testing.T) {
-	if !balancerHasAffinity() {
-		t.Skip("the Balancer does not route by AffinityKey yet")
-	}
 	sc := smallSharedPrefix()
 	rr := runAt(sc, fleetsim.RoundRobin(), 1, 1)
 	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)

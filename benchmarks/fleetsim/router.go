@@ -213,10 +213,11 @@ type Variant struct {
 	Name string
 	// Options returns the balancer options; the simulator sets Clock and Rand.
 	Options func() balancer.Options
-	// NoAffinity clears Request.AffinityKey before Pick, for a balancer that
-	// has no switch for it in Options.
+	// NoAffinity clears Request.AffinityKey before Pick: a client that
+	// computes no keys.
 	NoAffinity bool
-	// NoTelemetry never publishes scrapes to the balancer.
+	// NoTelemetry never publishes scrapes to the balancer: a client with no
+	// telemetry source configured.
 	NoTelemetry bool
 }
 
@@ -229,6 +230,12 @@ func InferLB(v Variant) Policy {
 		}
 		o.Clock = e.Clock
 		o.Rand = e.Rand()
+		if o.AffinitySeed == 0 {
+			// The fleet's shared secret: independent clients must place
+			// keys alike to agree on owners, and a random per-process seed
+			// (the zero value) would also make runs irreproducible.
+			o.AffinitySeed = KeyerSeed
+		}
 		r := &inferlbRouter{v: v, b: balancer.New(o), ids: e.IDs, weights: e.Weights, byID: map[string]int{}}
 		for i, id := range e.IDs {
 			r.byID[id] = i
@@ -281,11 +288,12 @@ func (r *inferlbRouter) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 }
 
 // Oracle is the practical upper bound: one omniscient router that sees every
-// replica's prefix cache and queue exactly at the moment of each pick. It
-// sends a request where its estimated time to first token plus the fleet
-// prefill work it causes is least: the prompt tokens the replica must
-// compute (its cache miss), the prefill queued ahead of it, the decode batch
-// it joins, and any wait for KV-cache blocks.
+// replica's prefix cache, queue and batch exactly at the moment of each
+// pick. It sends a request where its estimated end-to-end latency plus the
+// cost it imposes on others is least: the prompt tokens the replica must
+// compute (its cache miss), the prefill queued ahead of it, any wait for
+// KV-cache blocks, the decode steps of its answer at that replica's batch
+// size and speed, and the slowdown it adds to the batch it joins.
 func Oracle() Policy {
 	return Policy{Name: "oracle", Shared: true, New: func(e Env) Router {
 		return &oracle{run: e.run}
@@ -341,7 +349,7 @@ func (o *oracle) cost(r *replica, req *Request) float64 {
 	for _, s := range r.running {
 		ctx += s.computed
 	}
-	decode := steps * (p.StepFixed.Seconds() + float64(batch)*p.PerDecodeSeq.Seconds() + float64(ctx)*p.PerKVToken.Seconds())
+	stepNow := p.StepFixed.Seconds() + float64(batch)*p.PerDecodeSeq.Seconds() + float64(ctx)*p.PerKVToken.Seconds()
 	// Blocks this request and the queue ahead of it need beyond what is free
 	// wait for running sequences to finish: price that as prefill-equivalent
 	// work, four times dearer than compute.
@@ -353,10 +361,15 @@ func (o *oracle) cost(r *replica, req *Request) float64 {
 	if deficit := need - r.kv.nFree; deficit > 0 {
 		kvWait = 4 * float64(deficit*BlockSize) * p.PerPrefillToken.Seconds()
 	}
-	ttft := r.speed * (prefill + decode + kvWait)
-	// The miss is also work taken from the fleet's shared capacity, which
-	// every queued request pays for: the longer the fleet's queues, the
-	// dearer a miss, so under overload the oracle keeps prefixes together
-	// rather than levelling queues by scattering them.
-	return ttft + r.speed*float64(miss)*p.PerPrefillToken.Seconds()*(1+o.queued())
+	// Own latency: the prefill queued ahead and its own, the decode steps
+	// those span, any wait for blocks, then the answer's steps.
+	out := float64(req.MaxOutputTokens)
+	perSeq := p.PerDecodeSeq.Seconds() + float64(req.Prompt.Tokens+req.MaxOutputTokens/2)*p.PerKVToken.Seconds()
+	own := prefill + steps*stepNow + kvWait + out*(stepNow+perSeq)
+	// What it costs the others: its prefill stalls every sequence batched
+	// with it, and each of its decode steps slows them; under overload the
+	// miss is also capacity taken from every request queued in the fleet.
+	missCost := float64(miss) * p.PerPrefillToken.Seconds()
+	others := missCost*float64(batch) + out*perSeq*float64(batch) + missCost*o.queued()
+	return r.speed * (own + others)
 }

@@ -3,6 +3,8 @@ package fleetsim
 import (
 	"slices"
 	"time"
+
+	"github.com/inferlb/inferlb/balancer"
 )
 
 // Policies returns the policies every LLM scenario compares, in table order:
@@ -15,12 +17,14 @@ func Policies() []Policy {
 		LeastRequest(),
 		RingHash(),
 		InferLB(Variant{Name: "inferlb"}),
-		InferLB(Variant{Name: "inferlb -affinity", NoAffinity: true}),
+		InferLB(Variant{Name: "inferlb -affinity", Options: affinityOff}),
 		InferLB(Variant{Name: "inferlb -telemetry", NoTelemetry: true}),
-		InferLB(Variant{Name: "inferlb -affinity -telemetry", NoAffinity: true, NoTelemetry: true}),
+		InferLB(Variant{Name: "inferlb -affinity -telemetry", Options: affinityOff, NoTelemetry: true}),
 		Oracle(),
 	}
 }
+
+func affinityOff() balancer.Options { return balancer.Options{Affinity: balancer.AffinityOff} }
 
 func fleet(n int, p ServerParams) []ReplicaSpec {
 	out := make([]ReplicaSpec, n)
@@ -112,7 +116,7 @@ func MultiClientScenario() *Scenario {
 	sc.Policies = []Policy{
 		RoundRobin(), LeastRequest(), RingHash(),
 		InferLB(Variant{Name: "inferlb"}),
-		InferLB(Variant{Name: "inferlb -affinity", NoAffinity: true}),
+		InferLB(Variant{Name: "inferlb -affinity", Options: affinityOff}),
 	}
 	return sc
 }
@@ -175,9 +179,9 @@ func MixScenario() *Scenario {
 				HeavyPrompt: [2]int{6000, 12000}, HeavyOut: [2]int{800, 1500},
 				LightPrompt: [2]int{200, 1000}, LightOut: [2]int{50, 300}}
 		},
-		Rates:    []float64{10, 20, 30, 40},
+		Rates:    []float64{10, 15, 20, 25, 30},
 		RateUnit: "req/s",
-		Headline: 30,
+		Headline: 20,
 		Warmup:   60 * time.Second, Duration: 360 * time.Second, Drain: 300 * time.Second,
 		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
 		Policies: Policies(),
@@ -195,7 +199,7 @@ func HotPromptScenario() *Scenario {
 			return &HotPrompt{Rate: rate, Hot: 0.5, System: 3000,
 				User: [2]int{100, 500}, Other: [2]int{1000, 4000}, Output: [2]int{200, 500}}
 		},
-		Rates:    []float64{10, 20, 30, 40},
+		Rates:    []float64{20, 30, 40, 50},
 		RateUnit: "req/s",
 		Headline: 30,
 		Warmup:   60 * time.Second, Duration: 360 * time.Second, Drain: 300 * time.Second,
