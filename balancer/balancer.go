@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/cache"
 	"github.com/inferlb/inferlb/scoring"
 	"github.com/inferlb/inferlb/telemetry"
 )
@@ -47,7 +48,8 @@ const drawTries = 8
 // and warm. snap and epoch are atomic; Pick reads only them and the atomics
 // of endpoint state, so it never takes mu.
 type Balancer struct {
-	cfg *config
+	cfg   *config
+	keyer *cache.Keyer // immutable
 
 	mu    sync.Mutex
 	eps   map[string]*endpoint     // guarded by mu
@@ -91,11 +93,16 @@ func New(opts Options) *Balancer {
 	}
 	return &Balancer{
 		cfg:   cfg,
+		keyer: cache.NewKeyer(cfg.affinitySeed),
 		eps:   map[string]*endpoint{},
 		loads: map[string]*atomic.Int64{},
 		retry: newRetryBudget(cfg.retryRatio, cfg.retryFloor),
 	}
 }
+
+// Keyer returns the affinity Keyer that shares the balancer's AffinitySeed;
+// adapters compute Request.AffinityKey with it (prompt prefixes, sessions).
+func (b *Balancer) Keyer() *cache.Keyer { return b.keyer }
 
 // Telemetry returns the Store the balancer reads samples from.
 func (b *Balancer) Telemetry() *telemetry.Store { return b.cfg.store }
@@ -190,7 +197,11 @@ func (b *Balancer) build(members []*endpoint) *snapshot {
 		for i, e := range ms {
 			w[i] = e.info.Load().Capacity()
 		}
-		return newGroup(ms, w, counter(key))
+		g := newGroup(ms, w, counter(key))
+		if b.cfg.affinity != AffinityOff {
+			g.placement = cache.NewPlacement(placementMembers(ms, w), b.cfg.affinitySeed)
+		}
+		return g
 	}
 
 	snap := &snapshot{all: mkGroup("", members)}
@@ -306,6 +317,11 @@ func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
 	panicking := b.cfg.panicThreshold > 0 && float64(st.good) < b.cfg.panicThreshold*float64(st.ready)
 	if !panicking && st.good == 0 {
 		return Pick{}, ErrNoEndpoints
+	}
+	if req.AffinityKey != 0 && g.placement != nil {
+		if i := b.pickAffine(req, g, now, nowNs, panicking); i >= 0 {
+			return b.acquire(g.members[i], req, nowNs), nil
+		}
 	}
 	i := b.draw(g, nowNs, panicking, -1)
 	if i < 0 {

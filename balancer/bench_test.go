@@ -43,3 +43,27 @@ func BenchmarkPick(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPickAffinity measures Pick+Done for requests with an affinity
+// key (owner lookup on the ring, bound check): flat in n, no allocations.
+func BenchmarkPickAffinity(b *testing.B) {
+	for _, n := range benchSizes {
+		bal := newBalancer(b, n, balancer.Options{AffinitySeed: 1})
+		keys := make([]inferlb.Request, 1024)
+		for i := range keys {
+			keys[i] = inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: uint64(i)*0x9e3779b97f4a7c15 | 1}
+		}
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				p, err := bal.Pick(&keys[i&1023])
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.Done(inferlb.Outcome{})
+				i++
+			}
+		})
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/bits"
 	"sync/atomic"
+
+	"github.com/inferlb/inferlb/cache"
 )
 
 // group is an immutable set of endpoints that can serve one kind of request:
@@ -20,6 +22,8 @@ type group struct {
 	aliasIdx  []int32
 
 	load *atomic.Int64 // durable: in-flight calls on the group's members
+
+	placement *cache.Placement // consistent placement of affinity keys; nil when affinity is off
 
 	standing atomic.Pointer[standing] // cached eligibility counts, see eligibility
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/cache"
 	"github.com/inferlb/inferlb/scoring"
 	"github.com/inferlb/inferlb/telemetry"
 )
@@ -107,6 +108,21 @@ type Options struct {
 	// RetryFloor is how many retries per second are allowed regardless of
 	// traffic. Default 10; negative means none.
 	RetryFloor float64
+	// Affinity says how Request.AffinityKey steers picks. The zero value is
+	// AffinityPrefer.
+	Affinity AffinityMode
+	// LoadBound is the bounded-load factor c for affinity: an endpoint takes
+	// a key's traffic only while its in-flight calls stay within c x its
+	// capacity share of the group's load. Default DefaultLoadBound (1.25);
+	// must be above 1.
+	LoadBound float64
+	// AffinitySeed keys the consistent placement of affinity keys and the
+	// Keyer returned by Balancer.Keyer. 0 means a random per-process seed
+	// (from crypto/rand), so outsiders cannot aim traffic at one endpoint.
+	// Processes that set the same secret seed and see the same endpoints
+	// place every key identically; even then, the load bound keeps a
+	// flood of one key from pushing any endpoint past c x the mean.
+	AffinitySeed uint64
 	// BreakerFailures is how many consecutive failures trip an endpoint's
 	// circuit breaker (connection errors, 5xx, gRPC UNAVAILABLE/INTERNAL;
 	// not overload, not client cancellation). Default 5 (Envoy's
@@ -167,6 +183,10 @@ type config struct {
 	retryRatio      float64
 	retryFloor      float64
 
+	affinity     AffinityMode
+	loadBound    float64
+	affinitySeed uint64
+
 	breakerFailures    int
 	breakerProbes      int
 	ejectionTime       time.Duration
@@ -219,6 +239,10 @@ func (o *Options) Validate() error {
 		return bad("RetryRatio", "must be finite and at most 1", o.RetryRatio)
 	case math.IsNaN(o.RetryFloor) || math.IsInf(o.RetryFloor, 0):
 		return bad("RetryFloor", "must be finite", o.RetryFloor)
+	case o.Affinity > AffinityStrict:
+		return bad("Affinity", "must be AffinityPrefer, AffinityOff or AffinityStrict", o.Affinity)
+	case o.LoadBound != 0 && !(o.LoadBound > 1) || math.IsInf(o.LoadBound, 0):
+		return bad("LoadBound", "must be a finite number above 1 (0 means the default 1.25)", o.LoadBound)
 	case o.BreakerProbes < 0:
 		return bad("BreakerProbes", "must not be negative", o.BreakerProbes)
 	case o.EjectionTime < 0:
@@ -273,6 +297,10 @@ func (o *Options) resolve() (*config, error) {
 		retryRatio:      max(floatOr(o.RetryRatio, DefaultRetryRatio), 0),
 		retryFloor:      max(floatOr(o.RetryFloor, DefaultRetryFloor), 0),
 
+		affinity:     o.Affinity,
+		loadBound:    floatOr(o.LoadBound, DefaultLoadBound),
+		affinitySeed: o.AffinitySeed,
+
 		breakerFailures:    intOr(o.BreakerFailures, DefaultBreakerFailures),
 		breakerProbes:      intOr(o.BreakerProbes, DefaultBreakerProbes),
 		ejectionTime:       durationOr(o.EjectionTime, DefaultEjectionTime),
@@ -286,6 +314,9 @@ func (o *Options) resolve() (*config, error) {
 	c.maxEjectionTime = max(c.maxEjectionTime, c.ejectionTime)
 	if c.clock == nil {
 		c.clock = wallClock{}
+	}
+	if c.affinitySeed == 0 {
+		c.affinitySeed = cache.NewKeyer(0).Seed() // crypto/rand
 	}
 	if c.rand == nil {
 		c.rand = runtimeRand{}

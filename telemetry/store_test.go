@@ -90,7 +90,7 @@ func TestStoreMergesFieldsByAge(t *testing.T) {
 
 func TestStoreDropsAndCountsBadInput(t *testing.T) {
 	st := telemetry.Store{MaxEndpoints: 2}
-	st.Publish("a", telemetry.Sample{Time: t0})                          // no field
+	st.Publish("a", telemetry.Sample{Time: t0})                         // no field
 	st.Publish("a", sample(time.Time{}, float64(telemetry.Waiting), 1)) // no time
 	st.Publish("a", sample(t0, float64(telemetry.Waiting), 1))
 	st.Publish("b", sample(t0, float64(telemetry.Waiting), 1))

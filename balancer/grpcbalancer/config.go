@@ -10,11 +10,10 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/serviceconfig"
 
 	"github.com/inferlb/inferlb"
-	"github.com/inferlb/inferlb/balancer"
+	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/cache"
 )
 
@@ -43,7 +42,7 @@ type jsonORCA struct {
 	Interval  string `json:"interval"`
 }
 
-// jsonTunables mirrors the scalar fields of balancer.Options; the zero value
+// jsonTunables mirrors the scalar fields of core.Options; the zero value
 // of each means the core's default, exactly as in Options. It is comparable,
 // so a policy can tell whether a new config changes its Balancer.
 type jsonTunables struct {
@@ -59,6 +58,14 @@ type jsonTunables struct {
 	SlowStartAggression float64 `json:"slowStartAggression"`
 	RetryRatio          float64 `json:"retryRatio"`
 	RetryFloor          float64 `json:"retryFloor"`
+	BreakerFailures     int     `json:"breakerFailures"`
+	BreakerProbes       int     `json:"breakerProbes"`
+	EjectionTime        string  `json:"ejectionTime"`
+	MaxEjectionTime     string  `json:"maxEjectionTime"`
+	MaxEjectedFraction  float64 `json:"maxEjectedFraction"`
+	OutlierInterval     string  `json:"outlierInterval"`
+	OutlierMinRequests  int     `json:"outlierMinRequests"`
+	OutlierMargin       float64 `json:"outlierMargin"`
 	SubsetLabel         string  `json:"subsetLabel"`
 }
 
@@ -85,7 +92,7 @@ type lbConfig struct {
 
 	tunables    jsonTunables // as written, for change detection
 	hasTunables bool
-	opts        balancer.Options // tunables applied; zero when absent
+	opts        core.Options // tunables applied; zero when absent
 }
 
 // readsMetadata reports whether picks look at outgoing metadata at all.
@@ -183,8 +190,8 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 			continue
 		}
 		key := strings.ToLower(h.src)
-		if err := metadata.ValidateKey(key); err != nil {
-			return nil, configError(h.field, "%q is not a valid metadata key: %v", h.src, err)
+		if !validKey(key) {
+			return nil, configError(h.field, "%q is not a valid metadata key (want letters, digits, '-', '_' or '.')", h.src)
 		}
 		if strings.HasPrefix(key, "grpc-") {
 			return nil, configError(h.field, "%q: keys starting with \"grpc-\" are reserved by gRPC", h.src)
@@ -230,11 +237,11 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 	return c, nil
 }
 
-// options maps the tunables onto balancer.Options and validates them: each
+// options maps the tunables onto core.Options and validates them: each
 // field alone first, so the error names the JSON field, then all together.
-func (t *jsonTunables) options() (balancer.Options, error) {
-	dur := func(src string, ptr func(*balancer.Options) *time.Duration) func(*balancer.Options) error {
-		return func(o *balancer.Options) error {
+func (t *jsonTunables) options() (core.Options, error) {
+	dur := func(src string, ptr func(*core.Options) *time.Duration) func(*core.Options) error {
+		return func(o *core.Options) error {
 			if src == "" {
 				return nil
 			}
@@ -246,29 +253,40 @@ func (t *jsonTunables) options() (balancer.Options, error) {
 			return nil
 		}
 	}
-	num := func(v float64, ptr func(*balancer.Options) *float64) func(*balancer.Options) error {
-		return func(o *balancer.Options) error { *ptr(o) = v; return nil }
+	num := func(v float64, ptr func(*core.Options) *float64) func(*core.Options) error {
+		return func(o *core.Options) error { *ptr(o) = v; return nil }
+	}
+	count := func(v int, ptr func(*core.Options) *int) func(*core.Options) error {
+		return func(o *core.Options) error { *ptr(o) = v; return nil }
 	}
 	fields := []struct {
 		name  string
-		apply func(*balancer.Options) error
+		apply func(*core.Options) error
 	}{
-		{"telemetryMaxAge", dur(t.TelemetryMaxAge, func(o *balancer.Options) *time.Duration { return &o.TelemetryMaxAge })},
-		{"latencyDecay", dur(t.LatencyDecay, func(o *balancer.Options) *time.Duration { return &o.LatencyDecay })},
-		{"errorDecay", dur(t.ErrorDecay, func(o *balancer.Options) *time.Duration { return &o.ErrorDecay })},
-		{"defaultCooldown", dur(t.DefaultCooldown, func(o *balancer.Options) *time.Duration { return &o.DefaultCooldown })},
-		{"maxCooldown", dur(t.MaxCooldown, func(o *balancer.Options) *time.Duration { return &o.MaxCooldown })},
-		{"slowStartWindow", dur(t.SlowStartWindow, func(o *balancer.Options) *time.Duration { return &o.SlowStartWindow })},
-		{"errorAlpha", num(t.ErrorAlpha, func(o *balancer.Options) *float64 { return &o.ErrorAlpha })},
-		{"panicThreshold", num(t.PanicThreshold, func(o *balancer.Options) *float64 { return &o.PanicThreshold })},
-		{"slowStartMinWeight", num(t.SlowStartMinWeight, func(o *balancer.Options) *float64 { return &o.SlowStartMinWeight })},
-		{"slowStartAggression", num(t.SlowStartAggression, func(o *balancer.Options) *float64 { return &o.SlowStartAggression })},
-		{"retryRatio", num(t.RetryRatio, func(o *balancer.Options) *float64 { return &o.RetryRatio })},
-		{"retryFloor", num(t.RetryFloor, func(o *balancer.Options) *float64 { return &o.RetryFloor })},
+		{"telemetryMaxAge", dur(t.TelemetryMaxAge, func(o *core.Options) *time.Duration { return &o.TelemetryMaxAge })},
+		{"latencyDecay", dur(t.LatencyDecay, func(o *core.Options) *time.Duration { return &o.LatencyDecay })},
+		{"errorDecay", dur(t.ErrorDecay, func(o *core.Options) *time.Duration { return &o.ErrorDecay })},
+		{"defaultCooldown", dur(t.DefaultCooldown, func(o *core.Options) *time.Duration { return &o.DefaultCooldown })},
+		{"maxCooldown", dur(t.MaxCooldown, func(o *core.Options) *time.Duration { return &o.MaxCooldown })},
+		{"slowStartWindow", dur(t.SlowStartWindow, func(o *core.Options) *time.Duration { return &o.SlowStartWindow })},
+		{"errorAlpha", num(t.ErrorAlpha, func(o *core.Options) *float64 { return &o.ErrorAlpha })},
+		{"panicThreshold", num(t.PanicThreshold, func(o *core.Options) *float64 { return &o.PanicThreshold })},
+		{"slowStartMinWeight", num(t.SlowStartMinWeight, func(o *core.Options) *float64 { return &o.SlowStartMinWeight })},
+		{"slowStartAggression", num(t.SlowStartAggression, func(o *core.Options) *float64 { return &o.SlowStartAggression })},
+		{"retryRatio", num(t.RetryRatio, func(o *core.Options) *float64 { return &o.RetryRatio })},
+		{"retryFloor", num(t.RetryFloor, func(o *core.Options) *float64 { return &o.RetryFloor })},
+		{"breakerFailures", count(t.BreakerFailures, func(o *core.Options) *int { return &o.BreakerFailures })},
+		{"breakerProbes", count(t.BreakerProbes, func(o *core.Options) *int { return &o.BreakerProbes })},
+		{"ejectionTime", dur(t.EjectionTime, func(o *core.Options) *time.Duration { return &o.EjectionTime })},
+		{"maxEjectionTime", dur(t.MaxEjectionTime, func(o *core.Options) *time.Duration { return &o.MaxEjectionTime })},
+		{"maxEjectedFraction", num(t.MaxEjectedFraction, func(o *core.Options) *float64 { return &o.MaxEjectedFraction })},
+		{"outlierInterval", dur(t.OutlierInterval, func(o *core.Options) *time.Duration { return &o.OutlierInterval })},
+		{"outlierMinRequests", count(t.OutlierMinRequests, func(o *core.Options) *int { return &o.OutlierMinRequests })},
+		{"outlierMargin", num(t.OutlierMargin, func(o *core.Options) *float64 { return &o.OutlierMargin })},
 	}
-	var o balancer.Options
+	var o core.Options
 	for _, f := range fields {
-		var one balancer.Options
+		var one core.Options
 		if err := f.apply(&one); err != nil {
 			return o, configError("balancer."+f.name, "%v", err)
 		}
@@ -282,6 +300,21 @@ func (t *jsonTunables) options() (balancer.Options, error) {
 		return o, configError("balancer", "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
 	}
 	return o, nil
+}
+
+// validKey reports whether k (lower-cased) is a valid HTTP/2 header name
+// for gRPC metadata: 0-9 a-z - _ . (grpc-go's own check is internal).
+func validKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // parseDuration reads a Go duration ("1.5s", "250ms"), which also covers

@@ -1,0 +1,223 @@
+package balancer_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/cache"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+const seed = 0x5eed
+
+func affine(t testing.TB, n int, opts balancer.Options) *balancer.Balancer {
+	t.Helper()
+	opts.AffinitySeed = seed
+	return newBalancer(t, n, opts)
+}
+
+// owner picks with key at no load and returns the endpoint.
+func owner(t testing.TB, b *balancer.Balancer, key uint64) string {
+	p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{})
+	return p.ID()
+}
+
+func TestIndependentBalancersAgree(t *testing.T) {
+	// Two processes: same endpoints (in a different order) and seed, their
+	// own random sources and no shared state.
+	a := balancer.New(balancer.Options{AffinitySeed: seed, Rand: testutil.NewRand(1)})
+	b := balancer.New(balancer.Options{AffinitySeed: seed, Rand: testutil.NewRand(2)})
+	eps := endpoints(16)
+	require.NoError(t, a.Update(eps))
+	rev := append([]inferlb.Endpoint(nil), eps...)
+	for i, j := 0, len(rev)-1; i < j; i, j = i+1, j-1 {
+		rev[i], rev[j] = rev[j], rev[i]
+	}
+	require.NoError(t, b.Update(rev))
+	rng := rand.New(rand.NewPCG(3, 4))
+	same := 0
+	const keys = 100_000
+	perEndpoint := map[string]int{}
+	for range keys {
+		k := rng.Uint64() | 1
+		oa, ob := owner(t, a, k), owner(t, b, k)
+		if oa == ob {
+			same++
+		}
+		perEndpoint[oa]++
+	}
+	t.Logf("agreement %.4f", float64(same)/keys)
+	assert.GreaterOrEqual(t, float64(same)/keys, 0.99)
+	for id, c := range perEndpoint {
+		assert.InDelta(t, keys/16, c, keys/16*0.35, "keys owned by %s", id)
+	}
+
+	// A different seed places keys differently.
+	c := balancer.New(balancer.Options{AffinitySeed: seed + 1})
+	require.NoError(t, c.Update(eps))
+	differ := 0
+	for k := uint64(1); k < 1000; k++ {
+		if owner(t, a, k*0x9e3779b97f4a7c15) != owner(t, c, k*0x9e3779b97f4a7c15) {
+			differ++
+		}
+	}
+	assert.Greater(t, differ, 800)
+}
+
+func TestMembershipChangeMovesFewKeys(t *testing.T) {
+	b := affine(t, 16, balancer.Options{SlowStartWindow: -1})
+	keys := make([]uint64, 20_000)
+	before := make([]string, len(keys))
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range keys {
+		keys[i] = rng.Uint64() | 1
+		before[i] = owner(t, b, keys[i])
+	}
+	moved := func() float64 {
+		m := 0
+		for i, k := range keys {
+			if owner(t, b, k) != before[i] {
+				m++
+			}
+		}
+		return float64(m) / float64(len(keys))
+	}
+	require.NoError(t, b.Update(endpoints(16)[1:]))
+	assert.LessOrEqual(t, moved(), 1.3/16, "removing 1 of 16")
+	require.NoError(t, b.Update(endpoints(17)))
+	assert.LessOrEqual(t, moved(), 1.3/17, "adding a 17th")
+}
+
+func TestHotKeyNeverPassesTheBound(t *testing.T) {
+	for _, mode := range []balancer.AffinityMode{balancer.AffinityPrefer, balancer.AffinityStrict} {
+		t.Run(mode.String(), func(t *testing.T) {
+			const n, calls = 16, 10_000
+			b := affine(t, n, balancer.Options{Affinity: mode, Rand: testutil.NewRand(7)})
+			req := &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 42}
+			held := make([]balancer.Pick, 0, calls)
+			for range calls {
+				p, err := b.Pick(req)
+				require.NoError(t, err)
+				held = append(held, p)
+			}
+			mean := float64(calls) / n
+			bound := balancer.DefaultLoadBound*mean + 1
+			var most int64
+			used := 0
+			for _, s := range b.Stats() {
+				most = max(most, s.InFlight)
+				if s.InFlight > 0 {
+					used++
+				}
+			}
+			t.Logf("max in-flight %d, bound %.0f, endpoints used %d", most, bound, used)
+			assert.LessOrEqual(t, float64(most), bound)
+			// The key's owner fills to the bound, then its spill order does:
+			// as few endpoints as the bound allows share the key's cache.
+			assert.GreaterOrEqual(t, used, int(float64(calls)/bound)+1, "load still spreads")
+			for i := range held {
+				held[i].Done(inferlb.Outcome{})
+			}
+		})
+	}
+}
+
+func TestAffinityOffIgnoresKeys(t *testing.T) {
+	b := affine(t, 8, balancer.Options{Affinity: balancer.AffinityOff, Rand: testutil.NewRand(8)})
+	seen := map[string]bool{}
+	for range 200 {
+		seen[owner(t, b, 42)] = true
+	}
+	assert.Greater(t, len(seen), 4, "without affinity one key spreads like any traffic")
+}
+
+func TestChatTurnsStayAndConversationsSpread(t *testing.T) {
+	b := affine(t, 16, balancer.Options{})
+	k := b.Keyer()
+	system := cache.Message{Role: "system", Content: "You are a helpful assistant for ACME Corp. Answer briefly."}
+	// One conversation, turn by turn: every turn lands where the first did.
+	msgs := []cache.Message{system, {Role: "user", Content: "How do I reset my router?"}}
+	first := owner(t, b, k.Chat("llama", msgs))
+	for turn := range 6 {
+		msgs = append(msgs,
+			cache.Message{Role: "assistant", Content: fmt.Sprintf("Answer %d: unplug it for ten seconds.", turn)},
+			cache.Message{Role: "user", Content: fmt.Sprintf("Follow-up question %d?", turn)})
+		assert.Equal(t, first, owner(t, b, k.Chat("llama", msgs)), "turn %d", turn+2)
+	}
+	// 10,000 conversations that share only the system prompt spread out.
+	counts := map[string]int{}
+	for c := range 10_000 {
+		key := k.Chat("llama", []cache.Message{system, {Role: "user", Content: fmt.Sprintf("question number %d", c)}})
+		counts[owner(t, b, key)]++
+	}
+	assert.Len(t, counts, 16)
+	for id, c := range counts {
+		assert.Less(t, c, 2*10_000/16, "%s owns at most twice its share", id)
+	}
+}
+
+func TestAffinityRespectsSlowStartAndStanding(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(9)})
+	// Find keys owned by endpoint 0, then take it out of rotation.
+	var keys []uint64
+	for k := uint64(1); len(keys) < 200; k++ {
+		if owner(t, b, k*0x9e3779b97f4a7c15) == endpoints(4)[0].Addr {
+			keys = append(keys, k*0x9e3779b97f4a7c15)
+		}
+	}
+	require.True(t, b.SetReady(endpoints(4)[0].Addr, false))
+	for _, k := range keys {
+		assert.NotEqual(t, endpoints(4)[0].Addr, owner(t, b, k), "not-ready owner is skipped")
+	}
+	// Rejoining after removal: slow start limits how much of its keys'
+	// traffic it takes at first.
+	require.NoError(t, b.Update(endpoints(4)[1:]))
+	require.NoError(t, b.Update(endpoints(4)))
+	back := 0
+	for _, k := range keys {
+		if owner(t, b, k) == endpoints(4)[0].Addr {
+			back++
+		}
+	}
+	assert.Less(t, back, len(keys)/4, "a ramping owner takes its keys only in proportion to its ramp")
+	clock.Advance(balancer.DefaultSlowStartWindow)
+	back = 0
+	for _, k := range keys {
+		if owner(t, b, k) == endpoints(4)[0].Addr {
+			back++
+		}
+	}
+	assert.Equal(t, len(keys), back, "after the ramp every key is home again")
+}
+
+func TestAffinePickDoesNotAllocate(t *testing.T) {
+	b := affine(t, 64, balancer.Options{})
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 12345}
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		p, err := b.Pick(req)
+		if err != nil {
+			panic(err)
+		}
+		p.Done(inferlb.Outcome{})
+	}))
+}
+
+func TestParseAffinityMode(t *testing.T) {
+	for _, m := range []balancer.AffinityMode{balancer.AffinityPrefer, balancer.AffinityOff, balancer.AffinityStrict} {
+		got, err := balancer.ParseAffinityMode(m.String())
+		require.NoError(t, err)
+		assert.Equal(t, m, got)
+	}
+	_, err := balancer.ParseAffinityMode("sticky")
+	assert.ErrorContains(t, err, `affinity mode "sticky"`)
+	assert.ErrorContains(t, (&balancer.Options{LoadBound: 0.9}).Validate(), "LoadBound")
+}

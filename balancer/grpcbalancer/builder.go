@@ -1,0 +1,334 @@
+package grpcbalancer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/balancer/endpointsharding"
+	"google.golang.org/grpc/balancer/pickfirst"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/grpclog"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/serviceconfig"
+	"google.golang.org/grpc/status"
+
+	"github.com/inferlb/inferlb"
+	core "github.com/inferlb/inferlb/balancer"
+)
+
+// Name is the name the policy is registered under, for service configs:
+// {"loadBalancingConfig":[{"inferlb":{}}]}.
+const Name = "inferlb"
+
+var logger = grpclog.Component("inferlb")
+
+func init() {
+	balancer.Register(&Builder{name: Name})
+}
+
+// Builder builds the inferlb policy for a gRPC channel. The one registered
+// as Name gives every channel its own Balancer, configured by the service
+// config's "balancer" section; NewBuilder makes one that routes with a
+// Balancer the caller owns. A Builder is immutable and safe for concurrent use.
+type Builder struct {
+	name   string
+	shared *core.Balancer // nil: each channel gets its own
+}
+
+var (
+	_ balancer.Builder      = (*Builder)(nil)
+	_ balancer.ConfigParser = (*Builder)(nil)
+)
+
+// NewBuilder returns a policy named name that routes with b, so a process
+// can share one live view of load between its gRPC channels and its HTTP
+// traffic (balancer/httpbalancer on the same b). Register it with
+// google.golang.org/grpc/balancer.Register before dialing, and select it by
+// name in the service config; its config may not carry a "balancer" section
+// (b's options are fixed). It panics if name is empty or b is nil.
+//
+// The channel owns b's membership: it calls b.Update with the resolver's
+// endpoints when they change, and b.SetReady as connections come and go.
+// Use WithEndpoint in the resolver to give endpoints the IDs the other
+// transport uses, so both see the same per-endpoint state. Closing the
+// channel leaves b as it was.
+func NewBuilder(name string, b *core.Balancer) *Builder {
+	if name == "" || b == nil {
+		panic("inferlb: grpcbalancer.NewBuilder needs a name and a Balancer")
+	}
+	return &Builder{name: name, shared: b}
+}
+
+// Name implements balancer.Builder.
+func (bb *Builder) Name() string { return bb.name }
+
+// ParseConfig implements balancer.ConfigParser. See the package
+// documentation for the schema and defaults. Unlike grpc-go's own policies
+// it rejects unknown fields: a misspelt tunable should fail loudly, not be
+// silently ignored.
+func (bb *Builder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
+	return parseConfig(js, bb.shared != nil)
+}
+
+// Build implements balancer.Builder: endpointsharding over pickfirst
+// children (gRFC A61), one child per resolver endpoint, with pickfirst's
+// health listener on so a child reports READY only when healthy.
+func (bb *Builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
+	lb := &lbBalancer{
+		ClientConn: cc,
+		shared:     bb.shared,
+		addrToID:   map[string]string{},
+		subConns:   map[*subConn]struct{}{},
+	}
+	if bb.shared != nil {
+		lb.core.Store(bb.shared)
+	}
+	lb.child = endpointsharding.NewBalancer(lb, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
+	return lb
+}
+
+// lbBalancer is one channel's policy instance.
+//
+// Concurrency: gRPC serializes UpdateClientConnState, ResolverError,
+// ExitIdle and Close. UpdateState comes from children, also while
+// endpointsharding holds its own lock, and NewSubConn from pickfirst
+// children inside our calls to child. Lock order: endpointsharding's
+// locks, then mu, then the core Balancer's. mu is never held while calling
+// into child, because a child may call UpdateState synchronously.
+// ClientConn, child and shared are immutable after Build; core is atomic
+// so out-of-band listeners read it without mu; the rest is guarded by mu.
+type lbBalancer struct {
+	balancer.ClientConn // the channel; embedded to intercept UpdateState and NewSubConn
+
+	child  balancer.Balancer // endpointsharding
+	shared *core.Balancer    // from NewBuilder; nil when the policy owns its core
+
+	core atomic.Pointer[core.Balancer]
+
+	mu       sync.Mutex
+	cfg      *lbConfig
+	eps      []inferlb.Endpoint    // membership last given to core.Update
+	ready    map[string]bool       // endpoint IDs whose child is READY
+	addrToID map[string]string     // address -> endpoint ID, for SubConns
+	subConns map[*subConn]struct{} // live SubConns, for ORCA OOB
+	closed   bool
+}
+
+// UpdateClientConnState implements balancer.Balancer.
+func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
+	cfg, _ := ccs.BalancerConfig.(*lbConfig)
+	if cfg == nil {
+		// Selected without a config (or with another policy's): defaults.
+		var err error
+		if cfg, err = parseConfig(nil, lb.shared != nil); err != nil {
+			return err
+		}
+	}
+
+	lb.mu.Lock()
+	if lb.closed {
+		lb.mu.Unlock()
+		return nil
+	}
+	oobChanged := lb.cfg == nil || lb.cfg.oob != cfg.oob || lb.cfg.oobInterval != cfg.oobInterval
+	b := lb.core.Load()
+	if lb.shared == nil && (b == nil || lb.cfg.hasTunables != cfg.hasTunables || lb.cfg.tunables != cfg.tunables) {
+		// New tunables need a new Balancer: its options are fixed at New.
+		// Live state starts over, which a config push rarely costs much.
+		b = core.New(cfg.opts)
+		lb.core.Store(b)
+		lb.eps = nil
+		lb.ready = nil
+	}
+	lb.cfg = cfg
+
+	eps := make([]inferlb.Endpoint, 0, len(ccs.ResolverState.Endpoints))
+	addrToID := make(map[string]string, len(ccs.ResolverState.Endpoints))
+	for _, ep := range ccs.ResolverState.Endpoints {
+		e := endpointOf(ep)
+		if e.ID == "" {
+			continue
+		}
+		eps = append(eps, e)
+		for _, a := range ep.Addresses {
+			addrToID[a.Addr] = e.ID
+		}
+	}
+	lb.addrToID = addrToID
+	if lb.eps == nil || !sameEndpoints(lb.eps, eps) {
+		if err := b.Update(eps); err != nil {
+			logger.Warningf("inferlb: resolver update: %v", err)
+		}
+		// The core starts endpoints ready; a new endpoint here has no
+		// connection yet. Mark it not ready before any picker can see it.
+		for _, e := range eps {
+			if !lb.ready[e.ID] {
+				b.SetReady(e.ID, false)
+			}
+		}
+		lb.eps = eps
+	}
+	var subs []*subConn
+	if oobChanged {
+		for s := range lb.subConns {
+			subs = append(subs, s)
+		}
+	}
+	lb.mu.Unlock()
+
+	for _, s := range subs {
+		s.refresh()
+	}
+	// The child publishes its aggregated state synchronously at the end of
+	// this call, which builds our picker with the new config.
+	return lb.child.UpdateClientConnState(balancer.ClientConnState{
+		ResolverState: pickfirst.EnableHealthListener(ccs.ResolverState),
+	})
+}
+
+// ResolverError implements balancer.Balancer.
+func (lb *lbBalancer) ResolverError(err error) { lb.child.ResolverError(err) }
+
+// UpdateSubConnState implements balancer.Balancer; SubConns created through
+// us use StateListener, so gRPC never calls it.
+func (lb *lbBalancer) UpdateSubConnState(sc balancer.SubConn, st balancer.SubConnState) {
+	logger.Errorf("inferlb: UpdateSubConnState(%v, %+v) called unexpectedly", sc, st)
+}
+
+// ExitIdle implements balancer.Balancer.
+func (lb *lbBalancer) ExitIdle() { lb.child.ExitIdle() }
+
+// Close implements balancer.Balancer. A shared core is left as it is.
+func (lb *lbBalancer) Close() {
+	lb.mu.Lock()
+	lb.closed = true
+	subs := make([]*subConn, 0, len(lb.subConns))
+	for s := range lb.subConns {
+		subs = append(subs, s)
+	}
+	lb.subConns = map[*subConn]struct{}{}
+	lb.mu.Unlock()
+	for _, s := range subs {
+		s.close()
+	}
+	lb.child.Close()
+}
+
+// NewSubConn intercepts pickfirst children's SubConns to follow their
+// connectivity for out-of-band ORCA reports.
+func (lb *lbBalancer) NewSubConn(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.SubConn, error) {
+	if len(addrs) == 0 {
+		return lb.ClientConn.NewSubConn(addrs, opts)
+	}
+	lb.mu.Lock()
+	if lb.closed {
+		lb.mu.Unlock()
+		return nil, errors.New("inferlb: balancer closed")
+	}
+	s := &subConn{lb: lb, id: lb.addrToID[addrs[0].Addr]}
+	lb.mu.Unlock()
+
+	next := opts.StateListener
+	opts.StateListener = func(st balancer.SubConnState) {
+		s.onState(st)
+		if next != nil {
+			next(st)
+		}
+	}
+	sc, err := lb.ClientConn.NewSubConn(addrs, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.sc = sc
+	lb.mu.Lock()
+	if !lb.closed {
+		lb.subConns[s] = struct{}{}
+	}
+	lb.mu.Unlock()
+	return sc, nil
+}
+
+func (lb *lbBalancer) forget(s *subConn) {
+	lb.mu.Lock()
+	delete(lb.subConns, s)
+	lb.mu.Unlock()
+}
+
+func (lb *lbBalancer) oobConfig() (bool, time.Duration) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if lb.cfg == nil || lb.closed {
+		return false, 0
+	}
+	return lb.cfg.oob, lb.cfg.oobInterval
+}
+
+// UpdateState intercepts endpointsharding's aggregated state. It marks
+// each endpoint ready or not in the core, then publishes a picker: our P2C
+// picker over the READY children when there is one, else endpointsharding's
+// own, which queues calls while children connect, wakes IDLE children and
+// fails calls with the last connection error in TRANSIENT_FAILURE.
+func (lb *lbBalancer) UpdateState(st balancer.State) {
+	children := endpointsharding.ChildStatesFromPicker(st.Picker)
+
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if lb.closed {
+		return
+	}
+	b := lb.core.Load()
+	ready := make(map[string]bool, len(children))
+	pickers := make(map[string]balancer.Picker, len(children))
+	for _, c := range children {
+		id := endpointID(c.Endpoint)
+		if c.State.ConnectivityState == connectivity.Ready {
+			ready[id] = true
+			pickers[id] = c.State.Picker
+		}
+	}
+	// SetReady before the picker is published, so the core never offers an
+	// endpoint this channel cannot use. Every endpoint is set, changed or
+	// not: it is cheap, and a shared core may have been told otherwise.
+	if b != nil {
+		for _, e := range lb.eps {
+			b.SetReady(e.ID, ready[e.ID])
+		}
+	}
+	lb.ready = ready
+
+	if len(pickers) == 0 || b == nil || lb.cfg == nil {
+		lb.ClientConn.UpdateState(balancer.State{
+			ConnectivityState: st.ConnectivityState,
+			Picker:            &notReadyPicker{next: st.Picker},
+		})
+		return
+	}
+	lb.ClientConn.UpdateState(balancer.State{
+		ConnectivityState: connectivity.Ready,
+		Picker:            &picker{core: b, cfg: lb.cfg, children: pickers},
+	})
+}
+
+// notReadyPicker delegates to endpointsharding's picker while no endpoint
+// is READY, and prefixes its errors so users see which policy failed the
+// call. gRPC's own signals pass through untouched: ErrNoSubConnAvailable
+// (queue the call) and status errors (end it with that status).
+type notReadyPicker struct {
+	next balancer.Picker
+}
+
+func (p *notReadyPicker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
+	res, err := p.next.Pick(info)
+	if err == nil || err == balancer.ErrNoSubConnAvailable {
+		return res, err
+	}
+	if _, ok := status.FromError(err); ok {
+		return res, err
+	}
+	return res, fmt.Errorf("inferlb: no endpoint is ready: %w", err)
+}

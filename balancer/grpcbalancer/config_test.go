@@ -1,0 +1,134 @@
+package grpcbalancer
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inferlb/inferlb"
+)
+
+func TestParseConfigDefaults(t *testing.T) {
+	for _, js := range []string{``, `{}`, ` { } `} {
+		c, err := parseConfig([]byte(js), false)
+		if err != nil {
+			t.Fatalf("parseConfig(%q): %v", js, err)
+		}
+		if c.defaultService != inferlb.ServiceUnknown || c.readsMetadata() || c.exact != nil || c.prefix != nil {
+			t.Errorf("parseConfig(%q) = %+v, want no methods, no headers", js, c)
+		}
+		if !c.orcaPerCall || c.oob || c.oobInterval != DefaultOOBInterval {
+			t.Errorf("parseConfig(%q): orca perCall %v oob %v interval %v, want true false %v", js, c.orcaPerCall, c.oob, c.oobInterval, DefaultOOBInterval)
+		}
+		if c.keyer != processKeyer() || c.hasTunables {
+			t.Errorf("parseConfig(%q): want the per-process Keyer and no tunables", js)
+		}
+	}
+}
+
+func TestParseConfigGood(t *testing.T) {
+	c, err := parseConfig([]byte(`{
+		"methods": {"/pkg.Svc/Embed": "embedding", "/pkg.Svc/": "llm", "/r.R/Rank": "reranker"},
+		"defaultService": "chat",
+		"affinityKeyHeader": "X-Session-ID",
+		"affinitySeed": 18446744073709551615,
+		"tenantHeader": "x-tenant",
+		"modelHeader": "x-model",
+		"orca": {"perCall": false, "outOfBand": true, "interval": "1.5s"},
+		"balancer": {"telemetryMaxAge": "-1s", "latencyDecay": "5s", "errorAlpha": 0.2, "panicThreshold": -1,
+			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
+			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models"}
+	}`), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for method, want := range map[string]inferlb.Service{
+		"/pkg.Svc/Embed": inferlb.ServiceEmbedding,
+		"/pkg.Svc/Chat":  inferlb.ServiceLLM,
+		"/r.R/Rank":      inferlb.ServiceRerank,
+		"/r.R/Other":     inferlb.ServiceLLM, // the default, "chat"
+		"/pkg.Svc":       inferlb.ServiceLLM, // malformed: the default
+		"":               inferlb.ServiceLLM,
+	} {
+		if got := c.service(method); got != want {
+			t.Errorf("service(%q) = %v, want %v", method, got, want)
+		}
+	}
+	if c.affinityHeader != "x-session-id" || c.tenantHeader != "x-tenant" || c.modelHeader != "x-model" {
+		t.Errorf("headers %q %q %q", c.affinityHeader, c.tenantHeader, c.modelHeader)
+	}
+	if c.keyer.Seed() != 18446744073709551615 {
+		t.Errorf("seed %d", c.keyer.Seed())
+	}
+	if c.orcaPerCall || !c.oob || c.oobInterval != 1500*time.Millisecond {
+		t.Errorf("orca %v %v %v", c.orcaPerCall, c.oob, c.oobInterval)
+	}
+	o := c.opts
+	if o.TelemetryMaxAge != -time.Second || o.LatencyDecay != 5*time.Second || o.ErrorAlpha != 0.2 || o.PanicThreshold != -1 ||
+		o.SlowStartWindow != time.Minute || o.RetryRatio != 0.1 || o.BreakerFailures != 3 || o.EjectionTime != 30*time.Second ||
+		o.MaxEjectedFraction != 0.3 || o.OutlierMargin != 0.1 || o.SubsetLabel != "models" {
+		t.Errorf("options %+v", o)
+	}
+}
+
+func TestParseConfigBad(t *testing.T) {
+	tests := []struct {
+		name   string
+		js     string
+		shared bool
+		want   string // substring of the error, after the common prefix
+	}{
+		{"not JSON", `{`, false, "invalid JSON"},
+		{"not an object", `[]`, false, "want an object"},
+		{"trailing data", `{} {}`, false, "unexpected data"},
+		{"unknown field", `{"method": {}}`, false, `unknown field "method"`},
+		{"unknown nested field", `{"balancer": {"errorAlfa": 0.1}}`, false, `unknown field "errorAlfa"`},
+		{"unknown orca field", `{"orca": {"oob": true}}`, false, `unknown field "oob"`},
+		{"methods not an object", `{"methods": ["x"]}`, false, "field methods: got JSON array"},
+		{"method value type", `{"methods": {"/a.B/C": 1}}`, false, "methods"},
+		{"unknown service", `{"methods": {"/a.B/C": "vision"}}`, false, `methods["/a.B/C"]: unknown service "vision"`},
+		{"method without slash", `{"methods": {"a.B/C": "llm"}}`, false, `methods["a.B/C"]`},
+		{"method too deep", `{"methods": {"/a.B/C/D": "llm"}}`, false, `methods["/a.B/C/D"]`},
+		{"method empty service", `{"methods": {"//C": "llm"}}`, false, `methods["//C"]`},
+		{"bad default service", `{"defaultService": "images"}`, false, "defaultService"},
+		{"bad header", `{"affinityKeyHeader": "x session"}`, false, "affinityKeyHeader"},
+		{"reserved header", `{"tenantHeader": "grpc-tenant"}`, false, "tenantHeader"},
+		{"bad model header", `{"modelHeader": "é"}`, false, "modelHeader"},
+		{"negative seed", `{"affinitySeed": -1}`, false, "affinitySeed"},
+		{"seed as string", `{"affinitySeed": "42"}`, false, "affinitySeed"},
+		{"bad interval", `{"orca": {"interval": "soon"}}`, false, "orca.interval"},
+		{"zero interval", `{"orca": {"interval": "0s"}}`, false, "orca.interval"},
+		{"perCall type", `{"orca": {"perCall": "yes"}}`, false, "orca.perCall"},
+		{"bad duration", `{"balancer": {"latencyDecay": "10"}}`, false, "balancer.latencyDecay"},
+		{"duration as number", `{"balancer": {"errorDecay": 30}}`, false, "balancer.errorDecay"},
+		{"negative decay", `{"balancer": {"latencyDecay": "-1s"}}`, false, "balancer.latencyDecay"},
+		{"alpha above 1", `{"balancer": {"errorAlpha": 2}}`, false, "balancer.errorAlpha"},
+		{"panic above 1", `{"balancer": {"panicThreshold": 1.5}}`, false, "balancer.panicThreshold"},
+		{"min weight", `{"balancer": {"slowStartMinWeight": -0.1}}`, false, "balancer.slowStartMinWeight"},
+		{"retry ratio", `{"balancer": {"retryRatio": 3}}`, false, "balancer.retryRatio"},
+		{"probes", `{"balancer": {"breakerProbes": -2}}`, false, "balancer.breakerProbes"},
+		{"ejected fraction", `{"balancer": {"maxEjectedFraction": 1.2}}`, false, "balancer.maxEjectedFraction"},
+		{"negative cooldown", `{"balancer": {"defaultCooldown": "-1s"}}`, false, "balancer.defaultCooldown"},
+		{"tunables on a shared Balancer", `{"balancer": {}}`, true, "field balancer: not allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig([]byte(tt.js), tt.shared)
+			if err == nil {
+				t.Fatalf("parseConfig(%s) succeeded", tt.js)
+			}
+			if !strings.HasPrefix(err.Error(), "inferlb: ") || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("parseConfig(%s) = %q, want the inferlb prefix and %q", tt.js, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseConfigThroughBuilder(t *testing.T) {
+	if _, err := (&Builder{name: Name}).ParseConfig([]byte(`{"balancer": {"errorAlpha": 0.3}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewBuilder("x", coreForTest()).ParseConfig([]byte(`{"balancer": {"errorAlpha": 0.3}}`)); err == nil {
+		t.Fatal("a NewBuilder policy accepted tunables it cannot apply")
+	}
+}

@@ -1,0 +1,118 @@
+// Package grpcbalancer is inferlb's gRPC load-balancing policy: grpc-go
+// routes each call with the shared P2C core (package balancer), which knows
+// per-endpoint load, latency, errors, standing and ORCA telemetry.
+//
+// Importing the package registers the policy as Name ("inferlb"):
+//
+//	import _ "github.com/inferlb/inferlb/balancer/grpcbalancer"
+//
+//	conn, err := grpc.NewClient("dns:///llm.internal:50051",
+//		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"inferlb":{
+//			"methods": {"/pkg.Gen/": "llm", "/pkg.Embed/Embed": "embedding"},
+//			"affinityKeyHeader": "x-session-id"}}]}`),
+//		grpc.WithTransportCredentials(creds))
+//
+// Each channel then gets a Balancer of its own. To share one live view of
+// load between gRPC channels and HTTP traffic (balancer/httpbalancer), build
+// the policy around your Balancer with NewBuilder and register it under a
+// name of your own.
+//
+// # Structure
+//
+// The policy follows grpc-go's modern recipe for endpoint-level policies
+// (gRFC A61, as least_request of gRFC A48 does): endpointsharding with one
+// pickfirst child per resolver endpoint, pickfirst's health listener on so
+// a child is READY only when healthy. The core holds one endpoint per
+// resolver endpoint, keyed by its first address (or the ID given with
+// WithEndpoint); its state survives picker rebuilds because the policy calls
+// Update only when the endpoint set changes and SetReady when a child's
+// connectivity changes, before it publishes the next picker.
+//
+// Connectivity: the channel is READY while any child is READY, and calls go
+// through the core over the READY children. Otherwise the policy reports
+// endpointsharding's aggregate (CONNECTING if any child connects, then IDLE,
+// then TRANSIENT_FAILURE) and its picker: calls queue while children
+// connect, IDLE children are woken, and in TRANSIENT_FAILURE non
+// wait-for-ready calls fail UNAVAILABLE with the last connection error.
+//
+// # Request facts
+//
+// The picker reads a call's Request from inferlb.FromContext first (set it
+// with inferlb.NewContext; its Service is filled from the method when
+// unset). Otherwise it builds one: Service from the method (see "methods"),
+// AffinityKey from the affinityKeyHeader value (cache.Keyer.Session of the
+// first value), Tenant and Model from tenantHeader and modelHeader. A pick
+// allocates nothing when the facts come from the method or the context,
+// and one small value per configured header present (grpc-go copies
+// metadata values out of the context).
+//
+// # Outcomes
+//
+// When a call ends, its gRPC status becomes the core's Outcome: codes that
+// Envoy maps to 5xx (UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL,
+// UNAVAILABLE, DATA_LOSS) are failures; RESOURCE_EXHAUSTED is an overload
+// answer that cools the endpoint down for the trailer's
+// grpc-retry-pushback-ms or retry-after; CANCELLED is the client's doing and
+// counts as neither; other codes describe the request and count as the
+// endpoint's success. A pick whose call was never sent counts as nothing.
+// Latency is measured by the core from pick to Done.
+//
+// # ORCA load reports
+//
+// Per-call ORCA reports (gRFC A51: DoneInfo.ServerLoad, from the trailer)
+// and, when enabled, out-of-band reports (an ORCA stream per READY
+// SubConn) are published to the core's telemetry store for the endpoint:
+// cpu_utilization becomes CPUUtil, application_utilization AppUtil, and the
+// named metrics (or named utilizations) kv_cache_usage, kv_cache_usage_perc,
+// kv_cache_utilization and gpu_cache_usage_perc KVCacheUsage (a 0..1
+// fraction), num_requests_waiting and queue_depth Waiting,
+// num_requests_running Running, prefix_cache_hit_rate PrefixCacheHitRate.
+// Utilizations of 0 read as "not reported" (proto3 has no presence), as in
+// weighted round robin (gRFC A58).
+//
+// # Service config
+//
+// The policy's config object, every field optional:
+//
+//	{
+//	  "methods": {                      // method or service -> Service kind
+//	    "/pkg.Svc/Embed": "embedding",  //   exact method
+//	    "/pkg.Svc/": "llm"              //   every method of a service
+//	  },
+//	  "defaultService": "unknown",      // for unlisted methods; default "unknown"
+//	  "affinityKeyHeader": "",          // metadata key of a session/affinity value; default none
+//	  "affinitySeed": 0,                // Keyer seed; default 0 = random per process
+//	  "tenantHeader": "",               // metadata key of the tenant; default none
+//	  "modelHeader": "",                // metadata key of the model name; default none
+//	  "orca": {
+//	    "perCall": true,                // read per-call reports; default true
+//	    "outOfBand": false,             // run an ORCA stream per READY SubConn; default false
+//	    "interval": "10s"               // requested OOB interval; default 10s
+//	  },
+//	  "balancer": {                     // balancer.Options; 0 or absent = the core's default
+//	    "telemetryMaxAge": "30s", "latencyDecay": "10s", "errorAlpha": 0.1,
+//	    "errorDecay": "30s", "panicThreshold": 0.5, "defaultCooldown": "1s",
+//	    "maxCooldown": "30s", "slowStartWindow": "30s", "slowStartMinWeight": 0.1,
+//	    "slowStartAggression": 1, "retryRatio": 0.2, "retryFloor": 10,
+//	    "breakerFailures": 5, "breakerProbes": 3, "ejectionTime": "10s",
+//	    "maxEjectionTime": "2m", "maxEjectedFraction": 0.5,
+//	    "outlierInterval": "10s", "outlierMinRequests": 20,
+//	    "outlierMargin": 0.2, "subsetLabel": "model"
+//	  }
+//	}
+//
+// Service names are those inferlb.ParseService accepts. Header keys are
+// case-insensitive metadata keys and may not start with "grpc-". Durations
+// are Go or protobuf-JSON durations ("1.5s", "250ms"). The config is
+// parsed and validated once, by ParseConfig: an unknown field, a value of
+// the wrong type, a bad method pattern, a bad header or a tunable that
+// balancer.Options.Validate rejects fails with an error that starts with
+// "inferlb: " and names the field. Changing the "balancer" section of a
+// running channel replaces its Balancer (live state starts over); the
+// "balancer" section is refused for a NewBuilder policy, whose Balancer the
+// caller configured.
+//
+// With an explicit affinitySeed, every process maps a session to the same
+// key, so consistent placement agrees across callers; the random default
+// keeps keys unpredictable from outside the process.
+package grpcbalancer

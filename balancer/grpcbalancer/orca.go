@@ -1,0 +1,138 @@
+package grpcbalancer
+
+import (
+	"sync"
+	"time"
+
+	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/orca"
+
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// namedMetric maps an ORCA named metric (or named utilization) onto a
+// telemetry field. The names are those model servers use in their ORCA
+// reports (vLLM's endpoint-load-metrics: kv_cache_usage_perc,
+// num_requests_waiting, num_requests_running) plus plain aliases.
+type namedMetric struct {
+	name     string
+	field    telemetry.Field
+	fraction bool // a 0..1 fraction; a value outside is dropped, as modelserver.ParseLoadHeader does
+}
+
+var namedMetrics = [...]namedMetric{
+	{"kv_cache_usage", telemetry.KVCacheUsage, true},
+	{"kv_cache_usage_perc", telemetry.KVCacheUsage, true},
+	{"kv_cache_utilization", telemetry.KVCacheUsage, true},
+	{"gpu_cache_usage_perc", telemetry.KVCacheUsage, true},
+	{"num_requests_waiting", telemetry.Waiting, false},
+	{"queue_depth", telemetry.Waiting, false},
+	{"num_requests_running", telemetry.Running, false},
+	{"prefix_cache_hit_rate", telemetry.PrefixCacheHitRate, true},
+}
+
+// sampleFromORCA converts an ORCA load report (gRFC A51: per-call in the
+// trailer or out-of-band on a stream) into a telemetry sample observed at now.
+//
+// cpu_utilization and application_utilization are proto3 scalars without
+// presence, so 0 reads as "not reported", as weighted round robin does
+// (gRFC A58): a per-call report that sets only a named metric must not
+// erase the utilization an out-of-band stream reported. Named metrics are
+// map entries, present or not, so 0 there is a value.
+func sampleFromORCA(r *v3orcapb.OrcaLoadReport, now time.Time) telemetry.Sample {
+	s := telemetry.Sample{Time: now}
+	if r == nil {
+		return s
+	}
+	if v := r.GetCpuUtilization(); v > 0 {
+		s.Set(telemetry.CPUUtil, v)
+	}
+	if v := r.GetApplicationUtilization(); v > 0 {
+		s.Set(telemetry.AppUtil, v)
+	}
+	named, util := r.GetNamedMetrics(), r.GetUtilization()
+	if len(named) == 0 && len(util) == 0 {
+		return s
+	}
+	for _, m := range namedMetrics {
+		v, ok := named[m.name]
+		if !ok {
+			if v, ok = util[m.name]; !ok {
+				continue
+			}
+		}
+		if v < 0 || (m.fraction && v > 1) {
+			continue
+		}
+		s.Set(m.field, v)
+	}
+	return s
+}
+
+// subConn tracks one SubConn a pickfirst child created, to run an
+// out-of-band ORCA listener on it while it is READY.
+//
+// Concurrency: lb and id are immutable; sc is set once, right after
+// creation, before any state update can arrive. mu guards ready and stop.
+// Listener registration and stop happen without lb.mu held: stop waits for
+// the ORCA producer's goroutine, which may be delivering a report.
+type subConn struct {
+	lb *lbBalancer
+	id string
+	sc balancer.SubConn
+
+	mu    sync.Mutex
+	ready bool
+	stop  func() // stops the OOB listener; nil when none runs
+}
+
+var _ orca.OOBListener = (*subConn)(nil)
+
+// OnLoadReport implements orca.OOBListener.
+func (s *subConn) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
+	if b := s.lb.core.Load(); b != nil {
+		if smp := sampleFromORCA(r, time.Now()); !smp.Empty() {
+			b.Publish(s.id, smp)
+		}
+	}
+}
+
+// onState follows the SubConn's connectivity: the ORCA producer lives only
+// while the SubConn is READY, so a listener is registered on each READY and
+// stopped when it leaves READY or shuts down.
+func (s *subConn) onState(st balancer.SubConnState) {
+	s.mu.Lock()
+	s.ready = st.ConnectivityState == connectivity.Ready
+	s.mu.Unlock()
+	if st.ConnectivityState == connectivity.Shutdown {
+		s.lb.forget(s)
+	}
+	s.refresh()
+}
+
+// refresh starts or stops the OOB listener to match readiness and config.
+func (s *subConn) refresh() {
+	enabled, interval := s.lb.oobConfig()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stop != nil {
+		s.stop()
+		s.stop = nil
+	}
+	if s.ready && enabled {
+		s.stop = orca.RegisterOOBListener(s.sc, s, orca.OOBListenerOptions{ReportInterval: interval})
+	}
+}
+
+// close stops the listener for good.
+func (s *subConn) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ready = false
+	if s.stop != nil {
+		s.stop()
+		s.stop = nil
+	}
+}

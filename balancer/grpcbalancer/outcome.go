@@ -1,0 +1,76 @@
+package grpcbalancer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/inferlb/inferlb"
+)
+
+var (
+	// errNotSent marks a pick whose call never reached the endpoint (gRPC
+	// found the transport gone and picked again, or the picker gave the
+	// pick back). It wraps context.Canceled so the core counts it as
+	// neither success nor failure.
+	errNotSent = fmt.Errorf("inferlb: call not sent: %w", context.Canceled)
+	// errCanceled is the client's own cancellation (codes.Canceled).
+	errCanceled = fmt.Errorf("inferlb: call canceled by the client: %w", context.Canceled)
+)
+
+// outcome turns how gRPC says a call ended into how the core should count it.
+//
+// The classification follows the HTTP status Envoy maps each code to
+// (grpc-status to HTTP, as in its outlier detection): codes that map to 5xx
+// are failures of the endpoint (Unknown, DeadlineExceeded, Unimplemented,
+// Internal, Unavailable, DataLoss); ResourceExhausted (429) is an overload
+// answer that cools the endpoint down for the trailer's pushback; Canceled
+// (499) is the client's doing and counts as neither; every other code
+// (InvalidArgument, NotFound, PermissionDenied, ...) describes the request,
+// not the endpoint, which answered: for routing it is a success.
+func outcome(di balancer.DoneInfo) inferlb.Outcome {
+	if di.Err == nil {
+		if !di.BytesSent {
+			return inferlb.Outcome{Err: errNotSent}
+		}
+		return inferlb.Outcome{}
+	}
+	if errors.Is(di.Err, context.Canceled) {
+		return inferlb.Outcome{Err: di.Err}
+	}
+	switch status.Code(di.Err) {
+	case codes.Canceled:
+		return inferlb.Outcome{Err: errCanceled}
+	case codes.ResourceExhausted:
+		return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
+	case codes.Unknown, codes.DeadlineExceeded, codes.Unimplemented, codes.Internal, codes.Unavailable, codes.DataLoss:
+		return inferlb.Outcome{Err: di.Err}
+	}
+	return inferlb.Outcome{}
+}
+
+// retryAfter reads the server's pushback from the trailer: gRPC's
+// grpc-retry-pushback-ms (gRFC A6, milliseconds; negative means "do not
+// retry", which for routing is just "no hint"), else an HTTP-style
+// retry-after in seconds. 0 means no hint.
+func retryAfter(md metadata.MD) time.Duration {
+	if v := md["grpc-retry-pushback-ms"]; len(v) > 0 {
+		if ms, err := strconv.ParseInt(strings.TrimSpace(v[0]), 10, 64); err == nil && ms > 0 {
+			return time.Duration(ms) * time.Millisecond
+		}
+	}
+	if v := md["retry-after"]; len(v) > 0 {
+		if s, err := strconv.ParseFloat(strings.TrimSpace(v[0]), 64); err == nil && s > 0 && s < 1e6 {
+			return time.Duration(s * float64(time.Second))
+		}
+	}
+	return 0
+}

@@ -1,0 +1,178 @@
+package grpcbalancer
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/inferlb/inferlb"
+	core "github.com/inferlb/inferlb/balancer"
+)
+
+// maxRepicks bounds how often one Pick asks the core again after it chose an
+// endpoint this picker has no READY child for.
+const maxRepicks = 2
+
+// picker routes a channel's calls with the core's P2C over the READY
+// children, then lets the chosen child (a pickfirst picker) name the SubConn.
+//
+// Concurrency: immutable after construction; gRPC calls Pick from any
+// goroutine. The core's state is shared and atomic.
+type picker struct {
+	core     *core.Balancer
+	cfg      *lbConfig
+	children map[string]balancer.Picker // READY children by endpoint ID
+}
+
+// Pick implements balancer.Picker. It allocates nothing when the call's
+// facts come from its method or from inferlb.NewContext, and one small
+// value per configured header present in the outgoing metadata (grpc-go's
+// metadata.ValueFromOutgoingContext copies the values it returns).
+func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
+	c := callPool.Get().(*call)
+	req := p.request(info, c)
+	for range 1 + maxRepicks {
+		var err error
+		if c.pick, err = p.core.Pick(req); err != nil {
+			// Not a status error: wait-for-ready calls wait for the next
+			// picker, others fail with UNAVAILABLE and this message.
+			c.release()
+			return balancer.PickResult{}, err
+		}
+		child, ok := p.children[c.pick.ID()]
+		if !ok {
+			// The core chose an endpoint with no READY child here: a shared
+			// core knows endpoints this channel does not, or readiness is
+			// changing and a new picker is on its way. Give it back, draw again.
+			c.pick.Done(inferlb.Outcome{Err: errNotSent})
+			continue
+		}
+		res, err := child.Pick(info)
+		if err != nil {
+			c.pick.Done(inferlb.Outcome{Err: errNotSent})
+			c.release()
+			return res, err
+		}
+		c.core = p.core
+		c.perCall = p.cfg.orcaPerCall
+		c.childDone = res.Done
+		c.armed.Store(true)
+		res.Done = c.doneFn
+		return res, nil
+	}
+	c.release()
+	return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+}
+
+// request gathers the call's facts: a Request from inferlb.NewContext
+// first (its Service filled from the method when unset), else the method's
+// Service plus the affinity key, tenant and model from the configured
+// outgoing metadata. Facts from the method alone use a shared read-only
+// template; otherwise the Request is built in c's scratch space.
+func (p *picker) request(info balancer.PickInfo, c *call) *inferlb.Request {
+	cfg := p.cfg
+	ctx := info.Ctx
+	if ctx != nil {
+		if r, ok := inferlb.FromContext(ctx); ok {
+			if r.Service != inferlb.ServiceUnknown {
+				return r
+			}
+			svc := cfg.service(info.FullMethodName)
+			if svc == inferlb.ServiceUnknown {
+				return r
+			}
+			c.req = *r
+			c.req.Service = svc
+			return &c.req
+		}
+	}
+	svc := cfg.service(info.FullMethodName)
+	if ctx == nil || !cfg.readsMetadata() {
+		return &cfg.templates[svc]
+	}
+	var key uint64
+	var tenant, model string
+	if h := cfg.affinityHeader; h != "" {
+		if v := metadata.ValueFromOutgoingContext(ctx, h); len(v) > 0 {
+			key = cfg.keyer.Session(v[0])
+		}
+	}
+	if h := cfg.tenantHeader; h != "" {
+		if v := metadata.ValueFromOutgoingContext(ctx, h); len(v) > 0 {
+			tenant = v[0]
+		}
+	}
+	if h := cfg.modelHeader; h != "" {
+		if v := metadata.ValueFromOutgoingContext(ctx, h); len(v) > 0 {
+			model = v[0]
+		}
+	}
+	if key == 0 && tenant == "" && model == "" {
+		return &cfg.templates[svc]
+	}
+	c.req = inferlb.Request{Service: svc, AffinityKey: key, Tenant: tenant, Model: model}
+	return &c.req
+}
+
+// call carries one pick from Pick to Done. Calls are pooled, so a pick
+// allocates nothing: the Done function handed to gRPC is bound once per
+// call value, and the value goes back to the pool after Done. That relies
+// on gRPC calling PickResult.Done at most once, which it does (a stream
+// attempt reports once when it finishes; a pick whose transport was gone is
+// reported once with an empty DoneInfo and dropped). armed turns a
+// duplicate Done before reuse into a no-op.
+//
+// Concurrency: written by Pick before the PickResult is returned and read
+// by Done after gRPC hands the result to the call; the pool and armed
+// order the two.
+type call struct {
+	pick      core.Pick
+	core      *core.Balancer
+	childDone func(balancer.DoneInfo)
+	perCall   bool
+	armed     atomic.Bool
+	req       inferlb.Request         // scratch for Pick; unused after it
+	doneFn    func(balancer.DoneInfo) // c.done, bound once
+}
+
+// callPool's New is set in init: done refers to the pool, so a composite
+// literal would be an initialization cycle.
+var callPool sync.Pool
+
+func init() {
+	callPool.New = func() any {
+		c := &call{}
+		c.doneFn = c.done
+		return c
+	}
+}
+
+func (c *call) done(di balancer.DoneInfo) {
+	if !c.armed.CompareAndSwap(true, false) {
+		return
+	}
+	if c.childDone != nil {
+		c.childDone(di)
+	}
+	if c.perCall && di.ServerLoad != nil {
+		if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok {
+			if s := sampleFromORCA(r, time.Now()); !s.Empty() {
+				c.core.Publish(c.pick.ID(), s)
+			}
+		}
+	}
+	c.pick.Done(outcome(di))
+	c.release()
+}
+
+func (c *call) release() {
+	c.pick = core.Pick{}
+	c.core = nil
+	c.childDone = nil
+	c.req = inferlb.Request{}
+	callPool.Put(c)
+}

@@ -1,0 +1,443 @@
+package grpcbalancer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/status"
+
+	"github.com/inferlb/inferlb"
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/cache"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
+	"github.com/inferlb/inferlb/scoring"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+var sent = balancer.DoneInfo{BytesSent: true, BytesReceived: true}
+
+// stats returns the core's view of endpoint a.
+func stats(t testing.TB, b *core.Balancer, a string) core.EndpointStats {
+	t.Helper()
+	for _, s := range b.Stats() {
+		if s.ID == a {
+			return s
+		}
+	}
+	t.Fatalf("no endpoint %s in %+v", a, b.Stats())
+	return core.EndpointStats{}
+}
+
+func TestPickSpreadsAndReportsOnce(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 4)
+	counts := map[string]int{}
+	for range 400 {
+		a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		counts[a]++
+		res.Done(sent)
+		res.Done(sent) // a duplicate must not count twice
+	}
+	if len(counts) != 4 {
+		t.Fatalf("picks reached %d of 4 endpoints: %v", len(counts), counts)
+	}
+	b := h.lb().core.Load()
+	var picks, successes uint64
+	for _, s := range b.Stats() {
+		picks += s.Picks
+		successes += s.Successes
+		if s.InFlight != 0 {
+			t.Errorf("%s: %d calls still in flight after Done", s.ID, s.InFlight)
+		}
+	}
+	if picks != 400 || successes != 400 {
+		t.Errorf("core saw %d picks and %d successes, want 400 each", picks, successes)
+	}
+}
+
+func TestStateSurvivesResolverUpdates(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 3)
+	b := h.lb().core.Load()
+	var held []balancer.PickResult
+	for range 30 {
+		_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		held = append(held, res)
+	}
+	before := b.Stats()
+
+	// Same set again: no core update at all; then one more endpoint.
+	h.update(3)
+	h.update(4)
+	if got := h.lb().core.Load(); got != b {
+		t.Fatal("a resolver update replaced the core Balancer")
+	}
+	if s := stats(t, b, addr(3)); s.Ready {
+		t.Error("a new endpoint is ready in the core before its SubConn connected")
+	}
+	for _, s := range before {
+		after := stats(t, b, s.ID)
+		if after.Picks != s.Picks || after.InFlight != s.InFlight {
+			t.Errorf("%s: picks %d -> %d, in flight %d -> %d across updates", s.ID, s.Picks, after.Picks, s.InFlight, after.InFlight)
+		}
+	}
+	for h.cc.ConnectAll() > 0 {
+	}
+	if s := stats(t, b, addr(3)); !s.Ready {
+		t.Error("the new endpoint is not ready after its SubConn connected")
+	}
+	for _, res := range held {
+		res.Done(sent)
+	}
+}
+
+func TestNotReadyEndpointIsNotPicked(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 4)
+	b := h.lb().core.Load()
+	// The connection to endpoint 0 drops: pickfirst goes IDLE, then
+	// endpointsharding asks it to reconnect (its SubConn then waits in
+	// Connect, which the fake never completes here).
+	h.subConn(addr(0)).SetState(balancer.SubConnState{ConnectivityState: connectivity.Idle})
+	if stats(t, b, addr(0)).Ready {
+		t.Fatal("endpoint 0 is still ready in the core after its connection dropped")
+	}
+	for range 200 {
+		a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		if a == addr(0) {
+			t.Fatal("picked the endpoint whose connection dropped")
+		}
+		res.Done(sent)
+	}
+}
+
+func TestNoReadyEndpoint(t *testing.T) {
+	cc := grpcfake.NewClientConn()
+	bal := balancer.Get(Name).Build(cc, balancer.BuildOptions{})
+	defer bal.Close()
+	if err := bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: endpoints(2)}}); err != nil {
+		t.Fatal(err)
+	}
+	if st := cc.State().ConnectivityState; st != connectivity.Connecting {
+		t.Fatalf("state %v before any connection, want CONNECTING", st)
+	}
+	info := balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()}
+	if _, err := cc.State().Picker.Pick(info); err != balancer.ErrNoSubConnAvailable {
+		t.Fatalf("Pick while connecting: %v, want ErrNoSubConnAvailable (queue the call)", err)
+	}
+	refused := errors.New("connection refused")
+	for _, sc := range cc.SubConns() {
+		sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.Connecting})
+		sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.TransientFailure, ConnectionError: refused})
+	}
+	if st := cc.State().ConnectivityState; st != connectivity.TransientFailure {
+		t.Fatalf("state %v with every connection failing, want TRANSIENT_FAILURE", st)
+	}
+	_, err := cc.State().Picker.Pick(info)
+	if err == nil || !strings.HasPrefix(err.Error(), "inferlb: ") || !errors.Is(err, refused) {
+		t.Fatalf("Pick in TRANSIENT_FAILURE: %v, want the last connection error with the inferlb prefix", err)
+	}
+	if _, ok := status.FromError(err); ok {
+		t.Fatal("a status error would end wait-for-ready calls instead of queueing them")
+	}
+}
+
+// recorder is a scorer that remembers the requests it priced.
+type recorder struct {
+	mu   sync.Mutex
+	last inferlb.Request
+	n    int
+}
+
+func (r *recorder) Cost(req *inferlb.Request, s scoring.State) float64 {
+	r.mu.Lock()
+	r.last = *req
+	r.n++
+	r.mu.Unlock()
+	return float64(s.InFlight)
+}
+
+func (r *recorder) get() inferlb.Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
+
+var builderSeq atomic.Int64
+
+// registerShared registers a NewBuilder policy around b under a fresh name.
+func registerShared(b *core.Balancer) string {
+	name := fmt.Sprintf("inferlb-test-%d", builderSeq.Add(1))
+	balancer.Register(NewBuilder(name, b))
+	return name
+}
+
+func TestRequestFacts(t *testing.T) {
+	rec := &recorder{}
+	scorers := map[inferlb.Service]scoring.Scorer{}
+	for s := range inferlb.NumServices {
+		scorers[inferlb.Service(s)] = rec
+	}
+	b := core.New(core.Options{Scorers: scorers})
+	name := registerShared(b)
+	h := newHarness(t, name, `{
+		"methods": {"/ai.Gen/": "llm", "/ai.Emb/Embed": "embedding"},
+		"defaultService": "rerank",
+		"affinityKeyHeader": "X-Session", "affinitySeed": 42,
+		"tenantHeader": "x-tenant", "modelHeader": "x-model"}`, 3)
+	keyer := cache.NewKeyer(42)
+
+	md := metadata.Pairs("x-session", "conv-7", "x-tenant", "acme", "x-model", "llama")
+	fromCtx := &inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "ctx", PromptTokens: 10}
+	noSvc := &inferlb.Request{Tenant: "ctx2"}
+	tests := []struct {
+		name   string
+		method string
+		ctx    context.Context
+		want   inferlb.Request
+	}{
+		{"service prefix", "/ai.Gen/Chat", context.Background(), inferlb.Request{Service: inferlb.ServiceLLM}},
+		{"exact method", "/ai.Emb/Embed", context.Background(), inferlb.Request{Service: inferlb.ServiceEmbedding}},
+		{"exact beats nothing else in service", "/ai.Emb/Other", context.Background(), inferlb.Request{Service: inferlb.ServiceRerank}},
+		{"default service", "/other.Svc/M", context.Background(), inferlb.Request{Service: inferlb.ServiceRerank}},
+		{"metadata", "/ai.Gen/Chat", metadata.NewOutgoingContext(context.Background(), md),
+			inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: keyer.Session("conv-7"), Tenant: "acme", Model: "llama"}},
+		{"appended metadata", "/ai.Gen/Chat", metadata.AppendToOutgoingContext(context.Background(), "x-session", "conv-8"),
+			inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: keyer.Session("conv-8")}},
+		{"context request wins", "/ai.Gen/Chat", inferlb.NewContext(metadata.NewOutgoingContext(context.Background(), md), fromCtx), *fromCtx},
+		{"context request gets the method's service", "/ai.Gen/Chat", inferlb.NewContext(context.Background(), noSvc),
+			inferlb.Request{Service: inferlb.ServiceLLM, Tenant: "ctx2"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, res := h.pick(balancer.PickInfo{FullMethodName: tt.method, Ctx: tt.ctx})
+			res.Done(sent)
+			if got := rec.get(); got != tt.want {
+				t.Errorf("core saw %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	if noSvc.Service != inferlb.ServiceUnknown {
+		t.Error("the picker modified the caller's context Request")
+	}
+}
+
+func TestDoneOutcomes(t *testing.T) {
+	h := newHarness(t, Name, `{"balancer": {"breakerFailures": -1, "outlierInterval": "-1s"}}`, 1)
+	b := h.lb().core.Load()
+	a := addr(0)
+	do := func(di balancer.DoneInfo) {
+		_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		res.Done(di)
+	}
+	do(sent)
+	do(balancer.DoneInfo{Err: status.Error(codes.Unavailable, "gone"), BytesSent: true})
+	do(balancer.DoneInfo{Err: status.Error(codes.Canceled, "bye")})
+	do(balancer.DoneInfo{}) // transport gone before the call was sent
+	do(balancer.DoneInfo{Err: status.Error(codes.NotFound, "no such model"), BytesSent: true, BytesReceived: true})
+	s := stats(t, b, a)
+	if s.Successes != 2 || s.Failures != 1 || s.Overloads != 0 {
+		t.Fatalf("successes %d failures %d overloads %d, want 2, 1, 0", s.Successes, s.Failures, s.Overloads)
+	}
+	start := time.Now()
+	do(balancer.DoneInfo{
+		Err:       status.Error(codes.ResourceExhausted, "busy"),
+		Trailer:   metadata.Pairs("grpc-retry-pushback-ms", "5000"),
+		BytesSent: true, BytesReceived: true,
+	})
+	s = stats(t, b, a)
+	if s.Overloads != 1 {
+		t.Fatalf("overloads %d after RESOURCE_EXHAUSTED, want 1", s.Overloads)
+	}
+	if until := s.ExcludedUntil.Sub(start); until < 4*time.Second || until > 6*time.Second {
+		t.Errorf("cooled down for %v, want the 5s pushback", until)
+	}
+}
+
+func TestOutcome(t *testing.T) {
+	tests := []struct {
+		name       string
+		di         balancer.DoneInfo
+		err        bool
+		canceled   bool
+		overloaded bool
+		retryAfter time.Duration
+	}{
+		{"ok", sent, false, false, false, 0},
+		{"not sent", balancer.DoneInfo{}, true, true, false, 0},
+		{"canceled", balancer.DoneInfo{Err: status.Error(codes.Canceled, "x"), BytesSent: true}, true, true, false, 0},
+		{"context canceled", balancer.DoneInfo{Err: context.Canceled}, true, true, false, 0},
+		{"unavailable", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "x")}, true, false, false, 0},
+		{"internal", balancer.DoneInfo{Err: status.Error(codes.Internal, "x"), BytesSent: true}, true, false, false, 0},
+		{"deadline", balancer.DoneInfo{Err: status.Error(codes.DeadlineExceeded, "x"), BytesSent: true}, true, false, false, 0},
+		{"plain error", balancer.DoneInfo{Err: errors.New("boom"), BytesSent: true}, true, false, false, 0},
+		{"invalid argument is the caller's", balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, "x"), BytesSent: true}, false, false, false, 0},
+		{"exhausted", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"), BytesSent: true}, true, false, true, 0},
+		{"exhausted pushback", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "1500")}, true, false, true, 1500 * time.Millisecond},
+		{"exhausted retry-after", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("retry-after", "2")}, true, false, true, 2 * time.Second},
+		{"exhausted bad hints", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "-1", "retry-after", "soon")}, true, false, true, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := outcome(tt.di)
+			if (o.Err != nil) != tt.err || o.Canceled() != tt.canceled || o.Overloaded != tt.overloaded || o.RetryAfter != tt.retryAfter {
+				t.Errorf("outcome = %+v (canceled %v), want err %v canceled %v overloaded %v retryAfter %v",
+					o, o.Canceled(), tt.err, tt.canceled, tt.overloaded, tt.retryAfter)
+			}
+			if o.Latency != 0 {
+				t.Error("Latency must be left to the core")
+			}
+		})
+	}
+}
+
+func TestSampleFromORCA(t *testing.T) {
+	now := time.Now()
+	r := &v3orcapb.OrcaLoadReport{
+		CpuUtilization:         0.5,
+		ApplicationUtilization: 0.9,
+		NamedMetrics:           map[string]float64{"kv_cache_usage_perc": 0.8, "num_requests_waiting": 3, "num_requests_running": 0},
+		Utilization:            map[string]float64{"prefix_cache_hit_rate": 0.25, "kv_cache_usage": 0.1},
+	}
+	s := sampleFromORCA(r, now)
+	want := map[telemetry.Field]float64{
+		telemetry.CPUUtil: 0.5, telemetry.AppUtil: 0.9, telemetry.KVCacheUsage: 0.8,
+		telemetry.Waiting: 3, telemetry.Running: 0, telemetry.PrefixCacheHitRate: 0.25,
+	}
+	for f, v := range want {
+		if got, ok := s.Get(f); !ok || got != v {
+			t.Errorf("%v = %v (present %v), want %v", f, got, ok, v)
+		}
+	}
+	if !s.Time.Equal(now) {
+		t.Errorf("Time = %v, want %v", s.Time, now)
+	}
+
+	empty := sampleFromORCA(&v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_usage": 1.7, "num_requests_waiting": -1, "other": 3}}, now)
+	if !empty.Empty() {
+		t.Errorf("zero utilizations, out-of-range and unknown metrics gave %+v, want nothing", empty)
+	}
+}
+
+func TestPerCallORCAReachesTelemetry(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 2)
+	b := h.lb().core.Load()
+	a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+	di := sent
+	di.ServerLoad = &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_usage": 0.97}}
+	res.Done(di)
+	s, ok := b.Telemetry().Latest(a, time.Now(), time.Minute)
+	if v, has := s.Get(telemetry.KVCacheUsage); !ok || !has || v != 0.97 {
+		t.Fatalf("telemetry for %s = %+v, want kv_cache_usage 0.97", a, s)
+	}
+
+	off := newHarness(t, Name, `{"orca": {"perCall": false}}`, 1)
+	_, res = off.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+	res.Done(di)
+	if _, ok := off.lb().core.Load().Telemetry().Latest(addr(0), time.Now(), time.Minute); ok {
+		t.Fatal("per-call reports were published with orca.perCall off")
+	}
+}
+
+func TestSharedBalancer(t *testing.T) {
+	b := core.New(core.Options{})
+	name := registerShared(b)
+	h := newHarness(t, name, `{}`, 3)
+	for range 30 {
+		_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		res.Done(sent)
+	}
+	// An HTTP transport on the same Balancer sees the same endpoints and load.
+	var picks uint64
+	for _, s := range b.Stats() {
+		picks += s.Picks
+	}
+	if picks != 30 {
+		t.Fatalf("shared Balancer counted %d picks, want 30", picks)
+	}
+	p, err := b.Pick(&inferlb.Request{})
+	if err != nil {
+		t.Fatalf("HTTP-side pick on the shared Balancer: %v", err)
+	}
+	p.Done(inferlb.Outcome{})
+
+	// WithEndpoint IDs let both transports name a replica the same way.
+	eps := endpoints(2)
+	eps[0] = WithEndpoint(eps[0], inferlb.Endpoint{ID: "replica-a", Weight: 2, Labels: map[string]string{"version": "v2"}})
+	h.updateEndpoints(eps)
+	for h.cc.ConnectAll() > 0 {
+	}
+	s := stats(t, b, "replica-a")
+	if !s.Ready || s.Weight != 2 {
+		t.Fatalf("replica-a: %+v, want ready with weight 2", s)
+	}
+}
+
+func TestTunablesChangeReplacesCore(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 2)
+	first := h.lb().core.Load()
+	h.update(2)
+	if h.lb().core.Load() != first {
+		t.Fatal("an unchanged config replaced the core")
+	}
+	cfg, err := (&Builder{name: Name}).ParseConfig([]byte(`{"balancer": {"errorAlpha": 0.5}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cfg = cfg
+	h.update(2)
+	second := h.lb().core.Load()
+	if second == first {
+		t.Fatal("new tunables kept the old core")
+	}
+	// The READY children carried over: the new core must know they are ready.
+	for i := range 2 {
+		if !stats(t, second, addr(i)).Ready {
+			t.Errorf("endpoint %d not ready in the new core", i)
+		}
+	}
+	_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+	res.Done(sent)
+}
+
+func TestPickAllocs(t *testing.T) {
+	if testutil.Race {
+		t.Skip("the race detector drops pooled values at random")
+	}
+	h := newHarness(t, Name, `{"methods": {"/ai.Gen/": "llm"}, "affinityKeyHeader": "x-session"}`, 8)
+	p := h.picker()
+	plain := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat", Ctx: context.Background()}
+	withKey := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
+		Ctx: metadata.AppendToOutgoingContext(context.Background(), "x-session", "conv-1")}
+	withReq := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
+		Ctx: inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 7})}
+	for _, tt := range []struct {
+		name string
+		info balancer.PickInfo
+		max  float64
+	}{{"method only", plain, 0}, {"context request", withReq, 0}, {"affinity header", withKey, 1}} {
+		got := testing.AllocsPerRun(1000, func() {
+			res, err := p.Pick(tt.info)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Done(sent)
+		})
+		if got > tt.max {
+			t.Errorf("%s: %v allocs per Pick+Done, want at most %v", tt.name, got, tt.max)
+		}
+	}
+}

@@ -1,0 +1,58 @@
+// Package httpbalancer is an http.RoundTripper that balances AI inference
+// traffic (OpenAI-compatible APIs by default) across endpoints with inferlb's
+// power-of-two-choices core, inside the calling process.
+//
+// Wrap the client you already have; the request URL's host is a logical name
+// that the transport replaces, per request, with the picked endpoint:
+//
+//	t, err := httpbalancer.NewTransport(httpbalancer.Options{
+//		Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.5:8000"}, {Addr: "https://10.0.0.6:8443"}},
+//	})
+//	client := &http.Client{Transport: t}
+//	client.Post("http://llm.internal/v1/chat/completions", "application/json", body)
+//
+// # One request
+//
+// RoundTrip reads ahead at most Options.MaxPeek bytes of a JSON body
+// (DefaultMaxPeek, 1 MiB) and asks the Inspector what the call is: the
+// service from the path, and model, stream, output bound, a prompt token
+// estimate and a prompt affinity key from the body. A session header beats
+// the prompt key. The body is then forwarded byte for byte: the bytes read
+// ahead followed by the rest of the caller's body, whatever its size or
+// content. Picking happens per request, never per connection, so keep-alive
+// cannot pin a client to one backend.
+//
+// The outcome is reported to the balancer when the response body ends (EOF,
+// Close or a read error), not when the headers arrive; for server-sent
+// event streams the transport also records time to the first data event,
+// the number of events (the output token estimate) and the mean gap between
+// them. Classification: 429, and 503 with Retry-After, are overload answers
+// (the endpoint cools down for Retry-After, it is not failed); other 5xx
+// and transport errors are failures; a canceled context is neither; a
+// Close before EOF is a success (a JSON decoder stops at the closing brace).
+// With Options.LoadReports, vLLM's per-response endpoint-load-metrics header
+// feeds the endpoint's telemetry.
+//
+// # Failover
+//
+// A call that fails before any response arrives (connection refused or
+// reset, TLS failure) is retried once on another endpoint if its body can
+// be sent again (the caller set GetBody, or the whole body fit in the peek),
+// its context is live, and the Balancer's retry budget allows (at most
+// RetryRatio of traffic, default 20%, plus RetryFloor per second). The failed
+// attempt is reported as a failure first. A call is never retried once a
+// response has started: the caller may already hold part of it.
+//
+// # Concurrency
+//
+// A Transport is safe for concurrent use. RoundTrip takes no lock; Pick is
+// lock-free. The caller's request is never modified: each attempt sends a
+// shallow copy with its own URL (and its own header map only when a header
+// is added).
+//
+// # Departures from the design notes
+//
+// The core's Pick takes no "not this endpoint" argument, so failover draws
+// up to three times to get an endpoint other than the one that failed,
+// returning unused picks with a neutral (canceled) outcome.
+package httpbalancer

@@ -1,0 +1,185 @@
+package httpbalancer
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// reqBody is a request body after the bounded peek: the bytes read ahead
+// (head) and, when the body was larger than the peek, the caller's body to
+// continue from. The bytes forwarded are always exactly the caller's bytes:
+// head, then the rest.
+//
+// Concurrency: immutable after readBody, except that the caller's body is
+// handed to exactly one attempt; getBody's closure only reads head.
+type reqBody struct {
+	orig     io.ReadCloser // the caller's body; nil or http.NoBody when none
+	head     []byte        // bytes read ahead
+	complete bool          // head is the whole body; orig is drained and closed
+	peeked   bool          // head was read (else orig is forwarded untouched)
+	readErr  error         // the caller's body failed during the peek
+	length   int64         // ContentLength to send with the first attempt
+	callerGB func() (io.ReadCloser, error)
+	// gb is the outgoing GetBody, built once: Base uses it to resend on a
+	// fresh connection when a reused one was closed under it.
+	gb func() (io.ReadCloser, error)
+}
+
+// bodyReader is one attempt's body and its ContentLength.
+type bodyReader struct {
+	rc     io.ReadCloser
+	length int64
+}
+
+func closeBody(b bodyReader) {
+	if b.rc != nil {
+		_ = b.rc.Close()
+	}
+}
+
+// bytesBody replays head; one allocation, Close is a no-op.
+type bytesBody struct{ bytes.Reader }
+
+func (*bytesBody) Close() error { return nil }
+
+func newBytesBody(b []byte) io.ReadCloser {
+	rb := &bytesBody{}
+	rb.Reset(b)
+	return rb
+}
+
+// stitched forwards the head read ahead and then the rest of the caller's
+// body; closing it closes the caller's body.
+type stitched struct {
+	io.Reader
+	io.Closer
+}
+
+// errReader replays the error the caller's body returned during the peek,
+// at the same byte offset, so Base sees the body fail as it would have.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// wantsPeek reports whether a body is worth reading ahead: JSON or untyped.
+// A multipart upload or binary payload is streamed through untouched.
+func wantsPeek(h http.Header) bool {
+	ct := h["Content-Type"]
+	return len(ct) == 0 || strings.Contains(strings.ToLower(ct[0]), "json")
+}
+
+// readBody peeks at up to maxPeek bytes of r's body. When the caller gave no
+// GetBody (the body may be a pipe fed by another goroutine), the read is
+// bounded by the context: cancellation closes the caller's body, which
+// unblocks the read, and readBody returns the context's error. On error the
+// body is closed.
+func (t *Transport) readBody(ctx context.Context, r *http.Request) (*reqBody, error) {
+	rb := &reqBody{orig: r.Body, length: r.ContentLength, callerGB: r.GetBody, gb: r.GetBody}
+	if r.Body == nil || r.Body == http.NoBody || t.cfg.maxPeek < 0 || !wantsPeek(r.Header) {
+		return rb, nil
+	}
+	var stop func() bool
+	var closed chan struct{}
+	if r.GetBody == nil && ctx.Done() != nil {
+		closed = make(chan struct{})
+		stop = context.AfterFunc(ctx, func() {
+			_ = r.Body.Close()
+			close(closed)
+		})
+	}
+	rb.head, rb.complete, rb.readErr = readHead(r.Body, r.ContentLength, t.cfg.maxPeek)
+	if stop != nil && !stop() {
+		<-closed // the body was closed under the read; let that finish
+		return nil, ctx.Err()
+	}
+	rb.peeked = true
+	if rb.complete {
+		_ = r.Body.Close()
+		if head := rb.head; len(head) > 0 {
+			rb.gb = func() (io.ReadCloser, error) { return newBytesBody(head), nil }
+		} else {
+			rb.gb = noBody
+		}
+		if r.ContentLength <= 0 && len(r.TransferEncoding) == 0 {
+			// Unknown length (0 with a body means unknown to net/http), now
+			// known: send it, so the backend needs no chunked decoding.
+			rb.length = int64(len(rb.head))
+		}
+	}
+	return rb, nil
+}
+
+// readHead reads up to limit+1 bytes (one more than the limit tells "larger
+// than the limit" from "exactly the limit"). complete means EOF was reached.
+func readHead(body io.Reader, contentLength int64, limit int) (head []byte, complete bool, err error) {
+	size := limit + 1
+	if contentLength > 0 && contentLength < int64(limit) {
+		size = int(contentLength) + 1 // +1 to see EOF without a second buffer
+	}
+	buf := make([]byte, 0, min(size, 32<<10))
+	for {
+		if len(buf) == cap(buf) {
+			if len(buf) >= size {
+				return buf, false, nil
+			}
+			buf = slices.Grow(buf, min(2*cap(buf), size)-len(buf))
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, true, nil
+		}
+		if err != nil {
+			return buf, false, err
+		}
+	}
+}
+
+// first returns the first attempt's body.
+func (rb *reqBody) first() bodyReader {
+	switch {
+	case !rb.peeked:
+		return bodyReader{rb.orig, rb.length}
+	case rb.complete && len(rb.head) == 0:
+		return bodyReader{http.NoBody, 0}
+	case rb.complete:
+		return bodyReader{newBytesBody(rb.head), rb.length}
+	case rb.readErr != nil:
+		return bodyReader{&stitched{io.MultiReader(bytes.NewReader(rb.head), errReader{rb.readErr}), rb.orig}, rb.length}
+	default:
+		return bodyReader{&stitched{io.MultiReader(bytes.NewReader(rb.head), rb.orig), rb.orig}, rb.length}
+	}
+}
+
+// replayable reports whether a second attempt can send the body again.
+// A body that failed during the peek is not retried: the caller's failure
+// is not the endpoint's.
+func (rb *reqBody) replayable() bool {
+	if rb.readErr != nil {
+		return false
+	}
+	return rb.orig == nil || rb.orig == http.NoBody || rb.complete || rb.callerGB != nil
+}
+
+// again returns a fresh body for a retry.
+func (rb *reqBody) again() (bodyReader, bool) {
+	switch {
+	case rb.orig == nil || rb.orig == http.NoBody:
+		return bodyReader{rb.orig, rb.length}, true
+	case rb.complete:
+		return rb.first(), true
+	case rb.callerGB != nil:
+		b, err := rb.callerGB()
+		if err != nil || b == nil {
+			return bodyReader{}, false
+		}
+		return bodyReader{b, rb.length}, true
+	}
+	return bodyReader{}, false
+}
+
+func noBody() (io.ReadCloser, error) { return http.NoBody, nil }

@@ -1,0 +1,241 @@
+package httpbalancer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+)
+
+// StatusError is the Outcome.Err reported to the balancer for a 5xx answer
+// that is not an overload signal. The response itself still goes to the
+// caller unchanged.
+type StatusError struct {
+	StatusCode int
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("inferlb: endpoint answered %d %s", e.StatusCode, http.StatusText(e.StatusCode))
+}
+
+// call is one RoundTrip: what inspection found, the current attempt's pick,
+// and, once a response arrived, the body wrapper that reports the outcome
+// when the body ends. One allocation holds it all.
+//
+// Concurrency: every field but the atomics is written before the response
+// is returned to the caller and only read afterwards. Read runs on one
+// goroutine at a time (io.Reader's contract) and alone touches the SSE line
+// state; Close may run concurrently with Read, so what finish reads of the
+// stream (events, firstNs, lastNs) is atomic, and finished makes the outcome
+// report happen once.
+type call struct {
+	t     *Transport
+	ctx   context.Context
+	info  Info
+	pick  balancer.Pick
+	start time.Time // attempt start, on the transport's clock
+
+	rc     io.ReadCloser // the response body
+	status int
+	base   inferlb.Outcome // what the status line and headers said
+
+	sse     bool
+	line    [16]byte // start of the current SSE line: enough for "data: [DONE]\r"
+	lineLen int      // bytes in the current line so far (may exceed len(line))
+
+	events   atomic.Int64
+	firstNs  atomic.Int64 // unix ns of the first data event
+	lastNs   atomic.Int64 // unix ns of the latest data event
+	finished atomic.Bool
+}
+
+// fail reports an attempt that got no response.
+func (c *call) fail(err error, failedOver bool) {
+	o := inferlb.Outcome{Err: err}
+	if ce := c.ctx.Err(); ce != nil {
+		o.Err = ce // the caller's own doing, whatever the transport made of it
+	}
+	o.Latency = c.t.cfg.clock.Now().Sub(c.start)
+	c.pick.Done(o)
+	if f := c.t.cfg.onResult; f != nil {
+		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Outcome: o, FailedOver: failedOver})
+	}
+}
+
+// respond classifies the response and wraps its body so the outcome is
+// reported when the body ends, not now: a stream's work has barely begun
+// when its headers arrive.
+func (c *call) respond(resp *http.Response) (*http.Response, error) {
+	c.status = resp.StatusCode
+	h := resp.Header
+	switch code := resp.StatusCode; {
+	case code == http.StatusTooManyRequests:
+		c.base.Overloaded = true
+		c.base.RetryAfter, _ = retryAfter(h, c.t.cfg.clock)
+	case code == http.StatusServiceUnavailable:
+		// 503 with Retry-After is "busy, come back later"; without it, it is
+		// as likely a broken or starting server, which is a failure.
+		if d, ok := retryAfter(h, c.t.cfg.clock); ok {
+			c.base.Overloaded, c.base.RetryAfter = true, d
+		} else {
+			c.base.Err = &StatusError{StatusCode: code}
+		}
+	case code >= 500:
+		c.base.Err = &StatusError{StatusCode: code}
+	}
+	if v := h[loadHeader]; len(v) > 0 {
+		if s, err := parseLoadHeader(v[0]); err == nil {
+			s.Time = c.t.cfg.clock.Now() // parsers leave it zero
+			c.t.b.Publish(c.pick.ID(), s)
+		}
+	}
+	if resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode == http.StatusSwitchingProtocols {
+		// Nothing to wait for; an upgraded connection is not an inference call.
+		c.finish(nil)
+		return resp, nil
+	}
+	ct := ""
+	if v := h["Content-Type"]; len(v) > 0 {
+		ct = strings.ToLower(v[0])
+	}
+	c.sse = strings.HasPrefix(ct, "text/event-stream") || (c.info.Stream && !strings.Contains(ct, "json"))
+	c.rc = resp.Body
+	resp.Body = c
+	return resp, nil
+}
+
+// retryAfter parses Retry-After: delay-seconds or an HTTP date. ok reports
+// that the header is present, even if unparsable (then the balancer's
+// default cooldown applies).
+func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) {
+	v := h["Retry-After"]
+	if len(v) == 0 {
+		return 0, false
+	}
+	s := strings.TrimSpace(v[0])
+	if secs, err := strconv.ParseInt(s, 10, 64); err == nil {
+		const maxSecs = int64(24 * time.Hour / time.Second) // the balancer caps far lower
+		return time.Duration(min(max(secs, 0), maxSecs)) * time.Second, true
+	}
+	if t, err := http.ParseTime(s); err == nil {
+		return max(t.Sub(clock.Now()), 0), true
+	}
+	return 0, true
+}
+
+// Read implements io.Reader for the response body.
+func (c *call) Read(p []byte) (int, error) {
+	n, err := c.rc.Read(p)
+	if c.sse && n > 0 {
+		c.scan(p[:n])
+	}
+	if err != nil {
+		if err == io.EOF {
+			c.finish(nil)
+		} else {
+			c.finish(err)
+		}
+	}
+	return n, err
+}
+
+// Close implements io.Closer. Closing before EOF is how a client that has
+// what it needs (a JSON decoder, a stream consumer that is done) ends the
+// call; it says nothing bad about the endpoint unless the context ended.
+func (c *call) Close() error {
+	err := c.rc.Close()
+	c.finish(c.ctx.Err())
+	return err
+}
+
+// scan counts SSE "data:" lines (except the "[DONE]" terminator) as they
+// stream by: one per generated chunk on OpenAI-compatible servers, so the
+// count approximates output tokens and the first one is time to first token.
+func (c *call) scan(p []byte) {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		seg := p
+		if i >= 0 {
+			seg = p[:i]
+		}
+		if c.lineLen < len(c.line) {
+			copy(c.line[c.lineLen:], seg)
+		}
+		c.lineLen += len(seg)
+		if i < 0 {
+			return
+		}
+		c.endLine()
+		p = p[i+1:]
+	}
+}
+
+func (c *call) endLine() {
+	n := min(c.lineLen, len(c.line))
+	line := c.line[:n]
+	whole := c.lineLen <= len(c.line)
+	c.lineLen = 0
+	v, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
+		return
+	}
+	if whole {
+		v = bytes.TrimSuffix(bytes.TrimPrefix(v, []byte(" ")), []byte("\r"))
+		if string(v) == "[DONE]" {
+			return
+		}
+	}
+	now := c.t.cfg.clock.Now().UnixNano()
+	if c.events.Add(1) == 1 {
+		c.firstNs.Store(now)
+	}
+	c.lastNs.Store(now)
+}
+
+// finish reports the outcome once. err is the body's read error, or the
+// context's error for a Close after cancellation; nil is a clean end.
+func (c *call) finish(err error) {
+	if !c.finished.CompareAndSwap(false, true) {
+		return
+	}
+	o := c.base
+	if err != nil && o.Err == nil && !o.Overloaded {
+		o.Err = err
+		if ce := c.ctx.Err(); ce != nil {
+			o.Err = ce
+		}
+	}
+	now := c.t.cfg.clock.Now()
+	o.Latency = now.Sub(c.start)
+	var events int64
+	var tbt time.Duration
+	if c.sse {
+		if events = c.events.Load(); events > 0 {
+			first := time.Unix(0, c.firstNs.Load())
+			o.TTFT = max(first.Sub(c.start), 0)
+			o.OutputTokens = int(min(events, 1<<31-1))
+			if events > 1 {
+				tbt = time.Duration((c.lastNs.Load() - c.firstNs.Load()) / (events - 1))
+			}
+		}
+	}
+	c.pick.Done(o)
+	if f := c.t.cfg.onResult; f != nil {
+		f(Result{
+			Endpoint:          c.pick.ID(),
+			Request:           c.info.Request,
+			Status:            c.status,
+			Outcome:           o,
+			Events:            int(events),
+			TimeBetweenTokens: tbt,
+		})
+	}
+}

@@ -1,0 +1,253 @@
+package httpbalancer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+)
+
+// Transport is an http.RoundTripper that sends each request to an endpoint
+// picked by a Balancer. It is safe for concurrent use.
+//
+// Concurrency: cfg and b are immutable after NewTransport. mu guards static
+// and discovered and serializes the Balancer updates made from them, so
+// Update and the discovery loop cannot interleave two halves of a set.
+// RoundTrip takes no lock. The discovery goroutine, if any, runs until Close.
+type Transport struct {
+	cfg *config
+	b   *balancer.Balancer
+
+	mu         sync.Mutex
+	static     []inferlb.Endpoint // guarded by mu: from Options.Endpoints and Update
+	discovered []inferlb.Endpoint // guarded by mu: from the last good resolution
+
+	stopDiscovery context.CancelFunc // nil without Discovery
+	discoveryDone chan struct{}
+	closeOnce     sync.Once
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// NewTransport returns a Transport for o. It fails on invalid Options or
+// Endpoints; with Discovery it resolves the name once before returning (a
+// failure there is reported to Discovery.OnError, not returned, so a fleet
+// that is briefly unresolvable at start does not stop the caller) and keeps
+// resolving until Close.
+func NewTransport(o Options) (*Transport, error) {
+	cfg, err := o.resolve()
+	if err != nil {
+		return nil, err
+	}
+	b := o.Balancer
+	if b == nil {
+		b = balancer.New(o.BalancerOptions)
+	}
+	t := &Transport{cfg: cfg, b: b}
+	if len(o.Endpoints) > 0 {
+		if err := t.Update(o.Endpoints); err != nil {
+			return nil, err
+		}
+	}
+	if o.Discovery != nil {
+		t.startDiscovery(*o.Discovery)
+	}
+	return t, nil
+}
+
+// Balancer returns the Balancer the Transport routes with, for Stats and
+// RetryStats, or to share it with another adapter.
+func (t *Transport) Balancer() *balancer.Balancer { return t.b }
+
+// Update replaces the static endpoint set (Options.Endpoints); endpoints
+// found by Discovery are kept. Endpoints whose Addr is not "host:port" or
+// "http(s)://host:port" are skipped and reported in the error, as are the
+// Balancer's own complaints; the rest is applied.
+func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
+	var errs []error
+	keep := make([]inferlb.Endpoint, 0, len(endpoints))
+	for i, ep := range endpoints {
+		if _, _, ok := splitAddr(ep.Addr); !ok {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q is not host:port or http(s)://host:port; skipped", i, ep.Key(), ep.Addr))
+			continue
+		}
+		keep = append(keep, ep)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.static = keep
+	errs = append(errs, t.applyLocked())
+	return errors.Join(errs...)
+}
+
+// applyLocked gives the Balancer the union of both sets; a discovered
+// endpoint with the ID of a static one is dropped (the static one wins).
+func (t *Transport) applyLocked() error {
+	all := make([]inferlb.Endpoint, 0, len(t.static)+len(t.discovered))
+	all = append(all, t.static...)
+	for _, d := range t.discovered {
+		dup := false
+		for _, s := range t.static {
+			if s.Key() == d.Key() {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			all = append(all, d)
+		}
+	}
+	return t.b.Update(all)
+}
+
+// Close stops discovery and waits for its goroutine. The Transport keeps
+// serving with its last endpoint set. Close is idempotent.
+func (t *Transport) Close() error {
+	t.closeOnce.Do(func() {
+		if t.stopDiscovery != nil {
+			t.stopDiscovery()
+			<-t.discoveryDone
+		}
+	})
+	return nil
+}
+
+// CloseIdleConnections closes the Base transport's idle connections, if it
+// has that method; http.Client.CloseIdleConnections reaches it through here.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.cfg.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// splitAddr splits an endpoint Addr into scheme ("" when absent) and host.
+// It does not allocate: it runs on every request.
+func splitAddr(addr string) (scheme, host string, ok bool) {
+	host = addr
+	if i := strings.Index(addr, "://"); i >= 0 {
+		scheme, host = addr[:i], addr[i+3:]
+		if !strings.EqualFold(scheme, "http") && !strings.EqualFold(scheme, "https") {
+			return "", "", false
+		}
+	}
+	host = strings.TrimSuffix(host, "/")
+	if host == "" || strings.ContainsAny(host, "/?#@ \t\r\n") {
+		return "", "", false
+	}
+	return scheme, host, true
+}
+
+// errUnusedPick is the outcome of a pick the transport drew and did not use
+// (failover asked for a different endpoint and got the same one). It wraps
+// context.Canceled so the balancer counts it as neither success nor failure.
+var errUnusedPick = fmt.Errorf("inferlb: httpbalancer: pick not used: %w", context.Canceled)
+
+// pickOther picks for req, avoiding the endpoint not (the one that just
+// failed) when the balancer offers another within a few draws. The
+// balancer's Pick has no exclusion parameter; see the package notes.
+func (t *Transport) pickOther(req *inferlb.Request, not string) (balancer.Pick, error) {
+	p, err := t.b.Pick(req)
+	for tries := 0; err == nil && not != "" && p.ID() == not && tries < 3; tries++ {
+		p.Done(inferlb.Outcome{Err: errUnusedPick})
+		p, err = t.b.Pick(req)
+	}
+	return p, err
+}
+
+// RoundTrip implements http.RoundTripper. It inspects the request, picks an
+// endpoint, rewrites a shallow copy of the request to it and sends that
+// through Base. The caller's request is never modified, and its body is
+// closed on every path. A call that fails before any response arrives is
+// retried once on another endpoint when its body can be replayed, the
+// context is live and the Balancer's retry budget allows.
+func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	ctx := r.Context()
+	c := &call{t: t, ctx: ctx}
+	rb, err := t.readBody(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	t.cfg.inspector.Inspect(r, rb.head, rb.complete, &c.info)
+	if v := r.Header[t.cfg.sessionHeader]; len(v) > 0 && v[0] != "" {
+		c.info.AffinityKey = t.cfg.keyer.Session(v[0])
+	}
+	if v := r.Header[t.cfg.tenantHeader]; len(v) > 0 && c.info.Tenant == "" {
+		c.info.Tenant = v[0]
+	}
+
+	body := rb.first()
+	failed := "" // ID of the endpoint the first attempt failed on
+	for {
+		if err := ctx.Err(); err != nil {
+			closeBody(body)
+			return nil, err
+		}
+		c.start = t.cfg.clock.Now()
+		c.pick, err = t.pickOther(&c.info.Request, failed)
+		if err != nil {
+			closeBody(body)
+			return nil, err
+		}
+		out, err := t.outgoing(r, &c.pick, body, rb)
+		if err != nil {
+			closeBody(body)
+			c.fail(err, false)
+			return nil, err
+		}
+		resp, err := t.cfg.base.RoundTrip(out) // closes out.Body
+		if err == nil {
+			return c.respond(resp)
+		}
+		retry := failed == "" && t.cfg.failover && ctx.Err() == nil && rb.replayable() && t.b.AllowRetry()
+		if retry {
+			body, retry = rb.again()
+		}
+		c.fail(err, retry)
+		if !retry {
+			return nil, err
+		}
+		failed = c.pick.ID()
+	}
+}
+
+// outgoing builds the request for one attempt: a shallow copy of r whose URL
+// points at the picked endpoint. The URL is copied, never edited in place;
+// the header map is shared unless a header must be added.
+func (t *Transport) outgoing(r *http.Request, p *balancer.Pick, body bodyReader, rb *reqBody) (*http.Request, error) {
+	ep := p.Endpoint()
+	scheme, host, ok := splitAddr(ep.Addr)
+	if !ok {
+		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port", ep.Key(), ep.Addr)
+	}
+	out := new(http.Request)
+	*out = *r
+	u := *r.URL
+	u.Host = host
+	switch {
+	case scheme != "":
+		u.Scheme = strings.ToLower(scheme)
+	case u.Scheme == "":
+		u.Scheme = "http"
+	}
+	out.URL = &u
+	// The logical host ("llm.internal") names no server; send the endpoint's
+	// own address unless the caller set an explicit, different Host.
+	if r.Host == "" || r.Host == r.URL.Host {
+		out.Host = ""
+	}
+	out.Body, out.ContentLength, out.GetBody = body.rc, body.length, rb.gb
+	if t.cfg.loadReports {
+		h := r.Header.Clone()
+		if h == nil {
+			h = make(http.Header, 1)
+		}
+		h[loadFormatHeader] = []string{"text"}
+		out.Header = h
+	}
+	return out, nil
+}

@@ -1,0 +1,444 @@
+package httpbalancer_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+func TestOptionsValidation(t *testing.T) {
+	shared := balancer.New(balancer.Options{})
+	for _, tc := range []struct {
+		name string
+		o    httpbalancer.Options
+		want string // substring of the error; "" means valid
+	}{
+		{"zero", httpbalancer.Options{}, ""},
+		{"endpoints", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}, {Addr: "https://h:8443/"}}}, ""},
+		{"bad addr", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "ftp://h:1"}}}, `Addr "ftp://h:1"`},
+		{"addr with path", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:1/v1"}}}, "not host:port"},
+		{"empty addr", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{ID: "a"}}}, `endpoint 0 ("a")`},
+		{"both balancers", httpbalancer.Options{Balancer: shared, BalancerOptions: balancer.Options{ErrorAlpha: 0.5}}, "Options.BalancerOptions: must be zero"},
+		{"bad balancer options", httpbalancer.Options{BalancerOptions: balancer.Options{ErrorAlpha: 2}}, "ErrorAlpha"},
+		{"discovery target", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc"}}, "Options.Discovery.Target"},
+		{"discovery scheme", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:80", Scheme: "grpc"}}, "Options.Discovery.Scheme"},
+		{"discovery interval", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:80", Interval: -time.Second}}, "Options.Discovery.Interval"},
+		{"session header", httpbalancer.Options{SessionHeader: "X Session"}, "Options.SessionHeader"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := httpbalancer.NewTransport(tc.o)
+			if tc.want == "" {
+				require.NoError(t, err)
+				require.NoError(t, tr.Close())
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.True(t, strings.HasPrefix(err.Error(), "inferlb: "), err.Error())
+		})
+	}
+}
+
+// TestDistribution: sequential calls over one keep-alive client spread over
+// all backends, because the pick is per request, not per connection.
+func TestDistribution(t *testing.T) {
+	a, b, c := newBackend(t, "a"), newBackend(t, "b"), newBackend(t, "c")
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(a, b, c),
+		BalancerOptions: balancer.Options{Rand: testutil.NewRand(1)},
+	})
+	client := &http.Client{Transport: tr}
+	const n = 300
+	for i := range n {
+		resp, _ := post(t, client, chatBody(i, false))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	for _, be := range []*backend{a, b, c} {
+		t.Logf("%s: %d", be.name, be.hits.Load())
+		assert.Greater(t, be.hits.Load(), int64(n/5), "backend %s", be.name)
+	}
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+// TestRequestNotMutated: the caller's request, URL and headers are the same
+// after RoundTrip, also with a header added for load reports.
+func TestRequestNotMutated(t *testing.T) {
+	a := newBackend(t, "a")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a), LoadReports: true})
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	before := *req
+	beforeURL := *req.URL
+	beforeHeader := req.Header.Clone()
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, beforeURL, *req.URL)
+	assert.Equal(t, beforeHeader, req.Header)
+	assert.Equal(t, before.Host, req.Host)
+	assert.Equal(t, before.ContentLength, req.ContentLength)
+	assert.Equal(t, "llm.internal", req.URL.Host)
+}
+
+// TestHostAndScheme: the endpoint's address (and scheme, when it has one)
+// replaces the logical host; the backend sees its own address as Host
+// unless the caller set a different Host explicitly.
+func TestHostAndScheme(t *testing.T) {
+	hosts := make(chan string, 2)
+	tls := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hosts <- r.Host
+	}))
+	defer tls.Close()
+	base := tls.Client().Transport.(*http.Transport)
+	defer base.CloseIdleConnections()
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{Addr: tls.URL}}, // "https://127.0.0.1:port"
+		Base:      base,
+	})
+	client := &http.Client{Transport: tr}
+	resp, err := client.Get("http://llm.internal/v1/models")
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, strings.TrimPrefix(tls.URL, "https://"), <-hosts)
+
+	req, _ := http.NewRequest(http.MethodGet, "http://llm.internal/v1/models", nil)
+	req.Host = "vhost.example"
+	resp, err = client.Do(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, "vhost.example", <-hosts)
+}
+
+// TestDoneEndings: the outcome is reported exactly once, when the body ends
+// and not when headers arrive, for every way a body can end.
+func TestDoneEndings(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch r.URL.Query().Get("end") {
+		case "eof", "close":
+			w.Header().Set("Content-Type", "text/event-stream")
+			for range 3 {
+				fmt.Fprint(w, "data: {}\n\n")
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
+		case "cancel":
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {}\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+		case "readerr":
+			// Promise 100 bytes, send 10, then drop the connection.
+			w.Header().Set("Content-Length", "100")
+			fmt.Fprint(w, "0123456789")
+			w.(http.Flusher).Flush()
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+		case "500":
+			http.Error(w, "boom", http.StatusInternalServerError)
+		case "429":
+			w.Header().Set("Retry-After", "7")
+			http.Error(w, "busy", http.StatusTooManyRequests)
+		case "204":
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+
+	type want struct {
+		successes, failures, overloads uint64
+		events                         int
+		canceled                       bool
+	}
+	for _, tc := range []struct {
+		end  string
+		read func(t *testing.T, resp *http.Response, cancel context.CancelFunc)
+		want want
+	}{
+		{"eof", func(t *testing.T, resp *http.Response, _ context.CancelFunc) {
+			_, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+		}, want{successes: 1, events: 3}},
+		{"close", func(t *testing.T, resp *http.Response, _ context.CancelFunc) {
+			_, err := resp.Body.Read(make([]byte, 1))
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+		}, want{successes: 1}},
+		{"cancel", func(t *testing.T, resp *http.Response, cancel context.CancelFunc) {
+			buf := make([]byte, 64)
+			_, err := resp.Body.Read(buf) // the first event
+			require.NoError(t, err)
+			cancel()
+			_, err = io.ReadAll(resp.Body)
+			require.ErrorIs(t, err, context.Canceled)
+			require.NoError(t, resp.Body.Close())
+		}, want{events: 1, canceled: true}},
+		{"readerr", func(t *testing.T, resp *http.Response, _ context.CancelFunc) {
+			_, err := io.ReadAll(resp.Body)
+			require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+			_ = resp.Body.Close()
+		}, want{failures: 1}},
+		{"500", func(t *testing.T, resp *http.Response, _ context.CancelFunc) {
+			_, _ = io.ReadAll(resp.Body)
+			require.NoError(t, resp.Body.Close())
+		}, want{failures: 1}},
+		{"429", func(t *testing.T, resp *http.Response, _ context.CancelFunc) {
+			require.NoError(t, resp.Body.Close())
+		}, want{overloads: 1}},
+		{"204", func(t *testing.T, resp *http.Response, _ context.CancelFunc) {
+			require.NoError(t, resp.Body.Close())
+		}, want{successes: 1}},
+	} {
+		t.Run(tc.end, func(t *testing.T) {
+			res := newResults(4)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints: []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
+				OnResult:  res.on,
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chatURL+"?end="+tc.end, strings.NewReader(chatBody(1, false)))
+			resp, err := tr.RoundTrip(req)
+			require.NoError(t, err)
+			if tc.end != "204" {
+				assert.EqualValues(t, 1, totalInFlight(tr.Balancer()), "Done must wait for the body, not the headers")
+			}
+			tc.read(t, resp, cancel)
+			_ = resp.Body.Close() // a second Close must not report again
+			_, _ = resp.Body.Read(make([]byte, 1))
+
+			st := statsByID(tr.Balancer())["e"]
+			assert.Zero(t, st.InFlight)
+			assert.Equal(t, tc.want.successes, st.Successes, "successes")
+			assert.Equal(t, tc.want.failures, st.Failures, "failures")
+			assert.Equal(t, tc.want.overloads, st.Overloads, "overloads")
+			require.EqualValues(t, 1, res.n.Load(), "OnResult calls")
+			r := <-res.c
+			assert.Equal(t, tc.want.events, r.Events)
+			assert.Equal(t, tc.want.canceled, r.Outcome.Canceled(), "canceled: %v", r.Outcome.Err)
+			if tc.end == "429" {
+				assert.Equal(t, 7*time.Second, r.Outcome.RetryAfter)
+				assert.False(t, st.ExcludedUntil.IsZero(), "cooled down")
+			}
+			if tc.end == "500" {
+				var se *httpbalancer.StatusError
+				require.ErrorAs(t, r.Outcome.Err, &se)
+				assert.Equal(t, 500, se.StatusCode)
+			}
+		})
+	}
+}
+
+// TestStreamTiming: TTFT, event count and the gap between tokens come from
+// the SSE data events as they arrive, on the transport's clock.
+func TestStreamTiming(t *testing.T) {
+	clock := testutil.NewClock()
+	step := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+		for i := range 4 {
+			<-step
+			// Split an event across writes to test the line scanner.
+			fmt.Fprintf(w, ": keep-alive\n\nevent: x\nda")
+			w.(http.Flusher).Flush()
+			fmt.Fprintf(w, "ta: {\"i\":%d}\r\n\r\n", i)
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	res := newResults(1)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
+		BalancerOptions: balancer.Options{Clock: clock},
+		OnResult:        res.on,
+	})
+	req, _ := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	// Each event is read before the clock moves: 100ms to the first, then 10ms apart.
+	buf := make([]byte, 1)
+	var got bytes.Buffer
+	for i := range 4 {
+		if i == 0 {
+			clock.Advance(100 * time.Millisecond)
+		} else {
+			clock.Advance(10 * time.Millisecond)
+		}
+		step <- struct{}{}
+		want := fmt.Sprintf("{\"i\":%d}\r\n\r\n", i)
+		for !strings.HasSuffix(got.String(), want) {
+			n, err := resp.Body.Read(buf)
+			require.NoError(t, err)
+			got.Write(buf[:n])
+		}
+	}
+	_, err = io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	r := <-res.c
+	assert.Equal(t, 4, r.Events)
+	assert.Equal(t, 4, r.Outcome.OutputTokens)
+	assert.Equal(t, 100*time.Millisecond, r.Outcome.TTFT)
+	assert.Equal(t, 10*time.Millisecond, r.TimeBetweenTokens)
+	assert.Equal(t, 100*time.Millisecond, statsByID(tr.Balancer())["e"].TTFT)
+}
+
+// TestLoadReports: with LoadReports the transport asks for vLLM's
+// endpoint-load-metrics and publishes what comes back, stamped with the
+// balancer clock.
+func TestLoadReports(t *testing.T) {
+	clock := testutil.NewClock()
+	asked := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- r.Header.Get("Endpoint-Load-Metrics-Format")
+		w.Header().Set("Endpoint-Load-Metrics", "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_waiting=3")
+		fmt.Fprint(w, "{}")
+	}))
+	defer srv.Close()
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
+		BalancerOptions: balancer.Options{Clock: clock},
+		LoadReports:     true,
+	})
+	post(t, &http.Client{Transport: tr}, chatBody(1, false))
+	assert.Equal(t, "text", <-asked)
+	s, ok := tr.Balancer().Telemetry().Latest("e", clock.Now(), time.Minute)
+	require.True(t, ok)
+	kv, _ := s.Get(telemetry.KVCacheUsage)
+	waiting, _ := s.Get(telemetry.Waiting)
+	assert.Equal(t, 0.5, kv)
+	assert.Equal(t, 3.0, waiting)
+	assert.Equal(t, clock.Now(), s.Time)
+}
+
+// TestRetryAfterDate: an HTTP-date Retry-After on a 503 is an overload for
+// the time until that date.
+func TestRetryAfterDate(t *testing.T) {
+	clock := testutil.NewClock()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", clock.Now().Add(5*time.Second).Format(http.TimeFormat))
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	res := newResults(1)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
+		BalancerOptions: balancer.Options{Clock: clock},
+		OnResult:        res.on,
+	})
+	resp, _ := post(t, &http.Client{Transport: tr}, "{}")
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	r := <-res.c
+	assert.True(t, r.Outcome.Overloaded)
+	assert.Equal(t, 5*time.Second, r.Outcome.RetryAfter)
+}
+
+// TestNoEndpoints: an empty fleet fails fast with the core's sentinel and
+// closes the body.
+func TestNoEndpoints(t *testing.T) {
+	tr := newTransport(t, httpbalancer.Options{})
+	body := &closeTracker{Reader: strings.NewReader("{}")}
+	req, _ := http.NewRequest(http.MethodPost, chatURL, body)
+	_, err := tr.RoundTrip(req)
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	assert.True(t, body.closed)
+}
+
+// TestCanceledBeforeSend: a dead context fails the call without sending it,
+// closes the body, and reports nothing against any endpoint.
+func TestCanceledBeforeSend(t *testing.T) {
+	a := newBackend(t, "a")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a)})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	body := &closeTracker{Reader: strings.NewReader(chatBody(1, false))}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, body)
+	_, err := tr.RoundTrip(req)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.True(t, body.closed)
+	assert.Zero(t, a.hits.Load())
+	assert.Zero(t, statsByID(tr.Balancer())["a"].Picks)
+}
+
+// TestCanceledDuringPeek: a body fed by a goroutine that never finishes is
+// read under the context, so cancellation ends RoundTrip.
+func TestCanceledDuringPeek(t *testing.T) {
+	a := newBackend(t, "a")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a)})
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, pr)
+	go func() {
+		_, _ = pw.Write([]byte(`{"model":`)) // then stall
+		cancel()
+	}()
+	_, err := tr.RoundTrip(req)
+	require.ErrorIs(t, err, context.Canceled)
+	_, err = pw.Write([]byte("x"))
+	require.ErrorIs(t, err, io.ErrClosedPipe, "the caller's body was closed")
+}
+
+// TestConcurrentCloseAndRead: Close racing a blocked Read reports once
+// (run with -race).
+func TestConcurrentCloseAndRead(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	res := newResults(2)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
+		OnResult:  res.on,
+	})
+	req, _ := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = io.ReadAll(resp.Body) })
+	require.NoError(t, resp.Body.Close())
+	wg.Wait()
+	assert.EqualValues(t, 1, res.n.Load())
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+type closeTracker struct {
+	io.Reader
+	closed bool
+}
+
+func (c *closeTracker) Close() error { c.closed = true; return nil }
