@@ -1,0 +1,193 @@
+package promapi_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/promapi"
+)
+
+// Expositions the test exporters serve, one per engine generation the
+// default queries cover.
+var exporters = map[string]string{
+	"vllm-v1": `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 7
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.95
+`,
+	"vllm-older": `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 1
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.2
+`,
+	"sglang": `# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",pp_rank="0",tp_rank="0"} 4
+sglang:num_running_reqs{model_name="m",pp_rank="1",tp_rank="0"} 5
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",pp_rank="0",tp_rank="0"} 2
+sglang:num_queue_reqs{model_name="m",pp_rank="1",tp_rank="0"} 1
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m",pp_rank="0",tp_rank="0"} 0.5
+sglang:token_usage{model_name="m",pp_rank="1",tp_rank="0"} 0.7
+`,
+}
+
+var want = map[string]map[string]float64{
+	"vllm-v1":    {"running": 3, "waiting": 7, "kv_cache_usage": 0.95},
+	"vllm-older": {"running": 1, "waiting": 0, "kv_cache_usage": 0.2},
+	"sglang":     {"running": 9, "waiting": 3, "kv_cache_usage": 0.7},
+}
+
+// syncBuffer collects a child process's output for failure messages.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestRealPrometheus starts a Prometheus server of its own (temporary config
+// and storage, a free port on 127.0.0.1) that scrapes three test exporters,
+// then reads the fleet through promapi with the default queries.
+func TestRealPrometheus(t *testing.T) {
+	bin, err := exec.LookPath("prometheus")
+	if err != nil {
+		if os.Getenv("INFERLB_REQUIRE_PROMETHEUS") != "" {
+			t.Fatalf("prometheus binary not found and INFERLB_REQUIRE_PROMETHEUS is set: %v", err)
+		}
+		t.Skip("prometheus binary not on PATH (apt-get install prometheus, or set INFERLB_REQUIRE_PROMETHEUS=1 to make this a failure)")
+	}
+
+	// The exporters. Prometheus names each by its host:port instance label.
+	idOf := map[string]string{} // instance -> exporter name
+	var targets []string
+	for name, body := range exporters {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+			_, _ = io.WriteString(w, body)
+		}))
+		t.Cleanup(srv.Close)
+		instance := strings.TrimPrefix(srv.URL, "http://")
+		idOf[instance] = name
+		targets = append(targets, fmt.Sprintf("%q", instance))
+	}
+
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "prometheus.yml")
+	require.NoError(t, os.WriteFile(cfg, []byte(fmt.Sprintf(`global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: inference
+    static_configs:
+      - targets: [%s]
+`, strings.Join(targets, ", "))), 0o600))
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	var logs syncBuffer
+	cmd := exec.Command(bin,
+		"--config.file="+cfg,
+		"--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr,
+		"--log.level=warn",
+	)
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	src := &promapi.Source{
+		URL:    "http://" + addr,
+		Client: &http.Client{Transport: tr},
+		EndpointID: func(instance string) (string, bool) {
+			id, ok := idOf[instance]
+			return id, ok
+		},
+	}
+
+	// Prometheus is an external process: poll its API until the first
+	// scrapes of all three exporters are visible, within a deadline.
+	deadline := time.After(60 * time.Second)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var got map[string]map[string]float64
+	var lastErr error
+	for {
+		select {
+		case err := <-exited:
+			exited <- err // for the cleanup
+			t.Fatalf("prometheus exited early: %v\n%s", err, logs.String())
+		case <-deadline:
+			t.Fatalf("no complete fleet from prometheus within 60s; last: %v, %v\nprometheus log:\n%s", got, lastErr, logs.String())
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		obs, err := src.Collect(ctx)
+		cancel()
+		lastErr = err
+		got = map[string]map[string]float64{}
+		for _, o := range obs {
+			got[o.EndpointID] = fields(o.Sample)
+			assert.WithinDuration(t, time.Now(), o.Sample.Time, time.Minute, "stamped with the evaluation time")
+		}
+		if err == nil && assert.ObjectsAreEqual(want, got) {
+			break
+		}
+	}
+	assert.Equal(t, want, got)
+
+	// The same source through a Poller into a Store: one round, one query,
+	// the whole fleet.
+	var store telemetry.Store
+	p, err := telemetry.NewPoller(src, &store, telemetry.PollerOptions{Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	require.True(t, p.Poll(t.Context()))
+	kv, ok := store.Latest("vllm-v1", time.Now(), time.Minute)
+	require.True(t, ok)
+	u, _ := kv.Get(telemetry.KVCacheUsage)
+	assert.Equal(t, 0.95, u)
+	assert.Equal(t, uint64(3), p.Stats().Published)
+}

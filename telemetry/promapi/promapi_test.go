@@ -1,0 +1,156 @@
+package promapi_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/promapi"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func fields(s telemetry.Sample) map[string]float64 {
+	out := map[string]float64{}
+	for f := range telemetry.NumFields {
+		if v, ok := s.Get(telemetry.Field(f)); ok {
+			out[telemetry.Field(f).String()] = v
+		}
+	}
+	return out
+}
+
+// fakeProm answers /api/v1/query with status and body and records the query.
+func fakeProm(t *testing.T, status int, body string, gotQuery *string) *promapi.Source {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		assert.Equal(t, "/prefix/api/v1/query", r.URL.Path)
+		assert.Equal(t, http.MethodPost, r.Method)
+		b, _ := io.ReadAll(r.Body)
+		form, err := url.ParseQuery(string(b))
+		assert.NoError(t, err)
+		if gotQuery != nil {
+			*gotQuery = form.Get("query")
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body)
+	}))
+	tr := &http.Transport{}
+	t.Cleanup(func() { srv.Close(); tr.CloseIdleConnections() })
+	return &promapi.Source{URL: srv.URL + "/prefix/", Client: &http.Client{Transport: tr}}
+}
+
+func TestQueryCombinesFieldsInOneExpression(t *testing.T) {
+	s := &promapi.Source{Queries: map[telemetry.Field]string{
+		telemetry.KVCacheUsage: `max by (instance) (vllm:kv_cache_usage_perc)`,
+		telemetry.Waiting:      `sum by (instance) (vllm:num_requests_waiting)`,
+	}}
+	assert.Equal(t,
+		`label_replace((sum by (instance) (vllm:num_requests_waiting)), "inferlb_field", "waiting", "", "") or `+
+			`label_replace((max by (instance) (vllm:kv_cache_usage_perc)), "inferlb_field", "kv_cache_usage", "", "")`,
+		s.Query())
+}
+
+const okBody = `{"status":"success","data":{"resultType":"vector","result":[
+ {"metric":{"instance":"10.0.0.1:8000","inferlb_field":"waiting"},"value":[1767225600.5,"3"]},
+ {"metric":{"instance":"10.0.0.1:8000","inferlb_field":"kv_cache_usage"},"value":[1767225600.5,"0.95"]},
+ {"metric":{"instance":"10.0.0.2:8000","inferlb_field":"waiting"},"value":[1767225600.5,"0"]},
+ {"metric":{"instance":"10.0.0.2:8000","job":"b","inferlb_field":"waiting"},"value":[1767225600.5,"2"]}
+]}}`
+
+func TestCollect(t *testing.T) {
+	var q string
+	src := fakeProm(t, 200, okBody, &q)
+	obs, err := src.Collect(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, src.Query(), q, "one request carries every field")
+	eval := time.Unix(1767225600, 5e8)
+	require.Len(t, obs, 2)
+	assert.Equal(t, "10.0.0.1:8000", obs[0].EndpointID)
+	assert.True(t, obs[0].Sample.Time.Equal(eval), "stamped with the evaluation time")
+	assert.Equal(t, map[string]float64{"waiting": 3, "kv_cache_usage": 0.95}, fields(obs[0].Sample))
+	assert.Equal(t, map[string]float64{"waiting": 2}, fields(obs[1].Sample), "duplicates: the largest wins")
+}
+
+func TestCollectEndpointIDFilter(t *testing.T) {
+	src := fakeProm(t, 200, okBody, nil)
+	src.EndpointID = func(v string) (string, bool) { return "ep-" + v, v == "10.0.0.2:8000" }
+	obs, err := src.Collect(t.Context())
+	require.NoError(t, err)
+	require.Len(t, obs, 1)
+	assert.Equal(t, "ep-10.0.0.2:8000", obs[0].EndpointID)
+}
+
+func TestCollectSkipsBadSeries(t *testing.T) {
+	body := `{"status":"success","data":{"resultType":"vector","result":[
+ {"metric":{"instance":"a","inferlb_field":"waiting"},"value":[1767225600,"NaN"]},
+ {"metric":{"instance":"a","inferlb_field":"running"},"value":[1767225600,"+Inf"]},
+ {"metric":{"instance":"a","inferlb_field":"kv_cache_usage"},"value":[1767225600,"95"]},
+ {"metric":{"instance":"a","inferlb_field":"waiting"},"value":[1767225600,"-1"]},
+ {"metric":{"inferlb_field":"waiting"},"value":[1767225600,"1"]},
+ {"metric":{"instance":"a","inferlb_field":"bogus"},"value":[1767225600,"1"]},
+ {"metric":{"instance":"a","inferlb_field":"running"},"value":["x","1"]},
+ {"metric":{"instance":"a","inferlb_field":"running"},"value":[1767225600,2]},
+ {"metric":{"instance":"b","inferlb_field":"running"},"value":[1767225600,"4"]}
+]}}`
+	obs, err := fakeProm(t, 200, body, nil).Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "promapi: 8 series skipped; first: waiting for a: value NaN")
+	require.Len(t, obs, 1)
+	assert.Equal(t, "b", obs[0].EndpointID)
+	assert.Equal(t, map[string]float64{"running": 4}, fields(obs[0].Sample))
+}
+
+func TestCollectErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		status int
+		body   string
+		want   string
+	}{
+		{"bad promql", 400, `{"status":"error","errorType":"bad_data","error":"1:5: parse error: unexpected <by>"}`,
+			"promapi: query failed (HTTP 400, bad_data): 1:5: parse error"},
+		{"overloaded", 503, `{"status":"error","errorType":"unavailable","error":"too many queries"}`,
+			"promapi: query failed (HTTP 503, unavailable): too many queries"},
+		{"proxy error page", 502, `<html>bad gateway</html>`, "promapi: query: HTTP 502"},
+		{"not json", 200, `hello`, "promapi: decoding response"},
+		{"truncated json", 200, `{"status":"success","data":{"resultType":"vector","result":[`, "promapi: decoding response"},
+		{"odd status", 200, `{"status":"pending"}`, `promapi: response status "pending"`},
+		{"matrix", 200, `{"status":"success","data":{"resultType":"matrix","result":[]}}`, `promapi: query returned a "matrix"`},
+		{"bad data", 200, `{"status":"success","data":{"resultType":"vector","result":{}}}`, "promapi: decoding query data"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obs, err := fakeProm(t, tt.status, tt.body, nil).Collect(t.Context())
+			require.Error(t, err)
+			assert.NotErrorIs(t, err, telemetry.ErrPartial)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.Empty(t, obs)
+		})
+	}
+}
+
+func TestCollectConfigErrors(t *testing.T) {
+	_, err := (&promapi.Source{}).Collect(t.Context())
+	assert.ErrorContains(t, err, "promapi: Source.URL is empty")
+	_, err = (&promapi.Source{URL: "http://x", Queries: map[telemetry.Field]string{}}).Collect(t.Context())
+	assert.ErrorContains(t, err, "promapi: Source.Queries is empty")
+	_, err = (&promapi.Source{URL: "http://127.0.0.1:1"}).Collect(t.Context())
+	assert.ErrorContains(t, err, "promapi: query: ")
+}
+
+func TestCollectBodyLimit(t *testing.T) {
+	src := fakeProm(t, 200, okBody, nil)
+	src.MaxBodyBytes = 64
+	_, err := src.Collect(t.Context())
+	assert.ErrorContains(t, err, "promapi: response larger than 64 bytes")
+}
