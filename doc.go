@@ -26,14 +26,40 @@
 //
 // An adapter turns a call into a Request (service from the path or method,
 // model, token estimates, affinity key, tenant) and asks the Balancer to Pick.
-// Pick loads the current immutable snapshot, chooses the group that serves
-// the model, and samples two distinct endpoints by capacity weight that are
-// ready and in good standing (slow start scales a new endpoint's chance). The
-// request's Scorer prices both from a State snapshot (in-flight requests and
-// tokens, peak-EWMA latency, error rate, fresh telemetry) and the cheaper one
-// wins. Pick counts the call in flight and returns a Pick handle; the adapter
-// sends the call and, when the response or stream has ended, reports an
-// Outcome through Done exactly once. Done releases the load and feeds the
-// latency and error EWMAs; an overload answer cools the endpoint down for its
-// Retry-After. Pick never blocks, locks or allocates.
+// Pick loads the current immutable snapshot and chooses the group that serves
+// the model. A request with an affinity key (a seeded hash of its prompt
+// prefix or session, from Balancer.Keyer) goes to the key's owner on a
+// consistent-hash ring while the owner is within its bounded load; past the
+// bound, the next endpoints in the key's own order take it, so independent
+// callers agree without talking. Otherwise Pick samples two distinct
+// endpoints by capacity weight that are ready and in good standing (slow
+// start scales a joining or recovered endpoint's chance), the request's
+// Scorer prices both from a State snapshot (in-flight requests and tokens,
+// peak-EWMA latency, error rate, fresh telemetry) and the cheaper one wins.
+// Pick counts the call in flight and returns a Pick handle; the adapter sends
+// the call and, when the response or stream has ended, reports an Outcome
+// through Done exactly once. Done releases the load, feeds the latency and
+// error EWMAs and the circuit breaker; an overload answer cools the endpoint
+// down for its Retry-After. Pick never blocks, locks or allocates.
+//
+// # Standing and recovery
+//
+// Each endpoint has a circuit breaker (github.com/sony/gobreaker/v2) that
+// trips after consecutive failures; the balancer's own clock holds it out,
+// doubling the time on each failed half-open probe round, and a recovered
+// endpoint ramps up through slow start. Outlier detection ejects an endpoint
+// whose success rate falls well below its peers' median. Breakers and
+// ejections together never hold out more than MaxEjectedFraction of the
+// fleet, and when too few endpoints are in good standing the picker routes
+// across all ready ones (panic routing) rather than crushing the survivors.
+// Adapters fail a call over to another endpoint only within a shared retry
+// budget.
+//
+// # Telemetry
+//
+// Samples from DCGM, model-server /metrics, a Prometheus server, ORCA and
+// vLLM's load header are merged per endpoint and per field in a
+// telemetry.Store. Scorers see only fresh fields; a stale or missing field is
+// neutral. The LLM scorer's cost rises steeply (hyperbolically) as KV-cache
+// use, GPU memory or utilization near their ceiling.
 package inferlb
