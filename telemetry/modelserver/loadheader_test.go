@@ -149,3 +149,19 @@ func FuzzParseLoadHeader(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkParseLoadHeader(b *testing.B) {
+	for _, bc := range []struct{ name, v string }{
+		{"text", "TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3"},
+		{"json", `JSON {"named_metrics": {"kv_cache_usage_perc": 0.4, "num_requests_waiting": 3.0}}`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := modelserver.ParseLoadHeader(bc.v); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,23 @@
+package promapi_test
+
+import (
+	"fmt"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/promapi"
+)
+
+func ExampleSource_Query() {
+	src := &promapi.Source{
+		URL: "http://prometheus:9090",
+		Queries: map[telemetry.Field]string{
+			telemetry.Waiting:      `sum by (instance) (vllm:num_requests_waiting)`,
+			telemetry.KVCacheUsage: `max by (instance) (vllm:kv_cache_usage_perc)`,
+		},
+	}
+	// Collect sends this one expression per round; run it through a
+	// telemetry.Poller to keep a Store or Balancer current.
+	fmt.Println(src.Query())
+	// Output:
+	// label_replace((sum by (instance) (vllm:num_requests_waiting)), "inferlb_field", "waiting", "", "") or label_replace((max by (instance) (vllm:kv_cache_usage_perc)), "inferlb_field", "kv_cache_usage", "", "")
+}
