@@ -17,6 +17,20 @@ type Prompt struct {
 	Segments []Segment
 	Tokens   int
 	Hashes   []uint64 // one per full block of BlockSize tokens
+	raw      []uint64 // explicit tokens (from text) instead of Segments
+}
+
+// PromptFromTokens builds a prompt from explicit token values, such as
+// TextTokens of a real request's text.
+func PromptFromTokens(toks []uint64) *Prompt {
+	p := &Prompt{Tokens: len(toks), raw: toks, Hashes: make([]uint64, 0, len(toks)/BlockSize)}
+	var h blockHasher
+	for _, t := range toks {
+		if bh, ok := h.add(t); ok {
+			p.Hashes = append(p.Hashes, bh)
+		}
+	}
+	return p
 }
 
 // BlockSize is the KV-cache block size in tokens: vLLM's default --block-size
@@ -92,6 +106,12 @@ func (p *Prompt) Extend(segs ...Segment) *Prompt {
 // answer segment, which is how the server hashes blocks that straddle the end
 // of the prompt.
 func (p *Prompt) tokenAt(i int, answer uint64) uint64 {
+	if p.raw != nil {
+		if i < len(p.raw) {
+			return p.raw[i]
+		}
+		return token(answer, i-len(p.raw))
+	}
 	for _, s := range p.Segments {
 		if i < s.Tokens {
 			return token(s.ID, i)

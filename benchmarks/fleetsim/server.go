@@ -321,6 +321,9 @@ func (r *replica) stepDone(gen uint64) {
 			r.sim.itl.add(now - s.lastToken)
 		}
 		s.lastToken = now
+		if j.onToken != nil {
+			j.onToken(s.generated)
+		}
 		if j.req.OutputTokens == 0 {
 			r.sim.tokens += int64(s.prompt.Tokens) // pooling: the work is the input
 		} else {

@@ -62,6 +62,10 @@ type job struct {
 	done       func(inferlb.Outcome)
 	rep        *replica
 	start      time.Duration // of the current attempt
+	// Live servers only: onToken sees each token as it is produced, and
+	// onEnd the end of the call.
+	onToken func(n int)
+	onEnd   func(err error)
 }
 
 type event struct {
@@ -191,6 +195,10 @@ var errThrottled = errors.New("fleetsim: 429 too many requests")
 // finish ends one attempt. Failed attempts are retried once, immediately, on
 // a new pick, as a client with one retry does.
 func (s *run) finish(j *job, now time.Duration, err error) {
+	if j.onEnd != nil {
+		j.onEnd(err)
+		return
+	}
 	if j.done != nil {
 		o := inferlb.Outcome{Err: err, OutputTokens: j.req.OutputTokens}
 		if err == nil && j.firstToken >= 0 {
