@@ -158,7 +158,7 @@ func ChatScenario() *Scenario {
 		},
 		Rates:    []float64{10, 20, 30, 40, 50},
 		RateUnit: "req/s",
-		Headline: 40,
+		Headline: 50,
 		Warmup:   120 * time.Second, Duration: 420 * time.Second, Drain: 300 * time.Second,
 		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
 		Policies: Policies(),
@@ -214,9 +214,9 @@ func HotPromptScenario() *Scenario {
 func FailuresScenario() *Scenario {
 	sc := ChatScenario()
 	sc.Name = "failures"
-	sc.Description = "chat at 30 req/s; r0 crashes at 150s (back at 210s, cold), r1 4x slower 180-300s, r2 answers 429 beyond 4 waiting from 120s"
-	sc.Rates = []float64{30}
-	sc.Headline = 30
+	sc.Description = "chat at 40 req/s; r0 crashes at 150s (back at 210s, cold), r1 4x slower 180-300s, r2 answers 429 beyond 4 waiting from 120s"
+	sc.Rates = []float64{40}
+	sc.Headline = 40
 	for i := range sc.Fleet {
 		sc.Fleet[i].Server.RetryAfter = time.Second
 	}

@@ -71,7 +71,7 @@ func writeCharts(dir string, sc *fleetsim.Scenario, res []fleetsim.Result) error
 				p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 			}
 			p.Legend.Top = true
-			p.Legend.Left = !ch.log
+			p.Legend.Left = true
 			p.Add(plotter.NewGrid())
 			for k, pol := range sc.Policies {
 				var pts plotter.XYs
@@ -101,7 +101,7 @@ func writeCharts(dir string, sc *fleetsim.Scenario, res []fleetsim.Result) error
 				s.Shape = plotutil.Shape(k)
 				if pol.Name == "inferlb" {
 					l.Width = vg.Points(3)
-					l.Color = color.RGBA{R: 200, A: 255}
+					l.Color = color.Black
 					s.Color = l.Color
 					s.Shape = draw.CircleGlyph{}
 				}
