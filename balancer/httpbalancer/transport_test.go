@@ -261,6 +261,8 @@ func TestStreamTiming(t *testing.T) {
 	step := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
 		for i := range 4 {
 			<-step
 			// Split an event across writes to test the line scanner.
@@ -334,7 +336,7 @@ func TestLoadReports(t *testing.T) {
 	waiting, _ := s.Get(telemetry.Waiting)
 	assert.Equal(t, 0.5, kv)
 	assert.Equal(t, 3.0, waiting)
-	assert.Equal(t, clock.Now(), s.Time)
+	assert.True(t, clock.Now().Equal(s.Time), "stamped with the balancer clock: %v", s.Time)
 }
 
 // TestRetryAfterDate: an HTTP-date Retry-After on a 503 is an overload for
