@@ -3,6 +3,7 @@ package cache
 import (
 	"flag"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -39,29 +40,17 @@ func maxOverMean(f ownerFunc, n, keys int) float64 {
 	return float64(mx) * float64(n) / float64(keys)
 }
 
-// ringShare is the exact largest share of the ring a member owns over its
-// fair share.
+// ringShare is the exact largest share of the ring a member owns, over the
+// mean share (members of weight 1).
 func ringShare(p *Placement) float64 {
 	share := make([]float64, p.n)
-	res := uint(64 - p.shift + subBits)
-	prev := uint64(0)
-	last := -1
-	for b := 0; b+1 < len(p.index); b++ {
-		for i := p.index[b]; i < p.index[b+1]; i++ {
-			pos := (uint64(b)<<subBits | uint64(p.points[i]>>memberBits)) << (64 - res)
-			m := int(uint16(p.points[i]))
-			share[m] += float64(pos-prev) / (1 << 64)
-			prev = pos
-			last = m
-		}
+	pos := positions(p)
+	res := 64 - p.shift + subBits
+	for i, x := range pos {
+		prev := pos[(i+len(pos)-1)%len(pos)]
+		share[uint16(p.points[i])] += float64((x-prev)&(1<<res-1)) / float64(uint64(1)<<res)
 	}
-	share[int(uint16(p.points[0]))] += float64(-prev) / (1 << 64) // wrap arc
-	_ = last
-	mx := 0.0
-	for _, s := range share {
-		mx = max(mx, s)
-	}
-	return mx * float64(p.n)
+	return slices.Max(share) * float64(p.n)
 }
 
 func TestPlacementFigures(t *testing.T) {

@@ -1,15 +1,18 @@
 package cache
 
 import (
+	"slices"
 	"testing"
 )
 
-// ringOwner is the textbook ring lookup, a binary search over the full
-// positions, against which the bucket index is checked.
+// TestWalkMatchesBruteForce checks the bucket index against the textbook
+// ring lookup: the first point at or after the key, by binary search over
+// the decoded positions.
 func TestWalkMatchesBruteForce(t *testing.T) {
 	for _, n := range []int{1, 2, 8, 100, 1000} {
 		ms := members(n)
 		p := NewPlacement(ms, 7)
+		pos := positions(p)
 		for k := range uint64(20000) {
 			key := mix64(k)
 			w := p.Walk(key)
@@ -18,7 +21,9 @@ func TestWalkMatchesBruteForce(t *testing.T) {
 				t.Fatalf("n=%d: no owner", n)
 			}
 			kp := mix64(key ^ p.salt)
-			want := bruteOwner(p, kp)
+			res := 64 - p.shift + subBits
+			j, _ := slices.BinarySearch(pos, kp>>(64-res))
+			want := int(uint16(p.points[j%len(pos)]))
 			if got != want {
 				t.Fatalf("n=%d key %x: owner %d, brute force %d", n, key, got, want)
 			}
@@ -26,16 +31,13 @@ func TestWalkMatchesBruteForce(t *testing.T) {
 	}
 }
 
-func bruteOwner(p *Placement, k uint64) int {
-	res := uint(64 - p.shift + subBits)
-	kq := k >> (64 - res)
+// positions decodes the ring positions at the resolution the index keeps.
+func positions(p *Placement) []uint64 {
+	pos := make([]uint64, len(p.points))
 	for b := 0; b+1 < len(p.index); b++ {
 		for i := p.index[b]; i < p.index[b+1]; i++ {
-			pq := uint64(b)<<subBits | uint64(p.points[i]>>memberBits)
-			if pq >= kq {
-				return int(uint16(p.points[i]))
-			}
+			pos[i] = uint64(b)<<subBits | uint64(p.points[i]>>memberBits)
 		}
 	}
-	return int(uint16(p.points[0]))
+	return pos
 }
