@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/serviceconfig"
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
-	"github.com/inferlb/inferlb/cache"
 )
 
 // DefaultOOBInterval is how often out-of-band ORCA reports are requested
@@ -29,7 +27,6 @@ type jsonConfig struct {
 	Methods           map[string]string `json:"methods"`
 	DefaultService    string            `json:"defaultService"`
 	AffinityKeyHeader string            `json:"affinityKeyHeader"`
-	AffinitySeed      uint64            `json:"affinitySeed"`
 	TenantHeader      string            `json:"tenantHeader"`
 	ModelHeader       string            `json:"modelHeader"`
 	ORCA              *jsonORCA         `json:"orca"`
@@ -58,6 +55,9 @@ type jsonTunables struct {
 	SlowStartAggression float64 `json:"slowStartAggression"`
 	RetryRatio          float64 `json:"retryRatio"`
 	RetryFloor          float64 `json:"retryFloor"`
+	Affinity            string  `json:"affinity"`
+	LoadBound           float64 `json:"loadBound"`
+	AffinitySeed        uint64  `json:"affinitySeed"`
 	BreakerFailures     int     `json:"breakerFailures"`
 	BreakerProbes       int     `json:"breakerProbes"`
 	EjectionTime        string  `json:"ejectionTime"`
@@ -81,10 +81,9 @@ type lbConfig struct {
 	// facts come from its method alone is routed without building one.
 	templates [inferlb.NumServices]inferlb.Request
 
-	affinityHeader string
+	affinityHeader string // its value is hashed with the core's Keyer
 	tenantHeader   string
 	modelHeader    string
-	keyer          *cache.Keyer
 
 	orcaPerCall bool
 	oob         bool
@@ -118,11 +117,6 @@ func (c *lbConfig) service(method string) inferlb.Service {
 	}
 	return c.defaultService
 }
-
-// processKeyer is the Keyer used when the config names no seed: random, but
-// one per process, so every channel (and a shared Balancer) in the process
-// maps the same affinity value to the same key.
-var processKeyer = sync.OnceValue(func() *cache.Keyer { return cache.NewKeyer(0) })
 
 // configError formats a parse error that names the field.
 func configError(field, format string, args ...any) error {
@@ -197,11 +191,6 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 			return nil, configError(h.field, "%q: keys starting with \"grpc-\" are reserved by gRPC", h.src)
 		}
 		*h.dst = key
-	}
-	if raw.AffinitySeed != 0 {
-		c.keyer = cache.NewKeyer(raw.AffinitySeed)
-	} else {
-		c.keyer = processKeyer()
 	}
 
 	if o := raw.ORCA; o != nil {
@@ -284,6 +273,25 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"outlierMinRequests", count(t.OutlierMinRequests, func(o *core.Options) *int { return &o.OutlierMinRequests })},
 		{"outlierMargin", num(t.OutlierMargin, func(o *core.Options) *float64 { return &o.OutlierMargin })},
 	}
+	mode := func(o *core.Options) error {
+		if t.Affinity == "" {
+			return nil
+		}
+		m, err := core.ParseAffinityMode(t.Affinity)
+		if err != nil {
+			return errors.New(strings.TrimPrefix(err.Error(), "inferlb: "))
+		}
+		o.Affinity = m
+		return nil
+	}
+	fields = append(fields, []struct {
+		name  string
+		apply func(*core.Options) error
+	}{
+		{"affinity", mode},
+		{"loadBound", num(t.LoadBound, func(o *core.Options) *float64 { return &o.LoadBound })},
+		{"affinitySeed", func(o *core.Options) error { o.AffinitySeed = t.AffinitySeed; return nil }},
+	}...)
 	var o core.Options
 	for _, f := range fields {
 		var one core.Options
@@ -339,6 +347,8 @@ func decodeError(err error) error {
 			field = "(top level)"
 		}
 		return configError(field, "got JSON %s, want %s", typeErr.Value, jsonKind(typeErr.Type.Kind().String()))
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return errors.New("inferlb: service config: invalid JSON: unexpected end of input")
 	case errors.As(err, &syntaxErr):
 		return fmt.Errorf("inferlb: service config: invalid JSON at offset %d: %v", syntaxErr.Offset, err)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb"
+	core "github.com/inferlb/inferlb/balancer"
 )
 
 func TestParseConfigDefaults(t *testing.T) {
@@ -20,8 +21,8 @@ func TestParseConfigDefaults(t *testing.T) {
 		if !c.orcaPerCall || c.oob || c.oobInterval != DefaultOOBInterval {
 			t.Errorf("parseConfig(%q): orca perCall %v oob %v interval %v, want true false %v", js, c.orcaPerCall, c.oob, c.oobInterval, DefaultOOBInterval)
 		}
-		if c.keyer != processKeyer() || c.hasTunables {
-			t.Errorf("parseConfig(%q): want the per-process Keyer and no tunables", js)
+		if c.hasTunables {
+			t.Errorf("parseConfig(%q): want no tunables", js)
 		}
 	}
 }
@@ -31,13 +32,13 @@ func TestParseConfigGood(t *testing.T) {
 		"methods": {"/pkg.Svc/Embed": "embedding", "/pkg.Svc/": "llm", "/r.R/Rank": "reranker"},
 		"defaultService": "chat",
 		"affinityKeyHeader": "X-Session-ID",
-		"affinitySeed": 18446744073709551615,
 		"tenantHeader": "x-tenant",
 		"modelHeader": "x-model",
 		"orca": {"perCall": false, "outOfBand": true, "interval": "1.5s"},
 		"balancer": {"telemetryMaxAge": "-1s", "latencyDecay": "5s", "errorAlpha": 0.2, "panicThreshold": -1,
 			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
-			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models"}
+			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models",
+			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615}
 	}`), false)
 	if err != nil {
 		t.Fatal(err)
@@ -57,8 +58,8 @@ func TestParseConfigGood(t *testing.T) {
 	if c.affinityHeader != "x-session-id" || c.tenantHeader != "x-tenant" || c.modelHeader != "x-model" {
 		t.Errorf("headers %q %q %q", c.affinityHeader, c.tenantHeader, c.modelHeader)
 	}
-	if c.keyer.Seed() != 18446744073709551615 {
-		t.Errorf("seed %d", c.keyer.Seed())
+	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 {
+		t.Errorf("affinity options %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed)
 	}
 	if c.orcaPerCall || !c.oob || c.oobInterval != 1500*time.Millisecond {
 		t.Errorf("orca %v %v %v", c.orcaPerCall, c.oob, c.oobInterval)
@@ -94,8 +95,11 @@ func TestParseConfigBad(t *testing.T) {
 		{"bad header", `{"affinityKeyHeader": "x session"}`, false, "affinityKeyHeader"},
 		{"reserved header", `{"tenantHeader": "grpc-tenant"}`, false, "tenantHeader"},
 		{"bad model header", `{"modelHeader": "é"}`, false, "modelHeader"},
-		{"negative seed", `{"affinitySeed": -1}`, false, "affinitySeed"},
-		{"seed as string", `{"affinitySeed": "42"}`, false, "affinitySeed"},
+		{"seed outside the section", `{"affinitySeed": 1}`, false, `unknown field "affinitySeed"`},
+		{"negative seed", `{"balancer": {"affinitySeed": -1}}`, false, "balancer.affinitySeed"},
+		{"seed as string", `{"balancer": {"affinitySeed": "42"}}`, false, "balancer.affinitySeed"},
+		{"affinity mode", `{"balancer": {"affinity": "sticky"}}`, false, `balancer.affinity: affinity mode "sticky"`},
+		{"load bound", `{"balancer": {"loadBound": 0.5}}`, false, "balancer.loadBound"},
 		{"bad interval", `{"orca": {"interval": "soon"}}`, false, "orca.interval"},
 		{"zero interval", `{"orca": {"interval": "0s"}}`, false, "orca.interval"},
 		{"perCall type", `{"orca": {"perCall": "yes"}}`, false, "orca.perCall"},

@@ -40,8 +40,8 @@
 // The picker reads a call's Request from inferlb.FromContext first (set it
 // with inferlb.NewContext; its Service is filled from the method when
 // unset). Otherwise it builds one: Service from the method (see "methods"),
-// AffinityKey from the affinityKeyHeader value (cache.Keyer.Session of the
-// first value), Tenant and Model from tenantHeader and modelHeader. A pick
+// AffinityKey from the affinityKeyHeader value (the Balancer's
+// Keyer().Session of the first value), Tenant and Model from tenantHeader and modelHeader. A pick
 // allocates nothing when the facts come from the method or the context,
 // and one small value per configured header present (grpc-go copies
 // metadata values out of the context).
@@ -81,7 +81,6 @@
 //	  },
 //	  "defaultService": "unknown",      // for unlisted methods; default "unknown"
 //	  "affinityKeyHeader": "",          // metadata key of a session/affinity value; default none
-//	  "affinitySeed": 0,                // Keyer seed; default 0 = random per process
 //	  "tenantHeader": "",               // metadata key of the tenant; default none
 //	  "modelHeader": "",                // metadata key of the model name; default none
 //	  "orca": {
@@ -94,6 +93,7 @@
 //	    "errorDecay": "30s", "panicThreshold": 0.5, "defaultCooldown": "1s",
 //	    "maxCooldown": "30s", "slowStartWindow": "30s", "slowStartMinWeight": 0.1,
 //	    "slowStartAggression": 1, "retryRatio": 0.2, "retryFloor": 10,
+//	    "affinity": "prefer", "loadBound": 1.25, "affinitySeed": 0,
 //	    "breakerFailures": 5, "breakerProbes": 3, "ejectionTime": "10s",
 //	    "maxEjectionTime": "2m", "maxEjectedFraction": 0.5,
 //	    "outlierInterval": "10s", "outlierMinRequests": 20,
@@ -112,7 +112,9 @@
 // "balancer" section is refused for a NewBuilder policy, whose Balancer the
 // caller configured.
 //
-// With an explicit affinitySeed, every process maps a session to the same
-// key, so consistent placement agrees across callers; the random default
-// keeps keys unpredictable from outside the process.
+// Affinity keys are hashed with the Balancer's own Keyer (Balancer.Keyer),
+// which shares its AffinitySeed with the consistent placement. With an
+// explicit balancer.affinitySeed every process places a session on the
+// same endpoint; the random default (0) keeps placement unpredictable from
+// outside the process.
 package grpcbalancer

@@ -98,7 +98,7 @@ func (p *picker) request(info balancer.PickInfo, c *call) *inferlb.Request {
 	var tenant, model string
 	if h := cfg.affinityHeader; h != "" {
 		if v := metadata.ValueFromOutgoingContext(ctx, h); len(v) > 0 {
-			key = cfg.keyer.Session(v[0])
+			key = p.core.Keyer().Session(v[0])
 		}
 	}
 	if h := cfg.tenantHeader; h != "" {

@@ -20,7 +20,6 @@ import (
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
-	"github.com/inferlb/inferlb/cache"
 	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
 	"github.com/inferlb/inferlb/scoring"
@@ -188,14 +187,15 @@ func TestRequestFacts(t *testing.T) {
 	for s := range inferlb.NumServices {
 		scorers[inferlb.Service(s)] = rec
 	}
-	b := core.New(core.Options{Scorers: scorers})
+	// Affinity off: every pick then reaches the scorer, which records it.
+	b := core.New(core.Options{Scorers: scorers, Affinity: core.AffinityOff})
 	name := registerShared(b)
 	h := newHarness(t, name, `{
 		"methods": {"/ai.Gen/": "llm", "/ai.Emb/Embed": "embedding"},
 		"defaultService": "rerank",
-		"affinityKeyHeader": "X-Session", "affinitySeed": 42,
+		"affinityKeyHeader": "X-Session",
 		"tenantHeader": "x-tenant", "modelHeader": "x-model"}`, 3)
-	keyer := cache.NewKeyer(42)
+	keyer := b.Keyer() // keys must share the core's seed, so placement agrees
 
 	md := metadata.Pairs("x-session", "conv-7", "x-tenant", "acme", "x-model", "llama")
 	fromCtx := &inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "ctx", PromptTokens: 10}

@@ -140,6 +140,20 @@ type SubConn struct {
 // Addr returns the SubConn's first address.
 func (sc *SubConn) Addr() string { return sc.addrs[0].Addr }
 
+// IsReady reports whether the SubConn's last state was READY.
+func (sc *SubConn) IsReady() bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.state == connectivity.Ready && !sc.shutdown
+}
+
+// IsShutdown reports whether the policy shut the SubConn down.
+func (sc *SubConn) IsShutdown() bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.shutdown
+}
+
 // String names the SubConn by its address.
 func (sc *SubConn) String() string { return "fake-subconn(" + sc.Addr() + ")" }
 
@@ -158,16 +172,13 @@ func (sc *SubConn) Connect() {
 	sc.mu.Unlock()
 }
 
-// Shutdown implements balancer.SubConn.
+// Shutdown implements balancer.SubConn. It only records the shutdown: a
+// real channel reports SHUTDOWN later, from its serializer, and policies
+// call Shutdown with their lock held, so reporting it here would deadlock.
 func (sc *SubConn) Shutdown() {
 	sc.mu.Lock()
-	if sc.shutdown {
-		sc.mu.Unlock()
-		return
-	}
 	sc.shutdown = true
 	sc.mu.Unlock()
-	sc.deliver(balancer.SubConnState{ConnectivityState: connectivity.Shutdown})
 }
 
 // RegisterHealthListener implements balancer.SubConn. The listener hears
