@@ -8,6 +8,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/cache"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // AffinityMode says how a request's AffinityKey steers the pick.
@@ -70,10 +71,25 @@ func placementMembers(ms []*endpoint, weights []float64) []cache.Member {
 //
 // (Mirrokni et al.'s bound, weighted by capacity). The ceiling lets an idle
 // group's owners take their keys: without it the bound is below one call.
-func (b *Balancer) withinBound(g *group, i int) bool {
+func (b *Balancer) withinBound(g *group, i int, now time.Time) bool {
 	total := max(g.load.Load(), 0) + 1
 	load := g.members[i].inFlight.Load() + 1
-	return float64(load) <= math.Ceil(b.cfg.loadBound*g.weights[i]/g.total*float64(total))
+	share := g.weights[i] / g.total * float64(total)
+	if float64(load) <= math.Ceil(b.cfg.loadBound*share) {
+		return true
+	}
+	// Past the in-flight bound, an LLM server whose fresh telemetry shows
+	// an empty queue and room in its KV cache is not saturated: continuous
+	// batching absorbs the extra call, while a spill costs a cold prefill of
+	// the whole prefix elsewhere. It keeps its keys up to the hard cap.
+	if float64(load) > math.Ceil(b.cfg.loadBoundHard*share) {
+		return false
+	}
+	var s telemetry.Sample
+	g.members[i].slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
+	w, okW := s.Get(telemetry.Waiting)
+	kv, okKV := s.Get(telemetry.KVCacheUsage)
+	return okW && w == 0 && (!okKV || kv < 0.9)
 }
 
 // pickAffine routes req by its affinity key; -1 means "no opinion" (fall
@@ -88,7 +104,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, now
 		if !ok {
 			break
 		}
-		if i == first || !g.members[i].usable(nowNs, panicking) || !b.withinBound(g, i) {
+		if i == first || !g.members[i].usable(nowNs, panicking) || !b.withinBound(g, i, now) {
 			continue
 		}
 		if steps == 0 || b.cfg.affinity == AffinityStrict {

@@ -12,6 +12,7 @@ import (
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/cache"
 	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 const seed = 0x5eed
@@ -220,4 +221,42 @@ func TestParseAffinityMode(t *testing.T) {
 	_, err := balancer.ParseAffinityMode("sticky")
 	assert.ErrorContains(t, err, `affinity mode "sticky"`)
 	assert.ErrorContains(t, (&balancer.Options{LoadBound: 0.9}).Validate(), "LoadBound")
+}
+
+func TestUnqueuedOwnerKeepsItsKeysUpToTheHardCap(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(10)})
+	const key = 77
+	home := owner(t, b, key)
+	report := func(waiting float64) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Waiting, waiting)
+		s.Set(telemetry.KVCacheUsage, 0.5)
+		b.Publish(home, s)
+	}
+	// 40 calls of one key in flight across 4 endpoints: the plain bound is
+	// ceil(1.25 x 40/4) = 13 at the end. A server reporting an empty queue
+	// is not saturated, so it keeps the key up to twice that share.
+	hold := func(n int) (inFlight int64, held []balancer.Pick) {
+		for range n {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
+			require.NoError(t, err)
+			held = append(held, p)
+		}
+		return stat(t, b, home).InFlight, held
+	}
+	report(0)
+	got, held := hold(40)
+	assert.Greater(t, got, int64(13), "an unqueued owner takes more than the plain bound")
+	assert.LessOrEqual(t, got, int64(2*13), "but never past the hard cap")
+	for i := range held {
+		held[i].Done(inferlb.Outcome{})
+	}
+	// Once it reports a queue, the plain bound applies again.
+	report(3)
+	got, held = hold(40)
+	assert.LessOrEqual(t, got, int64(13))
+	for i := range held {
+		held[i].Done(inferlb.Outcome{})
+	}
 }

@@ -10,7 +10,7 @@ import (
 //
 // cost = (load + 1) / weight x reliability x kvPressure x memPressure x utilPressure, where
 //
-//	load        = max(in-flight here, running on the server) + QueueWeight x waiting
+//	load        = max(in-flight here, running + QueueWeight x waiting on the server)
 //	              + in-flight tokens / TokenUnit
 //	reliability = 1 + ErrorPenalty x error rate
 //	kvPressure  = Pressure(KV-cache usage, KVKnee, Steepness)
@@ -18,8 +18,10 @@ import (
 //	utilPressure = Pressure(ORCA application utilization, UtilKnee, Steepness)
 //
 // Server-side running and waiting counts see every client's traffic, so they
-// correct this process's partial view when fresh; when telemetry is absent or
-// stale the factors are neutral (1) and the cost is this process's own view.
+// correct this process's partial view when fresh; they replace it rather than
+// add to it, because this process's in-flight calls are among them. When
+// telemetry is absent or stale the factors are neutral (1) and the cost is
+// this process's own view.
 // Completion latency is deliberately ignored: it measures prompt and output
 // length more than the endpoint.
 type LLM struct {
@@ -58,13 +60,14 @@ func orDefault(v, d float64) float64 {
 
 // Cost implements Scorer.
 func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
-	load := float64(s.InFlight)
-	if r, ok := s.Telemetry.Get(telemetry.Running); ok && r > load {
-		load = r
+	server := 0.0
+	if r, ok := s.Telemetry.Get(telemetry.Running); ok {
+		server += r
 	}
-	if w, ok := s.Telemetry.Get(telemetry.Waiting); ok && w > 0 {
-		load += orDefault(l.QueueWeight, 2) * w
+	if w, ok := s.Telemetry.Get(telemetry.Waiting); ok {
+		server += orDefault(l.QueueWeight, 2) * w
 	}
+	load := max(float64(s.InFlight), server)
 	load += float64(s.InFlightTokens) / orDefault(l.TokenUnit, 4096)
 	steep := orDefault(l.Steepness, 4)
 	cost := (load + 1) / s.weight()

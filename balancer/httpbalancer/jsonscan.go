@@ -250,11 +250,21 @@ func parseBody(b []byte, keyed bool, out *body) {
 	s := &scanner{b: b}
 	s.object(func(key []byte) bool {
 		switch string(key) {
+		// A repeated key overrides, as in encoding/json; a value of the
+		// wrong type clears the field rather than ending the scan.
 		case "model":
+			out.model = ""
+			if s.peek() != '"' {
+				return s.skip()
+			}
 			v, ok := s.text()
 			out.model = v
 			return ok
 		case "stream":
+			out.stream = false
+			if c := s.peek(); c != 't' && c != 'f' {
+				return s.skip()
+			}
 			lit, ok := s.scalar()
 			out.stream = ok && string(lit) == "true"
 			return ok
@@ -286,6 +296,10 @@ func parseBody(b []byte, keyed bool, out *body) {
 			}
 			return true
 		case "prompt_cache_key":
+			out.cacheKey = ""
+			if s.peek() != '"' {
+				return s.skip()
+			}
 			v, ok := s.text()
 			out.cacheKey = v
 			return ok
@@ -352,6 +366,9 @@ func (s *scanner) message(out *body) bool {
 	ok := s.object(func(key []byte) bool {
 		switch string(key) {
 		case "role":
+			if s.peek() != '"' {
+				return s.skip()
+			}
 			v, ok := s.text()
 			role = v
 			return ok

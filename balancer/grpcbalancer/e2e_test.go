@@ -1,0 +1,346 @@
+package grpcbalancer_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/orca"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// backend is a real gRPC server on loopback that counts its calls.
+type backend struct {
+	testgrpc.UnimplementedTestServiceServer
+
+	addr  string
+	srv   *grpc.Server
+	calls atomic.Int64
+
+	delay time.Duration              // how long each call is held
+	kv    float64                    // per-call ORCA kv_cache_usage to report; 0 = none
+	smr   orca.ServerMetricsRecorder // out-of-band ORCA metrics; nil = no ORCA service
+}
+
+func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+	b.calls.Add(1)
+	if b.kv > 0 {
+		rec := orca.CallMetricsRecorderFromContext(ctx)
+		rec.SetNamedMetric("kv_cache_usage", b.kv)
+		rec.SetApplicationUtilization(b.kv)
+	}
+	if b.delay > 0 {
+		t := time.NewTimer(b.delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return &testgrpc.Empty{}, nil
+}
+
+// start serves b on a fresh loopback port (or on addr, when restarting).
+func (b *backend) start(t testing.TB) {
+	t.Helper()
+	a := b.addr
+	if a == "" {
+		a = "127.0.0.1:0"
+	}
+	lis, err := net.Listen("tcp", a)
+	if err != nil {
+		t.Fatalf("listen %s: %v", a, err)
+	}
+	b.addr = lis.Addr().String()
+	b.srv = grpc.NewServer(orca.CallMetricsServerOption(nil))
+	testgrpc.RegisterTestServiceServer(b.srv, b)
+	if b.smr != nil {
+		if err := orca.Register(b.srv, orca.ServiceOptions{ServerMetricsProvider: b.smr}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = b.srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		b.srv.Stop()
+		<-done
+	})
+}
+
+// fleet starts n backends; tweak may configure backend i before it starts.
+func fleet(t testing.TB, n int, tweak func(i int, b *backend)) []*backend {
+	t.Helper()
+	bs := make([]*backend, n)
+	for i := range bs {
+		bs[i] = &backend{}
+		if tweak != nil {
+			tweak(i, bs[i])
+		}
+		bs[i].start(t)
+	}
+	return bs
+}
+
+func resolverState(bs []*backend) resolver.State {
+	var s resolver.State
+	for _, b := range bs {
+		s.Endpoints = append(s.Endpoints, resolver.Endpoint{Addresses: []resolver.Address{{Addr: b.addr}}})
+	}
+	return s
+}
+
+var policySeq atomic.Int64
+
+// dial connects to bs through a manual resolver with the given policy
+// config; policy is the registered name to use ("" = grpcbalancer.Name).
+func dial(t testing.TB, bs []*backend, policy, cfg string) (*grpc.ClientConn, *manual.Resolver) {
+	t.Helper()
+	if policy == "" {
+		policy = grpcbalancer.Name
+	}
+	r := manual.NewBuilderWithScheme(fmt.Sprintf("e2e%d", policySeq.Add(1)))
+	r.InitialState(resolverState(bs))
+	sc := fmt.Sprintf(`{"loadBalancingConfig": [{%q: %s}]}`, policy, cfg)
+	conn, err := grpc.NewClient(r.Scheme()+":///fleet",
+		grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(sc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, r
+}
+
+// shared registers a NewBuilder policy around a fresh core and returns both.
+func shared(t testing.TB, opts core.Options) (string, *core.Balancer) {
+	b := core.New(opts)
+	name := fmt.Sprintf("inferlb-e2e-%d", policySeq.Add(1))
+	balancer.Register(grpcbalancer.NewBuilder(name, b))
+	return name, b
+}
+
+// load runs calls EmptyCalls on workers goroutines and returns the first error.
+func load(ctx context.Context, conn *grpc.ClientConn, workers, calls int, opts ...grpc.CallOption) error {
+	return loadWith(ctx, conn, workers, calls, 0, nil, opts...)
+}
+
+// loadWith is load that also runs hook on the worker that is about to
+// start call number at, while the other workers keep calling.
+func loadWith(ctx context.Context, conn *grpc.ClientConn, workers, calls, at int, hook func(), opts ...grpc.CallOption) error {
+	client := testgrpc.NewTestServiceClient(conn)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n := next.Add(1)
+				if n > int64(calls) {
+					return
+				}
+				if n == int64(at) && hook != nil {
+					hook()
+				}
+				if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, opts...); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func counts(bs []*backend) []int64 {
+	out := make([]int64, len(bs))
+	for i, b := range bs {
+		out[i] = b.calls.Load()
+	}
+	return out
+}
+
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestE2ESpreadsLoad(t *testing.T) {
+	bs := fleet(t, 4, nil)
+	conn, _ := dial(t, bs, "", `{}`)
+	if err := load(testContext(t), conn, 8, 400, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	c := counts(bs)
+	for i, n := range c {
+		if n < 40 { // a fair share is 100
+			t.Errorf("backend %d got %d of 400 calls: %v", i, n, c)
+		}
+	}
+}
+
+func TestE2ESlowServerGetsFewerCalls(t *testing.T) {
+	bs := fleet(t, 4, func(i int, b *backend) {
+		if i == 0 {
+			b.delay = 50 * time.Millisecond
+		}
+	})
+	for _, svc := range []string{"unknown", "llm", "embedding"} {
+		t.Run(svc, func(t *testing.T) {
+			before := counts(bs)
+			conn, _ := dial(t, bs, "", fmt.Sprintf(`{"defaultService": %q}`, svc))
+			if err := load(testContext(t), conn, 8, 400, grpc.WaitForReady(true)); err != nil {
+				t.Fatal(err)
+			}
+			c := counts(bs)
+			for i := range c {
+				c[i] -= before[i]
+			}
+			// Each held call keeps the slow server's in-flight count up, so
+			// P2C prefers its peers until it finishes.
+			for i := 1; i < 4; i++ {
+				if c[0]*4 > c[i] {
+					t.Errorf("the slow backend got %d calls, more than a quarter of backend %d's %d: %v", c[0], i, c[i], c)
+				}
+			}
+		})
+	}
+}
+
+func TestE2ESaturatedORCAReportGetsFewerCalls(t *testing.T) {
+	bs := fleet(t, 4, func(i int, b *backend) {
+		if i == 0 {
+			b.kv = 0.99 // KV cache nearly full: every call says so
+		}
+	})
+	conn, _ := dial(t, bs, "", `{"methods": {"/grpc.testing.TestService/": "llm"}}`)
+	if err := load(testContext(t), conn, 4, 400, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	c := counts(bs)
+	for i := 1; i < 4; i++ {
+		if c[0]*4 > c[i] {
+			t.Errorf("the saturated backend got %d calls, more than a quarter of backend %d's %d: %v", c[0], i, c[i], c)
+		}
+	}
+}
+
+func TestE2EOutOfBandORCA(t *testing.T) {
+	busy := orca.NewServerMetricsRecorder()
+	busy.SetApplicationUtilization(0.99)
+	busy.SetCPUUtilization(0.97)
+	busy.SetNamedUtilization("num_requests_waiting", 12) // OOB reports carry named utilizations only
+	bs := fleet(t, 2, func(i int, b *backend) {
+		b.smr = orca.NewServerMetricsRecorder()
+		if i == 0 {
+			b.smr = busy
+		}
+	})
+	name, b := shared(t, core.Options{})
+	conn, _ := dial(t, bs, name, `{"orca": {"outOfBand": true, "perCall": false}}`)
+	conn.Connect()
+
+	// The ORCA service sends a first report as soon as the stream opens.
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		s, _ := b.Telemetry().Latest(bs[0].addr, time.Now(), time.Minute)
+		u, okU := s.Get(telemetry.AppUtil)
+		w, okW := s.Get(telemetry.Waiting)
+		if okU && okW {
+			if u != 0.99 || w != 12 {
+				t.Fatalf("out-of-band report gave app_util %v waiting %v, want 0.99 and 12", u, w)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no out-of-band report reached the telemetry store in 10s (have %+v)", s)
+		}
+		<-tick.C
+	}
+}
+
+// peerOf runs one call and returns the address that served it.
+func peerOf(ctx context.Context, t testing.TB, client testgrpc.TestServiceClient) string {
+	t.Helper()
+	var p peer.Peer
+	if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true), grpc.Peer(&p)); err != nil {
+		t.Fatal(err)
+	}
+	return p.Addr.String()
+}
+
+func TestE2EAffinityKeyPinsAServer(t *testing.T) {
+	bs := fleet(t, 4, nil)
+	conn, _ := dial(t, bs, "", `{"methods": {"/grpc.testing.TestService/": "llm"}, "affinityKeyHeader": "x-session-id"}`)
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	used := map[string]bool{}
+	for k := range 24 {
+		kctx := metadata.AppendToOutgoingContext(ctx, "x-session-id", fmt.Sprintf("conversation-%d", k))
+		first := peerOf(kctx, t, client)
+		used[first] = true
+		for range 9 {
+			if got := peerOf(kctx, t, client); got != first {
+				t.Fatalf("session %d moved from %s to %s", k, first, got)
+			}
+		}
+	}
+	if len(used) < 2 {
+		t.Errorf("24 sessions all landed on %v: keys are not spread", used)
+	}
+}
+
+func TestE2ERemovingAServerMovesItsTraffic(t *testing.T) {
+	bs := fleet(t, 4, nil)
+	conn, r := dial(t, bs, "", `{}`)
+	ctx := testContext(t)
+	wfr := grpc.WaitForReady(true)
+	if err := load(ctx, conn, 4, 200, wfr); err != nil {
+		t.Fatal(err)
+	}
+	if bs[3].calls.Load() == 0 {
+		t.Fatal("backend 3 got no calls before its removal")
+	}
+
+	// Remove backend 3 while calls are running: none may fail.
+	remove := func() { r.UpdateState(resolverState(bs[:3])) }
+	if err := loadWith(ctx, conn, 4, 400, 100, remove, wfr); err != nil {
+		t.Fatalf("a wait-for-ready call failed across the removal: %v", err)
+	}
+
+	// The resolver update installed the new picker before returning, and
+	// every call of the batch above has ended: backend 3 gets nothing more.
+	before := bs[3].calls.Load()
+	if err := load(ctx, conn, 4, 200, wfr); err != nil {
+		t.Fatal(err)
+	}
+	if got := bs[3].calls.Load() - before; got != 0 {
+		t.Errorf("the removed backend got %d calls after its removal", got)
+	}
+}

@@ -1,0 +1,130 @@
+package httpbalancer_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+)
+
+// How the caller hands over a body: net/http treats each differently
+// (ContentLength, GetBody, chunked framing).
+const (
+	knownLength = iota // bytes.Reader: ContentLength and GetBody set
+	unknownLen         // a plain io.Reader: chunked, no GetBody
+	pipe               // written by another goroutine in small pieces
+	binaryType         // Content-Type application/octet-stream: not peeked
+	numBodyModes
+)
+
+var modeNames = [numBodyModes]string{"known", "unknown", "pipe", "binary"}
+
+// onlyReader hides bytes.Reader's Len so net/http cannot learn the length.
+type onlyReader struct{ r io.Reader }
+
+func (o onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }
+
+// sendBody posts body in the given mode and checks the backend received
+// exactly those bytes.
+func sendBody(t testing.TB, client *http.Client, body []byte, mode int) {
+	t.Helper()
+	var r io.Reader
+	switch mode {
+	case knownLength, binaryType:
+		r = bytes.NewReader(body)
+	case unknownLen:
+		r = onlyReader{bytes.NewReader(body)}
+	case pipe:
+		pr, pw := io.Pipe()
+		go func() {
+			piece := 7 // small pieces stress the peek's read loop
+			if len(body) > 4096 {
+				piece = 4096
+			}
+			for rest := body; ; {
+				n := min(len(rest), piece)
+				if _, err := pw.Write(rest[:n]); err != nil {
+					return
+				}
+				rest = rest[n:]
+				if len(rest) == 0 {
+					_ = pw.Close()
+					return
+				}
+			}
+		}()
+		defer pr.Close()
+		r = pr
+	}
+	req, err := http.NewRequest(http.MethodPost, chatURL, r)
+	require.NoError(t, err)
+	if mode == binaryType {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	sum := sha256.Sum256(body)
+	if got, want := resp.Header.Get("X-Body-Sha256"), hex.EncodeToString(sum[:]); got != want {
+		t.Fatalf("mode %s, %d bytes: backend got %s bytes with sha256 %s, want %s",
+			modeNames[mode], len(body), resp.Header.Get("X-Body-Len"), got, want)
+	}
+}
+
+// bodyCases: JSON or not, empty, around and far over the peek limit.
+func bodyCases(limit int) map[string][]byte {
+	big := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 3*limit) + `"}]}`)
+	return map[string][]byte{
+		"empty":           {},
+		"small json":      []byte(chatBody(1, false)),
+		"not json":        []byte("\x00\xff hello \n\r\"{["),
+		"exactly limit":   bytes.Repeat([]byte("a"), limit),
+		"limit+1":         bytes.Repeat([]byte("b"), limit+1),
+		"json over limit": big,
+		"cut json":        big[:limit+limit/2],
+	}
+}
+
+// TestBodyForwardedByteForByte runs every body case in every mode through
+// a transport with a small peek (so "over the limit" is cheap to reach) and
+// one with the default.
+func TestBodyForwardedByteForByte(t *testing.T) {
+	a := newBackend(t, "a")
+	for _, limit := range []int{64, httpbalancer.DefaultMaxPeek} {
+		tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a), MaxPeek: limit})
+		client := &http.Client{Transport: tr}
+		for name, body := range bodyCases(limit) {
+			for mode := range numBodyModes {
+				t.Run(fmt.Sprintf("limit=%d/%s/%s", limit, name, modeNames[mode]), func(t *testing.T) {
+					sendBody(t, client, body, mode)
+				})
+			}
+		}
+		require.Zero(t, totalInFlight(tr.Balancer()))
+	}
+}
+
+// FuzzBodyForwarded: any body, in any mode, arrives byte-identical.
+func FuzzBodyForwarded(f *testing.F) {
+	const limit = 64
+	for _, b := range bodyCases(limit) {
+		for mode := range numBodyModes {
+			f.Add(b, uint8(mode))
+		}
+	}
+	a := newBackend(f, "a")
+	tr := newTransport(f, httpbalancer.Options{Endpoints: endpointsOf(a), MaxPeek: limit})
+	client := &http.Client{Transport: tr}
+	f.Fuzz(func(t *testing.T, body []byte, mode uint8) {
+		sendBody(t, client, body, int(mode%numBodyModes))
+	})
+}

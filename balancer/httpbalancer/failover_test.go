@@ -1,0 +1,237 @@
+package httpbalancer_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/scoring"
+)
+
+// refusedAddr returns a loopback address nobody listens on.
+func refusedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+// preferUntilFailed makes endpoint id the cheapest until it has failed, so
+// the first attempt deterministically goes there.
+type preferUntilFailed string
+
+func (p preferUntilFailed) Cost(_ *inferlb.Request, s scoring.State) float64 {
+	if s.Endpoint.Key() == string(p) {
+		return 10 * s.ErrorRate
+	}
+	return 0.5
+}
+
+func preferOpts(id string) balancer.Options {
+	return balancer.Options{
+		Rand:    testutil.NewRand(1),
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: preferUntilFailed(id)},
+	}
+}
+
+func TestFailoverRetriesOnAnotherEndpoint(t *testing.T) {
+	good := newBackend(t, "good")
+	for _, mode := range []int{knownLength, pipe} { // a pipe body is replayable once the peek read it whole
+		t.Run(modeNames[mode], func(t *testing.T) {
+			good.hits.Store(0)
+			res := newResults(4)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: refusedAddr(t)}, {ID: "good", Addr: good.addr()}},
+				BalancerOptions: preferOpts("dead"),
+				OnResult:        res.on,
+			})
+			sendBody(t, &http.Client{Transport: tr}, []byte(chatBody(1, false)), mode)
+			first, second := <-res.c, <-res.c
+			assert.Equal(t, "dead", first.Endpoint)
+			assert.True(t, first.FailedOver)
+			assert.Error(t, first.Outcome.Err)
+			assert.Equal(t, "good", second.Endpoint)
+			assert.NoError(t, second.Outcome.Err)
+			assert.EqualValues(t, 1, good.hits.Load())
+			st := statsByID(tr.Balancer())
+			assert.EqualValues(t, 1, st["dead"].Failures, "the failed attempt is reported first")
+			assert.EqualValues(t, 1, st["good"].Successes)
+			assert.EqualValues(t, 1, tr.Balancer().RetryStats().Allowed)
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+		})
+	}
+}
+
+// TestNoFailover: the cases where a second attempt would be wrong or
+// impossible get exactly one attempt and the caller sees the error.
+func TestNoFailover(t *testing.T) {
+	good := newBackend(t, "good")
+	arrived := make(chan struct{}, 1)
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done()
+	}))
+	defer hang.Close()
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100")
+		fmt.Fprint(w, "partial")
+		w.(http.Flusher).Flush()
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	defer cut.Close()
+
+	for _, tc := range []struct {
+		name    string
+		addr    string
+		opts    func(*httpbalancer.Options)
+		body    func() io.Reader
+		ctx     func() (context.Context, context.CancelFunc)
+		started bool // the response started: the error shows on the body
+	}{
+		{name: "body not replayable", addr: refusedAddr(t),
+			opts: func(o *httpbalancer.Options) { o.MaxPeek = -1 },
+			body: func() io.Reader { return onlyReader{strings.NewReader(chatBody(1, false))} }},
+		{name: "body over the peek and not replayable", addr: refusedAddr(t),
+			opts: func(o *httpbalancer.Options) { o.MaxPeek = 8 },
+			body: func() io.Reader { return onlyReader{strings.NewReader(chatBody(1, false))} }},
+		{name: "failover disabled", addr: refusedAddr(t),
+			opts: func(o *httpbalancer.Options) { o.DisableFailover = true }},
+		{name: "retry budget spent", addr: refusedAddr(t),
+			opts: func(o *httpbalancer.Options) { o.BalancerOptions.RetryRatio, o.BalancerOptions.RetryFloor = -1, -1 }},
+		{name: "context canceled", addr: strings.TrimPrefix(hang.URL, "http://"),
+			ctx: func() (context.Context, context.CancelFunc) {
+				ctx, cancel := context.WithCancel(context.Background())
+				return ctx, cancel
+			}},
+		{name: "response started", addr: strings.TrimPrefix(cut.URL, "http://"), started: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			good.hits.Store(0)
+			res := newResults(4)
+			o := httpbalancer.Options{
+				Endpoints:       []inferlb.Endpoint{{ID: "bad", Addr: tc.addr}, {ID: "good", Addr: good.addr()}},
+				BalancerOptions: preferOpts("bad"),
+				OnResult:        res.on,
+			}
+			if tc.opts != nil {
+				tc.opts(&o)
+			}
+			tr := newTransport(t, o)
+			var body io.Reader = strings.NewReader(chatBody(1, false))
+			if tc.body != nil {
+				body = tc.body()
+			}
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if tc.ctx != nil {
+				ctx, cancel = tc.ctx()
+			}
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, body)
+			var err error
+			if tc.ctx != nil {
+				// Cancel once the hung backend holds the request.
+				done := make(chan error, 1)
+				go func() {
+					resp, err := tr.RoundTrip(req)
+					if err == nil {
+						resp.Body.Close()
+					}
+					done <- err
+				}()
+				<-arrived
+				cancel()
+				err = <-done
+			} else {
+				var resp *http.Response
+				resp, err = tr.RoundTrip(req)
+				if tc.started {
+					require.NoError(t, err)
+					_, err = io.ReadAll(resp.Body)
+					resp.Body.Close()
+				}
+			}
+			require.Error(t, err)
+			assert.Zero(t, good.hits.Load(), "no second attempt")
+			assert.EqualValues(t, 1, res.n.Load(), "one attempt reported")
+			r := <-res.c
+			assert.Equal(t, "bad", r.Endpoint)
+			assert.False(t, r.FailedOver)
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+			if tc.ctx != nil {
+				assert.True(t, r.Outcome.Canceled(), "a canceled call says nothing about the endpoint: %v", r.Outcome.Err)
+			}
+		})
+	}
+}
+
+// TestFailoverStoppedBackend: stopping one of three backends during a run of
+// a few hundred concurrent requests fails none of them.
+func TestFailoverStoppedBackend(t *testing.T) {
+	a, b, c := newBackend(t, "a"), newBackend(t, "b"), newBackend(t, "c")
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(a, b, c),
+		BalancerOptions: balancer.Options{Rand: testutil.NewRand(3)},
+	})
+	client := &http.Client{Transport: tr}
+	const total, workers, stopAt = 300, 4, 100
+	jobs := make(chan int, total)
+	for i := range total {
+		jobs <- i
+	}
+	close(jobs)
+	var completed, failed atomic.Int64
+	var stop sync.Once
+	var hitsAtStop int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range jobs {
+				req, _ := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(i, false)))
+				resp, err := client.Do(req)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+				if err != nil {
+					failed.Add(1)
+					t.Errorf("request %d: %v", i, err)
+				}
+				if completed.Add(1) == stopAt {
+					stop.Do(func() {
+						c.srv.CloseClientConnections() // abrupt: in-flight calls see resets
+						c.srv.Close()
+						hitsAtStop = c.hits.Load()
+					})
+				}
+			}
+		})
+	}
+	wg.Wait()
+	st := statsByID(tr.Balancer())
+	t.Logf("hits a=%d b=%d c=%d (c stopped at %d); attempts failed on c: %d; retries %+v",
+		a.hits.Load(), b.hits.Load(), c.hits.Load(), hitsAtStop, st["c"].Failures, tr.Balancer().RetryStats())
+	assert.Zero(t, failed.Load(), "lost requests")
+	assert.LessOrEqual(t, st["c"].Failures, uint64(10), "traffic to the stopped backend must stop within a few failures")
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}

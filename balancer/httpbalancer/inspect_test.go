@@ -1,0 +1,196 @@
+package httpbalancer_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/cache"
+)
+
+func inspect(path, body string, complete bool) httpbalancer.Info {
+	r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, strings.NewReader(body))
+	var info httpbalancer.Info
+	(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(body), complete, &info)
+	return info
+}
+
+func TestServiceForPath(t *testing.T) {
+	for path, want := range map[string]inferlb.Service{
+		"/v1/chat/completions":          inferlb.ServiceLLM,
+		"/v1/completions":               inferlb.ServiceLLM,
+		"/v1/responses":                 inferlb.ServiceLLM,
+		"/openai/v1/chat/completions/":  inferlb.ServiceLLM,
+		"/generate_stream":              inferlb.ServiceLLM,
+		"/v1/embeddings":                inferlb.ServiceEmbedding,
+		"/embed":                        inferlb.ServiceEmbedding,
+		"/rerank":                       inferlb.ServiceRerank,
+		"/v1/rerank":                    inferlb.ServiceRerank,
+		"/v2/rerank":                    inferlb.ServiceRerank,
+		"/v1/score":                     inferlb.ServiceRerank,
+		"/v1/models":                    inferlb.ServiceUnknown,
+		"/v1/responses/resp_123/cancel": inferlb.ServiceUnknown,
+		"":                              inferlb.ServiceUnknown,
+		"completions":                   inferlb.ServiceLLM,
+	} {
+		assert.Equal(t, want, httpbalancer.ServiceForPath(path), path)
+	}
+}
+
+func TestInspectFields(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body string
+		complete         bool
+		model            string
+		stream           bool
+		maxOut, prompt   int
+		keyed            bool
+	}{
+		{"chat", "/v1/chat/completions", `{"model":"llama","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello there, how are you?"}],"stream":true,"max_tokens":64}`, true, "llama", true, 64, 8, true},
+		{"chat parts", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":"abcdefgh"},{"type":"image_url","image_url":{"url":"x"}}]}],"model":"vl","max_completion_tokens":9}`, true, "vl", false, 9, 2, true},
+		{"completions", "/v1/completions", `{"model":"m","prompt":"0123456789abcdef","max_tokens":5,"stream":false}`, true, "m", false, 5, 4, true},
+		{"completions token ids", "/v1/completions", `{"model":"m","prompt":[1,2,3,4]}`, true, "m", false, 0, 4, false},
+		{"responses string", "/v1/responses", `{"model":"m","input":"0123456789abcdef","instructions":"abcd","max_output_tokens":77}`, true, "m", false, 77, 5, true},
+		{"responses items", "/v1/responses", `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"abcdefgh"}]}]}`, true, "m", false, 0, 2, true},
+		{"embeddings", "/v1/embeddings", `{"model":"e5","input":["abcd","efgh"]}`, true, "e5", false, 0, 2, false},
+		{"rerank", "/v1/rerank", `{"model":"bge","query":"abcd","documents":["abcdefgh",{"text":"abcd"}]}`, true, "bge", false, 0, 4, false},
+		{"tgi", "/generate", `{"inputs":"abcdefgh","parameters":{"max_new_tokens":12}}`, true, "", false, 12, 2, true},
+		{"escapes", "/v1/chat/completions", `{"model":"a\"b","messages":[{"role":"user","content":"\u00e9t\u00e9"}]}`, true, `a"b`, false, 0, 3, true},
+		{"truncated", "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"abcd"},{"role":"user","content":"ab`, false, "m", true, 0, 1000, true},
+		{"not json", "/v1/chat/completions", `hello`, true, "", false, 0, 0, false},
+		{"model not a string", "/v1/chat/completions", `{"model":5,"stream":"yes","max_tokens":-3}`, true, "", false, 0, 0, false},
+		{"huge max_tokens", "/v1/chat/completions", `{"max_tokens":99999999999999999999}`, true, "", false, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, strings.NewReader(tc.body))
+			if !tc.complete {
+				r.ContentLength = 4000 // the whole body, of which the peek saw a part
+			}
+			var info httpbalancer.Info
+			(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(tc.body), tc.complete, &info)
+			assert.Equal(t, httpbalancer.ServiceForPath(tc.path), info.Service)
+			assert.Equal(t, tc.model, info.Model)
+			assert.Equal(t, tc.stream, info.Stream)
+			assert.Equal(t, tc.maxOut, info.MaxOutputTokens)
+			assert.Equal(t, tc.prompt, info.PromptTokens)
+			assert.Equal(t, tc.keyed, info.AffinityKey != 0, "affinity key %x", info.AffinityKey)
+		})
+	}
+}
+
+func TestInspectAffinity(t *testing.T) {
+	const path = "/v1/chat/completions"
+	conv := `{"model":"m","messages":[{"role":"user","content":"tell me a story"}]}`
+	k1 := inspect(path, conv, true).AffinityKey
+	// Same conversation, fields in another order and spacing: same key.
+	k2 := inspect(path, `{ "messages" : [ {"content":"tell me a story", "role":"user"} ], "model":"m", "stream": true }`, true).AffinityKey
+	assert.Equal(t, k1, k2)
+	assert.NotEqual(t, k1, inspect(path, strings.Replace(conv, `"m"`, `"other"`, 1), true).AffinityKey, "model is part of the key")
+	assert.NotEqual(t, k1, inspect(path, strings.Replace(conv, "story", "joke", 1), true).AffinityKey)
+	// prompt_cache_key is an explicit session and wins over the prompt.
+	withKey := inspect(path, `{"model":"m","prompt_cache_key":"s1","messages":[{"role":"user","content":"x"}]}`, true).AffinityKey
+	assert.Equal(t, cache.NewKeyer(42).Session("s1"), withKey)
+	// No Keyer: no prompt affinity.
+	r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, nil)
+	var info httpbalancer.Info
+	(&httpbalancer.OpenAI{}).Inspect(r, []byte(conv), true, &info)
+	assert.Zero(t, info.AffinityKey)
+	assert.Equal(t, "m", info.Model)
+}
+
+// TestSessionHeaderWins: a session header replaces the prompt key, and the
+// tenant header fills Tenant (seen through a custom Inspector wrapper).
+func TestSessionHeaderWins(t *testing.T) {
+	a := newBackend(t, "a")
+	keyer := cache.NewKeyer(7)
+	seen := make(chan inferlb.Request, 2)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:    endpointsOf(a),
+		Keyer:        keyer,
+		TenantHeader: "x-org",
+		OnResult:     func(r httpbalancer.Result) { seen <- r.Request },
+	})
+	req, _ := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+	req.Header.Set("X-Session-Id", "conv-9")
+	req.Header.Set("X-Org", "acme")
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	got := <-seen
+	assert.Equal(t, keyer.Session("conv-9"), got.AffinityKey)
+	assert.Equal(t, "acme", got.Tenant)
+	assert.Equal(t, "m", got.Model)
+	assert.Equal(t, 16, got.MaxOutputTokens)
+}
+
+// TestCustomInspector: a non-OpenAI API plugs in its own classification.
+func TestCustomInspector(t *testing.T) {
+	a := newBackend(t, "a")
+	seen := make(chan inferlb.Request, 1)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: endpointsOf(a),
+		Inspector: httpbalancer.InspectorFunc(func(r *http.Request, body []byte, complete bool, info *httpbalancer.Info) {
+			info.Service = inferlb.ServiceEmbedding
+			info.Model = r.Header.Get("X-Model")
+		}),
+		OnResult: func(r httpbalancer.Result) { seen <- r.Request },
+	})
+	req, _ := http.NewRequest(http.MethodPost, "http://llm.internal/custom", strings.NewReader("binary"))
+	req.Header.Set("X-Model", "clip")
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	got := <-seen
+	assert.Equal(t, inferlb.ServiceEmbedding, got.Service)
+	assert.Equal(t, "clip", got.Model)
+}
+
+// FuzzInspect: no body makes inspection panic or produce negative work,
+// whole or cut anywhere; on valid JSON the fields agree with encoding/json.
+func FuzzInspect(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5}`,
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]}],"instructions":"y"}`,
+		`{"prompt":[[1,2],[3]],"model":"m"}`,
+		`{"model":"a","model":"b","stream":true,"stream":false}`,
+		`[[[[[[[[[[[[[[[[[[[[`,
+		`{"messages":[{"content":[{"text":"\ud83d\ude00"}]}]}`,
+		`{"model":"\x`,
+		"",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/embeddings"} {
+			for cut := range []int{0, 1} {
+				b, complete := body, true
+				if cut == 1 {
+					b, complete = body[:len(body)/2], false
+				}
+				r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, nil)
+				var info httpbalancer.Info
+				(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(1)}).Inspect(r, b, complete, &info)
+				if info.PromptTokens < 0 || info.MaxOutputTokens < 0 || info.Tokens() < 0 {
+					t.Fatalf("negative work: %+v", info.Request)
+				}
+			}
+		}
+		var m map[string]any
+		if !utf8.Valid(body) || strings.Contains(string(body), `\`) || json.Unmarshal(body, &m) != nil {
+			return
+		}
+		info := inspect("/v1/chat/completions", string(body), true)
+		model, _ := m["model"].(string)
+		stream, _ := m["stream"].(bool)
+		if info.Model != model || info.Stream != stream {
+			t.Fatalf("inspector read model %q stream %v; encoding/json %q %v", info.Model, info.Stream, model, stream)
+		}
+	})
+}
