@@ -253,7 +253,7 @@ func TestE2EOutOfBandORCA(t *testing.T) {
 	busy := orca.NewServerMetricsRecorder()
 	busy.SetApplicationUtilization(0.99)
 	busy.SetCPUUtilization(0.97)
-	busy.SetNamedUtilization("num_requests_waiting", 12) // OOB reports carry named utilizations only
+	busy.SetNamedUtilization("kv_cache_usage", 0.98) // OOB reports carry named utilizations, in [0, 1]
 	bs := fleet(t, 2, func(i int, b *backend) {
 		b.smr = orca.NewServerMetricsRecorder()
 		if i == 0 {
@@ -271,10 +271,10 @@ func TestE2EOutOfBandORCA(t *testing.T) {
 	for {
 		s, _ := b.Telemetry().Latest(bs[0].addr, time.Now(), time.Minute)
 		u, okU := s.Get(telemetry.AppUtil)
-		w, okW := s.Get(telemetry.Waiting)
-		if okU && okW {
-			if u != 0.99 || w != 12 {
-				t.Fatalf("out-of-band report gave app_util %v waiting %v, want 0.99 and 12", u, w)
+		kv, okKV := s.Get(telemetry.KVCacheUsage)
+		if okU && okKV {
+			if u != 0.99 || kv != 0.98 {
+				t.Fatalf("out-of-band report gave app_util %v kv_cache_usage %v, want 0.99 and 0.98", u, kv)
 			}
 			break
 		}
@@ -300,6 +300,16 @@ func TestE2EAffinityKeyPinsAServer(t *testing.T) {
 	conn, _ := dial(t, bs, "", `{"methods": {"/grpc.testing.TestService/": "llm"}, "affinityKeyHeader": "x-session-id"}`)
 	client := testgrpc.NewTestServiceClient(conn)
 	ctx := testContext(t)
+	// Until every backend is connected, a key whose owner is still
+	// connecting goes elsewhere; warm up so every owner is READY.
+	if err := load(ctx, conn, 4, 200, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range counts(bs) {
+		if n == 0 {
+			t.Fatalf("backend %d not connected after warm-up", i)
+		}
+	}
 	used := map[string]bool{}
 	for k := range 24 {
 		kctx := metadata.AppendToOutgoingContext(ctx, "x-session-id", fmt.Sprintf("conversation-%d", k))
