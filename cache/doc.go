@@ -68,17 +68,21 @@
 //	go test ./cache/ -run '^$' -bench PlacementWalk -benchtime=200000x -count 5
 //	go test ./cache/ -run Figures -v -args -figures
 //
-// Lookup cost (Walk plus the first Next, a fresh random key each time,
-// median of 5 runs, 2-core AMD EPYC VM shared with other jobs, 0 allocs/op):
+// Lookup latency (Walk plus the first Next; each key depends on the last
+// owner, as in a picker, and is pseudo-random; median of 5 runs on a 2-core
+// AMD EPYC VM shared with other jobs; 0 allocs/op):
 //
-//	n            8      64     512    4096
-//	ring        35     33      45      78 ns   (n=4096 ranged 55-170 ns with load)
-//	rendezvous  65    462    3208   25204 ns   (O(n): one hash per member)
+//	n             8     64    512    4096
+//	ring         36     37     42     107 ns
+//	rendezvous   74    319   2384   20615 ns   (O(n): one hash per member)
 //
-// The ring's lookup does the same work at every n; what grows is the memory
-// it reads at a random place (3.5 KB at n=8, 1.8 MB at n=4096), so at 4096
-// the extra cost is one or two cache misses: 1.8x to 2.3x of n=8 across runs
-// of the command above on this shared machine (2.2x in the run shown).
+// The ring's lookup does the same work at every n: one index read and four
+// steps of a branch-free binary search. What grows is the memory it reads at
+// a random place (3.5 KB at n=8, 1.8 MB at n=4096), so at 4096 a lookup adds
+// one or two cache misses, whose cost here depends on what the neighbors do
+// to the shared L3: across runs n=4096 took 68 to 124 ns with dependent keys
+// (1.9x to 3.4x of n=8) and 35 to 160 ns with independent ones
+// (BenchmarkPlacementWalkIndependent, against 20 to 46 ns at n=8).
 //
 // Balance is the largest member's share of the key space over the mean, exact
 // for the ring and sampled with 1,000 keys a member otherwise (so about 1.05-
