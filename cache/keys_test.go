@@ -212,3 +212,16 @@ func membersN(n int) []cache.Member {
 	}
 	return ms
 }
+
+func TestChatKeyCappedAtMaxKeyChars(t *testing.T) {
+	// Past MaxKeyChars of system prompt nothing else counts: hashing work
+	// per request is bounded, at the price of such conversations sharing a
+	// key (and spilling along its walk under load).
+	k := cache.NewKeyer(8)
+	system := strings.Repeat("s", cache.MaxKeyChars)
+	a := k.Chat(model, []cache.Message{{Role: "system", Content: system}, {Role: "user", Content: "a"}})
+	b := k.Chat(model, []cache.Message{{Role: "system", Content: system}, {Role: "user", Content: "b"}})
+	assert.Equal(t, a, b)
+	c := k.Chat(model, []cache.Message{{Role: "system", Content: system[1:] + "x"}, {Role: "user", Content: "a"}})
+	assert.NotEqual(t, a, c)
+}
