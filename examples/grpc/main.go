@@ -1,0 +1,164 @@
+// Command grpc shows the inferlb gRPC policy at work: it starts four local
+// gRPC servers, one of them slow and one reporting (through per-call ORCA
+// load reports) a nearly full KV cache, sends the same calls through the
+// "inferlb" policy and through grpc-go's round_robin, and prints how many
+// calls each server got and how long the batch took.
+//
+//	go run ./examples/grpc
+//	go run ./examples/grpc -calls 4000 -workers 32 -slow 20ms
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/orca"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+
+	_ "github.com/inferlb/inferlb/balancer/grpcbalancer" // registers "inferlb"
+)
+
+// server is one backend: grpc-go's interop TestService, of which only
+// EmptyCall is used, so no protoc is needed.
+type server struct {
+	testgrpc.UnimplementedTestServiceServer
+	name    string
+	latency time.Duration
+	kvCache float64 // reported per call through ORCA when > 0
+	calls   atomic.Int64
+}
+
+func (s *server) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+	s.calls.Add(1)
+	if s.kvCache > 0 {
+		// A model server would report its real KV-cache usage here; the
+		// policy reads it from the trailer and steers new calls away.
+		orca.CallMetricsRecorderFromContext(ctx).SetNamedMetric("kv_cache_usage", s.kvCache)
+	}
+	t := time.NewTimer(s.latency)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return &testgrpc.Empty{}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func main() {
+	calls := flag.Int("calls", 2000, "calls per policy")
+	workers := flag.Int("workers", 16, "concurrent callers")
+	fast := flag.Duration("fast", time.Millisecond, "latency of a healthy server")
+	slow := flag.Duration("slow", 40*time.Millisecond, "latency of the slow server")
+	flag.Parse()
+	if err := run(*calls, *workers, *fast, *slow); err != nil {
+		log.Print(err)
+		os.Exit(1)
+	}
+}
+
+func run(calls, workers int, fast, slow time.Duration) error {
+	servers := []*server{
+		{name: "slow", latency: slow},
+		{name: "healthy", latency: fast},
+		{name: "healthy", latency: fast},
+		{name: "kv-cache 99%", latency: fast, kvCache: 0.99},
+	}
+	var eps []resolver.Endpoint
+	for _, s := range servers {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		srv := grpc.NewServer(orca.CallMetricsServerOption(nil))
+		testgrpc.RegisterTestServiceServer(srv, s)
+		go func() { _ = srv.Serve(lis) }()
+		defer srv.Stop()
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: lis.Addr().String()}}})
+	}
+
+	// The same calls, the same servers; only the policy changes. The
+	// methods entry tells inferlb what kind of calls these are: LLM calls
+	// are scored on load and KV-cache pressure (latency mostly measures
+	// prompt and output length), embedding calls on peak-EWMA latency.
+	policies := []struct{ name, config string }{
+		{"inferlb/llm", `{"inferlb": {"methods": {"/grpc.testing.TestService/": "llm"}}}`},
+		{"inferlb/emb", `{"inferlb": {"methods": {"/grpc.testing.TestService/": "embedding"}}}`},
+		{"round_robin", `{"round_robin": {}}`},
+	}
+	fmt.Printf("%d calls, %d workers; server latencies: slow %v, healthy %v\n\n", calls, workers, slow, fast)
+	fmt.Printf("%-12s %8s %8s %8s %13s %9s\n", "policy", servers[0].name, servers[1].name, servers[2].name, servers[3].name, "elapsed")
+	for _, p := range policies {
+		reset := func() {
+			for _, s := range servers {
+				s.calls.Store(0)
+			}
+		}
+		elapsed, err := drive(eps, p.config, calls, workers, reset)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
+		fmt.Printf("%-12s %8d %8d %8d %13d %9v\n", p.name,
+			servers[0].calls.Load(), servers[1].calls.Load(), servers[2].calls.Load(), servers[3].calls.Load(),
+			elapsed.Round(time.Millisecond))
+	}
+	return nil
+}
+
+// drive sends calls EmptyCalls from workers goroutines through a channel
+// using the given loadBalancingConfig entry and returns how long they took.
+// It calls reset after warming the connections up, before the batch.
+func drive(eps []resolver.Endpoint, lbConfig string, calls, workers int, reset func()) (time.Duration, error) {
+	r := manual.NewBuilderWithScheme("example")
+	r.InitialState(resolver.State{Endpoints: eps})
+	conn, err := grpc.NewClient(r.Scheme()+":///fleet",
+		grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [`+lbConfig+`]}`))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// Warm up so every connection is up before the clock starts.
+	for range 2 * len(eps) {
+		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+			return 0, err
+		}
+	}
+
+	reset()
+	start := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(calls) {
+				if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return time.Since(start), <-errs
+}
