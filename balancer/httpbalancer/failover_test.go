@@ -18,6 +18,7 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/cache"
 	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/scoring"
 )
@@ -45,8 +46,9 @@ func (p preferUntilFailed) Cost(_ *inferlb.Request, s scoring.State) float64 {
 
 func preferOpts(id string) balancer.Options {
 	return balancer.Options{
-		Rand:    testutil.NewRand(1),
-		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: preferUntilFailed(id)},
+		Rand:     testutil.NewRand(1),
+		Scorers:  map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: preferUntilFailed(id)},
+		Affinity: balancer.AffinityOff, // else the key's owner is picked whatever the scorer says
 	}
 }
 
@@ -62,6 +64,7 @@ func TestFailoverRetriesOnAnotherEndpoint(t *testing.T) {
 				OnResult:        res.on,
 			})
 			sendBody(t, &http.Client{Transport: tr}, []byte(chatBody(1, false)), mode)
+			require.EqualValues(t, 2, res.n.Load(), "attempts")
 			first, second := <-res.c, <-res.c
 			assert.Equal(t, "dead", first.Endpoint)
 			assert.True(t, first.FailedOver)
@@ -78,12 +81,42 @@ func TestFailoverRetriesOnAnotherEndpoint(t *testing.T) {
 	}
 }
 
+// TestFailoverFromAffinityOwner: a request whose prompt key is owned by a
+// dead endpoint is retried elsewhere, not on the owner again.
+func TestFailoverFromAffinityOwner(t *testing.T) {
+	good := newBackend(t, "good")
+	res := newResults(64)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: refusedAddr(t)}, {ID: "good", Addr: good.addr()}},
+		BalancerOptions: balancer.Options{Rand: testutil.NewRand(1), AffinitySeed: 1},
+		Keyer:           cache.NewKeyer(1),
+		OnResult:        res.on,
+	})
+	client := &http.Client{Transport: tr}
+	for i := range 20 {
+		resp, _ := post(t, client, chatBody(i, false))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	failedOver := 0
+	for range res.n.Load() {
+		if r := <-res.c; r.FailedOver {
+			failedOver++
+			assert.Equal(t, "dead", r.Endpoint)
+		}
+	}
+	t.Logf("20 requests, %d failed over from the dead owner", failedOver)
+	assert.Positive(t, failedOver)
+	assert.EqualValues(t, 20, good.hits.Load())
+}
+
 // TestNoFailover: the cases where a second attempt would be wrong or
 // impossible get exactly one attempt and the caller sees the error.
 func TestNoFailover(t *testing.T) {
 	good := newBackend(t, "good")
 	arrived := make(chan struct{}, 1)
 	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The server notices the client leaving only once the body is read.
+		_, _ = io.Copy(io.Discard, r.Body)
 		arrived <- struct{}{}
 		<-r.Context().Done()
 	}))
@@ -170,7 +203,7 @@ func TestNoFailover(t *testing.T) {
 			}
 			require.Error(t, err)
 			assert.Zero(t, good.hits.Load(), "no second attempt")
-			assert.EqualValues(t, 1, res.n.Load(), "one attempt reported")
+			require.EqualValues(t, 1, res.n.Load(), "one attempt reported")
 			r := <-res.c
 			assert.Equal(t, "bad", r.Endpoint)
 			assert.False(t, r.FailedOver)

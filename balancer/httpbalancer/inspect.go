@@ -60,7 +60,11 @@ var (
 // token estimate (characters of prompt text / 4, or the body size / 4 when the
 // body was larger than the peek), and for LLM calls the affinity key: the
 // request's prompt_cache_key as a session, else the cache Keyer's key of the
-// chat messages (Chat) or prompt (Prompt).
+// chat messages through the first user turn (Keyer.Chat; for /v1/responses
+// the instructions count as a system message) or of the prompt
+// (Keyer.Prompt). A body larger than the peek is keyed on the messages that
+// fit in it, which are the ones the key covers unless the first turns alone
+// exceed the peek.
 type OpenAI struct {
 	// Keyer computes prompt affinity keys. nil means no prompt affinity
 	// (session headers still apply).
@@ -123,8 +127,8 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 				msgs = append(msgs, cache.Message{Role: "user", Content: b.prompt})
 			}
 		}
-		info.AffinityKey = chatKey(o.Keyer, b.model, msgs)
+		info.AffinityKey = o.Keyer.Chat(b.model, msgs)
 	case b.hasText:
-		info.AffinityKey = promptKey(o.Keyer, b.model, b.prompt)
+		info.AffinityKey = o.Keyer.Prompt(b.model, b.prompt)
 	}
 }

@@ -240,6 +240,12 @@ type body struct {
 	prompt   string          // completions prompt, or responses input given as a string
 	hasText  bool            // prompt is set
 	parts    []byte          // scratch for joining content parts
+
+	// Keyer.Chat reads messages only through the first user message (what
+	// every later turn repeats), so the texts of later ones are counted, not
+	// copied.
+	userSeen bool
+	collect  bool // the current message's text is collected
 }
 
 // parseBody reads the fields of interest from an OpenAI-compatible request
@@ -363,6 +369,7 @@ func (s *scanner) message(out *body) bool {
 	}
 	var role string
 	out.parts = out.parts[:0]
+	out.collect = out.keyed && !out.userSeen
 	ok := s.object(func(key []byte) bool {
 		switch string(key) {
 		case "role":
@@ -377,9 +384,11 @@ func (s *scanner) message(out *body) bool {
 		}
 		return s.skip()
 	})
-	if ok && out.keyed {
+	if ok && out.collect {
 		out.messages = append(out.messages, cache.Message{Role: role, Content: string(out.parts)})
+		out.userSeen = role == "user"
 	}
+	out.collect = false
 	return ok
 }
 
@@ -390,7 +399,7 @@ func (s *scanner) content(out *body) bool {
 		raw, quoted, esc, ok := s.str()
 		if ok {
 			out.chars += utf8.RuneCount(raw)
-			if out.keyed {
+			if out.collect {
 				out.parts = appendText(out.parts, raw, quoted, esc)
 			}
 		}
@@ -409,7 +418,7 @@ func (s *scanner) content(out *body) bool {
 					return s.skip()
 				}
 				out.chars += utf8.RuneCount(raw)
-				if out.keyed {
+				if out.collect {
 					out.parts = appendText(out.parts, raw, quoted, esc)
 				}
 				return true

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/telemetry/modelserver"
 )
 
 // StatusError is the Outcome.Err reported to the balancer for a 5xx answer
@@ -92,7 +93,9 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		c.base.Err = &StatusError{StatusCode: code}
 	}
 	if v := h[loadHeader]; len(v) > 0 {
-		if s, err := parseLoadHeader(v[0]); err == nil {
+		// A partly readable report (err wraps telemetry.ErrPartial) still
+		// carries good fields; an unreadable one carries none.
+		if s, _ := modelserver.ParseLoadHeader(v[0]); !s.Empty() {
 			s.Time = c.t.cfg.clock.Now() // parsers leave it zero
 			c.t.b.Publish(c.pick.ID(), s)
 		}

@@ -212,6 +212,10 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		failed = c.pick.ID()
+		// The key's owner just failed and would be picked again while it is
+		// still in good standing; the retry goes by load alone. It pays one
+		// cold prefill, which is the price of being served at all.
+		c.info.AffinityKey = 0
 	}
 }
 
