@@ -57,6 +57,14 @@
 // endpoint's success. A pick whose call was never sent counts as nothing.
 // Latency is measured by the core from pick to Done.
 //
+// # Failover
+//
+// gRPC's transparent retry re-sends calls that never left the client. A
+// call the server accepted but never answered (its connection died, as when
+// a backend is killed) fails UNAVAILABLE; install UnaryRetry to send such
+// calls to another endpoint, within the Balancer's retry budget
+// (Balancer.AllowRetry), so failover cannot storm a degraded fleet.
+//
 // # ORCA load reports
 //
 // Per-call ORCA reports (gRFC A51: DoneInfo.ServerLoad, from the trailer)

@@ -68,20 +68,21 @@ func (b *backend) start(t testing.TB) {
 		t.Fatalf("listen %s: %v", a, err)
 	}
 	b.addr = lis.Addr().String()
-	b.srv = grpc.NewServer(orca.CallMetricsServerOption(nil))
-	testgrpc.RegisterTestServiceServer(b.srv, b)
+	srv := grpc.NewServer(orca.CallMetricsServerOption(nil))
+	testgrpc.RegisterTestServiceServer(srv, b)
 	if b.smr != nil {
-		if err := orca.Register(b.srv, orca.ServiceOptions{ServerMetricsProvider: b.smr}); err != nil {
+		if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: b.smr}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	b.srv = srv
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = b.srv.Serve(lis)
+		_ = srv.Serve(lis)
 	}()
 	t.Cleanup(func() {
-		b.srv.Stop()
+		srv.Stop()
 		<-done
 	})
 }
@@ -112,7 +113,7 @@ var policySeq atomic.Int64
 
 // dial connects to bs through a manual resolver with the given policy
 // config; policy is the registered name to use ("" = grpcbalancer.Name).
-func dial(t testing.TB, bs []*backend, policy, cfg string) (*grpc.ClientConn, *manual.Resolver) {
+func dial(t testing.TB, bs []*backend, policy, cfg string, opts ...grpc.DialOption) (*grpc.ClientConn, *manual.Resolver) {
 	t.Helper()
 	if policy == "" {
 		policy = grpcbalancer.Name
@@ -120,10 +121,12 @@ func dial(t testing.TB, bs []*backend, policy, cfg string) (*grpc.ClientConn, *m
 	r := manual.NewBuilderWithScheme(fmt.Sprintf("e2e%d", policySeq.Add(1)))
 	r.InitialState(resolverState(bs))
 	sc := fmt.Sprintf(`{"loadBalancingConfig": [{%q: %s}]}`, policy, cfg)
-	conn, err := grpc.NewClient(r.Scheme()+":///fleet",
+	opts = append([]grpc.DialOption{
 		grpc.WithResolvers(r),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(sc))
+		grpc.WithDefaultServiceConfig(sc),
+	}, opts...)
+	conn, err := grpc.NewClient(r.Scheme()+":///fleet", opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,6 +58,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			return res, err
 		}
 		c.core = p.core
+		if st := retryStateFrom(info.Ctx); st != nil {
+			st.core.Store(p.core)
+			c.retry = st
+		}
 		c.perCall = p.cfg.orcaPerCall
 		c.childDone = res.Done
 		c.armed.Store(true)
@@ -133,6 +137,7 @@ type call struct {
 	pick      core.Pick
 	core      *core.Balancer
 	childDone func(balancer.DoneInfo)
+	retry     *retryState // the UnaryRetry interceptor's, or nil
 	perCall   bool
 	armed     atomic.Bool
 	req       inferlb.Request         // scratch for Pick; unused after it
@@ -158,6 +163,9 @@ func (c *call) done(di balancer.DoneInfo) {
 	if c.childDone != nil {
 		c.childDone(di)
 	}
+	if c.retry != nil && di.BytesReceived {
+		c.retry.received.Store(true)
+	}
 	if c.perCall && di.ServerLoad != nil {
 		if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok {
 			if s := sampleFromORCA(r, time.Now()); !s.Empty() {
@@ -173,6 +181,7 @@ func (c *call) release() {
 	c.pick = core.Pick{}
 	c.core = nil
 	c.childDone = nil
+	c.retry = nil
 	c.req = inferlb.Request{}
 	callPool.Put(c)
 }

@@ -1,0 +1,91 @@
+package grpcbalancer_test
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+)
+
+// endpointStats returns the core's view of the endpoint at address a.
+func endpointStats(t testing.TB, b *core.Balancer, a string) core.EndpointStats {
+	t.Helper()
+	for _, s := range b.Stats() {
+		if s.ID == a {
+			return s
+		}
+	}
+	t.Fatalf("no endpoint %s", a)
+	return core.EndpointStats{}
+}
+
+// TestE2EChaosKillAndRestart is the gRPC half of the resilience chaos test:
+// four backends under steady load, one killed (its connections cut, calls
+// in flight lost) and later restarted on the same address. Every
+// wait-for-ready call must succeed: the ones the dead backend accepted but
+// never answered are retried by UnaryRetry within the retry budget, and the
+// ones that never left the client by gRPC's transparent retry. Traffic to
+// the dead backend must stop within a few calls, and it must get traffic
+// again once it is back.
+func TestE2EChaosKillAndRestart(t *testing.T) {
+	const workers = 8
+	bs := fleet(t, 4, func(i int, b *backend) { b.delay = 2 * time.Millisecond })
+	name, b := shared(t, core.Options{})
+	conn, _ := dial(t, bs, name, `{}`,
+		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(3)),
+		// Reconnect quickly once the backend is back, so the test stays short.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		}))
+	ctx := testContext(t)
+	wfr := grpc.WaitForReady(true)
+	dead := bs[0].addr
+
+	// Steady load; backend 0 is killed a third of the way through.
+	var atKill core.EndpointStats
+	kill := func() {
+		atKill = endpointStats(t, b, dead)
+		bs[0].srv.Stop()
+	}
+	if err := loadWith(ctx, conn, workers, 900, 300, kill, wfr); err != nil {
+		t.Fatalf("a wait-for-ready call was lost across the kill: %v", err)
+	}
+	after := endpointStats(t, b, dead)
+	picks, failures := after.Picks-atKill.Picks, after.Failures-atKill.Failures
+	retries := b.RetryStats()
+	t.Logf("after the kill: %d picks and %d failures on the dead backend, retries %+v, ready %v, breaker open %v, detection %v",
+		picks, failures, retries, after.Ready, after.BreakerOpen, after.LastDetection)
+	// The calls in flight when it died fail; a few more may be drawn before
+	// the channel reports the connection gone. Then nothing.
+	if picks > 2*workers {
+		t.Errorf("the dead backend was picked %d times after the kill, want at most %d", picks, 2*workers)
+	}
+	if after.Ready {
+		t.Error("the dead backend is still ready in the core")
+	}
+
+	// Restart it on the same address; the channel reconnects with backoff
+	// and the backend gets calls again, none of them failing meanwhile.
+	served := bs[0].calls.Load()
+	bs[0].start(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for bs[0].calls.Load() == served {
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted backend got no call in 10s: %+v", endpointStats(t, b, dead))
+		}
+		if err := load(ctx, conn, workers, 100, wfr); err != nil {
+			t.Fatalf("a call failed while the backend came back: %v", err)
+		}
+	}
+	before := counts(bs)
+	if err := load(ctx, conn, workers, 400, wfr); err != nil {
+		t.Fatal(err)
+	}
+	c := counts(bs)
+	t.Logf("first 400 calls after the restart: %v", []int64{c[0] - before[0], c[1] - before[1], c[2] - before[2], c[3] - before[3]})
+}

@@ -1,0 +1,71 @@
+package grpcbalancer
+
+import (
+	"context"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	core "github.com/inferlb/inferlb/balancer"
+)
+
+// retryState links one call's attempts to the picker: the picker records
+// the Balancer that routed the attempt (so the retry spends that
+// Balancer's budget) and Done whether any response byte arrived.
+//
+// Concurrency: attempts may overlap (gRPC hedging), so both fields are atomic.
+type retryState struct {
+	core     atomic.Pointer[core.Balancer]
+	received atomic.Bool
+}
+
+type retryKey struct{}
+
+// retryInUse spares picks the context lookup until an interceptor exists.
+var retryInUse atomic.Bool
+
+func retryStateFrom(ctx context.Context) *retryState {
+	if ctx == nil || !retryInUse.Load() {
+		return nil
+	}
+	st, _ := ctx.Value(retryKey{}).(*retryState)
+	return st
+}
+
+// UnaryRetry returns a unary client interceptor that fails a call over to
+// another endpoint when it ended UNAVAILABLE before any response byte
+// arrived (its connection died under it, as when a backend is killed), up
+// to maxAttempts attempts in all (values below 2 mean 2). Each retry must
+// fit the retry budget of the Balancer that routed the call
+// (Balancer.AllowRetry: RetryRatio of the traffic plus RetryFloor per
+// second, shared with every other adapter on that Balancer), so retries
+// cannot storm a degraded fleet. The failed attempt's Done has already
+// counted the failure, so the retry is unlikely to draw the same endpoint.
+//
+// Install it with grpc.WithChainUnaryInterceptor on channels that use the
+// inferlb policy; elsewhere it never retries. gRPC's own transparent retry
+// already covers calls that never left the client; this covers calls the
+// server accepted but never answered. Only install it where such calls may
+// safely run twice (inference calls without side effects usually may).
+func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
+	retryInUse.Store(true)
+	maxAttempts = max(maxAttempts, 2)
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		st := &retryState{}
+		ctx = context.WithValue(ctx, retryKey{}, st)
+		for attempt := 1; ; attempt++ {
+			st.core.Store(nil)
+			st.received.Store(false)
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if err == nil || attempt >= maxAttempts || ctx.Err() != nil ||
+				status.Code(err) != codes.Unavailable || st.received.Load() {
+				return err
+			}
+			if b := st.core.Load(); b == nil || !b.AllowRetry() {
+				return err
+			}
+		}
+	}
+}

@@ -1,0 +1,55 @@
+package grpcbalancer
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	core "github.com/inferlb/inferlb/balancer"
+)
+
+func TestUnaryRetry(t *testing.T) {
+	generous := core.New(core.Options{})
+	none := core.New(core.Options{RetryRatio: -1, RetryFloor: -1})
+	unavailable := status.Error(codes.Unavailable, "connection reset")
+	tests := []struct {
+		name     string
+		b        *core.Balancer // recorded by the "picker"; nil = not an inferlb channel
+		received bool           // the failed attempt had response bytes
+		errs     []error        // per attempt; the last repeats
+		calls    int
+		ok       bool
+	}{
+		{"retried once then served", generous, false, []error{unavailable, nil}, 2, true},
+		{"bounded attempts", generous, false, []error{unavailable}, 3, false},
+		{"response had started", generous, true, []error{unavailable, nil}, 1, false},
+		{"not a connection failure", generous, false, []error{status.Error(codes.Internal, "x"), nil}, 1, false},
+		{"budget spent", none, false, []error{unavailable, nil}, 1, false},
+		{"not routed by inferlb", nil, false, []error{unavailable, nil}, 1, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			calls := 0
+			invoker := func(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+				st := retryStateFrom(ctx)
+				if st == nil {
+					t.Fatal("the interceptor put no retry state in the context")
+				}
+				if tt.b != nil {
+					st.core.Store(tt.b) // what the picker does
+				}
+				st.received.Store(tt.received) // what Done does
+				err := tt.errs[min(calls, len(tt.errs)-1)]
+				calls++
+				return err
+			}
+			err := UnaryRetry(3)(context.Background(), "/x.Y/Z", nil, nil, nil, invoker)
+			if calls != tt.calls || (err == nil) != tt.ok {
+				t.Errorf("%d attempts, err %v; want %d attempts, success %v", calls, err, tt.calls, tt.ok)
+			}
+		})
+	}
+}
