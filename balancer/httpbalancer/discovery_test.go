@@ -1,0 +1,136 @@
+package httpbalancer_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+)
+
+// fakeDNS answers LookupHost from a table the test edits.
+type fakeDNS struct {
+	mu      sync.Mutex
+	addrs   []string
+	err     error
+	lookups int
+}
+
+func (d *fakeDNS) set(err error, addrs ...string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.addrs, d.err = addrs, err
+}
+
+func (d *fakeDNS) LookupHost(ctx context.Context, host string) ([]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.lookups++
+	if host != "vllm.svc" {
+		return nil, errors.New("no such host")
+	}
+	return slices.Clone(d.addrs), d.err
+}
+
+func ids(tr *httpbalancer.Transport) []string {
+	var out []string
+	for _, s := range tr.Balancer().Stats() {
+		out = append(out, s.ID)
+	}
+	return out
+}
+
+// TestDiscovery: the name is resolved at start and every Interval; a failed
+// or empty answer keeps the last good set; static endpoints stay alongside;
+// Close stops the loop (synctest fails the test if a goroutine outlives it).
+func TestDiscovery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dns := &fakeDNS{}
+		dns.set(nil, "10.0.0.2", "10.0.0.1", "10.0.0.1")
+		var errMu sync.Mutex
+		var errs []error
+		tr, err := httpbalancer.NewTransport(httpbalancer.Options{
+			Endpoints: []inferlb.Endpoint{{ID: "static", Addr: "10.9.9.9:80"}},
+			Discovery: &httpbalancer.Discovery{
+				Target:     "vllm.svc:8000",
+				Scheme:     "https",
+				Interval:   10 * time.Second,
+				LookupHost: dns.LookupHost,
+				Labels:     map[string]string{"model": "llama"},
+				OnError:    func(err error) { errMu.Lock(); errs = append(errs, err); errMu.Unlock() },
+			},
+		})
+		require.NoError(t, err)
+		// Resolved before NewTransport returned: sorted, deduplicated, with
+		// scheme, port and labels.
+		assert.Equal(t, []string{"https://10.0.0.1:8000", "https://10.0.0.2:8000", "static"}, ids(tr))
+
+		dns.set(nil, "10.0.0.3")
+		time.Sleep(10*time.Second - time.Nanosecond)
+		synctest.Wait()
+		assert.Len(t, ids(tr), 3, "not before the interval")
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		assert.Equal(t, []string{"https://10.0.0.3:8000", "static"}, ids(tr))
+
+		dns.set(errors.New("SERVFAIL"))
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		dns.set(nil) // empty answer
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, []string{"https://10.0.0.3:8000", "static"}, ids(tr), "last good set kept")
+		errMu.Lock()
+		defer errMu.Unlock()
+		require.Len(t, errs, 2)
+		assert.ErrorContains(t, errs[0], "SERVFAIL")
+		assert.ErrorContains(t, errs[1], "no addresses")
+
+		// Update replaces the static half only.
+		require.NoError(t, tr.Update(nil))
+		assert.Equal(t, []string{"https://10.0.0.3:8000"}, ids(tr))
+
+		require.NoError(t, tr.Close())
+		require.NoError(t, tr.Close(), "Close is idempotent")
+		dns.mu.Lock()
+		before := dns.lookups
+		dns.mu.Unlock()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		dns.mu.Lock()
+		defer dns.mu.Unlock()
+		assert.Equal(t, before, dns.lookups, "no lookups after Close")
+	})
+}
+
+// TestDiscoveryLookupBounded: a resolver that hangs is cut off after
+// Interval, and Close does not wait for it longer than that.
+func TestDiscoveryLookupBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var errs []error
+		tr, err := httpbalancer.NewTransport(httpbalancer.Options{
+			Discovery: &httpbalancer.Discovery{
+				Target:   "vllm.svc:8000",
+				Interval: 5 * time.Second,
+				LookupHost: func(ctx context.Context, host string) ([]string, error) {
+					<-ctx.Done()
+					return nil, ctx.Err()
+				},
+				OnError: func(err error) { errs = append(errs, err) },
+			},
+		})
+		require.NoError(t, err)
+		require.Len(t, errs, 1)
+		assert.ErrorIs(t, errs[0], context.DeadlineExceeded)
+		assert.Empty(t, ids(tr))
+		require.NoError(t, tr.Close())
+	})
+}
