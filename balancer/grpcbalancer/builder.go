@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/balancer/base"
 	"google.golang.org/grpc/balancer/endpointsharding"
 	"google.golang.org/grpc/balancer/pickfirst"
 	"google.golang.org/grpc/connectivity"
@@ -191,8 +192,26 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	})
 }
 
-// ResolverError implements balancer.Balancer.
-func (lb *lbBalancer) ResolverError(err error) { lb.child.ResolverError(err) }
+// ResolverError implements balancer.Balancer. With endpoints from an
+// earlier update the children keep serving and the error is theirs to weigh;
+// with none, the channel fails calls with the resolver's error, which says
+// more than endpointsharding's "no children to pick from".
+func (lb *lbBalancer) ResolverError(err error) {
+	lb.mu.Lock()
+	empty, closed := len(lb.eps) == 0, lb.closed
+	lb.mu.Unlock()
+	if closed {
+		return
+	}
+	if !empty {
+		lb.child.ResolverError(err)
+		return
+	}
+	lb.ClientConn.UpdateState(balancer.State{
+		ConnectivityState: connectivity.TransientFailure,
+		Picker:            base.NewErrPicker(fmt.Errorf("inferlb: name resolver error: %w", err)),
+	})
+}
 
 // UpdateSubConnState implements balancer.Balancer; SubConns created through
 // us use StateListener, so gRPC never calls it.

@@ -92,6 +92,9 @@ var _ orca.OOBListener = (*subConn)(nil)
 
 // OnLoadReport implements orca.OOBListener.
 func (s *subConn) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
+	if s.id == "" {
+		return // its address left the resolver's endpoints as it was created
+	}
 	if b := s.lb.core.Load(); b != nil {
 		if smp := sampleFromORCA(r, time.Now()); !smp.Empty() {
 			b.Publish(s.id, smp)

@@ -151,6 +151,20 @@ func TestNoReadyEndpoint(t *testing.T) {
 	}
 }
 
+func TestResolverErrorBeforeAnyEndpoint(t *testing.T) {
+	cc := grpcfake.NewClientConn()
+	bal := balancer.Get(Name).Build(cc, balancer.BuildOptions{})
+	defer bal.Close()
+	bal.ResolverError(errors.New("no such host"))
+	if st := cc.State().ConnectivityState; st != connectivity.TransientFailure {
+		t.Fatalf("state %v, want TRANSIENT_FAILURE", st)
+	}
+	_, err := cc.State().Picker.Pick(balancer.PickInfo{Ctx: context.Background()})
+	if err == nil || !strings.Contains(err.Error(), "inferlb: name resolver error: no such host") {
+		t.Fatalf("Pick: %v, want the resolver's error", err)
+	}
+}
+
 // recorder is a scorer that remembers the requests it priced.
 type recorder struct {
 	mu   sync.Mutex
