@@ -96,6 +96,25 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time) bool {
 // back to plain P2C). It walks the key's preference order at most once
 // around the ring and never allocates.
 func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, nowNs int64, panicking bool) int {
+	if b.sticky == nil {
+		return b.walkAffine(req, g, now, nowNs, panicking)
+	}
+	// StickyTTL: follow the key to where it last went while that endpoint
+	// is usable and within bound; its KV cache is the warmest.
+	if v, ok := b.sticky.Get(req.AffinityKey); ok {
+		if i, ok := g.byHash[v]; ok && g.members[i].usable(nowNs, panicking) && b.withinBound(g, i, now) {
+			return i
+		}
+	}
+	i := b.walkAffine(req, g, now, nowNs, panicking)
+	if i >= 0 {
+		b.sticky.Put(req.AffinityKey, g.hashes[i])
+	}
+	return i
+}
+
+// walkAffine follows the key's preference order on the ring.
+func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, nowNs int64, panicking bool) int {
 	w := g.placement.Walk(req.AffinityKey)
 	first := -1
 	n := len(g.members)

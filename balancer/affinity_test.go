@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -259,4 +260,30 @@ func TestUnqueuedOwnerKeepsItsKeysUpToTheHardCap(t *testing.T) {
 	for i := range held {
 		held[i].Done(inferlb.Outcome{})
 	}
+}
+
+func TestStickyFollowsTheKeyAfterASpill(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(12), StickyTTL: time.Minute})
+	const key = 99
+	home := owner(t, b, key)
+	// With one call of the key in flight on an otherwise idle fleet the
+	// owner is at its bound (ceil(1.25 x 2/4) = 1), so the next one spills.
+	held, err := b.Pick(&inferlb.Request{AffinityKey: key})
+	require.NoError(t, err)
+	require.Equal(t, home, held.ID())
+	p, err := b.Pick(&inferlb.Request{AffinityKey: key})
+	require.NoError(t, err)
+	spill := p.ID()
+	require.NotEqual(t, home, spill)
+	p.Done(inferlb.Outcome{})
+	held.Done(inferlb.Outcome{})
+	// The owner is free again, but the key follows its cache to the spill.
+	assert.Equal(t, spill, owner(t, b, key))
+	// After the TTL the key goes home.
+	clock.Advance(2 * time.Minute)
+	assert.Equal(t, home, owner(t, b, key))
+	// Without StickyTTL it goes home at once.
+	plain := affine(t, 4, balancer.Options{})
+	assert.Equal(t, home, owner(t, plain, key))
 }

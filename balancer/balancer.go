@@ -48,8 +48,9 @@ const drawTries = 8
 // and warm. snap and epoch are atomic; Pick reads only them and the atomics
 // of endpoint state, so it never takes mu.
 type Balancer struct {
-	cfg   *config
-	keyer *cache.Keyer // immutable
+	cfg    *config
+	keyer  *cache.Keyer    // immutable
+	sticky *cache.Sessions // immutable pointer; nil unless StickyTTL > 0
 
 	mu    sync.Mutex
 	eps   map[string]*endpoint     // guarded by mu
@@ -91,13 +92,21 @@ func New(opts Options) *Balancer {
 	if err != nil {
 		panic(err)
 	}
-	return &Balancer{
+	b := &Balancer{
 		cfg:   cfg,
 		keyer: cache.NewKeyer(cfg.affinitySeed),
 		eps:   map[string]*endpoint{},
 		loads: map[string]*atomic.Int64{},
 		retry: newRetryBudget(cfg.retryRatio, cfg.retryFloor),
 	}
+	if cfg.stickyTTL > 0 {
+		s, err := cache.NewSessions(cache.SessionOptions{TTL: cfg.stickyTTL, MaxEntries: cfg.stickyEntries, Clock: cfg.clock})
+		if err != nil {
+			panic(err) // Validate checked the fields it depends on
+		}
+		b.sticky = s
+	}
+	return b
 }
 
 // Keyer returns the affinity Keyer that shares the balancer's AffinitySeed;
@@ -200,6 +209,9 @@ func (b *Balancer) build(members []*endpoint) *snapshot {
 		g := newGroup(ms, w, counter(key))
 		if b.cfg.affinity != AffinityOff {
 			g.placement = cache.NewPlacement(placementMembers(ms, w), b.cfg.affinitySeed)
+			if b.sticky != nil {
+				g.indexHashes()
+			}
 		}
 		return g
 	}

@@ -5,6 +5,8 @@ import (
 	"math/bits"
 	"sync/atomic"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/inferlb/inferlb/cache"
 )
 
@@ -24,6 +26,10 @@ type group struct {
 	load *atomic.Int64 // durable: in-flight calls on the group's members
 
 	placement *cache.Placement // consistent placement of affinity keys; nil when affinity is off
+	// With StickyTTL: member ID hashes (as stored in the sticky table) and
+	// their index. nil otherwise.
+	byHash map[uint64]int
+	hashes []uint64
 
 	standing atomic.Pointer[standing] // cached eligibility counts, see eligibility
 }
@@ -52,6 +58,17 @@ func newGroup(members []*endpoint, weights []float64, load *atomic.Int64) *group
 		g.buildAlias()
 	}
 	return g
+}
+
+// indexHashes fills byHash and hashes, for the sticky table.
+func (g *group) indexHashes() {
+	g.byHash = make(map[uint64]int, len(g.members))
+	g.hashes = make([]uint64, len(g.members))
+	for i, e := range g.members {
+		h := xxhash.Sum64String(e.id) | 1 // never 0: the table's "empty"
+		g.byHash[h] = i
+		g.hashes[i] = h
+	}
 }
 
 // buildAlias builds Vose's alias table (Vose 1991, "A linear algorithm for

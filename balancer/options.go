@@ -127,6 +127,18 @@ type Options struct {
 	// place every key identically; even then, the load bound keeps a
 	// flood of one key from pushing any endpoint past c x the mean.
 	AffinitySeed uint64
+	// StickyTTL, when positive, makes affinity follow each key to the
+	// endpoint it last went to (while usable and within bound) for this long
+	// after its last use, instead of returning to the owner after a spill.
+	// Off by default. It suits one router serving many clients: in the fleet
+	// simulator's shared-prefix workload at saturation it raised a single
+	// client's throughput 3.7% and cut p90 TTFT from 27s to 10s. Independent
+	// callers each remember their own spills and so disagree: with 8 clients
+	// it cost 5.5% of throughput. The table is bounded (StickyEntries).
+	StickyTTL time.Duration
+	// StickyEntries bounds the sticky table; 0 means cache.DefaultMaxSessions
+	// (65,536 entries, 2 MiB). It is allocated up front.
+	StickyEntries int
 	// BreakerFailures is how many consecutive failures trip an endpoint's
 	// circuit breaker (connection errors, 5xx, gRPC UNAVAILABLE/INTERNAL;
 	// not overload, not client cancellation). Default 5 (Envoy's
@@ -191,6 +203,8 @@ type config struct {
 	loadBound     float64
 	affinitySeed  uint64
 	loadBoundHard float64
+	stickyTTL     time.Duration
+	stickyEntries int
 
 	breakerFailures    int
 	breakerProbes      int
@@ -248,6 +262,8 @@ func (o *Options) Validate() error {
 		return bad("Affinity", "must be AffinityPrefer, AffinityOff or AffinityStrict", o.Affinity)
 	case o.LoadBound != 0 && !(o.LoadBound > 1) || math.IsInf(o.LoadBound, 0):
 		return bad("LoadBound", "must be a finite number above 1 (0 means the default 1.25)", o.LoadBound)
+	case o.StickyEntries < 0:
+		return bad("StickyEntries", "must not be negative", o.StickyEntries)
 	case o.BreakerProbes < 0:
 		return bad("BreakerProbes", "must not be negative", o.BreakerProbes)
 	case o.EjectionTime < 0:
@@ -306,6 +322,8 @@ func (o *Options) resolve() (*config, error) {
 		loadBound:     floatOr(o.LoadBound, DefaultLoadBound),
 		affinitySeed:  o.AffinitySeed,
 		loadBoundHard: 2 * floatOr(o.LoadBound, DefaultLoadBound),
+		stickyTTL:     o.StickyTTL,
+		stickyEntries: o.StickyEntries,
 
 		breakerFailures:    intOr(o.BreakerFailures, DefaultBreakerFailures),
 		breakerProbes:      intOr(o.BreakerProbes, DefaultBreakerProbes),
