@@ -32,6 +32,12 @@ type harness struct {
 // and gives it n endpoints, all connected.
 func newHarness(t testing.TB, name, cfgJSON string, n int) *harness {
 	t.Helper()
+	return newHarnessWith(t, name, cfgJSON, endpoints(n))
+}
+
+// newHarnessWith is newHarness with the given endpoints.
+func newHarnessWith(t testing.TB, name, cfgJSON string, eps []resolver.Endpoint) *harness {
+	t.Helper()
 	bb := balancer.Get(name)
 	if bb == nil {
 		t.Fatalf("policy %q not registered", name)
@@ -46,8 +52,8 @@ func newHarness(t testing.TB, name, cfgJSON string, n int) *harness {
 		}
 		h.cfg = cfg
 	}
-	h.update(n)
-	h.settle(n)
+	h.updateEndpoints(eps)
+	h.settle(len(eps))
 	return h
 }
 

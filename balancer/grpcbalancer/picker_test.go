@@ -455,3 +455,23 @@ func TestPickAllocs(t *testing.T) {
 		}
 	}
 }
+
+func TestModelHeaderSelectsSubset(t *testing.T) {
+	eps := endpoints(4)
+	for i := range eps {
+		model := "llama-8b"
+		if i >= 2 {
+			model = "llama-70b"
+		}
+		eps[i] = WithEndpoint(eps[i], inferlb.Endpoint{Labels: map[string]string{"model": model}})
+	}
+	h := newHarnessWith(t, Name, `{"modelHeader": "x-model"}`, eps)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-model", "llama-70b")
+	for range 100 {
+		a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
+		if a != addr(2) && a != addr(3) {
+			t.Fatalf("a llama-70b call went to %s, which serves llama-8b", a)
+		}
+		res.Done(sent)
+	}
+}

@@ -1,0 +1,77 @@
+package grpcbalancer_test
+
+import (
+	"fmt"
+	"log"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+
+	"github.com/inferlb/inferlb"
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+)
+
+// Select the policy in the service config: generation calls are scored on
+// load and KV-cache pressure, embeddings on latency, and a session header
+// keeps a conversation on one replica. UnaryRetry fails calls a dying
+// replica accepted but never answered over to another one.
+func Example() {
+	conn, err := grpc.NewClient("dns:///llm.internal:50051",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb": {
+			"methods": {"/ai.Generation/": "llm", "/ai.Embeddings/Embed": "embedding"},
+			"affinityKeyHeader": "x-session-id",
+			"orca": {"outOfBand": true, "interval": "5s"}
+		}}]}`),
+		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(3)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	// ... make calls; put the session ID in the "x-session-id" metadata, or
+	// a whole inferlb.Request in the context with inferlb.NewContext.
+}
+
+// One Balancer can route a process's gRPC and HTTP traffic together, so
+// both see the same live load: register a policy built around it.
+func ExampleNewBuilder() {
+	b := core.New(core.Options{AffinitySeed: 0x5eed}) // also given to httpbalancer
+	balancer.Register(grpcbalancer.NewBuilder("inferlb-shared", b))
+
+	conn, err := grpc.NewClient("dns:///llm.internal:50051",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb-shared": {}}]}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+}
+
+// A resolver can tell the policy more than an address: an ID shared with
+// the HTTP side, a capacity weight and the models served.
+func ExampleWithEndpoint() {
+	ep := resolver.Endpoint{Addresses: []resolver.Address{{Addr: "10.0.0.7:50051"}}}
+	ep = grpcbalancer.WithEndpoint(ep, inferlb.Endpoint{
+		ID:     "gpu-node-7",
+		Weight: 2, // two GPUs
+		Labels: map[string]string{"model": "llama-3-70b,llama-3-8b"},
+	})
+	fmt.Println(len(ep.Addresses), ep.Addresses[0].Addr)
+	// Output: 1 10.0.0.7:50051
+}
+
+// The config is checked once, when the channel receives it; a mistake
+// names the field.
+func ExampleBuilder_ParseConfig() {
+	p := balancer.Get(grpcbalancer.Name).(balancer.ConfigParser)
+	_, err := p.ParseConfig([]byte(`{"balancer": {"errorAlpha": 1.5}}`))
+	fmt.Println(err)
+	_, err = p.ParseConfig([]byte(`{"methods": {"/ai.Generation/": "vision"}}`))
+	fmt.Println(err)
+	// Output:
+	// inferlb: service config field balancer.errorAlpha: balancer.Options.ErrorAlpha = 1.5: must be in [0, 1]
+	// inferlb: service config field methods["/ai.Generation/"]: unknown service "vision" (want llm, embedding, rerank or unknown)
+}
