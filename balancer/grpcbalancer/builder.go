@@ -336,7 +336,8 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 // notReadyPicker delegates to endpointsharding's picker while no endpoint
 // is READY, and prefixes its errors so users see which policy failed the
 // call. gRPC's own signals pass through untouched: ErrNoSubConnAvailable
-// (queue the call) and status errors (end it with that status).
+// (queue the call) and status errors (end it with that status). It is
+// immutable and safe for concurrent use.
 type notReadyPicker struct {
 	next balancer.Picker
 }

@@ -32,13 +32,20 @@ type backend struct {
 	srv   *grpc.Server
 	calls atomic.Int64
 
-	delay time.Duration              // how long each call is held
-	kv    float64                    // per-call ORCA kv_cache_usage to report; 0 = none
-	smr   orca.ServerMetricsRecorder // out-of-band ORCA metrics; nil = no ORCA service
+	delay   time.Duration              // how long each call is held
+	started chan struct{}              // if set, signalled (without blocking) as each call starts
+	kv      float64                    // per-call ORCA kv_cache_usage to report; 0 = none
+	smr     orca.ServerMetricsRecorder // out-of-band ORCA metrics; nil = no ORCA service
 }
 
 func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
 	b.calls.Add(1)
+	if b.started != nil {
+		select {
+		case b.started <- struct{}{}:
+		default:
+		}
+	}
 	if b.kv > 0 {
 		rec := orca.CallMetricsRecorderFromContext(ctx)
 		rec.SetNamedMetric("kv_cache_usage", b.kv)

@@ -12,7 +12,7 @@ type endpointKey struct{}
 
 // endpointAttr is the value stored under endpointKey. gRPC compares
 // attribute values, so it is a pointer with an Equal method (Labels is a
-// map, which == cannot compare).
+// map, which == cannot compare). It is immutable once stored.
 type endpointAttr struct {
 	id     string
 	weight float64
