@@ -292,7 +292,8 @@ func setGroupLoads(e *endpoint, next []*atomic.Int64) {
 
 // SetReady marks an endpoint ready or not (gRPC: its subchannel is READY).
 // Endpoints start ready. A not-ready endpoint is never picked, even in panic
-// routing. It reports whether id is a current endpoint.
+// routing; one that turns ready again ramps up through slow start. It
+// reports whether id is a current endpoint.
 func (b *Balancer) SetReady(id string, ready bool) bool {
 	b.mu.Lock()
 	e, ok := b.eps[id]
@@ -300,11 +301,22 @@ func (b *Balancer) SetReady(id string, ready bool) bool {
 	if !ok {
 		return false
 	}
-	if e.ready.Swap(ready) != ready {
-		b.epoch.Add(1)
+	if e.ready.Swap(ready) == ready {
+		return true
 	}
+	if ready && (e.wasReady.Swap(true) || e.rampFrom.Load() != 0) {
+		// Ready again after an outage (or for the first time after joining
+		// a warm balancer): ramp up from now, as Envoy does for hosts that
+		// turn healthy. A first connect at startup does not ramp.
+		e.rampFrom.Store(max(b.cfg.clock.Now().UnixNano(), 1))
+	}
+	b.epoch.Add(1)
 	return true
 }
+
+// Now returns the balancer's clock reading, for adapters that stamp
+// telemetry (ORCA, load headers) on the same clock the scorers compare with.
+func (b *Balancer) Now() time.Time { return b.cfg.clock.Now() }
 
 func (b *Balancer) rand() uint64 { return b.cfg.rand.Uint64() }
 

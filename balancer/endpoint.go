@@ -30,6 +30,7 @@ type endpoint struct {
 	groupLoads     atomic.Pointer[[]*atomic.Int64] // in-flight counters of the groups it belongs to
 
 	ready         atomic.Bool  // transport-level readiness (gRPC subchannel READY); true by default
+	wasReady      atomic.Bool  // SetReady(true) happened at least once
 	excludedUntil atomic.Int64 // unix ns; soft exclusion (cooldown, ejection, open breaker) until then
 	rampFrom      atomic.Int64 // unix ns slow start began; 0 = not ramping
 

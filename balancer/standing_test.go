@@ -283,3 +283,21 @@ func keys(m map[string]int) []string {
 	sortStrings(out)
 	return out
 }
+
+func TestReadyAgainRampsUp(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock})
+	id := endpoints(4)[0].Addr
+	// The transport connects for the first time at startup: no ramp.
+	require.True(t, b.SetReady(id, false))
+	require.True(t, b.SetReady(id, true))
+	assert.Equal(t, 1.0, stat(t, b, id).RampFactor)
+	// It drops and comes back: ramp from now.
+	require.True(t, b.SetReady(id, false))
+	clock.Advance(time.Minute)
+	require.True(t, b.SetReady(id, true))
+	assert.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, id).RampFactor, 1e-9)
+	clock.Advance(balancer.DefaultSlowStartWindow / 2)
+	assert.InDelta(t, 0.5, stat(t, b, id).RampFactor, 1e-9)
+	assert.True(t, b.Now().Equal(clock.Now()))
+}
