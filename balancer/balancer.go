@@ -332,8 +332,8 @@ func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
 	if g == nil || len(g.members) == 0 {
 		return Pick{}, ErrNoEndpoints
 	}
-	now := b.cfg.clock.Now()
-	nowNs := now.UnixNano()
+	nowNs := b.cfg.nowNs()
+	now := time.Unix(0, nowNs)
 	st := g.eligibility(b.epoch.Load(), nowNs)
 	if st.ready == 0 {
 		return Pick{}, ErrNoEndpoints
@@ -472,7 +472,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	for _, c := range *e.groupLoads.Load() {
 		c.Add(-1)
 	}
-	nowNs := b.cfg.clock.Now().UnixNano()
+	nowNs := b.cfg.nowNs()
 	e.lastOutcome.Store(nowNs)
 	latency := o.Latency
 	if latency <= 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/internal/decay"
 	"github.com/inferlb/inferlb/scoring"
 	"github.com/inferlb/inferlb/telemetry"
 )
@@ -135,7 +136,7 @@ func (e *endpoint) errorRate(c *config, nowNs int64) float64 {
 		return 0
 	}
 	if dt := nowNs - e.errAt.Load(); dt > 0 && c.errorDecay > 0 {
-		r *= math.Exp(-float64(dt) / float64(c.errorDecay))
+		r *= decay.Weight(float64(dt) / float64(c.errorDecay))
 	}
 	if r < errorRateFloor {
 		// A residue of an old failure is noise; left in, it would make an
@@ -168,7 +169,7 @@ func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, 
 		if cur == 0 || int64(latency) > cur {
 			cur = int64(latency) // peak: jump up at once
 		} else {
-			w := math.Exp(-float64(max(dt, 0)) / float64(c.latencyDecay))
+			w := decay.Weight(float64(dt) / float64(c.latencyDecay))
 			cur = int64(float64(cur)*w + float64(latency)*(1-w))
 		}
 		e.latencyEWMA.Store(cur)

@@ -12,16 +12,6 @@ import (
 	"github.com/inferlb/inferlb/telemetry"
 )
 
-// Clock tells the balancer the time. Tests and the fleet simulator inject a
-// fake one; the zero Options use the wall clock.
-type Clock interface {
-	Now() time.Time
-}
-
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
-
 // runtimeRand is math/rand/v2's top-level generator: per-thread ChaCha8,
 // lock-free and safe for concurrent use.
 type runtimeRand struct{}
@@ -182,6 +172,7 @@ type Options struct {
 // config is Options with defaults applied; immutable after New.
 type config struct {
 	clock           Clock
+	mono            *monoClock // the default clock, read without an interface call; nil when injected
 	rand            rand.Source
 	scorers         [inferlb.NumServices]scoring.Scorer
 	store           *telemetry.Store
@@ -337,7 +328,8 @@ func (o *Options) resolve() (*config, error) {
 	}
 	c.maxEjectionTime = max(c.maxEjectionTime, c.ejectionTime)
 	if c.clock == nil {
-		c.clock = wallClock{}
+		c.mono = newMonoClock()
+		c.clock = c.mono
 	}
 	if c.affinitySeed == 0 {
 		c.affinitySeed = cache.NewKeyer(0).Seed() // crypto/rand

@@ -73,7 +73,7 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 // endpoint, so retries cannot storm a degraded fleet: they add at most
 // RetryRatio of the traffic (default 20%) plus RetryFloor per second.
 func (b *Balancer) AllowRetry() bool {
-	ok := b.retry.withdraw(b.cfg.clock.Now().UnixNano())
+	ok := b.retry.withdraw(b.cfg.nowNs())
 	if ok {
 		b.retries.Add(1)
 	} else {

@@ -15,10 +15,10 @@
 package scoring
 
 import (
-	"math"
 	"time"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/internal/decay"
 	"github.com/inferlb/inferlb/telemetry"
 )
 
@@ -73,7 +73,7 @@ func (s *State) Latency() time.Duration {
 	if dt <= 0 || s.LatencyDecay <= 0 {
 		return s.LatencyEWMA
 	}
-	return time.Duration(float64(s.LatencyEWMA) * math.Exp(-float64(dt)/float64(s.LatencyDecay)))
+	return time.Duration(float64(s.LatencyEWMA) * decay.Weight(float64(dt)/float64(s.LatencyDecay)))
 }
 
 func (s *State) weight() float64 {

@@ -41,6 +41,7 @@ type call struct {
 	t     *Transport
 	ctx   context.Context
 	info  Info
+	rb    reqBody // the request body, for the attempts
 	pick  balancer.Pick
 	start time.Time // attempt start, on the transport's clock
 

@@ -168,8 +168,8 @@ func (t *Transport) pickOther(req *inferlb.Request, not string) (balancer.Pick, 
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	ctx := r.Context()
 	c := &call{t: t, ctx: ctx}
-	rb, err := t.readBody(ctx, r)
-	if err != nil {
+	rb := &c.rb
+	if err := t.readBody(ctx, r, rb); err != nil {
 		return nil, err
 	}
 	t.cfg.inspector.Inspect(r, rb.head, rb.complete, &c.info)
@@ -188,6 +188,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		c.start = t.cfg.clock.Now()
+		var err error
 		c.pick, err = t.pickOther(&c.info.Request, failed)
 		if err != nil {
 			closeBody(body)

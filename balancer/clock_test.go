@@ -1,0 +1,32 @@
+package balancer
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestMonoClockTracksTheWallClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newMonoClock()
+		for _, step := range []time.Duration{0, time.Millisecond, 700 * time.Millisecond, 2 * time.Second, time.Hour} {
+			time.Sleep(step)
+			if got, want := c.unixNano(), time.Now().UnixNano(); got != want {
+				t.Fatalf("after %v: clock %d, wall %d", step, got, want)
+			}
+			if !c.Now().Equal(time.Now()) {
+				t.Fatalf("Now disagrees with the wall clock")
+			}
+		}
+		if c.cur.Load() == 0 && c.slots[0].mono.Load() == 0 {
+			t.Fatal("never re-anchored after an hour")
+		}
+	})
+}
+
+func TestMonoClockDoesNotAllocate(t *testing.T) {
+	c := newMonoClock()
+	if a := testing.AllocsPerRun(1000, func() { c.unixNano() }); a != 0 {
+		t.Fatalf("%v allocs", a)
+	}
+}

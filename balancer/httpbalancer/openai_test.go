@@ -1,0 +1,85 @@
+package httpbalancer_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// TestOpenAIClient drives the official OpenAI Go client through the
+// transport, plain and streaming, and checks the balancer saw each call as
+// an LLM call for the right model and ended it when the body ended.
+func TestOpenAIClient(t *testing.T) {
+	bs := []*backend{newBackend(t, "a"), newBackend(t, "b"), newBackend(t, "c")}
+	res := newResults(256)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(bs...),
+		BalancerOptions: balancer.Options{Rand: testutil.NewRand(5)},
+		OnResult:        res.on,
+	})
+	client := openai.NewClient(
+		option.WithHTTPClient(&http.Client{Transport: tr}),
+		option.WithBaseURL("http://llm.internal/v1/"),
+		option.WithAPIKey("unused"),
+		option.WithMaxRetries(0), // failover is the transport's job here
+	)
+	ctx := context.Background()
+	const n = 30
+	for i := range n {
+		params := openai.ChatCompletionNewParams{
+			Model:     "llama-3-8b",
+			Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("question %d", i))},
+			MaxTokens: openai.Int(32),
+		}
+		if i%2 == 0 {
+			cc, err := client.Chat.Completions.New(ctx, params)
+			require.NoError(t, err)
+			require.Len(t, cc.Choices, 1)
+			assert.True(t, strings.HasPrefix(cc.Choices[0].Message.Content, "hello from "))
+			continue
+		}
+		stream := client.Chat.Completions.NewStreaming(ctx, params)
+		var text strings.Builder
+		for stream.Next() {
+			if c := stream.Current(); len(c.Choices) > 0 {
+				text.WriteString(c.Choices[0].Delta.Content)
+			}
+		}
+		require.NoError(t, stream.Err())
+		require.NoError(t, stream.Close())
+		assert.Equal(t, "tok0 tok1 tok2 tok3 tok4 ", text.String())
+	}
+	require.EqualValues(t, n, res.n.Load())
+	var streamed int
+	for range n {
+		r := <-res.c
+		assert.Equal(t, inferlb.ServiceLLM, r.Request.Service)
+		assert.Equal(t, "llama-3-8b", r.Request.Model)
+		assert.Equal(t, 32, r.Request.MaxOutputTokens)
+		assert.NotZero(t, r.Request.AffinityKey)
+		assert.NoError(t, r.Outcome.Err)
+		if r.Events > 0 {
+			streamed++
+			assert.Equal(t, chunks, r.Events)
+			assert.Equal(t, chunks, r.Outcome.OutputTokens)
+		}
+	}
+	assert.Equal(t, n/2, streamed)
+	for _, b := range bs {
+		t.Logf("%s: %d", b.name, b.hits.Load())
+		assert.Positive(t, b.hits.Load(), "backend %s", b.name)
+	}
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
