@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
@@ -94,6 +95,72 @@ func BenchmarkChatCompletion(b *testing.B) {
 	}
 }
 
+// BenchmarkChatCompletionPaired measures the same comparison as
+// BenchmarkChatCompletion, but alternates the two clients call by call and
+// times each call, so both see the same machine load: on a shared machine
+// the load drifts between sub-benchmarks by more than the difference being
+// measured. It reports the mean of each as bare-ns/call and inferlb-ns/call,
+// and overhead-% = 100 * (inferlb / bare - 1).
+func BenchmarkChatCompletionPaired(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		o    httpbalancer.Options
+	}{
+		{"default", httpbalancer.Options{}},
+		// Routing on path and headers only: what inspection costs.
+		{"no-peek", httpbalancer.Options{MaxPeek: -1}},
+	} {
+		b.Run(tc.name, func(b *testing.B) { benchPaired(b, tc.o) })
+	}
+}
+
+func benchPaired(b *testing.B, o httpbalancer.Options) {
+	srv := benchServer(b)
+	bareBase := http.DefaultTransport.(*http.Transport).Clone()
+	defer bareBase.CloseIdleConnections()
+	lbBase := http.DefaultTransport.(*http.Transport).Clone()
+	defer lbBase.CloseIdleConnections()
+	o.Endpoints = []inferlb.Endpoint{{Addr: strings.TrimPrefix(srv.URL, "http://")}}
+	o.Base = lbBase
+	tr, err := httpbalancer.NewTransport(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tr.Close()
+	bare, lb := &http.Client{Transport: bareBase}, &http.Client{Transport: tr}
+	bareURL := srv.URL + "/v1/chat/completions"
+	call := func(c *http.Client, url string) time.Duration {
+		start := time.Now()
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(benchChat))
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := c.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return time.Since(start)
+	}
+	var tBare, tLB time.Duration
+	n := 0
+	for b.Loop() {
+		if n%2 == 0 { // alternate who goes first
+			tBare += call(bare, bareURL)
+			tLB += call(lb, chatURL)
+		} else {
+			tLB += call(lb, chatURL)
+			tBare += call(bare, bareURL)
+		}
+		n++
+	}
+	b.ReportMetric(float64(tBare.Nanoseconds())/float64(n), "bare-ns/call")
+	b.ReportMetric(float64(tLB.Nanoseconds())/float64(n), "inferlb-ns/call")
+	b.ReportMetric(100*(float64(tLB)/float64(tBare)-1), "overhead-%")
+}
+
 // BenchmarkInspect is the inspector alone on the benchmark's body.
 func BenchmarkInspect(b *testing.B) {
 	r, _ := http.NewRequest(http.MethodPost, chatURL, nil)
@@ -132,4 +199,59 @@ func (rr *roundRobin) RoundTrip(r *http.Request) (*http.Response, error) {
 	u.Host = rr.hosts[rr.n.Add(1)%uint64(len(rr.hosts))]
 	out.URL, out.Host = &u, ""
 	return rr.base.RoundTrip(&out)
+}
+
+// cannedBase answers without a network: what remains is the transport's own work.
+type cannedBase struct{}
+
+func (cannedBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	_ = r.Body.Close()
+	return &http.Response{
+		StatusCode:    http.StatusOK,
+		Header:        http.Header{"Content-Type": {"application/json"}},
+		Body:          io.NopCloser(bytes.NewReader(benchReply)),
+		ContentLength: int64(len(benchReply)),
+		Request:       r,
+	}, nil
+}
+
+// BenchmarkTransportOverhead is the transport's own cost per call, with a
+// Base that answers from memory: peek, inspection, affinity key, pick, URL
+// rewrite, body wrapper and Done.
+func BenchmarkTransportOverhead(b *testing.B) {
+	for _, n := range []int{1, 3} {
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			eps := make([]inferlb.Endpoint, n)
+			for i := range eps {
+				eps[i] = inferlb.Endpoint{Addr: fmt.Sprintf("10.0.0.%d:8000", i+1)}
+			}
+			tr, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: eps, Base: cannedBase{}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer tr.Close()
+			b.ReportAllocs()
+			for b.Loop() {
+				req, _ := http.NewRequest(http.MethodPost, chatURL, bytes.NewReader(benchChat))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}
+		})
+	}
+	b.Run("canned-only", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			req, _ := http.NewRequest(http.MethodPost, chatURL, bytes.NewReader(benchChat))
+			req.Header.Set("Content-Type", "application/json")
+			resp, _ := cannedBase{}.RoundTrip(req)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		}
+	})
 }

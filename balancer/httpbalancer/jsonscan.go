@@ -1,6 +1,7 @@
 package httpbalancer
 
 import (
+	"bytes"
 	"encoding/json"
 
 	"github.com/inferlb/inferlb/cache"
@@ -50,20 +51,29 @@ func (s *scanner) eat(c byte) bool {
 
 // str reads a string. raw is the text between the quotes, quoted includes
 // them; esc reports escape sequences (raw is then not the decoded value).
+// It jumps from quote to quote with IndexByte (vectorized): prompt text is
+// most of a body and has few quotes.
 func (s *scanner) str() (raw, quoted []byte, esc, ok bool) {
 	if s.peek() != '"' {
 		return nil, nil, false, false
 	}
-	start := s.i
-	for j := start + 1; j < len(s.b); j++ {
-		switch s.b[j] {
-		case '\\':
-			esc = true
-			j++
-		case '"':
-			s.i = j + 1
-			return s.b[start+1 : j], s.b[start : j+1], esc, true
+	start := s.i + 1
+	for j := start; j <= len(s.b); {
+		k := bytes.IndexByte(s.b[j:], '"')
+		if k < 0 {
+			break
 		}
+		q := j + k
+		bs := 0 // backslashes right before the quote: odd means it is escaped
+		for p := q - 1; p >= start && s.b[p] == '\\'; p-- {
+			bs++
+		}
+		if bs%2 == 0 {
+			raw = s.b[start:q]
+			s.i = q + 1
+			return raw, s.b[start-1 : q+1], bytes.IndexByte(raw, '\\') >= 0, true
+		}
+		j = q + 1
 	}
 	s.i = len(s.b)
 	return nil, nil, false, false
@@ -240,6 +250,8 @@ type body struct {
 	prompt   string          // completions prompt, or responses input given as a string
 	hasText  bool            // prompt is set
 	parts    []byte          // scratch for joining content parts
+	single   []byte          // the current message's text while it is one unescaped piece
+	nparts   int             // pieces of text in the current message
 
 	// Keyer.Chat reads messages only through the first user message (what
 	// every later turn repeats), so the texts of later ones are counted, not
@@ -253,6 +265,9 @@ type body struct {
 // "inputs" too). It never fails: what it cannot read stays zero.
 func parseBody(b []byte, keyed bool, out *body) {
 	out.keyed = keyed
+	if keyed {
+		out.messages = make([]cache.Message, 0, 4) // system + first user, usually
+	}
 	s := &scanner{b: b}
 	s.object(func(key []byte) bool {
 		switch string(key) {
@@ -368,24 +383,28 @@ func (s *scanner) message(out *body) bool {
 		return s.skip()
 	}
 	var role string
-	out.parts = out.parts[:0]
+	out.parts, out.single, out.nparts = out.parts[:0], nil, 0
 	out.collect = out.keyed && !out.userSeen
 	ok := s.object(func(key []byte) bool {
 		switch string(key) {
 		case "role":
-			if s.peek() != '"' {
+			raw, quoted, esc, ok := s.str()
+			if !ok {
 				return s.skip()
 			}
-			v, ok := s.text()
-			role = v
-			return ok
+			role = internRole(raw, quoted, esc)
+			return true
 		case "content", "text":
 			return s.content(out)
 		}
 		return s.skip()
 	})
 	if ok && out.collect {
-		out.messages = append(out.messages, cache.Message{Role: role, Content: string(out.parts)})
+		content := out.single // one unescaped string: copy it once, not twice
+		if out.nparts != 1 || content == nil {
+			content = out.parts
+		}
+		out.messages = append(out.messages, cache.Message{Role: role, Content: string(content)})
 		out.userSeen = role == "user"
 	}
 	out.collect = false
@@ -400,7 +419,7 @@ func (s *scanner) content(out *body) bool {
 		if ok {
 			out.chars += utf8.RuneCount(raw)
 			if out.collect {
-				out.parts = appendText(out.parts, raw, quoted, esc)
+				out.addPart(raw, quoted, esc)
 			}
 		}
 		return ok
@@ -419,13 +438,44 @@ func (s *scanner) content(out *body) bool {
 				}
 				out.chars += utf8.RuneCount(raw)
 				if out.collect {
-					out.parts = appendText(out.parts, raw, quoted, esc)
+					out.addPart(raw, quoted, esc)
 				}
 				return true
 			})
 		})
 	}
 	return s.skip()
+}
+
+// addPart collects one piece of a message's text.
+func (out *body) addPart(raw, quoted []byte, esc bool) {
+	out.nparts++
+	if out.nparts == 1 && !esc {
+		out.single = raw
+		return
+	}
+	if out.nparts == 2 && out.single != nil {
+		out.parts = append(out.parts, out.single...)
+		out.single = nil
+	}
+	out.parts = appendText(out.parts, raw, quoted, esc)
+}
+
+// internRole returns the usual chat roles without allocating.
+func internRole(raw, quoted []byte, esc bool) string {
+	switch string(raw) {
+	case "system":
+		return "system"
+	case "user":
+		return "user"
+	case "assistant":
+		return "assistant"
+	case "developer":
+		return "developer"
+	case "tool":
+		return "tool"
+	}
+	return decode(raw, quoted, esc)
 }
 
 func appendText(dst, raw, quoted []byte, esc bool) []byte {

@@ -134,13 +134,17 @@ func readHead(body io.Reader, contentLength int64, limit int) (head []byte, comp
 	}
 }
 
-// first returns the first attempt's body.
-func (rb *reqBody) first() bodyReader {
+// first returns the first attempt's body. br, when not nil, is used to
+// replay a buffered body without allocating a reader.
+func (rb *reqBody) first(br *bytes.Reader) bodyReader {
 	switch {
 	case !rb.peeked:
 		return bodyReader{rb.orig, rb.length}
 	case rb.complete && len(rb.head) == 0:
 		return bodyReader{http.NoBody, 0}
+	case rb.complete && br != nil:
+		br.Reset(rb.head)
+		return bodyReader{io.NopCloser(br), rb.length}
 	case rb.complete:
 		return bodyReader{newBytesBody(rb.head), rb.length}
 	case rb.readErr != nil:
@@ -166,7 +170,7 @@ func (rb *reqBody) again() (bodyReader, bool) {
 	case rb.orig == nil || rb.orig == http.NoBody:
 		return bodyReader{rb.orig, rb.length}, true
 	case rb.complete:
-		return rb.first(), true
+		return rb.first(nil), true
 	case rb.callerGB != nil:
 		b, err := rb.callerGB()
 		if err != nil || b == nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -38,12 +39,18 @@ func (e *StatusError) Error() string {
 // stream (events, firstNs, lastNs) is atomic, and finished makes the outcome
 // report happen once.
 type call struct {
-	t     *Transport
-	ctx   context.Context
-	info  Info
-	rb    reqBody // the request body, for the attempts
-	pick  balancer.Pick
-	start time.Time // attempt start, on the transport's clock
+	t    *Transport
+	ctx  context.Context
+	info Info
+	rb   reqBody // the request body, for the attempts
+
+	// The first attempt's request, URL and body reader, kept here to save
+	// allocations; see outgoing.
+	out    http.Request
+	outURL url.URL
+	br     bytes.Reader
+	pick   balancer.Pick
+	start  time.Time // attempt start, on the transport's clock
 
 	rc     io.ReadCloser // the response body
 	status int

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 
@@ -180,7 +181,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		c.info.Tenant = v[0]
 	}
 
-	body := rb.first()
+	body := rb.first(&c.br)
 	failed := "" // ID of the endpoint the first attempt failed on
 	for {
 		if err := ctx.Err(); err != nil {
@@ -194,7 +195,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			closeBody(body)
 			return nil, err
 		}
-		out, err := t.outgoing(r, &c.pick, body, rb)
+		out, err := c.outgoing(r, body, failed == "")
 		if err != nil {
 			closeBody(body)
 			c.fail(err, false)
@@ -222,16 +223,22 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // outgoing builds the request for one attempt: a shallow copy of r whose URL
 // points at the picked endpoint. The URL is copied, never edited in place;
-// the header map is shared unless a header must be added.
-func (t *Transport) outgoing(r *http.Request, p *balancer.Pick, body bodyReader, rb *reqBody) (*http.Request, error) {
+// the header map is shared unless a header must be added. The first
+// attempt's request lives in the call (one allocation fewer per call); a
+// retry gets a fresh one, since Base may still hold the failed one.
+func (c *call) outgoing(r *http.Request, body bodyReader, first bool) (*http.Request, error) {
+	t, p, rb := c.t, &c.pick, &c.rb
 	ep := p.Endpoint()
 	scheme, host, ok := splitAddr(ep.Addr)
 	if !ok {
 		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port", ep.Key(), ep.Addr)
 	}
-	out := new(http.Request)
+	out, u := &c.out, &c.outURL
+	if !first {
+		out, u = new(http.Request), new(url.URL)
+	}
 	*out = *r
-	u := *r.URL
+	*u = *r.URL
 	u.Host = host
 	switch {
 	case scheme != "":
@@ -239,7 +246,7 @@ func (t *Transport) outgoing(r *http.Request, p *balancer.Pick, body bodyReader,
 	case u.Scheme == "":
 		u.Scheme = "http"
 	}
-	out.URL = &u
+	out.URL = u
 	// The logical host ("llm.internal") names no server; send the endpoint's
 	// own address unless the caller set an explicit, different Host.
 	if r.Host == "" || r.Host == r.URL.Host {

@@ -1,0 +1,218 @@
+// Command httpclient balances the official OpenAI Go client across local
+// OpenAI-compatible backends with inferlb's HTTP transport: the client is
+// unchanged except for its http.Client, and its base URL names a logical
+// host ("llm.internal") that the transport resolves to a backend per call.
+//
+// It starts fake vLLM servers on 127.0.0.1 that answer /v1/chat/completions
+// (JSON or a server-sent event stream, a few milliseconds per token) and
+// report their load in vLLM's endpoint-load-metrics header; one of them
+// reports a nearly full KV cache. It sends a mix of plain and streamed chat
+// completions, plus one conversation pinned by a session header, and prints
+// how many calls each backend got and what the balancer learned. Compare
+// -affinity prefer (the default: a prompt's key owner keeps it while within
+// its load bound) with -affinity off (pure load and telemetry).
+//
+//	go run ./examples/httpclient
+//	go run ./examples/httpclient -calls 400 -workers 16 -affinity off
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+)
+
+// backend is a stand-in for one vLLM replica.
+type backend struct {
+	name     string
+	kvCache  float64 // reported in every answer's load header
+	perToken time.Duration
+	running  atomic.Int64
+	plain    atomic.Int64
+	streamed atomic.Int64
+	session  atomic.Int64 // calls of the pinned conversation
+}
+
+const tokens = 8
+
+func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/v1/chat/completions" {
+		http.NotFound(w, r)
+		return
+	}
+	b.running.Add(1)
+	defer b.running.Add(-1)
+	var req struct {
+		Model  string `json:"model"`
+		Stream bool   `json:"stream"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if r.Header.Get("X-Session-Id") != "" {
+		b.session.Add(1)
+	}
+	if r.Header.Get("Endpoint-Load-Metrics-Format") != "" {
+		w.Header().Set("Endpoint-Load-Metrics", fmt.Sprintf(
+			"TEXT named_metrics.kv_cache_usage_perc=%.2f, named_metrics.num_requests_running=%d",
+			b.kvCache, b.running.Load()))
+	}
+	if !req.Stream {
+		b.plain.Add(1)
+		time.Sleep(tokens * b.perToken)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"c","object":"chat.completion","created":0,"model":%q,`+
+			`"choices":[{"index":0,"message":{"role":"assistant","content":"answer from %s"},"finish_reason":"stop"}],`+
+			`"usage":{"prompt_tokens":8,"completion_tokens":%d,"total_tokens":%d}}`, req.Model, b.name, tokens, 8+tokens)
+		return
+	}
+	b.streamed.Add(1)
+	w.Header().Set("Content-Type", "text/event-stream")
+	for i := range tokens {
+		time.Sleep(b.perToken)
+		fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":%q,"+
+			"\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d \"}}]}\n\n", req.Model, i)
+		w.(http.Flusher).Flush()
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+func main() {
+	calls := flag.Int("calls", 200, "chat completions to send")
+	workers := flag.Int("workers", 8, "concurrent callers")
+	affinity := flag.String("affinity", "prefer", "how prompt affinity steers picks: prefer, off or strict")
+	flag.Parse()
+	mode, err := balancer.ParseAffinityMode(*affinity)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	backends := []*backend{
+		{name: "vllm-0", kvCache: 0.30, perToken: 2 * time.Millisecond},
+		{name: "vllm-1", kvCache: 0.35, perToken: 2 * time.Millisecond},
+		{name: "vllm-2", kvCache: 0.97, perToken: 2 * time.Millisecond}, // nearly full
+	}
+	var endpoints []inferlb.Endpoint
+	for _, b := range backends {
+		srv := httptest.NewServer(b) // listens on 127.0.0.1
+		defer srv.Close()
+		endpoints = append(endpoints, inferlb.Endpoint{ID: b.name, Addr: srv.URL})
+	}
+
+	transport, err := httpbalancer.NewTransport(httpbalancer.Options{
+		Endpoints:       endpoints,
+		LoadReports:     true, // ask for vLLM's per-response load header and route on it
+		BalancerOptions: balancer.Options{Affinity: mode},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer transport.Close()
+	client := openai.NewClient(
+		option.WithHTTPClient(&http.Client{Transport: transport}),
+		option.WithBaseURL("http://llm.internal/v1/"),
+		option.WithAPIKey("unused"),
+	)
+
+	ctx := context.Background()
+	jobs := make(chan int)
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range *workers {
+		wg.Go(func() {
+			for i := range jobs {
+				if err := chat(ctx, client, i); err != nil {
+					failed.Add(1)
+					log.Printf("call %d: %v", i, err)
+				}
+			}
+		})
+	}
+	for i := range *calls {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	// One conversation, five turns, pinned by its session header: every
+	// turn lands where the previous ones left their KV cache.
+	for turn := range 5 {
+		_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model:    "llama-3-8b",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("turn %d", turn))},
+		}, option.WithHeader("X-Session-Id", "user-42"))
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	fmt.Printf("%d calls (every other one streamed) from %d workers in %v, %d failed\n\n",
+		*calls, *workers, elapsed.Round(time.Millisecond), failed.Load())
+	stats := map[string]struct {
+		ttft time.Duration
+	}{}
+	for _, s := range transport.Balancer().Stats() {
+		stats[s.ID] = struct{ ttft time.Duration }{s.TTFT}
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "backend\tKV cache\tplain\tstreamed\tshare\tTTFT (EWMA)\tsession turns\t")
+	for _, b := range backends {
+		n := b.plain.Load() + b.streamed.Load() - b.session.Load()
+		fmt.Fprintf(tw, "%s\t%.0f%%\t%d\t%d\t%.0f%%\t%v\t%d\t\n", b.name, 100*b.kvCache,
+			b.plain.Load()-b.session.Load(), b.streamed.Load(), 100*float64(n)/float64(*calls),
+			stats[b.name].ttft.Round(100*time.Microsecond), b.session.Load())
+	}
+	_ = tw.Flush()
+}
+
+// chat sends call i: streamed when i is odd, each with its own prompt.
+func chat(ctx context.Context, client openai.Client, i int) error {
+	params := openai.ChatCompletionNewParams{
+		Model: "llama-3-8b",
+		Messages: []openai.ChatCompletionMessageParamUnion{
+			openai.SystemMessage("You are a concise assistant."),
+			openai.UserMessage(fmt.Sprintf("Question %d: what is %d + %d?", i, i, i)),
+		},
+		MaxTokens: openai.Int(tokens),
+	}
+	if i%2 == 0 {
+		_, err := client.Chat.Completions.New(ctx, params)
+		return err
+	}
+	stream := client.Chat.Completions.NewStreaming(ctx, params)
+	defer stream.Close()
+	var text strings.Builder
+	for stream.Next() {
+		if c := stream.Current(); len(c.Choices) > 0 {
+			text.WriteString(c.Choices[0].Delta.Content)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return err
+	}
+	if text.Len() == 0 {
+		return io.ErrUnexpectedEOF
+	}
+	return nil
+}
