@@ -53,6 +53,8 @@
 // # Departures from the design notes
 //
 // The core's Pick takes no "not this endpoint" argument, so failover draws
-// up to three times to get an endpoint other than the one that failed,
-// returning unused picks with a neutral (canceled) outcome.
+// up to 16 times to get an endpoint other than the one that failed,
+// returning unused picks with a neutral (canceled) outcome, and drops the
+// request's affinity key for the retry (the key's owner is the endpoint that
+// just failed, and stays its owner until its breaker trips).
 package httpbalancer

@@ -148,12 +148,19 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 // context.Canceled so the balancer counts it as neither success nor failure.
 var errUnusedPick = fmt.Errorf("inferlb: httpbalancer: pick not used: %w", context.Canceled)
 
+// otherDraws bounds how often pickOther redraws to avoid the endpoint that
+// just failed. Until its breaker trips, that endpoint can still win a P2C
+// comparison (its error rate is one failure old); each draw lands on it with
+// probability at most about one half, so 16 draws miss another endpoint with
+// odds of about 1 in 65,000 even in a two-endpoint fleet. Only retries pay.
+const otherDraws = 16
+
 // pickOther picks for req, avoiding the endpoint not (the one that just
-// failed) when the balancer offers another within a few draws. The
+// failed) when the balancer offers another within otherDraws draws. The
 // balancer's Pick has no exclusion parameter; see the package notes.
 func (t *Transport) pickOther(req *inferlb.Request, not string) (balancer.Pick, error) {
 	p, err := t.b.Pick(req)
-	for tries := 0; err == nil && not != "" && p.ID() == not && tries < 3; tries++ {
+	for tries := 0; err == nil && not != "" && p.ID() == not && tries < otherDraws; tries++ {
 		p.Done(inferlb.Outcome{Err: errUnusedPick})
 		p, err = t.b.Pick(req)
 	}
