@@ -57,7 +57,7 @@ var (
 //
 // From a JSON body it reads model, stream, the output bound (max_tokens,
 // max_completion_tokens, max_output_tokens, TGI's max_new_tokens), a prompt
-// token estimate (characters of prompt text / 4, or the body size / 4 when the
+// token estimate (bytes of prompt text / 4, or the body size / 4 when the
 // body was larger than the peek), and for LLM calls the affinity key: the
 // request's prompt_cache_key as a session, else the cache Keyer's key of the
 // chat messages through the first user turn (Keyer.Chat; for /v1/responses
@@ -88,7 +88,10 @@ func ServiceForPath(path string) inferlb.Service {
 }
 
 // charsPerToken is the usual rule of thumb for English text under BPE
-// tokenizers. It only has to rank requests by size, not bill them.
+// tokenizers. It only has to rank requests by size, not bill them. It is
+// applied to bytes of text as sent (escapes included): for English that is
+// the character count, and for scripts of 3-byte characters, at about one
+// token a character, bytes/4 is closer to the truth than characters/4.
 const charsPerToken = 4
 
 // Inspect implements Inspector.

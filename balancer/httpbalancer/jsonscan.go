@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 
 	"github.com/inferlb/inferlb/cache"
-	"unicode/utf8"
 )
 
 // scanner is a tolerant, single-pass reader of the few top-level fields of a
@@ -22,6 +21,9 @@ type scanner struct {
 }
 
 func (s *scanner) ws() {
+	if s.i < len(s.b) && s.b[s.i] > ' ' { // compact JSON: the usual case
+		return
+	}
 	for s.i < len(s.b) {
 		switch s.b[s.i] {
 		case ' ', '\t', '\n', '\r':
@@ -164,7 +166,7 @@ func (s *scanner) scalar() ([]byte, bool) {
 // anything else (fractions, exponents, huge values) reads as absent. The
 // bound keeps a hostile max_tokens from overflowing the in-flight token sum.
 func (s *scanner) integer() (int, bool) {
-	if s.peek() != '-' && (s.peek() < '0' || s.peek() > '9') {
+	if c := s.peek(); c != '-' && (c < '0' || c > '9') {
 		return 0, s.skip()
 	}
 	lit, ok := s.scalar()
@@ -239,7 +241,7 @@ type body struct {
 	model     string
 	stream    bool
 	maxTokens int // the largest of max_tokens, max_completion_tokens, max_output_tokens
-	chars     int // characters of prompt text seen (message contents, prompt, input)
+	chars     int // bytes of prompt text seen (message contents, prompt, input), as sent
 	cacheKey  string
 
 	// keyed is set when the fields below should be collected (LLM calls);
@@ -311,7 +313,7 @@ func parseBody(b []byte, keyed bool, out *body) {
 			if !ok {
 				return s.skip()
 			}
-			out.chars += utf8.RuneCount(raw)
+			out.chars += len(raw)
 			if out.keyed {
 				out.system = decode(raw, quoted, esc)
 			}
@@ -338,7 +340,7 @@ func (s *scanner) promptValue(out *body) bool {
 		if !ok {
 			return false
 		}
-		out.chars += utf8.RuneCount(raw)
+		out.chars += len(raw)
 		if out.keyed && !out.hasText {
 			out.prompt, out.hasText = decode(raw, quoted, esc), true
 		}
@@ -349,7 +351,7 @@ func (s *scanner) promptValue(out *body) bool {
 			case '"':
 				raw, quoted, esc, ok := s.str()
 				if ok {
-					out.chars += utf8.RuneCount(raw)
+					out.chars += len(raw)
 					if out.keyed && !out.hasText {
 						// A batch of prompts: key on the first, which is
 						// where a shared prefix would be.
@@ -417,7 +419,7 @@ func (s *scanner) content(out *body) bool {
 	case '"':
 		raw, quoted, esc, ok := s.str()
 		if ok {
-			out.chars += utf8.RuneCount(raw)
+			out.chars += len(raw)
 			if out.collect {
 				out.addPart(raw, quoted, esc)
 			}
@@ -436,7 +438,7 @@ func (s *scanner) content(out *body) bool {
 				if !ok {
 					return s.skip()
 				}
-				out.chars += utf8.RuneCount(raw)
+				out.chars += len(raw)
 				if out.collect {
 					out.addPart(raw, quoted, esc)
 				}
