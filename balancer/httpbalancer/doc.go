@@ -31,7 +31,13 @@
 // and transport errors are failures; a canceled context is neither; a
 // Close before EOF is a success (a JSON decoder stops at the closing brace).
 // With Options.LoadReports, vLLM's per-response endpoint-load-metrics header
-// feeds the endpoint's telemetry.
+// feeds the endpoint's telemetry. Options.OnResult sees every attempt's
+// outcome, for metrics.
+//
+// Affinity keys come from the Balancer's Keyer unless Options.Keyer is set,
+// so a fleet of callers that share the Balancer's AffinitySeed agree on
+// where each prompt and session lives; times (TTFT, load report stamps) come
+// from the Balancer's clock.
 //
 // # Failover
 //
@@ -42,6 +48,12 @@
 // RetryRatio of traffic, default 20%, plus RetryFloor per second). The failed
 // attempt is reported as a failure first. A call is never retried once a
 // response has started: the caller may already hold part of it.
+//
+// # Cost
+//
+// On a small chat completion over loopback the transport adds about 4.5 us
+// per call (8 allocations, 1.3 KB), of which reading and inspecting the body
+// is about 2 us; BENCH.md has the commands and figures.
 //
 // # Concurrency
 //

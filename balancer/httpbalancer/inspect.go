@@ -65,6 +65,8 @@ var (
 // (Keyer.Prompt). A body larger than the peek is keyed on the messages that
 // fit in it, which are the ones the key covers unless the first turns alone
 // exceed the peek.
+//
+// An OpenAI is immutable once in use and safe for concurrent use.
 type OpenAI struct {
 	// Keyer computes prompt affinity keys. nil means no prompt affinity
 	// (session headers still apply).

@@ -15,6 +15,8 @@ import (
 // It never recurses on input structure (skip counts brackets in a loop), so
 // a hostile, deeply nested body cannot exhaust the stack, and every index is
 // checked, so no input can make it panic; FuzzInspect holds it to that.
+//
+// Concurrency: a scanner and the body it fills belong to one Inspect call.
 type scanner struct {
 	b []byte
 	i int

@@ -23,6 +23,9 @@ const (
 	// request of about 250k tokens of English; larger bodies are still
 	// forwarded whole, routed on what the first MiB says.
 	DefaultMaxPeek = 1 << 20
+	// MaxMaxPeek bounds MaxPeek: the peek is held in memory for the life
+	// of the call.
+	MaxMaxPeek = 1 << 30
 	// DefaultSessionHeader names the request header whose value pins a
 	// conversation to one endpoint (Keyer.Session); it beats the prompt key.
 	DefaultSessionHeader = "X-Session-Id"
@@ -56,12 +59,12 @@ type Options struct {
 	Discovery *Discovery
 	// Inspector classifies requests. nil means &OpenAI{Keyer: Keyer}.
 	Inspector Inspector
-	// Keyer computes affinity keys for sessions and prompts. nil means
-	// cache.NewKeyer(0), a random per-process seed; processes that should
-	// agree on where a prompt lives share a seed.
+	// Keyer computes affinity keys for sessions and prompts. nil means the
+	// Balancer's own (Balancer.Keyer), which shares its AffinitySeed:
+	// processes that should agree on where a prompt lives set the same seed.
 	Keyer *cache.Keyer
 	// MaxPeek bounds how many body bytes are read before sending, for
-	// inspection. 0 means DefaultMaxPeek; negative means never read ahead
+	// inspection, at most MaxMaxPeek. 0 means DefaultMaxPeek; negative means never read ahead
 	// (routing then sees only the path and headers). Only bodies whose
 	// Content-Type is absent or JSON are read ahead. A body read whole can be
 	// replayed, so failover works even when the caller gave no GetBody.
@@ -77,10 +80,6 @@ type Options struct {
 	// DisableFailover turns off the one retry on another endpoint for calls
 	// that failed before any response arrived.
 	DisableFailover bool
-	// Clock times streams (TTFT, gaps between tokens) and stamps load
-	// reports. nil means BalancerOptions.Clock, else the wall clock. Set it
-	// when sharing a Balancer that runs on a fake clock.
-	Clock balancer.Clock
 	// OnResult, if set, is called once per attempt when it ends (after the
 	// balancer has been told), for metrics and logs. It runs on the goroutine
 	// that ended the call and must be quick and safe for concurrent use.
@@ -139,13 +138,9 @@ type config struct {
 	tenantHeader  string // canonical
 	loadReports   bool
 	failover      bool
-	clock         balancer.Clock
+	clock         balancer.Clock // the Balancer's: TTFT and load reports on the clock scorers compare with
 	onResult      func(Result)
 }
-
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
 
 func bad(field, rule string, v any) error {
 	return fmt.Errorf("inferlb: httpbalancer.Options.%s = %v: %s", field, v, rule)
@@ -172,6 +167,9 @@ func (o *Options) resolve() (*config, error) {
 			return nil, bad("Discovery.Interval", "must not be negative", d.Interval)
 		}
 	}
+	if o.MaxPeek > MaxMaxPeek {
+		return nil, bad("MaxPeek", "must be at most MaxMaxPeek (1 GiB)", o.MaxPeek)
+	}
 	for _, h := range []struct{ field, v string }{{"SessionHeader", o.SessionHeader}, {"TenantHeader", o.TenantHeader}} {
 		if strings.ContainsAny(h.v, " \t\r\n:") {
 			return nil, bad(h.field, "must be a header name", fmt.Sprintf("%q", h.v))
@@ -186,26 +184,24 @@ func (o *Options) resolve() (*config, error) {
 		tenantHeader:  textproto.CanonicalMIMEHeaderKey(cmp.Or(o.TenantHeader, DefaultTenantHeader)),
 		loadReports:   o.LoadReports,
 		failover:      !o.DisableFailover,
-		clock:         o.Clock,
 		onResult:      o.OnResult,
 	}
 	if c.base == nil {
 		c.base = http.DefaultTransport
 	}
+	if c.maxPeek == 0 {
+		c.maxPeek = DefaultMaxPeek
+	}
+	return c, nil
+}
+
+// bind fills the defaults that come from the Balancer.
+func (c *config) bind(b *balancer.Balancer) {
+	c.clock = b
 	if c.keyer == nil {
-		c.keyer = cache.NewKeyer(0)
+		c.keyer = b.Keyer()
 	}
 	if c.inspector == nil {
 		c.inspector = &OpenAI{Keyer: c.keyer}
 	}
-	if c.maxPeek == 0 {
-		c.maxPeek = DefaultMaxPeek
-	}
-	if c.clock == nil {
-		c.clock = o.BalancerOptions.Clock
-	}
-	if c.clock == nil {
-		c.clock = wallClock{}
-	}
-	return c, nil
 }

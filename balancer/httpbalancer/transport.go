@@ -49,6 +49,7 @@ func NewTransport(o Options) (*Transport, error) {
 	if b == nil {
 		b = balancer.New(o.BalancerOptions)
 	}
+	cfg.bind(b)
 	t := &Transport{cfg: cfg, b: b}
 	if len(o.Endpoints) > 0 {
 		if err := t.Update(o.Endpoints); err != nil {
@@ -143,6 +144,8 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 	return scheme, host, true
 }
 
+var errNilURL = errors.New("inferlb: httpbalancer: request has a nil URL")
+
 // errUnusedPick is the outcome of a pick the transport drew and did not use
 // (failover asked for a different endpoint and got the same one). It wraps
 // context.Canceled so the balancer counts it as neither success nor failure.
@@ -174,6 +177,12 @@ func (t *Transport) pickOther(req *inferlb.Request, not string) (balancer.Pick, 
 // retried once on another endpoint when its body can be replayed, the
 // context is live and the Balancer's retry budget allows.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL == nil {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		return nil, errNilURL
+	}
 	ctx := r.Context()
 	c := &call{t: t, ctx: ctx}
 	rb := &c.rb
@@ -190,6 +199,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 	body := rb.first(&c.br)
 	failed := "" // ID of the endpoint the first attempt failed on
+	var failedErr error
 	for {
 		if err := ctx.Err(); err != nil {
 			closeBody(body)
@@ -200,6 +210,9 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		c.pick, err = t.pickOther(&c.info.Request, failed)
 		if err != nil {
 			closeBody(body)
+			if failedErr != nil {
+				return nil, failedErr // what went wrong, not that nothing was left to retry on
+			}
 			return nil, err
 		}
 		out, err := c.outgoing(r, body, failed == "")
@@ -220,7 +233,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		if !retry {
 			return nil, err
 		}
-		failed = c.pick.ID()
+		failed, failedErr = c.pick.ID(), err
 		// The key's owner just failed and would be picked again while it is
 		// still in good standing; the retry goes by load alone. It pays one
 		// cold prefill, which is the price of being served at all.

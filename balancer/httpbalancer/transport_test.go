@@ -40,6 +40,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"discovery scheme", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:80", Scheme: "grpc"}}, "Options.Discovery.Scheme"},
 		{"discovery interval", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:80", Interval: -time.Second}}, "Options.Discovery.Interval"},
 		{"session header", httpbalancer.Options{SessionHeader: "X Session"}, "Options.SessionHeader"},
+		{"max peek", httpbalancer.Options{MaxPeek: httpbalancer.MaxMaxPeek + 1}, "Options.MaxPeek"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr, err := httpbalancer.NewTransport(tc.o)
@@ -369,6 +370,16 @@ func TestNoEndpoints(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, chatURL, body)
 	_, err := tr.RoundTrip(req)
 	require.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	assert.True(t, body.closed)
+}
+
+// TestNilURL: a malformed request is an error, not a panic, and its body
+// is closed.
+func TestNilURL(t *testing.T) {
+	tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:80"}}})
+	body := &closeTracker{Reader: strings.NewReader("{}")}
+	_, err := tr.RoundTrip(&http.Request{Method: http.MethodPost, Body: body})
+	require.ErrorContains(t, err, "nil URL")
 	assert.True(t, body.closed)
 }
 
