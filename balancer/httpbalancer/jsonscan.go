@@ -270,7 +270,7 @@ type body struct {
 func parseBody(b []byte, keyed bool, out *body) {
 	out.keyed = keyed
 	if keyed {
-		out.messages = make([]cache.Message, 0, 4) // system + first user, usually
+		out.messages = make([]cache.Message, 0, 2) // system + first user, usually
 	}
 	s := &scanner{b: b}
 	s.object(func(key []byte) bool {

@@ -94,9 +94,12 @@ func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody) 
 	rb.peeked = true
 	if rb.complete {
 		_ = r.Body.Close()
-		if head := rb.head; len(head) > 0 {
+		switch head := rb.head; {
+		case r.GetBody != nil:
+			// The caller's replays the same bytes; keeping it saves a closure.
+		case len(head) > 0:
 			rb.gb = func() (io.ReadCloser, error) { return newBytesBody(head), nil }
-		} else {
+		default:
 			rb.gb = noBody
 		}
 		if r.ContentLength <= 0 && len(r.TransferEncoding) == 0 {
