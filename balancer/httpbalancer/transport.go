@@ -175,7 +175,8 @@ func (t *Transport) pickOther(req *inferlb.Request, not string) (balancer.Pick, 
 // through Base. The caller's request is never modified, and its body is
 // closed on every path. A call that fails before any response arrives is
 // retried once on another endpoint when its body can be replayed, the
-// context is live and the Balancer's retry budget allows.
+// context is live and the Balancer's retry budget allows. The response's
+// Request is the request actually sent: its URL names the endpoint.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.URL == nil {
 		if r.Body != nil {
