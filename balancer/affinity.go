@@ -71,42 +71,74 @@ func placementMembers(ms []*endpoint, weights []float64) []cache.Member {
 //
 // (Mirrokni et al.'s bound, weighted by capacity). The ceiling lets an idle
 // group's owners take their keys: without it the bound is below one call.
-func (b *Balancer) withinBound(g *group, i int, now time.Time) bool {
+// Past that bound, an LLM server whose fresh telemetry shows an empty queue is
+// not saturated: continuous batching absorbs the extra call, while a spill
+// costs a cold prefill of the whole prefix elsewhere, so it keeps its keys up
+// to unqueuedSlack times the bound.
+//
+// pressure is the larger of fresh KV-cache usage and GPU memory usage, or -1
+// when neither is known. Near a full KV cache the next long prompt preempts
+// or evicts others, so the caller moves a key off a pressured owner, but only
+// to an endpoint nearby in the key's order that is clearly less pressured:
+// when the whole fleet is that full (saturation), a warm prefix is worth more
+// than the spill, and keys stay home.
+func (b *Balancer) withinBound(g *group, i int, now time.Time) (ok bool, pressure float64) {
 	total := max(g.load.Load(), 0) + 1
-	load := g.members[i].inFlight.Load() + 1
+	load := float64(g.members[i].inFlight.Load() + 1)
 	share := g.weights[i] / g.total * float64(total)
-	if float64(load) <= math.Ceil(b.cfg.loadBound*share) {
-		return true
-	}
-	// Past the in-flight bound, an LLM server whose fresh telemetry shows
-	// an empty queue and room in its KV cache is not saturated: continuous
-	// batching absorbs the extra call, while a spill costs a cold prefill of
-	// the whole prefix elsewhere. It keeps its keys up to the hard cap.
-	if float64(load) > math.Ceil(b.cfg.loadBoundHard*share) {
-		return false
+	if load > math.Ceil(b.cfg.loadBoundHard*share) {
+		return false, -1
 	}
 	var s telemetry.Sample
 	g.members[i].slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
-	w, okW := s.Get(telemetry.Waiting)
+	pressure = -1
 	kv, okKV := s.Get(telemetry.KVCacheUsage)
-	return okW && w == 0 && (!okKV || kv < 0.9)
+	if okKV {
+		pressure = kv
+	}
+	if mem, ok := s.MemoryUsage(); ok {
+		pressure = max(pressure, mem)
+	}
+	if load <= math.Ceil(b.cfg.loadBound*share) {
+		return true, pressure
+	}
+	w, okW := s.Get(telemetry.Waiting)
+	return okW && w == 0 && (!okKV || kv < 0.9), pressure
 }
+
+// Affinity under pressure (see withinBound).
+const (
+	// unqueuedSlack times LoadBound is the hard cap up to which an owner
+	// whose telemetry shows an empty queue keeps its keys. Chosen in the
+	// fleet simulator: see Options.LoadBound.
+	unqueuedSlack = 1.2
+	// pressureSpill is the KV-cache (or GPU memory) usage from which an
+	// owner looks for relief.
+	pressureSpill = 0.95
+	// pressureMargin is how much less pressured the relief must be.
+	pressureMargin = 0.2
+	// pressureLook is how far along the key's order a pressured owner looks
+	// for relief before keeping the key after all.
+	pressureLook = 4
+)
 
 // pickAffine routes req by its affinity key; -1 means "no opinion" (fall
 // back to plain P2C). It walks the key's preference order at most once
 // around the ring and never allocates.
-func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, nowNs int64, panicking bool) int {
+func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c cand) int {
 	if b.sticky == nil {
-		return b.walkAffine(req, g, now, nowNs, panicking)
+		return b.walkAffine(req, g, now, c)
 	}
 	// StickyTTL: follow the key to where it last went while that endpoint
 	// is usable and within bound; its KV cache is the warmest.
 	if v, ok := b.sticky.Get(req.AffinityKey); ok {
-		if i, ok := g.byHash[v]; ok && g.members[i].usable(nowNs, panicking) && b.withinBound(g, i, now) {
-			return i
+		if i, ok := g.byHash[v]; ok && c.ok(g.members[i]) {
+			if in, p := b.withinBound(g, i, now); in && p < pressureSpill {
+				return i
+			}
 		}
 	}
-	i := b.walkAffine(req, g, now, nowNs, panicking)
+	i := b.walkAffine(req, g, now, c)
 	if i >= 0 {
 		b.sticky.Put(req.AffinityKey, g.hashes[i])
 	}
@@ -114,29 +146,48 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, now
 }
 
 // walkAffine follows the key's preference order on the ring.
-func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, nowNs int64, panicking bool) int {
+func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c cand) int {
 	w := g.placement.Walk(req.AffinityKey)
 	first := -1
+	home := -1 // a pressured owner, kept in reserve
+	relief := 0.0
 	n := len(g.members)
 	for steps := 0; steps < 2*n+8; steps++ {
 		i, ok := w.Next()
 		if !ok {
 			break
 		}
-		if i == first || !g.members[i].usable(nowNs, panicking) || !b.withinBound(g, i, now) {
+		if home >= 0 && steps > pressureLook && first < 0 {
+			return home // nothing nearby is better off: stay home
+		}
+		if i == first || i == home || !c.ok(g.members[i]) {
+			continue
+		}
+		in, pressure := b.withinBound(g, i, now)
+		if !in {
 			continue
 		}
 		if steps == 0 || b.cfg.affinity == AffinityStrict {
 			// The owner (or, when strict, the first acceptable endpoint).
 			// A ramping endpoint takes its keys only in proportion to its
 			// ramp, or slow start would be bypassed by affinity traffic.
-			if f := g.members[i].rampFactor(b.cfg, nowNs); f < 1 && float64(b.rand()>>11)/(1<<53) >= f {
+			if f := g.members[i].rampFactor(b.cfg, c.nowNs); f < 1 && float64(b.rand()>>11)/(1<<53) >= f {
+				continue
+			}
+			if pressure >= pressureSpill && home < 0 {
+				home, relief = i, pressure-pressureMargin
 				continue
 			}
 			return i
 		}
+		if home >= 0 && !(pressure >= 0 && pressure <= relief) {
+			continue // not clearly better off than the owner
+		}
 		if first < 0 {
 			first = i
+			if home >= 0 {
+				return first // the nearest unpressured endpoint relieves the owner
+			}
 			continue
 		}
 		sc := b.scorer(req.Service)
@@ -146,5 +197,8 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, now
 		}
 		return first
 	}
-	return first
+	if first >= 0 {
+		return first
+	}
+	return home
 }

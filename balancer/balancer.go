@@ -324,6 +324,18 @@ func (b *Balancer) rand() uint64 { return b.cfg.rand.Uint64() }
 // caller must call Done on the returned Pick exactly once when the call ends
 // (later calls are no-ops). It returns ErrNoEndpoints when nothing can serve req.
 func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
+	return b.pick(req, "")
+}
+
+// PickExcept is Pick for a failover: it never returns the endpoint whose ID
+// is exclude (the one that just failed), and returns ErrNoEndpoints when no
+// other endpoint can serve req. The affinity key still steers it: the key's
+// next endpoint in preference order takes the retry.
+func (b *Balancer) PickExcept(req *inferlb.Request, exclude string) (Pick, error) {
+	return b.pick(req, exclude)
+}
+
+func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
 	snap := b.snap.Load()
 	if snap == nil {
 		return Pick{}, ErrNoEndpoints
@@ -342,18 +354,19 @@ func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
 	if !panicking && st.good == 0 {
 		return Pick{}, ErrNoEndpoints
 	}
+	c := cand{nowNs: nowNs, panicking: panicking, exclude: exclude}
 	if req.AffinityKey != 0 && g.placement != nil {
-		if i := b.pickAffine(req, g, now, nowNs, panicking); i >= 0 {
+		if i := b.pickAffine(req, g, now, c); i >= 0 {
 			return b.acquire(g.members[i], req, nowNs), nil
 		}
 	}
-	i := b.draw(g, nowNs, panicking, -1)
+	i := b.draw(g, c, -1)
 	if i < 0 {
 		return Pick{}, ErrNoEndpoints
 	}
 	choice := i
 	if len(g.members) > 1 {
-		if j := b.draw(g, nowNs, panicking, i); j >= 0 {
+		if j := b.draw(g, c, i); j >= 0 {
 			sc := b.scorer(req.Service)
 			ci, cj := b.cost(sc, req, g, i, now), b.cost(sc, req, g, j, now)
 			if cj < ci || (cj == ci && b.rand()&1 == 1) {
@@ -362,6 +375,17 @@ func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
 		}
 	}
 	return b.acquire(g.members[choice], req, nowNs), nil
+}
+
+// cand is what decides whether a member may be a candidate for one pick.
+type cand struct {
+	nowNs     int64
+	panicking bool
+	exclude   string // an endpoint ID to skip (failover); "" for none
+}
+
+func (c *cand) ok(e *endpoint) bool {
+	return e.usable(c.nowNs, c.panicking) && (c.exclude == "" || e.id != c.exclude)
 }
 
 func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {
@@ -374,14 +398,14 @@ func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {
 // draw samples a usable member other than not, by capacity weight and slow
 // start. After drawTries rejections it scans from a random start, so it
 // terminates in O(n) even when almost nothing is usable; -1 means none.
-func (b *Balancer) draw(g *group, nowNs int64, panicking bool, not int) int {
+func (b *Balancer) draw(g *group, c cand, not int) int {
 	for range drawTries {
 		r := b.rand()
 		i := g.sample(r)
-		if i == not || !g.members[i].usable(nowNs, panicking) {
+		if i == not || !c.ok(g.members[i]) {
 			continue
 		}
-		if f := g.members[i].rampFactor(b.cfg, nowNs); f < 1 {
+		if f := g.members[i].rampFactor(b.cfg, c.nowNs); f < 1 {
 			// Accept a ramping endpoint with probability f, which scales its
 			// share of candidacies by f, like a weight of w*f.
 			if float64(b.rand()>>11)/(1<<53) >= f {
@@ -394,7 +418,7 @@ func (b *Balancer) draw(g *group, nowNs int64, panicking bool, not int) int {
 	start := int(b.rand() % uint64(n))
 	for k := range n {
 		i := (start + k) % n
-		if i != not && g.members[i].usable(nowNs, panicking) {
+		if i != not && c.ok(g.members[i]) {
 			return i
 		}
 	}
