@@ -46,8 +46,11 @@
 // be sent again (the caller set GetBody, or the whole body fit in the peek),
 // its context is live, and the Balancer's retry budget allows (at most
 // RetryRatio of traffic, default 20%, plus RetryFloor per second). The failed
-// attempt is reported as a failure first. A call is never retried once a
-// response has started: the caller may already hold part of it.
+// attempt is reported as a failure first, and the retry goes through
+// Balancer.PickExcept, so it never lands on the endpoint that just failed; an
+// affinity key sends it to the next endpoint in the key's order. A call is
+// never retried once a response has started: the caller may already hold
+// part of it.
 //
 // # Cost
 //
@@ -61,12 +64,4 @@
 // lock-free. The caller's request is never modified: each attempt sends a
 // shallow copy with its own URL (and its own header map only when a header
 // is added).
-//
-// # Departures from the design notes
-//
-// The core's Pick takes no "not this endpoint" argument, so failover draws
-// up to 16 times to get an endpoint other than the one that failed,
-// returning unused picks with a neutral (canceled) outcome, and drops the
-// request's affinity key for the retry (the key's owner is the endpoint that
-// just failed, and stays its owner until its breaker trips).
 package httpbalancer

@@ -146,30 +146,6 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 
 var errNilURL = errors.New("inferlb: httpbalancer: request has a nil URL")
 
-// errUnusedPick is the outcome of a pick the transport drew and did not use
-// (failover asked for a different endpoint and got the same one). It wraps
-// context.Canceled so the balancer counts it as neither success nor failure.
-var errUnusedPick = fmt.Errorf("inferlb: httpbalancer: pick not used: %w", context.Canceled)
-
-// otherDraws bounds how often pickOther redraws to avoid the endpoint that
-// just failed. Until its breaker trips, that endpoint can still win a P2C
-// comparison (its error rate is one failure old); each draw lands on it with
-// probability at most about one half, so 16 draws miss another endpoint with
-// odds of about 1 in 65,000 even in a two-endpoint fleet. Only retries pay.
-const otherDraws = 16
-
-// pickOther picks for req, avoiding the endpoint not (the one that just
-// failed) when the balancer offers another within otherDraws draws. The
-// balancer's Pick has no exclusion parameter; see the package notes.
-func (t *Transport) pickOther(req *inferlb.Request, not string) (balancer.Pick, error) {
-	p, err := t.b.Pick(req)
-	for tries := 0; err == nil && not != "" && p.ID() == not && tries < otherDraws; tries++ {
-		p.Done(inferlb.Outcome{Err: errUnusedPick})
-		p, err = t.b.Pick(req)
-	}
-	return p, err
-}
-
 // RoundTrip implements http.RoundTripper. It inspects the request, picks an
 // endpoint, rewrites a shallow copy of the request to it and sends that
 // through Base. The caller's request is never modified, and its body is
@@ -208,7 +184,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		c.start = t.cfg.clock.Now()
 		var err error
-		c.pick, err = t.pickOther(&c.info.Request, failed)
+		c.pick, err = t.b.PickExcept(&c.info.Request, failed) // failed is "" on the first attempt
 		if err != nil {
 			closeBody(body)
 			if failedErr != nil {
@@ -234,11 +210,10 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		if !retry {
 			return nil, err
 		}
+		// The retry never lands on the endpoint that just failed; with an
+		// affinity key it goes to the next endpoint in the key's order, the
+		// one its spills already warm.
 		failed, failedErr = c.pick.ID(), err
-		// The key's owner just failed and would be picked again while it is
-		// still in good standing; the retry goes by load alone. It pays one
-		// cold prefill, which is the price of being served at all.
-		c.info.AffinityKey = 0
 	}
 }
 
