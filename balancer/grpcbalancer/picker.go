@@ -35,9 +35,17 @@ type picker struct {
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	c := callPool.Get().(*call)
 	req := p.request(info, c)
+	st := retryStateFrom(info.Ctx)
+	exclude := st.excluded()
 	for range 1 + maxRepicks {
 		var err error
-		if c.pick, err = p.core.Pick(req); err != nil {
+		c.pick, err = p.core.PickExcept(req, exclude)
+		if err != nil && exclude != "" {
+			// Nothing else can serve: retrying where it failed beats
+			// waiting for a picker that may never come.
+			c.pick, err = p.core.Pick(req)
+		}
+		if err != nil {
 			// Not a status error: wait-for-ready calls wait for the next
 			// picker, others fail with UNAVAILABLE and this message.
 			c.release()
@@ -58,8 +66,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			return res, err
 		}
 		c.core = p.core
-		if st := retryStateFrom(info.Ctx); st != nil {
+		if st != nil {
 			st.core.Store(p.core)
+			id := c.pick.ID()
+			st.picked.Store(&id)
 			c.retry = st
 		}
 		c.perCall = p.cfg.orcaPerCall

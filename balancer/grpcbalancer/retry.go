@@ -19,6 +19,19 @@ import (
 type retryState struct {
 	core     atomic.Pointer[core.Balancer]
 	received atomic.Bool
+	picked   atomic.Pointer[string] // endpoint ID of the current attempt
+	exclude  atomic.Pointer[string] // endpoint the previous attempt failed on
+}
+
+// excluded returns the endpoint ID a retry must avoid, or "".
+func (st *retryState) excluded() string {
+	if st == nil {
+		return ""
+	}
+	if id := st.exclude.Load(); id != nil {
+		return *id
+	}
+	return ""
 }
 
 type retryKey struct{}
@@ -41,8 +54,8 @@ func retryStateFrom(ctx context.Context) *retryState {
 // fit the retry budget of the Balancer that routed the call
 // (Balancer.AllowRetry: RetryRatio of the traffic plus RetryFloor per
 // second, shared with every other adapter on that Balancer), so retries
-// cannot storm a degraded fleet. The failed attempt's Done has already
-// counted the failure, so the retry is unlikely to draw the same endpoint.
+// cannot storm a degraded fleet. The retry is picked with
+// Balancer.PickExcept, so it never lands on the endpoint that just failed.
 //
 // Install it with grpc.WithChainUnaryInterceptor on channels that use the
 // inferlb policy; elsewhere it never retries. gRPC's own transparent retry
@@ -66,6 +79,8 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			if b := st.core.Load(); b == nil || !b.AllowRetry() {
 				return err
 			}
+			// The retry must not land where this attempt died.
+			st.exclude.Store(st.picked.Load())
 		}
 	}
 }
