@@ -20,6 +20,7 @@
 //	balancer/grpcbalancer   gRPC load-balancing policy "inferlb"
 //	balancer/httpbalancer   http.RoundTripper for OpenAI-compatible APIs
 //	telemetry/dcgm, telemetry/modelserver, telemetry/promapi   telemetry sources
+//	metrics                 Prometheus collector over a Balancer
 //	benchmarks, examples    fleet simulator and runnable programs
 //
 // # The life of one request
@@ -61,5 +62,28 @@
 // vLLM's load header are merged per endpoint and per field in a
 // telemetry.Store. Scorers see only fresh fields; a stale or missing field is
 // neutral. The LLM scorer's cost rises steeply (hyperbolically) as KV-cache
-// use, GPU memory or utilization near their ceiling.
+// use, GPU memory or utilization near their ceiling. Affinity reads the same
+// telemetry: an owner with an empty queue keeps its keys a little past the
+// load bound (a spill costs a cold prefill), and an owner near a full KV cache
+// hands them to a clearly emptier neighbour.
+//
+// # Departures from the design notes
+//
+//   - The circuit breaker is consulted at Done, not with gobreaker's
+//     two-step Allow at Pick: Allow takes a mutex and returns a heap closure,
+//     and gobreaker reads the wall clock. The breaker decides when to trip,
+//     probe and close; the balancer's injected clock holds the endpoint out,
+//     and the half-open probe budget is an atomic that Pick reads.
+//   - Slow start scales how often an endpoint is a candidate, not its cost:
+//     scaling both made an idle joiner lose every comparison until its window
+//     ended, a step rather than a ramp.
+//   - The telemetry Store keeps each field with its own observation time, so
+//     a fresh queue depth from the model server is not hidden by a stale GPU
+//     reading from DCGM.
+//   - balancer.New returns *Balancer and panics on invalid Options (a
+//     programming error); configuration parsers call Options.Validate first.
+//   - Balancer.PickExcept serves failover, so a retry never lands on the
+//     endpoint that just failed.
+//   - Choices that the fleet simulator decided are documented with their
+//     figures where they live (Options.LoadBound, Options.StickyTTL).
 package inferlb
