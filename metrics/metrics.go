@@ -18,8 +18,8 @@ type Collector struct {
 	constLbl prometheus.Labels
 
 	inFlight, inFlightTokens, latency, ttft, errRate, ready, breakerOpen, ramp *prometheus.Desc
-	picks, successes, failures, overloads, trips, recoveries, ejections       *prometheus.Desc
-	retries, telemetry                                                        *prometheus.Desc
+	picks, successes, failures, overloads, trips, recoveries, ejections        *prometheus.Desc
+	retries, telemetry                                                         *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
