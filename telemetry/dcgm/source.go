@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sync/errgroup"
 	"net/http"
-	"sync"
 
 	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/internal/promtext"
@@ -51,25 +51,26 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		err  error
 	}
 	results := make([]result, len(s.URLs))
-	sem := make(chan struct{}, par)
-	var wg sync.WaitGroup
+	// Per-target failures are results, not errors that cancel the others,
+	// so every function returns nil; the group only bounds concurrency.
+	var g errgroup.Group
+	g.SetLimit(par)
 	for i, url := range s.URLs {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
+		g.Go(func() error {
 			body, err := promtext.Fetch(ctx, s.Client, url, s.MaxBodyBytes)
 			if err != nil {
 				results[i].err = fmt.Errorf("dcgm: scrape: %w", err)
-				return
+				return nil
 			}
 			gpus, err := parseBytes(body)
 			if err != nil {
 				err = fmt.Errorf("%s: %w", url, err)
 			}
 			results[i] = result{gpus: gpus, err: err}
+			return nil
 		})
 	}
-	wg.Wait()
+	_ = g.Wait()
 	var all []GPU
 	var first error
 	failed, partial := 0, 0

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sync/errgroup"
 	"net/http"
-	"sync"
 
 	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/internal/promtext"
@@ -65,21 +65,22 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		err error
 	}
 	results := make([]result, len(targets))
-	sem := make(chan struct{}, par)
-	var wg sync.WaitGroup
+	// Per-target failures are results, not errors that cancel the others,
+	// so every function returns nil; the group only bounds concurrency.
+	var g errgroup.Group
+	g.SetLimit(par)
 	for i, t := range targets {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
+		g.Go(func() error {
 			sample, err := s.scrape(ctx, t)
 			if err != nil && !errors.Is(err, telemetry.ErrPartial) {
 				results[i].err = fmt.Errorf("endpoint %q: %w", t.EndpointID, err)
-				return
+				return nil
 			}
 			results[i] = result{obs: telemetry.Observation{EndpointID: t.EndpointID, Sample: sample}, ok: true}
+			return nil
 		})
 	}
-	wg.Wait()
+	_ = g.Wait()
 	var obs []telemetry.Observation
 	var first error
 	failed := 0
