@@ -120,14 +120,18 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	switch {
 	case b.cacheKey != "":
 		info.AffinityKey = o.Keyer.Session(b.cacheKey)
-	case len(b.messages) > 0 || b.system != "":
-		msgs := b.messages
-		if b.system != "" || b.hasText { // /v1/responses: instructions, input items or text
-			msgs = make([]cache.Message, 0, len(b.messages)+2)
+	case b.messageCount() > 0 || b.system != "":
+		msgs := b.msgs[:b.nmsg] // on this stack; Keyer.Chat retains nothing
+		if b.system != "" || b.hasText || len(b.more) > 0 {
+			// /v1/responses (instructions, input items or text), or more
+			// messages than msgs holds.
+			var buf [len(b.msgs) + 2]cache.Message
+			msgs = buf[:0]
 			if b.system != "" {
 				msgs = append(msgs, cache.Message{Role: "system", Content: b.system})
 			}
-			msgs = append(msgs, b.messages...)
+			msgs = append(msgs, b.msgs[:b.nmsg]...)
+			msgs = append(msgs, b.more...)
 			if b.hasText {
 				msgs = append(msgs, cache.Message{Role: "user", Content: b.prompt})
 			}

@@ -3,6 +3,7 @@ package httpbalancer
 import (
 	"bytes"
 	"encoding/json"
+	"unsafe"
 
 	"github.com/inferlb/inferlb/cache"
 )
@@ -102,6 +103,20 @@ func decode(raw, quoted []byte, esc bool) string {
 	}
 	return string(raw)
 }
+
+// view is decode for text that does not outlive the parse: an unescaped
+// string aliases the body instead of being copied.
+func view(raw, quoted []byte, esc bool) string {
+	if esc {
+		return decode(raw, quoted, esc)
+	}
+	return alias(raw)
+}
+
+// alias returns b as a string without copying. The caller guarantees that
+// b is not modified while the string is in use: here, the body being
+// parsed, which Inspect must not modify and must not retain.
+func alias(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 func isDelim(c byte) bool {
 	switch c {
@@ -242,20 +257,28 @@ func (s *scanner) array(elem func() bool) bool {
 type body struct {
 	model     string
 	stream    bool
-	maxTokens int // the largest of max_tokens, max_completion_tokens, max_output_tokens
-	chars     int // bytes of prompt text seen (message contents, prompt, input), as sent
-	cacheKey  string
+	maxTokens int    // the largest of max_tokens, max_completion_tokens, max_output_tokens
+	chars     int    // bytes of prompt text seen (message contents, prompt, input), as sent
+	cacheKey  string // may alias the body, like the fields below
 
-	// keyed is set when the fields below should be collected (LLM calls);
-	// collecting them allocates one string per message.
-	keyed    bool
-	system   string          // /v1/responses instructions
-	messages []cache.Message // chat messages (or responses input items), complete ones only
-	prompt   string          // completions prompt, or responses input given as a string
-	hasText  bool            // prompt is set
-	parts    []byte          // scratch for joining content parts
-	single   []byte          // the current message's text while it is one unescaped piece
-	nparts   int             // pieces of text in the current message
+	// keyed is set when the fields below should be collected (LLM calls).
+	// Their strings alias the body being parsed (see view) unless the text
+	// has escapes or several parts: they must not outlive the Inspect call
+	// that parsed it, and do not (they go to the Keyer and no further).
+	keyed  bool
+	system string // /v1/responses instructions
+	// The chat messages (or responses input items), complete ones only:
+	// the first nmsg are in msgs, any more in more. A fixed array rather
+	// than a slice of it, so that body holds no pointer into itself and
+	// can live on Inspect's stack.
+	msgs    [4]cache.Message
+	nmsg    int
+	more    []cache.Message
+	prompt  string // completions prompt, or responses input given as a string
+	hasText bool   // prompt is set
+	parts   []byte // scratch for joining content parts
+	single  []byte // the current message's text while it is one unescaped piece
+	nparts  int    // pieces of text in the current message
 
 	// Keyer.Chat reads messages only through the first user message (what
 	// every later turn repeats), so the texts of later ones are counted, not
@@ -269,9 +292,6 @@ type body struct {
 // "inputs" too). It never fails: what it cannot read stays zero.
 func parseBody(b []byte, keyed bool, out *body) {
 	out.keyed = keyed
-	if keyed {
-		out.messages = make([]cache.Message, 0, 2) // system + first user, usually
-	}
 	s := &scanner{b: b}
 	s.object(func(key []byte) bool {
 		switch string(key) {
@@ -317,7 +337,7 @@ func parseBody(b []byte, keyed bool, out *body) {
 			}
 			out.chars += len(raw)
 			if out.keyed {
-				out.system = decode(raw, quoted, esc)
+				out.system = view(raw, quoted, esc)
 			}
 			return true
 		case "prompt_cache_key":
@@ -325,8 +345,10 @@ func parseBody(b []byte, keyed bool, out *body) {
 			if s.peek() != '"' {
 				return s.skip()
 			}
-			v, ok := s.text()
-			out.cacheKey = v
+			raw, quoted, esc, ok := s.str()
+			if ok {
+				out.cacheKey = view(raw, quoted, esc) // goes to Keyer.Session only
+			}
 			return ok
 		}
 		return s.skip()
@@ -344,7 +366,7 @@ func (s *scanner) promptValue(out *body) bool {
 		}
 		out.chars += len(raw)
 		if out.keyed && !out.hasText {
-			out.prompt, out.hasText = decode(raw, quoted, esc), true
+			out.prompt, out.hasText = view(raw, quoted, esc), true
 		}
 		return true
 	case '[':
@@ -357,7 +379,7 @@ func (s *scanner) promptValue(out *body) bool {
 					if out.keyed && !out.hasText {
 						// A batch of prompts: key on the first, which is
 						// where a shared prefix would be.
-						out.prompt, out.hasText = decode(raw, quoted, esc), true
+						out.prompt, out.hasText = view(raw, quoted, esc), true
 					}
 				}
 				return ok
@@ -404,16 +426,30 @@ func (s *scanner) message(out *body) bool {
 		return s.skip()
 	})
 	if ok && out.collect {
-		content := out.single // one unescaped string: copy it once, not twice
-		if out.nparts != 1 || content == nil {
-			content = out.parts
+		var content string
+		if out.nparts == 1 && out.single != nil {
+			content = alias(out.single) // one unescaped string: no copy
+		} else {
+			content = string(out.parts) // parts is reused by the next message
 		}
-		out.messages = append(out.messages, cache.Message{Role: role, Content: string(content)})
+		out.addMessage(cache.Message{Role: role, Content: content})
 		out.userSeen = role == "user"
 	}
 	out.collect = false
 	return ok
 }
+
+func (out *body) addMessage(m cache.Message) {
+	if out.nmsg < len(out.msgs) {
+		out.msgs[out.nmsg] = m
+		out.nmsg++
+		return
+	}
+	out.more = append(out.more, m)
+}
+
+// messageCount is the number of messages collected.
+func (out *body) messageCount() int { return out.nmsg + len(out.more) }
 
 // content reads a message's content, appending its text to out.parts.
 func (s *scanner) content(out *body) bool {
