@@ -3,6 +3,7 @@ package httpbalancer
 import (
 	"bytes"
 	"encoding/json"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/inferlb/inferlb/cache"
@@ -84,16 +85,6 @@ func (s *scanner) str() (raw, quoted []byte, esc, ok bool) {
 	return nil, nil, false, false
 }
 
-// text reads a string and decodes it. Decoding allocates; callers that only
-// need a length use str.
-func (s *scanner) text() (string, bool) {
-	raw, quoted, esc, ok := s.str()
-	if !ok {
-		return "", false
-	}
-	return decode(raw, quoted, esc), true
-}
-
 func decode(raw, quoted []byte, esc bool) string {
 	if esc {
 		var v string
@@ -117,6 +108,35 @@ func view(raw, quoted []byte, esc bool) string {
 // b is not modified while the string is in use: here, the body being
 // parsed, which Inspect must not modify and must not retain.
 func alias(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// models holds recently seen model names, so that the string Info keeps
+// for the model (which outlives the call: Result.Request, the balancer's
+// model groups) is shared by the calls naming the same model rather than
+// allocated per call. A fleet serves a handful of models; a slot that two
+// alternate between, or a stream of made-up names, costs one allocation more
+// per miss than no cache, and the table holds at most len(models) names of
+// at most maxInternModel bytes.
+var models [64]atomic.Pointer[string]
+
+const maxInternModel = 256
+
+// internModel is decode for the model name, from the cache when it is there.
+func internModel(raw, quoted []byte, esc bool) string {
+	if esc || len(raw) > maxInternModel {
+		return decode(raw, quoted, esc)
+	}
+	h := uint32(2166136261) // FNV-1a
+	for _, c := range raw {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	slot := &models[h%uint32(len(models))]
+	if p := slot.Load(); p != nil && *p == string(raw) {
+		return *p
+	}
+	m := string(raw)
+	slot.Store(&m)
+	return m
+}
 
 func isDelim(c byte) bool {
 	switch c {
@@ -302,8 +322,10 @@ func parseBody(b []byte, keyed bool, out *body) {
 			if s.peek() != '"' {
 				return s.skip()
 			}
-			v, ok := s.text()
-			out.model = v
+			raw, quoted, esc, ok := s.str()
+			if ok {
+				out.model = internModel(raw, quoted, esc)
+			}
 			return ok
 		case "stream":
 			out.stream = false
