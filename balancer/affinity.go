@@ -167,6 +167,9 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if !in {
 			continue
 		}
+		if home >= 0 && !(pressure >= 0 && pressure <= relief) {
+			continue // not clearly better off than the pressured owner
+		}
 		if steps == 0 || b.cfg.affinity == AffinityStrict {
 			// The owner (or, when strict, the first acceptable endpoint).
 			// A ramping endpoint takes its keys only in proportion to its
@@ -179,9 +182,6 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 				continue
 			}
 			return i
-		}
-		if home >= 0 && !(pressure >= 0 && pressure <= relief) {
-			continue // not clearly better off than the owner
 		}
 		if first < 0 {
 			first = i

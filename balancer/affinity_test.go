@@ -289,8 +289,14 @@ func TestStickyFollowsTheKeyAfterASpill(t *testing.T) {
 }
 
 func TestPressuredOwnerPassesKeysOnlyToClearlyEmptierNeighbours(t *testing.T) {
+	for _, mode := range []balancer.AffinityMode{balancer.AffinityPrefer, balancer.AffinityStrict} {
+		t.Run(mode.String(), func(t *testing.T) { testPressuredOwner(t, mode) })
+	}
+}
+
+func testPressuredOwner(t *testing.T, mode balancer.AffinityMode) {
 	clock := testutil.NewClock()
-	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(13)})
+	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(13), Affinity: mode})
 	var keys []uint64
 	for k := uint64(1); len(keys) < 100; k++ {
 		if owner(t, b, k*0x9e3779b97f4a7c15) == endpoints(8)[0].Addr {

@@ -43,8 +43,6 @@ func newBlockPool(n int) *blockPool {
 	return p
 }
 
-func (p *blockPool) total() int { return len(p.ref) }
-
 // usage is vLLM's kv_cache_usage_perc: the fraction of blocks held by running
 // sequences. Cached but unreferenced blocks count as free, as in vLLM.
 func (p *blockPool) usage() float64 {
