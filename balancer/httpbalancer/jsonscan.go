@@ -2,7 +2,9 @@ package httpbalancer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"math/bits"
 	"sync/atomic"
 	"unsafe"
 
@@ -57,13 +59,56 @@ func (s *scanner) eat(c byte) bool {
 
 // str reads a string. raw is the text between the quotes, quoted includes
 // them; esc reports escape sequences (raw is then not the decoded value).
-// It jumps from quote to quote with IndexByte (vectorized): prompt text is
-// most of a body and has few quotes.
+// Keys, roles and model names are short: str looks for the closing quote
+// (or a backslash) eight bytes at a time, which ends a short string before
+// bytes.IndexByte would have finished its setup. Past shortStr bytes it
+// hands over to longStr's IndexByte (vectorized): prompt text is most of a
+// body and has few quotes.
 func (s *scanner) str() (raw, quoted []byte, esc, ok bool) {
 	if s.peek() != '"' {
 		return nil, nil, false, false
 	}
-	start := s.i + 1
+	b, start := s.b, s.i+1
+	j := start
+	for ; j+8 <= len(b); j += 8 {
+		if m := quoteOrBackslash(binary.LittleEndian.Uint64(b[j:])); m != 0 {
+			j += bits.TrailingZeros64(m) >> 3
+			goto found
+		}
+		if j-start >= shortStr {
+			return s.longStr(start)
+		}
+	}
+	for ; j < len(b); j++ {
+		if c := b[j]; c == '"' || c == '\\' {
+			goto found
+		}
+	}
+	return s.longStr(start) // unterminated
+found:
+	if b[j] != '"' {
+		return s.longStr(start) // an escape: count backslashes there
+	}
+	s.i = j + 1
+	return b[start:j], b[start-1 : j+1], false, true
+}
+
+// shortStr is how far str looks eight bytes at a time.
+const shortStr = 64
+
+// quoteOrBackslash has the high bit set in the byte of x (little endian)
+// that is the first '"' or '\\', and possibly in later ones; 0 if none.
+// The classic "has a zero byte" test on x XOR the repeated character: a
+// borrow can only mark bytes above a true match, so the lowest mark is exact.
+func quoteOrBackslash(x uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q := x ^ (ones * '"')
+	bs := x ^ (ones * '\\')
+	return ((q-ones)&^q | (bs-ones)&^bs) & highs
+}
+
+// longStr finishes str for a string that starts at start (after the quote).
+func (s *scanner) longStr(start int) (raw, quoted []byte, esc, ok bool) {
 	for j := start; j <= len(s.b); {
 		k := bytes.IndexByte(s.b[j:], '"')
 		if k < 0 {
@@ -223,54 +268,47 @@ func (s *scanner) integer() (int, bool) {
 	return n, true
 }
 
-// object calls field for every key of the object at the cursor; field must
-// consume the value. It reports whether the whole object was read.
-func (s *scanner) object(field func(key []byte) bool) bool {
-	if s.peek() != '{' {
-		return s.skip() // not an object: nothing to read, but step over it
+// Objects and arrays are read with these two steps in a loop rather than
+// with a callback per member: a call through a closure per key costs more
+// than the key itself on a small body.
+const (
+	member = iota // a member follows (for objects, its key and colon are read)
+	closed        // the closing bracket was read: the whole value was read
+	broken        // the value ends badly (truncated or malformed)
+)
+
+// nextKey reads the next key of the object whose '{' was read, and its
+// colon. first is true right after the '{'.
+func (s *scanner) nextKey(first bool) (key []byte, esc bool, st int) {
+	if first {
+		if s.eat('}') {
+			return nil, false, closed
+		}
+	} else if !s.eat(',') {
+		if s.eat('}') {
+			return nil, false, closed
+		}
+		return nil, false, broken
 	}
-	s.i++
-	if s.eat('}') {
-		return true
+	key, _, esc, ok := s.str()
+	if !ok || !s.eat(':') {
+		return nil, false, broken
 	}
-	for {
-		key, _, esc, ok := s.str()
-		if !ok || !s.eat(':') {
-			return false
-		}
-		if esc { // no field we read is spelled with escapes
-			ok = s.skip()
-		} else {
-			ok = field(key)
-		}
-		if !ok {
-			return false
-		}
-		if s.eat(',') {
-			continue
-		}
-		return s.eat('}')
-	}
+	return key, esc, member
 }
 
-// array calls elem for every element of the array at the cursor; elem must
-// consume the value. It reports whether the whole array was read.
-func (s *scanner) array(elem func() bool) bool {
-	if !s.eat('[') {
-		return false
+// nextElem steps to the next element of the array whose '[' was read.
+// first is true right after the '['.
+func (s *scanner) nextElem(first bool) int {
+	switch {
+	case first && s.eat(']'):
+		return closed
+	case first || s.eat(','):
+		return member
+	case s.eat(']'):
+		return closed
 	}
-	if s.eat(']') {
-		return true
-	}
-	for {
-		if !elem() {
-			return false
-		}
-		if s.eat(',') {
-			continue
-		}
-		return s.eat(']')
-	}
+	return broken
 }
 
 // body is what the OpenAI inspector reads from a request body.
@@ -313,68 +351,108 @@ type body struct {
 func parseBody(b []byte, keyed bool, out *body) {
 	out.keyed = keyed
 	s := &scanner{b: b}
-	s.object(func(key []byte) bool {
-		switch string(key) {
-		// A repeated key overrides, as in encoding/json; a value of the
-		// wrong type clears the field rather than ending the scan.
-		case "model":
-			out.model = ""
-			if s.peek() != '"' {
-				return s.skip()
-			}
-			raw, quoted, esc, ok := s.str()
-			if ok {
-				out.model = internModel(raw, quoted, esc)
-			}
-			return ok
-		case "stream":
-			out.stream = false
-			if c := s.peek(); c != 't' && c != 'f' {
-				return s.skip()
-			}
-			lit, ok := s.scalar()
-			out.stream = ok && string(lit) == "true"
-			return ok
-		case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
-			n, ok := s.integer()
-			out.maxTokens = max(out.maxTokens, n)
-			return ok
-		case "parameters": // TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}}
-			return s.object(func(key []byte) bool {
-				if string(key) == "max_new_tokens" {
-					n, ok := s.integer()
-					out.maxTokens = max(out.maxTokens, n)
-					return ok
-				}
-				return s.skip()
-			})
-		case "messages":
-			return s.messages(out)
-		case "prompt", "input", "inputs", "query", "documents", "texts":
-			return s.promptValue(out)
-		case "instructions":
-			raw, quoted, esc, ok := s.str()
-			if !ok {
-				return s.skip()
-			}
-			out.chars += len(raw)
-			if out.keyed {
-				out.system = view(raw, quoted, esc)
-			}
-			return true
-		case "prompt_cache_key":
-			out.cacheKey = ""
-			if s.peek() != '"' {
-				return s.skip()
-			}
-			raw, quoted, esc, ok := s.str()
-			if ok {
-				out.cacheKey = view(raw, quoted, esc) // goes to Keyer.Session only
-			}
-			return ok
+	if s.peek() != '{' {
+		return
+	}
+	s.i++
+	for first := true; ; first = false {
+		key, esc, st := s.nextKey(first)
+		if st != member {
+			return
 		}
-		return s.skip()
-	})
+		var ok bool
+		if esc { // no field we read is spelled with escapes
+			ok = s.skip()
+		} else {
+			ok = s.field(key, out)
+		}
+		if !ok {
+			return
+		}
+	}
+}
+
+// field reads the value of one top-level key. It reports false when the
+// body cannot be read further.
+func (s *scanner) field(key []byte, out *body) bool {
+	switch string(key) {
+	// A repeated key overrides, as in encoding/json; a value of the
+	// wrong type clears the field rather than ending the scan.
+	case "model":
+		out.model = ""
+		if s.peek() != '"' {
+			return s.skip()
+		}
+		raw, quoted, esc, ok := s.str()
+		if ok {
+			out.model = internModel(raw, quoted, esc)
+		}
+		return ok
+	case "messages":
+		return s.messages(out)
+	case "stream":
+		out.stream = false
+		if c := s.peek(); c != 't' && c != 'f' {
+			return s.skip()
+		}
+		lit, ok := s.scalar()
+		out.stream = ok && string(lit) == "true"
+		return ok
+	case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
+		n, ok := s.integer()
+		out.maxTokens = max(out.maxTokens, n)
+		return ok
+	case "parameters": // TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}}
+		return s.parameters(out)
+	case "prompt", "input", "inputs", "query", "documents", "texts":
+		return s.promptValue(out)
+	case "instructions":
+		raw, quoted, esc, ok := s.str()
+		if !ok {
+			return s.skip()
+		}
+		out.chars += len(raw)
+		if out.keyed {
+			out.system = view(raw, quoted, esc)
+		}
+		return true
+	case "prompt_cache_key":
+		out.cacheKey = ""
+		if s.peek() != '"' {
+			return s.skip()
+		}
+		raw, quoted, esc, ok := s.str()
+		if ok {
+			out.cacheKey = view(raw, quoted, esc) // goes to Keyer.Session only
+		}
+		return ok
+	}
+	return s.skip()
+}
+
+// parameters reads TGI's parameters object for max_new_tokens.
+func (s *scanner) parameters(out *body) bool {
+	if s.peek() != '{' {
+		return s.skip() // not an object: nothing to read, but step over it
+	}
+	s.i++
+	for first := true; ; first = false {
+		key, esc, st := s.nextKey(first)
+		if st != member {
+			return st == closed
+		}
+		var ok bool
+		if !esc && string(key) == "max_new_tokens" {
+			var n int
+			n, ok = s.integer()
+			out.maxTokens = max(out.maxTokens, n)
+		} else {
+			ok = s.skip()
+		}
+		if !ok {
+			return false
+		}
+	}
 }
 
 // promptValue reads a prompt or input: a string, a list of strings or token
@@ -392,28 +470,48 @@ func (s *scanner) promptValue(out *body) bool {
 		}
 		return true
 	case '[':
-		return s.array(func() bool {
-			switch s.peek() {
-			case '"':
-				raw, quoted, esc, ok := s.str()
-				if ok {
-					out.chars += len(raw)
-					if out.keyed && !out.hasText {
-						// A batch of prompts: key on the first, which is
-						// where a shared prefix would be.
-						out.prompt, out.hasText = view(raw, quoted, esc), true
-					}
-				}
-				return ok
-			case '{':
-				return s.message(out)
-			case '[': // a batch of token-ID lists
-				return s.array(func() bool { out.chars += 4; return s.skip() })
+		s.i++
+		for first := true; ; first = false {
+			if st := s.nextElem(first); st != member {
+				return st == closed
 			}
-			out.chars += 4 // a token ID is one token: four characters' worth
-			return s.skip()
-		})
+			if !s.promptElem(out) {
+				return false
+			}
+		}
 	}
+	return s.skip()
+}
+
+// promptElem reads one element of a prompt or input list.
+func (s *scanner) promptElem(out *body) bool {
+	switch s.peek() {
+	case '"':
+		raw, quoted, esc, ok := s.str()
+		if ok {
+			out.chars += len(raw)
+			if out.keyed && !out.hasText {
+				// A batch of prompts: key on the first, which is
+				// where a shared prefix would be.
+				out.prompt, out.hasText = view(raw, quoted, esc), true
+			}
+		}
+		return ok
+	case '{':
+		return s.message(out)
+	case '[': // a batch of token-ID lists
+		s.i++
+		for first := true; ; first = false {
+			if st := s.nextElem(first); st != member {
+				return st == closed
+			}
+			out.chars += 4
+			if !s.skip() {
+				return false
+			}
+		}
+	}
+	out.chars += 4 // a token ID is one token: four characters' worth
 	return s.skip()
 }
 
@@ -421,7 +519,15 @@ func (s *scanner) messages(out *body) bool {
 	if s.peek() != '[' {
 		return s.skip()
 	}
-	return s.array(func() bool { return s.message(out) })
+	s.i++
+	for first := true; ; first = false {
+		if st := s.nextElem(first); st != member {
+			return st == closed
+		}
+		if !s.message(out) {
+			return false
+		}
+	}
 }
 
 // message reads one chat message or responses input item:
@@ -430,23 +536,37 @@ func (s *scanner) message(out *body) bool {
 	if s.peek() != '{' {
 		return s.skip()
 	}
+	s.i++
 	var role string
 	out.parts, out.single, out.nparts = out.parts[:0], nil, 0
 	out.collect = out.keyed && !out.userSeen
-	ok := s.object(func(key []byte) bool {
-		switch string(key) {
-		case "role":
-			raw, quoted, esc, ok := s.str()
-			if !ok {
-				return s.skip()
-			}
-			role = internRole(raw, quoted, esc)
-			return true
-		case "content", "text":
-			return s.content(out)
+	ok := false
+	for first := true; ; first = false {
+		key, esc, st := s.nextKey(first)
+		if st != member {
+			ok = st == closed
+			break
 		}
-		return s.skip()
-	})
+		switch {
+		case esc:
+			ok = s.skip()
+		case string(key) == "role":
+			raw, quoted, esc, ok2 := s.str()
+			if ok2 {
+				role = internRole(raw, quoted, esc)
+				ok = true
+			} else {
+				ok = s.skip()
+			}
+		case string(key) == "content" || string(key) == "text":
+			ok = s.content(out)
+		default:
+			ok = s.skip()
+		}
+		if !ok {
+			break
+		}
+	}
 	if ok && out.collect {
 		var content string
 		if out.nparts == 1 && out.single != nil {
@@ -486,27 +606,45 @@ func (s *scanner) content(out *body) bool {
 		}
 		return ok
 	case '[':
-		return s.array(func() bool {
-			if s.peek() != '{' {
-				return s.skip()
+		s.i++
+		for first := true; ; first = false {
+			if st := s.nextElem(first); st != member {
+				return st == closed
 			}
-			return s.object(func(key []byte) bool {
-				if string(key) != "text" {
-					return s.skip()
-				}
-				raw, quoted, esc, ok := s.str()
-				if !ok {
-					return s.skip()
-				}
-				out.chars += len(raw)
-				if out.collect {
-					out.addPart(raw, quoted, esc)
-				}
-				return true
-			})
-		})
+			if !s.contentPart(out) {
+				return false
+			}
+		}
 	}
 	return s.skip()
+}
+
+// contentPart reads one element of a content list: {"type": ..., "text": ...}.
+func (s *scanner) contentPart(out *body) bool {
+	if s.peek() != '{' {
+		return s.skip()
+	}
+	s.i++
+	for first := true; ; first = false {
+		key, esc, st := s.nextKey(first)
+		if st != member {
+			return st == closed
+		}
+		ok := true
+		if esc || string(key) != "text" {
+			ok = s.skip()
+		} else if raw, quoted, esc, ok2 := s.str(); !ok2 {
+			ok = s.skip()
+		} else {
+			out.chars += len(raw)
+			if out.collect {
+				out.addPart(raw, quoted, esc)
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
 }
 
 // addPart collects one piece of a message's text.

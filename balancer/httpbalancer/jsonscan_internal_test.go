@@ -1,0 +1,111 @@
+package httpbalancer
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/inferlb/inferlb/cache"
+)
+
+// scanResult is what parseBody hands to Inspect, without the scratch.
+type scanResult struct {
+	model, cacheKey, system, prompt string
+	stream, hasText                 bool
+	maxTokens, chars                int
+	msgs                            []cache.Message
+}
+
+func scanNew(b []byte, keyed bool) scanResult {
+	var o body
+	parseBody(b, keyed, &o)
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.stream, o.hasText, o.maxTokens, o.chars,
+		slices.Concat(o.msgs[:o.nmsg], o.more)}
+}
+
+func scanRef(b []byte, keyed bool) scanResult {
+	var o refBody
+	refParseBody(b, keyed, &o)
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.stream, o.hasText, o.maxTokens, o.chars,
+		slices.Concat(o.msgs[:o.nmsg], o.more)}
+}
+
+var scanSeeds = []string{
+	`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}],"max_tokens":32,"temperature":0}`,
+	`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5}`,
+	`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]}],"instructions":"y"}`,
+	`{"prompt":[[1,2],[3]],"model":"m"}`,
+	`{"model":"a","model":"b","stream":true,"stream":false}`,
+	`{"messages":[{"content":[{"text":"\ud83d\ude00"},{"text":"b"}],"role":"assistant"},{"role":"user","content":"u"},{"role":"user","content":"v"}]}`,
+	`{ "messages" : [ {"content":"tell me a story", "role":"user"} ], "model":"m", "stream": true }`,
+	`{"model":"a\"b","messages":[{"role":"user","content":"\u00e9t\u00e9"}]}`,
+	`{"model":"m","prompt_cache_key":"s1","messages":[{"role":"user","content":"x"}]}`,
+	`{"inputs":"abcdefgh","parameters":{"max_new_tokens":12,"x":[1,{"a":"]"}]}}`,
+	`{"model":"bge","query":"abcd","documents":["abcdefgh",{"text":"abcd"}],"texts":["q"]}`,
+	`{"model":"` + strings.Repeat("long model name ", 5) + `","messages":[{"role":"system","content":"` + strings.Repeat(`a \"quoted\" \\ text `, 20) + `"}]}`,
+	`{"messages":[{"role":"user","content":"` + strings.Repeat("x", 100) + `\\"}],"model":"m\\\\"}`,
+	`{"\u006dodel":"m","max_tokens":1.5,"max_completion_tokens":7,"stream":"yes"}`,
+	`{"messages":[1,"a",{"role":5,"content":{"x":1}},{"role":"user","content":[1,{"text":5}]}]}`,
+	`[[[[[[[[[[[[[[[[[[[[`,
+	`{"model":"\x`,
+	`{"messages":[{"role":"user","content":"a"},]}`,
+	`{"a":1,}`,
+	"",
+}
+
+// FuzzScannerMatchesReference: the scanner reads exactly what the closure
+// based one it replaced read, on any input, whole or cut anywhere.
+func FuzzScannerMatchesReference(f *testing.F) {
+	for _, s := range scanSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, keyed := range []bool{false, true} {
+			for _, cut := range []int{len(b), len(b) / 2, len(b) - 1} {
+				if cut < 0 {
+					continue
+				}
+				got, want := scanNew(b[:cut], keyed), scanRef(b[:cut], keyed)
+				if !equalScan(got, want) {
+					t.Fatalf("body %q keyed %v:\n got %+v\nwant %+v", b[:cut], keyed, got, want)
+				}
+			}
+		}
+	})
+}
+
+// TestScannerMatchesReference runs the seeds cut at every length.
+func TestScannerMatchesReference(t *testing.T) {
+	for _, s := range scanSeeds {
+		for cut := 0; cut <= len(s); cut++ {
+			for _, keyed := range []bool{false, true} {
+				b := []byte(s[:cut])
+				if got, want := scanNew(b, keyed), scanRef(b, keyed); !equalScan(got, want) {
+					t.Fatalf("body %q keyed %v:\n got %+v\nwant %+v", b, keyed, got, want)
+				}
+			}
+		}
+	}
+}
+
+func equalScan(a, b scanResult) bool {
+	return a.model == b.model && a.cacheKey == b.cacheKey && a.system == b.system && a.prompt == b.prompt &&
+		a.stream == b.stream && a.hasText == b.hasText && a.maxTokens == b.maxTokens && a.chars == b.chars &&
+		slices.Equal(a.msgs, b.msgs)
+}
+
+func BenchmarkParseBody(b *testing.B) {
+	in := []byte(scanSeeds[0])
+	b.Run("new", func(b *testing.B) {
+		for b.Loop() {
+			var o body
+			parseBody(in, true, &o)
+		}
+	})
+	b.Run("ref", func(b *testing.B) {
+		for b.Loop() {
+			var o refBody
+			refParseBody(in, true, &o)
+		}
+	})
+}

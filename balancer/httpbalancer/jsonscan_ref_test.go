@@ -1,0 +1,489 @@
+// The scanner as it was at c66efec, before it lost its closures: the
+// reference that FuzzScannerMatchesReference holds the current one to.
+
+package httpbalancer
+
+import (
+	"bytes"
+	"encoding/json"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/inferlb/inferlb/cache"
+)
+
+type refScanner struct {
+	b []byte
+	i int
+}
+
+func (s *refScanner) ws() {
+	if s.i < len(s.b) && s.b[s.i] > ' ' {
+		return
+	}
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *refScanner) peek() byte {
+	s.ws()
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *refScanner) eat(c byte) bool {
+	if s.peek() == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+func (s *refScanner) str() (raw, quoted []byte, esc, ok bool) {
+	if s.peek() != '"' {
+		return nil, nil, false, false
+	}
+	start := s.i + 1
+	for j := start; j <= len(s.b); {
+		k := bytes.IndexByte(s.b[j:], '"')
+		if k < 0 {
+			break
+		}
+		q := j + k
+		bs := 0
+		for p := q - 1; p >= start && s.b[p] == '\\'; p-- {
+			bs++
+		}
+		if bs%2 == 0 {
+			raw = s.b[start:q]
+			s.i = q + 1
+			return raw, s.b[start-1 : q+1], bytes.IndexByte(raw, '\\') >= 0, true
+		}
+		j = q + 1
+	}
+	s.i = len(s.b)
+	return nil, nil, false, false
+}
+
+func refDecode(raw, quoted []byte, esc bool) string {
+	if esc {
+		var v string
+		if json.Unmarshal(quoted, &v) == nil {
+			return v
+		}
+	}
+	return string(raw)
+}
+
+func refView(raw, quoted []byte, esc bool) string {
+	if esc {
+		return refDecode(raw, quoted, esc)
+	}
+	return refAlias(raw)
+}
+
+func refAlias(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+var refModels [64]atomic.Pointer[string]
+
+const refMaxInternModel = 256
+
+func refInternModel(raw, quoted []byte, esc bool) string {
+	if esc || len(raw) > refMaxInternModel {
+		return refDecode(raw, quoted, esc)
+	}
+	h := uint32(2166136261)
+	for _, c := range raw {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	slot := &refModels[h%uint32(len(refModels))]
+	if p := slot.Load(); p != nil && *p == string(raw) {
+		return *p
+	}
+	m := string(raw)
+	slot.Store(&m)
+	return m
+}
+
+func refIsDelim(c byte) bool {
+	switch c {
+	case ',', '}', ']', ' ', '\t', '\n', '\r', ':':
+		return true
+	}
+	return false
+}
+
+func (s *refScanner) skip() bool {
+	s.ws()
+	depth := 0
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; c {
+		case '"':
+			if _, _, _, ok := s.str(); !ok {
+				return false
+			}
+			if depth == 0 {
+				return true
+			}
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth < 0 {
+				return false
+			}
+			if depth == 0 {
+				s.i++
+				return true
+			}
+		default:
+			if depth == 0 {
+				start := s.i
+				for s.i < len(s.b) && !refIsDelim(s.b[s.i]) {
+					s.i++
+				}
+				return s.i > start && s.i < len(s.b)
+			}
+		}
+		s.i++
+	}
+	return false
+}
+
+func (s *refScanner) scalar() ([]byte, bool) {
+	s.ws()
+	start := s.i
+	for s.i < len(s.b) && !refIsDelim(s.b[s.i]) {
+		if c := s.b[s.i]; c == '"' || c == '{' || c == '[' {
+			return nil, false
+		}
+		s.i++
+	}
+	return s.b[start:s.i], s.i > start && s.i < len(s.b)
+}
+
+func (s *refScanner) integer() (int, bool) {
+	if c := s.peek(); c != '-' && (c < '0' || c > '9') {
+		return 0, s.skip()
+	}
+	lit, ok := s.scalar()
+	if !ok {
+		return 0, false
+	}
+	n := 0
+	for _, c := range lit {
+		if c < '0' || c > '9' {
+			return 0, true
+		}
+		n = n*10 + int(c-'0')
+		if n > 1<<31-1 {
+			return 0, true
+		}
+	}
+	return n, true
+}
+
+func (s *refScanner) object(field func(key []byte) bool) bool {
+	if s.peek() != '{' {
+		return s.skip()
+	}
+	s.i++
+	if s.eat('}') {
+		return true
+	}
+	for {
+		key, _, esc, ok := s.str()
+		if !ok || !s.eat(':') {
+			return false
+		}
+		if esc {
+			ok = s.skip()
+		} else {
+			ok = field(key)
+		}
+		if !ok {
+			return false
+		}
+		if s.eat(',') {
+			continue
+		}
+		return s.eat('}')
+	}
+}
+
+func (s *refScanner) array(elem func() bool) bool {
+	if !s.eat('[') {
+		return false
+	}
+	if s.eat(']') {
+		return true
+	}
+	for {
+		if !elem() {
+			return false
+		}
+		if s.eat(',') {
+			continue
+		}
+		return s.eat(']')
+	}
+}
+
+type refBody struct {
+	model     string
+	stream    bool
+	maxTokens int
+	chars     int
+	cacheKey  string
+
+	keyed   bool
+	system  string
+	msgs    [4]cache.Message
+	nmsg    int
+	more    []cache.Message
+	prompt  string
+	hasText bool
+	parts   []byte
+	single  []byte
+	nparts  int
+
+	userSeen bool
+	collect  bool
+}
+
+func refParseBody(b []byte, keyed bool, out *refBody) {
+	out.keyed = keyed
+	s := &refScanner{b: b}
+	s.object(func(key []byte) bool {
+		switch string(key) {
+		case "model":
+			out.model = ""
+			if s.peek() != '"' {
+				return s.skip()
+			}
+			raw, quoted, esc, ok := s.str()
+			if ok {
+				out.model = refInternModel(raw, quoted, esc)
+			}
+			return ok
+		case "stream":
+			out.stream = false
+			if c := s.peek(); c != 't' && c != 'f' {
+				return s.skip()
+			}
+			lit, ok := s.scalar()
+			out.stream = ok && string(lit) == "true"
+			return ok
+		case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
+			n, ok := s.integer()
+			out.maxTokens = max(out.maxTokens, n)
+			return ok
+		case "parameters":
+			return s.object(func(key []byte) bool {
+				if string(key) == "max_new_tokens" {
+					n, ok := s.integer()
+					out.maxTokens = max(out.maxTokens, n)
+					return ok
+				}
+				return s.skip()
+			})
+		case "messages":
+			return s.messages(out)
+		case "prompt", "input", "inputs", "query", "documents", "texts":
+			return s.promptValue(out)
+		case "instructions":
+			raw, quoted, esc, ok := s.str()
+			if !ok {
+				return s.skip()
+			}
+			out.chars += len(raw)
+			if out.keyed {
+				out.system = refView(raw, quoted, esc)
+			}
+			return true
+		case "prompt_cache_key":
+			out.cacheKey = ""
+			if s.peek() != '"' {
+				return s.skip()
+			}
+			raw, quoted, esc, ok := s.str()
+			if ok {
+				out.cacheKey = refView(raw, quoted, esc)
+			}
+			return ok
+		}
+		return s.skip()
+	})
+}
+
+func (s *refScanner) promptValue(out *refBody) bool {
+	switch s.peek() {
+	case '"':
+		raw, quoted, esc, ok := s.str()
+		if !ok {
+			return false
+		}
+		out.chars += len(raw)
+		if out.keyed && !out.hasText {
+			out.prompt, out.hasText = refView(raw, quoted, esc), true
+		}
+		return true
+	case '[':
+		return s.array(func() bool {
+			switch s.peek() {
+			case '"':
+				raw, quoted, esc, ok := s.str()
+				if ok {
+					out.chars += len(raw)
+					if out.keyed && !out.hasText {
+						out.prompt, out.hasText = refView(raw, quoted, esc), true
+					}
+				}
+				return ok
+			case '{':
+				return s.message(out)
+			case '[':
+				return s.array(func() bool { out.chars += 4; return s.skip() })
+			}
+			out.chars += 4
+			return s.skip()
+		})
+	}
+	return s.skip()
+}
+
+func (s *refScanner) messages(out *refBody) bool {
+	if s.peek() != '[' {
+		return s.skip()
+	}
+	return s.array(func() bool { return s.message(out) })
+}
+
+func (s *refScanner) message(out *refBody) bool {
+	if s.peek() != '{' {
+		return s.skip()
+	}
+	var role string
+	out.parts, out.single, out.nparts = out.parts[:0], nil, 0
+	out.collect = out.keyed && !out.userSeen
+	ok := s.object(func(key []byte) bool {
+		switch string(key) {
+		case "role":
+			raw, quoted, esc, ok := s.str()
+			if !ok {
+				return s.skip()
+			}
+			role = refInternRole(raw, quoted, esc)
+			return true
+		case "content", "text":
+			return s.content(out)
+		}
+		return s.skip()
+	})
+	if ok && out.collect {
+		var content string
+		if out.nparts == 1 && out.single != nil {
+			content = refAlias(out.single)
+		} else {
+			content = string(out.parts)
+		}
+		out.addMessage(cache.Message{Role: role, Content: content})
+		out.userSeen = role == "user"
+	}
+	out.collect = false
+	return ok
+}
+
+func (out *refBody) addMessage(m cache.Message) {
+	if out.nmsg < len(out.msgs) {
+		out.msgs[out.nmsg] = m
+		out.nmsg++
+		return
+	}
+	out.more = append(out.more, m)
+}
+
+func (out *refBody) messageCount() int { return out.nmsg + len(out.more) }
+
+func (s *refScanner) content(out *refBody) bool {
+	switch s.peek() {
+	case '"':
+		raw, quoted, esc, ok := s.str()
+		if ok {
+			out.chars += len(raw)
+			if out.collect {
+				out.addPart(raw, quoted, esc)
+			}
+		}
+		return ok
+	case '[':
+		return s.array(func() bool {
+			if s.peek() != '{' {
+				return s.skip()
+			}
+			return s.object(func(key []byte) bool {
+				if string(key) != "text" {
+					return s.skip()
+				}
+				raw, quoted, esc, ok := s.str()
+				if !ok {
+					return s.skip()
+				}
+				out.chars += len(raw)
+				if out.collect {
+					out.addPart(raw, quoted, esc)
+				}
+				return true
+			})
+		})
+	}
+	return s.skip()
+}
+
+func (out *refBody) addPart(raw, quoted []byte, esc bool) {
+	out.nparts++
+	if out.nparts == 1 && !esc {
+		out.single = raw
+		return
+	}
+	if out.nparts == 2 && out.single != nil {
+		out.parts = append(out.parts, out.single...)
+		out.single = nil
+	}
+	out.parts = refAppendText(out.parts, raw, quoted, esc)
+}
+
+func refInternRole(raw, quoted []byte, esc bool) string {
+	switch string(raw) {
+	case "system":
+		return "system"
+	case "user":
+		return "user"
+	case "assistant":
+		return "assistant"
+	case "developer":
+		return "developer"
+	case "tool":
+		return "tool"
+	}
+	return refDecode(raw, quoted, esc)
+}
+
+func refAppendText(dst, raw, quoted []byte, esc bool) []byte {
+	if len(dst) > 0 {
+		dst = append(dst, '\n')
+	}
+	if esc {
+		return append(dst, refDecode(raw, quoted, esc)...)
+	}
+	return append(dst, raw...)
+}
