@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strings"
 )
 
 // reqBody is a request body after the bounded peek: the bytes read ahead
@@ -64,7 +63,18 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 // A multipart upload or binary payload is streamed through untouched.
 func wantsPeek(h http.Header) bool {
 	ct := h["Content-Type"]
-	return len(ct) == 0 || strings.Contains(strings.ToLower(ct[0]), "json")
+	return len(ct) == 0 || ct[0] == "application/json" || hasJSON(ct[0])
+}
+
+// hasJSON reports whether s contains "json" in any case, without the copy
+// strings.ToLower makes of a string with capitals.
+func hasJSON(s string) bool {
+	for i := 0; i+4 <= len(s); i++ {
+		if s[i]|0x20 == 'j' && s[i+1]|0x20 == 's' && s[i+2]|0x20 == 'o' && s[i+3]|0x20 == 'n' {
+			return true
+		}
+	}
+	return false
 }
 
 // readBody peeks at up to maxPeek bytes of r's body. When the caller gave no

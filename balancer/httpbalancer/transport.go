@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
@@ -27,6 +29,8 @@ type Transport struct {
 	mu         sync.Mutex
 	static     []inferlb.Endpoint // guarded by mu: from Options.Endpoints and Update
 	discovered []inferlb.Endpoint // guarded by mu: from the last good resolution
+
+	addrs addrCache // lock-free; see addrCache
 
 	stopDiscovery context.CancelFunc // nil without Discovery
 	discoveryDone chan struct{}
@@ -144,6 +148,30 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 	return scheme, host, true
 }
 
+// addrCache remembers how recent endpoint Addrs split, in slots chosen by
+// the address of the string's bytes: an endpoint's Addr is one string for as
+// long as it is in the set, so a hit costs a pointer compare where splitAddr
+// scans the string three times. A miss (a new set, two Addrs sharing a slot)
+// only costs the scan again. Slots hold valid Addrs only.
+//
+// Concurrency: each slot is an atomic pointer to an immutable entry.
+type addrCache [16]atomic.Pointer[splitHost]
+
+type splitHost struct{ addr, scheme, host string } // scheme is lower case
+
+func (c *addrCache) split(addr string) (scheme, host string, ok bool) {
+	slot := &c[uintptr(unsafe.Pointer(unsafe.StringData(addr)))>>4%uintptr(len(c))]
+	if p := slot.Load(); p != nil && p.addr == addr {
+		return p.scheme, p.host, true
+	}
+	scheme, host, ok = splitAddr(addr)
+	if ok {
+		scheme = strings.ToLower(scheme)
+		slot.Store(&splitHost{addr: addr, scheme: scheme, host: host})
+	}
+	return scheme, host, ok
+}
+
 var errNilURL = errors.New("inferlb: httpbalancer: request has a nil URL")
 
 // RoundTrip implements http.RoundTripper. It inspects the request, picks an
@@ -225,7 +253,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 func (c *call) outgoing(r *http.Request, body bodyReader, first bool) (*http.Request, error) {
 	t, p, rb := c.t, &c.pick, &c.rb
 	ep := p.Endpoint()
-	scheme, host, ok := splitAddr(ep.Addr)
+	scheme, host, ok := t.addrs.split(ep.Addr)
 	if !ok {
 		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port", ep.Key(), ep.Addr)
 	}
@@ -238,7 +266,7 @@ func (c *call) outgoing(r *http.Request, body bodyReader, first bool) (*http.Req
 	u.Host = host
 	switch {
 	case scheme != "":
-		u.Scheme = strings.ToLower(scheme)
+		u.Scheme = scheme
 	case u.Scheme == "":
 		u.Scheme = "http"
 	}
