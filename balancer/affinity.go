@@ -64,53 +64,87 @@ func placementMembers(ms []*endpoint, weights []float64) []cache.Member {
 	return out
 }
 
-// withinBound reports whether member i can take one more call without
-// passing its bounded-load capacity, counting the new call:
+// bound is what withinBound found out about one member.
+type bound struct {
+	// in: the member can take one more call within its bounded-load
+	// capacity, counting the new call:
+	//
+	//	load_i + 1 <= ceil(c * w_i / W * (L + 1))
+	//
+	// (Mirrokni et al.'s bound, weighted by capacity). The ceiling lets an
+	// idle group's owners take their keys: without it the bound is below one call.
+	in bool
+	// crowded: over the bound but within unqueuedSlack times it, with a
+	// queue (or no telemetry). An owner in this band keeps its keys when
+	// the endpoint they would spill to is busy too (see walkAffine).
+	crowded bool
+	// pressure is the larger of fresh KV-cache usage and GPU memory usage,
+	// or -1 when neither is known.
+	pressure float64
+	// waiting and kv are the fresh Waiting and KVCacheUsage, or -1.
+	waiting, kv float64
+}
+
+// noRelief reports whether spilling from a crowded owner to t would only
+// trade one queue for another: t's fresh telemetry shows requests waiting or
+// a nearly full KV cache (where admitting the spill evicts or preempts). The
+// spill would also pay a cold prefill of the prefix, so the key is better
+// kept home. Without telemetry from t, the spill goes ahead.
+func noRelief(t bound) bool {
+	return t.waiting > 0 || t.kv >= 0.9
+}
+
+// withinBound prices member i against the group's bounded load.
 //
-//	load_i + 1 <= ceil(c * w_i / W * (L + 1))
-//
-// (Mirrokni et al.'s bound, weighted by capacity). The ceiling lets an idle
-// group's owners take their keys: without it the bound is below one call.
-// Past that bound, an LLM server whose fresh telemetry shows an empty queue is
+// Past the bound, an LLM server whose fresh telemetry shows an empty queue is
 // not saturated: continuous batching absorbs the extra call, while a spill
 // costs a cold prefill of the whole prefix elsewhere, so it keeps its keys up
-// to unqueuedSlack times the bound.
+// to unqueuedSlack times the bound. In that band an owner with a queue is
+// crowded: it keeps its keys only if the spill target is busy too.
 //
-// pressure is the larger of fresh KV-cache usage and GPU memory usage, or -1
-// when neither is known. Near a full KV cache the next long prompt preempts
-// or evicts others, so the caller moves a key off a pressured owner, but only
-// to an endpoint nearby in the key's order that is clearly less pressured:
-// when the whole fleet is that full (saturation), a warm prefix is worth more
-// than the spill, and keys stay home.
-func (b *Balancer) withinBound(g *group, i int, now time.Time) (ok bool, pressure float64) {
+// Near a full KV cache the next long prompt preempts or evicts others, so the
+// caller moves a key off a pressured owner, but only to an endpoint nearby in
+// the key's order that is clearly less pressured: when the whole fleet is
+// that full (saturation), a warm prefix is worth more than the spill, and
+// keys stay home.
+func (b *Balancer) withinBound(g *group, i int, now time.Time) bound {
 	total := max(g.load.Load(), 0) + 1
 	load := float64(g.members[i].inFlight.Load() + 1)
 	share := g.weights[i] / g.total * float64(total)
+	r := bound{pressure: -1, waiting: -1, kv: -1}
 	if load > math.Ceil(b.cfg.loadBoundHard*share) {
-		return false, -1
+		return r
 	}
 	var s telemetry.Sample
 	g.members[i].slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
-	pressure = -1
 	kv, okKV := s.Get(telemetry.KVCacheUsage)
 	if okKV {
-		pressure = kv
+		r.pressure, r.kv = kv, kv
 	}
 	if mem, ok := s.MemoryUsage(); ok {
-		pressure = max(pressure, mem)
-	}
-	if load <= math.Ceil(b.cfg.loadBound*share) {
-		return true, pressure
+		r.pressure = max(r.pressure, mem)
 	}
 	w, okW := s.Get(telemetry.Waiting)
-	return okW && w == 0 && (!okKV || kv < 0.9), pressure
+	if okW {
+		r.waiting = w
+	}
+	switch {
+	case load <= math.Ceil(b.cfg.loadBound*share):
+		r.in = true
+	case load <= math.Ceil(b.cfg.loadBoundHard*share) && okW && w == 0 && (!okKV || kv < 0.9):
+		r.in = true
+	default:
+		r.crowded = true
+	}
+	return r
 }
 
 // Affinity under pressure (see withinBound).
 const (
 	// unqueuedSlack times LoadBound is the hard cap up to which an owner
-	// whose telemetry shows an empty queue keeps its keys. Chosen in the
-	// fleet simulator: see Options.LoadBound.
+	// whose telemetry shows an empty queue, or whose spill target is busy
+	// too, keeps its keys. Chosen in the fleet simulator: see
+	// Options.LoadBound.
 	unqueuedSlack = 1.2
 	// pressureSpill is the KV-cache (or GPU memory) usage from which an
 	// owner looks for relief.
@@ -133,7 +167,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	// is usable and within bound; its KV cache is the warmest.
 	if v, ok := b.sticky.Get(req.AffinityKey); ok {
 		if i, ok := g.byHash[v]; ok && c.ok(g.members[i]) {
-			if in, p := b.withinBound(g, i, now); in && p < pressureSpill {
+			if bd := b.withinBound(g, i, now); bd.in && bd.pressure < pressureSpill {
 				return i
 			}
 		}
@@ -146,10 +180,18 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 }
 
 // walkAffine follows the key's preference order on the ring.
+//
+// A crowded owner (over its bound, within unqueuedSlack times it) is kept in
+// reserve: if the first endpoint the key could spill to is busy in fresh
+// telemetry (requests waiting, or KV cache at 90% or more), the spill would
+// trade a queue for a queue plus a cold prefill of the prefix, so the key
+// stays home. Without telemetry, or when that endpoint has room, the key
+// spills as usual.
 func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c cand) int {
 	w := g.placement.Walk(req.AffinityKey)
 	first := -1
-	home := -1 // a pressured owner, kept in reserve
+	home := -1  // a pressured owner, kept in reserve
+	crowd := -1 // a crowded owner, kept in reserve
 	relief := 0.0
 	n := len(g.members)
 	for steps := 0; steps < 2*n+8; steps++ {
@@ -160,15 +202,24 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if home >= 0 && steps > pressureLook && first < 0 {
 			return home // nothing nearby is better off: stay home
 		}
-		if i == first || i == home || !c.ok(g.members[i]) {
+		if i == first || i == home || i == crowd || !c.ok(g.members[i]) {
 			continue
 		}
-		in, pressure := b.withinBound(g, i, now)
-		if !in {
+		bd := b.withinBound(g, i, now)
+		if steps == 0 && bd.crowded {
+			if f := g.members[i].rampFactor(b.cfg, c.nowNs); f >= 1 || float64(b.rand()>>11)/(1<<53) < f {
+				crowd = i
+			}
 			continue
 		}
-		if home >= 0 && !(pressure >= 0 && pressure <= relief) {
+		if !bd.in {
+			continue
+		}
+		if home >= 0 && !(bd.pressure >= 0 && bd.pressure <= relief) {
 			continue // not clearly better off than the pressured owner
+		}
+		if crowd >= 0 && first < 0 && noRelief(bd) {
+			return crowd // the spill would queue too: stay warm
 		}
 		if steps == 0 || b.cfg.affinity == AffinityStrict {
 			// The owner (or, when strict, the first acceptable endpoint).
@@ -177,8 +228,8 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			if f := g.members[i].rampFactor(b.cfg, c.nowNs); f < 1 && float64(b.rand()>>11)/(1<<53) >= f {
 				continue
 			}
-			if pressure >= pressureSpill && home < 0 {
-				home, relief = i, pressure-pressureMargin
+			if bd.pressure >= pressureSpill && home < 0 {
+				home, relief = i, bd.pressure-pressureMargin
 				continue
 			}
 			return i
@@ -200,5 +251,8 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 	if first >= 0 {
 		return first
 	}
-	return home
+	if home >= 0 {
+		return home
+	}
+	return crowd
 }

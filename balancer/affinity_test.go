@@ -352,3 +352,54 @@ func TestPickExcept(t *testing.T) {
 		p.Done(inferlb.Outcome{})
 	}))
 }
+
+func TestCrowdedOwnerKeepsItsKeysWhenTheSpillWouldQueueToo(t *testing.T) {
+	const key = 77
+	// The owner reports a queue. 40 calls of its key in flight across 4
+	// endpoints: the plain bound is 13, the hard cap ceil(1.5 x 40/4) = 16.
+	run := func(t *testing.T, others func(s *telemetry.Sample)) int64 {
+		clock := testutil.NewClock()
+		b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(10)})
+		home := owner(t, b, key)
+		for _, s := range b.Stats() {
+			smp := telemetry.Sample{Time: clock.Now()}
+			if s.ID == home {
+				smp.Set(telemetry.Waiting, 3)
+				smp.Set(telemetry.KVCacheUsage, 0.8)
+			} else if others != nil {
+				others(&smp)
+			} else {
+				continue
+			}
+			b.Publish(s.ID, smp)
+		}
+		var held []balancer.Pick
+		for range 40 {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
+			require.NoError(t, err)
+			held = append(held, p)
+		}
+		got := stat(t, b, home).InFlight
+		for i := range held {
+			held[i].Done(inferlb.Outcome{})
+		}
+		return got
+	}
+	t.Run("spill target queueing", func(t *testing.T) {
+		got := run(t, func(s *telemetry.Sample) { s.Set(telemetry.Waiting, 2); s.Set(telemetry.KVCacheUsage, 0.5) })
+		assert.Greater(t, got, int64(13), "the key stays home past the plain bound")
+		assert.LessOrEqual(t, got, int64(16), "but never past the hard cap")
+	})
+	t.Run("spill target KV nearly full", func(t *testing.T) {
+		got := run(t, func(s *telemetry.Sample) { s.Set(telemetry.Waiting, 0); s.Set(telemetry.KVCacheUsage, 0.93) })
+		assert.Greater(t, got, int64(13))
+		assert.LessOrEqual(t, got, int64(16))
+	})
+	t.Run("spill target has room", func(t *testing.T) {
+		got := run(t, func(s *telemetry.Sample) { s.Set(telemetry.Waiting, 0); s.Set(telemetry.KVCacheUsage, 0.5) })
+		assert.LessOrEqual(t, got, int64(13), "the key spills at the plain bound")
+	})
+	t.Run("no telemetry from the spill target", func(t *testing.T) {
+		assert.LessOrEqual(t, run(t, nil), int64(13))
+	})
+}

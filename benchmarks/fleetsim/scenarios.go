@@ -96,7 +96,7 @@ func SharedPrefixScenario() *Scenario {
 		Workload: func(rate float64) Workload {
 			return &SharedPrefix{Groups: 150, Users: 5, Context: 6000, Question: 1200, Output: 1000, Rate: rate}
 		},
-		Rates:    []float64{4, 8, 12, 16, 20, 24},
+		Rates:    []float64{4, 8, 12, 16, 18, 20, 24},
 		RateUnit: "req/s",
 		Headline: 16,
 		Warmup:   90 * time.Second, Duration: 390 * time.Second, Drain: 300 * time.Second,
