@@ -52,10 +52,11 @@ type Balancer struct {
 	keyer  *cache.Keyer    // immutable
 	sticky *cache.Sessions // immutable pointer; nil unless StickyTTL > 0
 
-	mu    sync.Mutex
-	eps   map[string]*endpoint     // guarded by mu
-	loads map[string]*atomic.Int64 // durable group in-flight counters, guarded by mu
-	warm  bool                     // guarded by mu: a non-empty Update happened
+	mu         sync.Mutex
+	eps        map[string]*endpoint     // guarded by mu
+	loads      map[string]*atomic.Int64 // durable group in-flight counters, guarded by mu
+	warm       bool                     // guarded by mu: a non-empty Update happened
+	nextSerial uint64                   // guarded by mu: the last serial handed out
 
 	snap  atomic.Pointer[snapshot]
 	epoch atomic.Uint64 // bumped on any readiness or standing change
@@ -157,6 +158,8 @@ func (b *Balancer) Update(endpoints []inferlb.Endpoint) error {
 		e, ok := b.eps[id]
 		if !ok {
 			e = newEndpoint(id, b.cfg.store.Slot(id))
+			b.nextSerial++
+			e.serial = b.nextSerial
 			e.breaker = b.newBreaker(e)
 			if b.warm {
 				e.rampFrom.Store(nowNs)
@@ -314,6 +317,17 @@ func (b *Balancer) SetReady(id string, ready bool) bool {
 	return true
 }
 
+// Serial returns the serial number of the current endpoint id (see
+// Pick.Serial), and false when id is not a current endpoint.
+func (b *Balancer) Serial(id string) (uint64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e, ok := b.eps[id]; ok {
+		return e.serial, true
+	}
+	return 0, false
+}
+
 // Now returns the balancer's clock reading, for adapters that stamp
 // telemetry (ORCA, load headers) on the same clock the scorers compare with.
 func (b *Balancer) Now() time.Time { return b.cfg.clock.Now() }
@@ -367,9 +381,7 @@ func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
 	choice := i
 	if len(g.members) > 1 {
 		if j := b.draw(g, c, i); j >= 0 {
-			sc := b.scorer(req.Service)
-			ci, cj := b.cost(sc, req, g, i, now), b.cost(sc, req, g, j, now)
-			if cj < ci || (cj == ci && b.rand()&1 == 1) {
+			if b.prefer(req, g, i, j, now) {
 				choice = j
 			}
 		}
@@ -425,24 +437,29 @@ func (b *Balancer) draw(g *group, c cand, not int) int {
 	return -1
 }
 
-// cost prices member i. Slow start is applied to candidacy in draw, not
-// here: scaling the cost too would make an idle joiner lose every comparison
+// prefer reports whether member j costs less than member i for req (a tie
+// is a coin flip). Slow start is applied to candidacy in draw, not here:
+// scaling the cost too would make an idle joiner lose every comparison
 // (cost 1/f against 1) until its window ends, a step instead of a ramp.
-func (b *Balancer) cost(sc scoring.Scorer, req *inferlb.Request, g *group, i int, now time.Time) float64 {
-	e := g.members[i]
-	var st scoring.State
-	e.state(b.cfg, now, g.weights[i], &st)
-	return sc.Cost(req, st)
+func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
+	sc := b.scorer(req.Service)
+	var st scoring.State // one State, filled twice
+	g.members[i].state(b.cfg, now, g.weights[i], &st)
+	ci := sc.Cost(req, st)
+	g.members[j].state(b.cfg, now, g.weights[j], &st)
+	cj := sc.Cost(req, st)
+	return cj < ci || (cj == ci && b.rand()&1 == 1)
 }
 
 func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, nowNs int64) Pick {
 	tokens := req.Tokens()
 	e.inFlight.Add(1)
-	e.inFlightTokens.Add(tokens)
+	if tokens != 0 {
+		e.inFlightTokens.Add(tokens)
+	}
 	for _, c := range *e.groupLoads.Load() {
 		c.Add(1)
 	}
-	e.picks.Add(1)
 	if e.brOpen.Load() {
 		e.probeSlots.Add(-1)
 	}
@@ -479,6 +496,18 @@ func (p *Pick) ID() string {
 	return p.e.id
 }
 
+// Serial returns a number that identifies the chosen endpoint's state in
+// this Balancer: dense (1, 2, ... in order of first appearance) and never
+// reused, also when an ID leaves and comes back (it then gets a new one).
+// Adapters index per-endpoint data by it instead of hashing the ID on
+// every call. 0 for an empty Pick.
+func (p *Pick) Serial() uint64 {
+	if p.e == nil {
+		return 0
+	}
+	return p.e.serial
+}
+
 // Done records the call's outcome: it releases the in-flight count and
 // tokens, feeds latency and error EWMAs, and cools the endpoint down on
 // overload. Only the first call has an effect; it is safe for concurrent use.
@@ -492,18 +521,20 @@ func (p *Pick) Done(o inferlb.Outcome) {
 func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	e := p.e
 	e.inFlight.Add(-1)
-	e.inFlightTokens.Add(-p.tokens)
+	if p.tokens != 0 {
+		e.inFlightTokens.Add(-p.tokens)
+	}
 	for _, c := range *e.groupLoads.Load() {
 		c.Add(-1)
 	}
 	nowNs := b.cfg.nowNs()
-	e.lastOutcome.Store(nowNs)
 	latency := o.Latency
 	if latency <= 0 {
 		latency = time.Duration(nowNs - p.start)
 	}
 	switch {
 	case o.Canceled():
+		e.canceled.Add(1)
 		e.observe(b.cfg, nowNs, 0, o.TTFT, false, false)
 		b.report(e, p.gen, errExcluded, 0)
 	case o.Overloaded:

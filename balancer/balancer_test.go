@@ -270,3 +270,26 @@ func TestRetryBudgetDoesNotAllocate(t *testing.T) {
 	b := newBalancer(t, 2, balancer.Options{})
 	assert.Zero(t, testing.AllocsPerRun(100, func() { b.AllowRetry() }))
 }
+
+func TestStatsCountPicksByHowTheyEnded(t *testing.T) {
+	b := newBalancer(t, 1, balancer.Options{})
+	pick := func() balancer.Pick {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		return p
+	}
+	for _, o := range []inferlb.Outcome{{}, {}, {Err: errors.New("boom")}, {Overloaded: true}, {Err: context.Canceled}} {
+		p := pick()
+		p.Done(o)
+		p.Done(o) // a second Done counts nothing
+	}
+	held := pick()
+	s := b.Stats()[0]
+	assert.EqualValues(t, 6, s.Picks, "five ended and one in flight")
+	assert.EqualValues(t, 2, s.Successes)
+	assert.EqualValues(t, 1, s.Failures)
+	assert.EqualValues(t, 1, s.Overloads)
+	assert.EqualValues(t, 1, s.InFlight)
+	held.Done(inferlb.Outcome{})
+	assert.EqualValues(t, 6, b.Stats()[0].Picks)
+}

@@ -17,9 +17,11 @@ import (
 // endpoint is the durable live state of one endpoint ID. It outlives picker
 // snapshots: Update reconciles by ID and keeps it for endpoints that stay.
 //
-// Concurrency: id and slot are immutable. Every other field is atomic and read
-// without locks by Pick; mu only serializes the read-modify-write of the
-// EWMAs in Done so two concurrent outcomes are not lost.
+// Concurrency: id, serial and slot are immutable. Every other field is
+// atomic and read without locks by Pick. mu serializes the read-modify-write
+// of the error rate and its time in Done (failures are rare); the latency
+// EWMAs are single words updated by compare-and-swap, so the path of a
+// success takes no lock.
 type endpoint struct {
 	// Hot: the fields Pick and Done touch come first, packed into the first
 	// two cache lines, so a pick over thousands of endpoints misses as few
@@ -42,11 +44,10 @@ type endpoint struct {
 	errRate        atomic.Uint64                    // float64 bits
 	errAt          atomic.Int64                     // unix ns of last counted outcome
 	failStreak     atomic.Int64                     // unix ns of the first failure of the current streak; 0 = none
-	lastOutcome    atomic.Int64                     // unix ns
-	picks          atomic.Uint64
 	successes      atomic.Uint64
-	mu             sync.Mutex // serializes EWMA updates; never taken by Pick
+	mu             sync.Mutex // serializes error-rate updates; never taken by Pick
 	id             string     // immutable
+	serial         uint64     // immutable; see Pick.Serial
 
 	// Cold.
 	wasReady atomic.Bool // SetReady(true) happened at least once
@@ -67,6 +68,7 @@ type endpoint struct {
 
 	failures  atomic.Uint64
 	overloads atomic.Uint64
+	canceled  atomic.Uint64 // with the three above and inFlight: the picks
 }
 
 func newEndpoint(id string, slot *telemetry.Slot) *endpoint {
@@ -146,42 +148,52 @@ func (e *endpoint) errorRate(c *config, nowNs int64) float64 {
 	return r
 }
 
-// observe folds one finished call into the EWMAs. failed is nil for an
+// observe folds one finished call into the EWMAs. counted is false for an
 // outcome that says nothing about health (overload, cancellation).
 func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, counted, failed bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if counted {
+	if counted && (failed || e.errRate.Load() != 0) {
+		// A success on a clean endpoint leaves the rate at 0: no writes.
+		e.mu.Lock()
 		x := 0.0
 		if failed {
 			x = 1
 		}
 		r := e.errorRate(c, nowNs)
 		r += c.errorAlpha * (x - r)
+		if r < errorRateFloor && !failed {
+			r = 0 // errorRate reads it as 0 anyway; keep the fast path
+		}
 		e.errRate.Store(math.Float64bits(r))
 		e.errAt.Store(nowNs)
+		e.mu.Unlock()
 	}
 	// Only successes feed latency: a fast failure (refused connection, a 500
 	// in a millisecond) must not make a broken endpoint look fast.
 	if counted && !failed && latency > 0 {
-		cur := e.latencyEWMA.Load()
-		dt := nowNs - e.latencyAt.Load()
-		if cur == 0 || int64(latency) > cur {
-			cur = int64(latency) // peak: jump up at once
-		} else {
-			w := decay.Weight(float64(dt) / float64(c.latencyDecay))
-			cur = int64(float64(cur)*w + float64(latency)*(1-w))
+		at := e.latencyAt.Load()
+		w := decay.Weight(float64(nowNs-at) / float64(c.latencyDecay))
+		for {
+			cur := e.latencyEWMA.Load()
+			next := int64(latency) // peak: jump up at once
+			if cur != 0 && int64(latency) <= cur {
+				next = int64(float64(cur)*w + float64(latency)*(1-w))
+			}
+			if e.latencyEWMA.CompareAndSwap(cur, next) {
+				break
+			}
 		}
-		e.latencyEWMA.Store(cur)
 		e.latencyAt.Store(nowNs)
 	}
 	if ttft > 0 && !failed {
-		cur := e.ttftEWMA.Load()
-		if cur == 0 {
-			cur = int64(ttft)
-		} else {
-			cur += int64(c.errorAlpha * float64(int64(ttft)-cur))
+		for {
+			cur := e.ttftEWMA.Load()
+			next := int64(ttft)
+			if cur != 0 {
+				next = cur + int64(c.errorAlpha*float64(int64(ttft)-cur))
+			}
+			if e.ttftEWMA.CompareAndSwap(cur, next) {
+				break
+			}
 		}
-		e.ttftEWMA.Store(cur)
 	}
 }

@@ -192,6 +192,9 @@ func (b *Balancer) report(e *endpoint, gen uint32, err error, streak int64) {
 // time, and returns the streak's start before this outcome (0 = none).
 func noteStreak(e *endpoint, nowNs int64, failed bool) int64 {
 	if !failed {
+		if e.failStreak.Load() == 0 {
+			return 0 // the common case: no streak, nothing to write
+		}
 		return e.failStreak.Swap(0)
 	}
 	e.failStreak.CompareAndSwap(0, nowNs)

@@ -32,7 +32,10 @@ func newRetryBudget(ratio, floor float64) *retryBudget {
 }
 
 func (rb *retryBudget) deposit() {
-	if rb.ratioMilli <= 0 {
+	if rb.ratioMilli <= 0 || rb.tokens.Load() >= rb.capMilli {
+		// Full (the steady state with few retries): a read leaves the
+		// shared cache line alone, where an add would bounce it between
+		// cores on every pick.
 		return
 	}
 	if rb.tokens.Add(rb.ratioMilli) > rb.capMilli {

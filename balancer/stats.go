@@ -59,7 +59,6 @@ func (b *Balancer) Stats() []EndpointStats {
 			Latency:        time.Duration(e.latencyEWMA.Load()),
 			TTFT:           time.Duration(e.ttftEWMA.Load()),
 			ErrorRate:      e.errorRate(b.cfg, nowNs),
-			Picks:          e.picks.Load(),
 			Successes:      e.successes.Load(),
 			Failures:       e.failures.Load(),
 			Overloads:      e.overloads.Load(),
@@ -70,6 +69,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			LastDetection:  time.Duration(e.lastDetection.Load()),
 			LastDowntime:   time.Duration(e.lastDowntime.Load()),
 		}
+		s.Picks = s.Successes + s.Failures + s.Overloads + e.canceled.Load() + uint64(max(s.InFlight, 0))
 		if u := e.excludedUntil.Load(); u > nowNs && u != math.MaxInt64 {
 			s.ExcludedUntil = time.Unix(0, u)
 		}

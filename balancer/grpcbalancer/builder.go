@@ -329,7 +329,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	}
 	lb.ClientConn.UpdateState(balancer.State{
 		ConnectivityState: connectivity.Ready,
-		Picker:            &picker{core: b, cfg: lb.cfg, children: pickers},
+		Picker:            &picker{core: b, cfg: lb.cfg, children: newChildTable(b, pickers)},
 	})
 }
 

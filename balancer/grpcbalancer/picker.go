@@ -25,7 +25,56 @@ const maxRepicks = 2
 type picker struct {
 	core     *core.Balancer
 	cfg      *lbConfig
-	children map[string]balancer.Picker // READY children by endpoint ID
+	children childTable // READY children
+}
+
+// childTable finds a READY child by the core's pick: by the endpoint's
+// serial (an index, no hashing) when the serials are dense enough, else by
+// ID. Immutable.
+type childTable struct {
+	base     uint64            // serial of bySerial[0]
+	bySerial []balancer.Picker // nil entries: not READY here
+	byID     map[string]balancer.Picker
+}
+
+// maxSparse bounds bySerial at this many slots per child, so endpoint
+// churn (serials are never reused) cannot make a picker's table large.
+const maxSparse = 4
+
+func newChildTable(b *core.Balancer, byID map[string]balancer.Picker) childTable {
+	t := childTable{byID: byID}
+	lo, hi := uint64(0), uint64(0)
+	serials := make(map[string]uint64, len(byID))
+	for id := range byID {
+		s, ok := b.Serial(id)
+		if !ok {
+			continue
+		}
+		serials[id] = s
+		if lo == 0 || s < lo {
+			lo = s
+		}
+		hi = max(hi, s)
+	}
+	if lo == 0 || hi-lo+1 > uint64(maxSparse*len(byID)+8) {
+		return t
+	}
+	t.base = lo
+	t.bySerial = make([]balancer.Picker, hi-lo+1)
+	for id, s := range serials {
+		t.bySerial[s-lo] = byID[id]
+	}
+	return t
+}
+
+func (t *childTable) get(p *core.Pick) (balancer.Picker, bool) {
+	if i := p.Serial() - t.base; i < uint64(len(t.bySerial)) {
+		if c := t.bySerial[i]; c != nil {
+			return c, true
+		}
+	}
+	c, ok := t.byID[p.ID()]
+	return c, ok
 }
 
 // Pick implements balancer.Picker. It allocates nothing when the call's
@@ -51,7 +100,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			c.release()
 			return balancer.PickResult{}, err
 		}
-		child, ok := p.children[c.pick.ID()]
+		child, ok := p.children.get(&c.pick)
 		if !ok {
 			// The core chose an endpoint with no READY child here: a shared
 			// core knows endpoints this channel does not, or readiness is

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -474,4 +476,73 @@ func TestModelHeaderSelectsSubset(t *testing.T) {
 		}
 		res.Done(sent)
 	}
+}
+
+// namedPicker is a child picker that only says who it is.
+type namedPicker string
+
+func (namedPicker) Pick(balancer.PickInfo) (balancer.PickResult, error) {
+	return balancer.PickResult{}, nil
+}
+
+func TestChildTableFindsChildrenBySerialAndByID(t *testing.T) {
+	b := core.New(core.Options{})
+	eps := func(ids ...string) []inferlb.Endpoint {
+		out := make([]inferlb.Endpoint, len(ids))
+		for i, id := range ids {
+			out[i] = inferlb.Endpoint{ID: id, Addr: id}
+		}
+		return out
+	}
+	require.NoError(t, b.Update(eps("a", "b", "c")))
+	children := map[string]balancer.Picker{"a": namedPicker("a"), "c": namedPicker("c")}
+	tab := newChildTable(b, children)
+	require.Len(t, tab.bySerial, 3, "serials 1..3 are dense: indexed, not hashed")
+
+	// Every pick finds its own child, or none when the endpoint has no
+	// READY child here.
+	seen := map[string]int{}
+	for range 300 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		c, ok := tab.get(&p)
+		if p.ID() == "b" {
+			assert.False(t, ok)
+		} else {
+			require.True(t, ok)
+			assert.Equal(t, namedPicker(p.ID()), c)
+		}
+		seen[p.ID()]++
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Len(t, seen, 3)
+
+	// "a" leaves and comes back: a new serial, past the table, found by ID
+	// in the old table; serials are never reused.
+	require.NoError(t, b.Update(eps("b", "c")))
+	require.NoError(t, b.Update(eps("a", "b", "c")))
+	sa, ok := b.Serial("a")
+	require.True(t, ok)
+	assert.EqualValues(t, 4, sa)
+	for range 100 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		if p.ID() == "a" {
+			c, ok := tab.get(&p)
+			require.True(t, ok)
+			assert.Equal(t, namedPicker("a"), c)
+		}
+		p.Done(inferlb.Outcome{})
+	}
+
+	// Churn makes serials sparse: the table falls back to IDs alone
+	// rather than growing with the churn.
+	for i := range 100 {
+		require.NoError(t, b.Update(eps("a", fmt.Sprintf("tmp-%d", i))))
+	}
+	require.NoError(t, b.Update(eps("a", "z")))
+	sparse := newChildTable(b, map[string]balancer.Picker{"a": namedPicker("a"), "z": namedPicker("z")})
+	assert.Nil(t, sparse.bySerial)
+	_, ok = b.Serial("gone")
+	assert.False(t, ok)
 }
