@@ -20,6 +20,7 @@
 //	balancer/grpcbalancer   gRPC load-balancing policy "inferlb"
 //	balancer/httpbalancer   http.RoundTripper for OpenAI-compatible APIs
 //	telemetry/dcgm, telemetry/modelserver, telemetry/promapi   telemetry sources
+//	telemetry/loadheader    vLLM's per-response load header; standard library only
 //	metrics                 Prometheus collector over a Balancer
 //	benchmarks, examples    fleet simulator and runnable programs
 //

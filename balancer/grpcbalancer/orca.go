@@ -19,7 +19,7 @@ import (
 type namedMetric struct {
 	name     string
 	field    telemetry.Field
-	fraction bool // a 0..1 fraction; a value outside is dropped, as modelserver.ParseLoadHeader does
+	fraction bool // a 0..1 fraction; a value outside is dropped, as loadheader.Parse does
 }
 
 var namedMetrics = [...]namedMetric{

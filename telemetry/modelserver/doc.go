@@ -3,9 +3,10 @@
 // vLLM's per-response ORCA load header (endpoint-load-metrics).
 //
 // ParseMetrics detects the engine from the metric names it finds, so one
-// Source can scrape a mixed fleet. ParseLoadHeader is cheap enough for the
-// response path: an HTTP transport calls it on every response that carries
-// the header and publishes the result, which is fresher than any scrape.
+// Source can scrape a mixed fleet. ParseLoadHeader (package loadheader's
+// Parse, which carries none of this package's dependencies) is cheap enough
+// for the response path: an HTTP transport calls it on every response that
+// carries the header and publishes the result, which is fresher than any scrape.
 //
 // Parsers leave Sample.Time zero: only the caller knows when the values were
 // observed (the response's arrival, the scrape's start), so the caller stamps

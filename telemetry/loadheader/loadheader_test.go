@@ -1,4 +1,4 @@
-package modelserver_test
+package loadheader_test
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb/telemetry"
-	"github.com/inferlb/inferlb/telemetry/modelserver"
+	"github.com/inferlb/inferlb/telemetry/loadheader"
 )
 
 // fields flattens a Sample into name -> value for readable comparisons.
@@ -22,7 +22,7 @@ func fields(s telemetry.Sample) map[string]float64 {
 	return out
 }
 
-func TestParseLoadHeader(t *testing.T) {
+func TestParse(t *testing.T) {
 	tests := []struct {
 		name    string
 		value   string
@@ -94,7 +94,7 @@ func TestParseLoadHeader(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := modelserver.ParseLoadHeader(tt.value)
+			s, err := loadheader.Parse(tt.value)
 			assert.True(t, s.Time.IsZero(), "parsers leave Time to the caller")
 			switch {
 			case tt.err:
@@ -112,23 +112,23 @@ func TestParseLoadHeader(t *testing.T) {
 	}
 }
 
-func TestParseLoadHeaderFormatError(t *testing.T) {
-	_, err := modelserver.ParseLoadHeader("BIN abc")
-	assert.True(t, errors.Is(err, modelserver.ErrLoadFormat))
+func TestParseFormatError(t *testing.T) {
+	_, err := loadheader.Parse("BIN abc")
+	assert.True(t, errors.Is(err, loadheader.ErrFormat))
 	assert.Contains(t, err.Error(), "BIN")
 }
 
-func TestParseLoadHeaderTextDoesNotAllocate(t *testing.T) {
+func TestParseTextDoesNotAllocate(t *testing.T) {
 	v := "TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3"
 	allocs := testing.AllocsPerRun(100, func() {
-		if _, err := modelserver.ParseLoadHeader(v); err != nil {
+		if _, err := loadheader.Parse(v); err != nil {
 			t.Fatal(err)
 		}
 	})
 	assert.Zero(t, allocs, "the response path parses this header on every call")
 }
 
-func FuzzParseLoadHeader(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	for _, seed := range []string{
 		"TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3",
 		`JSON {"named_metrics": {"kv_cache_usage_perc": 0.4}, "cpu_utilization": 0.2}`,
@@ -137,7 +137,7 @@ func FuzzParseLoadHeader(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		s, err := modelserver.ParseLoadHeader(v)
+		s, err := loadheader.Parse(v)
 		if err != nil && !errors.Is(err, telemetry.ErrPartial) && !s.Empty() {
 			t.Fatalf("a non-partial error must not return fields: %v", err)
 		}
@@ -150,7 +150,7 @@ func FuzzParseLoadHeader(f *testing.F) {
 	})
 }
 
-func BenchmarkParseLoadHeader(b *testing.B) {
+func BenchmarkParse(b *testing.B) {
 	for _, bc := range []struct{ name, v string }{
 		{"text", "TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3"},
 		{"json", `JSON {"named_metrics": {"kv_cache_usage_perc": 0.4, "num_requests_waiting": 3.0}}`},
@@ -158,7 +158,7 @@ func BenchmarkParseLoadHeader(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := modelserver.ParseLoadHeader(bc.v); err != nil {
+				if _, err := loadheader.Parse(bc.v); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,0 +1,177 @@
+// Package loadheader reads the per-response load reports that vLLM and other
+// ORCA-over-HTTP servers send in the endpoint-load-metrics header, into a
+// telemetry.Sample. It depends on nothing but the standard library and
+// package telemetry, so an HTTP transport can use it without pulling in a
+// metrics parser.
+package loadheader
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// Name is the response header in which vLLM (and other ORCA-over-HTTP
+// servers) report their load: `TEXT named_metrics.kv_cache_usage_perc=0.4,
+// named_metrics.num_requests_waiting=3` or `JSON {"named_metrics": {...}}`.
+const Name = "endpoint-load-metrics"
+
+// FormatName is the request header that asks the server for a load
+// report and names its format: "text" or "json". vLLM sends no report
+// without it.
+const FormatName = "endpoint-load-metrics-format"
+
+// ErrFormat is returned for a load header in a format this package does
+// not read (ORCA's BIN, a base64 protobuf, or no format prefix at all).
+var ErrFormat = errors.New("loadheader: unsupported endpoint-load-metrics format")
+
+// loadField maps an ORCA key to the Sample field it feeds. Named metrics are
+// the ones vLLM emits (see vllm/entrypoints/openai/orca_metrics.py);
+// kv_cache_utilization is the spelling of vLLM's own documentation example.
+func loadField(key string) (telemetry.Field, bool) {
+	switch key {
+	case "named_metrics.kv_cache_usage_perc", "named_metrics.kv_cache_utilization":
+		return telemetry.KVCacheUsage, true
+	case "named_metrics.num_requests_waiting":
+		return telemetry.Waiting, true
+	case "named_metrics.num_requests_running":
+		return telemetry.Running, true
+	case "cpu_utilization", "cpuUtilization":
+		return telemetry.CPUUtil, true
+	case "application_utilization", "applicationUtilization":
+		return telemetry.AppUtil, true
+	}
+	return 0, false
+}
+
+// Parse parses the value of an endpoint-load-metrics header (see
+// Name) in ORCA's TEXT or JSON form. It maps kv_cache_usage_perc to
+// KVCacheUsage, num_requests_waiting to Waiting, num_requests_running to
+// Running, cpu_utilization to CPUUtil and application_utilization to AppUtil;
+// other keys are ignored.
+//
+// The returned Sample's Time is zero: the caller stamps the response's
+// arrival time before publishing it. A value that is partly unreadable (a
+// pair without '=', a non-number, a negative count, a fraction above 1)
+// yields the readable fields and an error wrapping telemetry.ErrPartial; a
+// value with nothing usable yields an error. It does not allocate for the
+// TEXT form.
+func Parse(value string) (telemetry.Sample, error) {
+	value = strings.TrimSpace(value)
+	format, rest, _ := strings.Cut(value, " ")
+	switch {
+	case strings.EqualFold(format, "TEXT"):
+		return parseLoadText(rest)
+	case strings.EqualFold(format, "JSON"):
+		return parseLoadJSON(rest)
+	case value == "":
+		return telemetry.Sample{}, errors.New("loadheader: empty endpoint-load-metrics header")
+	}
+	return telemetry.Sample{}, fmt.Errorf("%w: prefix %.16q, want TEXT or JSON", ErrFormat, format)
+}
+
+func parseLoadText(s string) (telemetry.Sample, error) {
+	var out telemetry.Sample
+	bad := 0
+	var firstBad string
+	for s != "" {
+		var pair string
+		pair, s, _ = strings.Cut(s, ",")
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		key, val, ok := strings.Cut(pair, "=")
+		if !ok {
+			bad++
+			if firstBad == "" {
+				firstBad = pair
+			}
+			continue
+		}
+		f, known := loadField(strings.TrimSpace(key))
+		if !known {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil || !setLoad(&out, f, v) {
+			bad++
+			if firstBad == "" {
+				firstBad = pair
+			}
+		}
+	}
+	return loadResult(out, bad, firstBad)
+}
+
+// loadReport is ORCA's OrcaLoadReport as vLLM serializes it with Python's
+// json.dumps (snake_case); the camelCase spellings are protobuf's JSON
+// mapping, which other ORCA servers use.
+type loadReport struct {
+	CPU        *float64           `json:"cpu_utilization"`
+	CPUCamel   *float64           `json:"cpuUtilization"`
+	App        *float64           `json:"application_utilization"`
+	AppCamel   *float64           `json:"applicationUtilization"`
+	Named      map[string]float64 `json:"named_metrics"`
+	NamedCamel map[string]float64 `json:"namedMetrics"`
+}
+
+func parseLoadJSON(s string) (telemetry.Sample, error) {
+	var r loadReport
+	if err := json.Unmarshal([]byte(s), &r); err != nil {
+		return telemetry.Sample{}, fmt.Errorf("loadheader: endpoint-load-metrics JSON: %w", err)
+	}
+	var out telemetry.Sample
+	bad := 0
+	var firstBad string
+	try := func(key string, v *float64) {
+		if v == nil {
+			return
+		}
+		f, _ := loadField(key)
+		if !setLoad(&out, f, *v) {
+			bad++
+			if firstBad == "" {
+				firstBad = key
+			}
+		}
+	}
+	try("cpu_utilization", r.CPU)
+	try("cpu_utilization", r.CPUCamel)
+	try("application_utilization", r.App)
+	try("application_utilization", r.AppCamel)
+	for _, named := range []map[string]float64{r.Named, r.NamedCamel} {
+		for k, v := range named {
+			if _, ok := loadField("named_metrics." + k); ok {
+				try("named_metrics."+k, &v)
+			}
+		}
+	}
+	return loadResult(out, bad, firstBad)
+}
+
+// setLoad validates v for f before storing it: counts and utilizations are
+// never negative, and a KV-cache fraction above 1 is a unit mistake (a
+// percentage), not a full cache, so it is rejected rather than clamped.
+func setLoad(s *telemetry.Sample, f telemetry.Field, v float64) bool {
+	if v < 0 || (f == telemetry.KVCacheUsage && v > 1) {
+		return false
+	}
+	return s.Set(f, v)
+}
+
+func loadResult(s telemetry.Sample, bad int, firstBad string) (telemetry.Sample, error) {
+	switch {
+	case bad == 0 && !s.Empty():
+		return s, nil
+	case bad == 0:
+		return s, errors.New("loadheader: endpoint-load-metrics header carries no known metric")
+	case s.Empty():
+		return s, fmt.Errorf("loadheader: endpoint-load-metrics: %d unreadable entries, first %.64q", bad, firstBad)
+	}
+	return s, fmt.Errorf("%w: endpoint-load-metrics: %d unreadable entries, first %.64q", telemetry.ErrPartial, bad, firstBad)
+}
