@@ -60,6 +60,11 @@ func orDefault(v, d float64) float64 {
 
 // Cost implements Scorer.
 func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
+	if s.Telemetry.Has == 0 {
+		// No fresh telemetry: every factor but load and reliability is 1.
+		load := float64(s.InFlight) + float64(s.InFlightTokens)/orDefault(l.TokenUnit, 4096)
+		return (load + 1) / s.weight() * (1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate)
+	}
 	server := 0.0
 	if r, ok := s.Telemetry.Get(telemetry.Running); ok {
 		server += r
