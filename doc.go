@@ -65,8 +65,10 @@
 // neutral. The LLM scorer's cost rises steeply (hyperbolically) as KV-cache
 // use, GPU memory or utilization near their ceiling. Affinity reads the same
 // telemetry: an owner with an empty queue keeps its keys a little past the
-// load bound (a spill costs a cold prefill), and an owner near a full KV cache
-// hands them to a clearly emptier neighbour.
+// load bound (a spill costs a cold prefill), so does an owner whose spill
+// target is queueing or nearly full too (near saturation a spill trades a
+// queue for a queue), and an owner near a full KV cache hands them to a
+// clearly emptier neighbour.
 //
 // # Departures from the design notes
 //
