@@ -241,9 +241,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			}
 			continue
 		}
-		sc := b.scorer(req.Service)
-		ci, cj := b.cost(sc, req, g, first, now), b.cost(sc, req, g, i, now)
-		if cj < ci || (cj == ci && b.rand()&1 == 1) {
+		if b.prefer(req, g, first, i, now) {
 			return i
 		}
 		return first
