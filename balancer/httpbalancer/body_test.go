@@ -113,6 +113,23 @@ func TestBodyForwardedByteForByte(t *testing.T) {
 	}
 }
 
+// TestBodyForwardedAroundCallBuffers: bodies of known length just under, at
+// and over each peek buffer that shares the call's allocation (the peek
+// needs one byte more than the body) arrive byte for byte, JSON or not.
+func TestBodyForwardedAroundCallBuffers(t *testing.T) {
+	a := newBackend(t, "a")
+	client := &http.Client{Transport: newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a)})}
+	for _, size := range httpbalancer.CallBufSizes {
+		for _, n := range []int{size - 2, size - 1, size, size + 1} {
+			prefix := `{"model":"m","messages":[{"role":"user","content":"`
+			body := []byte(prefix + strings.Repeat("x", n-len(prefix)-4) + `"}]}`)
+			require.Len(t, body, n)
+			sendBody(t, client, body, knownLength)
+			sendBody(t, client, bytes.Repeat([]byte{0xff}, n), knownLength)
+		}
+	}
+}
+
 // FuzzBodyForwarded: any body, in any mode, arrives byte-identical.
 func FuzzBodyForwarded(f *testing.F) {
 	const limit = 64

@@ -20,9 +20,9 @@ type reqBody struct {
 	head     []byte        // bytes read ahead
 	complete bool          // head is the whole body; orig is drained and closed
 	peeked   bool          // head was read (else orig is forwarded untouched)
+	callerGB bool          // gb is the caller's GetBody
 	readErr  error         // the caller's body failed during the peek
 	length   int64         // ContentLength to send with the first attempt
-	callerGB func() (io.ReadCloser, error)
 	// gb is the outgoing GetBody, built once: Base uses it to resend on a
 	// fresh connection when a reused one was closed under it.
 	gb func() (io.ReadCloser, error)
@@ -82,9 +82,12 @@ func hasJSON(s string) bool {
 // bounded by the context: cancellation closes the caller's body, which
 // unblocks the read, and readBody returns the context's error. On error the
 // body is closed.
-func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody) error {
-	*rb = reqBody{orig: r.Body, length: r.ContentLength, callerGB: r.GetBody, gb: r.GetBody}
-	if r.Body == nil || r.Body == http.NoBody || t.cfg.maxPeek < 0 || !wantsPeek(r.Header) {
+//
+// buf, when not nil, is room for the peek that newCall found next to the
+// call state (see peekSize).
+func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, buf []byte) error {
+	*rb = reqBody{orig: r.Body, length: r.ContentLength, callerGB: r.GetBody != nil, gb: r.GetBody}
+	if !t.peeks(r) {
 		return nil
 	}
 	var stop func() bool
@@ -96,7 +99,7 @@ func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody) 
 			close(closed)
 		})
 	}
-	rb.head, rb.complete, rb.readErr = readHead(r.Body, r.ContentLength, t.cfg.maxPeek)
+	rb.head, rb.complete, rb.readErr = readHead(r.Body, r.ContentLength, t.cfg.maxPeek, buf)
 	if stop != nil && !stop() {
 		<-closed // the body was closed under the read; let that finish
 		return ctx.Err()
@@ -121,14 +124,33 @@ func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody) 
 	return nil
 }
 
+// peeks reports whether r's body is read ahead.
+func (t *Transport) peeks(r *http.Request) bool {
+	return r.Body != nil && r.Body != http.NoBody && t.cfg.maxPeek >= 0 && wantsPeek(r.Header)
+}
+
+// peekSize is the buffer readHead wants for r's body when its length is
+// known (0 when it is not, or the body is not read ahead).
+func (t *Transport) peekSize(r *http.Request) int {
+	if r.ContentLength <= 0 || r.ContentLength >= int64(t.cfg.maxPeek) || !t.peeks(r) {
+		return 0
+	}
+	return int(r.ContentLength) + 1
+}
+
 // readHead reads up to limit+1 bytes (one more than the limit tells "larger
 // than the limit" from "exactly the limit"). complete means EOF was reached.
-func readHead(body io.Reader, contentLength int64, limit int) (head []byte, complete bool, err error) {
+// It reads into buf when buf has room for a body of contentLength.
+func readHead(body io.Reader, contentLength int64, limit int, buf []byte) (head []byte, complete bool, err error) {
 	size := limit + 1
 	if contentLength > 0 && contentLength < int64(limit) {
 		size = int(contentLength) + 1 // +1 to see EOF without a second buffer
 	}
-	buf := make([]byte, 0, min(size, 32<<10))
+	if n := min(size, 32<<10); cap(buf) >= n {
+		buf = buf[:0:n] // read no further than a buffer of its own would
+	} else {
+		buf = make([]byte, 0, n)
+	}
 	for {
 		if len(buf) == cap(buf) {
 			if len(buf) >= size {
@@ -174,7 +196,7 @@ func (rb *reqBody) replayable() bool {
 	if rb.readErr != nil {
 		return false
 	}
-	return rb.orig == nil || rb.orig == http.NoBody || rb.complete || rb.callerGB != nil
+	return rb.orig == nil || rb.orig == http.NoBody || rb.complete || rb.callerGB
 }
 
 // again returns a fresh body for a retry.
@@ -184,8 +206,8 @@ func (rb *reqBody) again() (bodyReader, bool) {
 		return bodyReader{rb.orig, rb.length}, true
 	case rb.complete:
 		return rb.first(nil), true
-	case rb.callerGB != nil:
-		b, err := rb.callerGB()
+	case rb.callerGB:
+		b, err := rb.gb()
 		if err != nil || b == nil {
 			return bodyReader{}, false
 		}

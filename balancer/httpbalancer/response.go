@@ -2,7 +2,6 @@ package httpbalancer
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
@@ -30,7 +30,10 @@ func (e *StatusError) Error() string {
 
 // call is one RoundTrip: what inspection found, the current attempt's pick,
 // and, once a response arrived, the body wrapper that reports the outcome
-// when the body ends. One allocation holds it all.
+// when the body ends. One allocation holds it all, and for a small body of
+// known length the peek buffer too (see newCall): each allocation on this
+// path costs more than most of the work, since the garbage collector's
+// share is paid per byte and per object.
 //
 // Concurrency: every field but the atomics is written before the response
 // is returned to the caller and only read afterwards. Read runs on one
@@ -40,7 +43,7 @@ func (e *StatusError) Error() string {
 // report happen once.
 type call struct {
 	t    *Transport
-	ctx  context.Context
+	req  *http.Request // the caller's, for its context
 	info Info
 	rb   reqBody // the request body, for the attempts
 
@@ -50,31 +53,86 @@ type call struct {
 	outURL url.URL
 	br     bytes.Reader
 	pick   balancer.Pick
-	start  time.Time // attempt start, on the transport's clock
+	start  int64 // attempt start, unix ns on the transport's clock
 
-	rc     io.ReadCloser // the response body
-	status int
-	base   inferlb.Outcome // what the status line and headers said
-
-	sse     bool
-	line    [16]byte // start of the current SSE line: enough for "data: [DONE]\r"
-	lineLen int      // bytes in the current line so far (may exceed len(line))
-
-	events   atomic.Int64
-	firstNs  atomic.Int64 // unix ns of the first data event
-	lastNs   atomic.Int64 // unix ns of the latest data event
+	rc io.ReadCloser // the response body
+	// What the status line and headers said: the Outcome's Err, Overloaded
+	// and RetryAfter.
+	err error
+	// overload is 0 unless the answer was an overload signal, and then the
+	// Retry-After hint plus 1 (so that a hint of 0, none, is still seen).
+	// One field rather than two keeps call in the 768-byte size class.
+	overload time.Duration
+	status   int32
 	finished atomic.Bool
+	sse      *sseState // set for a server-sent event stream
 }
+
+// sseState follows a server-sent event stream. Only streams pay for it:
+// kept out of call, it keeps call in a smaller size class.
+type sseState struct {
+	line    [16]byte // start of the current line: enough for "data: [DONE]\r"
+	lineLen int      // bytes in the current line so far (may exceed len(line))
+	events  atomic.Int64
+	firstNs atomic.Int64 // unix ns of the first data event
+	lastNs  atomic.Int64 // unix ns of the latest data event
+}
+
+// newCall allocates the state of one call. When size > 0 (the peek of a
+// body of known length needs size bytes), a buffer of at least that many
+// bytes shares the allocation if one of the sizes below fits: one object
+// fewer per call for the small requests where the transport's cost shows.
+// Each size fills a size class of the allocator exactly (objects with
+// pointers above 512 bytes carry an 8-byte header).
+func newCall(size int) (*call, []byte) {
+	switch {
+	case size <= 0:
+	case size <= len(callBuf1K{}.buf):
+		v := new(callBuf1K)
+		return &v.c, v.buf[:0]
+	case size <= len(callBuf2K{}.buf):
+		v := new(callBuf2K)
+		return &v.c, v.buf[:0]
+	case size <= len(callBuf4K{}.buf):
+		v := new(callBuf4K)
+		return &v.c, v.buf[:0]
+	case size <= len(callBuf8K{}.buf):
+		v := new(callBuf8K)
+		return &v.c, v.buf[:0]
+	}
+	return new(call), nil
+}
+
+const callHeader = 8 + unsafe.Sizeof(call{})
+
+type (
+	callBuf1K struct {
+		c   call
+		buf [1024 - callHeader]byte
+	}
+	callBuf2K struct {
+		c   call
+		buf [2048 - callHeader]byte
+	}
+	callBuf4K struct {
+		c   call
+		buf [4096 - callHeader]byte
+	}
+	callBuf8K struct {
+		c   call
+		buf [8192 - callHeader]byte
+	}
+)
 
 // fail reports an attempt that got no response.
 func (c *call) fail(err error, failedOver bool) {
 	o := inferlb.Outcome{Err: err}
-	if ce := c.ctx.Err(); ce != nil {
+	if ce := c.req.Context().Err(); ce != nil {
 		o.Err = ce // the caller's own doing, whatever the transport made of it
 	}
 	f := c.t.cfg.onResult
 	if f != nil {
-		o.Latency = c.t.cfg.clock.Now().Sub(c.start)
+		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
 	}
 	c.pick.Done(o) // with Latency 0 the balancer measures it from the pick
 	if f != nil {
@@ -86,22 +144,22 @@ func (c *call) fail(err error, failedOver bool) {
 // reported when the body ends, not now: a stream's work has barely begun
 // when its headers arrive.
 func (c *call) respond(resp *http.Response) (*http.Response, error) {
-	c.status = resp.StatusCode
+	c.status = int32(resp.StatusCode)
 	h := resp.Header
 	switch code := resp.StatusCode; {
 	case code == http.StatusTooManyRequests:
-		c.base.Overloaded = true
-		c.base.RetryAfter, _ = retryAfter(h, c.t.cfg.clock)
+		d, _ := retryAfter(h, c.t.cfg.clock)
+		c.overload = d + 1
 	case code == http.StatusServiceUnavailable:
 		// 503 with Retry-After is "busy, come back later"; without it, it is
 		// as likely a broken or starting server, which is a failure.
 		if d, ok := retryAfter(h, c.t.cfg.clock); ok {
-			c.base.Overloaded, c.base.RetryAfter = true, d
+			c.overload = d + 1
 		} else {
-			c.base.Err = &StatusError{StatusCode: code}
+			c.err = &StatusError{StatusCode: code}
 		}
 	case code >= 500:
-		c.base.Err = &StatusError{StatusCode: code}
+		c.err = &StatusError{StatusCode: code}
 	}
 	if v := h[loadHeader]; len(v) > 0 {
 		// A partly readable report (err wraps telemetry.ErrPartial) still
@@ -120,7 +178,9 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	if v := h["Content-Type"]; len(v) > 0 {
 		ct = strings.ToLower(v[0])
 	}
-	c.sse = strings.HasPrefix(ct, "text/event-stream") || (c.info.Stream && !strings.Contains(ct, "json"))
+	if strings.HasPrefix(ct, "text/event-stream") || (c.info.Stream && !strings.Contains(ct, "json")) {
+		c.sse = new(sseState)
+	}
 	c.rc = resp.Body
 	resp.Body = c
 	return resp, nil
@@ -148,8 +208,8 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 // Read implements io.Reader for the response body.
 func (c *call) Read(p []byte) (int, error) {
 	n, err := c.rc.Read(p)
-	if c.sse && n > 0 {
-		c.scan(p[:n])
+	if c.sse != nil && n > 0 {
+		c.sse.scan(p[:n], c.t.cfg.clock)
 	}
 	if err != nil {
 		if err == io.EOF {
@@ -166,14 +226,14 @@ func (c *call) Read(p []byte) (int, error) {
 // call; it says nothing bad about the endpoint unless the context ended.
 func (c *call) Close() error {
 	err := c.rc.Close()
-	c.finish(c.ctx.Err())
+	c.finish(c.req.Context().Err())
 	return err
 }
 
 // scan counts SSE "data:" lines (except the "[DONE]" terminator) as they
 // stream by: one per generated chunk on OpenAI-compatible servers, so the
 // count approximates output tokens and the first one is time to first token.
-func (c *call) scan(p []byte) {
+func (c *sseState) scan(p []byte, clock balancer.Clock) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		seg := p
@@ -187,12 +247,12 @@ func (c *call) scan(p []byte) {
 		if i < 0 {
 			return
 		}
-		c.endLine()
+		c.endLine(clock)
 		p = p[i+1:]
 	}
 }
 
-func (c *call) endLine() {
+func (c *sseState) endLine(clock balancer.Clock) {
 	n := min(c.lineLen, len(c.line))
 	line := c.line[:n]
 	whole := c.lineLen <= len(c.line)
@@ -207,7 +267,7 @@ func (c *call) endLine() {
 			return
 		}
 	}
-	now := c.t.cfg.clock.Now().UnixNano()
+	now := clock.Now().UnixNano()
 	if c.events.Add(1) == 1 {
 		c.firstNs.Store(now)
 	}
@@ -220,10 +280,10 @@ func (c *call) finish(err error) {
 	if !c.finished.CompareAndSwap(false, true) {
 		return
 	}
-	o := c.base
+	o := inferlb.Outcome{Err: c.err, Overloaded: c.overload > 0, RetryAfter: max(c.overload-1, 0)}
 	if err != nil && o.Err == nil && !o.Overloaded {
 		o.Err = err
-		if ce := c.ctx.Err(); ce != nil {
+		if ce := c.req.Context().Err(); ce != nil {
 			o.Err = ce
 		}
 	}
@@ -231,17 +291,16 @@ func (c *call) finish(err error) {
 	if f != nil {
 		// Otherwise Done measures it on the same clock from the pick, a
 		// clock read fewer per call.
-		o.Latency = c.t.cfg.clock.Now().Sub(c.start)
+		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
 	}
 	var events int64
 	var tbt time.Duration
-	if c.sse {
-		if events = c.events.Load(); events > 0 {
-			first := time.Unix(0, c.firstNs.Load())
-			o.TTFT = max(first.Sub(c.start), 0)
+	if s := c.sse; s != nil {
+		if events = s.events.Load(); events > 0 {
+			o.TTFT = time.Duration(max(s.firstNs.Load()-c.start, 0))
 			o.OutputTokens = int(min(events, 1<<31-1))
 			if events > 1 {
-				tbt = time.Duration((c.lastNs.Load() - c.firstNs.Load()) / (events - 1))
+				tbt = time.Duration((s.lastNs.Load() - s.firstNs.Load()) / (events - 1))
 			}
 		}
 	}
@@ -250,7 +309,7 @@ func (c *call) finish(err error) {
 		f(Result{
 			Endpoint:          c.pick.ID(),
 			Request:           c.info.Request,
-			Status:            c.status,
+			Status:            int(c.status),
 			Outcome:           o,
 			Events:            int(events),
 			TimeBetweenTokens: tbt,

@@ -189,9 +189,10 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, errNilURL
 	}
 	ctx := r.Context()
-	c := &call{t: t, ctx: ctx}
+	c, buf := newCall(t.peekSize(r))
+	c.t, c.req = t, r
 	rb := &c.rb
-	if err := t.readBody(ctx, r, rb); err != nil {
+	if err := t.readBody(ctx, r, rb, buf); err != nil {
 		return nil, err
 	}
 	t.cfg.inspector.Inspect(r, rb.head, rb.complete, &c.info)
@@ -210,7 +211,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			closeBody(body)
 			return nil, err
 		}
-		c.start = t.cfg.clock.Now()
+		c.start = t.cfg.clock.Now().UnixNano()
 		var err error
 		c.pick, err = t.b.PickExcept(&c.info.Request, failed) // failed is "" on the first attempt
 		if err != nil {
