@@ -1,4 +1,4 @@
 package httpbalancer
 
 // CallBufSizes are the peek buffers that share the call state's allocation.
-var CallBufSizes = []int{len(callBuf1K{}.buf), len(callBuf2K{}.buf), len(callBuf4K{}.buf), len(callBuf8K{}.buf)}
+var CallBufSizes = []int{len(callBuf896{}.buf), len(callBuf1280{}.buf), len(callBuf2048{}.buf), len(callBuf4096{}.buf), len(callBuf8192{}.buf)}

@@ -45,7 +45,6 @@ type call struct {
 	t    *Transport
 	req  *http.Request // the caller's, for its context
 	info Info
-	rb   reqBody // the request body, for the attempts
 
 	// The first attempt's request, URL and body reader, kept here to save
 	// allocations; see outgoing.
@@ -82,22 +81,25 @@ type sseState struct {
 // body of known length needs size bytes), a buffer of at least that many
 // bytes shares the allocation if one of the sizes below fits: one object
 // fewer per call for the small requests where the transport's cost shows.
-// Each size fills a size class of the allocator exactly (objects with
-// pointers above 512 bytes carry an 8-byte header).
+// Each size (named for the whole) fills a size class of the allocator exactly
+// (objects with pointers above 512 bytes carry an 8-byte header).
 func newCall(size int) (*call, []byte) {
 	switch {
 	case size <= 0:
-	case size <= len(callBuf1K{}.buf):
-		v := new(callBuf1K)
+	case size <= len(callBuf896{}.buf):
+		v := new(callBuf896)
 		return &v.c, v.buf[:0]
-	case size <= len(callBuf2K{}.buf):
-		v := new(callBuf2K)
+	case size <= len(callBuf1280{}.buf):
+		v := new(callBuf1280)
 		return &v.c, v.buf[:0]
-	case size <= len(callBuf4K{}.buf):
-		v := new(callBuf4K)
+	case size <= len(callBuf2048{}.buf):
+		v := new(callBuf2048)
 		return &v.c, v.buf[:0]
-	case size <= len(callBuf8K{}.buf):
-		v := new(callBuf8K)
+	case size <= len(callBuf4096{}.buf):
+		v := new(callBuf4096)
+		return &v.c, v.buf[:0]
+	case size <= len(callBuf8192{}.buf):
+		v := new(callBuf8192)
 		return &v.c, v.buf[:0]
 	}
 	return new(call), nil
@@ -106,19 +108,23 @@ func newCall(size int) (*call, []byte) {
 const callHeader = 8 + unsafe.Sizeof(call{})
 
 type (
-	callBuf1K struct {
+	callBuf896 struct {
 		c   call
-		buf [1024 - callHeader]byte
+		buf [896 - callHeader]byte
 	}
-	callBuf2K struct {
+	callBuf1280 struct {
+		c   call
+		buf [1280 - callHeader]byte
+	}
+	callBuf2048 struct {
 		c   call
 		buf [2048 - callHeader]byte
 	}
-	callBuf4K struct {
+	callBuf4096 struct {
 		c   call
 		buf [4096 - callHeader]byte
 	}
-	callBuf8K struct {
+	callBuf8192 struct {
 		c   call
 		buf [8192 - callHeader]byte
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -191,8 +192,8 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	ctx := r.Context()
 	c, buf := newCall(t.peekSize(r))
 	c.t, c.req = t, r
-	rb := &c.rb
-	if err := t.readBody(ctx, r, rb, buf); err != nil {
+	var rb reqBody // on the stack: only this call's attempts use it
+	if err := t.readBody(ctx, r, &rb, buf); err != nil {
 		return nil, err
 	}
 	t.cfg.inspector.Inspect(r, rb.head, rb.complete, &c.info)
@@ -221,7 +222,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			}
 			return nil, err
 		}
-		out, err := c.outgoing(r, body, failed == "")
+		out, err := c.outgoing(r, body, rb.gb, failed == "")
 		if err != nil {
 			closeBody(body)
 			c.fail(err, false)
@@ -251,8 +252,8 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 // the header map is shared unless a header must be added. The first
 // attempt's request lives in the call (one allocation fewer per call); a
 // retry gets a fresh one, since Base may still hold the failed one.
-func (c *call) outgoing(r *http.Request, body bodyReader, first bool) (*http.Request, error) {
-	t, p, rb := c.t, &c.pick, &c.rb
+func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.ReadCloser, error), first bool) (*http.Request, error) {
+	t, p := c.t, &c.pick
 	ep := p.Endpoint()
 	scheme, host, ok := t.addrs.split(ep.Addr)
 	if !ok {
@@ -277,7 +278,7 @@ func (c *call) outgoing(r *http.Request, body bodyReader, first bool) (*http.Req
 	if r.Host == "" || r.Host == r.URL.Host {
 		out.Host = ""
 	}
-	out.Body, out.ContentLength, out.GetBody = body.rc, body.length, rb.gb
+	out.Body, out.ContentLength, out.GetBody = body.rc, body.length, getBody
 	if t.cfg.loadReports {
 		h := r.Header.Clone()
 		if h == nil {
