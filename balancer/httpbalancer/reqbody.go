@@ -83,11 +83,11 @@ func hasJSON(s string) bool {
 // unblocks the read, and readBody returns the context's error. On error the
 // body is closed.
 //
-// buf, when not nil, is room for the peek that newCall found next to the
-// call state (see peekSize).
-func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, buf []byte) error {
+// peek is t.peeks(r); buf, when not nil, is room for the peek that newCall
+// found next to the call state (see peekSize).
+func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, peek bool, buf []byte) error {
 	*rb = reqBody{orig: r.Body, length: r.ContentLength, callerGB: r.GetBody != nil, gb: r.GetBody}
-	if !t.peeks(r) {
+	if !peek {
 		return nil
 	}
 	var stop func() bool
@@ -129,10 +129,10 @@ func (t *Transport) peeks(r *http.Request) bool {
 	return r.Body != nil && r.Body != http.NoBody && t.cfg.maxPeek >= 0 && wantsPeek(r.Header)
 }
 
-// peekSize is the buffer readHead wants for r's body when its length is
-// known (0 when it is not, or the body is not read ahead).
-func (t *Transport) peekSize(r *http.Request) int {
-	if r.ContentLength <= 0 || r.ContentLength >= int64(t.cfg.maxPeek) || !t.peeks(r) {
+// peekSize is the buffer readHead wants for r's body, read ahead when peek
+// is set, when its length is known (else 0).
+func (t *Transport) peekSize(r *http.Request, peek bool) int {
+	if !peek || r.ContentLength <= 0 || r.ContentLength >= int64(t.cfg.maxPeek) {
 		return 0
 	}
 	return int(r.ContentLength) + 1

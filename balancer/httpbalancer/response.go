@@ -182,9 +182,10 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	}
 	ct := ""
 	if v := h["Content-Type"]; len(v) > 0 {
-		ct = strings.ToLower(v[0])
+		ct = v[0]
 	}
-	if strings.HasPrefix(ct, "text/event-stream") || (c.info.Stream && !strings.Contains(ct, "json")) {
+	const eventStream = "text/event-stream"
+	if len(ct) >= len(eventStream) && strings.EqualFold(ct[:len(eventStream)], eventStream) || c.info.Stream && !hasJSON(ct) {
 		c.sse = new(sseState)
 	}
 	c.rc = resp.Body

@@ -190,10 +190,11 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, errNilURL
 	}
 	ctx := r.Context()
-	c, buf := newCall(t.peekSize(r))
+	peek := t.peeks(r)
+	c, buf := newCall(t.peekSize(r, peek))
 	c.t, c.req = t, r
 	var rb reqBody // on the stack: only this call's attempts use it
-	if err := t.readBody(ctx, r, &rb, buf); err != nil {
+	if err := t.readBody(ctx, r, &rb, peek, buf); err != nil {
 		return nil, err
 	}
 	t.cfg.inspector.Inspect(r, rb.head, rb.complete, &c.info)
