@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -22,10 +23,12 @@ const (
 	unknownLen         // a plain io.Reader: chunked, no GetBody
 	pipe               // written by another goroutine in small pieces
 	binaryType         // Content-Type application/octet-stream: not peeked
+	stringsBody        // strings.Reader: like known, another in-memory type
+	bufferBody         // bytes.Buffer: like known, another in-memory type
 	numBodyModes
 )
 
-var modeNames = [numBodyModes]string{"known", "unknown", "pipe", "binary"}
+var modeNames = [numBodyModes]string{"known", "unknown", "pipe", "binary", "strings", "buffer"}
 
 // onlyReader hides bytes.Reader's Len so net/http cannot learn the length.
 type onlyReader struct{ r io.Reader }
@@ -40,6 +43,10 @@ func sendBody(t testing.TB, client *http.Client, body []byte, mode int) {
 	switch mode {
 	case knownLength, binaryType:
 		r = bytes.NewReader(body)
+	case stringsBody:
+		r = strings.NewReader(string(body))
+	case bufferBody:
+		r = bytes.NewBuffer(slices.Clone(body))
 	case unknownLen:
 		r = onlyReader{bytes.NewReader(body)}
 	case pipe:
@@ -114,8 +121,8 @@ func TestBodyForwardedByteForByte(t *testing.T) {
 }
 
 // TestBodyForwardedAroundCallBuffers: bodies of known length just under, at
-// and over each peek buffer that shares the call's allocation (the peek
-// needs one byte more than the body) arrive byte for byte, JSON or not.
+// and over each peek buffer that shares the call's allocation arrive byte
+// for byte, JSON or not, in each in-memory form.
 func TestBodyForwardedAroundCallBuffers(t *testing.T) {
 	a := newBackend(t, "a")
 	client := &http.Client{Transport: newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a)})}
@@ -124,8 +131,10 @@ func TestBodyForwardedAroundCallBuffers(t *testing.T) {
 			prefix := `{"model":"m","messages":[{"role":"user","content":"`
 			body := []byte(prefix + strings.Repeat("x", n-len(prefix)-4) + `"}]}`)
 			require.Len(t, body, n)
-			sendBody(t, client, body, knownLength)
-			sendBody(t, client, bytes.Repeat([]byte{0xff}, n), knownLength)
+			for _, mode := range []int{knownLength, stringsBody, bufferBody} {
+				sendBody(t, client, body, mode)
+				sendBody(t, client, bytes.Repeat([]byte{0xff}, n), mode)
+			}
 		}
 	}
 }

@@ -54,14 +54,21 @@ func preferOpts(id string) balancer.Options {
 
 func TestFailoverRetriesOnAnotherEndpoint(t *testing.T) {
 	good := newBackend(t, "good")
-	for _, mode := range []int{knownLength, pipe} { // a pipe body is replayable once the peek read it whole
-		t.Run(modeNames[mode], func(t *testing.T) {
+	// A pipe body is replayable once the peek read it whole; an in-memory
+	// one (known, strings, buffer) is copied, not read, by the peek, and
+	// replayed from the copy, or from GetBody when it is over the peek (8).
+	for _, tc := range []struct {
+		mode, maxPeek int
+	}{{knownLength, 0}, {pipe, 0}, {stringsBody, 0}, {bufferBody, 0}, {knownLength, 8}, {bufferBody, 8}} {
+		mode := tc.mode
+		t.Run(fmt.Sprintf("%s/peek=%d", modeNames[mode], tc.maxPeek), func(t *testing.T) {
 			good.hits.Store(0)
 			res := newResults(4)
 			tr := newTransport(t, httpbalancer.Options{
 				Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: refusedAddr(t)}, {ID: "good", Addr: good.addr()}},
 				BalancerOptions: preferOpts("dead"),
 				OnResult:        res.on,
+				MaxPeek:         tc.maxPeek,
 			})
 			sendBody(t, &http.Client{Transport: tr}, []byte(chatBody(1, false)), mode)
 			require.EqualValues(t, 2, res.n.Load(), "attempts")

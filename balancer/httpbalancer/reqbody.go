@@ -5,7 +5,9 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"reflect"
 	"slices"
+	"strings"
 )
 
 // reqBody is a request body after the bounded peek: the bytes read ahead
@@ -20,6 +22,7 @@ type reqBody struct {
 	head     []byte        // bytes read ahead
 	complete bool          // head is the whole body; orig is drained and closed
 	peeked   bool          // head was read (else orig is forwarded untouched)
+	inPlace  bool          // head was copied from orig without reading it: orig goes first
 	callerGB bool          // gb is the caller's GetBody
 	readErr  error         // the caller's body failed during the peek
 	length   int64         // ContentLength to send with the first attempt
@@ -83,11 +86,15 @@ func hasJSON(s string) bool {
 // unblocks the read, and readBody returns the context's error. On error the
 // body is closed.
 //
-// peek is t.peeks(r); buf, when not nil, is room for the peek that newCall
-// found next to the call state (see peekSize).
-func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, peek bool, buf []byte) error {
+// p is the plan from planPeek; buf, when not nil, is room for the peek that
+// newCall found next to the call state.
+func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, p peekPlan, buf []byte) error {
 	*rb = reqBody{orig: r.Body, length: r.ContentLength, callerGB: r.GetBody != nil, gb: r.GetBody}
-	if !peek {
+	if !p.peek {
+		return nil
+	}
+	if p.mem.ok() {
+		t.copyHead(r, rb, p, buf)
 		return nil
 	}
 	var stop func() bool
@@ -107,35 +114,124 @@ func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, 
 	rb.peeked = true
 	if rb.complete {
 		_ = r.Body.Close()
-		switch head := rb.head; {
-		case r.GetBody != nil:
-			// The caller's replays the same bytes; keeping it saves a closure.
-		case len(head) > 0:
-			rb.gb = func() (io.ReadCloser, error) { return newBytesBody(head), nil }
-		default:
-			rb.gb = noBody
-		}
-		if r.ContentLength <= 0 && len(r.TransferEncoding) == 0 {
-			// Unknown length (0 with a body means unknown to net/http), now
-			// known: send it, so the backend needs no chunked decoding.
-			rb.length = int64(len(rb.head))
-		}
+		rb.completed(r)
 	}
 	return nil
+}
+
+// completed sets up the replays of a body that is all in head.
+func (rb *reqBody) completed(r *http.Request) {
+	switch head := rb.head; {
+	case r.GetBody != nil:
+		// The caller's replays the same bytes; keeping it saves a closure.
+	case len(head) > 0:
+		rb.gb = func() (io.ReadCloser, error) { return newBytesBody(head), nil }
+	default:
+		rb.gb = noBody
+	}
+	if r.ContentLength <= 0 && len(r.TransferEncoding) == 0 {
+		// Unknown length (0 with a body means unknown to net/http), now
+		// known: send it, so the backend needs no chunked decoding.
+		rb.length = int64(len(rb.head))
+	}
+}
+
+// copyHead is the peek of a body held in memory (see memBody): it copies
+// the first bytes without reading the body, which then goes to the first
+// attempt exactly as the caller made it. No replay reader is needed, and
+// none allocated, unless the call fails over.
+func (t *Transport) copyHead(r *http.Request, rb *reqBody, p peekPlan, buf []byte) {
+	n := p.mem.n
+	size := int(min(n, int64(t.cfg.maxPeek)+1)) // one more, as readHead reads
+	if cap(buf) < size {
+		buf = make([]byte, size)
+	}
+	rb.head = buf[:p.mem.copyTo(buf[:size])]
+	rb.complete = n <= int64(t.cfg.maxPeek)
+	rb.peeked, rb.inPlace = true, true
+	if rb.complete {
+		rb.completed(r)
+	}
+}
+
+// peekPlan is what RoundTrip decides about the peek before allocating: to
+// read ahead or not, how big a buffer, and whether the body is in memory.
+type peekPlan struct {
+	peek bool
+	size int // buffer wanted; 0 when not known in advance
+	mem  memBody
+}
+
+func (t *Transport) planPeek(r *http.Request) peekPlan {
+	p := peekPlan{peek: t.peeks(r)}
+	if !p.peek {
+		return p
+	}
+	if p.mem = inMemory(r.Body); p.mem.ok() {
+		p.size = int(min(p.mem.n, int64(t.cfg.maxPeek)+1))
+		return p
+	}
+	if r.ContentLength > 0 && r.ContentLength < int64(t.cfg.maxPeek) {
+		p.size = int(r.ContentLength) + 1 // +1 to see EOF, see readHead
+	}
+	return p
+}
+
+// memBody is the reader inside an io.NopCloser over a *bytes.Reader,
+// *strings.Reader or *bytes.Buffer: the body http.NewRequest makes of those
+// (net/http itself looks inside io.NopCloser the same way to tell in-memory
+// bodies). Its unread bytes can be copied without reading it.
+type memBody struct {
+	br *bytes.Reader
+	sr *strings.Reader
+	bb *bytes.Buffer
+	n  int64 // unread bytes
+}
+
+var (
+	nopCloserType         = reflect.TypeOf(io.NopCloser(struct{ io.Reader }{}))
+	nopCloserWriterToType = reflect.TypeOf(io.NopCloser(struct {
+		io.Reader
+		io.WriterTo
+	}{}))
+)
+
+func inMemory(body io.ReadCloser) memBody {
+	if t := reflect.TypeOf(body); t != nopCloserWriterToType && t != nopCloserType {
+		return memBody{}
+	}
+	switch v := reflect.ValueOf(body).Field(0).Interface().(type) {
+	case *bytes.Reader:
+		return memBody{br: v, n: int64(v.Len())}
+	case *strings.Reader:
+		return memBody{sr: v, n: int64(v.Len())}
+	case *bytes.Buffer:
+		return memBody{bb: v, n: int64(v.Len())}
+	}
+	return memBody{}
+}
+
+func (m *memBody) ok() bool { return m.br != nil || m.sr != nil || m.bb != nil }
+
+// copyTo copies the first len(dst) unread bytes into dst, leaving the
+// reader where it was, and returns how many it copied.
+func (m *memBody) copyTo(dst []byte) int {
+	switch {
+	case m.br != nil:
+		n, _ := m.br.ReadAt(dst, m.br.Size()-int64(m.br.Len()))
+		return n
+	case m.sr != nil:
+		n, _ := m.sr.ReadAt(dst, m.sr.Size()-int64(m.sr.Len()))
+		return n
+	case m.bb != nil:
+		return copy(dst, m.bb.Bytes())
+	}
+	return 0
 }
 
 // peeks reports whether r's body is read ahead.
 func (t *Transport) peeks(r *http.Request) bool {
 	return r.Body != nil && r.Body != http.NoBody && t.cfg.maxPeek >= 0 && wantsPeek(r.Header)
-}
-
-// peekSize is the buffer readHead wants for r's body, read ahead when peek
-// is set, when its length is known (else 0).
-func (t *Transport) peekSize(r *http.Request, peek bool) int {
-	if !peek || r.ContentLength <= 0 || r.ContentLength >= int64(t.cfg.maxPeek) {
-		return 0
-	}
-	return int(r.ContentLength) + 1
 }
 
 // readHead reads up to limit+1 bytes (one more than the limit tells "larger
@@ -173,7 +269,7 @@ func readHead(body io.Reader, contentLength int64, limit int, buf []byte) (head 
 // replay a buffered body without allocating a reader.
 func (rb *reqBody) first(br *bytes.Reader) bodyReader {
 	switch {
-	case !rb.peeked:
+	case !rb.peeked || rb.inPlace:
 		return bodyReader{rb.orig, rb.length}
 	case rb.complete && len(rb.head) == 0:
 		return bodyReader{http.NoBody, 0}
@@ -204,8 +300,10 @@ func (rb *reqBody) again() (bodyReader, bool) {
 	switch {
 	case rb.orig == nil || rb.orig == http.NoBody:
 		return bodyReader{rb.orig, rb.length}, true
+	case rb.complete && len(rb.head) == 0:
+		return bodyReader{http.NoBody, 0}, true
 	case rb.complete:
-		return rb.first(nil), true
+		return bodyReader{newBytesBody(rb.head), rb.length}, true // the first attempt had orig
 	case rb.callerGB:
 		b, err := rb.gb()
 		if err != nil || b == nil {

@@ -190,11 +190,11 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, errNilURL
 	}
 	ctx := r.Context()
-	peek := t.peeks(r)
-	c, buf := newCall(t.peekSize(r, peek))
+	plan := t.planPeek(r)
+	c, buf := newCall(plan.size)
 	c.t, c.req = t, r
 	var rb reqBody // on the stack: only this call's attempts use it
-	if err := t.readBody(ctx, r, &rb, peek, buf); err != nil {
+	if err := t.readBody(ctx, r, &rb, plan, buf); err != nil {
 		return nil, err
 	}
 	t.cfg.inspector.Inspect(r, rb.head, rb.complete, &c.info)
