@@ -25,10 +25,12 @@ const (
 	binaryType         // Content-Type application/octet-stream: not peeked
 	stringsBody        // strings.Reader: like known, another in-memory type
 	bufferBody         // bytes.Buffer: like known, another in-memory type
+	noGetBody          // bytes.Reader with GetBody cleared: the peek is kept for replays
+	lengthOnly         // a plain io.Reader with ContentLength set: read ahead, length known
 	numBodyModes
 )
 
-var modeNames = [numBodyModes]string{"known", "unknown", "pipe", "binary", "strings", "buffer"}
+var modeNames = [numBodyModes]string{"known", "unknown", "pipe", "binary", "strings", "buffer", "nogetbody", "lengthonly"}
 
 // onlyReader hides bytes.Reader's Len so net/http cannot learn the length.
 type onlyReader struct{ r io.Reader }
@@ -47,6 +49,10 @@ func sendBody(t testing.TB, client *http.Client, body []byte, mode int) {
 		r = strings.NewReader(string(body))
 	case bufferBody:
 		r = bytes.NewBuffer(slices.Clone(body))
+	case noGetBody:
+		r = bytes.NewReader(body)
+	case lengthOnly:
+		r = onlyReader{bytes.NewReader(body)}
 	case unknownLen:
 		r = onlyReader{bytes.NewReader(body)}
 	case pipe:
@@ -73,8 +79,16 @@ func sendBody(t testing.TB, client *http.Client, body []byte, mode int) {
 	}
 	req, err := http.NewRequest(http.MethodPost, chatURL, r)
 	require.NoError(t, err)
-	if mode == binaryType {
+	switch mode {
+	case binaryType:
 		req.Header.Set("Content-Type", "application/octet-stream")
+	case noGetBody:
+		req.GetBody = nil
+	case lengthOnly:
+		req.ContentLength = int64(len(body))
+		if len(body) == 0 {
+			req.Body = http.NoBody
+		}
 	}
 	resp, err := client.Do(req)
 	require.NoError(t, err)
@@ -121,8 +135,9 @@ func TestBodyForwardedByteForByte(t *testing.T) {
 }
 
 // TestBodyForwardedAroundCallBuffers: bodies of known length just under, at
-// and over each peek buffer that shares the call's allocation arrive byte
-// for byte, JSON or not, in each in-memory form.
+// and over each peek buffer that shares the call's allocation (used when
+// the peek must outlive inspection, or the body is not in memory) arrive
+// byte for byte, JSON or not, in each form of known length.
 func TestBodyForwardedAroundCallBuffers(t *testing.T) {
 	a := newBackend(t, "a")
 	client := &http.Client{Transport: newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a)})}
@@ -131,7 +146,7 @@ func TestBodyForwardedAroundCallBuffers(t *testing.T) {
 			prefix := `{"model":"m","messages":[{"role":"user","content":"`
 			body := []byte(prefix + strings.Repeat("x", n-len(prefix)-4) + `"}]}`)
 			require.Len(t, body, n)
-			for _, mode := range []int{knownLength, stringsBody, bufferBody} {
+			for _, mode := range []int{knownLength, stringsBody, bufferBody, noGetBody, lengthOnly} {
 				sendBody(t, client, body, mode)
 				sendBody(t, client, bytes.Repeat([]byte{0xff}, n), mode)
 			}

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // reqBody is a request body after the bounded peek: the bytes read ahead
@@ -23,6 +24,7 @@ type reqBody struct {
 	complete bool          // head is the whole body; orig is drained and closed
 	peeked   bool          // head was read (else orig is forwarded untouched)
 	inPlace  bool          // head was copied from orig without reading it: orig goes first
+	pooled   *peekBuf      // head's buffer, to return to peekBufs once inspected
 	callerGB bool          // gb is the caller's GetBody
 	readErr  error         // the caller's body failed during the peek
 	length   int64         // ContentLength to send with the first attempt
@@ -143,7 +145,10 @@ func (rb *reqBody) completed(r *http.Request) {
 func (t *Transport) copyHead(r *http.Request, rb *reqBody, p peekPlan, buf []byte) {
 	n := p.mem.n
 	size := int(min(n, int64(t.cfg.maxPeek)+1)) // one more, as readHead reads
-	if cap(buf) < size {
+	if p.pool {
+		rb.pooled = peekBufs.Get().(*peekBuf)
+		buf = rb.pooled[:]
+	} else if cap(buf) < size {
 		buf = make([]byte, size)
 	}
 	rb.head = buf[:p.mem.copyTo(buf[:size])]
@@ -158,8 +163,27 @@ func (t *Transport) copyHead(r *http.Request, rb *reqBody, p peekPlan, buf []byt
 // read ahead or not, how big a buffer, and whether the body is in memory.
 type peekPlan struct {
 	peek bool
-	size int // buffer wanted; 0 when not known in advance
+	pool bool // the peek goes to a buffer from peekBufs
+	size int  // buffer wanted with the call state; 0 for none or not known
 	mem  memBody
+}
+
+// peekBuf holds the peek of a small in-memory body whose caller gave
+// GetBody. Nothing needs those bytes once inspection is over: the first
+// attempt sends the caller's body, replays come from GetBody, and
+// inspectors must not retain the body. So the buffer goes back to
+// peekBufs right after Inspect, and the next call finds it warm in the
+// cache, where a fresh one would be cold memory to zero.
+type peekBuf [4096]byte
+
+var peekBufs = sync.Pool{New: func() any { return new(peekBuf) }}
+
+// release returns a pooled peek buffer; head must not be used after.
+func (rb *reqBody) release() {
+	if rb.pooled != nil {
+		peekBufs.Put(rb.pooled)
+		rb.pooled, rb.head = nil, nil
+	}
 }
 
 func (t *Transport) planPeek(r *http.Request) peekPlan {
@@ -169,6 +193,9 @@ func (t *Transport) planPeek(r *http.Request) peekPlan {
 	}
 	if p.mem = inMemory(r.Body); p.mem.ok() {
 		p.size = int(min(p.mem.n, int64(t.cfg.maxPeek)+1))
+		if r.GetBody != nil && p.size <= len(peekBuf{}) {
+			p.pool, p.size = true, 0
+		}
 		return p
 	}
 	if r.ContentLength > 0 && r.ContentLength < int64(t.cfg.maxPeek) {
@@ -265,17 +292,13 @@ func readHead(body io.Reader, contentLength int64, limit int, buf []byte) (head 
 	}
 }
 
-// first returns the first attempt's body. br, when not nil, is used to
-// replay a buffered body without allocating a reader.
-func (rb *reqBody) first(br *bytes.Reader) bodyReader {
+// first returns the first attempt's body.
+func (rb *reqBody) first() bodyReader {
 	switch {
 	case !rb.peeked || rb.inPlace:
 		return bodyReader{rb.orig, rb.length}
 	case rb.complete && len(rb.head) == 0:
 		return bodyReader{http.NoBody, 0}
-	case rb.complete && br != nil:
-		br.Reset(rb.head)
-		return bodyReader{io.NopCloser(br), rb.length}
 	case rb.complete:
 		return bodyReader{newBytesBody(rb.head), rb.length}
 	case rb.readErr != nil:
@@ -297,13 +320,16 @@ func (rb *reqBody) replayable() bool {
 
 // again returns a fresh body for a retry.
 func (rb *reqBody) again() (bodyReader, bool) {
+	// An in-memory body with GetBody is replayed by GetBody: its peek's
+	// buffer may be back in its pool.
+	fromHead := rb.complete && !(rb.inPlace && rb.callerGB)
 	switch {
 	case rb.orig == nil || rb.orig == http.NoBody:
 		return bodyReader{rb.orig, rb.length}, true
-	case rb.complete && len(rb.head) == 0:
+	case fromHead && len(rb.head) == 0:
 		return bodyReader{http.NoBody, 0}, true
-	case rb.complete:
-		return bodyReader{newBytesBody(rb.head), rb.length}, true // the first attempt had orig
+	case fromHead:
+		return bodyReader{newBytesBody(rb.head), rb.length}, true
 	case rb.callerGB:
 		b, err := rb.gb()
 		if err != nil || b == nil {

@@ -43,14 +43,13 @@ func (e *StatusError) Error() string {
 // report happen once.
 type call struct {
 	t    *Transport
-	req  *http.Request // the caller's, for its context
 	info Info
 
-	// The first attempt's request, URL and body reader, kept here to save
-	// allocations; see outgoing.
+	// The first attempt's request and URL, kept here to save allocations
+	// (see outgoing). out is a copy of the caller's request from the start:
+	// its context is the call's.
 	out    http.Request
 	outURL url.URL
-	br     bytes.Reader
 	pick   balancer.Pick
 	start  int64 // attempt start, unix ns on the transport's clock
 
@@ -133,7 +132,7 @@ type (
 // fail reports an attempt that got no response.
 func (c *call) fail(err error, failedOver bool) {
 	o := inferlb.Outcome{Err: err}
-	if ce := c.req.Context().Err(); ce != nil {
+	if ce := c.out.Context().Err(); ce != nil {
 		o.Err = ce // the caller's own doing, whatever the transport made of it
 	}
 	f := c.t.cfg.onResult
@@ -233,7 +232,7 @@ func (c *call) Read(p []byte) (int, error) {
 // call; it says nothing bad about the endpoint unless the context ended.
 func (c *call) Close() error {
 	err := c.rc.Close()
-	c.finish(c.req.Context().Err())
+	c.finish(c.out.Context().Err())
 	return err
 }
 
@@ -290,7 +289,7 @@ func (c *call) finish(err error) {
 	o := inferlb.Outcome{Err: c.err, Overloaded: c.overload > 0, RetryAfter: max(c.overload-1, 0)}
 	if err != nil && o.Err == nil && !o.Overloaded {
 		o.Err = err
-		if ce := c.req.Context().Err(); ce != nil {
+		if ce := c.out.Context().Err(); ce != nil {
 			o.Err = ce
 		}
 	}

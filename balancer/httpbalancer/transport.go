@@ -192,12 +192,14 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	ctx := r.Context()
 	plan := t.planPeek(r)
 	c, buf := newCall(plan.size)
-	c.t, c.req = t, r
+	c.t = t
+	c.out = *r     // the first attempt's request; its context is the call's
 	var rb reqBody // on the stack: only this call's attempts use it
 	if err := t.readBody(ctx, r, &rb, plan, buf); err != nil {
 		return nil, err
 	}
 	t.cfg.inspector.Inspect(r, rb.head, rb.complete, &c.info)
+	rb.release()
 	if v := r.Header[t.cfg.sessionHeader]; len(v) > 0 && v[0] != "" {
 		c.info.AffinityKey = t.cfg.keyer.Session(v[0])
 	}
@@ -205,7 +207,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		c.info.Tenant = v[0]
 	}
 
-	body := rb.first(&c.br)
+	body := rb.first()
 	failed := "" // ID of the endpoint the first attempt failed on
 	var failedErr error
 	for {
@@ -260,11 +262,11 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 	if !ok {
 		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port", ep.Key(), ep.Addr)
 	}
-	out, u := &c.out, &c.outURL
+	out, u := &c.out, &c.outURL // out is a copy of r already
 	if !first {
 		out, u = new(http.Request), new(url.URL)
+		*out = *r
 	}
-	*out = *r
 	*u = *r.URL
 	u.Host = host
 	switch {
