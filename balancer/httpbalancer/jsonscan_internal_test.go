@@ -109,3 +109,29 @@ func BenchmarkParseBody(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkParseBodyVaried parses 16 different chat bodies in turn, so the
+// branch predictor cannot learn one body's path (as it does in a loop over
+// the same body, which the loopback call does not resemble).
+func BenchmarkParseBodyVaried(b *testing.B) {
+	var bodies [][]byte
+	for i := range 16 {
+		bodies = append(bodies, []byte(`{"model":"`+strings.Repeat("m", 3+i%5)+`","messages":[{"role":"system","content":"`+strings.Repeat("You are helpful. ", 1+i%3)+`"},{"role":"user","content":"`+strings.Repeat("What is the capital? ", 1+i%4)+`"}],"max_tokens":`+strings.Repeat("3", 1+i%3)+`,"temperature":0}`))
+	}
+	b.Run("new", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			var o body
+			parseBody(bodies[i%16], true, &o)
+			i++
+		}
+	})
+	b.Run("ref", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			var o refBody
+			refParseBody(bodies[i%16], true, &o)
+			i++
+		}
+	})
+}
