@@ -14,14 +14,17 @@ import (
 // reqBody is a request body after the bounded peek: the bytes read ahead
 // (head) and, when the body was larger than the peek, the caller's body to
 // continue from. The bytes forwarded are always exactly the caller's bytes:
-// head, then the rest.
+// head, then the rest; or, for a body held in memory (inPlace), the
+// caller's body itself, of which head is a copy.
 //
-// Concurrency: immutable after readBody, except that the caller's body is
-// handed to exactly one attempt; getBody's closure only reads head.
+// Concurrency: one RoundTrip's, on its stack. Immutable after readBody,
+// except that release drops a pooled head and the caller's body is handed
+// to exactly one attempt; gb's closure only reads head, and is only made
+// when head is not pooled.
 type reqBody struct {
 	orig     io.ReadCloser // the caller's body; nil or http.NoBody when none
 	head     []byte        // bytes read ahead
-	complete bool          // head is the whole body; orig is drained and closed
+	complete bool          // head is the whole body (orig is drained and closed unless inPlace)
 	peeked   bool          // head was read (else orig is forwarded untouched)
 	inPlace  bool          // head was copied from orig without reading it: orig goes first
 	pooled   *peekBuf      // head's buffer, to return to peekBufs once inspected
@@ -82,7 +85,8 @@ func hasJSON(s string) bool {
 	return false
 }
 
-// readBody peeks at up to maxPeek bytes of r's body. When the caller gave no
+// readBody peeks at up to maxPeek bytes of r's body: a copy for a body held
+// in memory (see copyHead), else a read. When the caller gave no
 // GetBody (the body may be a pipe fed by another goroutine), the read is
 // bounded by the context: cancellation closes the caller's body, which
 // unblocks the read, and readBody returns the context's error. On error the

@@ -30,10 +30,11 @@ func (e *StatusError) Error() string {
 
 // call is one RoundTrip: what inspection found, the current attempt's pick,
 // and, once a response arrived, the body wrapper that reports the outcome
-// when the body ends. One allocation holds it all, and for a small body of
-// known length the peek buffer too (see newCall): each allocation on this
-// path costs more than most of the work, since the garbage collector's
-// share is paid per byte and per object.
+// when the body ends. One allocation holds it all, and the peek buffer too
+// when the peek must outlive inspection (see newCall and peekBuf): on the
+// loopback call each allocation costs more than most of the work, since it
+// is cold memory to zero and the garbage collector's share is paid per
+// object and per byte.
 //
 // Concurrency: every field but the atomics is written before the response
 // is returned to the caller and only read afterwards. Read runs on one
@@ -59,7 +60,7 @@ type call struct {
 	err error
 	// overload is 0 unless the answer was an overload signal, and then the
 	// Retry-After hint plus 1 (so that a hint of 0, none, is still seen).
-	// One field rather than two keeps call in the 768-byte size class.
+	// One field rather than two keeps call in the 640-byte size class.
 	overload time.Duration
 	status   int32
 	finished atomic.Bool
