@@ -146,6 +146,13 @@ func BenchmarkKeys(b *testing.B) {
 			dst = k.Blocks("m", msgs, dst[:0])
 		}
 	})
+	small := []Message{{Role: "system", Content: "You are a helpful assistant."}, {Role: "user", Content: "What is the capital of France?"}}
+	b.Run("Chat/small", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			sink += int(k.Chat("llama-3-8b", small) & 1)
+		}
+	})
 	b.Run("Session", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -3,6 +3,7 @@ package cache
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -191,8 +192,17 @@ func (c *chain) start(seed uint64, tag, model string, limit int, dst []uint64) {
 	// The model name is the salt: the same prompt on two models shares no KV
 	// cache, so it must not share an owner by construction either.
 	c.d.ResetWithSeed(seed)
-	_, _ = c.d.WriteString(tag)
-	_, _ = c.d.WriteString(model)
+	var buf [96]byte
+	if len(tag)+len(model) <= len(buf) {
+		// One write instead of two: the digest of a stream does not depend
+		// on how it is split, and each write has a fixed cost.
+		n := copy(buf[:], tag)
+		n += copy(buf[n:], model)
+		_, _ = c.d.Write(buf[:n])
+	} else {
+		_, _ = c.d.WriteString(tag)
+		_, _ = c.d.WriteString(model)
+	}
 	c.h = c.d.Sum64()
 	c.d.ResetWithSeed(c.h)
 	c.left = limit
@@ -237,16 +247,22 @@ func (c *chain) write(s string) {
 // differ from the first byte.
 func (c *chain) record(m *Message) {
 	c.write(m.Content)
-	c.write(m.Role)
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], uint64(len(m.Role)))
-	binary.LittleEndian.PutUint64(b[8:], uint64(len(m.Content)))
-	c.writeBytes(b[:])
+	var b [48]byte
+	n := 0
+	if len(m.Role) <= len(b)-16 {
+		n = copy(b[:], m.Role) // role and lengths in one write (roles are short)
+	} else {
+		c.write(m.Role)
+	}
+	binary.LittleEndian.PutUint64(b[n:], uint64(len(m.Role)))
+	binary.LittleEndian.PutUint64(b[n+8:], uint64(len(m.Content)))
+	c.writeBytes(b[:n+16])
 }
 
 func (c *chain) writeBytes(b []byte) {
-	// Lengths are short; staging them through a string keeps one write path.
-	c.write(string(b))
+	// Role and lengths are short; staging them through a string keeps one
+	// write path. The string does not outlive the call.
+	c.write(unsafe.String(unsafe.SliceData(b), len(b)))
 }
 
 // sum is the hash of everything written: the last complete block's hash when
