@@ -496,6 +496,11 @@ func (p *Pick) ID() string {
 	return p.e.id
 }
 
+// PickedAt returns the balancer's clock reading at the pick, which Done
+// measures latency from when the Outcome gives none. Adapters that time the
+// call themselves start from it instead of reading the clock again.
+func (p *Pick) PickedAt() time.Time { return time.Unix(0, p.start) }
+
 // Serial returns a number that identifies the chosen endpoint's state in
 // this Balancer: dense (1, 2, ... in order of first appearance) and never
 // reused, also when an ID leaves and comes back (it then gets a new one).

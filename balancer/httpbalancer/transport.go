@@ -215,7 +215,6 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			closeBody(body)
 			return nil, err
 		}
-		c.start = t.cfg.clock.Now().UnixNano()
 		var err error
 		c.pick, err = t.b.PickExcept(&c.info.Request, failed) // failed is "" on the first attempt
 		if err != nil {
@@ -225,6 +224,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			}
 			return nil, err
 		}
+		c.start = c.pick.PickedAt().UnixNano() // the transport's clock is the Balancer's
 		out, err := c.outgoing(r, body, rb.gb, failed == "")
 		if err != nil {
 			closeBody(body)
