@@ -25,3 +25,23 @@ func TestCoreImportsNoTransport(t *testing.T) {
 		}
 	}
 }
+
+// TestAdaptersImportNoMetricsStack keeps heavy dependencies at the edge: the
+// gRPC policy and the HTTP transport, which every user links, never pull in
+// the Prometheus client or parsers (telemetry sources and package metrics
+// are opt-in), plotting, or an SDK.
+func TestAdaptersImportNoMetricsStack(t *testing.T) {
+	for _, pkg := range []string{"./balancer/grpcbalancer", "./balancer/httpbalancer"} {
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			for _, f := range []string{"github.com/prometheus/", "gonum.org/", "github.com/openai/"} {
+				if strings.HasPrefix(dep, f) {
+					t.Errorf("%s depends on %s", pkg, dep)
+				}
+			}
+		}
+	}
+}

@@ -3,7 +3,7 @@ package httpbalancer
 import (
 	"net/textproto"
 
-	"github.com/inferlb/inferlb/telemetry/modelserver"
+	"github.com/inferlb/inferlb/telemetry/loadheader"
 )
 
 // The vLLM (ORCA) per-response load report: the client asks with
@@ -14,6 +14,6 @@ import (
 // Canonical forms, so the hot path indexes the header map without
 // canonicalizing on every request.
 var (
-	loadHeader       = textproto.CanonicalMIMEHeaderKey(modelserver.LoadHeader)
-	loadFormatHeader = textproto.CanonicalMIMEHeaderKey(modelserver.LoadFormatHeader)
+	loadHeader       = textproto.CanonicalMIMEHeaderKey(loadheader.Name)
+	loadFormatHeader = textproto.CanonicalMIMEHeaderKey(loadheader.FormatName)
 )

@@ -14,7 +14,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
-	"github.com/inferlb/inferlb/telemetry/modelserver"
+	"github.com/inferlb/inferlb/telemetry/loadheader"
 )
 
 // StatusError is the Outcome.Err reported to the balancer for a 5xx answer
@@ -170,7 +170,7 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	if v := h[loadHeader]; len(v) > 0 {
 		// A partly readable report (err wraps telemetry.ErrPartial) still
 		// carries good fields; an unreadable one carries none.
-		if s, _ := modelserver.ParseLoadHeader(v[0]); !s.Empty() {
+		if s, _ := loadheader.Parse(v[0]); !s.Empty() {
 			s.Time = c.t.cfg.clock.Now() // parsers leave it zero
 			c.t.b.Publish(c.pick.ID(), s)
 		}
