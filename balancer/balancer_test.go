@@ -293,3 +293,15 @@ func TestStatsCountPicksByHowTheyEnded(t *testing.T) {
 	held.Done(inferlb.Outcome{})
 	assert.EqualValues(t, 6, b.Stats()[0].Picks)
 }
+
+func TestDoneMeasuresLatencyFromPickedAt(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 1, balancer.Options{Clock: clock})
+	at := clock.Now()
+	p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding})
+	require.NoError(t, err)
+	assert.True(t, p.PickedAt().Equal(at), "the balancer's clock at the pick")
+	clock.Advance(40 * time.Millisecond)
+	p.Done(inferlb.Outcome{})
+	assert.Equal(t, 40*time.Millisecond, b.Stats()[0].Latency, "no Outcome.Latency: measured from PickedAt")
+}
