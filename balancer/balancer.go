@@ -371,7 +371,7 @@ func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
 	c := cand{nowNs: nowNs, panicking: panicking, exclude: exclude}
 	if req.AffinityKey != 0 && g.placement != nil {
 		if i := b.pickAffine(req, g, now, c); i >= 0 {
-			return b.acquire(g.members[i], req, nowNs), nil
+			return b.acquire(g.members[i], req, c), nil
 		}
 	}
 	i := b.draw(g, c, -1)
@@ -386,7 +386,7 @@ func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
 			}
 		}
 	}
-	return b.acquire(g.members[choice], req, nowNs), nil
+	return b.acquire(g.members[choice], req, c), nil
 }
 
 // cand is what decides whether a member may be a candidate for one pick.
@@ -451,7 +451,20 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	return cj < ci || (cj == ci && b.rand()&1 == 1)
 }
 
-func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, nowNs int64) Pick {
+func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
+	// The breaker generation is read before standing is checked again: if
+	// the endpoint was excluded after it was chosen (a trip, cooldown or
+	// ejection landed between the candidate check and here), the call goes
+	// ahead as a straggler of the old generation, which the breaker
+	// ignores, not as a half-open probe whose failure would double the
+	// exclusion. onBreakerChange sets the exclusion before it bumps the
+	// generation, so a new generation is never seen with the old standing.
+	gen := e.brGen.Load()
+	if !e.usable(c.nowNs, c.panicking) {
+		gen--
+	} else if e.brOpen.Load() {
+		e.probeSlots.Add(-1)
+	}
 	tokens := req.Tokens()
 	e.inFlight.Add(1)
 	if tokens != 0 {
@@ -460,11 +473,8 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, nowNs int64) Pick 
 	for _, c := range *e.groupLoads.Load() {
 		c.Add(1)
 	}
-	if e.brOpen.Load() {
-		e.probeSlots.Add(-1)
-	}
 	b.retry.deposit()
-	return Pick{b: b, e: e, start: nowNs, tokens: tokens, gen: e.brGen.Load()}
+	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen}
 }
 
 // Pick is the result of Balancer.Pick: the endpoint chosen and the handle to

@@ -101,9 +101,9 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		}
 		n := e.opens.Add(1)
 		until := nowNs + int64(b.ejectionTime(n))
+		exclude(e, until) // before the new generation: see acquire
 		e.probeSlots.Store(int32(b.cfg.breakerProbes))
 		e.brGen.Add(1)
-		exclude(e, until)
 		ev := Event{Kind: EventTripped, Endpoint: e.id, At: now, Until: time.Unix(0, until)}
 		if from == gobreaker.StateHalfOpen && e.brOpen.Load() {
 			ev.Kind = EventProbeFailed

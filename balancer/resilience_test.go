@@ -13,6 +13,7 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/scoring"
 )
 
 var errDown = errors.New("connection refused")
@@ -207,4 +208,69 @@ func TestOutlierEjectionBySuccessRate(t *testing.T) {
 	clock.Set(ev.Until)
 	assert.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, bad).RampFactor, 1e-9, "returns through slow start")
 	assert.Positive(t, spread(t, b, &inferlb.Request{}, 2000)[bad], "back after the ejection time")
+}
+
+// hookScorer prefers endpoint "10.0.0.1:8000" and runs hook once, from
+// inside the next pick, between the candidate check and the acquire.
+type hookScorer struct {
+	hook func()
+}
+
+func (h *hookScorer) Cost(_ *inferlb.Request, s scoring.State) float64 {
+	if f := h.hook; f != nil {
+		h.hook = nil
+		f()
+	}
+	if s.Endpoint.Addr == "10.0.0.1:8000" {
+		return 1
+	}
+	return 2
+}
+
+// A pick that chose an endpoint just before its breaker tripped is a
+// straggler of the old generation, not a half-open probe: its failure must
+// not re-open the breaker and double the exclusion (this raced in the HTTP
+// chaos test, where a trip landed between another worker's candidate check
+// and its acquire).
+func TestPickRacingATripIsNotAProbe(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	hs := &hookScorer{}
+	b := newBalancer(t, 2, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(3), OnEvent: rec.record,
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceUnknown: hs},
+	})
+	const victim = "10.0.0.1:8000"
+	var held []balancer.Pick
+	for range balancer.DefaultBreakerFailures {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		require.Equal(t, victim, p.ID())
+		held = append(held, p)
+	}
+	// The next pick's scorer fails the held calls: the breaker trips while
+	// the pick is between choosing the victim and taking it.
+	hs.hook = func() {
+		for i := range held {
+			held[i].Done(inferlb.Outcome{Err: errors.New("connection refused")})
+		}
+	}
+	racer, err := b.Pick(&inferlb.Request{})
+	require.NoError(t, err)
+	require.Equal(t, victim, racer.ID(), "the pick was decided before the trip")
+	require.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds())
+	until := stat(t, b, victim).ExcludedUntil
+
+	racer.Done(inferlb.Outcome{Err: errors.New("connection refused")})
+	assert.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds(), "no probe failed: the racer was no probe")
+	assert.Equal(t, until, stat(t, b, victim).ExcludedUntil, "the exclusion is not doubled")
+	assert.True(t, until.Equal(clock.Now().Add(balancer.DefaultEjectionTime)), "one ejection time: %v", until)
+
+	// The real probe after the exclusion still decides recovery.
+	clock.Advance(balancer.DefaultEjectionTime)
+	for range balancer.DefaultBreakerProbes {
+		p := pickOn(t, b, victim)
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Equal(t, balancer.EventRecovered, rec.last().Kind)
 }
