@@ -305,3 +305,49 @@ func TestDoneMeasuresLatencyFromPickedAt(t *testing.T) {
 	p.Done(inferlb.Outcome{})
 	assert.Equal(t, 40*time.Millisecond, b.Stats()[0].Latency, "no Outcome.Latency: measured from PickedAt")
 }
+
+// Stats().Picks is exported as a Prometheus counter: it must never go down
+// while calls start and end concurrently, and it must be exact once they stop.
+func TestStatsPicksNeverDecrease(t *testing.T) {
+	b := newBalancer(t, 1, balancer.Options{})
+	const workers, calls = 4, 2000
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range calls {
+				p, err := b.Pick(&inferlb.Request{})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if (i+w)%3 == 0 {
+					p.Done(inferlb.Outcome{Err: errors.New("boom")})
+				} else {
+					p.Done(inferlb.Outcome{})
+				}
+			}
+		})
+	}
+	stop := make(chan struct{})
+	var reader sync.WaitGroup
+	reader.Go(func() {
+		last := uint64(0)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n := b.Stats()[0].Picks
+			if n < last {
+				t.Errorf("Picks went down: %d after %d", n, last)
+				return
+			}
+			last = n
+		}
+	})
+	wg.Wait()
+	close(stop)
+	reader.Wait()
+	assert.EqualValues(t, workers*calls, b.Stats()[0].Picks)
+}

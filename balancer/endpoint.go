@@ -69,6 +69,28 @@ type endpoint struct {
 	failures  atomic.Uint64
 	overloads atomic.Uint64
 	canceled  atomic.Uint64 // with the three above and inFlight: the picks
+	picksSeen atomic.Uint64 // the largest pick count reported; see pickCount
+}
+
+// pickCount derives how many calls were routed to e from how they ended
+// and how many are in flight, which spares Pick a counter of its own. It
+// reads the ended counts before the in-flight count: Done decrements
+// in-flight before it counts the ending, so a reading never counts a call
+// twice and never exceeds the truth. It can miss a call that ends while it
+// reads, so the result is clamped to the largest count reported before:
+// exported as a Prometheus counter, it must never go down.
+func (e *endpoint) pickCount() uint64 {
+	n := e.successes.Load() + e.failures.Load() + e.overloads.Load() + e.canceled.Load()
+	n += uint64(max(e.inFlight.Load(), 0))
+	for {
+		seen := e.picksSeen.Load()
+		if n <= seen {
+			return seen
+		}
+		if e.picksSeen.CompareAndSwap(seen, n) {
+			return n
+		}
+	}
 }
 
 func newEndpoint(id string, slot *telemetry.Slot) *endpoint {

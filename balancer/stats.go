@@ -69,7 +69,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			LastDetection:  time.Duration(e.lastDetection.Load()),
 			LastDowntime:   time.Duration(e.lastDowntime.Load()),
 		}
-		s.Picks = s.Successes + s.Failures + s.Overloads + e.canceled.Load() + uint64(max(s.InFlight, 0))
+		s.Picks = e.pickCount()
 		if u := e.excludedUntil.Load(); u > nowNs && u != math.MaxInt64 {
 			s.ExcludedUntil = time.Unix(0, u)
 		}
