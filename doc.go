@@ -29,7 +29,10 @@
 // An adapter turns a call into a Request (service from the path or method,
 // model, token estimates, affinity key, tenant) and asks the Balancer to Pick.
 // Pick loads the current immutable snapshot and chooses the group that serves
-// the model. A request with an affinity key (a seeded hash of its prompt
+// the model. With Options.TenantShardSize, a request that names a tenant is
+// confined to that tenant's shard of the group (shuffle sharding: the first
+// k endpoints on the ring from the tenant's seeded key), and everything below
+// happens inside the shard. A request with an affinity key (a seeded hash of its prompt
 // prefix or session, from Balancer.Keyer) goes to the key's owner on a
 // consistent-hash ring while the owner is within its bounded load; past the
 // bound, the next endpoints in the key's own order take it, so independent

@@ -159,20 +159,21 @@ const (
 // pickAffine routes req by its affinity key; -1 means "no opinion" (fall
 // back to plain P2C). It walks the key's preference order at most once
 // around the ring and never allocates.
-func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c cand) int {
+// sh, when not nil, confines the pick to a tenant's shard.
+func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) int {
 	if b.sticky == nil {
-		return b.walkAffine(req, g, now, c)
+		return b.walkAffine(req, g, now, c, sh)
 	}
 	// StickyTTL: follow the key to where it last went while that endpoint
 	// is usable and within bound; its KV cache is the warmest.
 	if v, ok := b.sticky.Get(req.AffinityKey); ok {
-		if i, ok := g.byHash[v]; ok && c.ok(g.members[i]) {
+		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) {
 			if bd := b.withinBound(g, i, now); bd.in && bd.pressure < pressureSpill {
 				return i
 			}
 		}
 	}
-	i := b.walkAffine(req, g, now, c)
+	i := b.walkAffine(req, g, now, c, sh)
 	if i >= 0 {
 		b.sticky.Put(req.AffinityKey, g.hashes[i])
 	}
@@ -187,26 +188,34 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 // trade a queue for a queue plus a cold prefill of the prefix, so the key
 // stays home. Without telemetry, or when that endpoint has room, the key
 // spills as usual.
-func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c cand) int {
+//
+// With a shard (sh not nil), members outside it are skipped: the owner is
+// the key's first endpoint in the shard, and rank counts only the shard's.
+func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) int {
 	w := g.placement.Walk(req.AffinityKey)
 	first := -1
 	home := -1  // a pressured owner, kept in reserve
 	crowd := -1 // a crowded owner, kept in reserve
 	relief := 0.0
 	n := len(g.members)
+	rank := -1 // of i among the members offered so far (in the shard)
 	for steps := 0; steps < 2*n+8; steps++ {
 		i, ok := w.Next()
 		if !ok {
 			break
 		}
-		if home >= 0 && steps > pressureLook && first < 0 {
+		if sh != nil && !sh.has(i) {
+			continue
+		}
+		rank++
+		if home >= 0 && rank > pressureLook && first < 0 {
 			return home // nothing nearby is better off: stay home
 		}
 		if i == first || i == home || i == crowd || !c.ok(g.members[i]) {
 			continue
 		}
 		bd := b.withinBound(g, i, now)
-		if steps == 0 && bd.crowded {
+		if rank == 0 && bd.crowded {
 			if f := g.members[i].rampFactor(b.cfg, c.nowNs); f >= 1 || float64(b.rand()>>11)/(1<<53) < f {
 				crowd = i
 			}
@@ -221,7 +230,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if crowd >= 0 && first < 0 && noRelief(bd) {
 			return crowd // the spill would queue too: stay warm
 		}
-		if steps == 0 || b.cfg.affinity == AffinityStrict {
+		if rank == 0 || b.cfg.affinity == AffinityStrict {
 			// The owner (or, when strict, the first acceptable endpoint).
 			// A ramping endpoint takes its keys only in proportion to its
 			// ramp, or slow start would be bypassed by affinity traffic.

@@ -369,8 +369,17 @@ func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
 		return Pick{}, ErrNoEndpoints
 	}
 	c := cand{nowNs: nowNs, panicking: panicking, exclude: exclude}
+	if b.cfg.tenantShard > 0 && req.Tenant != "" {
+		var sh shard
+		if b.tenantShard(req, g, &sh) {
+			if i := b.pickInShard(req, g, now, c, &sh); i >= 0 {
+				return b.acquire(g.members[i], req, c), nil
+			}
+			// Nothing in the shard can take it: the whole group, below.
+		}
+	}
 	if req.AffinityKey != 0 && g.placement != nil {
-		if i := b.pickAffine(req, g, now, c); i >= 0 {
+		if i := b.pickAffine(req, g, now, c, nil); i >= 0 {
 			return b.acquire(g.members[i], req, c), nil
 		}
 	}

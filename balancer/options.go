@@ -136,6 +136,18 @@ type Options struct {
 	// callers each remember their own spills and so disagree: with 8 clients
 	// it cost 5.5% of throughput. The table is bounded (StickyEntries).
 	StickyTTL time.Duration
+	// TenantShardSize, when positive, confines each tenant's requests
+	// (Request.Tenant) to a shard of this many endpoints: shuffle sharding,
+	// so one tenant's flood or poison requests reach only its own shard, and
+	// two tenants rarely share all of theirs. A shard is the first
+	// TenantShardSize distinct endpoints on the group's consistent-hash ring
+	// from the tenant's seeded key, so processes with the same AffinitySeed
+	// agree on it, nothing is stored per tenant (tenant names cannot grow
+	// any table), and an endpoint leaving changes only the shards it was in.
+	// Affinity keys and P2C work inside the shard. When no endpoint of the
+	// shard can take a request it goes to the whole group (availability
+	// first). 0 (the default) turns sharding off; at most MaxTenantShard.
+	TenantShardSize int
 	// StickyEntries bounds the sticky table; 0 means cache.DefaultMaxSessions
 	// (65,536 entries, 2 MiB). It is allocated up front.
 	StickyEntries int
@@ -206,6 +218,7 @@ type config struct {
 	loadBoundHard float64
 	stickyTTL     time.Duration
 	stickyEntries int
+	tenantShard   int
 
 	breakerFailures    int
 	breakerProbes      int
@@ -263,6 +276,8 @@ func (o *Options) Validate() error {
 		return bad("Affinity", "must be AffinityPrefer, AffinityOff or AffinityStrict", o.Affinity)
 	case o.LoadBound != 0 && !(o.LoadBound > 1) || math.IsInf(o.LoadBound, 0):
 		return bad("LoadBound", "must be a finite number above 1 (0 means the default 1.25)", o.LoadBound)
+	case o.TenantShardSize < 0 || o.TenantShardSize > MaxTenantShard:
+		return bad("TenantShardSize", fmt.Sprintf("must be in [0, %d] (0 turns sharding off)", MaxTenantShard), o.TenantShardSize)
 	case o.StickyEntries < 0:
 		return bad("StickyEntries", "must not be negative", o.StickyEntries)
 	case o.BreakerProbes < 0:
@@ -325,6 +340,7 @@ func (o *Options) resolve() (*config, error) {
 		loadBoundHard: unqueuedSlack * floatOr(o.LoadBound, DefaultLoadBound),
 		stickyTTL:     o.StickyTTL,
 		stickyEntries: o.StickyEntries,
+		tenantShard:   o.TenantShardSize,
 
 		breakerFailures:    intOr(o.BreakerFailures, DefaultBreakerFailures),
 		breakerProbes:      intOr(o.BreakerProbes, DefaultBreakerProbes),

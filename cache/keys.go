@@ -75,12 +75,23 @@ func (k *Keyer) Depth() int { return k.depth }
 // Session returns the key for an explicit session or conversation ID, or 0
 // (no affinity) for an empty ID.
 func (k *Keyer) Session(id string) uint64 {
+	return k.named("session\x00", id)
+}
+
+// Tenant returns the placement key of a tenant name, for shuffle sharding:
+// seeded like every other key and tagged, so a tenant and a session with
+// the same name land apart. 0 for an empty name. It does not allocate.
+func (k *Keyer) Tenant(name string) uint64 {
+	return k.named("tenant\x00", name)
+}
+
+func (k *Keyer) named(tag, id string) uint64 {
 	if id == "" {
 		return 0
 	}
 	var d xxhash.Digest
 	d.ResetWithSeed(k.seed)
-	_, _ = d.WriteString("session\x00")
+	_, _ = d.WriteString(tag)
 	_, _ = d.WriteString(id)
 	return nonZero(d.Sum64())
 }

@@ -225,3 +225,15 @@ func TestChatKeyCappedAtMaxKeyChars(t *testing.T) {
 	c := k.Chat(model, []cache.Message{{Role: "system", Content: system[1:] + "x"}, {Role: "user", Content: "a"}})
 	assert.NotEqual(t, a, c)
 }
+
+func TestTenantKeys(t *testing.T) {
+	k := cache.NewKeyer(1)
+	assert.Zero(t, k.Tenant(""), "no tenant, no shard")
+	assert.Equal(t, k.Tenant("acme"), cache.NewKeyer(1).Tenant("acme"), "same seed, same key")
+	assert.NotEqual(t, k.Tenant("acme"), cache.NewKeyer(2).Tenant("acme"), "the seed moves it")
+	assert.NotEqual(t, k.Tenant("acme"), k.Session("acme"), "a tenant and a session of one name land apart")
+	assert.NotEqual(t, k.Tenant("acme"), k.Tenant("acme2"))
+	var sum uint64
+	assert.Zero(t, testing.AllocsPerRun(100, func() { sum += k.Tenant("acme") }))
+	assert.NotZero(t, sum)
+}

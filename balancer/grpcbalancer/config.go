@@ -58,6 +58,7 @@ type jsonTunables struct {
 	Affinity            string  `json:"affinity"`
 	LoadBound           float64 `json:"loadBound"`
 	AffinitySeed        uint64  `json:"affinitySeed"`
+	TenantShardSize     int     `json:"tenantShardSize"`
 	BreakerFailures     int     `json:"breakerFailures"`
 	BreakerProbes       int     `json:"breakerProbes"`
 	EjectionTime        string  `json:"ejectionTime"`
@@ -291,6 +292,7 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"affinity", mode},
 		{"loadBound", num(t.LoadBound, func(o *core.Options) *float64 { return &o.LoadBound })},
 		{"affinitySeed", func(o *core.Options) error { o.AffinitySeed = t.AffinitySeed; return nil }},
+		{"tenantShardSize", func(o *core.Options) error { o.TenantShardSize = t.TenantShardSize; return nil }},
 	}...)
 	var o core.Options
 	for _, f := range fields {

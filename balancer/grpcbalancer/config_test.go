@@ -38,7 +38,7 @@ func TestParseConfigGood(t *testing.T) {
 		"balancer": {"telemetryMaxAge": "-1s", "latencyDecay": "5s", "errorAlpha": 0.2, "panicThreshold": -1,
 			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
 			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models",
-			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615}
+			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4}
 	}`), false)
 	if err != nil {
 		t.Fatal(err)
@@ -58,8 +58,8 @@ func TestParseConfigGood(t *testing.T) {
 	if c.affinityHeader != "x-session-id" || c.tenantHeader != "x-tenant" || c.modelHeader != "x-model" {
 		t.Errorf("headers %q %q %q", c.affinityHeader, c.tenantHeader, c.modelHeader)
 	}
-	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 {
-		t.Errorf("affinity options %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed)
+	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 {
+		t.Errorf("affinity options %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize)
 	}
 	if c.orcaPerCall || !c.oob || c.oobInterval != 1500*time.Millisecond {
 		t.Errorf("orca %v %v %v", c.orcaPerCall, c.oob, c.oobInterval)
@@ -100,6 +100,9 @@ func TestParseConfigBad(t *testing.T) {
 		{"seed as string", `{"balancer": {"affinitySeed": "42"}}`, false, "balancer.affinitySeed"},
 		{"affinity mode", `{"balancer": {"affinity": "sticky"}}`, false, `balancer.affinity: affinity mode "sticky"`},
 		{"load bound", `{"balancer": {"loadBound": 0.5}}`, false, "balancer.loadBound"},
+		{"tenant shard too large", `{"balancer": {"tenantShardSize": 33}}`, false, "balancer.tenantShardSize"},
+		{"tenant shard negative", `{"balancer": {"tenantShardSize": -2}}`, false, "balancer.tenantShardSize"},
+		{"tenant shard not a number", `{"balancer": {"tenantShardSize": "4"}}`, false, "balancer.tenantShardSize"},
 		{"bad interval", `{"orca": {"interval": "soon"}}`, false, "orca.interval"},
 		{"zero interval", `{"orca": {"interval": "0s"}}`, false, "orca.interval"},
 		{"perCall type", `{"orca": {"perCall": "yes"}}`, false, "orca.perCall"},

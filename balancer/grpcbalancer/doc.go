@@ -102,6 +102,7 @@
 //	    "maxCooldown": "30s", "slowStartWindow": "30s", "slowStartMinWeight": 0.1,
 //	    "slowStartAggression": 1, "retryRatio": 0.2, "retryFloor": 10,
 //	    "affinity": "prefer", "loadBound": 1.25, "affinitySeed": 0,
+//	    "tenantShardSize": 0,           // > 0: each tenant (tenantHeader) on its own shard of endpoints
 //	    "breakerFailures": 5, "breakerProbes": 3, "ejectionTime": "10s",
 //	    "maxEjectionTime": "2m", "maxEjectedFraction": 0.5,
 //	    "outlierInterval": "10s", "outlierMinRequests": 20,
