@@ -59,6 +59,8 @@
 // Scenarios can script crashes (in-flight calls fail, the cache is lost,
 // service discovery drops the replica after DiscoveryDelay), slow-downs and
 // 429 load shedding; a failed call is retried once when the router allows.
+// Requests may name a tenant (the tenants scenario floods the fleet from one
+// tenant) and a class; Result.ClassE2EP99 reports each class's p99.
 //
 // # Measurement
 //

@@ -275,6 +275,7 @@ func (r *inferlbRouter) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 		AffinityKey:     req.AffinityKey,
 		PromptTokens:    req.Prompt.Tokens,
 		MaxOutputTokens: req.MaxOutputTokens,
+		Tenant:          req.Tenant,
 	}
 	if r.v.NoAffinity {
 		ir.AffinityKey = 0

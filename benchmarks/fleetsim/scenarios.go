@@ -53,6 +53,7 @@ func Scenarios() []*Scenario {
 		MixScenario(),
 		HotPromptScenario(),
 		FailuresScenario(),
+		TenantsScenario(),
 	}
 }
 
@@ -229,4 +230,30 @@ func FailuresScenario() *Scenario {
 		{At: 120 * time.Second, Replica: 2, Kind: ThrottleOn},
 	}
 	return sc
+}
+
+// TenantsScenario is 12 quiet tenants and one that floods the fleet; the
+// offered load swept is the noisy tenant's. inferlb with shuffle sharding
+// (TenantShardSize 2 of 8) is compared with the same Balancer without it.
+func TenantsScenario() *Scenario {
+	shard := func() balancer.Options { return balancer.Options{TenantShardSize: 2} }
+	return &Scenario{
+		Name:        "tenants",
+		Description: "12 quiet tenants (1 req/s each: own 2k-token system prompt + 200-token question -> 200 tokens) and one noisy tenant (8k-token unique prompts -> 1k tokens), 8 replicas",
+		Fleet:       fleet(8, LLMServer()),
+		Workload: func(rate float64) Workload {
+			return &Tenants{Quiet: 12, QuietRate: 1, NoisyRate: rate,
+				System: 2000, Question: 200, Answer: 200, NoisyPrompt: 8000, NoisyOut: 1000}
+		},
+		Rates:    []float64{0, 4, 8, 16},
+		RateUnit: "noisy req/s",
+		Headline: 16,
+		Warmup:   60 * time.Second, Duration: 300 * time.Second, Drain: 300 * time.Second,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Policies: []Policy{
+			RoundRobin(), LeastRequest(),
+			InferLB(Variant{Name: "inferlb"}),
+			InferLB(Variant{Name: "inferlb shards=2", Options: shard}),
+		},
+	}
 }

@@ -48,6 +48,9 @@ type Request struct {
 	Client int
 	// Class labels the request for per-class reporting ("heavy", "rerank").
 	Class string
+	// Tenant names the tenant that sends it ("" = none), as a client's
+	// tenant header would.
+	Tenant string
 	// session lets closed-loop workloads find their state on completion.
 	session any
 }

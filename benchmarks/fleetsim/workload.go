@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -269,3 +270,46 @@ func (w *HotPrompt) Start(s Sim) {
 
 // Done implements Workload.
 func (w *HotPrompt) Done(Sim, *Request, bool) {}
+
+// Tenants is several tenants sharing one fleet while one of them floods it:
+// each of Quiet tenants sends chat requests behind its own system prompt at
+// QuietRate; the noisy tenant sends NoisyRate requests with long unique
+// prompts and long answers (a batch job gone wild, or abuse).
+type Tenants struct {
+	Quiet                    int
+	QuietRate, NoisyRate     float64
+	System, Question, Answer int // quiet requests, in tokens
+	NoisyPrompt, NoisyOut    int
+	rng                      *rand.Rand
+	n                        uint64
+}
+
+// Start implements Workload.
+func (w *Tenants) Start(s Sim) {
+	w.rng = s.Rand(5)
+	for t := range w.Quiet {
+		name := fmt.Sprintf("tenant-%d", t)
+		sys := Segment{contentID(10, uint64(t), 0), w.System}
+		poisson(s, w.rng, w.QuietRate, func() {
+			w.n++
+			q := Segment{contentID(11, w.n, 0), w.Question}
+			s.Submit(&Request{
+				Service: inferlb.ServiceLLM, Model: Model, Class: "quiet", Tenant: name,
+				Prompt: NewPrompt(sys, q), OutputTokens: w.Answer, MaxOutputTokens: w.Answer,
+				AnswerID: contentID(12, w.n, 0), AffinityKey: chatKey(sys, q),
+			})
+		})
+	}
+	poisson(s, w.rng, w.NoisyRate, func() {
+		w.n++
+		seg := Segment{contentID(13, w.n, 0), w.NoisyPrompt}
+		s.Submit(&Request{
+			Service: inferlb.ServiceLLM, Model: Model, Class: "noisy", Tenant: "noisy",
+			Prompt: NewPrompt(seg), OutputTokens: w.NoisyOut, MaxOutputTokens: w.NoisyOut,
+			AnswerID: contentID(14, w.n, 0), AffinityKey: promptKey(seg),
+		})
+	})
+}
+
+// Done implements Workload.
+func (w *Tenants) Done(Sim, *Request, bool) {}
