@@ -146,7 +146,9 @@ type Options struct {
 	// any table), and an endpoint leaving changes only the shards it was in.
 	// Affinity keys and P2C work inside the shard. When no endpoint of the
 	// shard can take a request it goes to the whole group (availability
-	// first). 0 (the default) turns sharding off; at most MaxTenantShard.
+	// first). Shards are drawn per group, so each model subset has its own;
+	// a group of k endpoints or fewer is not sharded. 0 (the default) turns
+	// sharding off; at most MaxTenantShard.
 	TenantShardSize int
 	// StickyEntries bounds the sticky table; 0 means cache.DefaultMaxSessions
 	// (65,536 entries, 2 MiB). It is allocated up front.
