@@ -412,8 +412,6 @@ func (out *refBody) addMessage(m cache.Message) {
 	out.more = append(out.more, m)
 }
 
-func (out *refBody) messageCount() int { return out.nmsg + len(out.more) }
-
 func (s *refScanner) content(out *refBody) bool {
 	switch s.peek() {
 	case '"':
