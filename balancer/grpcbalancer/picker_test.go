@@ -546,3 +546,30 @@ func TestChildTableFindsChildrenBySerialAndByID(t *testing.T) {
 	_, ok = b.Serial("gone")
 	assert.False(t, ok)
 }
+
+// The tenant named in the configured metadata header is confined to its
+// shard when balancer.tenantShardSize is set.
+func TestTenantMetadataShardsEndpoints(t *testing.T) {
+	h := newHarness(t, Name, `{"tenantHeader": "x-tenant", "balancer": {"affinitySeed": 9, "tenantShardSize": 2}}`, 8)
+	used := map[string]bool{}
+	for i := range 10 {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "x-tenant", fmt.Sprintf("tenant-%d", i))
+		got := map[string]int{}
+		for range 100 {
+			a, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Chat", Ctx: ctx})
+			res.Done(sent)
+			got[a]++
+			used[a] = true
+		}
+		assert.Len(t, got, 2, "tenant-%d reached %v", i, got)
+	}
+	assert.Greater(t, len(used), 4, "tenants' shards spread over the fleet")
+	// Calls without a tenant use every endpoint.
+	all := map[string]bool{}
+	for range 400 {
+		a, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Chat"})
+		res.Done(sent)
+		all[a] = true
+	}
+	assert.Len(t, all, 8)
+}
