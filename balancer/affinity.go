@@ -216,7 +216,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		}
 		bd := b.withinBound(g, i, now)
 		if rank == 0 && bd.crowded {
-			if f := g.members[i].rampFactor(b.cfg, c.nowNs); f >= 1 || float64(b.rand()>>11)/(1<<53) < f {
+			if b.admitRamp(g.members[i], c.nowNs) {
 				crowd = i
 			}
 			continue
@@ -234,7 +234,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			// The owner (or, when strict, the first acceptable endpoint).
 			// A ramping endpoint takes its keys only in proportion to its
 			// ramp, or slow start would be bypassed by affinity traffic.
-			if f := g.members[i].rampFactor(b.cfg, c.nowNs); f < 1 && float64(b.rand()>>11)/(1<<53) >= f {
+			if !b.admitRamp(g.members[i], c.nowNs) {
 				continue
 			}
 			if bd.pressure >= pressureSpill && home < 0 {

@@ -372,30 +372,37 @@ func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
 	if b.cfg.tenantShard > 0 && req.Tenant != "" {
 		var sh shard
 		if b.tenantShard(req, g, &sh) {
-			if i := b.pickInShard(req, g, now, c, &sh); i >= 0 {
+			if i := b.choose(req, g, now, c, &sh); i >= 0 {
 				return b.acquire(g.members[i], req, c), nil
 			}
 			// Nothing in the shard can take it: the whole group, below.
 		}
 	}
-	if req.AffinityKey != 0 && g.placement != nil {
-		if i := b.pickAffine(req, g, now, c, nil); i >= 0 {
-			return b.acquire(g.members[i], req, c), nil
-		}
-	}
-	i := b.draw(g, c, -1)
+	i := b.choose(req, g, now, c, nil)
 	if i < 0 {
 		return Pick{}, ErrNoEndpoints
 	}
-	choice := i
-	if len(g.members) > 1 {
-		if j := b.draw(g, c, i); j >= 0 {
-			if b.prefer(req, g, i, j, now) {
-				choice = j
-			}
+	return b.acquire(g.members[i], req, c), nil
+}
+
+// choose picks a member for req from the group, or from a tenant's shard
+// of it when sh is not nil: the affinity key's endpoint when the key has
+// one within bound, else the cheaper of two draws (P2C); -1 when nothing
+// can take req.
+func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) int {
+	if req.AffinityKey != 0 && g.placement != nil {
+		if i := b.pickAffine(req, g, now, c, sh); i >= 0 {
+			return i
 		}
 	}
-	return b.acquire(g.members[choice], req, c), nil
+	i := b.draw(g, c, sh, -1)
+	if i < 0 || len(g.members) == 1 {
+		return i
+	}
+	if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
+		return j
+	}
+	return i
 }
 
 // cand is what decides whether a member may be a candidate for one pick.
@@ -417,33 +424,44 @@ func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {
 }
 
 // draw samples a usable member other than not, by capacity weight and slow
-// start. After drawTries rejections it scans from a random start, so it
-// terminates in O(n) even when almost nothing is usable; -1 means none.
-func (b *Balancer) draw(g *group, c cand, not int) int {
+// start, from the group or, when sh is not nil, from a tenant's shard of it.
+// After drawTries rejections it scans from a random start, so it terminates
+// in O(n) even when almost nothing is usable; -1 means none.
+func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
 	for range drawTries {
-		r := b.rand()
-		i := g.sample(r)
-		if i == not || !c.ok(g.members[i]) {
-			continue
+		var i int
+		if sh == nil {
+			i = g.sample(b.rand())
+		} else {
+			i = sh.sample(g, b.rand())
 		}
-		if f := g.members[i].rampFactor(b.cfg, c.nowNs); f < 1 {
-			// Accept a ramping endpoint with probability f, which scales its
-			// share of candidacies by f, like a weight of w*f.
-			if float64(b.rand()>>11)/(1<<53) >= f {
-				continue
-			}
+		if i != not && c.ok(g.members[i]) && b.admitRamp(g.members[i], c.nowNs) {
+			return i
 		}
-		return i
 	}
 	n := len(g.members)
+	if sh != nil {
+		n = sh.n
+	}
 	start := int(b.rand() % uint64(n))
 	for k := range n {
 		i := (start + k) % n
+		if sh != nil {
+			i = int(sh.members[i])
+		}
 		if i != not && c.ok(g.members[i]) {
 			return i
 		}
 	}
 	return -1
+}
+
+// admitRamp accepts a ramping endpoint with probability equal to its
+// slow-start factor, which scales its share of candidacies (or of its
+// affinity keys) by that factor, like a weight of w*f.
+func (b *Balancer) admitRamp(e *endpoint, nowNs int64) bool {
+	f := e.rampFactor(b.cfg, nowNs)
+	return f >= 1 || float64(b.rand()>>11)/(1<<53) < f
 }
 
 // prefer reports whether member j costs less than member i for req (a tie

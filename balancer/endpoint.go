@@ -194,28 +194,31 @@ func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, 
 	if counted && !failed && latency > 0 {
 		at := e.latencyAt.Load()
 		w := decay.Weight(float64(nowNs-at) / float64(c.latencyDecay))
-		for {
-			cur := e.latencyEWMA.Load()
-			next := int64(latency) // peak: jump up at once
-			if cur != 0 && int64(latency) <= cur {
-				next = int64(float64(cur)*w + float64(latency)*(1-w))
+		update(&e.latencyEWMA, func(cur int64) int64 {
+			if cur == 0 || int64(latency) > cur {
+				return int64(latency) // peak: jump up at once
 			}
-			if e.latencyEWMA.CompareAndSwap(cur, next) {
-				break
-			}
-		}
+			return int64(float64(cur)*w + float64(latency)*(1-w))
+		})
 		e.latencyAt.Store(nowNs)
 	}
 	if ttft > 0 && !failed {
-		for {
-			cur := e.ttftEWMA.Load()
-			next := int64(ttft)
-			if cur != 0 {
-				next = cur + int64(c.errorAlpha*float64(int64(ttft)-cur))
+		update(&e.ttftEWMA, func(cur int64) int64 {
+			if cur == 0 {
+				return int64(ttft)
 			}
-			if e.ttftEWMA.CompareAndSwap(cur, next) {
-				break
-			}
+			return cur + int64(c.errorAlpha*float64(int64(ttft)-cur))
+		})
+	}
+}
+
+// update applies f to v atomically by compare-and-swap, retrying when
+// another outcome got there first.
+func update(v *atomic.Int64, f func(int64) int64) {
+	for {
+		cur := v.Load()
+		if v.CompareAndSwap(cur, f(cur)) {
+			return
 		}
 	}
 }

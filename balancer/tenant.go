@@ -2,7 +2,6 @@ package balancer
 
 import (
 	"slices"
-	"time"
 
 	"github.com/inferlb/inferlb"
 )
@@ -45,54 +44,18 @@ func (b *Balancer) tenantShard(req *inferlb.Request, g *group, sh *shard) bool {
 	return sh.n > 0
 }
 
-// pickInShard is pick confined to sh: affinity in the key's order among the
-// shard's members, else P2C between two of them; -1 when none can take req.
-func (b *Balancer) pickInShard(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) int {
-	if req.AffinityKey != 0 {
-		if i := b.pickAffine(req, g, now, c, sh); i >= 0 {
-			return i
-		}
-	}
-	i := b.drawShard(g, c, sh, -1)
-	if i < 0 {
-		return -1
-	}
-	if j := b.drawShard(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
-		return j
-	}
-	return i
-}
-
-// drawShard is draw within a shard: a usable member other than not, by
-// capacity weight and slow start, or -1.
-func (b *Balancer) drawShard(g *group, c cand, sh *shard, not int) int {
+// sample draws a shard member by capacity weight from one 64-bit random
+// value. Shards are small (MaxTenantShard), so a linear pass does.
+func (s *shard) sample(g *group, r uint64) int {
 	total := 0.0
-	for _, i := range sh.members[:sh.n] {
-		total += g.weights[i]
+	for _, m := range s.members[:s.n] {
+		total += g.weights[m]
 	}
-	for range drawTries {
-		x := float64(b.rand()>>11) / (1 << 53) * total
-		i := int(sh.members[sh.n-1])
-		for _, m := range sh.members[:sh.n] {
-			if x -= g.weights[m]; x < 0 {
-				i = int(m)
-				break
-			}
-		}
-		if i == not || !c.ok(g.members[i]) {
-			continue
-		}
-		if f := g.members[i].rampFactor(b.cfg, c.nowNs); f < 1 && float64(b.rand()>>11)/(1<<53) >= f {
-			continue
-		}
-		return i
-	}
-	start := int(b.rand() % uint64(sh.n))
-	for k := range sh.n {
-		i := int(sh.members[(start+k)%sh.n])
-		if i != not && c.ok(g.members[i]) {
-			return i
+	x := float64(r>>11) / (1 << 53) * total
+	for _, m := range s.members[:s.n] {
+		if x -= g.weights[m]; x < 0 {
+			return int(m)
 		}
 	}
-	return -1
+	return int(s.members[s.n-1]) // rounding
 }

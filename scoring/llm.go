@@ -60,30 +60,32 @@ func orDefault(v, d float64) float64 {
 
 // Cost implements Scorer.
 func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
-	if s.Telemetry.Has == 0 {
-		// No fresh telemetry: every factor but load and reliability is 1.
-		load := float64(s.InFlight) + float64(s.InFlightTokens)/orDefault(l.TokenUnit, 4096)
-		return (load + 1) / s.weight() * (1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate)
+	tel := &s.Telemetry
+	load := float64(s.InFlight)
+	if tel.Has != 0 {
+		server := 0.0
+		if r, ok := tel.Get(telemetry.Running); ok {
+			server += r
+		}
+		if w, ok := tel.Get(telemetry.Waiting); ok {
+			server += orDefault(l.QueueWeight, 2) * w
+		}
+		load = max(load, server)
 	}
-	server := 0.0
-	if r, ok := s.Telemetry.Get(telemetry.Running); ok {
-		server += r
-	}
-	if w, ok := s.Telemetry.Get(telemetry.Waiting); ok {
-		server += orDefault(l.QueueWeight, 2) * w
-	}
-	load := max(float64(s.InFlight), server)
 	load += float64(s.InFlightTokens) / orDefault(l.TokenUnit, 4096)
-	steep := orDefault(l.Steepness, 4)
 	cost := (load + 1) / s.weight()
 	cost *= 1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate
-	if kv, ok := s.Telemetry.Get(telemetry.KVCacheUsage); ok {
+	if tel.Has == 0 {
+		return cost // no fresh telemetry: every other factor is 1
+	}
+	steep := orDefault(l.Steepness, 4)
+	if kv, ok := tel.Get(telemetry.KVCacheUsage); ok {
 		cost *= Pressure(kv, orDefault(l.KVKnee, 0.85), steep)
 	}
-	if mem, ok := s.Telemetry.MemoryUsage(); ok {
+	if mem, ok := tel.MemoryUsage(); ok {
 		cost *= Pressure(mem, orDefault(l.MemoryKnee, 0.92), orDefault(l.MemorySteepness, 8))
 	}
-	if u, ok := s.Telemetry.Get(telemetry.AppUtil); ok {
+	if u, ok := tel.Get(telemetry.AppUtil); ok {
 		cost *= Pressure(u, orDefault(l.UtilKnee, 0.9), steep)
 	}
 	return cost
