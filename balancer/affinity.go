@@ -55,6 +55,46 @@ func ParseAffinityMode(s string) (AffinityMode, error) {
 // moving few keys).
 const DefaultLoadBound = 1.25
 
+// Spill memory (Options.SpillMemory).
+const (
+	// DefaultSpillMemory is how long a spill target counts as warm for the
+	// key: about how long an engine under load keeps an unused prefix of
+	// a few thousand tokens cached before LRU eviction takes it. In the
+	// fleet simulator's shared-prefix workload 30-60s did about equally
+	// well; 15s forgot too soon and 90s remembered evicted prefixes.
+	DefaultSpillMemory = 45 * time.Second
+	// SpillEntries is the size of the spill memory: (key, endpoint) pairs,
+	// 32 bytes each. A full table forgets its least recently used pairs,
+	// which costs at most a cold spill each.
+	SpillEntries = 4096
+)
+
+// spillKey names one (affinity key, endpoint) pair in the spill memory. The
+// endpoint's serial is unique for the balancer's life, and the affinity key
+// is a seeded hash, so the pair key is as unpredictable as the key itself.
+func spillKey(key uint64, e *endpoint) uint64 {
+	return key ^ (e.serial * 0x9e3779b97f4a7c15)
+}
+
+// spilled remembers that req's key went to member i, which is not the
+// key's owner, and returns i.
+func (b *Balancer) spilled(req *inferlb.Request, g *group, i int, nowNs int64) int {
+	if b.spills != nil && i >= 0 {
+		b.spills.Put(spillKey(req.AffinityKey, g.members[i]), uint64(nowNs))
+	}
+	return i
+}
+
+// warmFor reports whether member i took a spill of req's key within the
+// spill memory, so it likely still holds the key's prefix.
+func (b *Balancer) warmFor(req *inferlb.Request, g *group, i int, nowNs int64) bool {
+	if b.spills == nil {
+		return false
+	}
+	at, ok := b.spills.Get(spillKey(req.AffinityKey, g.members[i]))
+	return ok && nowNs-int64(at) < int64(b.cfg.spillTTL)
+}
+
 // placementMembers describes a group's members to the cache package.
 func placementMembers(ms []*endpoint, weights []float64) []cache.Member {
 	out := make([]cache.Member, len(ms))
@@ -227,7 +267,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if home >= 0 && !(bd.pressure >= 0 && bd.pressure <= relief) {
 			continue // not clearly better off than the pressured owner
 		}
-		if crowd >= 0 && first < 0 && noRelief(bd) {
+		if crowd >= 0 && first < 0 && noRelief(bd) && !b.warmFor(req, g, i, c.nowNs) {
 			return crowd // the spill would queue too: stay warm
 		}
 		if rank == 0 || b.cfg.affinity == AffinityStrict {
@@ -241,22 +281,32 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 				home, relief = i, bd.pressure-pressureMargin
 				continue
 			}
+			if rank > 0 {
+				return b.spilled(req, g, i, c.nowNs) // strict: past the owner
+			}
 			return i
 		}
 		if first < 0 {
 			first = i
 			if home >= 0 {
-				return first // the nearest unpressured endpoint relieves the owner
+				// The nearest unpressured endpoint relieves the owner.
+				return b.spilled(req, g, first, c.nowNs)
 			}
 			continue
 		}
-		if b.prefer(req, g, first, i, now) {
-			return i
+		if wf, wi := b.warmFor(req, g, first, c.nowNs), b.warmFor(req, g, i, c.nowNs); wf != wi {
+			if wi {
+				return b.spilled(req, g, i, c.nowNs)
+			}
+			return b.spilled(req, g, first, c.nowNs)
 		}
-		return first
+		if b.prefer(req, g, first, i, now) {
+			return b.spilled(req, g, i, c.nowNs)
+		}
+		return b.spilled(req, g, first, c.nowNs)
 	}
 	if first >= 0 {
-		return first
+		return b.spilled(req, g, first, c.nowNs)
 	}
 	if home >= 0 {
 		return home

@@ -403,3 +403,150 @@ func TestCrowdedOwnerKeepsItsKeysWhenTheSpillWouldQueueToo(t *testing.T) {
 		assert.LessOrEqual(t, run(t, nil), int64(13))
 	})
 }
+
+// spillOnce holds a call on the key's owner (on an idle fleet of 4 that puts
+// it at its bound) and returns where the next call of the key spills, with
+// the held call still in flight; release ends both.
+func spillOnce(t *testing.T, b *balancer.Balancer, key uint64) (spill string, release func()) {
+	t.Helper()
+	held, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
+	require.NoError(t, err)
+	p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
+	require.NoError(t, err)
+	require.NotEqual(t, held.ID(), p.ID(), "the owner is at its bound: the key spills")
+	return p.ID(), func() { p.Done(inferlb.Outcome{}); held.Done(inferlb.Outcome{}) }
+}
+
+func TestSpillsReturnToTheEndpointThatCachedTheKey(t *testing.T) {
+	const key = 4242
+	for _, tc := range []struct {
+		name   string
+		memory time.Duration
+		warm   bool
+	}{
+		{"default memory", 0, true},
+		{"memory off", -1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3), SpillMemory: tc.memory})
+			home := owner(t, b, key)
+			first, release := spillOnce(t, b, key)
+			release()
+			// The first spill target now looks busier than the other
+			// candidate, so P2C alone would move the key's spills there.
+			busy := func() {
+				s := telemetry.Sample{Time: clock.Now()}
+				s.Set(telemetry.Waiting, 4)
+				b.Publish(first, s)
+			}
+			busy()
+			count := map[string]int{}
+			for range 20 {
+				got, release := spillOnce(t, b, key)
+				release()
+				count[got]++
+			}
+			assert.NotContains(t, count, home)
+			if tc.warm {
+				assert.Equal(t, map[string]int{first: 20}, count, "spills go where the key is cached")
+			} else {
+				assert.Zero(t, count[first], "without memory the cheaper endpoint takes every spill")
+			}
+			if !tc.warm {
+				return
+			}
+			// Once the memory has expired the target is cold again and the
+			// cheaper endpoint wins.
+			clock.Advance(balancer.DefaultSpillMemory + time.Second)
+			busy()
+			got, release := spillOnce(t, b, key)
+			release()
+			assert.NotEqual(t, first, got)
+		})
+	}
+}
+
+func TestCrowdedOwnerSpillsToABusyEndpointThatCachedTheKey(t *testing.T) {
+	const key = 77
+	// The key's first endpoint after its owner, in preference order: strict
+	// affinity retries there.
+	strict := affine(t, 4, balancer.Options{Affinity: balancer.AffinityStrict})
+	home := owner(t, strict, key)
+	p, err := strict.PickExcept(&inferlb.Request{AffinityKey: key}, home)
+	require.NoError(t, err)
+	next := p.ID()
+	p.Done(inferlb.Outcome{})
+
+	run := func(t *testing.T, memory time.Duration, calls int) int64 {
+		clock := testutil.NewClock()
+		b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(10), SpillMemory: memory})
+		require.Equal(t, home, owner(t, b, key))
+		// Warm next up with one spill: the others look busy for it.
+		for _, s := range b.Stats() {
+			if s.ID != home && s.ID != next {
+				smp := telemetry.Sample{Time: clock.Now()}
+				smp.Set(telemetry.Waiting, 5)
+				b.Publish(s.ID, smp)
+			}
+		}
+		got, release := spillOnce(t, b, key)
+		release()
+		require.Equal(t, next, got)
+		// Now the owner queues and so does every other endpoint (the
+		// setting of TestCrowdedOwnerKeepsItsKeysWhenTheSpillWouldQueueToo).
+		clock.Advance(time.Second)
+		for _, s := range b.Stats() {
+			smp := telemetry.Sample{Time: clock.Now()}
+			if s.ID == home {
+				smp.Set(telemetry.Waiting, 3)
+				smp.Set(telemetry.KVCacheUsage, 0.8)
+			} else {
+				smp.Set(telemetry.Waiting, 2)
+				smp.Set(telemetry.KVCacheUsage, 0.5)
+			}
+			b.Publish(s.ID, smp)
+		}
+		var held []balancer.Pick
+		for range calls {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
+			require.NoError(t, err)
+			held = append(held, p)
+		}
+		got0 := stat(t, b, home).InFlight
+		for i := range held {
+			held[i].Done(inferlb.Outcome{})
+		}
+		return got0
+	}
+	// 30 calls of the key in flight: the plain bound is ceil(1.25 x 30/4) = 10.
+	assert.Greater(t, run(t, -1, 30), int64(10), "a cold target: the crowded owner keeps the key past its bound")
+	assert.LessOrEqual(t, run(t, 0, 30), int64(10), "a warm target relieves the owner at its bound")
+}
+
+func TestSpillMemoryDoesNotAllocate(t *testing.T) {
+	// Many distinct keys, each spilled once, allocate nothing: the memory
+	// is a fixed table of SpillEntries, allocated with the Balancer, and a
+	// full set forgets its least recently used pair.
+	b := affine(t, 4, balancer.Options{})
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	spills := 0
+	allocs := testing.AllocsPerRun(2*balancer.SpillEntries, func() {
+		req.AffinityKey++
+		h1, err := b.Pick(req)
+		if err != nil {
+			panic(err)
+		}
+		h2, err := b.Pick(req)
+		if err != nil {
+			panic(err)
+		}
+		if h2.ID() != h1.ID() {
+			spills++
+		}
+		h2.Done(inferlb.Outcome{})
+		h1.Done(inferlb.Outcome{})
+	})
+	assert.Zero(t, allocs)
+	assert.Greater(t, spills, 2*balancer.SpillEntries, "every second call spilled")
+}

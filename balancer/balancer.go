@@ -51,6 +51,7 @@ type Balancer struct {
 	cfg    *config
 	keyer  *cache.Keyer    // immutable
 	sticky *cache.Sessions // immutable pointer; nil unless StickyTTL > 0
+	spills *cache.Sessions // immutable pointer; nil when SpillMemory or affinity is off
 
 	mu         sync.Mutex
 	eps        map[string]*endpoint     // guarded by mu
@@ -106,6 +107,15 @@ func New(opts Options) *Balancer {
 			panic(err) // Validate checked the fields it depends on
 		}
 		b.sticky = s
+	}
+	if cfg.spillTTL > 0 && cfg.affinity != AffinityOff {
+		// The table's own TTL only bounds how long an entry holds its slot;
+		// warmFor compares the stored time, as Get refreshes the TTL.
+		s, err := cache.NewSessions(cache.SessionOptions{TTL: cfg.spillTTL, MaxEntries: SpillEntries, Clock: cfg.clock})
+		if err != nil {
+			panic(err) // constant, valid options
+		}
+		b.spills = s
 	}
 	return b
 }

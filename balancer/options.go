@@ -115,7 +115,9 @@ type Options struct {
 	// in fresh telemetry: near saturation a spill trades a queue for a
 	// queue plus a cold prefill. At 16 req/s that raised throughput from
 	// 15.1k to 15.6k tokens/s and cut p90 TTFT from 24s to 8s; eight
-	// independent clients went from 13.9k to 15.3k tokens/s.
+	// independent clients went from 13.9k to 15.3k tokens/s. A busy spill
+	// target that holds the key's prefix (see SpillMemory) is no such
+	// trade, and the key spills to it.
 	// An owner whose KV cache or GPU memory is at 95% or more passes its keys
 	// to a nearby endpoint in the key's order that is at least 20 points less
 	// full, if there is one; when the whole fleet is that full, keys stay.
@@ -150,6 +152,19 @@ type Options struct {
 	// a group of k endpoints or fewer is not sharded. 0 (the default) turns
 	// sharding off; at most MaxTenantShard.
 	TenantShardSize int
+	// SpillMemory is how long the balancer remembers that it sent an
+	// affinity key to an endpoint other than the key's owner (a spill past
+	// the load bound, a breaker, pressure relief), because that endpoint
+	// now holds the key's prefix in its KV cache for a while. Later spills
+	// of the key prefer such a warm endpoint to a cold one, and a crowded
+	// owner lets a key go to a busy endpoint only when it is warm (see
+	// LoadBound): spills of a key then stay on the endpoints that cached
+	// it, instead of paying a cold prefill somewhere new each time. 0 means
+	// DefaultSpillMemory; negative turns it off. The memory is a bounded
+	// table of SpillEntries entries (128 KiB), allocated with the Balancer
+	// unless Affinity is AffinityOff; keys are seeded hashes, so request
+	// data can neither grow it nor aim at one of its sets.
+	SpillMemory time.Duration
 	// StickyEntries bounds the sticky table; 0 means cache.DefaultMaxSessions
 	// (65,536 entries, 2 MiB). It is allocated up front.
 	StickyEntries int
@@ -221,6 +236,7 @@ type config struct {
 	stickyTTL     time.Duration
 	stickyEntries int
 	tenantShard   int
+	spillTTL      time.Duration // 0: off
 
 	breakerFailures    int
 	breakerProbes      int
@@ -343,6 +359,7 @@ func (o *Options) resolve() (*config, error) {
 		stickyTTL:     o.StickyTTL,
 		stickyEntries: o.StickyEntries,
 		tenantShard:   o.TenantShardSize,
+		spillTTL:      max(durationOr(o.SpillMemory, DefaultSpillMemory), 0),
 
 		breakerFailures:    intOr(o.BreakerFailures, DefaultBreakerFailures),
 		breakerProbes:      intOr(o.BreakerProbes, DefaultBreakerProbes),

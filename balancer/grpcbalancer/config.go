@@ -59,6 +59,7 @@ type jsonTunables struct {
 	LoadBound           float64 `json:"loadBound"`
 	AffinitySeed        uint64  `json:"affinitySeed"`
 	TenantShardSize     int     `json:"tenantShardSize"`
+	SpillMemory         string  `json:"spillMemory"`
 	BreakerFailures     int     `json:"breakerFailures"`
 	BreakerProbes       int     `json:"breakerProbes"`
 	EjectionTime        string  `json:"ejectionTime"`
@@ -293,6 +294,7 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"loadBound", num(t.LoadBound, func(o *core.Options) *float64 { return &o.LoadBound })},
 		{"affinitySeed", func(o *core.Options) error { o.AffinitySeed = t.AffinitySeed; return nil }},
 		{"tenantShardSize", func(o *core.Options) error { o.TenantShardSize = t.TenantShardSize; return nil }},
+		{"spillMemory", dur(t.SpillMemory, func(o *core.Options) *time.Duration { return &o.SpillMemory })},
 	}...)
 	var o core.Options
 	for _, f := range fields {

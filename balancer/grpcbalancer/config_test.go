@@ -38,7 +38,8 @@ func TestParseConfigGood(t *testing.T) {
 		"balancer": {"telemetryMaxAge": "-1s", "latencyDecay": "5s", "errorAlpha": 0.2, "panicThreshold": -1,
 			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
 			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models",
-			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4}
+			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4,
+			"spillMemory": "-1s"}
 	}`), false)
 	if err != nil {
 		t.Fatal(err)
@@ -58,8 +59,9 @@ func TestParseConfigGood(t *testing.T) {
 	if c.affinityHeader != "x-session-id" || c.tenantHeader != "x-tenant" || c.modelHeader != "x-model" {
 		t.Errorf("headers %q %q %q", c.affinityHeader, c.tenantHeader, c.modelHeader)
 	}
-	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 {
-		t.Errorf("affinity options %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize)
+	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 ||
+		o.SpillMemory != -time.Second {
+		t.Errorf("affinity options %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory)
 	}
 	if c.orcaPerCall || !c.oob || c.oobInterval != 1500*time.Millisecond {
 		t.Errorf("orca %v %v %v", c.orcaPerCall, c.oob, c.oobInterval)
@@ -107,6 +109,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"zero interval", `{"orca": {"interval": "0s"}}`, false, "orca.interval"},
 		{"perCall type", `{"orca": {"perCall": "yes"}}`, false, "orca.perCall"},
 		{"bad duration", `{"balancer": {"latencyDecay": "10"}}`, false, "balancer.latencyDecay"},
+		{"bad spill memory", `{"balancer": {"spillMemory": "forever"}}`, false, "balancer.spillMemory"},
 		{"duration as number", `{"balancer": {"errorDecay": 30}}`, false, "balancer.errorDecay"},
 		{"negative decay", `{"balancer": {"latencyDecay": "-1s"}}`, false, "balancer.latencyDecay"},
 		{"alpha above 1", `{"balancer": {"errorAlpha": 2}}`, false, "balancer.errorAlpha"},

@@ -103,6 +103,7 @@
 //	    "slowStartAggression": 1, "retryRatio": 0.2, "retryFloor": 10,
 //	    "affinity": "prefer", "loadBound": 1.25, "affinitySeed": 0,
 //	    "tenantShardSize": 0,           // > 0: each tenant (tenantHeader) on its own shard of endpoints
+//	    "spillMemory": "45s",           // how long a spilled key's endpoint counts as warm; negative: off
 //	    "breakerFailures": 5, "breakerProbes": 3, "ejectionTime": "10s",
 //	    "maxEjectionTime": "2m", "maxEjectedFraction": 0.5,
 //	    "outlierInterval": "10s", "outlierMinRequests": 20,
