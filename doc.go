@@ -36,7 +36,10 @@
 // prefix or session, from Balancer.Keyer) goes to the key's owner on a
 // consistent-hash ring while the owner is within its bounded load; past the
 // bound, the next endpoints in the key's own order take it, so independent
-// callers agree without talking. Otherwise Pick samples two distinct
+// callers agree without talking. The balancer remembers, in a bounded table
+// (Options.SpillMemory), which endpoints took a spill of a key; later spills
+// of that key prefer them, as they hold its prefix in their KV cache.
+// Otherwise Pick samples two distinct
 // endpoints by capacity weight that are ready and in good standing (slow
 // start scales a joining or recovered endpoint's chance), the request's
 // Scorer prices both from a State snapshot (in-flight requests and tokens,
@@ -69,8 +72,8 @@
 // use, GPU memory or utilization near their ceiling. Affinity reads the same
 // telemetry: an owner with an empty queue keeps its keys a little past the
 // load bound (a spill costs a cold prefill), so does an owner whose spill
-// target is queueing or nearly full too (near saturation a spill trades a
-// queue for a queue), and an owner near a full KV cache hands them to a
+// target is queueing or nearly full too and has not cached the key (near
+// saturation a cold spill trades a queue for a queue plus a prefill), and an owner near a full KV cache hands them to a
 // clearly emptier neighbour.
 //
 // # Departures from the design notes
@@ -91,5 +94,6 @@
 //   - Balancer.PickExcept serves failover, so a retry never lands on the
 //     endpoint that just failed.
 //   - Choices that the fleet simulator decided are documented with their
-//     figures where they live (Options.LoadBound, Options.StickyTTL).
+//     figures where they live (Options.LoadBound, Options.SpillMemory,
+//     Options.StickyTTL).
 package inferlb
