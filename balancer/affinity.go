@@ -76,11 +76,20 @@ func spillKey(key uint64, e *endpoint) uint64 {
 	return key ^ (e.serial * 0x9e3779b97f4a7c15)
 }
 
-// spilled remembers that req's key went to member i, which is not the
-// key's owner, and returns i.
+// spilled counts and remembers that req's key went to member i, which is
+// not the key's owner, and returns i.
 func (b *Balancer) spilled(req *inferlb.Request, g *group, i int, nowNs int64) int {
-	if b.spills != nil && i >= 0 {
-		b.spills.Put(spillKey(req.AffinityKey, g.members[i]), uint64(nowNs))
+	if i < 0 {
+		return i
+	}
+	e := g.members[i]
+	if b.warmFor(req, g, i, nowNs) {
+		e.spillsWarm.Add(1)
+	} else {
+		e.spillsCold.Add(1)
+	}
+	if b.spills != nil {
+		b.spills.Put(spillKey(req.AffinityKey, e), uint64(nowNs))
 	}
 	return i
 }

@@ -448,10 +448,27 @@ func TestSpillsReturnToTheEndpointThatCachedTheKey(t *testing.T) {
 				count[got]++
 			}
 			assert.NotContains(t, count, home)
+			warm, cold := map[string]uint64{}, map[string]uint64{}
+			for _, s := range b.Stats() {
+				if s.WarmSpills > 0 {
+					warm[s.ID] = s.WarmSpills
+				}
+				if s.ColdSpills > 0 {
+					cold[s.ID] = s.ColdSpills
+				}
+			}
 			if tc.warm {
 				assert.Equal(t, map[string]int{first: 20}, count, "spills go where the key is cached")
+				assert.Equal(t, map[string]uint64{first: 20}, warm, "Stats count the warm spills")
+				assert.Equal(t, map[string]uint64{first: 1}, cold, "and the first, cold one")
 			} else {
 				assert.Zero(t, count[first], "without memory the cheaper endpoint takes every spill")
+				assert.Empty(t, warm, "without memory no spill is known warm")
+				var n uint64
+				for _, v := range cold {
+					n += v
+				}
+				assert.Equal(t, uint64(21), n)
 			}
 			if !tc.warm {
 				return

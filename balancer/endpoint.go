@@ -70,6 +70,10 @@ type endpoint struct {
 	overloads atomic.Uint64
 	canceled  atomic.Uint64 // with the three above and inFlight: the picks
 	picksSeen atomic.Uint64 // the largest pick count reported; see pickCount
+
+	// Affinity calls taken as a spill (not the key's owner), by whether the
+	// spill memory knew the endpoint as warm for the key.
+	spillsWarm, spillsCold atomic.Uint64
 }
 
 // pickCount derives how many calls were routed to e from how they ended

@@ -34,6 +34,12 @@ type EndpointStats struct {
 	Ejections     uint64
 	LastDetection time.Duration
 	LastDowntime  time.Duration
+	// Affinity: calls with an affinity key that the endpoint took although
+	// it is not the key's owner (the owner was over its bound, out of
+	// standing or under memory pressure), split by whether the spill memory
+	// knew the endpoint as holding the key's prefix. Many cold spills mean
+	// cold prefills: a fleet too small for its keys, or a LoadBound too tight.
+	WarmSpills, ColdSpills uint64
 }
 
 // Stats returns the live state of the current endpoints, sorted by ID. It
@@ -68,6 +74,8 @@ func (b *Balancer) Stats() []EndpointStats {
 			Ejections:      e.ejectCount.Load(),
 			LastDetection:  time.Duration(e.lastDetection.Load()),
 			LastDowntime:   time.Duration(e.lastDowntime.Load()),
+			WarmSpills:     e.spillsWarm.Load(),
+			ColdSpills:     e.spillsCold.Load(),
 		}
 		s.Picks = e.pickCount()
 		if u := e.excludedUntil.Load(); u > nowNs && u != math.MaxInt64 {

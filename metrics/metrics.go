@@ -19,7 +19,7 @@ type Collector struct {
 
 	inFlight, inFlightTokens, latency, ttft, errRate, ready, breakerOpen, ramp *prometheus.Desc
 	picks, successes, failures, overloads, trips, recoveries, ejections        *prometheus.Desc
-	retries, telemetry                                                         *prometheus.Desc
+	spills, retries, telemetry                                                 *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -49,8 +49,11 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		trips:          d("endpoint_breaker_trips_total", "Times the circuit breaker tripped.", ep),
 		recoveries:     d("endpoint_breaker_recoveries_total", "Times the endpoint recovered through half-open probes.", ep),
 		ejections:      d("endpoint_outlier_ejections_total", "Times outlier detection ejected the endpoint.", ep),
-		retries:        d("retries_total", "Failover retries asked of the retry budget, by answer.", []string{"result"}),
-		telemetry:      d("telemetry_samples_total", "Telemetry samples offered to the store, by what happened to them.", []string{"result"}),
+		spills: d("endpoint_affinity_spills_total",
+			"Calls with an affinity key taken although not the key's owner, by whether the endpoint was known to hold the key's prefix (cache=warm|cold).",
+			[]string{"endpoint", "cache"}),
+		retries:   d("retries_total", "Failover retries asked of the retry budget, by answer.", []string{"result"}),
+		telemetry: d("telemetry_samples_total", "Telemetry samples offered to the store, by what happened to them.", []string{"result"}),
 	}
 }
 
@@ -58,7 +61,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.errRate, c.ready, c.breakerOpen, c.ramp,
-		c.picks, c.successes, c.failures, c.overloads, c.trips, c.recoveries, c.ejections, c.retries, c.telemetry,
+		c.picks, c.successes, c.failures, c.overloads, c.trips, c.recoveries, c.ejections, c.spills, c.retries, c.telemetry,
 	} {
 		ch <- d
 	}
@@ -95,6 +98,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.trips, s.Trips, s.ID)
 		counter(c.recoveries, s.Recoveries, s.ID)
 		counter(c.ejections, s.Ejections, s.ID)
+		counter(c.spills, s.WarmSpills, s.ID, "warm")
+		counter(c.spills, s.ColdSpills, s.ID, "cold")
 	}
 	r := c.b.RetryStats()
 	counter(c.retries, r.Allowed, "allowed")

@@ -60,5 +60,5 @@ inferlb_telemetry_samples_total{balancer="llm",result="dropped_old"} 0
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
-	assert.Equal(t, 15+2+4, testutil.CollectAndCount(c), "15 series per endpoint, 2 retry and 4 telemetry")
+	assert.Equal(t, 17+2+4, testutil.CollectAndCount(c), "17 series per endpoint, 2 retry and 4 telemetry")
 }
