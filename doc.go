@@ -38,7 +38,9 @@
 // bound, the next endpoints in the key's own order take it, so independent
 // callers agree without talking. The balancer remembers, in a bounded table
 // (Options.SpillMemory), which endpoints took a spill of a key; later spills
-// of that key prefer them, as they hold its prefix in their KV cache.
+// of that key prefer them, as they hold its prefix in their KV cache, and
+// while the owner is above its fair share the key stays on such a warm
+// endpoint instead of flapping home (one cached copy, not two).
 // Otherwise Pick samples two distinct
 // endpoints by capacity weight that are ready and in good standing (slow
 // start scales a joining or recovered endpoint's chance), the request's

@@ -104,6 +104,40 @@ func (b *Balancer) warmFor(req *inferlb.Request, g *group, i int, nowNs int64) b
 	return ok && nowNs-int64(at) < int64(b.cfg.spillTTL)
 }
 
+// stayAway is the hysteresis of spills. An owner above its fair share (but
+// within its bound) takes its key back only when none of the next
+// stayAwayLook endpoints in the key's order is warm for the key (it took a
+// spill of it within the spill memory) and at or below its own fair share.
+// If one is, the key stays there: it holds the prefix already, and sending
+// the key home would make the owner, the busier of the two, pay for it
+// while the warm copy goes to waste. Without it, a key whose owner hovers
+// around its bound flaps between the two, and the fleet's KV caches hold
+// two copies of many prefixes instead of one. w is the key's walk just past
+// the owner; it is a copy, so the caller's walk does not advance. -1 means
+// the key goes home.
+func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand, sh *shard, now time.Time) int {
+	if b.spills == nil {
+		return -1
+	}
+	for k := 0; k < stayAwayLook; {
+		i, ok := w.Next()
+		if !ok {
+			return -1
+		}
+		if sh != nil && !sh.has(i) {
+			continue
+		}
+		k++
+		if !c.ok(g.members[i]) || !b.warmFor(req, g, i, c.nowNs) {
+			continue
+		}
+		if bd := b.withinBound(g, i, now); bd.in && !bd.over && bd.pressure < pressureSpill {
+			return i
+		}
+	}
+	return -1
+}
+
 // placementMembers describes a group's members to the cache package.
 func placementMembers(ms []*endpoint, weights []float64) []cache.Member {
 	out := make([]cache.Member, len(ms))
@@ -132,6 +166,9 @@ type bound struct {
 	pressure float64
 	// waiting and kv are the fresh Waiting and KVCacheUsage, or -1.
 	waiting, kv float64
+	// over: the member's load, counting the new call, is above its fair
+	// share of the group's (rounded up, so an idle group is never over).
+	over bool
 }
 
 // noRelief reports whether spilling from a crowded owner to t would only
@@ -160,7 +197,7 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time) bound {
 	total := max(g.load.Load(), 0) + 1
 	load := float64(g.members[i].inFlight.Load() + 1)
 	share := g.weights[i] / g.total * float64(total)
-	r := bound{pressure: -1, waiting: -1, kv: -1}
+	r := bound{pressure: -1, waiting: -1, kv: -1, over: load > math.Ceil(share)}
 	if load > math.Ceil(b.cfg.loadBoundHard*share) {
 		return r
 	}
@@ -200,6 +237,10 @@ const (
 	pressureSpill = 0.95
 	// pressureMargin is how much less pressured the relief must be.
 	pressureMargin = 0.2
+	// stayAwayLook is how far past the owner, in the key's order, a warm
+	// spill target may be for the key to stay there (see stayAway): spills
+	// go to the first two endpoints after the owner.
+	stayAwayLook = 2
 	// pressureLook is how far along the key's order a pressured owner looks
 	// for relief before keeping the key after all.
 	pressureLook = 4
@@ -292,6 +333,11 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			}
 			if rank > 0 {
 				return b.spilled(req, g, i, c.nowNs) // strict: past the owner
+			}
+			if bd.over {
+				if j := b.stayAway(req, g, w, c, sh, now); j >= 0 {
+					return b.spilled(req, g, j, c.nowNs)
+				}
 			}
 			return i
 		}

@@ -567,3 +567,65 @@ func TestSpillMemoryDoesNotAllocate(t *testing.T) {
 	assert.Zero(t, allocs)
 	assert.Greater(t, spills, 2*balancer.SpillEntries, "every second call spilled")
 }
+
+func TestSpilledKeyStaysWarmWhileItsOwnerIsAboveItsShare(t *testing.T) {
+	const key = 4242
+	run := func(t *testing.T, memory time.Duration, ownerCalls int) (got, home, warm string) {
+		clock := testutil.NewClock()
+		b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3), SpillMemory: memory})
+		home = owner(t, b, key)
+		warm, release := spillOnce(t, b, key)
+		release()
+		// A key owned by each endpoint, to hold calls exactly where wanted.
+		keyOf := map[string]uint64{}
+		for k := uint64(1); len(keyOf) < 4; k++ {
+			if id := owner(t, b, k); keyOf[id] == 0 {
+				keyOf[id] = k
+			}
+		}
+		// 16 calls in flight: the owner holds ownerCalls, the warm endpoint
+		// 3 and the other two the rest. With the next call the fair share
+		// is 17/4 = 4.25 and the bound ceil(1.25 x 4.25) = 6, so an owner
+		// at 5 is within bound but above its share (6 > ceil(4.25) = 5),
+		// and at 4 it is not; the warm endpoint, at 4, is below its share.
+		want := map[string]int{home: ownerCalls, warm: 3}
+		rest, half := 16-ownerCalls-3, (16-ownerCalls-3)/2
+		for id := range keyOf {
+			if id != home && id != warm {
+				want[id] = half
+				half = rest - half
+			}
+		}
+		var held []balancer.Pick
+		for placed := true; placed; {
+			placed = false
+			for id, n := range want { // one round at a time: never past a bound
+				if n == 0 {
+					continue
+				}
+				p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: keyOf[id]})
+				require.NoError(t, err)
+				require.Equal(t, id, p.ID(), "a call placed on its key's owner")
+				held = append(held, p)
+				want[id]--
+				placed = true
+			}
+		}
+		require.Len(t, held, 16)
+		require.Equal(t, int64(ownerCalls), stat(t, b, home).InFlight)
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
+		require.NoError(t, err)
+		got = p.ID()
+		p.Done(inferlb.Outcome{})
+		for i := range held {
+			held[i].Done(inferlb.Outcome{})
+		}
+		return got, home, warm
+	}
+	got, _, warm := run(t, 0, 5)
+	assert.Equal(t, warm, got, "an owner above its share leaves the key where it is cached")
+	got, home, _ := run(t, 0, 4)
+	assert.Equal(t, home, got, "an owner at its share takes its key back")
+	got, home, _ = run(t, -1, 5)
+	assert.Equal(t, home, got, "without spill memory the key goes home while within bound")
+}

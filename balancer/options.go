@@ -159,7 +159,11 @@ type Options struct {
 	// of the key prefer such a warm endpoint to a cold one, and a crowded
 	// owner lets a key go to a busy endpoint only when it is warm (see
 	// LoadBound): spills of a key then stay on the endpoints that cached
-	// it, instead of paying a cold prefill somewhere new each time. 0 means
+	// it, instead of paying a cold prefill somewhere new each time. And
+	// while the key's owner is above its fair share of the group's load
+	// (within its bound), the key stays on a warm endpoint among the next
+	// two in its order that is at or below its own share, rather than
+	// flapping home: one cached copy of the prefix instead of two. 0 means
 	// DefaultSpillMemory; negative turns it off. The memory is a bounded
 	// table of SpillEntries entries (128 KiB), allocated with the Balancer
 	// unless Affinity is AffinityOff; keys are seeded hashes, so request
