@@ -131,11 +131,25 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 		if !c.ok(g.members[i]) || !b.warmFor(req, g, i, c.nowNs) {
 			continue
 		}
-		if bd := b.withinBound(g, i, now); bd.in && !bd.over && bd.pressure < pressureSpill {
+		if bd := b.withinBound(g, i, now); bd.in && !bd.over {
 			return i
 		}
 	}
 	return -1
+}
+
+// goHome returns the owner (home) for req's key, unless the hysteresis of
+// spills keeps the key away from an owner above its fair share (see
+// stayAway). afterOwner is the key's walk just past the owner. Only
+// AffinityPrefer has the hysteresis: AffinityStrict is plain consistent
+// hashing with bounded loads.
+func (b *Balancer) goHome(req *inferlb.Request, g *group, home int, over bool, afterOwner cache.Walk, c cand, sh *shard, now time.Time) int {
+	if over && b.cfg.affinity == AffinityPrefer {
+		if j := b.stayAway(req, g, afterOwner, c, sh, now); j >= 0 {
+			return b.spilled(req, g, j, c.nowNs)
+		}
+	}
+	return home
 }
 
 // placementMembers describes a group's members to the cache package.
@@ -190,9 +204,9 @@ func noRelief(t bound) bool {
 //
 // Near a full KV cache the next long prompt preempts or evicts others, so the
 // caller moves a key off a pressured owner, but only to an endpoint nearby in
-// the key's order that is clearly less pressured: when the whole fleet is
-// that full (saturation), a warm prefix is worth more than the spill, and
-// keys stay home.
+// the key's order that is clearly less pressured and has no queue in fresh
+// telemetry: when the whole fleet is that full or queueing (saturation), a
+// warm prefix is worth more than the spill, and keys stay home.
 func (b *Balancer) withinBound(g *group, i int, now time.Time) bound {
 	total := max(g.load.Load(), 0) + 1
 	load := float64(g.members[i].inFlight.Load() + 1)
@@ -284,8 +298,10 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) int {
 	w := g.placement.Walk(req.AffinityKey)
 	first := -1
-	home := -1  // a pressured owner, kept in reserve
-	crowd := -1 // a crowded owner, kept in reserve
+	home := -1        // a pressured owner, kept in reserve
+	crowd := -1       // a crowded owner, kept in reserve
+	homeOver := false // the pressured owner is above its fair share
+	var afterOwner cache.Walk
 	relief := 0.0
 	n := len(g.members)
 	rank := -1 // of i among the members offered so far (in the shard)
@@ -298,8 +314,11 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			continue
 		}
 		rank++
+		if rank == 0 {
+			afterOwner = w // a copy: stayAway walks on from the owner
+		}
 		if home >= 0 && rank > pressureLook && first < 0 {
-			return home // nothing nearby is better off: stay home
+			return b.goHome(req, g, home, homeOver, afterOwner, c, sh, now) // nothing nearby is better off
 		}
 		if i == first || i == home || i == crowd || !c.ok(g.members[i]) {
 			continue
@@ -314,8 +333,11 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if !bd.in {
 			continue
 		}
-		if home >= 0 && !(bd.pressure >= 0 && bd.pressure <= relief) {
-			continue // not clearly better off than the pressured owner
+		if home >= 0 && !(bd.pressure >= 0 && bd.pressure <= relief && bd.waiting <= 0) {
+			// Not clearly better off than the pressured owner: fuller, or
+			// unknown, or queueing (relief there would trade a full cache
+			// for a queue plus a cold prefill of the prefix).
+			continue
 		}
 		if crowd >= 0 && first < 0 && noRelief(bd) && !b.warmFor(req, g, i, c.nowNs) {
 			return crowd // the spill would queue too: stay warm
@@ -328,18 +350,13 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 				continue
 			}
 			if bd.pressure >= pressureSpill && home < 0 {
-				home, relief = i, bd.pressure-pressureMargin
+				home, relief, homeOver = i, bd.pressure-pressureMargin, bd.over
 				continue
 			}
 			if rank > 0 {
 				return b.spilled(req, g, i, c.nowNs) // strict: past the owner
 			}
-			if bd.over {
-				if j := b.stayAway(req, g, w, c, sh, now); j >= 0 {
-					return b.spilled(req, g, j, c.nowNs)
-				}
-			}
-			return i
+			return b.goHome(req, g, i, bd.over, w, c, sh, now)
 		}
 		if first < 0 {
 			first = i
@@ -364,7 +381,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		return b.spilled(req, g, first, c.nowNs)
 	}
 	if home >= 0 {
-		return home
+		return b.goHome(req, g, home, homeOver, afterOwner, c, sh, now)
 	}
 	return crowd
 }

@@ -322,6 +322,15 @@ func testPressuredOwner(t *testing.T, mode balancer.AffinityMode) {
 		kv(ep.Addr, map[bool]float64{true: 0.97, false: 0.4}[i == 0])
 	}
 	assert.Zero(t, home(), "a 97%-full owner hands its keys to emptier neighbours")
+	// Emptier but queueing neighbours relieve nothing: the key would trade
+	// a full cache for a queue and a cold prefill.
+	for i, ep := range endpoints(8) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.KVCacheUsage, map[bool]float64{true: 0.97, false: 0.4}[i == 0])
+		s.Set(telemetry.Waiting, map[bool]float64{true: 0, false: 2}[i == 0])
+		b.Publish(ep.Addr, s)
+	}
+	assert.Equal(t, len(keys), home(), "queueing neighbours do not take the keys")
 	// The whole fleet nearly full (saturation): a warm prefix beats a spill.
 	for _, ep := range endpoints(8) {
 		kv(ep.Addr, 0.9)
@@ -570,7 +579,7 @@ func TestSpillMemoryDoesNotAllocate(t *testing.T) {
 
 func TestSpilledKeyStaysWarmWhileItsOwnerIsAboveItsShare(t *testing.T) {
 	const key = 4242
-	run := func(t *testing.T, memory time.Duration, ownerCalls int) (got, home, warm string) {
+	run := func(t *testing.T, memory time.Duration, ownerCalls int, kv float64) (got, home, warm string) {
 		clock := testutil.NewClock()
 		b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3), SpillMemory: memory})
 		home = owner(t, b, key)
@@ -612,6 +621,14 @@ func TestSpilledKeyStaysWarmWhileItsOwnerIsAboveItsShare(t *testing.T) {
 			}
 		}
 		require.Len(t, held, 16)
+		if kv > 0 { // every endpoint reports this KV-cache usage, no queue
+			for id := range keyOf {
+				smp := telemetry.Sample{Time: clock.Now()}
+				smp.Set(telemetry.KVCacheUsage, kv)
+				smp.Set(telemetry.Waiting, 0)
+				b.Publish(id, smp)
+			}
+		}
 		require.Equal(t, int64(ownerCalls), stat(t, b, home).InFlight)
 		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
 		require.NoError(t, err)
@@ -622,10 +639,12 @@ func TestSpilledKeyStaysWarmWhileItsOwnerIsAboveItsShare(t *testing.T) {
 		}
 		return got, home, warm
 	}
-	got, _, warm := run(t, 0, 5)
+	got, _, warm := run(t, 0, 5, 0)
 	assert.Equal(t, warm, got, "an owner above its share leaves the key where it is cached")
-	got, home, _ := run(t, 0, 4)
+	got, _, warm = run(t, 0, 5, 0.97)
+	assert.Equal(t, warm, got, "also when every cache is nearly full (saturation)")
+	got, home, _ := run(t, 0, 4, 0)
 	assert.Equal(t, home, got, "an owner at its share takes its key back")
-	got, home, _ = run(t, -1, 5)
+	got, home, _ = run(t, -1, 5, 0)
 	assert.Equal(t, home, got, "without spill memory the key goes home while within bound")
 }
