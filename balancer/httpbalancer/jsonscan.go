@@ -286,20 +286,27 @@ const (
 )
 
 // nextKey reads the next key of the object whose '{' was read, and its
-// colon. first is true right after the '{'.
+// colon. first is true right after the '{'. One peek decides between the
+// separator, the end and a break; the colon of compact JSON is checked in
+// place.
 func (s *scanner) nextKey(first bool) (key []byte, esc bool, st int) {
-	if first {
-		if s.eat('}') {
-			return nil, false, closed
-		}
-	} else if !s.eat(',') {
-		if s.eat('}') {
-			return nil, false, closed
-		}
+	switch c := s.peek(); {
+	case c == '}':
+		s.i++
+		return nil, false, closed
+	case first:
+	case c == ',':
+		s.i++
+	default:
 		return nil, false, broken
 	}
 	key, _, esc, ok := s.str()
-	if !ok || !s.eat(':') {
+	if !ok {
+		return nil, false, broken
+	}
+	if s.i < len(s.b) && s.b[s.i] == ':' {
+		s.i++
+	} else if !s.eat(':') {
 		return nil, false, broken
 	}
 	return key, esc, member
@@ -308,13 +315,15 @@ func (s *scanner) nextKey(first bool) (key []byte, esc bool, st int) {
 // nextElem steps to the next element of the array whose '[' was read.
 // first is true right after the '['.
 func (s *scanner) nextElem(first bool) int {
-	switch {
-	case first && s.eat(']'):
+	switch c := s.peek(); {
+	case c == ']':
+		s.i++
 		return closed
-	case first || s.eat(','):
+	case first:
 		return member
-	case s.eat(']'):
-		return closed
+	case c == ',':
+		s.i++
+		return member
 	}
 	return broken
 }
