@@ -65,16 +65,18 @@ func (s *scanner) eat(c byte) bool {
 	return false
 }
 
-// str reads a string. raw is the text between the quotes, quoted includes
-// them; esc reports escape sequences (raw is then not the decoded value).
+// str reads a string. raw is the text between the quotes; esc reports
+// escape sequences (raw is then not the decoded value, and quoted gives the
+// string with its quotes, to decode). Returning only raw keeps the results
+// in fewer registers: it is called a dozen times per small body.
 // Keys, roles and model names are short: str looks for the closing quote
 // (or a backslash) eight bytes at a time, which ends a short string before
 // bytes.IndexByte would have finished its setup. Past shortStr bytes it
 // hands over to longStr's IndexByte (vectorized): prompt text is most of a
 // body and has few quotes.
-func (s *scanner) str() (raw, quoted []byte, esc, ok bool) {
+func (s *scanner) str() (raw []byte, esc, ok bool) {
 	if s.peek() != '"' {
-		return nil, nil, false, false
+		return nil, false, false
 	}
 	b, start := s.b, s.i+1
 	j := start
@@ -98,7 +100,7 @@ found:
 		return s.longStr(start) // an escape: count backslashes there
 	}
 	s.i = j + 1
-	return b[start:j], b[start-1 : j+1], false, true
+	return b[start:j], false, true
 }
 
 // shortStr is how far str looks eight bytes at a time.
@@ -116,7 +118,7 @@ func quoteOrBackslash(x uint64) uint64 {
 }
 
 // longStr finishes str for a string that starts at start (after the quote).
-func (s *scanner) longStr(start int) (raw, quoted []byte, esc, ok bool) {
+func (s *scanner) longStr(start int) (raw []byte, esc, ok bool) {
 	for j := start; j <= len(s.b); {
 		k := bytes.IndexByte(s.b[j:], '"')
 		if k < 0 {
@@ -130,12 +132,22 @@ func (s *scanner) longStr(start int) (raw, quoted []byte, esc, ok bool) {
 		if bs%2 == 0 {
 			raw = s.b[start:q]
 			s.i = q + 1
-			return raw, s.b[start-1 : q+1], bytes.IndexByte(raw, '\\') >= 0, true
+			return raw, bytes.IndexByte(raw, '\\') >= 0, true
 		}
 		j = q + 1
 	}
 	s.i = len(s.b)
-	return nil, nil, false, false
+	return nil, false, false
+}
+
+// quoted returns raw, which str just returned, with its quotes, when esc
+// says it needs decoding; nil otherwise. It must be called before the
+// scanner moves on: str leaves s.i just past the closing quote.
+func (s *scanner) quoted(raw []byte, esc bool) []byte {
+	if !esc {
+		return nil
+	}
+	return s.b[s.i-len(raw)-2 : s.i]
 }
 
 func decode(raw, quoted []byte, esc bool) string {
@@ -207,7 +219,7 @@ func (s *scanner) skip() bool {
 	for s.i < len(s.b) {
 		switch c := s.b[s.i]; c {
 		case '"':
-			if _, _, _, ok := s.str(); !ok {
+			if _, _, ok := s.str(); !ok {
 				return false
 			}
 			if depth == 0 {
@@ -300,7 +312,7 @@ func (s *scanner) nextKey(first bool) (key []byte, esc bool, st int) {
 	default:
 		return nil, false, broken
 	}
-	key, _, esc, ok := s.str()
+	key, esc, ok := s.str()
 	if !ok {
 		return nil, false, broken
 	}
@@ -400,9 +412,9 @@ func (s *scanner) field(key []byte, out *body) bool {
 		if s.peek() != '"' {
 			return s.skip()
 		}
-		raw, quoted, esc, ok := s.str()
+		raw, esc, ok := s.str()
 		if ok {
-			out.model = internModel(raw, quoted, esc)
+			out.model = internModel(raw, s.quoted(raw, esc), esc)
 		}
 		return ok
 	case "messages":
@@ -424,13 +436,13 @@ func (s *scanner) field(key []byte, out *body) bool {
 	case "prompt", "input", "inputs", "query", "documents", "texts":
 		return s.promptValue(out)
 	case "instructions":
-		raw, quoted, esc, ok := s.str()
+		raw, esc, ok := s.str()
 		if !ok {
 			return s.skip()
 		}
 		out.chars += len(raw)
 		if out.keyed {
-			out.system = view(raw, quoted, esc)
+			out.system = view(raw, s.quoted(raw, esc), esc)
 		}
 		return true
 	case "prompt_cache_key":
@@ -438,9 +450,9 @@ func (s *scanner) field(key []byte, out *body) bool {
 		if s.peek() != '"' {
 			return s.skip()
 		}
-		raw, quoted, esc, ok := s.str()
+		raw, esc, ok := s.str()
 		if ok {
-			out.cacheKey = view(raw, quoted, esc) // goes to Keyer.Session only
+			out.cacheKey = view(raw, s.quoted(raw, esc), esc) // goes to Keyer.Session only
 		}
 		return ok
 	}
@@ -477,13 +489,13 @@ func (s *scanner) parameters(out *body) bool {
 func (s *scanner) promptValue(out *body) bool {
 	switch s.peek() {
 	case '"':
-		raw, quoted, esc, ok := s.str()
+		raw, esc, ok := s.str()
 		if !ok {
 			return false
 		}
 		out.chars += len(raw)
 		if out.keyed && !out.hasText {
-			out.prompt, out.hasText = view(raw, quoted, esc), true
+			out.prompt, out.hasText = view(raw, s.quoted(raw, esc), esc), true
 		}
 		return true
 	case '[':
@@ -504,13 +516,13 @@ func (s *scanner) promptValue(out *body) bool {
 func (s *scanner) promptElem(out *body) bool {
 	switch s.peek() {
 	case '"':
-		raw, quoted, esc, ok := s.str()
+		raw, esc, ok := s.str()
 		if ok {
 			out.chars += len(raw)
 			if out.keyed && !out.hasText {
 				// A batch of prompts: key on the first, which is
 				// where a shared prefix would be.
-				out.prompt, out.hasText = view(raw, quoted, esc), true
+				out.prompt, out.hasText = view(raw, s.quoted(raw, esc), esc), true
 			}
 		}
 		return ok
@@ -568,9 +580,9 @@ func (s *scanner) message(out *body) bool {
 		case esc:
 			ok = s.skip()
 		case string(key) == "role":
-			raw, quoted, esc, ok2 := s.str()
+			raw, esc, ok2 := s.str()
 			if ok2 {
-				role = internRole(raw, quoted, esc)
+				role = internRole(raw, s.quoted(raw, esc), esc)
 				ok = true
 			} else {
 				ok = s.skip()
@@ -614,11 +626,11 @@ func (out *body) messageCount() int { return out.nmsg + len(out.more) }
 func (s *scanner) content(out *body) bool {
 	switch s.peek() {
 	case '"':
-		raw, quoted, esc, ok := s.str()
+		raw, esc, ok := s.str()
 		if ok {
 			out.chars += len(raw)
 			if out.collect {
-				out.addPart(raw, quoted, esc)
+				out.addPart(raw, s.quoted(raw, esc), esc)
 			}
 		}
 		return ok
@@ -650,12 +662,12 @@ func (s *scanner) contentPart(out *body) bool {
 		ok := true
 		if esc || string(key) != "text" {
 			ok = s.skip()
-		} else if raw, quoted, esc, ok2 := s.str(); !ok2 {
+		} else if raw, esc, ok2 := s.str(); !ok2 {
 			ok = s.skip()
 		} else {
 			out.chars += len(raw)
 			if out.collect {
-				out.addPart(raw, quoted, esc)
+				out.addPart(raw, s.quoted(raw, esc), esc)
 			}
 		}
 		if !ok {
