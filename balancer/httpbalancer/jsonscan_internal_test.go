@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/inferlb/inferlb/cache"
 )
 
@@ -134,4 +136,25 @@ func BenchmarkParseBodyVaried(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// TestScannerDecodesEscapesEverywhere: str returns only the raw text and
+// the quoted form is rebuilt from the scanner's position for decoding; each
+// field that decodes does so right after its str, short strings and long
+// ones (past shortStr, through longStr) alike.
+func TestScannerDecodesEscapesEverywhere(t *testing.T) {
+	long := strings.Repeat("y", 2*shortStr)
+	for _, tail := range []string{"", long} {
+		b := []byte(`{"model":"m\"1` + tail + `","prompt_cache_key":"k\\2` + tail + `","instructions":"s\u00e93` + tail +
+			`","input":[{"role":"us\u0065r","content":[{"type":"input_text","text":"a\tb` + tail + `"}]}]}`)
+		got := scanNew(b, true)
+		require.Equal(t, `m"1`+tail, got.model)
+		require.Equal(t, `k\2`+tail, got.cacheKey)
+		require.Equal(t, "s\u00e93"+tail, got.system)
+		require.Equal(t, []cache.Message{{Role: "user", Content: "a\tb" + tail}}, got.msgs)
+		b = []byte(`{"prompt":"p\/4` + tail + `","messages":[{"role":"user","content":"c\n5` + tail + `"}]}`)
+		got = scanNew(b, true)
+		require.Equal(t, "p/4"+tail, got.prompt)
+		require.Equal(t, []cache.Message{{Role: "user", Content: "c\n5" + tail}}, got.msgs)
+	}
 }
