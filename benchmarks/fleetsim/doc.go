@@ -33,6 +33,14 @@
 //
 // so long prefills stall the decodes batched with them, as in vLLM.
 //
+// Replicas with the same ReplicaSpec.DPGroup are the data-parallel attention
+// ranks of one engine (a MoE model served with DP attention by SGLang, vLLM
+// or TensorRT-LLM): each has its own batch and KV cache, but every step is
+// collective (the experts' all-to-all), so the ranks step together, a step
+// lasts as long as the slowest rank's, and a rank with nothing to run waits
+// in it. One rank's long prefill then stalls every rank's decodes. Discovery
+// labels each rank DPLabel=dp<group>.
+//
 // The KV cache holds KVTokens/16 blocks of 16 tokens (vLLM's default block
 // size). Full blocks are identified by chained hashes (parent hash + the
 // block's tokens), registered as soon as they are computed, kept after their

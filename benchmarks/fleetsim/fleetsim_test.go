@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/benchmarks/fleetsim"
 )
 
@@ -68,4 +69,33 @@ func TestInferLBAvoidsASlowEmbeddingReplica(t *testing.T) {
 	t.Logf("p99 latency: round-robin %.3fs, inferlb %.3fs", rr.E2EP99, lb.E2EP99)
 	require.Positive(t, lb.Completed)
 	assert.Less(t, lb.E2EP99, rr.E2EP99/2, "peak-EWMA latency steers around the 3x slower replica")
+}
+
+// twoCalls sends one long prefill (five chunks) and one short chat at once.
+type twoCalls struct{}
+
+func (twoCalls) Start(s fleetsim.Sim) {
+	s.Submit(&fleetsim.Request{Service: inferlb.ServiceLLM, Prompt: fleetsim.NewPrompt(fleetsim.Segment{ID: 1, Tokens: 40000}), OutputTokens: 1, MaxOutputTokens: 1})
+	s.Submit(&fleetsim.Request{Service: inferlb.ServiceLLM, Prompt: fleetsim.NewPrompt(fleetsim.Segment{ID: 2, Tokens: 100}), OutputTokens: 200, MaxOutputTokens: 200})
+}
+
+func (twoCalls) Done(fleetsim.Sim, *fleetsim.Request, bool) {}
+
+func TestDataParallelRanksStepTogether(t *testing.T) {
+	// Round-robin puts the two calls on different replicas. Independent,
+	// the chat decodes at its own pace; as two ranks of one engine, its
+	// steps last as long as the other rank's prefill chunks.
+	run := func(dpGroup int) fleetsim.Result {
+		fl := []fleetsim.ReplicaSpec{{Server: fleetsim.LLMServer(), DPGroup: dpGroup}, {Server: fleetsim.LLMServer(), DPGroup: dpGroup}}
+		sc := &fleetsim.Scenario{Name: "dp", Fleet: fl, Workload: func(float64) fleetsim.Workload { return twoCalls{} }}
+		return fleetsim.Run(sc, fleetsim.RoundRobin(), fleetsim.RunConfig{Rate: 1, Seed: 1, Duration: time.Minute, Drain: time.Minute, Scrape: time.Second})
+	}
+	alone, coupled := run(0), run(1)
+	require.Equal(t, 2, alone.Completed)
+	require.Equal(t, 2, coupled.Completed)
+	p := fleetsim.LLMServer()
+	chunk := (time.Duration(p.MaxBatchedTokens) * p.PerPrefillToken).Seconds() // one full prefill chunk
+	assert.Less(t, alone.ITLP99, chunk/4, "an independent replica decodes at its own pace")
+	assert.Greater(t, coupled.ITLP99, chunk, "a rank waits for the other rank's prefill chunk every step")
+	assert.Greater(t, coupled.E2EP99, alone.E2EP99+chunk, "so the chat ends later")
 }

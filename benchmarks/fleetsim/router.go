@@ -28,8 +28,9 @@ type Env struct {
 	Client  int
 	Seed    uint64 // for the policy's own randomness; differs per client
 	Clock   Clock
-	IDs     []string  // replica IDs by index
-	Weights []float64 // capacity weights by index (what discovery would say)
+	IDs     []string            // replica IDs by index
+	Weights []float64           // capacity weights by index (what discovery would say)
+	Labels  []map[string]string // endpoint labels by index (nil: none)
 	run     *run
 }
 
@@ -236,7 +237,7 @@ func InferLB(v Variant) Policy {
 			// (the zero value) would also make runs irreproducible.
 			o.AffinitySeed = KeyerSeed
 		}
-		r := &inferlbRouter{v: v, b: balancer.New(o), ids: e.IDs, weights: e.Weights, byID: map[string]int{}}
+		r := &inferlbRouter{v: v, b: balancer.New(o), ids: e.IDs, weights: e.Weights, labels: e.Labels, byID: map[string]int{}}
 		for i, id := range e.IDs {
 			r.byID[id] = i
 		}
@@ -249,13 +250,14 @@ type inferlbRouter struct {
 	b       *balancer.Balancer
 	ids     []string
 	weights []float64
+	labels  []map[string]string
 	byID    map[string]int // lookups only
 }
 
 func (r *inferlbRouter) SetMembers(m []int) {
 	eps := make([]inferlb.Endpoint, 0, len(m))
 	for _, i := range m {
-		eps = append(eps, inferlb.Endpoint{ID: r.ids[i], Addr: r.ids[i], Weight: r.weights[i]})
+		eps = append(eps, inferlb.Endpoint{ID: r.ids[i], Addr: r.ids[i], Weight: r.weights[i], Labels: r.labels[i]})
 	}
 	_ = r.b.Update(eps)
 }

@@ -17,7 +17,15 @@ type ReplicaSpec struct {
 	Speed float64
 	// Weight is the capacity weight discovery advertises (0 = 1).
 	Weight float64
+	// DPGroup, when not 0, makes the replica one data-parallel rank of an
+	// engine: replicas with the same DPGroup step together (see dpEngine).
+	// Discovery labels them DPLabel=dp<group>.
+	DPGroup int
 }
+
+// DPLabel is the endpoint label the simulator gives data-parallel ranks:
+// the engine they belong to.
+const DPLabel = "dp_group"
 
 // EventKind is a fleet incident.
 type EventKind uint8
@@ -146,6 +154,8 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 	s.rng = rand.New(rand.NewPCG(cfg.Seed, 0xc11e))
 	ids := make([]string, len(sc.Fleet))
 	weights := make([]float64, len(sc.Fleet))
+	labels := make([]map[string]string, len(sc.Fleet))
+	engines := map[int]*dpEngine{}
 	for i, spec := range sc.Fleet {
 		ids[i] = fmt.Sprintf("r%d", i)
 		weights[i] = spec.Weight
@@ -156,7 +166,18 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 		if speed <= 0 {
 			speed = 1
 		}
-		s.reps = append(s.reps, newReplica(i, ids[i], spec.Server, speed, s))
+		r := newReplica(i, ids[i], spec.Server, speed, s)
+		if spec.DPGroup != 0 {
+			e := engines[spec.DPGroup]
+			if e == nil {
+				e = &dpEngine{}
+				engines[spec.DPGroup] = e
+			}
+			e.ranks = append(e.ranks, r)
+			r.dp = e
+			labels[i] = map[string]string{DPLabel: fmt.Sprintf("dp%d", spec.DPGroup)}
+		}
+		s.reps = append(s.reps, r)
 		s.members = append(s.members, i)
 	}
 	clock := Clock{now: &s.now}
@@ -169,7 +190,7 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 		default:
 			rt = pol.New(Env{
 				Client: c, Seed: cfg.Seed*1000003 + uint64(c) + 1, Clock: clock,
-				IDs: ids, Weights: weights, run: s,
+				IDs: ids, Weights: weights, Labels: labels, run: s,
 			})
 			s.uniq = append(s.uniq, rt)
 			if pol.Shared {

@@ -51,6 +51,7 @@ func Scenarios() []*Scenario {
 		MultiClientScenario(),
 		ChatScenario(),
 		MixScenario(),
+		DataParallelScenario(),
 		HotPromptScenario(),
 		FailuresScenario(),
 		TenantsScenario(),
@@ -184,6 +185,31 @@ func MixScenario() *Scenario {
 		RateUnit: "req/s",
 		Headline: 20,
 		Warmup:   60 * time.Second, Duration: 360 * time.Second, Drain: 300 * time.Second,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Policies: Policies(),
+	}
+}
+
+// DataParallelScenario is the heavy/light mix on two engines of 8
+// data-parallel attention ranks each (a MoE model served with DP attention,
+// as SGLang, vLLM and TensorRT-LLM do for DeepSeek-class models): every
+// forward step is collective, so it lasts as long as the busiest rank's, and
+// a request that lands on an already busy rank slows its whole engine.
+func DataParallelScenario() *Scenario {
+	fl := fleet(16, LLMServer())
+	for i := range fl {
+		fl[i].DPGroup = 1 + i/8
+	}
+	mix := MixScenario()
+	return &Scenario{
+		Name:        "data-parallel",
+		Description: "the heavy/light mix on 2 engines x 8 data-parallel attention ranks that step together (a step lasts as long as its busiest rank's)",
+		Fleet:       fl,
+		Workload:    mix.Workload,
+		Rates:       []float64{10, 15, 20, 25, 30},
+		RateUnit:    "req/s",
+		Headline:    20,
+		Warmup:      60 * time.Second, Duration: 360 * time.Second, Drain: 300 * time.Second,
 		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
 		Policies: Policies(),
 	}

@@ -130,6 +130,7 @@ type replica struct {
 	waiting  []*seq // FIFO; preempted sequences go back to the front
 	running  []*seq // admission order; the last is preempted first
 	stepping bool
+	dp       *dpEngine // the engine whose steps this rank shares; nil when independent
 
 	// counters
 	busy          time.Duration
@@ -173,6 +174,10 @@ func (r *replica) expectedHit(s *seq) int {
 }
 
 func (r *replica) kick() {
+	if r.dp != nil {
+		r.dp.kick()
+		return
+	}
 	if !r.stepping && r.up && (len(r.running) > 0 || len(r.waiting) > 0) {
 		r.step()
 	}
@@ -208,6 +213,19 @@ func (r *replica) ensure(s *seq, upto int) bool {
 // When the cache cannot hold the next token of a running sequence, the most
 // recently admitted sequence is preempted.
 func (r *replica) step() {
+	d, ok := r.plan()
+	if !ok {
+		return
+	}
+	r.stepping = true
+	r.busy += d
+	gen := r.gen
+	r.sim.after(d, func() { r.stepDone(gen) })
+}
+
+// plan forms the next batch (see step) and returns how long its forward pass
+// takes on this replica; false when nothing is running.
+func (r *replica) plan() (time.Duration, bool) {
 	budget := r.p.MaxBatchedTokens
 	preempted := false
 	var prefillTok, decodes, kvTok int
@@ -273,17 +291,13 @@ func (r *replica) step() {
 		kvTok += s.computed + n
 	}
 	if len(r.running) == 0 {
-		return
+		return 0, false
 	}
 	d := r.p.StepFixed +
 		time.Duration(prefillTok)*r.p.PerPrefillToken +
 		time.Duration(decodes)*r.p.PerDecodeSeq +
 		time.Duration(kvTok)*r.p.PerKVToken
-	d = time.Duration(float64(d) * r.speed)
-	r.stepping = true
-	r.busy += d
-	gen := r.gen
-	r.sim.after(d, func() { r.stepDone(gen) })
+	return time.Duration(float64(d) * r.speed), true
 }
 
 // stepDone applies one finished iteration: computed KV advances, full blocks
@@ -294,6 +308,12 @@ func (r *replica) stepDone(gen uint64) {
 		return
 	}
 	r.stepping = false
+	r.apply()
+	r.kick()
+}
+
+// apply applies the finished step to the running batch.
+func (r *replica) apply() {
 	now := r.sim.now
 	keep := r.running[:0]
 	for _, s := range r.running {
@@ -339,7 +359,6 @@ func (r *replica) stepDone(gen uint64) {
 	}
 	clear(r.running[len(keep):])
 	r.running = keep
-	r.kick()
 }
 
 // cacheFull registers the blocks that became full between before and s.computed.
@@ -373,6 +392,9 @@ func (r *replica) crash() {
 	r.up = false
 	r.gen++
 	r.stepping = false
+	if r.dp != nil {
+		r.dp.abort()
+	}
 	now := r.sim.now
 	fail := append(append([]*seq(nil), r.running...), r.waiting...)
 	r.running, r.waiting = nil, nil
@@ -401,4 +423,72 @@ func (r *replica) pendingPrefill() int {
 		}
 	}
 	return n
+}
+
+// dpEngine couples the data-parallel attention ranks of one engine (SGLang's
+// DP attention, vLLM's data parallel deployment of a MoE model, TensorRT-LLM's
+// attention DP): each rank has its own batch and KV cache, but every forward
+// pass is collective (the experts' all-to-all), so all ranks step together
+// and a step lasts as long as the slowest rank's. A rank with nothing to run
+// still joins each step (a dummy batch), and its GPU is held for it. Load
+// one rank more than the others and the whole engine slows down.
+type dpEngine struct {
+	ranks    []*replica
+	stepping bool
+	gen      uint64
+}
+
+func (e *dpEngine) kick() {
+	if e.stepping {
+		return
+	}
+	var d time.Duration
+	active := false
+	for _, r := range e.ranks {
+		if !r.up {
+			continue
+		}
+		if rd, ok := r.plan(); ok {
+			d, active = max(d, rd), true
+			r.stepping = true
+		}
+	}
+	if !active {
+		return
+	}
+	for _, r := range e.ranks {
+		if r.up {
+			r.busy += d
+		}
+	}
+	e.stepping = true
+	gen := e.gen
+	e.ranks[0].sim.after(d, func() { e.done(gen) })
+}
+
+func (e *dpEngine) done(gen uint64) {
+	if gen != e.gen {
+		return
+	}
+	e.stepping = false
+	for _, r := range e.ranks {
+		if r.stepping {
+			r.stepping = false
+			r.apply()
+		}
+	}
+	e.kick()
+}
+
+// abort drops the step in progress (a rank crashed): the others' batches
+// are scheduled again at the next kick.
+func (e *dpEngine) abort() {
+	e.gen++
+	e.stepping = false
+	for _, r := range e.ranks {
+		r.stepping = false
+		for _, s := range r.running {
+			s.sched = 0
+		}
+	}
 }
