@@ -356,7 +356,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			if rank > 0 {
 				return b.spilled(req, g, i, c.nowNs) // strict: past the owner
 			}
-			return b.goHome(req, g, i, bd.over, w, c, sh, now)
+			return b.goHome(req, g, i, bd.over, afterOwner, c, sh, now) // i is the owner: rank 0
 		}
 		if first < 0 {
 			first = i
