@@ -52,6 +52,12 @@ type endpoint struct {
 	// Cold.
 	wasReady atomic.Bool // SetReady(true) happened at least once
 
+	// The server's load reading (telemetry Running, else Waiting) as last
+	// seen by a pick: when it was observed (unix ns), and this process's
+	// in-flight count when a pick first saw it. See readingDelta.
+	readingAt   atomic.Int64
+	readingBase atomic.Int64
+
 	// Resilience (resilience.go). breaker is immutable (nil when disabled).
 	breaker       *gobreaker.CircuitBreaker[struct{}]
 	opens         atomic.Int32 // consecutive opens, for the doubling exclusion time
@@ -153,6 +159,37 @@ func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.S
 	st.TTFTEWMA = time.Duration(e.ttftEWMA.Load())
 	st.ErrorRate = e.errorRate(c, nowNs)
 	e.slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
+	if tel := &st.Telemetry; tel.Has.Has(telemetry.Running) || tel.Has.Has(telemetry.Waiting) {
+		st.InFlightSinceReading = e.readingDelta(st.InFlight)
+	}
+}
+
+// readingDelta returns how this process's in-flight count has changed since
+// the server's current load reading was first seen, given the count now.
+//
+// A scrape is a second or more old, and between scrapes it does not move,
+// whatever this process sends. Scored on the reading alone, the endpoint
+// that looked emptiest at the last scrape would win every comparison until
+// the next one and take a burst it cannot serve (at saturation the fleet
+// then herds from replica to replica, scrape by scrape). The calls picked
+// since (and, when negative, those ended since) are the part of its load the
+// reading cannot know yet, so the scorer adds them to it.
+//
+// The base is the in-flight count when a pick first sees a new reading, not
+// when the server took it: the calls picked between the two are lost, which
+// errs towards the reading. Racing picks may both store a base; either is
+// a count from the same moment.
+func (e *endpoint) readingDelta(inFlight int64) int64 {
+	at := e.slot.Observed(telemetry.Running)
+	if at == 0 {
+		at = e.slot.Observed(telemetry.Waiting)
+	}
+	if e.readingAt.Load() != at {
+		e.readingBase.Store(inFlight)
+		e.readingAt.Store(at)
+		return 0
+	}
+	return inFlight - e.readingBase.Load()
 }
 
 // errorRateFloor is the error rate below which an endpoint counts as clean.

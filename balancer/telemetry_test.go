@@ -73,3 +73,60 @@ func TestTelemetryPressureSteersAndGoesStale(t *testing.T) {
 		})
 	}
 }
+
+// A scrape does not move between scrapes, whatever this process sends. The
+// endpoint that looked emptiest at the last one must take a burst only
+// until its projected load meets its peers', not every pick until the next
+// scrape; and a new reading, which counts those calls itself, starts over.
+func TestStaleReadingDoesNotDrawEveryPick(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3)})
+	eps := endpoints(4)
+	low := eps[0].Addr
+	publish := func(id string, running, kv float64) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, running)
+		s.Set(telemetry.Waiting, 0)
+		s.Set(telemetry.KVCacheUsage, kv)
+		b.Publish(id, s)
+	}
+	publish(low, 10, 0.90)
+	for _, ep := range eps[1:] {
+		publish(ep.Addr, 10, 0.95)
+	}
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 800, MaxOutputTokens: 300}
+	burst := func(n int) (map[string]int, []balancer.Pick) {
+		counts := map[string]int{}
+		var held []balancer.Pick
+		for range n {
+			p, err := b.Pick(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[p.ID()]++
+			held = append(held, p)
+		}
+		return counts, held
+	}
+	// 40 calls stay in flight: a burst between two scrapes. Scored on the
+	// reading alone, low wins every comparison it is in: about half.
+	c, held := burst(40)
+	t.Logf("burst: %v", c)
+	assert.LessOrEqual(t, c[low], 14, "low takes a few more than its 10, not half of the burst")
+	assert.GreaterOrEqual(t, c[low], 8, "and about its share: it was the emptiest")
+
+	// The next scrape counts the burst: low now reads as full as the rest
+	// after its extra calls, and the base starts over from there.
+	clock.Advance(time.Second)
+	for _, ep := range eps {
+		publish(ep.Addr, 10+float64(c[ep.Addr]), 0.97)
+	}
+	c2, held2 := burst(40)
+	t.Logf("after the next scrape: %v", c2)
+	for _, ep := range eps {
+		assert.InDelta(t, 10, c2[ep.Addr], 5, "equal readings, equal shares: %s", ep.Addr)
+	}
+	for _, p := range append(held, held2...) {
+		p.Done(inferlb.Outcome{})
+	}
+}

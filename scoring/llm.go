@@ -10,18 +10,22 @@ import (
 //
 // cost = (load + 1) / weight x reliability x kvPressure x memPressure x utilPressure, where
 //
-//	load        = max(in-flight here, running + QueueWeight x waiting on the server)
+//	load        = max(in-flight here, running + QueueWeight x waiting on the server + sent since)
 //	              + in-flight tokens / TokenUnit
 //	reliability = 1 + ErrorPenalty x error rate
-//	kvPressure  = Pressure(KV-cache usage, KVKnee, Steepness)
+//	kvPressure  = Pressure(KV-cache usage + sent since x usage / running, KVKnee, Steepness)
 //	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness)
 //	utilPressure = Pressure(ORCA application utilization, UtilKnee, Steepness)
 //
 // Server-side running and waiting counts see every client's traffic, so they
 // correct this process's partial view when fresh; they replace it rather than
-// add to it, because this process's in-flight calls are among them. When
-// telemetry is absent or stale the factors are neutral (1) and the cost is
-// this process's own view.
+// add to it, because this process's in-flight calls are among them. They are
+// as old as the last scrape, though, so "sent since" (State.InFlightSinceReading,
+// the calls this process sent there since the reading, less those that
+// ended) brings the reading and the KV-cache usage up to now; without it the
+// endpoint that looked emptiest at the last scrape would take every pick
+// until the next. When telemetry is absent or stale the factors are neutral
+// (1) and the cost is this process's own view.
 // Completion latency is deliberately ignored: it measures prompt and output
 // length more than the endpoint.
 type LLM struct {
@@ -51,6 +55,24 @@ type LLM struct {
 	Steepness float64
 }
 
+// projectKV moves a KV-cache usage reading by the calls sent (or ended)
+// since it was taken, each at the mean share of the running calls: a replica
+// at 95% with 20 running is at about 100% once this process has sent it one
+// more. Without it the pressure curve, steepest exactly where a saturated
+// fleet sits, would turn a stale reading a few points lower than its
+// neighbours' into every pick until the next scrape. Without a running
+// count the reading stands.
+func projectKV(kv float64, tel *telemetry.Sample, delta int64) float64 {
+	if delta == 0 {
+		return kv
+	}
+	r, ok := tel.Get(telemetry.Running)
+	if !ok || r < 1 {
+		return kv
+	}
+	return min(max(kv+float64(delta)*kv/r, 0), 1)
+}
+
 func orDefault(v, d float64) float64 {
 	if v > 0 {
 		return v
@@ -70,7 +92,9 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 		if w, ok := tel.Get(telemetry.Waiting); ok {
 			server += orDefault(l.QueueWeight, 2) * w
 		}
-		load = max(load, server)
+		// The reading is as old as the last scrape: what this process sent
+		// since is not in it.
+		load = max(load, server+float64(s.InFlightSinceReading))
 	}
 	load += float64(s.InFlightTokens) / orDefault(l.TokenUnit, 4096)
 	cost := (load + 1) / s.weight()
@@ -80,7 +104,7 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 	}
 	steep := orDefault(l.Steepness, 4)
 	if kv, ok := tel.Get(telemetry.KVCacheUsage); ok {
-		cost *= Pressure(kv, orDefault(l.KVKnee, 0.85), steep)
+		cost *= Pressure(projectKV(kv, tel, s.InFlightSinceReading), orDefault(l.KVKnee, 0.85), steep)
 	}
 	if mem, ok := tel.MemoryUsage(); ok {
 		cost *= Pressure(mem, orDefault(l.MemoryKnee, 0.92), orDefault(l.MemorySteepness, 8))

@@ -57,6 +57,11 @@ type State struct {
 	// ErrorRate is the EWMA of failures over recent outcomes, 0..1, already
 	// decayed towards 0 for the time since the last outcome.
 	ErrorRate float64
+	// InFlightSinceReading is how much InFlight has grown (negative: shrunk)
+	// since the server's load reading in Telemetry (Running, Waiting) was
+	// first seen: the calls this process sent there that the reading cannot
+	// count yet. 0 without such a reading.
+	InFlightSinceReading int64
 	// Telemetry holds the endpoint's fresh telemetry fields only: stale or
 	// never-reported fields are absent (neutral).
 	Telemetry telemetry.Sample

@@ -72,6 +72,40 @@ func TestLLMCost(t *testing.T) {
 	assert.Greater(t, l.Cost(req, withTelemetry(base, float64(telemetry.AppUtil), 0.99)), 10.0)
 }
 
+func TestLLMCostBringsAReadingUpToNow(t *testing.T) {
+	l := &scoring.LLM{}
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	// The server counted 10 running at the last scrape; this process has
+	// sent 3 more since (it has 5 in flight, the server counts some of them).
+	read := withTelemetry(scoring.State{Now: now, Weight: 1, InFlight: 5}, float64(telemetry.Running), 10)
+	assert.InDelta(t, 11, l.Cost(req, read), 1e-9, "the reading as it is")
+	since := read
+	since.InFlightSinceReading = 3
+	assert.InDelta(t, 14, l.Cost(req, since), 1e-9, "plus what was sent since")
+	since.InFlightSinceReading = -4
+	assert.InDelta(t, 7, l.Cost(req, since), 1e-9, "less what ended since, never below our own in-flight + 1")
+	since.InFlightSinceReading = -9
+	assert.InDelta(t, 6, l.Cost(req, since), 1e-9, "never below our own in-flight")
+
+	// KV-cache usage moves by the mean share of a running call: 90% with 9
+	// running is 100% after one more, and as expensive as a full cache.
+	kv := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 9, float64(telemetry.KVCacheUsage), 0.9)
+	kv1 := kv
+	kv1.InFlightSinceReading = 1
+	full := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 10, float64(telemetry.KVCacheUsage), 1)
+	assert.InDelta(t, l.Cost(req, full), l.Cost(req, kv1), 1e-9)
+	assert.Greater(t, l.Cost(req, kv1), 10*l.Cost(req, kv), "one more call on a nearly full cache costs far more")
+	kv1.InFlightSinceReading = -3
+	assert.InDelta(t, l.Cost(req, withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 6, float64(telemetry.KVCacheUsage), 0.6)),
+		l.Cost(req, kv1), 1e-9, "calls that ended since free their share")
+
+	// Without a running count there is no share to move by.
+	alone := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.KVCacheUsage), 0.9)
+	moved := alone
+	moved.InFlightSinceReading = 5
+	assert.InDelta(t, l.Cost(req, alone)+5*scoring.Pressure(0.9, 0.85, 4), l.Cost(req, moved), 1e-9, "load grows, KV usage stands")
+}
+
 func TestLLMCostIgnoresLatency(t *testing.T) {
 	l := &scoring.LLM{}
 	fast := scoring.State{Now: now, Weight: 1, LatencyEWMA: time.Second, LastLatency: now}

@@ -174,6 +174,21 @@ func (sl *Slot) merge(s Sample) bool {
 	return true
 }
 
+// Observed returns when field f of the slot's current entry was observed
+// (unix ns), or 0 when the slot holds no such field. It never allocates or
+// locks. Consumers use it to tell a new reading of a field from the same one
+// seen again.
+func (sl *Slot) Observed(f Field) int64 {
+	if sl == nil {
+		return 0
+	}
+	cur := sl.cur.Load()
+	if cur == nil || !cur.s.Has.Has(f) {
+		return 0
+	}
+	return cur.times[f]
+}
+
 // LoadInto writes the slot's fields observed no more than maxAge before now
 // into dst (maxAge <= 0 keeps every field). dst.Time becomes the oldest time
 // among the fields kept. It never allocates or locks.

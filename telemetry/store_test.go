@@ -88,6 +88,21 @@ func TestStoreMergesFieldsByAge(t *testing.T) {
 	assert.Equal(t, telemetry.StoreStats{Accepted: 2, DroppedOld: 1}, st.Stats())
 }
 
+func TestSlotObservedIsPerField(t *testing.T) {
+	var st telemetry.Store
+	sl := st.Slot("a")
+	assert.Zero(t, sl.Observed(telemetry.Running), "nothing published yet")
+	st.Publish("a", sample(t0, float64(telemetry.Running), 3, float64(telemetry.KVCacheUsage), 0.5))
+	st.Publish("a", sample(t0.Add(time.Second), float64(telemetry.GPUMemUsed), 70))
+	assert.Equal(t, t0.UnixNano(), sl.Observed(telemetry.Running), "a later sample of other fields leaves Running's time")
+	assert.Equal(t, t0.Add(time.Second).UnixNano(), sl.Observed(telemetry.GPUMemUsed))
+	assert.Zero(t, sl.Observed(telemetry.Waiting), "never reported")
+	st.Publish("a", sample(t0.Add(2*time.Second), float64(telemetry.Running), 3))
+	assert.Equal(t, t0.Add(2*time.Second).UnixNano(), sl.Observed(telemetry.Running), "the same value read again is a new reading")
+	var nilSlot *telemetry.Slot
+	assert.Zero(t, nilSlot.Observed(telemetry.Running))
+}
+
 func TestStoreDropsAndCountsBadInput(t *testing.T) {
 	st := telemetry.Store{MaxEndpoints: 2}
 	st.Publish("a", telemetry.Sample{Time: t0})                         // no field
