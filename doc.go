@@ -71,7 +71,13 @@
 // vLLM's load header are merged per endpoint and per field in a
 // telemetry.Store. Scorers see only fresh fields; a stale or missing field is
 // neutral. The LLM scorer's cost rises steeply (hyperbolically) as KV-cache
-// use, GPU memory or utilization near their ceiling. Affinity reads the same
+// use, GPU memory or utilization near their ceiling. A scraped load reading
+// does not move until the next scrape, so the balancer counts the calls it
+// has sent an endpoint since a pick first saw the reading
+// (scoring.State.InFlightSinceReading) and the LLM scorer adds them to the
+// server's count and to its KV-cache use; otherwise the endpoint that looked
+// emptiest at the last scrape would take every pick until the next one, and
+// a saturated fleet would herd. Affinity reads the same
 // telemetry: an owner with an empty queue keeps its keys a little past the
 // load bound (a spill costs a cold prefill), so does an owner whose spill
 // target is queueing or nearly full too and has not cached the key (near
