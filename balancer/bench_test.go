@@ -6,6 +6,8 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 var benchSizes = []int{8, 64, 512, 4096}
@@ -41,6 +43,34 @@ func BenchmarkPick(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// BenchmarkPickTelemetry is BenchmarkPick for LLM calls with a fresh
+// server reading (running, waiting, KV-cache use) for every endpoint: what
+// pricing telemetry adds to a pick.
+func BenchmarkPickTelemetry(b *testing.B) {
+	for _, n := range benchSizes[:2] {
+		clock := testutil.NewClock()
+		bal := newBalancer(b, n, balancer.Options{Clock: clock})
+		for i, ep := range endpoints(n) {
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.Running, float64(8+i%5))
+			s.Set(telemetry.Waiting, float64(i%3))
+			s.Set(telemetry.KVCacheUsage, 0.5+0.1*float64(i%5))
+			bal.Publish(ep.Addr, s)
+		}
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 512, MaxOutputTokens: 256}
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := bal.Pick(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.Done(inferlb.Outcome{})
+			}
+		})
 	}
 }
 
