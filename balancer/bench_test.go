@@ -20,16 +20,7 @@ func BenchmarkPick(b *testing.B) {
 		for _, n := range benchSizes {
 			bal := newBalancer(b, n, balancer.Options{})
 			req := &inferlb.Request{Service: svc, PromptTokens: 512, MaxOutputTokens: 256}
-			b.Run(fmt.Sprintf("%v/n=%d/serial", svc, n), func(b *testing.B) {
-				b.ReportAllocs()
-				for b.Loop() {
-					p, err := bal.Pick(req)
-					if err != nil {
-						b.Fatal(err)
-					}
-					p.Done(inferlb.Outcome{})
-				}
-			})
+			b.Run(fmt.Sprintf("%v/n=%d/serial", svc, n), func(b *testing.B) { benchPickDone(b, bal, req) })
 			b.Run(fmt.Sprintf("%v/n=%d/parallel", svc, n), func(b *testing.B) {
 				b.ReportAllocs()
 				b.RunParallel(func(pb *testing.PB) {
@@ -43,6 +34,18 @@ func BenchmarkPick(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// benchPickDone times serial Pick+Done of req on bal.
+func benchPickDone(b *testing.B, bal *balancer.Balancer, req *inferlb.Request) {
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := bal.Pick(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Done(inferlb.Outcome{})
 	}
 }
 
@@ -61,16 +64,7 @@ func BenchmarkPickTelemetry(b *testing.B) {
 			bal.Publish(ep.Addr, s)
 		}
 		req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 512, MaxOutputTokens: 256}
-		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				p, err := bal.Pick(req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				p.Done(inferlb.Outcome{})
-			}
-		})
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) { benchPickDone(b, bal, req) })
 	}
 }
 
