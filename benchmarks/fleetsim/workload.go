@@ -104,11 +104,16 @@ type Chat struct {
 	system               []Segment
 }
 
+// chatSession is one conversation. Its turns draw from its own random
+// stream: the session stream's draws happen in completion order, which
+// routing decides, so drawing them from the arrival stream would let one
+// policy's routing change the workload every later session sees.
 type chatSession struct {
 	id         uint64
 	key        uint64
 	turn, last int
 	prompt     *Prompt
+	rng        *rand.Rand
 }
 
 // Start implements Workload.
@@ -125,18 +130,19 @@ func (w *Chat) Start(s Sim) {
 			last: uniform(w.rng, w.MinTurns, w.MaxTurns),
 		}
 		cs.prompt = NewPrompt(w.system[w.rng.IntN(w.Apps)])
+		cs.rng = rand.New(rand.NewPCG(w.rng.Uint64(), cs.id))
 		w.send(s, cs)
 	})
 }
 
 func (w *Chat) send(s Sim, cs *chatSession) {
 	cs.turn++
-	user := Segment{contentID(5, cs.id, uint64(cs.turn)), uniform(w.rng, w.MinUser, w.MaxUser)}
+	user := Segment{contentID(5, cs.id, uint64(cs.turn)), uniform(cs.rng, w.MinUser, w.MaxUser)}
 	if cs.turn == 1 {
 		cs.key = chatKey(cs.prompt.Segments[0], user)
 	}
 	cs.prompt = cs.prompt.Extend(user)
-	out := uniform(w.rng, w.MinAnswer, w.MaxAnswer)
+	out := uniform(cs.rng, w.MinAnswer, w.MaxAnswer)
 	s.Submit(&Request{
 		Service: inferlb.ServiceLLM, Model: Model, Prompt: cs.prompt,
 		OutputTokens: out, MaxOutputTokens: w.MaxAnswer,
@@ -152,7 +158,7 @@ func (w *Chat) Done(s Sim, req *Request, ok bool) {
 		return
 	}
 	cs.prompt = cs.prompt.Extend(Segment{req.AnswerID, req.OutputTokens})
-	s.After(expDuration(w.rng, w.Think.Seconds()), func() {
+	s.After(expDuration(cs.rng, w.Think.Seconds()), func() {
 		if !s.Stopped() {
 			w.send(s, cs)
 		}
