@@ -41,6 +41,11 @@
 // of that key prefer them, as they hold its prefix in their KV cache, and
 // while the owner is above its fair share the key stays on such a warm
 // endpoint instead of flapping home (one cached copy, not two).
+// Affinity pays only when keys recur, and routing by hash costs the load
+// balance P2C would give, so the balancer keeps a sampled estimate of how
+// often its keys recur (a 32 KiB table of recent keys) and, while fewer than
+// Options.MinKeyReuse (5%) do, as with a stream of unique documents, it
+// ignores the keys; it follows them again as soon as they recur.
 // Otherwise Pick samples two distinct
 // endpoints by capacity weight that are ready and in good standing (slow
 // start scales a joining or recovered endpoint's chance), the request's

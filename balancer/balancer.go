@@ -52,6 +52,7 @@ type Balancer struct {
 	keyer  *cache.Keyer    // immutable
 	sticky *cache.Sessions // immutable pointer; nil unless StickyTTL > 0
 	spills *cache.Sessions // immutable pointer; nil when SpillMemory or affinity is off
+	reuse  *keyReuse       // immutable pointer; nil unless AffinityPrefer with MinKeyReuse
 
 	mu         sync.Mutex
 	eps        map[string]*endpoint     // guarded by mu
@@ -107,6 +108,9 @@ func New(opts Options) *Balancer {
 			panic(err) // Validate checked the fields it depends on
 		}
 		b.sticky = s
+	}
+	if cfg.minKeyReuse > 0 && cfg.affinity == AffinityPrefer {
+		b.reuse = new(keyReuse)
 	}
 	if cfg.spillTTL > 0 && cfg.affinity != AffinityOff {
 		// The table's own TTL only bounds how long an entry holds its slot;
@@ -378,7 +382,13 @@ func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
 	if !panicking && st.good == 0 {
 		return Pick{}, ErrNoEndpoints
 	}
-	c := cand{nowNs: nowNs, panicking: panicking, exclude: exclude}
+	c := cand{nowNs: nowNs, panicking: panicking, exclude: exclude, affine: req.AffinityKey != 0}
+	if c.affine && b.reuse != nil {
+		if exclude == "" { // a failover is the same request again
+			b.reuse.observe(req.AffinityKey)
+		}
+		c.affine = b.reuse.recurring(b.cfg.minKeyReuse)
+	}
 	if b.cfg.tenantShard > 0 && req.Tenant != "" {
 		var sh shard
 		if b.tenantShard(req, g, &sh) {
@@ -400,7 +410,7 @@ func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
 // one within bound, else the cheaper of two draws (P2C); -1 when nothing
 // can take req.
 func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) int {
-	if req.AffinityKey != 0 && g.placement != nil {
+	if c.affine && g.placement != nil {
 		if i := b.pickAffine(req, g, now, c, sh); i >= 0 {
 			return i
 		}
@@ -420,6 +430,7 @@ type cand struct {
 	nowNs     int64
 	panicking bool
 	exclude   string // an endpoint ID to skip (failover); "" for none
+	affine    bool   // the request's AffinityKey steers the pick (see keyReuse)
 }
 
 func (c *cand) ok(e *endpoint) bool {

@@ -19,7 +19,7 @@ type Collector struct {
 
 	inFlight, inFlightTokens, latency, ttft, errRate, ready, breakerOpen, ramp *prometheus.Desc
 	picks, successes, failures, overloads, trips, recoveries, ejections        *prometheus.Desc
-	spills, retries, telemetry                                                 *prometheus.Desc
+	spills, retries, telemetry, keyReuse, following                            *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -54,6 +54,10 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 			[]string{"endpoint", "cache"}),
 		retries:   d("retries_total", "Failover retries asked of the retry budget, by answer.", []string{"result"}),
 		telemetry: d("telemetry_samples_total", "Telemetry samples offered to the store, by what happened to them.", []string{"result"}),
+		keyReuse: d("affinity_key_reuse_ratio",
+			"Estimated share of keyed requests whose affinity key recurs (absent while no estimate is kept).", nil),
+		following: d("affinity_following_keys",
+			"1 while affinity keys steer picks; 0 with affinity off or while keys do not recur (MinKeyReuse).", nil),
 	}
 }
 
@@ -62,6 +66,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.errRate, c.ready, c.breakerOpen, c.ramp,
 		c.picks, c.successes, c.failures, c.overloads, c.trips, c.recoveries, c.ejections, c.spills, c.retries, c.telemetry,
+		c.keyReuse, c.following,
 	} {
 		ch <- d
 	}
@@ -109,4 +114,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.telemetry, t.DroppedEmpty, "dropped_empty")
 	counter(c.telemetry, t.DroppedOld, "dropped_old")
 	counter(c.telemetry, t.DroppedFull, "dropped_full")
+	k := c.b.KeyReuse()
+	if k.Observed > 0 {
+		gauge(c.keyReuse, k.Ratio)
+	}
+	gauge(c.following, b2f(k.FollowingKeys))
 }

@@ -60,5 +60,25 @@ inferlb_telemetry_samples_total{balancer="llm",result="dropped_old"} 0
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
-	assert.Equal(t, 17+2+4, testutil.CollectAndCount(c), "17 series per endpoint, 2 retry and 4 telemetry")
+	assert.Equal(t, 17+2+4+1, testutil.CollectAndCount(c), "17 series per endpoint, 2 retry, 4 telemetry, 1 affinity (no reuse estimate yet)")
+}
+
+func TestCollectorExportsKeyReuse(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}, {Addr: "b:1"}}))
+	c := metrics.NewCollector(b, "llm")
+	// Keys with their top 3 bits zero are the sampled ones; each is new.
+	for i := range uint64(2000) {
+		p, err := b.Pick(&inferlb.Request{AffinityKey: i*0x9e3779b97f4a7c15>>3 | 1})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{})
+	}
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_affinity_following_keys 1 while affinity keys steer picks; 0 with affinity off or while keys do not recur (MinKeyReuse).
+# TYPE inferlb_affinity_following_keys gauge
+inferlb_affinity_following_keys{balancer="llm"} 0
+# HELP inferlb_affinity_key_reuse_ratio Estimated share of keyed requests whose affinity key recurs (absent while no estimate is kept).
+# TYPE inferlb_affinity_key_reuse_ratio gauge
+inferlb_affinity_key_reuse_ratio{balancer="llm"} 0
+`), "inferlb_affinity_following_keys", "inferlb_affinity_key_reuse_ratio"))
 }

@@ -60,6 +60,7 @@ type jsonTunables struct {
 	AffinitySeed        uint64  `json:"affinitySeed"`
 	TenantShardSize     int     `json:"tenantShardSize"`
 	SpillMemory         string  `json:"spillMemory"`
+	MinKeyReuse         float64 `json:"minKeyReuse"`
 	BreakerFailures     int     `json:"breakerFailures"`
 	BreakerProbes       int     `json:"breakerProbes"`
 	EjectionTime        string  `json:"ejectionTime"`
@@ -295,6 +296,7 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"affinitySeed", func(o *core.Options) error { o.AffinitySeed = t.AffinitySeed; return nil }},
 		{"tenantShardSize", func(o *core.Options) error { o.TenantShardSize = t.TenantShardSize; return nil }},
 		{"spillMemory", dur(t.SpillMemory, func(o *core.Options) *time.Duration { return &o.SpillMemory })},
+		{"minKeyReuse", num(t.MinKeyReuse, func(o *core.Options) *float64 { return &o.MinKeyReuse })},
 	}...)
 	var o core.Options
 	for _, f := range fields {

@@ -39,7 +39,7 @@ func TestParseConfigGood(t *testing.T) {
 			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
 			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models",
 			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4,
-			"spillMemory": "-1s"}
+			"spillMemory": "-1s", "minKeyReuse": -1}
 	}`), false)
 	if err != nil {
 		t.Fatal(err)
@@ -60,8 +60,8 @@ func TestParseConfigGood(t *testing.T) {
 		t.Errorf("headers %q %q %q", c.affinityHeader, c.tenantHeader, c.modelHeader)
 	}
 	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 ||
-		o.SpillMemory != -time.Second {
-		t.Errorf("affinity options %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory)
+		o.SpillMemory != -time.Second || o.MinKeyReuse != -1 {
+		t.Errorf("affinity options %v %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory, o.MinKeyReuse)
 	}
 	if c.orcaPerCall || !c.oob || c.oobInterval != 1500*time.Millisecond {
 		t.Errorf("orca %v %v %v", c.orcaPerCall, c.oob, c.oobInterval)
@@ -102,6 +102,8 @@ func TestParseConfigBad(t *testing.T) {
 		{"seed as string", `{"balancer": {"affinitySeed": "42"}}`, false, "balancer.affinitySeed"},
 		{"affinity mode", `{"balancer": {"affinity": "sticky"}}`, false, `balancer.affinity: affinity mode "sticky"`},
 		{"load bound", `{"balancer": {"loadBound": 0.5}}`, false, "balancer.loadBound"},
+		{"key reuse above 1", `{"balancer": {"minKeyReuse": 2}}`, false, "balancer.minKeyReuse"},
+		{"key reuse as string", `{"balancer": {"minKeyReuse": "5%"}}`, false, "balancer.minKeyReuse"},
 		{"tenant shard too large", `{"balancer": {"tenantShardSize": 33}}`, false, "balancer.tenantShardSize"},
 		{"tenant shard negative", `{"balancer": {"tenantShardSize": -2}}`, false, "balancer.tenantShardSize"},
 		{"tenant shard not a number", `{"balancer": {"tenantShardSize": "4"}}`, false, "balancer.tenantShardSize"},

@@ -104,6 +104,7 @@
 //	    "affinity": "prefer", "loadBound": 1.25, "affinitySeed": 0,
 //	    "tenantShardSize": 0,           // > 0: each tenant (tenantHeader) on its own shard of endpoints
 //	    "spillMemory": "45s",           // how long a spilled key's endpoint counts as warm; negative: off
+//	    "minKeyReuse": 0.05,            // affinity only while this share of keys recurs; negative: always
 //	    "breakerFailures": 5, "breakerProbes": 3, "ejectionTime": "10s",
 //	    "maxEjectionTime": "2m", "maxEjectedFraction": 0.5,
 //	    "outlierInterval": "10s", "outlierMinRequests": 20,

@@ -1,0 +1,105 @@
+package balancer_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// spreadKey picks key n times on an idle fleet (see spread).
+func spreadKey(t *testing.T, b *balancer.Balancer, key uint64, n int) map[string]int {
+	t.Helper()
+	return spread(t, b, &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key}, n)
+}
+
+// keyed picks n requests whose keys come from next, each ending at once.
+func keyed(t *testing.T, b *balancer.Balancer, n int, next func(i int) uint64) {
+	t.Helper()
+	for i := range n {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: next(i)})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{})
+	}
+}
+
+// A workload whose keys never recur gets nothing from affinity, so the
+// balancer stops following the keys and balances by load; when keys recur
+// again, it follows them again, to the same owners.
+func TestAffinityStepsAsideWhileKeysDoNotRecur(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	unique := func(int) uint64 { return rng.Uint64() | 1 }
+	// The probe key is one the estimate does not sample (it observes the
+	// keys whose top 3 bits are zero), so probing does not change it: 200
+	// calls with one sampled key would be a recurring workload, rightly.
+	const probe = 0xf123_4567_89ab_cdef
+
+	b := newBalancer(t, 8, balancer.Options{AffinitySeed: seed, Rand: testutil.NewRand(5)})
+	first := spreadKey(t, b, probe, 50)
+	require.Len(t, first, 1, "a fresh balancer follows keys from the first call")
+	var home string
+	for id := range first {
+		home = id
+	}
+
+	warm := b.KeyReuse()
+	assert.True(t, warm.FollowingKeys)
+	assert.Zero(t, warm.Ratio, "the probe is not sampled")
+
+	keyed(t, b, 16_000, unique) // a stream of unique documents
+	st := b.KeyReuse()
+	assert.False(t, st.FollowingKeys)
+	assert.Greater(t, st.Observed, int64(500), "about 1 in 8 keys observed, decayed")
+	assert.Less(t, st.Ratio, 0.01)
+	off := spreadKey(t, b, probe, 200)
+	t.Logf("after unique keys: %v", off)
+	assert.GreaterOrEqual(t, len(off), 6, "P2C on an idle fleet: ties go anywhere")
+	assert.Less(t, off[home], 100, "the key's owner is no longer preferred")
+
+	// Conversations: 100 keys, each back again and again.
+	keys := make([]uint64, 100)
+	for i := range keys {
+		keys[i] = rng.Uint64() | 1
+	}
+	keyed(t, b, 16_000, func(i int) uint64 { return keys[i%len(keys)] })
+	st = b.KeyReuse()
+	assert.True(t, st.FollowingKeys)
+	assert.Greater(t, st.Ratio, 0.7, "the unique keys before still weigh in, halving every window")
+	assert.Equal(t, map[string]int{home: 50}, spreadKey(t, b, probe, 50), "keys recur: the owner again")
+}
+
+// With MinKeyReuse negative, and in AffinityStrict, keys are followed
+// whatever the workload.
+func TestAffinityFollowsKeysWhenTheCheckIsOff(t *testing.T) {
+	for name, opts := range map[string]balancer.Options{
+		"MinKeyReuse -1": {MinKeyReuse: -1},
+		"strict":         {Affinity: balancer.AffinityStrict},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(3, 4))
+			opts.AffinitySeed, opts.Rand = seed, testutil.NewRand(6)
+			b := newBalancer(t, 8, opts)
+			keyed(t, b, 16_000, func(int) uint64 { return rng.Uint64() | 1 })
+			assert.Len(t, spreadKey(t, b, 0xf123_4567_89ab_cdef, 100), 1)
+			assert.Equal(t, balancer.KeyReuseStats{FollowingKeys: true}, b.KeyReuse(), "no estimate kept")
+		})
+	}
+}
+
+func TestKeyReuseWithAffinityOff(t *testing.T) {
+	b := newBalancer(t, 2, balancer.Options{Affinity: balancer.AffinityOff})
+	assert.Equal(t, balancer.KeyReuseStats{}, b.KeyReuse())
+}
+
+func TestMinKeyReuseIsValidated(t *testing.T) {
+	assert.NoError(t, (&balancer.Options{MinKeyReuse: -1}).Validate())
+	assert.NoError(t, (&balancer.Options{MinKeyReuse: 1}).Validate())
+	assert.ErrorContains(t, (&balancer.Options{MinKeyReuse: 1.5}).Validate(), "MinKeyReuse")
+	assert.ErrorContains(t, (&balancer.Options{MinKeyReuse: math.NaN()}).Validate(), "MinKeyReuse")
+}
