@@ -1,4 +1,4 @@
-package fleetsim_test
+package fleetsim
 
 import (
 	"container/heap"
@@ -8,43 +8,21 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/inferlb/inferlb/benchmarks/fleetsim"
 )
 
-// scriptSim drives a Workload alone: each request completes after a delay
-// the test chooses, which stands in for how a routing policy serves it.
+// scriptSim drives a Workload alone on the simulator's event queue: each
+// request completes after a delay the test chooses, which stands in for how
+// a routing policy serves it.
 type scriptSim struct {
 	now    time.Duration
 	stop   time.Duration
 	seed   uint64
-	events eventHeap
-	seq    int
+	events eventQueue
+	seq    uint64
 	delay  func(n int) time.Duration // completion delay of the n-th request
-	w      fleetsim.Workload
-	sent   map[uint64]*fleetsim.Request // by AnswerID
+	w      Workload
+	sent   map[uint64]*Request // by AnswerID
 	n      int
-}
-
-type event struct {
-	at  time.Duration
-	seq int
-	fn  func()
-}
-
-type eventHeap []event
-
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
-	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
-}
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
-func (h *eventHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
 }
 
 func (s *scriptSim) Now() time.Duration { return s.now }
@@ -54,7 +32,7 @@ func (s *scriptSim) After(d time.Duration, fn func()) {
 }
 func (s *scriptSim) Rand(stream uint64) *rand.Rand { return rand.New(rand.NewPCG(s.seed, stream)) }
 func (s *scriptSim) Stopped() bool                 { return s.now >= s.stop }
-func (s *scriptSim) Submit(req *fleetsim.Request) {
+func (s *scriptSim) Submit(req *Request) {
 	s.sent[req.AnswerID] = req
 	d := s.delay(s.n)
 	s.n++
@@ -76,9 +54,9 @@ func (s *scriptSim) run() {
 // lengths, think times) must not depend on it, or comparing two policies
 // on one seed would compare two workloads.
 func TestChatTurnsDoNotDependOnRouting(t *testing.T) {
-	runWith := func(delay func(int) time.Duration) map[uint64]*fleetsim.Request {
-		s := &scriptSim{stop: 120 * time.Second, seed: 7, delay: delay, sent: map[uint64]*fleetsim.Request{},
-			w: &fleetsim.Chat{Rate: 10, Apps: 2, System: 500, MinTurns: 2, MaxTurns: 6,
+	runWith := func(delay func(int) time.Duration) map[uint64]*Request {
+		s := &scriptSim{stop: 120 * time.Second, seed: 7, delay: delay, sent: map[uint64]*Request{},
+			w: &Chat{Rate: 10, Apps: 2, System: 500, MinTurns: 2, MaxTurns: 6,
 				MinUser: 20, MaxUser: 400, MinAnswer: 10, MaxAnswer: 600, Think: time.Second}}
 		s.run()
 		return s.sent
