@@ -51,6 +51,10 @@
 // start scales a joining or recovered endpoint's chance), the request's
 // Scorer prices both from a State snapshot (in-flight requests and tokens,
 // peak-EWMA latency, error rate, fresh telemetry) and the cheaper one wins.
+// Ranks of a data-parallel attention engine (endpoints sharing a
+// Options.DPGroupLabel value) step together, so a prompt's price also says
+// how far it would raise its engine's step above the prefill the engine's
+// other ranks were recently sent (a decaying per-rank estimate).
 // Pick counts the call in flight and returns a Pick handle; the adapter sends
 // the call and, when the response or stream has ended, reports an Outcome
 // through Done exactly once. Done releases the load, feeds the latency and

@@ -48,11 +48,12 @@ const drawTries = 8
 // and warm. snap and epoch are atomic; Pick reads only them and the atomics
 // of endpoint state, so it never takes mu.
 type Balancer struct {
-	cfg    *config
-	keyer  *cache.Keyer    // immutable
-	sticky *cache.Sessions // immutable pointer; nil unless StickyTTL > 0
-	spills *cache.Sessions // immutable pointer; nil when SpillMemory or affinity is off
-	reuse  *keyReuse       // immutable pointer; nil unless AffinityPrefer with MinKeyReuse
+	cfg     *config
+	keyer   *cache.Keyer    // immutable
+	sticky  *cache.Sessions // immutable pointer; nil unless StickyTTL > 0
+	spills  *cache.Sessions // immutable pointer; nil when SpillMemory or affinity is off
+	reuse   *keyReuse       // immutable pointer; nil unless AffinityPrefer with MinKeyReuse
+	engines atomic.Bool     // some endpoint is a rank of a data-parallel engine (dp.go)
 
 	mu         sync.Mutex
 	eps        map[string]*endpoint     // guarded by mu
@@ -185,6 +186,7 @@ func (b *Balancer) Update(endpoints []inferlb.Endpoint) error {
 		members = append(members, e)
 	}
 	b.eps = next
+	b.setEngines(members)
 	b.snap.Store(b.build(members))
 	b.epoch.Add(1)
 	if len(members) > 0 {
@@ -496,6 +498,10 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	ci := sc.Cost(req, st)
 	g.members[j].state(b.cfg, now, g.weights[j], &st)
 	cj := sc.Cost(req, st)
+	if nowNs := now.UnixNano(); req.PromptTokens > 0 && b.engines.Load() {
+		ci *= barrier(g.members[i], req.PromptTokens, nowNs)
+		cj *= barrier(g.members[j], req.PromptTokens, nowNs)
+	}
 	return cj < ci || (cj == ci && b.rand()&1 == 1)
 }
 
@@ -514,6 +520,9 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 		e.probeSlots.Add(-1)
 	}
 	tokens := req.Tokens()
+	if req.PromptTokens > 0 && b.engines.Load() && e.dpPeers.Load() != nil {
+		e.prefill.add(c.nowNs, float64(req.PromptTokens))
+	}
 	e.inFlight.Add(1)
 	if tokens != 0 {
 		e.inFlightTokens.Add(tokens)

@@ -68,6 +68,23 @@ func BenchmarkPickTelemetry(b *testing.B) {
 	}
 }
 
+// BenchmarkPickEngines is BenchmarkPick for LLM calls on data-parallel
+// engines of 8 ranks (dp_group labels): what pricing the engine's step adds.
+func BenchmarkPickEngines(b *testing.B) {
+	for _, n := range []int{16, 64} {
+		eps := endpoints(n)
+		for i := range eps {
+			eps[i].Labels = map[string]string{balancer.DefaultDPGroupLabel: fmt.Sprint(i / 8)}
+		}
+		bal := balancer.New(balancer.Options{})
+		if err := bal.Update(eps); err != nil {
+			b.Fatal(err)
+		}
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 512, MaxOutputTokens: 256}
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) { benchPickDone(b, bal, req) })
+	}
+}
+
 // BenchmarkPickAffinity measures Pick+Done for requests with an affinity
 // key (owner lookup on the ring, bound check): flat in n, no allocations.
 func BenchmarkPickAffinity(b *testing.B) {

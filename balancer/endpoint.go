@@ -58,6 +58,11 @@ type endpoint struct {
 	readingAt   atomic.Int64
 	readingBase atomic.Int64
 
+	// Data-parallel attention (dp.go): the ranks of e's engine, e included
+	// (nil when e is in none), and the prompt tokens sent to e recently.
+	dpPeers atomic.Pointer[[]*endpoint]
+	prefill prefillEstimate
+
 	// Resilience (resilience.go). breaker is immutable (nil when disabled).
 	breaker       *gobreaker.CircuitBreaker[struct{}]
 	opens         atomic.Int32 // consecutive opens, for the doubling exclusion time

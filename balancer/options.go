@@ -222,6 +222,13 @@ type Options struct {
 	// call. See keyReuse for why and how it is measured (a 32 KiB table,
 	// 1 in 8 keys sampled).
 	MinKeyReuse float64
+	// DPGroupLabel is the endpoint label naming the data-parallel attention
+	// engine a rank belongs to (ranks of one engine share its value).
+	// Ranks of an engine step together, so P2C prices how far a prompt
+	// would raise its engine's step above the prefill its other ranks are
+	// already doing (see dp.go). Default DefaultDPGroupLabel ("dp_group");
+	// endpoints without the label are priced as before.
+	DPGroupLabel string
 }
 
 // config is Options with defaults applied; immutable after New.
@@ -242,6 +249,7 @@ type config struct {
 	slowStartMin    float64
 	slowStartAggr   float64
 	subsetLabel     string
+	dpLabel         string
 	retryRatio      float64
 	retryFloor      float64
 
@@ -410,6 +418,10 @@ func (o *Options) resolve() (*config, error) {
 	}
 	if c.subsetLabel == "" {
 		c.subsetLabel = DefaultSubsetLabel
+	}
+	c.dpLabel = o.DPGroupLabel
+	if c.dpLabel == "" {
+		c.dpLabel = DefaultDPGroupLabel
 	}
 	for svc := range inferlb.NumServices {
 		c.scorers[svc] = scoring.DefaultFor(inferlb.Service(svc))

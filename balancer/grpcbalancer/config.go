@@ -70,6 +70,7 @@ type jsonTunables struct {
 	OutlierMinRequests  int     `json:"outlierMinRequests"`
 	OutlierMargin       float64 `json:"outlierMargin"`
 	SubsetLabel         string  `json:"subsetLabel"`
+	DPGroupLabel        string  `json:"dpGroupLabel"`
 }
 
 // lbConfig is the parsed, validated and defaulted config. It is immutable
@@ -310,6 +311,7 @@ func (t *jsonTunables) options() (core.Options, error) {
 		_ = f.apply(&o)
 	}
 	o.SubsetLabel = t.SubsetLabel
+	o.DPGroupLabel = t.DPGroupLabel
 	if err := o.Validate(); err != nil {
 		return o, configError("balancer", "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
 	}

@@ -37,7 +37,7 @@ func TestParseConfigGood(t *testing.T) {
 		"orca": {"perCall": false, "outOfBand": true, "interval": "1.5s"},
 		"balancer": {"telemetryMaxAge": "-1s", "latencyDecay": "5s", "errorAlpha": 0.2, "panicThreshold": -1,
 			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
-			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models",
+			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models", "dpGroupLabel": "engine",
 			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4,
 			"spillMemory": "-1s", "minKeyReuse": -1}
 	}`), false)
@@ -69,7 +69,7 @@ func TestParseConfigGood(t *testing.T) {
 	o := c.opts
 	if o.TelemetryMaxAge != -time.Second || o.LatencyDecay != 5*time.Second || o.ErrorAlpha != 0.2 || o.PanicThreshold != -1 ||
 		o.SlowStartWindow != time.Minute || o.RetryRatio != 0.1 || o.BreakerFailures != 3 || o.EjectionTime != 30*time.Second ||
-		o.MaxEjectedFraction != 0.3 || o.OutlierMargin != 0.1 || o.SubsetLabel != "models" {
+		o.MaxEjectedFraction != 0.3 || o.OutlierMargin != 0.1 || o.SubsetLabel != "models" || o.DPGroupLabel != "engine" {
 		t.Errorf("options %+v", o)
 	}
 }

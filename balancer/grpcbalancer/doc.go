@@ -108,7 +108,8 @@
 //	    "breakerFailures": 5, "breakerProbes": 3, "ejectionTime": "10s",
 //	    "maxEjectionTime": "2m", "maxEjectedFraction": 0.5,
 //	    "outlierInterval": "10s", "outlierMinRequests": 20,
-//	    "outlierMargin": 0.2, "subsetLabel": "model"
+//	    "outlierMargin": 0.2, "subsetLabel": "model",
+//	    "dpGroupLabel": "dp_group"      // label naming a rank's data-parallel engine
 //	  }
 //	}
 //

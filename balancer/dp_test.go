@@ -1,0 +1,111 @@
+package balancer_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// dpFleet is 2 engines of 2 data-parallel ranks each: a0 a1 | b0 b1.
+func dpFleet(label string) []inferlb.Endpoint {
+	var eps []inferlb.Endpoint
+	for _, eng := range []string{"a", "b"} {
+		for r := range 2 {
+			ep := inferlb.Endpoint{Addr: fmt.Sprintf("%s%d:8000", eng, r)}
+			if label != "" {
+				ep.Labels = map[string]string{label: eng}
+			}
+			eps = append(eps, ep)
+		}
+	}
+	return eps
+}
+
+func engineOf(id string) byte { return id[0] }
+
+// mateShare sends a long prompt, keeps it in flight, and counts how often
+// the next long prompt, 100 ms later, goes to the same engine's other rank
+// (where it fills the step the first one holds) rather than to the other
+// engine (where it makes a new step that engine's other rank waits for).
+func mateShare(t *testing.T, eps []inferlb.Endpoint, opts balancer.Options) float64 {
+	t.Helper()
+	heavy := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 8000, MaxOutputTokens: 500}
+	mates := 0
+	const trials = 300
+	for i := range trials {
+		clock := testutil.NewClock()
+		opts.Clock, opts.Rand = clock, testutil.NewRand(uint64(i))
+		b := balancer.New(opts)
+		require.NoError(t, b.Update(eps))
+		first, err := b.Pick(heavy)
+		require.NoError(t, err)
+		clock.Advance(100 * time.Millisecond)
+		second, err := b.Pick(heavy)
+		require.NoError(t, err)
+		if engineOf(second.ID()) == engineOf(first.ID()) {
+			mates++
+		}
+		first.Done(inferlb.Outcome{})
+		second.Done(inferlb.Outcome{})
+	}
+	return float64(mates) / trials
+}
+
+func TestLongPromptsShareAnEnginesStep(t *testing.T) {
+	// Without engines the second prompt goes to any of the three idle
+	// ranks: the first one's engine-mate a third of the time.
+	plain := mateShare(t, dpFleet(""), balancer.Options{})
+	// With them, whenever P2C draws the mate (3 of the 6 pairs of ranks)
+	// it wins: the other engine's ranks would start a new 8k-token step of
+	// their own, and the first rank is busy. The other pairs have no mate.
+	engines := mateShare(t, dpFleet(balancer.DefaultDPGroupLabel), balancer.Options{})
+	custom := mateShare(t, dpFleet("engine"), balancer.Options{DPGroupLabel: "engine"})
+	t.Logf("engine-mate share: no engines %.2f, engines %.2f, custom label %.2f", plain, engines, custom)
+	assert.InDelta(t, 1.0/3, plain, 0.08)
+	assert.InDelta(t, 0.5, engines, 0.08)
+	assert.Equal(t, engines, custom)
+}
+
+// The estimate decays: a prompt sent long ago holds no step, so the next
+// one is priced as on an idle engine.
+func TestEnginePrefillIsForgotten(t *testing.T) {
+	heavy := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 8000, MaxOutputTokens: 500}
+	mates := 0
+	const trials = 300
+	for i := range trials {
+		clock := testutil.NewClock()
+		b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(uint64(i))})
+		require.NoError(t, b.Update(dpFleet(balancer.DefaultDPGroupLabel)))
+		first, err := b.Pick(heavy)
+		require.NoError(t, err)
+		first.Done(inferlb.Outcome{})
+		clock.Advance(20 * time.Second)
+		second, err := b.Pick(heavy)
+		require.NoError(t, err)
+		second.Done(inferlb.Outcome{})
+		if second.ID() != first.ID() && engineOf(second.ID()) == engineOf(first.ID()) {
+			mates++
+		}
+	}
+	assert.InDelta(t, 0.25, float64(mates)/trials, 0.08, "any of 4 idle ranks")
+}
+
+func TestPickOnEnginesDoesNotAllocate(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	require.NoError(t, b.Update(dpFleet(balancer.DefaultDPGroupLabel)))
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 3000, MaxOutputTokens: 200}
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		p, err := b.Pick(req)
+		if err != nil {
+			panic(err)
+		}
+		p.Done(inferlb.Outcome{})
+	}))
+}
