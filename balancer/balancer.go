@@ -45,8 +45,9 @@ const drawTries = 8
 // both see the same live load.
 //
 // Concurrency: cfg is immutable. mu serializes Update and guards eps, loads
-// and warm. snap and epoch are atomic; Pick reads only them and the atomics
-// of endpoint state, so it never takes mu.
+// and warm. snap, epoch and engines are atomic; Pick reads only them, the
+// atomics of endpoint state and the tables behind sticky, spills and reuse
+// (lock-free), so it never takes mu.
 type Balancer struct {
 	cfg     *config
 	keyer   *cache.Keyer    // immutable

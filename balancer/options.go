@@ -216,11 +216,11 @@ type Options struct {
 	// not recur: when fewer than this fraction of recent keyed requests
 	// carry a key this Balancer has seen recently, AffinityKey is ignored
 	// and P2C alone picks, until keys recur again. AffinityStrict always
-	// follows the keys. Default DefaultMinKeyReuse
-	// (0.05); negative keeps affinity on whatever the keys. Set it negative
-	// when keys are explicit session IDs that must stick from their first
-	// call. See keyReuse for why and how it is measured (a 32 KiB table,
-	// 1 in 8 keys sampled).
+	// follows the keys. Default DefaultMinKeyReuse (0.05); negative keeps
+	// affinity on whatever the keys, e.g. for session IDs that must stick
+	// from their first call even when few sessions last. See keyReuse for
+	// why and how it is measured (a 32 KiB table, 1 in 8 keys sampled);
+	// Balancer.KeyReuse reports it.
 	MinKeyReuse float64
 	// DPGroupLabel is the endpoint label naming the data-parallel attention
 	// engine a rank belongs to (ranks of one engine share its value).
