@@ -41,7 +41,8 @@ func (a *endpointAttr) Equal(o any) bool {
 //     the replica stays.
 //   - info.Weight is the relative capacity (0 means 1).
 //   - info.Labels carry facts such as "model" (the models served, for
-//     model subsets) or "version".
+//     model subsets), "version", or "dp_group" (the data-parallel engine a
+//     rank belongs to; see balancer.Options.DPGroupLabel).
 //
 // info.Addr is ignored: the address is always ep's own.
 func WithEndpoint(ep resolver.Endpoint, info inferlb.Endpoint) resolver.Endpoint {
