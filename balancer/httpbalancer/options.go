@@ -28,6 +28,9 @@ const (
 	MaxMaxPeek = 1 << 30
 	// DefaultSessionHeader names the request header whose value pins a
 	// conversation to one endpoint (Keyer.Session); it beats the prompt key.
+	// Like every affinity key it is ignored while the keys a Balancer sees
+	// do not recur (balancer.Options.MinKeyReuse; set it negative in
+	// BalancerOptions when a session must stick from its first call).
 	DefaultSessionHeader = "X-Session-Id"
 	// DefaultTenantHeader names the request header that sets Request.Tenant.
 	DefaultTenantHeader = "X-Tenant-Id"
