@@ -94,7 +94,7 @@ func TestLLMCostBringsAReadingUpToNow(t *testing.T) {
 	kv1.InFlightSinceReading = 1
 	full := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 10, float64(telemetry.KVCacheUsage), 1)
 	assert.InDelta(t, l.Cost(req, full), l.Cost(req, kv1), 1e-9)
-	assert.Greater(t, l.Cost(req, kv1), 10*l.Cost(req, kv), "one more call on a nearly full cache costs far more")
+	assert.Greater(t, l.Cost(req, kv1), 3*l.Cost(req, kv), "one more call on a nearly full cache costs far more")
 	kv1.InFlightSinceReading = -3
 	assert.InDelta(t, l.Cost(req, withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 6, float64(telemetry.KVCacheUsage), 0.6)),
 		l.Cost(req, kv1), 1e-9, "calls that ended since free their share")
@@ -104,6 +104,18 @@ func TestLLMCostBringsAReadingUpToNow(t *testing.T) {
 	moved := alone
 	moved.InFlightSinceReading = 5
 	assert.InDelta(t, l.Cost(req, alone)+5*scoring.Pressure(0.9, 0.85, 4), l.Cost(req, moved), 1e-9, "load grows, KV usage stands")
+}
+
+func TestKVPressureIsCapped(t *testing.T) {
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	at := func(l *scoring.LLM, kv float64) float64 {
+		return l.Cost(req, withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.KVCacheUsage), kv))
+	}
+	l := &scoring.LLM{}
+	assert.InDelta(t, 9, at(l, 0.95), 1e-9, "below the cap the curve applies")
+	assert.InDelta(t, 10, at(l, 0.97), 1e-9, "past it every fuller cache costs the same")
+	assert.InDelta(t, 10, at(l, 1), 1e-9)
+	assert.InDelta(t, 17, at(&scoring.LLM{MaxKVPressure: 100}, 0.97), 1e-9, "a higher cap lets the curve go on")
 }
 
 func TestLLMCostIgnoresLatency(t *testing.T) {
