@@ -10,9 +10,9 @@ import (
 
 // Data-parallel attention (Options.DPGroupLabel).
 //
-// Engines that serve a model with data-parallel attention (SGLang's and
-// vLLM's DP attention for DeepSeek-class MoE models, each rank reachable
-// as its own endpoint) run every forward step as a collective: a step lasts
+// Engines that serve a model with data-parallel attention (DeepSeek-class
+// MoE models; with vLLM's external data-parallel mode each rank is its own
+// server and endpoint) run every forward step as a collective: a step lasts
 // as long as its busiest rank's. A rank that takes a long prefill chunk
 // holds every other rank of its engine for that step, whatever they have
 // to do. So what a prompt costs depends on where the engine's other ranks
