@@ -2,6 +2,7 @@ package balancer_test
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,4 +109,48 @@ func TestPickOnEnginesDoesNotAllocate(t *testing.T) {
 		}
 		p.Done(inferlb.Outcome{})
 	}))
+}
+
+// Picks on engines, with keys that recur and keys that do not, race with
+// Updates that regroup the ranks; run with -race. Every call is counted
+// out again.
+func TestEnginesAndKeyReuseUnderConcurrency(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	require.NoError(t, b.Update(dpFleet(balancer.DefaultDPGroupLabel)))
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 2000 {
+				key := uint64(i%50) + 1 // recurring
+				if w%2 == 1 {
+					key = uint64(w*1_000_000+i)*0x9e3779b97f4a7c15 | 1 // never again
+				}
+				p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key, PromptTokens: 1000 * (i % 9)})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				p.Done(inferlb.Outcome{})
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 200 {
+			eps := dpFleet(balancer.DefaultDPGroupLabel)
+			if i%2 == 1 {
+				for j := range eps { // one engine of four ranks
+					eps[j].Labels = map[string]string{balancer.DefaultDPGroupLabel: "all"}
+				}
+			}
+			if err := b.Update(eps); err != nil {
+				t.Error(err)
+				return
+			}
+			_ = b.KeyReuse()
+		}
+	})
+	wg.Wait()
+	for _, s := range b.Stats() {
+		assert.Zero(t, s.InFlight, s.ID)
+	}
 }
