@@ -213,14 +213,7 @@ func TestAffinityRespectsSlowStartAndStanding(t *testing.T) {
 
 func TestAffinePickDoesNotAllocate(t *testing.T) {
 	b := affine(t, 64, balancer.Options{})
-	req := &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 12345}
-	assert.Zero(t, testing.AllocsPerRun(1000, func() {
-		p, err := b.Pick(req)
-		if err != nil {
-			panic(err)
-		}
-		p.Done(inferlb.Outcome{})
-	}))
+	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 12345}))
 }
 
 func TestParseAffinityMode(t *testing.T) {

@@ -143,18 +143,21 @@ func TestLoadedEndpointGetsLessLLMTraffic(t *testing.T) {
 	}
 }
 
+// pickDoneAllocs is the allocations of one Pick of req and its Done.
+func pickDoneAllocs(b *balancer.Balancer, req *inferlb.Request) float64 {
+	return testing.AllocsPerRun(1000, func() {
+		p, err := b.Pick(req)
+		if err != nil {
+			panic(err)
+		}
+		p.Done(inferlb.Outcome{Latency: time.Millisecond})
+	})
+}
+
 func TestPickAndDoneDoNotAllocate(t *testing.T) {
 	for _, svc := range []inferlb.Service{inferlb.ServiceUnknown, inferlb.ServiceLLM, inferlb.ServiceEmbedding, inferlb.ServiceRerank} {
 		b := newBalancer(t, 64, balancer.Options{})
-		req := &inferlb.Request{Service: svc, PromptTokens: 100}
-		allocs := testing.AllocsPerRun(1000, func() {
-			p, err := b.Pick(req)
-			if err != nil {
-				panic(err)
-			}
-			p.Done(inferlb.Outcome{Latency: time.Millisecond})
-		})
-		assert.Zero(t, allocs, "service %v", svc)
+		assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: svc, PromptTokens: 100}), "service %v", svc)
 	}
 }
 

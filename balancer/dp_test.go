@@ -101,14 +101,7 @@ func TestEnginePrefillIsForgotten(t *testing.T) {
 func TestPickOnEnginesDoesNotAllocate(t *testing.T) {
 	b := balancer.New(balancer.Options{})
 	require.NoError(t, b.Update(dpFleet(balancer.DefaultDPGroupLabel)))
-	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 3000, MaxOutputTokens: 200}
-	assert.Zero(t, testing.AllocsPerRun(1000, func() {
-		p, err := b.Pick(req)
-		if err != nil {
-			panic(err)
-		}
-		p.Done(inferlb.Outcome{})
-	}))
+	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 3000, MaxOutputTokens: 200}))
 }
 
 // Picks on engines, with keys that recur and keys that do not, race with
