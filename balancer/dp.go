@@ -22,7 +22,7 @@ import (
 //
 // The balancer keeps, per rank, a decaying estimate of the prompt tokens it
 // sent there recently (the prefill that rank is likely still doing), and P2C
-// multiplies a rank's cost by 1 + over / dpStallTokens, where over is how far
+// multiplies a rank's cost by 1 + over / 8192 tokens, where over is how far
 // the rank's estimate plus the new prompt would rise above the highest
 // estimate among its engine's ranks (0 when it stays below). In the fleet
 // simulator's data-parallel scenario (2 engines x 8 ranks, heavy/light
