@@ -499,7 +499,8 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	ci := sc.Cost(req, st)
 	g.members[j].state(b.cfg, now, g.weights[j], &st)
 	cj := sc.Cost(req, st)
-	if nowNs := now.UnixNano(); req.PromptTokens > 0 && b.engines.Load() {
+	if req.PromptTokens > 0 && b.engines.Load() {
+		nowNs := now.UnixNano()
 		ci *= barrier(g.members[i], req.PromptTokens, nowNs)
 		cj *= barrier(g.members[j], req.PromptTokens, nowNs)
 	}

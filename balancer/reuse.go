@@ -44,8 +44,9 @@ const (
 // 37 s with affinity against 23 s without. The decision is per workload,
 // not per key: a key's first sighting still goes to its owner while keys
 // recur, so independent callers keep agreeing on owners (a per-key gate,
-// tried first, sent every caller's first sighting elsewhere and cost 8
-// independent clients 5-15% of their throughput on shared prefixes). And it
+// tried first as a temporary edit, sent every caller's first sighting
+// elsewhere and cost 8 independent clients 5-15% of their throughput on
+// shared prefixes). And it
 // depends only on the keys this process sends, not on routing or on
 // telemetry, so it cannot feed back on itself the way a gate on the
 // fleet's cache hit rate would (which routing without affinity lowers).

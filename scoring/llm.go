@@ -60,7 +60,7 @@ type LLM struct {
 	// a second-old reading would outweigh their queues: in the fleet
 	// simulator's heavy/light mix at 30 req/s (past saturation) p99 TTFT
 	// was 54 s uncapped and 41 s with the cap (means of seeds 1-3; seeds
-	// 4-6: 41 s -> 31 s), while a cap of 4 no longer kept a replica at 95%
+	// 4-6: 41 s -> 31 s), while a cap of 4 (tried in a temporary edit) no longer kept a replica at 95%
 	// below a fifth of its share when its peers were at 30%.
 	MaxKVPressure float64
 }

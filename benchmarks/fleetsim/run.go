@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/inferlb/inferlb/balancer"
 )
 
 // ReplicaSpec is one replica of a fleet.
@@ -24,8 +26,8 @@ type ReplicaSpec struct {
 }
 
 // DPLabel is the endpoint label the simulator gives data-parallel ranks:
-// the engine they belong to.
-const DPLabel = "dp_group"
+// the engine they belong to, under the balancer's default label.
+const DPLabel = balancer.DefaultDPGroupLabel
 
 // EventKind is a fleet incident.
 type EventKind uint8
