@@ -265,6 +265,50 @@ func TestUnqueuedOwnerKeepsItsKeysUpToTheHardCap(t *testing.T) {
 	}
 }
 
+func TestRoomyOwnerKeepsItsKeysAFewCallsPastTheHardCap(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(11)})
+	const key = 78
+	home := owner(t, b, key)
+	report := func(waiting, kv float64) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Waiting, waiting)
+		s.Set(telemetry.KVCacheUsage, kv)
+		b.Publish(home, s)
+	}
+	// 40 calls of one key over 8 endpoints: a fair share of 5 at the end,
+	// the plain bound ceil(1.25 x 5) = 7, the hard cap ceil(1.5 x 5) = 8.
+	hold := func() int64 {
+		var held []balancer.Pick
+		for range 40 {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
+			require.NoError(t, err)
+			held = append(held, p)
+		}
+		got := stat(t, b, home).InFlight
+		for i := range held {
+			held[i].Done(inferlb.Outcome{})
+		}
+		return got
+	}
+	// No queue and a KV cache under 30%: far from saturation, the owner
+	// keeps the key up to 4 calls past the hard cap, and no further.
+	report(0, 0.1)
+	got := hold()
+	assert.Greater(t, got, int64(8), "a roomy owner keeps its key past the hard cap")
+	assert.LessOrEqual(t, got, int64(12), "but at most 4 calls past it")
+	// A fuller cache: only the unqueued band.
+	report(0, 0.5)
+	assert.LessOrEqual(t, hold(), int64(8))
+	// A queue: the plain bound.
+	report(2, 0.1)
+	assert.LessOrEqual(t, hold(), int64(7))
+	// A roomy reading past TelemetryMaxAge says nothing: the plain bound.
+	report(0, 0.1)
+	clock.Advance(balancer.DefaultTelemetryMaxAge + time.Second)
+	assert.LessOrEqual(t, hold(), int64(7))
+}
+
 func TestStickyFollowsTheKeyAfterASpill(t *testing.T) {
 	clock := testutil.NewClock()
 	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(12), StickyTTL: time.Minute})

@@ -110,6 +110,10 @@ type Options struct {
 	// prefill elsewhere. In the fleet simulator this cut p90 TTFT at 4 req/s
 	// on the shared-prefix workload from 0.38s to 0.17s; 2c cut it to 0.09s
 	// but let a hot prompt crowd its owner (p90 TTFT 0.97s against 0.47s).
+	// One far from saturation (no queue, KV cache under 30%) keeps its keys
+	// up to 4 calls past that: at light load a share is a handful of calls,
+	// and passing it by chance spilled chat sessions to cold caches (p99
+	// TTFT at 10 req/s 0.18s; 0.06s with the 4 calls).
 	// Up to the same 1.2c, an owner with a queue also keeps a key when the
 	// endpoint it would spill to shows a queue or a KV cache at 90% or more
 	// in fresh telemetry: near saturation a spill trades a queue for a
