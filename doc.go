@@ -57,11 +57,14 @@
 // Ranks of a data-parallel attention engine (endpoints sharing a
 // Options.DPGroupLabel value) step together, so a prompt's price also says
 // how far it would raise its engine's step above the prefill the engine's
-// other ranks were recently sent (a decaying per-rank estimate).
+// other ranks were recently sent (a decaying per-rank estimate). For
+// generation calls, when both candidates have a measured decode speed (the
+// time per output token of their streamed calls), each price is scaled by
+// it, so a slower or throttled GPU takes fewer long generations.
 // Pick counts the call in flight and returns a Pick handle; the adapter sends
 // the call and, when the response or stream has ended, reports an Outcome
-// through Done exactly once. Done releases the load, feeds the latency and
-// error EWMAs and the circuit breaker; an overload answer cools the endpoint
+// through Done exactly once. Done releases the load, feeds the latency,
+// TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. Pick never blocks, locks or allocates.
 //
 // # Standing and recovery

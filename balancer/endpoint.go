@@ -41,6 +41,7 @@ type endpoint struct {
 	latencyEWMA    atomic.Int64                     // ns, peak-EWMA
 	latencyAt      atomic.Int64                     // unix ns of last latency sample
 	ttftEWMA       atomic.Int64                     // ns
+	tpotEWMA       atomic.Int64                     // ns per output token after the first (decode speed)
 	errRate        atomic.Uint64                    // float64 bits
 	errAt          atomic.Int64                     // unix ns of last counted outcome
 	failStreak     atomic.Int64                     // unix ns of the first failure of the current streak; 0 = none
@@ -218,7 +219,8 @@ func (e *endpoint) errorRate(c *config, nowNs int64) float64 {
 
 // observe folds one finished call into the EWMAs. counted is false for an
 // outcome that says nothing about health (overload, cancellation).
-func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, counted, failed bool) {
+// outTokens is the call's output token count (0 when unknown).
+func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, outTokens int, counted, failed bool) {
 	if counted && (failed || e.errRate.Load() != 0) {
 		// A success on a clean endpoint leaves the rate at 0: no writes.
 		e.mu.Lock()
@@ -247,6 +249,17 @@ func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, 
 			return int64(float64(cur)*w + float64(latency)*(1-w))
 		})
 		e.latencyAt.Store(nowNs)
+	}
+	if counted && !failed && ttft > 0 && outTokens >= minTPOTTokens && latency > ttft {
+		// Time per output token after the first: the endpoint's decode
+		// speed, which its completion latency hides behind output length.
+		x := int64(latency-ttft) / int64(outTokens-1)
+		update(&e.tpotEWMA, func(cur int64) int64 {
+			if cur == 0 {
+				return x
+			}
+			return cur + int64(c.errorAlpha*float64(x-cur))
+		})
 	}
 	if ttft > 0 && !failed {
 		update(&e.ttftEWMA, func(cur int64) int64 {

@@ -19,11 +19,14 @@ type EndpointStats struct {
 	InFlightTokens int64
 	Latency        time.Duration // peak-EWMA as last observed (not decayed)
 	TTFT           time.Duration // EWMA of time to first token
-	ErrorRate      float64       // decayed to now
-	Picks          uint64
-	Successes      uint64
-	Failures       uint64
-	Overloads      uint64
+	// TimePerOutputToken is the EWMA of decode time per output token after
+	// the first, from streamed calls (0 until one reports TTFT and 4+ tokens).
+	TimePerOutputToken time.Duration
+	ErrorRate          float64 // decayed to now
+	Picks              uint64
+	Successes          uint64
+	Failures           uint64
+	Overloads          uint64
 	// Resilience: whether the breaker holds the endpoint out (or is
 	// probing it), how often it tripped, recovered and was ejected as an
 	// outlier, and the last detection time (first failure to exclusion) and
@@ -56,26 +59,27 @@ func (b *Balancer) Stats() []EndpointStats {
 	out := make([]EndpointStats, len(eps))
 	for i, e := range eps {
 		s := EndpointStats{
-			ID:             e.id,
-			Ready:          e.ready.Load(),
-			Weight:         e.info.Load().Capacity(),
-			RampFactor:     e.rampFactor(b.cfg, nowNs),
-			InFlight:       e.inFlight.Load(),
-			InFlightTokens: e.inFlightTokens.Load(),
-			Latency:        time.Duration(e.latencyEWMA.Load()),
-			TTFT:           time.Duration(e.ttftEWMA.Load()),
-			ErrorRate:      e.errorRate(b.cfg, nowNs),
-			Successes:      e.successes.Load(),
-			Failures:       e.failures.Load(),
-			Overloads:      e.overloads.Load(),
-			BreakerOpen:    e.brOpen.Load(),
-			Trips:          e.trips.Load(),
-			Recoveries:     e.recoveries.Load(),
-			Ejections:      e.ejectCount.Load(),
-			LastDetection:  time.Duration(e.lastDetection.Load()),
-			LastDowntime:   time.Duration(e.lastDowntime.Load()),
-			WarmSpills:     e.spillsWarm.Load(),
-			ColdSpills:     e.spillsCold.Load(),
+			ID:                 e.id,
+			Ready:              e.ready.Load(),
+			Weight:             e.info.Load().Capacity(),
+			RampFactor:         e.rampFactor(b.cfg, nowNs),
+			InFlight:           e.inFlight.Load(),
+			InFlightTokens:     e.inFlightTokens.Load(),
+			Latency:            time.Duration(e.latencyEWMA.Load()),
+			TTFT:               time.Duration(e.ttftEWMA.Load()),
+			TimePerOutputToken: time.Duration(e.tpotEWMA.Load()),
+			ErrorRate:          e.errorRate(b.cfg, nowNs),
+			Successes:          e.successes.Load(),
+			Failures:           e.failures.Load(),
+			Overloads:          e.overloads.Load(),
+			BreakerOpen:        e.brOpen.Load(),
+			Trips:              e.trips.Load(),
+			Recoveries:         e.recoveries.Load(),
+			Ejections:          e.ejectCount.Load(),
+			LastDetection:      time.Duration(e.lastDetection.Load()),
+			LastDowntime:       time.Duration(e.lastDowntime.Load()),
+			WarmSpills:         e.spillsWarm.Load(),
+			ColdSpills:         e.spillsCold.Load(),
 		}
 		s.Picks = e.pickCount()
 		if u := e.excludedUntil.Load(); u > nowNs && u != math.MaxInt64 {

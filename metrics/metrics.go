@@ -17,9 +17,9 @@ type Collector struct {
 	b        *balancer.Balancer
 	constLbl prometheus.Labels
 
-	inFlight, inFlightTokens, latency, ttft, errRate, ready, breakerOpen, ramp *prometheus.Desc
-	picks, successes, failures, overloads, trips, recoveries, ejections        *prometheus.Desc
-	spills, retries, telemetry, keyReuse, following                            *prometheus.Desc
+	inFlight, inFlightTokens, latency, ttft, tpot, errRate, ready, breakerOpen, ramp *prometheus.Desc
+	picks, successes, failures, overloads, trips, recoveries, ejections              *prometheus.Desc
+	spills, retries, telemetry, keyReuse, following                                  *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -38,6 +38,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		inFlightTokens: d("endpoint_in_flight_tokens", "Estimated tokens (prompt + max output) of in-flight calls.", ep),
 		latency:        d("endpoint_latency_ewma_seconds", "Peak-EWMA latency of successful calls, as last observed.", ep),
 		ttft:           d("endpoint_ttft_ewma_seconds", "EWMA of time to first token of streamed calls.", ep),
+		tpot:           d("endpoint_time_per_output_token_seconds", "EWMA of decode time per output token after the first, from streamed calls.", ep),
 		errRate:        d("endpoint_error_rate", "EWMA of the failure rate, decayed to now.", ep),
 		ready:          d("endpoint_ready", "1 when the transport reports the endpoint ready.", ep),
 		breakerOpen:    d("endpoint_breaker_open", "1 while the circuit breaker holds the endpoint out or probes it.", ep),
@@ -64,7 +65,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.errRate, c.ready, c.breakerOpen, c.ramp,
+		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.tpot, c.errRate, c.ready, c.breakerOpen, c.ramp,
 		c.picks, c.successes, c.failures, c.overloads, c.trips, c.recoveries, c.ejections, c.spills, c.retries, c.telemetry,
 		c.keyReuse, c.following,
 	} {
@@ -92,6 +93,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.inFlightTokens, float64(s.InFlightTokens), s.ID)
 		gauge(c.latency, s.Latency.Seconds(), s.ID)
 		gauge(c.ttft, s.TTFT.Seconds(), s.ID)
+		gauge(c.tpot, s.TimePerOutputToken.Seconds(), s.ID)
 		gauge(c.errRate, s.ErrorRate, s.ID)
 		gauge(c.ready, b2f(s.Ready), s.ID)
 		gauge(c.breakerOpen, b2f(s.BreakerOpen), s.ID)

@@ -27,7 +27,7 @@ func TestCollectorExportsLiveState(t *testing.T) {
 	p, _ := b.Pick(&inferlb.Request{})
 	p.Done(inferlb.Outcome{Err: errors.New("boom")})
 	p, _ = b.Pick(&inferlb.Request{})
-	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond})
+	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond, TTFT: 50 * time.Millisecond, OutputTokens: 5})
 	b.Publish("a:1", telemetry.Sample{}) // malformed: counted, not kept
 
 	c := metrics.NewCollector(b, "llm")
@@ -44,6 +44,9 @@ inferlb_endpoint_failures_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_latency_ewma_seconds Peak-EWMA latency of successful calls, as last observed.
 # TYPE inferlb_endpoint_latency_ewma_seconds gauge
 inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1"} 0.25
+# HELP inferlb_endpoint_time_per_output_token_seconds EWMA of decode time per output token after the first, from streamed calls.
+# TYPE inferlb_endpoint_time_per_output_token_seconds gauge
+inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="a:1"} 0.05
 # HELP inferlb_telemetry_samples_total Telemetry samples offered to the store, by what happened to them.
 # TYPE inferlb_telemetry_samples_total counter
 inferlb_telemetry_samples_total{balancer="llm",result="accepted"} 0
@@ -51,7 +54,7 @@ inferlb_telemetry_samples_total{balancer="llm",result="dropped_empty"} 1
 inferlb_telemetry_samples_total{balancer="llm",result="dropped_full"} 0
 inferlb_telemetry_samples_total{balancer="llm",result="dropped_old"} 0
 `), "inferlb_endpoint_in_flight", "inferlb_endpoint_in_flight_tokens", "inferlb_endpoint_failures_total",
-		"inferlb_endpoint_latency_ewma_seconds", "inferlb_telemetry_samples_total"))
+		"inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds", "inferlb_telemetry_samples_total"))
 	held.Done(inferlb.Outcome{})
 
 	// The collector registers cleanly and passes the linter.
@@ -60,7 +63,7 @@ inferlb_telemetry_samples_total{balancer="llm",result="dropped_old"} 0
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
-	assert.Equal(t, 17+2+4+1, testutil.CollectAndCount(c), "17 series per endpoint, 2 retry, 4 telemetry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 18+2+4+1, testutil.CollectAndCount(c), "18 series per endpoint, 2 retry, 4 telemetry, 1 affinity (no reuse estimate yet)")
 }
 
 func TestCollectorExportsKeyReuse(t *testing.T) {

@@ -27,7 +27,8 @@ import (
 // until the next. When telemetry is absent or stale the factors are neutral
 // (1) and the cost is this process's own view.
 // Completion latency is deliberately ignored: it measures prompt and output
-// length more than the endpoint.
+// length more than the endpoint. (The balancer's P2C does weigh decode speed,
+// the time per output token of streamed calls, on top of this cost.)
 type LLM struct {
 	// QueueWeight is what one request waiting on the server counts for,
 	// relative to one running. Default 2: a queued request has not even
