@@ -493,8 +493,9 @@ func (b *Balancer) admitRamp(e *endpoint, nowNs int64) bool {
 // scaling the cost too would make an idle joiner lose every comparison
 // (cost 1/f against 1) until its window ends, a step instead of a ramp.
 //
-// For generation calls, when both candidates' decode speed is known, each
-// cost is also scaled by its time per output token (see decodeSpeed).
+// For generation calls, when both candidates' decode speed is known, the
+// slower one's cost is also scaled by how much slower it is (see "Decode
+// speed" at the end of this file).
 
 func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
 	sc := b.scorer(req.Service)
@@ -510,8 +511,9 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	}
 	if req.Service == inferlb.ServiceLLM {
 		if ti, tj := g.members[i].tpotEWMA.Load(), g.members[j].tpotEWMA.Load(); ti > 0 && tj > 0 {
-			ci *= float64(ti)
-			cj *= float64(tj)
+			// Only the slower one pays, and only past speedTolerance.
+			ci *= max(1, float64(ti)/(speedTolerance*float64(tj)))
+			cj *= max(1, float64(tj)/(speedTolerance*float64(ti)))
 		}
 	}
 	return cj < ci || (cj == ci && b.rand()&1 == 1)
@@ -675,16 +677,26 @@ func exclude(e *endpoint, until int64) bool {
 // output length. In-flight counts already steer work away from a slow
 // endpoint (its calls last longer, so more are open), but only after it
 // has taken its share of long generations, whose whole decode then runs
-// slowly. P2C therefore scales each candidate's cost by its time per
-// output token when both candidates have one; an endpoint without one
-// (new, or serving no streamed calls) is compared on cost alone. The speed
-// is an EWMA with ErrorAlpha's weight.
+// slowly. When both P2C candidates have a time per output token, the
+// slower one's cost is multiplied by how much slower it is beyond
+// speedTolerance; an endpoint without one (new, or serving no streamed
+// calls) is compared on cost alone. The speed is an EWMA with ErrorAlpha's
+// weight.
 //
 // In the fleet simulator's heavy/light mix, where 2 of 8 replicas are 1.5x
 // and 2x slower and say nothing about it, this cut e2e p99 by 12-16% at
-// 10-30 req/s (means of seeds 1-3: 20 req/s 51.6s -> 43.4s) and p99 TTFT
-// past saturation (30 req/s) from 42s to 32s; on the homogeneous fleets of
+// 10-30 req/s (means of seeds 1-6: 20 req/s 50.5s -> 43.4s) and p99 TTFT
+// past saturation (30 req/s) from 37s to 26s; on the homogeneous fleets of
 // the other scenarios the speeds are alike and results moved within noise.
+
+// speedTolerance is the ratio of decode speeds that counts as equal: on a
+// homogeneous fleet the measured speeds differ by scheduling noise and by
+// batch size (a few percent in the quickstart's real-time run), which must
+// not outweigh load. Different GPUs, throttling or a noisy neighbour differ
+// by far more. In the simulator's mix 1.1 kept nearly all of the gain of no
+// tolerance (e2e p99 at 20 req/s 43.4s against 42.4s; p90 TTFT at 25 0.71s
+// against 0.74s) and 1.25 about two thirds of it.
+const speedTolerance = 1.1
 
 // minTPOTTokens is the fewest output tokens a call needs to measure decode
 // speed: fewer are mostly the first token's own latency and jitter.
