@@ -256,7 +256,8 @@ func TestDoneEndings(t *testing.T) {
 }
 
 // TestStreamTiming: TTFT, event count and the gap between tokens come from
-// the SSE data events as they arrive, on the transport's clock.
+// the SSE data events as they arrive, on the transport's clock, and the
+// balancer learns the endpoint's decode speed from them.
 func TestStreamTiming(t *testing.T) {
 	clock := testutil.NewClock()
 	step := make(chan struct{})
@@ -310,6 +311,8 @@ func TestStreamTiming(t *testing.T) {
 	assert.Equal(t, 100*time.Millisecond, r.Outcome.TTFT)
 	assert.Equal(t, 10*time.Millisecond, r.TimeBetweenTokens)
 	assert.Equal(t, 100*time.Millisecond, statsByID(tr.Balancer())["e"].TTFT)
+	// (130ms - 100ms) / 3 tokens after the first: the endpoint's decode speed.
+	assert.Equal(t, 10*time.Millisecond, statsByID(tr.Balancer())["e"].TimePerOutputToken)
 }
 
 // TestLoadReports: with LoadReports the transport asks for vLLM's
