@@ -64,8 +64,9 @@ type Options struct {
 	TelemetryMaxAge time.Duration
 	// LatencyDecay is the peak-EWMA time constant. Default 10s (Linkerd's).
 	LatencyDecay time.Duration
-	// ErrorAlpha is the weight of each new outcome in the error-rate EWMA.
-	// Default 0.1 (about the last 10 calls).
+	// ErrorAlpha is the weight of each new outcome in the error-rate EWMA,
+	// and of each streamed call in the TTFT and decode-speed (time per
+	// output token) EWMAs. Default 0.1 (about the last 10 calls).
 	ErrorAlpha float64
 	// ErrorDecay is how fast an idle endpoint's error rate fades towards 0.
 	// Default 30s.
