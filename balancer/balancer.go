@@ -684,7 +684,7 @@ func exclude(e *endpoint, until int64) bool {
 // weight.
 //
 // In the fleet simulator's heavy/light mix, where 2 of 8 replicas are 1.5x
-// and 2x slower and say nothing about it, this cut e2e p99 by 12-16% at
+// and 2x slower and say nothing about it, this cut e2e p99 by 11-14% at
 // 10-30 req/s (means of seeds 1-6: 20 req/s 50.5s -> 43.4s) and p99 TTFT
 // past saturation (30 req/s) from 37s to 26s; on the homogeneous fleets of
 // the other scenarios the speeds are alike and results moved within noise.
