@@ -6,7 +6,9 @@
 // It starts fake vLLM servers on 127.0.0.1 that answer /v1/chat/completions
 // (JSON or a server-sent event stream, a few milliseconds per token) and
 // report their load in vLLM's endpoint-load-metrics header; one of them
-// reports a nearly full KV cache. It sends a mix of plain and streamed chat
+// reports a nearly full KV cache, and another decodes 3x slower than the
+// rest without saying so (a throttled GPU), which the balancer learns from
+// the streamed answers' time per token. It sends a mix of plain and streamed chat
 // completions, plus one conversation pinned by a session header, and prints
 // how many calls each backend got and what the balancer learned. Compare
 // -affinity prefer (the default: a prompt's key owner keeps it while within
@@ -110,6 +112,7 @@ func main() {
 		{name: "vllm-0", kvCache: 0.30, perToken: 2 * time.Millisecond},
 		{name: "vllm-1", kvCache: 0.35, perToken: 2 * time.Millisecond},
 		{name: "vllm-2", kvCache: 0.97, perToken: 2 * time.Millisecond}, // nearly full
+		{name: "vllm-3", kvCache: 0.30, perToken: 6 * time.Millisecond}, // 3x slower per token
 	}
 	var endpoints []inferlb.Endpoint
 	for _, b := range backends {
@@ -169,19 +172,18 @@ func main() {
 
 	fmt.Printf("%d calls (every other one streamed) from %d workers in %v, %d failed\n\n",
 		*calls, *workers, elapsed.Round(time.Millisecond), failed.Load())
-	stats := map[string]struct {
-		ttft time.Duration
-	}{}
+	stats := map[string]balancer.EndpointStats{}
 	for _, s := range transport.Balancer().Stats() {
-		stats[s.ID] = struct{ ttft time.Duration }{s.TTFT}
+		stats[s.ID] = s
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "backend\tKV cache\tplain\tstreamed\tshare\tTTFT (EWMA)\tsession turns\t")
+	fmt.Fprintln(tw, "backend\tKV cache\tplain\tstreamed\tshare\tTTFT (EWMA)\ttime/token (EWMA)\tsession turns\t")
 	for _, b := range backends {
 		n := b.plain.Load() + b.streamed.Load() - b.session.Load()
-		fmt.Fprintf(tw, "%s\t%.0f%%\t%d\t%d\t%.0f%%\t%v\t%d\t\n", b.name, 100*b.kvCache,
+		fmt.Fprintf(tw, "%s\t%.0f%%\t%d\t%d\t%.0f%%\t%v\t%v\t%d\t\n", b.name, 100*b.kvCache,
 			b.plain.Load()-b.session.Load(), b.streamed.Load(), 100*float64(n)/float64(*calls),
-			stats[b.name].ttft.Round(100*time.Microsecond), b.session.Load())
+			stats[b.name].TTFT.Round(100*time.Microsecond),
+			stats[b.name].TimePerOutputToken.Round(100*time.Microsecond), b.session.Load())
 	}
 	_ = tw.Flush()
 }
