@@ -52,6 +52,7 @@ func Scenarios() []*Scenario {
 		ChatScenario(),
 		MixScenario(),
 		DataParallelScenario(),
+		DPChatScenario(),
 		HotPromptScenario(),
 		FailuresScenario(),
 		TenantsScenario(),
@@ -210,6 +211,25 @@ func DataParallelScenario() *Scenario {
 		RateUnit:    "req/s",
 		Headline:    20,
 		Warmup:      60 * time.Second, Duration: 360 * time.Second, Drain: 300 * time.Second,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Policies: Policies(),
+	}
+}
+
+// DPChatScenario is the chat workload on the data-parallel engines: prefix
+// affinity and the engines' step barrier at once, as a DeepSeek-class model
+// served with DP attention and prefix caching sees multi-turn traffic.
+func DPChatScenario() *Scenario {
+	dp, chat := DataParallelScenario(), ChatScenario()
+	return &Scenario{
+		Name:        "dp-chat",
+		Description: "the chat workload on 2 engines x 8 data-parallel attention ranks that step together",
+		Fleet:       dp.Fleet,
+		Workload:    chat.Workload,
+		Rates:       []float64{20, 40, 60, 80},
+		RateUnit:    "req/s",
+		Headline:    80,
+		Warmup:      chat.Warmup, Duration: chat.Duration, Drain: chat.Drain,
 		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
 		Policies: Policies(),
 	}
