@@ -104,8 +104,16 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		if !ok {
 			// The core chose an endpoint with no READY child here: a shared
 			// core knows endpoints this channel does not, or readiness is
-			// changing and a new picker is on its way. Give it back, draw again.
+			// changing and a new picker is on its way. Give it back and ask
+			// again without it (a failover keeps its own exclusion): an
+			// affinity key's owner would otherwise be chosen every time,
+			// and the key goes to its next endpoint, as its spills do. A
+			// pick with an exclusion is a failover to the core, so it does
+			// not count the call's key as seen again.
 			c.pick.Done(inferlb.Outcome{Err: errNotSent})
+			if exclude == "" {
+				exclude = c.pick.ID()
+			}
 			continue
 		}
 		res, err := child.Pick(info)

@@ -402,6 +402,39 @@ func TestSharedBalancer(t *testing.T) {
 	}
 }
 
+// TestKeyOwnedElsewhereGoesToItsNextEndpoint: a shared core may know an
+// endpoint this channel has no READY child for (another transport's Update,
+// or readiness in flux). A key owned there must not be re-asked of the same
+// owner until the picker gives up: it goes to its next endpoint.
+func TestKeyOwnedElsewhereGoesToItsNextEndpoint(t *testing.T) {
+	b := core.New(core.Options{AffinitySeed: 7, MinKeyReuse: -1, SlowStartWindow: -1})
+	name := registerShared(b)
+	h := newHarness(t, name, `{}`, 3)
+	// Another transport on the same core adds a fourth endpoint that this
+	// channel does not have.
+	eps := []inferlb.Endpoint{{Addr: addr(0)}, {Addr: addr(1)}, {Addr: addr(2)}, {ID: "http-only", Addr: "10.9.9.9:8000"}}
+	require.NoError(t, b.Update(eps))
+	owned := 0
+	for k := range uint64(200) {
+		key := k*0x9e3779b97f4a7c15 | 1
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key}
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Err: context.Canceled})
+		if p.ID() != "http-only" {
+			continue
+		}
+		owned++
+		ctx := inferlb.NewContext(context.Background(), req)
+		a1, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
+		res.Done(sent)
+		a2, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
+		res.Done(sent)
+		assert.Equal(t, a1, a2, "the key's next endpoint, every time")
+	}
+	assert.Greater(t, owned, 20, "about a quarter of the keys are owned by the endpoint the channel lacks")
+}
+
 func TestTunablesChangeReplacesCore(t *testing.T) {
 	h := newHarness(t, Name, `{}`, 2)
 	first := h.lb().core.Load()
