@@ -402,11 +402,11 @@ func TestSharedBalancer(t *testing.T) {
 	}
 }
 
-// TestKeyOwnedElsewhereGoesToItsNextEndpoint: a shared core may know an
+// TestKeyOwnedElsewhereGoesToItsNextEndpoints: a shared core may know an
 // endpoint this channel has no READY child for (another transport's Update,
 // or readiness in flux). A key owned there must not be re-asked of the same
-// owner until the picker gives up: it goes to its next endpoint.
-func TestKeyOwnedElsewhereGoesToItsNextEndpoint(t *testing.T) {
+// owner until the picker gives up: it goes where its spills go.
+func TestKeyOwnedElsewhereGoesToItsNextEndpoints(t *testing.T) {
 	b := core.New(core.Options{AffinitySeed: 7, MinKeyReuse: -1, SlowStartWindow: -1})
 	name := registerShared(b)
 	h := newHarness(t, name, `{}`, 3)
@@ -426,11 +426,14 @@ func TestKeyOwnedElsewhereGoesToItsNextEndpoint(t *testing.T) {
 		}
 		owned++
 		ctx := inferlb.NewContext(context.Background(), req)
-		a1, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
-		res.Done(sent)
-		a2, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
-		res.Done(sent)
-		assert.Equal(t, a1, a2, "the key's next endpoint, every time")
+		seen := map[string]bool{}
+		for range 6 {
+			a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx}) // fails the test on error
+			res.Done(sent)
+			seen[a] = true
+		}
+		// As a spill: P2C between the key's next two endpoints.
+		assert.LessOrEqual(t, len(seen), 2, "key %x went to %v", key, seen)
 	}
 	assert.Greater(t, owned, 20, "about a quarter of the keys are owned by the endpoint the channel lacks")
 }
