@@ -107,7 +107,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			// changing and a new picker is on its way. Give it back and ask
 			// again without it (a failover keeps its own exclusion): an
 			// affinity key's owner would otherwise be chosen every time,
-			// and the key goes to its next endpoint, as its spills do. A
+			// and the key goes where its spills go (its next endpoints). A
 			// pick with an exclusion is a failover to the core, so it does
 			// not count the call's key as seen again.
 			c.pick.Done(inferlb.Outcome{Err: errNotSent})
