@@ -56,8 +56,10 @@ var (
 // The channel owns b's membership: it calls b.Update with the resolver's
 // endpoints when they change, and b.SetReady as connections come and go.
 // Use WithEndpoint in the resolver to give endpoints the IDs the other
-// transport uses, so both see the same per-endpoint state. Closing the
-// channel leaves b as it was.
+// transport uses, so both see the same per-endpoint state; each transport
+// still sends to its own address for an ID (this channel to its SubConns,
+// an httpbalancer.Transport to the Addr it was given), so a replica's gRPC
+// and HTTP ports can differ. Closing the channel leaves b as it was.
 func NewBuilder(name string, b *core.Balancer) *Builder {
 	if name == "" || b == nil {
 		panic("inferlb: grpcbalancer.NewBuilder needs a name and a Balancer")

@@ -54,7 +54,11 @@ type Options struct {
 	// Transport builds its own from BalancerOptions, which must then be the
 	// only one set. The Transport calls the shared Balancer's Update only
 	// when Endpoints or Discovery is set, or when its own Update is called,
-	// and then replaces the Balancer's whole set.
+	// and then replaces the Balancer's whole set. Give the endpoints the
+	// IDs the other adapter uses (grpcbalancer.WithEndpoint): requests then
+	// go to the addresses given here (a replica's HTTP port) even after the
+	// other adapter has set the same IDs' addresses (its gRPC port). An
+	// endpoint only the other adapter names is sent to at its address.
 	Balancer        *balancer.Balancer
 	BalancerOptions balancer.Options
 	// Discovery, if set, re-resolves a DNS name on an interval and serves

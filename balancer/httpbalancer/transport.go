@@ -33,6 +33,14 @@ type Transport struct {
 
 	addrs addrCache // lock-free; see addrCache
 
+	// shared: the Balancer came from Options.Balancer, so another adapter
+	// may set the Addr of the endpoints it names too (a gRPC channel
+	// reaching the same replicas on their gRPC port). own then holds the
+	// addresses this Transport was given, by endpoint ID, for RoundTrip to
+	// send to; nil until this Transport sets endpoints. Replaced whole.
+	shared bool
+	own    atomic.Pointer[map[string]string]
+
 	stopDiscovery context.CancelFunc // nil without Discovery
 	discoveryDone chan struct{}
 	closeOnce     sync.Once
@@ -55,7 +63,7 @@ func NewTransport(o Options) (*Transport, error) {
 		b = balancer.New(o.BalancerOptions)
 	}
 	cfg.bind(b)
-	t := &Transport{cfg: cfg, b: b}
+	t := &Transport{cfg: cfg, b: b, shared: o.Balancer != nil}
 	if len(o.Endpoints) > 0 {
 		if err := t.Update(o.Endpoints); err != nil {
 			return nil, err
@@ -108,6 +116,13 @@ func (t *Transport) applyLocked() error {
 		if !dup {
 			all = append(all, d)
 		}
+	}
+	if t.shared {
+		own := make(map[string]string, len(all))
+		for _, e := range all {
+			own[e.Key()] = e.Addr
+		}
+		t.own.Store(&own)
 	}
 	return t.b.Update(all)
 }
@@ -258,9 +273,17 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.ReadCloser, error), first bool) (*http.Request, error) {
 	t, p := c.t, &c.pick
 	ep := p.Endpoint()
-	scheme, host, ok := t.addrs.split(ep.Addr)
+	addr := ep.Addr
+	if own := t.own.Load(); own != nil {
+		// A shared Balancer: this Transport's address for the endpoint,
+		// whichever adapter set the Balancer's last.
+		if a, ok := (*own)[p.ID()]; ok {
+			addr = a
+		}
+	}
+	scheme, host, ok := t.addrs.split(addr)
 	if !ok {
-		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port", ep.Key(), ep.Addr)
+		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port", ep.Key(), addr)
 	}
 	out, u := &c.out, &c.outURL // out is a copy of r already
 	if !first {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"sync"
 	"testing"
 	"time"
@@ -458,3 +459,37 @@ type closeTracker struct {
 }
 
 func (c *closeTracker) Close() error { c.closed = true; return nil }
+
+// TestSharedBalancerSendsToTheTransportsOwnAddresses: a gRPC channel and
+// this Transport share a Balancer and name the same replica by ID, each with
+// its own port. Whichever set the Balancer's endpoints last, HTTP requests
+// go to the HTTP address this Transport was given.
+func TestSharedBalancerSendsToTheTransportsOwnAddresses(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	defer srv.Close()
+	b := balancer.New(balancer.Options{})
+	tr := newTransport(t, httpbalancer.Options{
+		Balancer:  b,
+		Endpoints: []inferlb.Endpoint{{ID: "replica-0", Addr: srv.URL}},
+	})
+	// The other adapter's update: the same replica at its gRPC port, which
+	// refuses HTTP (nothing listens on port 1).
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "replica-0", Addr: "127.0.0.1:1"}}))
+	client := &http.Client{Transport: tr}
+	for range 5 {
+		resp, err := client.Post(chatURL, "application/json", strings.NewReader(chatBody(1, false)))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+	}
+	assert.EqualValues(t, 5, hits.Load())
+	// The Balancer itself keeps the other adapter's address, for it.
+	p, err := b.Pick(&inferlb.Request{})
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:1", p.Endpoint().Addr)
+	p.Done(inferlb.Outcome{})
+}
