@@ -35,11 +35,11 @@ const (
 	// DefaultDPGroupLabel is the endpoint label naming the data-parallel
 	// engine a rank belongs to.
 	DefaultDPGroupLabel = "dp_group"
-	// dpPrefillWindow is the time constant of the recent-prefill
-	// estimate: about how long a rank takes to work through a few thousand
-	// prompt tokens. In the simulator 250 ms and 500 ms did equally well,
-	// 1 s a little worse.
-	dpPrefillWindow = 500 * time.Millisecond
+	// prefillWindow is the time constant of the recent-prefill estimate
+	// (here and in prefillBacklog): about how long a server takes to work
+	// through a few thousand prompt tokens. For the DP barrier 250 ms and
+	// 500 ms did equally well in the simulator, 1 s a little worse.
+	prefillWindow = 500 * time.Millisecond
 	// dpStallTokens is the rise above the engine's peak that doubles a
 	// rank's cost: one chunk of vLLM's default max_num_batched_tokens.
 	// Weights of 1/8192 and 2/8192 did equally well in the simulator.
@@ -63,18 +63,27 @@ func decayedPrefill(v uint64, nowNs int64) float64 {
 		return 0
 	}
 	dt := uint32(nowNs/int64(time.Millisecond)) - ms
-	return tokens * decay.Weight(float64(dt)/float64(dpPrefillWindow/time.Millisecond))
+	return tokens * decay.Weight(float64(dt)/float64(prefillWindow/time.Millisecond))
+}
+
+// done takes out what a call of tokens prompt tokens sent at startNs still
+// adds to the estimate at nowNs: a call that has ended is past its prefill.
+func (p *prefillEstimate) done(nowNs, startNs int64, tokens float64) {
+	if left := tokens * decay.Weight(float64(nowNs-startNs)/float64(prefillWindow)); left > 0 {
+		p.add(nowNs, -left)
+	}
 }
 
 // at returns the estimate at nowNs.
 func (p *prefillEstimate) at(nowNs int64) float64 { return decayedPrefill(p.v.Load(), nowNs) }
 
-// add adds tokens at nowNs.
+// add adds tokens at nowNs (negative tokens take them out; the estimate
+// never goes below 0).
 func (p *prefillEstimate) add(nowNs int64, tokens float64) {
 	ms := uint32(nowNs / int64(time.Millisecond))
 	for {
 		old := p.v.Load()
-		next := uint64(math.Float32bits(float32(decayedPrefill(old, nowNs)+tokens)))<<32 | uint64(ms)
+		next := uint64(math.Float32bits(float32(max(decayedPrefill(old, nowNs)+tokens, 0))))<<32 | uint64(ms)
 		if p.v.CompareAndSwap(old, next) {
 			return
 		}

@@ -19,8 +19,8 @@ func TestPrefillEstimateDecays(t *testing.T) {
 		want  float64
 	}{
 		{0, 8000},
-		{dpPrefillWindow, 8000 / math.E},
-		{2 * dpPrefillWindow, 8000 / math.E / math.E},
+		{prefillWindow, 8000 / math.E},
+		{2 * prefillWindow, 8000 / math.E / math.E},
 		{20 * time.Second, 0},
 	} {
 		if got := p.at(t0 + int64(c.after)); math.Abs(got-c.want) > 0.02*8000 {
@@ -28,8 +28,8 @@ func TestPrefillEstimateDecays(t *testing.T) {
 		}
 	}
 	// A second prompt adds to what is left of the first.
-	p.add(t0+int64(dpPrefillWindow), 1000)
-	if got, want := p.at(t0+int64(dpPrefillWindow)), 8000/math.E+1000; math.Abs(got-want) > 0.02*8000 {
+	p.add(t0+int64(prefillWindow), 1000)
+	if got, want := p.at(t0+int64(prefillWindow)), 8000/math.E+1000; math.Abs(got-want) > 0.02*8000 {
 		t.Errorf("sum %v, want about %v", got, want)
 	}
 }

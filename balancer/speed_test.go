@@ -68,3 +68,60 @@ func TestDecodeSpeedScalesGenerationPicks(t *testing.T) {
 	fast, slow = holdSplit(t, b)
 	assert.InDelta(t, fast, slow, 2, "fast %d, slow %d", fast, slow)
 }
+
+// shortsFirst counts the short generation calls, held, that go elsewhere
+// before busy gets one.
+func shortsFirst(t *testing.T, b *balancer.Balancer, busy string) int {
+	t.Helper()
+	var held []balancer.Pick
+	defer func() {
+		for i := range held {
+			held[i].Done(inferlb.Outcome{})
+		}
+	}()
+	for n := 0; ; n++ {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 100})
+		require.NoError(t, err)
+		held = append(held, p)
+		if p.ID() == busy || n > 100 {
+			return n
+		}
+	}
+}
+
+func TestRecentPrefillDelaysTheNextFirstToken(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
+	// A 30k-token prompt goes out and stays in flight. In-flight calls and
+	// tokens price it the same all along; its prefill only while recent.
+	long, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 30000})
+	require.NoError(t, err)
+	busy := long.ID()
+	now := shortsFirst(t, b, busy)
+	clock.Advance(3 * time.Second) // six prefill windows: the prefill is done
+	later := shortsFirst(t, b, busy)
+	assert.Greater(t, now, later+4, "just sent: %d short calls went elsewhere first; 3s later: %d", now, later)
+
+	// An ended call is past its prefill at once: the two are equal again.
+	long.Done(inferlb.Outcome{})
+	long, err = b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 30000})
+	require.NoError(t, err)
+	busy = long.ID()
+	long.Done(inferlb.Outcome{})
+	split := map[string]int{}
+	for range 200 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+		require.NoError(t, err)
+		split[p.ID()]++
+		p.Done(inferlb.Outcome{})
+	}
+	assert.InDelta(t, 100, split[busy], 25, "split %v", split)
+
+	// A prompt its affinity key placed is likely cached there: its prefill
+	// is short, and it is not counted.
+	clock.Advance(3 * time.Second)
+	keyed, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 30000, AffinityKey: 99})
+	require.NoError(t, err)
+	assert.InDelta(t, later, shortsFirst(t, b, keyed.ID()), 1, "as if the long prompt had been sent long ago")
+	keyed.Done(inferlb.Outcome{})
+}
