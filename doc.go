@@ -58,9 +58,12 @@
 // Options.DPGroupLabel value) step together, so a prompt's price also says
 // how far it would raise its engine's step above the prefill the engine's
 // other ranks were recently sent (a decaying per-rank estimate). For
-// generation calls, when both candidates have a measured decode speed (the
-// time per output token of their streamed calls), each price is scaled by
-// it, so a slower or throttled GPU takes fewer long generations.
+// generation calls, a price also counts the prompt tokens the candidate was
+// sent in the last half second or so and is likely still prefilling (calls
+// an affinity key placed excepted: their prefix is cached), and, when both
+// candidates have a measured decode speed (the time per output token of
+// their streamed calls), the slower one's price is scaled by how much
+// slower it is, so a slower or throttled GPU takes fewer long generations.
 // Pick counts the call in flight and returns a Pick handle; the adapter sends
 // the call and, when the response or stream has ended, reports an Outcome
 // through Done exactly once. Done releases the load, feeds the latency,
