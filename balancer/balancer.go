@@ -540,7 +540,10 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	} else if e.brOpen.Load() {
 		e.probeSlots.Add(-1)
 	}
-	tokens := req.Tokens()
+	// Counted as int32 so Pick stays 40 bytes (the HTTP transport's call
+	// state, which holds one, stays in its allocation size class); no call
+	// comes near 2^31 tokens.
+	tokens := int32(min(max(req.Tokens(), 0), math.MaxInt32))
 	var prompt int32
 	if req.PromptTokens > 0 && (req.Service == inferlb.ServiceLLM && !c.keyed || b.engines.Load() && e.dpPeers.Load() != nil) {
 		prompt = int32(min(req.PromptTokens, math.MaxInt32))
@@ -548,7 +551,7 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	}
 	e.inFlight.Add(1)
 	if tokens != 0 {
-		e.inFlightTokens.Add(tokens)
+		e.inFlightTokens.Add(int64(tokens))
 	}
 	for _, c := range *e.groupLoads.Load() {
 		c.Add(1)
@@ -564,11 +567,11 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 type Pick struct {
 	b      *Balancer
 	e      *endpoint
-	start  int64 // unix ns at pick
-	tokens int64
+	start  int64  // unix ns at pick
+	tokens int32  // added to the endpoint's in-flight tokens
+	prompt int32  // added to the endpoint's prefill estimate
 	gen    uint32 // breaker generation at pick
 	done   uint32 // atomic
-	prompt int32  // prompt tokens added to the endpoint's prefill estimate
 }
 
 // Endpoint returns the chosen endpoint as last given to Update.
@@ -618,7 +621,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	e := p.e
 	e.inFlight.Add(-1)
 	if p.tokens != 0 {
-		e.inFlightTokens.Add(-p.tokens)
+		e.inFlightTokens.Add(-int64(p.tokens))
 	}
 	for _, c := range *e.groupLoads.Load() {
 		c.Add(-1)
