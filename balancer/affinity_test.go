@@ -40,6 +40,23 @@ func owner(t testing.TB, b *balancer.Balancer, key uint64) string {
 	return p.ID()
 }
 
+// ownerTakes holds n calls of key at once and returns how many of them
+// its owner home took; the calls are then released.
+func ownerTakes(t *testing.T, b *balancer.Balancer, key uint64, home string, n int) int64 {
+	t.Helper()
+	held := make([]balancer.Pick, 0, n)
+	for range n {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
+		require.NoError(t, err)
+		held = append(held, p)
+	}
+	got := stat(t, b, home).InFlight
+	for i := range held {
+		held[i].Done(inferlb.Outcome{})
+	}
+	return got
+}
+
 func TestIndependentBalancersAgree(t *testing.T) {
 	// Two processes: same endpoints (in a different order) and seed, their
 	// own random sources and no shared state.
@@ -278,19 +295,7 @@ func TestRoomyOwnerKeepsItsKeysAFewCallsPastTheHardCap(t *testing.T) {
 	}
 	// 40 calls of one key over 8 endpoints: a fair share of 5 at the end,
 	// the plain bound ceil(1.25 x 5) = 7, the hard cap ceil(1.5 x 5) = 8.
-	hold := func() int64 {
-		var held []balancer.Pick
-		for range 40 {
-			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
-			require.NoError(t, err)
-			held = append(held, p)
-		}
-		got := stat(t, b, home).InFlight
-		for i := range held {
-			held[i].Done(inferlb.Outcome{})
-		}
-		return got
-	}
+	hold := func() int64 { return ownerTakes(t, b, key, home, 40) }
 	// No queue and a KV cache under 30%: far from saturation, the owner
 	// keeps the key up to 4 calls past the hard cap, and no further.
 	report(0, 0.1)
@@ -429,17 +434,7 @@ func TestCrowdedOwnerKeepsItsKeysWhenTheSpillWouldQueueToo(t *testing.T) {
 			}
 			b.Publish(s.ID, smp)
 		}
-		var held []balancer.Pick
-		for range 40 {
-			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
-			require.NoError(t, err)
-			held = append(held, p)
-		}
-		got := stat(t, b, home).InFlight
-		for i := range held {
-			held[i].Done(inferlb.Outcome{})
-		}
-		return got
+		return ownerTakes(t, b, key, home, 40)
 	}
 	t.Run("spill target queueing", func(t *testing.T) {
 		got := run(t, func(s *telemetry.Sample) { s.Set(telemetry.Waiting, 2); s.Set(telemetry.KVCacheUsage, 0.5) })

@@ -707,9 +707,9 @@ func exclude(e *endpoint, until int64) bool {
 
 // speedTolerance is the ratio of decode speeds that counts as equal: on a
 // homogeneous fleet the measured speeds differ by scheduling noise and by
-// batch size (a few percent in the quickstart's real-time run), which must
-// not outweigh load. Different GPUs, throttling or a noisy neighbour differ
-// by far more. In the simulator's mix 1.1 kept nearly all of the gain of no
+// batch size (a few percent in the quickstart's real-time run, read with a
+// temporary debug print), which must not outweigh load. Different GPUs,
+// throttling or a noisy neighbour differ by far more. In the simulator's mix 1.1 kept nearly all of the gain of no
 // tolerance (e2e p99 at 20 req/s 43.4s against 42.4s; p90 TTFT at 25 0.71s
 // against 0.74s) and 1.25 about two thirds of it.
 const speedTolerance = 1.1
