@@ -575,17 +575,7 @@ func TestCrowdedOwnerSpillsToABusyEndpointThatCachedTheKey(t *testing.T) {
 			}
 			b.Publish(s.ID, smp)
 		}
-		var held []balancer.Pick
-		for range calls {
-			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key})
-			require.NoError(t, err)
-			held = append(held, p)
-		}
-		got0 := stat(t, b, home).InFlight
-		for i := range held {
-			held[i].Done(inferlb.Outcome{})
-		}
-		return got0
+		return ownerTakes(t, b, key, home, calls)
 	}
 	// 30 calls of the key in flight: the plain bound is ceil(1.25 x 30/4) = 10.
 	assert.Greater(t, run(t, -1, 30), int64(10), "a cold target: the crowded owner keeps the key past its bound")

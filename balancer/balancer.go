@@ -500,7 +500,6 @@ func (b *Balancer) admitRamp(e *endpoint, nowNs int64) bool {
 // prefill (prefillBacklog) and, when both candidates' decode speed is
 // known, the slower one's by how much slower it is (see "Decode speed" at
 // the end of this file).
-
 func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
 	sc := b.scorer(req.Service)
 	var st scoring.State // one State, filled twice
@@ -508,13 +507,12 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	ci := sc.Cost(req, st)
 	g.members[j].state(b.cfg, now, g.weights[j], &st)
 	cj := sc.Cost(req, st)
+	nowNs := now.UnixNano()
 	if req.PromptTokens > 0 && b.engines.Load() {
-		nowNs := now.UnixNano()
 		ci *= barrier(g.members[i], req.PromptTokens, nowNs)
 		cj *= barrier(g.members[j], req.PromptTokens, nowNs)
 	}
 	if req.Service == inferlb.ServiceLLM {
-		nowNs := now.UnixNano()
 		ci *= prefillBacklog(g.members[i], nowNs)
 		cj *= prefillBacklog(g.members[j], nowNs)
 		if ti, tj := g.members[i].tpotEWMA.Load(), g.members[j].tpotEWMA.Load(); ti > 0 && tj > 0 {

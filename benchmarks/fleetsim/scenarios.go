@@ -220,19 +220,13 @@ func DataParallelScenario() *Scenario {
 // affinity and the engines' step barrier at once, as a DeepSeek-class model
 // served with DP attention and prefix caching sees multi-turn traffic.
 func DPChatScenario() *Scenario {
-	dp, chat := DataParallelScenario(), ChatScenario()
-	return &Scenario{
-		Name:        "dp-chat",
-		Description: "the chat workload on 2 engines x 8 data-parallel attention ranks that step together",
-		Fleet:       dp.Fleet,
-		Workload:    chat.Workload,
-		Rates:       []float64{20, 40, 60, 80},
-		RateUnit:    "req/s",
-		Headline:    80,
-		Warmup:      chat.Warmup, Duration: chat.Duration, Drain: chat.Drain,
-		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
-		Policies: Policies(),
-	}
+	sc, chat := DataParallelScenario(), ChatScenario()
+	sc.Name = "dp-chat"
+	sc.Description = "the chat workload on 2 engines x 8 data-parallel attention ranks that step together"
+	sc.Workload = chat.Workload
+	sc.Rates, sc.Headline = []float64{20, 40, 60, 80}, 80
+	sc.Warmup, sc.Duration, sc.Drain = chat.Warmup, chat.Duration, chat.Drain
+	return sc
 }
 
 // HotPromptScenario is half the traffic carrying one popular 3,000-token
