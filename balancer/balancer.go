@@ -12,12 +12,13 @@
 // calls and tokens, peak-EWMA latency, error rate, telemetry slot, standing).
 // Update builds a new immutable snapshot and swaps it in atomically; the state
 // of endpoints that stay is kept. Pick never blocks, locks or allocates.
+//
+// Adapters that share one Balancer each take a Membership: their own
+// endpoint set, readiness and snapshot over the one shared state per ID.
 package balancer
 
 import (
 	"errors"
-	"fmt"
-	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -44,10 +45,11 @@ const drawTries = 8
 // concurrent use; one Balancer may serve gRPC and HTTP traffic together so
 // both see the same live load.
 //
-// Concurrency: cfg is immutable. mu serializes Update and guards eps, loads
-// and warm. snap, epoch and engines are atomic; Pick reads only them, the
-// atomics of endpoint state and the tables behind sticky, spills and reuse
-// (lock-free), so it never takes mu.
+// Concurrency: cfg is immutable. mu serializes membership changes (Update,
+// SetReady and those of every membership) and guards eps, memberships, warm and
+// nextSerial. Each membership's snapshot, all, epoch and engines are atomic;
+// Pick reads only them, the atomics of endpoint state and the tables behind
+// sticky, spills and reuse (lock-free), so it never takes mu.
 type Balancer struct {
 	cfg     *config
 	keyer   *cache.Keyer    // immutable
@@ -56,14 +58,15 @@ type Balancer struct {
 	reuse   *keyReuse       // immutable pointer; nil unless AffinityPrefer with MinKeyReuse
 	engines atomic.Bool     // some endpoint is a rank of a data-parallel engine (dp.go)
 
-	mu         sync.Mutex
-	eps        map[string]*endpoint     // guarded by mu
-	loads      map[string]*atomic.Int64 // durable group in-flight counters, guarded by mu
-	warm       bool                     // guarded by mu: a non-empty Update happened
-	nextSerial uint64                   // guarded by mu: the last serial handed out
+	mu          sync.Mutex
+	eps         map[string]*endpoint        // guarded by mu: every membership's endpoints, by ID
+	memberships [maxMemberships]*Membership // guarded by mu: by index; [0] is def
+	warm        bool                        // guarded by mu: a non-empty Update happened
+	nextSerial  uint64                      // guarded by mu: the last serial handed out
 
-	snap  atomic.Pointer[snapshot]
-	epoch atomic.Uint64 // bumped on any readiness or standing change
+	def   *Membership                 // immutable: the membership of Update, SetReady and Pick
+	all   atomic.Pointer[[]*endpoint] // eps as a slice, for outlier detection
+	epoch atomic.Uint64               // bumped on any readiness or standing change
 
 	retry         *retryBudget
 	retries       atomic.Uint64
@@ -101,9 +104,10 @@ func New(opts Options) *Balancer {
 		cfg:   cfg,
 		keyer: cache.NewKeyer(cfg.affinitySeed),
 		eps:   map[string]*endpoint{},
-		loads: map[string]*atomic.Int64{},
 		retry: newRetryBudget(cfg.retryRatio, cfg.retryFloor),
 	}
+	b.def = newMembership(b, 0)
+	b.memberships[0] = b.def
 	if cfg.stickyTTL > 0 {
 		s, err := cache.NewSessions(cache.SessionOptions{TTL: cfg.stickyTTL, MaxEntries: cfg.stickyEntries, Clock: cfg.clock})
 		if err != nil {
@@ -149,56 +153,17 @@ var _ telemetry.Sink = (*Balancer)(nil)
 // Entries with neither ID nor Addr, and later duplicates of an ID, are skipped;
 // a non-positive or non-finite Weight is read as 1. Every such problem is
 // reported in the returned error, and the rest of the set is applied.
+//
+// Update sets the Balancer's own membership, which Pick routes over; an
+// adapter sharing the Balancer with others sets its own through a Membership,
+// which this call does not touch.
 func (b *Balancer) Update(endpoints []inferlb.Endpoint) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	nowNs := max(b.cfg.clock.Now().UnixNano(), 1)
-
-	var errs []error
-	next := make(map[string]*endpoint, len(endpoints))
-	members := make([]*endpoint, 0, len(endpoints))
-	for i, ep := range endpoints {
-		id := ep.Key()
-		if id == "" {
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: ID and Addr are both empty; skipped", i))
-			continue
-		}
-		if _, dup := next[id]; dup {
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: duplicate ID %q; skipped", i, id))
-			continue
-		}
-		if w := ep.Weight; w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %q: Weight %v is not a finite non-negative number; using 1", id, w))
-			ep.Weight = 1
-		}
-		e, ok := b.eps[id]
-		if !ok {
-			e = newEndpoint(id, b.cfg.store.Slot(id))
-			b.nextSerial++
-			e.serial = b.nextSerial
-			e.breaker = b.newBreaker(e)
-			if b.warm {
-				e.rampFrom.Store(nowNs)
-			}
-		}
-		ep.Labels = maps.Clone(ep.Labels)
-		e.info.Store(&ep)
-		next[id] = e
-		members = append(members, e)
-	}
-	b.eps = next
-	b.setEngines(members)
-	b.snap.Store(b.build(members))
-	b.epoch.Add(1)
-	if len(members) > 0 {
-		b.warm = true
-	}
-	return errors.Join(errs...)
+	return b.def.Update(endpoints)
 }
 
 // models returns the model names an endpoint serves, from the subset label.
-func (b *Balancer) models(e *endpoint) []string {
-	v := e.info.Load().Labels[b.cfg.subsetLabel]
+func (b *Balancer) models(info *inferlb.Endpoint) []string {
+	v := info.Labels[b.cfg.subsetLabel]
 	var out []string
 	for m := range strings.SplitSeq(v, ",") {
 		if m = strings.TrimSpace(m); m != "" && !slices.Contains(out, m) {
@@ -208,25 +173,28 @@ func (b *Balancer) models(e *endpoint) []string {
 	return out
 }
 
-// build makes the snapshot for members and moves each endpoint's in-flight
-// count onto the durable counters of the groups it now belongs to. Called with mu held.
-func (b *Balancer) build(members []*endpoint) *snapshot {
+// build makes the snapshot of m's members, weighted and labelled as m
+// describes them, and records in m.groupsOf the durable in-flight
+// counters of the groups each member now belongs to (reconcile moves the
+// endpoints' counts onto them). Called with mu held.
+func (b *Balancer) build(m *Membership) *snapshot {
 	used := map[string]bool{}
 	counter := func(key string) *atomic.Int64 {
 		used[key] = true
-		c, ok := b.loads[key]
+		c, ok := m.loads[key]
 		if !ok {
 			c = new(atomic.Int64)
-			b.loads[key] = c
+			m.loads[key] = c
 		}
 		return c
 	}
-	mkGroup := func(key string, ms []*endpoint) *group {
-		w := make([]float64, len(ms))
-		for i, e := range ms {
-			w[i] = e.info.Load().Capacity()
+	mkGroup := func(key string, idx []int) *group {
+		ms := make([]*endpoint, len(idx))
+		w := make([]float64, len(idx))
+		for k, i := range idx {
+			ms[k], w[k] = m.members[i], m.infos[i].Capacity()
 		}
-		g := newGroup(ms, w, counter(key))
+		g := newGroup(ms, w, counter(key), m.bit)
 		if b.cfg.affinity != AffinityOff {
 			g.placement = cache.NewPlacement(placementMembers(ms, w), b.cfg.affinitySeed)
 			if b.sticky != nil {
@@ -236,53 +204,87 @@ func (b *Balancer) build(members []*endpoint) *snapshot {
 		return g
 	}
 
-	snap := &snapshot{all: mkGroup("", members)}
-	byModel := map[string][]*endpoint{}
-	var unlabelled []*endpoint
+	every := make([]int, len(m.members))
+	for i := range every {
+		every[i] = i
+	}
+	snap := &snapshot{all: mkGroup("", every)}
+	byModel := map[string][]int{}
+	var unlabelled []int
 	var names []string
-	for _, e := range members {
-		ms := b.models(e)
+	for i := range m.members {
+		ms := b.models(m.infos[i])
 		if len(ms) == 0 {
-			unlabelled = append(unlabelled, e)
+			unlabelled = append(unlabelled, i)
 			continue
 		}
 		for _, m := range ms {
 			if _, ok := byModel[m]; !ok {
 				names = append(names, m)
 			}
-			byModel[m] = append(byModel[m], e)
+			byModel[m] = append(byModel[m], i)
 		}
 	}
-	groupsOf := make(map[*endpoint][]*atomic.Int64, len(members))
-	for _, e := range members {
+	groupsOf := make(map[*endpoint][]*atomic.Int64, len(m.members))
+	for _, e := range m.members {
 		groupsOf[e] = []*atomic.Int64{snap.all.load}
 	}
 	if len(names) > 0 {
 		snap.byModel = make(map[string]*group, len(names))
 		for _, m := range names {
-			ms := append(byModel[m], unlabelled...)
-			g := mkGroup("model:"+m, ms)
+			g := mkGroup("model:"+m, append(byModel[m], unlabelled...))
 			snap.byModel[m] = g
-			for _, e := range ms {
+			for _, e := range g.members {
 				groupsOf[e] = append(groupsOf[e], g.load)
 			}
 		}
 		if len(unlabelled) > 0 {
 			snap.anyModel = mkGroup("unlabelled", unlabelled)
-			for _, e := range unlabelled {
+			for _, e := range snap.anyModel.members {
 				groupsOf[e] = append(groupsOf[e], snap.anyModel.load)
 			}
 		}
 	}
-	for _, e := range members {
-		setGroupLoads(e, groupsOf[e])
-	}
-	for k := range b.loads {
+	m.groupsOf = groupsOf
+	for k := range m.loads {
 		if !used[k] {
-			delete(b.loads, k)
+			delete(m.loads, k)
 		}
 	}
 	return snap
+}
+
+// reconcile makes eps and all the union of every membership's members (the
+// state of an endpoint no membership lists any more is dropped), finds the
+// data-parallel engines among them and moves each endpoint's in-flight
+// count onto the counters of the groups it now belongs to, in every
+// membership. Called with mu held after a membership change.
+func (b *Balancer) reconcile() {
+	eps := make(map[string]*endpoint, len(b.eps))
+	var all []*endpoint
+	for _, m := range b.memberships {
+		if m == nil {
+			continue
+		}
+		for _, e := range m.members {
+			if _, ok := eps[e.id]; !ok {
+				eps[e.id] = e
+				all = append(all, e)
+			}
+		}
+	}
+	b.eps = eps
+	b.setEngines(all)
+	for _, e := range all {
+		var loads []*atomic.Int64
+		for _, m := range b.memberships {
+			if m != nil {
+				loads = append(loads, m.groupsOf[e]...)
+			}
+		}
+		setGroupLoads(e, loads)
+	}
+	b.all.Store(&all)
 }
 
 // setGroupLoads points e at new group counters, moving its in-flight count
@@ -313,25 +315,10 @@ func setGroupLoads(e *endpoint, next []*atomic.Int64) {
 // SetReady marks an endpoint ready or not (gRPC: its subchannel is READY).
 // Endpoints start ready. A not-ready endpoint is never picked, even in panic
 // routing; one that turns ready again ramps up through slow start. It
-// reports whether id is a current endpoint.
+// reports whether id is an endpoint of the Balancer's own membership
+// (Update); a Membership has its own readiness (Membership.SetReady).
 func (b *Balancer) SetReady(id string, ready bool) bool {
-	b.mu.Lock()
-	e, ok := b.eps[id]
-	b.mu.Unlock()
-	if !ok {
-		return false
-	}
-	if e.ready.Swap(ready) == ready {
-		return true
-	}
-	if ready && (e.wasReady.Swap(true) || e.rampFrom.Load() != 0) {
-		// Ready again after an outage (or for the first time after joining
-		// a warm balancer): ramp up from now, as Envoy does for hosts that
-		// turn healthy. A first connect at startup does not ramp.
-		e.rampFrom.Store(max(b.cfg.clock.Now().UnixNano(), 1))
-	}
-	b.epoch.Add(1)
-	return true
+	return b.def.SetReady(id, ready)
 }
 
 // Serial returns the serial number of the current endpoint id (see
@@ -355,7 +342,7 @@ func (b *Balancer) rand() uint64 { return b.cfg.rand.Uint64() }
 // caller must call Done on the returned Pick exactly once when the call ends
 // (later calls are no-ops). It returns ErrNoEndpoints when nothing can serve req.
 func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
-	return b.pick(req, "")
+	return b.pick(b.def, req, "")
 }
 
 // PickExcept is Pick for a failover: it never returns the endpoint whose ID
@@ -363,11 +350,11 @@ func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
 // other endpoint can serve req. The affinity key still steers it: the key's
 // next endpoint in preference order takes the retry.
 func (b *Balancer) PickExcept(req *inferlb.Request, exclude string) (Pick, error) {
-	return b.pick(req, exclude)
+	return b.pick(b.def, req, exclude)
 }
 
-func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
-	snap := b.snap.Load()
+func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pick, error) {
+	snap := m.snap.Load()
 	if snap == nil {
 		return Pick{}, ErrNoEndpoints
 	}
@@ -385,7 +372,7 @@ func (b *Balancer) pick(req *inferlb.Request, exclude string) (Pick, error) {
 	if !panicking && st.good == 0 {
 		return Pick{}, ErrNoEndpoints
 	}
-	c := cand{nowNs: nowNs, panicking: panicking, exclude: exclude, affine: req.AffinityKey != 0}
+	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, affine: req.AffinityKey != 0}
 	if c.affine && b.reuse != nil {
 		if exclude == "" { // a failover is the same request again
 			b.reuse.observe(req.AffinityKey)
@@ -433,6 +420,7 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 // cand is what decides whether a member may be a candidate for one pick.
 type cand struct {
 	nowNs     int64
+	bit       uint64 // the picking membership's readiness bit
 	panicking bool
 	exclude   string // an endpoint ID to skip (failover); "" for none
 	affine    bool   // the request's AffinityKey steers the pick (see keyReuse)
@@ -440,7 +428,7 @@ type cand struct {
 }
 
 func (c *cand) ok(e *endpoint) bool {
-	return e.usable(c.nowNs, c.panicking) && (c.exclude == "" || e.id != c.exclude)
+	return e.usable(c.bit, c.nowNs, c.panicking) && (c.exclude == "" || e.id != c.exclude)
 }
 
 func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {
@@ -533,7 +521,7 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	// exclusion. onBreakerChange sets the exclusion before it bumps the
 	// generation, so a new generation is never seen with the old standing.
 	gen := e.brGen.Load()
-	if !e.usable(c.nowNs, c.panicking) {
+	if !e.usable(c.bit, c.nowNs, c.panicking) {
 		gen--
 	} else if e.brOpen.Load() {
 		e.probeSlots.Add(-1)

@@ -26,7 +26,7 @@ type endpoint struct {
 	// Hot: the fields Pick and Done touch come first, packed into the first
 	// two cache lines, so a pick over thousands of endpoints misses as few
 	// lines as possible (n=4096 versus n=8 in BenchmarkPick).
-	ready          atomic.Bool   // transport-level readiness (gRPC subchannel READY); true by default
+	readyMask      atomic.Uint64 // per Membership (bit Membership.bit): listed there and ready (gRPC subchannel READY)
 	brOpen         atomic.Bool   // the breaker's exclusion is in force (open or probing)
 	probeSlots     atomic.Int32  // half-open probes left to hand out
 	brState        atomic.Int32  // mirror of gobreaker's state (closed = 0)
@@ -51,7 +51,7 @@ type endpoint struct {
 	serial         uint64     // immutable; see Pick.Serial
 
 	// Cold.
-	wasReady atomic.Bool // SetReady(true) happened at least once
+	wasReady atomic.Bool // SetReady(true) turned it ready at least once
 
 	// The server's load reading (telemetry Running, else Waiting) as last
 	// seen by a pick: when it was observed (unix ns), and this process's
@@ -109,16 +109,16 @@ func (e *endpoint) pickCount() uint64 {
 	}
 }
 
+// newEndpoint returns fresh state for id, ready nowhere: the Membership that
+// lists it sets its own bit.
 func newEndpoint(id string, slot *telemetry.Slot) *endpoint {
-	e := &endpoint{id: id, slot: slot}
-	e.ready.Store(true)
-	return e
+	return &endpoint{id: id, slot: slot}
 }
 
-// usable reports whether Pick may consider e: ready, and in good standing
-// unless the group is in panic.
-func (e *endpoint) usable(nowNs int64, panicking bool) bool {
-	if !e.ready.Load() {
+// usable reports whether a pick from the Membership with readiness bit may
+// consider e: ready there, and in good standing unless the group is in panic.
+func (e *endpoint) usable(bit uint64, nowNs int64, panicking bool) bool {
+	if e.readyMask.Load()&bit == 0 {
 		return false
 	}
 	if panicking {

@@ -24,6 +24,7 @@ type group struct {
 	aliasIdx  []int32
 
 	load *atomic.Int64 // durable: in-flight calls on the group's members
+	bit  uint64        // its membership's readiness bit
 
 	placement *cache.Placement // consistent placement of affinity keys; nil when affinity is off
 	// With StickyTTL: member ID hashes (as stored in the sticky table) and
@@ -45,8 +46,8 @@ type standing struct {
 	good  int
 }
 
-func newGroup(members []*endpoint, weights []float64, load *atomic.Int64) *group {
-	g := &group{members: members, weights: weights, load: load}
+func newGroup(members []*endpoint, weights []float64, load *atomic.Int64, bit uint64) *group {
+	g := &group{members: members, weights: weights, load: load, bit: bit}
 	uniform := true
 	for _, w := range weights {
 		g.total += w
@@ -130,7 +131,7 @@ func (g *group) eligibility(epoch uint64, nowNs int64) *standing {
 	}
 	next := &standing{epoch: epoch, until: math.MaxInt64}
 	for _, e := range g.members {
-		if !e.ready.Load() {
+		if e.readyMask.Load()&g.bit == 0 {
 			continue
 		}
 		next.ready++

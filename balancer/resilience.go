@@ -147,17 +147,17 @@ func (b *Balancer) ejectionTime(n int32) time.Duration {
 // MaxEjectedFraction of the fleet (one is always allowed). It scans the
 // fleet: ejections are rare, picks are not.
 func (b *Balancer) mayEject(nowNs int64) bool {
-	snap := b.snap.Load()
-	if snap == nil {
+	all := b.all.Load()
+	if all == nil {
 		return true
 	}
 	ejected := 0
-	for _, e := range snap.all.members {
+	for _, e := range *all {
 		if e.brOpen.Load() || e.ejectedUntil.Load() > nowNs {
 			ejected++
 		}
 	}
-	limit := max(int(b.cfg.maxEjected*float64(len(snap.all.members))), 1)
+	limit := max(int(b.cfg.maxEjected*float64(len(*all))), 1)
 	return ejected+1 <= limit
 }
 
@@ -212,8 +212,8 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		return
 	}
 	b.nextOutlier.Store(nowNs + int64(b.cfg.outlierInterval))
-	snap := b.snap.Load()
-	if snap == nil {
+	all := b.all.Load()
+	if all == nil {
 		return
 	}
 	type obs struct {
@@ -221,7 +221,7 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		rate float64
 	}
 	var seen []obs
-	for _, e := range snap.all.members {
+	for _, e := range *all {
 		s, f := e.successes.Load(), e.failures.Load()
 		ds, df := s-e.winSucc, f-e.winFail
 		e.winSucc, e.winFail = s, f

@@ -60,7 +60,7 @@ func (b *Balancer) Stats() []EndpointStats {
 	for i, e := range eps {
 		s := EndpointStats{
 			ID:                 e.id,
-			Ready:              e.ready.Load(),
+			Ready:              e.readyMask.Load() != 0,
 			Weight:             e.info.Load().Capacity(),
 			RampFactor:         e.rampFactor(b.cfg, nowNs),
 			InFlight:           e.inFlight.Load(),

@@ -1,0 +1,222 @@
+package balancer
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"sync/atomic"
+
+	"github.com/inferlb/inferlb"
+)
+
+// maxMemberships is how many memberships one Balancer holds at once, its
+// own (Update) included: one readiness bit each in a 64-bit word per endpoint.
+const maxMemberships = 64
+
+// ErrTooManyMemberships is returned by NewMembership when the Balancer
+// already has 63 open Memberships besides its own.
+var ErrTooManyMemberships = errors.New("inferlb: too many open Memberships on one Balancer (63); Close the ones no longer used")
+
+// ErrMembershipClosed is returned by a closed Membership's Update (its Pick
+// finds no endpoints: ErrNoEndpoints).
+var ErrMembershipClosed = errors.New("inferlb: Membership is closed")
+
+// Membership is one adapter's share of a Balancer: the endpoints it was
+// given and which of them it can reach. Adapters that share a Balancer (a
+// gRPC channel and an HTTP Transport reaching the same replicas on two
+// ports, or two gRPC channels to two fleets) each take a Membership, so each
+// routes over its own endpoint set with its own readiness, while all of them
+// share the live state (in-flight calls and tokens, latency, errors,
+// breakers, telemetry) of the endpoints they have in common, matched by ID.
+// One adapter's update never removes another's endpoints, and a replica one
+// adapter cannot connect to stays in the others' rotation.
+//
+// The Balancer's own Update, SetReady, Pick and PickExcept act on a
+// membership of its own; NewMembership adds more. A membership's groups
+// (model subsets, affinity placement, tenant shards) are built from its own
+// endpoints, weights and labels. An endpoint's description as a Pick
+// reports it (Pick.Endpoint) is the one given last, by whichever membership.
+//
+// A Membership is safe for concurrent use. Close it when its adapter is
+// done: its endpoints that no other membership lists leave the Balancer.
+type Membership struct {
+	b    *Balancer
+	idx  int    // immutable: index in b.memberships
+	bit  uint64 // immutable: 1 << idx, its bit in endpoint.readyMask
+	snap atomic.Pointer[snapshot]
+
+	// Guarded by b.mu.
+	members  []*endpoint
+	infos    []*inferlb.Endpoint           // members[i] as this Membership describes it
+	listed   map[*endpoint]bool            // members, for SetReady
+	loads    map[string]*atomic.Int64      // durable group in-flight counters, by group key
+	groupsOf map[*endpoint][]*atomic.Int64 // the counters of the groups each member is in
+	closed   bool
+}
+
+func newMembership(b *Balancer, idx int) *Membership {
+	m := &Membership{b: b, idx: idx, bit: 1 << idx, listed: map[*endpoint]bool{}, loads: map[string]*atomic.Int64{}}
+	m.snap.Store(&snapshot{all: newGroup(nil, nil, new(atomic.Int64), m.bit)})
+	return m
+}
+
+// NewMembership adds a membership to the Balancer, empty until its first
+// Update. It returns ErrTooManyMemberships when 63 are open already.
+func (b *Balancer) NewMembership() (*Membership, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := 1; i < maxMemberships; i++ {
+		if b.memberships[i] == nil {
+			m := newMembership(b, i)
+			b.memberships[i] = m
+			return m, nil
+		}
+	}
+	return nil, ErrTooManyMemberships
+}
+
+// Balancer returns the Balancer the Membership belongs to.
+func (m *Membership) Balancer() *Balancer { return m.b }
+
+// Pick is Balancer.Pick over the membership'm endpoints that are ready in it.
+func (m *Membership) Pick(req *inferlb.Request) (Pick, error) {
+	return m.b.pick(m, req, "")
+}
+
+// PickExcept is Balancer.PickExcept over the membership'm endpoints that are
+// ready in it.
+func (m *Membership) PickExcept(req *inferlb.Request, exclude string) (Pick, error) {
+	return m.b.pick(m, req, exclude)
+}
+
+// Update replaces the membership'm endpoint set, as Balancer.Update does the
+// Balancer'm own: state is matched by Key, shared with every other
+// membership listing the same ID, and kept for endpoints that stay in any.
+// An endpoint new to the Membership starts ready in it. Bad entries are
+// skipped and reported in the error; the rest is applied. On a closed
+// Membership it returns ErrMembershipClosed and changes nothing.
+func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
+	b := m.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if m.closed {
+		return ErrMembershipClosed
+	}
+	nowNs := max(b.cfg.clock.Now().UnixNano(), 1)
+
+	var errs []error
+	seen := make(map[string]bool, len(endpoints))
+	members := make([]*endpoint, 0, len(endpoints))
+	infos := make([]*inferlb.Endpoint, 0, len(endpoints))
+	for i, ep := range endpoints {
+		id := ep.Key()
+		if id == "" {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: ID and Addr are both empty; skipped", i))
+			continue
+		}
+		if seen[id] {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: duplicate ID %q; skipped", i, id))
+			continue
+		}
+		seen[id] = true
+		if w := ep.Weight; w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %q: Weight %v is not a finite non-negative number; using 1", id, w))
+			ep.Weight = 1
+		}
+		e, ok := b.eps[id]
+		if !ok {
+			e = newEndpoint(id, b.cfg.store.Slot(id))
+			b.nextSerial++
+			e.serial = b.nextSerial
+			e.breaker = b.newBreaker(e)
+			if b.warm {
+				e.rampFrom.Store(nowNs)
+			}
+			b.eps[id] = e // reconcile keeps it: it is a member below
+		}
+		ep.Labels = maps.Clone(ep.Labels)
+		info := &ep
+		e.info.Store(info)
+		members = append(members, e)
+		infos = append(infos, info)
+	}
+	listed := make(map[*endpoint]bool, len(members))
+	for _, e := range members {
+		listed[e] = true
+		if !m.listed[e] {
+			e.readyMask.Or(m.bit) // new here: ready until told otherwise
+		}
+	}
+	for _, e := range m.members {
+		if !listed[e] {
+			e.readyMask.And(^m.bit)
+		}
+	}
+	m.members, m.infos, m.listed = members, infos, listed
+	m.snap.Store(b.build(m))
+	b.reconcile()
+	b.epoch.Add(1)
+	if len(members) > 0 {
+		b.warm = true
+	}
+	return errors.Join(errs...)
+}
+
+// SetReady marks the endpoint id ready or not in this Membership, as
+// Balancer.SetReady does in the Balancer'm own membership; other
+// memberships keep their own view. An endpoint that no membership could
+// use and turns ready in one ramps up through slow start. It reports
+// whether id is one of the membership'm endpoints.
+func (m *Membership) SetReady(id string, ready bool) bool {
+	b := m.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.eps[id]
+	if !ok || !m.listed[e] {
+		return false
+	}
+	var old uint64
+	if ready {
+		old = e.readyMask.Or(m.bit)
+	} else {
+		old = e.readyMask.And(^m.bit)
+	}
+	if (old&m.bit != 0) == ready {
+		return true
+	}
+	if ready && old == 0 && (e.wasReady.Swap(true) || e.rampFrom.Load() != 0) {
+		// Ready again after an outage (or for the first time after joining
+		// a warm balancer): ramp up from now, as Envoy does for hosts that
+		// turn healthy. A first connect at startup does not ramp, nor does
+		// a replica that another membership has been using all along.
+		e.rampFrom.Store(max(b.cfg.clock.Now().UnixNano(), 1))
+	}
+	b.epoch.Add(1)
+	return true
+}
+
+// Close removes the membership'm membership: its endpoints that no other
+// membership lists leave the Balancer (calls in flight to them still end
+// normally), and its slot is free for another NewMembership. Close is
+// idempotent. The Balancer'm own membership has no Close.
+func (m *Membership) Close() {
+	b := m.b
+	if m == b.def {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if m.closed {
+		return
+	}
+	m.closed = true
+	for _, e := range m.members {
+		e.readyMask.And(^m.bit)
+	}
+	m.members, m.infos, m.listed, m.groupsOf = nil, nil, nil, nil
+	m.snap.Store(&snapshot{all: newGroup(nil, nil, new(atomic.Int64), m.bit)})
+	b.memberships[m.idx] = nil
+	b.reconcile()
+	b.epoch.Add(1)
+}

@@ -1,0 +1,175 @@
+package balancer_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+func statIDs(b *balancer.Balancer) []string {
+	var ids []string
+	for _, s := range b.Stats() {
+		ids = append(ids, s.ID)
+	}
+	return ids
+}
+
+// pickIDs picks n times from pick, ending each call at once, and counts
+// the endpoints chosen.
+func pickIDs(t *testing.T, n int, pick func(*inferlb.Request) (balancer.Pick, error)) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	for range n {
+		p, err := pick(&inferlb.Request{})
+		require.NoError(t, err)
+		seen[p.ID()]++
+		p.Done(inferlb.Outcome{})
+	}
+	return seen
+}
+
+func TestMembershipsKeepTheirOwnEndpoints(t *testing.T) {
+	b := balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()})
+	a, err := b.NewMembership()
+	require.NoError(t, err)
+	c, err := b.NewMembership()
+	require.NoError(t, err)
+	require.NoError(t, a.Update([]inferlb.Endpoint{{ID: "x", Addr: "10.0.0.1:1"}, {ID: "y", Addr: "10.0.0.2:1"}}))
+	require.NoError(t, c.Update([]inferlb.Endpoint{{ID: "y", Addr: "10.0.0.2:2"}, {ID: "z", Addr: "10.0.0.3:2"}}))
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "w", Addr: "10.0.0.4:1"}}))
+
+	assert.Equal(t, []string{"w", "x", "y", "z"}, statIDs(b), "the Balancer holds every membership's endpoints")
+	assert.Equal(t, map[string]int{"x": 50, "y": 50}, roughly(pickIDs(t, 100, a.Pick), 50, 20))
+	assert.Equal(t, map[string]int{"y": 50, "z": 50}, roughly(pickIDs(t, 100, c.Pick), 50, 20))
+	assert.Equal(t, map[string]int{"w": 100}, pickIDs(t, 100, b.Pick))
+
+	// One membership's update leaves the others alone.
+	require.NoError(t, a.Update([]inferlb.Endpoint{{ID: "x", Addr: "10.0.0.1:1"}}))
+	assert.Equal(t, []string{"w", "x", "y", "z"}, statIDs(b), "y is still c's")
+	assert.Equal(t, map[string]int{"x": 100}, pickIDs(t, 100, a.Pick))
+	assert.Equal(t, map[string]int{"y": 50, "z": 50}, roughly(pickIDs(t, 100, c.Pick), 50, 20))
+	require.NoError(t, b.Update(nil))
+	assert.Equal(t, []string{"x", "y", "z"}, statIDs(b))
+}
+
+// roughly replaces each count within tol of want by want, so a map of
+// counts compares as "about even" while a missing or extra key still fails.
+func roughly(m map[string]int, want, tol int) map[string]int {
+	out := map[string]int{}
+	for k, v := range m {
+		if v >= want-tol && v <= want+tol {
+			v = want
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func TestMembershipsShareTheStateOfCommonEndpoints(t *testing.T) {
+	b := balancer.New(balancer.Options{Rand: testutil.NewRand(2), Clock: testutil.NewClock()})
+	grpcSide, err := b.NewMembership()
+	require.NoError(t, err)
+	httpSide, err := b.NewMembership()
+	require.NoError(t, err)
+	eps := []inferlb.Endpoint{{ID: "r0", Addr: "10.0.0.1:8001"}, {ID: "r1", Addr: "10.0.0.2:8001"}}
+	require.NoError(t, grpcSide.Update(eps))
+	eps[0].Addr, eps[1].Addr = "10.0.0.1:8000", "10.0.0.2:8000"
+	require.NoError(t, httpSide.Update(eps))
+
+	// gRPC calls held on r0 ...
+	var held []balancer.Pick
+	for range 8 {
+		p, err := grpcSide.PickExcept(&inferlb.Request{}, "r1")
+		require.NoError(t, err)
+		require.Equal(t, "r0", p.ID())
+		held = append(held, p)
+	}
+	// ... steer the HTTP side's picks to r1: it sees the same load.
+	seen := pickIDs(t, 50, httpSide.Pick)
+	assert.Equal(t, 50, seen["r1"], "HTTP picks went to the replica busy with gRPC calls: %v", seen)
+	for i := range held {
+		held[i].Done(inferlb.Outcome{})
+	}
+	assert.Len(t, b.Stats(), 2, "one state per ID, whichever memberships list it")
+}
+
+func TestMembershipReadinessIsItsOwn(t *testing.T) {
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Rand: testutil.NewRand(3), Clock: clock})
+	a, err := b.NewMembership()
+	require.NoError(t, err)
+	c, err := b.NewMembership()
+	require.NoError(t, err)
+	eps := []inferlb.Endpoint{{ID: "x", Addr: "10.0.0.1:1"}, {ID: "y", Addr: "10.0.0.2:1"}}
+	require.NoError(t, a.Update(eps))
+	require.NoError(t, c.Update(eps))
+
+	require.True(t, a.SetReady("x", false))
+	assert.Equal(t, map[string]int{"y": 60}, pickIDs(t, 60, a.Pick))
+	assert.Equal(t, map[string]int{"x": 30, "y": 30}, roughly(pickIDs(t, 60, c.Pick), 30, 15), "a's view hid x from c")
+	assert.False(t, a.SetReady("nope", true), "an ID the Membership does not list")
+	assert.False(t, b.SetReady("x", true), "the Balancer's own membership does not list x")
+
+	// x was in use by c all along: ready in a again, it takes its full share at once.
+	clock.Advance(time.Second)
+	require.True(t, a.SetReady("x", true))
+	assert.Equal(t, 1.0, stat(t, b, "x").RampFactor)
+
+	// Nobody can reach y, then one can: a first connect, as at startup,
+	// takes the full share at once ...
+	require.True(t, a.SetReady("y", false))
+	require.True(t, c.SetReady("y", false))
+	assert.False(t, stat(t, b, "y").Ready)
+	require.True(t, c.SetReady("y", true))
+	assert.Equal(t, 1.0, stat(t, b, "y").RampFactor)
+	// ... and after an outage of every membership it ramps up.
+	clock.Advance(time.Second)
+	require.True(t, c.SetReady("y", false))
+	assert.False(t, stat(t, b, "y").Ready)
+	clock.Advance(time.Second)
+	require.True(t, c.SetReady("y", true))
+	assert.True(t, stat(t, b, "y").Ready)
+	assert.Less(t, stat(t, b, "y").RampFactor, 1.0, "y came back from an outage of every membership without slow start")
+}
+
+func TestMembershipCloseAndLimit(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	var srcs []*balancer.Membership
+	for {
+		s, err := b.NewMembership()
+		if err != nil {
+			require.ErrorIs(t, err, balancer.ErrTooManyMemberships)
+			break
+		}
+		srcs = append(srcs, s)
+	}
+	assert.Len(t, srcs, 63)
+
+	a, c := srcs[0], srcs[1]
+	require.NoError(t, a.Update([]inferlb.Endpoint{{ID: "x", Addr: "10.0.0.1:1"}, {ID: "y", Addr: "10.0.0.2:1"}}))
+	require.NoError(t, c.Update([]inferlb.Endpoint{{ID: "y", Addr: "10.0.0.2:1"}}))
+	p, err := a.Pick(&inferlb.Request{Model: ""})
+	require.NoError(t, err)
+
+	a.Close()
+	a.Close() // idempotent
+	assert.Equal(t, []string{"y"}, statIDs(b), "x was only a's; y is still c's")
+	p.Done(inferlb.Outcome{}) // a call in flight when its membership closed ends normally
+	assert.ErrorIs(t, a.Update([]inferlb.Endpoint{{Addr: "10.0.0.9:1"}}), balancer.ErrMembershipClosed)
+	_, err = a.Pick(&inferlb.Request{})
+	assert.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	assert.Equal(t, []string{"y"}, statIDs(b))
+
+	// Its slot is free again.
+	s, err := b.NewMembership()
+	require.NoError(t, err)
+	require.NoError(t, s.Update([]inferlb.Endpoint{{ID: "z", Addr: "10.0.0.3:1"}}))
+	assert.Equal(t, map[string]int{"z": 10}, pickIDs(t, 10, s.Pick))
+	assert.Equal(t, map[string]int{"y": 10}, pickIDs(t, 10, c.Pick))
+}
