@@ -53,13 +53,18 @@ var (
 // name in the service config; its config may not carry a "balancer" section
 // (b's options are fixed). It panics if name is empty or b is nil.
 //
-// The channel owns b's membership: it calls b.Update with the resolver's
-// endpoints when they change, and b.SetReady as connections come and go.
-// Use WithEndpoint in the resolver to give endpoints the IDs the other
-// transport uses, so both see the same per-endpoint state; each transport
-// still sends to its own address for an ID (this channel to its SubConns,
-// an httpbalancer.Transport to the Addr it was given), so a replica's gRPC
-// and HTTP ports can differ. Closing the channel leaves b as it was.
+// Each channel built with it takes its own membership in b (a
+// balancer.Membership): the resolver's endpoints and which of them the channel
+// has READY, so channels to different fleets, and an HTTP transport on the
+// same b, never remove or hide each other's endpoints, while the endpoints
+// they have in common (by ID) share one live state. Use WithEndpoint in the
+// resolver to give endpoints the IDs the other transport uses; each
+// transport still sends to its own address for an ID (this channel to its
+// SubConns, an httpbalancer.Transport to the Addr it was given), so a
+// replica's gRPC and HTTP ports can differ. Closing the channel closes its
+// membership: its endpoints that nothing else lists leave b. A Balancer
+// holds up to 63 memberships at once; a channel built past that fails its
+// calls with balancer.ErrTooManyMemberships.
 func NewBuilder(name string, b *core.Balancer) *Builder {
 	if name == "" || b == nil {
 		panic("inferlb: grpcbalancer.NewBuilder needs a name and a Balancer")
@@ -90,6 +95,7 @@ func (bb *Builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) bal
 	}
 	if bb.shared != nil {
 		lb.core.Store(bb.shared)
+		lb.mem, lb.memErr = bb.shared.NewMembership()
 	}
 	lb.child = endpointsharding.NewBalancer(lb, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
 	return lb
@@ -103,19 +109,22 @@ func (bb *Builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) bal
 // children inside our calls to child. Lock order: endpointsharding's
 // locks, then mu, then the core Balancer's. mu is never held while calling
 // into child, because a child may call UpdateState synchronously.
-// ClientConn, child and shared are immutable after Build; core is atomic
-// so out-of-band listeners read it without mu; the rest is guarded by mu.
+// ClientConn, child, shared and memErr are immutable after Build; core is
+// atomic so out-of-band listeners read it without mu; the rest is guarded
+// by mu.
 type lbBalancer struct {
 	balancer.ClientConn // the channel; embedded to intercept UpdateState and NewSubConn
 
 	child  balancer.Balancer // endpointsharding
 	shared *core.Balancer    // from NewBuilder; nil when the policy owns its core
 
-	core atomic.Pointer[core.Balancer]
+	core   atomic.Pointer[core.Balancer]
+	memErr error // NewMembership's on a shared core: every call fails with it
 
 	mu       sync.Mutex
+	mem      *core.Membership // the channel's membership in core
 	cfg      *lbConfig
-	eps      []inferlb.Endpoint    // membership last given to core.Update
+	eps      []inferlb.Endpoint    // membership last given to mem.Update
 	ready    map[string]bool       // endpoint IDs whose child is READY
 	addrToID map[string]string     // address -> endpoint ID, for SubConns
 	subConns map[*subConn]struct{} // live SubConns, for ORCA OOB
@@ -133,6 +142,13 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		}
 	}
 
+	if lb.memErr != nil {
+		lb.ClientConn.UpdateState(balancer.State{
+			ConnectivityState: connectivity.TransientFailure,
+			Picker:            base.NewErrPicker(lb.memErr),
+		})
+		return lb.memErr
+	}
 	lb.mu.Lock()
 	if lb.closed {
 		lb.mu.Unlock()
@@ -145,9 +161,11 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		// Live state starts over, which a config push rarely costs much.
 		b = core.New(cfg.opts)
 		lb.core.Store(b)
+		lb.mem, _ = b.NewMembership() // the first of a fresh Balancer's 63
 		lb.eps = nil
 		lb.ready = nil
 	}
+	mem := lb.mem
 	lb.cfg = cfg
 
 	eps := make([]inferlb.Endpoint, 0, len(ccs.ResolverState.Endpoints))
@@ -164,14 +182,14 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	}
 	lb.addrToID = addrToID
 	if lb.eps == nil || !sameEndpoints(lb.eps, eps) {
-		if err := b.Update(eps); err != nil {
+		if err := mem.Update(eps); err != nil {
 			logger.Warningf("inferlb: resolver update: %v", err)
 		}
-		// The core starts endpoints ready; a new endpoint here has no
+		// A Membership starts endpoints ready; a new endpoint here has no
 		// connection yet. Mark it not ready before any picker can see it.
 		for _, e := range eps {
 			if !lb.ready[e.ID] {
-				b.SetReady(e.ID, false)
+				mem.SetReady(e.ID, false)
 			}
 		}
 		lb.eps = eps
@@ -224,10 +242,14 @@ func (lb *lbBalancer) UpdateSubConnState(sc balancer.SubConn, st balancer.SubCon
 // ExitIdle implements balancer.Balancer.
 func (lb *lbBalancer) ExitIdle() { lb.child.ExitIdle() }
 
-// Close implements balancer.Balancer. A shared core is left as it is.
+// Close implements balancer.Balancer. It closes the channel's membership
+// in the core; a shared core keeps every other membership's endpoints.
 func (lb *lbBalancer) Close() {
 	lb.mu.Lock()
 	lb.closed = true
+	if lb.mem != nil {
+		lb.mem.Close()
+	}
 	subs := make([]*subConn, 0, len(lb.subConns))
 	for s := range lb.subConns {
 		subs = append(subs, s)
@@ -302,7 +324,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	if lb.closed {
 		return
 	}
-	b := lb.core.Load()
+	b, mem := lb.core.Load(), lb.mem
 	ready := make(map[string]bool, len(children))
 	pickers := make(map[string]balancer.Picker, len(children))
 	for _, c := range children {
@@ -314,15 +336,15 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	}
 	// SetReady before the picker is published, so the core never offers an
 	// endpoint this channel cannot use. Every endpoint is set, changed or
-	// not: it is cheap, and a shared core may have been told otherwise.
-	if b != nil {
+	// not: it is cheap.
+	if mem != nil {
 		for _, e := range lb.eps {
-			b.SetReady(e.ID, ready[e.ID])
+			mem.SetReady(e.ID, ready[e.ID])
 		}
 	}
 	lb.ready = ready
 
-	if len(pickers) == 0 || b == nil || lb.cfg == nil {
+	if len(pickers) == 0 || mem == nil || lb.cfg == nil {
 		lb.ClientConn.UpdateState(balancer.State{
 			ConnectivityState: st.ConnectivityState,
 			Picker:            &notReadyPicker{next: st.Picker},
@@ -331,7 +353,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	}
 	lb.ClientConn.UpdateState(balancer.State{
 		ConnectivityState: connectivity.Ready,
-		Picker:            &picker{core: b, cfg: lb.cfg, children: newChildTable(b, pickers)},
+		Picker:            &picker{core: b, mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers)},
 	})
 }
 

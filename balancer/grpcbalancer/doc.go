@@ -15,7 +15,10 @@
 // Each channel then gets a Balancer of its own. To share one live view of
 // load between gRPC channels and HTTP traffic (balancer/httpbalancer), build
 // the policy around your Balancer with NewBuilder and register it under a
-// name of your own.
+// name of your own. Each channel then takes its own membership in that
+// Balancer (balancer.Membership): it routes over its own resolver's
+// endpoints and READY children only, and shares the live state of the
+// endpoints it has in common with the others, by ID.
 //
 // # Structure
 //
@@ -25,8 +28,8 @@
 // a child is READY only when healthy. The core holds one endpoint per
 // resolver endpoint, keyed by its first address (or the ID given with
 // WithEndpoint); its state survives picker rebuilds because the policy calls
-// Update only when the endpoint set changes and SetReady when a child's
-// connectivity changes, before it publishes the next picker.
+// its membership's Update only when the endpoint set changes and SetReady
+// when a child's connectivity changes, before it publishes the next picker.
 //
 // Connectivity: the channel is READY while any child is READY, and calls go
 // through the core over the READY children. Otherwise the policy reports

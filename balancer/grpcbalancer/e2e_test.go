@@ -366,3 +366,44 @@ func TestE2ERemovingAServerMovesItsTraffic(t *testing.T) {
 		t.Errorf("the removed backend got %d calls after its removal", got)
 	}
 }
+
+// Two channels on one shared core, each to its own fleet (an LLM service and
+// an embedding service, say): each keeps its own endpoints and readiness, so
+// both serve every call, on their own servers only.
+func TestE2ETwoChannelsShareOneCore(t *testing.T) {
+	llm, embed := fleet(t, 3, nil), fleet(t, 2, nil)
+	name, b := shared(t, core.Options{})
+	connA, _ := dial(t, llm, name, `{}`)
+	connB, _ := dial(t, embed, name, `{}`)
+	ctx := testContext(t)
+	for range 3 { // interleaved: each channel's updates land after the other's
+		if err := load(ctx, connA, 2, 30, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+		if err := load(ctx, connB, 2, 30, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, bk := range llm {
+		if n := bk.calls.Load(); n < 10 {
+			t.Errorf("llm server %d got %d of 90 calls; want a share", i, n)
+		}
+	}
+	for i, bk := range embed {
+		if n := bk.calls.Load(); n < 15 {
+			t.Errorf("embedding server %d got %d of 90 calls; want a share", i, n)
+		}
+	}
+	if got := len(b.Stats()); got != 5 {
+		t.Errorf("shared core knows %d endpoints, want all 5 of both channels", got)
+	}
+	// Closing one channel takes its endpoints out of the core and leaves
+	// the other's.
+	connB.Close()
+	if err := load(ctx, connA, 2, 30, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(b.Stats()); got != 3 {
+		t.Errorf("after one channel closed the core knows %d endpoints, want the other's 3", got)
+	}
+}

@@ -24,6 +24,7 @@ const maxRepicks = 2
 // goroutine. The core's state is shared and atomic.
 type picker struct {
 	core     *core.Balancer
+	mem      *core.Membership // the channel's membership in core
 	cfg      *lbConfig
 	children childTable // READY children
 }
@@ -88,11 +89,11 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	exclude := st.excluded()
 	for range 1 + maxRepicks {
 		var err error
-		c.pick, err = p.core.PickExcept(req, exclude)
+		c.pick, err = p.mem.PickExcept(req, exclude)
 		if err != nil && exclude != "" {
 			// Nothing else can serve: retrying where it failed beats
 			// waiting for a picker that may never come.
-			c.pick, err = p.core.Pick(req)
+			c.pick, err = p.mem.Pick(req)
 		}
 		if err != nil {
 			// Not a status error: wait-for-ready calls wait for the next
@@ -102,10 +103,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		}
 		child, ok := p.children.get(&c.pick)
 		if !ok {
-			// The core chose an endpoint with no READY child here: a shared
-			// core knows endpoints this channel does not, or readiness is
-			// changing and a new picker is on its way. Give it back and ask
-			// again without it (a failover keeps its own exclusion): an
+			// The core chose an endpoint with no READY child here:
+			// readiness is changing and a new picker is on its way.
+			// Give it back and ask again without it (a failover keeps
+			// its own exclusion): an
 			// affinity key's owner would otherwise be chosen every time,
 			// and the key goes where its spills go (its next endpoints). A
 			// pick with an exclusion is a failover to the core, so it does

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -376,19 +377,19 @@ func TestSharedBalancer(t *testing.T) {
 		_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
 		res.Done(sent)
 	}
-	// An HTTP transport on the same Balancer sees the same endpoints and load.
+	// An HTTP transport on the same Balancer, with a membership of its own
+	// naming the same replicas, shares their state.
+	httpSide, err := b.NewMembership()
+	require.NoError(t, err)
+	require.NoError(t, httpSide.Update([]inferlb.Endpoint{{Addr: addr(0)}, {Addr: addr(1)}, {Addr: addr(2)}}))
+	p, err := httpSide.Pick(&inferlb.Request{})
+	require.NoError(t, err, "HTTP-side pick on the shared Balancer")
+	p.Done(inferlb.Outcome{})
 	var picks uint64
 	for _, s := range b.Stats() {
 		picks += s.Picks
 	}
-	if picks != 30 {
-		t.Fatalf("shared Balancer counted %d picks, want 30", picks)
-	}
-	p, err := b.Pick(&inferlb.Request{})
-	if err != nil {
-		t.Fatalf("HTTP-side pick on the shared Balancer: %v", err)
-	}
-	p.Done(inferlb.Outcome{})
+	assert.Equal(t, uint64(31), picks, "picks of both memberships on the 3 shared endpoints")
 
 	// WithEndpoint IDs let both transports name a replica the same way.
 	eps := endpoints(2)
@@ -400,42 +401,60 @@ func TestSharedBalancer(t *testing.T) {
 	if !s.Ready || s.Weight != 2 {
 		t.Fatalf("replica-a: %+v, want ready with weight 2", s)
 	}
+	// The channel's update left the HTTP side's endpoints alone.
+	seen := map[string]bool{}
+	for range 60 {
+		p, err := httpSide.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		seen[p.ID()] = true
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Equal(t, map[string]bool{addr(0): true, addr(1): true, addr(2): true}, seen)
+	// Closing the channel takes out what only it listed.
+	h.bal.Close()
+	_, ok := b.Serial("replica-a")
+	assert.False(t, ok, "replica-a outlived the channel that listed it")
+	_, ok = b.Serial(addr(1))
+	assert.True(t, ok, "the HTTP side's endpoint left with the channel")
 }
 
-// TestKeyOwnedElsewhereGoesToItsNextEndpoints: a shared core may know an
-// endpoint this channel has no READY child for (another transport's Update,
-// or readiness in flux). A key owned there must not be re-asked of the same
-// owner until the picker gives up: it goes where its spills go.
+// TestKeyOwnedElsewhereGoesToItsNextEndpoints: while readiness is changing,
+// the core may offer an endpoint the picker in use has no READY child for
+// (the next picker is on its way). A key owned there must not be re-asked of
+// the same owner until the picker gives up: it goes where its spills go.
 func TestKeyOwnedElsewhereGoesToItsNextEndpoints(t *testing.T) {
 	b := core.New(core.Options{AffinitySeed: 7, MinKeyReuse: -1, SlowStartWindow: -1})
 	name := registerShared(b)
-	h := newHarness(t, name, `{}`, 3)
-	// Another transport on the same core adds a fourth endpoint that this
-	// channel does not have.
-	eps := []inferlb.Endpoint{{Addr: addr(0)}, {Addr: addr(1)}, {Addr: addr(2)}, {ID: "http-only", Addr: "10.9.9.9:8000"}}
-	require.NoError(t, b.Update(eps))
+	h := newHarness(t, name, `{}`, 4)
+	// A picker from before the fourth endpoint was READY.
+	cur := h.picker().(*picker)
+	byID := maps.Clone(cur.children.byID)
+	delete(byID, addr(3))
+	stale := &picker{core: cur.core, mem: cur.mem, cfg: cur.cfg, children: newChildTable(b, byID)}
 	owned := 0
 	for k := range uint64(200) {
 		key := k*0x9e3779b97f4a7c15 | 1
 		req := &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key}
-		p, err := b.Pick(req)
+		p, err := cur.mem.Pick(req)
 		require.NoError(t, err)
 		p.Done(inferlb.Outcome{Err: context.Canceled})
-		if p.ID() != "http-only" {
+		if p.ID() != addr(3) {
 			continue
 		}
 		owned++
 		ctx := inferlb.NewContext(context.Background(), req)
 		seen := map[string]bool{}
 		for range 6 {
-			a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx}) // fails the test on error
+			res, err := stale.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
+			require.NoError(t, err)
 			res.Done(sent)
-			seen[a] = true
+			seen[res.SubConn.(*grpcfake.SubConn).Addr()] = true
 		}
 		// As a spill: P2C between the key's next two endpoints.
 		assert.LessOrEqual(t, len(seen), 2, "key %x went to %v", key, seen)
+		assert.NotContains(t, seen, addr(3))
 	}
-	assert.Greater(t, owned, 20, "about a quarter of the keys are owned by the endpoint the channel lacks")
+	assert.Greater(t, owned, 20, "about a quarter of the keys are owned by the endpoint the picker lacks")
 }
 
 func TestTunablesChangeReplacesCore(t *testing.T) {

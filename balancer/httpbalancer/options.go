@@ -52,13 +52,18 @@ type Options struct {
 	// Balancer is a Balancer to share with other adapters (a gRPC policy
 	// routing to the same fleet sees the same live load). nil means the
 	// Transport builds its own from BalancerOptions, which must then be the
-	// only one set. The Transport calls the shared Balancer's Update only
-	// when Endpoints or Discovery is set, or when its own Update is called,
-	// and then replaces the Balancer's whole set. Give the endpoints the
-	// IDs the other adapter uses (grpcbalancer.WithEndpoint): requests then
-	// go to the addresses given here (a replica's HTTP port) even after the
-	// other adapter has set the same IDs' addresses (its gRPC port). An
-	// endpoint only the other adapter names is sent to at its address.
+	// only one set.
+	//
+	// With Endpoints or Discovery, the Transport takes a membership of its
+	// own in the shared Balancer (balancer.Membership): it routes over its own
+	// endpoints only, and no other adapter's update removes them, nor its
+	// updates theirs; Close ends the membership. Give the endpoints the IDs
+	// the other adapter uses (grpcbalancer.WithEndpoint) so both share one
+	// live state per replica: requests go to the addresses given here (a
+	// replica's HTTP port) whatever address the other adapter has for the
+	// same ID (its gRPC port). With neither, the Transport routes over the
+	// endpoints someone else gives the Balancer's own Update, and its own
+	// Update sets those.
 	Balancer        *balancer.Balancer
 	BalancerOptions balancer.Options
 	// Discovery, if set, re-resolves a DNS name on an interval and serves

@@ -33,13 +33,15 @@ type Transport struct {
 
 	addrs addrCache // lock-free; see addrCache
 
-	// shared: the Balancer came from Options.Balancer, so another adapter
-	// may set the Addr of the endpoints it names too (a gRPC channel
-	// reaching the same replicas on their gRPC port). own then holds the
-	// addresses this Transport was given, by endpoint ID, for RoundTrip to
-	// send to; nil until this Transport sets endpoints. Replaced whole.
-	shared bool
-	own    atomic.Pointer[map[string]string]
+	// mem is the Transport's own membership in a shared Balancer (one from
+	// Options.Balancer, with Endpoints or Discovery); nil when it routes
+	// over the Balancer's own membership (Balancer.Update). Another adapter
+	// on the Balancer may describe the same endpoint IDs with its own Addr
+	// (a gRPC channel reaching the same replicas on their gRPC port), so
+	// with a mem, own holds the addresses this Transport was given, by
+	// endpoint ID, for RoundTrip to send to. Replaced whole.
+	mem *balancer.Membership
+	own atomic.Pointer[map[string]string]
 
 	stopDiscovery context.CancelFunc // nil without Discovery
 	discoveryDone chan struct{}
@@ -63,9 +65,17 @@ func NewTransport(o Options) (*Transport, error) {
 		b = balancer.New(o.BalancerOptions)
 	}
 	cfg.bind(b)
-	t := &Transport{cfg: cfg, b: b, shared: o.Balancer != nil}
+	t := &Transport{cfg: cfg, b: b}
+	if o.Balancer != nil && (len(o.Endpoints) > 0 || o.Discovery != nil) {
+		if t.mem, err = b.NewMembership(); err != nil {
+			return nil, err
+		}
+	}
 	if len(o.Endpoints) > 0 {
 		if err := t.Update(o.Endpoints); err != nil {
+			if t.mem != nil {
+				t.mem.Close()
+			}
 			return nil, err
 		}
 	}
@@ -117,23 +127,33 @@ func (t *Transport) applyLocked() error {
 			all = append(all, d)
 		}
 	}
-	if t.shared {
-		own := make(map[string]string, len(all))
-		for _, e := range all {
-			own[e.Key()] = e.Addr
-		}
-		t.own.Store(&own)
+	if t.mem == nil {
+		return t.b.Update(all)
 	}
-	return t.b.Update(all)
+	own := make(map[string]string, len(all))
+	for _, e := range all {
+		own[e.Key()] = e.Addr
+	}
+	t.own.Store(&own)
+	return t.mem.Update(all)
 }
 
-// Close stops discovery and waits for its goroutine. The Transport keeps
-// serving with its last endpoint set. Close is idempotent.
+// Close stops discovery and waits for its goroutine. A Transport with its
+// own Balancer keeps serving with its last endpoint set. One with its own
+// membership in a shared Balancer (Options.Balancer with Endpoints or
+// Discovery) closes that membership, so its endpoints that no other
+// adapter lists leave the Balancer, and fails later calls with
+// balancer.ErrNoEndpoints. Close is idempotent.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		if t.stopDiscovery != nil {
 			t.stopDiscovery()
 			<-t.discoveryDone
+		}
+		if t.mem != nil {
+			t.mu.Lock()
+			t.mem.Close()
+			t.mu.Unlock()
 		}
 	})
 	return nil
@@ -231,7 +251,11 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		var err error
-		c.pick, err = t.b.PickExcept(&c.info.Request, failed) // failed is "" on the first attempt
+		if t.mem == nil {
+			c.pick, err = t.b.PickExcept(&c.info.Request, failed) // failed is "" on the first attempt
+		} else {
+			c.pick, err = t.mem.PickExcept(&c.info.Request, failed)
+		}
 		if err != nil {
 			closeBody(body)
 			if failedErr != nil {

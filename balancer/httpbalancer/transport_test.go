@@ -493,3 +493,72 @@ func TestSharedBalancerSendsToTheTransportsOwnAddresses(t *testing.T) {
 	assert.Equal(t, "127.0.0.1:1", p.Endpoint().Addr)
 	p.Done(inferlb.Outcome{})
 }
+
+// TestSharedBalancerKeepsEachAdaptersEndpoints: a Transport and another
+// adapter (a gRPC channel's membership) on one Balancer each route over
+// their own endpoints with their own readiness, and neither's update or
+// Close removes what the other lists.
+func TestSharedBalancerKeepsEachAdaptersEndpoints(t *testing.T) {
+	var hitsA, hitsB atomic.Int64
+	srvA := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hitsA.Add(1)
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	defer srvA.Close()
+	srvB := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hitsB.Add(1)
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	defer srvB.Close()
+	b := balancer.New(balancer.Options{SlowStartWindow: -1}) // replica-b takes its share at once
+	tr, err := httpbalancer.NewTransport(httpbalancer.Options{
+		Balancer:  b,
+		Endpoints: []inferlb.Endpoint{{ID: "replica-a", Addr: srvA.URL}},
+	})
+	require.NoError(t, err)
+	defer tr.Close()
+	// The gRPC side knows replica-a (at its gRPC port) and a replica of its
+	// own, and cannot reach replica-a.
+	grpcSide, err := b.NewMembership()
+	require.NoError(t, err)
+	defer grpcSide.Close()
+	require.NoError(t, grpcSide.Update([]inferlb.Endpoint{{ID: "replica-a", Addr: "127.0.0.1:1"}, {ID: "grpc-only", Addr: "127.0.0.1:2"}}))
+	require.True(t, grpcSide.SetReady("replica-a", false))
+
+	client := &http.Client{Transport: tr}
+	n := 0
+	post := func() { // a new question each time: no affinity key pins them
+		t.Helper()
+		n++
+		resp, err := client.Post(chatURL, "application/json", strings.NewReader(chatBody(n, false)))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+	}
+	for range 10 {
+		post() // the gRPC side's readiness does not hide replica-a here
+	}
+	assert.EqualValues(t, 10, hitsA.Load())
+
+	require.NoError(t, tr.Update([]inferlb.Endpoint{{ID: "replica-a", Addr: srvA.URL}, {ID: "replica-b", Addr: srvB.URL}}))
+	for range 40 {
+		post()
+	}
+	assert.Positive(t, hitsB.Load(), "the Transport's new endpoint took no calls")
+	for range 20 {
+		p, err := grpcSide.Pick(&inferlb.Request{})
+		require.NoError(t, err, "the Transport's update removed the gRPC side's endpoints")
+		assert.Equal(t, "grpc-only", p.ID(), "the gRPC side routed to an endpoint it cannot reach or does not list")
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Len(t, b.Stats(), 3)
+
+	require.NoError(t, tr.Close())
+	ids := []string{}
+	for _, s := range b.Stats() {
+		ids = append(ids, s.ID)
+	}
+	assert.Equal(t, []string{"grpc-only", "replica-a"}, ids, "after Close only the endpoints the gRPC side lists remain")
+	_, err = client.Post(chatURL, "application/json", strings.NewReader(chatBody(1, false)))
+	assert.ErrorIs(t, err, balancer.ErrNoEndpoints)
+}
