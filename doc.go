@@ -27,8 +27,10 @@
 // # The life of one request
 //
 // An adapter turns a call into a Request (service from the path or method,
-// model, token estimates, affinity key, tenant) and asks the Balancer to Pick.
-// Pick loads the current immutable snapshot and chooses the group that serves
+// model, token estimates, affinity key, tenant) and asks the Balancer to Pick
+// (or, on a Balancer shared by several adapters, its own balancer.Membership,
+// which holds that adapter's endpoint set and readiness over the one shared
+// state per endpoint ID). Pick loads the current immutable snapshot and chooses the group that serves
 // the model. With Options.TenantShardSize, a request that names a tenant is
 // confined to that tenant's shard of the group (shuffle sharding: the first
 // k endpoints on the ring from the tenant's seeded key), and everything below
