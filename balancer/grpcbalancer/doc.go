@@ -68,6 +68,15 @@
 // calls to another endpoint, within the Balancer's retry budget
 // (Balancer.AllowRetry), so failover cannot storm a degraded fleet.
 //
+// # Token streams
+//
+// Install StreamTiming (grpc.WithChainStreamInterceptor) on channels whose
+// server streams carry generated tokens (Triton's decoupled models, for
+// one): each stream's first token and output token count then reach the
+// core with its outcome, so it learns each endpoint's time to first token
+// and decode speed, and P2C sends fewer generations to a slower decoder,
+// as it does for the HTTP transport's SSE streams.
+//
 // # ORCA load reports
 //
 // Per-call ORCA reports (gRFC A51: DoneInfo.ServerLoad, from the trailer)

@@ -3,6 +3,7 @@ package grpcbalancer_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,7 @@ type backend struct {
 	delay   time.Duration              // how long each call is held
 	started chan struct{}              // if set, signalled (without blocking) as each call starts
 	kv      float64                    // per-call ORCA kv_cache_usage to report; 0 = none
+	perMsg  time.Duration              // StreamingOutputCall: time to "generate" each message after the first
 	smr     orca.ServerMetricsRecorder // out-of-band ORCA metrics; nil = no ORCA service
 }
 
@@ -61,6 +63,27 @@ func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.E
 		}
 	}
 	return &testgrpc.Empty{}, nil
+}
+
+// StreamingOutputCall streams one message per response parameter, as a
+// token stream: the first at once, each next one perMsg later.
+func (b *backend) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, ss grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
+	b.calls.Add(1)
+	for i := range req.GetResponseParameters() {
+		if i > 0 && b.perMsg > 0 {
+			t := time.NewTimer(b.perMsg)
+			select {
+			case <-t.C:
+			case <-ss.Context().Done():
+				t.Stop()
+				return ss.Context().Err()
+			}
+		}
+		if err := ss.Send(&testgrpc.StreamingOutputCallResponse{}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // start serves b on a fresh loopback port (or on addr, when restarting).
@@ -406,4 +429,70 @@ func TestE2ETwoChannelsShareOneCore(t *testing.T) {
 	if got := len(b.Stats()); got != 3 {
 		t.Errorf("after one channel closed the core knows %d endpoints, want the other's 3", got)
 	}
+}
+
+// With StreamTiming, a server whose streams decode 5x slower is measured so
+// (time per output token) and takes few of the streams once both speeds are
+// known, as a slower GPU would.
+func TestE2EStreamTimingSteersFromASlowDecoder(t *testing.T) {
+	bs := fleet(t, 2, func(i int, b *backend) {
+		b.perMsg = 2 * time.Millisecond
+		if i == 1 {
+			b.perMsg = 10 * time.Millisecond
+		}
+	})
+	name, bal := shared(t, core.Options{SlowStartWindow: -1})
+	conn, _ := dial(t, bs, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
+		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	req := &testgrpc.StreamingOutputCallRequest{ResponseParameters: make([]*testgrpc.ResponseParameters, 8)}
+	run := func() {
+		t.Helper()
+		st, err := client.StreamingOutputCall(ctx, req, grpc.WaitForReady(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for {
+			if _, err := st.Recv(); err != nil {
+				if err != io.EOF {
+					t.Fatal(err)
+				}
+				break
+			}
+			n++
+		}
+		if n != 8 {
+			t.Fatalf("received %d of 8 messages", n)
+		}
+	}
+	for bs[0].calls.Load() == 0 || bs[1].calls.Load() == 0 { // until both have a speed
+		run()
+	}
+	fast, slow := stats(t, bal, bs[0].addr), stats(t, bal, bs[1].addr)
+	if fast.TimePerOutputToken <= 0 || slow.TimePerOutputToken < 2*fast.TimePerOutputToken {
+		t.Fatalf("time per output token: fast %v, slow %v; want both measured, slow at least 2x", fast.TimePerOutputToken, slow.TimePerOutputToken)
+	}
+	if fast.TTFT <= 0 || fast.TTFT > fast.Latency {
+		t.Fatalf("fast server TTFT %v with latency %v", fast.TTFT, fast.Latency)
+	}
+	before := bs[1].calls.Load()
+	for range 12 {
+		run()
+	}
+	if got := bs[1].calls.Load() - before; got > 2 {
+		t.Errorf("the 5x slower decoder took %d of 12 streams once its speed was known", got)
+	}
+}
+
+func stats(t *testing.T, b *core.Balancer, id string) core.EndpointStats {
+	t.Helper()
+	for _, s := range b.Stats() {
+		if s.ID == id {
+			return s
+		}
+	}
+	t.Fatalf("no endpoint %s", id)
+	return core.EndpointStats{}
 }

@@ -75,3 +75,29 @@ func ExampleBuilder_ParseConfig() {
 	// inferlb: service config field balancer.errorAlpha: balancer.Options.ErrorAlpha = 1.5: must be in [0, 1]
 	// inferlb: service config field methods["/ai.Generation/"]: unknown service "vision" (want llm, embedding, rerank or unknown)
 }
+
+// tokenChunk stands for a generated stream message that says how many
+// tokens it carries (a Triton decoupled response with a batch of tokens,
+// say).
+type tokenChunk interface{ TokenCount() int }
+
+// Time token streams: the first message with output is the first token, and
+// the counter reads how many tokens each message carries (nil counts one
+// per message). The balancer then knows each replica's time to first token
+// and decode speed.
+func ExampleStreamTiming() {
+	count := func(msg any) int {
+		if c, ok := msg.(tokenChunk); ok {
+			return c.TokenCount()
+		}
+		return 1
+	}
+	conn, err := grpc.NewClient("dns:///llm.internal:8001",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb": {"methods": {"/inference.GRPCInferenceService/": "llm"}}}]}`),
+		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(count)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+}

@@ -86,6 +86,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	c := callPool.Get().(*call)
 	req := p.request(info, c)
 	st := retryStateFrom(info.Ctx)
+	ss := streamStateFrom(info.Ctx)
 	exclude := st.excluded()
 	for range 1 + maxRepicks {
 		var err error
@@ -129,6 +130,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			id := c.pick.ID()
 			st.picked.Store(&id)
 			c.retry = st
+		}
+		if ss != nil {
+			ss.attempt(p.core)
+			c.stream = ss
 		}
 		c.perCall = p.cfg.orcaPerCall
 		c.childDone = res.Done
@@ -205,7 +210,8 @@ type call struct {
 	pick      core.Pick
 	core      *core.Balancer
 	childDone func(balancer.DoneInfo)
-	retry     *retryState // the UnaryRetry interceptor's, or nil
+	retry     *retryState  // the UnaryRetry interceptor's, or nil
+	stream    *streamState // the StreamTiming interceptor's, or nil
 	perCall   bool
 	armed     atomic.Bool
 	req       inferlb.Request         // scratch for Pick; unused after it
@@ -241,7 +247,11 @@ func (c *call) done(di balancer.DoneInfo) {
 			}
 		}
 	}
-	c.pick.Done(outcome(di))
+	o := outcome(di)
+	if c.stream != nil { // the core reads TTFT of successes and cancellations
+		c.stream.fill(&o, c.pick.PickedAt())
+	}
+	c.pick.Done(o)
 	c.release()
 }
 
@@ -250,6 +260,7 @@ func (c *call) release() {
 	c.core = nil
 	c.childDone = nil
 	c.retry = nil
+	c.stream = nil
 	c.req = inferlb.Request{}
 	callPool.Put(c)
 }

@@ -1,0 +1,118 @@
+package grpcbalancer
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
+
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
+)
+
+// scriptedStream is a server stream as the application sees it: each
+// RecvMsg advances the clock by the next gap and returns a message; after
+// the last it ends the attempt (gRPC reports Done before RecvMsg returns
+// io.EOF) and returns io.EOF.
+type scriptedStream struct {
+	grpc.ClientStream
+	clock *testutil.Clock
+	gaps  []time.Duration
+	done  func(balancer.DoneInfo)
+}
+
+func (s *scriptedStream) RecvMsg(any) error {
+	if len(s.gaps) == 0 {
+		s.done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+		return io.EOF
+	}
+	s.clock.Advance(s.gaps[0])
+	s.gaps = s.gaps[1:]
+	return nil
+}
+
+// stream runs one server stream through the StreamTiming interceptor and
+// the picker, as gRPC would: pick, then receive every message; tokens is
+// the interceptor's counter. It returns the endpoint that served it.
+func stream(t *testing.T, h *harness, clock *testutil.Clock, tokens func(any) int, gaps ...time.Duration) string {
+	t.Helper()
+	var addr string
+	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
+		if err != nil {
+			return nil, err
+		}
+		addr = res.SubConn.(*grpcfake.SubConn).Addr()
+		return &scriptedStream{clock: clock, gaps: gaps, done: res.Done}, nil
+	}
+	cs, err := StreamTiming(tokens)(context.Background(), &grpc.StreamDesc{ServerStreams: true}, nil, "/ai.Gen/Stream", streamer)
+	require.NoError(t, err)
+	for {
+		if err := cs.RecvMsg(nil); err == io.EOF {
+			return addr
+		}
+	}
+}
+
+func TestStreamTimingMeasuresFirstTokenAndDecodeSpeed(t *testing.T) {
+	clock := testutil.NewClock()
+	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+
+	// First token 200 ms after the pick, then 9 more 20 ms apart.
+	gaps := []time.Duration{200 * time.Millisecond}
+	for range 9 {
+		gaps = append(gaps, 20*time.Millisecond)
+	}
+	a := stream(t, h, clock, nil, gaps...)
+	s := stats(t, b, a)
+	assert.Equal(t, 200*time.Millisecond, s.TTFT)
+	assert.Equal(t, 20*time.Millisecond, s.TimePerOutputToken)
+	assert.Equal(t, 380*time.Millisecond, s.Latency)
+
+	// A counter that reads tokens from the messages: a first message with
+	// no output (a role or metadata frame) is not the first token.
+	counts := []int{0, 4, 4, 4}
+	tokens := func(any) int {
+		n := counts[0]
+		counts = counts[1:]
+		return n
+	}
+	b2 := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(2)})
+	h2 := newHarness(t, registerShared(b2), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+	a = stream(t, h2, clock, tokens, 50*time.Millisecond, 100*time.Millisecond, 30*time.Millisecond, 30*time.Millisecond)
+	s = stats(t, b2, a)
+	assert.Equal(t, 150*time.Millisecond, s.TTFT)
+	assert.Equal(t, 60*time.Millisecond/11, s.TimePerOutputToken, "60 ms over the 11 tokens after the first")
+}
+
+// Without the interceptor, or on a unary call, a stream says nothing about
+// tokens: the picker reports latency only.
+func TestStreamTimingOnlyTimesServerStreams(t *testing.T) {
+	clock := testutil.NewClock()
+	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(3)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+	called := false
+	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+		called = true
+		assert.Nil(t, streamStateFrom(ctx), "a client-streaming call got stream timing")
+		return nil, nil
+	}
+	_, err := StreamTiming(nil)(context.Background(), &grpc.StreamDesc{ClientStreams: true}, nil, "/ai.Gen/Upload", streamer)
+	require.NoError(t, err)
+	require.True(t, called)
+
+	_, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Chat"})
+	clock.Advance(time.Second)
+	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+	s := stats(t, b, addr(0))
+	assert.Zero(t, s.TTFT)
+	assert.Zero(t, s.TimePerOutputToken)
+	assert.Equal(t, time.Second, s.Latency)
+}
