@@ -11,7 +11,7 @@ import (
 // metrics, debugging and tests.
 type EndpointStats struct {
 	ID             string
-	Ready          bool
+	Ready          bool      // ready in at least one membership that lists it
 	ExcludedUntil  time.Time // zero when in good standing
 	Weight         float64   // capacity weight
 	RampFactor     float64   // slow-start fraction of Weight now, 1 when done
