@@ -1,6 +1,8 @@
 package balancer_test
 
 import (
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,4 +174,62 @@ func TestMembershipCloseAndLimit(t *testing.T) {
 	require.NoError(t, s.Update([]inferlb.Endpoint{{ID: "z", Addr: "10.0.0.3:1"}}))
 	assert.Equal(t, map[string]int{"z": 10}, pickIDs(t, 10, s.Pick))
 	assert.Equal(t, map[string]int{"y": 10}, pickIDs(t, 10, c.Pick))
+}
+
+// Memberships change while others pick: nothing panics, every pick gets an
+// endpoint of its own membership, and once all calls end nothing is left in
+// flight. Run with -race.
+func TestMembershipsChangeWhileOthersPick(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	stable, err := b.NewMembership()
+	require.NoError(t, err)
+	require.NoError(t, stable.Update([]inferlb.Endpoint{{ID: "s0", Addr: "10.0.0.1:1"}, {ID: "shared", Addr: "10.0.0.2:1"}}))
+	own := map[string]bool{"s0": true, "shared": true}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				p, err := stable.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 100})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if !own[p.ID()] {
+					errs <- fmt.Errorf("picked %q, not one of its membership's", p.ID())
+				}
+				p.Done(inferlb.Outcome{})
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // another adapter coming and going
+		defer wg.Done()
+		for i := range 200 {
+			m, err := b.NewMembership()
+			if err != nil {
+				errs <- err
+				return
+			}
+			_ = m.Update([]inferlb.Endpoint{{ID: "shared", Addr: "10.0.0.2:2"}, {ID: fmt.Sprintf("o%d", i%3), Addr: "10.0.0.3:2"}})
+			m.SetReady("shared", i%2 == 0)
+			if p, err := m.Pick(&inferlb.Request{}); err == nil {
+				p.Done(inferlb.Outcome{})
+			}
+			m.Close()
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Equal(t, []string{"s0", "shared"}, statIDs(b))
+	for _, s := range b.Stats() {
+		assert.Zero(t, s.InFlight, s.ID)
+		assert.True(t, s.Ready, s.ID)
+	}
 }
