@@ -628,3 +628,23 @@ func TestTenantMetadataShardsEndpoints(t *testing.T) {
 	}
 	assert.Len(t, all, 8)
 }
+
+// A channel that finds no free membership on its shared core fails its
+// calls with that reason instead of routing over someone else's endpoints.
+func TestSharedCoreWithoutAFreeMembership(t *testing.T) {
+	b := core.New(core.Options{})
+	for {
+		if _, err := b.NewMembership(); err != nil {
+			break
+		}
+	}
+	name := registerShared(b)
+	cc := grpcfake.NewClientConn()
+	bal := balancer.Get(name).Build(cc, balancer.BuildOptions{})
+	defer bal.Close()
+	err := bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: endpoints(2)}})
+	require.ErrorIs(t, err, core.ErrTooManyMemberships)
+	assert.Equal(t, connectivity.TransientFailure, cc.State().ConnectivityState)
+	_, err = cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+	assert.ErrorIs(t, err, core.ErrTooManyMemberships)
+}
