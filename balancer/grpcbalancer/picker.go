@@ -2,7 +2,6 @@ package grpcbalancer
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
@@ -137,7 +136,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		}
 		c.perCall = p.cfg.orcaPerCall
 		c.childDone = res.Done
-		c.armed.Store(true)
+		c.armed = true
 		res.Done = c.doneFn
 		return res, nil
 	}
@@ -204,8 +203,11 @@ func (p *picker) request(info balancer.PickInfo, c *call) *inferlb.Request {
 // duplicate Done before reuse into a no-op.
 //
 // Concurrency: written by Pick before the PickResult is returned and read
-// by Done after gRPC hands the result to the call; the pool and armed
-// order the two.
+// by Done, which gRPC calls once, after the result has reached the call's
+// attempt (the handoff orders the two); the pool orders the value's next
+// use after Done. armed is a plain field for the same reason: an atomic
+// one cost two locked instructions per call to guard against a concurrent
+// second Done, which gRPC never makes.
 type call struct {
 	pick      core.Pick
 	core      *core.Balancer
@@ -213,7 +215,7 @@ type call struct {
 	retry     *retryState  // the UnaryRetry interceptor's, or nil
 	stream    *streamState // the StreamTiming interceptor's, or nil
 	perCall   bool
-	armed     atomic.Bool
+	armed     bool
 	req       inferlb.Request         // scratch for Pick; unused after it
 	doneFn    func(balancer.DoneInfo) // c.done, bound once
 }
@@ -231,9 +233,10 @@ func init() {
 }
 
 func (c *call) done(di balancer.DoneInfo) {
-	if !c.armed.CompareAndSwap(true, false) {
+	if !c.armed {
 		return
 	}
+	c.armed = false
 	if c.childDone != nil {
 		c.childDone(di)
 	}
