@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -679,4 +680,72 @@ func TestSpilledKeyStaysWarmWhileItsOwnerIsAboveItsShare(t *testing.T) {
 	assert.Equal(t, home, got, "an owner at its share takes its key back")
 	got, home, _ = run(t, -1, 5, 0)
 	assert.Equal(t, home, got, "without spill memory the key goes home while within bound")
+}
+
+// decodeAt ends a streamed generation of 100 tokens at the given time per
+// output token, so the endpoint learns that decode speed.
+func decodeAt(p balancer.Pick, tpot time.Duration) {
+	ttft := 50 * time.Millisecond
+	p.Done(inferlb.Outcome{TTFT: ttft, OutputTokens: 100, Latency: ttft + 99*tpot})
+}
+
+// An owner that decodes 4x slower than its neighbours keeps only about
+// 1.5/4 of its keys (always the same ones) and hands the rest to the next
+// endpoint in their order; owners of normal speed keep theirs, and so does
+// a slow owner under AffinityStrict.
+func TestSlowOwnerYieldsKeysByDecodeSpeed(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		mode     balancer.AffinityMode
+		slowTPOT time.Duration
+		keep     float64 // expected fraction of the slow owner's keys it keeps
+	}{
+		{"4x slower", balancer.AffinityPrefer, 40 * time.Millisecond, 1.5 / 4},
+		{"within tolerance", balancer.AffinityPrefer, 14 * time.Millisecond, 1},
+		{"strict", balancer.AffinityStrict, 40 * time.Millisecond, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := affine(t, 6, balancer.Options{Affinity: tc.mode, Rand: testutil.NewRand(4), SlowStartWindow: -1})
+			const keys = 3000
+			owners := make([]string, keys)
+			for k := range owners {
+				owners[k] = owner(t, b, uint64(k)*0x9e3779b97f4a7c15|1)
+			}
+			slow := owners[0]
+			// Every endpoint learns its speed from one streamed call.
+			for _, ep := range endpoints(6) {
+				for {
+					p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+					require.NoError(t, err)
+					if p.ID() != ep.Addr {
+						p.Done(inferlb.Outcome{Err: context.Canceled})
+						continue
+					}
+					if ep.Addr == slow {
+						decodeAt(p, tc.slowTPOT)
+					} else {
+						decodeAt(p, 10*time.Millisecond)
+					}
+					break
+				}
+			}
+			var slowKeys, kept, fastMoved int
+			for k := range owners {
+				key := uint64(k)*0x9e3779b97f4a7c15 | 1
+				got := owner(t, b, key)
+				require.Equal(t, got, owner(t, b, key), "key %x moved between two picks", key)
+				if owners[k] == slow {
+					slowKeys++
+					if got == slow {
+						kept++
+					}
+				} else if got != owners[k] {
+					fastMoved++
+				}
+			}
+			require.Greater(t, slowKeys, 200)
+			assert.InDelta(t, tc.keep, float64(kept)/float64(slowKeys), 0.05, "kept %d of %d", kept, slowKeys)
+			assert.Zero(t, fastMoved, "keys of owners of normal speed moved")
+		})
+	}
 }
