@@ -45,7 +45,11 @@
 // (Options.SpillMemory), which endpoints took a spill of a key; later spills
 // of that key prefer them, as they hold its prefix in their KV cache, and
 // while the owner is above its fair share the key stays on such a warm
-// endpoint instead of flapping home (one cached copy, not two).
+// endpoint instead of flapping home (one cached copy, not two). An owner
+// that decodes several times slower than the next endpoint in a key's order
+// keeps only the fraction of its keys its speed is of that endpoint's (1.5x
+// tolerance; always the same keys), so a throttled GPU does not hold its
+// conversations to its speed.
 // Affinity pays only when keys recur, and routing by hash costs the load
 // balance P2C would give, so the balancer keeps a sampled estimate of how
 // often its keys recur (a 32 KiB table of recent keys) and, while fewer than
