@@ -2,7 +2,11 @@
 // gRPC servers, one of them slow and one reporting (through per-call ORCA
 // load reports) a nearly full KV cache, sends the same calls through the
 // "inferlb" policy and through grpc-go's round_robin, and prints how many
-// calls each server got and how long the batch took.
+// calls each server got and how long the batch took. Then it streams
+// token-by-token answers (server streams, one message per token), with the
+// slow server decoding 4x slower, through inferlb with and without the
+// StreamTiming interceptor, which lets the policy measure each server's
+// time per output token.
 //
 //	go run ./examples/grpc
 //	go run ./examples/grpc -calls 4000 -workers 32 -slow 20ms
@@ -12,6 +16,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"os"
@@ -26,17 +31,39 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
-	_ "github.com/inferlb/inferlb/balancer/grpcbalancer" // registers "inferlb"
+	"github.com/inferlb/inferlb/balancer/grpcbalancer" // registers "inferlb"
 )
 
 // server is one backend: grpc-go's interop TestService, of which only
-// EmptyCall is used, so no protoc is needed.
+// EmptyCall and StreamingOutputCall are used, so no protoc is needed.
 type server struct {
 	testgrpc.UnimplementedTestServiceServer
-	name    string
-	latency time.Duration
-	kvCache float64 // reported per call through ORCA when > 0
-	calls   atomic.Int64
+	name     string
+	latency  time.Duration
+	perToken time.Duration // StreamingOutputCall: time to generate each token after the first
+	kvCache  float64       // reported per call through ORCA when > 0
+	calls    atomic.Int64
+}
+
+// StreamingOutputCall streams one message per response parameter, as a
+// model server streams tokens: the first at once, then one per perToken.
+func (s *server) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, ss grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
+	s.calls.Add(1)
+	for i := range req.GetResponseParameters() {
+		if i > 0 {
+			t := time.NewTimer(s.perToken)
+			select {
+			case <-t.C:
+			case <-ss.Context().Done():
+				t.Stop()
+				return ss.Context().Err()
+			}
+		}
+		if err := ss.Send(&testgrpc.StreamingOutputCallResponse{}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *server) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
@@ -70,10 +97,10 @@ func main() {
 
 func run(calls, workers int, fast, slow time.Duration) error {
 	servers := []*server{
-		{name: "slow", latency: slow},
-		{name: "healthy", latency: fast},
-		{name: "healthy", latency: fast},
-		{name: "kv-cache 99%", latency: fast, kvCache: 0.99},
+		{name: "slow", latency: slow, perToken: 8 * time.Millisecond},
+		{name: "healthy", latency: fast, perToken: 2 * time.Millisecond},
+		{name: "healthy", latency: fast, perToken: 2 * time.Millisecond},
+		{name: "kv-cache 99%", latency: fast, perToken: 2 * time.Millisecond, kvCache: 0.99},
 	}
 	var eps []resolver.Endpoint
 	for _, s := range servers {
@@ -113,7 +140,110 @@ func run(calls, workers int, fast, slow time.Duration) error {
 			servers[0].calls.Load(), servers[1].calls.Load(), servers[2].calls.Load(), servers[3].calls.Load(),
 			elapsed.Round(time.Millisecond))
 	}
+
+	// Token streams: 32 tokens each, the slow server decoding at 8 ms per
+	// token against 2 ms. In-flight counts alone already send it fewer
+	// streams (its streams last longer); with StreamTiming the policy also
+	// knows it decodes 4x slower and prices it so.
+	streams := max(calls/10, 20)
+	fmt.Printf("\n%d token streams of 32 tokens, %d workers; time per token: slow 8ms, others 2ms\n\n", streams, workers)
+	fmt.Printf("%-22s %8s %8s %8s %13s %9s\n", "policy", servers[0].name, servers[1].name, servers[2].name, servers[3].name, "elapsed")
+	llm := `{"inferlb": {"methods": {"/grpc.testing.TestService/": "llm"}}}`
+	for _, p := range []struct {
+		name, config string
+		opts         []grpc.DialOption
+	}{
+		{"inferlb + StreamTiming", llm, []grpc.DialOption{grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil))}},
+		{"inferlb", llm, nil},
+		{"round_robin", `{"round_robin": {}}`, nil},
+	} {
+		reset := func() {
+			for _, s := range servers {
+				s.calls.Store(0)
+			}
+		}
+		elapsed, err := driveStreams(eps, p.config, p.opts, streams, workers, reset)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
+		fmt.Printf("%-22s %8d %8d %8d %13d %9v\n", p.name,
+			servers[0].calls.Load(), servers[1].calls.Load(), servers[2].calls.Load(), servers[3].calls.Load(),
+			elapsed.Round(time.Millisecond))
+	}
 	return nil
+}
+
+// driveStreams runs streams token streams from workers goroutines through a
+// channel using the given loadBalancingConfig entry and dial options, and
+// returns how long they took. It calls reset after a warm-up round that
+// gives every server a stream (and the policy its speed), before the batch.
+func driveStreams(eps []resolver.Endpoint, lbConfig string, opts []grpc.DialOption, streams, workers int, reset func()) (time.Duration, error) {
+	r := manual.NewBuilderWithScheme("example")
+	r.InitialState(resolver.State{Endpoints: eps})
+	conn, err := grpc.NewClient(r.Scheme()+":///fleet", append([]grpc.DialOption{
+		grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [` + lbConfig + `]}`),
+	}, opts...)...)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req := &testgrpc.StreamingOutputCallRequest{ResponseParameters: make([]*testgrpc.ResponseParameters, 32)}
+	stream := func() error {
+		st, err := client.StreamingOutputCall(ctx, req, grpc.WaitForReady(true))
+		if err != nil {
+			return err
+		}
+		for {
+			if _, err := st.Recv(); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+	}
+	// Warm up in parallel, so that every server takes a stream.
+	var warm sync.WaitGroup
+	warmErrs := make(chan error, len(eps))
+	for range len(eps) {
+		warm.Add(1)
+		go func() {
+			defer warm.Done()
+			if err := stream(); err != nil {
+				warmErrs <- err
+			}
+		}()
+	}
+	warm.Wait()
+	close(warmErrs)
+	if err := <-warmErrs; err != nil {
+		return 0, err
+	}
+
+	reset()
+	start := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(streams) {
+				if err := stream(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return time.Since(start), <-errs
 }
 
 // drive sends calls EmptyCalls from workers goroutines through a channel
