@@ -59,7 +59,10 @@ var (
 // max_completion_tokens, max_output_tokens, TGI's max_new_tokens), a prompt
 // token estimate (bytes of prompt text / 4, or the body size / 4 when the
 // body was larger than the peek), and for LLM calls the affinity key: the
-// request's prompt_cache_key as a session, else the cache Keyer's key of the
+// request's prompt_cache_key as a session, else, for a /v1/responses
+// follow-up (previous_response_id) through a Transport that saw the response
+// it continues, the key that response was routed with (see ResponseMemory),
+// else the cache Keyer's key of the
 // chat messages through the first user turn (Keyer.Chat; for /v1/responses
 // the instructions count as a system message) or of the prompt
 // (Keyer.Prompt). A body larger than the peek is keyed on the messages that
@@ -71,6 +74,8 @@ type OpenAI struct {
 	// Keyer computes prompt affinity keys. nil means no prompt affinity
 	// (session headers still apply).
 	Keyer *cache.Keyer
+
+	chains *responseChains // the Transport's, when it made this inspector
 }
 
 // ServiceForPath maps an OpenAI-compatible (or TGI/TEI) request path to a
@@ -116,6 +121,13 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	info.PromptTokens = int(min(chars/charsPerToken, 1<<31-1))
 	if info.Service != inferlb.ServiceLLM || o.Keyer == nil {
 		return
+	}
+	if b.cacheKey == "" && b.prevResponse != "" {
+		// A Responses API follow-up: the key of the turn it continues.
+		if k, ok := o.chains.key(o.Keyer.Session(b.prevResponse)); ok {
+			info.AffinityKey = k
+			return
+		}
 	}
 	switch {
 	case b.cacheKey != "":

@@ -348,6 +348,8 @@ type body struct {
 	chars     int    // bytes of prompt text seen (message contents, prompt, input), as sent
 	cacheKey  string // may alias the body, like the fields below
 
+	prevResponse string // previous_response_id; may alias the body
+
 	// keyed is set when the fields below should be collected (LLM calls).
 	// Their strings alias the body being parsed (see view) unless the text
 	// has escapes or several parts: they must not outlive the Inspect call
@@ -453,6 +455,16 @@ func (s *scanner) field(key []byte, out *body) bool {
 		raw, esc, ok := s.str()
 		if ok {
 			out.cacheKey = view(raw, s.quoted(raw, esc), esc) // goes to Keyer.Session only
+		}
+		return ok
+	case "previous_response_id":
+		out.prevResponse = ""
+		if s.peek() != '"' {
+			return s.skip()
+		}
+		raw, esc, ok := s.str()
+		if ok {
+			out.prevResponse = view(raw, s.quoted(raw, esc), esc) // goes to Keyer.Session only
 		}
 		return ok
 	}

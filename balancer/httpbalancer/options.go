@@ -92,6 +92,13 @@ type Options struct {
 	// DisableFailover turns off the one retry on another endpoint for calls
 	// that failed before any response arrived.
 	DisableFailover bool
+	// ResponseMemory is how long the Transport remembers the affinity key
+	// behind each /v1/responses response it passes, so that a follow-up
+	// naming it in previous_response_id goes where its conversation is
+	// cached and stored (see DefaultResponseMemory, ResponseEntries). 0
+	// means DefaultResponseMemory; negative turns it off. It works with the
+	// default Inspector (OpenAI) only.
+	ResponseMemory time.Duration
 	// OnResult, if set, is called once per attempt when it ends (after the
 	// balancer has been told), for metrics and logs. It runs on the goroutine
 	// that ended the call and must be quick and safe for concurrent use.
@@ -152,6 +159,7 @@ type config struct {
 	failover      bool
 	clock         balancer.Clock // the Balancer's: TTFT and load reports on the clock scorers compare with
 	onResult      func(Result)
+	chains        *responseChains // nil when ResponseMemory is off
 }
 
 func bad(field, rule string, v any) error {
@@ -201,6 +209,9 @@ func (o *Options) resolve() (*config, error) {
 	if c.base == nil {
 		c.base = http.DefaultTransport
 	}
+	if o.ResponseMemory >= 0 {
+		c.chains = &responseChains{ttl: cmp.Or(o.ResponseMemory, DefaultResponseMemory)}
+	}
 	if c.maxPeek == 0 {
 		c.maxPeek = DefaultMaxPeek
 	}
@@ -213,7 +224,12 @@ func (c *config) bind(b *balancer.Balancer) {
 	if c.keyer == nil {
 		c.keyer = b.Keyer()
 	}
+	if c.chains != nil {
+		c.chains.clock = b
+	}
 	if c.inspector == nil {
-		c.inspector = &OpenAI{Keyer: c.keyer}
+		c.inspector = &OpenAI{Keyer: c.keyer, chains: c.chains}
+	} else {
+		c.chains = nil // only the default Inspector reads previous_response_id
 	}
 }

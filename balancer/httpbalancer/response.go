@@ -69,12 +69,28 @@ type call struct {
 
 // sseState follows a server-sent event stream. Only streams pay for it:
 // kept out of call, it keeps call in a smaller size class.
+//
+// It also carries the search for a /v1/responses answer's ID (see
+// ResponseMemory), which any such answer needs, streamed or not; counting
+// tells whether the body is a stream whose events are counted.
 type sseState struct {
-	line    [16]byte // start of the current line: enough for "data: [DONE]\r"
-	lineLen int      // bytes in the current line so far (may exceed len(line))
-	events  atomic.Int64
-	firstNs atomic.Int64 // unix ns of the first data event
-	lastNs  atomic.Int64 // unix ns of the latest data event
+	line     [16]byte // start of the current line: enough for "data: [DONE]\r"
+	lineLen  int      // bytes in the current line so far (may exceed len(line))
+	counting bool     // the body is an SSE stream
+	events   atomic.Int64
+	firstNs  atomic.Int64 // unix ns of the first data event
+	lastNs   atomic.Int64 // unix ns of the latest data event
+	id       *idCapture   // a /v1/responses answer's ID, when remembered
+}
+
+// read follows the body's bytes p.
+func (c *sseState) read(p []byte, clock balancer.Clock) {
+	if c.id != nil {
+		c.id.feed(p)
+	}
+	if c.counting {
+		c.scan(p, clock)
+	}
 }
 
 // newCall allocates the state of one call. When size > 0 (the peek of a
@@ -186,7 +202,13 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	}
 	const eventStream = "text/event-stream"
 	if len(ct) >= len(eventStream) && strings.EqualFold(ct[:len(eventStream)], eventStream) || c.info.Stream && !hasJSON(ct) {
-		c.sse = new(sseState)
+		c.sse = &sseState{counting: true}
+	}
+	if c.t.cfg.chains != nil && c.info.AffinityKey != 0 && resp.StatusCode/100 == 2 && isResponses(c.out.URL.Path) {
+		if c.sse == nil {
+			c.sse = new(sseState)
+		}
+		c.sse.id = new(idCapture)
 	}
 	c.rc = resp.Body
 	resp.Body = c
@@ -216,7 +238,7 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 func (c *call) Read(p []byte) (int, error) {
 	n, err := c.rc.Read(p)
 	if c.sse != nil && n > 0 {
-		c.sse.scan(p[:n], c.t.cfg.clock)
+		c.sse.read(p[:n], c.t.cfg.clock)
 	}
 	if err != nil {
 		if err == io.EOF {
@@ -312,6 +334,9 @@ func (c *call) finish(err error) {
 		}
 	}
 	c.pick.Done(o)
+	if s := c.sse; s != nil && s.id != nil && s.id.id != nil && o.Err == nil && !o.Overloaded {
+		c.t.cfg.chains.remember(c.t.cfg.keyer.Session(alias(s.id.id)), c.info.AffinityKey)
+	}
 	if f != nil {
 		f(Result{
 			Endpoint:          c.pick.ID(),
@@ -322,4 +347,11 @@ func (c *call) finish(err error) {
 			TimeBetweenTokens: tbt,
 		})
 	}
+}
+
+// isResponses reports whether path is the Responses API's create call
+// (".../responses", with any gateway prefix).
+func isResponses(path string) bool {
+	path = strings.TrimSuffix(path, "/")
+	return strings.HasSuffix(path, "/responses") || path == "responses"
 }

@@ -1,0 +1,139 @@
+package httpbalancer
+
+import (
+	"bytes"
+	"sync"
+	"time"
+
+	"github.com/inferlb/inferlb/cache"
+)
+
+// Conversations on the Responses API (/v1/responses) continue by reference:
+// a follow-up sends only its new input and names the response it follows
+// (previous_response_id), and the server prepends the stored conversation.
+// Keyed on its own input, the follow-up would land anywhere; vLLM and
+// SGLang keep stored responses in the memory of the server that made them,
+// so it would miss that server's KV cache and may not find the response at
+// all. So the Transport remembers, for the responses it sees, the affinity
+// key of the request that produced each one, and a follow-up naming one is
+// routed with that key: every turn of the conversation carries the key of
+// its first turn, and goes where that key goes. Only this process's
+// responses are known; a follow-up naming another's is keyed on its input.
+
+// DefaultResponseMemory is how long a Transport remembers the affinity key
+// behind a /v1/responses response (Options.ResponseMemory).
+const DefaultResponseMemory = 30 * time.Minute
+
+// ResponseEntries bounds the table of remembered responses: 16,384 entries
+// of 32 bytes (512 KiB), allocated on the first /v1/responses call. When
+// it is full, the least recently used entry of a set makes room.
+const ResponseEntries = 1 << 14
+
+// responseChains maps a response ID (its Keyer.Session hash) to the
+// affinity key of the request that produced it. The table is allocated on
+// first use: most Transports never see the Responses API.
+//
+// Concurrency: ttl and clock are immutable; the table is created once
+// (once) and is safe for concurrent use.
+type responseChains struct {
+	ttl   time.Duration
+	clock cache.Clock
+	once  sync.Once
+	table *cache.Sessions
+}
+
+func (r *responseChains) sessions() *cache.Sessions {
+	r.once.Do(func() {
+		s, err := cache.NewSessions(cache.SessionOptions{TTL: r.ttl, MaxEntries: ResponseEntries, Clock: r.clock})
+		if err != nil {
+			panic(err) // the options were validated
+		}
+		r.table = s
+	})
+	return r.table
+}
+
+// key returns the affinity key remembered for response id hash h.
+func (r *responseChains) key(h uint64) (uint64, bool) {
+	if r == nil || h == 0 {
+		return 0, false
+	}
+	return r.sessions().Get(h)
+}
+
+func (r *responseChains) remember(h, key uint64) {
+	if r != nil && h != 0 && key != 0 {
+		r.sessions().Put(h, key)
+	}
+}
+
+// idCapture finds the response ID at the start of a /v1/responses answer:
+// the first string value of an "id" key, which in a JSON response is the
+// response's own and in a stream is the one inside the first event
+// (response.created). It looks at the first len(buf) bytes only.
+type idCapture struct {
+	buf  [512]byte
+	n    int
+	done bool
+	id   []byte // within buf
+}
+
+func (c *idCapture) feed(p []byte) {
+	if c.done {
+		return
+	}
+	c.n += copy(c.buf[c.n:], p)
+	id, complete := findID(c.buf[:c.n])
+	switch {
+	case id != nil:
+		c.id, c.done = id, true
+	case complete || c.n == len(c.buf):
+		c.done = true // no ID where one would be
+	}
+}
+
+// maxResponseID bounds the IDs remembered; servers use 30-60 characters.
+const maxResponseID = 256
+
+// findID returns the value of the first "id" key with a string value in b,
+// or nil; complete is false while b may end inside the match.
+func findID(b []byte) (id []byte, complete bool) {
+	for from := 0; ; {
+		i := bytes.Index(b[from:], []byte(`"id"`))
+		if i < 0 {
+			return nil, false
+		}
+		j := skipSpace(b, from+i+4)
+		if j == len(b) {
+			return nil, false
+		}
+		if b[j] != ':' {
+			from = j
+			continue
+		}
+		j = skipSpace(b, j+1)
+		if j == len(b) {
+			return nil, false
+		}
+		if b[j] != '"' {
+			from = j // not a string: an "id" of something else
+			continue
+		}
+		k := bytes.IndexByte(b[j+1:], '"')
+		if k < 0 {
+			return nil, len(b)-j-1 > maxResponseID
+		}
+		v := b[j+1 : j+1+k]
+		if len(v) == 0 || len(v) > maxResponseID || bytes.IndexByte(v, '\\') >= 0 {
+			return nil, true
+		}
+		return v, true
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}

@@ -1,0 +1,157 @@
+package httpbalancer_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+)
+
+const responsesURL = "http://llm.internal/v1/responses"
+
+// responsesServer answers /v1/responses as vLLM does with its in-memory
+// store: it names each response after itself, and a follow-up naming a
+// response it did not make fails with 404.
+type responsesServer struct {
+	name string
+	mu   sync.Mutex
+	made map[string]bool
+	n    int
+}
+
+func (s *responsesServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Previous string `json:"previous_response_id"`
+		Stream   bool   `json:"stream"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	if req.Previous != "" && !s.made[req.Previous] {
+		s.mu.Unlock()
+		http.Error(w, `{"error":{"message":"response not found"}}`, http.StatusNotFound)
+		return
+	}
+	s.n++
+	id := fmt.Sprintf("resp_%s_%d", s.name, s.n)
+	s.made[id] = true
+	s.mu.Unlock()
+	if req.Stream {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":%q,\"object\":\"response\",\"status\":\"in_progress\"}}\n\n", id)
+		fmt.Fprintf(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_1\",\"delta\":\"Hi\"}\n\n")
+		fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":%q,\"status\":\"completed\"}}\n\n", id)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"id": %q, "object": "response", "status": "completed", "output": [{"id": "msg_1", "type": "message"}]}`, id)
+}
+
+// responseID reads the ID of a /v1/responses answer, JSON or stream.
+func responseID(t *testing.T, body []byte) string {
+	t.Helper()
+	s := string(body)
+	i := strings.Index(s, `"id":`)
+	require.GreaterOrEqual(t, i, 0, "no id in %s", s)
+	var id string
+	require.NoError(t, json.NewDecoder(strings.NewReader(s[i+5:])).Decode(&id))
+	return id
+}
+
+// A conversation on the Responses API sends each follow-up with only its new
+// input and the ID of the response it continues. Every turn must reach the
+// server that holds the conversation, which stores the responses it made.
+func TestResponsesFollowUpsReachTheirConversation(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			servers := make([]*responsesServer, 4)
+			var eps []inferlb.Endpoint
+			for i := range servers {
+				servers[i] = &responsesServer{name: fmt.Sprintf("s%d", i), made: map[string]bool{}}
+				srv := httptest.NewServer(servers[i])
+				t.Cleanup(srv.Close)
+				eps = append(eps, inferlb.Endpoint{Addr: srv.URL})
+			}
+			tr := newTransport(t, httpbalancer.Options{Endpoints: eps,
+				BalancerOptions: balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1}})
+			client := &http.Client{Transport: tr}
+			const conversations, turns = 12, 6
+			last := make([]string, conversations)
+			where := make([]string, conversations)
+			for turn := range turns {
+				for c := range conversations {
+					body := fmt.Sprintf(`{"model":"m","input":"conversation %d opens","stream":%v}`, c, stream)
+					if turn > 0 {
+						body = fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"turn %d of %d","stream":%v}`, last[c], turn, c, stream)
+					}
+					resp, err := client.Post(responsesURL, "application/json", strings.NewReader(body))
+					require.NoError(t, err)
+					got, err := io.ReadAll(resp.Body)
+					require.NoError(t, err)
+					require.NoError(t, resp.Body.Close())
+					require.Equal(t, http.StatusOK, resp.StatusCode, "conversation %d turn %d: %s", c, turn, got)
+					last[c] = responseID(t, got)
+					server := strings.Split(last[c], "_")[1]
+					if turn == 0 {
+						where[c] = server
+					}
+					assert.Equal(t, where[c], server, "conversation %d turn %d", c, turn)
+				}
+			}
+			seen := map[string]bool{}
+			for _, w := range where {
+				seen[w] = true
+			}
+			assert.Greater(t, len(seen), 1, "the conversations all opened on one server")
+		})
+	}
+}
+
+// With ResponseMemory off, follow-ups are keyed on their own input and
+// scatter: the test above would fail, which shows it tests the memory.
+func TestResponsesFollowUpsScatterWithoutTheMemory(t *testing.T) {
+	servers := make([]*responsesServer, 4)
+	var eps []inferlb.Endpoint
+	for i := range servers {
+		servers[i] = &responsesServer{name: fmt.Sprintf("s%d", i), made: map[string]bool{}}
+		srv := httptest.NewServer(servers[i])
+		t.Cleanup(srv.Close)
+		eps = append(eps, inferlb.Endpoint{Addr: srv.URL})
+	}
+	tr := newTransport(t, httpbalancer.Options{Endpoints: eps, ResponseMemory: -1,
+		BalancerOptions: balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1}})
+	client := &http.Client{Transport: tr}
+	notFound := 0
+	for c := range 12 {
+		resp, err := client.Post(responsesURL, "application/json", strings.NewReader(fmt.Sprintf(`{"model":"m","input":"conversation %d opens"}`, c)))
+		require.NoError(t, err)
+		got, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		prev := responseID(t, got)
+		for turn := 1; turn < 4; turn++ {
+			resp, err := client.Post(responsesURL, "application/json", strings.NewReader(fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"turn %d of %d"}`, prev, turn, c)))
+			require.NoError(t, err)
+			got, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusNotFound {
+				notFound++
+				break
+			}
+			prev = responseID(t, got)
+		}
+	}
+	assert.Positive(t, notFound, "follow-ups found their server without the memory")
+}
