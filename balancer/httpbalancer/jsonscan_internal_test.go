@@ -13,6 +13,7 @@ import (
 // scanResult is what parseBody hands to Inspect, without the scratch.
 type scanResult struct {
 	model, cacheKey, system, prompt string
+	prevResponse                    string
 	stream, hasText                 bool
 	maxTokens, chars                int
 	msgs                            []cache.Message
@@ -21,14 +22,14 @@ type scanResult struct {
 func scanNew(b []byte, keyed bool) scanResult {
 	var o body
 	parseBody(b, keyed, &o)
-	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.stream, o.hasText, o.maxTokens, o.chars,
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.stream, o.hasText, o.maxTokens, o.chars,
 		slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
 func scanRef(b []byte, keyed bool) scanResult {
 	var o refBody
 	refParseBody(b, keyed, &o)
-	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.stream, o.hasText, o.maxTokens, o.chars,
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.stream, o.hasText, o.maxTokens, o.chars,
 		slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
@@ -42,6 +43,8 @@ var scanSeeds = []string{
 	`{ "messages" : [ {"content":"tell me a story", "role":"user"} ], "model":"m", "stream": true }`,
 	`{"model":"a\"b","messages":[{"role":"user","content":"\u00e9t\u00e9"}]}`,
 	`{"model":"m","prompt_cache_key":"s1","messages":[{"role":"user","content":"x"}]}`,
+	`{"model":"m","previous_response_id":"resp_1","input":"next","previous_response_id":7}`,
+	`{"model":"m","previous_response_id":"resp_\u00e9\"x","input":[{"role":"user","content":"next"}]}`,
 	`{"inputs":"abcdefgh","parameters":{"max_new_tokens":12,"x":[1,{"a":"]"}]}}`,
 	`{"model":"bge","query":"abcd","documents":["abcdefgh",{"text":"abcd"}],"texts":["q"]}`,
 	`{"model":"` + strings.Repeat("long model name ", 5) + `","messages":[{"role":"system","content":"` + strings.Repeat(`a \"quoted\" \\ text `, 20) + `"}]}`,
@@ -92,6 +95,7 @@ func TestScannerMatchesReference(t *testing.T) {
 
 func equalScan(a, b scanResult) bool {
 	return a.model == b.model && a.cacheKey == b.cacheKey && a.system == b.system && a.prompt == b.prompt &&
+		a.prevResponse == b.prevResponse &&
 		a.stream == b.stream && a.hasText == b.hasText && a.maxTokens == b.maxTokens && a.chars == b.chars &&
 		slices.Equal(a.msgs, b.msgs)
 }

@@ -245,6 +245,8 @@ type refBody struct {
 	chars     int
 	cacheKey  string
 
+	prevResponse string
+
 	keyed   bool
 	system  string
 	msgs    [4]cache.Message
@@ -318,6 +320,16 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			raw, quoted, esc, ok := s.str()
 			if ok {
 				out.cacheKey = refView(raw, quoted, esc)
+			}
+			return ok
+		case "previous_response_id":
+			out.prevResponse = ""
+			if s.peek() != '"' {
+				return s.skip()
+			}
+			raw, quoted, esc, ok := s.str()
+			if ok {
+				out.prevResponse = refView(raw, quoted, esc)
 			}
 			return ok
 		}
