@@ -1,6 +1,7 @@
 package httpbalancer_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -154,4 +158,61 @@ func TestResponsesFollowUpsScatterWithoutTheMemory(t *testing.T) {
 		}
 	}
 	assert.Positive(t, notFound, "follow-ups found their server without the memory")
+}
+
+// The official client's Responses API, chaining turns by
+// previous_response_id, streamed and not: every turn reaches the server
+// that holds the conversation.
+func TestOpenAIClientResponsesConversation(t *testing.T) {
+	servers := make([]*responsesServer, 4)
+	var eps []inferlb.Endpoint
+	for i := range servers {
+		servers[i] = &responsesServer{name: fmt.Sprintf("s%d", i), made: map[string]bool{}}
+		srv := httptest.NewServer(servers[i])
+		t.Cleanup(srv.Close)
+		eps = append(eps, inferlb.Endpoint{Addr: srv.URL})
+	}
+	tr := newTransport(t, httpbalancer.Options{Endpoints: eps,
+		BalancerOptions: balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1}})
+	client := openai.NewClient(
+		option.WithHTTPClient(&http.Client{Transport: tr}),
+		option.WithBaseURL("http://llm.internal/v1/"),
+		option.WithAPIKey("unused"),
+		option.WithMaxRetries(0),
+	)
+	ctx := context.Background()
+	for c := range 8 {
+		var prev, home string
+		for turn := range 5 {
+			params := responses.ResponseNewParams{
+				Model: "m",
+				Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(fmt.Sprintf("conversation %d, turn %d", c, turn))},
+			}
+			if prev != "" {
+				params.PreviousResponseID = openai.String(prev)
+			}
+			var id string
+			if turn%2 == 0 {
+				r, err := client.Responses.New(ctx, params)
+				require.NoError(t, err, "conversation %d turn %d", c, turn)
+				id = r.ID
+			} else {
+				st := client.Responses.NewStreaming(ctx, params)
+				for st.Next() {
+					if ev := st.Current(); ev.Type == "response.created" {
+						id = ev.Response.ID
+					}
+				}
+				require.NoError(t, st.Err(), "conversation %d turn %d", c, turn)
+				require.NoError(t, st.Close())
+			}
+			require.NotEmpty(t, id)
+			server := strings.Split(id, "_")[1]
+			if turn == 0 {
+				home = server
+			}
+			assert.Equal(t, home, server, "conversation %d turn %d", c, turn)
+			prev = id
+		}
+	}
 }
