@@ -79,19 +79,19 @@ func (b *Balancer) NewMembership() (*Membership, error) {
 // Balancer returns the Balancer the Membership belongs to.
 func (m *Membership) Balancer() *Balancer { return m.b }
 
-// Pick is Balancer.Pick over the membership'm endpoints that are ready in it.
+// Pick is Balancer.Pick over the Membership's endpoints that are ready in it.
 func (m *Membership) Pick(req *inferlb.Request) (Pick, error) {
 	return m.b.pick(m, req, "")
 }
 
-// PickExcept is Balancer.PickExcept over the membership'm endpoints that are
+// PickExcept is Balancer.PickExcept over the Membership's endpoints that are
 // ready in it.
 func (m *Membership) PickExcept(req *inferlb.Request, exclude string) (Pick, error) {
 	return m.b.pick(m, req, exclude)
 }
 
-// Update replaces the membership'm endpoint set, as Balancer.Update does the
-// Balancer'm own: state is matched by Key, shared with every other
+// Update replaces the membership's endpoint set, as Balancer.Update does the
+// Balancer's own: state is matched by Key, shared with every other
 // membership listing the same ID, and kept for endpoints that stay in any.
 // An endpoint new to the Membership starts ready in it. Bad entries are
 // skipped and reported in the error; the rest is applied. On a closed
@@ -164,10 +164,10 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 }
 
 // SetReady marks the endpoint id ready or not in this Membership, as
-// Balancer.SetReady does in the Balancer'm own membership; other
+// Balancer.SetReady does in the Balancer's own membership; other
 // memberships keep their own view. An endpoint that no membership could
 // use and turns ready in one ramps up through slow start. It reports
-// whether id is one of the membership'm endpoints.
+// whether id is one of the Membership's endpoints.
 func (m *Membership) SetReady(id string, ready bool) bool {
 	b := m.b
 	b.mu.Lock()
@@ -196,10 +196,10 @@ func (m *Membership) SetReady(id string, ready bool) bool {
 	return true
 }
 
-// Close removes the membership'm membership: its endpoints that no other
+// Close ends the Membership: its endpoints that no other
 // membership lists leave the Balancer (calls in flight to them still end
 // normally), and its slot is free for another NewMembership. Close is
-// idempotent. The Balancer'm own membership has no Close.
+// idempotent. The Balancer's own membership has no Close.
 func (m *Membership) Close() {
 	b := m.b
 	if m == b.def {
