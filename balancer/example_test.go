@@ -65,3 +65,27 @@ func ExampleOptions_onEvent() {
 	}
 	// Output: tripped a:8000
 }
+
+// Two adapters share one Balancer, each with its own membership: here the
+// HTTP side reaches three replicas on port 8000 and the gRPC side two of
+// them on port 8001, and cannot connect to one. Each routes over its own
+// endpoints; the replicas they share (by ID) have one live state.
+func ExampleBalancer_NewMembership() {
+	b := balancer.New(balancer.Options{})
+	httpSide, _ := b.NewMembership()
+	grpcSide, _ := b.NewMembership()
+	defer httpSide.Close()
+	defer grpcSide.Close()
+	_ = httpSide.Update([]inferlb.Endpoint{
+		{ID: "r0", Addr: "10.0.0.5:8000"}, {ID: "r1", Addr: "10.0.0.6:8000"}, {ID: "r2", Addr: "10.0.0.7:8000"}})
+	_ = grpcSide.Update([]inferlb.Endpoint{{ID: "r0", Addr: "10.0.0.5:8001"}, {ID: "r1", Addr: "10.0.0.6:8001"}})
+	grpcSide.SetReady("r0", false) // its gRPC port is down; HTTP still reaches it
+
+	p, _ := grpcSide.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+	fmt.Println("gRPC call to", p.ID())
+	p.Done(inferlb.Outcome{})
+	fmt.Println("endpoints in the Balancer:", len(b.Stats()))
+	// Output:
+	// gRPC call to r1
+	// endpoints in the Balancer: 3
+}
