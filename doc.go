@@ -47,9 +47,9 @@
 // while the owner is above its fair share the key stays on such a warm
 // endpoint instead of flapping home (one cached copy, not two). An owner
 // that decodes several times slower than the next endpoint in a key's order
-// keeps only the fraction of its keys its speed is of that endpoint's (1.5x
-// tolerance; always the same keys), so a throttled GPU does not hold its
-// conversations to its speed.
+// keeps only the square of the fraction its speed is of that endpoint's
+// (with 1.5x tolerance: 14% of its keys at 4x slower; always the same keys),
+// so a throttled GPU does not hold its conversations to its speed.
 // Affinity pays only when keys recur, and routing by hash costs the load
 // balance P2C would give, so the balancer keeps a sampled estimate of how
 // often its keys recur (a 32 KiB table of recent keys) and, while fewer than

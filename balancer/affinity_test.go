@@ -690,7 +690,7 @@ func decodeAt(p balancer.Pick, tpot time.Duration) {
 }
 
 // An owner that decodes 4x slower than its neighbours keeps only about
-// 1.5/4 of its keys (always the same ones) and hands the rest to the next
+// (1.5/4)^2 of its keys (always the same ones) and hands the rest to the next
 // endpoint in their order; owners of normal speed keep theirs, and so does
 // a slow owner under AffinityStrict.
 func TestSlowOwnerYieldsKeysByDecodeSpeed(t *testing.T) {
@@ -700,7 +700,8 @@ func TestSlowOwnerYieldsKeysByDecodeSpeed(t *testing.T) {
 		slowTPOT time.Duration
 		keep     float64 // expected fraction of the slow owner's keys it keeps
 	}{
-		{"4x slower", balancer.AffinityPrefer, 40 * time.Millisecond, 1.5 / 4},
+		{"4x slower", balancer.AffinityPrefer, 40 * time.Millisecond, (1.5 / 4) * (1.5 / 4)},
+		{"2x slower", balancer.AffinityPrefer, 20 * time.Millisecond, (1.5 / 2) * (1.5 / 2)},
 		{"within tolerance", balancer.AffinityPrefer, 14 * time.Millisecond, 1},
 		{"strict", balancer.AffinityStrict, 40 * time.Millisecond, 1},
 	} {
