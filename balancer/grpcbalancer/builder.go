@@ -171,7 +171,7 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	eps := make([]inferlb.Endpoint, 0, len(ccs.ResolverState.Endpoints))
 	addrToID := make(map[string]string, len(ccs.ResolverState.Endpoints))
 	for _, ep := range ccs.ResolverState.Endpoints {
-		e := endpointOf(ep)
+		e := endpointOf(ep, cfg.idByHost)
 		if e.ID == "" {
 			continue
 		}
@@ -325,10 +325,11 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 		return
 	}
 	b, mem := lb.core.Load(), lb.mem
+	byHost := lb.cfg != nil && lb.cfg.idByHost
 	ready := make(map[string]bool, len(children))
 	pickers := make(map[string]balancer.Picker, len(children))
 	for _, c := range children {
-		id := endpointID(c.Endpoint)
+		id := endpointID(c.Endpoint, byHost)
 		if c.State.ConnectivityState == connectivity.Ready {
 			ready[id] = true
 			pickers[id] = c.State.Picker

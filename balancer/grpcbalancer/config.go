@@ -29,6 +29,7 @@ type jsonConfig struct {
 	AffinityKeyHeader string            `json:"affinityKeyHeader"`
 	TenantHeader      string            `json:"tenantHeader"`
 	ModelHeader       string            `json:"modelHeader"`
+	IDByHost          bool              `json:"idByHost"`
 	ORCA              *jsonORCA         `json:"orca"`
 	Balancer          *jsonTunables     `json:"balancer"`
 }
@@ -89,6 +90,8 @@ type lbConfig struct {
 	tenantHeader   string
 	modelHeader    string
 
+	idByHost bool // endpoints without a WithEndpoint ID are named by host, not host:port
+
 	orcaPerCall bool
 	oob         bool
 	oobInterval time.Duration
@@ -142,7 +145,7 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 			return nil, errors.New("inferlb: service config: unexpected data after the JSON object")
 		}
 	}
-	c := &lbConfig{orcaPerCall: true}
+	c := &lbConfig{orcaPerCall: true, idByHost: raw.IDByHost}
 
 	for m, name := range raw.Methods {
 		field := fmt.Sprintf("methods[%q]", m)

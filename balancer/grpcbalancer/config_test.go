@@ -34,6 +34,7 @@ func TestParseConfigGood(t *testing.T) {
 		"affinityKeyHeader": "X-Session-ID",
 		"tenantHeader": "x-tenant",
 		"modelHeader": "x-model",
+		"idByHost": true,
 		"orca": {"perCall": false, "outOfBand": true, "interval": "1.5s"},
 		"balancer": {"telemetryMaxAge": "-1s", "latencyDecay": "5s", "errorAlpha": 0.2, "panicThreshold": -1,
 			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
@@ -55,6 +56,9 @@ func TestParseConfigGood(t *testing.T) {
 		if got := c.service(method); got != want {
 			t.Errorf("service(%q) = %v, want %v", method, got, want)
 		}
+	}
+	if !c.idByHost {
+		t.Error("idByHost not set")
 	}
 	if c.affinityHeader != "x-session-id" || c.tenantHeader != "x-tenant" || c.modelHeader != "x-model" {
 		t.Errorf("headers %q %q %q", c.affinityHeader, c.tenantHeader, c.modelHeader)
@@ -97,6 +101,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"bad header", `{"affinityKeyHeader": "x session"}`, false, "affinityKeyHeader"},
 		{"reserved header", `{"tenantHeader": "grpc-tenant"}`, false, "tenantHeader"},
 		{"bad model header", `{"modelHeader": "é"}`, false, "modelHeader"},
+		{"idByHost as string", `{"idByHost": "yes"}`, false, "idByHost"},
 		{"seed outside the section", `{"affinitySeed": 1}`, false, `unknown field "affinitySeed"`},
 		{"negative seed", `{"balancer": {"affinitySeed": -1}}`, false, "balancer.affinitySeed"},
 		{"seed as string", `{"balancer": {"affinitySeed": "42"}}`, false, "balancer.affinitySeed"},

@@ -103,6 +103,7 @@
 //	  "affinityKeyHeader": "",          // metadata key of a session/affinity value; default none
 //	  "tenantHeader": "",               // metadata key of the tenant; default none
 //	  "modelHeader": "",                // metadata key of the model name; default none
+//	  "idByHost": false,                // name endpoints by host, not host:port (see below); default false
 //	  "orca": {
 //	    "perCall": true,                // read per-call reports; default true
 //	    "outOfBand": false,             // run an ORCA stream per READY SubConn; default false
@@ -135,6 +136,14 @@
 // running channel replaces its Balancer (live state starts over); the
 // "balancer" section is refused for a NewBuilder policy, whose Balancer the
 // caller configured.
+//
+// Endpoints are named by their first address ("10.0.0.5:8001") unless the
+// resolver gives an ID with WithEndpoint. With "idByHost" they are named by
+// its host alone ("10.0.0.5"), so that on a shared Balancer (NewBuilder) an
+// HTTP transport that names the same replicas by host (Endpoint.ID, or
+// Discovery.IDByHost) shares their state although the ports differ, with
+// the stock DNS resolver and no WithEndpoint. It assumes one replica per
+// host: two endpoints on one host would be one to the Balancer.
 //
 // Affinity keys are hashed with the Balancer's own Keyer (Balancer.Keyer),
 // which shares its AffinitySeed with the consistent placement. With an

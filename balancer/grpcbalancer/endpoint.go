@@ -2,6 +2,7 @@ package grpcbalancer
 
 import (
 	"maps"
+	"net"
 
 	"google.golang.org/grpc/resolver"
 
@@ -56,8 +57,8 @@ func WithEndpoint(ep resolver.Endpoint, info inferlb.Endpoint) resolver.Endpoint
 
 // endpointOf describes ep for the Balancer. The ID is the WithEndpoint ID,
 // else the first address, which is what endpointsharding keys children by
-// (together with the other addresses).
-func endpointOf(ep resolver.Endpoint) inferlb.Endpoint {
+// (together with the other addresses), or with byHost that address's host.
+func endpointOf(ep resolver.Endpoint, byHost bool) inferlb.Endpoint {
 	var e inferlb.Endpoint
 	if len(ep.Addresses) > 0 {
 		e.Addr = ep.Addresses[0].Addr
@@ -66,20 +67,31 @@ func endpointOf(ep resolver.Endpoint) inferlb.Endpoint {
 		e.ID, e.Weight, e.Labels = a.id, a.weight, a.labels
 	}
 	if e.ID == "" {
-		e.ID = e.Addr
+		e.ID = defaultID(e.Addr, byHost)
 	}
 	return e
 }
 
-// endpointID is endpointOf(ep).ID without building the rest.
-func endpointID(ep resolver.Endpoint) string {
+// endpointID is endpointOf(ep, byHost).ID without building the rest.
+func endpointID(ep resolver.Endpoint, byHost bool) string {
 	if a, ok := ep.Attributes.Value(endpointKey{}).(*endpointAttr); ok && a != nil && a.id != "" {
 		return a.id
 	}
 	if len(ep.Addresses) > 0 {
-		return ep.Addresses[0].Addr
+		return defaultID(ep.Addresses[0].Addr, byHost)
 	}
 	return ""
+}
+
+// defaultID names an endpoint by its address, or with byHost by the
+// address's host alone (an address without a port is its own host).
+func defaultID(addr string, byHost bool) string {
+	if byHost {
+		if host, _, err := net.SplitHostPort(addr); err == nil && host != "" {
+			return host
+		}
+	}
+	return addr
 }
 
 // sameEndpoints reports whether two membership lists are the same, so an

@@ -648,3 +648,38 @@ func TestSharedCoreWithoutAFreeMembership(t *testing.T) {
 	_, err = cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
 	assert.ErrorIs(t, err, core.ErrTooManyMemberships)
 }
+
+// With "idByHost" endpoints without a WithEndpoint ID are named by host, so
+// an HTTP transport on the same Balancer that names the replicas by host
+// shares their state.
+func TestIDByHost(t *testing.T) {
+	b := core.New(core.Options{})
+	h := newHarness(t, registerShared(b), `{"idByHost": true}`, 3)
+	var ids []string
+	for _, s := range b.Stats() {
+		ids = append(ids, s.ID)
+		assert.True(t, s.Ready, s.ID)
+	}
+	assert.Equal(t, []string{"10.0.0.0", "10.0.0.1", "10.0.0.2"}, ids)
+	for range 30 {
+		a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		assert.True(t, strings.HasPrefix(a, "10.0.0."), a)
+		res.Done(sent)
+	}
+	var picks uint64
+	for _, s := range b.Stats() {
+		picks += s.Picks
+	}
+	assert.EqualValues(t, 30, picks)
+	// A WithEndpoint ID still wins.
+	eps := endpoints(2)
+	eps[1] = WithEndpoint(eps[1], inferlb.Endpoint{ID: "replica-b"})
+	h.updateEndpoints(eps)
+	for h.cc.ConnectAll() > 0 {
+	}
+	ids = ids[:0]
+	for _, s := range b.Stats() {
+		ids = append(ids, s.ID)
+	}
+	assert.Equal(t, []string{"10.0.0.0", "replica-b"}, ids)
+}

@@ -73,6 +73,9 @@ func (t *Transport) resolveOnce(ctx context.Context, d *Discovery, host, port st
 			addr = d.Scheme + "://" + addr
 		}
 		eps[i] = inferlb.Endpoint{ID: addr, Addr: addr, Labels: d.Labels}
+		if d.IDByHost {
+			eps[i].ID = a
+		}
 	}
 	t.mu.Lock()
 	if slices.EqualFunc(eps, t.discovered, func(a, b inferlb.Endpoint) bool { return a.Addr == b.Addr }) {

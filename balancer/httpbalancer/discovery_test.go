@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
 )
 
@@ -133,4 +134,32 @@ func TestDiscoveryLookupBounded(t *testing.T) {
 		assert.Empty(t, ids(tr))
 		require.NoError(t, tr.Close())
 	})
+}
+
+// With IDByHost, discovered replicas are named by address alone, so a gRPC
+// channel on the same Balancer that names them by host too ("idByHost")
+// shares their state although it reaches them on another port.
+func TestDiscoveryIDByHostSharesStateWithAnotherPort(t *testing.T) {
+	dns := &fakeDNS{}
+	dns.set(nil, "10.0.0.1", "10.0.0.2")
+	b := balancer.New(balancer.Options{})
+	tr, err := httpbalancer.NewTransport(httpbalancer.Options{
+		Balancer:  b,
+		Discovery: &httpbalancer.Discovery{Target: "vllm.svc:8000", LookupHost: dns.LookupHost, IDByHost: true},
+	})
+	require.NoError(t, err)
+	defer tr.Close()
+	grpcSide, err := b.NewMembership()
+	require.NoError(t, err)
+	defer grpcSide.Close()
+	require.NoError(t, grpcSide.Update([]inferlb.Endpoint{{ID: "10.0.0.1", Addr: "10.0.0.1:8001"}, {ID: "10.0.0.2", Addr: "10.0.0.2:8001"}}))
+	assert.Equal(t, []string{"10.0.0.1", "10.0.0.2"}, ids(tr), "one state per replica, not one per port")
+	p, err := grpcSide.Pick(&inferlb.Request{})
+	require.NoError(t, err)
+	defer p.Done(inferlb.Outcome{})
+	var inFlight int64
+	for _, s := range b.Stats() {
+		inFlight += s.InFlight
+	}
+	assert.EqualValues(t, 1, inFlight, "the gRPC call shows on the replica the HTTP side routes over")
 }

@@ -122,6 +122,12 @@ type Discovery struct {
 	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// Labels are given to every resolved endpoint, e.g. {"model": "llama-3-8b"}.
 	Labels map[string]string
+	// IDByHost names each resolved endpoint by its address alone ("10.0.0.5")
+	// instead of address and port, so that on a shared Balancer a gRPC
+	// channel naming the same replicas by host (the policy's "idByHost")
+	// shares their state although the ports differ. It assumes one replica
+	// per address.
+	IDByHost bool
 	// OnError, if set, is told about failed resolutions. The last good set
 	// stays in use: a resolver hiccup must not empty the fleet.
 	OnError func(error)
