@@ -397,6 +397,35 @@ func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pi
 	return b.acquire(g.members[i], req, c), nil
 }
 
+// PickAt picks the endpoint whose serial (Pick.Serial) is given when it can
+// take req (it serves req's model, is ready and in good standing, or the
+// group is in panic), whatever its load, and otherwise picks as Pick does.
+// It is for calls that must reach the endpoint holding their state, such
+// as a Responses API follow-up whose server keeps the stored conversation
+// in memory; when that endpoint is gone they go wherever they can.
+func (b *Balancer) PickAt(req *inferlb.Request, serial uint64) (Pick, error) {
+	return b.pickAt(b.def, req, serial)
+}
+
+func (b *Balancer) pickAt(m *Membership, req *inferlb.Request, serial uint64) (Pick, error) {
+	if g := m.snap.Load().groupFor(req.Model); g != nil {
+		if i, ok := g.bySerial[serial]; ok {
+			nowNs := b.cfg.nowNs()
+			st := g.eligibility(b.epoch.Load(), nowNs)
+			panicking := b.cfg.panicThreshold > 0 && float64(st.good) < b.cfg.panicThreshold*float64(st.ready)
+			// keyed: the call's state, its prefix among it, is cached there.
+			c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, keyed: true}
+			if e := g.members[i]; c.ok(e) {
+				if req.AffinityKey != 0 && b.reuse != nil {
+					b.reuse.observe(req.AffinityKey)
+				}
+				return b.acquire(e, req, c), nil
+			}
+		}
+	}
+	return b.pick(m, req, "")
+}
+
 // choose picks a member for req from the group, or from a tenant's shard
 // of it when sh is not nil: the affinity key's endpoint when the key has
 // one within bound, else the cheaper of two draws (P2C); -1 when nothing

@@ -26,6 +26,8 @@ type group struct {
 	load *atomic.Int64 // durable: in-flight calls on the group's members
 	bit  uint64        // its membership's readiness bit
 
+	bySerial map[uint64]int32 // member index by endpoint serial, for PickAt
+
 	placement *cache.Placement // consistent placement of affinity keys; nil when affinity is off
 	// With StickyTTL: member ID hashes (as stored in the sticky table) and
 	// their index. nil otherwise.
@@ -47,7 +49,10 @@ type standing struct {
 }
 
 func newGroup(members []*endpoint, weights []float64, load *atomic.Int64, bit uint64) *group {
-	g := &group{members: members, weights: weights, load: load, bit: bit}
+	g := &group{members: members, weights: weights, load: load, bit: bit, bySerial: make(map[uint64]int32, len(members))}
+	for i, e := range members {
+		g.bySerial[e.serial] = int32(i)
+	}
 	uniform := true
 	for _, w := range weights {
 		g.total += w

@@ -90,6 +90,12 @@ func (m *Membership) PickExcept(req *inferlb.Request, exclude string) (Pick, err
 	return m.b.pick(m, req, exclude)
 }
 
+// PickAt is Balancer.PickAt over the Membership's endpoints that are ready
+// in it.
+func (m *Membership) PickAt(req *inferlb.Request, serial uint64) (Pick, error) {
+	return m.b.pickAt(m, req, serial)
+}
+
 // Update replaces the membership's endpoint set, as Balancer.Update does the
 // Balancer's own: state is matched by Key, shared with every other
 // membership listing the same ID, and kept for endpoints that stay in any.

@@ -233,3 +233,47 @@ func TestMembershipsChangeWhileOthersPick(t *testing.T) {
 		assert.True(t, s.Ready, s.ID)
 	}
 }
+
+// PickAt goes to the endpoint it names however busy, while that endpoint can
+// take the call; otherwise it picks as Pick does.
+func TestPickAtPinsWhileTheEndpointCanTakeIt(t *testing.T) {
+	b := balancer.New(balancer.Options{Rand: testutil.NewRand(5), Clock: testutil.NewClock()})
+	require.NoError(t, b.Update([]inferlb.Endpoint{
+		{ID: "x", Addr: "10.0.0.1:1", Labels: map[string]string{"model": "llama"}},
+		{ID: "y", Addr: "10.0.0.2:1", Labels: map[string]string{"model": "llama"}},
+		{ID: "z", Addr: "10.0.0.3:1", Labels: map[string]string{"model": "qwen"}},
+	}))
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llama", AffinityKey: 42}
+	var serial uint64
+	var held []balancer.Pick
+	for len(held) < 20 { // x busy with 20 calls
+		p, err := b.PickExcept(req, "y")
+		require.NoError(t, err)
+		require.Equal(t, "x", p.ID())
+		serial = p.Serial()
+		held = append(held, p)
+	}
+	for range 10 {
+		p, err := b.PickAt(req, serial)
+		require.NoError(t, err)
+		assert.Equal(t, "x", p.ID(), "pinned, however busy")
+		p.Done(inferlb.Outcome{})
+	}
+	// A model x does not serve, an unknown serial, x not ready: the usual pick.
+	p, err := b.PickAt(&inferlb.Request{Model: "qwen"}, serial)
+	require.NoError(t, err)
+	assert.Equal(t, "z", p.ID())
+	p.Done(inferlb.Outcome{})
+	p, err = b.PickAt(req, 9999)
+	require.NoError(t, err)
+	assert.Equal(t, "y", p.ID(), "unknown serial: P2C sends it to the idle one")
+	p.Done(inferlb.Outcome{})
+	require.True(t, b.SetReady("x", false))
+	p, err = b.PickAt(req, serial)
+	require.NoError(t, err)
+	assert.Equal(t, "y", p.ID())
+	p.Done(inferlb.Outcome{})
+	for i := range held {
+		held[i].Done(inferlb.Outcome{})
+	}
+}

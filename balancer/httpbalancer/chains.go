@@ -2,6 +2,7 @@ package httpbalancer
 
 import (
 	"bytes"
+	"math"
 	"sync"
 	"time"
 
@@ -15,18 +16,21 @@ import (
 // SGLang keep stored responses in the memory of the server that made them,
 // so it would miss that server's KV cache and may not find the response at
 // all. So the Transport remembers, for the responses it sees, the affinity
-// key of the request that produced each one, and a follow-up naming one is
-// routed with that key: every turn of the conversation carries the key of
-// its first turn, and goes where that key goes. Only this process's
-// responses are known; a follow-up naming another's is keyed on its input.
+// key of the request that produced each one and the endpoint that made it.
+// A follow-up naming one goes to that endpoint while it can take the call
+// (balancer.PickAt: whatever its load, since elsewhere the stored response
+// may not exist), else where that key goes: every turn of the conversation
+// carries the key of its first turn. Only this process's responses are
+// known; a follow-up naming another's is keyed on its input.
 
 // DefaultResponseMemory is how long a Transport remembers the affinity key
 // behind a /v1/responses response (Options.ResponseMemory).
 const DefaultResponseMemory = 30 * time.Minute
 
 // ResponseEntries bounds the table of remembered responses: 16,384 entries
-// of 32 bytes (512 KiB), allocated on the first /v1/responses call. When
-// it is full, the least recently used entry of a set makes room.
+// of 32 bytes (512 KiB), two per response (its key, its endpoint),
+// allocated on the first /v1/responses call. When it is full, the least
+// recently used entry of a set makes room.
 const ResponseEntries = 1 << 14
 
 // responseChains maps a response ID (its Keyer.Session hash) to the
@@ -53,17 +57,35 @@ func (r *responseChains) sessions() *cache.Sessions {
 	return r.table
 }
 
-// key returns the affinity key remembered for response id hash h.
-func (r *responseChains) key(h uint64) (uint64, bool) {
+// pinSalt keys the second entry of a response: the serial of the endpoint
+// that made it.
+const pinSalt = 0x9e3779b97f4a7c15
+
+// lookup returns the affinity key remembered for response id hash h and
+// the serial of the endpoint that made the response (0 when forgotten).
+func (r *responseChains) lookup(h uint64) (key uint64, serial uint32, ok bool) {
 	if r == nil || h == 0 {
-		return 0, false
+		return 0, 0, false
 	}
-	return r.sessions().Get(h)
+	t := r.sessions()
+	if key, ok = t.Get(h); !ok {
+		return 0, 0, false
+	}
+	if s, ok := t.Get(h ^ pinSalt); ok {
+		serial = uint32(s)
+	}
+	return key, serial, true
 }
 
-func (r *responseChains) remember(h, key uint64) {
+// remember records that the response with id hash h was made by the
+// endpoint with the given serial for a call routed with key.
+func (r *responseChains) remember(h, key, serial uint64) {
 	if r != nil && h != 0 && key != 0 {
-		r.sessions().Put(h, key)
+		t := r.sessions()
+		t.Put(h, key)
+		if serial != 0 && serial <= math.MaxUint32 {
+			t.Put(h^pinSalt, serial)
+		}
 	}
 }
 

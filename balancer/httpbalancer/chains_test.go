@@ -216,3 +216,62 @@ func TestOpenAIClientResponsesConversation(t *testing.T) {
 		}
 	}
 }
+
+// A follow-up goes to the server that made the response it continues even
+// when that server is far over its load bound, where the conversation's key
+// alone would spill it (to a server that does not have the response).
+func TestResponsesFollowUpStaysPinnedUnderLoad(t *testing.T) {
+	servers := make([]*responsesServer, 4)
+	var eps []inferlb.Endpoint
+	for i := range servers {
+		servers[i] = &responsesServer{name: fmt.Sprintf("s%d", i), made: map[string]bool{}}
+		srv := httptest.NewServer(servers[i])
+		t.Cleanup(srv.Close)
+		eps = append(eps, inferlb.Endpoint{ID: servers[i].name, Addr: srv.URL})
+	}
+	b := balancer.New(balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1})
+	tr := newTransport(t, httpbalancer.Options{Endpoints: eps, Balancer: b})
+	client := &http.Client{Transport: tr}
+	post := func(body string) (string, int) {
+		t.Helper()
+		resp, err := client.Post(responsesURL, "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		if resp.StatusCode != http.StatusOK {
+			return "", resp.StatusCode
+		}
+		return responseID(t, got), resp.StatusCode
+	}
+	opening := `{"model":"m","input":"a long conversation opens"}`
+	prev, _ := post(opening)
+	home := strings.Split(prev, "_")[1]
+
+	// Another adapter's calls keep the home server far over its bound.
+	other, err := b.NewMembership()
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, other.Update([]inferlb.Endpoint{{ID: home, Addr: "10.9.9.9:1"}}))
+	var held []balancer.Pick
+	for range 40 {
+		p, err := other.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+		require.NoError(t, err)
+		held = append(held, p)
+	}
+	defer func() {
+		for i := range held {
+			held[i].Done(inferlb.Outcome{})
+		}
+	}()
+	// The opening's key alone now spills elsewhere ...
+	again, _ := post(opening)
+	assert.NotEqual(t, home, strings.Split(again, "_")[1], "the key did not spill: the test shows nothing")
+	// ... but every follow-up reaches the server that has the conversation.
+	for turn := 1; turn <= 5; turn++ {
+		id, code := post(fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"turn %d"}`, prev, turn))
+		require.Equal(t, http.StatusOK, code, "turn %d", turn)
+		assert.Equal(t, home, strings.Split(id, "_")[1], "turn %d", turn)
+		prev = id
+	}
+}

@@ -16,6 +16,12 @@ type Info struct {
 	// transport treats a response as a stream when its Content-Type is
 	// text/event-stream, or when Stream is set and the Content-Type is not JSON.
 	Stream bool
+
+	// pin is the serial (balancer.Pick.Serial, truncated) of the endpoint
+	// that made the response a Responses API follow-up continues, when the
+	// Transport remembers it; 0 otherwise. It fits in Stream's padding, so
+	// Info keeps its size.
+	pin uint32
 }
 
 // An Inspector classifies a request for routing. Inspect fills info from the
@@ -124,8 +130,8 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	}
 	if b.cacheKey == "" && b.prevResponse != "" {
 		// A Responses API follow-up: the key of the turn it continues.
-		if k, ok := o.chains.key(o.Keyer.Session(b.prevResponse)); ok {
-			info.AffinityKey = k
+		if k, serial, ok := o.chains.lookup(o.Keyer.Session(b.prevResponse)); ok {
+			info.AffinityKey, info.pin = k, serial
 			return
 		}
 	}

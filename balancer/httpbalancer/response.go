@@ -335,7 +335,7 @@ func (c *call) finish(err error) {
 	}
 	c.pick.Done(o)
 	if s := c.sse; s != nil && s.id != nil && s.id.id != nil && o.Err == nil && !o.Overloaded {
-		c.t.cfg.chains.remember(c.t.cfg.keyer.Session(alias(s.id.id)), c.info.AffinityKey)
+		c.t.cfg.chains.remember(c.t.cfg.keyer.Session(alias(s.id.id)), c.info.AffinityKey, c.pick.Serial())
 	}
 	if f != nil {
 		f(Result{

@@ -251,9 +251,15 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		var err error
-		if t.mem == nil {
+		switch {
+		case c.info.pin != 0 && failed == "" && t.mem == nil:
+			// A follow-up to where its stored response is (see ResponseMemory).
+			c.pick, err = t.b.PickAt(&c.info.Request, uint64(c.info.pin))
+		case c.info.pin != 0 && failed == "":
+			c.pick, err = t.mem.PickAt(&c.info.Request, uint64(c.info.pin))
+		case t.mem == nil:
 			c.pick, err = t.b.PickExcept(&c.info.Request, failed) // failed is "" on the first attempt
-		} else {
+		default:
 			c.pick, err = t.mem.PickExcept(&c.info.Request, failed)
 		}
 		if err != nil {
