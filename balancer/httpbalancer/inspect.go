@@ -65,9 +65,10 @@ var (
 // max_completion_tokens, max_output_tokens, TGI's max_new_tokens), a prompt
 // token estimate (bytes of prompt text / 4, or the body size / 4 when the
 // body was larger than the peek), and for LLM calls the affinity key: the
-// request's prompt_cache_key as a session, else, for a /v1/responses
-// follow-up (previous_response_id) through a Transport that saw the response
-// it continues, the key that response was routed with (see ResponseMemory),
+// request's prompt_cache_key as a session, else the Responses API's
+// conversation ID as a session, else, for a /v1/responses follow-up
+// (previous_response_id) through a Transport that saw the response it
+// continues, the key that response was routed with (see ResponseMemory),
 // else the cache Keyer's key of the
 // chat messages through the first user turn (Keyer.Chat; for /v1/responses
 // the instructions count as a system message) or of the prompt
@@ -126,6 +127,11 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	}
 	info.PromptTokens = int(min(chars/charsPerToken, 1<<31-1))
 	if info.Service != inferlb.ServiceLLM || o.Keyer == nil {
+		return
+	}
+	if b.cacheKey == "" && b.conversation != "" {
+		// A Responses API conversation names its session outright.
+		info.AffinityKey = o.Keyer.Session(b.conversation)
 		return
 	}
 	if b.cacheKey == "" && b.prevResponse != "" {

@@ -97,6 +97,13 @@ func TestInspectAffinity(t *testing.T) {
 	// prompt_cache_key is an explicit session and wins over the prompt.
 	withKey := inspect(path, `{"model":"m","prompt_cache_key":"s1","messages":[{"role":"user","content":"x"}]}`, true).AffinityKey
 	assert.Equal(t, cache.NewKeyer(42).Session("s1"), withKey)
+	// A Responses API conversation names its session, in either form;
+	// prompt_cache_key still wins.
+	const rpath = "/v1/responses"
+	inConv := inspect(rpath, `{"model":"m","conversation":"conv_7","input":"first"}`, true).AffinityKey
+	assert.Equal(t, cache.NewKeyer(42).Session("conv_7"), inConv)
+	assert.Equal(t, inConv, inspect(rpath, `{"model":"m","conversation":{"id":"conv_7"},"input":"second"}`, true).AffinityKey)
+	assert.Equal(t, withKey, inspect(rpath, `{"model":"m","conversation":"conv_7","prompt_cache_key":"s1","input":"x"}`, true).AffinityKey)
 	// No Keyer: no prompt affinity.
 	r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, nil)
 	var info httpbalancer.Info

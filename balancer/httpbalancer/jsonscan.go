@@ -349,6 +349,7 @@ type body struct {
 	cacheKey  string // may alias the body, like the fields below
 
 	prevResponse string // previous_response_id; may alias the body
+	conversation string // the Responses API's conversation ID; may alias the body
 
 	// keyed is set when the fields below should be collected (LLM calls).
 	// Their strings alias the body being parsed (see view) unless the text
@@ -457,6 +458,9 @@ func (s *scanner) field(key []byte, out *body) bool {
 			out.cacheKey = view(raw, s.quoted(raw, esc), esc) // goes to Keyer.Session only
 		}
 		return ok
+	case "conversation": // "conv_1" or {"id": "conv_1"}
+		out.conversation = ""
+		return s.conversation(out)
 	case "previous_response_id":
 		out.prevResponse = ""
 		if s.peek() != '"' {
@@ -487,6 +491,42 @@ func (s *scanner) parameters(out *body) bool {
 			var n int
 			n, ok = s.integer()
 			out.maxTokens = max(out.maxTokens, n)
+		} else {
+			ok = s.skip()
+		}
+		if !ok {
+			return false
+		}
+	}
+}
+
+// conversation reads the Responses API's conversation: its ID as a string,
+// or an object whose "id" is.
+func (s *scanner) conversation(out *body) bool {
+	switch s.peek() {
+	case '"':
+		raw, esc, ok := s.str()
+		if ok {
+			out.conversation = view(raw, s.quoted(raw, esc), esc) // goes to Keyer.Session only
+		}
+		return ok
+	case '{':
+	default:
+		return s.skip()
+	}
+	s.i++
+	for first := true; ; first = false {
+		key, esc, st := s.nextKey(first)
+		if st != member {
+			return st == closed
+		}
+		ok := false
+		if !esc && string(key) == "id" && s.peek() == '"' {
+			var raw []byte
+			raw, esc, ok = s.str()
+			if ok {
+				out.conversation = view(raw, s.quoted(raw, esc), esc)
+			}
 		} else {
 			ok = s.skip()
 		}

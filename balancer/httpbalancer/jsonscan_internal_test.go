@@ -13,7 +13,7 @@ import (
 // scanResult is what parseBody hands to Inspect, without the scratch.
 type scanResult struct {
 	model, cacheKey, system, prompt string
-	prevResponse                    string
+	prevResponse, conversation      string
 	stream, hasText                 bool
 	maxTokens, chars                int
 	msgs                            []cache.Message
@@ -22,14 +22,14 @@ type scanResult struct {
 func scanNew(b []byte, keyed bool) scanResult {
 	var o body
 	parseBody(b, keyed, &o)
-	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.stream, o.hasText, o.maxTokens, o.chars,
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.stream, o.hasText, o.maxTokens, o.chars,
 		slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
 func scanRef(b []byte, keyed bool) scanResult {
 	var o refBody
 	refParseBody(b, keyed, &o)
-	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.stream, o.hasText, o.maxTokens, o.chars,
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.stream, o.hasText, o.maxTokens, o.chars,
 		slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
@@ -44,6 +44,9 @@ var scanSeeds = []string{
 	`{"model":"a\"b","messages":[{"role":"user","content":"\u00e9t\u00e9"}]}`,
 	`{"model":"m","prompt_cache_key":"s1","messages":[{"role":"user","content":"x"}]}`,
 	`{"model":"m","previous_response_id":"resp_1","input":"next","previous_response_id":7}`,
+	`{"model":"m","conversation":"conv_1","input":"hi"}`,
+	`{"model":"m","conversation":{"metadata":{"id":"x"},"id":"conv_\u00e92"},"input":"hi"}`,
+	`{"model":"m","conversation":{"id":3},"conversation":7}`,
 	`{"model":"m","previous_response_id":"resp_\u00e9\"x","input":[{"role":"user","content":"next"}]}`,
 	`{"inputs":"abcdefgh","parameters":{"max_new_tokens":12,"x":[1,{"a":"]"}]}}`,
 	`{"model":"bge","query":"abcd","documents":["abcdefgh",{"text":"abcd"}],"texts":["q"]}`,
@@ -95,7 +98,7 @@ func TestScannerMatchesReference(t *testing.T) {
 
 func equalScan(a, b scanResult) bool {
 	return a.model == b.model && a.cacheKey == b.cacheKey && a.system == b.system && a.prompt == b.prompt &&
-		a.prevResponse == b.prevResponse &&
+		a.prevResponse == b.prevResponse && a.conversation == b.conversation &&
 		a.stream == b.stream && a.hasText == b.hasText && a.maxTokens == b.maxTokens && a.chars == b.chars &&
 		slices.Equal(a.msgs, b.msgs)
 }

@@ -246,6 +246,7 @@ type refBody struct {
 	cacheKey  string
 
 	prevResponse string
+	conversation string
 
 	keyed   bool
 	system  string
@@ -322,6 +323,28 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 				out.cacheKey = refView(raw, quoted, esc)
 			}
 			return ok
+		case "conversation":
+			out.conversation = ""
+			switch s.peek() {
+			case '"':
+				raw, quoted, esc, ok := s.str()
+				if ok {
+					out.conversation = refView(raw, quoted, esc)
+				}
+				return ok
+			case '{':
+				return s.object(func(key []byte) bool {
+					if string(key) == "id" && s.peek() == '"' {
+						raw, quoted, esc, ok := s.str()
+						if ok {
+							out.conversation = refView(raw, quoted, esc)
+						}
+						return ok
+					}
+					return s.skip()
+				})
+			}
+			return s.skip()
 		case "previous_response_id":
 			out.prevResponse = ""
 			if s.peek() != '"' {
