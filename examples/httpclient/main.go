@@ -10,7 +10,11 @@
 // rest without saying so (a throttled GPU), which the balancer learns from
 // the streamed answers' time per token. It sends a mix of plain and streamed chat
 // completions, plus one conversation pinned by a session header, and prints
-// how many calls each backend got and what the balancer learned. Compare
+// how many calls each backend got and what the balancer learned. Last, it
+// holds a few conversations on the Responses API, each follow-up naming the
+// response it continues (previous_response_id), against backends that keep
+// stored responses in memory as vLLM does, so a follow-up sent anywhere else
+// fails with 404; and the same through a plain round-robin transport. Compare
 // -affinity prefer (the default: a prompt's key owner keeps it while within
 // its load bound) with -affinity off (pure load and telemetry).
 //
@@ -27,6 +31,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -36,6 +41,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
@@ -51,11 +57,18 @@ type backend struct {
 	plain    atomic.Int64
 	streamed atomic.Int64
 	session  atomic.Int64 // calls of the pinned conversation
+
+	mu     sync.Mutex
+	stored map[string]bool // response IDs this replica made (its in-memory store)
 }
 
 const tokens = 8
 
 func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/responses" {
+		b.respond(w, r)
+		return
+	}
 	if r.URL.Path != "/v1/chat/completions" {
 		http.NotFound(w, r)
 		return
@@ -96,6 +109,38 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.(http.Flusher).Flush()
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// respond serves the Responses API with an in-memory store, as vLLM does:
+// a follow-up naming a response this replica did not make is not found.
+func (b *backend) respond(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Model    string `json:"model"`
+		Previous string `json:"previous_response_id"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	b.mu.Lock()
+	if req.Previous != "" && !b.stored[req.Previous] {
+		b.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(w, `{"error":{"message":"response %s not found","type":"invalid_request_error"}}`, req.Previous)
+		return
+	}
+	if b.stored == nil {
+		b.stored = map[string]bool{}
+	}
+	id := fmt.Sprintf("resp_%s_%d", strings.ReplaceAll(b.name, "-", ""), len(b.stored))
+	b.stored[id] = true
+	b.mu.Unlock()
+	time.Sleep(tokens * b.perToken)
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"id":%q,"object":"response","created_at":0,"status":"completed","model":%q,`+
+		`"output":[{"type":"message","id":"msg_0","status":"completed","role":"assistant",`+
+		`"content":[{"type":"output_text","text":"answer from %s","annotations":[]}]}]}`, id, req.Model, b.name)
 }
 
 func main() {
@@ -186,6 +231,61 @@ func main() {
 			stats[b.name].TimePerOutputToken.Round(100*time.Microsecond), b.session.Load())
 	}
 	_ = tw.Flush()
+
+	// Conversations on the Responses API: each follow-up sends only its new
+	// input and names the response it continues, which only the replica
+	// that made it has.
+	fmt.Println()
+	for _, c := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{
+		{"inferlb", transport},
+		{"round-robin", &roundRobin{hosts: endpoints}},
+	} {
+		client := openai.NewClient(
+			option.WithHTTPClient(&http.Client{Transport: c.rt}),
+			option.WithBaseURL("http://llm.internal/v1/"),
+			option.WithAPIKey("unused"),
+			option.WithMaxRetries(0),
+		)
+		lost := 0
+		for conv := range 8 {
+			prev := ""
+			for turn := range 4 {
+				params := responses.ResponseNewParams{
+					Model: "llama-3-8b",
+					Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(fmt.Sprintf("conversation %d, turn %d", conv, turn))},
+				}
+				if prev != "" {
+					params.PreviousResponseID = openai.String(prev)
+				}
+				resp, err := client.Responses.New(ctx, params)
+				if err != nil {
+					lost++
+					break // a 404: the conversation is lost
+				}
+				prev = resp.ID
+			}
+		}
+		fmt.Printf("Responses API through %s: %d of 8 four-turn conversations lost their stored response\n", c.name, lost)
+	}
+}
+
+// roundRobin is the plain alternative: rotate the backend per request.
+type roundRobin struct {
+	hosts []inferlb.Endpoint
+	n     atomic.Uint64
+}
+
+func (rr *roundRobin) RoundTrip(r *http.Request) (*http.Response, error) {
+	out := r.Clone(r.Context())
+	u, err := url.Parse(rr.hosts[rr.n.Add(1)%uint64(len(rr.hosts))].Addr)
+	if err != nil {
+		return nil, err
+	}
+	out.URL.Scheme, out.URL.Host, out.Host = u.Scheme, u.Host, ""
+	return http.DefaultTransport.RoundTrip(out)
 }
 
 // chat sends call i: streamed when i is odd, each with its own prompt.
