@@ -448,29 +448,13 @@ func (s *scanner) field(key []byte, out *body) bool {
 			out.system = view(raw, s.quoted(raw, esc), esc)
 		}
 		return true
+	// The IDs below go to Keyer.Session only, so views of the body do.
 	case "prompt_cache_key":
-		out.cacheKey = ""
-		if s.peek() != '"' {
-			return s.skip()
-		}
-		raw, esc, ok := s.str()
-		if ok {
-			out.cacheKey = view(raw, s.quoted(raw, esc), esc) // goes to Keyer.Session only
-		}
-		return ok
+		return s.stringView(&out.cacheKey)
 	case "conversation": // "conv_1" or {"id": "conv_1"}
-		out.conversation = ""
 		return s.conversation(out)
 	case "previous_response_id":
-		out.prevResponse = ""
-		if s.peek() != '"' {
-			return s.skip()
-		}
-		raw, esc, ok := s.str()
-		if ok {
-			out.prevResponse = view(raw, s.quoted(raw, esc), esc) // goes to Keyer.Session only
-		}
-		return ok
+		return s.stringView(&out.prevResponse)
 	}
 	return s.skip()
 }
@@ -500,33 +484,36 @@ func (s *scanner) parameters(out *body) bool {
 	}
 }
 
+// stringView reads a string value into *dst as a view of the body (see
+// view); a value of another type clears *dst and is stepped over.
+func (s *scanner) stringView(dst *string) bool {
+	*dst = ""
+	if s.peek() != '"' {
+		return s.skip()
+	}
+	raw, esc, ok := s.str()
+	if ok {
+		*dst = view(raw, s.quoted(raw, esc), esc)
+	}
+	return ok
+}
+
 // conversation reads the Responses API's conversation: its ID as a string,
 // or an object whose "id" is.
 func (s *scanner) conversation(out *body) bool {
-	switch s.peek() {
-	case '"':
-		raw, esc, ok := s.str()
-		if ok {
-			out.conversation = view(raw, s.quoted(raw, esc), esc) // goes to Keyer.Session only
-		}
-		return ok
-	case '{':
-	default:
-		return s.skip()
+	if s.peek() != '{' {
+		return s.stringView(&out.conversation)
 	}
+	out.conversation = ""
 	s.i++
 	for first := true; ; first = false {
 		key, esc, st := s.nextKey(first)
 		if st != member {
 			return st == closed
 		}
-		ok := false
-		if !esc && string(key) == "id" && s.peek() == '"' {
-			var raw []byte
-			raw, esc, ok = s.str()
-			if ok {
-				out.conversation = view(raw, s.quoted(raw, esc), esc)
-			}
+		var ok bool
+		if !esc && string(key) == "id" {
+			ok = s.stringView(&out.conversation)
 		} else {
 			ok = s.skip()
 		}

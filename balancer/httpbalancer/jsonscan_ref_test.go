@@ -314,47 +314,20 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			}
 			return true
 		case "prompt_cache_key":
-			out.cacheKey = ""
-			if s.peek() != '"' {
-				return s.skip()
-			}
-			raw, quoted, esc, ok := s.str()
-			if ok {
-				out.cacheKey = refView(raw, quoted, esc)
-			}
-			return ok
+			return s.stringInto(&out.cacheKey)
 		case "conversation":
+			if s.peek() != '{' {
+				return s.stringInto(&out.conversation)
+			}
 			out.conversation = ""
-			switch s.peek() {
-			case '"':
-				raw, quoted, esc, ok := s.str()
-				if ok {
-					out.conversation = refView(raw, quoted, esc)
+			return s.object(func(key []byte) bool {
+				if string(key) == "id" {
+					return s.stringInto(&out.conversation)
 				}
-				return ok
-			case '{':
-				return s.object(func(key []byte) bool {
-					if string(key) == "id" && s.peek() == '"' {
-						raw, quoted, esc, ok := s.str()
-						if ok {
-							out.conversation = refView(raw, quoted, esc)
-						}
-						return ok
-					}
-					return s.skip()
-				})
-			}
-			return s.skip()
-		case "previous_response_id":
-			out.prevResponse = ""
-			if s.peek() != '"' {
 				return s.skip()
-			}
-			raw, quoted, esc, ok := s.str()
-			if ok {
-				out.prevResponse = refView(raw, quoted, esc)
-			}
-			return ok
+			})
+		case "previous_response_id":
+			return s.stringInto(&out.prevResponse)
 		}
 		return s.skip()
 	})
@@ -519,4 +492,17 @@ func refAppendText(dst, raw, quoted []byte, esc bool) []byte {
 		return append(dst, refDecode(raw, quoted, esc)...)
 	}
 	return append(dst, raw...)
+}
+
+// stringInto reads a string value into *dst; another type clears it.
+func (s *refScanner) stringInto(dst *string) bool {
+	*dst = ""
+	if s.peek() != '"' {
+		return s.skip()
+	}
+	raw, quoted, esc, ok := s.str()
+	if ok {
+		*dst = refView(raw, quoted, esc)
+	}
+	return ok
 }
