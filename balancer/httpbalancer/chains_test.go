@@ -64,6 +64,19 @@ func (s *responsesServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"id": %q, "object": "response", "status": "completed", "output": [{"id": "msg_1", "type": "message"}]}`, id)
 }
 
+// responsesFleet starts n responsesServers named s0, s1, ... and returns
+// their endpoints, each with its server's name as ID.
+func responsesFleet(t *testing.T, n int) []inferlb.Endpoint {
+	t.Helper()
+	var eps []inferlb.Endpoint
+	for i := range n {
+		srv := httptest.NewServer(&responsesServer{name: fmt.Sprintf("s%d", i), made: map[string]bool{}})
+		t.Cleanup(srv.Close)
+		eps = append(eps, inferlb.Endpoint{ID: fmt.Sprintf("s%d", i), Addr: srv.URL})
+	}
+	return eps
+}
+
 // responseID reads the ID of a /v1/responses answer, JSON or stream.
 func responseID(t *testing.T, body []byte) string {
 	t.Helper()
@@ -81,14 +94,7 @@ func responseID(t *testing.T, body []byte) string {
 func TestResponsesFollowUpsReachTheirConversation(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
-			servers := make([]*responsesServer, 4)
-			var eps []inferlb.Endpoint
-			for i := range servers {
-				servers[i] = &responsesServer{name: fmt.Sprintf("s%d", i), made: map[string]bool{}}
-				srv := httptest.NewServer(servers[i])
-				t.Cleanup(srv.Close)
-				eps = append(eps, inferlb.Endpoint{Addr: srv.URL})
-			}
+			eps := responsesFleet(t, 4)
 			tr := newTransport(t, httpbalancer.Options{Endpoints: eps,
 				BalancerOptions: balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1}})
 			client := &http.Client{Transport: tr}
@@ -127,14 +133,7 @@ func TestResponsesFollowUpsReachTheirConversation(t *testing.T) {
 // With ResponseMemory off, follow-ups are keyed on their own input and
 // scatter: the test above would fail, which shows it tests the memory.
 func TestResponsesFollowUpsScatterWithoutTheMemory(t *testing.T) {
-	servers := make([]*responsesServer, 4)
-	var eps []inferlb.Endpoint
-	for i := range servers {
-		servers[i] = &responsesServer{name: fmt.Sprintf("s%d", i), made: map[string]bool{}}
-		srv := httptest.NewServer(servers[i])
-		t.Cleanup(srv.Close)
-		eps = append(eps, inferlb.Endpoint{Addr: srv.URL})
-	}
+	eps := responsesFleet(t, 4)
 	tr := newTransport(t, httpbalancer.Options{Endpoints: eps, ResponseMemory: -1,
 		BalancerOptions: balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1}})
 	client := &http.Client{Transport: tr}
@@ -164,14 +163,7 @@ func TestResponsesFollowUpsScatterWithoutTheMemory(t *testing.T) {
 // previous_response_id, streamed and not: every turn reaches the server
 // that holds the conversation.
 func TestOpenAIClientResponsesConversation(t *testing.T) {
-	servers := make([]*responsesServer, 4)
-	var eps []inferlb.Endpoint
-	for i := range servers {
-		servers[i] = &responsesServer{name: fmt.Sprintf("s%d", i), made: map[string]bool{}}
-		srv := httptest.NewServer(servers[i])
-		t.Cleanup(srv.Close)
-		eps = append(eps, inferlb.Endpoint{Addr: srv.URL})
-	}
+	eps := responsesFleet(t, 4)
 	tr := newTransport(t, httpbalancer.Options{Endpoints: eps,
 		BalancerOptions: balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1}})
 	client := openai.NewClient(
@@ -221,14 +213,7 @@ func TestOpenAIClientResponsesConversation(t *testing.T) {
 // when that server is far over its load bound, where the conversation's key
 // alone would spill it (to a server that does not have the response).
 func TestResponsesFollowUpStaysPinnedUnderLoad(t *testing.T) {
-	servers := make([]*responsesServer, 4)
-	var eps []inferlb.Endpoint
-	for i := range servers {
-		servers[i] = &responsesServer{name: fmt.Sprintf("s%d", i), made: map[string]bool{}}
-		srv := httptest.NewServer(servers[i])
-		t.Cleanup(srv.Close)
-		eps = append(eps, inferlb.Endpoint{ID: servers[i].name, Addr: srv.URL})
-	}
+	eps := responsesFleet(t, 4)
 	b := balancer.New(balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1})
 	tr := newTransport(t, httpbalancer.Options{Endpoints: eps, Balancer: b})
 	client := &http.Client{Transport: tr}
