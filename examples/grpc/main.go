@@ -173,18 +173,40 @@ func run(calls, workers int, fast, slow time.Duration) error {
 	return nil
 }
 
+// drive sends calls EmptyCalls from workers goroutines through a channel
+// using the given loadBalancingConfig entry and returns how long they took.
+// It calls reset after warming the connections up, before the batch.
+func drive(eps []resolver.Endpoint, lbConfig string, calls, workers int, reset func()) (time.Duration, error) {
+	conn, err := dial(eps, lbConfig)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	call := func() error {
+		_, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+		return err
+	}
+	// Warm up so every connection is up before the clock starts.
+	for range 2 * len(eps) {
+		if err := call(); err != nil {
+			return 0, err
+		}
+	}
+	reset()
+	start := time.Now()
+	err = parallel(calls, workers, call)
+	return time.Since(start), err
+}
+
 // driveStreams runs streams token streams from workers goroutines through a
 // channel using the given loadBalancingConfig entry and dial options, and
 // returns how long they took. It calls reset after a warm-up round that
 // gives every server a stream (and the policy its speed), before the batch.
 func driveStreams(eps []resolver.Endpoint, lbConfig string, opts []grpc.DialOption, streams, workers int, reset func()) (time.Duration, error) {
-	r := manual.NewBuilderWithScheme("example")
-	r.InitialState(resolver.State{Endpoints: eps})
-	conn, err := grpc.NewClient(r.Scheme()+":///fleet", append([]grpc.DialOption{
-		grpc.WithResolvers(r),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [` + lbConfig + `]}`),
-	}, opts...)...)
+	conn, err := dial(eps, lbConfig, opts...)
 	if err != nil {
 		return 0, err
 	}
@@ -207,88 +229,44 @@ func driveStreams(eps []resolver.Endpoint, lbConfig string, opts []grpc.DialOpti
 		}
 	}
 	// Warm up in parallel, so that every server takes a stream.
-	var warm sync.WaitGroup
-	warmErrs := make(chan error, len(eps))
-	for range len(eps) {
-		warm.Add(1)
-		go func() {
-			defer warm.Done()
-			if err := stream(); err != nil {
-				warmErrs <- err
-			}
-		}()
-	}
-	warm.Wait()
-	close(warmErrs)
-	if err := <-warmErrs; err != nil {
+	if err := parallel(len(eps), len(eps), stream); err != nil {
 		return 0, err
 	}
-
 	reset()
 	start := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= int64(streams) {
-				if err := stream(); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	return time.Since(start), <-errs
+	err = parallel(streams, workers, stream)
+	return time.Since(start), err
 }
 
-// drive sends calls EmptyCalls from workers goroutines through a channel
-// using the given loadBalancingConfig entry and returns how long they took.
-// It calls reset after warming the connections up, before the batch.
-func drive(eps []resolver.Endpoint, lbConfig string, calls, workers int, reset func()) (time.Duration, error) {
+// dial connects to eps through a manual resolver with the given
+// loadBalancingConfig entry.
+func dial(eps []resolver.Endpoint, lbConfig string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	r := manual.NewBuilderWithScheme("example")
 	r.InitialState(resolver.State{Endpoints: eps})
-	conn, err := grpc.NewClient(r.Scheme()+":///fleet",
+	return grpc.NewClient(r.Scheme()+":///fleet", append([]grpc.DialOption{
 		grpc.WithResolvers(r),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [`+lbConfig+`]}`))
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	client := testgrpc.NewTestServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [` + lbConfig + `]}`),
+	}, opts...)...)
+}
 
-	// Warm up so every connection is up before the clock starts.
-	for range 2 * len(eps) {
-		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
-			return 0, err
-		}
-	}
-
-	reset()
-	start := time.Now()
+// parallel runs call n times from workers goroutines and returns the first
+// error (a worker stops at its first).
+func parallel(n, workers int, call func() error) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= int64(calls) {
-				if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if err := call(); err != nil {
 					errs <- err
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)
-	return time.Since(start), <-errs
+	return <-errs
 }
