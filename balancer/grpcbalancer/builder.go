@@ -354,7 +354,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	}
 	lb.ClientConn.UpdateState(balancer.State{
 		ConnectivityState: connectivity.Ready,
-		Picker:            &picker{core: b, mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers)},
+		Picker:            &picker{mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers)},
 	})
 }
 

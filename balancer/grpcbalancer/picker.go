@@ -22,8 +22,7 @@ const maxRepicks = 2
 // Concurrency: immutable after construction; gRPC calls Pick from any
 // goroutine. The core's state is shared and atomic.
 type picker struct {
-	core     *core.Balancer
-	mem      *core.Membership // the channel's membership in core
+	mem      *core.Membership // the channel's membership in its Balancer
 	cfg      *lbConfig
 	children childTable // READY children
 }
@@ -123,15 +122,15 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			c.release()
 			return res, err
 		}
-		c.core = p.core
+		c.core = p.mem.Balancer()
 		if st != nil {
-			st.core.Store(p.core)
+			st.core.Store(c.core)
 			id := c.pick.ID()
 			st.picked.Store(&id)
 			c.retry = st
 		}
 		if ss != nil {
-			ss.attempt(p.core)
+			ss.attempt(c.core)
 			c.stream = ss
 		}
 		c.perCall = p.cfg.orcaPerCall
@@ -174,7 +173,7 @@ func (p *picker) request(info balancer.PickInfo, c *call) *inferlb.Request {
 	var tenant, model string
 	if h := cfg.affinityHeader; h != "" {
 		if v := metadata.ValueFromOutgoingContext(ctx, h); len(v) > 0 {
-			key = p.core.Keyer().Session(v[0])
+			key = p.mem.Balancer().Keyer().Session(v[0])
 		}
 	}
 	if h := cfg.tenantHeader; h != "" {

@@ -430,7 +430,7 @@ func TestKeyOwnedElsewhereGoesToItsNextEndpoints(t *testing.T) {
 	cur := h.picker().(*picker)
 	byID := maps.Clone(cur.children.byID)
 	delete(byID, addr(3))
-	stale := &picker{core: cur.core, mem: cur.mem, cfg: cur.cfg, children: newChildTable(b, byID)}
+	stale := &picker{mem: cur.mem, cfg: cur.cfg, children: newChildTable(b, byID)}
 	owned := 0
 	for k := range uint64(200) {
 		key := k*0x9e3779b97f4a7c15 | 1
