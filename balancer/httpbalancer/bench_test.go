@@ -243,27 +243,29 @@ func BenchmarkTransportOverhead(b *testing.B) {
 			defer tr.Close()
 			b.ReportAllocs()
 			for b.Loop() {
-				req, _ := http.NewRequest(http.MethodPost, chatURL, bytes.NewReader(benchChat))
-				req.Header.Set("Content-Type", "application/json")
-				resp, err := tr.RoundTrip(req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				_ = resp.Body.Close()
+				overheadCall(b, tr)
 			}
 		})
 	}
 	b.Run("canned-only", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			req, _ := http.NewRequest(http.MethodPost, chatURL, bytes.NewReader(benchChat))
-			req.Header.Set("Content-Type", "application/json")
-			resp, _ := cannedBase{}.RoundTrip(req)
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
+			overheadCall(b, cannedBase{})
 		}
 	})
+}
+
+// overheadCall makes the overhead benchmarks' call through rt: the
+// benchmark's chat completion, its answer read to the end and closed.
+func overheadCall(b *testing.B, rt http.RoundTripper) {
+	req, _ := http.NewRequest(http.MethodPost, chatURL, bytes.NewReader(benchChat))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
 }
 
 // BenchmarkTransportOverheadCold is BenchmarkTransportOverhead with the CPU
@@ -281,23 +283,13 @@ func BenchmarkTransportOverheadCold(b *testing.B) {
 		}
 		sink += evict[len(evict)/2]
 	}
-	one := func(rt http.RoundTripper) {
-		req, _ := http.NewRequest(http.MethodPost, chatURL, bytes.NewReader(benchChat))
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := rt.RoundTrip(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-	}
 	run := func(b *testing.B, rt http.RoundTripper) {
 		b.ReportAllocs()
 		for b.Loop() {
 			b.StopTimer()
 			flush()
 			b.StartTimer()
-			one(rt)
+			overheadCall(b, rt)
 		}
 	}
 	b.Run("transport", func(b *testing.B) {
