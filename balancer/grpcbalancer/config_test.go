@@ -149,3 +149,44 @@ func TestParseConfigThroughBuilder(t *testing.T) {
 		t.Fatal("a NewBuilder policy accepted tunables it cannot apply")
 	}
 }
+
+// FuzzParseConfig: a service config is operator input that may come from
+// a DNS TXT record or a control plane. Whatever the bytes, parsing returns
+// either an error carrying the package prefix or a config whose options
+// the core accepts and can build a Balancer from; never a panic, and the
+// same bytes always parse the same way.
+func FuzzParseConfig(f *testing.F) {
+	for _, s := range []string{
+		``, `{}`, `{"methods": {"/ai.Gen/": "llm", "/ai.Gen/Embed": "embedding"}, "defaultService": "rerank"}`,
+		`{"affinityKeyHeader": "X-Session-Id", "tenantHeader": "x-tenant", "modelHeader": "x-model"}`,
+		`{"orca": {"perCall": false, "outOfBand": true, "interval": "2s"}}`,
+		`{"balancer": {"affinity": "strict", "loadBound": 1.5, "tenantShardSize": 4, "spillMemory": "30s", "minKeyReuse": 0.1}}`,
+		`{"balancer": {"latencyDecay": "-1s", "errorAlpha": 2}}`, `{"methods": {"//C": "llm"}}`, `{} {}`, `[`,
+	} {
+		f.Add([]byte(s), false)
+	}
+	f.Fuzz(func(t *testing.T, js []byte, shared bool) {
+		c, err := parseConfig(js, shared)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "inferlb: ") {
+				t.Fatalf("parseConfig(%q): error %q lacks the inferlb prefix", js, err)
+			}
+			return
+		}
+		if err := c.opts.Validate(); err != nil {
+			t.Fatalf("parseConfig(%q) accepted options the core rejects: %v", js, err)
+		}
+		if shared && c.hasTunables {
+			t.Fatalf("parseConfig(%q) accepted tunables for a shared Balancer", js)
+		}
+		if c.oobInterval <= 0 {
+			t.Fatalf("parseConfig(%q): OOB interval %v", js, c.oobInterval)
+		}
+		_ = core.New(c.opts) // must not panic
+		again, err := parseConfig(js, shared)
+		if err != nil || again.tunables != c.tunables || again.defaultService != c.defaultService ||
+			again.affinityHeader != c.affinityHeader || len(again.exact) != len(c.exact) || len(again.prefix) != len(c.prefix) {
+			t.Fatalf("parseConfig(%q) is not deterministic: %v", js, err)
+		}
+	})
+}
