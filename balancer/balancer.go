@@ -550,10 +550,12 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	// exclusion. onBreakerChange sets the exclusion before it bumps the
 	// generation, so a new generation is never seen with the old standing.
 	gen := e.brGen.Load()
+	var flags uint32
 	if !e.usable(c.bit, c.nowNs, c.panicking) {
 		gen--
 	} else if e.brOpen.Load() {
 		e.probeSlots.Add(-1)
+		flags = pickProbe
 	}
 	// Counted as int32 so Pick stays 40 bytes (the HTTP transport's call
 	// state, which holds one, stays in its allocation size class); no call
@@ -572,7 +574,7 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 		c.Add(1)
 	}
 	b.retry.deposit()
-	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt}
+	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
 
 // Pick is the result of Balancer.Pick: the endpoint chosen and the handle to
@@ -586,8 +588,14 @@ type Pick struct {
 	tokens int32  // added to the endpoint's in-flight tokens
 	prompt int32  // added to the endpoint's prefill estimate
 	gen    uint32 // breaker generation at pick
-	done   uint32 // atomic
+	flags  uint32 // pickDone (atomic) | pickProbe
 }
+
+// Pick.flags bits. They share one word so a Pick stays 40 bytes.
+const (
+	pickDone  = 1 << iota // Done has run
+	pickProbe             // the pick took one of a half-open breaker's probe slots
+)
 
 // Endpoint returns the chosen endpoint as last given to Update.
 func (p *Pick) Endpoint() inferlb.Endpoint {
@@ -626,7 +634,11 @@ func (p *Pick) Serial() uint64 {
 // tokens, feeds latency and error EWMAs, and cools the endpoint down on
 // overload. Only the first call has an effect; it is safe for concurrent use.
 func (p *Pick) Done(o inferlb.Outcome) {
-	if p.e == nil || !atomic.CompareAndSwapUint32(&p.done, 0, 1) {
+	if p.e == nil {
+		return
+	}
+	f := atomic.LoadUint32(&p.flags)
+	if f&pickDone != 0 || !atomic.CompareAndSwapUint32(&p.flags, f, f|pickDone) {
 		return
 	}
 	p.b.finish(p, o)
@@ -654,10 +666,12 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		e.canceled.Add(1)
 		e.observe(b.cfg, nowNs, 0, o.TTFT, 0, false, false)
 		b.report(e, p.gen, errExcluded, 0)
+		b.returnProbe(p)
 	case o.Overloaded:
 		e.overloads.Add(1)
 		b.cooldown(e, nowNs, o.RetryAfter)
 		b.report(e, p.gen, errExcluded, 0)
+		b.returnProbe(p)
 	case o.Err != nil:
 		e.failures.Add(1)
 		e.observe(b.cfg, nowNs, latency, 0, 0, true, true)

@@ -3,6 +3,7 @@ package balancer
 import (
 	"errors"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -186,6 +187,19 @@ func (b *Balancer) report(e *endpoint, gen uint32, err error, streak int64) {
 	// closure does not escape, so reporting does not allocate (the two-step
 	// API's Allow returns a heap closure per call).
 	_, _ = e.breaker.Execute(func() (struct{}, error) { return struct{}{}, err })
+}
+
+// returnProbe gives back the half-open probe slot p took when its outcome
+// says nothing about health (a cancellation, a call never sent, an
+// overload answer): gobreaker does not count such a probe either, so
+// without this the slots run out while the breaker still waits for its
+// probes, and the endpoint would stay out of rotation for good. A slot of
+// an older breaker generation is not returned: a trip or recovery since has
+// set the slots anew.
+func (b *Balancer) returnProbe(p *Pick) {
+	if atomic.LoadUint32(&p.flags)&pickProbe != 0 && p.e.brGen.Load() == p.gen {
+		p.e.probeSlots.Add(1)
+	}
 }
 
 // noteStreak tracks when the current run of failures began, for detection

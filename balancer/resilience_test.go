@@ -3,6 +3,7 @@ package balancer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -135,6 +136,49 @@ func TestBreakerTripsProbesAndRecovers(t *testing.T) {
 	assert.EqualValues(t, 1, st.Trips)
 	assert.EqualValues(t, 1, st.Recoveries)
 	assert.InDelta(t, balancer.DefaultSlowStartMin, st.RampFactor, 1e-9, "a recovered endpoint ramps up again")
+}
+
+// A half-open probe that ends without a verdict on health (the client
+// canceled, the adapter never sent it, the server answered "overloaded")
+// hands its probe slot back, as gobreaker does not count it either: with
+// the slots spent and the breaker still waiting for probes, the endpoint
+// would stay out of rotation for good.
+func TestProbeWithoutVerdictReturnsItsSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    inferlb.Outcome
+	}{
+		{"canceled", inferlb.Outcome{Err: context.Canceled}},
+		{"not sent", inferlb.Outcome{Err: fmt.Errorf("call not sent: %w", context.Canceled)}},
+		{"overloaded", inferlb.Outcome{Overloaded: true, RetryAfter: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			rec := &recorder{}
+			b := resilient(t, clock, rec, 4)
+			bad := endpoints(4)[0].Addr
+			for range balancer.DefaultBreakerFailures {
+				p := pickOn(t, b, bad)
+				p.Done(inferlb.Outcome{Err: errDown})
+			}
+			require.Equal(t, balancer.EventTripped, rec.last().Kind)
+			clock.Advance(balancer.DefaultEjectionTime) // half-open
+
+			// Every probe slot ends without a verdict.
+			for range balancer.DefaultBreakerProbes {
+				p := pickOn(t, b, bad)
+				p.Done(tc.o)
+				clock.Advance(2 * time.Second) // past an overload's cooldown
+			}
+			// Probes still go out, and enough good ones close the breaker.
+			for range balancer.DefaultBreakerProbes {
+				p := pickOn(t, b, bad)
+				p.Done(inferlb.Outcome{})
+			}
+			assert.Equal(t, balancer.EventRecovered, rec.last().Kind)
+			assert.False(t, stat(t, b, bad).BreakerOpen)
+		})
+	}
 }
 
 func TestOverloadAndCancellationDoNotTrip(t *testing.T) {
