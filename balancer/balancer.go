@@ -138,9 +138,13 @@ func (b *Balancer) Keyer() *cache.Keyer { return b.keyer }
 func (b *Balancer) Telemetry() *telemetry.Store { return b.cfg.store }
 
 // Publish records a telemetry sample for an endpoint; the Balancer is a
-// telemetry.Sink. Adapters call it with per-call load reports.
+// telemetry.Sink. Adapters call it with per-call load reports, and a
+// telemetry.Poller can publish into it. A sample for an ID that is not one
+// of the Balancer's endpoints (or another's on a shared Store) is dropped
+// and counted in Telemetry().Stats().DroppedUnknown: the Store keeps slots
+// only for endpoints someone routes to.
 func (b *Balancer) Publish(endpointID string, s telemetry.Sample) {
-	b.cfg.store.Publish(endpointID, s)
+	b.cfg.store.PublishKnown(endpointID, s)
 }
 
 var _ telemetry.Sink = (*Balancer)(nil)
@@ -271,6 +275,14 @@ func (b *Balancer) reconcile() {
 				eps[e.id] = e
 				all = append(all, e)
 			}
+		}
+	}
+	for id := range b.eps {
+		if _, ok := eps[id]; !ok {
+			// Gone from every membership: its telemetry slot goes too
+			// (unless another Balancer on a shared Store holds it), so
+			// endpoint churn cannot fill the Store.
+			b.cfg.store.Release(id)
 		}
 	}
 	b.eps = eps

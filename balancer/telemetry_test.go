@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -129,4 +130,42 @@ func TestStaleReadingDoesNotDrawEveryPick(t *testing.T) {
 	for _, p := range append(held, held2...) {
 		p.Done(inferlb.Outcome{})
 	}
+}
+
+// Endpoints that come and go (pods replaced on every rollout) must not
+// fill the telemetry table: a departed endpoint's slot goes with it, a
+// late report about it does not bring it back, and a Store shared by two
+// Balancers keeps a slot while either still has the endpoint.
+func TestEndpointChurnDoesNotFillTheTelemetryStore(t *testing.T) {
+	clock := testutil.NewClock()
+	store := &telemetry.Store{MaxEndpoints: 4}
+	a := balancer.New(balancer.Options{Clock: clock, Telemetry: store})
+	other := balancer.New(balancer.Options{Clock: clock, Telemetry: store})
+	kv := func(v float64) telemetry.Sample {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.KVCacheUsage, v)
+		return s
+	}
+	var last string
+	for i := range 50 { // rollouts: each replaces the one pod
+		last = fmt.Sprintf("pod-%d:8000", i)
+		assert.NoError(t, a.Update([]inferlb.Endpoint{{Addr: last}}))
+		a.Publish(last, kv(0.5))
+		if i > 0 {
+			a.Publish(fmt.Sprintf("pod-%d:8000", i-1), kv(0.9)) // a late report about the one that left
+		}
+	}
+	assert.Equal(t, 1, store.Len(), "only the live pod has a slot")
+	_, ok := store.Latest(last, clock.Now(), 0)
+	assert.True(t, ok, "the live pod's telemetry is kept")
+	assert.EqualValues(t, 49, store.Stats().DroppedUnknown, "late reports are counted, not kept")
+	assert.Zero(t, store.Stats().DroppedFull)
+
+	// Shared Store: the slot stays while either Balancer has the endpoint.
+	assert.NoError(t, other.Update([]inferlb.Endpoint{{Addr: last}}))
+	assert.NoError(t, a.Update(nil))
+	_, ok = store.Latest(last, clock.Now(), 0)
+	assert.True(t, ok, "still held by the other Balancer")
+	assert.NoError(t, other.Update(nil))
+	assert.Zero(t, store.Len())
 }

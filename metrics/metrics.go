@@ -116,6 +116,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.telemetry, t.DroppedEmpty, "dropped_empty")
 	counter(c.telemetry, t.DroppedOld, "dropped_old")
 	counter(c.telemetry, t.DroppedFull, "dropped_full")
+	counter(c.telemetry, t.DroppedUnknown, "dropped_unknown")
 	k := c.b.KeyReuse()
 	if k.Observed > 0 {
 		gauge(c.keyReuse, k.Ratio)

@@ -29,6 +29,9 @@ func TestCollectorExportsLiveState(t *testing.T) {
 	p, _ = b.Pick(&inferlb.Request{})
 	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond, TTFT: 50 * time.Millisecond, OutputTokens: 5})
 	b.Publish("a:1", telemetry.Sample{}) // malformed: counted, not kept
+	stray := telemetry.Sample{Time: clock.Now()}
+	stray.Set(telemetry.KVCacheUsage, 0.5)
+	b.Publish("gone:1", stray) // not an endpoint of b: counted, not kept
 
 	c := metrics.NewCollector(b, "llm")
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
@@ -53,6 +56,7 @@ inferlb_telemetry_samples_total{balancer="llm",result="accepted"} 0
 inferlb_telemetry_samples_total{balancer="llm",result="dropped_empty"} 1
 inferlb_telemetry_samples_total{balancer="llm",result="dropped_full"} 0
 inferlb_telemetry_samples_total{balancer="llm",result="dropped_old"} 0
+inferlb_telemetry_samples_total{balancer="llm",result="dropped_unknown"} 1
 `), "inferlb_endpoint_in_flight", "inferlb_endpoint_in_flight_tokens", "inferlb_endpoint_failures_total",
 		"inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds", "inferlb_telemetry_samples_total"))
 	held.Done(inferlb.Outcome{})
@@ -63,7 +67,7 @@ inferlb_telemetry_samples_total{balancer="llm",result="dropped_old"} 0
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
-	assert.Equal(t, 18+2+4+1, testutil.CollectAndCount(c), "18 series per endpoint, 2 retry, 4 telemetry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 18+2+5+1, testutil.CollectAndCount(c), "18 series per endpoint, 2 retry, 5 telemetry, 1 affinity (no reuse estimate yet)")
 }
 
 func TestCollectorExportsKeyReuse(t *testing.T) {

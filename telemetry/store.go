@@ -35,18 +35,20 @@ type Store struct {
 	slots sync.Map   // string -> *Slot; lock-free reads
 	n     atomic.Int64
 
-	accepted     atomic.Uint64
-	droppedEmpty atomic.Uint64 // no valid field
-	droppedOld   atomic.Uint64 // older than what is held
-	droppedFull  atomic.Uint64 // table full
+	accepted       atomic.Uint64
+	droppedEmpty   atomic.Uint64 // no valid field
+	droppedOld     atomic.Uint64 // older than what is held
+	droppedFull    atomic.Uint64 // table full
+	droppedUnknown atomic.Uint64 // PublishKnown for an ID without a slot
 }
 
 var _ Sink = (*Store)(nil)
 
 // Slot is one endpoint's entry in a Store. Its methods are safe for concurrent use.
 type Slot struct {
-	cur atomic.Pointer[entry]
-	mu  sync.Mutex // serializes merges; readers never take it
+	cur  atomic.Pointer[entry]
+	mu   sync.Mutex // serializes merges; readers never take it
+	refs int        // holders (Store.Hold); guarded by the Store's mu
 }
 
 // entry is immutable once published.
@@ -61,6 +63,9 @@ type StoreStats struct {
 	DroppedEmpty uint64 // samples with no usable field (malformed input)
 	DroppedOld   uint64 // samples older than every field they carried
 	DroppedFull  uint64 // samples for a new ID once MaxEndpoints were tracked
+	// DroppedUnknown counts PublishKnown samples for an ID with no slot:
+	// an endpoint the Balancer does not have (yet, or any more).
+	DroppedUnknown uint64
 }
 
 // Stats returns the counters.
@@ -70,6 +75,8 @@ func (st *Store) Stats() StoreStats {
 		DroppedEmpty: st.droppedEmpty.Load(),
 		DroppedOld:   st.droppedOld.Load(),
 		DroppedFull:  st.droppedFull.Load(),
+
+		DroppedUnknown: st.droppedUnknown.Load(),
 	}
 }
 
@@ -82,6 +89,10 @@ func (st *Store) Slot(id string) *Slot {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	return st.slotLocked(id)
+}
+
+func (st *Store) slotLocked(id string) *Slot {
 	if s, ok := st.slots.Load(id); ok {
 		return s.(*Slot)
 	}
@@ -96,6 +107,42 @@ func (st *Store) Slot(id string) *Slot {
 	st.slots.Store(id, s)
 	st.n.Add(1)
 	return s
+}
+
+// Hold is Slot for an owner of the endpoint, such as a Balancer that has it
+// in its set: it counts one holder, and Release drops the slot when the
+// last holder lets go. So a Store shared by several Balancers keeps an
+// endpoint's telemetry while any of them has the endpoint, and forgets it
+// when none does: endpoints that come and go (pods replaced on every
+// rollout) cannot fill the table. A slot nobody holds (created by Slot or
+// Publish) stays until Forget.
+func (st *Store) Hold(id string) *Slot {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	s := st.slotLocked(id)
+	if s != nil {
+		s.refs++
+	}
+	return s
+}
+
+// Release undoes one Hold of id; after the last one the slot is dropped, as
+// Forget drops it. Holders of the slot keep a working but orphaned handle.
+func (st *Store) Release(id string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	v, ok := st.slots.Load(id)
+	if !ok {
+		return
+	}
+	s := v.(*Slot)
+	if s.refs > 0 {
+		s.refs--
+		if s.refs == 0 {
+			st.slots.Delete(id)
+			st.n.Add(-1)
+		}
+	}
 }
 
 // Forget drops id's slot (for an endpoint that left the fleet for good).
@@ -125,6 +172,29 @@ func (st *Store) Publish(id string, s Sample) {
 		return
 	}
 	if slot.merge(s) {
+		st.accepted.Add(1)
+	} else {
+		st.droppedOld.Add(1)
+	}
+}
+
+// PublishKnown is Publish for IDs that already have a slot: a sample for
+// any other ID is dropped and counted (DroppedUnknown) instead of taking a
+// new slot. Balancers publish through it, so a late report about an
+// endpoint that has left (an ORCA stream still closing, a scrape in flight)
+// cannot bring its slot back, and a fleet-wide query cannot fill the table
+// with endpoints the Balancer does not route to.
+func (st *Store) PublishKnown(id string, s Sample) {
+	if s.Empty() || s.Time.IsZero() {
+		st.droppedEmpty.Add(1)
+		return
+	}
+	v, ok := st.slots.Load(id)
+	if !ok {
+		st.droppedUnknown.Add(1)
+		return
+	}
+	if v.(*Slot).merge(s) {
 		st.accepted.Add(1)
 	} else {
 		st.droppedOld.Add(1)

@@ -118,6 +118,37 @@ func TestStoreDropsAndCountsBadInput(t *testing.T) {
 	assert.NotNil(t, st.Slot("c"), "room again")
 }
 
+func TestHeldSlotsGoWithTheirLastHolder(t *testing.T) {
+	st := telemetry.Store{MaxEndpoints: 2}
+	a := st.Hold("a")
+	require.NotNil(t, a)
+	assert.Same(t, a, st.Hold("a"), "a second holder shares the slot")
+	st.Publish("a", sample(t0, float64(telemetry.Waiting), 1))
+	st.Release("a")
+	_, ok := st.Latest("a", t0, 0)
+	assert.True(t, ok, "one holder left: kept")
+	st.Release("a")
+	_, ok = st.Latest("a", t0, 0)
+	assert.False(t, ok, "the last holder let go: forgotten")
+	assert.Zero(t, st.Len())
+	st.Release("a") // more releases than holds change nothing
+
+	// A slot nobody holds (made by Publish or Slot) stays until Forget.
+	st.Publish("b", sample(t0, float64(telemetry.Waiting), 1))
+	st.Release("b")
+	assert.Equal(t, 1, st.Len())
+
+	// PublishKnown never makes a slot.
+	st.PublishKnown("c", sample(t0, float64(telemetry.Waiting), 1))
+	st.PublishKnown("b", sample(t0.Add(time.Second), float64(telemetry.Waiting), 2))
+	st.PublishKnown("b", telemetry.Sample{Time: t0})
+	assert.Equal(t, 1, st.Len())
+	got, _ := st.Latest("b", t0, 0)
+	v, _ := got.Get(telemetry.Waiting)
+	assert.Equal(t, 2.0, v)
+	assert.Equal(t, telemetry.StoreStats{Accepted: 3, DroppedEmpty: 1, DroppedUnknown: 1}, st.Stats())
+}
+
 func TestSlotReadsAreConsistentUnderConcurrency(t *testing.T) {
 	var st telemetry.Store
 	slot := st.Slot("a")
