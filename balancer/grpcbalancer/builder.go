@@ -128,6 +128,8 @@ type lbBalancer struct {
 	ready    map[string]bool       // endpoint IDs whose child is READY
 	addrToID map[string]string     // address -> endpoint ID, for SubConns
 	subConns map[*subConn]struct{} // live SubConns, for ORCA OOB
+	current  *picker               // the picker last published; nil while none is READY
+	wake     *time.Timer           // armed by wakeLater; nil when not armed
 	closed   bool
 }
 
@@ -255,11 +257,69 @@ func (lb *lbBalancer) Close() {
 		subs = append(subs, s)
 	}
 	lb.subConns = map[*subConn]struct{}{}
+	if lb.wake != nil {
+		lb.wake.Stop()
+		lb.wake = nil
+	}
+	lb.current = nil
 	lb.mu.Unlock()
 	for _, s := range subs {
 		s.close()
 	}
 	lb.child.Close()
+}
+
+// Bounds of the wait before a picker that found nothing to pick among its
+// READY children is published again (see wakeLater).
+const (
+	minWake = 10 * time.Millisecond
+	maxWake = time.Second
+)
+
+// wakeLater publishes the current picker again when the endpoints the core
+// excluded may be back. A Pick that finds READY children but nothing the
+// core may pick (every one cooling down, ejected or tripped, with panic
+// routing off; or a half-open breaker's probes all out) fails the call, and
+// gRPC holds wait-for-ready calls until the next picker. Exclusions end
+// with time, not with a connectivity change, so without this nothing would
+// publish one and those calls would wait until their deadline. The wait is
+// until the earliest exclusion ends, within [minWake, maxWake]; one timer
+// per channel at a time.
+func (lb *lbBalancer) wakeLater(b *core.Balancer) {
+	lb.mu.Lock()
+	armed := lb.wake != nil || lb.closed
+	lb.mu.Unlock()
+	if armed {
+		return
+	}
+	d := maxWake
+	now := b.Now()
+	for _, st := range b.Stats() {
+		if !st.ExcludedUntil.IsZero() {
+			d = min(d, st.ExcludedUntil.Sub(now))
+		}
+	}
+	d = max(d, minWake)
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if lb.wake == nil && !lb.closed {
+		lb.wake = time.AfterFunc(d, lb.republish)
+	}
+}
+
+// republish sends the current picker to gRPC again (a copy: a new picker
+// value), which wakes the calls waiting for one. A picker published since
+// the timer was armed is the current one, so nothing older comes back.
+func (lb *lbBalancer) republish() {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	lb.wake = nil
+	if lb.closed || lb.current == nil {
+		return
+	}
+	p := *lb.current
+	lb.current = &p
+	lb.ClientConn.UpdateState(balancer.State{ConnectivityState: connectivity.Ready, Picker: &p})
 }
 
 // NewSubConn intercepts pickfirst children's SubConns to follow their
@@ -346,15 +406,17 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	lb.ready = ready
 
 	if len(pickers) == 0 || mem == nil || lb.cfg == nil {
+		lb.current = nil
 		lb.ClientConn.UpdateState(balancer.State{
 			ConnectivityState: st.ConnectivityState,
 			Picker:            &notReadyPicker{next: st.Picker},
 		})
 		return
 	}
+	lb.current = &picker{lb: lb, mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers)}
 	lb.ClientConn.UpdateState(balancer.State{
 		ConnectivityState: connectivity.Ready,
-		Picker:            &picker{mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers)},
+		Picker:            lb.current,
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/status"
 
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
@@ -38,10 +40,16 @@ type backend struct {
 	kv      float64                    // per-call ORCA kv_cache_usage to report; 0 = none
 	perMsg  time.Duration              // StreamingOutputCall: time to "generate" each message after the first
 	smr     orca.ServerMetricsRecorder // out-of-band ORCA metrics; nil = no ORCA service
+	// pushback, if set, answers the first EmptyCall RESOURCE_EXHAUSTED
+	// with this retry pushback (grpc-retry-pushback-ms).
+	pushback time.Duration
 }
 
 func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
-	b.calls.Add(1)
+	if b.calls.Add(1) == 1 && b.pushback > 0 {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", fmt.Sprint(b.pushback.Milliseconds())))
+		return nil, status.Error(codes.ResourceExhausted, "busy")
+	}
 	if b.started != nil {
 		select {
 		case b.started <- struct{}{}:
@@ -495,4 +503,25 @@ func stats(t *testing.T, b *core.Balancer, id string) core.EndpointStats {
 	}
 	t.Fatalf("no endpoint %s", id)
 	return core.EndpointStats{}
+}
+
+// With panic routing off, a server that asked for a pause (RESOURCE_EXHAUSTED
+// with a retry pushback) is excluded until the pause ends, and a call finds
+// nothing to pick. gRPC holds a wait-for-ready call until the next picker;
+// the policy publishes one when the exclusion may have ended, so the call
+// goes through then instead of waiting for its deadline.
+func TestE2EWaitForReadyCallOutlastsACooldown(t *testing.T) {
+	bs := fleet(t, 1, func(_ int, b *backend) { b.pushback = 200 * time.Millisecond })
+	conn, _ := dial(t, bs, "", `{"balancer": {"panicThreshold": -1}}`)
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	_, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("first call: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := client.EmptyCall(cctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("wait-for-ready call after a 200ms cooldown: %v", err)
+	}
 }

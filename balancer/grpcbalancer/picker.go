@@ -22,6 +22,7 @@ const maxRepicks = 2
 // Concurrency: immutable after construction; gRPC calls Pick from any
 // goroutine. The core's state is shared and atomic.
 type picker struct {
+	lb       *lbBalancer      // to publish this picker again (wakeLater)
 	mem      *core.Membership // the channel's membership in its Balancer
 	cfg      *lbConfig
 	children childTable // READY children
@@ -96,8 +97,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		}
 		if err != nil {
 			// Not a status error: wait-for-ready calls wait for the next
-			// picker, others fail with UNAVAILABLE and this message.
+			// picker, others fail with UNAVAILABLE and this message. The
+			// next picker comes when an exclusion may have ended.
 			c.release()
+			if p.lb != nil {
+				p.lb.wakeLater(p.mem.Balancer())
+			}
 			return balancer.PickResult{}, err
 		}
 		child, ok := p.children.get(&c.pick)
