@@ -333,7 +333,7 @@ func (lb *lbBalancer) NewSubConn(addrs []resolver.Address, opts balancer.NewSubC
 		lb.mu.Unlock()
 		return nil, errors.New("inferlb: balancer closed")
 	}
-	s := &subConn{lb: lb, id: lb.addrToID[addrs[0].Addr]}
+	s := &subConn{lb: lb, addr: addrs[0].Addr}
 	lb.mu.Unlock()
 
 	next := opts.StateListener
@@ -354,6 +354,14 @@ func (lb *lbBalancer) NewSubConn(addrs []resolver.Address, opts balancer.NewSubC
 	}
 	lb.mu.Unlock()
 	return sc, nil
+}
+
+// idOf returns the ID of the endpoint that has addr in the resolver's
+// last update, or "".
+func (lb *lbBalancer) idOf(addr string) string {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	return lb.addrToID[addr]
 }
 
 func (lb *lbBalancer) forget(s *subConn) {

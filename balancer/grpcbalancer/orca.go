@@ -74,14 +74,14 @@ func sampleFromORCA(r *v3orcapb.OrcaLoadReport, now time.Time) telemetry.Sample 
 // subConn tracks one SubConn a pickfirst child created, to run an
 // out-of-band ORCA listener on it while it is READY.
 //
-// Concurrency: lb and id are immutable; sc is set once, right after
+// Concurrency: lb and addr are immutable; sc is set once, right after
 // creation, before any state update can arrive. mu guards ready and stop.
 // Listener registration and stop happen without lb.mu held: stop waits for
 // the ORCA producer's goroutine, which may be delivering a report.
 type subConn struct {
-	lb *lbBalancer
-	id string
-	sc balancer.SubConn
+	lb   *lbBalancer
+	addr string // the address it connects to; the endpoint's ID is looked up per report
+	sc   balancer.SubConn
 
 	mu    sync.Mutex
 	ready bool
@@ -91,13 +91,17 @@ type subConn struct {
 var _ orca.OOBListener = (*subConn)(nil)
 
 // OnLoadReport implements orca.OOBListener.
+// The report goes to the endpoint that has the SubConn's address now: the
+// resolver may rename an endpoint (WithEndpoint, idByHost) and keep its
+// address, and pickfirst then keeps the SubConn.
 func (s *subConn) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
-	if s.id == "" {
-		return // its address left the resolver's endpoints as it was created
+	id := s.lb.idOf(s.addr)
+	if id == "" {
+		return // its address left the resolver's endpoints
 	}
 	if b := s.lb.core.Load(); b != nil {
 		if smp := sampleFromORCA(r, time.Now()); !smp.Empty() {
-			b.Publish(s.id, smp)
+			b.Publish(id, smp)
 		}
 	}
 }

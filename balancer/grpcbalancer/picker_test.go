@@ -683,3 +683,32 @@ func TestIDByHost(t *testing.T) {
 	}
 	assert.Equal(t, []string{"10.0.0.0", "replica-b"}, ids)
 }
+
+// The resolver may rename an endpoint and keep its address (WithEndpoint
+// gives it an ID); pickfirst then keeps the SubConn, and its out-of-band
+// ORCA reports must reach the endpoint under its new ID.
+func TestOOBReportFollowsARenamedEndpoint(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 1) // the fake has no ORCA producer: the test delivers the report
+	lb := h.lb()
+	lb.mu.Lock()
+	var subs []*subConn
+	for s := range lb.subConns {
+		subs = append(subs, s)
+	}
+	lb.mu.Unlock()
+	require.Len(t, subs, 1)
+
+	h.updateEndpoints([]resolver.Endpoint{WithEndpoint(endpoints(1)[0], inferlb.Endpoint{ID: "replica-0"})})
+	lb.mu.Lock()
+	_, kept := lb.subConns[subs[0]]
+	lb.mu.Unlock()
+	require.True(t, kept, "the SubConn outlives the rename")
+
+	subs[0].OnLoadReport(&v3orcapb.OrcaLoadReport{ApplicationUtilization: 0.9})
+	s, ok := lb.core.Load().Telemetry().Latest("replica-0", time.Now(), time.Minute)
+	require.True(t, ok, "no report under the endpoint's new ID")
+	u, _ := s.Get(telemetry.AppUtil)
+	assert.Equal(t, 0.9, u)
+	_, ok = lb.core.Load().Telemetry().Latest(addr(0), time.Now(), time.Minute)
+	assert.False(t, ok, "nothing under the old ID")
+}
