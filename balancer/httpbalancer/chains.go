@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inferlb/inferlb/cache"
@@ -93,11 +94,15 @@ func (r *responseChains) remember(h, key, serial uint64) {
 // the first string value of an "id" key, which in a JSON response is the
 // response's own and in a stream is the one inside the first event
 // (response.created). It looks at the first len(buf) bytes only.
+//
+// Concurrency: feed runs from the body's Read, one goroutine at a time,
+// and alone touches buf, n and done; the ID is published through found,
+// which finish may load from a Close on another goroutine.
 type idCapture struct {
-	buf  [512]byte
-	n    int
-	done bool
-	id   []byte // within buf
+	buf   [512]byte
+	n     int
+	done  bool
+	found atomic.Pointer[string] // the ID, once found
 }
 
 func (c *idCapture) feed(p []byte) {
@@ -108,10 +113,20 @@ func (c *idCapture) feed(p []byte) {
 	id, complete := findID(c.buf[:c.n])
 	switch {
 	case id != nil:
-		c.id, c.done = id, true
+		s := string(id)
+		c.found.Store(&s)
+		c.done = true
 	case complete || c.n == len(c.buf):
 		c.done = true // no ID where one would be
 	}
+}
+
+// id returns the ID found so far, or "".
+func (c *idCapture) id() string {
+	if p := c.found.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // maxResponseID bounds the IDs remembered; servers use 30-60 characters.

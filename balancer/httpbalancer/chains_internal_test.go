@@ -32,7 +32,7 @@ func TestIDCaptureFindsTheFirstResponseID(t *testing.T) {
 					c.feed(b[:n])
 					b = b[n:]
 				}
-				assert.Equal(t, tc.want, string(c.id), "fed %d bytes at a time", step)
+				assert.Equal(t, tc.want, c.id(), "fed %d bytes at a time", step)
 			}
 		})
 	}

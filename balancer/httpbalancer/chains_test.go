@@ -260,3 +260,35 @@ func TestResponsesFollowUpStaysPinnedUnderLoad(t *testing.T) {
 		prev = id
 	}
 }
+
+// chunkBody hands out its bytes without ever reporting EOF, as a body
+// whose end has not arrived yet.
+type chunkBody struct{ r *strings.Reader }
+
+func (b *chunkBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+func (b *chunkBody) Close() error               { return nil }
+
+// A caller may Close a response body on one goroutine while another reads
+// it (to stop a stream). The Read that finds a Responses answer's ID and the
+// Close that reports the call must not race (run with -race).
+func TestResponseIDCaptureAndCloseDoNotRace(t *testing.T) {
+	base := baseFunc(func(r *http.Request) (*http.Response, error) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_ = r.Body.Close()
+		return &http.Response{StatusCode: http.StatusOK, Request: r,
+			Header: http.Header{"Content-Type": {"application/json"}},
+			Body:   &chunkBody{strings.NewReader(`{"id":"resp_abc","object":"response"`)}}, nil
+	})
+	tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}}, Base: base})
+	req, err := http.NewRequest(http.MethodPost, responsesURL, strings.NewReader(`{"model":"m","input":"hello there"}`))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		buf := make([]byte, 64)
+		_, _ = resp.Body.Read(buf) // finds the ID
+	})
+	wg.Go(func() { _ = resp.Body.Close() }) // reports the call
+	wg.Wait()
+}

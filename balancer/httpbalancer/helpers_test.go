@@ -168,3 +168,8 @@ func (r *results) on(res httpbalancer.Result) {
 	default:
 	}
 }
+
+// baseFunc is a Base transport from a function.
+type baseFunc func(*http.Request) (*http.Response, error)
+
+func (f baseFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

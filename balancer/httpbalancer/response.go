@@ -40,8 +40,8 @@ func (e *StatusError) Error() string {
 // is returned to the caller and only read afterwards. Read runs on one
 // goroutine at a time (io.Reader's contract) and alone touches the SSE line
 // state; Close may run concurrently with Read, so what finish reads of the
-// stream (events, firstNs, lastNs) is atomic, and finished makes the outcome
-// report happen once.
+// stream (events, firstNs, lastNs, the response ID) is atomic, and finished
+// makes the outcome report happen once.
 type call struct {
 	t    *Transport
 	info Info
@@ -334,8 +334,10 @@ func (c *call) finish(err error) {
 		}
 	}
 	c.pick.Done(o)
-	if s := c.sse; s != nil && s.id != nil && s.id.id != nil && o.Err == nil && !o.Overloaded {
-		c.t.cfg.chains.remember(c.t.cfg.keyer.Session(alias(s.id.id)), c.info.AffinityKey, c.pick.Serial())
+	if s := c.sse; s != nil && s.id != nil && o.Err == nil && !o.Overloaded {
+		if id := s.id.id(); id != "" {
+			c.t.cfg.chains.remember(c.t.cfg.keyer.Session(id), c.info.AffinityKey, c.pick.Serial())
+		}
 	}
 	if f != nil {
 		f(Result{
