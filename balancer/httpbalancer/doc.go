@@ -22,7 +22,14 @@
 // content. (A body held in memory, as http.NewRequest makes of a
 // bytes.Reader, strings.Reader or bytes.Buffer, is not read at all: its head
 // is copied and the body itself is sent.) Picking happens per request, never
-// per connection, so keep-alive cannot pin a client to one backend.
+// per connection, so keep-alive cannot pin a client to one backend. A
+// canceled context ends a read-ahead that is waiting on the caller's body.
+// When the caller's body itself fails (a gateway's client dropped its
+// upload), the call fails with that error and no endpoint is blamed: failing
+// during the read-ahead, nothing is sent; failing while it is sent, the
+// attempt counts as canceled and is not retried elsewhere. (A body that is
+// not read ahead, MaxPeek < 0 or not JSON, is passed to Base untouched, so
+// its failure is Base's error like any other.)
 //
 // The outcome is reported to the balancer when the response body ends (EOF,
 // Close or a read error), not when the headers arrive; for server-sent

@@ -3,12 +3,14 @@ package httpbalancer
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"reflect"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // reqBody is a request body after the bounded peek: the bytes read ahead
@@ -29,7 +31,6 @@ type reqBody struct {
 	inPlace  bool          // head was copied from orig without reading it: orig goes first
 	pooled   *peekBuf      // head's buffer, to return to peekBufs once inspected
 	callerGB bool          // gb is the caller's GetBody
-	readErr  error         // the caller's body failed during the peek
 	length   int64         // ContentLength to send with the first attempt
 	// gb is the outgoing GetBody, built once: Base uses it to resend on a
 	// fresh connection when a reused one was closed under it.
@@ -55,17 +56,37 @@ func closeBody(b bodyReader) {
 func newBytesBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 
 // stitched forwards the head read ahead and then the rest of the caller's
-// body; closing it closes the caller's body.
+// body; closing it closes the caller's body. It notes whether the caller's
+// body failed while Base read it, so that a send that broke on the
+// caller's own body is not blamed on the endpoint.
+//
+// Concurrency: Base reads it from one goroutine at a time, possibly not
+// RoundTrip's; failed is read by RoundTrip after Base returns.
 type stitched struct {
-	io.Reader
-	io.Closer
+	head   bytes.Reader
+	orig   io.ReadCloser
+	failed atomic.Bool // the caller's body returned an error other than EOF
 }
 
-// errReader replays the error the caller's body returned during the peek,
-// at the same byte offset, so Base sees the body fail as it would have.
-type errReader struct{ err error }
+func (s *stitched) Read(p []byte) (int, error) {
+	if s.head.Len() > 0 {
+		return s.head.Read(p)
+	}
+	n, err := s.orig.Read(p)
+	if err != nil && err != io.EOF {
+		s.failed.Store(true)
+	}
+	return n, err
+}
 
-func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+func (s *stitched) Close() error { return s.orig.Close() }
+
+// errBodyFailed is the Outcome.Err of an attempt that failed because the
+// caller's body did while it was being sent. It wraps context.Canceled,
+// which the balancer reads as saying nothing about the endpoint's health:
+// a gateway whose clients drop their uploads must not trip the breakers of
+// healthy backends.
+var errBodyFailed = fmt.Errorf("inferlb: the request body failed while it was sent: %w", context.Canceled)
 
 // wantsPeek reports whether a body is worth reading ahead: JSON or untyped.
 // A multipart upload or binary payload is streamed through untouched.
@@ -86,10 +107,11 @@ func hasJSON(s string) bool {
 }
 
 // readBody peeks at up to maxPeek bytes of r's body: a copy for a body held
-// in memory (see copyHead), else a read. When the caller gave no
-// GetBody (the body may be a pipe fed by another goroutine), the read is
-// bounded by the context: cancellation closes the caller's body, which
-// unblocks the read, and readBody returns the context's error. On error the
+// in memory (see copyHead), else a read. The read is bounded by the
+// context (the body may be a pipe fed by another goroutine): cancellation
+// closes the caller's body, which unblocks the read, and readBody returns
+// the context's error. When the caller's body fails, readBody returns its
+// error: nothing is sent, and no endpoint is blamed for it. On error the
 // body is closed.
 //
 // p is the plan from planPeek; buf, when not nil, is room for the peek that
@@ -105,17 +127,22 @@ func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, 
 	}
 	var stop func() bool
 	var closed chan struct{}
-	if r.GetBody == nil && ctx.Done() != nil {
+	if ctx.Done() != nil {
 		closed = make(chan struct{})
 		stop = context.AfterFunc(ctx, func() {
 			_ = r.Body.Close()
 			close(closed)
 		})
 	}
-	rb.head, rb.complete, rb.readErr = readHead(r.Body, r.ContentLength, t.cfg.maxPeek, buf)
+	var err error
+	rb.head, rb.complete, err = readHead(r.Body, r.ContentLength, t.cfg.maxPeek, buf)
 	if stop != nil && !stop() {
 		<-closed // the body was closed under the read; let that finish
 		return ctx.Err()
+	}
+	if err != nil {
+		_ = r.Body.Close()
+		return fmt.Errorf("inferlb: reading the request body: %w", err)
 	}
 	rb.peeked = true
 	if rb.complete {
@@ -279,13 +306,14 @@ func readHead(body io.Reader, contentLength int64, limit int, buf []byte) (head 
 		buf = make([]byte, 0, n)
 	}
 	for {
+		if len(buf) >= size {
+			return buf, false, nil
+		}
 		if len(buf) == cap(buf) {
-			if len(buf) >= size {
-				return buf, false, nil
-			}
 			buf = slices.Grow(buf, min(2*cap(buf), size)-len(buf))
 		}
-		n, err := body.Read(buf[len(buf):cap(buf)])
+		// Never past size: Grow may round the capacity up.
+		n, err := body.Read(buf[len(buf):min(cap(buf), size)])
 		buf = buf[:len(buf)+n]
 		if err == io.EOF {
 			return buf, true, nil
@@ -305,20 +333,15 @@ func (rb *reqBody) first() bodyReader {
 		return bodyReader{http.NoBody, 0}
 	case rb.complete:
 		return bodyReader{newBytesBody(rb.head), rb.length}
-	case rb.readErr != nil:
-		return bodyReader{&stitched{io.MultiReader(bytes.NewReader(rb.head), errReader{rb.readErr}), rb.orig}, rb.length}
 	default:
-		return bodyReader{&stitched{io.MultiReader(bytes.NewReader(rb.head), rb.orig), rb.orig}, rb.length}
+		s := &stitched{orig: rb.orig}
+		s.head.Reset(rb.head)
+		return bodyReader{s, rb.length}
 	}
 }
 
 // replayable reports whether a second attempt can send the body again.
-// A body that failed during the peek is not retried: the caller's failure
-// is not the endpoint's.
 func (rb *reqBody) replayable() bool {
-	if rb.readErr != nil {
-		return false
-	}
 	return rb.orig == nil || rb.orig == http.NoBody || rb.complete || rb.callerGB
 }
 

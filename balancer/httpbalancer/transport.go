@@ -280,6 +280,12 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		if err == nil {
 			return c.respond(resp)
 		}
+		if s, ok := body.rc.(*stitched); ok && s.failed.Load() {
+			// The caller's body broke, not the endpoint: nothing to
+			// blame, nothing to retry.
+			c.fail(errBodyFailed, false)
+			return nil, err
+		}
 		retry := failed == "" && t.cfg.failover && ctx.Err() == nil && rb.replayable() && t.b.AllowRetry()
 		if retry {
 			body, retry = rb.again()
