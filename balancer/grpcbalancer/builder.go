@@ -158,7 +158,9 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	}
 	oobChanged := lb.cfg == nil || lb.cfg.oob != cfg.oob || lb.cfg.oobInterval != cfg.oobInterval
 	b := lb.core.Load()
-	if lb.shared == nil && (b == nil || lb.cfg.hasTunables != cfg.hasTunables || lb.cfg.tunables != cfg.tunables) {
+	// An empty "balancer" section is no section: every tunable's zero value
+	// is the core's default.
+	if lb.shared == nil && (b == nil || lb.cfg.tunables != cfg.tunables) {
 		// New tunables need a new Balancer: its options are fixed at New.
 		// Live state starts over, which a config push rarely costs much.
 		b = core.New(cfg.opts)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -139,7 +140,7 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 		dec := json.NewDecoder(bytes.NewReader(js))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&raw); err != nil {
-			return nil, decodeError(err)
+			return nil, decodeError(js, err)
 		}
 		if _, err := dec.Token(); err != io.EOF {
 			return nil, errors.New("inferlb: service config: unexpected data after the JSON object")
@@ -348,7 +349,7 @@ func parseDuration(field, s string) (time.Duration, error) {
 
 // decodeError rewrites encoding/json's errors so they carry the prefix and
 // name the field.
-func decodeError(err error) error {
+func decodeError(js []byte, err error) error {
 	var typeErr *json.UnmarshalTypeError
 	var syntaxErr *json.SyntaxError
 	switch {
@@ -363,9 +364,38 @@ func decodeError(err error) error {
 	case errors.As(err, &syntaxErr):
 		return fmt.Errorf("inferlb: service config: invalid JSON at offset %d: %v", syntaxErr.Offset, err)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return fmt.Errorf("inferlb: service config: unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+		key, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
+		return fmt.Errorf("inferlb: service config: unknown field %q", unknownFieldPath(js, key))
 	}
 	return fmt.Errorf("inferlb: service config: %v", err)
+}
+
+// unknownFieldPath names the section an unknown field is in ("orca.oob"):
+// encoding/json's error names the key alone.
+func unknownFieldPath(js []byte, key string) string {
+	var top struct {
+		ORCA     json.RawMessage `json:"orca"`
+		Balancer json.RawMessage `json:"balancer"`
+	}
+	if json.Unmarshal(js, &top) != nil {
+		return key
+	}
+	sections := []struct {
+		name string
+		raw  json.RawMessage
+		into any
+	}{{"orca", top.ORCA, &jsonORCA{}}, {"balancer", top.Balancer, &jsonTunables{}}}
+	for _, sec := range sections {
+		if len(sec.raw) == 0 {
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader(sec.raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(sec.into); err != nil && strings.HasPrefix(err.Error(), "json: unknown field ") {
+			return sec.name + "." + key
+		}
+	}
+	return key
 }
 
 func jsonKind(goKind string) string {

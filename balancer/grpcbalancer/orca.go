@@ -120,10 +120,14 @@ func (s *subConn) onState(st balancer.SubConnState) {
 }
 
 // refresh starts or stops the OOB listener to match readiness and config.
+//
+// The config is read under mu: two refreshes (a config push and a state
+// change) may run at once, and the one that registers last must not bring
+// back the config the other replaced. Lock order: mu, then the policy's mu.
 func (s *subConn) refresh() {
-	enabled, interval := s.lb.oobConfig()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	enabled, interval := s.lb.oobConfig()
 	if s.stop != nil {
 		s.stop()
 		s.stop = nil

@@ -464,6 +464,15 @@ func TestTunablesChangeReplacesCore(t *testing.T) {
 	if h.lb().core.Load() != first {
 		t.Fatal("an unchanged config replaced the core")
 	}
+	empty, err := (&Builder{name: Name}).ParseConfig([]byte(`{"balancer": {}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cfg = empty
+	h.update(2)
+	if h.lb().core.Load() != first {
+		t.Fatal(`an empty "balancer" section, the same defaults, replaced the core and its live state`)
+	}
 	cfg, err := (&Builder{name: Name}).ParseConfig([]byte(`{"balancer": {"errorAlpha": 0.5}}`))
 	if err != nil {
 		t.Fatal(err)
