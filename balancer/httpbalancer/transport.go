@@ -40,8 +40,9 @@ type Transport struct {
 	// (a gRPC channel reaching the same replicas on their gRPC port), so
 	// with a mem, own holds the addresses this Transport was given, by
 	// endpoint ID, for RoundTrip to send to. Replaced whole.
-	mem *balancer.Membership
-	own atomic.Pointer[map[string]string]
+	mem     *balancer.Membership
+	own     atomic.Pointer[map[string]string]
+	lastOwn []inferlb.Endpoint // guarded by mu: the set own was last built from
 
 	stopDiscovery context.CancelFunc // nil without Discovery
 	discoveryDone chan struct{}
@@ -130,10 +131,19 @@ func (t *Transport) applyLocked() error {
 	if t.mem == nil {
 		return t.b.Update(all)
 	}
-	own := make(map[string]string, len(all))
+	own := make(map[string]string, len(all)+len(t.lastOwn))
 	for _, e := range all {
 		own[e.Key()] = e.Addr
 	}
+	// A call picked just before this update may reach outgoing after it:
+	// an endpoint leaving now keeps its address until the next update, so
+	// that call is not sent to another adapter's address for the ID.
+	for _, e := range t.lastOwn {
+		if _, ok := own[e.Key()]; !ok {
+			own[e.Key()] = e.Addr
+		}
+	}
+	t.lastOwn = all
 	t.own.Store(&own)
 	return t.mem.Update(all)
 }
