@@ -148,8 +148,10 @@ type Result struct {
 	// TimeBetweenTokens is the mean gap between data events of a stream
 	// (0 with fewer than two).
 	TimeBetweenTokens time.Duration
-	// FailedOver is set when this attempt failed and the call was retried
-	// on another endpoint.
+	// FailedOver is set when this attempt failed and the transport went on
+	// to retry the call on another endpoint. The retry has its own Result;
+	// if no other endpoint can take it, or the context ends first, there is
+	// none, and the call fails with this attempt's error.
 	FailedOver bool
 }
 
