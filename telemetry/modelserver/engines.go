@@ -20,9 +20,11 @@ var extractors = [...]func(*extractor){
 		// kv_cache_usage_perc replaced gpu_cache_usage_perc (vLLM V1); both
 		// are fractions in 0..1 despite the name.
 		x.max(telemetry.KVCacheUsage, x.first("vllm_kv_cache_usage_perc", "vllm_gpu_cache_usage_perc"))
+		// prefix_cache_{hits,queries} replaced V1's first names,
+		// gpu_prefix_cache_{hits,queries} (vLLM 0.8-0.10).
 		if !x.ratio(telemetry.PrefixCacheHitRate,
-			x.first("vllm_prefix_cache_hits_total", "vllm_prefix_cache_hits"),
-			x.first("vllm_prefix_cache_queries_total", "vllm_prefix_cache_queries")) {
+			x.first("vllm_prefix_cache_hits_total", "vllm_prefix_cache_hits", "vllm_gpu_prefix_cache_hits_total", "vllm_gpu_prefix_cache_hits"),
+			x.first("vllm_prefix_cache_queries_total", "vllm_prefix_cache_queries", "vllm_gpu_prefix_cache_queries_total", "vllm_gpu_prefix_cache_queries")) {
 			x.max(telemetry.PrefixCacheHitRate, x.all("vllm_gpu_prefix_cache_hit_rate")) // V0's gauge
 		}
 	},

@@ -125,6 +125,14 @@ func TestParseInlineCases(t *testing.T) {
 			want:   map[string]float64{"waiting": 4, "kv_cache_usage": 0.5},
 		},
 		{
+			name: "vLLM 0.8-0.10 prefix cache counters (gpu_ prefix)",
+			in: "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 2.0\n" +
+				"# TYPE vllm:gpu_prefix_cache_queries_total counter\nvllm:gpu_prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 1000.0\n" +
+				"# TYPE vllm:gpu_prefix_cache_hits_total counter\nvllm:gpu_prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 250.0\n",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 2, "prefix_cache_hit_rate": 0.25},
+		},
+		{
 			name:    "out-of-range values are dropped, the rest kept",
 			in:      "vllm:num_requests_waiting -3\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 87\n",
 			engine:  modelserver.VLLM,

@@ -47,7 +47,8 @@ type Source struct {
 var _ telemetry.Source = (*Source)(nil)
 
 // Collect scrapes every target concurrently and returns one observation per
-// target that answered with a usable exposition (partial ones included).
+// target that answered with a usable exposition (partial ones included, and
+// counted in the error, so the Poller counts the round as partial).
 // Sample times are left zero for the Poller to stamp. If some targets fail
 // the error wraps telemetry.ErrPartial and names the first failure; if all
 // fail it does not.
@@ -73,35 +74,46 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	for i, t := range targets {
 		g.Go(func() error {
 			sample, err := s.scrape(ctx, t)
-			if err != nil && !errors.Is(err, telemetry.ErrPartial) {
-				results[i].err = fmt.Errorf("endpoint %q: %w", t.EndpointID, err)
-				return nil
+			if err != nil {
+				err = fmt.Errorf("endpoint %q: %w", t.EndpointID, err)
 			}
-			results[i] = result{obs: telemetry.Observation{EndpointID: t.EndpointID, Sample: sample}, ok: true}
+			ok := err == nil || errors.Is(err, telemetry.ErrPartial)
+			results[i] = result{obs: telemetry.Observation{EndpointID: t.EndpointID, Sample: sample}, ok: ok, err: err}
 			return nil
 		})
 	}
 	_ = g.Wait()
 	var obs []telemetry.Observation
-	var first error
-	failed := 0
+	var firstFailed, firstPartial error
+	failed, partial := 0, 0
 	for _, r := range results {
-		if r.ok {
+		switch {
+		case r.ok && r.err == nil:
 			obs = append(obs, r.obs)
-			continue
-		}
-		failed++
-		if first == nil {
-			first = r.err
+		case r.ok: // usable, with lines or values skipped
+			obs = append(obs, r.obs)
+			partial++
+			if firstPartial == nil {
+				firstPartial = r.err
+			}
+		default:
+			failed++
+			if firstFailed == nil {
+				firstFailed = r.err
+			}
 		}
 	}
+	first := firstFailed // a failure says more than a partial
+	if first == nil {
+		first = firstPartial
+	}
 	switch {
-	case failed == 0:
+	case first == nil:
 		return obs, nil
 	case len(obs) == 0:
 		return nil, fmt.Errorf("modelserver: all %d targets failed; first: %w", len(targets), first)
 	}
-	return obs, fmt.Errorf("%w: modelserver: %d of %d targets failed; first: %w", telemetry.ErrPartial, failed, len(targets), first)
+	return obs, fmt.Errorf("%w: modelserver: %d of %d targets failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(targets), partial, first)
 }
 
 func (s *Source) scrape(ctx context.Context, t Target) (telemetry.Sample, error) {

@@ -56,7 +56,7 @@ func TestSourceCollect(t *testing.T) {
 	}
 	obs, err := src.Collect(t.Context())
 	require.ErrorIs(t, err, telemetry.ErrPartial)
-	assert.Contains(t, err.Error(), "modelserver: 3 of 5 targets failed")
+	assert.Contains(t, err.Error(), "modelserver: 3 of 5 targets failed, 1 partial")
 	assert.Contains(t, err.Error(), `endpoint "down"`)
 	assert.Contains(t, err.Error(), "503")
 
@@ -72,6 +72,17 @@ func TestSourceCollect(t *testing.T) {
 			"gpu_mem_used_bytes": 77309411328, "gpu_mem_total_bytes": 85899345920,
 		},
 	}, got)
+
+	// A target whose exposition was only partly readable is reported too,
+	// also when every target answered.
+	src.Targets = modelserver.Static(
+		modelserver.Target{EndpointID: "good", URL: good},
+		modelserver.Target{EndpointID: "partial", URL: partial},
+	)
+	obs, err = src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "0 of 2 targets failed, 1 partial")
+	assert.Len(t, obs, 2)
 }
 
 func TestSourceAllFail(t *testing.T) {
