@@ -191,6 +191,7 @@ func (p *Poller) Poll(ctx context.Context) bool {
 		p.report(err)
 	}
 	p.streak.Store(0)
+	var end time.Time
 	for _, o := range obs {
 		if o.EndpointID == "" || o.Sample.Empty() {
 			p.skipped.Add(1)
@@ -200,6 +201,17 @@ func (p *Poller) Poll(ctx context.Context) bool {
 			// The round's start, not its end: values are at least this old,
 			// so they expire no later than they should.
 			o.Sample.Time = start
+		} else {
+			// A source's own time (Prometheus' evaluation time) from a
+			// clock that runs ahead of ours would be newer than any local
+			// reading for as long as it is ahead: the Store would keep it
+			// over fresher ones and never age it out. It is read as now.
+			if end.IsZero() {
+				end = p.opts.Clock.Now()
+			}
+			if o.Sample.Time.After(end) {
+				o.Sample.Time = end
+			}
 		}
 		p.sink.Publish(o.EndpointID, o.Sample)
 		p.published.Add(1)

@@ -238,6 +238,28 @@ func TestPollerPublishes(t *testing.T) {
 	assert.Equal(t, telemetry.PollerStats{Rounds: 1, Partial: 1, Published: 2, Skipped: 2}, p.Stats())
 }
 
+// A source whose clock runs ahead of ours (a Prometheus server) stamps
+// samples in our future. Kept as is, such a sample would win over every
+// local reading of its fields until our clock caught up, and never look
+// stale; the poller reads it as now.
+func TestPollerBringsFutureTimesToNow(t *testing.T) {
+	clock := testutil.NewClock()
+	ahead := clock.Now().Add(time.Hour)
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		return []telemetry.Observation{{EndpointID: "a", Sample: sample(ahead, float64(telemetry.Waiting), 50)}}, nil
+	})
+	var st telemetry.Store
+	p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{Clock: clock})
+	require.NoError(t, err)
+	require.True(t, p.Poll(t.Context()))
+	clock.Advance(time.Second)
+	st.Publish("a", sample(clock.Now(), float64(telemetry.Waiting), 0)) // a fresher local reading
+	got, ok := st.Latest("a", clock.Now(), 30*time.Second)
+	require.True(t, ok)
+	v, _ := got.Get(telemetry.Waiting)
+	assert.Equal(t, 0.0, v, "the later local reading wins")
+}
+
 func TestNewPollerValidates(t *testing.T) {
 	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) { return nil, nil })
 	tests := []struct {

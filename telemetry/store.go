@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -162,7 +163,7 @@ func (st *Store) Len() int { return int(st.n.Load()) }
 // unless the held one was observed later. A sample without a usable field or
 // without a time is dropped and counted.
 func (st *Store) Publish(id string, s Sample) {
-	if s.Empty() || s.Time.IsZero() {
+	if !s.usable() {
 		st.droppedEmpty.Add(1)
 		return
 	}
@@ -185,7 +186,7 @@ func (st *Store) Publish(id string, s Sample) {
 // cannot bring its slot back, and a fleet-wide query cannot fill the table
 // with endpoints the Balancer does not route to.
 func (st *Store) PublishKnown(id string, s Sample) {
-	if s.Empty() || s.Time.IsZero() {
+	if !s.usable() {
 		st.droppedEmpty.Add(1)
 		return
 	}
@@ -200,6 +201,23 @@ func (st *Store) PublishKnown(id string, s Sample) {
 		st.droppedOld.Add(1)
 	}
 }
+
+// usable reports whether s has a time and at least one finite value of a
+// known field. Sample.Set admits only those, but Values and Has are
+// exported, so a Sink can be handed anything.
+func (s *Sample) usable() bool {
+	if s.Time.IsZero() {
+		return false
+	}
+	for f := range NumFields {
+		if s.Has.Has(Field(f)) && finite(s.Values[f]) {
+			return true
+		}
+	}
+	return false
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // Latest returns id's merged sample with fields older than maxAge at now
 // removed (maxAge <= 0 keeps all), and whether any field remains.
@@ -223,7 +241,7 @@ func (sl *Slot) merge(s Sample) bool {
 	}
 	changed := false
 	for f := range NumFields {
-		if !s.Has.Has(Field(f)) {
+		if !s.Has.Has(Field(f)) || !finite(s.Values[f]) {
 			continue
 		}
 		if next.s.Has.Has(Field(f)) && next.times[f] > t {
@@ -272,11 +290,10 @@ func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	if cur == nil {
 		return
 	}
-	if maxAge <= 0 {
-		*dst = cur.s
-		return
+	cutoff := int64(math.MinInt64)
+	if maxAge > 0 {
+		cutoff = now.UnixNano() - int64(maxAge)
 	}
-	cutoff := now.UnixNano() - int64(maxAge)
 	oldest := int64(0)
 	for f := range NumFields {
 		if !cur.s.Has.Has(Field(f)) || cur.times[f] < cutoff {

@@ -149,6 +149,39 @@ func TestHeldSlotsGoWithTheirLastHolder(t *testing.T) {
 	assert.Equal(t, telemetry.StoreStats{Accepted: 3, DroppedEmpty: 1, DroppedUnknown: 1}, st.Stats())
 }
 
+// Sample.Set admits only finite values, but Values and Has are exported:
+// a Sink may be handed NaN or Inf, which must not reach the scorers.
+func TestStoreDropsNonFiniteValues(t *testing.T) {
+	var st telemetry.Store
+	s := telemetry.Sample{Time: t0, Has: 1<<telemetry.KVCacheUsage | 1<<telemetry.Waiting | 1<<telemetry.Running}
+	s.Values[telemetry.KVCacheUsage] = math.NaN()
+	s.Values[telemetry.Waiting] = math.Inf(1)
+	s.Values[telemetry.Running] = 2
+	st.Publish("a", s)
+	got, ok := st.Latest("a", t0, 0)
+	require.True(t, ok)
+	assert.Equal(t, telemetry.FieldSet(1<<telemetry.Running), got.Has, "only the finite field is kept")
+	v, _ := got.Get(telemetry.Running)
+	assert.Equal(t, 2.0, v)
+
+	s.Has = 1<<telemetry.KVCacheUsage | 1<<telemetry.Waiting // nothing finite left
+	st.Publish("a", s)
+	st.PublishKnown("a", s)
+	assert.Equal(t, telemetry.StoreStats{Accepted: 1, DroppedEmpty: 2}, st.Stats())
+}
+
+// LoadInto's Time is the oldest kept field's, with or without maxAge.
+func TestLoadIntoTimeIsTheOldestField(t *testing.T) {
+	var st telemetry.Store
+	st.Publish("e", sample(t0, float64(telemetry.GPUMemUsed), 1))
+	st.Publish("e", sample(t0.Add(time.Hour), float64(telemetry.Waiting), 2))
+	for _, maxAge := range []time.Duration{0, 24 * time.Hour} {
+		var got telemetry.Sample
+		st.Slot("e").LoadInto(&got, t0.Add(time.Hour), maxAge)
+		assert.True(t, got.Time.Equal(t0), "maxAge %v: %v", maxAge, got.Time)
+	}
+}
+
 func TestSlotReadsAreConsistentUnderConcurrency(t *testing.T) {
 	var st telemetry.Store
 	slot := st.Slot("a")
