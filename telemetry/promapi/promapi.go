@@ -108,6 +108,9 @@ type apiResponse struct {
 	Data      json.RawMessage `json:"data"`
 	ErrorType string          `json:"errorType"`
 	Error     string          `json:"error"`
+	// Warnings come with a "success" whose result may be incomplete
+	// (Thanos and Mimir partial responses, a remote read that failed).
+	Warnings []string `json:"warnings"`
 }
 
 type vectorData struct {
@@ -131,7 +134,15 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	if len(s.Queries) == 0 && s.Queries != nil {
 		return nil, errors.New("promapi: Source.Queries is empty")
 	}
-	body, err := s.post(ctx, s.Query())
+	for f, q := range s.Queries {
+		if int(f) >= telemetry.NumFields {
+			return nil, fmt.Errorf("promapi: Source.Queries has %v, which is not a telemetry field", f)
+		}
+		if strings.TrimSpace(q) == "" {
+			return nil, fmt.Errorf("promapi: Source.Queries[%v] is empty", f)
+		}
+	}
+	body, warnings, err := s.post(ctx, s.Query())
 	if err != nil {
 		return nil, err
 	}
@@ -192,19 +203,23 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 			smp.Time = ts
 		}
 	}
-	if skipped > 0 {
+	switch {
+	case skipped > 0:
 		return obs, fmt.Errorf("%w: promapi: %d series skipped; first: %s", telemetry.ErrPartial, skipped, firstSkip)
+	case len(warnings) > 0:
+		// The answer may lack series: what came is good, the round is partial.
+		return obs, fmt.Errorf("%w: promapi: Prometheus warned the result may be incomplete: %s", telemetry.ErrPartial, warnings[0])
 	}
 	return obs, nil
 }
 
-// post sends the query and returns the envelope's data.
-func (s *Source) post(ctx context.Context, query string) (json.RawMessage, error) {
+// post sends the query and returns the envelope's data and warnings.
+func (s *Source) post(ctx context.Context, query string) (json.RawMessage, []string, error) {
 	endpoint := strings.TrimSuffix(s.URL, "/") + "/api/v1/query"
 	form := url.Values{"query": {query}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(form.Encode()))
 	if err != nil {
-		return nil, fmt.Errorf("promapi: %w", err)
+		return nil, nil, fmt.Errorf("promapi: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
@@ -214,7 +229,7 @@ func (s *Source) post(ctx context.Context, query string) (json.RawMessage, error
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("promapi: query: %w", err)
+		return nil, nil, fmt.Errorf("promapi: query: %w", err)
 	}
 	defer resp.Body.Close()
 	limit := s.MaxBodyBytes
@@ -223,25 +238,25 @@ func (s *Source) post(ctx context.Context, query string) (json.RawMessage, error
 	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("promapi: reading response: %w", err)
+		return nil, nil, fmt.Errorf("promapi: reading response: %w", err)
 	}
 	if int64(len(raw)) > limit {
-		return nil, fmt.Errorf("promapi: response larger than %d bytes", limit)
+		return nil, nil, fmt.Errorf("promapi: response larger than %d bytes", limit)
 	}
 	var env apiResponse
 	jerr := json.Unmarshal(raw, &env)
 	switch {
 	case jerr == nil && env.Status == "error":
 		// Prometheus explains bad queries (400, 422) and overload (503) here.
-		return nil, fmt.Errorf("promapi: query failed (HTTP %d, %s): %s", resp.StatusCode, env.ErrorType, env.Error)
+		return nil, nil, fmt.Errorf("promapi: query failed (HTTP %d, %s): %s", resp.StatusCode, env.ErrorType, env.Error)
 	case resp.StatusCode/100 != 2:
-		return nil, fmt.Errorf("promapi: query: HTTP %s", resp.Status)
+		return nil, nil, fmt.Errorf("promapi: query: HTTP %s", resp.Status)
 	case jerr != nil:
-		return nil, fmt.Errorf("promapi: decoding response: %w", jerr)
+		return nil, nil, fmt.Errorf("promapi: decoding response: %w", jerr)
 	case env.Status != "success":
-		return nil, fmt.Errorf("promapi: response status %q, want \"success\"", env.Status)
+		return nil, nil, fmt.Errorf("promapi: response status %q, want \"success\"", env.Status)
 	}
-	return env.Data, nil
+	return env.Data, env.Warnings, nil
 }
 
 // sampleValue decodes Prometheus' [seconds, "value"] pair.

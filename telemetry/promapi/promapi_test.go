@@ -110,6 +110,18 @@ func TestCollectSkipsBadSeries(t *testing.T) {
 	assert.Equal(t, map[string]float64{"running": 4}, fields(obs[0].Sample))
 }
 
+// Prometheus (and Thanos or Mimir answering in part) may say "success"
+// with warnings: the series that came are used, and the round is partial.
+func TestCollectWarningsMakeAPartialResult(t *testing.T) {
+	body := `{"status":"success","warnings":["remote read: store unavailable, partial response"],
+"data":{"resultType":"vector","result":[{"metric":{"instance":"a","inferlb_field":"waiting"},"value":[1767225600,"3"]}]}}`
+	obs, err := fakeProm(t, 200, body, nil).Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "store unavailable")
+	require.Len(t, obs, 1)
+	assert.Equal(t, map[string]float64{"waiting": 3}, fields(obs[0].Sample))
+}
+
 func TestCollectErrors(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -144,6 +156,10 @@ func TestCollectConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "promapi: Source.URL is empty")
 	_, err = (&promapi.Source{URL: "http://x", Queries: map[telemetry.Field]string{}}).Collect(t.Context())
 	assert.ErrorContains(t, err, "promapi: Source.Queries is empty")
+	_, err = (&promapi.Source{URL: "http://x", Queries: map[telemetry.Field]string{telemetry.Field(200): "up"}}).Collect(t.Context())
+	assert.ErrorContains(t, err, "not a telemetry field")
+	_, err = (&promapi.Source{URL: "http://x", Queries: map[telemetry.Field]string{telemetry.Waiting: " "}}).Collect(t.Context())
+	assert.ErrorContains(t, err, "promapi: Source.Queries[waiting] is empty")
 	_, err = (&promapi.Source{URL: "http://127.0.0.1:1"}).Collect(t.Context())
 	assert.ErrorContains(t, err, "promapi: query: ")
 }
