@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -76,6 +77,7 @@ func Parse(value string) (telemetry.Sample, error) {
 
 func parseLoadText(s string) (telemetry.Sample, error) {
 	var out telemetry.Sample
+	var seen telemetry.FieldSet // fields set by this header: a repeat is another engine's
 	bad := 0
 	var firstBad string
 	for s != "" {
@@ -98,12 +100,26 @@ func parseLoadText(s string) (telemetry.Sample, error) {
 			continue
 		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err != nil || !setLoad(&out, f, v) {
+		if err != nil || !validLoad(f, v) {
 			bad++
 			if firstBad == "" {
 				firstBad = pair
 			}
+			continue
 		}
+		if seen.Has(f) {
+			// vLLM reports one gauge per engine (data parallelism), each
+			// under the same key: requests add up, and the fullest cache
+			// speaks for the server, as a scrape of it is read.
+			cur, _ := out.Get(f)
+			if f == telemetry.Running || f == telemetry.Waiting {
+				v += cur
+			} else {
+				v = max(v, cur)
+			}
+		}
+		out.Set(f, v)
+		seen |= 1 << f
 	}
 	return loadResult(out, bad, firstBad)
 }
@@ -112,18 +128,24 @@ func parseLoadText(s string) (telemetry.Sample, error) {
 // json.dumps (snake_case); the camelCase spellings are protobuf's JSON
 // mapping, which other ORCA servers use.
 type loadReport struct {
-	CPU        *float64           `json:"cpu_utilization"`
-	CPUCamel   *float64           `json:"cpuUtilization"`
-	App        *float64           `json:"application_utilization"`
-	AppCamel   *float64           `json:"applicationUtilization"`
-	Named      map[string]float64 `json:"named_metrics"`
-	NamedCamel map[string]float64 `json:"namedMetrics"`
+	CPU        *float64            `json:"cpu_utilization"`
+	CPUCamel   *float64            `json:"cpuUtilization"`
+	App        *float64            `json:"application_utilization"`
+	AppCamel   *float64            `json:"applicationUtilization"`
+	Named      map[string]*float64 `json:"named_metrics"` // null: no reading, not 0
+	NamedCamel map[string]*float64 `json:"namedMetrics"`
 }
 
 func parseLoadJSON(s string) (telemetry.Sample, error) {
 	var r loadReport
 	if err := json.Unmarshal([]byte(s), &r); err != nil {
-		return telemetry.Sample{}, fmt.Errorf("loadheader: endpoint-load-metrics JSON: %w", err)
+		// Python's json.dumps writes a float NaN or infinity as a bare
+		// NaN or Infinity, which JSON has no word for: read those as null
+		// (a bad entry) rather than lose the whole report.
+		fixed, ok := nonFiniteAsNull(s)
+		if !ok || json.Unmarshal(fixed, &r) != nil {
+			return telemetry.Sample{}, fmt.Errorf("loadheader: endpoint-load-metrics JSON: %w", err)
+		}
 	}
 	var out telemetry.Sample
 	bad := 0
@@ -144,24 +166,71 @@ func parseLoadJSON(s string) (telemetry.Sample, error) {
 	try("cpu_utilization", r.CPUCamel)
 	try("application_utilization", r.App)
 	try("application_utilization", r.AppCamel)
-	for _, named := range []map[string]float64{r.Named, r.NamedCamel} {
+	for _, named := range []map[string]*float64{r.Named, r.NamedCamel} {
 		for k, v := range named {
-			if _, ok := loadField("named_metrics." + k); ok {
-				try("named_metrics."+k, &v)
+			if _, ok := loadField("named_metrics." + k); !ok {
+				continue
 			}
+			if v == nil { // null: the server has no reading; not a 0
+				bad++
+				if firstBad == "" {
+					firstBad = "named_metrics." + k
+				}
+				continue
+			}
+			try("named_metrics."+k, v)
 		}
 	}
 	return loadResult(out, bad, firstBad)
+}
+
+// nonFiniteAsNull replaces the bare tokens NaN, Infinity and -Infinity
+// outside strings with null; ok is false when there were none.
+func nonFiniteAsNull(s string) (out []byte, ok bool) {
+	inString, escaped := false, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case inString && escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case inString && c == '"':
+			inString = false
+		case inString:
+		case c == '"':
+			inString = true
+		default:
+			if tok := nonFiniteToken(s[i:]); tok != "" {
+				out = append(out, "null"...)
+				i += len(tok) - 1
+				ok = true
+				continue
+			}
+		}
+		out = append(out, c)
+	}
+	return out, ok
+}
+
+func nonFiniteToken(s string) string {
+	for _, tok := range [...]string{"-Infinity", "Infinity", "NaN"} {
+		if strings.HasPrefix(s, tok) {
+			return tok
+		}
+	}
+	return ""
 }
 
 // setLoad validates v for f before storing it: counts and utilizations are
 // never negative, and a KV-cache fraction above 1 is a unit mistake (a
 // percentage), not a full cache, so it is rejected rather than clamped.
 func setLoad(s *telemetry.Sample, f telemetry.Field, v float64) bool {
-	if v < 0 || (f == telemetry.KVCacheUsage && v > 1) {
-		return false
-	}
-	return s.Set(f, v)
+	return validLoad(f, v) && s.Set(f, v)
+}
+
+func validLoad(f telemetry.Field, v float64) bool {
+	return v >= 0 && !math.IsInf(v, 0) && (f != telemetry.KVCacheUsage || v <= 1)
 }
 
 func loadResult(s telemetry.Sample, bad int, firstBad string) (telemetry.Sample, error) {

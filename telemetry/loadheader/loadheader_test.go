@@ -36,6 +36,36 @@ func TestParse(t *testing.T) {
 			want:  map[string]float64{"kv_cache_usage": 0.4, "waiting": 3},
 		},
 		{
+			name: "text from a data-parallel server: one entry per engine",
+			value: "TEXT named_metrics.kv_cache_usage_perc=0.9, named_metrics.kv_cache_usage_perc=0.2, " +
+				"named_metrics.num_requests_waiting=3.0, named_metrics.num_requests_waiting=1.0, " +
+				"named_metrics.num_requests_running=2, named_metrics.num_requests_running=5",
+			want: map[string]float64{"kv_cache_usage": 0.9, "waiting": 4, "running": 7},
+		},
+		{
+			name:    "an engine's bad entry does not bend the sum",
+			value:   "TEXT named_metrics.num_requests_waiting=3, named_metrics.num_requests_waiting=-2",
+			want:    map[string]float64{"waiting": 3},
+			partial: true,
+		},
+		{
+			name:    "json null is no reading, not zero",
+			value:   `JSON {"named_metrics": {"num_requests_waiting": null, "kv_cache_usage_perc": 0.5}}`,
+			want:    map[string]float64{"kv_cache_usage": 0.5},
+			partial: true,
+		},
+		{
+			name:    "json from Python with NaN and Infinity keeps the finite values",
+			value:   `JSON {"named_metrics": {"num_requests_waiting": 3, "kv_cache_usage_perc": NaN, "num_requests_running": Infinity}, "cpu_utilization": -Infinity}`,
+			want:    map[string]float64{"waiting": 3},
+			partial: true,
+		},
+		{
+			name:  "json strings that spell NaN are left alone",
+			value: `JSON {"named_metrics": {"NaN": 1, "num_requests_waiting": 2}}`,
+			want:  map[string]float64{"waiting": 2},
+		},
+		{
 			name:  "text with orca top-level keys and unknown keys",
 			value: "TEXT cpu_utilization=0.25, mem_utilization=0.9, application_utilization=0.5, named_metrics.num_requests_running=7, named_metrics.custom=1, rps_fractional=10",
 			want:  map[string]float64{"cpu_util": 0.25, "app_util": 0.5, "running": 7},
