@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -106,7 +107,7 @@ func NewPoller(src Source, sink Sink, opts PollerOptions) (*Poller, error) {
 		return nil, fmt.Errorf("telemetry: PollerOptions.Timeout is %v, want >= 0", opts.Timeout)
 	case opts.MaxBackoff < 0:
 		return nil, fmt.Errorf("telemetry: PollerOptions.MaxBackoff is %v, want >= 0", opts.MaxBackoff)
-	case opts.Jitter >= 1:
+	case opts.Jitter >= 1 || math.IsNaN(opts.Jitter):
 		return nil, fmt.Errorf("telemetry: PollerOptions.Jitter is %v, want < 1", opts.Jitter)
 	}
 	if opts.Interval == 0 {
@@ -240,7 +241,9 @@ func (p *Poller) nextDelay(ok bool) time.Duration {
 	}
 	if j := p.opts.Jitter; j > 0 {
 		u := float64(p.opts.Rand.Uint64()>>11) / (1 << 53) // [0, 1)
-		d = time.Duration(float64(d) * (1 + j*(2*u-1)))
+		// In float, bounded before converting: a delay near the largest
+		// Duration must not overflow into a negative one.
+		d = time.Duration(min(float64(d)*(1+j*(2*u-1)), float64(math.MaxInt64/2)))
 	}
 	return max(d, time.Millisecond)
 }

@@ -1,6 +1,7 @@
 package telemetry_test
 
 import (
+	"math"
 	"context"
 	"errors"
 	"fmt"
@@ -275,6 +276,7 @@ func TestNewPollerValidates(t *testing.T) {
 		{"negative timeout", src, &recorder{}, telemetry.PollerOptions{Timeout: -1}, "Timeout"},
 		{"negative backoff", src, &recorder{}, telemetry.PollerOptions{MaxBackoff: -1}, "MaxBackoff"},
 		{"jitter of 1", src, &recorder{}, telemetry.PollerOptions{Jitter: 1}, "Jitter is 1, want < 1"},
+		{"NaN jitter", src, &recorder{}, telemetry.PollerOptions{Jitter: math.NaN()}, "Jitter is NaN"},
 		{"zero value", src, &recorder{}, telemetry.PollerOptions{}, ""},
 	}
 	for _, tt := range tests {
