@@ -1,10 +1,10 @@
 package telemetry_test
 
 import (
-	"math"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"testing/synctest"
