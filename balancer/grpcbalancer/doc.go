@@ -37,6 +37,11 @@
 // then TRANSIENT_FAILURE) and its picker: calls queue while children
 // connect, IDLE children are woken, and in TRANSIENT_FAILURE non
 // wait-for-ready calls fail UNAVAILABLE with the last connection error.
+// When children are READY but the core may pick none of them (all cooling
+// down, ejected or tripped, with panic routing off), non wait-for-ready
+// calls fail UNAVAILABLE at once and wait-for-ready calls wait: the policy
+// publishes its picker again when the earliest exclusion ends (within 10 ms
+// to 1 s), and they go through then.
 //
 // # Request facts
 //
