@@ -297,7 +297,13 @@ func noRelief(t bound) bool {
 func (b *Balancer) withinBound(g *group, i int, now time.Time) bound {
 	total := max(g.load.Load(), 0) + 1
 	load := float64(g.members[i].inFlight.Load() + 1)
-	share := g.weights[i] / g.total * float64(total)
+	// The load is shared among the members that can take calls: with part
+	// of the group down or excluded, the others' fair share is larger.
+	weight := g.eligibility(b.epoch.Load(), now.UnixNano()).usableWeight()
+	if weight <= 0 {
+		weight = g.total
+	}
+	share := g.weights[i] / weight * float64(total)
 	r := bound{pressure: -1, waiting: -1, kv: -1, over: load > math.Ceil(share)}
 	hard := math.Ceil(b.cfg.loadBoundHard * share)
 	if load > hard+roomyExtra {

@@ -750,3 +750,36 @@ func TestSlowOwnerYieldsKeysByDecodeSpeed(t *testing.T) {
 		})
 	}
 }
+
+// The affinity bound shares the group's load among the members that can
+// take calls. With half the fleet not ready and the other half evenly
+// loaded, an owner at the mean of the ready fleet is within bound and keeps
+// its key; counting the unready members' weight made it "over" and sent
+// half its key's calls elsewhere.
+func TestBoundIsSharedAmongUsableMembers(t *testing.T) {
+	const key = 0x1234567890abcdef
+	b := affine(t, 4, balancer.Options{Rand: testutil.NewRand(7), Clock: testutil.NewClock()})
+	home := owner(t, b, key)
+	ready := []string{home}
+	for _, e := range endpoints(4) {
+		if id := e.Key(); id != home && len(ready) < 2 {
+			ready = append(ready, id)
+		} else if id != home {
+			require.True(t, b.SetReady(id, false))
+		}
+	}
+	var held []balancer.Pick // 10 calls on each ready endpoint: a balanced load
+	for _, id := range ready {
+		s, _ := b.Serial(id)
+		for range 10 {
+			p, err := b.PickAt(&inferlb.Request{}, s)
+			require.NoError(t, err)
+			held = append(held, p)
+		}
+	}
+	got := spread(t, b, &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key}, 200)
+	for i := range held {
+		held[i].Done(inferlb.Outcome{})
+	}
+	assert.Equal(t, map[string]int{home: 200}, got, "the owner is at the mean of the ready fleet")
+}

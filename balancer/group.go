@@ -46,6 +46,19 @@ type standing struct {
 	until int64 // earliest excludedUntil in the future at compute time
 	ready int
 	good  int
+	// Capacity weight of the good members, and of the ready ones: the
+	// affinity load bound shares the group's load among the members that
+	// can take it, not among all.
+	goodWeight, readyWeight float64
+}
+
+// usableWeight is the weight the group's load is shared among: its members
+// in good standing, or, when none is (panic routing), its ready ones.
+func (s *standing) usableWeight() float64 {
+	if s.goodWeight > 0 {
+		return s.goodWeight
+	}
+	return s.readyWeight
 }
 
 func newGroup(members []*endpoint, weights []float64, load *atomic.Int64, bit uint64) *group {
@@ -135,15 +148,17 @@ func (g *group) eligibility(epoch uint64, nowNs int64) *standing {
 		return s
 	}
 	next := &standing{epoch: epoch, until: math.MaxInt64}
-	for _, e := range g.members {
+	for i, e := range g.members {
 		if e.readyMask.Load()&g.bit == 0 {
 			continue
 		}
 		next.ready++
+		next.readyWeight += g.weights[i]
 		if u := e.excludedUntil.Load(); u > nowNs {
 			next.until = min(next.until, u)
 		} else {
 			next.good++
+			next.goodWeight += g.weights[i]
 		}
 	}
 	g.standing.CompareAndSwap(s, next)
