@@ -51,7 +51,7 @@ type endpoint struct {
 	serial         uint64     // immutable; see Pick.Serial
 
 	// Cold.
-	wasReady atomic.Bool // SetReady(true) turned it ready at least once
+	wasReady atomic.Bool // it was ready and in use before: SetReady(true) turned it ready, or it served calls before SetReady(false)
 
 	// The server's load reading (telemetry Running, else Waiting) as last
 	// seen by a pick: when it was observed (unix ns), and this process's

@@ -191,6 +191,11 @@ func (m *Membership) SetReady(id string, ready bool) bool {
 	if (old&m.bit != 0) == ready {
 		return true
 	}
+	if !ready && e.pickCount() > 0 {
+		// It served calls while ready from the start (Update makes
+		// endpoints ready): when it comes back, that is a recovery.
+		e.wasReady.Store(true)
+	}
 	if ready && old == 0 && (e.wasReady.Swap(true) || e.rampFrom.Load() != 0) {
 		// Ready again after an outage (or for the first time after joining
 		// a warm balancer): ramp up from now, as Envoy does for hosts that

@@ -123,14 +123,8 @@ func TestMembershipReadinessIsItsOwn(t *testing.T) {
 	require.True(t, a.SetReady("x", true))
 	assert.Equal(t, 1.0, stat(t, b, "x").RampFactor)
 
-	// Nobody can reach y, then one can: a first connect, as at startup,
-	// takes the full share at once ...
+	// y served calls; after an outage of every membership it ramps up.
 	require.True(t, a.SetReady("y", false))
-	require.True(t, c.SetReady("y", false))
-	assert.False(t, stat(t, b, "y").Ready)
-	require.True(t, c.SetReady("y", true))
-	assert.Equal(t, 1.0, stat(t, b, "y").RampFactor)
-	// ... and after an outage of every membership it ramps up.
 	clock.Advance(time.Second)
 	require.True(t, c.SetReady("y", false))
 	assert.False(t, stat(t, b, "y").Ready)
@@ -138,6 +132,37 @@ func TestMembershipReadinessIsItsOwn(t *testing.T) {
 	require.True(t, c.SetReady("y", true))
 	assert.True(t, stat(t, b, "y").Ready)
 	assert.Less(t, stat(t, b, "y").RampFactor, 1.0, "y came back from an outage of every membership without slow start")
+}
+
+// Slow start follows use, not the API path: an endpoint's first connect at
+// startup (gRPC marks endpoints not ready until they connect) takes its
+// full share at once, and one that served calls, went away and came back
+// ramps up, also when it was never marked ready explicitly (Update makes
+// endpoints ready; direct and HTTP users may only ever call SetReady(false)
+// and SetReady(true) on an outage).
+func TestReadyAgainAfterServingRamps(t *testing.T) {
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "x"}, {ID: "y"}}))
+	require.True(t, b.SetReady("x", false)) // before any call, as gRPC does
+	clock.Advance(time.Second)
+	require.True(t, b.SetReady("x", true))
+	assert.Equal(t, 1.0, stat(t, b, "x").RampFactor, "a first connect takes its full share")
+
+	p, err := b.PickAt(&inferlb.Request{}, serialOf(t, b, "y"))
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{})
+	require.True(t, b.SetReady("y", false))
+	clock.Advance(time.Minute)
+	require.True(t, b.SetReady("y", true))
+	assert.Less(t, stat(t, b, "y").RampFactor, 1.0, "back after an outage: ramps up")
+}
+
+func serialOf(t *testing.T, b *balancer.Balancer, id string) uint64 {
+	t.Helper()
+	s, ok := b.Serial(id)
+	require.True(t, ok, id)
+	return s
 }
 
 func TestMembershipCloseAndLimit(t *testing.T) {
