@@ -199,7 +199,9 @@ func (b *Balancer) build(m *Membership) *snapshot {
 			ms[k], w[k] = m.members[i], m.infos[i].Capacity()
 		}
 		g := newGroup(ms, w, counter(key), m.bit)
-		if b.cfg.affinity != AffinityOff {
+		// The ring places affinity keys and tenants' shards: tenant
+		// sharding needs it with affinity off too.
+		if b.cfg.affinity != AffinityOff || b.cfg.tenantShard > 0 {
 			g.placement = cache.NewPlacement(placementMembers(ms, w), b.cfg.affinitySeed)
 			if b.sticky != nil {
 				g.indexHashes()
@@ -384,7 +386,8 @@ func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pi
 	if !panicking && st.good == 0 {
 		return Pick{}, ErrNoEndpoints
 	}
-	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, affine: req.AffinityKey != 0}
+	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude,
+		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
 	if c.affine && b.reuse != nil {
 		if exclude == "" { // a failover is the same request again
 			b.reuse.observe(req.AffinityKey)

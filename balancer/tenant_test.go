@@ -50,6 +50,19 @@ func TestTenantShardConfinesATenant(t *testing.T) {
 	assert.Greater(t, len(shards), 30, "40 tenants rarely share a whole shard")
 }
 
+// Tenant sharding does not depend on affinity: with Affinity off a tenant
+// is still confined to its shard (the same one), and affinity keys still
+// do not steer picks.
+func TestTenantShardWithAffinityOff(t *testing.T) {
+	opts := balancer.Options{AffinitySeed: seed, TenantShardSize: 4, Affinity: balancer.AffinityOff, Rand: testutil.NewRand(5)}
+	off := newBalancer(t, 16, opts)
+	got := spread(t, off, &inferlb.Request{Service: inferlb.ServiceLLM, Tenant: "acme"}, 4000)
+	require.Len(t, got, 4, "a tenant reaches only its shard: %v", got)
+	assert.Equal(t, shardOf(t, sharded(t, 16, 4), "acme"), shardOf(t, off, "acme"), "the same shard as with affinity on")
+	keyed := spread(t, off, &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 0x1234567890abcdef}, 400)
+	assert.Greater(t, len(keyed), 8, "affinity off: a key does not pin its calls: %v", keyed)
+}
+
 func TestTenantShardsAgreeAndMoveLittle(t *testing.T) {
 	a := sharded(t, 16, 4)
 	// Another process: the same endpoints in another order, its own rand.
