@@ -253,6 +253,11 @@ func TestOptionsValidate(t *testing.T) {
 		{balancer.Options{SlowStartAggression: -1}, "SlowStartAggression"},
 		{balancer.Options{LatencyDecay: -time.Second}, "LatencyDecay"},
 		{balancer.Options{RetryRatio: 3}, "RetryRatio"},
+		// gobreaker counts in uint32 and the probe budget is an int32:
+		// larger values would wrap (a breaker tripping at once, or never
+		// probing again).
+		{balancer.Options{BreakerFailures: 1 << 32}, "BreakerFailures"},
+		{balancer.Options{BreakerProbes: 1 << 31}, "BreakerProbes"},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: nil}}, "Scorers[llm]"},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{9: &scoring.LLM{}}}, "unknown service"},
 	} {
@@ -267,6 +272,29 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 	assert.Panics(t, func() { balancer.New(balancer.Options{ErrorAlpha: -1}) })
+}
+
+// A floor so small its period does not fit in int64 allows (almost) no
+// retries; converted unbounded it wrapped into allowing every one.
+func TestTinyRetryFloorAllowsAlmostNone(t *testing.T) {
+	b := balancer.New(balancer.Options{RetryRatio: -1, RetryFloor: 1e-10, Clock: testutil.NewClock()})
+	allowed := 0
+	for range 1000 {
+		if b.AllowRetry() {
+			allowed++
+		}
+	}
+	assert.LessOrEqual(t, allowed, 1)
+}
+
+// Weights are relative and bounded: two endpoints of Weight 1e308 would sum
+// to +Inf, every share would be 0 and an idle fleet's keys would scatter.
+func TestHugeWeightsAreBounded(t *testing.T) {
+	b := balancer.New(balancer.Options{AffinitySeed: seed, MinKeyReuse: -1, Rand: testutil.NewRand(3)})
+	err := b.Update([]inferlb.Endpoint{{Addr: "a:1", Weight: 1e308}, {Addr: "b:1", Weight: 1e308}})
+	require.ErrorContains(t, err, "above MaxWeight")
+	got := spread(t, b, &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 0x1234567890abcdef}, 200)
+	assert.Len(t, got, 1, "an idle fleet sends a key to its owner every time: %v", got)
 }
 
 func TestRetryBudgetDoesNotAllocate(t *testing.T) {

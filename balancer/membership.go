@@ -129,6 +129,11 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 		if w := ep.Weight; w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
 			errs = append(errs, fmt.Errorf("inferlb: endpoint %q: Weight %v is not a finite non-negative number; using 1", id, w))
 			ep.Weight = 1
+		} else if w > MaxWeight {
+			// Weights are relative; sums of huge ones overflow to +Inf,
+			// which would make every member's share 0.
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %q: Weight %v is above MaxWeight; using %v", id, w, float64(MaxWeight)))
+			ep.Weight = MaxWeight
 		}
 		e, ok := b.eps[id]
 		if !ok {

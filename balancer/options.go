@@ -31,7 +31,11 @@ const (
 	DefaultSlowStartMin    = 0.1
 	DefaultSubsetLabel     = "model"
 
-	DefaultBreakerFailures    = 5
+	DefaultBreakerFailures = 5
+	// MaxWeight bounds an endpoint's Weight (weights are relative: a
+	// replica with eight GPUs next to one with a single GPU is 8 to 1);
+	// Update reads a larger one as MaxWeight and says so.
+	MaxWeight                 = 1e6
 	DefaultBreakerProbes      = 3
 	DefaultEjectionTime       = 10 * time.Second
 	DefaultMaxEjectionTime    = 2 * time.Minute
@@ -330,8 +334,10 @@ func (o *Options) Validate() error {
 		return bad("TenantShardSize", fmt.Sprintf("must be in [0, %d] (0 turns sharding off)", MaxTenantShard), o.TenantShardSize)
 	case o.StickyEntries < 0:
 		return bad("StickyEntries", "must not be negative", o.StickyEntries)
-	case o.BreakerProbes < 0:
-		return bad("BreakerProbes", "must not be negative", o.BreakerProbes)
+	case o.BreakerProbes < 0 || o.BreakerProbes > math.MaxInt32:
+		return bad("BreakerProbes", "must be in [0, 2^31-1]", o.BreakerProbes)
+	case o.BreakerFailures > math.MaxInt32:
+		return bad("BreakerFailures", "must be at most 2^31-1 (negative turns breaking off)", o.BreakerFailures)
 	case o.EjectionTime < 0:
 		return bad("EjectionTime", "must not be negative", o.EjectionTime)
 	case o.MaxEjectionTime < 0:

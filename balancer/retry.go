@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -58,7 +59,9 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 	}
 	// The floor: one retry per 1/floor seconds, with up to one second of
 	// unused allowance banked.
-	step := int64(float64(time.Second) / rb.floor)
+	// In float, bounded before converting: a floor so small that its
+	// period overflows int64 would otherwise wrap into "always allowed".
+	step := int64(min(float64(time.Second)/rb.floor, math.MaxInt64/4))
 	for {
 		at := rb.floorAt.Load()
 		next := max(at, nowNs-int64(time.Second)) + step

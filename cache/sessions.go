@@ -93,8 +93,13 @@ type sessionSlot struct {
 	exp atomic.Int64
 }
 
+// maxTTL bounds a session's TTL (about 146 years), so now + TTL cannot
+// overflow and store every entry already expired.
+const maxTTL = time.Duration(1 << 62)
+
 // NewSessions returns an empty table, or an error wrapping ErrSessionOptions
-// when a limit is negative or the TTL is negative.
+// when a limit is negative or the TTL is negative. A TTL above about 146
+// years is read as that.
 func NewSessions(opts SessionOptions) (*Sessions, error) {
 	switch {
 	case opts.MaxEntries < 0:
@@ -121,7 +126,7 @@ func NewSessions(opts SessionOptions) (*Sessions, error) {
 	sets = 1 << (bits.Len(uint(sets)) - 1) // round down to a power of two
 	return &Sessions{
 		clock: opts.Clock,
-		ttl:   int64(opts.TTL),
+		ttl:   int64(min(opts.TTL, maxTTL)),
 		mask:  uint64(sets - 1),
 		slots: make([]sessionSlot, sets*sessionWays),
 	}, nil

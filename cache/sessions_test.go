@@ -1,6 +1,7 @@
 package cache_test
 
 import (
+	"math"
 	"strconv"
 	"sync"
 	"testing"
@@ -64,6 +65,16 @@ func TestSessionsTTL(t *testing.T) {
 	_, ok = s.Get(0)
 	assert.False(t, ok, "key 0 means no session")
 	assert.Zero(t, s.Len())
+}
+
+// A TTL near the largest Duration must not overflow now + TTL into the
+// past, storing every session already expired.
+func TestSessionsHugeTTL(t *testing.T) {
+	s, _ := newSessions(t, cache.SessionOptions{TTL: time.Duration(math.MaxInt64)})
+	s.Put(42, 7)
+	v, ok := s.Get(42)
+	require.True(t, ok)
+	assert.EqualValues(t, 7, v)
 }
 
 func TestSessionsEvictLeastRecentlyUsed(t *testing.T) {
