@@ -131,6 +131,8 @@ type lbBalancer struct {
 	current  *picker               // the picker last published; nil while none is READY
 	wake     *time.Timer           // armed by wakeLater; nil when not armed
 	closed   bool
+
+	waking atomic.Bool // a wake is armed or being armed: failing picks skip wakeLater
 }
 
 // UpdateClientConnState implements balancer.Balancer.
@@ -288,15 +290,12 @@ const (
 // until the earliest exclusion ends, within [minWake, maxWake]; one timer
 // per channel at a time.
 func (lb *lbBalancer) wakeLater(b *core.Balancer) {
-	lb.mu.Lock()
-	armed := lb.wake != nil || lb.closed
-	lb.mu.Unlock()
-	if armed {
-		return
+	if !lb.waking.CompareAndSwap(false, true) {
+		return // armed already: the failing picks of a burst pay one atomic
 	}
 	d := maxWake
 	now := b.Now()
-	for _, st := range b.Stats() {
+	for _, st := range b.Stats() { // once per wake, on the failure path
 		if !st.ExcludedUntil.IsZero() {
 			d = min(d, st.ExcludedUntil.Sub(now))
 		}
@@ -304,9 +303,10 @@ func (lb *lbBalancer) wakeLater(b *core.Balancer) {
 	d = max(d, minWake)
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	if lb.wake == nil && !lb.closed {
-		lb.wake = time.AfterFunc(d, lb.republish)
+	if lb.closed {
+		return // waking stays set: a closed policy never wakes
 	}
+	lb.wake = time.AfterFunc(d, lb.republish)
 }
 
 // republish sends the current picker to gRPC again (a copy: a new picker
@@ -316,6 +316,7 @@ func (lb *lbBalancer) republish() {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	lb.wake = nil
+	lb.waking.Store(false) // a pick failing on the new picker arms the next wake
 	if lb.closed || lb.current == nil {
 		return
 	}
