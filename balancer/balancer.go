@@ -368,6 +368,12 @@ func (b *Balancer) PickExcept(req *inferlb.Request, exclude string) (Pick, error
 }
 
 func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pick, error) {
+	return b.pickWith(m, req, exclude, exclude == "")
+}
+
+// pickWith is pick; observe says whether the call's affinity key counts as
+// seen (once per call: not for a failover, which is the same call again).
+func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string, observe bool) (Pick, error) {
 	snap := m.snap.Load()
 	if snap == nil {
 		return Pick{}, ErrNoEndpoints
@@ -389,7 +395,7 @@ func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pi
 	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
 	if c.affine && b.reuse != nil {
-		if exclude == "" { // a failover is the same request again
+		if observe {
 			b.reuse.observe(req.AffinityKey)
 		}
 		c.affine = b.reuse.recurring(b.cfg.minKeyReuse)

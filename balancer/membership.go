@@ -90,6 +90,19 @@ func (m *Membership) PickExcept(req *inferlb.Request, exclude string) (Pick, err
 	return m.b.pick(m, req, exclude)
 }
 
+// PickFailover picks for the retry of a call that failed on the endpoint
+// whose ID is failed: another endpoint when one can serve req (as
+// PickExcept), else the failed one itself, when nothing else is left and
+// retrying where it failed beats failing the call. Like PickExcept it does
+// not count the call's affinity key as seen again.
+func (m *Membership) PickFailover(req *inferlb.Request, failed string) (Pick, error) {
+	p, err := m.b.pickWith(m, req, failed, false)
+	if err != nil && failed != "" {
+		p, err = m.b.pickWith(m, req, "", false)
+	}
+	return p, err
+}
+
 // PickAt is Balancer.PickAt over the Membership's endpoints that are ready
 // in it.
 func (m *Membership) PickAt(req *inferlb.Request, serial uint64) (Pick, error) {

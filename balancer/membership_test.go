@@ -302,3 +302,24 @@ func TestPickAtPinsWhileTheEndpointCanTakeIt(t *testing.T) {
 		held[i].Done(inferlb.Outcome{})
 	}
 }
+
+func TestPickFailover(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	m, err := b.NewMembership()
+	require.NoError(t, err)
+	require.NoError(t, m.Update([]inferlb.Endpoint{{ID: "x"}, {ID: "y"}}))
+	for range 20 {
+		p, err := m.PickFailover(&inferlb.Request{}, "x")
+		require.NoError(t, err)
+		assert.Equal(t, "y", p.ID(), "another endpoint when one can serve")
+		p.Done(inferlb.Outcome{})
+	}
+	require.True(t, m.SetReady("y", false))
+	p, err := m.PickFailover(&inferlb.Request{}, "x")
+	require.NoError(t, err)
+	assert.Equal(t, "x", p.ID(), "the failed one when nothing else is left")
+	p.Done(inferlb.Outcome{})
+	require.True(t, m.SetReady("x", false))
+	_, err = m.PickFailover(&inferlb.Request{}, "x")
+	assert.ErrorIs(t, err, balancer.ErrNoEndpoints)
+}

@@ -89,11 +89,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	exclude := st.excluded()
 	for range 1 + maxRepicks {
 		var err error
-		c.pick, err = p.mem.PickExcept(req, exclude)
-		if err != nil && exclude != "" {
-			// Nothing else can serve: retrying where it failed beats
-			// waiting for a picker that may never come.
+		if exclude == "" {
 			c.pick, err = p.mem.Pick(req)
+		} else {
+			// When nothing else can serve, retrying where it failed beats
+			// waiting for a picker that may never come.
+			c.pick, err = p.mem.PickFailover(req, exclude)
 		}
 		if err != nil {
 			// Not a status error: wait-for-ready calls wait for the next

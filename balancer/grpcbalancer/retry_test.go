@@ -4,10 +4,14 @@ import (
 	"context"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 )
 
@@ -52,4 +56,26 @@ func TestUnaryRetry(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A retry is the same call again: when nothing but the endpoint it failed
+// on can serve it, the fallback pick must not count its affinity key as
+// seen again (that would inflate the key-reuse estimate behind MinKeyReuse).
+func TestFailoverToTheOnlyEndpointIsNotASecondSighting(t *testing.T) {
+	UnaryRetry(2) // turns on the retry-state lookup, as installing it does
+	h := newHarness(t, Name, `{}`, 1)
+	b := h.lb().core.Load()
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 12345} // top bits 0: a sampled key
+	ctx := inferlb.NewContext(context.Background(), req)
+	_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
+	res.Done(balancer.DoneInfo{BytesSent: true})
+	require.EqualValues(t, 1, b.KeyReuse().Observed)
+
+	st := &retryState{}
+	failed := addr(0)
+	st.exclude.Store(&failed)
+	a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.WithValue(ctx, retryKey{}, st)})
+	res.Done(balancer.DoneInfo{BytesSent: true})
+	assert.Equal(t, addr(0), a, "the only endpoint takes the retry")
+	assert.EqualValues(t, 1, b.KeyReuse().Observed, "the retry was counted as a new sighting of its key")
 }
