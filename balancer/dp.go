@@ -62,7 +62,10 @@ func decayedPrefill(v uint64, nowNs int64) float64 {
 	if tokens == 0 {
 		return 0
 	}
-	dt := uint32(nowNs/int64(time.Millisecond)) - ms
+	// Signed: a reading a little older than the last update (a racing
+	// pick read the clock later, or the clock stepped back) is no decay,
+	// not an age of 2^32 ms that would wipe the estimate.
+	dt := max(int32(uint32(nowNs/int64(time.Millisecond))-ms), 0)
 	return tokens * decay.Weight(float64(dt)/float64(prefillWindow/time.Millisecond))
 }
 
@@ -80,9 +83,12 @@ func (p *prefillEstimate) at(nowNs int64) float64 { return decayedPrefill(p.v.Lo
 // add adds tokens at nowNs (negative tokens take them out; the estimate
 // never goes below 0).
 func (p *prefillEstimate) add(nowNs int64, tokens float64) {
-	ms := uint32(nowNs / int64(time.Millisecond))
 	for {
 		old := p.v.Load()
+		ms := uint32(nowNs / int64(time.Millisecond))
+		if tok, at := unpackPrefill(old); tok != 0 && int32(at-ms) > 0 {
+			ms = at // never move the stamp back: the estimate is as of the later time
+		}
 		next := uint64(math.Float32bits(float32(max(decayedPrefill(old, nowNs)+tokens, 0))))<<32 | uint64(ms)
 		if p.v.CompareAndSwap(old, next) {
 			return

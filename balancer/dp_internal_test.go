@@ -50,3 +50,20 @@ func TestPrefillEstimateLosesNothingUnderConcurrency(t *testing.T) {
 		t.Fatalf("8 x 1000 adds of 1 token: %v", got)
 	}
 }
+
+// Picks read the clock before they add their prompt, so a racing pick with a
+// later reading may update first. The estimate must neither be wiped by a
+// reading 1 ms older than its stamp (an unsigned age wrapped to 2^32 ms)
+// nor lose what the later update added.
+func TestPrefillEstimateTakesOutOfOrderTimes(t *testing.T) {
+	var p prefillEstimate
+	t0 := int64(1_700_000_000) * int64(time.Second)
+	p.add(t0+int64(time.Millisecond), 30000) // the racing pick, later reading
+	p.add(t0, 1000)                          // this pick, read 1 ms earlier
+	if got := p.at(t0 + int64(time.Millisecond)); math.Abs(got-31000) > 620 {
+		t.Fatalf("estimate %v, want about 31000", got)
+	}
+	if got := p.at(t0); math.Abs(got-31000) > 620 {
+		t.Fatalf("read 1 ms before the stamp: %v, want about 31000", got)
+	}
+}

@@ -165,6 +165,7 @@ func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.S
 	st.TTFTEWMA = time.Duration(e.ttftEWMA.Load())
 	st.ErrorRate = e.errorRate(c, nowNs)
 	e.slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
+	st.InFlightSinceReading = 0 // st may hold another candidate's
 	if tel := &st.Telemetry; tel.Has.Has(telemetry.Running) || tel.Has.Has(telemetry.Waiting) {
 		st.InFlightSinceReading = e.readingDelta(st.InFlight)
 	}
