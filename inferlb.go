@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -105,12 +106,13 @@ type Request struct {
 }
 
 // Tokens is the request's token estimate: prompt plus maximum output, never negative.
+// A negative part counts as 0, and the sum saturates rather than wrap.
 func (r *Request) Tokens() int64 {
-	t := int64(r.PromptTokens) + int64(r.MaxOutputTokens)
-	if t < 0 {
-		return 0
+	p, o := max(int64(r.PromptTokens), 0), max(int64(r.MaxOutputTokens), 0)
+	if p > math.MaxInt64-o {
+		return math.MaxInt64
 	}
-	return t
+	return p + o
 }
 
 // Outcome is how a call ended, reported once through the pick's Done.

@@ -203,17 +203,23 @@ func (e *endpoint) readingDelta(inFlight int64) int64 {
 const errorRateFloor = 0.01
 
 func (e *endpoint) errorRate(c *config, nowNs int64) float64 {
+	r := e.rawErrorRate(c, nowNs)
+	if r < errorRateFloor {
+		// A residue of an old failure is noise; left in, it would make an
+		// otherwise idle endpoint lose every tie for ever.
+		return 0
+	}
+	return r
+}
+
+// rawErrorRate is the decayed error rate without errorRate's floor.
+func (e *endpoint) rawErrorRate(c *config, nowNs int64) float64 {
 	r := math.Float64frombits(e.errRate.Load())
 	if r == 0 {
 		return 0
 	}
 	if dt := nowNs - e.errAt.Load(); dt > 0 && c.errorDecay > 0 {
 		r *= decay.Weight(float64(dt) / float64(c.errorDecay))
-	}
-	if r < errorRateFloor {
-		// A residue of an old failure is noise; left in, it would make an
-		// otherwise idle endpoint lose every tie for ever.
-		return 0
 	}
 	return r
 }
@@ -229,7 +235,9 @@ func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, 
 		if failed {
 			x = 1
 		}
-		r := e.errorRate(c, nowNs)
+		// From the raw rate: read through the floor, failures that each
+		// add less than it (a small ErrorAlpha) would never add up.
+		r := e.rawErrorRate(c, nowNs)
 		r += c.errorAlpha * (x - r)
 		if r < errorRateFloor && !failed {
 			r = 0 // errorRate reads it as 0 anyway; keep the fast path

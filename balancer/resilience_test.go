@@ -318,3 +318,21 @@ func TestPickRacingATripIsNotAProbe(t *testing.T) {
 	}
 	assert.Equal(t, balancer.EventRecovered, rec.last().Kind)
 }
+
+// Each failure adds ErrorAlpha to the error rate; one below the rate's
+// noise floor (1%) must still add up over repeated failures, not be read
+// back as 0 each time.
+func TestSmallErrorAlphaStillRegistersFailures(t *testing.T) {
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock, ErrorAlpha: 0.005, BreakerFailures: -1, PanicThreshold: 1})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}}))
+	for range 200 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		clock.Advance(10 * time.Millisecond)
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	st := b.Stats()
+	require.EqualValues(t, 200, st[0].Failures)
+	assert.Greater(t, st[0].ErrorRate, 0.5, "200 failures in a row at alpha 0.005")
+}

@@ -5,6 +5,8 @@
 package metrics
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inferlb/inferlb/balancer"
@@ -89,6 +91,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
 	}
 	for _, s := range c.b.Stats() {
+		// A label value must be UTF-8, or the registry fails the whole
+		// scrape; endpoint IDs are whatever the caller gave Update.
+		s.ID = strings.ToValidUTF8(s.ID, "\uFFFD")
 		gauge(c.inFlight, float64(s.InFlight), s.ID)
 		gauge(c.inFlightTokens, float64(s.InFlightTokens), s.ID)
 		gauge(c.latency, s.Latency.Seconds(), s.ID)

@@ -70,6 +70,18 @@ inferlb_telemetry_samples_total{balancer="llm",result="dropped_unknown"} 1
 	assert.Equal(t, 18+2+5+1, testutil.CollectAndCount(c), "18 series per endpoint, 2 retry, 5 telemetry, 1 affinity (no reuse estimate yet)")
 }
 
+// An endpoint ID that is not valid UTF-8 must not fail the whole scrape
+// (the registry rejects such label values).
+func TestCollectorSurvivesANonUTF8EndpointID(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "10.0.0.1:80"}, {ID: "pod-\xff", Addr: "10.0.0.2:80"}}))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.NewCollector(b, "llm"))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	assert.NotEmpty(t, mfs)
+}
+
 func TestCollectorExportsKeyReuse(t *testing.T) {
 	b := balancer.New(balancer.Options{})
 	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}, {Addr: "b:1"}}))

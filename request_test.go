@@ -1,0 +1,28 @@
+package inferlb_test
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inferlb/inferlb"
+)
+
+// Tokens never goes negative and saturates instead of wrapping: a request
+// claiming a huge max_tokens must count as huge, not as nothing.
+func TestRequestTokens(t *testing.T) {
+	for _, tc := range []struct {
+		prompt, out int
+		want        int64
+	}{
+		{100, 20, 120},
+		{-5, 20, 20},
+		{100, -1, 100},
+		{math.MaxInt, 1, math.MaxInt64},
+		{math.MaxInt, math.MaxInt, math.MaxInt64},
+	} {
+		r := inferlb.Request{PromptTokens: tc.prompt, MaxOutputTokens: tc.out}
+		assert.Equal(t, tc.want, r.Tokens(), "%d + %d", tc.prompt, tc.out)
+	}
+}
