@@ -71,8 +71,12 @@ var (
 // continues, the key that response was routed with (see ResponseMemory),
 // else the cache Keyer's key of the
 // chat messages through the first user turn (Keyer.Chat; for /v1/responses
-// the instructions count as a system message) or of the prompt
-// (Keyer.Prompt). A body larger than the peek is keyed on the messages that
+// the instructions count as a system message and a string input as the
+// user's message, so a conversation's later turns, which resend it as
+// input items, keep its key) or of the prompt (Keyer.Prompt). A message's
+// text includes its text parts, a marker of each image (a hash of its URL
+// or data URL) and, for the Responses API's function call items, their
+// output or arguments. A body larger than the peek is keyed on the messages that
 // fit in it, which are the ones the key covers unless the first turns alone
 // exceed the peek.
 //
@@ -141,10 +145,14 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 			return
 		}
 	}
+	// A Responses API conversation may start with a string input and go on
+	// with input items (the history resent): the string is its first user
+	// message, keyed as the items will be, so both turns share a key.
+	responses := b.hasText && isResponses(r.URL.Path)
 	switch {
 	case b.cacheKey != "":
 		info.AffinityKey = o.Keyer.Session(b.cacheKey)
-	case b.messageCount() > 0 || b.system != "":
+	case b.messageCount() > 0 || b.system != "" || responses:
 		msgs := b.msgs[:b.nmsg] // on this stack; Keyer.Chat retains nothing
 		if b.system != "" || b.hasText || len(b.more) > 0 {
 			// /v1/responses (instructions, input items or text), or more

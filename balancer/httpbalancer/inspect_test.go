@@ -104,6 +104,30 @@ func TestInspectAffinity(t *testing.T) {
 	assert.Equal(t, cache.NewKeyer(42).Session("conv_7"), inConv)
 	assert.Equal(t, inConv, inspect(rpath, `{"model":"m","conversation":{"id":"conv_7"},"input":"second"}`, true).AffinityKey)
 	assert.Equal(t, withKey, inspect(rpath, `{"model":"m","conversation":"conv_7","prompt_cache_key":"s1","input":"x"}`, true).AffinityKey)
+	// A Responses conversation that starts with a string input and goes
+	// on with input items (the history resent) keeps its key, with or
+	// without instructions; and it is keyed as the same chat would be.
+	first := inspect(rpath, `{"model":"m","input":"tell me a story"}`, true).AffinityKey
+	next := inspect(rpath, `{"model":"m","input":[{"role":"user","content":"tell me a story"},{"role":"assistant","content":"once"},{"role":"user","content":"more"}]}`, true).AffinityKey
+	assert.NotZero(t, first)
+	assert.Equal(t, first, next)
+	assert.Equal(t, first, inspect(path, `{"model":"m","messages":[{"role":"user","content":"tell me a story"}]}`, true).AffinityKey)
+	// Tool results (function_call_output items) are keyed on what they
+	// carry: unrelated ones must not share one key and pile on its owner.
+	outA := inspect(rpath, `{"model":"m","previous_response_id":"resp_a","input":[{"type":"function_call_output","call_id":"c1","output":"{\"temp\":21}"}]}`, true).AffinityKey
+	outB := inspect(rpath, `{"model":"m","previous_response_id":"resp_b","input":[{"type":"function_call_output","call_id":"c9","output":"totally different"}]}`, true).AffinityKey
+	assert.NotEqual(t, outA, outB)
+	// Images are part of the prompt: the same question about two images
+	// is two prompts (the server's prefix cache keeps them apart too).
+	img := func(url string) uint64 {
+		return inspect(path, `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"`+url+`"}},{"type":"text","text":"Describe this image."}]}]}`, true).AffinityKey
+	}
+	assert.NotEqual(t, img("https://x/cat.png"), img("https://x/dog.png"))
+	assert.Equal(t, img("https://x/cat.png"), img("https://x/cat.png"))
+	rimg := func(url string) uint64 {
+		return inspect(rpath, `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"`+url+`"},{"type":"input_text","text":"Describe this image."}]}]}`, true).AffinityKey
+	}
+	assert.NotEqual(t, rimg("data:image/png;base64,AAAA"), rimg("data:image/png;base64,BBBB"))
 	// No Keyer: no prompt affinity.
 	r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, nil)
 	var info httpbalancer.Info

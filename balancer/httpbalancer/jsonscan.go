@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"math/bits"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/inferlb/inferlb/cache"
 )
@@ -626,7 +629,10 @@ func (s *scanner) message(out *body) bool {
 			} else {
 				ok = s.skip()
 			}
-		case string(key) == "content" || string(key) == "text":
+		case string(key) == "content" || string(key) == "text" ||
+			string(key) == "output" || string(key) == "arguments":
+			// output and arguments: the Responses API's function call
+			// items (tool results, tool calls), keyed on what they carry.
 			ok = s.content(out)
 		default:
 			ok = s.skip()
@@ -699,7 +705,9 @@ func (s *scanner) contentPart(out *body) bool {
 			return st == closed
 		}
 		ok := true
-		if esc || string(key) != "text" {
+		if !esc && string(key) == "image_url" {
+			ok = s.image(out)
+		} else if esc || string(key) != "text" {
 			ok = s.skip()
 		} else if raw, esc, ok2 := s.str(); !ok2 {
 			ok = s.skip()
@@ -713,6 +721,47 @@ func (s *scanner) contentPart(out *body) bool {
 			return false
 		}
 	}
+}
+
+// image reads an image part's image_url, a URL string (Responses API) or
+// {"url": ...} (Chat Completions), and adds a marker of it to the message's
+// text: the same question about two images is two prompts, which the
+// server's prefix cache keeps apart too. The marker is a hash of the URL as
+// written, so a data URL of megabytes costs its hashing, not a copy.
+func (s *scanner) image(out *body) bool {
+	switch s.peek() {
+	case '"':
+		raw, _, ok := s.str()
+		if ok && out.collect {
+			out.addImage(raw)
+		}
+		return ok
+	case '{':
+		s.i++
+		for first := true; ; first = false {
+			key, esc, st := s.nextKey(first)
+			if st != member {
+				return st == closed
+			}
+			ok := true
+			if esc || string(key) != "url" {
+				ok = s.skip()
+			} else if raw, _, ok2 := s.str(); !ok2 {
+				ok = s.skip()
+			} else if out.collect {
+				out.addImage(raw)
+			}
+			if !ok {
+				return false
+			}
+		}
+	}
+	return s.skip()
+}
+
+func (out *body) addImage(url []byte) {
+	marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(url))
+	out.addPart(marker, marker, false)
 }
 
 // addPart collects one piece of a message's text.

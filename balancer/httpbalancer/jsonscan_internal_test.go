@@ -59,6 +59,9 @@ var scanSeeds = []string{
 	`{"messages":[{"role":"user","content":"a"},]}`,
 	`{"a":1,}`,
 	"",
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/cat.png","detail":"low"}},{"type":"text","text":"Describe."}]}]}`,
+	`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,AAAA"},{"type":"input_text","text":"Hi"}]}]}`,
+	`{"model":"m","previous_response_id":"r","input":[{"type":"function_call","name":"f","arguments":"{\"a\":1}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"21"}]}]}`,
 }
 
 // FuzzScannerMatchesReference: the scanner reads exactly what the closure

@@ -1,13 +1,18 @@
 // The scanner as it was at c66efec, before it lost its closures: the
 // reference that FuzzScannerMatchesReference holds the current one to.
+// Later changes of what is read (function call items, image parts) are
+// made here too.
 
 package httpbalancer
 
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/inferlb/inferlb/cache"
 )
@@ -392,7 +397,7 @@ func (s *refScanner) message(out *refBody) bool {
 			}
 			role = refInternRole(raw, quoted, esc)
 			return true
-		case "content", "text":
+		case "content", "text", "output", "arguments":
 			return s.content(out)
 		}
 		return s.skip()
@@ -437,6 +442,9 @@ func (s *refScanner) content(out *refBody) bool {
 				return s.skip()
 			}
 			return s.object(func(key []byte) bool {
+				if string(key) == "image_url" {
+					return s.image(out)
+				}
 				if string(key) != "text" {
 					return s.skip()
 				}
@@ -450,6 +458,32 @@ func (s *refScanner) content(out *refBody) bool {
 				}
 				return true
 			})
+		})
+	}
+	return s.skip()
+}
+
+func (s *refScanner) image(out *refBody) bool {
+	url := func() bool {
+		raw, _, _, ok := s.str()
+		if !ok {
+			return s.skip()
+		}
+		if out.collect {
+			marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(raw))
+			out.addPart(marker, marker, false)
+		}
+		return true
+	}
+	switch s.peek() {
+	case '"':
+		return url()
+	case '{':
+		return s.object(func(key []byte) bool {
+			if string(key) != "url" {
+				return s.skip()
+			}
+			return url()
 		})
 	}
 	return s.skip()
