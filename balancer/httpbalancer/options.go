@@ -37,6 +37,9 @@ const (
 	// DefaultDiscoveryInterval is how often Discovery re-resolves its name:
 	// Kubernetes' headless-service DNS answers change within that time.
 	DefaultDiscoveryInterval = 30 * time.Second
+	// minDiscoveryInterval bounds Discovery.Interval from below: each
+	// resolution gets one interval, and DNS answers take milliseconds.
+	minDiscoveryInterval = 100 * time.Millisecond
 )
 
 // Options configure a Transport. Only Endpoints (or Discovery, or a shared
@@ -114,8 +117,9 @@ type Discovery struct {
 	// Scheme, "http" or "https", is given to every resolved address; ""
 	// means the request URL's scheme.
 	Scheme string
-	// Interval between resolutions; 0 means DefaultDiscoveryInterval. Each
-	// lookup is also bounded by it.
+	// Interval between resolutions; 0 means DefaultDiscoveryInterval, and
+	// any other value must be at least 100ms. Each lookup is also bounded
+	// by it.
 	Interval time.Duration
 	// LookupHost resolves a name; nil means net.DefaultResolver.LookupHost.
 	// Tests inject a fake.
@@ -185,22 +189,27 @@ func (o *Options) resolve() (*config, error) {
 		}
 	}
 	if d := o.Discovery; d != nil {
-		if host, port, err := net.SplitHostPort(d.Target); err != nil || host == "" || port == "" {
+		host, port, err := net.SplitHostPort(d.Target)
+		if err != nil || host == "" || port == "" {
 			return nil, bad("Discovery.Target", `must be "host:port"`, fmt.Sprintf("%q", d.Target))
+		}
+		if _, err := net.LookupPort("tcp", port); err != nil {
+			// A number, or a service name the system knows ("http").
+			return nil, bad("Discovery.Target", "must have a port number or a known service name", fmt.Sprintf("%q", d.Target))
 		}
 		if d.Scheme != "" && d.Scheme != "http" && d.Scheme != "https" {
 			return nil, bad("Discovery.Scheme", `must be "", "http" or "https"`, fmt.Sprintf("%q", d.Scheme))
 		}
-		if d.Interval < 0 {
-			return nil, bad("Discovery.Interval", "must not be negative", d.Interval)
+		if d.Interval < 0 || d.Interval > 0 && d.Interval < minDiscoveryInterval {
+			return nil, bad("Discovery.Interval", "must be 0 (the default) or at least 100ms", d.Interval)
 		}
 	}
 	if o.MaxPeek > MaxMaxPeek {
 		return nil, bad("MaxPeek", "must be at most MaxMaxPeek (1 GiB)", o.MaxPeek)
 	}
 	for _, h := range []struct{ field, v string }{{"SessionHeader", o.SessionHeader}, {"TenantHeader", o.TenantHeader}} {
-		if strings.ContainsAny(h.v, " \t\r\n:") {
-			return nil, bad(h.field, "must be a header name", fmt.Sprintf("%q", h.v))
+		if h.v != "" && !validHeaderName(h.v) {
+			return nil, bad(h.field, "must be a header name (letters, digits and !#$%&'*+-.^_`|~)", fmt.Sprintf("%q", h.v))
 		}
 	}
 	c := &config{
@@ -240,4 +249,17 @@ func (c *config) bind(b *balancer.Balancer) {
 	} else {
 		c.chains = nil // only the default Inspector reads previous_response_id
 	}
+}
+
+// validHeaderName reports whether s is an HTTP header field name: an RFC
+// 9110 token.
+func validHeaderName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return s != ""
 }
