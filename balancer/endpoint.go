@@ -47,6 +47,7 @@ type endpoint struct {
 	failStreak     atomic.Int64                     // unix ns of the first failure of the current streak; 0 = none
 	successes      atomic.Uint64
 	mu             sync.Mutex // serializes error-rate updates; never taken by Pick
+	brMu           sync.Mutex // makes report's generation check and the breaker's transition one step; never taken by Pick
 	id             string     // immutable
 	serial         uint64     // immutable; see Pick.Serial
 

@@ -182,6 +182,18 @@ func (b *Balancer) report(e *endpoint, gen uint32, err error, streak int64) {
 	if err == nil && streak == 0 && e.brState.Load() == int32(gobreaker.StateClosed) {
 		return
 	}
+	// The generation is checked again under brMu, with the report itself:
+	// between an unlocked check and Execute, a concurrent report could trip
+	// the breaker, and this straggler of the old generation would then meet
+	// a half-open breaker (its open timeout is 1ns) and count as a failed
+	// probe. A burst of concurrent failures, as when a replica dies with
+	// calls in flight, escalated the exclusion that way, doubling it per
+	// straggler.
+	e.brMu.Lock()
+	defer e.brMu.Unlock()
+	if e.brGen.Load() != gen {
+		return
+	}
 	// Execute is gobreaker's allow-then-report in one call; the call itself
 	// already happened, so the function only hands over its result. This
 	// closure does not escape, so reporting does not allocate (the two-step

@@ -336,3 +336,33 @@ func TestSmallErrorAlphaStillRegistersFailures(t *testing.T) {
 	require.EqualValues(t, 200, st[0].Failures)
 	assert.Greater(t, st[0].ErrorRate, 0.5, "200 failures in a row at alpha 0.005")
 }
+
+// A replica that dies with many calls in flight fails them all at once.
+// The breaker trips on the first BreakerFailures of them; the rest are
+// stragglers of the old generation and must be ignored, not met by the
+// (instantly half-open) breaker as failed probes, each doubling the
+// exclusion: the replica would be out for MaxEjectionTime, not
+// EjectionTime.
+func TestConcurrentFailuresTripOnce(t *testing.T) {
+	for round := range 20 {
+		clock := testutil.NewClock()
+		rec := &recorder{}
+		b := resilient(t, clock, rec, 4)
+		bad := endpoints(4)[0].Addr
+		var held []balancer.Pick
+		for len(held) < 64 {
+			held = append(held, pickOn(t, b, bad))
+		}
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Go(func() {
+				for i := w; i < len(held); i += 8 {
+					held[i].Done(inferlb.Outcome{Err: errDown})
+				}
+			})
+		}
+		wg.Wait()
+		require.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds(), "round %d", round)
+		assert.WithinDuration(t, clock.Now().Add(balancer.DefaultEjectionTime), rec.last().Until, 0)
+	}
+}
