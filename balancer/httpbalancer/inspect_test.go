@@ -128,6 +128,14 @@ func TestInspectAffinity(t *testing.T) {
 		return inspect(rpath, `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"`+url+`"},{"type":"input_text","text":"Describe this image."}]}]}`, true).AffinityKey
 	}
 	assert.NotEqual(t, rimg("data:image/png;base64,AAAA"), rimg("data:image/png;base64,BBBB"))
+	// Text parts are joined with "\n" as servers render them, also after an
+	// empty part: ["", "x"] is the prompt "\nx", not "x".
+	parts := inspect(path, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":""},{"type":"text","text":"x"}]}]}`, true).AffinityKey
+	assert.NotEqual(t, inspect(path, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, true).AffinityKey, parts)
+	assert.Equal(t, inspect(path, `{"model":"m","messages":[{"role":"user","content":"\nx"}]}`, true).AffinityKey, parts)
+	// A repeated "messages" replaces the first, as encoding/json reads it.
+	assert.Equal(t, inspect(path, `{"model":"m","messages":[{"role":"user","content":"y"}]}`, true).AffinityKey,
+		inspect(path, `{"model":"m","messages":[{"role":"user","content":"x"}],"messages":[{"role":"user","content":"y"}]}`, true).AffinityKey)
 	// No Keyer: no prompt affinity.
 	r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, nil)
 	var info httpbalancer.Info

@@ -590,6 +590,8 @@ func (s *scanner) messages(out *body) bool {
 	if s.peek() != '[' {
 		return s.skip()
 	}
+	// A repeated "messages" replaces the earlier list, as in encoding/json.
+	out.nmsg, out.more, out.userSeen = 0, out.more[:0], false
 	s.i++
 	for first := true; ; first = false {
 		if st := s.nextElem(first); st != member {
@@ -775,6 +777,11 @@ func (out *body) addPart(raw, quoted []byte, esc bool) {
 		out.parts = append(out.parts, out.single...)
 		out.single = nil
 	}
+	if out.nparts > 1 {
+		// Parts are joined with "\n", as servers render them, also
+		// after an empty one.
+		out.parts = append(out.parts, '\n')
+	}
 	out.parts = appendText(out.parts, raw, quoted, esc)
 }
 
@@ -796,9 +803,6 @@ func internRole(raw, quoted []byte, esc bool) string {
 }
 
 func appendText(dst, raw, quoted []byte, esc bool) []byte {
-	if len(dst) > 0 {
-		dst = append(dst, '\n')
-	}
 	if esc {
 		return append(dst, decode(raw, quoted, esc)...)
 	}

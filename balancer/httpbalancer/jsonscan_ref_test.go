@@ -378,6 +378,8 @@ func (s *refScanner) messages(out *refBody) bool {
 	if s.peek() != '[' {
 		return s.skip()
 	}
+	// A repeated "messages" replaces the earlier list, as in encoding/json.
+	out.nmsg, out.more, out.userSeen = 0, out.more[:0], false
 	return s.array(func() bool { return s.message(out) })
 }
 
@@ -499,6 +501,11 @@ func (out *refBody) addPart(raw, quoted []byte, esc bool) {
 		out.parts = append(out.parts, out.single...)
 		out.single = nil
 	}
+	if out.nparts > 1 {
+		// Parts are joined with "\n", as servers render them, also
+		// after an empty one.
+		out.parts = append(out.parts, '\n')
+	}
 	out.parts = refAppendText(out.parts, raw, quoted, esc)
 }
 
@@ -519,9 +526,6 @@ func refInternRole(raw, quoted []byte, esc bool) string {
 }
 
 func refAppendText(dst, raw, quoted []byte, esc bool) []byte {
-	if len(dst) > 0 {
-		dst = append(dst, '\n')
-	}
 	if esc {
 		return append(dst, refDecode(raw, quoted, esc)...)
 	}
