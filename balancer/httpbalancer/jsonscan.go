@@ -745,13 +745,11 @@ func (s *scanner) image(out *body) bool {
 			if st != member {
 				return st == closed
 			}
-			ok := true
-			if esc || string(key) != "url" {
+			var ok bool
+			if !esc && string(key) == "url" {
+				ok = s.image(out) // the URL string, read as above
+			} else {
 				ok = s.skip()
-			} else if raw, _, ok2 := s.str(); !ok2 {
-				ok = s.skip()
-			} else if out.collect {
-				out.addImage(raw)
 			}
 			if !ok {
 				return false

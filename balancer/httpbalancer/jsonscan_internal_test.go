@@ -61,6 +61,7 @@ var scanSeeds = []string{
 	"",
 	`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/cat.png","detail":"low"}},{"type":"text","text":"Describe."}]}]}`,
 	`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,AAAA"},{"type":"input_text","text":"Hi"}]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"image_url":{"url":{"url":"x"},"detail":"high"}},{"image_url":7},{"text":"t"}]}]}`,
 	`{"model":"m","previous_response_id":"r","input":[{"type":"function_call","name":"f","arguments":"{\"a\":1}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"21"}]}]}`,
 }
 

@@ -485,7 +485,7 @@ func (s *refScanner) image(out *refBody) bool {
 			if string(key) != "url" {
 				return s.skip()
 			}
-			return url()
+			return s.image(out)
 		})
 	}
 	return s.skip()
