@@ -303,28 +303,32 @@ const (
 // nextKey reads the next key of the object whose '{' was read, and its
 // colon. first is true right after the '{'. One peek decides between the
 // separator, the end and a break; the colon of compact JSON is checked in
-// place.
-func (s *scanner) nextKey(first bool) (key []byte, esc bool, st int) {
+// place. A key spelled with escapes ("mod\u0065l") is decoded, as
+// encoding/json reads it; no encoder writes one, so the copy is rare.
+func (s *scanner) nextKey(first bool) (key []byte, st int) {
 	switch c := s.peek(); {
 	case c == '}':
 		s.i++
-		return nil, false, closed
+		return nil, closed
 	case first:
 	case c == ',':
 		s.i++
 	default:
-		return nil, false, broken
+		return nil, broken
 	}
 	key, esc, ok := s.str()
 	if !ok {
-		return nil, false, broken
+		return nil, broken
+	}
+	if esc {
+		key = []byte(decode(key, s.quoted(key, esc), esc))
 	}
 	if s.i < len(s.b) && s.b[s.i] == ':' {
 		s.i++
 	} else if !s.eat(':') {
-		return nil, false, broken
+		return nil, broken
 	}
-	return key, esc, member
+	return key, member
 }
 
 // nextElem steps to the next element of the array whose '[' was read.
@@ -391,17 +395,8 @@ func parseBody(b []byte, keyed bool, out *body) {
 	}
 	s.i++
 	for first := true; ; first = false {
-		key, esc, st := s.nextKey(first)
-		if st != member {
-			return
-		}
-		var ok bool
-		if esc { // no field we read is spelled with escapes
-			ok = s.skip()
-		} else {
-			ok = s.field(key, out)
-		}
-		if !ok {
+		key, st := s.nextKey(first)
+		if st != member || !s.field(key, out) {
 			return
 		}
 	}
@@ -469,12 +464,12 @@ func (s *scanner) parameters(out *body) bool {
 	}
 	s.i++
 	for first := true; ; first = false {
-		key, esc, st := s.nextKey(first)
+		key, st := s.nextKey(first)
 		if st != member {
 			return st == closed
 		}
 		var ok bool
-		if !esc && string(key) == "max_new_tokens" {
+		if string(key) == "max_new_tokens" {
 			var n int
 			n, ok = s.integer()
 			out.maxTokens = max(out.maxTokens, n)
@@ -510,12 +505,12 @@ func (s *scanner) conversation(out *body) bool {
 	out.conversation = ""
 	s.i++
 	for first := true; ; first = false {
-		key, esc, st := s.nextKey(first)
+		key, st := s.nextKey(first)
 		if st != member {
 			return st == closed
 		}
 		var ok bool
-		if !esc && string(key) == "id" {
+		if string(key) == "id" {
 			ok = s.stringView(&out.conversation)
 		} else {
 			ok = s.skip()
@@ -615,14 +610,12 @@ func (s *scanner) message(out *body) bool {
 	out.collect = out.keyed && !out.userSeen
 	ok := false
 	for first := true; ; first = false {
-		key, esc, st := s.nextKey(first)
+		key, st := s.nextKey(first)
 		if st != member {
 			ok = st == closed
 			break
 		}
 		switch {
-		case esc:
-			ok = s.skip()
 		case string(key) == "role":
 			raw, esc, ok2 := s.str()
 			if ok2 {
@@ -702,14 +695,14 @@ func (s *scanner) contentPart(out *body) bool {
 	}
 	s.i++
 	for first := true; ; first = false {
-		key, esc, st := s.nextKey(first)
+		key, st := s.nextKey(first)
 		if st != member {
 			return st == closed
 		}
 		ok := true
-		if !esc && string(key) == "image_url" {
+		if string(key) == "image_url" {
 			ok = s.image(out)
-		} else if esc || string(key) != "text" {
+		} else if string(key) != "text" {
 			ok = s.skip()
 		} else if raw, esc, ok2 := s.str(); !ok2 {
 			ok = s.skip()
@@ -741,12 +734,12 @@ func (s *scanner) image(out *body) bool {
 	case '{':
 		s.i++
 		for first := true; ; first = false {
-			key, esc, st := s.nextKey(first)
+			key, st := s.nextKey(first)
 			if st != member {
 				return st == closed
 			}
 			var ok bool
-			if !esc && string(key) == "url" {
+			if string(key) == "url" {
 				ok = s.image(out) // the URL string, read as above
 			} else {
 				ok = s.skip()

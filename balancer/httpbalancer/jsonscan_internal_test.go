@@ -169,3 +169,18 @@ func TestScannerDecodesEscapesEverywhere(t *testing.T) {
 		require.Equal(t, []cache.Message{{Role: "user", Content: "c\n5" + tail}}, got.msgs)
 	}
 }
+
+// TestScannerDecodesEscapedKeys: a key spelled with escapes is the key
+// encoding/json reads, at the top level and inside messages and parts.
+func TestScannerDecodesEscapedKeys(t *testing.T) {
+	b := []byte(`{"mod\u0065l":"m","m\u0061x_tokens":5,"stre\u0061m":true,"messages":[{"r\u006fle":"user","c\u006fntent":` +
+		`[{"t\u0065xt":"hi"},{"image_\u0075rl":{"\u0075rl":"https://x/cat.png"}}]}],"param\u0065ters":{"max_new_t\u006fkens":9}}`)
+	got := scanNew(b, true)
+	want := scanNew([]byte(strings.ReplaceAll(strings.ReplaceAll(strings.ReplaceAll(strings.ReplaceAll(string(b),
+		`\u0065`, "e"), `\u0061`, "a"), `\u006f`, "o"), `\u0075`, "u")), true)
+	require.Equal(t, "m", got.model)
+	require.Equal(t, 9, got.maxTokens)
+	require.True(t, got.stream)
+	require.Len(t, got.msgs, 1)
+	require.Equal(t, want, got)
+}

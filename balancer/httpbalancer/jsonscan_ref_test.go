@@ -206,15 +206,17 @@ func (s *refScanner) object(field func(key []byte) bool) bool {
 		return true
 	}
 	for {
-		key, _, esc, ok := s.str()
+		key, quoted, esc, ok := s.str()
 		if !ok || !s.eat(':') {
 			return false
 		}
 		if esc {
-			ok = s.skip()
-		} else {
-			ok = field(key)
+			var k string
+			if json.Unmarshal(quoted, &k) == nil {
+				key = []byte(k)
+			}
 		}
+		ok = field(key)
 		if !ok {
 			return false
 		}
