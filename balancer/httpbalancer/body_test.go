@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,26 +12,37 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
 )
 
 // How the caller hands over a body: net/http treats each differently
 // (ContentLength, GetBody, chunked framing).
 const (
-	knownLength = iota // bytes.Reader: ContentLength and GetBody set
-	unknownLen         // a plain io.Reader: chunked, no GetBody
-	pipe               // written by another goroutine in small pieces
-	binaryType         // Content-Type application/octet-stream: not peeked
-	stringsBody        // strings.Reader: like known, another in-memory type
-	bufferBody         // bytes.Buffer: like known, another in-memory type
-	noGetBody          // bytes.Reader with GetBody cleared: the peek is kept for replays
-	lengthOnly         // a plain io.Reader with ContentLength set: read ahead, length known
+	knownLength  = iota // bytes.Reader: ContentLength and GetBody set
+	unknownLen          // a plain io.Reader: chunked, no GetBody
+	pipe                // written by another goroutine in small pieces
+	binaryType          // Content-Type application/octet-stream: not peeked
+	stringsBody         // strings.Reader: like known, another in-memory type
+	bufferBody          // bytes.Buffer: like known, another in-memory type
+	noGetBody           // bytes.Reader with GetBody cleared: the peek is kept for replays
+	lengthOnly          // a plain io.Reader with ContentLength set: read ahead, length known
+	wrapped             // as openai-go sends: a wrapper hides the in-memory reader; GetBody gives fresh copies
+	rewinding           // GetBody rewinds the body's own reader and returns it again
+	getBodyFails        // GetBody returns an error
 	numBodyModes
 )
 
-var modeNames = [numBodyModes]string{"known", "unknown", "pipe", "binary", "strings", "buffer", "nogetbody", "lengthonly"}
+var modeNames = [numBodyModes]string{"known", "unknown", "pipe", "binary", "strings", "buffer", "nogetbody", "lengthonly",
+	"wrapped", "rewinding", "getbodyfails"}
+
+// wrapper is a ReadCloser the transport cannot see into, as openai-go's
+// closeOnceReadCloser.
+type wrapper struct{ io.ReadCloser }
 
 // onlyReader hides bytes.Reader's Len so net/http cannot learn the length.
 type onlyReader struct{ r io.Reader }
@@ -88,6 +100,20 @@ func sendBody(t testing.TB, client *http.Client, body []byte, mode int) {
 		req.ContentLength = int64(len(body))
 		if len(body) == 0 {
 			req.Body = http.NoBody
+		}
+	case wrapped, rewinding, getBodyFails:
+		shared := bytes.NewReader(body)
+		req.Body, req.ContentLength = wrapper{io.NopCloser(shared)}, int64(len(body))
+		switch mode {
+		case wrapped:
+			req.GetBody = func() (io.ReadCloser, error) { return wrapper{io.NopCloser(bytes.NewReader(body))}, nil }
+		case rewinding:
+			req.GetBody = func() (io.ReadCloser, error) {
+				_, err := shared.Seek(0, io.SeekStart)
+				return io.NopCloser(shared), err
+			}
+		case getBodyFails:
+			req.GetBody = func() (io.ReadCloser, error) { return nil, errors.New("no replay") }
 		}
 	}
 	resp, err := client.Do(req)
@@ -168,4 +194,45 @@ func FuzzBodyForwarded(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, mode uint8) {
 		sendBody(t, client, body, int(mode%numBodyModes))
 	})
+}
+
+// TestReplayedLargeBodyClosesBoth: a body larger than the peek whose caller
+// gave GetBody is sent from a fresh copy (so its model past the peek can be
+// read); the copy goes to Base, which gets the whole body, and both the
+// caller's body and the copy are closed, on success and when no endpoint
+// can take the call.
+func TestReplayedLargeBodyClosesBoth(t *testing.T) {
+	body := `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 200) + `"}],"model":"m"}`
+	var sent []byte
+	base := baseFunc(func(r *http.Request) (*http.Response, error) {
+		var err error
+		sent, err = io.ReadAll(r.Body)
+		require.NoError(t, err)
+		require.NoError(t, r.Body.Close())
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	})
+	for _, endpoints := range []int{1, 0} {
+		eps := []inferlb.Endpoint{{Addr: "10.0.0.1:80", Labels: map[string]string{"model": "m"}}}
+		tr := newTransport(t, httpbalancer.Options{Base: base, Endpoints: eps[:endpoints], MaxPeek: 64})
+		caller := &closeTracker{Reader: strings.NewReader(body)}
+		var replay *closeTracker
+		req, _ := http.NewRequest(http.MethodPost, chatURL, caller)
+		req.ContentLength = int64(len(body))
+		req.GetBody = func() (io.ReadCloser, error) {
+			replay = &closeTracker{Reader: strings.NewReader(body)}
+			return replay, nil
+		}
+		sent = nil
+		resp, err := tr.RoundTrip(req)
+		if endpoints == 0 {
+			require.ErrorIs(t, err, balancer.ErrNoEndpoints)
+		} else {
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+			assert.Equal(t, body, string(sent))
+		}
+		assert.True(t, caller.closed, "endpoints=%d: the caller's body", endpoints)
+		require.NotNil(t, replay, "endpoints=%d", endpoints)
+		assert.True(t, replay.closed, "endpoints=%d: the copy", endpoints)
+	}
 }

@@ -21,7 +21,14 @@
 // ahead followed by the rest of the caller's body, whatever its size or
 // content. (A body held in memory, as http.NewRequest makes of a
 // bytes.Reader, strings.Reader or bytes.Buffer, is not read at all: its head
-// is copied and the body itself is sent.) Picking happens per request, never
+// is copied and the body itself is sent.) A body larger than the peek keeps
+// its top-level model, stream, output bound and session IDs readable when
+// it is in memory or the caller set GetBody: the OpenAI SDKs write the
+// model after the messages, so a request carrying an image or a long
+// document would otherwise be routed without its model. The Inspector then
+// sees a fresh copy from GetBody, which OpenAI reads past the peek without
+// reading it when it is in memory, and that copy is what the first attempt
+// sends. Picking happens per request, never
 // per connection, so keep-alive cannot pin a client to one backend. A
 // canceled context ends a read-ahead that is waiting on the caller's body.
 // When the caller's body itself fails (a gateway's client dropped its

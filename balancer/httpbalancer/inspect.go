@@ -78,7 +78,13 @@ var (
 // or data URL) and, for the Responses API's function call items, their
 // output or arguments. A body larger than the peek is keyed on the messages that
 // fit in it, which are the ones the key covers unless the first turns alone
-// exceed the peek.
+// exceed the peek. When such a body is held in memory (r.Body is an
+// io.NopCloser over a bytes.Reader, strings.Reader or bytes.Buffer, as
+// http.NewRequest and the Transport's copy from GetBody make it), its
+// top-level model, stream, output bound, prompt_cache_key, conversation and
+// previous_response_id are read from the whole body without reading it
+// (about 4 GB/s; nothing is copied but 4 KiB at a time): the OpenAI SDKs
+// write them after the messages.
 //
 // An OpenAI is immutable once in use and safe for concurrent use.
 type OpenAI struct {
@@ -119,7 +125,14 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 		return
 	}
 	var b body
-	parseBody(peek, info.Service == inferlb.ServiceLLM && o.Keyer != nil, &b)
+	keyed := info.Service == inferlb.ServiceLLM && o.Keyer != nil
+	parseBody(peek, keyed, &b)
+	if !complete {
+		// The fields after the peek, from a body held in memory (jsontail.go).
+		if m := inMemory(r.Body); m.ok() && m.n > int64(len(peek)) {
+			readTail(&m, peek, keyed, &b)
+		}
+	}
 	info.Model = b.model
 	info.Stream = b.stream
 	info.MaxOutputTokens = b.maxTokens

@@ -83,3 +83,65 @@ func TestOpenAIClient(t *testing.T) {
 	}
 	assert.Zero(t, totalInFlight(tr.Balancer()))
 }
+
+// TestOpenAIClientLargeBodyFindsModel: openai-go writes "messages" before
+// "model", so a request larger than the peek (here an image as a data URL)
+// has its model past the peek. It must still reach an endpoint serving that
+// model, with the stream flag, output bound and prompt_cache_key that come
+// after it read too.
+func TestOpenAIClientLargeBodyFindsModel(t *testing.T) {
+	bs := []*backend{newBackend(t, "llama"), newBackend(t, "qwen")}
+	eps := endpointsOf(bs...)
+	for i, b := range bs {
+		eps[i].Labels = map[string]string{"model": b.name}
+	}
+	res := newResults(64)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       eps,
+		MaxPeek:         4096,
+		BalancerOptions: balancer.Options{Rand: testutil.NewRand(7), MinKeyReuse: -1},
+		OnResult:        res.on,
+	})
+	client := openai.NewClient(
+		option.WithHTTPClient(&http.Client{Transport: tr}),
+		option.WithBaseURL("http://llm.internal/v1/"),
+		option.WithAPIKey("unused"),
+		option.WithMaxRetries(0),
+	)
+	image := "data:image/png;base64," + strings.Repeat("iVBORw0KGgo", 2000) // 22 KB
+	const n = 12
+	for i := range n {
+		model := bs[i%2].name
+		params := openai.ChatCompletionNewParams{
+			Model: model,
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage([]openai.ChatCompletionContentPartUnionParam{
+				openai.ImageContentPart(openai.ChatCompletionContentPartImageImageURLParam{URL: image}),
+				openai.TextContentPart(fmt.Sprintf("What is in this picture? (%d)", i)),
+			})},
+			MaxCompletionTokens: openai.Int(64),
+			PromptCacheKey:      openai.String("user-42"),
+		}
+		if i%3 == 0 {
+			stream := client.Chat.Completions.NewStreaming(context.Background(), params)
+			for stream.Next() {
+			}
+			require.NoError(t, stream.Err())
+			require.NoError(t, stream.Close())
+		} else {
+			cc, err := client.Chat.Completions.New(context.Background(), params)
+			require.NoError(t, err)
+			require.Equal(t, "hello from "+model, cc.Choices[0].Message.Content)
+		}
+		r := <-res.c
+		assert.Equal(t, model, r.Endpoint, "call %d", i)
+		assert.Equal(t, model, r.Request.Model, "call %d", i)
+		assert.Equal(t, 64, r.Request.MaxOutputTokens, "call %d", i)
+		assert.Equal(t, tr.Balancer().Keyer().Session("user-42"), r.Request.AffinityKey, "call %d", i)
+		assert.Greater(t, r.Request.PromptTokens, 22000/4, "call %d: the whole body's size", i)
+		if i%3 == 0 {
+			assert.Equal(t, chunks, r.Events, "call %d streamed", i)
+		}
+	}
+	assert.EqualValues(t, n/2, bs[0].hits.Load())
+	assert.EqualValues(t, n/2, bs[1].hits.Load())
+}

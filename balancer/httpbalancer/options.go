@@ -21,7 +21,11 @@ const (
 	// DefaultMaxPeek bounds how much of a request body is read before the
 	// request is sent, to find the model and prompt. 1 MiB holds a chat
 	// request of about 250k tokens of English; larger bodies are still
-	// forwarded whole, routed on what the first MiB says.
+	// forwarded whole, keyed on what the first MiB says. Their top-level
+	// fields after it (model, stream, output bound, session IDs) are read
+	// too when the body is in memory or replayable (GetBody), as the
+	// OpenAI SDKs' bodies are; a streamed body without GetBody is routed on
+	// the first MiB alone.
 	DefaultMaxPeek = 1 << 20
 	// MaxMaxPeek bounds MaxPeek: the peek is held in memory for the life
 	// of the call.

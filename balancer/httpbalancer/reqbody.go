@@ -31,7 +31,12 @@ type reqBody struct {
 	inPlace  bool          // head was copied from orig without reading it: orig goes first
 	pooled   *peekBuf      // head's buffer, to return to peekBufs once inspected
 	callerGB bool          // gb is the caller's GetBody
-	length   int64         // ContentLength to send with the first attempt
+	// reopened: orig is a fresh copy of the whole body from the caller's
+	// GetBody (see reopen), sent from its start; also is the caller's body,
+	// closed when orig is.
+	reopened bool
+	also     io.Closer
+	length   int64 // ContentLength to send with the first attempt
 	// gb is the outgoing GetBody, built once: Base uses it to resend on a
 	// fresh connection when a reused one was closed under it.
 	gb func() (io.ReadCloser, error)
@@ -65,6 +70,7 @@ func newBytesBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(
 type stitched struct {
 	head   bytes.Reader
 	orig   io.ReadCloser
+	also   io.Closer   // closed after orig when not nil (see reopen)
 	failed atomic.Bool // the caller's body returned an error other than EOF
 }
 
@@ -79,7 +85,13 @@ func (s *stitched) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (s *stitched) Close() error { return s.orig.Close() }
+func (s *stitched) Close() error {
+	err := s.orig.Close()
+	if s.also != nil {
+		_ = s.also.Close()
+	}
+	return err
+}
 
 // errBodyFailed is the Outcome.Err of an attempt that failed because the
 // caller's body did while it was being sent. It wraps context.Canceled,
@@ -273,16 +285,23 @@ func (m *memBody) ok() bool { return m.br != nil || m.sr != nil || m.bb != nil }
 
 // copyTo copies the first len(dst) unread bytes into dst, leaving the
 // reader where it was, and returns how many it copied.
-func (m *memBody) copyTo(dst []byte) int {
+func (m *memBody) copyTo(dst []byte) int { return m.readAt(dst, 0) }
+
+// readAt copies the unread bytes from off (0 is the first unread byte) into
+// dst, leaving the reader where it was, and returns how many it copied.
+func (m *memBody) readAt(dst []byte, off int64) int {
+	if off < 0 || off >= m.n {
+		return 0
+	}
 	switch {
 	case m.br != nil:
-		n, _ := m.br.ReadAt(dst, m.br.Size()-int64(m.br.Len()))
+		n, _ := m.br.ReadAt(dst, m.br.Size()-m.n+off)
 		return n
 	case m.sr != nil:
-		n, _ := m.sr.ReadAt(dst, m.sr.Size()-int64(m.sr.Len()))
+		n, _ := m.sr.ReadAt(dst, m.sr.Size()-m.n+off)
 		return n
 	case m.bb != nil:
-		return copy(dst, m.bb.Bytes())
+		return copy(dst, m.bb.Bytes()[off:])
 	}
 	return 0
 }
@@ -324,9 +343,31 @@ func readHead(body io.Reader, contentLength int64, limit int, buf []byte) (head 
 	}
 }
 
+// reopen is for a body larger than the peek that was read ahead (not held
+// in memory) and that the caller can replay: it takes a fresh copy of the
+// whole body from the caller's GetBody, which the first attempt then sends
+// from its start instead of the bytes read ahead and the rest. The copy is
+// usually in memory (an SDK's marshalled request), so the inspector can
+// read past the peek without reading it (readTail): the model, stream flag
+// and output bound that openai-go writes after the messages. A GetBody may
+// rewind the very reader the caller's body reads from (openai-go's does
+// for a *bytes.Reader body), so the caller's body is not read again, and is
+// closed only when the copy is. It returns the copy, or nil when GetBody
+// fails (the body then goes as it would have).
+func (rb *reqBody) reopen(getBody func() (io.ReadCloser, error)) io.ReadCloser {
+	rc, err := getBody()
+	if err != nil || rc == nil {
+		return nil
+	}
+	rb.also, rb.orig, rb.reopened = rb.orig, rc, true
+	return rc
+}
+
 // first returns the first attempt's body.
 func (rb *reqBody) first() bodyReader {
 	switch {
+	case rb.reopened:
+		return bodyReader{&stitched{orig: rb.orig, also: rb.also}, rb.length}
 	case !rb.peeked || rb.inPlace:
 		return bodyReader{rb.orig, rb.length}
 	case rb.complete && len(rb.head) == 0:

@@ -243,7 +243,16 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err := t.readBody(ctx, r, &rb, plan, buf); err != nil {
 		return nil, err
 	}
-	t.cfg.inspector.Inspect(r, rb.head, rb.complete, &c.info)
+	inspected := r
+	if rb.peeked && !rb.complete && !rb.inPlace && r.GetBody != nil {
+		// Larger than the peek and replayable: inspect a fresh copy,
+		// which the inspector may read past the peek (see reopen).
+		if fresh := rb.reopen(r.GetBody); fresh != nil {
+			c.out.Body = fresh // c.out is a copy of r until outgoing sets it up
+			inspected = &c.out
+		}
+	}
+	t.cfg.inspector.Inspect(inspected, rb.head, rb.complete, &c.info)
 	rb.release()
 	if v := r.Header[t.cfg.sessionHeader]; len(v) > 0 && v[0] != "" {
 		c.info.AffinityKey = t.cfg.keyer.Session(v[0])

@@ -1,0 +1,272 @@
+package httpbalancer
+
+import (
+	"bytes"
+	"slices"
+)
+
+// Reading past the peek. The OpenAI SDKs write a chat request's "messages"
+// before its "model" (openai-go's struct order, openai-python's argument
+// order), and "stream", "max_completion_tokens" and "prompt_cache_key" after
+// both. A request larger than the peek, such as one carrying an image as a
+// data URL or a long document, would then be routed without its model: in a
+// fleet serving several models, to an endpoint that may not serve it.
+//
+// Those bodies are nearly always held in memory (http.NewRequest over a
+// bytes.Reader, strings.Reader or bytes.Buffer, as both SDKs make them), so
+// the rest can be read without taking it from the caller or buffering it:
+// readTail steps over the body's top-level structure in small chunks copied
+// with ReadAt, notes where each top-level member of interest starts and ends,
+// and parses just those members. Strings, which are nearly all of such a
+// body, are skipped with bytes.IndexByte, so the cost is about that of a
+// memory copy of the body. Nothing it reads is retained.
+
+// tailKeys are the top-level members read from the rest of a body: the
+// facts parseBody reads outside the prompt. The prompt text itself is not:
+// the affinity key covers what the peek holds.
+var tailKeys = [...]string{
+	"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens",
+	"max_new_tokens", "parameters", "prompt_cache_key", "conversation", "previous_response_id",
+}
+
+// maxTailKey is the length of the longest of tailKeys.
+const maxTailKey = len("max_completion_tokens")
+
+// maxTailValue bounds the size of one member read from the rest of a body;
+// a larger value reads as absent (none of those fields is anywhere near it).
+const maxTailValue = 16 << 10
+
+// tailChunk is how much of the body readTail copies at a time.
+const tailChunk = 4096
+
+// Where topScan is, at the top level of the body's object.
+const (
+	tsStart  = iota // before the '{'
+	tsKey           // before a key, a ',' or the '}'
+	tsInKey         // in a key's string
+	tsColon         // after a key
+	tsValue         // after the colon
+	tsScalar        // in a number or literal
+	tsInVal         // in a string, object or array value
+	tsDone          // the closing '}' was read
+	tsBroken        // not an object, or malformed at the top level
+)
+
+// span is a member's bytes in the body: from its key's opening quote to the
+// end of its value. hi == 0: not seen; lo < 0: seen with a value too large.
+type span struct{ lo, hi int64 }
+
+// topScan walks a JSON object's top level over chunks of the body, noting
+// the span of the last occurrence of each of tailKeys (a repeated key
+// overrides, as in encoding/json). It never recurses and keeps a fixed
+// amount of state whatever the body holds.
+type topScan struct {
+	m     *memBody
+	ph    int
+	depth int   // bracket depth; 1 inside the top-level object
+	inStr bool  // inside a string
+	esc   bool  // the next chunk's first byte is escaped
+	keyLo int64 // the current member's key: opening quote
+	keyHi int64 // one past its closing quote
+	valLo int64 // start of its value
+	found [len(tailKeys)]span
+}
+
+// feed scans b, the body's bytes from off. It reports whether the scan
+// wants more.
+func (t *topScan) feed(off int64, b []byte) bool {
+	i := 0
+	if t.esc {
+		t.esc, i = false, 1
+	}
+	for i < len(b) {
+		if t.inStr {
+			// The next quote, then the escapes before it: each byte is
+			// looked at a bounded number of times, however many escapes
+			// (a document's "\n"s) lie between two quotes.
+			q := len(b)
+			if k := bytes.IndexByte(b[i:], '"'); k >= 0 {
+				q = i + k
+			}
+			for {
+				bs := bytes.IndexByte(b[i:q], '\\')
+				if bs < 0 {
+					break
+				}
+				i += bs + 2
+				if i > q { // the quote was escaped
+					break
+				}
+			}
+			switch {
+			case i > len(b):
+				t.esc = true // the escaped byte opens the next chunk
+			case i > q || q == len(b):
+				// Escaped quote, or none in this chunk: go on after it.
+				if q == len(b) {
+					i = len(b)
+				}
+			default:
+				i = q + 1
+				t.inStr = false
+				t.stringEnded(off + int64(i))
+			}
+			continue
+		}
+		c := b[i]
+		switch t.ph {
+		case tsStart:
+			switch c {
+			case ' ', '\t', '\n', '\r':
+			case '{':
+				t.depth, t.ph = 1, tsKey
+			default:
+				t.ph = tsBroken
+				return false
+			}
+		case tsKey:
+			switch c {
+			case ' ', '\t', '\n', '\r', ',':
+			case '"':
+				t.keyLo, t.inStr, t.ph = off+int64(i), true, tsInKey
+			case '}':
+				t.ph = tsDone
+				return false
+			default:
+				t.ph = tsBroken
+				return false
+			}
+		case tsColon:
+			switch c {
+			case ' ', '\t', '\n', '\r':
+			case ':':
+				t.ph = tsValue
+			default:
+				t.ph = tsBroken
+				return false
+			}
+		case tsValue:
+			switch c {
+			case ' ', '\t', '\n', '\r':
+			case '"':
+				t.valLo, t.inStr, t.ph = off+int64(i), true, tsInVal
+			case '{', '[':
+				t.valLo, t.depth, t.ph = off+int64(i), 2, tsInVal
+			case ',', '}', ']', ':':
+				t.ph = tsBroken
+				return false
+			default:
+				t.valLo, t.ph = off+int64(i), tsScalar
+			}
+		case tsScalar:
+			if isDelim(c) {
+				t.member(off + int64(i))
+				t.ph = tsKey
+				continue // the delimiter is read again as tsKey
+			}
+		case tsInVal:
+			switch c {
+			case '"':
+				t.inStr = true
+			case '{', '[':
+				t.depth++
+			case '}', ']':
+				t.depth--
+				if t.depth == 1 {
+					t.member(off + int64(i) + 1)
+					t.ph = tsKey
+				}
+			}
+		}
+		i++
+	}
+	return true
+}
+
+// stringEnded is called at end, one past a closing quote.
+func (t *topScan) stringEnded(end int64) {
+	switch {
+	case t.ph == tsInKey:
+		t.keyHi, t.ph = end, tsColon
+	case t.ph == tsInVal && t.depth == 1:
+		t.member(end)
+		t.ph = tsKey
+	}
+}
+
+// member records the member whose value ends before end, when its key is
+// one of tailKeys (decoded when spelled with escapes, as parseBody reads
+// keys: six bytes per character at most, as in "\u006d").
+func (t *topScan) member(end int64) {
+	n := t.keyHi - t.keyLo
+	if n <= 2 || n > 6*int64(maxTailKey)+2 {
+		return
+	}
+	var kb [6*maxTailKey + 2]byte
+	quoted := kb[:t.m.readAt(kb[:n], t.keyLo)]
+	if len(quoted) < 2 {
+		return
+	}
+	key := quoted[1 : len(quoted)-1]
+	if bytes.IndexByte(key, '\\') >= 0 {
+		key = []byte(decode(key, quoted, true))
+	}
+	for k, name := range tailKeys {
+		if string(key) == name {
+			if end-t.valLo <= maxTailValue {
+				t.found[k] = span{t.keyLo, end}
+			} else {
+				t.found[k] = span{-1, -1}
+			}
+			return
+		}
+	}
+}
+
+// readTail reads the top-level fields among tailKeys from the whole of an
+// in-memory body of which head is the start (the peek), and sets them in
+// out as parseBody would have from the whole body. When the body is not a
+// well-formed object at its top level, out is left as the peek made it.
+func readTail(m *memBody, head []byte, keyed bool, out *body) {
+	t := topScan{m: m}
+	off := int64(len(head))
+	if t.feed(0, head) {
+		var chunk [tailChunk]byte
+		for off < m.n {
+			n := m.readAt(chunk[:], off)
+			if n == 0 || !t.feed(off, chunk[:n]) {
+				break
+			}
+			off += int64(n)
+		}
+	}
+	if t.ph != tsDone {
+		return
+	}
+	size := 2
+	for _, s := range t.found {
+		if s.lo >= 0 {
+			size += int(s.hi-s.lo) + 1
+		}
+	}
+	obj := make([]byte, 1, size)
+	obj[0] = '{'
+	for _, s := range t.found {
+		if s.lo < 0 || s.hi == 0 {
+			continue
+		}
+		if len(obj) > 1 {
+			obj = append(obj, ',')
+		}
+		n := len(obj)
+		obj = slices.Grow(obj, int(s.hi-s.lo))[:n+int(s.hi-s.lo)]
+		m.readAt(obj[n:], s.lo)
+	}
+	obj = append(obj, '}')
+	var tail body
+	parseBody(obj, keyed, &tail)
+	out.model, out.stream, out.maxTokens = tail.model, tail.stream, tail.maxTokens
+	if keyed {
+		out.cacheKey, out.conversation, out.prevResponse = tail.cacheKey, tail.conversation, tail.prevResponse
+	}
+}

@@ -1,0 +1,272 @@
+package httpbalancer
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tailWant is what encoding/json reads from a whole body for the fields
+// readTail fills: the last occurrence of each key wins.
+type tailWant struct {
+	model, cacheKey, conversation, prevResponse string
+	stream                                      bool
+	maxTokens                                   int
+}
+
+func tailFromJSON(t *testing.T, b []byte) tailWant {
+	t.Helper()
+	var m map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(b, &m), "%s", b)
+	var w tailWant
+	str := func(k string) string {
+		var s string
+		_ = json.Unmarshal(m[k], &s)
+		return s
+	}
+	w.model, w.cacheKey, w.prevResponse = str("model"), str("prompt_cache_key"), str("previous_response_id")
+	if w.conversation = str("conversation"); w.conversation == "" {
+		var c struct{ ID string }
+		_ = json.Unmarshal(m["conversation"], &c)
+		w.conversation = c.ID
+	}
+	w.stream = string(m["stream"]) == "true"
+	for _, k := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens"} {
+		var n int
+		_ = json.Unmarshal(m[k], &n)
+		w.maxTokens = max(w.maxTokens, n)
+	}
+	var p struct {
+		N int `json:"max_new_tokens"`
+	}
+	_ = json.Unmarshal(m["parameters"], &p)
+	w.maxTokens = max(w.maxTokens, p.N)
+	return w
+}
+
+// tailText returns a string made to trip a scanner of JSON's top level:
+// quotes, backslashes and brackets escaped inside it (some at the end, to
+// land on chunk boundaries), text that looks like a "model" member, long
+// runs like a base64 image, and control characters.
+func tailText(r *rand.Rand) string {
+	var sb strings.Builder
+	for range r.IntN(12) {
+		switch r.IntN(8) {
+		case 0:
+			sb.WriteString(strings.Repeat("A", r.IntN(6000)))
+		case 1:
+			sb.WriteString(`","model":"decoy"},{"model":"decoy`)
+		case 2:
+			sb.WriteString(strings.Repeat(`\`, 1+r.IntN(3)))
+		case 3:
+			sb.WriteString(`{[}]],:`)
+		case 4:
+			sb.WriteString("\n\t\x01<é😀>")
+		default:
+			sb.WriteString(strings.Repeat("lorem ipsum ", r.IntN(40)))
+		}
+	}
+	return sb.String()
+}
+
+func quote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// tailBody builds a chat request whose top-level members come in a random
+// order, with decoy "model" keys nested in the messages and in metadata,
+// sometimes a repeated model, and random whitespace.
+func tailBody(r *rand.Rand) []byte {
+	ws := func() string { return [...]string{"", "", " ", "\n  ", "\t"}[r.IntN(5)] }
+	var msgs []string
+	for range 1 + r.IntN(6) {
+		if r.IntN(3) == 0 {
+			msgs = append(msgs, fmt.Sprintf(`{"role":"user","model":"decoy","content":[{"type":"text","text":%s},{"type":"image_url","image_url":{"url":%s}}]}`,
+				quote(tailText(r)), quote("data:image/png;base64,"+strings.Repeat("QUJD", r.IntN(3000)))))
+			continue
+		}
+		msgs = append(msgs, fmt.Sprintf(`{%s"role"%s:%s"user",%s"content":%s}`, ws(), ws(), ws(), ws(), quote(tailText(r))))
+	}
+	members := []string{`"messages":[` + strings.Join(msgs, ","+ws()) + `]`}
+	add := func(p int, m string) {
+		if r.IntN(100) < p {
+			members = append(members, m)
+		}
+	}
+	add(90, `"model":`+quote(fmt.Sprintf("model-%d\"\\/é", r.IntN(100))))
+	add(20, `"model":`+quote(fmt.Sprintf("again-%d", r.IntN(100))))
+	add(10, `"model":7`)
+	add(60, fmt.Sprintf(`"stream":%t`, r.IntN(2) == 0))
+	add(60, fmt.Sprintf(`"max_completion_tokens":%d`, r.IntN(1<<20)))
+	add(30, fmt.Sprintf(`"max_tokens":%d`, r.IntN(1<<20)))
+	add(20, fmt.Sprintf(`"parameters":{"stop":["]}"],"max_new_tokens":%d}`, r.IntN(1<<20)))
+	add(50, `"prompt_cache_key":`+quote(fmt.Sprintf("user-%d\n", r.IntN(100))))
+	add(20, `"previous_response_id":`+quote(fmt.Sprintf("resp_%d", r.IntN(100))))
+	add(20, `"conversation":{"metadata":{"id":"decoy"},"id":`+quote(fmt.Sprintf("conv_%d", r.IntN(100)))+`}`)
+	add(30, `"metadata":{"model":"decoy","stream":true,"max_tokens":99}`)
+	add(30, `"temperature":0.5e-1`)
+	add(20, `"tools":[{"type":"function","function":{"name":"f","parameters":{"model":{"type":"string"}}}}]`)
+	add(20, `"model_":"decoy"`)
+	add(10, `"mod\u0065l":"escaped-key"`)
+	r.Shuffle(len(members), func(i, j int) { members[i], members[j] = members[j], members[i] })
+	var sb strings.Builder
+	sb.WriteString(ws() + "{" + ws())
+	for i, m := range members {
+		if i > 0 {
+			sb.WriteString(ws() + "," + ws())
+		}
+		sb.WriteString(m)
+	}
+	sb.WriteString(ws() + "}" + ws())
+	return []byte(sb.String())
+}
+
+// memBodies holds b in each kind of in-memory body inMemory recognizes, one
+// of them behind bytes already read, as a caller's reader may be.
+func memBodies(b []byte) map[string]io.ReadCloser {
+	skipped := bytes.NewReader(append([]byte("read!"), b...))
+	_, _ = skipped.Seek(5, io.SeekStart)
+	return map[string]io.ReadCloser{
+		"bytes.Reader":         io.NopCloser(bytes.NewReader(b)),
+		"bytes.Reader, offset": io.NopCloser(skipped),
+		"strings.Reader":       io.NopCloser(strings.NewReader(string(b))),
+		"bytes.Buffer":         io.NopCloser(bytes.NewBuffer(b)),
+	}
+}
+
+// TestReadTailMatchesEncodingJSON: a body cut anywhere by the peek, whose
+// rest is in memory, yields the top-level model, stream, output bound and
+// session IDs encoding/json reads from the whole body, whatever lies in
+// between and wherever the peek and the chunks end.
+func TestReadTailMatchesEncodingJSON(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 150 {
+		b := tailBody(r)
+		want := tailFromJSON(t, b)
+		cuts := []int{1, len(b) / 2, len(b) - 1, 1 + r.IntN(len(b)-1), 1 + r.IntN(min(len(b)-1, 300))}
+		for name, rc := range memBodies(b) {
+			m := inMemory(rc)
+			require.True(t, m.ok(), name)
+			for _, cut := range cuts {
+				var got body
+				parseBody(b[:cut], true, &got)
+				readTail(&m, b[:cut], true, &got)
+				require.Equal(t, want, tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.stream, got.maxTokens},
+					"body %d (%d bytes) in a %s, cut at %d:\n%.300s", i, len(b), name, cut, b)
+			}
+		}
+	}
+}
+
+// TestReadTailLeavesMalformedAlone: when the rest of the body is not a
+// well-formed object at its top level, what the peek found stands.
+func TestReadTailLeavesMalformedAlone(t *testing.T) {
+	for _, b := range []string{
+		`{"model":"m","messages":[{"content":"` + strings.Repeat("x", 100) + `"}],"model":"n"`, // never closed
+		`{"model":"m","messages":[{"content":"` + strings.Repeat("x", 100) + `"}] "model" "n"}`,
+		`{"model":"m","messages":[{"content":"` + strings.Repeat("x", 100) + `"}],"model":}`,
+		`{"model":"m","messages":[{"content":"` + strings.Repeat("x", 100) + `}],"model":"n"}`, // string never closed
+	} {
+		m := inMemory(io.NopCloser(strings.NewReader(b)))
+		var got body
+		parseBody([]byte(b[:30]), true, &got)
+		readTail(&m, []byte(b[:30]), true, &got)
+		require.Equal(t, "m", got.model, b)
+	}
+	// Not an object at all.
+	b := `[{"model":"n"}]` + strings.Repeat(" ", 100)
+	m := inMemory(io.NopCloser(strings.NewReader(b)))
+	var got body
+	readTail(&m, []byte(b[:5]), true, &got)
+	require.Empty(t, got.model)
+}
+
+// TestReadTailBoundsValues: a member of interest larger than maxTailValue
+// reads as absent, as a value of the wrong type does, and nothing of it is
+// copied.
+func TestReadTailBoundsValues(t *testing.T) {
+	huge := strings.Repeat("m", maxTailValue)
+	b := `{"messages":[{"content":"` + strings.Repeat("x", 100) + `"}],"model":"` + huge + `","stream":true}`
+	m := inMemory(io.NopCloser(strings.NewReader(b)))
+	var got body
+	readTail(&m, []byte(b[:20]), true, &got)
+	require.Empty(t, got.model)
+	require.True(t, got.stream)
+}
+
+// FuzzReadTail: on any body cut anywhere, readTail does not panic, and on a
+// well-formed one it reads what parseBody reads from the whole body.
+func FuzzReadTail(f *testing.F) {
+	for _, s := range scanSeeds {
+		f.Add([]byte(s), uint16(len(s)/2))
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 4 {
+		b := tailBody(r)
+		f.Add(b, uint16(r.IntN(len(b))))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
+		if len(b) < 2 {
+			return
+		}
+		c := 1 + int(cut)%(len(b)-1)
+		var want, got body
+		parseBody(b, true, &want)
+		parseBody(b[:c], true, &got)
+		m := inMemory(io.NopCloser(bytes.NewReader(b)))
+		readTail(&m, b[:c], true, &got)
+		if !json.Valid(b) || len(b) > maxTailValue {
+			return
+		}
+		require.Equal(t,
+			tailWant{want.model, want.cacheKey, want.conversation, want.prevResponse, want.stream, want.maxTokens},
+			tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.stream, got.maxTokens}, "%q cut at %d", b, c)
+	})
+}
+
+// BenchmarkReadTail reads the fields after a 1 MiB peek of a 4 MiB chat
+// request held in memory, against copying the same bytes out in the same
+// chunks (copy), the floor of any scan that does not alias the body: an
+// image as a base64 data URL (few quotes, no escapes), and a document with
+// an escaped newline every 40 bytes.
+func BenchmarkReadTail(b *testing.B) {
+	const size, peek = 4 << 20, 1 << 20
+	bodies := map[string][]byte{
+		"image": []byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` +
+			strings.Repeat("iVBORw0KGgo", size/11) + `"}},{"type":"text","text":"What is this?"}]}],"model":"qwen-vl","max_completion_tokens":512,"stream":true}`),
+		"document": []byte(`{"messages":[{"role":"user","content":"` + strings.Repeat(`Lorem ipsum dolor sit amet, consectetur\n`, size/41) +
+			`"}],"model":"llama","max_completion_tokens":512,"prompt_cache_key":"doc-1"}`),
+	}
+	for name, doc := range bodies {
+		b.Run("body="+name+"/scan", func(b *testing.B) {
+			b.SetBytes(int64(len(doc)))
+			b.ReportAllocs()
+			for b.Loop() {
+				m := inMemory(io.NopCloser(bytes.NewReader(doc)))
+				var out body
+				readTail(&m, doc[:peek], true, &out)
+				if out.model == "" || out.maxTokens != 512 {
+					b.Fatal("fields not found")
+				}
+			}
+		})
+		b.Run("body="+name+"/copy", func(b *testing.B) {
+			b.SetBytes(int64(len(doc)))
+			b.ReportAllocs()
+			var chunk [tailChunk]byte
+			for b.Loop() {
+				m := inMemory(io.NopCloser(bytes.NewReader(doc)))
+				for off := int64(peek); off < m.n; {
+					off += int64(m.readAt(chunk[:], off))
+				}
+			}
+		})
+	}
+}
