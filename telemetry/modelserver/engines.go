@@ -3,6 +3,8 @@ package modelserver
 import (
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -29,8 +31,8 @@ var extractors = [...]func(*extractor){
 		}
 	},
 	SGLang: func(x *extractor) {
-		x.sum(telemetry.Running, x.all("sglang_num_running_reqs"))
-		x.sum(telemetry.Waiting, x.all("sglang_num_queue_reqs"))
+		x.sumOverGroups(telemetry.Running, x.all("sglang_num_running_reqs"), sglangReplicaLabels...)
+		x.sumOverGroups(telemetry.Waiting, x.all("sglang_num_queue_reqs"), sglangReplicaLabels...)
 		x.max(telemetry.KVCacheUsage, x.all("sglang_token_usage"))
 		x.mean(telemetry.PrefixCacheHitRate, x.all("sglang_cache_hit_rate"))
 	},
@@ -58,6 +60,16 @@ var extractors = [...]func(*extractor){
 		x.worstMemory(x.all("nv_gpu_memory_used_bytes"), x.all("nv_gpu_memory_total_bytes"), "gpu_uuid")
 	},
 }
+
+// sglangReplicaLabels tell apart processes that report one scheduler's state.
+// SGLang runs a scheduler per GPU; by default only attention-TP rank 0 of each
+// data-parallel rank exports, but --enable-metrics-for-all-schedulers makes
+// every TP rank export the batch it shares with rank 0, and every PP stage
+// exports the same requests (stages receive and schedule them in the same
+// order). Data-parallel ranks (label dp_rank) are separate batches.
+// (sgl-project/sglang: python/sglang/srt/observability/metrics_collector.py,
+// SchedulerMetricsCollector.init_new; managers/scheduler_pp_mixin.py.)
+var sglangReplicaLabels = []string{"tp_rank", "pp_rank", "moe_ep_rank"}
 
 // extractor accumulates a Sample and counts values it had to drop.
 type extractor struct {
@@ -129,6 +141,49 @@ func (x *extractor) sum(f telemetry.Field, ms []*dto.Metric) {
 		}
 		x.s.Set(f, total)
 	}
+}
+
+// sumOverGroups sets f to a sum over groups of series, a group being the
+// series whose labels agree except for replicas: each group's replicas report
+// one state, so the group counts once, with its largest value (replicas
+// sample at slightly different times).
+func (x *extractor) sumOverGroups(f telemetry.Field, ms []*dto.Metric, replicas ...string) {
+	var keys []string // first-seen order keeps the sum deterministic
+	largest := make(map[string]float64, len(ms))
+	for _, m := range ms {
+		v, ok := promtext.Value(m)
+		if !ok || !valid(f, v) {
+			x.drop(f, v)
+			continue
+		}
+		k := groupKey(m, replicas)
+		if old, seen := largest[k]; !seen {
+			keys = append(keys, k)
+			largest[k] = v
+		} else if v > old {
+			largest[k] = v
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	total := 0.0
+	for _, k := range keys {
+		total += largest[k]
+	}
+	x.s.Set(f, total)
+}
+
+// groupKey identifies m by its labels other than skip, in name order.
+func groupKey(m *dto.Metric, skip []string) string {
+	pairs := make([]string, 0, len(m.Label))
+	for _, l := range m.Label {
+		if !slices.Contains(skip, l.GetName()) {
+			pairs = append(pairs, l.GetName()+"\xff"+l.GetValue())
+		}
+	}
+	slices.Sort(pairs)
+	return strings.Join(pairs, "\xfe")
 }
 
 func (x *extractor) max(f telemetry.Field, ms []*dto.Metric) {

@@ -79,12 +79,16 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	                           (the GPU with the highest used/total)
 //
 // A namespace separator may be ':' or '_' (vllm:x or vllm_x). Series of one
-// metric are aggregated across their labels (model, data-parallel engine,
-// SGLang's tp_rank/pp_rank/engine_type): request counts are summed; usage
-// takes the maximum, because the fullest rank is the one that evicts or
-// queues first; hit rates take the mean. vLLM's prefix-cache hit rate is
-// hits over queries since the server started: one scrape cannot see a recent
-// rate.
+// metric are aggregated across their labels (model, vLLM's data-parallel
+// engine, SGLang's ranks): request counts are summed over separate batches;
+// usage takes the maximum, because the fullest rank is the one that evicts
+// or queues first; hit rates take the mean. SGLang's series per tp_rank,
+// pp_rank and moe_ep_rank are one scheduler's state reported by several
+// processes (all TP ranks export with --enable-metrics-for-all-schedulers,
+// and PP stages schedule the same requests), so its counts take the largest
+// of those replicas and sum over data-parallel ranks (dp_rank) only. vLLM's
+// prefix-cache hit rate is hits over queries since the server started: one
+// scrape cannot see a recent rate.
 //
 // Malformed lines are skipped and values out of range (a negative count, a
 // fraction above 1) are dropped; either makes the error wrap

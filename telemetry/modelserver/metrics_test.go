@@ -48,9 +48,25 @@ func TestParseFixtures(t *testing.T) {
 			want:   map[string]float64{"running": 162, "waiting": 2826, "kv_cache_usage": 0.28, "prefix_cache_hit_rate": 0.007507552643049313},
 		},
 		{
+			// PP stages schedule the same requests in the same order: their
+			// counts are one scheduler's state seen twice, not two batches.
 			file:   "sglang-tp-pp-ranks.txt",
 			engine: modelserver.SGLang,
-			want:   map[string]float64{"running": 22, "waiting": 5, "kv_cache_usage": 0.74, "prefix_cache_hit_rate": 0.4},
+			want:   map[string]float64{"running": 12, "waiting": 4, "kv_cache_usage": 0.74, "prefix_cache_hit_rate": 0.4},
+		},
+		{
+			// --enable-metrics-for-all-schedulers: every TP rank of one
+			// engine reports the same batch.
+			file:   "sglang-tp-all-schedulers.txt",
+			engine: modelserver.SGLang,
+			want:   map[string]float64{"running": 6, "waiting": 2, "kv_cache_usage": 0.41, "prefix_cache_hit_rate": 0.25},
+		},
+		{
+			// DP attention: dp_rank 0 and 1 are separate batches (summed),
+			// each reported by its two TP ranks (counted once).
+			file:   "sglang-dp-attention.txt",
+			engine: modelserver.SGLang,
+			want:   map[string]float64{"running": 12, "waiting": 4, "kv_cache_usage": 0.55},
 		},
 		{
 			file:   "trtllm-serve.txt",
