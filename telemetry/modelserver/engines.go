@@ -31,8 +31,10 @@ var extractors = [...]func(*extractor){
 		}
 	},
 	SGLang: func(x *extractor) {
-		x.sumOverGroups(telemetry.Running, x.all("sglang_num_running_reqs"), sglangReplicaLabels...)
-		x.sumOverGroups(telemetry.Waiting, x.all("sglang_num_queue_reqs"), sglangReplicaLabels...)
+		// With --enable-priority-scheduling the counts carry priority="" for
+		// the total and priority="<n>" for a breakdown of that total.
+		x.sumOverGroups(telemetry.Running, x.where("sglang_num_running_reqs", "priority", ""), sglangReplicaLabels...)
+		x.sumOverGroups(telemetry.Waiting, x.where("sglang_num_queue_reqs", "priority", ""), sglangReplicaLabels...)
 		x.max(telemetry.KVCacheUsage, x.all("sglang_token_usage"))
 		x.mean(telemetry.PrefixCacheHitRate, x.all("sglang_cache_hit_rate"))
 	},

@@ -86,7 +86,9 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 // pp_rank and moe_ep_rank are one scheduler's state reported by several
 // processes (all TP ranks export with --enable-metrics-for-all-schedulers,
 // and PP stages schedule the same requests), so its counts take the largest
-// of those replicas and sum over data-parallel ranks (dp_rank) only. vLLM's
+// of those replicas and sum over data-parallel ranks (dp_rank) only; with
+// priority scheduling they read the total (priority="") and skip the
+// per-priority breakdown. vLLM's
 // prefix-cache hit rate is hits over queries since the server started: one
 // scrape cannot see a recent rate.
 //

@@ -69,6 +69,13 @@ func TestParseFixtures(t *testing.T) {
 			want:   map[string]float64{"running": 12, "waiting": 4, "kv_cache_usage": 0.55},
 		},
 		{
+			// --enable-priority-scheduling: the total is priority="", the
+			// breakdown per priority must not be added to it.
+			file:   "sglang-priority.txt",
+			engine: modelserver.SGLang,
+			want:   map[string]float64{"running": 9, "waiting": 4, "kv_cache_usage": 0.62},
+		},
+		{
 			file:   "trtllm-serve.txt",
 			engine: modelserver.TensorRTLLM,
 			want:   map[string]float64{"running": 5, "waiting": 2, "kv_cache_usage": 0.62, "prefix_cache_hit_rate": 0.4},
