@@ -49,13 +49,22 @@ var extractors = [...]func(*extractor){
 		x.sum(telemetry.Waiting, x.all("tgi_queue_size"))
 	},
 	Triton: func(x *extractor) {
-		// The TensorRT-LLM backend's gauges; other backends have none.
+		// The TensorRT-LLM backend's gauges; other backends have none. Its
+		// request_type="scheduled" is the executor's batch this iteration,
+		// "waiting" is active minus scheduled: requests the executor holds
+		// but did not schedule ("active" is both, "context" a part of the
+		// batch, "max" a capacity). (triton-inference-server/tensorrtllm_backend
+		// README "Triton Metrics"; NVIDIA/TensorRT-LLM
+		// triton_backend/inflight_batcher_llm/src/model_instance_state.cc,
+		// WaitForStats.)
 		x.sum(telemetry.Running, x.where("nv_trt_llm_request_metrics", "request_type", "scheduled"))
-		if pending := x.all("nv_inference_pending_request_count"); len(pending) > 0 {
-			x.sum(telemetry.Waiting, pending)
-		} else {
-			x.sum(telemetry.Waiting, x.where("nv_trt_llm_request_metrics", "request_type", "waiting"))
-		}
+		// Triton's pending count stops when a backend starts executing a
+		// request (triton-inference-server/core src/infer_request.cc), and the
+		// TensorRT-LLM backend's execute only enqueues into its executor, so
+		// the two queues are disjoint and add up.
+		x.sum(telemetry.Waiting, slices.Concat(
+			x.all("nv_inference_pending_request_count"),
+			x.where("nv_trt_llm_request_metrics", "request_type", "waiting")))
 		x.max(telemetry.KVCacheUsage, x.where("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction"))
 		x.max(telemetry.GPUUtil, x.all("nv_gpu_utilization"))
 		x.max(telemetry.GPUPower, x.all("nv_gpu_power_usage"))

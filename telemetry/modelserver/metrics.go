@@ -71,7 +71,9 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	              PrefixCacheHitRate  trtllm_kv_cache_hit_rate
 //	TGI           Running      tgi_batch_current_size
 //	              Waiting      tgi_queue_size
-//	Triton        Waiting      nv_inference_pending_request_count
+//	Triton        Waiting      nv_inference_pending_request_count (all models: not yet given to a backend)
+//	                           + nv_trt_llm_request_metrics{request_type="waiting"} (queued in the
+//	                           TensorRT-LLM executor: active minus scheduled)
 //	              Running      nv_trt_llm_request_metrics{request_type="scheduled"} (TensorRT-LLM backend)
 //	              KVCacheUsage nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}
 //	              GPUUtil, GPUPower   nv_gpu_utilization, nv_gpu_power_usage (highest GPU)

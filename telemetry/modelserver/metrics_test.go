@@ -87,6 +87,13 @@ func TestParseFixtures(t *testing.T) {
 			want:   map[string]float64{"running": 7, "waiting": 2, "kv_cache_usage": 0.3},
 		},
 		{
+			// Triton's pending count ends when the backend's execute takes a
+			// request; the TensorRT-LLM executor queues it after that.
+			file:   "triton-trtllm-ensemble.txt",
+			engine: modelserver.Triton,
+			want:   map[string]float64{"running": 8, "waiting": 9, "kv_cache_usage": 0.4875},
+		},
+		{
 			// The doc's histogram lines parse (expfmt reads them as buckets)
 			// but carry no load gauge: recognized, nothing to route on.
 			file:   "triton-docs-metrics-examples.txt",
