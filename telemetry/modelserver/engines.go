@@ -19,11 +19,16 @@ var extractors = [...]func(*extractor){
 	VLLM: func(x *extractor) {
 		x.sum(telemetry.Running, x.all("vllm_num_requests_running"))
 		x.sum(telemetry.Waiting, x.all("vllm_num_requests_waiting"))
-		// kv_cache_usage_perc replaced gpu_cache_usage_perc (vLLM V1); both
+		// One series per engine="N" (data-parallel engine, each its own
+		// scheduler and KV cache): counts add up, usage is the fuller engine.
+		// kv_cache_usage_perc is the 0.9 name of gpu_cache_usage_perc (V0's
+		// and early V1's); 0.9-0.10 export both, 0.11 hides the old name
+		// (--show-hidden-metrics-for-version=0.10) and 0.12 drops it. Both
 		// are fractions in 0..1 despite the name.
+		// (vllm-project/vllm vllm/v1/metrics/loggers.py.)
 		x.max(telemetry.KVCacheUsage, x.first("vllm_kv_cache_usage_perc", "vllm_gpu_cache_usage_perc"))
-		// prefix_cache_{hits,queries} replaced V1's first names,
-		// gpu_prefix_cache_{hits,queries} (vLLM 0.8-0.10).
+		// prefix_cache_{hits,queries} were renamed from V1's
+		// gpu_prefix_cache_{hits,queries} on the same schedule.
 		if !x.ratio(telemetry.PrefixCacheHitRate,
 			x.first("vllm_prefix_cache_hits_total", "vllm_prefix_cache_hits", "vllm_gpu_prefix_cache_hits_total", "vllm_gpu_prefix_cache_hits"),
 			x.first("vllm_prefix_cache_queries_total", "vllm_prefix_cache_queries", "vllm_gpu_prefix_cache_queries_total", "vllm_gpu_prefix_cache_queries")) {
@@ -36,6 +41,8 @@ var extractors = [...]func(*extractor){
 		x.sumOverGroups(telemetry.Running, x.where("sglang_num_running_reqs", "priority", ""), sglangReplicaLabels...)
 		x.sumOverGroups(telemetry.Waiting, x.where("sglang_num_queue_reqs", "priority", ""), sglangReplicaLabels...)
 		x.max(telemetry.KVCacheUsage, x.all("sglang_token_usage"))
+		// cache_hit_rate is the last prefill batch's rate, and SGLang sets it
+		// to 0 whenever it logs decode stats: a noisy, low reading.
 		x.mean(telemetry.PrefixCacheHitRate, x.all("sglang_cache_hit_rate"))
 	},
 	TensorRTLLM: func(x *extractor) {
@@ -45,6 +52,10 @@ var extractors = [...]func(*extractor){
 		x.mean(telemetry.PrefixCacheHitRate, x.all("trtllm_kv_cache_hit_rate"))
 	},
 	TGI: func(x *extractor) {
+		// The router's gauges, unlabelled: the size of the batch it is
+		// running and the entries left in its queue after each batch is
+		// formed (huggingface/text-generation-inference backends/v3/src/
+		// backend.rs and queue.rs; the same in backends/v2).
 		x.sum(telemetry.Running, x.all("tgi_batch_current_size"))
 		x.sum(telemetry.Waiting, x.all("tgi_queue_size"))
 	},

@@ -58,9 +58,11 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //
 //	vLLM          Running      vllm:num_requests_running
 //	              Waiting      vllm:num_requests_waiting
-//	              KVCacheUsage vllm:kv_cache_usage_perc (before V1: vllm:gpu_cache_usage_perc)
+//	              KVCacheUsage vllm:kv_cache_usage_perc (before 0.9: vllm:gpu_cache_usage_perc,
+//	                           exported until 0.11, read when the new name is absent)
 //	              PrefixCacheHitRate  vllm:prefix_cache_hits[_total] / vllm:prefix_cache_queries[_total]
-//	                           (before V1: vllm:gpu_prefix_cache_hit_rate)
+//	                           (V1 before 0.9: vllm:gpu_prefix_cache_{hits,queries}[_total];
+//	                           V0: vllm:gpu_prefix_cache_hit_rate)
 //	SGLang        Running      sglang:num_running_reqs
 //	              Waiting      sglang:num_queue_reqs
 //	              KVCacheUsage sglang:token_usage
