@@ -18,9 +18,10 @@ import (
 
 var (
 	// errNotSent marks a pick whose call never reached the endpoint (gRPC
-	// found the transport gone and picked again, or the picker gave the
-	// pick back). It wraps context.Canceled so the core counts it as
-	// neither success nor failure.
+	// found the transport gone and picked again, failed the call before
+	// creating its stream, or the picker gave the pick back). It wraps
+	// context.Canceled so the core counts it as neither success nor
+	// failure.
 	errNotSent = fmt.Errorf("inferlb: call not sent: %w", context.Canceled)
 	// errCanceled is the client's own cancellation (codes.Canceled).
 	errCanceled = fmt.Errorf("inferlb: call canceled by the client: %w", context.Canceled)
@@ -36,11 +37,17 @@ var (
 // (499) is the client's doing and counts as neither; every other code
 // (InvalidArgument, NotFound, PermissionDenied, ...) describes the request,
 // not the endpoint, which answered: for routing it is a success.
+//
+// A call without a stream (BytesSent false) never reached the endpoint,
+// whatever its error: gRPC failed it on the client, before the stream
+// existed (per-RPC credentials that could not get a token, a connection
+// that was closing). It counts as nothing, or a local outage would trip
+// every endpoint's breaker, or pass for instant answers.
 func outcome(di balancer.DoneInfo) inferlb.Outcome {
+	if !di.BytesSent {
+		return inferlb.Outcome{Err: errNotSent}
+	}
 	if di.Err == nil {
-		if !di.BytesSent {
-			return inferlb.Outcome{Err: errNotSent}
-		}
 		return inferlb.Outcome{}
 	}
 	if errors.Is(di.Err, context.Canceled) {
