@@ -39,7 +39,7 @@ import (
 )
 
 // Workload and fleet. The replica is the simulator's 32B-on-H100 model
-// with its KV cache cut to 40,000 tokens, so that 16 documents of 3,000
+// with its KV cache cut to 30,000 tokens, so that 16 documents of 3,000
 // tokens (48,000) overflow one replica but fit the fleet; times are model
 // time, i.e. wall time x speedup.
 const (
