@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestCoreImportsNoTransport keeps the dependency direction of DESIGN.md:
+// TestCoreImportsNoTransport keeps the dependency direction of doc.go:
 // the core packages never link gRPC or net/http, so they stay embeddable in
 // any transport and cheap to build.
 func TestCoreImportsNoTransport(t *testing.T) {

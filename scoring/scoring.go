@@ -3,7 +3,7 @@
 // State snapshot; they do no I/O, take no locks and keep no state, so the
 // picker can call them twice per pick on any goroutine.
 //
-// One scorer per kind of traffic (see DESIGN: signals, per service):
+// One scorer per kind of traffic, because each kind has a different signal:
 //   - LLM generation routes on reliability and current load (in-flight
 //     requests and tokens, the server's queue, KV-cache and GPU memory
 //     pressure), not on completion latency, which mostly measures prompt and
