@@ -2,11 +2,16 @@
 // inference fleet, routing with inferlb's real Balancer in virtual time.
 //
 //	go run ./benchmarks/cmd/fleetsim -scenario shared-prefix [-quick] [-json] [-out DIR] [-seed N] [-clients N]
+//	                                 [-policies NAME,NAME] [-parallel N]
+//	go run ./benchmarks/cmd/fleetsim -list
 //
 // It prints a table per scenario (the headline offered load in full, then a
 // sweep of throughput and p90 TTFT over every offered load), and with -out
 // writes NAME.csv, NAME.md and PNG charts of latency and throughput versus
 // offered load. With -json it prints one JSON array of every run instead.
+// -policies keeps only the named policies (as the tables name them, e.g.
+// "inferlb -affinity"); -parallel sets how many runs are simulated at once
+// (default GOMAXPROCS), which changes no figure.
 // The same seed gives the same output, byte for byte.
 package main
 
