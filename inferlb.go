@@ -40,8 +40,9 @@ func (s Service) String() string {
 }
 
 // ParseService maps a configuration name to a Service. It accepts the names
-// String returns plus the common aliases "generation", "chat", "completion",
-// "embed", "embeddings" and "reranker"; case is ignored.
+// String returns, "" for ServiceUnknown, and the common aliases
+// "generation", "chat", "completion", "completions", "embed", "embeddings",
+// "reranker" and "reranking"; case and surrounding spaces are ignored.
 func ParseService(name string) (Service, error) {
 	switch strings.ToLower(strings.TrimSpace(name)) {
 	case "unknown", "":
