@@ -50,12 +50,45 @@ sglang:num_queue_reqs{model_name="m",pp_rank="1",tp_rank="0"} 1
 sglang:token_usage{model_name="m",pp_rank="0",tp_rank="0"} 0.5
 sglang:token_usage{model_name="m",pp_rank="1",tp_rank="0"} 0.7
 `,
+	// Two data-parallel ranks of two tensor-parallel ranks each, every
+	// scheduler exporting (--enable-metrics-for-all-schedulers), with
+	// priority scheduling's breakdown next to each total.
+	"sglang-dp": `# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0",model_name="m",priority="",pp_rank="0",tp_rank="0"} 6
+sglang:num_running_reqs{dp_rank="0",model_name="m",priority="",pp_rank="0",tp_rank="1"} 6
+sglang:num_running_reqs{dp_rank="0",model_name="m",priority="1",pp_rank="0",tp_rank="0"} 6
+sglang:num_running_reqs{dp_rank="1",model_name="m",priority="",pp_rank="0",tp_rank="0"} 2
+sglang:num_running_reqs{dp_rank="1",model_name="m",priority="",pp_rank="0",tp_rank="1"} 2
+sglang:num_running_reqs{dp_rank="1",model_name="m",priority="1",pp_rank="0",tp_rank="0"} 2
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{dp_rank="0",model_name="m",priority="",pp_rank="0",tp_rank="0"} 3
+sglang:num_queue_reqs{dp_rank="0",model_name="m",priority="",pp_rank="0",tp_rank="1"} 3
+sglang:num_queue_reqs{dp_rank="1",model_name="m",priority="",pp_rank="0",tp_rank="0"} 1
+sglang:num_queue_reqs{dp_rank="1",model_name="m",priority="",pp_rank="0",tp_rank="1"} 1
+# TYPE sglang:token_usage gauge
+sglang:token_usage{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 0.4
+sglang:token_usage{dp_rank="1",model_name="m",pp_rank="0",tp_rank="0"} 0.6
+`,
+	// Two data-parallel engines of one vLLM server.
+	"vllm-dp": `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2
+vllm:num_requests_running{engine="1",model_name="m"} 5
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1
+vllm:num_requests_waiting{engine="1",model_name="m"} 4
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.3
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.8
+`,
 }
 
 var want = map[string]map[string]float64{
 	"vllm-v1":    {"running": 3, "waiting": 7, "kv_cache_usage": 0.95},
 	"vllm-older": {"running": 1, "waiting": 0, "kv_cache_usage": 0.2},
-	"sglang":     {"running": 9, "waiting": 3, "kv_cache_usage": 0.7},
+	// Pipeline stages export the same batch: the largest counts once.
+	"sglang":    {"running": 5, "waiting": 2, "kv_cache_usage": 0.7},
+	"sglang-dp": {"running": 8, "waiting": 4, "kv_cache_usage": 0.6},
+	"vllm-dp":   {"running": 7, "waiting": 5, "kv_cache_usage": 0.8},
 }
 
 // syncBuffer collects a child process's output for failure messages.
@@ -85,7 +118,7 @@ func freePort(t *testing.T) int {
 }
 
 // TestRealPrometheus starts a Prometheus server of its own (temporary config
-// and storage, a free port on 127.0.0.1) that scrapes three test exporters,
+// and storage, a free port on 127.0.0.1) that scrapes the test exporters,
 // then reads the fleet through promapi with the default queries.
 func TestRealPrometheus(t *testing.T) {
 	bin, err := exec.LookPath("prometheus")
@@ -189,5 +222,5 @@ scrape_configs:
 	require.True(t, ok)
 	u, _ := kv.Get(telemetry.KVCacheUsage)
 	assert.Equal(t, 0.95, u)
-	assert.Equal(t, uint64(3), p.Stats().Published)
+	assert.Equal(t, uint64(len(exporters)), p.Stats().Published)
 }
