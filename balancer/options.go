@@ -181,7 +181,8 @@ type Options struct {
 	// data can neither grow it nor aim at one of its sets.
 	SpillMemory time.Duration
 	// StickyEntries bounds the sticky table; 0 means cache.DefaultMaxSessions
-	// (65,536 entries, 2 MiB). It is allocated up front.
+	// (65,536 entries, 2 MiB). The table is allocated up front by New, and
+	// only when StickyTTL is positive.
 	StickyEntries int
 	// BreakerFailures is how many consecutive failures trip an endpoint's
 	// circuit breaker (connection errors, 5xx, gRPC UNAVAILABLE/INTERNAL;
