@@ -424,7 +424,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 		})
 		return
 	}
-	lb.current = &picker{lb: lb, mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers)}
+	lb.current = &picker{lb: lb, mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers), excluded: excludedError(len(pickers))}
 	lb.ClientConn.UpdateState(balancer.State{
 		ConnectivityState: connectivity.Ready,
 		Picker:            lb.current,

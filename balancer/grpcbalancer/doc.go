@@ -39,9 +39,11 @@
 // wait-for-ready calls fail UNAVAILABLE with the last connection error.
 // When children are READY but the core may pick none of them (all cooling
 // down, ejected or tripped, with panic routing off), non wait-for-ready
-// calls fail UNAVAILABLE at once and wait-for-ready calls wait: the policy
-// publishes its picker again when the earliest exclusion ends (within 10 ms
-// to 1 s), and they go through then.
+// calls fail UNAVAILABLE at once, with a message that says so (for a call
+// that names a model: that no READY endpoint serves it, or each that does
+// is excluded), and wait-for-ready calls wait: the policy publishes its
+// picker again when the earliest exclusion ends (within 10 ms to 1 s), and
+// they go through then.
 //
 // # Request facts
 //

@@ -1,6 +1,8 @@
 package grpcbalancer
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -26,6 +28,32 @@ type picker struct {
 	mem      *core.Membership // the channel's membership in its Balancer
 	cfg      *lbConfig
 	children childTable // READY children
+	excluded error      // why the core picks none of them; see noEndpoint
+}
+
+// excludedError says why the core found nothing to pick among n READY
+// children: each is out of rotation. It wraps core.ErrNoEndpoints.
+func excludedError(n int) error {
+	what := fmt.Sprintf("each of the %d READY endpoints is", n)
+	if n == 1 {
+		what = "the one READY endpoint is"
+	}
+	return fmt.Errorf("%w: %s excluded (breaker open or probing, cooling down after RESOURCE_EXHAUSTED, or ejected as an outlier)", core.ErrNoEndpoints, what)
+}
+
+// noEndpoint is the error of a pick the core refused: gRPC fails a call
+// that does not wait for ready UNAVAILABLE with its message, and shows it
+// as the "latest balancer error" of one that waits until its deadline.
+// When the call names a model, the READY endpoints may also just not serve
+// it.
+func (p *picker) noEndpoint(req *inferlb.Request, err error) error {
+	if !errors.Is(err, core.ErrNoEndpoints) || p.excluded == nil {
+		return err
+	}
+	if req.Model != "" {
+		return fmt.Errorf("%w for model %q: no READY endpoint serves it, or each that does is excluded (breaker open or probing, cooling down after RESOURCE_EXHAUSTED, or ejected as an outlier)", core.ErrNoEndpoints, req.Model)
+	}
+	return p.excluded
 }
 
 // childTable finds a READY child by the core's pick: by the endpoint's
@@ -100,6 +128,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			// Not a status error: wait-for-ready calls wait for the next
 			// picker, others fail with UNAVAILABLE and this message. The
 			// next picker comes when an exclusion may have ended.
+			err = p.noEndpoint(req, err)
 			c.release()
 			if p.lb != nil {
 				p.lb.wakeLater(p.mem.Balancer())

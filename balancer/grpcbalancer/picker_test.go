@@ -542,6 +542,15 @@ func TestModelHeaderSelectsSubset(t *testing.T) {
 		}
 		res.Done(sent)
 	}
+
+	// A model nobody serves: the error names it, for the UNAVAILABLE
+	// message of a call that does not wait for ready.
+	ctx = metadata.AppendToOutgoingContext(context.Background(), "x-model", "mistral-7b")
+	_, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
+	require.ErrorIs(t, err, core.ErrNoEndpoints)
+	assert.Contains(t, err.Error(), `model "mistral-7b": no READY endpoint serves it`)
+	_, isStatus := status.FromError(err)
+	assert.False(t, isStatus, "a status error would end wait-for-ready calls instead of holding them")
 }
 
 // namedPicker is a child picker that only says who it is.
