@@ -73,7 +73,9 @@
 // call the server accepted but never answered (its connection died, as when
 // a backend is killed) fails UNAVAILABLE; install UnaryRetry to send such
 // calls to another endpoint, within the Balancer's retry budget
-// (Balancer.AllowRetry), so failover cannot storm a degraded fleet.
+// (Balancer.AllowRetry), so failover cannot storm a degraded fleet. With a
+// retryPolicy in the service config, UnaryRetry also steers gRPC's own
+// retries of a call away from the endpoint it failed on.
 //
 // # Token streams
 //

@@ -3,6 +3,8 @@ package grpcbalancer_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -12,9 +14,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/grpcbalancer"
 )
 
 // failingCreds are per-RPC credentials whose token source fails for the
@@ -166,5 +170,187 @@ func TestE2EEveryBreakerOpenFailsFastAndSaysWhy(t *testing.T) {
 	_, err = client.EmptyCall(wctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
 	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "breaker") {
 		t.Errorf("wait-for-ready call: %v, want DEADLINE_EXCEEDED with the reason", err)
+	}
+}
+
+// genServer streams a generation under the test's control: it sends its
+// first message at once, then waits for gate (or the call's end), then
+// sends the rest or, with failAfter, fails after that many messages.
+type genServer struct {
+	testgrpc.UnimplementedTestServiceServer
+	gate      chan struct{}
+	failAfter atomic.Int64 // 0: never fail
+}
+
+func (g *genServer) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, ss grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
+	for i := range req.GetResponseParameters() {
+		if n := g.failAfter.Load(); n > 0 && int64(i) == n {
+			return status.Error(codes.Internal, "decoder crashed")
+		}
+		if i == 1 {
+			select {
+			case <-g.gate:
+			case <-ss.Context().Done():
+				return ss.Context().Err()
+			}
+		}
+		if err := ss.Send(&testgrpc.StreamingOutputCallResponse{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serveGen starts g on loopback and returns its address.
+func serveGen(t testing.TB, g *genServer) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(srv, g)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return lis.Addr().String()
+}
+
+// A server stream is one call to the core from its pick to its end: it is
+// in flight while tokens arrive (not done at the headers or the first
+// message), its outcome is its final status, and a stream the client
+// abandons (cancels) is neither a success nor a failure.
+func TestE2EServerStreamIsDoneWhenItEnds(t *testing.T) {
+	g := &genServer{gate: make(chan struct{}, 1)}
+	bk := &backend{addr: serveGen(t, g)}
+	name, b := shared(t, core.Options{})
+	conn, _ := dial(t, []*backend{bk}, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
+		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	req := &testgrpc.StreamingOutputCallRequest{ResponseParameters: make([]*testgrpc.ResponseParameters, 4)}
+	open := func(ctx context.Context) grpc.ServerStreamingClient[testgrpc.StreamingOutputCallResponse] {
+		t.Helper()
+		st, err := client.StreamingOutputCall(ctx, req, grpc.WaitForReady(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Header(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatalf("first message: %v", err)
+		}
+		return st
+	}
+	check := func(what string, inFlight int64, successes, failures uint64) core.EndpointStats {
+		t.Helper()
+		s := endpointStats(t, b, bk.addr)
+		if s.InFlight != inFlight || s.Successes != successes || s.Failures != failures {
+			t.Fatalf("%s: in flight %d, successes %d, failures %d; want %d, %d, %d",
+				what, s.InFlight, s.Successes, s.Failures, inFlight, successes, failures)
+		}
+		return s
+	}
+
+	st := open(ctx)
+	check("after the headers and the first token", 1, 0, 0)
+	g.gate <- struct{}{}
+	n := 1
+	for {
+		if _, err := st.Recv(); err != nil {
+			if err != io.EOF {
+				t.Fatal(err)
+			}
+			break
+		}
+		n++
+	}
+	if n != 4 {
+		t.Fatalf("received %d of 4 messages", n)
+	}
+	if s := check("after the stream ended", 0, 1, 0); s.TTFT <= 0 || s.TTFT > s.Latency {
+		t.Errorf("TTFT %v with latency %v", s.TTFT, s.Latency)
+	}
+
+	// Abandoned after the first token: gRPC ends the attempt when the
+	// context is canceled; the Recv that reports it comes after.
+	cctx, cancel := context.WithCancel(ctx)
+	st = open(cctx)
+	check("abandoned stream, before the cancel", 1, 1, 0)
+	cancel()
+	if _, err := st.Recv(); status.Code(err) != codes.Canceled {
+		t.Fatalf("Recv after cancel: %v", err)
+	}
+	check("after the cancel", 0, 1, 0)
+
+	// A stream that fails midway is the endpoint's failure.
+	g.failAfter.Store(2)
+	st = open(ctx)
+	g.gate <- struct{}{}
+	for {
+		_, err := st.Recv()
+		if err == nil {
+			continue
+		}
+		if status.Code(err) != codes.Internal {
+			t.Fatalf("stream that fails midway: %v", err)
+		}
+		break
+	}
+	check("after a stream failed midway", 0, 1, 1)
+}
+
+// retryServiceConfig is a service config with the policy's config cfg and
+// a gRPC retry policy for every TestService method: up to 3 attempts on
+// UNAVAILABLE, 10 ms apart.
+func retryServiceConfig(cfg string) string {
+	return fmt.Sprintf(`{"loadBalancingConfig": [{"inferlb": %s}],
+		"methodConfig": [{"name": [{"service": "grpc.testing.TestService"}],
+			"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+				"backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`, cfg)
+}
+
+// gRPC's own retries (a retryPolicy in the service config) go through the
+// picker like first attempts. With UnaryRetry installed the policy knows
+// the call: a retry must not go back to the endpoint the call just failed
+// on, which with session affinity would be every attempt, as the key's
+// owner answers UNAVAILABLE (a model reloading, a draining server) until
+// its breaker trips.
+func TestE2EGRPCRetryAvoidsTheEndpointThatFailed(t *testing.T) {
+	fs, bs := failingFleet(t, 2)
+	conn, _ := dial(t, bs, "", `{}`,
+		grpc.WithDefaultServiceConfig(retryServiceConfig(`{"affinityKeyHeader": "x-session-id"}`)),
+		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(2)))
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	// Connect both, then find a session backend 0 owns.
+	if err := load(ctx, conn, 2, 20, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	var sctx context.Context
+	for k := 0; sctx == nil; k++ {
+		if k == 64 {
+			t.Fatal("no session of 64 lands on backend 0")
+		}
+		kctx := metadata.AppendToOutgoingContext(ctx, "x-session-id", fmt.Sprint("session-", k))
+		if peerOf(kctx, t, client) == bs[0].addr {
+			sctx = kctx
+		}
+	}
+	fs[0].code.Store(uint32(codes.Unavailable))
+	before := counts(bs)
+	if _, err := client.EmptyCall(sctx, &testgrpc.Empty{}); err != nil {
+		t.Errorf("a call whose session's backend answers UNAVAILABLE: %v", err)
+	}
+	c := counts(bs)
+	if got := c[0] - before[0]; got != 1 {
+		t.Errorf("the failing backend took %d attempts of the call, want 1 (%v -> %v)", got, before, c)
 	}
 }

@@ -274,8 +274,9 @@ func (c *call) done(di balancer.DoneInfo) {
 	if c.childDone != nil {
 		c.childDone(di)
 	}
-	if c.retry != nil && di.BytesReceived {
-		c.retry.received.Store(true)
+	o := outcome(di)
+	if c.retry != nil {
+		c.retry.attemptDone(c.pick.ID(), di, &o)
 	}
 	if c.perCall && di.ServerLoad != nil {
 		if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok {
@@ -284,7 +285,6 @@ func (c *call) done(di balancer.DoneInfo) {
 			}
 		}
 	}
-	o := outcome(di)
 	if c.stream != nil { // the core reads TTFT of successes and cancellations
 		c.stream.fill(&o, c.pick.PickedAt())
 	}

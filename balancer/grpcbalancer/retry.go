@@ -5,22 +5,40 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 )
 
 // retryState links one call's attempts to the picker: the picker records
 // the Balancer that routed the attempt (so the retry spends that
-// Balancer's budget) and Done whether any response byte arrived.
+// Balancer's budget), and Done whether any response byte arrived and which
+// endpoint the last failure was on.
+// The attempts are the interceptor's and, within each of them, gRPC's own
+// (transparent retries, and a retryPolicy's): the picker sees them all.
 //
-// Concurrency: attempts may overlap (gRPC hedging), so both fields are atomic.
+// Concurrency: attempts may overlap (gRPC hedging), so every field is atomic.
 type retryState struct {
 	core     atomic.Pointer[core.Balancer]
 	received atomic.Bool
 	picked   atomic.Pointer[string] // endpoint ID of the current attempt
 	exclude  atomic.Pointer[string] // endpoint the previous attempt failed on
+}
+
+// attemptDone records how an attempt on endpoint id ended: a failure (or an
+// overload answer) there is what the call's next attempt, whoever makes it,
+// must avoid.
+func (st *retryState) attemptDone(id string, di balancer.DoneInfo, o *inferlb.Outcome) {
+	if di.BytesReceived {
+		st.received.Store(true)
+	}
+	if di.BytesSent && o.Err != nil && !o.Canceled() {
+		failed := id // moved to the heap here, on failures only
+		st.exclude.Store(&failed)
+	}
 }
 
 // excluded returns the endpoint ID a retry must avoid, or "".
@@ -54,14 +72,20 @@ func retryStateFrom(ctx context.Context) *retryState {
 // fit the retry budget of the Balancer that routed the call
 // (Balancer.AllowRetry: RetryRatio of the traffic plus RetryFloor per
 // second, shared with every other adapter on that Balancer), so retries
-// cannot storm a degraded fleet. The retry is picked with
-// Balancer.PickExcept, so it never lands on the endpoint that just failed.
+// cannot storm a degraded fleet. The retry avoids the endpoint the call
+// last failed on (Membership.PickFailover), unless no other can take it.
 //
 // Install it with grpc.WithChainUnaryInterceptor on channels that use the
 // inferlb policy; elsewhere it never retries. gRPC's own transparent retry
 // already covers calls that never left the client; this covers calls the
 // server accepted but never answered. Only install it where such calls may
 // safely run twice (inference calls without side effects usually may).
+//
+// With a retryPolicy in the service config, gRPC retries the call itself
+// first. With the interceptor installed, those attempts too avoid the
+// endpoint the call last failed on (an affinity key would otherwise send
+// each of them back to its owner). They are not drawn from the retry
+// budget: bound them with the service config's retryThrottling.
 func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	maxAttempts = max(maxAttempts, 2)
