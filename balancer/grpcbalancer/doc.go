@@ -75,7 +75,8 @@
 // calls to another endpoint, within the Balancer's retry budget
 // (Balancer.AllowRetry), so failover cannot storm a degraded fleet. With a
 // retryPolicy in the service config, UnaryRetry also steers gRPC's own
-// retries of a call away from the endpoint it failed on.
+// retries of a call away from the endpoint it failed on, and counts them
+// toward its attempts.
 //
 // # Token streams
 //

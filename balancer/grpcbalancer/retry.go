@@ -15,8 +15,8 @@ import (
 
 // retryState links one call's attempts to the picker: the picker records
 // the Balancer that routed the attempt (so the retry spends that
-// Balancer's budget), and Done whether any response byte arrived and which
-// endpoint the last failure was on.
+// Balancer's budget), and Done whether any response byte arrived, how many
+// attempts reached an endpoint and which endpoint the last failure was on.
 // The attempts are the interceptor's and, within each of them, gRPC's own
 // (transparent retries, and a retryPolicy's): the picker sees them all.
 //
@@ -24,6 +24,7 @@ import (
 type retryState struct {
 	core     atomic.Pointer[core.Balancer]
 	received atomic.Bool
+	sent     atomic.Int32           // attempts that reached an endpoint
 	picked   atomic.Pointer[string] // endpoint ID of the current attempt
 	exclude  atomic.Pointer[string] // endpoint the previous attempt failed on
 }
@@ -35,7 +36,11 @@ func (st *retryState) attemptDone(id string, di balancer.DoneInfo, o *inferlb.Ou
 	if di.BytesReceived {
 		st.received.Store(true)
 	}
-	if di.BytesSent && o.Err != nil && !o.Canceled() {
+	if !di.BytesSent {
+		return
+	}
+	st.sent.Add(1)
+	if o.Err != nil && !o.Canceled() {
 		failed := id // moved to the heap here, on failures only
 		st.exclude.Store(&failed)
 	}
@@ -82,7 +87,8 @@ func retryStateFrom(ctx context.Context) *retryState {
 // safely run twice (inference calls without side effects usually may).
 //
 // With a retryPolicy in the service config, gRPC retries the call itself
-// first. With the interceptor installed, those attempts too avoid the
+// first. Those attempts count toward maxAttempts, so the two do not
+// multiply, and, with the interceptor installed, they too avoid the
 // endpoint the call last failed on (an affinity key would otherwise send
 // each of them back to its owner). They are not drawn from the retry
 // budget: bound them with the service config's retryThrottling.
@@ -96,8 +102,8 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			st.core.Store(nil)
 			st.received.Store(false)
 			err := invoker(ctx, method, req, reply, cc, opts...)
-			if err == nil || attempt >= maxAttempts || ctx.Err() != nil ||
-				status.Code(err) != codes.Unavailable || st.received.Load() {
+			if err == nil || attempt >= maxAttempts || int(st.sent.Load()) >= maxAttempts ||
+				ctx.Err() != nil || status.Code(err) != codes.Unavailable || st.received.Load() {
 				return err
 			}
 			if b := st.core.Load(); b == nil || !b.AllowRetry() {

@@ -2,6 +2,7 @@ package grpcbalancer
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -78,4 +79,31 @@ func TestFailoverToTheOnlyEndpointIsNotASecondSighting(t *testing.T) {
 	res.Done(balancer.DoneInfo{BytesSent: true})
 	assert.Equal(t, addr(0), a, "the only endpoint takes the retry")
 	assert.EqualValues(t, 1, b.KeyReuse().Observed, "the retry was counted as a new sighting of its key")
+}
+
+// gRPC's own retries (a retryPolicy in the service config) happen inside
+// one invoker call and go through the picker: they count toward
+// UnaryRetry's attempts, so the two together do not multiply them.
+func TestUnaryRetryCountsGRPCsOwnAttempts(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 4)
+	unavailable := status.Error(codes.Unavailable, "connection reset")
+	// gRPC's attempts per invoke -> attempts sent in all: the interceptor
+	// retries while fewer than 3 were sent.
+	for grpcAttempts, want := range map[int]int{1: 3, 2: 4, 3: 3} {
+		t.Run(fmt.Sprint(grpcAttempts, " per invoke"), func(t *testing.T) {
+			sent, invokes := 0, 0
+			invoker := func(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+				invokes++
+				for range grpcAttempts { // what gRPC's retry policy does within one invoke
+					_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
+					res.Done(balancer.DoneInfo{Err: unavailable, BytesSent: true})
+					sent++
+				}
+				return unavailable
+			}
+			err := UnaryRetry(3)(context.Background(), "/x.Y/Z", nil, nil, nil, invoker)
+			require.Error(t, err)
+			assert.Equal(t, want, sent, "attempts sent (%d invokes)", invokes)
+		})
+	}
 }
