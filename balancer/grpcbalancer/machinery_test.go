@@ -6,15 +6,24 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
 	core "github.com/inferlb/inferlb/balancer"
@@ -106,25 +115,50 @@ func failingFleet(t testing.TB, n int) ([]*failing, []*backend) {
 	for i := range fs {
 		bs[i] = &backend{}
 		fs[i] = &failing{backend: bs[i]}
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		bs[i].addr = lis.Addr().String()
-		srv := grpc.NewServer()
-		testgrpc.RegisterTestServiceServer(srv, fs[i])
-		bs[i].srv = srv
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = srv.Serve(lis)
-		}()
-		t.Cleanup(func() {
-			srv.Stop()
-			<-done
-		})
+		bs[i].addr = serve(t, func(srv *grpc.Server) { testgrpc.RegisterTestServiceServer(srv, fs[i]) })
 	}
 	return fs, bs
+}
+
+// serve starts a gRPC server on loopback with what register registers,
+// stopped when the test ends, and returns its address.
+func serve(t testing.TB, register func(*grpc.Server)) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	register(srv)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return lis.Addr().String()
+}
+
+// warm calls until every backend of bs has served one, so that all are
+// connected (a call that does not wait for ready fails while its endpoint
+// is the only READY one and the core refuses it).
+func warm(ctx context.Context, t testing.TB, conn *grpc.ClientConn, bs []*backend) {
+	t.Helper()
+	client := testgrpc.NewTestServiceClient(conn)
+	for n := 0; ; n++ {
+		if !slices.ContainsFunc(bs, func(b *backend) bool { return b.calls.Load() == 0 }) {
+			return
+		}
+		if n == 1000 {
+			t.Fatalf("some backend got none of 1000 calls: %v", counts(bs))
+		}
+		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // With panic routing off, once every READY endpoint's breaker is open a
@@ -136,6 +170,7 @@ func TestE2EEveryBreakerOpenFailsFastAndSaysWhy(t *testing.T) {
 	conn, _ := dial(t, bs, "", `{"balancer": {"panicThreshold": -1, "breakerFailures": 2, "ejectionTime": "1m", "maxEjectedFraction": 1}}`)
 	client := testgrpc.NewTestServiceClient(conn)
 	ctx := testContext(t)
+	warm(ctx, t, conn, bs)
 	for _, f := range fs {
 		f.code.Store(uint32(codes.Internal))
 	}
@@ -201,34 +236,13 @@ func (g *genServer) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest
 	return nil
 }
 
-// serveGen starts g on loopback and returns its address.
-func serveGen(t testing.TB, g *genServer) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(srv, g)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
-	return lis.Addr().String()
-}
-
 // A server stream is one call to the core from its pick to its end: it is
 // in flight while tokens arrive (not done at the headers or the first
 // message), its outcome is its final status, and a stream the client
 // abandons (cancels) is neither a success nor a failure.
 func TestE2EServerStreamIsDoneWhenItEnds(t *testing.T) {
 	g := &genServer{gate: make(chan struct{}, 1)}
-	bk := &backend{addr: serveGen(t, g)}
+	bk := &backend{addr: serve(t, func(srv *grpc.Server) { testgrpc.RegisterTestServiceServer(srv, g) })}
 	name, b := shared(t, core.Options{})
 	conn, _ := dial(t, []*backend{bk}, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
 		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
@@ -331,9 +345,7 @@ func TestE2EGRPCRetryAvoidsTheEndpointThatFailed(t *testing.T) {
 	client := testgrpc.NewTestServiceClient(conn)
 	ctx := testContext(t)
 	// Connect both, then find a session backend 0 owns.
-	if err := load(ctx, conn, 2, 20, grpc.WaitForReady(true)); err != nil {
-		t.Fatal(err)
-	}
+	warm(ctx, t, conn, bs)
 	var sctx context.Context
 	for k := 0; sctx == nil; k++ {
 		if k == 64 {
@@ -352,5 +364,258 @@ func TestE2EGRPCRetryAvoidsTheEndpointThatFailed(t *testing.T) {
 	c := counts(bs)
 	if got := c[0] - before[0]; got != 1 {
 		t.Errorf("the failing backend took %d attempts of the call, want 1 (%v -> %v)", got, before, c)
+	}
+}
+
+// healthy is a backend with a health service whose status the test sets.
+type healthy struct {
+	*backend
+	health *health.Server
+}
+
+// healthyFleet starts n backends with a health service, all SERVING.
+func healthyFleet(t testing.TB, n int) ([]*healthy, []*backend) {
+	t.Helper()
+	hs := make([]*healthy, n)
+	bs := make([]*backend, n)
+	for i := range hs {
+		bs[i] = &backend{}
+		hs[i] = &healthy{backend: bs[i], health: health.NewServer()}
+		bs[i].addr = serve(t, func(srv *grpc.Server) {
+			testgrpc.RegisterTestServiceServer(srv, bs[i])
+			healthgrpc.RegisterHealthServer(srv, hs[i].health)
+		})
+	}
+	return hs, bs
+}
+
+// With client-side health checking (healthCheckConfig), a backend that
+// reports NOT_SERVING is not READY for the policy: it takes no calls until
+// it serves again.
+func TestE2EHealthCheckNotServing(t *testing.T) {
+	hs, bs := healthyFleet(t, 2)
+	name, b := shared(t, core.Options{SlowStartWindow: -1})
+	conn, _ := dial(t, bs, name, `{}`, grpc.WithDefaultServiceConfig(fmt.Sprintf(
+		`{"loadBalancingConfig": [{%q: {}}], "healthCheckConfig": {"serviceName": ""}}`, name)))
+	ctx := testContext(t)
+	warm(ctx, t, conn, bs)
+	notServing := func(i int) {
+		t.Helper()
+		hs[i].health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		// The health stream tells the client; the policy then marks the
+		// endpoint not ready before it publishes the next picker.
+		for endpointStats(t, b, bs[i].addr).Ready {
+			if conn.GetState() != connectivity.Ready {
+				t.Fatalf("channel %v with one backend serving", conn.GetState())
+			}
+			// Each call is a wait for the health update to land.
+			if _, err := testgrpc.NewTestServiceClient(conn).EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	notServing(0)
+	before := counts(bs)
+	if err := load(ctx, conn, 2, 40, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	if c := counts(bs); c[0] != before[0] {
+		t.Errorf("the NOT_SERVING backend took %d calls", c[0]-before[0])
+	}
+	hs[0].health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	for !endpointStats(t, b, bs[0].addr).Ready {
+		if _, err := testgrpc.NewTestServiceClient(conn).EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both NOT_SERVING: no READY endpoint, so a call that does not wait
+	// fails UNAVAILABLE.
+	notServing(1)
+	hs[0].health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	for conn.GetState() == connectivity.Ready {
+		conn.WaitForStateChange(ctx, connectivity.Ready)
+	}
+	if _, err := testgrpc.NewTestServiceClient(conn).EmptyCall(ctx, &testgrpc.Empty{}); status.Code(err) != codes.Unavailable {
+		t.Errorf("call with no backend serving: %v, want UNAVAILABLE", err)
+	}
+}
+
+// closeSignal is a policy that sends on closed once each instance it built
+// has closed, so a test can wait for gRPC's asynchronous Close.
+type closeSignal struct {
+	*grpcbalancer.Builder
+	closed chan struct{}
+}
+
+func (c closeSignal) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
+	return signalOnClose{Balancer: c.Builder.Build(cc, opts), closed: c.closed}
+}
+
+type signalOnClose struct {
+	balancer.Balancer
+	closed chan struct{}
+}
+
+func (s signalOnClose) Close() {
+	s.Balancer.Close()
+	select {
+	case s.closed <- struct{}{}:
+	default: // the test is not waiting (the channel's own Close)
+	}
+}
+
+// A channel that goes idle closes its policy, and with it its membership
+// in a shared Balancer; leaving idle builds a new one, and calls go
+// through.
+func TestE2EIdleChannelLeavesAndRejoinsTheSharedCore(t *testing.T) {
+	bs := fleet(t, 2, nil)
+	b := core.New(core.Options{})
+	name := fmt.Sprintf("inferlb-idle-%d", time.Now().UnixNano())
+	closed := make(chan struct{}, 1)
+	balancer.Register(closeSignal{Builder: grpcbalancer.NewBuilder(name, b), closed: closed})
+	conn, _ := dial(t, bs, name, `{}`, grpc.WithIdleTimeout(50*time.Millisecond))
+	ctx := testContext(t)
+	for range 3 {
+		if err := load(ctx, conn, 2, 20, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+		if got := len(b.Stats()); got != 2 {
+			t.Fatalf("an active channel's Balancer knows %d endpoints, want 2", got)
+		}
+		select {
+		case <-closed: // idle: gRPC closed the policy
+		case <-ctx.Done():
+			t.Fatal("the channel never went idle")
+		}
+		if got := len(b.Stats()); got != 0 {
+			t.Errorf("an idle channel's endpoints stay in the shared Balancer: %d", got)
+		}
+	}
+}
+
+// A call in flight when its channel closes ends, and its pick with it:
+// nothing is left in flight and no goroutine leaks (TestMain's goleak).
+func TestE2ECloseWithCallsInFlight(t *testing.T) {
+	bs := fleet(t, 2, func(_ int, b *backend) {
+		b.delay = time.Minute
+		b.started = make(chan struct{}, 1)
+	})
+	name, b := shared(t, core.Options{})
+	r := manual.NewBuilderWithScheme(fmt.Sprintf("close%d", time.Now().UnixNano()))
+	r.InitialState(resolverState(bs))
+	conn, err := grpc.NewClient(r.Scheme()+":///fleet", grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(fmt.Sprintf(`{"loadBalancingConfig": [{%q: {}}]}`, name)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := testgrpc.NewTestServiceClient(conn).EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+			errs <- err
+		}()
+	}
+	for got := 0; got < 4; {
+		select {
+		case <-bs[0].started:
+		case <-bs[1].started:
+		case <-ctx.Done():
+			t.Fatal("calls never started")
+		}
+		got = int(bs[0].calls.Load() + bs[1].calls.Load())
+	}
+	var inFlight int64
+	for _, s := range b.Stats() {
+		inFlight += s.InFlight
+	}
+	if inFlight != 4 {
+		t.Fatalf("%d calls in flight, want 4", inFlight)
+	}
+	conn.Close()
+	for range 4 {
+		if err := <-errs; status.Code(err) != codes.Canceled {
+			t.Errorf("a call in flight at Close: %v, want CANCELED", err)
+		}
+	}
+	if got := len(b.Stats()); got != 0 {
+		t.Errorf("the closed channel's endpoints stay in the shared Balancer: %d", got)
+	}
+}
+
+// gated holds each EmptyCall until release is closed; started gets a value
+// as each call starts, while it has room.
+type gated struct {
+	testgrpc.UnimplementedTestServiceServer
+	started chan struct{}
+	release chan struct{}
+}
+
+func (g *gated) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+	select {
+	case g.started <- struct{}{}:
+	default:
+	}
+	select {
+	case <-g.release:
+		return &testgrpc.Empty{}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// A resolver update with no endpoints (the service scaled to zero, a
+// resolver that lost its source) while calls are in flight: those calls
+// end normally, new calls that do not wait fail UNAVAILABLE naming the
+// policy, and endpoints coming back serve again. (What a resolver error
+// then does is TestResolverErrorAfterAnEmptyUpdate's: gRPC delivers it
+// asynchronously.)
+func TestE2EEmptyResolverUpdateWithCallsInFlight(t *testing.T) {
+	g := &gated{started: make(chan struct{}, 2), release: make(chan struct{})}
+	bs := []*backend{{}, {}}
+	for _, bk := range bs {
+		bk.addr = serve(t, func(srv *grpc.Server) { testgrpc.RegisterTestServiceServer(srv, g) })
+	}
+	name, b := shared(t, core.Options{})
+	conn, r := dial(t, bs, name, `{}`)
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+			errs <- err
+		}()
+	}
+	for range 2 {
+		select {
+		case <-g.started:
+		case <-ctx.Done():
+			t.Fatal("calls never started")
+		}
+	}
+	r.UpdateState(resolver.State{})
+	if got := len(b.Stats()); got != 0 {
+		t.Errorf("after an empty update the Balancer knows %d endpoints", got)
+	}
+	_, err := client.EmptyCall(ctx, &testgrpc.Empty{})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "inferlb: ") {
+		t.Errorf("a call with no endpoints: %v, want UNAVAILABLE from the policy", err)
+	}
+	close(g.release)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("a call in flight across the empty update: %v", err)
+		}
+	}
+	r.UpdateState(resolverState(bs))
+	if err := load(ctx, conn, 2, 20, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("after the endpoints came back: %v", err)
+	}
+	for _, s := range b.Stats() {
+		if s.InFlight != 0 {
+			t.Errorf("endpoint %s has %d calls in flight after all ended", s.ID, s.InFlight)
+		}
 	}
 }

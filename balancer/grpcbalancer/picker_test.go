@@ -168,6 +168,18 @@ func TestResolverErrorBeforeAnyEndpoint(t *testing.T) {
 	}
 }
 
+// After an update that left no endpoint, a resolver error is the best
+// explanation a failing call can get.
+func TestResolverErrorAfterAnEmptyUpdate(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 2)
+	err := h.bal.UpdateClientConnState(balancer.ClientConnState{BalancerConfig: h.cfg})
+	require.ErrorIs(t, err, balancer.ErrBadResolverState, "gRPC re-resolves on this error")
+	h.bal.ResolverError(errors.New("no such host"))
+	assert.Equal(t, connectivity.TransientFailure, h.cc.State().ConnectivityState)
+	_, err = h.picker().Pick(balancer.PickInfo{Ctx: context.Background()})
+	assert.ErrorContains(t, err, "inferlb: name resolver error: no such host")
+}
+
 // recorder is a scorer that remembers the requests it priced.
 type recorder struct {
 	mu   sync.Mutex
