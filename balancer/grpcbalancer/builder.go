@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/balancer/base"
 	"google.golang.org/grpc/balancer/endpointsharding"
 	"google.golang.org/grpc/balancer/pickfirst"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/grpclog"
 	"google.golang.org/grpc/resolver"
@@ -64,7 +65,8 @@ var (
 // replica's gRPC and HTTP ports can differ. Closing the channel closes its
 // membership: its endpoints that nothing else lists leave b. A Balancer
 // holds up to 63 memberships at once; a channel built past that fails its
-// calls with balancer.ErrTooManyMemberships.
+// calls, wait-for-ready ones too, with UNAVAILABLE and
+// balancer.ErrTooManyMemberships (errors.Is finds it).
 func NewBuilder(name string, b *core.Balancer) *Builder {
 	if name == "" || b == nil {
 		panic("inferlb: grpcbalancer.NewBuilder needs a name and a Balancer")
@@ -149,7 +151,9 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	if lb.memErr != nil {
 		lb.ClientConn.UpdateState(balancer.State{
 			ConnectivityState: connectivity.TransientFailure,
-			Picker:            base.NewErrPicker(lb.memErr),
+			// A status error: wait-for-ready calls would otherwise wait
+			// for a picker that never comes, until their deadline.
+			Picker: base.NewErrPicker(statusError{codes.Unavailable, lb.memErr}),
 		})
 		return lb.memErr
 	}
@@ -450,3 +454,14 @@ func (p *notReadyPicker) Pick(info balancer.PickInfo) (balancer.PickResult, erro
 	}
 	return res, fmt.Errorf("inferlb: no endpoint is ready: %w", err)
 }
+
+// statusError is err as a gRPC status error with code: gRPC ends the call
+// with it at once, even a wait-for-ready one, and errors.Is still finds err.
+type statusError struct {
+	code codes.Code
+	err  error
+}
+
+func (e statusError) Error() string              { return e.err.Error() }
+func (e statusError) Unwrap() error              { return e.err }
+func (e statusError) GRPCStatus() *status.Status { return status.New(e.code, e.err.Error()) }

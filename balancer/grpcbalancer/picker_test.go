@@ -679,6 +679,12 @@ func TestSharedCoreWithoutAFreeMembership(t *testing.T) {
 	assert.Equal(t, connectivity.TransientFailure, cc.State().ConnectivityState)
 	_, err = cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
 	assert.ErrorIs(t, err, core.ErrTooManyMemberships)
+	// A status error, so gRPC fails wait-for-ready calls too instead of
+	// holding them for a picker that never comes.
+	st, ok := status.FromError(err)
+	require.True(t, ok, "not a status error: %v", err)
+	assert.Equal(t, codes.Unavailable, st.Code())
+	assert.Contains(t, st.Message(), "too many open Memberships")
 }
 
 // With "idByHost" endpoints without a WithEndpoint ID are named by host, so
