@@ -40,9 +40,11 @@
 //
 // The outcome is reported to the balancer when the response body ends (EOF,
 // Close or a read error), not when the headers arrive; for server-sent
-// event streams the transport also records time to the first data event,
-// the number of events (the output token estimate) and the mean gap between
-// them. Classification: 429, and 503 with Retry-After, are overload answers
+// event streams the transport also records time to the first event that
+// carries tokens, the number of such events (the output token estimate) and
+// the mean gap between them; the lifecycle events of the Responses and
+// Messages APIs (response.created, message_start, ...), "error" and "ping"
+// events are not counted. Classification: 429, and 503 with Retry-After, are overload answers
 // (the endpoint cools down for Retry-After, it is not failed); other 5xx
 // and transport errors are failures; a canceled context is neither; a
 // Close before EOF is a success (a JSON decoder stops at the closing brace).

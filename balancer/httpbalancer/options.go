@@ -151,7 +151,8 @@ type Result struct {
 	Status int
 	// Outcome is what was reported to the balancer.
 	Outcome inferlb.Outcome
-	// Events counts the data events of an SSE stream (0 otherwise).
+	// Events counts the events of an SSE stream that carry tokens (0
+	// otherwise; see the package doc).
 	Events int
 	// TimeBetweenTokens is the mean gap between data events of a stream
 	// (0 with fewer than two).

@@ -75,12 +75,17 @@ type call struct {
 // tells whether the body is a stream whose events are counted.
 type sseState struct {
 	line     [16]byte // start of the current line: enough for "data: [DONE]\r"
+	end      [8]byte  // end of the current line: the last len(end) bytes, right-aligned
 	lineLen  int      // bytes in the current line so far (may exceed len(line))
 	counting bool     // the body is an SSE stream
-	events   atomic.Int64
-	firstNs  atomic.Int64 // unix ns of the first data event
-	lastNs   atomic.Int64 // unix ns of the latest data event
-	id       *idCapture   // a /v1/responses answer's ID, when remembered
+	// The current event (the lines up to a blank one): counted already (a
+	// data line was seen), or named by its event field as one that carries
+	// no token.
+	counted, notToken bool
+	events            atomic.Int64
+	firstNs           atomic.Int64 // unix ns of the first data event
+	lastNs            atomic.Int64 // unix ns of the latest data event
+	id                *idCapture   // a /v1/responses answer's ID, when remembered
 }
 
 // read follows the body's bytes p.
@@ -259,9 +264,19 @@ func (c *call) Close() error {
 	return err
 }
 
-// scan counts SSE "data:" lines (except the "[DONE]" terminator) as they
-// stream by: one per generated chunk on OpenAI-compatible servers, so the
-// count approximates output tokens and the first one is time to first token.
+// scan counts SSE events with data (except the "[DONE]" terminator) as
+// they stream by: one per generated chunk on OpenAI-compatible servers, so
+// the count approximates output tokens and the first one is time to first
+// token. An event counts once however many data lines it has, when its
+// first one ends. Typed events that carry no token do not count: "error"
+// and "ping", and the lifecycle events around the token deltas of the
+// Responses API (response.created, response.in_progress, ...; only
+// response.*.delta counts) and of the Anthropic Messages API that vLLM also
+// serves (message_start, content_block_start, ...; only content_block_delta
+// counts). vLLM sends response.created before the prompt is even scheduled,
+// so counting it would make time to first token the time to the headers.
+// Other event types count. The event field precedes the data in every
+// server's events.
 func (c *sseState) scan(p []byte, clock balancer.Clock) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
@@ -273,6 +288,12 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 			copy(c.line[c.lineLen:], seg)
 		}
 		c.lineLen += len(seg)
+		if len(seg) >= len(c.end) {
+			copy(c.end[:], seg[len(seg)-len(c.end):])
+		} else {
+			n := copy(c.end[:], c.end[len(seg):])
+			copy(c.end[n:], seg)
+		}
 		if i < 0 {
 			return
 		}
@@ -285,9 +306,18 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	n := min(c.lineLen, len(c.line))
 	line := c.line[:n]
 	whole := c.lineLen <= len(c.line)
+	lineLen := c.lineLen
 	c.lineLen = 0
+	if lineLen == 0 || lineLen == 1 && line[0] == '\r' {
+		c.counted, c.notToken = false, false // a blank line ends the event
+		return
+	}
+	if typ, ok := bytes.CutPrefix(line, []byte("event:")); ok {
+		c.notToken = notToken(bytes.TrimPrefix(typ, []byte(" ")), whole, c.end[len(c.end)-min(lineLen, len(c.end)):])
+		return
+	}
 	v, ok := bytes.CutPrefix(line, []byte("data:"))
-	if !ok {
+	if !ok || c.counted || c.notToken {
 		return
 	}
 	if whole {
@@ -296,11 +326,32 @@ func (c *sseState) endLine(clock balancer.Clock) {
 			return
 		}
 	}
+	c.counted = true
 	now := clock.Now().UnixNano()
 	if c.events.Add(1) == 1 {
 		c.firstNs.Store(now)
 	}
 	c.lastNs.Store(now)
+}
+
+// notToken reports whether an event type names an event that carries no
+// token (see scan). typ is the start of the type (all of it when whole, then
+// perhaps with a "\r"); end is the end of the line.
+func notToken(typ []byte, whole bool, end []byte) bool {
+	if whole {
+		typ = bytes.TrimSuffix(typ, []byte("\r"))
+		if string(typ) == "error" || string(typ) == "ping" {
+			return true
+		}
+	}
+	delta := bytes.HasSuffix(bytes.TrimSuffix(end, []byte("\r")), []byte("delta"))
+	switch {
+	case bytes.HasPrefix(typ, []byte("message_")):
+		return true // message_start, message_delta (usage), message_stop
+	case bytes.HasPrefix(typ, []byte("response.")), bytes.HasPrefix(typ, []byte("content_b")):
+		return !delta
+	}
+	return false
 }
 
 // finish reports the outcome once. err is the body's read error, or the

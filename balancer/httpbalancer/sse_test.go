@@ -1,0 +1,107 @@
+package httpbalancer_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// tickingBody hands out its bytes at most n at a time and advances the
+// clock by a millisecond at each Read, so the clock tells which read
+// delivered a byte.
+type tickingBody struct {
+	b     []byte
+	n     int
+	clock *testutil.Clock
+}
+
+func (t *tickingBody) Read(p []byte) (int, error) {
+	t.clock.Advance(time.Millisecond)
+	if len(t.b) == 0 {
+		return 0, io.EOF
+	}
+	k := copy(p[:min(len(p), t.n)], t.b)
+	t.b = t.b[k:]
+	return k, nil
+}
+
+func (t *tickingBody) Close() error { return nil }
+
+// TestStreamEventsAtEveryReadBoundary: the streams of real servers, read
+// in pieces of every size, reach the caller unchanged, and the outcome
+// counts their token events and times the first one, whatever the line
+// endings, comments and terminator. An event counts once however many data
+// lines it has, and the typed events of the Responses and Messages APIs
+// count only when they carry tokens: vLLM's response.created comes before
+// the prompt is scheduled.
+func TestStreamEventsAtEveryReadBoundary(t *testing.T) {
+	for _, s := range []struct {
+		name   string
+		body   string
+		events int
+		first  string // the stream up to the end of the first token event's first data line
+	}{
+		{"vLLM", "data: {\"a\":1}\n\ndata: {\"a\":2}\n\ndata: [DONE]\n\n", 2, "data: {\"a\":1}\n"},
+		{"CRLF (sse-starlette)", "data: {\"a\":1}\r\n\r\ndata: {\"a\":2}\r\n\r\ndata: [DONE]\r\n\r\n", 2, "data: {\"a\":1}\r\n"},
+		{"no space (TGI)", "data:{\"a\":1}\n\ndata:{\"a\":2}\n\ndata:[DONE]\n\n", 2, "data:{\"a\":1}\n"},
+		{"comments", ": ping\n\ndata: {\"a\":1}\n\n: ping - 2026-01-01 00:00:00\r\n\r\ndata: {\"a\":2}\n\n", 2, ": ping\n\ndata: {\"a\":1}\n"},
+		{"no [DONE]", "data: {\"a\":1}\n\ndata: {\"a\":2}\n\n", 2, "data: {\"a\":1}\n"},
+		{"multi-line data", "data: a\ndata: b\n\ndata: c\r\ndata: d\r\n\r\ndata: [DONE]\n\n", 2, "data: a\n"},
+		{"custom event type", "event: token\ndata: a\n\nevent:x\r\ndata: b\r\n\r\n", 2, "event: token\ndata: a\n"},
+		{"explicit message type", "event: message\ndata: a\n\nevent:message\r\ndata: b\r\n\r\n", 2, "event: message\ndata: a\n"},
+		{"Responses API", "event: response.created\ndata: {\"id\":\"resp_1\"}\n\n" +
+			"event: response.in_progress\ndata: {}\n\n" +
+			"event: response.output_item.added\ndata: {}\n\n" +
+			"event: response.reasoning_text.delta\ndata: {\"delta\":\"x\"}\n\n" +
+			"event: response.output_text.delta\r\ndata: {\"delta\":\"y\"}\r\n\r\n" +
+			"event: response.output_text.done\ndata: {}\n\n" +
+			"event: response.completed\ndata: {}\n\n", 2,
+			"event: response.created\ndata: {\"id\":\"resp_1\"}\n\nevent: response.in_progress\ndata: {}\n\n" +
+				"event: response.output_item.added\ndata: {}\n\nevent: response.reasoning_text.delta\ndata: {\"delta\":\"x\"}\n"},
+		{"Anthropic Messages API", "event: message_start\ndata: {}\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\n" +
+			"event: content_block_start\ndata: {}\n\nevent: content_block_delta\ndata: {\"delta\":\"x\"}\n\n" +
+			"event: content_block_delta\ndata: {\"delta\":\"y\"}\n\nevent: content_block_stop\ndata: {}\n\nevent: message_stop\ndata: {}\n\n", 2,
+			"event: message_start\ndata: {}\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\nevent: content_block_start\ndata: {}\n\n" +
+				"event: content_block_delta\ndata: {\"delta\":\"x\"}\n"},
+		{"error event", "data: {\"a\":1}\n\nevent: error\ndata: {\"error\":\"boom\"}\n\ndata: {\"a\":2}\n\n", 2, "data: {\"a\":1}\n"},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			var n int // bytes per read
+			base := baseFunc(func(r *http.Request) (*http.Response, error) {
+				return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
+					Body: &tickingBody{b: []byte(s.body), n: n, clock: clock}, Request: r}, nil
+			})
+			res := newResults(1)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: "10.0.0.1:80"}},
+				Base:            base,
+				BalancerOptions: balancer.Options{Clock: clock},
+				OnResult:        res.on,
+			})
+			for n = 1; n <= len(s.body); n++ {
+				req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+				require.NoError(t, err)
+				resp, err := tr.RoundTrip(req)
+				require.NoError(t, err)
+				got, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				require.NoError(t, resp.Body.Close())
+				require.Equal(t, s.body, string(got), "%d bytes a read", n)
+				r := <-res.c
+				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
+				reads := (len(s.first) + n - 1) / n // the read that ends the first token's data line
+				require.Equal(t, time.Duration(reads)*time.Millisecond, r.Outcome.TTFT, "%d bytes a read", n)
+			}
+		})
+	}
+}
