@@ -2,6 +2,7 @@ package httpbalancer
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -229,7 +230,9 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 		return 0, false
 	}
 	s := strings.TrimSpace(v[0])
-	if secs, err := strconv.ParseInt(s, 10, 64); err == nil {
+	// Past int64, ParseInt saturates and reports a range error: still a
+	// number of seconds, a very large (or very negative) one.
+	if secs, err := strconv.ParseInt(s, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
 		const maxSecs = int64(24 * time.Hour / time.Second) // the balancer caps far lower
 		return time.Duration(min(max(secs, 0), maxSecs)) * time.Second, true
 	}

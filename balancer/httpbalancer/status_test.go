@@ -1,0 +1,82 @@
+package httpbalancer_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// TestStatusClassification: what each answer tells the balancer. 429, and
+// 503 with a Retry-After in any form, are overloads with the hint read
+// from it (seconds or an HTTP date; 0, for the balancer's default, when it
+// is unreadable, negative or past; a day at most); other 5xx are failures;
+// 4xx say nothing bad about the endpoint.
+func TestStatusClassification(t *testing.T) {
+	clock := testutil.NewClock()
+	date := func(d time.Duration, layout string) string { return clock.Now().Add(d).Format(layout) }
+	for _, tc := range []struct {
+		code       int
+		retryAfter string // "" for none
+		overloaded bool
+		hint       time.Duration
+		failed     bool
+	}{
+		{429, "", true, 0, false},
+		{429, "7", true, 7 * time.Second, false},
+		{429, " 7 ", true, 7 * time.Second, false},
+		{429, "0", true, 0, false},
+		{429, "-5", true, 0, false},
+		{429, "1.5", true, 0, false},
+		{429, "soon", true, 0, false},
+		{429, "86400", true, 24 * time.Hour, false},
+		{429, "9999999999", true, 24 * time.Hour, false},
+		{429, "99999999999999999999", true, 24 * time.Hour, false}, // past int64: still "very long"
+		{429, date(5*time.Second, http.TimeFormat), true, 5 * time.Second, false},
+		{429, date(5*time.Second, time.RFC850), true, 5 * time.Second, false},
+		{429, date(5*time.Second, time.ANSIC), true, 5 * time.Second, false},
+		{429, date(-time.Hour, http.TimeFormat), true, 0, false},
+		{503, "", false, 0, true},
+		{503, "3", true, 3 * time.Second, false},
+		{503, "garbage", true, 0, false},
+		{500, "3", false, 0, true},
+		{502, "", false, 0, true},
+		{504, "", false, 0, true},
+		{400, "", false, 0, false},
+		{404, "", false, 0, false},
+	} {
+		base := baseFunc(func(r *http.Request) (*http.Response, error) {
+			h := http.Header{}
+			if tc.retryAfter != "" {
+				h.Set("Retry-After", tc.retryAfter)
+			}
+			return &http.Response{StatusCode: tc.code, Header: h, Body: http.NoBody, Request: r}, nil
+		})
+		res := newResults(1)
+		tr := newTransport(t, httpbalancer.Options{
+			Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: "10.0.0.1:80"}},
+			Base:            base,
+			BalancerOptions: balancer.Options{Clock: clock},
+			OnResult:        res.on,
+		})
+		req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+		require.NoError(t, err)
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		r := <-res.c
+		name := tc.retryAfter
+		assert.Equal(t, tc.code, r.Status, "%d %q", tc.code, name)
+		assert.Equal(t, tc.overloaded, r.Outcome.Overloaded, "%d %q: overloaded", tc.code, name)
+		assert.Equal(t, tc.hint, r.Outcome.RetryAfter, "%d %q: hint", tc.code, name)
+		assert.Equal(t, tc.failed, r.Outcome.Err != nil, "%d %q: failed: %v", tc.code, name, r.Outcome.Err)
+	}
+}
