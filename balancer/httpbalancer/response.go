@@ -41,7 +41,7 @@ func (e *StatusError) Error() string {
 // is returned to the caller and only read afterwards. Read runs on one
 // goroutine at a time (io.Reader's contract) and alone touches the SSE line
 // state; Close may run concurrently with Read, so what finish reads of the
-// stream (events, firstNs, lastNs, the response ID) is atomic, and finished
+// stream (events, firstNs, lastNs, the response ID) is atomic, and ends
 // makes the outcome report happen once.
 type call struct {
 	t    *Transport
@@ -64,8 +64,8 @@ type call struct {
 	// One field rather than two keeps call in the 640-byte size class.
 	overload time.Duration
 	status   int32
-	finished atomic.Bool
-	sse      *sseState // set for a server-sent event stream
+	ends     atomic.Uint32 // endClosing | endReported
+	sse      *sseState     // set for a server-sent event stream
 }
 
 // sseState follows a server-sent event stream. Only streams pay for it:
@@ -242,6 +242,12 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 	return 0, true
 }
 
+// Bits of call.ends. One word for both keeps call in its size class.
+const (
+	endClosing  = 1 << iota // Close has begun
+	endReported             // the outcome was reported (finish)
+)
+
 // Read implements io.Reader for the response body.
 func (c *call) Read(p []byte) (int, error) {
 	n, err := c.rc.Read(p)
@@ -249,9 +255,15 @@ func (c *call) Read(p []byte) (int, error) {
 		c.sse.read(p[:n], c.t.cfg.clock)
 	}
 	if err != nil {
-		if err == io.EOF {
+		switch {
+		case err == io.EOF:
 			c.finish(nil)
-		} else {
+		case c.ends.Load()&endClosing != 0:
+			// The caller closed the body under this Read (a stream
+			// stopped from another goroutine): the Close ends the call,
+			// whichever of the two reports first.
+			c.finish(c.out.Context().Err())
+		default:
 			c.finish(err)
 		}
 	}
@@ -262,6 +274,7 @@ func (c *call) Read(p []byte) (int, error) {
 // what it needs (a JSON decoder, a stream consumer that is done) ends the
 // call; it says nothing bad about the endpoint unless the context ended.
 func (c *call) Close() error {
+	c.ends.Or(endClosing) // before the Close that may fail a blocked Read
 	err := c.rc.Close()
 	c.finish(c.out.Context().Err())
 	return err
@@ -360,7 +373,7 @@ func notToken(typ []byte, whole bool, end []byte) bool {
 // finish reports the outcome once. err is the body's read error, or the
 // context's error for a Close after cancellation; nil is a clean end.
 func (c *call) finish(err error) {
-	if !c.finished.CompareAndSwap(false, true) {
+	if c.ends.Or(endReported)&endReported != 0 {
 		return
 	}
 	o := inferlb.Outcome{Err: c.err, Overloaded: c.overload > 0, RetryAfter: max(c.overload-1, 0)}

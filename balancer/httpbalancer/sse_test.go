@@ -1,6 +1,7 @@
 package httpbalancer_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -104,4 +105,63 @@ func TestStreamEventsAtEveryReadBoundary(t *testing.T) {
 			}
 		})
 	}
+}
+
+var errConnClosed = errors.New("use of closed network connection")
+
+// closingBody is a response body whose Read blocks until Close, then fails
+// as a connection closed under it does. Its Close returns only when
+// proceed is closed, so a test can let the blocked Read return first, as
+// net/http's may.
+type closingBody struct {
+	reading, closing, proceed chan struct{}
+}
+
+func (b *closingBody) Read([]byte) (int, error) {
+	close(b.reading)
+	<-b.closing
+	return 0, errConnClosed
+}
+
+func (b *closingBody) Close() error {
+	close(b.closing)
+	<-b.proceed
+	return nil
+}
+
+// TestCloseDuringReadIsNotAFailure: a caller that stops a stream by closing
+// its body while another goroutine is blocked reading it ends the call as
+// any Close before EOF does. The blocked Read fails because of the Close
+// and may return before Close does; the endpoint must not be blamed for
+// that error.
+func TestCloseDuringReadIsNotAFailure(t *testing.T) {
+	body := &closingBody{reading: make(chan struct{}), closing: make(chan struct{}), proceed: make(chan struct{})}
+	base := baseFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: body, Request: r}, nil
+	})
+	res := newResults(2)
+	tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{{ID: "e", Addr: "10.0.0.1:80"}}, Base: base, OnResult: res.on})
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+
+	readErr := make(chan error, 1)
+	go func() {
+		_, err := resp.Body.Read(make([]byte, 64))
+		readErr <- err
+	}()
+	<-body.reading
+	closed := make(chan error, 1)
+	go func() { closed <- resp.Body.Close() }()
+	require.ErrorIs(t, <-readErr, errConnClosed) // the Read is back before Close is
+	close(body.proceed)
+	require.NoError(t, <-closed)
+
+	require.EqualValues(t, 1, res.n.Load())
+	r := <-res.c
+	require.NoError(t, r.Outcome.Err)
+	st := statsByID(tr.Balancer())["e"]
+	require.EqualValues(t, 1, st.Successes)
+	require.Zero(t, st.Failures)
 }
