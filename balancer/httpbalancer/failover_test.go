@@ -56,10 +56,15 @@ func TestFailoverRetriesOnAnotherEndpoint(t *testing.T) {
 	good := newBackend(t, "good")
 	// A pipe body is replayable once the peek read it whole; an in-memory
 	// one (known, strings, buffer) is copied, not read, by the peek, and
-	// replayed by GetBody, or from the copy when there is no GetBody.
+	// replayed by GetBody, or from the copy when there is no GetBody. A
+	// body the transport cannot see into (wrapped, rewinding), larger than
+	// the peek, is sent from a GetBody copy and replayed from another.
 	for _, tc := range []struct {
 		mode, maxPeek int
-	}{{knownLength, 0}, {pipe, 0}, {stringsBody, 0}, {bufferBody, 0}, {noGetBody, 0}, {lengthOnly, 0}, {knownLength, 8}, {bufferBody, 8}} {
+	}{
+		{knownLength, 0}, {pipe, 0}, {stringsBody, 0}, {bufferBody, 0}, {noGetBody, 0}, {lengthOnly, 0},
+		{wrapped, 0}, {rewinding, 0}, {knownLength, 8}, {bufferBody, 8}, {wrapped, 8}, {rewinding, 8},
+	} {
 		mode := tc.mode
 		t.Run(fmt.Sprintf("%s/peek=%d", modeNames[mode], tc.maxPeek), func(t *testing.T) {
 			good.hits.Store(0)
