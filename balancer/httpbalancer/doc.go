@@ -42,12 +42,17 @@
 // Close or a read error), not when the headers arrive; for server-sent
 // event streams the transport also records time to the first event that
 // carries tokens, the number of such events (the output token estimate) and
-// the mean gap between them; the lifecycle events of the Responses and
+// the mean gap between them. The lifecycle events of the Responses and
 // Messages APIs (response.created, message_start, ...), "error" and "ping"
-// events are not counted. Classification: 429, and 503 with Retry-After, are overload answers
-// (the endpoint cools down for Retry-After, it is not failed); other 5xx
-// and transport errors are failures; a canceled context is neither; a
-// Close before EOF is a success (a JSON decoder stops at the closing brace).
+// events are not counted. A stream is read as Base returns it: one the
+// server compressed because the caller set Accept-Encoding itself (Base
+// only decompresses what it asked for) reaches the caller as it came, and
+// its events go uncounted. Classification: 429, and 503 with Retry-After,
+// are overload answers (the endpoint cools down for Retry-After, it is not
+// failed); other 5xx and transport errors are failures; a canceled context
+// is neither; a Close before EOF is a success (a JSON decoder stops at the
+// closing brace), also when it makes a Read blocked in another goroutine
+// fail.
 // With Options.LoadReports, vLLM's per-response endpoint-load-metrics header
 // feeds the endpoint's telemetry. Options.OnResult sees every attempt's
 // outcome, for metrics.
