@@ -32,9 +32,24 @@ var tailKeys = [...]string{
 // maxTailKey is the length of the longest of tailKeys.
 const maxTailKey = len("max_completion_tokens")
 
-// maxTailValue bounds the size of one member read from the rest of a body;
-// a larger value reads as absent (none of those fields is anywhere near it).
+// maxTailValue bounds the size of one member read from the rest of a body.
+// A larger one is not read: its field keeps what the peek read of it (a
+// TGI grammar can take "parameters" past the bound; no other member comes
+// near it).
 const maxTailValue = 16 << 10
+
+// tailField is the field of body each of tailKeys sets.
+var tailField = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fCacheKey, fConversation, fPrevResponse}
+
+const (
+	fModel = iota
+	fStream
+	fMaxTokens
+	fCacheKey
+	fConversation
+	fPrevResponse
+	numTailFields
+)
 
 // tailChunk is how much of the body readTail copies at a time.
 const tailChunk = 4096
@@ -265,8 +280,33 @@ func readTail(m *memBody, head []byte, keyed bool, out *body) {
 	obj = append(obj, '}')
 	var tail body
 	parseBody(obj, keyed, &tail)
-	out.model, out.stream, out.maxTokens = tail.model, tail.stream, tail.maxTokens
-	if keyed {
-		out.cacheKey, out.conversation, out.prevResponse = tail.cacheKey, tail.conversation, tail.prevResponse
+	// A field whose last member was too large to read keeps the peek's
+	// reading, which has the member whole when it lies in the peek.
+	var over [numTailFields]bool
+	for k, s := range t.found {
+		over[tailField[k]] = over[tailField[k]] || s.lo < 0
+	}
+	if !over[fModel] {
+		out.model = tail.model
+	}
+	if !over[fStream] {
+		out.stream = tail.stream
+	}
+	if over[fMaxTokens] {
+		out.maxTokens = max(out.maxTokens, tail.maxTokens) // the largest, as parseBody keeps
+	} else {
+		out.maxTokens = tail.maxTokens
+	}
+	if !keyed {
+		return
+	}
+	if !over[fCacheKey] {
+		out.cacheKey = tail.cacheKey
+	}
+	if !over[fConversation] {
+		out.conversation = tail.conversation
+	}
+	if !over[fPrevResponse] {
+		out.prevResponse = tail.prevResponse
 	}
 }

@@ -189,8 +189,8 @@ func TestReadTailLeavesMalformedAlone(t *testing.T) {
 }
 
 // TestReadTailBoundsValues: a member of interest larger than maxTailValue
-// reads as absent, as a value of the wrong type does, and nothing of it is
-// copied.
+// is not read, and nothing of it is copied: its field keeps what the peek
+// read (here, nothing).
 func TestReadTailBoundsValues(t *testing.T) {
 	huge := strings.Repeat("m", maxTailValue)
 	b := `{"messages":[{"content":"` + strings.Repeat("x", 100) + `"}],"model":"` + huge + `","stream":true}`
