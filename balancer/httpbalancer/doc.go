@@ -28,8 +28,11 @@
 // document would otherwise be routed without its model. The Inspector then
 // sees a fresh copy from GetBody, which OpenAI reads past the peek without
 // reading it when it is in memory, and that copy is what the first attempt
-// sends. Picking happens per request, never
-// per connection, so keep-alive cannot pin a client to one backend. A
+// sends; GetBody must give the bytes of Body, as net/http assumes when it
+// resends one. (A copy in memory whose length or first bytes differ from
+// the body's, a GetBody left over from before Body was replaced, is not
+// used.) Picking happens per request, never per connection, so keep-alive
+// cannot pin a client to one backend. A
 // canceled context ends a read-ahead that is waiting on the caller's body.
 // When the caller's body itself fails (a gateway's client dropped its
 // upload), the call fails with that error and no endpoint is blamed: failing

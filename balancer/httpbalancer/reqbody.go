@@ -306,6 +306,23 @@ func (m *memBody) readAt(dst []byte, off int64) int {
 	return 0
 }
 
+// begins reports whether m could hold a body of the given length (0 or
+// less: unknown) that starts with head.
+func (m *memBody) begins(head []byte, length int64) bool {
+	if length > 0 && m.n != length || m.n < int64(len(head)) {
+		return false
+	}
+	var chunk [4096]byte
+	for off := 0; off < len(head); {
+		n := m.readAt(chunk[:min(len(chunk), len(head)-off)], int64(off))
+		if n == 0 || !bytes.Equal(chunk[:n], head[off:off+n]) {
+			return false
+		}
+		off += n
+	}
+	return true
+}
+
 // peeks reports whether r's body is read ahead.
 func (t *Transport) peeks(r *http.Request) bool {
 	return r.Body != nil && r.Body != http.NoBody && t.cfg.maxPeek >= 0 && wantsPeek(r.Header)
@@ -353,10 +370,23 @@ func readHead(body io.Reader, contentLength int64, limit int, buf []byte) (head 
 // rewind the very reader the caller's body reads from (openai-go's does
 // for a *bytes.Reader body), so the caller's body is not read again, and is
 // closed only when the copy is. It returns the copy, or nil when GetBody
-// fails (the body then goes as it would have).
+// fails or gives other bytes than the body (the body then goes as it
+// would have).
+//
+// GetBody must give a copy of Body, as net/http already assumes when it
+// resends a body; a caller that replaced Body after http.NewRequest (a
+// middleware rewriting the request) may have left the old GetBody. A copy
+// in memory whose length is not the body's or whose start is not what the
+// peek read is such a stale one, and is not sent: it cannot be the body's
+// own reader rewound. (One that differs only past the peek, at the same
+// length, cannot be told apart without reading the whole body.)
 func (rb *reqBody) reopen(getBody func() (io.ReadCloser, error)) io.ReadCloser {
 	rc, err := getBody()
 	if err != nil || rc == nil {
+		return nil
+	}
+	if m := inMemory(rc); m.ok() && !m.begins(rb.head, rb.length) {
+		_ = rc.Close()
 		return nil
 	}
 	rb.also, rb.orig, rb.reopened = rb.orig, rc, true
