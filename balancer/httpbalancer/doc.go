@@ -25,8 +25,8 @@
 // its top-level model, stream, output bound and session IDs readable when
 // it is in memory or the caller set GetBody: the OpenAI SDKs write the
 // model after the messages, so a request carrying an image or a long
-// document would otherwise be routed without its model. The Inspector then
-// sees a fresh copy from GetBody, which OpenAI reads past the peek without
+// document would otherwise be routed without its model. The default
+// Inspector (an *OpenAI) then sees a fresh copy from GetBody, which it reads past the peek without
 // reading it when it is in memory, and that copy is what the first attempt
 // sends; GetBody must give the bytes of Body, as net/http assumes when it
 // resends one. (A copy in memory whose length or first bytes differ from

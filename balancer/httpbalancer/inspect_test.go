@@ -2,6 +2,8 @@ package httpbalancer_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -189,6 +191,35 @@ func TestCustomInspector(t *testing.T) {
 	got := <-seen
 	assert.Equal(t, inferlb.ServiceEmbedding, got.Service)
 	assert.Equal(t, "clip", got.Model)
+}
+
+// TestCustomInspectorSeesTheCallersRequest: only the default inspector
+// reads past the peek, so with another one a large replayable body is not
+// copied through GetBody: the inspector gets the caller's own request, and
+// the caller's body is what is sent.
+func TestCustomInspectorSeesTheCallersRequest(t *testing.T) {
+	a := newBackend(t, "a")
+	var inspected *http.Request
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: endpointsOf(a),
+		MaxPeek:   16,
+		Inspector: httpbalancer.InspectorFunc(func(r *http.Request, body []byte, complete bool, info *httpbalancer.Info) {
+			inspected = r
+		}),
+	})
+	body := chatBody(1, false)
+	req, _ := http.NewRequest(http.MethodPost, chatURL, wrapper{io.NopCloser(strings.NewReader(body))})
+	req.ContentLength = int64(len(body))
+	req.GetBody = func() (io.ReadCloser, error) {
+		t.Error("GetBody called on the first attempt")
+		return io.NopCloser(strings.NewReader(body)), nil
+	}
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	assert.Same(t, req, inspected)
+	assert.Equal(t, fmt.Sprint(len(body)), resp.Header.Get("X-Body-Len"))
 }
 
 // FuzzInspect: no body makes inspection panic or produce negative work,

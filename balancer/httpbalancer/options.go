@@ -76,7 +76,11 @@ type Options struct {
 	// Discovery, if set, re-resolves a DNS name on an interval and serves
 	// the addresses found next to Endpoints.
 	Discovery *Discovery
-	// Inspector classifies requests. nil means &OpenAI{Keyer: Keyer}.
+	// Inspector classifies requests. nil means &OpenAI{Keyer: Keyer}. With
+	// an *OpenAI, a body larger than MaxPeek whose request has GetBody is
+	// inspected and sent from a GetBody copy, so the model after the
+	// messages is read too (see OpenAI); other Inspectors see the request
+	// as the caller made it.
 	Inspector Inspector
 	// Keyer computes affinity keys for sessions and prompts. nil means the
 	// Balancer's own (Balancer.Keyer), which shares its AffinitySeed:
@@ -177,6 +181,11 @@ type config struct {
 	clock         balancer.Clock // the Balancer's: TTFT and load reports on the clock scorers compare with
 	onResult      func(Result)
 	chains        *responseChains // nil when ResponseMemory is off
+	// reopen: the inspector is an *OpenAI, which reads past the peek of a
+	// body in memory, so a large replayable body is inspected (and sent)
+	// from a GetBody copy (reqBody.reopen). Other inspectors get the
+	// caller's request as it came.
+	reopen bool
 }
 
 func bad(field, rule string, v any) error {
@@ -254,6 +263,7 @@ func (c *config) bind(b *balancer.Balancer) {
 	} else {
 		c.chains = nil // only the default Inspector reads previous_response_id
 	}
+	_, c.reopen = c.inspector.(*OpenAI)
 }
 
 // validHeaderName reports whether s is an HTTP header field name: an RFC

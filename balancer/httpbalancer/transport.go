@@ -244,7 +244,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	inspected := r
-	if rb.peeked && !rb.complete && !rb.inPlace && r.GetBody != nil {
+	if t.cfg.reopen && rb.peeked && !rb.complete && !rb.inPlace && r.GetBody != nil {
 		// Larger than the peek and replayable: inspect a fresh copy,
 		// which the inspector may read past the peek (see reopen).
 		if fresh := rb.reopen(r.GetBody); fresh != nil {
