@@ -382,3 +382,32 @@ func TestStatsPicksNeverDecrease(t *testing.T) {
 	reader.Wait()
 	assert.EqualValues(t, workers*calls, b.Stats()[0].Picks)
 }
+
+// TestEmbeddingNewEndpointIsProbed: an embedding endpoint with no latency
+// history must get a call even when its peer answers faster than the
+// latency prior. Otherwise a replica added to a fleet of fast embedders (or
+// the second of two, behind a caller that sends one call at a time) would
+// never be tried: its prior (50 ms) beats nothing, and it never gets the
+// measurement that would replace the prior.
+func TestEmbeddingNewEndpointIsProbed(t *testing.T) {
+	clk := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clk, Rand: testutil.NewRand(1), SlowStartWindow: -1})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "old", Addr: "10.0.0.1:8000"}}))
+	req := &inferlb.Request{Service: inferlb.ServiceEmbedding}
+	for range 20 { // the old replica has a history of 5 ms calls
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		clk.Advance(5 * time.Millisecond)
+		p.Done(inferlb.Outcome{})
+	}
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "old", Addr: "10.0.0.1:8000"}, {ID: "new", Addr: "10.0.0.2:8000"}}))
+	counts := map[string]int{}
+	for range 40 { // one call at a time
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		counts[p.ID()]++
+		clk.Advance(5 * time.Millisecond)
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Greater(t, counts["new"], 5, "the new replica is probed, then shares by its measured latency: %v", counts)
+}

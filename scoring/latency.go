@@ -15,8 +15,12 @@ const DefaultLatencyPrior = 50 * time.Millisecond
 // response at once and decays slowly, so one slow replica is avoided quickly.
 // The zero value uses the documented defaults.
 type Latency struct {
-	// Prior is the latency assumed for an endpoint with no history (or whose
-	// history has fully decayed). Default DefaultLatencyPrior.
+	// Prior is the latency assumed for an endpoint with no history while
+	// calls to it are in flight. Default DefaultLatencyPrior. With none in
+	// flight such an endpoint costs least, so it is probed (as Finagle's
+	// PeakEwma does): priced at the prior, it would lose every comparison
+	// to a peer faster than the prior and never be measured, so a replica
+	// added to a fleet of fast embedders would get no traffic at all.
 	Prior time.Duration
 	// ErrorPenalty scales the error rate into a multiplier, as in LLM. Default 10.
 	ErrorPenalty float64
@@ -29,11 +33,12 @@ func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
 	if prior <= 0 {
 		prior = DefaultLatencyPrior
 	}
-	if s.LatencyEWMA <= 0 {
+	if s.LatencyEWMA <= 0 && s.InFlight > 0 {
 		lat = prior
 	}
-	// An EWMA that decayed to nothing while the endpoint was idle makes it
-	// the next probe (as intended); the floor keeps in-flight meaningful.
+	// An EWMA that decayed to nothing while the endpoint was idle, or none
+	// yet, makes it the next probe (as intended); the floor keeps in-flight
+	// meaningful.
 	lat = max(lat, time.Microsecond)
 	cost := lat.Seconds() * float64(s.InFlight+1) / s.weight()
 	return cost * (1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate)

@@ -133,9 +133,11 @@ func TestLatencyCost(t *testing.T) {
 	st.InFlight = 2
 	assert.InDelta(t, 0.060, l.Cost(nil, st), 1e-9, "latency x (in-flight + 1)")
 
-	unknown := scoring.State{Now: now, Weight: 1}
-	assert.InDelta(t, scoring.DefaultLatencyPrior.Seconds(), l.Cost(nil, unknown), 1e-9, "prior for no history")
-	assert.InDelta(t, 0.2, (&scoring.Latency{Prior: 200 * time.Millisecond}).Cost(nil, unknown), 1e-9)
+	unknown := scoring.State{Now: now, Weight: 1, InFlight: 1}
+	assert.InDelta(t, 2*scoring.DefaultLatencyPrior.Seconds(), l.Cost(nil, unknown), 1e-9, "prior for no history with a call in flight")
+	assert.InDelta(t, 0.4, (&scoring.Latency{Prior: 200 * time.Millisecond}).Cost(nil, unknown), 1e-9)
+	unknown.InFlight = 0
+	assert.Less(t, l.Cost(nil, unknown), l.Cost(nil, st), "no history, nothing in flight: probe it, or it is never measured")
 
 	// Peak-EWMA decays towards zero while unobserved, so a slow endpoint is
 	// probed again after a while.
