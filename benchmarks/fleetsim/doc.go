@@ -75,8 +75,13 @@
 // Requests that arrive in [Warmup, Duration) are measured. After Duration
 // no new requests arrive and the run drains for at most Drain; calls still
 // unfinished then are counted with their latency so far, so a policy cannot
-// look good by leaving a backlog. Throughput counts tokens produced inside
-// the window. The inter-token latency distribution is over every token gap
+// look good by leaving a backlog. A retried call's TTFT is that of the
+// attempt that answers, which generates the answer anew. Throughput counts
+// tokens produced inside the window. The cache hit rate is prompt tokens
+// found in the prefix cache over prompt tokens admitted, as vLLM's
+// prefix_cache_hits / prefix_cache_queries: a preempted sequence that
+// recomputes from its own blocks is not counted again (vLLM counts it
+// apart). The inter-token latency distribution is over every token gap
 // (a 1%-resolution log histogram), including stalls from prefill chunks and
 // preemption. Everything runs on one goroutine in virtual time with seeded
 // generators and ordered iteration, so the same seed gives the same Result.

@@ -106,6 +106,7 @@ type seq struct {
 	sched     int // tokens scheduled in the current step; 0 = not scheduled
 	hitTokens int // prefix-cache hit expected at enqueue, then found at admission
 	prefilled bool
+	preempted bool // recomputing after a preemption
 	lastToken time.Duration
 }
 
@@ -192,6 +193,7 @@ func (r *replica) preempt(s *seq) {
 	s.computed = 0
 	s.sched = 0
 	s.prefilled = false
+	s.preempted = true
 	r.waiting = append([]*seq{s}, r.waiting...)
 	r.preemptions++
 }
@@ -281,10 +283,15 @@ func (r *replica) plan() (time.Duration, bool) {
 		r.running = append(r.running, s)
 		hitTok := hit * BlockSize
 		s.hitTokens = hitTok
-		r.hitTokens += int64(hitTok)
-		r.queryTokens += int64(s.numTokens())
-		r.scrapeHits += int64(hitTok)
-		r.scrapeQueries += int64(s.numTokens())
+		if !s.preempted {
+			// A preempted sequence finds its own blocks again: vLLM counts
+			// that recompute apart from the prefix-cache hit rate
+			// (PrefixCacheStats.preempted_*), and so does this.
+			r.hitTokens += int64(hitTok)
+			r.queryTokens += int64(s.numTokens())
+			r.scrapeHits += int64(hitTok)
+			r.scrapeQueries += int64(s.numTokens())
+		}
 		s.sched = n
 		budget -= n
 		prefillTok += n
@@ -401,6 +408,11 @@ func (r *replica) crash() {
 	r.kv.flush()
 	for _, s := range fail {
 		r.sim.finish(s.job, now, errCrashed)
+	}
+	if r.dp != nil {
+		// The other ranks' step was dropped with this one's; without a
+		// kick they would wait for the next arrival.
+		r.dp.kick()
 	}
 }
 

@@ -59,7 +59,7 @@ type Request struct {
 type job struct {
 	req        *Request
 	arrive     time.Duration
-	firstToken time.Duration // -1 until the first token
+	firstToken time.Duration // -1 until the current attempt's first token
 	attempts   int
 	measured   bool
 	done       func(inferlb.Outcome)
@@ -217,6 +217,9 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 	if err != nil {
 		if j.attempts < 2 && s.routers[j.req.Client].AllowRetry() {
 			s.retries++
+			// The retry generates the answer anew: its first token, not
+			// one the failed attempt streamed, is the answer's.
+			j.firstToken = -1
 			s.dispatch(j)
 			return
 		}

@@ -1,0 +1,101 @@
+package fleetsim_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/benchmarks/fleetsim"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// scripted routes the n-th pick to script[n] and records every outcome.
+type scripted struct {
+	script   []int
+	n        int
+	retry    bool
+	outcomes []inferlb.Outcome
+}
+
+func (s *scripted) Pick(*fleetsim.Request) (int, func(inferlb.Outcome), error) {
+	i := s.script[s.n]
+	s.n++
+	return i, func(o inferlb.Outcome) { s.outcomes = append(s.outcomes, o) }, nil
+}
+func (s *scripted) SetMembers([]int)                    {}
+func (s *scripted) Publish(int, telemetry.Sample)       {}
+func (s *scripted) AllowRetry() bool                    { return s.retry }
+func (s *scripted) policy() fleetsim.Policy             { return fleetsim.Policy{Name: "scripted", New: s.router} }
+func (s *scripted) router(fleetsim.Env) fleetsim.Router { return s }
+
+// calls sends its requests 1ms into the run, after the measurement window
+// has opened.
+type calls []*fleetsim.Request
+
+func (c calls) Start(s fleetsim.Sim) {
+	s.After(time.Millisecond, func() {
+		for _, r := range c {
+			s.Submit(r)
+		}
+	})
+}
+
+func (calls) Done(fleetsim.Sim, *fleetsim.Request, bool) {}
+
+func llmCall(id uint64, prompt, out int) *fleetsim.Request {
+	return &fleetsim.Request{Service: inferlb.ServiceLLM, Prompt: fleetsim.NewPrompt(fleetsim.Segment{ID: id, Tokens: prompt}),
+		OutputTokens: out, MaxOutputTokens: out, AnswerID: id + 1000}
+}
+
+func runScripted(fl []fleetsim.ReplicaSpec, w calls, rt *scripted, events ...fleetsim.FleetEvent) fleetsim.Result {
+	sc := &fleetsim.Scenario{Name: "scripted", Fleet: fl, Events: events, DiscoveryDelay: 10 * time.Second,
+		Workload: func(float64) fleetsim.Workload { return w }}
+	return fleetsim.Run(sc, rt.policy(), fleetsim.RunConfig{Rate: 1, Seed: 1, Duration: time.Minute, Drain: time.Minute, Scrape: time.Second})
+}
+
+func TestRetriedCallTimesItsFirstTokenFromTheAttemptThatAnswers(t *testing.T) {
+	// The call streams on r0 until r0 crashes at 5s, then is retried on r1,
+	// which generates the whole answer again: the answer the user gets
+	// starts after 5s, and the outcome of the second attempt reports its own
+	// time to first token, not one from before the attempt began.
+	rt := &scripted{script: []int{0, 1}, retry: true}
+	fl := []fleetsim.ReplicaSpec{{Server: fleetsim.LLMServer()}, {Server: fleetsim.LLMServer()}}
+	res := runScripted(fl, calls{llmCall(1, 1000, 1000)}, rt, fleetsim.FleetEvent{At: 5 * time.Second, Replica: 0, Kind: fleetsim.Crash})
+	require.Equal(t, 1, res.Completed)
+	require.Equal(t, 1, res.Retries)
+	require.Len(t, rt.outcomes, 2)
+	require.Error(t, rt.outcomes[0].Err)
+	assert.Greater(t, res.TTFTP50, 5.0, "TTFT of the answer delivered")
+	assert.Positive(t, rt.outcomes[1].TTFT, "the balancer's TTFT is the attempt's own")
+	assert.Less(t, rt.outcomes[1].TTFT, time.Second)
+}
+
+func TestCrashedRankDoesNotStallItsEngine(t *testing.T) {
+	// r0 and r1 are ranks of one data-parallel engine. r0 crashes while both
+	// decode; r1's call must go on without waiting for another arrival.
+	rt := &scripted{script: []int{1, 0}}
+	fl := []fleetsim.ReplicaSpec{{Server: fleetsim.LLMServer(), DPGroup: 1}, {Server: fleetsim.LLMServer(), DPGroup: 1}}
+	res := runScripted(fl, calls{llmCall(1, 100, 1000), llmCall(2, 100, 1000)}, rt, fleetsim.FleetEvent{At: 2 * time.Second, Replica: 0, Kind: fleetsim.Crash})
+	assert.Equal(t, 1, res.Failed)
+	assert.Equal(t, 1, res.Completed)
+	assert.Zero(t, res.Unfinished)
+	assert.Less(t, res.E2EP99, 30.0, "1,000 tokens at ~12ms a step")
+}
+
+func TestPreemptedRecomputeIsNotACacheHit(t *testing.T) {
+	// Two unrelated calls outgrow a 128-block cache, so the newer one is
+	// preempted and later recomputes its prompt and answer so far, mostly
+	// from its own blocks. vLLM counts such re-admissions apart from its
+	// prefix-cache hit rate (PrefixCacheStats.preempted_*); no prompt here
+	// shares a prefix with another, so the hit rate is 0.
+	p := fleetsim.LLMServer()
+	p.KVTokens = 128 * fleetsim.BlockSize
+	rt := &scripted{script: []int{0, 0}}
+	res := runScripted([]fleetsim.ReplicaSpec{{Server: p}}, calls{llmCall(1, 800, 600), llmCall(2, 800, 600)}, rt)
+	require.Equal(t, 2, res.Completed)
+	require.Positive(t, res.Preemptions)
+	assert.Zero(t, res.CacheHit)
+}
