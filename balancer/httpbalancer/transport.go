@@ -286,6 +286,12 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			if failedErr != nil {
 				return nil, failedErr // what went wrong, not that nothing was left to retry on
 			}
+			if c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) {
+				// The usual cause is a model this Transport's endpoints
+				// do not list (an embedding sent through the LLM
+				// Transport, a typo); say which, as the gRPC policy does.
+				err = fmt.Errorf("%w for model %q: no endpoint serves it, or each that does is out of rotation (breaker open, cooling down or ejected)", err, c.info.Model)
+			}
 			return nil, err
 		}
 		c.start = c.pick.PickedAt().UnixNano() // the transport's clock is the Balancer's

@@ -567,3 +567,18 @@ func TestSharedBalancerKeepsEachAdaptersEndpoints(t *testing.T) {
 	_, err = client.Post(chatURL, "application/json", strings.NewReader(chatBody(1, false)))
 	assert.ErrorIs(t, err, balancer.ErrNoEndpoints)
 }
+
+// TestNoEndpointForModel: a request whose model no endpoint serves fails
+// with the core's sentinel and an error that names the model, so a caller
+// that sent an embedding through its LLM Transport (or mistyped a model)
+// sees why, not just "no endpoint available".
+func TestNoEndpointForModel(t *testing.T) {
+	be := newBackend(t, "llm")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{
+		{Addr: be.addr(), Labels: map[string]string{"model": "llama"}}}})
+	req, _ := http.NewRequest(http.MethodPost, "http://llm.internal/v1/embeddings",
+		strings.NewReader(`{"model":"bge-m3","input":"x"}`))
+	_, err := tr.RoundTrip(req)
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	assert.Contains(t, err.Error(), `"bge-m3"`)
+}
