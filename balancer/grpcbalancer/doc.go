@@ -65,6 +65,11 @@
 // grpc-retry-pushback-ms or retry-after; CANCELLED is the client's doing and
 // counts as neither; other codes describe the request and count as the
 // endpoint's success. A pick whose call was never sent counts as nothing.
+// With StreamTiming, a DEADLINE_EXCEEDED that ends a stream after its first
+// token counts as neither too: a long generation outlasting the caller's
+// time budget says nothing about the endpoint, and counted as failures such
+// deadlines would trip healthy endpoints' breakers; before the first token
+// it is a failure.
 // Latency is measured by the core from pick to Done.
 //
 // # Failover

@@ -23,6 +23,14 @@ var (
 	// context.Canceled so the core counts it as neither success nor
 	// failure.
 	errNotSent = fmt.Errorf("inferlb: call not sent: %w", context.Canceled)
+	// errDeadlineMidStream is a deadline that ended a stream after its
+	// first token (StreamTiming saw it): the endpoint was generating, and a
+	// long answer outlasting the caller's time budget says nothing about
+	// its health. Counted as failures, long generations under a tight
+	// deadline would trip healthy endpoints' breakers. It wraps
+	// context.Canceled so the core counts it as neither; a deadline before
+	// the first token stays a failure.
+	errDeadlineMidStream = fmt.Errorf("inferlb: the deadline ended the stream after its first token: %w", context.Canceled)
 	// errCanceled is the client's own cancellation (codes.Canceled).
 	errCanceled = fmt.Errorf("inferlb: call canceled by the client: %w", context.Canceled)
 )
@@ -37,6 +45,9 @@ var (
 // (499) is the client's doing and counts as neither; every other code
 // (InvalidArgument, NotFound, PermissionDenied, ...) describes the request,
 // not the endpoint, which answered: for routing it is a success.
+//
+// (call.done also turns a DEADLINE_EXCEEDED after a stream's first token
+// into errDeadlineMidStream.)
 //
 // A call without a stream (BytesSent false) never reached the endpoint,
 // whatever its error: gRPC failed it on the client, before the stream

@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/internal/testutil"
@@ -25,11 +27,15 @@ type scriptedStream struct {
 	clock *testutil.Clock
 	gaps  []time.Duration
 	done  func(balancer.DoneInfo)
+	end   error // how the stream ends after its messages; nil: io.EOF
 }
 
 func (s *scriptedStream) RecvMsg(any) error {
 	if len(s.gaps) == 0 {
-		s.done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+		s.done(balancer.DoneInfo{Err: s.end, BytesSent: true, BytesReceived: true})
+		if s.end != nil {
+			return s.end
+		}
 		return io.EOF
 	}
 	s.clock.Advance(s.gaps[0])
@@ -42,6 +48,13 @@ func (s *scriptedStream) RecvMsg(any) error {
 // the interceptor's counter. It returns the endpoint that served it.
 func stream(t *testing.T, h *harness, clock *testutil.Clock, tokens func(any) int, gaps ...time.Duration) string {
 	t.Helper()
+	return streamEnding(t, h, clock, tokens, nil, gaps...)
+}
+
+// streamEnding is stream for a stream that ends with end after its
+// messages (nil: a normal end).
+func streamEnding(t *testing.T, h *harness, clock *testutil.Clock, tokens func(any) int, end error, gaps ...time.Duration) string {
+	t.Helper()
 	var addr string
 	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
 		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
@@ -49,15 +62,35 @@ func stream(t *testing.T, h *harness, clock *testutil.Clock, tokens func(any) in
 			return nil, err
 		}
 		addr = res.SubConn.(*grpcfake.SubConn).Addr()
-		return &scriptedStream{clock: clock, gaps: gaps, done: res.Done}, nil
+		return &scriptedStream{clock: clock, gaps: gaps, done: res.Done, end: end}, nil
 	}
 	cs, err := StreamTiming(tokens)(context.Background(), &grpc.StreamDesc{ServerStreams: true}, nil, "/ai.Gen/Stream", streamer)
 	require.NoError(t, err)
 	for {
-		if err := cs.RecvMsg(nil); err == io.EOF {
+		if err := cs.RecvMsg(nil); err != nil {
 			return addr
 		}
 	}
+}
+
+// TestDeadlineMidStreamIsNotAFailure: a deadline that ends a stream after
+// its first token counts as neither success nor failure (a long answer ran
+// out the caller's time budget on a working endpoint); one that passes
+// before any token is a failure.
+func TestDeadlineMidStreamIsNotAFailure(t *testing.T) {
+	clock := testutil.NewClock()
+	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+	deadline := status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+
+	a := streamEnding(t, h, clock, nil, deadline, 200*time.Millisecond, 20*time.Millisecond)
+	s := stats(t, b, a)
+	assert.Zero(t, s.Failures, "mid-stream deadline")
+	assert.Zero(t, s.Successes)
+	assert.Equal(t, 200*time.Millisecond, s.TTFT, "the first token is still measured")
+
+	streamEnding(t, h, clock, nil, deadline) // no message before the deadline
+	assert.EqualValues(t, 1, stats(t, b, a).Failures, "deadline before the first token")
 }
 
 func TestStreamTimingMeasuresFirstTokenAndDecodeSpeed(t *testing.T) {

@@ -53,7 +53,8 @@
 // its events go uncounted. Classification: 429, and 503 with Retry-After,
 // are overload answers (the endpoint cools down for Retry-After, it is not
 // failed); other 5xx and transport errors are failures; a canceled context
-// is neither; a Close before EOF is a success (a JSON decoder stops at the
+// is neither, and so is a deadline that ends a stream after its first
+// token (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine
 // fail.
 // With Options.LoadReports, vLLM's per-response endpoint-load-metrics header

@@ -2,6 +2,7 @@ package httpbalancer
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,29 @@ import (
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/telemetry/loadheader"
 )
+
+// ErrDeadlineMidStream is the Outcome.Err of a stream that the caller's
+// deadline ended after its first token: the endpoint was generating, and a
+// long answer outlasting the caller's time budget says nothing about its
+// health, so it counts as neither success nor failure (it wraps
+// context.Canceled, which the balancer reads so) and errors.Is also finds
+// context.DeadlineExceeded in it. Counted as failures, a workload of long
+// generations under a tight deadline would trip the breakers of healthy
+// endpoints, moving their load to the others, where it times out too. A
+// deadline that passes before the first token is a failure, as before: an
+// endpoint that hangs or queues without answering is what the breaker is
+// for.
+var ErrDeadlineMidStream error = deadlineMidStream{}
+
+type deadlineMidStream struct{}
+
+func (deadlineMidStream) Error() string {
+	return "inferlb: the caller's deadline ended the stream after its first token"
+}
+
+func (deadlineMidStream) Is(target error) bool {
+	return target == context.DeadlineExceeded || target == context.Canceled
+}
 
 // StatusError is the Outcome.Err reported to the balancer for a 5xx answer
 // that is not an overload signal. The response itself still goes to the
@@ -381,6 +405,9 @@ func (c *call) finish(err error) {
 		o.Err = err
 		if ce := c.out.Context().Err(); ce != nil {
 			o.Err = ce
+			if errors.Is(ce, context.DeadlineExceeded) && c.sse != nil && c.sse.events.Load() > 0 {
+				o.Err = ErrDeadlineMidStream
+			}
 		}
 	}
 	f := c.t.cfg.onResult

@@ -1,9 +1,12 @@
 package httpbalancer_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -164,4 +167,77 @@ func TestCloseDuringReadIsNotAFailure(t *testing.T) {
 	st := statsByID(tr.Balancer())["e"]
 	require.EqualValues(t, 1, st.Successes)
 	require.Zero(t, st.Failures)
+}
+
+// expiring is a context whose deadline passes when expire is called, so a
+// test can end a call by its deadline at an exact point without timing.
+type expiring struct {
+	context.Context
+	done chan struct{}
+}
+
+func newExpiring() *expiring {
+	return &expiring{Context: context.Background(), done: make(chan struct{})}
+}
+
+func (c *expiring) expire()                     { close(c.done) }
+func (c *expiring) Done() <-chan struct{}       { return c.done }
+func (c *expiring) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c *expiring) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// TestDeadlineMidStreamIsNotAFailure: the caller's deadline ending a
+// stream that was producing tokens counts as neither success nor failure
+// (ErrDeadlineMidStream); the same deadline passing before the first token
+// is a failure of the endpoint.
+func TestDeadlineMidStreamIsNotAFailure(t *testing.T) {
+	for _, tokens := range []int{1, 0} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			for range tokens {
+				fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
+			}
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // a long generation, until the caller gives up
+		}))
+		res := newResults(2)
+		tr := newTransport(t, httpbalancer.Options{
+			Endpoints: []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
+			OnResult:  res.on,
+		})
+		ctx := newExpiring()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+		require.NoError(t, err)
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		if tokens > 0 {
+			buf := make([]byte, 256)
+			n, err := resp.Body.Read(buf)
+			require.NoError(t, err)
+			require.Contains(t, string(buf[:n]), "tok")
+		}
+		ctx.expire()
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.Error(t, err)
+		require.NoError(t, resp.Body.Close())
+		r := <-res.c
+		st := statsByID(tr.Balancer())["e"]
+		require.ErrorIs(t, r.Outcome.Err, context.DeadlineExceeded, "tokens=%d", tokens)
+		if tokens > 0 {
+			require.ErrorIs(t, r.Outcome.Err, httpbalancer.ErrDeadlineMidStream)
+			require.True(t, r.Outcome.Canceled())
+			require.Zero(t, st.Failures)
+		} else {
+			require.False(t, r.Outcome.Canceled())
+			require.EqualValues(t, 1, st.Failures)
+		}
+		srv.Close()
+	}
 }
