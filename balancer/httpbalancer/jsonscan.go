@@ -355,6 +355,11 @@ type body struct {
 	chars     int    // bytes of prompt text seen (message contents, prompt, input), as sent
 	cacheKey  string // may alias the body, like the fields below
 
+	// sized: readTail read the whole body, which held textSize bytes
+	// outside data URLs (the size the prompt estimate starts from).
+	sized    bool
+	textSize int64
+
 	prevResponse string // previous_response_id; may alias the body
 	conversation string // the Responses API's conversation ID; may alias the body
 

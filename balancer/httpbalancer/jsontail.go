@@ -85,6 +85,45 @@ type topScan struct {
 	keyHi int64 // one past its closing quote
 	valLo int64 // start of its value
 	found [len(tailKeys)]span
+	strLo int64 // opening quote of the value string being read
+	// inline is the bytes of data URLs (images, audio as base64) in the
+	// body's values: most of a multimodal body, none of it prompt text.
+	inline int64
+}
+
+// minInline is the shortest string looked at as a possible data URL: a
+// shorter one hardly moves a size estimate.
+const minInline = 256
+
+// valueStringEnded notes a value string that ended at end (one past its
+// closing quote) when it is a data URL.
+func (t *topScan) valueStringEnded(end int64) {
+	n := end - t.strLo
+	if n < minInline {
+		return
+	}
+	var p [128]byte
+	if isDataURL(p[:t.m.readAt(p[:min(n, int64(len(p)))], t.strLo+1)]) {
+		t.inline += n
+	}
+}
+
+// isDataURL reports whether s starts as a data URL (RFC 2397):
+// "data:", a media type and parameters without spaces, then a comma.
+func isDataURL(s []byte) bool {
+	rest, ok := bytes.CutPrefix(s, []byte("data:"))
+	if !ok {
+		return false
+	}
+	for _, c := range rest {
+		switch {
+		case c == ',':
+			return true
+		case c <= ' ' || c >= 0x7f || c == '"' || c == '\\':
+			return false
+		}
+	}
+	return false
 }
 
 // feed scans b, the body's bytes from off. It reports whether the scan
@@ -165,6 +204,7 @@ func (t *topScan) feed(off int64, b []byte) bool {
 			case ' ', '\t', '\n', '\r':
 			case '"':
 				t.valLo, t.inStr, t.ph = off+int64(i), true, tsInVal
+				t.strLo = t.valLo
 			case '{', '[':
 				t.valLo, t.depth, t.ph = off+int64(i), 2, tsInVal
 			case ',', '}', ']', ':':
@@ -182,7 +222,7 @@ func (t *topScan) feed(off int64, b []byte) bool {
 		case tsInVal:
 			switch c {
 			case '"':
-				t.inStr = true
+				t.inStr, t.strLo = true, off+int64(i)
 			case '{', '[':
 				t.depth++
 			case '}', ']':
@@ -200,6 +240,9 @@ func (t *topScan) feed(off int64, b []byte) bool {
 
 // stringEnded is called at end, one past a closing quote.
 func (t *topScan) stringEnded(end int64) {
+	if t.ph == tsInVal {
+		t.valueStringEnded(end)
+	}
 	switch {
 	case t.ph == tsInKey:
 		t.keyHi, t.ph = end, tsColon
@@ -258,6 +301,7 @@ func readTail(m *memBody, head []byte, keyed bool, out *body) {
 	if t.ph != tsDone {
 		return
 	}
+	out.textSize, out.sized = m.n-t.inline, true
 	size := 2
 	for _, s := range t.found {
 		if s.lo >= 0 {

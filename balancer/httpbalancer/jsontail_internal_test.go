@@ -270,3 +270,33 @@ func BenchmarkReadTail(b *testing.B) {
 		})
 	}
 }
+
+// TestReadTailLeavesDataURLsOutOfTheSize: past the peek, the bytes of data
+// URLs (images as base64) are left out of the size the prompt estimate
+// starts from, wherever they lie; text is not.
+func TestReadTailLeavesDataURLsOutOfTheSize(t *testing.T) {
+	image := "data:image/png;base64," + strings.Repeat("iVBORw0KGgo", 150_000)     // 1.65 MB
+	text := strings.Repeat("All work and no play makes Jack a dull boy. ", 40_000) // 1.76 MB
+	for _, tc := range []struct {
+		name string
+		body string
+		text int // bytes outside data URLs
+	}{
+		{"image", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"` + image + `"}},{"type":"text","text":"Describe."}]}],"model":"m"}`, -1},
+		{"image in the responses input", `{"input":[{"role":"user","content":[{"type":"input_image","image_url":"` + image + `"},{"type":"input_text","text":"Hi"}]}],"model":"m"}`, -1},
+		{"text", `{"messages":[{"role":"user","content":"` + text + `"}],"model":"m"}`, 0},
+		{"text naming data:", `{"messages":[{"role":"user","content":"data: ` + text + `"}],"model":"m"}`, 0},
+	} {
+		b := []byte(tc.body)
+		m := inMemory(io.NopCloser(bytes.NewReader(b)))
+		var got body
+		readTail(&m, b[:1<<20], true, &got)
+		require.True(t, got.sized, tc.name)
+		want := int64(len(b))
+		if tc.text < 0 {
+			want = int64(len(b) - len(image) - 2) // the URL and its quotes
+		}
+		require.Equal(t, want, got.textSize, tc.name)
+		require.Equal(t, "m", got.model, tc.name)
+	}
+}
