@@ -1,7 +1,8 @@
 // Package metrics exports a Balancer's live state as Prometheus metrics, so
 // operators see what the router sees: load, latency, error rate, standing
-// and the telemetry it ingested. It is an adapter: the core never imports
-// Prometheus.
+// and the telemetry it ingested (Collector), and how the telemetry Pollers
+// that feed it are doing (PollerCollector). It is an adapter: the core never
+// imports Prometheus.
 package metrics
 
 import (

@@ -1,0 +1,66 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// PollerStatser is what PollerCollector reads: a *telemetry.Poller.
+type PollerStatser interface {
+	Stats() telemetry.PollerStats
+}
+
+// PollerCollector is a prometheus.Collector over one telemetry Poller, so a
+// scrape target that is down, slow or partly broken shows on a dashboard
+// and not only through PollerOptions.OnError: a Balancer routing on stale
+// telemetry routes as if it had none (stale readings are neutral), which is
+// safe but worth knowing.
+type PollerCollector struct {
+	p PollerStatser
+
+	rounds, failures, timeouts, partial, published, skipped, consecutive *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*PollerCollector)(nil)
+
+// NewPollerCollector returns a Collector for p. pollerName becomes the
+// constant label poller="..." (for example the Source: "vllm", "dcgm").
+func NewPollerCollector(p PollerStatser, pollerName string) *PollerCollector {
+	cl := prometheus.Labels{"poller": pollerName}
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("inferlb_telemetry_poll_"+name, help, nil, cl)
+	}
+	return &PollerCollector{
+		p:           p,
+		rounds:      d("rounds_total", "Rounds the Poller ran (Source.Collect calls)."),
+		failures:    d("failures_total", "Rounds that failed with no usable result, timeouts included."),
+		timeouts:    d("timeouts_total", "Rounds cut short by the Poller's Timeout."),
+		partial:     d("partial_total", "Rounds that returned observations with a partial-result error."),
+		published:   d("published_total", "Samples handed to the Balancer."),
+		skipped:     d("skipped_total", "Observations dropped for having no endpoint ID or no field."),
+		consecutive: d("consecutive_failures", "Failed rounds in a row now (0 after a success); the Poller backs off while it grows."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *PollerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.rounds, c.failures, c.timeouts, c.partial, c.published, c.skipped, c.consecutive} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *PollerCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.p.Stats()
+	counter := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	counter(c.rounds, s.Rounds)
+	counter(c.failures, s.Failures)
+	counter(c.timeouts, s.Timeouts)
+	counter(c.partial, s.Partial)
+	counter(c.published, s.Published)
+	counter(c.skipped, s.Skipped)
+	ch <- prometheus.MustNewConstMetric(c.consecutive, prometheus.GaugeValue, float64(s.ConsecutiveFailures))
+}

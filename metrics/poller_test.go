@@ -1,0 +1,70 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	tu "github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/metrics"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// TestPollerCollectorExportsRounds: a Poller's rounds, successes and
+// failures, and the samples it published and skipped, show as metrics.
+func TestPollerCollectorExportsRounds(t *testing.T) {
+	clock := tu.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}}))
+	fail := true
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		if fail {
+			return nil, errors.New("scrape refused")
+		}
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.KVCacheUsage, 0.5)
+		return []telemetry.Observation{{EndpointID: "a:1", Sample: s}, {Sample: s}}, nil // the second has no ID
+	})
+	p, err := telemetry.NewPoller(src, b, telemetry.PollerOptions{Clock: clock})
+	require.NoError(t, err)
+	c := metrics.NewPollerCollector(p, "vllm")
+	ctx := context.Background()
+
+	p.Poll(ctx)
+	p.Poll(ctx)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_telemetry_poll_consecutive_failures Failed rounds in a row now (0 after a success); the Poller backs off while it grows.
+# TYPE inferlb_telemetry_poll_consecutive_failures gauge
+inferlb_telemetry_poll_consecutive_failures{poller="vllm"} 2
+# HELP inferlb_telemetry_poll_failures_total Rounds that failed with no usable result, timeouts included.
+# TYPE inferlb_telemetry_poll_failures_total counter
+inferlb_telemetry_poll_failures_total{poller="vllm"} 2
+# HELP inferlb_telemetry_poll_published_total Samples handed to the Balancer.
+# TYPE inferlb_telemetry_poll_published_total counter
+inferlb_telemetry_poll_published_total{poller="vllm"} 0
+`), "inferlb_telemetry_poll_consecutive_failures", "inferlb_telemetry_poll_failures_total", "inferlb_telemetry_poll_published_total"))
+
+	fail = false
+	p.Poll(ctx)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_telemetry_poll_consecutive_failures Failed rounds in a row now (0 after a success); the Poller backs off while it grows.
+# TYPE inferlb_telemetry_poll_consecutive_failures gauge
+inferlb_telemetry_poll_consecutive_failures{poller="vllm"} 0
+# HELP inferlb_telemetry_poll_published_total Samples handed to the Balancer.
+# TYPE inferlb_telemetry_poll_published_total counter
+inferlb_telemetry_poll_published_total{poller="vllm"} 1
+# HELP inferlb_telemetry_poll_rounds_total Rounds the Poller ran (Source.Collect calls).
+# TYPE inferlb_telemetry_poll_rounds_total counter
+inferlb_telemetry_poll_rounds_total{poller="vllm"} 3
+# HELP inferlb_telemetry_poll_skipped_total Observations dropped for having no endpoint ID or no field.
+# TYPE inferlb_telemetry_poll_skipped_total counter
+inferlb_telemetry_poll_skipped_total{poller="vllm"} 1
+`), "inferlb_telemetry_poll_consecutive_failures", "inferlb_telemetry_poll_published_total", "inferlb_telemetry_poll_rounds_total", "inferlb_telemetry_poll_skipped_total"))
+	require.Equal(t, 7, testutil.CollectAndCount(c))
+}
