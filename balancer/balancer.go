@@ -46,7 +46,7 @@ const drawTries = 8
 // both see the same live load.
 //
 // Concurrency: cfg is immutable. mu serializes membership changes (Update,
-// SetReady and those of every membership) and guards eps, memberships, warm and
+// SetReady and those of every membership) and guards eps, memberships and
 // nextSerial. Each membership's snapshot, all, epoch and engines are atomic;
 // Pick reads only them, the atomics of endpoint state and the tables behind
 // sticky, spills and reuse (lock-free), so it never takes mu.
@@ -61,7 +61,6 @@ type Balancer struct {
 	mu          sync.Mutex
 	eps         map[string]*endpoint        // guarded by mu: every membership's endpoints, by ID
 	memberships [maxMemberships]*Membership // guarded by mu: by index; [0] is def
-	warm        bool                        // guarded by mu: a non-empty Update happened
 	nextSerial  uint64                      // guarded by mu: the last serial handed out
 
 	def   *Membership                 // immutable: the membership of Update, SetReady and Pick
@@ -152,7 +151,8 @@ var _ telemetry.Sink = (*Balancer)(nil)
 // Update replaces the endpoint set. Endpoints are matched to existing state by
 // Key (ID, else Addr): the load, latency, error and standing of endpoints that
 // stay are kept; new endpoints start fresh and, once the balancer has served
-// a non-empty set, ramp up through slow start.
+// a non-empty set, ramp up through slow start (so do those that a Membership's
+// first Update adds next to endpoints another membership already serves).
 //
 // Entries with neither ID nor Addr, and later duplicates of an ID, are skipped;
 // a non-positive or non-finite Weight is read as 1. Every such problem is

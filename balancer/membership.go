@@ -53,6 +53,7 @@ type Membership struct {
 	loads    map[string]*atomic.Int64      // durable group in-flight counters, by group key
 	groupsOf map[*endpoint][]*atomic.Int64 // the counters of the groups each member is in
 	closed   bool
+	warm     bool // a non-empty Update happened
 }
 
 func newMembership(b *Balancer, idx int) *Membership {
@@ -124,6 +125,19 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 	}
 	nowNs := max(b.cfg.clock.Now().UnixNano(), 1)
 
+	// New endpoints ramp up through slow start when they join a pool that
+	// is serving: this membership's after its first endpoints, or, on its
+	// first Update, endpoints another membership already serves. A
+	// membership whose first Update names only new endpoints (a second
+	// service joining a shared Balancer, a channel waking from idle) starts
+	// them all at full weight: ramping all of them together would only
+	// slow its first calls.
+	ramp := m.warm
+	for _, ep := range endpoints {
+		if _, ok := b.eps[ep.Key()]; ok && !ramp {
+			ramp = true
+		}
+	}
 	var errs []error
 	seen := make(map[string]bool, len(endpoints))
 	members := make([]*endpoint, 0, len(endpoints))
@@ -154,7 +168,7 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 			b.nextSerial++
 			e.serial = b.nextSerial
 			e.breaker = b.newBreaker(e)
-			if b.warm {
+			if ramp {
 				e.rampFrom.Store(nowNs)
 			}
 			b.eps[id] = e // reconcile keeps it: it is a member below
@@ -182,7 +196,7 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 	b.reconcile()
 	b.epoch.Add(1)
 	if len(members) > 0 {
-		b.warm = true
+		m.warm = true
 	}
 	return errors.Join(errs...)
 }

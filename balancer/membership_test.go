@@ -323,3 +323,36 @@ func TestPickFailover(t *testing.T) {
 	_, err = m.PickFailover(&inferlb.Request{}, "x")
 	assert.ErrorIs(t, err, balancer.ErrNoEndpoints)
 }
+
+// TestSlowStartIsForJoinersOfAServingPool: a membership whose first Update
+// names only new endpoints (a second service joining a shared Balancer)
+// starts them at full weight; endpoints it adds later ramp, and so do new
+// endpoints a first Update lists next to ones another membership serves.
+func TestSlowStartIsForJoinersOfAServingPool(t *testing.T) {
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "llm-1:80"}, {Addr: "llm-2:80"}}))
+	ramp := func(id string) float64 {
+		for _, s := range b.Stats() {
+			if s.ID == id {
+				return s.RampFactor
+			}
+		}
+		t.Fatalf("no endpoint %s", id)
+		return 0
+	}
+	assert.Equal(t, 1.0, ramp("llm-1:80"), "the Balancer's first endpoints")
+
+	embed, err := b.NewMembership()
+	require.NoError(t, err)
+	require.NoError(t, embed.Update([]inferlb.Endpoint{{Addr: "embed-1:80"}, {Addr: "embed-2:80"}}))
+	assert.Equal(t, 1.0, ramp("embed-1:80"), "a second service's first endpoints")
+	require.NoError(t, embed.Update([]inferlb.Endpoint{{Addr: "embed-1:80"}, {Addr: "embed-2:80"}, {Addr: "embed-3:80"}}))
+	assert.Less(t, ramp("embed-3:80"), 1.0, "a later joiner")
+
+	other, err := b.NewMembership()
+	require.NoError(t, err)
+	require.NoError(t, other.Update([]inferlb.Endpoint{{Addr: "llm-1:80"}, {Addr: "llm-3:80"}}))
+	assert.Less(t, ramp("llm-3:80"), 1.0, "new next to an endpoint already serving")
+	assert.Equal(t, 1.0, ramp("llm-1:80"))
+}
