@@ -230,7 +230,10 @@ type Options struct {
 	// affinity on whatever the keys, e.g. for session IDs that must stick
 	// from their first call even when few sessions last. See keyReuse for
 	// why and how it is measured (a 32 KiB table, 1 in 8 keys sampled);
-	// Balancer.KeyReuse reports it.
+	// Balancer.KeyReuse reports it. A new Balancer follows keys until it
+	// has observed 64 sampled keys (about 500 keyed requests): until then
+	// even prompts that never recur go to their keys' owners, within the
+	// load bound, rather than to the cheaper of two candidates.
 	MinKeyReuse float64
 	// DPGroupLabel is the endpoint label naming the data-parallel attention
 	// engine a rank belongs to (ranks of one engine share its value).

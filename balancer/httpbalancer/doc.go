@@ -77,6 +77,15 @@
 // where each prompt and session lives; times (TTFT, load report stamps) come
 // from the Balancer's clock.
 //
+// # One Transport per tier
+//
+// The path picks the scorer, not the endpoints: a Transport sends every call
+// to any of its endpoints that serves the call's model, and a call that names
+// no model (Hugging Face TEI's native /embed and /rerank bodies carry none)
+// may go to any of them. So give each tier (LLM, embedding, reranker) its own
+// Transport over its own servers. One Transport over several tiers works only
+// if every endpoint lists its models and every call names one.
+//
 // # Failover
 //
 // A call that fails before any response arrives (connection refused or
