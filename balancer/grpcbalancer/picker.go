@@ -162,8 +162,6 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		c.core = p.mem.Balancer()
 		if st != nil {
 			st.core.Store(c.core)
-			id := c.pick.ID()
-			st.picked.Store(&id)
 			c.retry = st
 		}
 		if ss != nil {

@@ -518,11 +518,14 @@ func TestPickAllocs(t *testing.T) {
 		Ctx: metadata.AppendToOutgoingContext(context.Background(), "x-session", "conv-1")}
 	withReq := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
 		Ctx: inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 7})}
+	UnaryRetry(2) // as a channel with the interceptor: picks look for its state
+	withRetry := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
+		Ctx: context.WithValue(context.Background(), retryKey{}, &retryState{})}
 	for _, tt := range []struct {
 		name string
 		info balancer.PickInfo
 		max  float64
-	}{{"method only", plain, 0}, {"context request", withReq, 0}, {"affinity header", withKey, 1}} {
+	}{{"method only", plain, 0}, {"context request", withReq, 0}, {"affinity header", withKey, 1}, {"UnaryRetry call", withRetry, 0}} {
 		got := testing.AllocsPerRun(1000, func() {
 			res, err := p.Pick(tt.info)
 			if err != nil {

@@ -25,7 +25,6 @@ type retryState struct {
 	core     atomic.Pointer[core.Balancer]
 	received atomic.Bool
 	sent     atomic.Int32           // attempts that reached an endpoint
-	picked   atomic.Pointer[string] // endpoint ID of the current attempt
 	exclude  atomic.Pointer[string] // endpoint the previous attempt failed on
 }
 
@@ -36,14 +35,18 @@ func (st *retryState) attemptDone(id string, di balancer.DoneInfo, o *inferlb.Ou
 	if di.BytesReceived {
 		st.received.Store(true)
 	}
-	if !di.BytesSent {
+	if di.BytesSent {
+		st.sent.Add(1)
+		if o.Err == nil || o.Canceled() {
+			return // an answer, or the client's own cancellation
+		}
+	} else if di.Err == nil {
 		return
 	}
-	st.sent.Add(1)
-	if o.Err != nil && !o.Canceled() {
-		failed := id // moved to the heap here, on failures only
-		st.exclude.Store(&failed)
-	}
+	// A failure there, or an attempt that never got a stream on it (its
+	// transport broke): the next attempt goes elsewhere if it can.
+	failed := id // moved to the heap here, on failures only
+	st.exclude.Store(&failed)
 }
 
 // excluded returns the endpoint ID a retry must avoid, or "".
@@ -109,8 +112,8 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			if b := st.core.Load(); b == nil || !b.AllowRetry() {
 				return err
 			}
-			// The retry must not land where this attempt died.
-			st.exclude.Store(st.picked.Load())
+			// The retry avoids where this attempt died: attemptDone
+			// noted it.
 		}
 	}
 }
