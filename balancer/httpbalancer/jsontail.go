@@ -109,7 +109,8 @@ func (t *topScan) valueStringEnded(end int64) {
 }
 
 // isDataURL reports whether s starts as a data URL (RFC 2397):
-// "data:", a media type and parameters without spaces, then a comma.
+// "data:", a media type and parameters without spaces, then a comma (an
+// encoder that escapes slashes writes "image\/png": still one).
 func isDataURL(s []byte) bool {
 	rest, ok := bytes.CutPrefix(s, []byte("data:"))
 	if !ok {
@@ -119,7 +120,7 @@ func isDataURL(s []byte) bool {
 		switch {
 		case c == ',':
 			return true
-		case c <= ' ' || c >= 0x7f || c == '"' || c == '\\':
+		case c <= ' ' || c >= 0x7f:
 			return false
 		}
 	}

@@ -285,6 +285,7 @@ func TestReadTailLeavesDataURLsOutOfTheSize(t *testing.T) {
 		{"image", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"` + image + `"}},{"type":"text","text":"Describe."}]}],"model":"m"}`, -1},
 		{"image in the responses input", `{"input":[{"role":"user","content":[{"type":"input_image","image_url":"` + image + `"},{"type":"input_text","text":"Hi"}]}],"model":"m"}`, -1},
 		{"text", `{"messages":[{"role":"user","content":"` + text + `"}],"model":"m"}`, 0},
+		{"image, slashes escaped", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"` + strings.Replace(image, "/", `\/`, 1) + `"}}]}],"model":"m"}`, -2},
 		{"text naming data:", `{"messages":[{"role":"user","content":"data: ` + text + `"}],"model":"m"}`, 0},
 	} {
 		b := []byte(tc.body)
@@ -293,8 +294,11 @@ func TestReadTailLeavesDataURLsOutOfTheSize(t *testing.T) {
 		readTail(&m, b[:1<<20], true, &got)
 		require.True(t, got.sized, tc.name)
 		want := int64(len(b))
-		if tc.text < 0 {
+		switch tc.text {
+		case -1:
 			want = int64(len(b) - len(image) - 2) // the URL and its quotes
+		case -2:
+			want = int64(len(b) - len(image) - 3) // and the escape
 		}
 		require.Equal(t, want, got.textSize, tc.name)
 		require.Equal(t, "m", got.model, tc.name)
