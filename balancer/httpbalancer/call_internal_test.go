@@ -1,8 +1,10 @@
 package httpbalancer
 
 import (
+	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // TestCallStateKeepsItsSizeClass guards the one allocation per call (see
@@ -48,4 +51,31 @@ func TestCallPickedBeforeAnUpdateKeepsItsAddress(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "10.0.0.2:8000", out.URL.Host)
 	c.pick.Done(inferlb.Outcome{})
+}
+
+// FuzzSSEScan: no stream, cut into reads of any size, makes the SSE scanner
+// panic, and it never counts more events than the stream has lines.
+func FuzzSSEScan(f *testing.F) {
+	f.Add([]byte("data: {\"a\":1}\n\ndata: {\"error\": {\"code\": 500}}\n\ndata: [DONE]\n\n"), uint8(3))
+	f.Add([]byte("data:{\"error\"\r\n\r\nevent: error\ndata: x\n\n"), uint8(1))
+	f.Add([]byte("data: {\"error\":"+strings.Repeat("x", 3000)+"\"code\": 503}\n\n"), uint8(17))
+	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
+		size := int(n%64) + 1
+		s := &sseState{counting: true}
+		clock := testutil.NewClock()
+		for p := body; len(p) > 0; {
+			k := min(size, len(p))
+			s.scan(p[:k], clock)
+			p = p[k:]
+		}
+		if lines := int64(bytes.Count(body, []byte("\n"))); s.events.Load() > lines {
+			t.Fatalf("%d events in %d lines", s.events.Load(), lines)
+		}
+		if code := s.errCode.Load(); code != 0 && (code < 100 || code > 599) {
+			t.Fatalf("error code %d", code)
+		}
+		if len(s.errLine) > maxErrLine {
+			t.Fatalf("kept %d bytes of an error line", len(s.errLine))
+		}
+	})
 }

@@ -52,7 +52,10 @@
 // only decompresses what it asked for) reaches the caller as it came, and
 // its events go uncounted. Classification: 429, and 503 with Retry-After,
 // are overload answers (the endpoint cools down for Retry-After, it is not
-// failed); other 5xx and transport errors are failures; a canceled context
+// failed); other 5xx and transport errors are failures, and so is a stream
+// that reports an error object with a 5xx code after it started ("data:
+// {"error": {..., "code": 500}}", as vLLM and SGLang do when generation
+// fails; a 4xx code there is the request's); a canceled context
 // is neither, and so is a deadline that ends a stream after its first
 // token (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine

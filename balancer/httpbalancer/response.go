@@ -107,10 +107,16 @@ type sseState struct {
 	// data line was seen), or named by its event field as one that carries
 	// no token.
 	counted, notToken bool
-	events            atomic.Int64
-	firstNs           atomic.Int64 // unix ns of the first data event
-	lastNs            atomic.Int64 // unix ns of the latest data event
-	id                *idCapture   // a /v1/responses answer's ID, when remembered
+	// A data line that is an error object ({"error": ...}, as vLLM and
+	// SGLang report a failure after the stream started): its text, up to
+	// maxErrLine bytes, to read its code; errCode is the last such code.
+	errLine []byte
+	inErr   bool
+	errCode atomic.Int32
+	events  atomic.Int64
+	firstNs atomic.Int64 // unix ns of the first data event
+	lastNs  atomic.Int64 // unix ns of the latest data event
+	id      *idCapture   // a /v1/responses answer's ID, when remembered
 }
 
 // read follows the body's bytes p.
@@ -324,10 +330,19 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		if i >= 0 {
 			seg = p[:i]
 		}
+		before := c.lineLen
 		if c.lineLen < len(c.line) {
 			copy(c.line[c.lineLen:], seg)
 		}
 		c.lineLen += len(seg)
+		switch {
+		case c.inErr:
+			c.errLine = append(c.errLine, seg[:min(len(seg), maxErrLine-len(c.errLine))]...)
+		case before < len(c.line) && c.lineLen >= len(c.line) && isErrorData(c.line[:]):
+			// Rare (an error event): the line is kept to read its code.
+			c.inErr = true
+			c.errLine = append(append(c.errLine[:0], c.line[:]...), seg[len(c.line)-before:][:min(len(seg)-(len(c.line)-before), maxErrLine-len(c.line))]...)
+		}
 		if len(seg) >= len(c.end) {
 			copy(c.end[:], seg[len(seg)-len(c.end):])
 		} else {
@@ -348,6 +363,16 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	whole := c.lineLen <= len(c.line)
 	lineLen := c.lineLen
 	c.lineLen = 0
+	if c.inErr || whole && isErrorData(line) {
+		text := line
+		if c.inErr {
+			text, c.inErr = c.errLine, false
+		}
+		if code := errorCode(text); code > 0 {
+			c.errCode.Store(int32(code))
+		}
+		return // no token
+	}
 	if lineLen == 0 || lineLen == 1 && line[0] == '\r' {
 		c.counted, c.notToken = false, false // a blank line ends the event
 		return
@@ -372,6 +397,44 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		c.firstNs.Store(now)
 	}
 	c.lastNs.Store(now)
+}
+
+// maxErrLine bounds how much of an error event's line is kept: the code
+// comes early in vLLM's and SGLang's ({"error": {"object": "error",
+// "message": ..., "type": ..., "code": 500}}) unless the message is long,
+// and then it is not read.
+const maxErrLine = 1024
+
+// isErrorData reports whether line, the start of a line, is a data line
+// holding an error object: "data:", an optional space, then {"error".
+func isErrorData(line []byte) bool {
+	v, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
+		return false
+	}
+	return bytes.HasPrefix(bytes.TrimPrefix(v, []byte(" ")), []byte(`{"error"`))
+}
+
+// errorCode returns the number after the first "code": in an error event's
+// text (an HTTP status, as vLLM and SGLang write it), or 0 when there is
+// none or it is not a status.
+func errorCode(text []byte) int {
+	_, after, ok := bytes.Cut(text, []byte(`"code":`))
+	if !ok {
+		return 0
+	}
+	after = bytes.TrimLeft(after, " ")
+	n := 0
+	for _, ch := range after {
+		if ch < '0' || ch > '9' || n > 999 {
+			break
+		}
+		n = n*10 + int(ch-'0')
+	}
+	if n < 100 || n > 599 {
+		return 0
+	}
+	return n
 }
 
 // notToken reports whether an event type names an event that carries no
@@ -408,6 +471,15 @@ func (c *call) finish(err error) {
 			if errors.Is(ce, context.DeadlineExceeded) && c.sse != nil && c.sse.events.Load() > 0 {
 				o.Err = ErrDeadlineMidStream
 			}
+		}
+	}
+	if c.sse != nil && o.Err == nil && !o.Overloaded {
+		// The server failed the call after the stream started: the
+		// status line said 200, the error event says what happened. A
+		// 5xx there is the endpoint's failure (vLLM and SGLang send one
+		// when generation fails); a 4xx is about the request.
+		if code := c.sse.errCode.Load(); code >= 500 {
+			o.Err = &StatusError{StatusCode: int(code)}
 		}
 	}
 	f := c.t.cfg.onResult

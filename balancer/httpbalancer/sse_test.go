@@ -241,3 +241,60 @@ func TestDeadlineMidStreamIsNotAFailure(t *testing.T) {
 		srv.Close()
 	}
 }
+
+// TestStreamErrorEventIsTheEndpointsFailure: a 200 stream that reports an
+// error object mid-way, as vLLM and SGLang do when generation fails, is the
+// endpoint's failure when its code is a 5xx and not when it is a 4xx or has
+// none, wherever the reads split it; the event is no token.
+func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
+	long := strings.Repeat("x", 2000)
+	for _, s := range []struct {
+		name   string
+		body   string
+		code   int // StatusError code reported; 0 for a success
+		events int
+	}{
+		{"vLLM 500", "data: {\"a\":1}\n\ndata: {\"error\": {\"object\": \"error\", \"message\": \"Internal server error\", \"type\": \"InternalServerError\", \"param\": null, \"code\": 500}}\n\ndata: [DONE]\n\n", 500, 1},
+		{"no space, CRLF", "data:{\"a\":1}\r\n\r\ndata:{\"error\":{\"message\":\"engine dead\",\"code\":503}}\r\n\r\n", 503, 1},
+		{"400 is the request's", "data: {\"a\":1}\n\ndata: {\"error\": {\"message\": \"bad tool call\", \"type\": \"BadRequestError\", \"code\": 400}}\n\ndata: [DONE]\n\n", 0, 1},
+		{"no code", "data: {\"a\":1}\n\ndata: {\"error\": \"boom\"}\n\n", 0, 1},
+		{"code past a long message", "data: {\"a\":1}\n\ndata: {\"error\": {\"message\": \"" + long + "\", \"code\": 500}}\n\n", 0, 1},
+		{"short", "data: {\"error\":{\"code\":500}}\n\n", 500, 0},
+		{"error text in a token", "data: {\"delta\":\"{\\\"error\\\": \\\"code\\\": 500\"}\n\n", 0, 1},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			var n int // bytes per read
+			base := baseFunc(func(r *http.Request) (*http.Response, error) {
+				return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
+					Body: &tickingBody{b: []byte(s.body), n: n, clock: clock}, Request: r}, nil
+			})
+			res := newResults(1)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: "10.0.0.1:80"}},
+				Base:            base,
+				BalancerOptions: balancer.Options{Clock: clock},
+				OnResult:        res.on,
+			})
+			for _, n = range []int{1, 2, 3, 7, 16, 17, 64, len(s.body)} {
+				req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+				require.NoError(t, err)
+				resp, err := tr.RoundTrip(req)
+				require.NoError(t, err)
+				got, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				require.NoError(t, resp.Body.Close())
+				require.Equal(t, s.body, string(got), "%d bytes a read", n)
+				r := <-res.c
+				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
+				if s.code == 0 {
+					require.NoError(t, r.Outcome.Err, "%d bytes a read", n)
+					continue
+				}
+				var se *httpbalancer.StatusError
+				require.ErrorAs(t, r.Outcome.Err, &se, "%d bytes a read", n)
+				require.Equal(t, s.code, se.StatusCode)
+			}
+		})
+	}
+}
