@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -290,7 +291,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 				// The usual cause is a model this Transport's endpoints
 				// do not list (an embedding sent through the LLM
 				// Transport, a typo); say which, as the gRPC policy does.
-				err = fmt.Errorf("%w for model %q: no endpoint serves it, or each that does is out of rotation (breaker open, cooling down or ejected)", err, c.info.Model)
+				err = fmt.Errorf("%w for model %s: no endpoint serves it, or each that does is out of rotation (breaker open, cooling down or ejected)", err, quoteModel(c.info.Model))
 			}
 			return nil, err
 		}
@@ -375,4 +376,16 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 		out.Header = h
 	}
 	return out, nil
+}
+
+// quoteModel quotes a model name for an error message. The name is request
+// data of any size (up to MaxPeek), and %q writes an invalid byte as four:
+// quoted whole, a crafted model made every refused call's error, which
+// callers log and may return, megabytes long. Real names are far shorter
+// than maxInternModel bytes.
+func quoteModel(m string) string {
+	if len(m) <= maxInternModel {
+		return strconv.Quote(m)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", m[:maxInternModel], len(m))
 }

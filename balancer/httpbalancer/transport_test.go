@@ -582,3 +582,20 @@ func TestNoEndpointForModel(t *testing.T) {
 	require.ErrorIs(t, err, balancer.ErrNoEndpoints)
 	assert.Contains(t, err.Error(), `"bge-m3"`)
 }
+
+// TestNoEndpointErrorBoundsTheModel: the model named in a refused pick's
+// error is request data of any size (up to MaxPeek); the error quotes a
+// bounded prefix, so a client cannot make every failed call write
+// megabytes into the caller's logs and error responses.
+func TestNoEndpointErrorBoundsTheModel(t *testing.T) {
+	be := newBackend(t, "llm")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{
+		{Addr: be.addr(), Labels: map[string]string{"model": "llama"}}}})
+	model := strings.Repeat("\x80", 512<<10) // each byte quotes as \x80
+	req, _ := http.NewRequest(http.MethodPost, "http://llm.internal/v1/embeddings",
+		strings.NewReader(`{"model":"`+model+`","input":"x"}`))
+	_, err := tr.RoundTrip(req)
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	assert.Less(t, len(err.Error()), 2048)
+	assert.Contains(t, err.Error(), `"\x80\x80`)
+}
