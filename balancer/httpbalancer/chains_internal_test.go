@@ -1,10 +1,14 @@
 package httpbalancer
 
 import (
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/inferlb/inferlb/cache"
 )
 
 func TestIDCaptureFindsTheFirstResponseID(t *testing.T) {
@@ -36,4 +40,24 @@ func TestIDCaptureFindsTheFirstResponseID(t *testing.T) {
 			}
 		})
 	}
+}
+
+type fixedClock struct{ t time.Time }
+
+func (c fixedClock) Now() time.Time { return c.t }
+
+// TestResponseChainsAreBounded: response IDs come from backends and
+// previous_response_id from clients; however many distinct ones pass, the
+// table holds ResponseEntries entries, and a lookup of an ID it never saw
+// finds nothing.
+func TestResponseChainsAreBounded(t *testing.T) {
+	r := &responseChains{ttl: time.Hour, clock: fixedClock{time.Unix(1e9, 0)}}
+	k := cache.NewKeyer(1)
+	for i := range 4 * ResponseEntries {
+		r.remember(k.Session(strconv.Itoa(i)), uint64(i)+1, uint64(i%8)+1)
+	}
+	assert.Equal(t, ResponseEntries, r.sessions().Cap())
+	assert.LessOrEqual(t, r.sessions().Len(), ResponseEntries)
+	_, _, ok := r.lookup(k.Session("never-seen"))
+	assert.False(t, ok)
 }

@@ -1,10 +1,12 @@
 package httpbalancer
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb/cache"
@@ -183,4 +185,22 @@ func TestScannerDecodesEscapedKeys(t *testing.T) {
 	require.True(t, got.stream)
 	require.Len(t, got.msgs, 1)
 	require.Equal(t, want, got)
+}
+
+// TestInternedModelsAreBounded: model names are request data. A stream of
+// made-up names, long ones among them, leaves at most len(models) names of
+// at most maxInternModel bytes in the table, and a long name is still read
+// whole.
+func TestInternedModelsAreBounded(t *testing.T) {
+	long := strings.Repeat("m", maxInternModel+1)
+	for i := range 10 * len(models) {
+		name := []byte(fmt.Sprintf("made-up-%d", i))
+		assert.Equal(t, string(name), internModel(name, nil, false))
+		assert.Equal(t, long, internModel([]byte(long), nil, false))
+	}
+	for i := range models {
+		if p := models[i].Load(); p != nil {
+			assert.LessOrEqual(t, len(*p), maxInternModel)
+		}
+	}
 }
