@@ -3,6 +3,7 @@ package grpcbalancer
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -53,9 +54,22 @@ func (p *picker) noEndpoint(req *inferlb.Request, err error) error {
 		return err
 	}
 	if req.Model != "" {
-		return fmt.Errorf("%w for model %q: no READY endpoint serves it, or each that does is excluded (breaker open or probing, cooling down after RESOURCE_EXHAUSTED, or ejected as an outlier)", core.ErrNoEndpoints, req.Model)
+		return fmt.Errorf("%w for model %s: no READY endpoint serves it, or each that does is excluded (breaker open or probing, cooling down after RESOURCE_EXHAUSTED, or ejected as an outlier)", core.ErrNoEndpoints, quoteModel(req.Model))
 	}
 	return p.excluded
+}
+
+// maxQuotedModel bounds how much of a model name an error quotes: the name
+// is request data (a metadata header of up to gRPC's header limit), and the
+// error goes to the caller's logs and perhaps back to its own client.
+const maxQuotedModel = 256
+
+// quoteModel quotes at most maxQuotedModel bytes of a model name.
+func quoteModel(m string) string {
+	if len(m) <= maxQuotedModel {
+		return strconv.Quote(m)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", m[:maxQuotedModel], len(m))
 }
 
 // childTable finds a READY child by the core's pick: by the endpoint's

@@ -566,6 +566,14 @@ func TestModelHeaderSelectsSubset(t *testing.T) {
 	assert.Contains(t, err.Error(), `model "mistral-7b": no READY endpoint serves it`)
 	_, isStatus := status.FromError(err)
 	assert.False(t, isStatus, "a status error would end wait-for-ready calls instead of holding them")
+
+	// The name is request data: the error quotes a bounded prefix of it.
+	huge := strings.Repeat("\x80", 32<<10) // each byte quotes as four
+	ctx = metadata.AppendToOutgoingContext(context.Background(), "x-model", huge)
+	_, err = h.picker().Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
+	require.ErrorIs(t, err, core.ErrNoEndpoints)
+	assert.Less(t, len(err.Error()), 2048)
+	assert.Contains(t, err.Error(), "(32768 bytes)")
 }
 
 // namedPicker is a child picker that only says who it is.

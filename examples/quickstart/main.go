@@ -52,7 +52,7 @@ const (
 	question  = 100
 	answer    = 32
 	model     = "qwen3-32b"
-	seedKey   = 0x9e3779b97f4a7c15 // the fleet's shared affinity seed
+	seedKey   = 0x9e3779b97f4a7c15 // the fleet's shared affinity seed: a public constant for a reproducible demo; a real fleet uses a secret, or anyone can aim traffic at one server
 )
 
 func main() {
