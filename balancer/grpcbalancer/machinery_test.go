@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
-	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
@@ -383,7 +382,7 @@ func healthyFleet(t testing.TB, n int) ([]*healthy, []*backend) {
 		hs[i] = &healthy{backend: bs[i], health: health.NewServer()}
 		bs[i].addr = serve(t, func(srv *grpc.Server) {
 			testgrpc.RegisterTestServiceServer(srv, bs[i])
-			healthgrpc.RegisterHealthServer(srv, hs[i].health)
+			healthpb.RegisterHealthServer(srv, hs[i].health)
 		})
 	}
 	return hs, bs
