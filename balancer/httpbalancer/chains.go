@@ -2,6 +2,7 @@ package httpbalancer
 
 import (
 	"bytes"
+	"cmp"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -28,11 +29,19 @@ import (
 // behind a /v1/responses response (Options.ResponseMemory).
 const DefaultResponseMemory = 30 * time.Minute
 
-// ResponseEntries bounds the table of remembered responses: 16,384 entries
-// of 32 bytes (512 KiB), two per response (its key, its endpoint),
-// allocated on the first /v1/responses call. When it is full, the least
-// recently used entry of a set makes room.
+// ResponseEntries is the default size of the table of remembered responses:
+// 16,384 entries of 32 bytes (512 KiB), two per response (its key, its
+// endpoint), allocated on the first /v1/responses call. When it is full,
+// the least recently used entry of a set makes room. That holds the 8,192
+// most recent responses: a Transport passing more than about 4.5 new
+// responses a second forgets them before DefaultResponseMemory ends, and
+// their follow-ups go wherever their input's key goes (where, on vLLM and
+// SGLang, the stored response is not); size it with Options.MaxResponses.
 const ResponseEntries = 1 << 14
+
+// MaxMaxResponses bounds Options.MaxResponses: 4 Mi responses, a 256 MiB
+// table.
+const MaxMaxResponses = 1 << 22
 
 // responseChains maps a response ID (its Keyer.Session hash) to the
 // affinity key of the request that produced it. The table is allocated on
@@ -41,15 +50,17 @@ const ResponseEntries = 1 << 14
 // Concurrency: ttl and clock are immutable; the table is created once
 // (once) and is safe for concurrent use.
 type responseChains struct {
-	ttl   time.Duration
-	clock cache.Clock
-	once  sync.Once
-	table *cache.Sessions
+	ttl     time.Duration
+	entries int // table size in entries, two per response
+	clock   cache.Clock
+	once    sync.Once
+	table   *cache.Sessions
 }
 
 func (r *responseChains) sessions() *cache.Sessions {
 	r.once.Do(func() {
-		s, err := cache.NewSessions(cache.SessionOptions{TTL: r.ttl, MaxEntries: ResponseEntries, Clock: r.clock})
+		entries := cmp.Or(r.entries, ResponseEntries)
+		s, err := cache.NewSessions(cache.SessionOptions{TTL: r.ttl, MaxEntries: entries, MaxBytes: entries * cache.SessionEntryBytes, Clock: r.clock})
 		if err != nil {
 			panic(err) // the options were validated
 		}

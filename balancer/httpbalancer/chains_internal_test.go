@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb/cache"
 )
@@ -60,4 +61,29 @@ func TestResponseChainsAreBounded(t *testing.T) {
 	assert.LessOrEqual(t, r.sessions().Len(), ResponseEntries)
 	_, _, ok := r.lookup(k.Session("never-seen"))
 	assert.False(t, ok)
+}
+
+// TestMaxResponsesSizesTheTable: Options.MaxResponses sets how many
+// responses are remembered (two entries each), a fleet passing more than the
+// default's 8,192 per ResponseMemory keeps them all, and the option is
+// bounded at parse time, naming the field.
+func TestMaxResponsesSizesTheTable(t *testing.T) {
+	for _, tc := range []struct{ max, entries int }{{0, ResponseEntries}, {100_000, 1 << 17}, {1 << 20, 1 << 21}} {
+		c, err := (&Options{MaxResponses: tc.max}).resolve()
+		require.NoError(t, err)
+		assert.Equal(t, tc.entries, c.chains.sessions().Cap(), "MaxResponses %d", tc.max)
+	}
+	c, err := (&Options{MaxResponses: 20_000}).resolve()
+	require.NoError(t, err)
+	c.chains.clock = fixedClock{time.Unix(1e9, 0)}
+	k := cache.NewKeyer(1)
+	for i := range 12_000 { // more than the default's 8,192
+		c.chains.remember(k.Session(strconv.Itoa(i)), uint64(i)+1, uint64(i%8)+1)
+	}
+	_, _, ok := c.chains.lookup(k.Session("0"))
+	assert.True(t, ok, "the oldest of 12,000 responses is still remembered")
+	for _, bad := range []int{-1, MaxMaxResponses + 1} {
+		_, err := (&Options{MaxResponses: bad}).resolve()
+		require.ErrorContains(t, err, "MaxResponses")
+	}
 }

@@ -106,10 +106,18 @@ type Options struct {
 	// ResponseMemory is how long the Transport remembers the affinity key
 	// behind each /v1/responses response it passes, so that a follow-up
 	// naming it in previous_response_id goes where its conversation is
-	// cached and stored (see DefaultResponseMemory, ResponseEntries). 0
+	// cached and stored (see DefaultResponseMemory, MaxResponses). 0
 	// means DefaultResponseMemory; negative turns it off. It works with the
 	// default Inspector (OpenAI) only.
 	ResponseMemory time.Duration
+	// MaxResponses is how many /v1/responses responses the Transport
+	// remembers at most (the table takes 64 bytes per response, allocated
+	// on first use); the least recently used make room. 0 means
+	// ResponseEntries/2 (8,192). To keep every response for ResponseMemory,
+	// set it to at least the new responses per second times ResponseMemory
+	// in seconds (100/s for 30 minutes: 180,000, 11 MiB). At most
+	// MaxMaxResponses.
+	MaxResponses int
 	// OnResult, if set, is called once per attempt when it ends (after the
 	// balancer has been told), for metrics and logs. It runs on the goroutine
 	// that ended the call and must be quick and safe for concurrent use.
@@ -218,6 +226,9 @@ func (o *Options) resolve() (*config, error) {
 			return nil, bad("Discovery.Interval", "must be 0 (the default) or at least 100ms", d.Interval)
 		}
 	}
+	if o.MaxResponses < 0 || o.MaxResponses > MaxMaxResponses {
+		return nil, bad("MaxResponses", "must be between 0 (the default) and MaxMaxResponses (4 Mi)", o.MaxResponses)
+	}
 	if o.MaxPeek > MaxMaxPeek {
 		return nil, bad("MaxPeek", "must be at most MaxMaxPeek (1 GiB)", o.MaxPeek)
 	}
@@ -241,7 +252,7 @@ func (o *Options) resolve() (*config, error) {
 		c.base = http.DefaultTransport
 	}
 	if o.ResponseMemory >= 0 {
-		c.chains = &responseChains{ttl: cmp.Or(o.ResponseMemory, DefaultResponseMemory)}
+		c.chains = &responseChains{ttl: cmp.Or(o.ResponseMemory, DefaultResponseMemory), entries: 2 * o.MaxResponses}
 	}
 	if c.maxPeek == 0 {
 		c.maxPeek = DefaultMaxPeek
