@@ -24,6 +24,7 @@ import (
 
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/telemetry"
 )
 
@@ -35,11 +36,17 @@ type backend struct {
 	srv   *grpc.Server
 	calls atomic.Int64
 
-	delay   time.Duration              // how long each call is held
-	started chan struct{}              // if set, signalled (without blocking) as each call starts
-	kv      float64                    // per-call ORCA kv_cache_usage to report; 0 = none
-	perMsg  time.Duration              // StreamingOutputCall: time to "generate" each message after the first
-	smr     orca.ServerMetricsRecorder // out-of-band ORCA metrics; nil = no ORCA service
+	delay   time.Duration // how long each call is held
+	started chan struct{} // if set, signalled (without blocking) as each call starts
+	kv      float64       // per-call ORCA kv_cache_usage to report; 0 = none
+	perMsg  time.Duration // StreamingOutputCall: time to "generate" each message after the first
+	// clock, if set, is the fake clock of the core that routes to b:
+	// StreamingOutputCall then does not sleep perMsg but advances clock by
+	// a millisecond of prefill before its first message and names b in each
+	// message, and the test's client advances clock by perMsg as it
+	// receives each token (see TestE2EStreamTimingSteersFromASlowDecoder).
+	clock *testutil.Clock
+	smr   orca.ServerMetricsRecorder // out-of-band ORCA metrics; nil = no ORCA service
 	// pushback, if set, answers the first EmptyCall RESOURCE_EXHAUSTED
 	// with this retry pushback (grpc-retry-pushback-ms).
 	pushback time.Duration
@@ -77,6 +84,15 @@ func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.E
 // token stream: the first at once, each next one perMsg later.
 func (b *backend) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, ss grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
 	b.calls.Add(1)
+	if b.clock != nil {
+		b.clock.Advance(time.Millisecond) // prefill, before the first token
+		for range req.GetResponseParameters() {
+			if err := ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: []byte(b.addr)}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for i := range req.GetResponseParameters() {
 		if i > 0 && b.perMsg > 0 {
 			t := time.NewTimer(b.perMsg)
@@ -445,19 +461,30 @@ func TestE2ETwoChannelsShareOneCore(t *testing.T) {
 // With StreamTiming, a server whose streams decode 5x slower is measured so
 // (time per output token) and takes few of the streams once both speeds are
 // known, as a slower GPU would.
+//
+// The core runs on a fake clock that the client advances by the serving
+// backend's time per token as each token arrives: with real sleeps, a 2ms
+// token on a loaded 2-core machine under -race took 5.8ms while the 10ms one
+// took 11ms, under the 2x the test asserts. The stream's timing is taken by
+// StreamTiming and the picker's Done (run inside the Recv that returns
+// io.EOF), both on this goroutine, so each reading is exact.
 func TestE2EStreamTimingSteersFromASlowDecoder(t *testing.T) {
+	clock := testutil.NewClock()
 	bs := fleet(t, 2, func(i int, b *backend) {
+		b.clock = clock
 		b.perMsg = 2 * time.Millisecond
 		if i == 1 {
 			b.perMsg = 10 * time.Millisecond
 		}
 	})
-	name, bal := shared(t, core.Options{SlowStartWindow: -1})
+	perMsg := map[string]time.Duration{bs[0].addr: bs[0].perMsg, bs[1].addr: bs[1].perMsg}
+	name, bal := shared(t, core.Options{SlowStartWindow: -1, Clock: clock})
 	conn, _ := dial(t, bs, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
 		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
 	client := testgrpc.NewTestServiceClient(conn)
 	ctx := testContext(t)
-	req := &testgrpc.StreamingOutputCallRequest{ResponseParameters: make([]*testgrpc.ResponseParameters, 8)}
+	const tokens = 8
+	req := &testgrpc.StreamingOutputCallRequest{ResponseParameters: make([]*testgrpc.ResponseParameters, tokens)}
 	run := func() {
 		t.Helper()
 		st, err := client.StreamingOutputCall(ctx, req, grpc.WaitForReady(true))
@@ -466,22 +493,31 @@ func TestE2EStreamTimingSteersFromASlowDecoder(t *testing.T) {
 		}
 		n := 0
 		for {
-			if _, err := st.Recv(); err != nil {
+			m, err := st.Recv()
+			if err != nil {
 				if err != io.EOF {
 					t.Fatal(err)
 				}
 				break
 			}
 			n++
+			if n < tokens { // the next token takes its server's time per token
+				d, ok := perMsg[string(m.GetPayload().GetBody())]
+				if !ok {
+					t.Fatalf("message from unknown server %q", m.GetPayload().GetBody())
+				}
+				clock.Advance(d)
+			}
 		}
-		if n != 8 {
-			t.Fatalf("received %d of 8 messages", n)
+		if n != tokens {
+			t.Fatalf("received %d of %d messages", n, tokens)
 		}
 	}
 	for bs[0].calls.Load() == 0 || bs[1].calls.Load() == 0 { // until both have a speed
 		run()
 	}
 	fast, slow := stats(t, bal, bs[0].addr), stats(t, bal, bs[1].addr)
+	t.Logf("time per output token: fast %v, slow %v; fast TTFT %v, latency %v", fast.TimePerOutputToken, slow.TimePerOutputToken, fast.TTFT, fast.Latency)
 	if fast.TimePerOutputToken <= 0 || slow.TimePerOutputToken < 2*fast.TimePerOutputToken {
 		t.Fatalf("time per output token: fast %v, slow %v; want both measured, slow at least 2x", fast.TimePerOutputToken, slow.TimePerOutputToken)
 	}
