@@ -262,8 +262,9 @@ func TestRequestFacts(t *testing.T) {
 }
 
 func TestDoneOutcomes(t *testing.T) {
-	h := newHarness(t, Name, `{"balancer": {"breakerFailures": -1, "outlierInterval": "-1s"}}`, 1)
-	b := h.lb().core.Load()
+	clock := testutil.NewClock()
+	b := core.New(core.Options{Clock: clock, BreakerFailures: -1, OutlierInterval: -1})
+	h := newHarness(t, registerShared(b), `{}`, 1)
 	a := addr(0)
 	do := func(di balancer.DoneInfo) {
 		_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
@@ -278,7 +279,7 @@ func TestDoneOutcomes(t *testing.T) {
 	if s.Successes != 2 || s.Failures != 1 || s.Overloads != 0 {
 		t.Fatalf("successes %d failures %d overloads %d, want 2, 1, 0", s.Successes, s.Failures, s.Overloads)
 	}
-	start := time.Now()
+	start := clock.Now()
 	do(balancer.DoneInfo{
 		Err:       status.Error(codes.ResourceExhausted, "busy"),
 		Trailer:   metadata.Pairs("grpc-retry-pushback-ms", "5000"),
@@ -288,7 +289,7 @@ func TestDoneOutcomes(t *testing.T) {
 	if s.Overloads != 1 {
 		t.Fatalf("overloads %d after RESOURCE_EXHAUSTED, want 1", s.Overloads)
 	}
-	if until := s.ExcludedUntil.Sub(start); until < 4*time.Second || until > 6*time.Second {
+	if until := s.ExcludedUntil.Sub(start); until != 5*time.Second {
 		t.Errorf("cooled down for %v, want the 5s pushback", until)
 	}
 }
