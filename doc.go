@@ -21,7 +21,7 @@
 //	balancer/grpcbalancer   gRPC load-balancing policy "inferlb"
 //	balancer/httpbalancer   http.RoundTripper for OpenAI-compatible APIs
 //	telemetry/dcgm, telemetry/modelserver, telemetry/promapi   telemetry sources
-//	metrics                 Prometheus collector over a Balancer
+//	metrics                 Prometheus collectors over a Balancer and a telemetry Poller
 //	benchmarks, examples    fleet simulator and runnable programs
 //
 // # The life of one request
@@ -72,7 +72,15 @@
 // slower it is, so a slower or throttled GPU takes fewer long generations.
 // Pick counts the call in flight and returns a Pick handle; the adapter sends
 // the call and, when the response or stream has ended, reports an Outcome
-// through Done exactly once. Done releases the load, feeds the latency,
+// through Done exactly once. The adapters read what a call was from the
+// call: the HTTP transport peeks at a bounded head of the JSON body and,
+// for a body larger than the peek that is in memory or replayable (as the
+// OpenAI SDKs send it, model after messages), reads its top-level fields
+// past the peek too; it reads a stream's events for time to first token
+// and decode speed, and an error event with a 5xx code as the endpoint's
+// failure. A deadline that ends a stream after its first token counts as
+// neither success nor failure (a long answer outlasting the caller's
+// budget says nothing about the endpoint). Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. Pick never blocks, locks or allocates.
 //
