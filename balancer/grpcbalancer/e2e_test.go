@@ -130,6 +130,12 @@ func (b *backend) start(t testing.TB) {
 		}
 	}
 	b.srv = srv
+	run(t, srv, lis)
+}
+
+// run serves srv on lis until the test ends, then stops it and waits for
+// Serve to return (goleak checks nothing is left).
+func run(t testing.TB, srv *grpc.Server, lis net.Listener) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -129,15 +129,7 @@ func serve(t testing.TB, register func(*grpc.Server)) string {
 	}
 	srv := grpc.NewServer()
 	register(srv)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
+	run(t, srv, lis)
 	return lis.Addr().String()
 }
 

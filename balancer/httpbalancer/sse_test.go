@@ -40,6 +40,49 @@ func (t *tickingBody) Read(p []byte) (int, error) {
 
 func (t *tickingBody) Close() error { return nil }
 
+// sseRig is a Transport whose Base answers every call with one SSE stream,
+// handed out n bytes a read with the balancer's clock a millisecond later
+// at each read (tickingBody), so tests see where reads split the stream.
+type sseRig struct {
+	tr   *httpbalancer.Transport
+	res  *results
+	body string
+	n    int // bytes a read, for the next call
+}
+
+func newSSERig(t *testing.T, body string) *sseRig {
+	t.Helper()
+	clock := testutil.NewClock()
+	g := &sseRig{res: newResults(1), body: body}
+	base := baseFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
+			Body: &tickingBody{b: []byte(body), n: g.n, clock: clock}, Request: r}, nil
+	})
+	g.tr = newTransport(t, httpbalancer.Options{
+		Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: "10.0.0.1:80"}},
+		Base:            base,
+		BalancerOptions: balancer.Options{Clock: clock},
+		OnResult:        g.res.on,
+	})
+	return g
+}
+
+// call makes one streamed chat call read n bytes at a time, checks the
+// caller got the stream byte for byte, and returns what was reported.
+func (g *sseRig) call(t *testing.T, n int) httpbalancer.Result {
+	t.Helper()
+	g.n = n
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+	require.NoError(t, err)
+	resp, err := g.tr.RoundTrip(req)
+	require.NoError(t, err)
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, g.body, string(got), "%d bytes a read", n)
+	return <-g.res.c
+}
+
 // TestStreamEventsAtEveryReadBoundary: the streams of real servers, read
 // in pieces of every size, reach the caller unchanged, and the outcome
 // counts their token events and times the first one, whatever the line
@@ -79,29 +122,9 @@ func TestStreamEventsAtEveryReadBoundary(t *testing.T) {
 		{"error event", "data: {\"a\":1}\n\nevent: error\ndata: {\"error\":\"boom\"}\n\ndata: {\"a\":2}\n\n", 2, "data: {\"a\":1}\n"},
 	} {
 		t.Run(s.name, func(t *testing.T) {
-			clock := testutil.NewClock()
-			var n int // bytes per read
-			base := baseFunc(func(r *http.Request) (*http.Response, error) {
-				return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
-					Body: &tickingBody{b: []byte(s.body), n: n, clock: clock}, Request: r}, nil
-			})
-			res := newResults(1)
-			tr := newTransport(t, httpbalancer.Options{
-				Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: "10.0.0.1:80"}},
-				Base:            base,
-				BalancerOptions: balancer.Options{Clock: clock},
-				OnResult:        res.on,
-			})
-			for n = 1; n <= len(s.body); n++ {
-				req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
-				require.NoError(t, err)
-				resp, err := tr.RoundTrip(req)
-				require.NoError(t, err)
-				got, err := io.ReadAll(resp.Body)
-				require.NoError(t, err)
-				require.NoError(t, resp.Body.Close())
-				require.Equal(t, s.body, string(got), "%d bytes a read", n)
-				r := <-res.c
+			rig := newSSERig(t, s.body)
+			for n := 1; n <= len(s.body); n++ {
+				r := rig.call(t, n)
 				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
 				reads := (len(s.first) + n - 1) / n // the read that ends the first token's data line
 				require.Equal(t, time.Duration(reads)*time.Millisecond, r.Outcome.TTFT, "%d bytes a read", n)
@@ -263,29 +286,9 @@ func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 		{"error text in a token", "data: {\"delta\":\"{\\\"error\\\": \\\"code\\\": 500\"}\n\n", 0, 1},
 	} {
 		t.Run(s.name, func(t *testing.T) {
-			clock := testutil.NewClock()
-			var n int // bytes per read
-			base := baseFunc(func(r *http.Request) (*http.Response, error) {
-				return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
-					Body: &tickingBody{b: []byte(s.body), n: n, clock: clock}, Request: r}, nil
-			})
-			res := newResults(1)
-			tr := newTransport(t, httpbalancer.Options{
-				Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: "10.0.0.1:80"}},
-				Base:            base,
-				BalancerOptions: balancer.Options{Clock: clock},
-				OnResult:        res.on,
-			})
-			for _, n = range []int{1, 2, 3, 7, 16, 17, 64, len(s.body)} {
-				req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
-				require.NoError(t, err)
-				resp, err := tr.RoundTrip(req)
-				require.NoError(t, err)
-				got, err := io.ReadAll(resp.Body)
-				require.NoError(t, err)
-				require.NoError(t, resp.Body.Close())
-				require.Equal(t, s.body, string(got), "%d bytes a read", n)
-				r := <-res.c
+			rig := newSSERig(t, s.body)
+			for _, n := range []int{1, 2, 3, 7, 16, 17, 64, len(s.body)} {
+				r := rig.call(t, n)
 				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
 				if s.code == 0 {
 					require.NoError(t, r.Outcome.Err, "%d bytes a read", n)
