@@ -2,8 +2,10 @@ package httpbalancer
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -54,11 +56,17 @@ func TestCallPickedBeforeAnUpdateKeepsItsAddress(t *testing.T) {
 }
 
 // FuzzSSEScan: no stream, cut into reads of any size, makes the SSE scanner
-// panic, and it never counts more events than the stream has lines.
+// panic; it never counts more events than the stream has lines; the reads'
+// sizes change nothing it finds; and when the stream's error lines are
+// well-formed JSON, the code it reads from them is the one encoding/json
+// reads (see errScan and jsonErrorCode).
 func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("data: {\"a\":1}\n\ndata: {\"error\": {\"code\": 500}}\n\ndata: [DONE]\n\n"), uint8(3))
 	f.Add([]byte("data:{\"error\"\r\n\r\nevent: error\ndata: x\n\n"), uint8(1))
 	f.Add([]byte("data: {\"error\":"+strings.Repeat("x", 3000)+"\"code\": 503}\n\n"), uint8(17))
+	f.Add([]byte("data: {\"error\": {\"message\": \""+strings.Repeat(`a\"code\": 500\\`, 200)+"\", \"param\": {\"code\": 501}, \"code\": 400}}\n\n"), uint8(5))
+	f.Add([]byte("data: {\"error\": [{\"code\": 500}], \"c\\u006fde\": 503}\r\n\r\ndata: {\"error\": {\"code\": 5.0e2, \"\\u0063\\u006f\\u0064\\u0065\": 504}}\n\n"), uint8(2))
+	f.Add([]byte("data: {\"error\": {\"code\": 500}, \"error\": \"x\", \"code\": null}\n\ndata:{\"error\":{},\"code\":599 }\n"), uint8(9))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
 		s := &sseState{counting: true}
@@ -71,11 +79,58 @@ func FuzzSSEScan(f *testing.F) {
 		if lines := int64(bytes.Count(body, []byte("\n"))); s.events.Load() > lines {
 			t.Fatalf("%d events in %d lines", s.events.Load(), lines)
 		}
-		if code := s.errCode.Load(); code != 0 && (code < 100 || code > 599) {
+		code := s.errCode.Load()
+		if code != 0 && (code < 100 || code > 599) {
 			t.Fatalf("error code %d", code)
 		}
-		if len(s.errLine) > maxErrLine {
-			t.Fatalf("kept %d bytes of an error line", len(s.errLine))
+		whole := &sseState{counting: true}
+		whole.scan(body, clock)
+		if whole.events.Load() != s.events.Load() || whole.errCode.Load() != code {
+			t.Fatalf("%d bytes a read: %d events, code %d; in one read: %d events, code %d",
+				size, s.events.Load(), code, whole.events.Load(), whole.errCode.Load())
+		}
+		// The code of the last error line that has one, as encoding/json
+		// reads it. The last piece of body is a line that has not ended.
+		want := int32(0)
+		lines := bytes.Split(body, []byte("\n"))
+		for _, line := range lines[:len(lines)-1] {
+			off := errorJSON(line)
+			if off < 0 {
+				continue
+			}
+			if !json.Valid(line[off:]) {
+				return // errScan reads what it can of a broken line
+			}
+			if c := jsonErrorCode(t, line[off:]); c > 0 {
+				want = int32(c)
+			}
+		}
+		if code != want {
+			t.Fatalf("error code %d, encoding/json reads %d", code, want)
 		}
 	})
+}
+
+// jsonErrorCode is errScan's reading of a well-formed error object, done
+// with encoding/json: the error object's integer status code, else the
+// top-level object's, else 0.
+func jsonErrorCode(t *testing.T, js []byte) int {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(js, &top); err != nil {
+		t.Fatalf("%q: %v", js, err)
+	}
+	status := func(raw json.RawMessage) int {
+		n, err := strconv.Atoi(string(raw))
+		if err != nil || n < 100 || n > 599 {
+			return 0
+		}
+		return n
+	}
+	var e map[string]json.RawMessage
+	if json.Unmarshal(top["error"], &e) == nil {
+		if n := status(e["code"]); n > 0 {
+			return n
+		}
+	}
+	return status(top["code"])
 }

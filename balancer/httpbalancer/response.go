@@ -108,9 +108,10 @@ type sseState struct {
 	// no token.
 	counted, notToken bool
 	// A data line that is an error object ({"error": ...}, as vLLM and
-	// SGLang report a failure after the stream started): its text, up to
-	// maxErrLine bytes, to read its code; errCode is the last such code.
-	errLine []byte
+	// SGLang report a failure after the stream started) is read for its
+	// code as it streams by (inErr), by errScan, allocated at the first
+	// such line; errCode is the last code read.
+	errScan *errScan
 	inErr   bool
 	errCode atomic.Int32
 	events  atomic.Int64
@@ -337,11 +338,11 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		c.lineLen += len(seg)
 		switch {
 		case c.inErr:
-			c.errLine = append(c.errLine, seg[:min(len(seg), maxErrLine-len(c.errLine))]...)
+			c.errScan.feed(seg)
 		case before < len(c.line) && c.lineLen >= len(c.line) && isErrorData(c.line[:]):
-			// Rare (an error event): the line is kept to read its code.
-			c.inErr = true
-			c.errLine = append(append(c.errLine[:0], c.line[:]...), seg[len(c.line)-before:][:min(len(seg)-(len(c.line)-before), maxErrLine-len(c.line))]...)
+			// Rare (an error event): the line is read for its code.
+			c.startErr()
+			c.errScan.feed(seg[len(c.line)-before:])
 		}
 		if len(seg) >= len(c.end) {
 			copy(c.end[:], seg[len(seg)-len(c.end):])
@@ -364,11 +365,13 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	lineLen := c.lineLen
 	c.lineLen = 0
 	if c.inErr || whole && isErrorData(line) {
-		text := line
+		code := 0
 		if c.inErr {
-			text, c.inErr = c.errLine, false
+			code, c.inErr = c.errScan.code(), false
+		} else {
+			code = errorCode(line) // too short to hold one, but read alike
 		}
-		if code := errorCode(text); code > 0 {
+		if code > 0 {
 			c.errCode.Store(int32(code))
 		}
 		return // no token
@@ -399,42 +402,16 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	c.lastNs.Store(now)
 }
 
-// maxErrLine bounds how much of an error event's line is kept: the code
-// comes early in vLLM's and SGLang's ({"error": {"object": "error",
-// "message": ..., "type": ..., "code": 500}}) unless the message is long,
-// and then it is not read.
-const maxErrLine = 1024
-
-// isErrorData reports whether line, the start of a line, is a data line
-// holding an error object: "data:", an optional space, then {"error".
-func isErrorData(line []byte) bool {
-	v, ok := bytes.CutPrefix(line, []byte("data:"))
-	if !ok {
-		return false
+// startErr starts reading an error line whose first len(line) bytes are
+// in line.
+func (c *sseState) startErr() {
+	if c.errScan == nil {
+		c.errScan = new(errScan)
+	} else {
+		*c.errScan = errScan{}
 	}
-	return bytes.HasPrefix(bytes.TrimPrefix(v, []byte(" ")), []byte(`{"error"`))
-}
-
-// errorCode returns the number after the first "code": in an error event's
-// text (an HTTP status, as vLLM and SGLang write it), or 0 when there is
-// none or it is not a status.
-func errorCode(text []byte) int {
-	_, after, ok := bytes.Cut(text, []byte(`"code":`))
-	if !ok {
-		return 0
-	}
-	after = bytes.TrimLeft(after, " ")
-	n := 0
-	for _, ch := range after {
-		if ch < '0' || ch > '9' || n > 999 {
-			break
-		}
-		n = n*10 + int(ch-'0')
-	}
-	if n < 100 || n > 599 {
-		return 0
-	}
-	return n
+	c.inErr = true
+	c.errScan.feed(c.line[errorJSON(c.line[:]):])
 }
 
 // notToken reports whether an event type names an event that carries no

@@ -268,9 +268,18 @@ func TestDeadlineMidStreamIsNotAFailure(t *testing.T) {
 // TestStreamErrorEventIsTheEndpointsFailure: a 200 stream that reports an
 // error object mid-way, as vLLM and SGLang do when generation fails, is the
 // endpoint's failure when its code is a 5xx and not when it is a 4xx or has
-// none, wherever the reads split it; the event is no token.
+// none, wherever the reads split it; the event is no token. The code is the
+// error object's own (or the top-level object's), however long the message
+// before it, and never text inside the message or a nested object.
 func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 	long := strings.Repeat("x", 2000)
+	// A Python traceback as a JSON string: 5 KB of escapes and quotes,
+	// and text that looks like a code.
+	trace := strings.Repeat(`Traceback (most recent call last):\n  File \"/vllm/engine.py\", line 42, in step\n    raise EngineDeadError({\"code\": 500})\n`, 40)
+	vllm := func(message string, code int) string {
+		return "data: {\"a\":1}\n\ndata: {\"error\": {\"object\": \"error\", \"message\": \"" + message +
+			"\", \"type\": \"X\", \"param\": null, \"code\": " + fmt.Sprint(code) + "}}\n\ndata: [DONE]\n\n"
+	}
 	for _, s := range []struct {
 		name   string
 		body   string
@@ -281,7 +290,15 @@ func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 		{"no space, CRLF", "data:{\"a\":1}\r\n\r\ndata:{\"error\":{\"message\":\"engine dead\",\"code\":503}}\r\n\r\n", 503, 1},
 		{"400 is the request's", "data: {\"a\":1}\n\ndata: {\"error\": {\"message\": \"bad tool call\", \"type\": \"BadRequestError\", \"code\": 400}}\n\ndata: [DONE]\n\n", 0, 1},
 		{"no code", "data: {\"a\":1}\n\ndata: {\"error\": \"boom\"}\n\n", 0, 1},
-		{"code past a long message", "data: {\"a\":1}\n\ndata: {\"error\": {\"message\": \"" + long + "\", \"code\": 500}}\n\n", 0, 1},
+		{"code past a long message", "data: {\"a\":1}\n\ndata: {\"error\": {\"message\": \"" + long + "\", \"code\": 500}}\n\n", 500, 1},
+		{"500 past a traceback", vllm(trace, 500), 500, 1},
+		{"400 past a traceback", vllm(trace, 400), 0, 1},
+		{"a code in the message is text", vllm(`bad value {\"code\": 500, \"x\": 1}`, 400), 0, 1},
+		{"a code in the message is text, then none", "data: {\"error\": {\"message\": \"\\\"code\\\": 500\"}}\n\n", 0, 0},
+		{"a nested code is not the error's", "data: {\"error\": {\"param\": {\"code\": 500}, \"code\": 422}}\n\n", 0, 0},
+		{"top-level code", "data: {\"error\": \"" + long + "\", \"code\": 502}\r\n\r\n", 502, 0},
+		{"the error object's code first", "data: {\"error\": {\"code\": 400}, \"code\": 500}\n\n", 0, 0},
+		{"a string code is none", "data: {\"error\": {\"message\": \"" + long + "\", \"code\": \"500\"}}\n\n", 0, 0},
 		{"short", "data: {\"error\":{\"code\":500}}\n\n", 500, 0},
 		{"error text in a token", "data: {\"delta\":\"{\\\"error\\\": \\\"code\\\": 500\"}\n\n", 0, 1},
 	} {
