@@ -65,6 +65,12 @@
 // grpc-retry-pushback-ms or retry-after; CANCELLED is the client's doing and
 // counts as neither; other codes describe the request and count as the
 // endpoint's success. A pick whose call was never sent counts as nothing.
+// An attempt the server did not process (a stream refused with
+// REFUSED_STREAM, or dropped by a graceful GOAWAY: MaxConnectionAge, a
+// rolling restart, a draining sidecar) is an overload answer without a
+// hint, not a failure: the endpoint cools down for Options.Cooldown, so
+// gRPC's transparent retry of the call goes elsewhere, and connection
+// rotations do not add to its error rate or trip its breaker.
 // With StreamTiming, a DEADLINE_EXCEEDED that ends a stream after its first
 // token counts as neither too: a long generation outlasting the caller's
 // time budget says nothing about the endpoint, and counted as failures such
@@ -74,7 +80,8 @@
 //
 // # Failover
 //
-// gRPC's transparent retry re-sends calls that never left the client. A
+// gRPC's transparent retry re-sends calls that never left the client or
+// that the server did not process (see Outcomes). A
 // call the server accepted but never answered (its connection died, as when
 // a backend is killed) fails UNAVAILABLE; install UnaryRetry to send such
 // calls to another endpoint, within the Balancer's retry budget

@@ -31,8 +31,24 @@ var (
 	// context.Canceled so the core counts it as neither; a deadline before
 	// the first token stays a failure.
 	errDeadlineMidStream = fmt.Errorf("inferlb: the deadline ended the stream after its first token: %w", context.Canceled)
+	// errNoAnswer is an attempt that gRPC ended without error although the
+	// server sent nothing back. An answer, even an error, carries a
+	// status, so this is no success: gRPC finishes an attempt so when
+	// sending found its stream already reset (a refused stream, in a race
+	// with the reset) and then retries the call. It counts as an overload
+	// answer without a hint, as a refused stream does (see outcome).
+	errNoAnswer = errors.New("inferlb: the attempt ended with no answer from the server")
 	// errCanceled is the client's own cancellation (codes.Canceled).
 	errCanceled = fmt.Errorf("inferlb: call canceled by the client: %w", context.Canceled)
+)
+
+// The messages grpc-go gives an attempt the server did not process (its
+// transport marks the stream "unprocessed" and retries the call
+// transparently, but DoneInfo does not say so). Pinned by
+// TestE2EUnprocessedStreams, which runs both against a real client.
+const (
+	msgGoAway  = "the connection is draining"
+	msgRefused = "RST_STREAM with error code: REFUSED_STREAM"
 )
 
 // outcome turns how gRPC says a call ended into how the core should count it.
@@ -49,6 +65,22 @@ var (
 // (call.done also turns a DEADLINE_EXCEEDED after a stream's first token
 // into errDeadlineMidStream.)
 //
+// An attempt the server did not process is an overload answer without a
+// hint: the endpoint cools down for the default time (Options.Cooldown),
+// and neither its breaker nor its error rate counts it. HTTP/2 guarantees
+// such a stream had no effect, and gRPC retries the call transparently:
+// a stream refused with RST_STREAM REFUSED_STREAM (a server at its stream
+// limit or shedding load), or dropped by a GOAWAY that closes the
+// connection gracefully (MaxConnectionAge, a rolling restart, a sidecar
+// draining, which greets every new connection with a GOAWAY). Both reach
+// Done as UNAVAILABLE with no byte received, like a crash; counted as
+// failures, every connection rotation would add to the endpoint's error
+// rate and a drain would trip its breaker. Counted as nothing, a draining
+// endpoint would look idle and take the transparent retry too, which then
+// fails the call. When the reset races with sending the request, gRPC
+// ends the attempt with no error at all although nothing came back
+// (errNoAnswer): that counts the same way, not as a success.
+//
 // A call without a stream (BytesSent false) never reached the endpoint,
 // whatever its error: gRPC failed it on the client, before the stream
 // existed (per-RPC credentials that could not get a token, a connection
@@ -59,6 +91,9 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 		return inferlb.Outcome{Err: errNotSent}
 	}
 	if di.Err == nil {
+		if !di.BytesReceived {
+			return inferlb.Outcome{Err: errNoAnswer, Overloaded: true}
+		}
 		return inferlb.Outcome{}
 	}
 	if errors.Is(di.Err, context.Canceled) {
@@ -69,7 +104,16 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 		return inferlb.Outcome{Err: errCanceled}
 	case codes.ResourceExhausted:
 		return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
-	case codes.Unknown, codes.DeadlineExceeded, codes.Unimplemented, codes.Internal, codes.Unavailable, codes.DataLoss:
+	case codes.Unavailable:
+		if !di.BytesReceived {
+			if st, ok := status.FromError(di.Err); ok {
+				if msg := st.Message(); msg == msgGoAway || strings.Contains(msg, msgRefused) {
+					return inferlb.Outcome{Err: di.Err, Overloaded: true}
+				}
+			}
+		}
+		return inferlb.Outcome{Err: di.Err}
+	case codes.Unknown, codes.DeadlineExceeded, codes.Unimplemented, codes.Internal, codes.DataLoss:
 		return inferlb.Outcome{Err: di.Err}
 	}
 	return inferlb.Outcome{}

@@ -305,9 +305,13 @@ func TestOutcome(t *testing.T) {
 	}{
 		{"ok", sent, false, false, false, 0},
 		{"not sent", balancer.DoneInfo{}, true, true, false, 0},
+		{"ended with no answer", balancer.DoneInfo{BytesSent: true}, true, false, true, 0},
 		{"canceled", balancer.DoneInfo{Err: status.Error(codes.Canceled, "x"), BytesSent: true}, true, true, false, 0},
 		{"context canceled", balancer.DoneInfo{Err: context.Canceled, BytesSent: true}, true, true, false, 0},
 		{"unavailable", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "x"), BytesSent: true}, true, false, false, 0},
+		{"refused stream", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "stream terminated by RST_STREAM with error code: REFUSED_STREAM"), BytesSent: true}, true, false, true, 0},
+		{"dropped by GOAWAY", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "the connection is draining"), BytesSent: true}, true, false, true, 0},
+		{"refused after bytes came back", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "stream terminated by RST_STREAM with error code: REFUSED_STREAM"), BytesSent: true, BytesReceived: true}, true, false, false, 0},
 		{"failed before its stream existed", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "x")}, true, true, false, 0},
 		{"refused by the client", balancer.DoneInfo{Err: status.Error(codes.Unauthenticated, "no token")}, true, true, false, 0},
 		{"internal", balancer.DoneInfo{Err: status.Error(codes.Internal, "x"), BytesSent: true}, true, false, false, 0},

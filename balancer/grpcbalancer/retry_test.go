@@ -69,14 +69,14 @@ func TestFailoverToTheOnlyEndpointIsNotASecondSighting(t *testing.T) {
 	req := &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 12345} // top bits 0: a sampled key
 	ctx := inferlb.NewContext(context.Background(), req)
 	_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
-	res.Done(balancer.DoneInfo{BytesSent: true})
+	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
 	require.EqualValues(t, 1, b.KeyReuse().Observed)
 
 	st := &retryState{}
 	failed := addr(0)
 	st.exclude.Store(&failed)
 	a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.WithValue(ctx, retryKey{}, st)})
-	res.Done(balancer.DoneInfo{BytesSent: true})
+	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
 	assert.Equal(t, addr(0), a, "the only endpoint takes the retry")
 	assert.EqualValues(t, 1, b.KeyReuse().Observed, "the retry was counted as a new sighting of its key")
 }
