@@ -55,7 +55,9 @@
 // failed); other 5xx and transport errors are failures, and so is a stream
 // that reports an error object with a 5xx code after it started ("data:
 // {"error": {..., "code": 500}}", as vLLM and SGLang do when generation
-// fails; a 4xx code there is the request's); a canceled context
+// fails; a 4xx code there is the request's; the code is the error object's
+// own member, or the top-level object's, read as the line streams by
+// however long the message before it); a canceled context
 // is neither, and so is a deadline that ends a stream after its first
 // token (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine
