@@ -87,7 +87,8 @@
 // The path picks the scorer, not the endpoints: a Transport sends every call
 // to any of its endpoints that serves the call's model, and a call that names
 // no model (Hugging Face TEI's native /embed and /rerank bodies carry none)
-// may go to any of them. So give each tier (LLM, embedding, reranker) its own
+// may go to any of them (a Triton or KServe v2 call names its model in the
+// path, /v2/models/{name}/..., which counts). So give each tier (LLM, embedding, reranker) its own
 // Transport over its own servers. One Transport over several tiers works only
 // if every endpoint lists its models and every call names one.
 //

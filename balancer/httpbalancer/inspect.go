@@ -51,7 +51,8 @@ var (
 
 // OpenAI inspects OpenAI-compatible APIs as served by vLLM, SGLang, TGI,
 // TensorRT-LLM and Triton's OpenAI frontend, plus the native paths of TGI
-// and Hugging Face TEI. It is the default Inspector.
+// and Hugging Face TEI, and Triton's (KServe v2) model paths. It is the
+// default Inspector.
 //
 // The service comes from the last path segments, so a gateway prefix
 // ("/openai/v1/chat/completions") is fine:
@@ -60,6 +61,11 @@ var (
 //	.../generate, .../generate_stream                      -> LLM
 //	.../embeddings, .../embed                             -> embedding
 //	.../rerank, .../score                                 -> rerank
+//
+// On a Triton (KServe v2) path, /v2/models/{name}[/versions/{v}]/..., the
+// model is the name in the path, which is what Triton routes by (the
+// version is not part of it: list the name in Endpoint.Models); there the
+// generate extension's text_input is the prompt, as TensorRT-LLM takes it.
 //
 // From a JSON body it reads model, stream, the output bound (max_tokens,
 // max_completion_tokens, max_output_tokens, TGI's max_new_tokens), a prompt
@@ -112,6 +118,21 @@ func ServiceForPath(path string) inferlb.Service {
 	return inferlb.ServiceUnknown
 }
 
+// modelInPath returns the model a Triton (KServe v2) path names,
+// /v2/models/{name}/... after any gateway prefix, or "".
+func modelInPath(path string) string {
+	const v2 = "/v2/models/"
+	i := strings.Index(path, v2)
+	if i < 0 {
+		return ""
+	}
+	name := path[i+len(v2):]
+	if j := strings.IndexByte(name, '/'); j >= 0 {
+		name = name[:j]
+	}
+	return name
+}
+
 // charsPerToken is the usual rule of thumb for English text under BPE
 // tokenizers. It only has to rank requests by size, not bill them. It is
 // applied to bytes of text as sent (escapes included): for English that is
@@ -122,6 +143,8 @@ const charsPerToken = 4
 // Inspect implements Inspector.
 func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info) {
 	info.Service = ServiceForPath(r.URL.Path)
+	pathModel := modelInPath(r.URL.Path)
+	info.Model = pathModel
 	if len(peek) == 0 {
 		return
 	}
@@ -134,7 +157,11 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 			readTail(&m, peek, keyed, &b)
 		}
 	}
-	info.Model = b.model
+	if pathModel == "" {
+		info.Model = b.model
+	} else {
+		b.model = pathModel // what the prompt key is scoped to, below
+	}
 	info.Stream = b.stream
 	info.MaxOutputTokens = b.maxTokens
 	chars := b.chars

@@ -64,6 +64,11 @@ func TestInspectFields(t *testing.T) {
 		{"embeddings", "/v1/embeddings", `{"model":"e5","input":["abcd","efgh"]}`, true, "e5", false, 0, 2, false},
 		{"rerank", "/v1/rerank", `{"model":"bge","query":"abcd","documents":["abcdefgh",{"text":"abcd"}]}`, true, "bge", false, 0, 4, false},
 		{"tgi", "/generate", `{"inputs":"abcdefgh","parameters":{"max_new_tokens":12}}`, true, "", false, 12, 2, true},
+		{"triton generate", "/v2/models/ensemble/generate", `{"text_input":"abcdefgh","max_tokens":20,"stream":false}`, true, "ensemble", false, 20, 2, true},
+		{"triton versioned stream behind a gateway", "/gw/v2/models/llama/versions/3/generate_stream", `{"text_input":"abcd","max_tokens":8,"stream":true}`, true, "llama", true, 8, 1, true},
+		{"triton path names the model", "/v2/models/a/generate", `{"model":"b","text_input":"abcd"}`, true, "a", false, 0, 1, true},
+		{"triton infer", "/v2/models/bert/infer", `{"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":["hi"]}]}`, true, "bert", false, 0, 0, false},
+		{"triton no body", "/v2/models/bert/ready", ``, true, "bert", false, 0, 0, false},
 		{"escapes", "/v1/chat/completions", `{"model":"a\"b","messages":[{"role":"user","content":"\u00e9t\u00e9"}]}`, true, `a"b`, false, 0, 3, true},
 		{"truncated", "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"abcd"},{"role":"user","content":"ab`, false, "m", true, 0, 1000, true},
 		{"not json", "/v1/chat/completions", `hello`, true, "", false, 0, 0, false},
@@ -138,6 +143,11 @@ func TestInspectAffinity(t *testing.T) {
 	// A repeated "messages" replaces the first, as encoding/json reads it.
 	assert.Equal(t, inspect(path, `{"model":"m","messages":[{"role":"user","content":"y"}]}`, true).AffinityKey,
 		inspect(path, `{"model":"m","messages":[{"role":"user","content":"x"}],"messages":[{"role":"user","content":"y"}]}`, true).AffinityKey)
+	// On a Triton path the key is scoped to the path's model, as the
+	// server's cache is.
+	const tgen = `{"text_input":"tell me a story","max_tokens":9}`
+	assert.NotEqual(t, inspect("/v2/models/a/generate", tgen, true).AffinityKey, inspect("/v2/models/b/generate", tgen, true).AffinityKey)
+	assert.Equal(t, inspect("/v2/models/a/generate", tgen, true).AffinityKey, inspect("/v2/models/a/versions/2/generate_stream", tgen, true).AffinityKey)
 	// No Keyer: no prompt affinity.
 	r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, nil)
 	var info httpbalancer.Info

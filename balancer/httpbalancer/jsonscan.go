@@ -439,7 +439,8 @@ func (s *scanner) field(key []byte, out *body) bool {
 		return ok
 	case "parameters": // TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}}
 		return s.parameters(out)
-	case "prompt", "input", "inputs", "query", "documents", "texts":
+	case "prompt", "input", "inputs", "text_input", "query", "documents", "texts":
+		// text_input: Triton's generate extension, as TensorRT-LLM serves it.
 		return s.promptValue(out)
 	case "instructions":
 		raw, esc, ok := s.str()

@@ -308,7 +308,7 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			})
 		case "messages":
 			return s.messages(out)
-		case "prompt", "input", "inputs", "query", "documents", "texts":
+		case "prompt", "input", "inputs", "text_input", "query", "documents", "texts":
 			return s.promptValue(out)
 		case "instructions":
 			raw, quoted, esc, ok := s.str()

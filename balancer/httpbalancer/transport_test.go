@@ -583,6 +583,31 @@ func TestNoEndpointForModel(t *testing.T) {
 	assert.Contains(t, err.Error(), `"bge-m3"`)
 }
 
+// TestTritonPathRoutesByModel: a Triton (KServe v2) request names its
+// model in the path, not the body; in a fleet where each server loads
+// other models, every call must reach one that has the model, with and
+// without a body the peek reads.
+func TestTritonPathRoutesByModel(t *testing.T) {
+	llm, emb := newBackend(t, "trtllm"), newBackend(t, "bert")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{
+		{Addr: llm.addr(), Labels: map[string]string{"model": "ensemble"}},
+		{Addr: emb.addr(), Labels: map[string]string{"model": "bert"}}}})
+	client := &http.Client{Transport: tr}
+	for i := range 20 {
+		path, body, want := "/v2/models/ensemble/generate", `{"text_input":"hello","max_tokens":4}`, "trtllm"
+		if i%2 == 1 {
+			path, body, want = "/v2/models/bert/versions/1/infer", `{"inputs":[{"name":"t","shape":[1],"datatype":"BYTES","data":["hi"]}]}`, "bert"
+		}
+		resp, err := client.Post("http://triton.internal"+path, "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, want, resp.Header.Get("X-Backend"), path)
+	}
+	assert.EqualValues(t, 10, llm.hits.Load())
+	assert.EqualValues(t, 10, emb.hits.Load())
+}
+
 // TestNoEndpointErrorBoundsTheModel: the model named in a refused pick's
 // error is request data of any size (up to MaxPeek); the error quotes a
 // bounded prefix, so a client cannot make every failed call write
