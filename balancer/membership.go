@@ -192,8 +192,12 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 		}
 	}
 	m.members, m.infos, m.listed = members, infos, listed
-	m.snap.Store(b.build(m))
+	snap := b.build(m)
+	// Published only once reconcile has pointed every member at its group
+	// counters: a pick on the new snapshot counts its call on them, and an
+	// endpoint new to the Balancer has none before.
 	b.reconcile()
+	m.snap.Store(snap)
 	b.epoch.Add(1)
 	if len(members) > 0 {
 		m.warm = true
