@@ -301,29 +301,51 @@ func (b *Balancer) reconcile() {
 	b.all.Store(&all)
 }
 
-// setGroupLoads points e at new group counters, moving its in-flight count
-// from counters it leaves to counters it joins. A pick or Done racing with
-// this can be miscounted by one on a counter; counters are clamped at 0 where
-// read and are only used for the affinity load bound.
+// setGroupLoads points e at new group counters, moving its calls counted
+// on counters it leaves to counters it joins. Called with mu held.
+//
+// The count moved is the old set's own (see loadSet), sealed in the same
+// atomic step that reads it, not e's in-flight count: a pick or Done racing
+// with the move counts either before the seal, and is moved, or after it,
+// on the new set, so no call is lost or counted twice. (Moving the in-flight
+// count left one call on a counter for good each time a pick or Done fell
+// between reading it and publishing the new counters.)
 func setGroupLoads(e *endpoint, next []*atomic.Int64) {
 	old := e.groupLoads.Load()
-	if old != nil && slices.Equal(*old, next) {
+	if slices.Equal(old.counters, next) {
 		return
 	}
-	n := e.inFlight.Load()
-	if old != nil {
-		for _, c := range *old {
-			if !slices.Contains(next, c) {
-				c.Add(-n)
-			}
+	ls := &loadSet{counters: next}
+	e.groupLoads.Store(ls) // before the seal: a call that finds it sealed retries here
+	n := old.calls.Or(1) >> 1
+	ls.calls.Add(2 * n)
+	for _, c := range old.counters {
+		if !slices.Contains(next, c) {
+			c.Add(-n)
 		}
 	}
 	for _, c := range next {
-		if old == nil || !slices.Contains(*old, c) {
+		if !slices.Contains(old.counters, c) {
 			c.Add(n)
 		}
 	}
-	e.groupLoads.Store(&next)
+}
+
+// countLoad adds delta calls to the counters of the groups e belongs to.
+func (e *endpoint) countLoad(delta int64) {
+	for {
+		ls := e.groupLoads.Load()
+		if ls.calls.Add(2*delta)&1 != 0 {
+			// Sealed: setGroupLoads has moved this set's calls to the
+			// next one, which it published first; count there.
+			ls.calls.Add(-2 * delta)
+			continue
+		}
+		for _, c := range ls.counters {
+			c.Add(delta)
+		}
+		return
+	}
 }
 
 // SetReady marks an endpoint ready or not (gRPC: its subchannel is READY).
@@ -591,9 +613,7 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	if tokens != 0 {
 		e.inFlightTokens.Add(int64(tokens))
 	}
-	for _, c := range *e.groupLoads.Load() {
-		c.Add(1)
-	}
+	e.countLoad(1)
 	b.retry.deposit()
 	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
@@ -671,9 +691,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	if p.tokens != 0 {
 		e.inFlightTokens.Add(-int64(p.tokens))
 	}
-	for _, c := range *e.groupLoads.Load() {
-		c.Add(-1)
-	}
+	e.countLoad(-1)
 	nowNs := b.cfg.nowNs()
 	if p.prompt > 0 {
 		e.prefill.done(nowNs, p.start, float64(p.prompt))

@@ -37,7 +37,7 @@ type endpoint struct {
 	inFlightTokens atomic.Int64
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
 	slot           *telemetry.Slot                  // immutable; nil when the telemetry table is full
-	groupLoads     atomic.Pointer[[]*atomic.Int64]  // in-flight counters of the groups it belongs to
+	groupLoads     atomic.Pointer[loadSet]          // in-flight counters of the groups it belongs to
 	latencyEWMA    atomic.Int64                     // ns, peak-EWMA
 	latencyAt      atomic.Int64                     // unix ns of last latency sample
 	ttftEWMA       atomic.Int64                     // ns
@@ -113,7 +113,20 @@ func (e *endpoint) pickCount() uint64 {
 // newEndpoint returns fresh state for id, ready nowhere: the Membership that
 // lists it sets its own bit.
 func newEndpoint(id string, slot *telemetry.Slot) *endpoint {
-	return &endpoint{id: id, slot: slot}
+	e := &endpoint{id: id, slot: slot}
+	e.groupLoads.Store(new(loadSet)) // in no group until reconcile
+	return e
+}
+
+// loadSet is the in-flight counters of the groups an endpoint belongs to,
+// with how many of the endpoint's calls are counted on them. setGroupLoads
+// replaces it when the endpoint's groups change, moving the calls to the
+// new set; counters is immutable.
+type loadSet struct {
+	counters []*atomic.Int64
+	// Twice the calls counted on counters; the low bit is set (sealed)
+	// once setGroupLoads has moved them to the next set.
+	calls atomic.Int64
 }
 
 // usable reports whether a pick from the Membership with readiness bit may
