@@ -597,7 +597,9 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	if !e.usable(c.bit, c.nowNs, c.panicking) {
 		gen--
 	} else if e.brOpen.Load() {
-		e.probeSlots.Add(-1)
+		if e.probeSlots.Add(-1) == 0 {
+			b.epoch.Add(1) // its last probe is out: no longer in good standing
+		}
 		flags = pickProbe
 	}
 	// Counted as int32 so Pick stays 40 bytes (the HTTP transport's call

@@ -39,8 +39,9 @@ type group struct {
 
 // standing caches how many members are ready and how many are in good
 // standing, so the panic decision costs O(1) per pick. It is recomputed when
-// the balancer's epoch moves (a readiness or exclusion change) or when the
-// earliest exclusion it saw expires.
+// the balancer's epoch moves (a readiness or exclusion change, a breaker's
+// transition, a half-open breaker's last probe slot taken or given back) or
+// when the earliest exclusion it saw expires.
 type standing struct {
 	epoch uint64
 	until int64 // earliest excludedUntil in the future at compute time
@@ -156,7 +157,9 @@ func (g *group) eligibility(epoch uint64, nowNs int64) *standing {
 		next.readyWeight += g.weights[i]
 		if u := e.excludedUntil.Load(); u > nowNs {
 			next.until = min(next.until, u)
-		} else {
+		} else if !e.brOpen.Load() || e.probeSlots.Load() > 0 {
+			// A half-open breaker with its probes out is still
+			// breaker-open: as usable says, it takes no call.
 			next.good++
 			next.goodWeight += g.weights[i]
 		}

@@ -210,7 +210,9 @@ func (b *Balancer) report(e *endpoint, gen uint32, err error, streak int64) {
 // set the slots anew.
 func (b *Balancer) returnProbe(p *Pick) {
 	if atomic.LoadUint32(&p.flags)&pickProbe != 0 && p.e.brGen.Load() == p.gen {
-		p.e.probeSlots.Add(1)
+		if p.e.probeSlots.Add(1) == 1 {
+			b.epoch.Add(1) // a probe slot again: back in good standing
+		}
 	}
 }
 

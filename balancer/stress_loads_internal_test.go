@@ -127,4 +127,3 @@ func TestStressInFlightReturnsToZero(t *testing.T) {
 		}
 	}
 }
-
