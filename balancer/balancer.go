@@ -279,11 +279,13 @@ func (b *Balancer) reconcile() {
 			}
 		}
 	}
-	for id := range b.eps {
-		if _, ok := eps[id]; !ok {
+	for id, e := range b.eps {
+		if _, ok := eps[id]; !ok && e.slot != nil {
 			// Gone from every membership: its telemetry slot goes too
 			// (unless another Balancer on a shared Store holds it), so
-			// endpoint churn cannot fill the Store.
+			// endpoint churn cannot fill the Store. Without a slot (the
+			// Store was full) it held none, so it releases none: the
+			// slot another Balancer took since is that one's.
 			b.cfg.store.Release(id)
 		}
 	}

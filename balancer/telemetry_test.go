@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
@@ -130,6 +131,29 @@ func TestStaleReadingDoesNotDrawEveryPick(t *testing.T) {
 	for _, p := range append(held, held2...) {
 		p.Done(inferlb.Outcome{})
 	}
+}
+
+// A Balancer that got no slot for an endpoint (its Store was full then)
+// holds none, so when it drops the endpoint it must not release the slot
+// another Balancer on the same Store took later: that one's telemetry
+// would be forgotten while it still routes to the endpoint.
+func TestDroppingAnEndpointWithoutASlotKeepsAnothersSlot(t *testing.T) {
+	clock := testutil.NewClock()
+	store := &telemetry.Store{MaxEndpoints: 1}
+	a := balancer.New(balancer.Options{Clock: clock, Telemetry: store})
+	b := balancer.New(balancer.Options{Clock: clock, Telemetry: store})
+	const x = "10.0.0.9:8000"
+	require.NoError(t, a.Update([]inferlb.Endpoint{{Addr: "10.0.0.1:8000"}}))
+	require.NoError(t, a.Update([]inferlb.Endpoint{{Addr: "10.0.0.1:8000"}, {Addr: x}})) // full: x gets no slot in a
+	require.NoError(t, a.Update([]inferlb.Endpoint{{Addr: x}}))                          // frees the one slot
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: x}}))                          // b holds x's slot
+	s := telemetry.Sample{Time: clock.Now()}
+	s.Set(telemetry.KVCacheUsage, 0.5)
+	b.Publish(x, s)
+	require.NoError(t, a.Update(nil))
+	_, ok := store.Latest(x, clock.Now(), 0)
+	assert.True(t, ok, "b still has x: its telemetry stays")
+	assert.Equal(t, 1, store.Len())
 }
 
 // Endpoints that come and go (pods replaced on every rollout) must not
