@@ -96,18 +96,33 @@ var sglangReplicaLabels = []string{"tp_rank", "pp_rank", "moe_ep_rank"}
 // extractor accumulates a Sample and counts values it had to drop.
 type extractor struct {
 	m        metrics
+	dups     map[string]int // repeated series left out of m, by name; counted as bad once read
 	s        telemetry.Sample
 	bad      int
 	firstBad string
 }
 
-func (x *extractor) all(name string) []*dto.Metric { return x.m[name] }
+func (x *extractor) all(name string) []*dto.Metric { return x.series(name) }
+
+// series returns name's series. The first read of a name counts its
+// repeated series (see index) as dropped values: a repeat of a metric this
+// package does not read is no fault of the reading.
+func (x *extractor) series(name string) []*dto.Metric {
+	if n := x.dups[name]; n > 0 {
+		delete(x.dups, name)
+		x.bad += n
+		if x.firstBad == "" {
+			x.firstBad = fmt.Sprintf("%d duplicate series of %s", n, name)
+		}
+	}
+	return x.m[name]
+}
 
 // first returns the series of the first name present.
 func (x *extractor) first(names ...string) []*dto.Metric {
 	for _, n := range names {
-		if ms := x.m[n]; len(ms) > 0 {
-			return ms
+		if len(x.m[n]) > 0 {
+			return x.series(n)
 		}
 	}
 	return nil
@@ -116,7 +131,7 @@ func (x *extractor) first(names ...string) []*dto.Metric {
 // where returns name's series whose label has value.
 func (x *extractor) where(name, label, value string) []*dto.Metric {
 	var out []*dto.Metric
-	for _, m := range x.m[name] {
+	for _, m := range x.series(name) {
 		if promtext.Label(m, label) == value {
 			out = append(out, m)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
@@ -96,8 +97,9 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 // prefix-cache hit rate is hits over queries since the server started: one
 // scrape cannot see a recent rate.
 //
-// Malformed lines are skipped and values out of range (a negative count, a
-// fraction above 1) are dropped; either makes the error wrap
+// Malformed lines are skipped, and values out of range (a negative count, a
+// fraction above 1) and repeats of a series (same name, in either spelling,
+// and labels: the first counts) are dropped; either makes the error wrap
 // telemetry.ErrPartial while the Result keeps what was read. An exposition
 // with no metric of a known engine returns ErrUnknownEngine; one with none of
 // the load metrics above returns an error and an empty Sample. Parse never
@@ -112,7 +114,7 @@ func Parse(r io.Reader) (Result, error) {
 
 func parseBytes(data []byte) (Result, error) {
 	fams, skipped, perr := promtext.Parse(data)
-	m := index(fams)
+	m, dups := index(fams)
 	res := Result{Engine: detect(m)}
 	if res.Engine == Unknown {
 		if perr != nil {
@@ -120,7 +122,7 @@ func parseBytes(data []byte) (Result, error) {
 		}
 		return res, ErrUnknownEngine
 	}
-	x := extractor{m: m}
+	x := extractor{m: m, dups: dups}
 	extractors[res.Engine](&x)
 	res.Sample = x.s
 	switch {
@@ -129,11 +131,11 @@ func parseBytes(data []byte) (Result, error) {
 	case res.Sample.Empty():
 		return res, fmt.Errorf("modelserver: %s exposition has none of the load metrics this package reads", res.Engine)
 	case perr != nil && x.bad > 0:
-		return res, fmt.Errorf("%w: modelserver: %s exposition malformed, read line by line (%d lines skipped: %v); %d values out of range (%s)", telemetry.ErrPartial, res.Engine, skipped, perr, x.bad, x.firstBad)
+		return res, fmt.Errorf("%w: modelserver: %s exposition malformed, read line by line (%d lines skipped: %v); %d values dropped (out of range or duplicate) (%s)", telemetry.ErrPartial, res.Engine, skipped, perr, x.bad, x.firstBad)
 	case perr != nil:
 		return res, fmt.Errorf("%w: modelserver: %s exposition malformed, read line by line (%d lines skipped): %v", telemetry.ErrPartial, res.Engine, skipped, perr)
 	case x.bad > 0:
-		return res, fmt.Errorf("%w: modelserver: %s exposition: %d values out of range (%s)", telemetry.ErrPartial, res.Engine, x.bad, x.firstBad)
+		return res, fmt.Errorf("%w: modelserver: %s exposition: %d values dropped (out of range or duplicate) (%s)", telemetry.ErrPartial, res.Engine, x.bad, x.firstBad)
 	}
 	return res, nil
 }
@@ -144,16 +146,40 @@ func parseBytes(data []byte) (Result, error) {
 // summaries carry no load gauge and are left out.
 type metrics map[string][]*dto.Metric
 
-func index(fams promtext.Families) metrics {
-	out := make(metrics, len(fams))
-	for name, f := range fams {
+// index builds the metrics of fams. A series whose name (either spelling)
+// and labels repeat one already indexed is one reading exported twice, not
+// another batch: summed, it would double the count. It is left out and
+// counted in dups under its index name, keeping the first as Prometheus does
+// (names are taken in sorted order, so the colon spelling wins and the
+// choice is stable).
+func index(fams promtext.Families) (m metrics, dups map[string]int) {
+	names := make([]string, 0, len(fams))
+	for name := range fams {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	m = make(metrics, len(fams))
+	seen := map[string]bool{}
+	for _, name := range names {
+		f := fams[name]
 		switch f.GetType() {
 		case dto.MetricType_GAUGE, dto.MetricType_COUNTER, dto.MetricType_UNTYPED:
 			key := strings.Replace(name, ":", "_", 1)
-			out[key] = append(out[key], f.Metric...)
+			for _, s := range f.Metric {
+				id := key + "\xfd" + groupKey(s, nil)
+				if seen[id] {
+					if dups == nil {
+						dups = map[string]int{}
+					}
+					dups[key]++
+					continue
+				}
+				seen[id] = true
+				m[key] = append(m[key], s)
+			}
 		}
 	}
-	return out
+	return m, dups
 }
 
 // detect names the engine from the first namespace found, checking engines

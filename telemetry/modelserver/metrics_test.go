@@ -189,6 +189,31 @@ func TestParseInlineCases(t *testing.T) {
 			engine: modelserver.VLLM,
 			want:   map[string]float64{"running": 3},
 		},
+		{
+			// A series repeated is one reading exported twice (Prometheus
+			// keeps the first and counts the duplicate), not two batches.
+			name: "duplicate series count once",
+			in: "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 5\n" +
+				"vllm:num_requests_running{model_name=\"m\"} 5\nvllm:num_requests_waiting 1\n",
+			engine:  modelserver.VLLM,
+			want:    map[string]float64{"running": 5, "waiting": 1},
+			partial: true,
+		},
+		{
+			// The colon and underscore spellings are one metric: both in one
+			// exposition are one reading twice, and the colon one is kept.
+			name:    "both namespace spellings of one series count once",
+			in:      "vllm_num_requests_running 6\nvllm:num_requests_running 5\n",
+			engine:  modelserver.VLLM,
+			want:    map[string]float64{"running": 5},
+			partial: true,
+		},
+		{
+			name:   "a repeated series of a metric not read is no fault",
+			in:     "vllm:num_requests_running 2\nvllm:lora_requests_info 1\nvllm:lora_requests_info 1\n",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 2},
+		},
 		{name: "unknown engine", in: "process_cpu_seconds_total 12\n", err: modelserver.ErrUnknownEngine},
 		{name: "empty body", in: "", err: modelserver.ErrUnknownEngine},
 		{name: "garbage", in: "{{{ not metrics\n\x00\xff", err: modelserver.ErrUnknownEngine},
