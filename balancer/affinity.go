@@ -414,15 +414,22 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 	var afterOwner cache.Walk
 	relief := 0.0
 	n := len(g.members)
+	if sh != nil {
+		n = sh.n
+	}
 	rank := -1 // of i among the members offered so far (in the shard)
-	for steps := 0; steps < 2*n+8; steps++ {
+	for steps := 0; steps < 2*n+8; {
 		i, ok := w.Next()
 		if !ok {
 			break
 		}
 		if sh != nil && !sh.has(i) {
+			// Not a step: in a large group a small shard's members can
+			// lie far along the key's walk (about n/k offers), and a key
+			// that gave up before its owner would lose its endpoint.
 			continue
 		}
+		steps++
 		rank++
 		if rank == 0 {
 			afterOwner = w // a copy: stayAway walks on from the owner
