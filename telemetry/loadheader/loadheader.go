@@ -53,7 +53,9 @@ func loadField(key string) (telemetry.Field, bool) {
 // Name) in ORCA's TEXT or JSON form. It maps kv_cache_usage_perc to
 // KVCacheUsage, num_requests_waiting to Waiting, num_requests_running to
 // Running, cpu_utilization to CPUUtil and application_utilization to AppUtil;
-// other keys are ignored.
+// other keys are ignored. A key repeated in TEXT is another data-parallel
+// engine's (counts add up, the fullest cache stands); two spellings of one
+// key in JSON are one reading, of which the larger stands.
 //
 // The returned Sample's Time is zero: the caller stamps the response's
 // arrival time before publishing it. A value that is partly unreadable (a
@@ -155,6 +157,13 @@ func parseLoadJSON(s string) (telemetry.Sample, error) {
 			return
 		}
 		f, _ := loadField(key)
+		// A field already read came under another spelling (snake and
+		// camel case, kv_cache_usage_perc and kv_cache_utilization): one
+		// reading twice, so the fuller one stands, as the text form reads
+		// a repeat of a fraction, whatever order the map yields them in.
+		if cur, had := out.Get(f); had && validLoad(f, *v) && *v < cur {
+			return
+		}
 		if !setLoad(&out, f, *v) {
 			bad++
 			if firstBad == "" {

@@ -142,6 +142,28 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// Two spellings of one reading in a JSON report (vLLM's and its
+// documentation's KV-cache names, snake and camel case) are read as the text
+// form reads a repeat of a fraction: the fuller one, every time. Go's map
+// order must not pick a different one on each response.
+func TestParseJSONAliasesAreDeterministic(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  map[string]float64
+	}{
+		{`JSON {"named_metrics": {"kv_cache_usage_perc": 0.2, "kv_cache_utilization": 0.9}}`, map[string]float64{"kv_cache_usage": 0.9}},
+		{`JSON {"named_metrics": {"kv_cache_utilization": 0.2, "kv_cache_usage_perc": 0.9}}`, map[string]float64{"kv_cache_usage": 0.9}},
+		{`JSON {"namedMetrics": {"num_requests_waiting": 3}, "named_metrics": {"num_requests_waiting": 1}}`, map[string]float64{"waiting": 3}},
+		{`JSON {"cpuUtilization": 0.2, "cpu_utilization": 0.7}`, map[string]float64{"cpu_util": 0.7}},
+	} {
+		for range 64 {
+			s, err := loadheader.Parse(tc.value)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, fields(s), tc.value)
+		}
+	}
+}
+
 func TestParseFormatError(t *testing.T) {
 	_, err := loadheader.Parse("BIN abc")
 	assert.True(t, errors.Is(err, loadheader.ErrFormat))
