@@ -221,6 +221,12 @@ func (c *addrCache) split(addr string) (scheme, host string, ok bool) {
 
 var errNilURL = errors.New("inferlb: httpbalancer: request has a nil URL")
 
+// errNilResponse fails an attempt whose Base broke the RoundTripper
+// contract with neither a response nor an error: reading the missing
+// response would panic with the pick never reported, leaving the endpoint
+// one call busier for good.
+var errNilResponse = errors.New("inferlb: httpbalancer: Base returned a nil response and a nil error")
+
 // RoundTrip implements http.RoundTripper. It inspects the request, picks an
 // endpoint, rewrites a shallow copy of the request to it and sends that
 // through Base. The caller's request is never modified, and its body is
@@ -304,7 +310,10 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		resp, err := t.cfg.base.RoundTrip(out) // closes out.Body
 		if err == nil {
-			return c.respond(resp)
+			if resp != nil {
+				return c.respond(resp)
+			}
+			err = errNilResponse // a broken Base; http.Client fails it too
 		}
 		if s, ok := body.rc.(*stitched); ok && s.failed.Load() {
 			// The caller's body broke, not the endpoint: nothing to
