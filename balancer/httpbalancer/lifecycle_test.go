@@ -1,6 +1,7 @@
 package httpbalancer_test
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +12,17 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
 )
+
+// cannedResponse is a Base that closes the request body and answers 200
+// with body and the given header.
+func cannedResponse(h http.Header, body string) baseFunc {
+	return func(r *http.Request) (*http.Response, error) {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		return &http.Response{StatusCode: http.StatusOK, Header: h, Body: io.NopCloser(strings.NewReader(body)), Request: r}, nil
+	}
+}
 
 func chatRequest(t *testing.T, i int) *http.Request {
 	t.Helper()
@@ -38,4 +50,24 @@ func TestBaseWithNeitherResponseNorError(t *testing.T) {
 	require.NotPanics(t, func() { _, err = tr.RoundTrip(chatRequest(t, 1)) })
 	require.ErrorContains(t, err, "nil response")
 	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+// TestMalformedLoadReportIsCounted: an endpoint-load-metrics header with
+// nothing readable in it (here, a huge one) changes no telemetry and is
+// counted as a dropped sample, as malformed telemetry is elsewhere.
+func TestMalformedLoadReportIsCounted(t *testing.T) {
+	h := http.Header{}
+	h.Set("Endpoint-Load-Metrics", "TEXT "+strings.Repeat("named_metrics.kv_cache_usage_perc=garbage,", 10000))
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}},
+		Base:      cannedResponse(h, "{}"),
+	})
+	resp, err := tr.RoundTrip(chatRequest(t, 1))
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	st := tr.Balancer().Telemetry().Stats()
+	assert.EqualValues(t, 1, st.DroppedEmpty, "%+v", st)
+	assert.Zero(t, st.Accepted)
+	assert.Equal(t, 1, int(statsByID(tr.Balancer())["a"].Successes), "a bad report is not the call's failure")
 }

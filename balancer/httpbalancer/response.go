@@ -222,11 +222,14 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	}
 	if v := h[loadHeader]; len(v) > 0 {
 		// A partly readable report (err wraps telemetry.ErrPartial) still
-		// carries good fields; an unreadable one carries none.
-		if s, _ := loadheader.Parse(v[0]); !s.Empty() {
+		// carries good fields; an unreadable one carries none, and is
+		// published all the same so that the Store counts it
+		// (DroppedEmpty): malformed telemetry is ignored and counted.
+		s, _ := loadheader.Parse(v[0])
+		if !s.Empty() {
 			s.Time = c.t.cfg.clock.Now() // parsers leave it zero
-			c.t.b.Publish(c.pick.ID(), s)
 		}
+		c.t.b.Publish(c.pick.ID(), s)
 	}
 	if resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode == http.StatusSwitchingProtocols {
 		// Nothing to wait for; an upgraded connection is not an inference call.
