@@ -142,7 +142,15 @@ func (b *Balancer) Telemetry() *telemetry.Store { return b.cfg.store }
 // of the Balancer's endpoints (or another's on a shared Store) is dropped
 // and counted in Telemetry().Stats().DroppedUnknown: the Store keeps slots
 // only for endpoints someone routes to.
+//
+// A sample stamped later than the Balancer's clock reads (another machine's
+// clock running ahead) is taken as observed now, as a telemetry.Poller takes
+// one: at its own time it would win over every fresher reading for as long
+// as that clock is ahead, and would not go stale.
 func (b *Balancer) Publish(endpointID string, s telemetry.Sample) {
+	if now := time.Unix(0, b.cfg.nowNs()); s.Time.After(now) {
+		s.Time = now
+	}
 	b.cfg.store.PublishKnown(endpointID, s)
 }
 
