@@ -131,7 +131,7 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 		if !c.ok(g.members[i]) || !b.warmFor(req, g, i, c.nowNs) {
 			continue
 		}
-		if bd := b.withinBound(g, i, now); bd.in && !bd.over {
+		if bd := b.withinBound(g, i, now, sh); bd.in && !bd.over {
 			return i
 		}
 	}
@@ -205,7 +205,7 @@ func (b *Balancer) fasterSpill(req *inferlb.Request, g *group, owner int, w cach
 		if keep >= 1 || keyPosition(req.AffinityKey) < keep {
 			return -1
 		}
-		if bd := b.withinBound(g, j, now); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill {
+		if bd := b.withinBound(g, j, now, sh); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill {
 			return j
 		}
 	}
@@ -294,14 +294,26 @@ func noRelief(t bound) bool {
 // the key's order that is clearly less pressured and has no queue in fresh
 // telemetry: when the whole fleet is that full or queueing (saturation), a
 // warm prefix is worth more than the spill, and keys stay home.
-func (b *Balancer) withinBound(g *group, i int, now time.Time) bound {
+//
+// With a tenant's shard (sh not nil) the shard is the group: the load and
+// weight shared are its members', so a tenant busier than the rest of the
+// fleet keeps its keys on their owners in its shard instead of finding
+// every member over a fair share of the whole group's load.
+func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound {
 	total := max(g.load.Load(), 0) + 1
 	load := float64(g.members[i].inFlight.Load() + 1)
 	// The load is shared among the members that can take calls: with part
 	// of the group down or excluded, the others' fair share is larger.
-	weight := g.eligibility(b.epoch.Load(), now.UnixNano()).usableWeight()
-	if weight <= 0 {
-		weight = g.total
+	var weight float64
+	if sh != nil {
+		var l int64
+		l, weight = sh.share(g, now.UnixNano())
+		total = l + 1
+	} else {
+		weight = g.eligibility(b.epoch.Load(), now.UnixNano()).usableWeight()
+		if weight <= 0 {
+			weight = g.total
+		}
 	}
 	share := g.weights[i] / weight * float64(total)
 	r := bound{pressure: -1, waiting: -1, kv: -1, over: load > math.Ceil(share)}
@@ -382,7 +394,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	// is usable and within bound; its KV cache is the warmest.
 	if v, ok := b.sticky.Get(req.AffinityKey); ok {
 		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) {
-			if bd := b.withinBound(g, i, now); bd.in && bd.pressure < pressureSpill {
+			if bd := b.withinBound(g, i, now, sh); bd.in && bd.pressure < pressureSpill {
 				return i
 			}
 		}
@@ -440,7 +452,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if i == first || i == home || i == crowd || !c.ok(g.members[i]) {
 			continue
 		}
-		bd := b.withinBound(g, i, now)
+		bd := b.withinBound(g, i, now, sh)
 		if rank == 0 && bd.crowded {
 			if b.admitRamp(g.members[i], c.nowNs) {
 				crowd = i

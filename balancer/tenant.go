@@ -16,6 +16,45 @@ const MaxTenantShard = 32
 type shard struct {
 	n       int
 	members [MaxTenantShard]int32
+
+	// The shard's load and usable weight for the affinity bound, read
+	// once per pick (see share).
+	shared bool
+	load   int64
+	weight float64
+}
+
+// share returns the in-flight calls on the shard's members and the
+// capacity weight they are shared among: that of the members in good
+// standing or, when none is, of the ready ones (as group.eligibility
+// counts them), or of all. The first call of a pick reads them; the pick
+// changes no load before it acquires.
+func (s *shard) share(g *group, nowNs int64) (load int64, weight float64) {
+	if !s.shared {
+		var good, ready, all float64
+		for _, m := range s.members[:s.n] {
+			e, w := g.members[m], g.weights[m]
+			s.load += max(e.inFlight.Load(), 0)
+			all += w
+			if e.readyMask.Load()&g.bit == 0 {
+				continue
+			}
+			ready += w
+			if e.excludedUntil.Load() <= nowNs && (!e.brOpen.Load() || e.probeSlots.Load() > 0) {
+				good += w
+			}
+		}
+		switch {
+		case good > 0:
+			s.weight = good
+		case ready > 0:
+			s.weight = ready
+		default:
+			s.weight = all
+		}
+		s.shared = true
+	}
+	return s.load, s.weight
 }
 
 func (s *shard) has(i int) bool {
