@@ -39,7 +39,10 @@
 // during the read-ahead, nothing is sent; failing while it is sent, the
 // attempt counts as canceled and is not retried elsewhere. (A body that is
 // not read ahead, MaxPeek < 0 or not JSON, is passed to Base untouched, so
-// its failure is Base's error like any other.)
+// its failure is Base's error like any other.) Nor is an endpoint blamed
+// for a request that net/http refuses to send (a method or header field
+// that is not valid HTTP, such as a header value with a line break): it
+// fails with Base's error and is not retried elsewhere.
 //
 // The outcome is reported to the balancer when the response body ends (EOF,
 // Close or a read error), not when the headers arrive; for server-sent

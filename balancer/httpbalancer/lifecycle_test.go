@@ -71,3 +71,32 @@ func TestMalformedLoadReportIsCounted(t *testing.T) {
 	assert.Zero(t, st.Accepted)
 	assert.Equal(t, 1, int(statsByID(tr.Balancer())["a"].Successes), "a bad report is not the call's failure")
 }
+
+// TestMalformedRequestBlamesNoEndpoint: a request net/http refuses to send
+// (a header value with a line break, as a gateway copying a client's input
+// into a header makes, or a header name that is not a token) fails the
+// call without counting against any endpoint and without a failover: it
+// used to fail twice per call, once per endpoint tried, so a client
+// sending a few dozen of them opened healthy endpoints' breakers.
+func TestMalformedRequestBlamesNoEndpoint(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a, b)})
+	client := &http.Client{Transport: tr}
+	for i := range 40 {
+		req := chatRequest(t, i)
+		if i%2 == 0 {
+			req.Header.Set("X-User", "evil\r\nInjected: 1")
+		} else {
+			req.Header["X User"] = []string{"x"}
+		}
+		_, err := client.Do(req)
+		require.Error(t, err)
+	}
+	for id, s := range statsByID(tr.Balancer()) {
+		assert.Zero(t, s.Failures, id)
+		assert.False(t, s.BreakerOpen, id)
+		assert.Zero(t, s.InFlight, id)
+	}
+	assert.Zero(t, tr.Balancer().RetryStats().Allowed, "failed over")
+	assert.Zero(t, a.hits.Load()+b.hits.Load())
+}

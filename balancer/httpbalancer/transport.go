@@ -321,6 +321,13 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			c.fail(errBodyFailed, false)
 			return nil, err
 		}
+		if malformed(out) {
+			// Base refused the request itself (net/http checks the method
+			// and header fields before and while it writes them): every
+			// endpoint would, so none is to blame and a retry is no use.
+			c.fail(errMalformed, false)
+			return nil, err
+		}
 		retry := failed == "" && t.cfg.failover && ctx.Err() == nil && rb.replayable() && t.b.AllowRetry()
 		if retry {
 			body, retry = rb.again()
@@ -385,6 +392,38 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 		out.Header = h
 	}
 	return out, nil
+}
+
+// errMalformed is the Outcome.Err of an attempt that failed on a request
+// net/http will not send: a method or header field name that is not a
+// token, or a header value with control characters (a gateway copying a
+// client's input into a header). It wraps context.Canceled, which the
+// balancer reads as saying nothing about the endpoint: counted as failures,
+// such requests tripped the breaker of each endpoint they were sent and
+// failed over to in turn, so a client could take a healthy fleet out of
+// rotation.
+var errMalformed = fmt.Errorf("inferlb: the request has a method or header field net/http does not send: %w", context.Canceled)
+
+// malformed reports whether r has a method or header field that net/http's
+// Transport refuses (the rules of golang.org/x/net/http/httpguts). It runs
+// only after Base failed, never on a call that succeeds.
+func malformed(r *http.Request) bool {
+	if r.Method != "" && !validHeaderName(r.Method) { // a method is a token too
+		return true
+	}
+	for k, vs := range r.Header {
+		if !validHeaderName(k) {
+			return true
+		}
+		for _, v := range vs {
+			for i := 0; i < len(v); i++ {
+				if b := v[i]; b < ' ' && b != '\t' || b == 0x7f {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // quoteModel quotes a model name for an error message. The name is request
