@@ -149,7 +149,9 @@ type Discovery struct {
 	// per address.
 	IDByHost bool
 	// OnError, if set, is told about failed resolutions. The last good set
-	// stays in use: a resolver hiccup must not empty the fleet.
+	// stays in use: a resolver hiccup must not empty the fleet. It runs on
+	// the discovery goroutine, which Close waits for: it may call Update,
+	// but a Close from it (or one it waits for) never returns.
 	OnError func(error)
 }
 
