@@ -157,7 +157,8 @@ type Options struct {
 	// from the tenant's seeded key, so processes with the same AffinitySeed
 	// agree on it, nothing is stored per tenant (tenant names cannot grow
 	// any table), and an endpoint leaving changes only the shards it was in.
-	// Affinity keys and P2C work inside the shard. When no endpoint of the
+	// Affinity keys and P2C work inside the shard, and the affinity load
+	// bound shares the shard members' load among them. When no endpoint of the
 	// shard can take a request it goes to the whole group (availability
 	// first). Shards are drawn per group, so each model subset has its own;
 	// a group of k endpoints or fewer is not sharded. 0 (the default) turns
