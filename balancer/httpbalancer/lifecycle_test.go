@@ -1,15 +1,22 @@
 package httpbalancer_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"reflect"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
 )
 
@@ -99,4 +106,233 @@ func TestMalformedRequestBlamesNoEndpoint(t *testing.T) {
 	}
 	assert.Zero(t, tr.Balancer().RetryStats().Allowed, "failed over")
 	assert.Zero(t, a.hits.Load()+b.hits.Load())
+}
+
+// ctxBody is a response body that fails once its request's context ends,
+// and with fail (when set) instead of EOF.
+type ctxBody struct {
+	ctx  context.Context
+	data *strings.Reader
+	fail error
+}
+
+func (b *ctxBody) Read(p []byte) (int, error) {
+	if err := b.ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := b.data.Read(p)
+	if err == io.EOF && b.fail != nil {
+		return n, b.fail
+	}
+	return n, err
+}
+func (b *ctxBody) Close() error { return nil }
+
+var errReset = errors.New("connection reset")
+
+// mixBase answers each call as its "m" query parameter says.
+func mixBase() baseFunc {
+	return func(r *http.Request) (*http.Response, error) {
+		if r.Body != nil {
+			_, _ = io.Copy(io.Discard, r.Body)
+			_ = r.Body.Close()
+		}
+		mode := r.URL.Query().Get("m")
+		h := http.Header{}
+		body := &ctxBody{ctx: r.Context(), data: strings.NewReader("data: {\"x\":1}\n\ndata: {\"x\":2}\n\ndata: [DONE]\n\n")}
+		h.Set("Content-Type", "text/event-stream")
+		status := 200
+		switch mode {
+		case "err":
+			return nil, errReset
+		case "errresp":
+			return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("x"))}, errReset
+		case "500":
+			status = 500
+		case "429":
+			status = 429
+			h.Set("Retry-After", "1")
+		case "readerr":
+			body.fail = io.ErrUnexpectedEOF
+		case "hdr":
+			h.Set("Endpoint-Load-Metrics", "TEXT named_metrics.num_requests_waiting=1e308,named_metrics.num_requests_waiting=1e308, x")
+		}
+		return &http.Response{StatusCode: status, Header: h, Body: body, Request: r}, nil
+	}
+}
+
+// TestInFlightReturnsToZero: whatever mix of endings calls have (EOF, an
+// early Close, a cancel mid-stream, a read error, a Base error with and
+// without a response, 5xx, 429, a failover, a hostile load report) while
+// Updates change the endpoint set under them, on a Transport with its own
+// Balancer and on one sharing a Balancer, every endpoint's in-flight calls
+// and tokens come back to 0.
+func TestInFlightReturnsToZero(t *testing.T) {
+	shared := balancer.New(balancer.Options{})
+	eps := []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}, {ID: "c", Addr: "10.0.0.3:80"}}
+	tr := newTransport(t, httpbalancer.Options{Endpoints: eps, Base: mixBase(), Balancer: shared})
+	own := newTransport(t, httpbalancer.Options{Endpoints: eps, Base: mixBase()})
+	modes := []string{"ok", "err", "errresp", "500", "429", "readerr", "hdr", "close", "cancel"}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for _, x := range []*httpbalancer.Transport{tr, own} {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					_ = x.Update(eps)
+					return
+				default:
+				}
+				// {a} and {b, c} in turn: b stays, so its state (and
+				// any count lost on it) lives through the whole run.
+				_ = x.Update(eps[i%2 : i%2+1+(i%2)])
+			}
+		})
+	}
+	var calls sync.WaitGroup
+	for w := range 8 {
+		calls.Go(func() {
+			for i := range 150 {
+				x := tr
+				if i%2 == 0 {
+					x = own
+				}
+				mode := modes[(i+w)%len(modes)]
+				ctx, cancel := context.WithCancel(context.Background())
+				body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"q %d"}]}`, 10+i, i)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chatURL+"?m="+mode, strings.NewReader(body))
+				resp, err := x.RoundTrip(req)
+				if err == nil {
+					switch mode {
+					case "close":
+						_, _ = resp.Body.Read(make([]byte, 3))
+						resp.Body.Close()
+					case "cancel":
+						_, _ = resp.Body.Read(make([]byte, 3))
+						cancel()
+						_, _ = io.ReadAll(resp.Body)
+						resp.Body.Close()
+					default:
+						_, _ = io.ReadAll(resp.Body)
+						resp.Body.Close()
+					}
+				}
+				cancel()
+			}
+		})
+	}
+	calls.Wait()
+	close(stop)
+	wg.Wait()
+	for _, b := range []*balancer.Balancer{shared, own.Balancer()} {
+		for _, s := range b.Stats() {
+			assert.Zero(t, s.InFlight, "%s", s.ID)
+			assert.Zero(t, s.InFlightTokens, "%s", s.ID)
+		}
+	}
+}
+
+type snapReq struct {
+	Method           string
+	URL              url.URL
+	Header           http.Header
+	Host             string
+	ContentLength    int64
+	TransferEncoding []string
+	Trailer          http.Header
+	Body             io.ReadCloser
+	GetBody          uintptr
+	Close            bool
+	Ctx              context.Context
+}
+
+func snapshotReq(r *http.Request) snapReq {
+	s := snapReq{Method: r.Method, URL: *r.URL, Header: r.Header.Clone(), Host: r.Host, ContentLength: r.ContentLength,
+		TransferEncoding: append([]string(nil), r.TransferEncoding...), Trailer: r.Trailer.Clone(), Body: r.Body, Close: r.Close, Ctx: r.Context()}
+	if r.URL.User != nil {
+		u := *r.URL.User
+		s.URL.User = &u
+	}
+	if r.GetBody != nil {
+		s.GetBody = reflect.ValueOf(r.GetBody).Pointer()
+	}
+	return s
+}
+
+type opaque struct{ io.Reader }
+
+func (opaque) Close() error { return nil }
+
+// TestRequestNotMutatedByFailover: the caller's request keeps every field
+// it had (URL, Header, Host, ContentLength, TransferEncoding, Trailer, Body,
+// GetBody, context) through a failover, for each way its body is read or
+// replayed, with and without the header load reports add.
+func TestRequestNotMutatedByFailover(t *testing.T) {
+	big := `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}],"model":"m"}`
+	small := chatBody(1, false)
+	for _, tc := range []struct {
+		name string
+		mk   func() *http.Request
+	}{
+		{"inmem", func() *http.Request {
+			r, _ := http.NewRequest("POST", chatURL, strings.NewReader(small))
+			return r
+		}},
+		{"opaque-small-chunked", func() *http.Request {
+			r, _ := http.NewRequest("POST", chatURL, opaque{strings.NewReader(small)})
+			r.TransferEncoding = []string{"chunked"}
+			r.Trailer = http.Header{"X-T": {"1"}}
+			return r
+		}},
+		{"opaque-big-getbody", func() *http.Request {
+			r, _ := http.NewRequest("POST", chatURL, opaque{strings.NewReader(big)})
+			r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(big)), nil }
+			r.ContentLength = -1
+			return r
+		}},
+		{"opaque-nil-header", func() *http.Request {
+			r, _ := http.NewRequest("POST", chatURL, opaque{strings.NewReader(small)})
+			r.Header = nil
+			return r
+		}},
+	} {
+		for _, lr := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/%v", tc.name, lr), func(t *testing.T) {
+				var mu sync.Mutex
+				n := 0
+				base := baseFunc(func(r *http.Request) (*http.Response, error) {
+					mu.Lock()
+					n++
+					first := n == 1
+					mu.Unlock()
+					got, _ := io.ReadAll(r.Body)
+					r.Body.Close()
+					if first {
+						return nil, errReset
+					}
+					if !strings.Contains(string(got), `"model":"m"`) {
+						return nil, fmt.Errorf("bad body %q", got)
+					}
+					return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("{}")), Request: r}, nil
+				})
+				tr := newTransport(t, httpbalancer.Options{
+					Endpoints:   []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
+					Base:        base,
+					MaxPeek:     1024,
+					LoadReports: lr,
+				})
+				req := tc.mk()
+				before := snapshotReq(req)
+				resp, err := tr.RoundTrip(req)
+				require.NoError(t, err)
+				_, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				assert.Equal(t, 2, n)
+				after := snapshotReq(req)
+				assert.Equal(t, before, after)
+				assert.Zero(t, totalInFlight(tr.Balancer()))
+			})
+		}
+	}
 }
