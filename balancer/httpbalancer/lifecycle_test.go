@@ -184,9 +184,9 @@ func TestInFlightReturnsToZero(t *testing.T) {
 					return
 				default:
 				}
-				// {a} and {b, c} in turn: b stays, so its state (and
+				// {a, b} and {b, c} in turn: b stays, so its state (and
 				// any count lost on it) lives through the whole run.
-				_ = x.Update(eps[i%2 : i%2+1+(i%2)])
+				_ = x.Update(eps[i%2 : i%2+2])
 			}
 		})
 	}
