@@ -80,7 +80,10 @@
 // and decode speed, and an error event with a 5xx code as the endpoint's
 // failure. A deadline that ends a stream after its first token counts as
 // neither success nor failure (a long answer outlasting the caller's
-// budget says nothing about the endpoint). Done releases the load, feeds the latency,
+// budget says nothing about the endpoint), and a gRPC stream the server
+// did not process (refused, or dropped by a graceful GOAWAY) is an overload
+// answer, not a failure. A Triton (KServe v2) path names the call's model.
+// Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. Pick never blocks, locks or allocates.
 //
