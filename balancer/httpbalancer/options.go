@@ -173,8 +173,9 @@ type Result struct {
 	TimeBetweenTokens time.Duration
 	// FailedOver is set when this attempt failed and the transport went on
 	// to retry the call on another endpoint. The retry has its own Result;
-	// if no other endpoint can take it, or the context ends first, there is
-	// none, and the call fails with this attempt's error.
+	// if no other endpoint can take it there is none, and the call fails
+	// with this attempt's error (if the context ends first, with the
+	// context's error).
 	FailedOver bool
 }
 
