@@ -68,9 +68,10 @@
 // An attempt the server did not process (a stream refused with
 // REFUSED_STREAM, or dropped by a graceful GOAWAY: MaxConnectionAge, a
 // rolling restart, a draining sidecar) is an overload answer without a
-// hint, not a failure: the endpoint cools down for Options.Cooldown, so
-// gRPC's transparent retry of the call goes elsewhere, and connection
-// rotations do not add to its error rate or trip its breaker.
+// hint, not a failure: the endpoint cools down for the Balancer's
+// DefaultCooldown (1s unless set), so gRPC's transparent retry of the call
+// goes elsewhere, and connection rotations do not add to its error rate or
+// trip its breaker.
 // With StreamTiming, a DEADLINE_EXCEEDED that ends a stream after its first
 // token counts as neither too: a long generation outlasting the caller's
 // time budget says nothing about the endpoint, and counted as failures such

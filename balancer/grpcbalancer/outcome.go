@@ -66,8 +66,8 @@ const (
 // into errDeadlineMidStream.)
 //
 // An attempt the server did not process is an overload answer without a
-// hint: the endpoint cools down for the default time (Options.Cooldown),
-// and neither its breaker nor its error rate counts it. HTTP/2 guarantees
+// hint: the endpoint cools down for the default time
+// (balancer.Options.DefaultCooldown), and neither its breaker nor its error rate counts it. HTTP/2 guarantees
 // such a stream had no effect, and gRPC retries the call transparently:
 // a stream refused with RST_STREAM REFUSED_STREAM (a server at its stream
 // limit or shedding load), or dropped by a GOAWAY that closes the
