@@ -64,8 +64,9 @@ var (
 //
 // On a Triton (KServe v2) path, /v2/models/{name}[/versions/{v}]/..., the
 // model is the name in the path, which is what Triton routes by (the
-// version is not part of it: list the name in Endpoint.Models); there the
-// generate extension's text_input is the prompt, as TensorRT-LLM takes it.
+// version is not part of it: list the name in the endpoint's "model" label,
+// balancer.Options.SubsetLabel); there the generate extension's text_input
+// is the prompt, as TensorRT-LLM takes it.
 //
 // From a JSON body it reads model, stream, the output bound (max_tokens,
 // max_completion_tokens, max_output_tokens, TGI's max_new_tokens), a prompt
