@@ -141,7 +141,10 @@ func (b *Balancer) Telemetry() *telemetry.Store { return b.cfg.store }
 // telemetry.Poller can publish into it. A sample for an ID that is not one
 // of the Balancer's endpoints (or another's on a shared Store) is dropped
 // and counted in Telemetry().Stats().DroppedUnknown: the Store keeps slots
-// only for endpoints someone routes to.
+// only for endpoints someone routes to. A sample with no time (Sample.Time
+// zero) or no usable field is dropped and counted in DroppedEmpty: stamp
+// samples with the Balancer's clock (a telemetry.Poller stamps those its
+// Source left at zero).
 //
 // A sample stamped later than the Balancer's clock reads (another machine's
 // clock running ahead) is taken as observed now, as a telemetry.Poller takes

@@ -61,7 +61,7 @@ type entry struct {
 // StoreStats counts what a Store did with the samples it was given.
 type StoreStats struct {
 	Accepted     uint64 // samples merged
-	DroppedEmpty uint64 // samples with no usable field (malformed input)
+	DroppedEmpty uint64 // samples with no usable field (malformed input) or no time
 	DroppedOld   uint64 // samples older than every field they carried
 	DroppedFull  uint64 // samples for a new ID once MaxEndpoints were tracked
 	// DroppedUnknown counts PublishKnown samples for an ID with no slot:
