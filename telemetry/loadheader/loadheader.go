@@ -50,10 +50,12 @@ func loadField(key string) (telemetry.Field, bool) {
 }
 
 // Parse parses the value of an endpoint-load-metrics header (see
-// Name) in ORCA's TEXT or JSON form. It maps kv_cache_usage_perc to
+// Name) in ORCA's TEXT or JSON form. It maps kv_cache_usage_perc (or
+// kv_cache_utilization, the spelling of vLLM's documentation example) to
 // KVCacheUsage, num_requests_waiting to Waiting, num_requests_running to
-// Running, cpu_utilization to CPUUtil and application_utilization to AppUtil;
-// other keys are ignored. A key repeated in TEXT is another data-parallel
+// Running, cpu_utilization to CPUUtil and application_utilization to AppUtil,
+// and reads protobuf's camelCase spellings (cpuUtilization,
+// applicationUtilization, namedMetrics) alike; other keys are ignored. A key repeated in TEXT is another data-parallel
 // engine's (counts add up, the fullest cache stands); two spellings of one
 // key in JSON are one reading, of which the larger stands.
 //
