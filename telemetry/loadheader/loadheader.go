@@ -54,7 +54,7 @@ func loadField(key string) (telemetry.Field, bool) {
 // kv_cache_utilization, the spelling of vLLM's documentation example) to
 // KVCacheUsage, num_requests_waiting to Waiting, num_requests_running to
 // Running, cpu_utilization to CPUUtil and application_utilization to AppUtil,
-// and reads protobuf's camelCase spellings (cpuUtilization,
+// and in JSON reads protobuf's camelCase spellings (cpuUtilization,
 // applicationUtilization, namedMetrics) alike; other keys are ignored. A key repeated in TEXT is another data-parallel
 // engine's (counts add up, the fullest cache stands); two spellings of one
 // key in JSON are one reading, of which the larger stands.
