@@ -148,10 +148,13 @@ type Discovery struct {
 	// shares their state although the ports differ. It assumes one replica
 	// per address.
 	IDByHost bool
-	// OnError, if set, is told about failed resolutions. The last good set
-	// stays in use: a resolver hiccup must not empty the fleet. It runs on
-	// the discovery goroutine, which Close waits for: it may call Update,
-	// but a Close from it (or one it waits for) never returns.
+	// OnError, if set, is told about failed or empty resolutions (the last
+	// good set stays in use: a resolver hiccup must not empty the fleet)
+	// and about the Balancer's complaints when a new set is applied. The
+	// first resolution runs inside NewTransport, so its error reaches
+	// OnError before the Transport is returned; later ones run on the
+	// discovery goroutine, which Close waits for: OnError may call Update
+	// then, but a Close from it (or one it waits for) never returns.
 	OnError func(error)
 }
 
