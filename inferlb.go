@@ -121,8 +121,10 @@ type Outcome struct {
 	// Err is nil for success. A context.Canceled error is the client's own
 	// doing and counts as neither success nor failure.
 	Err error
-	// Overloaded marks an explicit "too busy" answer (HTTP 429/503,
-	// gRPC RESOURCE_EXHAUSTED): the endpoint is cooled down, not failed.
+	// Overloaded marks an explicit "too busy" answer (HTTP 429, or 503
+	// with Retry-After; gRPC RESOURCE_EXHAUSTED, or a stream the server
+	// refused or drained without processing it): the endpoint is cooled
+	// down, not failed.
 	Overloaded bool
 	// RetryAfter is the server's hint for how long to stay away (0 = none).
 	RetryAfter time.Duration
