@@ -123,11 +123,15 @@ type lbBalancer struct {
 	core   atomic.Pointer[core.Balancer]
 	memErr error // NewMembership's on a shared core: every call fails with it
 
-	mu       sync.Mutex
-	mem      *core.Membership // the channel's membership in core
-	cfg      *lbConfig
-	eps      []inferlb.Endpoint    // membership last given to mem.Update
-	ready    map[string]bool       // endpoint IDs whose child is READY
+	mu    sync.Mutex
+	mem   *core.Membership // the channel's membership in core
+	cfg   *lbConfig
+	eps   []inferlb.Endpoint // membership last given to mem.Update
+	ready map[string]bool    // endpoint IDs whose child is READY
+	// The resolver endpoints whose child is READY, keyed as endpointsharding
+	// keys its children (by address set): an update that renames an
+	// endpoint keeps its child, and so its readiness.
+	readyEps *resolver.EndpointMap[bool]
 	addrToID map[string]string     // address -> endpoint ID, for SubConns
 	subConns map[*subConn]struct{} // live SubConns, for ORCA OOB
 	current  *picker               // the picker last published; nil while none is READY
@@ -180,6 +184,7 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 
 	eps := make([]inferlb.Endpoint, 0, len(ccs.ResolverState.Endpoints))
 	addrToID := make(map[string]string, len(ccs.ResolverState.Endpoints))
+	readyIDs := make(map[string]bool, len(ccs.ResolverState.Endpoints))
 	for _, ep := range ccs.ResolverState.Endpoints {
 		e := endpointOf(ep, cfg.idByHost)
 		if e.ID == "" {
@@ -189,6 +194,13 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		for _, a := range ep.Addresses {
 			addrToID[a.Addr] = e.ID
 		}
+		if lb.ready[e.ID] {
+			readyIDs[e.ID] = true
+		} else if lb.readyEps != nil {
+			if r, _ := lb.readyEps.Get(ep); r {
+				readyIDs[e.ID] = true
+			}
+		}
 	}
 	lb.addrToID = addrToID
 	if lb.eps == nil || !sameEndpoints(lb.eps, eps) {
@@ -196,9 +208,14 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 			logger.Warningf("inferlb: resolver update: %v", err)
 		}
 		// A Membership starts endpoints ready; a new endpoint here has no
-		// connection yet. Mark it not ready before any picker can see it.
+		// connection yet. Mark it not ready before any picker can see it,
+		// unless it is a READY child's endpoint renamed (a new WithEndpoint
+		// ID, "idByHost" turned on): endpointsharding keeps that child, and
+		// marked not ready it would fail the calls that pick on the current
+		// picker until the next is published. The next picker sets every
+		// endpoint's readiness from its child.
 		for _, e := range eps {
-			if !lb.ready[e.ID] {
+			if !readyIDs[e.ID] {
 				mem.SetReady(e.ID, false)
 			}
 		}
@@ -402,11 +419,13 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	b, mem := lb.core.Load(), lb.mem
 	byHost := lb.cfg != nil && lb.cfg.idByHost
 	ready := make(map[string]bool, len(children))
+	readyEps := resolver.NewEndpointMap[bool]()
 	pickers := make(map[string]balancer.Picker, len(children))
 	for _, c := range children {
 		id := endpointID(c.Endpoint, byHost)
 		if c.State.ConnectivityState == connectivity.Ready {
 			ready[id] = true
+			readyEps.Set(c.Endpoint, true)
 			pickers[id] = c.State.Picker
 		}
 	}
@@ -418,7 +437,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 			mem.SetReady(e.ID, ready[e.ID])
 		}
 	}
-	lb.ready = ready
+	lb.ready, lb.readyEps = ready, readyEps
 
 	if len(pickers) == 0 || mem == nil || lb.cfg == nil {
 		lb.current = nil

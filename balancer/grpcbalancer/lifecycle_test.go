@@ -1,0 +1,98 @@
+package grpcbalancer
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/resolver"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
+)
+
+// hookCC is a fake ClientConn that runs onNewSubConn each time a child
+// asks for a SubConn: from inside the policy's UpdateClientConnState, after
+// the policy has updated the core and before it publishes its next picker,
+// which is when a real channel's concurrent calls pick on the old one.
+type hookCC struct {
+	*grpcfake.ClientConn
+	onNewSubConn func()
+}
+
+func (cc *hookCC) NewSubConn(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.SubConn, error) {
+	if cc.onNewSubConn != nil {
+		cc.onNewSubConn()
+	}
+	return cc.ClientConn.NewSubConn(addrs, opts)
+}
+
+// A resolver update that renames a connected endpoint (a new WithEndpoint
+// ID, or "idByHost" turned on: same addresses, so endpointsharding keeps
+// its READY child) must not fail the calls that pick while the policy
+// applies it: the endpoint stays as ready as its child is.
+func TestRenamingAReadyEndpointFailsNoCall(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		cfg, next string
+		rename    func(resolver.Endpoint) resolver.Endpoint
+	}{
+		{"WithEndpoint ID", `{}`, `{}`, func(ep resolver.Endpoint) resolver.Endpoint {
+			return WithEndpoint(ep, inferlb.Endpoint{ID: "replica-0"})
+		}},
+		{"idByHost turned on", `{}`, `{"idByHost": true}`, func(ep resolver.Endpoint) resolver.Endpoint { return ep }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := grpcfake.NewClientConn()
+			cc := &hookCC{ClientConn: fake}
+			bal := balancer.Get(Name).Build(cc, balancer.BuildOptions{})
+			t.Cleanup(bal.Close)
+			parse := func(js string) *lbConfig {
+				c, err := (&Builder{name: Name}).ParseConfig(json.RawMessage(js))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c.(*lbConfig)
+			}
+			update := func(cfg *lbConfig, eps []resolver.Endpoint) {
+				t.Helper()
+				if err := bal.UpdateClientConnState(balancer.ClientConnState{
+					ResolverState: resolver.State{Endpoints: eps}, BalancerConfig: cfg,
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eps := endpoints(1)
+			update(parse(tc.cfg), eps)
+			for fake.ConnectAll() > 0 {
+			}
+
+			var errs []error
+			cc.onNewSubConn = func() {
+				for range 10 {
+					res, err := fake.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+					switch {
+					case err == nil:
+						res.Done(sent)
+					case err != balancer.ErrNoSubConnAvailable: // queued until the next picker: fine
+						errs = append(errs, err)
+					}
+				}
+			}
+			// The rename comes with a new endpoint, whose SubConn is the hook.
+			next := append([]resolver.Endpoint{tc.rename(eps[0])}, endpoints(2)[1])
+			update(parse(tc.next), next)
+			cc.onNewSubConn = nil
+			if len(errs) > 0 {
+				t.Fatalf("%d of 10 calls failed while the rename was applied, first: %v", len(errs), errs[0])
+			}
+			// And after it the renamed endpoint serves.
+			res, err := fake.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+			if err != nil {
+				t.Fatalf("after the rename: %v", err)
+			}
+			res.Done(sent)
+		})
+	}
+}
