@@ -40,8 +40,10 @@ const DefaultEndpointLabel = "instance"
 // prefixed with "__" because PromQL drops such labels from results.
 const fieldLabel = "inferlb_field"
 
-// DefaultQueries read vLLM and SGLang servers (both metric generations) and
-// dcgm-exporter GPUs scraped under the same instance label, as
+// DefaultQueries read vLLM (both metric generations), SGLang and
+// TensorRT-LLM (trtllm-serve) servers and dcgm-exporter GPUs scraped under
+// the same instance label (they aggregate by instance, so with another
+// EndpointLabel give Queries of your own that keep it), as
 // modelserver.Parse reads one server: counts add up over a server's separate
 // batches (vLLM's engine="N", SGLang's dp_rank) but not over the processes
 // that export one batch (SGLang's tensor- and pipeline-parallel ranks, with
@@ -72,6 +74,8 @@ type Source struct {
 	// use the field's unit (see telemetry.Field): fractions in 0..1, bytes.
 	Queries map[telemetry.Field]string
 	// EndpointLabel names the endpoint in results; "" means "instance".
+	// DefaultQueries keep only "instance": another label needs Queries that
+	// aggregate by it.
 	EndpointLabel string
 	// EndpointID translates a label value into an endpoint ID and may
 	// reject it (ok false) to skip series of servers the caller does not
