@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -358,6 +359,13 @@ func decodeError(js []byte, err error) error {
 		if field == "" {
 			field = "(top level)"
 		}
+		// A number of the wrong kind (2.5 for a count) or one that does
+		// not fit (1e30 for a count, 1e400 for any field).
+		if num, ok := strings.CutPrefix(typeErr.Value, "number "); ok {
+			if f, err := strconv.ParseFloat(num, 64); err != nil || math.Abs(f) >= 1<<63 {
+				return configError(field, "JSON number %s is out of range", num)
+			}
+		}
 		return configError(field, "got JSON %s, want %s", typeErr.Value, jsonKind(typeErr.Type.Kind().String()))
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return errors.New("inferlb: service config: invalid JSON: unexpected end of input")
@@ -410,6 +418,8 @@ func jsonKind(goKind string) string {
 		return "an array"
 	case "uint64":
 		return "a non-negative integer"
+	case "int", "int8", "int16", "int32", "int64":
+		return "an integer"
 	}
 	return "a number"
 }
