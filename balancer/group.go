@@ -28,7 +28,7 @@ type group struct {
 
 	bySerial map[uint64]int32 // member index by endpoint serial, for PickAt
 
-	placement *cache.Placement // consistent placement of affinity keys; nil when affinity is off
+	placement *cache.Placement // consistent placement of affinity keys and tenant shards; nil when affinity and tenant sharding are off
 	// With StickyTTL: member ID hashes (as stored in the sticky table) and
 	// their index. nil otherwise.
 	byHash map[uint64]int
