@@ -123,15 +123,11 @@ type lbBalancer struct {
 	core   atomic.Pointer[core.Balancer]
 	memErr error // NewMembership's on a shared core: every call fails with it
 
-	mu    sync.Mutex
-	mem   *core.Membership // the channel's membership in core
-	cfg   *lbConfig
-	eps   []inferlb.Endpoint // membership last given to mem.Update
-	ready map[string]bool    // endpoint IDs whose child is READY
-	// The resolver endpoints whose child is READY, keyed as endpointsharding
-	// keys its children (by address set): an update that renames an
-	// endpoint keeps its child, and so its readiness.
-	readyEps *resolver.EndpointMap[bool]
+	mu       sync.Mutex
+	mem      *core.Membership // the channel's membership in core
+	cfg      *lbConfig
+	eps      []inferlb.Endpoint    // membership last given to mem.Update
+	ready    map[string]bool       // endpoint IDs whose child is READY
 	addrToID map[string]string     // address -> endpoint ID, for SubConns
 	subConns map[*subConn]struct{} // live SubConns, for ORCA OOB
 	current  *picker               // the picker last published; nil while none is READY
@@ -139,6 +135,12 @@ type lbBalancer struct {
 	closed   bool
 
 	waking atomic.Bool // a wake is armed or being armed: failing picks skip wakeLater
+
+	// gen counts the membership changes: a picker built before the last
+	// one (gen differs from its own) may see the core refuse every pick
+	// while the next picker is on its way, and queues its calls for it.
+	// Written under mu.
+	gen atomic.Uint64
 }
 
 // UpdateClientConnState implements balancer.Balancer.
@@ -184,7 +186,6 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 
 	eps := make([]inferlb.Endpoint, 0, len(ccs.ResolverState.Endpoints))
 	addrToID := make(map[string]string, len(ccs.ResolverState.Endpoints))
-	readyIDs := make(map[string]bool, len(ccs.ResolverState.Endpoints))
 	for _, ep := range ccs.ResolverState.Endpoints {
 		e := endpointOf(ep, cfg.idByHost)
 		if e.ID == "" {
@@ -194,28 +195,20 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		for _, a := range ep.Addresses {
 			addrToID[a.Addr] = e.ID
 		}
-		if lb.ready[e.ID] {
-			readyIDs[e.ID] = true
-		} else if lb.readyEps != nil {
-			if r, _ := lb.readyEps.Get(ep); r {
-				readyIDs[e.ID] = true
-			}
-		}
 	}
 	lb.addrToID = addrToID
 	if lb.eps == nil || !sameEndpoints(lb.eps, eps) {
+		// From here until the next picker is published, the current one
+		// routes over endpoints whose children have not caught up: new
+		// ones not ready yet, and perhaps none of its own left.
+		lb.gen.Add(1)
 		if err := mem.Update(eps); err != nil {
 			logger.Warningf("inferlb: resolver update: %v", err)
 		}
 		// A Membership starts endpoints ready; a new endpoint here has no
-		// connection yet. Mark it not ready before any picker can see it,
-		// unless it is a READY child's endpoint renamed (a new WithEndpoint
-		// ID, "idByHost" turned on): endpointsharding keeps that child, and
-		// marked not ready it would fail the calls that pick on the current
-		// picker until the next is published. The next picker sets every
-		// endpoint's readiness from its child.
+		// connection yet. Mark it not ready before any picker can see it.
 		for _, e := range eps {
-			if !readyIDs[e.ID] {
+			if !lb.ready[e.ID] {
 				mem.SetReady(e.ID, false)
 			}
 		}
@@ -419,13 +412,11 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	b, mem := lb.core.Load(), lb.mem
 	byHost := lb.cfg != nil && lb.cfg.idByHost
 	ready := make(map[string]bool, len(children))
-	readyEps := resolver.NewEndpointMap[bool]()
 	pickers := make(map[string]balancer.Picker, len(children))
 	for _, c := range children {
 		id := endpointID(c.Endpoint, byHost)
 		if c.State.ConnectivityState == connectivity.Ready {
 			ready[id] = true
-			readyEps.Set(c.Endpoint, true)
 			pickers[id] = c.State.Picker
 		}
 	}
@@ -437,7 +428,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 			mem.SetReady(e.ID, ready[e.ID])
 		}
 	}
-	lb.ready, lb.readyEps = ready, readyEps
+	lb.ready = ready
 
 	if len(pickers) == 0 || mem == nil || lb.cfg == nil {
 		lb.current = nil
@@ -447,7 +438,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 		})
 		return
 	}
-	lb.current = &picker{lb: lb, mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers), excluded: excludedError(len(pickers))}
+	lb.current = &picker{lb: lb, mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers), excluded: excludedError(len(pickers)), gen: lb.gen.Load()}
 	lb.ClientConn.UpdateState(balancer.State{
 		ConnectivityState: connectivity.Ready,
 		Picker:            lb.current,

@@ -96,3 +96,55 @@ func TestRenamingAReadyEndpointFailsNoCall(t *testing.T) {
 		})
 	}
 }
+
+// A resolver update that replaces the endpoints (a single replica whose
+// address changed, a blue/green switch) leaves nothing READY for a moment:
+// the calls then queue until the new endpoints connect, as they do once
+// the next picker is published. The calls that pick on the current
+// picker while the policy applies the update must queue too, not fail
+// UNAVAILABLE because the core's new endpoints are not ready yet.
+func TestReplacingTheEndpointsFailsNoCall(t *testing.T) {
+	fake := grpcfake.NewClientConn()
+	cc := &hookCC{ClientConn: fake}
+	bal := balancer.Get(Name).Build(cc, balancer.BuildOptions{})
+	t.Cleanup(bal.Close)
+	update := func(eps []resolver.Endpoint) {
+		t.Helper()
+		if err := bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: eps}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := endpoints(4)
+	update(all[:2])
+	for fake.ConnectAll() > 0 {
+	}
+	var errs []error
+	cc.onNewSubConn = func() {
+		for range 10 {
+			res, err := fake.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+			switch {
+			case err == nil:
+				res.Done(sent)
+			case err != balancer.ErrNoSubConnAvailable:
+				errs = append(errs, err)
+			}
+		}
+	}
+	update(all[2:])
+	cc.onNewSubConn = nil
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d calls failed while the update was applied, first: %v", len(errs), 10*2, errs[0])
+	}
+	// Once published, the next picker queues calls while the new endpoints
+	// connect, and serves them after.
+	if _, err := fake.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()}); err != balancer.ErrNoSubConnAvailable {
+		t.Fatalf("while the new endpoints connect: %v, want the call queued", err)
+	}
+	for fake.ConnectAll() > 0 {
+	}
+	res, err := fake.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+	if err != nil {
+		t.Fatalf("once connected: %v", err)
+	}
+	res.Done(sent)
+}

@@ -32,6 +32,7 @@ type picker struct {
 	cfg      *lbConfig
 	children childTable // READY children
 	excluded error      // why the core picks none of them; see noEndpoint
+	gen      uint64     // lb.gen when built
 }
 
 // excludedError says why the core found nothing to pick among n READY
@@ -141,10 +142,17 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			c.pick, err = p.mem.PickFailover(req, exclude)
 		}
 		if err != nil {
+			if p.lb != nil && p.lb.gen.Load() != p.gen {
+				// The membership changed since this picker was built and
+				// the next one is on its way: the call waits for it, as
+				// it would if it had come a moment later.
+				c.release()
+				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+			}
 			// Not a status error: wait-for-ready calls wait for the next
 			// picker, others fail with UNAVAILABLE and this message. The
 			// next picker comes when an exclusion may have ended.
-			err = p.noEndpoint(req, err)
+			err = p.noEndpoint(req, err) // before release: req may be c's
 			c.release()
 			if p.lb != nil {
 				p.lb.wakeLater(p.mem.Balancer())
