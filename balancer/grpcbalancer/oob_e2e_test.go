@@ -1,0 +1,126 @@
+package grpcbalancer_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/orca"
+	"google.golang.org/grpc/resolver"
+
+	core "github.com/inferlb/inferlb/balancer"
+)
+
+// oobServer serves the ORCA service and counts its open OOB streams.
+type oobServer struct {
+	testgrpc.UnimplementedTestServiceServer
+	addr string
+	open atomic.Int64
+}
+
+func (*oobServer) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	return &testgrpc.Empty{}, nil
+}
+
+func startOOB(t *testing.T) *oobServer {
+	t.Helper()
+	s := &oobServer{}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = lis.Addr().String()
+	srv := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		s.open.Add(1)
+		defer s.open.Add(-1)
+		return h(srv, ss)
+	}))
+	testgrpc.RegisterTestServiceServer(srv, s)
+	smr := orca.NewServerMetricsRecorder()
+	smr.SetApplicationUtilization(0.5)
+	if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: smr, MinReportingInterval: 30 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, srv, lis)
+	return s
+}
+
+// waitOpen waits (5s at most) until the servers have want OOB streams open
+// between them.
+func waitOpen(t *testing.T, ss []*oobServer, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var n int64
+		for _, s := range ss {
+			n += s.open.Load()
+		}
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ORCA streams open, want %d", n, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Turning out-of-band ORCA on, changing its interval, turning it off, and
+// endpoints leaving, on a live channel: each READY SubConn has exactly one
+// ORCA stream while it is on and none after, and Close leaves none (nor a
+// goroutine: TestMain's goleak).
+func TestE2EOutOfBandORCAFollowsConfigAndEndpoints(t *testing.T) {
+	ss := []*oobServer{startOOB(t), startOOB(t), startOOB(t)}
+	name, _ := shared(t, core.Options{})
+	state := func(n int, cfg string) resolver.State {
+		var st resolver.State
+		for _, s := range ss[:n] {
+			st.Endpoints = append(st.Endpoints, resolver.Endpoint{Addresses: []resolver.Address{{Addr: s.addr}}})
+		}
+		return st
+	}
+	conn, r := dial(t, nil, name, `{}`)
+	push := func(n int, cfg string) {
+		st := state(n, cfg)
+		st.ServiceConfig = r.CC().ParseServiceConfig(fmt.Sprintf(`{"loadBalancingConfig": [{%q: %s}]}`, name, cfg))
+		if st.ServiceConfig.Err != nil {
+			t.Fatal(st.ServiceConfig.Err)
+		}
+		r.UpdateState(st)
+	}
+	conn.Connect() // builds the resolver
+	push(3, `{}`)
+	ctx := testContext(t)
+	client := testgrpc.NewTestServiceClient(conn)
+	for range 30 { // every endpoint connected
+		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitOpen(t, ss, 0)
+
+	push(3, `{"orca": {"outOfBand": true, "interval": "50ms"}}`)
+	waitOpen(t, ss, 3)
+	push(3, `{"orca": {"outOfBand": true, "interval": "60ms"}}`)
+	waitOpen(t, ss, 3)
+	push(2, `{"orca": {"outOfBand": true, "interval": "60ms"}}`)
+	waitOpen(t, ss, 2)
+	push(3, `{"orca": {"outOfBand": true, "interval": "60ms"}}`)
+	for range 30 {
+		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitOpen(t, ss, 3)
+	push(3, `{"orca": {"outOfBand": false}}`)
+	waitOpen(t, ss, 0)
+	push(3, `{"orca": {"outOfBand": true}}`)
+	waitOpen(t, ss, 3)
+	conn.Close()
+	waitOpen(t, ss, 0)
+}
