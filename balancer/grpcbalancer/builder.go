@@ -66,7 +66,9 @@ var (
 // membership: its endpoints that nothing else lists leave b. A Balancer
 // holds up to 63 memberships at once; a channel built past that fails its
 // calls, wait-for-ready ones too, with UNAVAILABLE and
-// balancer.ErrTooManyMemberships (errors.Is finds it).
+// balancer.ErrTooManyMemberships (errors.Is finds it), and its resolver
+// updates with that error, until one of them finds a membership free (the
+// DNS resolver resolves again, with backoff, after a failed update).
 func NewBuilder(name string, b *core.Balancer) *Builder {
 	if name == "" || b == nil {
 		panic("inferlb: grpcbalancer.NewBuilder needs a name and a Balancer")
@@ -111,9 +113,10 @@ func (bb *Builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) bal
 // children inside our calls to child. Lock order: endpointsharding's
 // locks, then mu, then the core Balancer's. mu is never held while calling
 // into child, because a child may call UpdateState synchronously.
-// ClientConn, child, shared and memErr are immutable after Build; core is
-// atomic so out-of-band listeners read it without mu; the rest is guarded
-// by mu.
+// ClientConn, child and shared are immutable after Build; memErr is
+// written by Build and UpdateClientConnState only, which gRPC serializes;
+// core is atomic so out-of-band listeners read it without mu; the rest is
+// guarded by mu.
 type lbBalancer struct {
 	balancer.ClientConn // the channel; embedded to intercept UpdateState and NewSubConn
 
@@ -121,7 +124,7 @@ type lbBalancer struct {
 	shared *core.Balancer    // from NewBuilder; nil when the policy owns its core
 
 	core   atomic.Pointer[core.Balancer]
-	memErr error // NewMembership's on a shared core: every call fails with it
+	memErr error // NewMembership's on a shared core: every call fails with it until one is free
 
 	mu       sync.Mutex
 	mem      *core.Membership // the channel's membership in core
@@ -154,6 +157,22 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		}
 	}
 
+	if lb.memErr != nil {
+		// Another channel may have closed its membership since: take it.
+		// Until then each update fails, and the DNS resolver resolves
+		// again with backoff, which brings the next try.
+		mem, err := lb.shared.NewMembership()
+		lb.mu.Lock()
+		if lb.closed {
+			lb.mu.Unlock()
+			if mem != nil {
+				mem.Close()
+			}
+			return nil
+		}
+		lb.mem, lb.memErr = mem, err
+		lb.mu.Unlock()
+	}
 	if lb.memErr != nil {
 		lb.ClientConn.UpdateState(balancer.State{
 			ConnectivityState: connectivity.TransientFailure,

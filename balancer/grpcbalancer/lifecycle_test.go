@@ -3,12 +3,14 @@ package grpcbalancer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/resolver"
 
 	"github.com/inferlb/inferlb"
+	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
 )
 
@@ -147,4 +149,48 @@ func TestReplacingTheEndpointsFailsNoCall(t *testing.T) {
 		t.Fatalf("once connected: %v", err)
 	}
 	res.Done(sent)
+}
+
+// A channel built while its shared core had no free membership fails its
+// calls (TestSharedCoreWithoutAFreeMembership) and its resolver updates,
+// which makes the DNS resolver resolve again with backoff. Once another
+// channel has closed, the next update takes the freed membership and the
+// channel serves.
+func TestSharedCoreMembershipFreedLater(t *testing.T) {
+	b := core.New(core.Options{})
+	var held []*core.Membership
+	for {
+		m, err := b.NewMembership()
+		if err != nil {
+			break
+		}
+		held = append(held, m)
+	}
+	name := registerShared(b)
+	cc := grpcfake.NewClientConn()
+	bal := balancer.Get(name).Build(cc, balancer.BuildOptions{})
+	t.Cleanup(bal.Close)
+	update := func() error {
+		return bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: endpoints(2)}})
+	}
+	if err := update(); !errors.Is(err, core.ErrTooManyMemberships) {
+		t.Fatalf("first update: %v, want ErrTooManyMemberships", err)
+	}
+	held[0].Close()
+	if err := update(); err != nil {
+		t.Fatalf("update after a membership was freed: %v", err)
+	}
+	for cc.ConnectAll() > 0 {
+	}
+	res, err := cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+	if err != nil {
+		t.Fatalf("pick after a membership was freed: %v", err)
+	}
+	res.Done(sent)
+	if got := len(b.Stats()); got != 2 {
+		t.Errorf("the shared core has %d endpoints, want the channel's 2", got)
+	}
+	for _, m := range held[1:] {
+		m.Close()
+	}
 }
