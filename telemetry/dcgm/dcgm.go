@@ -8,7 +8,11 @@
 // worst GPU: an endpoint whose model spans several GPUs runs out of memory
 // when its fullest GPU does, so GPUMemUsed and GPUMemTotal come from the GPU
 // with the highest memory pressure, and utilization, temperature and power
-// are the highest among its GPUs. Source scrapes exporters and does both.
+// are the highest among its GPUs. Source scrapes exporters and does both;
+// like modelserver.Source, it reads its Targets (each an exporter's URL and
+// the Mapping of its GPUs) once per round, so the exporters it scrapes can
+// follow the nodes as they join and leave (one dcgm-exporter DaemonSet pod
+// per node in Kubernetes).
 //
 // dcgm-exporter has no total-memory metric: total is FB_FREE + FB_USED +
 // FB_RESERVED (MiB). GPUMemUsed is total - FB_FREE (used plus reserved:

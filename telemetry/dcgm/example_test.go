@@ -1,8 +1,12 @@
 package dcgm_test
 
 import (
+	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 
 	"github.com/inferlb/inferlb/telemetry/dcgm"
 )
@@ -40,4 +44,54 @@ func ExampleParseMetrics() {
 	// node-a gpu 0: 81471 MiB, 50% in use
 	// node-a gpu 1: 81471 MiB, 94% in use
 	// 10.0.0.7:8000: 94%
+}
+
+// Targets follows the nodes: one dcgm-exporter per node (a DaemonSet), each
+// target mapping its node's GPUs to the endpoints on that node.
+func ExampleSource() {
+	// node-a's exporter; in a cluster, http://<node-a's pod IP>:9400/metrics.
+	exporter := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-0",Hostname="node-a"} 60000
+DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-0",Hostname="node-a"} 20000
+`)
+	}))
+	defer exporter.Close()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+
+	// What the informer's handlers keep current. Each change stores a new
+	// slice: a round may still be reading the old one.
+	var mu sync.Mutex
+	var targets []dcgm.Target
+	setNodes := func(ts ...dcgm.Target) {
+		mu.Lock()
+		defer mu.Unlock()
+		targets = ts
+	}
+	src := &dcgm.Source{
+		Targets: func() []dcgm.Target {
+			mu.Lock()
+			defer mu.Unlock()
+			return targets
+		},
+		Client: &http.Client{Transport: tr},
+	}
+
+	// node-a joins with one vLLM endpoint; a Poller would call Collect each round.
+	setNodes(dcgm.Target{URL: exporter.URL + "/metrics", Map: dcgm.ByHost(map[string]string{"10.0.0.7:8000": "node-a"})})
+	obs, err := src.Collect(context.Background())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	u, _ := obs[0].Sample.MemoryUsage()
+	fmt.Printf("%s: %.0f%%\n", obs[0].EndpointID, 100*u)
+
+	// node-a leaves: the next round does not scrape it.
+	setNodes()
+	obs, err = src.Collect(context.Background())
+	fmt.Println(len(obs), err)
+	// Output:
+	// 10.0.0.7:8000: 75%
+	// 0 <nil>
 }

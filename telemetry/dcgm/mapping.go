@@ -59,12 +59,18 @@ func Aggregate(gpus []GPU, m Mapping) []telemetry.Observation {
 	if m == nil {
 		return nil
 	}
+	return aggregate(gpus, func(int) Mapping { return m })
+}
+
+// aggregate is Aggregate with a Mapping per GPU: mapOf(i) maps gpus[i]
+// (Source gives each GPU its exporter's Mapping).
+func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 	var out []telemetry.Observation
 	at := map[string]int{}
 	pressure := map[string]float64{}
 	for i := range gpus {
 		g := &gpus[i]
-		ids := m(g)
+		ids := mapOf(i)(g)
 		if len(ids) == 0 {
 			continue
 		}

@@ -2,7 +2,6 @@ package dcgm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 
@@ -12,20 +11,49 @@ import (
 	"github.com/inferlb/inferlb/telemetry/internal/promtext"
 )
 
+// Target is one dcgm-exporter to scrape.
+type Target struct {
+	URL string // its metrics URL, e.g. http://10.0.1.7:9400/metrics
+	// Map assigns the GPUs this exporter reports to the endpoint IDs the
+	// balancer knows them by; nil means Source.Map.
+	Map Mapping
+}
+
+// Static returns a Targets function for a fixed list.
+func Static(targets ...Target) func() []Target {
+	return func() []Target { return targets }
+}
+
 // DefaultParallelism bounds concurrent scrapes per Collect.
 const DefaultParallelism = 8
 
 // Source scrapes dcgm-exporters (one per GPU node) and publishes, through
-// Map, one sample per endpoint with its worst GPU's figures.
+// each target's Mapping, one sample per endpoint with its worst GPU's
+// figures.
 //
-// Fields must not change while Collect runs.
+// The zero Source has no targets. Fields must not change while Collect
+// runs: to follow nodes joining and leaving (one dcgm-exporter DaemonSet pod
+// per node), set Targets to a function that returns the current list, and
+// give each target the Map of the endpoints on its node.
 type Source struct {
-	// URLs are the exporters' metrics URLs, e.g. http://node-1:9400/metrics.
+	// Targets lists what to scrape; it is called once per Collect so the
+	// list can follow membership. The list it returns must not be changed
+	// afterwards: on a change, build a new one. A target removed while a
+	// round runs is still scraped in that round, and its endpoints' samples
+	// are returned with the rest (a Balancer drops those of endpoints that
+	// have left and counts them as DroppedUnknown); the next round no longer
+	// scrapes it.
+	Targets func() []Target
+	// URLs are exporters' metrics URLs scraped after Targets' list, each as
+	// a Target with a nil Map (so through Map). It is a fixed list: it must
+	// not change while Collect runs, so a list that follows membership
+	// belongs in Targets.
 	URLs []string
-	// Map assigns GPUs to endpoint IDs; required.
+	// Map assigns GPUs to endpoint IDs for targets without a Map of their
+	// own (and for URLs); required if there is such a target.
 	Map Mapping
 	// Client does the requests; nil means http.DefaultClient. Collect's
-	// context bounds each round.
+	// context bounds each round, so the client needs no timeout of its own.
 	Client *http.Client
 	// MaxBodyBytes bounds a response body; 0 means 16 MiB.
 	MaxBodyBytes int64
@@ -35,13 +63,37 @@ type Source struct {
 
 var _ telemetry.Source = (*Source)(nil)
 
-// Collect scrapes every URL, parses each exposition, and aggregates all GPUs
-// through Map, so an endpoint whose GPUs span nodes still takes its worst
-// one. If some exporters fail (or return partial expositions) the error wraps
-// telemetry.ErrPartial; if all fail it does not.
+// Collect scrapes every target, parses each exposition, and aggregates all
+// GPUs through their targets' Mappings, so an endpoint whose GPUs span nodes
+// (and so targets: list it in each one's Map) still takes its worst one.
+// Sample times are left zero for the Poller to stamp. If some exporters fail
+// (or return partial expositions) the error wraps telemetry.ErrPartial; if
+// all fail it does not. A target without a Mapping (its own Map and Map both
+// nil) is a configuration error, returned before any scrape.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
-	if s.Map == nil {
-		return nil, errors.New("dcgm: Source.Map is nil: no way to map GPUs to endpoints")
+	var targets []Target
+	if s.Targets != nil {
+		targets = s.Targets()
+	}
+	if len(s.URLs) > 0 {
+		// A new list, never an append to the one Targets returned, which
+		// is the caller's (Static's is shared by every round).
+		both := make([]Target, 0, len(targets)+len(s.URLs))
+		both = append(both, targets...)
+		for _, url := range s.URLs {
+			both = append(both, Target{URL: url})
+		}
+		targets = both
+	}
+	maps := make([]Mapping, len(targets))
+	for i, t := range targets {
+		maps[i] = t.Map
+		if maps[i] == nil {
+			maps[i] = s.Map
+		}
+		if maps[i] == nil {
+			return nil, fmt.Errorf("dcgm: Source.Map is nil and target %q has no Map: no way to map GPUs to endpoints", t.URL)
+		}
 	}
 	par := s.Parallelism
 	if par <= 0 {
@@ -51,21 +103,21 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		gpus []GPU
 		err  error
 	}
-	results := make([]result, len(s.URLs))
+	results := make([]result, len(targets))
 	// Per-target failures are results, not errors that cancel the others,
 	// so every function returns nil; the group only bounds concurrency.
 	var g errgroup.Group
 	g.SetLimit(par)
-	for i, url := range s.URLs {
+	for i, t := range targets {
 		g.Go(func() error {
-			body, err := promtext.Fetch(ctx, s.Client, url, s.MaxBodyBytes)
+			body, err := promtext.Fetch(ctx, s.Client, t.URL, s.MaxBodyBytes)
 			if err != nil {
 				results[i].err = fmt.Errorf("dcgm: scrape: %w", err)
 				return nil
 			}
 			gpus, err := parseBytes(body)
 			if err != nil {
-				err = fmt.Errorf("%s: %w", url, err)
+				err = fmt.Errorf("%s: %w", t.URL, err)
 			}
 			results[i] = result{gpus: gpus, err: err}
 			return nil
@@ -73,10 +125,14 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	}
 	_ = g.Wait()
 	var all []GPU
+	var mapOf []Mapping // mapOf[j] maps all[j]: its target's Mapping
 	var first error
 	failed, partial := 0, 0
-	for _, r := range results {
+	for i, r := range results {
 		all = append(all, r.gpus...)
+		for range r.gpus {
+			mapOf = append(mapOf, maps[i])
+		}
 		switch {
 		case r.err == nil:
 			continue
@@ -89,12 +145,12 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 			first = r.err
 		}
 	}
-	obs := Aggregate(all, s.Map)
+	obs := aggregate(all, func(j int) Mapping { return mapOf[j] })
 	switch {
 	case first == nil:
 		return obs, nil
 	case len(all) == 0:
-		return nil, fmt.Errorf("dcgm: all %d exporters failed; first: %w", len(s.URLs), first)
+		return nil, fmt.Errorf("dcgm: all %d exporters failed; first: %w", len(targets), first)
 	}
-	return obs, fmt.Errorf("%w: dcgm: %d of %d exporters failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(s.URLs), partial, first)
+	return obs, fmt.Errorf("%w: dcgm: %d of %d exporters failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(targets), partial, first)
 }
