@@ -33,7 +33,12 @@ const DefaultParallelism = 8
 // The zero Source has no targets. Fields must not change while Collect runs.
 type Source struct {
 	// Targets lists what to scrape; it is called once per Collect so the
-	// list can follow membership.
+	// list can follow membership. The list it returns must not be changed
+	// afterwards: on a change, build a new one. A target removed while a
+	// round runs is still scraped in that round, and its endpoint's sample
+	// is returned with the rest (a Balancer drops those of endpoints that
+	// have left and counts them as DroppedUnknown); the next round no longer
+	// scrapes it.
 	Targets func() []Target
 	// Client does the requests; nil means http.DefaultClient. Collect's
 	// context bounds each round, so the client needs no timeout of its own.

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -104,4 +106,63 @@ func TestSourceNoTargets(t *testing.T) {
 	obs, err := (&modelserver.Source{}).Collect(t.Context())
 	assert.NoError(t, err)
 	assert.Empty(t, obs)
+}
+
+// TestSourceTargetRemovedMidRound: a round scrapes the list Targets gave at
+// its start, so a target removed while it runs is scraped and returned once
+// more; the next round does not scrape it.
+func TestSourceTargetRemovedMidRound(t *testing.T) {
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	var leaving atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if leaving.Add(1) == 1 {
+			arrived <- struct{}{}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		_, _ = w.Write([]byte("vllm:num_requests_waiting 3\n"))
+	}))
+	t.Cleanup(srv.Close)
+	staying := serve(t, 200, "vllm:num_requests_waiting 1\n")
+
+	var mu sync.Mutex
+	targets := []modelserver.Target{{EndpointID: "leaving", URL: srv.URL + "/metrics"}, {EndpointID: "staying", URL: staying}}
+	src := &modelserver.Source{Client: client(t), Targets: func() []modelserver.Target {
+		mu.Lock()
+		defer mu.Unlock()
+		return targets
+	}}
+	ids := func(obs []telemetry.Observation) []string {
+		var out []string
+		for _, o := range obs {
+			out = append(out, o.EndpointID)
+		}
+		return out
+	}
+
+	type result struct {
+		obs []telemetry.Observation
+		err error
+	}
+	done := make(chan result)
+	go func() {
+		obs, err := src.Collect(t.Context())
+		done <- result{obs, err}
+	}()
+	<-arrived
+	mu.Lock()
+	targets = []modelserver.Target{{EndpointID: "staying", URL: staying}} // a new list: the round holds the old one
+	mu.Unlock()
+	close(release)
+	r := <-done
+	require.NoError(t, r.err)
+	assert.Equal(t, []string{"leaving", "staying"}, ids(r.obs))
+
+	obs, err := src.Collect(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, []string{"staying"}, ids(obs))
+	assert.Equal(t, int64(1), leaving.Load(), "not scraped again")
 }
