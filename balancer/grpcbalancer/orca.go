@@ -100,7 +100,7 @@ func (s *subConn) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
 		return // its address left the resolver's endpoints
 	}
 	if b := s.lb.core.Load(); b != nil {
-		if smp := sampleFromORCA(r, time.Now()); !smp.Empty() {
+		if smp := sampleFromORCA(r, b.Now()); !smp.Empty() {
 			b.Publish(id, smp)
 		}
 	}

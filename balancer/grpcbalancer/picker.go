@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
 	"google.golang.org/grpc/balancer"
@@ -302,7 +301,7 @@ func (c *call) done(di balancer.DoneInfo) {
 	}
 	if c.perCall && di.ServerLoad != nil {
 		if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok {
-			if s := sampleFromORCA(r, time.Now()); !s.Empty() {
+			if s := sampleFromORCA(r, c.core.Now()); !s.Empty() {
 				c.core.Publish(c.pick.ID(), s)
 			}
 		}

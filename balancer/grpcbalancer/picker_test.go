@@ -388,6 +388,25 @@ func TestPerCallORCAReachesTelemetry(t *testing.T) {
 	}
 }
 
+// ORCA reports are stamped on the Balancer's clock, as every other sample
+// the scorers compare with it: on a clock that is not the wall clock (a
+// simulation, a test, a host whose wall clock is off), a report stamped
+// with time.Now would read as hours old, or from the future.
+func TestORCAReportsUseTheBalancersClock(t *testing.T) {
+	clock := testutil.NewClock()
+	clock.Set(time.Now().Add(24 * time.Hour))
+	b := core.New(core.Options{Clock: clock})
+	h := newHarness(t, registerShared(b), `{}`, 1)
+	a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+	di := sent
+	di.ServerLoad = &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_usage": 0.97}}
+	res.Done(di)
+	s, ok := b.Telemetry().Latest(a, clock.Now(), time.Minute)
+	if v, has := s.Get(telemetry.KVCacheUsage); !ok || !has || v != 0.97 {
+		t.Fatalf("telemetry for %s on the Balancer's clock = %+v (fresh %v), want kv_cache_usage 0.97", a, s, ok)
+	}
+}
+
 func TestSharedBalancer(t *testing.T) {
 	b := core.New(core.Options{})
 	name := registerShared(b)
