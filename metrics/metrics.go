@@ -6,7 +6,9 @@
 package metrics
 
 import (
+	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -76,6 +78,25 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// labelValue returns id with each byte that is not valid UTF-8 written as
+// \xNN.
+func labelValue(id string) string {
+	if utf8.ValidString(id) {
+		return id
+	}
+	var b strings.Builder
+	for i := 0; i < len(id); {
+		r, n := utf8.DecodeRuneInString(id[i:])
+		if r == utf8.RuneError && n == 1 {
+			fmt.Fprintf(&b, `\x%02x`, id[i])
+		} else {
+			b.WriteString(id[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
 func b2f(v bool) float64 {
 	if v {
 		return 1
@@ -91,10 +112,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, l ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
 	}
-	for _, s := range c.b.Stats() {
-		// A label value must be UTF-8, or the registry fails the whole
-		// scrape; endpoint IDs are whatever the caller gave Update.
-		s.ID = strings.ToValidUTF8(s.ID, "\uFFFD")
+	stats := c.b.Stats()
+	seen := make(map[string]bool, len(stats))
+	for _, s := range stats {
+		// A label value must be UTF-8, and a series may be collected only
+		// once, or the registry fails the whole scrape; endpoint IDs are
+		// whatever the caller gave Update. Invalid bytes are escaped, so
+		// IDs that differ only in them stay apart; an ID that still meets
+		// one exported already (a valid ID spelled like an escape) is left
+		// out rather than failing the scrape.
+		s.ID = labelValue(s.ID)
+		if seen[s.ID] {
+			continue
+		}
+		seen[s.ID] = true
 		gauge(c.inFlight, float64(s.InFlight), s.ID)
 		gauge(c.inFlightTokens, float64(s.InFlightTokens), s.ID)
 		gauge(c.latency, s.Latency.Seconds(), s.ID)

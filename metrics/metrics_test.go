@@ -101,3 +101,34 @@ inferlb_affinity_following_keys{balancer="llm"} 0
 inferlb_affinity_key_reuse_ratio{balancer="llm"} 0
 `), "inferlb_affinity_following_keys", "inferlb_affinity_key_reuse_ratio"))
 }
+
+// Two endpoint IDs that differ only in their invalid UTF-8 bytes are two
+// endpoints: made valid the same way, they would be one series collected
+// twice, and the registry would fail the whole scrape.
+func TestCollectorKeepsNonUTF8EndpointIDsApart(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	require.NoError(t, b.Update([]inferlb.Endpoint{
+		{ID: "pod-\xff", Addr: "10.0.0.1:80"},
+		{ID: "pod-\xfe", Addr: "10.0.0.2:80"},
+		{ID: `pod-\xff`, Addr: "10.0.0.3:80"}, // valid, and spelled like an escape
+	}))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.NewCollector(b, "llm"))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "inferlb_endpoint_picks_total" {
+			var ids []string
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "endpoint" {
+						ids = append(ids, l.GetValue())
+					}
+				}
+			}
+			// The escaped pod-\xff meets the valid ID spelled so and is
+			// left out: one series lost, not the scrape.
+			assert.ElementsMatch(t, []string{`pod-\xff`, `pod-\xfe`}, ids)
+		}
+	}
+}
