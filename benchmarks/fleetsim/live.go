@@ -14,16 +14,18 @@ import (
 // takes 10ms of wall time, and every latency a client measures is 1/4 of
 // the model's. It is safe for concurrent use.
 type LiveServer struct {
-	mu      sync.Mutex // guards sim, rep and the event queue
+	mu      sync.Mutex // guards sim, rep, the event queue and closed
 	sim     *run
 	rep     *replica
 	start   time.Time
 	speedup float64
 	answers uint64
+	closed  bool // set by Close once the loop is gone: no call is queued after it
 
-	wake chan struct{}
-	stop chan struct{}
-	done chan struct{}
+	wake      chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
 }
 
 // ErrStopped is returned for calls cut short by Close.
@@ -94,11 +96,15 @@ type Token struct {
 // Generate submits a prompt that will produce outTokens tokens (at least
 // one) and returns the channel its tokens arrive on; the last value has End
 // set. The channel is buffered for the whole answer, so a slow reader never
-// stalls the engine.
+// stalls the engine. A call after Close ends at once with ErrStopped.
 func (l *LiveServer) Generate(p *Prompt, outTokens int) <-chan Token {
 	outTokens = max(outTokens, 1)
 	ch := make(chan Token, outTokens+1)
 	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return ended(ErrStopped)
+	}
 	l.advance()
 	l.answers++
 	j := &job{
@@ -118,6 +124,14 @@ func (l *LiveServer) Generate(p *Prompt, outTokens int) <-chan Token {
 	case l.wake <- struct{}{}:
 	default:
 	}
+	return ch
+}
+
+// ended returns a channel holding only the end of a call, with err.
+func ended(err error) <-chan Token {
+	ch := make(chan Token, 1)
+	ch <- Token{End: true, Err: err}
+	close(ch)
 	return ch
 }
 
@@ -142,21 +156,21 @@ func (l *LiveServer) Stats() LiveStats {
 	}
 }
 
-// Close stops the engine; calls in progress end with ErrStopped.
+// Close stops the engine; calls in progress, and any made later, end with
+// ErrStopped. It may be called more than once and from several goroutines;
+// each call returns once the calls in progress have ended.
 func (l *LiveServer) Close() {
-	select {
-	case <-l.stop:
-		return
-	default:
-	}
-	close(l.stop)
-	<-l.done
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, s := range append(l.rep.running, l.rep.waiting...) {
-		s.job.onEnd(ErrStopped)
-	}
-	l.rep.running, l.rep.waiting = nil, nil
+	l.closeOnce.Do(func() {
+		close(l.stop)
+		<-l.done
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.closed = true
+		for _, s := range append(l.rep.running, l.rep.waiting...) {
+			s.job.onEnd(ErrStopped)
+		}
+		l.rep.running, l.rep.waiting = nil, nil
+	})
 }
 
 // TextTokens turns text into synthetic tokens, one per 4 bytes (about what
