@@ -21,6 +21,7 @@ type LiveServer struct {
 	speedup float64
 	answers uint64
 	closed  bool // set by Close once the loop is gone: no call is queued after it
+	kvCap   int  // KV cache in tokens (whole blocks); immutable
 
 	wake      chan struct{}
 	stop      chan struct{}
@@ -30,6 +31,11 @@ type LiveServer struct {
 
 // ErrStopped is returned for calls cut short by Close.
 var ErrStopped = errors.New("fleetsim: live server stopped")
+
+// ErrTooLong is returned for a call whose prompt and answer together need
+// more KV cache than the replica has, as vLLM refuses (400) a request longer
+// than its context: queued, it could never be admitted.
+var ErrTooLong = errors.New("fleetsim: prompt and max tokens exceed the KV cache")
 
 // NewLiveServer starts a replica with params p and step-time multiplier
 // speed, running speedup times faster than the wall clock.
@@ -43,6 +49,7 @@ func NewLiveServer(p ServerParams, speed, speedup float64) *LiveServer {
 	}
 	l.sim = &run{sc: &Scenario{}, cfg: RunConfig{Duration: 1 << 62}, classE2E: map[string][]float64{}}
 	l.rep = newReplica(0, "live", p, max(speed, 1e-3), l.sim)
+	l.kvCap = len(l.rep.kv.ref) * BlockSize
 	go l.loop()
 	return l
 }
@@ -96,9 +103,15 @@ type Token struct {
 // Generate submits a prompt that will produce outTokens tokens (at least
 // one) and returns the channel its tokens arrive on; the last value has End
 // set. The channel is buffered for the whole answer, so a slow reader never
-// stalls the engine. A call after Close ends at once with ErrStopped.
+// stalls the engine. A call after Close ends with ErrStopped, and one that
+// needs more KV cache than the replica has with ErrTooLong, both at once.
 func (l *LiveServer) Generate(p *Prompt, outTokens int) <-chan Token {
 	outTokens = max(outTokens, 1)
+	// The last token is never stored, so a call holds at most its prompt
+	// and outTokens-1 answer tokens in KV cache (written to avoid overflow).
+	if outTokens-1 > l.kvCap-p.Tokens {
+		return ended(ErrTooLong)
+	}
 	ch := make(chan Token, outTokens+1)
 	l.mu.Lock()
 	if l.closed {

@@ -1,6 +1,7 @@
 package fleetsim_test
 
 import (
+	"math"
 	"sync"
 	"testing"
 
@@ -77,5 +78,45 @@ func TestLiveServerConcurrentClose(t *testing.T) {
 			end = tok
 		}
 		require.ErrorIs(t, end.Err, fleetsim.ErrStopped)
+	}
+}
+
+// A call whose prompt and answer cannot fit in the whole KV cache is
+// refused at once (vLLM answers 400 for one longer than its context): queued,
+// it would never be admitted and every call behind it would wait for ever.
+// Nor does a huge token count size the answer's channel.
+func TestLiveServerRefusesACallLargerThanTheKVCache(t *testing.T) {
+	p := fleetsim.LLMServer()
+	p.KVTokens = 1000
+	l := fleetsim.NewLiveServer(p, 1, 100)
+	defer l.Close()
+	small := fleetsim.PromptFromTokens(fleetsim.TextTokens(fleetsim.Text(fleetsim.Segment{ID: 1, Tokens: 100})))
+	big := fleetsim.PromptFromTokens(fleetsim.TextTokens(fleetsim.Text(fleetsim.Segment{ID: 2, Tokens: 990})))
+	for _, c := range []struct {
+		prompt *fleetsim.Prompt
+		out    int
+	}{{big, 20}, {small, 1 << 40}, {small, math.MaxInt}} {
+		ch := l.Generate(c.prompt, c.out)
+		select {
+		case tok := <-ch:
+			require.True(t, tok.End)
+			require.ErrorIs(t, tok.Err, fleetsim.ErrTooLong)
+		default:
+			t.Fatalf("a call of %d+%d tokens on a %d-token cache was queued", c.prompt.Tokens, c.out, p.KVTokens)
+		}
+	}
+	// The replica still serves: nothing is wedged at the head of its queue;
+	// and a call that fills the cache exactly (the last token is never
+	// stored: 990+3-1 = 992 tokens, 62 blocks) is served.
+	for _, c := range []struct {
+		prompt *fleetsim.Prompt
+		out    int
+	}{{small, 5}, {big, 3}} {
+		var end fleetsim.Token
+		for tok := range l.Generate(c.prompt, c.out) {
+			end = tok
+		}
+		require.True(t, end.End)
+		require.NoError(t, end.Err)
 	}
 }
