@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"iter"
 	"net/http"
 	"strings"
 
@@ -53,7 +55,7 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		n := 0
 		for t := range tokens {
 			if t.End && t.Err != nil {
-				http.Error(w, `{"error":{"message":"engine stopped"}}`, http.StatusServiceUnavailable)
+				engineError(w, t.Err)
 				return
 			}
 			n = max(n, t.N)
@@ -63,11 +65,21 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			req.Model, strings.Repeat("tok ", n), n)
 		return
 	}
+	// A call refused or stopped before its first token gets an error
+	// status, not an empty stream that looks like a finished answer.
+	first := <-tokens
+	if first.End && first.Err != nil {
+		engineError(w, first.Err)
+		return
+	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	fl, _ := w.(http.Flusher)
-	for t := range tokens {
+	for t := range prepend(first, tokens) {
 		if t.End {
+			if t.Err != nil {
+				return // cut short: no [DONE], so the client sees a truncated stream
+			}
 			break
 		}
 		if _, err := fmt.Fprintf(w, "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"}}]}\n\n"); err != nil {
@@ -82,4 +94,28 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// engineError answers a call the engine refused (400, as vLLM answers a
+// request longer than its context) or stopped (503).
+func engineError(w http.ResponseWriter, err error) {
+	if errors.Is(err, fleetsim.ErrTooLong) {
+		http.Error(w, `{"error":{"message":"prompt and max_tokens exceed the KV cache"}}`, http.StatusBadRequest)
+		return
+	}
+	http.Error(w, `{"error":{"message":"engine stopped"}}`, http.StatusServiceUnavailable)
+}
+
+// prepend yields t, then what ch carries.
+func prepend(t fleetsim.Token, ch <-chan fleetsim.Token) iter.Seq[fleetsim.Token] {
+	return func(yield func(fleetsim.Token) bool) {
+		if !yield(t) {
+			return
+		}
+		for t := range ch {
+			if !yield(t) {
+				return
+			}
+		}
+	}
 }
