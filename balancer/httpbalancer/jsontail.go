@@ -127,6 +127,38 @@ func isDataURL(s []byte) bool {
 	return false
 }
 
+// skipString steps over a string's contents in b from i, which lies inside
+// the string, to its closing quote, as a scan of a stream of chunks does: it
+// returns where to go on, whether the string ended (next is then just past
+// its closing quote) and whether b ended inside an escape (the escaped byte
+// opens the next chunk, which the caller skips). It finds the next quote,
+// then the escapes before it, so each byte is looked at a bounded number of
+// times however many escapes (a document's "\n"s) lie between two quotes.
+func skipString(b []byte, i int) (next int, ended, esc bool) {
+	q := len(b)
+	if k := bytes.IndexByte(b[i:], '"'); k >= 0 {
+		q = i + k
+	}
+	for {
+		k := bytes.IndexByte(b[i:q], '\\')
+		if k < 0 {
+			break
+		}
+		if i += k + 2; i > q {
+			break // the quote, or the end of b, was escaped
+		}
+	}
+	switch {
+	case i > len(b):
+		return len(b), false, true
+	case i > q:
+		return i, false, false // an escaped quote: look for the next one
+	case q == len(b):
+		return q, false, false // no quote in b
+	}
+	return q + 1, true, false
+}
+
 // feed scans b, the body's bytes from off. It reports whether the scan
 // wants more.
 func (t *topScan) feed(off int64, b []byte) bool {
@@ -136,33 +168,8 @@ func (t *topScan) feed(off int64, b []byte) bool {
 	}
 	for i < len(b) {
 		if t.inStr {
-			// The next quote, then the escapes before it: each byte is
-			// looked at a bounded number of times, however many escapes
-			// (a document's "\n"s) lie between two quotes.
-			q := len(b)
-			if k := bytes.IndexByte(b[i:], '"'); k >= 0 {
-				q = i + k
-			}
-			for {
-				bs := bytes.IndexByte(b[i:q], '\\')
-				if bs < 0 {
-					break
-				}
-				i += bs + 2
-				if i > q { // the quote was escaped
-					break
-				}
-			}
-			switch {
-			case i > len(b):
-				t.esc = true // the escaped byte opens the next chunk
-			case i > q || q == len(b):
-				// Escaped quote, or none in this chunk: go on after it.
-				if q == len(b) {
-					i = len(b)
-				}
-			default:
-				i = q + 1
+			var ended bool
+			if i, ended, t.esc = skipString(b, i); ended {
 				t.inStr = false
 				t.stringEnded(off + int64(i))
 			}

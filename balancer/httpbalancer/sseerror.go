@@ -188,30 +188,12 @@ func (m *errScan) skipStr(b []byte, i int) int {
 		m.esc = false
 		return i + 1
 	}
-	q := len(b)
-	if k := bytes.IndexByte(b[i:], '"'); k >= 0 {
-		q = i + k
+	i, ended, esc := skipString(b, i)
+	m.esc = esc
+	if ended {
+		m.inStr = false
 	}
-	for {
-		k := bytes.IndexByte(b[i:q], '\\')
-		if k < 0 {
-			break
-		}
-		if i += k + 2; i > q {
-			break // the quote, or the end of b, was escaped
-		}
-	}
-	switch {
-	case i > len(b):
-		m.esc = true // the escaped byte opens the next b
-		return len(b)
-	case i > q:
-		return i // an escaped quote: look for the next one
-	case q == len(b):
-		return q
-	}
-	m.inStr = false
-	return q + 1
+	return i
 }
 
 // endNum notes the integer just read as the code of the object being read
