@@ -179,10 +179,8 @@ func (m *errScan) feed(b []byte) {
 	}
 }
 
-// skipStr steps over string contents from b[i] and returns where to go on:
-// past the closing quote, or len(b). It finds the next quote, then walks
-// the escapes before it, so that each byte is looked at a bounded number of
-// times however many escapes (a traceback's "\n"s) lie between two quotes.
+// skipStr steps over string contents from b[i] (see skipString) and returns
+// where to go on: past the closing quote, or len(b).
 func (m *errScan) skipStr(b []byte, i int) int {
 	if m.esc {
 		m.esc = false
