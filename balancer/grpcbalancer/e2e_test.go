@@ -292,12 +292,16 @@ func TestE2ESlowServerGetsFewerCalls(t *testing.T) {
 				c[i] -= before[i]
 			}
 			// Each held call keeps the slow server's in-flight count up, so
-			// P2C prefers its peers until it finishes. (Half, not less: under
-			// -race the fast servers slow down too, so the gap narrows; a
-			// quarter failed once in CI-like runs with 33 against 130.)
+			// P2C prefers its peers until it finishes. (A quarter: counted
+			// from the first call, before every backend was connected, it
+			// failed once in CI-like runs with 33 against 130 and was
+			// loosened to a half; counted after warm, the slow backend's
+			// calls were at most 0.13 of the least-used peer's in 90
+			// subtests, and under a quarter in 120 more, under -race
+			// beside the httpbalancer suite.)
 			for i := 1; i < 4; i++ {
-				if c[0]*2 > c[i] {
-					t.Errorf("the slow backend got %d calls, more than half of backend %d's %d: %v", c[0], i, c[i], c)
+				if c[0]*4 > c[i] {
+					t.Errorf("the slow backend got %d calls, more than a quarter of backend %d's %d: %v", c[0], i, c[i], c)
 				}
 			}
 		})
