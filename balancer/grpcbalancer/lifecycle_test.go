@@ -30,6 +30,25 @@ func (cc *hookCC) NewSubConn(addrs []resolver.Address, opts balancer.NewSubConnO
 	return cc.ClientConn.NewSubConn(addrs, opts)
 }
 
+// pickTen returns a hook that makes 10 picks on the channel's current
+// picker, as calls arriving while the policy applies an update do: a pick
+// that gets a SubConn is done, one told to wait for the next picker
+// (ErrNoSubConnAvailable) is queued, which is fine, and any other error is
+// collected in errs.
+func pickTen(fake *grpcfake.ClientConn, errs *[]error) func() {
+	return func() {
+		for range 10 {
+			res, err := fake.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+			switch {
+			case err == nil:
+				res.Done(sent)
+			case err != balancer.ErrNoSubConnAvailable:
+				*errs = append(*errs, err)
+			}
+		}
+	}
+}
+
 // A resolver update that renames a connected endpoint (a new WithEndpoint
 // ID, or "idByHost" turned on: same addresses, so endpointsharding keeps
 // its READY child) must not fail the calls that pick while the policy
@@ -71,17 +90,7 @@ func TestRenamingAReadyEndpointFailsNoCall(t *testing.T) {
 			}
 
 			var errs []error
-			cc.onNewSubConn = func() {
-				for range 10 {
-					res, err := fake.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
-					switch {
-					case err == nil:
-						res.Done(sent)
-					case err != balancer.ErrNoSubConnAvailable: // queued until the next picker: fine
-						errs = append(errs, err)
-					}
-				}
-			}
+			cc.onNewSubConn = pickTen(fake, &errs)
 			// The rename comes with a new endpoint, whose SubConn is the hook.
 			next := append([]resolver.Endpoint{tc.rename(eps[0])}, endpoints(2)[1])
 			update(parse(tc.next), next)
@@ -121,17 +130,7 @@ func TestReplacingTheEndpointsFailsNoCall(t *testing.T) {
 	for fake.ConnectAll() > 0 {
 	}
 	var errs []error
-	cc.onNewSubConn = func() {
-		for range 10 {
-			res, err := fake.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
-			switch {
-			case err == nil:
-				res.Done(sent)
-			case err != balancer.ErrNoSubConnAvailable:
-				errs = append(errs, err)
-			}
-		}
-	}
+	cc.onNewSubConn = pickTen(fake, &errs)
 	update(all[2:])
 	cc.onNewSubConn = nil
 	if len(errs) > 0 {
