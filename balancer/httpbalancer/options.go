@@ -1,6 +1,8 @@
 package httpbalancer
 
 import (
+	"golang.org/x/net/http/httpguts"
+
 	"cmp"
 	"context"
 	"fmt"
@@ -8,7 +10,6 @@ import (
 	"net/http"
 	"net/textproto"
 	"reflect"
-	"strings"
 	"time"
 
 	"github.com/inferlb/inferlb"
@@ -239,7 +240,7 @@ func (o *Options) resolve() (*config, error) {
 		return nil, bad("MaxPeek", "must be at most MaxMaxPeek (1 GiB)", o.MaxPeek)
 	}
 	for _, h := range []struct{ field, v string }{{"SessionHeader", o.SessionHeader}, {"TenantHeader", o.TenantHeader}} {
-		if h.v != "" && !validHeaderName(h.v) {
+		if h.v != "" && !httpguts.ValidHeaderFieldName(h.v) {
 			return nil, bad(h.field, "must be a header name (letters, digits and !#$%&'*+-.^_`|~)", fmt.Sprintf("%q", h.v))
 		}
 	}
@@ -281,17 +282,4 @@ func (c *config) bind(b *balancer.Balancer) {
 		c.chains = nil // only the default Inspector reads previous_response_id
 	}
 	_, c.reopen = c.inspector.(*OpenAI)
-}
-
-// validHeaderName reports whether s is an HTTP header field name: an RFC
-// 9110 token.
-func validHeaderName(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
-			continue
-		}
-		return false
-	}
-	return s != ""
 }

@@ -1,6 +1,8 @@
 package httpbalancer
 
 import (
+	"golang.org/x/net/http/httpguts"
+
 	"context"
 	"errors"
 	"fmt"
@@ -405,21 +407,19 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 var errMalformed = fmt.Errorf("inferlb: the request has a method or header field net/http does not send: %w", context.Canceled)
 
 // malformed reports whether r has a method or header field that net/http's
-// Transport refuses (the rules of golang.org/x/net/http/httpguts). It runs
+// Transport refuses, by the rules it checks them with (httpguts). It runs
 // only after Base failed, never on a call that succeeds.
 func malformed(r *http.Request) bool {
-	if r.Method != "" && !validHeaderName(r.Method) { // a method is a token too
+	if r.Method != "" && !httpguts.ValidHeaderFieldName(r.Method) { // a method is a token too
 		return true
 	}
 	for k, vs := range r.Header {
-		if !validHeaderName(k) {
+		if !httpguts.ValidHeaderFieldName(k) {
 			return true
 		}
 		for _, v := range vs {
-			for i := 0; i < len(v); i++ {
-				if b := v[i]; b < ' ' && b != '\t' || b == 0x7f {
-					return true
-				}
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return true
 			}
 		}
 	}
