@@ -42,7 +42,11 @@
 // its failure is Base's error like any other.) Nor is an endpoint blamed
 // for a request that net/http refuses to send (a method or header field
 // that is not valid HTTP, such as a header value with a line break): it
-// fails with Base's error and is not retried elsewhere.
+// fails with Base's error and is not retried elsewhere. A Base that panics
+// (a middleware's bug, a mock's failed assertion) panics through RoundTrip
+// as it came; the attempt is finished on the way out, blaming no endpoint
+// (the panic is the caller's code) and counting as canceled, and is not
+// retried.
 //
 // The outcome is reported to the balancer when the response body ends (EOF,
 // Close or a read error), not when the headers arrive; for server-sent

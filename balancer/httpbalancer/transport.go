@@ -310,7 +310,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			c.fail(err, false)
 			return nil, err
 		}
-		resp, err := t.cfg.base.RoundTrip(out) // closes out.Body
+		resp, err := c.send(out) // closes out.Body
 		if err == nil {
 			if resp != nil {
 				return c.respond(resp)
@@ -343,6 +343,32 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		// one its spills already warm.
 		failed, failedErr = c.pick.ID(), err
 	}
+}
+
+// errBasePanicked is the Outcome.Err of an attempt whose Base panicked (or
+// called runtime.Goexit, as a test's mock does on a failed assertion). It
+// wraps context.Canceled, which the balancer reads as saying nothing about
+// the endpoint: the panic is the caller's code, and a middleware that
+// panics on some requests must not trip the breakers of healthy endpoints
+// one after another.
+var errBasePanicked = fmt.Errorf("inferlb: httpbalancer: Base panicked: %w", context.Canceled)
+
+// send is one attempt's Base.RoundTrip. A Base that panics panics through
+// RoundTrip as it came (not recovered, so the trace is the Base's); the
+// deferred report finishes the pick on the way out, which would otherwise
+// keep the endpoint one call busier for good, and the call is not retried.
+// The defer is in this small function, not in RoundTrip's loop, so that it
+// is open-coded: free on the normal path.
+func (c *call) send(out *http.Request) (*http.Response, error) {
+	returned := false
+	defer func() {
+		if !returned {
+			c.fail(errBasePanicked, false)
+		}
+	}()
+	resp, err := c.t.cfg.base.RoundTrip(out)
+	returned = true
+	return resp, err
 }
 
 // outgoing builds the request for one attempt: a shallow copy of r whose URL

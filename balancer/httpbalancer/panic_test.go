@@ -1,0 +1,46 @@
+package httpbalancer_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+)
+
+// TestBasePanicFinishesThePick: a Base that panics (a middleware's bug, a
+// mock's failed assertion) panics out of RoundTrip with its own value, and
+// the pick is finished on the way out, so the endpoint is not one call
+// busier for good. The panic is the caller's code, not the endpoint's:
+// the endpoint is not failed, and the call is not retried elsewhere.
+func TestBasePanicFinishesThePick(t *testing.T) {
+	type boom struct{}
+	res := newResults(4)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
+		Base:      baseFunc(func(*http.Request) (*http.Response, error) { panic(boom{}) }),
+		OnResult:  res.on,
+	})
+	for i := range 3 {
+		func() {
+			defer func() {
+				assert.Equal(t, boom{}, recover(), "the Base's own panic value")
+			}()
+			_, _ = tr.RoundTrip(chatRequest(t, i))
+			t.Error("RoundTrip returned")
+		}()
+	}
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+	for id, s := range statsByID(tr.Balancer()) {
+		assert.Zero(t, s.Failures, id)
+	}
+	assert.Zero(t, tr.Balancer().RetryStats().Allowed, "failed over")
+	require.EqualValues(t, 3, res.n.Load(), "one result per call")
+	r := <-res.c
+	assert.ErrorContains(t, r.Outcome.Err, "Base panicked")
+	assert.True(t, r.Outcome.Canceled(), "blames no endpoint")
+	assert.False(t, r.FailedOver)
+}
