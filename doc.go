@@ -135,7 +135,8 @@
 //   - balancer.New returns *Balancer and panics on invalid Options (a
 //     programming error); configuration parsers call Options.Validate first.
 //   - Balancer.PickExcept serves failover, so a retry never lands on the
-//     endpoint that just failed.
+//     endpoint that just failed; Balancer.PickRetry is PickExcept under the
+//     retry budget, spent only when the retry has somewhere to go.
 //   - Choices that the fleet simulator decided are documented with their
 //     figures where they live (Options.LoadBound, Options.SpillMemory,
 //     Options.StickyTTL).

@@ -37,6 +37,10 @@ import (
 // are excluded and panic routing is disabled.
 var ErrNoEndpoints = errors.New("inferlb: no endpoint available")
 
+// ErrNoRetryBudget is returned by PickRetry when another endpoint could
+// take the retry but the retry budget allows none now (see AllowRetry).
+var ErrNoRetryBudget = errors.New("inferlb: retry budget spent")
+
 // drawTries bounds the rejection-sampling attempts per candidate before the
 // picker falls back to a scan (only when most endpoints are unusable).
 const drawTries = 8
@@ -402,13 +406,25 @@ func (b *Balancer) PickExcept(req *inferlb.Request, exclude string) (Pick, error
 	return b.pick(b.def, req, exclude)
 }
 
+// PickRetry is PickExcept for a failover under the retry budget: when an
+// endpoint other than failed can serve req, it spends one retry
+// (AllowRetry) and picks that endpoint, or returns ErrNoRetryBudget when
+// the budget allows none; when none can, it returns ErrNoEndpoints and
+// spends nothing. A failover with nowhere to go (a fleet of one, or every
+// other endpoint out of rotation, which is when the budget matters) so
+// leaves the budget, and RetryStats, to retries that happen.
+func (b *Balancer) PickRetry(req *inferlb.Request, failed string) (Pick, error) {
+	return b.pickWith(b.def, req, failed, false, true)
+}
+
 func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pick, error) {
-	return b.pickWith(m, req, exclude, exclude == "")
+	return b.pickWith(m, req, exclude, exclude == "", false)
 }
 
 // pickWith is pick; observe says whether the call's affinity key counts as
 // seen (once per call: not for a failover, which is the same call again).
-func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string, observe bool) (Pick, error) {
+// With retry, an endpoint found is taken only if AllowRetry allows.
+func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string, observe, retry bool) (Pick, error) {
 	snap := m.snap.Load()
 	if snap == nil {
 		return Pick{}, ErrNoEndpoints
@@ -439,6 +455,9 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		var sh shard
 		if b.tenantShard(req, g, &sh) {
 			if i, keyed := b.choose(req, g, now, c, &sh); i >= 0 {
+				if retry && !b.AllowRetry() {
+					return Pick{}, ErrNoRetryBudget
+				}
 				c.keyed = keyed
 				return b.acquire(g.members[i], req, c), nil
 			}
@@ -448,6 +467,9 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	i, keyed := b.choose(req, g, now, c, nil)
 	if i < 0 {
 		return Pick{}, ErrNoEndpoints
+	}
+	if retry && !b.AllowRetry() {
+		return Pick{}, ErrNoRetryBudget
 	}
 	c.keyed = keyed
 	return b.acquire(g.members[i], req, c), nil

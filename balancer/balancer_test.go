@@ -240,6 +240,32 @@ func TestRetryBudget(t *testing.T) {
 	assert.Equal(t, balancer.RetryStats{Allowed: 22, Denied: 32}, b.RetryStats())
 }
 
+// TestPickRetrySpendsOnlyWhenItHasSomewhereToGo: a failover pick that
+// finds no other endpoint leaves the budget alone; one that finds one
+// spends a retry, and is refused once the budget is spent.
+func TestPickRetrySpendsOnlyWhenItHasSomewhereToGo(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 1, balancer.Options{Clock: clock, RetryRatio: -1, RetryFloor: 1})
+	only := b.Stats()[0].ID
+	for range 3 {
+		_, err := b.PickRetry(&inferlb.Request{}, only)
+		require.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	}
+	assert.Equal(t, balancer.RetryStats{}, b.RetryStats())
+
+	require.NoError(t, b.Update(endpoints(2)))
+	p, err := b.PickRetry(&inferlb.Request{}, only)
+	require.NoError(t, err)
+	assert.NotEqual(t, only, p.ID())
+	p.Done(inferlb.Outcome{})
+	_, err = b.PickRetry(&inferlb.Request{}, only)
+	require.ErrorIs(t, err, balancer.ErrNoRetryBudget, "the floor's one retry a second is spent")
+	assert.Equal(t, balancer.RetryStats{Allowed: 1, Denied: 1}, b.RetryStats())
+	for _, s := range b.Stats() {
+		assert.Zero(t, s.InFlight, s.ID)
+	}
+}
+
 func TestOptionsValidate(t *testing.T) {
 	for _, tc := range []struct {
 		opts balancer.Options

@@ -97,11 +97,17 @@ func (m *Membership) PickExcept(req *inferlb.Request, exclude string) (Pick, err
 // retrying where it failed beats failing the call. Like PickExcept it does
 // not count the call's affinity key as seen again.
 func (m *Membership) PickFailover(req *inferlb.Request, failed string) (Pick, error) {
-	p, err := m.b.pickWith(m, req, failed, false)
+	p, err := m.b.pickWith(m, req, failed, false, false)
 	if err != nil && failed != "" {
-		p, err = m.b.pickWith(m, req, "", false)
+		p, err = m.b.pickWith(m, req, "", false, false)
 	}
 	return p, err
+}
+
+// PickRetry is Balancer.PickRetry over the Membership's endpoints that are
+// ready in it; the retry budget is the Balancer's.
+func (m *Membership) PickRetry(req *inferlb.Request, failed string) (Pick, error) {
+	return m.b.pickWith(m, req, failed, false, true)
 }
 
 // PickAt is Balancer.PickAt over the Membership's endpoints that are ready

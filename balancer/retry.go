@@ -75,9 +75,12 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 }
 
 // AllowRetry reports whether one more retry fits the retry budget and, if
-// so, spends it. Adapters call it before failing a call over to another
-// endpoint, so retries cannot storm a degraded fleet: they add at most
+// so, spends it. Adapters fail a call over to another endpoint only when it
+// allows, so retries cannot storm a degraded fleet: they add at most
 // RetryRatio of the traffic (default 20%) plus RetryFloor per second.
+// PickRetry calls it once it has found an endpoint for the retry; an
+// adapter that calls it itself before picking spends a retry also when
+// the pick then finds nowhere to go.
 func (b *Balancer) AllowRetry() bool {
 	ok := b.retry.withdraw(b.cfg.nowNs())
 	if ok {

@@ -105,10 +105,12 @@
 // reset, TLS failure) is retried once on another endpoint if its body can
 // be sent again (the caller set GetBody, or the whole body fit in the peek),
 // its context is live, and the Balancer's retry budget allows (at most
-// RetryRatio of traffic, default 20%, plus RetryFloor per second). The failed
-// attempt is reported as a failure first, and the retry goes through
-// Balancer.PickExcept, so it never lands on the endpoint that just failed; an
-// affinity key sends it to the next endpoint in the key's order. A call is
+// RetryRatio of traffic, default 20%, plus RetryFloor per second). The retry
+// is picked with Balancer.PickRetry, so it never lands on the endpoint that
+// just failed, and the budget is spent only when another endpoint can take
+// it (a failover with nowhere to go retries nothing and spends nothing); an
+// affinity key sends it to the next endpoint in the key's order. The failed
+// attempt is then reported as a failure. A call is
 // never retried once a response has started: the caller may already hold
 // part of it.
 //

@@ -280,3 +280,54 @@ func TestFailoverStoppedBackend(t *testing.T) {
 	assert.LessOrEqual(t, st["c"].Failures, uint64(10), "traffic to the stopped backend must stop within a few failures")
 	assert.Zero(t, totalInFlight(tr.Balancer()))
 }
+
+// preferAlways makes endpoint id the cheapest whatever its errors.
+type preferAlways string
+
+func (p preferAlways) Cost(_ *inferlb.Request, s scoring.State) float64 {
+	if s.Endpoint.Key() == string(p) {
+		return 0
+	}
+	return 1
+}
+
+// TestFailoverWithNowhereToGoSpendsNoRetry: a failover that finds no
+// other endpoint (a fleet of one, or every other one out of rotation,
+// which is when budgets matter) retries nothing, so it spends none of the
+// retry budget and counts as no retry: the budget is left for a failover
+// that can happen. It used to be spent first and the call then failed
+// with nowhere to go.
+func TestFailoverWithNowhereToGoSpendsNoRetry(t *testing.T) {
+	good := newBackend(t, "good")
+	dead := inferlb.Endpoint{ID: "dead", Addr: refusedAddr(t)}
+	res := newResults(8)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{dead},
+		BalancerOptions: balancer.Options{
+			Rand:     testutil.NewRand(1),
+			Clock:    testutil.NewClock(),
+			Scorers:  map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: preferAlways("dead")},
+			Affinity: balancer.AffinityOff,
+			// The floor only, on a clock that stands still: one retry.
+			RetryRatio: -1, RetryFloor: 1,
+		},
+		OnResult: res.on,
+	})
+	client := &http.Client{Transport: tr}
+	for i := range 3 {
+		req, _ := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(i, false)))
+		_, err := client.Do(req)
+		require.Error(t, err)
+		r := <-res.c
+		assert.Equal(t, "dead", r.Endpoint)
+		assert.False(t, r.FailedOver, "nothing to fail over to")
+	}
+	assert.Equal(t, balancer.RetryStats{}, tr.Balancer().RetryStats())
+
+	require.NoError(t, tr.Update([]inferlb.Endpoint{dead, {ID: "good", Addr: good.addr()}}))
+	resp, _ := post(t, client, chatBody(9, false))
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the budget's one retry is still there")
+	assert.EqualValues(t, 1, good.hits.Load())
+	assert.Equal(t, balancer.RetryStats{Allowed: 1}, tr.Balancer().RetryStats())
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}

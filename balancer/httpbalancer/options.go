@@ -176,10 +176,10 @@ type Result struct {
 	// (0 with fewer than two).
 	TimeBetweenTokens time.Duration
 	// FailedOver is set when this attempt failed and the transport went on
-	// to retry the call on another endpoint. The retry has its own Result;
-	// if no other endpoint can take it there is none, and the call fails
-	// with this attempt's error (if the context ends first, with the
-	// context's error).
+	// to retry the call on another endpoint, which then has its own
+	// Result. When no other endpoint can take the call, or the retry
+	// budget allows no retry, it is not set and the call fails with this
+	// attempt's error.
 	FailedOver bool
 }
 

@@ -271,40 +271,35 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 
 	body := rb.first()
-	failed := "" // ID of the endpoint the first attempt failed on
-	var failedErr error
-	for {
-		if err := ctx.Err(); err != nil {
-			closeBody(body)
-			return nil, err
+	if err := ctx.Err(); err != nil {
+		closeBody(body)
+		return nil, err
+	}
+	var err error
+	switch {
+	case c.info.pin != 0 && t.mem == nil:
+		// A follow-up to where its stored response is (see ResponseMemory).
+		c.pick, err = t.b.PickAt(&c.info.Request, uint64(c.info.pin))
+	case c.info.pin != 0:
+		c.pick, err = t.mem.PickAt(&c.info.Request, uint64(c.info.pin))
+	case t.mem == nil:
+		c.pick, err = t.b.Pick(&c.info.Request)
+	default:
+		c.pick, err = t.mem.Pick(&c.info.Request)
+	}
+	if err != nil {
+		closeBody(body)
+		if c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) {
+			// The usual cause is a model this Transport's endpoints
+			// do not list (an embedding sent through the LLM
+			// Transport, a typo); say which, as the gRPC policy does.
+			err = fmt.Errorf("%w for model %s: no endpoint serves it, or each that does is out of rotation (breaker open, cooling down or ejected)", err, quoteModel(c.info.Model))
 		}
-		var err error
-		switch {
-		case c.info.pin != 0 && failed == "" && t.mem == nil:
-			// A follow-up to where its stored response is (see ResponseMemory).
-			c.pick, err = t.b.PickAt(&c.info.Request, uint64(c.info.pin))
-		case c.info.pin != 0 && failed == "":
-			c.pick, err = t.mem.PickAt(&c.info.Request, uint64(c.info.pin))
-		case t.mem == nil:
-			c.pick, err = t.b.PickExcept(&c.info.Request, failed) // failed is "" on the first attempt
-		default:
-			c.pick, err = t.mem.PickExcept(&c.info.Request, failed)
-		}
-		if err != nil {
-			closeBody(body)
-			if failedErr != nil {
-				return nil, failedErr // what went wrong, not that nothing was left to retry on
-			}
-			if c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) {
-				// The usual cause is a model this Transport's endpoints
-				// do not list (an embedding sent through the LLM
-				// Transport, a typo); say which, as the gRPC policy does.
-				err = fmt.Errorf("%w for model %s: no endpoint serves it, or each that does is out of rotation (breaker open, cooling down or ejected)", err, quoteModel(c.info.Model))
-			}
-			return nil, err
-		}
+		return nil, err
+	}
+	for first := true; ; first = false {
 		c.start = c.pick.PickedAt().UnixNano() // the transport's clock is the Balancer's
-		out, err := c.outgoing(r, body, rb.gb, failed == "")
+		out, err := c.outgoing(r, body, rb.gb, first)
 		if err != nil {
 			closeBody(body)
 			c.fail(err, false)
@@ -330,19 +325,50 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			c.fail(errMalformed, false)
 			return nil, err
 		}
-		retry := failed == "" && t.cfg.failover && ctx.Err() == nil && rb.replayable() && t.b.AllowRetry()
-		if retry {
-			body, retry = rb.again()
+		next, ok := c.retry(first, &rb)
+		c.fail(err, ok)
+		if !ok {
+			return nil, err // what went wrong, not that nothing was left to retry on
 		}
-		c.fail(err, retry)
-		if !retry {
-			return nil, err
-		}
-		// The retry never lands on the endpoint that just failed; with an
-		// affinity key it goes to the next endpoint in the key's order, the
-		// one its spills already warm.
-		failed, failedErr = c.pick.ID(), err
+		c.pick, body = next.pick, next.body
 	}
+}
+
+// retryAttempt is a failover's pick and body.
+type retryAttempt struct {
+	pick balancer.Pick
+	body bodyReader
+}
+
+// retry sets up the failover of a first attempt that failed before any
+// response, when its body can be sent again, the context is live and the
+// retry budget allows. The body comes first and then the pick, which
+// spends the budget only when another endpoint can take the call: a
+// failover with nowhere to go retries nothing. The retry never lands on
+// the endpoint that just failed; with an affinity key it goes to the next
+// endpoint in the key's order, the one its spills already warm.
+func (c *call) retry(first bool, rb *reqBody) (retryAttempt, bool) {
+	t := c.t
+	if !first || !t.cfg.failover || c.out.Context().Err() != nil || !rb.replayable() {
+		return retryAttempt{}, false
+	}
+	body, ok := rb.again()
+	if !ok {
+		return retryAttempt{}, false
+	}
+	var next retryAttempt
+	var err error
+	if t.mem == nil {
+		next.pick, err = t.b.PickRetry(&c.info.Request, c.pick.ID())
+	} else {
+		next.pick, err = t.mem.PickRetry(&c.info.Request, c.pick.ID())
+	}
+	if err != nil {
+		closeBody(body)
+		return retryAttempt{}, false
+	}
+	next.body = body
+	return next, true
 }
 
 // errBasePanicked is the Outcome.Err of an attempt whose Base panicked (or
