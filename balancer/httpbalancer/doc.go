@@ -68,7 +68,11 @@
 // is neither, and so is a deadline that ends a stream after its first
 // token (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine
-// fail.
+// fail. A body that fails before its end (a reset, a server gone
+// mid-stream, the context ending) fails Read with an *EndpointError that
+// names the endpoint and wraps the error underneath, which errors.Is and
+// errors.As find (io.ErrUnexpectedEOF, a net.Error, context.Canceled); the
+// end of a body is io.EOF itself.
 // With Options.LoadReports, vLLM's per-response endpoint-load-metrics header
 // feeds the endpoint's telemetry. Options.OnResult sees every attempt's
 // outcome, for metrics.

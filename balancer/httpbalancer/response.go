@@ -53,6 +53,23 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("inferlb: endpoint answered %d %s", e.StatusCode, http.StatusText(e.StatusCode))
 }
 
+// EndpointError is the error a response body's Read returns when the body
+// fails before its end (a connection reset, a server that died or closed
+// the connection mid-stream, the context ending): the error underneath,
+// which errors.Is and errors.As find, with the endpoint the body came
+// from, so that a caller can tell which backend broke. The end of the body
+// is io.EOF itself, as io.Reader callers expect.
+type EndpointError struct {
+	Endpoint string // the endpoint's ID (inferlb.Endpoint.Key)
+	Err      error
+}
+
+func (e *EndpointError) Error() string {
+	return "inferlb: response body from endpoint " + strconv.Quote(e.Endpoint) + ": " + e.Err.Error()
+}
+
+func (e *EndpointError) Unwrap() error { return e.Err }
+
 // call is one RoundTrip: what inspection found, the current attempt's pick,
 // and, once a response arrived, the body wrapper that reports the outcome
 // when the body ends. One allocation holds it all, and the peek buffer too
@@ -295,10 +312,12 @@ func (c *call) Read(p []byte) (int, error) {
 		case c.ends.Load()&endClosing != 0:
 			// The caller closed the body under this Read (a stream
 			// stopped from another goroutine): the Close ends the call,
-			// whichever of the two reports first.
+			// whichever of the two reports first. The error is the
+			// caller's doing, not the endpoint's, and goes back as it is.
 			c.finish(c.out.Context().Err())
 		default:
 			c.finish(err)
+			err = &EndpointError{Endpoint: c.pick.ID(), Err: err}
 		}
 	}
 	return n, err

@@ -1,0 +1,101 @@
+package httpbalancer_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+)
+
+// failingBody returns its data, then fail.
+type failingBody struct {
+	data *strings.Reader
+	fail error
+}
+
+func (b *failingBody) Read(p []byte) (int, error) {
+	n, err := b.data.Read(p)
+	if err == io.EOF {
+		return n, b.fail
+	}
+	return n, err
+}
+func (b *failingBody) Close() error { return nil }
+
+// TestBodyReadErrorNamesTheEndpoint: a response body that breaks mid-way
+// fails with an error that names the endpoint that sent it (an
+// io.ErrUnexpectedEOF alone does not say which of the backends broke),
+// while errors.Is and errors.As still find the error underneath. io.EOF
+// is returned as it is: callers compare err == io.EOF.
+func TestBodyReadErrorNamesTheEndpoint(t *testing.T) {
+	t.Run("loopback", func(t *testing.T) {
+		cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "100")
+			fmt.Fprint(w, "partial")
+			w.(http.Flusher).Flush()
+			if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				_ = conn.Close()
+			}
+		}))
+		defer cut.Close()
+		tr := newTransport(t, httpbalancer.Options{
+			Endpoints: []inferlb.Endpoint{{ID: "gpu-7", Addr: strings.TrimPrefix(cut.URL, "http://")}},
+		})
+		resp, err := (&http.Client{Transport: tr}).Do(chatRequest(t, 1))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		got, err := io.ReadAll(resp.Body)
+		assert.Equal(t, "partial", string(got))
+		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		assert.ErrorContains(t, err, `"gpu-7"`)
+		var ee *httpbalancer.EndpointError
+		require.ErrorAs(t, err, &ee)
+		assert.Equal(t, "gpu-7", ee.Endpoint)
+	})
+
+	opErr := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	for _, fail := range []error{opErr, context.Canceled, context.DeadlineExceeded, io.EOF} {
+		t.Run(fail.Error(), func(t *testing.T) {
+			base := baseFunc(func(r *http.Request) (*http.Response, error) {
+				_ = r.Body.Close()
+				return &http.Response{StatusCode: 200, Body: &failingBody{strings.NewReader("{}"), fail}, Request: r}, nil
+			})
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints: []inferlb.Endpoint{{ID: "gpu-7", Addr: "10.0.0.1:80"}},
+				Base:      base,
+			})
+			resp, err := tr.RoundTrip(chatRequest(t, 1))
+			require.NoError(t, err)
+			p := make([]byte, 64)
+			n, err := resp.Body.Read(p)
+			require.NoError(t, err)
+			assert.Equal(t, 2, n)
+			_, err = resp.Body.Read(p)
+			if fail == io.EOF {
+				assert.True(t, err == io.EOF, "io.EOF itself: %v", err)
+			} else {
+				require.ErrorIs(t, err, fail)
+				assert.ErrorContains(t, err, `"gpu-7"`)
+				assert.ErrorContains(t, err, fail.Error())
+				if fail == opErr {
+					var ne net.Error
+					require.ErrorAs(t, err, &ne)
+					assert.ErrorIs(t, err, syscall.ECONNRESET)
+				}
+			}
+			require.NoError(t, resp.Body.Close())
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+		})
+	}
+}
