@@ -295,34 +295,61 @@ func noRelief(t bound) bool {
 // telemetry: when the whole fleet is that full or queueing (saturation), a
 // warm prefix is worth more than the spill, and keys stay home.
 //
+// Other callers' calls count as the servers report them. Every process that
+// imports the library routes on its own and sees only its own calls: with
+// eight callers, each sees an eighth of an owner's load, with the noise of
+// small counts, and each would spill a key at its own moments, so the
+// fleet's caches would hold several copies of many prefixes. When every
+// member the load is shared among reports Running and Waiting in fresh
+// telemetry (the shared telemetry plane all callers read), a member's load
+// is what its server reports or this caller's own calls on it, whichever is
+// more (the report lags by up to a scrape; a burst since then shows in the
+// caller's own count), and the group's total is the sum of those (cached
+// for fleetViewTTL). Without a complete report, the caller's own calls are
+// the load. In the fleet simulator's shared-prefix workload through eight
+// callers this took the cache hit rate from 90.0% to 91.6% and p90 TTFT
+// from 13.4s to 5.7s at 16 req/s, and from 0.39s to 0.10s at 8 req/s, with
+// one caller unchanged (see benchmarks/results/multi-client.md).
+//
 // With a tenant's shard (sh not nil) the shard is the group: the load and
 // weight shared are its members', so a tenant busier than the rest of the
 // fleet keeps its keys on their owners in its shard instead of finding
-// every member over a fair share of the whole group's load.
+// every member over a fair share of the whole group's load. A shard counts
+// the caller's own calls only: a server's report does not say whose calls
+// it runs.
 func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound {
-	total := max(g.load.Load(), 0) + 1
-	load := float64(g.members[i].inFlight.Load() + 1)
+	var s telemetry.Sample
+	g.members[i].slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
+	own := max(g.members[i].inFlight.Load(), 0)
+	total := float64(max(g.load.Load(), 0)) + 1
+	load := float64(own + 1)
 	// The load is shared among the members that can take calls: with part
 	// of the group down or excluded, the others' fair share is larger.
 	var weight float64
 	if sh != nil {
 		var l int64
 		l, weight = sh.share(g, now.UnixNano())
-		total = l + 1
+		total = float64(l) + 1
 	} else {
-		weight = g.eligibility(b.epoch.Load(), now.UnixNano()).usableWeight()
+		st := g.eligibility(b.epoch.Load(), now.UnixNano())
+		weight = st.usableWeight()
 		if weight <= 0 {
 			weight = g.total
 		}
+		// Other callers' calls count too, as the servers report them.
+		if rep, ok := reportedLoad(&s); ok {
+			if v := g.fleetLoad(st, now, b.cfg.telemetryMaxAge); v.ok {
+				load = max(rep, float64(own)) + 1
+				total = max(v.total, total-1) + 1
+			}
+		}
 	}
-	share := g.weights[i] / weight * float64(total)
+	share := g.weights[i] / weight * total
 	r := bound{pressure: -1, waiting: -1, kv: -1, over: load > math.Ceil(share)}
 	hard := math.Ceil(b.cfg.loadBoundHard * share)
 	if load > hard+roomyExtra {
 		return r
 	}
-	var s telemetry.Sample
-	g.members[i].slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
 	kv, okKV := s.Get(telemetry.KVCacheUsage)
 	if okKV {
 		r.pressure, r.kv = kv, kv

@@ -783,3 +783,77 @@ func TestBoundIsSharedAmongUsableMembers(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int{home: 200}, got, "the owner is at the mean of the ready fleet")
 }
+
+// Independent callers each see only their own calls. When every server
+// reports its queue, an owner busy with other callers' calls sheds the key
+// although this caller has nothing on it, and takes it back once the
+// servers report the calls gone.
+func TestBoundCountsOtherCallersCalls(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(21)})
+	const key = 79
+	home := owner(t, b, key)
+	report := func(homeRunning float64, skip string) {
+		for _, e := range endpoints(4) {
+			if e.Key() == skip {
+				continue
+			}
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.Running, 2)
+			s.Set(telemetry.Waiting, 0)
+			if e.Key() == home {
+				s.Set(telemetry.Running, homeRunning)
+				s.Set(telemetry.Waiting, homeRunning/10)
+			}
+			b.Publish(e.Key(), s)
+		}
+	}
+	// 33 calls of others on the owner, 2 on each peer: a fair share of
+	// about 10, far past any bound.
+	report(30, "")
+	got := spreadKey(t, b, key, 50)
+	assert.Zero(t, got[home], "the owner is busy with other callers' calls: %v", got)
+
+	// One server stops reporting: the view is incomplete, so the bound
+	// counts this caller's calls alone, and the idle-looking owner takes
+	// its key.
+	var other string
+	for _, e := range endpoints(4) {
+		if e.Key() != home {
+			other = e.Key()
+			break
+		}
+	}
+	clock.Advance(balancer.DefaultTelemetryMaxAge + time.Second)
+	report(30, other)
+	assert.Equal(t, map[string]int{home: 50}, spreadKey(t, b, key, 50))
+
+	// Every server reports again, the owner's other calls gone.
+	report(0, "")
+	clock.Advance(time.Second)
+	assert.Equal(t, map[string]int{home: 50}, spreadKey(t, b, key, 50))
+	report(30, "")
+	clock.Advance(time.Second)
+	assert.Zero(t, spreadKey(t, b, key, 50)[home], "a new report shows within a second")
+}
+
+// Servers report what they saw at the last scrape; this caller's calls
+// since then count even before a report shows them, so a burst of one key
+// between two scrapes still meets the bound.
+func TestBoundCountsOwnCallsTheServersHaveNotReported(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(22)})
+	const key = 80
+	home := owner(t, b, key)
+	for _, e := range endpoints(4) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 0)
+		s.Set(telemetry.Waiting, 0)
+		b.Publish(e.Key(), s)
+	}
+	// As in TestUnqueuedOwnerKeepsItsKeysUpToTheHardCap: 40 held calls,
+	// an unqueued owner keeps the key up to ceil(1.5 x 40/4) = 16.
+	got := ownerTakes(t, b, key, home, 40)
+	assert.Greater(t, got, int64(10))
+	assert.LessOrEqual(t, got, int64(16))
+}

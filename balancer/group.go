@@ -4,10 +4,12 @@ import (
 	"math"
 	"math/bits"
 	"sync/atomic"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/inferlb/inferlb/cache"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // group is an immutable set of endpoints that can serve one kind of request:
@@ -34,7 +36,8 @@ type group struct {
 	byHash map[uint64]int
 	hashes []uint64
 
-	standing atomic.Pointer[standing] // cached eligibility counts, see eligibility
+	standing atomic.Pointer[standing]  // cached eligibility counts, see eligibility
+	fleet    atomic.Pointer[fleetView] // cached reported load, see fleetLoad
 }
 
 // standing caches how many members are ready and how many are in good
@@ -157,13 +160,78 @@ func (g *group) eligibility(epoch uint64, nowNs int64) *standing {
 		next.readyWeight += g.weights[i]
 		if u := e.excludedUntil.Load(); u > nowNs {
 			next.until = min(next.until, u)
-		} else if !e.brOpen.Load() || e.probeSlots.Load() > 0 {
-			// A half-open breaker with its probes out is still
-			// breaker-open: as usable says, it takes no call.
+		} else if inGoodStanding(e) {
 			next.good++
 			next.goodWeight += g.weights[i]
 		}
 	}
 	g.standing.CompareAndSwap(s, next)
+	return next
+}
+
+// inGoodStanding reports whether a member that is ready and not excluded
+// can take calls: its breaker is closed, or half-open with a probe slot
+// free (a half-open breaker with its probes out is still breaker-open: as
+// usable says, it takes no call).
+func inGoodStanding(e *endpoint) bool {
+	return !e.brOpen.Load() || e.probeSlots.Load() > 0
+}
+
+// fleetView is a group's load as its servers report it, cached for
+// fleetViewTTL: the sum, over the members the group's load is shared among
+// (those usableWeight counts), of each one's reported requests (Running
+// plus Waiting in fresh telemetry) or the caller's own calls on it,
+// whichever is more. ok is false when one of those members has no fresh
+// Running and Waiting: the bound then counts the caller's own calls.
+type fleetView struct {
+	epoch       uint64
+	from, until int64 // valid for now in [from, until)
+	total       float64
+	ok          bool
+}
+
+// fleetViewTTL is how long a group's reported load is reused: well under
+// a scrape interval, so a new scrape shows within a tenth of a second, and
+// long enough that summing the members costs nothing per pick.
+const fleetViewTTL = 100 * time.Millisecond
+
+// reportedLoad is the requests a server reports running or queued, from a
+// sample already cut to fresh fields.
+func reportedLoad(s *telemetry.Sample) (float64, bool) {
+	r, ok1 := s.Get(telemetry.Running)
+	w, ok2 := s.Get(telemetry.Waiting)
+	if !ok1 || !ok2 || r < 0 || w < 0 {
+		return 0, false
+	}
+	return r + w, true
+}
+
+// fleetLoad returns the group's reported load at now (see fleetView), with
+// st its current eligibility.
+func (g *group) fleetLoad(st *standing, now time.Time, maxAge time.Duration) *fleetView {
+	nowNs := now.UnixNano()
+	v := g.fleet.Load()
+	if v != nil && v.epoch == st.epoch && v.from <= nowNs && nowNs < v.until {
+		return v
+	}
+	next := &fleetView{epoch: st.epoch, from: nowNs, until: nowNs + int64(fleetViewTTL), ok: true}
+	onlyGood := st.goodWeight > 0
+	var s telemetry.Sample
+	for _, e := range g.members {
+		if e.readyMask.Load()&g.bit == 0 {
+			continue
+		}
+		if onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e)) {
+			continue
+		}
+		e.slot.LoadInto(&s, now, maxAge)
+		l, ok := reportedLoad(&s)
+		if !ok {
+			next.ok = false
+			break
+		}
+		next.total += max(l, float64(e.inFlight.Load()))
+	}
+	g.fleet.CompareAndSwap(v, next)
 	return next
 }

@@ -109,7 +109,11 @@ type Options struct {
 	// LoadBound is the bounded-load factor c for affinity: an endpoint takes
 	// a key's traffic only while its in-flight calls stay within c x its
 	// capacity share of the group's load. Default DefaultLoadBound (1.25);
-	// must be above 1. An endpoint whose fresh telemetry shows an empty queue
+	// must be above 1. The calls counted are this caller's own, or, when
+	// every endpoint of the group reports Running and Waiting in fresh
+	// telemetry, what each server reports (all callers' calls) or this
+	// caller's own, whichever is more: independent callers then bound an
+	// owner by the same load and spill its keys at the same moments. An endpoint whose fresh telemetry shows an empty queue
 	// and KV cache below 90% is not saturated and keeps its keys up to 1.2c:
 	// continuous batching absorbs the extra call, a spill costs a cold
 	// prefill elsewhere. In the fleet simulator this cut p90 TTFT at 4 req/s
