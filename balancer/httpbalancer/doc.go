@@ -40,9 +40,10 @@
 // attempt counts as canceled and is not retried elsewhere. (A body that is
 // not read ahead, MaxPeek < 0 or not JSON, is passed to Base untouched, so
 // its failure is Base's error like any other.) Nor is an endpoint blamed
-// for a request that net/http refuses to send (a method or header field
-// that is not valid HTTP, such as a header value with a line break): it
-// fails with Base's error and is not retried elsewhere. A Base that panics
+// for a request that net/http refuses to send (a method, header or trailer
+// field that is not valid HTTP, such as a header value with a line break; a
+// nil Header; a control character in the URL; a scheme other than http and
+// https): it fails with Base's error and is not retried elsewhere. A Base that panics
 // (a middleware's bug, a mock's failed assertion) panics through RoundTrip
 // as it came; the attempt is finished on the way out, blaming no endpoint
 // (the panic is the caller's code) and counting as canceled, and is not

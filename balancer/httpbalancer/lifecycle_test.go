@@ -336,3 +336,53 @@ func TestRequestNotMutatedByFailover(t *testing.T) {
 		}
 	}
 }
+
+// TestUnsendableRequestBlamesNoEndpoint: the other requests net/http's
+// Transport refuses to send (a nil Header, which http.Client fills in but
+// a direct RoundTrip call may leave; a trailer field that is not valid; a
+// control character in the URL's query; a scheme other than http and
+// https) fail without counting against any endpoint and without a
+// failover, as a bad method or header field does: each used to fail on
+// two endpoints per call.
+func TestUnsendableRequestBlamesNoEndpoint(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	for _, tc := range []struct {
+		name string
+		edit func(*http.Request)
+	}{
+		{"nil header", func(r *http.Request) { r.Header = nil }},
+		{"trailer name", func(r *http.Request) { r.Trailer = http.Header{"X Sum": {"1"}} }},
+		{"trailer value", func(r *http.Request) { r.Trailer = http.Header{"X-Sum": {"1\r\nInjected: 1"}} }},
+		{"control character in query", func(r *http.Request) {
+			u := *r.URL
+			u.RawQuery = "q=a\nb"
+			r.URL = &u
+		}},
+		{"scheme", func(r *http.Request) {
+			u := *r.URL
+			u.Scheme = "ftp"
+			r.URL = &u
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := newResults(8)
+			tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a, b), OnResult: res.on})
+			for i := range 4 {
+				req := chatRequest(t, i)
+				tc.edit(req)
+				resp, err := tr.RoundTrip(req)
+				if resp != nil {
+					resp.Body.Close()
+				}
+				require.Error(t, err)
+			}
+			for id, s := range statsByID(tr.Balancer()) {
+				assert.Zero(t, s.Failures, id)
+				assert.Zero(t, s.InFlight, id)
+			}
+			assert.Zero(t, tr.Balancer().RetryStats().Allowed, "failed over")
+			assert.EqualValues(t, 4, res.n.Load(), "one attempt per call")
+		})
+	}
+	assert.Zero(t, a.hits.Load()+b.hits.Load())
+}

@@ -450,22 +450,36 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 
 // errMalformed is the Outcome.Err of an attempt that failed on a request
 // net/http will not send: a method or header field name that is not a
-// token, or a header value with control characters (a gateway copying a
-// client's input into a header). It wraps context.Canceled, which the
-// balancer reads as saying nothing about the endpoint: counted as failures,
-// such requests tripped the breaker of each endpoint they were sent and
-// failed over to in turn, so a client could take a healthy fleet out of
-// rotation.
-var errMalformed = fmt.Errorf("inferlb: the request has a method or header field net/http does not send: %w", context.Canceled)
+// token, a header value with control characters (a gateway copying a
+// client's input into a header), and the like (see malformed). It wraps
+// context.Canceled, which the balancer reads as saying nothing about the
+// endpoint: counted as failures, such requests tripped the breaker of each
+// endpoint they were sent and failed over to in turn, so a client could
+// take a healthy fleet out of rotation.
+var errMalformed = fmt.Errorf("inferlb: the request is one net/http does not send (its method, a header or trailer field, its URL or scheme): %w", context.Canceled)
 
-// malformed reports whether r has a method or header field that net/http's
-// Transport refuses, by the rules it checks them with (httpguts). It runs
-// only after Base failed, never on a call that succeeds.
+// malformed reports whether r is a request net/http's Transport refuses to
+// send, by the checks it makes (with httpguts) before and while it writes
+// one: a nil Header (http.Client fills one in; a direct RoundTrip call may
+// not), a scheme other than http and https, a method or header or trailer
+// field that is not valid, a control character in the request URI. It
+// runs only after Base failed, never on a call that succeeds.
 func malformed(r *http.Request) bool {
+	if r.Header == nil || r.URL.Scheme != "http" && r.URL.Scheme != "https" {
+		return true
+	}
 	if r.Method != "" && !httpguts.ValidHeaderFieldName(r.Method) { // a method is a token too
 		return true
 	}
-	for k, vs := range r.Header {
+	if badFields(r.Header) || badFields(r.Trailer) {
+		return true
+	}
+	return strings.ContainsFunc(r.URL.RequestURI(), func(c rune) bool { return c < ' ' || c == 0x7f })
+}
+
+// badFields reports whether h has a field name or value net/http refuses.
+func badFields(h http.Header) bool {
+	for k, vs := range h {
 		if !httpguts.ValidHeaderFieldName(k) {
 			return true
 		}
