@@ -338,19 +338,17 @@ func TestRequestNotMutatedByFailover(t *testing.T) {
 }
 
 // TestUnsendableRequestBlamesNoEndpoint: the other requests net/http's
-// Transport refuses to send (a nil Header, which http.Client fills in but
-// a direct RoundTrip call may leave; a trailer field that is not valid; a
-// control character in the URL's query; a scheme other than http and
-// https) fail without counting against any endpoint and without a
-// failover, as a bad method or header field does: each used to fail on
-// two endpoints per call.
+// Transport refuses to send (a trailer field that is not valid; a control
+// character in the URL's query; a scheme other than http and https) fail
+// without counting against any endpoint and without a failover, as a bad
+// method or header field does: each used to fail on two endpoints per
+// call.
 func TestUnsendableRequestBlamesNoEndpoint(t *testing.T) {
 	a, b := newBackend(t, "a"), newBackend(t, "b")
 	for _, tc := range []struct {
 		name string
 		edit func(*http.Request)
 	}{
-		{"nil header", func(r *http.Request) { r.Header = nil }},
 		{"trailer name", func(r *http.Request) { r.Trailer = http.Header{"X Sum": {"1"}} }},
 		{"trailer value", func(r *http.Request) { r.Trailer = http.Header{"X-Sum": {"1\r\nInjected: 1"}} }},
 		{"control character in query", func(r *http.Request) {
@@ -385,4 +383,23 @@ func TestUnsendableRequestBlamesNoEndpoint(t *testing.T) {
 		})
 	}
 	assert.Zero(t, a.hits.Load()+b.hits.Load())
+}
+
+// TestNilHeaderIsSent: a request with a nil Header, which http.Client
+// fills in and a direct RoundTrip call may pass, is sent as net/http's
+// Transport would send it through http.Client, not refused by it after
+// the pick (which counted as a failure of each endpoint tried), and the
+// caller's request keeps its nil Header.
+func TestNilHeaderIsSent(t *testing.T) {
+	a := newBackend(t, "a")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a)})
+	req := chatRequest(t, 1)
+	req.Header = nil
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Nil(t, req.Header)
+	assert.EqualValues(t, 1, statsByID(tr.Balancer())["a"].Successes)
 }

@@ -437,13 +437,18 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 		out.Host = ""
 	}
 	out.Body, out.ContentLength, out.GetBody = body.rc, body.length, getBody
-	if t.cfg.loadReports {
+	switch {
+	case t.cfg.loadReports:
 		h := r.Header.Clone()
 		if h == nil {
 			h = make(http.Header, 1)
 		}
 		h[loadFormatHeader] = []string{"text"}
 		out.Header = h
+	case r.Header == nil:
+		// http.Client fills in a nil Header; net/http's Transport refuses
+		// one, which a direct RoundTrip call may pass.
+		out.Header = make(http.Header)
 	}
 	return out, nil
 }
@@ -460,12 +465,12 @@ var errMalformed = fmt.Errorf("inferlb: the request is one net/http does not sen
 
 // malformed reports whether r is a request net/http's Transport refuses to
 // send, by the checks it makes (with httpguts) before and while it writes
-// one: a nil Header (http.Client fills one in; a direct RoundTrip call may
-// not), a scheme other than http and https, a method or header or trailer
-// field that is not valid, a control character in the request URI. It
-// runs only after Base failed, never on a call that succeeds.
+// one: a scheme other than http and https, a method or header or trailer
+// field that is not valid, a control character in the request URI. (A nil
+// Header never reaches Base: see outgoing.) It runs only after Base
+// failed, never on a call that succeeds.
 func malformed(r *http.Request) bool {
-	if r.Header == nil || r.URL.Scheme != "http" && r.URL.Scheme != "https" {
+	if r.URL.Scheme != "http" && r.URL.Scheme != "https" {
 		return true
 	}
 	if r.Method != "" && !httpguts.ValidHeaderFieldName(r.Method) { // a method is a token too
