@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,8 +38,10 @@ func (b *failingBody) Close() error { return nil }
 // TestBodyReadErrorNamesTheEndpoint: a response body that breaks mid-way
 // fails with an error that names the endpoint that sent it (an
 // io.ErrUnexpectedEOF alone does not say which of the backends broke),
-// while errors.Is and errors.As still find the error underneath. io.EOF
-// is returned as it is: callers compare err == io.EOF.
+// while errors.Is and errors.As still find the error underneath. io.EOF,
+// context.Canceled and context.DeadlineExceeded are returned as they are:
+// callers compare them with == (err == io.EOF; httputil.ReverseProxy's
+// rerr != context.Canceled), and the context's end is not an endpoint's.
 func TestBodyReadErrorNamesTheEndpoint(t *testing.T) {
 	t.Run("loopback", func(t *testing.T) {
 		cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -82,8 +86,8 @@ func TestBodyReadErrorNamesTheEndpoint(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, 2, n)
 			_, err = resp.Body.Read(p)
-			if fail == io.EOF {
-				assert.True(t, err == io.EOF, "io.EOF itself: %v", err)
+			if fail == io.EOF || fail == context.Canceled || fail == context.DeadlineExceeded {
+				assert.True(t, err == fail, "%v itself: %v", fail, err)
 			} else {
 				require.ErrorIs(t, err, fail)
 				assert.ErrorContains(t, err, `"gpu-7"`)
@@ -98,4 +102,43 @@ func TestBodyReadErrorNamesTheEndpoint(t *testing.T) {
 			assert.Zero(t, totalInFlight(tr.Balancer()))
 		})
 	}
+}
+
+// TestReverseProxyClientGoneIsQuiet: a gateway built on
+// httputil.ReverseProxy over the Transport logs nothing when its client
+// goes away mid-stream, as it logs nothing over net/http's own Transport:
+// it tells a client's cancellation by err == context.Canceled.
+func TestReverseProxyClientGoneIsQuiet(t *testing.T) {
+	started := make(chan struct{})
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"x\":1}\n\n")
+		w.(http.Flusher).Flush()
+		close(started)
+		<-r.Context().Done()
+	}))
+	defer backend.Close()
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "gpu-7", Addr: strings.TrimPrefix(backend.URL, "http://")}},
+	})
+	var logged strings.Builder
+	proxy := httptest.NewServer(&httputil.ReverseProxy{
+		Rewrite:   func(pr *httputil.ProxyRequest) { pr.Out.URL.Host = "llm.internal" },
+		Transport: tr,
+		ErrorLog:  log.New(&logged, "", 0),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, proxy.URL+"/v1/chat/completions", strings.NewReader(chatBody(1, true)))
+	require.NoError(t, err)
+	client := &http.Client{Transport: &http.Transport{}}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	<-started
+	cancel()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	client.CloseIdleConnections()
+	proxy.Close() // waits for the proxy's handler, which wrote any log
+	assert.Empty(t, logged.String())
+	assert.Zero(t, totalInFlight(tr.Balancer()))
 }

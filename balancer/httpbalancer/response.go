@@ -55,10 +55,13 @@ func (e *StatusError) Error() string {
 
 // EndpointError is the error a response body's Read returns when the body
 // fails before its end (a connection reset, a server that died or closed
-// the connection mid-stream, the context ending): the error underneath,
-// which errors.Is and errors.As find, with the endpoint the body came
-// from, so that a caller can tell which backend broke. The end of the body
-// is io.EOF itself, as io.Reader callers expect.
+// the connection mid-stream): the error underneath, which errors.Is and
+// errors.As find, with the endpoint the body came from, so that a caller
+// can tell which backend broke. The end of the body is io.EOF itself, as
+// io.Reader callers expect, and the context's end is context.Canceled or
+// context.DeadlineExceeded itself, as net/http returns it: no endpoint
+// broke, and callers compare those with == too (httputil.ReverseProxy
+// tells a client that went away by err == context.Canceled).
 type EndpointError struct {
 	Endpoint string // the endpoint's ID (inferlb.Endpoint.Key)
 	Err      error
@@ -315,6 +318,11 @@ func (c *call) Read(p []byte) (int, error) {
 			// whichever of the two reports first. The error is the
 			// caller's doing, not the endpoint's, and goes back as it is.
 			c.finish(c.out.Context().Err())
+		case err == context.Canceled || err == context.DeadlineExceeded:
+			// The context's end, as net/http's body returns it: no
+			// endpoint broke, and callers compare it with ==
+			// (httputil.ReverseProxy tells a client gone by it).
+			c.finish(err)
 		default:
 			c.finish(err)
 			err = &EndpointError{Endpoint: c.pick.ID(), Err: err}
