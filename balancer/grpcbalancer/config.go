@@ -146,6 +146,9 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 		if _, err := dec.Token(); err != io.EOF {
 			return nil, errors.New("inferlb: service config: unexpected data after the JSON object")
 		}
+		if err := duplicateKey(js); err != nil {
+			return nil, err
+		}
 	}
 	c := &lbConfig{orcaPerCall: true, idByHost: raw.IDByHost}
 
@@ -321,6 +324,74 @@ func (t *jsonTunables) options() (core.Options, error) {
 		return o, configError("balancer", "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
 	}
 	return o, nil
+}
+
+// duplicateKey returns an error naming the first key that one of js's
+// objects repeats, or nil. encoding/json keeps a repeated key's last value
+// (and merges a repeated object into the first), so a method or tunable
+// named twice would take whichever came last, silently. Field names repeat
+// when they match as encoding/json matches them, case-insensitively;
+// method names (the keys of "methods") only when equal, as gRPC compares
+// them. js has decoded into jsonConfig already, so it is valid JSON of the
+// schema's shape.
+func duplicateKey(js []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(js))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil // not an object: Decode said what is wrong
+	}
+	return duplicateIn(dec, "", false)
+}
+
+// duplicateIn reads the rest of an object whose '{' dec has just read, at
+// path ("" for the top level); isMethods says its keys are method names.
+// No field of the schema is an array, so a value is an object or a scalar.
+func duplicateIn(dec *json.Decoder, path string, isMethods bool) error {
+	seen := map[string]string{} // key as compared -> key as first written
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		key, _ := tok.(string)
+		if isMethods {
+			field := fmt.Sprintf("%s[%q]", path, key)
+			if _, ok := seen[key]; ok {
+				return configError(field, "duplicate key: each method may appear once")
+			}
+			seen[key] = key
+		} else {
+			cmp := strings.ToUpper(key) // encoding/json's fold: "IDBYHOST", "methodſ" match
+			first, ok := seen[cmp]
+			if !ok {
+				first = key
+				seen[cmp] = key
+			}
+			field := first
+			if path != "" {
+				field = path + "." + first
+			}
+			switch {
+			case ok && first == key:
+				return configError(field, "duplicate key: each field may appear once")
+			case ok:
+				return configError(field, "duplicate key %q: each field may appear once, and field names match case-insensitively", key)
+			}
+			if tok, err = dec.Token(); err != nil {
+				return nil
+			}
+			if tok == json.Delim('{') {
+				if err := duplicateIn(dec, field, path == "" && cmp == "METHODS"); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if _, err := dec.Token(); err != nil { // a method's value: a string
+			return nil
+		}
+	}
+	_, _ = dec.Token() // '}'
+	return nil
 }
 
 // validKey reports whether k (lower-cased) is a valid HTTP/2 header name

@@ -193,3 +193,49 @@ func FuzzParseConfig(f *testing.F) {
 		}
 	})
 }
+
+// TestParseConfigDuplicateKeys: encoding/json lets a repeated key win
+// silently (and merges repeated objects), so an operator who names a method
+// or a tunable twice gets whichever came last. The parser refuses, naming
+// the field. encoding/json matches field names case-insensitively, so a
+// field spelt twice in different cases is a repeat too; method names are
+// case-sensitive in gRPC, so those are not.
+func TestParseConfigDuplicateKeys(t *testing.T) {
+	tests := []struct {
+		name string
+		js   string
+		want string // substring of the error
+	}{
+		{"top-level field", `{"defaultService": "llm", "defaultService": "embedding"}`, "field defaultService: duplicate key"},
+		{"methods twice", `{"methods": {"/a.B/C": "llm"}, "methods": {"/a.B/D": "embedding"}}`, "field methods: duplicate key"},
+		{"method twice", `{"methods": {"/a.B/C": "llm", "/a.B/D": "llm", "/a.B/C": "embedding"}}`, `field methods["/a.B/C"]: duplicate key`},
+		{"service prefix twice", `{"methods": {"/a.B/": "llm", "/a.B/": "llm"}}`, `field methods["/a.B/"]: duplicate key`},
+		{"field in another case", `{"idByHost": false, "IDBYHOST": true}`, `field idByHost: duplicate key "IDBYHOST"`},
+		{"field in a folded case", `{"methods": {}, "methodſ": {"/a.B/C": "llm"}}`, `field methods: duplicate key "methodſ"`},
+		{"orca twice", `{"orca": {"outOfBand": true}, "orca": {"interval": "1s"}}`, "field orca: duplicate key"},
+		{"orca field twice", `{"orca": {"perCall": false, "perCall": true}}`, "field orca.perCall: duplicate key"},
+		{"tunable twice", `{"balancer": {"errorAlpha": 0.1, "loadBound": 2, "errorAlpha": 0.5}}`, "field balancer.errorAlpha: duplicate key"},
+		{"balancer twice", `{"balancer": {}, "balancer": {}}`, "field balancer: duplicate key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig([]byte(tt.js), false)
+			if err == nil {
+				t.Fatalf("parseConfig(%s) succeeded", tt.js)
+			}
+			if !strings.HasPrefix(err.Error(), "inferlb: ") || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("parseConfig(%s) = %q, want the inferlb prefix and %q", tt.js, err, tt.want)
+			}
+		})
+	}
+	// Not repeats: the same key in different objects, and methods whose
+	// names differ only in case.
+	for _, js := range []string{
+		`{"methods": {"/a.B/C": "llm", "/a.b/C": "llm", "/a.B/c": "llm"}, "orca": {"perCall": true}}`,
+		`{"orca": {"interval": "1s"}, "balancer": {"latencyDecay": "1s", "errorDecay": "1s"}}`,
+	} {
+		if _, err := parseConfig([]byte(js), false); err != nil {
+			t.Errorf("parseConfig(%s): %v", js, err)
+		}
+	}
+}

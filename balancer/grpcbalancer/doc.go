@@ -152,8 +152,9 @@
 // Service names are those inferlb.ParseService accepts. Header keys are
 // case-insensitive metadata keys and may not start with "grpc-". Durations
 // are Go or protobuf-JSON durations ("1.5s", "250ms"). The config is
-// parsed and validated once, by ParseConfig: an unknown field, a value of
-// the wrong type, a bad method pattern, a bad header or a tunable that
+// parsed and validated once, by ParseConfig: an unknown field, a key
+// given twice in one object (a field, in any case, or a method), a value
+// of the wrong type, a bad method pattern, a bad header or a tunable that
 // balancer.Options.Validate rejects fails with an error that starts with
 // "inferlb: " and names the field. Changing the "balancer" section of a
 // running channel replaces its Balancer (live state starts over); the
