@@ -26,8 +26,8 @@
 // (gRFC A61, as least_request of gRFC A48 does): endpointsharding with one
 // pickfirst child per resolver endpoint, pickfirst's health listener on so
 // a child is READY only when healthy. The core holds one endpoint per
-// resolver endpoint, keyed by its first address (or the ID given with
-// WithEndpoint); its state survives picker rebuilds because the policy calls
+// resolver endpoint, keyed by the smallest of its addresses (or the ID
+// given with WithEndpoint); its state survives picker rebuilds because the policy calls
 // its membership's Update only when the endpoint set changes and SetReady
 // when a child's connectivity changes, before it publishes the next picker.
 //
@@ -161,9 +161,11 @@
 // "balancer" section is refused for a NewBuilder policy, whose Balancer the
 // caller configured.
 //
-// Endpoints are named by their first address ("10.0.0.5:8001") unless the
-// resolver gives an ID with WithEndpoint. With "idByHost" they are named by
-// its host alone ("10.0.0.5"), so that on a shared Balancer (NewBuilder) an
+// Endpoints are named by their address ("10.0.0.5:8001") unless the
+// resolver gives an ID with WithEndpoint; an endpoint with several
+// addresses by the smallest (as a string), so that the resolver may list
+// them in any order without the endpoint's live state starting over. With
+// "idByHost" they are named by that address's host alone ("10.0.0.5"), so that on a shared Balancer (NewBuilder) an
 // HTTP transport that names the same replicas by host (Endpoint.ID, or
 // Discovery.IDByHost) shares their state although the ports differ, with
 // the stock DNS resolver and no WithEndpoint. It assumes one replica per

@@ -36,10 +36,11 @@ func (a *endpointAttr) Equal(o any) bool {
 // know about it, for resolvers that have more than addresses to say:
 //
 //   - info.ID names the endpoint's live state in the Balancer. By default it
-//     is the endpoint's first address; set it when the same replica is also
-//     reached through another transport (say, HTTP on another port) with a
-//     shared Balancer, so both see one load, or when addresses change while
-//     the replica stays.
+//     is the smallest of the endpoint's addresses (so a resolver may list
+//     them in any order), or with "idByHost" that address's host. Set it
+//     when the same replica is also reached through another transport
+//     (say, HTTP on another port) with a shared Balancer, so both see one
+//     load, or when addresses change while the replica stays.
 //   - info.Weight is the relative capacity (0 means 1).
 //   - info.Labels carry facts such as "model" (the models served, for
 //     model subsets), "version", or "dp_group" (the data-parallel engine a
@@ -56,13 +57,11 @@ func WithEndpoint(ep resolver.Endpoint, info inferlb.Endpoint) resolver.Endpoint
 }
 
 // endpointOf describes ep for the Balancer. The ID is the WithEndpoint ID,
-// else the first address, which is what endpointsharding keys children by
-// (together with the other addresses), or with byHost that address's host.
+// else its naming address (namingAddr), or with byHost that address's
+// host. Addr is the naming address too.
 func endpointOf(ep resolver.Endpoint, byHost bool) inferlb.Endpoint {
 	var e inferlb.Endpoint
-	if len(ep.Addresses) > 0 {
-		e.Addr = ep.Addresses[0].Addr
-	}
+	e.Addr = namingAddr(ep.Addresses)
 	if a, ok := ep.Attributes.Value(endpointKey{}).(*endpointAttr); ok && a != nil {
 		e.ID, e.Weight, e.Labels = a.id, a.weight, a.labels
 	}
@@ -78,9 +77,26 @@ func endpointID(ep resolver.Endpoint, byHost bool) string {
 		return a.id
 	}
 	if len(ep.Addresses) > 0 {
-		return defaultID(ep.Addresses[0].Addr, byHost)
+		return defaultID(namingAddr(ep.Addresses), byHost)
 	}
 	return ""
+}
+
+// namingAddr is the address an endpoint is named by: the smallest of its
+// addresses (as strings), "" when it has none. Not the first: resolvers
+// need not keep an order (DNS answers come in any order, and a dual-stack
+// endpoint may list either family first), and endpointsharding keeps the
+// child of an endpoint whose addresses were reordered, so its live state
+// in the core must stay too.
+func namingAddr(addrs []resolver.Address) string {
+	if len(addrs) == 0 {
+		return ""
+	}
+	least := addrs[0].Addr
+	for _, a := range addrs[1:] {
+		least = min(least, a.Addr)
+	}
+	return least
 }
 
 // defaultID names an endpoint by its address, or with byHost by the

@@ -785,3 +785,56 @@ func TestOOBReportFollowsARenamedEndpoint(t *testing.T) {
 	_, ok = lb.core.Load().Telemetry().Latest(addr(0), time.Now(), time.Minute)
 	assert.False(t, ok, "nothing under the old ID")
 }
+
+// TestReorderedAddressesKeepTheEndpoint: a resolver may list an endpoint's
+// addresses in another order from one update to the next (DNS answers do
+// not come sorted; a dual-stack endpoint may put either family first). It
+// is the same endpoint: endpointsharding keeps its child, and the core
+// must keep its live state (in-flight calls, picks, errors, breaker).
+func TestReorderedAddressesKeepTheEndpoint(t *testing.T) {
+	eps := func(reversed bool) []resolver.Endpoint {
+		out := make([]resolver.Endpoint, 2)
+		for i := range out {
+			as := []resolver.Address{{Addr: fmt.Sprintf("10.0.0.%d:50051", i)}, {Addr: fmt.Sprintf("[fd00::%d]:50051", i)}}
+			if reversed {
+				as[0], as[1] = as[1], as[0]
+			}
+			out[i] = resolver.Endpoint{Addresses: as}
+		}
+		return out
+	}
+	for _, byHost := range []bool{false, true} {
+		t.Run(fmt.Sprintf("idByHost=%v", byHost), func(t *testing.T) {
+			h := newHarnessWith(t, Name, fmt.Sprintf(`{"idByHost": %v}`, byHost), eps(false))
+			b := h.lb().core.Load()
+			var held []balancer.PickResult
+			for range 10 {
+				_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+				held = append(held, res)
+			}
+			_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+			res.Done(balancer.DoneInfo{BytesSent: true, Err: status.Error(codes.Internal, "boom")})
+			before := b.Stats()
+
+			for _, reversed := range []bool{true, false, true} {
+				h.updateEndpoints(eps(reversed))
+				for h.cc.ConnectAll() > 0 {
+				}
+				after := b.Stats()
+				if len(after) != len(before) {
+					t.Fatalf("reversed=%v: endpoints %+v, want the same as before %+v", reversed, after, before)
+				}
+				for _, s := range before {
+					a := stats(t, b, s.ID)
+					if a.Picks != s.Picks || a.InFlight != s.InFlight || a.Failures != s.Failures || !a.Ready {
+						t.Errorf("reversed=%v: %s: picks %d -> %d, in flight %d -> %d, failures %d -> %d, ready %v",
+							reversed, s.ID, s.Picks, a.Picks, s.InFlight, a.InFlight, s.Failures, a.Failures, a.Ready)
+					}
+				}
+			}
+			for _, res := range held {
+				res.Done(sent)
+			}
+		})
+	}
+}
