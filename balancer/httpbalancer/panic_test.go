@@ -1,6 +1,8 @@
 package httpbalancer_test
 
 import (
+	"errors"
+	"io"
 	"net/http"
 	"testing"
 
@@ -43,4 +45,33 @@ func TestBasePanicFinishesThePick(t *testing.T) {
 	assert.ErrorContains(t, r.Outcome.Err, "Base panicked")
 	assert.True(t, r.Outcome.Canceled(), "blames no endpoint")
 	assert.False(t, r.FailedOver)
+}
+
+// TestGetBodyPanicFinishesThePick: a GetBody that panics when the
+// transport replays the body for a failover panics through RoundTrip, and
+// the failed attempt's pick is finished on the way out, with the
+// attempt's own error.
+func TestGetBodyPanicFinishesThePick(t *testing.T) {
+	type boom struct{}
+	res := newResults(4)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
+		Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+			_ = r.Body.Close()
+			return nil, errors.New("connection refused")
+		}),
+		OnResult: res.on,
+	})
+	req := chatRequest(t, 1)
+	req.GetBody = func() (io.ReadCloser, error) { panic(boom{}) }
+	func() {
+		defer func() { assert.Equal(t, boom{}, recover()) }()
+		_, _ = tr.RoundTrip(req)
+		t.Error("RoundTrip returned")
+	}()
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+	require.EqualValues(t, 1, res.n.Load())
+	r := <-res.c
+	assert.False(t, r.FailedOver)
+	assert.ErrorContains(t, r.Outcome.Err, "connection refused")
 }

@@ -325,7 +325,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			c.fail(errMalformed, false)
 			return nil, err
 		}
-		next, ok := c.retry(first, &rb)
+		next, ok := c.retry(first, &rb, err)
 		c.fail(err, ok)
 		if !ok {
 			return nil, err // what went wrong, not that nothing was left to retry on
@@ -347,11 +347,28 @@ type retryAttempt struct {
 // failover with nowhere to go retries nothing. The retry never lands on
 // the endpoint that just failed; with an affinity key it goes to the next
 // endpoint in the key's order, the one its spills already warm.
-func (c *call) retry(first bool, rb *reqBody) (retryAttempt, bool) {
+//
+// The failed attempt (its error is err) is reported once the retry is
+// set up; a panic in the caller's code here (GetBody, a Scorer) reports it
+// on the way out, so that its pick is finished all the same.
+func (c *call) retry(first bool, rb *reqBody, err error) (retryAttempt, bool) {
 	t := c.t
 	if !first || !t.cfg.failover || c.out.Context().Err() != nil || !rb.replayable() {
 		return retryAttempt{}, false
 	}
+	returned := false
+	defer func() {
+		if !returned {
+			c.fail(err, false)
+		}
+	}()
+	next, ok := c.retryPick(rb)
+	returned = true
+	return next, ok
+}
+
+func (c *call) retryPick(rb *reqBody) (retryAttempt, bool) {
+	t := c.t
 	body, ok := rb.again()
 	if !ok {
 		return retryAttempt{}, false
