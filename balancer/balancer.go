@@ -305,7 +305,7 @@ func (b *Balancer) reconcile() {
 		}
 	}
 	b.eps = eps
-	b.setEngines(all)
+	b.setEngines()
 	for _, e := range all {
 		var loads []*atomic.Int64
 		for _, m := range b.memberships {

@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -114,24 +115,53 @@ func barrier(e *endpoint, tokens int, nowNs int64) float64 {
 	return 1 + over/dpStallTokens
 }
 
-// setEngines points every member at the ranks of its data-parallel engine
-// (the members sharing its label value), or at none. Called by Update with
-// mu held.
-func (b *Balancer) setEngines(members []*endpoint) {
-	engines := map[string][]*endpoint{}
-	for _, e := range members {
-		if v := e.info.Load().Labels[b.cfg.dpLabel]; v != "" {
-			engines[v] = append(engines[v], e)
-		}
-	}
-	b.engines.Store(false)
-	for _, e := range members {
-		peers := engines[e.info.Load().Labels[b.cfg.dpLabel]]
-		if len(peers) < 2 {
-			e.dpPeers.Store(nil) // no label, or an engine of one: no barrier
+// setEngines points every endpoint at the ranks of its data-parallel
+// engine, or at none. Engines are each membership's own: the members it
+// gives the same label value, as it describes them. Memberships of a
+// shared Balancer (channels to different fleets, or a channel and an HTTP
+// transport) may each number their engines from "0", so one value in two
+// memberships is two engines. An endpoint that several memberships put in
+// an engine (the same replica, reached both ways) is a rank of each: its
+// peers are their union. An engine of one has no barrier. Called by
+// reconcile with mu held, after eps has every member.
+func (b *Balancer) setEngines() {
+	peers := map[*endpoint][]*endpoint{}
+	for _, m := range b.memberships {
+		if m == nil {
 			continue
 		}
-		e.dpPeers.Store(&peers)
-		b.engines.Store(true)
+		engines := map[string][]*endpoint{}
+		for i, e := range m.members {
+			if v := m.infos[i].Labels[b.cfg.dpLabel]; v != "" {
+				engines[v] = append(engines[v], e)
+			}
+		}
+		for _, ranks := range engines { // a member is in one engine here: order is moot
+			if len(ranks) < 2 {
+				continue
+			}
+			for _, e := range ranks {
+				old, ok := peers[e]
+				if !ok {
+					peers[e] = ranks // shared by the engine's ranks; never appended to in place
+					continue
+				}
+				merged := slices.Clip(old)
+				for _, r := range ranks {
+					if !slices.Contains(merged, r) {
+						merged = append(merged, r)
+					}
+				}
+				peers[e] = merged
+			}
+		}
 	}
+	for _, e := range b.eps {
+		if p, ok := peers[e]; ok {
+			e.dpPeers.Store(&p)
+		} else {
+			e.dpPeers.Store(nil)
+		}
+	}
+	b.engines.Store(len(peers) > 0)
 }

@@ -1,10 +1,14 @@
 package balancer
 
 import (
+	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/inferlb/inferlb"
 )
 
 func TestPrefillEstimateDecays(t *testing.T) {
@@ -66,4 +70,76 @@ func TestPrefillEstimateTakesOutOfOrderTimes(t *testing.T) {
 	if got := p.at(t0); math.Abs(got-31000) > 620 {
 		t.Fatalf("read 1 ms before the stamp: %v, want about 31000", got)
 	}
+}
+
+// peerIDs lists the IDs of e's data-parallel engine, sorted; nil for none.
+func peerIDs(e *endpoint) []string {
+	p := e.dpPeers.Load()
+	if p == nil {
+		return nil
+	}
+	var ids []string
+	for _, r := range *p {
+		ids = append(ids, r.id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// TestEnginesAreEachMembershipsOwn: two memberships of a shared Balancer
+// (two gRPC channels to two fleets, or a gRPC channel and an HTTP
+// transport) may use the same dp_group value for different engines:
+// labels are per fleet ("0", "1", ...). Each membership's engines are its
+// own; only an endpoint both list joins the ranks each puts it with.
+func TestEnginesAreEachMembershipsOwn(t *testing.T) {
+	b := New(Options{})
+	fleet := func(prefix string, groups ...string) []inferlb.Endpoint {
+		var eps []inferlb.Endpoint
+		for i, g := range groups {
+			eps = append(eps, inferlb.Endpoint{ID: fmt.Sprintf("%s%d", prefix, i), Labels: map[string]string{DefaultDPGroupLabel: g}})
+		}
+		return eps
+	}
+	x, err := b.NewMembership()
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := b.NewMembership()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Update(fleet("x", "0", "0", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := y.Update(fleet("y", "0", "0", "1")); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{
+		"x0": {"x0", "x1"}, "x1": {"x0", "x1"}, "x2": nil, // x2: an engine of one
+		"y0": {"y0", "y1"}, "y1": {"y0", "y1"}, "y2": nil,
+	}
+	check := func(when string) {
+		t.Helper()
+		for id, w := range want {
+			if got := peerIDs(b.eps[id]); !slices.Equal(got, w) {
+				t.Errorf("%s: %s's engine is %v, want %v", when, id, got, w)
+			}
+		}
+	}
+	check("two fleets")
+
+	// An endpoint both list (the same replica, say by gRPC and by HTTP) is
+	// a rank of each engine a membership puts it in, by that membership's
+	// own description of it, not the one given last: y puts x2 in its
+	// engine "0", x keeps it alone in its "1".
+	if err := y.Update(append(fleet("y", "0", "0", "1"), inferlb.Endpoint{ID: "x2", Labels: map[string]string{DefaultDPGroupLabel: "0"}})); err != nil {
+		t.Fatal(err)
+	}
+	want["x2"], want["y0"], want["y1"] = []string{"x2", "y0", "y1"}, []string{"x2", "y0", "y1"}, []string{"x2", "y0", "y1"}
+	check("a shared replica")
+
+	x.Close()
+	delete(want, "x0")
+	delete(want, "x1")
+	check("after x closed")
 }

@@ -241,8 +241,9 @@ type Options struct {
 	// load bound, rather than to the cheaper of two candidates.
 	MinKeyReuse float64
 	// DPGroupLabel is the endpoint label naming the data-parallel attention
-	// engine a rank belongs to (ranks of one engine share its value).
-	// Ranks of an engine step together, so P2C prices how far a prompt
+	// engine a rank belongs to (ranks of one engine share its value;
+	// values are each Membership's own, so two channels on one Balancer may
+	// both number their engines from "0"). Ranks of an engine step together, so P2C prices how far a prompt
 	// would raise its engine's step above the prefill its other ranks are
 	// already doing (see dp.go). Default DefaultDPGroupLabel ("dp_group");
 	// endpoints without the label are priced as before.
