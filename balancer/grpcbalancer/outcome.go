@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -122,15 +123,25 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 // retryAfter reads the server's pushback from the trailer: gRPC's
 // grpc-retry-pushback-ms (gRFC A6, milliseconds; negative means "do not
 // retry", which for routing is just "no hint"), else an HTTP-style
-// retry-after in seconds. 0 means no hint.
+// retry-after in seconds. 0 means no hint. A hint longer than a Duration
+// holds saturates: the core caps it at MaxCooldown, and wrapped it would
+// read as a short pause or as no hint at all.
 func retryAfter(md metadata.MD) time.Duration {
+	// Out of range, Parse* return the nearest value with ErrRange:
+	// saturated, as wanted.
 	if v := md["grpc-retry-pushback-ms"]; len(v) > 0 {
-		if ms, err := strconv.ParseInt(strings.TrimSpace(v[0]), 10, 64); err == nil && ms > 0 {
+		if ms, err := strconv.ParseInt(strings.TrimSpace(v[0]), 10, 64); (err == nil || errors.Is(err, strconv.ErrRange)) && ms > 0 {
+			if ms > math.MaxInt64/int64(time.Millisecond) {
+				return math.MaxInt64
+			}
 			return time.Duration(ms) * time.Millisecond
 		}
 	}
 	if v := md["retry-after"]; len(v) > 0 {
-		if s, err := strconv.ParseFloat(strings.TrimSpace(v[0]), 64); err == nil && s > 0 && s < 1e6 {
+		if s, err := strconv.ParseFloat(strings.TrimSpace(v[0]), 64); (err == nil || errors.Is(err, strconv.ErrRange)) && s > 0 {
+			if s >= math.MaxInt64/float64(time.Second) {
+				return math.MaxInt64
+			}
 			return time.Duration(s * float64(time.Second))
 		}
 	}

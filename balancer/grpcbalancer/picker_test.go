@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -323,6 +324,21 @@ func TestOutcome(t *testing.T) {
 			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "1500"), BytesSent: true}, true, false, true, 1500 * time.Millisecond},
 		{"exhausted retry-after", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
 			Trailer: metadata.Pairs("retry-after", "2"), BytesSent: true}, true, false, true, 2 * time.Second},
+		// Hints past what a Duration holds saturate (the core caps every
+		// cooldown at MaxCooldown); they must not wrap to a short or
+		// negative one, which would read as no hint.
+		{"exhausted pushback past int64 ns", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "9300000000000"), BytesSent: true}, true, false, true, math.MaxInt64},
+		{"exhausted pushback wrapping to under 1ms", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "18446744073710"), BytesSent: true}, true, false, true, math.MaxInt64},
+		{"exhausted retry-after of a month", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("retry-after", "2592000"), BytesSent: true}, true, false, true, 2592000 * time.Second},
+		{"exhausted pushback past int64 ms", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "99999999999999999999"), BytesSent: true}, true, false, true, math.MaxInt64},
+		{"exhausted retry-after past float64", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("retry-after", "1e400"), BytesSent: true}, true, false, true, math.MaxInt64},
+		{"exhausted retry-after past int64 ns", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("retry-after", "1e300"), BytesSent: true}, true, false, true, math.MaxInt64},
 		{"exhausted bad hints", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
 			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "-1", "retry-after", "soon"), BytesSent: true}, true, false, true, 0},
 	}
