@@ -174,12 +174,7 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		lb.mu.Unlock()
 	}
 	if lb.memErr != nil {
-		lb.ClientConn.UpdateState(balancer.State{
-			ConnectivityState: connectivity.TransientFailure,
-			// A status error: wait-for-ready calls would otherwise wait
-			// for a picker that never comes, until their deadline.
-			Picker: base.NewErrPicker(statusError{codes.Unavailable, lb.memErr}),
-		})
+		lb.failNoMembership()
 		return lb.memErr
 	}
 	lb.mu.Lock()
@@ -251,11 +246,27 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	})
 }
 
+// failNoMembership fails every call, wait-for-ready ones too, with memErr:
+// a status error, or wait-for-ready calls would wait until their deadline
+// for a picker that never comes. Called only by methods gRPC serializes.
+func (lb *lbBalancer) failNoMembership() {
+	lb.ClientConn.UpdateState(balancer.State{
+		ConnectivityState: connectivity.TransientFailure,
+		Picker:            base.NewErrPicker(statusError{codes.Unavailable, lb.memErr}),
+	})
+}
+
 // ResolverError implements balancer.Balancer. With endpoints from an
 // earlier update the children keep serving and the error is theirs to weigh;
 // with none, the channel fails calls with the resolver's error, which says
-// more than endpointsharding's "no children to pick from".
+// more than endpointsharding's "no children to pick from". A channel
+// without a membership keeps failing them with that reason, which the
+// resolver's error would hide.
 func (lb *lbBalancer) ResolverError(err error) {
+	if lb.memErr != nil {
+		lb.failNoMembership()
+		return
+	}
 	lb.mu.Lock()
 	empty, closed := len(lb.eps) == 0, lb.closed
 	lb.mu.Unlock()

@@ -736,6 +736,16 @@ func TestSharedCoreWithoutAFreeMembership(t *testing.T) {
 	require.True(t, ok, "not a status error: %v", err)
 	assert.Equal(t, codes.Unavailable, st.Code())
 	assert.Contains(t, st.Message(), "too many open Memberships")
+
+	// A resolver error (DNS failing too) does not hide the reason, nor
+	// turn the status error into one wait-for-ready calls wait out.
+	bal.ResolverError(errors.New("no such host"))
+	assert.Equal(t, connectivity.TransientFailure, cc.State().ConnectivityState)
+	_, err = cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+	assert.ErrorIs(t, err, core.ErrTooManyMemberships)
+	st, ok = status.FromError(err)
+	require.True(t, ok, "not a status error after a resolver error: %v", err)
+	assert.Equal(t, codes.Unavailable, st.Code())
 }
 
 // With "idByHost" endpoints without a WithEndpoint ID are named by host, so
