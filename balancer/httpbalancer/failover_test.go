@@ -2,6 +2,7 @@ package httpbalancer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -330,4 +331,27 @@ func TestFailoverWithNowhereToGoSpendsNoRetry(t *testing.T) {
 	assert.EqualValues(t, 1, good.hits.Load())
 	assert.Equal(t, balancer.RetryStats{Allowed: 1}, tr.Balancer().RetryStats())
 	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+// TestFailoverWithoutABodySpendsNoRetry: a failover whose body cannot be
+// had again (the caller's GetBody fails) retries nothing, so it spends
+// none of the retry budget either.
+func TestFailoverWithoutABodySpendsNoRetry(t *testing.T) {
+	good := newBackend(t, "good")
+	res := newResults(4)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: refusedAddr(t)}, {ID: "good", Addr: good.addr()}},
+		BalancerOptions: preferOpts("dead"),
+		OnResult:        res.on,
+		MaxPeek:         -1, // so the body is replayed by GetBody alone
+	})
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+	require.NoError(t, err)
+	req.GetBody = func() (io.ReadCloser, error) { return nil, errors.New("no replay") }
+	_, err = (&http.Client{Transport: tr}).Do(req)
+	require.Error(t, err)
+	require.EqualValues(t, 1, res.n.Load())
+	assert.False(t, (<-res.c).FailedOver)
+	assert.Equal(t, balancer.RetryStats{}, tr.Balancer().RetryStats())
+	assert.Zero(t, good.hits.Load())
 }
