@@ -62,9 +62,11 @@
 // Envoy maps to 5xx (UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL,
 // UNAVAILABLE, DATA_LOSS) are failures; RESOURCE_EXHAUSTED is an overload
 // answer that cools the endpoint down for the trailer's
-// grpc-retry-pushback-ms or retry-after; CANCELLED is the client's doing and
-// counts as neither; other codes describe the request and count as the
-// endpoint's success. A pick whose call was never sent counts as nothing.
+// grpc-retry-pushback-ms or retry-after (but not one that says a message
+// is over a size limit: that is the message's doing, and counts as a
+// success when the endpoint answered, else as nothing); CANCELLED is the
+// client's doing and counts as neither; other codes describe the request
+// and count as the endpoint's success. A pick whose call was never sent counts as nothing.
 // An attempt the server did not process (a stream refused with
 // REFUSED_STREAM, or dropped by a graceful GOAWAY: MaxConnectionAge, a
 // rolling restart, a draining sidecar) is an overload answer without a

@@ -41,6 +41,9 @@ var (
 	errNoAnswer = errors.New("inferlb: the attempt ended with no answer from the server")
 	// errCanceled is the client's own cancellation (codes.Canceled).
 	errCanceled = fmt.Errorf("inferlb: call canceled by the client: %w", context.Canceled)
+	// errTooLargeToSend is a request over the client's send limit: it
+	// never left, so it counts as neither (see outcome).
+	errTooLargeToSend = fmt.Errorf("inferlb: request over the send size limit: %w", context.Canceled)
 )
 
 // The messages grpc-go gives an attempt the server did not process (its
@@ -52,6 +55,14 @@ const (
 	msgRefused = "RST_STREAM with error code: REFUSED_STREAM"
 )
 
+// msgTooLarge is in each RESOURCE_EXHAUSTED grpc-go gives a message over a
+// size limit: "grpc: received message larger than max (...)" (the
+// client's MaxCallRecvMsgSize on an answer, or the server's
+// MaxRecvMsgSize on a request), "trying to send message larger than max
+// (...)", and the decompression variants. Pinned by
+// TestE2EMessageOverASizeLimitIsNoOverload.
+const msgTooLarge = "larger than max"
+
 // outcome turns how gRPC says a call ended into how the core should count it.
 //
 // The classification follows the HTTP status Envoy maps each code to
@@ -62,6 +73,14 @@ const (
 // (499) is the client's doing and counts as neither; every other code
 // (InvalidArgument, NotFound, PermissionDenied, ...) describes the request,
 // not the endpoint, which answered: for routing it is a success.
+//
+// A ResourceExhausted that is a message over a size limit (msgTooLarge)
+// is no overload either: the message is too large for any endpoint, and
+// cooling the endpoint down for it would, with a few such calls, leave
+// nothing to route to. When something came back (the server refused the
+// request by its limit, or the client refused the answer by its own) the
+// endpoint answered: a success, as for InvalidArgument. Otherwise the
+// request never left the client (over its send limit): neither.
 //
 // (call.done also turns a DEADLINE_EXCEEDED after a stream's first token
 // into errDeadlineMidStream.)
@@ -104,6 +123,12 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 	case codes.Canceled:
 		return inferlb.Outcome{Err: errCanceled}
 	case codes.ResourceExhausted:
+		if st, ok := status.FromError(di.Err); ok && strings.Contains(st.Message(), msgTooLarge) {
+			if !di.BytesReceived {
+				return inferlb.Outcome{Err: errTooLargeToSend}
+			}
+			return inferlb.Outcome{} // answered: the message is too large anywhere
+		}
 		return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
 	case codes.Unavailable:
 		if !di.BytesReceived {

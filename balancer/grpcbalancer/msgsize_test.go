@@ -1,0 +1,75 @@
+package grpcbalancer_test
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	core "github.com/inferlb/inferlb/balancer"
+)
+
+// bigAnswer answers UnaryCall with a payload of 1 KiB.
+type bigAnswer struct {
+	testgrpc.UnimplementedTestServiceServer
+}
+
+func (bigAnswer) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	return &testgrpc.SimpleResponse{Payload: &testgrpc.Payload{Body: make([]byte, 1024)}}, nil
+}
+
+// A message over a size limit (the client's MaxCallRecvMsgSize or
+// MaxCallSendMsgSize, or the server's own) fails the call
+// RESOURCE_EXHAUSTED, but says nothing of the endpoint's load: the message
+// is too large wherever it goes. Counted as an overload answer, each such
+// call cooled a healthy endpoint down, and with panic routing off a few
+// of them left nothing to route to.
+func TestE2EMessageOverASizeLimitIsNoOverload(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(512))
+	testgrpc.RegisterTestServiceServer(srv, bigAnswer{})
+	run(t, srv, lis)
+	addr := lis.Addr().String()
+	name, b := shared(t, core.Options{PanicThreshold: -1, BreakerFailures: -1, OutlierInterval: -1})
+	conn, _ := dial(t, []*backend{{addr: addr}}, name, `{}`)
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	if _, err = client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	calls := []struct {
+		name     string
+		req      *testgrpc.SimpleRequest
+		opt      grpc.CallOption
+		answered bool // the endpoint answered: a success; else the call counts as nothing
+	}{
+		{"answer over the client's receive limit", &testgrpc.SimpleRequest{}, grpc.MaxCallRecvMsgSize(64), true},
+		{"request over the client's send limit", &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1024)}}, grpc.MaxCallSendMsgSize(64), false},
+		{"request over the server's receive limit", &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1024)}}, grpc.EmptyCallOption{}, true},
+	}
+	for _, c := range calls {
+		before := stats(t, b, addr)
+		_, err := client.UnaryCall(ctx, c.req, c.opt)
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("%s: %v, want RESOURCE_EXHAUSTED", c.name, err)
+		}
+		s := stats(t, b, addr)
+		if s.Overloads != 0 || !s.ExcludedUntil.IsZero() {
+			t.Errorf("%s: %d overloads, excluded until %v; want none", c.name, s.Overloads, s.ExcludedUntil)
+		}
+		if got, want := s.Successes-before.Successes, map[bool]uint64{true: 1}[c.answered]; got != want || s.Failures != 0 {
+			t.Errorf("%s: %d successes, %d failures; want %d and 0", c.name, got, s.Failures, want)
+		}
+		// The endpoint still takes calls that do not wait for ready.
+		if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
+			t.Errorf("%s: the next call: %v", c.name, err)
+		}
+	}
+}
