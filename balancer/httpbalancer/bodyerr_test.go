@@ -2,6 +2,7 @@ package httpbalancer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -141,4 +142,38 @@ func TestReverseProxyClientGoneIsQuiet(t *testing.T) {
 	proxy.Close() // waits for the proxy's handler, which wrote any log
 	assert.Empty(t, logged.String())
 	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+// TestFailedCallNamesTheEndpoint: a call that fails before any response
+// (here a server that closes the connection on every request, which
+// net/http reports as a bare EOF) fails with an error that names the
+// endpoint it failed on, the last one tried, while errors.Is finds the
+// error underneath. A request that no endpoint is to blame for, such as
+// one net/http refuses to send, fails with net/http's error as it is.
+func TestFailedCallNamesTheEndpoint(t *testing.T) {
+	hangUp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	defer hangUp.Close()
+	res := newResults(4)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "gpu-7", Addr: strings.TrimPrefix(hangUp.URL, "http://")}},
+		OnResult:  res.on,
+	})
+	_, err := (&http.Client{Transport: tr}).Do(chatRequest(t, 1))
+	require.ErrorIs(t, err, io.EOF)
+	assert.ErrorContains(t, err, `"gpu-7"`)
+	var ee *httpbalancer.EndpointError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, "gpu-7", ee.Endpoint)
+	r := <-res.c
+	assert.ErrorIs(t, r.Outcome.Err, io.EOF)
+
+	req := chatRequest(t, 2)
+	req.Header.Set("X-Bad", "a\nb")
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	assert.False(t, errors.As(err, &ee), "not the endpoint's: %v", err)
 }

@@ -72,12 +72,13 @@
 // is neither, and so is a deadline that ends a stream after its first
 // token (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine
-// fail. A body that fails before its end (a reset, a server gone
-// mid-stream) fails Read with an *EndpointError that names the endpoint and
-// wraps the error underneath, which errors.Is and errors.As find
-// (io.ErrUnexpectedEOF, a net.Error); the end of a body is io.EOF itself,
-// and the context's end context.Canceled or context.DeadlineExceeded
-// itself, which callers compare with ==.
+// fail. A call that fails on an endpoint, before any response (RoundTrip's
+// error, from the last endpoint tried) or in its body (Read's: a reset, a
+// server gone mid-stream), fails with an *EndpointError that names the
+// endpoint and wraps the error underneath, which errors.Is and errors.As
+// find (io.EOF, io.ErrUnexpectedEOF, a net.Error); the end of a body is
+// io.EOF itself, and the context's end context.Canceled or
+// context.DeadlineExceeded itself, which callers compare with ==.
 // With Options.LoadReports, vLLM's per-response endpoint-load-metrics header
 // feeds the endpoint's telemetry. Options.OnResult sees every attempt's
 // outcome, for metrics.

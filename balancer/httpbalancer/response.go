@@ -53,22 +53,30 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("inferlb: endpoint answered %d %s", e.StatusCode, http.StatusText(e.StatusCode))
 }
 
-// EndpointError is the error a response body's Read returns when the body
-// fails before its end (a connection reset, a server that died or closed
-// the connection mid-stream): the error underneath, which errors.Is and
-// errors.As find, with the endpoint the body came from, so that a caller
-// can tell which backend broke. The end of the body is io.EOF itself, as
-// io.Reader callers expect, and the context's end is context.Canceled or
-// context.DeadlineExceeded itself, as net/http returns it: no endpoint
-// broke, and callers compare those with == too (httputil.ReverseProxy
-// tells a client that went away by err == context.Canceled).
+// EndpointError names the endpoint behind an error that says nothing of
+// which backend broke (an io.ErrUnexpectedEOF, a bare EOF, a TLS or
+// protocol error): RoundTrip returns one when the call failed on an
+// endpoint before any response (the last endpoint tried, after a
+// failover), and a response body's Read when the body fails before its
+// end (a connection reset, a server that died mid-stream). errors.Is and
+// errors.As find the error underneath. Errors that are not an endpoint's
+// come as they are: the end of a body is io.EOF itself, as io.Reader
+// callers expect; the context's end is context.Canceled or
+// context.DeadlineExceeded itself, as net/http returns it (callers compare
+// those with ==: httputil.ReverseProxy tells a client that went away by
+// err == context.Canceled); and a request net/http will not send fails
+// with net/http's error.
 type EndpointError struct {
 	Endpoint string // the endpoint's ID (inferlb.Endpoint.Key)
 	Err      error
+	body     bool // the response body failed, not the call
 }
 
 func (e *EndpointError) Error() string {
-	return "inferlb: response body from endpoint " + strconv.Quote(e.Endpoint) + ": " + e.Err.Error()
+	if e.body {
+		return "inferlb: response body from endpoint " + strconv.Quote(e.Endpoint) + ": " + e.Err.Error()
+	}
+	return "inferlb: endpoint " + strconv.Quote(e.Endpoint) + ": " + e.Err.Error()
 }
 
 func (e *EndpointError) Unwrap() error { return e.Err }
@@ -325,7 +333,7 @@ func (c *call) Read(p []byte) (int, error) {
 			c.finish(err)
 		default:
 			c.finish(err)
-			err = &EndpointError{Endpoint: c.pick.ID(), Err: err}
+			err = &EndpointError{Endpoint: c.pick.ID(), Err: err, body: true}
 		}
 	}
 	return n, err

@@ -328,7 +328,12 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		next, ok := c.retry(first, &rb, err)
 		c.fail(err, ok)
 		if !ok {
-			return nil, err // what went wrong, not that nothing was left to retry on
+			// What went wrong, not that nothing was left to retry on,
+			// and where (see EndpointError).
+			if ctx.Err() != nil {
+				return nil, err // the caller's doing
+			}
+			return nil, &EndpointError{Endpoint: c.pick.ID(), Err: err}
 		}
 		c.pick, body = next.pick, next.body
 	}
