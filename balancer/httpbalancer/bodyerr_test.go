@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -176,4 +177,49 @@ func TestFailedCallNamesTheEndpoint(t *testing.T) {
 	_, err = tr.RoundTrip(req)
 	require.Error(t, err)
 	assert.False(t, errors.As(err, &ee), "not the endpoint's: %v", err)
+}
+
+// timeoutErr is a timeout as net/http reports one (its "timeout awaiting
+// response headers", a dial or read deadline): an error with Timeout.
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "timeout awaiting response headers" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// TestEndpointErrorKeepsTimeouts: naming the endpoint hides no timeout.
+// http.Client's *url.Error and os.IsTimeout ask the error they hold for
+// Timeout by type assertion, not errors.As, so an EndpointError around a
+// timeout must answer it, or the common err.(net.Error).Timeout() check
+// on a client's error stops seeing timeouts.
+func TestEndpointErrorKeepsTimeouts(t *testing.T) {
+	base := baseFunc(func(r *http.Request) (*http.Response, error) {
+		_ = r.Body.Close()
+		if r.URL.Query().Get("body") == "" {
+			return nil, timeoutErr{}
+		}
+		return &http.Response{StatusCode: 200, Body: &failingBody{strings.NewReader("{}"), os.ErrDeadlineExceeded}, Request: r}, nil
+	})
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       []inferlb.Endpoint{{ID: "gpu-7", Addr: "10.0.0.1:80"}},
+		Base:            base,
+		DisableFailover: true,
+	})
+	client := &http.Client{Transport: tr}
+	_, err := client.Do(chatRequest(t, 1))
+	require.ErrorContains(t, err, `"gpu-7"`)
+	ne, ok := err.(net.Error)
+	require.True(t, ok)
+	assert.True(t, ne.Timeout(), "url.Error.Timeout of %v", err)
+	assert.True(t, os.IsTimeout(err))
+
+	req := chatRequest(t, 2)
+	req.URL.RawQuery = "body=1"
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	_, err = io.ReadAll(resp.Body)
+	require.ErrorContains(t, err, `"gpu-7"`)
+	assert.True(t, os.IsTimeout(err), "%v", err)
+	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
 }

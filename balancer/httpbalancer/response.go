@@ -81,6 +81,16 @@ func (e *EndpointError) Error() string {
 
 func (e *EndpointError) Unwrap() error { return e.Err }
 
+// Timeout reports whether the error underneath is a timeout. http.Client's
+// *url.Error and os.IsTimeout ask the error they hold by type assertion,
+// not errors.As, so without it the common err.(net.Error).Timeout() check
+// would stop seeing timeouts. (There is no Temporary, so an EndpointError
+// is not itself a net.Error: errors.As finds the one underneath, if any.)
+func (e *EndpointError) Timeout() bool {
+	var t interface{ Timeout() bool }
+	return errors.As(e.Err, &t) && t.Timeout()
+}
+
 // call is one RoundTrip: what inspection found, the current attempt's pick,
 // and, once a response arrived, the body wrapper that reports the outcome
 // when the body ends. One allocation holds it all, and the peek buffer too
