@@ -45,12 +45,12 @@
 // control character in the URL; a scheme other than http and https): it
 // fails with Base's error and is not retried elsewhere. (A nil Header, which
 // http.Client fills in and net/http's Transport refuses, is sent as an
-// empty one.) A Base that panics
-// (a middleware's bug, a mock's failed assertion) panics through RoundTrip
-// as it came; the attempt is finished on the way out, blaming no endpoint
-// (the panic is the caller's code) and counting as canceled, and is not
-// retried. A GetBody that panics as a failover replays the body panics
-// through alike, its failed attempt reported as failed.
+// empty one.) A Base that panics (a middleware's bug, a mock's failed
+// assertion) panics through RoundTrip as it came; the attempt is finished
+// on the way out, blaming no endpoint (the panic is the caller's code) and
+// counting as canceled, and is not retried. A GetBody that panics as a
+// failover replays the body panics through alike, its failed attempt
+// reported as failed.
 //
 // The outcome is reported to the balancer when the response body ends (EOF,
 // Close or a read error), not when the headers arrive; for server-sent
