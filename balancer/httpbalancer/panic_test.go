@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -74,4 +75,24 @@ func TestGetBodyPanicFinishesThePick(t *testing.T) {
 	r := <-res.c
 	assert.False(t, r.FailedOver)
 	assert.ErrorContains(t, r.Outcome.Err, "connection refused")
+}
+
+// TestBaseGoexitFinishesThePick: a Base that calls runtime.Goexit (a
+// mock's t.FailNow on the RoundTrip goroutine) ends that goroutine with
+// the pick finished, as a panic does.
+func TestBaseGoexitFinishesThePick(t *testing.T) {
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}},
+		Base:      baseFunc(func(*http.Request) (*http.Response, error) { runtime.Goexit(); return nil, nil }),
+	})
+	req := chatRequest(t, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = tr.RoundTrip(req)
+		t.Error("RoundTrip returned")
+	}()
+	<-done
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+	assert.Zero(t, statsByID(tr.Balancer())["a"].Failures)
 }
