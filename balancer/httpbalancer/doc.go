@@ -46,8 +46,9 @@
 // fails with Base's error and is not retried elsewhere. (A nil Header, which
 // http.Client fills in and net/http's Transport refuses, is sent as an
 // empty one.) A Base that panics (a middleware's bug, a mock's failed
-// assertion) panics through RoundTrip as it came; the attempt is finished
-// on the way out, blaming no endpoint (the panic is the caller's code) and
+// assertion) panics through RoundTrip as it came, and a response body from
+// Base that panics through its Read or Close; the call is finished on the
+// way out, blaming no endpoint (the panic is the caller's code) and
 // counting as canceled, and is not retried. A GetBody that panics as a
 // failover replays the body panics through alike, its failed attempt
 // reported as failed.

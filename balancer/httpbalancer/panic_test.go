@@ -96,3 +96,51 @@ func TestBaseGoexitFinishesThePick(t *testing.T) {
 	assert.Zero(t, totalInFlight(tr.Balancer()))
 	assert.Zero(t, statsByID(tr.Balancer())["a"].Failures)
 }
+
+// panicBody panics in Read or Close, as a mock body may.
+type panicBody struct{ inRead bool }
+
+func (b panicBody) Read([]byte) (int, error) {
+	if b.inRead {
+		panic("read")
+	}
+	return 0, io.ErrUnexpectedEOF
+}
+
+func (b panicBody) Close() error {
+	if !b.inRead {
+		panic("close")
+	}
+	return nil
+}
+
+// TestBodyPanicFinishesThePick: a response body from Base that panics in
+// Read or Close panics through as it came, and the call is finished on
+// the way out, blaming no endpoint, as a panicking Base is.
+func TestBodyPanicFinishesThePick(t *testing.T) {
+	for _, inRead := range []bool{true, false} {
+		res := newResults(4)
+		tr := newTransport(t, httpbalancer.Options{
+			Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}},
+			Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+				_ = r.Body.Close()
+				return &http.Response{StatusCode: 200, Body: panicBody{inRead}, Request: r}, nil
+			}),
+			OnResult: res.on,
+		})
+		resp, err := tr.RoundTrip(chatRequest(t, 1))
+		require.NoError(t, err)
+		func() {
+			defer func() { assert.NotNil(t, recover(), "the body's panic") }()
+			if inRead {
+				_, _ = resp.Body.Read(make([]byte, 8))
+			} else {
+				_ = resp.Body.Close()
+			}
+		}()
+		assert.Zero(t, totalInFlight(tr.Balancer()), "panic in Read: %v", inRead)
+		assert.Zero(t, statsByID(tr.Balancer())["a"].Failures)
+		require.EqualValues(t, 1, res.n.Load())
+		assert.True(t, (<-res.c).Outcome.Canceled())
+	}
+}

@@ -320,12 +320,26 @@ const (
 	endReported             // the outcome was reported (finish)
 )
 
+// errBodyPanicked is the Outcome.Err of a call whose response body, as
+// Base returned it, panicked in Read or Close (a mock's, a middleware's).
+// As with a Base that panics (errBasePanicked), the panic goes on, the
+// call is finished on the way out so that the endpoint is not one call
+// busier for good, and no endpoint is blamed: it wraps context.Canceled.
+var errBodyPanicked = fmt.Errorf("inferlb: httpbalancer: the response body panicked: %w", context.Canceled)
+
 // Read implements io.Reader for the response body.
 func (c *call) Read(p []byte) (int, error) {
+	returned := false
+	defer func() { // open-coded: a few ns a Read
+		if !returned {
+			c.finish(errBodyPanicked)
+		}
+	}()
 	n, err := c.rc.Read(p)
 	if c.sse != nil && n > 0 {
 		c.sse.read(p[:n], c.t.cfg.clock)
 	}
+	returned = true
 	if err != nil {
 		switch {
 		case err == io.EOF:
@@ -354,7 +368,14 @@ func (c *call) Read(p []byte) (int, error) {
 // call; it says nothing bad about the endpoint unless the context ended.
 func (c *call) Close() error {
 	c.ends.Or(endClosing) // before the Close that may fail a blocked Read
+	returned := false
+	defer func() {
+		if !returned {
+			c.finish(errBodyPanicked)
+		}
+	}()
 	err := c.rc.Close()
+	returned = true
 	c.finish(c.out.Context().Err())
 	return err
 }
