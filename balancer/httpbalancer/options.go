@@ -121,7 +121,10 @@ type Options struct {
 	MaxResponses int
 	// OnResult, if set, is called once per attempt when it ends (after the
 	// balancer has been told), for metrics and logs. It runs on the goroutine
-	// that ended the call and must be quick and safe for concurrent use.
+	// that ended the call and must be quick and safe for concurrent use. A
+	// panic in it goes on to that goroutine's caller (RoundTrip, or the
+	// body's Read or Close), leaving no call open in the balancer; a
+	// failover it interrupts is not sent.
 	OnResult func(Result)
 }
 

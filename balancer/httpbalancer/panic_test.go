@@ -144,3 +144,31 @@ func TestBodyPanicFinishesThePick(t *testing.T) {
 		assert.True(t, (<-res.c).Outcome.Canceled())
 	}
 }
+
+// TestOnResultPanicAtFailoverFinishesTheRetry: an OnResult that panics
+// when told of the failed attempt of a failover panics through
+// RoundTrip; the retry's pick, already made, is finished on the way out
+// (no endpoint is left one call busier), and the retry is not sent.
+func TestOnResultPanicAtFailoverFinishesTheRetry(t *testing.T) {
+	sent := 0
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
+		Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+			sent++
+			_ = r.Body.Close()
+			return nil, errors.New("connection refused")
+		}),
+		OnResult: func(r httpbalancer.Result) {
+			if r.FailedOver {
+				panic("metrics")
+			}
+		},
+	})
+	func() {
+		defer func() { assert.Equal(t, "metrics", recover()) }()
+		_, _ = tr.RoundTrip(chatRequest(t, 1))
+		t.Error("RoundTrip returned")
+	}()
+	assert.Equal(t, 1, sent)
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}

@@ -326,8 +326,8 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		next, ok := c.retry(first, &rb, err)
-		c.fail(err, ok)
 		if !ok {
+			c.fail(err, false)
 			// What went wrong, not that nothing was left to retry on,
 			// and where (see EndpointError).
 			if ctx.Err() != nil {
@@ -335,6 +335,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			}
 			return nil, &EndpointError{Endpoint: c.pick.ID(), Err: err}
 		}
+		c.failOver(err, &next)
 		c.pick, body = next.pick, next.body
 	}
 }
@@ -371,6 +372,26 @@ func (c *call) retry(first bool, rb *reqBody, err error) (retryAttempt, bool) {
 	returned = true
 	return next, ok
 }
+
+// failOver reports the failed attempt of a call that goes on to next.
+// Should Options.OnResult panic there, next's pick, made already, is
+// finished on the way out (as canceled: it was never sent) and its body
+// closed, so that no endpoint is left one call busier.
+func (c *call) failOver(err error, next *retryAttempt) {
+	reported := false
+	defer func() {
+		if !reported {
+			next.pick.Done(inferlb.Outcome{Err: errNotSent})
+			closeBody(next.body)
+		}
+	}()
+	c.fail(err, true)
+	reported = true
+}
+
+// errNotSent is the Outcome.Err of a failover's pick whose attempt was
+// never sent (see failOver); it wraps context.Canceled, blaming no one.
+var errNotSent = fmt.Errorf("inferlb: httpbalancer: the retry was not sent: %w", context.Canceled)
 
 func (c *call) retryPick(rb *reqBody) (retryAttempt, bool) {
 	t := c.t
