@@ -54,8 +54,9 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 	return res.Sample, err
 }
 
-// Parse reads a model server's Prometheus text exposition, detects the engine
-// from the metric names and maps its metrics to Sample fields:
+// Parse reads a model server's Prometheus text exposition (or OpenMetrics
+// one), detects the engine from the metric names and maps its metrics to
+// Sample fields:
 //
 //	vLLM          Running      vllm:num_requests_running
 //	              Waiting      vllm:num_requests_waiting

@@ -38,6 +38,12 @@ func TestParseFixtures(t *testing.T) {
 			want: map[string]float64{"running": 14, "waiting": 4, "kv_cache_usage": 0.87, "prefix_cache_hit_rate": 0.5},
 		},
 		{
+			// What vLLM answers a scraper that asks for OpenMetrics (we do not).
+			file:   "vllm-v1-two-engines-openmetrics.txt",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 14, "waiting": 4, "kv_cache_usage": 0.87, "prefix_cache_hit_rate": 0.5},
+		},
+		{
 			file:   "vllm-older-names.txt",
 			engine: modelserver.VLLM,
 			want:   map[string]float64{"running": 2, "waiting": 0, "kv_cache_usage": 0.125, "prefix_cache_hit_rate": 0.25},

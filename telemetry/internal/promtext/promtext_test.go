@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -87,4 +88,104 @@ func TestParseLeavesItsInputAlone(t *testing.T) {
 	_, _, err := promtext.Parse(in)
 	require.Error(t, err)
 	assert.Equal(t, string(orig), string(in))
+}
+
+// OpenMetrics (what a server that ignores our Accept header, or a proxy in
+// front of one, may answer) differs from the text format in ways expfmt's
+// text parser rejects line by line: exemplars after the value, timestamps
+// in float seconds, and the info, stateset, gaugehistogram and unknown
+// types. Those lines carry readable values; only malformed ones are skipped.
+func TestParseOpenMetrics(t *testing.T) {
+	const om = `# HELP vllm:num_requests_running Number of requests.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3.0
+# HELP vllm:prefix_cache_hits Hits.
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m"} 10.0 # {trace_id="abc"} 0.5 1700000000.0
+vllm:prefix_cache_hits_created{model_name="m"} 1.7e+09
+# TYPE vllm:build info
+vllm:build_info{version="0.11.0"} 1
+# TYPE ttft_seconds histogram
+# UNIT ttft_seconds seconds
+ttft_seconds_bucket{le="0.1"} 2 # {trace_id="x#y} "} 0.05
+ttft_seconds_bucket{le="+Inf"} 3
+ttft_seconds_count 3
+ttft_seconds_sum 0.4
+ttft_seconds_created 1.7e+09
+# TYPE temp_celsius gauge
+# UNIT temp_celsius celsius
+temp_celsius{hash="#1"} 41.5 1700000000.125
+# TYPE state stateset
+state{state="a"} 1
+# TYPE other unknown
+other 7 1700000000
+# EOF
+`
+	fams, skipped, err := promtext.Parse([]byte(om))
+	require.NoError(t, err)
+	assert.Zero(t, skipped)
+	val := func(name string) float64 {
+		t.Helper()
+		f, ok := fams[name]
+		require.True(t, ok, "family %s missing; have %v", name, keys(fams))
+		require.Len(t, f.Metric, 1)
+		v, ok := promtext.Value(f.Metric[0])
+		require.True(t, ok, name)
+		return v
+	}
+	assert.Equal(t, 3.0, val("vllm:num_requests_running"))
+	assert.Equal(t, 10.0, val("vllm:prefix_cache_hits_total"))
+	assert.Equal(t, 1.0, val("vllm:build_info"))
+	assert.Equal(t, 41.5, val("temp_celsius"))
+	assert.Equal(t, "#1", promtext.Label(fams["temp_celsius"].Metric[0], "hash"))
+	assert.Equal(t, 1.0, val("state"))
+	assert.Equal(t, 7.0, val("other"))
+	assert.Equal(t, dto.MetricType_GAUGE, fams["vllm:num_requests_running"].GetType())
+	assert.Equal(t, dto.MetricType_COUNTER, fams["vllm:prefix_cache_hits_total"].GetType())
+	require.Contains(t, fams, "ttft_seconds")
+	assert.Equal(t, dto.MetricType_HISTOGRAM, fams["ttft_seconds"].GetType())
+	assert.Equal(t, uint64(3), fams["ttft_seconds"].Metric[0].GetHistogram().GetSampleCount())
+}
+
+func TestParseOpenMetricsMalformedLinesStayCounted(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		names   []string
+		skipped int
+	}{
+		{
+			name:    "OpenMetrics with a bad line",
+			in:      "# TYPE a gauge\na 1 # {t=\"x\"} 1\nb{x=y} 2 # {t=\"x\"} 1\nc 3 1.5\n# EOF\n",
+			names:   []string{"a", "c"},
+			skipped: 1,
+		},
+		{
+			// No # EOF: not OpenMetrics, and invalid text format, but the
+			// exemplar and float timestamp do not hide the values.
+			name:    "text with exemplars and float timestamps",
+			in:      "a 1 # {t=\"x\"} 1\nc 3 1.5\nd 4\n",
+			names:   []string{"a", "c", "d"},
+			skipped: 0,
+		},
+		{name: "trailing garbage", in: "a 1 x\nb 2 3 4\nc 3 # nope\nd 4\n", names: []string{"d"}, skipped: 3},
+		{name: "unterminated exemplar", in: "a 1 # {t=\"x\n d 4\n", names: []string{"d"}, skipped: 1},
+		{name: "exemplar without value", in: "a 1 # {t=\"x\"}\nd 4\n# EOF\n", names: []string{"d"}, skipped: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fams, skipped, err := promtext.Parse([]byte(tt.in))
+			assert.Error(t, err)
+			assert.Equal(t, tt.skipped, skipped)
+			assert.ElementsMatch(t, tt.names, keys(fams))
+		})
+	}
+}
+
+func keys(f promtext.Families) []string {
+	var out []string
+	for n := range f {
+		out = append(out, n)
+	}
+	return out
 }
