@@ -403,3 +403,26 @@ func TestNilHeaderIsSent(t *testing.T) {
 	assert.Nil(t, req.Header)
 	assert.EqualValues(t, 1, statsByID(tr.Balancer())["a"].Successes)
 }
+
+// TestWrongContentLengthBlamesNoEndpoint: a body that the peek read whole
+// and that is shorter or longer than the request's ContentLength is one
+// net/http refuses to send ("http: ContentLength=100 with Body length
+// 50"), on every endpoint alike: the call fails with that error, once,
+// and no endpoint is blamed. It used to fail on two endpoints per call.
+func TestWrongContentLengthBlamesNoEndpoint(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a, b)})
+	body := chatBody(1, false)
+	for _, cl := range []int64{int64(len(body)) + 10, int64(len(body)) - 10} {
+		req, err := http.NewRequest(http.MethodPost, chatURL, opaque{strings.NewReader(body)})
+		require.NoError(t, err)
+		req.ContentLength = cl
+		_, err = tr.RoundTrip(req)
+		require.ErrorContains(t, err, "ContentLength")
+	}
+	for id, s := range statsByID(tr.Balancer()) {
+		assert.Zero(t, s.Failures, id)
+		assert.Zero(t, s.InFlight, id)
+	}
+	assert.Zero(t, tr.Balancer().RetryStats().Allowed, "failed over")
+}

@@ -37,6 +37,9 @@ type reqBody struct {
 	reopened bool
 	also     io.Closer
 	length   int64 // ContentLength to send with the first attempt
+	// size is the body's length when the peek knows it (the body was read
+	// whole, or is in memory), else -1.
+	size int64
 	// gb is the outgoing GetBody, built once: Base uses it to resend on a
 	// fresh connection when a reused one was closed under it.
 	gb func() (io.ReadCloser, error)
@@ -72,6 +75,11 @@ type stitched struct {
 	orig   io.ReadCloser
 	also   io.Closer   // closed after orig when not nil (see reopen)
 	failed atomic.Bool // the caller's body returned an error other than EOF
+	// How many bytes of the caller's body were read past the head, and
+	// whether its end was: enough to tell a body longer or shorter than
+	// the ContentLength it was sent with (see wrongLength).
+	read atomic.Int64
+	eof  atomic.Bool
 }
 
 func (s *stitched) Read(p []byte) (int, error) {
@@ -79,10 +87,31 @@ func (s *stitched) Read(p []byte) (int, error) {
 		return s.head.Read(p)
 	}
 	n, err := s.orig.Read(p)
-	if err != nil && err != io.EOF {
+	s.read.Add(int64(n))
+	switch {
+	case err == io.EOF:
+		s.eof.Store(true)
+	case err != nil:
 		s.failed.Store(true)
 	}
 	return n, err
+}
+
+// wrongLength reports whether body, sent with ContentLength length, is
+// known to be longer or shorter than that: a request net/http refuses
+// ("http: ContentLength=... with Body length ..."), on every endpoint
+// alike. It runs only after Base failed.
+func (rb *reqBody) wrongLength(body bodyReader, length int64) bool {
+	if length <= 0 {
+		return false // unknown, or none: sent as it comes
+	}
+	if s, ok := body.rc.(*stitched); ok {
+		n := int64(s.head.Size()) + s.read.Load()
+		return n > length || s.eof.Load() && n != length
+	}
+	// Any other body is the bytes the peek measured: the head, the
+	// caller's body in memory, or a GetBody copy of it.
+	return rb.size >= 0 && rb.size != length
 }
 
 func (s *stitched) Close() error {
@@ -129,7 +158,7 @@ func hasJSON(s string) bool {
 // p is the plan from planPeek; buf, when not nil, is room for the peek that
 // newCall found next to the call state.
 func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, p peekPlan, buf []byte) error {
-	*rb = reqBody{orig: r.Body, length: r.ContentLength, callerGB: r.GetBody != nil, gb: r.GetBody}
+	*rb = reqBody{orig: r.Body, length: r.ContentLength, callerGB: r.GetBody != nil, gb: r.GetBody, size: -1}
 	if !p.peek {
 		return nil
 	}
@@ -159,6 +188,7 @@ func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, 
 	rb.peeked = true
 	if rb.complete {
 		_ = r.Body.Close()
+		rb.size = int64(len(rb.head))
 		rb.completed(r)
 	}
 	return nil
@@ -197,6 +227,7 @@ func (t *Transport) copyHead(r *http.Request, rb *reqBody, p peekPlan, buf []byt
 	rb.head = buf[:p.mem.copyTo(buf[:size])]
 	rb.complete = n <= int64(t.cfg.maxPeek)
 	rb.peeked, rb.inPlace = true, true
+	rb.size = n
 	if rb.complete {
 		rb.completed(r)
 	}

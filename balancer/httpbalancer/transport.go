@@ -318,10 +318,11 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			c.fail(errBodyFailed, false)
 			return nil, err
 		}
-		if malformed(out) {
-			// Base refused the request itself (net/http checks the method
-			// and header fields before and while it writes them): every
-			// endpoint would, so none is to blame and a retry is no use.
+		if malformed(out) || rb.wrongLength(body, out.ContentLength) {
+			// Base refused the request itself (net/http checks the method,
+			// header fields and body length before and while it writes
+			// them): every endpoint would, so none is to blame and a
+			// retry is no use.
 			c.fail(errMalformed, false)
 			return nil, err
 		}
@@ -504,7 +505,7 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 // endpoint: counted as failures, such requests tripped the breaker of each
 // endpoint they were sent and failed over to in turn, so a client could
 // take a healthy fleet out of rotation.
-var errMalformed = fmt.Errorf("inferlb: the request is one net/http does not send (its method, a header or trailer field, its URL or scheme): %w", context.Canceled)
+var errMalformed = fmt.Errorf("inferlb: the request is one net/http does not send (its method, a header or trailer field, its URL or scheme, a body not of its ContentLength): %w", context.Canceled)
 
 // malformed reports whether r is a request net/http's Transport refuses to
 // send, by the checks it makes (with httpguts) before and while it writes
