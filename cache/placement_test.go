@@ -132,6 +132,39 @@ func TestPlacementWeights(t *testing.T) {
 	}
 }
 
+// Weights are relative (the balancer accepts up to 1e6): a fleet weighted
+// in hundreds, or in fractions of its whole, must split the keys as the
+// same fleet weighted in small integers, not read every weight above
+// MaxWeight as MaxWeight or give every member of a tiny weight one point.
+func TestPlacementWeightsAreRelative(t *testing.T) {
+	for _, scale := range []float64{1000, 0.001} {
+		ms := membersN(16)
+		for i := range ms {
+			ms[i].Weight = scale
+		}
+		ms[0].Weight, ms[1].Weight = 2*scale, 0.5*scale
+		p := cache.NewPlacement(ms, 11)
+		count := make([]float64, len(ms))
+		for _, k := range randomKeys() {
+			w := p.Walk(k)
+			m, _ := w.Next()
+			count[m]++
+		}
+		unit := 0.0
+		for _, c := range count[2:] {
+			unit += c
+		}
+		unit /= float64(len(ms) - 2)
+		for i, want := range []float64{2, 0.5} {
+			got := count[i] / unit
+			assert.InDelta(t, want, got, 0.3*want, "weights x%v: member %d of relative weight %v owns %.2fx a unit member", scale, i, want, got)
+		}
+		// Nor may a unit member own far more than its share (with one point
+		// each, the largest arc is several times the mean).
+		assert.Less(t, slices.Max(count[2:]), 1.5*unit, "weights x%v", scale)
+	}
+}
+
 func TestWalkOffersEveryMemberAndEnds(t *testing.T) {
 	for _, n := range []int{1, 2, 5, 16, 17, 40} {
 		ms := membersN(n)
