@@ -59,7 +59,8 @@ type Options struct {
 	// scoring.DefaultFor.
 	Scorers map[inferlb.Service]scoring.Scorer
 	// Telemetry is where the balancer reads endpoint samples. nil means a
-	// private Store, reachable through Balancer.Telemetry. Share one Store
+	// private Store on the Balancer's Clock, reachable through
+	// Balancer.Telemetry. Share one Store
 	// between Balancers to share one telemetry plane.
 	Telemetry *telemetry.Store
 	// TelemetryMaxAge is how old a telemetry field may be before it is
@@ -432,7 +433,9 @@ func (o *Options) resolve() (*config, error) {
 		c.rand = runtimeRand{}
 	}
 	if c.store == nil {
-		c.store = &telemetry.Store{}
+		// Its clock is the Balancer's, so the Store tells samples from the
+		// future (a clock stepped back) by the same clock that stamps them.
+		c.store = &telemetry.Store{Clock: c.clock}
 	}
 	if c.telemetryMaxAge < 0 {
 		c.telemetryMaxAge = 0 // Slot.LoadInto: keep all

@@ -31,6 +31,9 @@ type Store struct {
 	// MaxEndpoints bounds the number of IDs tracked; 0 means DefaultMaxEndpoints.
 	// Set it before first use.
 	MaxEndpoints int
+	// Clock tells the Store the time now, to recognise samples from the
+	// future (see Publish); nil means the wall clock. Set it before first use.
+	Clock Clock
 
 	mu    sync.Mutex // serializes slot creation so the bound holds
 	slots sync.Map   // string -> *Slot; lock-free reads
@@ -160,8 +163,12 @@ func (st *Store) Forget(id string) {
 func (st *Store) Len() int { return int(st.n.Load()) }
 
 // Publish merges s into id's entry: each present field replaces the held one
-// unless the held one was observed later. A sample without a usable field or
-// without a time is dropped and counted.
+// unless the held one was observed later. A held field observed later than
+// the Store's Clock reads now (before the wall clock was stepped back, or by
+// a clock that runs ahead) is replaced by any reading that is not from the
+// future too: kept, it would hide every fresh reading for the length of the
+// step. A sample without a usable field or without a time is dropped and
+// counted.
 func (st *Store) Publish(id string, s Sample) {
 	if !s.usable() {
 		st.droppedEmpty.Add(1)
@@ -172,11 +179,19 @@ func (st *Store) Publish(id string, s Sample) {
 		st.droppedFull.Add(1)
 		return
 	}
-	if slot.merge(s) {
+	if slot.merge(s, st) {
 		st.accepted.Add(1)
 	} else {
 		st.droppedOld.Add(1)
 	}
+}
+
+// nowNs reads the Store's clock as Unix nanoseconds.
+func (st *Store) nowNs() int64 {
+	if st.Clock == nil {
+		return time.Now().UnixNano()
+	}
+	return st.Clock.Now().UnixNano()
 }
 
 // PublishKnown is Publish for IDs that already have a slot: a sample for
@@ -195,7 +210,7 @@ func (st *Store) PublishKnown(id string, s Sample) {
 		st.droppedUnknown.Add(1)
 		return
 	}
-	if v.(*Slot).merge(s) {
+	if v.(*Slot).merge(s, st) {
 		st.accepted.Add(1)
 	} else {
 		st.droppedOld.Add(1)
@@ -231,7 +246,9 @@ func (st *Store) Latest(id string, now time.Time, maxAge time.Duration) (Sample,
 	return s, !s.Empty()
 }
 
-func (sl *Slot) merge(s Sample) bool {
+// merge merges s into the slot (see Store.Publish); st's clock is read only
+// when a held field is newer than s.
+func (sl *Slot) merge(s Sample, st *Store) bool {
 	t := s.Time.UnixNano()
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
@@ -240,12 +257,18 @@ func (sl *Slot) merge(s Sample) bool {
 		*next = *cur
 	}
 	changed := false
+	now, read := int64(0), false
 	for f := range NumFields {
 		if !s.Has.Has(Field(f)) || !finite(s.Values[f]) {
 			continue
 		}
-		if next.s.Has.Has(Field(f)) && next.times[f] > t {
-			continue
+		if held := next.times[f]; next.s.Has.Has(Field(f)) && held > t {
+			if !read {
+				now, read = st.nowNs(), true
+			}
+			if held <= now || t > now {
+				continue // newer, and not from the future
+			}
 		}
 		next.s.Values[f] = s.Values[f]
 		next.s.Has |= 1 << f
@@ -278,8 +301,11 @@ func (sl *Slot) Observed(f Field) int64 {
 }
 
 // LoadInto writes the slot's fields observed no more than maxAge before now
-// into dst (maxAge <= 0 keeps every field). dst.Time becomes the oldest time
-// among the fields kept. It never allocates or locks.
+// into dst (maxAge <= 0 keeps every field). A field observed more than maxAge
+// after now is left out too: it was stamped before the clock stepped back,
+// so its age is unknown (and a Store keeps it only until a fresh reading
+// comes). dst.Time becomes the oldest time among the fields kept. It never
+// allocates or locks.
 func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	dst.Has = 0
 	dst.Time = time.Time{}
@@ -290,13 +316,19 @@ func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	if cur == nil {
 		return
 	}
-	cutoff := int64(math.MinInt64)
+	lo, hi := int64(math.MinInt64), int64(math.MaxInt64)
 	if maxAge > 0 {
-		cutoff = now.UnixNano() - int64(maxAge)
+		n := now.UnixNano()
+		if n >= math.MinInt64+int64(maxAge) {
+			lo = n - int64(maxAge)
+		}
+		if n <= math.MaxInt64-int64(maxAge) {
+			hi = n + int64(maxAge)
+		}
 	}
 	oldest := int64(0)
 	for f := range NumFields {
-		if !cur.s.Has.Has(Field(f)) || cur.times[f] < cutoff {
+		if !cur.s.Has.Has(Field(f)) || cur.times[f] < lo || cur.times[f] > hi {
 			continue
 		}
 		dst.Values[f] = cur.s.Values[f]

@@ -1,6 +1,7 @@
 package telemetry_test
 
 import (
+	"context"
 	"math"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/telemetry"
 )
 
@@ -213,4 +215,61 @@ func TestSlotLoadDoesNotAllocate(t *testing.T) {
 	slot := st.Slot("a")
 	var s telemetry.Sample
 	assert.Zero(t, testing.AllocsPerRun(100, func() { slot.LoadInto(&s, t0, time.Minute) }))
+}
+
+// A wall clock stepped back (NTP correcting a clock that ran fast) leaves
+// the held fields "observed" in the future for the length of the step.
+// Fresher readings stamped with the stepped clock must still replace them,
+// or telemetry freezes for as long as the step; and until they come, the
+// held ones are of unknown age, so they are stale, not fresh for the step
+// plus maxAge.
+func TestStoreFollowsAClockSteppedBack(t *testing.T) {
+	clock := testutil.NewClock()
+	st := telemetry.Store{Clock: clock}
+	st.Publish("a", sample(clock.Now(), float64(telemetry.Waiting), 5))
+
+	clock.Set(testutil.Epoch.Add(-time.Hour)) // the step
+	const maxAge = 30 * time.Second
+	_, ok := st.Latest("a", clock.Now(), maxAge)
+	assert.False(t, ok, "a field observed an hour from now is no fresh reading")
+
+	clock.Advance(15 * time.Second) // the next scrape
+	st.Publish("a", sample(clock.Now(), float64(telemetry.Waiting), 2))
+	got, ok := st.Latest("a", clock.Now(), maxAge)
+	require.True(t, ok)
+	w, _ := got.Get(telemetry.Waiting)
+	assert.Equal(t, 2.0, w, "the reading after the step replaces the one from before it")
+
+	// After the step, order by observation time holds again.
+	st.Publish("a", sample(clock.Now().Add(-5*time.Second), float64(telemetry.Waiting), 9))
+	got, _ = st.Latest("a", clock.Now(), maxAge)
+	w, _ = got.Get(telemetry.Waiting)
+	assert.Equal(t, 2.0, w)
+	assert.Equal(t, telemetry.StoreStats{Accepted: 2, DroppedOld: 1}, st.Stats())
+}
+
+// Through a Poller: every round after the step reaches the Store.
+func TestPollerKeepsPublishingAfterAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	st := telemetry.Store{Clock: clock}
+	var n float64
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		n++
+		var s telemetry.Sample
+		s.Set(telemetry.Running, n)
+		return []telemetry.Observation{{EndpointID: "a", Sample: s}}, nil
+	})
+	p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{Clock: clock})
+	require.NoError(t, err)
+	p.Poll(t.Context())
+	clock.Advance(-10 * time.Minute)
+	for range 3 {
+		clock.Advance(15 * time.Second)
+		p.Poll(t.Context())
+		got, ok := st.Latest("a", clock.Now(), time.Minute)
+		require.True(t, ok)
+		r, _ := got.Get(telemetry.Running)
+		assert.Equal(t, n, r)
+	}
+	assert.Equal(t, telemetry.StoreStats{Accepted: 4}, st.Stats())
 }
