@@ -40,8 +40,8 @@ func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
 	// yet, makes it the next probe (as intended); the floor keeps in-flight
 	// meaningful.
 	lat = max(lat, time.Microsecond)
-	cost := lat.Seconds() * float64(s.InFlight+1) / s.weight()
-	return cost * (1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate)
+	cost := lat.Seconds() * float64(max(s.InFlight, 0)+1) / s.weight()
+	return reliability(cost, l.ErrorPenalty, s.ErrorRate)
 }
 
 // LeastLoaded scores on in-flight requests per unit of capacity, with
@@ -53,5 +53,5 @@ type LeastLoaded struct {
 
 // Cost implements Scorer.
 func (l *LeastLoaded) Cost(_ *inferlb.Request, s State) float64 {
-	return float64(s.InFlight+1) / s.weight() * (1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate)
+	return reliability(float64(max(s.InFlight, 0)+1)/s.weight(), l.ErrorPenalty, s.ErrorRate)
 }

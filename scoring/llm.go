@@ -25,7 +25,8 @@ import (
 // ended) brings the reading and the KV-cache usage up to now; without it the
 // endpoint that looked emptiest at the last scrape would take every pick
 // until the next. When telemetry is absent or stale the factors are neutral
-// (1) and the cost is this process's own view.
+// (1) and the cost is this process's own view. A server count, a load or
+// an error rate below zero (a broken reading or counter) counts as zero.
 // Completion latency is deliberately ignored: it measures prompt and output
 // length more than the endpoint. (The balancer's P2C does weigh decode speed,
 // the time per output token of streamed calls, on top of this cost.)
@@ -96,11 +97,15 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 	tel := &s.Telemetry
 	load := float64(s.InFlight)
 	if tel.Has != 0 {
+		// A count below zero is a broken reading and counts as none (Get
+		// gives 0 for an absent field): it must not cancel the other
+		// count. Skipping an empty queue also keeps an infinite
+		// QueueWeight from making 0 x Inf.
 		server := 0.0
-		if r, ok := tel.Get(telemetry.Running); ok {
+		if r, _ := tel.Get(telemetry.Running); r > 0 {
 			server += r
 		}
-		if w, ok := tel.Get(telemetry.Waiting); ok {
+		if w, _ := tel.Get(telemetry.Waiting); w > 0 {
 			server += orDefault(l.QueueWeight, 2) * w
 		}
 		// The reading is as old as the last scrape: what this process sent
@@ -108,8 +113,9 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 		load = max(load, server+float64(s.InFlightSinceReading))
 	}
 	load += float64(s.InFlightTokens) / orDefault(l.TokenUnit, 4096)
-	cost := (load + 1) / s.weight()
-	cost *= 1 + orDefault(l.ErrorPenalty, 10)*s.ErrorRate
+	// Counters below zero would make the busier endpoint the cheaper one.
+	cost := (max(load, 0) + 1) / s.weight()
+	cost = reliability(cost, l.ErrorPenalty, s.ErrorRate)
 	if tel.Has == 0 {
 		return cost // no fresh telemetry: every other factor is 1
 	}

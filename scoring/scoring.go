@@ -15,6 +15,7 @@
 package scoring
 
 import (
+	"math"
 	"time"
 
 	"github.com/inferlb/inferlb"
@@ -81,11 +82,26 @@ func (s *State) Latency() time.Duration {
 	return time.Duration(float64(s.LatencyEWMA) * decay.Weight(float64(dt)/float64(s.LatencyDecay)))
 }
 
+// weight is Weight, or 1 for a non-positive, NaN or infinite one, as
+// inferlb.Endpoint.Capacity reads it: dividing by +Inf would price every
+// load at 0.
 func (s *State) weight() float64 {
-	if s.Weight > 0 {
+	if s.Weight > 0 && s.Weight <= math.MaxFloat64 {
 		return s.Weight
 	}
 	return 1
+}
+
+// reliability scales cost by 1 + penalty x rate. A rate that is not
+// positive (NaN too) leaves it as it is: a negative rate would make a
+// failing endpoint cheap, and an infinite penalty ("never route to a
+// failing endpoint") times a zero rate would be NaN, which loses or wins
+// every comparison whatever the load.
+func reliability(cost, penalty, rate float64) float64 {
+	if rate > 0 {
+		return cost * (1 + orDefault(penalty, 10)*rate)
+	}
+	return cost
 }
 
 // Pressure maps a utilization u in 0..1 to a cost multiplier that is 1 up to

@@ -158,3 +158,86 @@ func TestDefaultFor(t *testing.T) {
 	assert.IsType(t, &scoring.Latency{}, scoring.DefaultFor(inferlb.ServiceRerank))
 	assert.IsType(t, &scoring.LeastLoaded{}, scoring.DefaultFor(inferlb.ServiceUnknown))
 }
+
+// A NaN cost loses or wins every comparison whatever the load, and a
+// negative one wins them all; neither may come out of a scorer, whatever a
+// State holds (a State is public: custom balancers and tests fill it) and
+// however a scorer is configured (an infinite ErrorPenalty is "never
+// route to a failing endpoint", not a NaN for a healthy one).
+func TestScorersNeverReturnNaNOrNegative(t *testing.T) {
+	inf := math.Inf(1)
+	scorers := map[string]scoring.Scorer{
+		"LLM":                 &scoring.LLM{},
+		"LLM infinite config": &scoring.LLM{ErrorPenalty: inf, QueueWeight: inf, TokenUnit: inf, Steepness: inf, MemorySteepness: inf, MaxKVPressure: inf},
+		"Latency":             &scoring.Latency{},
+		"Latency infinite":    &scoring.Latency{ErrorPenalty: inf},
+		"LeastLoaded":         &scoring.LeastLoaded{},
+		"LeastLoaded inf":     &scoring.LeastLoaded{ErrorPenalty: inf},
+	}
+	base := scoring.State{Now: now, Weight: 1, LatencyEWMA: 20 * time.Millisecond, LastLatency: now, LatencyDecay: 10 * time.Second}
+	states := map[string]scoring.State{}
+	add := func(name string, f func(*scoring.State)) {
+		st := base
+		f(&st)
+		states[name] = st
+	}
+	add("NaN error rate", func(s *scoring.State) { s.ErrorRate = math.NaN() })
+	add("negative error rate", func(s *scoring.State) { s.ErrorRate = -1 })
+	add("infinite weight", func(s *scoring.State) { s.Weight = inf })
+	add("infinite weight, huge utilization", func(s *scoring.State) {
+		s.Weight = inf
+		s.Telemetry.Set(telemetry.AppUtil, math.MaxFloat64)
+	})
+	add("negative in-flight", func(s *scoring.State) { s.InFlight = -5 })
+	add("negative in-flight tokens", func(s *scoring.State) { s.InFlightTokens = -1 << 40 })
+	add("negative server counts", func(s *scoring.State) {
+		s.Telemetry.Set(telemetry.Running, -1e9)
+		s.Telemetry.Set(telemetry.Waiting, -1e9)
+		s.InFlightSinceReading = -1 << 40
+	})
+	add("empty queue", func(s *scoring.State) { s.Telemetry.Set(telemetry.Waiting, 0) })
+	add("huge server counts", func(s *scoring.State) {
+		s.Telemetry.Set(telemetry.Running, math.MaxFloat64)
+		s.Telemetry.Set(telemetry.Waiting, math.MaxFloat64)
+		s.Telemetry.Set(telemetry.KVCacheUsage, math.MaxFloat64)
+		s.Telemetry.Set(telemetry.AppUtil, math.MaxFloat64)
+	})
+	add("negative usage", func(s *scoring.State) {
+		s.Telemetry.Set(telemetry.KVCacheUsage, -math.MaxFloat64)
+		s.Telemetry.Set(telemetry.AppUtil, -math.MaxFloat64)
+		s.Telemetry.Set(telemetry.GPUMemUsed, -1)
+		s.Telemetry.Set(telemetry.GPUMemTotal, 1)
+	})
+	add("negative latency", func(s *scoring.State) { s.LatencyEWMA, s.LatencyDecay = -time.Second, -time.Second })
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	for sn, sc := range scorers {
+		for name, st := range states {
+			c := sc.Cost(req, st)
+			assert.False(t, math.IsNaN(c), "%s, %s: cost is NaN", sn, name)
+			assert.GreaterOrEqual(t, c, 0.0, "%s, %s: negative cost", sn, name)
+		}
+	}
+}
+
+// A server count below zero is a broken reading: it must not cancel the
+// other count (a queue of 10 hidden by running = -100).
+func TestLLMCostIgnoresNegativeServerCounts(t *testing.T) {
+	l := &scoring.LLM{}
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	base := scoring.State{Now: now, Weight: 1}
+	queued := withTelemetry(base, float64(telemetry.Waiting), 10)
+	broken := withTelemetry(queued, float64(telemetry.Running), -100)
+	assert.InDelta(t, l.Cost(req, queued), l.Cost(req, broken), 1e-9)
+}
+
+// An infinite weight reads as 1, as inferlb.Endpoint.Capacity and the
+// placement ring read it, not as "every load costs 0".
+func TestInfiniteWeightReadsAsOne(t *testing.T) {
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	for _, sc := range []scoring.Scorer{&scoring.LLM{}, &scoring.Latency{}, &scoring.LeastLoaded{}} {
+		st := scoring.State{Now: now, Weight: 1, InFlight: 3, LatencyEWMA: time.Millisecond, LastLatency: now}
+		want := sc.Cost(req, st)
+		st.Weight = math.Inf(1)
+		assert.InDelta(t, want, sc.Cost(req, st), 1e-12, "%T", sc)
+	}
+}
