@@ -43,8 +43,9 @@
 // for a request that net/http refuses to send (a method, header or trailer
 // field that is not valid HTTP, such as a header value with a line break; a
 // control character in the URL; a scheme other than http and https; a body
-// read ahead, or in memory, whose length is not its ContentLength): it
-// fails with Base's error and is not retried elsewhere. (A nil Header, which
+// read ahead, or in memory, whose length is not its ContentLength; to an
+// https endpoint, a header field HTTP/2 forbids, such as Upgrade): it fails
+// with Base's error and is not retried elsewhere. (A nil Header, which
 // http.Client fills in and net/http's Transport refuses, is sent as an
 // empty one.) A Base that panics (a middleware's bug, a mock's failed
 // assertion) panics through RoundTrip as it came, and a response body from

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"reflect"
 	"strings"
@@ -419,6 +420,52 @@ func TestWrongContentLengthBlamesNoEndpoint(t *testing.T) {
 		req.ContentLength = cl
 		_, err = tr.RoundTrip(req)
 		require.ErrorContains(t, err, "ContentLength")
+	}
+	for id, s := range statsByID(tr.Balancer()) {
+		assert.Zero(t, s.Failures, id)
+		assert.Zero(t, s.InFlight, id)
+	}
+	assert.Zero(t, tr.Balancer().RetryStats().Allowed, "failed over")
+}
+
+// TestHTTP2RefusedRequestBlamesNoEndpoint: over HTTP/2 (an https endpoint
+// and a Base that negotiates it, as http.DefaultTransport does), net/http
+// also refuses connection-specific header fields, which HTTP/2 forbids: an
+// Upgrade (curl --http2 sends "Upgrade: h2c" on a cleartext URL, and a
+// gateway copying a client's headers passes it on), a Connection other
+// than close or keep-alive, a Transfer-Encoding other than chunked; and a
+// Host header or trailer field its HTTP/2 client refuses. Such a call
+// fails once and blames no endpoint; it used to fail on two.
+func TestHTTP2RefusedRequestBlamesNoEndpoint(t *testing.T) {
+	var eps []inferlb.Endpoint
+	var base http.RoundTripper
+	for _, name := range []string{"a", "b"} {
+		b := &backend{name: name}
+		b.srv = httptest.NewUnstartedServer(http.HandlerFunc(b.fakeChat))
+		b.srv.EnableHTTP2 = true
+		b.srv.StartTLS()
+		t.Cleanup(b.srv.Close)
+		eps = append(eps, inferlb.Endpoint{ID: name, Addr: b.srv.URL})
+		base = b.srv.Client().Transport // the test certificate is the same for both
+	}
+	t.Cleanup(base.(*http.Transport).CloseIdleConnections)
+	tr := newTransport(t, httpbalancer.Options{Endpoints: eps, Base: base})
+	client := &http.Client{Transport: tr}
+	resp, _ := post(t, client, chatBody(0, false))
+	require.Equal(t, 2, resp.ProtoMajor, "the test needs HTTP/2")
+	for i, edit := range []func(*http.Request){
+		func(r *http.Request) {
+			r.Header["Upgrade"], r.Header["Connection"] = []string{"h2c"}, []string{"Upgrade, HTTP2-Settings"}
+		},
+		func(r *http.Request) { r.Header["Connection"] = []string{"foo"} },
+		func(r *http.Request) { r.Header["Transfer-Encoding"] = []string{"gzip"} },
+		func(r *http.Request) { r.Host = "a host" }, // HTTP/1.1 would leave it out
+		func(r *http.Request) { r.Trailer = http.Header{"Content-Length": {"1"}} },
+	} {
+		req := chatRequest(t, i)
+		edit(req)
+		_, err := client.Do(req)
+		require.Error(t, err, "case %d", i)
 	}
 	for id, s := range statsByID(tr.Balancer()) {
 		assert.Zero(t, s.Failures, id)

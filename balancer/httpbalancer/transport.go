@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -505,12 +506,13 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 // endpoint: counted as failures, such requests tripped the breaker of each
 // endpoint they were sent and failed over to in turn, so a client could
 // take a healthy fleet out of rotation.
-var errMalformed = fmt.Errorf("inferlb: the request is one net/http does not send (its method, a header or trailer field, its URL or scheme, a body not of its ContentLength): %w", context.Canceled)
+var errMalformed = fmt.Errorf("inferlb: the request is one net/http does not send (its method, a header or trailer field, its URL or scheme, a body not of its ContentLength, a header HTTP/2 forbids): %w", context.Canceled)
 
 // malformed reports whether r is a request net/http's Transport refuses to
 // send, by the checks it makes (with httpguts) before and while it writes
 // one: a scheme other than http and https, a method or header or trailer
-// field that is not valid, a control character in the request URI. (A nil
+// field that is not valid, a control character in the request URI, and
+// over HTTP/2 the fields it forbids (http2Refused). (A nil
 // Header never reaches Base: see outgoing.) It runs only after Base
 // failed, never on a call that succeeds.
 func malformed(r *http.Request) bool {
@@ -523,7 +525,63 @@ func malformed(r *http.Request) bool {
 	if badFields(r.Header) || badFields(r.Trailer) {
 		return true
 	}
-	return strings.ContainsFunc(r.URL.RequestURI(), func(c rune) bool { return c < ' ' || c == 0x7f })
+	if strings.ContainsFunc(r.URL.RequestURI(), func(c rune) bool { return c < ' ' || c == 0x7f }) {
+		return true
+	}
+	return http2Refused(r)
+}
+
+// http2Refused reports whether net/http would refuse r over HTTP/2, which
+// it negotiates for https unless the request needs HTTP/1.1 (a websocket
+// upgrade). HTTP/2 forbids connection-specific header fields (RFC 9113
+// 8.2.2): an Upgrade (curl --http2 sends "Upgrade: h2c" on a cleartext
+// URL, and a gateway copying a client's headers passes it on), a
+// Connection other than close or keep-alive, a Transfer-Encoding other
+// than chunked; and net/http's HTTP/2 client also refuses a Host header
+// that is not valid (HTTP/1.1 leaves it out) and trailer fields that only
+// the framing may set. These are the checks of net/http's
+// internal/httpcommon, in the same order of fields.
+func http2Refused(r *http.Request) bool {
+	h := r.Header
+	if r.URL.Scheme != "https" || http1Only(h) {
+		return false
+	}
+	if vv := h["Upgrade"]; len(vv) > 0 && vv[0] != "" && vv[0] != "chunked" {
+		return true
+	}
+	if vv := h["Transfer-Encoding"]; len(vv) > 1 || len(vv) == 1 && vv[0] != "" && vv[0] != "chunked" {
+		return true
+	}
+	if vv := h["Connection"]; len(vv) > 1 || len(vv) == 1 && vv[0] != "" && !strings.EqualFold(vv[0], "close") && !strings.EqualFold(vv[0], "keep-alive") {
+		return true
+	}
+	host := r.Host
+	if host == "" {
+		host = r.URL.Host
+	}
+	if host, err := httpguts.PunycodeHostPort(host); err != nil || !httpguts.ValidHostHeader(host) {
+		return true
+	}
+	for k := range r.Trailer {
+		switch textproto.CanonicalMIMEHeaderKey(k) {
+		case "Transfer-Encoding", "Trailer", "Content-Length":
+			return true
+		}
+	}
+	return false
+}
+
+// http1Only reports whether net/http sends a request with header h over
+// HTTP/1.1 even where HTTP/2 is negotiated: a websocket upgrade.
+func http1Only(h http.Header) bool {
+	var conn, up string
+	if vv := h["Connection"]; len(vv) > 0 {
+		conn = vv[0]
+	}
+	if vv := h["Upgrade"]; len(vv) > 0 {
+		up = vv[0]
+	}
+	return httpguts.HeaderValuesContainsToken([]string{conn}, "upgrade") && strings.EqualFold(up, "websocket")
 }
 
 // badFields reports whether h has a field name or value net/http refuses.
