@@ -80,9 +80,10 @@ func (e Endpoint) Key() string {
 	return e.Addr
 }
 
-// Capacity returns Weight, with 0 (and any non-positive or NaN value) read as 1.
+// Capacity returns Weight, with 0 (and any non-positive, NaN or infinite
+// value) read as 1, as the balancer and the placement ring read them.
 func (e Endpoint) Capacity() float64 {
-	if e.Weight > 0 {
+	if e.Weight > 0 && e.Weight <= math.MaxFloat64 {
 		return e.Weight
 	}
 	return 1

@@ -26,3 +26,14 @@ func TestRequestTokens(t *testing.T) {
 		assert.Equal(t, tc.want, r.Tokens(), "%d + %d", tc.prompt, tc.out)
 	}
 }
+
+// Capacity reads every weight the balancer and the placement ring read as
+// 1 as 1 too: a +Inf capacity divides every load to 0 and overflows any
+// sum of weights a caller takes.
+func TestEndpointCapacity(t *testing.T) {
+	for _, tc := range []struct{ weight, want float64 }{
+		{0, 1}, {2.5, 2.5}, {-3, 1}, {math.NaN(), 1}, {math.Inf(1), 1}, {math.Inf(-1), 1},
+	} {
+		assert.Equal(t, tc.want, inferlb.Endpoint{Weight: tc.weight}.Capacity(), "weight %v", tc.weight)
+	}
+}
