@@ -3,7 +3,10 @@ package dcgm
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"net/url"
+	"strings"
 
 	"golang.org/x/sync/errgroup"
 
@@ -48,6 +51,11 @@ type Source struct {
 	// a Target with a nil Map (so through Map). It is a fixed list: it must
 	// not change while Collect runs, so a list that follows membership
 	// belongs in Targets.
+	//
+	// An exporter listed more than once (in Targets and URLs, or spelled
+	// two ways: scheme and host case, a default port, an empty path, a
+	// fragment) is scraped once per round, and its GPUs go through each
+	// Mapping it was listed with.
 	URLs []string
 	// Map assigns GPUs to endpoint IDs for targets without a Map of their
 	// own (and for URLs); required if there is such a target.
@@ -85,14 +93,32 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		}
 		targets = both
 	}
-	maps := make([]Mapping, len(targets))
-	for i, t := range targets {
-		maps[i] = t.Map
-		if maps[i] == nil {
-			maps[i] = s.Map
-		}
-		if maps[i] == nil {
+	// One scrape per exporter, with every Mapping it is listed with.
+	type exporter struct {
+		url    string
+		maps   []Mapping
+		shared bool // maps holds s.Map
+	}
+	var exporters []exporter
+	at := make(map[string]int, len(targets))
+	for _, t := range targets {
+		m := t.Map
+		if m == nil && s.Map == nil {
 			return nil, fmt.Errorf("dcgm: Source.Map is nil and target %q has no Map: no way to map GPUs to endpoints", t.URL)
+		}
+		k := urlKey(t.URL)
+		i, ok := at[k]
+		if !ok {
+			i = len(exporters)
+			at[k] = i
+			exporters = append(exporters, exporter{url: t.URL})
+		}
+		e := &exporters[i]
+		switch {
+		case m != nil:
+			e.maps = append(e.maps, m)
+		case !e.shared:
+			e.maps, e.shared = append(e.maps, s.Map), true
 		}
 	}
 	par := s.Parallelism
@@ -103,21 +129,21 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		gpus []GPU
 		err  error
 	}
-	results := make([]result, len(targets))
+	results := make([]result, len(exporters))
 	// Per-target failures are results, not errors that cancel the others,
 	// so every function returns nil; the group only bounds concurrency.
 	var g errgroup.Group
 	g.SetLimit(par)
-	for i, t := range targets {
+	for i, e := range exporters {
 		g.Go(func() error {
-			body, err := promtext.Fetch(ctx, s.Client, t.URL, s.MaxBodyBytes)
+			body, err := promtext.Fetch(ctx, s.Client, e.url, s.MaxBodyBytes)
 			if err != nil {
 				results[i].err = fmt.Errorf("dcgm: scrape: %w", err)
 				return nil
 			}
 			gpus, err := parseBytes(body)
 			if err != nil {
-				err = fmt.Errorf("%s: %w", t.URL, err)
+				err = fmt.Errorf("%s: %w", e.url, err)
 			}
 			results[i] = result{gpus: gpus, err: err}
 			return nil
@@ -128,10 +154,16 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	var mapOf []Mapping // mapOf[j] maps all[j]: its target's Mapping
 	var first error
 	failed, partial := 0, 0
+	gpus := 0
 	for i, r := range results {
-		all = append(all, r.gpus...)
-		for range r.gpus {
-			mapOf = append(mapOf, maps[i])
+		gpus += len(r.gpus)
+		for _, m := range exporters[i].maps {
+			// Through each Mapping: the worst-GPU fold makes a GPU seen
+			// twice by one endpoint count once.
+			all = append(all, r.gpus...)
+			for range r.gpus {
+				mapOf = append(mapOf, m)
+			}
 		}
 		switch {
 		case r.err == nil:
@@ -149,8 +181,34 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	switch {
 	case first == nil:
 		return obs, nil
-	case len(all) == 0:
-		return nil, fmt.Errorf("dcgm: all %d exporters failed; first: %w", len(targets), first)
+	case gpus == 0:
+		return nil, fmt.Errorf("dcgm: all %d exporters failed; first: %w", len(exporters), first)
 	}
-	return obs, fmt.Errorf("%w: dcgm: %d of %d exporters failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(targets), partial, first)
+	return obs, fmt.Errorf("%w: dcgm: %d of %d exporters failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(exporters), partial, first)
+}
+
+// urlKey names the resource raw points at, so that two spellings of one
+// exporter's URL are scraped once: scheme and host in lower case, no default
+// port, "/" for an empty path, no fragment. A URL that does not parse is
+// its own key.
+func urlKey(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return raw
+	}
+	u.Scheme = strings.ToLower(u.Scheme)
+	host, port := strings.ToLower(u.Hostname()), u.Port()
+	if port == "80" && u.Scheme == "http" || port == "443" && u.Scheme == "https" {
+		port = ""
+	}
+	if port != "" || strings.Contains(host, ":") {
+		host = net.JoinHostPort(host, port)
+		host = strings.TrimSuffix(host, ":") // an IPv6 literal without a port
+	}
+	u.Host = host
+	if u.Path == "" && u.RawPath == "" {
+		u.Path = "/"
+	}
+	u.Fragment, u.RawFragment = "", ""
+	return u.String()
 }

@@ -303,7 +303,37 @@ func TestSourceTargetsAndURLs(t *testing.T) {
 		assert.Equal(t, map[string]float64{"ep-a": 0.9, "ep-b": 0.2, "ep-b2": 0.2, "ep-c": 0.3}, got)
 		assert.Len(t, targets(), 3)
 	}
-	assert.Equal(t, []int64{2, 2, 4}, hits(a, b, c))
+	assert.Equal(t, []int64{2, 2, 2}, hits(a, b, c), "c, listed twice, is scraped once a round")
+}
+
+// An exporter listed more than once (in Targets and URLs, or spelled two
+// ways) is scraped once a round, and its GPUs go through every Mapping it
+// was listed with.
+func TestSourceScrapesEachExporterOnce(t *testing.T) {
+	a := newExporter(t, page("node-a", 100), false)
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	shout := strings.Replace(a.url, "http://", "HTTP://", 1)
+	src := &dcgm.Source{
+		Targets: dcgm.Static(a.target("node-a", "ep-a"), dcgm.Target{URL: shout}, dcgm.Target{URL: down.URL}),
+		URLs:    []string{a.url, a.url + "#gpus", down.URL + "/"},
+		Map: func(g *dcgm.GPU) []string {
+			if g.Host == "node-a" {
+				return []string{"ep-x"}
+			}
+			return nil
+		},
+		Client: client(t),
+	}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.ErrorContains(t, err, "1 of 2 exporters failed")
+	got := map[string]float64{}
+	for _, o := range obs {
+		got[o.EndpointID], _ = o.Sample.MemoryUsage()
+	}
+	assert.Equal(t, map[string]float64{"ep-a": 0.1, "ep-x": 0.1}, got)
+	assert.Equal(t, []int64{1}, hits(a))
 }
 
 func TestSourceTargetSpanningNodes(t *testing.T) {

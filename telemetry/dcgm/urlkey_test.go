@@ -1,0 +1,34 @@
+package dcgm
+
+import "testing"
+
+func TestURLKey(t *testing.T) {
+	same := [][]string{
+		{"http://10.0.1.7:9400/metrics", "HTTP://10.0.1.7:9400/metrics", "http://10.0.1.7:9400/metrics#x"},
+		{"http://Node-A/metrics", "http://node-a:80/metrics"},
+		{"https://node-a/metrics", "https://node-a:443/metrics"},
+		{"http://node-a:9400", "http://node-a:9400/"},
+		{"http://[::1]:9400/metrics", "http://[::1]:9400/metrics"},
+		{"http://[FE80::1]/metrics", "http://[fe80::1]:80/metrics"},
+	}
+	for _, urls := range same {
+		for _, u := range urls[1:] {
+			if urlKey(u) != urlKey(urls[0]) {
+				t.Errorf("urlKey(%q) = %q, urlKey(%q) = %q: want the same", u, urlKey(u), urls[0], urlKey(urls[0]))
+			}
+		}
+	}
+	differ := [][2]string{
+		{"http://node-a:9400/metrics", "https://node-a:9400/metrics"},
+		{"http://node-a:9400/metrics", "http://node-a:9401/metrics"},
+		{"http://node-a:9400/metrics", "http://node-a:9400/Metrics"},
+		{"http://node-a:9400/metrics", "http://node-a:9400/metrics?x=1"},
+		{"http://node-a:443/metrics", "http://node-a/metrics"},
+		{"::bad", "::bad2"},
+	}
+	for _, d := range differ {
+		if urlKey(d[0]) == urlKey(d[1]) {
+			t.Errorf("urlKey(%q) = urlKey(%q) = %q: want different", d[0], d[1], urlKey(d[0]))
+		}
+	}
+}
