@@ -1,8 +1,15 @@
 // Package metrics exports a Balancer's live state as Prometheus metrics, so
-// operators see what the router sees: load, latency, error rate, standing
-// and the telemetry it ingested (Collector), and how the telemetry Pollers
-// that feed it are doing (PollerCollector). It is an adapter: the core never
-// imports Prometheus.
+// operators see what the router sees: load, latency, error rate and standing
+// (Collector), what became of the telemetry samples offered to a telemetry
+// Store (StoreCollector), and how the telemetry Pollers that feed it are
+// doing (PollerCollector). It is an adapter: the core never imports
+// Prometheus.
+//
+// Each collector exports the counts of the object it is built over, labelled
+// with the name it is given, so summing a counter over its series counts each
+// event once. Several Balancers may share one Store: its sample counts are
+// the Store's, exported once by its StoreCollector, not by every Balancer's
+// Collector.
 package metrics
 
 import (
@@ -17,14 +24,15 @@ import (
 
 // Collector is a prometheus.Collector over one Balancer. Each scrape reads
 // Balancer.Stats once; label cardinality is the number of endpoints, which
-// comes from configuration, never from request data.
+// comes from configuration, never from request data. The Balancer's telemetry
+// Store is not part of it: export it with a StoreCollector, once per Store.
 type Collector struct {
 	b        *balancer.Balancer
 	constLbl prometheus.Labels
 
 	inFlight, inFlightTokens, latency, ttft, tpot, errRate, ready, breakerOpen, ramp *prometheus.Desc
 	picks, successes, failures, overloads, trips, recoveries, ejections              *prometheus.Desc
-	spills, retries, telemetry, keyReuse, following                                  *prometheus.Desc
+	spills, retries, keyReuse, following                                             *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -58,8 +66,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		spills: d("endpoint_affinity_spills_total",
 			"Calls with an affinity key taken although not the key's owner, by whether the endpoint was known to hold the key's prefix (cache=warm|cold).",
 			[]string{"endpoint", "cache"}),
-		retries:   d("retries_total", "Failover retries asked of the retry budget, by answer.", []string{"result"}),
-		telemetry: d("telemetry_samples_total", "Telemetry samples offered to the store, by what happened to them.", []string{"result"}),
+		retries: d("retries_total", "Failover retries asked of the retry budget, by answer.", []string{"result"}),
 		keyReuse: d("affinity_key_reuse_ratio",
 			"Estimated share of keyed requests whose affinity key recurs (absent while no estimate is kept).", nil),
 		following: d("affinity_following_keys",
@@ -71,7 +78,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.tpot, c.errRate, c.ready, c.breakerOpen, c.ramp,
-		c.picks, c.successes, c.failures, c.overloads, c.trips, c.recoveries, c.ejections, c.spills, c.retries, c.telemetry,
+		c.picks, c.successes, c.failures, c.overloads, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
 		c.keyReuse, c.following,
 	} {
 		ch <- d
@@ -148,12 +155,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	r := c.b.RetryStats()
 	counter(c.retries, r.Allowed, "allowed")
 	counter(c.retries, r.Denied, "denied")
-	t := c.b.Telemetry().Stats()
-	counter(c.telemetry, t.Accepted, "accepted")
-	counter(c.telemetry, t.DroppedEmpty, "dropped_empty")
-	counter(c.telemetry, t.DroppedOld, "dropped_old")
-	counter(c.telemetry, t.DroppedFull, "dropped_full")
-	counter(c.telemetry, t.DroppedUnknown, "dropped_unknown")
 	k := c.b.KeyReuse()
 	if k.Observed > 0 {
 		gauge(c.keyReuse, k.Ratio)

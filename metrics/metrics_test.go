@@ -50,24 +50,34 @@ inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1"} 0.25
 # HELP inferlb_endpoint_time_per_output_token_seconds EWMA of decode time per output token after the first, from streamed calls.
 # TYPE inferlb_endpoint_time_per_output_token_seconds gauge
 inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="a:1"} 0.05
+`), "inferlb_endpoint_in_flight", "inferlb_endpoint_in_flight_tokens", "inferlb_endpoint_failures_total",
+		"inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds"))
+	held.Done(inferlb.Outcome{})
+
+	sc := metrics.NewStoreCollector(b.Telemetry(), "llm")
+	require.NoError(t, testutil.CollectAndCompare(sc, strings.NewReader(`
 # HELP inferlb_telemetry_samples_total Telemetry samples offered to the store, by what happened to them.
 # TYPE inferlb_telemetry_samples_total counter
-inferlb_telemetry_samples_total{balancer="llm",result="accepted"} 0
-inferlb_telemetry_samples_total{balancer="llm",result="dropped_empty"} 1
-inferlb_telemetry_samples_total{balancer="llm",result="dropped_full"} 0
-inferlb_telemetry_samples_total{balancer="llm",result="dropped_old"} 0
-inferlb_telemetry_samples_total{balancer="llm",result="dropped_unknown"} 1
-`), "inferlb_endpoint_in_flight", "inferlb_endpoint_in_flight_tokens", "inferlb_endpoint_failures_total",
-		"inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds", "inferlb_telemetry_samples_total"))
-	held.Done(inferlb.Outcome{})
+inferlb_telemetry_samples_total{result="accepted",store="llm"} 0
+inferlb_telemetry_samples_total{result="dropped_empty",store="llm"} 1
+inferlb_telemetry_samples_total{result="dropped_full",store="llm"} 0
+inferlb_telemetry_samples_total{result="dropped_old",store="llm"} 0
+inferlb_telemetry_samples_total{result="dropped_unknown",store="llm"} 1
+# HELP inferlb_telemetry_store_endpoints Endpoint IDs the store keeps telemetry for (new ones are dropped as dropped_full past its MaxEndpoints).
+# TYPE inferlb_telemetry_store_endpoints gauge
+inferlb_telemetry_store_endpoints{store="llm"} 1
+`)))
 
 	// The collector registers cleanly and passes the linter.
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))
-	problems, err := testutil.CollectAndLint(c)
-	require.NoError(t, err)
-	assert.Empty(t, problems)
-	assert.Equal(t, 18+2+5+1, testutil.CollectAndCount(c), "18 series per endpoint, 2 retry, 5 telemetry, 1 affinity (no reuse estimate yet)")
+	require.NoError(t, reg.Register(sc))
+	for _, col := range []prometheus.Collector{c, sc} {
+		problems, err := testutil.CollectAndLint(col)
+		require.NoError(t, err)
+		assert.Empty(t, problems)
+	}
+	assert.Equal(t, 18+2+1, testutil.CollectAndCount(c), "18 series per endpoint, 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape

@@ -1,0 +1,62 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// StoreCollector is a prometheus.Collector over one telemetry Store: what
+// became of the samples offered to it (kept, or dropped and why) and how many
+// endpoints it tracks. Malformed and stale telemetry is dropped, never fatal,
+// and this is where the drops show.
+//
+// A Store may be shared by several Balancers, so its counts are its own, not
+// a Balancer's: register one StoreCollector per Store (for a Balancer's
+// private Store, Balancer.Telemetry), and a sum over its series counts each
+// sample once.
+type StoreCollector struct {
+	st *telemetry.Store
+
+	samples, endpoints *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*StoreCollector)(nil)
+
+// NewStoreCollector returns a Collector for st. storeName becomes the
+// constant label store="..." (for a Balancer's private Store, the name its
+// Collector has is a good choice).
+func NewStoreCollector(st *telemetry.Store, storeName string) *StoreCollector {
+	cl := prometheus.Labels{"store": storeName}
+	return &StoreCollector{
+		st: st,
+		samples: prometheus.NewDesc("inferlb_telemetry_samples_total",
+			"Telemetry samples offered to the store, by what happened to them.", []string{"result"}, cl),
+		endpoints: prometheus.NewDesc("inferlb_telemetry_store_endpoints",
+			"Endpoint IDs the store keeps telemetry for (new ones are dropped as dropped_full past its MaxEndpoints).", nil, cl),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.samples
+	ch <- c.endpoints
+}
+
+// Collect implements prometheus.Collector.
+func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
+	t := c.st.Stats()
+	for _, r := range []struct {
+		n      uint64
+		result string
+	}{
+		{t.Accepted, "accepted"},
+		{t.DroppedEmpty, "dropped_empty"},
+		{t.DroppedOld, "dropped_old"},
+		{t.DroppedFull, "dropped_full"},
+		{t.DroppedUnknown, "dropped_unknown"},
+	} {
+		ch <- prometheus.MustNewConstMetric(c.samples, prometheus.CounterValue, float64(r.n), r.result)
+	}
+	ch <- prometheus.MustNewConstMetric(c.endpoints, prometheus.GaugeValue, float64(c.st.Len()))
+}
