@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -405,11 +406,13 @@ func TestNilHeaderIsSent(t *testing.T) {
 	assert.EqualValues(t, 1, statsByID(tr.Balancer())["a"].Successes)
 }
 
-// TestWrongContentLengthBlamesNoEndpoint: a body that the peek read whole
-// and that is shorter or longer than the request's ContentLength is one
-// net/http refuses to send ("http: ContentLength=100 with Body length
-// 50"), on every endpoint alike: the call fails with that error, once,
-// and no endpoint is blamed. It used to fail on two endpoints per call.
+// TestWrongContentLengthBlamesNoEndpoint: a body that is shorter or
+// longer than the request's ContentLength is one net/http refuses to send
+// ("http: ContentLength=100 with Body length 50"), on every endpoint
+// alike: the call fails with that error, once, and no endpoint is blamed.
+// It used to fail on two endpoints per call. (When the server answers
+// before net/http notices, as it may with the bytes it was promised,
+// net/http returns the answer instead: no failure either.)
 func TestWrongContentLengthBlamesNoEndpoint(t *testing.T) {
 	a, b := newBackend(t, "a"), newBackend(t, "b")
 	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a, b)})
@@ -418,8 +421,13 @@ func TestWrongContentLengthBlamesNoEndpoint(t *testing.T) {
 		req, err := http.NewRequest(http.MethodPost, chatURL, opaque{strings.NewReader(body)})
 		require.NoError(t, err)
 		req.ContentLength = cl
-		_, err = tr.RoundTrip(req)
-		require.ErrorContains(t, err, "ContentLength")
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			require.ErrorContains(t, err, "ContentLength")
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
 	}
 	for id, s := range statsByID(tr.Balancer()) {
 		assert.Zero(t, s.Failures, id)
@@ -443,6 +451,7 @@ func TestHTTP2RefusedRequestBlamesNoEndpoint(t *testing.T) {
 		b := &backend{name: name}
 		b.srv = httptest.NewUnstartedServer(http.HandlerFunc(b.fakeChat))
 		b.srv.EnableHTTP2 = true
+		b.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // handshakes cut short at Close
 		b.srv.StartTLS()
 		t.Cleanup(b.srv.Close)
 		eps = append(eps, inferlb.Endpoint{ID: name, Addr: b.srv.URL})
