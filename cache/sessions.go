@@ -46,11 +46,13 @@ var _ Clock = wallClock{}
 // SessionOptions configure a Sessions table. The zero value gives the
 // defaults.
 type SessionOptions struct {
-	// MaxEntries bounds the number of sessions; 0 means DefaultMaxSessions.
+	// MaxEntries bounds the number of sessions.
 	MaxEntries int
-	// MaxBytes bounds the table's memory; 0 means DefaultMaxSessionBytes.
-	// The table holds min(MaxEntries, MaxBytes/SessionEntryBytes) entries,
-	// rounded down to a power of two (at least 8), allocated up front.
+	// MaxBytes bounds the table's memory. The table holds
+	// min(MaxEntries, MaxBytes/SessionEntryBytes) entries, rounded down to
+	// a power of two (at least 8), allocated up front. A limit left at 0
+	// does not bind when the other is set; with both 0 the table holds
+	// DefaultMaxSessions entries (DefaultMaxSessionBytes).
 	MaxBytes int
 	// TTL is how long a session stays after its last Get or Put; 0 means
 	// DefaultSessionTTL.
@@ -109,11 +111,17 @@ func NewSessions(opts SessionOptions) (*Sessions, error) {
 	case opts.TTL < 0:
 		return nil, fmt.Errorf("%w: TTL %v must be >= 0", ErrSessionOptions, opts.TTL)
 	}
-	if opts.MaxEntries == 0 {
-		opts.MaxEntries = DefaultMaxSessions
-	}
-	if opts.MaxBytes == 0 {
-		opts.MaxBytes = DefaultMaxSessionBytes
+	// A limit given alone is the bound: the other's default would cut it
+	// without a word (a sticky table asked for a million entries held
+	// 65,536).
+	entries := min(DefaultMaxSessions, DefaultMaxSessionBytes/SessionEntryBytes)
+	switch {
+	case opts.MaxEntries > 0 && opts.MaxBytes > 0:
+		entries = min(opts.MaxEntries, opts.MaxBytes/SessionEntryBytes)
+	case opts.MaxEntries > 0:
+		entries = opts.MaxEntries
+	case opts.MaxBytes > 0:
+		entries = opts.MaxBytes / SessionEntryBytes
 	}
 	if opts.TTL == 0 {
 		opts.TTL = DefaultSessionTTL
@@ -121,7 +129,6 @@ func NewSessions(opts SessionOptions) (*Sessions, error) {
 	if opts.Clock == nil {
 		opts.Clock = wallClock{}
 	}
-	entries := min(opts.MaxEntries, opts.MaxBytes/SessionEntryBytes)
 	sets := max(entries/sessionWays, 1)
 	sets = 1 << (bits.Len(uint(sets)) - 1) // round down to a power of two
 	return &Sessions{

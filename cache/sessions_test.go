@@ -126,6 +126,10 @@ func TestSessionsBounded(t *testing.T) {
 		{cache.SessionOptions{MaxBytes: 64 << 10}, 2048},
 		{cache.SessionOptions{MaxEntries: 1 << 20, MaxBytes: 1 << 20}, 1 << 15},
 		{cache.SessionOptions{MaxEntries: 1}, 8},
+		// One limit given is the bound: the other's default must not cut
+		// it silently (balancer.Options.StickyEntries sets MaxEntries only).
+		{cache.SessionOptions{MaxEntries: 1 << 18}, 1 << 18},
+		{cache.SessionOptions{MaxBytes: 4 << 20}, 1 << 17},
 	} {
 		s, err := cache.NewSessions(tc.opts)
 		require.NoError(t, err)
