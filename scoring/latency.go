@@ -40,7 +40,7 @@ func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
 	// yet, makes it the next probe (as intended); the floor keeps in-flight
 	// meaningful.
 	lat = max(lat, time.Microsecond)
-	cost := lat.Seconds() * float64(max(s.InFlight, 0)+1) / s.weight()
+	cost := lat.Seconds() * (float64(max(s.InFlight, 0)) + 1) / s.weight()
 	return reliability(cost, l.ErrorPenalty, s.ErrorRate)
 }
 
@@ -53,5 +53,5 @@ type LeastLoaded struct {
 
 // Cost implements Scorer.
 func (l *LeastLoaded) Cost(_ *inferlb.Request, s State) float64 {
-	return reliability(float64(max(s.InFlight, 0)+1)/s.weight(), l.ErrorPenalty, s.ErrorRate)
+	return reliability((float64(max(s.InFlight, 0))+1)/s.weight(), l.ErrorPenalty, s.ErrorRate)
 }

@@ -189,6 +189,7 @@ func TestScorersNeverReturnNaNOrNegative(t *testing.T) {
 		s.Telemetry.Set(telemetry.AppUtil, math.MaxFloat64)
 	})
 	add("negative in-flight", func(s *scoring.State) { s.InFlight = -5 })
+	add("in-flight at the int64 limit", func(s *scoring.State) { s.InFlight = math.MaxInt64 })
 	add("negative in-flight tokens", func(s *scoring.State) { s.InFlightTokens = -1 << 40 })
 	add("negative server counts", func(s *scoring.State) {
 		s.Telemetry.Set(telemetry.Running, -1e9)
