@@ -151,10 +151,14 @@ type key struct {
 // GPU or MIG instance (and attributed container), sorted by host, index and
 // MIG instance.
 //
-// Malformed lines are skipped and values out of range (negative memory,
-// utilization above 100%) are dropped; either returns the GPUs read so far
-// with an error wrapping telemetry.ErrPartial. An exposition with no GPU
-// metric returns ErrNoGPUs. ParseMetrics never panics.
+// Only the series of the gauges above are parsed into objects, and at most
+// 8192 of them: the rest of an exposition costs a scan, so a wrong URL
+// with a million series of something else costs about its body. Malformed
+// lines of those gauges and series past the limit are skipped, and values
+// out of range (negative memory, utilization above 100%) are dropped; either
+// returns the GPUs read so far with an error wrapping telemetry.ErrPartial.
+// An exposition with no GPU metric returns ErrNoGPUs. ParseMetrics never
+// panics.
 func ParseMetrics(r io.Reader) ([]GPU, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
@@ -163,8 +167,17 @@ func ParseMetrics(r io.Reader) ([]GPU, error) {
 	return parseBytes(data)
 }
 
+// read holds the names of families: the only metrics parsed into objects.
+var read = func() map[string]bool {
+	m := make(map[string]bool, len(families))
+	for _, f := range families {
+		m[f.name] = true
+	}
+	return m
+}()
+
 func parseBytes(data []byte) ([]GPU, error) {
-	fams, skipped, perr := promtext.Parse(data)
+	fams, skipped, perr := promtext.ParseSelected(data, func(name []byte) bool { return read[string(name)] })
 	byKey := map[key]*GPU{}
 	bad := 0
 	var firstBad string
@@ -203,13 +216,13 @@ func parseBytes(data []byte) ([]GPU, error) {
 	})
 	switch {
 	case len(gpus) == 0 && perr != nil:
-		return nil, fmt.Errorf("%w (exposition malformed, %d lines skipped: %v)", ErrNoGPUs, skipped, perr)
+		return nil, fmt.Errorf("%w (%d exposition lines skipped: %v)", ErrNoGPUs, skipped, perr)
 	case len(gpus) == 0 && bad > 0:
 		return nil, fmt.Errorf("%w (%d values out of range, first %s)", ErrNoGPUs, bad, firstBad)
 	case len(gpus) == 0:
 		return nil, ErrNoGPUs
 	case perr != nil:
-		return gpus, fmt.Errorf("%w: dcgm: exposition malformed, read line by line (%d lines skipped): %v", telemetry.ErrPartial, skipped, perr)
+		return gpus, fmt.Errorf("%w: dcgm: exposition partly read (%d lines skipped): %v", telemetry.ErrPartial, skipped, perr)
 	case bad > 0:
 		return gpus, fmt.Errorf("%w: dcgm: %d values out of range, first %s", telemetry.ErrPartial, bad, firstBad)
 	}

@@ -93,6 +93,17 @@ var extractors = [...]func(*extractor){
 // SchedulerMetricsCollector.init_new; managers/scheduler_pp_mixin.py.)
 var sglangReplicaLabels = []string{"tp_rank", "pp_rank", "moe_ep_rank"}
 
+// read holds, in index form, every metric name an extractor reads: Parse
+// builds metric objects for these only. It is found by running each
+// extractor over no metrics, noting the names it asks for.
+var read = func() map[string]bool {
+	x := extractor{names: map[string]bool{}}
+	for _, f := range extractors {
+		f(&x)
+	}
+	return x.names
+}()
+
 // extractor accumulates a Sample and counts values it had to drop.
 type extractor struct {
 	m        metrics
@@ -100,6 +111,7 @@ type extractor struct {
 	s        telemetry.Sample
 	bad      int
 	firstBad string
+	names    map[string]bool // if set, every name asked for (see read)
 }
 
 func (x *extractor) all(name string) []*dto.Metric { return x.series(name) }
@@ -108,6 +120,9 @@ func (x *extractor) all(name string) []*dto.Metric { return x.series(name) }
 // repeated series (see index) as dropped values: a repeat of a metric this
 // package does not read is no fault of the reading.
 func (x *extractor) series(name string) []*dto.Metric {
+	if x.names != nil {
+		x.names[name] = true
+	}
 	if n := x.dups[name]; n > 0 {
 		delete(x.dups, name)
 		x.bad += n
@@ -120,6 +135,11 @@ func (x *extractor) series(name string) []*dto.Metric {
 
 // first returns the series of the first name present.
 func (x *extractor) first(names ...string) []*dto.Metric {
+	for _, n := range names {
+		if x.names != nil {
+			x.names[n] = true
+		}
+	}
 	for _, n := range names {
 		if len(x.m[n]) > 0 {
 			return x.series(n)

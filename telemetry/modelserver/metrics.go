@@ -1,6 +1,7 @@
 package modelserver
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -98,7 +99,11 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 // prefix-cache hit rate is hits over queries since the server started: one
 // scrape cannot see a recent rate.
 //
-// Malformed lines are skipped, and values out of range (a negative count, a
+// Only the series of the metrics above are parsed into objects, and at most
+// 8192 of them: the rest of an exposition (histograms, other engines'
+// metrics, a wrong URL's million series) costs a scan of its names, which
+// also tells the engine. Malformed lines of those metrics and series past
+// the limit are skipped, and values out of range (a negative count, a
 // fraction above 1) and repeats of a series (same name, in either spelling,
 // and labels: the first counts) are dropped; either makes the error wrap
 // telemetry.ErrPartial while the Result keeps what was read. An exposition
@@ -114,12 +119,20 @@ func Parse(r io.Reader) (Result, error) {
 }
 
 func parseBytes(data []byte) (Result, error) {
-	fams, skipped, perr := promtext.Parse(data)
+	// Only the metrics an extractor reads become objects; the engine is
+	// told from every name on the way.
+	var seen engines
+	fams, skipped, perr := promtext.ParseSelected(data, func(name []byte) bool {
+		var buf [128]byte
+		key := indexName(buf[:0], name)
+		seen.add(key)
+		return read[string(key)]
+	})
 	m, dups := index(fams)
-	res := Result{Engine: detect(m)}
+	res := Result{Engine: seen.first()}
 	if res.Engine == Unknown {
 		if perr != nil {
-			return res, fmt.Errorf("%w (exposition malformed, %d lines skipped: %v)", ErrUnknownEngine, skipped, perr)
+			return res, fmt.Errorf("%w (%d exposition lines skipped: %v)", ErrUnknownEngine, skipped, perr)
 		}
 		return res, ErrUnknownEngine
 	}
@@ -132,9 +145,9 @@ func parseBytes(data []byte) (Result, error) {
 	case res.Sample.Empty():
 		return res, fmt.Errorf("modelserver: %s exposition has none of the load metrics this package reads", res.Engine)
 	case perr != nil && x.bad > 0:
-		return res, fmt.Errorf("%w: modelserver: %s exposition malformed, read line by line (%d lines skipped: %v); %d values dropped (out of range or duplicate) (%s)", telemetry.ErrPartial, res.Engine, skipped, perr, x.bad, x.firstBad)
+		return res, fmt.Errorf("%w: modelserver: %s exposition partly read (%d lines skipped: %v); %d values dropped (out of range or duplicate) (%s)", telemetry.ErrPartial, res.Engine, skipped, perr, x.bad, x.firstBad)
 	case perr != nil:
-		return res, fmt.Errorf("%w: modelserver: %s exposition malformed, read line by line (%d lines skipped): %v", telemetry.ErrPartial, res.Engine, skipped, perr)
+		return res, fmt.Errorf("%w: modelserver: %s exposition partly read (%d lines skipped): %v", telemetry.ErrPartial, res.Engine, skipped, perr)
 	case x.bad > 0:
 		return res, fmt.Errorf("%w: modelserver: %s exposition: %d values dropped (out of range or duplicate) (%s)", telemetry.ErrPartial, res.Engine, x.bad, x.firstBad)
 	}
@@ -183,18 +196,41 @@ func index(fams promtext.Families) (m metrics, dups map[string]int) {
 	return m, dups
 }
 
-// detect names the engine from the first namespace found, checking engines
-// in their declared order.
-func detect(m metrics) Engine {
-	prefixes := [...]struct {
-		e Engine
-		p string
-	}{{VLLM, "vllm_"}, {SGLang, "sglang_"}, {TensorRTLLM, "trtllm_"}, {TGI, "tgi_"}, {Triton, "nv_"}}
+// indexName appends name's index form (see metrics) to dst.
+func indexName(dst, name []byte) []byte {
+	dst = append(dst, name...)
+	if i := bytes.IndexByte(dst, ':'); i >= 0 {
+		dst[i] = '_'
+	}
+	return dst
+}
+
+// engines is a set of Engines, one bit each.
+type engines uint8
+
+// prefixes name each engine's namespace, in index form, in the order
+// engines are checked (a Triton server running the TensorRT-LLM backend is
+// Triton).
+var prefixes = [...]struct {
+	e Engine
+	p string
+}{{VLLM, "vllm_"}, {SGLang, "sglang_"}, {TensorRTLLM, "trtllm_"}, {TGI, "tgi_"}, {Triton, "nv_"}}
+
+// add adds the engine whose namespace name (in index form) is in.
+func (s *engines) add(name []byte) {
 	for _, pr := range prefixes {
-		for name := range m {
-			if strings.HasPrefix(name, pr.p) {
-				return pr.e
-			}
+		if bytes.HasPrefix(name, []byte(pr.p)) {
+			*s |= 1 << pr.e
+			return
+		}
+	}
+}
+
+// first returns the first engine of the set in prefixes' order.
+func (s engines) first() Engine {
+	for _, pr := range prefixes {
+		if s&(1<<pr.e) != 0 {
+			return pr.e
 		}
 	}
 	return Unknown

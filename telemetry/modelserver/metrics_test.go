@@ -169,6 +169,12 @@ func TestParseInlineCases(t *testing.T) {
 			want:   map[string]float64{"running": 2, "prefix_cache_hit_rate": 0.25},
 		},
 		{
+			name:   "vLLM V0 prefix-cache hit-rate gauge",
+			in:     "vllm:num_requests_running 1\nvllm:gpu_prefix_cache_hit_rate 0.3\n",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 1, "prefix_cache_hit_rate": 0.3},
+		},
+		{
 			name:    "out-of-range values are dropped, the rest kept",
 			in:      "vllm:num_requests_waiting -3\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 87\n",
 			engine:  modelserver.VLLM,

@@ -15,6 +15,12 @@
 // Parse reads that too: it is the text format plus exemplars and float
 // timestamps after the value, # UNIT and # EOF lines, counters whose samples
 // carry a _total suffix the family name lacks, and four more types.
+//
+// Memory follows the body, not the series in it: a metric object costs tens
+// of times its line, and a wrong URL (a kube-state-metrics, a federation
+// endpoint) can answer with up to the body limit of series. ParseSelected
+// builds objects only for the metrics an adapter reads, and for at most
+// MaxSamples sample lines; the rest are dropped and counted.
 package promtext
 
 import (
@@ -35,7 +41,18 @@ import (
 // Families maps a metric name to its family.
 type Families map[string]*dto.MetricFamily
 
-// Parse parses a text exposition, or an OpenMetrics one (told by its closing
+// MaxSamples bounds the sample lines a parse builds metric objects for (each
+// costs an adapter about 2 KiB). dcgm-exporter's gauges for a node of 8 GPUs
+// split into 56 MIG instances, or a model server's load gauges per engine,
+// rank and model, are a few hundred.
+const MaxSamples = 1 << 13
+
+// Parse is ParseSelected with every metric selected.
+func Parse(data []byte) (fams Families, skipped int, err error) {
+	return ParseSelected(data, nil)
+}
+
+// ParseSelected parses a text exposition, or an OpenMetrics one (told by its closing
 // "# EOF" line), which it first rewrites into the text format: exemplars,
 // timestamps (which no adapter reads) and the UNIT, HELP and EOF lines are
 // dropped, a counter's TYPE line names its _total samples, and families of
@@ -44,8 +61,15 @@ type Families map[string]*dto.MetricFamily
 // expfmt's error and Parse re-parses line by line, keeping every sample line
 // that parses alone (as an untyped sample), also once an OpenMetrics
 // timestamp or exemplar after its value is dropped, and counting the others
-// in skipped. Parse never panics.
-func Parse(data []byte) (fams Families, skipped int, err error) {
+// in skipped.
+//
+// Only the lines about metrics keep selects are parsed: samples by their
+// metric name, HELP and TYPE lines by the name they describe (keep sees
+// the name as written, without quotes; nil selects every metric). A line
+// without a readable name is parsed, for the parser to count. Sample lines
+// past MaxSamples are dropped, counted in skipped and reported in err.
+// ParseSelected never panics.
+func ParseSelected(data []byte, keep func(name []byte) bool) (fams Families, skipped int, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			fams, skipped, err = Families{}, 1, fmt.Errorf("exposition parser panicked: %v", r)
@@ -54,6 +78,19 @@ func Parse(data []byte) (fams Families, skipped int, err error) {
 	if isOpenMetrics(data) {
 		data = fromOpenMetrics(data)
 	}
+	data, over := selectLines(data, keep)
+	fams, skipped, err = parse(data)
+	if over > 0 {
+		limit := fmt.Errorf("%d sample lines past the first %d dropped", over, MaxSamples)
+		if err != nil {
+			limit = fmt.Errorf("%w; %w", err, limit)
+		}
+		skipped, err = skipped+over, limit
+	}
+	return fams, skipped, err
+}
+
+func parse(data []byte) (fams Families, skipped int, err error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	all, err := p.TextToMetricFamilies(bytes.NewReader(data))
 	if err == nil {
@@ -103,6 +140,100 @@ func Parse(data []byte) (fams Families, skipped int, err error) {
 	// skipped may be 0: every sample line parsed alone and the fault was in
 	// the comments (a second TYPE line). Types were lost, values were not.
 	return fams, skipped, first
+}
+
+// The kinds of line selectLines tells apart.
+const (
+	otherLine   = iota // blank, or a comment other than HELP and TYPE
+	metaLine           // HELP or TYPE
+	sampleLine         // a sample
+	unnamedLine        // a line that names no metric the way either of those does
+)
+
+// selectLines returns the lines of data keep selects (see ParseSelected),
+// with at most MaxSamples sample (and unnamed) lines, and how many more it
+// dropped. It returns data itself when it would keep every line.
+func selectLines(data []byte, keep func(name []byte) bool) (out []byte, over int) {
+	if keep == nil {
+		n := 0
+		for line := range bytes.Lines(data) {
+			if _, kind := lineName(line); kind >= sampleLine {
+				n++
+			}
+		}
+		if n <= MaxSamples {
+			return data, 0
+		}
+		keep = func([]byte) bool { return true }
+	}
+	samples := 0
+	for line := range bytes.Lines(data) {
+		name, kind := lineName(line)
+		switch {
+		case kind == otherLine, kind != unnamedLine && !keep(name):
+			continue
+		case kind == metaLine:
+		case samples == MaxSamples:
+			over++
+			continue
+		default:
+			samples++
+		}
+		out = append(out, line...)
+	}
+	return out, over
+}
+
+// lineName returns the metric a line is about and what kind of line it is.
+func lineName(line []byte) ([]byte, int) {
+	i := skipBlanks(line, 0)
+	if i == len(line) || line[i] == '\n' || line[i] == '\r' {
+		return nil, otherLine
+	}
+	if line[i] == '#' {
+		i = skipBlanks(line, i+1)
+		end := token(line, i)
+		if kw := string(line[i:end]); kw != "HELP" && kw != "TYPE" {
+			return nil, otherLine
+		}
+		name, _ := metricName(line, skipBlanks(line, end))
+		if len(name) == 0 {
+			return nil, otherLine // the parser ignores it too
+		}
+		return name, metaLine
+	}
+	if line[i] == '{' { // {"name", label="value"}
+		i = skipBlanks(line, i+1)
+		if i == len(line) || line[i] != '"' {
+			return nil, unnamedLine
+		}
+	}
+	name, ok := metricName(line, i)
+	if !ok || len(name) == 0 {
+		return nil, unnamedLine
+	}
+	return name, sampleLine
+}
+
+// metricName returns the name at line[i]: a quoted one without its quotes,
+// or a bare one up to a brace or a blank.
+func metricName(line []byte, i int) ([]byte, bool) {
+	if i < len(line) && line[i] == '"' {
+		for j := i + 1; j < len(line); j++ {
+			switch line[j] {
+			case '\\':
+				j++
+			case '"':
+				return line[i+1 : j], true
+			}
+		}
+		return nil, false
+	}
+	j := i
+	for j < len(line) && line[j] != '{' && !blank(line[j]) && line[j] != '\n' && line[j] != '\r' {
+		j++
+	}
+	return line[i:j], true
 }
 
 // isOpenMetrics reports whether data's last line is OpenMetrics' "# EOF",

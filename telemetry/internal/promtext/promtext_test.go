@@ -2,6 +2,7 @@ package promtext_test
 
 import (
 	"bytes"
+	"fmt"
 	"runtime"
 	"testing"
 
@@ -188,4 +189,55 @@ func keys(f promtext.Families) []string {
 		out = append(out, n)
 	}
 	return out
+}
+
+func TestParseSelected(t *testing.T) {
+	in := "# HELP a help\n# TYPE a gauge\na{x=\"1\"} 1\n# TYPE b gauge\nb 2\nbad{x=y} 3\n{\"a\", x=\"2\"} 4\n{{{ junk\n  a{x=\"3\"} 5\n"
+	var asked []string
+	fams, skipped, err := promtext.ParseSelected([]byte(in), func(name []byte) bool {
+		asked = append(asked, string(name))
+		return string(name) == "a"
+	})
+	require.Error(t, err, "the unnamed line is parsed, and fails")
+	assert.Equal(t, 1, skipped, "only the unnamed line: bad{x=y} is not a metric asked for")
+	assert.Equal(t, []string{"a"}, keys(fams))
+	assert.Len(t, fams["a"].Metric, 3)
+	assert.Equal(t, []string{"a", "a", "a", "b", "b", "bad", "a", "a"}, asked)
+}
+
+func TestParseSelectedTypesSurvive(t *testing.T) {
+	fams, skipped, err := promtext.ParseSelected([]byte("# TYPE a gauge\na 1\n# TYPE b counter\nb 2\n"),
+		func(name []byte) bool { return string(name) == "a" })
+	require.NoError(t, err)
+	assert.Zero(t, skipped)
+	assert.Equal(t, dto.MetricType_GAUGE, fams["a"].GetType())
+	assert.Equal(t, []string{"a"}, keys(fams))
+}
+
+// Past MaxSamples sample lines are dropped and counted: a target that
+// answers with a million series of a metric read costs a bounded parse.
+func TestParseBoundsTheSamples(t *testing.T) {
+	var b bytes.Buffer
+	for i := range promtext.MaxSamples + 10 {
+		fmt.Fprintf(&b, "a{i=\"%d\"} 1\n", i)
+	}
+	b.WriteString("other 1\n")
+	for _, keep := range []func([]byte) bool{nil, func(n []byte) bool { return string(n) == "a" }} {
+		over := 10 + btoi(keep == nil) // nil keeps "other" too, past the limit
+		fams, skipped, err := promtext.ParseSelected(b.Bytes(), keep)
+		require.ErrorContains(t, err, fmt.Sprintf("%d sample lines past the first", over))
+		assert.Equal(t, over, skipped)
+		assert.Len(t, fams["a"].Metric, promtext.MaxSamples)
+	}
+	_, skipped, err := promtext.Parse([]byte("a 1\nb{ 2\n"))
+	assert.Equal(t, 1, skipped)
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "past the first", "under the limit")
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
