@@ -109,10 +109,7 @@
 //
 // Where a point lands depends only on (seed, member ID, weight), so two
 // processes with the same seed and members agree on every key and every
-// spill, in whatever order they list the members. Weights are relative: a
-// fleet whose heaviest weight is outside [1, MaxWeight] is scaled by a power
-// of two into it, rather than every weight above MaxWeight read as
-// MaxWeight, or every tiny weight given one point. Building the ring costs
+// spill, in whatever order they list the members. Building the ring costs
 // about 0.5 ms at n = 64 and 40 ms at n = 4096 (BenchmarkNewPlacement).
 //
 // # Sessions

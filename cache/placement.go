@@ -18,10 +18,12 @@ const (
 
 	// MaxWeight caps a member's weight (and so its points), so that one
 	// misconfigured weight cannot make the ring unboundedly large. Weights
-	// are relative: when the heaviest member's is outside [1, MaxWeight],
-	// all are first scaled by the power of two that brings it in (see
-	// NewPlacement). Weights below 1/PointsPerWeight of that still get one
-	// point.
+	// below 1/PointsPerWeight still get one point. So weights keep their
+	// ratios on the ring only within [1/PointsPerWeight, MaxWeight]: a
+	// member's points depend on its own weight alone, never on the others',
+	// which is what keeps a membership change from moving other members'
+	// keys (scaling every weight by the heaviest would move most keys
+	// whenever the heaviest member leaves).
 	MaxWeight = 64
 
 	// MaxMembers is the largest placement: member indices are packed into 16
@@ -62,10 +64,7 @@ type Member struct {
 // Where a point lands depends only on (seed, member ID, weight), never on the
 // order or number of the other members, so two processes with the same seed
 // and members place every key identically, and a membership change moves
-// only the keys of the arcs that changed hands: about 1/n of them. (Weights
-// count relative to the heaviest when it is outside [1, MaxWeight]: a
-// change that moves the heaviest weight across a power of two outside that
-// range rescales every member's points and moves more keys.)
+// only the keys of the arcs that changed hands: about 1/n of them.
 //
 // A Placement is immutable and safe for concurrent use; build a new one when
 // the members change.
@@ -81,13 +80,6 @@ type Placement struct {
 // identified by ID: of duplicate IDs only the first is placed, and members
 // after the first MaxMembers are not placed at all. An empty member list
 // gives a Placement whose walks offer nothing.
-//
-// A member of weight w gets w x PointsPerWeight points, except that when
-// the heaviest weight is above MaxWeight or below 1, every weight is first
-// multiplied by the power of two that brings the heaviest into
-// [1, MaxWeight]: weights are relative, so a fleet weighted 100 and 800
-// splits its keys 1:8, and one weighted in thousandths gets ring points
-// enough to balance, not one point a member.
 func NewPlacement(members []Member, seed uint64) *Placement {
 	return newPlacement(members, seed, PointsPerWeight)
 }
@@ -97,26 +89,16 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 	p := &Placement{salt: mix64(seed ^ 0x243f6a8885a308d3)}
 
 	ids := make(map[string]struct{}, n)
-	hashes := make([]uint64, n)   // per-member hash of (seed, ID)
-	counts := make([]int, n)      // ring points per member; 0 for duplicates
-	weights := make([]float64, n) // read as readWeight does; 0 for duplicates
-	heaviest := 0.0
+	hashes := make([]uint64, n) // per-member hash of (seed, ID)
+	counts := make([]int, n)    // ring points per member; 0 for duplicates
+	total := 0
 	for i, m := range members[:n] {
 		if _, dup := ids[m.ID]; dup {
 			continue
 		}
 		ids[m.ID] = struct{}{}
-		weights[i] = readWeight(m.Weight)
-		heaviest = max(heaviest, weights[i])
-	}
-	exp := weightExp(heaviest)
-	total := 0
-	for i, m := range members[:n] {
-		if weights[i] == 0 { // a duplicate
-			continue
-		}
 		p.n++
-		counts[i] = pointsFor(math.Ldexp(weights[i], exp), perWeight)
+		counts[i] = pointsFor(m.Weight, perWeight)
 		total += counts[i]
 		var d xxhash.Digest
 		d.ResetWithSeed(seed)
@@ -179,35 +161,11 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 	return p
 }
 
-// readWeight returns w, or 1 for a non-positive or non-finite w.
-func readWeight(w float64) float64 {
-	if !(w > 0) || math.IsInf(w, 0) {
-		return 1
-	}
-	return w
-}
-
-// weightExp returns the exponent of the power of two that brings the
-// heaviest weight into [1, MaxWeight], or 0 when it is there already.
-// Weights are relative (the balancer accepts up to 1e6): without it, a
-// fleet weighted in hundreds would read every weight as MaxWeight, all
-// alike, and one weighted in fractions of its whole would give every member
-// one point, and keys by the width of one random arc. A power of two, not
-// the exact ratio, so the scale changes only when the heaviest weight
-// crosses a power of two outside that range.
-func weightExp(heaviest float64) int {
-	_, exp := math.Frexp(heaviest) // heaviest = frac x 2^exp, frac in [0.5, 1)
-	switch {
-	case heaviest > MaxWeight:
-		return bits.Len(MaxWeight) - 1 - exp // frac x 2^6 is in [32, 64)
-	case heaviest > 0 && heaviest < 1:
-		return 1 - exp // frac x 2 is in [1, 2)
-	}
-	return 0
-}
-
 func pointsFor(w float64, perWeight int) int {
-	w = min(readWeight(w), MaxWeight)
+	if !(w > 0) || math.IsInf(w, 0) {
+		w = 1
+	}
+	w = min(w, MaxWeight)
 	return max(1, int(math.Round(w*float64(perWeight))))
 }
 
