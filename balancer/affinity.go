@@ -302,10 +302,11 @@ func noRelief(t bound) bool {
 // fleet's caches would hold several copies of many prefixes. When every
 // member the load is shared among reports Running and Waiting in fresh
 // telemetry (the shared telemetry plane all callers read), a member's load
-// is what its server reports or this caller's own calls on it, whichever is
-// more (the report lags by up to a scrape; a burst since then shows in the
-// caller's own count), and the group's total is the sum of those (cached
-// for fleetViewTTL). Without a complete report, the caller's own calls are
+// is what its server reports, brought up to now with this caller's calls
+// there since the report (readingDelta: the report lags by up to a scrape,
+// and without the correction a single caller would see its own calls that
+// ended since as load), or this caller's own calls there if more; the
+// group's total is the sum of those (cached for fleetViewTTL). Without a complete report, the caller's own calls are
 // the load. In the fleet simulator's shared-prefix workload through eight
 // callers this took the cache hit rate from 90.0% to 91.8% and p90 TTFT
 // from 13.4s to 5.7s at 16 req/s, and from 0.39s to 0.10s at 8 req/s, with
@@ -339,7 +340,7 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound 
 		// Other callers' calls count too, as the servers report them.
 		if rep, ok := reportedLoad(&s); ok {
 			if v := g.fleetLoad(st, now, b.cfg.telemetryMaxAge); v.ok {
-				load = max(rep, float64(own)) + 1
+				load = max(rep+float64(g.members[i].readingDelta(own)), float64(own)) + 1
 				total = max(v.total, total-1) + 1
 			}
 		}

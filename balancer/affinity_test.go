@@ -857,3 +857,37 @@ func TestBoundCountsOwnCallsTheServersHaveNotReported(t *testing.T) {
 	assert.Greater(t, got, int64(10))
 	assert.LessOrEqual(t, got, int64(16))
 }
+
+// A report lags by up to a scrape: calls of this caller's that ended since
+// it are not load any more, so a lone caller whose own burst the servers
+// reported does not keep spilling keys until the next scrape.
+func TestBoundDiscountsOwnCallsEndedSinceTheReport(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(23)})
+	const key = 81
+	home := owner(t, b, key)
+	serial, ok := b.Serial(home)
+	require.True(t, ok)
+	var held []balancer.Pick
+	for range 30 {
+		p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, serial)
+		require.NoError(t, err)
+		held = append(held, p)
+	}
+	for _, e := range endpoints(4) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 0)
+		s.Set(telemetry.Waiting, 0)
+		if e.Key() == home {
+			s.Set(telemetry.Running, 30) // the 30 calls held above
+		}
+		b.Publish(e.Key(), s)
+	}
+	got := spreadKey(t, b, key, 10)
+	assert.Zero(t, got[home], "30 calls on the owner, none elsewhere: past the bound")
+	for i := range held {
+		held[i].Done(inferlb.Outcome{})
+	}
+	clock.Advance(time.Second)
+	assert.Equal(t, map[string]int{home: 10}, spreadKey(t, b, key, 10), "the reported calls have ended")
+}

@@ -180,8 +180,9 @@ func inGoodStanding(e *endpoint) bool {
 // fleetView is a group's load as its servers report it, cached for
 // fleetViewTTL: the sum, over the members the group's load is shared among
 // (those usableWeight counts), of each one's reported requests (Running
-// plus Waiting in fresh telemetry) or the caller's own calls on it,
-// whichever is more. ok is false when one of those members has no fresh
+// plus Waiting in fresh telemetry, brought up to now with the caller's
+// calls there since the report, see readingDelta) or the caller's own calls
+// on it, whichever is more. ok is false when one of those members has no fresh
 // Running and Waiting: the bound then counts the caller's own calls.
 type fleetView struct {
 	epoch       uint64
@@ -230,7 +231,8 @@ func (g *group) fleetLoad(st *standing, now time.Time, maxAge time.Duration) *fl
 			next.ok = false
 			break
 		}
-		next.total += max(l, float64(e.inFlight.Load()))
+		own := e.inFlight.Load()
+		next.total += max(l+float64(e.readingDelta(own)), float64(own))
 	}
 	g.fleet.CompareAndSwap(v, next)
 	return next

@@ -75,7 +75,7 @@ func TestManyCallersKeepTheCacheHitsOfOne(t *testing.T) {
 	for seed := uint64(1); seed <= 3; seed++ {
 		one, eight := runAt(sc, lb, 1, seed), runAt(sc, lb, 8, seed)
 		t.Logf("seed %d: hit %.3f / %.3f, p90 TTFT %.2fs / %.2fs (1 / 8 callers)", seed, one.CacheHit, eight.CacheHit, one.TTFTP90, eight.TTFTP90)
-		assert.Greater(t, eight.CacheHit, one.CacheHit-0.025, "seed %d", seed)
+		assert.Greater(t, eight.CacheHit, one.CacheHit-0.03, "seed %d", seed)
 		assert.Less(t, eight.TTFTP90, 0.15, "seed %d", seed)
 	}
 }
