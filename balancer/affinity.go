@@ -309,7 +309,7 @@ func noRelief(t bound) bool {
 // group's total is the sum of those (cached for fleetViewTTL). Without a complete report, the caller's own calls are
 // the load. In the fleet simulator's shared-prefix workload through eight
 // callers this took the cache hit rate from 90.0% to 91.8% and p90 TTFT
-// from 13.4s to 5.7s at 16 req/s, and from 0.39s to 0.10s at 8 req/s, with
+// from 13.4s to 6.7s at 16 req/s, and from 0.39s to 0.10s at 8 req/s, with
 // one caller unchanged (see benchmarks/results/multi-client.md).
 //
 // With a tenant's shard (sh not nil) the shard is the group: the load and
