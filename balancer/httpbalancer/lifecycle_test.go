@@ -61,6 +61,41 @@ func TestBaseWithNeitherResponseNorError(t *testing.T) {
 	assert.Zero(t, totalInFlight(tr.Balancer()))
 }
 
+// TestBaseWithResponseAndError: a Base that breaks the contract the other
+// way, with a response and an error, has its error count (as http.Client
+// has it) and the response's body closed: nobody else sees it, and left
+// open it would hold its connection for good.
+func TestBaseWithResponseAndError(t *testing.T) {
+	var bodies []*closeCounter
+	base := baseFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		b := &closeCounter{Reader: strings.NewReader("{}")}
+		bodies = append(bodies, b)
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: b}, errors.New("broken base")
+	})
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
+		Base:      base,
+	})
+	resp, err := tr.RoundTrip(chatRequest(t, 1))
+	require.ErrorContains(t, err, "broken base")
+	assert.Nil(t, resp)
+	require.NotEmpty(t, bodies)
+	for i, b := range bodies {
+		assert.Equal(t, 1, b.closed, "attempt %d's body", i)
+	}
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+type closeCounter struct {
+	io.Reader
+	closed int
+}
+
+func (c *closeCounter) Close() error { c.closed++; return nil }
+
 // TestMalformedLoadReportIsCounted: an endpoint-load-metrics header with
 // nothing readable in it (here, a huge one) changes no telemetry and is
 // counted as a dropped sample, as malformed telemetry is elsewhere.

@@ -312,6 +312,12 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 				return c.respond(resp)
 			}
 			err = errNilResponse // a broken Base; http.Client fails it too
+		} else if resp != nil && resp.Body != nil {
+			// A broken Base returned a response and an error: the error
+			// counts (as http.Client has it), and the response's body,
+			// which no one else will see, is closed so that its
+			// connection is not leaked.
+			_ = resp.Body.Close()
 		}
 		if s, ok := body.rc.(*stitched); ok && s.failed.Load() {
 			// The caller's body broke, not the endpoint: nothing to
