@@ -11,6 +11,11 @@
 //	client := &http.Client{Transport: t}
 //	client.Post("http://llm.internal/v1/chat/completions", "application/json", body)
 //
+// TLS: net/http checks an https endpoint's certificate against the address
+// it dials, the picked endpoint's, so a fleet addressed by IP whose servers
+// carry a certificate for a service name needs that name in the Base's
+// TLSClientConfig.ServerName (or IP SANs in the certificates).
+//
 // # One request
 //
 // RoundTrip reads ahead at most Options.MaxPeek bytes of a JSON body
