@@ -33,12 +33,21 @@ func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
 	if prior <= 0 {
 		prior = DefaultLatencyPrior
 	}
-	if s.LatencyEWMA <= 0 && s.InFlight > 0 {
+	switch {
+	case s.LatencyEWMA <= 0 && s.InFlight > 0:
 		lat = prior
+	case s.InFlight > 0:
+		// An EWMA that decayed while the endpoint was idle makes it the
+		// next probe (as intended), but once calls are out to it, it is
+		// being measured: priced by what is left of its EWMA, an
+		// endpoint idle for a few time constants would cost about nothing
+		// whatever its in-flight count, and take every pick that drew it
+		// until its first answer came back. It is priced at least at its
+		// last EWMA, or the prior if that is less.
+		lat = max(lat, min(s.LatencyEWMA, prior))
 	}
-	// An EWMA that decayed to nothing while the endpoint was idle, or none
-	// yet, makes it the next probe (as intended); the floor keeps in-flight
-	// meaningful.
+	// With nothing in flight, an EWMA that decayed to nothing, or none yet,
+	// makes it the next probe; the floor keeps in-flight meaningful.
 	lat = max(lat, time.Microsecond)
 	cost := lat.Seconds() * (float64(max(s.InFlight, 0)) + 1) / s.weight()
 	return reliability(cost, l.ErrorPenalty, s.ErrorRate)

@@ -143,6 +143,18 @@ func TestLatencyCost(t *testing.T) {
 	// probed again after a while.
 	old := scoring.State{Now: now.Add(10 * time.Second), Weight: 1, LatencyEWMA: 100 * time.Millisecond, LastLatency: now, LatencyDecay: 10 * time.Second}
 	assert.InDelta(t, 0.1/math.E, l.Cost(nil, old), 0.002, "one time constant: about 1/e")
+
+	// Decayed to almost nothing after ten idle minutes: the next probe. With
+	// probes out it is being measured, and costs what its last EWMA (or the
+	// prior, if less) says per call, not a near-zero that would win every
+	// pick that drew it until the first answer.
+	idle := scoring.State{Now: now.Add(10 * time.Minute), Weight: 1, LatencyEWMA: 20 * time.Millisecond, LastLatency: now, LatencyDecay: 10 * time.Second}
+	assert.Less(t, l.Cost(nil, idle), l.Cost(nil, st), "idle and decayed: probe it")
+	idle.InFlight = 3
+	assert.InDelta(t, 0.080, l.Cost(nil, idle), 1e-9, "20ms x 4 while probes are out")
+	slowIdle := idle
+	slowIdle.LatencyEWMA = time.Second
+	assert.InDelta(t, 4*scoring.DefaultLatencyPrior.Seconds(), l.Cost(nil, slowIdle), 1e-9, "a slow EWMA is priced at the prior at most")
 }
 
 func TestLeastLoaded(t *testing.T) {
