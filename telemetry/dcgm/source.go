@@ -3,10 +3,7 @@ package dcgm
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
-	"net/url"
-	"strings"
 
 	"golang.org/x/sync/errgroup"
 
@@ -106,7 +103,7 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		if m == nil && s.Map == nil {
 			return nil, fmt.Errorf("dcgm: Source.Map is nil and target %q has no Map: no way to map GPUs to endpoints", t.URL)
 		}
-		k := urlKey(t.URL)
+		k := promtext.URLKey(t.URL)
 		i, ok := at[k]
 		if !ok {
 			i = len(exporters)
@@ -187,28 +184,3 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	return obs, fmt.Errorf("%w: dcgm: %d of %d exporters failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(exporters), partial, first)
 }
 
-// urlKey names the resource raw points at, so that two spellings of one
-// exporter's URL are scraped once: scheme and host in lower case, no default
-// port, "/" for an empty path, no fragment. A URL that does not parse is
-// its own key.
-func urlKey(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return raw
-	}
-	u.Scheme = strings.ToLower(u.Scheme)
-	host, port := strings.ToLower(u.Hostname()), u.Port()
-	if port == "80" && u.Scheme == "http" || port == "443" && u.Scheme == "https" {
-		port = ""
-	}
-	if port != "" || strings.Contains(host, ":") {
-		host = net.JoinHostPort(host, port)
-		host = strings.TrimSuffix(host, ":") // an IPv6 literal without a port
-	}
-	u.Host = host
-	if u.Path == "" && u.RawPath == "" {
-		u.Path = "/"
-	}
-	u.Fragment, u.RawFragment = "", ""
-	return u.String()
-}

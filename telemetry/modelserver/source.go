@@ -33,7 +33,9 @@ const DefaultParallelism = 8
 // The zero Source has no targets. Fields must not change while Collect runs.
 type Source struct {
 	// Targets lists what to scrape; it is called once per Collect so the
-	// list can follow membership. The list it returns must not be changed
+	// list can follow membership. A URL listed twice (however spelled: case,
+	// default port) is fetched once per round, and each of its targets gets
+	// the sample. The list it returns must not be changed
 	// afterwards: on a change, build a new one. A target removed while a
 	// round runs is still scraped in that round, and its endpoint's sample
 	// is returned with the rest (a Balancer drops those of endpoints that
@@ -71,23 +73,50 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		ok  bool
 		err error
 	}
-	results := make([]result, len(targets))
+	// A URL listed more than once (two spellings of one server, or
+	// endpoints that share one server's metrics) is fetched once a round;
+	// each target gets its own observation of it.
+	firstOf := make([]int, len(targets)) // index of the first target with the same URL
+	byKey := make(map[string]int, len(targets))
+	for i, t := range targets {
+		k := promtext.URLKey(t.URL)
+		if j, ok := byKey[k]; ok {
+			firstOf[i] = j
+			continue
+		}
+		byKey[k] = i
+		firstOf[i] = i
+	}
+	type scraped struct {
+		sample telemetry.Sample
+		err    error
+	}
+	fetched := make([]scraped, len(targets))
 	// Per-target failures are results, not errors that cancel the others,
 	// so every function returns nil; the group only bounds concurrency.
 	var g errgroup.Group
 	g.SetLimit(par)
 	for i, t := range targets {
+		if firstOf[i] != i {
+			continue
+		}
 		g.Go(func() error {
 			sample, err := s.scrape(ctx, t)
-			if err != nil {
-				err = fmt.Errorf("endpoint %q: %w", t.EndpointID, err)
-			}
-			ok := err == nil || errors.Is(err, telemetry.ErrPartial)
-			results[i] = result{obs: telemetry.Observation{EndpointID: t.EndpointID, Sample: sample}, ok: ok, err: err}
+			fetched[i] = scraped{sample, err}
 			return nil
 		})
 	}
 	_ = g.Wait()
+	results := make([]result, len(targets))
+	for i, t := range targets {
+		f := fetched[firstOf[i]]
+		err := f.err
+		if err != nil {
+			err = fmt.Errorf("endpoint %q: %w", t.EndpointID, err)
+		}
+		ok := err == nil || errors.Is(err, telemetry.ErrPartial)
+		results[i] = result{obs: telemetry.Observation{EndpointID: t.EndpointID, Sample: f.sample}, ok: ok, err: err}
+	}
 	var obs []telemetry.Observation
 	var firstFailed, firstPartial error
 	failed, partial := 0, 0

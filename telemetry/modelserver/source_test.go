@@ -87,6 +87,38 @@ func TestSourceCollect(t *testing.T) {
 	assert.Len(t, obs, 2)
 }
 
+// A server listed twice (two spellings of its URL, or two endpoints that
+// share its metrics) is fetched once a round, and each target gets the
+// sample; a failure counts for each target it leaves without one.
+func TestSourceScrapesEachURLOnce(t *testing.T) {
+	var hits atomic.Int32
+	body := readFile(t, "vllm-v1-two-engines.txt")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	down := serve(t, 503, "overloaded")
+	src := &modelserver.Source{
+		Client: client(t),
+		Targets: modelserver.Static(
+			modelserver.Target{EndpointID: "a", URL: srv.URL + "/metrics"},
+			modelserver.Target{EndpointID: "b", URL: strings.Replace(srv.URL, "http://", "HTTP://", 1) + "/metrics#x"},
+			modelserver.Target{EndpointID: "c", URL: down},
+			modelserver.Target{EndpointID: "d", URL: down},
+		),
+	}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "2 of 4 targets failed")
+	assert.EqualValues(t, 1, hits.Load(), "one fetch for both spellings")
+	require.Len(t, obs, 2)
+	assert.Equal(t, "a", obs[0].EndpointID)
+	assert.Equal(t, "b", obs[1].EndpointID)
+	assert.Equal(t, fields(obs[0].Sample), fields(obs[1].Sample))
+	assert.NotEmpty(t, fields(obs[1].Sample))
+}
+
 func TestSourceAllFail(t *testing.T) {
 	src := &modelserver.Source{
 		Client: client(t),

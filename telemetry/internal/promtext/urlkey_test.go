@@ -1,4 +1,4 @@
-package dcgm
+package promtext
 
 import "testing"
 
@@ -13,8 +13,8 @@ func TestURLKey(t *testing.T) {
 	}
 	for _, urls := range same {
 		for _, u := range urls[1:] {
-			if urlKey(u) != urlKey(urls[0]) {
-				t.Errorf("urlKey(%q) = %q, urlKey(%q) = %q: want the same", u, urlKey(u), urls[0], urlKey(urls[0]))
+			if URLKey(u) != URLKey(urls[0]) {
+				t.Errorf("URLKey(%q) = %q, URLKey(%q) = %q: want the same", u, URLKey(u), urls[0], URLKey(urls[0]))
 			}
 		}
 	}
@@ -27,8 +27,8 @@ func TestURLKey(t *testing.T) {
 		{"::bad", "::bad2"},
 	}
 	for _, d := range differ {
-		if urlKey(d[0]) == urlKey(d[1]) {
-			t.Errorf("urlKey(%q) = urlKey(%q) = %q: want different", d[0], d[1], urlKey(d[0]))
+		if URLKey(d[0]) == URLKey(d[1]) {
+			t.Errorf("URLKey(%q) = URLKey(%q) = %q: want different", d[0], d[1], URLKey(d[0]))
 		}
 	}
 }
