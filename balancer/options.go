@@ -61,7 +61,9 @@ type Options struct {
 	// Telemetry is where the balancer reads endpoint samples. nil means a
 	// private Store on the Balancer's Clock, reachable through
 	// Balancer.Telemetry. Share one Store
-	// between Balancers to share one telemetry plane.
+	// between Balancers to share one telemetry plane; a Store given here
+	// keeps its own Clock (nil: the wall clock), so with an injected
+	// Clock set the Store's to it too.
 	Telemetry *telemetry.Store
 	// TelemetryMaxAge is how old a telemetry field may be before it is
 	// ignored (treated as absent, i.e. neutral). Default 30s: twice
@@ -111,10 +113,13 @@ type Options struct {
 	// a key's traffic only while its in-flight calls stay within c x its
 	// capacity share of the group's load. Default DefaultLoadBound (1.25);
 	// must be above 1. The calls counted are this caller's own, or, when
-	// every endpoint of the group reports Running and Waiting in fresh
-	// telemetry, what each server reports (all callers' calls) or this
-	// caller's own, whichever is more: independent callers then bound an
-	// owner by the same load and spill its keys at the same moments. An endpoint whose fresh telemetry shows an empty queue
+	// every endpoint of the group that can take calls reports Running and
+	// Waiting in fresh telemetry, what each server reports (all callers'
+	// calls), brought up to now with this caller's calls there since the
+	// report, or this caller's own calls there, whichever is more:
+	// independent callers then bound an owner by the same load and spill
+	// its keys at the same moments. A tenant's shard (TenantShardSize)
+	// counts this caller's own calls only. An endpoint whose fresh telemetry shows an empty queue
 	// and KV cache below 90% is not saturated and keeps its keys up to 1.2c:
 	// continuous batching absorbs the extra call, a spill costs a cold
 	// prefill elsewhere. In the fleet simulator this cut p90 TTFT at 4 req/s
