@@ -49,8 +49,9 @@ func ParseAffinityMode(s string) (AffinityMode, error) {
 }
 
 // DefaultLoadBound is the bounded-load factor: an endpoint takes affinity
-// traffic only while its in-flight calls stay within 1.25x the group's mean
-// per unit of capacity (the factor Vimeo and HAProxy use with Mirrokni et
+// traffic only while its load (its in-flight calls, or its server's report:
+// see Options.LoadBound) stays within 1.25x the group's mean per unit of
+// capacity (the factor Vimeo and HAProxy use with Mirrokni et
 // al.'s scheme; it keeps the maximum load within 25% of the mean while
 // moving few keys).
 const DefaultLoadBound = 1.25

@@ -32,8 +32,8 @@ var ErrMembershipClosed = errors.New("inferlb: Membership is closed")
 // One adapter's update never removes another's endpoints, and a replica one
 // adapter cannot connect to stays in the others' rotation.
 //
-// The Balancer's own Update, SetReady, Pick and PickExcept act on a
-// membership of its own; NewMembership adds more. A membership's groups
+// The Balancer's own Update, SetReady, Pick, PickExcept, PickRetry and
+// PickAt act on a membership of its own; NewMembership adds more. A membership's groups
 // (model subsets, affinity placement, tenant shards) are built from its own
 // endpoints, weights and labels. An endpoint's description as a Pick
 // reports it (Pick.Endpoint) is the one given last, by whichever membership.
