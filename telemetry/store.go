@@ -234,8 +234,9 @@ func (s *Sample) usable() bool {
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
-// Latest returns id's merged sample with fields older than maxAge at now
-// removed (maxAge <= 0 keeps all), and whether any field remains.
+// Latest returns id's merged sample with fields older than maxAge at now,
+// or more than maxAge ahead of it (see Slot.LoadInto), removed (maxAge <= 0
+// keeps all), and whether any field remains.
 func (st *Store) Latest(id string, now time.Time, maxAge time.Duration) (Sample, bool) {
 	v, ok := st.slots.Load(id)
 	if !ok {
