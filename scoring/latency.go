@@ -20,7 +20,10 @@ type Latency struct {
 	// flight such an endpoint costs least, so it is probed (as Finagle's
 	// PeakEwma does): priced at the prior, it would lose every comparison
 	// to a peer faster than the prior and never be measured, so a replica
-	// added to a fleet of fast embedders would get no traffic at all.
+	// added to a fleet of fast embedders would get no traffic at all. Its
+	// EWMA decayed while idle, an endpoint is probed the same way; once
+	// calls are out to it, it is priced at least at its last EWMA, or at
+	// the prior if that is less.
 	Prior time.Duration
 	// ErrorPenalty scales the error rate into a multiplier, as in LLM. Default 10.
 	ErrorPenalty float64
