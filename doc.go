@@ -21,7 +21,7 @@
 //	balancer/grpcbalancer   gRPC load-balancing policy "inferlb"
 //	balancer/httpbalancer   http.RoundTripper for OpenAI-compatible APIs
 //	telemetry/dcgm, telemetry/modelserver, telemetry/promapi   telemetry sources
-//	metrics                 Prometheus collectors over a Balancer and a telemetry Poller
+//	metrics                 Prometheus collectors over a Balancer, a telemetry Store and a Poller
 //	benchmarks, examples    fleet simulator and runnable programs
 //
 // # The life of one request
@@ -62,8 +62,8 @@
 // start scales a joining or recovered endpoint's chance), the request's
 // Scorer prices both from a State snapshot (in-flight requests and tokens,
 // peak-EWMA latency, error rate, fresh telemetry) and the cheaper one wins.
-// Ranks of a data-parallel attention engine (endpoints sharing a
-// Options.DPGroupLabel value) step together, so a prompt's price also says
+// Ranks of a data-parallel attention engine (endpoints one membership gives
+// the same Options.DPGroupLabel value) step together, so a prompt's price also says
 // how far it would raise its engine's step above the prefill the engine's
 // other ranks were recently sent (a decaying per-rank estimate). For
 // generation calls, a price also counts the prompt tokens the candidate was
