@@ -235,8 +235,10 @@ var errNilResponse = errors.New("inferlb: httpbalancer: Base returned a nil resp
 // through Base. The caller's request is never modified, and its body is
 // closed on every path. A call that fails before any response arrives is
 // retried once on another endpoint when its body can be replayed, the
-// context is live and the Balancer's retry budget allows. The response's
-// Request is the request actually sent: its URL names the endpoint.
+// context is live, another endpoint can take it and the Balancer's retry
+// budget allows; failing on an endpoint, it returns an *EndpointError. The
+// response's Request is the request actually sent: its URL names the
+// endpoint.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.URL == nil {
 		if r.Body != nil {
