@@ -421,8 +421,9 @@ func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pi
 	return b.pickWith(m, req, exclude, exclude == "", false)
 }
 
-// pickWith is pick; observe says whether the call's affinity key counts as
-// seen (once per call: not for a failover, which is the same call again).
+// pickWith is pick; observe says whether the pick is a call's first (its
+// affinity key counts as seen and it earns retry budget), not a failover,
+// which is the same call again.
 // With retry, an endpoint found is taken only if AllowRetry allows.
 func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string, observe, retry bool) (Pick, error) {
 	snap := m.snap.Load()
@@ -443,7 +444,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	if !panicking && st.good == 0 {
 		return Pick{}, ErrNoEndpoints
 	}
-	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude,
+	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
 	if c.affine && b.reuse != nil {
 		if observe {
@@ -530,6 +531,7 @@ type cand struct {
 	bit       uint64 // the picking membership's readiness bit
 	panicking bool
 	exclude   string // an endpoint ID to skip (failover); "" for none
+	failover  bool   // the pick is another attempt of a call already picked once
 	affine    bool   // the request's AffinityKey steers the pick (see keyReuse)
 	keyed     bool   // set by pick: the key chose the endpoint (its prefix is likely cached there)
 }
@@ -651,7 +653,12 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 		e.inFlightTokens.Add(int64(tokens))
 	}
 	e.countLoad(1)
-	b.retry.deposit()
+	if !c.failover {
+		// Only a call's first attempt earns retry budget: a retry that
+		// earned some too would refund part of its own cost (all of it at
+		// RetryRatio 1, a budget that never runs out).
+		b.retry.deposit()
+	}
 	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
 

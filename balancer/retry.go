@@ -15,8 +15,9 @@ const (
 	retryCapacityRequests = 100
 )
 
-// retryBudget is a token bucket in milli-tokens: every pick deposits
-// ratio*1000 (capped), every retry withdraws 1000. A second bucket refills at
+// retryBudget is a token bucket in milli-tokens: every call's first pick
+// deposits ratio*1000 (capped; failover picks deposit nothing), every retry
+// withdraws 1000. A second bucket refills at
 // floor retries per second from the clock. Lock-free.
 type retryBudget struct {
 	ratioMilli int64 // deposit per request
