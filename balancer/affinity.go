@@ -311,7 +311,9 @@ func noRelief(t bound) bool {
 // the load. In the fleet simulator's shared-prefix workload through eight
 // callers this took the cache hit rate from 90.0% to 91.8% and p90 TTFT
 // from 13.4s to 6.7s at 16 req/s, and from 0.39s to 0.10s at 8 req/s, with
-// one caller unchanged (see benchmarks/results/multi-client.md).
+// one caller unchanged at the simulator's 1 s scrapes (see
+// benchmarks/results/multi-client.md); with 15 s scrapes one caller gained
+// 2.3% of throughput at 16 req/s (benchmarks/results/SUMMARY.md).
 //
 // With a tenant's shard (sh not nil) the shard is the group: the load and
 // weight shared are its members', so a tenant busier than the rest of the
