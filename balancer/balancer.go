@@ -748,21 +748,21 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	case o.Canceled():
 		e.canceled.Add(1)
 		e.observe(b.cfg, nowNs, 0, o.TTFT, 0, false, false)
-		b.report(e, p.gen, errExcluded, 0)
+		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Overloaded:
 		e.overloads.Add(1)
 		b.cooldown(e, nowNs, o.RetryAfter)
-		b.report(e, p.gen, errExcluded, 0)
+		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Err != nil:
 		e.failures.Add(1)
 		e.observe(b.cfg, nowNs, latency, 0, 0, true, true)
-		b.report(e, p.gen, errFailed, noteStreak(e, nowNs, true))
+		b.report(e, p.gen, errFailed, nowNs)
 	default:
 		e.successes.Add(1)
 		e.observe(b.cfg, nowNs, latency, o.TTFT, o.OutputTokens, true, false)
-		b.report(e, p.gen, nil, noteStreak(e, nowNs, false))
+		b.report(e, p.gen, nil, nowNs)
 	}
 	b.maybeEvaluateOutliers(nowNs)
 }

@@ -175,9 +175,17 @@ func (b *Balancer) emit(ev Event) {
 // The common case, a success on a closed breaker with no failure streak to
 // reset, changes nothing gobreaker acts on, so it is not reported: that keeps
 // the breaker's mutex and clock reads off the path of healthy endpoints.
-func (b *Balancer) report(e *endpoint, gen uint32, err error, streak int64) {
+// The streak is noted only for outcomes the breaker counts: a stale success
+// that ended it would hide it from the next, current, success, which would
+// then skip the report, and gobreaker would go on counting its consecutive
+// failures across that success.
+func (b *Balancer) report(e *endpoint, gen uint32, err error, nowNs int64) {
 	if e.breaker == nil || e.brGen.Load() != gen {
 		return
+	}
+	var streak int64
+	if err != errExcluded {
+		streak = noteStreak(e, nowNs, err != nil)
 	}
 	if err == nil && streak == 0 && e.brState.Load() == int32(gobreaker.StateClosed) {
 		return

@@ -366,3 +366,44 @@ func TestConcurrentFailuresTripOnce(t *testing.T) {
 		assert.WithinDuration(t, clock.Now().Add(balancer.DefaultEjectionTime), rec.last().Until, 0)
 	}
 }
+
+// TestStaleSuccessDoesNotHideAFailureStreak: an outcome of a call picked
+// before the breaker's last transition is ignored by the breaker, so it
+// must not end the failure streak either. A stale success that did ended
+// it unreported: the next success on the closed breaker then looked like
+// the common case (no streak to reset) and was not reported either, and
+// the breaker tripped on failures that were not consecutive.
+func TestStaleSuccessDoesNotHideAFailureStreak(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := newBalancer(t, 2, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(5), OnEvent: rec.record,
+		OutlierInterval: -1, Scorers: constantScorers(),
+		BreakerFailures: 2, BreakerProbes: 1,
+	})
+	bad := endpoints(2)[0].Addr
+
+	long := pickOn(t, b, bad) // a long stream, picked before the trip
+	for range 2 {
+		done(t, b, bad, inferlb.Outcome{Err: errDown})
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds())
+	clock.Advance(balancer.DefaultEjectionTime)
+	done(t, b, bad, inferlb.Outcome{}) // the probe
+	require.Equal(t, balancer.EventRecovered, rec.last().Kind)
+
+	done(t, b, bad, inferlb.Outcome{Err: errDown})
+	long.Done(inferlb.Outcome{}) // stale: the breaker ignores it
+	done(t, b, bad, inferlb.Outcome{})
+	done(t, b, bad, inferlb.Outcome{Err: errDown})
+	assert.Equal(t, balancer.EventRecovered, rec.last().Kind,
+		"two failures with a success between them do not trip at BreakerFailures 2")
+	assert.False(t, stat(t, b, bad).BreakerOpen)
+}
+
+// done picks bad (see pickOn) and ends the call with o.
+func done(t *testing.T, b *balancer.Balancer, id string, o inferlb.Outcome) {
+	t.Helper()
+	p := pickOn(t, b, id)
+	p.Done(o)
+}
