@@ -360,7 +360,9 @@ func duplicateIn(dec *json.Decoder, path string, isMethods bool) error {
 			}
 			seen[key] = key
 		} else {
-			cmp := strings.ToUpper(key) // encoding/json's fold: "IDBYHOST", "methodſ" match
+			// encoding/json's fold: "IDBYHOST", "methodſ" (long s) and
+			// "brea\u212aerFailures" (Kelvin sign) all match their field.
+			cmp := strings.ToLower(strings.ToUpper(key))
 			first, ok := seen[cmp]
 			if !ok {
 				first = key
@@ -380,7 +382,7 @@ func duplicateIn(dec *json.Decoder, path string, isMethods bool) error {
 				return nil
 			}
 			if tok == json.Delim('{') {
-				if err := duplicateIn(dec, field, path == "" && cmp == "METHODS"); err != nil {
+				if err := duplicateIn(dec, field, path == "" && cmp == "methods"); err != nil {
 					return err
 				}
 			}

@@ -212,6 +212,7 @@ func TestParseConfigDuplicateKeys(t *testing.T) {
 		{"service prefix twice", `{"methods": {"/a.B/": "llm", "/a.B/": "llm"}}`, `field methods["/a.B/"]: duplicate key`},
 		{"field in another case", `{"idByHost": false, "IDBYHOST": true}`, `field idByHost: duplicate key "IDBYHOST"`},
 		{"field in a folded case", `{"methods": {}, "methodſ": {"/a.B/C": "llm"}}`, `field methods: duplicate key "methodſ"`},
+		{"field with a Kelvin sign", `{"balancer": {"breakerFailures": 1, "brea\u212aerFailures": 2}}`, "field balancer.breakerFailures: duplicate key \"brea\u212aerFailures\""},
 		{"orca twice", `{"orca": {"outOfBand": true}, "orca": {"interval": "1s"}}`, "field orca: duplicate key"},
 		{"orca field twice", `{"orca": {"perCall": false, "perCall": true}}`, "field orca.perCall: duplicate key"},
 		{"tunable twice", `{"balancer": {"errorAlpha": 0.1, "loadBound": 2, "errorAlpha": 0.5}}`, "field balancer.errorAlpha: duplicate key"},

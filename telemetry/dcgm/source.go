@@ -183,4 +183,3 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	}
 	return obs, fmt.Errorf("%w: dcgm: %d of %d exporters failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(exporters), partial, first)
 }
-
