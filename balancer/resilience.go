@@ -240,11 +240,11 @@ func noteStreak(e *endpoint, nowNs int64, failed bool) int64 {
 // maybeEvaluateOutliers runs outlier detection when its interval is due.
 // Only one caller at a time evaluates; others skip.
 func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
-	if b.cfg.outlierInterval <= 0 || nowNs < b.nextOutlier.Load() || !b.outlierMu.TryLock() {
+	if b.cfg.outlierInterval <= 0 || !b.outliersDue(nowNs) || !b.outlierMu.TryLock() {
 		return
 	}
 	defer b.outlierMu.Unlock()
-	if nowNs < b.nextOutlier.Load() {
+	if !b.outliersDue(nowNs) {
 		return
 	}
 	b.nextOutlier.Store(nowNs + int64(b.cfg.outlierInterval))
@@ -298,4 +298,13 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		b.epoch.Add(1)
 		b.emit(Event{Kind: EventEjected, Endpoint: o.e.id, At: now, Until: time.Unix(0, until)})
 	}
+}
+
+// outliersDue reports whether an outlier evaluation is due at now. The next
+// one is never more than an interval ahead, unless the clock stepped back
+// since the last: it is then due at once, or detection would stop for as
+// long as the step.
+func (b *Balancer) outliersDue(nowNs int64) bool {
+	next := b.nextOutlier.Load()
+	return nowNs >= next || next-nowNs > int64(b.cfg.outlierInterval)
 }

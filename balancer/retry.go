@@ -65,7 +65,14 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 	step := int64(min(float64(time.Second)/rb.floor, math.MaxInt64/4))
 	for {
 		at := rb.floorAt.Load()
-		next := max(at, nowNs-int64(time.Second)) + step
+		from := at
+		if at > nowNs {
+			// Only a clock stepped back puts the mark ahead of it: as it
+			// stood, the floor would allow nothing for the length of the
+			// step. Restart it with one retry's allowance.
+			from = nowNs - step
+		}
+		next := max(from, nowNs-int64(time.Second)) + step
 		if next > nowNs {
 			return false
 		}

@@ -1,0 +1,67 @@
+package balancer_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// The wall clock can step back (an NTP step, a VM restored from a
+// snapshot), and the default Clock follows it within a second. Deadlines
+// the balancer set before the step must not hold for the length of the
+// step on top of their own.
+
+// TestOutlierDetectionSurvivesAClockStepBack: the next evaluation was due
+// an interval after the last; after a step back of an hour, detection
+// stopped for that hour while a failing endpoint kept its traffic.
+func TestOutlierDetectionSurvivesAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := newBalancer(t, 4, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(12), OnEvent: rec.record, BreakerFailures: -1, Scorers: constantScorers(),
+	})
+	bad := endpoints(4)[3].Addr
+	p, err := b.Pick(&inferlb.Request{})
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{}) // the first evaluation; the next is an interval on
+	clock.Advance(-time.Hour)
+
+	// Two intervals of traffic; the bad endpoint fails every other call.
+	n := 0
+	for range 8000 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		if p.ID() == bad {
+			n++
+			if n%2 == 0 {
+				p.Done(inferlb.Outcome{Err: errDown})
+				continue
+			}
+		}
+		p.Done(inferlb.Outcome{})
+		clock.Advance(balancer.DefaultOutlierInterval / 4000)
+	}
+	assert.True(t, slices.Contains(rec.kinds(), balancer.EventEjected), "events: %v", rec.kinds())
+}
+
+// TestRetryFloorSurvivesAClockStepBack: the floor's spending mark was
+// ahead of a clock stepped back, so a quiet client got no retries at all
+// until the clock caught up.
+func TestRetryFloorSurvivesAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, RetryRatio: -1, RetryFloor: 1})
+	require.True(t, b.AllowRetry())
+	clock.Advance(-time.Hour)
+	assert.True(t, b.AllowRetry(), "the floor is not held up for the hour")
+	assert.False(t, b.AllowRetry(), "one retry a second")
+	clock.Advance(time.Second)
+	assert.True(t, b.AllowRetry())
+	assert.False(t, b.AllowRetry())
+}
