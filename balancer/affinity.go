@@ -342,9 +342,9 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound 
 		}
 		// Other callers' calls count too, as the servers report them.
 		if rep, ok := reportedLoad(&s); ok {
-			if v := g.fleetLoad(st, now, b.cfg.telemetryMaxAge); v.ok {
+			if ft, ok := g.fleetLoad(st, now, b.cfg.telemetryMaxAge); ok {
 				load = max(rep+float64(g.members[i].readingDelta(own)), float64(own)) + 1
-				total = max(v.total, total-1) + 1
+				total = max(ft, total-1) + 1
 			}
 		}
 	}

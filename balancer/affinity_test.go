@@ -234,6 +234,30 @@ func TestAffinePickDoesNotAllocate(t *testing.T) {
 	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 12345}))
 }
 
+// With every server reporting its queue, the bound sums the reports; the
+// sum is cached a tenth of a second and recomputed after, with no
+// allocation either way.
+func TestAffinePickWithReportedLoadDoesNotAllocate(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 64, balancer.Options{Clock: clock, TelemetryMaxAge: time.Hour})
+	for _, e := range endpoints(64) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 3)
+		s.Set(telemetry.Waiting, 0)
+		b.Publish(e.Key(), s)
+	}
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 12345}
+	assert.Zero(t, pickDoneAllocs(b, req), "cached")
+	assert.Zero(t, testing.AllocsPerRun(200, func() {
+		clock.Advance(200 * time.Millisecond) // past the cache's life: recomputed
+		p, err := b.Pick(req)
+		if err != nil {
+			panic(err)
+		}
+		p.Done(inferlb.Outcome{Latency: time.Millisecond})
+	}), "recomputed")
+}
+
 func TestParseAffinityMode(t *testing.T) {
 	for _, m := range []balancer.AffinityMode{balancer.AffinityPrefer, balancer.AffinityOff, balancer.AffinityStrict} {
 		got, err := balancer.ParseAffinityMode(m.String())

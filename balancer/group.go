@@ -36,8 +36,8 @@ type group struct {
 	byHash map[uint64]int
 	hashes []uint64
 
-	standing atomic.Pointer[standing]  // cached eligibility counts, see eligibility
-	fleet    atomic.Pointer[fleetView] // cached reported load, see fleetLoad
+	standing atomic.Pointer[standing] // cached eligibility counts, see eligibility
+	fleet    fleetView                // cached reported load, see fleetLoad
 }
 
 // standing caches how many members are ready and how many are in good
@@ -177,23 +177,26 @@ func inGoodStanding(e *endpoint) bool {
 	return !e.brOpen.Load() || e.probeSlots.Load() > 0
 }
 
-// fleetView is a group's load as its servers report it, cached for
+// fleetView caches a group's load as its servers report it for
 // fleetViewTTL: the sum, over the members the group's load is shared among
 // (those usableWeight counts), of each one's reported requests (Running
 // plus Waiting in fresh telemetry, brought up to now with the caller's
 // calls there since the report, see readingDelta) or the caller's own calls
-// on it, whichever is more. ok is false when one of those members has no fresh
-// Running and Waiting: the bound then counts the caller's own calls.
+// on it, whichever is more. The total is NaN when one of those members has
+// no fresh Running and Waiting: the bound then counts the caller's own
+// calls.
+//
+// Concurrency: all fields are atomic and written by whoever wins
+// computing, until last; a reader racing a rewrite may pair one
+// computation's fields with another's, a tenth of a second apart, which
+// the bound tolerates. It never allocates (Pick does not).
 type fleetView struct {
-	epoch       uint64
-	from, until int64 // valid for now in [from, until)
-	total       float64
-	ok          bool
+	computing   atomic.Bool
+	epoch       atomic.Uint64
+	from, until atomic.Int64  // valid for now in [from, until)
+	total       atomic.Uint64 // math.Float64bits
 }
 
-// fleetViewTTL is how long a group's reported load is reused: well under
-// a scrape interval, so a new scrape shows within a tenth of a second, and
-// long enough that summing the members costs nothing per pick.
 const fleetViewTTL = 100 * time.Millisecond
 
 // reportedLoad is the requests a server reports running or queued, from a
@@ -208,16 +211,36 @@ func reportedLoad(s *telemetry.Sample) (float64, bool) {
 }
 
 // fleetLoad returns the group's reported load at now (see fleetView), with
-// st its current eligibility.
-func (g *group) fleetLoad(st *standing, now time.Time, maxAge time.Duration) *fleetView {
+// st its current eligibility; ok is false when the report is incomplete.
+func (g *group) fleetLoad(st *standing, now time.Time, maxAge time.Duration) (total float64, ok bool) {
 	nowNs := now.UnixNano()
-	v := g.fleet.Load()
-	if v != nil && v.epoch == st.epoch && v.from <= nowNs && nowNs < v.until {
-		return v
+	f := &g.fleet
+	if f.epoch.Load() == st.epoch && f.from.Load() <= nowNs && nowNs < f.until.Load() {
+		t := math.Float64frombits(f.total.Load())
+		return t, !math.IsNaN(t)
 	}
-	next := &fleetView{epoch: st.epoch, from: nowNs, until: nowNs + int64(fleetViewTTL), ok: true}
+	total, ok = g.sumReported(st, now, maxAge)
+	if f.computing.CompareAndSwap(false, true) {
+		t := total
+		if !ok {
+			t = math.NaN()
+		}
+		f.until.Store(math.MinInt64) // readers recompute while it is written
+		f.total.Store(math.Float64bits(t))
+		f.epoch.Store(st.epoch)
+		f.from.Store(nowNs)
+		f.until.Store(nowNs + int64(fleetViewTTL))
+		f.computing.Store(false)
+	}
+	return total, ok
+}
+
+// sumReported computes what fleetView caches.
+func (g *group) sumReported(st *standing, now time.Time, maxAge time.Duration) (float64, bool) {
+	nowNs := now.UnixNano()
 	onlyGood := st.goodWeight > 0
 	var s telemetry.Sample
+	total := 0.0
 	for _, e := range g.members {
 		if e.readyMask.Load()&g.bit == 0 {
 			continue
@@ -228,12 +251,10 @@ func (g *group) fleetLoad(st *standing, now time.Time, maxAge time.Duration) *fl
 		e.slot.LoadInto(&s, now, maxAge)
 		l, ok := reportedLoad(&s)
 		if !ok {
-			next.ok = false
-			break
+			return 0, false
 		}
 		own := e.inFlight.Load()
-		next.total += max(l+float64(e.readingDelta(own)), float64(own))
+		total += max(l+float64(e.readingDelta(own)), float64(own))
 	}
-	g.fleet.CompareAndSwap(v, next)
-	return next
+	return total, true
 }
