@@ -53,7 +53,9 @@ const drawTries = 8
 // SetReady and those of every membership) and guards eps, memberships and
 // nextSerial. Each membership's snapshot, all, epoch and engines are atomic;
 // Pick reads only them, the atomics of endpoint state and the tables behind
-// sticky, spills and reuse (lock-free), so it never takes mu.
+// sticky, spills and reuse (lock-free), so it never takes mu. Lock order
+// on the way to an ejection: an endpoint's brMu, its breaker's own mutex,
+// then ejectMu; or outlierMu, then ejectMu.
 type Balancer struct {
 	cfg     *config
 	keyer   *cache.Keyer    // immutable
@@ -77,6 +79,7 @@ type Balancer struct {
 
 	outlierMu   sync.Mutex   // one outlier evaluation at a time (TryLock)
 	nextOutlier atomic.Int64 // unix ns of the next evaluation
+	ejectMu     sync.Mutex   // makes mayEject and marking the endpoint out one step; see mayEject
 }
 
 // snapshot is the immutable picker state built by Update.

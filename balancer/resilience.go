@@ -89,16 +89,23 @@ func (b *Balancer) newBreaker(e *endpoint) *gobreaker.CircuitBreaker[struct{}] {
 	})
 }
 
-// onBreakerChange runs under the breaker's mutex: atomics only.
+// onBreakerChange runs under the breaker's mutex: atomics and ejectMu only.
 func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 	e.brState.Store(int32(to))
 	now := b.cfg.clock.Now()
 	nowNs := now.UnixNano()
 	switch to {
 	case gobreaker.StateOpen:
-		if !e.brOpen.Load() && !b.mayEject(nowNs) {
-			b.emit(Event{Kind: EventCapped, Endpoint: e.id, At: now})
-			return
+		// A trip, not a failed probe: it needs room under MaxEjectedFraction,
+		// checked and taken (brOpen) in one step under ejectMu.
+		trip := !e.brOpen.Load()
+		if trip {
+			b.ejectMu.Lock()
+			if !b.mayEject(nowNs) {
+				b.ejectMu.Unlock()
+				b.emit(Event{Kind: EventCapped, Endpoint: e.id, At: now})
+				return
+			}
 		}
 		n := e.opens.Add(1)
 		until := nowNs + int64(b.ejectionTime(n))
@@ -106,10 +113,11 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		e.probeSlots.Store(int32(b.cfg.breakerProbes))
 		e.brGen.Add(1)
 		ev := Event{Kind: EventTripped, Endpoint: e.id, At: now, Until: time.Unix(0, until)}
-		if from == gobreaker.StateHalfOpen && e.brOpen.Load() {
+		if !trip {
 			ev.Kind = EventProbeFailed
 		} else {
 			e.brOpen.Store(true)
+			b.ejectMu.Unlock()
 			e.trips.Add(1)
 			e.trippedAt.Store(nowNs)
 			if s := e.failStreak.Load(); s > 0 {
@@ -146,7 +154,11 @@ func (b *Balancer) ejectionTime(n int32) time.Duration {
 
 // mayEject reports whether one more endpoint may be ejected without passing
 // MaxEjectedFraction of the fleet (one is always allowed). It scans the
-// fleet: ejections are rare, picks are not.
+// fleet: ejections are rare, picks are not. Called with ejectMu held, which
+// the caller keeps until it has marked the endpoint out (brOpen or
+// ejectedUntil): breakers trip under their own endpoint's mutex, and when a
+// whole fleet fails at once, trips that each checked before any marked
+// held out more than the cap allows.
 func (b *Balancer) mayEject(nowNs int64) bool {
 	all := b.all.Load()
 	if all == nil {
@@ -286,12 +298,15 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 			continue
 		}
 		now := time.Unix(0, nowNs)
+		b.ejectMu.Lock()
 		if !b.mayEject(nowNs) {
+			b.ejectMu.Unlock()
 			b.emit(Event{Kind: EventCapped, Endpoint: o.e.id, At: now})
 			continue
 		}
 		until := nowNs + int64(b.ejectionTime(o.e.ejections.Add(1)))
 		o.e.ejectedUntil.Store(until)
+		b.ejectMu.Unlock()
 		o.e.rampFrom.Store(until) // ramp up when it returns
 		o.e.ejectCount.Add(1)
 		exclude(o.e, until)
