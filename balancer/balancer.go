@@ -217,6 +217,7 @@ func (b *Balancer) build(m *Membership) *snapshot {
 			ms[k], w[k] = m.members[i], m.infos[i].Capacity()
 		}
 		g := newGroup(ms, w, counter(key), m.bit)
+		g.horizon = b.cfg.horizon
 		// The ring places affinity keys and tenants' shards: tenant
 		// sharding needs it with affinity off too.
 		if b.cfg.affinity != AffinityOff || b.cfg.tenantShard > 0 {

@@ -65,3 +65,57 @@ func TestRetryFloorSurvivesAClockStepBack(t *testing.T) {
 	assert.True(t, b.AllowRetry())
 	assert.False(t, b.AllowRetry())
 }
+
+// TestExclusionsSurviveAClockStepBack: a cooldown, a breaker's exclusion
+// and a slow-start ramp are deadlines on the clock; stepped back an hour,
+// a one-second cooldown kept its endpoint out for an hour, and a ramp that
+// had ended held its endpoint at the minimum weight for that hour.
+func TestExclusionsSurviveAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := resilient(t, clock, rec, 4)
+	eps := endpoints(5)
+	require.NoError(t, b.Update(eps)) // eps[4] joins and ramps
+	clock.Advance(balancer.DefaultSlowStartWindow)
+	require.Equal(t, 1.0, stat(t, b, eps[4].Addr).RampFactor)
+
+	cooled, tripped := eps[0].Addr, eps[1].Addr
+	p := pickOn(t, b, cooled)
+	p.Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Second})
+	for range balancer.DefaultBreakerFailures {
+		p := pickOn(t, b, tripped)
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventCooldown, balancer.EventTripped}, rec.kinds())
+
+	clock.Advance(-time.Hour)
+	spread(t, b, &inferlb.Request{}, 10)
+	clock.Advance(balancer.DefaultEjectionTime)
+	got := spread(t, b, &inferlb.Request{}, 2000)
+	assert.Positive(t, got[cooled], "the cooldown is over")
+	assert.Positive(t, got[tripped], "the breaker probes")
+	clock.Advance(balancer.DefaultSlowStartWindow)
+	assert.Equal(t, 1.0, stat(t, b, eps[4].Addr).RampFactor, "a ramp ends")
+}
+
+// TestLongestExclusionIsNoStepBack: a pick reads the clock a moment before
+// the Done of another goroutine that sets the longest exclusion there is.
+// Seen from the pick, the exclusion is longer than any the balancer sets;
+// that is a race between clock readings, not a step back, and must not end
+// the exclusion.
+func TestLongestExclusionIsNoStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := newBalancer(t, 4, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(11), OnEvent: rec.record, Scorers: constantScorers(), OutlierInterval: -1,
+		EjectionTime: 10 * time.Second, MaxEjectionTime: 10 * time.Second, MaxCooldown: 10 * time.Second,
+	})
+	bad := endpoints(4)[0].Addr
+	for range balancer.DefaultBreakerFailures {
+		p := pickOn(t, b, bad)
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds())
+	clock.Advance(-time.Millisecond)
+	assert.Zero(t, spread(t, b, &inferlb.Request{}, 400)[bad])
+}

@@ -25,8 +25,9 @@ type group struct {
 	aliasProb []uint32 // acceptance threshold scaled to 2^32
 	aliasIdx  []int32
 
-	load *atomic.Int64 // durable: in-flight calls on the group's members
-	bit  uint64        // its membership's readiness bit
+	load    *atomic.Int64 // durable: in-flight calls on the group's members
+	bit     uint64        // its membership's readiness bit
+	horizon int64         // config.horizon; 0 in a membership's empty group
 
 	bySerial map[uint64]int32 // member index by endpoint serial, for PickAt
 
@@ -47,6 +48,7 @@ type group struct {
 // when the earliest exclusion it saw expires.
 type standing struct {
 	epoch uint64
+	at    int64 // unix ns it was computed at
 	until int64 // earliest excludedUntil in the future at compute time
 	ready int
 	good  int
@@ -145,20 +147,33 @@ func (g *group) sample(r uint64) int {
 	return int(g.aliasIdx[i])
 }
 
-// eligibility returns the group's cached standing at now, recomputing it when stale.
+// eligibility returns the group's cached standing at now, recomputing it
+// when stale: the epoch moved, an exclusion it saw has ended, or the clock
+// has stepped back by more than the horizon since it was computed. After
+// such a step the members' deadlines are mended (see afterStepBack).
 func (g *group) eligibility(epoch uint64, nowNs int64) *standing {
 	s := g.standing.Load()
-	if s != nil && s.epoch == epoch && nowNs < s.until {
+	if s != nil && s.epoch == epoch && nowNs < s.until && nowNs >= s.at-g.horizon {
 		return s
 	}
-	next := &standing{epoch: epoch, until: math.MaxInt64}
+	stepped := s != nil && nowNs < s.at-g.horizon
+	next := &standing{epoch: epoch, at: nowNs, until: math.MaxInt64}
 	for i, e := range g.members {
+		if stepped {
+			e.afterStepBack(nowNs, g.horizon)
+		}
 		if e.readyMask.Load()&g.bit == 0 {
 			continue
 		}
 		next.ready++
 		next.readyWeight += g.weights[i]
-		if u := e.excludedUntil.Load(); u > nowNs {
+		u := e.excludedUntil.Load()
+		if u-nowNs > g.horizon {
+			// A group built after the step did not see it.
+			e.afterStepBack(nowNs, g.horizon)
+			u = e.excludedUntil.Load()
+		}
+		if u > nowNs {
 			next.until = min(next.until, u)
 		} else if inGoodStanding(e) {
 			next.good++

@@ -297,6 +297,12 @@ type config struct {
 	outlierMinRequests int
 	outlierMargin      float64
 	onEvent            func(Event)
+	// Twice the furthest ahead of the clock (ns) the balancer sets an
+	// exclusion or a ramp's start (the longest cooldown or ejection):
+	// further ahead, the clock has stepped back. Twice, so that a reading
+	// taken a moment before another goroutine's, which set a deadline, is
+	// no step.
+	horizon int64
 }
 
 func durationOr(v, d time.Duration) time.Duration {
@@ -427,6 +433,7 @@ func (o *Options) resolve() (*config, error) {
 		onEvent:            o.OnEvent,
 	}
 	c.maxEjectionTime = max(c.maxEjectionTime, c.ejectionTime)
+	c.horizon = 2 * int64(min(max(c.maxCooldown, c.maxEjectionTime), 1<<61)) // bounded: at-horizon must not wrap
 	if c.clock == nil {
 		c.mono = newMonoClock()
 		c.clock = c.mono

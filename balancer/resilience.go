@@ -142,6 +142,21 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 	}
 }
 
+// afterStepBack mends e's deadlines after the clock stepped back: an
+// exclusion, outlier ejection or ramp start further than horizon ahead of
+// now was set before the step, and would otherwise hold for the length of
+// the step on top of its own (a one-second cooldown for an hour, after an
+// hour's NTP step). How much of it was left is unknown: the exclusion ends
+// now (a breaker then probes, and a failed probe excludes again) and the
+// ramp starts again.
+func (e *endpoint) afterStepBack(nowNs, horizon int64) {
+	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.ejectedUntil, &e.rampFrom} {
+		if t := v.Load(); t-nowNs > horizon {
+			v.CompareAndSwap(t, nowNs)
+		}
+	}
+}
+
 // ejectionTime is the exclusion for the n-th consecutive ejection:
 // EjectionTime doubled each time, capped at MaxEjectionTime.
 func (b *Balancer) ejectionTime(n int32) time.Duration {
