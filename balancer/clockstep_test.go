@@ -119,3 +119,31 @@ func TestLongestExclusionIsNoStepBack(t *testing.T) {
 	clock.Advance(-time.Millisecond)
 	assert.Zero(t, spread(t, b, &inferlb.Request{}, 400)[bad])
 }
+
+// TestDowntimeIsNeverNegative: detection and downtime are differences of
+// clock readings; across a step back they came out negative, in events and
+// in the Stats that metrics export.
+func TestDowntimeIsNeverNegative(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := resilient(t, clock, rec, 4)
+	bad := endpoints(4)[0].Addr
+	for range balancer.DefaultBreakerFailures {
+		p := pickOn(t, b, bad)
+		p.Done(inferlb.Outcome{Err: errDown})
+		clock.Advance(-time.Minute) // each failure "before" the last
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds())
+	assert.GreaterOrEqual(t, rec.last().Detection, time.Duration(0))
+	clock.Advance(-time.Hour)
+	spread(t, b, &inferlb.Request{}, 10) // the step is noticed: the breaker probes
+	for range balancer.DefaultBreakerProbes {
+		p := pickOn(t, b, bad)
+		p.Done(inferlb.Outcome{})
+	}
+	require.Equal(t, balancer.EventRecovered, rec.last().Kind)
+	assert.GreaterOrEqual(t, rec.last().Downtime, time.Duration(0))
+	st := stat(t, b, bad)
+	assert.GreaterOrEqual(t, st.LastDetection, time.Duration(0))
+	assert.GreaterOrEqual(t, st.LastDowntime, time.Duration(0))
+}

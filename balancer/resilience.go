@@ -121,7 +121,9 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 			e.trips.Add(1)
 			e.trippedAt.Store(nowNs)
 			if s := e.failStreak.Load(); s > 0 {
-				ev.Detection = time.Duration(nowNs - s)
+				// Differences of clock readings: never negative, also
+				// across a clock stepped back between them.
+				ev.Detection = time.Duration(max(nowNs-s, 0))
 				e.lastDetection.Store(int64(ev.Detection))
 			}
 		}
@@ -134,7 +136,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		e.opens.Store(0)
 		e.brGen.Add(1)
 		e.rampFrom.Store(nowNs) // recovered: ramp up, as a new endpoint would
-		down := time.Duration(nowNs - e.trippedAt.Load())
+		down := time.Duration(max(nowNs-e.trippedAt.Load(), 0))
 		e.lastDowntime.Store(int64(down))
 		e.recoveries.Add(1)
 		b.epoch.Add(1)
