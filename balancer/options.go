@@ -49,7 +49,10 @@ const (
 // the runtime's random source, the default scorer per service and the
 // documented defaults.
 type Options struct {
-	// Clock is the time source; nil means the wall clock.
+	// Clock is the time source; nil means the wall clock. It may step back,
+	// as the wall clock does: no exclusion, slow-start ramp or outlier
+	// evaluation then waits out the step for longer than twice the longest
+	// cooldown or ejection (MaxCooldown, MaxEjectionTime).
 	Clock Clock
 	// Rand is the random source for sampling. nil means math/rand/v2's
 	// concurrent-safe generator. A custom source must be safe for concurrent
