@@ -46,3 +46,46 @@ func TestConcurrentTripsRespectMaxEjectedFraction(t *testing.T) {
 		require.LessOrEqual(t, open, n/2, "round %d: MaxEjectedFraction 0.5 of %d", round, n)
 	}
 }
+
+// TestAnEjectedEndpointCanTrip: the cap counts the endpoints held out
+// besides the one to hold out. An endpoint that outlier detection has
+// already ejected, and whose calls still in flight then fail, counted
+// itself: its breaker's trip was capped, and when the ejection ended it
+// went straight back into rotation, with no half-open probes.
+func TestAnEjectedEndpointCanTrip(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := newBalancer(t, 4, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(3), OnEvent: rec.record, Scorers: constantScorers(),
+		OutlierMinRequests: 5,
+	})
+	eps := endpoints(4)
+	a, c := eps[0].Addr, eps[1].Addr
+	var stragglers []balancer.Pick
+	for range balancer.DefaultBreakerFailures {
+		stragglers = append(stragglers, pickOn(t, b, a))
+	}
+	// An interval in which a fails every other call: ejected.
+	n := 0
+	for range 400 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		if p.ID() == a {
+			if n++; n%2 == 0 {
+				p.Done(inferlb.Outcome{Err: errDown})
+				continue
+			}
+		}
+		p.Done(inferlb.Outcome{})
+		clock.Advance(balancer.DefaultOutlierInterval / 200)
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventEjected}, rec.kinds())
+	for range balancer.DefaultBreakerFailures { // c trips: two of four out
+		p := pickOn(t, b, c)
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	for _, p := range stragglers {
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventEjected, balancer.EventTripped, balancer.EventTripped}, rec.kinds())
+}

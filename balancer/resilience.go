@@ -101,7 +101,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		trip := !e.brOpen.Load()
 		if trip {
 			b.ejectMu.Lock()
-			if !b.mayEject(nowNs) {
+			if !b.mayEject(e, nowNs) {
 				b.ejectMu.Unlock()
 				b.emit(Event{Kind: EventCapped, Endpoint: e.id, At: now})
 				return
@@ -169,21 +169,24 @@ func (b *Balancer) ejectionTime(n int32) time.Duration {
 	return min(d, b.cfg.maxEjectionTime)
 }
 
-// mayEject reports whether one more endpoint may be ejected without passing
-// MaxEjectedFraction of the fleet (one is always allowed). It scans the
-// fleet: ejections are rare, picks are not. Called with ejectMu held, which
-// the caller keeps until it has marked the endpoint out (brOpen or
-// ejectedUntil): breakers trip under their own endpoint's mutex, and when a
-// whole fleet fails at once, trips that each checked before any marked
-// held out more than the cap allows.
-func (b *Balancer) mayEject(nowNs int64) bool {
+// mayEject reports whether self may be held out without passing
+// MaxEjectedFraction of the fleet (one is always allowed): the endpoints
+// held out besides self, plus self, within the cap. Counting self among
+// them, an endpoint already ejected as an outlier could not trip its
+// breaker on the failures of its calls still in flight, and came back from
+// the ejection with no probes. It scans the fleet: ejections are rare,
+// picks are not. Called with ejectMu held, which the caller keeps until it
+// has marked self out (brOpen or ejectedUntil): breakers trip under their
+// own endpoint's mutex, and when a whole fleet fails at once, trips that
+// each checked before any marked held out more than the cap allows.
+func (b *Balancer) mayEject(self *endpoint, nowNs int64) bool {
 	all := b.all.Load()
 	if all == nil {
 		return true
 	}
 	ejected := 0
 	for _, e := range *all {
-		if e.brOpen.Load() || e.ejectedUntil.Load() > nowNs {
+		if e != self && (e.brOpen.Load() || e.ejectedUntil.Load() > nowNs) {
 			ejected++
 		}
 	}
@@ -316,7 +319,7 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		}
 		now := time.Unix(0, nowNs)
 		b.ejectMu.Lock()
-		if !b.mayEject(nowNs) {
+		if !b.mayEject(o.e, nowNs) {
 			b.ejectMu.Unlock()
 			b.emit(Event{Kind: EventCapped, Endpoint: o.e.id, At: now})
 			continue
