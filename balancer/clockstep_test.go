@@ -34,20 +34,7 @@ func TestOutlierDetectionSurvivesAClockStepBack(t *testing.T) {
 	clock.Advance(-time.Hour)
 
 	// Two intervals of traffic; the bad endpoint fails every other call.
-	n := 0
-	for range 8000 {
-		p, err := b.Pick(&inferlb.Request{})
-		require.NoError(t, err)
-		if p.ID() == bad {
-			n++
-			if n%2 == 0 {
-				p.Done(inferlb.Outcome{Err: errDown})
-				continue
-			}
-		}
-		p.Done(inferlb.Outcome{})
-		clock.Advance(balancer.DefaultOutlierInterval / 4000)
-	}
+	failEveryOther(t, b, clock, bad, 8000, balancer.DefaultOutlierInterval/4000)
 	assert.True(t, slices.Contains(rec.kinds(), balancer.EventEjected), "events: %v", rec.kinds())
 }
 

@@ -66,19 +66,7 @@ func TestAnEjectedEndpointCanTrip(t *testing.T) {
 		stragglers = append(stragglers, pickOn(t, b, a))
 	}
 	// An interval in which a fails every other call: ejected.
-	n := 0
-	for range 400 {
-		p, err := b.Pick(&inferlb.Request{})
-		require.NoError(t, err)
-		if p.ID() == a {
-			if n++; n%2 == 0 {
-				p.Done(inferlb.Outcome{Err: errDown})
-				continue
-			}
-		}
-		p.Done(inferlb.Outcome{})
-		clock.Advance(balancer.DefaultOutlierInterval / 200)
-	}
+	failEveryOther(t, b, clock, a, 400, balancer.DefaultOutlierInterval/200)
 	require.Equal(t, []balancer.EventKind{balancer.EventEjected}, rec.kinds())
 	for range balancer.DefaultBreakerFailures { // c trips: two of four out
 		p := pickOn(t, b, c)

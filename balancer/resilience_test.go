@@ -19,6 +19,26 @@ import (
 
 var errDown = errors.New("connection refused")
 
+// failEveryOther makes calls picks, each success followed by step on the
+// clock, where every other call that lands on bad fails: an outlier that
+// no breaker sees (never two failures in a row).
+func failEveryOther(t *testing.T, b *balancer.Balancer, clock *testutil.Clock, bad string, calls int, step time.Duration) {
+	t.Helper()
+	n := 0
+	for range calls {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		if p.ID() == bad {
+			if n++; n%2 == 0 {
+				p.Done(inferlb.Outcome{Err: errDown})
+				continue
+			}
+		}
+		p.Done(inferlb.Outcome{})
+		clock.Advance(step)
+	}
+}
+
 type recorder struct {
 	mu     sync.Mutex
 	events []balancer.Event
@@ -229,20 +249,7 @@ func TestOutlierEjectionBySuccessRate(t *testing.T) {
 	bad := endpoints(4)[3].Addr
 	// Ten seconds of traffic: the bad endpoint fails every other call (never
 	// five in a row, so no breaker would see it).
-	n := 0
-	for range 4000 {
-		p, err := b.Pick(&inferlb.Request{})
-		require.NoError(t, err)
-		if p.ID() == bad {
-			n++
-			if n%2 == 0 {
-				p.Done(inferlb.Outcome{Err: errDown})
-				continue
-			}
-		}
-		p.Done(inferlb.Outcome{})
-		clock.Advance(balancer.DefaultOutlierInterval / 2000)
-	}
+	failEveryOther(t, b, clock, bad, 4000, balancer.DefaultOutlierInterval/2000)
 	require.Equal(t, []balancer.EventKind{balancer.EventEjected}, rec.kinds())
 	ev := rec.last()
 	assert.Equal(t, bad, ev.Endpoint)
