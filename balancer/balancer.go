@@ -782,9 +782,9 @@ func (b *Balancer) cooldown(e *endpoint, nowNs int64, retryAfter time.Duration) 
 	if d <= 0 {
 		return
 	}
-	if exclude(e, nowNs+int64(d)) {
+	if until := later(nowNs, d); exclude(e, until) {
 		b.epoch.Add(1)
-		b.emit(Event{Kind: EventCooldown, Endpoint: e.id, At: time.Unix(0, nowNs), Until: time.Unix(0, nowNs+int64(d))})
+		b.emit(Event{Kind: EventCooldown, Endpoint: e.id, At: time.Unix(0, nowNs), Until: time.Unix(0, until)})
 	}
 }
 

@@ -436,7 +436,7 @@ func (o *Options) resolve() (*config, error) {
 		onEvent:            o.OnEvent,
 	}
 	c.maxEjectionTime = max(c.maxEjectionTime, c.ejectionTime)
-	c.horizon = 2 * int64(min(max(c.maxCooldown, c.maxEjectionTime), 1<<61)) // bounded: at-horizon must not wrap
+	c.horizon = 2 * int64(min(max(c.maxCooldown, c.maxEjectionTime), maxHold)) // bounded: at-horizon must not wrap
 	if c.clock == nil {
 		c.mono = newMonoClock()
 		c.clock = c.mono

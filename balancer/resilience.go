@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -108,7 +109,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 			}
 		}
 		n := e.opens.Add(1)
-		until := nowNs + int64(b.ejectionTime(n))
+		until := later(nowNs, b.ejectionTime(n))
 		exclude(e, until) // before the new generation: see acquire
 		e.probeSlots.Store(int32(b.cfg.breakerProbes))
 		e.brGen.Add(1)
@@ -164,9 +165,28 @@ func (e *endpoint) afterStepBack(nowNs, horizon int64) {
 func (b *Balancer) ejectionTime(n int32) time.Duration {
 	d := b.cfg.ejectionTime
 	for i := int32(1); i < n && d < b.cfg.maxEjectionTime; i++ {
+		if d > b.cfg.maxEjectionTime/2 {
+			return b.cfg.maxEjectionTime // doubling would pass it, or overflow
+		}
 		d *= 2
 	}
 	return min(d, b.cfg.maxEjectionTime)
+}
+
+// maxHold bounds how long one cooldown or ejection lasts: about 73 years,
+// for ever in practice. A MaxCooldown or MaxEjectionTime meant as "for ever"
+// (the largest Duration) would otherwise wrap now + d to a time in the past,
+// and the exclusion would never apply; the clock-step horizon (twice the
+// longest exclusion) is bounded by the same figure.
+const maxHold = time.Duration(1 << 61)
+
+// later is nowNs + d, with d at most maxHold, saturating.
+func later(nowNs int64, d time.Duration) int64 {
+	d = min(d, maxHold)
+	if int64(d) > math.MaxInt64-nowNs {
+		return math.MaxInt64
+	}
+	return nowNs + int64(d)
 }
 
 // mayEject reports whether self may be held out without passing
@@ -324,7 +344,7 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 			b.emit(Event{Kind: EventCapped, Endpoint: o.e.id, At: now})
 			continue
 		}
-		until := nowNs + int64(b.ejectionTime(o.e.ejections.Add(1)))
+		until := later(nowNs, b.ejectionTime(o.e.ejections.Add(1)))
 		o.e.ejectedUntil.Store(until)
 		b.ejectMu.Unlock()
 		o.e.rampFrom.Store(until) // ramp up when it returns

@@ -301,3 +301,36 @@ func TestReadyAgainRampsUp(t *testing.T) {
 	assert.InDelta(t, 0.5, stat(t, b, id).RampFactor, 1e-9)
 	assert.True(t, b.Now().Equal(clock.Now()))
 }
+
+// A MaxCooldown or MaxEjectionTime meant as "for ever" (the largest
+// Duration) must hold the endpoint out, not wrap now + d to a time in the
+// past: the hint of a server that says "come back never", or the third
+// trip of a breaker whose exclusion doubles, kept it in rotation.
+func TestForeverCooldownAndEjectionHold(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(4), PanicThreshold: -1,
+		MaxCooldown: math.MaxInt64})
+	p, err := b.Pick(&inferlb.Request{})
+	require.NoError(t, err)
+	hot := p.ID()
+	p.Done(inferlb.Outcome{Overloaded: true, RetryAfter: math.MaxInt64})
+	clock.Advance(24 * time.Hour)
+	assert.Zero(t, spread(t, b, &inferlb.Request{}, 50)[hot], "cooled down for ever")
+
+	// The exclusion doubles with each trip, from 2^59 ns (18 years): the
+	// fourth (2^62) took now + d past 2^63, and the fifth's d itself.
+	b = newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), PanicThreshold: -1,
+		BreakerFailures: 1, EjectionTime: 1 << 59, MaxEjectionTime: math.MaxInt64})
+	bad := endpoints(2)[0].Addr
+	serial, ok := b.Serial(bad)
+	require.True(t, ok)
+	for trip := range 5 {
+		p, err := b.PickAt(&inferlb.Request{}, serial) // a probe, once the last exclusion ended
+		require.NoError(t, err)
+		require.Equal(t, bad, p.ID(), "trip %d", trip+1)
+		p.Done(inferlb.Outcome{Err: errDown})
+		until := stat(t, b, bad).ExcludedUntil
+		require.True(t, until.After(clock.Now().Add(time.Hour)), "trip %d: held out, until %v", trip+1, until)
+		clock.Advance(until.Sub(clock.Now())) // the exclusion ends
+	}
+}

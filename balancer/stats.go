@@ -1,7 +1,6 @@
 package balancer
 
 import (
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -82,7 +81,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			ColdSpills:         e.spillsCold.Load(),
 		}
 		s.Picks = e.pickCount()
-		if u := e.excludedUntil.Load(); u > nowNs && u != math.MaxInt64 {
+		if u := e.excludedUntil.Load(); u > nowNs {
 			s.ExcludedUntil = time.Unix(0, u)
 		}
 		out[i] = s
