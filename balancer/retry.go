@@ -40,9 +40,18 @@ func (rb *retryBudget) deposit() {
 		// cores on every pick.
 		return
 	}
-	if rb.tokens.Add(rb.ratioMilli) > rb.capMilli {
-		rb.tokens.Store(rb.capMilli) // racy clamp is fine: the cap is soft
+	if v := rb.tokens.Add(rb.ratioMilli); v > rb.capMilli {
+		rb.clamp(v)
 	}
+}
+
+// clamp brings the bucket back to its cap after a deposit left it at v. A
+// compare-and-swap, not a store: a retry withdrawn between the deposit and
+// the clamp stays withdrawn (a store would refund it). If the swap loses,
+// the bucket stays above the cap by less than a deposit or two, which the
+// next deposit's check sees: the cap is soft.
+func (rb *retryBudget) clamp(v int64) {
+	rb.tokens.CompareAndSwap(v, rb.capMilli)
 }
 
 func (rb *retryBudget) withdraw(nowNs int64) bool {
