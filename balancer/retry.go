@@ -15,32 +15,36 @@ const (
 	retryCapacityRequests = 100
 )
 
-// retryBudget is a token bucket in milli-tokens: every call's first pick
-// deposits ratio*1000 (capped; failover picks deposit nothing), every retry
-// withdraws 1000. A second bucket refills at
-// floor retries per second from the clock. Lock-free.
+// retryBudget is a token bucket in micro-tokens: every call's first pick
+// deposits ratio*1e6 (capped; failover picks deposit nothing), every retry
+// withdraws 1e6 (in milli-tokens a RetryRatio under 0.001 earned nothing).
+// A second bucket refills at floor retries per second from the clock.
+// Lock-free.
 type retryBudget struct {
-	ratioMilli int64 // deposit per request
-	capMilli   int64
+	ratioMicro int64 // deposit per request
+	capMicro   int64
 	floor      float64
-	tokens     atomic.Int64 // milli-tokens from traffic
+	tokens     atomic.Int64 // micro-tokens from traffic
 	floorAt    atomic.Int64 // unix ns up to which floor tokens were spent
 }
 
+// oneRetry is what a retry costs, in micro-tokens.
+const oneRetry = 1_000_000
+
 func newRetryBudget(ratio, floor float64) *retryBudget {
-	rb := &retryBudget{ratioMilli: int64(ratio * 1000), floor: floor}
-	rb.capMilli = max(int64(float64(retryCapacityRequests)*ratio*1000), 1000)
+	rb := &retryBudget{ratioMicro: int64(ratio * oneRetry), floor: floor}
+	rb.capMicro = max(int64(float64(retryCapacityRequests)*ratio*oneRetry), oneRetry)
 	return rb
 }
 
 func (rb *retryBudget) deposit() {
-	if rb.ratioMilli <= 0 || rb.tokens.Load() >= rb.capMilli {
+	if rb.ratioMicro <= 0 || rb.tokens.Load() >= rb.capMicro {
 		// Full (the steady state with few retries): a read leaves the
 		// shared cache line alone, where an add would bounce it between
 		// cores on every pick.
 		return
 	}
-	if v := rb.tokens.Add(rb.ratioMilli); v > rb.capMilli {
+	if v := rb.tokens.Add(rb.ratioMicro); v > rb.capMicro {
 		rb.clamp(v)
 	}
 }
@@ -51,16 +55,16 @@ func (rb *retryBudget) deposit() {
 // the bucket stays above the cap by less than a deposit or two, which the
 // next deposit's check sees: the cap is soft.
 func (rb *retryBudget) clamp(v int64) {
-	rb.tokens.CompareAndSwap(v, rb.capMilli)
+	rb.tokens.CompareAndSwap(v, rb.capMicro)
 }
 
 func (rb *retryBudget) withdraw(nowNs int64) bool {
 	for {
 		t := rb.tokens.Load()
-		if t < 1000 {
+		if t < oneRetry {
 			break
 		}
-		if rb.tokens.CompareAndSwap(t, t-1000) {
+		if rb.tokens.CompareAndSwap(t, t-oneRetry) {
 			return true
 		}
 	}

@@ -11,15 +11,28 @@ import (
 // deposit and its clamp must stay paid for, not be refunded by the clamp.
 func TestRetryBudgetClampKeepsAWithdrawal(t *testing.T) {
 	rb := newRetryBudget(0.5, 0)
-	rb.tokens.Store(rb.capMilli - 100)
-	v := rb.tokens.Add(rb.ratioMilli) // a deposit passes the cap...
-	require.Greater(t, v, rb.capMilli)
+	rb.tokens.Store(rb.capMicro - 100)
+	v := rb.tokens.Add(rb.ratioMicro) // a deposit passes the cap...
+	require.Greater(t, v, rb.capMicro)
 	require.True(t, rb.withdraw(0)) // ...a retry is taken before its clamp...
 	rb.clamp(v)                     // ...which must not refund it
-	assert.Equal(t, v-1000, rb.tokens.Load())
+	assert.Equal(t, v-oneRetry, rb.tokens.Load())
 
 	// Without a race, the clamp holds the bucket at its cap.
-	rb.tokens.Store(rb.capMilli - 100)
+	rb.tokens.Store(rb.capMicro - 100)
 	rb.deposit()
-	assert.Equal(t, rb.capMilli, rb.tokens.Load())
+	assert.Equal(t, rb.capMicro, rb.tokens.Load())
+}
+
+// A ratio under a thousandth still earns retries: one per 2,000 calls at
+// 0.0005 (in milli-tokens it earned none).
+func TestRetryBudgetSmallRatio(t *testing.T) {
+	rb := newRetryBudget(0.0005, 0)
+	for range 1999 {
+		rb.deposit()
+	}
+	assert.False(t, rb.withdraw(0))
+	rb.deposit()
+	assert.True(t, rb.withdraw(0))
+	assert.False(t, rb.withdraw(0))
 }
