@@ -67,8 +67,9 @@ type endpoint struct {
 
 	// Resilience (resilience.go). breaker is immutable (nil when disabled).
 	breaker       *gobreaker.CircuitBreaker[struct{}]
-	opens         atomic.Int32 // consecutive opens, for the doubling exclusion time
+	opens         atomic.Int32 // recent opens, for the doubling exclusion time (see tripCount)
 	trippedAt     atomic.Int64
+	recoveredAt   atomic.Int64 // unix ns of the last recovery; 0 before any
 	ejectedUntil  atomic.Int64 // outlier ejection in force until
 	ejections     atomic.Int32 // consecutive outlier ejections
 	lastDetection atomic.Int64 // ns

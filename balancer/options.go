@@ -207,7 +207,10 @@ type Options struct {
 	// of which must succeed to close it. Default 3.
 	BreakerProbes int
 	// EjectionTime is how long a tripped or ejected endpoint stays out the
-	// first time; each consecutive ejection doubles it. Default 10s: a
+	// first time; each consecutive ejection doubles it. A breaker that
+	// trips again soon after it recovered counts as consecutive too: one
+	// doubling is forgiven per EjectionTime of good standing in between, so
+	// a flapping endpoint is held out longer each time. Default 10s: a
 	// crashed model server usually needs longer to come back, and a probe
 	// costs little.
 	EjectionTime time.Duration

@@ -108,7 +108,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 				return
 			}
 		}
-		n := e.opens.Add(1)
+		n := b.tripCount(e, nowNs)
 		until := later(nowNs, b.ejectionTime(n))
 		exclude(e, until) // before the new generation: see acquire
 		e.probeSlots.Store(int32(b.cfg.breakerProbes))
@@ -134,7 +134,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		if !e.brOpen.Swap(false) {
 			return
 		}
-		e.opens.Store(0)
+		e.recoveredAt.Store(nowNs) // opens decays from here: see tripCount
 		e.brGen.Add(1)
 		e.rampFrom.Store(nowNs) // recovered: ramp up, as a new endpoint would
 		down := time.Duration(max(nowNs-e.trippedAt.Load(), 0))
@@ -158,6 +158,27 @@ func (e *endpoint) afterStepBack(nowNs, horizon int64) {
 			v.CompareAndSwap(t, nowNs)
 		}
 	}
+}
+
+// tripCount counts an open of e's breaker and returns how many count
+// towards its exclusion time: a failed probe adds one to the opens before
+// it; a trip after a recovery adds one to what is left of them after one
+// is forgiven for every EjectionTime of good standing since. An endpoint
+// that passes its probes and fails again at once (a flapping one) is held
+// out twice as long each time, as consecutive failed probes are, instead
+// of starting over at EjectionTime; one that stayed healthy for a while
+// starts over (Envoy's outlier detection decays its ejection multiplier
+// the same way). Called under the breaker's mutex.
+func (b *Balancer) tripCount(e *endpoint, nowNs int64) int32 {
+	n := e.opens.Load()
+	if r := e.recoveredAt.Load(); r != 0 && n > 0 {
+		healthy := max(nowNs-r, 0) / int64(max(b.cfg.ejectionTime, 1))
+		n = int32(max(int64(n)-healthy, 0))
+		e.recoveredAt.Store(0) // forgiven once per recovery
+	}
+	n++
+	e.opens.Store(n)
+	return n
 }
 
 // ejectionTime is the exclusion for the n-th consecutive ejection:

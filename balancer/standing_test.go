@@ -334,3 +334,38 @@ func TestForeverCooldownAndEjectionHold(t *testing.T) {
 		clock.Advance(until.Sub(clock.Now())) // the exclusion ends
 	}
 }
+
+// A breaker that passes its probes and trips again at once (a flapping
+// endpoint) is held out twice as long each time, as consecutive failed
+// probes are; one that stayed in good standing for a while starts over.
+func TestFlappingEndpointIsHeldOutLonger(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(6), PanicThreshold: -1,
+		BreakerFailures: 1, BreakerProbes: 1, EjectionTime: 10 * time.Second, MaxEjectionTime: time.Hour})
+	bad := endpoints(2)[0].Addr
+	serial, ok := b.Serial(bad)
+	require.True(t, ok)
+	call := func(err error) {
+		t.Helper()
+		p, perr := b.PickAt(&inferlb.Request{}, serial)
+		require.NoError(t, perr)
+		require.Equal(t, bad, p.ID())
+		p.Done(inferlb.Outcome{Err: err})
+	}
+	held := func() time.Duration { return stat(t, b, bad).ExcludedUntil.Sub(clock.Now()) }
+
+	call(errDown)
+	assert.Equal(t, 10*time.Second, held(), "first trip")
+	for _, want := range []time.Duration{20 * time.Second, 40 * time.Second} {
+		clock.Advance(held())
+		call(nil) // the probe passes: recovered
+		require.True(t, stat(t, b, bad).ExcludedUntil.IsZero())
+		call(errDown) // and fails again at once
+		assert.Equal(t, want, held(), "a trip right after a recovery")
+	}
+	clock.Advance(held())
+	call(nil)
+	clock.Advance(10 * time.Minute) // in good standing for a while
+	call(errDown)
+	assert.Equal(t, 10*time.Second, held(), "after ten good minutes it starts over")
+}
