@@ -633,9 +633,13 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	// ignores, not as a half-open probe whose failure would double the
 	// exclusion. onBreakerChange sets the exclusion before it bumps the
 	// generation, so a new generation is never seen with the old standing.
+	// Panic routing's calls to an endpoint out of good standing (excluded,
+	// or half-open with its probes out) are stragglers too: a last resort,
+	// not probes, or each failure would re-open the breaker and double its
+	// exclusion, pick after pick.
 	gen := e.brGen.Load()
 	var flags uint32
-	if !e.usable(c.bit, c.nowNs, c.panicking) {
+	if !e.usable(c.bit, c.nowNs, false) {
 		gen--
 	} else if e.brOpen.Load() {
 		if e.probeSlots.Add(-1) == 0 {

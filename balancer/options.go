@@ -86,6 +86,8 @@ type Options struct {
 	// breaker-open), the picker ignores standing and routes across all ready
 	// endpoints, as Envoy does, rather than piling the whole load onto a few
 	// survivors. Default 0.5 (Envoy's); negative disables panic routing.
+	// Such a call to an endpoint out of good standing is no half-open
+	// probe: its outcome does not move the breaker or the exclusion.
 	PanicThreshold float64
 	// DefaultCooldown is how long an endpoint that answered "overloaded"
 	// without a Retry-After hint is kept out of rotation. Default 1s.

@@ -369,3 +369,35 @@ func TestFlappingEndpointIsHeldOutLonger(t *testing.T) {
 	call(errDown)
 	assert.Equal(t, 10*time.Second, held(), "after ten good minutes it starts over")
 }
+
+// Panic routing sends calls to endpoints whose breakers are open, as a
+// last resort; those calls are no half-open probes. Counted as probes,
+// each failure re-opened the breaker, doubled the exclusion and raised an
+// event, pick after pick, so the endpoints stayed out long after the panic.
+func TestPanicCallsAreNoProbes(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(7), OnEvent: rec.record,
+		BreakerFailures: 1, MaxEjectedFraction: 1, Scorers: constantScorers()})
+	eps := endpoints(4)
+	for _, e := range eps[:3] {
+		p := pickOn(t, b, e.Addr)
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventTripped, balancer.EventTripped, balancer.EventTripped}, rec.kinds())
+	until := stat(t, b, eps[0].Addr).ExcludedUntil
+	counts := map[string]int{}
+	for range 200 { // one of four good: panic routing over all four
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		counts[p.ID()]++
+		if p.ID() == eps[3].Addr {
+			p.Done(inferlb.Outcome{})
+		} else {
+			p.Done(inferlb.Outcome{Err: errDown})
+		}
+	}
+	require.Len(t, counts, 4, "panic routing")
+	assert.Len(t, rec.kinds(), 3, "no event after the trips: %v", rec.kinds())
+	assert.Equal(t, until, stat(t, b, eps[0].Addr).ExcludedUntil, "the exclusion stands as it was")
+}
