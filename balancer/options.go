@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/inferlb/inferlb"
@@ -59,7 +60,8 @@ type Options struct {
 	// use if the Balancer is (tests pass a scripted one).
 	Rand rand.Source
 	// Scorers overrides the scorer per Service; services not named keep
-	// scoring.DefaultFor.
+	// scoring.DefaultFor. A Scorer with a Validate() error method (the
+	// scoring package's have one) is validated with the Options.
 	Scorers map[inferlb.Service]scoring.Scorer
 	// Telemetry is where the balancer reads endpoint samples. nil means a
 	// private Store on the Balancer's Clock, reachable through
@@ -394,9 +396,26 @@ func (o *Options) Validate() error {
 		if s == nil {
 			return bad("Scorers["+svc.String()+"]", "must not be nil", s)
 		}
+		if v, ok := s.(interface{ Validate() error }); ok {
+			if err := v.Validate(); err != nil {
+				return &scorerError{svc: svc, err: err}
+			}
+		}
 	}
 	return nil
 }
+
+// scorerError names the Scorer whose own Validate failed.
+type scorerError struct {
+	svc inferlb.Service
+	err error
+}
+
+func (e *scorerError) Error() string {
+	return fmt.Sprintf("inferlb: balancer.Options.Scorers[%s]: %s", e.svc, strings.TrimPrefix(e.err.Error(), "inferlb: "))
+}
+
+func (e *scorerError) Unwrap() error { return e.err }
 
 func (o *Options) resolve() (*config, error) {
 	if err := o.Validate(); err != nil {

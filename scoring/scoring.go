@@ -12,6 +12,10 @@
 //     good signal: peak-EWMA latency x (in-flight + 1), as in Finagle and
 //     Linkerd.
 //   - Unknown traffic goes to the least-loaded endpoint.
+//
+// Each scorer's zero fields take documented defaults; its Validate method
+// refuses settings that cannot be meant, and the balancer calls it (on any
+// Scorer that has one) when it is built.
 package scoring
 
 import (

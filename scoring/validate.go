@@ -1,0 +1,68 @@
+package scoring
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Validate reports the first field of l that cannot be meant: NaN or
+// negative values, knees outside [0, 1), a MaxKVPressure below 1. Zero
+// fields take their defaults. The balancer calls it for the Scorers it is
+// given, so a mistyped setting fails at construction instead of quietly
+// becoming a default (a negative value did) or turning a curve upside
+// down (with a MaxKVPressure of 0.5 an endpoint reporting a full KV cache
+// cost less than one reporting nothing, and as little as an idle one).
+func (l *LLM) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{
+		{"QueueWeight", l.QueueWeight}, {"TokenUnit", l.TokenUnit}, {"ErrorPenalty", l.ErrorPenalty},
+		{"MemorySteepness", l.MemorySteepness}, {"Steepness", l.Steepness},
+	} {
+		if err := nonNegative("LLM", f.name, f.v); err != nil {
+			return err
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"KVKnee", l.KVKnee}, {"MemoryKnee", l.MemoryKnee}, {"UtilKnee", l.UtilKnee}} {
+		if !(f.v >= 0 && f.v < 1) {
+			return invalid("LLM", f.name, f.v, "must be in [0, 1) (0 means the default)")
+		}
+	}
+	if l.MaxKVPressure != 0 && !(l.MaxKVPressure >= 1) {
+		return invalid("LLM", "MaxKVPressure", l.MaxKVPressure, "must be at least 1 (0 means the default 10)")
+	}
+	return nil
+}
+
+// Validate reports a NaN or negative field of l; zero fields take their
+// defaults.
+func (l *Latency) Validate() error {
+	if l.Prior < 0 {
+		return invalid("Latency", "Prior", l.Prior, "must not be negative (0 means the default)")
+	}
+	return nonNegative("Latency", "ErrorPenalty", l.ErrorPenalty)
+}
+
+// Validate reports a NaN or negative ErrorPenalty; zero takes the default.
+func (l *LeastLoaded) Validate() error {
+	return nonNegative("LeastLoaded", "ErrorPenalty", l.ErrorPenalty)
+}
+
+// ErrInvalid is what every Validate error wraps.
+var ErrInvalid = errors.New("invalid scorer setting")
+
+func nonNegative(scorer, field string, v float64) error {
+	if !(v >= 0) || math.IsNaN(v) {
+		return invalid(scorer, field, v, "must not be negative or NaN (0 means the default)")
+	}
+	return nil
+}
+
+func invalid(scorer, field string, v any, rule string) error {
+	return fmt.Errorf("inferlb: scoring.%s.%s = %v: %s: %w", scorer, field, v, rule, ErrInvalid)
+}
