@@ -279,6 +279,8 @@ func TestOptionsValidate(t *testing.T) {
 		{balancer.Options{SlowStartAggression: -1}, "SlowStartAggression"},
 		{balancer.Options{LatencyDecay: -time.Second}, "LatencyDecay"},
 		{balancer.Options{RetryRatio: 3}, "RetryRatio"},
+		{balancer.Options{StickyEntries: 1 << 40}, "StickyEntries = 1099511627776: must be in [0, 16777216]"},
+		{balancer.Options{StickyEntries: balancer.MaxStickyEntries}, ""},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: &scoring.LLM{KVKnee: 85}}}, "balancer.Options.Scorers[llm]: scoring.LLM.KVKnee = 85: must be in [0, 1)"},
 		// gobreaker counts in uint32 and the probe budget is an int32:
 		// larger values would wrap (a breaker tripping at once, or never

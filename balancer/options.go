@@ -33,6 +33,11 @@ const (
 	DefaultSubsetLabel     = "model"
 
 	DefaultBreakerFailures = 5
+
+	// MaxStickyEntries bounds Options.StickyEntries: the table is allocated
+	// up front, 32 bytes an entry, and a mistyped size must fail as a
+	// setting, not as an allocation that takes the process down.
+	MaxStickyEntries = 1 << 24
 	// MaxWeight bounds an endpoint's Weight (weights are relative: a
 	// replica with eight GPUs next to one with a single GPU is 8 to 1);
 	// Update reads a larger one as MaxWeight and says so.
@@ -200,7 +205,8 @@ type Options struct {
 	SpillMemory time.Duration
 	// StickyEntries bounds the sticky table; 0 means cache.DefaultMaxSessions
 	// (65,536 entries, 2 MiB). The table is allocated up front by New, and
-	// only when StickyTTL is positive.
+	// only when StickyTTL is positive, rounded down to a power of two; at
+	// most MaxStickyEntries (16,777,216: 512 MiB).
 	StickyEntries int
 	// BreakerFailures is how many consecutive failures trip an endpoint's
 	// circuit breaker (connection errors, 5xx, gRPC UNAVAILABLE/INTERNAL;
@@ -364,8 +370,8 @@ func (o *Options) Validate() error {
 		return bad("MinKeyReuse", "must be at most 1 (negative turns the check off)", o.MinKeyReuse)
 	case o.TenantShardSize < 0 || o.TenantShardSize > MaxTenantShard:
 		return bad("TenantShardSize", fmt.Sprintf("must be in [0, %d] (0 turns sharding off)", MaxTenantShard), o.TenantShardSize)
-	case o.StickyEntries < 0:
-		return bad("StickyEntries", "must not be negative", o.StickyEntries)
+	case o.StickyEntries < 0 || o.StickyEntries > MaxStickyEntries:
+		return bad("StickyEntries", fmt.Sprintf("must be in [0, %d] (0 means the default)", MaxStickyEntries), o.StickyEntries)
 	case o.BreakerProbes < 0 || o.BreakerProbes > math.MaxInt32:
 		return bad("BreakerProbes", "must be in [0, 2^31-1]", o.BreakerProbes)
 	case o.BreakerFailures > math.MaxInt32:
