@@ -63,7 +63,10 @@ func ParseService(name string) (Service, error) {
 // breaker) across membership updates and is what consistent hashing places keys
 // on, so every caller must use the same ID for the same replica; it defaults to
 // Addr. Weight is the relative capacity (a replica on two GPUs might be 2); 0
-// means 1. Labels carry facts such as "model" (comma-separated served model
+// means 1. Keep a fleet's weights within [0.01, 64]: power-of-two choices
+// weighs any weight in full, but the affinity ring keeps ratios only in that
+// range (cache.MaxWeight), so weights given as, say, tokens per second (100
+// and 800) would split affinity keys 1:1. Labels carry facts such as "model" (comma-separated served model
 // names, LoRA adapters included), "version", "host", "pod" or "dp_group".
 type Endpoint struct {
 	ID     string
