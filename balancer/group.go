@@ -212,6 +212,9 @@ type fleetView struct {
 	total       atomic.Uint64 // math.Float64bits
 }
 
+// fleetViewTTL is how long a group's reported load is reused: well under
+// a scrape interval, so a new scrape shows within a tenth of a second, and
+// long enough that summing the members costs nothing per pick.
 const fleetViewTTL = 100 * time.Millisecond
 
 // reportedLoad is the requests a server reports running or queued, from a
