@@ -143,7 +143,7 @@ func (e *endpoint) usable(bit uint64, nowNs int64, panicking bool) bool {
 		return false
 	}
 	// A breaker past its exclusion is half-open: only probeSlots calls.
-	return !e.brOpen.Load() || e.probeSlots.Load() > 0
+	return inGoodStanding(e)
 }
 
 // rampFactor is the slow-start fraction of weight at now, in (0, 1].

@@ -40,7 +40,7 @@ func (s *shard) share(g *group, nowNs int64) (load int64, weight float64) {
 				continue
 			}
 			ready += w
-			if e.excludedUntil.Load() <= nowNs && (!e.brOpen.Load() || e.probeSlots.Load() > 0) {
+			if e.excludedUntil.Load() <= nowNs && inGoodStanding(e) {
 				good += w
 			}
 		}

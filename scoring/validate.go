@@ -3,7 +3,6 @@ package scoring
 import (
 	"errors"
 	"fmt"
-	"math"
 )
 
 // Validate reports the first field of l that cannot be meant: NaN or
@@ -57,7 +56,7 @@ func (l *LeastLoaded) Validate() error {
 var ErrInvalid = errors.New("invalid scorer setting")
 
 func nonNegative(scorer, field string, v float64) error {
-	if !(v >= 0) || math.IsNaN(v) {
+	if !(v >= 0) { // also true for NaN
 		return invalid(scorer, field, v, "must not be negative or NaN (0 means the default)")
 	}
 	return nil

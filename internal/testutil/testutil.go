@@ -4,6 +4,7 @@ package testutil
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -87,4 +88,15 @@ func Index(i, n int) uint64 {
 	// Middle of i's bucket in [0, 2^32).
 	hi := (uint64(i)<<32 + 1<<31) / uint64(n)
 	return hi<<32 | 0xffffffff
+}
+
+// Allocated returns the bytes f allocates, process-wide: call it with no
+// other goroutine at work (tests that are not parallel, goleak-checked
+// packages).
+func Allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
 }

@@ -3,25 +3,16 @@ package dcgm_test
 import (
 	"bytes"
 	"fmt"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/dcgm"
 	"github.com/inferlb/inferlb/telemetry/internal/promtext"
 )
-
-// allocated returns the bytes f allocates.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
 
 // A target that is not a dcgm-exporter (a wrong URL, a node exporter, a
 // kube-state-metrics on a big cluster) answers with up to MaxBodyBytes of
@@ -36,7 +27,7 @@ func TestParseCostFollowsTheBodyNotItsSeries(t *testing.T) {
 	}
 	var gpus []dcgm.GPU
 	var err error
-	n := allocated(func() { gpus, err = dcgm.ParseMetrics(bytes.NewReader(b.Bytes())) })
+	n := testutil.Allocated(func() { gpus, err = dcgm.ParseMetrics(bytes.NewReader(b.Bytes())) })
 	require.NoError(t, err)
 	require.Len(t, gpus, 1)
 	t.Logf("%d MiB allocated for a %d MiB body", n>>20, b.Len()>>20)
@@ -53,7 +44,7 @@ func TestParseBoundsTheSeriesItReads(t *testing.T) {
 	}
 	var gpus []dcgm.GPU
 	var err error
-	n := allocated(func() { gpus, err = dcgm.ParseMetrics(bytes.NewReader(b.Bytes())) })
+	n := testutil.Allocated(func() { gpus, err = dcgm.ParseMetrics(bytes.NewReader(b.Bytes())) })
 	require.ErrorIs(t, err, telemetry.ErrPartial)
 	assert.NotEmpty(t, gpus)
 	assert.Len(t, gpus, promtext.MaxSamples)

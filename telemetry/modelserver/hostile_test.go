@@ -3,24 +3,15 @@ package modelserver_test
 import (
 	"bytes"
 	"fmt"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/modelserver"
 )
-
-// allocated returns the bytes f allocates.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
 
 // A server's /metrics with many series this package does not read (vLLM's
 // histograms per LoRA adapter, a sidecar's own, a wrong URL) costs about
@@ -33,7 +24,7 @@ func TestParseCostFollowsTheBodyNotItsSeries(t *testing.T) {
 	}
 	var res modelserver.Result
 	var err error
-	n := allocated(func() { res, err = modelserver.Parse(bytes.NewReader(b.Bytes())) })
+	n := testutil.Allocated(func() { res, err = modelserver.Parse(bytes.NewReader(b.Bytes())) })
 	require.NoError(t, err)
 	assert.Equal(t, modelserver.VLLM, res.Engine)
 	assert.Equal(t, map[string]float64{"running": 14, "waiting": 4, "kv_cache_usage": 0.87, "prefix_cache_hit_rate": 0.5}, fields(res.Sample))
@@ -50,7 +41,7 @@ func TestParseBoundsTheSeriesItReads(t *testing.T) {
 	}
 	var res modelserver.Result
 	var err error
-	n := allocated(func() { res, err = modelserver.Parse(bytes.NewReader(b.Bytes())) })
+	n := testutil.Allocated(func() { res, err = modelserver.Parse(bytes.NewReader(b.Bytes())) })
 	require.ErrorIs(t, err, telemetry.ErrPartial)
 	w, ok := res.Sample.Get(telemetry.Waiting)
 	assert.True(t, ok)
