@@ -41,6 +41,7 @@ func main() {
 		only    = flag.String("policies", "", "comma-separated policy names to run (default all)")
 		list    = flag.Bool("list", false, "list scenarios and exit")
 		par     = flag.Int("parallel", runtime.GOMAXPROCS(0), "runs simulated at once")
+		scrape  = flag.Duration("scrape", 0, "telemetry scrape interval instead of the scenario's (1s), e.g. 15s as a Prometheus-paced poller")
 	)
 	flag.Parse()
 	if *list {
@@ -65,6 +66,12 @@ func main() {
 		}
 		if *only != "" {
 			sc.Policies = filter(sc.Policies, strings.Split(*only, ","))
+		}
+		if *scrape < 0 {
+			fmt.Fprintf(os.Stderr, "fleetsim: -scrape %v: must not be negative\n", *scrape)
+			os.Exit(2)
+		} else if *scrape > 0 {
+			sc.Scrape = *scrape
 		}
 		start := time.Now()
 		res := runScenario(sc, *seed, *clients, *par)
