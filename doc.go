@@ -108,7 +108,9 @@
 // vLLM's load header are merged per endpoint and per field in a
 // telemetry.Store. Scorers see only fresh fields; a stale or missing field is
 // neutral. The LLM scorer's cost rises steeply (hyperbolically) as KV-cache
-// use, GPU memory or utilization near their ceiling. A scraped load reading
+// use, GPU memory or utilization near their ceiling; GPU memory counts only
+// for servers that report no KV cache (the engines that do pre-allocate it,
+// so their memory shows their configuration, not their load). A scraped load reading
 // does not move until the next scrape, so the balancer counts the calls it
 // has sent an endpoint since a pick first saw the reading
 // (scoring.State.InFlightSinceReading) and the LLM scorer adds them to the

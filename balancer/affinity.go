@@ -255,8 +255,9 @@ type bound struct {
 	// queue (or no telemetry). An owner in this band keeps its keys when
 	// the endpoint they would spill to is busy too (see walkAffine).
 	crowded bool
-	// pressure is the larger of fresh KV-cache usage and GPU memory usage,
-	// or -1 when neither is known.
+	// pressure is the fresh KV-cache usage, or for a server that reports
+	// none its GPU memory usage (see telemetry.Sample.MemoryPressure), or
+	// -1 when neither is known.
 	pressure float64
 	// waiting and kv are the fresh Waiting and KVCacheUsage, or -1.
 	waiting, kv float64
@@ -359,8 +360,8 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound 
 	if okKV {
 		r.pressure, r.kv = kv, kv
 	}
-	if mem, ok := s.MemoryUsage(); ok {
-		r.pressure = max(r.pressure, mem)
+	if mem, ok := s.MemoryPressure(); ok { // none when KV usage is reported
+		r.pressure = mem
 	}
 	w, okW := s.Get(telemetry.Waiting)
 	if okW {
@@ -400,7 +401,7 @@ const (
 	// 4 req/s: e2e p99 17.4s -> 20.7s, against 17.7s at 30% (seeds 1-3).
 	roomyExtra = 4
 	roomyKV    = 0.3
-	// pressureSpill is the KV-cache (or GPU memory) usage from which an
+	// pressureSpill is the KV-cache (or, without one, GPU memory) usage from which an
 	// owner looks for relief.
 	pressureSpill = 0.95
 	// pressureMargin is how much less pressured the relief must be.

@@ -419,6 +419,41 @@ func testPressuredOwner(t *testing.T, mode balancer.AffinityMode) {
 	assert.Equal(t, len(keys), home())
 }
 
+// A server that reports its KV cache holds GPU memory by configuration
+// (vLLM started with gpu_memory_utilization 0.95), not by load: an owner
+// with a half-empty KV cache keeps its keys however full its GPU memory
+// reads, while a server that reports no KV cache is judged on its memory.
+func TestOwnerReportingKVCacheIsNotPressuredByItsGPUMemory(t *testing.T) {
+	keptHome := func(withKV bool) (home, keys int) {
+		clock := testutil.NewClock()
+		b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(13)})
+		for i, ep := range endpoints(8) {
+			s := telemetry.Sample{Time: clock.Now()}
+			if withKV {
+				s.Set(telemetry.KVCacheUsage, 0.5)
+			}
+			s.Set(telemetry.GPUMemTotal, 80e9)
+			s.Set(telemetry.GPUMemUsed, map[bool]float64{true: 0.965, false: 0.7}[i == 0]*80e9)
+			b.Publish(ep.Addr, s)
+		}
+		// The keys endpoint 0 owns on a fleet with no telemetry.
+		plain := affine(t, 8, balancer.Options{})
+		for k := uint64(1); keys < 100; k++ {
+			if key := k * 0x9e3779b97f4a7c15; owner(t, plain, key) == endpoints(8)[0].Addr {
+				keys++
+				if owner(t, b, key) == endpoints(8)[0].Addr {
+					home++
+				}
+			}
+		}
+		return home, keys
+	}
+	home, keys := keptHome(true)
+	assert.Equal(t, keys, home, "an owner at 96.5% GPU memory and 50% KV cache keeps its keys")
+	home, _ = keptHome(false)
+	assert.Zero(t, home, "without a KV-cache report, 96.5% GPU memory is pressure")
+}
+
 func TestPickExcept(t *testing.T) {
 	b := affine(t, 3, balancer.Options{Rand: testutil.NewRand(14)})
 	for _, req := range []*inferlb.Request{{}, {Service: inferlb.ServiceLLM, AffinityKey: 5}} {

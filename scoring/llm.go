@@ -14,7 +14,8 @@ import (
 //	              + in-flight tokens / TokenUnit
 //	reliability = 1 + ErrorPenalty x error rate
 //	kvPressure  = min(Pressure(KV-cache usage + sent since x usage / running, KVKnee, Steepness), MaxKVPressure)
-//	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness)
+//	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness), for a server
+//	              that reports no KV-cache usage (see telemetry.Sample.MemoryPressure)
 //	utilPressure = Pressure(ORCA application utilization, UtilKnee, Steepness)
 //
 // Server-side running and waiting counts see every client's traffic, so they
@@ -43,9 +44,12 @@ type LLM struct {
 	ErrorPenalty float64
 	// KVKnee is the KV-cache usage above which cost rises steeply. Default 0.85.
 	KVKnee float64
-	// MemoryKnee is the GPU memory usage above which cost rises steeply.
-	// Default 0.92: engines such as vLLM pre-allocate about 90% of GPU memory,
-	// so usage up to there is normal.
+	// MemoryKnee is the GPU memory usage above which cost rises steeply,
+	// for servers that report no KV-cache usage: those that do (vLLM,
+	// SGLang, TensorRT-LLM) pre-allocate their KV cache, so their GPU
+	// memory says how they were started, not how loaded they are, and only
+	// their KV-cache usage counts. Default 0.92: a server that allocates as
+	// it goes has little headroom left above it.
 	MemoryKnee float64
 	// MemorySteepness scales the memory pressure curve. Default 8: memory
 	// has no queue to absorb a burst, so 95% already costs 5.8x and 97% 14x.
@@ -123,7 +127,7 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 	if kv, ok := tel.Get(telemetry.KVCacheUsage); ok {
 		cost *= min(Pressure(projectKV(kv, tel, s.InFlightSinceReading), orDefault(l.KVKnee, 0.85), steep), orDefault(l.MaxKVPressure, 10))
 	}
-	if mem, ok := tel.MemoryUsage(); ok {
+	if mem, ok := tel.MemoryPressure(); ok {
 		cost *= Pressure(mem, orDefault(l.MemoryKnee, 0.92), orDefault(l.MemorySteepness, 8))
 	}
 	if u, ok := tel.Get(telemetry.AppUtil); ok {

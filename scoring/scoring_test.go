@@ -68,6 +68,13 @@ func TestLLMCost(t *testing.T) {
 	assert.Greater(t, l.Cost(req, full), 3.0, "95% GPU memory is expensive")
 	normal := withTelemetry(base, float64(telemetry.GPUMemUsed), 72*gib, float64(telemetry.GPUMemTotal), 80*gib)
 	assert.InDelta(t, 1, l.Cost(req, normal), 1e-9, "vLLM's usual 90% is normal")
+	// A server that reports its KV cache pre-allocated it: its GPU memory
+	// is how it was started (gpu_memory_utilization), and only the KV
+	// cache counts.
+	fullKV := withTelemetry(full, float64(telemetry.KVCacheUsage), 0.5)
+	normalKV := withTelemetry(normal, float64(telemetry.KVCacheUsage), 0.5)
+	assert.InDelta(t, l.Cost(req, normalKV), l.Cost(req, fullKV), 1e-9, "95% GPU memory with a half-empty KV cache is no pressure")
+	assert.InDelta(t, 1, l.Cost(req, fullKV), 1e-9)
 	assert.Greater(t, l.Cost(req, withTelemetry(base, float64(telemetry.KVCacheUsage), 0.95)), 3.0)
 	assert.Greater(t, l.Cost(req, withTelemetry(base, float64(telemetry.AppUtil), 0.99)), 10.0)
 }

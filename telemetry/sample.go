@@ -102,5 +102,22 @@ func (s *Sample) MemoryUsage() (float64, bool) {
 	return min(max(used/total, 0), 1), true
 }
 
+// MemoryPressure returns GPU memory used / total as a load signal: only for
+// a server that reports no KV-cache usage. Engines that do (vLLM, SGLang,
+// TensorRT-LLM) allocate their KV cache once at start, up to a configured
+// share of the GPU (vLLM's gpu_memory_utilization, 0.9 by default and often
+// 0.95; SGLang's mem_fraction_static), so the memory they hold is their
+// configuration, not their load: two idle replicas started at 0.90 and
+// 0.95 would differ several-fold in a memory price, and replicas at 0.95
+// by a few points of noise. Their KV-cache usage is their memory pressure.
+// Servers that allocate as they go (many Triton backends, custom servers)
+// report no KV cache, and their GPU memory does follow load.
+func (s *Sample) MemoryPressure() (float64, bool) {
+	if s.Has.Has(KVCacheUsage) {
+		return 0, false
+	}
+	return s.MemoryUsage()
+}
+
 // Empty reports whether the sample carries no field.
 func (s *Sample) Empty() bool { return s.Has == 0 }

@@ -47,6 +47,19 @@ func TestMemoryUsage(t *testing.T) {
 	assert.False(t, ok, "no total, no usage")
 }
 
+func TestMemoryPressureOnlyWithoutKVCache(t *testing.T) {
+	s := sample(t0, float64(telemetry.GPUMemUsed), 76, float64(telemetry.GPUMemTotal), 80)
+	u, ok := s.MemoryPressure()
+	assert.True(t, ok)
+	assert.Equal(t, 0.95, u)
+	s.Set(telemetry.KVCacheUsage, 0.2)
+	_, ok = s.MemoryPressure()
+	assert.False(t, ok, "a server reporting its KV cache pre-allocated its memory")
+	u, ok = s.MemoryUsage()
+	assert.True(t, ok)
+	assert.Equal(t, 0.95, u, "the usage itself is still there")
+}
+
 func TestFieldNames(t *testing.T) {
 	for f := range telemetry.NumFields {
 		back, ok := telemetry.ParseField(telemetry.Field(f).String())
