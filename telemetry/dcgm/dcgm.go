@@ -17,6 +17,12 @@
 // dcgm-exporter has no total-memory metric: total is FB_FREE + FB_USED +
 // FB_RESERVED (MiB). GPUMemUsed is total - FB_FREE (used plus reserved:
 // whatever a new allocation cannot have).
+//
+// The LLM scorer prices GPU memory only for endpoints that report no
+// KV-cache usage (telemetry.Sample.MemoryPressure): vLLM, SGLang and
+// TensorRT-LLM hold their configured share of GPU memory whatever their
+// load. For those, scrape the model server too (modelserver); DCGM's
+// memory still reaches metrics and the Store.
 package dcgm
 
 import (
