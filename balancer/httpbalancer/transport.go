@@ -300,7 +300,12 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	for first := true; ; first = false {
+	// first: the call's first request, which lives in c (see outgoing);
+	// resent: the call was sent again after a connection closed while
+	// idle; failedOver: it went on to another endpoint. Each happens at
+	// most once.
+	first, resent, failedOver := true, false, false
+	for ; ; first = false {
 		c.start = c.pick.PickedAt().UnixNano() // the transport's clock is the Balancer's
 		out, err := c.outgoing(r, body, rb.gb, first)
 		if err != nil {
@@ -335,9 +340,34 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			c.fail(errMalformed, false)
 			return nil, err
 		}
-		next, ok := c.retry(first, &rb, err)
+		blame := err // what the attempt's Outcome says
+		if serverClosedIdle(err) {
+			// The server closed the connection while it was idle, before
+			// the request was put on it (see serverClosedIdle): the
+			// endpoint never saw the call and is not to blame. The call
+			// goes to it again, once, under the same pick, which is
+			// still open: Done is called once, for the attempt that
+			// ends the call, and the Balancer sees one call, as it does
+			// when net/http resends a GET itself. The endpoint is as
+			// healthy as before and, with an affinity key, holds the
+			// prompt's KV cache; net/http dropped the closed connection
+			// and takes another or dials. This spends no retry budget:
+			// the budget bounds the load that retries add to a fleet
+			// under overload or failure, and this one adds none (the
+			// server got the request once) and says nothing of
+			// either, only that a keep-alive timeout (uvicorn's 5 s)
+			// met the call. Costs nothing unless Base failed.
+			if !resent && ctx.Err() == nil {
+				if again, ok := c.resend(&rb); ok {
+					resent, body = true, again
+					continue
+				}
+			}
+			blame = errIdleConnClosed
+		}
+		next, ok := c.retry(!failedOver, &rb, blame)
 		if !ok {
-			c.fail(err, false)
+			c.fail(blame, false)
 			// What went wrong, not that nothing was left to retry on,
 			// and where (see EndpointError).
 			if ctx.Err() != nil {
@@ -345,9 +375,91 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			}
 			return nil, &EndpointError{Endpoint: c.pick.ID(), Err: err}
 		}
-		c.failOver(err, &next)
+		c.failOver(blame, &next)
 		c.pick, body = next.pick, next.body
+		failedOver = true
 	}
+}
+
+// errIdleConnClosed is the Outcome.Err of an attempt that failed on a
+// connection the server had closed while idle (see serverClosedIdle) and
+// was not sent again: the body could not be replayed, the context ended,
+// or it had been sent again already and met another such connection. It
+// wraps context.Canceled, which the balancer reads as saying nothing about
+// the endpoint: the server never saw the request. Counted as failures,
+// these races of every keep-alive timeout tripped the breakers of healthy
+// endpoints and moved calls off the endpoint that held their prompts.
+var errIdleConnClosed = fmt.Errorf("inferlb: httpbalancer: the server closed the idle connection before the request was sent: %w", context.Canceled)
+
+// netHTTPServerClosedIdle is the text of net/http's errServerClosedIdle.
+const netHTTPServerClosedIdle = "http: server closed idle connection"
+
+// serverClosedIdle reports whether err, an error from Base, is net/http's
+// errServerClosedIdle, or wraps it: the server closed a keep-alive
+// connection that net/http had taken from its idle pool, before net/http
+// registered the request on it, so no byte of the request reached the
+// server. (net/http's read loop closes the connection with that error
+// only when it sees the server's EOF, or a 408 sent to an idle
+// connection, while no response is expected, under the lock that a
+// request takes to register itself; the request, registered afterwards,
+// then writes to a connection closed already.) net/http resends it by
+// itself only for idempotent requests (GET, HEAD, OPTIONS, TRACE, or an
+// Idempotency-Key header), so a POST comes back with it.
+//
+// The error is unexported (golang/go#19943 asked in vain for it to be),
+// and a linkname to it is refused by the linker since Go 1.23, so it is
+// matched by its exact text, on err and on each error err wraps; a
+// middleware's wrapper with %w is seen through. TestServerClosedIdle holds
+// the text to the real error, made by net/http on loopback: a Go release
+// that changes it fails that test instead of silently counting the races
+// as failures again.
+//
+// It is not any failure of a reused connection. A server that read the
+// request and then closed (crashed, restarted, hung up) gives io.EOF, or
+// net/http's "transport connection broken": bytes were written, and the
+// server may have acted on them, so those count against the endpoint as
+// before. A write to the connection that fails with nothing written, or a
+// reset seen while it was idle, net/http resends itself when GetBody is set
+// (as outgoing sets it for every replayable body). HTTP/2 has no such error
+// to catch: its transport resends by itself, for any method, a request on
+// a connection that became unusable before the stream was opened, or that
+// a graceful shutdown's GOAWAY or a REFUSED_STREAM says the server did not
+// process; a stream lost with its connection may have been processed.
+func serverClosedIdle(err error) bool {
+	for err != nil {
+		if err.Error() == netHTTPServerClosedIdle {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if serverClosedIdle(e) {
+					return true
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// resend returns the body for sending a call again to the same endpoint,
+// after a connection closed while idle. A panic in the caller's code here
+// (GetBody) finishes the pick on the way out, blaming no endpoint.
+func (c *call) resend(rb *reqBody) (bodyReader, bool) {
+	returned := false
+	defer func() {
+		if !returned {
+			c.fail(errIdleConnClosed, false)
+		}
+	}()
+	body, ok := rb.again()
+	returned = true
+	return body, ok
 }
 
 // retryAttempt is a failover's pick and body.
@@ -356,9 +468,9 @@ type retryAttempt struct {
 	body bodyReader
 }
 
-// retry sets up the failover of a first attempt that failed before any
-// response, when its body can be sent again, the context is live and the
-// retry budget allows. The body comes first and then the pick, which
+// retry sets up the failover of an attempt that failed before any
+// response, when the call may still fail over (it has not yet), its body
+// can be sent again, the context is live and the retry budget allows. The body comes first and then the pick, which
 // spends the budget only when another endpoint can take the call: a
 // failover with nowhere to go retries nothing. The retry never lands on
 // the endpoint that just failed; with an affinity key it goes to the next
@@ -367,9 +479,9 @@ type retryAttempt struct {
 // The failed attempt (its error is err) is reported once the retry is
 // set up; a panic in the caller's code here (GetBody, a Scorer) reports it
 // on the way out, so that its pick is finished all the same.
-func (c *call) retry(first bool, rb *reqBody, err error) (retryAttempt, bool) {
+func (c *call) retry(may bool, rb *reqBody, err error) (retryAttempt, bool) {
 	t := c.t
-	if !first || !t.cfg.failover || c.out.Context().Err() != nil || !rb.replayable() {
+	if !may || !t.cfg.failover || c.out.Context().Err() != nil || !rb.replayable() {
 		return retryAttempt{}, false
 	}
 	returned := false
