@@ -278,3 +278,259 @@ func TestServerClosedIdle(t *testing.T) {
 		assert.False(t, httpbalancer.ServerClosedIdle(err), name)
 	}
 }
+
+// TestHangUpAfterTheRequestStillCounts: a server that read the request on
+// a reused connection and then closed it (a crash, a restart, a server
+// that hangs up) may have acted on the call: net/http returns io.EOF, and
+// that is the endpoint's failure, failed over as before, not sent again.
+func TestHangUpAfterTheRequestStillCounts(t *testing.T) {
+	race := newIdleRace(t) // unarmed: a Base that records net/http's errors
+	var hangUps atomic.Int64
+	a := &backend{name: "a"}
+	a.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hang-Up") == "" {
+			a.fakeChat(w, r)
+			return
+		}
+		hangUps.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		if conn, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(a.srv.Close)
+	b := newBackend(t, "b")
+	res := newResults(8)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(a, b),
+		Base:            race,
+		BalancerOptions: preferOpts("a"),
+		OnResult:        res.on,
+	})
+	client := &http.Client{Transport: tr}
+	post(t, client, chatBody(1, false)) // leaves an idle connection to a
+	<-res.c
+
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(2, false)))
+	require.NoError(t, err)
+	req.Header.Set("X-Hang-Up", "1")
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+
+	errs := race.attempts()
+	require.Len(t, errs, 3, "attempts through Base")
+	require.ErrorIs(t, errs[1], io.EOF, "net/http's error for a hang-up on a reused connection")
+	assert.False(t, httpbalancer.ServerClosedIdle(errs[1]))
+	assert.EqualValues(t, 2, race.dials.Load(), "a's, which the hang-up reused, and b's")
+	assert.EqualValues(t, 1, hangUps.Load(), "not sent to a again")
+	assert.EqualValues(t, 1, b.hits.Load(), "failed over")
+	first, second := <-res.c, <-res.c
+	assert.Equal(t, "a", first.Endpoint)
+	assert.True(t, first.FailedOver)
+	assert.ErrorIs(t, first.Outcome.Err, io.EOF)
+	assert.False(t, first.Outcome.Canceled())
+	assert.Equal(t, "b", second.Endpoint)
+	st := statsByID(tr.Balancer())
+	assert.EqualValues(t, 1, st["a"].Failures)
+	assert.Positive(t, st["a"].ErrorRate)
+	assert.EqualValues(t, 1, st["b"].Successes)
+	assert.Equal(t, balancer.RetryStats{Allowed: 1}, tr.Balancer().RetryStats())
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+// TestIdleCloseRaceThenServerGone: uvicorn's graceful shutdown (a rolling
+// restart) closes its idle connections and stops listening. The call that
+// met the closed connection is sent to the same endpoint again, is
+// refused there, and then fails over: the refusal is the endpoint's
+// failure, the idle close is not.
+func TestIdleCloseRaceThenServerGone(t *testing.T) {
+	race := newIdleRace(t)
+	a, b := race.backend(t, "a"), race.backend(t, "b")
+	res := newResults(8)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(a, b),
+		Base:            race,
+		BalancerOptions: preferOpts("a"),
+		OnResult:        res.on,
+	})
+	client := &http.Client{Transport: tr}
+	post(t, client, chatBody(1, false))
+	<-res.c
+
+	require.NoError(t, a.srv.Listener.Close()) // shutting down: its last connection is idle
+	race.armed.Store(true)
+	post(t, client, chatBody(2, false))
+
+	require.EqualValues(t, 1, race.raced.Load(), "the race happened")
+	errs := race.attempts()
+	require.Len(t, errs, 4, "attempts through Base: the race, the refusal, b")
+	require.EqualError(t, errs[1], errServerClosedIdleText)
+	var op *net.OpError
+	require.ErrorAs(t, errs[2], &op, "refused")
+	assert.Equal(t, "dial", op.Op)
+	assert.NoError(t, errs[3])
+	assert.EqualValues(t, 1, a.hits.Load())
+	assert.EqualValues(t, 1, b.hits.Load())
+	refused, onB := <-res.c, <-res.c
+	assert.Equal(t, "a", refused.Endpoint)
+	assert.True(t, refused.FailedOver)
+	assert.ErrorAs(t, refused.Outcome.Err, &op)
+	assert.Equal(t, "b", onB.Endpoint)
+	assert.EqualValues(t, 3, res.n.Load(), "the idle close is no attempt of its own")
+	st := statsByID(tr.Balancer())
+	assert.EqualValues(t, 2, st["a"].Picks)
+	assert.EqualValues(t, 1, st["a"].Failures, "the refusal, not the idle close")
+	assert.Equal(t, balancer.RetryStats{Allowed: 1}, tr.Balancer().RetryStats(), "the failover's")
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+// TestIdleCloseRaceWithABodyThatCannotBeSentAgain: a call whose body
+// cannot be had again fails with net/http's error, naming the endpoint,
+// and blames it for nothing; it cannot fail over either.
+func TestIdleCloseRaceWithABodyThatCannotBeSentAgain(t *testing.T) {
+	race := newIdleRace(t)
+	a, b := race.backend(t, "a"), race.backend(t, "b")
+	res := newResults(8)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(a, b),
+		Base:            race,
+		BalancerOptions: preferOpts("a"),
+		OnResult:        res.on,
+		MaxPeek:         -1,
+	})
+	client := &http.Client{Transport: tr}
+	post(t, client, chatBody(1, false))
+	<-res.c
+
+	race.armed.Store(true)
+	req, err := http.NewRequest(http.MethodPost, chatURL, onlyReader{strings.NewReader(chatBody(2, false))})
+	require.NoError(t, err)
+	_, err = client.Do(req)
+	require.Error(t, err)
+	require.EqualValues(t, 1, race.raced.Load(), "the race happened")
+	var ee *httpbalancer.EndpointError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, "a", ee.Endpoint)
+	assert.EqualError(t, ee.Err, errServerClosedIdleText)
+	assert.Len(t, race.attempts(), 2, "not sent again")
+	assert.Zero(t, b.hits.Load())
+	r := <-res.c
+	assert.Equal(t, "a", r.Endpoint)
+	assert.False(t, r.FailedOver)
+	assert.True(t, r.Outcome.Canceled(), "no endpoint to blame: %v", r.Outcome.Err)
+	st := statsByID(tr.Balancer())
+	assert.Zero(t, st["a"].Failures)
+	assert.Zero(t, st["a"].ErrorRate)
+	assert.Equal(t, balancer.RetryStats{}, tr.Balancer().RetryStats())
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+// closedIdleBase fails the first n attempts to endpoint addr with err
+// (net/http's errServerClosedIdle) and sends the others through base. Its
+// hook, if set, runs at each failed attempt.
+type closedIdleBase struct {
+	base http.RoundTripper
+	addr string
+	err  error
+	n    atomic.Int64
+	hook func(*http.Request)
+}
+
+func (c *closedIdleBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Host == c.addr && c.n.Add(-1) >= 0 {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		if c.hook != nil {
+			c.hook(r)
+		}
+		return nil, c.err
+	}
+	return c.base.RoundTrip(r)
+}
+
+// TestIdleCloseRaceIsSentAgainOnce: a call sent again that meets another
+// connection closed while idle is not sent a third time; it fails over as
+// any call that failed before a response, but still blames no endpoint.
+// A call whose context ended, or whose GetBody panics, is not sent again,
+// and its pick is finished.
+func TestIdleCloseRaceIsSentAgainOnce(t *testing.T) {
+	closed := realServerClosedIdle(t)
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(base.CloseIdleConnections)
+	for _, tc := range []struct {
+		name            string
+		fleet, failures int
+		hook            func(*http.Request)
+		getBody         func() (io.ReadCloser, error)
+		wantA, wantB    int64 // attempts reaching each
+		wantResults     int
+		wantErr         bool
+		wantPanic       bool
+		wantRetries     balancer.RetryStats
+	}{
+		{name: "twice, fails over", fleet: 2, failures: 2, wantB: 1, wantResults: 2, wantRetries: balancer.RetryStats{Allowed: 1}},
+		{name: "twice, nowhere to go", fleet: 1, failures: 2, wantResults: 1, wantErr: true},
+		{name: "once", fleet: 2, failures: 1, wantA: 1, wantResults: 1},
+		{name: "context ended", fleet: 2, failures: 1, wantResults: 1, wantErr: true},
+		{name: "GetBody panics", fleet: 2, failures: 1, wantResults: 1, wantPanic: true,
+			getBody: func() (io.ReadCloser, error) { panic("GetBody") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a.hits.Store(0)
+			b.hits.Store(0)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			fb := &closedIdleBase{base: base, addr: a.addr(), err: closed}
+			fb.n.Store(int64(tc.failures))
+			if tc.name == "context ended" {
+				fb.hook = func(*http.Request) { cancel() }
+			}
+			res := newResults(8)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints:       endpointsOf(a, b)[:tc.fleet],
+				Base:            fb,
+				BalancerOptions: preferOpts("a"),
+				OnResult:        res.on,
+				MaxPeek:         -1, // replays come from GetBody
+			})
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+			require.NoError(t, err)
+			if tc.getBody != nil {
+				req.GetBody = tc.getBody
+			}
+			send := func() {
+				resp, err := tr.RoundTrip(req)
+				if tc.wantErr {
+					require.Error(t, err)
+					return
+				}
+				require.NoError(t, err)
+				_, _ = io.Copy(io.Discard, resp.Body)
+				require.NoError(t, resp.Body.Close())
+			}
+			if tc.wantPanic {
+				require.PanicsWithValue(t, "GetBody", send)
+			} else {
+				send()
+			}
+			assert.Equal(t, tc.wantA, a.hits.Load(), "attempts on a past the closed connections")
+			assert.Equal(t, tc.wantB, b.hits.Load())
+			require.EqualValues(t, tc.wantResults, res.n.Load())
+			r := <-res.c
+			assert.Equal(t, "a", r.Endpoint)
+			if tc.wantA == 0 {
+				assert.True(t, r.Outcome.Canceled(), "a is not to blame: %v", r.Outcome.Err)
+			}
+			st := statsByID(tr.Balancer())
+			assert.EqualValues(t, 1, st["a"].Picks)
+			assert.Zero(t, st["a"].Failures)
+			assert.Zero(t, st["a"].ErrorRate)
+			assert.Equal(t, tc.wantRetries, tr.Balancer().RetryStats())
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+		})
+	}
+}
