@@ -132,6 +132,27 @@
 // never retried once a response has started: the caller may already hold
 // part of it.
 //
+// One such failure is not the endpoint's: net/http's "server closed idle
+// connection". A model server under uvicorn (vLLM, SGLang) closes a
+// keep-alive connection after 5 s idle; when net/http takes that
+// connection from its pool just as the server closes it, it fails the
+// request before putting a byte of it on the connection, and resends it
+// by itself only for idempotent requests, so a POST comes back with that
+// error. The server never saw the call, so it is sent again, once, to the
+// same endpoint (which, with an affinity key, holds its prompt's cache)
+// over another connection, if its body can be sent again and its context
+// is live. The resend is made
+// under the call's pick: to the Balancer and to OnResult it is one
+// attempt, as net/http's own resend of a GET is; it spends no retry
+// budget (it adds no load: the server gets the call once) and is made
+// with DisableFailover too. A call not sent again fails, or fails over,
+// blaming no endpoint. A server that read the request and then closed
+// the connection (io.EOF, "transport connection broken") may have acted
+// on it: that is a failure, and fails over as above. (HTTP/2 has no such
+// error: net/http resends by itself what the server did not process.) A
+// Base whose IdleConnTimeout is below the servers' keep-alive timeout
+// closes idle connections first and makes the race rare.
+//
 // # Cost
 //
 // On a small chat completion over loopback (a 38-48 us call) the transport

@@ -455,7 +455,8 @@ func (c *closedIdleBase) RoundTrip(r *http.Request) (*http.Response, error) {
 // connection closed while idle is not sent a third time; it fails over as
 // any call that failed before a response, but still blames no endpoint.
 // A call whose context ended, or whose GetBody panics, is not sent again,
-// and its pick is finished.
+// and its pick is finished. DisableFailover does not stop the resend, which
+// is no failover.
 func TestIdleCloseRaceIsSentAgainOnce(t *testing.T) {
 	closed := realServerClosedIdle(t)
 	a, b := newBackend(t, "a"), newBackend(t, "b")
@@ -475,6 +476,7 @@ func TestIdleCloseRaceIsSentAgainOnce(t *testing.T) {
 		{name: "twice, fails over", fleet: 2, failures: 2, wantB: 1, wantResults: 2, wantRetries: balancer.RetryStats{Allowed: 1}},
 		{name: "twice, nowhere to go", fleet: 1, failures: 2, wantResults: 1, wantErr: true},
 		{name: "once", fleet: 2, failures: 1, wantA: 1, wantResults: 1},
+		{name: "failover disabled", fleet: 2, failures: 1, wantA: 1, wantResults: 1},
 		{name: "context ended", fleet: 2, failures: 1, wantResults: 1, wantErr: true},
 		{name: "GetBody panics", fleet: 2, failures: 1, wantResults: 1, wantPanic: true,
 			getBody: func() (io.ReadCloser, error) { panic("GetBody") }},
@@ -496,6 +498,7 @@ func TestIdleCloseRaceIsSentAgainOnce(t *testing.T) {
 				BalancerOptions: preferOpts("a"),
 				OnResult:        res.on,
 				MaxPeek:         -1, // replays come from GetBody
+				DisableFailover: tc.name == "failover disabled",
 			})
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
 			require.NoError(t, err)

@@ -102,7 +102,10 @@ type Options struct {
 	// into the Balancer's telemetry. Reports that arrive unasked are used too.
 	LoadReports bool
 	// DisableFailover turns off the one retry on another endpoint for calls
-	// that failed before any response arrived.
+	// that failed before any response arrived. A call that met a
+	// connection the server closed while idle, which never reached the
+	// server, is still sent again to the same endpoint (see Failover in
+	// the package doc).
 	DisableFailover bool
 	// ResponseMemory is how long the Transport remembers the affinity key
 	// behind each /v1/responses response it passes, so that a follow-up
@@ -120,8 +123,10 @@ type Options struct {
 	// MaxMaxResponses.
 	MaxResponses int
 	// OnResult, if set, is called once per attempt when it ends (after the
-	// balancer has been told), for metrics and logs. It runs on the goroutine
-	// that ended the call and must be quick and safe for concurrent use. A
+	// balancer has been told), for metrics and logs; a call sent again
+	// after a connection closed while idle is one attempt. It runs on the
+	// goroutine that ended the call and must be quick and safe for
+	// concurrent use. A
 	// panic in it goes on to that goroutine's caller (RoundTrip, or the
 	// body's Read or Close), leaving no call open in the balancer; a
 	// failover it interrupts is not sent.

@@ -236,9 +236,11 @@ var errNilResponse = errors.New("inferlb: httpbalancer: Base returned a nil resp
 // closed on every path. A call that fails before any response arrives is
 // retried once on another endpoint when its body can be replayed, the
 // context is live, another endpoint can take it and the Balancer's retry
-// budget allows; failing on an endpoint, it returns an *EndpointError. The
-// response's Request is the request actually sent: its URL names the
-// endpoint.
+// budget allows; one whose connection the server closed while idle,
+// before sending, is first sent again to the same endpoint (see Failover
+// in the package doc). Failing on an endpoint, it returns an
+// *EndpointError. The response's Request is the request actually sent:
+// its URL names the endpoint.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.URL == nil {
 		if r.Body != nil {
