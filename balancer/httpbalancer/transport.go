@@ -472,7 +472,8 @@ type retryAttempt struct {
 
 // retry sets up the failover of an attempt that failed before any
 // response, when the call may still fail over (it has not yet), its body
-// can be sent again, the context is live and the retry budget allows. The body comes first and then the pick, which
+// can be sent again, the context is live and the retry budget allows. The
+// body comes first and then the pick, which
 // spends the budget only when another endpoint can take the call: a
 // failover with nowhere to go retries nothing. The retry never lands on
 // the endpoint that just failed; with an affinity key it goes to the next
