@@ -149,9 +149,13 @@
 // blaming no endpoint. A server that read the request and then closed
 // the connection (io.EOF, "transport connection broken") may have acted
 // on it: that is a failure, and fails over as above. (HTTP/2 has no such
-// error: net/http resends by itself what the server did not process.) A
-// Base whose IdleConnTimeout is below the servers' keep-alive timeout
-// closes idle connections first and makes the race rare.
+// error: net/http resends by itself what the server did not process.) The
+// default Base (Options.Base nil) closes a connection idle for 4 s, before
+// uvicorn does, which makes the race rare; a Base of your own does so with
+// an IdleConnTimeout below the servers' keep-alive timeout. It also keeps
+// up to 64 idle connections per endpoint, where net/http's
+// DefaultTransport keeps 2 and re-dials every call past the second of a
+// burst to one endpoint.
 //
 // # Cost
 //

@@ -55,7 +55,16 @@ type Options struct {
 	// request URL's scheme is used.
 	Endpoints []inferlb.Endpoint
 	// Base sends each attempt once its URL points at the picked endpoint.
-	// nil means http.DefaultTransport.
+	// nil means an http.Transport of the Transport's own, cloned from
+	// http.DefaultTransport (its proxy, dial and TLS settings), that keeps
+	// up to 64 idle connections per endpoint instead of net/http's 2 (with
+	// more calls than that in flight to one endpoint, every call past the
+	// second would otherwise dial anew and leave a socket in TIME_WAIT) and
+	// closes a connection idle for 4 s, before the 5 s after which uvicorn
+	// (vLLM, SGLang) closes it, which would race a call sent on it. Close
+	// closes its idle connections. A program that replaced
+	// http.DefaultTransport with another RoundTripper (instrumentation)
+	// gets that one, as it is.
 	Base http.RoundTripper
 	// Balancer is a Balancer to share with other adapters (a gRPC policy
 	// routing to the same fleet sees the same live load). nil means the
@@ -194,6 +203,7 @@ type Result struct {
 // config is Options with defaults applied; immutable after NewTransport.
 type config struct {
 	base          http.RoundTripper
+	ownBase       bool // base is defaultBase's clone, the Transport's own
 	inspector     Inspector
 	keyer         *cache.Keyer
 	maxPeek       int
@@ -209,6 +219,31 @@ type config struct {
 	// from a GetBody copy (reqBody.reopen). Other inspectors get the
 	// caller's request as it came.
 	reopen bool
+}
+
+// The default Base's connection pool (see Options.Base).
+const (
+	defaultIdleConnsPerHost = 64
+	defaultIdleConns        = 1024 // in all, across endpoints
+	defaultIdleConnTimeout  = 4 * time.Second
+)
+
+// defaultBase returns the Base for Options.Base nil, and whether it is the
+// Transport's own.
+func defaultBase() (http.RoundTripper, bool) {
+	dt, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		return http.DefaultTransport, false
+	}
+	t := dt.Clone()
+	t.MaxIdleConnsPerHost = max(t.MaxIdleConnsPerHost, defaultIdleConnsPerHost)
+	if t.MaxIdleConns != 0 { // 0 is no limit; net/http's 100 would cap the above
+		t.MaxIdleConns = max(t.MaxIdleConns, defaultIdleConns)
+	}
+	if t.IdleConnTimeout == 0 || t.IdleConnTimeout > defaultIdleConnTimeout {
+		t.IdleConnTimeout = defaultIdleConnTimeout
+	}
+	return t, true
 }
 
 func bad(field, rule string, v any) error {
@@ -264,7 +299,7 @@ func (o *Options) resolve() (*config, error) {
 		onResult:      o.OnResult,
 	}
 	if c.base == nil {
-		c.base = http.DefaultTransport
+		c.base, c.ownBase = defaultBase()
 	}
 	if o.ResponseMemory >= 0 {
 		c.chains = &responseChains{ttl: cmp.Or(o.ResponseMemory, DefaultResponseMemory), entries: 2 * o.MaxResponses}

@@ -152,7 +152,8 @@ func (t *Transport) applyLocked() error {
 	return t.mem.Update(all)
 }
 
-// Close stops discovery and waits for its goroutine. A Transport with its
+// Close stops discovery and waits for its goroutine, and closes the idle
+// connections of the default Base (see Options.Base). A Transport with its
 // own Balancer keeps serving with its last endpoint set. One with its own
 // membership in a shared Balancer (Options.Balancer with Endpoints or
 // Discovery) closes that membership, so its endpoints that no other
@@ -168,6 +169,9 @@ func (t *Transport) Close() error {
 			t.mu.Lock()
 			t.mem.Close()
 			t.mu.Unlock()
+		}
+		if t.cfg.ownBase {
+			t.CloseIdleConnections()
 		}
 	})
 	return nil
