@@ -316,7 +316,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		out, err := c.outgoing(r, body, rb.gb, first)
 		if err != nil {
 			closeBody(body)
-			c.fail(err, false)
+			c.fail(errUnusableAddr, false)
 			return nil, err
 		}
 		resp, err := c.send(out) // closes out.Body
@@ -386,6 +386,15 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		failedOver = true
 	}
 }
+
+// errUnusableAddr is the Outcome.Err of an attempt whose endpoint's Addr
+// this Transport cannot send to: with a shared Balancer routed over its own
+// endpoints, another adapter may have set an address of its kind (a gRPC
+// channel's unix socket). It wraps context.Canceled, which the balancer
+// reads as saying nothing about the endpoint: a configuration error here
+// must not trip the breaker through which the other adapter reaches the
+// endpoint fine. The call fails with an error naming the Addr.
+var errUnusableAddr = fmt.Errorf("inferlb: httpbalancer: the endpoint's Addr is not one HTTP can use: %w", context.Canceled)
 
 // errIdleConnClosed is the Outcome.Err of an attempt that failed on a
 // connection the server had closed while idle (see serverClosedIdle) and
@@ -587,7 +596,9 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 	}
 	scheme, host, ok := t.addrs.split(addr)
 	if !ok {
-		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port", ep.Key(), addr)
+		// Only through a shared Balancer's own endpoints (Update skips
+		// such Addrs): another adapter set it.
+		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port (a Transport sharing a Balancer with another adapter needs Endpoints of its own, with HTTP addresses)", ep.Key(), addr)
 	}
 	out, u := &c.out, &c.outURL // out is a copy of r already
 	if !first {

@@ -624,3 +624,26 @@ func TestNoEndpointErrorBoundsTheModel(t *testing.T) {
 	assert.Less(t, len(err.Error()), 2048)
 	assert.Contains(t, err.Error(), `"\x80\x80`)
 }
+
+// TestUnusableAddrBlamesNoEndpoint: a Transport routing over a shared
+// Balancer's own endpoints (Options.Balancer without Endpoints) may pick an
+// endpoint whose Addr another adapter set and HTTP cannot use (a gRPC
+// channel's unix socket). That is a configuration error, not the
+// endpoint's: the call fails naming the Addr, and the endpoint, which the
+// other adapter reaches fine, keeps a clean record and a closed breaker.
+func TestUnusableAddrBlamesNoEndpoint(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "replica-0", Addr: "unix:///run/llm.sock"}}))
+	tr := newTransport(t, httpbalancer.Options{Balancer: b})
+	client := &http.Client{Transport: tr}
+	for i := range 3 * balancer.DefaultBreakerFailures {
+		_, err := client.Post(chatURL, "application/json", strings.NewReader(chatBody(i, false)))
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `"unix:///run/llm.sock"`)
+	}
+	st := b.Stats()
+	require.Len(t, st, 1)
+	assert.Zero(t, st[0].Failures, "no failure counted against the endpoint")
+	assert.False(t, st[0].BreakerOpen, "the other adapter still reaches it")
+	assert.Zero(t, st[0].InFlight)
+}
