@@ -163,9 +163,10 @@ func (b *Balancer) goHome(req *inferlb.Request, g *group, home int, over bool, a
 // sees nothing wrong until its slow calls pile up. With its time per output
 // token t_o against t_j of the first of the next stayAwayLook endpoints in
 // the key's order whose speed is known and which is within its bound,
-// unqueued and not pressured, the owner keeps the key when the key's own
-// position in [0, 1) (a mix of its bits, so the keys kept are always the
-// same ones, and every caller keeps the same) is below
+// unqueued, not pressured and admitted by its slow start, the owner keeps
+// the key when the key's own position in [0, 1) (a mix of its bits, so the
+// keys kept are always the same ones, and every caller keeps the same) is
+// below
 // (slowOwnerTolerance * t_j / t_o)^2, and spills it to that endpoint
 // otherwise: 14% of its keys at 4x slower, 56% at 2x. Its share of calls
 // falls with its speed and each of its calls lasts longer by the same
@@ -206,7 +207,7 @@ func (b *Balancer) fasterSpill(req *inferlb.Request, g *group, owner int, w cach
 		if keep >= 1 || keyPosition(req.AffinityKey) < keep {
 			return -1
 		}
-		if bd := b.withinBound(g, j, now, sh); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill {
+		if bd := b.withinBound(g, j, now, sh); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill && b.admitRamp(g.members[j], c.nowNs) {
 			return j
 		}
 	}
@@ -522,6 +523,12 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 				return b.spilled(req, g, j, c.nowNs)
 			}
 			return b.goHome(req, g, i, bd.over, afterOwner, c, sh, now) // i is the owner: rank 0
+		}
+		if !b.admitRamp(g.members[i], c.nowNs) {
+			// A ramping endpoint takes spills, as its own keys and P2C's
+			// draws, only in proportion to its ramp: idle, it would win
+			// every spill it was a candidate for.
+			continue
 		}
 		if first < 0 {
 			first = i
