@@ -331,7 +331,8 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound 
 	total := float64(max(g.load.Load(), 0)) + 1
 	load := float64(own + 1)
 	// The load is shared among the members that can take calls: with part
-	// of the group down or excluded, the others' fair share is larger.
+	// of the group down or excluded, the others' fair share is larger, and
+	// the calls still in flight on those out of rotation are not theirs.
 	var weight float64
 	if sh != nil {
 		var l int64
@@ -343,9 +344,14 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound 
 		if weight <= 0 {
 			weight = g.total
 		}
-		// Other callers' calls count too, as the servers report them.
-		if rep, ok := reportedLoad(&s); ok {
-			if ft, ok := g.fleetLoad(st, now, b.cfg.telemetryMaxAge); ok {
+		// Other callers' calls count too, as the servers report them; this
+		// caller's calls on members out of rotation do not, as the members
+		// in rotation do not share them.
+		rep, okRep := reportedLoad(&s)
+		if okRep || st.usable() < len(g.members) {
+			ft, aside, ok := g.fleetLoad(st, now, b.cfg.telemetryMaxAge)
+			total = float64(max(g.load.Load()-aside, own)) + 1
+			if okRep && ok {
 				load = max(rep+float64(g.members[i].readingDelta(own)), float64(own)) + 1
 				total = max(ft, total-1) + 1
 			}

@@ -67,6 +67,14 @@ func (s *standing) usableWeight() float64 {
 	return s.readyWeight
 }
 
+// usable is how many members usableWeight counts.
+func (s *standing) usable() int {
+	if s.goodWeight > 0 {
+		return s.good
+	}
+	return s.ready
+}
+
 func newGroup(members []*endpoint, weights []float64, load *atomic.Int64, bit uint64) *group {
 	g := &group{members: members, weights: weights, load: load, bit: bit, bySerial: make(map[uint64]int32, len(members))}
 	for i, e := range members {
@@ -199,7 +207,9 @@ func inGoodStanding(e *endpoint) bool {
 // calls there since the report, see readingDelta) or the caller's own calls
 // on it, whichever is more. The total is NaN when one of those members has
 // no fresh Running and Waiting: the bound then counts the caller's own
-// calls.
+// calls. aside is the caller's calls in flight on the other members (out
+// of rotation), which the group's load counter includes but the members
+// in rotation do not share.
 //
 // Concurrency: all fields are atomic and written by whoever wins
 // computing, until last; a reader racing a rewrite may pair one
@@ -210,6 +220,7 @@ type fleetView struct {
 	epoch       atomic.Uint64
 	from, until atomic.Int64  // valid for now in [from, until)
 	total       atomic.Uint64 // math.Float64bits
+	aside       atomic.Int64
 }
 
 // fleetViewTTL is how long a group's reported load is reused: well under
@@ -228,16 +239,17 @@ func reportedLoad(s *telemetry.Sample) (float64, bool) {
 	return r + w, true
 }
 
-// fleetLoad returns the group's reported load at now (see fleetView), with
-// st its current eligibility; ok is false when the report is incomplete.
-func (g *group) fleetLoad(st *standing, now time.Time, maxAge time.Duration) (total float64, ok bool) {
+// fleetLoad returns the group's reported load at now and the caller's calls
+// on members out of rotation (see fleetView), with st its current
+// eligibility; ok is false when the report is incomplete.
+func (g *group) fleetLoad(st *standing, now time.Time, maxAge time.Duration) (total float64, aside int64, ok bool) {
 	nowNs := now.UnixNano()
 	f := &g.fleet
 	if f.epoch.Load() == st.epoch && f.from.Load() <= nowNs && nowNs < f.until.Load() {
 		t := math.Float64frombits(f.total.Load())
-		return t, !math.IsNaN(t)
+		return t, f.aside.Load(), !math.IsNaN(t)
 	}
-	total, ok = g.sumReported(st, now, maxAge)
+	total, aside, ok = g.sumReported(st, now, maxAge)
 	if f.computing.CompareAndSwap(false, true) {
 		t := total
 		if !ok {
@@ -245,34 +257,37 @@ func (g *group) fleetLoad(st *standing, now time.Time, maxAge time.Duration) (to
 		}
 		f.until.Store(math.MinInt64) // readers recompute while it is written
 		f.total.Store(math.Float64bits(t))
+		f.aside.Store(aside)
 		f.epoch.Store(st.epoch)
 		f.from.Store(nowNs)
 		f.until.Store(nowNs + int64(fleetViewTTL))
 		f.computing.Store(false)
 	}
-	return total, ok
+	return total, aside, ok
 }
 
 // sumReported computes what fleetView caches.
-func (g *group) sumReported(st *standing, now time.Time, maxAge time.Duration) (float64, bool) {
+func (g *group) sumReported(st *standing, now time.Time, maxAge time.Duration) (total float64, aside int64, ok bool) {
 	nowNs := now.UnixNano()
 	onlyGood := st.goodWeight > 0
 	var s telemetry.Sample
-	total := 0.0
+	ok = true
 	for _, e := range g.members {
-		if e.readyMask.Load()&g.bit == 0 {
+		if e.readyMask.Load()&g.bit == 0 || onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e)) {
+			aside += max(e.inFlight.Load(), 0)
 			continue
 		}
-		if onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e)) {
-			continue
+		if !ok {
+			continue // only aside is still to sum
 		}
 		e.slot.LoadInto(&s, now, maxAge)
-		l, ok := reportedLoad(&s)
-		if !ok {
-			return 0, false
+		l, rok := reportedLoad(&s)
+		if !rok {
+			ok = false
+			continue
 		}
 		own := e.inFlight.Load()
 		total += max(l+float64(e.readingDelta(own)), float64(own))
 	}
-	return total, true
+	return total, aside, ok
 }

@@ -24,33 +24,38 @@ type shard struct {
 	weight float64
 }
 
-// share returns the in-flight calls on the shard's members and the
-// capacity weight they are shared among: that of the members in good
-// standing or, when none is, of the ready ones (as group.eligibility
-// counts them), or of all. The first call of a pick reads them; the pick
-// changes no load before it acquires.
+// share returns the capacity weight of the shard's members the load is
+// shared among, those in good standing or, when none is, the ready ones (as
+// group.eligibility counts them), or all, and the in-flight calls on those
+// members (calls on members out of rotation are not theirs to share). The
+// first call of a pick reads them; the pick changes no load before it
+// acquires.
 func (s *shard) share(g *group, nowNs int64) (load int64, weight float64) {
 	if !s.shared {
 		var good, ready, all float64
+		var goodLoad, readyLoad, allLoad int64
 		for _, m := range s.members[:s.n] {
 			e, w := g.members[m], g.weights[m]
-			s.load += max(e.inFlight.Load(), 0)
+			l := max(e.inFlight.Load(), 0)
 			all += w
+			allLoad += l
 			if e.readyMask.Load()&g.bit == 0 {
 				continue
 			}
 			ready += w
+			readyLoad += l
 			if e.excludedUntil.Load() <= nowNs && inGoodStanding(e) {
 				good += w
+				goodLoad += l
 			}
 		}
 		switch {
 		case good > 0:
-			s.weight = good
+			s.weight, s.load = good, goodLoad
 		case ready > 0:
-			s.weight = ready
+			s.weight, s.load = ready, readyLoad
 		default:
-			s.weight = all
+			s.weight, s.load = all, allLoad
 		}
 		s.shared = true
 	}
