@@ -166,7 +166,7 @@ func (s *Sessions) Get(key uint64) (val uint64, ok bool) {
 			continue
 		}
 		val, exp := e.val.Load(), e.exp.Load()
-		if e.ver.Load() != v || exp <= now {
+		if e.ver.Load() != v || !s.live(exp, now) {
 			continue
 		}
 		// Refresh only when it moves the expiry noticeably, so that a hot
@@ -191,7 +191,7 @@ func (s *Sessions) Put(key, val uint64) {
 	now := s.clock.Now().UnixNano()
 	set := s.set(key)
 	for range 4 {
-		e := victim(set, key, now)
+		e := s.victim(set, key, now)
 		v := e.ver.Load()
 		if v&1 != 0 || !e.ver.CompareAndSwap(v, v+1) {
 			continue
@@ -204,10 +204,19 @@ func (s *Sessions) Put(key, val uint64) {
 	}
 }
 
+// live reports whether an entry that expires at exp is live at now. An
+// expiry more than two TTLs ahead was set before the clock stepped back by
+// more than a TTL: the entry's age is unknown, and kept it would outlive
+// its TTL by the length of the step (and, expiring last, be evicted last).
+// A shorter step, or a race between two clock readings, keeps it.
+func (s *Sessions) live(exp, now int64) bool {
+	return exp > now && exp-now-s.ttl <= s.ttl
+}
+
 // victim picks the slot for key: its own, else a free or expired one, else
 // the one that expires first, which with sliding TTLs is the least recently
 // used.
-func victim(set []sessionSlot, key uint64, now int64) *sessionSlot {
+func (s *Sessions) victim(set []sessionSlot, key uint64, now int64) *sessionSlot {
 	var free, lru *sessionSlot
 	lruExp := int64(0)
 	for i := range set {
@@ -216,7 +225,7 @@ func victim(set []sessionSlot, key uint64, now int64) *sessionSlot {
 		switch {
 		case k == key:
 			return e
-		case k == 0 || exp <= now:
+		case k == 0 || !s.live(exp, now):
 			if free == nil {
 				free = e
 			}
@@ -256,7 +265,7 @@ func (s *Sessions) Len() int {
 	now := s.clock.Now().UnixNano()
 	n := 0
 	for i := range s.slots {
-		if s.slots[i].key.Load() != 0 && s.slots[i].exp.Load() > now {
+		if s.slots[i].key.Load() != 0 && s.live(s.slots[i].exp.Load(), now) {
 			n++
 		}
 	}
