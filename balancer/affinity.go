@@ -318,6 +318,13 @@ func noRelief(t bound) bool {
 // benchmarks/results/multi-client.md); with 15 s scrapes one caller gained
 // 2.3% of throughput at 16 req/s (benchmarks/results/SUMMARY.md).
 //
+// A ramping member takes calls at its weight times its slow-start factor
+// (admitRamp), so the load is shared at those weights: counted at full
+// weight, one member joining a fleet of three lowered every other's fair
+// share by almost a quarter, and owners at the mean load spilled their
+// keys for the whole ramp. A ramping member's own bound stays at its full
+// weight's share: admission already scales what it is offered.
+//
 // With a tenant's shard (sh not nil) the shard is the group: the load and
 // weight shared are its members', so a tenant busier than the rest of the
 // fleet keeps its keys on their owners in its shard instead of finding
@@ -336,25 +343,29 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound 
 	var weight float64
 	if sh != nil {
 		var l int64
-		l, weight = sh.share(g, now.UnixNano())
+		l, weight = sh.share(b.cfg, g, now.UnixNano())
 		total = float64(l) + 1
 	} else {
-		st := g.eligibility(b.epoch.Load(), now.UnixNano())
+		st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
 		weight = st.usableWeight()
-		if weight <= 0 {
-			weight = g.total
-		}
 		// Other callers' calls count too, as the servers report them; this
 		// caller's calls on members out of rotation do not, as the members
-		// in rotation do not share them.
+		// in rotation do not share them; and a ramping member shares the
+		// load at the weight it takes calls at.
 		rep, okRep := reportedLoad(&s)
-		if okRep || st.usable() < len(g.members) {
-			ft, aside, ok := g.fleetLoad(st, now, b.cfg.telemetryMaxAge)
-			total = float64(max(g.load.Load()-aside, own)) + 1
-			if okRep && ok {
-				load = max(rep+float64(g.members[i].readingDelta(own)), float64(own)) + 1
-				total = max(ft, total-1) + 1
+		if okRep || st.ramping || st.usable() < len(g.members) {
+			v := g.fleetLoad(b.cfg, st, now)
+			total = float64(max(g.load.Load()-v.aside, own)) + 1
+			if st.ramping {
+				weight = v.weight
 			}
+			if okRep && v.ok {
+				load = max(rep+float64(g.members[i].readingDelta(own)), float64(own)) + 1
+				total = max(v.total, total-1) + 1
+			}
+		}
+		if weight <= 0 {
+			weight = g.total
 		}
 	}
 	share := g.weights[i] / weight * total

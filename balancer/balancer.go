@@ -440,7 +440,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	}
 	nowNs := b.cfg.nowNs()
 	now := time.Unix(0, nowNs)
-	st := g.eligibility(b.epoch.Load(), nowNs)
+	st := g.eligibility(b.cfg, b.epoch.Load(), nowNs)
 	if st.ready == 0 {
 		return Pick{}, ErrNoEndpoints
 	}
@@ -494,7 +494,7 @@ func (b *Balancer) pickAt(m *Membership, req *inferlb.Request, serial uint64) (P
 	if g := m.snap.Load().groupFor(req.Model); g != nil {
 		if i, ok := g.bySerial[serial]; ok {
 			nowNs := b.cfg.nowNs()
-			st := g.eligibility(b.epoch.Load(), nowNs)
+			st := g.eligibility(b.cfg, b.epoch.Load(), nowNs)
 			panicking := b.cfg.panicThreshold > 0 && float64(st.good) < b.cfg.panicThreshold*float64(st.ready)
 			// keyed: the call's state, its prefix among it, is cached there.
 			c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, keyed: true}

@@ -166,6 +166,17 @@ func (e *endpoint) rampFactor(c *config, nowNs int64) float64 {
 	return max(f, c.slowStartMin)
 }
 
+// rampEnd returns when e's slow-start ramp ends, and false when it is not
+// ramping at now.
+func (e *endpoint) rampEnd(c *config, nowNs int64) (int64, bool) {
+	from := e.rampFrom.Load()
+	if from == 0 || c.slowStart <= 0 {
+		return 0, false
+	}
+	end := from + int64(c.slowStart)
+	return end, end > nowNs
+}
+
 // state fills a scoring.State for e at now.
 func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.State) {
 	nowNs := now.UnixNano()

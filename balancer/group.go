@@ -44,18 +44,23 @@ type group struct {
 // standing caches how many members are ready and how many are in good
 // standing, so the panic decision costs O(1) per pick. It is recomputed when
 // the balancer's epoch moves (a readiness or exclusion change, a breaker's
-// transition, a half-open breaker's last probe slot taken or given back) or
-// when the earliest exclusion it saw expires.
+// transition, a half-open breaker's last probe slot taken or given back),
+// when the earliest exclusion it saw expires, or when the earliest ramp it
+// saw ends.
 type standing struct {
 	epoch uint64
 	at    int64 // unix ns it was computed at
-	until int64 // earliest excludedUntil in the future at compute time
+	until int64 // earliest excludedUntil or ramp end in the future at compute time
 	ready int
 	good  int
 	// Capacity weight of the good members, and of the ready ones: the
 	// affinity load bound shares the group's load among the members that
 	// can take it, not among all.
 	goodWeight, readyWeight float64
+	// ramping: a ready member is ramping up through slow start, so it
+	// takes calls at less than its weight, and the bound shares the load
+	// at the weights the fleet view sums (see fleetView).
+	ramping bool
 }
 
 // usableWeight is the weight the group's load is shared among: its members
@@ -159,7 +164,7 @@ func (g *group) sample(r uint64) int {
 // when stale: the epoch moved, an exclusion it saw has ended, or the clock
 // has stepped back by more than the horizon since it was computed. After
 // such a step the members' deadlines are mended (see afterStepBack).
-func (g *group) eligibility(epoch uint64, nowNs int64) *standing {
+func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 	s := g.standing.Load()
 	if s != nil && s.epoch == epoch && nowNs < s.until && nowNs >= s.at-g.horizon {
 		return s
@@ -172,6 +177,10 @@ func (g *group) eligibility(epoch uint64, nowNs int64) *standing {
 		}
 		if e.readyMask.Load()&g.bit == 0 {
 			continue
+		}
+		if end, ok := e.rampEnd(c, nowNs); ok {
+			next.ramping = true
+			next.until = min(next.until, end)
 		}
 		next.ready++
 		next.readyWeight += g.weights[i]
@@ -200,16 +209,20 @@ func inGoodStanding(e *endpoint) bool {
 	return !e.brOpen.Load() || e.probeSlots.Load() > 0
 }
 
-// fleetView caches a group's load as its servers report it for
-// fleetViewTTL: the sum, over the members the group's load is shared among
-// (those usableWeight counts), of each one's reported requests (Running
-// plus Waiting in fresh telemetry, brought up to now with the caller's
-// calls there since the report, see readingDelta) or the caller's own calls
-// on it, whichever is more. The total is NaN when one of those members has
-// no fresh Running and Waiting: the bound then counts the caller's own
-// calls. aside is the caller's calls in flight on the other members (out
-// of rotation), which the group's load counter includes but the members
-// in rotation do not share.
+// fleetView caches, for fleetViewTTL, what the affinity bound needs to
+// know about a group beyond its load counter and standing, summed over the
+// members the group's load is shared among (those usableWeight counts):
+//
+//   - total: each one's reported requests (Running plus Waiting in fresh
+//     telemetry, brought up to now with the caller's calls there since the
+//     report, see readingDelta) or the caller's own calls on it, whichever
+//     is more. NaN when one of those members has no fresh Running and
+//     Waiting: the bound then counts the caller's own calls.
+//   - weight: each one's capacity weight times its slow-start factor, the
+//     weight it takes calls at (see admitRamp).
+//   - aside: the caller's calls in flight on the other members (out of
+//     rotation), which the group's load counter includes but the members
+//     in rotation do not share.
 //
 // Concurrency: all fields are atomic and written by whoever wins
 // computing, until last; a reader racing a rewrite may pair one
@@ -220,7 +233,15 @@ type fleetView struct {
 	epoch       atomic.Uint64
 	from, until atomic.Int64  // valid for now in [from, until)
 	total       atomic.Uint64 // math.Float64bits
+	weight      atomic.Uint64 // math.Float64bits
 	aside       atomic.Int64
+}
+
+// fleetSum is what fleetView caches; ok is false when total is NaN.
+type fleetSum struct {
+	total, weight float64
+	aside         int64
+	ok            bool
 }
 
 // fleetViewTTL is how long a group's reported load is reused: well under
@@ -239,55 +260,52 @@ func reportedLoad(s *telemetry.Sample) (float64, bool) {
 	return r + w, true
 }
 
-// fleetLoad returns the group's reported load at now and the caller's calls
-// on members out of rotation (see fleetView), with st its current
-// eligibility; ok is false when the report is incomplete.
-func (g *group) fleetLoad(st *standing, now time.Time, maxAge time.Duration) (total float64, aside int64, ok bool) {
+// fleetLoad returns the group's fleet view at now (see fleetView), with st
+// its current eligibility.
+func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 	nowNs := now.UnixNano()
 	f := &g.fleet
 	if f.epoch.Load() == st.epoch && f.from.Load() <= nowNs && nowNs < f.until.Load() {
 		t := math.Float64frombits(f.total.Load())
-		return t, f.aside.Load(), !math.IsNaN(t)
+		return fleetSum{total: t, weight: math.Float64frombits(f.weight.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
 	}
-	total, aside, ok = g.sumReported(st, now, maxAge)
+	v := g.sumReported(c, st, now)
 	if f.computing.CompareAndSwap(false, true) {
-		t := total
-		if !ok {
-			t = math.NaN()
-		}
 		f.until.Store(math.MinInt64) // readers recompute while it is written
-		f.total.Store(math.Float64bits(t))
-		f.aside.Store(aside)
+		f.total.Store(math.Float64bits(v.total))
+		f.weight.Store(math.Float64bits(v.weight))
+		f.aside.Store(v.aside)
 		f.epoch.Store(st.epoch)
 		f.from.Store(nowNs)
 		f.until.Store(nowNs + int64(fleetViewTTL))
 		f.computing.Store(false)
 	}
-	return total, aside, ok
+	return v
 }
 
 // sumReported computes what fleetView caches.
-func (g *group) sumReported(st *standing, now time.Time, maxAge time.Duration) (total float64, aside int64, ok bool) {
+func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 	nowNs := now.UnixNano()
 	onlyGood := st.goodWeight > 0
 	var s telemetry.Sample
-	ok = true
-	for _, e := range g.members {
+	v := fleetSum{ok: true}
+	for i, e := range g.members {
 		if e.readyMask.Load()&g.bit == 0 || onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e)) {
-			aside += max(e.inFlight.Load(), 0)
+			v.aside += max(e.inFlight.Load(), 0)
 			continue
 		}
-		if !ok {
-			continue // only aside is still to sum
+		v.weight += g.weights[i] * e.rampFactor(c, nowNs)
+		if !v.ok {
+			continue // the report is incomplete: only aside and weight are still to sum
 		}
-		e.slot.LoadInto(&s, now, maxAge)
-		l, rok := reportedLoad(&s)
-		if !rok {
-			ok = false
+		e.slot.LoadInto(&s, now, c.telemetryMaxAge)
+		l, ok := reportedLoad(&s)
+		if !ok {
+			v.ok, v.total = false, math.NaN()
 			continue
 		}
 		own := e.inFlight.Load()
-		total += max(l+float64(e.readingDelta(own)), float64(own))
+		v.total += max(l+float64(e.readingDelta(own)), float64(own))
 	}
-	return total, aside, ok
+	return v
 }
