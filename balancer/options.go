@@ -124,7 +124,10 @@ type Options struct {
 	// LoadBound is the bounded-load factor c for affinity: an endpoint takes
 	// a key's traffic only while its in-flight calls stay within c x its
 	// capacity share of the group's load. Default DefaultLoadBound (1.25);
-	// must be above 1. The calls counted are this caller's own, or, when
+	// must be above 1. The load is shared among the endpoints that can take
+	// calls, each at its weight times its slow-start ramp; calls still in
+	// flight on endpoints out of rotation (cooling down, ejected, not
+	// ready) are not theirs to share. The calls counted are this caller's own, or, when
 	// every endpoint of the group that can take calls reports Running and
 	// Waiting in fresh telemetry, what each server reports (all callers'
 	// calls), brought up to now with this caller's calls there since the
