@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -192,4 +193,48 @@ func TestEndpointChurnDoesNotFillTheTelemetryStore(t *testing.T) {
 	assert.True(t, ok, "still held by the other Balancer")
 	assert.NoError(t, other.Update(nil))
 	assert.Zero(t, store.Len())
+}
+
+// One telemetry plane for several Balancers: a Poller publishing straight
+// into their shared Store makes a slot for every ID its Source reports,
+// also pods that have left (a scrape in flight as they go, a Prometheus
+// series that outlives its pod by the 5 minute staleness window) and pods
+// of fleets no Balancer routes to. Nobody holds those slots, so nothing
+// drops them; they must not take the room of the endpoints a Balancer
+// routes to, or once as many pods as MaxEndpoints have come and gone
+// (65,536 by default: weeks of rollouts and autoscaling) every new pod
+// would route with no telemetry at all.
+func TestUnheldSlotsMakeRoomForABalancersEndpoints(t *testing.T) {
+	clock := testutil.NewClock()
+	store := &telemetry.Store{MaxEndpoints: 64, Clock: clock}
+	b := balancer.New(balancer.Options{Clock: clock, Telemetry: store})
+	var live []string // this round's pods, then the ones that just left
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		var obs []telemetry.Observation
+		for _, id := range live {
+			var s telemetry.Sample
+			s.Set(telemetry.KVCacheUsage, 0.5)
+			obs = append(obs, telemetry.Observation{EndpointID: id, Sample: s})
+		}
+		return obs, nil
+	})
+	p, err := telemetry.NewPoller(src, store, telemetry.PollerOptions{Clock: clock})
+	require.NoError(t, err)
+	const rounds = 10_000
+	lost := 0
+	for r := range rounds {
+		pods := []string{fmt.Sprintf("pod-%d:8000", r), fmt.Sprintf("pod-%d:8000", r+rounds)}
+		require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: pods[0]}, {Addr: pods[1]}}))
+		// A late scrape of the pods that left, and a pod of another fleet.
+		live = append(pods, fmt.Sprintf("pod-%d:8000", r-1), fmt.Sprintf("other-%d:8000", r))
+		p.Poll(context.Background())
+		clock.Advance(time.Second)
+		for _, id := range pods {
+			if _, ok := store.Latest(id, clock.Now(), 0); !ok {
+				lost++
+			}
+		}
+		assert.LessOrEqual(t, store.Len(), 64)
+	}
+	assert.Zero(t, lost, "routed endpoints without telemetry, of %d", 2*rounds)
 }

@@ -24,7 +24,9 @@ const DefaultMaxEndpoints = 65536
 //
 // Readers never lock: Slot returns a durable per-endpoint handle whose
 // LoadInto is one atomic pointer read. The Store's mutex is taken only to
-// create a slot the first time an ID is seen. The table is bounded (MaxEndpoints).
+// create a slot the first time an ID is seen. The table is bounded
+// (MaxEndpoints); when it is full, a holder's new slot (Hold) takes the room
+// of the slots nobody holds.
 //
 // The zero Store is ready to use and safe for concurrent use.
 type Store struct {
@@ -38,6 +40,7 @@ type Store struct {
 	mu    sync.Mutex // serializes slot creation so the bound holds
 	slots sync.Map   // string -> *Slot; lock-free reads
 	n     atomic.Int64
+	held  int // slots with holders (Hold); guarded by mu
 
 	accepted       atomic.Uint64
 	droppedEmpty   atomic.Uint64 // no valid field
@@ -119,15 +122,38 @@ func (st *Store) slotLocked(id string) *Slot {
 // endpoint's telemetry while any of them has the endpoint, and forgets it
 // when none does: endpoints that come and go (pods replaced on every
 // rollout) cannot fill the table. A slot nobody holds (created by Slot or
-// Publish) stays until Forget.
+// Publish) stays until Forget, or until the table is full and Hold needs
+// its room: then every slot nobody holds is dropped (as Forget drops it).
+// Publish makes such slots for every ID a Source reports (pods that have
+// left, fleets no Balancer routes to), which would otherwise fill the
+// table for good and leave every endpoint held after that without one.
 func (st *Store) Hold(id string) *Slot {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	s := st.slotLocked(id)
+	if s == nil && int64(st.held) < st.n.Load() {
+		st.dropUnheldLocked()
+		s = st.slotLocked(id)
+	}
 	if s != nil {
+		if s.refs == 0 {
+			st.held++
+		}
 		s.refs++
 	}
 	return s
+}
+
+// dropUnheldLocked drops every slot nobody holds. Called with mu held, only
+// when the table is full: O(MaxEndpoints) once per filling.
+func (st *Store) dropUnheldLocked() {
+	st.slots.Range(func(k, v any) bool {
+		if v.(*Slot).refs == 0 {
+			st.slots.Delete(k)
+			st.n.Add(-1)
+		}
+		return true
+	})
 }
 
 // Release undoes one Hold of id; after the last one the slot is dropped, as
@@ -145,6 +171,7 @@ func (st *Store) Release(id string) {
 		if s.refs == 0 {
 			st.slots.Delete(id)
 			st.n.Add(-1)
+			st.held--
 		}
 	}
 }
@@ -154,8 +181,11 @@ func (st *Store) Release(id string) {
 func (st *Store) Forget(id string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if _, ok := st.slots.LoadAndDelete(id); ok {
+	if v, ok := st.slots.LoadAndDelete(id); ok {
 		st.n.Add(-1)
+		if v.(*Slot).refs > 0 {
+			st.held--
+		}
 	}
 }
 

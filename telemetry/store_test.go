@@ -286,3 +286,25 @@ func TestPollerKeepsPublishingAfterAClockStepBack(t *testing.T) {
 	}
 	assert.Equal(t, telemetry.StoreStats{Accepted: 4}, st.Stats())
 }
+
+// A full table of slots nobody holds (Publish made them) makes room for a
+// holder: they go, held ones stay, and a table full of held slots still
+// refuses a new ID.
+func TestHoldDropsUnheldSlotsWhenFull(t *testing.T) {
+	st := telemetry.Store{MaxEndpoints: 3}
+	require.NotNil(t, st.Hold("a"))
+	st.Publish("x", sample(t0, float64(telemetry.Waiting), 1))
+	st.Publish("y", sample(t0, float64(telemetry.Waiting), 1))
+	st.Publish("z", sample(t0, float64(telemetry.Waiting), 1)) // full
+	require.NotNil(t, st.Hold("b"), "x and y make room")
+	assert.Equal(t, 2, st.Len())
+	_, ok := st.Latest("x", t0, 0)
+	assert.False(t, ok)
+	require.NotNil(t, st.Hold("c"))
+	st.Forget("c")
+	require.NotNil(t, st.Hold("d"))
+	assert.Nil(t, st.Hold("e"), "every slot held: full")
+	st.Release("a")
+	assert.NotNil(t, st.Hold("e"))
+	assert.Equal(t, telemetry.StoreStats{Accepted: 2, DroppedFull: 1}, st.Stats())
+}
