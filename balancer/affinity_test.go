@@ -950,3 +950,27 @@ func TestBoundDiscountsOwnCallsEndedSinceTheReport(t *testing.T) {
 	clock.Advance(time.Second)
 	assert.Equal(t, map[string]int{home: 10}, spreadKey(t, b, key, 10), "the reported calls have ended")
 }
+
+// A server reporting an absurd load (a broken exporter, a counter read as a
+// gauge, a hostile server) must not switch the bound off for the whole
+// fleet: its count is not a load, and the bound counts as if no report
+// were complete.
+func TestBoundIgnoresAnImplausibleReportedLoad(t *testing.T) {
+	const key, calls = 0x1234567890abcdef, 12
+	for _, absurd := range []float64{1e12, 1e300} {
+		clock := testutil.NewClock()
+		b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(33)})
+		home := owner(t, b, key)
+		for i, e := range endpoints(4) {
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.Running, 0)
+			s.Set(telemetry.Waiting, 0)
+			if e.Key() != home && i < 2 {
+				s.Set(telemetry.Running, absurd)
+			}
+			b.Publish(e.Key(), s)
+		}
+		got := ownerTakes(t, b, key, home, calls)
+		assert.Less(t, got, int64(calls), "running %g: the hot key spreads past its bound", absurd)
+	}
+}

@@ -250,15 +250,24 @@ type fleetSum struct {
 const fleetViewTTL = 100 * time.Millisecond
 
 // reportedLoad is the requests a server reports running or queued, from a
-// sample already cut to fresh fields.
+// sample already cut to fresh fields. A count below zero or above
+// maxReportedLoad is a broken reading (an exporter's bug, a counter read as
+// a gauge, a hostile server), not a load: counted, one server's 1e12 made
+// every other member's fair share of the group's load as large, and
+// switched the affinity bound off for the whole fleet.
 func reportedLoad(s *telemetry.Sample) (float64, bool) {
 	r, ok1 := s.Get(telemetry.Running)
 	w, ok2 := s.Get(telemetry.Waiting)
-	if !ok1 || !ok2 || r < 0 || w < 0 {
+	if !ok1 || !ok2 || !(r >= 0 && w >= 0 && r+w <= maxReportedLoad) {
 		return 0, false
 	}
 	return r + w, true
 }
+
+// maxReportedLoad bounds the requests one server can plausibly report
+// running and queued: engines run a few hundred at once (vLLM's
+// max_num_seqs is 256 to 1,024) and queue thousands at most.
+const maxReportedLoad = 1 << 20
 
 // fleetLoad returns the group's fleet view at now (see fleetView), with st
 // its current eligibility.
