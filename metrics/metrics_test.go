@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -139,6 +140,28 @@ func TestCollectorKeepsNonUTF8EndpointIDsApart(t *testing.T) {
 			// The escaped pod-\xff meets the valid ID spelled so and is
 			// left out: one series lost, not the scrape.
 			assert.ElementsMatch(t, []string{`pod-\xff`, `pod-\xfe`}, ids)
+		}
+	}
+}
+
+// Endpoint IDs change on every deploy and autoscaling event: a departed
+// endpoint's series must leave the scrape with it, or label cardinality
+// grows with every pod the service has ever routed to.
+func TestCollectorExportsOnlyCurrentEndpoints(t *testing.T) {
+	b := balancer.New(balancer.Options{Clock: tu.NewClock()})
+	c := metrics.NewCollector(b, "llm")
+	update := func(r int) {
+		require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: fmt.Sprintf("pod-%d-a:8000", r)}, {Addr: fmt.Sprintf("pod-%d-b:8000", r)}}))
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{})
+	}
+	update(0)
+	want := testutil.CollectAndCount(c)
+	for r := 1; r <= 1000; r++ {
+		update(r)
+		if r%100 == 0 { // a scrape now and then
+			require.Equal(t, want, testutil.CollectAndCount(c), "after %d rollouts", r)
 		}
 	}
 }
