@@ -73,7 +73,12 @@ type Options struct {
 	// Balancer.Telemetry. Share one Store
 	// between Balancers to share one telemetry plane; a Store given here
 	// keeps its own Clock (nil: the wall clock), so with an injected
-	// Clock set the Store's to it too.
+	// Clock set the Store's to it too. A Balancer holds a slot of the
+	// Store for each of its endpoints until the endpoint leaves it
+	// (Update, a Membership's Close): before dropping a Balancer whose
+	// Store lives on (an httpbalancer.Transport with its own Balancer,
+	// which keeps its endpoints after Close), give it Update(nil), or its
+	// endpoints' slots stay for as long as the Store does.
 	Telemetry *telemetry.Store
 	// TelemetryMaxAge is how old a telemetry field may be before it is
 	// ignored (treated as absent, i.e. neutral). Default 30s: twice
