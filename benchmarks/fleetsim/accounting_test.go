@@ -99,3 +99,16 @@ func TestPreemptedRecomputeIsNotACacheHit(t *testing.T) {
 	require.Positive(t, res.Preemptions)
 	assert.Zero(t, res.CacheHit)
 }
+
+func TestThroughputLeavesOutTheTokensOfAnAttemptThatCrashed(t *testing.T) {
+	// The call streams on r0 until r0 crashes at 5s, then is retried on r1,
+	// which generates the whole answer again. The client keeps one answer
+	// of 1,000 tokens: the tokens r0 streamed before it died were thrown
+	// away, and counting them would credit a policy for the calls it lost.
+	rt := &scripted{script: []int{0, 1}, retry: true}
+	fl := []fleetsim.ReplicaSpec{{Server: fleetsim.LLMServer()}, {Server: fleetsim.LLMServer()}}
+	res := runScripted(fl, calls{llmCall(1, 1000, 1000)}, rt, fleetsim.FleetEvent{At: 5 * time.Second, Replica: 0, Kind: fleetsim.Crash})
+	require.Equal(t, 1, res.Completed)
+	require.Equal(t, 1, res.Retries)
+	assert.InDelta(t, 1000, res.Throughput*time.Minute.Seconds(), 1e-6, "tokens delivered in the one-minute window")
+}

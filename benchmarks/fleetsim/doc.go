@@ -77,7 +77,9 @@
 // unfinished then are counted with their latency so far, so a policy cannot
 // look good by leaving a backlog. A retried call's TTFT is that of the
 // attempt that answers, which generates the answer anew. Throughput counts
-// tokens produced inside the window. The cache hit rate is prompt tokens
+// tokens produced inside the window, less those of attempts that failed (a
+// crashed replica's streams, which the client discards when it retries).
+// The cache hit rate is prompt tokens
 // found in the prefix cache over prompt tokens admitted, as vLLM's
 // prefix_cache_hits / prefix_cache_queries: a preempted sequence that
 // recomputes from its own blocks is not counted again (vLLM counts it

@@ -127,7 +127,8 @@ type Result struct {
 	Retries    int `json:"retries"`
 
 	// Throughput is output tokens per second in the measurement window
-	// (input tokens for embedding and rerank calls, which produce none).
+	// (input tokens for embedding and rerank calls, which produce none),
+	// not counting those of attempts that failed.
 	Throughput float64 `json:"throughput_tok_s"`
 	TTFTP50    float64 `json:"ttft_p50_s"`
 	TTFTP90    float64 `json:"ttft_p90_s"`
@@ -237,7 +238,9 @@ func (s *run) result(policy string) Result {
 	a, b := s.marks[0], s.marks[1]
 	window := (b.at - a.at).Seconds()
 	if window > 0 {
-		res.Throughput = float64(b.tokens-a.tokens) / window
+		// An attempt can fail after the window closes, so its tokens are
+		// taken off at the end of the run, not at the mark.
+		res.Throughput = float64(b.tokens-a.tokens-s.wasted) / window
 		var busy float64
 		for i := range b.busy {
 			busy += (b.busy[i] - a.busy[i]).Seconds()

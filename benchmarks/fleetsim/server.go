@@ -108,6 +108,9 @@ type seq struct {
 	prefilled bool
 	preempted bool // recomputing after a preemption
 	lastToken time.Duration
+	// windowTokens is what this attempt added to the window's throughput;
+	// if the attempt fails, the client throws it away (see crash).
+	windowTokens int64
 }
 
 func (s *seq) numTokens() int { return s.prompt.Tokens + s.generated }
@@ -351,10 +354,13 @@ func (r *replica) apply() {
 		if j.onToken != nil {
 			j.onToken(s.generated)
 		}
+		tok := int64(1)
 		if j.req.OutputTokens == 0 {
-			r.sim.tokens += int64(s.prompt.Tokens) // pooling: the work is the input
-		} else {
-			r.sim.tokens++
+			tok = int64(s.prompt.Tokens) // pooling: the work is the input
+		}
+		r.sim.tokens += tok
+		if r.sim.inWindow() {
+			s.windowTokens += tok
 		}
 		if s.generated >= max(j.req.OutputTokens, 1) {
 			r.kv.release(s.blocks)
@@ -407,6 +413,9 @@ func (r *replica) crash() {
 	r.running, r.waiting = nil, nil
 	r.kv.flush()
 	for _, s := range fail {
+		// The tokens it streamed are lost with the call: a retry
+		// generates the answer anew, and throughput counts answers.
+		r.sim.wasted += s.windowTokens
 		r.sim.finish(s.job, now, errCrashed)
 	}
 	if r.dp != nil {

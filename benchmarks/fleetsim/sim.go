@@ -117,6 +117,7 @@ type run struct {
 	ttft, e2e   []float64
 	classE2E    map[string][]float64 // keyed by class; read in sorted key order
 	tokens      int64                // output tokens produced (input tokens for pooling calls)
+	wasted      int64                // of those, produced in the window by attempts that failed
 	failed      int
 	retries     int
 	requests    int
