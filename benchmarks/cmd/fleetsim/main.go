@@ -10,19 +10,23 @@
 // writes NAME.csv, NAME.md and PNG charts of latency and throughput versus
 // offered load. With -json it prints one JSON array of every run instead.
 // -policies keeps only the named policies (as the tables name them, e.g.
-// "inferlb -affinity"); -parallel sets how many runs are simulated at once
+// "inferlb -affinity"; a name no scenario run has is an error, and with
+// -scenario all the scenarios without any of them are skipped);
+// -parallel sets how many runs are simulated at once
 // (default GOMAXPROCS), which changes no figure.
 // The same seed gives the same output, byte for byte.
 package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,64 +34,137 @@ import (
 	"github.com/inferlb/inferlb/benchmarks/fleetsim"
 )
 
-func main() {
+// config is the command line, parsed and checked.
+type config struct {
+	list      bool
+	scenarios []*fleetsim.Scenario // shortened, filtered and with the scrape interval applied
+	asJSON    bool
+	out       string
+	seed      uint64
+	clients   int
+	par       int
+}
+
+// parse reads the command line. Every error, and the usage for -h, has been
+// printed to stderr when it returns.
+func parse(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("fleetsim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	var (
-		name    = flag.String("scenario", "shared-prefix", "scenario to run, or \"all\"")
-		quick   = flag.Bool("quick", false, "shorter runs at the headline rate only (seconds)")
-		asJSON  = flag.Bool("json", false, "print one JSON array of results instead of tables")
-		out     = flag.String("out", "", "directory for CSV, Markdown and PNG output")
-		seed    = flag.Uint64("seed", 1, "random seed (same seed, same results)")
-		clients = flag.Int("clients", 1, "independent client balancers sharing the fleet")
-		only    = flag.String("policies", "", "comma-separated policy names to run (default all)")
-		list    = flag.Bool("list", false, "list scenarios and exit")
-		par     = flag.Int("parallel", runtime.GOMAXPROCS(0), "runs simulated at once")
-		scrape  = flag.Duration("scrape", 0, "telemetry scrape interval instead of the scenario's (1s), e.g. 15s as a Prometheus-paced poller")
+		c      config
+		name   = fs.String("scenario", "shared-prefix", "scenario to run, or \"all\"")
+		quick  = fs.Bool("quick", false, "shorter runs at the headline rate only (seconds)")
+		only   = fs.String("policies", "", "comma-separated policy names to run (default all)")
+		scrape = fs.Duration("scrape", 0, "telemetry scrape interval instead of the scenario's (1s), e.g. 15s as a Prometheus-paced poller")
 	)
-	flag.Parse()
-	if *list {
+	fs.BoolVar(&c.asJSON, "json", false, "print one JSON array of results instead of tables")
+	fs.StringVar(&c.out, "out", "", "directory for CSV, Markdown and PNG output")
+	fs.Uint64Var(&c.seed, "seed", 1, "random seed (same seed, same results)")
+	fs.IntVar(&c.clients, "clients", 1, "independent client balancers sharing the fleet")
+	fs.BoolVar(&c.list, "list", false, "list scenarios and exit")
+	fs.IntVar(&c.par, "parallel", runtime.GOMAXPROCS(0), "runs simulated at once")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	fail := func(format string, a ...any) (config, error) {
+		err := fmt.Errorf("fleetsim: "+format, a...)
+		fmt.Fprintln(stderr, err)
+		return config{}, err
+	}
+	if c.list {
+		return c, nil
+	}
+	if *name == "all" {
+		c.scenarios = fleetsim.Scenarios()
+	} else if sc := fleetsim.Lookup(*name); sc != nil {
+		c.scenarios = []*fleetsim.Scenario{sc}
+	} else {
+		return fail("unknown scenario %q; -list shows them", *name)
+	}
+	if *scrape < 0 {
+		return fail("-scrape %v: must not be negative", *scrape)
+	}
+	var names []string
+	if *only != "" {
+		for n := range strings.SplitSeq(*only, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				names = append(names, n)
+			}
+		}
+		if len(names) == 0 {
+			return fail("-policies %q names no policy", *only)
+		}
+	}
+	for _, n := range names {
+		if slices.ContainsFunc(c.scenarios, func(sc *fleetsim.Scenario) bool { return hasPolicy(sc, n) }) {
+			continue
+		}
+		if len(c.scenarios) > 1 {
+			return fail("-policies: no policy %q in any scenario", n)
+		}
+		sc := c.scenarios[0]
+		var have []string
+		for _, p := range sc.Policies {
+			have = append(have, p.Name)
+		}
+		return fail("-policies: no policy %q in scenario %s (it has %s)", n, sc.Name, strings.Join(have, ", "))
+	}
+	var keep []*fleetsim.Scenario
+	for _, sc := range c.scenarios {
+		if *quick {
+			sc = sc.Quick()
+		}
+		if names != nil {
+			// A scenario with none of the named policies is left out
+			// rather than run empty.
+			if sc.Policies = filter(sc.Policies, names); len(sc.Policies) == 0 {
+				continue
+			}
+		}
+		if *scrape > 0 {
+			sc.Scrape = *scrape
+		}
+		keep = append(keep, sc)
+	}
+	c.scenarios = keep
+	return c, nil
+}
+
+func hasPolicy(sc *fleetsim.Scenario, name string) bool {
+	return slices.ContainsFunc(sc.Policies, func(p fleetsim.Policy) bool { return p.Name == name })
+}
+
+func main() {
+	c, err := parse(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		os.Exit(2)
+	}
+	if c.list {
 		for _, sc := range fleetsim.Scenarios() {
 			fmt.Printf("%-14s %s\n", sc.Name, sc.Description)
 		}
 		return
 	}
-	var scs []*fleetsim.Scenario
-	if *name == "all" {
-		scs = fleetsim.Scenarios()
-	} else if sc := fleetsim.Lookup(*name); sc != nil {
-		scs = []*fleetsim.Scenario{sc}
-	} else {
-		fmt.Fprintf(os.Stderr, "fleetsim: unknown scenario %q; -list shows them\n", *name)
-		os.Exit(2)
-	}
 	var all []fleetsim.Result
-	for _, sc := range scs {
-		if *quick {
-			sc = sc.Quick()
-		}
-		if *only != "" {
-			sc.Policies = filter(sc.Policies, strings.Split(*only, ","))
-		}
-		if *scrape < 0 {
-			fmt.Fprintf(os.Stderr, "fleetsim: -scrape %v: must not be negative\n", *scrape)
-			os.Exit(2)
-		} else if *scrape > 0 {
-			sc.Scrape = *scrape
-		}
+	for _, sc := range c.scenarios {
 		start := time.Now()
-		res := runScenario(sc, *seed, *clients, *par)
+		res := runScenario(sc, c.seed, c.clients, c.par)
 		all = append(all, res...)
-		if !*asJSON {
+		if !c.asJSON {
 			printScenario(os.Stdout, sc, res)
 			fmt.Fprintf(os.Stderr, "fleetsim: %s: %d runs in %v\n", sc.Name, len(res), time.Since(start).Round(100*time.Millisecond))
 		}
-		if *out != "" {
-			if err := writeOutputs(*out, sc, res); err != nil {
+		if c.out != "" {
+			if err := writeOutputs(c.out, sc, res); err != nil {
 				fmt.Fprintln(os.Stderr, "fleetsim:", err)
 				os.Exit(1)
 			}
 		}
 	}
-	if *asJSON {
+	if c.asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(all); err != nil {
@@ -97,13 +174,12 @@ func main() {
 	}
 }
 
+// filter keeps the policies named, in the scenario's order.
 func filter(ps []fleetsim.Policy, names []string) []fleetsim.Policy {
 	var out []fleetsim.Policy
 	for _, p := range ps {
-		for _, n := range names {
-			if strings.TrimSpace(n) == p.Name {
-				out = append(out, p)
-			}
+		if slices.Contains(names, p.Name) {
+			out = append(out, p)
 		}
 	}
 	return out
