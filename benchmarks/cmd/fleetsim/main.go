@@ -13,7 +13,10 @@
 // "inferlb -affinity"; a name no scenario run has is an error, and with
 // -scenario all the scenarios without any of them are skipped);
 // -parallel sets how many runs are simulated at once
-// (default GOMAXPROCS), which changes no figure.
+// (default GOMAXPROCS), which changes no figure. -clients and -parallel
+// must be at least 1; multi-client runs 1 and 8 clients, so -clients with
+// -scenario multi-client is an error (with -scenario all it applies to the
+// other scenarios). Words after the flags are an error, not ignored.
 // The same seed gives the same output, byte for byte.
 package main
 
@@ -60,7 +63,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON array of results instead of tables")
 	fs.StringVar(&c.out, "out", "", "directory for CSV, Markdown and PNG output")
 	fs.Uint64Var(&c.seed, "seed", 1, "random seed (same seed, same results)")
-	fs.IntVar(&c.clients, "clients", 1, "independent client balancers sharing the fleet")
+	fs.IntVar(&c.clients, "clients", 1, "independent client balancers sharing the fleet (multi-client runs its own counts)")
 	fs.BoolVar(&c.list, "list", false, "list scenarios and exit")
 	fs.IntVar(&c.par, "parallel", runtime.GOMAXPROCS(0), "runs simulated at once")
 	if err := fs.Parse(args); err != nil {
@@ -71,8 +74,17 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		fmt.Fprintln(stderr, err)
 		return config{}, err
 	}
+	if fs.NArg() > 0 {
+		return fail("unexpected argument %q: every setting is a flag, and flags go first (-scenario NAME)", fs.Arg(0))
+	}
 	if c.list {
 		return c, nil
+	}
+	if c.clients < 1 {
+		return fail("-clients %d: must be at least 1", c.clients)
+	}
+	if c.par < 1 {
+		return fail("-parallel %d: must be at least 1", c.par)
 	}
 	if *name == "all" {
 		c.scenarios = fleetsim.Scenarios()
@@ -83,6 +95,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if *scrape < 0 {
 		return fail("-scrape %v: must not be negative", *scrape)
+	}
+	if sc := c.scenarios[0]; len(c.scenarios) == 1 && len(sc.Clients) > 0 && flagSet(fs, "clients") {
+		return fail("-clients %d: scenario %s runs %s clients whatever -clients says", c.clients, sc.Name, countList(sc.Clients))
 	}
 	var names []string
 	if *only != "" {
@@ -128,6 +143,24 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	c.scenarios = keep
 	return c, nil
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// countList writes 1, 8 as "1 and 8".
+func countList(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = fmt.Sprint(n)
+	}
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
 func hasPolicy(sc *fleetsim.Scenario, name string) bool {

@@ -51,3 +51,34 @@ func TestPoliciesKeepsTheNamedOnesWhereTheyRun(t *testing.T) {
 	assert.Equal(t, map[string][]string{"tenants": {"inferlb shards=2"}}, policyNames(c))
 	require.Len(t, c.scenarios, 1)
 }
+
+// Values the command cannot honour used to be replaced in silence: -clients
+// 0 ran (and labelled) one client, -parallel 0 one run at a time; words
+// after the flags were ignored, so "fleetsim mix -quick" ran the default
+// scenario in full; and -clients was dropped for a scenario that fixes its
+// own client counts.
+func TestFlagValuesTheCommandCannotHonourAreErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-clients", "0"}, "-clients 0: must be at least 1"},
+		{[]string{"-clients", "-8"}, "-clients -8: must be at least 1"},
+		{[]string{"-parallel", "0"}, "-parallel 0: must be at least 1"},
+		{[]string{"mix", "-quick"}, `unexpected argument "mix"`},
+		{[]string{"-scenario", "mix", "-quick", "extra"}, `unexpected argument "extra"`},
+		{[]string{"-scenario", "multi-client", "-clients", "4"}, "-clients 4: scenario multi-client runs 1 and 8 clients"},
+	} {
+		var stderr bytes.Buffer
+		_, err := parse(tc.args, &stderr)
+		require.Error(t, err, "%q", tc.args)
+		assert.Contains(t, err.Error(), tc.want, "%q", tc.args)
+		assert.Contains(t, stderr.String(), tc.want, "%q: printed", tc.args)
+	}
+	c, err := parse([]string{"-scenario", "shared-prefix", "-clients", "8", "-parallel", "3"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.Equal(t, 8, c.clients)
+	assert.Equal(t, 3, c.par)
+	_, err = parse([]string{"-scenario", "all", "-clients", "8"}, &bytes.Buffer{})
+	assert.NoError(t, err, "with every scenario, multi-client keeps its own and the rest take -clients")
+}
