@@ -112,3 +112,19 @@ func TestThroughputLeavesOutTheTokensOfAnAttemptThatCrashed(t *testing.T) {
 	require.Equal(t, 1, res.Retries)
 	assert.InDelta(t, 1000, res.Throughput*time.Minute.Seconds(), 1e-6, "tokens delivered in the one-minute window")
 }
+
+func TestRetriesCountOnlyMeasuredCalls(t *testing.T) {
+	// The call arrives in the warm-up, so it is not one of the run's
+	// Requests, and neither its failure nor its latency is counted; its
+	// retry must not be either, or Retries counts calls Requests does not.
+	rt := &scripted{script: []int{0, 1}, retry: true}
+	fl := []fleetsim.ReplicaSpec{{Server: fleetsim.LLMServer()}, {Server: fleetsim.LLMServer()}}
+	sc := &fleetsim.Scenario{Name: "scripted", Fleet: fl, DiscoveryDelay: 10 * time.Second,
+		Events:   []fleetsim.FleetEvent{{At: 5 * time.Second, Replica: 0, Kind: fleetsim.Crash}},
+		Workload: func(float64) fleetsim.Workload { return calls{llmCall(1, 1000, 1000)} }}
+	res := fleetsim.Run(sc, rt.policy(), fleetsim.RunConfig{Rate: 1, Seed: 1,
+		Warmup: 10 * time.Second, Duration: time.Minute, Drain: time.Minute, Scrape: time.Second})
+	require.Len(t, rt.outcomes, 2, "the call was retried")
+	assert.Zero(t, res.Requests)
+	assert.Zero(t, res.Retries)
+}

@@ -120,6 +120,9 @@ type Result struct {
 	Clients  int     `json:"clients"`
 	Seed     uint64  `json:"seed"`
 
+	// Requests are the calls that arrived in the measurement window; the
+	// next four count what became of them (Retries: how many were sent a
+	// second time).
 	Requests   int `json:"requests"`
 	Completed  int `json:"completed"`
 	Failed     int `json:"failed"`

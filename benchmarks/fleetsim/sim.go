@@ -217,7 +217,9 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 	}
 	if err != nil {
 		if j.attempts < 2 && s.routers[j.req.Client].AllowRetry() {
-			s.retries++
+			if j.measured {
+				s.retries++
+			}
 			// The retry generates the answer anew: its first token, not
 			// one the failed attempt streamed, is the answer's.
 			j.firstToken = -1
