@@ -128,3 +128,18 @@ func TestRetriesCountOnlyMeasuredCalls(t *testing.T) {
 	assert.Zero(t, res.Requests)
 	assert.Zero(t, res.Retries)
 }
+
+func TestZeroScrapeIntervalIsTheDefault(t *testing.T) {
+	// A RunConfig without a Scrape interval rescheduled every scrape at
+	// the same instant, so virtual time never moved and Run never
+	// returned. The zero value is the scenarios' default, one second.
+	run := func(scrape time.Duration) fleetsim.Result {
+		sc := &fleetsim.Scenario{Name: "scripted", Fleet: []fleetsim.ReplicaSpec{{Server: fleetsim.LLMServer()}},
+			Workload: func(float64) fleetsim.Workload { return calls{llmCall(1, 1000, 100)} }}
+		return fleetsim.Run(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}),
+			fleetsim.RunConfig{Rate: 1, Seed: 1, Duration: time.Minute, Drain: time.Minute, Scrape: scrape})
+	}
+	res := run(0)
+	assert.Equal(t, 1, res.Completed)
+	assert.Equal(t, run(time.Second), res)
+}

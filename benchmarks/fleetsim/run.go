@@ -109,7 +109,9 @@ type RunConfig struct {
 	Clients                 int
 	Seed                    uint64
 	Warmup, Duration, Drain time.Duration
-	Scrape                  time.Duration
+	// Scrape is the telemetry scrape interval; 0 is the scenarios'
+	// default, one second.
+	Scrape time.Duration
 }
 
 // Result is one run's measurements. Latencies are in seconds.
@@ -155,6 +157,11 @@ type Result struct {
 func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 	if cfg.Clients <= 0 {
 		cfg.Clients = 1
+	}
+	if cfg.Scrape <= 0 {
+		// Scrapes rescheduled at the instant they run would hold virtual
+		// time still for ever.
+		cfg.Scrape = defaultScrape
 	}
 	s := &run{sc: sc, cfg: cfg, classE2E: map[string][]float64{}}
 	s.rng = rand.New(rand.NewPCG(cfg.Seed, 0xc11e))
