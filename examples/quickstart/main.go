@@ -159,14 +159,14 @@ func runPolicy(policy string, rate float64, dur time.Duration, seed uint64) resu
 		time.Sleep(time.Until(start.Add(wall(next))))
 		wg.Go(func() {
 			ttft, e2e, n, err := send(client, body)
-			tokens.Add(int64(n))
 			mu.Lock()
 			defer mu.Unlock()
 			res.requests++
 			if err != nil {
-				res.failed++
+				res.failed++ // what a broken stream delivered is not throughput
 				return
 			}
+			tokens.Add(int64(n))
 			res.ttft = append(res.ttft, model(ttft))
 			res.e2e = append(res.e2e, model(e2e))
 		})
