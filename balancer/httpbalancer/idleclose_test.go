@@ -183,7 +183,7 @@ func TestIdleCloseRaceIsSentAgainOnTheSameEndpoint(t *testing.T) {
 				client := &http.Client{Transport: tr}
 				body := []byte(chatBody(1, false))
 				sendBody(t, client, body, mode) // leaves an idle connection to a
-				<-res.c
+				require.False(t, (<-res.c).Resent, "the first call met no idle close")
 
 				race.armed.Store(true)
 				sendBody(t, client, body, mode)
@@ -202,6 +202,7 @@ func TestIdleCloseRaceIsSentAgainOnTheSameEndpoint(t *testing.T) {
 				assert.Equal(t, "a", r.Endpoint)
 				assert.NoError(t, r.Outcome.Err)
 				assert.False(t, r.FailedOver)
+				assert.True(t, r.Resent, "sent twice to a")
 				st := statsByID(tr.Balancer())
 				assert.Equal(t, balancer.EndpointStats{}, zeroLoad(st["b"]), "b untouched")
 				assert.EqualValues(t, 2, st["a"].Picks, "one pick per call")
@@ -376,6 +377,8 @@ func TestIdleCloseRaceThenServerGone(t *testing.T) {
 	refused, onB := <-res.c, <-res.c
 	assert.Equal(t, "a", refused.Endpoint)
 	assert.True(t, refused.FailedOver)
+	assert.True(t, refused.Resent, "a's attempt was sent twice")
+	assert.False(t, onB.Resent, "b's was not")
 	assert.ErrorAs(t, refused.Outcome.Err, &op)
 	assert.Equal(t, "b", onB.Endpoint)
 	assert.EqualValues(t, 3, res.n.Load(), "the idle close is no attempt of its own")

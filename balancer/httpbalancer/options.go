@@ -198,6 +198,12 @@ type Result struct {
 	// budget allows no retry, it is not set and the call fails with this
 	// attempt's error.
 	FailedOver bool
+	// Resent is set when the attempt was sent twice to its endpoint: the
+	// first time it met a keep-alive connection the server had just
+	// closed while idle, before any byte of it was sent (see Failover in
+	// the package doc). Counting them tells whether a Base's
+	// IdleConnTimeout is above the servers' keep-alive timeout.
+	Resent bool
 }
 
 // config is Options with defaults applied; immutable after NewTransport.

@@ -233,7 +233,7 @@ func (c *call) fail(err error, failedOver bool) {
 	}
 	c.pick.Done(o) // with Latency 0 the balancer measures it from the pick
 	if f != nil {
-		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Outcome: o, FailedOver: failedOver})
+		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Outcome: o, FailedOver: failedOver, Resent: c.ends.Load()&endResent != 0})
 	}
 }
 
@@ -318,6 +318,7 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 const (
 	endClosing  = 1 << iota // Close has begun
 	endReported             // the outcome was reported (finish)
+	endResent               // sent again after an idle close (Result.Resent)
 )
 
 // errBodyPanicked is the Outcome.Err of a call whose response body, as
@@ -559,6 +560,7 @@ func (c *call) finish(err error) {
 			Outcome:           o,
 			Events:            int(events),
 			TimeBetweenTokens: tbt,
+			Resent:            c.ends.Load()&endResent != 0,
 		})
 	}
 }

@@ -366,6 +366,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			if !resent && ctx.Err() == nil {
 				if again, ok := c.resend(&rb); ok {
 					resent, body = true, again
+					c.ends.Or(endResent)
 					continue
 				}
 			}
@@ -384,6 +385,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		c.failOver(blame, &next)
 		c.pick, body = next.pick, next.body
 		failedOver = true
+		c.ends.And(^uint32(endResent)) // the resend was the failed attempt's
 	}
 }
 
