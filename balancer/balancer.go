@@ -122,7 +122,7 @@ func New(opts Options) *Balancer {
 		b.sticky = s
 	}
 	if cfg.minKeyReuse > 0 && cfg.affinity == AffinityPrefer {
-		b.reuse = new(keyReuse)
+		b.reuse = newKeyReuse(b.keyer)
 	}
 	if cfg.spillTTL > 0 && cfg.affinity != AffinityOff {
 		// The table's own TTL only bounds how long an entry holds its slot;
@@ -452,9 +452,9 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
 	if c.affine && b.reuse != nil {
 		if observe {
-			b.reuse.observe(req.AffinityKey)
+			b.reuse.observe(req.AffinityKey, req.Tenant)
 		}
-		c.affine = b.reuse.recurring(b.cfg.minKeyReuse)
+		c.affine = b.reuse.recurring(req.Tenant, b.cfg.minKeyReuse)
 	}
 	if b.cfg.tenantShard > 0 && req.Tenant != "" {
 		var sh shard
@@ -500,7 +500,7 @@ func (b *Balancer) pickAt(m *Membership, req *inferlb.Request, serial uint64) (P
 			c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, keyed: true}
 			if e := g.members[i]; c.ok(e) {
 				if req.AffinityKey != 0 && b.reuse != nil {
-					b.reuse.observe(req.AffinityKey)
+					b.reuse.observe(req.AffinityKey, req.Tenant)
 				}
 				return b.acquire(e, req, c), nil
 			}

@@ -260,7 +260,10 @@ type Options struct {
 	// MinKeyReuse turns AffinityPrefer off while the workload's keys do
 	// not recur: when fewer than this fraction of recent keyed requests
 	// carry a key this Balancer has seen recently, AffinityKey is ignored
-	// and P2C alone picks, until keys recur again. AffinityStrict always
+	// and P2C alone picks, until keys recur again. Requests with a Tenant
+	// are judged apart from those without, in 7 classes of tenants (by a
+	// seeded hash of the name), so that one tenant's prompts that never
+	// recur do not turn affinity off for the tenants whose prompts do. AffinityStrict always
 	// follows the keys. Default DefaultMinKeyReuse (0.05); negative keeps
 	// affinity on whatever the keys, e.g. for session IDs that must stick
 	// from their first call even when few sessions last. See keyReuse for

@@ -1,6 +1,10 @@
 package balancer
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/inferlb/inferlb/cache"
+)
 
 // Key reuse (Options.MinKeyReuse).
 const (
@@ -26,6 +30,12 @@ const (
 	// counts halve, so the estimate follows a change of workload within
 	// about reuseWindow x 8 keyed requests.
 	reuseWindow = 1024
+	// reuseClasses is how many estimates are kept: one for requests with
+	// no tenant and the rest for tenants, by a seeded hash of the name,
+	// so that one tenant whose prompts never recur (a RAG pipeline over
+	// fresh documents) cannot turn affinity off for the tenants whose
+	// prompts do. Tenants sharing a class share its estimate.
+	reuseClasses = 8
 )
 
 // keyReuse estimates the share of keyed requests whose key recurs, from a
@@ -51,49 +61,98 @@ const (
 // telemetry, so it cannot feed back on itself the way a gate on the
 // fleet's cache hit rate would (which routing without affinity lowers).
 //
+// The estimate is kept per class of tenants (reuseClasses): requests
+// without a Tenant share one, and a tenant's keys are judged with its
+// class's. The table of keys is shared: a key is a seeded hash of a
+// prompt, and a repeat is a repeat whoever sends it.
+//
 // Concurrency: all fields are atomic; a race can lose an observation,
-// which the estimate tolerates.
+// which the estimate tolerates. seed is immutable.
 type keyReuse struct {
-	seen     [reuseSlots]atomic.Uint64
-	observed atomic.Int64
-	repeated atomic.Int64
+	seen    [reuseSlots]atomic.Uint64
+	keyer   *cache.Keyer // the Balancer's: tenants hash with AffinitySeed
+	classes [reuseClasses]reuseCounts
 }
 
-// observe records key, if it is one of the sampled keys.
-func (r *keyReuse) observe(key uint64) {
+type reuseCounts struct {
+	observed atomic.Int64
+	repeated atomic.Int64
+	_        [48]byte // a cache line each: classes are counted concurrently
+}
+
+func newKeyReuse(k *cache.Keyer) *keyReuse { return &keyReuse{keyer: k} }
+
+// class returns the estimate that requests of tenant count in. Tenants
+// hash with the Balancer's seed, as tenant shards do: processes with the
+// same AffinitySeed class them alike, and without it nobody can pick a
+// name that lands in another tenant's class (one in seven does anyway:
+// classes soften a neighbour's effect, they do not isolate).
+func (r *keyReuse) class(tenant string) *reuseCounts {
+	if tenant == "" {
+		return &r.classes[0]
+	}
+	return &r.classes[1+r.keyer.Tenant(tenant)%(reuseClasses-1)]
+}
+
+// observe records key, sent for tenant, if it is one of the sampled keys.
+func (r *keyReuse) observe(key uint64, tenant string) {
 	if key>>(64-reuseSampleBits) != 0 {
 		return
 	}
+	c := r.class(tenant)
 	repeat := r.seen[key%reuseSlots].Swap(key) == key
 	if repeat {
-		r.repeated.Add(1)
+		c.repeated.Add(1)
 	}
-	if r.observed.Add(1) == reuseWindow {
-		r.observed.Add(-reuseWindow / 2)
-		r.repeated.Add(-r.repeated.Load() / 2)
+	if c.observed.Add(1) == reuseWindow {
+		c.observed.Add(-reuseWindow / 2)
+		c.repeated.Add(-c.repeated.Load() / 2)
 	}
 }
 
-// recurring reports whether at least min of the observed keys recurred,
-// or too few were observed to tell.
-func (r *keyReuse) recurring(min float64) bool {
-	n := r.observed.Load()
-	if n < reuseWarm {
+// recurring reports whether at least min of the keys observed for
+// tenant's class recurred. Until the class has an estimate of its own, the
+// classes' sum stands in for it (a tenant's first requests are judged by
+// the workload at large), or, with too few observed anywhere to tell, keys
+// are followed.
+func (r *keyReuse) recurring(tenant string, min float64) bool {
+	c := r.class(tenant)
+	if c.observed.Load() >= reuseWarm {
+		return c.recurring(min)
+	}
+	var o, rep int64
+	for i := range r.classes {
+		o += r.classes[i].observed.Load()
+		rep += r.classes[i].repeated.Load()
+	}
+	return recurring(o, rep, min)
+}
+
+func (c *reuseCounts) recurring(min float64) bool {
+	return recurring(c.observed.Load(), c.repeated.Load(), min)
+}
+
+func recurring(observed, repeated int64, min float64) bool {
+	if observed < reuseWarm {
 		return true
 	}
-	return float64(r.repeated.Load()) >= min*float64(n)
+	return float64(repeated) >= min*float64(observed)
 }
 
 // KeyReuseStats is what Balancer.KeyReuse reports.
 type KeyReuseStats struct {
-	// Observed is how many keyed requests the current estimate rests on
-	// (sampled, decayed); 0 when no estimate is kept: MinKeyReuse negative,
-	// or an affinity mode other than AffinityPrefer.
+	// Observed is how many keyed requests the current estimates rest on
+	// (sampled, decayed), summed over the classes of tenants; 0 when no
+	// estimate is kept: MinKeyReuse negative, or an affinity mode other
+	// than AffinityPrefer.
 	Observed int64
-	// Ratio is the estimated share of keyed requests whose key recurs.
+	// Ratio is the share of those whose key recurred. Each class decays
+	// on its own, so with tenants it weighs a quiet class more than its
+	// share of the traffic.
 	Ratio float64
-	// FollowingKeys is whether affinity keys steer picks now: false for
-	// AffinityOff, and while Ratio is below MinKeyReuse.
+	// FollowingKeys is whether affinity keys steer some picks now: false
+	// for AffinityOff, and while every class with an estimate is below
+	// MinKeyReuse.
 	FollowingKeys bool
 }
 
@@ -107,9 +166,22 @@ func (b *Balancer) KeyReuse() KeyReuseStats {
 	if r == nil {
 		return KeyReuseStats{FollowingKeys: true}
 	}
-	s := KeyReuseStats{Observed: r.observed.Load(), FollowingKeys: r.recurring(b.cfg.minKeyReuse)}
+	var repeated int64
+	var s KeyReuseStats
+	seen := false // some class has an estimate
+	for i := range r.classes {
+		c := &r.classes[i]
+		o := c.observed.Load()
+		s.Observed += o
+		repeated += c.repeated.Load()
+		if o > 0 {
+			seen = true
+			s.FollowingKeys = s.FollowingKeys || c.recurring(b.cfg.minKeyReuse)
+		}
+	}
+	s.FollowingKeys = s.FollowingKeys || !seen
 	if s.Observed > 0 {
-		s.Ratio = min(float64(r.repeated.Load())/float64(s.Observed), 1)
+		s.Ratio = min(float64(repeated)/float64(s.Observed), 1)
 	}
 	return s
 }

@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/cache"
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
@@ -72,6 +74,50 @@ func TestAffinityStepsAsideWhileKeysDoNotRecur(t *testing.T) {
 	assert.True(t, st.FollowingKeys)
 	assert.Greater(t, st.Ratio, 0.7, "the unique keys before still weigh in, halving every window")
 	assert.Equal(t, map[string]int{home: 50}, spreadKey(t, b, probe, 50), "keys recur: the owner again")
+}
+
+// One tenant's prompts that never recur (a RAG pipeline over fresh
+// documents) must not turn affinity off for a tenant whose conversations
+// recur: each is judged by its own keys (its class of tenants).
+func TestOneTenantsUniquePromptsLeaveOthersAffinityOn(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const probe = 0xf123_4567_89ab_cdef // not sampled, as above
+	b := newBalancer(t, 8, balancer.Options{AffinitySeed: seed, Rand: testutil.NewRand(6)})
+	// Two tenants in different classes: a name's class is its seeded
+	// tenant hash modulo the 7 tenant classes.
+	const rag = "rag-ingest"
+	k := cache.NewKeyer(seed)
+	chat := "support-chat"
+	for i := 0; k.Tenant(chat)%7 == k.Tenant(rag)%7; i++ {
+		chat = fmt.Sprintf("support-chat-%d", i)
+	}
+	home := spreadTenant(t, b, chat, probe, 1)
+	keys := make([]uint64, 100)
+	for i := range keys {
+		keys[i] = rng.Uint64() | 1
+	}
+	for i := range 64_000 { // 97.5% of the traffic: unique documents
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, Tenant: rag, AffinityKey: rng.Uint64() | 1}
+		if i%40 == 0 {
+			req.Tenant, req.AffinityKey = chat, keys[i/40%len(keys)]
+		}
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{})
+	}
+	// Overall 2.5% of the keyed requests recur, under MinKeyReuse: one
+	// estimate for all would step affinity aside for both tenants.
+	assert.True(t, b.KeyReuse().FollowingKeys, "some tenant's picks follow keys")
+	for id := range home {
+		assert.Equal(t, map[string]int{id: 50}, spreadTenant(t, b, chat, probe, 50), "the chat tenant still follows its keys")
+	}
+	assert.Greater(t, len(spreadTenant(t, b, rag, probe, 200)), 4, "the RAG tenant is balanced by load")
+}
+
+// spreadTenant picks key for tenant n times on an idle fleet.
+func spreadTenant(t *testing.T, b *balancer.Balancer, tenant string, key uint64, n int) map[string]int {
+	t.Helper()
+	return spread(t, b, &inferlb.Request{Service: inferlb.ServiceLLM, Tenant: tenant, AffinityKey: key}, n)
 }
 
 // With MinKeyReuse negative, and in AffinityStrict, keys are followed
