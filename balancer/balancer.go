@@ -451,10 +451,11 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
 	if c.affine && b.reuse != nil {
+		rc := b.reuse.class(req.Tenant)
 		if observe {
-			b.reuse.observe(req.AffinityKey, req.Tenant)
+			b.reuse.observe(req.AffinityKey, rc)
 		}
-		c.affine = b.reuse.recurring(req.Tenant, b.cfg.minKeyReuse)
+		c.affine = b.reuse.recurring(rc, b.cfg.minKeyReuse)
 	}
 	if b.cfg.tenantShard > 0 && req.Tenant != "" {
 		var sh shard
@@ -500,7 +501,7 @@ func (b *Balancer) pickAt(m *Membership, req *inferlb.Request, serial uint64) (P
 			c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, keyed: true}
 			if e := g.members[i]; c.ok(e) {
 				if req.AffinityKey != 0 && b.reuse != nil {
-					b.reuse.observe(req.AffinityKey, req.Tenant)
+					b.reuse.observe(req.AffinityKey, b.reuse.class(req.Tenant))
 				}
 				return b.acquire(e, req, c), nil
 			}

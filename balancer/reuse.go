@@ -94,12 +94,12 @@ func (r *keyReuse) class(tenant string) *reuseCounts {
 	return &r.classes[1+r.keyer.Tenant(tenant)%(reuseClasses-1)]
 }
 
-// observe records key, sent for tenant, if it is one of the sampled keys.
-func (r *keyReuse) observe(key uint64, tenant string) {
+// observe records key in the estimate c (the class of the key's tenant),
+// if it is one of the sampled keys.
+func (r *keyReuse) observe(key uint64, c *reuseCounts) {
 	if key>>(64-reuseSampleBits) != 0 {
 		return
 	}
-	c := r.class(tenant)
 	repeat := r.seen[key%reuseSlots].Swap(key) == key
 	if repeat {
 		c.repeated.Add(1)
@@ -110,13 +110,12 @@ func (r *keyReuse) observe(key uint64, tenant string) {
 	}
 }
 
-// recurring reports whether at least min of the keys observed for
-// tenant's class recurred. Until the class has an estimate of its own, the
+// recurring reports whether at least min of the keys observed for the
+// class c recurred. Until the class has an estimate of its own, the
 // classes' sum stands in for it (a tenant's first requests are judged by
 // the workload at large), or, with too few observed anywhere to tell, keys
 // are followed.
-func (r *keyReuse) recurring(tenant string, min float64) bool {
-	c := r.class(tenant)
+func (r *keyReuse) recurring(c *reuseCounts, min float64) bool {
 	if c.observed.Load() >= reuseWarm {
 		return c.recurring(min)
 	}
