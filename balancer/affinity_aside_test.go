@@ -1,6 +1,8 @@
 package balancer_test
 
 import (
+	"maps"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -37,16 +39,7 @@ func TestBoundIgnoresTheCallsOfMembersOutOfRotation(t *testing.T) {
 					break
 				}
 			}
-			serial, ok := b.Serial(cooled)
-			require.True(t, ok)
-			var held []balancer.Pick
-			for range 41 {
-				p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, serial)
-				require.NoError(t, err)
-				held = append(held, p)
-			}
-			held[40].Done(inferlb.Outcome{Overloaded: true}) // 429: it cools down with 40 calls in flight
-			require.True(t, stat(t, b, cooled).ExcludedUntil.After(clock.Now()))
+			held := coolDownHolding(t, b, clock, cooled, 40)
 			if tc.report {
 				for _, e := range endpoints(4) {
 					s := telemetry.Sample{Time: clock.Now()}
@@ -61,7 +54,7 @@ func TestBoundIgnoresTheCallsOfMembersOutOfRotation(t *testing.T) {
 			got := ownerTakes(t, b, key, home, calls)
 			t.Logf("the owner took %d of %d calls", got, calls)
 			assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key}))
-			for i := range held[:40] {
+			for i := range held {
 				held[i].Done(inferlb.Outcome{})
 			}
 			// 12 calls over the 3 members in rotation: the plain bound is
@@ -87,35 +80,40 @@ func TestShardBoundIgnoresTheCallsOfMembersOutOfRotation(t *testing.T) {
 	for id := range home {
 		owner = id
 	}
-	for id := range shard {
+	for _, id := range slices.Sorted(maps.Keys(shard)) { // the same one every run
 		if id != owner {
 			cooled = id
 			break
 		}
 	}
-	serial, ok := b.Serial(cooled)
-	require.True(t, ok)
-	var held []balancer.Pick
-	for range 41 {
-		p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, serial)
-		require.NoError(t, err)
-		held = append(held, p)
-	}
-	held[40].Done(inferlb.Outcome{Overloaded: true}) // 429: it cools down with 40 calls in flight
-	require.True(t, stat(t, b, cooled).ExcludedUntil.After(clock.Now()))
+	held := coolDownHolding(t, b, clock, cooled, 40)
 	for range calls {
 		p, err := b.Pick(req)
 		require.NoError(t, err)
 		held = append(held, p)
 	}
 	got := stat(t, b, owner).InFlight
-	for i := range held[:40] {
+	for i := range held {
 		held[i].Done(inferlb.Outcome{})
-	}
-	for i := range held[41:] {
-		held[41+i].Done(inferlb.Outcome{})
 	}
 	t.Logf("the owner took %d of %d calls", got, calls)
 	// 12 calls over the shard's 3 members in rotation: ceil(1.25 x 12/3) = 5.
 	assert.LessOrEqual(t, got, int64(5), "the owner of a hot key took %d of its %d calls", got, calls)
+}
+
+// coolDownHolding gives id n calls and then a 429, so that it cools down
+// with n calls in flight; it returns them, for the caller to finish.
+func coolDownHolding(t *testing.T, b *balancer.Balancer, clock *testutil.Clock, id string, n int) []balancer.Pick {
+	t.Helper()
+	serial, ok := b.Serial(id)
+	require.True(t, ok)
+	held := make([]balancer.Pick, 0, n)
+	for range n + 1 {
+		p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, serial)
+		require.NoError(t, err)
+		held = append(held, p)
+	}
+	held[n].Done(inferlb.Outcome{Overloaded: true}) // 429: it cools down with n calls in flight
+	require.True(t, stat(t, b, id).ExcludedUntil.After(clock.Now()))
+	return held[:n:n]
 }
