@@ -77,6 +77,17 @@ func (r *idleRace) backend(t testing.TB, name string) *backend {
 	return b
 }
 
+// raceFleet is a Transport over backends a and b (the first fleet of them)
+// that prefers a, sending through race, with its Results in res; o adds
+// options of the test's own.
+func raceFleet(t testing.TB, fleet int, o httpbalancer.Options) (race *idleRace, a, b *backend, res *results, tr *httpbalancer.Transport) {
+	race = newIdleRace(t)
+	a, b = race.backend(t, "a"), race.backend(t, "b")
+	res = newResults(8)
+	o.Endpoints, o.Base, o.BalancerOptions, o.OnResult = endpointsOf(a, b)[:fleet], race, preferOpts("a"), res.on
+	return race, a, b, res, newTransport(t, o)
+}
+
 // track records the server side of each connection s accepts.
 func (r *idleRace) track(s *httptest.Server) {
 	s.Config.ConnState = func(c net.Conn, st http.ConnState) {
@@ -170,16 +181,7 @@ func TestIdleCloseRaceIsSentAgainOnTheSameEndpoint(t *testing.T) {
 	for _, fleet := range []int{1, 2} {
 		for _, mode := range []int{knownLength, pipe, noGetBody, wrapped} {
 			t.Run(fmt.Sprintf("fleet=%d/%s", fleet, modeNames[mode]), func(t *testing.T) {
-				race := newIdleRace(t)
-				a, b := race.backend(t, "a"), race.backend(t, "b")
-				eps := endpointsOf(a, b)[:fleet]
-				res := newResults(8)
-				tr := newTransport(t, httpbalancer.Options{
-					Endpoints:       eps,
-					Base:            race,
-					BalancerOptions: preferOpts("a"),
-					OnResult:        res.on,
-				})
+				race, a, b, res, tr := raceFleet(t, fleet, httpbalancer.Options{})
 				client := &http.Client{Transport: tr}
 				body := []byte(chatBody(1, false))
 				sendBody(t, client, body, mode) // leaves an idle connection to a
@@ -347,15 +349,7 @@ func TestHangUpAfterTheRequestStillCounts(t *testing.T) {
 // refused there, and then fails over: the refusal is the endpoint's
 // failure, the idle close is not.
 func TestIdleCloseRaceThenServerGone(t *testing.T) {
-	race := newIdleRace(t)
-	a, b := race.backend(t, "a"), race.backend(t, "b")
-	res := newResults(8)
-	tr := newTransport(t, httpbalancer.Options{
-		Endpoints:       endpointsOf(a, b),
-		Base:            race,
-		BalancerOptions: preferOpts("a"),
-		OnResult:        res.on,
-	})
+	race, a, b, res, tr := raceFleet(t, 2, httpbalancer.Options{})
 	client := &http.Client{Transport: tr}
 	post(t, client, chatBody(1, false))
 	<-res.c
@@ -393,16 +387,7 @@ func TestIdleCloseRaceThenServerGone(t *testing.T) {
 // cannot be had again fails with net/http's error, naming the endpoint,
 // and blames it for nothing; it cannot fail over either.
 func TestIdleCloseRaceWithABodyThatCannotBeSentAgain(t *testing.T) {
-	race := newIdleRace(t)
-	a, b := race.backend(t, "a"), race.backend(t, "b")
-	res := newResults(8)
-	tr := newTransport(t, httpbalancer.Options{
-		Endpoints:       endpointsOf(a, b),
-		Base:            race,
-		BalancerOptions: preferOpts("a"),
-		OnResult:        res.on,
-		MaxPeek:         -1,
-	})
+	race, _, b, res, tr := raceFleet(t, 2, httpbalancer.Options{MaxPeek: -1})
 	client := &http.Client{Transport: tr}
 	post(t, client, chatBody(1, false))
 	<-res.c
