@@ -143,3 +143,28 @@ func TestZeroScrapeIntervalIsTheDefault(t *testing.T) {
 	assert.Equal(t, 1, res.Completed)
 	assert.Equal(t, run(time.Second), res)
 }
+
+func TestInferLBRetriesOnAnotherReplica(t *testing.T) {
+	// Eight long calls spread over two replicas; r0 crashes at 5s. Each call
+	// r0 was streaming is retried, and the library's adapters retry with
+	// PickRetry, on another endpoint than the one that failed: every retry
+	// lands on r1 and every call completes. Picking the retry afresh, as
+	// the simulator did, sent some of them back to the dead r0 (its
+	// breaker not yet open), where they failed for good.
+	fl := []fleetsim.ReplicaSpec{{Server: fleetsim.LLMServer()}, {Server: fleetsim.LLMServer()}}
+	var w calls
+	for i := range 8 {
+		w = append(w, llmCall(uint64(i+1)*10_000, 1000, 1000))
+	}
+	sc := &fleetsim.Scenario{Name: "retry", Fleet: fl, DiscoveryDelay: 10 * time.Second,
+		Events:   []fleetsim.FleetEvent{{At: 5 * time.Second, Replica: 0, Kind: fleetsim.Crash}},
+		Workload: func(float64) fleetsim.Workload { return w }}
+	for seed := uint64(1); seed <= 5; seed++ {
+		res := fleetsim.Run(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), fleetsim.RunConfig{
+			Rate: 1, Seed: seed, Duration: time.Minute, Drain: time.Minute, Scrape: time.Second})
+		require.Equal(t, 8, res.Requests, "seed %d", seed)
+		assert.Positive(t, res.Retries, "seed %d: some calls were on r0", seed)
+		assert.Zero(t, res.Failed, "seed %d", seed)
+		assert.Equal(t, 8, res.Completed, "seed %d", seed)
+	}
+}

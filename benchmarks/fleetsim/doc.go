@@ -66,7 +66,9 @@
 // replica), so the balancer sees telemetry as stale as a real scrape.
 // Scenarios can script crashes (in-flight calls fail, the cache is lost,
 // service discovery drops the replica after DiscoveryDelay), slow-downs and
-// 429 load shedding; a failed call is retried once when the router allows.
+// 429 load shedding; a failed call is retried once when the router allows
+// (inferlb retries as its adapters do, with Balancer.PickRetry: on another
+// replica than the one that failed, within the retry budget).
 // Requests may name a tenant (the tenants scenario floods the fleet from one
 // tenant) and a class; Result.ClassE2EP99 reports each class's p99.
 //

@@ -23,6 +23,13 @@ type Router interface {
 	AllowRetry() bool
 }
 
+// retryPicker is a Router that picks a failed call's retry itself, as the
+// library's adapters do (Balancer.PickRetry: another replica than the one
+// that failed, within the retry budget), instead of AllowRetry and Pick.
+type retryPicker interface {
+	PickRetry(req *Request, failed int) (replica int, done func(inferlb.Outcome), err error)
+}
+
 // Env is what a policy's constructor gets.
 type Env struct {
 	Client  int
@@ -271,6 +278,16 @@ func (r *inferlbRouter) Publish(i int, s telemetry.Sample) {
 func (r *inferlbRouter) AllowRetry() bool { return r.b.AllowRetry() }
 
 func (r *inferlbRouter) Pick(req *Request) (int, func(inferlb.Outcome), error) {
+	ir := r.request(req)
+	p, err := r.b.Pick(&ir)
+	if err != nil {
+		return 0, nil, err
+	}
+	held := &p
+	return r.byID[p.ID()], held.Done, nil
+}
+
+func (r *inferlbRouter) request(req *Request) inferlb.Request {
 	ir := inferlb.Request{
 		Service:         req.Service,
 		Model:           req.Model,
@@ -282,7 +299,14 @@ func (r *inferlbRouter) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	if r.v.NoAffinity {
 		ir.AffinityKey = 0
 	}
-	p, err := r.b.Pick(&ir)
+	return ir
+}
+
+// PickRetry is the retry the HTTP Transport and the gRPC policy make: on
+// another replica than the failed one, if the retry budget allows.
+func (r *inferlbRouter) PickRetry(req *Request, failed int) (int, func(inferlb.Outcome), error) {
+	ir := r.request(req)
+	p, err := r.b.PickRetry(&ir, r.ids[failed])
 	if err != nil {
 		return 0, nil, err
 	}

@@ -178,10 +178,22 @@ func (s *run) Stopped() bool { return s.stopped }
 func (s *run) dispatch(j *job) {
 	j.attempts++
 	rt := s.routers[j.req.Client]
-	idx, done, err := rt.Pick(j.req)
+	var (
+		idx  int
+		done func(inferlb.Outcome)
+		err  error
+	)
+	if rp, ok := rt.(retryPicker); ok && j.attempts > 1 {
+		idx, done, err = rp.PickRetry(j.req, j.rep.idx)
+	} else {
+		idx, done, err = rt.Pick(j.req)
+	}
 	if err != nil {
 		s.finish(j, s.now, err)
 		return
+	}
+	if j.attempts > 1 && j.measured {
+		s.retries++ // a retry sent, not one refused by PickRetry
 	}
 	r := s.reps[idx]
 	j.rep, j.done, j.start = r, done, s.now
@@ -216,10 +228,7 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 		d(o)
 	}
 	if err != nil {
-		if j.attempts < 2 && s.routers[j.req.Client].AllowRetry() {
-			if j.measured {
-				s.retries++
-			}
+		if j.attempts < 2 && s.mayRetry(j) {
 			// The retry generates the answer anew: its first token, not
 			// one the failed attempt streamed, is the answer's.
 			j.firstToken = -1
@@ -243,6 +252,17 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 		}
 	}
 	s.wl.Done(s, j.req, true)
+}
+
+// mayRetry reports whether a failed first attempt is tried again: a router
+// that picks its retries itself (retryPicker) decides in PickRetry, which
+// also spends the retry budget; the others ask AllowRetry.
+func (s *run) mayRetry(j *job) bool {
+	rt := s.routers[j.req.Client]
+	if _, ok := rt.(retryPicker); ok {
+		return j.rep != nil
+	}
+	return rt.AllowRetry()
 }
 
 func (s *run) mark(i int) {
