@@ -333,7 +333,8 @@ func noRelief(t bound) bool {
 // it runs.
 func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound {
 	var s telemetry.Sample
-	g.members[i].slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
+	slot := g.members[i].slot.Load()
+	slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
 	own := max(g.members[i].inFlight.Load(), 0)
 	total := float64(max(g.load.Load(), 0)) + 1
 	load := float64(own + 1)
@@ -360,7 +361,7 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound 
 				weight = v.weight
 			}
 			if okRep && v.ok {
-				load = max(rep+float64(g.members[i].readingDelta(own)), float64(own)) + 1
+				load = max(rep+float64(g.members[i].readingDelta(slot, own)), float64(own)) + 1
 				total = max(v.total, total-1) + 1
 			}
 		}

@@ -299,13 +299,25 @@ func (b *Balancer) reconcile() {
 		}
 	}
 	for id, e := range b.eps {
-		if _, ok := eps[id]; !ok && e.slot != nil {
+		if _, ok := eps[id]; !ok && e.slot.Load() != nil {
 			// Gone from every membership: its telemetry slot goes too
 			// (unless another Balancer on a shared Store holds it), so
 			// endpoint churn cannot fill the Store. Without a slot (the
 			// Store was full) it held none, so it releases none: the
 			// slot another Balancer took since is that one's.
 			b.cfg.store.Release(id)
+		}
+	}
+	for _, e := range all {
+		if e.slot.Load() == nil {
+			// It found the Store full when it joined. Room may have
+			// been made since (by the endpoints released above, or by
+			// another Balancer on a shared Store): it tries again at
+			// each membership change, where it costs a Hold per
+			// endpoint still without a slot, and never on a pick.
+			if s := b.cfg.store.Hold(e.id); s != nil {
+				e.slot.Store(s)
+			}
 		}
 	}
 	b.eps = eps

@@ -17,8 +17,9 @@ import (
 // endpoint is the durable live state of one endpoint ID. It outlives picker
 // snapshots: Update reconciles by ID and keeps it for endpoints that stay.
 //
-// Concurrency: id, serial and slot are immutable. Every other field is
-// atomic and read without locks by Pick. mu serializes the read-modify-write
+// Concurrency: id and serial are immutable. Every other field is atomic
+// and read without locks by Pick; slot is written only under the
+// Balancer's mu (see reconcile). mu serializes the read-modify-write
 // of the error rate and its time in Done (failures are rare); the latency
 // EWMAs are single words updated by compare-and-swap, so the path of a
 // success takes no lock.
@@ -36,7 +37,7 @@ type endpoint struct {
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
-	slot           *telemetry.Slot                  // immutable; nil when the telemetry table is full
+	slot           atomic.Pointer[telemetry.Slot]   // held in the Store; nil while the Store is full (see reconcile)
 	groupLoads     atomic.Pointer[loadSet]          // in-flight counters of the groups it belongs to
 	latencyEWMA    atomic.Int64                     // ns, peak-EWMA
 	latencyAt      atomic.Int64                     // unix ns of last latency sample
@@ -114,7 +115,8 @@ func (e *endpoint) pickCount() uint64 {
 // newEndpoint returns fresh state for id, ready nowhere: the Membership that
 // lists it sets its own bit.
 func newEndpoint(id string, slot *telemetry.Slot) *endpoint {
-	e := &endpoint{id: id, slot: slot}
+	e := &endpoint{id: id}
+	e.slot.Store(slot)
 	e.groupLoads.Store(new(loadSet)) // in no group until reconcile
 	return e
 }
@@ -190,15 +192,17 @@ func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.S
 	st.LatencyDecay = c.latencyDecay
 	st.TTFTEWMA = time.Duration(e.ttftEWMA.Load())
 	st.ErrorRate = e.errorRate(c, nowNs)
-	e.slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
+	slot := e.slot.Load()
+	slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
 	st.InFlightSinceReading = 0 // st may hold another candidate's
 	if tel := &st.Telemetry; tel.Has.Has(telemetry.Running) || tel.Has.Has(telemetry.Waiting) {
-		st.InFlightSinceReading = e.readingDelta(st.InFlight)
+		st.InFlightSinceReading = e.readingDelta(slot, st.InFlight)
 	}
 }
 
 // readingDelta returns how this process's in-flight count has changed since
-// the server's current load reading was first seen, given the count now.
+// the server's current load reading (in slot, e's) was first seen, given
+// the count now.
 //
 // A scrape is a second or more old, and between scrapes it does not move,
 // whatever this process sends. Scored on the reading alone, the endpoint
@@ -212,10 +216,10 @@ func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.S
 // when the server took it: the calls picked between the two are lost, which
 // errs towards the reading. Racing picks may both store a base; either is
 // a count from the same moment.
-func (e *endpoint) readingDelta(inFlight int64) int64 {
-	at := e.slot.Observed(telemetry.Running)
+func (e *endpoint) readingDelta(slot *telemetry.Slot, inFlight int64) int64 {
+	at := slot.Observed(telemetry.Running)
 	if at == 0 {
-		at = e.slot.Observed(telemetry.Waiting)
+		at = slot.Observed(telemetry.Waiting)
 	}
 	if e.readingAt.Load() != at {
 		e.readingBase.Store(inFlight)

@@ -307,14 +307,15 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 		if !v.ok {
 			continue // the report is incomplete: only aside and weight are still to sum
 		}
-		e.slot.LoadInto(&s, now, c.telemetryMaxAge)
+		slot := e.slot.Load()
+		slot.LoadInto(&s, now, c.telemetryMaxAge)
 		l, ok := reportedLoad(&s)
 		if !ok {
 			v.ok, v.total = false, math.NaN()
 			continue
 		}
 		own := e.inFlight.Load()
-		v.total += max(l+float64(e.readingDelta(own)), float64(own))
+		v.total += max(l+float64(e.readingDelta(slot, own)), float64(own))
 	}
 	return v
 }

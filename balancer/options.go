@@ -78,7 +78,11 @@ type Options struct {
 	// (Update, a Membership's Close): before dropping a Balancer whose
 	// Store lives on (an httpbalancer.Transport with its own Balancer,
 	// which keeps its endpoints after Close), give it Update(nil), or its
-	// endpoints' slots stay for as long as the Store does.
+	// endpoints' slots stay for as long as the Store does. An endpoint
+	// that joins while the Store's MaxEndpoints slots are all held gets
+	// none, so its samples are dropped (DroppedUnknown) and it is scored
+	// without telemetry; it tries again at each later membership change
+	// of the Balancer (Update, a Membership's Update or Close).
 	Telemetry *telemetry.Store
 	// TelemetryMaxAge is how old a telemetry field may be before it is
 	// ignored (treated as absent, i.e. neutral). Default 30s: twice

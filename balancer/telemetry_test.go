@@ -143,11 +143,12 @@ func TestDroppingAnEndpointWithoutASlotKeepsAnothersSlot(t *testing.T) {
 	store := &telemetry.Store{MaxEndpoints: 1}
 	a := balancer.New(balancer.Options{Clock: clock, Telemetry: store})
 	b := balancer.New(balancer.Options{Clock: clock, Telemetry: store})
+	c := balancer.New(balancer.Options{Clock: clock, Telemetry: store})
 	const x = "10.0.0.9:8000"
-	require.NoError(t, a.Update([]inferlb.Endpoint{{Addr: "10.0.0.1:8000"}}))
-	require.NoError(t, a.Update([]inferlb.Endpoint{{Addr: "10.0.0.1:8000"}, {Addr: x}})) // full: x gets no slot in a
-	require.NoError(t, a.Update([]inferlb.Endpoint{{Addr: x}}))                          // frees the one slot
-	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: x}}))                          // b holds x's slot
+	require.NoError(t, c.Update([]inferlb.Endpoint{{Addr: "10.0.0.1:8000"}}))
+	require.NoError(t, a.Update([]inferlb.Endpoint{{Addr: x}})) // full: x gets no slot in a
+	require.NoError(t, c.Update(nil))                           // frees the one slot
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: x}})) // b holds x's slot
 	s := telemetry.Sample{Time: clock.Now()}
 	s.Set(telemetry.KVCacheUsage, 0.5)
 	b.Publish(x, s)
