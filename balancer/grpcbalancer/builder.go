@@ -177,6 +177,15 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		lb.failNoMembership()
 		return lb.memErr
 	}
+	if !hasAddress(ccs.ResolverState.Endpoints) {
+		// No endpoints is a resolver error, as pick_first and grpc-java's
+		// policies take it (endpointsharding would close every child):
+		// after a DNS answer without records for a moment, or any flap,
+		// the channel keeps serving with its endpoints, connections and
+		// live state, and gRPC re-resolves on ErrBadResolverState.
+		lb.ResolverError(errNoAddresses)
+		return balancer.ErrBadResolverState
+	}
 	lb.mu.Lock()
 	if lb.closed {
 		lb.mu.Unlock()
@@ -246,6 +255,20 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	})
 }
 
+// errNoAddresses is the resolver error an update without endpoints is
+// taken for (grpc-go's pick_first words it so too).
+var errNoAddresses = errors.New("produced zero addresses")
+
+// hasAddress reports whether any of eps has an address.
+func hasAddress(eps []resolver.Endpoint) bool {
+	for _, ep := range eps {
+		if len(ep.Addresses) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // failNoMembership fails every call, wait-for-ready ones too, with memErr:
 // a status error, or wait-for-ready calls would wait until their deadline
 // for a picker that never comes. Called only by methods gRPC serializes.
@@ -257,8 +280,9 @@ func (lb *lbBalancer) failNoMembership() {
 }
 
 // ResolverError implements balancer.Balancer. With endpoints from an
-// earlier update the children keep serving and the error is theirs to weigh;
-// with none, the channel fails calls with the resolver's error, which says
+// earlier update the children keep serving and the error is theirs to weigh
+// (an update without endpoints comes here too, so they stay); with none,
+// the channel fails calls with the resolver's error, which says
 // more than endpointsharding's "no children to pick from". A channel
 // without a membership keeps failing them with that reason, which the
 // resolver's error would hide.

@@ -37,6 +37,12 @@
 // then TRANSIENT_FAILURE) and its picker: calls queue while children
 // connect, IDLE children are woken, and in TRANSIENT_FAILURE non
 // wait-for-ready calls fail UNAVAILABLE with the last connection error.
+// A resolver update without endpoints is taken for a resolver error, as
+// pick_first and grpc-java's policies take it: after endpoints, the channel
+// keeps them, their connections and their live state (a DNS answer without
+// records for a moment would otherwise drop every connection and reset
+// breakers and slow start), and gRPC resolves again; before any, calls fail
+// with it.
 // When children are READY but the core may pick none of them (all cooling
 // down, ejected or tripped, with panic routing off), non wait-for-ready
 // calls fail UNAVAILABLE at once, with a message that says so (for a call

@@ -566,12 +566,12 @@ func (g *gated) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Emp
 	}
 }
 
-// A resolver update with no endpoints (the service scaled to zero, a
-// resolver that lost its source) while calls are in flight: those calls
-// end normally, new calls that do not wait fail UNAVAILABLE naming the
-// policy, and endpoints coming back serve again. (What a resolver error
-// then does is TestResolverErrorAfterAnEmptyUpdate's: gRPC delivers it
-// asynchronously.)
+// A resolver update with no endpoints (a DNS answer without records for a
+// moment, a resolver that lost its source) while calls are in flight is a
+// resolver error (see TestEmptyResolverUpdateKeepsTheEndpoints): the
+// update fails with ErrBadResolverState, so the resolver tries again; the
+// calls in flight end normally, new calls go to the endpoints the channel
+// keeps, and the same endpoints coming back serve on.
 func TestE2EEmptyResolverUpdateWithCallsInFlight(t *testing.T) {
 	g := &gated{started: make(chan struct{}, 2), release: make(chan struct{})}
 	bs := []*backend{{}, {}}
@@ -596,19 +596,20 @@ func TestE2EEmptyResolverUpdateWithCallsInFlight(t *testing.T) {
 			t.Fatal("calls never started")
 		}
 	}
-	r.UpdateState(resolver.State{})
-	if got := len(b.Stats()); got != 0 {
-		t.Errorf("after an empty update the Balancer knows %d endpoints", got)
+	if err := r.CC().UpdateState(resolver.State{}); !errors.Is(err, balancer.ErrBadResolverState) {
+		t.Errorf("an empty update: %v, want ErrBadResolverState (the resolver tries again)", err)
 	}
-	_, err := client.EmptyCall(ctx, &testgrpc.Empty{})
-	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "inferlb: ") {
-		t.Errorf("a call with no endpoints: %v, want UNAVAILABLE from the policy", err)
+	if got := len(b.Stats()); got != 2 {
+		t.Errorf("after an empty update the Balancer knows %d endpoints, want the 2 it had", got)
 	}
 	close(g.release)
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Errorf("a call in flight across the empty update: %v", err)
 		}
+	}
+	if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}); err != nil {
+		t.Errorf("a call after the empty update: %v", err)
 	}
 	r.UpdateState(resolverState(bs))
 	if err := load(ctx, conn, 2, 20, grpc.WaitForReady(true)); err != nil {

@@ -169,16 +169,72 @@ func TestResolverErrorBeforeAnyEndpoint(t *testing.T) {
 	}
 }
 
-// After an update that left no endpoint, a resolver error is the best
-// explanation a failing call can get.
-func TestResolverErrorAfterAnEmptyUpdate(t *testing.T) {
+// A first update with no endpoints is a resolver error: the channel fails
+// calls with it, and gRPC re-resolves.
+func TestFirstUpdateWithoutEndpoints(t *testing.T) {
+	cc := grpcfake.NewClientConn()
+	bal := balancer.Get(Name).Build(cc, balancer.BuildOptions{})
+	defer bal.Close()
+	noAddr := []resolver.Endpoint{{}} // an endpoint without an address is none
+	for _, eps := range [][]resolver.Endpoint{nil, noAddr} {
+		err := bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: eps}})
+		require.ErrorIs(t, err, balancer.ErrBadResolverState, "gRPC re-resolves on this error")
+		assert.Equal(t, connectivity.TransientFailure, cc.State().ConnectivityState)
+		_, err = cc.State().Picker.Pick(balancer.PickInfo{Ctx: context.Background()})
+		assert.ErrorContains(t, err, "inferlb: name resolver error: produced zero addresses")
+	}
+}
+
+// A resolver update with no endpoints after some (a DNS answer with no
+// records for a moment, a flap) is a resolver error, as pick_first and
+// grpc-java's policies treat it: the channel keeps its endpoints, their
+// connections and their live state in the core, breaker and slow start
+// included, and keeps routing; gRPC re-resolves. Before, the update
+// removed every endpoint: calls failed until the resolver answered again,
+// every connection was dropped and made again, and the endpoints came back
+// with their breakers closed, their counters zeroed and ramping up.
+func TestEmptyResolverUpdateKeepsTheEndpoints(t *testing.T) {
 	h := newHarness(t, Name, `{}`, 2)
+	b := h.lb().core.Load()
+	// Trip endpoint 0's breaker: it fails calls in a row.
+	serial, ok := b.Serial(addr(0))
+	require.True(t, ok)
+	for range core.DefaultBreakerFailures {
+		p, err := h.lb().mem.PickAt(&inferlb.Request{}, serial)
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Err: errors.New("down")})
+	}
+	before := stats(t, b, addr(0))
+	require.True(t, before.BreakerOpen, "endpoint 0's breaker should be open: %+v", before)
+	subConns := len(h.cc.SubConns())
+
 	err := h.bal.UpdateClientConnState(balancer.ClientConnState{BalancerConfig: h.cfg})
 	require.ErrorIs(t, err, balancer.ErrBadResolverState, "gRPC re-resolves on this error")
+	assert.Equal(t, connectivity.Ready, h.cc.State().ConnectivityState)
+	a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"}) // fails the test on error
+	assert.Equal(t, addr(1), a, "picked the endpoint whose breaker is open")
+	res.Done(sent)
 	h.bal.ResolverError(errors.New("no such host"))
-	assert.Equal(t, connectivity.TransientFailure, h.cc.State().ConnectivityState)
-	_, err = h.picker().Pick(balancer.PickInfo{Ctx: context.Background()})
-	assert.ErrorContains(t, err, "inferlb: name resolver error: no such host")
+	assert.Equal(t, connectivity.Ready, h.cc.State().ConnectivityState, "a resolver error with READY endpoints")
+
+	h.update(2) // the same endpoints again
+	for _, sc := range h.cc.SubConns() {
+		assert.False(t, sc.IsShutdown(), "%s: a connection was closed across the flap", sc.Addr())
+	}
+	assert.Len(t, h.cc.SubConns(), subConns, "connections made again across the flap")
+	if got := h.lb().core.Load(); got != b {
+		t.Fatal("the flap replaced the core")
+	}
+	after := stats(t, b, addr(0))
+	assert.True(t, after.BreakerOpen, "the flap closed endpoint 0's breaker")
+	assert.Equal(t, before.Trips, after.Trips)
+	assert.Equal(t, before.Failures, after.Failures, "the flap reset endpoint 0's counters")
+	assert.Equal(t, 1.0, stats(t, b, addr(1)).RampFactor, "endpoint 1 ramps up again after the flap")
+	for range 20 {
+		a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		assert.Equal(t, addr(1), a, "picked the endpoint whose breaker is open")
+		res.Done(sent)
+	}
 }
 
 // recorder is a scorer that remembers the requests it priced.
