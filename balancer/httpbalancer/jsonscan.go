@@ -730,32 +730,41 @@ func (s *scanner) contentPart(out *body) bool {
 // server's prefix cache keeps apart too. The marker is a hash of the URL as
 // written, so a data URL of megabytes costs its hashing, not a copy.
 func (s *scanner) image(out *body) bool {
-	switch s.peek() {
-	case '"':
-		raw, _, ok := s.str()
-		if ok && out.collect {
-			out.addImage(raw)
+	if s.peek() != '{' {
+		return s.imageURL(out)
+	}
+	s.i++
+	for first := true; ; first = false {
+		key, st := s.nextKey(first)
+		if st != member {
+			return st == closed
 		}
-		return ok
-	case '{':
-		s.i++
-		for first := true; ; first = false {
-			key, st := s.nextKey(first)
-			if st != member {
-				return st == closed
-			}
-			var ok bool
-			if string(key) == "url" {
-				ok = s.image(out) // the URL string, read as above
-			} else {
-				ok = s.skip()
-			}
-			if !ok {
-				return false
-			}
+		var ok bool
+		if string(key) == "url" {
+			// Only a string: an object here is stepped over, not read as
+			// an image_url again, which would recurse once per level of
+			// {"url":{"url":...}} in a hostile body.
+			ok = s.imageURL(out)
+		} else {
+			ok = s.skip()
+		}
+		if !ok {
+			return false
 		}
 	}
-	return s.skip()
+}
+
+// imageURL reads an image's URL string and marks it; a value of another
+// type is stepped over.
+func (s *scanner) imageURL(out *body) bool {
+	if s.peek() != '"' {
+		return s.skip()
+	}
+	raw, _, ok := s.str()
+	if ok && out.collect {
+		out.addImage(raw)
+	}
+	return ok
 }
 
 func (out *body) addImage(url []byte) {

@@ -2,6 +2,7 @@ package httpbalancer
 
 import (
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -202,5 +203,26 @@ func TestInternedModelsAreBounded(t *testing.T) {
 		if p := models[i].Load(); p != nil {
 			assert.LessOrEqual(t, len(*p), maxInternModel)
 		}
+	}
+}
+
+// TestScannerDoesNotRecurseOnImageURLs: an image_url object nested in
+// itself ({"url":{"url":...}}) is stepped over, not followed. Followed, each
+// level was a call: a peek of MaxPeek (up to 1 GiB) of such a body grew the
+// goroutine's stack to 8 times the peek, past the runtime's limit (a fatal
+// error, not a panic), and a 1 MiB one to 8 MiB for the call.
+func TestScannerDoesNotRecurseOnImageURLs(t *testing.T) {
+	b := []byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":` +
+		strings.Repeat(`{"url":`, 4<<20/7))
+	defer debug.SetMaxStack(debug.SetMaxStack(16 << 20))
+	for _, keyed := range []bool{false, true} {
+		got := scanNew(b, keyed)
+		require.Empty(t, got.msgs)
+	}
+	// The shapes the APIs send still mark the image.
+	for _, img := range []string{`"https://x/cat.png"`, `{"url":"https://x/cat.png","detail":"low"}`} {
+		got := scanNew([]byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":`+img+`}]}]}`), true)
+		require.Len(t, got.msgs, 1)
+		require.Contains(t, got.msgs[0].Content, "<image ")
 	}
 }

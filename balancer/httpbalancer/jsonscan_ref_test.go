@@ -484,10 +484,10 @@ func (s *refScanner) image(out *refBody) bool {
 		return url()
 	case '{':
 		return s.object(func(key []byte) bool {
-			if string(key) != "url" {
+			if string(key) != "url" || s.peek() != '"' {
 				return s.skip()
 			}
-			return s.image(out)
+			return url()
 		})
 	}
 	return s.skip()
