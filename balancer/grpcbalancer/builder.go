@@ -139,10 +139,10 @@ type lbBalancer struct {
 
 	waking atomic.Bool // a wake is armed or being armed: failing picks skip wakeLater
 
-	// gen counts the membership changes: a picker built before the last
-	// one (gen differs from its own) may see the core refuse every pick
-	// while the next picker is on its way, and queues its calls for it.
-	// Written under mu.
+	// gen counts the membership changes, Close included: a picker built
+	// before the last one (gen differs from its own) may see the core
+	// refuse every pick while the next picker is on its way, and queues
+	// its calls for it. Written under mu.
 	gen atomic.Uint64
 }
 
@@ -321,6 +321,11 @@ func (lb *lbBalancer) ExitIdle() { lb.child.ExitIdle() }
 func (lb *lbBalancer) Close() {
 	lb.mu.Lock()
 	lb.closed = true
+	// A pick still running on our last picker (gRPC's graceful switch
+	// publishes the next policy's picker, then closes this one) finds the
+	// membership closed: it waits for the next picker, which is there,
+	// rather than failing its call.
+	lb.gen.Add(1)
 	if lb.mem != nil {
 		lb.mem.Close()
 	}

@@ -924,3 +924,20 @@ func TestReorderedAddressesKeepTheEndpoint(t *testing.T) {
 		})
 	}
 }
+
+// A pick on the picker of a policy that has been closed (gRPC's graceful
+// switch to another policy publishes the new policy's picker, then closes
+// the old one; a pick that took the old picker can still be running) makes
+// the call wait for the next picker, which is already there, as a
+// pickfirst picker's shut-down SubConn would. Before, the closed
+// membership refused the pick with ErrNoEndpoints, and gRPC failed a call
+// that does not wait for ready with UNAVAILABLE.
+func TestPickAfterCloseWaitsForTheNextPicker(t *testing.T) {
+	for _, name := range []string{Name, registerShared(coreForTest())} {
+		h := newHarness(t, name, `{}`, 2)
+		p := h.picker()
+		h.bal.Close()
+		_, err := p.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+		assert.Equal(t, balancer.ErrNoSubConnAvailable, err, "%s: a pick after Close", name)
+	}
+}
