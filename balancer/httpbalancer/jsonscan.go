@@ -383,9 +383,12 @@ type body struct {
 	nparts  int    // pieces of text in the current message
 
 	// Keyer.Chat reads messages only through the first user message (what
-	// every later turn repeats), so the texts of later ones are counted, not
-	// copied.
-	userSeen bool
+	// every later turn repeats), and no further than MaxKeyChars of their
+	// rendering (content, role and 16 bytes of lengths each), so the texts
+	// of later ones are counted, not copied: keyDone. rendered is the
+	// rendering's size so far.
+	keyDone  bool
+	rendered int
 	collect  bool // the current message's text is collected
 }
 
@@ -592,7 +595,7 @@ func (s *scanner) messages(out *body) bool {
 		return s.skip()
 	}
 	// A repeated "messages" replaces the earlier list, as in encoding/json.
-	out.nmsg, out.more, out.userSeen = 0, out.more[:0], false
+	out.nmsg, out.more, out.keyDone, out.rendered = 0, out.more[:0], false, 0
 	s.i++
 	for first := true; ; first = false {
 		if st := s.nextElem(first); st != member {
@@ -613,7 +616,7 @@ func (s *scanner) message(out *body) bool {
 	s.i++
 	var role string
 	out.parts, out.single, out.nparts = out.parts[:0], nil, 0
-	out.collect = out.keyed && !out.userSeen
+	out.collect = out.keyed && !out.keyDone
 	ok := false
 	for first := true; ; first = false {
 		key, st := s.nextKey(first)
@@ -650,7 +653,8 @@ func (s *scanner) message(out *body) bool {
 			content = string(out.parts) // parts is reused by the next message
 		}
 		out.addMessage(cache.Message{Role: role, Content: content})
-		out.userSeen = role == "user"
+		out.rendered += len(content) + len(role) + 16
+		out.keyDone = role == "user" || out.rendered >= cache.MaxKeyChars
 	}
 	out.collect = false
 	return ok

@@ -226,3 +226,28 @@ func TestScannerDoesNotRecurseOnImageURLs(t *testing.T) {
 		require.Contains(t, got.msgs[0].Content, "<image ")
 	}
 }
+
+// TestScannerCollectsOnlyWhatTheKeyReads: Keyer.Chat reads no message past
+// MaxKeyChars of rendering (content, role and 16 bytes of lengths each), so
+// the scanner collects none: a body of a million empty messages before its
+// first user turn made it keep all of them (68 MB of allocation for 1 MiB of
+// body). The key is the one the whole list gives.
+func TestScannerCollectsOnlyWhatTheKeyReads(t *testing.T) {
+	for _, el := range []string{`{}`, `{"role":"system","content":[{"text":""},{"text":""}]}`,
+		`{"role":"tool","content":[{"image_url":"x"}]}`, `{"role":"system","content":"` + strings.Repeat("s", 1000) + `"}`} {
+		n := 1 << 20 / (len(el) + 1)
+		b := []byte(`{"model":"m","messages":[` + strings.Repeat(el+",", n) + `{"role":"user","content":"q"}]}`)
+		got := scanNew(b, true)
+		rendered := 0
+		for _, m := range got.msgs[:len(got.msgs)-1] {
+			rendered += len(m.Content) + len(m.Role) + 16
+		}
+		require.Less(t, rendered, cache.MaxKeyChars, el)
+		var all body
+		parseBody([]byte(`{"messages":[`+el+`]}`), true, &all)
+		whole := slices.Repeat([]cache.Message{all.msgs[0]}, n)
+		whole = append(whole, cache.Message{Role: "user", Content: "q"})
+		k := cache.NewKeyer(7)
+		require.Equal(t, k.Chat("m", whole), k.Chat("m", got.msgs), el)
+	}
+}

@@ -266,7 +266,8 @@ type refBody struct {
 	single  []byte
 	nparts  int
 
-	userSeen bool
+	keyDone  bool
+	rendered int
 	collect  bool
 }
 
@@ -381,7 +382,7 @@ func (s *refScanner) messages(out *refBody) bool {
 		return s.skip()
 	}
 	// A repeated "messages" replaces the earlier list, as in encoding/json.
-	out.nmsg, out.more, out.userSeen = 0, out.more[:0], false
+	out.nmsg, out.more, out.keyDone, out.rendered = 0, out.more[:0], false, 0
 	return s.array(func() bool { return s.message(out) })
 }
 
@@ -391,7 +392,7 @@ func (s *refScanner) message(out *refBody) bool {
 	}
 	var role string
 	out.parts, out.single, out.nparts = out.parts[:0], nil, 0
-	out.collect = out.keyed && !out.userSeen
+	out.collect = out.keyed && !out.keyDone
 	ok := s.object(func(key []byte) bool {
 		switch string(key) {
 		case "role":
@@ -414,7 +415,8 @@ func (s *refScanner) message(out *refBody) bool {
 			content = string(out.parts)
 		}
 		out.addMessage(cache.Message{Role: role, Content: content})
-		out.userSeen = role == "user"
+		out.rendered += len(content) + len(role) + 16
+		out.keyDone = role == "user" || out.rendered >= cache.MaxKeyChars
 	}
 	out.collect = false
 	return ok
