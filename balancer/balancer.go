@@ -15,6 +15,8 @@
 //
 // Adapters that share one Balancer each take a Membership: their own
 // endpoint set, readiness and snapshot over the one shared state per ID.
+// Close ends a Balancer: its endpoints leave it, giving back their slots in
+// its telemetry Store, and every later pick fails with ErrClosed.
 package balancer
 
 import (
@@ -37,6 +39,12 @@ import (
 // are excluded and panic routing is disabled.
 var ErrNoEndpoints = errors.New("inferlb: no endpoint available")
 
+// ErrClosed is returned by every pick of a closed Balancer (Close), its
+// own and its Memberships', and by their Update and by NewMembership.
+// It is not ErrNoEndpoints: that one says nothing can serve the request
+// now, this one that the router is gone.
+var ErrClosed = errors.New("inferlb: Balancer is closed")
+
 // ErrNoRetryBudget is returned by PickRetry when another endpoint could
 // take the retry but the retry budget allows none now (see AllowRetry).
 var ErrNoRetryBudget = errors.New("inferlb: retry budget spent")
@@ -50,8 +58,8 @@ const drawTries = 8
 // both see the same live load.
 //
 // Concurrency: cfg is immutable. mu serializes membership changes (Update,
-// SetReady and those of every membership) and guards eps, memberships and
-// nextSerial. Each membership's snapshot, all, epoch and engines are atomic;
+// SetReady and those of every membership) and Close, and guards eps,
+// memberships, nextSerial and closed. Each membership's snapshot, all, epoch and engines are atomic;
 // Pick reads only them, the atomics of endpoint state and the tables behind
 // sticky, spills and reuse (lock-free), so it never takes mu. Lock order
 // on the way to an ejection: an endpoint's brMu, its breaker's own mutex,
@@ -68,6 +76,7 @@ type Balancer struct {
 	eps         map[string]*endpoint        // guarded by mu: every membership's endpoints, by ID
 	memberships [maxMemberships]*Membership // guarded by mu: by index; [0] is def
 	nextSerial  uint64                      // guarded by mu: the last serial handed out
+	closed      bool                        // guarded by mu: Close has run
 
 	def   *Membership                 // immutable: the membership of Update, SetReady and Pick
 	all   atomic.Pointer[[]*endpoint] // eps as a slice, for outlier detection
@@ -87,6 +96,18 @@ type snapshot struct {
 	all      *group
 	byModel  map[string]*group // nil when no endpoint carries the subset label
 	anyModel *group            // unlabelled endpoints, for models nobody lists; may be nil
+	closed   bool              // the Balancer is closed (all is empty)
+}
+
+// none is the error of a pick that found no group, or an empty one, in s.
+// A closed Balancer's snapshots are empty, so a pick learns it is closed
+// here, from the snapshot it loaded anyway, and only on its way to fail:
+// a pick that finds endpoints checks nothing more.
+func (s *snapshot) none() error {
+	if s.closed {
+		return ErrClosed
+	}
+	return ErrNoEndpoints
 }
 
 func (s *snapshot) groupFor(model string) *group {
@@ -181,6 +202,49 @@ var _ telemetry.Sink = (*Balancer)(nil)
 // which this call does not touch.
 func (b *Balancer) Update(endpoints []inferlb.Endpoint) error {
 	return b.def.Update(endpoints)
+}
+
+// Close ends the Balancer. Its endpoints leave it, as with Update(nil)
+// and every Membership's Close, so it lets go of their slots in its
+// telemetry Store (a Store shared with other Balancers keeps the slots
+// they hold); from then on every pick, the Balancer's own and its open
+// Memberships', fails with ErrClosed, and so do Update, a Membership's
+// Update and NewMembership. Calls picked before end normally: their Done
+// releases their load and feeds the endpoint's statistics, which Stats
+// no longer lists. Close is idempotent and safe for concurrent use with
+// every other method; it takes the lock membership changes take, never
+// a pick's path.
+//
+// Close a Balancer whose Store outlives it (Options.Telemetry) when you
+// drop it; one with a private Store needs no Close, but may have one.
+// The adapters close a Balancer they made themselves
+// (httpbalancer.Transport.Close, the gRPC policy's), never one they were
+// given.
+func (b *Balancer) Close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.closed = true
+	closed := &snapshot{all: newGroup(nil, nil, new(atomic.Int64), 0), closed: true}
+	for i, m := range b.memberships {
+		if m == nil {
+			continue
+		}
+		// Readiness is left as it is: a pick racing Close on the
+		// snapshot it loaded before picks as it would have a moment
+		// earlier, where with its endpoints marked not ready it would
+		// fail with ErrNoEndpoints, not ErrClosed.
+		m.members, m.infos, m.listed, m.groupsOf = nil, nil, nil, nil
+		m.closed = true
+		m.snap.Store(closed)
+		if m != b.def {
+			b.memberships[i] = nil
+		}
+	}
+	b.reconcile() // no endpoint is left: each releases its slot
+	b.epoch.Add(1)
 }
 
 // models returns the model names an endpoint serves, from the subset label.
@@ -448,7 +512,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	}
 	g := snap.groupFor(req.Model)
 	if g == nil || len(g.members) == 0 {
-		return Pick{}, ErrNoEndpoints
+		return Pick{}, snap.none()
 	}
 	nowNs := b.cfg.nowNs()
 	now := time.Unix(0, nowNs)

@@ -63,10 +63,14 @@ func newMembership(b *Balancer, idx int) *Membership {
 }
 
 // NewMembership adds a membership to the Balancer, empty until its first
-// Update. It returns ErrTooManyMemberships when 63 are open already.
+// Update. It returns ErrTooManyMemberships when 63 are open already, and
+// ErrClosed when the Balancer is closed.
 func (b *Balancer) NewMembership() (*Membership, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed {
+		return nil, ErrClosed
+	}
 	for i := 1; i < maxMemberships; i++ {
 		if b.memberships[i] == nil {
 			m := newMembership(b, i)
@@ -121,11 +125,15 @@ func (m *Membership) PickAt(req *inferlb.Request, serial uint64) (Pick, error) {
 // membership listing the same ID, and kept for endpoints that stay in any.
 // An endpoint new to the Membership starts ready in it. Bad entries are
 // skipped and reported in the error; the rest is applied. On a closed
-// Membership it returns ErrMembershipClosed and changes nothing.
+// Membership it returns ErrMembershipClosed, on one of a closed Balancer
+// ErrClosed, and changes nothing.
 func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 	b := m.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed {
+		return ErrClosed
+	}
 	if m.closed {
 		return ErrMembershipClosed
 	}

@@ -75,10 +75,10 @@ type Options struct {
 	// keeps its own Clock (nil: the wall clock), so with an injected
 	// Clock set the Store's to it too. A Balancer holds a slot of the
 	// Store for each of its endpoints until the endpoint leaves it
-	// (Update, a Membership's Close): before dropping a Balancer whose
-	// Store lives on (an httpbalancer.Transport with its own Balancer,
-	// which keeps its endpoints after Close), give it Update(nil), or its
-	// endpoints' slots stay for as long as the Store does. An endpoint
+	// (Update, a Membership's Close) or the Balancer is closed: Close a
+	// Balancer whose Store lives on when you drop it, or its endpoints'
+	// slots stay for as long as the Store does (the adapters close the
+	// Balancers they make themselves). An endpoint
 	// that joins while the Store's MaxEndpoints slots are all held gets
 	// none, so its samples are dropped (DroppedUnknown) and it is scored
 	// without telemetry; it tries again at each later membership change
