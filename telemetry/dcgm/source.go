@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/internal/promtext"
 )
@@ -63,6 +61,10 @@ type Source struct {
 	// MaxBodyBytes bounds a response body; 0 means 16 MiB.
 	MaxBodyBytes int64
 	// Parallelism bounds concurrent scrapes; 0 means DefaultParallelism.
+	// Under a deadline on Collect's context, a scrape with Parallelism or
+	// more targets still queued behind it gets at most half the time left,
+	// so scrapes that hang (a node gone down) cannot hold every slot until
+	// the round is over and fail the targets queued behind them.
 	Parallelism int
 }
 
@@ -127,26 +129,20 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		err  error
 	}
 	results := make([]result, len(exporters))
-	// Per-target failures are results, not errors that cancel the others,
-	// so every function returns nil; the group only bounds concurrency.
-	var g errgroup.Group
-	g.SetLimit(par)
-	for i, e := range exporters {
-		g.Go(func() error {
-			body, err := promtext.Fetch(ctx, s.Client, e.url, s.MaxBodyBytes)
-			if err != nil {
-				results[i].err = fmt.Errorf("dcgm: scrape: %w", err)
-				return nil
-			}
-			gpus, err := parseBytes(body)
-			if err != nil {
-				err = fmt.Errorf("%s: %w", e.url, err)
-			}
-			results[i] = result{gpus: gpus, err: err}
-			return nil
-		})
-	}
-	_ = g.Wait()
+	// Per-target failures are results, not errors that cancel the others.
+	promtext.Each(ctx, len(exporters), par, func(ctx context.Context, i int) {
+		e := exporters[i]
+		body, err := promtext.Fetch(ctx, s.Client, e.url, s.MaxBodyBytes)
+		if err != nil {
+			results[i].err = fmt.Errorf("dcgm: scrape: %w", err)
+			return
+		}
+		gpus, err := parseBytes(body)
+		if err != nil {
+			err = fmt.Errorf("%s: %w", e.url, err)
+		}
+		results[i] = result{gpus: gpus, err: err}
+	})
 	var all []GPU
 	var mapOf []Mapping // mapOf[j] maps all[j]: its target's Mapping
 	var first error

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/internal/promtext"
 )
@@ -48,6 +46,10 @@ type Source struct {
 	// MaxBodyBytes bounds a response body; 0 means 16 MiB.
 	MaxBodyBytes int64
 	// Parallelism bounds concurrent scrapes; 0 means DefaultParallelism.
+	// Under a deadline on Collect's context, a scrape with Parallelism or
+	// more targets still queued behind it gets at most half the time left,
+	// so scrapes that hang (a node gone down) cannot hold every slot until
+	// the round is over and fail the targets queued behind them.
 	Parallelism int
 }
 
@@ -92,21 +94,18 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		err    error
 	}
 	fetched := make([]scraped, len(targets))
-	// Per-target failures are results, not errors that cancel the others,
-	// so every function returns nil; the group only bounds concurrency.
-	var g errgroup.Group
-	g.SetLimit(par)
-	for i, t := range targets {
-		if firstOf[i] != i {
-			continue
+	var unique []int // the targets to fetch: the first of each URL
+	for i := range targets {
+		if firstOf[i] == i {
+			unique = append(unique, i)
 		}
-		g.Go(func() error {
-			sample, err := s.scrape(ctx, t)
-			fetched[i] = scraped{sample, err}
-			return nil
-		})
 	}
-	_ = g.Wait()
+	// Per-target failures are results, not errors that cancel the others.
+	promtext.Each(ctx, len(unique), par, func(ctx context.Context, j int) {
+		i := unique[j]
+		sample, err := s.scrape(ctx, targets[i])
+		fetched[i] = scraped{sample, err}
+	})
 	results := make([]result, len(targets))
 	for i, t := range targets {
 		f := fetched[firstOf[i]]
