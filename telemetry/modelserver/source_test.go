@@ -198,3 +198,31 @@ func TestSourceTargetRemovedMidRound(t *testing.T) {
 	assert.Equal(t, []string{"staying"}, ids(obs))
 	assert.Equal(t, int64(1), leaving.Load(), "not scraped again")
 }
+
+// A server (or a sidecar merging servers' /metrics) that dies while it
+// writes a body without a length ends the response with the connection: the
+// client sees a clean end of a shorter body. When the cut fell inside the
+// last value, "vllm:num_requests_waiting 128.0" arrived as "... 12" and was
+// read as a queue of 12: a wrong reading, not a missing one, and taken for
+// a good round. The text format ends every line with a line feed, so a last
+// line without one is dropped and counted, and the round is partial.
+func TestSourceDropsAnUnterminatedLastLine(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if !assert.NoError(t, err) {
+			return
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nConnection: close\r\n\r\n" +
+			"vllm:num_requests_running{model_name=\"m\"} 3.0\n" +
+			"vllm:num_requests_waiting{model_name=\"m\"} 12") // of 128.0: the connection dies here
+		_ = buf.Flush()
+	}))
+	t.Cleanup(srv.Close)
+	src := &modelserver.Source{Client: client(t), Targets: modelserver.Static(modelserver.Target{EndpointID: "a", URL: srv.URL + "/metrics"})}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "1 lines skipped")
+	require.Len(t, obs, 1)
+	assert.Equal(t, map[string]float64{"running": 3}, fields(obs[0].Sample), "the cut value is not read")
+}

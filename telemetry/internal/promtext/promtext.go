@@ -68,26 +68,58 @@ func Parse(data []byte) (fams Families, skipped int, err error) {
 // the name as written, without quotes; nil selects every metric). A line
 // without a readable name is parsed, for the parser to count. Sample lines
 // past MaxSamples are dropped, counted in skipped and reported in err.
-// ParseSelected never panics.
+// A text exposition's last line without a line feed (a body cut short, its
+// value perhaps a prefix of the real one) is dropped, counted in skipped and
+// reported in err, whatever metric it names. ParseSelected never panics.
 func ParseSelected(data []byte, keep func(name []byte) bool) (fams Families, skipped int, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			fams, skipped, err = Families{}, 1, fmt.Errorf("exposition parser panicked: %v", r)
 		}
 	}()
+	var cut error
 	if isOpenMetrics(data) {
 		data = fromOpenMetrics(data)
+	} else if data, cut = dropUnterminated(data); cut != nil {
+		skipped = 1
 	}
 	data, over := selectLines(data, keep)
-	fams, skipped, err = parse(data)
-	if over > 0 {
-		limit := fmt.Errorf("%d sample lines past the first %d dropped", over, MaxSamples)
-		if err != nil {
-			limit = fmt.Errorf("%w; %w", err, limit)
+	fams, n, err := parse(data)
+	skipped += n
+	for _, e := range []error{cut, overLimit(over)} {
+		switch {
+		case e == nil:
+		case err == nil:
+			err = e
+		default:
+			err = fmt.Errorf("%w; %w", err, e)
 		}
-		skipped, err = skipped+over, limit
 	}
-	return fams, skipped, err
+	return fams, skipped + over, err
+}
+
+func overLimit(over int) error {
+	if over == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d sample lines past the first %d dropped", over, MaxSamples)
+}
+
+// dropUnterminated drops a text exposition's last line when no line feed
+// ends it, and says so. The format ends every line with one, and a body cut
+// short (a server that died writing a body without a length, whose end the
+// client sees as a clean one) ends inside a line: its value may be a
+// prefix of the real one, "12" of "128", so it is not read at all.
+// Whitespace after the last line feed is no line.
+func dropUnterminated(data []byte) ([]byte, error) {
+	if len(bytes.TrimRight(data, " \t\r\n")) == 0 || data[len(data)-1] == '\n' {
+		return data, nil
+	}
+	i := bytes.LastIndexByte(data, '\n') + 1
+	if len(bytes.TrimSpace(data[i:])) == 0 {
+		return data, nil
+	}
+	return data[:i], fmt.Errorf("last line %.64q has no line feed: the body may be cut short", data[i:])
 }
 
 func parse(data []byte) (fams Families, skipped int, err error) {

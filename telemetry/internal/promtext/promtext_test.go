@@ -25,6 +25,10 @@ func TestParse(t *testing.T) {
 		{name: "bad line in the middle keeps what follows", in: "a 1\nb{x=y} 2\nc 3\n", names: []string{"a", "c"}, skipped: 1, err: true},
 		{name: "duplicate HELP loses types, not values", in: "# HELP a x\na 1\n# HELP a x\na{k=\"v\"} 2\n", names: []string{"a"}, err: true},
 		{name: "truncated last line", in: "a 1\nb{x=\"", names: []string{"a"}, skipped: 1, err: true},
+		// "b 12" may be all that came of "b 128": it is not read.
+		{name: "truncated last value", in: "a 1\nb 12", names: []string{"a"}, skipped: 1, err: true},
+		{name: "blanks after the last line feed", in: "a 1\n  \t", names: []string{"a"}},
+		{name: "OpenMetrics needs no line feed after # EOF", in: "a 1\n# EOF", names: []string{"a"}},
 		{name: "empty", in: ""},
 	}
 	for _, tt := range tests {
