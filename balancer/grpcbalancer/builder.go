@@ -317,7 +317,9 @@ func (lb *lbBalancer) UpdateSubConnState(sc balancer.SubConn, st balancer.SubCon
 func (lb *lbBalancer) ExitIdle() { lb.child.ExitIdle() }
 
 // Close implements balancer.Balancer. It closes the channel's membership
-// in the core; a shared core keeps every other membership's endpoints.
+// in the core; a shared core keeps every other membership's endpoints and
+// stays open (it is NewBuilder's caller's), a core the policy made is
+// closed (balancer.Balancer.Close).
 func (lb *lbBalancer) Close() {
 	lb.mu.Lock()
 	lb.closed = true
@@ -328,6 +330,9 @@ func (lb *lbBalancer) Close() {
 	lb.gen.Add(1)
 	if lb.mem != nil {
 		lb.mem.Close()
+	}
+	if b := lb.core.Load(); b != nil && lb.shared == nil {
+		b.Close() // the policy made it: nothing else routes with it
 	}
 	subs := make([]*subConn, 0, len(lb.subConns))
 	for s := range lb.subConns {
