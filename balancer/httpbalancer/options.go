@@ -69,7 +69,8 @@ type Options struct {
 	// Balancer is a Balancer to share with other adapters (a gRPC policy
 	// routing to the same fleet sees the same live load). nil means the
 	// Transport builds its own from BalancerOptions, which must then be the
-	// only one set.
+	// only one set, and closes it in Close; a Balancer given here is the
+	// caller's to close.
 	//
 	// With Endpoints or Discovery, the Transport takes a membership of its
 	// own in the shared Balancer (balancer.Membership): it routes over its own

@@ -23,13 +23,14 @@ import (
 // Transport is an http.RoundTripper that sends each request to an endpoint
 // picked by a Balancer. It is safe for concurrent use.
 //
-// Concurrency: cfg and b are immutable after NewTransport. mu guards static
+// Concurrency: cfg, b and ownB are immutable after NewTransport. mu guards static
 // and discovered and serializes the Balancer updates made from them, so
 // Update and the discovery loop cannot interleave two halves of a set.
 // RoundTrip takes no lock. The discovery goroutine, if any, runs until Close.
 type Transport struct {
-	cfg *config
-	b   *balancer.Balancer
+	cfg  *config
+	b    *balancer.Balancer
+	ownB bool // b was made by NewTransport (no Options.Balancer): Close closes it
 
 	mu         sync.Mutex
 	static     []inferlb.Endpoint // guarded by mu: from Options.Endpoints and Update
@@ -70,7 +71,7 @@ func NewTransport(o Options) (*Transport, error) {
 		b = balancer.New(o.BalancerOptions)
 	}
 	cfg.bind(b)
-	t := &Transport{cfg: cfg, b: b}
+	t := &Transport{cfg: cfg, b: b, ownB: o.Balancer == nil}
 	if o.Balancer != nil && (len(o.Endpoints) > 0 || o.Discovery != nil) {
 		if t.mem, err = b.NewMembership(); err != nil {
 			return nil, err
@@ -78,8 +79,13 @@ func NewTransport(o Options) (*Transport, error) {
 	}
 	if len(o.Endpoints) > 0 {
 		if err := t.Update(o.Endpoints); err != nil {
+			// Update applied the valid endpoints: let go of them, or
+			// their telemetry slots would be held for good.
 			if t.mem != nil {
 				t.mem.Close()
+			}
+			if t.ownB {
+				b.Close()
 			}
 			return nil, err
 		}
@@ -154,20 +160,29 @@ func (t *Transport) applyLocked() error {
 
 // Close stops discovery and waits for its goroutine, and closes the idle
 // connections of the default Base (see Options.Base). A Transport with its
-// own Balancer keeps serving with its last endpoint set. One with its own
+// own Balancer (no Options.Balancer) closes it (balancer.Balancer.Close):
+// its endpoints give back their slots in the telemetry Store, and later
+// calls, and Update, fail with balancer.ErrClosed. One with its own
 // membership in a shared Balancer (Options.Balancer with Endpoints or
 // Discovery) closes that membership, so its endpoints that no other
 // adapter lists leave the Balancer, and fails later calls with
-// balancer.ErrNoEndpoints. Close is idempotent.
+// balancer.ErrNoEndpoints; a Balancer given in Options.Balancer is the
+// caller's, and stays open. Calls in flight end normally. Close is
+// idempotent.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
 		if t.stopDiscovery != nil {
 			t.stopDiscovery()
 			<-t.discoveryDone
 		}
-		if t.mem != nil {
+		if t.mem != nil || t.ownB {
 			t.mu.Lock()
-			t.mem.Close()
+			if t.mem != nil {
+				t.mem.Close()
+			}
+			if t.ownB {
+				t.b.Close()
+			}
 			t.mu.Unlock()
 		}
 		if t.cfg.ownBase {

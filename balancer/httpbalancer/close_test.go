@@ -1,0 +1,90 @@
+package httpbalancer_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// A Transport's own Balancer on a shared telemetry Store (BalancerOptions.
+// Telemetry) held its endpoints' slots after the Transport's Close, for as
+// long as the Store lived: Transports made and closed one after another on
+// one Store filled it. Close closes the Balancer it made: the slots go, and
+// later calls fail with balancer.ErrClosed. A call in flight at Close ends
+// normally.
+func TestCloseClosesTheTransportsOwnBalancer(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	store := &telemetry.Store{}
+	res := newResults(4)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(a, b),
+		BalancerOptions: balancer.Options{Telemetry: store},
+		OnResult:        res.on,
+	})
+	require.Equal(t, 2, store.Len())
+	client := &http.Client{Transport: tr}
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+	require.NoError(t, err)
+	resp, err := client.Do(req) // in flight: its stream is unread
+	require.NoError(t, err)
+
+	require.NoError(t, tr.Close())
+	assert.Zero(t, store.Len(), "the closed Transport's endpoints gave back their slots")
+	_, err = io.ReadAll(resp.Body)
+	require.NoError(t, err, "the call in flight ends normally")
+	require.NoError(t, resp.Body.Close())
+	r := <-res.c
+	assert.NoError(t, r.Outcome.Err)
+	assert.Positive(t, r.Outcome.OutputTokens)
+
+	_, err = client.Post(chatURL, "application/json", strings.NewReader(chatBody(2, false)))
+	assert.ErrorIs(t, err, balancer.ErrClosed)
+	assert.ErrorIs(t, tr.Update(endpointsOf(a)), balancer.ErrClosed)
+	assert.Zero(t, store.Len())
+	require.NoError(t, tr.Close(), "idempotent")
+}
+
+// A Balancer the caller passed in (Options.Balancer) is the caller's: the
+// Transport's Close never closes it, whether the Transport routed over the
+// Balancer's own endpoints or over a membership of its own.
+func TestCloseLeavesAGivenBalancerOpen(t *testing.T) {
+	a := newBackend(t, "a")
+	store := &telemetry.Store{}
+	shared := balancer.New(balancer.Options{Telemetry: store})
+	require.NoError(t, shared.Update([]inferlb.Endpoint{{ID: "x", Addr: a.addr()}}))
+	over := newTransport(t, httpbalancer.Options{Balancer: shared})                           // routes over shared's own set
+	own := newTransport(t, httpbalancer.Options{Balancer: shared, Endpoints: endpointsOf(a)}) // a membership of its own
+	require.Equal(t, 2, store.Len())
+
+	require.NoError(t, over.Close())
+	require.NoError(t, own.Close())
+	assert.Equal(t, 1, store.Len(), "x stays; a, listed by the closed membership only, left")
+	p, err := shared.Pick(&inferlb.Request{})
+	require.NoError(t, err, "the caller's Balancer still routes")
+	assert.Equal(t, "x", p.ID())
+	p.Done(inferlb.Outcome{})
+	shared.Close()
+	assert.Zero(t, store.Len())
+}
+
+// NewTransport that fails on its Endpoints has applied the valid ones to
+// the Balancer it made, which nobody can close then: it closes it itself,
+// or their slots in a shared Store would be held for good.
+func TestFailedNewTransportHoldsNoSlots(t *testing.T) {
+	store := &telemetry.Store{}
+	_, err := httpbalancer.NewTransport(httpbalancer.Options{
+		Endpoints:       []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}, {Addr: "ftp://10.0.0.2:21"}},
+		BalancerOptions: balancer.Options{Telemetry: store},
+	})
+	require.Error(t, err)
+	assert.Zero(t, store.Len())
+}
