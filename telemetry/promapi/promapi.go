@@ -112,31 +112,15 @@ func (s *Source) Query() string {
 	return b.String()
 }
 
-// apiResponse is the envelope of every /api/v1 answer.
-type apiResponse struct {
-	Status    string          `json:"status"`
-	Data      json.RawMessage `json:"data"`
-	ErrorType string          `json:"errorType"`
-	Error     string          `json:"error"`
-	// Warnings come with a "success" whose result may be incomplete
-	// (Thanos and Mimir partial responses, a remote read that failed).
-	Warnings []string `json:"warnings"`
-}
-
-type vectorData struct {
-	ResultType string `json:"resultType"`
-	Result     []struct {
-		Metric map[string]string `json:"metric"`
-		Value  [2]any            `json:"value"` // [unix seconds (number), value (string)]
-	} `json:"result"`
-}
-
 // Collect runs the combined query and returns one observation per endpoint,
 // stamped with Prometheus' evaluation time. Series without the endpoint
-// label, with an unknown field, or with a value that is not a finite number
-// in the field's range are skipped; if any were, the error wraps
+// label, with an unknown field, with a value that is not a finite number
+// in the field's range, of the wrong shape, or of endpoints past the first
+// MaxEndpoints are skipped; if any were, the error wraps
 // telemetry.ErrPartial. When one endpoint has several series for a field
-// the largest value wins (the conservative reading).
+// the largest value wins (the conservative reading). The answer is read
+// series by series, never held whole, so its cost follows the observations
+// kept rather than the series sent.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	if s.URL == "" {
 		return nil, errors.New("promapi: Source.URL is empty")
@@ -152,84 +136,117 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 			return nil, fmt.Errorf("promapi: Source.Queries[%v] is empty", f)
 		}
 	}
-	body, warnings, err := s.post(ctx, s.Query())
-	if err != nil {
-		return nil, err
-	}
-	var data vectorData
-	if err := json.Unmarshal(body, &data); err != nil {
-		return nil, fmt.Errorf("promapi: decoding query data: %w", err)
-	}
-	if data.ResultType != "vector" {
-		return nil, fmt.Errorf("promapi: query returned a %q, want a vector (instant query of series)", data.ResultType)
-	}
 	label := s.EndpointLabel
 	if label == "" {
 		label = DefaultEndpointLabel
 	}
-	var obs []telemetry.Observation
-	at := map[string]int{}
-	skipped := 0
-	var firstSkip string
-	skip := func(format string, args ...any) {
-		skipped++
-		if firstSkip == "" {
-			firstSkip = fmt.Sprintf(format, args...)
-		}
-	}
-	for _, r := range data.Result {
-		f, ok := telemetry.ParseField(r.Metric[fieldLabel])
-		if !ok {
-			skip("series %v has no known %s label", r.Metric, fieldLabel)
-			continue
-		}
-		lv, ok := r.Metric[label]
-		if !ok || lv == "" {
-			skip("%s series has no %q label (keep it in the query's by clause)", f, label)
-			continue
-		}
-		id := lv
-		if s.EndpointID != nil {
-			if id, ok = s.EndpointID(lv); !ok {
-				continue // not ours: not an error
-			}
-		}
-		ts, v, err := sampleValue(r.Value)
-		if err != nil || !valid(f, v) {
-			skip("%s for %s: value %v (%v)", f, lv, r.Value[1], err)
-			continue
-		}
-		j, seen := at[id]
-		if !seen {
-			j = len(obs)
-			at[id] = j
-			obs = append(obs, telemetry.Observation{EndpointID: id, Sample: telemetry.Sample{Time: ts}})
-		}
-		smp := &obs[j].Sample
-		if cur, had := smp.Get(f); !had || v > cur {
-			smp.Set(f, v)
-		}
-		if ts.After(smp.Time) {
-			smp.Time = ts
-		}
+	c := collector{src: s, label: label, at: map[string]int{}}
+	warnings, err := s.query(ctx, s.Query(), &c)
+	if err != nil {
+		return nil, err
 	}
 	switch {
-	case skipped > 0:
-		return obs, fmt.Errorf("%w: promapi: %d series skipped; first: %s", telemetry.ErrPartial, skipped, firstSkip)
+	case c.skipped > 0:
+		return c.obs, fmt.Errorf("%w: promapi: %d series skipped; first: %s", telemetry.ErrPartial, c.skipped, c.firstSkip)
 	case len(warnings) > 0:
 		// The answer may lack series: what came is good, the round is partial.
-		return obs, fmt.Errorf("%w: promapi: Prometheus warned the result may be incomplete: %s", telemetry.ErrPartial, warnings[0])
+		return c.obs, fmt.Errorf("%w: promapi: Prometheus warned the result may be incomplete: %s", telemetry.ErrPartial, warnings[0])
 	}
-	return obs, nil
+	return c.obs, nil
 }
 
-// post sends the query and returns the envelope's data and warnings.
-func (s *Source) post(ctx context.Context, query string) (json.RawMessage, []string, error) {
+// MaxEndpoints bounds the endpoints one answer yields observations for: a
+// Store tracks no more by default (telemetry.DefaultMaxEndpoints). Series
+// of further endpoints are skipped and counted.
+const MaxEndpoints = telemetry.DefaultMaxEndpoints
+
+// collector folds an answer's series into observations one at a time, as
+// they are decoded: an answer is never held whole, so what it costs follows
+// the observations kept, not the series sent.
+type collector struct {
+	src       *Source
+	label     string
+	obs       []telemetry.Observation
+	at        map[string]int // endpoint ID -> index in obs
+	skipped   int
+	firstSkip string
+}
+
+// skip counts a skipped series and reports whether it is the first, which
+// the caller then describes in firstSkip (formatting every one would cost
+// more than the series).
+func (c *collector) skip() bool {
+	c.skipped++
+	return c.skipped == 1
+}
+
+// add folds one series: when one endpoint has several series for a field
+// the largest value wins.
+func (c *collector) add(metric map[string]string, value [2]any) {
+	f, ok := telemetry.ParseField(metric[fieldLabel])
+	if !ok {
+		if c.skip() {
+			c.firstSkip = fmt.Sprintf("series %v has no known %s label", metric, fieldLabel)
+		}
+		return
+	}
+	lv, ok := metric[c.label]
+	if !ok || lv == "" {
+		if c.skip() {
+			c.firstSkip = fmt.Sprintf("%s series has no %q label (keep it in the query's by clause)", f, c.label)
+		}
+		return
+	}
+	id := lv
+	if c.src.EndpointID != nil {
+		if id, ok = c.src.EndpointID(lv); !ok {
+			return // not ours: not an error
+		}
+	}
+	ts, v, err := sampleValue(value)
+	if err != nil || !valid(f, v) {
+		if c.skip() {
+			c.firstSkip = fmt.Sprintf("%s for %s: value %v (%v)", f, lv, value[1], err)
+		}
+		return
+	}
+	j, seen := c.at[id]
+	if !seen {
+		if len(c.obs) == MaxEndpoints {
+			if c.skip() {
+				c.firstSkip = fmt.Sprintf("%s for %s: more than %d endpoints in one answer", f, lv, MaxEndpoints)
+			}
+			return
+		}
+		if len(c.obs) == cap(c.obs) {
+			// Doubled, not append's quarter at a time past a few
+			// hundred: the copies of a big fleet's observations would
+			// cost five times the last one.
+			grown := make([]telemetry.Observation, len(c.obs), min(max(2*cap(c.obs), 64), MaxEndpoints))
+			copy(grown, c.obs)
+			c.obs = grown
+		}
+		j = len(c.obs)
+		c.at[id] = j
+		c.obs = append(c.obs, telemetry.Observation{EndpointID: id, Sample: telemetry.Sample{Time: ts}})
+	}
+	smp := &c.obs[j].Sample
+	if cur, had := smp.Get(f); !had || v > cur {
+		smp.Set(f, v)
+	}
+	if ts.After(smp.Time) {
+		smp.Time = ts
+	}
+}
+
+// query sends the query and folds the answer's series into c; it returns
+// the answer's warnings.
+func (s *Source) query(ctx context.Context, query string, c *collector) ([]string, error) {
 	endpoint := strings.TrimSuffix(s.URL, "/") + "/api/v1/query"
 	form := url.Values{"query": {query}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(form.Encode()))
 	if err != nil {
-		return nil, nil, fmt.Errorf("promapi: %w", err)
+		return nil, fmt.Errorf("promapi: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
@@ -239,34 +256,175 @@ func (s *Source) post(ctx context.Context, query string) (json.RawMessage, []str
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, nil, fmt.Errorf("promapi: query: %w", err)
+		return nil, fmt.Errorf("promapi: query: %w", err)
 	}
 	defer resp.Body.Close()
 	limit := s.MaxBodyBytes
 	if limit <= 0 {
 		limit = DefaultMaxBodyBytes
 	}
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("promapi: reading response: %w", err)
-	}
-	if int64(len(raw)) > limit {
-		return nil, nil, fmt.Errorf("promapi: response larger than %d bytes", limit)
-	}
-	var env apiResponse
-	jerr := json.Unmarshal(raw, &env)
+	body := &io.LimitedReader{R: resp.Body, N: limit + 1}
+	env, derr := c.decode(json.NewDecoder(body))
+	// Drain a little so the connection can be reused.
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, 4096))
+	var inData *dataError
 	switch {
-	case jerr == nil && env.Status == "error":
+	case body.N <= 0:
+		return nil, fmt.Errorf("promapi: response larger than %d bytes", limit)
+	case derr == nil && env.status == "error":
 		// Prometheus explains bad queries (400, 422) and overload (503) here.
-		return nil, nil, fmt.Errorf("promapi: query failed (HTTP %d, %s): %s", resp.StatusCode, env.ErrorType, env.Error)
+		return nil, fmt.Errorf("promapi: query failed (HTTP %d, %s): %s", resp.StatusCode, env.errorType, env.errMsg)
 	case resp.StatusCode/100 != 2:
-		return nil, nil, fmt.Errorf("promapi: query: HTTP %s", resp.Status)
-	case jerr != nil:
-		return nil, nil, fmt.Errorf("promapi: decoding response: %w", jerr)
-	case env.Status != "success":
-		return nil, nil, fmt.Errorf("promapi: response status %q, want \"success\"", env.Status)
+		return nil, fmt.Errorf("promapi: query: HTTP %s", resp.Status)
+	case derr != nil && errors.As(derr, &inData) && !malformed(derr):
+		return nil, fmt.Errorf("promapi: decoding query data: %w", inData.err)
+	case derr != nil:
+		return nil, fmt.Errorf("promapi: decoding response: %w", derr)
+	case env.status != "success":
+		return nil, fmt.Errorf("promapi: response status %q, want \"success\"", env.status)
+	case !env.data:
+		return nil, errors.New("promapi: decoding query data: the answer has no data")
+	case env.resultType != "vector":
+		return nil, fmt.Errorf("promapi: query returned a %q, want a vector (instant query of series)", env.resultType)
 	}
-	return env.Data, env.Warnings, nil
+	return env.warnings, nil
+}
+
+// envelope is what an /api/v1 answer says besides its series.
+type envelope struct {
+	status, errorType, errMsg string
+	// warnings come with a "success" whose result may be incomplete
+	// (Thanos and Mimir partial responses, a remote read that failed).
+	warnings   []string
+	data       bool // the answer has a data object
+	resultType string
+}
+
+// dataError marks an answer whose data object is not a result of series.
+type dataError struct{ err error }
+
+func (e *dataError) Error() string { return e.err.Error() }
+func (e *dataError) Unwrap() error { return e.err }
+
+// malformed reports whether err says the answer is not JSON (or is cut short).
+func malformed(err error) bool {
+	var syntax *json.SyntaxError
+	return errors.As(err, &syntax) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
+
+// decode reads an answer, folding the series of its data into c as they come.
+func (c *collector) decode(dec *json.Decoder) (env envelope, err error) {
+	if err := delim(dec, '{'); err != nil {
+		return env, err
+	}
+	for dec.More() {
+		key, err := objectKey(dec)
+		if err != nil {
+			return env, err
+		}
+		switch key {
+		case "status":
+			err = dec.Decode(&env.status)
+		case "errorType":
+			err = dec.Decode(&env.errorType)
+		case "error":
+			err = dec.Decode(&env.errMsg)
+		case "warnings":
+			err = dec.Decode(&env.warnings)
+		case "data":
+			env.data = true
+			if err = c.decodeData(dec, &env); err != nil {
+				err = &dataError{err}
+			}
+		default:
+			err = dec.Decode(new(json.RawMessage))
+		}
+		if err != nil {
+			return env, err
+		}
+	}
+	return env, delim(dec, '}')
+}
+
+func (c *collector) decodeData(dec *json.Decoder, env *envelope) error {
+	if err := delim(dec, '{'); err != nil {
+		return err
+	}
+	for dec.More() {
+		key, err := objectKey(dec)
+		if err != nil {
+			return err
+		}
+		switch key {
+		case "resultType":
+			err = dec.Decode(&env.resultType)
+		case "result":
+			err = c.decodeResult(dec)
+		default:
+			err = dec.Decode(new(json.RawMessage))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return delim(dec, '}')
+}
+
+// decodeResult folds a result's series into c, one at a time. A series of
+// the wrong shape (a label value that is not a string) is skipped and
+// counted; the decoder has read past it.
+func (c *collector) decodeResult(dec *json.Decoder) error {
+	if err := delim(dec, '['); err != nil {
+		return err
+	}
+	var r struct {
+		Metric map[string]string `json:"metric"`
+		Value  [2]any            `json:"value"` // [unix seconds (number), value (string)]
+	}
+	for dec.More() {
+		if r.Metric == nil {
+			r.Metric = map[string]string{}
+		}
+		clear(r.Metric)
+		r.Value = [2]any{}
+		err := dec.Decode(&r)
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &typ):
+			if c.skip() {
+				c.firstSkip = fmt.Sprintf("series of the wrong shape: %v", err)
+			}
+			continue
+		case err != nil:
+			return err
+		}
+		c.add(r.Metric, r.Value)
+	}
+	return delim(dec, ']')
+}
+
+func objectKey(dec *json.Decoder) (string, error) {
+	t, err := dec.Token()
+	if err != nil {
+		return "", err
+	}
+	k, ok := t.(string)
+	if !ok {
+		return "", fmt.Errorf("object key %v is not a string", t)
+	}
+	return k, nil
+}
+
+// delim reads the next token and checks that it is d.
+func delim(dec *json.Decoder, d json.Delim) error {
+	t, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if t != d {
+		return fmt.Errorf("got %v where %v belongs", t, d)
+	}
+	return nil
 }
 
 // sampleValue decodes Prometheus' [seconds, "value"] pair.
