@@ -225,6 +225,22 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 // use and turns ready in one ramps up through slow start. It reports
 // whether id is one of the Membership's endpoints.
 func (m *Membership) SetReady(id string, ready bool) bool {
+	return m.setReady(id, ready, true)
+}
+
+// SetReconnected marks the endpoint id ready again in this Membership
+// after it lost its connection and got a new one without an outage (gRPC:
+// the server closed the connection gracefully, as its MaxConnectionAge
+// does, and the reconnect did not fail). It is SetReady(id, true) without
+// slow start: the replica is the same warm process, and servers that
+// rotate connections more often than SlowStartWindow would otherwise never
+// leave it. A ramp under way goes on.
+func (m *Membership) SetReconnected(id string) bool {
+	return m.setReady(id, true, false)
+}
+
+// setReady is SetReady; ramp false leaves slow start as it is.
+func (m *Membership) setReady(id string, ready, ramp bool) bool {
 	b := m.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -246,7 +262,7 @@ func (m *Membership) SetReady(id string, ready bool) bool {
 		// endpoints ready): when it comes back, that is a recovery.
 		e.wasReady.Store(true)
 	}
-	if ready && old == 0 && (e.wasReady.Swap(true) || e.rampFrom.Load() != 0) {
+	if ready && old == 0 && (e.wasReady.Swap(true) || e.rampFrom.Load() != 0) && ramp {
 		// Ready again after an outage (or for the first time after joining
 		// a warm balancer): ramp up from now, as Envoy does for hosts that
 		// turn healthy. A first connect at startup does not ramp, nor does

@@ -126,11 +126,16 @@ type lbBalancer struct {
 	core   atomic.Pointer[core.Balancer]
 	memErr error // NewMembership's on a shared core: every call fails with it until one is free
 
-	mu       sync.Mutex
-	mem      *core.Membership // the channel's membership in core
-	cfg      *lbConfig
-	eps      []inferlb.Endpoint    // membership last given to mem.Update
-	ready    map[string]bool       // endpoint IDs whose child is READY
+	mu    sync.Mutex
+	mem   *core.Membership // the channel's membership in core
+	cfg   *lbConfig
+	eps   []inferlb.Endpoint // membership last given to mem.Update
+	ready map[string]bool    // endpoint IDs whose child is READY
+	// conn names, by endpoint ID, the address (namingAddr) of the child
+	// that is READY, or that left READY and has not been in
+	// TRANSIENT_FAILURE since: its next READY is a reconnect to the same
+	// process (SetReconnected), not a recovery that ramps.
+	conn     map[string]string
 	addrToID map[string]string     // address -> endpoint ID, for SubConns
 	subConns map[*subConn]struct{} // live SubConns, for ORCA OOB
 	current  *picker               // the picker last published; nil while none is READY
@@ -203,6 +208,7 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		lb.mem, _ = b.NewMembership() // the first of a fresh Balancer's 63
 		lb.eps = nil
 		lb.ready = nil
+		lb.conn = nil
 	}
 	mem := lb.mem
 	lb.cfg = cfg
@@ -477,22 +483,56 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	byHost := lb.cfg != nil && lb.cfg.idByHost
 	ready := make(map[string]bool, len(children))
 	pickers := make(map[string]balancer.Picker, len(children))
+	type child struct {
+		addr string
+		st   connectivity.State
+	}
+	byID := make(map[string]child, len(children))
 	for _, c := range children {
 		id := endpointID(c.Endpoint, byHost)
 		if c.State.ConnectivityState == connectivity.Ready {
 			ready[id] = true
 			pickers[id] = c.State.Picker
 		}
+		if _, ok := byID[id]; !ok || c.State.ConnectivityState == connectivity.Ready {
+			byID[id] = child{namingAddr(c.Endpoint.Addresses), c.State.ConnectivityState}
+		}
 	}
 	// SetReady before the picker is published, so the core never offers an
 	// endpoint this channel cannot use. Every endpoint is set, changed or
 	// not: it is cheap.
+	//
+	// A child that was READY goes IDLE when its connection closes, and
+	// endpointsharding has it reconnect at once. When the server closed it
+	// gracefully (MaxConnectionAge, which servers set so that clients
+	// spread over new replicas), the reconnect succeeds and the endpoint
+	// is the same warm process: it is back without slow start, or servers
+	// rotating connections more often than SlowStartWindow would never
+	// leave it. A child that went through TRANSIENT_FAILURE (the reconnect
+	// failed, or a health check said NOT_SERVING) recovers, and ramps.
+	conn := make(map[string]string, len(lb.eps))
 	if mem != nil {
 		for _, e := range lb.eps {
-			mem.SetReady(e.ID, ready[e.ID])
+			c, listed := byID[e.ID]
+			prev, had := lb.conn[e.ID]
+			switch {
+			case ready[e.ID]:
+				if had && prev == c.addr && !lb.ready[e.ID] {
+					mem.SetReconnected(e.ID)
+				} else {
+					mem.SetReady(e.ID, true)
+				}
+				conn[e.ID] = c.addr
+			default:
+				mem.SetReady(e.ID, false)
+				if had && listed && prev == c.addr && c.st != connectivity.TransientFailure {
+					conn[e.ID] = prev
+				}
+			}
 		}
 	}
 	lb.ready = ready
+	lb.conn = conn
 
 	if len(pickers) == 0 || mem == nil || lb.cfg == nil {
 		lb.current = nil

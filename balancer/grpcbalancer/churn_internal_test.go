@@ -75,5 +75,6 @@ func TestResolverChurnKeepsThePolicysTablesToTheCurrentEndpoints(t *testing.T) {
 	assert.Equal(t, size, len(lb.subConns), "SubConns followed")
 	assert.Equal(t, size, len(lb.addrToID))
 	assert.Equal(t, size, len(lb.ready))
+	assert.Equal(t, size, len(lb.conn))
 	assert.Equal(t, size, len(lb.core.Load().Stats()), "core endpoints")
 }

@@ -30,6 +30,10 @@
 // given with WithEndpoint); its state survives picker rebuilds because the policy calls
 // its membership's Update only when the endpoint set changes and SetReady
 // when a child's connectivity changes, before it publishes the next picker.
+// A child that lost its connection and reconnected without passing through
+// TRANSIENT_FAILURE (the server closed it gracefully, as its
+// MaxConnectionAge does) is the same warm server: it comes back without
+// slow start (Membership.SetReconnected); after a failure it ramps.
 //
 // Connectivity: the channel is READY while any child is READY, and calls go
 // through the core over the READY children. Otherwise the policy reports

@@ -941,3 +941,49 @@ func TestPickAfterCloseWaitsForTheNextPicker(t *testing.T) {
 		assert.Equal(t, balancer.ErrNoSubConnAvailable, err, "%s: a pick after Close", name)
 	}
 }
+
+// A connection the server closes gracefully (its MaxConnectionAge, which
+// servers set so clients spread over new replicas) takes a pickfirst child
+// from READY to IDLE, and endpointsharding has it reconnect at once. The
+// server is the same warm process: the endpoint must not go through slow
+// start again, or with MaxConnectionAge under SlowStartWindow it would
+// never leave it (before, it ramped from SlowStartMinWeight after each
+// rotation: a real server with a 300ms MaxConnectionAge stayed at 0.1). A
+// reconnect after TRANSIENT_FAILURE (connection refused, or a health check
+// NOT_SERVING) is a recovery, and ramps, as in Envoy.
+func TestReconnectAfterAGracefulCloseDoesNotRamp(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 2)
+	b := h.lb().core.Load()
+	for range 20 { // both endpoints serve: they are in use
+		_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		res.Done(sent)
+	}
+	require.NotZero(t, stats(t, b, addr(0)).Picks)
+
+	sc := h.subConn(addr(0))
+	sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.Idle})
+	require.False(t, stats(t, b, addr(0)).Ready, "not ready while it reconnects")
+	for h.cc.ConnectAll() > 0 {
+	}
+	s := stats(t, b, addr(0))
+	require.True(t, s.Ready)
+	assert.Equal(t, 1.0, s.RampFactor, "ramping again after its connection was rotated")
+
+	// An outage: the reconnect fails first.
+	sc = h.subConn(addr(0))
+	sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.Idle})
+	sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.Connecting})
+	sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.TransientFailure, ConnectionError: errors.New("connection refused")})
+	for h.cc.ConnectAll() > 0 {
+	}
+	s = stats(t, b, addr(0))
+	require.True(t, s.Ready)
+	assert.Less(t, s.RampFactor, 1.0, "no slow start after an outage")
+
+	// A rotation while it ramps leaves the ramp as it was.
+	sc = h.subConn(addr(0))
+	sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.Idle})
+	for h.cc.ConnectAll() > 0 {
+	}
+	assert.Less(t, stats(t, b, addr(0)).RampFactor, 1.0, "a rotation ended the ramp of a recovering endpoint")
+}
