@@ -144,7 +144,8 @@
 // is live. The resend is made
 // under the call's pick: to the Balancer and to OnResult it is one
 // attempt, as net/http's own resend of a GET is (its Result has Resent
-// set, so that the races can be counted); it spends no retry
+// set, and Transport.Stats counts the resends, so that the races can be
+// counted; so are failovers); it spends no retry
 // budget (it adds no load: the server gets the call once) and is made
 // with DisableFailover too. A call not sent again fails, or fails over,
 // blaming no endpoint. A server that read the request and then closed

@@ -521,6 +521,11 @@ func TestIdleCloseRaceIsSentAgainOnce(t *testing.T) {
 			assert.Zero(t, st["a"].Failures)
 			assert.Zero(t, st["a"].ErrorRate)
 			assert.Equal(t, tc.wantRetries, tr.Balancer().RetryStats())
+			resends := uint64(1) // a call not sent again is not counted
+			if tc.name == "context ended" || tc.wantPanic {
+				resends = 0
+			}
+			assert.Equal(t, httpbalancer.TransportStats{Resends: resends, Failovers: tc.wantRetries.Allowed}, tr.Stats())
 			assert.Zero(t, totalInFlight(tr.Balancer()))
 		})
 	}

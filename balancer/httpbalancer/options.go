@@ -197,13 +197,14 @@ type Result struct {
 	// to retry the call on another endpoint, which then has its own
 	// Result. When no other endpoint can take the call, or the retry
 	// budget allows no retry, it is not set and the call fails with this
-	// attempt's error.
+	// attempt's error. Transport.Stats counts them (Failovers).
 	FailedOver bool
 	// Resent is set when the attempt was sent twice to its endpoint: the
 	// first time it met a keep-alive connection the server had just
 	// closed while idle, before any byte of it was sent (see Failover in
 	// the package doc). Counting them tells whether a Base's
-	// IdleConnTimeout is above the servers' keep-alive timeout.
+	// IdleConnTimeout is above the servers' keep-alive timeout;
+	// Transport.Stats counts them (Resends).
 	Resent bool
 }
 

@@ -26,7 +26,8 @@ import (
 // Concurrency: cfg, b and ownB are immutable after NewTransport. mu guards static
 // and discovered and serializes the Balancer updates made from them, so
 // Update and the discovery loop cannot interleave two halves of a set.
-// RoundTrip takes no lock. The discovery goroutine, if any, runs until Close.
+// RoundTrip takes no lock; resends and failovers are atomic. The
+// discovery goroutine, if any, runs until Close.
 type Transport struct {
 	cfg  *config
 	b    *balancer.Balancer
@@ -52,6 +53,31 @@ type Transport struct {
 	stopDiscovery context.CancelFunc // nil without Discovery
 	discoveryDone chan struct{}
 	closeOnce     sync.Once
+
+	// For Stats, each added to only on the path it counts.
+	resends, failovers atomic.Uint64
+}
+
+// TransportStats counts what a Transport did to a call beyond sending it
+// once to the endpoint picked for it. The Balancer counts the rest (per
+// endpoint in Stats; retry budget answers, every adapter's on a shared
+// Balancer, in RetryStats). Export them with metrics.NewTransportCollector.
+type TransportStats struct {
+	// Resends counts calls sent again to the same endpoint because
+	// net/http had put them on a keep-alive connection the server had
+	// just closed while idle ("server closed idle connection"; see
+	// Failover in the package doc), the Results with Resent set. Any
+	// steady rate says a Base closes idle connections later than the
+	// servers do (its IdleConnTimeout is above their keep-alive timeout).
+	Resends uint64
+	// Failovers counts calls retried on another endpoint after failing
+	// before any response, the Results with FailedOver set.
+	Failovers uint64
+}
+
+// Stats returns the Transport's counts. It takes no lock.
+func (t *Transport) Stats() TransportStats {
+	return TransportStats{Resends: t.resends.Load(), Failovers: t.failovers.Load()}
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -382,6 +408,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 				if again, ok := c.resend(&rb); ok {
 					resent, body = true, again
 					c.ends.Or(endResent)
+					t.resends.Add(1)
 					continue
 				}
 			}
@@ -400,6 +427,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		c.failOver(blame, &next)
 		c.pick, body = next.pick, next.body
 		failedOver = true
+		t.failovers.Add(1)
 		c.ends.And(^uint32(endResent)) // the resend was the failed attempt's
 	}
 }
