@@ -21,7 +21,7 @@
 //	balancer/grpcbalancer   gRPC load-balancing policy "inferlb"
 //	balancer/httpbalancer   http.RoundTripper for OpenAI-compatible APIs
 //	telemetry/dcgm, telemetry/modelserver, telemetry/promapi   telemetry sources
-//	metrics                 Prometheus collectors over a Balancer, a telemetry Store and a Poller
+//	metrics                 Prometheus collectors over a Balancer, a telemetry Store, a Poller and an HTTP Transport
 //	benchmarks, examples    fleet simulator and runnable programs
 //
 // # The life of one request

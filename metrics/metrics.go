@@ -1,8 +1,10 @@
 // Package metrics exports a Balancer's live state as Prometheus metrics, so
 // operators see what the router sees: load, latency, error rate and standing
 // (Collector), what became of the telemetry samples offered to a telemetry
-// Store (StoreCollector), and how the telemetry Pollers that feed it are
-// doing (PollerCollector). It is an adapter: the core never imports
+// Store (StoreCollector), how the telemetry Pollers that feed it are
+// doing (PollerCollector), and what an HTTP Transport did to its calls
+// beyond sending each once: resends after an idle close, failovers
+// (TransportCollector). It is an adapter: the core never imports
 // Prometheus.
 //
 // Each collector exports the counts of the object it is built over, labelled
