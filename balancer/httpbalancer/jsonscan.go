@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math/bits"
 	"sync/atomic"
+	"unicode/utf16"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -25,8 +27,9 @@ import (
 //
 // Concurrency: a scanner and the body it fills belong to one Inspect call.
 type scanner struct {
-	b []byte
-	i int
+	b   []byte
+	i   int
+	key [32]byte // the last key read, when it had escapes (nextKey)
 }
 
 func (s *scanner) ws() {
@@ -69,9 +72,9 @@ func (s *scanner) eat(c byte) bool {
 }
 
 // str reads a string. raw is the text between the quotes; esc reports
-// escape sequences (raw is then not the decoded value, and quoted gives the
-// string with its quotes, to decode). Returning only raw keeps the results
-// in fewer registers: it is called a dozen times per small body.
+// escape sequences (raw is then not the decoded value: unquote gives it).
+// Returning only raw keeps the results in fewer registers: it is called a
+// dozen times per small body.
 // Keys, roles and model names are short: str looks for the closing quote
 // (or a backslash) eight bytes at a time, which ends a short string before
 // bytes.IndexByte would have finished its setup. Past shortStr bytes it
@@ -143,16 +146,8 @@ func (s *scanner) longStr(start int) (raw []byte, esc, ok bool) {
 	return nil, false, false
 }
 
-// quoted returns raw, which str just returned, with its quotes, when esc
-// says it needs decoding; nil otherwise. It must be called before the
-// scanner moves on: str leaves s.i just past the closing quote.
-func (s *scanner) quoted(raw []byte, esc bool) []byte {
-	if !esc {
-		return nil
-	}
-	return s.b[s.i-len(raw)-2 : s.i]
-}
-
+// decode returns the value of the JSON string quoted (raw with its
+// quotes) as encoding/json reads it, or raw when it is not valid JSON.
 func decode(raw, quoted []byte, esc bool) string {
 	if esc {
 		var v string
@@ -163,11 +158,114 @@ func decode(raw, quoted []byte, esc bool) string {
 	return string(raw)
 }
 
-// view is decode for text that does not outlive the parse: an unescaped
-// string aliases the body instead of being copied.
-func view(raw, quoted []byte, esc bool) string {
+// unquote is decode for the scanner, from raw alone, in one allocation of
+// the value's size: a body can hold a great many short escaped strings, and
+// json.Unmarshal costs three allocations and some 170 bytes each.
+func unquote(raw []byte, esc bool) string {
 	if esc {
-		return decode(raw, quoted, esc)
+		if v, ok := appendUnquoted(make([]byte, 0, len(raw)), raw); ok {
+			return unsafe.String(unsafe.SliceData(v), len(v))
+		}
+	}
+	return string(raw)
+}
+
+// appendUnquoted appends to dst the value of the JSON string whose text
+// between the quotes is raw, as encoding/json decodes it: invalid UTF-8 and
+// unpaired surrogates become U+FFFD. ok is false where encoding/json
+// rejects the string (a control character, an unknown or short escape);
+// dst then holds part of the value.
+func appendUnquoted(dst, raw []byte) (_ []byte, ok bool) {
+	for i := 0; i < len(raw); {
+		c := raw[i]
+		switch {
+		case c == '\\':
+			if i+1 >= len(raw) {
+				return dst, false
+			}
+			switch e := raw[i+1]; e {
+			case '"', '\\', '/':
+				dst = append(dst, e)
+			case 'b':
+				dst = append(dst, '\b')
+			case 'f':
+				dst = append(dst, '\f')
+			case 'n':
+				dst = append(dst, '\n')
+			case 'r':
+				dst = append(dst, '\r')
+			case 't':
+				dst = append(dst, '\t')
+			case 'u':
+				r := hex4(raw[i+2:])
+				if r < 0 {
+					return dst, false
+				}
+				i += 6
+				if utf16.IsSurrogate(r) {
+					// A pair makes one rune; otherwise this half is
+					// U+FFFD and what follows is read on its own.
+					if i+1 < len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
+						if p := utf16.DecodeRune(r, hex4(raw[i+2:])); p != utf8.RuneError {
+							r, i = p, i+6
+						} else {
+							r = utf8.RuneError
+						}
+					} else {
+						r = utf8.RuneError
+					}
+				}
+				dst = utf8.AppendRune(dst, r)
+				continue
+			default:
+				return dst, false
+			}
+			i += 2
+		case c < ' ' || c == '"':
+			return dst, false
+		case c < utf8.RuneSelf:
+			j := i + 1
+			for j < len(raw) && raw[j] >= ' ' && raw[j] < utf8.RuneSelf && raw[j] != '\\' && raw[j] != '"' {
+				j++
+			}
+			dst = append(dst, raw[i:j]...)
+			i = j
+		default:
+			r, n := utf8.DecodeRune(raw[i:])
+			dst = utf8.AppendRune(dst, r)
+			i += n
+		}
+	}
+	return dst, true
+}
+
+// hex4 reads the four hex digits of a \u escape at the start of b, or -1.
+func hex4(b []byte) rune {
+	if len(b) < 4 {
+		return -1
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return -1
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
+
+// view is unquote for text that does not outlive the parse: an unescaped
+// string aliases the body instead of being copied.
+func view(raw []byte, esc bool) string {
+	if esc {
+		return unquote(raw, esc)
 	}
 	return alias(raw)
 }
@@ -189,9 +287,9 @@ var models [64]atomic.Pointer[string]
 const maxInternModel = 256
 
 // internModel is decode for the model name, from the cache when it is there.
-func internModel(raw, quoted []byte, esc bool) string {
+func internModel(raw []byte, esc bool) string {
 	if esc || len(raw) > maxInternModel {
-		return decode(raw, quoted, esc)
+		return unquote(raw, esc)
 	}
 	h := uint32(2166136261) // FNV-1a
 	for _, c := range raw {
@@ -304,7 +402,8 @@ const (
 // colon. first is true right after the '{'. One peek decides between the
 // separator, the end and a break; the colon of compact JSON is checked in
 // place. A key spelled with escapes ("mod\u0065l") is decoded, as
-// encoding/json reads it; no encoder writes one, so the copy is rare.
+// encoding/json reads it, into the scanner's key buffer: the key is valid
+// until the next call.
 func (s *scanner) nextKey(first bool) (key []byte, st int) {
 	switch c := s.peek(); {
 	case c == '}':
@@ -321,7 +420,7 @@ func (s *scanner) nextKey(first bool) (key []byte, st int) {
 		return nil, broken
 	}
 	if esc {
-		key = []byte(decode(key, s.quoted(key, esc), esc))
+		key = s.unquoteKey(key)
 	}
 	if s.i < len(s.b) && s.b[s.i] == ':' {
 		s.i++
@@ -329,6 +428,25 @@ func (s *scanner) nextKey(first bool) (key []byte, st int) {
 		return nil, broken
 	}
 	return key, member
+}
+
+// maxKey is the length of the longest key the scanner looks for
+// ("max_completion_tokens"). A \u escape is 6 bytes of one character at
+// least, so an escaped key longer than 6*maxKey is none of them.
+const maxKey = len("max_completion_tokens")
+
+// unquoteKey decodes an escaped key into s.key, without allocating unless
+// its value is longer than any key looked for. A key too long to be one of
+// them, or not valid JSON, comes back as raw, which (with its backslash)
+// matches none.
+func (s *scanner) unquoteKey(raw []byte) []byte {
+	if len(raw) > 6*maxKey {
+		return raw
+	}
+	if k, ok := appendUnquoted(s.key[:0], raw); ok {
+		return k
+	}
+	return raw
 }
 
 // nextElem steps to the next element of the array whose '[' was read.
@@ -423,7 +541,7 @@ func (s *scanner) field(key []byte, out *body) bool {
 		}
 		raw, esc, ok := s.str()
 		if ok {
-			out.model = internModel(raw, s.quoted(raw, esc), esc)
+			out.model = internModel(raw, esc)
 		}
 		return ok
 	case "messages":
@@ -452,7 +570,7 @@ func (s *scanner) field(key []byte, out *body) bool {
 		}
 		out.chars += len(raw)
 		if out.keyed {
-			out.system = view(raw, s.quoted(raw, esc), esc)
+			out.system = view(raw, esc)
 		}
 		return true
 	// The IDs below go to Keyer.Session only, so views of the body do.
@@ -500,7 +618,7 @@ func (s *scanner) stringView(dst *string) bool {
 	}
 	raw, esc, ok := s.str()
 	if ok {
-		*dst = view(raw, s.quoted(raw, esc), esc)
+		*dst = view(raw, esc)
 	}
 	return ok
 }
@@ -541,7 +659,7 @@ func (s *scanner) promptValue(out *body) bool {
 		}
 		out.chars += len(raw)
 		if out.keyed && !out.hasText {
-			out.prompt, out.hasText = view(raw, s.quoted(raw, esc), esc), true
+			out.prompt, out.hasText = view(raw, esc), true
 		}
 		return true
 	case '[':
@@ -568,7 +686,7 @@ func (s *scanner) promptElem(out *body) bool {
 			if out.keyed && !out.hasText {
 				// A batch of prompts: key on the first, which is
 				// where a shared prefix would be.
-				out.prompt, out.hasText = view(raw, s.quoted(raw, esc), esc), true
+				out.prompt, out.hasText = view(raw, esc), true
 			}
 		}
 		return ok
@@ -626,9 +744,13 @@ func (s *scanner) message(out *body) bool {
 		}
 		switch {
 		case string(key) == "role":
+			// Only a collected message's role is read: an unusual one
+			// is decoded and copied.
 			raw, esc, ok2 := s.str()
 			if ok2 {
-				role = internRole(raw, s.quoted(raw, esc), esc)
+				if out.collect {
+					role = internRole(raw, esc)
+				}
 				ok = true
 			} else {
 				ok = s.skip()
@@ -680,7 +802,7 @@ func (s *scanner) content(out *body) bool {
 		if ok {
 			out.chars += len(raw)
 			if out.collect {
-				out.addPart(raw, s.quoted(raw, esc), esc)
+				out.addPart(raw, esc)
 			}
 		}
 		return ok
@@ -719,7 +841,7 @@ func (s *scanner) contentPart(out *body) bool {
 		} else {
 			out.chars += len(raw)
 			if out.collect {
-				out.addPart(raw, s.quoted(raw, esc), esc)
+				out.addPart(raw, esc)
 			}
 		}
 		if !ok {
@@ -773,11 +895,11 @@ func (s *scanner) imageURL(out *body) bool {
 
 func (out *body) addImage(url []byte) {
 	marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(url))
-	out.addPart(marker, marker, false)
+	out.addPart(marker, false)
 }
 
 // addPart collects one piece of a message's text.
-func (out *body) addPart(raw, quoted []byte, esc bool) {
+func (out *body) addPart(raw []byte, esc bool) {
 	out.nparts++
 	if out.nparts == 1 && !esc {
 		out.single = raw
@@ -792,11 +914,11 @@ func (out *body) addPart(raw, quoted []byte, esc bool) {
 		// after an empty one.
 		out.parts = append(out.parts, '\n')
 	}
-	out.parts = appendText(out.parts, raw, quoted, esc)
+	out.parts = appendText(out.parts, raw, esc)
 }
 
 // internRole returns the usual chat roles without allocating.
-func internRole(raw, quoted []byte, esc bool) string {
+func internRole(raw []byte, esc bool) string {
 	switch string(raw) {
 	case "system":
 		return "system"
@@ -809,12 +931,17 @@ func internRole(raw, quoted []byte, esc bool) string {
 	case "tool":
 		return "tool"
 	}
-	return decode(raw, quoted, esc)
+	return unquote(raw, esc)
 }
 
-func appendText(dst, raw, quoted []byte, esc bool) []byte {
+func appendText(dst, raw []byte, esc bool) []byte {
 	if esc {
-		return append(dst, decode(raw, quoted, esc)...)
+		v, ok := appendUnquoted(dst, raw)
+		if ok {
+			return v
+		}
+		// Not valid JSON: the text as written, as unquote gives it.
+		dst = v[:len(dst)]
 	}
 	return append(dst, raw...)
 }

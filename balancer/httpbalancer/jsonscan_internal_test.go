@@ -1,6 +1,7 @@
 package httpbalancer
 
 import (
+	"encoding/json"
 	"fmt"
 	"runtime/debug"
 	"slices"
@@ -196,8 +197,8 @@ func TestInternedModelsAreBounded(t *testing.T) {
 	long := strings.Repeat("m", maxInternModel+1)
 	for i := range 10 * len(models) {
 		name := []byte(fmt.Sprintf("made-up-%d", i))
-		assert.Equal(t, string(name), internModel(name, nil, false))
-		assert.Equal(t, long, internModel([]byte(long), nil, false))
+		assert.Equal(t, string(name), internModel(name, false))
+		assert.Equal(t, long, internModel([]byte(long), false))
 	}
 	for i := range models {
 		if p := models[i].Load(); p != nil {
@@ -249,5 +250,61 @@ func TestScannerCollectsOnlyWhatTheKeyReads(t *testing.T) {
 		whole = append(whole, cache.Message{Role: "user", Content: "q"})
 		k := cache.NewKeyer(7)
 		require.Equal(t, k.Chat("m", whole), k.Chat("m", got.msgs), el)
+	}
+}
+
+// TestScannerDecodesWithoutAllocatingPerString: a body of many short
+// escaped strings (keys spelled "\u0061", roles, text parts) is request
+// data. Each used to cost a json.Unmarshal (three allocations, about 170
+// bytes), whatever its length: 17 bytes allocated per byte of such a body.
+func TestScannerDecodesWithoutAllocatingPerString(t *testing.T) {
+	n := 1 << 16
+	for name, b := range map[string]string{
+		"keys":        `{"model":"m",` + strings.Repeat(`"\u0061":0,`, n) + `"a":0}`,
+		"keys inside": `{"model":"m","messages":[{"role":"user","content":[` + strings.Repeat(`{"t\u0065xt":"x","\u0061":0},`, n) + `{}]}]}`,
+		"later roles": `{"model":"m","messages":[{"role":"user","content":"x"},` + strings.Repeat(`{"role":"\u0061"},`, n) + `{}]}`,
+		"parts":       `{"model":"m","messages":[{"role":"system","content":[` + strings.Repeat(`{"text":"\n"},`, n) + `{}]},{"role":"user","content":"x"}]}`,
+	} {
+		in := []byte(b)
+		allocs := testing.AllocsPerRun(2, func() {
+			var o body
+			parseBody(in, true, &o)
+		})
+		assert.Less(t, allocs, 64.0, name)
+	}
+}
+
+// FuzzUnquoteMatchesEncodingJSON: appendUnquoted reads a string as
+// encoding/json does, and rejects what it rejects.
+func FuzzUnquoteMatchesEncodingJSON(f *testing.F) {
+	for _, s := range []string{
+		``, `plain`, `a\"b`, `\\`, `\/\b\f\n\r\t`, `\u00e9t\u00e9`, `\ud83d\ude00`, `\ud83d`, `\ud83dx`,
+		`\ude00\ud83d`, `\ud83d\u0041`, `\ud83d\ud83d\ude00`, `\u12`, `\u12g4`, `\x`, `\'`, `a\`, "a\x01b", "\xff\xfe",
+		"\xef\xbf\xbd", `"`, `a"b`, `\uD83D\uDE00`, `\u0000`, "\u2028", `\u0061\u0062`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, ok := appendUnquoted([]byte("prefix"), raw)
+		var want string
+		err := json.Unmarshal([]byte(`"`+string(raw)+`"`), &want)
+		if ok != (err == nil) || ok && string(got) != "prefix"+want {
+			t.Fatalf("%q: got %q %v, encoding/json %q %v", raw, got, ok, want, err)
+		}
+	})
+}
+
+// TestUnquoteMatchesEncodingJSON runs the fuzz seeds and every escape.
+func TestUnquoteMatchesEncodingJSON(t *testing.T) {
+	for c := range 256 {
+		for _, raw := range []string{`\` + string(rune(c)), string([]byte{byte(c)}), `\u00` + fmt.Sprintf("%02x", c), `\ud800\udc` + fmt.Sprintf("%02X", c)} {
+			got, ok := appendUnquoted(nil, []byte(raw))
+			var want string
+			err := json.Unmarshal([]byte(`"`+raw+`"`), &want)
+			require.Equal(t, err == nil, ok, raw)
+			if ok {
+				require.Equal(t, want, string(got), raw)
+			}
+		}
 	}
 }

@@ -275,7 +275,10 @@ func (t *topScan) member(end int64) {
 	}
 	key := quoted[1 : len(quoted)-1]
 	if bytes.IndexByte(key, '\\') >= 0 {
-		key = []byte(decode(key, quoted, true))
+		var kd [maxTailKey]byte // keys longer than any of tailKeys may allocate
+		if k, ok := appendUnquoted(kd[:0], key); ok {
+			key = k
+		}
 	}
 	for k, name := range tailKeys {
 		if string(key) == name {
