@@ -432,6 +432,9 @@ func decodeError(js []byte, err error) error {
 		if field == "" {
 			field = "(top level)"
 		}
+		if field == "methods" {
+			field = badMethod(js) // a value in the map, or the map
+		}
 		// A number of the wrong kind (2.5 for a count) or one that does
 		// not fit (1e30 for a count, 1e400 for any field).
 		if num, ok := strings.CutPrefix(typeErr.Value, "number "); ok {
@@ -449,6 +452,35 @@ func decodeError(js []byte, err error) error {
 		return fmt.Errorf("inferlb: service config: unknown field %q", unknownFieldPath(js, key))
 	}
 	return fmt.Errorf("inferlb: service config: %v", err)
+}
+
+// badMethod names the first entry of js's "methods" whose value is not a
+// string, as methods["/pkg.Svc/M"]: encoding/json's error names the map
+// alone. It returns "methods" when it finds none, or "methods" is no object.
+func badMethod(js []byte) string {
+	var top struct {
+		Methods map[string]json.RawMessage `json:"methods"`
+	}
+	if json.Unmarshal(js, &top) != nil {
+		return "methods"
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	for { // in the order written, not the map's
+		tok, err := dec.Token()
+		if err != nil {
+			return "methods"
+		}
+		key, ok := tok.(string)
+		if !ok {
+			continue
+		}
+		if raw, ok := top.Methods[key]; ok {
+			var v string
+			if json.Unmarshal(raw, &v) != nil {
+				return fmt.Sprintf("methods[%q]", key)
+			}
+		}
+	}
 }
 
 // unknownFieldPath names the section an unknown field is in ("orca.oob"):
