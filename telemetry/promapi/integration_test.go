@@ -69,6 +69,16 @@ sglang:num_queue_reqs{dp_rank="1",model_name="m",priority="",pp_rank="0",tp_rank
 sglang:token_usage{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 0.4
 sglang:token_usage{dp_rank="1",model_name="m",pp_rank="0",tp_rank="0"} 0.6
 `,
+	// A server that two scrape jobs select (a ServiceMonitor and a
+	// PodMonitor over the same pods, or a chart's own and yours): its
+	// series come twice, differing in the job label.
+	"vllm-twice": `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 4
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 6
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.5
+`,
 	// Two data-parallel engines of one vLLM server.
 	"vllm-dp": `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 2
@@ -89,6 +99,8 @@ var want = map[string]map[string]float64{
 	"sglang":    {"running": 5, "waiting": 2, "kv_cache_usage": 0.7},
 	"sglang-dp": {"running": 8, "waiting": 4, "kv_cache_usage": 0.6},
 	"vllm-dp":   {"running": 7, "waiting": 5, "kv_cache_usage": 0.8},
+	// One server's requests, however many jobs scrape it.
+	"vllm-twice": {"running": 4, "waiting": 6, "kv_cache_usage": 0.5},
 }
 
 // syncBuffer collects a child process's output for failure messages.
@@ -131,7 +143,7 @@ func TestRealPrometheus(t *testing.T) {
 
 	// The exporters. Prometheus names each by its host:port instance label.
 	idOf := map[string]string{} // instance -> exporter name
-	var targets []string
+	var targets, again []string
 	for name, body := range exporters {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -141,6 +153,9 @@ func TestRealPrometheus(t *testing.T) {
 		instance := strings.TrimPrefix(srv.URL, "http://")
 		idOf[instance] = name
 		targets = append(targets, fmt.Sprintf("%q", instance))
+		if name == "vllm-twice" {
+			again = append(again, fmt.Sprintf("%q", instance))
+		}
 	}
 
 	dir := t.TempDir()
@@ -152,7 +167,10 @@ scrape_configs:
   - job_name: inference
     static_configs:
       - targets: [%s]
-`, strings.Join(targets, ", "))), 0o600))
+  - job_name: inference-again
+    static_configs:
+      - targets: [%s]
+`, strings.Join(targets, ", "), strings.Join(again, ", "))), 0o600))
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	var logs syncBuffer
 	cmd := exec.Command(bin,
@@ -198,6 +216,10 @@ scrape_configs:
 		case <-tick.C:
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		if !bothJobsUp(ctx, src) {
+			cancel()
+			continue
+		}
 		obs, err := src.Collect(ctx)
 		cancel()
 		lastErr = err
@@ -223,4 +245,21 @@ scrape_configs:
 	u, _ := kv.Get(telemetry.KVCacheUsage)
 	assert.Equal(t, 0.95, u)
 	assert.Equal(t, uint64(len(exporters)), p.Stats().Published)
+}
+
+// bothJobsUp reports whether Prometheus has scraped vllm-twice through
+// both of its jobs: before that, its series would count once anyway.
+func bothJobsUp(ctx context.Context, src *promapi.Source) bool {
+	up := *src
+	up.Queries = map[telemetry.Field]string{telemetry.Running: `sum by (instance) (up)`}
+	obs, err := up.Collect(ctx)
+	if err != nil {
+		return false
+	}
+	for _, o := range obs {
+		if n, _ := o.Sample.Get(telemetry.Running); o.EndpointID == "vllm-twice" && n == 2 {
+			return true
+		}
+	}
+	return false
 }

@@ -45,16 +45,19 @@ const fieldLabel = "inferlb_field"
 // the same instance label (they aggregate by instance, so with another
 // EndpointLabel give Queries of your own that keep it), as
 // modelserver.Parse reads one server: counts add up over a server's separate
-// batches (vLLM's engine="N", SGLang's dp_rank) but not over the processes
-// that export one batch (SGLang's tensor- and pipeline-parallel ranks, with
-// tp_rank, pp_rank and moe_ep_rank labels: their largest counts once), and
-// not over SGLang's per-priority breakdown of a total (priority="" is the
-// total, and matches series without the label); usage takes the max over a
-// server's series.
+// batches (vLLM's engine="N", SGLang's dp_rank) and over nothing else: not
+// over the processes that export one batch (SGLang's tensor- and
+// pipeline-parallel ranks, with tp_rank, pp_rank and moe_ep_rank labels:
+// their largest counts once), not over SGLang's per-priority breakdown of a
+// total (priority="" is the total, and matches series without the label),
+// and not over copies of one series that differ in labels Prometheus added
+// (two scrape jobs that select the same pods, such as a ServiceMonitor and
+// a PodMonitor, or HA replicas read without deduplication): summed, those
+// would double a server's count. Usage takes the max over a server's series.
 func DefaultQueries() map[telemetry.Field]string {
 	return map[telemetry.Field]string{
-		telemetry.Running:      `sum by (instance) (max without (tp_rank, pp_rank, moe_ep_rank) ({__name__=~"vllm:num_requests_running|sglang:num_running_reqs|trtllm_num_requests_running",priority=""}))`,
-		telemetry.Waiting:      `sum by (instance) (max without (tp_rank, pp_rank, moe_ep_rank) ({__name__=~"vllm:num_requests_waiting|sglang:num_queue_reqs|trtllm_num_requests_waiting",priority=""}))`,
+		telemetry.Running:      `sum by (instance) (max by (instance, engine, dp_rank) ({__name__=~"vllm:num_requests_running|sglang:num_running_reqs|trtllm_num_requests_running",priority=""}))`,
+		telemetry.Waiting:      `sum by (instance) (max by (instance, engine, dp_rank) ({__name__=~"vllm:num_requests_waiting|sglang:num_queue_reqs|trtllm_num_requests_waiting",priority=""}))`,
 		telemetry.KVCacheUsage: `max by (instance) ({__name__=~"vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|sglang:token_usage|trtllm_kv_cache_utilization"})`,
 		telemetry.GPUUtil:      `max by (instance) (DCGM_FI_DEV_GPU_UTIL) / 100`,
 	}
