@@ -103,7 +103,7 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	for _, t := range targets {
 		m := t.Map
 		if m == nil && s.Map == nil {
-			return nil, fmt.Errorf("dcgm: Source.Map is nil and target %q has no Map: no way to map GPUs to endpoints", t.URL)
+			return nil, fmt.Errorf("dcgm: Source.Map is nil and target %q has no Map: no way to map GPUs to endpoints", promtext.Redacted(t.URL))
 		}
 		k := promtext.URLKey(t.URL)
 		i, ok := at[k]
@@ -139,7 +139,7 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		}
 		gpus, err := parseBytes(body)
 		if err != nil {
-			err = fmt.Errorf("%s: %w", e.url, err)
+			err = fmt.Errorf("%s: %w", promtext.Redacted(e.url), err)
 		}
 		results[i] = result{gpus: gpus, err: err}
 	})

@@ -371,3 +371,18 @@ func TestSourceTargetWithoutMap(t *testing.T) {
 	assert.NotErrorIs(t, err, telemetry.ErrPartial)
 	assert.Equal(t, []int64{0, 0}, hits(a, b), "a configuration error, before any scrape")
 }
+
+// An exporter scraped with credentials in its URL: the errors that name
+// it (OnError logs them) must not carry the password.
+func TestSourceErrorsRedactThePassword(t *testing.T) {
+	e := newExporter(t, "node_cpu_seconds_total 1\n", false) // not a dcgm-exporter
+	url := strings.Replace(e.url, "http://", "http://scraper:s3cr3t@", 1)
+	_, err := (&dcgm.Source{Client: client(t), URLs: []string{url}, Map: dcgm.ByHost(nil)}).Collect(t.Context())
+	require.ErrorIs(t, err, dcgm.ErrNoGPUs)
+	assert.NotContains(t, err.Error(), "s3cr3t")
+	assert.Contains(t, err.Error(), "scraper:xxxxx@")
+
+	_, err = (&dcgm.Source{Client: client(t), URLs: []string{url}}).Collect(t.Context())
+	require.ErrorContains(t, err, "no Map")
+	assert.NotContains(t, err.Error(), "s3cr3t")
+}

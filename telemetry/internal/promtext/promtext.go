@@ -459,7 +459,8 @@ const accept = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 // Fetch GETs url with client (nil means http.DefaultClient) and returns the
 // body, at most maxBytes of it (<= 0 means DefaultMaxBytes). A non-2xx
-// status or a larger body is an error.
+// status or a larger body is an error. Errors name url without its
+// password (see Redacted).
 func Fetch(ctx context.Context, client *http.Client, url string, maxBytes int64) ([]byte, error) {
 	if client == nil {
 		client = http.DefaultClient
@@ -480,14 +481,14 @@ func Fetch(ctx context.Context, client *http.Client, url string, maxBytes int64)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		// Drain a little so the connection can be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("GET %s: status %s", url, resp.Status)
+		return nil, fmt.Errorf("GET %s: status %s", Redacted(url), resp.Status)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("GET %s: reading body: %w", url, err)
+		return nil, fmt.Errorf("GET %s: reading body: %w", Redacted(url), err)
 	}
 	if int64(len(body)) > maxBytes {
-		return nil, fmt.Errorf("GET %s: %w (limit %d bytes)", url, ErrTooLarge, maxBytes)
+		return nil, fmt.Errorf("GET %s: %w (limit %d bytes)", Redacted(url), ErrTooLarge, maxBytes)
 	}
 	return body, nil
 }

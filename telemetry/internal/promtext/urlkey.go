@@ -31,3 +31,28 @@ func URLKey(raw string) string {
 	u.Fragment, u.RawFragment = "", ""
 	return u.String()
 }
+
+// Redacted returns raw for an error message: with the password of its user
+// information replaced by "xxxxx", as net/http's own errors name a URL, so
+// that errors (which OnError callbacks log) never carry a scrape target's
+// credentials. A URL that does not parse loses all of its user information.
+func Redacted(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		if _, has := u.User.Password(); !has {
+			return raw
+		}
+		return u.Redacted()
+	}
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return raw
+	}
+	authority, path, slash := strings.Cut(rest, "/")
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		authority = "xxxxx" + authority[i:]
+	}
+	if slash {
+		return scheme + "://" + authority + "/" + path
+	}
+	return scheme + "://" + authority
+}

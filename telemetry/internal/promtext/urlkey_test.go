@@ -32,3 +32,18 @@ func TestURLKey(t *testing.T) {
 		}
 	}
 }
+
+func TestRedacted(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://node-a:9400/metrics":           "http://node-a:9400/metrics",
+		"http://scraper:s3cr3t@node-a/metrics": "http://scraper:xxxxx@node-a/metrics",
+		"http://scraper@node-a/metrics":        "http://scraper@node-a/metrics",
+		"http://scraper:s3cr3t@node-a:bad/m":   "http://xxxxx@node-a:bad/m", // does not parse
+		"http://scraper:s3:cr@t@node-a:bad":    "http://xxxxx@node-a:bad",
+		"not a url":                            "not a url",
+	} {
+		if got := Redacted(in); got != want {
+			t.Errorf("Redacted(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,40 @@
+package promtext_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/telemetry/internal/promtext"
+)
+
+// Metrics endpoints behind basic auth are scraped with the credentials in
+// the URL (http://user:password@host/metrics). Fetch's errors go to
+// PollerOptions.OnError, which logs them: they named the URL as given,
+// password and all. They must name it as net/http's own errors do, with
+// the password redacted.
+func TestFetchErrorsRedactThePassword(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/big" {
+			_, _ = w.Write([]byte(strings.Repeat("x", 100)))
+			return
+		}
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	t.Cleanup(srv.Close)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	base := strings.Replace(srv.URL, "http://", "http://scraper:s3cr3t@", 1)
+
+	for _, path := range []string{"/metrics", "/big"} {
+		_, err := promtext.Fetch(t.Context(), client, base+path, 10)
+		require.Error(t, err)
+		assert.NotContains(t, err.Error(), "s3cr3t")
+		assert.Contains(t, err.Error(), "scraper:xxxxx@", "the URL is still named")
+	}
+}
