@@ -76,7 +76,10 @@
 // is over a size limit: that is the message's doing, and counts as a
 // success when the endpoint answered, else as nothing); CANCELLED is the
 // client's doing and counts as neither; other codes describe the request
-// and count as the endpoint's success. A pick whose call was never sent counts as nothing.
+// and count as the endpoint's success. A pick whose call was never sent counts as nothing,
+// and so does a request the client could not encode (an INTERNAL "error
+// while marshaling" or "compressing" before any answer: a proto3 string
+// that is not UTF-8, say).
 // An attempt the server did not process (a stream refused with
 // REFUSED_STREAM, or dropped by a graceful GOAWAY: MaxConnectionAge, a
 // rolling restart, a draining sidecar) is an overload answer without a

@@ -2,11 +2,14 @@ package grpcbalancer_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
@@ -71,5 +74,57 @@ func TestE2EMessageOverASizeLimitIsNoOverload(t *testing.T) {
 		if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
 			t.Errorf("%s: the next call: %v", c.name, err)
 		}
+	}
+}
+
+func init() { encoding.RegisterCompressor(brokenCompressor{}) }
+
+// brokenCompressor fails to compress anything.
+type brokenCompressor struct{}
+
+func (brokenCompressor) Compress(io.Writer) (io.WriteCloser, error) {
+	return nil, errors.New("compressor out of order")
+}
+func (brokenCompressor) Decompress(io.Reader) (io.Reader, error) {
+	return nil, errors.New("compressor out of order")
+}
+func (brokenCompressor) Name() string { return "inferlb-test-broken" }
+
+// A request the client cannot encode (a proto3 string that is not UTF-8,
+// as a prompt cut mid-character can be; a compressor that fails) fails the call INTERNAL on the
+// client, after the pick and with the stream open, but before the request
+// left: the request's doing, not the endpoint's. Counted as failures, a
+// few such calls tripped the breaker of whichever endpoint they picked,
+// and a client sending them steadily ejected the fleet one by one.
+func TestE2ERequestTheClientCannotEncodeIsNoFailure(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(srv, bigAnswer{})
+	run(t, srv, lis)
+	addr := lis.Addr().String()
+	name, b := shared(t, core.Options{PanicThreshold: -1})
+	conn, _ := dial(t, []*backend{{addr: addr}}, name, `{}`)
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	if _, err = client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	for range core.DefaultBreakerFailures {
+		bad := &testgrpc.SimpleRequest{ResponseStatus: &testgrpc.EchoStatus{Message: "\xff"}}
+		if _, err := client.UnaryCall(ctx, bad); status.Code(err) != codes.Internal {
+			t.Fatalf("a request that cannot be marshaled: %v, want INTERNAL", err)
+		}
+		if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{ResponseSize: 1}, grpc.UseCompressor(brokenCompressor{}.Name())); status.Code(err) != codes.Internal {
+			t.Fatalf("a request that cannot be compressed: %v, want INTERNAL", err)
+		}
+	}
+	if s := stats(t, b, addr); s.Failures != 0 || s.BreakerOpen || s.ErrorRate != 0 {
+		t.Errorf("after requests the client could not encode: %d failures, breaker open %v, error rate %v; want none", s.Failures, s.BreakerOpen, s.ErrorRate)
+	}
+	if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
+		t.Errorf("the next call: %v", err)
 	}
 }

@@ -44,6 +44,9 @@ var (
 	// errTooLargeToSend is a request over the client's send limit: it
 	// never left, so it counts as neither (see outcome).
 	errTooLargeToSend = fmt.Errorf("inferlb: request over the send size limit: %w", context.Canceled)
+	// errNotEncoded is a request the client could not marshal or compress
+	// (msgNotEncoded): it never left either, and counts as neither.
+	errNotEncoded = fmt.Errorf("inferlb: the client could not encode the request: %w", context.Canceled)
 )
 
 // The messages grpc-go gives an attempt the server did not process (its
@@ -62,6 +65,13 @@ const (
 // (...)", and the decompression variants. Pinned by
 // TestE2EMessageOverASizeLimitIsNoOverload.
 const msgTooLarge = "larger than max"
+
+// msgNotEncoded starts each INTERNAL grpc-go gives a request the client
+// could not encode, after the pick, with the stream open: "grpc: error
+// while marshaling: ..." (a proto3 string that is not UTF-8, say) and
+// "grpc: error while compressing: ...". Pinned by
+// TestE2ERequestTheClientCannotEncodeIsNoFailure.
+var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error while compressing: "}
 
 // outcome turns how gRPC says a call ended into how the core should count it.
 //
@@ -101,6 +111,11 @@ const msgTooLarge = "larger than max"
 // ends the attempt with no error at all although nothing came back
 // (errNoAnswer): that counts the same way, not as a success.
 //
+// A request the client could not encode (msgNotEncoded) never left it
+// either: INTERNAL, but the request's doing, so it counts as nothing.
+// Counted as failures, a client sending such requests tripped the breaker
+// of every endpoint they went to.
+//
 // A call without a stream (BytesSent false) never reached the endpoint,
 // whatever its error: gRPC failed it on the client, before the stream
 // existed (per-RPC credentials that could not get a token, a connection
@@ -139,7 +154,18 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 			}
 		}
 		return inferlb.Outcome{Err: di.Err}
-	case codes.Unknown, codes.DeadlineExceeded, codes.Unimplemented, codes.Internal, codes.DataLoss:
+	case codes.Internal:
+		if !di.BytesReceived {
+			if st, ok := status.FromError(di.Err); ok {
+				for _, m := range msgNotEncoded {
+					if strings.HasPrefix(st.Message(), m) {
+						return inferlb.Outcome{Err: errNotEncoded}
+					}
+				}
+			}
+		}
+		return inferlb.Outcome{Err: di.Err}
+	case codes.Unknown, codes.DeadlineExceeded, codes.Unimplemented, codes.DataLoss:
 		return inferlb.Outcome{Err: di.Err}
 	}
 	return inferlb.Outcome{}
