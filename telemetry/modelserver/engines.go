@@ -32,7 +32,9 @@ var extractors = [...]func(*extractor){
 		if !x.ratio(telemetry.PrefixCacheHitRate,
 			x.first("vllm_prefix_cache_hits_total", "vllm_prefix_cache_hits", "vllm_gpu_prefix_cache_hits_total", "vllm_gpu_prefix_cache_hits"),
 			x.first("vllm_prefix_cache_queries_total", "vllm_prefix_cache_queries", "vllm_gpu_prefix_cache_queries_total", "vllm_gpu_prefix_cache_queries")) {
-			x.max(telemetry.PrefixCacheHitRate, x.all("vllm_gpu_prefix_cache_hit_rate")) // V0's gauge
+			// V0's gauge; -1 when prefix caching is off (V0's default),
+			// which is no reading rather than a bad one.
+			x.max(telemetry.PrefixCacheHitRate, except(x.all("vllm_gpu_prefix_cache_hit_rate"), -1))
 		}
 	},
 	SGLang: func(x *extractor) {
@@ -153,6 +155,18 @@ func (x *extractor) where(name, label, value string) []*dto.Metric {
 	var out []*dto.Metric
 	for _, m := range x.series(name) {
 		if promtext.Label(m, label) == value {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// except returns the series of ms whose value is not sentinel (an engine's
+// word for "no reading"), which are then neither read nor counted as bad.
+func except(ms []*dto.Metric, sentinel float64) []*dto.Metric {
+	out := ms[:0:0]
+	for _, m := range ms {
+		if v, ok := promtext.Value(m); !ok || v != sentinel {
 			out = append(out, m)
 		}
 	}

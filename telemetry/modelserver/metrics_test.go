@@ -175,6 +175,16 @@ func TestParseInlineCases(t *testing.T) {
 			want:   map[string]float64{"running": 1, "prefix_cache_hit_rate": 0.3},
 		},
 		{
+			// V0 without prefix caching (its default) exports the gauge at
+			// -1, its "disabled" (vllm/core/block/interfaces.py,
+			// get_prefix_cache_hit_rate): no reading, and no fault of the
+			// exposition, so not a partial round on every scrape.
+			name:   "vLLM V0 prefix-cache hit-rate gauge at -1: caching off",
+			in:     "vllm:num_requests_running 1\nvllm:gpu_prefix_cache_hit_rate{model_name=\"m\"} -1.0\n",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 1},
+		},
+		{
 			name:    "out-of-range values are dropped, the rest kept",
 			in:      "vllm:num_requests_waiting -3\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 87\n",
 			engine:  modelserver.VLLM,
