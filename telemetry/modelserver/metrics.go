@@ -65,7 +65,7 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	                           exported until 0.11, read when the new name is absent)
 //	              PrefixCacheHitRate  vllm:prefix_cache_hits[_total] / vllm:prefix_cache_queries[_total]
 //	                           (V1 before 0.9: vllm:gpu_prefix_cache_{hits,queries}[_total];
-//	                           V0: vllm:gpu_prefix_cache_hit_rate)
+//	                           V0: vllm:gpu_prefix_cache_hit_rate, at -1 when caching is off: no reading)
 //	SGLang        Running      sglang:num_running_reqs
 //	              Waiting      sglang:num_queue_reqs
 //	              KVCacheUsage sglang:token_usage
