@@ -83,8 +83,9 @@ var (
 // input items, keep its key) or of the prompt (Keyer.Prompt). A message's
 // text includes its text parts, a marker of each image (a hash of its URL
 // or data URL) and, for the Responses API's function call items, their
-// output or arguments. The prompt token estimate leaves data URLs out (an
-// image's tokens are not its base64 bytes). A body larger than the peek is keyed on the messages that
+// output or arguments. The prompt token estimate leaves data URLs and the
+// base64 strings of "data" members (input_audio) out (an image's tokens are
+// not its base64 bytes). A body larger than the peek is keyed on the messages that
 // fit in it, which are the ones the key covers unless the first turns alone
 // exceed the peek. When such a body is held in memory (r.Body is an
 // io.NopCloser over a bytes.Reader, strings.Reader or bytes.Buffer, as
@@ -170,8 +171,9 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	case complete:
 	case b.sized:
 		// The whole body was read past the peek: its size but for the
-		// data URLs (base64 images or audio, which are not prompt text:
-		// a 1.5 MB photo is some thousand tokens, not 400,000).
+		// data URLs and "data" members (base64 images or audio, which
+		// are not prompt text: a 1.5 MB photo is some thousand tokens,
+		// not 400,000).
 		chars = max(chars, int(min(b.textSize, 1<<40)))
 	default:
 		// Text dominates an AI request body, so the whole body's size is a

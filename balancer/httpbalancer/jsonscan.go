@@ -474,7 +474,8 @@ type body struct {
 	cacheKey  string // may alias the body, like the fields below
 
 	// sized: readTail read the whole body, which held textSize bytes
-	// outside data URLs (the size the prompt estimate starts from).
+	// outside data URLs and "data" members' strings (the size the prompt
+	// estimate starts from).
 	sized    bool
 	textSize int64
 

@@ -87,25 +87,43 @@ type topScan struct {
 	found [len(tailKeys)]span
 	strLo int64 // opening quote of the value string being read
 	// inline is the bytes of data URLs (images, audio as base64) in the
-	// body's values: most of a multimodal body, none of it prompt text.
+	// body's values, and of the strings of "data" members (base64 without
+	// a data URL's prefix: input_audio, the Messages API's sources): most
+	// of a multimodal body, none of it prompt text.
 	inline int64
+	lastLo int64 // the last string in a value: opening quote
+	lastHi int64 // one past its closing quote
+	data   bool  // a "data" key and its colon were read: its value is next
+	inData bool  // the string being read is a "data" member's value
 }
 
-// minInline is the shortest string looked at as a possible data URL: a
-// shorter one hardly moves a size estimate.
+// minInline is the shortest string looked at as a possible data URL or
+// "data" member: a shorter one hardly moves a size estimate.
 const minInline = 256
 
 // valueStringEnded notes a value string that ended at end (one past its
-// closing quote) when it is a data URL.
+// closing quote) when it is a data URL or a "data" member's value.
 func (t *topScan) valueStringEnded(end int64) {
+	t.lastLo, t.lastHi = t.strLo, end
 	n := end - t.strLo
 	if n < minInline {
 		return
 	}
 	var p [128]byte
-	if isDataURL(p[:t.m.readAt(p[:min(n, int64(len(p)))], t.strLo+1)]) {
+	if t.inData || isDataURL(p[:t.m.readAt(p[:min(n, int64(len(p)))], t.strLo+1)]) {
 		t.inline += n
 	}
+}
+
+// colonInValue notes a colon inside a value: when the string before it
+// (the key, in valid JSON) is "data", the value that follows is a data
+// member's.
+func (t *topScan) colonInValue() {
+	if t.lastHi-t.lastLo != int64(len(`"data"`)) {
+		return
+	}
+	var k [len(`"data"`)]byte
+	t.data = t.m.readAt(k[:], t.lastLo) == len(k) && string(k[:]) == `"data"`
 }
 
 // isDataURL reports whether s starts as a data URL (RFC 2397):
@@ -212,7 +230,7 @@ func (t *topScan) feed(off int64, b []byte) bool {
 			case ' ', '\t', '\n', '\r':
 			case '"':
 				t.valLo, t.inStr, t.ph = off+int64(i), true, tsInVal
-				t.strLo = t.valLo
+				t.strLo, t.inData = t.valLo, false
 			case '{', '[':
 				t.valLo, t.depth, t.ph = off+int64(i), 2, tsInVal
 			case ',', '}', ']', ':':
@@ -231,9 +249,14 @@ func (t *topScan) feed(off int64, b []byte) bool {
 			switch c {
 			case '"':
 				t.inStr, t.strLo = true, off+int64(i)
+				t.inData, t.data = t.data, false
+			case ':':
+				t.colonInValue()
 			case '{', '[':
+				t.data = false
 				t.depth++
 			case '}', ']':
+				t.data = false // a "data" member's scalar value ended
 				t.depth--
 				if t.depth == 1 {
 					t.member(off + int64(i) + 1)

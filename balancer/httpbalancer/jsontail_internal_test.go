@@ -304,3 +304,35 @@ func TestReadTailLeavesDataURLsOutOfTheSize(t *testing.T) {
 		require.Equal(t, "m", got.model, tc.name)
 	}
 }
+
+// TestReadTailLeavesInlineDataOutOfTheSize: base64 sent without a data
+// URL's prefix, as the value of a "data" member (chat completions'
+// input_audio, the Messages API's image and document sources), is no more
+// prompt text than a data URL is. Counted, a 1.5 MB recording made a
+// request of 400,000 prompt tokens.
+func TestReadTailLeavesInlineDataOutOfTheSize(t *testing.T) {
+	audio := strings.Repeat("UklGRiQAAABXQVZFZm10IBAAAAABAAEAQB8AAEAfAAABAAgAZGF0YQ", 30_000) // 1.6 MB
+	escaped, _ := json.Marshal("{\"data\": \"" + audio + "\"}")                               // JSON text in a prompt
+	for _, tc := range []struct {
+		name   string
+		body   string
+		inline int // bytes of the body that are not text
+	}{
+		{"input_audio", `{"messages":[{"role":"user","content":[{"type":"text","text":"Transcribe."},{"type":"input_audio","input_audio":{"data":"` + audio + `","format":"wav"}}]}],"model":"m"}`, len(audio) + 2},
+		{"messages api image", `{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data" : "` + audio + `"}},{"type":"text","text":"What is this?"}]}],"model":"m","max_tokens":9}`, len(audio) + 2},
+		{"short data", `{"messages":[{"role":"user","content":[{"type":"x","data":"abc"},{"type":"text","text":"` + audio + `"}]}],"model":"m"}`, 0},
+		{"json in a prompt", `{"messages":[{"role":"user","content":` + string(escaped) + `}],"model":"m"}`, 0},
+		{"data then another string", `{"x":[{"data":5,"text":"` + audio + `"}],"model":"m"}`, 0},
+		{"data then a top-level string", `{"x":{"data":"abc"},"prompt":"` + audio + `","model":"m"}`, 0},
+		{"data then a top-level list", `{"x":{"data":5},"prompt":["` + audio + `"],"model":"m"}`, 0},
+		{"data then a list element", `{"prompt":[{"data":5},"` + audio + `"],"model":"m"}`, 0},
+	} {
+		b := []byte(tc.body)
+		m := inMemory(io.NopCloser(bytes.NewReader(b)))
+		var got body
+		readTail(&m, b[:1<<20], true, &got)
+		require.True(t, got.sized, tc.name)
+		require.Equal(t, int64(len(b)-tc.inline), got.textSize, tc.name)
+		require.Equal(t, "m", got.model, tc.name)
+	}
+}
