@@ -74,7 +74,9 @@
 // answer that cools the endpoint down for the trailer's
 // grpc-retry-pushback-ms or retry-after (but not one that says a message
 // is over a size limit: that is the message's doing, and counts as a
-// success when the endpoint answered, else as nothing); CANCELLED is the
+// success when the endpoint answered, else as nothing), and so is an HTTP
+// 429 from a proxy that does not speak gRPC (UNAVAILABLE to gRPC; it
+// cools the endpoint down for DefaultCooldown); CANCELLED is the
 // client's doing and counts as neither; other codes describe the request
 // and count as the endpoint's success. A pick whose call was never sent counts as nothing,
 // and so does a request the client could not encode (an INTERNAL "error

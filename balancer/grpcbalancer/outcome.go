@@ -58,6 +58,11 @@ const (
 	msgRefused = "RST_STREAM with error code: REFUSED_STREAM"
 )
 
+// msgHTTP429 starts the UNAVAILABLE grpc-go makes of an HTTP 429 answer
+// that is not gRPC (a rate-limiting proxy in front of the server). Pinned
+// by TestE2EHTTP429FromAProxyIsAnOverload.
+const msgHTTP429 = "unexpected HTTP status code received from server: 429 "
+
 // msgTooLarge is in each RESOURCE_EXHAUSTED grpc-go gives a message over a
 // size limit: "grpc: received message larger than max (...)" (the
 // client's MaxCallRecvMsgSize on an answer, or the server's
@@ -82,7 +87,10 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // answer that cools the endpoint down for the trailer's pushback; Canceled
 // (499) is the client's doing and counts as neither; every other code
 // (InvalidArgument, NotFound, PermissionDenied, ...) describes the request,
-// not the endpoint, which answered: for routing it is a success.
+// not the endpoint, which answered: for routing it is a success. An HTTP
+// 429 from a proxy that does not speak gRPC, which gRPC maps to
+// UNAVAILABLE, is an overload answer without a hint, as 429 is to the
+// HTTP transport (the answer carries no trailer to read one from).
 //
 // A ResourceExhausted that is a message over a size limit (msgTooLarge)
 // is no overload either: the message is too large for any endpoint, and
@@ -146,11 +154,13 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 		}
 		return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
 	case codes.Unavailable:
-		if !di.BytesReceived {
-			if st, ok := status.FromError(di.Err); ok {
-				if msg := st.Message(); msg == msgGoAway || strings.Contains(msg, msgRefused) {
-					return inferlb.Outcome{Err: di.Err, Overloaded: true}
-				}
+		if st, ok := status.FromError(di.Err); ok {
+			msg := st.Message()
+			if !di.BytesReceived && (msg == msgGoAway || strings.Contains(msg, msgRefused)) {
+				return inferlb.Outcome{Err: di.Err, Overloaded: true}
+			}
+			if di.BytesReceived && strings.HasPrefix(msg, msgHTTP429) {
+				return inferlb.Outcome{Err: di.Err, Overloaded: true}
 			}
 		}
 		return inferlb.Outcome{Err: di.Err}

@@ -369,6 +369,8 @@ func TestOutcome(t *testing.T) {
 		{"refused stream", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "stream terminated by RST_STREAM with error code: REFUSED_STREAM"), BytesSent: true}, true, false, true, 0},
 		{"dropped by GOAWAY", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "the connection is draining"), BytesSent: true}, true, false, true, 0},
 		{"refused after bytes came back", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "stream terminated by RST_STREAM with error code: REFUSED_STREAM"), BytesSent: true, BytesReceived: true}, true, false, false, 0},
+		{"HTTP 429 from a proxy", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "unexpected HTTP status code received from server: 429 (Too Many Requests); transport: received unexpected content-type \"text/plain\""), BytesSent: true, BytesReceived: true}, true, false, true, 0},
+		{"HTTP 503 from a proxy", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "unexpected HTTP status code received from server: 503 (Service Unavailable)"), BytesSent: true, BytesReceived: true}, true, false, false, 0},
 		{"failed before its stream existed", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "x")}, true, true, false, 0},
 		{"refused by the client", balancer.DoneInfo{Err: status.Error(codes.Unauthenticated, "no token")}, true, true, false, 0},
 		{"internal", balancer.DoneInfo{Err: status.Error(codes.Internal, "x"), BytesSent: true}, true, false, false, 0},

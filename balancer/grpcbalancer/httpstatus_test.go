@@ -1,0 +1,59 @@
+package grpcbalancer_test
+
+import (
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	core "github.com/inferlb/inferlb/balancer"
+)
+
+// A proxy in front of the model server that is not gRPC-aware (a gateway
+// with a rate limit) answers HTTP 429, which gRPC maps to UNAVAILABLE with
+// "unexpected HTTP status code received from server: 429 (Too Many
+// Requests)". That is an overload answer, as the HTTP transport reads a
+// 429 and as RESOURCE_EXHAUSTED is: the endpoint cools down. Counted as a
+// failure, a rate limit tripped the endpoint's breaker and ejected it.
+func TestE2EHTTP429FromAProxyIsAnOverload(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Protocols: &protocols,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write([]byte("slow down\n"))
+		}),
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+	addr := lis.Addr().String()
+	name, b := shared(t, core.Options{})
+	conn, _ := dial(t, []*backend{{addr: addr}}, name, `{}`)
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	_, err = client.EmptyCall(ctx, &testgrpc.Empty{})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "429") {
+		t.Fatalf("a call answered HTTP 429: %v, want UNAVAILABLE naming 429", err)
+	}
+	s := stats(t, b, addr)
+	if s.Failures != 0 || s.Overloads != 1 || s.ExcludedUntil.IsZero() {
+		t.Errorf("after an HTTP 429: %d failures, %d overloads, excluded until %v; want 0, 1 and a cooldown", s.Failures, s.Overloads, s.ExcludedUntil)
+	}
+}
