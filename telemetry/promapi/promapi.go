@@ -335,7 +335,6 @@ func (c *collector) decode(dec *json.Decoder) (env envelope, err error) {
 		case "warnings":
 			err = dec.Decode(&env.warnings)
 		case "data":
-			env.data = true
 			if err = c.decodeData(dec, &env); err != nil {
 				err = &dataError{err}
 			}
@@ -349,10 +348,19 @@ func (c *collector) decode(dec *json.Decoder) (env envelope, err error) {
 	return env, delim(dec, '}')
 }
 
+// decodeData reads the answer's data: null (an error's, at times) or an
+// object holding the result.
 func (c *collector) decodeData(dec *json.Decoder, env *envelope) error {
-	if err := delim(dec, '{'); err != nil {
+	t, err := dec.Token()
+	switch {
+	case err != nil:
 		return err
+	case t == nil:
+		return nil // null: no data
+	case t != json.Delim('{'):
+		return fmt.Errorf("got %v where { belongs", t)
 	}
+	env.data = true
 	for dec.More() {
 		key, err := objectKey(dec)
 		if err != nil {

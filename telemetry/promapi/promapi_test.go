@@ -133,6 +133,8 @@ func TestCollectErrors(t *testing.T) {
 			"promapi: query failed (HTTP 400, bad_data): 1:5: parse error"},
 		{"overloaded", 503, `{"status":"error","errorType":"unavailable","error":"too many queries"}`,
 			"promapi: query failed (HTTP 503, unavailable): too many queries"},
+		{"error with null data", 422, `{"status":"error","errorType":"execution","error":"too many samples","data":null}`,
+			"promapi: query failed (HTTP 422, execution): too many samples"},
 		{"proxy error page", 502, `<html>bad gateway</html>`, "promapi: query: HTTP 502"},
 		{"not json", 200, `hello`, "promapi: decoding response"},
 		{"truncated json", 200, `{"status":"success","data":{"resultType":"vector","result":[`, "promapi: decoding response"},
