@@ -72,10 +72,12 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 		return false
 	}
 	// The floor: one retry per 1/floor seconds, with up to one second of
-	// unused allowance banked.
+	// unused allowance banked, or one retry's when that is longer: banking
+	// less than one retry, a floor under one a second allowed none.
 	// In float, bounded before converting: a floor so small that its
 	// period overflows int64 would otherwise wrap into "always allowed".
 	step := int64(min(float64(time.Second)/rb.floor, math.MaxInt64/4))
+	bank := max(step, int64(time.Second))
 	for {
 		at := rb.floorAt.Load()
 		from := at
@@ -85,7 +87,7 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 			// step. Restart it with one retry's allowance.
 			from = nowNs - step
 		}
-		next := max(from, nowNs-int64(time.Second)) + step
+		next := max(from, nowNs-bank) + step
 		if next > nowNs {
 			return false
 		}

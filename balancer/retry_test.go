@@ -3,6 +3,7 @@ package balancer_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -37,5 +38,29 @@ func TestRetriesDoNotEarnRetries(t *testing.T) {
 			retries++
 		}
 		assert.Equal(t, int(ratio*calls), retries, "RetryRatio %v", ratio)
+	}
+}
+
+// TestFractionalRetryFloor: a floor under one retry a second allows one
+// every 1/floor seconds, as documented. The floor banked at most one
+// second of allowance, less than one retry's worth, so a floor of 0.5
+// (one retry every two seconds) allowed none at all, ever.
+func TestFractionalRetryFloor(t *testing.T) {
+	for _, tc := range []struct {
+		floor float64
+		every time.Duration
+	}{{0.5, 2 * time.Second}, {0.1, 10 * time.Second}, {2, 500 * time.Millisecond}} {
+		clock := testutil.NewClock()
+		b := newBalancer(t, 2, balancer.Options{Clock: clock, RetryRatio: -1, RetryFloor: tc.floor})
+		allowed := 0
+		const span = time.Minute
+		for range span / (100 * time.Millisecond) {
+			if b.AllowRetry() {
+				allowed++
+			}
+			clock.Advance(100 * time.Millisecond)
+		}
+		want := int(span / tc.every)
+		assert.InDelta(t, want, allowed, 1, "floor %v: retries allowed in a minute", tc.floor)
 	}
 }
