@@ -58,6 +58,8 @@ var (
 // ("/openai/v1/chat/completions") is fine:
 //
 //	.../chat/completions, .../completions, .../responses,
+//	.../messages (Anthropic's Messages API, which vLLM,
+//	SGLang and llama.cpp serve too),
 //	.../generate, .../generate_stream                      -> LLM
 //	.../embeddings, .../embed                             -> embedding
 //	.../rerank, .../score                                 -> rerank
@@ -80,9 +82,11 @@ var (
 // chat messages through the first user turn (Keyer.Chat; for /v1/responses
 // the instructions count as a system message and a string input as the
 // user's message, so a conversation's later turns, which resend it as
-// input items, keep its key) or of the prompt (Keyer.Prompt). A message's
-// text includes its text parts, a marker of each image (a hash of its URL
-// or data URL) and, for the Responses API's function call items, their
+// input items, keep its key; for /v1/messages the top-level system is the
+// system message)
+// or of the prompt (Keyer.Prompt). A message's text includes its text
+// parts, a marker of each image (a hash of its URL, data URL or base64
+// source) and, for the Responses API's function call items, their
 // output or arguments. The prompt token estimate leaves data URLs and the
 // base64 strings of "data" members (input_audio) out (an image's tokens are
 // not its base64 bytes). A body larger than the peek is keyed on the messages that
@@ -110,7 +114,7 @@ func ServiceForPath(path string) inferlb.Service {
 	path = strings.TrimSuffix(path, "/")
 	last := path[strings.LastIndexByte(path, '/')+1:]
 	switch last {
-	case "completions", "responses", "generate", "generate_stream":
+	case "completions", "responses", "messages", "generate", "generate_stream":
 		return inferlb.ServiceLLM
 	case "embeddings", "embed":
 		return inferlb.ServiceEmbedding

@@ -29,6 +29,8 @@ func TestServiceForPath(t *testing.T) {
 		"/v1/chat/completions":          inferlb.ServiceLLM,
 		"/v1/completions":               inferlb.ServiceLLM,
 		"/v1/responses":                 inferlb.ServiceLLM,
+		"/v1/messages":                  inferlb.ServiceLLM,
+		"/v1/messages/count_tokens":     inferlb.ServiceUnknown,
 		"/openai/v1/chat/completions/":  inferlb.ServiceLLM,
 		"/generate_stream":              inferlb.ServiceLLM,
 		"/v1/embeddings":                inferlb.ServiceEmbedding,
@@ -154,6 +156,34 @@ func TestInspectAffinity(t *testing.T) {
 	(&httpbalancer.OpenAI{}).Inspect(r, []byte(conv), true, &info)
 	assert.Zero(t, info.AffinityKey)
 	assert.Equal(t, "m", info.Model)
+}
+
+// TestInspectMessagesAPI: the Anthropic Messages API (/v1/messages, which
+// vLLM, SGLang and llama.cpp serve, and Claude Code and the Anthropic SDKs
+// call) is an LLM call, keyed as the same chat would be: its top-level
+// system, a string or text blocks, is the system message. Unclassified, it
+// was scored on latency and routed without prefix affinity.
+func TestInspectMessagesAPI(t *testing.T) {
+	const path = "/v1/messages"
+	info := inspect(path, `{"model":"m","max_tokens":1024,"system":"You are terse.","messages":[{"role":"user","content":"tell me a story"}],"stream":true}`, true)
+	assert.Equal(t, inferlb.ServiceLLM, info.Service)
+	assert.Equal(t, "m", info.Model)
+	assert.True(t, info.Stream)
+	assert.Equal(t, 1024, info.MaxOutputTokens)
+	assert.Equal(t, (len("You are terse.")+len("tell me a story"))/4, info.PromptTokens)
+	chat := inspect("/v1/chat/completions", `{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"tell me a story"}]}`, true).AffinityKey
+	assert.Equal(t, chat, info.AffinityKey)
+	// System as text blocks, later turns, content blocks: the same key.
+	assert.Equal(t, chat, inspect(path, `{"model":"m","max_tokens":9,"system":[{"type":"text","text":"You are terse.","cache_control":{"type":"ephemeral"}}],`+
+		`"messages":[{"role":"user","content":[{"type":"text","text":"tell me a story"}]},{"role":"assistant","content":"Once"},{"role":"user","content":"more"}]}`, true).AffinityKey)
+	// Another system prompt is another prefix.
+	assert.NotEqual(t, chat, inspect(path, `{"model":"m","system":"You are verbose.","messages":[{"role":"user","content":"tell me a story"}]}`, true).AffinityKey)
+	// The same question about two images is two prompts.
+	img := func(data string) uint64 {
+		return inspect(path, `{"model":"m","messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"`+data+`"}},{"type":"text","text":"Describe this image."}]}]}`, true).AffinityKey
+	}
+	assert.NotEqual(t, img("AAAA"), img("BBBB"))
+	assert.Equal(t, img("AAAA"), img("AAAA"))
 }
 
 // TestSessionHeaderWins: a session header replaces the prompt key, and the

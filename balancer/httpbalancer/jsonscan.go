@@ -564,16 +564,10 @@ func (s *scanner) field(key []byte, out *body) bool {
 	case "prompt", "input", "inputs", "text_input", "query", "documents", "texts":
 		// text_input: Triton's generate extension, as TensorRT-LLM serves it.
 		return s.promptValue(out)
-	case "instructions":
-		raw, esc, ok := s.str()
-		if !ok {
-			return s.skip()
-		}
-		out.chars += len(raw)
-		if out.keyed {
-			out.system = view(raw, esc)
-		}
-		return true
+	case "instructions", "system":
+		// instructions: the Responses API's system message; system: the
+		// Messages API's, a string or a list of text blocks.
+		return s.system(out)
 	// The IDs below go to Keyer.Session only, so views of the body do.
 	case "prompt_cache_key":
 		return s.stringView(&out.cacheKey)
@@ -583,6 +577,24 @@ func (s *scanner) field(key []byte, out *body) bool {
 		return s.stringView(&out.prevResponse)
 	}
 	return s.skip()
+}
+
+// system reads a system prompt given apart from the messages: a string or
+// a list of text blocks, read as a message's content is. A value with no
+// text leaves out.system as it was.
+func (s *scanner) system(out *body) bool {
+	out.parts, out.single, out.nparts = out.parts[:0], nil, 0
+	out.collect = out.keyed
+	ok := s.content(out)
+	if ok && out.collect && out.nparts > 0 {
+		if out.nparts == 1 && out.single != nil {
+			out.system = alias(out.single) // one unescaped string: no copy
+		} else {
+			out.system = string(out.parts)
+		}
+	}
+	out.collect = false
+	return ok
 }
 
 // parameters reads TGI's parameters object for max_new_tokens.
@@ -833,7 +845,8 @@ func (s *scanner) contentPart(out *body) bool {
 			return st == closed
 		}
 		ok := true
-		if string(key) == "image_url" {
+		if string(key) == "image_url" || string(key) == "source" {
+			// source: the Messages API's image (or document) block.
 			ok = s.image(out)
 		} else if string(key) != "text" {
 			ok = s.skip()
@@ -852,8 +865,9 @@ func (s *scanner) contentPart(out *body) bool {
 }
 
 // image reads an image part's image_url, a URL string (Responses API) or
-// {"url": ...} (Chat Completions), and adds a marker of it to the message's
-// text: the same question about two images is two prompts, which the
+// {"url": ...} (Chat Completions), or a Messages API block's source
+// ({"type": "base64", "data": ...} or {"type": "url", "url": ...}), and
+// adds a marker of it to the message's text: the same question about two images is two prompts, which the
 // server's prefix cache keeps apart too. The marker is a hash of the URL as
 // written, so a data URL of megabytes costs its hashing, not a copy.
 func (s *scanner) image(out *body) bool {
@@ -867,10 +881,11 @@ func (s *scanner) image(out *body) bool {
 			return st == closed
 		}
 		var ok bool
-		if string(key) == "url" {
+		if string(key) == "url" || string(key) == "data" {
 			// Only a string: an object here is stepped over, not read as
 			// an image_url again, which would recurse once per level of
-			// {"url":{"url":...}} in a hostile body.
+			// {"url":{"url":...}} in a hostile body. data: a Messages API
+			// source's base64, marked as a data URL is.
 			ok = s.imageURL(out)
 		} else {
 			ok = s.skip()

@@ -67,6 +67,8 @@ var scanSeeds = []string{
 	`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,AAAA"},{"type":"input_text","text":"Hi"}]}]}`,
 	`{"model":"m","messages":[{"role":"user","content":[{"image_url":{"url":{"url":"x"},"detail":"high"}},{"image_url":7},{"text":"t"}]}]}`,
 	`{"model":"m","previous_response_id":"r","input":[{"type":"function_call","name":"f","arguments":"{\"a\":1}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"21"}]}]}`,
+	`{"model":"m","max_tokens":9,"system":[{"type":"text","text":"be \"terse\""},{"type":"text","text":"s2"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"AAAA"}},{"type":"text","text":"q"}]}],"system":7}`,
+	`{"instructions":"a","instructions":null,"system":"","input":"x"}`,
 }
 
 // FuzzScannerMatchesReference: the scanner reads exactly what the closure

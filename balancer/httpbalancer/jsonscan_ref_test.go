@@ -311,16 +311,19 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			return s.messages(out)
 		case "prompt", "input", "inputs", "text_input", "query", "documents", "texts":
 			return s.promptValue(out)
-		case "instructions":
-			raw, quoted, esc, ok := s.str()
-			if !ok {
-				return s.skip()
+		case "instructions", "system":
+			out.parts, out.single, out.nparts = out.parts[:0], nil, 0
+			out.collect = out.keyed
+			ok := s.content(out)
+			if ok && out.collect && out.nparts > 0 {
+				if out.nparts == 1 && out.single != nil {
+					out.system = refAlias(out.single)
+				} else {
+					out.system = string(out.parts)
+				}
 			}
-			out.chars += len(raw)
-			if out.keyed {
-				out.system = refView(raw, quoted, esc)
-			}
-			return true
+			out.collect = false
+			return ok
 		case "prompt_cache_key":
 			return s.stringInto(&out.cacheKey)
 		case "conversation":
@@ -448,7 +451,7 @@ func (s *refScanner) content(out *refBody) bool {
 				return s.skip()
 			}
 			return s.object(func(key []byte) bool {
-				if string(key) == "image_url" {
+				if string(key) == "image_url" || string(key) == "source" {
 					return s.image(out)
 				}
 				if string(key) != "text" {
@@ -486,7 +489,7 @@ func (s *refScanner) image(out *refBody) bool {
 		return url()
 	case '{':
 		return s.object(func(key []byte) bool {
-			if string(key) != "url" || s.peek() != '"' {
+			if string(key) != "url" && string(key) != "data" || s.peek() != '"' {
 				return s.skip()
 			}
 			return url()
