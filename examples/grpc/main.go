@@ -89,6 +89,16 @@ func main() {
 	fast := flag.Duration("fast", time.Millisecond, "latency of a healthy server")
 	slow := flag.Duration("slow", 40*time.Millisecond, "latency of the slow server")
 	flag.Parse()
+	switch {
+	case flag.NArg() > 0:
+		log.Fatalf("unexpected arguments %q: every setting is a flag (-h lists them)", flag.Args())
+	case *calls < 1:
+		log.Fatalf("-calls %d: must be at least 1", *calls)
+	case *workers < 1:
+		log.Fatalf("-workers %d: must be at least 1", *workers)
+	case *fast <= 0 || *slow <= 0:
+		log.Fatalf("-fast %v, -slow %v: both must be positive", *fast, *slow)
+	}
 	if err := run(*calls, *workers, *fast, *slow); err != nil {
 		log.Print(err)
 		os.Exit(1)

@@ -148,6 +148,14 @@ func main() {
 	workers := flag.Int("workers", 8, "concurrent callers")
 	affinity := flag.String("affinity", "prefer", "how prompt affinity steers picks: prefer, off or strict")
 	flag.Parse()
+	switch {
+	case flag.NArg() > 0:
+		log.Fatalf("unexpected arguments %q: every setting is a flag (-h lists them)", flag.Args())
+	case *calls < 1:
+		log.Fatalf("-calls %d: must be at least 1", *calls)
+	case *workers < 1:
+		log.Fatalf("-workers %d: must be at least 1", *workers)
+	}
 	mode, err := balancer.ParseAffinityMode(*affinity)
 	if err != nil {
 		log.Fatal(err)

@@ -21,6 +21,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -60,6 +62,14 @@ func main() {
 	dur := flag.Duration("duration", 60*time.Second, "arrival window, model time")
 	seed := flag.Uint64("seed", 1, "workload seed")
 	flag.Parse()
+	switch {
+	case flag.NArg() > 0:
+		log.Fatalf("unexpected arguments %q: every setting is a flag (-h lists them)", flag.Args())
+	case !(*rate > 0) || math.IsInf(*rate, 0):
+		log.Fatalf("-rate %v: must be a positive number of requests per second", *rate)
+	case *dur <= 0:
+		log.Fatalf("-duration %v: must be positive", *dur)
+	}
 
 	fmt.Printf("quickstart: %d simulated vLLM replicas (32B model, %dk-token KV cache each), %d documents x %d users,\n",
 		replicas, kvTokens/1000, documents, users)
