@@ -71,9 +71,10 @@ var (
 // is the prompt, as TensorRT-LLM takes it.
 //
 // From a JSON body it reads model, stream, the output bound (max_tokens,
-// max_completion_tokens, max_output_tokens, TGI's max_new_tokens), a prompt
-// token estimate (bytes of prompt text / 4, or the body size / 4 when the
-// body was larger than the peek), and for LLM calls the affinity key: the
+// max_completion_tokens, max_output_tokens, TGI's max_new_tokens; times n,
+// the choices asked for, up to 128), a prompt token estimate (bytes of
+// prompt text / 4, or the body size / 4 when the body was larger than the
+// peek), and for LLM calls the affinity key: the
 // request's prompt_cache_key as a session, else the Responses API's
 // conversation ID as a session, else, for a /v1/responses follow-up
 // (previous_response_id) through a Transport that saw the response it
@@ -139,6 +140,9 @@ func modelInPath(path string) string {
 	return name
 }
 
+// maxChoices bounds the n (choices) an output bound is multiplied by.
+const maxChoices = 128
+
 // charsPerToken is the usual rule of thumb for English text under BPE
 // tokenizers. It only has to rank requests by size, not bill them. It is
 // applied to bytes of text as sent (escapes included): for English that is
@@ -169,7 +173,10 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 		b.model = pathModel // what the prompt key is scoped to, below
 	}
 	info.Stream = b.stream
-	info.MaxOutputTokens = b.maxTokens
+	// n choices are each generated up to the bound; n is capped at 128,
+	// the OpenAI API's limit, so a made-up n cannot claim an endpoint's
+	// whole capacity beyond what a made-up bound already can.
+	info.MaxOutputTokens = int(min(int64(b.maxTokens)*int64(min(max(b.n, 1), maxChoices)), 1<<31-1))
 	chars := b.chars
 	switch {
 	case complete:

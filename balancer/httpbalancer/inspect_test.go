@@ -76,6 +76,11 @@ func TestInspectFields(t *testing.T) {
 		{"not json", "/v1/chat/completions", `hello`, true, "", false, 0, 0, false},
 		{"model not a string", "/v1/chat/completions", `{"model":5,"stream":"yes","max_tokens":-3}`, true, "", false, 0, 0, false},
 		{"huge max_tokens", "/v1/chat/completions", `{"max_tokens":99999999999999999999}`, true, "", false, 0, 0, false},
+		// n choices are generated up to the bound each.
+		{"n choices", "/v1/chat/completions", `{"messages":[{"role":"user","content":"abcd"}],"max_completion_tokens":100,"n":4}`, true, "", false, 400, 1, true},
+		{"n choices, completions", "/v1/completions", `{"model":"m","n":3,"prompt":"abcd","max_tokens":10}`, true, "m", false, 30, 1, true},
+		{"n of 1, 0 or not a count", "/v1/chat/completions", `{"max_tokens":10,"n":0,"n":1.5}`, true, "", false, 10, 0, false},
+		{"n beyond the APIs' 128", "/v1/chat/completions", `{"max_tokens":10,"n":1000000}`, true, "", false, 1280, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, strings.NewReader(tc.body))

@@ -470,6 +470,7 @@ type body struct {
 	model     string
 	stream    bool
 	maxTokens int    // the largest of max_tokens, max_completion_tokens, max_output_tokens
+	n         int    // choices asked for ("n"), each up to maxTokens; 0 if absent or not a count
 	chars     int    // bytes of prompt text seen (message contents, prompt, input), as sent
 	cacheKey  string // may alias the body, like the fields below
 
@@ -558,6 +559,10 @@ func (s *scanner) field(key []byte, out *body) bool {
 	case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
 		n, ok := s.integer()
 		out.maxTokens = max(out.maxTokens, n)
+		return ok
+	case "n":
+		var ok bool
+		out.n, ok = s.integer()
 		return ok
 	case "parameters": // TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}}
 		return s.parameters(out)

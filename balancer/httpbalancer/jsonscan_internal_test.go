@@ -19,21 +19,21 @@ type scanResult struct {
 	model, cacheKey, system, prompt string
 	prevResponse, conversation      string
 	stream, hasText                 bool
-	maxTokens, chars                int
+	maxTokens, n, chars             int
 	msgs                            []cache.Message
 }
 
 func scanNew(b []byte, keyed bool) scanResult {
 	var o body
 	parseBody(b, keyed, &o)
-	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.stream, o.hasText, o.maxTokens, o.chars,
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
 		slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
 func scanRef(b []byte, keyed bool) scanResult {
 	var o refBody
 	refParseBody(b, keyed, &o)
-	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.stream, o.hasText, o.maxTokens, o.chars,
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
 		slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
@@ -69,6 +69,7 @@ var scanSeeds = []string{
 	`{"model":"m","previous_response_id":"r","input":[{"type":"function_call","name":"f","arguments":"{\"a\":1}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"21"}]}]}`,
 	`{"model":"m","max_tokens":9,"system":[{"type":"text","text":"be \"terse\""},{"type":"text","text":"s2"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"AAAA"}},{"type":"text","text":"q"}]}],"system":7}`,
 	`{"instructions":"a","instructions":null,"system":"","input":"x"}`,
+	`{"n":3,"messages":[{"role":"user","content":"x"}],"max_tokens":5,"n":-1,"n":2}`,
 }
 
 // FuzzScannerMatchesReference: the scanner reads exactly what the closure
@@ -109,7 +110,7 @@ func TestScannerMatchesReference(t *testing.T) {
 func equalScan(a, b scanResult) bool {
 	return a.model == b.model && a.cacheKey == b.cacheKey && a.system == b.system && a.prompt == b.prompt &&
 		a.prevResponse == b.prevResponse && a.conversation == b.conversation &&
-		a.stream == b.stream && a.hasText == b.hasText && a.maxTokens == b.maxTokens && a.chars == b.chars &&
+		a.stream == b.stream && a.hasText == b.hasText && a.maxTokens == b.maxTokens && a.n == b.n && a.chars == b.chars &&
 		slices.Equal(a.msgs, b.msgs)
 }
 

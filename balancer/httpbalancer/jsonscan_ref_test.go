@@ -249,6 +249,7 @@ type refBody struct {
 	model     string
 	stream    bool
 	maxTokens int
+	n         int
 	chars     int
 	cacheKey  string
 
@@ -297,6 +298,10 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 		case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
 			n, ok := s.integer()
 			out.maxTokens = max(out.maxTokens, n)
+			return ok
+		case "n":
+			var ok bool
+			out.n, ok = s.integer()
 			return ok
 		case "parameters":
 			return s.object(func(key []byte) bool {

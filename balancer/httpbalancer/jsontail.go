@@ -26,7 +26,7 @@ import (
 // the affinity key covers what the peek holds.
 var tailKeys = [...]string{
 	"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens",
-	"max_new_tokens", "parameters", "prompt_cache_key", "conversation", "previous_response_id",
+	"max_new_tokens", "parameters", "prompt_cache_key", "conversation", "previous_response_id", "n",
 }
 
 // maxTailKey is the length of the longest of tailKeys.
@@ -39,7 +39,7 @@ const maxTailKey = len("max_completion_tokens")
 const maxTailValue = 16 << 10
 
 // tailField is the field of body each of tailKeys sets.
-var tailField = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fCacheKey, fConversation, fPrevResponse}
+var tailField = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fCacheKey, fConversation, fPrevResponse, fN}
 
 const (
 	fModel = iota
@@ -48,6 +48,7 @@ const (
 	fCacheKey
 	fConversation
 	fPrevResponse
+	fN
 	numTailFields
 )
 
@@ -374,6 +375,9 @@ func readTail(m *memBody, head []byte, keyed bool, out *body) {
 		out.maxTokens = max(out.maxTokens, tail.maxTokens) // the largest, as parseBody keeps
 	} else {
 		out.maxTokens = tail.maxTokens
+	}
+	if !over[fN] {
+		out.n = tail.n
 	}
 	if !keyed {
 		return

@@ -17,7 +17,7 @@ import (
 type tailWant struct {
 	model, cacheKey, conversation, prevResponse string
 	stream                                      bool
-	maxTokens                                   int
+	maxTokens, n                                int
 }
 
 func tailFromJSON(t *testing.T, b []byte) tailWant {
@@ -47,6 +47,7 @@ func tailFromJSON(t *testing.T, b []byte) tailWant {
 	}
 	_ = json.Unmarshal(m["parameters"], &p)
 	w.maxTokens = max(w.maxTokens, p.N)
+	_ = json.Unmarshal(m["n"], &w.n)
 	return w
 }
 
@@ -110,7 +111,8 @@ func tailBody(r *rand.Rand) []byte {
 	add(50, `"prompt_cache_key":`+quote(fmt.Sprintf("user-%d\n", r.IntN(100))))
 	add(20, `"previous_response_id":`+quote(fmt.Sprintf("resp_%d", r.IntN(100))))
 	add(20, `"conversation":{"metadata":{"id":"decoy"},"id":`+quote(fmt.Sprintf("conv_%d", r.IntN(100)))+`}`)
-	add(30, `"metadata":{"model":"decoy","stream":true,"max_tokens":99}`)
+	add(30, fmt.Sprintf(`"n":%d`, r.IntN(8)))
+	add(30, `"metadata":{"model":"decoy","stream":true,"max_tokens":99,"n":99}`)
 	add(30, `"temperature":0.5e-1`)
 	add(20, `"tools":[{"type":"function","function":{"name":"f","parameters":{"model":{"type":"string"}}}}]`)
 	add(20, `"model_":"decoy"`)
@@ -158,7 +160,7 @@ func TestReadTailMatchesEncodingJSON(t *testing.T) {
 				var got body
 				parseBody(b[:cut], true, &got)
 				readTail(&m, b[:cut], true, &got)
-				require.Equal(t, want, tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.stream, got.maxTokens},
+				require.Equal(t, want, tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.stream, got.maxTokens, got.n},
 					"body %d (%d bytes) in a %s, cut at %d:\n%.300s", i, len(b), name, cut, b)
 			}
 		}
@@ -226,8 +228,8 @@ func FuzzReadTail(f *testing.F) {
 			return
 		}
 		require.Equal(t,
-			tailWant{want.model, want.cacheKey, want.conversation, want.prevResponse, want.stream, want.maxTokens},
-			tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.stream, got.maxTokens}, "%q cut at %d", b, c)
+			tailWant{want.model, want.cacheKey, want.conversation, want.prevResponse, want.stream, want.maxTokens, want.n},
+			tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.stream, got.maxTokens, got.n}, "%q cut at %d", b, c)
 	})
 }
 
