@@ -22,10 +22,10 @@ type Latency struct {
 	// to a peer faster than the prior and never be measured, so a replica
 	// added to a fleet of fast embedders would get no traffic at all. Its
 	// EWMA decayed while idle, an endpoint is probed the same way; once
-	// calls are out to it, it is priced at least at its last EWMA, or at
-	// the prior if that is less.
+	// calls are out to it, or while it has a recent error rate, it is
+	// priced at least at its last EWMA, or at the prior if that is less.
 	Prior time.Duration
-	// ErrorPenalty scales the error rate into a multiplier, as in LLM. Default 10.
+	// ErrorPenalty scales the odds of failure into a multiplier, as in LLM. Default 10.
 	ErrorPenalty float64
 }
 
@@ -36,10 +36,15 @@ func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
 	if prior <= 0 {
 		prior = DefaultLatencyPrior
 	}
+	// An endpoint with a recent error rate is not idle either: only
+	// successes feed its latency, so one failing its calls fast has an
+	// EWMA that decays to nothing, or none at all, and priced as a probe
+	// it took every pick that drew it.
+	measuring := s.InFlight > 0 || s.ErrorRate > 0
 	switch {
-	case s.LatencyEWMA <= 0 && s.InFlight > 0:
+	case s.LatencyEWMA <= 0 && measuring:
 		lat = prior
-	case s.InFlight > 0:
+	case measuring:
 		// An EWMA that decayed while the endpoint was idle makes it the
 		// next probe (as intended), but once calls are out to it, it is
 		// being measured: priced by what is left of its EWMA, an

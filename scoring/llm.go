@@ -12,7 +12,7 @@ import (
 //
 //	load        = max(in-flight here, running + QueueWeight x waiting on the server + sent since)
 //	              + in-flight tokens / TokenUnit
-//	reliability = 1 + ErrorPenalty x error rate
+//	reliability = 1 + ErrorPenalty x error rate / (1 - error rate)
 //	kvPressure  = min(Pressure(KV-cache usage + sent since x usage / running, KVKnee, Steepness), MaxKVPressure)
 //	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness), for a server
 //	              that reports no KV-cache usage (see telemetry.Sample.MemoryPressure)
@@ -39,8 +39,10 @@ type LLM struct {
 	// TokenUnit is how many in-flight tokens count as one more request.
 	// Default 4096.
 	TokenUnit float64
-	// ErrorPenalty scales the error rate into the reliability factor.
-	// Default 10: an endpoint failing half its calls costs 6x.
+	// ErrorPenalty scales the odds of failure (rate / (1 - rate)) into
+	// the reliability factor. Default 10: an endpoint failing one call in
+	// ten costs 2.1x, half its calls 11x, nine in ten 91x, so one that
+	// fails fast (and so looks idle) does not outbid busy healthy peers.
 	ErrorPenalty float64
 	// KVKnee is the KV-cache usage above which cost rises steeply. Default 0.85.
 	KVKnee float64

@@ -55,7 +55,7 @@ func TestLLMCost(t *testing.T) {
 
 	flaky := base
 	flaky.ErrorRate = 0.5
-	assert.InDelta(t, 6, l.Cost(req, flaky), 1e-9, "reliability")
+	assert.InDelta(t, 11, l.Cost(req, flaky), 1e-9, "reliability: 1 + 10 x the odds of failure")
 
 	// Server-side counts see other clients' load.
 	assert.InDelta(t, 8, l.Cost(req, withTelemetry(busy, float64(telemetry.Running), 7)), 1e-9, "running on the server beats our own view")
@@ -260,4 +260,38 @@ func TestInfiniteWeightReadsAsOne(t *testing.T) {
 		st.Weight = math.Inf(1)
 		assert.InDelta(t, want, sc.Cost(req, st), 1e-12, "%T", sc)
 	}
+}
+
+// TestFailingEndpointIsNeverCheap: an endpoint that fails its calls fast
+// has nothing in flight and, its latency fed by successes only, no recent
+// latency: priced by load and latency it is the cheapest endpoint there
+// is. The error rate must outweigh any load: with the factor 1 + 10r
+// (at most 11x) an endpoint failing 99% of its calls cost 10.9 and beat
+// a generation peer with 11 calls in flight; and with no successful call
+// (no latency history) an embedding endpoint failing half its calls was
+// priced as an unmeasured probe, 1us, and beat every measured peer.
+func TestFailingEndpointIsNeverCheap(t *testing.T) {
+	now := time.Unix(1000, 0)
+	req := &inferlb.Request{}
+	idle := scoring.State{Now: now, Weight: 1}
+	failing := idle
+	failing.ErrorRate = 0.99
+	busy := idle
+	busy.InFlight = 100
+	for _, s := range []scoring.Scorer{&scoring.LLM{}, &scoring.LeastLoaded{}} {
+		assert.Greater(t, s.Cost(req, failing), s.Cost(req, busy), "%T: 99%% failing vs 100 in flight", s)
+	}
+
+	l := &scoring.Latency{}
+	measured := idle
+	measured.LatencyEWMA, measured.LastLatency, measured.LatencyDecay = 50*time.Millisecond, now, 10*time.Second
+	measured.InFlight = 2
+	flaky := idle
+	flaky.ErrorRate = 0.5
+	assert.Greater(t, l.Cost(req, flaky), l.Cost(req, measured), "failing half its calls, never measured, vs measured with 2 in flight")
+	// Its latency decayed while it failed: still not a probe.
+	flaky.LatencyEWMA, flaky.LastLatency, flaky.LatencyDecay = 50*time.Millisecond, now.Add(-time.Minute), 10*time.Second
+	assert.Greater(t, l.Cost(req, flaky), l.Cost(req, measured), "failing half its calls, latency decayed, vs measured with 2 in flight")
+	// Unmeasured and clean, it is the next probe, as before.
+	assert.Less(t, l.Cost(req, idle), l.Cost(req, measured))
 }
