@@ -536,7 +536,20 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	if b.cfg.tenantShard > 0 && req.Tenant != "" {
 		var sh shard
 		if b.tenantShard(req, g, &sh) {
-			if i, keyed := b.choose(req, g, now, c, &sh); i >= 0 {
+			i, keyed := b.choose(req, g, now, c, &sh)
+			if i < 0 && !c.panicking && b.cfg.panicThreshold > 0 {
+				// The shard may be only cooling down after overload
+				// answers, which a tenant's own flood causes: spread over
+				// the group, the flood cooled every other tenant's shard
+				// in turn. Its calls stay on the shard's cooling members,
+				// as panic routing would send them (no probes, so
+				// acquire sees them out of standing); a shard that is
+				// down (breakers, ejections, not ready) goes to the group.
+				rc := c
+				rc.panicking, rc.coolingOnly = true, true
+				i, keyed = b.choose(req, g, now, rc, &sh)
+			}
+			if i >= 0 {
 				if retry && !b.AllowRetry() {
 					return Pick{}, ErrNoRetryBudget
 				}
@@ -615,10 +628,14 @@ type cand struct {
 	failover  bool   // the pick is another attempt of a call already picked once
 	affine    bool   // the request's AffinityKey steers the pick (see keyReuse)
 	keyed     bool   // set by pick: the key chose the endpoint (its prefix is likely cached there)
+	// With panicking: only members whose breaker is closed and that are
+	// not ejected, i.e. at most cooling down (a tenant's shard, see pickWith).
+	coolingOnly bool
 }
 
 func (c *cand) ok(e *endpoint) bool {
-	return e.usable(c.bit, c.nowNs, c.panicking) && (c.exclude == "" || e.id != c.exclude)
+	return e.usable(c.bit, c.nowNs, c.panicking) && (c.exclude == "" || e.id != c.exclude) &&
+		(!c.coolingOnly || !e.brOpen.Load() && e.ejectedUntil.Load() <= c.nowNs)
 }
 
 func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {

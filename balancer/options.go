@@ -194,7 +194,10 @@ type Options struct {
 	// Affinity keys and P2C work inside the shard, and the affinity load
 	// bound shares the shard members' load among them. When no endpoint of the
 	// shard can take a request it goes to the whole group (availability
-	// first). Shards are drawn per group, so each model subset has its own;
+	// first), unless the shard's endpoints are only cooling down after
+	// overload answers, as a tenant's own flood leaves them: its calls then
+	// stay in the shard, across its cooling endpoints, as panic routing
+	// sends them (with PanicThreshold negative they go to the group). Shards are drawn per group, so each model subset has its own;
 	// a group of k endpoints or fewer is not sharded. 0 (the default) turns
 	// sharding off; at most MaxTenantShard.
 	TenantShardSize int
