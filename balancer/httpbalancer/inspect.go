@@ -90,9 +90,12 @@ var (
 // source) and, for the Responses API's function call items, their
 // output or arguments. The prompt token estimate leaves data URLs and the
 // base64 strings of "data" members (input_audio) out (an image's tokens are
-// not its base64 bytes). A body larger than the peek is keyed on the messages that
-// fit in it, which are the ones the key covers unless the first turns alone
-// exceed the peek. When such a body is held in memory (r.Body is an
+// not its base64 bytes). A body larger than the peek is keyed on the
+// messages that fit in it, which are the ones the key covers unless the
+// first turns alone exceed the peek; then the message the peek ends in
+// counts with what the peek holds of it (a document's first Depth
+// characters, as whole; a photo's data URL up to the cut, the same in every
+// turn of its conversation). When such a body is held in memory (r.Body is an
 // io.NopCloser over a bytes.Reader, strings.Reader or bytes.Buffer, as
 // http.NewRequest and the Transport's copy from GetBody make it), its
 // top-level model, stream, output bound, prompt_cache_key, conversation and

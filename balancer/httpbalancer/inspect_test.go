@@ -309,3 +309,51 @@ func FuzzInspect(f *testing.F) {
 		}
 	})
 }
+
+// TestInspectKeysAFirstTurnCutByThePeek: a first user message longer than
+// the peek (a photo as a data URL, a pasted document) is keyed on the part
+// the peek holds, as it is when the body is whole. Left out, every such
+// conversation of an application got the key of its system prompt alone
+// (or none), and all of them piled onto that key's owner.
+func TestInspectKeysAFirstTurnCutByThePeek(t *testing.T) {
+	const path, peek = "/v1/chat/completions", 1 << 20
+	keyOf := func(body string) uint64 {
+		r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, strings.NewReader(body))
+		var info httpbalancer.Info
+		(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(body[:min(peek, len(body))]), len(body) <= peek, &info)
+		require.Equal(t, "m", info.Model)
+		return info.AffinityKey
+	}
+	sys := `{"role":"system","content":"You describe photos."}`
+	photo := func(seed string, roleFirst bool, later string) string {
+		content := `[{"type":"text","text":"What is in this photo?"},{"type":"image_url","image_url":{"url":"data:image/jpeg;base64,` +
+			strings.Repeat(seed, 2<<20/len(seed)) + `"}}]`
+		user := `{"content":` + content + `,"role":"user"}`
+		if roleFirst {
+			user = `{"role":"user","content":` + content + `}`
+		}
+		return `{"messages":[` + sys + `,` + user + later + `],"model":"m","max_completion_tokens":300}`
+	}
+	const turn2 = `,{"role":"assistant","content":"A cat."},{"role":"user","content":"What colour?"}`
+	for _, roleFirst := range []bool{true, false} {
+		cat, dog := keyOf(photo("Y2F0", roleFirst, "")), keyOf(photo("ZG9n", roleFirst, ""))
+		assert.NotZero(t, cat)
+		assert.NotEqual(t, cat, dog, "two photos, role first %v", roleFirst)
+		assert.Equal(t, cat, keyOf(photo("Y2F0", roleFirst, turn2)), "a later turn, role first %v", roleFirst)
+	}
+	// A document longer than the peek: the key covers its first Depth
+	// characters, whole or cut.
+	doc := func(text string) string {
+		return `{"messages":[` + sys + `,{"role":"user","content":"` + strings.Repeat(text, 2<<20/len(text)) + `"}],"model":"m"}`
+	}
+	whole := func(body string) uint64 {
+		r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, strings.NewReader(body))
+		var info httpbalancer.Info
+		(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(body), true, &info)
+		return info.AffinityKey
+	}
+	a, b := doc("Call me Ishmael. "), doc("It was a dark and stormy night.\\n")
+	assert.Equal(t, whole(a), keyOf(a))
+	assert.Equal(t, whole(b), keyOf(b))
+	assert.NotEqual(t, keyOf(a), keyOf(b))
+}

@@ -785,7 +785,9 @@ func (s *scanner) message(out *body) bool {
 			break
 		}
 	}
-	if ok && out.collect {
+	// A message the peek ends in counts with the text it holds: the first
+	// turns of a body larger than the peek key it, not the turns before.
+	if out.collect && (ok || s.i >= len(s.b) && out.nparts > 0) {
 		var content string
 		if out.nparts == 1 && out.single != nil {
 			content = alias(out.single) // one unescaped string: no copy
@@ -816,14 +818,7 @@ func (out *body) messageCount() int { return out.nmsg + len(out.more) }
 func (s *scanner) content(out *body) bool {
 	switch s.peek() {
 	case '"':
-		raw, esc, ok := s.str()
-		if ok {
-			out.chars += len(raw)
-			if out.collect {
-				out.addPart(raw, esc)
-			}
-		}
-		return ok
+		return s.text(out)
 	case '[':
 		s.i++
 		for first := true; ; first = false {
@@ -855,18 +850,56 @@ func (s *scanner) contentPart(out *body) bool {
 			ok = s.image(out)
 		} else if string(key) != "text" {
 			ok = s.skip()
-		} else if raw, esc, ok2 := s.str(); !ok2 {
-			ok = s.skip()
 		} else {
-			out.chars += len(raw)
-			if out.collect {
-				out.addPart(raw, esc)
-			}
+			ok = s.text(out)
 		}
 		if !ok {
 			return false
 		}
 	}
+}
+
+// text reads a string of a message's text; a value of another type is
+// stepped over. A string the peek ends in adds what the peek holds of it
+// (addCut).
+func (s *scanner) text(out *body) bool {
+	if s.peek() != '"' {
+		return s.skip()
+	}
+	start := s.i + 1
+	raw, esc, ok := s.str()
+	switch {
+	case ok:
+		out.chars += len(raw)
+		if out.collect {
+			out.addPart(raw, esc)
+		}
+	case out.collect:
+		out.addCut(s.b[start:])
+	}
+	return ok
+}
+
+// addCut adds the part of a string that the peek holds when the peek ends
+// inside it (raw runs to the end of the peek), at most MaxKeyChars, which
+// is all a key reads. A first turn longer than the peek (a pasted
+// document, a photo as a data URL) is then keyed on its start, a document
+// as it is whole, and the turns of one conversation alike, as their bodies
+// agree up to the cut. An escape the peek cuts in two is left out.
+func (out *body) addCut(raw []byte) {
+	raw = raw[:min(len(raw), cache.MaxKeyChars)]
+	esc := bytes.IndexByte(raw, '\\') >= 0
+	if esc {
+		i := bytes.LastIndexByte(raw, '\\')
+		j := i // the run of backslashes that ends at i starts at j
+		for j > 0 && raw[j-1] == '\\' {
+			j--
+		}
+		if (i-j)%2 == 0 && (i+1 == len(raw) || raw[i+1] == 'u' && len(raw)-i < 6) {
+			raw = raw[:i] // raw[i] opens an escape that the peek cut
+		}
+	}
+	out.addPart(raw, esc)
 }
 
 // image reads an image part's image_url, a URL string (Responses API) or
@@ -907,9 +940,14 @@ func (s *scanner) imageURL(out *body) bool {
 	if s.peek() != '"' {
 		return s.skip()
 	}
+	start := s.i + 1
 	raw, _, ok := s.str()
-	if ok && out.collect {
+	switch {
+	case !out.collect:
+	case ok:
 		out.addImage(raw)
+	default: // the peek ends in the URL: a marker of what it holds
+		out.addImage(s.b[start:])
 	}
 	return ok
 }

@@ -415,7 +415,7 @@ func (s *refScanner) message(out *refBody) bool {
 		}
 		return s.skip()
 	})
-	if ok && out.collect {
+	if out.collect && (ok || s.i >= len(s.b) && out.nparts > 0) {
 		var content string
 		if out.nparts == 1 && out.single != nil {
 			content = refAlias(out.single)
@@ -442,12 +442,15 @@ func (out *refBody) addMessage(m cache.Message) {
 func (s *refScanner) content(out *refBody) bool {
 	switch s.peek() {
 	case '"':
+		start := s.i + 1
 		raw, quoted, esc, ok := s.str()
 		if ok {
 			out.chars += len(raw)
 			if out.collect {
 				out.addPart(raw, quoted, esc)
 			}
+		} else if out.collect {
+			out.addCut(s.b[start:])
 		}
 		return ok
 	case '[':
@@ -461,6 +464,16 @@ func (s *refScanner) content(out *refBody) bool {
 				}
 				if string(key) != "text" {
 					return s.skip()
+				}
+				if s.peek() == '"' {
+					start := s.i + 1
+					if _, _, _, ok := (&refScanner{b: s.b, i: s.i}).str(); !ok {
+						s.i = len(s.b)
+						if out.collect {
+							out.addCut(s.b[start:])
+						}
+						return false
+					}
 				}
 				raw, quoted, esc, ok := s.str()
 				if !ok {
@@ -479,8 +492,13 @@ func (s *refScanner) content(out *refBody) bool {
 
 func (s *refScanner) image(out *refBody) bool {
 	url := func() bool {
+		start := s.i + 1
 		raw, _, _, ok := s.str()
 		if !ok {
+			if out.collect && s.peek() == 0 {
+				marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(s.b[start:]))
+				out.addPart(marker, marker, false)
+			}
 			return s.skip()
 		}
 		if out.collect {
@@ -501,6 +519,23 @@ func (s *refScanner) image(out *refBody) bool {
 		})
 	}
 	return s.skip()
+}
+
+// addCut is body.addCut, decoding with encoding/json.
+func (out *refBody) addCut(raw []byte) {
+	raw = raw[:min(len(raw), cache.MaxKeyChars)]
+	esc := bytes.IndexByte(raw, '\\') >= 0
+	if esc {
+		i := bytes.LastIndexByte(raw, '\\')
+		n := 0
+		for p := i; p >= 0 && raw[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 1 && (i+1 == len(raw) || raw[i+1] == 'u' && len(raw)-i < 6) {
+			raw = raw[:i]
+		}
+	}
+	out.addPart(raw, []byte(`"`+string(raw)+`"`), esc)
 }
 
 func (out *refBody) addPart(raw, quoted []byte, esc bool) {
