@@ -74,7 +74,8 @@ var (
 // max_completion_tokens, max_output_tokens, TGI's max_new_tokens; times n,
 // the choices asked for, up to 128), a prompt token estimate (bytes of
 // prompt text / 4, or the body size / 4 when the body was larger than the
-// peek), and for LLM calls the affinity key: the
+// peek, less its base64: what lies past the peek counts in the proportion
+// of text the peek shows), and for LLM calls the affinity key: the
 // request's prompt_cache_key as a session, else the Responses API's
 // conversation ID as a session, else, for a /v1/responses follow-up
 // (previous_response_id) through a Transport that saw the response it
@@ -191,8 +192,9 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 		chars = max(chars, int(min(b.textSize, 1<<40)))
 	default:
 		// Text dominates an AI request body, so the whole body's size is a
-		// better estimate than the part of it the peek saw.
-		chars = max(chars, int(min(r.ContentLength, 1<<40)), len(peek))
+		// better estimate than the part of it the peek saw, less the
+		// base64 the peek shows it to carry (peekText).
+		chars = max(chars, int(peekText(peek, r.ContentLength)))
 	}
 	info.PromptTokens = int(min(chars/charsPerToken, 1<<31-1))
 	if info.Service != inferlb.ServiceLLM || o.Keyer == nil {

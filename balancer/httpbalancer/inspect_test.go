@@ -357,3 +357,30 @@ func TestInspectKeysAFirstTurnCutByThePeek(t *testing.T) {
 	assert.Equal(t, whole(b), keyOf(b))
 	assert.NotEqual(t, keyOf(a), keyOf(b))
 }
+
+// TestInspectEstimatesAStreamedBodyWithoutItsBase64: a body larger than the
+// peek that is not in memory (a gateway forwarding its client's upload) is
+// estimated from its size, but not from the size of the base64 the peek
+// shows it to carry. Taken whole, a 3 MB photo made 786,000 prompt tokens,
+// charged to its endpoint for the life of the call.
+func TestInspectEstimatesAStreamedBodyWithoutItsBase64(t *testing.T) {
+	const peek = 1 << 20
+	blob := strings.Repeat("iVBORw0KGgoAAAANSUhEUgAA", 3<<20/24)
+	text := strings.Repeat("All work and no play makes Jack a dull boy. ", 3<<20/44)
+	for _, tc := range []struct {
+		name     string
+		body     string
+		min, max int
+	}{
+		{"photo", `{"messages":[{"role":"user","content":[{"type":"text","text":"What is in this photo?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,` + blob + `"}}]}],"model":"m"}`, 5, 1000},
+		{"recording", `{"messages":[{"role":"user","content":[{"type":"text","text":"Transcribe."},{"type":"input_audio","input_audio":{"data":"` + blob + `","format":"wav"}}]}],"model":"m"}`, 2, 1000},
+		{"document", `{"messages":[{"role":"user","content":"` + text + `"}],"model":"m"}`, len(text) / 4, len(text)/4 + 100},
+	} {
+		r, _ := http.NewRequest(http.MethodPost, "http://llm.internal/v1/chat/completions", io.MultiReader(strings.NewReader(tc.body)))
+		r.ContentLength = int64(len(tc.body))
+		var info httpbalancer.Info
+		(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(tc.body[:peek]), false, &info)
+		assert.GreaterOrEqual(t, info.PromptTokens, tc.min, tc.name)
+		assert.LessOrEqual(t, info.PromptTokens, tc.max, tc.name)
+	}
+}

@@ -316,6 +316,28 @@ func (t *topScan) member(end int64) {
 	}
 }
 
+// peekText estimates the bytes of prompt text in a body of size bytes (-1:
+// unknown) of which peek is the start, when the rest cannot be read: the
+// body's size less the base64 the peek shows (data URLs and "data"
+// members, the one it ends in included), the rest taken to hold text in
+// the peek's proportion. A body cut inside a photo is then a photo, not a
+// million tokens of text; one without base64 in its peek is its size.
+func peekText(peek []byte, size int64) int64 {
+	size = min(max(size, int64(len(peek))), 1<<40)
+	m := memBody{bb: bytes.NewBuffer(peek), n: int64(len(peek))}
+	t := topScan{m: &m}
+	t.feed(0, peek)
+	if t.inStr && t.ph == tsInVal {
+		t.valueStringEnded(int64(len(peek))) // the string the peek ends in
+	}
+	if t.inline == 0 {
+		return size
+	}
+	text := int64(len(peek)) - t.inline
+	rest := float64(size-int64(len(peek))) * float64(text) / float64(len(peek))
+	return text + int64(rest)
+}
+
 // readTail reads the top-level fields among tailKeys from the whole of an
 // in-memory body of which head is the start (the peek), and sets them in
 // out as parseBody would have from the whole body. When the body is not a
