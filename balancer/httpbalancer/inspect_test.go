@@ -279,6 +279,8 @@ func FuzzInspect(f *testing.F) {
 		`{"messages":[{"content":[{"text":"\ud83d\ude00"}]}]}`,
 		`{"model":"\x`,
 		"",
+		`{"model":"m","max_tokens":9,"n":2,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"QUJD"}},{"type":"input_audio","input_audio":{"data":"QUJD","format":"wav"}},{"type":"text","text":"q\u00e9"}]}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":{"url":{"url":"x"}}}}]}]}`,
 	} {
 		f.Add([]byte(s))
 	}
