@@ -73,9 +73,11 @@ var (
 // From a JSON body it reads model, stream, the output bound (max_tokens,
 // max_completion_tokens, max_output_tokens, TGI's max_new_tokens; times n,
 // the choices asked for, up to 128), a prompt token estimate (bytes of
-// prompt text / 4, or the body size / 4 when the body was larger than the
-// peek, less its base64: what lies past the peek counts in the proportion
-// of text the peek shows), and for LLM calls the affinity key: the
+// prompt text / 4, tool definitions, calls and results included, as the
+// server renders them into the prompt; or the body size / 4 when the body
+// was larger than the peek, less its base64: what lies past the peek
+// counts in the proportion of text the peek shows), and for LLM calls the
+// affinity key: the
 // request's prompt_cache_key as a session, else the Responses API's
 // conversation ID as a session, else, for a /v1/responses follow-up
 // (previous_response_id) through a Transport that saw the response it

@@ -386,3 +386,30 @@ func TestInspectEstimatesAStreamedBodyWithoutItsBase64(t *testing.T) {
 		assert.LessOrEqual(t, info.PromptTokens, tc.max, tc.name)
 	}
 }
+
+// TestInspectCountsToolsAndToolResults: tool definitions, the tool calls
+// an assistant made and the results sent back are prompt text (servers
+// render them into the prompt; an agent's tool schemas run to thousands
+// of tokens, and the files its tool results carry to most of its
+// conversation). A body within the peek counted none of them, while one
+// past it counted them with its size.
+func TestInspectCountsToolsAndToolResults(t *testing.T) {
+	schema := strings.Repeat(`{"type":"function","function":{"name":"read_file","description":"Reads a file from disk.","parameters":{"type":"object","properties":{"path":{"type":"string"}}}}},`, 250)
+	schema = "[" + schema[:len(schema)-1] + "]"
+	file := strings.Repeat("func main() { fmt.Println(\\\"hello\\\") }\\n", 1000)
+	args := `"{\"path\":\"` + strings.Repeat("a/", 2000) + `x.go\"}"`
+	for _, tc := range []struct {
+		name, path, body string
+		min              int
+	}{
+		{"tools", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":` + schema + `}`, len(schema) / 4},
+		{"functions", "/v1/chat/completions", `{"model":"m","functions":` + schema + `,"messages":[{"role":"user","content":"hi"}]}`, len(schema) / 4},
+		{"tool calls and results", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":` + args + `}}]},{"role":"tool","tool_call_id":"c1","content":"` + file + `"}]}`, (len(args) + len(file)) / 4},
+		{"messages api", "/v1/messages", `{"model":"m","max_tokens":9,"tools":[{"name":"read_file","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"read_file","input":{"path":"` + strings.Repeat("a/", 2000) + `"}}]},` +
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"` + file + `"},{"type":"tool_result","tool_use_id":"t2","content":[{"type":"text","text":"` + file + `"}]}]}]}`, (4000 + 2*len(file)) / 4},
+	} {
+		info := inspect(tc.path, tc.body, true)
+		assert.GreaterOrEqual(t, info.PromptTokens, tc.min, tc.name)
+		assert.LessOrEqual(t, info.PromptTokens, len(tc.body)/4, tc.name)
+	}
+}

@@ -471,7 +471,7 @@ type body struct {
 	stream    bool
 	maxTokens int    // the largest of max_tokens, max_completion_tokens, max_output_tokens
 	n         int    // choices asked for ("n"), each up to maxTokens; 0 if absent or not a count
-	chars     int    // bytes of prompt text seen (message contents, prompt, input), as sent
+	chars     int    // bytes of prompt text seen (message contents, prompt, input, tools), as sent
 	cacheKey  string // may alias the body, like the fields below
 
 	// sized: readTail read the whole body, which held textSize bytes
@@ -569,6 +569,9 @@ func (s *scanner) field(key []byte, out *body) bool {
 	case "prompt", "input", "inputs", "text_input", "query", "documents", "texts":
 		// text_input: Triton's generate extension, as TensorRT-LLM serves it.
 		return s.promptValue(out)
+	case "tools", "functions":
+		// Tool definitions are rendered into the prompt: counted as sent.
+		return s.counted(out)
 	case "instructions", "system":
 		// instructions: the Responses API's system message; system: the
 		// Messages API's, a string or a list of text blocks.
@@ -582,6 +585,17 @@ func (s *scanner) field(key []byte, out *body) bool {
 		return s.stringView(&out.prevResponse)
 	}
 	return s.skip()
+}
+
+// counted steps over a value, counting its bytes as prompt text.
+func (s *scanner) counted(out *body) bool {
+	s.ws()
+	start := s.i
+	ok := s.skip()
+	if ok {
+		out.chars += s.i - start
+	}
+	return ok
 }
 
 // system reads a system prompt given apart from the messages: a string or
@@ -778,6 +792,8 @@ func (s *scanner) message(out *body) bool {
 			// output and arguments: the Responses API's function call
 			// items (tool results, tool calls), keyed on what they carry.
 			ok = s.content(out)
+		case string(key) == "tool_calls": // an assistant's, counted as sent
+			ok = s.counted(out)
 		default:
 			ok = s.skip()
 		}
@@ -825,7 +841,7 @@ func (s *scanner) content(out *body) bool {
 			if st := s.nextElem(first); st != member {
 				return st == closed
 			}
-			if !s.contentPart(out) {
+			if !s.contentPart(out, false) {
 				return false
 			}
 		}
@@ -833,8 +849,27 @@ func (s *scanner) content(out *body) bool {
 	return s.skip()
 }
 
+// toolResult reads a Messages API tool_result block's content: a string or
+// a list of blocks, read as a message's content is but one level deep (a
+// tool_result inside it is stepped over), so no body makes the scan recurse.
+func (s *scanner) toolResult(out *body) bool {
+	if s.peek() != '[' {
+		return s.content(out)
+	}
+	s.i++
+	for first := true; ; first = false {
+		if st := s.nextElem(first); st != member {
+			return st == closed
+		}
+		if !s.contentPart(out, true) {
+			return false
+		}
+	}
+}
+
 // contentPart reads one element of a content list: {"type": ..., "text": ...}.
-func (s *scanner) contentPart(out *body) bool {
+// nested is set in a tool_result's content.
+func (s *scanner) contentPart(out *body, nested bool) bool {
 	if s.peek() != '{' {
 		return s.skip()
 	}
@@ -844,14 +879,19 @@ func (s *scanner) contentPart(out *body) bool {
 		if st != member {
 			return st == closed
 		}
-		ok := true
-		if string(key) == "image_url" || string(key) == "source" {
+		var ok bool
+		switch {
+		case string(key) == "text":
+			ok = s.text(out)
+		case string(key) == "image_url" || string(key) == "source":
 			// source: the Messages API's image (or document) block.
 			ok = s.image(out)
-		} else if string(key) != "text" {
+		case string(key) == "content" && !nested:
+			ok = s.toolResult(out) // a Messages API tool_result's
+		case string(key) == "input": // a Messages API tool_use's, counted as sent
+			ok = s.counted(out)
+		default:
 			ok = s.skip()
-		} else {
-			ok = s.text(out)
 		}
 		if !ok {
 			return false

@@ -316,6 +316,8 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			return s.messages(out)
 		case "prompt", "input", "inputs", "text_input", "query", "documents", "texts":
 			return s.promptValue(out)
+		case "tools", "functions":
+			return s.counted(out)
 		case "instructions", "system":
 			out.parts, out.single, out.nparts = out.parts[:0], nil, 0
 			out.collect = out.keyed
@@ -412,6 +414,8 @@ func (s *refScanner) message(out *refBody) bool {
 			return true
 		case "content", "text", "output", "arguments":
 			return s.content(out)
+		case "tool_calls":
+			return s.counted(out)
 		}
 		return s.skip()
 	})
@@ -454,40 +458,65 @@ func (s *refScanner) content(out *refBody) bool {
 		}
 		return ok
 	case '[':
-		return s.array(func() bool {
-			if s.peek() != '{' {
-				return s.skip()
-			}
-			return s.object(func(key []byte) bool {
-				if string(key) == "image_url" || string(key) == "source" {
-					return s.image(out)
-				}
-				if string(key) != "text" {
-					return s.skip()
-				}
-				if s.peek() == '"' {
-					start := s.i + 1
-					if _, _, _, ok := (&refScanner{b: s.b, i: s.i}).str(); !ok {
-						s.i = len(s.b)
-						if out.collect {
-							out.addCut(s.b[start:])
-						}
-						return false
-					}
-				}
-				raw, quoted, esc, ok := s.str()
-				if !ok {
-					return s.skip()
-				}
-				out.chars += len(raw)
-				if out.collect {
-					out.addPart(raw, quoted, esc)
-				}
-				return true
-			})
-		})
+		return s.array(func() bool { return s.contentPart(out, false) })
 	}
 	return s.skip()
+}
+
+func (s *refScanner) counted(out *refBody) bool {
+	s.ws()
+	start := s.i
+	ok := s.skip()
+	if ok {
+		out.chars += s.i - start
+	}
+	return ok
+}
+
+func (s *refScanner) toolResult(out *refBody) bool {
+	if s.peek() != '[' {
+		return s.content(out)
+	}
+	return s.array(func() bool { return s.contentPart(out, true) })
+}
+
+func (s *refScanner) contentPart(out *refBody, nested bool) bool {
+	if s.peek() != '{' {
+		return s.skip()
+	}
+	return s.object(func(key []byte) bool {
+		if string(key) == "image_url" || string(key) == "source" {
+			return s.image(out)
+		}
+		if string(key) == "content" && !nested {
+			return s.toolResult(out)
+		}
+		if string(key) == "input" {
+			return s.counted(out)
+		}
+		if string(key) != "text" {
+			return s.skip()
+		}
+		if s.peek() == '"' {
+			start := s.i + 1
+			if _, _, _, ok := (&refScanner{b: s.b, i: s.i}).str(); !ok {
+				s.i = len(s.b)
+				if out.collect {
+					out.addCut(s.b[start:])
+				}
+				return false
+			}
+		}
+		raw, quoted, esc, ok := s.str()
+		if !ok {
+			return s.skip()
+		}
+		out.chars += len(raw)
+		if out.collect {
+			out.addPart(raw, quoted, esc)
+		}
+		return true
+	})
 }
 
 func (s *refScanner) image(out *refBody) bool {
