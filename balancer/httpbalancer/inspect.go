@@ -87,11 +87,10 @@ var (
 // the instructions count as a system message and a string input as the
 // user's message, so a conversation's later turns, which resend it as
 // input items, keep its key; for /v1/messages the top-level system is the
-// system message)
-// or of the prompt (Keyer.Prompt). A message's text includes its text
-// parts, a marker of each image (a hash of its URL, data URL or base64
-// source) and, for the Responses API's function call items, their
-// output or arguments. The prompt token estimate leaves data URLs and the
+// system message) or of the prompt (Keyer.Prompt). A message's text
+// includes its text parts, a marker of each image, recording or video (a
+// hash of its URL, data URL or base64) and, for the Responses API's
+// function call items, their output or arguments. The prompt token estimate leaves data URLs and the
 // base64 strings of "data" members (input_audio) out (an image's tokens are
 // not its base64 bytes). A body larger than the peek is keyed on the
 // messages that fit in it, which are the ones the key covers unless the

@@ -413,3 +413,22 @@ func TestInspectCountsToolsAndToolResults(t *testing.T) {
 		assert.LessOrEqual(t, info.PromptTokens, len(tc.body)/4, tc.name)
 	}
 }
+
+// TestInspectKeysAudioAndVideo: the same instruction about two recordings
+// or videos is two prompts, as about two images: a transcription service
+// sends every call with the same text ("Transcribe this."), and keyed on
+// the text alone all of them shared one key and piled onto its owner.
+func TestInspectKeysAudioAndVideo(t *testing.T) {
+	key := func(part string) uint64 {
+		return inspect("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[`+part+`,{"type":"text","text":"Transcribe this."}]}]}`, true).AffinityKey
+	}
+	for _, part := range []string{
+		`{"type":"input_audio","input_audio":{"data":"%s","format":"wav"}}`,
+		`{"type":"audio_url","audio_url":{"url":"https://x/%s.wav"}}`,
+		`{"type":"video_url","video_url":{"url":"data:video/mp4;base64,%s"}}`,
+	} {
+		a, b := key(fmt.Sprintf(part, "QUFB")), key(fmt.Sprintf(part, "QkJC"))
+		assert.NotEqual(t, a, b, part)
+		assert.Equal(t, a, key(fmt.Sprintf(part, "QUFB")), part)
+	}
+}

@@ -883,8 +883,11 @@ func (s *scanner) contentPart(out *body, nested bool) bool {
 		switch {
 		case string(key) == "text":
 			ok = s.text(out)
-		case string(key) == "image_url" || string(key) == "source":
-			// source: the Messages API's image (or document) block.
+		case string(key) == "image_url" || string(key) == "source" || string(key) == "input_audio" ||
+			string(key) == "audio_url" || string(key) == "video_url":
+			// source: the Messages API's image (or document) block;
+			// input_audio: {"data": base64}; audio_url, video_url:
+			// vLLM's, {"url": ...} as image_url.
 			ok = s.image(out)
 		case string(key) == "content" && !nested:
 			ok = s.toolResult(out) // a Messages API tool_result's
@@ -944,8 +947,9 @@ func (out *body) addCut(raw []byte) {
 
 // image reads an image part's image_url, a URL string (Responses API) or
 // {"url": ...} (Chat Completions), or a Messages API block's source
-// ({"type": "base64", "data": ...} or {"type": "url", "url": ...}), and
-// adds a marker of it to the message's text: the same question about two images is two prompts, which the
+// ({"type": "base64", "data": ...} or {"type": "url", "url": ...}), or
+// likewise a recording's or a video's, and adds a marker of it to the
+// message's text: the same question about two images is two prompts, which the
 // server's prefix cache keeps apart too. The marker is a hash of the URL as
 // written, so a data URL of megabytes costs its hashing, not a copy.
 func (s *scanner) image(out *body) bool {

@@ -70,6 +70,7 @@ var scanSeeds = []string{
 	`{"model":"m","max_tokens":9,"system":[{"type":"text","text":"be \"terse\""},{"type":"text","text":"s2"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"AAAA"}},{"type":"text","text":"q"}]}],"system":7}`,
 	`{"instructions":"a","instructions":null,"system":"","input":"x"}`,
 	`{"n":3,"messages":[{"role":"user","content":"x"}],"max_tokens":5,"n":-1,"n":2}`,
+	`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"QUFB","format":"wav"}},{"type":"audio_url","audio_url":{"url":"a"}},{"type":"video_url","video_url":"v"},{"type":"text","text":"t"}]}]}`,
 	`{"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]},{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"},{"type":"tool_result","content":[{"text":"deeper"}]}]},{"type":"tool_use","input":{"a":[1]}},{"type":"tool_result","content":"s"}]}],"functions":7}`,
 	`{"messages":[{"role":"system","content":"s\\\\\"\u00e9\ud83d\ude00"},{"content":[{"type":"text","text":"q\n\\"},{"type":"image_url","image_url":{"url":"data:image/png;base64,QUJDREVG"}}],"role":"user"},{"role":"user","content":"y"}]}`,
 }

@@ -485,7 +485,8 @@ func (s *refScanner) contentPart(out *refBody, nested bool) bool {
 		return s.skip()
 	}
 	return s.object(func(key []byte) bool {
-		if string(key) == "image_url" || string(key) == "source" {
+		switch string(key) {
+		case "image_url", "source", "input_audio", "audio_url", "video_url":
 			return s.image(out)
 		}
 		if string(key) == "content" && !nested {
