@@ -129,10 +129,10 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// TestRealPrometheus starts a Prometheus server of its own (temporary config
-// and storage, a free port on 127.0.0.1) that scrapes the test exporters,
-// then reads the fleet through promapi with the default queries.
-func TestRealPrometheus(t *testing.T) {
+// prometheusBinary returns the prometheus binary's path, or skips the test
+// when there is none and INFERLB_REQUIRE_PROMETHEUS is unset.
+func prometheusBinary(t *testing.T) string {
+	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
 		if os.Getenv("INFERLB_REQUIRE_PROMETHEUS") != "" {
@@ -140,6 +140,45 @@ func TestRealPrometheus(t *testing.T) {
 		}
 		t.Skip("prometheus binary not on PATH (apt-get install prometheus, or set INFERLB_REQUIRE_PROMETHEUS=1 to make this a failure)")
 	}
+	return bin
+}
+
+// prometheusServer is a Prometheus process a test started.
+type prometheusServer struct {
+	addr   string
+	logs   *syncBuffer
+	exited chan error // receives Wait's result once; a reader puts it back for the cleanup
+}
+
+// startPrometheus starts bin with config (temporary storage, a free port on
+// 127.0.0.1) and kills it when the test ends.
+func startPrometheus(t *testing.T, bin, config string) *prometheusServer {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "prometheus.yml")
+	require.NoError(t, os.WriteFile(cfg, []byte(config), 0o600))
+	p := &prometheusServer{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), logs: &syncBuffer{}, exited: make(chan error, 1)}
+	cmd := exec.Command(bin,
+		"--config.file="+cfg,
+		"--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+p.addr,
+		"--log.level=warn",
+	)
+	cmd.Stdout, cmd.Stderr = p.logs, p.logs
+	require.NoError(t, cmd.Start())
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.exited
+	})
+	return p
+}
+
+// TestRealPrometheus starts a Prometheus server of its own (temporary config
+// and storage, a free port on 127.0.0.1) that scrapes the test exporters,
+// then reads the fleet through promapi with the default queries.
+func TestRealPrometheus(t *testing.T) {
+	bin := prometheusBinary(t)
 
 	// The exporters. Prometheus names each by its host:port instance label.
 	idOf := map[string]string{} // instance -> exporter name
@@ -158,9 +197,7 @@ func TestRealPrometheus(t *testing.T) {
 		}
 	}
 
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "prometheus.yml")
-	require.NoError(t, os.WriteFile(cfg, []byte(fmt.Sprintf(`global:
+	prom := startPrometheus(t, bin, fmt.Sprintf(`global:
   scrape_interval: 1s
   evaluation_interval: 1s
 scrape_configs:
@@ -170,23 +207,8 @@ scrape_configs:
   - job_name: inference-again
     static_configs:
       - targets: [%s]
-`, strings.Join(targets, ", "), strings.Join(again, ", "))), 0o600))
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	var logs syncBuffer
-	cmd := exec.Command(bin,
-		"--config.file="+cfg,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr,
-		"--log.level=warn",
-	)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+`, strings.Join(targets, ", "), strings.Join(again, ", ")))
+	addr, logs, exited := prom.addr, prom.logs, prom.exited
 
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
@@ -226,7 +248,7 @@ scrape_configs:
 		got = map[string]map[string]float64{}
 		for _, o := range obs {
 			got[o.EndpointID] = fields(o.Sample)
-			assert.WithinDuration(t, time.Now(), o.Sample.Time, time.Minute, "stamped with the evaluation time")
+			assert.WithinDuration(t, time.Now(), o.Sample.Time, time.Minute, "stamped with the scrape time")
 		}
 		if err == nil && assert.ObjectsAreEqual(want, got) {
 			break
@@ -262,4 +284,127 @@ func bothJobsUp(ctx context.Context, src *promapi.Source) bool {
 		}
 	}
 	return false
+}
+
+// scrapeLog is a test exporter that records when it was scraped.
+type scrapeLog struct {
+	mu     sync.Mutex
+	served []time.Time
+}
+
+// last returns the time of the latest scrape served, zero before any.
+func (l *scrapeLog) last() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.served) == 0 {
+		return time.Time{}
+	}
+	return l.served[len(l.served)-1]
+}
+
+func (l *scrapeLog) exporter(t *testing.T, body string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		l.mu.Lock()
+		l.served = append(l.served, time.Now())
+		l.mu.Unlock()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = io.WriteString(w, body)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// Prometheus scrapes every few seconds, and a Source polled more often
+// reads the same scrape several times. Each poll must present it under the
+// time it was scraped, not under a new evaluation time: the balancer tells
+// a new reading by its time, and one re-stamped on every poll would forget,
+// poll after poll, the calls sent since the real scrape. A model server and
+// its node's dcgm-exporter, scraped by separate jobs, keep their own times.
+func TestRealPrometheusStampsTheScrapeTime(t *testing.T) {
+	bin := prometheusBinary(t)
+	var server, gpu scrapeLog
+	instance := server.exporter(t, exporters["vllm-v1"])
+	gpuTarget := gpu.exporter(t, "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 40\n")
+	prom := startPrometheus(t, bin, fmt.Sprintf(`global:
+  scrape_interval: 3s
+scrape_configs:
+  - job_name: vllm
+    static_configs:
+      - targets: [%q]
+  - job_name: dcgm
+    scrape_interval: 4s
+    static_configs:
+      - targets: [%q]
+    relabel_configs:
+      - target_label: instance
+        replacement: %q
+`, instance, gpuTarget, instance))
+
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	src := &promapi.Source{URL: "http://" + prom.addr, Client: &http.Client{Transport: tr}}
+
+	// Prometheus is an external process: poll until both jobs' first
+	// scrapes are visible, within a deadline.
+	deadline := time.After(60 * time.Second)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for ready := false; !ready; {
+		select {
+		case err := <-prom.exited:
+			prom.exited <- err
+			t.Fatalf("prometheus exited early: %v\n%s", err, prom.logs.String())
+		case <-deadline:
+			t.Fatalf("no scrape of both jobs within 60s\nprometheus log:\n%s", prom.logs.String())
+		case <-tick.C:
+		}
+		obs, err := src.Collect(t.Context())
+		var has telemetry.FieldSet
+		for _, o := range obs {
+			has |= o.Sample.Has
+		}
+		ready = err == nil && has.Has(telemetry.Running) && has.Has(telemetry.GPUUtil)
+	}
+
+	// Eight polls 150 ms apart: 1.05 s, within one scrape interval of
+	// either job but for the one scrape of each that may fall inside it.
+	var store telemetry.Store
+	var got []telemetry.Observation
+	rec := telemetry.SourceFunc(func(ctx context.Context) ([]telemetry.Observation, error) {
+		obs, err := src.Collect(ctx)
+		got = obs
+		return obs, err
+	})
+	p, err := telemetry.NewPoller(rec, &store, telemetry.PollerOptions{Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	const polls = 8
+	seen := map[telemetry.Field]map[int64]bool{telemetry.Running: {}, telemetry.GPUUtil: {}}
+	for i := range polls {
+		if i > 0 {
+			<-tick.C
+			<-tick.C
+		}
+		start := time.Now()
+		require.True(t, p.Poll(t.Context()))
+		lastServed := map[telemetry.Field]time.Time{telemetry.Running: server.last(), telemetry.GPUUtil: gpu.last()}
+		require.NotEmpty(t, got)
+		for _, o := range got {
+			assert.False(t, o.Sample.Time.After(start), "poll %d: %v is not a scrape time but the query's (poll started %v)", i, o.Sample.Time, start)
+		}
+		slot := store.Slot(instance)
+		for f := range seen {
+			at := time.Unix(0, slot.Observed(f))
+			seen[f][at.UnixNano()] = true
+			// Prometheus stamps a scrape when it starts, before the
+			// exporter answers: no later than the last answer served.
+			assert.False(t, at.After(lastServed[f]), "poll %d: %v observed at %v, after its exporter last served (%v)", i, f, at, lastServed[f])
+		}
+	}
+	slot := store.Slot(instance)
+	t.Logf("last poll: running scraped %v before it, gpu_util %v before it",
+		time.Since(time.Unix(0, slot.Observed(telemetry.Running))), time.Since(time.Unix(0, slot.Observed(telemetry.GPUUtil))))
+	for f, times := range seen {
+		t.Logf("%v: %d distinct times over %d polls", f, len(times), polls)
+		assert.LessOrEqual(t, len(times), 2, "%v: one scrape (or two, if one fell between the polls) read %d times, not %d readings", f, polls, polls)
+	}
 }

@@ -4,7 +4,13 @@
 // Scraping every model server from every client costs clients × servers
 // requests per interval; asking the Prometheus server that already scrapes
 // them costs one request per client, and every client sees the same numbers.
-// The price is freshness: values are as old as Prometheus' last scrape.
+// The price is freshness: values are as old as Prometheus' last scrape, so
+// each field is stamped with when that scrape took it (Timestamps: the
+// timestamp() of its raw series), not with when the query ran. A Source
+// polled more often than Prometheus scrapes then presents one scrape as one
+// reading, however often it reads it: the balancer, which counts the calls
+// it sent an endpoint since a reading's time, keeps counting them, and a
+// reading past a Store's maximum age is stale, not made fresh by a query.
 //
 // Each Sample field has a PromQL expression that returns one series per
 // endpoint, named by a label (EndpointLabel, "instance" by default). Source
@@ -13,6 +19,7 @@
 //
 //	label_replace((<waiting expr>), "inferlb_field", "waiting", "", "") or
 //	label_replace((<running expr>), "inferlb_field", "running", "", "") or ...
+//	label_replace((<waiting time expr>), "inferlb_time", "waiting", "", "") or ...
 package promapi
 
 import (
@@ -56,10 +63,40 @@ const fieldLabel = "inferlb_field"
 // would double a server's count. Usage takes the max over a server's series.
 func DefaultQueries() map[telemetry.Field]string {
 	return map[telemetry.Field]string{
-		telemetry.Running:      `sum by (instance) (max by (instance, engine, dp_rank) ({__name__=~"vllm:num_requests_running|sglang:num_running_reqs|trtllm_num_requests_running",priority=""}))`,
-		telemetry.Waiting:      `sum by (instance) (max by (instance, engine, dp_rank) ({__name__=~"vllm:num_requests_waiting|sglang:num_queue_reqs|trtllm_num_requests_waiting",priority=""}))`,
-		telemetry.KVCacheUsage: `max by (instance) ({__name__=~"vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|sglang:token_usage|trtllm_kv_cache_utilization"})`,
-		telemetry.GPUUtil:      `max by (instance) (DCGM_FI_DEV_GPU_UTIL) / 100`,
+		telemetry.Running:      `sum by (instance) (max by (instance, engine, dp_rank) (` + runningSeries + `))`,
+		telemetry.Waiting:      `sum by (instance) (max by (instance, engine, dp_rank) (` + waitingSeries + `))`,
+		telemetry.KVCacheUsage: `max by (instance) (` + kvSeries + `)`,
+		telemetry.GPUUtil:      `max by (instance) (` + gpuUtilSeries + `) / 100`,
+	}
+}
+
+// The raw series DefaultQueries read, one selector per field, which
+// DefaultTimestamps reads the scrape times of.
+const (
+	runningSeries = `{__name__=~"vllm:num_requests_running|sglang:num_running_reqs|trtllm_num_requests_running",priority=""}`
+	waitingSeries = `{__name__=~"vllm:num_requests_waiting|sglang:num_queue_reqs|trtllm_num_requests_waiting",priority=""}`
+	kvSeries      = `{__name__=~"vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|sglang:token_usage|trtllm_kv_cache_utilization"}`
+	gpuUtilSeries = `DCGM_FI_DEV_GPU_UTIL`
+)
+
+// DefaultTimestamps say, for each field of DefaultQueries, when Prometheus
+// scraped the values it read: the time of the oldest sample among the raw
+// series the field's query reads, per instance. PromQL's timestamp() of a
+// selector is the time of each series' latest sample, its scrape's start;
+// of anything computed (an aggregation, a division) it would be the
+// evaluation time, hence timestamp() first and the aggregation around it.
+//
+// The oldest, because a value is as old as its oldest input: a count summed
+// over series that two scrapes took is no newer than the first of them.
+// Read as older than it is, a reading has a few calls too many added to it
+// (all those sent since its time) and expires a little early; read as newer,
+// it would lose calls and outlive its age.
+func DefaultTimestamps() map[telemetry.Field]string {
+	return map[telemetry.Field]string{
+		telemetry.Running:      `min by (instance) (timestamp(` + runningSeries + `))`,
+		telemetry.Waiting:      `min by (instance) (timestamp(` + waitingSeries + `))`,
+		telemetry.KVCacheUsage: `min by (instance) (timestamp(` + kvSeries + `))`,
+		telemetry.GPUUtil:      `min by (instance) (timestamp(` + gpuUtilSeries + `))`,
 	}
 }
 
@@ -76,6 +113,20 @@ type Source struct {
 	// per endpoint with EndpointLabel set. nil means DefaultQueries. Values
 	// use the field's unit (see telemetry.Field): fractions in 0..1, bytes.
 	Queries map[telemetry.Field]string
+	// Timestamps maps a field to a PromQL expression returning, per
+	// endpoint (EndpointLabel set, as in Queries), when the values its
+	// query reads were measured, in Unix seconds: typically the oldest
+	// timestamp() of the raw series the query aggregates, as in
+	// DefaultTimestamps. A field is stamped with that time (never later than
+	// the evaluation time); a field without an expression here, or an
+	// endpoint the expression returns nothing for, is stamped with the
+	// evaluation time, which makes a value up to a scrape interval old look
+	// fresh. Every key must be a field of the queries in use.
+	//
+	// nil means DefaultTimestamps when Queries is nil too, and none when
+	// Queries is set (add DefaultTimestamps' entries, or your own, to stamp
+	// your queries' fields); an empty map means none.
+	Timestamps map[telemetry.Field]string
 	// EndpointLabel names the endpoint in results; "" means "instance".
 	// DefaultQueries keep only "instance": another label needs Queries that
 	// aggregate by it.
@@ -94,50 +145,96 @@ type Source struct {
 var _ telemetry.Source = (*Source)(nil)
 
 // Query returns the combined PromQL expression Collect sends, for logging
-// or for trying it in Prometheus' UI. Fields are in Field order.
+// or for trying it in Prometheus' UI: the fields' queries in Field order,
+// then their timestamp expressions (see Timestamps), each tagged with a
+// label of its own, "inferlb_time", so one request carries both.
 func (s *Source) Query() string {
-	qs := s.Queries
-	if qs == nil {
-		qs = DefaultQueries()
-	}
-	fields := make([]telemetry.Field, 0, len(qs))
-	for f := range qs {
-		fields = append(fields, f)
-	}
-	slices.Sort(fields)
+	qs, ts := s.queries()
 	var b strings.Builder
-	for i, f := range fields {
+	for i, f := range sortedFields(qs) {
 		if i > 0 {
 			b.WriteString(" or ")
 		}
 		fmt.Fprintf(&b, "label_replace((%s), %q, %q, \"\", \"\")", qs[f], fieldLabel, f.String())
 	}
+	for _, f := range sortedFields(ts) {
+		fmt.Fprintf(&b, " or label_replace((%s), %q, %q, \"\", \"\")", ts[f], timeLabel, f.String())
+	}
 	return b.String()
 }
 
-// Collect runs the combined query and returns one observation per endpoint,
-// stamped with Prometheus' evaluation time. Series without the endpoint
-// label, with an unknown field, with a value that is not a finite number
-// in the field's range, of the wrong shape, or of endpoints past the first
-// MaxEndpoints are skipped; if any were, the error wraps
-// telemetry.ErrPartial. When one endpoint has several series for a field
-// the largest value wins (the conservative reading). The answer is read
-// series by series, never held whole, so its cost follows the observations
-// kept rather than the series sent.
-func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
+// timeLabel tags a timestamp expression's series with the field it stamps.
+const timeLabel = "inferlb_time"
+
+// queries returns the queries and timestamp expressions in use (see
+// Queries and Timestamps).
+func (s *Source) queries() (qs, ts map[telemetry.Field]string) {
+	qs, ts = s.Queries, s.Timestamps
+	if qs == nil {
+		qs = DefaultQueries()
+		if ts == nil {
+			ts = DefaultTimestamps()
+		}
+	}
+	return qs, ts
+}
+
+func sortedFields(m map[telemetry.Field]string) []telemetry.Field {
+	fields := make([]telemetry.Field, 0, len(m))
+	for f := range m {
+		fields = append(fields, f)
+	}
+	slices.Sort(fields)
+	return fields
+}
+
+// validate checks the configuration, in one place, before any request.
+func (s *Source) validate() error {
 	if s.URL == "" {
-		return nil, errors.New("promapi: Source.URL is empty")
+		return errors.New("promapi: Source.URL is empty")
 	}
 	if len(s.Queries) == 0 && s.Queries != nil {
-		return nil, errors.New("promapi: Source.Queries is empty")
+		return errors.New("promapi: Source.Queries is empty")
 	}
 	for f, q := range s.Queries {
 		if int(f) >= telemetry.NumFields {
-			return nil, fmt.Errorf("promapi: Source.Queries has %v, which is not a telemetry field", f)
+			return fmt.Errorf("promapi: Source.Queries has %v, which is not a telemetry field", f)
 		}
 		if strings.TrimSpace(q) == "" {
-			return nil, fmt.Errorf("promapi: Source.Queries[%v] is empty", f)
+			return fmt.Errorf("promapi: Source.Queries[%v] is empty", f)
 		}
+	}
+	qs, _ := s.queries()
+	for _, f := range sortedFields(s.Timestamps) { // sorted: the same field is named every time
+		switch {
+		case int(f) >= telemetry.NumFields:
+			return fmt.Errorf("promapi: Source.Timestamps has %v, which is not a telemetry field", f)
+		case strings.TrimSpace(s.Timestamps[f]) == "":
+			return fmt.Errorf("promapi: Source.Timestamps[%v] is empty", f)
+		case qs[f] == "":
+			return fmt.Errorf("promapi: Source.Timestamps[%v] stamps a field with no query in Source.Queries", f)
+		}
+	}
+	return nil
+}
+
+// Collect runs the combined query and returns the endpoints' observations,
+// each field stamped with when its values were measured (see Timestamps),
+// else with Prometheus' evaluation time. An endpoint whose fields were
+// measured at different times (a model server and its node's dcgm-exporter,
+// scraped by separate jobs) gets one observation per time, which a
+// telemetry.Store merges field by field. Series without the endpoint
+// label, with an unknown field, with a value that is not a finite number
+// in the field's range (or a timestamp that is not a positive one), of the
+// wrong shape, or of endpoints past the first MaxEndpoints are skipped; if
+// any were, the error wraps telemetry.ErrPartial. When one endpoint has
+// several series for a field the largest value wins (the conservative
+// reading), and the oldest timestamp. The answer is read series by series,
+// never held whole, so its cost follows the observations kept rather than
+// the series sent.
+func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
+	if err := s.validate(); err != nil {
+		return nil, err
 	}
 	label := s.EndpointLabel
 	if label == "" {
@@ -148,14 +245,15 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	if err != nil {
 		return nil, err
 	}
+	obs := c.observations()
 	switch {
 	case c.skipped > 0:
-		return c.obs, fmt.Errorf("%w: promapi: %d series skipped; first: %s", telemetry.ErrPartial, c.skipped, c.firstSkip)
+		return obs, fmt.Errorf("%w: promapi: %d series skipped; first: %s", telemetry.ErrPartial, c.skipped, c.firstSkip)
 	case len(warnings) > 0:
 		// The answer may lack series: what came is good, the round is partial.
-		return c.obs, fmt.Errorf("%w: promapi: Prometheus warned the result may be incomplete: %s", telemetry.ErrPartial, warnings[0])
+		return obs, fmt.Errorf("%w: promapi: Prometheus warned the result may be incomplete: %s", telemetry.ErrPartial, warnings[0])
 	}
-	return c.obs, nil
+	return obs, nil
 }
 
 // MaxEndpoints bounds the endpoints one answer yields observations for: a
@@ -167,9 +265,14 @@ const MaxEndpoints = telemetry.DefaultMaxEndpoints
 // they are decoded: an answer is never held whole, so what it costs follows
 // the observations kept, not the series sent.
 type collector struct {
-	src       *Source
-	label     string
+	src   *Source
+	label string
+	// obs holds one observation per endpoint, its Time the evaluation
+	// time; stamps[j], when j < len(stamps), the times obs[j]'s fields
+	// were measured (unix ns, 0 for none): an answer without timestamp
+	// series costs nothing for them.
 	obs       []telemetry.Observation
+	stamps    [][telemetry.NumFields]int64
 	at        map[string]int // endpoint ID -> index in obs
 	skipped   int
 	firstSkip string
@@ -183,20 +286,30 @@ func (c *collector) skip() bool {
 	return c.skipped == 1
 }
 
-// add folds one series: when one endpoint has several series for a field
-// the largest value wins.
+// add folds one series: a field's value, or (tagged with timeLabel) when a
+// field's values were measured. When one endpoint has several series for a
+// field the largest value wins, and the oldest time.
 func (c *collector) add(metric map[string]string, value [2]any) {
-	f, ok := telemetry.ParseField(metric[fieldLabel])
-	if !ok {
+	name, isValue := metric[fieldLabel]
+	tname, isStamp := metric[timeLabel]
+	if isStamp && !isValue {
+		name = tname
+	}
+	f, ok := telemetry.ParseField(name)
+	if !ok || isValue == isStamp {
 		if c.skip() {
-			c.firstSkip = fmt.Sprintf("series %v has no known %s label", metric, fieldLabel)
+			c.firstSkip = fmt.Sprintf("series %v has no known %s or %s label", metric, fieldLabel, timeLabel)
 		}
 		return
+	}
+	what := f.String()
+	if isStamp {
+		what += " time"
 	}
 	lv, ok := metric[c.label]
 	if !ok || lv == "" {
 		if c.skip() {
-			c.firstSkip = fmt.Sprintf("%s series has no %q label (keep it in the query's by clause)", f, c.label)
+			c.firstSkip = fmt.Sprintf("%s series has no %q label (keep it in the query's by clause)", what, c.label)
 		}
 		return
 	}
@@ -207,9 +320,16 @@ func (c *collector) add(metric map[string]string, value [2]any) {
 		}
 	}
 	ts, v, err := sampleValue(value)
-	if err != nil || !valid(f, v) {
+	switch {
+	case err != nil:
+	case isStamp && (v <= 0 || v > maxUnixSeconds):
+		err = errors.New("not a time in Unix seconds")
+	case isValue && !valid(f, v):
+		err = errors.New("out of the field's range")
+	}
+	if err != nil {
 		if c.skip() {
-			c.firstSkip = fmt.Sprintf("%s for %s: value %v (%v)", f, lv, value[1], err)
+			c.firstSkip = fmt.Sprintf("%s for %s: value %v (%v)", what, lv, value[1], err)
 		}
 		return
 	}
@@ -217,7 +337,7 @@ func (c *collector) add(metric map[string]string, value [2]any) {
 	if !seen {
 		if len(c.obs) == MaxEndpoints {
 			if c.skip() {
-				c.firstSkip = fmt.Sprintf("%s for %s: more than %d endpoints in one answer", f, lv, MaxEndpoints)
+				c.firstSkip = fmt.Sprintf("%s for %s: more than %d endpoints in one answer", what, lv, MaxEndpoints)
 			}
 			return
 		}
@@ -231,7 +351,18 @@ func (c *collector) add(metric map[string]string, value [2]any) {
 		}
 		j = len(c.obs)
 		c.at[id] = j
-		c.obs = append(c.obs, telemetry.Observation{EndpointID: id, Sample: telemetry.Sample{Time: ts}})
+		c.obs = append(c.obs, telemetry.Observation{EndpointID: id})
+	}
+	if isStamp {
+		for len(c.stamps) <= j {
+			c.stamps = append(c.stamps, [telemetry.NumFields]int64{})
+		}
+		// Float seconds with millisecond precision, as timestamp() gives.
+		ns := int64(math.Round(v*1e3)) * 1e6
+		if cur := c.stamps[j][f]; cur == 0 || ns < cur {
+			c.stamps[j][f] = ns
+		}
+		return
 	}
 	smp := &c.obs[j].Sample
 	if cur, had := smp.Get(f); !had || v > cur {
@@ -240,6 +371,61 @@ func (c *collector) add(metric map[string]string, value [2]any) {
 	if ts.After(smp.Time) {
 		smp.Time = ts
 	}
+}
+
+// maxUnixSeconds bounds a timestamp series' value: past it, nanoseconds
+// would overflow an int64 (the year 2262).
+const maxUnixSeconds = math.MaxInt64 / 1e9
+
+// observations returns the observations, each field stamped with when it
+// was measured (never later than the evaluation time), else with the
+// evaluation time. An endpoint whose fields were measured at different
+// times keeps the fields of the first in its place and has an observation
+// for each other time appended. Endpoints with timestamps and no values
+// are left out.
+func (c *collector) observations() []telemetry.Observation {
+	obs := c.obs
+	for j := range c.stamps {
+		o := &obs[j]
+		eval := o.Sample.Time.UnixNano()
+		var moved telemetry.FieldSet
+		first, base := int64(0), len(obs) // obs[base:] will hold o's other times
+
+		for f := range telemetry.NumFields {
+			if !o.Sample.Has.Has(telemetry.Field(f)) {
+				continue
+			}
+			t := eval
+			if st := c.stamps[j][f]; st != 0 && st < eval {
+				t = st
+			}
+			if first == 0 {
+				first = t
+			}
+			if t == first {
+				continue
+			}
+			moved |= 1 << f
+			k := base
+			for k < len(obs) && obs[k].Sample.Time.UnixNano() != t {
+				k++
+			}
+			if k == len(obs) {
+				obs = append(obs, telemetry.Observation{EndpointID: o.EndpointID, Sample: telemetry.Sample{Time: time.Unix(0, t)}})
+				o = &obs[j] // append may have moved it
+			}
+			obs[k].Sample.Set(telemetry.Field(f), o.Sample.Values[f])
+		}
+		if first != 0 {
+			o.Sample.Time = time.Unix(0, first)
+		}
+		o.Sample.Has &^= moved
+	}
+	if len(c.stamps) > 0 {
+		// Endpoints that only timestamp series named hold no field.
+		obs = slices.DeleteFunc(obs, func(o telemetry.Observation) bool { return o.Sample.Empty() })
+	}
+	return obs
 }
 
 // query sends the query and folds the answer's series into c; it returns
