@@ -50,9 +50,9 @@ var (
 )
 
 // OpenAI inspects OpenAI-compatible APIs as served by vLLM, SGLang, TGI,
-// TensorRT-LLM and Triton's OpenAI frontend, plus the native paths of TGI
-// and Hugging Face TEI, and Triton's (KServe v2) model paths. It is the
-// default Inspector.
+// TensorRT-LLM and Triton's OpenAI frontend, plus the native paths of TGI,
+// SGLang (/generate: text or input_ids, sampling_params) and Hugging Face
+// TEI, and Triton's (KServe v2) model paths. It is the default Inspector.
 //
 // The service comes from the last path segments, so a gateway prefix
 // ("/openai/v1/chat/completions") is fine:
@@ -71,15 +71,15 @@ var (
 // is the prompt, as TensorRT-LLM takes it.
 //
 // From a JSON body it reads model, stream, the output bound (max_tokens,
-// max_completion_tokens, max_output_tokens, TGI's max_new_tokens; times n,
-// the choices asked for, up to 128), a prompt token estimate (bytes of
-// prompt text / 4, tool definitions, calls and results included, as the
-// server renders them into the prompt; or the body size / 4 when the body
-// was larger than the peek, less its base64: what lies past the peek
-// counts in the proportion of text the peek shows), and for LLM calls the
-// affinity key: the
-// request's prompt_cache_key as a session, else the Responses API's
-// conversation ID as a session, else, for a /v1/responses follow-up
+// max_completion_tokens, max_output_tokens, TGI's and SGLang's
+// max_new_tokens; times n, the choices asked for, up to 128), a prompt
+// token estimate (bytes of prompt text / 4, tool definitions, calls and
+// results included, as the server renders them into the prompt; or the
+// body size / 4 when the body was larger than the peek, less its base64:
+// what lies past the peek counts in the proportion of text the peek
+// shows), and for LLM calls the affinity key: the request's
+// prompt_cache_key as a session, else the Responses API's conversation ID
+// as a session, else, for a /v1/responses follow-up
 // (previous_response_id) through a Transport that saw the response it
 // continues, the key that response was routed with (see ResponseMemory),
 // else the cache Keyer's key of the

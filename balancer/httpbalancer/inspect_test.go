@@ -66,6 +66,10 @@ func TestInspectFields(t *testing.T) {
 		{"embeddings", "/v1/embeddings", `{"model":"e5","input":["abcd","efgh"]}`, true, "e5", false, 0, 2, false},
 		{"rerank", "/v1/rerank", `{"model":"bge","query":"abcd","documents":["abcdefgh",{"text":"abcd"}]}`, true, "bge", false, 0, 4, false},
 		{"tgi", "/generate", `{"inputs":"abcdefgh","parameters":{"max_new_tokens":12}}`, true, "", false, 12, 2, true},
+		// SGLang's native generate; its Responses-API namesake "text" is an object.
+		{"sglang", "/generate", `{"text":"abcdefgh","sampling_params":{"temperature":0,"max_new_tokens":12},"stream":true}`, true, "", true, 12, 2, true},
+		{"sglang token ids", "/generate", `{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":7}}`, true, "", false, 7, 3, false},
+		{"responses text format", "/v1/responses", `{"model":"m","input":"abcdefgh","text":{"format":{"type":"json_schema","schema":{"x":"abcdefghijklmnop"}}}}`, true, "m", false, 0, 2, true},
 		{"triton generate", "/v2/models/ensemble/generate", `{"text_input":"abcdefgh","max_tokens":20,"stream":false}`, true, "ensemble", false, 20, 2, true},
 		{"triton versioned stream behind a gateway", "/gw/v2/models/llama/versions/3/generate_stream", `{"text_input":"abcd","max_tokens":8,"stream":true}`, true, "llama", true, 8, 1, true},
 		{"triton path names the model", "/v2/models/a/generate", `{"model":"b","text_input":"abcd"}`, true, "a", false, 0, 1, true},

@@ -564,10 +564,14 @@ func (s *scanner) field(key []byte, out *body) bool {
 		var ok bool
 		out.n, ok = s.integer()
 		return ok
-	case "parameters": // TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}}
+	case "parameters", "sampling_params":
+		// TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}};
+		// SGLang: {"text": ..., "sampling_params": {"max_new_tokens": n}}.
 		return s.parameters(out)
-	case "prompt", "input", "inputs", "text_input", "query", "documents", "texts":
-		// text_input: Triton's generate extension, as TensorRT-LLM serves it.
+	case "prompt", "input", "inputs", "text_input", "query", "documents", "texts", "text", "input_ids":
+		// text_input: Triton's generate extension, as TensorRT-LLM serves
+		// it; text and input_ids: SGLang's generate (the Responses API's
+		// text, an object, is stepped over).
 		return s.promptValue(out)
 	case "tools", "functions":
 		// Tool definitions are rendered into the prompt: counted as sent.
@@ -616,7 +620,8 @@ func (s *scanner) system(out *body) bool {
 	return ok
 }
 
-// parameters reads TGI's parameters object for max_new_tokens.
+// parameters reads TGI's parameters or SGLang's sampling_params object for
+// max_new_tokens.
 func (s *scanner) parameters(out *body) bool {
 	if s.peek() != '{' {
 		return s.skip() // not an object: nothing to read, but step over it

@@ -303,7 +303,7 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			var ok bool
 			out.n, ok = s.integer()
 			return ok
-		case "parameters":
+		case "parameters", "sampling_params":
 			return s.object(func(key []byte) bool {
 				if string(key) == "max_new_tokens" {
 					n, ok := s.integer()
@@ -314,7 +314,7 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			})
 		case "messages":
 			return s.messages(out)
-		case "prompt", "input", "inputs", "text_input", "query", "documents", "texts":
+		case "prompt", "input", "inputs", "text_input", "query", "documents", "texts", "text", "input_ids":
 			return s.promptValue(out)
 		case "tools", "functions":
 			return s.counted(out)

@@ -27,6 +27,7 @@ import (
 var tailKeys = [...]string{
 	"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"max_new_tokens", "parameters", "prompt_cache_key", "conversation", "previous_response_id", "n",
+	"sampling_params",
 }
 
 // maxTailKey is the length of the longest of tailKeys.
@@ -39,7 +40,7 @@ const maxTailKey = len("max_completion_tokens")
 const maxTailValue = 16 << 10
 
 // tailField is the field of body each of tailKeys sets.
-var tailField = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fCacheKey, fConversation, fPrevResponse, fN}
+var tailField = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fCacheKey, fConversation, fPrevResponse, fN, fMaxTokens}
 
 const (
 	fModel = iota

@@ -47,6 +47,9 @@ func tailFromJSON(t *testing.T, b []byte) tailWant {
 	}
 	_ = json.Unmarshal(m["parameters"], &p)
 	w.maxTokens = max(w.maxTokens, p.N)
+	p.N = 0
+	_ = json.Unmarshal(m["sampling_params"], &p)
+	w.maxTokens = max(w.maxTokens, p.N)
 	_ = json.Unmarshal(m["n"], &w.n)
 	return w
 }
@@ -108,6 +111,7 @@ func tailBody(r *rand.Rand) []byte {
 	add(60, fmt.Sprintf(`"max_completion_tokens":%d`, r.IntN(1<<20)))
 	add(30, fmt.Sprintf(`"max_tokens":%d`, r.IntN(1<<20)))
 	add(20, fmt.Sprintf(`"parameters":{"stop":["]}"],"max_new_tokens":%d}`, r.IntN(1<<20)))
+	add(15, fmt.Sprintf(`"sampling_params":{"max_new_tokens":%d,"stop":"}"}`, r.IntN(1<<20)))
 	add(50, `"prompt_cache_key":`+quote(fmt.Sprintf("user-%d\n", r.IntN(100))))
 	add(20, `"previous_response_id":`+quote(fmt.Sprintf("resp_%d", r.IntN(100))))
 	add(20, `"conversation":{"metadata":{"id":"decoy"},"id":`+quote(fmt.Sprintf("conv_%d", r.IntN(100)))+`}`)
