@@ -1,0 +1,113 @@
+package balancer_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/scoring"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// seenBy records the State the balancer priced each endpoint with.
+type seenBy map[string]scoring.State
+
+func (m seenBy) Cost(_ *inferlb.Request, s scoring.State) float64 {
+	m[s.Endpoint.Addr] = s
+	return float64(s.InFlight)
+}
+
+// A reading's time is when the server measured it: a source that reads
+// one scrape again (Prometheus polled more often than it scrapes) hands
+// the same reading with the same time, and the calls sent since it still
+// count (State.InFlightSinceReading, which the LLM scorer adds to the
+// reading). Handed under a new time (the query's, as promapi stamped it),
+// the reading looked new on every poll and those calls were forgotten:
+// every endpoint looked as loaded as at the scrape, the emptiest one at the
+// scrape emptiest again.
+func TestReadingTimeKeepsTheCallsSentSince(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		restamp  bool // the second poll stamps the same reading with the time of the poll
+		min, max int64
+	}{
+		// Each endpoint took about 10 of the 40 calls and 2 of the last 8,
+		// all after the scrape.
+		{"same scrape, same time", false, 11, 14},
+		{"same scrape, new time", true, 0, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			seen := seenBy{}
+			b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3),
+				Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: seen}})
+			eps := endpoints(4)
+			scraped := clock.Now().Add(-5 * time.Second)
+			publish := func(at time.Time) {
+				for _, ep := range eps {
+					s := telemetry.Sample{Time: at}
+					s.Set(telemetry.Running, 12)
+					s.Set(telemetry.Waiting, 0)
+					b.Publish(ep.Addr, s)
+				}
+			}
+			req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 800, MaxOutputTokens: 300}
+			var held []balancer.Pick
+			pick := func() {
+				p, err := b.Pick(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, p)
+			}
+			publish(scraped)
+			for range 40 { // calls the reading cannot count
+				pick()
+			}
+			clock.Advance(time.Second) // the next poll: Prometheus has not scraped since
+			if tc.restamp {
+				publish(clock.Now())
+			} else {
+				publish(scraped)
+			}
+			clear(seen)
+			for range 8 { // every endpoint priced again, most more than once
+				pick()
+			}
+			assert.Len(t, seen, len(eps))
+			for _, ep := range eps {
+				st := seen[ep.Addr]
+				t.Logf("%s: %d in flight, %d of them sent since the reading", ep.Addr, st.InFlight, st.InFlightSinceReading)
+				assert.GreaterOrEqual(t, st.InFlightSinceReading, tc.min, ep.Addr)
+				assert.LessOrEqual(t, st.InFlightSinceReading, tc.max, ep.Addr)
+			}
+			for _, p := range held {
+				p.Done(inferlb.Outcome{})
+			}
+		})
+	}
+}
+
+// A reading measured longer than TelemetryMaxAge ago is stale when it
+// arrives: neutral, however recently it was fetched.
+func TestReadingOlderThanMaxAgeIsNeutral(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(10)})
+	hot := endpoints(4)[0].Addr
+	s := telemetry.Sample{Time: clock.Now().Add(-balancer.DefaultTelemetryMaxAge - time.Second)}
+	s.Set(telemetry.KVCacheUsage, 0.99)
+	b.Publish(hot, s)
+	c := llmShares(t, b, 4000)
+	t.Logf("measured %v ago: %v", balancer.DefaultTelemetryMaxAge+time.Second, c)
+	assert.InDelta(t, 1000, c[hot], 150, "a stale reading is neutral")
+
+	s.Time = clock.Now().Add(-time.Second)
+	b.Publish(hot, s)
+	c = llmShares(t, b, 4000)
+	t.Logf("measured 1s ago: %v", c)
+	assert.Less(t, c[hot], 4000/4/5, "a fresh one steers")
+}
