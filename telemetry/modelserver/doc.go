@@ -10,7 +10,11 @@
 //
 // Parsers leave Sample.Time zero: only the caller knows when the values were
 // observed (the response's arrival, the scrape's start), so the caller stamps
-// it before publishing; a telemetry.Store drops samples without a time.
+// it before publishing; a telemetry.Store drops samples without a time. An
+// exposition whose samples all carry a timestamp (Prometheus' /federate, a
+// caching sidecar) says when it was measured itself: Parse stamps the oldest
+// of them, and Source bounds it by the time the exposition arrived, so a
+// served copy minutes old is as stale as it is.
 //
 // Malformed input never panics. When part of an input is unreadable the
 // parsers return what they could read together with an error wrapping

@@ -45,7 +45,9 @@ var ErrUnknownEngine = errors.New("modelserver: no vLLM, SGLang, TensorRT-LLM, T
 // Result is what Parse read from one exposition.
 type Result struct {
 	Engine Engine
-	Sample telemetry.Sample // Time is zero: the caller stamps it
+	// Sample's Time is zero, for the caller to stamp, unless every sample
+	// of the metrics read carries a timestamp (see Parse).
+	Sample telemetry.Sample
 }
 
 // ParseMetrics reads a model server's Prometheus text exposition and returns
@@ -109,7 +111,14 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 // telemetry.ErrPartial while the Result keeps what was read. An exposition
 // with no metric of a known engine returns ErrUnknownEngine; one with none of
 // the load metrics above returns an error and an empty Sample. Parse never
-// panics. Sample.Time is left zero.
+// panics.
+//
+// Sample.Time is left zero, for the caller to stamp, unless every sample of
+// the metrics above carries a timestamp, as a Prometheus federation
+// endpoint's or a caching sidecar's do: then it is the oldest of those,
+// when the values were measured rather than when they were served. It may
+// lie in the future of the caller's clock; Source bounds it by the time the
+// exposition arrived.
 func Parse(r io.Reader) (Result, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
@@ -139,6 +148,9 @@ func parseBytes(data []byte) (Result, error) {
 	x := extractor{m: m, dups: dups}
 	extractors[res.Engine](&x)
 	res.Sample = x.s
+	if at, ok := promtext.MeasuredAt(fams); ok && !res.Sample.Empty() {
+		res.Sample.Time = at
+	}
 	switch {
 	case res.Sample.Empty() && perr != nil:
 		return res, fmt.Errorf("modelserver: %s exposition: no load metric readable (%d lines skipped: %v)", res.Engine, skipped, perr)

@@ -16,6 +16,12 @@
 // timestamps after the value, # UNIT and # EOF lines, counters whose samples
 // carry a _total suffix the family name lacks, and four more types.
 //
+// A sample may carry the time it was measured: a Prometheus federation
+// endpoint or a caching sidecar serves what was scraped earlier, each
+// sample with its scrape's time. Parse keeps it (in milliseconds, as the
+// text format has it, whichever format it came in), and MeasuredAt says
+// when an exposition's values were measured when every sample says so.
+//
 // Memory follows the body, not the series in it: a metric object costs tens
 // of times its line, and a wrong URL (a kube-state-metrics, a federation
 // endpoint) can answer with up to the body limit of series. ParseSelected
@@ -32,6 +38,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -53,9 +60,10 @@ func Parse(data []byte) (fams Families, skipped int, err error) {
 }
 
 // ParseSelected parses a text exposition, or an OpenMetrics one (told by its closing
-// "# EOF" line), which it first rewrites into the text format: exemplars,
-// timestamps (which no adapter reads) and the UNIT, HELP and EOF lines are
-// dropped, a counter's TYPE line names its _total samples, and families of
+// "# EOF" line), which it first rewrites into the text format: exemplars
+// and the UNIT, HELP and EOF lines are dropped, timestamps (float seconds)
+// become the text format's milliseconds, a counter's TYPE line names its
+// _total samples, and families of
 // the types the text format lacks (info, stateset, gaugehistogram, unknown)
 // are read as untyped. On a clean parse err is nil. Otherwise err is
 // expfmt's error and Parse re-parses line by line, keeping every sample line
@@ -291,11 +299,55 @@ func fromOpenMetrics(data []byte) []byte {
 			continue
 		}
 		if n, ok := samplePrefix(line); ok {
+			ts, hasTS := openMetricsTimestamp(line, n)
 			line = line[:n]
+			if hasTS {
+				out = append(append(append(out, line...), ' '), ts...)
+				out = append(out, '\n')
+				continue
+			}
 		}
 		out = append(append(out, line...), '\n')
 	}
 	return out
+}
+
+// openMetricsTimestamp returns the timestamp after the value that ends at
+// line[n] (float seconds) as the text format writes one (integer
+// milliseconds), and false when there is none or it does not fit.
+func openMetricsTimestamp(line []byte, n int) ([]byte, bool) {
+	i := skipBlanks(line, n)
+	if i == len(line) || line[i] == '#' {
+		return nil, false
+	}
+	sec, err := strconv.ParseFloat(string(line[i:token(line, i)]), 64)
+	ms := math.Round(sec * 1e3)
+	if err != nil || math.IsNaN(ms) || math.Abs(ms) >= 1<<62 {
+		return nil, false
+	}
+	return strconv.AppendInt(nil, int64(ms), 10), true
+}
+
+// MeasuredAt returns when fams' values were measured, from their samples'
+// own timestamps (a federation endpoint's, a caching sidecar's): the
+// oldest, since a reading is as old as its oldest input. It returns false
+// when some sample carries no timestamp, or there is none: such an
+// exposition was measured when it was served.
+func MeasuredAt(fams Families) (time.Time, bool) {
+	oldest, n := int64(math.MaxInt64), 0
+	for _, f := range fams {
+		for _, m := range f.Metric {
+			if m.TimestampMs == nil {
+				return time.Time{}, false
+			}
+			oldest = min(oldest, m.GetTimestampMs())
+			n++
+		}
+	}
+	if n == 0 {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(oldest), true
 }
 
 // appendTypeLine appends the text format's version of an OpenMetrics
