@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync/atomic"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -1044,7 +1045,9 @@ func internRole(raw []byte, esc bool) string {
 
 func appendText(dst, raw []byte, esc bool) []byte {
 	if esc {
-		v, ok := appendUnquoted(dst, raw)
+		// The value is at most as long as raw but for invalid UTF-8: one
+		// growth, not one per doubling.
+		v, ok := appendUnquoted(slices.Grow(dst, len(raw)), raw)
 		if ok {
 			return v
 		}
