@@ -14,6 +14,13 @@
 // follow the nodes as they join and leave (one dcgm-exporter DaemonSet pod
 // per node in Kubernetes).
 //
+// An exposition whose samples carry timestamps (a Prometheus /federate
+// endpoint, a caching sidecar) says when its values were measured: a GPU
+// whose every value has one takes the oldest as its Time, and so does an
+// endpoint whose every GPU has one (Source bounds it by the exposition's
+// arrival). Otherwise times are zero, for the caller (a telemetry.Poller)
+// to stamp.
+//
 // dcgm-exporter has no total-memory metric: total is FB_FREE + FB_USED +
 // FB_RESERVED (MiB). GPUMemUsed is total - FB_FREE (used plus reserved:
 // whatever a new allocation cannot have).
@@ -32,6 +39,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -79,6 +87,11 @@ type GPU struct {
 	PowerW                              float64
 	XIDError                            float64 // last XID error code
 	Has                                 MetricSet
+	// Time is when the values were measured, from the exposition's own
+	// sample timestamps when every value read for the GPU carries one (a
+	// Prometheus /federate endpoint, a caching sidecar): the oldest of
+	// them. Zero otherwise: the exposition was measured when served.
+	Time time.Time
 }
 
 // MemTotalMiB returns FB_FREE + FB_USED + FB_RESERVED (reserved counts as 0
@@ -103,9 +116,9 @@ func (g *GPU) MemPressure() (float64, bool) {
 const mib = 1 << 20
 
 // Sample converts g to telemetry units: bytes, utilization 0..1, °C, W. Its
-// Time is zero.
+// Time is g's.
 func (g *GPU) Sample() telemetry.Sample {
-	var s telemetry.Sample
+	s := telemetry.Sample{Time: g.Time}
 	if total, ok := g.MemTotalMiB(); ok {
 		s.Set(telemetry.GPUMemTotal, total*mib)
 		s.Set(telemetry.GPUMemUsed, (total-g.FBFreeMiB)*mib)
@@ -185,6 +198,7 @@ var read = func() map[string]bool {
 func parseBytes(data []byte) ([]GPU, error) {
 	fams, skipped, perr := promtext.ParseSelected(data, func(name []byte) bool { return read[string(name)] })
 	byKey := map[key]*GPU{}
+	untimed := map[*GPU]bool{} // GPUs with a value read that carries no timestamp
 	bad := 0
 	var firstBad string
 	for _, f := range families {
@@ -207,10 +221,19 @@ func parseBytes(data []byte) ([]GPU, error) {
 				continue // GPU_UTIL, listed first, wins over engine activity
 			}
 			g.set(f.metric, v)
+			switch at := time.UnixMilli(m.GetTimestampMs()); {
+			case m.TimestampMs == nil:
+				untimed[g] = true
+			case g.Time.IsZero() || at.Before(g.Time):
+				g.Time = at
+			}
 		}
 	}
 	gpus := make([]GPU, 0, len(byKey))
 	for _, g := range byKey {
+		if untimed[g] {
+			g.Time = time.Time{}
+		}
 		if g.Has != 0 {
 			gpus = append(gpus, *g)
 		}

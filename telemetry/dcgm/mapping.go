@@ -2,6 +2,7 @@ package dcgm
 
 import (
 	"sort"
+	"time"
 
 	"github.com/inferlb/inferlb/telemetry"
 )
@@ -54,7 +55,8 @@ func ByPod(podOf map[string]Pod) Mapping {
 // appearance. An endpoint served by several GPUs takes the worst of them:
 // GPUMemUsed and GPUMemTotal from the GPU with the highest memory pressure
 // (so the pair stays consistent), and the highest utilization, temperature
-// and power. Sample times are zero.
+// and power. A sample's Time is the oldest of its GPUs' Times when every one
+// has one, else zero.
 func Aggregate(gpus []GPU, m Mapping) []telemetry.Observation {
 	if m == nil {
 		return nil
@@ -68,6 +70,7 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 	var out []telemetry.Observation
 	at := map[string]int{}
 	pressure := map[string]float64{}
+	untimed := map[string]bool{} // endpoints with a GPU without a Time
 	for i := range gpus {
 		g := &gpus[i]
 		ids := mapOf(i)(g)
@@ -84,6 +87,14 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 				out = append(out, telemetry.Observation{EndpointID: id})
 			}
 			s := &out[j].Sample
+			switch {
+			case untimed[id]:
+			case g.Time.IsZero():
+				untimed[id] = true
+				s.Time = time.Time{}
+			case s.Time.IsZero() || g.Time.Before(s.Time):
+				s.Time = g.Time
+			}
 			if hasP {
 				if prev, ok := pressure[id]; !ok || p > prev {
 					pressure[id] = p
