@@ -1,8 +1,10 @@
 package httpbalancer
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -326,4 +328,30 @@ func TestScannerAllocatesLittleForEscapedText(t *testing.T) {
 		parseBody(b, true, &o)
 	})
 	assert.LessOrEqual(t, allocs, 2.0)
+}
+
+// TestScannerDoesNotRecurseOnAnyNesting: no shape of nesting a body can
+// take makes the scan (or the scan past the peek) use stack in proportion
+// to it; 4 MiB of each under a 16 MiB stack limit, where recursing would
+// need some 30 MiB.
+func TestScannerDoesNotRecurseOnAnyNesting(t *testing.T) {
+	const n = 4 << 20
+	defer debug.SetMaxStack(debug.SetMaxStack(16 << 20))
+	for _, open := range []string{
+		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":` + strings.Repeat(`{"url":`, n/7),
+		`{"messages":[{"role":"user","content":[{"type":"tool_result","content":` + strings.Repeat(`[{"type":"tool_result","content":`, n/33),
+		`{"messages":[{"role":"user","content":[{"type":"image","source":` + strings.Repeat(`{"data":`, n/8),
+		`{"prompt":` + strings.Repeat(`[`, n),
+		`{"input":[` + strings.Repeat(`{"content":[{"text":`, n/20),
+		`{"conversation":` + strings.Repeat(`{"id":`, n/6),
+		`{"sampling_params":` + strings.Repeat(`{"max_new_tokens":`, n/18),
+		`{"tools":` + strings.Repeat(`{"a":[`, n/6),
+	} {
+		b := []byte(open)
+		_ = scanNew(b, true)
+		m := inMemory(io.NopCloser(bytes.NewReader(append(b, '}'))))
+		var got body
+		readTail(&m, b[:1<<20], true, &got)
+		_ = peekText(b[:1<<20], int64(len(b)))
+	}
 }
