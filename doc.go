@@ -106,7 +106,8 @@
 //
 // Samples from DCGM, model-server /metrics, a Prometheus server, ORCA and
 // vLLM's load header are merged per endpoint and per field in a
-// telemetry.Store. Scorers see only fresh fields; a stale or missing field is
+// telemetry.Store, each field with the time it was measured (a Prometheus
+// scrape's, not the query's). Scorers see only fresh fields; a stale or missing field is
 // neutral. The LLM scorer's cost rises steeply (hyperbolically) as KV-cache
 // use, GPU memory or utilization near their ceiling; GPU memory counts only
 // for servers that report no KV cache (the engines that do pre-allocate it,

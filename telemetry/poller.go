@@ -203,8 +203,8 @@ func (p *Poller) Poll(ctx context.Context) bool {
 			// so they expire no later than they should.
 			o.Sample.Time = start
 		} else {
-			// A source's own time (Prometheus' evaluation time) from a
-			// clock that runs ahead of ours would be newer than any local
+			// A source's own time (a Prometheus scrape's, a federated
+			// sample's) from a clock that runs ahead of ours would be newer than any local
 			// reading for as long as it is ahead: the Store would keep it
 			// over fresher ones and never age it out. It is read as now.
 			if end.IsZero() {
