@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb/cache"
+	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // scanResult is what parseBody hands to Inspect, without the scratch.
@@ -321,6 +322,9 @@ func TestUnquoteMatchesEncodingJSON(t *testing.T) {
 // is in most) is decoded into the parts buffer in one growth and copied
 // once; with json.Unmarshal it took six allocations.
 func TestScannerAllocatesLittleForEscapedText(t *testing.T) {
+	if testutil.Race {
+		t.Skip("the race detector's instrumentation allocates one more")
+	}
 	b := []byte(`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a helpful assistant."},` +
 		`{"role":"user","content":"What is the capital of France?\nAnswer briefly."}],"max_tokens":32,"stream":true}`)
 	allocs := testing.AllocsPerRun(100, func() {
