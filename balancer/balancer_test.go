@@ -219,9 +219,15 @@ func TestCanceledCountsAsNeither(t *testing.T) {
 func TestRetryBudget(t *testing.T) {
 	clock := testutil.NewClock()
 	b := newBalancer(t, 2, balancer.Options{Clock: clock, RetryRatio: 0.2, RetryFloor: 1})
-	// A quiet client still gets the floor: one retry per second.
-	assert.True(t, b.AllowRetry())
-	assert.False(t, b.AllowRetry(), "floor spent")
+	// A quiet client still gets the floor: one retry per second, with ten
+	// seconds of it banked.
+	banked := 0
+	for range 20 {
+		if b.AllowRetry() {
+			banked++
+		}
+	}
+	assert.Equal(t, 10, banked, "the floor's bank")
 	clock.Advance(time.Second)
 	assert.True(t, b.AllowRetry())
 	assert.False(t, b.AllowRetry())
@@ -237,7 +243,7 @@ func TestRetryBudget(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 20, allowed)
-	assert.Equal(t, balancer.RetryStats{Allowed: 22, Denied: 32}, b.RetryStats())
+	assert.Equal(t, balancer.RetryStats{Allowed: 31, Denied: 41}, b.RetryStats())
 }
 
 // TestPickRetrySpendsOnlyWhenItHasSomewhereToGo: a failover pick that
@@ -254,13 +260,15 @@ func TestPickRetrySpendsOnlyWhenItHasSomewhereToGo(t *testing.T) {
 	assert.Equal(t, balancer.RetryStats{}, b.RetryStats())
 
 	require.NoError(t, b.Update(endpoints(2)))
-	p, err := b.PickRetry(&inferlb.Request{}, only)
-	require.NoError(t, err)
-	assert.NotEqual(t, only, p.ID())
-	p.Done(inferlb.Outcome{})
-	_, err = b.PickRetry(&inferlb.Request{}, only)
-	require.ErrorIs(t, err, balancer.ErrNoRetryBudget, "the floor's one retry a second is spent")
-	assert.Equal(t, balancer.RetryStats{Allowed: 1, Denied: 1}, b.RetryStats())
+	for range 10 { // the floor's bank: ten seconds at one a second
+		p, err := b.PickRetry(&inferlb.Request{}, only)
+		require.NoError(t, err)
+		assert.NotEqual(t, only, p.ID())
+		p.Done(inferlb.Outcome{})
+	}
+	_, err := b.PickRetry(&inferlb.Request{}, only)
+	require.ErrorIs(t, err, balancer.ErrNoRetryBudget, "the floor's bank is spent")
+	assert.Equal(t, balancer.RetryStats{Allowed: 10, Denied: 1}, b.RetryStats())
 	for _, s := range b.Stats() {
 		assert.Zero(t, s.InFlight, s.ID)
 	}

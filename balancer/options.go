@@ -125,7 +125,10 @@ type Options struct {
 	// (AllowRetry). Default 0.2; negative allows only RetryFloor.
 	RetryRatio float64
 	// RetryFloor is how many retries per second are allowed regardless of
-	// traffic. Default 10; negative means none.
+	// traffic, with up to ten seconds of it banked while unused (100
+	// retries at the default), so a burst of failures, such as the calls
+	// a crashed replica was streaming, can all fail over. Default 10;
+	// negative means none.
 	RetryFloor float64
 	// Affinity says how Request.AffinityKey steers picks. The zero value is
 	// AffinityPrefer.

@@ -13,6 +13,13 @@ const (
 	DefaultRetryRatio     = 0.2
 	DefaultRetryFloor     = 10 // retries per second always allowed
 	retryCapacityRequests = 100
+	// retryReserve is how much of the floor's allowance a quiet spell
+	// banks: a replica that crashes fails all the calls it was streaming
+	// at once, and at the default floor the bank (100 retries) lets such a
+	// burst fail over whole where one second's (10) failed most of it on a
+	// healthy fleet. Sustained retries still come at the floor's rate plus
+	// RetryRatio of the traffic.
+	retryReserve = 10 * time.Second
 )
 
 // retryBudget is a token bucket in micro-tokens: every call's first pick
@@ -71,13 +78,14 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 	if rb.floor <= 0 {
 		return false
 	}
-	// The floor: one retry per 1/floor seconds, with up to one second of
-	// unused allowance banked, or one retry's when that is longer: banking
+	// The floor: one retry per 1/floor seconds, with up to retryReserve of
+	// unused allowance banked (the reserve of Finagle's budget, its
+	// minRetriesPerSec x ttl), or one retry's when that is longer: banking
 	// less than one retry, a floor under one a second allowed none.
 	// In float, bounded before converting: a floor so small that its
 	// period overflows int64 would otherwise wrap into "always allowed".
 	step := int64(min(float64(time.Second)/rb.floor, math.MaxInt64/4))
-	bank := max(step, int64(time.Second))
+	bank := max(step, int64(retryReserve))
 	for {
 		at := rb.floorAt.Load()
 		from := at

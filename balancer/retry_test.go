@@ -42,9 +42,10 @@ func TestRetriesDoNotEarnRetries(t *testing.T) {
 }
 
 // TestFractionalRetryFloor: a floor under one retry a second allows one
-// every 1/floor seconds, as documented. The floor banked at most one
-// second of allowance, less than one retry's worth, so a floor of 0.5
-// (one retry every two seconds) allowed none at all, ever.
+// every 1/floor seconds, as documented, after the bank it starts with (ten
+// seconds' worth, or one retry's when that is longer). The floor banked at
+// most one second of allowance, less than one retry's worth, so a floor of
+// 0.5 (one retry every two seconds) allowed none at all, ever.
 func TestFractionalRetryFloor(t *testing.T) {
 	for _, tc := range []struct {
 		floor float64
@@ -60,7 +61,45 @@ func TestFractionalRetryFloor(t *testing.T) {
 			}
 			clock.Advance(100 * time.Millisecond)
 		}
-		want := int(span / tc.every)
+		want := int(span/tc.every) + int(max(tc.every, 10*time.Second)/tc.every)
 		assert.InDelta(t, want, allowed, 1, "floor %v: retries allowed in a minute", tc.floor)
 	}
+}
+
+// TestRetryBudgetAbsorbsACrashBurst: a replica that crashes fails every
+// call it was streaming at once. The floor banks 10 s of allowance, as the
+// reserve of Finagle's and Linkerd's budgets (minRetriesPerSec x ttl), so
+// such a burst fails over whole; it banked one second, so of 60 calls
+// failing together only 30 (20 earned by traffic, 10 of floor) went
+// elsewhere and the rest failed on a healthy fleet. Sustained retries stay
+// bounded: the bank refills at the floor's rate.
+func TestRetryBudgetAbsorbsACrashBurst(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 8, balancer.Options{Clock: clock, RetryRatio: 0.2, RetryFloor: 10})
+	for range 200 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{})
+	}
+	allowed := 0
+	for range 60 {
+		if b.AllowRetry() {
+			allowed++
+		}
+	}
+	assert.Equal(t, 60, allowed, "a crash's burst of failovers")
+	for range 200 {
+		if b.AllowRetry() {
+			allowed++
+		}
+	}
+	assert.Equal(t, 120, allowed, "the bank (100) and what traffic earned (20), no more")
+	clock.Advance(time.Second)
+	more := 0
+	for range 50 {
+		if b.AllowRetry() {
+			more++
+		}
+	}
+	assert.Equal(t, 10, more, "then the floor's 10 a second")
 }
