@@ -203,6 +203,13 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	if lb.shared == nil && (b == nil || lb.cfg.tunables != cfg.tunables) {
 		// New tunables need a new Balancer: its options are fixed at New.
 		// Live state starts over, which a config push rarely costs much.
+		// The old one is closed: nothing routes with it once the next
+		// picker is out, and a pick on the current picker that it
+		// refuses waits for that picker. Calls it picked end normally.
+		if b != nil {
+			lb.gen.Add(1) // before Close: a pick it refuses must see it
+			b.Close()
+		}
 		b = core.New(cfg.opts)
 		lb.core.Store(b)
 		lb.mem, _ = b.NewMembership() // the first of a fresh Balancer's 63

@@ -610,6 +610,12 @@ func TestTunablesChangeReplacesCore(t *testing.T) {
 	}
 	_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
 	res.Done(sent)
+	// Nothing routes with the old core: closed, it gives back its
+	// endpoints (and their telemetry slots) instead of living on with
+	// its membership, a copy of every endpoint's state per config push.
+	if _, err := first.Pick(&inferlb.Request{}); !errors.Is(err, core.ErrClosed) {
+		t.Errorf("the replaced core still picks: %v", err)
+	}
 }
 
 func TestPickAllocs(t *testing.T) {
