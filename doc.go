@@ -102,6 +102,11 @@
 // Adapters fail a call over to another endpoint only within a shared retry
 // budget.
 //
+// Balancer.Close ends a Balancer: its endpoints give back their slots in a
+// shared telemetry Store and later picks fail with balancer.ErrClosed,
+// while calls already picked end normally. The HTTP Transport and the gRPC
+// policy close a Balancer they made themselves, never one they were given.
+//
 // # Telemetry
 //
 // Samples from DCGM, model-server /metrics, a Prometheus server, ORCA and
