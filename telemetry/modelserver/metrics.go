@@ -74,8 +74,10 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	              PrefixCacheHitRate  sglang:cache_hit_rate
 //	TensorRT-LLM  Running      trtllm_num_requests_running
 //	              Waiting      trtllm_num_requests_waiting
-//	              KVCacheUsage trtllm_kv_cache_utilization
+//	              KVCacheUsage trtllm_kv_cache_utilization (used / max KV blocks, a fraction)
 //	              PrefixCacheHitRate  trtllm_kv_cache_hit_rate
+//	                           (trtllm-serve's iteration statistics: they are exported only
+//	                           with enable_iter_perf_stats: true in its LLM options)
 //	TGI           Running      tgi_batch_current_size
 //	              Waiting      tgi_queue_size
 //	Triton        Waiting      nv_inference_pending_request_count (all models: not yet given to a backend)
