@@ -19,8 +19,12 @@ const (
 	// so they do not scrape an exporter in lockstep.
 	DefaultPollJitter = 0.1
 	// DefaultMaxBackoff caps the delay after repeated failures: a source that
-	// comes back is noticed within a few minutes.
-	DefaultMaxBackoff = 5 * time.Minute
+	// comes back is noticed within a minute. A round fails only when no
+	// target answers (a fleet rolled out at once, each replica loading its
+	// weights for minutes), and polling a fleet that is down once a minute
+	// costs it nothing, where a longer cap left the balancer routing
+	// without telemetry for minutes after the fleet was back.
+	DefaultMaxBackoff = time.Minute
 )
 
 // Clock tells a Poller the time used to stamp samples. Tests inject one; nil

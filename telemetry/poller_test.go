@@ -297,10 +297,40 @@ func TestNewPollerValidates(t *testing.T) {
 func TestPollerDefaults(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		src := &scripted{errs: []error{errDown}, start: time.Now()}
-		// Zero options except no jitter: 15s interval, backoff capped at 5m.
+		// Zero options except no jitter: 15s interval, backoff capped at 1m.
 		p, err := telemetry.NewPoller(src, &recorder{}, telemetry.PollerOptions{Jitter: -1})
 		require.NoError(t, err)
-		runFor(t, p, 16*time.Minute)
-		assert.Equal(t, secs(0, 30, 90, 210, 450, 750), src.times())
+		runFor(t, p, 5*time.Minute)
+		assert.Equal(t, secs(0, 30, 90, 150, 210, 270), src.times())
+	})
+}
+
+// downUntil is a Source that fails until a moment of the bubble's time.
+type downUntil struct {
+	start time.Time
+	up    time.Duration
+}
+
+func (s *downUntil) Collect(context.Context) ([]telemetry.Observation, error) {
+	if time.Since(s.start) < s.up {
+		return nil, errDown
+	}
+	return []telemetry.Observation{{EndpointID: "a", Sample: sample(time.Time{}, float64(telemetry.Waiting), 1)}}, nil
+}
+
+// TestPollerNoticesAFleetBackWithinAMinute: a fleet whose servers all
+// refuse scrapes for ten minutes (a rollout of every replica, each loading
+// its weights) is read again within a minute of answering. With backoff
+// capped at five minutes, the fleet answered at 10m and the poller came
+// back at 12m30s: two and a half minutes of routing without telemetry.
+func TestPollerNoticesAFleetBackWithinAMinute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sink := &recorder{}
+		p, err := telemetry.NewPoller(&downUntil{start: time.Now(), up: 10 * time.Minute}, sink, telemetry.PollerOptions{Jitter: -1})
+		require.NoError(t, err)
+		runFor(t, p, 11*time.Minute)
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		assert.NotEmpty(t, sink.got, "no sample within a minute of the fleet's return")
 	})
 }
