@@ -302,14 +302,17 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 		return 0, false
 	}
 	s := strings.TrimSpace(v[0])
+	const maxHint = 24 * time.Hour // the balancer caps far lower
 	// Past int64, ParseInt saturates and reports a range error: still a
 	// number of seconds, a very large (or very negative) one.
 	if secs, err := strconv.ParseInt(s, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
-		const maxSecs = int64(24 * time.Hour / time.Second) // the balancer caps far lower
-		return time.Duration(min(max(secs, 0), maxSecs)) * time.Second, true
+		return time.Duration(min(max(secs, 0), int64(maxHint/time.Second))) * time.Second, true
 	}
 	if t, err := http.ParseTime(s); err == nil {
-		return max(t.Sub(clock.Now()), 0), true
+		// Capped as well: a date 292 years ahead saturates Sub at the largest
+		// Duration, which the +1 of call.overload would wrap negative,
+		// reading an overload as none.
+		return min(max(t.Sub(clock.Now()), 0), maxHint), true
 	}
 	return 0, true
 }

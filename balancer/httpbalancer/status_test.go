@@ -44,6 +44,9 @@ func TestStatusClassification(t *testing.T) {
 		{429, date(5*time.Second, time.RFC850), true, 5 * time.Second, false},
 		{429, date(5*time.Second, time.ANSIC), true, 5 * time.Second, false},
 		{429, date(-time.Hour, http.TimeFormat), true, 0, false},
+		{429, date(48*time.Hour, http.TimeFormat), true, 24 * time.Hour, false},
+		{429, "Fri, 31 Dec 9999 23:59:59 GMT", true, 24 * time.Hour, false}, // past time.Duration's range
+		{503, "Fri, 31 Dec 9999 23:59:59 GMT", true, 24 * time.Hour, false},
 		{503, "", false, 0, true},
 		{503, "3", true, 3 * time.Second, false},
 		{503, "garbage", true, 0, false},
