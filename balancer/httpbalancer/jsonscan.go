@@ -3,7 +3,6 @@ package httpbalancer
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math/bits"
 	"slices"
@@ -147,20 +146,9 @@ func (s *scanner) longStr(start int) (raw []byte, esc, ok bool) {
 	return nil, false, false
 }
 
-// decode returns the value of the JSON string quoted (raw with its
-// quotes) as encoding/json reads it, or raw when it is not valid JSON.
-func decode(raw, quoted []byte, esc bool) string {
-	if esc {
-		var v string
-		if json.Unmarshal(quoted, &v) == nil {
-			return v
-		}
-	}
-	return string(raw)
-}
-
-// unquote is decode for the scanner, from raw alone, in one allocation of
-// the value's size: a body can hold a great many short escaped strings, and
+// unquote returns the value of the JSON string whose text between the
+// quotes is raw, as encoding/json reads it (raw when it is not valid JSON),
+// in one allocation of the value's size: a body can hold a great many short escaped strings, and
 // json.Unmarshal costs three allocations and some 170 bytes each.
 func unquote(raw []byte, esc bool) string {
 	if esc {
@@ -287,7 +275,7 @@ var models [64]atomic.Pointer[string]
 
 const maxInternModel = 256
 
-// internModel is decode for the model name, from the cache when it is there.
+// internModel is unquote for the model name, from the cache when it is there.
 func internModel(raw []byte, esc bool) string {
 	if esc || len(raw) > maxInternModel {
 		return unquote(raw, esc)

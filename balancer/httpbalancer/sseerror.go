@@ -212,8 +212,12 @@ func (m *errScan) keyKind() uint8 {
 	key := quoted[1 : len(quoted)-1]
 	if bytes.IndexByte(key, '\\') >= 0 {
 		// Escapes in a key: no server writes them, but encoding/json
-		// reads "\u0063ode" as "code", and so does errScan.
-		key = []byte(decode(key, quoted, true))
+		// reads "\u0063ode" as "code", and so does errScan. A key that
+		// is not valid JSON stays as written and matches neither.
+		var kd [len(m.keyBuf)]byte
+		if k, ok := appendUnquoted(kd[:0], key); ok {
+			key = k
+		}
 	}
 	switch string(key) {
 	case "error":
