@@ -223,3 +223,45 @@ func TestEndpointErrorKeepsTimeouts(t *testing.T) {
 	assert.True(t, os.IsTimeout(err), "%v", err)
 	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
 }
+
+// TestBodyCanceledWithACauseNamesNoEndpoint: a caller that ends a stream
+// with context.WithCancelCause (or a deadline with a cause) gets from
+// net/http's body the cause, not context.Canceled; that is still the
+// caller's doing, and comes back as it is, as RoundTrip returns an error
+// when the context ended, not as an *EndpointError blaming the endpoint.
+func TestBodyCanceledWithACauseNamesNoEndpoint(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"x\":1}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	res := newResults(1)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "gpu-7", Addr: strings.TrimPrefix(srv.URL, "http://")}},
+		OnResult:  res.on,
+	})
+	cause := errors.New("the user pressed stop")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	_, err = resp.Body.Read(make([]byte, 64))
+	require.NoError(t, err)
+	cancel(cause)
+	_, err = io.Copy(io.Discard, resp.Body)
+	require.ErrorIs(t, err, cause)
+	var ee *httpbalancer.EndpointError
+	assert.False(t, errors.As(err, &ee), "the caller's cancellation is not the endpoint's: %v", err)
+	require.NoError(t, resp.Body.Close())
+	r := <-res.c
+	assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
+}

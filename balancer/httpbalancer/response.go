@@ -64,7 +64,8 @@ func (e *StatusError) Error() string {
 // callers expect; the context's end is context.Canceled or
 // context.DeadlineExceeded itself, as net/http returns it (callers compare
 // those with ==: httputil.ReverseProxy tells a client that went away by
-// err == context.Canceled); and a request net/http will not send fails
+// err == context.Canceled), or the cause the caller gave it
+// (context.WithCancelCause); and a request net/http will not send fails
 // with net/http's error.
 type EndpointError struct {
 	Endpoint string // the endpoint's ID (inferlb.Endpoint.Key)
@@ -354,8 +355,9 @@ func (c *call) Read(p []byte) (int, error) {
 			// whichever of the two reports first. The error is the
 			// caller's doing, not the endpoint's, and goes back as it is.
 			c.finish(c.out.Context().Err())
-		case err == context.Canceled || err == context.DeadlineExceeded:
-			// The context's end, as net/http's body returns it: no
+		case err == context.Canceled || err == context.DeadlineExceeded || c.out.Context().Err() != nil:
+			// The context's end, as net/http's body returns it (or its
+			// cause, when the caller gave one: WithCancelCause): no
 			// endpoint broke, and callers compare it with ==
 			// (httputil.ReverseProxy tells a client gone by it).
 			c.finish(err)
