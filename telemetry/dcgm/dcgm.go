@@ -17,8 +17,8 @@
 // An exposition whose samples carry timestamps (a Prometheus /federate
 // endpoint, a caching sidecar) says when its values were measured: a GPU
 // whose every value has one takes the oldest as its Time, and so does an
-// endpoint whose every GPU has one (Source bounds it by the exposition's
-// arrival). Otherwise times are zero, for the caller (a telemetry.Poller)
+// endpoint whose every GPU has one (a telemetry.Poller reads one ahead of
+// its clock as now). Otherwise times are zero, for the caller (a telemetry.Poller)
 // to stamp.
 //
 // dcgm-exporter has no total-memory metric: total is FB_FREE + FB_USED +

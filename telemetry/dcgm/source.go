@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/internal/promtext"
@@ -59,10 +58,6 @@ type Source struct {
 	// Client does the requests; nil means http.DefaultClient. Collect's
 	// context bounds each round, so the client needs no timeout of its own.
 	Client *http.Client
-	// Clock reads the time an exposition arrived, which bounds the time its
-	// own sample timestamps say (see Collect); it is read by concurrent
-	// scrapes. nil means the wall clock.
-	Clock telemetry.Clock
 	// MaxBodyBytes bounds a response body; 0 means 16 MiB.
 	MaxBodyBytes int64
 	// Parallelism bounds concurrent scrapes; 0 means DefaultParallelism.
@@ -80,9 +75,9 @@ var _ telemetry.Source = (*Source)(nil)
 // (and so targets: list it in each one's Map) still takes its worst one.
 // Sample times are left zero for the Poller to stamp, except where every
 // value read for an endpoint's GPUs carries a timestamp (a federation
-// endpoint, a caching sidecar): then the oldest of them, but never later
-// than its exposition's arrival on Clock. A time older than a Store's
-// maximum age makes the sample stale, so it is ignored. If some exporters fail
+// endpoint, a caching sidecar): then the oldest of them (the Poller reads
+// one ahead of its clock as now). A time older than a Store's maximum age
+// makes the sample stale, so it is ignored. If some exporters fail
 // (or return partial expositions) the error wraps telemetry.ErrPartial; if
 // all fail it does not. A target without a Mapping (its own Map and Map both
 // nil) is a configuration error, returned before any scrape.
@@ -146,13 +141,7 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 			results[i].err = fmt.Errorf("dcgm: scrape: %w", err)
 			return
 		}
-		arrived := s.now()
 		gpus, err := parseBytes(body)
-		for j := range gpus {
-			if gpus[j].Time.After(arrived) {
-				gpus[j].Time = arrived // a clock ahead of ours, or a made-up time
-			}
-		}
 		if err != nil {
 			err = fmt.Errorf("%s: %w", promtext.Redacted(e.url), err)
 		}
@@ -193,11 +182,4 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		return nil, fmt.Errorf("dcgm: all %d exporters failed; first: %w", len(exporters), first)
 	}
 	return obs, fmt.Errorf("%w: dcgm: %d of %d exporters failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(exporters), partial, first)
-}
-
-func (s *Source) now() time.Time {
-	if s.Clock == nil {
-		return time.Now()
-	}
-	return s.Clock.Now()
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/dcgm"
 )
 
@@ -24,8 +25,7 @@ DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-c-0",Hostname="node-c"} 500 1767225599000
 
 func TestSourceStampsTheExpositionsOwnTime(t *testing.T) {
 	e := newExporter(t, federatedGPUs, false)
-	arrived := time.UnixMilli(1767225595000)
-	src := &dcgm.Source{Client: client(t), Clock: fixedClock(arrived), URLs: []string{e.url},
+	src := &dcgm.Source{Client: client(t), URLs: []string{e.url},
 		Map: dcgm.ByHost(map[string]string{"a": "node-a", "b": "node-b", "c": "node-c"})}
 	obs, err := src.Collect(t.Context())
 	require.NoError(t, err)
@@ -36,7 +36,17 @@ func TestSourceStampsTheExpositionsOwnTime(t *testing.T) {
 	require.Len(t, at, 3)
 	assert.True(t, at["a"].Equal(time.UnixMilli(1767225588000)), "the oldest of its GPUs' values: %v", at["a"])
 	assert.True(t, at["b"].IsZero(), "a value without a time: the Poller's, as before: %v", at["b"])
-	assert.True(t, at["c"].Equal(arrived), "never later than the exposition's arrival: %v", at["c"])
+	assert.True(t, at["c"].Equal(time.UnixMilli(1767225599000)), "its own time: %v", at["c"])
+
+	// Polled, a time ahead of the Poller's clock is read as its now.
+	now := fixedClock(time.UnixMilli(1767225595000))
+	store := &telemetry.Store{Clock: now}
+	p, err := telemetry.NewPoller(src, store, telemetry.PollerOptions{Clock: now})
+	require.NoError(t, err)
+	require.True(t, p.Poll(t.Context()))
+	c, ok := store.Latest("c", now.Now(), 0)
+	require.True(t, ok)
+	assert.True(t, c.Time.Equal(now.Now()), "never later than the poll: %v", c.Time)
 }
 
 type fixedClock time.Time

@@ -13,7 +13,7 @@
 // it before publishing; a telemetry.Store drops samples without a time. An
 // exposition whose samples all carry a timestamp (Prometheus' /federate, a
 // caching sidecar) says when it was measured itself: Parse stamps the oldest
-// of them, and Source bounds it by the time the exposition arrived, so a
+// of them (a telemetry.Poller reads one ahead of its clock as now), so a
 // served copy minutes old is as stale as it is.
 //
 // Malformed input never panics. When part of an input is unreadable the

@@ -119,8 +119,8 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 // the metrics above carries a timestamp, as a Prometheus federation
 // endpoint's or a caching sidecar's do: then it is the oldest of those,
 // when the values were measured rather than when they were served. It may
-// lie in the future of the caller's clock; Source bounds it by the time the
-// exposition arrived.
+// lie in the future of the caller's clock, which a telemetry.Poller reads as
+// its now.
 func Parse(r io.Reader) (Result, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/internal/promtext"
@@ -44,10 +43,6 @@ type Source struct {
 	// Client does the requests; nil means http.DefaultClient. Collect's
 	// context bounds each round, so the client needs no timeout of its own.
 	Client *http.Client
-	// Clock reads the time an exposition arrived, which bounds the time its
-	// own sample timestamps say (see Collect); it is read by concurrent
-	// scrapes. nil means the wall clock.
-	Clock telemetry.Clock
 	// MaxBodyBytes bounds a response body; 0 means 16 MiB.
 	MaxBodyBytes int64
 	// Parallelism bounds concurrent scrapes; 0 means DefaultParallelism.
@@ -65,8 +60,8 @@ var _ telemetry.Source = (*Source)(nil)
 // counted in the error, so the Poller counts the round as partial).
 // Sample times are left zero for the Poller to stamp, except where every
 // sample read carries a timestamp (a federation endpoint, a caching
-// sidecar): then the oldest of them, but never later than the exposition's
-// arrival on Clock. A time older than a Store's maximum age makes the
+// sidecar): then the oldest of them (the Poller reads one ahead of its
+// clock as now). A time older than a Store's maximum age makes the
 // sample stale, so it is ignored. If some targets fail
 // the error wraps telemetry.ErrPartial and names the first failure; if all
 // fail it does not.
@@ -163,17 +158,6 @@ func (s *Source) scrape(ctx context.Context, t Target) (telemetry.Sample, error)
 	if err != nil {
 		return telemetry.Sample{}, fmt.Errorf("modelserver: scrape: %w", err)
 	}
-	arrived := s.now()
 	res, err := parseBytes(body)
-	if res.Sample.Time.After(arrived) {
-		res.Sample.Time = arrived // a clock ahead of ours, or a made-up time
-	}
 	return res.Sample, err
-}
-
-func (s *Source) now() time.Time {
-	if s.Clock == nil {
-		return time.Now()
-	}
-	return s.Clock.Now()
 }

@@ -35,18 +35,31 @@ func TestSourceStampsTheExpositionsOwnTime(t *testing.T) {
 		"the oldest of the samples' times, got %v", obs[0].Sample.Time)
 }
 
-func TestSourceBoundsTheExpositionsTime(t *testing.T) {
-	arrived := time.UnixMilli(1767225589000) // before the samples' times
+// Polled, an exposition's time ahead of the Poller's clock is read as its
+// now; one with a sample without a time is stamped as any other.
+func TestPolledExpositionTimeIsBounded(t *testing.T) {
+	now := time.UnixMilli(1767225589000) // before the samples' times
+	clock := clockAt(now)
 	mixed := federated + "vllm:num_requests_running{instance=\"10.0.0.6:8000\",model_name=\"m\"} 1\n"
-	src := &modelserver.Source{Client: client(t), Clock: clockAt(arrived), Targets: modelserver.Static(
+	src := &modelserver.Source{Client: client(t), Targets: modelserver.Static(
 		modelserver.Target{EndpointID: "ahead", URL: serve(t, 200, strings.ReplaceAll(federated, "1767225588000", "1767225599000"))},
 		modelserver.Target{EndpointID: "mixed", URL: serve(t, 200, mixed)},
 	)}
 	obs, err := src.Collect(t.Context())
 	require.NoError(t, err)
 	require.Len(t, obs, 2)
-	assert.True(t, obs[0].Sample.Time.Equal(arrived), "never later than the exposition's arrival, got %v", obs[0].Sample.Time)
+	assert.True(t, obs[0].Sample.Time.Equal(time.UnixMilli(1767225590250)), "its own time, got %v", obs[0].Sample.Time)
 	assert.True(t, obs[1].Sample.Time.IsZero(), "a sample without a time: the Poller's, as before")
+
+	store := &telemetry.Store{Clock: clock}
+	p, err := telemetry.NewPoller(src, store, telemetry.PollerOptions{Clock: clock})
+	require.NoError(t, err)
+	require.True(t, p.Poll(t.Context()))
+	for _, id := range []string{"ahead", "mixed"} {
+		s, ok := store.Latest(id, now, 0)
+		require.True(t, ok, id)
+		assert.True(t, s.Time.Equal(now), "%s: never later than the poll, got %v", id, s.Time)
+	}
 }
 
 // A federated copy older than the Store's maximum age is stale when it
@@ -55,7 +68,7 @@ func TestSourceBoundsTheExpositionsTime(t *testing.T) {
 func TestSourceOldExpositionIsStale(t *testing.T) {
 	clock := clockAt(time.UnixMilli(1767225590250).Add(time.Hour))
 	store := &telemetry.Store{Clock: clock}
-	src := &modelserver.Source{Client: client(t), Clock: clock, Targets: modelserver.Static(
+	src := &modelserver.Source{Client: client(t), Targets: modelserver.Static(
 		modelserver.Target{EndpointID: "a", URL: serve(t, 200, federated)})}
 	p, err := telemetry.NewPoller(src, store, telemetry.PollerOptions{Clock: clock})
 	require.NoError(t, err)
