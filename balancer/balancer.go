@@ -635,7 +635,7 @@ type cand struct {
 
 func (c *cand) ok(e *endpoint) bool {
 	return e.usable(c.bit, c.nowNs, c.panicking) && (c.exclude == "" || e.id != c.exclude) &&
-		(!c.coolingOnly || !e.brOpen.Load() && e.ejectedUntil.Load() <= c.nowNs)
+		(!c.coolingOnly || !e.heldOut(c.nowNs))
 }
 
 func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {

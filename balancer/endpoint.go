@@ -320,3 +320,10 @@ func update(v *atomic.Int64, f func(int64) int64) {
 		}
 	}
 }
+
+// heldOut reports whether e is out of rotation by its breaker (open or
+// probing) or an outlier ejection at nowNs: out for failing, not merely
+// cooling down after overload answers.
+func (e *endpoint) heldOut(nowNs int64) bool {
+	return e.brOpen.Load() || e.ejectedUntil.Load() > nowNs
+}

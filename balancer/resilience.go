@@ -227,7 +227,7 @@ func (b *Balancer) mayEject(self *endpoint, nowNs int64) bool {
 	}
 	ejected := 0
 	for _, e := range *all {
-		if e != self && (e.brOpen.Load() || e.ejectedUntil.Load() > nowNs) {
+		if e != self && e.heldOut(nowNs) {
 			ejected++
 		}
 	}
