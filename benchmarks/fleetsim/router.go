@@ -279,7 +279,11 @@ func (r *inferlbRouter) AllowRetry() bool { return r.b.AllowRetry() }
 
 func (r *inferlbRouter) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	ir := r.request(req)
-	p, err := r.b.Pick(&ir)
+	return r.picked(r.b.Pick(&ir))
+}
+
+// picked returns a pick's replica and its Done.
+func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Outcome), error) {
 	if err != nil {
 		return 0, nil, err
 	}
@@ -306,12 +310,7 @@ func (r *inferlbRouter) request(req *Request) inferlb.Request {
 // another replica than the failed one, if the retry budget allows.
 func (r *inferlbRouter) PickRetry(req *Request, failed int) (int, func(inferlb.Outcome), error) {
 	ir := r.request(req)
-	p, err := r.b.PickRetry(&ir, r.ids[failed])
-	if err != nil {
-		return 0, nil, err
-	}
-	held := &p
-	return r.byID[p.ID()], held.Done, nil
+	return r.picked(r.b.PickRetry(&ir, r.ids[failed]))
 }
 
 // Oracle is the practical upper bound: one omniscient router that sees every
