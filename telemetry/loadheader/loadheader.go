@@ -130,32 +130,69 @@ func parseLoadText(s string) (telemetry.Sample, error) {
 
 // loadReport is ORCA's OrcaLoadReport as vLLM serializes it with Python's
 // json.dumps (snake_case); the camelCase spellings are protobuf's JSON
-// mapping, which other ORCA servers use.
+// mapping, which other ORCA servers use. Values are kept raw and read one
+// by one, so that one unreadable value (a string: protobuf's JSON writes a
+// NaN as "NaN"; a number past float64) is a bad entry, as in the TEXT
+// form, rather than the whole report: encoding/json would go on past it
+// but leave a pointer to 0 where it stood, a reading no one made.
 type loadReport struct {
-	CPU        *float64            `json:"cpu_utilization"`
-	CPUCamel   *float64            `json:"cpuUtilization"`
-	App        *float64            `json:"application_utilization"`
-	AppCamel   *float64            `json:"applicationUtilization"`
-	Named      map[string]*float64 `json:"named_metrics"` // null: no reading, not 0
-	NamedCamel map[string]*float64 `json:"namedMetrics"`
+	CPU        json.RawMessage            `json:"cpu_utilization"`
+	CPUCamel   json.RawMessage            `json:"cpuUtilization"`
+	App        json.RawMessage            `json:"application_utilization"`
+	AppCamel   json.RawMessage            `json:"applicationUtilization"`
+	Named      map[string]json.RawMessage `json:"named_metrics"` // null: no reading, not 0
+	NamedCamel map[string]json.RawMessage `json:"namedMetrics"`
+}
+
+// loadNumber reads a raw JSON value as a number; null is absent.
+func loadNumber(raw json.RawMessage) (v float64, present, ok bool) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, false, false
+	}
+	if c := raw[0]; c != '-' && (c < '0' || c > '9') {
+		return 0, true, false // a string, a bool, an object or an array
+	}
+	v, err := strconv.ParseFloat(string(raw), 64)
+	return v, true, err == nil
 }
 
 func parseLoadJSON(s string) (telemetry.Sample, error) {
 	var r loadReport
-	if err := json.Unmarshal([]byte(s), &r); err != nil {
+	bad := 0
+	var firstBad string
+	unmarshal := func(b []byte) error {
+		err := json.Unmarshal(b, &r)
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			// A value of the wrong kind where an object belongs
+			// (named_metrics: 3, or the report itself): encoding/json
+			// went on past it, and what it read stands.
+			bad++
+			firstBad = te.Field
+			if firstBad == "" {
+				firstBad = "(the report)"
+			}
+			return nil
+		}
+		return err
+	}
+	if err := unmarshal([]byte(s)); err != nil {
 		// Python's json.dumps writes a float NaN or infinity as a bare
 		// NaN or Infinity, which JSON has no word for: read those as null
 		// (a bad entry) rather than lose the whole report.
 		fixed, ok := nonFiniteAsNull(s)
-		if !ok || json.Unmarshal(fixed, &r) != nil {
+		if !ok {
+			return telemetry.Sample{}, fmt.Errorf("loadheader: endpoint-load-metrics JSON: %w", err)
+		}
+		r, bad, firstBad = loadReport{}, 0, ""
+		if unmarshal(fixed) != nil {
 			return telemetry.Sample{}, fmt.Errorf("loadheader: endpoint-load-metrics JSON: %w", err)
 		}
 	}
 	var out telemetry.Sample
-	bad := 0
-	var firstBad string
-	try := func(key string, v *float64) {
-		if v == nil {
+	try := func(key string, raw json.RawMessage, nullIsBad bool) {
+		v, present, ok := loadNumber(raw)
+		if !present && !nullIsBad {
 			return
 		}
 		f, _ := loadField(key)
@@ -163,33 +200,27 @@ func parseLoadJSON(s string) (telemetry.Sample, error) {
 		// camel case, kv_cache_usage_perc and kv_cache_utilization): one
 		// reading twice, so the fuller one stands, as the text form reads
 		// a repeat of a fraction, whatever order the map yields them in.
-		if cur, had := out.Get(f); had && validLoad(f, *v) && *v < cur {
+		if cur, had := out.Get(f); ok && had && validLoad(f, v) && v < cur {
 			return
 		}
-		if !setLoad(&out, f, *v) {
+		if !ok || !setLoad(&out, f, v) {
 			bad++
 			if firstBad == "" {
 				firstBad = key
 			}
 		}
 	}
-	try("cpu_utilization", r.CPU)
-	try("cpu_utilization", r.CPUCamel)
-	try("application_utilization", r.App)
-	try("application_utilization", r.AppCamel)
-	for _, named := range []map[string]*float64{r.Named, r.NamedCamel} {
+	try("cpu_utilization", r.CPU, false)
+	try("cpu_utilization", r.CPUCamel, false)
+	try("application_utilization", r.App, false)
+	try("application_utilization", r.AppCamel, false)
+	for _, named := range []map[string]json.RawMessage{r.Named, r.NamedCamel} {
 		for k, v := range named {
 			if _, ok := loadField("named_metrics." + k); !ok {
 				continue
 			}
-			if v == nil { // null: the server has no reading; not a 0
-				bad++
-				if firstBad == "" {
-					firstBad = "named_metrics." + k
-				}
-				continue
-			}
-			try("named_metrics."+k, v)
+			// null: the server has no reading; not a 0
+			try("named_metrics."+k, v, true)
 		}
 	}
 	return loadResult(out, bad, firstBad)
