@@ -86,7 +86,8 @@
 // endpoint and wraps the error underneath, which errors.Is and errors.As
 // find (io.EOF, io.ErrUnexpectedEOF, a net.Error); the end of a body is
 // io.EOF itself, and the context's end context.Canceled or
-// context.DeadlineExceeded itself, which callers compare with ==.
+// context.DeadlineExceeded itself, which callers compare with == (or
+// the cause the caller gave it, context.WithCancelCause's).
 // With Options.LoadReports, vLLM's per-response endpoint-load-metrics header
 // feeds the endpoint's telemetry. Options.OnResult sees every attempt's
 // outcome, for metrics.
