@@ -6,14 +6,35 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"time"
 
 	"github.com/inferlb/inferlb"
 )
 
-// errNoAddrs is reported when a resolution succeeds with nothing in it.
+// errNoAddrs is reported when a resolution succeeds with nothing in it (of
+// Discovery.Network's family).
 var errNoAddrs = errors.New("no addresses")
+
+// family returns addrs in canonical form ("fd00::1", not "fd00:0::1"),
+// keeping those of network ("ip4", "ip6"; "" or "ip" for both) and any that
+// is not an IP address (a resolver's answer is one; the dial reports it).
+// It reuses addrs.
+func family(addrs []string, network string) []string {
+	out := addrs[:0]
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil {
+			ip = ip.Unmap()
+			if network == "ip4" && !ip.Is4() || network == "ip6" && !ip.Is6() {
+				continue
+			}
+			a = ip.String()
+		}
+		out = append(out, a)
+	}
+	return out
+}
 
 // startDiscovery resolves d.Target once, synchronously, so the first
 // requests find endpoints, then every d.Interval until Close.
@@ -55,8 +76,11 @@ func (t *Transport) resolveOnce(ctx context.Context, d *Discovery, host, port st
 	if ctx.Err() != nil {
 		return // closing
 	}
-	if err == nil && len(addrs) == 0 {
-		err = errNoAddrs
+	if err == nil {
+		addrs = family(addrs, d.Network)
+		if len(addrs) == 0 {
+			err = errNoAddrs
+		}
 	}
 	if err != nil {
 		if d.OnError != nil {

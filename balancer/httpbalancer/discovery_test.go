@@ -163,3 +163,35 @@ func TestDiscoveryIDByHostSharesStateWithAnotherPort(t *testing.T) {
 	}
 	assert.EqualValues(t, 1, inFlight, "the gRPC call shows on the replica the HTTP side routes over")
 }
+
+// TestDiscoveryAddressFamily: in a dual-stack cluster a headless service
+// answers each pod's IPv4 and IPv6 address, and each became an endpoint of
+// its own, the pod's load, keys and breaker split over two states. Network
+// keeps one family. An address spelled two ways ("fd00::1" and
+// "fd00:0:0::1", from a custom resolver) is one endpoint.
+func TestDiscoveryAddressFamily(t *testing.T) {
+	for _, tc := range []struct {
+		network string
+		want    []string
+	}{
+		{"", []string{"10.0.0.1:8000", "10.0.0.2:8000", "[fd00::1]:8000", "[fd00::2]:8000"}},
+		{"ip", []string{"10.0.0.1:8000", "10.0.0.2:8000", "[fd00::1]:8000", "[fd00::2]:8000"}},
+		{"ip4", []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{"ip6", []string{"[fd00::1]:8000", "[fd00::2]:8000"}},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			dns := &fakeDNS{}
+			dns.set(nil, "fd00::2", "10.0.0.2", "fd00:0:0::1", "10.0.0.1", "fd00::1")
+			tr, err := httpbalancer.NewTransport(httpbalancer.Options{Discovery: &httpbalancer.Discovery{
+				Target: "vllm.svc:8000", Network: tc.network, LookupHost: dns.LookupHost}})
+			require.NoError(t, err)
+			defer tr.Close()
+			got := ids(tr)
+			slices.Sort(got)
+			assert.Equal(t, tc.want, got, "Network %q", tc.network)
+		})
+	}
+	_, err := httpbalancer.NewTransport(httpbalancer.Options{Discovery: &httpbalancer.Discovery{
+		Target: "vllm.svc:8000", Network: "tcp4", LookupHost: (&fakeDNS{}).LookupHost}})
+	require.ErrorContains(t, err, "Discovery.Network")
+}

@@ -152,6 +152,13 @@ type Discovery struct {
 	// Scheme, "http" or "https", is given to every resolved address; ""
 	// means the request URL's scheme.
 	Scheme string
+	// Network is the address family to serve: "ip4", "ip6", or "" (or
+	// "ip") for both. In a dual-stack cluster a headless service answers
+	// each pod's IPv4 and its IPv6 address, and with both each pod is two
+	// endpoints, its load, keys and breaker split over two states: name
+	// the family the pods serve on. Addresses are compared in canonical
+	// form, so one spelt two ways is one endpoint.
+	Network string
 	// Interval between resolutions; 0 means DefaultDiscoveryInterval, and
 	// any other value must be at least 100ms. Each lookup is also bounded
 	// by it.
@@ -282,6 +289,9 @@ func (o *Options) resolve() (*config, error) {
 		}
 		if d.Interval < 0 || d.Interval > 0 && d.Interval < minDiscoveryInterval {
 			return nil, bad("Discovery.Interval", "must be 0 (the default) or at least 100ms", d.Interval)
+		}
+		if d.Network != "" && d.Network != "ip" && d.Network != "ip4" && d.Network != "ip6" {
+			return nil, bad("Discovery.Network", `must be "", "ip", "ip4" or "ip6"`, fmt.Sprintf("%q", d.Network))
 		}
 	}
 	if o.MaxResponses < 0 || o.MaxResponses > MaxMaxResponses {
