@@ -162,10 +162,11 @@
 //
 // # Cost
 //
-// On a small chat completion over loopback (a 38-48 us call) the transport
-// adds about 1.6 us per call (+4-5% of the median call on a quiet machine,
-// more when it is busy), with 1 allocation (640 bytes) beyond the bare
-// request; with MaxPeek -1 it adds about 2.2-2.6% of the median call.
+// On a small chat completion over loopback (a 38-64 us call) the transport
+// adds about 1.6-4 us per call (+4-5% of the median call when the machine
+// is in a fast state, up to +7.6% in a slow one), with 1 allocation (640
+// bytes) beyond the bare request; with MaxPeek -1 it adds about 2.2-3.7%
+// of the median call.
 // Against a model server's milliseconds both are below 0.1%. On that path
 // a call's cost is mostly how much code and fresh memory it touches, so:
 // the call state is one
