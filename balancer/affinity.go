@@ -361,7 +361,7 @@ func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound 
 				weight = v.weight
 			}
 			if okRep && v.ok {
-				load = max(rep+float64(g.members[i].readingDelta(slot, own)), float64(own)) + 1
+				load = max(rep+float64(g.members[i].readingDelta(slot, own, now.UnixNano())), float64(own)) + 1
 				total = max(v.total, total-1) + 1
 			}
 		}

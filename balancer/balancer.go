@@ -750,6 +750,9 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 		prompt = int32(min(req.PromptTokens, math.MaxInt32))
 		e.prefill.add(c.nowNs, float64(prompt))
 	}
+	if sec := histSecond(c.nowNs); e.histSec.Load() != sec {
+		e.recordInFlight(sec) // once a second: see readingDelta
+	}
 	e.inFlight.Add(1)
 	if tokens != 0 {
 		e.inFlightTokens.Add(int64(tokens))

@@ -36,6 +36,7 @@ type endpoint struct {
 	rampFrom       atomic.Int64  // unix ns slow start began; 0 = not ramping
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
+	histSec        atomic.Uint32                    // unix second + 1 of the last entry in hist (see recordInFlight)
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
 	slot           atomic.Pointer[telemetry.Slot]   // held in the Store; nil while the Store is full (see reconcile)
 	groupLoads     atomic.Pointer[loadSet]          // in-flight counters of the groups it belongs to
@@ -60,6 +61,11 @@ type endpoint struct {
 	// in-flight count when a pick first saw it. See readingDelta.
 	readingAt   atomic.Int64
 	readingBase atomic.Int64
+	// The in-flight count before the first pick of each of the last
+	// inFlightHistory seconds with a pick, as (unix second + 1) << 32 |
+	// count: a reading that arrives long after it was measured counts the
+	// calls picked since its time from here (see readingDelta).
+	hist [inFlightHistory]atomic.Uint64
 
 	// Data-parallel attention (dp.go): the ranks of e's engine, e included
 	// (nil when e is in none), and the prompt tokens sent to e recently.
@@ -196,13 +202,59 @@ func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.S
 	slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
 	st.InFlightSinceReading = 0 // st may hold another candidate's
 	if tel := &st.Telemetry; tel.Has.Has(telemetry.Running) || tel.Has.Has(telemetry.Waiting) {
-		st.InFlightSinceReading = e.readingDelta(slot, st.InFlight)
+		st.InFlightSinceReading = e.readingDelta(slot, st.InFlight, nowNs)
 	}
 }
 
+// inFlightHistory is how many seconds of in-flight counts an endpoint
+// keeps for readingDelta: past DefaultTelemetryMaxAge, after which a
+// reading is stale anyway.
+const inFlightHistory = 32
+
+// lateReading is the age past which a reading's base comes from the
+// history rather than from when a pick first sees it: a scrape polled
+// directly arrives within a poll's time, one read from Prometheus up to a
+// scrape interval (15-30 s) after it was measured.
+const lateReading = 2 * time.Second
+
+// recordInFlight keeps the in-flight count before the first pick of the
+// second sec (unix, plus 1 so that a zero entry is none). acquire calls it
+// when histSec says the second has no entry yet: once a second per
+// endpoint at most.
+func (e *endpoint) recordInFlight(sec uint32) {
+	old := e.histSec.Load()
+	if old == sec || !e.histSec.CompareAndSwap(old, sec) {
+		return // another pick of this second records it
+	}
+	n := uint32(min(max(e.inFlight.Load(), 0), math.MaxUint32))
+	e.hist[sec%inFlightHistory].Store(uint64(sec)<<32 | uint64(n))
+}
+
+// histSecond is the second recordInFlight files a time under.
+func histSecond(nowNs int64) uint32 { return uint32(nowNs/int64(time.Second)) + 1 }
+
+// inFlightAfter returns the in-flight count before the first pick after
+// the second of atNs, from the history, and false when no pick has been
+// recorded since (or the history does not reach back to atNs).
+func (e *endpoint) inFlightAfter(atNs, nowNs int64) (int64, bool) {
+	at, now := histSecond(atNs), histSecond(nowNs)
+	if at >= now || now-at >= inFlightHistory {
+		return 0, false
+	}
+	var best uint32
+	var n int64
+	for i := range e.hist {
+		v := e.hist[i].Load()
+		if s := uint32(v >> 32); s > at && s <= now && (best == 0 || s < best) {
+			best, n = s, int64(uint32(v))
+		}
+	}
+	return n, best != 0
+}
+
 // readingDelta returns how this process's in-flight count has changed since
-// the server's current load reading (in slot, e's) was first seen, given
-// the count now.
+// the server's current load reading (in slot, e's) was measured, given the
+// count now (inFlight) and the time (nowNs).
 //
 // A scrape is a second or more old, and between scrapes it does not move,
 // whatever this process sends. Scored on the reading alone, the endpoint
@@ -212,19 +264,30 @@ func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.S
 // since (and, when negative, those ended since) are the part of its load the
 // reading cannot know yet, so the scorer adds them to it.
 //
-// The base is the in-flight count when a pick first sees a new reading, not
-// when the server took it: the calls picked between the two are lost, which
-// errs towards the reading. Racing picks may both store a base; either is
-// a count from the same moment.
-func (e *endpoint) readingDelta(slot *telemetry.Slot, inFlight int64) int64 {
+// The base is the in-flight count when a pick first sees a new reading, for
+// a reading measured less than lateReading before; for an older one (read
+// from Prometheus, up to a scrape interval after the scrape), the count
+// before the first pick after the reading's second, from the history, so
+// that the calls picked between the scrape and its arrival count too (they
+// were lost, and an endpoint that took many of them looked as empty as at
+// the scrape). Either way the calls picked within the reading's own second
+// are not counted, which errs towards the reading. Racing picks may both
+// store a base; either is a count from the same moment.
+func (e *endpoint) readingDelta(slot *telemetry.Slot, inFlight, nowNs int64) int64 {
 	at := slot.Observed(telemetry.Running)
 	if at == 0 {
 		at = slot.Observed(telemetry.Waiting)
 	}
 	if e.readingAt.Load() != at {
-		e.readingBase.Store(inFlight)
+		base := inFlight
+		if nowNs-at > int64(lateReading) {
+			if n, ok := e.inFlightAfter(at, nowNs); ok {
+				base = n
+			}
+		}
+		e.readingBase.Store(base)
 		e.readingAt.Store(at)
-		return 0
+		return inFlight - base
 	}
 	return inFlight - e.readingBase.Load()
 }

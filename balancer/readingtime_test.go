@@ -111,3 +111,51 @@ func TestReadingOlderThanMaxAgeIsNeutral(t *testing.T) {
 	t.Logf("measured 1s ago: %v", c)
 	assert.Less(t, c[hot], 4000/4/5, "a fresh one steers")
 }
+
+// A reading reaches the balancer some time after the server measured it
+// (Prometheus scrapes every 15-30 s and is polled after): the calls this
+// process sent in between are not in it either. They count from the
+// reading's own time, not from when a pick first saw it, which forgot
+// them: each endpoint took about 10 of 40 calls after the scrape and before
+// the reading arrived, and was priced as if it had taken none.
+func TestReadingArrivingLateCountsTheCallsSentSinceItsTime(t *testing.T) {
+	clock := testutil.NewClock()
+	seen := seenBy{}
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3),
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: seen}})
+	eps := endpoints(4)
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 800, MaxOutputTokens: 300}
+	var held []balancer.Pick
+	pick := func() {
+		p, err := b.Pick(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
+	}
+	scraped := clock.Now()
+	for range 40 { // over the 12 s between the scrape and its arrival
+		clock.Advance(300 * time.Millisecond)
+		pick()
+	}
+	for _, ep := range eps {
+		s := telemetry.Sample{Time: scraped}
+		s.Set(telemetry.Running, 12)
+		s.Set(telemetry.Waiting, 0)
+		b.Publish(ep.Addr, s)
+	}
+	clear(seen)
+	for range 8 {
+		pick()
+	}
+	assert.Len(t, seen, len(eps))
+	for _, ep := range eps {
+		st := seen[ep.Addr]
+		t.Logf("%s: %d in flight, %d of them sent since the reading", ep.Addr, st.InFlight, st.InFlightSinceReading)
+		assert.GreaterOrEqual(t, st.InFlightSinceReading, st.InFlight-3, "%s: at most the last picks' second uncounted", ep.Addr)
+		assert.LessOrEqual(t, st.InFlightSinceReading, st.InFlight, ep.Addr)
+	}
+	for _, p := range held {
+		p.Done(inferlb.Outcome{})
+	}
+}
