@@ -118,8 +118,9 @@
 // for servers that report no KV cache (the engines that do pre-allocate it,
 // so their memory shows their configuration, not their load). A scraped load reading
 // does not move until the next scrape, so the balancer counts the calls it
-// has sent an endpoint since a pick first saw the reading
-// (scoring.State.InFlightSinceReading) and the LLM scorer adds them to the
+// has sent an endpoint since the reading was measured (from a per-second
+// history of its in-flight count, for a reading that arrives late, as from
+// Prometheus; scoring.State.InFlightSinceReading) and the LLM scorer adds them to the
 // server's count and to its KV-cache use; otherwise the endpoint that looked
 // emptiest at the last scrape would take every pick until the next one, and
 // a saturated fleet would herd. Affinity reads the same

@@ -58,7 +58,7 @@ type endpoint struct {
 
 	// The server's load reading (telemetry Running, else Waiting) as last
 	// seen by a pick: when it was observed (unix ns), and this process's
-	// in-flight count when a pick first saw it. See readingDelta.
+	// in-flight count then (see readingDelta).
 	readingAt   atomic.Int64
 	readingBase atomic.Int64
 	// The in-flight count before the first pick of each of the last
