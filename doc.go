@@ -80,7 +80,8 @@
 // OpenAI SDKs send it, model after messages), reads its top-level fields
 // past the peek too; it reads a stream's events for time to first token
 // and decode speed, and an error event with a 5xx code as the endpoint's
-// failure. A deadline that ends a stream after its first token counts as
+// failure; an embedding or rerank call's latency runs to its response
+// headers, as the rest is the caller's pace of reading the body. A deadline that ends a stream after its first token counts as
 // neither success nor failure (a long answer outlasting the caller's
 // budget says nothing about the endpoint), and a gRPC stream the server
 // did not process (refused, or dropped by a graceful GOAWAY) is an overload

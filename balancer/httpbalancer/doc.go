@@ -61,7 +61,10 @@
 // reported as failed.
 //
 // The outcome is reported to the balancer when the response body ends (EOF,
-// Close or a read error), not when the headers arrive; for server-sent
+// Close or a read error), not when the headers arrive, though an embedding
+// or rerank call's latency runs only to its headers (the server has
+// computed the answer by then; how fast the body is read is the caller's
+// pace, and one slow reader would make the endpoint look slow); for server-sent
 // event streams the transport also records time to the first event that
 // carries tokens, the number of such events (the output token estimate) and
 // the mean gap between them. The lifecycle events of the Responses and

@@ -192,7 +192,10 @@ type Result struct {
 	Request inferlb.Request
 	// Status is the response status code; 0 when no response arrived.
 	Status int
-	// Outcome is what was reported to the balancer.
+	// Outcome is what was reported to the balancer, but for the Latency
+	// of an embedding or rerank call: the whole call here, while the
+	// balancer is given the time to the response headers (the rest is the
+	// caller's reading pace, not the endpoint's).
 	Outcome inferlb.Outcome
 	// Events counts the events of an SSE stream that carry tokens (0
 	// otherwise; see the package doc).

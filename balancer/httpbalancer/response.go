@@ -124,7 +124,9 @@ type call struct {
 	err error
 	// overload is 0 unless the answer was an overload signal, and then the
 	// Retry-After hint plus 1 (so that a hint of 0, none, is still seen).
-	// One field rather than two keeps call in the 640-byte size class.
+	// Negative, it is minus the time to the response headers of a call
+	// whose latency is measured there (see headersLatency). One field
+	// rather than three keeps call in the 640-byte size class.
 	overload time.Duration
 	status   int32
 	ends     atomic.Uint32 // endClosing | endReported
@@ -289,9 +291,28 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		}
 		c.sse.id = new(idCapture)
 	}
+	if c.sse == nil && c.overload == 0 && headersLatency(c.info.Service) {
+		c.overload = -max(time.Duration(c.t.cfg.clock.Now().UnixNano()-c.start), 1)
+	}
 	c.rc = resp.Body
 	resp.Body = c
 	return resp, nil
+}
+
+// headersLatency reports whether the latency a service's endpoints are
+// scored on is measured to the response headers rather than to the end of
+// the body: embeddings and rerankers, priced on peak-EWMA latency, which
+// jumps to a slow answer at once. Their servers send the headers once the
+// answer is computed; the time the body then takes is the pace at which
+// the caller reads it, which a slow reader (a client the caller forwards
+// the answer to) would otherwise make the endpoint's: one 6 KB answer read
+// 64 bytes a second made an endpoint that answered in 20 ms look 96 s
+// slow. Linkerd's peak-EWMA balancer measures to the headers too. The
+// call stays in flight until the body ends, and Result reports the whole
+// call. Streams, and generation calls (whose price ignores latency), are
+// left as they were.
+func headersLatency(s inferlb.Service) bool {
+	return s == inferlb.ServiceEmbedding || s == inferlb.ServiceRerank
 }
 
 // retryAfter parses Retry-After: delay-seconds or an HTTP date. ok reports
@@ -516,6 +537,7 @@ func (c *call) finish(err error) {
 		return
 	}
 	o := inferlb.Outcome{Err: c.err, Overloaded: c.overload > 0, RetryAfter: max(c.overload-1, 0)}
+	headers := -min(c.overload, 0) // time to the headers, or 0
 	if err != nil && o.Err == nil && !o.Overloaded {
 		o.Err = err
 		if ce := c.out.Context().Err(); ce != nil {
@@ -551,7 +573,13 @@ func (c *call) finish(err error) {
 			}
 		}
 	}
-	c.pick.Done(o)
+	if headers > 0 {
+		scored := o
+		scored.Latency = headers
+		c.pick.Done(scored)
+	} else {
+		c.pick.Done(o)
+	}
 	if s := c.sse; s != nil && s.id != nil && o.Err == nil && !o.Overloaded {
 		if id := s.id.id(); id != "" {
 			c.t.cfg.chains.remember(c.t.cfg.keyer.Session(id), c.info.AffinityKey, c.pick.Serial())
