@@ -104,7 +104,12 @@ type Options struct {
 	// replayed, so failover works even when the caller gave no GetBody.
 	MaxPeek int
 	// SessionHeader and TenantHeader name the request headers read for the
-	// session affinity key and the tenant. "" means the defaults.
+	// session affinity key and the tenant. "" means the defaults. Their
+	// values are taken as sent: a caller that forwards its users' requests
+	// (httputil.ReverseProxy copies their headers) must set them from the
+	// authenticated identity and drop the users' own, or a user can name
+	// another tenant's shard, a new shard per request, or another user's
+	// session.
 	SessionHeader string
 	TenantHeader  string
 	// LoadReports asks every endpoint for a vLLM load report per response
