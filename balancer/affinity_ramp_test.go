@@ -19,11 +19,8 @@ import (
 // start did nothing for keyed traffic just when keys spill: under load.
 func TestRampingEndpointTakesSpillsInProportionToItsRamp(t *testing.T) {
 	clock := testutil.NewClock()
-	b := affine(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(31)})
-	eps := endpoints(4)
-	require.NoError(t, b.Update(eps)) // eps[3] joins a serving pool: it ramps
+	b, eps := rampingFourth(t, balancer.Options{Clock: clock, Rand: testutil.NewRand(31)})
 	joiner := eps[3].Addr
-	require.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, joiner).RampFactor, 1e-9)
 	plain := affine(t, 4, balancer.Options{}) // the owners, on a fleet that does not ramp
 
 	// 20 calls in flight put an old member far past its bound (a fair
@@ -101,4 +98,15 @@ func TestRampingEndpointTakesSlowOwnersKeysInProportionToItsRamp(t *testing.T) {
 	require.Less(t, got[slow], keys/4, "the slow owner hands most of its keys on")
 	// Its fair share of them is a third; ramping at 0.1, about a tenth.
 	assert.Less(t, share, 0.1, "a ramping endpoint takes them in proportion to its ramp")
+}
+
+// rampingFourth is an affinity Balancer of three endpoints serving when a
+// fourth, eps[3], joins: it starts its slow start at DefaultSlowStartMin.
+func rampingFourth(t *testing.T, o balancer.Options) (*balancer.Balancer, []inferlb.Endpoint) {
+	t.Helper()
+	b := affine(t, 3, o)
+	eps := endpoints(4)
+	require.NoError(t, b.Update(eps))
+	require.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, eps[3].Addr).RampFactor, 1e-9)
+	return b, eps
 }

@@ -21,10 +21,7 @@ import (
 // 0.97 of it) and their keys spilled to cold caches for the whole ramp.
 func TestBoundSharesLoadByRampedWeight(t *testing.T) {
 	clock := testutil.NewClock()
-	b := affine(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(35)})
-	eps := endpoints(4)
-	require.NoError(t, b.Update(eps)) // eps[3] joins a serving pool: it ramps
-	require.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, eps[3].Addr).RampFactor, 1e-9)
+	b, eps := rampingFourth(t, balancer.Options{Clock: clock, Rand: testutil.NewRand(35)})
 	home := eps[0].Addr
 	// The load a ramped fleet carries: the old members about the same, the
 	// joiner about a tenth of that.

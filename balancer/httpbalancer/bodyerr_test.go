@@ -230,18 +230,7 @@ func TestEndpointErrorKeepsTimeouts(t *testing.T) {
 // caller's doing, and comes back as it is, as RoundTrip returns an error
 // when the context ended, not as an *EndpointError blaming the endpoint.
 func TestBodyCanceledWithACauseNamesNoEndpoint(t *testing.T) {
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"x\":1}\n\n")
-		w.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	}))
-	defer srv.Close()
-	defer close(release)
+	srv := heldStream(t, "data: {\"x\":1}\n\n")
 	res := newResults(1)
 	tr := newTransport(t, httpbalancer.Options{
 		Endpoints: []inferlb.Endpoint{{ID: "gpu-7", Addr: strings.TrimPrefix(srv.URL, "http://")}},

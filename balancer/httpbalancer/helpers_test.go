@@ -173,3 +173,22 @@ func (r *results) on(res httpbalancer.Result) {
 type baseFunc func(*http.Request) (*http.Response, error)
 
 func (f baseFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// heldStream is a server that sends one SSE event and holds the stream open
+// until the request's context ends or the test is over.
+func heldStream(t *testing.T, event string) *httptest.Server {
+	t.Helper()
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, event)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(srv.Close) // runs after close(release): handlers return first
+	t.Cleanup(func() { close(release) })
+	return srv
+}

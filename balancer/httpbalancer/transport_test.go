@@ -430,18 +430,7 @@ func TestCanceledDuringPeek(t *testing.T) {
 // TestConcurrentCloseAndRead: Close racing a blocked Read reports once
 // (run with -race).
 func TestConcurrentCloseAndRead(t *testing.T) {
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {}\n\n")
-		w.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	}))
-	defer srv.Close()
-	defer close(release)
+	srv := heldStream(t, "data: {}\n\n")
 	res := newResults(2)
 	tr := newTransport(t, httpbalancer.Options{
 		Endpoints: []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
