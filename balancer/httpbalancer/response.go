@@ -158,18 +158,47 @@ type sseState struct {
 	events  atomic.Int64
 	firstNs atomic.Int64 // unix ns of the first data event
 	lastNs  atomic.Int64 // unix ns of the latest data event
-	id      *idCapture   // a /v1/responses answer's ID, when remembered
+	// The reader's time blocked in Read since the first data event (see
+	// readerPaced): in all, and up to the latest data event. readNs is
+	// when the current Read returned (0 until read from the clock).
+	waitNs   int64
+	waitLast atomic.Int64
+	readNs   int64
+	id       *idCapture // a /v1/responses answer's ID, when remembered
 }
 
-// read follows the body's bytes p.
-func (c *sseState) read(p []byte, clock balancer.Clock) {
+// read follows the body's bytes p, which a Read that began at enteredNs
+// returned (0 when not measured: before the first data event).
+func (c *sseState) read(p []byte, clock balancer.Clock, enteredNs int64) {
 	if c.id != nil {
 		c.id.feed(p)
 	}
 	if c.counting {
+		c.readNs = 0
+		if enteredNs != 0 {
+			c.readNs = clock.Now().UnixNano()
+			c.waitNs += max(c.readNs-enteredNs, 0)
+		}
 		c.scan(p, clock)
 	}
 }
+
+// readerPaced reports whether the reader, not the endpoint, set the pace
+// of the data events from the first to the last: it spent less than
+// 1/pacedShare of that time waiting in Read, so the events were mostly
+// already there when it came back for them (it spends longer on each
+// token than the endpoint takes to make one: an agent acting on each
+// chunk, a relay to a slow client). Then the events' spacing measures the
+// reader, and the endpoint's decode speed is unknown: it is at least the
+// reading pace, by how much nobody can tell. A reader a little faster than
+// the endpoint waits (endpoint's pace - its own) per token, so the share
+// keeps every stream it reads faster than 7/8 of the endpoint's pace;
+// one read slower shows waits near 0.
+func (c *sseState) readerPaced() bool {
+	return c.waitLast.Load()*pacedShare < c.lastNs.Load()-c.firstNs.Load()
+}
+
+const pacedShare = 8
 
 // newCall allocates the state of one call. When size > 0 (the peek of a
 // body of known length needs size bytes), a buffer of at least that many
@@ -361,9 +390,14 @@ func (c *call) Read(p []byte) (int, error) {
 			c.finish(errBodyPanicked)
 		}
 	}()
+	s := c.sse
+	var entered int64
+	if s != nil && s.counting && s.events.Load() > 0 {
+		entered = c.t.cfg.clock.Now().UnixNano() // see readerPaced
+	}
 	n, err := c.rc.Read(p)
-	if c.sse != nil && n > 0 {
-		c.sse.read(p[:n], c.t.cfg.clock)
+	if s != nil && n > 0 {
+		s.read(p[:n], c.t.cfg.clock, entered)
 	}
 	returned = true
 	if err != nil {
@@ -491,11 +525,14 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		}
 	}
 	c.counted = true
-	now := clock.Now().UnixNano()
-	if c.events.Add(1) == 1 {
-		c.firstNs.Store(now)
+	if c.readNs == 0 {
+		c.readNs = clock.Now().UnixNano() // once a Read
 	}
-	c.lastNs.Store(now)
+	if c.events.Add(1) == 1 {
+		c.firstNs.Store(c.readNs)
+	}
+	c.waitLast.Store(c.waitNs)
+	c.lastNs.Store(c.readNs)
 }
 
 // startErr starts reading an error line whose first len(line) bytes are
@@ -564,6 +601,7 @@ func (c *call) finish(err error) {
 	}
 	var events int64
 	var tbt time.Duration
+	scored := o
 	if s := c.sse; s != nil {
 		if events = s.events.Load(); events > 0 {
 			o.TTFT = time.Duration(max(s.firstNs.Load()-c.start, 0))
@@ -571,15 +609,22 @@ func (c *call) finish(err error) {
 			if events > 1 {
 				tbt = time.Duration((s.lastNs.Load() - s.firstNs.Load()) / (events - 1))
 			}
+			// The balancer learns decode speed from the time to the last
+			// token, not to the body's end: a client that stops reading
+			// at the last token (at finish_reason) and closes the body
+			// later has had all the endpoint did. A stream the reader
+			// paced says nothing of the endpoint's speed.
+			scored = o
+			scored.Latency = time.Duration(max(s.lastNs.Load()-c.start, 1))
+			if events > 1 && s.readerPaced() {
+				scored.OutputTokens = 0
+			}
 		}
 	}
 	if headers > 0 {
-		scored := o
 		scored.Latency = headers
-		c.pick.Done(scored)
-	} else {
-		c.pick.Done(o)
 	}
+	c.pick.Done(scored)
 	if s := c.sse; s != nil && s.id != nil && o.Err == nil && !o.Overloaded {
 		if id := s.id.id(); id != "" {
 			c.t.cfg.chains.remember(c.t.cfg.keyer.Session(id), c.info.AffinityKey, c.pick.Serial())
