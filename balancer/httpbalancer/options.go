@@ -206,7 +206,10 @@ type Result struct {
 	// otherwise; see the package doc).
 	Events int
 	// TimeBetweenTokens is the mean gap between data events of a stream
-	// (0 with fewer than two).
+	// (0 with fewer than two) as the reader met them: a reader slower than
+	// the endpoint finds them waiting, and this is its own pace. The
+	// balancer learns decode speed only from streams whose reader waited
+	// on the endpoint, and from the time to the last token.
 	TimeBetweenTokens time.Duration
 	// FailedOver is set when this attempt failed and the transport went on
 	// to retry the call on another endpoint, which then has its own
