@@ -492,11 +492,13 @@ func TestE2ETwoChannelsShareOneCore(t *testing.T) {
 // known, as a slower GPU would.
 //
 // The core runs on a fake clock that the client advances by the serving
-// backend's time per token as each token arrives: with real sleeps, a 2ms
-// token on a loaded 2-core machine under -race took 5.8ms while the 10ms one
-// took 11ms, under the 2x the test asserts. The stream's timing is taken by
-// StreamTiming and the picker's Done (run inside the Recv that returns
-// io.EOF), both on this goroutine, so each reading is exact.
+// backend's time per token while it waits for each token after the first
+// (an interceptor inside StreamTiming, as if the receive blocked that
+// long): with real sleeps, a 2ms token on a loaded 2-core machine under
+// -race took 5.8ms while the 10ms one took 11ms, under the 2x the test
+// asserts. The stream's timing is taken by StreamTiming and the picker's
+// Done (run inside the Recv that returns io.EOF), both on this goroutine,
+// so each reading is exact.
 func TestE2EStreamTimingSteersFromASlowDecoder(t *testing.T) {
 	clock := testutil.NewClock()
 	bs := fleet(t, 2, func(i int, b *backend) {
@@ -508,8 +510,13 @@ func TestE2EStreamTimingSteersFromASlowDecoder(t *testing.T) {
 	})
 	perMsg := map[string]time.Duration{bs[0].addr: bs[0].perMsg, bs[1].addr: bs[1].perMsg}
 	name, bal := shared(t, core.Options{SlowStartWindow: -1, Clock: clock})
+	// waits stands for the time a receive blocks on the serving backend.
+	waits := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		return &decodingStream{ClientStream: cs, clock: clock, perMsg: perMsg}, err
+	}
 	conn, _ := dial(t, bs, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
-		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
+		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil), waits))
 	client := testgrpc.NewTestServiceClient(conn)
 	ctx := testContext(t)
 	const tokens = 8
@@ -529,14 +536,10 @@ func TestE2EStreamTimingSteersFromASlowDecoder(t *testing.T) {
 				}
 				break
 			}
-			n++
-			if n < tokens { // the next token takes its server's time per token
-				d, ok := perMsg[string(m.GetPayload().GetBody())]
-				if !ok {
-					t.Fatalf("message from unknown server %q", m.GetPayload().GetBody())
-				}
-				clock.Advance(d)
+			if _, ok := perMsg[string(m.GetPayload().GetBody())]; !ok {
+				t.Fatalf("message from unknown server %q", m.GetPayload().GetBody())
 			}
+			n++
 		}
 		if n != tokens {
 			t.Fatalf("received %d of %d messages", n, tokens)
@@ -592,4 +595,23 @@ func TestE2EWaitForReadyCallOutlastsACooldown(t *testing.T) {
 	if _, err := client.EmptyCall(cctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("wait-for-ready call after a 200ms cooldown: %v", err)
 	}
+}
+
+// decodingStream advances clock, before each receive after the first
+// message, by the time per token of the server that sent the first: the
+// receive waits on a decoder that slow.
+type decodingStream struct {
+	grpc.ClientStream
+	clock  *testutil.Clock
+	perMsg map[string]time.Duration
+	wait   time.Duration
+}
+
+func (s *decodingStream) RecvMsg(m any) error {
+	s.clock.Advance(s.wait)
+	err := s.ClientStream.RecvMsg(m)
+	if r, ok := m.(*testgrpc.StreamingOutputCallResponse); ok && err == nil && s.wait == 0 {
+		s.wait = s.perMsg[string(r.GetPayload().GetBody())]
+	}
+	return err
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/pace"
 )
 
 // streamState links one stream to the picker: the picker resets it for
@@ -20,7 +21,12 @@ import (
 type streamState struct {
 	core   atomic.Pointer[core.Balancer]
 	first  atomic.Int64 // the routing Balancer's clock at the first token, unix ns; 0 = none yet
+	last   atomic.Int64 // ... at the latest token
 	tokens atomic.Int64 // output tokens received in the current attempt
+	// The application's time blocked in RecvMsg since the first token: in
+	// all (written by the receiving goroutine only), and up to the latest
+	// token (see package pace).
+	waited, waitedLast atomic.Int64
 }
 
 type streamKey struct{}
@@ -42,12 +48,20 @@ func streamStateFrom(ctx context.Context) *streamState {
 // nothing is lost by starting over.
 func (st *streamState) attempt(b *core.Balancer) {
 	st.first.Store(0)
+	st.last.Store(0)
 	st.tokens.Store(0)
+	st.waited.Store(0)
+	st.waitedLast.Store(0)
 	st.core.Store(b)
 }
 
 // fill adds the stream's timing to a successful attempt's outcome: time to
-// first token from the pick, and the output tokens received.
+// first token from the pick, and the output tokens received. Its latency,
+// which decode speed is taken from, runs to the last token: an
+// application that receives every token as it comes and ends the stream
+// later (its last receive after its own work) has had all the endpoint
+// did. A stream the application paced (package pace) reports no output
+// tokens: its timing is the application's.
 func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 	first := st.first.Load()
 	n := st.tokens.Load()
@@ -57,6 +71,11 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 	if ttft := time.Duration(first - pickedAt.UnixNano()); ttft > 0 {
 		o.TTFT = ttft
 		o.OutputTokens = int(min(n, 1<<31-1))
+		last := st.last.Load()
+		o.Latency = time.Duration(last - pickedAt.UnixNano())
+		if pace.ReaderPaced(st.waitedLast.Load(), last-first) {
+			o.OutputTokens = 0
+		}
 	}
 }
 
@@ -98,21 +117,34 @@ type timedStream struct {
 }
 
 func (s *timedStream) RecvMsg(m any) error {
+	b := s.st.core.Load()
+	var entered int64
+	if b != nil && s.st.first.Load() != 0 {
+		entered = b.Now().UnixNano() // see package pace
+	}
 	err := s.ClientStream.RecvMsg(m)
 	if err != nil {
 		return err
+	}
+	var now int64
+	if entered != 0 {
+		now = b.Now().UnixNano()
+		s.st.waited.Add(max(now-entered, 0))
 	}
 	n := 1
 	if s.tokens != nil {
 		n = s.tokens(m)
 	}
-	if n <= 0 {
+	if n <= 0 || b == nil {
 		return nil
 	}
-	if s.st.tokens.Add(int64(n)) == int64(n) {
-		if b := s.st.core.Load(); b != nil {
-			s.st.first.Store(max(b.Now().UnixNano(), 1))
-		}
+	if now == 0 {
+		now = max(b.Now().UnixNano(), 1)
 	}
+	if s.st.tokens.Add(int64(n)) == int64(n) {
+		s.st.first.Store(now)
+	}
+	s.st.waitedLast.Store(s.st.waited.Load())
+	s.st.last.Store(now)
 	return nil
 }

@@ -55,6 +55,14 @@ func stream(t *testing.T, h *harness, clock *testutil.Clock, tokens func(any) in
 // messages (nil: a normal end).
 func streamEnding(t *testing.T, h *harness, clock *testutil.Clock, tokens func(any) int, end error, gaps ...time.Duration) string {
 	t.Helper()
+	return streamPaced(t, h, clock, tokens, end, 0, 0, gaps...)
+}
+
+// streamPaced is streamEnding for a reader that spends away after each
+// message it receives (its own work on it, out of RecvMsg), and before
+// the receive that ends the stream, after its last message, beforeEnd.
+func streamPaced(t *testing.T, h *harness, clock *testutil.Clock, tokens func(any) int, end error, away, beforeEnd time.Duration, gaps ...time.Duration) string {
+	t.Helper()
 	var addr string
 	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
 		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
@@ -66,11 +74,13 @@ func streamEnding(t *testing.T, h *harness, clock *testutil.Clock, tokens func(a
 	}
 	cs, err := StreamTiming(tokens)(context.Background(), &grpc.StreamDesc{ServerStreams: true}, nil, "/ai.Gen/Stream", streamer)
 	require.NoError(t, err)
-	for {
-		if err := cs.RecvMsg(nil); err != nil {
-			return addr
-		}
+	for range gaps {
+		require.NoError(t, cs.RecvMsg(nil))
+		clock.Advance(away)
 	}
+	clock.Advance(beforeEnd)
+	require.Error(t, cs.RecvMsg(nil))
+	return addr
 }
 
 // TestDeadlineMidStreamIsNotAFailure: a deadline that ends a stream after
@@ -148,4 +158,42 @@ func TestStreamTimingOnlyTimesServerStreams(t *testing.T) {
 	assert.Zero(t, s.TTFT)
 	assert.Zero(t, s.TimePerOutputToken)
 	assert.Equal(t, time.Second, s.Latency)
+}
+
+// TestStreamTimingIsTheEndpointsPace: decode speed is the endpoint's, not
+// the reader's. A reader that spends longer on each message than the
+// endpoint takes to send one finds the next one already received: the
+// stream is paced by the reader, and its timing is left out (counted, an
+// endpoint sending a token every 20ms read at 50ms a token looked 50ms).
+// A reader that receives every token as it comes and only ends the stream
+// later (its last receive, which ends the call, after its own work) does
+// not slow the endpoint either: decode speed runs to the last token.
+func TestStreamTimingIsTheEndpointsPace(t *testing.T) {
+	gaps := func(ttft, gap time.Duration) []time.Duration {
+		g := []time.Duration{ttft}
+		for range 9 {
+			g = append(g, gap)
+		}
+		return g
+	}
+	for _, tc := range []struct {
+		name            string
+		gap, away, last time.Duration
+		want            time.Duration
+	}{
+		{"reader waits", 20 * time.Millisecond, 0, 0, 20 * time.Millisecond},
+		{"reader ends the stream late", 20 * time.Millisecond, 0, 5 * time.Second, 20 * time.Millisecond},
+		{"reader slower than the endpoint", 0, 50 * time.Millisecond, 0, 0},
+		{"reader a little faster", 4 * time.Millisecond, 16 * time.Millisecond, 0, 20 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
+			h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+			a := streamPaced(t, h, clock, nil, nil, tc.away, tc.last, gaps(200*time.Millisecond, tc.gap)...)
+			s := stats(t, b, a)
+			assert.Equal(t, 200*time.Millisecond, s.TTFT)
+			assert.Equal(t, tc.want, s.TimePerOutputToken)
+		})
+	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/pace"
 	"github.com/inferlb/inferlb/telemetry/loadheader"
 )
 
@@ -184,21 +185,10 @@ func (c *sseState) read(p []byte, clock balancer.Clock, enteredNs int64) {
 }
 
 // readerPaced reports whether the reader, not the endpoint, set the pace
-// of the data events from the first to the last: it spent less than
-// 1/pacedShare of that time waiting in Read, so the events were mostly
-// already there when it came back for them (it spends longer on each
-// token than the endpoint takes to make one: an agent acting on each
-// chunk, a relay to a slow client). Then the events' spacing measures the
-// reader, and the endpoint's decode speed is unknown: it is at least the
-// reading pace, by how much nobody can tell. A reader a little faster than
-// the endpoint waits (endpoint's pace - its own) per token, so the share
-// keeps every stream it reads faster than 7/8 of the endpoint's pace;
-// one read slower shows waits near 0.
+// of the data events from the first to the last (see package pace).
 func (c *sseState) readerPaced() bool {
-	return c.waitLast.Load()*pacedShare < c.lastNs.Load()-c.firstNs.Load()
+	return pace.ReaderPaced(c.waitLast.Load(), c.lastNs.Load()-c.firstNs.Load())
 }
-
-const pacedShare = 8
 
 // newCall allocates the state of one call. When size > 0 (the peek of a
 // body of known length needs size bytes), a buffer of at least that many
