@@ -115,7 +115,11 @@
 // one): each stream's first token and output token count then reach the
 // core with its outcome, so it learns each endpoint's time to first token
 // and decode speed, and P2C sends fewer generations to a slower decoder,
-// as it does for the HTTP transport's SSE streams.
+// as it does for the HTTP transport's SSE streams. Decode speed runs to the
+// last token, not to the stream's end, and comes only from streams whose
+// application waited in RecvMsg for the tokens: one that spends longer on
+// each message than the server takes to send one finds them already
+// received, and their spacing is its own pace.
 //
 // # ORCA load reports
 //
