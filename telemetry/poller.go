@@ -97,8 +97,8 @@ type runtimeRand struct{}
 
 func (runtimeRand) Uint64() uint64 { return rand.Uint64() }
 
-// NewPoller validates opts, applies the defaults and returns a Poller that
-// reads src and publishes into sink.
+// NewPoller validates opts (and src, when it is a Validator), applies the
+// defaults and returns a Poller that reads src and publishes into sink.
 func NewPoller(src Source, sink Sink, opts PollerOptions) (*Poller, error) {
 	switch {
 	case src == nil:
@@ -113,6 +113,11 @@ func NewPoller(src Source, sink Sink, opts PollerOptions) (*Poller, error) {
 		return nil, fmt.Errorf("telemetry: PollerOptions.MaxBackoff is %v, want >= 0", opts.MaxBackoff)
 	case opts.Jitter >= 1 || math.IsNaN(opts.Jitter):
 		return nil, fmt.Errorf("telemetry: PollerOptions.Jitter is %v, want < 1", opts.Jitter)
+	}
+	if v, ok := src.(Validator); ok {
+		if err := v.Validate(); err != nil {
+			return nil, fmt.Errorf("telemetry: NewPoller: %w", err)
+		}
 	}
 	if opts.Interval == 0 {
 		opts.Interval = DefaultPollInterval

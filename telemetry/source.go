@@ -25,8 +25,19 @@ type Observation struct {
 //
 // A Source is called by one goroutine at a time (a Poller never overlaps
 // rounds), so implementations need no locking of their own for that.
+//
+// A Source that is also a Validator (the dcgm, modelserver and promapi
+// sources are) has its configuration checked by NewPoller, so a mistake
+// fails when the Poller is built, naming the field, instead of at every
+// round once it runs.
 type Source interface {
 	Collect(ctx context.Context) ([]Observation, error)
+}
+
+// Validator is implemented by a Source whose configuration can be checked
+// before any I/O. Validate returns an error naming the field at fault.
+type Validator interface {
+	Validate() error
 }
 
 // SourceFunc adapts a function to Source.

@@ -2,8 +2,10 @@ package dcgm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/inferlb/inferlb/telemetry"
 	"github.com/inferlb/inferlb/telemetry/internal/promtext"
@@ -68,7 +70,30 @@ type Source struct {
 	Parallelism int
 }
 
-var _ telemetry.Source = (*Source)(nil)
+var (
+	_ telemetry.Source    = (*Source)(nil)
+	_ telemetry.Validator = (*Source)(nil)
+)
+
+// Validate checks the configuration that does not change between rounds
+// (telemetry.Validator): NewPoller calls it, and so does every Collect.
+// What Targets returns is checked at each Collect.
+func (s *Source) Validate() error {
+	switch {
+	case s.Parallelism < 0:
+		return fmt.Errorf("dcgm: Source.Parallelism is %d, want >= 0 (0 for DefaultParallelism)", s.Parallelism)
+	case s.MaxBodyBytes < 0:
+		return fmt.Errorf("dcgm: Source.MaxBodyBytes is %d, want >= 0 (0 for the default)", s.MaxBodyBytes)
+	case len(s.URLs) > 0 && s.Map == nil:
+		return errors.New("dcgm: Source.URLs has exporters but Source.Map is nil: no way to map their GPUs to endpoints")
+	}
+	for i, u := range s.URLs {
+		if strings.TrimSpace(u) == "" {
+			return fmt.Errorf("dcgm: Source.URLs[%d] is empty", i)
+		}
+	}
+	return nil
+}
 
 // Collect scrapes every target, parses each exposition, and aggregates all
 // GPUs through their targets' Mappings, so an endpoint whose GPUs span nodes
@@ -82,6 +107,9 @@ var _ telemetry.Source = (*Source)(nil)
 // all fail it does not. A target without a Mapping (its own Map and Map both
 // nil) is a configuration error, returned before any scrape.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
 	var targets []Target
 	if s.Targets != nil {
 		targets = s.Targets()

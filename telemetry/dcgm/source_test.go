@@ -382,7 +382,7 @@ func TestSourceErrorsRedactThePassword(t *testing.T) {
 	assert.NotContains(t, err.Error(), "s3cr3t")
 	assert.Contains(t, err.Error(), "scraper:xxxxx@")
 
-	_, err = (&dcgm.Source{Client: client(t), URLs: []string{url}}).Collect(t.Context())
+	_, err = (&dcgm.Source{Client: client(t), Targets: dcgm.Static(dcgm.Target{URL: url})}).Collect(t.Context())
 	require.ErrorContains(t, err, "no Map")
 	assert.NotContains(t, err.Error(), "s3cr3t")
 }

@@ -53,7 +53,22 @@ type Source struct {
 	Parallelism int
 }
 
-var _ telemetry.Source = (*Source)(nil)
+var (
+	_ telemetry.Source    = (*Source)(nil)
+	_ telemetry.Validator = (*Source)(nil)
+)
+
+// Validate checks the configuration before any scrape
+// (telemetry.Validator): NewPoller calls it, and so does every Collect.
+func (s *Source) Validate() error {
+	switch {
+	case s.Parallelism < 0:
+		return fmt.Errorf("modelserver: Source.Parallelism is %d, want >= 0 (0 for DefaultParallelism)", s.Parallelism)
+	case s.MaxBodyBytes < 0:
+		return fmt.Errorf("modelserver: Source.MaxBodyBytes is %d, want >= 0 (0 for the default)", s.MaxBodyBytes)
+	}
+	return nil
+}
 
 // Collect scrapes every target concurrently and returns one observation per
 // target that answered with a usable exposition (partial ones included, and
@@ -66,6 +81,9 @@ var _ telemetry.Source = (*Source)(nil)
 // the error wraps telemetry.ErrPartial and names the first failure; if all
 // fail it does not.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
 	if s.Targets == nil {
 		return nil, nil
 	}

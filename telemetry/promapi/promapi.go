@@ -142,6 +142,8 @@ type Source struct {
 	MaxBodyBytes int64
 }
 
+var _ telemetry.Validator = (*Source)(nil)
+
 var _ telemetry.Source = (*Source)(nil)
 
 // Query returns the combined PromQL expression Collect sends, for logging
@@ -188,10 +190,14 @@ func sortedFields(m map[telemetry.Field]string) []telemetry.Field {
 	return fields
 }
 
-// validate checks the configuration, in one place, before any request.
-func (s *Source) validate() error {
+// Validate checks the configuration before any request (telemetry.Validator):
+// NewPoller calls it, and so does every Collect.
+func (s *Source) Validate() error {
 	if s.URL == "" {
 		return errors.New("promapi: Source.URL is empty")
+	}
+	if s.MaxBodyBytes < 0 {
+		return fmt.Errorf("promapi: Source.MaxBodyBytes is %d, want >= 0 (0 for the default)", s.MaxBodyBytes)
 	}
 	if len(s.Queries) == 0 && s.Queries != nil {
 		return errors.New("promapi: Source.Queries is empty")
@@ -233,7 +239,7 @@ func (s *Source) validate() error {
 // never held whole, so its cost follows the observations kept rather than
 // the series sent.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
-	if err := s.validate(); err != nil {
+	if err := s.Validate(); err != nil {
 		return nil, err
 	}
 	label := s.EndpointLabel
