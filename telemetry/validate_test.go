@@ -31,7 +31,7 @@ func TestNewPollerValidatesTheSource(t *testing.T) {
 		{"modelserver negative parallelism", &modelserver.Source{Parallelism: -2}, "modelserver: Source.Parallelism is -2"},
 		{"modelserver negative body bound", &modelserver.Source{MaxBodyBytes: -1}, "modelserver: Source.MaxBodyBytes is -1"},
 		{"modelserver", &modelserver.Source{Targets: modelserver.Static()}, ""},
-		{"dcgm URLs without Map", &dcgm.Source{URLs: []string{"http://node:9400/metrics"}}, "dcgm: Source.URLs has exporters but Source.Map is nil"},
+		{"dcgm URLs without Map", &dcgm.Source{URLs: []string{"http://node:9400/metrics"}}, "dcgm: Source.Map is nil and Source.URLs lists exporters"},
 		{"dcgm empty URL", &dcgm.Source{URLs: []string{""}, Map: byID}, "dcgm: Source.URLs[0] is empty"},
 		{"dcgm negative parallelism", &dcgm.Source{Parallelism: -1}, "dcgm: Source.Parallelism is -1"},
 		{"dcgm", &dcgm.Source{URLs: []string{"http://node:9400/metrics"}, Map: byID}, ""},

@@ -85,7 +85,7 @@ func (s *Source) Validate() error {
 	case s.MaxBodyBytes < 0:
 		return fmt.Errorf("dcgm: Source.MaxBodyBytes is %d, want >= 0 (0 for the default)", s.MaxBodyBytes)
 	case len(s.URLs) > 0 && s.Map == nil:
-		return errors.New("dcgm: Source.URLs has exporters but Source.Map is nil: no way to map their GPUs to endpoints")
+		return errors.New("dcgm: Source.Map is nil and Source.URLs lists exporters: no way to map their GPUs to endpoints")
 	}
 	for i, u := range s.URLs {
 		if strings.TrimSpace(u) == "" {
