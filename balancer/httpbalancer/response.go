@@ -120,9 +120,11 @@ type call struct {
 	start  int64 // attempt start, unix ns on the transport's clock
 
 	rc io.ReadCloser // the response body
-	// What the status line and headers said: the Outcome's Err, Overloaded
-	// and RetryAfter.
-	err error
+	// left is what the body has still to deliver of the length its header
+	// announced (-1 when it announced none, or 0): see Read.
+	left int64
+	// What the status line and headers said: the Outcome's Err (endFailed:
+	// a StatusError of status), Overloaded and RetryAfter.
 	// overload is 0 unless the answer was an overload signal, and then the
 	// Retry-After hint plus 1 (so that a hint of 0, none, is still seen).
 	// Negative, it is minus the time to the response headers of a call
@@ -130,7 +132,7 @@ type call struct {
 	// rather than three keeps call in the 640-byte size class.
 	overload time.Duration
 	status   int32
-	ends     atomic.Uint32 // endClosing | endReported
+	ends     atomic.Uint32 // endClosing | endReported | endResent | endFailed
 	sse      *sseState     // set for a server-sent event stream
 }
 
@@ -275,10 +277,10 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		if d, ok := retryAfter(h, c.t.cfg.clock); ok {
 			c.overload = d + 1
 		} else {
-			c.err = &StatusError{StatusCode: code}
+			c.ends.Or(endFailed)
 		}
 	case code >= 500:
-		c.err = &StatusError{StatusCode: code}
+		c.ends.Or(endFailed)
 	}
 	if v := h[loadHeader]; len(v) > 0 {
 		// A partly readable report (err wraps telemetry.ErrPartial) still
@@ -314,6 +316,12 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		c.overload = -max(time.Duration(c.t.cfg.clock.Now().UnixNano()-c.start), 1)
 	}
 	c.rc = resp.Body
+	c.left = -1
+	if resp.ContentLength > 0 {
+		// 0 is left unknown: a Response made by hand (a mock, a
+		// middleware) often has a body and a ContentLength never set.
+		c.left = resp.ContentLength
+	}
 	resp.Body = c
 	return resp, nil
 }
@@ -363,6 +371,7 @@ const (
 	endClosing  = 1 << iota // Close has begun
 	endReported             // the outcome was reported (finish)
 	endResent               // sent again after an idle close (Result.Resent)
+	endFailed               // the status is the endpoint's failure (StatusError)
 )
 
 // errBodyPanicked is the Outcome.Err of a call whose response body, as
@@ -390,6 +399,17 @@ func (c *call) Read(p []byte) (int, error) {
 		s.read(p[:n], c.t.cfg.clock, entered)
 	}
 	returned = true
+	if c.left >= 0 && err == nil {
+		// The body has delivered all it announced: the call is over, as
+		// at EOF. net/http hands over io.EOF with an HTTP/1.1 body's last
+		// bytes, but over HTTP/2 the EOF waits for one more Read, which a
+		// JSON decoder (it stops at the closing brace) never makes: the
+		// call would stay in flight on its endpoint until the caller's
+		// Close, after its own work on the answer.
+		if c.left -= int64(n); c.left <= 0 {
+			c.finish(nil)
+		}
+	}
 	if err != nil {
 		switch {
 		case err == io.EOF:
@@ -563,7 +583,10 @@ func (c *call) finish(err error) {
 	if c.ends.Or(endReported)&endReported != 0 {
 		return
 	}
-	o := inferlb.Outcome{Err: c.err, Overloaded: c.overload > 0, RetryAfter: max(c.overload-1, 0)}
+	o := inferlb.Outcome{Overloaded: c.overload > 0, RetryAfter: max(c.overload-1, 0)}
+	if c.ends.Load()&endFailed != 0 {
+		o.Err = &StatusError{StatusCode: int(c.status)}
+	}
 	headers := -min(c.overload, 0) // time to the headers, or 0
 	if err != nil && o.Err == nil && !o.Overloaded {
 		o.Err = err
