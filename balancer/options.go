@@ -232,7 +232,11 @@ type Options struct {
 	// consecutive_5xx); negative disables the breaker.
 	BreakerFailures int
 	// BreakerProbes is how many calls a half-open breaker lets through, all
-	// of which must succeed to close it. Default 3.
+	// of which must succeed to close it. Default 3. A probe holds its slot
+	// until its call ends, so an endpoint whose probes hang (it accepts
+	// connections and never answers) stays out until they end: that is
+	// right for a wedged server, and a call deadline bounds it; a probe that
+	// is only a long generation keeps the endpoint out for its length.
 	BreakerProbes int
 	// EjectionTime is how long a tripped or ejected endpoint stays out the
 	// first time; each consecutive ejection doubles it. A breaker that
