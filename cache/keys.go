@@ -85,6 +85,26 @@ func (k *Keyer) Tenant(name string) uint64 {
 	return k.named("tenant\x00", name)
 }
 
+// Salted returns key scoped to a cache salt (vLLM's cache_salt: requests
+// with different salts never share prefix-cache blocks, which isolates one
+// tenant's cache from another's timing): requests that agree on their key
+// but not their salt get different keys, so they are not sent to one owner
+// for a cache they cannot share. An empty salt, or a zero key, returns key
+// unchanged. It does not allocate.
+func (k *Keyer) Salted(key uint64, salt string) uint64 {
+	if salt == "" || key == 0 {
+		return key
+	}
+	var d xxhash.Digest
+	d.ResetWithSeed(k.seed)
+	_, _ = d.WriteString("salt\x00")
+	_, _ = d.WriteString(salt)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], key)
+	_, _ = d.Write(b[:])
+	return nonZero(d.Sum64())
+}
+
 func (k *Keyer) named(tag, id string) uint64 {
 	if id == "" {
 		return 0

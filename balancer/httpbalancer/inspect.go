@@ -165,6 +165,9 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	}
 	var b body
 	keyed := info.Service == inferlb.ServiceLLM && o.Keyer != nil
+	if keyed {
+		b.depth = o.Keyer.Depth()
+	}
 	parseBody(peek, keyed, &b)
 	if !complete {
 		// The fields after the peek, from a body held in memory (jsontail.go).
@@ -203,7 +206,7 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	}
 	if b.cacheKey == "" && b.conversation != "" {
 		// A Responses API conversation names its session outright.
-		info.AffinityKey = o.Keyer.Session(b.conversation)
+		info.AffinityKey = o.Keyer.Salted(o.Keyer.Session(b.conversation), b.cacheSalt)
 		return
 	}
 	if b.cacheKey == "" && b.prevResponse != "" {
@@ -240,4 +243,8 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	case b.hasText:
 		info.AffinityKey = o.Keyer.Prompt(b.model, b.prompt)
 	}
+	// vLLM's cache_salt: other salts share no cache with this one. (A
+	// follow-up pinned above kept the key of the turn it continues, which
+	// was salted alike.)
+	info.AffinityKey = o.Keyer.Salted(info.AffinityKey, b.cacheSalt)
 }

@@ -60,7 +60,7 @@ func TestInspectFields(t *testing.T) {
 		{"chat", "/v1/chat/completions", `{"model":"llama","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello there, how are you?"}],"stream":true,"max_tokens":64}`, true, "llama", true, 64, 8, true},
 		{"chat parts", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":"abcdefgh"},{"type":"image_url","image_url":{"url":"x"}}]}],"model":"vl","max_completion_tokens":9}`, true, "vl", false, 9, 2, true},
 		{"completions", "/v1/completions", `{"model":"m","prompt":"0123456789abcdef","max_tokens":5,"stream":false}`, true, "m", false, 5, 4, true},
-		{"completions token ids", "/v1/completions", `{"model":"m","prompt":[1,2,3,4]}`, true, "m", false, 0, 4, false},
+		{"completions token ids", "/v1/completions", `{"model":"m","prompt":[1,2,3,4]}`, true, "m", false, 0, 4, true},
 		{"responses string", "/v1/responses", `{"model":"m","input":"0123456789abcdef","instructions":"abcd","max_output_tokens":77}`, true, "m", false, 77, 5, true},
 		{"responses items", "/v1/responses", `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"abcdefgh"}]}]}`, true, "m", false, 0, 2, true},
 		{"embeddings", "/v1/embeddings", `{"model":"e5","input":["abcd","efgh"]}`, true, "e5", false, 0, 2, false},
@@ -68,7 +68,8 @@ func TestInspectFields(t *testing.T) {
 		{"tgi", "/generate", `{"inputs":"abcdefgh","parameters":{"max_new_tokens":12}}`, true, "", false, 12, 2, true},
 		// SGLang's native generate; its Responses-API namesake "text" is an object.
 		{"sglang", "/generate", `{"text":"abcdefgh","sampling_params":{"temperature":0,"max_new_tokens":12},"stream":true}`, true, "", true, 12, 2, true},
-		{"sglang token ids", "/generate", `{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":7}}`, true, "", false, 7, 3, false},
+		{"sglang token ids", "/generate", `{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":7}}`, true, "", false, 7, 3, true},
+		{"sglang n", "/generate", `{"text":"hi","sampling_params":{"max_new_tokens":7,"n":3}}`, true, "", false, 21, 0, true},
 		{"responses text format", "/v1/responses", `{"model":"m","input":"abcdefgh","text":{"format":{"type":"json_schema","schema":{"x":"abcdefghijklmnop"}}}}`, true, "m", false, 0, 2, true},
 		{"triton generate", "/v2/models/ensemble/generate", `{"text_input":"abcdefgh","max_tokens":20,"stream":false}`, true, "ensemble", false, 20, 2, true},
 		{"triton versioned stream behind a gateway", "/gw/v2/models/llama/versions/3/generate_stream", `{"text_input":"abcd","max_tokens":8,"stream":true}`, true, "llama", true, 8, 1, true},
@@ -435,4 +436,72 @@ func TestInspectKeysAudioAndVideo(t *testing.T) {
 		assert.NotEqual(t, a, b, part)
 		assert.Equal(t, a, key(fmt.Sprintf(part, "QUFB")), part)
 	}
+}
+
+// TestInspectCacheSalt: vLLM's cache_salt keeps requests with different
+// salts from sharing prefix-cache blocks (a tenant's isolation from
+// another's timing). Keyed alike, two tenants with one system prompt and
+// different salts were sent to one owner for a cache they cannot share;
+// the salt is part of their key now, in every form of key. No salt (or an
+// empty one) keys as before.
+func TestInspectCacheSalt(t *testing.T) {
+	const path = "/v1/chat/completions"
+	chat := func(extra string) uint64 {
+		return inspect(path, `{"model":"m",`+extra+`"messages":[{"role":"system","content":"You are an agent."},{"role":"user","content":"hi"}]}`, true).AffinityKey
+	}
+	plain := chat("")
+	assert.NotZero(t, plain)
+	a, b := chat(`"cache_salt":"tenant-a",`), chat(`"cache_salt":"tenant-b",`)
+	assert.NotEqual(t, a, b, "different salts share no cache")
+	assert.NotEqual(t, plain, a)
+	assert.Equal(t, a, chat(`"cache_salt":"tenant-a",`), "one salt, one key")
+	assert.Equal(t, plain, chat(`"cache_salt":"",`))
+	assert.Equal(t, a, inspect(path, `{"messages":[{"role":"system","content":"You are an agent."},{"role":"user","content":"hi"}],"cache_salt":"tenant-a","model":"m"}`, true).AffinityKey,
+		"wherever the salt is in the body")
+	// Completions prompts and explicit sessions too.
+	const cpath = "/v1/completions"
+	pa := inspect(cpath, `{"model":"m","prompt":"once upon","cache_salt":"tenant-a"}`, true).AffinityKey
+	pb := inspect(cpath, `{"model":"m","prompt":"once upon","cache_salt":"tenant-b"}`, true).AffinityKey
+	assert.NotEqual(t, pa, pb)
+	assert.Equal(t, cache.NewKeyer(42).Prompt("m", "once upon"), inspect(cpath, `{"model":"m","prompt":"once upon"}`, true).AffinityKey)
+	sa := inspect(path, `{"model":"m","prompt_cache_key":"s1","cache_salt":"tenant-a","messages":[{"role":"user","content":"x"}]}`, true).AffinityKey
+	sb := inspect(path, `{"model":"m","prompt_cache_key":"s1","cache_salt":"tenant-b","messages":[{"role":"user","content":"x"}]}`, true).AffinityKey
+	assert.NotEqual(t, sa, sb)
+}
+
+// TestInspectTokenIDPrompts: the completions API takes a prompt as token
+// IDs ([1, 2, 3], or a list of such lists), as pipelines that tokenize
+// themselves send it. Such a prompt got no affinity key and no estimate; it
+// is keyed on its leading IDs (prompts that share their first IDs share a
+// key, as text prompts sharing their first characters do) and counts a
+// token per ID.
+func TestInspectTokenIDPrompts(t *testing.T) {
+	const path = "/v1/completions"
+	ids := func(n, from int) string {
+		var b strings.Builder
+		b.WriteByte('[')
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprint(&b, from+i)
+		}
+		b.WriteByte(']')
+		return b.String()
+	}
+	one := inspect(path, `{"model":"m","prompt":`+ids(3000, 100)+`,"max_tokens":16}`, true)
+	assert.NotZero(t, one.AffinityKey)
+	assert.Equal(t, 3000, one.PromptTokens)
+	other := inspect(path, `{"model":"m","prompt":`+ids(3000, 900)+`,"max_tokens":16}`, true)
+	assert.NotEqual(t, one.AffinityKey, other.AffinityKey)
+	// The same leading IDs with a different tail: one key.
+	tail := inspect(path, `{"model":"m","prompt":`+strings.TrimSuffix(ids(3000, 100), "]")+`,7,7,7]}`, true)
+	assert.Equal(t, one.AffinityKey, tail.AffinityKey)
+	assert.NotEqual(t, one.AffinityKey, inspect(path, `{"model":"n","prompt":`+ids(3000, 100)+`}`, true).AffinityKey, "model is part of the key")
+	// A batch of ID lists: keyed on the first, every ID counted.
+	batch := inspect(path, `{"model":"m","prompt":[`+ids(3000, 100)+`,`+ids(500, 5)+`]}`, true)
+	assert.Equal(t, one.AffinityKey, batch.AffinityKey)
+	assert.Equal(t, 3500, batch.PromptTokens)
+	// Not IDs: no key from them.
+	assert.Zero(t, inspect(path, `{"model":"m","prompt":[1.5,2]}`, true).AffinityKey)
 }

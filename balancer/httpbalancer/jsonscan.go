@@ -462,6 +462,7 @@ type body struct {
 	n         int    // choices asked for ("n"), each up to maxTokens; 0 if absent or not a count
 	chars     int    // bytes of prompt text seen (message contents, prompt, input, tools), as sent
 	cacheKey  string // may alias the body, like the fields below
+	cacheSalt string // vLLM's cache_salt: requests with different salts share no cache
 
 	// sized: readTail read the whole body, which held textSize bytes
 	// outside data URLs and "data" members' strings (the size the prompt
@@ -487,6 +488,10 @@ type body struct {
 	more    []cache.Message
 	prompt  string // completions prompt, or responses input given as a string
 	hasText bool   // prompt is set
+	// A prompt given as token IDs is keyed on its first list of them,
+	// rendered into ids (see tokenIDs) while idState is idsCollecting.
+	ids     []byte
+	idState uint8
 	parts   []byte // scratch for joining content parts
 	single  []byte // the current message's text while it is one unescaped piece
 	nparts  int    // pieces of text in the current message
@@ -499,6 +504,8 @@ type body struct {
 	keyDone  bool
 	rendered int
 	collect  bool // the current message's text is collected
+
+	depth int // the Keyer's depth (0: cache.DefaultDepth), for token-ID prompts
 }
 
 // parseBody reads the fields of interest from an OpenAI-compatible request
@@ -555,7 +562,7 @@ func (s *scanner) field(key []byte, out *body) bool {
 		return ok
 	case "parameters", "sampling_params":
 		// TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}};
-		// SGLang: {"text": ..., "sampling_params": {"max_new_tokens": n}}.
+		// SGLang: {"text": ..., "sampling_params": {"max_new_tokens": m, "n": k}}.
 		return s.parameters(out)
 	case "prompt", "input", "inputs", "text_input", "query", "documents", "texts", "text", "input_ids":
 		// text_input: Triton's generate extension, as TensorRT-LLM serves
@@ -572,6 +579,8 @@ func (s *scanner) field(key []byte, out *body) bool {
 	// The IDs below go to Keyer.Session only, so views of the body do.
 	case "prompt_cache_key":
 		return s.stringView(&out.cacheKey)
+	case "cache_salt":
+		return s.stringView(&out.cacheSalt)
 	case "conversation": // "conv_1" or {"id": "conv_1"}
 		return s.conversation(out)
 	case "previous_response_id":
@@ -610,7 +619,7 @@ func (s *scanner) system(out *body) bool {
 }
 
 // parameters reads TGI's parameters or SGLang's sampling_params object for
-// max_new_tokens.
+// max_new_tokens and n.
 func (s *scanner) parameters(out *body) bool {
 	if s.peek() != '{' {
 		return s.skip() // not an object: nothing to read, but step over it
@@ -622,11 +631,14 @@ func (s *scanner) parameters(out *body) bool {
 			return st == closed
 		}
 		var ok bool
-		if string(key) == "max_new_tokens" {
+		switch string(key) {
+		case "max_new_tokens":
 			var n int
 			n, ok = s.integer()
 			out.maxTokens = max(out.maxTokens, n)
-		} else {
+		case "n":
+			out.n, ok = s.integer()
+		default:
 			ok = s.skip()
 		}
 		if !ok {
@@ -690,17 +702,104 @@ func (s *scanner) promptValue(out *body) bool {
 		return true
 	case '[':
 		s.i++
-		for first := true; ; first = false {
-			if st := s.nextElem(first); st != member {
-				return st == closed
-			}
-			if !s.promptElem(out) {
-				return false
-			}
-		}
+		out.startIDs(s.peek())
+		ok := s.promptList(out)
+		out.endIDs() // also when the peek cut the list: it keys on what it holds
+		return ok
 	}
 	return s.skip()
 }
+
+// promptList reads the elements of a prompt list whose '[' was read.
+func (s *scanner) promptList(out *body) bool {
+	for first := true; ; first = false {
+		if st := s.nextElem(first); st != member {
+			return st == closed
+		}
+		if !s.promptElem(out) {
+			return false
+		}
+	}
+}
+
+// idsCollecting and idsDone are body.idState's values after idsNone (0).
+const (
+	idsCollecting = 1 + iota
+	idsDone
+)
+
+// idsTag starts the rendering of a token-ID prompt: such a prompt shares no
+// cache with a text prompt that happens to read the same.
+const idsTag = "\x00token_ids\x00"
+
+// startIDs begins collecting a list of token IDs, whose first element
+// starts with c, as the prompt to key on: the first such list (the prompt
+// itself, or the first of a batch of them), when no text prompt came first.
+func (out *body) startIDs(c byte) {
+	if out.keyed && !out.hasText && out.idState == 0 && (c == '-' || c >= '0' && c <= '9') {
+		out.idState = idsCollecting
+		out.ids = append(out.ids[:0], idsTag...)
+	}
+}
+
+// endIDs ends the list being collected, if any: its rendering is the
+// prompt to key on.
+func (out *body) endIDs() {
+	if out.idState != idsCollecting {
+		return
+	}
+	out.idState = idsDone
+	if len(out.ids) > len(idsTag) && !out.hasText {
+		out.prompt, out.hasText = string(out.ids), true
+	}
+}
+
+// tokenID reads one element of a prompt list that is not a string, list or
+// object: a token ID, one token. While a list is collected, an ID (a plain
+// decimal integer) is rendered with a comma after it, up to the key's
+// depth; anything else ends the collection with no key, as the server
+// rejects such a prompt.
+func (s *scanner) tokenID(out *body) bool {
+	out.chars += 4 // a token ID is one token: four characters' worth
+	if out.idState != idsCollecting {
+		return s.skip()
+	}
+	lit, ok := s.scalar()
+	if !ok {
+		return false
+	}
+	if !decimal(lit) {
+		out.idState, out.ids = idsDone, out.ids[:0]
+		return true
+	}
+	if len(out.ids)-len(idsTag) < keyDepth(out) {
+		out.ids = append(append(out.ids, lit...), ',')
+	}
+	return true
+}
+
+// decimal reports whether lit is a plain non-negative integer of at most
+// ten digits, as JSON writes a token ID.
+func decimal(lit []byte) bool {
+	if len(lit) == 0 || len(lit) > 10 || len(lit) > 1 && lit[0] == '0' {
+		return false
+	}
+	for _, c := range lit {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// keyDepth is how much of a token-ID prompt's rendering the key reads.
+func keyDepth(out *body) int {
+	if out.depth > 0 {
+		return out.depth
+	}
+	return cache.DefaultDepth
+}
+
 
 // promptElem reads one element of a prompt or input list.
 func (s *scanner) promptElem(out *body) bool {
@@ -720,18 +819,24 @@ func (s *scanner) promptElem(out *body) bool {
 		return s.message(out)
 	case '[': // a batch of token-ID lists
 		s.i++
-		for first := true; ; first = false {
-			if st := s.nextElem(first); st != member {
-				return st == closed
-			}
-			out.chars += 4
-			if !s.skip() {
-				return false
-			}
+		out.startIDs(s.peek())
+		ok := s.idList(out)
+		out.endIDs()
+		return ok
+	}
+	return s.tokenID(out)
+}
+
+// idList reads the elements of a token-ID list whose '[' was read.
+func (s *scanner) idList(out *body) bool {
+	for first := true; ; first = false {
+		if st := s.nextElem(first); st != member {
+			return st == closed
+		}
+		if !s.tokenID(out) {
+			return false
 		}
 	}
-	out.chars += 4 // a token ID is one token: four characters' worth
-	return s.skip()
 }
 
 func (s *scanner) messages(out *body) bool {

@@ -21,6 +21,7 @@ import (
 type scanResult struct {
 	model, cacheKey, system, prompt string
 	prevResponse, conversation      string
+	cacheSalt                       string
 	stream, hasText                 bool
 	maxTokens, n, chars             int
 	msgs                            []cache.Message
@@ -29,18 +30,21 @@ type scanResult struct {
 func scanNew(b []byte, keyed bool) scanResult {
 	var o body
 	parseBody(b, keyed, &o)
-	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.cacheSalt, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
 		slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
 func scanRef(b []byte, keyed bool) scanResult {
 	var o refBody
 	refParseBody(b, keyed, &o)
-	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
+	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.cacheSalt, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
 		slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
 var scanSeeds = []string{
+	`{"model":"m","prompt":[101, 7,0,13],"cache_salt":"t1"}`,
+	`{"model":"m","prompt":[[1,2],[3,4]],"max_tokens":3}`,
+	`{"input_ids":[1,"x",2.5,-1,00,12345678901],"sampling_params":{"n":2,"max_new_tokens":4}}`,
 	`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}],"max_tokens":32,"temperature":0}`,
 	`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5}`,
 	`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]}],"instructions":"y"}`,
@@ -115,7 +119,7 @@ func TestScannerMatchesReference(t *testing.T) {
 
 func equalScan(a, b scanResult) bool {
 	return a.model == b.model && a.cacheKey == b.cacheKey && a.system == b.system && a.prompt == b.prompt &&
-		a.prevResponse == b.prevResponse && a.conversation == b.conversation &&
+		a.prevResponse == b.prevResponse && a.conversation == b.conversation && a.cacheSalt == b.cacheSalt &&
 		a.stream == b.stream && a.hasText == b.hasText && a.maxTokens == b.maxTokens && a.n == b.n && a.chars == b.chars &&
 		slices.Equal(a.msgs, b.msgs)
 }

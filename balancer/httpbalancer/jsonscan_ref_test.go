@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"unsafe"
 
@@ -252,6 +253,7 @@ type refBody struct {
 	n         int
 	chars     int
 	cacheKey  string
+	cacheSalt string
 
 	prevResponse string
 	conversation string
@@ -270,6 +272,66 @@ type refBody struct {
 	keyDone  bool
 	rendered int
 	collect  bool
+
+	ids     []byte
+	idState uint8
+}
+
+func (out *refBody) startIDs(c byte) {
+	if out.keyed && !out.hasText && out.idState == 0 && (c == '-' || c >= '0' && c <= '9') {
+		out.idState = idsCollecting
+		out.ids = []byte(idsTag)
+	}
+}
+
+func (out *refBody) endIDs() {
+	if out.idState == idsCollecting {
+		out.idState = idsDone
+		if len(out.ids) > len(idsTag) && !out.hasText {
+			out.prompt, out.hasText = string(out.ids), true
+		}
+	}
+}
+
+// refDecimal is decimal by another route: what parses as a uint of at
+// most ten digits and prints back the same.
+func refDecimal(lit []byte) bool {
+	v, err := strconv.ParseUint(string(lit), 10, 64)
+	return err == nil && v <= 9999999999 && strconv.FormatUint(v, 10) == string(lit)
+}
+
+func (s *refScanner) tokenID(out *refBody) bool {
+	out.chars += 4
+	if out.idState != idsCollecting {
+		return s.skip()
+	}
+	lit, ok := s.scalar()
+	if !ok {
+		return false
+	}
+	if !refDecimal(lit) {
+		out.idState, out.ids = idsDone, nil
+		return true
+	}
+	if len(out.ids)-len(idsTag) < cache.DefaultDepth {
+		out.ids = append(append(out.ids, lit...), ',')
+	}
+	return true
+}
+
+// idArray reads a list whose first element starts collection when it is
+// an ID, and ends it after the list.
+func (s *refScanner) idArray(out *refBody, elem func() bool) bool {
+	first := true
+	ok := s.array(func() bool {
+		if first {
+			first = false
+			out.startIDs(s.peek())
+		}
+		return elem()
+	})
+	out.endIDs()
+	return ok
 }
 
 func refParseBody(b []byte, keyed bool, out *refBody) {
@@ -305,9 +367,14 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			return ok
 		case "parameters", "sampling_params":
 			return s.object(func(key []byte) bool {
-				if string(key) == "max_new_tokens" {
+				switch string(key) {
+				case "max_new_tokens":
 					n, ok := s.integer()
 					out.maxTokens = max(out.maxTokens, n)
+					return ok
+				case "n":
+					var ok bool
+					out.n, ok = s.integer()
 					return ok
 				}
 				return s.skip()
@@ -333,6 +400,8 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			return ok
 		case "prompt_cache_key":
 			return s.stringInto(&out.cacheKey)
+		case "cache_salt":
+			return s.stringInto(&out.cacheSalt)
 		case "conversation":
 			if s.peek() != '{' {
 				return s.stringInto(&out.conversation)
@@ -364,7 +433,7 @@ func (s *refScanner) promptValue(out *refBody) bool {
 		}
 		return true
 	case '[':
-		return s.array(func() bool {
+		return s.idArray(out, func() bool {
 			switch s.peek() {
 			case '"':
 				raw, quoted, esc, ok := s.str()
@@ -378,10 +447,9 @@ func (s *refScanner) promptValue(out *refBody) bool {
 			case '{':
 				return s.message(out)
 			case '[':
-				return s.array(func() bool { out.chars += 4; return s.skip() })
+				return s.idArray(out, func() bool { return s.tokenID(out) })
 			}
-			out.chars += 4
-			return s.skip()
+			return s.tokenID(out)
 		})
 	}
 	return s.skip()

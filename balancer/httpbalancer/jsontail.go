@@ -8,7 +8,8 @@ import (
 // Reading past the peek. The OpenAI SDKs write a chat request's "messages"
 // before its "model" (openai-go's struct order, openai-python's argument
 // order), and "stream", "max_completion_tokens" and "prompt_cache_key" after
-// both. A request larger than the peek, such as one carrying an image as a
+// both (and fields the SDKs do not know, such as vLLM's "cache_salt", after
+// everything, as extra fields). A request larger than the peek, such as one carrying an image as a
 // data URL or a long document, would then be routed without its model: in a
 // fleet serving several models, to an endpoint that may not serve it.
 //
@@ -27,7 +28,7 @@ import (
 var tailKeys = [...]string{
 	"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"max_new_tokens", "parameters", "prompt_cache_key", "conversation", "previous_response_id", "n",
-	"sampling_params",
+	"sampling_params", "cache_salt",
 }
 
 // maxTailKey is the length of the longest of tailKeys.
@@ -40,7 +41,7 @@ const maxTailKey = len("max_completion_tokens")
 const maxTailValue = 16 << 10
 
 // tailField is the field of body each of tailKeys sets.
-var tailField = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fCacheKey, fConversation, fPrevResponse, fN, fMaxTokens}
+var tailField = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fCacheKey, fConversation, fPrevResponse, fN, fMaxTokens, fCacheSalt}
 
 const (
 	fModel = iota
@@ -50,6 +51,7 @@ const (
 	fConversation
 	fPrevResponse
 	fN
+	fCacheSalt
 	numTailFields
 )
 
@@ -413,5 +415,8 @@ func readTail(m *memBody, head []byte, keyed bool, out *body) {
 	}
 	if !over[fPrevResponse] {
 		out.prevResponse = tail.prevResponse
+	}
+	if !over[fCacheSalt] {
+		out.cacheSalt = tail.cacheSalt
 	}
 }
