@@ -505,3 +505,15 @@ func TestInspectTokenIDPrompts(t *testing.T) {
 	// Not IDs: no key from them.
 	assert.Zero(t, inspect(path, `{"model":"m","prompt":[1.5,2]}`, true).AffinityKey)
 }
+
+// TestInspectBOM: a body that starts with a UTF-8 byte order mark is read
+// as JSON, as Python servers read it (json.loads detects the mark); it was
+// read as nothing, so the call went without its model and key.
+func TestInspectBOM(t *testing.T) {
+	const body = `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":9}`
+	plain := inspect("/v1/chat/completions", body, true)
+	bom := inspect("/v1/chat/completions", "\xef\xbb\xbf"+body, true)
+	assert.Equal(t, "m", bom.Model)
+	assert.Equal(t, plain.AffinityKey, bom.AffinityKey)
+	assert.Equal(t, plain.MaxOutputTokens, bom.MaxOutputTokens)
+}

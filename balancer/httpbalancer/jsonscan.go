@@ -508,11 +508,16 @@ type body struct {
 	depth int // the Keyer's depth (0: cache.DefaultDepth), for token-ID prompts
 }
 
+var utf8BOM = []byte("\xef\xbb\xbf")
+
 // parseBody reads the fields of interest from an OpenAI-compatible request
 // body (chat completions, completions, responses, embeddings, rerank; TGI's
 // "inputs" too). It never fails: what it cannot read stays zero.
 func parseBody(b []byte, keyed bool, out *body) {
 	out.keyed = keyed
+	// A UTF-8 byte order mark: Python servers read such a body as JSON
+	// (json.loads detects it), so it is read past.
+	b = bytes.TrimPrefix(b, utf8BOM)
 	s := &scanner{b: b}
 	if s.peek() != '{' {
 		return

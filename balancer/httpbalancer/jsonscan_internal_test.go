@@ -43,6 +43,7 @@ func scanRef(b []byte, keyed bool) scanResult {
 
 var scanSeeds = []string{
 	`{"model":"m","prompt":[101, 7,0,13],"cache_salt":"t1"}`,
+	"\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"x\"}",
 	`{"model":"m","prompt":[[1,2],[3,4]],"max_tokens":3}`,
 	`{"input_ids":[1,"x",2.5,-1,00,12345678901],"sampling_params":{"n":2,"max_new_tokens":4}}`,
 	`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}],"max_tokens":32,"temperature":0}`,

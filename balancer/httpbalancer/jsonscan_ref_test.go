@@ -336,6 +336,9 @@ func (s *refScanner) idArray(out *refBody, elem func() bool) bool {
 
 func refParseBody(b []byte, keyed bool, out *refBody) {
 	out.keyed = keyed
+	if len(b) >= 3 && b[0] == 0xEF && b[1] == 0xBB && b[2] == 0xBF {
+		b = b[3:]
+	}
 	s := &refScanner{b: b}
 	s.object(func(key []byte) bool {
 		switch string(key) {
