@@ -23,7 +23,9 @@
 // service from the path, and model, stream, output bound, a prompt token
 // estimate and a prompt affinity key from the body (a prompt given as token
 // IDs is keyed on its leading IDs; vLLM's cache_salt scopes the key, as it
-// scopes the server's prefix cache). A session header beats
+// scopes the server's prefix cache; each estimate is capped at
+// MaxTokenEstimate, so a made-up size counts as one large request). A
+// session header beats
 // the prompt key. The body is then forwarded byte for byte: the bytes read
 // ahead followed by the rest of the caller's body, whatever its size or
 // content. (A body held in memory, as http.NewRequest makes of a

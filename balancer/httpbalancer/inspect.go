@@ -148,6 +148,14 @@ func modelInPath(path string) string {
 // maxChoices bounds the n (choices) an output bound is multiplied by.
 const maxChoices = 128
 
+// MaxTokenEstimate bounds the prompt and output token estimates of one
+// request (2,097,152): twice the largest context windows commonly served
+// (1M tokens), so no real request is cut, while a made-up size (a streamed
+// body that declares gigabytes, a max_tokens near 2^31, a large n times a
+// large bound) counts on its endpoint's in-flight tokens as one request of
+// the largest plausible size, not as thousands.
+const MaxTokenEstimate = 1 << 21
+
 // charsPerToken is the usual rule of thumb for English text under BPE
 // tokenizers. It only has to rank requests by size, not bill them. It is
 // applied to bytes of text as sent (escapes included): for English that is
@@ -184,7 +192,7 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	// n choices are each generated up to the bound; n is capped at 128,
 	// the OpenAI API's limit, so a made-up n cannot claim an endpoint's
 	// whole capacity beyond what a made-up bound already can.
-	info.MaxOutputTokens = int(min(int64(b.maxTokens)*int64(min(max(b.n, 1), maxChoices)), 1<<31-1))
+	info.MaxOutputTokens = int(min(int64(b.maxTokens)*int64(min(max(b.n, 1), maxChoices)), MaxTokenEstimate))
 	chars := b.chars
 	switch {
 	case complete:
@@ -200,7 +208,7 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 		// base64 the peek shows it to carry (peekText).
 		chars = max(chars, int(peekText(peek, r.ContentLength)))
 	}
-	info.PromptTokens = int(min(chars/charsPerToken, 1<<31-1))
+	info.PromptTokens = min(chars/charsPerToken, MaxTokenEstimate)
 	if info.Service != inferlb.ServiceLLM || o.Keyer == nil {
 		return
 	}

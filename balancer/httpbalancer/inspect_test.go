@@ -517,3 +517,27 @@ func TestInspectBOM(t *testing.T) {
 	assert.Equal(t, plain.AffinityKey, bom.AffinityKey)
 	assert.Equal(t, plain.MaxOutputTokens, bom.MaxOutputTokens)
 }
+
+// TestInspectBoundsTheEstimates: a request counts on its endpoint's
+// in-flight tokens for as long as it lasts, so a made-up size must not
+// claim more than the largest real request could. A streamed body that
+// declares 8 GB (a gateway relaying an upload) counted 2^31 prompt tokens
+// for the upload's duration, and max_tokens of 2^31-1 as many output
+// tokens; both are capped at httpbalancer.MaxTokenEstimate, past the
+// largest context windows served, so no real request is cut.
+func TestInspectBoundsTheEstimates(t *testing.T) {
+	const path = "/v1/chat/completions"
+	head := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 200)
+	r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, io.NopCloser(strings.NewReader(head)))
+	r.ContentLength = 8 << 30
+	var info httpbalancer.Info
+	(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(head), false, &info)
+	assert.Equal(t, httpbalancer.MaxTokenEstimate, info.PromptTokens)
+
+	big := inspect(path, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2147483647}`, true)
+	assert.Equal(t, httpbalancer.MaxTokenEstimate, big.MaxOutputTokens)
+	many := inspect(path, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100000,"n":100}`, true)
+	assert.Equal(t, httpbalancer.MaxTokenEstimate, many.MaxOutputTokens)
+	// Real sizes are untouched.
+	assert.Equal(t, 128000, inspect(path, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":128000}`, true).MaxOutputTokens)
+}
