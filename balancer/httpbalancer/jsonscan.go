@@ -805,7 +805,6 @@ func keyDepth(out *body) int {
 	return cache.DefaultDepth
 }
 
-
 // promptElem reads one element of a prompt or input list.
 func (s *scanner) promptElem(out *body) bool {
 	switch s.peek() {
