@@ -1,6 +1,7 @@
 package httpbalancer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/inferlb/inferlb"
@@ -36,6 +38,29 @@ func family(addrs []string, network string) []string {
 	return out
 }
 
+// graceIntervals is Discovery.Grace's default, in Intervals.
+const graceIntervals = 3
+
+// discoverer is the state of one Transport's discovery.
+//
+// Concurrency: t, d, host, port and keep are immutable once
+// startDiscovery has set them. missed belongs to whoever runs resolve:
+// NewTransport for the first resolution, then the discovery goroutine,
+// which the go statement orders after it. The Transport's mu guards only
+// what resolve hands over (Transport.discovered).
+type discoverer struct {
+	t          *Transport
+	d          Discovery
+	host, port string
+	// keep is how many answers in a row may leave an address out before it
+	// leaves: Grace in Intervals, rounded up; 0 without Grace.
+	keep int
+	// missed holds every address served, with how many answers in a row
+	// have left it out (0: it is in the last one). Nothing else is kept, so
+	// it is as large as the set served.
+	missed map[string]int
+}
+
 // startDiscovery resolves d.Target once, synchronously, so the first
 // requests find endpoints, then every d.Interval until Close.
 func (t *Transport) startDiscovery(d Discovery) {
@@ -43,14 +68,24 @@ func (t *Transport) startDiscovery(d Discovery) {
 	if d.Interval == 0 {
 		d.Interval = DefaultDiscoveryInterval
 	}
+	if d.Grace == 0 {
+		d.Grace = graceIntervals * d.Interval
+	}
 	if d.LookupHost == nil {
 		d.LookupHost = net.DefaultResolver.LookupHost
 	}
 	d.Labels = maps.Clone(d.Labels)
+	ds := &discoverer{t: t, d: d, host: host, port: port}
+	if d.Grace > 0 {
+		ds.keep = int(d.Grace / d.Interval)
+		if d.Grace%d.Interval != 0 {
+			ds.keep++
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.stopDiscovery = cancel
 	t.discoveryDone = make(chan struct{})
-	t.resolveOnce(ctx, &d, host, port)
+	ds.resolve(ctx)
 	go func() {
 		defer close(t.discoveryDone)
 		tick := time.NewTicker(d.Interval)
@@ -60,18 +95,19 @@ func (t *Transport) startDiscovery(d Discovery) {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
-				t.resolveOnce(ctx, &d, host, port)
+				ds.resolve(ctx)
 			}
 		}
 	}()
 }
 
-// resolveOnce looks the name up and applies the result. A failed or empty
+// resolve looks the name up and applies the result. A failed or empty
 // lookup keeps the previous set: DNS hiccups are far more common than a
 // whole fleet vanishing, and an empty set would fail every request.
-func (t *Transport) resolveOnce(ctx context.Context, d *Discovery, host, port string) {
+func (ds *discoverer) resolve(ctx context.Context) {
+	d, t := &ds.d, ds.t
 	lctx, cancel := context.WithTimeout(ctx, d.Interval)
-	addrs, err := d.LookupHost(lctx, host)
+	addrs, err := d.LookupHost(lctx, ds.host)
 	cancel()
 	if ctx.Err() != nil {
 		return // closing
@@ -84,15 +120,16 @@ func (t *Transport) resolveOnce(ctx context.Context, d *Discovery, host, port st
 	}
 	if err != nil {
 		if d.OnError != nil {
-			d.OnError(fmt.Errorf("inferlb: httpbalancer: resolving %q: %w; keeping the previous endpoints", host, err))
+			d.OnError(fmt.Errorf("inferlb: httpbalancer: resolving %q: %w; keeping the previous endpoints", ds.host, err))
 		}
 		return
 	}
 	slices.Sort(addrs)
 	addrs = slices.Compact(addrs)
+	addrs = ds.retain(addrs)
 	eps := make([]inferlb.Endpoint, len(addrs))
 	for i, a := range addrs {
-		addr := net.JoinHostPort(a, port)
+		addr := net.JoinHostPort(a, ds.port)
 		if d.Scheme != "" {
 			addr = d.Scheme + "://" + addr
 		}
@@ -112,4 +149,40 @@ func (t *Transport) resolveOnce(ctx context.Context, d *Discovery, host, port st
 	if err != nil && d.OnError != nil { // outside mu: OnError may call Update
 		d.OnError(err)
 	}
+}
+
+// retain returns the set to serve for a good answer (sorted, without
+// duplicates): the answer, and the addresses served before that it
+// leaves out, while no more than keep answers in a row have left each
+// out (Discovery.Grace). Those are at most as many as the answer has,
+// the ones left out the fewest times first, so that answers which name
+// new addresses each time (a resolver gone wrong, or hostile) grow the set
+// to twice an answer at most, and replicas that are gone cannot outnumber
+// the ones answered (so they alone cannot bring the Balancer's default
+// PanicThreshold, one half, into play). It reuses answer.
+func (ds *discoverer) retain(answer []string) []string {
+	next := make(map[string]int, 2*len(answer))
+	for _, a := range answer {
+		next[a] = 0
+	}
+	var left []string
+	for a, n := range ds.missed {
+		if _, ok := next[a]; !ok && n < ds.keep {
+			left = append(left, a)
+		}
+	}
+	slices.SortFunc(left, func(a, b string) int {
+		return cmp.Or(cmp.Compare(ds.missed[a], ds.missed[b]), strings.Compare(a, b))
+	})
+	left = left[:min(len(left), len(answer))]
+	for _, a := range left {
+		next[a] = ds.missed[a] + 1
+	}
+	ds.missed = next
+	if len(left) == 0 {
+		return answer
+	}
+	out := append(answer, left...)
+	slices.Sort(out)
+	return out
 }

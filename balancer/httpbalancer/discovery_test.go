@@ -52,6 +52,8 @@ func ids(tr *httpbalancer.Transport) []string {
 // TestDiscovery: the name is resolved at start and every Interval; a failed
 // or empty answer keeps the last good set; static endpoints stay alongside;
 // Close stops the loop (synctest fails the test if a goroutine outlives it).
+// Each good answer is served as it came (Grace < 0); the tests in
+// discovery_grace_test.go cover Grace.
 func TestDiscovery(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		dns := &fakeDNS{}
@@ -64,6 +66,7 @@ func TestDiscovery(t *testing.T) {
 				Target:     "vllm.svc:8000",
 				Scheme:     "https",
 				Interval:   10 * time.Second,
+				Grace:      -1,
 				LookupHost: dns.LookupHost,
 				Labels:     map[string]string{"model": "llama"},
 				OnError:    func(err error) { errMu.Lock(); errs = append(errs, err); errMu.Unlock() },

@@ -149,7 +149,8 @@ type Options struct {
 }
 
 // Discovery re-resolves a DNS name (a Kubernetes headless service, a
-// Consul name) and serves every address it returns.
+// Consul name) and serves every address it returns, and for a while
+// (Grace) the addresses it stops returning.
 type Discovery struct {
 	// Target is "host:port": the name to resolve and the port every
 	// resolved address serves on.
@@ -168,6 +169,28 @@ type Discovery struct {
 	// any other value must be at least 100ms. Each lookup is also bounded
 	// by it.
 	Interval time.Duration
+	// Grace is how long an address stays after the answers leave it out:
+	// it leaves with the first answer without it that comes Grace or more
+	// after the first answer without it (the ceil(Grace/Interval)-th one
+	// after). Some DNS services answer a subset of the records each time
+	// (a Route 53 multivalue answer holds up to 8 of the healthy records,
+	// at random; a resolver may truncate a large answer), and serving each
+	// answer as it came would drop live replicas and add them back at
+	// every resolution, each time losing their state (load, breaker,
+	// latency history), restarting their slow start and moving their
+	// affinity keys. A resolver answering k of n records leaves a live
+	// replica out of m answers in a row with probability (1-k/n)^m: set
+	// Grace long enough that this is rare. Failed and empty answers keep
+	// the set as it is and do not count. The addresses kept this way are
+	// at most as many as the last answer has (those left out of the
+	// fewest answers first), so answers cannot grow the set past twice
+	// an answer, nor fill it with replicas that are gone; a gone replica
+	// fails its calls meanwhile, which fail over and open its breaker. 0 means three Intervals (90s at the default Interval);
+	// negative means none: an address leaves with the first answer
+	// without it. Where an address freed meanwhile (a deleted pod's IP)
+	// may go to a server of another service on the same port, keep Grace
+	// short.
+	Grace time.Duration
 	// LookupHost resolves a name; nil means net.DefaultResolver.LookupHost.
 	// Tests inject a fake.
 	LookupHost func(ctx context.Context, host string) ([]string, error)
