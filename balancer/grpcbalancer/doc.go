@@ -12,10 +12,14 @@
 //			"affinityKeyHeader": "x-session-id"}}]}`),
 //		grpc.WithTransportCredentials(creds))
 //
-// Each channel then gets a Balancer of its own. To share one live view of
-// load between gRPC channels and HTTP traffic (balancer/httpbalancer), build
-// the policy around your Balancer with NewBuilder and register it under a
-// name of your own. Each channel then takes its own membership in that
+// Each channel then gets a Balancer of its own, which nothing outside the
+// channel can reach: it learns load from its calls and ORCA reports only,
+// and no metrics.Collector can export it. To route a channel on a
+// telemetry.Poller's samples (modelserver, dcgm, promapi; keyed by the
+// endpoint IDs below), to export its view, or to share one live view of load
+// between gRPC channels and HTTP traffic (balancer/httpbalancer), build the
+// policy around a Balancer of your own with NewBuilder and register it under
+// a name of your own. Each channel then takes its own membership in that
 // Balancer (balancer.Membership): it routes over its own resolver's
 // endpoints and READY children only, and shares the live state of the
 // endpoints it has in common with the others, by ID.
