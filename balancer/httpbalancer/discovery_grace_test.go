@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
 )
 
@@ -46,16 +47,25 @@ func fleetAddrs(n int) []string {
 // Balancer (every replica is alive throughout, so each is a live replica
 // dropped with its state), those that came back after leaving (with a new
 // state), and those found in slow start at a resolution (also a replica
-// new to the set: the first answers name only part of the fleet).
-type churn struct{ removed, back, ramping, final int }
+// new to the set: the first answers name only part of the fleet). Before
+// each resolution 10 calls succeed; lost counts those the endpoints
+// served at the end no longer show (their history went with them).
+type churn struct{ removed, back, ramping, final, lost int }
 
-func measureChurn(tr *httpbalancer.Transport, interval time.Duration, answers int) churn {
+func measureChurn(t *testing.T, tr *httpbalancer.Transport, interval time.Duration, answers int) churn {
 	var c churn
 	prev, seen := map[string]bool{}, map[string]bool{}
 	for _, id := range ids(tr) {
 		prev[id], seen[id] = true, true
 	}
+	calls := 0
 	for range answers {
+		for range 10 {
+			p, err := tr.Balancer().Pick(&inferlb.Request{})
+			require.NoError(t, err)
+			p.Done(inferlb.Outcome{})
+			calls++
+		}
 		time.Sleep(interval)
 		synctest.Wait()
 		cur := map[string]bool{}
@@ -77,6 +87,10 @@ func measureChurn(tr *httpbalancer.Transport, interval time.Duration, answers in
 		prev = cur
 	}
 	c.final = len(prev)
+	c.lost = calls
+	for _, s := range tr.Balancer().Stats() {
+		c.lost -= int(s.Successes)
+	}
 	return c
 }
 
@@ -84,9 +98,10 @@ func measureChurn(tr *httpbalancer.Transport, interval time.Duration, answers in
 // of a fleet's 12 records at a time (Route 53 multivalue answers) used to
 // make every resolution drop the live replicas it left out and add back
 // those it named again, new, in slow start: 4 of each per answer when the
-// subset rotates, 2.7 when it is drawn at random. With Grace (its default)
-// the fleet stays whole: none when it rotates, and at random a replica
-// leaves only when left out of four answers in a row ((1/3)^4).
+// subset rotates, 2.7 when it is drawn at random, and nearly every call's
+// record went with them. With Grace (its default) the fleet stays whole:
+// none when it rotates, and at random a replica leaves only when left out
+// of four answers in a row ((1/3)^4).
 func TestDiscoverySubsetAnswersKeepLiveReplicas(t *testing.T) {
 	const answers = 100
 	all := fleetAddrs(12)
@@ -105,13 +120,16 @@ func TestDiscoverySubsetAnswersKeepLiveReplicas(t *testing.T) {
 	}{
 		{"rotating, no grace", false, -1, func(t *testing.T, c churn) {
 			// The 4 first named by the second answer join once, new.
+			assert.Greater(t, c.lost, 9*answers, "nearly every call's history lost")
+			c.lost = 0
 			assert.Equal(t, churn{removed: 4 * answers, back: 4*answers - 4, ramping: 4 * answers, final: 8}, c)
 		}},
 		{"rotating, default grace", false, 0, func(t *testing.T, c churn) {
-			assert.Equal(t, churn{ramping: 4, final: 12}, c)
+			assert.Equal(t, churn{ramping: 4, final: 12}, c, "no call's history lost")
 		}},
 		{"random, no grace", true, -1, func(t *testing.T, c churn) {
 			assert.Greater(t, c.removed, 2*answers)
+			assert.Greater(t, c.lost, 9*answers)
 			assert.Equal(t, 8, c.final)
 		}},
 		{"random, default grace", true, 0, func(t *testing.T, c churn) {
@@ -138,9 +156,9 @@ func TestDiscoverySubsetAnswersKeepLiveReplicas(t *testing.T) {
 					Target: "vllm.svc:8000", LookupHost: dns.LookupHost, Grace: tc.grace}})
 				require.NoError(t, err)
 				defer tr.Close()
-				c := measureChurn(tr, httpbalancer.DefaultDiscoveryInterval, answers)
-				t.Logf("%s: over %d answers, %d live replicas dropped, %d added back, %d found in slow start; %d served at the end",
-					tc.name, answers, c.removed, c.back, c.ramping, c.final)
+				c := measureChurn(t, tr, httpbalancer.DefaultDiscoveryInterval, answers)
+				t.Logf("%s: over %d answers, %d live replicas dropped, %d added back, %d found in slow start; %d served at the end, %d of %d calls gone from their history",
+					tc.name, answers, c.removed, c.back, c.ramping, c.final, c.lost, 10*answers)
 				tc.check(t, c)
 			})
 		})
