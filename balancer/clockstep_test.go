@@ -134,3 +134,40 @@ func TestDowntimeIsNeverNegative(t *testing.T) {
 	assert.GreaterOrEqual(t, st.LastDetection, time.Duration(0))
 	assert.GreaterOrEqual(t, st.LastDowntime, time.Duration(0))
 }
+
+// TestErrorRateDecaysAfterAClockStepBack: an endpoint's error rate decays
+// from the time of its last outcome; stepped back an hour, that time was
+// in the future and the rate stayed where it was, and an endpoint that
+// failed a burst just before the step, avoided for its rate (so no new
+// outcome reset it), stayed avoided for the hour.
+func TestErrorRateDecaysAfterAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(3), BreakerFailures: -1, OutlierInterval: -1})
+	bad := endpoints(2)[1].Key()
+	for range 200 { // every call on bad fails, until P2C avoids it
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		if p.ID() == bad {
+			p.Done(inferlb.Outcome{Err: assert.AnError})
+		} else {
+			p.Done(inferlb.Outcome{})
+		}
+	}
+	rate := func() float64 {
+		for _, s := range b.Stats() {
+			if s.ID == bad {
+				return s.ErrorRate
+			}
+		}
+		t.Fatal("no stats for", bad)
+		return 0
+	}
+	require.GreaterOrEqual(t, rate(), 0.05)
+	clock.Advance(-time.Hour)
+	p, err := b.Pick(&inferlb.Request{}) // a pick compares bad's rate: healthy wins
+	require.NoError(t, err)
+	assert.NotEqual(t, bad, p.ID())
+	p.Done(inferlb.Outcome{})
+	clock.Advance(10 * balancer.DefaultErrorDecay)
+	assert.Less(t, rate(), 0.01, "ten decay times after the step")
+}

@@ -311,7 +311,16 @@ func (e *endpoint) rawErrorRate(c *config, nowNs int64) float64 {
 	if r == 0 {
 		return 0
 	}
-	if dt := nowNs - e.errAt.Load(); dt > 0 && c.errorDecay > 0 {
+	at := e.errAt.Load()
+	dt := nowNs - at
+	if dt < -int64(time.Second) {
+		// The clock stepped back past the last outcome: the rate decays
+		// from now on. Left at a time ahead, it held for the length of the
+		// step, and an endpoint avoided for its rate (so no new outcome
+		// moves the mark) stayed avoided as long.
+		e.errAt.CompareAndSwap(at, nowNs)
+	}
+	if dt > 0 && c.errorDecay > 0 {
 		r *= decay.Weight(float64(dt) / float64(c.errorDecay))
 	}
 	return r
