@@ -12,6 +12,30 @@
 // event once. Several Balancers may share one Store: its sample counts are
 // the Store's, exported once by its StoreCollector, not by every Balancer's
 // Collector.
+//
+// The series, for dashboards and alerts (each HELP text says more):
+//
+//	Collector, {balancer="name"}, per endpoint {endpoint="ID"}:
+//	  inferlb_endpoint_in_flight, _in_flight_tokens, _ready, _breaker_open,
+//	  _slow_start_factor, _error_rate, _latency_ewma_seconds,
+//	  _ttft_ewma_seconds, _time_per_output_token_seconds,
+//	  _picks_total, _successes_total, _failures_total, _overloads_total,
+//	  _breaker_trips_total, _breaker_recoveries_total,
+//	  _outlier_ejections_total, _affinity_spills_total{cache="warm|cold"}
+//	  (each name after the first is inferlb_endpoint_ plus the suffix);
+//	  and per Balancer: inferlb_retries_total{result="allowed|denied"},
+//	  inferlb_affinity_key_reuse_ratio, inferlb_affinity_following_keys
+//	StoreCollector, {store="name"}:
+//	  inferlb_telemetry_samples_total{result="accepted|dropped_empty|
+//	  dropped_old|dropped_full|dropped_unknown"}, inferlb_telemetry_store_endpoints
+//	PollerCollector, {poller="name"}:
+//	  inferlb_telemetry_poll_rounds_total, _failures_total, _timeouts_total,
+//	  _partial_total, _published_total, _skipped_total, _consecutive_failures
+//	TransportCollector, {transport="name"}:
+//	  inferlb_http_failovers_total, inferlb_http_idle_close_resends_total
+//
+// The telemetry values the Balancer routes on (a server's queue, its KV-cache
+// use) are not exported here: the servers' own /metrics have them.
 package metrics
 
 import (
