@@ -181,15 +181,20 @@ type Discovery struct {
 	// affinity keys. A resolver answering k of n records leaves a live
 	// replica out of m answers in a row with probability (1-k/n)^m: set
 	// Grace long enough that this is rare. Failed and empty answers keep
-	// the set as it is and do not count. The addresses kept this way are
-	// at most as many as the last answer has (those left out of the
-	// fewest answers first), so answers cannot grow the set past twice
-	// an answer, nor fill it with replicas that are gone; a gone replica
-	// fails its calls meanwhile, which fail over and open its breaker. 0 means three Intervals (90s at the default Interval);
+	// the set as it is and do not count.
+	//
+	// The addresses kept this way are at most as many as the last answer
+	// has (those left out of the fewest answers first), so answers cannot
+	// grow the set past twice an answer, and replicas that are gone
+	// cannot outnumber those answered; a resolver answering fewer than
+	// half of the records cannot have them all kept. The price is that a
+	// replica that left (a deleted or unready pod) still gets calls for
+	// up to Grace: if it is gone they fail, fail over and open its
+	// breaker. Where an address freed meanwhile (a deleted pod's IP) may
+	// go to a server of another service on the same port, keep Grace
+	// short. 0 means three Intervals (90s at the default Interval);
 	// negative means none: an address leaves with the first answer
-	// without it. Where an address freed meanwhile (a deleted pod's IP)
-	// may go to a server of another service on the same port, keep Grace
-	// short.
+	// without it.
 	Grace time.Duration
 	// LookupHost resolves a name; nil means net.DefaultResolver.LookupHost.
 	// Tests inject a fake.
