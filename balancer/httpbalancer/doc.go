@@ -8,8 +8,15 @@
 //	t, err := httpbalancer.NewTransport(httpbalancer.Options{
 //		Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.5:8000"}, {Addr: "https://10.0.0.6:8443"}},
 //	})
+//	if err != nil {
+//		return err // an invalid endpoint or option: t is nil
+//	}
+//	defer t.Close()
 //	client := &http.Client{Transport: t}
 //	client.Post("http://llm.internal/v1/chat/completions", "application/json", body)
+//
+// An endpoint's ID, which telemetry samples name it by, is its Addr as given
+// unless Endpoint.ID is set: "https://10.0.0.6:8443" above, scheme included.
 //
 // TLS: net/http checks an https endpoint's certificate against the address
 // it dials, the picked endpoint's, so a fleet addressed by IP whose servers
