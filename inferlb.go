@@ -96,6 +96,12 @@ func (e Endpoint) Capacity() float64 {
 // the HTTP request or gRPC call; the zero value is a valid unclassified request.
 type Request struct {
 	Service Service
+	// Session says AffinityKey names a session the caller chose (a session
+	// header, prompt_cache_key, a conversation ID, a gRPC key from
+	// metadata), not a hash of the prompt: the balancer follows it
+	// whatever its estimate of how often prompt keys recur (MinKeyReuse),
+	// and it does not count in that estimate.
+	Session bool
 	// Model names the model asked for; when endpoints carry a "model" label,
 	// only endpoints serving it are eligible.
 	Model string

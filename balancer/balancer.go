@@ -526,7 +526,8 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	}
 	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
-	if c.affine && b.reuse != nil {
+	if c.affine && b.reuse != nil && !req.Session {
+		// An explicit session sticks whatever prompt keys do.
 		rc := b.reuse.class(req.Tenant)
 		if observe {
 			b.reuse.observe(req.AffinityKey, rc)
@@ -589,7 +590,7 @@ func (b *Balancer) pickAt(m *Membership, req *inferlb.Request, serial uint64) (P
 			// keyed: the call's state, its prefix among it, is cached there.
 			c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, keyed: true}
 			if e := g.members[i]; c.ok(e) {
-				if req.AffinityKey != 0 && b.reuse != nil {
+				if req.AffinityKey != 0 && b.reuse != nil && !req.Session {
 					b.reuse.observe(req.AffinityKey, b.reuse.class(req.Tenant))
 				}
 				return b.acquire(e, req, c), nil

@@ -278,9 +278,12 @@ type Options struct {
 	// are judged apart from those without, in 7 classes of tenants (by a
 	// seeded hash of the name), so that one tenant's prompts that never
 	// recur do not turn affinity off for the tenants whose prompts do. AffinityStrict always
-	// follows the keys. Default DefaultMinKeyReuse (0.05); negative keeps
-	// affinity on whatever the keys, e.g. for session IDs that must stick
-	// from their first call even when few sessions last. See keyReuse for
+	// follows the keys, and so does a request whose key is an explicit
+	// session (Request.Session: the adapters set it for session headers,
+	// prompt_cache_key, conversation IDs and gRPC metadata keys), which
+	// does not count in the estimate either. Default DefaultMinKeyReuse
+	// (0.05); negative keeps affinity on for prompt keys too, whatever
+	// they do. See keyReuse for
 	// why and how it is measured (a 32 KiB table, 1 in 8 keys sampled);
 	// Balancer.KeyReuse reports it. A new Balancer follows keys until it
 	// has observed 64 sampled keys (about 500 keyed requests): until then

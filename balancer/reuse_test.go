@@ -149,3 +149,32 @@ func TestMinKeyReuseIsValidated(t *testing.T) {
 	assert.ErrorContains(t, (&balancer.Options{MinKeyReuse: 1.5}).Validate(), "MinKeyReuse")
 	assert.ErrorContains(t, (&balancer.Options{MinKeyReuse: math.NaN()}).Validate(), "MinKeyReuse")
 }
+
+// An explicit session (a session header, prompt_cache_key, a conversation
+// ID: Request.Session) sticks whatever the rest of the traffic does. The
+// reuse estimate judged it with the prompt hashes around it: after a
+// stream of unique RAG prompts, an agent's session with its own ID was
+// spread over the fleet turn by turn, losing its KV cache each time. Its
+// calls do not count in the estimate either.
+func TestExplicitSessionsStickWhileKeysDoNotRecur(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	b := newBalancer(t, 8, balancer.Options{AffinitySeed: seed, Rand: testutil.NewRand(6)})
+	keyed(t, b, 16_000, func(int) uint64 { return rng.Uint64() | 1 }) // unique documents
+	require.False(t, b.KeyReuse().FollowingKeys)
+	before := b.KeyReuse()
+
+	const session = 0xf123_4567_89ab_cdef
+	got := spread(t, b, &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: session, Session: true}, 50)
+	assert.Len(t, got, 1, "every turn of the session on one endpoint: %v", got)
+	assert.GreaterOrEqual(t, len(spreadKey(t, b, session, 50)), 4, "the same key as a prompt hash is not followed")
+
+	// Sampled session keys leave the estimate as it was.
+	sampled := uint64(0x0123_4567_89ab_cdef) // top bits zero: a sampled key
+	for range 300 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: sampled, Session: true})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Equal(t, before.Observed, b.KeyReuse().Observed)
+	assert.False(t, b.KeyReuse().FollowingKeys)
+}

@@ -245,7 +245,7 @@ func (p *picker) request(info balancer.PickInfo, c *call) *inferlb.Request {
 	if key == 0 && tenant == "" && model == "" {
 		return &cfg.templates[svc]
 	}
-	c.req = inferlb.Request{Service: svc, AffinityKey: key, Tenant: tenant, Model: model}
+	c.req = inferlb.Request{Service: svc, AffinityKey: key, Session: key != 0, Tenant: tenant, Model: model}
 	return &c.req
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -297,9 +298,9 @@ func TestRequestFacts(t *testing.T) {
 		{"exact beats nothing else in service", "/ai.Emb/Other", context.Background(), inferlb.Request{Service: inferlb.ServiceRerank}},
 		{"default service", "/other.Svc/M", context.Background(), inferlb.Request{Service: inferlb.ServiceRerank}},
 		{"metadata", "/ai.Gen/Chat", metadata.NewOutgoingContext(context.Background(), md),
-			inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: keyer.Session("conv-7"), Tenant: "acme", Model: "llama"}},
+			inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: keyer.Session("conv-7"), Session: true, Tenant: "acme", Model: "llama"}},
 		{"appended metadata", "/ai.Gen/Chat", metadata.AppendToOutgoingContext(context.Background(), "x-session", "conv-8"),
-			inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: keyer.Session("conv-8")}},
+			inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: keyer.Session("conv-8"), Session: true}},
 		{"context request wins", "/ai.Gen/Chat", inferlb.NewContext(metadata.NewOutgoingContext(context.Background(), md), fromCtx), *fromCtx},
 		{"context request gets the method's service", "/ai.Gen/Chat", inferlb.NewContext(context.Background(), noSvc),
 			inferlb.Request{Service: inferlb.ServiceLLM, Tenant: "ctx2"}},
@@ -997,4 +998,28 @@ func TestReconnectAfterAGracefulCloseDoesNotRamp(t *testing.T) {
 	for h.cc.ConnectAll() > 0 {
 	}
 	assert.Less(t, stats(t, b, addr(0)).RampFactor, 1.0, "a rotation ended the ramp of a recovering endpoint")
+}
+
+// TestMetadataSessionSticks: a key from the configured affinity metadata
+// is a session the caller named, followed whatever the estimate of how
+// often prompt keys recur: after a stream of unique prompt keys on the
+// same Balancer, such a session's calls were spread over the fleet.
+func TestMetadataSessionSticks(t *testing.T) {
+	b := core.New(core.Options{Rand: testutil.NewRand(8)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}, "affinityKeyHeader": "x-session-id"}`, 4)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 16_000 { // a RAG pipeline's unique documents, keyed by their prompts
+		ctx := inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: rng.Uint64() | 1})
+		_, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Chat", Ctx: ctx})
+		res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+	}
+	require.False(t, b.KeyReuse().FollowingKeys)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-session-id", "agent-session-7")
+	got := map[string]int{}
+	for range 12 {
+		a, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Chat", Ctx: ctx})
+		res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+		got[a]++
+	}
+	assert.Len(t, got, 1, "every turn on one server: %v", got)
 }

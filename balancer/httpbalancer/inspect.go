@@ -215,6 +215,7 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	if b.cacheKey == "" && b.conversation != "" {
 		// A Responses API conversation names its session outright.
 		info.AffinityKey = o.Keyer.Salted(o.Keyer.Session(b.conversation), b.cacheSalt)
+		info.Session = true
 		return
 	}
 	if b.cacheKey == "" && b.prevResponse != "" {
@@ -230,7 +231,7 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	responses := b.hasText && isResponses(r.URL.Path)
 	switch {
 	case b.cacheKey != "":
-		info.AffinityKey = o.Keyer.Session(b.cacheKey)
+		info.AffinityKey, info.Session = o.Keyer.Session(b.cacheKey), true
 	case b.messageCount() > 0 || b.system != "" || responses:
 		msgs := b.msgs[:b.nmsg] // on this stack; Keyer.Chat retains nothing
 		if b.system != "" || b.hasText || len(b.more) > 0 {

@@ -114,13 +114,18 @@ func TestInspectAffinity(t *testing.T) {
 	assert.NotEqual(t, k1, inspect(path, strings.Replace(conv, `"m"`, `"other"`, 1), true).AffinityKey, "model is part of the key")
 	assert.NotEqual(t, k1, inspect(path, strings.Replace(conv, "story", "joke", 1), true).AffinityKey)
 	// prompt_cache_key is an explicit session and wins over the prompt.
-	withKey := inspect(path, `{"model":"m","prompt_cache_key":"s1","messages":[{"role":"user","content":"x"}]}`, true).AffinityKey
+	withKeyInfo := inspect(path, `{"model":"m","prompt_cache_key":"s1","messages":[{"role":"user","content":"x"}]}`, true)
+	withKey := withKeyInfo.AffinityKey
 	assert.Equal(t, cache.NewKeyer(42).Session("s1"), withKey)
+	assert.True(t, withKeyInfo.Session, "prompt_cache_key is an explicit session")
+	assert.False(t, inspect(path, conv, true).Session, "a prompt hash is not")
 	// A Responses API conversation names its session, in either form;
 	// prompt_cache_key still wins.
 	const rpath = "/v1/responses"
-	inConv := inspect(rpath, `{"model":"m","conversation":"conv_7","input":"first"}`, true).AffinityKey
+	inConvInfo := inspect(rpath, `{"model":"m","conversation":"conv_7","input":"first"}`, true)
+	inConv := inConvInfo.AffinityKey
 	assert.Equal(t, cache.NewKeyer(42).Session("conv_7"), inConv)
+	assert.True(t, inConvInfo.Session)
 	assert.Equal(t, inConv, inspect(rpath, `{"model":"m","conversation":{"id":"conv_7"},"input":"second"}`, true).AffinityKey)
 	assert.Equal(t, withKey, inspect(rpath, `{"model":"m","conversation":"conv_7","prompt_cache_key":"s1","input":"x"}`, true).AffinityKey)
 	// A Responses conversation that starts with a string input and goes
@@ -216,6 +221,7 @@ func TestSessionHeaderWins(t *testing.T) {
 	require.NoError(t, resp.Body.Close())
 	got := <-seen
 	assert.Equal(t, keyer.Session("conv-9"), got.AffinityKey)
+	assert.True(t, got.Session, "an explicit session: followed whatever prompt keys do")
 	assert.Equal(t, "acme", got.Tenant)
 	assert.Equal(t, "m", got.Model)
 	assert.Equal(t, 16, got.MaxOutputTokens)
