@@ -56,7 +56,9 @@
 // balance P2C would give, so the balancer keeps a sampled estimate of how
 // often its keys recur (a 32 KiB table of recent keys) and, while fewer than
 // Options.MinKeyReuse (5%) do, as with a stream of unique documents, it
-// ignores the keys; it follows them again as soon as they recur.
+// ignores the keys; it follows them again as soon as they recur. A key the
+// caller named (Request.Session: a session header, prompt_cache_key, a
+// conversation ID) is always followed and left out of the estimate.
 // Otherwise Pick samples two distinct
 // endpoints by capacity weight that are ready and in good standing (slow
 // start scales a joining or recovered endpoint's chance), the request's
