@@ -55,16 +55,17 @@ const drawTries = 8
 
 // Balancer routes requests across a set of endpoints. It is safe for
 // concurrent use; one Balancer may serve gRPC and HTTP traffic together so
-// both see the same live load.
-//
-// Concurrency: cfg is immutable. mu serializes membership changes (Update,
-// SetReady and those of every membership) and Close, and guards eps,
-// memberships, nextSerial and closed. Each membership's snapshot, all, epoch and engines are atomic;
-// Pick reads only them, the atomics of endpoint state and the tables behind
-// sticky, spills and reuse (lock-free), so it never takes mu. Lock order
-// on the way to an ejection: an endpoint's brMu, its breaker's own mutex,
-// then ejectMu; or outlierMu, then ejectMu.
+// both see the same live load. Pick never locks.
 type Balancer struct {
+	// Concurrency: cfg is immutable. mu serializes membership changes
+	// (Update, SetReady and those of every membership) and Close, and
+	// guards eps, memberships, nextSerial and closed. Each membership's
+	// snapshot, all, epoch and engines are atomic; Pick reads only them,
+	// the atomics of endpoint state and the tables behind sticky, spills
+	// and reuse (lock-free), so it never takes mu. Lock order on the way to
+	// an ejection: an endpoint's brMu, its breaker's own mutex, then
+	// ejectMu; or outlierMu, then ejectMu.
+
 	cfg     *config
 	keyer   *cache.Keyer    // immutable
 	sticky  *cache.Sessions // immutable pointer; nil unless StickyTTL > 0

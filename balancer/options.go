@@ -283,9 +283,8 @@ type Options struct {
 	// prompt_cache_key, conversation IDs and gRPC metadata keys), which
 	// does not count in the estimate either. Default DefaultMinKeyReuse
 	// (0.05); negative keeps affinity on for prompt keys too, whatever
-	// they do. See keyReuse for
-	// why and how it is measured (a 32 KiB table, 1 in 8 keys sampled);
-	// Balancer.KeyReuse reports it. A new Balancer follows keys until it
+	// they do. It is measured on a 32 KiB table of recent keys, 1 in 8
+	// keys sampled; Balancer.KeyReuse reports it. A new Balancer follows keys until it
 	// has observed 64 sampled keys (about 500 keyed requests): until then
 	// even prompts that never recur go to their keys' owners, within the
 	// load bound, rather than to the cheaper of two candidates.
@@ -295,7 +294,7 @@ type Options struct {
 	// values are each Membership's own, so two channels on one Balancer may
 	// both number their engines from "0"). Ranks of an engine step together, so P2C prices how far a prompt
 	// would raise its engine's step above the prefill its other ranks are
-	// already doing (see dp.go). Default DefaultDPGroupLabel ("dp_group");
+	// already doing (see the inferlb package doc). Default DefaultDPGroupLabel ("dp_group");
 	// endpoints without the label are priced as before.
 	DPGroupLabel string
 }

@@ -76,10 +76,12 @@ type PollerStats struct {
 // it; every delay is jittered. A Poller never stops on an error: telemetry is
 // advisory, and a source that is down now may be back at the next round.
 //
-// Concurrency: src, sink and the options are immutable after NewPoller. The
-// counters are atomic, so Stats may be called from any goroutine while Run
-// is going. Run may be active in only one goroutine at a time.
+// Stats may be called from any goroutine while Run is going; Run may be
+// active in only one goroutine at a time (ErrPollerRunning).
 type Poller struct {
+	// Concurrency: src, sink and the options are immutable after
+	// NewPoller; the counters are atomic.
+
 	src  Source
 	sink Sink
 	opts PollerOptions

@@ -21,14 +21,14 @@ import (
 )
 
 // Transport is an http.RoundTripper that sends each request to an endpoint
-// picked by a Balancer. It is safe for concurrent use.
-//
-// Concurrency: cfg, b and ownB are immutable after NewTransport. mu guards static
-// and discovered and serializes the Balancer updates made from them, so
-// Update and the discovery loop cannot interleave two halves of a set.
-// RoundTrip takes no lock; resends and failovers are atomic. The
-// discovery goroutine, if any, runs until Close.
+// picked by a Balancer. It is safe for concurrent use; RoundTrip takes no
+// lock. With Discovery, a goroutine re-resolves until Close.
 type Transport struct {
+	// Concurrency: cfg, b and ownB are immutable after NewTransport. mu
+	// guards static and discovered and serializes the Balancer updates
+	// made from them, so Update and the discovery loop cannot interleave
+	// two halves of a set. Resends and failovers are atomic counters.
+
 	cfg  *config
 	b    *balancer.Balancer
 	ownB bool // b was made by NewTransport (no Options.Balancer): Close closes it
