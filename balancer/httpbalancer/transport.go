@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -105,6 +106,7 @@ func NewTransport(o Options) (*Transport, error) {
 	}
 	if len(o.Endpoints) > 0 {
 		if err := t.Update(o.Endpoints); err != nil {
+			err = fmt.Errorf("inferlb: NewTransport: Options.Endpoints: no Transport was made (Update would apply the valid endpoints and skip these): %w", err)
 			// Update applied the valid endpoints: let go of them, or
 			// their telemetry slots would be held for good.
 			if t.mem != nil {
@@ -134,8 +136,8 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	var errs []error
 	keep := make([]inferlb.Endpoint, 0, len(endpoints))
 	for i, ep := range endpoints {
-		if _, _, ok := splitAddr(ep.Addr); !ok {
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q is not host:port or http(s)://host:port; skipped", i, ep.Key(), ep.Addr))
+		if scheme, host, ok := splitAddr(ep.Addr); !ok || !validPort(scheme, host) {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q is not host:port or http(s)://host[:port]; skipped", i, ep.Key(), ep.Addr))
 			continue
 		}
 		keep = append(keep, ep)
@@ -145,6 +147,14 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	t.static = keep
 	errs = append(errs, t.applyLocked())
 	return errors.Join(errs...)
+}
+
+// endpointCount is how many endpoints the Transport has given its
+// Balancer (static and discovered, before duplicates are dropped).
+func (t *Transport) endpointCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.static) + len(t.discovered)
 }
 
 // applyLocked gives the Balancer the union of both sets; a discovered
@@ -243,6 +253,21 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 	return scheme, host, true
 }
 
+// validPort reports whether host (of an Addr with scheme, "" if none) has
+// a port in 1-65535, or none and a scheme to take the default port from: a
+// bare "10.0.0.5" is a forgotten port (calls would dial port 80), and
+// "10.0.0.5:800O" a typo that fails only at dial time.
+func validPort(scheme, host string) bool {
+	_, port, err := net.SplitHostPort(host)
+	if err != nil {
+		// No port: fine with a scheme, unless the host is an IPv6
+		// address without brackets (its colons look like one).
+		return scheme != "" && (!strings.Contains(host, ":") || strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]"))
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535 && port[0] != '+'
+}
+
 // addrCache remembers how recent endpoint Addrs split, in slots chosen by
 // the address of the string's bytes: an endpoint's Addr is one string for as
 // long as it is in the set, so a hit costs a pointer compare where splitAddr
@@ -339,6 +364,9 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	if err != nil {
 		closeBody(body)
+		if errors.Is(err, balancer.ErrNoEndpoints) && t.endpointCount() == 0 {
+			return nil, fmt.Errorf("%w: this Transport has none (Options.Endpoints empty, emptied by Update, or none found by Discovery yet)", err)
+		}
 		if c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) {
 			// The usual cause is a model this Transport's endpoints
 			// do not list (an embedding sent through the LLM

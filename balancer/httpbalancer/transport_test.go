@@ -35,6 +35,14 @@ func TestOptionsValidation(t *testing.T) {
 		{"bad addr", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "ftp://h:1"}}}, `Addr "ftp://h:1"`},
 		{"addr with path", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:1/v1"}}}, "not host:port"},
 		{"empty addr", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{ID: "a"}}}, `endpoint 0 ("a")`},
+		// A forgotten port dialed port 80; a typo in one failed only at dial time.
+		{"no port", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "127.0.0.1"}}}, `Addr "127.0.0.1" is not host:port`},
+		{"port not a number", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.5:800O"}}}, `Addr "10.0.0.5:800O"`},
+		{"port out of range", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:70000"}}}, `Addr "http://h:70000"`},
+		{"bare IPv6 without port", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://fd00::1"}}}, `Addr "http://fd00::1"`},
+		{"bracketed IPv6 with a scheme", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://[fd00::1]"}, {Addr: "[fd00::2]:8000"}}}, ""},
+		// Refused as a whole, whatever the part says.
+		{"duplicate ID", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "h:1"}, {Addr: "h:1"}}}, "no Transport was made"},
 		{"both balancers", httpbalancer.Options{Balancer: shared, BalancerOptions: balancer.Options{ErrorAlpha: 0.5}}, "Options.BalancerOptions: must be zero"},
 		{"bad balancer options", httpbalancer.Options{BalancerOptions: balancer.Options{ErrorAlpha: 2}}, "ErrorAlpha"},
 		{"discovery target", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc"}}, "Options.Discovery.Target"},
@@ -636,4 +644,15 @@ func TestUnusableAddrBlamesNoEndpoint(t *testing.T) {
 	assert.Zero(t, st[0].Failures, "no failure counted against the endpoint")
 	assert.False(t, st[0].BreakerOpen, "the other adapter still reaches it")
 	assert.Zero(t, st[0].InFlight)
+}
+
+// TestNoEndpointsSaysSo: a Transport with no endpoints at all (none given
+// yet, or Update emptied it) says that, not that no endpoint serves the
+// model or each is out of rotation.
+func TestNoEndpointsSaysSo(t *testing.T) {
+	tr := newTransport(t, httpbalancer.Options{})
+	_, err := tr.RoundTrip(chatRequest(t, 1))
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	assert.ErrorContains(t, err, "this Transport has none")
+	assert.NotContains(t, err.Error(), "out of rotation")
 }
