@@ -74,6 +74,8 @@ type jsonTunables struct {
 	OutlierMargin       float64 `json:"outlierMargin"`
 	SubsetLabel         string  `json:"subsetLabel"`
 	DPGroupLabel        string  `json:"dpGroupLabel"`
+	StickyTTL           string  `json:"stickyTTL"`
+	StickyEntries       int     `json:"stickyEntries"`
 }
 
 // lbConfig is the parsed, validated and defaulted config. It is immutable
@@ -306,6 +308,8 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"tenantShardSize", func(o *core.Options) error { o.TenantShardSize = t.TenantShardSize; return nil }},
 		{"spillMemory", dur(t.SpillMemory, func(o *core.Options) *time.Duration { return &o.SpillMemory })},
 		{"minKeyReuse", num(t.MinKeyReuse, func(o *core.Options) *float64 { return &o.MinKeyReuse })},
+		{"stickyTTL", dur(t.StickyTTL, func(o *core.Options) *time.Duration { return &o.StickyTTL })},
+		{"stickyEntries", count(t.StickyEntries, func(o *core.Options) *int { return &o.StickyEntries })},
 	}...)
 	var o core.Options
 	for _, f := range fields {

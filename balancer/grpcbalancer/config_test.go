@@ -40,7 +40,7 @@ func TestParseConfigGood(t *testing.T) {
 			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
 			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models", "dpGroupLabel": "engine",
 			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4,
-			"spillMemory": "-1s", "minKeyReuse": -1}
+			"spillMemory": "-1s", "minKeyReuse": -1, "stickyTTL": "2m", "stickyEntries": 4096}
 	}`), false)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +64,7 @@ func TestParseConfigGood(t *testing.T) {
 		t.Errorf("headers %q %q %q", c.affinityHeader, c.tenantHeader, c.modelHeader)
 	}
 	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 ||
-		o.SpillMemory != -time.Second || o.MinKeyReuse != -1 {
+		o.SpillMemory != -time.Second || o.MinKeyReuse != -1 || o.StickyTTL != 2*time.Minute || o.StickyEntries != 4096 {
 		t.Errorf("affinity options %v %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory, o.MinKeyReuse)
 	}
 	if c.orcaPerCall || !c.oob || c.oobInterval != 1500*time.Millisecond {
@@ -111,6 +111,9 @@ func TestParseConfigBad(t *testing.T) {
 		{"key reuse above 1", `{"balancer": {"minKeyReuse": 2}}`, false, "balancer.minKeyReuse"},
 		{"key reuse as string", `{"balancer": {"minKeyReuse": "5%"}}`, false, "balancer.minKeyReuse"},
 		{"tenant shard too large", `{"balancer": {"tenantShardSize": 33}}`, false, "balancer.tenantShardSize"},
+		{"sticky TTL not a duration", `{"balancer": {"stickyTTL": "2 minutes"}}`, false, "balancer.stickyTTL"},
+		{"sticky entries negative", `{"balancer": {"stickyEntries": -1}}`, false, "balancer.stickyEntries"},
+		{"sticky entries too many", `{"balancer": {"stickyEntries": 100000000}}`, false, "balancer.stickyEntries"},
 		{"tenant shard negative", `{"balancer": {"tenantShardSize": -2}}`, false, "balancer.tenantShardSize"},
 		{"tenant shard not a number", `{"balancer": {"tenantShardSize": "4"}}`, false, "balancer.tenantShardSize"},
 		{"tenant shard fractional", `{"balancer": {"tenantShardSize": 2.5}}`, false, "balancer.tenantShardSize: got JSON number 2.5, want an integer"},

@@ -173,6 +173,8 @@
 //	    "tenantShardSize": 0,           // > 0: each tenant (tenantHeader) on its own shard of endpoints
 //	    "spillMemory": "45s",           // how long a spilled key's endpoint counts as warm; negative: off
 //	    "minKeyReuse": 0.05,            // affinity only while this share of keys recurs; negative: always
+//	    "stickyTTL": "0s",              // > 0: follow a key to where it last went (opt-in)
+//	    "stickyEntries": 0,             // bound of that table; 0: cache.DefaultMaxSessions
 //	    "breakerFailures": 5, "breakerProbes": 3, "ejectionTime": "10s",
 //	    "maxEjectionTime": "2m", "maxEjectedFraction": 0.5,
 //	    "outlierInterval": "10s", "outlierMinRequests": 20,
