@@ -198,3 +198,30 @@ func TestDiscoveryAddressFamily(t *testing.T) {
 		Target: "vllm.svc:8000", Network: "tcp4", LookupHost: (&fakeDNS{}).LookupHost}})
 	require.ErrorContains(t, err, "Discovery.Network")
 }
+
+// TestTransportEndpoints: Endpoints lists what the Transport routes to,
+// static and discovered, so telemetry sources can follow Discovery (helper
+// 61's adoption review found no way to: Stats has IDs only).
+func TestTransportEndpoints(t *testing.T) {
+	dns := &fakeDNS{}
+	dns.set(nil, "10.0.0.7", "10.0.0.8")
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "static", Addr: "10.0.0.1:8000"}},
+		Discovery: &httpbalancer.Discovery{Target: "vllm.svc:8000", LookupHost: dns.LookupHost},
+	})
+	keys := func() []string {
+		var out []string
+		for _, e := range tr.Endpoints() {
+			out = append(out, e.Key()+"="+e.Addr)
+		}
+		slices.Sort(out)
+		return out
+	}
+	assert.Equal(t, []string{"10.0.0.7:8000=10.0.0.7:8000", "10.0.0.8:8000=10.0.0.8:8000", "static=10.0.0.1:8000"}, keys())
+	require.NoError(t, tr.Update([]inferlb.Endpoint{{Addr: "10.0.0.2:8000"}}))
+	assert.Equal(t, []string{"10.0.0.2:8000=10.0.0.2:8000", "10.0.0.7:8000=10.0.0.7:8000", "10.0.0.8:8000=10.0.0.8:8000"}, keys())
+	eps := tr.Endpoints()
+	was := eps[0].Addr
+	eps[0].Addr = "changed"
+	assert.Equal(t, was, tr.Endpoints()[0].Addr, "the caller's copy")
+}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,7 @@ type Transport struct {
 	mem     *balancer.Membership
 	own     atomic.Pointer[map[string]string]
 	lastOwn []inferlb.Endpoint // guarded by mu: the set own was last built from
+	applied []inferlb.Endpoint // guarded by mu: the set last given to the Balancer (Endpoints)
 
 	stopDiscovery context.CancelFunc // nil without Discovery
 	discoveryDone chan struct{}
@@ -149,6 +151,31 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	return errors.Join(errs...)
 }
 
+// Endpoints returns the endpoints the Transport routes to: Options.Endpoints
+// or the last Update's, then those Discovery found (a static endpoint wins
+// over a discovered one with its ID), as it last gave them to its Balancer.
+// Telemetry sources follow them with it, so that scrape targets keep up with
+// Discovery:
+//
+//	src := &modelserver.Source{Targets: func() []modelserver.Target {
+//		var ts []modelserver.Target
+//		for _, e := range t.Endpoints() {
+//			base := e.Addr
+//			if !strings.Contains(base, "://") {
+//				base = "http://" + base
+//			}
+//			ts = append(ts, modelserver.Target{EndpointID: e.Key(), URL: base + "/metrics"})
+//		}
+//		return ts
+//	}}
+//
+// The slice is the caller's.
+func (t *Transport) Endpoints() []inferlb.Endpoint {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.applied)
+}
+
 // endpointCount is how many endpoints the Transport has given its
 // Balancer (static and discovered, before duplicates are dropped).
 func (t *Transport) endpointCount() int {
@@ -174,6 +201,7 @@ func (t *Transport) applyLocked() error {
 			all = append(all, d)
 		}
 	}
+	t.applied = all
 	if t.mem == nil {
 		return t.b.Update(all)
 	}
