@@ -2,6 +2,7 @@ package telemetry_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -31,8 +32,13 @@ func TestNewPollerValidatesTheSource(t *testing.T) {
 		{"modelserver negative parallelism", &modelserver.Source{Parallelism: -2}, "modelserver: Source.Parallelism is -2"},
 		{"modelserver negative body bound", &modelserver.Source{MaxBodyBytes: -1}, "modelserver: Source.MaxBodyBytes is -1"},
 		{"modelserver", &modelserver.Source{Targets: modelserver.Static()}, ""},
+		{"modelserver target without ID", &modelserver.Source{Targets: modelserver.Static(modelserver.Target{URL: "http://a:8000/metrics"})}, "modelserver: target 0 (\"http://a:8000/metrics\"): EndpointID is empty"},
+		{"modelserver target without scheme", &modelserver.Source{Targets: modelserver.Static(modelserver.Target{EndpointID: "a", URL: "a:8000/metrics"})}, "not an http or https URL"},
+		{"modelserver targets", &modelserver.Source{Targets: modelserver.Static(modelserver.Target{EndpointID: "a", URL: "http://a:8000/metrics"})}, ""},
 		{"dcgm URLs without Map", &dcgm.Source{URLs: []string{"http://node:9400/metrics"}}, "dcgm: Source.Map is nil and Source.URLs lists exporters"},
 		{"dcgm empty URL", &dcgm.Source{URLs: []string{""}, Map: byID}, "dcgm: Source.URLs[0] is empty"},
+		{"dcgm URL without scheme", &dcgm.Source{URLs: []string{"node:9400/metrics"}, Map: byID}, "not an http or https URL"},
+		{"dcgm target without scheme", &dcgm.Source{Targets: dcgm.Static(dcgm.Target{URL: "node:9400", Map: byID})}, "not an http or https URL"},
 		{"dcgm negative parallelism", &dcgm.Source{Parallelism: -1}, "dcgm: Source.Parallelism is -1"},
 		{"dcgm", &dcgm.Source{URLs: []string{"http://node:9400/metrics"}, Map: byID}, ""},
 	} {
@@ -45,6 +51,9 @@ func TestNewPollerValidatesTheSource(t *testing.T) {
 			}
 			require.ErrorContains(t, err, tc.want)
 			assert.Contains(t, err.Error(), "telemetry: NewPoller: ")
+			if strings.Contains(tc.name, "target") || strings.Contains(tc.name, "URL without scheme") {
+				return // Collect reports a bad target as that target's failure, and reads the rest
+			}
 			// Collect says the same, before any request.
 			_, err = tc.src.Collect(context.Background())
 			assert.ErrorContains(t, err, tc.want)

@@ -75,10 +75,34 @@ var (
 	_ telemetry.Validator = (*Source)(nil)
 )
 
-// Validate checks the configuration that does not change between rounds
-// (telemetry.Validator): NewPoller calls it, and so does every Collect.
-// What Targets returns is checked at each Collect.
+// Validate checks the configuration and the targets Targets returns now
+// (telemetry.Validator): NewPoller calls it. Every Collect checks the
+// configuration again; a bad URL it meets then fails alone, as its scrape
+// would, and a target without a Mapping fails the round.
 func (s *Source) Validate() error {
+	if err := s.validateConfig(); err != nil {
+		return err
+	}
+	for i, u := range s.URLs {
+		if err := promtext.CheckURL(u); err != nil {
+			return fmt.Errorf("dcgm: Source.URLs[%d]: %w", i, err)
+		}
+	}
+	if s.Targets == nil {
+		return nil
+	}
+	for i, t := range s.Targets() {
+		if err := promtext.CheckURL(t.URL); err != nil {
+			return fmt.Errorf("dcgm: target %d: %w", i, err)
+		}
+		if t.Map == nil && s.Map == nil {
+			return fmt.Errorf("dcgm: Source.Map is nil and target %d (%q) has no Map: no way to map its GPUs to endpoints", i, promtext.Redacted(t.URL))
+		}
+	}
+	return nil
+}
+
+func (s *Source) validateConfig() error {
 	switch {
 	case s.Parallelism < 0:
 		return fmt.Errorf("dcgm: Source.Parallelism is %d, want >= 0 (0 for DefaultParallelism)", s.Parallelism)
@@ -107,7 +131,7 @@ func (s *Source) Validate() error {
 // all fail it does not. A target without a Mapping (its own Map and Map both
 // nil) is a configuration error, returned before any scrape.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
-	if err := s.Validate(); err != nil {
+	if err := s.validateConfig(); err != nil {
 		return nil, err
 	}
 	var targets []Target

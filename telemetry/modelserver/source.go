@@ -58,9 +58,29 @@ var (
 	_ telemetry.Validator = (*Source)(nil)
 )
 
-// Validate checks the configuration before any scrape
-// (telemetry.Validator): NewPoller calls it, and so does every Collect.
+// Validate checks the configuration and the targets Targets returns now
+// (telemetry.Validator): NewPoller calls it. Every Collect checks the
+// configuration again; a bad target it meets then fails alone, as its
+// scrape would.
 func (s *Source) Validate() error {
+	if err := s.validateConfig(); err != nil {
+		return err
+	}
+	if s.Targets == nil {
+		return nil
+	}
+	for i, t := range s.Targets() {
+		if t.EndpointID == "" {
+			return fmt.Errorf("modelserver: target %d (%q): EndpointID is empty", i, promtext.Redacted(t.URL))
+		}
+		if err := promtext.CheckURL(t.URL); err != nil {
+			return fmt.Errorf("modelserver: target %d (%q): %w", i, t.EndpointID, err)
+		}
+	}
+	return nil
+}
+
+func (s *Source) validateConfig() error {
 	switch {
 	case s.Parallelism < 0:
 		return fmt.Errorf("modelserver: Source.Parallelism is %d, want >= 0 (0 for DefaultParallelism)", s.Parallelism)
@@ -81,7 +101,7 @@ func (s *Source) Validate() error {
 // the error wraps telemetry.ErrPartial and names the first failure; if all
 // fail it does not.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
-	if err := s.Validate(); err != nil {
+	if err := s.validateConfig(); err != nil {
 		return nil, err
 	}
 	if s.Targets == nil {

@@ -1,6 +1,7 @@
 package promtext
 
 import (
+	"fmt"
 	"net"
 	"net/url"
 	"strings"
@@ -55,4 +56,14 @@ func Redacted(raw string) string {
 		return scheme + "://" + authority + "/" + path
 	}
 	return scheme + "://" + authority
+}
+
+// CheckURL reports whether raw is an http or https URL with a host, as a
+// scrape target must be; the error names it with its password redacted.
+func CheckURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || !strings.EqualFold(u.Scheme, "http") && !strings.EqualFold(u.Scheme, "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http or https URL", Redacted(raw))
+	}
+	return nil
 }
