@@ -47,6 +47,7 @@ type Store struct {
 	droppedOld     atomic.Uint64 // older than what is held
 	droppedFull    atomic.Uint64 // table full
 	droppedUnknown atomic.Uint64 // PublishKnown for an ID without a slot
+	lastUnknown    atomic.Pointer[string]
 }
 
 var _ Sink = (*Store)(nil)
@@ -73,6 +74,10 @@ type StoreStats struct {
 	// DroppedUnknown counts PublishKnown samples for an ID with no slot:
 	// an endpoint the Balancer does not have (yet, or any more).
 	DroppedUnknown uint64
+	// LastUnknown is the ID of the latest of those samples: when every
+	// sample of a source is dropped so, compare it with the endpoints' IDs
+	// (an endpoint's ID is its Addr as written, scheme included).
+	LastUnknown string
 }
 
 // Stats returns the counters.
@@ -84,7 +89,15 @@ func (st *Store) Stats() StoreStats {
 		DroppedFull:  st.droppedFull.Load(),
 
 		DroppedUnknown: st.droppedUnknown.Load(),
+		LastUnknown:    st.lastUnknownID(),
 	}
+}
+
+func (st *Store) lastUnknownID() string {
+	if p := st.lastUnknown.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // Slot returns the durable slot for id, creating it if needed. It returns nil
@@ -238,6 +251,10 @@ func (st *Store) PublishKnown(id string, s Sample) {
 	v, ok := st.slots.Load(id)
 	if !ok {
 		st.droppedUnknown.Add(1)
+		if p := st.lastUnknown.Load(); p == nil || *p != id {
+			last := id // a copy: taking id's address would move it to the heap on every call
+			st.lastUnknown.Store(&last)
+		}
 		return
 	}
 	if v.(*Slot).merge(s, st) {
