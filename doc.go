@@ -98,7 +98,8 @@
 //
 // Each endpoint has a circuit breaker (github.com/sony/gobreaker/v2) that
 // trips after consecutive failures; the balancer's own clock holds it out,
-// doubling the time on each failed half-open probe round, and a recovered
+// doubling the time on each failed half-open probe round (probes that hang
+// are overdue after as long, and one more goes), and a recovered
 // endpoint ramps up through slow start. Outlier detection ejects an endpoint
 // whose success rate falls well below its peers' median. Breakers and
 // ejections together never hold out more than MaxEjectedFraction of the

@@ -738,10 +738,11 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	if !e.usable(c.bit, c.nowNs, false) {
 		gen--
 	} else if e.brOpen.Load() {
-		if e.probeSlots.Add(-1) == 0 {
-			b.epoch.Add(1) // its last probe is out: no longer in good standing
+		if b.takeProbe(e, c.nowNs) {
+			flags = pickProbe
+		} else {
+			gen-- // a racing pick took the last probe: a straggler, as above
 		}
-		flags = pickProbe
 	}
 	// Counted as int32 so Pick stays 40 bytes (the HTTP transport's call
 	// state, which holds one, stays in its allocation size class); no call

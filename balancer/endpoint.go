@@ -84,6 +84,10 @@ type endpoint struct {
 	trips         atomic.Uint64
 	recoveries    atomic.Uint64
 	ejectCount    atomic.Uint64
+	// When the half-open breaker's probes, all out, are overdue and let
+	// one more through (unix ns; set as the last slot is taken, read only
+	// while none is free), and the wait before the next (ns): see takeProbe.
+	probeDue, probeLife atomic.Int64
 	// Outlier window baselines; guarded by Balancer.outlierMu.
 	winSucc, winFail uint64
 
@@ -150,8 +154,9 @@ func (e *endpoint) usable(bit uint64, nowNs int64, panicking bool) bool {
 	if e.excludedUntil.Load() > nowNs {
 		return false
 	}
-	// A breaker past its exclusion is half-open: only probeSlots calls.
-	return inGoodStanding(e)
+	// A breaker past its exclusion is half-open: only probeSlots calls,
+	// or one more when those out are overdue.
+	return inGoodStanding(e, nowNs)
 }
 
 // rampFactor is the slow-start fraction of weight at now, in (0, 1].

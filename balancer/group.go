@@ -192,9 +192,11 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 		}
 		if u > nowNs {
 			next.until = min(next.until, u)
-		} else if inGoodStanding(e) {
+		} else if inGoodStanding(e, nowNs) {
 			next.good++
 			next.goodWeight += g.weights[i]
+		} else if d := e.probeDue.Load(); d > nowNs {
+			next.until = min(next.until, d) // its probes are overdue then
 		}
 	}
 	g.standing.CompareAndSwap(s, next)
@@ -202,11 +204,20 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 }
 
 // inGoodStanding reports whether a member that is ready and not excluded
-// can take calls: its breaker is closed, or half-open with a probe slot
-// free (a half-open breaker with its probes out is still breaker-open: as
-// usable says, it takes no call).
-func inGoodStanding(e *endpoint) bool {
-	return !e.brOpen.Load() || e.probeSlots.Load() > 0
+// can take calls at nowNs: its breaker is closed, or half-open with a probe
+// slot free or its probes out overdue (a half-open breaker with its probes
+// out is still breaker-open: as usable says, it takes no call). The probe
+// deadline is read only for a breaker with every probe out, so a healthy
+// endpoint costs one load, as before.
+func inGoodStanding(e *endpoint, nowNs int64) bool {
+	return !e.brOpen.Load() || e.probeSlots.Load() > 0 || probesOverdue(e, nowNs)
+}
+
+// probesOverdue reports whether e's half-open probes, all out, have been
+// out past their deadline at nowNs (see takeProbe).
+func probesOverdue(e *endpoint, nowNs int64) bool {
+	d := e.probeDue.Load()
+	return d != 0 && d <= nowNs
 }
 
 // fleetView caches, for fleetViewTTL, what the affinity bound needs to
@@ -299,7 +310,7 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 	var s telemetry.Sample
 	v := fleetSum{ok: true}
 	for i, e := range g.members {
-		if e.readyMask.Load()&g.bit == 0 || onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e)) {
+		if e.readyMask.Load()&g.bit == 0 || onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e, nowNs)) {
 			v.aside += max(e.inFlight.Load(), 0)
 			continue
 		}

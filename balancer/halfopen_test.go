@@ -3,6 +3,7 @@ package balancer_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -76,4 +77,130 @@ func TestHalfOpenWithoutProbeSlotsIsNotGoodStanding(t *testing.T) {
 			assert.False(t, stat(t, b, ep.Addr).BreakerOpen, ep.Addr)
 		}
 	})
+}
+
+// halfOpenWithProbesOut trips bad (the first of 4), waits out its
+// exclusion and takes every probe slot; the probes are returned open.
+func halfOpenWithProbesOut(t *testing.T, clock *testutil.Clock, rec *recorder) (*balancer.Balancer, string, []balancer.Pick) {
+	t.Helper()
+	b := resilient(t, clock, rec, 4)
+	bad := endpoints(4)[0].Addr
+	for range balancer.DefaultBreakerFailures {
+		p := pickOn(t, b, bad)
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	require.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds())
+	clock.Advance(balancer.DefaultEjectionTime)
+	var probes []balancer.Pick
+	for range balancer.DefaultBreakerProbes {
+		probes = append(probes, pickOn(t, b, bad))
+	}
+	return b, bad, probes
+}
+
+// holdOn picks n times, finishing every call but those on id, which it
+// returns open.
+func holdOn(t *testing.T, b *balancer.Balancer, id string, n int) []balancer.Pick {
+	t.Helper()
+	var held []balancer.Pick
+	for range n {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		if p.ID() == id {
+			held = append(held, p)
+			continue
+		}
+		p.Done(inferlb.Outcome{})
+	}
+	return held
+}
+
+// TestHungProbeDoesNotHoldTheEndpointOutForGood: a half-open breaker lets
+// BreakerProbes calls through and waits for all of them. A probe that
+// never ends (the server accepted it and never answered, and the caller
+// set no deadline; or one request lost inside a server that serves the
+// rest) held its slot for good: two probes succeeded, the third hung, and
+// the endpoint got no call for an hour, nor ever after.
+func TestHungProbeDoesNotHoldTheEndpointOutForGood(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b, bad, probes := halfOpenWithProbesOut(t, clock, rec)
+	probes[0].Done(inferlb.Outcome{})
+	probes[1].Done(inferlb.Outcome{}) // probes[2] hangs
+	require.True(t, stat(t, b, bad).BreakerOpen)
+
+	clock.Advance(balancer.DefaultEjectionTime - time.Nanosecond)
+	assert.Zero(t, spread(t, b, &inferlb.Request{}, 400)[bad], "the probes are out, and not overdue yet")
+	clock.Advance(time.Nanosecond)
+	assert.Positive(t, spread(t, b, &inferlb.Request{}, 400)[bad],
+		"a probe out for as long as the exclusion before it lets another through")
+	assert.Equal(t, balancer.EventRecovered, rec.last().Kind, "the new probe's success is the third")
+	assert.False(t, stat(t, b, bad).BreakerOpen)
+
+	probes[2].Done(inferlb.Outcome{Err: errDown}) // of the closed breaker's past: ignored
+	assert.False(t, stat(t, b, bad).BreakerOpen)
+}
+
+// TestWedgedServerGetsFewerProbesOverTime: an endpoint whose every call
+// hangs gets one new probe each time the probes out are overdue, and the
+// wait doubles, up to MaxEjectionTime, as the exclusion of an endpoint
+// whose probes fail does: a wedged server costs its callers one call per
+// wait, not a steady share.
+func TestWedgedServerGetsFewerProbesOverTime(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b, bad, probes := halfOpenWithProbesOut(t, clock, rec)
+	wait := balancer.DefaultEjectionTime
+	for range 6 {
+		clock.Advance(wait - time.Nanosecond)
+		require.Empty(t, holdOn(t, b, bad, 400), "before the wait of %v", wait)
+		clock.Advance(time.Nanosecond)
+		held := holdOn(t, b, bad, 400)
+		require.Len(t, held, 1, "one new probe after the wait of %v", wait)
+		probes = append(probes, held...)
+		wait = min(2*wait, balancer.DefaultMaxEjectionTime)
+	}
+	assert.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds())
+	assert.True(t, stat(t, b, bad).BreakerOpen)
+
+	// A probe that ends at last still counts: a failure opens the breaker.
+	probes[len(probes)-1].Done(inferlb.Outcome{Err: errDown})
+	assert.Equal(t, balancer.EventProbeFailed, rec.last().Kind)
+	for _, p := range probes {
+		p.Done(inferlb.Outcome{})
+	}
+	assert.True(t, stat(t, b, bad).BreakerOpen)
+}
+
+// TestOverdueProbeSlotsStayWithinBreakerProbes: the probe let through
+// because the others were overdue takes no slot of its own, but gives one
+// back when it ends without a verdict, as they do; the slots never come to
+// more than BreakerProbes, so a half-open breaker does not hand out more
+// probes at once than it was configured for.
+func TestOverdueProbeSlotsStayWithinBreakerProbes(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b, bad, probes := halfOpenWithProbesOut(t, clock, rec)
+	clock.Advance(balancer.DefaultEjectionTime)
+	held := holdOn(t, b, bad, 400)
+	require.Len(t, held, 1)
+	for _, p := range append(probes, held...) {
+		p.Done(inferlb.Outcome{Err: context.Canceled})
+	}
+	assert.Len(t, holdOn(t, b, bad, 2000), balancer.DefaultBreakerProbes)
+}
+
+// TestOverdueProbesSurviveAClockStepBack: the probes' deadline is on the
+// clock too; stepped back an hour, it would have held the endpoint out
+// for that hour on top of the wait.
+func TestOverdueProbesSurviveAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	rec := &recorder{}
+	b, bad, _ := halfOpenWithProbesOut(t, clock, rec)
+	clock.Advance(-time.Hour)
+	assert.Len(t, holdOn(t, b, bad, 400), 1, "the probes out are overdue at once")
+	clock.Advance(2*balancer.DefaultEjectionTime - time.Nanosecond)
+	assert.Empty(t, holdOn(t, b, bad, 400))
+	clock.Advance(time.Nanosecond)
+	assert.Len(t, holdOn(t, b, bad, 400), 1)
 }

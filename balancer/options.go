@@ -233,10 +233,15 @@ type Options struct {
 	BreakerFailures int
 	// BreakerProbes is how many calls a half-open breaker lets through, all
 	// of which must succeed to close it. Default 3. A probe holds its slot
-	// until its call ends, so an endpoint whose probes hang (it accepts
-	// connections and never answers) stays out until they end: that is
-	// right for a wedged server, and a call deadline bounds it; a probe that
-	// is only a long generation keeps the endpoint out for its length.
+	// until its call ends; once all are out, they are overdue after as long
+	// as the exclusion before them, and one more call goes as a probe, then
+	// another after twice that wait, up to MaxEjectionTime. So a probe that
+	// never ends (the server accepts calls and never answers, or lost one,
+	// and the caller set no deadline) does not hold the endpoint out for
+	// good: a wedged server gets about one call per wait, as a failing one
+	// gets one probe per exclusion, and a probe that is only a long
+	// generation delays the next by a wait at most. Overdue probes still
+	// count when they end.
 	BreakerProbes int
 	// EjectionTime is how long a tripped or ejected endpoint stays out the
 	// first time; each consecutive ejection doubles it. A breaker that

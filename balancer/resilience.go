@@ -109,8 +109,11 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 			}
 		}
 		n := b.tripCount(e, nowNs)
-		until := later(nowNs, b.ejectionTime(n))
+		hold := b.ejectionTime(n)
+		until := later(nowNs, hold)
 		exclude(e, until) // before the new generation: see acquire
+		e.probeDue.Store(0)
+		e.probeLife.Store(int64(hold))
 		e.probeSlots.Store(int32(b.cfg.breakerProbes))
 		e.brGen.Add(1)
 		ev := Event{Kind: EventTripped, Endpoint: e.id, At: now, Until: time.Unix(0, until)}
@@ -150,10 +153,10 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 // now was set before the step, and would otherwise hold for the length of
 // the step on top of its own (a one-second cooldown for an hour, after an
 // hour's NTP step). How much of it was left is unknown: the exclusion ends
-// now (a breaker then probes, and a failed probe excludes again) and the
-// ramp starts again.
+// now (a breaker then probes, and a failed probe excludes again; probes
+// out are overdue) and the ramp starts again.
 func (e *endpoint) afterStepBack(nowNs, horizon int64) {
-	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.ejectedUntil, &e.rampFrom} {
+	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.ejectedUntil, &e.rampFrom, &e.probeDue} {
 		if t := v.Load(); t-nowNs > horizon {
 			v.CompareAndSwap(t, nowNs)
 		}
@@ -282,17 +285,74 @@ func (b *Balancer) report(e *endpoint, gen uint32, err error, nowNs int64) {
 	_, _ = e.breaker.Execute(func() (struct{}, error) { return struct{}{}, err })
 }
 
+// takeProbe takes a half-open probe for a pick at nowNs on e, whose
+// breaker is open and which usable let through: a free slot, or, when
+// every probe is out and overdue, the place of one of them. It reports
+// false when a racing pick took the last of either first.
+//
+// gobreaker closes a half-open breaker only when all BreakerProbes probes
+// have succeeded, and a probe holds its slot until its call ends. A probe
+// that never ends (a server that accepts calls and never answers them, or
+// loses one while it serves the rest, and a caller with no deadline) held
+// the endpoint out for good. So once every probe is out, they are overdue
+// after probeLife, the exclusion the breaker just served: one more call is
+// let through as a probe, and the next wait is twice as long, up to
+// MaxEjectionTime, as a failing endpoint's exclusions grow. A wedged server
+// so gets about as many calls as one whose probes fail, and a server that
+// recovered, or only ran one long generation, is probed again. The probes
+// out still count when they end: each is a call of this breaker
+// generation.
+//
+// Only a pick on a breaker-open endpoint gets here, and the deadline is a
+// reading of the pick's own clock: picks of healthy endpoints do nothing
+// more.
+func (b *Balancer) takeProbe(e *endpoint, nowNs int64) bool {
+	if n := e.probeSlots.Add(-1); n >= 0 {
+		if n == 0 {
+			e.probeDue.Store(later(nowNs, time.Duration(e.probeLife.Load())))
+			b.epoch.Add(1) // its last probe is out: no longer in good standing
+		}
+		return true
+	}
+	e.probeSlots.Add(1)
+	due := e.probeDue.Load()
+	if due == 0 || due > nowNs {
+		return false
+	}
+	life := b.cfg.maxEjectionTime
+	if l := time.Duration(e.probeLife.Load()); l < life/2 {
+		life = 2 * l // doubling cannot pass the cap, nor overflow
+	}
+	if !e.probeDue.CompareAndSwap(due, later(nowNs, life)) {
+		return false
+	}
+	e.probeLife.Store(int64(life))
+	b.epoch.Add(1) // its probes are out again, until the new deadline
+	return true
+}
+
 // returnProbe gives back the half-open probe slot p took when its outcome
 // says nothing about health (a cancellation, a call never sent, an
 // overload answer): gobreaker does not count such a probe either, so
 // without this the slots run out while the breaker still waits for its
 // probes, and the endpoint would stay out of rotation for good. A slot of
 // an older breaker generation is not returned: a trip or recovery since has
-// set the slots anew.
+// set the slots anew. Nor is one past BreakerProbes: a probe let through
+// in the place of an overdue one took no slot of its own (see takeProbe).
 func (b *Balancer) returnProbe(p *Pick) {
-	if atomic.LoadUint32(&p.flags)&pickProbe != 0 && p.e.brGen.Load() == p.gen {
-		if p.e.probeSlots.Add(1) == 1 {
-			b.epoch.Add(1) // a probe slot again: back in good standing
+	if atomic.LoadUint32(&p.flags)&pickProbe == 0 || p.e.brGen.Load() != p.gen {
+		return
+	}
+	for {
+		n := p.e.probeSlots.Load()
+		if n >= int32(b.cfg.breakerProbes) {
+			return
+		}
+		if p.e.probeSlots.CompareAndSwap(n, n+1) {
+			if n <= 0 { // below 0 while a racing takeProbe gives one back
+				b.epoch.Add(1) // a probe slot again: back in good standing
+			}
+			return
 		}
 	}
 }

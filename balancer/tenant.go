@@ -46,7 +46,7 @@ func (s *shard) share(c *config, g *group, nowNs int64) (load int64, weight floa
 			}
 			ready += w
 			readyLoad += l
-			if e.excludedUntil.Load() <= nowNs && inGoodStanding(e) {
+			if e.excludedUntil.Load() <= nowNs && inGoodStanding(e, nowNs) {
 				good += w
 				goodLoad += l
 			}
