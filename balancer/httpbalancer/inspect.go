@@ -70,7 +70,9 @@ var (
 // balancer.Options.SubsetLabel); there the generate extension's text_input
 // is the prompt, as TensorRT-LLM takes it.
 //
-// From a JSON body it reads model, stream, the output bound (max_tokens,
+// From a JSON body (one that opens with a UTF-8 byte order mark too, as
+// Python servers read it; the mark is forwarded with the rest) it reads
+// model, stream, the output bound (max_tokens,
 // max_completion_tokens, max_output_tokens, TGI's and SGLang's
 // max_new_tokens; times n, the choices asked for, up to 128), a prompt
 // token estimate (bytes of prompt text / 4, tool definitions, calls and

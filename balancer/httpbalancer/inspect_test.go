@@ -524,6 +524,39 @@ func TestInspectBOM(t *testing.T) {
 	assert.Equal(t, plain.MaxOutputTokens, bom.MaxOutputTokens)
 }
 
+// TestInspectBOMPastThePeek: a body with a byte order mark that is larger
+// than the peek is read as one without the mark is: its model, output bound
+// and salt past the peek when it is in memory, and its size less the base64
+// the peek shows when it is streamed. The mark made the scan of the rest
+// give up at the first byte, so such a body went without its model and a
+// streamed photo counted as a million tokens.
+func TestInspectBOMPastThePeek(t *testing.T) {
+	const path, bom = "/v1/chat/completions", "\xef\xbb\xbf"
+	text := strings.Repeat("All work and no play makes Jack a dull boy. ", 256<<10/44)
+	doc := `{"messages":[{"role":"user","content":"` + text + `"}],"model":"m","max_completion_tokens":9,"cache_salt":"a"}`
+	inMemory := func(body string) httpbalancer.Info {
+		r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, strings.NewReader(body))
+		var info httpbalancer.Info
+		(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(body[:64<<10]), false, &info)
+		return info
+	}
+	plain, marked := inMemory(doc), inMemory(bom+doc)
+	assert.Equal(t, "m", plain.Model)
+	assert.Equal(t, "m", marked.Model)
+	assert.Equal(t, 9, marked.MaxOutputTokens)
+	assert.Equal(t, plain.AffinityKey, marked.AffinityKey, "salted alike")
+	assert.InDelta(t, plain.PromptTokens, marked.PromptTokens, 1)
+
+	const peek = 1 << 20
+	blob := strings.Repeat("iVBORw0KGgoAAAANSUhEUgAA", 3<<20/24)
+	photo := bom + `{"messages":[{"role":"user","content":[{"type":"text","text":"What is in this photo?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,` + blob + `"}}]}],"model":"m"}`
+	r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, io.MultiReader(strings.NewReader(photo)))
+	r.ContentLength = int64(len(photo))
+	var info httpbalancer.Info
+	(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(photo[:peek]), false, &info)
+	assert.LessOrEqual(t, info.PromptTokens, 1000, "a streamed photo")
+}
+
 // TestInspectBoundsTheEstimates: a request counts on its endpoint's
 // in-flight tokens for as long as it lasts, so a made-up size must not
 // claim more than the largest real request could. A streamed body that

@@ -319,6 +319,15 @@ func (t *topScan) member(end int64) {
 	}
 }
 
+// bomLen is the length of the UTF-8 byte order mark b starts with (0 when
+// none): the scans of the whole body start past it, as parseBody does.
+func bomLen(b []byte) int {
+	if bytes.HasPrefix(b, utf8BOM) {
+		return len(utf8BOM)
+	}
+	return 0
+}
+
 // peekText estimates the bytes of prompt text in a body of size bytes (-1:
 // unknown) of which peek is the start, when the rest cannot be read: the
 // body's size less the base64 the peek shows (data URLs and "data"
@@ -329,7 +338,8 @@ func peekText(peek []byte, size int64) int64 {
 	size = min(max(size, int64(len(peek))), 1<<40)
 	m := memBody{bb: bytes.NewBuffer(peek), n: int64(len(peek))}
 	t := topScan{m: &m}
-	t.feed(0, peek)
+	bom := bomLen(peek)
+	t.feed(int64(bom), peek[bom:])
 	if t.inStr && t.ph == tsInVal {
 		t.valueStringEnded(int64(len(peek))) // the string the peek ends in
 	}
@@ -347,8 +357,12 @@ func peekText(peek []byte, size int64) int64 {
 // well-formed object at its top level, out is left as the peek made it.
 func readTail(m *memBody, head []byte, keyed bool, out *body) {
 	t := topScan{m: m}
-	off := int64(len(head))
-	if t.feed(0, head) {
+	// A byte order mark is read past, as parseBody does; it is taken from
+	// the body, which has it whole however short the head.
+	var mark [3]byte // len(utf8BOM)
+	start := int64(bomLen(mark[:m.readAt(mark[:], 0)]))
+	off := max(int64(len(head)), start)
+	if t.feed(start, head[min(start, int64(len(head))):]) {
 		var chunk [tailChunk]byte
 		for off < m.n {
 			n := m.readAt(chunk[:], off)

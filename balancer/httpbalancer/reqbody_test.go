@@ -192,3 +192,39 @@ func TestCancelEndsABlockedPeek(t *testing.T) {
 		}
 	}
 }
+
+// TestBOMBodyPastThePeekKeepsItsModel: a body that opens with a UTF-8 byte
+// order mark (Python servers read it as JSON) and names its model after a
+// message longer than the peek, as the OpenAI SDKs write it, goes only to
+// an endpoint serving that model, in memory or replayed from GetBody, and
+// arrives with its mark, byte for byte.
+func TestBOMBodyPastThePeekKeepsItsModel(t *testing.T) {
+	body := "\xef\xbb\xbf" + `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 200) + `"}],"model":"b"}`
+	var sent []byte
+	base := baseFunc(func(r *http.Request) (*http.Response, error) {
+		var err error
+		sent, err = io.ReadAll(r.Body)
+		require.NoError(t, err)
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	})
+	res := newResults(1)
+	tr := newTransport(t, httpbalancer.Options{Base: base, MaxPeek: 64, OnResult: res.on, Endpoints: []inferlb.Endpoint{
+		{ID: "a", Addr: "10.0.0.1:80", Labels: map[string]string{"model": "a"}},
+		{ID: "b", Addr: "10.0.0.2:80", Labels: map[string]string{"model": "b"}},
+	}})
+	for _, mode := range []string{"in memory", "GetBody"} {
+		req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(body))
+		require.NoError(t, err)
+		if mode == "GetBody" {
+			req.Body = io.NopCloser(onlyReader{strings.NewReader(body)}) // not in memory: read ahead
+		}
+		sent = nil
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err, mode)
+		require.NoError(t, resp.Body.Close())
+		got := <-res.c
+		assert.Equal(t, "b", got.Endpoint, mode)
+		assert.Equal(t, "b", got.Request.Model, mode)
+		assert.Equal(t, body, string(sent), mode)
+	}
+}
