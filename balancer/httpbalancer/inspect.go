@@ -74,7 +74,8 @@ var (
 // Python servers read it; the mark is forwarded with the rest) it reads
 // model, stream, the output bound (max_tokens,
 // max_completion_tokens, max_output_tokens, TGI's and SGLang's
-// max_new_tokens; times n, the choices asked for, up to 128), a prompt
+// max_new_tokens; times n or SGLang's sampling_params.n, the choices
+// asked for, up to 128), a prompt
 // token estimate (bytes of prompt text / 4, tool definitions, calls and
 // results included, as the server renders them into the prompt; or the
 // body size / 4 when the body was larger than the peek, less its base64:

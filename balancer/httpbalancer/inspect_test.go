@@ -524,6 +524,20 @@ func TestInspectBOM(t *testing.T) {
 	assert.Equal(t, plain.MaxOutputTokens, bom.MaxOutputTokens)
 }
 
+// TestInspectSamplingParamsNPastThePeek: SGLang's sampling_params.n counts
+// in the output bound also when the body is larger than the peek and
+// sampling_params is too large for the read of the rest (a regex or JSON
+// schema of tens of KiB): the peek's reading stands, as it does for
+// max_new_tokens. The rest's reading set n to 0, so 4 choices of 7 tokens
+// counted 7.
+func TestInspectSamplingParamsNPastThePeek(t *testing.T) {
+	body := `{"sampling_params":{"n":4,"max_new_tokens":7,"regex":"` + strings.Repeat("[a-z]", 20<<10/5) + `"},"text":"` + strings.Repeat("x", 200<<10) + `"}`
+	r, _ := http.NewRequest(http.MethodPost, "http://llm.internal/generate", strings.NewReader(body))
+	var info httpbalancer.Info
+	(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(body[:64<<10]), false, &info)
+	assert.Equal(t, 28, info.MaxOutputTokens)
+}
+
 // TestInspectBOMPastThePeek: a body with a byte order mark that is larger
 // than the peek is read as one without the mark is: its model, output bound
 // and salt past the peek when it is in memory, and its size less the base64

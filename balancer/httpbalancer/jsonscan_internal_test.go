@@ -46,6 +46,7 @@ var scanSeeds = []string{
 	"\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"x\"}",
 	`{"model":"m","prompt":[[1,2],[3,4]],"max_tokens":3}`,
 	`{"input_ids":[1,"x",2.5,-1,00,12345678901],"sampling_params":{"n":2,"max_new_tokens":4}}`,
+	`{"sampling_params":{"n":2},"text":"abcdefghijklmnopqrstuvwxyz","n":1,"parameters":{"n":3}}`,
 	`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}],"max_tokens":32,"temperature":0}`,
 	`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5}`,
 	`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]}],"instructions":"y"}`,

@@ -40,11 +40,14 @@ const maxTailKey = len("max_completion_tokens")
 // near it).
 const maxTailValue = 16 << 10
 
-// tailField is the field of body each of tailKeys sets.
-var tailField = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fCacheKey, fConversation, fPrevResponse, fN, fMaxTokens, fCacheSalt}
+// tailFields is the fields of body each of tailKeys sets, a bit each:
+// TGI's parameters and SGLang's sampling_params set the output bound and
+// the choices.
+var tailFields = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens | fN,
+	fCacheKey, fConversation, fPrevResponse, fN, fMaxTokens | fN, fCacheSalt}
 
 const (
-	fModel = iota
+	fModel = 1 << iota
 	fStream
 	fMaxTokens
 	fCacheKey
@@ -52,7 +55,6 @@ const (
 	fPrevResponse
 	fN
 	fCacheSalt
-	numTailFields
 )
 
 // tailChunk is how much of the body readTail copies at a time.
@@ -376,18 +378,29 @@ func readTail(m *memBody, head []byte, keyed bool, out *body) {
 		return
 	}
 	out.textSize, out.sized = m.n-t.inline, true
-	size := 2
-	for _, s := range t.found {
-		if s.lo >= 0 {
+	// The members read, in body order: of two that set one field (n and
+	// sampling_params.n), the later wins, as in parseBody. A field whose
+	// last member was too large to read (over) keeps the peek's reading,
+	// which has the member whole when it lies in the peek.
+	var spans [len(tailKeys)]span
+	var over uint8
+	ns, size := 0, 2
+	for k, s := range t.found {
+		switch {
+		case s.lo < 0:
+			over |= tailFields[k]
+		case s.hi > 0:
+			i := ns
+			for ; i > 0 && spans[i-1].lo > s.lo; i-- {
+				spans[i] = spans[i-1]
+			}
+			spans[i], ns = s, ns+1
 			size += int(s.hi-s.lo) + 1
 		}
 	}
 	obj := make([]byte, 1, size)
 	obj[0] = '{'
-	for _, s := range t.found {
-		if s.lo < 0 || s.hi == 0 {
-			continue
-		}
+	for _, s := range spans[:ns] {
 		if len(obj) > 1 {
 			obj = append(obj, ',')
 		}
@@ -398,39 +411,38 @@ func readTail(m *memBody, head []byte, keyed bool, out *body) {
 	obj = append(obj, '}')
 	var tail body
 	parseBody(obj, keyed, &tail)
-	// A field whose last member was too large to read keeps the peek's
-	// reading, which has the member whole when it lies in the peek.
-	var over [numTailFields]bool
-	for k, s := range t.found {
-		over[tailField[k]] = over[tailField[k]] || s.lo < 0
-	}
-	if !over[fModel] {
+	if over&fModel == 0 {
 		out.model = tail.model
 	}
-	if !over[fStream] {
+	if over&fStream == 0 {
 		out.stream = tail.stream
 	}
-	if over[fMaxTokens] {
-		out.maxTokens = max(out.maxTokens, tail.maxTokens) // the largest, as parseBody keeps
+	// The output bound is the largest of its members, as parseBody keeps
+	// it, and so are the choices when a member of either was not read: a
+	// bound, not a guess.
+	if over&fMaxTokens != 0 {
+		out.maxTokens = max(out.maxTokens, tail.maxTokens)
 	} else {
 		out.maxTokens = tail.maxTokens
 	}
-	if !over[fN] {
+	if over&fN != 0 {
+		out.n = max(out.n, tail.n)
+	} else {
 		out.n = tail.n
 	}
 	if !keyed {
 		return
 	}
-	if !over[fCacheKey] {
+	if over&fCacheKey == 0 {
 		out.cacheKey = tail.cacheKey
 	}
-	if !over[fConversation] {
+	if over&fConversation == 0 {
 		out.conversation = tail.conversation
 	}
-	if !over[fPrevResponse] {
+	if over&fPrevResponse == 0 {
 		out.prevResponse = tail.prevResponse
 	}
-	if !over[fCacheSalt] {
+	if over&fCacheSalt == 0 {
 		out.cacheSalt = tail.cacheSalt
 	}
 }

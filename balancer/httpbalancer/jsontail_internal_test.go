@@ -16,6 +16,7 @@ import (
 // readTail fills: the last occurrence of each key wins.
 type tailWant struct {
 	model, cacheKey, conversation, prevResponse string
+	cacheSalt                                   string
 	stream                                      bool
 	maxTokens, n                                int
 }
@@ -30,7 +31,7 @@ func tailFromJSON(t *testing.T, b []byte) tailWant {
 		_ = json.Unmarshal(m[k], &s)
 		return s
 	}
-	w.model, w.cacheKey, w.prevResponse = str("model"), str("prompt_cache_key"), str("previous_response_id")
+	w.model, w.cacheKey, w.prevResponse, w.cacheSalt = str("model"), str("prompt_cache_key"), str("previous_response_id"), str("cache_salt")
 	if w.conversation = str("conversation"); w.conversation == "" {
 		var c struct{ ID string }
 		_ = json.Unmarshal(m["conversation"], &c)
@@ -47,9 +48,14 @@ func tailFromJSON(t *testing.T, b []byte) tailWant {
 	}
 	_ = json.Unmarshal(m["parameters"], &p)
 	w.maxTokens = max(w.maxTokens, p.N)
-	p.N = 0
-	_ = json.Unmarshal(m["sampling_params"], &p)
-	w.maxTokens = max(w.maxTokens, p.N)
+	var sp struct {
+		N int `json:"max_new_tokens"`
+		C int `json:"n"`
+	}
+	_ = json.Unmarshal(m["sampling_params"], &sp)
+	w.maxTokens = max(w.maxTokens, sp.N)
+	// tailBody sends n at the top level or in sampling_params, not both.
+	w.n = sp.C
 	_ = json.Unmarshal(m["n"], &w.n)
 	return w
 }
@@ -111,11 +117,17 @@ func tailBody(r *rand.Rand) []byte {
 	add(60, fmt.Sprintf(`"max_completion_tokens":%d`, r.IntN(1<<20)))
 	add(30, fmt.Sprintf(`"max_tokens":%d`, r.IntN(1<<20)))
 	add(20, fmt.Sprintf(`"parameters":{"stop":["]}"],"max_new_tokens":%d}`, r.IntN(1<<20)))
-	add(15, fmt.Sprintf(`"sampling_params":{"max_new_tokens":%d,"stop":"}"}`, r.IntN(1<<20)))
+	topN, spN := r.IntN(100) < 30, ""
+	if topN {
+		members = append(members, fmt.Sprintf(`"n":%d`, r.IntN(8)))
+	} else if r.IntN(2) == 0 {
+		spN = fmt.Sprintf(`"n":%d,`, r.IntN(8))
+	}
+	add(15, fmt.Sprintf(`"sampling_params":{%s"max_new_tokens":%d,"stop":"}"}`, spN, r.IntN(1<<20)))
+	add(30, `"cache_salt":`+quote(fmt.Sprintf("tenant-%d\t", r.IntN(100))))
 	add(50, `"prompt_cache_key":`+quote(fmt.Sprintf("user-%d\n", r.IntN(100))))
 	add(20, `"previous_response_id":`+quote(fmt.Sprintf("resp_%d", r.IntN(100))))
 	add(20, `"conversation":{"metadata":{"id":"decoy"},"id":`+quote(fmt.Sprintf("conv_%d", r.IntN(100)))+`}`)
-	add(30, fmt.Sprintf(`"n":%d`, r.IntN(8)))
 	add(30, `"metadata":{"model":"decoy","stream":true,"max_tokens":99,"n":99}`)
 	add(30, `"temperature":0.5e-1`)
 	add(20, `"tools":[{"type":"function","function":{"name":"f","parameters":{"model":{"type":"string"}}}}]`)
@@ -168,10 +180,30 @@ func TestReadTailMatchesEncodingJSON(t *testing.T) {
 				var got body
 				parseBody(b[:cut], true, &got)
 				readTail(&m, b[:cut], true, &got)
-				require.Equal(t, want, tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.stream, got.maxTokens, got.n},
+				require.Equal(t, want, tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.cacheSalt, got.stream, got.maxTokens, got.n},
 					"body %d (%d bytes) in a %s, cut at %d:\n%.300s", i, len(b), name, cut, b)
 			}
 		}
+	}
+}
+
+// TestReadTailReadsInBodyOrder: of two members that set one field (the
+// choices, n and SGLang's sampling_params.n), the later in the body wins,
+// as parseBody reads the whole body; the rest's reading took them in a
+// fixed order of its own.
+func TestReadTailReadsInBodyOrder(t *testing.T) {
+	text := `"text":"` + strings.Repeat("x", 200) + `"`
+	for _, b := range []string{
+		`{"sampling_params":{"n":2},` + text + `,"n":1}`,
+		`{"n":1,` + text + `,"sampling_params":{"n":2}}`,
+		`{"n":3,"sampling_params":{"n":2},` + text + `,"n":1}`,
+	} {
+		var want, got body
+		parseBody([]byte(b), true, &want)
+		parseBody([]byte(b[:20]), true, &got)
+		m := inMemory(io.NopCloser(strings.NewReader(b)))
+		readTail(&m, []byte(b[:20]), true, &got)
+		require.Equal(t, want.n, got.n, b)
 	}
 }
 
@@ -236,8 +268,8 @@ func FuzzReadTail(f *testing.F) {
 			return
 		}
 		require.Equal(t,
-			tailWant{want.model, want.cacheKey, want.conversation, want.prevResponse, want.stream, want.maxTokens, want.n},
-			tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.stream, got.maxTokens, got.n}, "%q cut at %d", b, c)
+			tailWant{want.model, want.cacheKey, want.conversation, want.prevResponse, want.cacheSalt, want.stream, want.maxTokens, want.n},
+			tailWant{got.model, got.cacheKey, got.conversation, got.prevResponse, got.cacheSalt, got.stream, got.maxTokens, got.n}, "%q cut at %d", b, c)
 	})
 }
 
