@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
@@ -170,4 +171,111 @@ func TestErrorRateDecaysAfterAClockStepBack(t *testing.T) {
 	p.Done(inferlb.Outcome{})
 	clock.Advance(10 * balancer.DefaultErrorDecay)
 	assert.Less(t, rate(), 0.01, "ten decay times after the step")
+}
+
+// TestLatencyDecaysAfterAClockStepBack: a peak-EWMA latency decays from
+// the time of its last sample, so a slow endpoint, avoided, is tried again
+// once its EWMA has decayed below its peers'. Stepped back an hour, the
+// sample's time was in the future and the EWMA did not decay: the slow
+// endpoint stayed avoided for the hour (0 of 1,000 calls over the next
+// 100 s, where without the step it takes calls again after 49 s, 86 of them).
+func TestLatencyDecaysAfterAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(3), OutlierInterval: -1})
+	eps := endpoints(2)
+	slow, fast := eps[0].Addr, eps[1].Addr
+	embed := &inferlb.Request{Service: inferlb.ServiceEmbedding}
+	pickOnFor := func(id string) balancer.Pick {
+		for range 1000 {
+			p, err := b.Pick(embed)
+			require.NoError(t, err)
+			if p.ID() == id {
+				return p
+			}
+			p.Done(inferlb.Outcome{Err: context.Canceled}) // feeds nothing
+		}
+		t.Fatalf("never picked %s", id)
+		return balancer.Pick{}
+	}
+	p := pickOnFor(fast)
+	p.Done(inferlb.Outcome{Latency: 10 * time.Millisecond})
+	p = pickOnFor(slow)
+	p.Done(inferlb.Outcome{Latency: 2 * time.Second})
+
+	clock.Advance(-time.Hour)
+	picks := 0
+	for range 1000 { // 100 s: ten decay times
+		p, err := b.Pick(embed)
+		require.NoError(t, err)
+		if p.ID() == slow {
+			picks++
+		}
+		p.Done(inferlb.Outcome{Latency: 10 * time.Millisecond})
+		clock.Advance(100 * time.Millisecond)
+	}
+	assert.Positive(t, picks, "the slow endpoint's latency decays from the step on")
+}
+
+// TestRecentPrefillDecaysAfterAClockStepBack: the prompt tokens recently
+// sent to an endpoint (the prefill a new generation call would wait behind)
+// decay from the time of the last call. Stepped back an hour, that time was
+// in the future: a 32k-token prompt sent just before the step doubled its
+// endpoint's cost for the hour, and it lost every comparison at equal load.
+func TestRecentPrefillDecaysAfterAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(5), OutlierInterval: -1,
+		Scorers: map[inferlb.Service]scoringScorer{inferlb.ServiceLLM: constant{}}, // the held call's load does not count
+	})
+	long := endpoints(2)[0].Addr
+	prompt := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 32768}
+	var held balancer.Pick
+	for {
+		p, err := b.Pick(prompt)
+		require.NoError(t, err)
+		if p.ID() == long {
+			held = p // still prefilling
+			break
+		}
+		p.Done(inferlb.Outcome{}) // ended: its prefill is taken out
+	}
+	defer held.Done(inferlb.Outcome{})
+
+	clock.Advance(-time.Hour)
+	spread(t, b, &inferlb.Request{Service: inferlb.ServiceLLM}, 10)
+	clock.Advance(5 * time.Second) // ten of the estimate's time constants
+	got := spread(t, b, &inferlb.Request{Service: inferlb.ServiceLLM}, 1000)
+	assert.InDelta(t, 500, got[long], 100, "equal costs once the prefill has decayed: %v", got)
+}
+
+// TestGoodStandingCountsAfterAClockStepBack: a breaker that trips again
+// soon after it recovered is held out twice as long, and one doubling is
+// forgiven per EjectionTime in good standing since the recovery. Stepped
+// back an hour, the recovery was in the future: ten good minutes after the
+// step forgave nothing, and the next trip held the endpoint out 20 s
+// instead of 10 (and twice as long again for each flap before it).
+func TestGoodStandingCountsAfterAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(6), PanicThreshold: -1,
+		BreakerFailures: 1, BreakerProbes: 1})
+	bad := endpoints(2)[0].Addr
+	serial, ok := b.Serial(bad)
+	require.True(t, ok)
+	call := func(err error) {
+		t.Helper()
+		p, perr := b.PickAt(&inferlb.Request{}, serial)
+		require.NoError(t, perr)
+		require.Equal(t, bad, p.ID())
+		p.Done(inferlb.Outcome{Err: err})
+	}
+	held := func() time.Duration { return stat(t, b, bad).ExcludedUntil.Sub(clock.Now()) }
+
+	call(errDown)
+	clock.Advance(held())
+	call(nil) // recovered
+	clock.Advance(-time.Hour)
+	spread(t, b, &inferlb.Request{}, 10) // the step is noticed
+	clock.Advance(10 * time.Minute)      // in good standing for a while
+	call(errDown)
+	assert.Equal(t, balancer.DefaultEjectionTime, held(), "after ten good minutes it starts over")
 }

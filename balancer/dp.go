@@ -70,6 +70,13 @@ func decayedPrefill(v uint64, nowNs int64) float64 {
 	return tokens * decay.Weight(float64(dt)/float64(prefillWindow/time.Millisecond))
 }
 
+// stampAhead reports whether the estimate v was last updated more than
+// stepTolerance after nowNs: the clock stepped back since.
+func stampAhead(v uint64, nowNs int64) bool {
+	_, ms := unpackPrefill(v)
+	return int32(ms-uint32(nowNs/int64(time.Millisecond))) > int32(stepTolerance/time.Millisecond)
+}
+
 // done takes out what a call of tokens prompt tokens sent at startNs still
 // adds to the estimate at nowNs: a call that has ended is past its prefill.
 func (p *prefillEstimate) done(nowNs, startNs int64, tokens float64) {
@@ -78,8 +85,24 @@ func (p *prefillEstimate) done(nowNs, startNs int64, tokens float64) {
 	}
 }
 
-// at returns the estimate at nowNs.
-func (p *prefillEstimate) at(nowNs int64) float64 { return decayedPrefill(p.v.Load(), nowNs) }
+// at returns the estimate at nowNs, as decayedPrefill does. After a clock
+// stepped back past the last update, it restamps the estimate at nowNs,
+// undecayed, so that it decays from there: as of a time ahead, it did not
+// decay for the length of the step, and an endpoint sent a long prompt
+// just before the step lost every comparison for as long.
+func (p *prefillEstimate) at(nowNs int64) float64 {
+	v := p.v.Load()
+	tokens, ms := unpackPrefill(v)
+	if tokens == 0 {
+		return 0
+	}
+	now := uint32(nowNs / int64(time.Millisecond))
+	dt := int32(now - ms)
+	if dt < -int32(stepTolerance/time.Millisecond) {
+		p.v.CompareAndSwap(v, v&^math.MaxUint32|uint64(now))
+	}
+	return tokens * decay.Weight(float64(max(dt, 0))/float64(prefillWindow/time.Millisecond))
+}
 
 // add adds tokens at nowNs (negative tokens take them out; the estimate
 // never goes below 0).
@@ -87,8 +110,10 @@ func (p *prefillEstimate) add(nowNs int64, tokens float64) {
 	for {
 		old := p.v.Load()
 		ms := uint32(nowNs / int64(time.Millisecond))
-		if tok, at := unpackPrefill(old); tok != 0 && int32(at-ms) > 0 {
-			ms = at // never move the stamp back: the estimate is as of the later time
+		if tok, at := unpackPrefill(old); tok != 0 && int32(at-ms) > 0 && !stampAhead(old, nowNs) {
+			// Never move the stamp back for a racing reading: the estimate
+			// is as of the later time. After a step back it moves back.
+			ms = at
 		}
 		next := uint64(math.Float32bits(float32(max(decayedPrefill(old, nowNs)+tokens, 0))))<<32 | uint64(ms)
 		if p.v.CompareAndSwap(old, next) {

@@ -143,3 +143,24 @@ func TestEnginesAreEachMembershipsOwn(t *testing.T) {
 	delete(want, "x1")
 	check("after x closed")
 }
+
+// TestPrefillEstimateAfterAClockStepBack: the estimate's stamp never moves
+// back for a racing reading; after the clock stepped back an hour it
+// stayed an hour ahead, so nothing decayed and what each ended call left
+// (the part of its prompt not yet taken out) piled up: a 1,000-token call
+// every 100 ms, each ending 200 ms after it began, left 34,000 tokens
+// after 10 s and 200,000 after a minute (7x the cost), where the steady
+// state is under a thousand.
+func TestPrefillEstimateAfterAClockStepBack(t *testing.T) {
+	var p prefillEstimate
+	now := int64(1e18)
+	p.add(now+int64(time.Hour), 1000) // the last call before the step
+	for range 600 {
+		p.add(now, 1000)
+		p.done(now+int64(200*time.Millisecond), now, 1000)
+		now += int64(100 * time.Millisecond)
+	}
+	if got := p.at(now); got > 1000 {
+		t.Fatalf("estimate %.0f tokens a minute after the step, want under 1000", got)
+	}
+}

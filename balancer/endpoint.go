@@ -199,7 +199,17 @@ func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.S
 	st.InFlight = e.inFlight.Load()
 	st.InFlightTokens = e.inFlightTokens.Load()
 	st.LatencyEWMA = time.Duration(e.latencyEWMA.Load())
-	st.LastLatency = time.Unix(0, e.latencyAt.Load())
+	at := e.latencyAt.Load()
+	if at-nowNs > int64(stepTolerance) {
+		// The clock stepped back past the last sample: the EWMA decays from
+		// now on, as the error rate does (see rawErrorRate). Left ahead,
+		// the scorer saw no time elapsed for the length of the step, and
+		// an endpoint avoided for its latency (so no sample moves the mark)
+		// stayed avoided as long.
+		e.latencyAt.CompareAndSwap(at, nowNs)
+		at = nowNs
+	}
+	st.LastLatency = time.Unix(0, at)
 	st.LatencyDecay = c.latencyDecay
 	st.TTFTEWMA = time.Duration(e.ttftEWMA.Load())
 	st.ErrorRate = e.errorRate(c, nowNs)
@@ -297,6 +307,13 @@ func (e *endpoint) readingDelta(slot *telemetry.Slot, inFlight, nowNs int64) int
 	return inFlight - e.readingBase.Load()
 }
 
+// stepTolerance is how far a time an endpoint stamped may be ahead of a
+// clock reading before it counts as a clock stepped back rather than a
+// race between goroutines' readings: a decay measured from a time further
+// ahead starts again from the reading (elapsed time zero), or it would
+// stop for the length of the step.
+const stepTolerance = time.Second
+
 // errorRateFloor is the error rate below which an endpoint counts as clean.
 const errorRateFloor = 0.01
 
@@ -318,7 +335,7 @@ func (e *endpoint) rawErrorRate(c *config, nowNs int64) float64 {
 	}
 	at := e.errAt.Load()
 	dt := nowNs - at
-	if dt < -int64(time.Second) {
+	if -dt > int64(stepTolerance) {
 		// The clock stepped back past the last outcome: the rate decays
 		// from now on. Left at a time ahead, it held for the length of the
 		// step, and an endpoint avoided for its rate (so no new outcome

@@ -56,9 +56,12 @@ const (
 // documented defaults.
 type Options struct {
 	// Clock is the time source; nil means the wall clock. It may step back,
-	// as the wall clock does: no exclusion, slow-start ramp or outlier
-	// evaluation then waits out the step for longer than twice the longest
-	// cooldown or ejection (MaxCooldown, MaxEjectionTime).
+	// as the wall clock does: no exclusion, slow-start ramp, probe
+	// deadline, outlier evaluation or forgiveness of a flapping breaker
+	// then waits out a step longer than twice the longest cooldown or
+	// ejection (MaxCooldown, MaxEjectionTime), and the error-rate, latency
+	// and recent-prefill estimates count no time across a step of more
+	// than a second and decay on from the new reading.
 	Clock Clock
 	// Rand is the random source for sampling. nil means math/rand/v2's
 	// concurrent-safe generator. A custom source must be safe for concurrent

@@ -161,6 +161,11 @@ func (e *endpoint) afterStepBack(nowNs, horizon int64) {
 			v.CompareAndSwap(t, nowNs)
 		}
 	}
+	// The last recovery, a time past, is ahead too: good standing counts
+	// from now (see tripCount), not from when the clock catches up with it.
+	if r := e.recoveredAt.Load(); r > nowNs {
+		e.recoveredAt.CompareAndSwap(r, nowNs)
+	}
 }
 
 // tripCount counts an open of e's breaker and returns how many count
