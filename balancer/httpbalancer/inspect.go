@@ -72,15 +72,17 @@ var (
 //
 // From a JSON body (one that opens with a UTF-8 byte order mark too, as
 // Python servers read it; the mark is forwarded with the rest) it reads
-// model, stream, the output bound (max_tokens,
-// max_completion_tokens, max_output_tokens, TGI's and SGLang's
-// max_new_tokens; times n or SGLang's sampling_params.n, the choices
-// asked for, up to 128), a prompt
+// model, stream, the output bound (max_tokens, max_completion_tokens,
+// max_output_tokens, TGI's and SGLang's max_new_tokens; times n or
+// SGLang's sampling_params.n, the choices asked for, up to 128), a prompt
 // token estimate (bytes of prompt text / 4, tool definitions, calls and
-// results included, as the server renders them into the prompt; or the
-// body size / 4 when the body was larger than the peek, less its base64:
-// what lies past the peek counts in the proportion of text the peek
-// shows), and for LLM calls the affinity key: the request's
+// results included, as the server renders them into the prompt, and one
+// token per ID of a prompt given as token IDs; or the body size / 4 when
+// the body was larger than the peek, less its base64: what lies past the
+// peek counts in the proportion of text and of token IDs the peek shows;
+// both estimates are capped at MaxTokenEstimate), and for LLM calls the
+// affinity key, scoped by vLLM's cache_salt when the body has one
+// (Keyer.Salted): the request's
 // prompt_cache_key as a session, else the Responses API's conversation ID
 // as a session, else, for a /v1/responses follow-up
 // (previous_response_id) through a Transport that saw the response it
@@ -90,7 +92,9 @@ var (
 // the instructions count as a system message and a string input as the
 // user's message, so a conversation's later turns, which resend it as
 // input items, keep its key; for /v1/messages the top-level system is the
-// system message) or of the prompt (Keyer.Prompt). A message's text
+// system message) or of the prompt (Keyer.Prompt; a prompt of token IDs,
+// or a batch of them, on the decimal rendering of its first list's leading
+// IDs, up to the Keyer's Depth, apart from text prompts). A message's text
 // includes its text parts, a marker of each image, recording or video (a
 // hash of its URL, data URL or base64) and, for the Responses API's
 // function call items, their output or arguments. The prompt token estimate leaves data URLs and the
@@ -103,8 +107,8 @@ var (
 // turn of its conversation). When such a body is held in memory (r.Body is an
 // io.NopCloser over a bytes.Reader, strings.Reader or bytes.Buffer, as
 // http.NewRequest and the Transport's copy from GetBody make it), its
-// top-level model, stream, output bound, prompt_cache_key, conversation and
-// previous_response_id are read from the whole body without reading it
+// top-level model, stream, output bound, prompt_cache_key, conversation,
+// previous_response_id and cache_salt are read from the whole body without reading it
 // (about 4 GB/s; nothing is copied but 4 KiB at a time): the OpenAI SDKs
 // write them after the messages.
 //
@@ -166,6 +170,20 @@ const MaxTokenEstimate = 1 << 21
 // token a character, bytes/4 is closer to the truth than characters/4.
 const charsPerToken = 4
 
+// idScaled is size, an estimate of a body's prompt text in bytes taken
+// past a peek of peek bytes, less what the peek shows of token IDs: a
+// token ID is one token (charsPerToken bytes' worth) however many digits
+// and separators it is written with, about seven bytes for a vocabulary of
+// 100,000 or more. The rest of the body is taken to hold IDs in the
+// peek's proportion.
+func idScaled(size int64, b *body, peek int) int {
+	if b.idBytes == 0 || peek == 0 {
+		return int(size)
+	}
+	ids := min(b.idBytes, peek) // a malformed list may count twice
+	return int(float64(size) * float64(peek-ids+charsPerToken*b.idCount) / float64(peek))
+}
+
 // Inspect implements Inspector.
 func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info) {
 	info.Service = ServiceForPath(r.URL.Path)
@@ -204,12 +222,12 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 		// data URLs and "data" members (base64 images or audio, which
 		// are not prompt text: a 1.5 MB photo is some thousand tokens,
 		// not 400,000).
-		chars = max(chars, int(min(b.textSize, 1<<40)))
+		chars = max(chars, idScaled(min(b.textSize, 1<<40), &b, len(peek)))
 	default:
 		// Text dominates an AI request body, so the whole body's size is a
 		// better estimate than the part of it the peek saw, less the
 		// base64 the peek shows it to carry (peekText).
-		chars = max(chars, int(peekText(peek, r.ContentLength)))
+		chars = max(chars, idScaled(peekText(peek, r.ContentLength), &b, len(peek)))
 	}
 	info.PromptTokens = min(chars/charsPerToken, MaxTokenEstimate)
 	if info.Service != inferlb.ServiceLLM || o.Keyer == nil {

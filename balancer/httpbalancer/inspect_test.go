@@ -512,6 +512,48 @@ func TestInspectTokenIDPrompts(t *testing.T) {
 	assert.Zero(t, inspect(path, `{"model":"m","prompt":[1.5,2]}`, true).AffinityKey)
 }
 
+// TestInspectTokenIDPromptsPastThePeek: a prompt of token IDs larger than
+// the peek (a long context from a pipeline that tokenizes itself) counts a
+// token per ID past the peek too, in the proportion of IDs the peek shows,
+// whether the rest is streamed or in memory. Estimated from its size as
+// text, at 4 bytes a token, 300,000 IDs of 6 digits counted 525,000 tokens
+// (612,500 with Python's ", " separators), and it keeps its key.
+func TestInspectTokenIDPromptsPastThePeek(t *testing.T) {
+	const n, peek = 300_000, 1 << 20
+	for _, sep := range []string{",", ", "} {
+		var sb strings.Builder
+		for i := range n {
+			if i > 0 {
+				sb.WriteString(sep)
+			}
+			fmt.Fprint(&sb, 100_000+i)
+		}
+		ids := "[" + sb.String() + "]"
+		for _, tc := range []struct{ path, body string }{
+			{"/v1/completions", `{"model":"m","prompt":` + ids + `,"max_tokens":16}`},
+			{"/v1/completions", `{"model":"m","prompt":[` + ids + `],"max_tokens":16}`},
+			{"/generate", `{"input_ids":` + ids + `,"sampling_params":{"max_new_tokens":16}}`},
+		} {
+			whole := inspect(tc.path, tc.body, true)
+			require.Equal(t, n, whole.PromptTokens)
+			for _, mode := range []string{"streamed", "in memory"} {
+				var r *http.Request
+				if mode == "streamed" {
+					r, _ = http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, io.MultiReader(strings.NewReader(tc.body)))
+					r.ContentLength = int64(len(tc.body))
+				} else {
+					r, _ = http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, strings.NewReader(tc.body))
+				}
+				var info httpbalancer.Info
+				(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(tc.body[:peek]), false, &info)
+				name := fmt.Sprintf("%s %.30s, %q, %s", tc.path, tc.body, sep, mode)
+				assert.InEpsilon(t, n, info.PromptTokens, 0.02, name)
+				assert.Equal(t, whole.AffinityKey, info.AffinityKey, name)
+			}
+		}
+	}
+}
+
 // TestInspectBOM: a body that starts with a UTF-8 byte order mark is read
 // as JSON, as Python servers read it (json.loads detects the mark); it was
 // read as nothing, so the call went without its model and key.

@@ -496,6 +496,11 @@ type body struct {
 	single  []byte // the current message's text while it is one unescaped piece
 	nparts  int    // pieces of text in the current message
 
+	// idCount is the token IDs seen (a token each, in chars as
+	// charsPerToken bytes) and idBytes the bytes of the lists of them:
+	// how a body larger than the peek is estimated past it (see idScaled).
+	idCount, idBytes int
+
 	// Keyer.Chat reads messages only through the first user message (what
 	// every later turn repeats), and no further than MaxKeyChars of their
 	// rendering (content, role and 16 bytes of lengths each), so the texts
@@ -706,10 +711,13 @@ func (s *scanner) promptValue(out *body) bool {
 		}
 		return true
 	case '[':
+		start := s.i
 		s.i++
-		out.startIDs(s.peek())
+		c := s.peek()
+		out.startIDs(c)
 		ok := s.promptList(out)
 		out.endIDs() // also when the peek cut the list: it keys on what it holds
+		out.idListEnded(c, s.i-start)
 		return ok
 	}
 	return s.skip()
@@ -736,6 +744,14 @@ const (
 // idsTag starts the rendering of a token-ID prompt: such a prompt shares no
 // cache with a text prompt that happens to read the same.
 const idsTag = "\x00token_ids\x00"
+
+// idListEnded notes a prompt list of n bytes whose first element started
+// with c: a list of token IDs, when that is a digit or a sign.
+func (out *body) idListEnded(c byte, n int) {
+	if c == '-' || c >= '0' && c <= '9' {
+		out.idBytes += n
+	}
+}
 
 // startIDs begins collecting a list of token IDs, whose first element
 // starts with c, as the prompt to key on: the first such list (the prompt
@@ -765,7 +781,8 @@ func (out *body) endIDs() {
 // depth; anything else ends the collection with no key, as the server
 // rejects such a prompt.
 func (s *scanner) tokenID(out *body) bool {
-	out.chars += 4 // a token ID is one token: four characters' worth
+	out.chars += charsPerToken // a token ID is one token
+	out.idCount++
 	if out.idState != idsCollecting {
 		return s.skip()
 	}
@@ -822,10 +839,13 @@ func (s *scanner) promptElem(out *body) bool {
 	case '{':
 		return s.message(out)
 	case '[': // a batch of token-ID lists
+		start := s.i
 		s.i++
-		out.startIDs(s.peek())
+		c := s.peek()
+		out.startIDs(c)
 		ok := s.idList(out)
 		out.endIDs()
+		out.idListEnded(c, s.i-start)
 		return ok
 	}
 	return s.tokenID(out)

@@ -24,6 +24,7 @@ type scanResult struct {
 	cacheSalt                       string
 	stream, hasText                 bool
 	maxTokens, n, chars             int
+	idCount, idBytes                int
 	msgs                            []cache.Message
 }
 
@@ -31,20 +32,21 @@ func scanNew(b []byte, keyed bool) scanResult {
 	var o body
 	parseBody(b, keyed, &o)
 	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.cacheSalt, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
-		slices.Concat(o.msgs[:o.nmsg], o.more)}
+		o.idCount, o.idBytes, slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
 func scanRef(b []byte, keyed bool) scanResult {
 	var o refBody
 	refParseBody(b, keyed, &o)
 	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.cacheSalt, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
-		slices.Concat(o.msgs[:o.nmsg], o.more)}
+		o.idCount, o.idBytes, slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
 var scanSeeds = []string{
 	`{"model":"m","prompt":[101, 7,0,13],"cache_salt":"t1"}`,
 	"\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"x\"}",
 	`{"model":"m","prompt":[[1,2],[3,4]],"max_tokens":3}`,
+	`{"prompt": [ 7, 8 , 9 ], "input":[[1, [2, 3], "x"], ["y", 4], [], 5, [-1]]}`,
 	`{"input_ids":[1,"x",2.5,-1,00,12345678901],"sampling_params":{"n":2,"max_new_tokens":4}}`,
 	`{"sampling_params":{"n":2},"text":"abcdefghijklmnopqrstuvwxyz","n":1,"parameters":{"n":3}}`,
 	`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}],"max_tokens":32,"temperature":0}`,
@@ -123,6 +125,7 @@ func equalScan(a, b scanResult) bool {
 	return a.model == b.model && a.cacheKey == b.cacheKey && a.system == b.system && a.prompt == b.prompt &&
 		a.prevResponse == b.prevResponse && a.conversation == b.conversation && a.cacheSalt == b.cacheSalt &&
 		a.stream == b.stream && a.hasText == b.hasText && a.maxTokens == b.maxTokens && a.n == b.n && a.chars == b.chars &&
+		a.idCount == b.idCount && a.idBytes == b.idBytes &&
 		slices.Equal(a.msgs, b.msgs)
 }
 

@@ -275,6 +275,8 @@ type refBody struct {
 
 	ids     []byte
 	idState uint8
+
+	idCount, idBytes int
 }
 
 func (out *refBody) startIDs(c byte) {
@@ -302,6 +304,7 @@ func refDecimal(lit []byte) bool {
 
 func (s *refScanner) tokenID(out *refBody) bool {
 	out.chars += 4
+	out.idCount++
 	if out.idState != idsCollecting {
 		return s.skip()
 	}
@@ -323,14 +326,21 @@ func (s *refScanner) tokenID(out *refBody) bool {
 // an ID, and ends it after the list.
 func (s *refScanner) idArray(out *refBody, elem func() bool) bool {
 	first := true
+	s.ws()
+	start := s.i
+	var c byte
 	ok := s.array(func() bool {
 		if first {
 			first = false
-			out.startIDs(s.peek())
+			c = s.peek()
+			out.startIDs(c)
 		}
 		return elem()
 	})
 	out.endIDs()
+	if c == '-' || '0' <= c && c <= '9' {
+		out.idBytes += s.i - start // the list's bytes, brackets included
+	}
 	return ok
 }
 
