@@ -93,10 +93,11 @@ var (
 // user's message, so a conversation's later turns, which resend it as
 // input items, keep its key; for /v1/messages the top-level system is the
 // system message) or of the prompt (Keyer.Prompt; a prompt of token IDs,
-// or a batch of them, on the decimal rendering of its first list's leading
-// IDs, up to the Keyer's Depth, apart from text prompts). A message's text
-// includes its text parts, a marker of each image, recording or video (a
-// hash of its URL, data URL or base64) and, for the Responses API's
+// or a batch of them, on its first list's leading IDs, about Depth/4 of
+// them as a text key covers Depth characters, apart from text prompts). A
+// message's text includes its text parts, a marker of each image,
+// recording or video (a hash of its URL, data URL or base64) and, for the
+// Responses API's
 // function call items, their output or arguments. The prompt token estimate leaves data URLs and the
 // base64 strings of "data" members (input_audio) out (an image's tokens are
 // not its base64 bytes). A body larger than the peek is keyed on the

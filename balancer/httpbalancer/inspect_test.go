@@ -510,6 +510,23 @@ func TestInspectTokenIDPrompts(t *testing.T) {
 	assert.Equal(t, 3500, batch.PromptTokens)
 	// Not IDs: no key from them.
 	assert.Zero(t, inspect(path, `{"model":"m","prompt":[1.5,2]}`, true).AffinityKey)
+
+	// The key covers about as many tokens as a text key does (Depth
+	// characters, about Depth/4 tokens), however many digits the IDs
+	// have: prompts of 6-digit IDs (a 150k vocabulary) that part after
+	// 800 IDs have two keys, as texts that part after 3,200 characters
+	// do; after 1,100 IDs, one. The decimal rendering covered 585 IDs.
+	parted := func(shared, from int) uint64 {
+		p := strings.TrimSuffix(ids(shared, 100_000), "]") + "," + strings.TrimPrefix(ids(300, from), "[")
+		return inspect(path, `{"model":"m","prompt":`+p+`}`, true).AffinityKey
+	}
+	assert.NotEqual(t, parted(800, 120_000), parted(800, 130_000))
+	assert.Equal(t, parted(1100, 120_000), parted(1100, 130_000))
+	text := func(shared int, tail string) uint64 {
+		return inspect(path, `{"model":"m","prompt":"`+strings.Repeat("x", shared)+tail+`"}`, true).AffinityKey
+	}
+	assert.NotEqual(t, text(3200, "a"), text(3200, "b"))
+	assert.Equal(t, text(4400, "a"), text(4400, "b"))
 }
 
 // TestInspectTokenIDPromptsPastThePeek: a prompt of token IDs larger than

@@ -742,7 +742,10 @@ const (
 )
 
 // idsTag starts the rendering of a token-ID prompt: such a prompt shares no
-// cache with a text prompt that happens to read the same.
+// cache with a text prompt that happens to read the same. Each ID follows
+// as 4 bytes (little endian), so the key's Depth characters cover about
+// Depth/4 IDs: the tokens a text key of Depth characters covers, at
+// charsPerToken, however many digits the vocabulary's IDs take.
 const idsTag = "\x00token_ids\x00"
 
 // idListEnded notes a prompt list of n bytes whose first element started
@@ -777,9 +780,9 @@ func (out *body) endIDs() {
 
 // tokenID reads one element of a prompt list that is not a string, list or
 // object: a token ID, one token. While a list is collected, an ID (a plain
-// decimal integer) is rendered with a comma after it, up to the key's
-// depth; anything else ends the collection with no key, as the server
-// rejects such a prompt.
+// decimal integer that fits 32 bits) is rendered (see idsTag), up to the
+// key's depth; anything else ends the collection with no key, as the
+// server rejects such a prompt.
 func (s *scanner) tokenID(out *body) bool {
 	out.chars += charsPerToken // a token ID is one token
 	out.idCount++
@@ -790,28 +793,31 @@ func (s *scanner) tokenID(out *body) bool {
 	if !ok {
 		return false
 	}
-	if !decimal(lit) {
+	id, isID := tokenIDValue(lit)
+	if !isID {
 		out.idState, out.ids = idsDone, out.ids[:0]
 		return true
 	}
 	if len(out.ids)-len(idsTag) < keyDepth(out) {
-		out.ids = append(append(out.ids, lit...), ',')
+		out.ids = binary.LittleEndian.AppendUint32(out.ids, id)
 	}
 	return true
 }
 
-// decimal reports whether lit is a plain non-negative integer of at most
-// ten digits, as JSON writes a token ID.
-func decimal(lit []byte) bool {
+// tokenIDValue reads lit as JSON writes a token ID: a plain non-negative
+// integer that fits 32 bits (no vocabulary comes near).
+func tokenIDValue(lit []byte) (uint32, bool) {
 	if len(lit) == 0 || len(lit) > 10 || len(lit) > 1 && lit[0] == '0' {
-		return false
+		return 0, false
 	}
+	var v uint64
 	for _, c := range lit {
 		if c < '0' || c > '9' {
-			return false
+			return 0, false
 		}
+		v = v*10 + uint64(c-'0')
 	}
-	return true
+	return uint32(v), v <= 1<<32-1
 }
 
 // keyDepth is how much of a token-ID prompt's rendering the key reads.

@@ -47,6 +47,7 @@ var scanSeeds = []string{
 	"\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"x\"}",
 	`{"model":"m","prompt":[[1,2],[3,4]],"max_tokens":3}`,
 	`{"prompt": [ 7, 8 , 9 ], "input":[[1, [2, 3], "x"], ["y", 4], [], 5, [-1]]}`,
+	`{"prompt":[4294967295,0,9],"input_ids":[[4294967296,1],[0]]}`,
 	`{"input_ids":[1,"x",2.5,-1,00,12345678901],"sampling_params":{"n":2,"max_new_tokens":4}}`,
 	`{"sampling_params":{"n":2},"text":"abcdefghijklmnopqrstuvwxyz","n":1,"parameters":{"n":3}}`,
 	`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}],"max_tokens":32,"temperature":0}`,

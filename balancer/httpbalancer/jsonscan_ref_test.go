@@ -7,6 +7,7 @@ package httpbalancer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -295,11 +296,11 @@ func (out *refBody) endIDs() {
 	}
 }
 
-// refDecimal is decimal by another route: what parses as a uint of at
-// most ten digits and prints back the same.
-func refDecimal(lit []byte) bool {
-	v, err := strconv.ParseUint(string(lit), 10, 64)
-	return err == nil && v <= 9999999999 && strconv.FormatUint(v, 10) == string(lit)
+// refTokenIDValue is tokenIDValue by another route: what parses as a
+// uint32 and prints back the same.
+func refTokenIDValue(lit []byte) (uint32, bool) {
+	v, err := strconv.ParseUint(string(lit), 10, 32)
+	return uint32(v), err == nil && strconv.FormatUint(v, 10) == string(lit)
 }
 
 func (s *refScanner) tokenID(out *refBody) bool {
@@ -312,12 +313,13 @@ func (s *refScanner) tokenID(out *refBody) bool {
 	if !ok {
 		return false
 	}
-	if !refDecimal(lit) {
+	id, ok := refTokenIDValue(lit)
+	if !ok {
 		out.idState, out.ids = idsDone, nil
 		return true
 	}
 	if len(out.ids)-len(idsTag) < cache.DefaultDepth {
-		out.ids = append(append(out.ids, lit...), ',')
+		out.ids = binary.LittleEndian.AppendUint32(out.ids, id)
 	}
 	return true
 }
