@@ -102,8 +102,9 @@
 // are overdue after as long, and one more goes), and a recovered
 // endpoint ramps up through slow start. Outlier detection ejects an endpoint
 // whose success rate falls well below its peers' median. Breakers and
-// ejections together never hold out more than MaxEjectedFraction of the
-// fleet, and when too few endpoints are in good standing the picker routes
+// ejections together never hold out more than MaxEjectedFraction of a
+// model's endpoints (of the fleet, without model labels), and when too
+// few endpoints are in good standing the picker routes
 // across all ready ones (panic routing) rather than crushing the survivors.
 // Adapters fail a call over to another endpoint only within a shared retry
 // budget.

@@ -237,7 +237,7 @@ func (b *Balancer) Close() {
 		// snapshot it loaded before picks as it would have a moment
 		// earlier, where with its endpoints marked not ready it would
 		// fail with ErrNoEndpoints, not ErrClosed.
-		m.members, m.infos, m.listed, m.groupsOf = nil, nil, nil, nil
+		m.members, m.infos, m.listed, m.groupsOf, m.poolsOf = nil, nil, nil, nil, nil
 		m.closed = true
 		m.snap.Store(closed)
 		if m != b.def {
@@ -263,7 +263,8 @@ func (b *Balancer) models(info *inferlb.Endpoint) []string {
 // build makes the snapshot of m's members, weighted and labelled as m
 // describes them, and records in m.groupsOf the durable in-flight
 // counters of the groups each member now belongs to (reconcile moves the
-// endpoints' counts onto them). Called with mu held.
+// endpoints' counts onto them), and in m.poolsOf the groups each counts
+// against MaxEjectedFraction (see mayEject). Called with mu held.
 func (b *Balancer) build(m *Membership) *snapshot {
 	used := map[string]bool{}
 	counter := func(key string) *atomic.Int64 {
@@ -316,6 +317,7 @@ func (b *Balancer) build(m *Membership) *snapshot {
 		}
 	}
 	groupsOf := make(map[*endpoint][]*atomic.Int64, len(m.members))
+	poolsOf := make(map[*endpoint][]*group, len(m.members))
 	for _, e := range m.members {
 		groupsOf[e] = []*atomic.Int64{snap.all.load}
 	}
@@ -326,16 +328,22 @@ func (b *Balancer) build(m *Membership) *snapshot {
 			snap.byModel[m] = g
 			for _, e := range g.members {
 				groupsOf[e] = append(groupsOf[e], g.load)
+				poolsOf[e] = append(poolsOf[e], g)
 			}
 		}
 		if len(unlabelled) > 0 {
 			snap.anyModel = mkGroup("unlabelled", unlabelled)
 			for _, e := range snap.anyModel.members {
 				groupsOf[e] = append(groupsOf[e], snap.anyModel.load)
+				poolsOf[e] = append(poolsOf[e], snap.anyModel)
 			}
 		}
+	} else {
+		for _, e := range m.members {
+			poolsOf[e] = []*group{snap.all}
+		}
 	}
-	m.groupsOf = groupsOf
+	m.groupsOf, m.poolsOf = groupsOf, poolsOf
 	for k := range m.loads {
 		if !used[k] {
 			delete(m.loads, k)
@@ -364,12 +372,18 @@ func (b *Balancer) reconcile() {
 		}
 	}
 	for id, e := range b.eps {
-		if _, ok := eps[id]; !ok && e.slot.Load() != nil {
-			// Gone from every membership: its telemetry slot goes too
-			// (unless another Balancer on a shared Store holds it), so
-			// endpoint churn cannot fill the Store. Without a slot (the
-			// Store was full) it held none, so it releases none: the
-			// slot another Balancer took since is that one's.
+		if _, ok := eps[id]; ok {
+			continue
+		}
+		// Gone from every membership: it is in no pool (a call still out
+		// to it may trip its breaker, which holds nothing out), and its
+		// telemetry slot goes too (unless another Balancer on a shared
+		// Store holds it), so endpoint churn cannot fill the Store.
+		// Without a slot (the Store was full) it held none, so it
+		// releases none: the slot another Balancer took since is that
+		// one's.
+		e.pools.Store(nil)
+		if e.slot.Load() != nil {
 			b.cfg.store.Release(id)
 		}
 	}
@@ -389,12 +403,15 @@ func (b *Balancer) reconcile() {
 	b.setEngines()
 	for _, e := range all {
 		var loads []*atomic.Int64
+		var pools []*group
 		for _, m := range b.memberships {
 			if m != nil {
 				loads = append(loads, m.groupsOf[e]...)
+				pools = append(pools, m.poolsOf[e]...)
 			}
 		}
 		setGroupLoads(e, loads)
+		e.pools.Store(&pools)
 	}
 	b.all.Store(&all)
 }

@@ -88,6 +88,10 @@ type endpoint struct {
 	// one more through (unix ns; set as the last slot is taken, read only
 	// while none is free), and the wait before the next (ns): see takeProbe.
 	probeDue, probeLife atomic.Int64
+	// The groups, in every membership listing it, that it counts against
+	// MaxEjectedFraction (see mayEject); set by reconcile, immutable
+	// groups.
+	pools atomic.Pointer[[]*group]
 	// Outlier window baselines; guarded by Balancer.outlierMu.
 	winSucc, winFail uint64
 

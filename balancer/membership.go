@@ -52,6 +52,7 @@ type Membership struct {
 	listed   map[*endpoint]bool            // members, for SetReady
 	loads    map[string]*atomic.Int64      // durable group in-flight counters, by group key
 	groupsOf map[*endpoint][]*atomic.Int64 // the counters of the groups each member is in
+	poolsOf  map[*endpoint][]*group        // the groups each member counts against MaxEjectedFraction
 	closed   bool
 	warm     bool // a non-empty Update happened
 }
@@ -291,7 +292,7 @@ func (m *Membership) Close() {
 	for _, e := range m.members {
 		e.readyMask.And(^m.bit)
 	}
-	m.members, m.infos, m.listed, m.groupsOf = nil, nil, nil, nil
+	m.members, m.infos, m.listed, m.groupsOf, m.poolsOf = nil, nil, nil, nil, nil
 	m.snap.Store(&snapshot{all: newGroup(nil, nil, new(atomic.Int64), m.bit)})
 	b.memberships[m.idx] = nil
 	b.reconcile()

@@ -256,10 +256,16 @@ type Options struct {
 	EjectionTime time.Duration
 	// MaxEjectionTime caps the doubling. Default 2m.
 	MaxEjectionTime time.Duration
-	// MaxEjectedFraction caps the share of the fleet that breakers and
-	// outlier detection may hold out at once; one endpoint may always be
-	// ejected. Default 0.5: past that, the fleet itself is the problem and
-	// ejecting more only overloads the rest.
+	// MaxEjectedFraction caps the share of a pool that breakers and
+	// outlier detection may hold out at once; one endpoint per pool may
+	// always be ejected. A pool is the endpoints of one model (with the
+	// unlabelled ones, which serve every model; see SubsetLabel), or the
+	// whole fleet when no endpoint names a model, in each Membership: one
+	// model's endpoints cannot carry another's calls, so a small model
+	// keeps its share however many of a big one's are out (Envoy counts
+	// per cluster, one pool). An endpoint that serves several models is
+	// held out only within the cap of each. Default 0.5: past that, the
+	// pool itself is the problem and ejecting more only overloads the rest.
 	MaxEjectedFraction float64
 	// OutlierInterval is how often success rates are compared across the
 	// fleet. Default 10s; negative disables outlier ejection.

@@ -219,28 +219,47 @@ func later(nowNs int64, d time.Duration) int64 {
 }
 
 // mayEject reports whether self may be held out without passing
-// MaxEjectedFraction of the fleet (one is always allowed): the endpoints
-// held out besides self, plus self, within the cap. Counting self among
-// them, an endpoint already ejected as an outlier could not trip its
-// breaker on the failures of its calls still in flight, and came back from
-// the ejection with no probes. It scans the fleet: ejections are rare,
-// picks are not. Called with ejectMu held, which the caller keeps until it
-// has marked self out (brOpen or ejectedUntil): breakers trip under their
-// own endpoint's mutex, and when a whole fleet fails at once, trips that
-// each checked before any marked held out more than the cap allows.
+// MaxEjectedFraction of any pool it is in (one is always allowed): in
+// each, the endpoints held out besides self, plus self, within the cap.
+//
+// A pool is a group calls are routed over: the endpoints of one model
+// (with the unlabelled ones, which serve every model), or the unlabelled
+// ones for models nobody lists, or, in a fleet with no model labels, the
+// whole fleet; each membership's own. The cap is there to leave a pool
+// enough endpoints to carry its calls, and one model's endpoints cannot
+// carry another's: counted over the whole fleet (as Envoy counts over a
+// cluster, which is one pool), every endpoint of a small model could go
+// while the fleet stayed under the cap, a big model lost more than the
+// fraction of its own, and a small model's one ejection was refused when
+// another model's endpoint was out. Requests that name no model route
+// over the whole membership, which keeps about the fraction as each model
+// does.
+//
+// Counting self among the held out, an endpoint already ejected as an
+// outlier could not trip its breaker on the failures of its calls still
+// in flight, and came back from the ejection with no probes. It scans the
+// pools: ejections are rare, picks are not. Called with ejectMu held,
+// which the caller keeps until it has marked self out (brOpen or
+// ejectedUntil): breakers trip under their own endpoint's mutex, and when
+// a whole fleet fails at once, trips that each checked before any marked
+// held out more than the cap allows.
 func (b *Balancer) mayEject(self *endpoint, nowNs int64) bool {
-	all := b.all.Load()
-	if all == nil {
-		return true
+	pools := self.pools.Load()
+	if pools == nil {
+		return true // in no membership now: it holds no pool's endpoint out
 	}
-	ejected := 0
-	for _, e := range *all {
-		if e != self && e.heldOut(nowNs) {
-			ejected++
+	for _, g := range *pools {
+		ejected := 0
+		for _, e := range g.members {
+			if e != self && e.heldOut(nowNs) {
+				ejected++
+			}
+		}
+		if ejected+1 > max(int(b.cfg.maxEjected*float64(len(g.members))), 1) {
+			return false
 		}
 	}
-	limit := max(int(b.cfg.maxEjected*float64(len(*all))), 1)
-	return ejected+1 <= limit
+	return true
 }
 
 func (b *Balancer) emit(ev Event) {
