@@ -97,10 +97,9 @@ var (
 // them as a text key covers Depth characters, apart from text prompts). A
 // message's text includes its text parts, a marker of each image,
 // recording or video (a hash of its URL, data URL or base64) and, for the
-// Responses API's
-// function call items, their output or arguments. The prompt token estimate leaves data URLs and the
-// base64 strings of "data" members (input_audio) out (an image's tokens are
-// not its base64 bytes). A body larger than the peek is keyed on the
+// Responses API's function call items, their output or arguments. The
+// prompt token estimate leaves data URLs and the base64 strings of "data"
+// members (input_audio) out (an image's tokens are not its base64 bytes). A body larger than the peek is keyed on the
 // messages that fit in it, which are the ones the key covers unless the
 // first turns alone exceed the peek; then the message the peek ends in
 // counts with what the peek holds of it (a document's first Depth
@@ -157,12 +156,14 @@ func modelInPath(path string) string {
 const maxChoices = 128
 
 // MaxTokenEstimate bounds the prompt and output token estimates of one
-// request (2,097,152): twice the largest context windows commonly served
-// (1M tokens), so no real request is cut, while a made-up size (a streamed
-// body that declares gigabytes, a max_tokens near 2^31, a large n times a
-// large bound) counts on its endpoint's in-flight tokens as one request of
-// the largest plausible size, not as thousands.
-const MaxTokenEstimate = 1 << 21
+// request (4,194,304 tokens, about 16 MB of text): above the largest
+// context window served today (vLLM serves Llama 4 Scout with up to 3.6M
+// tokens on 8 H200s; 1M is common: Qwen2.5-1M, MiniMax-M1, Scout on 8
+// H100s), so no real request is cut, while a made-up size (a streamed body
+// that declares gigabytes, a max_tokens near 2^31, a large n times a large
+// bound) counts on its endpoint's in-flight tokens as one request of the
+// largest possible size, not as hundreds of them.
+const MaxTokenEstimate = 1 << 22
 
 // charsPerToken is the usual rule of thumb for English text under BPE
 // tokenizers. It only has to rank requests by size, not bill them. It is

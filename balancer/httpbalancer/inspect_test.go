@@ -650,6 +650,13 @@ func TestInspectBoundsTheEstimates(t *testing.T) {
 	assert.Equal(t, httpbalancer.MaxTokenEstimate, big.MaxOutputTokens)
 	many := inspect(path, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100000,"n":100}`, true)
 	assert.Equal(t, httpbalancer.MaxTokenEstimate, many.MaxOutputTokens)
-	// Real sizes are untouched.
+	// Real sizes are untouched, up to the largest context served today:
+	// vLLM serves Llama 4 Scout with 3.6M tokens on 8 H200s.
 	assert.Equal(t, 128000, inspect(path, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":128000}`, true).MaxOutputTokens)
+	assert.Equal(t, 3_500_000, inspect(path, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":3500000}`, true).MaxOutputTokens)
+	r, _ = http.NewRequest(http.MethodPost, "http://llm.internal"+path, io.NopCloser(strings.NewReader(head)))
+	r.ContentLength = 14_000_000 // 3.5M tokens of text, streamed
+	info = httpbalancer.Info{}
+	(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(head), false, &info)
+	assert.Equal(t, 3_500_000, info.PromptTokens)
 }
