@@ -473,6 +473,19 @@ func TestInspectCacheSalt(t *testing.T) {
 	sa := inspect(path, `{"model":"m","prompt_cache_key":"s1","cache_salt":"tenant-a","messages":[{"role":"user","content":"x"}]}`, true).AffinityKey
 	sb := inspect(path, `{"model":"m","prompt_cache_key":"s1","cache_salt":"tenant-b","messages":[{"role":"user","content":"x"}]}`, true).AffinityKey
 	assert.NotEqual(t, sa, sb)
+	// Past the peek, where the SDKs put fields they do not know, in a body
+	// held in memory.
+	long := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 8<<10) + `"}]`
+	past := func(body string) uint64 {
+		r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, strings.NewReader(body))
+		var info httpbalancer.Info
+		(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(body[:1<<10]), false, &info)
+		return info.AffinityKey
+	}
+	la, lb := past(long+`,"cache_salt":"tenant-a"}`), past(long+`,"cache_salt":"tenant-b"}`)
+	assert.NotEqual(t, la, lb)
+	assert.NotEqual(t, past(long+`}`), la)
+	assert.Equal(t, past(long+`}`), past(long+`,"cache_salt":""}`))
 }
 
 // TestInspectTokenIDPrompts: the completions API takes a prompt as token
