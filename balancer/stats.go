@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // EndpointStats is a point-in-time view of one endpoint's live state, for
@@ -42,6 +44,10 @@ type EndpointStats struct {
 	// knew the endpoint as holding the key's prefix. Many cold spills mean
 	// cold prefills: a fleet too small for its keys, or a LoadBound too tight.
 	WarmSpills, ColdSpills uint64
+	// Telemetry is the endpoint's telemetry as the scorers see it now: the
+	// fields no older than TelemetryMaxAge; Time is the oldest of them
+	// (zero with none).
+	Telemetry telemetry.Sample
 }
 
 // Stats returns the live state of the current endpoints, sorted by ID. It
@@ -81,6 +87,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			ColdSpills:         e.spillsCold.Load(),
 		}
 		s.Picks = e.pickCount()
+		e.slot.Load().LoadInto(&s.Telemetry, time.Unix(0, nowNs), b.cfg.telemetryMaxAge)
 		if u := e.excludedUntil.Load(); u > nowNs {
 			s.ExcludedUntil = time.Unix(0, u)
 		}

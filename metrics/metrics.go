@@ -21,7 +21,9 @@
 //	  _ttft_ewma_seconds, _time_per_output_token_seconds,
 //	  _picks_total, _successes_total, _failures_total, _overloads_total,
 //	  _breaker_trips_total, _breaker_recoveries_total,
-//	  _outlier_ejections_total, _affinity_spills_total{cache="warm|cold"}
+//	  _outlier_ejections_total, _affinity_spills_total{cache="warm|cold"},
+//	  _telemetry{field="kv_cache_usage|waiting|..."} (the fresh readings
+//	  it routes on), _telemetry_age_seconds
 //	  (each name after the first is inferlb_endpoint_ plus the suffix);
 //	  and per Balancer: inferlb_retries_total{result="allowed|denied"},
 //	  inferlb_affinity_key_reuse_ratio, inferlb_affinity_following_keys
@@ -46,6 +48,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // Collector is a prometheus.Collector over one Balancer. Each scrape reads
@@ -59,6 +62,7 @@ type Collector struct {
 	inFlight, inFlightTokens, latency, ttft, tpot, errRate, ready, breakerOpen, ramp *prometheus.Desc
 	picks, successes, failures, overloads, trips, recoveries, ejections              *prometheus.Desc
 	spills, retries, keyReuse, following                                             *prometheus.Desc
+	telemetry, telemetryAge                                                          *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -97,6 +101,11 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 			"Estimated share of keyed requests whose affinity key recurs (absent while no estimate is kept).", nil),
 		following: d("affinity_following_keys",
 			"1 while affinity keys steer picks; 0 with affinity off or while keys do not recur (MinKeyReuse).", nil),
+		telemetry: d("endpoint_telemetry",
+			"The endpoint's telemetry as the balancer routes on it (fresh fields only), by field.",
+			[]string{"endpoint", "field"}),
+		telemetryAge: d("endpoint_telemetry_age_seconds",
+			"Age of the oldest fresh telemetry field the balancer routes on.", ep),
 	}
 }
 
@@ -105,7 +114,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.tpot, c.errRate, c.ready, c.breakerOpen, c.ramp,
 		c.picks, c.successes, c.failures, c.overloads, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
-		c.keyReuse, c.following,
+		c.keyReuse, c.following, c.telemetry, c.telemetryAge,
 	} {
 		ch <- d
 	}
@@ -146,6 +155,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
 	}
 	stats := c.b.Stats()
+	now := c.b.Now()
 	seen := make(map[string]bool, len(stats))
 	for _, s := range stats {
 		// A label value must be UTF-8, and a series may be collected only
@@ -168,6 +178,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.ready, b2f(s.Ready), s.ID)
 		gauge(c.breakerOpen, b2f(s.BreakerOpen), s.ID)
 		gauge(c.ramp, s.RampFactor, s.ID)
+		if tel := &s.Telemetry; tel.Has != 0 {
+			for f := range telemetry.NumFields {
+				if v, ok := tel.Get(telemetry.Field(f)); ok {
+					gauge(c.telemetry, v, s.ID, telemetry.Field(f).String())
+				}
+			}
+			gauge(c.telemetryAge, max(now.Sub(tel.Time), 0).Seconds(), s.ID)
+		}
 		counter(c.picks, s.Picks, s.ID)
 		counter(c.successes, s.Successes, s.ID)
 		counter(c.failures, s.Failures, s.ID)

@@ -165,3 +165,35 @@ func TestCollectorExportsOnlyCurrentEndpoints(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectorExportsTheTelemetryRoutedOn: the readings the scorers see of
+// each endpoint (fresh fields only) and their age, so an endpoint the
+// balancer avoids can be explained from a dashboard; a stale field is not
+// exported, as it is not routed on.
+func TestCollectorExportsTheTelemetryRoutedOn(t *testing.T) {
+	clock := tu.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}, {Addr: "b:1"}}))
+	old := telemetry.Sample{Time: clock.Now()}
+	old.Set(telemetry.GPUUtil, 0.9)
+	b.Publish("a:1", old)
+	clock.Advance(balancer.DefaultTelemetryMaxAge + time.Second)
+	s := telemetry.Sample{Time: clock.Now().Add(-2 * time.Second)}
+	s.Set(telemetry.KVCacheUsage, 0.97)
+	s.Set(telemetry.Waiting, 12)
+	b.Publish("a:1", s)
+
+	c := metrics.NewCollector(b, "llm")
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_endpoint_telemetry The endpoint's telemetry as the balancer routes on it (fresh fields only), by field.
+# TYPE inferlb_endpoint_telemetry gauge
+inferlb_endpoint_telemetry{balancer="llm",endpoint="a:1",field="kv_cache_usage"} 0.97
+inferlb_endpoint_telemetry{balancer="llm",endpoint="a:1",field="waiting"} 12
+# HELP inferlb_endpoint_telemetry_age_seconds Age of the oldest fresh telemetry field the balancer routes on.
+# TYPE inferlb_endpoint_telemetry_age_seconds gauge
+inferlb_endpoint_telemetry_age_seconds{balancer="llm",endpoint="a:1"} 2
+`), "inferlb_endpoint_telemetry", "inferlb_endpoint_telemetry_age_seconds"))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
