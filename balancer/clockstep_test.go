@@ -259,16 +259,7 @@ func TestGoodStandingCountsAfterAClockStepBack(t *testing.T) {
 	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(6), PanicThreshold: -1,
 		BreakerFailures: 1, BreakerProbes: 1})
 	bad := endpoints(2)[0].Addr
-	serial, ok := b.Serial(bad)
-	require.True(t, ok)
-	call := func(err error) {
-		t.Helper()
-		p, perr := b.PickAt(&inferlb.Request{}, serial)
-		require.NoError(t, perr)
-		require.Equal(t, bad, p.ID())
-		p.Done(inferlb.Outcome{Err: err})
-	}
-	held := func() time.Duration { return stat(t, b, bad).ExcludedUntil.Sub(clock.Now()) }
+	call, held := pinnedCalls(t, b, clock, bad)
 
 	call(errDown)
 	clock.Advance(held())

@@ -343,16 +343,7 @@ func TestFlappingEndpointIsHeldOutLonger(t *testing.T) {
 	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(6), PanicThreshold: -1,
 		BreakerFailures: 1, BreakerProbes: 1, EjectionTime: 10 * time.Second, MaxEjectionTime: time.Hour})
 	bad := endpoints(2)[0].Addr
-	serial, ok := b.Serial(bad)
-	require.True(t, ok)
-	call := func(err error) {
-		t.Helper()
-		p, perr := b.PickAt(&inferlb.Request{}, serial)
-		require.NoError(t, perr)
-		require.Equal(t, bad, p.ID())
-		p.Done(inferlb.Outcome{Err: err})
-	}
-	held := func() time.Duration { return stat(t, b, bad).ExcludedUntil.Sub(clock.Now()) }
+	call, held := pinnedCalls(t, b, clock, bad)
 
 	call(errDown)
 	assert.Equal(t, 10*time.Second, held(), "first trip")
@@ -400,4 +391,22 @@ func TestPanicCallsAreNoProbes(t *testing.T) {
 	require.Len(t, counts, 4, "panic routing")
 	assert.Len(t, rec.kinds(), 3, "no event after the trips: %v", rec.kinds())
 	assert.Equal(t, until, stat(t, b, eps[0].Addr).ExcludedUntil, "the exclusion stands as it was")
+}
+
+// pinnedCalls returns call, which sends one call to endpoint id (PickAt,
+// whatever its standing) and ends it with err, and held, the time left on
+// id's exclusion.
+func pinnedCalls(t *testing.T, b *balancer.Balancer, clock *testutil.Clock, id string) (call func(error), held func() time.Duration) {
+	t.Helper()
+	serial, ok := b.Serial(id)
+	require.True(t, ok)
+	call = func(err error) {
+		t.Helper()
+		p, perr := b.PickAt(&inferlb.Request{}, serial)
+		require.NoError(t, perr)
+		require.Equal(t, id, p.ID())
+		p.Done(inferlb.Outcome{Err: err})
+	}
+	held = func() time.Duration { return stat(t, b, id).ExcludedUntil.Sub(clock.Now()) }
+	return call, held
 }

@@ -103,11 +103,10 @@ func (s *Source) Validate() error {
 }
 
 func (s *Source) validateConfig() error {
+	if err := promtext.CheckLimits("dcgm", s.Parallelism, s.MaxBodyBytes); err != nil {
+		return err
+	}
 	switch {
-	case s.Parallelism < 0:
-		return fmt.Errorf("dcgm: Source.Parallelism is %d, want >= 0 (0 for DefaultParallelism)", s.Parallelism)
-	case s.MaxBodyBytes < 0:
-		return fmt.Errorf("dcgm: Source.MaxBodyBytes is %d, want >= 0 (0 for the default)", s.MaxBodyBytes)
 	case len(s.URLs) > 0 && s.Map == nil:
 		return errors.New("dcgm: Source.Map is nil and Source.URLs lists exporters: no way to map their GPUs to endpoints")
 	}

@@ -81,13 +81,7 @@ func (s *Source) Validate() error {
 }
 
 func (s *Source) validateConfig() error {
-	switch {
-	case s.Parallelism < 0:
-		return fmt.Errorf("modelserver: Source.Parallelism is %d, want >= 0 (0 for DefaultParallelism)", s.Parallelism)
-	case s.MaxBodyBytes < 0:
-		return fmt.Errorf("modelserver: Source.MaxBodyBytes is %d, want >= 0 (0 for the default)", s.MaxBodyBytes)
-	}
-	return nil
+	return promtext.CheckLimits("modelserver", s.Parallelism, s.MaxBodyBytes)
 }
 
 // Collect scrapes every target concurrently and returns one observation per

@@ -67,3 +67,16 @@ func CheckURL(raw string) error {
 	}
 	return nil
 }
+
+// CheckLimits checks a scraping Source's Parallelism and MaxBodyBytes (0
+// for their defaults, never negative); pkg names the Source's package in
+// the error.
+func CheckLimits(pkg string, parallelism int, maxBodyBytes int64) error {
+	switch {
+	case parallelism < 0:
+		return fmt.Errorf("%s: Source.Parallelism is %d, want >= 0 (0 for DefaultParallelism)", pkg, parallelism)
+	case maxBodyBytes < 0:
+		return fmt.Errorf("%s: Source.MaxBodyBytes is %d, want >= 0 (0 for the default)", pkg, maxBodyBytes)
+	}
+	return nil
+}
