@@ -89,7 +89,13 @@ type Balancer struct {
 
 	outlierMu   sync.Mutex   // one outlier evaluation at a time (TryLock)
 	nextOutlier atomic.Int64 // unix ns of the next evaluation
-	ejectMu     sync.Mutex   // makes mayEject and marking the endpoint out one step; see mayEject
+	// Guarded by outlierMu: the evaluation's number, and its scratch (the
+	// pools to judge, one pool's success rates), kept from one evaluation
+	// to the next so that it allocates only when the fleet grows.
+	outlierRound uint64
+	outlierPools []*group
+	outlierRates []float64
+	ejectMu      sync.Mutex // makes mayEject and marking the endpoint out one step; see mayEject
 }
 
 // snapshot is the immutable picker state built by Update.

@@ -92,8 +92,16 @@ type endpoint struct {
 	// MaxEjectedFraction (see mayEject); set by reconcile, immutable
 	// groups.
 	pools atomic.Pointer[[]*group]
-	// Outlier window baselines; guarded by Balancer.outlierMu.
-	winSucc, winFail uint64
+	// Outlier detection's window, guarded by Balancer.outlierMu (see
+	// maybeEvaluateOutliers): the counts at its start; the success rate in
+	// it, valid when winRound is the current evaluation (the endpoint had
+	// OutlierMinRequests calls); winPeered, the evaluation in which some
+	// pool of its had enough judged members to judge it; winOutlier, that
+	// it fell below the margin in one of them.
+	winSucc, winFail    uint64
+	winRate             float64
+	winRound, winPeered uint64
+	winOutlier          bool
 
 	failures  atomic.Uint64
 	overloads atomic.Uint64

@@ -39,6 +39,9 @@ type group struct {
 
 	standing atomic.Pointer[standing] // cached eligibility counts, see eligibility
 	fleet    fleetView                // cached reported load, see fleetLoad
+	// The last outlier evaluation that listed the group among the pools to
+	// judge; guarded by Balancer.outlierMu (see maybeEvaluateOutliers).
+	outlierRound uint64
 }
 
 // standing caches how many members are ready and how many are in good

@@ -267,16 +267,26 @@ type Options struct {
 	// held out only within the cap of each. Default 0.5: past that, the
 	// pool itself is the problem and ejecting more only overloads the rest.
 	MaxEjectedFraction float64
-	// OutlierInterval is how often success rates are compared across the
-	// fleet. Default 10s; negative disables outlier ejection.
+	// OutlierInterval is how often each endpoint's success rate over the
+	// interval is compared with its pool's (the pools of
+	// MaxEjectedFraction). Default 10s; negative disables outlier ejection.
 	OutlierInterval time.Duration
 	// OutlierMinRequests is the calls an endpoint needs in an interval to
 	// be judged. Default 20.
 	OutlierMinRequests int
 	// OutlierMargin ejects an endpoint whose success rate is this far below
-	// the median of its peers' (at least 3 judged). Default 0.2. A margin
-	// from the median, unlike Envoy's mean minus 1.9 standard deviations,
-	// still finds one bad replica among four.
+	// the median success rate of a pool it is in, over that pool's judged
+	// endpoints, itself among them; a pool with fewer than 3 judged judges
+	// none. Default 0.2. Each model's endpoints are judged among
+	// themselves, in each Membership, as each Envoy cluster has its own
+	// detector: a model whose calls fail more often by nature (a harder
+	// task, bad input) is no outlier next to one that rarely fails, and
+	// does not hide a bad endpoint of another model. An endpoint in
+	// several pools (serving several models, or in several Memberships)
+	// is ejected when it is an outlier in any of them, with its one
+	// success rate over all its calls. A margin from the median, unlike
+	// Envoy's mean minus 1.9 standard deviations, still finds one bad
+	// replica among four.
 	OutlierMargin float64
 	// OnEvent, when set, is called synchronously on every standing change
 	// (trip, probe failure, recovery, ejection, cooldown). It must be fast

@@ -25,7 +25,8 @@ const (
 	// ramps up through slow start. Event.Downtime is exclusion to recovery.
 	EventRecovered
 	// EventEjected: outlier detection removed the endpoint because its
-	// success rate fell well below its peers'.
+	// success rate fell well below the median of a pool it is in (see
+	// Options.OutlierMargin).
 	EventEjected
 	// EventCooldown: the endpoint answered "overloaded" and rests for its
 	// Retry-After.
@@ -396,6 +397,31 @@ func noteStreak(e *endpoint, nowNs int64, failed bool) int64 {
 
 // maybeEvaluateOutliers runs outlier detection when its interval is due.
 // Only one caller at a time evaluates; others skip.
+//
+// Each endpoint's success rate over the interval (if it had
+// OutlierMinRequests calls) is compared with the median of its pools',
+// the pools MaxEjectedFraction caps (see mayEject): one model's endpoints,
+// in one Membership. Models differ in how often their calls fail by
+// nature (a harder task; bad input some of their callers send), and
+// against one median over the whole fleet the model with most endpoints
+// set the bar for all: a model failing more often than that one lost
+// healthy endpoints for it, and a bad endpoint of a small model went
+// unseen while a big model's failures pulled the median down.
+//
+// A pool judges its endpoints only when at least 3 of them were judged,
+// itself among them. An endpoint in several pools (one serving several
+// models, or listed by several Memberships) is an outlier when it is one
+// in any pool that judges it; when it is one in none, its consecutive
+// ejections start over. This is Envoy's per-cluster detection, a detector
+// per cluster, read for a client whose clusters share one endpoint state,
+// so the ejection of one cluster's detector holds it out of all (each
+// within its cap). Its success rate is one figure over all its calls, whichever
+// pool they were routed in: counting per pool would cost every call.
+//
+// It reads each endpoint's pools, not the memberships, so it takes no
+// lock but outlierMu (and ejectMu to eject); its work is the sum of the
+// pools' sizes, and its scratch is kept, so it allocates only when the
+// fleet has grown since the last evaluation.
 func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 	if b.cfg.outlierInterval <= 0 || !b.outliersDue(nowNs) || !b.outlierMu.TryLock() {
 		return
@@ -409,54 +435,82 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 	if all == nil {
 		return
 	}
-	type obs struct {
-		e    *endpoint
-		rate float64
-	}
-	var seen []obs
+	b.outlierRound++
+	round := b.outlierRound
+	pools := b.outlierPools[:0]
 	for _, e := range *all {
 		s, f := e.successes.Load(), e.failures.Load()
 		ds, df := s-e.winSucc, f-e.winFail
 		e.winSucc, e.winFail = s, f
-		if n := ds + df; n >= uint64(b.cfg.outlierMinRequests) {
-			seen = append(seen, obs{e, float64(ds) / float64(n)})
-		}
-	}
-	if len(seen) < 3 {
-		return // too few peers to call anyone an outlier
-	}
-	rates := make([]float64, len(seen))
-	for i, o := range seen {
-		rates[i] = o.rate
-	}
-	slices.Sort(rates)
-	median := rates[len(rates)/2]
-	if len(rates)%2 == 0 {
-		median = (rates[len(rates)/2-1] + median) / 2
-	}
-	for _, o := range seen {
-		if o.rate >= median-b.cfg.outlierMargin {
-			o.e.ejections.Store(0)
+		n := ds + df
+		if n < uint64(b.cfg.outlierMinRequests) {
 			continue
 		}
-		if o.e.excludedUntil.Load() > nowNs {
+		e.winRate, e.winRound, e.winOutlier = float64(ds)/float64(n), round, false
+		if ps := e.pools.Load(); ps != nil {
+			for _, g := range *ps {
+				if g.outlierRound != round {
+					g.outlierRound = round
+					pools = append(pools, g)
+				}
+			}
+		}
+	}
+	for _, g := range pools {
+		// Members judged this round; a member that left the Balancer
+		// since the pool was built is not in all and was not.
+		rates := b.outlierRates[:0]
+		for _, e := range g.members {
+			if e.winRound == round {
+				rates = append(rates, e.winRate)
+			}
+		}
+		b.outlierRates = rates
+		if len(rates) < 3 {
+			continue // too few peers to call anyone an outlier
+		}
+		slices.Sort(rates)
+		median := rates[len(rates)/2]
+		if len(rates)%2 == 0 {
+			median = (rates[len(rates)/2-1] + median) / 2
+		}
+		for _, e := range g.members {
+			if e.winRound == round {
+				e.winPeered = round
+				if e.winRate < median-b.cfg.outlierMargin {
+					e.winOutlier = true
+				}
+			}
+		}
+	}
+	clear(pools) // keeps no snapshot's groups alive until the next round
+	b.outlierPools = pools[:0]
+	for _, e := range *all {
+		if e.winPeered != round {
+			continue // no pool judged it
+		}
+		if !e.winOutlier {
+			e.ejections.Store(0)
+			continue
+		}
+		if e.excludedUntil.Load() > nowNs {
 			continue
 		}
 		now := time.Unix(0, nowNs)
 		b.ejectMu.Lock()
-		if !b.mayEject(o.e, nowNs) {
+		if !b.mayEject(e, nowNs) {
 			b.ejectMu.Unlock()
-			b.emit(Event{Kind: EventCapped, Endpoint: o.e.id, At: now})
+			b.emit(Event{Kind: EventCapped, Endpoint: e.id, At: now})
 			continue
 		}
-		until := later(nowNs, b.ejectionTime(o.e.ejections.Add(1)))
-		o.e.ejectedUntil.Store(until)
+		until := later(nowNs, b.ejectionTime(e.ejections.Add(1)))
+		e.ejectedUntil.Store(until)
 		b.ejectMu.Unlock()
-		o.e.rampFrom.Store(until) // ramp up when it returns
-		o.e.ejectCount.Add(1)
-		exclude(o.e, until)
+		e.rampFrom.Store(until) // ramp up when it returns
+		e.ejectCount.Add(1)
+		exclude(e, until)
 		b.epoch.Add(1)
-		b.emit(Event{Kind: EventEjected, Endpoint: o.e.id, At: now, Until: time.Unix(0, until)})
+		b.emit(Event{Kind: EventEjected, Endpoint: e.id, At: now, Until: time.Unix(0, until)})
 	}
 }
 
