@@ -101,7 +101,8 @@
 // doubling the time on each failed half-open probe round (probes that hang
 // are overdue after as long, and one more goes), and a recovered
 // endpoint ramps up through slow start. Outlier detection ejects an endpoint
-// whose success rate falls well below its peers' median. Breakers and
+// whose success rate falls well below the median of its peers serving the
+// same model (of the fleet, without model labels). Breakers and
 // ejections together never hold out more than MaxEjectedFraction of a
 // model's endpoints (of the fleet, without model labels), and when too
 // few endpoints are in good standing the picker routes
