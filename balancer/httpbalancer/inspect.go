@@ -74,7 +74,13 @@ var (
 // Python servers read it; the mark is forwarded with the rest) it reads
 // model, stream, the output bound (max_tokens, max_completion_tokens,
 // max_output_tokens, TGI's and SGLang's max_new_tokens; times n or
-// SGLang's sampling_params.n, the choices asked for, up to 128), a prompt
+// SGLang's sampling_params.n, the choices asked for, up to 128; times the
+// prompts of a batch: a completions prompt, or SGLang's text or input_ids,
+// given as a list of strings or of token-ID lists, is a completion per
+// prompt, and SGLang's sampling_params may then be a list, one object per
+// prompt, whose largest max_new_tokens and n count; a flat list of token
+// IDs is one prompt, and the lists of /v1/responses input items, of
+// embeddings and of rerank documents multiply nothing), a prompt
 // token estimate (bytes of prompt text / 4, tool definitions, calls and
 // results included, as the server renders them into the prompt, and one
 // token per ID of a prompt given as token IDs; or the body size / 4 when
@@ -110,7 +116,10 @@ var (
 // top-level model, stream, output bound, prompt_cache_key, conversation,
 // previous_response_id and cache_salt are read from the whole body without reading it
 // (about 4 GB/s; nothing is copied but 4 KiB at a time): the OpenAI SDKs
-// write them after the messages.
+// write them after the messages. The prompts of a batch are counted there
+// too, however far past the peek its list runs (a batch is what most often
+// outgrows the peek); a streamed body's batch counts the prompts the peek
+// holds, a lower bound.
 //
 // An OpenAI is immutable once in use and safe for concurrent use.
 type OpenAI struct {
@@ -212,10 +221,14 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 		b.model = pathModel // what the prompt key is scoped to, below
 	}
 	info.Stream = b.stream
-	// n choices are each generated up to the bound; n is capped at 128,
-	// the OpenAI API's limit, so a made-up n cannot claim an endpoint's
-	// whole capacity beyond what a made-up bound already can.
-	info.MaxOutputTokens = int(min(int64(b.maxTokens)*int64(min(max(b.n, 1), maxChoices)), MaxTokenEstimate))
+	// n choices are each generated up to the bound, for each prompt of a
+	// batch; n is capped at 128, the OpenAI API's limit, so a made-up n
+	// cannot claim an endpoint's whole capacity beyond what a made-up bound
+	// already can. The product of a bound below 2^31, n and prompts up to
+	// MaxTokenEstimate stays below 2^60: a million prompts cannot overflow
+	// it, and it is capped as every estimate is.
+	prompts := min(max(b.prompts, 1), MaxTokenEstimate)
+	info.MaxOutputTokens = int(min(int64(b.maxTokens)*int64(min(max(b.n, 1), maxChoices))*int64(prompts), MaxTokenEstimate))
 	chars := b.chars
 	switch {
 	case complete:

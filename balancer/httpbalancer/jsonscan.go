@@ -464,6 +464,13 @@ type body struct {
 	cacheKey  string // may alias the body, like the fields below
 	cacheSalt string // vLLM's cache_salt: requests with different salts share no cache
 
+	// prompts is the size of a batch: the most prompts one prompt, text or
+	// input_ids member holds (1 for a string, the strings or token-ID
+	// lists of a list; 0 for a flat list of IDs, one prompt, or of message
+	// items, none), each generated for up to n × maxTokens. listed is what
+	// the last prompt value read held (see promptValue).
+	prompts, listed int
+
 	// sized: readTail read the whole body, which held textSize bytes
 	// outside data URLs and "data" members' strings (the size the prompt
 	// estimate starts from).
@@ -572,12 +579,22 @@ func (s *scanner) field(key []byte, out *body) bool {
 		return ok
 	case "parameters", "sampling_params":
 		// TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}};
-		// SGLang: {"text": ..., "sampling_params": {"max_new_tokens": m, "n": k}}.
+		// SGLang: {"text": ..., "sampling_params": {"max_new_tokens": m, "n": k}},
+		// or a list of such objects, one per prompt of a batch.
 		return s.parameters(out)
-	case "prompt", "input", "inputs", "text_input", "query", "documents", "texts", "text", "input_ids":
+	case "prompt", "text", "input_ids":
+		// The completions API's prompt; text and input_ids: SGLang's
+		// generate (the Responses API's text, an object, is stepped
+		// over). A list of strings or of token-ID lists is a batch: a
+		// completion per prompt. The largest batch counts, a bound.
+		ok := s.promptValue(out)
+		out.prompts = max(out.prompts, out.listed)
+		return ok
+	case "input", "inputs", "text_input", "query", "documents", "texts":
 		// text_input: Triton's generate extension, as TensorRT-LLM serves
-		// it; text and input_ids: SGLang's generate (the Responses API's
-		// text, an object, is stepped over).
+		// it. None is a batch of generations: the lists of embeddings and
+		// rerank calls have no output, and /v1/responses input items are
+		// one conversation.
 		return s.promptValue(out)
 	case "tools", "functions":
 		// Tool definitions are rendered into the prompt: counted as sent.
@@ -629,9 +646,14 @@ func (s *scanner) system(out *body) bool {
 }
 
 // parameters reads TGI's parameters or SGLang's sampling_params object for
-// max_new_tokens and n.
+// max_new_tokens and n, or SGLang's list of such objects (see
+// parameterList).
 func (s *scanner) parameters(out *body) bool {
-	if s.peek() != '{' {
+	switch s.peek() {
+	case '{':
+	case '[':
+		return s.parameterList(out)
+	default:
 		return s.skip() // not an object: nothing to read, but step over it
 	}
 	s.i++
@@ -655,6 +677,39 @@ func (s *scanner) parameters(out *body) bool {
 			return false
 		}
 	}
+}
+
+// parameterList reads SGLang's sampling_params given as a list, one object
+// per prompt of a batch: the output bound is the largest max_new_tokens,
+// and n the largest n, of those that give one (each of a batch's prompts
+// is generated for up to that many tokens and choices). An object without
+// n leaves n as it was, as the single object does. Only objects are read
+// (parameters does not come back here), so no body makes the scan recurse.
+func (s *scanner) parameterList(out *body) bool {
+	s.i++ // the '['
+	saved, most := out.n, -1
+	ok := false
+	for first := true; ; first = false {
+		if st := s.nextElem(first); st != member {
+			ok = st == closed
+			break
+		}
+		out.n = -1 // an element without n leaves it so
+		if s.peek() == '{' {
+			ok = s.parameters(out)
+		} else {
+			ok = s.skip()
+		}
+		most = max(most, out.n)
+		if !ok {
+			break
+		}
+	}
+	out.n = saved
+	if most >= 0 {
+		out.n = most
+	}
+	return ok
 }
 
 // stringView reads a string value into *dst as a view of the body (see
@@ -697,10 +752,15 @@ func (s *scanner) conversation(out *body) bool {
 }
 
 // promptValue reads a prompt or input: a string, a list of strings or token
-// IDs, or (for /v1/responses) a list of message items.
+// IDs, or (for /v1/responses) a list of message items. It sets out.listed
+// to the prompts the value holds: 1 for a string, the strings and lists of
+// a list (a flat list of token IDs, one prompt, counts 0, as do message
+// items), as far as the body goes.
 func (s *scanner) promptValue(out *body) bool {
+	out.listed = 0
 	switch s.peek() {
 	case '"':
+		out.listed = 1
 		raw, esc, ok := s.str()
 		if !ok {
 			return false
@@ -828,10 +888,12 @@ func keyDepth(out *body) int {
 	return cache.DefaultDepth
 }
 
-// promptElem reads one element of a prompt or input list.
+// promptElem reads one element of a prompt or input list, counting in
+// out.listed the elements that are prompts of their own.
 func (s *scanner) promptElem(out *body) bool {
 	switch s.peek() {
 	case '"':
+		out.listed++
 		raw, esc, ok := s.str()
 		if ok {
 			out.chars += len(raw)
@@ -845,6 +907,7 @@ func (s *scanner) promptElem(out *body) bool {
 	case '{':
 		return s.message(out)
 	case '[': // a batch of token-ID lists
+		out.listed++
 		start := s.i
 		s.i++
 		c := s.peek()

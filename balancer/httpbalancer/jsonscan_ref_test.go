@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"unsafe"
@@ -252,6 +253,7 @@ type refBody struct {
 	stream    bool
 	maxTokens int
 	n         int
+	prompts   int
 	chars     int
 	cacheKey  string
 	cacheSalt string
@@ -381,23 +383,53 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			out.n, ok = s.integer()
 			return ok
 		case "parameters", "sampling_params":
-			return s.object(func(key []byte) bool {
-				switch string(key) {
-				case "max_new_tokens":
-					n, ok := s.integer()
-					out.maxTokens = max(out.maxTokens, n)
-					return ok
-				case "n":
-					var ok bool
-					out.n, ok = s.integer()
-					return ok
+			params := func() bool {
+				return s.object(func(key []byte) bool {
+					switch string(key) {
+					case "max_new_tokens":
+						n, ok := s.integer()
+						out.maxTokens = max(out.maxTokens, n)
+						return ok
+					case "n":
+						var ok bool
+						out.n, ok = s.integer()
+						return ok
+					}
+					return s.skip()
+				})
+			}
+			if s.peek() != '[' {
+				return params()
+			}
+			// SGLang's list, an object per prompt: the largest n of
+			// the objects that give one.
+			var ns []int
+			ok := s.array(func() bool {
+				if s.peek() != '{' {
+					return s.skip()
 				}
-				return s.skip()
+				saved := out.n
+				out.n = -1
+				ok := params()
+				if out.n >= 0 {
+					ns = append(ns, out.n)
+				}
+				out.n = saved
+				return ok
 			})
+			if len(ns) > 0 {
+				out.n = slices.Max(ns)
+			}
+			return ok
 		case "messages":
 			return s.messages(out)
-		case "prompt", "input", "inputs", "text_input", "query", "documents", "texts", "text", "input_ids":
-			return s.promptValue(out)
+		case "prompt", "text", "input_ids":
+			n, ok := s.promptValue(out)
+			out.prompts = max(out.prompts, n)
+			return ok
+		case "input", "inputs", "text_input", "query", "documents", "texts":
+			_, ok := s.promptValue(out)
+			return ok
 		case "tools", "functions":
 			return s.counted(out)
 		case "instructions", "system":
@@ -435,20 +467,26 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 	})
 }
 
-func (s *refScanner) promptValue(out *refBody) bool {
+// promptValue also returns the prompts the value holds: a string is one,
+// and so is each string or list in a list, as far as the body goes.
+func (s *refScanner) promptValue(out *refBody) (int, bool) {
 	switch s.peek() {
 	case '"':
 		raw, quoted, esc, ok := s.str()
 		if !ok {
-			return false
+			return 1, false
 		}
 		out.chars += len(raw)
 		if out.keyed && !out.hasText {
 			out.prompt, out.hasText = refView(raw, quoted, esc), true
 		}
-		return true
+		return 1, true
 	case '[':
-		return s.idArray(out, func() bool {
+		prompts := 0
+		ok := s.idArray(out, func() bool {
+			if c := s.peek(); c == '"' || c == '[' {
+				prompts++
+			}
 			switch s.peek() {
 			case '"':
 				raw, quoted, esc, ok := s.str()
@@ -466,8 +504,9 @@ func (s *refScanner) promptValue(out *refBody) bool {
 			}
 			return s.tokenID(out)
 		})
+		return prompts, ok
 	}
-	return s.skip()
+	return 0, s.skip()
 }
 
 func (s *refScanner) messages(out *refBody) bool {

@@ -24,7 +24,10 @@ import (
 
 // tailKeys are the top-level members read from the rest of a body: the
 // facts parseBody reads outside the prompt. The prompt text itself is not:
-// the affinity key covers what the peek holds.
+// the affinity key covers what the peek holds. But the size of a batch
+// (the prompts of a list given as prompt, text or input_ids) is counted
+// as the scan steps over it (topScan.prompts): the output bound is per
+// prompt, and a batch is what most often outgrows the peek.
 var tailKeys = [...]string{
 	"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"max_new_tokens", "parameters", "prompt_cache_key", "conversation", "previous_response_id", "n",
@@ -101,6 +104,13 @@ type topScan struct {
 	lastHi int64 // one past its closing quote
 	data   bool  // a "data" key and its colon were read: its value is next
 	inData bool  // the string being read is a "data" member's value
+	// The current member's value is a list (list) with elems strings and
+	// lists among its elements so far, or a string (elems 1); prompts is
+	// the most elems of a prompt, text or input_ids member, as parseBody
+	// counts body.prompts.
+	list    bool
+	elems   int
+	prompts int
 }
 
 // minInline is the shortest string looked at as a possible data URL or
@@ -237,13 +247,16 @@ func (t *topScan) feed(off int64, b []byte) bool {
 			case '"':
 				t.valLo, t.inStr, t.ph = off+int64(i), true, tsInVal
 				t.strLo, t.inData = t.valLo, false
+				t.list, t.elems = false, 1
 			case '{', '[':
 				t.valLo, t.depth, t.ph = off+int64(i), 2, tsInVal
+				t.list, t.elems = c == '[', 0
 			case ',', '}', ']', ':':
 				t.ph = tsBroken
 				return false
 			default:
 				t.valLo, t.ph = off+int64(i), tsScalar
+				t.list, t.elems = false, 0
 			}
 		case tsScalar:
 			if isDelim(c) {
@@ -256,9 +269,15 @@ func (t *topScan) feed(off int64, b []byte) bool {
 			case '"':
 				t.inStr, t.strLo = true, off+int64(i)
 				t.inData, t.data = t.data, false
+				if t.depth == 2 && t.list {
+					t.elems++ // a prompt of a batch, if the key is one
+				}
 			case ':':
 				t.colonInValue()
 			case '{', '[':
+				if c == '[' && t.depth == 2 && t.list {
+					t.elems++ // a list of token IDs
+				}
 				t.data = false
 				t.depth++
 			case '}', ']':
@@ -291,7 +310,8 @@ func (t *topScan) stringEnded(end int64) {
 
 // member records the member whose value ends before end, when its key is
 // one of tailKeys (decoded when spelled with escapes, as parseBody reads
-// keys: six bytes per character at most, as in "\u006d").
+// keys: six bytes per character at most, as in "\u006d"), and the prompts
+// of a batch.
 func (t *topScan) member(end int64) {
 	n := t.keyHi - t.keyLo
 	if n <= 2 || n > 6*int64(maxTailKey)+2 {
@@ -308,6 +328,11 @@ func (t *topScan) member(end int64) {
 		if k, ok := appendUnquoted(kd[:0], key); ok {
 			key = k
 		}
+	}
+	switch string(key) {
+	case "prompt", "text", "input_ids":
+		t.prompts = max(t.prompts, t.elems)
+		return
 	}
 	for k, name := range tailKeys {
 		if string(key) == name {
@@ -355,7 +380,8 @@ func peekText(peek []byte, size int64) int64 {
 
 // readTail reads the top-level fields among tailKeys from the whole of an
 // in-memory body of which head is the start (the peek), and sets them in
-// out as parseBody would have from the whole body. When the body is not a
+// out as parseBody would have from the whole body, and the prompts of its
+// batch (a bound: the most of the peek's count and the whole body's). When the body is not a
 // well-formed object at its top level, out is left as the peek made it.
 func readTail(m *memBody, head []byte, keyed bool, out *body) {
 	t := topScan{m: m}
@@ -378,6 +404,8 @@ func readTail(m *memBody, head []byte, keyed bool, out *body) {
 		return
 	}
 	out.textSize, out.sized = m.n-t.inline, true
+	// The whole body's batch, of which the peek may hold a part.
+	out.prompts = max(out.prompts, t.prompts)
 	// The members read, in body order: of two that set one field (n and
 	// sampling_params.n), the later wins, as in parseBody. A field whose
 	// last member was too large to read (over) keeps the peek's reading,
