@@ -130,7 +130,12 @@
 // last token, not to the stream's end, and comes only from streams whose
 // application waited in RecvMsg for the tokens: one that spends longer on
 // each message than the server takes to send one finds them already
-// received, and their spacing is its own pace.
+// received, and their spacing is its own pace. Time to first token, and
+// decode speed with it, is likewise unknown when the application comes to
+// receive late after sending the request (its time away, not waiting in
+// Header or RecvMsg, over 1/8 of the time to the first token) and the
+// RecvMsg that delivers the first token returns at once: the token was
+// already received, at a time nobody can tell.
 //
 // # ORCA load reports
 //

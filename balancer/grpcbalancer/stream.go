@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
@@ -23,6 +26,13 @@ type streamState struct {
 	first  atomic.Int64 // the routing Balancer's clock at the first token, unix ns; 0 = none yet
 	last   atomic.Int64 // ... at the latest token
 	tokens atomic.Int64 // output tokens received in the current attempt
+	// Before the first token (see package pace): the time from which the
+	// application's time away from the stream counts (when the stream was
+	// created or the application's latest send returned, moved on by each
+	// wait since in Header or in a RecvMsg that received no token), and
+	// when the RecvMsg that received the token began. A transparent retry
+	// keeps from: it resends what the application sent.
+	from, entered atomic.Int64
 	// The application's time blocked in RecvMsg since the first token: in
 	// all (written by the receiving goroutine only), and up to the latest
 	// token (see package pace).
@@ -50,32 +60,49 @@ func (st *streamState) attempt(b *core.Balancer) {
 	st.first.Store(0)
 	st.last.Store(0)
 	st.tokens.Store(0)
+	st.entered.Store(0)
 	st.waited.Store(0)
 	st.waitedLast.Store(0)
 	st.core.Store(b)
 }
 
-// fill adds the stream's timing to a successful attempt's outcome: time to
-// first token from the pick, and the output tokens received. Its latency,
-// which decode speed is taken from, runs to the last token: an
-// application that receives every token as it comes and ends the stream
-// later (its last receive after its own work) has had all the endpoint
-// did. A stream the application paced (package pace) reports no output
-// tokens: its timing is the application's.
+// fill adds the stream's timing to an attempt's outcome: time to first
+// token from the pick, and the output tokens received. Its latency, which
+// decode speed is taken from, runs to the last token: an application that
+// receives every token as it comes and ends the stream later (its last
+// receive after its own work) has had all the endpoint did. A stream the
+// application paced reports no output tokens, and one whose first token it
+// came for late (package pace) no time to first token either: their timing
+// is the application's. A deadline that ended the stream after its first
+// token becomes errDeadlineMidStream here, whether or not the token's time
+// is known (call.done's own check looks for a TTFT).
 func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 	first := st.first.Load()
 	n := st.tokens.Load()
 	if first == 0 || n <= 0 {
 		return
 	}
-	if ttft := time.Duration(first - pickedAt.UnixNano()); ttft > 0 {
-		o.TTFT = ttft
+	start := pickedAt.UnixNano()
+	ttft := first - start
+	if ttft <= 0 {
+		return
+	}
+	if o.Err != nil && !o.Canceled() && status.Code(o.Err) == codes.DeadlineExceeded {
+		o.Err = errDeadlineMidStream
+	}
+	last := st.last.Load()
+	o.Latency = time.Duration(last - start)
+	entered := st.entered.Load()
+	from := st.from.Load()
+	if from == 0 {
+		from = start // not created through StreamTiming's interceptor
+	}
+	if pace.ReaderLate(entered-from, first-entered, ttft) {
+		return
+	}
+	o.TTFT = time.Duration(ttft)
+	if !pace.ReaderPaced(st.waitedLast.Load(), last-first) {
 		o.OutputTokens = int(min(n, 1<<31-1))
-		last := st.last.Load()
-		o.Latency = time.Duration(last - pickedAt.UnixNano())
-		if pace.ReaderPaced(st.waitedLast.Load(), last-first) {
-			o.OutputTokens = 0
-		}
 	}
 }
 
@@ -105,6 +132,9 @@ func StreamTiming(tokens func(msg any) int) grpc.StreamClientInterceptor {
 		if err != nil {
 			return nil, err
 		}
+		if b := st.core.Load(); b != nil {
+			st.from.Store(b.Now().UnixNano()) // see timedStream.sent
+		}
 		return &timedStream{ClientStream: cs, st: st, tokens: tokens}, nil
 	}
 }
@@ -119,15 +149,19 @@ type timedStream struct {
 func (s *timedStream) RecvMsg(m any) error {
 	b := s.st.core.Load()
 	var entered int64
-	if b != nil && s.st.first.Load() != 0 {
-		entered = b.Now().UnixNano() // see package pace
+	started := false // the first token came
+	if b != nil {
+		// Before the first token, to tell whether it was waiting; after
+		// it, to measure the wait (see package pace).
+		entered = b.Now().UnixNano()
+		started = s.st.first.Load() != 0
 	}
 	err := s.ClientStream.RecvMsg(m)
 	if err != nil {
 		return err
 	}
 	var now int64
-	if entered != 0 {
+	if started {
 		now = b.Now().UnixNano()
 		s.st.waited.Add(max(now-entered, 0))
 	}
@@ -135,16 +169,61 @@ func (s *timedStream) RecvMsg(m any) error {
 	if s.tokens != nil {
 		n = s.tokens(m)
 	}
-	if n <= 0 || b == nil {
+	if b == nil {
+		return nil
+	}
+	if n <= 0 {
+		if !started {
+			// A message before the first token: waiting for it is no
+			// time away from the stream.
+			s.st.from.Add(max(b.Now().UnixNano()-entered, 0))
+		}
 		return nil
 	}
 	if now == 0 {
 		now = max(b.Now().UnixNano(), 1)
 	}
 	if s.st.tokens.Add(int64(n)) == int64(n) {
+		s.st.entered.Store(entered) // before first: fill reads it after
 		s.st.first.Store(now)
 	}
 	s.st.waitedLast.Store(s.st.waited.Load())
 	s.st.last.Store(now)
 	return nil
+}
+
+// SendMsg and CloseSend send the request: no token comes before they
+// return, and the application's time away from the stream counts from
+// then (see package pace).
+func (s *timedStream) SendMsg(m any) error {
+	err := s.ClientStream.SendMsg(m)
+	s.sent()
+	return err
+}
+
+func (s *timedStream) CloseSend() error {
+	err := s.ClientStream.CloseSend()
+	s.sent()
+	return err
+}
+
+func (s *timedStream) sent() {
+	if b := s.st.core.Load(); b != nil && s.st.first.Load() == 0 {
+		s.st.from.Store(b.Now().UnixNano())
+	}
+}
+
+// Header waits for the response headers: before the first token, the
+// time the application waits in it is no time away from the stream (the
+// first message often comes with the headers, and is received at once
+// after).
+func (s *timedStream) Header() (metadata.MD, error) {
+	b := s.st.core.Load()
+	if b == nil || s.st.first.Load() != 0 {
+		return s.ClientStream.Header()
+	}
+	entered := b.Now().UnixNano()
+	md, err := s.ClientStream.Header()
+	s.st.from.Add(max(b.Now().UnixNano()-entered, 0))
+	return md, err
 }

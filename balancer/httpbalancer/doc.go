@@ -79,7 +79,13 @@
 // pace, and one slow reader would make the endpoint look slow); for server-sent
 // event streams the transport also records time to the first event that
 // carries tokens, the number of such events (the output token estimate) and
-// the mean gap between them. The lifecycle events of the Responses and
+// the mean gap between them, timed as the caller reads them. A caller that
+// comes to read the body late after the headers (away for over 1/8 of the
+// time to the first event) finds the first events waiting: unless the Read
+// that delivers the first one waits for it, its time is unknown (TTFT 0),
+// and the stream teaches the balancer no decode speed. Nor does a stream
+// read slower than the endpoint sends it, which finds every next event
+// waiting (see Result.TimeBetweenTokens). The lifecycle events of the Responses and
 // Messages APIs (response.created, message_start, ...), "error" and "ping"
 // events are not counted. A stream is read as Base returns it: one the
 // server compressed because the caller set Accept-Encoding itself (Base

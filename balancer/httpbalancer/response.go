@@ -105,8 +105,9 @@ func (e *EndpointError) Timeout() bool {
 // is returned to the caller and only read afterwards. Read runs on one
 // goroutine at a time (io.Reader's contract) and alone touches the SSE line
 // state; Close may run concurrently with Read, so what finish reads of the
-// stream (events, firstNs, lastNs, the response ID) is atomic, and ends
-// makes the outcome report happen once.
+// stream (events, firstNs, lastNs, the response ID) is atomic, or written
+// only before the first event counts (fromNs, enteredNs), and ends makes
+// the outcome report happen once.
 type call struct {
 	t    *Transport
 	info Info
@@ -167,22 +168,36 @@ type sseState struct {
 	waitNs   int64
 	waitLast atomic.Int64
 	readNs   int64
-	id       *idCapture // a /v1/responses answer's ID, when remembered
+	// Before the first data event (see readerLate): the time from which
+	// the reader's time away from the stream counts (the headers', moved
+	// on by each wait in Read since), and when the latest Read began; once
+	// the event counts, that Read is the one that delivered it. Read
+	// writes them only before, and finish reads them only after.
+	fromNs, enteredNs int64
+	id                *idCapture // a /v1/responses answer's ID, when remembered
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs
-// returned (0 when not measured: before the first data event).
+// returned (0 when not measured: not an SSE stream).
 func (c *sseState) read(p []byte, clock balancer.Clock, enteredNs int64) {
 	if c.id != nil {
 		c.id.feed(p)
 	}
 	if c.counting {
 		c.readNs = 0
-		if enteredNs != 0 {
+		if c.events.Load() > 0 {
 			c.readNs = clock.Now().UnixNano()
 			c.waitNs += max(c.readNs-enteredNs, 0)
+			c.scan(p, clock)
+			return
 		}
-		c.scan(p, clock)
+		c.enteredNs = enteredNs
+		c.scan(p, clock) // reads the time it returned if an event counts
+		if c.events.Load() == 0 {
+			// Still none: the reader's wait in this Read (a line that
+			// came in pieces, an event with no token) is no time away.
+			c.fromNs += max(clock.Now().UnixNano()-enteredNs, 0)
+		}
 	}
 }
 
@@ -190,6 +205,14 @@ func (c *sseState) read(p []byte, clock balancer.Clock, enteredNs int64) {
 // of the data events from the first to the last (see package pace).
 func (c *sseState) readerPaced() bool {
 	return pace.ReaderPaced(c.waitLast.Load(), c.lastNs.Load()-c.firstNs.Load())
+}
+
+// readerLate reports whether the reader came for the first data event so
+// late after the headers that it may have been waiting, its time unknown
+// (see package pace). startNs is when the attempt began.
+func (c *sseState) readerLate(startNs int64) bool {
+	first := c.firstNs.Load()
+	return pace.ReaderLate(c.enteredNs-c.fromNs, first-c.enteredNs, first-startNs)
 }
 
 // newCall allocates the state of one call. When size > 0 (the peek of a
@@ -304,7 +327,9 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	}
 	const eventStream = "text/event-stream"
 	if len(ct) >= len(eventStream) && strings.EqualFold(ct[:len(eventStream)], eventStream) || c.info.Stream && !hasJSON(ct) {
-		c.sse = &sseState{counting: true}
+		// The headers' time: a first token the caller comes for late
+		// after it may have been waiting (see readerLate).
+		c.sse = &sseState{counting: true, fromNs: c.t.cfg.clock.Now().UnixNano()}
 	}
 	if c.t.cfg.chains != nil && c.info.AffinityKey != 0 && resp.StatusCode/100 == 2 && isResponses(c.out.URL.Path) {
 		if c.sse == nil {
@@ -391,8 +416,8 @@ func (c *call) Read(p []byte) (int, error) {
 	}()
 	s := c.sse
 	var entered int64
-	if s != nil && s.counting && s.events.Load() > 0 {
-		entered = c.t.cfg.clock.Now().UnixNano() // see readerPaced
+	if s != nil && s.counting {
+		entered = c.t.cfg.clock.Now().UnixNano() // see readerLate, readerPaced
 	}
 	n, err := c.rc.Read(p)
 	if s != nil && n > 0 {
@@ -617,7 +642,12 @@ func (c *call) finish(err error) {
 	scored := o
 	if s := c.sse; s != nil {
 		if events = s.events.Load(); events > 0 {
-			o.TTFT = time.Duration(max(s.firstNs.Load()-c.start, 0))
+			// A first token the reader came for late is no measure of the
+			// endpoint: time to first token is unknown, and decode speed too.
+			late := s.readerLate(c.start)
+			if !late {
+				o.TTFT = time.Duration(max(s.firstNs.Load()-c.start, 0))
+			}
 			o.OutputTokens = int(min(events, 1<<31-1))
 			if events > 1 {
 				tbt = time.Duration((s.lastNs.Load() - s.firstNs.Load()) / (events - 1))
@@ -629,7 +659,7 @@ func (c *call) finish(err error) {
 			// paced says nothing of the endpoint's speed.
 			scored = o
 			scored.Latency = time.Duration(max(s.lastNs.Load()-c.start, 1))
-			if events > 1 && s.readerPaced() {
+			if late || events > 1 && s.readerPaced() {
 				scored.OutputTokens = 0
 			}
 		}

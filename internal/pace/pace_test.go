@@ -18,3 +18,26 @@ func TestReaderPaced(t *testing.T) {
 		}
 	}
 }
+
+func TestReaderLate(t *testing.T) {
+	for _, tc := range []struct {
+		away, waited, ttft int64
+		want               bool
+	}{
+		{0, 50, 50, false},        // in the receive from the start
+		{0, 0, 50, false},         // the first token came with the headers
+		{6, 44, 50, false},        // came within 1/8 of the time to it
+		{6, 0, 50, false},         // at once, but within 1/8: off by 6 at most
+		{7, 0, 50, true},          // at once, over 1/8 late
+		{1000, 0, 1000, true},     // came a second late and found it waiting
+		{100, 0, 150, true},       // came late (over 1/8) and found it waiting
+		{1000, 2000, 3000, false}, // came late, but waited for it
+		{1000, 125, 1125, false},  // waited 1/8 of the time away: it came meanwhile
+		{1000, 124, 1124, true},   // waited less: as likely found it waiting
+		{-5, 60, 55, false},       // entered before a retried attempt began
+	} {
+		if got := ReaderLate(tc.away, tc.waited, tc.ttft); got != tc.want {
+			t.Errorf("ReaderLate(%d, %d, %d) = %v, want %v", tc.away, tc.waited, tc.ttft, got, tc.want)
+		}
+	}
+}
