@@ -17,6 +17,14 @@ type Info struct {
 	// text/event-stream, or when Stream is set and the Content-Type is not JSON.
 	Stream bool
 
+	// salt is a digest of the body's vLLM cache_salt (saltTag), set by
+	// the OpenAI inspector for an LLM call, so that the Transport scopes
+	// a session header's key by it as Inspect scopes the body's keys
+	// (sessionKey); zero when the body has none. Three bytes, it fits in
+	// Stream's padding, before pin: Info keeps its size (it is copied per
+	// call, and the call state keeps its size class).
+	salt [3]byte
+
 	// pin is the serial (balancer.Pick.Serial, truncated) of the endpoint
 	// that made the response a Responses API follow-up continues, when the
 	// Transport remembers it; 0 otherwise. It fits in Stream's padding, so
@@ -31,7 +39,11 @@ type Info struct {
 //
 // Inspect must not modify r or retain body, must be safe for concurrent use,
 // and must not panic on any input: request bodies are untrusted. Session and
-// tenant headers are applied by the Transport after Inspect returns.
+// tenant headers are applied by the Transport after Inspect returns. A
+// session header's key is scoped by the body's vLLM cache_salt when the
+// default Inspector (an *OpenAI) read one, as the body's own keys are: two
+// tenants that send one session ID with their own salts get two keys (see
+// OpenAI). Another Inspector's calls key session headers unsalted.
 type Inspector interface {
 	Inspect(r *http.Request, body []byte, complete bool, info *Info)
 }
@@ -88,7 +100,11 @@ var (
 // peek counts in the proportion of text and of token IDs the peek shows;
 // both estimates are capped at MaxTokenEstimate), and for LLM calls the
 // affinity key, scoped by vLLM's cache_salt when the body has one
-// (Keyer.Salted): the request's
+// (Keyer.Salted; a Transport's session header, which beats these keys, is
+// scoped by the salt too, through a 24-bit digest of it that Info carries,
+// so two salts give one session ID the same key once in 16 million pairs,
+// and the key is not the one a prompt_cache_key of that ID and salt gets):
+// the request's
 // prompt_cache_key as a session, else the Responses API's conversation ID
 // as a session, else, for a /v1/responses follow-up
 // (previous_response_id) through a Transport that saw the response it
@@ -248,6 +264,9 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	if info.Service != inferlb.ServiceLLM || o.Keyer == nil {
 		return
 	}
+	if b.cacheSalt != "" {
+		info.salt = saltTag(o.Keyer, b.cacheSalt) // for a session header (sessionKey)
+	}
 	if b.cacheKey == "" && b.conversation != "" {
 		// A Responses API conversation names its session outright.
 		info.AffinityKey = o.Keyer.Salted(o.Keyer.Session(b.conversation), b.cacheSalt)
@@ -292,4 +311,27 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	// follow-up pinned above kept the key of the turn it continues, which
 	// was salted alike.)
 	info.AffinityKey = o.Keyer.Salted(info.AffinityKey, b.cacheSalt)
+}
+
+// saltTag is a 24-bit digest of a cache salt under k's seed, never zero
+// (the salt is not empty). Info has room for three bytes, not for the salt.
+func saltTag(k *cache.Keyer, salt string) [3]byte {
+	h := k.Salted(1, salt) // the salt's own hash
+	t := [3]byte{byte(h), byte(h >> 8), byte(h >> 16)}
+	if t == ([3]byte{}) {
+		t[0] = 1
+	}
+	return t
+}
+
+// sessionKey is the affinity key of a session header's value id: the
+// Keyer's session key, scoped by the body's cache_salt when Inspect
+// recorded one (salt), so that tenants who pick the same session ID do not
+// share a key the server's cache does not let them share.
+func (info *Info) sessionKey(k *cache.Keyer, id string) uint64 {
+	key := k.Session(id)
+	if info.salt != ([3]byte{}) {
+		key = k.Salted(key, string(info.salt[:]))
+	}
+	return key
 }

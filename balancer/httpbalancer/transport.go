@@ -367,7 +367,8 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	t.cfg.inspector.Inspect(inspected, rb.head, rb.complete, &c.info)
 	rb.release()
 	if v := r.Header[t.cfg.sessionHeader]; len(v) > 0 && v[0] != "" {
-		c.info.AffinityKey, c.info.Session = t.cfg.keyer.Session(v[0]), true
+		// Scoped by the body's cache_salt, as Inspect scoped the body's keys.
+		c.info.AffinityKey, c.info.Session = c.info.sessionKey(t.cfg.keyer, v[0]), true
 	}
 	if v := r.Header[t.cfg.tenantHeader]; len(v) > 0 && c.info.Tenant == "" {
 		c.info.Tenant = v[0]
