@@ -100,8 +100,8 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // endpoint answered: a success, as for InvalidArgument. Otherwise the
 // request never left the client (over its send limit): neither.
 //
-// (call.done also turns a DEADLINE_EXCEEDED after a stream's first token
-// into errDeadlineMidStream.)
+// (A DEADLINE_EXCEEDED after a stream's first token becomes
+// errDeadlineMidStream when the stream's timing is added: streamState.fill.)
 //
 // An attempt the server did not process is an overload answer without a
 // hint: the endpoint cools down for the default time

@@ -8,9 +8,7 @@ import (
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
 	"google.golang.org/grpc/balancer"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
@@ -307,10 +305,7 @@ func (c *call) done(di balancer.DoneInfo) {
 		}
 	}
 	if c.stream != nil { // the core reads TTFT of successes and cancellations
-		c.stream.fill(&o, c.pick.PickedAt())
-		if o.TTFT > 0 && o.Err != nil && !o.Canceled() && status.Code(di.Err) == codes.DeadlineExceeded {
-			o.Err = errDeadlineMidStream
-		}
+		c.stream.fill(&o, c.pick.PickedAt()) // and marks a deadline mid-stream
 	}
 	c.pick.Done(o)
 	c.release()

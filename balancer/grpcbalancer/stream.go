@@ -75,7 +75,7 @@ func (st *streamState) attempt(b *core.Balancer) {
 // came for late (package pace) no time to first token either: their timing
 // is the application's. A deadline that ended the stream after its first
 // token becomes errDeadlineMidStream here, whether or not the token's time
-// is known (call.done's own check looks for a TTFT).
+// is known.
 func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 	first := st.first.Load()
 	n := st.tokens.Load()

@@ -235,9 +235,11 @@ type Result struct {
 	Events int
 	// TimeBetweenTokens is the mean gap between data events of a stream
 	// (0 with fewer than two) as the reader met them: a reader slower than
-	// the endpoint finds them waiting, and this is its own pace. The
+	// the endpoint finds them waiting, and this is its own pace; so does
+	// one that started reading late, for the tokens it found buffered. The
 	// balancer learns decode speed only from streams whose reader waited
-	// on the endpoint, and from the time to the last token.
+	// on the endpoint and came for the first event in time (see the
+	// package doc), and from the time to the last token.
 	TimeBetweenTokens time.Duration
 	// FailedOver is set when this attempt failed and the transport went on
 	// to retry the call on another endpoint, which then has its own
