@@ -27,13 +27,15 @@
 //
 // RoundTrip reads ahead at most Options.MaxPeek bytes of a JSON body
 // (DefaultMaxPeek, 1 MiB) and asks the Inspector what the call is: the
-// service from the path, and model, stream, output bound, a prompt token
+// service from the path, and model, stream, output bound (max_tokens times
+// n times the prompts of a batch: a completions prompt, or SGLang's text or
+// input_ids, given as a list of prompts), a prompt token
 // estimate and a prompt affinity key from the body (a prompt given as token
 // IDs is keyed on its leading IDs; vLLM's cache_salt scopes the key, as it
 // scopes the server's prefix cache; each estimate is capped at
 // MaxTokenEstimate, so a made-up size counts as one large request). A
 // session header beats
-// the prompt key. The body is then forwarded byte for byte: the bytes read
+// the prompt key, and is scoped by the body's cache_salt too. The body is then forwarded byte for byte: the bytes read
 // ahead followed by the rest of the caller's body, whatever its size or
 // content. (A body held in memory, as http.NewRequest makes of a
 // bytes.Reader, strings.Reader or bytes.Buffer, is not read at all: its head
