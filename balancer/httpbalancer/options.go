@@ -32,10 +32,11 @@ const (
 	// of the call.
 	MaxMaxPeek = 1 << 30
 	// DefaultSessionHeader names the request header whose value pins a
-	// conversation to one endpoint (Keyer.Session); it beats the prompt key.
-	// Like every affinity key it is ignored while the keys a Balancer sees
-	// do not recur (balancer.Options.MinKeyReuse; set it negative in
-	// BalancerOptions when a session must stick from its first call).
+	// conversation to one endpoint (Keyer.Session, scoped by the body's
+	// vLLM cache_salt); it beats the prompt key. It is a session
+	// (inferlb.Request.Session): followed from its first call, whatever
+	// the Balancer estimates of how often prompt keys recur
+	// (balancer.Options.MinKeyReuse).
 	DefaultSessionHeader = "X-Session-Id"
 	// DefaultTenantHeader names the request header that sets Request.Tenant.
 	DefaultTenantHeader = "X-Tenant-Id"
