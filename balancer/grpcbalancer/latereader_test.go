@@ -33,23 +33,13 @@ func streamLate(t *testing.T, h *harness, clock *testutil.Clock, end error, late
 		gaps = append(gaps, max(at-reader, 0))
 		reader = max(reader, at)
 	}
-	var addr string
-	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
-		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
-		if err != nil {
-			return nil, err
-		}
-		addr = res.SubConn.(*grpcfake.SubConn).Addr()
-		return &scriptedStream{clock: clock, gaps: gaps, done: res.Done, end: end}, nil
-	}
-	cs, err := StreamTiming(nil)(context.Background(), &grpc.StreamDesc{ServerStreams: true}, nil, "/ai.Gen/Stream", streamer)
-	require.NoError(t, err)
+	cs, addr := scriptedCall(t, h, clock, nil, end, gaps)
 	clock.Advance(late)
 	for range gaps {
 		require.NoError(t, cs.RecvMsg(nil))
 	}
 	require.Error(t, cs.RecvMsg(nil))
-	return addr
+	return *addr
 }
 
 // TestStreamTimingLateReader: the time of a stream's first token is the

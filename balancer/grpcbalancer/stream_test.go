@@ -63,24 +63,34 @@ func streamEnding(t *testing.T, h *harness, clock *testutil.Clock, tokens func(a
 // the receive that ends the stream, after its last message, beforeEnd.
 func streamPaced(t *testing.T, h *harness, clock *testutil.Clock, tokens func(any) int, end error, away, beforeEnd time.Duration, gaps ...time.Duration) string {
 	t.Helper()
-	var addr string
-	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
-		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
-		if err != nil {
-			return nil, err
-		}
-		addr = res.SubConn.(*grpcfake.SubConn).Addr()
-		return &scriptedStream{clock: clock, gaps: gaps, done: res.Done, end: end}, nil
-	}
-	cs, err := StreamTiming(tokens)(context.Background(), &grpc.StreamDesc{ServerStreams: true}, nil, "/ai.Gen/Stream", streamer)
-	require.NoError(t, err)
+	cs, addr := scriptedCall(t, h, clock, tokens, end, gaps)
 	for range gaps {
 		require.NoError(t, cs.RecvMsg(nil))
 		clock.Advance(away)
 	}
 	clock.Advance(beforeEnd)
 	require.Error(t, cs.RecvMsg(nil))
-	return addr
+	return *addr
+}
+
+// scriptedCall opens a stream through StreamTiming(tokens) and the
+// harness's picker whose messages come gaps apart (see scriptedStream),
+// and returns it with where the address of the endpoint picked for it is
+// written.
+func scriptedCall(t *testing.T, h *harness, clock *testutil.Clock, tokens func(any) int, end error, gaps []time.Duration) (grpc.ClientStream, *string) {
+	t.Helper()
+	addr := new(string)
+	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
+		if err != nil {
+			return nil, err
+		}
+		*addr = res.SubConn.(*grpcfake.SubConn).Addr()
+		return &scriptedStream{clock: clock, gaps: gaps, done: res.Done, end: end}, nil
+	}
+	cs, err := StreamTiming(tokens)(context.Background(), &grpc.StreamDesc{ServerStreams: true}, nil, "/ai.Gen/Stream", streamer)
+	require.NoError(t, err)
+	return cs, addr
 }
 
 // TestDeadlineMidStreamIsNotAFailure: a deadline that ends a stream after

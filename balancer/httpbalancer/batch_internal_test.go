@@ -130,34 +130,3 @@ func TestReadTailCountsTheBatch(t *testing.T) {
 		}
 	}
 }
-
-// FuzzReadTailCountsTheBatch: on any body cut anywhere, and on a
-// well-formed one, the read of the rest counts the batch parseBody counts
-// in the whole body.
-func FuzzReadTailCountsTheBatch(f *testing.F) {
-	for _, s := range batchSeeds {
-		f.Add([]byte(s), uint16(len(s)/2))
-	}
-	r := rand.New(rand.NewPCG(7, 8))
-	for added := 0; added < 4; {
-		if b := batchBody(r); len(b) <= 16<<10 { // small inputs mutate fast
-			f.Add(b, uint16(r.IntN(len(b))))
-			added++
-		}
-	}
-	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
-		if len(b) < 2 {
-			return
-		}
-		c := 1 + int(cut)%(len(b)-1)
-		var want, got body
-		parseBody(b, true, &want)
-		parseBody(b[:c], true, &got)
-		m := inMemory(io.NopCloser(bytes.NewReader(b)))
-		readTail(&m, b[:c], true, &got)
-		if !json.Valid(b) {
-			return
-		}
-		require.Equal(t, want.prompts, got.prompts, "%q cut at %d", b, c)
-	})
-}

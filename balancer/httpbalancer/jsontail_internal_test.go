@@ -244,15 +244,22 @@ func TestReadTailBoundsValues(t *testing.T) {
 }
 
 // FuzzReadTail: on any body cut anywhere, readTail does not panic, and on a
-// well-formed one it reads what parseBody reads from the whole body.
+// well-formed one it reads what parseBody reads from the whole body, and
+// counts the batch (prompts) it counts.
 func FuzzReadTail(f *testing.F) {
-	for _, s := range scanSeeds {
+	for _, s := range append(scanSeeds, batchSeeds...) {
 		f.Add([]byte(s), uint16(len(s)/2))
 	}
 	r := rand.New(rand.NewPCG(3, 4))
 	for range 4 {
 		b := tailBody(r)
 		f.Add(b, uint16(r.IntN(len(b))))
+	}
+	for added := 0; added < 4; {
+		if b := batchBody(r); len(b) <= 16<<10 { // small inputs mutate fast
+			f.Add(b, uint16(r.IntN(len(b))))
+			added++
+		}
 	}
 	f.Fuzz(func(t *testing.T, b []byte, cut uint16) {
 		if len(b) < 2 {
@@ -264,7 +271,11 @@ func FuzzReadTail(f *testing.F) {
 		parseBody(b[:c], true, &got)
 		m := inMemory(io.NopCloser(bytes.NewReader(b)))
 		readTail(&m, b[:c], true, &got)
-		if !json.Valid(b) || len(b) > maxTailValue {
+		if !json.Valid(b) {
+			return
+		}
+		require.Equal(t, want.prompts, got.prompts, "%q cut at %d", b, c)
+		if len(b) > maxTailValue {
 			return
 		}
 		require.Equal(t,
