@@ -37,7 +37,10 @@
 //	  inferlb_http_failovers_total, inferlb_http_idle_close_resends_total
 //
 // The telemetry values the Balancer routes on (a server's queue, its KV-cache
-// use) are not exported here: the servers' own /metrics have them.
+// use) are exported per endpoint as the Balancer sees them, fresh fields only
+// (inferlb_endpoint_telemetry{field}): a field that is stale or was never
+// reported has no series, while the servers' own /metrics keep the full
+// history.
 package metrics
 
 import (
