@@ -64,7 +64,8 @@ func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
 // LeastLoaded scores on in-flight requests per unit of capacity, with
 // reliability as in LLM. It is the default for ServiceUnknown.
 type LeastLoaded struct {
-	// ErrorPenalty scales the error rate into a multiplier. Default 10.
+	// ErrorPenalty scales the odds of failure (rate / (1 - rate)) into a
+	// multiplier, as in LLM. Default 10.
 	ErrorPenalty float64
 }
 
