@@ -230,9 +230,11 @@ type Options struct {
 	// most MaxStickyEntries (16,777,216: 512 MiB).
 	StickyEntries int
 	// BreakerFailures is how many consecutive failures trip an endpoint's
-	// circuit breaker (connection errors, 5xx, gRPC UNAVAILABLE/INTERNAL;
-	// not overload, not client cancellation). Default 5 (Envoy's
-	// consecutive_5xx); negative disables the breaker.
+	// circuit breaker: outcomes with an Err that is neither overload nor
+	// cancellation (connection errors, 5xx, and the gRPC codes Envoy maps
+	// to 5xx: UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL,
+	// UNAVAILABLE, DATA_LOSS). Default 5 (Envoy's consecutive_5xx);
+	// negative disables the breaker.
 	BreakerFailures int
 	// BreakerProbes is how many calls a half-open breaker lets through, all
 	// of which must succeed to close it. Default 3. A probe holds its slot
