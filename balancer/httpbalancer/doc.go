@@ -111,9 +111,10 @@
 // io.EOF itself, and the context's end context.Canceled or
 // context.DeadlineExceeded itself, which callers compare with == (or
 // the cause the caller gave it, context.WithCancelCause's).
-// With Options.LoadReports, vLLM's per-response endpoint-load-metrics header
-// feeds the endpoint's telemetry. Options.OnResult sees every attempt's
-// outcome, for metrics.
+// vLLM's per-response endpoint-load-metrics header feeds the endpoint's
+// telemetry whenever a response carries it; Options.LoadReports asks every
+// endpoint to send it. Options.OnResult sees every attempt's outcome, for
+// metrics.
 //
 // A Responses API follow-up (/v1/responses with previous_response_id)
 // carries only its new input; the server that made the response it names
