@@ -72,7 +72,10 @@
 // with inferlb.NewContext; its Service is filled from the method when
 // unset). Otherwise it builds one: Service from the method (see "methods"),
 // AffinityKey from the affinityKeyHeader value (the Balancer's
-// Keyer().Session of the first value), Tenant and Model from tenantHeader and modelHeader. A pick
+// Keyer().Session of the first value, marked as a session,
+// inferlb.Request.Session, so it is followed whatever the Balancer
+// estimates of how often prompt keys recur: balancer.Options.MinKeyReuse),
+// Tenant and Model from tenantHeader and modelHeader. A pick
 // allocates nothing when the facts come from the method or the context,
 // and one small value per configured header present (grpc-go copies
 // metadata values out of the context).
@@ -177,7 +180,7 @@
 //	    "affinity": "prefer", "loadBound": 1.25, "affinitySeed": 0,
 //	    "tenantShardSize": 0,           // > 0: each tenant (tenantHeader) on its own shard of endpoints
 //	    "spillMemory": "45s",           // how long a spilled key's endpoint counts as warm; negative: off
-//	    "minKeyReuse": 0.05,            // affinity only while this share of keys recurs; negative: always
+//	    "minKeyReuse": 0.05,            // prompt-key affinity only while this share recurs (sessions always); negative: always
 //	    "stickyTTL": "0s",              // > 0: follow a key to where it last went (opt-in)
 //	    "stickyEntries": 0,             // bound of that table; 0: cache.DefaultMaxSessions
 //	    "breakerFailures": 5, "breakerProbes": 3, "ejectionTime": "10s",
