@@ -17,7 +17,7 @@
 //	cache                   seeded affinity keys, consistent placement, sessions; xxhash only
 //	scoring                 Scorer and per-service scorers: pure cost functions
 //	balancer                the P2C core: durable endpoint state, immutable snapshots
-//	telemetry/loadheader    vLLM's per-response load header; standard library only
+//	telemetry/loadheader    vLLM's per-response load header; standard library and telemetry only
 //	balancer/grpcbalancer   gRPC load-balancing policy "inferlb"
 //	balancer/httpbalancer   http.RoundTripper for OpenAI-compatible APIs
 //	telemetry/dcgm, telemetry/modelserver, telemetry/promapi   telemetry sources
