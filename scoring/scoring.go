@@ -64,8 +64,11 @@ type State struct {
 	ErrorRate float64
 	// InFlightSinceReading is how much InFlight has grown (negative: shrunk)
 	// since the server's load reading in Telemetry (Running, Waiting) was
-	// first seen: the calls this process sent there that the reading cannot
-	// count yet. 0 without such a reading.
+	// measured: the calls this process sent there that the reading cannot
+	// count yet. For a reading that arrived within a couple of seconds of
+	// its measurement it counts from when a pick first saw it; for a later
+	// one (read from Prometheus) from the balancer's per-second history of
+	// InFlight at the reading's time. 0 without such a reading.
 	InFlightSinceReading int64
 	// Telemetry holds the endpoint's fresh telemetry fields only: stale or
 	// never-reported fields are absent (neutral).
