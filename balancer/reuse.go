@@ -175,7 +175,9 @@ func (b *Balancer) KeyReuse() KeyReuseStats {
 		repeated += c.repeated.Load()
 		if o > 0 {
 			seen = true
-			s.FollowingKeys = s.FollowingKeys || c.recurring(b.cfg.minKeyReuse)
+			// As Pick judges the class: by the classes' sum until it
+			// has an estimate of its own.
+			s.FollowingKeys = s.FollowingKeys || r.recurring(c, b.cfg.minKeyReuse)
 		}
 	}
 	s.FollowingKeys = s.FollowingKeys || !seen

@@ -114,6 +114,29 @@ func TestOneTenantsUniquePromptsLeaveOthersAffinityOn(t *testing.T) {
 	assert.Greater(t, len(spreadTenant(t, b, rag, probe, 200)), 4, "the RAG tenant is balanced by load")
 }
 
+// KeyReuse says what the picks do: a tenant's class with too few
+// observations of its own is judged by all the classes' sum, there as in
+// Pick, so a few of its unique keys after a stream of unique documents do
+// not make FollowingKeys report picks that follow keys (it said true while
+// every pick balanced by load).
+func TestKeyReuseJudgesAYoungClassAsPicksDo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	const probe = 0xf123_4567_89ab_cdef // not sampled
+	b := newBalancer(t, 8, balancer.Options{AffinitySeed: seed, Rand: testutil.NewRand(7)})
+	keyed(t, b, 16_000, func(int) uint64 { return rng.Uint64() | 1 }) // unique documents, no tenant
+	require.False(t, b.KeyReuse().FollowingKeys)
+	for range 20 { // sampled keys (top 3 bits zero), unique: a young class
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Tenant: "newcomer", AffinityKey: rng.Uint64()>>3 | 1})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{})
+	}
+	st := b.KeyReuse()
+	require.Positive(t, st.Observed)
+	assert.Greater(t, len(spreadTenant(t, b, "newcomer", probe, 200)), 4, "the newcomer's picks balance by load")
+	assert.Greater(t, len(spreadKey(t, b, probe, 200)), 4, "so do the others'")
+	assert.False(t, st.FollowingKeys, "no pick follows keys")
+}
+
 // spreadTenant picks key for tenant n times on an idle fleet.
 func spreadTenant(t *testing.T, b *balancer.Balancer, tenant string, key uint64, n int) map[string]int {
 	t.Helper()
