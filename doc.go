@@ -39,8 +39,9 @@
 // consistent-hash ring while the owner is within its bounded load (counted
 // in all callers' calls when every server reports its running and queued
 // requests in fresh telemetry, so independent callers bound an owner alike;
-// widened when fresh telemetry shows the owner has no queue and a KV cache
-// below 90%, and a little more when its KV cache is under 30%: a bound of a
+// widened when fresh telemetry shows the owner has no queue and no KV cache
+// at 90% or more (none reported counts as room), and a little more when its
+// KV cache is under 30%: a bound of a
 // handful of calls is passed by chance at light load); past the
 // bound, the next endpoints in the key's own order take it, so independent
 // callers agree without talking. The balancer remembers, in a bounded table
