@@ -128,8 +128,14 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // the server's error (see grpc-go's clientStream.retryLocked, and its
 // pull request 2604 on io.EOF reaching the balancer). Nothing in DoneInfo
 // tells the two apart. It takes a rejection faster than the client's own
-// write, so it is rare with small requests (1 in 15 calls answered HTTP 429
-// at once, on loopback under load) and likelier with large ones.
+// write: rare with small requests (1 in 15 calls answered HTTP 429 at once,
+// on loopback under load), common with requests larger than HTTP/2's
+// initial flow-control window (64 KiB, a long prompt) that the server
+// rejects before reading them, as a grpc-go server's tap.ServerInHandle
+// (where rate limiters sit) does: of 20 such 1 MiB calls rejected
+// RESOURCE_EXHAUSTED, 8 counted as successes and 12 as overloads (10-byte
+// calls: 20 overloads), on loopback. Only an interceptor, which sees the
+// call's error, could correct it.
 //
 // A request the client could not encode (msgNotEncoded) never left it
 // either: INTERNAL, but the request's doing, so it counts as nothing.
