@@ -133,9 +133,10 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // initial flow-control window (64 KiB, a long prompt) that the server
 // rejects before reading them, as a grpc-go server's tap.ServerInHandle
 // (where rate limiters sit) does: of 20 such 1 MiB calls rejected
-// RESOURCE_EXHAUSTED, 8 counted as successes and 12 as overloads (10-byte
-// calls: 20 overloads), on loopback. Only an interceptor, which sees the
-// call's error, could correct it.
+// RESOURCE_EXHAUSTED, 3 to 8 counted as successes and the rest as
+// overloads (10-byte calls: 20 overloads), on loopback
+// (benchmarks/experiments/grpc-early-rejection.patch). Only an
+// interceptor, which sees the call's error, could correct it.
 //
 // A request the client could not encode (msgNotEncoded) never left it
 // either: INTERNAL, but the request's doing, so it counts as nothing.
