@@ -122,6 +122,13 @@
 // retries of a call away from the endpoint it failed on, and counts them
 // toward its attempts.
 //
+// UnaryRetry, or UnaryOutcome where calls must not be retried, also gives
+// the policy each unary call's own error: grpc-go reports a call the server
+// failed before the client had written its request as a success (a long
+// prompt over HTTP/2's 64 KiB initial window that a rate limiter rejects
+// unread; see Outcomes), and through either interceptor it counts as the
+// overload or failure it was. Streams are not corrected so.
+//
 // # Token streams
 //
 // Install StreamTiming (grpc.WithChainStreamInterceptor) on channels whose

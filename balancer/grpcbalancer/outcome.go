@@ -136,7 +136,10 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // RESOURCE_EXHAUSTED, 3 to 8 counted as successes and the rest as
 // overloads (10-byte calls: 20 overloads), on loopback
 // (benchmarks/experiments/grpc-early-rejection.patch). Only an
-// interceptor, which sees the call's error, could correct it.
+// interceptor sees the call's error: through UnaryOutcome or UnaryRetry,
+// a unary call's attempt that ends without error is reported once the call
+// returns, with the call's error (retryState.hold): 20 overloads of 20.
+// Streams are not corrected.
 //
 // A request the client could not encode (msgNotEncoded) never left it
 // either: INTERNAL, but the request's doing, so it counts as nothing.

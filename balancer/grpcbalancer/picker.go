@@ -127,6 +127,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	c := callPool.Get().(*call)
 	req := p.request(info, c)
 	st := retryStateFrom(info.Ctx)
+	st.settle(errRetriedAttempt) // gRPC retries only an attempt that failed
 	ss := streamStateFrom(info.Ctx)
 	exclude := st.excluded()
 	for range 1 + maxRepicks {
@@ -271,6 +272,7 @@ type call struct {
 	armed     bool
 	req       inferlb.Request         // scratch for Pick; unused after it
 	doneFn    func(balancer.DoneInfo) // c.done, bound once
+	heldDI    balancer.DoneInfo       // while retry holds the report (retryState.hold)
 }
 
 // callPool's New is set in init: done refers to the pool, so a composite
@@ -293,6 +295,14 @@ func (c *call) done(di balancer.DoneInfo) {
 	if c.childDone != nil {
 		c.childDone(di)
 	}
+	if c.retry != nil && di.Err == nil && di.BytesSent && c.retry.hold(c, di) {
+		return // reported once the interceptor sees the call's error (see hold)
+	}
+	c.report(di)
+}
+
+// report reports an attempt's end to the core and puts c back in its pool.
+func (c *call) report(di balancer.DoneInfo) {
 	o := outcome(di)
 	if c.retry != nil {
 		c.retry.attemptDone(c.pick.ID(), di, &o)
@@ -318,5 +328,6 @@ func (c *call) release() {
 	c.retry = nil
 	c.stream = nil
 	c.req = inferlb.Request{}
+	c.heldDI = balancer.DoneInfo{}
 	callPool.Put(c)
 }

@@ -2,6 +2,7 @@ package grpcbalancer
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -26,7 +27,50 @@ type retryState struct {
 	received atomic.Bool
 	sent     atomic.Int32           // attempts that reached an endpoint
 	exclude  atomic.Pointer[string] // endpoint the previous attempt failed on
+
+	// An attempt that ended without error, held until the call's error is
+	// known (see hold); its DoneInfo is in the call (call.heldDI).
+	held atomic.Pointer[call]
 }
+
+// hold keeps the report of an attempt that grpc-go ended without error
+// until the interceptor sees the error the call returns (settle): grpc-go
+// also ends an attempt so when the server failed the call before the
+// client had written its request (see outcome), and only the call's error
+// tells. It reports false when another attempt is held already (hedging):
+// that one is reported now, as before.
+func (st *retryState) hold(c *call, di balancer.DoneInfo) bool {
+	if st.held.Load() != nil {
+		return false
+	}
+	c.heldDI = di // c is this attempt's alone until held takes it
+	return st.held.CompareAndSwap(nil, c)
+}
+
+// settle reports the held attempt, if any, with the call's error err: an
+// attempt grpc-go ended without error, in a call that failed, failed with
+// that error. nil st settles nothing.
+func (st *retryState) settle(err error) {
+	if st == nil || st.held.Load() == nil {
+		return
+	}
+	c := st.held.Swap(nil)
+	if c == nil {
+		return
+	}
+	di := c.heldDI
+	if err != nil && status.Code(err) != codes.OK {
+		di.Err = err
+	}
+	c.report(di)
+}
+
+// errRetriedAttempt is the error of a held attempt (see hold) that gRPC
+// went on to retry: it failed, with an error that gRPC's retry policy
+// retries (its code unknown here). It wraps context.Canceled, which the
+// balancer reads as saying nothing about the endpoint: not a success, and
+// not a failure it cannot name.
+var errRetriedAttempt = fmt.Errorf("inferlb: the attempt ended without an error, and gRPC retried it: %w", context.Canceled)
 
 // attemptDone records how an attempt on endpoint id ended: a failure (or an
 // overload answer) there is what the call's next attempt, whoever makes it,
@@ -95,6 +139,10 @@ func retryStateFrom(ctx context.Context) *retryState {
 // endpoint the call last failed on (an affinity key would otherwise send
 // each of them back to its owner). They are not drawn from the retry
 // budget: bound them with the service config's retryThrottling.
+//
+// Like UnaryOutcome, it also gives the policy each call's own error, so a
+// call the server rejected before the client wrote its request counts as
+// the overload or failure it was (see UnaryOutcome).
 func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	maxAttempts = max(maxAttempts, 2)
@@ -104,7 +152,7 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 		for attempt := 1; ; attempt++ {
 			st.core.Store(nil)
 			st.received.Store(false)
-			err := invoker(ctx, method, req, reply, cc, opts...)
+			err := invokeSettled(ctx, st, invoker, method, req, reply, cc, opts)
 			if err == nil || attempt >= maxAttempts || int(st.sent.Load()) >= maxAttempts ||
 				ctx.Err() != nil || status.Code(err) != codes.Unavailable || st.received.Load() {
 				return err
@@ -115,5 +163,31 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			// The retry avoids where this attempt died: attemptDone
 			// noted it.
 		}
+	}
+}
+
+// invokeSettled invokes the call and settles its held attempt (see hold)
+// with the call's error, also when the invoker panics.
+func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoker, method string, req, reply any, cc *grpc.ClientConn, opts []grpc.CallOption) (err error) {
+	err = errRetriedAttempt // what a panic leaves: no success
+	defer func() { st.settle(err) }()
+	err = invoker(ctx, method, req, reply, cc, opts...)
+	return err
+}
+
+// UnaryOutcome returns a unary client interceptor that gives the inferlb
+// policy each call's own error. grpc-go reports a call the server failed
+// before the client had written its request to the balancer as a success
+// (a request larger than HTTP/2's 64 KiB initial flow-control window,
+// such as a long prompt, rejected unread: by a rate limiter in a server's
+// tap handle, by a proxy's HTTP 429 or 503): through the interceptor it is
+// the overload or failure it was. UnaryRetry does the same; install one of
+// the two, with grpc.WithChainUnaryInterceptor, on channels that use the
+// inferlb policy.
+func UnaryOutcome() grpc.UnaryClientInterceptor {
+	retryInUse.Store(true)
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		st := &retryState{}
+		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, opts)
 	}
 }
