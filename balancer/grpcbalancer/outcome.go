@@ -128,9 +128,9 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // the server's error (see grpc-go's clientStream.retryLocked, and its
 // pull request 2604 on io.EOF reaching the balancer). Nothing in DoneInfo
 // tells the two apart. It takes a rejection faster than the client's own
-// write: rare with small requests (1 in 15 calls answered HTTP 429 at once,
-// on loopback under load), common with requests larger than HTTP/2's
-// initial flow-control window (64 KiB, a long prompt) that the server
+// write: rare with small requests (the HTTP 429 test, answered before it
+// read the request, flaked under load), common with requests larger than
+// HTTP/2's initial flow-control window (64 KiB, a long prompt) that the server
 // rejects before reading them, as a grpc-go server's tap.ServerInHandle
 // (where rate limiters sit) does: of 20 such 1 MiB calls rejected
 // RESOURCE_EXHAUSTED, 3 to 8 counted as successes and the rest as
@@ -138,8 +138,9 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // (benchmarks/experiments/grpc-early-rejection.patch). Only an
 // interceptor sees the call's error: through UnaryOutcome or UnaryRetry,
 // a unary call's attempt that ends without error is reported once the call
-// returns, with the call's error (retryState.hold): 20 overloads of 20.
-// Streams are not corrected.
+// returns, with the call's error (retryState.hold): 20 overloads of 20
+// (TestEarlyRejectionIsAnOverloadThroughTheInterceptor). Streams are not
+// corrected.
 //
 // A request the client could not encode (msgNotEncoded) never left it
 // either: INTERNAL, but the request's doing, so it counts as nothing.

@@ -127,7 +127,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	c := callPool.Get().(*call)
 	req := p.request(info, c)
 	st := retryStateFrom(info.Ctx)
-	st.settle(errRetriedAttempt) // gRPC retries only an attempt that failed
+	if st != nil { // settle is not inlined: no call without an interceptor
+		st.settle(errRetriedAttempt) // gRPC retries only an attempt that failed
+	}
 	ss := streamStateFrom(info.Ctx)
 	exclude := st.excluded()
 	for range 1 + maxRepicks {
