@@ -2,8 +2,10 @@ package grpcbalancer_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -83,5 +85,208 @@ func TestUnaryOutcomeCountsSuccesses(t *testing.T) {
 	if s.Successes != 20 || s.Failures != 0 || s.Overloads != 0 || s.InFlight != 0 {
 		t.Errorf("20 calls answered: %d successes, %d failures, %d overloads, %d in flight; want 20, 0, 0, 0",
 			s.Successes, s.Failures, s.Overloads, s.InFlight)
+	}
+}
+
+// rejectedStreams are the two ways to send a stream's one request: a
+// server-streaming call (the generated stub sends it, and turns the
+// request write's io.EOF into nil) and a bidirectional one (the
+// application sends it, and may get that io.EOF).
+var rejectedStreams = []struct {
+	name string
+	// open opens a stream and sends req, then CloseSend; the stream is
+	// nil when opening it failed.
+	open func(ctx context.Context, client testgrpc.TestServiceClient, req *testgrpc.StreamingOutputCallRequest) (grpc.ClientStream, error)
+}{
+	{"ServerStreaming", func(ctx context.Context, client testgrpc.TestServiceClient, req *testgrpc.StreamingOutputCallRequest) (grpc.ClientStream, error) {
+		return client.StreamingOutputCall(ctx, req, grpc.WaitForReady(true))
+	}},
+	{"Bidi", func(ctx context.Context, client testgrpc.TestServiceClient, req *testgrpc.StreamingOutputCallRequest) (grpc.ClientStream, error) {
+		st, err := client.FullDuplexCall(ctx, grpc.WaitForReady(true))
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Send(req); err != nil && err != io.EOF { // io.EOF: the status is in Recv
+			return st, err
+		}
+		return st, st.CloseSend()
+	}},
+}
+
+// A stream the server rejects before the client has written its request
+// (1 MiB, rejected unread) is a stream grpc-go ends without error for the
+// policy, as it does a unary call (see
+// TestEarlyRejectionIsAnOverloadThroughTheInterceptor): the request
+// write's io.EOF. Through StreamTiming, the policy reads the stream's own
+// end, which the application gets from RecvMsg: every rejection is the
+// overload it is. (Without it, many count as successes: see
+// TestEarlyRejectedStreamWithoutStreamTiming.)
+func TestEarlyRejectedStreamIsAnOverloadThroughStreamTiming(t *testing.T) {
+	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
+	for _, tc := range rejectedStreams {
+		t.Run(tc.name, func(t *testing.T) {
+			b := rejectingServer(t)
+			name, cb := shared(t, core.Options{})
+			conn, _ := dial(t, []*backend{b}, name, `{}`, grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
+			client := testgrpc.NewTestServiceClient(conn)
+			for range 20 {
+				st, err := tc.open(testContext(t), client, big)
+				for err == nil {
+					err = st.RecvMsg(new(testgrpc.StreamingOutputCallResponse))
+				}
+				if status.Code(err) != codes.ResourceExhausted {
+					t.Fatalf("a rejected stream: %v", err)
+				}
+			}
+			s := stats(t, cb, b.addr)
+			if s.Successes != 0 || s.Overloads != 20 || s.Failures != 0 || s.InFlight != 0 {
+				t.Errorf("20 streams rejected unread: %d successes, %d overloads, %d failures, %d in flight; want 0, 20, 0, 0",
+					s.Successes, s.Overloads, s.Failures, s.InFlight)
+			}
+		})
+	}
+}
+
+// Without StreamTiming, the policy counts such streams as grpc-go reports
+// them: each once, as an overload or, when the request's write failed, as
+// a success. The test logs how many were successes (the figure in
+// outcome's doc: go test -run TestEarlyRejectedStreamWithoutStreamTiming
+// -count=20 -v ./balancer/grpcbalancer/).
+func TestEarlyRejectedStreamWithoutStreamTiming(t *testing.T) {
+	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
+	for _, tc := range rejectedStreams {
+		t.Run(tc.name, func(t *testing.T) {
+			b := rejectingServer(t)
+			name, cb := shared(t, core.Options{})
+			conn, _ := dial(t, []*backend{b}, name, `{}`)
+			client := testgrpc.NewTestServiceClient(conn)
+			for range 20 {
+				st, err := tc.open(testContext(t), client, big)
+				for err == nil {
+					err = st.RecvMsg(new(testgrpc.StreamingOutputCallResponse))
+				}
+				if status.Code(err) != codes.ResourceExhausted {
+					t.Fatalf("a rejected stream: %v", err)
+				}
+			}
+			s := stats(t, cb, b.addr)
+			t.Logf("20 streams rejected unread, without StreamTiming: %d successes, %d overloads", s.Successes, s.Overloads)
+			if s.Successes+s.Overloads != 20 || s.Failures != 0 || s.InFlight != 0 {
+				t.Errorf("20 streams rejected unread: %d successes, %d overloads, %d failures, %d in flight; want 20 successes and overloads, 0, 0",
+					s.Successes, s.Overloads, s.Failures, s.InFlight)
+			}
+		})
+	}
+}
+
+// A rejected stream whose application leaves it without reading its end
+// (it cancels once it has sent the request) counts as neither: grpc-go
+// ended some of these attempts without error, and the policy holds such a
+// report until the application's context ends. None stays in flight.
+// (Without the correction, the attempts grpc-go ended without error
+// counted as successes.)
+func TestEarlyRejectedStreamLeftUnreadCountsAsNeither(t *testing.T) {
+	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
+	for _, tc := range rejectedStreams {
+		t.Run(tc.name, func(t *testing.T) {
+			b := rejectingServer(t)
+			name, cb := shared(t, core.Options{})
+			conn, _ := dial(t, []*backend{b}, name, `{}`, grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
+			client := testgrpc.NewTestServiceClient(conn)
+			for range 20 {
+				ctx, cancel := context.WithCancel(testContext(t))
+				_, err := tc.open(ctx, client, big)
+				cancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := waitIdle(t, cb, b.addr)
+			if s.Successes != 0 || s.Overloads != 0 || s.Failures != 0 {
+				t.Errorf("20 rejected streams left unread: %d successes, %d overloads, %d failures; want none",
+					s.Successes, s.Overloads, s.Failures)
+			}
+		})
+	}
+}
+
+// waitIdle waits until endpoint id has nothing in flight (a context's end
+// reaches the policy on another goroutine) and returns its stats.
+func waitIdle(t *testing.T, b *core.Balancer, id string) core.EndpointStats {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s := stats(t, b, id)
+		if s.InFlight == 0 {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls still in flight", s.InFlight)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Through StreamTiming, a stream that ends well counts as a success at
+// once, with its time to first token; one whose application cancels after
+// the server finished counts as grpc-go reports it: a success when it
+// already said so (Header found the stream ended OK), else the client's
+// cancellation, neither. None stays in flight.
+func TestStreamTimingStreamsThatEndWell(t *testing.T) {
+	tokens := &testgrpc.StreamingOutputCallRequest{ResponseParameters: make([]*testgrpc.ResponseParameters, 4)}
+	for _, tc := range []struct {
+		name string
+		req  *testgrpc.StreamingOutputCallRequest
+		// read reads the stream as the application does, then it cancels
+		read      func(t *testing.T, st grpc.ServerStreamingClient[testgrpc.StreamingOutputCallResponse])
+		successes uint64
+	}{
+		{"read to the end", tokens, func(t *testing.T, st grpc.ServerStreamingClient[testgrpc.StreamingOutputCallResponse]) {
+			for {
+				if _, err := st.Recv(); err != nil {
+					if err != io.EOF {
+						t.Fatal(err)
+					}
+					return
+				}
+			}
+		}, 20},
+		{"canceled after the last message", tokens, func(t *testing.T, st grpc.ServerStreamingClient[testgrpc.StreamingOutputCallResponse]) {
+			for range 4 {
+				if _, err := st.Recv(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, 0},
+		{"canceled after Header found it ended", &testgrpc.StreamingOutputCallRequest{}, func(t *testing.T, st grpc.ServerStreamingClient[testgrpc.StreamingOutputCallResponse]) {
+			if md, err := st.Header(); md != nil || err != nil {
+				t.Fatalf("Header of a stream without messages: %v, %v; want none: it ended", md, err)
+			}
+		}, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bs := fleet(t, 1, nil)
+			name, cb := shared(t, core.Options{})
+			conn, _ := dial(t, bs, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
+				grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
+			client := testgrpc.NewTestServiceClient(conn)
+			for range 20 {
+				ctx, cancel := context.WithCancel(testContext(t))
+				st, err := client.StreamingOutputCall(ctx, tc.req, grpc.WaitForReady(true))
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.read(t, st)
+				cancel()
+			}
+			s := waitIdle(t, cb, bs[0].addr)
+			if s.Successes != tc.successes || s.Failures != 0 || s.Overloads != 0 {
+				t.Errorf("20 streams: %d successes, %d failures, %d overloads; want %d, 0, 0",
+					s.Successes, s.Failures, s.Overloads, tc.successes)
+			}
+			if tc.req == tokens && tc.successes > 0 && s.TTFT <= 0 {
+				t.Errorf("time to first token %v, want it measured", s.TTFT)
+			}
+		})
 	}
 }

@@ -2,9 +2,14 @@ package grpcbalancer
 
 import (
 	"context"
+	"io"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -48,4 +53,180 @@ func TestHeldAttemptIsSettledByTheCallsError(t *testing.T) {
 	s = stats(t, b, a)
 	assert.Equal(t, [3]uint64{1, 0, 1}, [3]uint64{s.Successes, s.Failures, s.Overloads}, "the call's success")
 	assert.Zero(t, inFlight())
+}
+
+// heldStream picks for a stream opened through StreamTiming (state st,
+// whose context is ctx) and ends the attempt as grpc-go ends one whose
+// request write failed: without error, while the application sends.
+func heldStream(t *testing.T, h *harness, ctx context.Context, st *streamState) string {
+	t.Helper()
+	streamInUse.Store(true)
+	a, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: context.WithValue(ctx, streamKey{}, st)})
+	st.sending.Store(true)
+	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+	st.sending.Store(false)
+	return a
+}
+
+// A stream attempt that grpc-go ends without error while the application
+// sends its request (the server failed the stream first) is held until
+// the application reads how the stream ended (streamState.hold): its
+// RecvMsg's error is the attempt's, io.EOF a success. An attempt gRPC
+// then retried counts as neither, and so does one whose application left
+// the stream (its context ended) unread, however late. One that ends
+// without error outside a send (every stream that ends well), or with no
+// answer, is reported at once, as before. None stays in flight.
+func TestHeldStreamAttemptIsSettledByTheStreamsEnd(t *testing.T) {
+	b := core.New(core.Options{Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+	inFlight := func() int64 { return b.Stats()[0].InFlight }
+	counts := func(a string) [3]uint64 {
+		s := stats(t, b, a)
+		return [3]uint64{s.Successes, s.Failures, s.Overloads}
+	}
+
+	st := &streamState{ctx: context.Background()}
+	a := heldStream(t, h, st.ctx, st)
+	assert.EqualValues(t, 1, inFlight(), "held until the application reads the stream's end")
+	st.settle(status.Error(codes.ResourceExhausted, "rate limited"))
+	assert.Equal(t, [3]uint64{0, 0, 1}, counts(a), "RecvMsg's error")
+	assert.Zero(t, inFlight())
+
+	st = &streamState{ctx: context.Background()}
+	heldStream(t, h, st.ctx, st)
+	st.settle(io.EOF)
+	assert.Equal(t, [3]uint64{1, 0, 1}, counts(a), "io.EOF: the stream ended well")
+
+	st = &streamState{ctx: context.Background()}
+	ctx := context.WithValue(st.ctx, streamKey{}, st)
+	heldStream(t, h, st.ctx, st)
+	_, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx}) // gRPC retries it
+	assert.Equal(t, [3]uint64{1, 0, 1}, counts(a), "the retried attempt counts as neither")
+	assert.EqualValues(t, 1, inFlight(), "the retry")
+	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true}) // ended well, in RecvMsg
+	assert.Equal(t, [3]uint64{2, 0, 1}, counts(a), "reported at once outside a send")
+	assert.Zero(t, inFlight())
+	st.settle(io.EOF) // nothing held: nothing more
+	assert.Equal(t, [3]uint64{2, 0, 1}, counts(a))
+
+	st = &streamState{ctx: context.Background()}
+	ctx = context.WithValue(st.ctx, streamKey{}, st)
+	_, res = h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
+	st.sending.Store(true)
+	res.Done(balancer.DoneInfo{BytesSent: true}) // reset in a race with the send
+	st.sending.Store(false)
+	assert.Equal(t, [3]uint64{2, 0, 2}, counts(a), "no answer: an overload at once (errNoAnswer)")
+	assert.Zero(t, inFlight())
+
+	cctx, cancel := context.WithCancel(context.Background())
+	st = &streamState{ctx: cctx}
+	heldStream(t, h, cctx, st)
+	assert.EqualValues(t, 1, inFlight())
+	cancel()
+	require.Eventually(t, func() bool { return inFlight() == 0 }, 5*time.Second, time.Millisecond, "the application left the stream")
+	assert.Equal(t, [3]uint64{2, 0, 2}, counts(a), "left unread: neither")
+
+	st = &streamState{ctx: cctx} // already ended when the attempt is held
+	heldStream(t, h, cctx, st)
+	assert.Zero(t, inFlight(), "settled at once")
+	assert.Equal(t, [3]uint64{2, 0, 2}, counts(a))
+}
+
+// The application's read, its context's end and gRPC's retry may settle a
+// held stream attempt at once, from three goroutines: exactly one
+// reports it (the race detector watches the pooled call), and none stays
+// in flight.
+func TestHeldStreamAttemptIsSettledOnce(t *testing.T) {
+	b := core.New(core.Options{Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+	const n = 200
+	for range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		st := &streamState{ctx: ctx}
+		heldStream(t, h, ctx, st)
+		var wg sync.WaitGroup
+		wg.Go(func() { st.settle(status.Error(codes.ResourceExhausted, "rate limited")) })
+		wg.Go(cancel)
+		wg.Go(func() { st.settle(errRetriedAttempt) })
+		wg.Wait()
+	}
+	require.Eventually(t, func() bool { return b.Stats()[0].InFlight == 0 }, 5*time.Second, time.Millisecond)
+	s := b.Stats()[0]
+	assert.Zero(t, s.Successes+s.Failures)
+	assert.LessOrEqual(t, s.Overloads, uint64(n))
+	assert.EqualValues(t, n, s.Picks)
+}
+
+// rejectedStream is a stream as grpc-go gives it to StreamTiming when the
+// server failed it before the client wrote its request: the first SendMsg
+// ends the attempt without error (and returns nil on a server stream,
+// io.EOF on a bidirectional one), a later one returns laterErr, and
+// RecvMsg returns the server's status.
+type rejectedStream struct {
+	grpc.ClientStream
+	done              func(balancer.DoneInfo)
+	sendErr, laterErr error
+	sent              bool
+}
+
+func (s *rejectedStream) SendMsg(any) error {
+	if s.sent {
+		return s.laterErr
+	}
+	s.sent = true
+	s.done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+	return s.sendErr
+}
+
+func (s *rejectedStream) CloseSend() error { return nil }
+
+func (s *rejectedStream) RecvMsg(any) error {
+	return status.Error(codes.ResourceExhausted, "rate limited")
+}
+
+// Through StreamTiming's stream, a rejected stream's attempt counts as what
+// the application's RecvMsg returns, on a server stream and on a
+// bidirectional one, and as neither when a later send fails on the client
+// (the application may leave the stream then).
+func TestStreamTimingReportsTheStreamsOwnEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		bidi     bool
+		laterErr error // the application sends again, and leaves on an error
+		want     [3]uint64
+	}{
+		{"server stream", false, nil, [3]uint64{0, 0, 1}},
+		{"bidi", true, nil, [3]uint64{0, 0, 1}},
+		{"bidi left after a client-side send error", true, status.Error(codes.ResourceExhausted, "trying to send message larger than max (9 vs. 4)"), [3]uint64{0, 0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := core.New(core.Options{Rand: testutil.NewRand(1)})
+			h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+			var sendErr error
+			if tc.bidi {
+				sendErr = io.EOF
+			}
+			streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+				res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
+				if err != nil {
+					return nil, err
+				}
+				return &rejectedStream{done: res.Done, sendErr: sendErr, laterErr: tc.laterErr}, nil
+			}
+			desc := &grpc.StreamDesc{ServerStreams: true, ClientStreams: tc.bidi}
+			cs, err := StreamTiming(nil)(context.Background(), desc, nil, "/ai.Gen/Stream", streamer)
+			require.NoError(t, err)
+			assert.Equal(t, sendErr, cs.SendMsg(nil))
+			assert.EqualValues(t, 1, b.Stats()[0].InFlight, "held")
+			if tc.laterErr != nil {
+				assert.Equal(t, tc.laterErr, cs.SendMsg(nil))
+			} else {
+				require.NoError(t, cs.CloseSend())
+				assert.Equal(t, codes.ResourceExhausted, status.Code(cs.RecvMsg(nil)))
+			}
+			s := b.Stats()[0]
+			assert.Equal(t, tc.want, [3]uint64{s.Successes, s.Failures, s.Overloads})
+			assert.Zero(t, s.InFlight)
+		})
+	}
 }

@@ -131,6 +131,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		st.settle(errRetriedAttempt) // gRPC retries only an attempt that failed
 	}
 	ss := streamStateFrom(info.Ctx)
+	if ss != nil {
+		ss.settle(errRetriedAttempt) // as for st: a held attempt failed
+	}
 	exclude := st.excluded()
 	for range 1 + maxRepicks {
 		var err error
@@ -274,7 +277,8 @@ type call struct {
 	armed     bool
 	req       inferlb.Request         // scratch for Pick; unused after it
 	doneFn    func(balancer.DoneInfo) // c.done, bound once
-	heldDI    balancer.DoneInfo       // while retry holds the report (retryState.hold)
+	heldDI    balancer.DoneInfo       // while retry or stream holds the report (retryState.hold, streamState.hold)
+	heldStop  func() bool             // stops the held stream's AfterFunc (streamState.hold)
 }
 
 // callPool's New is set in init: done refers to the pool, so a composite
@@ -299,6 +303,9 @@ func (c *call) done(di balancer.DoneInfo) {
 	}
 	if c.retry != nil && di.Err == nil && di.BytesSent && c.retry.hold(c, di) {
 		return // reported once the interceptor sees the call's error (see hold)
+	}
+	if c.stream != nil && di.Err == nil && di.BytesReceived && c.stream.sending.Load() && c.stream.hold(c, di) {
+		return // reported once the application reads the stream's end (see streamState.hold)
 	}
 	c.report(di)
 }
@@ -331,5 +338,6 @@ func (c *call) release() {
 	c.stream = nil
 	c.req = inferlb.Request{}
 	c.heldDI = balancer.DoneInfo{}
+	c.heldStop = nil
 	callPool.Put(c)
 }

@@ -65,9 +65,10 @@ func (st *retryState) settle(err error) {
 	c.report(di)
 }
 
-// errRetriedAttempt is the error of a held attempt (see hold) that gRPC
-// went on to retry: it failed, with an error that gRPC's retry policy
-// retries (its code unknown here). It wraps context.Canceled, which the
+// errRetriedAttempt is the error of a held attempt (see hold, and
+// streamState.hold) that gRPC went on to retry: it failed, with an error
+// that gRPC retries, transparently or by its retry policy (its code
+// unknown here). It wraps context.Canceled, which the
 // balancer reads as saying nothing about the endpoint: not a success, and
 // not a failure it cannot name.
 var errRetriedAttempt = fmt.Errorf("inferlb: the attempt ended without an error, and gRPC retried it: %w", context.Canceled)

@@ -2,10 +2,13 @@ package grpcbalancer
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -19,9 +22,18 @@ import (
 // each attempt and records the Balancer that routed it, whose clock the
 // stream then stamps its first token with; Done reads what the stream saw.
 //
-// Concurrency: the application's goroutine receives, gRPC's reports Done;
-// every field is atomic.
+// Concurrency: ctx is immutable; the application's goroutines receive and
+// send, gRPC's reports Done; every other field is atomic.
 type streamState struct {
+	ctx context.Context // the application's, that the stream was opened with
+
+	// sending is set while the application is in SendMsg: an attempt that
+	// gRPC ends without error then is no success (see hold).
+	sending atomic.Bool
+	// An attempt's report held until the application learns how the
+	// stream ended (see hold); its DoneInfo is in the call (call.heldDI).
+	held atomic.Pointer[call]
+
 	core   atomic.Pointer[core.Balancer]
 	first  atomic.Int64 // the routing Balancer's clock at the first token, unix ns; 0 = none yet
 	last   atomic.Int64 // ... at the latest token
@@ -64,6 +76,85 @@ func (st *streamState) attempt(b *core.Balancer) {
 	st.waited.Store(0)
 	st.waitedLast.Store(0)
 	st.core.Store(b)
+}
+
+// errStreamLeft is the report of a held attempt (see hold) whose
+// application left the stream without reading how it ended: its context
+// ended, or a later SendMsg failed on the client. The server ended the
+// stream with an error, but which one (an overload, a failure, or an
+// answer about the request, which counts as a success) is in the status
+// nobody read. It wraps context.Canceled, so the balancer counts it as
+// neither: a success would be grpc-go's misreport again, and a guess
+// could trip a breaker on rate-limit answers or cool down an endpoint
+// that only refused a bad request.
+var errStreamLeft = fmt.Errorf("inferlb: the application left the stream the server had failed before reading its status: %w", context.Canceled)
+
+// hold keeps the report of an attempt that grpc-go ended without error
+// while the application was sending the request, until the application
+// learns how the stream ended (settle). grpc-go ends an attempt so when
+// the server ended the stream with an error before the client had written
+// its request (see outcome): the write fails with io.EOF, and grpc-go
+// finishes the attempt with it only when the stream's status is not OK
+// (clientStream.withRetry; on OK it leaves the attempt to RecvMsg), so
+// this is no success (but for a request gRPC replays in a retry, whose
+// failed write ends the attempt whatever its status), and the error is
+// the one RecvMsg returns. A
+// stream that ends well is reported at once, as before: grpc-go reports
+// its success in the RecvMsg that returns io.EOF, or in the Header that
+// finds the stream ended; so is an attempt with no answer at all
+// (errNoAnswer), whose transparent retry must find it cooled down.
+//
+// Until settled, the report waits for the application's context too: an
+// application that leaves the stream without reading its end (its own
+// deadline, or a cancel after a failed send) settles it as errStreamLeft.
+// hold reports false when another attempt is held already: that one is
+// reported now, as before.
+func (st *streamState) hold(c *call, di balancer.DoneInfo) bool {
+	if st.held.Load() != nil {
+		return false
+	}
+	c.heldDI = di // c is this attempt's alone until held takes it
+	if st.ctx != nil {
+		c.heldStop = context.AfterFunc(st.ctx, st.left)
+	}
+	if !st.held.CompareAndSwap(nil, c) {
+		if c.heldStop != nil {
+			c.heldStop()
+			c.heldStop = nil
+		}
+		return false
+	}
+	if st.ctx != nil && st.ctx.Err() != nil {
+		st.left() // its AfterFunc may have run before held took c
+	}
+	return true
+}
+
+// left settles the held attempt as errStreamLeft: the application's
+// context ended before it read the stream's end.
+func (st *streamState) left() { st.settle(errStreamLeft) }
+
+// settle reports the held attempt, if any, with err, how the stream ended
+// for the application: RecvMsg's or Header's error (io.EOF: the stream
+// ended well, and the report stands), errRetriedAttempt when gRPC retried
+// the attempt, or errStreamLeft. Exactly one settle reports an attempt,
+// whichever comes first.
+func (st *streamState) settle(err error) {
+	if st.held.Load() == nil {
+		return
+	}
+	c := st.held.Swap(nil)
+	if c == nil {
+		return
+	}
+	if c.heldStop != nil {
+		c.heldStop() // false once it has run: then it settles nothing more
+	}
+	di := c.heldDI
+	if err != io.EOF && status.Code(err) != codes.OK {
+		di.Err = err
+	}
+	c.report(di)
 }
 
 // fill adds the stream's timing to an attempt's outcome: time to first
@@ -121,13 +212,21 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 // streams that carry one generation each (server streaming, or a
 // bidirectional stream with one request); a stream that carries many
 // requests would be timed as one long generation.
+//
+// It also gives the policy each such stream's own end, as UnaryOutcome
+// does for unary calls: grpc-go reports a stream the server failed before
+// the client had written its request (a long prompt over HTTP/2's 64 KiB
+// initial window, rejected unread by a rate limiter) to the balancer as a
+// success, and through StreamTiming it counts as what RecvMsg returns to
+// the application (an overload, for RESOURCE_EXHAUSTED). A stream whose
+// application leaves it before reading that end counts as neither.
 func StreamTiming(tokens func(msg any) int) grpc.StreamClientInterceptor {
 	streamInUse.Store(true)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		if !desc.ServerStreams {
 			return streamer(ctx, desc, cc, method, opts...)
 		}
-		st := &streamState{}
+		st := &streamState{ctx: ctx}
 		cs, err := streamer(context.WithValue(ctx, streamKey{}, st), desc, cc, method, opts...)
 		if err != nil {
 			return nil, err
@@ -158,6 +257,7 @@ func (s *timedStream) RecvMsg(m any) error {
 	}
 	err := s.ClientStream.RecvMsg(m)
 	if err != nil {
+		s.st.settle(err)
 		return err
 	}
 	var now int64
@@ -195,8 +295,17 @@ func (s *timedStream) RecvMsg(m any) error {
 // SendMsg and CloseSend send the request: no token comes before they
 // return, and the application's time away from the stream counts from
 // then (see package pace).
+//
+// SendMsg also marks the send for hold. After a client-side error (not
+// io.EOF, which says the status is in RecvMsg) the application may leave
+// the stream: a report held then is settled as errStreamLeft.
 func (s *timedStream) SendMsg(m any) error {
+	s.st.sending.Store(true)
 	err := s.ClientStream.SendMsg(m)
+	s.st.sending.Store(false)
+	if err != nil && err != io.EOF {
+		s.st.settle(errStreamLeft)
+	}
 	s.sent()
 	return err
 }
@@ -220,10 +329,17 @@ func (s *timedStream) sent() {
 func (s *timedStream) Header() (metadata.MD, error) {
 	b := s.st.core.Load()
 	if b == nil || s.st.first.Load() != 0 {
-		return s.ClientStream.Header()
+		md, err := s.ClientStream.Header()
+		if err != nil {
+			s.st.settle(err)
+		}
+		return md, err
 	}
 	entered := b.Now().UnixNano()
 	md, err := s.ClientStream.Header()
 	s.st.from.Add(max(b.Now().UnixNano()-entered, 0))
+	if err != nil {
+		s.st.settle(err)
+	}
 	return md, err
 }
