@@ -127,7 +127,9 @@
 // failed before the client had written its request as a success (a long
 // prompt over HTTP/2's 64 KiB initial window that a rate limiter rejects
 // unread; see Outcomes), and through either interceptor it counts as the
-// overload or failure it was. Streams are not corrected so.
+// overload or failure it was. StreamTiming (see Token streams) does the
+// same for server-streaming and bidirectional streams; client-streaming
+// calls are not corrected.
 //
 // # Token streams
 //
@@ -146,6 +148,13 @@
 // Header or RecvMsg, over 1/8 of the time to the first token) and the
 // RecvMsg that delivers the first token returns at once: the token was
 // already received, at a time nobody can tell.
+//
+// StreamTiming also gives the policy each stream's own end: a stream the
+// server failed before the client had written its request, which grpc-go
+// reports as a success (see Failover), counts as the error the
+// application's RecvMsg returns (an overload for RESOURCE_EXHAUSTED), or
+// as neither when the application leaves the stream without reading it
+// (its context ends first).
 //
 // # ORCA load reports
 //

@@ -139,7 +139,17 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // interceptor sees the call's error: through UnaryOutcome or UnaryRetry,
 // a unary call's attempt that ends without error is reported once the call
 // returns, with the call's error (retryState.hold): 20 overloads of 20
-// (TestEarlyRejectionIsAnOverloadThroughTheInterceptor). Streams are not
+// (TestEarlyRejectionIsAnOverloadThroughTheInterceptor). Streams fail the
+// same way: of 20 such 1 MiB streams, 0 to 11 server streams and 0 to 10
+// bidirectional ones counted as successes in 20 runs
+// (TestEarlyRejectedStreamWithoutStreamTiming logs them). Through
+// StreamTiming, a stream's attempt that grpc-go ends without error while
+// the application sends its request (no success: on OK grpc-go leaves
+// the attempt to RecvMsg) is reported once the application reads
+// the stream's end, with the error RecvMsg returns, and as neither if the
+// application leaves the stream unread (streamState.hold): 20 overloads
+// of 20 (TestEarlyRejectedStreamIsAnOverloadThroughStreamTiming).
+// Client-streaming calls, and streams without StreamTiming, are not
 // corrected.
 //
 // A request the client could not encode (msgNotEncoded) never left it
