@@ -55,6 +55,30 @@ func TestHeldAttemptIsSettledByTheCallsError(t *testing.T) {
 	assert.Zero(t, inFlight())
 }
 
+// An attempt that gRPC ended without error and with no answer (a refused
+// stream racing the request's write: errNoAnswer) is not held by the
+// unary interceptors: it is an overload at once, so the transparent retry
+// gRPC makes next finds its endpoint cooled down and excluded. Held, the
+// retry's pick would settle it as neither (errRetriedAttempt), and the
+// retry could go back to the endpoint that refused it.
+func TestUnheldNoAnswerCoolsDownBeforeTheRetry(t *testing.T) {
+	b := core.New(core.Options{Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{}`, 1)
+	st := &retryState{}
+	ctx := context.WithValue(context.Background(), retryKey{}, st)
+	retryInUse.Store(true)
+	a, res := h.pick(balancer.PickInfo{FullMethodName: "/svc/M", Ctx: ctx})
+	res.Done(balancer.DoneInfo{BytesSent: true}) // no answer
+	s := stats(t, b, a)
+	assert.Equal(t, [3]uint64{0, 0, 1}, [3]uint64{s.Successes, s.Failures, s.Overloads}, "an overload at once")
+	assert.False(t, s.ExcludedUntil.IsZero(), "cooled down before gRPC retries")
+	assert.Equal(t, a, st.excluded(), "the call's next attempt avoids it")
+	assert.Zero(t, s.InFlight)
+	st.settle(nil) // the call succeeds elsewhere: nothing held to report
+	s = stats(t, b, a)
+	assert.Equal(t, [3]uint64{0, 0, 1}, [3]uint64{s.Successes, s.Failures, s.Overloads})
+}
+
 // heldStream picks for a stream opened through StreamTiming (state st,
 // whose context is ctx) and ends the attempt as grpc-go ends one whose
 // request write failed: without error, while the application sends.

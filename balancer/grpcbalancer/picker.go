@@ -301,7 +301,7 @@ func (c *call) done(di balancer.DoneInfo) {
 	if c.childDone != nil {
 		c.childDone(di)
 	}
-	if c.retry != nil && di.Err == nil && di.BytesSent && c.retry.hold(c, di) {
+	if c.retry != nil && di.Err == nil && di.BytesReceived && c.retry.hold(c, di) {
 		return // reported once the interceptor sees the call's error (see hold)
 	}
 	if c.stream != nil && di.Err == nil && di.BytesReceived && c.stream.sending.Load() && c.stream.hold(c, di) {

@@ -37,7 +37,11 @@ type retryState struct {
 // until the interceptor sees the error the call returns (settle): grpc-go
 // also ends an attempt so when the server failed the call before the
 // client had written its request (see outcome), and only the call's error
-// tells. It reports false when another attempt is held already (hedging):
+// tells. Only an attempt with an answer is held (call.done): one that
+// ended with none (errNoAnswer, a refused stream racing the write) is an
+// overload at once, so that the transparent retry gRPC makes next finds
+// its endpoint cooled down and excluded, as streamState.hold leaves it
+// too. It reports false when another attempt is held already (hedging):
 // that one is reported now, as before.
 func (st *retryState) hold(c *call, di balancer.DoneInfo) bool {
 	if st.held.Load() != nil {
