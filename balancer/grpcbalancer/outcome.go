@@ -137,8 +137,9 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // overloads (10-byte calls: 20 overloads), on loopback
 // (benchmarks/experiments/grpc-early-rejection.patch). Only an
 // interceptor sees the call's error: through UnaryOutcome or UnaryRetry,
-// a unary call's attempt that ends without error is reported once the call
-// returns, with the call's error (retryState.hold): 20 overloads of 20
+// a unary call's attempt that ends without error but with an answer (one
+// with none is errNoAnswer, above) is reported once the call returns,
+// with the call's error (retryState.hold): 20 overloads of 20
 // (TestEarlyRejectionIsAnOverloadThroughTheInterceptor). Streams fail the
 // same way: of 20 such 1 MiB streams, 0 to 11 server streams and 0 to 10
 // bidirectional ones counted as successes in 20 runs
