@@ -113,6 +113,29 @@ var rejectedStreams = []struct {
 	}},
 }
 
+// rejectStreams opens 20 streams of a 1 MiB request with open, through a
+// policy of their own dialed with opts, to a server that rejects them
+// RESOURCE_EXHAUSTED unread; reads each to its end, which must be that
+// rejection; and returns how the policy counted them.
+func rejectStreams(t *testing.T, open func(context.Context, testgrpc.TestServiceClient, *testgrpc.StreamingOutputCallRequest) (grpc.ClientStream, error), opts ...grpc.DialOption) core.EndpointStats {
+	t.Helper()
+	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
+	b := rejectingServer(t)
+	name, cb := shared(t, core.Options{})
+	conn, _ := dial(t, []*backend{b}, name, `{}`, opts...)
+	client := testgrpc.NewTestServiceClient(conn)
+	for range 20 {
+		st, err := open(testContext(t), client, big)
+		for err == nil {
+			err = st.RecvMsg(new(testgrpc.StreamingOutputCallResponse))
+		}
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("a rejected stream: %v", err)
+		}
+	}
+	return stats(t, cb, b.addr)
+}
+
 // A stream the server rejects before the client has written its request
 // (1 MiB, rejected unread) is a stream grpc-go ends without error for the
 // policy, as it does a unary call (see
@@ -122,23 +145,9 @@ var rejectedStreams = []struct {
 // overload it is. (Without it, many count as successes: see
 // TestEarlyRejectedStreamWithoutStreamTiming.)
 func TestEarlyRejectedStreamIsAnOverloadThroughStreamTiming(t *testing.T) {
-	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
 	for _, tc := range rejectedStreams {
 		t.Run(tc.name, func(t *testing.T) {
-			b := rejectingServer(t)
-			name, cb := shared(t, core.Options{})
-			conn, _ := dial(t, []*backend{b}, name, `{}`, grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
-			client := testgrpc.NewTestServiceClient(conn)
-			for range 20 {
-				st, err := tc.open(testContext(t), client, big)
-				for err == nil {
-					err = st.RecvMsg(new(testgrpc.StreamingOutputCallResponse))
-				}
-				if status.Code(err) != codes.ResourceExhausted {
-					t.Fatalf("a rejected stream: %v", err)
-				}
-			}
-			s := stats(t, cb, b.addr)
+			s := rejectStreams(t, tc.open, grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
 			if s.Successes != 0 || s.Overloads != 20 || s.Failures != 0 || s.InFlight != 0 {
 				t.Errorf("20 streams rejected unread: %d successes, %d overloads, %d failures, %d in flight; want 0, 20, 0, 0",
 					s.Successes, s.Overloads, s.Failures, s.InFlight)
@@ -153,23 +162,9 @@ func TestEarlyRejectedStreamIsAnOverloadThroughStreamTiming(t *testing.T) {
 // outcome's doc: go test -run TestEarlyRejectedStreamWithoutStreamTiming
 // -count=20 -v ./balancer/grpcbalancer/).
 func TestEarlyRejectedStreamWithoutStreamTiming(t *testing.T) {
-	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
 	for _, tc := range rejectedStreams {
 		t.Run(tc.name, func(t *testing.T) {
-			b := rejectingServer(t)
-			name, cb := shared(t, core.Options{})
-			conn, _ := dial(t, []*backend{b}, name, `{}`)
-			client := testgrpc.NewTestServiceClient(conn)
-			for range 20 {
-				st, err := tc.open(testContext(t), client, big)
-				for err == nil {
-					err = st.RecvMsg(new(testgrpc.StreamingOutputCallResponse))
-				}
-				if status.Code(err) != codes.ResourceExhausted {
-					t.Fatalf("a rejected stream: %v", err)
-				}
-			}
-			s := stats(t, cb, b.addr)
+			s := rejectStreams(t, tc.open)
 			t.Logf("20 streams rejected unread, without StreamTiming: %d successes, %d overloads", s.Successes, s.Overloads)
 			if s.Successes+s.Overloads != 20 || s.Failures != 0 || s.InFlight != 0 {
 				t.Errorf("20 streams rejected unread: %d successes, %d overloads, %d failures, %d in flight; want 20 successes and overloads, 0, 0",
