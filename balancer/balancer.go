@@ -387,8 +387,13 @@ func (b *Balancer) reconcile() {
 		// Store holds it), so endpoint churn cannot fill the Store.
 		// Without a slot (the Store was full) it held none, so it
 		// releases none: the slot another Balancer took since is that
-		// one's.
+		// one's. Its calls still in flight leave the groups' load
+		// counters too: they are no member's to share, and counted there
+		// they widened every remaining member's affinity bound until
+		// they ended (a replica drained by a rolling deploy streams for
+		// minutes). Their Done counts on the empty set.
 		e.pools.Store(nil)
+		setGroupLoads(e, nil)
 		if e.slot.Load() != nil {
 			b.cfg.store.Release(id)
 		}
