@@ -77,9 +77,12 @@ type GPU struct {
 	Host        string // Hostname label (hostname in newer exporters)
 	MIGProfile  string // GPU_I_PROFILE, e.g. "1g.10gb"; empty without MIG
 	MIGInstance string // GPU_I_ID; empty without MIG
-	Pod         string // pod, namespace, container: set with --kubernetes
-	Namespace   string
-	Container   string
+	// Pod, Namespace and Container are set with --kubernetes, from the pod,
+	// namespace and container labels (pod_name, pod_namespace and
+	// container_name with --use-old-namespace).
+	Pod       string
+	Namespace string
+	Container string
 
 	FBUsedMiB, FBFreeMiB, FBReservedMiB float64
 	UtilPercent                         float64 // 0..100
@@ -261,12 +264,16 @@ func parseBytes(data []byte) ([]GPU, error) {
 // record returns the GPU for m's labels, creating it.
 func record(byKey map[key]*GPU, m *dto.Metric) *GPU {
 	l := func(name string) string { return promtext.Label(m, name) }
+	// --use-old-namespace (dcgm-exporter's 1.x names) writes uuid, and
+	// pod_name, pod_namespace and container_name for the pod labels.
 	uuid := cmp.Or(l("UUID"), l("uuid"))
 	k := key{
-		host: cmp.Or(l("Hostname"), l("hostname")),
-		id:   cmp.Or(uuid, "gpu:"+l("gpu")),
-		mig:  l("GPU_I_ID"),
-		ns:   l("namespace"), pod: l("pod"), container: l("container"),
+		host:      cmp.Or(l("Hostname"), l("hostname")),
+		id:        cmp.Or(uuid, "gpu:"+l("gpu")),
+		mig:       l("GPU_I_ID"),
+		ns:        cmp.Or(l("namespace"), l("pod_namespace")),
+		pod:       cmp.Or(l("pod"), l("pod_name")),
+		container: cmp.Or(l("container"), l("container_name")),
 	}
 	if g, ok := byKey[k]; ok {
 		return g

@@ -33,7 +33,8 @@ type Pod struct{ Namespace, Name string }
 
 // ByPod maps a GPU to the endpoints served by the pod it is attributed to
 // (dcgm-exporter with --kubernetes adds pod and namespace labels to the
-// series of a GPU allocated to a pod). podOf maps endpoint ID to pod. GPUs
+// series of a GPU allocated to a pod; pod_name and pod_namespace with
+// --use-old-namespace). podOf maps endpoint ID to pod. GPUs
 // not attributed to a listed pod map to nothing.
 func ByPod(podOf map[string]Pod) Mapping {
 	byPod := map[Pod][]string{}
