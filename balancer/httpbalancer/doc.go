@@ -49,19 +49,21 @@
 // sends; GetBody must give the bytes of Body, as net/http assumes when it
 // resends one. (A copy in memory whose length or first bytes differ from
 // the body's, a GetBody left over from before Body was replaced, is not
-// used.) Picking happens per request, never per connection, so keep-alive
+// used, here or for a failover.) Picking happens per request, never per connection, so keep-alive
 // cannot pin a client to one backend. A
 // canceled context ends a read-ahead that is waiting on the caller's body.
 // When the caller's body itself fails (a gateway's client dropped its
 // upload), the call fails with that error and no endpoint is blamed: failing
-// during the read-ahead, nothing is sent; failing while it is sent, the
+// during the read-ahead, nothing is sent; failing while it is sent (or
+// GetBody's copy, while a failover sends it), the
 // attempt counts as canceled and is not retried elsewhere. (A body that is
 // not read ahead, MaxPeek < 0 or not JSON, is passed to Base untouched, so
 // its failure is Base's error like any other.) Nor is an endpoint blamed
 // for a request that net/http refuses to send (a method, header or trailer
 // field that is not valid HTTP, such as a header value with a line break; a
 // control character in the URL; a scheme other than http and https; a body
-// read ahead, or in memory, whose length is not its ContentLength; to an
+// read ahead, or in memory, or a GetBody copy, whose length is not its
+// ContentLength; to an
 // https endpoint, a header field HTTP/2 forbids, such as Upgrade): it fails
 // with Base's error and is not retried elsewhere. (A nil Header, which
 // http.Client fills in and net/http's Transport refuses, is sent as an

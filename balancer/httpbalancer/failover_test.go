@@ -355,3 +355,81 @@ func TestFailoverWithoutABodySpendsNoRetry(t *testing.T) {
 	assert.Equal(t, balancer.RetryStats{}, tr.Balancer().RetryStats())
 	assert.Zero(t, good.hits.Load())
 }
+
+// failingAfter is a request body that gives n spaces and then fails, as a
+// caller's upload does when its client drops it.
+type failingAfter struct{ n int }
+
+func (f *failingAfter) Read(p []byte) (int, error) {
+	if f.n == 0 {
+		return 0, io.ErrClosedPipe
+	}
+	k := min(len(p), f.n)
+	copy(p, strings.Repeat(" ", k))
+	f.n -= k
+	return k, nil
+}
+
+// TestFailoverBodyFromABadGetBodyBlamesNoEndpoint: the failover's body
+// comes from the caller's GetBody, and when that copy is not the body (a
+// GetBody left over from before a middleware replaced Body, of another
+// length) or fails while it is sent, the endpoint the call failed over to
+// is not blamed, as it is not for the first attempt's body: the stale copy
+// is not sent, and one that fails or turns out of another length counts
+// as the caller's. Each used to count as a failure of the healthy
+// endpoint, and the call's error to name it.
+func TestFailoverBodyFromABadGetBodyBlamesNoEndpoint(t *testing.T) {
+	good := newBackend(t, "good")
+	body := chatBody(1, false)
+	for _, tc := range []struct {
+		name    string
+		getBody func() (io.ReadCloser, error)
+		sent    bool // the copy reaches Base (it cannot be told from the body before)
+	}{
+		{name: "stale in memory", getBody: func() (io.ReadCloser, error) {
+			return io.NopCloser(strings.NewReader(body + "   ")), nil
+		}},
+		{name: "shorter", sent: true, getBody: func() (io.ReadCloser, error) {
+			return opaque{strings.NewReader(body[:len(body)-3])}, nil
+		}},
+		{name: "longer", sent: true, getBody: func() (io.ReadCloser, error) {
+			return opaque{strings.NewReader(body + "   ")}, nil
+		}},
+		{name: "failing", sent: true, getBody: func() (io.ReadCloser, error) {
+			return opaque{&failingAfter{n: 10}}, nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			good.hits.Store(0)
+			res := newResults(4)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: refusedAddr(t)}, {ID: "good", Addr: good.addr()}},
+				BalancerOptions: preferOpts("dead"),
+				OnResult:        res.on,
+			})
+			req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(body))
+			require.NoError(t, err)
+			req.GetBody = tc.getBody
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				// net/http may see the server's answer to the bytes it
+				// was promised before it notices the body is longer.
+				_, _ = io.Copy(io.Discard, resp.Body)
+				require.NoError(t, resp.Body.Close())
+			} else {
+				var ee *httpbalancer.EndpointError
+				if errors.As(err, &ee) {
+					assert.Equal(t, "dead", ee.Endpoint, "the error names the endpoint that failed: %v", err)
+				}
+			}
+			st := statsByID(tr.Balancer())
+			assert.Zero(t, st["good"].Failures, "the failover's endpoint blamed: %v", err)
+			assert.EqualValues(t, 1, st["dead"].Failures)
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+			if !tc.sent {
+				assert.EqualValues(t, 1, res.n.Load(), "one attempt, no failover")
+				assert.Zero(t, st["good"].Picks)
+			}
+		})
+	}
+}

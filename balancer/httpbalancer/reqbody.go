@@ -464,7 +464,20 @@ func (rb *reqBody) again() (bodyReader, bool) {
 		if err != nil || b == nil {
 			return bodyReader{}, false
 		}
-		return bodyReader{b, rb.length}, true
+		if m := inMemory(b); m.ok() {
+			// A copy in memory of another length or start than the
+			// body's comes from a GetBody left over from before Body
+			// was replaced (see reopen): it is not the call's body.
+			if !m.begins(rb.head, rb.length) {
+				_ = b.Close()
+				return bodyReader{}, false
+			}
+			return bodyReader{b, rb.length}, true
+		}
+		// Counted as it is sent, as the first attempt's body is: a copy
+		// that fails, or is not of the body's length, is the caller's
+		// doing, and the endpoint it went to is not blamed for it.
+		return bodyReader{&stitched{orig: b}, rb.length}, true
 	}
 	return bodyReader{}, false
 }
