@@ -430,7 +430,8 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 	if !b.outliersDue(nowNs) {
 		return
 	}
-	b.nextOutlier.Store(nowNs + int64(b.cfg.outlierInterval))
+	// Saturating: an interval meant as "never" wrapped to a time past.
+	b.nextOutlier.Store(later(nowNs, b.cfg.outlierInterval))
 	all := b.all.Load()
 	if all == nil {
 		return
