@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,6 +66,12 @@ type discoverer struct {
 // requests find endpoints, then every d.Interval until Close.
 func (t *Transport) startDiscovery(d Discovery) {
 	host, port, _ := net.SplitHostPort(d.Target) // validated in resolve
+	if n, err := net.LookupPort("tcp", port); err == nil {
+		// The endpoints' Addrs and IDs name it as a number, as Update
+		// requires: "10.0.0.5:80", not "10.0.0.5:http" (which no URL
+		// parses) or "10.0.0.5:080".
+		port = strconv.Itoa(n)
+	}
 	if d.Interval == 0 {
 		d.Interval = DefaultDiscoveryInterval
 	}

@@ -3,6 +3,7 @@ package httpbalancer_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"slices"
 	"sync"
 	"testing"
@@ -224,4 +225,28 @@ func TestTransportEndpoints(t *testing.T) {
 	was := eps[0].Addr
 	eps[0].Addr = "changed"
 	assert.Equal(t, was, tr.Endpoints()[0].Addr, "the caller's copy")
+}
+
+// TestDiscoveryPortIsANumber: a Target's port may be a service name
+// ("http") or a number spelt otherwise ("08000", "+8000"), as validation
+// lets it; the endpoints found get it as a number. They used to get it as
+// written ("10.0.0.1:http"): an Addr that Update itself refuses, that no
+// URL parses (so the telemetry targets built from Endpoints, as its doc
+// shows, failed), and an ID no other adapter names that replica by. Port
+// 0, which LookupPort accepts, dials nothing and is refused.
+func TestDiscoveryPortIsANumber(t *testing.T) {
+	dns := &fakeDNS{}
+	dns.set(nil, "10.0.0.1")
+	for port, want := range map[string]string{"http": "10.0.0.1:80", "08000": "10.0.0.1:8000", "+8000": "10.0.0.1:8000", "8000": "10.0.0.1:8000"} {
+		tr := newTransport(t, httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:" + port, LookupHost: dns.LookupHost}})
+		eps := tr.Endpoints()
+		require.Len(t, eps, 1)
+		assert.Equal(t, want, eps[0].Addr, "port %q", port)
+		assert.Equal(t, want, eps[0].Key(), "port %q", port)
+		_, err := url.Parse("http://" + eps[0].Addr + "/metrics")
+		assert.NoError(t, err, "port %q", port)
+		assert.NoError(t, tr.Update(eps), "port %q: Update takes what Discovery found", port)
+	}
+	_, err := httpbalancer.NewTransport(httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:0", LookupHost: dns.LookupHost}})
+	require.ErrorContains(t, err, "Options.Discovery.Target")
 }

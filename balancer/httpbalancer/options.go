@@ -154,7 +154,8 @@ type Options struct {
 // (Grace) the addresses it stops returning.
 type Discovery struct {
 	// Target is "host:port": the name to resolve and the port every
-	// resolved address serves on.
+	// resolved address serves on, a number or a service name the system
+	// knows ("http"), which the endpoints found get as its number.
 	Target string
 	// Scheme, "http" or "https", is given to every resolved address; ""
 	// means the request URL's scheme.
@@ -322,9 +323,9 @@ func (o *Options) resolve() (*config, error) {
 		if err != nil || host == "" || port == "" {
 			return nil, bad("Discovery.Target", `must be "host:port"`, fmt.Sprintf("%q", d.Target))
 		}
-		if _, err := net.LookupPort("tcp", port); err != nil {
+		if n, err := net.LookupPort("tcp", port); err != nil || n == 0 {
 			// A number, or a service name the system knows ("http").
-			return nil, bad("Discovery.Target", "must have a port number or a known service name", fmt.Sprintf("%q", d.Target))
+			return nil, bad("Discovery.Target", "must have a port number (1-65535) or a known service name", fmt.Sprintf("%q", d.Target))
 		}
 		if d.Scheme != "" && d.Scheme != "http" && d.Scheme != "https" {
 			return nil, bad("Discovery.Scheme", `must be "", "http" or "https"`, fmt.Sprintf("%q", d.Scheme))

@@ -52,6 +52,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"session header with NUL", httpbalancer.Options{SessionHeader: "X-Session\x00"}, "Options.SessionHeader"},
 		{"session header with a slash", httpbalancer.Options{SessionHeader: "X/Session"}, "Options.SessionHeader"},
 		{"tenant header not ASCII", httpbalancer.Options{TenantHeader: "X-Organización"}, "Options.TenantHeader"},
+		{"discovery port 0", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:0"}}, "Options.Discovery.Target"},
 		{"discovery port not a port", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:notaport"}}, "Options.Discovery.Target"},
 		{"discovery interval of 1ns", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:80", Interval: 1}}, "Options.Discovery.Interval"},
 		{"max peek", httpbalancer.Options{MaxPeek: httpbalancer.MaxMaxPeek + 1}, "Options.MaxPeek"},
