@@ -201,8 +201,9 @@ var _ telemetry.Sink = (*Balancer)(nil)
 // first Update adds next to endpoints another membership already serves).
 //
 // Entries with neither ID nor Addr, and later duplicates of an ID, are skipped;
-// a non-positive or non-finite Weight is read as 1. Every such problem is
-// reported in the returned error, and the rest of the set is applied.
+// a negative or non-finite Weight is read as 1, and one above MaxWeight as
+// MaxWeight. Every such problem is reported in the returned error, and the
+// rest of the set is applied. A Weight of 0 is no problem: it means 1.
 //
 // Update sets the Balancer's own membership, which Pick routes over; an
 // adapter sharing the Balancer with others sets its own through a Membership,
