@@ -71,14 +71,35 @@ var extractors = [...]func(*extractor){
 		// triton_backend/inflight_batcher_llm/src/model_instance_state.cc,
 		// WaitForStats.)
 		x.sum(telemetry.Running, x.where("nv_trt_llm_request_metrics", "request_type", "scheduled"))
+		// Backends before the "waiting" and "fraction" series (the Triton
+		// 23.11 era's) export what the newer ones derive them from, and
+		// they are derived here as the newer ones do: waiting is active
+		// minus scheduled, fraction used over max blocks (0 without any).
+		waiting := x.where("nv_trt_llm_request_metrics", "request_type", "waiting")
+		if len(waiting) == 0 {
+			waiting = x.derive("request_type",
+				x.where("nv_trt_llm_request_metrics", "request_type", "active"),
+				x.where("nv_trt_llm_request_metrics", "request_type", "scheduled"),
+				func(active, scheduled float64) float64 { return active - scheduled })
+		}
 		// Triton's pending count stops when a backend starts executing a
 		// request (triton-inference-server/core src/infer_request.cc), and the
 		// TensorRT-LLM backend's execute only enqueues into its executor, so
 		// the two queues are disjoint and add up.
-		x.sum(telemetry.Waiting, slices.Concat(
-			x.all("nv_inference_pending_request_count"),
-			x.where("nv_trt_llm_request_metrics", "request_type", "waiting")))
-		x.max(telemetry.KVCacheUsage, x.where("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction"))
+		x.sum(telemetry.Waiting, slices.Concat(x.all("nv_inference_pending_request_count"), waiting))
+		kv := x.where("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction")
+		if len(kv) == 0 {
+			kv = x.derive("kv_cache_block_type",
+				x.where("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "used"),
+				x.where("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "max"),
+				func(used, blocks float64) float64 {
+					if blocks > 0 {
+						return used / blocks
+					}
+					return 0
+				})
+		}
+		x.max(telemetry.KVCacheUsage, kv)
 		x.max(telemetry.GPUUtil, x.all("nv_gpu_utilization"))
 		x.max(telemetry.GPUPower, x.all("nv_gpu_power_usage"))
 		x.worstMemory(x.all("nv_gpu_memory_used_bytes"), x.all("nv_gpu_memory_total_bytes"), "gpu_uuid")
@@ -157,6 +178,37 @@ func (x *extractor) where(name, label, value string) []*dto.Metric {
 		if promtext.Label(m, label) == value {
 			out = append(out, m)
 		}
+	}
+	return out
+}
+
+// derive returns, for each series of a, f of its value and that of the
+// series of b whose labels are the same but for label (a family's kind
+// label, as request_type), as a gauge: the series a server that exports f
+// itself would have. A value that is not a finite number makes f's NaN,
+// which the readers drop and count.
+func (x *extractor) derive(label string, a, b []*dto.Metric, f func(a, b float64) float64) []*dto.Metric {
+	if len(a) == 0 || len(b) == 0 {
+		return nil
+	}
+	skip := []string{label}
+	bs := make(map[string]*dto.Metric, len(b))
+	for _, m := range b {
+		bs[groupKey(m, skip)] = m
+	}
+	var out []*dto.Metric
+	for _, m := range a {
+		other, ok := bs[groupKey(m, skip)]
+		if !ok {
+			continue
+		}
+		v := math.NaN()
+		va, okA := promtext.Value(m)
+		vb, okB := promtext.Value(other)
+		if okA && okB {
+			v = f(va, vb)
+		}
+		out = append(out, &dto.Metric{Label: m.Label, Gauge: &dto.Gauge{Value: &v}})
 	}
 	return out
 }

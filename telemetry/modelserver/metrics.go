@@ -82,9 +82,12 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	              Waiting      tgi_queue_size
 //	Triton        Waiting      nv_inference_pending_request_count (all models: not yet given to a backend)
 //	                           + nv_trt_llm_request_metrics{request_type="waiting"} (queued in the
-//	                           TensorRT-LLM executor: active minus scheduled)
+//	                           TensorRT-LLM executor: active minus scheduled, derived so from the
+//	                           request_type="active" and "scheduled" series where it is absent)
 //	              Running      nv_trt_llm_request_metrics{request_type="scheduled"} (TensorRT-LLM backend)
 //	              KVCacheUsage nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}
+//	                           (used / max blocks: derived so from "used" and "max" where it is absent,
+//	                           as in backends of the Triton 23.11 era)
 //	              GPUUtil, GPUPower   nv_gpu_utilization, nv_gpu_power_usage (highest GPU)
 //	              GPUMemUsed, GPUMemTotal  nv_gpu_memory_used_bytes, nv_gpu_memory_total_bytes
 //	                           (the GPU with the highest used/total)
