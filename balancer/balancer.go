@@ -567,6 +567,12 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	if b.cfg.tenantShard > 0 && req.Tenant != "" {
 		var sh shard
 		if b.tenantShard(req, g, &sh) {
+			if retry {
+				if err := b.spendRetry(g, c, &sh); err != nil {
+					return Pick{}, err
+				}
+				retry = false // spent
+			}
 			i, keyed := b.choose(req, g, now, c, &sh)
 			if i < 0 && !c.panicking && b.cfg.panicThreshold > 0 {
 				// The shard may be only cooling down after overload
@@ -581,24 +587,49 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				i, keyed = b.choose(req, g, now, rc, &sh)
 			}
 			if i >= 0 {
-				if retry && !b.AllowRetry() {
-					return Pick{}, ErrNoRetryBudget
-				}
 				c.keyed = keyed
 				return b.acquire(g.members[i], req, c), nil
 			}
 			// Nothing in the shard can take it: the whole group, below.
 		}
 	}
+	if retry {
+		if err := b.spendRetry(g, c, nil); err != nil {
+			return Pick{}, err
+		}
+	}
 	i, keyed := b.choose(req, g, now, c, nil)
 	if i < 0 {
+		// With a retry spent, the last candidate spendRetry found left
+		// in between: rare, and the retry is not refunded.
 		return Pick{}, ErrNoEndpoints
-	}
-	if retry && !b.AllowRetry() {
-		return Pick{}, ErrNoRetryBudget
 	}
 	c.keyed = keyed
 	return b.acquire(g.members[i], req, c), nil
+}
+
+// spendRetry is a retry's budget check, made before choose: choosing
+// records where a key spilled (the sticky session, the spill memory, the
+// spill counts), and a retry the budget denied sends no call there. It
+// returns ErrNoEndpoints, spending nothing, when no member can take the
+// retry (draw, which records nothing, finds none; nor, with a tenant's
+// shard sh, among the shard's cooling members, where pickWith sends a
+// shard's calls when they are all cooling down), ErrNoRetryBudget when
+// the budget denies it, and nil once it is spent.
+func (b *Balancer) spendRetry(g *group, c cand, sh *shard) error {
+	found := b.draw(g, c, nil, -1) >= 0
+	if !found && sh != nil && !c.panicking && b.cfg.panicThreshold > 0 {
+		rc := c
+		rc.panicking, rc.coolingOnly = true, true
+		found = b.draw(g, rc, sh, -1) >= 0
+	}
+	if !found {
+		return ErrNoEndpoints
+	}
+	if !b.AllowRetry() {
+		return ErrNoRetryBudget
+	}
+	return nil
 }
 
 // PickAt picks the endpoint whose serial (Pick.Serial) is given when it can
