@@ -631,19 +631,22 @@ func TestPickAllocs(t *testing.T) {
 	withReq := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
 		Ctx: inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 7})}
 	UnaryRetry(2) // as a channel with the interceptor: picks look for its state
+	st := &retryState{}
 	withRetry := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
-		Ctx: context.WithValue(context.Background(), retryKey{}, &retryState{})}
+		Ctx: context.WithValue(context.Background(), retryKey{}, st)}
 	for _, tt := range []struct {
 		name string
 		info balancer.PickInfo
 		max  float64
-	}{{"method only", plain, 0}, {"context request", withReq, 0}, {"affinity header", withKey, 1}, {"UnaryRetry call", withRetry, 0}} {
+		st   *retryState // the interceptor's, which settles a held attempt when the call returns
+	}{{"method only", plain, 0, nil}, {"context request", withReq, 0, nil}, {"affinity header", withKey, 1, nil}, {"UnaryRetry call", withRetry, 0, st}} {
 		got := testing.AllocsPerRun(1000, func() {
 			res, err := p.Pick(tt.info)
 			if err != nil {
 				t.Fatal(err)
 			}
 			res.Done(sent)
+			tt.st.settle(nil) // the call returned without error
 		})
 		if got > tt.max {
 			t.Errorf("%s: %v allocs per Pick+Done, want at most %v", tt.name, got, tt.max)
