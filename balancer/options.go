@@ -106,7 +106,10 @@ type Options struct {
 	// endpoints, as Envoy does, rather than piling the whole load onto a few
 	// survivors. Default 0.5 (Envoy's); negative disables panic routing.
 	// Such a call to an endpoint out of good standing is no half-open
-	// probe: its outcome does not move the breaker or the exclusion.
+	// probe: its outcome does not move the breaker or the exclusion the
+	// breaker set. An overload answer to it still cools the endpoint down
+	// (DefaultCooldown), as any overload answer does: the server said so
+	// just now.
 	PanicThreshold float64
 	// DefaultCooldown is how long an endpoint that answered "overloaded"
 	// without a Retry-After hint is kept out of rotation. Default 1s.
