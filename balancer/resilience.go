@@ -210,10 +210,13 @@ func (b *Balancer) ejectionTime(n int32) time.Duration {
 // longest exclusion) is bounded by the same figure.
 const maxHold = time.Duration(1 << 61)
 
-// later is nowNs + d, with d at most maxHold, saturating.
+// later is nowNs + d, with d at most maxHold, saturating. Only a time
+// after 1970 can overflow: for one before (a fake clock from the zero
+// Time reads far below zero), MaxInt64 - nowNs itself would overflow, and
+// every exclusion saturated to the end of time.
 func later(nowNs int64, d time.Duration) int64 {
 	d = min(d, maxHold)
-	if int64(d) > math.MaxInt64-nowNs {
+	if nowNs > 0 && int64(d) > math.MaxInt64-nowNs {
 		return math.MaxInt64
 	}
 	return nowNs + int64(d)
