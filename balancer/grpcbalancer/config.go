@@ -240,6 +240,14 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 	return c, nil
 }
 
+// MaxConfigStickyEntries bounds the sticky table a service config may ask
+// for (balancer.stickyEntries): 1,048,576 entries, 32 MiB, which every
+// channel of the policy allocates up front. A service config can come from
+// the name resolver, which pushes it to every client; the core's own
+// bound, balancer.MaxStickyEntries (512 MiB), is for a Balancer built in
+// code (NewBuilder), as grpc-go caps ring_hash's ring size from a config.
+const MaxConfigStickyEntries = 1 << 20
+
 // options maps the tunables onto core.Options and validates them: each
 // field alone first, so the error names the JSON field, then all together.
 func (t *jsonTunables) options() (core.Options, error) {
@@ -309,7 +317,13 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"spillMemory", dur(t.SpillMemory, func(o *core.Options) *time.Duration { return &o.SpillMemory })},
 		{"minKeyReuse", num(t.MinKeyReuse, func(o *core.Options) *float64 { return &o.MinKeyReuse })},
 		{"stickyTTL", dur(t.StickyTTL, func(o *core.Options) *time.Duration { return &o.StickyTTL })},
-		{"stickyEntries", count(t.StickyEntries, func(o *core.Options) *int { return &o.StickyEntries })},
+		{"stickyEntries", func(o *core.Options) error {
+			if t.StickyEntries > MaxConfigStickyEntries {
+				return fmt.Errorf("%d is over the %d a service config may ask for (a larger table: NewBuilder with your own Balancer's Options.StickyEntries)", t.StickyEntries, MaxConfigStickyEntries)
+			}
+			o.StickyEntries = t.StickyEntries
+			return nil
+		}},
 	}...)
 	var o core.Options
 	for _, f := range fields {

@@ -114,6 +114,9 @@ func TestParseConfigBad(t *testing.T) {
 		{"sticky TTL not a duration", `{"balancer": {"stickyTTL": "2 minutes"}}`, false, "balancer.stickyTTL"},
 		{"sticky entries negative", `{"balancer": {"stickyEntries": -1}}`, false, "balancer.stickyEntries"},
 		{"sticky entries too many", `{"balancer": {"stickyEntries": 100000000}}`, false, "balancer.stickyEntries"},
+		// Allocated up front by every channel: a service config (which a
+		// resolver may push to every client) gets at most 32 MiB of it.
+		{"sticky entries past the config's bound", `{"balancer": {"stickyEntries": 16777216}}`, false, "balancer.stickyEntries"},
 		{"tenant shard negative", `{"balancer": {"tenantShardSize": -2}}`, false, "balancer.tenantShardSize"},
 		{"tenant shard not a number", `{"balancer": {"tenantShardSize": "4"}}`, false, "balancer.tenantShardSize"},
 		{"tenant shard fractional", `{"balancer": {"tenantShardSize": 2.5}}`, false, "balancer.tenantShardSize: got JSON number 2.5, want an integer"},
