@@ -395,8 +395,8 @@ func (b *Balancer) reconcile() {
 		// minutes). Their Done counts on the empty set.
 		e.pools.Store(nil)
 		setGroupLoads(e, nil)
-		if e.slot.Load() != nil {
-			b.cfg.store.Release(id)
+		if s := e.slot.Load(); s != nil {
+			b.cfg.store.ReleaseSlot(id, s)
 		}
 	}
 	for _, e := range all {

@@ -169,16 +169,28 @@ func (st *Store) dropUnheldLocked() {
 	})
 }
 
-// Release undoes one Hold of id; after the last one the slot is dropped, as
-// Forget drops it. Holders of the slot keep a working but orphaned handle.
+// Release undoes one Hold of id's current slot; after the last one the
+// slot is dropped, as Forget drops it. Holders of the slot keep a working
+// but orphaned handle. A holder whose slot may have been forgotten since
+// it took it (and held anew by someone else) releases with ReleaseSlot,
+// which lets go of its own slot only.
 func (st *Store) Release(id string) {
+	st.ReleaseSlot(id, nil)
+}
+
+// ReleaseSlot is Release of the slot s that Hold(id) returned: it does
+// nothing when id's slot is no longer s (Forget dropped s, or the table's
+// room was needed, and another holder may hold a new slot for id, which a
+// release by ID would drop from under it). nil s releases id's current
+// slot, as Release does.
+func (st *Store) ReleaseSlot(id string, s *Slot) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	v, ok := st.slots.Load(id)
-	if !ok {
+	if !ok || s != nil && v.(*Slot) != s {
 		return
 	}
-	s := v.(*Slot)
+	s = v.(*Slot)
 	if s.refs > 0 {
 		s.refs--
 		if s.refs == 0 {

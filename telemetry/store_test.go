@@ -310,3 +310,28 @@ func TestHoldDropsUnheldSlotsWhenFull(t *testing.T) {
 	assert.NotNil(t, st.Hold("e"))
 	assert.Equal(t, telemetry.StoreStats{Accepted: 2, DroppedFull: 1}, st.Stats())
 }
+
+// A holder whose slot was forgotten (Forget, for an endpoint that left)
+// and then held anew by another holder lets go of its own slot, not of
+// the new one: ReleaseSlot of the old slot leaves the new holder's
+// telemetry in place. Release by ID dropped it, and the new holder kept
+// reading an orphaned slot that nothing published to.
+func TestReleaseOfAForgottenSlotKeepsTheNewHolders(t *testing.T) {
+	st := telemetry.Store{MaxEndpoints: 4}
+	old := st.Hold("a")
+	require.NotNil(t, old)
+	st.Forget("a")
+	cur := st.Hold("a") // another Balancer on the shared Store
+	require.NotNil(t, cur)
+	require.NotSame(t, old, cur)
+	st.ReleaseSlot("a", old)
+	assert.Same(t, cur, st.Slot("a"), "the new holder's slot stays")
+	st.Publish("a", sample(t0, float64(telemetry.Waiting), 1))
+	var s telemetry.Sample
+	cur.LoadInto(&s, t0, 0)
+	assert.False(t, s.Empty(), "and gets what is published")
+	st.ReleaseSlot("a", cur)
+	assert.Zero(t, st.Len(), "its last holder let go")
+	st.ReleaseSlot("a", cur) // more releases than holds change nothing
+	assert.Zero(t, st.Len())
+}
