@@ -201,11 +201,7 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 			e.readyMask.Or(m.bit) // new here: ready until told otherwise
 		}
 	}
-	for _, e := range m.members {
-		if !listed[e] {
-			e.readyMask.And(^m.bit)
-		}
-	}
+	removed := m.members
 	m.members, m.infos, m.listed = members, infos, listed
 	snap := b.build(m)
 	// Published only once reconcile has pointed every member at its group
@@ -213,6 +209,18 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 	// endpoint new to the Balancer has none before.
 	b.reconcile()
 	m.snap.Store(snap)
+	// Only now are the members that left marked not ready here: picks
+	// still on the old snapshot (those that loaded it before the Store)
+	// may take one, as they would have a moment before. Marked before the
+	// new snapshot was out, every pick in between (building it and
+	// reconcile take a while: the affinity ring, the group counters) found
+	// the old snapshot's members gone and failed with ErrNoEndpoints when
+	// the update replaced them all, a blue/green switch.
+	for _, e := range removed {
+		if !listed[e] {
+			e.readyMask.And(^m.bit)
+		}
+	}
 	b.epoch.Add(1)
 	if len(members) > 0 {
 		m.warm = true
