@@ -41,7 +41,31 @@ var extractors = [...]func(*extractor){
 		// With --enable-priority-scheduling the counts carry priority="" for
 		// the total and priority="<n>" for a breakdown of that total.
 		x.sumOverGroups(telemetry.Running, x.where("sglang_num_running_reqs", "priority", ""), sglangReplicaLabels...)
-		x.sumOverGroups(telemetry.Waiting, x.where("sglang_num_queue_reqs", "priority", ""), sglangReplicaLabels...)
+		// Waiting is the waiting queue plus, in prefill/decode
+		// disaggregation, the queues a request passes before it: a prefill
+		// server's bootstrap queue (handshake with the decode side, then the
+		// waiting queue), a decode server's prealloc queue (KV memory, then
+		// the transfer queue) and transfer queue (KV cache arriving, then the
+		// waiting queue). A request is in one of them at a time, never also
+		// running, and a new request queues behind them; SGLang's own load
+		// report for its router (get_load) counts the same queues.
+		// The bootstrap queue was exported as num_prefill_prealloc_queue_reqs
+		// before its rename. Left out: the prefill inflight queue, whose
+		// prefill is done (its KV cache is being sent; the memory shows in
+		// token_usage), and the grammar queue, whose requests enter the
+		// waiting queue at its tail once their grammar compiles, behind a
+		// request that arrives meanwhile. (sgl-project/sglang:
+		// python/sglang/srt/observability/metrics_collector.py,
+		// SchedulerStats and log_stats; observability/scheduler_metrics_mixin.py,
+		// the stats it sets and get_load;
+		// disaggregation/prefill.py and decode.py, request life cycles;
+		// constrained/grammar_manager.py; managers/scheduler.py,
+		// handle_generate_request and _add_request_to_queue.)
+		x.sumOverGroupsOf(telemetry.Waiting, sglangReplicaLabels,
+			x.where("sglang_num_queue_reqs", "priority", ""),
+			having(x.first("sglang_num_prefill_bootstrap_queue_reqs", "sglang_num_prefill_prealloc_queue_reqs"), "priority", ""),
+			x.where("sglang_num_decode_prealloc_queue_reqs", "priority", ""),
+			x.where("sglang_num_decode_transfer_queue_reqs", "priority", ""))
 		x.max(telemetry.KVCacheUsage, x.all("sglang_token_usage"))
 		// cache_hit_rate is the last prefill batch's rate, and SGLang sets it
 		// to 0 whenever it logs decode stats: a noisy, low reading.
@@ -173,8 +197,13 @@ func (x *extractor) first(names ...string) []*dto.Metric {
 
 // where returns name's series whose label has value.
 func (x *extractor) where(name, label, value string) []*dto.Metric {
+	return having(x.series(name), label, value)
+}
+
+// having returns the series of ms whose label has value.
+func having(ms []*dto.Metric, label, value string) []*dto.Metric {
 	var out []*dto.Metric
-	for _, m := range x.series(name) {
+	for _, m := range ms {
 		if promtext.Label(m, label) == value {
 			out = append(out, m)
 		}
@@ -271,6 +300,29 @@ func (x *extractor) sum(f telemetry.Field, ms []*dto.Metric) {
 // one state, so the group counts once, with its largest value (replicas
 // sample at slightly different times).
 func (x *extractor) sumOverGroups(f telemetry.Field, ms []*dto.Metric, replicas ...string) {
+	if total, ok := x.groupTotal(f, ms, replicas); ok {
+		x.s.Set(f, total)
+	}
+}
+
+// sumOverGroupsOf sets f to the sum of sumOverGroups' totals of first and
+// more, each the series of one metric (series of different metrics are
+// different counts however alike their labels). It sets f only when first
+// has a reading: the others add to it and without it f is unknown.
+func (x *extractor) sumOverGroupsOf(f telemetry.Field, replicas []string, first []*dto.Metric, more ...[]*dto.Metric) {
+	total, ok := x.groupTotal(f, first, replicas)
+	for _, ms := range more {
+		t, _ := x.groupTotal(f, ms, replicas)
+		total += t
+	}
+	if ok {
+		x.s.Set(f, total)
+	}
+}
+
+// groupTotal returns sumOverGroups' sum over ms, and whether ms had a valid
+// value.
+func (x *extractor) groupTotal(f telemetry.Field, ms []*dto.Metric, replicas []string) (float64, bool) {
 	var keys []string // first-seen order keeps the sum deterministic
 	largest := make(map[string]float64, len(ms))
 	for _, m := range ms {
@@ -287,14 +339,11 @@ func (x *extractor) sumOverGroups(f telemetry.Field, ms []*dto.Metric, replicas 
 			largest[k] = v
 		}
 	}
-	if len(keys) == 0 {
-		return
-	}
 	total := 0.0
 	for _, k := range keys {
 		total += largest[k]
 	}
-	x.s.Set(f, total)
+	return total, len(keys) > 0
 }
 
 // groupKey identifies m by its labels other than skip, in name order.

@@ -69,7 +69,11 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	                           (V1 before 0.9: vllm:gpu_prefix_cache_{hits,queries}[_total];
 //	                           V0: vllm:gpu_prefix_cache_hit_rate, at -1 when caching is off: no reading)
 //	SGLang        Running      sglang:num_running_reqs
-//	              Waiting      sglang:num_queue_reqs
+//	              Waiting      sglang:num_queue_reqs + in PD disaggregation the queues ahead of it:
+//	                           sglang:num_prefill_bootstrap_queue_reqs (before its rename
+//	                           sglang:num_prefill_prealloc_queue_reqs), num_decode_prealloc_queue_reqs,
+//	                           num_decode_transfer_queue_reqs (not the prefill inflight queue, whose
+//	                           prefill is done, nor the grammar queue, which a new request overtakes)
 //	              KVCacheUsage sglang:token_usage
 //	              PrefixCacheHitRate  sglang:cache_hit_rate
 //	TensorRT-LLM  Running      trtllm_num_requests_running
