@@ -29,8 +29,8 @@ type retryState struct {
 	exclude  atomic.Pointer[string] // endpoint the previous attempt failed on
 
 	// An attempt that ended without error, held until the call's error is
-	// known (see hold); its DoneInfo is in the call (call.heldDI).
-	held atomic.Pointer[call]
+	// known (see hold).
+	held heldReport
 }
 
 // hold keeps the report of an attempt that grpc-go ended without error
@@ -44,29 +44,16 @@ type retryState struct {
 // too. It reports false when another attempt is held already (hedging):
 // that one is reported now, as before.
 func (st *retryState) hold(c *call, di balancer.DoneInfo) bool {
-	if st.held.Load() != nil {
-		return false
-	}
-	c.heldDI = di // c is this attempt's alone until held takes it
-	return st.held.CompareAndSwap(nil, c)
+	return st.held.hold(c, di)
 }
 
 // settle reports the held attempt, if any, with the call's error err: an
 // attempt grpc-go ended without error, in a call that failed, failed with
 // that error. nil st settles nothing.
 func (st *retryState) settle(err error) {
-	if st == nil || st.held.Load() == nil {
-		return
+	if st != nil {
+		st.held.settle(err)
 	}
-	c := st.held.Swap(nil)
-	if c == nil {
-		return
-	}
-	di := c.heldDI
-	if err != nil && status.Code(err) != codes.OK {
-		di.Err = err
-	}
-	c.report(di)
 }
 
 // errRetriedAttempt is the error of a held attempt (see hold, and

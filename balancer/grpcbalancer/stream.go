@@ -31,8 +31,8 @@ type streamState struct {
 	// gRPC ends without error then is no success (see hold).
 	sending atomic.Bool
 	// An attempt's report held until the application learns how the
-	// stream ended (see hold); its DoneInfo is in the call (call.heldDI).
-	held atomic.Pointer[call]
+	// stream ended (see hold).
+	held heldReport
 
 	core   atomic.Pointer[core.Balancer]
 	first  atomic.Int64 // the routing Balancer's clock at the first token, unix ns; 0 = none yet
@@ -110,14 +110,13 @@ var errStreamLeft = fmt.Errorf("inferlb: the application left the stream the ser
 // hold reports false when another attempt is held already: that one is
 // reported now, as before.
 func (st *streamState) hold(c *call, di balancer.DoneInfo) bool {
-	if st.held.Load() != nil {
+	if st.held.c.Load() != nil {
 		return false
 	}
-	c.heldDI = di // c is this attempt's alone until held takes it
 	if st.ctx != nil {
 		c.heldStop = context.AfterFunc(st.ctx, st.left)
 	}
-	if !st.held.CompareAndSwap(nil, c) {
+	if !st.held.hold(c, di) {
 		if c.heldStop != nil {
 			c.heldStop()
 			c.heldStop = nil
@@ -139,23 +138,7 @@ func (st *streamState) left() { st.settle(errStreamLeft) }
 // ended well, and the report stands), errRetriedAttempt when gRPC retried
 // the attempt, or errStreamLeft. Exactly one settle reports an attempt,
 // whichever comes first.
-func (st *streamState) settle(err error) {
-	if st.held.Load() == nil {
-		return
-	}
-	c := st.held.Swap(nil)
-	if c == nil {
-		return
-	}
-	if c.heldStop != nil {
-		c.heldStop() // false once it has run: then it settles nothing more
-	}
-	di := c.heldDI
-	if err != io.EOF && status.Code(err) != codes.OK {
-		di.Err = err
-	}
-	c.report(di)
-}
+func (st *streamState) settle(err error) { st.held.settle(err) }
 
 // fill adds the stream's timing to an attempt's outcome: time to first
 // token from the pick, and the output tokens received. Its latency, which
