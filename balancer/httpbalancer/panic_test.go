@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -171,4 +172,36 @@ func TestOnResultPanicAtFailoverFinishesTheRetry(t *testing.T) {
 	}()
 	assert.Equal(t, 1, sent)
 	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
+
+// TestBrokenBaseLeavesNoRequestBodyOpen: RoundTrip closes the caller's
+// request body on every path, also when Base breaks its own contract by
+// panicking or by returning neither a response nor an error without
+// closing the body it was given (here the caller's own, forwarded
+// unread: not JSON, so not peeked).
+func TestBrokenBaseLeavesNoRequestBodyOpen(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		base baseFunc
+	}{
+		{"panic", func(*http.Request) (*http.Response, error) { panic("base") }},
+		{"nil response and nil error", func(*http.Request) (*http.Response, error) { return nil, nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}},
+				Base:      tc.base,
+			})
+			body := &closeTracker{Reader: strings.NewReader("\x00\x01 not json")}
+			req, err := http.NewRequest(http.MethodPost, chatURL, body)
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/octet-stream")
+			func() {
+				defer func() { _ = recover() }()
+				_, _ = tr.RoundTrip(req)
+			}()
+			assert.True(t, body.closed, "the caller's body is closed")
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+		})
+	}
 }

@@ -423,6 +423,9 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 				return c.respond(resp)
 			}
 			err = errNilResponse // a broken Base; http.Client fails it too
+			// Nor may it have closed the body, which may be the
+			// caller's own: RoundTrip promises to (see send).
+			closeBody(body)
 		} else if resp != nil && resp.Body != nil {
 			// A broken Base returned a response and an error: the error
 			// counts (as http.Client has it), and the response's body,
@@ -673,6 +676,13 @@ func (c *call) send(out *http.Request) (*http.Response, error) {
 	defer func() {
 		if !returned {
 			c.fail(errBasePanicked, false)
+			// The Base broke off without a word on the body it was
+			// given, which may be the caller's own: close it, as
+			// RoundTrip promises (a second Close of a body Base did
+			// close is left to the body, as net/http's own resends do).
+			if out.Body != nil {
+				_ = out.Body.Close()
+			}
 		}
 	}()
 	resp, err := c.t.cfg.base.RoundTrip(out)
