@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/resolver"
 
+	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
 )
 
@@ -77,4 +78,56 @@ func TestResolverChurnKeepsThePolicysTablesToTheCurrentEndpoints(t *testing.T) {
 	assert.Equal(t, size, len(lb.ready))
 	assert.Equal(t, size, len(lb.conn))
 	assert.Equal(t, size, len(lb.core.Load().Stats()), "core endpoints")
+}
+
+// DNS servers rotate the records of a name from answer to answer (and a
+// Kubernetes headless service lists its pods in no set order): the same
+// endpoints in another order are no change, and must not make the policy
+// rebuild its core's membership and invalidate its picker.
+func TestReorderedResolverAnswerIsNoChange(t *testing.T) {
+	fake := grpcfake.NewClientConn()
+	bal := balancer.Get(Name).Build(fake, balancer.BuildOptions{})
+	t.Cleanup(bal.Close)
+	lb := bal.(*lbBalancer)
+	addrs := []string{"10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"}
+	update := func(order ...int) {
+		var eps []resolver.Endpoint
+		for _, i := range order {
+			eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: addrs[i]}}})
+		}
+		require.NoError(t, bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: eps}}))
+		for fake.ConnectAll() > 0 {
+		}
+	}
+	update(0, 1, 2)
+	gen := lb.gen.Load()
+	update(2, 0, 1)
+	update(1, 2, 0)
+	assert.Equal(t, gen, lb.gen.Load(), "a reordered answer re-applied the endpoints")
+	update(1, 2)
+	assert.NotEqual(t, gen, lb.gen.Load(), "a changed answer is applied")
+	assert.Len(t, lb.core.Load().Stats(), 2)
+}
+
+func TestSameEndpoints(t *testing.T) {
+	x := inferlb.Endpoint{ID: "x", Addr: "10.0.0.1:1"}
+	y := inferlb.Endpoint{ID: "y", Addr: "10.0.0.2:1"}
+	y2 := inferlb.Endpoint{ID: "y", Addr: "10.0.0.3:1"}
+	yl := inferlb.Endpoint{ID: "y", Addr: "10.0.0.2:1", Labels: map[string]string{"model": "m"}}
+	for _, tc := range []struct {
+		a, b []inferlb.Endpoint
+		same bool
+	}{
+		{[]inferlb.Endpoint{x, y}, []inferlb.Endpoint{x, y}, true},
+		{[]inferlb.Endpoint{x, y}, []inferlb.Endpoint{y, x}, true},
+		{[]inferlb.Endpoint{x, y}, []inferlb.Endpoint{x, y2}, false},
+		{[]inferlb.Endpoint{x, y}, []inferlb.Endpoint{yl, x}, false},
+		{[]inferlb.Endpoint{x, y}, []inferlb.Endpoint{x}, false},
+		// Repeated IDs: the core keeps the first, so order counts.
+		{[]inferlb.Endpoint{x, y, y2}, []inferlb.Endpoint{x, y2, y}, false},
+		{[]inferlb.Endpoint{x, y}, []inferlb.Endpoint{y, y}, false},
+		{[]inferlb.Endpoint{y, y}, []inferlb.Endpoint{x, y}, false},
+	} {
+		assert.Equal(t, tc.same, sameEndpoints(tc.a, tc.b), "%v / %v", tc.a, tc.b)
+	}
 }

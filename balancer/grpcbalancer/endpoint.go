@@ -110,17 +110,44 @@ func defaultID(addr string, byHost bool) string {
 	return addr
 }
 
-// sameEndpoints reports whether two membership lists are the same, so an
-// unchanged resolver update does not rebuild the core's snapshot.
+// sameEndpoints reports whether two membership lists are the same set, so
+// an unchanged resolver update does not rebuild the core's snapshot. Order
+// does not count: DNS servers rotate a name's records from one answer to
+// the next, and a Kubernetes headless service lists its pods in no set
+// order. A list with a repeated ID is compared in order (the core keeps
+// the first of each ID, so there the order tells which one counts).
 func sameEndpoints(a, b []inferlb.Endpoint) bool {
 	if len(a) != len(b) {
 		return false
 	}
+	inOrder := true
 	for i := range a {
-		x, y := &a[i], &b[i]
-		if x.ID != y.ID || x.Addr != y.Addr || x.Weight != y.Weight || !maps.Equal(x.Labels, y.Labels) {
-			return false
+		if !sameEndpoint(&a[i], &b[i]) {
+			inOrder = false
+			break
 		}
 	}
+	if inOrder {
+		return true
+	}
+	byID := make(map[string]*inferlb.Endpoint, len(a))
+	for i := range a {
+		byID[a[i].ID] = &a[i]
+	}
+	if len(byID) != len(a) {
+		return false
+	}
+	seen := make(map[string]bool, len(b))
+	for i := range b {
+		x, ok := byID[b[i].ID]
+		if !ok || seen[b[i].ID] || !sameEndpoint(x, &b[i]) {
+			return false
+		}
+		seen[b[i].ID] = true
+	}
 	return true
+}
+
+func sameEndpoint(x, y *inferlb.Endpoint) bool {
+	return x.ID == y.ID && x.Addr == y.Addr && x.Weight == y.Weight && maps.Equal(x.Labels, y.Labels)
 }
