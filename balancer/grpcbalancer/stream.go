@@ -156,13 +156,15 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 	if first == 0 || n <= 0 {
 		return
 	}
+	// Before the time checks: the token came, even when the clock cannot
+	// place it after the pick (a coarse clock, a wall clock stepped back).
+	if o.Err != nil && !o.Canceled() && status.Code(o.Err) == codes.DeadlineExceeded {
+		o.Err = errDeadlineMidStream
+	}
 	start := pickedAt.UnixNano()
 	ttft := first - start
 	if ttft <= 0 {
 		return
-	}
-	if o.Err != nil && !o.Canceled() && status.Code(o.Err) == codes.DeadlineExceeded {
-		o.Err = errDeadlineMidStream
 	}
 	last := st.last.Load()
 	o.Latency = time.Duration(last - start)

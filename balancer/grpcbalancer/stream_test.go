@@ -207,3 +207,20 @@ func TestStreamTimingIsTheEndpointsPace(t *testing.T) {
 		})
 	}
 }
+
+// TestDeadlineMidStreamWithoutTheTokensTime: a deadline after the first
+// token counts as neither also when the token's time is not known, here
+// because the Balancer's clock read the same at the pick and at the first
+// token (a coarse clock, or a wall clock stepped back in between): the
+// token came, so the endpoint was generating.
+func TestDeadlineMidStreamWithoutTheTokensTime(t *testing.T) {
+	clock := testutil.NewClock()
+	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+	deadline := status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+
+	a := streamEnding(t, h, clock, nil, deadline, 0, 20*time.Millisecond)
+	s := stats(t, b, a)
+	assert.Zero(t, s.Failures, "mid-stream deadline, the first token at the pick's clock reading")
+	assert.Zero(t, s.Successes)
+}
