@@ -109,19 +109,19 @@ func TestHeldStreamAttemptIsSettledByTheStreamsEnd(t *testing.T) {
 		return [3]uint64{s.Successes, s.Failures, s.Overloads}
 	}
 
-	st := &streamState{ctx: context.Background()}
+	st := &streamState{ctx: context.Background(), method: "/ai.Gen/Stream"}
 	a := heldStream(t, h, st.ctx, st)
 	assert.EqualValues(t, 1, inFlight(), "held until the application reads the stream's end")
 	st.settle(status.Error(codes.ResourceExhausted, "rate limited"))
 	assert.Equal(t, [3]uint64{0, 0, 1}, counts(a), "RecvMsg's error")
 	assert.Zero(t, inFlight())
 
-	st = &streamState{ctx: context.Background()}
+	st = &streamState{ctx: context.Background(), method: "/ai.Gen/Stream"}
 	heldStream(t, h, st.ctx, st)
 	st.settle(io.EOF)
 	assert.Equal(t, [3]uint64{1, 0, 1}, counts(a), "io.EOF: the stream ended well")
 
-	st = &streamState{ctx: context.Background()}
+	st = &streamState{ctx: context.Background(), method: "/ai.Gen/Stream"}
 	ctx := context.WithValue(st.ctx, streamKey{}, st)
 	heldStream(t, h, st.ctx, st)
 	_, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx}) // gRPC retries it
@@ -133,7 +133,7 @@ func TestHeldStreamAttemptIsSettledByTheStreamsEnd(t *testing.T) {
 	st.settle(io.EOF) // nothing held: nothing more
 	assert.Equal(t, [3]uint64{2, 0, 1}, counts(a))
 
-	st = &streamState{ctx: context.Background()}
+	st = &streamState{ctx: context.Background(), method: "/ai.Gen/Stream"}
 	ctx = context.WithValue(st.ctx, streamKey{}, st)
 	_, res = h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
 	st.sending.Store(true)
@@ -143,14 +143,14 @@ func TestHeldStreamAttemptIsSettledByTheStreamsEnd(t *testing.T) {
 	assert.Zero(t, inFlight())
 
 	cctx, cancel := context.WithCancel(context.Background())
-	st = &streamState{ctx: cctx}
+	st = &streamState{ctx: cctx, method: "/ai.Gen/Stream"}
 	heldStream(t, h, cctx, st)
 	assert.EqualValues(t, 1, inFlight())
 	cancel()
 	require.Eventually(t, func() bool { return inFlight() == 0 }, 5*time.Second, time.Millisecond, "the application left the stream")
 	assert.Equal(t, [3]uint64{2, 0, 2}, counts(a), "left unread: neither")
 
-	st = &streamState{ctx: cctx} // already ended when the attempt is held
+	st = &streamState{ctx: cctx, method: "/ai.Gen/Stream"} // already ended when the attempt is held
 	heldStream(t, h, cctx, st)
 	assert.Zero(t, inFlight(), "settled at once")
 	assert.Equal(t, [3]uint64{2, 0, 2}, counts(a))
@@ -166,7 +166,7 @@ func TestHeldStreamAttemptIsSettledOnce(t *testing.T) {
 	const n = 200
 	for range n {
 		ctx, cancel := context.WithCancel(context.Background())
-		st := &streamState{ctx: ctx}
+		st := &streamState{ctx: ctx, method: "/ai.Gen/Stream"}
 		heldStream(t, h, ctx, st)
 		var wg sync.WaitGroup
 		wg.Go(func() { st.settle(status.Error(codes.ResourceExhausted, "rate limited")) })

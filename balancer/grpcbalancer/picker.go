@@ -130,7 +130,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	if st != nil { // settle is not inlined: no call without an interceptor
 		st.settle(errRetriedAttempt) // gRPC retries only an attempt that failed
 	}
-	ss := streamStateFrom(info.Ctx)
+	ss := streamStateFrom(info.Ctx, info.FullMethodName)
 	if ss != nil {
 		ss.settle(errRetriedAttempt) // as for st: a held attempt failed
 	}

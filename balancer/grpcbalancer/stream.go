@@ -22,10 +22,14 @@ import (
 // each attempt and records the Balancer that routed it, whose clock the
 // stream then stamps its first token with; Done reads what the stream saw.
 //
-// Concurrency: ctx is immutable; the application's goroutines receive and
-// send, gRPC's reports Done; every other field is atomic.
+// Concurrency: ctx and method are immutable; the application's goroutines
+// receive and send, gRPC's reports Done; every other field is atomic.
 type streamState struct {
 	ctx context.Context // the application's, that the stream was opened with
+	// method is the stream's: a pick for another method found st in a
+	// context derived from the stream's own (ClientStream.Context carries
+	// st), a call the application made under it, not one of its attempts.
+	method string
 
 	// sending is set while the application is in SendMsg: an attempt that
 	// gRPC ends without error then is no success (see hold).
@@ -57,11 +61,14 @@ type streamKey struct{}
 // interceptor exists.
 var streamInUse atomic.Bool
 
-func streamStateFrom(ctx context.Context) *streamState {
+func streamStateFrom(ctx context.Context, method string) *streamState {
 	if ctx == nil || !streamInUse.Load() {
 		return nil
 	}
 	st, _ := ctx.Value(streamKey{}).(*streamState)
+	if st == nil || st.method != method {
+		return nil
+	}
 	return st
 }
 
@@ -211,7 +218,7 @@ func StreamTiming(tokens func(msg any) int) grpc.StreamClientInterceptor {
 		if !desc.ServerStreams {
 			return streamer(ctx, desc, cc, method, opts...)
 		}
-		st := &streamState{ctx: ctx}
+		st := &streamState{ctx: ctx, method: method}
 		cs, err := streamer(context.WithValue(ctx, streamKey{}, st), desc, cc, method, opts...)
 		if err != nil {
 			return nil, err

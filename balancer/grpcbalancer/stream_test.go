@@ -154,7 +154,7 @@ func TestStreamTimingOnlyTimesServerStreams(t *testing.T) {
 	called := false
 	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
 		called = true
-		assert.Nil(t, streamStateFrom(ctx), "a client-streaming call got stream timing")
+		assert.Nil(t, streamStateFrom(ctx, "/ai.Gen/Upload"), "a client-streaming call got stream timing")
 		return nil, nil
 	}
 	_, err := StreamTiming(nil)(context.Background(), &grpc.StreamDesc{ClientStreams: true}, nil, "/ai.Gen/Upload", streamer)
@@ -223,4 +223,42 @@ func TestDeadlineMidStreamWithoutTheTokensTime(t *testing.T) {
 	s := stats(t, b, a)
 	assert.Zero(t, s.Failures, "mid-stream deadline, the first token at the pick's clock reading")
 	assert.Zero(t, s.Successes)
+}
+
+// TestStreamTimingIsTheStreamsOwn: a call made under a timed stream's
+// context (ClientStream.Context carries it, and an application may make
+// its other calls under it) is not that stream's attempt. Taken for one,
+// it started the stream's timing over, and the stream's first token, 200
+// ms after its pick, was timed at its second message.
+func TestStreamTimingIsTheStreamsOwn(t *testing.T) {
+	clock := testutil.NewClock()
+	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+	var streamCtx context.Context
+	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, method string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+		streamCtx = ctx
+		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+		if err != nil {
+			return nil, err
+		}
+		gaps := []time.Duration{200 * time.Millisecond}
+		for range 9 {
+			gaps = append(gaps, 20*time.Millisecond)
+		}
+		return &scriptedStream{clock: clock, gaps: gaps, done: res.Done}, nil
+	}
+	cs, err := StreamTiming(nil)(context.Background(), &grpc.StreamDesc{ServerStreams: true}, nil, "/ai.Gen/Stream", streamer)
+	require.NoError(t, err)
+	require.NoError(t, cs.RecvMsg(nil)) // the first token
+
+	_, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Embed", Ctx: streamCtx})
+	res.Done(sent)
+
+	for range 9 {
+		require.NoError(t, cs.RecvMsg(nil))
+	}
+	require.ErrorIs(t, cs.RecvMsg(nil), io.EOF)
+	s := stats(t, b, addr(0))
+	assert.Equal(t, 200*time.Millisecond, s.TTFT)
+	assert.Equal(t, 20*time.Millisecond, s.TimePerOutputToken)
 }
