@@ -326,8 +326,24 @@ func (lb *lbBalancer) UpdateSubConnState(sc balancer.SubConn, st balancer.SubCon
 	logger.Errorf("inferlb: UpdateSubConnState(%v, %+v) called unexpectedly", sc, st)
 }
 
-// ExitIdle implements balancer.Balancer.
-func (lb *lbBalancer) ExitIdle() { lb.child.ExitIdle() }
+// ExitIdle implements balancer.Balancer. gRPC calls it on every
+// ClientConn.Connect, idle or not. Before any endpoint, or without a
+// membership, there is no child to wake, and endpointsharding would
+// publish its picker over none ("no children to pick from") in place of
+// the one that fails calls with the reason (the resolver's error, or
+// failNoMembership's status error, which ends wait-for-ready calls too).
+func (lb *lbBalancer) ExitIdle() {
+	if lb.memErr != nil {
+		return
+	}
+	lb.mu.Lock()
+	empty := len(lb.eps) == 0
+	lb.mu.Unlock()
+	if empty {
+		return
+	}
+	lb.child.ExitIdle()
+}
 
 // Close implements balancer.Balancer. It closes the channel's membership
 // in the core; a shared core keeps every other membership's endpoints and

@@ -170,6 +170,21 @@ func TestResolverErrorBeforeAnyEndpoint(t *testing.T) {
 	}
 }
 
+// ClientConn.Connect calls the policy's ExitIdle: with no endpoint to wake
+// it must leave the resolver's error in place, not publish
+// endpointsharding's "no children to pick from".
+func TestExitIdleBeforeAnyEndpoint(t *testing.T) {
+	cc := grpcfake.NewClientConn()
+	bal := balancer.Get(Name).Build(cc, balancer.BuildOptions{})
+	defer bal.Close()
+	err := bal.UpdateClientConnState(balancer.ClientConnState{})
+	require.ErrorIs(t, err, balancer.ErrBadResolverState)
+	bal.ExitIdle()
+	assert.Equal(t, connectivity.TransientFailure, cc.State().ConnectivityState)
+	_, err = cc.State().Picker.Pick(balancer.PickInfo{Ctx: context.Background()})
+	assert.ErrorContains(t, err, "inferlb: name resolver error: produced zero addresses")
+}
+
 // A first update with no endpoints is a resolver error: the channel fails
 // calls with it, and gRPC re-resolves.
 func TestFirstUpdateWithoutEndpoints(t *testing.T) {
@@ -820,6 +835,33 @@ func TestSharedCoreWithoutAFreeMembership(t *testing.T) {
 	assert.ErrorIs(t, err, core.ErrTooManyMemberships)
 	st, ok = status.FromError(err)
 	require.True(t, ok, "not a status error after a resolver error: %v", err)
+	assert.Equal(t, codes.Unavailable, st.Code())
+}
+
+// ClientConn.Connect on a channel that is not idle calls the policy's
+// ExitIdle: on one without a membership it must not replace the picker
+// that fails every call with the reason by endpointsharding's, which says
+// "no children to pick from" and which wait-for-ready calls wait out.
+func TestSharedCoreWithoutAFreeMembershipExitIdle(t *testing.T) {
+	b := core.New(core.Options{})
+	for {
+		if _, err := b.NewMembership(); err != nil {
+			break
+		}
+	}
+	name := registerShared(b)
+	cc := grpcfake.NewClientConn()
+	bal := balancer.Get(name).Build(cc, balancer.BuildOptions{})
+	defer bal.Close()
+	err := bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: endpoints(2)}})
+	require.ErrorIs(t, err, core.ErrTooManyMemberships)
+
+	bal.ExitIdle()
+	assert.Equal(t, connectivity.TransientFailure, cc.State().ConnectivityState)
+	_, err = cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+	assert.ErrorIs(t, err, core.ErrTooManyMemberships)
+	st, ok := status.FromError(err)
+	require.True(t, ok, "not a status error after ExitIdle: %v", err)
 	assert.Equal(t, codes.Unavailable, st.Code())
 }
 
