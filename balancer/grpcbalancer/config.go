@@ -163,6 +163,10 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 		switch {
 		case !strings.HasPrefix(m, "/") || strings.Count(m, "/") != 2 || strings.HasPrefix(m, "//"):
 			return nil, configError(field, `want "/package.Service/Method" or the service-wide "/package.Service/"`)
+		case strings.ContainsFunc(m, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+			// No call's method has one (it is an HTTP/2 :path): a stray
+			// space would make the entry silently match nothing.
+			return nil, configError(field, "a method name has no spaces or control characters")
 		case strings.HasSuffix(m, "/"):
 			if c.prefix == nil {
 				c.prefix = map[string]inferlb.Service{}

@@ -98,6 +98,9 @@ func TestParseConfigBad(t *testing.T) {
 		{"method without slash", `{"methods": {"a.B/C": "llm"}}`, false, `methods["a.B/C"]`},
 		{"method too deep", `{"methods": {"/a.B/C/D": "llm"}}`, false, `methods["/a.B/C/D"]`},
 		{"method empty service", `{"methods": {"//C": "llm"}}`, false, `methods["//C"]`},
+		// No call's method has one: the entry would never match.
+		{"method with a trailing space", `{"methods": {"/a.B/C ": "llm"}}`, false, `methods["/a.B/C "]`},
+		{"method with a tab", `{"methods": {"/a.B/\tC": "llm"}}`, false, `methods["/a.B/\tC"]`},
 		{"bad default service", `{"defaultService": "images"}`, false, "defaultService"},
 		{"bad header", `{"affinityKeyHeader": "x session"}`, false, "affinityKeyHeader"},
 		{"reserved header", `{"tenantHeader": "grpc-tenant"}`, false, "tenantHeader"},
