@@ -936,7 +936,8 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 }
 
 // cooldown keeps e out of rotation for the server's Retry-After hint, or
-// DefaultCooldown, capped at MaxCooldown. It never shortens an exclusion.
+// DefaultCooldown, capped at MaxCooldown (which is at least DefaultCooldown).
+// It never shortens an exclusion.
 func (b *Balancer) cooldown(e *endpoint, nowNs int64, retryAfter time.Duration) {
 	d := retryAfter
 	if d <= 0 {

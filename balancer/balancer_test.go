@@ -297,6 +297,11 @@ func TestOptionsValidate(t *testing.T) {
 		{balancer.Options{BreakerProbes: 1 << 31}, "BreakerProbes"},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: nil}}, "Scorers[llm]"},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{9: &scoring.LLM{}}}, "unknown service"},
+		// A cap below the value it caps, both set: one of them is a typo.
+		{balancer.Options{DefaultCooldown: time.Minute, MaxCooldown: 10 * time.Second}, "MaxCooldown = 10s: must be at least DefaultCooldown (1m0s)"},
+		{balancer.Options{DefaultCooldown: time.Minute, MaxCooldown: time.Minute}, ""},
+		{balancer.Options{EjectionTime: time.Minute, MaxEjectionTime: 10 * time.Second}, "MaxEjectionTime = 10s: must be at least EjectionTime (1m0s)"},
+		{balancer.Options{EjectionTime: time.Minute}, ""},
 	} {
 		err := tc.opts.Validate()
 		if tc.want == "" {

@@ -114,7 +114,9 @@ type Options struct {
 	// DefaultCooldown is how long an endpoint that answered "overloaded"
 	// without a Retry-After hint is kept out of rotation. Default 1s.
 	DefaultCooldown time.Duration
-	// MaxCooldown caps any Retry-After hint. Default 30s.
+	// MaxCooldown caps any Retry-After hint. Default 30s, or
+	// DefaultCooldown when that is longer; set, it must be at least
+	// DefaultCooldown.
 	MaxCooldown time.Duration
 	// SlowStartWindow is how long an endpoint that joins an already-serving
 	// balancer (or recovers) takes to ramp to its full weight. Default 30s;
@@ -259,7 +261,8 @@ type Options struct {
 	// crashed model server usually needs longer to come back, and a probe
 	// costs little.
 	EjectionTime time.Duration
-	// MaxEjectionTime caps the doubling. Default 2m.
+	// MaxEjectionTime caps the doubling. Default 2m, or EjectionTime
+	// when that is longer; set, it must be at least EjectionTime.
 	MaxEjectionTime time.Duration
 	// MaxEjectedFraction caps the share of a pool that breakers and
 	// outlier detection may hold out at once; one endpoint per pool may
@@ -450,6 +453,12 @@ func (o *Options) Validate() error {
 		return bad("DefaultCooldown", "must not be negative", o.DefaultCooldown)
 	case o.MaxCooldown < 0:
 		return bad("MaxCooldown", "must not be negative", o.MaxCooldown)
+	// A cap set below the value it caps, both set: one of them is a typo,
+	// and the cap would silently win (cooldowns) or lose (ejections).
+	case o.MaxCooldown > 0 && o.DefaultCooldown > o.MaxCooldown:
+		return bad("MaxCooldown", fmt.Sprintf("must be at least DefaultCooldown (%v)", o.DefaultCooldown), o.MaxCooldown)
+	case o.MaxEjectionTime > 0 && o.EjectionTime > o.MaxEjectionTime:
+		return bad("MaxEjectionTime", fmt.Sprintf("must be at least EjectionTime (%v)", o.EjectionTime), o.MaxEjectionTime)
 	}
 	for svc, s := range o.Scorers {
 		if int(svc) >= inferlb.NumServices {
@@ -521,7 +530,9 @@ func (o *Options) resolve() (*config, error) {
 		outlierMargin:      floatOr(o.OutlierMargin, DefaultOutlierMargin),
 		onEvent:            o.OnEvent,
 	}
+	// A base above its cap's default, with the cap unset, raises the cap.
 	c.maxEjectionTime = max(c.maxEjectionTime, c.ejectionTime)
+	c.maxCooldown = max(c.maxCooldown, c.cooldown)
 	c.horizon = 2 * int64(min(max(c.maxCooldown, c.maxEjectionTime), maxHold)) // bounded: at-horizon must not wrap
 	if c.clock == nil {
 		c.mono = newMonoClock()

@@ -72,6 +72,23 @@ func TestCooldownIsCapped(t *testing.T) {
 	assert.NoError(t, err, "a Retry-After of an hour is capped at MaxCooldown")
 }
 
+// A DefaultCooldown above the default MaxCooldown (30s), with MaxCooldown
+// unset, is served whole, as an EjectionTime above the default
+// MaxEjectionTime is: MaxCooldown caps the servers' hints, not the
+// caller's own setting.
+func TestLongDefaultCooldownIsServedWhole(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 1, balancer.Options{Clock: clock, DefaultCooldown: time.Minute, PanicThreshold: -1})
+	p, _ := b.Pick(&inferlb.Request{})
+	p.Done(inferlb.Outcome{Overloaded: true})
+	clock.Advance(balancer.DefaultMaxCooldown)
+	_, err := b.Pick(&inferlb.Request{})
+	assert.ErrorIs(t, err, balancer.ErrNoEndpoints, "still cooling down after the default MaxCooldown")
+	clock.Advance(time.Minute - balancer.DefaultMaxCooldown)
+	_, err = b.Pick(&inferlb.Request{})
+	assert.NoError(t, err, "back after DefaultCooldown")
+}
+
 // exclude cools down the endpoints at the given indexes for a minute.
 func exclude(t *testing.T, b *balancer.Balancer, n int, idx ...int) {
 	t.Helper()

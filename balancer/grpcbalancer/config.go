@@ -342,6 +342,19 @@ func (t *jsonTunables) options() (core.Options, error) {
 	}
 	o.SubsetLabel = t.SubsetLabel
 	o.DPGroupLabel = t.DPGroupLabel
+	// The core's rules across fields, named as the config names them (the
+	// core's own error names its Options fields).
+	for _, p := range []struct {
+		limit, base string
+		l, b        time.Duration
+	}{
+		{"maxCooldown", "defaultCooldown", o.MaxCooldown, o.DefaultCooldown},
+		{"maxEjectionTime", "ejectionTime", o.MaxEjectionTime, o.EjectionTime},
+	} {
+		if p.l > 0 && p.b > p.l {
+			return o, configError("balancer."+p.limit, "must be at least balancer.%s (%v)", p.base, p.b)
+		}
+	}
 	if err := o.Validate(); err != nil {
 		return o, configError("balancer", "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
 	}

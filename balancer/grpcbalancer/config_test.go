@@ -101,6 +101,8 @@ func TestParseConfigBad(t *testing.T) {
 		// No call's method has one: the entry would never match.
 		{"method with a trailing space", `{"methods": {"/a.B/C ": "llm"}}`, false, `methods["/a.B/C "]`},
 		{"method with a tab", `{"methods": {"/a.B/\tC": "llm"}}`, false, `methods["/a.B/\tC"]`},
+		{"cooldown cap below the cooldown", `{"balancer": {"defaultCooldown": "1m", "maxCooldown": "10s"}}`, false, "balancer.maxCooldown: must be at least balancer.defaultCooldown (1m0s)"},
+		{"ejection cap below the ejection", `{"balancer": {"ejectionTime": "1m", "maxEjectionTime": "10s"}}`, false, "balancer.maxEjectionTime: must be at least balancer.ejectionTime (1m0s)"},
 		{"bad default service", `{"defaultService": "images"}`, false, "defaultService"},
 		{"bad header", `{"affinityKeyHeader": "x session"}`, false, "affinityKeyHeader"},
 		{"reserved header", `{"tenantHeader": "grpc-tenant"}`, false, "tenantHeader"},
