@@ -805,20 +805,9 @@ func TestTenantMetadataShardsEndpoints(t *testing.T) {
 // A channel that finds no free membership on its shared core fails its
 // calls with that reason instead of routing over someone else's endpoints.
 func TestSharedCoreWithoutAFreeMembership(t *testing.T) {
-	b := core.New(core.Options{})
-	for {
-		if _, err := b.NewMembership(); err != nil {
-			break
-		}
-	}
-	name := registerShared(b)
-	cc := grpcfake.NewClientConn()
-	bal := balancer.Get(name).Build(cc, balancer.BuildOptions{})
-	defer bal.Close()
-	err := bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: endpoints(2)}})
-	require.ErrorIs(t, err, core.ErrTooManyMemberships)
+	bal, cc := channelWithoutAMembership(t)
 	assert.Equal(t, connectivity.TransientFailure, cc.State().ConnectivityState)
-	_, err = cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+	_, err := cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
 	assert.ErrorIs(t, err, core.ErrTooManyMemberships)
 	// A status error, so gRPC fails wait-for-ready calls too instead of
 	// holding them for a picker that never comes.
@@ -843,6 +832,20 @@ func TestSharedCoreWithoutAFreeMembership(t *testing.T) {
 // that fails every call with the reason by endpointsharding's, which says
 // "no children to pick from" and which wait-for-ready calls wait out.
 func TestSharedCoreWithoutAFreeMembershipExitIdle(t *testing.T) {
+	bal, cc := channelWithoutAMembership(t)
+	bal.ExitIdle()
+	assert.Equal(t, connectivity.TransientFailure, cc.State().ConnectivityState)
+	_, err := cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+	assert.ErrorIs(t, err, core.ErrTooManyMemberships)
+	st, ok := status.FromError(err)
+	require.True(t, ok, "not a status error after ExitIdle: %v", err)
+	assert.Equal(t, codes.Unavailable, st.Code())
+}
+
+// channelWithoutAMembership builds a channel on a shared core whose
+// memberships are all taken, and gives it two endpoints, which fails.
+func channelWithoutAMembership(t *testing.T) (balancer.Balancer, *grpcfake.ClientConn) {
+	t.Helper()
 	b := core.New(core.Options{})
 	for {
 		if _, err := b.NewMembership(); err != nil {
@@ -852,17 +855,10 @@ func TestSharedCoreWithoutAFreeMembershipExitIdle(t *testing.T) {
 	name := registerShared(b)
 	cc := grpcfake.NewClientConn()
 	bal := balancer.Get(name).Build(cc, balancer.BuildOptions{})
-	defer bal.Close()
+	t.Cleanup(bal.Close)
 	err := bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: endpoints(2)}})
 	require.ErrorIs(t, err, core.ErrTooManyMemberships)
-
-	bal.ExitIdle()
-	assert.Equal(t, connectivity.TransientFailure, cc.State().ConnectivityState)
-	_, err = cc.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
-	assert.ErrorIs(t, err, core.ErrTooManyMemberships)
-	st, ok := status.FromError(err)
-	require.True(t, ok, "not a status error after ExitIdle: %v", err)
-	assert.Equal(t, codes.Unavailable, st.Code())
+	return bal, cc
 }
 
 // With "idByHost" endpoints without a WithEndpoint ID are named by host, so
