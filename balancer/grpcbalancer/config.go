@@ -100,7 +100,7 @@ type lbConfig struct {
 	oob         bool
 	oobInterval time.Duration
 
-	tunables    jsonTunables // as written, for change detection
+	tunables    jsonTunables // canonical (see canonical), for change detection
 	hasTunables bool
 	opts        core.Options // tunables applied; zero when absent
 }
@@ -236,10 +236,10 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 			return nil, configError("balancer", "not allowed: this policy routes with a caller-provided *balancer.Balancer, whose options were fixed by balancer.New")
 		}
 		c.hasTunables = true
-		c.tunables = *raw.Balancer
 		if c.opts, err = raw.Balancer.options(); err != nil {
 			return nil, err
 		}
+		c.tunables = raw.Balancer.canonical(&c.opts)
 	}
 	return c, nil
 }
@@ -359,6 +359,36 @@ func (t *jsonTunables) options() (core.Options, error) {
 		return o, configError("balancer", "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
 	}
 	return o, nil
+}
+
+// canonical returns t with each duration and the affinity mode written
+// as o, the Options t parsed into, has them: one spelling for one value
+// ("1s" for "1000ms", "strict" for "Strict", "" for "0s" and for the
+// default mode), so that a config written otherwise compares equal and
+// keeps the policy's Balancer and its live state.
+func (t *jsonTunables) canonical(o *core.Options) jsonTunables {
+	c := *t
+	for _, d := range []struct {
+		dst *string
+		v   time.Duration
+	}{
+		{&c.TelemetryMaxAge, o.TelemetryMaxAge}, {&c.LatencyDecay, o.LatencyDecay},
+		{&c.ErrorDecay, o.ErrorDecay}, {&c.DefaultCooldown, o.DefaultCooldown},
+		{&c.MaxCooldown, o.MaxCooldown}, {&c.SlowStartWindow, o.SlowStartWindow},
+		{&c.EjectionTime, o.EjectionTime}, {&c.MaxEjectionTime, o.MaxEjectionTime},
+		{&c.OutlierInterval, o.OutlierInterval}, {&c.SpillMemory, o.SpillMemory},
+		{&c.StickyTTL, o.StickyTTL},
+	} {
+		*d.dst = ""
+		if d.v != 0 {
+			*d.dst = d.v.String()
+		}
+	}
+	c.Affinity = ""
+	if o.Affinity != 0 {
+		c.Affinity = o.Affinity.String()
+	}
+	return c
 }
 
 // duplicateKey returns an error naming the first key that one of js's

@@ -608,7 +608,7 @@ func TestTunablesChangeReplacesCore(t *testing.T) {
 	if h.lb().core.Load() != first {
 		t.Fatal(`an empty "balancer" section, the same defaults, replaced the core and its live state`)
 	}
-	cfg, err := (&Builder{name: Name}).ParseConfig([]byte(`{"balancer": {"errorAlpha": 0.5}}`))
+	cfg, err := (&Builder{name: Name}).ParseConfig([]byte(`{"balancer": {"errorAlpha": 0.5, "ejectionTime": "1s", "affinity": "strict"}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -617,6 +617,18 @@ func TestTunablesChangeReplacesCore(t *testing.T) {
 	second := h.lb().core.Load()
 	if second == first {
 		t.Fatal("new tunables kept the old core")
+	}
+	// The same tunables written otherwise (a control plane that renders
+	// durations in milliseconds, a mode in capitals) are no change: a
+	// new core would start its live state over for nothing.
+	same, err := (&Builder{name: Name}).ParseConfig([]byte(`{"balancer": {"errorAlpha": 0.5, "ejectionTime": "1000ms", "affinity": "Strict"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cfg = same
+	h.update(2)
+	if h.lb().core.Load() != second {
+		t.Fatal("the same tunables, written otherwise, replaced the core and its live state")
 	}
 	// The READY children carried over: the new core must know they are ready.
 	for i := range 2 {
