@@ -95,7 +95,9 @@
 // and count as the endpoint's success. A pick whose call was never sent counts as nothing,
 // and so does a request the client could not encode (an INTERNAL "error
 // while marshaling" or "compressing" before any answer: a proto3 string
-// that is not UTF-8, say).
+// that is not UTF-8, say), and an answer the client could not unmarshal
+// (a client built from another version of the .proto than its servers:
+// as failures, such answers tripped every endpoint's breaker in turn).
 // An attempt the server did not process (a stream refused with
 // REFUSED_STREAM, or dropped by a graceful GOAWAY: MaxConnectionAge, a
 // rolling restart, a draining sidecar) is an overload answer without a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -126,5 +127,50 @@ func TestE2ERequestTheClientCannotEncodeIsNoFailure(t *testing.T) {
 	}
 	if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}); err != nil {
 		t.Errorf("the next call: %v", err)
+	}
+}
+
+// garbleCodec marshals every message as bytes no protobuf message parses
+// (a length-delimited field 1 that claims more bytes than follow), and
+// unmarshals anything into nothing.
+type garbleCodec struct{}
+
+func (garbleCodec) Marshal(any) ([]byte, error) { return []byte{0x0a, 0x7f, 'x'}, nil }
+func (garbleCodec) Unmarshal([]byte, any) error { return nil }
+func (garbleCodec) Name() string                { return "proto" }
+
+// An answer the client cannot unmarshal (a server built from another
+// version of the .proto, a field whose type changed) fails the call
+// INTERNAL on the client after the endpoint answered: it says nothing of
+// the endpoint's health, and a schema mismatch is usually the fleet's, not
+// one endpoint's. Counted as failures, a client out of step with its
+// servers tripped the breaker of every endpoint in turn, and with them the
+// channel's other methods lost their endpoints too.
+func TestE2EAnswerTheClientCannotDecodeIsNoFailure(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ForceServerCodec(garbleCodec{}), grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+		var in struct{}
+		if err := st.RecvMsg(&in); err != nil {
+			return err
+		}
+		return st.SendMsg(&in)
+	}))
+	run(t, srv, lis)
+	addr := lis.Addr().String()
+	name, b := shared(t, core.Options{PanicThreshold: -1})
+	conn, _ := dial(t, []*backend{{addr: addr}}, name, `{}`)
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	for i := range core.DefaultBreakerFailures + 1 {
+		_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(i == 0))
+		if st, _ := status.FromError(err); st.Code() != codes.Internal || !strings.Contains(st.Message(), "unmarshal") {
+			t.Fatalf("call %d: %v, want INTERNAL failing to unmarshal", i, err)
+		}
+	}
+	if s := stats(t, b, addr); s.Failures != 0 || s.BreakerOpen || s.ErrorRate != 0 {
+		t.Errorf("after answers the client could not decode: %d failures, breaker open %v, error rate %v; want none", s.Failures, s.BreakerOpen, s.ErrorRate)
 	}
 }

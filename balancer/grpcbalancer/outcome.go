@@ -47,6 +47,10 @@ var (
 	// errNotEncoded is a request the client could not marshal or compress
 	// (msgNotEncoded): it never left either, and counts as neither.
 	errNotEncoded = fmt.Errorf("inferlb: the client could not encode the request: %w", context.Canceled)
+	// errNotDecoded is an answer the client could not unmarshal
+	// (msgNotDecoded): the endpoint answered, in a schema the client does
+	// not read, which says nothing of its health; it counts as neither.
+	errNotDecoded = fmt.Errorf("inferlb: the client could not unmarshal the answer: %w", context.Canceled)
 )
 
 // The messages grpc-go gives an attempt the server did not process (its
@@ -77,6 +81,11 @@ const msgTooLarge = "larger than max"
 // "grpc: error while compressing: ...". Pinned by
 // TestE2ERequestTheClientCannotEncodeIsNoFailure.
 var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error while compressing: "}
+
+// msgNotDecoded starts the INTERNAL grpc-go gives an answer the client
+// could not unmarshal: "grpc: failed to unmarshal the received message:
+// ...". Pinned by TestE2EAnswerTheClientCannotDecodeIsNoFailure.
+const msgNotDecoded = "grpc: failed to unmarshal the received message"
 
 // outcome turns how gRPC says a call ended into how the core should count it.
 //
@@ -158,6 +167,16 @@ var msgNotEncoded = [...]string{"grpc: error while marshaling: ", "grpc: error w
 // Counted as failures, a client sending such requests tripped the breaker
 // of every endpoint they went to.
 //
+// An answer the client could not unmarshal (msgNotDecoded) came from an
+// endpoint that answered, in a schema the client does not read: a client
+// built from another version of the .proto than its servers, which is
+// the fleet's mismatch far more often than one endpoint's. It counts as
+// nothing: as a failure, a client out of step tripped every endpoint's
+// breaker in turn, and the channel's other methods lost them too; as a
+// success, an endpoint whose answers no one can read would be credited.
+// (An answer the client failed to decompress stays a failure: the bytes
+// the endpoint sent were broken.)
+//
 // A call without a stream (BytesSent false) never reached the endpoint,
 // whatever its error: gRPC failed it on the client, before the stream
 // existed (per-RPC credentials that could not get a token, a connection
@@ -199,14 +218,17 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 		}
 		return inferlb.Outcome{Err: di.Err}
 	case codes.Internal:
-		if !di.BytesReceived {
-			if st, ok := status.FromError(di.Err); ok {
-				for _, m := range msgNotEncoded {
-					if strings.HasPrefix(st.Message(), m) {
-						return inferlb.Outcome{Err: errNotEncoded}
-					}
+		st, ok := status.FromError(di.Err)
+		switch {
+		case !ok:
+		case !di.BytesReceived:
+			for _, m := range msgNotEncoded {
+				if strings.HasPrefix(st.Message(), m) {
+					return inferlb.Outcome{Err: errNotEncoded}
 				}
 			}
+		case strings.HasPrefix(st.Message(), msgNotDecoded):
+			return inferlb.Outcome{Err: errNotDecoded}
 		}
 		return inferlb.Outcome{Err: di.Err}
 	case codes.Unknown, codes.DeadlineExceeded, codes.Unimplemented, codes.DataLoss:

@@ -392,6 +392,8 @@ func TestOutcome(t *testing.T) {
 		{"internal", balancer.DoneInfo{Err: status.Error(codes.Internal, "x"), BytesSent: true}, true, false, false, 0},
 		{"request the client could not marshal", balancer.DoneInfo{Err: status.Error(codes.Internal, "grpc: error while marshaling: string field contains invalid UTF-8"), BytesSent: true}, true, true, false, 0},
 		{"request the client could not compress", balancer.DoneInfo{Err: status.Error(codes.Internal, "grpc: error while compressing: x"), BytesSent: true}, true, true, false, 0},
+		{"answer the client could not unmarshal", balancer.DoneInfo{Err: status.Error(codes.Internal, "grpc: failed to unmarshal the received message: proto: cannot parse invalid wire-format data"), BytesSent: true, BytesReceived: true}, true, true, false, 0},
+		{"answer the client could not decompress", balancer.DoneInfo{Err: status.Error(codes.Internal, "grpc: failed to decompress the received message: x"), BytesSent: true, BytesReceived: true}, true, false, false, 0},
 		{"answer the server could not compress", balancer.DoneInfo{Err: status.Error(codes.Internal, "grpc: error while compressing: x"), BytesSent: true, BytesReceived: true}, true, false, false, 0},
 		{"deadline", balancer.DoneInfo{Err: status.Error(codes.DeadlineExceeded, "x"), BytesSent: true}, true, false, false, 0},
 		{"plain error", balancer.DoneInfo{Err: errors.New("boom"), BytesSent: true}, true, false, false, 0},
