@@ -2,8 +2,10 @@ package grpcbalancer_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -281,6 +283,80 @@ func TestStreamTimingStreamsThatEndWell(t *testing.T) {
 			}
 			if tc.req == tokens && tc.successes > 0 && s.TTFT <= 0 {
 				t.Errorf("time to first token %v, want it measured", s.TTFT)
+			}
+		})
+	}
+}
+
+// An interceptor chained inside UnaryOutcome that fails a call the
+// endpoint answered, with an error of its own that is not a gRPC status
+// (a reply that fails the application's validation), says nothing of
+// the endpoint: the attempt stays the success grpc-go reported. Counted
+// as the call's error, it was UNKNOWN, a failure, and a few such replies
+// tripped a healthy endpoint's breaker.
+func TestUnaryOutcomeIgnoresAnInnerInterceptorsOwnError(t *testing.T) {
+	bs := fleet(t, 1, nil)
+	name, cb := shared(t, core.Options{})
+	errInvalid := errors.New("the reply failed validation")
+	validate := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+			return err
+		}
+		return errInvalid
+	}
+	conn, _ := dial(t, bs, name, `{}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryOutcome(), validate))
+	client := testgrpc.NewTestServiceClient(conn)
+	for range core.DefaultBreakerFailures + 1 {
+		if _, err := client.EmptyCall(testContext(t), &testgrpc.Empty{}, grpc.WaitForReady(true)); !errors.Is(err, errInvalid) {
+			t.Fatalf("got %v, want the interceptor's error", err)
+		}
+	}
+	s := stats(t, cb, bs[0].addr)
+	if s.Successes != core.DefaultBreakerFailures+1 || s.Failures != 0 || s.BreakerOpen || s.InFlight != 0 {
+		t.Errorf("%d answered calls failed by an inner interceptor: %d successes, %d failures, breaker open %v, %d in flight; want %[1]d, 0, false, 0",
+			core.DefaultBreakerFailures+1, s.Successes, s.Failures, s.BreakerOpen, s.InFlight)
+	}
+}
+
+// An interceptor chained inside UnaryOutcome or UnaryRetry may return
+// before the call it invoked ends (it runs the invoker in a goroutine,
+// and gives up on a deadline of its own). The attempt ends after the
+// interceptor's call returned: it is reported then, as grpc-go ended it,
+// and does not stay in flight. Held for a settle that had already come,
+// it stayed one call on its endpoint for good.
+func TestAnAttemptEndingAfterItsCallReturnedIsReported(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   grpc.UnaryClientInterceptor
+	}{{"UnaryOutcome", grpcbalancer.UnaryOutcome()}, {"UnaryRetry", grpcbalancer.UnaryRetry(2)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			bs := fleet(t, 1, nil)
+			name, cb := shared(t, core.Options{})
+			release := make(chan struct{})
+			var ended sync.WaitGroup
+			errGaveUp := errors.New("gave up waiting")
+			abandon := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				ended.Add(1)
+				go func() {
+					defer ended.Done()
+					<-release
+					_ = invoker(ctx, method, req, reply, cc, opts...)
+				}()
+				return errGaveUp
+			}
+			conn, _ := dial(t, bs, name, `{}`, grpc.WithChainUnaryInterceptor(tc.in, abandon))
+			client := testgrpc.NewTestServiceClient(conn)
+			for range 3 {
+				if _, err := client.EmptyCall(testContext(t), &testgrpc.Empty{}, grpc.WaitForReady(true)); !errors.Is(err, errGaveUp) {
+					t.Fatalf("got %v, want the interceptor's error", err)
+				}
+			}
+			close(release)
+			ended.Wait() // grpc-go reports an attempt's end before its invoker returns
+			s := stats(t, cb, bs[0].addr)
+			if s.Successes != 3 || s.Failures != 0 || s.InFlight != 0 {
+				t.Errorf("3 attempts ended after their calls returned: %d successes, %d failures, %d in flight; want 3, 0, 0",
+					s.Successes, s.Failures, s.InFlight)
 			}
 		})
 	}

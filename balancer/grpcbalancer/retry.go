@@ -141,6 +141,7 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{}
 		ctx = context.WithValue(ctx, retryKey{}, st)
+		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		for attempt := 1; ; attempt++ {
 			st.core.Store(nil)
 			st.received.Store(false)
@@ -175,11 +176,14 @@ func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoke
 // tap handle, by a proxy's HTTP 429 or 503): through the interceptor it is
 // the overload or failure it was. UnaryRetry does the same; install one of
 // the two, with grpc.WithChainUnaryInterceptor, on channels that use the
-// inferlb policy.
+// inferlb policy. Chain it first: an error that an interceptor inside it
+// returns of its own, not a gRPC status (a reply that fails validation),
+// does not count against the endpoint that answered.
 func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{}
+		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, opts)
 	}
 }
