@@ -69,6 +69,9 @@ var (
 // balancer.ErrTooManyMemberships (errors.Is finds it), and its resolver
 // updates with that error, until one of them finds a membership free (the
 // DNS resolver resolves again, with backoff, after a failed update).
+// b must outlive the channels that use it: once b is closed, their calls
+// fail at once, wait-for-ready ones too, UNAVAILABLE with the message of
+// balancer.ErrClosed.
 func NewBuilder(name string, b *core.Balancer) *Builder {
 	if name == "" || b == nil {
 		panic("inferlb: grpcbalancer.NewBuilder needs a name and a Balancer")

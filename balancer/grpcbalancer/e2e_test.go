@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -614,4 +615,27 @@ func (s *decodingStream) RecvMsg(m any) error {
 		s.wait = s.perMsg[string(r.GetPayload().GetBody())]
 	}
 	return err
+}
+
+// A Balancer its owner closed while a channel still routes with it
+// (NewBuilder) cannot serve again: every call fails at once, UNAVAILABLE
+// with a message that says so, wait-for-ready ones too. They waited for a
+// picker that could never come, woken every second until their deadline.
+func TestClosedSharedBalancerFailsCallsAtOnce(t *testing.T) {
+	bs := fleet(t, 2, nil)
+	name, b := shared(t, core.Options{})
+	conn, _ := dial(t, bs, name, `{}`)
+	client := testgrpc.NewTestServiceClient(conn)
+	if _, err := client.EmptyCall(testContext(t), &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	for _, wait := range []bool{false, true} {
+		ctx, cancel := context.WithTimeout(testContext(t), 3*time.Second)
+		_, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(wait))
+		cancel()
+		if st, _ := status.FromError(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "closed") {
+			t.Errorf("wait for ready %v: %v, want UNAVAILABLE saying the Balancer is closed", wait, err)
+		}
+	}
 }

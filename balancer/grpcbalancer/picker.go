@@ -8,6 +8,7 @@ import (
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
 	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/inferlb/inferlb"
@@ -56,6 +57,13 @@ func (p *picker) noEndpoint(req *inferlb.Request, err error) error {
 	}
 	return p.excluded
 }
+
+// errBalancerClosed fails every call, wait-for-ready ones too, once the
+// Balancer the policy routes with is closed: a status error, which gRPC
+// does not wait out. It can only be a caller's Balancer (NewBuilder)
+// closed while a channel still uses it: the policy's own is replaced, not
+// closed, while the channel lives.
+var errBalancerClosed = statusError{codes.Unavailable, fmt.Errorf("%w: this channel routes with it (a NewBuilder Balancer must outlive the channels that use it)", core.ErrClosed)}
 
 // maxQuotedModel bounds how much of a model name an error quotes: the name
 // is request data (a metadata header of up to gRPC's header limit), and the
@@ -151,6 +159,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 				// it would if it had come a moment later.
 				c.release()
 				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+			}
+			if errors.Is(err, core.ErrClosed) {
+				// A Balancer its owner closed (NewBuilder) never serves
+				// again: no picker can come that a call could wait for.
+				c.release()
+				return balancer.PickResult{}, errBalancerClosed
 			}
 			// Not a status error: wait-for-ready calls wait for the next
 			// picker, others fail with UNAVAILABLE and this message. The
