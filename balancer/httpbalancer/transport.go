@@ -439,6 +439,13 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			c.fail(errBodyFailed, false)
 			return nil, err
 		}
+		if legacyCanceled(r) {
+			// The caller gave up through Request.Cancel, as it may
+			// through the context: no endpoint is to blame, and a
+			// retry would be given up on too.
+			c.fail(errLegacyCanceled, false)
+			return nil, err
+		}
 		if malformed(out) || rb.wrongLength(body, out.ContentLength) {
 			// Base refused the request itself (net/http checks the method,
 			// header fields and body length before and while it writes
@@ -500,6 +507,27 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 // must not trip the breaker through which the other adapter reaches the
 // endpoint fine. The call fails with an error naming the Addr.
 var errUnusableAddr = fmt.Errorf("inferlb: httpbalancer: the endpoint's Addr is not one HTTP can use: %w", context.Canceled)
+
+// errLegacyCanceled is the Outcome.Err of an attempt whose caller closed
+// the request's Cancel channel: deprecated, but http.Client still sets it
+// for a RoundTripper it does not know (this one) when Client.Timeout is
+// set, and net/http's Transport still honours it, failing the call with
+// "net/http: request canceled". It wraps context.Canceled, which the
+// balancer reads as saying nothing about the endpoint.
+var errLegacyCanceled = fmt.Errorf("inferlb: httpbalancer: the caller canceled the request (Request.Cancel): %w", context.Canceled)
+
+// legacyCanceled reports whether r's Cancel channel is closed.
+func legacyCanceled(r *http.Request) bool {
+	if r.Cancel == nil { //nolint:staticcheck // honoured as net/http honours it
+		return false
+	}
+	select {
+	case <-r.Cancel: //nolint:staticcheck
+		return true
+	default:
+		return false
+	}
+}
 
 // errIdleConnClosed is the Outcome.Err of an attempt that failed on a
 // connection the server had closed while idle (see serverClosedIdle) and

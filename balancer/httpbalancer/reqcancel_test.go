@@ -1,0 +1,58 @@
+package httpbalancer_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+)
+
+// A call the caller cancels through Request.Cancel (deprecated, but set
+// by http.Client for a RoundTripper it does not know whenever
+// Client.Timeout is, and still honoured by net/http) is the caller's
+// doing, as a cancelled context is: net/http fails it with "net/http:
+// request canceled", which counted as the endpoint's failure, and the
+// call failed over to another endpoint that the caller had given up on
+// too.
+func TestRequestCancelIsTheCallersDoing(t *testing.T) {
+	var hits atomic.Int64
+	started := make(chan struct{}, 2)
+	block := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body) // then net/http watches the connection
+		started <- struct{}{}
+		<-r.Context().Done() // the client hung up
+	})
+	var eps []inferlb.Endpoint
+	for _, id := range []string{"a", "b"} {
+		srv := httptest.NewServer(block)
+		t.Cleanup(srv.Close)
+		eps = append(eps, inferlb.Endpoint{ID: id, Addr: strings.TrimPrefix(srv.URL, "http://")})
+	}
+	tr := newTransport(t, httpbalancer.Options{Endpoints: eps})
+	cancel := make(chan struct{})
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+	require.NoError(t, err)
+	req.Cancel = cancel //nolint:staticcheck // the deprecated field is the point
+	go func() {
+		<-started
+		close(cancel)
+	}()
+	_, err = tr.RoundTrip(req)
+	require.Error(t, err)
+	var ee *httpbalancer.EndpointError
+	assert.NotErrorAs(t, err, &ee, "no endpoint is to blame")
+	assert.EqualValues(t, 1, hits.Load(), "no failover")
+	for id, s := range statsByID(tr.Balancer()) {
+		assert.Zero(t, s.Failures, "endpoint %s", id)
+		assert.Zero(t, s.InFlight, "endpoint %s", id)
+	}
+}
