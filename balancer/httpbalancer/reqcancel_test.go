@@ -56,3 +56,35 @@ func TestRequestCancelIsTheCallersDoing(t *testing.T) {
 		assert.Zero(t, s.InFlight, "endpoint %s", id)
 	}
 }
+
+// The same while the caller reads the answer: the body's read error after
+// Request.Cancel is the caller's doing too.
+func TestRequestCancelWhileReadingIsTheCallersDoing(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"x",`))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // the rest never comes
+	}))
+	t.Cleanup(srv.Close)
+	tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{{ID: "a", Addr: strings.TrimPrefix(srv.URL, "http://")}}})
+	cancel := make(chan struct{})
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+	require.NoError(t, err)
+	req.Cancel = cancel //nolint:staticcheck // the deprecated field is the point
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	buf := make([]byte, 10)
+	_, err = io.ReadFull(resp.Body, buf)
+	require.NoError(t, err)
+	close(cancel)
+	_, err = io.ReadAll(resp.Body)
+	require.Error(t, err)
+	var ee *httpbalancer.EndpointError
+	assert.NotErrorAs(t, err, &ee, "no endpoint is to blame")
+	_ = resp.Body.Close()
+	s := statsByID(tr.Balancer())["a"]
+	assert.Zero(t, s.Failures)
+	assert.Zero(t, s.InFlight)
+}

@@ -445,7 +445,7 @@ func (c *call) Read(p []byte) (int, error) {
 			// whichever of the two reports first. The error is the
 			// caller's doing, not the endpoint's, and goes back as it is.
 			c.finish(c.out.Context().Err())
-		case err == context.Canceled || err == context.DeadlineExceeded || c.out.Context().Err() != nil:
+		case err == context.Canceled || err == context.DeadlineExceeded || c.out.Context().Err() != nil || legacyCanceled(&c.out):
 			// The context's end, as net/http's body returns it (or its
 			// cause, when the caller gave one: WithCancelCause): no
 			// endpoint broke, and callers compare it with ==
@@ -620,6 +620,8 @@ func (c *call) finish(err error) {
 			if errors.Is(ce, context.DeadlineExceeded) && c.sse != nil && c.sse.events.Load() > 0 {
 				o.Err = ErrDeadlineMidStream
 			}
+		} else if legacyCanceled(&c.out) {
+			o.Err = errLegacyCanceled
 		}
 	}
 	if c.sse != nil && o.Err == nil && !o.Overloaded {
