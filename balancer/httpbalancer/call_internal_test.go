@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -133,4 +134,19 @@ func jsonErrorCode(t *testing.T, js []byte) int {
 		}
 	}
 	return status(top["code"])
+}
+
+// A data line with nothing in it ("data:" or "data: ") carries no token:
+// it is not the first token, and an event whose first data line is empty
+// counts at its next data line, the one with the chunk.
+func TestSSEEmptyDataIsNoToken(t *testing.T) {
+	clock := testutil.NewClock()
+	s := &sseState{counting: true}
+	for _, read := range []string{"data:\n\n", "data: \r\n\r\n", "data:\ndata: {\"x\":1}\n\n", "data: {\"x\":2}\n\ndata: [DONE]\n\n"} {
+		clock.Advance(time.Millisecond)
+		s.readNs = 0 // a new Read
+		s.scan([]byte(read), clock)
+	}
+	assert.EqualValues(t, 2, s.events.Load(), "two chunks")
+	assert.Equal(t, testutil.Epoch.Add(3*time.Millisecond).UnixNano(), s.firstNs.Load(), "the first token came with the third read")
 }

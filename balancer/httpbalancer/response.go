@@ -480,7 +480,7 @@ func (c *call) Close() error {
 // they stream by: one per generated chunk on OpenAI-compatible servers, so
 // the count approximates output tokens and the first one is time to first
 // token. An event counts once however many data lines it has, when its
-// first one ends. Typed events that carry no token do not count: "error"
+// first one with data ends (an empty "data:" line carries no chunk). Typed events that carry no token do not count: "error"
 // and "ping", and the lifecycle events around the token deltas of the
 // Responses API (response.created, response.in_progress, ...; only
 // response.*.delta counts) and of the Anthropic Messages API that vLLM also
@@ -555,8 +555,8 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	}
 	if whole {
 		v = bytes.TrimSuffix(bytes.TrimPrefix(v, []byte(" ")), []byte("\r"))
-		if string(v) == "[DONE]" {
-			return
+		if len(v) == 0 || string(v) == "[DONE]" {
+			return // no chunk: the event counts at a data line that has one
 		}
 	}
 	c.counted = true
