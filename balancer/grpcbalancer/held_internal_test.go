@@ -254,3 +254,29 @@ func TestStreamTimingReportsTheStreamsOwnEnd(t *testing.T) {
 		})
 	}
 }
+
+// An attempt that ends as its interceptor's call returns (closing the
+// held report) is reported exactly once, whichever comes first: held and
+// settled by the close, or refused by a closed report and reported at
+// once. Run with -race.
+func TestHeldReportClosingRacesAnAttemptsEnd(t *testing.T) {
+	b := core.New(core.Options{Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{}`, 1)
+	retryInUse.Store(true)
+	const rounds = 200
+	var a string
+	for range rounds {
+		st := &retryState{}
+		ctx := context.WithValue(context.Background(), retryKey{}, st)
+		var res balancer.PickResult
+		a, res = h.pick(balancer.PickInfo{FullMethodName: "/svc/M", Ctx: ctx})
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true}) }()
+		go func() { defer wg.Done(); st.held.close(nil) }()
+		wg.Wait()
+	}
+	s := stats(t, b, a)
+	assert.EqualValues(t, rounds, s.Successes, "each attempt reported once")
+	assert.Zero(t, s.InFlight)
+}
