@@ -72,8 +72,8 @@ var (
 //	.../chat/completions, .../completions, .../responses,
 //	.../messages (Anthropic's Messages API, which vLLM,
 //	SGLang and llama.cpp serve too),
-//	.../generate, .../generate_stream                      -> LLM
-//	.../embeddings, .../embed                             -> embedding
+//	.../generate, .../generate_stream, .../api/chat        -> LLM
+//	.../embeddings, .../embed, .../classify, .../pooling  -> embedding
 //	.../rerank, .../score                                 -> rerank
 //
 // On a Triton (KServe v2) path, /v2/models/{name}[/versions/{v}]/..., the
@@ -146,15 +146,19 @@ type OpenAI struct {
 	chains *responseChains // the Transport's, when it made this inspector
 }
 
-// ServiceForPath maps an OpenAI-compatible (or TGI/TEI) request path to a
-// Service, as the OpenAI inspector does; unknown paths are ServiceUnknown.
+// ServiceForPath maps an OpenAI-compatible (or TGI/TEI, or Ollama) request
+// path to a Service, as the OpenAI inspector does; unknown paths are
+// ServiceUnknown. vLLM's /classify and /pooling run a pooling model once
+// over the input, as an embedding does, and are routed as embeddings.
+// Audio transcription is left unknown: its multipart body's size says
+// nothing of its tokens.
 func ServiceForPath(path string) inferlb.Service {
 	path = strings.TrimSuffix(path, "/")
 	last := path[strings.LastIndexByte(path, '/')+1:]
 	switch last {
-	case "completions", "responses", "messages", "generate", "generate_stream":
+	case "completions", "responses", "messages", "generate", "generate_stream", "chat":
 		return inferlb.ServiceLLM
-	case "embeddings", "embed":
+	case "embeddings", "embed", "classify", "pooling":
 		return inferlb.ServiceEmbedding
 	case "rerank", "score":
 		return inferlb.ServiceRerank
