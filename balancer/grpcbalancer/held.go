@@ -61,8 +61,9 @@ func (h *heldReport) close(err error) {
 // settle reports the held attempt, if any, with err, the error the
 // application got: nil, io.EOF (a stream that ended well) or an OK status
 // leave the report as grpc-go gave it, and so does an error that is no
-// gRPC status (see adopts); a gRPC status is the attempt's, and so are
-// this package's own errRetriedAttempt and errStreamLeft.
+// gRPC status (see adopts; streamState.settle makes such an error
+// errStreamHidden first); a gRPC status is the attempt's, and so are this
+// package's own errRetriedAttempt, errStreamLeft and errStreamHidden.
 func (h *heldReport) settle(err error) {
 	if h.c.Load() == nil {
 		return
@@ -92,7 +93,7 @@ func adopts(err error) bool {
 	if err == nil || err == io.EOF {
 		return false
 	}
-	if err == errRetriedAttempt || err == errStreamLeft {
+	if err == errRetriedAttempt || err == errStreamLeft || err == errStreamHidden {
 		return true
 	}
 	st, ok := status.FromError(err)

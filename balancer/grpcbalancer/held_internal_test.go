@@ -2,6 +2,7 @@ package grpcbalancer
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"testing"
@@ -140,6 +141,16 @@ func TestHeldStreamAttemptIsSettledByTheStreamsEnd(t *testing.T) {
 	res.Done(balancer.DoneInfo{BytesSent: true}) // reset in a race with the send
 	st.sending.Store(false)
 	assert.Equal(t, [3]uint64{2, 0, 2}, counts(a), "no answer: an overload at once (errNoAnswer)")
+	assert.Zero(t, inFlight())
+
+	// A stream wrapper inside StreamTiming that turns the status into an
+	// error of its own hides how the stream ended: held, the attempt was
+	// no success (the send found the stream ended), and its error is
+	// unknown, so it counts as neither.
+	st = &streamState{ctx: context.Background(), method: "/ai.Gen/Stream"}
+	heldStream(t, h, st.ctx, st)
+	st.settle(errors.New("the wrapper's own error"))
+	assert.Equal(t, [3]uint64{2, 0, 2}, counts(a), "an error that is no status: neither")
 	assert.Zero(t, inFlight())
 
 	cctx, cancel := context.WithCancel(context.Background())

@@ -145,7 +145,24 @@ func (st *streamState) left() { st.settle(errStreamLeft) }
 // ended well, and the report stands), errRetriedAttempt when gRPC retried
 // the attempt, or errStreamLeft. Exactly one settle reports an attempt,
 // whichever comes first.
-func (st *streamState) settle(err error) { st.held.settle(err) }
+//
+// An error that is no gRPC status (a stream wrapper inside StreamTiming
+// made its own of the status) hides how the stream ended: a held attempt
+// is no success (its send found the stream ended), and its error is
+// unknown, so it counts as neither (errStreamHidden).
+func (st *streamState) settle(err error) {
+	if err != nil && err != io.EOF && !adopts(err) {
+		if _, ok := status.FromError(err); !ok {
+			err = errStreamHidden
+		}
+	}
+	st.held.settle(err)
+}
+
+// errStreamHidden is the report of a held stream attempt whose end the
+// application read as an error that is no gRPC status (see settle). It
+// wraps context.Canceled, so the balancer counts it as neither.
+var errStreamHidden = fmt.Errorf("inferlb: the stream ended with an error that is no gRPC status: %w", context.Canceled)
 
 // fill adds the stream's timing to an attempt's outcome: time to first
 // token from the pick, and the output tokens received. Its latency, which
