@@ -151,10 +151,8 @@ func (st *streamState) left() { st.settle(errStreamLeft) }
 // is no success (its send found the stream ended), and its error is
 // unknown, so it counts as neither (errStreamHidden).
 func (st *streamState) settle(err error) {
-	if err != nil && err != io.EOF && !adopts(err) {
-		if _, ok := status.FromError(err); !ok {
-			err = errStreamHidden
-		}
+	if _, ok := status.FromError(err); !ok && err != io.EOF && !adopts(err) {
+		err = errStreamHidden
 	}
 	st.held.settle(err)
 }

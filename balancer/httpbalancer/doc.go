@@ -102,8 +102,9 @@
 // fails; a 4xx code there is the request's; the code is the error object's
 // own member, or the top-level object's, read as the line streams by
 // however long the message before it); a canceled context (or a closed
-// Request.Cancel, which http.Client sets with a Timeout) is neither, and so is a deadline that ends a stream after its first
-// token (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
+// Request.Cancel, which http.Client sets with a Timeout) is neither, and
+// so is a deadline that ends a stream after its first token
+// (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine
 // fail. A call that fails on an endpoint, before any response (RoundTrip's
 // error, from the last endpoint tried) or in its body (Read's: a reset, a
