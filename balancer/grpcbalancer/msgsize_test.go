@@ -33,19 +33,11 @@ func (bigAnswer) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.
 // call cooled a healthy endpoint down, and with panic routing off a few
 // of them left nothing to route to.
 func TestE2EMessageOverASizeLimitIsNoOverload(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(512))
 	testgrpc.RegisterTestServiceServer(srv, bigAnswer{})
-	run(t, srv, lis)
-	addr := lis.Addr().String()
-	name, b := shared(t, core.Options{PanicThreshold: -1, BreakerFailures: -1, OutlierInterval: -1})
-	conn, _ := dial(t, []*backend{{addr: addr}}, name, `{}`)
-	client := testgrpc.NewTestServiceClient(conn)
+	client, b, addr := serveOne(t, srv, core.Options{PanicThreshold: -1, BreakerFailures: -1, OutlierInterval: -1})
 	ctx := testContext(t)
-	if _, err = client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+	if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
 	calls := []struct {
@@ -98,19 +90,11 @@ func (brokenCompressor) Name() string { return "inferlb-test-broken" }
 // few such calls tripped the breaker of whichever endpoint they picked,
 // and a client sending them steadily ejected the fleet one by one.
 func TestE2ERequestTheClientCannotEncodeIsNoFailure(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer()
 	testgrpc.RegisterTestServiceServer(srv, bigAnswer{})
-	run(t, srv, lis)
-	addr := lis.Addr().String()
-	name, b := shared(t, core.Options{PanicThreshold: -1})
-	conn, _ := dial(t, []*backend{{addr: addr}}, name, `{}`)
-	client := testgrpc.NewTestServiceClient(conn)
+	client, b, addr := serveOne(t, srv, core.Options{PanicThreshold: -1})
 	ctx := testContext(t)
-	if _, err = client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+	if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
 	for range core.DefaultBreakerFailures {
@@ -147,10 +131,6 @@ func (garbleCodec) Name() string                { return "proto" }
 // servers tripped the breaker of every endpoint in turn, and with them the
 // channel's other methods lost their endpoints too.
 func TestE2EAnswerTheClientCannotDecodeIsNoFailure(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer(grpc.ForceServerCodec(garbleCodec{}), grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
 		var in struct{}
 		if err := st.RecvMsg(&in); err != nil {
@@ -158,11 +138,7 @@ func TestE2EAnswerTheClientCannotDecodeIsNoFailure(t *testing.T) {
 		}
 		return st.SendMsg(&in)
 	}))
-	run(t, srv, lis)
-	addr := lis.Addr().String()
-	name, b := shared(t, core.Options{PanicThreshold: -1})
-	conn, _ := dial(t, []*backend{{addr: addr}}, name, `{}`)
-	client := testgrpc.NewTestServiceClient(conn)
+	client, b, addr := serveOne(t, srv, core.Options{PanicThreshold: -1})
 	ctx := testContext(t)
 	for i := range core.DefaultBreakerFailures + 1 {
 		_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(i == 0))
@@ -173,4 +149,20 @@ func TestE2EAnswerTheClientCannotDecodeIsNoFailure(t *testing.T) {
 	if s := stats(t, b, addr); s.Failures != 0 || s.BreakerOpen || s.ErrorRate != 0 {
 		t.Errorf("after answers the client could not decode: %d failures, breaker open %v, error rate %v; want none", s.Failures, s.BreakerOpen, s.ErrorRate)
 	}
+}
+
+// serveOne serves srv on loopback and returns a client of a channel that
+// routes to it alone with a policy on a Balancer of opts, the Balancer,
+// and the server's address (its endpoint ID).
+func serveOne(t *testing.T, srv *grpc.Server, opts core.Options) (testgrpc.TestServiceClient, *core.Balancer, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, srv, lis)
+	addr := lis.Addr().String()
+	name, b := shared(t, opts)
+	conn, _ := dial(t, []*backend{{addr: addr}}, name, `{}`)
+	return testgrpc.NewTestServiceClient(conn), b, addr
 }
