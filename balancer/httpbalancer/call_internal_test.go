@@ -68,9 +68,11 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("data: {\"error\": {\"message\": \""+strings.Repeat(`a\"code\": 500\\`, 200)+"\", \"param\": {\"code\": 501}, \"code\": 400}}\n\n"), uint8(5))
 	f.Add([]byte("data: {\"error\": [{\"code\": 500}], \"c\\u006fde\": 503}\r\n\r\ndata: {\"error\": {\"code\": 5.0e2, \"\\u0063\\u006f\\u0064\\u0065\": 504}}\n\n"), uint8(2))
 	f.Add([]byte("data: {\"error\": {\"code\": 500}, \"error\": \"x\", \"code\": null}\n\ndata:{\"error\":{},\"code\":599 }\n"), uint8(9))
+	f.Add([]byte("{\"message\":{\"content\":\"a\"},\"done\":false}\n\r\n{\"error\":\"x\"}\n{\"done\" : true}\n{\"done\": true}\n"), uint8(64+3))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
-		s := &sseState{counting: true}
+		ndjson := n&64 != 0 // an Ollama stream
+		s := &sseState{counting: true, ndjson: ndjson}
 		clock := testutil.NewClock()
 		for p := body; len(p) > 0; {
 			k := min(size, len(p))
@@ -84,11 +86,17 @@ func FuzzSSEScan(f *testing.F) {
 		if code != 0 && (code < 100 || code > 599) {
 			t.Fatalf("error code %d", code)
 		}
-		whole := &sseState{counting: true}
+		whole := &sseState{counting: true, ndjson: ndjson}
 		whole.scan(body, clock)
 		if whole.events.Load() != s.events.Load() || whole.errCode.Load() != code {
 			t.Fatalf("%d bytes a read: %d events, code %d; in one read: %d events, code %d",
 				size, s.events.Load(), code, whole.events.Load(), whole.errCode.Load())
+		}
+		if ndjson {
+			if code != 0 {
+				t.Fatalf("an NDJSON stream gave error code %d", code)
+			}
+			return // error events are SSE's
 		}
 		// The code of the last error line that has one, as encoding/json
 		// reads it. The last piece of body is a line that has not ended.

@@ -91,7 +91,9 @@
 // read slower than the endpoint sends it, which finds every next event
 // waiting (see Result.TimeBetweenTokens). The lifecycle events of the Responses and
 // Messages APIs (response.created, message_start, ...), "error" and "ping"
-// events are not counted. A stream is read as Base returns it: one the
+// events are not counted. Ollama's newline-delimited JSON streams
+// (application/x-ndjson) are read alike, a line an event; the last
+// object ("done": true) and an error line are not counted. A stream is read as Base returns it: one the
 // server compressed because the caller set Accept-Encoding itself (Base
 // only decompresses what it asked for) reaches the caller as it came, and
 // its events go uncounted. Classification: 429, and 503 with Retry-After,

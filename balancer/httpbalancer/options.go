@@ -232,8 +232,8 @@ type Result struct {
 	// balancer is given the time to the response headers (the rest is the
 	// caller's reading pace, not the endpoint's).
 	Outcome inferlb.Outcome
-	// Events counts the events of an SSE stream that carry tokens (0
-	// otherwise; see the package doc).
+	// Events counts the events of an SSE (or Ollama NDJSON) stream that
+	// carry tokens (0 otherwise; see the package doc).
 	Events int
 	// TimeBetweenTokens is the mean gap between data events of a stream
 	// (0 with fewer than two) as the reader met them: a reader slower than

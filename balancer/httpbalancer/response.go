@@ -175,6 +175,11 @@ type sseState struct {
 	// writes them only before, and finish reads them only after.
 	fromNs, enteredNs int64
 	id                *idCapture // a /v1/responses answer's ID, when remembered
+	// An NDJSON stream (Ollama's): each line is an event, and one with
+	// "done": true carries no token; doneAt is how much of that member
+	// the current line has shown (see matchDone), done that it has.
+	ndjson, done bool
+	doneAt       uint8
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs
@@ -325,11 +330,15 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	if v := h["Content-Type"]; len(v) > 0 {
 		ct = v[0]
 	}
-	const eventStream = "text/event-stream"
-	if len(ct) >= len(eventStream) && strings.EqualFold(ct[:len(eventStream)], eventStream) || c.info.Stream && !hasJSON(ct) {
+	const eventStream, ndjson = "text/event-stream", "application/x-ndjson"
+	switch {
+	case len(ct) >= len(eventStream) && strings.EqualFold(ct[:len(eventStream)], eventStream) || c.info.Stream && !hasJSON(ct):
 		// The headers' time: a first token the caller comes for late
 		// after it may have been waiting (see readerLate).
 		c.sse = &sseState{counting: true, fromNs: c.t.cfg.clock.Now().UnixNano()}
+	case len(ct) >= len(ndjson) && strings.EqualFold(ct[:len(ndjson)], ndjson):
+		// Ollama's stream: a JSON object a line (see sseState.ndjson).
+		c.sse = &sseState{counting: true, ndjson: true, fromNs: c.t.cfg.clock.Now().UnixNano()}
 	}
 	if c.t.cfg.chains != nil && c.info.AffinityKey != 0 && resp.StatusCode/100 == 2 && isResponses(c.out.URL.Path) {
 		if c.sse == nil {
@@ -515,6 +524,9 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 			n := copy(c.end[:], c.end[len(seg):])
 			copy(c.end[n:], seg)
 		}
+		if c.ndjson {
+			c.matchDone(seg)
+		}
 		if i < 0 {
 			return
 		}
@@ -529,6 +541,15 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	whole := c.lineLen <= len(c.line)
 	lineLen := c.lineLen
 	c.lineLen = 0
+	if c.ndjson {
+		done := c.done
+		c.done, c.doneAt = false, 0
+		if lineLen == 0 || lineLen == 1 && line[0] == '\r' || done || bytes.HasPrefix(line, []byte(`{"error"`)) {
+			return // a blank line, the last object, or an error: no token
+		}
+		c.count(clock)
+		return
+	}
 	if c.inErr || whole && isErrorData(line) {
 		code := 0
 		if c.inErr {
@@ -560,6 +581,11 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		}
 	}
 	c.counted = true
+	c.count(clock)
+}
+
+// count counts a token event that ends in the current Read.
+func (c *sseState) count(clock balancer.Clock) {
 	if c.readNs == 0 {
 		c.readNs = clock.Now().UnixNano() // once a Read
 	}
@@ -568,6 +594,31 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	}
 	c.waitLast.Store(c.waitNs)
 	c.lastNs.Store(c.readNs)
+}
+
+// doneKey is the member of Ollama's last stream object, up to its value.
+const doneKey = `"done":`
+
+// matchDone follows seg, the next bytes of an NDJSON line, for the member
+// "done": true (spaces allowed before the value). A quote inside a JSON
+// string is escaped, so the key cannot match inside text; the key's only
+// repeated byte is its opening quote, so a mismatch restarts at it.
+func (c *sseState) matchDone(seg []byte) {
+	for _, b := range seg {
+		switch {
+		case c.done:
+			return
+		case int(c.doneAt) < len(doneKey) && b == doneKey[c.doneAt]:
+			c.doneAt++
+		case int(c.doneAt) == len(doneKey) && (b == ' ' || b == '\t'):
+		case int(c.doneAt) == len(doneKey) && b == 't':
+			c.done = true
+		case b == '"':
+			c.doneAt = 1
+		default:
+			c.doneAt = 0
+		}
+	}
 }
 
 // startErr starts reading an error line whose first len(line) bytes are

@@ -52,10 +52,16 @@ type sseRig struct {
 
 func newSSERig(t *testing.T, body string) *sseRig {
 	t.Helper()
+	return newStreamRig(t, body, "text/event-stream")
+}
+
+// newStreamRig is newSSERig for a stream of the given content type.
+func newStreamRig(t *testing.T, body, contentType string) *sseRig {
+	t.Helper()
 	clock := testutil.NewClock()
 	g := &sseRig{res: newResults(1), body: body}
 	base := baseFunc(func(r *http.Request) (*http.Response, error) {
-		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {contentType}},
 			Body: &tickingBody{b: []byte(body), n: g.n, clock: clock}, Request: r}, nil
 	})
 	g.tr = newTransport(t, httpbalancer.Options{
@@ -127,6 +133,39 @@ func TestStreamEventsAtEveryReadBoundary(t *testing.T) {
 				r := rig.call(t, n)
 				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
 				reads := (len(s.first) + n - 1) / n // the read that ends the first token's data line
+				require.Equal(t, time.Duration(reads)*time.Millisecond, r.Outcome.TTFT, "%d bytes a read", n)
+			}
+		})
+	}
+}
+
+// TestNDJSONStreamTokensAtEveryReadBoundary: Ollama streams a chat as
+// newline-delimited JSON (application/x-ndjson), one object a chunk and a
+// last one that says "done":true and carries no token. Each chunk line is
+// a token event, timed as an SSE event is, whatever the reads' sizes; the
+// done line, blank lines and an error line are not.
+func TestNDJSONStreamTokensAtEveryReadBoundary(t *testing.T) {
+	chunk := func(c string) string {
+		return `{"model":"llama3","created_at":"2026-12-05T05:00:00Z","message":{"role":"assistant","content":"` + c + `"},"done":false}` + "\n"
+	}
+	done := `{"model":"llama3","created_at":"2026-12-05T05:00:01Z","message":{"role":"assistant","content":""},"done_reason":"stop","done":true,"total_duration":5,"eval_count":3}` + "\n"
+	for _, s := range []struct {
+		name   string
+		body   string
+		events int
+		first  string
+	}{
+		{"chat", chunk("a") + chunk("b") + chunk("c") + done, 3, chunk("a")},
+		{"CRLF and blank lines", "\r\n" + strings.ReplaceAll(chunk("a")+chunk("b")+done, "\n", "\r\n"), 2, "\r\n" + strings.ReplaceAll(chunk("a"), "\n", "\r\n")},
+		{"done with spaces", chunk("a") + `{"done": true}` + "\n", 1, chunk("a")},
+		{"an error line", chunk("a") + `{"error":"model runner has unexpectedly stopped"}` + "\n", 1, chunk("a")},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			rig := newStreamRig(t, s.body, "application/x-ndjson")
+			for n := 1; n <= len(s.body); n++ {
+				r := rig.call(t, n)
+				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
+				reads := (len(s.first) + n - 1) / n
 				require.Equal(t, time.Duration(reads)*time.Millisecond, r.Outcome.TTFT, "%d bytes a read", n)
 			}
 		})
