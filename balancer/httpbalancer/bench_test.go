@@ -108,23 +108,38 @@ func BenchmarkChatCompletion(b *testing.B) {
 // control pairs the bare client with a second bare client (its own
 // http.Transport, as the balancing Transport's Base is): its overheads
 // are the measurement's noise floor, which is what a figure of the other
-// two must be read against.
+// two must be read against. rewrite-only pairs it with a RoundTripper that
+// does nothing but send a shallow copy of the request to the endpoint's
+// host: the cost of being a routing RoundTripper at all, before any
+// inspection, pick or outcome.
 func BenchmarkChatCompletionPaired(b *testing.B) {
 	for _, tc := range []struct {
-		name    string
-		o       httpbalancer.Options
-		control bool
+		name string
+		o    httpbalancer.Options
+		lb   pairedSide
 	}{
-		{"default", httpbalancer.Options{}, false},
+		{"default", httpbalancer.Options{}, sideInferlb},
 		// Routing on path and headers only: what inspection costs.
-		{"no-peek", httpbalancer.Options{MaxPeek: -1}, false},
-		{"control", httpbalancer.Options{}, true},
+		{"no-peek", httpbalancer.Options{MaxPeek: -1}, sideInferlb},
+		{"control", httpbalancer.Options{}, sideBare},
+		// The least a RoundTripper that routes can add: a shallow copy of
+		// the request with the endpoint's host (roundRobin over one).
+		{"rewrite-only", httpbalancer.Options{}, sideRewrite},
 	} {
-		b.Run(tc.name, func(b *testing.B) { benchPaired(b, tc.o, tc.control) })
+		b.Run(tc.name, func(b *testing.B) { benchPaired(b, tc.o, tc.lb) })
 	}
 }
 
-func benchPaired(b *testing.B, o httpbalancer.Options, control bool) {
+// pairedSide is what benchPaired pairs the bare client with.
+type pairedSide int
+
+const (
+	sideInferlb pairedSide = iota // the balancing Transport
+	sideBare                      // a second bare client (the control)
+	sideRewrite                   // a RoundTripper that only rewrites the host
+)
+
+func benchPaired(b *testing.B, o httpbalancer.Options, side pairedSide) {
 	srv := benchServer(b)
 	bareBase := http.DefaultTransport.(*http.Transport).Clone()
 	defer bareBase.CloseIdleConnections()
@@ -139,8 +154,11 @@ func benchPaired(b *testing.B, o httpbalancer.Options, control bool) {
 	defer tr.Close()
 	bare, lb := &http.Client{Transport: bareBase}, &http.Client{Transport: tr}
 	bareURL, lbURL := srv.URL+"/v1/chat/completions", chatURL
-	if control {
+	switch side {
+	case sideBare:
 		lb, lbURL = &http.Client{Transport: lbBase}, bareURL
+	case sideRewrite:
+		lb = &http.Client{Transport: &roundRobin{base: lbBase, hosts: []string{strings.TrimPrefix(srv.URL, "http://")}}}
 	}
 	bareCalls, lbCalls := make([]time.Duration, 0, 1<<15), make([]time.Duration, 0, 1<<15)
 	call := func(c *http.Client, url string) time.Duration {
