@@ -41,7 +41,8 @@ func TestRequestCancelIsTheCallersDoing(t *testing.T) {
 	cancel := make(chan struct{})
 	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
 	require.NoError(t, err)
-	req.Cancel = cancel //nolint:staticcheck // the deprecated field is the point
+	//lint:ignore SA1019 the deprecated field is the point
+	req.Cancel = cancel
 	go func() {
 		<-started
 		close(cancel)
@@ -72,7 +73,8 @@ func TestRequestCancelWhileReadingIsTheCallersDoing(t *testing.T) {
 	cancel := make(chan struct{})
 	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
 	require.NoError(t, err)
-	req.Cancel = cancel //nolint:staticcheck // the deprecated field is the point
+	//lint:ignore SA1019 the deprecated field is the point
+	req.Cancel = cancel
 	resp, err := tr.RoundTrip(req)
 	require.NoError(t, err)
 	buf := make([]byte, 10)

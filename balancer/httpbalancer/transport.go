@@ -518,11 +518,13 @@ var errLegacyCanceled = fmt.Errorf("inferlb: httpbalancer: the caller canceled t
 
 // legacyCanceled reports whether r's Cancel channel is closed.
 func legacyCanceled(r *http.Request) bool {
-	if r.Cancel == nil { //nolint:staticcheck // honoured as net/http honours it
+	//lint:ignore SA1019 honoured as net/http honours it
+	cancel := r.Cancel
+	if cancel == nil {
 		return false
 	}
 	select {
-	case <-r.Cancel: //nolint:staticcheck
+	case <-cancel:
 		return true
 	default:
 		return false
