@@ -130,8 +130,7 @@
 // prompt over HTTP/2's 64 KiB initial window that a rate limiter rejects
 // unread; see Outcomes), and through either interceptor it counts as the
 // overload or failure it was. StreamTiming (see Token streams) does the
-// same for server-streaming and bidirectional streams; client-streaming
-// calls are not corrected.
+// same for streams of every kind (it times only those the server streams).
 //
 // # Token streams
 //

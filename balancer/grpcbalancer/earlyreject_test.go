@@ -113,6 +113,18 @@ var rejectedStreams = []struct {
 		}
 		return st, st.CloseSend()
 	}},
+	// A client-streaming upload (audio for a transcription, say): the
+	// application sends, then reads the one answer or the status.
+	{"ClientStreaming", func(ctx context.Context, client testgrpc.TestServiceClient, req *testgrpc.StreamingOutputCallRequest) (grpc.ClientStream, error) {
+		st, err := client.StreamingInputCall(ctx, grpc.WaitForReady(true))
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Send(&testgrpc.StreamingInputCallRequest{Payload: req.Payload}); err != nil && err != io.EOF {
+			return st, err
+		}
+		return st, st.CloseSend()
+	}},
 }
 
 // rejectStreams opens 20 streams of a 1 MiB request with open, through a

@@ -159,8 +159,8 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // the stream's end, with the error RecvMsg returns, and as neither if the
 // application leaves the stream unread (streamState.hold): 20 overloads
 // of 20 (TestEarlyRejectedStreamIsAnOverloadThroughStreamTiming).
-// Client-streaming calls, and streams without StreamTiming, are not
-// corrected.
+// Client-streaming calls are corrected the same way (TestEarlyRejectedStream*
+// run them too); streams without StreamTiming are not corrected.
 //
 // A request the client could not encode (msgNotEncoded) never left it
 // either: INTERNAL, but the request's doing, so it counts as nothing.

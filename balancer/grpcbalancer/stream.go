@@ -221,7 +221,8 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 // requests would be timed as one long generation.
 //
 // It also gives the policy each such stream's own end, as UnaryOutcome
-// does for unary calls: grpc-go reports a stream the server failed before
+// does for unary calls, and so for client-streaming calls too (which it
+// does not time: their one answer is no token): grpc-go reports a stream the server failed before
 // the client had written its request (a long prompt over HTTP/2's 64 KiB
 // initial window, rejected unread by a rate limiter) to the balancer as a
 // success, and through StreamTiming it counts as what RecvMsg returns to
@@ -230,7 +231,15 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 func StreamTiming(tokens func(msg any) int) grpc.StreamClientInterceptor {
 	streamInUse.Store(true)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		if !desc.ServerStreams {
+		count := tokens
+		switch {
+		case desc.ServerStreams:
+		case desc.ClientStreams:
+			// An upload (audio for a transcription, say): its one
+			// answer is no token, but its end is corrected as a
+			// stream's is (see hold).
+			count = noTokens
+		default:
 			return streamer(ctx, desc, cc, method, opts...)
 		}
 		st := &streamState{ctx: ctx, method: method}
@@ -241,9 +250,13 @@ func StreamTiming(tokens func(msg any) int) grpc.StreamClientInterceptor {
 		if b := st.core.Load(); b != nil {
 			st.from.Store(b.Now().UnixNano()) // see timedStream.sent
 		}
-		return &timedStream{ClientStream: cs, st: st, tokens: tokens}, nil
+		return &timedStream{ClientStream: cs, st: st, tokens: count}, nil
 	}
 }
+
+// noTokens counts no output tokens in a message: a client-streaming call's
+// answer.
+func noTokens(any) int { return 0 }
 
 // timedStream counts the output tokens of the messages it receives.
 type timedStream struct {

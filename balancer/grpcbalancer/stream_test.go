@@ -145,26 +145,36 @@ func TestStreamTimingMeasuresFirstTokenAndDecodeSpeed(t *testing.T) {
 	assert.Equal(t, 60*time.Millisecond/11, s.TimePerOutputToken, "60 ms over the 11 tokens after the first")
 }
 
-// Without the interceptor, or on a unary call, a stream says nothing about
-// tokens: the picker reports latency only.
+// A client-streaming call through the interceptor, without it, or on a
+// unary call, says nothing about tokens: the picker reports latency only.
+// (A client-streaming call's end is still corrected: see
+// TestEarlyRejectedStreamIsAnOverloadThroughStreamTiming.)
 func TestStreamTimingOnlyTimesServerStreams(t *testing.T) {
 	clock := testutil.NewClock()
 	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(3)})
 	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
-	called := false
 	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
-		called = true
-		assert.Nil(t, streamStateFrom(ctx, "/ai.Gen/Upload"), "a client-streaming call got stream timing")
-		return nil, nil
+		require.NotNil(t, streamStateFrom(ctx, "/ai.Gen/Upload"), "a client-streaming call's end goes uncorrected")
+		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Upload", Ctx: ctx})
+		if err != nil {
+			return nil, err
+		}
+		// The upload's one answer comes 300 ms after the call began.
+		return &scriptedStream{clock: clock, gaps: []time.Duration{300 * time.Millisecond}, done: res.Done}, nil
 	}
-	_, err := StreamTiming(nil)(context.Background(), &grpc.StreamDesc{ClientStreams: true}, nil, "/ai.Gen/Upload", streamer)
+	cs, err := StreamTiming(nil)(context.Background(), &grpc.StreamDesc{ClientStreams: true}, nil, "/ai.Gen/Upload", streamer)
 	require.NoError(t, err)
-	require.True(t, called)
+	require.NoError(t, cs.RecvMsg(nil))
+	require.ErrorIs(t, cs.RecvMsg(nil), io.EOF)
+	s := stats(t, b, addr(0))
+	assert.Zero(t, s.TTFT, "an upload's answer is no first token")
+	assert.Zero(t, s.TimePerOutputToken)
+	assert.EqualValues(t, 1, s.Successes)
 
 	_, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Chat"})
 	clock.Advance(time.Second)
 	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
-	s := stats(t, b, addr(0))
+	s = stats(t, b, addr(0))
 	assert.Zero(t, s.TTFT)
 	assert.Zero(t, s.TimePerOutputToken)
 	assert.Equal(t, time.Second, s.Latency)
