@@ -72,9 +72,11 @@ var (
 //	.../chat/completions, .../completions, .../responses,
 //	.../messages (Anthropic's Messages API, which vLLM,
 //	SGLang and llama.cpp serve too),
-//	.../generate, .../generate_stream, .../api/chat        -> LLM
-//	.../embeddings, .../embed, .../classify, .../pooling  -> embedding
-//	.../rerank, .../score                                 -> rerank
+//	.../generate, .../generate_stream, .../api/chat,
+//	llama.cpp's .../completion and .../infill              -> LLM
+//	.../embeddings, .../embed, .../classify, .../pooling,
+//	llama.cpp's .../embedding                             -> embedding
+//	.../rerank, .../score, llama.cpp's .../reranking      -> rerank
 //
 // On a Triton (KServe v2) path, /v2/models/{name}[/versions/{v}]/..., the
 // model is the name in the path, which is what Triton routes by (the
@@ -146,9 +148,9 @@ type OpenAI struct {
 	chains *responseChains // the Transport's, when it made this inspector
 }
 
-// ServiceForPath maps an OpenAI-compatible (or TGI/TEI, or Ollama) request
-// path to a Service, as the OpenAI inspector does; unknown paths are
-// ServiceUnknown. vLLM's /classify and /pooling run a pooling model once
+// ServiceForPath maps an OpenAI-compatible (or TGI/TEI, Ollama or
+// llama.cpp) request path to a Service, as the OpenAI inspector does;
+// unknown paths are ServiceUnknown. vLLM's /classify and /pooling run a pooling model once
 // over the input, as an embedding does, and are routed as embeddings.
 // Audio transcription is left unknown: its multipart body's size says
 // nothing of its tokens.
@@ -156,11 +158,11 @@ func ServiceForPath(path string) inferlb.Service {
 	path = strings.TrimSuffix(path, "/")
 	last := path[strings.LastIndexByte(path, '/')+1:]
 	switch last {
-	case "completions", "responses", "messages", "generate", "generate_stream", "chat":
+	case "completions", "responses", "messages", "generate", "generate_stream", "chat", "completion", "infill":
 		return inferlb.ServiceLLM
-	case "embeddings", "embed", "classify", "pooling":
+	case "embeddings", "embed", "classify", "pooling", "embedding":
 		return inferlb.ServiceEmbedding
-	case "rerank", "score":
+	case "rerank", "score", "reranking":
 		return inferlb.ServiceRerank
 	}
 	return inferlb.ServiceUnknown
