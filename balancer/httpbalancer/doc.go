@@ -93,7 +93,9 @@
 // Messages APIs (response.created, message_start, ...), "error" and "ping"
 // events are not counted. Ollama's newline-delimited JSON streams
 // (application/x-ndjson) are read alike, a line an event; the last
-// object ("done": true) and an error line are not counted. A stream is read as Base returns it: one the
+// object ("done": true) is not counted, and an error line (Ollama checks
+// the request before it streams, so a failure after is the server's: a
+// runner that crashed) is a failure, as a 5xx error event is. A stream is read as Base returns it: one the
 // server compressed because the caller set Accept-Encoding itself (Base
 // only decompresses what it asked for) reaches the caller as it came, and
 // its events go uncounted. Classification: 429, and 503 with Retry-After,

@@ -544,8 +544,16 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	if c.ndjson {
 		done := c.done
 		c.done, c.doneAt = false, 0
-		if lineLen == 0 || lineLen == 1 && line[0] == '\r' || done || bytes.HasPrefix(line, []byte(`{"error"`)) {
-			return // a blank line, the last object, or an error: no token
+		if bytes.HasPrefix(line, []byte(`{"error"`)) {
+			// Ollama's report of a failure after the stream started (a
+			// runner that crashed): it carries no code, and the request
+			// was checked before the stream began, so it is the
+			// endpoint's, as a 5xx error event is on SSE.
+			c.errCode.Store(http.StatusInternalServerError)
+			return
+		}
+		if lineLen == 0 || lineLen == 1 && line[0] == '\r' || done {
+			return // a blank line or the last object: no token
 		}
 		c.count(clock)
 		return

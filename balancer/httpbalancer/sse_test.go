@@ -143,7 +143,8 @@ func TestStreamEventsAtEveryReadBoundary(t *testing.T) {
 // newline-delimited JSON (application/x-ndjson), one object a chunk and a
 // last one that says "done":true and carries no token. Each chunk line is
 // a token event, timed as an SSE event is, whatever the reads' sizes; the
-// done line, blank lines and an error line are not.
+// done line, blank lines and an error line are not, and an error line
+// (a runner that crashed mid-stream) is the endpoint's failure.
 func TestNDJSONStreamTokensAtEveryReadBoundary(t *testing.T) {
 	chunk := func(c string) string {
 		return `{"model":"llama3","created_at":"2026-12-05T05:00:00Z","message":{"role":"assistant","content":"` + c + `"},"done":false}` + "\n"
@@ -160,11 +161,15 @@ func TestNDJSONStreamTokensAtEveryReadBoundary(t *testing.T) {
 		{"done with spaces", chunk("a") + `{"done": true}` + "\n", 1, chunk("a")},
 		{"an error line", chunk("a") + `{"error":"model runner has unexpectedly stopped"}` + "\n", 1, chunk("a")},
 	} {
+		failed := strings.Contains(s.body, `{"error"`)
 		t.Run(s.name, func(t *testing.T) {
 			rig := newStreamRig(t, s.body, "application/x-ndjson")
 			for n := 1; n <= len(s.body); n++ {
 				r := rig.call(t, n)
 				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
+				var se *httpbalancer.StatusError
+				require.Equal(t, failed, errors.As(r.Outcome.Err, &se) && se.StatusCode == http.StatusInternalServerError,
+					"%d bytes a read: the error line is the endpoint's failure (outcome %v)", n, r.Outcome.Err)
 				reads := (len(s.first) + n - 1) / n
 				require.Equal(t, time.Duration(reads)*time.Millisecond, r.Outcome.TTFT, "%d bytes a read", n)
 			}
