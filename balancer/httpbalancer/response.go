@@ -307,7 +307,10 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		} else {
 			c.ends.Or(endFailed)
 		}
-	case code >= 500:
+	case code >= 500, code == http.StatusFailedDependency:
+		// 424 is TGI's answer when generation fails (a shard's CUDA
+		// error, a shard gone): the endpoint's failure, not the request's
+		// (TGI answers a bad request 422).
 		c.ends.Or(endFailed)
 	}
 	if v := h[loadHeader]; len(v) > 0 {

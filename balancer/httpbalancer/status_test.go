@@ -18,8 +18,9 @@ import (
 // TestStatusClassification: what each answer tells the balancer. 429, and
 // 503 with a Retry-After in any form, are overloads with the hint read
 // from it (seconds or an HTTP date; 0, for the balancer's default, when it
-// is unreadable, negative or past; a day at most); other 5xx are failures;
-// 4xx say nothing bad about the endpoint.
+// is unreadable, negative or past; a day at most); other 5xx are failures,
+// and so is 424, TGI's answer when generation fails (a shard's CUDA error);
+// other 4xx say nothing bad about the endpoint.
 func TestStatusClassification(t *testing.T) {
 	clock := testutil.NewClock()
 	date := func(d time.Duration, layout string) string { return clock.Now().Add(d).Format(layout) }
@@ -53,8 +54,10 @@ func TestStatusClassification(t *testing.T) {
 		{500, "3", false, 0, true},
 		{502, "", false, 0, true},
 		{504, "", false, 0, true},
+		{424, "", false, 0, true},
 		{400, "", false, 0, false},
 		{404, "", false, 0, false},
+		{422, "", false, 0, false},
 	} {
 		base := baseFunc(func(r *http.Request) (*http.Response, error) {
 			h := http.Header{}
