@@ -68,6 +68,8 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("data: {\"error\": {\"message\": \""+strings.Repeat(`a\"code\": 500\\`, 200)+"\", \"param\": {\"code\": 501}, \"code\": 400}}\n\n"), uint8(5))
 	f.Add([]byte("data: {\"error\": [{\"code\": 500}], \"c\\u006fde\": 503}\r\n\r\ndata: {\"error\": {\"code\": 5.0e2, \"\\u0063\\u006f\\u0064\\u0065\": 504}}\n\n"), uint8(2))
 	f.Add([]byte("data: {\"error\": {\"code\": 500}, \"error\": \"x\", \"code\": null}\n\ndata:{\"error\":{},\"code\":599 }\n"), uint8(9))
+	f.Add([]byte("data:{\"error\":\"Model is overloaded\",\"error_type\":\"overloaded\"}\n\ndata: {\"error\":{\"message\":\"Request failed during generation: x\",\"http_status_code\":422}}\n\n"), uint8(4))
+	f.Add([]byte("data: {\"error\": {\"message\": \"\\u004dodel is overloaded\"}, \"\\u0065rror_type\": \"validation\"}\n\n"), uint8(7))
 	f.Add([]byte("{\"message\":{\"content\":\"a\"},\"done\":false}\n\r\n{\"error\":\"x\"}\n{\"done\" : true}\n{\"done\": true}\n"), uint8(64+3))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
@@ -131,7 +133,9 @@ func FuzzSSEScan(f *testing.F) {
 
 // jsonErrorCode is errScan's reading of a well-formed error object, done
 // with encoding/json: the error object's integer status code, else the
-// top-level object's, else 0.
+// top-level object's, else the status TGI's error_type names, else the one
+// the error's text (the error object's message, or the error as a string)
+// starts with, else 0.
 func jsonErrorCode(t *testing.T, js []byte) int {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(js, &top); err != nil {
@@ -150,7 +154,34 @@ func jsonErrorCode(t *testing.T, js []byte) int {
 			return n
 		}
 	}
-	return status(top["code"])
+	if n := status(top["code"]); n > 0 {
+		return n
+	}
+	var kind, text string
+	if json.Unmarshal(top["error_type"], &kind) == nil {
+		switch kind {
+		case "overloaded":
+			return 429
+		case "generation", "incomplete_generation", "incomplete_generation_stream", "stream_serialization_error":
+			return 500
+		}
+	}
+	if e != nil {
+		_ = json.Unmarshal(e["message"], &text)
+	} else {
+		_ = json.Unmarshal(top["error"], &text)
+	}
+	for prefix, n := range map[string]int{
+		"Model is overloaded":              429,
+		"Request failed during generation": 500,
+		"Incomplete generation":            500,
+		"Stream event serialization error": 500,
+	} {
+		if strings.HasPrefix(text, prefix) {
+			return n
+		}
+	}
+	return 0
 }
 
 // A data line with nothing in it ("data:" or "data: ") carries no token:

@@ -100,12 +100,18 @@
 // only decompresses what it asked for) reaches the caller as it came, and
 // its events go uncounted. Classification: 429, and 503 with Retry-After,
 // are overload answers (the endpoint cools down for Retry-After, it is not
-// failed); other 5xx and transport errors are failures, and so is a stream
+// failed); other 5xx, TGI's 424 (generation failed) and transport errors
+// are failures, and so is a stream
 // that reports an error object with a 5xx code after it started ("data:
 // {"error": {..., "code": 500}}", as vLLM and SGLang do when generation
-// fails; a 4xx code there is the request's; the code is the error object's
+// fails; a 429 there is an overload answer, another 4xx the request's; the
+// code is the error object's
 // own member, or the top-level object's, read as the line streams by
-// however long the message before it); a canceled context (or a closed
+// however long the message before it). TGI's error events carry no code
+// (or a 422 whatever the error, on its OpenAI-compatible routes), and TGI
+// checks a streamed request and queues it only after the 200 headers: its
+// error_type, else the error's text, says which it is ("Model is
+// overloaded": an overload; a failed or cut generation: a failure); a canceled context (or a closed
 // Request.Cancel, which http.Client sets with a Timeout) is neither, and
 // so is a deadline that ends a stream after its first token
 // (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the

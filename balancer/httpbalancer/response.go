@@ -690,9 +690,14 @@ func (c *call) finish(err error) {
 		// The server failed the call after the stream started: the
 		// status line said 200, the error event says what happened. A
 		// 5xx there is the endpoint's failure (vLLM and SGLang send one
-		// when generation fails); a 4xx is about the request.
-		if code := c.sse.errCode.Load(); code >= 500 {
+		// when generation fails); a 429 an overload answer (TGI takes
+		// its queue slot after the stream began), without a hint; other
+		// 4xx are about the request.
+		switch code := c.sse.errCode.Load(); {
+		case code >= 500:
 			o.Err = &StatusError{StatusCode: int(code)}
+		case code == http.StatusTooManyRequests:
+			o.Overloaded = true
 		}
 	}
 	f := c.t.cfg.onResult

@@ -362,3 +362,55 @@ func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 		})
 	}
 }
+
+// TestTGIStreamErrors: TGI checks a streamed request and takes its queue
+// slot after the 200 headers, so an overloaded or failing TGI answers with
+// a stream that ends in an error event without a code: {"error": text,
+// "error_type": kind} on its native routes, {"error": {"message": text,
+// "http_status_code": 422}} on its OpenAI-compatible ones, 422 whatever the
+// error. Overloaded is an overload answer, a failed or cut generation the
+// endpoint's failure, a validation error the request's; wherever the reads
+// split the event.
+func TestTGIStreamErrors(t *testing.T) {
+	token := `data:{"index":1,"token":{"id":330,"text":" A","logprob":-0.5,"special":false},"generated_text":null,"details":null,"top_tokens":null}` + "\n\n"
+	chunk := `data: {"object":"chat.completion.chunk","id":"","created":1,"model":"m","system_fingerprint":"3.3.4-native","choices":[{"index":0,"delta":{"role":"assistant","content":" A"},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n"
+	native := func(text, kind string) string {
+		return `data:{"error":"` + text + `","error_type":"` + kind + `"}` + "\n\n"
+	}
+	openai := func(text string) string {
+		return `data: {"error":{"message":"` + text + `","http_status_code":422}}` + "\n\ndata: [DONE]\n\n"
+	}
+	for _, s := range []struct {
+		name       string
+		body       string
+		code       int // StatusError code reported; 0 for none
+		overloaded bool
+		events     int
+	}{
+		{"native overloaded", native("Model is overloaded", "overloaded"), 0, true, 0},
+		{"native generation failed", token + native("Request failed during generation: Server error: CUDA out of memory. Tried to allocate 1.00 GiB", "generation"), 500, false, 1},
+		{"native stream cut", token + native("Incomplete generation stream", "incomplete_generation_stream"), 500, false, 1},
+		{"native validation", native("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`", "validation"), 0, false, 0},
+		{"openai overloaded", openai("Model is overloaded"), 0, true, 0},
+		{"openai generation failed", chunk + openai("Request failed during generation: Server error: CUDA out of memory"), 500, false, 1},
+		{"openai stream cut", chunk + openai("Incomplete generation stream"), 500, false, 1},
+		{"openai validation", openai("Input validation error: `temperature` must be strictly positive"), 0, false, 0},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			rig := newSSERig(t, s.body)
+			for _, n := range []int{1, 2, 5, 16, 64, len(s.body)} {
+				r := rig.call(t, n)
+				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
+				require.Equal(t, s.overloaded, r.Outcome.Overloaded, "%d bytes a read", n)
+				require.Zero(t, r.Outcome.RetryAfter, "no hint in an event")
+				if s.code == 0 {
+					require.NoError(t, r.Outcome.Err, "%d bytes a read", n)
+					continue
+				}
+				var se *httpbalancer.StatusError
+				require.ErrorAs(t, r.Outcome.Err, &se, "%d bytes a read", n)
+				require.Equal(t, s.code, se.StatusCode)
+			}
+		})
+	}
+}

@@ -10,6 +10,16 @@ import "bytes"
 // the message; errScan reads it as it streams by instead, in a fixed amount
 // of state whatever the line's length or nesting, and only lines that start
 // an error object pay for it (see sseState.scan).
+//
+// TGI sends no code. Its native streams (/generate_stream) end a failure
+// with data: {"error": "Model is overloaded", "error_type": "overloaded"};
+// its OpenAI-compatible ones with data: {"error": {"message": "Model is
+// overloaded", "http_status_code": 422}}, 422 whatever went wrong. TGI
+// checks the request, and takes a slot in its queue, only after the stream
+// began, so an overloaded or failing TGI answers 200 streams that end at
+// once: read as successes, they made the busiest replica look the fastest.
+// Its error type, else its message, whose first words are TGI's fixed
+// text for each kind of error, says which it is (see tgiStatus).
 
 // errScan finds the status code of an error event: the "code" member of
 // the top-level "error" object, or, when that has none that is a status,
@@ -19,7 +29,10 @@ import "bytes"
 // overrides, as in encoding/json, and keys are compared decoded, as
 // encoding/json reads them, so on a well-formed line errScan agrees with
 // decoding the line (FuzzSSEScan holds it to that). A code is an integer
-// status (100 to 599); a string, a fraction or null is none.
+// status (100 to 599); a string, a fraction or null is none. Without one,
+// TGI's kind of error gives the status: the top-level "error_type", else
+// the error's text (the error object's "message", or the error itself
+// when it is a string).
 //
 // Like the request body scanner it is tolerant, not a validator: it stops
 // at the first byte it cannot place and keeps what it found before. It
@@ -38,11 +51,26 @@ type errScan struct {
 	inStr  bool  // in a string that is stepped over
 	esc    bool  // the next byte is escaped
 	keyLen uint8 // bytes of the key read so far, with its opening quote; len(keyBuf)+1: longer than keyBuf
-	// keyBuf is the current key with its quotes: 32 bytes hold "error"
-	// with every letter escaped (\u0065...), the longest spelling of a key
-	// that matters.
-	keyBuf [32]byte
+	// keyBuf is the current key with its quotes: 64 bytes hold
+	// "error_type" with every letter escaped (\u0065...), the longest
+	// spelling of a key that matters.
+	keyBuf [64]byte
+	// The status TGI's error type and its error text say (see tgiStatus).
+	typeCode, textCode int16
+	// A string value being kept (capture: capType or capText; capNone
+	// when not), its first valLen bytes as written in val: enough for
+	// the longest text tgiStatus reads with every byte escaped.
+	capture uint8
+	valLen  uint8
+	val     [maxTGIText * 6]byte
 }
+
+// What a kept string value is (errScan.capture).
+const (
+	capNone = iota
+	capType // the top-level "error_type"
+	capText // the error's text
+)
 
 // Where errScan is, in the object it reads (lvl).
 const (
@@ -62,6 +90,8 @@ const (
 	keyOther = iota
 	keyError
 	keyCode
+	keyErrorType // TGI's
+	keyMessage
 )
 
 // feed scans b, the next bytes of the line from its '{'.
@@ -124,11 +154,16 @@ func (m *errScan) feed(b []byte) {
 			}
 			// The member's value replaces what an earlier one with its key
 			// said.
+			keepAs := uint8(capNone)
 			switch {
 			case m.key == keyCode:
 				m.codes[m.lvl-1] = 0
 			case m.key == keyError && m.lvl == 1:
-				m.codes[1] = 0
+				m.codes[1], m.textCode, keepAs = 0, 0, capText
+			case m.key == keyErrorType && m.lvl == 1:
+				m.typeCode, keepAs = 0, capType
+			case m.key == keyMessage && m.lvl == 2:
+				m.textCode, keepAs = 0, capText
 			}
 			switch {
 			case c == '{' && m.key == keyError && m.lvl == 1:
@@ -137,6 +172,7 @@ func (m *errScan) feed(b []byte) {
 				m.depth, m.ph = 1, esSkip
 			case c == '"':
 				m.inStr, m.ph = true, esKey // the next member follows the string
+				m.capture, m.valLen = keepAs, 0
 			case c >= '1' && c <= '9' && m.key == keyCode:
 				m.n, m.ph = int16(c-'0'), esNum
 			case c == ',' || c == '}' || c == ']' || c == ':':
@@ -184,14 +220,38 @@ func (m *errScan) feed(b []byte) {
 func (m *errScan) skipStr(b []byte, i int) int {
 	if m.esc {
 		m.esc = false
+		m.keep(b[i : i+1])
 		return i + 1
 	}
-	i, ended, esc := skipString(b, i)
+	next, ended, esc := skipString(b, i)
 	m.esc = esc
 	if ended {
+		m.keep(b[i : next-1]) // not the closing quote
 		m.inStr = false
+		m.endCapture()
+	} else {
+		m.keep(b[i:next])
 	}
-	return i
+	return next
+}
+
+// keep adds p, the next bytes of a string value, to the value kept, if one
+// is, up to what val holds.
+func (m *errScan) keep(p []byte) {
+	if m.capture != capNone && int(m.valLen) < len(m.val) {
+		m.valLen += uint8(copy(m.val[m.valLen:], p))
+	}
+}
+
+// endCapture reads the kept value, whose closing quote was just read.
+func (m *errScan) endCapture() {
+	switch m.capture {
+	case capType:
+		m.typeCode = tgiTypeStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
+	case capText:
+		m.textCode = tgiTextStatus(m.val[:m.valLen])
+	}
+	m.capture = capNone
 }
 
 // endNum notes the integer just read as the code of the object being read
@@ -224,6 +284,10 @@ func (m *errScan) keyKind() uint8 {
 		return keyError
 	case "code":
 		return keyCode
+	case "error_type":
+		return keyErrorType
+	case "message":
+		return keyMessage
 	}
 	return keyOther
 }
@@ -235,10 +299,70 @@ func (m *errScan) code() int {
 	if m.ph == esNum && m.n >= 100 && m.n <= 599 {
 		codes[m.lvl-1] = m.n
 	}
-	if codes[1] != 0 {
+	switch {
+	case codes[1] != 0:
 		return int(codes[1])
+	case codes[0] != 0:
+		return int(codes[0])
+	case m.typeCode != 0:
+		return int(m.typeCode)
 	}
-	return int(codes[0])
+	return int(m.textCode)
+}
+
+// maxTGIText is the length of the longest text tgiStatus reads.
+const maxTGIText = 32
+
+// tgiTypeStatus is the status TGI's error_type names (its InferError kinds:
+// router/src/infer/mod.rs), as TGI answers it when the headers are not yet
+// sent: overloaded, 429; a failed, cut or garbled generation, 500 (TGI
+// answers a failed one 424, which it means the same way). Validation and
+// template errors are the request's: 0, as no code. raw is the value as
+// written; cut when val was full, so it is longer than any type.
+func tgiTypeStatus(raw []byte, cut bool) int16 {
+	if cut {
+		return 0
+	}
+	var d [maxTGIText * 6]byte
+	v, ok := decoded(d[:0], raw)
+	if !ok {
+		return 0
+	}
+	switch string(v) {
+	case "overloaded":
+		return 429
+	case "generation", "incomplete_generation", "incomplete_generation_stream", "stream_serialization_error":
+		return 500
+	}
+	return 0
+}
+
+// tgiTextStatus is the status an error's text says, by the first words of
+// TGI's text for each kind of error (InferError's): "Model is overloaded",
+// 429; "Request failed during generation: ...", "Incomplete generation"
+// (and "... stream") and "Stream event serialization error", 500. Any
+// other text says nothing. raw is the start of the text as written.
+func tgiTextStatus(raw []byte) int16 {
+	var d [maxTGIText * 6]byte
+	v, _ := decoded(d[:0], raw) // a cut escape ends what is read
+	switch {
+	case bytes.HasPrefix(v, []byte("Model is overloaded")):
+		return 429
+	case bytes.HasPrefix(v, []byte("Request failed during generation")),
+		bytes.HasPrefix(v, []byte("Incomplete generation")),
+		bytes.HasPrefix(v, []byte("Stream event serialization error")):
+		return 500
+	}
+	return 0
+}
+
+// decoded decodes raw, string contents as written, into dst (see
+// appendUnquoted); raw without an escape is returned as it is.
+func decoded(dst, raw []byte) ([]byte, bool) {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw, true
+	}
+	return appendUnquoted(dst, raw)
 }
 
 // isErrorData reports whether line, the start of a line, is a data line

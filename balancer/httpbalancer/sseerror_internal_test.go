@@ -1,6 +1,7 @@
 package httpbalancer
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -39,6 +40,53 @@ var errorLines = []struct {
 	{`data: {"error": {"message": "cut off", "code": 500`, 500}, // the line ended: so did the number
 	{`data: {"error": {"message": "cut off`, 0},
 	{`data: {"error": {"message" "no colon", "code": 500}}`, 0}, // broken before the code
+	// TGI's native streams: no code, an error_type.
+	{`data:{"error":"Request failed during generation: Server error: CUDA out of memory","error_type":"generation"}`, 500},
+	{`data:{"error":"Model is overloaded","error_type":"overloaded"}`, 429},
+	{`data:{"error":"Incomplete generation stream","error_type":"incomplete_generation_stream"}`, 500},
+	{`data:{"error":"Incomplete generation","error_type":"incomplete_generation"}`, 500},
+	{`data:{"error":"Stream event serialization error","error_type":"stream_serialization_error"}`, 500},
+	{`data:{"error":"Input validation error: inputs must have less than 4096 tokens","error_type":"validation"}`, 0},
+	{`data:{"error":"Template error: x","error_type":"template_error"}`, 0},
+	{`data: {"error": "x", "\u0065rror_type": "\u006fverloaded"}`, 429},
+	{`data: {"error": "x", "error_type": "overloaded` + strings.Repeat(`x`, 300) + `"}`, 0},
+	{`data: {"error": "x", "error_type": "` + strings.Repeat(`\u0078`, 100) + `"}`, 0},
+	{`data: {"error": "x", "error_type": "generation", "error_type": "validation"}`, 0},
+	{`data: {"error": "x", "error_type": "generation", "error_type": null}`, 0},
+	{`data: {"error": {"code": 400}, "error_type": "generation"}`, 400},
+	{`data: {"error": {"error_type": "generation"}}`, 0},
+	// TGI's OpenAI-compatible streams: the error's message says what
+	// happened; its http_status_code is 422 whatever did.
+	{`data:{"error":{"message":"Request failed during generation: Server error: CUDA out of memory. Tried to allocate 2.00 GiB","http_status_code":422}}`, 500},
+	{`data:{"error":{"message":"Model is overloaded","http_status_code":422}}`, 429},
+	{`data:{"error":{"message":"Incomplete generation stream","http_status_code":422}}`, 500},
+	{`data:{"error":{"message":"Input validation error: ` + "`inputs`" + ` must not be empty","http_status_code":422}}`, 0},
+	{`data: {"error": {"message": "\u004dodel is overloaded"}}`, 429},
+	{`data: {"error": {"message": "` + strings.Repeat(`\u0052`, 1) + `equest failed during generation` + strings.Repeat(`\n`, 3000) + `"}}`, 500},
+	{`data: {"error": {"message": "Request failed during generatio"}}`, 0},
+	{`data: {"error": {"message": " Model is overloaded"}}`, 0},
+	{`data: {"error": {"message": "Model is overloaded"}, "error": "boom"}`, 0},
+	{`data: {"error": {"message": "Model is overloaded", "message": 5}}`, 0},
+	{`data: {"error": {"message": "Model is overloaded", "code": 500}}`, 500},
+	{`data: {"error": {"param": {"message": "Model is overloaded"}}}`, 0},
+	{`data: {"error": "boom", "message": "Model is overloaded"}`, 0},
+	{`data: {"error": "Model is overloaded"}`, 429},
+	{`data: {"error": "Model is overloaded", "error_type": "generation"}`, 500},
+	{`data: {"error": {"message": "Model is overl`, 0}, // cut off: no text
+	// Every byte escaped: the longest spellings of what is read.
+	{`data: {"error": {"message": "` + escapeAll("Request failed during generation: CUDA out of memory") + `"}}`, 500},
+	{`data: {"error": "x", "error_type": "` + escapeAll("incomplete_generation_stream") + `"}`, 500},
+	{`data: {"error": "x", "` + escapeAll("error_type") + `": "generation"}`, 500},
+	{`data: {"error": {"` + escapeAll("message") + `": "Model is overloaded"}}`, 429},
+}
+
+// escapeAll writes s as JSON string contents with every character escaped.
+func escapeAll(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		fmt.Fprintf(&b, `\u%04x`, r)
+	}
+	return b.String()
 }
 
 func TestErrorCode(t *testing.T) {
