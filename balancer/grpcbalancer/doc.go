@@ -90,7 +90,10 @@
 // is over a size limit: that is the message's doing, and counts as a
 // success when the endpoint answered, else as nothing), and so is an HTTP
 // 429 from a proxy that does not speak gRPC (UNAVAILABLE to gRPC; it
-// cools the endpoint down for DefaultCooldown); CANCELLED is the
+// cools the endpoint down for DefaultCooldown), and the UNAVAILABLE
+// Triton sheds load with ("Exceeds maximum queue size", "Request timeout
+// expired": its queue is full or a request waited past the queue
+// policy's timeout; DefaultCooldown too); CANCELLED is the
 // client's doing and counts as neither; other codes describe the request
 // and count as the endpoint's success. A pick whose call was never sent counts as nothing,
 // and so does a request the client could not encode (an INTERNAL "error

@@ -51,9 +51,15 @@ type backend struct {
 	// pushback, if set, answers the first EmptyCall RESOURCE_EXHAUSTED
 	// with this retry pushback (grpc-retry-pushback-ms).
 	pushback time.Duration
+	// reject, if set, is the error every EmptyCall answers.
+	reject error
 }
 
 func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+	if b.reject != nil {
+		b.calls.Add(1)
+		return nil, b.reject
+	}
 	if b.calls.Add(1) == 1 && b.pushback > 0 {
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", fmt.Sprint(b.pushback.Milliseconds())))
 		return nil, status.Error(codes.ResourceExhausted, "busy")

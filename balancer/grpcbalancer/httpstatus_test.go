@@ -63,3 +63,45 @@ func TestE2EHTTP429FromAProxyIsAnOverload(t *testing.T) {
 		t.Errorf("after an HTTP 429: %d failures, %d overloads, excluded until %v; want 0, 1 and a cooldown", s.Failures, s.Overloads, s.ExcludedUntil)
 	}
 }
+
+// Triton sheds load with UNAVAILABLE: "Exceeds maximum queue size" when a
+// model's queue (dynamic batching's max_queue_size) is full, and "Request
+// timeout expired" when a request waited in it past the queue policy's
+// timeout. Both are overload answers: the endpoint cools down, its
+// breaker and error rate do not count them. Counted as failures, a busy
+// Triton tripped its breaker and was ejected after five, and a fleet under
+// load lost its replicas one by one. Any other UNAVAILABLE a server sends
+// (a model not ready) stays a failure.
+func TestE2ETritonQueueRejectionIsAnOverload(t *testing.T) {
+	for _, tc := range []struct {
+		msg        string
+		overloaded bool
+	}{
+		{"Exceeds maximum queue size", true},
+		{"Request timeout expired", true},
+		{"Request for unknown model: 'llm' is not ready", false},
+	} {
+		t.Run(tc.msg, func(t *testing.T) {
+			be := &backend{reject: status.Error(codes.Unavailable, tc.msg)}
+			be.start(t)
+			name, b := shared(t, core.Options{BreakerFailures: 5})
+			conn, _ := dial(t, []*backend{be}, name, `{}`)
+			client := testgrpc.NewTestServiceClient(conn)
+			ctx := testContext(t)
+			_, err := client.EmptyCall(ctx, &testgrpc.Empty{})
+			if status.Code(err) != codes.Unavailable || status.Convert(err).Message() != tc.msg {
+				t.Fatalf("the call ended %v, want the server's UNAVAILABLE %q", err, tc.msg)
+			}
+			s := stats(t, b, be.addr)
+			if tc.overloaded {
+				if s.Failures != 0 || s.Overloads != 1 || s.ExcludedUntil.IsZero() {
+					t.Errorf("%d failures, %d overloads, excluded until %v; want 0, 1 and a cooldown", s.Failures, s.Overloads, s.ExcludedUntil)
+				}
+				return
+			}
+			if s.Failures != 1 || s.Overloads != 0 {
+				t.Errorf("%d failures, %d overloads; want 1 and 0", s.Failures, s.Overloads)
+			}
+		})
+	}
+}

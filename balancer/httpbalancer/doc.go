@@ -100,7 +100,9 @@
 // only decompresses what it asked for) reaches the caller as it came, and
 // its events go uncounted. Classification: 429, and 503 with Retry-After,
 // are overload answers (the endpoint cools down for Retry-After, it is not
-// failed); other 5xx, TGI's 424 (generation failed) and transport errors
+// failed), and so is Triton's 503 that sheds load (its body, once read,
+// says "Exceeds maximum queue size" or "Request timeout expired"; a cooldown
+// for the default time); other 5xx, TGI's 424 (generation failed) and transport errors
 // are failures, and so is a stream
 // that reports an error object with a 5xx code after it started ("data:
 // {"error": {..., "code": 500}}", as vLLM and SGLang do when generation

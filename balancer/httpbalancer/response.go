@@ -180,6 +180,38 @@ type sseState struct {
 	// the current line has shown (see matchDone), done that it has.
 	ndjson, done bool
 	doneAt       uint8
+	shed         *shedBody // a 503's body, when it had no Retry-After
+}
+
+// shedBody keeps the start of a 503's body, which says whether Triton
+// shed the call. Triton answers 503 without Retry-After, {"error":
+// "Exceeds maximum queue size"}, when a model's queue is full, and
+// {"error": "Request timeout expired"} when a request waited in it past
+// the queue policy's timeout (an ensemble's puts where it failed before
+// the message). Both are overload answers, not failures: counted as
+// failures, a busy Triton tripped its breaker after five and was ejected,
+// and a fleet under load lost its replicas one by one. Only a body the
+// caller reads tells (every client reads an error's body to report it);
+// one closed unread leaves the 503 a failure. The gRPC policy reads the
+// same messages from Triton's UNAVAILABLE.
+//
+// Concurrency: a shedBody belongs to its sseState (one Read at a time);
+// finish reads it after the last Read.
+type shedBody struct {
+	head [128]byte
+	n    int
+}
+
+// shedMessages are Triton's texts for shedding a call.
+var shedMessages = [...][]byte{[]byte("Exceeds maximum queue size"), []byte("Request timeout expired")}
+
+func (s *shedBody) feed(p []byte) {
+	s.n += copy(s.head[s.n:], p)
+}
+
+// shed reports whether the body read so far says the call was shed.
+func (s *shedBody) shed() bool {
+	return bytes.Contains(s.head[:s.n], shedMessages[0]) || bytes.Contains(s.head[:s.n], shedMessages[1])
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs
@@ -187,6 +219,9 @@ type sseState struct {
 func (c *sseState) read(p []byte, clock balancer.Clock, enteredNs int64) {
 	if c.id != nil {
 		c.id.feed(p)
+	}
+	if c.shed != nil {
+		c.shed.feed(p)
 	}
 	if c.counting {
 		c.readNs = 0
@@ -351,6 +386,14 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	}
 	if c.sse == nil && c.overload == 0 && headersLatency(c.info.Service) {
 		c.overload = -max(time.Duration(c.t.cfg.clock.Now().UnixNano()-c.start), 1)
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable && c.overload <= 0 {
+		// A 503 without Retry-After: its body may say Triton shed the
+		// call (see shedBody).
+		if c.sse == nil {
+			c.sse = new(sseState)
+		}
+		c.sse.shed = new(shedBody)
 	}
 	c.rc = resp.Body
 	c.left = -1
@@ -672,7 +715,11 @@ func (c *call) finish(err error) {
 	}
 	o := inferlb.Outcome{Overloaded: c.overload > 0, RetryAfter: max(c.overload-1, 0)}
 	if c.ends.Load()&endFailed != 0 {
-		o.Err = &StatusError{StatusCode: int(c.status)}
+		if c.sse != nil && c.sse.shed != nil && c.sse.shed.shed() {
+			o.Overloaded = true // Triton shed it (see shedBody)
+		} else {
+			o.Err = &StatusError{StatusCode: int(c.status)}
+		}
 	}
 	headers := -min(c.overload, 0) // time to the headers, or 0
 	if err != nil && o.Err == nil && !o.Overloaded {

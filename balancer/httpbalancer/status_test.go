@@ -1,9 +1,11 @@
 package httpbalancer_test
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -84,5 +86,60 @@ func TestStatusClassification(t *testing.T) {
 		assert.Equal(t, tc.overloaded, r.Outcome.Overloaded, "%d %q: overloaded", tc.code, name)
 		assert.Equal(t, tc.hint, r.Outcome.RetryAfter, "%d %q: hint", tc.code, name)
 		assert.Equal(t, tc.failed, r.Outcome.Err != nil, "%d %q: failed: %v", tc.code, name, r.Outcome.Err)
+	}
+}
+
+// TestTritonQueueRejectionIsAnOverload: Triton sheds load with 503 and no
+// Retry-After, its body {"error":"Exceeds maximum queue size"} when a
+// model's queue is full, or "Request timeout expired" when a request waited
+// in it past the queue policy's timeout. Read, such a body makes the 503 an
+// overload answer (a cooldown at the default hint), not a failure: counted
+// as failures, a busy Triton tripped its breaker after five. A 503 with
+// another body, or whose body the caller closes unread, stays a failure;
+// the caller gets every body byte for byte.
+func TestTritonQueueRejectionIsAnOverload(t *testing.T) {
+	long := `{"error":"in ensemble 'ensemble', ` + strings.Repeat("x", 200) + ` Exceeds maximum queue size"}`
+	for _, tc := range []struct {
+		name       string
+		body       string
+		read       bool // the caller reads the body before closing it
+		overloaded bool
+	}{
+		{"queue full", `{"error":"Exceeds maximum queue size"}`, true, true},
+		{"queue timeout", `{"error":"Request timeout expired"}`, true, true},
+		{"queue full in an ensemble", `{"error":"in ensemble 'ensemble', Exceeds maximum queue size"}`, true, true},
+		{"queue full far into the body", long, true, false},
+		{"model not ready", `{"error":"Request for unknown model: 'm' is not ready"}`, true, false},
+		{"queue full, closed unread", `{"error":"Exceeds maximum queue size"}`, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for n, reads := range []func(io.Reader) io.Reader{iotest.OneByteReader, iotest.HalfReader, func(r io.Reader) io.Reader { return r }} {
+				base := baseFunc(func(r *http.Request) (*http.Response, error) {
+					return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"application/json"}},
+						Body: io.NopCloser(reads(strings.NewReader(tc.body))), Request: r}, nil
+				})
+				res := newResults(1)
+				tr := newTransport(t, httpbalancer.Options{
+					Endpoints: []inferlb.Endpoint{{ID: "e", Addr: "10.0.0.1:80"}},
+					Base:      base,
+					OnResult:  res.on,
+				})
+				req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+				require.NoError(t, err)
+				resp, err := tr.RoundTrip(req)
+				require.NoError(t, err)
+				if tc.read {
+					got, err := io.ReadAll(resp.Body)
+					require.NoError(t, err)
+					require.Equal(t, tc.body, string(got))
+				}
+				require.NoError(t, resp.Body.Close())
+				r := <-res.c
+				assert.Equal(t, http.StatusServiceUnavailable, r.Status)
+				assert.Equal(t, tc.overloaded, r.Outcome.Overloaded, "reader %d: overloaded", n)
+				assert.Zero(t, r.Outcome.RetryAfter, "no hint")
+				assert.Equal(t, !tc.overloaded, r.Outcome.Err != nil, "reader %d: failed: %v", n, r.Outcome.Err)
+			}
+		})
 	}
 }
