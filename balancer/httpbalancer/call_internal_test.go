@@ -70,6 +70,7 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("data: {\"error\": {\"code\": 500}, \"error\": \"x\", \"code\": null}\n\ndata:{\"error\":{},\"code\":599 }\n"), uint8(9))
 	f.Add([]byte("data:{\"error\":\"Model is overloaded\",\"error_type\":\"overloaded\"}\n\ndata: {\"error\":{\"message\":\"Request failed during generation: x\",\"http_status_code\":422}}\n\n"), uint8(4))
 	f.Add([]byte("data: {\"error\": {\"message\": \"\\u004dodel is overloaded\"}, \"\\u0065rror_type\": \"validation\"}\n\n"), uint8(7))
+	f.Add([]byte("data: {\"error\": {\"object\": \"error\", \"message\": \"The request queue is full.\", \"code\": 503}}\n\n"), uint8(11))
 	f.Add([]byte("{\"message\":{\"content\":\"a\"},\"done\":false}\n\r\n{\"error\":\"x\"}\n{\"done\" : true}\n{\"done\": true}\n"), uint8(64+3))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
@@ -133,8 +134,9 @@ func FuzzSSEScan(f *testing.F) {
 
 // jsonErrorCode is errScan's reading of a well-formed error object, done
 // with encoding/json: the error object's integer status code, else the
-// top-level object's, else the status TGI's error_type names, else the one
-// the error's text (the error object's message, or the error as a string)
+// top-level object's (a 5xx one a 429 when the error's text says the call
+// was shed), else the status TGI's error_type names, else the one the
+// error's text (the error object's message, or the error as a string)
 // starts with, else 0.
 func jsonErrorCode(t *testing.T, js []byte) int {
 	var top map[string]json.RawMessage
@@ -149,15 +151,37 @@ func jsonErrorCode(t *testing.T, js []byte) int {
 		return n
 	}
 	var e map[string]json.RawMessage
-	if json.Unmarshal(top["error"], &e) == nil {
-		if n := status(e["code"]); n > 0 {
-			return n
+	_ = json.Unmarshal(top["error"], &e)
+	var text string
+	if e != nil {
+		_ = json.Unmarshal(e["message"], &text)
+	} else {
+		_ = json.Unmarshal(top["error"], &text)
+	}
+	textSays := 0
+	for prefix, n := range map[string]int{
+		"Model is overloaded":                                 429,
+		"The request queue is full":                           429,
+		"The request is aborted by a higher priority request": 429,
+		"Request failed during generation":                    500,
+		"Incomplete generation":                               500,
+		"Stream event serialization error":                    500,
+	} {
+		if strings.HasPrefix(text, prefix) {
+			textSays = n
 		}
 	}
-	if n := status(top["code"]); n > 0 {
-		return n
+	code := status(e["code"])
+	if code == 0 {
+		code = status(top["code"])
 	}
-	var kind, text string
+	switch {
+	case code >= 500 && textSays == 429:
+		return 429
+	case code != 0:
+		return code
+	}
+	var kind string
 	if json.Unmarshal(top["error_type"], &kind) == nil {
 		switch kind {
 		case "overloaded":
@@ -166,22 +190,7 @@ func jsonErrorCode(t *testing.T, js []byte) int {
 			return 500
 		}
 	}
-	if e != nil {
-		_ = json.Unmarshal(e["message"], &text)
-	} else {
-		_ = json.Unmarshal(top["error"], &text)
-	}
-	for prefix, n := range map[string]int{
-		"Model is overloaded":              429,
-		"Request failed during generation": 500,
-		"Incomplete generation":            500,
-		"Stream event serialization error": 500,
-	} {
-		if strings.HasPrefix(text, prefix) {
-			return n
-		}
-	}
-	return 0
+	return textSays
 }
 
 // A data line with nothing in it ("data:" or "data: ") carries no token:

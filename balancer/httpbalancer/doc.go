@@ -100,9 +100,10 @@
 // only decompresses what it asked for) reaches the caller as it came, and
 // its events go uncounted. Classification: 429, and 503 with Retry-After,
 // are overload answers (the endpoint cools down for Retry-After, it is not
-// failed), and so is Triton's 503 that sheds load (its body, once read,
-// says "Exceeds maximum queue size" or "Request timeout expired"; a cooldown
-// for the default time); other 5xx, TGI's 424 (generation failed) and transport errors
+// failed), and so is the 503 with which Triton and SGLang shed load (its
+// body, once read, says "Exceeds maximum queue size" or "Request timeout
+// expired", Triton's, or "The request queue is full.", SGLang's; a
+// cooldown for the default time); other 5xx, TGI's 424 (generation failed) and transport errors
 // are failures, and so is a stream
 // that reports an error object with a 5xx code after it started ("data:
 // {"error": {..., "code": 500}}", as vLLM and SGLang do when generation
@@ -113,7 +114,10 @@
 // (or a 422 whatever the error, on its OpenAI-compatible routes), and TGI
 // checks a streamed request and queues it only after the 200 headers: its
 // error_type, else the error's text, says which it is ("Model is
-// overloaded": an overload; a failed or cut generation: a failure); a canceled context (or a closed
+// overloaded": an overload; a failed or cut generation: a failure), and
+// an error event whose text says the server shed the call is an overload
+// whatever its 5xx code (SGLang's "The request queue is full.", code 503,
+// on a 200 stream); a canceled context (or a closed
 // Request.Cancel, which http.Client sets with a Timeout) is neither, and
 // so is a deadline that ends a stream after its first token
 // (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the

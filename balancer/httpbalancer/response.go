@@ -183,17 +183,21 @@ type sseState struct {
 	shed         *shedBody // a 503's body, when it had no Retry-After
 }
 
-// shedBody keeps the start of a 503's body, which says whether Triton
+// shedBody keeps the start of a 503's body, which says whether the server
 // shed the call. Triton answers 503 without Retry-After, {"error":
 // "Exceeds maximum queue size"}, when a model's queue is full, and
 // {"error": "Request timeout expired"} when a request waited in it past
 // the queue policy's timeout (an ensemble's puts where it failed before
-// the message). Both are overload answers, not failures: counted as
-// failures, a busy Triton tripped its breaker after five and was ejected,
-// and a fleet under load lost its replicas one by one. Only a body the
-// caller reads tells (every client reads an error's body to report it);
-// one closed unread leaves the 503 a failure. The gRPC policy reads the
-// same messages from Triton's UNAVAILABLE.
+// the message); SGLang, {"object": "error", "message": "The request queue
+// is full.", ..., "code": 503} when its queue is at --max-queued-requests
+// (or "The request is aborted by a higher priority request.", when a
+// request of higher priority took its place). These are overload answers,
+// not failures: counted as failures, a busy server tripped its breaker
+// after five and was ejected, and a fleet under load lost its replicas one
+// by one. Only a body the caller reads tells (every client reads an
+// error's body to report it); one closed unread leaves the 503 a failure.
+// The gRPC policy reads Triton's messages from its UNAVAILABLE, and a
+// stream's error event is read for SGLang's (see textStatus).
 //
 // Concurrency: a shedBody belongs to its sseState (one Read at a time);
 // finish reads it after the last Read.
@@ -202,8 +206,13 @@ type shedBody struct {
 	n    int
 }
 
-// shedMessages are Triton's texts for shedding a call.
-var shedMessages = [...][]byte{[]byte("Exceeds maximum queue size"), []byte("Request timeout expired")}
+// shedMessages are Triton's and SGLang's texts for shedding a call.
+var shedMessages = [...][]byte{
+	[]byte("Exceeds maximum queue size"),
+	[]byte("Request timeout expired"),
+	shedTexts[1], // The request queue is full
+	shedTexts[2], // The request is aborted by a higher priority request
+}
 
 func (s *shedBody) feed(p []byte) {
 	s.n += copy(s.head[s.n:], p)
@@ -211,7 +220,12 @@ func (s *shedBody) feed(p []byte) {
 
 // shed reports whether the body read so far says the call was shed.
 func (s *shedBody) shed() bool {
-	return bytes.Contains(s.head[:s.n], shedMessages[0]) || bytes.Contains(s.head[:s.n], shedMessages[1])
+	for _, m := range shedMessages {
+		if bytes.Contains(s.head[:s.n], m) {
+			return true
+		}
+	}
+	return false
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs

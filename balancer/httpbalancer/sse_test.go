@@ -364,7 +364,7 @@ func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 }
 
 // TestTGIStreamErrors: TGI checks a streamed request and takes its queue
-// slot after the 200 headers, so an overloaded or failing TGI answers with
+// slot after the 200 headers (and SGLang sheds a stream after them too), so an overloaded or failing TGI answers with
 // a stream that ends in an error event without a code: {"error": text,
 // "error_type": kind} on its native routes, {"error": {"message": text,
 // "http_status_code": 422}} on its OpenAI-compatible ones, 422 whatever the
@@ -395,6 +395,10 @@ func TestTGIStreamErrors(t *testing.T) {
 		{"openai generation failed", chunk + openai("Request failed during generation: Server error: CUDA out of memory"), 500, false, 1},
 		{"openai stream cut", chunk + openai("Incomplete generation stream"), 500, false, 1},
 		{"openai validation", openai("Input validation error: `temperature` must be strictly positive"), 0, false, 0},
+		// SGLang sheds load (--max-queued-requests) the same way, with a
+		// 503 error event on a 200 stream: an overload too.
+		{"SGLang queue full", `data: {"error": {"object": "error", "message": "The request queue is full.", "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}` + "\n\ndata: [DONE]\n\n", 0, true, 0},
+		{"SGLang engine failed", chunk + `data: {"error": {"object": "error", "message": "Internal server error", "type": "InternalServerError", "param": null, "code": 503}}` + "\n\ndata: [DONE]\n\n", 503, false, 1},
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			rig := newSSERig(t, s.body)

@@ -1,6 +1,9 @@
 package httpbalancer
 
-import "bytes"
+import (
+	"bytes"
+	"net/http"
+)
 
 // Reading the code of an error event. vLLM and SGLang end a failed
 // generation with data: {"error": {"object": "error", "message": ...,
@@ -19,7 +22,12 @@ import "bytes"
 // began, so an overloaded or failing TGI answers 200 streams that end at
 // once: read as successes, they made the busiest replica look the fastest.
 // Its error type, else its message, whose first words are TGI's fixed
-// text for each kind of error, says which it is (see tgiStatus).
+// text for each kind of error, says which it is (see tgiTypeStatus and
+// textStatus).
+//
+// SGLang sheds load (--max-queued-requests) with a 503 error event on a
+// 200 stream, "The request queue is full.": its text makes it an overload
+// answer, not a failure (see textStatus).
 
 // errScan finds the status code of an error event: the "code" member of
 // the top-level "error" object, or, when that has none that is a status,
@@ -32,7 +40,8 @@ import "bytes"
 // status (100 to 599); a string, a fraction or null is none. Without one,
 // TGI's kind of error gives the status: the top-level "error_type", else
 // the error's text (the error object's "message", or the error itself
-// when it is a string).
+// when it is a string). A text that says the server shed the call makes
+// a 5xx code a 429.
 //
 // Like the request body scanner it is tolerant, not a validator: it stops
 // at the first byte it cannot place and keeps what it found before. It
@@ -55,14 +64,15 @@ type errScan struct {
 	// "error_type" with every letter escaped (\u0065...), the longest
 	// spelling of a key that matters.
 	keyBuf [64]byte
-	// The status TGI's error type and its error text say (see tgiStatus).
+	// The status TGI's error type and the error's text say
+	// (tgiTypeStatus, textStatus).
 	typeCode, textCode int16
 	// A string value being kept (capture: capType or capText; capNone
 	// when not), its first valLen bytes as written in val: enough for
-	// the longest text tgiStatus reads with every byte escaped.
+	// the longest text textStatus reads with every byte escaped.
 	capture uint8
-	valLen  uint8
-	val     [maxTGIText * 6]byte
+	valLen  uint16
+	val     [maxText * 6]byte
 }
 
 // What a kept string value is (errScan.capture).
@@ -239,7 +249,7 @@ func (m *errScan) skipStr(b []byte, i int) int {
 // is, up to what val holds.
 func (m *errScan) keep(p []byte) {
 	if m.capture != capNone && int(m.valLen) < len(m.val) {
-		m.valLen += uint8(copy(m.val[m.valLen:], p))
+		m.valLen += uint16(copy(m.val[m.valLen:], p))
 	}
 }
 
@@ -249,7 +259,7 @@ func (m *errScan) endCapture() {
 	case capType:
 		m.typeCode = tgiTypeStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
 	case capText:
-		m.textCode = tgiTextStatus(m.val[:m.valLen])
+		m.textCode = textStatus(m.val[:m.valLen])
 	}
 	m.capture = capNone
 }
@@ -294,24 +304,30 @@ func (m *errScan) keyKind() uint8 {
 
 // code returns the status the line read so far gives, or 0. A line that
 // ends in the code's digits (cut off before its object closes) gives them.
+// A text that says the server shed the call (see textStatus) makes a 5xx
+// code, or none, an overload answer (429): SGLang sheds with code 503.
 func (m *errScan) code() int {
 	codes := m.codes
 	if m.ph == esNum && m.n >= 100 && m.n <= 599 {
 		codes[m.lvl-1] = m.n
 	}
+	code := codes[1]
+	if code == 0 {
+		code = codes[0]
+	}
 	switch {
-	case codes[1] != 0:
-		return int(codes[1])
-	case codes[0] != 0:
-		return int(codes[0])
+	case code >= 500 && m.textCode == http.StatusTooManyRequests:
+		return http.StatusTooManyRequests
+	case code != 0:
+		return int(code)
 	case m.typeCode != 0:
 		return int(m.typeCode)
 	}
 	return int(m.textCode)
 }
 
-// maxTGIText is the length of the longest text tgiStatus reads.
-const maxTGIText = 32
+// maxText is the length of the longest text textStatus reads.
+const maxText = 52
 
 // tgiTypeStatus is the status TGI's error_type names (its InferError kinds:
 // router/src/infer/mod.rs), as TGI answers it when the headers are not yet
@@ -323,35 +339,55 @@ func tgiTypeStatus(raw []byte, cut bool) int16 {
 	if cut {
 		return 0
 	}
-	var d [maxTGIText * 6]byte
+	var d [maxText * 6]byte
 	v, ok := decoded(d[:0], raw)
 	if !ok {
 		return 0
 	}
 	switch string(v) {
 	case "overloaded":
-		return 429
+		return http.StatusTooManyRequests
 	case "generation", "incomplete_generation", "incomplete_generation_stream", "stream_serialization_error":
-		return 500
+		return http.StatusInternalServerError
 	}
 	return 0
 }
 
-// tgiTextStatus is the status an error's text says, by the first words of
-// TGI's text for each kind of error (InferError's): "Model is overloaded",
-// 429; "Request failed during generation: ...", "Incomplete generation"
-// (and "... stream") and "Stream event serialization error", 500. Any
-// other text says nothing. raw is the start of the text as written.
-func tgiTextStatus(raw []byte) int16 {
-	var d [maxTGIText * 6]byte
+// Texts an error starts with that say what happened (textStatus).
+var (
+	// The server shed the call: TGI's "Model is overloaded" (InferError's
+	// text), and SGLang's two for --max-queued-requests (scheduler.py,
+	// _abort_on_queued_limit; code 503).
+	shedTexts = [...][]byte{
+		[]byte("Model is overloaded"),
+		[]byte("The request queue is full"),
+		[]byte("The request is aborted by a higher priority request"),
+	}
+	// The generation failed: TGI's texts for a failed, cut or garbled one.
+	failedTexts = [...][]byte{
+		[]byte("Request failed during generation"),
+		[]byte("Incomplete generation"),
+		[]byte("Stream event serialization error"),
+	}
+)
+
+// textStatus is the status an error's text says by how it starts: 429 for
+// a text that says the server shed the call, 500 for one of TGI's that
+// says the generation failed (on its OpenAI-compatible routes TGI gives
+// every error a 422), 0 for any other. raw is the start of the text as
+// written.
+func textStatus(raw []byte) int16 {
+	var d [maxText * 6]byte
 	v, _ := decoded(d[:0], raw) // a cut escape ends what is read
-	switch {
-	case bytes.HasPrefix(v, []byte("Model is overloaded")):
-		return 429
-	case bytes.HasPrefix(v, []byte("Request failed during generation")),
-		bytes.HasPrefix(v, []byte("Incomplete generation")),
-		bytes.HasPrefix(v, []byte("Stream event serialization error")):
-		return 500
+	for _, t := range shedTexts {
+		if bytes.HasPrefix(v, t) {
+			return http.StatusTooManyRequests
+		}
+	}
+	for _, t := range failedTexts {
+		if bytes.HasPrefix(v, t) {
+			return http.StatusInternalServerError
+		}
 	}
 	return 0
 }

@@ -67,7 +67,17 @@ var errorLines = []struct {
 	{`data: {"error": {"message": " Model is overloaded"}}`, 0},
 	{`data: {"error": {"message": "Model is overloaded"}, "error": "boom"}`, 0},
 	{`data: {"error": {"message": "Model is overloaded", "message": 5}}`, 0},
-	{`data: {"error": {"message": "Model is overloaded", "code": 500}}`, 500},
+	{`data: {"error": {"message": "Model is overloaded", "code": 500}}`, 429}, // the text says overload: a 5xx code does not make it a failure
+	{`data: {"error": {"message": "Model is overloaded", "code": 400}}`, 400},
+	// SGLang's load shedding (--max-queued-requests): a 503 error event
+	// that is an overload answer, not a failure.
+	{`data: {"error": {"object": "error", "message": "The request queue is full.", "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}`, 429},
+	{`data: {"error": {"object": "error", "message": "The request is aborted by a higher priority request.", "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}`, 429},
+	{`data: {"error": {"message": "The request queue is full.", "code": 400}}`, 400},
+	{`data: {"error": {"message": "The request queue", "code": 503}}`, 503},
+	{`data: {"error": {"message": "The request is aborted by a higher", "code": 503}}`, 503},
+	{`data: {"error": {"code": 503, "message": "The request queue is full."}}`, 429},
+	{`data: {"error": {"message": "` + escapeAll("The request is aborted by a higher priority request.") + `", "code": 503}}`, 429},
 	{`data: {"error": {"param": {"message": "Model is overloaded"}}}`, 0},
 	{`data: {"error": "boom", "message": "Model is overloaded"}`, 0},
 	{`data: {"error": "Model is overloaded"}`, 429},

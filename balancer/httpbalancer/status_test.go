@@ -89,15 +89,16 @@ func TestStatusClassification(t *testing.T) {
 	}
 }
 
-// TestTritonQueueRejectionIsAnOverload: Triton sheds load with 503 and no
-// Retry-After, its body {"error":"Exceeds maximum queue size"} when a
-// model's queue is full, or "Request timeout expired" when a request waited
-// in it past the queue policy's timeout. Read, such a body makes the 503 an
+// TestQueueRejectionIsAnOverload: Triton and SGLang shed load with 503 and
+// no Retry-After: Triton's body {"error":"Exceeds maximum queue size"} when
+// a model's queue is full, or "Request timeout expired" when a request
+// waited in it past the queue policy's timeout; SGLang's "The request queue
+// is full." at --max-queued-requests. Read, such a body makes the 503 an
 // overload answer (a cooldown at the default hint), not a failure: counted
-// as failures, a busy Triton tripped its breaker after five. A 503 with
+// as failures, a busy server tripped its breaker after five. A 503 with
 // another body, or whose body the caller closes unread, stays a failure;
 // the caller gets every body byte for byte.
-func TestTritonQueueRejectionIsAnOverload(t *testing.T) {
+func TestQueueRejectionIsAnOverload(t *testing.T) {
 	long := `{"error":"in ensemble 'ensemble', ` + strings.Repeat("x", 200) + ` Exceeds maximum queue size"}`
 	for _, tc := range []struct {
 		name       string
@@ -108,6 +109,9 @@ func TestTritonQueueRejectionIsAnOverload(t *testing.T) {
 		{"queue full", `{"error":"Exceeds maximum queue size"}`, true, true},
 		{"queue timeout", `{"error":"Request timeout expired"}`, true, true},
 		{"queue full in an ensemble", `{"error":"in ensemble 'ensemble', Exceeds maximum queue size"}`, true, true},
+		{"SGLang queue full", `{"object":"error","message":"The request queue is full.","type":"Service Unavailable","param":null,"code":503}`, true, true},
+		{"SGLang priority abort", `{"object":"error","message":"The request is aborted by a higher priority request.","type":"Service Unavailable","param":null,"code":503}`, true, true},
+		{"SGLang engine error", `{"object":"error","message":"Internal server error","type":"InternalServerError","param":null,"code":503}`, true, false},
 		{"queue full far into the body", long, true, false},
 		{"model not ready", `{"error":"Request for unknown model: 'm' is not ready"}`, true, false},
 		{"queue full, closed unread", `{"error":"Exceeds maximum queue size"}`, false, false},
