@@ -102,8 +102,9 @@
 // are overload answers (the endpoint cools down for Retry-After, it is not
 // failed), and so is the 503 with which Triton and SGLang shed load (its
 // body, once read, says "Exceeds maximum queue size" or "Request timeout
-// expired", Triton's, or "The request queue is full.", SGLang's; a
-// cooldown for the default time); other 5xx, TGI's 424 (generation failed) and transport errors
+// expired", Triton's, "The request queue is full.", SGLang's, or
+// "maximum pending requests exceeded", Ollama's; a cooldown for the
+// default time); other 5xx, TGI's 424 (generation failed) and transport errors
 // are failures, and so is a stream
 // that reports an error object with a 5xx code after it started ("data:
 // {"error": {..., "code": 500}}", as vLLM and SGLang do when generation

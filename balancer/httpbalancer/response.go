@@ -191,7 +191,9 @@ type sseState struct {
 // the message); SGLang, {"object": "error", "message": "The request queue
 // is full.", ..., "code": 503} when its queue is at --max-queued-requests
 // (or "The request is aborted by a higher priority request.", when a
-// request of higher priority took its place). These are overload answers,
+// request of higher priority took its place); Ollama, {"error": "server
+// busy, please try again.  maximum pending requests exceeded"} when its
+// queue is at OLLAMA_MAX_QUEUE. These are overload answers,
 // not failures: counted as failures, a busy server tripped its breaker
 // after five and was ejected, and a fleet under load lost its replicas one
 // by one. Only a body the caller reads tells (every client reads an
@@ -206,10 +208,12 @@ type shedBody struct {
 	n    int
 }
 
-// shedMessages are Triton's and SGLang's texts for shedding a call.
+// shedMessages are Triton's, SGLang's and Ollama's texts for shedding a
+// call.
 var shedMessages = [...][]byte{
 	[]byte("Exceeds maximum queue size"),
 	[]byte("Request timeout expired"),
+	[]byte("maximum pending requests exceeded"),
 	shedTexts[1], // The request queue is full
 	shedTexts[2], // The request is aborted by a higher priority request
 }

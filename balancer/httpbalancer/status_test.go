@@ -93,7 +93,8 @@ func TestStatusClassification(t *testing.T) {
 // no Retry-After: Triton's body {"error":"Exceeds maximum queue size"} when
 // a model's queue is full, or "Request timeout expired" when a request
 // waited in it past the queue policy's timeout; SGLang's "The request queue
-// is full." at --max-queued-requests. Read, such a body makes the 503 an
+// is full." at --max-queued-requests; Ollama's "server busy, please try
+// again.  maximum pending requests exceeded" at OLLAMA_MAX_QUEUE. Read, such a body makes the 503 an
 // overload answer (a cooldown at the default hint), not a failure: counted
 // as failures, a busy server tripped its breaker after five. A 503 with
 // another body, or whose body the caller closes unread, stays a failure;
@@ -111,6 +112,8 @@ func TestQueueRejectionIsAnOverload(t *testing.T) {
 		{"queue full in an ensemble", `{"error":"in ensemble 'ensemble', Exceeds maximum queue size"}`, true, true},
 		{"SGLang queue full", `{"object":"error","message":"The request queue is full.","type":"Service Unavailable","param":null,"code":503}`, true, true},
 		{"SGLang priority abort", `{"object":"error","message":"The request is aborted by a higher priority request.","type":"Service Unavailable","param":null,"code":503}`, true, true},
+		{"Ollama queue full", `{"error":"server busy, please try again.  maximum pending requests exceeded"}`, true, true},
+		{"Ollama queue full, OpenAI route", `{"error":{"message":"server busy, please try again.  maximum pending requests exceeded","type":"api_error","param":null,"code":null}}`, true, true},
 		{"SGLang engine error", `{"object":"error","message":"Internal server error","type":"InternalServerError","param":null,"code":503}`, true, false},
 		{"queue full far into the body", long, true, false},
 		{"model not ready", `{"error":"Request for unknown model: 'm' is not ready"}`, true, false},
