@@ -98,7 +98,8 @@
 // runner that crashed) is a failure, as a 5xx error event is. A stream is read as Base returns it: one the
 // server compressed because the caller set Accept-Encoding itself (Base
 // only decompresses what it asked for) reaches the caller as it came, and
-// its events go uncounted. Classification: 429, and 503 with Retry-After,
+// its events go uncounted. Classification: 429 (and 529, Anthropic's
+// "overloaded", which gateways answer), and 503 with Retry-After,
 // are overload answers (the endpoint cools down for Retry-After, it is not
 // failed), and so is the 503 with which Triton and SGLang shed load (its
 // body, once read, says "Exceeds maximum queue size" or "Request timeout

@@ -349,7 +349,7 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	c.status = int32(resp.StatusCode)
 	h := resp.Header
 	switch code := resp.StatusCode; {
-	case code == http.StatusTooManyRequests:
+	case code == http.StatusTooManyRequests, code == statusOverloaded:
 		d, _ := retryAfter(h, c.t.cfg.clock)
 		c.overload = d + 1
 	case code == http.StatusServiceUnavailable:
@@ -439,6 +439,10 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 func headersLatency(s inferlb.Service) bool {
 	return s == inferlb.ServiceEmbedding || s == inferlb.ServiceRerank
 }
+
+// statusOverloaded is 529, Anthropic's "overloaded" answer, which
+// gateways in front of model servers give too: an overload, as 429 is.
+const statusOverloaded = 529
 
 // retryAfter parses Retry-After: delay-seconds or an HTTP date. ok reports
 // that the header is present, even if unparsable (then the balancer's

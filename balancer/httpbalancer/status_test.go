@@ -17,8 +17,9 @@ import (
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
-// TestStatusClassification: what each answer tells the balancer. 429, and
-// 503 with a Retry-After in any form, are overloads with the hint read
+// TestStatusClassification: what each answer tells the balancer. 429, 529
+// (Anthropic's "overloaded", which gateways in front of model servers
+// answer), and 503 with a Retry-After in any form, are overloads with the hint read
 // from it (seconds or an HTTP date; 0, for the balancer's default, when it
 // is unreadable, negative or past; a day at most); other 5xx are failures,
 // and so is 424, TGI's answer when generation fails (a shard's CUDA error);
@@ -57,6 +58,8 @@ func TestStatusClassification(t *testing.T) {
 		{502, "", false, 0, true},
 		{504, "", false, 0, true},
 		{424, "", false, 0, true},
+		{529, "", true, 0, false},
+		{529, "4", true, 4 * time.Second, false},
 		{400, "", false, 0, false},
 		{404, "", false, 0, false},
 		{422, "", false, 0, false},
