@@ -71,6 +71,7 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("data:{\"error\":\"Model is overloaded\",\"error_type\":\"overloaded\"}\n\ndata: {\"error\":{\"message\":\"Request failed during generation: x\",\"http_status_code\":422}}\n\n"), uint8(4))
 	f.Add([]byte("data: {\"error\": {\"message\": \"\\u004dodel is overloaded\"}, \"\\u0065rror_type\": \"validation\"}\n\n"), uint8(7))
 	f.Add([]byte("data: {\"error\": {\"object\": \"error\", \"message\": \"The request queue is full.\", \"code\": 503}}\n\n"), uint8(11))
+	f.Add([]byte("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\nevent: error\r\ndata: 5\r\n\r\n"), uint8(6))
 	f.Add([]byte("{\"message\":{\"content\":\"a\"},\"done\":false}\n\r\n{\"error\":\"x\"}\n{\"done\" : true}\n{\"done\": true}\n"), uint8(64+3))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
@@ -111,11 +112,22 @@ func FuzzSSEScan(f *testing.F) {
 			return
 		}
 		// The code of the last error line that has one, as encoding/json
-		// reads it. The last piece of body is a line that has not ended.
+		// reads it: a data line that starts an error object, or any data
+		// line in an event of type "error". The last piece of body is a
+		// line that has not ended.
 		want := int32(0)
 		lines := bytes.Split(body, []byte("\n"))
+		typed := false // in an event of type "error"
 		for _, line := range lines[:len(lines)-1] {
-			off := errorJSON(line)
+			if len(line) == 0 || string(line) == "\r" {
+				typed = false
+				continue
+			}
+			if typ, ok := bytes.CutPrefix(line, []byte("event:")); ok {
+				typed = string(bytes.TrimSuffix(bytes.TrimPrefix(typ, []byte(" ")), []byte("\r"))) == "error"
+				continue
+			}
+			off := errorValue(line, typed)
 			if off < 0 {
 				continue
 			}
@@ -136,12 +148,15 @@ func FuzzSSEScan(f *testing.F) {
 // with encoding/json: the error object's integer status code, else the
 // top-level object's (a 5xx one a 429 when the error's text says the call
 // was shed), else the status TGI's error_type names, else the one the
-// error's text (the error object's message, or the error as a string)
-// starts with, else 0.
+// error object's type names, else the one the error's text (the error
+// object's message, or the error as a string) starts with, else 0.
 func jsonErrorCode(t *testing.T, js []byte) int {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(js, &top); err != nil {
-		t.Fatalf("%q: %v", js, err)
+		if js = bytes.TrimSpace(js); len(js) > 0 && js[0] == '{' {
+			t.Fatalf("%q: %v", js, err)
+		}
+		return 0 // a typed error event's data that is not an object
 	}
 	status := func(raw json.RawMessage) int {
 		n, err := strconv.Atoi(string(raw))
@@ -187,6 +202,15 @@ func jsonErrorCode(t *testing.T, js []byte) int {
 		case "overloaded":
 			return 429
 		case "generation", "incomplete_generation", "incomplete_generation_stream", "stream_serialization_error":
+			return 500
+		}
+	}
+	kind = ""
+	if e != nil && json.Unmarshal(e["type"], &kind) == nil {
+		switch kind {
+		case "overloaded_error", "rate_limit_error":
+			return 429
+		case "api_error", "internal_error":
 			return 500
 		}
 	}

@@ -119,7 +119,11 @@
 // overloaded": an overload; a failed or cut generation: a failure), and
 // an error event whose text says the server shed the call is an overload
 // whatever its 5xx code (SGLang's "The request queue is full.", code 503,
-// on a 200 stream); a canceled context (or a closed
+// on a 200 stream). The Messages API's error event (event: error, data:
+// {"type": "error", "error": {"type": kind, ...}}, which vLLM and SGLang
+// send on /v1/messages) says it by its kind: internal_error and api_error
+// are failures, overloaded_error and rate_limit_error overloads, other
+// kinds the request's; a canceled context (or a closed
 // Request.Cancel, which http.Client sets with a Timeout) is neither, and
 // so is a deadline that ends a stream after its first token
 // (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the

@@ -150,8 +150,9 @@ type sseState struct {
 	counting bool     // the body is an SSE stream
 	// The current event (the lines up to a blank one): counted already (a
 	// data line was seen), or named by its event field as one that carries
-	// no token.
-	counted, notToken bool
+	// no token; errEvent, that it is of type "error", whose data lines
+	// report an error whatever they hold (the Messages API's).
+	counted, notToken, errEvent bool
 	// A data line that is an error object ({"error": ...}, as vLLM and
 	// SGLang report a failure after the stream started) is read for its
 	// code as it streams by (inErr), by errScan, allocated at the first
@@ -581,7 +582,7 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		switch {
 		case c.inErr:
 			c.errScan.feed(seg)
-		case before < len(c.line) && c.lineLen >= len(c.line) && isErrorData(c.line[:]):
+		case before < len(c.line) && c.lineLen >= len(c.line) && errorValue(c.line[:], c.errEvent) >= 0:
 			// Rare (an error event): the line is read for its code.
 			c.startErr()
 			c.errScan.feed(seg[len(c.line)-before:])
@@ -626,12 +627,12 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		c.count(clock)
 		return
 	}
-	if c.inErr || whole && isErrorData(line) {
+	if c.inErr || whole && errorValue(line, c.errEvent) >= 0 {
 		code := 0
 		if c.inErr {
 			code, c.inErr = c.errScan.code(), false
 		} else {
-			code = errorCode(line) // too short to hold one, but read alike
+			code = errorCode(line, c.errEvent) // short, but read alike
 		}
 		if code > 0 {
 			c.errCode.Store(int32(code))
@@ -639,11 +640,13 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		return // no token
 	}
 	if lineLen == 0 || lineLen == 1 && line[0] == '\r' {
-		c.counted, c.notToken = false, false // a blank line ends the event
+		c.counted, c.notToken, c.errEvent = false, false, false // a blank line ends the event
 		return
 	}
 	if typ, ok := bytes.CutPrefix(line, []byte("event:")); ok {
-		c.notToken = notToken(bytes.TrimPrefix(typ, []byte(" ")), whole, c.end[len(c.end)-min(lineLen, len(c.end)):])
+		typ = bytes.TrimPrefix(typ, []byte(" "))
+		c.notToken = notToken(typ, whole, c.end[len(c.end)-min(lineLen, len(c.end)):])
+		c.errEvent = whole && string(bytes.TrimSuffix(typ, []byte("\r"))) == "error"
 		return
 	}
 	v, ok := bytes.CutPrefix(line, []byte("data:"))
@@ -706,7 +709,7 @@ func (c *sseState) startErr() {
 		*c.errScan = errScan{}
 	}
 	c.inErr = true
-	c.errScan.feed(c.line[errorJSON(c.line[:]):])
+	c.errScan.feed(c.line[errorValue(c.line[:], c.errEvent):])
 }
 
 // notToken reports whether an event type names an event that carries no

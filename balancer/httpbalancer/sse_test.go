@@ -363,19 +363,28 @@ func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 	}
 }
 
-// TestTGIStreamErrors: TGI checks a streamed request and takes its queue
+// TestStreamErrorEventKinds: TGI checks a streamed request and takes its queue
 // slot after the 200 headers (and SGLang sheds a stream after them too), so an overloaded or failing TGI answers with
 // a stream that ends in an error event without a code: {"error": text,
 // "error_type": kind} on its native routes, {"error": {"message": text,
 // "http_status_code": 422}} on its OpenAI-compatible ones, 422 whatever the
 // error. Overloaded is an overload answer, a failed or cut generation the
 // endpoint's failure, a validation error the request's; wherever the reads
-// split the event.
-func TestTGIStreamErrors(t *testing.T) {
+// split the event. The Messages API (/v1/messages, which vLLM and SGLang
+// serve) reports a failure mid-stream as an event of type "error" whose
+// error's type is its kind: internal_error (vLLM's and SGLang's for an
+// exception while streaming) and api_error are failures, overloaded_error
+// an overload, invalid_request_error the request's.
+func TestStreamErrorEventKinds(t *testing.T) {
 	token := `data:{"index":1,"token":{"id":330,"text":" A","logprob":-0.5,"special":false},"generated_text":null,"details":null,"top_tokens":null}` + "\n\n"
 	chunk := `data: {"object":"chat.completion.chunk","id":"","created":1,"model":"m","system_fingerprint":"3.3.4-native","choices":[{"index":0,"delta":{"role":"assistant","content":" A"},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n"
 	native := func(text, kind string) string {
 		return `data:{"error":"` + text + `","error_type":"` + kind + `"}` + "\n\n"
+	}
+	delta := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[]}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" A\"}}\n\n"
+	messagesError := func(kind, text string) string {
+		return "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"" + kind + "\",\"message\":\"" + text + "\"}}\n\ndata: [DONE]\n\n"
 	}
 	openai := func(text string) string {
 		return `data: {"error":{"message":"` + text + `","http_status_code":422}}` + "\n\ndata: [DONE]\n\n"
@@ -399,6 +408,9 @@ func TestTGIStreamErrors(t *testing.T) {
 		// 503 error event on a 200 stream: an overload too.
 		{"SGLang queue full", `data: {"error": {"object": "error", "message": "The request queue is full.", "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}` + "\n\ndata: [DONE]\n\n", 0, true, 0},
 		{"SGLang engine failed", chunk + `data: {"error": {"object": "error", "message": "Internal server error", "type": "InternalServerError", "param": null, "code": 503}}` + "\n\ndata: [DONE]\n\n", 503, false, 1},
+		{"messages internal error", delta + messagesError("internal_error", "CUDA error: an illegal memory access was encountered"), 500, false, 1},
+		{"messages overloaded", messagesError("overloaded_error", "Overloaded"), 0, true, 0},
+		{"messages invalid request", messagesError("invalid_request_error", "prompt is too long: 9000 tokens > 8192 maximum"), 0, false, 0},
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			rig := newSSERig(t, s.body)

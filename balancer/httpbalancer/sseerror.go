@@ -64,9 +64,9 @@ type errScan struct {
 	// "error_type" with every letter escaped (\u0065...), the longest
 	// spelling of a key that matters.
 	keyBuf [64]byte
-	// The status TGI's error type and the error's text say
-	// (tgiTypeStatus, textStatus).
-	typeCode, textCode int16
+	// The status TGI's error type, the error object's kind and the
+	// error's text say (tgiTypeStatus, kindStatus, textStatus).
+	typeCode, kindCode, textCode int16
 	// A string value being kept (capture: capType or capText; capNone
 	// when not), its first valLen bytes as written in val: enough for
 	// the longest text textStatus reads with every byte escaped.
@@ -80,6 +80,7 @@ const (
 	capNone = iota
 	capType // the top-level "error_type"
 	capText // the error's text
+	capKind // the error object's "type"
 )
 
 // Where errScan is, in the object it reads (lvl).
@@ -102,6 +103,7 @@ const (
 	keyCode
 	keyErrorType // TGI's
 	keyMessage
+	keyType // the error object's kind (the Messages API's)
 )
 
 // feed scans b, the next bytes of the line from its '{'.
@@ -169,11 +171,13 @@ func (m *errScan) feed(b []byte) {
 			case m.key == keyCode:
 				m.codes[m.lvl-1] = 0
 			case m.key == keyError && m.lvl == 1:
-				m.codes[1], m.textCode, keepAs = 0, 0, capText
+				m.codes[1], m.kindCode, m.textCode, keepAs = 0, 0, 0, capText
 			case m.key == keyErrorType && m.lvl == 1:
 				m.typeCode, keepAs = 0, capType
 			case m.key == keyMessage && m.lvl == 2:
 				m.textCode, keepAs = 0, capText
+			case m.key == keyType && m.lvl == 2:
+				m.kindCode, keepAs = 0, capKind
 			}
 			switch {
 			case c == '{' && m.key == keyError && m.lvl == 1:
@@ -260,6 +264,8 @@ func (m *errScan) endCapture() {
 		m.typeCode = tgiTypeStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
 	case capText:
 		m.textCode = textStatus(m.val[:m.valLen])
+	case capKind:
+		m.kindCode = kindStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
 	}
 	m.capture = capNone
 }
@@ -298,6 +304,8 @@ func (m *errScan) keyKind() uint8 {
 		return keyErrorType
 	case "message":
 		return keyMessage
+	case "type":
+		return keyType
 	}
 	return keyOther
 }
@@ -322,6 +330,8 @@ func (m *errScan) code() int {
 		return int(code)
 	case m.typeCode != 0:
 		return int(m.typeCode)
+	case m.kindCode != 0:
+		return int(m.kindCode)
 	}
 	return int(m.textCode)
 }
@@ -336,11 +346,7 @@ const maxText = 52
 // template errors are the request's: 0, as no code. raw is the value as
 // written; cut when val was full, so it is longer than any type.
 func tgiTypeStatus(raw []byte, cut bool) int16 {
-	if cut {
-		return 0
-	}
-	var d [maxText * 6]byte
-	v, ok := decoded(d[:0], raw)
+	v, ok := decodedWhole(raw, cut)
 	if !ok {
 		return 0
 	}
@@ -351,6 +357,38 @@ func tgiTypeStatus(raw []byte, cut bool) int16 {
 		return http.StatusInternalServerError
 	}
 	return 0
+}
+
+// kindStatus is the status the error object's kind names, as the Messages
+// API spells its kinds (the "type" of its error event's error, which vLLM
+// and SGLang send too): overloaded_error and rate_limit_error, 429;
+// api_error, and internal_error (vLLM's and SGLang's for an exception
+// while streaming), 500. Other kinds (invalid_request_error, ...) are the
+// request's, and the OpenAI-style kinds (BadRequestError, ...) come with
+// a code, which wins: 0. raw and cut are as for tgiTypeStatus.
+func kindStatus(raw []byte, cut bool) int16 {
+	v, ok := decodedWhole(raw, cut)
+	if !ok {
+		return 0
+	}
+	switch string(v) {
+	case "overloaded_error", "rate_limit_error":
+		return http.StatusTooManyRequests
+	case "api_error", "internal_error":
+		return http.StatusInternalServerError
+	}
+	return 0
+}
+
+// decodedWhole decodes a kept string value that is read whole (a kind,
+// compared with ==); cut, it was longer than val, and longer than any
+// kind: not ok.
+func decodedWhole(raw []byte, cut bool) ([]byte, bool) {
+	if cut {
+		return nil, false
+	}
+	var d [maxText * 6]byte
+	return decoded(d[:0], raw)
 }
 
 // Texts an error starts with that say what happened (textStatus).
@@ -410,24 +448,41 @@ func isErrorData(line []byte) bool {
 // errorJSON returns the offset of the error object in line (see
 // isErrorData), or -1 when line does not start one.
 func errorJSON(line []byte) int {
-	v, ok := bytes.CutPrefix(line, []byte("data:"))
-	if !ok {
-		return -1
-	}
-	off := len("data:")
-	if len(v) > 0 && v[0] == ' ' {
-		v, off = v[1:], off+1
-	}
-	if !bytes.HasPrefix(v, []byte(`{"error"`)) {
+	off := dataValue(line)
+	if off < 0 || !bytes.HasPrefix(line[off:], []byte(`{"error"`)) {
 		return -1
 	}
 	return off
 }
 
+// dataValue returns the offset of a data line's value in line, the start
+// of the line: past "data:" and an optional space; -1 when line is not a
+// data line.
+func dataValue(line []byte) int {
+	v, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
+		return -1
+	}
+	if len(v) > 0 && v[0] == ' ' {
+		return len("data: ")
+	}
+	return len("data:")
+}
+
+// errorValue returns the offset of the error a line reports (see
+// sseState.scan): an error object's on any data line, and any data line's
+// value in an event of type "error" (typed); -1 when the line reports none.
+func errorValue(line []byte, typed bool) int {
+	if typed {
+		return dataValue(line)
+	}
+	return errorJSON(line)
+}
+
 // errorCode returns the status code of a whole error line (see errScan),
-// or 0 when it has none.
-func errorCode(line []byte) int {
-	off := errorJSON(line)
+// or 0 when it has none. typed: the line is in an event of type "error".
+func errorCode(line []byte, typed bool) int {
+	off := errorValue(line, typed)
 	if off < 0 {
 		return 0
 	}

@@ -101,7 +101,7 @@ func escapeAll(s string) string {
 
 func TestErrorCode(t *testing.T) {
 	for _, l := range errorLines {
-		assert.Equal(t, l.code, errorCode([]byte(l.line)), "%.80s", l.line)
+		assert.Equal(t, l.code, errorCode([]byte(l.line), false), "%.80s", l.line)
 	}
 }
 
@@ -144,4 +144,60 @@ func TestErrorEventMemory(t *testing.T) {
 	})
 	assert.Equal(t, 1.0, allocs)
 	assert.EqualValues(t, 500, s.errCode.Load())
+}
+
+// typedErrorEvents are streams whose failure is an event of type "error"
+// (the Messages API's, which vLLM and SGLang serve at /v1/messages): its
+// data is {"type": "error", "error": {"type": kind, "message": ...}}, and
+// the kind says what happened. Each ends with the code errScan reads.
+var typedErrorEvents = []struct {
+	body string
+	code int
+}{
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\",\"message\":\"CUDA error: an illegal memory access was encountered\"}}\n\ndata: [DONE]\n\n", 500},
+	{"event: error\r\ndata: {\"type\": \"error\", \"error\": {\"details\": null, \"type\": \"overloaded_error\", \"message\": \"Overloaded\"}}\r\n\r\n", 429},
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"x\"}}\n\n", 500},
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\",\"message\":\"x\"}}\n\n", 429},
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"prompt is too long\"}}\n\n", 0},
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\",\"message\":\"" + strings.Repeat(`Traceback \"x\"\n`, 500) + "\"}}\n\n", 500},
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"message\":\"" + strings.Repeat("x", 300) + "\",\"type\":\"overloaded_error\"}}\n\n", 429},
+	{"event: error\ndata: {\"error\":{\"type\":\"internal_error\"},\"type\":\"error\"}\n\n", 500},
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\",\"code\":400}}\n\n", 400},
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"\\u006fverloaded_error\"}}\n\n", 429},
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":{\"x\":\"internal_error\"}}}\n\n", 0},
+	{"event: error\ndata: {\"type\":\"internal_error\",\"error\":\"x\"}\n\n", 0},            // the kind is the error object's
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"param\":{\"type\":\"internal_error\"}}}\n\n", 0}, // not a nested object's
+	{"event: error\ndata: boom\n\n", 0},
+	{"event: error\ndata:\n\n", 0},
+	{"event: error\ndata: 5\n\n", 0},
+	{"event: error\n\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\"}}\n\n", 0}, // the blank line ended the error event
+	{"event: errors\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\"}}\n\n", 0},
+	{"data: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\"}}\n\n", 0}, // untyped, and not an error object first
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\"}}\n\ndata: {\"a\":1}\n\n", 500},
+	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\"}}\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n", 429},
+}
+
+// TestTypedErrorEventAtEveryCut: a typed error event's kind is read however
+// the reads cut the stream, in one read, a byte a read and two reads cut
+// at every byte; the event is no token.
+func TestTypedErrorEventAtEveryCut(t *testing.T) {
+	clock := testutil.NewClock()
+	for _, e := range typedErrorEvents {
+		body := []byte(e.body)
+		whole := &sseState{counting: true}
+		whole.scan(body, clock)
+		require.EqualValues(t, e.code, whole.errCode.Load(), "in one read: %.100q", e.body)
+		s := &sseState{counting: true}
+		for i := range body {
+			s.scan(body[i:i+1], clock)
+		}
+		require.EqualValues(t, e.code, s.errCode.Load(), "a byte a read: %.100q", e.body)
+		require.EqualValues(t, whole.events.Load(), s.events.Load())
+		for k := range len(body) + 1 {
+			s := &sseState{counting: true}
+			s.scan(body[:k], clock)
+			s.scan(body[k:], clock)
+			require.EqualValues(t, e.code, s.errCode.Load(), "cut at %d: %.100q", k, e.body)
+		}
+	}
 }
