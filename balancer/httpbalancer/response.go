@@ -184,55 +184,6 @@ type sseState struct {
 	shed         *shedBody // a 503's body, when it had no Retry-After
 }
 
-// shedBody keeps the start of a 503's body, which says whether the server
-// shed the call. Triton answers 503 without Retry-After, {"error":
-// "Exceeds maximum queue size"}, when a model's queue is full, and
-// {"error": "Request timeout expired"} when a request waited in it past
-// the queue policy's timeout (an ensemble's puts where it failed before
-// the message); SGLang, {"object": "error", "message": "The request queue
-// is full.", ..., "code": 503} when its queue is at --max-queued-requests
-// (or "The request is aborted by a higher priority request.", when a
-// request of higher priority took its place); Ollama, {"error": "server
-// busy, please try again.  maximum pending requests exceeded"} when its
-// queue is at OLLAMA_MAX_QUEUE. These are overload answers,
-// not failures: counted as failures, a busy server tripped its breaker
-// after five and was ejected, and a fleet under load lost its replicas one
-// by one. Only a body the caller reads tells (every client reads an
-// error's body to report it); one closed unread leaves the 503 a failure.
-// The gRPC policy reads Triton's messages from its UNAVAILABLE, and a
-// stream's error event is read for SGLang's (see textStatus).
-//
-// Concurrency: a shedBody belongs to its sseState (one Read at a time);
-// finish reads it after the last Read.
-type shedBody struct {
-	head [128]byte
-	n    int
-}
-
-// shedMessages are Triton's, SGLang's and Ollama's texts for shedding a
-// call.
-var shedMessages = [...][]byte{
-	[]byte("Exceeds maximum queue size"),
-	[]byte("Request timeout expired"),
-	[]byte("maximum pending requests exceeded"),
-	shedTexts[1], // The request queue is full
-	shedTexts[2], // The request is aborted by a higher priority request
-}
-
-func (s *shedBody) feed(p []byte) {
-	s.n += copy(s.head[s.n:], p)
-}
-
-// shed reports whether the body read so far says the call was shed.
-func (s *shedBody) shed() bool {
-	for _, m := range shedMessages {
-		if bytes.Contains(s.head[:s.n], m) {
-			return true
-		}
-	}
-	return false
-}
-
 // read follows the body's bytes p, which a Read that began at enteredNs
 // returned (0 when not measured: not an SSE stream).
 func (c *sseState) read(p []byte, clock balancer.Clock, enteredNs int64) {
@@ -407,12 +358,7 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		c.overload = -max(time.Duration(c.t.cfg.clock.Now().UnixNano()-c.start), 1)
 	}
 	if resp.StatusCode == http.StatusServiceUnavailable && c.overload <= 0 {
-		// A 503 without Retry-After: its body may say Triton shed the
-		// call (see shedBody).
-		if c.sse == nil {
-			c.sse = new(sseState)
-		}
-		c.sse.shed = new(shedBody)
+		c.watchShed() // its body may say the server shed the call
 	}
 	c.rc = resp.Body
 	c.left = -1
@@ -740,8 +686,8 @@ func (c *call) finish(err error) {
 	}
 	o := inferlb.Outcome{Overloaded: c.overload > 0, RetryAfter: max(c.overload-1, 0)}
 	if c.ends.Load()&endFailed != 0 {
-		if c.sse != nil && c.sse.shed != nil && c.sse.shed.shed() {
-			o.Overloaded = true // Triton shed it (see shedBody)
+		if c.sse != nil && c.sse.shed != nil && c.shed() {
+			o.Overloaded = true // the server shed it (see shedBody)
 		} else {
 			o.Err = &StatusError{StatusCode: int(c.status)}
 		}

@@ -490,3 +490,70 @@ func errorCode(line []byte, typed bool) int {
 	m.feed(line[off:])
 	return m.code()
 }
+
+// shedBody keeps the start of a 503's body, which says whether the server
+// shed the call. Triton answers 503 without Retry-After, {"error":
+// "Exceeds maximum queue size"}, when a model's queue is full, and
+// {"error": "Request timeout expired"} when a request waited in it past
+// the queue policy's timeout (an ensemble's puts where it failed before
+// the message); SGLang, {"object": "error", "message": "The request queue
+// is full.", ..., "code": 503} when its queue is at --max-queued-requests
+// (or "The request is aborted by a higher priority request.", when a
+// request of higher priority took its place); Ollama, {"error": "server
+// busy, please try again.  maximum pending requests exceeded"} when its
+// queue is at OLLAMA_MAX_QUEUE. These are overload answers,
+// not failures: counted as failures, a busy server tripped its breaker
+// after five and was ejected, and a fleet under load lost its replicas one
+// by one. Only a body the caller reads tells (every client reads an
+// error's body to report it); one closed unread leaves the 503 a failure.
+// The gRPC policy reads Triton's messages from its UNAVAILABLE, and a
+// stream's error event is read for SGLang's (see textStatus).
+//
+// Concurrency: a shedBody belongs to its sseState (one Read at a time);
+// finish reads it after the last Read.
+type shedBody struct {
+	head [128]byte
+	n    int
+}
+
+// shedMessages are Triton's, SGLang's and Ollama's texts for shedding a
+// call.
+var shedMessages = [...][]byte{
+	[]byte("Exceeds maximum queue size"),
+	[]byte("Request timeout expired"),
+	[]byte("maximum pending requests exceeded"),
+	shedTexts[1], // The request queue is full
+	shedTexts[2], // The request is aborted by a higher priority request
+}
+
+// watchShed keeps the start of a 503's body, which has no Retry-After
+// (see shedBody). Out of line, as shed is: only such answers run them, and
+// the calls that succeed run through less code.
+//
+//go:noinline
+func (c *call) watchShed() {
+	if c.sse == nil {
+		c.sse = new(sseState)
+	}
+	c.sse.shed = new(shedBody)
+}
+
+// shed reports whether the 503 body read so far says the server shed
+// the call.
+//
+//go:noinline
+func (c *call) shed() bool { return c.sse.shed.shed() }
+
+func (s *shedBody) feed(p []byte) {
+	s.n += copy(s.head[s.n:], p)
+}
+
+// shed reports whether the body read so far says the call was shed.
+func (s *shedBody) shed() bool {
+	for _, m := range shedMessages {
+		if bytes.Contains(s.head[:s.n], m) {
+			return true
+		}
+	}
+	return false
+}

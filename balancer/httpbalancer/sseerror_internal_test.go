@@ -165,7 +165,7 @@ var typedErrorEvents = []struct {
 	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"internal_error\",\"code\":400}}\n\n", 400},
 	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"\\u006fverloaded_error\"}}\n\n", 429},
 	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":{\"x\":\"internal_error\"}}}\n\n", 0},
-	{"event: error\ndata: {\"type\":\"internal_error\",\"error\":\"x\"}\n\n", 0},            // the kind is the error object's
+	{"event: error\ndata: {\"type\":\"internal_error\",\"error\":\"x\"}\n\n", 0},                            // the kind is the error object's
 	{"event: error\ndata: {\"type\":\"error\",\"error\":{\"param\":{\"type\":\"internal_error\"}}}\n\n", 0}, // not a nested object's
 	{"event: error\ndata: boom\n\n", 0},
 	{"event: error\ndata:\n\n", 0},
