@@ -12,9 +12,13 @@ import (
 // Request and uses Stream as a hint for reading the response.
 type Info struct {
 	inferlb.Request
-	// Stream is set when the body asks for a streamed (SSE) response. The
-	// transport treats a response as a stream when its Content-Type is
-	// text/event-stream, or when Stream is set and the Content-Type is not JSON.
+	// Stream is set when the body asks for a streamed (SSE) response
+	// ("stream": true). The transport treats a response as a stream when
+	// its Content-Type is text/event-stream (or Ollama's
+	// application/x-ndjson), or when Stream is set and the Content-Type is
+	// not JSON. Ollama's native paths stream unless the body says "stream":
+	// false; Stream reads false there when the field is absent, and the
+	// content type finds the stream.
 	Stream bool
 
 	// salt is a digest of the body's vLLM cache_salt (saltTag), set by
