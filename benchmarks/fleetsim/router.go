@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"errors"
 	"math/rand/v2"
 	"slices"
 
@@ -227,7 +228,15 @@ type Variant struct {
 	// NoTelemetry never publishes scrapes to the balancer: a client with no
 	// telemetry source configured.
 	NoTelemetry bool
+	// ShedAsFailure reports a replica's shed answer (an overload answer
+	// without a hint) as a failure: what the adapters made of the 503 with
+	// which Triton, SGLang and Ollama shed load, and of their in-band
+	// equivalents, before 2026-12-05.
+	ShedAsFailure bool
 }
+
+// errShedAsFailure is the failure a ShedAsFailure variant reports.
+var errShedAsFailure = errors.New("fleetsim: 503 (queue full), read as a failure")
 
 // InferLB is the library's real Balancer in the given configuration.
 func InferLB(v Variant) Policy {
@@ -288,6 +297,14 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 		return 0, nil, err
 	}
 	held := &p
+	if r.v.ShedAsFailure {
+		return r.byID[p.ID()], func(o inferlb.Outcome) {
+			if o.Overloaded {
+				o = inferlb.Outcome{Err: errShedAsFailure}
+			}
+			held.Done(o)
+		}, nil
+	}
 	return r.byID[p.ID()], held.Done, nil
 }
 

@@ -55,6 +55,7 @@ func Scenarios() []*Scenario {
 		DPChatScenario(),
 		HotPromptScenario(),
 		FailuresScenario(),
+		SheddingScenario(),
 		TenantsScenario(),
 	}
 }
@@ -268,6 +269,34 @@ func FailuresScenario() *Scenario {
 		{At: 180 * time.Second, Replica: 1, Kind: SlowDown, Factor: 4},
 		{At: 300 * time.Second, Replica: 1, Kind: Recover},
 		{At: 120 * time.Second, Replica: 2, Kind: ThrottleOn},
+	}
+	return sc
+}
+
+// SheddingScenario is the chat workload on a fleet whose every replica
+// sheds load beyond 4 waiting requests with an overload answer that carries
+// no hint: the 503 of Triton's max_queue_size, SGLang's
+// --max-queued-requests and Ollama's OLLAMA_MAX_QUEUE. The rates run past
+// what the fleet can take. inferlb reads the answer as an overload (the
+// replica cools down for the default time); "inferlb shed-as-failure"
+// reads it as a failure, as the adapters did before 2026-12-05, so five in
+// a row open a replica's breaker and eject it.
+func SheddingScenario() *Scenario {
+	sc := ChatScenario()
+	sc.Name = "shedding"
+	sc.Description = "chat; every replica answers 503 (queue full, no Retry-After) beyond 4 waiting requests"
+	sc.Rates = []float64{40, 50, 60}
+	sc.Headline = 60
+	sc.Events = nil
+	for i := range sc.Fleet {
+		sc.Fleet[i].Server.MaxWaiting = 4
+		sc.Fleet[i].Server.RetryAfter = 0
+		sc.Events = append(sc.Events, FleetEvent{At: 0, Replica: i, Kind: ThrottleOn})
+	}
+	sc.Policies = []Policy{
+		RoundRobin(), LeastRequest(), RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb shed-as-failure", ShedAsFailure: true}),
 	}
 	return sc
 }
