@@ -117,3 +117,19 @@ func TestDataParallelRanksStepTogether(t *testing.T) {
 	assert.Greater(t, coupled.ITLP99, chunk, "a rank waits for the other rank's prefill chunk every step")
 	assert.Greater(t, coupled.E2EP99, alone.E2EP99+chunk, "so the chat ends later")
 }
+
+// A fleet that sheds load past capacity with an overload answer and no
+// hint (Triton's, SGLang's and Ollama's 503): read as overloads, the
+// answers cool a replica down for a second; read as failures, five in a
+// row open its breaker and eject it, and the fleet fails more calls with
+// fewer replicas. The shedding scenario at its headline rate, past
+// capacity (seeds 1-4: 2.1-3.8 times as many failed calls).
+func TestShedAnswersAreOverloadsNotFailures(t *testing.T) {
+	sc := fleetsim.SheddingScenario()
+	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
+	asFailure := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb shed-as-failure", ShedAsFailure: true}), 1, 1)
+	t.Logf("failed %d / %d, %.0f / %.0f tok/s (overloads / failures)", lb.Failed, asFailure.Failed, lb.Throughput, asFailure.Throughput)
+	require.Positive(t, lb.Failed, "the rate is past what the fleet can take")
+	assert.Greater(t, asFailure.Failed, 3*lb.Failed/2)
+	assert.Greater(t, lb.Throughput, asFailure.Throughput)
+}
