@@ -84,8 +84,11 @@
 // past the peek too; it reads a stream's events for time to first token
 // and decode speed (to the last token, and only from streams whose reader
 // waited on the endpoint: a reader slower than the endpoint finds the
-// tokens waiting and measures itself), and an error event with a 5xx code (or TGI's
-// kind of error, which its events name instead) as the endpoint's
+// tokens waiting and measures itself), and an error event with a 5xx code (or the
+// kind of error that TGI's and the Messages API's events name instead) as the endpoint's
+// failure; a server that sheds load without a Retry-After (Triton's
+// queue full, over HTTP or gRPC; SGLang's and Ollama's 503 queue full;
+// the same in a stream's error event) gives an overload answer, not a
 // failure; an embedding or rerank call's latency runs to its response
 // headers, as the rest is the caller's pace of reading the body. A deadline that ends a stream after its first token counts as
 // neither success nor failure (a long answer outlasting the caller's
