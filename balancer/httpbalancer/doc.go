@@ -105,7 +105,7 @@
 // body, once read, says "Exceeds maximum queue size" or "Request timeout
 // expired", Triton's, "The request queue is full.", SGLang's, or
 // "maximum pending requests exceeded", Ollama's; a cooldown for the
-// default time); other 5xx, TGI's 424 (generation failed) and transport errors
+// default time); other 5xx, the 424 of TGI and TEI (inference failed) and transport errors
 // are failures, and so is a stream
 // that reports an error object with a 5xx code after it started ("data:
 // {"error": {..., "code": 500}}", as vLLM and SGLang do when generation

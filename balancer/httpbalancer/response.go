@@ -313,9 +313,10 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 			c.ends.Or(endFailed)
 		}
 	case code >= 500, code == http.StatusFailedDependency:
-		// 424 is TGI's answer when generation fails (a shard's CUDA
-		// error, a shard gone): the endpoint's failure, not the request's
-		// (TGI answers a bad request 422).
+		// 424 is TGI's and TEI's answer when inference fails (a shard's
+		// CUDA error, a shard gone; TEI's backend error): the endpoint's
+		// failure, not the request's (they answer a bad request 422 or
+		// 413).
 		c.ends.Or(endFailed)
 	}
 	if v := h[loadHeader]; len(v) > 0 {

@@ -22,7 +22,8 @@ import (
 // answer), and 503 with a Retry-After in any form, are overloads with the hint read
 // from it (seconds or an HTTP date; 0, for the balancer's default, when it
 // is unreadable, negative or past; a day at most); other 5xx are failures,
-// and so is 424, TGI's answer when generation fails (a shard's CUDA error);
+// and so is 424, TGI's and TEI's answer when inference fails (a shard's
+// CUDA error, TEI's backend error);
 // other 4xx say nothing bad about the endpoint.
 func TestStatusClassification(t *testing.T) {
 	clock := testutil.NewClock()
