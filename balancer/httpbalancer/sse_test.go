@@ -349,15 +349,7 @@ func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			rig := newSSERig(t, s.body)
 			for _, n := range []int{1, 2, 3, 7, 16, 17, 64, len(s.body)} {
-				r := rig.call(t, n)
-				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
-				if s.code == 0 {
-					require.NoError(t, r.Outcome.Err, "%d bytes a read", n)
-					continue
-				}
-				var se *httpbalancer.StatusError
-				require.ErrorAs(t, r.Outcome.Err, &se, "%d bytes a read", n)
-				require.Equal(t, s.code, se.StatusCode)
+				requireStreamOutcome(t, rig.call(t, n), n, s.events, s.code, false)
 			}
 		})
 	}
@@ -415,18 +407,25 @@ func TestStreamErrorEventKinds(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			rig := newSSERig(t, s.body)
 			for _, n := range []int{1, 2, 5, 16, 64, len(s.body)} {
-				r := rig.call(t, n)
-				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
-				require.Equal(t, s.overloaded, r.Outcome.Overloaded, "%d bytes a read", n)
-				require.Zero(t, r.Outcome.RetryAfter, "no hint in an event")
-				if s.code == 0 {
-					require.NoError(t, r.Outcome.Err, "%d bytes a read", n)
-					continue
-				}
-				var se *httpbalancer.StatusError
-				require.ErrorAs(t, r.Outcome.Err, &se, "%d bytes a read", n)
-				require.Equal(t, s.code, se.StatusCode)
+				requireStreamOutcome(t, rig.call(t, n), n, s.events, s.code, s.overloaded)
 			}
 		})
 	}
+}
+
+// requireStreamOutcome checks what a stream read n bytes a read reported:
+// its token events, and a StatusError with code (none for 0), or an
+// overload answer without a hint.
+func requireStreamOutcome(t *testing.T, r httpbalancer.Result, n, events, code int, overloaded bool) {
+	t.Helper()
+	require.Equal(t, events, r.Events, "%d bytes a read", n)
+	require.Equal(t, overloaded, r.Outcome.Overloaded, "%d bytes a read", n)
+	require.Zero(t, r.Outcome.RetryAfter, "no hint in an event")
+	if code == 0 {
+		require.NoError(t, r.Outcome.Err, "%d bytes a read", n)
+		return
+	}
+	var se *httpbalancer.StatusError
+	require.ErrorAs(t, r.Outcome.Err, &se, "%d bytes a read", n)
+	require.Equal(t, code, se.StatusCode)
 }
