@@ -439,14 +439,9 @@ func decoded(dst, raw []byte) ([]byte, bool) {
 	return appendUnquoted(dst, raw)
 }
 
-// isErrorData reports whether line, the start of a line, is a data line
-// holding an error object: "data:", an optional space, then {"error".
-func isErrorData(line []byte) bool {
-	return errorJSON(line) >= 0
-}
-
-// errorJSON returns the offset of the error object in line (see
-// isErrorData), or -1 when line does not start one.
+// errorJSON returns the offset of the error object in line, the start of
+// a line, when it is a data line holding one ("data:", an optional space,
+// then {"error"), or -1 when line does not start one.
 func errorJSON(line []byte) int {
 	off := dataValue(line)
 	if off < 0 || !bytes.HasPrefix(line[off:], []byte(`{"error"`)) {
