@@ -153,6 +153,17 @@
 // RecvMsg that delivers the first token returns at once: the token was
 // already received, at a time nobody can tell.
 //
+// Some servers report a request's failure in a response message and end
+// the stream OK: Triton's decoupled models (ModelStreamInfer, how
+// TensorRT-LLM streams are served) send a message whose error_message is
+// set, its load shedding too ("Exceeds maximum queue size"). Install
+// StreamTimingWith with StreamOptions.Error returning that error, and the
+// first such message makes the stream's outcome: an overload answer for
+// Triton's load shedding, the error's own class for a gRPC status, the
+// endpoint's failure otherwise, whether the stream then ends OK or the
+// application cancels it at the error. Without it such a stream counts as
+// a success, and a replica failing every request looks like the fastest.
+//
 // StreamTiming also gives the policy each stream's own end: a stream the
 // server failed before the client had written its request, which grpc-go
 // reports as a success (see Failover), counts as the error the

@@ -1,6 +1,7 @@
 package grpcbalancer_test
 
 import (
+	"errors"
 	"fmt"
 	"log"
 
@@ -96,6 +97,33 @@ func ExampleStreamTiming() {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb": {"methods": {"/inference.GRPCInferenceService/": "llm"}}}]}`),
 		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(count)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+}
+
+// streamResponse stands for Triton's ModelStreamInferResponse (from the
+// KServe v2 protos), whose ErrorMessage is set when the request failed.
+type streamResponse struct{ ErrorMessage string }
+
+// Read the failures a decoupled model reports inside the stream: Triton
+// sends a message with error_message set (its queue full, a TensorRT-LLM
+// executor error) and ends the stream OK. With Error, such a stream counts
+// as the endpoint's failure, or as an overload answer when Triton shed the
+// request, instead of a quick success.
+func ExampleStreamTimingWith() {
+	conn, err := grpc.NewClient("dns:///trtllm.internal:8001",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb": {"methods": {"/inference.GRPCInferenceService/ModelStreamInfer": "llm"}}}]}`),
+		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTimingWith(grpcbalancer.StreamOptions{
+			Error: func(msg any) error {
+				if r, ok := msg.(*streamResponse); ok && r.ErrorMessage != "" {
+					return errors.New(r.ErrorMessage)
+				}
+				return nil
+			},
+		})))
 	if err != nil {
 		log.Fatal(err)
 	}

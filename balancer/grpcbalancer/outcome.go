@@ -76,6 +76,11 @@ const msgHTTP429 = "unexpected HTTP status code received from server: 429 "
 // by TestE2ETritonQueueRejectionIsAnOverload.
 var msgTritonShed = [...]string{"Exceeds maximum queue size", "Request timeout expired"}
 
+// shedByTriton reports whether msg says Triton shed the call (msgTritonShed).
+func shedByTriton(msg string) bool {
+	return strings.Contains(msg, msgTritonShed[0]) || strings.Contains(msg, msgTritonShed[1])
+}
+
 // msgTooLarge is in each RESOURCE_EXHAUSTED grpc-go gives a message over a
 // size limit: "grpc: received message larger than max (...)" (the
 // client's MaxCallRecvMsgSize on an answer, or the server's
@@ -224,7 +229,7 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 			if !di.BytesReceived && (msg == msgGoAway || strings.Contains(msg, msgRefused)) {
 				return inferlb.Outcome{Err: di.Err, Overloaded: true}
 			}
-			if di.BytesReceived && (strings.HasPrefix(msg, msgHTTP429) || strings.Contains(msg, msgTritonShed[0]) || strings.Contains(msg, msgTritonShed[1])) {
+			if di.BytesReceived && (strings.HasPrefix(msg, msgHTTP429) || shedByTriton(msg)) {
 				return inferlb.Outcome{Err: di.Err, Overloaded: true}
 			}
 		}

@@ -339,6 +339,7 @@ func (c *call) report(di balancer.DoneInfo) {
 	}
 	if c.stream != nil { // the core reads TTFT of successes and cancellations
 		c.stream.fill(&o, c.pick.PickedAt()) // and marks a deadline mid-stream
+		c.stream.inbandOutcome(&o)
 	}
 	c.pick.Done(o)
 	c.release()

@@ -53,6 +53,9 @@ type streamState struct {
 	// all (written by the receiving goroutine only), and up to the latest
 	// token (see package pace).
 	waited, waitedLast atomic.Int64
+	// inband is the first error a response message of the current attempt
+	// carried (StreamOptions.Error), or nil.
+	inband atomic.Pointer[error]
 }
 
 type streamKey struct{}
@@ -82,6 +85,7 @@ func (st *streamState) attempt(b *core.Balancer) {
 	st.entered.Store(0)
 	st.waited.Store(0)
 	st.waitedLast.Store(0)
+	st.inband.Store(nil)
 	st.core.Store(b)
 }
 
@@ -157,6 +161,29 @@ func (st *streamState) settle(err error) {
 	st.held.settle(err)
 }
 
+// inbandOutcome makes the outcome of an attempt one of whose messages
+// carried an error (StreamOptions.Error) what that error says, unless the
+// stream's own end was already a failure or an overload answer: a success,
+// or an end the application or a deadline made (it may stop reading at the
+// error), says less than the message. The timing fill added stays.
+func (st *streamState) inbandOutcome(o *inferlb.Outcome) {
+	p := st.inband.Load()
+	if p == nil || o.Overloaded || o.Err != nil && !o.Canceled() {
+		return
+	}
+	err := *p
+	var n inferlb.Outcome
+	switch _, isStatus := status.FromError(err); {
+	case isStatus:
+		n = outcome(balancer.DoneInfo{Err: err, BytesSent: true, BytesReceived: true})
+	case shedByTriton(err.Error()):
+		n = inferlb.Outcome{Err: err, Overloaded: true}
+	default:
+		n = inferlb.Outcome{Err: err}
+	}
+	o.Err, o.Overloaded, o.RetryAfter = n.Err, n.Overloaded, n.RetryAfter
+}
+
 // errStreamHidden is the report of a held stream attempt whose end the
 // application read as an error that is no gRPC status (see settle). It
 // wraps context.Canceled, so the balancer counts it as neither.
@@ -229,6 +256,43 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 // the application (an overload, for RESOURCE_EXHAUSTED). A stream whose
 // application leaves it before reading that end counts as neither.
 func StreamTiming(tokens func(msg any) int) grpc.StreamClientInterceptor {
+	return StreamTimingWith(StreamOptions{Tokens: tokens})
+}
+
+// StreamOptions says how StreamTimingWith reads a stream's response
+// messages.
+type StreamOptions struct {
+	// Tokens returns the output tokens a message carries; nil counts one
+	// per message (see StreamTiming).
+	Tokens func(msg any) int
+	// Error returns the error a message carries, or nil. Some servers
+	// report a request's failure in a message, not in the stream's status:
+	// Triton's decoupled models (ModelStreamInfer, as TensorRT-LLM's
+	// streams are served) send a ModelStreamInferResponse whose
+	// error_message is set, and the stream itself ends OK, or the
+	// application cancels it there. The first such message of an attempt
+	// makes the attempt's outcome, whatever status ends the stream after
+	// it (OK, CANCELLED, a deadline): a gRPC status is read as a stream's
+	// status is (INVALID_ARGUMENT the request's, RESOURCE_EXHAUSTED an
+	// overload, INTERNAL a failure; see the package doc's Outcomes); any
+	// other error is the endpoint's failure, or an overload answer when it
+	// is Triton's load shedding ("Exceeds maximum queue size", "Request
+	// timeout expired"). A message with an error carries no token. nil: no
+	// message carries one. It runs in RecvMsg, on every message: keep it
+	// cheap.
+	//
+	//	Error: func(msg any) error {
+	//		if r, ok := msg.(*inference.ModelStreamInferResponse); ok && r.ErrorMessage != "" {
+	//			return errors.New(r.ErrorMessage)
+	//		}
+	//		return nil
+	//	},
+	Error func(msg any) error
+}
+
+// StreamTimingWith is StreamTiming with the messages read as o says.
+func StreamTimingWith(o StreamOptions) grpc.StreamClientInterceptor {
+	tokens, errOf := o.Tokens, o.Error
 	streamInUse.Store(true)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		count := tokens
@@ -250,7 +314,7 @@ func StreamTiming(tokens func(msg any) int) grpc.StreamClientInterceptor {
 		if b := st.core.Load(); b != nil {
 			st.from.Store(b.Now().UnixNano()) // see timedStream.sent
 		}
-		return &timedStream{ClientStream: cs, st: st, tokens: count}, nil
+		return &timedStream{ClientStream: cs, st: st, tokens: count, errOf: errOf}, nil
 	}
 }
 
@@ -263,6 +327,7 @@ type timedStream struct {
 	grpc.ClientStream
 	st     *streamState
 	tokens func(any) int
+	errOf  func(any) error // StreamOptions.Error
 }
 
 func (s *timedStream) RecvMsg(m any) error {
@@ -286,7 +351,13 @@ func (s *timedStream) RecvMsg(m any) error {
 		s.st.waited.Add(max(now-entered, 0))
 	}
 	n := 1
-	if s.tokens != nil {
+	if s.errOf != nil {
+		if e := s.errOf(m); e != nil {
+			s.st.inband.CompareAndSwap(nil, &e)
+			n = 0 // the message carries an error, not a token
+		}
+	}
+	if n > 0 && s.tokens != nil {
 		n = s.tokens(m)
 	}
 	if b == nil {
