@@ -18,6 +18,12 @@
 // An endpoint's ID, which telemetry samples name it by, is its Addr as given
 // unless Endpoint.ID is set: "https://10.0.0.6:8443" above, scheme included.
 //
+// Headers go to whichever endpoint is picked, as the caller set them: an
+// API key, and the Authorization that http.Client makes of the URL's user
+// information ("http://user:pass@llm.internal/...") before the transport
+// sees the request. Endpoints that need different credentials need a Base
+// (or a RoundTripper inside it) that sets them per endpoint host.
+//
 // TLS: net/http checks an https endpoint's certificate against the address
 // it dials, the picked endpoint's, so a fleet addressed by IP whose servers
 // carry a certificate for a service name needs that name in the Base's
