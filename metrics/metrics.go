@@ -92,7 +92,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		picks:          d("endpoint_picks_total", "Calls routed to the endpoint.", ep),
 		successes:      d("endpoint_successes_total", "Calls that succeeded.", ep),
 		failures:       d("endpoint_failures_total", "Calls that failed (not counting overload or cancellation).", ep),
-		overloads:      d("endpoint_overloads_total", "Calls answered with overload (429, 503 with Retry-After, RESOURCE_EXHAUSTED, a gRPC stream refused or drained unprocessed).", ep),
+		overloads:      d("endpoint_overloads_total", "Calls answered with overload (429, 503 with Retry-After, a server's load shedding, RESOURCE_EXHAUSTED, a gRPC stream refused or drained unprocessed).", ep),
 		trips:          d("endpoint_breaker_trips_total", "Times the circuit breaker tripped.", ep),
 		recoveries:     d("endpoint_breaker_recoveries_total", "Times the endpoint recovered through half-open probes.", ep),
 		ejections:      d("endpoint_outlier_ejections_total", "Times outlier detection ejected the endpoint.", ep),
