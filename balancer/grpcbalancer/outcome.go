@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/internal/shed"
 )
 
 var (
@@ -67,20 +68,6 @@ const (
 // by TestE2EHTTP429FromAProxyIsAnOverload.
 const msgHTTP429 = "unexpected HTTP status code received from server: 429 "
 
-// Triton's load shedding: the UNAVAILABLE it answers when a model's queue
-// is full (dynamic batching's max_queue_size) and when a request waited in
-// it past the queue policy's timeout (timeout_action REJECT). Its messages
-// since 2019 (triton-inference-server/core, scheduler_utils.cc and
-// dynamic_batch_scheduler.cc), found anywhere in the status message: an
-// ensemble (TensorRT-LLM's is one) puts where it failed before it. Pinned
-// by TestE2ETritonQueueRejectionIsAnOverload.
-var msgTritonShed = [...]string{"Exceeds maximum queue size", "Request timeout expired"}
-
-// shedByTriton reports whether msg says Triton shed the call (msgTritonShed).
-func shedByTriton(msg string) bool {
-	return strings.Contains(msg, msgTritonShed[0]) || strings.Contains(msg, msgTritonShed[1])
-}
-
 // msgTooLarge is in each RESOURCE_EXHAUSTED grpc-go gives a message over a
 // size limit: "grpc: received message larger than max (...)" (the
 // client's MaxCallRecvMsgSize on an answer, or the server's
@@ -114,9 +101,11 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // 429 from a proxy that does not speak gRPC, which gRPC maps to
 // UNAVAILABLE, is an overload answer without a hint, as 429 is to the
 // HTTP transport (the answer carries no trailer to read one from); so is
-// the UNAVAILABLE Triton sheds load with (msgTritonShed: its queue is
-// full, or a request waited in it past its timeout), which would
-// otherwise trip a busy Triton's breaker.
+// the UNAVAILABLE Triton sheds load with (package internal/shed: its
+// queue is full, or a request waited in it past its timeout; found
+// anywhere in the message, as an ensemble, TensorRT-LLM's for one, puts
+// where it failed before it), which would otherwise trip a busy Triton's
+// breaker (TestE2ETritonQueueRejectionIsAnOverload).
 //
 // A ResourceExhausted that is a message over a size limit (msgTooLarge)
 // is no overload either: the message is too large for any endpoint, and
@@ -229,7 +218,7 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 			if !di.BytesReceived && (msg == msgGoAway || strings.Contains(msg, msgRefused)) {
 				return inferlb.Outcome{Err: di.Err, Overloaded: true}
 			}
-			if di.BytesReceived && (strings.HasPrefix(msg, msgHTTP429) || shedByTriton(msg)) {
+			if di.BytesReceived && (strings.HasPrefix(msg, msgHTTP429) || shed.In(msg)) {
 				return inferlb.Outcome{Err: di.Err, Overloaded: true}
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/internal/pace"
+	"github.com/inferlb/inferlb/internal/shed"
 )
 
 // streamState links one stream to the picker: the picker resets it for
@@ -176,7 +177,7 @@ func (st *streamState) inbandOutcome(o *inferlb.Outcome) {
 	switch _, isStatus := status.FromError(err); {
 	case isStatus:
 		n = outcome(balancer.DoneInfo{Err: err, BytesSent: true, BytesReceived: true})
-	case shedByTriton(err.Error()):
+	case shed.In(err.Error()):
 		n = inferlb.Outcome{Err: err, Overloaded: true}
 	default:
 		n = inferlb.Outcome{Err: err}
@@ -275,9 +276,10 @@ type StreamOptions struct {
 	// it (OK, CANCELLED, a deadline): a gRPC status is read as a stream's
 	// status is (INVALID_ARGUMENT the request's, RESOURCE_EXHAUSTED an
 	// overload, INTERNAL a failure; see the package doc's Outcomes); any
-	// other error is the endpoint's failure, or an overload answer when it
-	// is Triton's load shedding ("Exceeds maximum queue size", "Request
-	// timeout expired"). A message with an error carries no token. nil: no
+	// other error is the endpoint's failure, or an overload answer when
+	// its text is a server's load shedding (Triton's "Exceeds maximum
+	// queue size" and "Request timeout expired", SGLang's and Ollama's
+	// queue-full texts). A message with an error carries no token. nil: no
 	// message carries one. It runs in RecvMsg, on every message: keep it
 	// cheap.
 	//

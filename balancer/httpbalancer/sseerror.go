@@ -3,6 +3,8 @@ package httpbalancer
 import (
 	"bytes"
 	"net/http"
+
+	"github.com/inferlb/inferlb/internal/shed"
 )
 
 // Reading the code of an error event. vLLM and SGLang end a failed
@@ -398,8 +400,8 @@ var (
 	// _abort_on_queued_limit; code 503).
 	shedTexts = [...][]byte{
 		[]byte("Model is overloaded"),
-		[]byte("The request queue is full"),
-		[]byte("The request is aborted by a higher priority request"),
+		[]byte(shed.SGLangQueueFull),
+		[]byte(shed.SGLangDisplaced),
 	}
 	// The generation failed: TGI's texts for a failed, cut or garbled one.
 	failedTexts = [...][]byte{
@@ -501,7 +503,8 @@ func errorCode(line []byte, typed bool) int {
 // after five and was ejected, and a fleet under load lost its replicas one
 // by one. Only a body the caller reads tells (every client reads an
 // error's body to report it); one closed unread leaves the 503 a failure.
-// The gRPC policy reads Triton's messages from its UNAVAILABLE, and a
+// The gRPC policy reads the same texts (package internal/shed) in an
+// UNAVAILABLE, and a
 // stream's error event is read for SGLang's (see textStatus).
 //
 // Concurrency: a shedBody belongs to its sseState (one Read at a time);
@@ -509,16 +512,6 @@ func errorCode(line []byte, typed bool) int {
 type shedBody struct {
 	head [128]byte
 	n    int
-}
-
-// shedMessages are Triton's, SGLang's and Ollama's texts for shedding a
-// call.
-var shedMessages = [...][]byte{
-	[]byte("Exceeds maximum queue size"),
-	[]byte("Request timeout expired"),
-	[]byte("maximum pending requests exceeded"),
-	shedTexts[1], // The request queue is full
-	shedTexts[2], // The request is aborted by a higher priority request
 }
 
 // watchShed keeps the start of a 503's body, which has no Retry-After
@@ -544,11 +537,4 @@ func (s *shedBody) feed(p []byte) {
 }
 
 // shed reports whether the body read so far says the call was shed.
-func (s *shedBody) shed() bool {
-	for _, m := range shedMessages {
-		if bytes.Contains(s.head[:s.n], m) {
-			return true
-		}
-	}
-	return false
-}
+func (s *shedBody) shed() bool { return shed.InBytes(s.head[:s.n]) }
