@@ -101,11 +101,12 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // 429 from a proxy that does not speak gRPC, which gRPC maps to
 // UNAVAILABLE, is an overload answer without a hint, as 429 is to the
 // HTTP transport (the answer carries no trailer to read one from); so is
-// the UNAVAILABLE Triton sheds load with (package internal/shed: its
-// queue is full, or a request waited in it past its timeout; found
-// anywhere in the message, as an ensemble, TensorRT-LLM's for one, puts
-// where it failed before it), which would otherwise trip a busy Triton's
-// breaker (TestE2ETritonQueueRejectionIsAnOverload).
+// the UNAVAILABLE with which a server sheds load (package internal/shed:
+// Triton's queue full, or a request that waited in it past its timeout,
+// and SGLang's and Ollama's texts; found anywhere in the message, as an
+// ensemble, TensorRT-LLM's for one, puts where it failed before it),
+// which would otherwise trip a busy server's breaker
+// (TestE2ETritonQueueRejectionIsAnOverload).
 //
 // A ResourceExhausted that is a message over a size limit (msgTooLarge)
 // is no overload either: the message is too large for any endpoint, and

@@ -196,23 +196,18 @@ func jsonErrorCode(t *testing.T, js []byte) int {
 	case code != 0:
 		return code
 	}
+	kinds := map[string]int{
+		"overloaded": 429, "overloaded_error": 429, "rate_limit_error": 429,
+		"generation": 500, "incomplete_generation": 500, "incomplete_generation_stream": 500,
+		"stream_serialization_error": 500, "api_error": 500, "internal_error": 500,
+	}
 	var kind string
-	if json.Unmarshal(top["error_type"], &kind) == nil {
-		switch kind {
-		case "overloaded":
-			return 429
-		case "generation", "incomplete_generation", "incomplete_generation_stream", "stream_serialization_error":
-			return 500
-		}
+	if json.Unmarshal(top["error_type"], &kind) == nil && kinds[kind] != 0 {
+		return kinds[kind]
 	}
 	kind = ""
-	if e != nil && json.Unmarshal(e["type"], &kind) == nil {
-		switch kind {
-		case "overloaded_error", "rate_limit_error":
-			return 429
-		case "api_error", "internal_error":
-			return 500
-		}
+	if e != nil && json.Unmarshal(e["type"], &kind) == nil && kinds[kind] != 0 {
+		return kinds[kind]
 	}
 	return textSays
 }

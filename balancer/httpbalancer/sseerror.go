@@ -24,7 +24,7 @@ import (
 // began, so an overloaded or failing TGI answers 200 streams that end at
 // once: read as successes, they made the busiest replica look the fastest.
 // Its error type, else its message, whose first words are TGI's fixed
-// text for each kind of error, says which it is (see tgiTypeStatus and
+// text for each kind of error, says which it is (see kindStatus and
 // textStatus).
 //
 // SGLang sheds load (--max-queued-requests) with a 503 error event on a
@@ -40,10 +40,11 @@ import (
 // encoding/json reads them, so on a well-formed line errScan agrees with
 // decoding the line (FuzzSSEScan holds it to that). A code is an integer
 // status (100 to 599); a string, a fraction or null is none. Without one,
-// TGI's kind of error gives the status: the top-level "error_type", else
-// the error's text (the error object's "message", or the error itself
-// when it is a string). A text that says the server shed the call makes
-// a 5xx code a 429.
+// the kind of error gives the status: TGI's top-level "error_type", else
+// the error object's "type" (the Messages API's), else the error's text
+// (the error object's "message", or the error itself when it is a
+// string). A text that says the server shed the call makes a 5xx code a
+// 429.
 //
 // Like the request body scanner it is tolerant, not a validator: it stops
 // at the first byte it cannot place and keeps what it found before. It
@@ -66,11 +67,12 @@ type errScan struct {
 	// "error_type" with every letter escaped (\u0065...), the longest
 	// spelling of a key that matters.
 	keyBuf [64]byte
-	// The status TGI's error type, the error object's kind and the
-	// error's text say (tgiTypeStatus, kindStatus, textStatus).
+	// The status TGI's top-level error_type, the error object's kind
+	// (its "type") and the error's text say (kindStatus, textStatus); the
+	// error_type wins over the kind.
 	typeCode, kindCode, textCode int16
-	// A string value being kept (capture: capType or capText; capNone
-	// when not), its first valLen bytes as written in val: enough for
+	// A string value being kept (capture: capType, capText or capKind;
+	// capNone when not), its first valLen bytes as written in val: enough for
 	// the longest text textStatus reads with every byte escaped.
 	capture uint8
 	valLen  uint16
@@ -263,7 +265,7 @@ func (m *errScan) keep(p []byte) {
 func (m *errScan) endCapture() {
 	switch m.capture {
 	case capType:
-		m.typeCode = tgiTypeStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
+		m.typeCode = kindStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
 	case capText:
 		m.textCode = textStatus(m.val[:m.valLen])
 	case capKind:
@@ -341,42 +343,27 @@ func (m *errScan) code() int {
 // maxText is the length of the longest text textStatus reads.
 const maxText = 52
 
-// tgiTypeStatus is the status TGI's error_type names (its InferError kinds:
-// router/src/infer/mod.rs), as TGI answers it when the headers are not yet
-// sent: overloaded, 429; a failed, cut or garbled generation, 500 (TGI
-// answers a failed one 424, which it means the same way). Validation and
-// template errors are the request's: 0, as no code. raw is the value as
-// written; cut when val was full, so it is longer than any type.
-func tgiTypeStatus(raw []byte, cut bool) int16 {
-	v, ok := decodedWhole(raw, cut)
-	if !ok {
-		return 0
-	}
-	switch string(v) {
-	case "overloaded":
-		return http.StatusTooManyRequests
-	case "generation", "incomplete_generation", "incomplete_generation_stream", "stream_serialization_error":
-		return http.StatusInternalServerError
-	}
-	return 0
-}
-
-// kindStatus is the status the error object's kind names, as the Messages
-// API spells its kinds (the "type" of its error event's error, which vLLM
-// and SGLang send too): overloaded_error and rate_limit_error, 429;
+// kindStatus is the status a kind of error names: TGI's error_type (its
+// InferError kinds, router/src/infer/mod.rs) and the Messages API's kinds
+// (the "type" of its error event's error, which vLLM and SGLang send too).
+// overloaded, overloaded_error and rate_limit_error: 429. A failed, cut or
+// garbled generation (TGI answers a failed one 424, meaning the same),
 // api_error, and internal_error (vLLM's and SGLang's for an exception
-// while streaming), 500. Other kinds (invalid_request_error, ...) are the
-// request's, and the OpenAI-style kinds (BadRequestError, ...) come with
-// a code, which wins: 0. raw and cut are as for tgiTypeStatus.
+// while streaming): 500. Other kinds (TGI's validation, the Messages API's
+// invalid_request_error, ...) are the request's, and the OpenAI-style
+// kinds (BadRequestError, ...) come with a code, which wins: 0. The two
+// vocabularies share no name. raw is the value as written; cut when val
+// was full, so it is longer than any kind.
 func kindStatus(raw []byte, cut bool) int16 {
 	v, ok := decodedWhole(raw, cut)
 	if !ok {
 		return 0
 	}
 	switch string(v) {
-	case "overloaded_error", "rate_limit_error":
+	case "overloaded", "overloaded_error", "rate_limit_error":
 		return http.StatusTooManyRequests
-	case "api_error", "internal_error":
+	case "generation", "incomplete_generation", "incomplete_generation_stream", "stream_serialization_error",
+		"api_error", "internal_error":
 		return http.StatusInternalServerError
 	}
 	return 0
@@ -489,23 +476,14 @@ func errorCode(line []byte, typed bool) int {
 }
 
 // shedBody keeps the start of a 503's body, which says whether the server
-// shed the call. Triton answers 503 without Retry-After, {"error":
-// "Exceeds maximum queue size"}, when a model's queue is full, and
-// {"error": "Request timeout expired"} when a request waited in it past
-// the queue policy's timeout (an ensemble's puts where it failed before
-// the message); SGLang, {"object": "error", "message": "The request queue
-// is full.", ..., "code": 503} when its queue is at --max-queued-requests
-// (or "The request is aborted by a higher priority request.", when a
-// request of higher priority took its place); Ollama, {"error": "server
-// busy, please try again.  maximum pending requests exceeded"} when its
-// queue is at OLLAMA_MAX_QUEUE. These are overload answers,
-// not failures: counted as failures, a busy server tripped its breaker
-// after five and was ejected, and a fleet under load lost its replicas one
-// by one. Only a body the caller reads tells (every client reads an
-// error's body to report it); one closed unread leaves the 503 a failure.
-// The gRPC policy reads the same texts (package internal/shed) in an
-// UNAVAILABLE, and a
-// stream's error event is read for SGLang's (see textStatus).
+// shed the call: Triton, SGLang and Ollama answer a request their queue
+// has no room for with 503, no Retry-After and a body that says so (the
+// texts and where each comes from: package internal/shed). Such answers
+// are overloads, not failures: counted as failures, a busy server tripped
+// its breaker after five and was ejected. Only a body the caller reads
+// tells (every client reads an error's body to report it); one closed
+// unread leaves the 503 a failure. The gRPC policy reads the same texts
+// in an UNAVAILABLE, and a stream's error event SGLang's (textStatus).
 //
 // Concurrency: a shedBody belongs to its sseState (one Read at a time);
 // finish reads it after the last Read.
