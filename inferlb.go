@@ -145,6 +145,15 @@ type Outcome struct {
 	TTFT time.Duration
 	// OutputTokens is how many tokens the response carried (0 = unknown).
 	OutputTokens int
+	// NotServedModel, when not empty, says the endpoint answered that it
+	// does not serve this model (vLLM's 404 "The model `x` does not exist."
+	// from a replica without that LoRA adapter, Ollama's 404 "model not
+	// found", Triton's "Request for unknown model"). The call counts as
+	// neither success nor failure, and the balancer passes the endpoint
+	// over for that model's calls for a while (balancer.Options.
+	// NotServedMemory). It takes precedence over Err and Overloaded; a
+	// cancellation (Canceled) over it.
+	NotServedModel string
 }
 
 // Canceled reports whether the outcome is the client's own cancellation, which

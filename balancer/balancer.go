@@ -83,6 +83,11 @@ type Balancer struct {
 	all   atomic.Pointer[[]*endpoint] // eps as a slice, for outlier detection
 	epoch atomic.Uint64               // bumped on any readiness or standing change
 
+	// Models some endpoint answered it does not serve (notserved.go), and
+	// the unix ns after which no such memory is live.
+	lackModels [lackModelSlots]atomic.Uint64
+	lackAt     atomic.Int64
+
 	retry         *retryBudget
 	retries       atomic.Uint64
 	retriesDenied atomic.Uint64
@@ -556,6 +561,9 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	}
 	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
+	if req.Model != "" && b.lackAt.Load() > nowNs {
+		c.lacks = b.lacking(req.Model, g, &c)
+	}
 	if c.affine && b.reuse != nil && !req.Session {
 		// An explicit session sticks whatever prompt keys do.
 		rc := b.reuse.class(req.Tenant)
@@ -693,11 +701,15 @@ type cand struct {
 	// With panicking: only members whose breaker is closed and that are
 	// not ejected, i.e. at most cooling down (a tenant's shard, see pickWith).
 	coolingOnly bool
+	// lacks, when not 0, is the hash of the request's model, which some
+	// members are remembered not to serve: they are passed over (see
+	// lacking).
+	lacks uint32
 }
 
 func (c *cand) ok(e *endpoint) bool {
 	return e.usable(c.bit, c.nowNs, c.panicking) && (c.exclude == "" || e.id != c.exclude) &&
-		(!c.coolingOnly || !e.heldOut(c.nowNs))
+		(!c.coolingOnly || !e.heldOut(c.nowNs)) && (c.lacks == 0 || !e.lacks(c.lacks, lackNow(c.nowNs)))
 }
 
 func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {
@@ -916,6 +928,13 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	case o.Canceled():
 		e.canceled.Add(1)
 		e.observe(b.cfg, nowNs, 0, o.TTFT, 0, false, false)
+		b.report(e, p.gen, errExcluded, nowNs)
+		b.returnProbe(p)
+	case o.NotServedModel != "":
+		// Neither success nor failure: an answer about the model, not
+		// about the endpoint's health or speed (see notserved.go).
+		e.notServed.Add(1)
+		b.notServed(e, o.NotServedModel, nowNs)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Overloaded:

@@ -105,12 +105,16 @@ type endpoint struct {
 
 	failures  atomic.Uint64
 	overloads atomic.Uint64
-	canceled  atomic.Uint64 // with the three above and inFlight: the picks
+	canceled  atomic.Uint64 // with the three above, notServed and inFlight: the picks
+	notServed atomic.Uint64 // answers that it does not serve the call's model
 	picksSeen atomic.Uint64 // the largest pick count reported; see pickCount
 
 	// Affinity calls taken as a spill (not the key's owner), by whether the
 	// spill memory knew the endpoint as warm for the key.
 	spillsWarm, spillsCold atomic.Uint64
+
+	// Models it answered it does not serve, and until when (notserved.go).
+	lack [lackSlots]atomic.Uint64
 }
 
 // pickCount derives how many calls were routed to e from how they ended
@@ -121,7 +125,7 @@ type endpoint struct {
 // reads, so the result is clamped to the largest count reported before:
 // exported as a Prometheus counter, it must never go down.
 func (e *endpoint) pickCount() uint64 {
-	n := e.successes.Load() + e.failures.Load() + e.overloads.Load() + e.canceled.Load()
+	n := e.successes.Load() + e.failures.Load() + e.overloads.Load() + e.canceled.Load() + e.notServed.Load()
 	n += uint64(max(e.inFlight.Load(), 0))
 	for {
 		seen := e.picksSeen.Load()

@@ -28,6 +28,9 @@ const (
 	DefaultPanicThreshold  = 0.5
 	DefaultCooldown        = time.Second
 	DefaultMaxCooldown     = 30 * time.Second
+	DefaultNotServedMemory = 30 * time.Second
+	// MaxNotServedMemory bounds Options.NotServedMemory.
+	MaxNotServedMemory     = 24 * time.Hour
 	DefaultSlowStartWindow = 30 * time.Second
 	DefaultSlowStartMin    = 0.1
 	DefaultSubsetLabel     = "model"
@@ -118,6 +121,15 @@ type Options struct {
 	// DefaultCooldown when that is longer; set, it must be at least
 	// DefaultCooldown.
 	MaxCooldown time.Duration
+	// NotServedMemory is how long an endpoint that answered it does not
+	// serve a model (Outcome.NotServedModel: vLLM's 404 for a LoRA adapter
+	// loaded on other replicas, Ollama's "model not found", Triton's
+	// "unknown model") is passed over by that model's picks, unless no
+	// other endpoint can take them. Other models' picks are not affected,
+	// nor is the endpoint's health. 0 means DefaultNotServedMemory (30s);
+	// negative turns the memory off; at most MaxNotServedMemory. Each
+	// endpoint remembers 4 models, the Balancer 16 (see notserved.go).
+	NotServedMemory time.Duration
 	// SlowStartWindow is how long an endpoint that joins an already-serving
 	// balancer (or recovers) takes to ramp to its full weight. Default 30s;
 	// negative disables slow start.
@@ -344,6 +356,7 @@ type config struct {
 	errorDecay      time.Duration
 	panicThreshold  float64
 	cooldown        time.Duration
+	notServedTTL    time.Duration // 0: off
 	maxCooldown     time.Duration
 	slowStart       time.Duration
 	slowStartMin    float64
@@ -453,6 +466,8 @@ func (o *Options) Validate() error {
 		return bad("DefaultCooldown", "must not be negative", o.DefaultCooldown)
 	case o.MaxCooldown < 0:
 		return bad("MaxCooldown", "must not be negative", o.MaxCooldown)
+	case o.NotServedMemory > MaxNotServedMemory:
+		return bad("NotServedMemory", fmt.Sprintf("must be at most %v (negative turns it off)", MaxNotServedMemory), o.NotServedMemory)
 	// A cap set below the value it caps, both set: one of them is a typo,
 	// and the cap would silently win (cooldowns) or lose (ejections).
 	case o.MaxCooldown > 0 && o.DefaultCooldown > o.MaxCooldown:
@@ -503,6 +518,7 @@ func (o *Options) resolve() (*config, error) {
 		panicThreshold:  floatOr(o.PanicThreshold, DefaultPanicThreshold),
 		cooldown:        durationOr(o.DefaultCooldown, DefaultCooldown),
 		maxCooldown:     durationOr(o.MaxCooldown, DefaultMaxCooldown),
+		notServedTTL:    max(durationOr(o.NotServedMemory, DefaultNotServedMemory), 0),
 		slowStart:       durationOr(o.SlowStartWindow, DefaultSlowStartWindow),
 		slowStartMin:    floatOr(o.SlowStartMinWeight, DefaultSlowStartMin),
 		slowStartAggr:   floatOr(o.SlowStartAggression, 1),

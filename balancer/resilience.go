@@ -34,9 +34,13 @@ const (
 	// EventCapped: the breaker tripped or outlier detection fired, but
 	// MaxEjectedFraction was reached, so the endpoint stays in rotation.
 	EventCapped
+	// EventNotServed: the endpoint answered that it does not serve
+	// Event.Model (Outcome.NotServedModel), which it was not remembered
+	// for: that model's picks pass it over until Until (NotServedMemory).
+	EventNotServed
 )
 
-var eventNames = [...]string{"", "tripped", "probe-failed", "recovered", "ejected", "cooldown", "capped"}
+var eventNames = [...]string{"", "tripped", "probe-failed", "recovered", "ejected", "cooldown", "capped", "not-served"}
 
 func (k EventKind) String() string {
 	if int(k) < len(eventNames) {
@@ -57,6 +61,8 @@ type Event struct {
 	Detection time.Duration
 	// Downtime is exclusion to recovery (recovered).
 	Downtime time.Duration
+	// Model is the model the endpoint does not serve (not-served).
+	Model string
 }
 
 // Sentinels the breaker classifies; they never reach callers.

@@ -28,6 +28,9 @@ type EndpointStats struct {
 	Successes          uint64
 	Failures           uint64
 	Overloads          uint64
+	// NotServed counts the answers that the endpoint does not serve the
+	// call's model (Outcome.NotServedModel).
+	NotServed uint64
 	// Resilience: whether the breaker holds the endpoint out (or is
 	// probing it), how often it tripped, recovered and was ejected as an
 	// outlier, and the last detection time (first failure to exclusion) and
@@ -77,6 +80,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			Successes:          e.successes.Load(),
 			Failures:           e.failures.Load(),
 			Overloads:          e.overloads.Load(),
+			NotServed:          e.notServed.Load(),
 			BreakerOpen:        e.brOpen.Load(),
 			Trips:              e.trips.Load(),
 			Recoveries:         e.recoveries.Load(),

@@ -27,6 +27,8 @@ func TestCollectorExportsLiveState(t *testing.T) {
 	require.NoError(t, err)
 	p, _ := b.Pick(&inferlb.Request{})
 	p.Done(inferlb.Outcome{Err: errors.New("boom")})
+	p, _ = b.Pick(&inferlb.Request{Model: "adapter"})
+	p.Done(inferlb.Outcome{NotServedModel: "adapter"})
 	p, _ = b.Pick(&inferlb.Request{})
 	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond, TTFT: 50 * time.Millisecond, OutputTokens: 5})
 	b.Publish("a:1", telemetry.Sample{}) // malformed: counted, not kept
@@ -45,6 +47,9 @@ inferlb_endpoint_in_flight_tokens{balancer="llm",endpoint="a:1"} 120
 # HELP inferlb_endpoint_failures_total Calls that failed (not counting overload or cancellation).
 # TYPE inferlb_endpoint_failures_total counter
 inferlb_endpoint_failures_total{balancer="llm",endpoint="a:1"} 1
+# HELP inferlb_endpoint_not_served_total Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.
+# TYPE inferlb_endpoint_not_served_total counter
+inferlb_endpoint_not_served_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_latency_ewma_seconds Peak-EWMA latency of successful calls, as last observed.
 # TYPE inferlb_endpoint_latency_ewma_seconds gauge
 inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1"} 0.25
@@ -52,7 +57,7 @@ inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1"} 0.25
 # TYPE inferlb_endpoint_time_per_output_token_seconds gauge
 inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="a:1"} 0.05
 `), "inferlb_endpoint_in_flight", "inferlb_endpoint_in_flight_tokens", "inferlb_endpoint_failures_total",
-		"inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds"))
+		"inferlb_endpoint_not_served_total", "inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds"))
 	held.Done(inferlb.Outcome{})
 
 	sc := metrics.NewStoreCollector(b.Telemetry(), "llm")
@@ -78,7 +83,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 18+2+1, testutil.CollectAndCount(c), "18 series per endpoint, 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 19+2+1, testutil.CollectAndCount(c), "19 series per endpoint, 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape

@@ -53,6 +53,7 @@ type jsonTunables struct {
 	PanicThreshold      float64 `json:"panicThreshold"`
 	DefaultCooldown     string  `json:"defaultCooldown"`
 	MaxCooldown         string  `json:"maxCooldown"`
+	NotServedMemory     string  `json:"notServedMemory"`
 	SlowStartWindow     string  `json:"slowStartWindow"`
 	SlowStartMinWeight  float64 `json:"slowStartMinWeight"`
 	SlowStartAggression float64 `json:"slowStartAggression"`
@@ -283,6 +284,7 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"errorDecay", dur(t.ErrorDecay, func(o *core.Options) *time.Duration { return &o.ErrorDecay })},
 		{"defaultCooldown", dur(t.DefaultCooldown, func(o *core.Options) *time.Duration { return &o.DefaultCooldown })},
 		{"maxCooldown", dur(t.MaxCooldown, func(o *core.Options) *time.Duration { return &o.MaxCooldown })},
+		{"notServedMemory", dur(t.NotServedMemory, func(o *core.Options) *time.Duration { return &o.NotServedMemory })},
 		{"slowStartWindow", dur(t.SlowStartWindow, func(o *core.Options) *time.Duration { return &o.SlowStartWindow })},
 		{"errorAlpha", num(t.ErrorAlpha, func(o *core.Options) *float64 { return &o.ErrorAlpha })},
 		{"panicThreshold", num(t.PanicThreshold, func(o *core.Options) *float64 { return &o.PanicThreshold })},
@@ -377,7 +379,7 @@ func (t *jsonTunables) canonical(o *core.Options) jsonTunables {
 		{&c.MaxCooldown, o.MaxCooldown}, {&c.SlowStartWindow, o.SlowStartWindow},
 		{&c.EjectionTime, o.EjectionTime}, {&c.MaxEjectionTime, o.MaxEjectionTime},
 		{&c.OutlierInterval, o.OutlierInterval}, {&c.SpillMemory, o.SpillMemory},
-		{&c.StickyTTL, o.StickyTTL},
+		{&c.StickyTTL, o.StickyTTL}, {&c.NotServedMemory, o.NotServedMemory},
 	} {
 		*d.dst = ""
 		if d.v != 0 {

@@ -40,7 +40,8 @@ func TestParseConfigGood(t *testing.T) {
 			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
 			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models", "dpGroupLabel": "engine",
 			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4,
-			"spillMemory": "-1s", "minKeyReuse": -1, "stickyTTL": "2m", "stickyEntries": 4096}
+			"spillMemory": "-1s", "minKeyReuse": -1, "stickyTTL": "2m", "stickyEntries": 4096,
+			"notServedMemory": "1m"}
 	}`), false)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +65,8 @@ func TestParseConfigGood(t *testing.T) {
 		t.Errorf("headers %q %q %q", c.affinityHeader, c.tenantHeader, c.modelHeader)
 	}
 	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 ||
-		o.SpillMemory != -time.Second || o.MinKeyReuse != -1 || o.StickyTTL != 2*time.Minute || o.StickyEntries != 4096 {
+		o.SpillMemory != -time.Second || o.MinKeyReuse != -1 || o.StickyTTL != 2*time.Minute || o.StickyEntries != 4096 ||
+		o.NotServedMemory != time.Minute {
 		t.Errorf("affinity options %v %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory, o.MinKeyReuse)
 	}
 	if c.orcaPerCall || !c.oob || c.oobInterval != 1500*time.Millisecond {
@@ -102,6 +104,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"method with a trailing space", `{"methods": {"/a.B/C ": "llm"}}`, false, `methods["/a.B/C "]`},
 		{"method with a tab", `{"methods": {"/a.B/\tC": "llm"}}`, false, `methods["/a.B/\tC"]`},
 		{"cooldown cap below the cooldown", `{"balancer": {"defaultCooldown": "1m", "maxCooldown": "10s"}}`, false, "balancer.maxCooldown: must be at least balancer.defaultCooldown (1m0s)"},
+		{"not-served memory too long", `{"balancer": {"notServedMemory": "48h"}}`, false, "notServedMemory"},
 		{"ejection cap below the ejection", `{"balancer": {"ejectionTime": "1m", "maxEjectionTime": "10s"}}`, false, "balancer.maxEjectionTime: must be at least balancer.ejectionTime (1m0s)"},
 		{"bad default service", `{"defaultService": "images"}`, false, "defaultService"},
 		{"bad header", `{"affinityKeyHeader": "x session"}`, false, "affinityKeyHeader"},

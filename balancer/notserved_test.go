@@ -1,0 +1,237 @@
+package balancer_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// loraFleet routes calls over three endpoints of which only the first
+// serves the model "adapter-a" (a LoRA adapter loaded on one replica); the
+// others answer its calls at once that they do not serve it, as vLLM does
+// with a 404. The base model "base" is served everywhere. Calls alternate
+// between the two models and each served call stays in flight for hold
+// picks. It returns how many of the last 300 adapter calls went to an
+// endpoint without the adapter, and the Balancer.
+func loraFleet(t *testing.T, opts balancer.Options, hold int) (int, *balancer.Balancer) {
+	t.Helper()
+	clock := testutil.NewClock()
+	opts.Clock, opts.Rand, opts.OutlierInterval = clock, testutil.NewRand(3), -1
+	b := newBalancer(t, 3, opts)
+	owner := endpoints(3)[0].Addr
+	var held []balancer.Pick
+	missed := 0
+	const calls = 1200 // 600 of each model
+	for i := range calls {
+		model := "base"
+		if i%2 == 1 {
+			model = "adapter-a"
+		}
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model, PromptTokens: 100, MaxOutputTokens: 100})
+		require.NoError(t, err)
+		if model == "adapter-a" && p.ID() != owner {
+			p.Done(inferlb.Outcome{NotServedModel: model, Latency: time.Millisecond})
+			if i >= calls-600 {
+				missed++
+			}
+		} else {
+			held = append(held, p)
+			if len(held) > hold {
+				held[0].Done(inferlb.Outcome{Latency: 2 * time.Second, OutputTokens: 100})
+				held = held[1:]
+			}
+		}
+		clock.Advance(10 * time.Millisecond)
+	}
+	for _, p := range held {
+		p.Done(inferlb.Outcome{})
+	}
+	return missed, b
+}
+
+// TestNotServedModelIsPassedOver: an endpoint that answers at once that
+// it does not serve a model has nothing in flight, so priced by load it
+// is the best candidate for that model's calls. Without the memory, most
+// of the adapter's calls went to the two endpoints without it; with it,
+// after the first answer of each, only the rediscoveries once the memory
+// lapses (12 s of calls here, 30 s memory: none). The answers count as
+// neither success nor failure (no trip however many), and the base
+// model's calls still use all three endpoints.
+func TestNotServedModelIsPassedOver(t *testing.T) {
+	off, _ := loraFleet(t, balancer.Options{NotServedMemory: -1}, 12)
+	var events []balancer.Event
+	on, b := loraFleet(t, balancer.Options{OnEvent: func(e balancer.Event) { events = append(events, e) }}, 12)
+	t.Logf("adapter calls of the last 300 sent to an endpoint without it: %d without the memory, %d with it", off, on)
+	assert.Greater(t, off, 150, "without the memory, the endpoints without the adapter look idle")
+	assert.Zero(t, on, "with the memory, no adapter call goes where it is not served")
+
+	var notServed, failures, trips uint64
+	for _, s := range b.Stats() {
+		notServed += s.NotServed
+		failures += s.Failures
+		trips += s.Trips
+		assert.Positive(t, s.Successes, "%s serves the base model", s.ID)
+		assert.Equal(t, s.Picks, s.Successes+s.NotServed, "%s: every pick ended as a success or a not-served answer", s.ID)
+	}
+	assert.Equal(t, uint64(2), notServed, "one answer from each endpoint without the adapter")
+	assert.Zero(t, failures)
+	assert.Zero(t, trips)
+	require.Len(t, events, 2, "one event per endpoint and model")
+	for _, e := range events {
+		assert.Equal(t, balancer.EventNotServed, e.Kind)
+		assert.Equal(t, "adapter-a", e.Model)
+		assert.Equal(t, 30*time.Second, e.Until.Sub(e.At), "DefaultNotServedMemory")
+		assert.Equal(t, "not-served", e.Kind.String())
+	}
+}
+
+// TestNotServedMemoryLapses: once NotServedMemory has passed, the endpoint
+// is a candidate for the model again (the adapter may have been loaded
+// since); while it lasts, it is passed over for that model only.
+func TestNotServedMemoryLapses(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(1), NotServedMemory: 5 * time.Second})
+	lacking := endpoints(2)[1].Addr
+	req := &inferlb.Request{Service: inferlb.ServiceEmbedding, Model: "m"}
+	mark := func() {
+		for {
+			p, err := b.Pick(req)
+			require.NoError(t, err)
+			if p.ID() == lacking {
+				p.Done(inferlb.Outcome{NotServedModel: "m"})
+				return
+			}
+			p.Done(inferlb.Outcome{Latency: time.Millisecond})
+		}
+	}
+	share := func(model string) int {
+		n := 0
+		for range 100 {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model})
+			require.NoError(t, err)
+			if p.ID() == lacking {
+				n++
+			}
+			p.Done(inferlb.Outcome{Latency: time.Millisecond})
+		}
+		return n
+	}
+	mark()
+	assert.Zero(t, share("m"), "remembered")
+	assert.Positive(t, share("other"), "another model's picks are not affected")
+	clock.Advance(4900 * time.Millisecond)
+	assert.Zero(t, share("m"), "still remembered before NotServedMemory has passed")
+	clock.Advance(200 * time.Millisecond)
+	assert.Positive(t, share("m"), "a candidate again once the memory lapsed")
+}
+
+// TestNotServedEverywhereStillPicks: when every endpoint is remembered not
+// to serve a model (a typo, or memory older than the adapter's loading),
+// its calls are picked as if nothing were remembered, never failed by the
+// balancer: the server's answer is the caller's to see.
+func TestNotServedEverywhereStillPicks(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(2)})
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "typo"}
+	seen := map[string]int{}
+	for range 90 {
+		p, err := b.Pick(req)
+		require.NoError(t, err, "a model no endpoint serves is still picked")
+		seen[p.ID()]++
+		p.Done(inferlb.Outcome{NotServedModel: "typo"})
+		clock.Advance(time.Millisecond)
+	}
+	assert.Len(t, seen, 3, "spread over all: %v", seen)
+	for _, s := range b.Stats() {
+		assert.False(t, s.BreakerOpen)
+		assert.Zero(t, s.Failures)
+	}
+}
+
+// TestNotServedMemoryIsBounded: model names are request data; however many
+// an endpoint is reported not to serve, it remembers four, the latest
+// (the one that lapses first makes room), and the Balancer's list sixteen.
+func TestNotServedMemoryIsBounded(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(4)})
+	lacking := endpoints(2)[1].Addr
+	model := func(i int) string { return fmt.Sprintf("model-%d", i) }
+	report := func(i int) {
+		for {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model(i)})
+			require.NoError(t, err)
+			if p.ID() == lacking {
+				p.Done(inferlb.Outcome{NotServedModel: model(i)})
+				return
+			}
+			p.Done(inferlb.Outcome{Latency: time.Millisecond})
+		}
+	}
+	reached := func(i int) bool {
+		for range 60 {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model(i)})
+			require.NoError(t, err)
+			p.Done(inferlb.Outcome{Latency: time.Millisecond})
+			if p.ID() == lacking {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range 5 {
+		report(i)
+		clock.Advance(100 * time.Millisecond)
+	}
+	assert.True(t, reached(0), "the oldest of five made room for the fifth")
+	for i := 1; i < 5; i++ {
+		assert.False(t, reached(i), "model %d is among the four latest", i)
+	}
+	// Twenty more models, each on the endpoint: the Balancer's list
+	// holds the sixteen latest, the endpoint the four latest of those.
+	for i := 5; i < 25; i++ {
+		report(i)
+		clock.Advance(100 * time.Millisecond)
+	}
+	for i := 21; i < 25; i++ {
+		assert.False(t, reached(i), "model %d is among the four latest", i)
+	}
+	assert.True(t, reached(20))
+}
+
+func TestNotServedMemoryValidation(t *testing.T) {
+	err := (&balancer.Options{NotServedMemory: 25 * time.Hour}).Validate()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "NotServedMemory")
+	require.NoError(t, (&balancer.Options{NotServedMemory: -1}).Validate())
+}
+
+// TestNotServedProbeSlotComesBack: a not-served answer to a
+// half-open probe gives the probe slot back (it says nothing about
+// health, as a cancellation does), so the endpoint is not stuck waiting
+// for probes that never report.
+func TestNotServedProbeSlotComesBack(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 1, balancer.Options{Clock: clock, Rand: testutil.NewRand(6), PanicThreshold: -1, BreakerProbes: 1, OutlierInterval: -1})
+	for range 5 {
+		p, err := b.Pick(&inferlb.Request{Model: "m"})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	require.True(t, b.Stats()[0].BreakerOpen)
+	clock.Advance(time.Minute)
+	// The probe, answered "not served".
+	p, err := b.Pick(&inferlb.Request{Model: "other"})
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{NotServedModel: "other"})
+	p, err = b.Pick(&inferlb.Request{Model: "m"})
+	require.NoError(t, err, "the probe slot came back")
+	p.Done(inferlb.Outcome{Latency: time.Millisecond})
+	assert.False(t, b.Stats()[0].BreakerOpen, "the next probe closed the breaker")
+}
