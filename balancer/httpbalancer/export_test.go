@@ -5,3 +5,6 @@ var CallBufSizes = []int{len(callBuf896{}.buf), len(callBuf1280{}.buf), len(call
 
 // ServerClosedIdle is serverClosedIdle, for a test with net/http's own error.
 var ServerClosedIdle = serverClosedIdle
+
+// NamesMissingModel is namesMissingModel, for its table test.
+var NamesMissingModel = namesMissingModel

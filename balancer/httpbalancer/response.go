@@ -133,7 +133,7 @@ type call struct {
 	// rather than three keeps call in the 640-byte size class.
 	overload time.Duration
 	status   int32
-	ends     atomic.Uint32 // endClosing | endReported | endResent | endFailed
+	ends     atomic.Uint32 // endClosing | endReported | endResent | endFailed | endNotServed
 	sse      *sseState     // set for a server-sent event stream
 }
 
@@ -422,6 +422,7 @@ const (
 	endReported             // the outcome was reported (finish)
 	endResent               // sent again after an idle close (Result.Resent)
 	endFailed               // the status is the endpoint's failure (StatusError)
+	endNotServed            // the endpoint does not serve the call's model (see notServed)
 )
 
 // errBodyPanicked is the Outcome.Err of a call whose response body, as
@@ -686,6 +687,9 @@ func (c *call) finish(err error) {
 		return
 	}
 	o := inferlb.Outcome{Overloaded: c.overload > 0, RetryAfter: max(c.overload-1, 0)}
+	if c.ends.Load()&endNotServed != 0 {
+		o.NotServedModel = c.info.Model // the balancer reads it before the rest
+	}
 	if c.ends.Load()&endFailed != 0 {
 		if c.sse != nil && c.sse.shed != nil && c.shed() {
 			o.Overloaded = true // the server shed it (see shedBody)

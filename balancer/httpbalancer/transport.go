@@ -74,7 +74,9 @@ type TransportStats struct {
 	// servers do (its IdleConnTimeout is above their keep-alive timeout).
 	Resends uint64
 	// Failovers counts calls retried on another endpoint after failing
-	// before any response, the Results with FailedOver set.
+	// before any response, or after the endpoint answered that it does
+	// not serve the call's model (see Failover in the package doc): the
+	// Results with FailedOver set.
 	Failovers uint64
 }
 
@@ -420,6 +422,17 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		resp, err := c.send(out) // closes out.Body
 		if err == nil {
 			if resp != nil {
+				if resp.StatusCode == http.StatusNotFound && c.info.Model != "" {
+					// Perhaps the endpoint does not serve the model
+					// (see notServed): then the call goes elsewhere.
+					if next, ok := c.notServed(resp, !failedOver, &rb); ok {
+						c.pick, body = next.pick, next.body
+						failedOver = true
+						t.failovers.Add(1)
+						c.ends.And(^uint32(endResent))
+						continue
+					}
+				}
 				return c.respond(resp)
 			}
 			err = errNilResponse // a broken Base; http.Client fails it too

@@ -1,0 +1,121 @@
+package httpbalancer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/inferlb/inferlb"
+)
+
+// A 404 that names the call's model is the endpoint saying it does not
+// serve that model: vLLM's `{"error": {"message": "The model `x` does not
+// exist.", "type": "NotFoundError", "code": 404}}` from a replica that has
+// not loaded the LoRA adapter x, Ollama's `{"error": "model \"x\" not found,
+// try pulling it first"}`, OpenAI's "model_not_found". The server did no
+// work, so the call goes once to another endpoint, as a call that failed
+// before any response does (same conditions: the body can be sent again,
+// Failover is on, the context is live and the retry budget allows), and
+// the caller sees the other endpoint's answer; the balancer keeps the
+// first endpoint out of that model's picks for a while (balancer.Options.
+// NotServedMemory), so later calls go straight to a replica that has it.
+// When the call cannot go elsewhere, the caller gets the 404 as it came,
+// every byte of it.
+//
+// A 404 whose body does not name the model (a route the server lacks,
+// FastAPI's {"detail": "Not Found"}), or whose body is not of a known
+// length up to maxNotServedBody, is a response like any other.
+
+// maxNotServedBody is the longest 404 body read for the model's name; the
+// servers' answers are under 300 bytes.
+const maxNotServedBody = 2048
+
+// errNotServed is the Outcome.Err of a not-served attempt when the caller's
+// code panics while its retry is set up (see call.retry); it wraps
+// context.Canceled, blaming no endpoint.
+var errNotServed = fmt.Errorf("inferlb: httpbalancer: the endpoint does not serve the model: %w", context.Canceled)
+
+// notServed handles a 404 to a call with a model. It reads the body, which
+// stays readable from resp.Body as it came, and when the body says the
+// endpoint does not serve the model it marks the call so (finish reports
+// it), and sets up the call's retry on another endpoint when it may (may:
+// it has not failed over yet). With a retry, this attempt is reported
+// and its response closed.
+func (c *call) notServed(resp *http.Response, may bool, rb *reqBody) (retryAttempt, bool) {
+	if resp.Body == nil || resp.ContentLength <= 0 || resp.ContentLength > maxNotServedBody {
+		return retryAttempt{}, false
+	}
+	head := make([]byte, resp.ContentLength)
+	n, err := io.ReadFull(resp.Body, head)
+	resp.Body = &readBack{head: head[:n], err: err, rc: resp.Body}
+	if err != nil || !namesMissingModel(head, c.info.Model) {
+		return retryAttempt{}, false
+	}
+	c.status = http.StatusNotFound
+	c.ends.Or(endNotServed)
+	next, ok := c.retry(may, rb, errNotServed)
+	if !ok {
+		return retryAttempt{}, false
+	}
+	reported := false
+	defer func() {
+		if !reported { // OnResult panicked: as in failOver
+			next.pick.Done(inferlb.Outcome{Err: errNotSent})
+			closeBody(next.body)
+		}
+	}()
+	o := inferlb.Outcome{NotServedModel: c.info.Model}
+	f := c.t.cfg.onResult
+	if f != nil {
+		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
+	}
+	c.pick.Done(o)
+	_ = resp.Body.Close()
+	if f != nil {
+		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Status: http.StatusNotFound, Outcome: o, FailedOver: true, Resent: c.ends.Load()&endResent != 0})
+	}
+	reported = true
+	c.ends.And(^uint32(endNotServed))
+	return next, true
+}
+
+// namesMissingModel reports whether a 404's body says model is not there:
+// it names the model and says "does not exist" or "not found" (or
+// "not_found", "unknown model"), as the servers' answers do.
+func namesMissingModel(body []byte, model string) bool {
+	if !bytes.Contains(body, []byte(model)) {
+		return false
+	}
+	lb := bytes.ToLower(body)
+	for _, s := range [...]string{"does not exist", "not found", "not_found", "unknown model"} {
+		if bytes.Contains(lb, []byte(s)) {
+			return true
+		}
+	}
+	return false
+}
+
+// readBack is a response body of which head was read already: it gives
+// head, then err if reading it failed, then the rest of rc.
+type readBack struct {
+	head []byte
+	err  error
+	rc   io.ReadCloser
+}
+
+func (r *readBack) Read(p []byte) (int, error) {
+	if len(r.head) > 0 {
+		n := copy(p, r.head)
+		r.head = r.head[n:]
+		return n, nil
+	}
+	if r.err != nil {
+		return 0, r.err
+	}
+	return r.rc.Read(p)
+}
+
+func (r *readBack) Close() error { return r.rc.Close() }

@@ -1,0 +1,202 @@
+package httpbalancer_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// vllmNotFound is vLLM's answer to a call for a model it does not serve
+// (a LoRA adapter loaded on other replicas), as its create_error_response
+// writes it.
+func vllmNotFound(model string) string {
+	return fmt.Sprintf(`{"error":{"message":"The model `+"`%s`"+` does not exist.","type":"NotFoundError","param":null,"code":404}}`, model)
+}
+
+// loraBackend is a fake vLLM replica that serves the base model "m" and the
+// adapters in serves; any other model gets vLLM's 404.
+type loraBackend struct {
+	*backend
+	serves   map[string]bool
+	notFound atomic.Int64
+}
+
+func newLoRABackend(t *testing.T, name string, adapters ...string) *loraBackend {
+	t.Helper()
+	b := &loraBackend{backend: &backend{name: name}, serves: map[string]bool{"m": true}}
+	for _, a := range adapters {
+		b.serves[a] = true
+	}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var req struct{ Model string }
+		_ = json.Unmarshal(body, &req)
+		if !b.serves[req.Model] {
+			b.notFound.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, vllmNotFound(req.Model))
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		b.fakeChat(w, r)
+	}))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+func loraBody(model string, i int) string {
+	return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"question %d"}],"max_tokens":16}`, model, i)
+}
+
+// TestModelNotServedGoesElsewhere: of three vLLM replicas only one has
+// loaded the LoRA adapter; the others answer its calls 404 at once. Each
+// such answer sends the call on to another replica, so no call fails, and
+// the balancer then keeps the adapter's calls off the two replicas for
+// NotServedMemory: two 404s in 200 calls (before, the replicas without the
+// adapter looked idle, drew most of its calls, and every one failed with
+// a 404). The base model's calls still go to all three.
+func TestModelNotServedGoesElsewhere(t *testing.T) {
+	owner := newLoRABackend(t, "owner", "adapter")
+	b := newLoRABackend(t, "b")
+	c := newLoRABackend(t, "c")
+	res := newResults(256)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(owner.backend, b.backend, c.backend),
+		BalancerOptions: balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(7)},
+		OnResult:        res.on,
+	})
+	client := &http.Client{Transport: tr}
+	byBackend := map[string]map[string]int{"m": {}, "adapter": {}}
+	for i := range 200 {
+		model := "m"
+		if i%2 == 1 {
+			model = "adapter"
+		}
+		resp, out := post(t, client, loraBody(model, i))
+		require.Equal(t, http.StatusOK, resp.StatusCode, "call %d (%s): %s", i, model, out)
+		byBackend[model][resp.Header.Get("X-Backend")]++
+	}
+	assert.Equal(t, map[string]int{"owner": 100}, byBackend["adapter"])
+	assert.Len(t, byBackend["m"], 3, "the base model's calls use every replica: %v", byBackend["m"])
+	assert.Equal(t, int64(1), b.notFound.Load(), "b answered one 404")
+	assert.Equal(t, int64(1), c.notFound.Load(), "c answered one 404")
+	assert.Equal(t, uint64(2), tr.Stats().Failovers)
+
+	st := statsByID(tr.Balancer())
+	for _, id := range []string{"b", "c"} {
+		assert.Equal(t, uint64(1), st[id].NotServed, id)
+		assert.Zero(t, st[id].Failures, id)
+	}
+	assert.Zero(t, st["owner"].NotServed)
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+
+	var notServed []httpbalancer.Result
+	for len(res.c) > 0 {
+		if r := <-res.c; r.Outcome.NotServedModel != "" {
+			notServed = append(notServed, r)
+		}
+	}
+	require.Len(t, notServed, 2)
+	for _, r := range notServed {
+		assert.Equal(t, "adapter", r.Outcome.NotServedModel)
+		assert.Equal(t, http.StatusNotFound, r.Status)
+		assert.True(t, r.FailedOver)
+		assert.NoError(t, r.Outcome.Err)
+	}
+}
+
+// TestModelNotServedReachesTheCallerIntact: when the call cannot go
+// elsewhere (failover off here; no other replica, no retry budget), the
+// caller gets the 404 byte for byte, and the balancer counts it as a
+// not-served answer, not as a success (which made the replica look idle)
+// nor as a failure.
+func TestModelNotServedReachesTheCallerIntact(t *testing.T) {
+	b := newLoRABackend(t, "b")
+	res := newResults(4)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(b.backend),
+		DisableFailover: true,
+		OnResult:        res.on,
+	})
+	resp, out := post(t, &http.Client{Transport: tr}, loraBody("adapter", 1))
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Equal(t, vllmNotFound("adapter"), string(out))
+	st := statsByID(tr.Balancer())["b"]
+	assert.Equal(t, uint64(1), st.NotServed)
+	assert.Zero(t, st.Successes)
+	assert.Zero(t, st.Failures)
+	assert.Zero(t, st.InFlight)
+	r := <-res.c
+	assert.Equal(t, "adapter", r.Outcome.NotServedModel)
+	assert.Equal(t, http.StatusNotFound, r.Status)
+	assert.False(t, r.FailedOver)
+	assert.Zero(t, tr.Stats().Failovers)
+}
+
+// TestOther404sAreResponses: a 404 that does not say the model is missing
+// (a route the server lacks) is an answer like any other: not retried,
+// given to the caller intact, the endpoint's success as before.
+func TestOther404sAreResponses(t *testing.T) {
+	var hits atomic.Int64
+	routeless := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"detail":"Not Found"}`)
+	}))
+	t.Cleanup(routeless.Close)
+	other := newBackend(t, "other")
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       []inferlb.Endpoint{{ID: "routeless", Addr: strings.TrimPrefix(routeless.URL, "http://")}, {ID: "other", Addr: other.addr()}},
+		BalancerOptions: preferOpts("routeless"),
+	})
+	resp, out := post(t, &http.Client{Transport: tr}, loraBody("m", 1))
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Equal(t, `{"detail":"Not Found"}`, string(out))
+	assert.Equal(t, int64(1), hits.Load())
+	assert.Zero(t, other.hits.Load(), "not retried")
+	st := statsByID(tr.Balancer())["routeless"]
+	assert.Equal(t, uint64(1), st.Successes)
+	assert.Zero(t, st.NotServed)
+}
+
+func TestNamesMissingModel(t *testing.T) {
+	for _, tc := range []struct {
+		name, model, body string
+		want              bool
+	}{
+		{"vLLM", "adapter", vllmNotFound("adapter"), true},
+		{"vLLM, older", "adapter", `{"object":"error","message":"The model ` + "`adapter`" + ` does not exist.","type":"NotFoundError","param":null,"code":404}`, true},
+		{"Ollama", "llama3.1:8b", `{"error":"model \"llama3.1:8b\" not found, try pulling it first"}`, true},
+		{"Ollama's OpenAI routes", "qwen3", `{"error":{"message":"model \"qwen3\" not found, try pulling it first","type":"api_error","param":null,"code":null}}`, true},
+		{"OpenAI", "gpt-x", `{"error":{"message":"The model ` + "`gpt-x`" + ` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}`, true},
+		{"Triton", "ensemble", `{"error":"Request for unknown model: 'ensemble' is not found"}`, true},
+		{"a route the server lacks", "m", `{"detail":"Not Found"}`, false},
+		{"another model named", "adapter", vllmNotFound("other"), false},
+		{"the model, but no word of it missing", "m", `{"error":"m is loading"}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, httpbalancer.NamesMissingModel([]byte(tc.body), tc.model))
+		})
+	}
+}
