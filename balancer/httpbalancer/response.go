@@ -418,11 +418,11 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 
 // Bits of call.ends. One word for both keeps call in its size class.
 const (
-	endClosing  = 1 << iota // Close has begun
-	endReported             // the outcome was reported (finish)
-	endResent               // sent again after an idle close (Result.Resent)
-	endFailed               // the status is the endpoint's failure (StatusError)
-	endNotServed            // the endpoint does not serve the call's model (see notServed)
+	endClosing   = 1 << iota // Close has begun
+	endReported              // the outcome was reported (finish)
+	endResent                // sent again after an idle close (Result.Resent)
+	endFailed                // the status is the endpoint's failure (StatusError)
+	endNotServed             // the endpoint does not serve the call's model (see notServed)
 )
 
 // errBodyPanicked is the Outcome.Err of a call whose response body, as
