@@ -7,11 +7,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // A proxy in front of the model server that is not gRPC-aware (a gateway
@@ -71,7 +75,8 @@ func TestE2EHTTP429FromAProxyIsAnOverload(t *testing.T) {
 // breaker and error rate do not count them. Counted as failures, a busy
 // Triton tripped its breaker and was ejected after five, and a fleet under
 // load lost its replicas one by one. Any other UNAVAILABLE a server sends
-// (a model not ready) stays a failure.
+// (a crashed backend) stays a failure; "Request for unknown model" is no
+// failure either (see TestE2ETritonUnknownModelIsNotServed).
 func TestE2ETritonQueueRejectionIsAnOverload(t *testing.T) {
 	for _, tc := range []struct {
 		msg        string
@@ -79,7 +84,7 @@ func TestE2ETritonQueueRejectionIsAnOverload(t *testing.T) {
 	}{
 		{"Exceeds maximum queue size", true},
 		{"Request timeout expired", true},
-		{"Request for unknown model: 'llm' is not ready", false},
+		{"Stub process 'llm_0_0' is not healthy.", false},
 	} {
 		t.Run(tc.msg, func(t *testing.T) {
 			be := &backend{reject: status.Error(codes.Unavailable, tc.msg)}
@@ -102,6 +107,44 @@ func TestE2ETritonQueueRejectionIsAnOverload(t *testing.T) {
 			if s.Failures != 1 || s.Overloads != 0 {
 				t.Errorf("%d failures, %d overloads; want 1 and 0", s.Failures, s.Overloads)
 			}
+		})
+	}
+}
+
+// Triton answers a call for a model it has not loaded (explicit model
+// control: each server loads some of the repository) "Request for unknown
+// model: 'llm' is not found", NOT_FOUND in recent releases and
+// UNAVAILABLE in older ones ("... has no available versions" while it
+// loads). Counted as a success (NOT_FOUND), the server looked like the
+// fastest for that model; as a failure (UNAVAILABLE), five tripped the
+// breaker of a server that serves its own models well. With the model in
+// the call's metadata (modelHeader), the first such answer is the only
+// one: the model's later calls go to the server that has it, and the
+// server's breaker and error rate do not count it.
+func TestE2ETritonUnknownModelIsNotServed(t *testing.T) {
+	for _, code := range []codes.Code{codes.NotFound, codes.Unavailable} {
+		t.Run(code.String(), func(t *testing.T) {
+			lacking := &backend{reject: status.Error(code, "Request for unknown model: 'llm' is not found")}
+			lacking.start(t)
+			serving := &backend{}
+			serving.start(t)
+			name, b := shared(t, core.Options{BreakerFailures: 2, Rand: testutil.NewRand(11)})
+			conn, _ := dial(t, []*backend{lacking, serving}, name, `{"modelHeader": "x-model"}`)
+			client := testgrpc.NewTestServiceClient(conn)
+			ctx := metadata.AppendToOutgoingContext(testContext(t), "x-model", "llm")
+			failed := 0
+			for range 20 {
+				if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}); err != nil {
+					require.Equal(t, code, status.Code(err), "the server's answer reaches the caller")
+					failed++
+				}
+			}
+			s := stats(t, b, lacking.addr)
+			assert.Equal(t, 1, failed, "one call met the server without the model")
+			assert.Equal(t, uint64(1), s.NotServed)
+			assert.Zero(t, s.Failures)
+			assert.False(t, s.BreakerOpen)
+			assert.Equal(t, int64(19), serving.calls.Load())
 		})
 	}
 }

@@ -25,6 +25,12 @@ var (
 	// context.Canceled so the core counts it as neither success nor
 	// failure.
 	errNotSent = fmt.Errorf("inferlb: call not sent: %w", context.Canceled)
+	// errUnknownModel is an answer that the endpoint does not serve the
+	// call's model (see notServed). The call's report turns it into
+	// Outcome.NotServedModel when the call names its model; otherwise it
+	// counts as neither success nor failure, since it wraps
+	// context.Canceled: the endpoint is healthy, only without that model.
+	errUnknownModel = fmt.Errorf("inferlb: the endpoint does not serve the call's model: %w", context.Canceled)
 	// errDeadlineMidStream is a deadline that ended a stream after its
 	// first token (StreamTiming saw it): the endpoint was generating, and a
 	// long answer outlasting the caller's time budget says nothing about
@@ -213,7 +219,14 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 			return inferlb.Outcome{} // answered: the message is too large anywhere
 		}
 		return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
+	case codes.NotFound:
+		if notServed(di) {
+			return inferlb.Outcome{Err: errUnknownModel}
+		}
 	case codes.Unavailable:
+		if notServed(di) {
+			return inferlb.Outcome{Err: errUnknownModel}
+		}
 		if st, ok := status.FromError(di.Err); ok {
 			msg := st.Message()
 			if !di.BytesReceived && (msg == msgGoAway || strings.Contains(msg, msgRefused)) {
@@ -242,6 +255,33 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 		return inferlb.Outcome{Err: di.Err}
 	}
 	return inferlb.Outcome{}
+}
+
+// msgUnknownModel is how Triton says it does not serve a call's model
+// (a model not loaded there, in explicit model control, or not in its
+// repository): "Request for unknown model: 'x' is not found" (NOT_FOUND
+// in recent releases), "... has no available versions" (a model still
+// loading or unloaded), "Inference request for unknown model 'x'"
+// (UNAVAILABLE in older ones). Counted as a failure (UNAVAILABLE), such
+// answers tripped the breaker of a server that serves its own models
+// well; as a success (NOT_FOUND), they made it look like the fastest.
+const msgUnknownModel = "request for unknown model"
+
+// notServed reports whether di's error, a NOT_FOUND or UNAVAILABLE status
+// the endpoint sent, says it does not serve the call's model.
+func notServed(di balancer.DoneInfo) bool {
+	st, ok := status.FromError(di.Err)
+	if !ok || !di.BytesReceived {
+		return false
+	}
+	msg := st.Message()
+	// Case-insensitive: "Inference request for ..." and "Request for ...".
+	for i := 0; i+len(msgUnknownModel) <= len(msg); i++ {
+		if strings.EqualFold(msg[i:i+len(msgUnknownModel)], msgUnknownModel) {
+			return true
+		}
+	}
+	return false
 }
 
 // retryAfter reads the server's pushback from the trailer: gRPC's

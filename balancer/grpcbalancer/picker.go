@@ -289,7 +289,7 @@ type call struct {
 	stream    *streamState // the StreamTiming interceptor's, or nil
 	perCall   bool
 	armed     bool
-	req       inferlb.Request         // scratch for Pick; unused after it
+	req       inferlb.Request         // scratch for Pick; after it, only its Model is read (report)
 	doneFn    func(balancer.DoneInfo) // c.done, bound once
 	heldDI    balancer.DoneInfo       // while retry or stream holds the report (retryState.hold, streamState.hold)
 	heldStop  func() bool             // stops the held stream's AfterFunc (streamState.hold)
@@ -340,6 +340,9 @@ func (c *call) report(di balancer.DoneInfo) {
 	if c.stream != nil { // the core reads TTFT of successes and cancellations
 		c.stream.fill(&o, c.pick.PickedAt()) // and marks a deadline mid-stream
 		c.stream.inbandOutcome(&o)
+	}
+	if o.Err == errUnknownModel && c.req.Model != "" {
+		o = inferlb.Outcome{NotServedModel: c.req.Model}
 	}
 	c.pick.Done(o)
 	c.release()

@@ -389,6 +389,11 @@ func TestOutcome(t *testing.T) {
 		{"Triton's queue full", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "Exceeds maximum queue size"), BytesSent: true, BytesReceived: true}, true, false, true, 0},
 		{"Triton's queue full in an ensemble", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "in ensemble 'ensemble', [request id: <id_unknown>] Exceeds maximum queue size"), BytesSent: true, BytesReceived: true}, true, false, true, 0},
 		{"Triton's queue timeout", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "Request timeout expired"), BytesSent: true, BytesReceived: true}, true, false, true, 0},
+		// The call counts as nothing here; with its model known, the
+		// report makes it a not-served answer (TestE2ETritonUnknownModelIsNotServed).
+		{"Triton's unknown model", balancer.DoneInfo{Err: status.Error(codes.NotFound, "Request for unknown model: 'llm' is not found"), BytesSent: true, BytesReceived: true}, true, true, false, 0},
+		{"Triton's unknown model, older", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "Inference request for unknown model 'llm'"), BytesSent: true, BytesReceived: true}, true, true, false, 0},
+		{"another NOT_FOUND is the request's", balancer.DoneInfo{Err: status.Error(codes.NotFound, "no such user"), BytesSent: true, BytesReceived: true}, false, false, false, 0},
 		{"HTTP 503 from a proxy", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "unexpected HTTP status code received from server: 503 (Service Unavailable)"), BytesSent: true, BytesReceived: true}, true, false, false, 0},
 		{"failed before its stream existed", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "x")}, true, true, false, 0},
 		{"refused by the client", balancer.DoneInfo{Err: status.Error(codes.Unauthenticated, "no token")}, true, true, false, 0},
