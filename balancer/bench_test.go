@@ -108,3 +108,39 @@ func BenchmarkPickAffinity(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPickNotServed prices the not-served memory (notserved.go) in
+// Pick+Done of an LLM call over 8 endpoints: a call without a model (the
+// baseline, which never looks), one with a model while nothing is
+// remembered (one atomic load), while another model is remembered (the
+// model's hash and the Balancer's list), and while this model is
+// remembered on one endpoint (the group's members checked, and that one
+// passed over).
+func BenchmarkPickNotServed(b *testing.B) {
+	const n = 8
+	for _, tc := range []struct {
+		name, model, remembered string
+	}{
+		{"no-model", "", ""},
+		{"model/none-remembered", "m", ""},
+		{"model/other-remembered", "m", "adapter"},
+		{"model/this-remembered", "m", "m"},
+	} {
+		bal := newBalancer(b, n, balancer.Options{NotServedMemory: balancer.MaxNotServedMemory})
+		if tc.remembered != "" {
+			for {
+				p, err := bal.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: tc.remembered})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if p.ID() == endpoints(n)[0].Addr {
+					p.Done(inferlb.Outcome{NotServedModel: tc.remembered})
+					break
+				}
+				p.Done(inferlb.Outcome{})
+			}
+		}
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: tc.model, PromptTokens: 512, MaxOutputTokens: 256}
+		b.Run(tc.name, func(b *testing.B) { benchPickDone(b, bal, req) })
+	}
+}
