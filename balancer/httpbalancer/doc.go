@@ -188,6 +188,19 @@
 // never retried once a response has started: the caller may already hold
 // part of it.
 //
+// One answer is retried the same way before the caller sees it: a 404 to
+// a call with a model whose body (of known length, at most 2 KiB, read by
+// the transport) names the model and says it does not exist or was not
+// found. That is the endpoint saying it does not serve the model (vLLM for
+// a LoRA adapter it has not loaded, Ollama for a model it has not pulled)
+// and having done no work. The attempt is reported with
+// Outcome.NotServedModel, which counts as neither success nor failure and
+// makes the Balancer pass the endpoint over for that model's calls for
+// balancer.Options.NotServedMemory; its Result has FailedOver set, and
+// Transport.Stats counts it with the failovers. When the call cannot go
+// elsewhere, the caller gets the 404 byte for byte. Any other 404 is an
+// answer like any other.
+//
 // One such failure is not the endpoint's: net/http's "server closed idle
 // connection". A model server under uvicorn (vLLM, SGLang) closes a
 // keep-alive connection after 5 s idle; when net/http takes that
