@@ -93,7 +93,13 @@
 // cools the endpoint down for DefaultCooldown), and the UNAVAILABLE
 // Triton sheds load with ("Exceeds maximum queue size", "Request timeout
 // expired": its queue is full or a request waited past the queue
-// policy's timeout; DefaultCooldown too); CANCELLED is the
+// policy's timeout; DefaultCooldown too); a NOT_FOUND or UNAVAILABLE
+// "Request for unknown model" (Triton without that model loaded) says the
+// endpoint does not serve the call's model: with the model known (the
+// modelHeader, or the inferlb.Request in the context) it is reported as
+// Outcome.NotServedModel, and the Balancer passes the endpoint over for
+// that model's calls for NotServedMemory; without it, it counts as neither
+// success nor failure; CANCELLED is the
 // client's doing and counts as neither; other codes describe the request
 // and count as the endpoint's success. A pick whose call was never sent counts as nothing,
 // and so does a request the client could not encode (an INTERNAL "error
