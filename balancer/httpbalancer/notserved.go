@@ -83,10 +83,12 @@ func (c *call) notServed(resp *http.Response, may bool, rb *reqBody) (retryAttem
 }
 
 // namesMissingModel reports whether a 404's body says model is not there:
-// it names the model and says "does not exist" or "not found" (or
-// "not_found", "unknown model"), as the servers' answers do.
+// it names the model, quoted ("x", `x`, 'x', \"x\" inside a JSON string),
+// and says "does not exist" or "not found" (or "not_found", "unknown
+// model"), as the servers' answers do. The quotes keep a short name from
+// matching inside other words of an unrelated 404.
 func namesMissingModel(body []byte, model string) bool {
-	if !bytes.Contains(body, []byte(model)) {
+	if !quotes(body, model) {
 		return false
 	}
 	lb := bytes.ToLower(body)
@@ -96,6 +98,23 @@ func namesMissingModel(body []byte, model string) bool {
 		}
 	}
 	return false
+}
+
+// quotes reports whether body holds s between quote marks of any kind.
+func quotes(body []byte, s string) bool {
+	quote := func(c byte) bool { return c == '"' || c == '`' || c == '\'' || c == '\\' }
+	for rest, off := body, 0; ; {
+		i := bytes.Index(rest, []byte(s))
+		if i < 0 || s == "" {
+			return false
+		}
+		at := off + i
+		if at > 0 && quote(body[at-1]) && at+len(s) < len(body) && quote(body[at+len(s)]) {
+			return true
+		}
+		off = at + 1
+		rest = body[off:]
+	}
 }
 
 // readBack is a response body of which head was read already: it gives

@@ -194,6 +194,9 @@ func TestNamesMissingModel(t *testing.T) {
 		{"a route the server lacks", "m", `{"detail":"Not Found"}`, false},
 		{"another model named", "adapter", vllmNotFound("other"), false},
 		{"the model, but no word of it missing", "m", `{"error":"m is loading"}`, false},
+		{"a short name inside other words", "m", `{"error":{"message":"Response with id 'resp_m1' not found.","type":"NotFoundError"}}`, false},
+		{"the name unquoted", "llama", `{"error":"no llama here: route not found"}`, false},
+		{"empty name", "", vllmNotFound(""), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, httpbalancer.NamesMissingModel([]byte(tc.body), tc.model))
