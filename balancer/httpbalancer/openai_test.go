@@ -145,3 +145,42 @@ func TestOpenAIClientLargeBodyFindsModel(t *testing.T) {
 	assert.EqualValues(t, n/2, bs[0].hits.Load())
 	assert.EqualValues(t, n/2, bs[1].hits.Load())
 }
+
+// TestOpenAIClientLoRAFleet: the OpenAI client asks for a LoRA adapter
+// that one of three vLLM replicas has loaded, streaming and not. A call
+// that meets a replica without it goes on to another, so the client sees
+// no NotFoundError; after the first 404 of each, the adapter's calls go
+// to the replica that has it.
+func TestOpenAIClientLoRAFleet(t *testing.T) {
+	owner := newLoRABackend(t, "owner", "sql-adapter")
+	others := []*loraBackend{newLoRABackend(t, "b"), newLoRABackend(t, "c")}
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(owner.backend, others[0].backend, others[1].backend),
+		BalancerOptions: balancer.Options{Rand: testutil.NewRand(9), Clock: testutil.NewClock()},
+	})
+	client := openai.NewClient(
+		option.WithHTTPClient(&http.Client{Transport: tr}),
+		option.WithBaseURL("http://llm.internal/v1/"),
+		option.WithAPIKey("unused"),
+		option.WithMaxRetries(0),
+	)
+	ctx := context.Background()
+	for i := range 20 {
+		params := openai.ChatCompletionNewParams{
+			Model:    "sql-adapter",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("query %d", i))},
+		}
+		if i%2 == 0 {
+			_, err := client.Chat.Completions.New(ctx, params)
+			require.NoError(t, err, "call %d", i)
+			continue
+		}
+		stream := client.Chat.Completions.NewStreaming(ctx, params)
+		for stream.Next() {
+		}
+		require.NoError(t, stream.Err(), "call %d", i)
+		require.NoError(t, stream.Close())
+	}
+	assert.Equal(t, int64(20), owner.hits.Load())
+	assert.LessOrEqual(t, others[0].notFound.Load()+others[1].notFound.Load(), int64(2), "at most one 404 from each")
+}
