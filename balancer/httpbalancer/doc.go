@@ -188,7 +188,9 @@
 // never retried once a response has started: the caller may already hold
 // part of it.
 //
-// One answer is retried the same way before the caller sees it: a 404 to
+// One answer is retried in the same way before the caller sees it, up to
+// 8 times for one call rather than once (the answers cost the servers
+// nothing, and each retry passes over the endpoints met before): a 404 to
 // a call with a model whose body (of known length, at most 2 KiB, read by
 // the transport) names the model and says it does not exist or was not
 // found. That is the endpoint saying it does not serve the model (vLLM for

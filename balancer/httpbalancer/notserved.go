@@ -16,18 +16,26 @@ import (
 // exist.", "type": "NotFoundError", "code": 404}}` from a replica that has
 // not loaded the LoRA adapter x, Ollama's `{"error": "model \"x\" not found,
 // try pulling it first"}`, OpenAI's "model_not_found". The server did no
-// work, so the call goes once to another endpoint, as a call that failed
+// work, so the call goes on to another endpoint, as a call that failed
 // before any response does (same conditions: the body can be sent again,
 // Failover is on, the context is live and the retry budget allows), and
 // the caller sees the other endpoint's answer; the balancer keeps the
-// first endpoint out of that model's picks for a while (balancer.Options.
+// endpoint out of that model's picks for a while (balancer.Options.
 // NotServedMemory), so later calls go straight to a replica that has it.
-// When the call cannot go elsewhere, the caller gets the 404 as it came,
-// every byte of it.
+// Unlike a failover, this goes on up to maxNotServedHops times: the
+// answers cost the servers nothing, and in a fleet where one replica of
+// eight has the adapter, a single retry would fail most of the adapter's
+// first calls (each hop passes over the endpoints met before: the last by
+// PickRetry, the earlier ones by the memory). When the call cannot go
+// elsewhere, the caller gets the 404 as it came, every byte of it.
 //
 // A 404 whose body does not name the model (a route the server lacks,
 // FastAPI's {"detail": "Not Found"}), or whose body is not of a known
 // length up to maxNotServedBody, is a response like any other.
+
+// maxNotServedHops bounds how many endpoints without the model one call
+// meets before its caller gets the 404.
+const maxNotServedHops = 8
 
 // maxNotServedBody is the longest 404 body read for the model's name; the
 // servers' answers are under 300 bytes.
@@ -42,8 +50,8 @@ var errNotServed = fmt.Errorf("inferlb: httpbalancer: the endpoint does not serv
 // stays readable from resp.Body as it came, and when the body says the
 // endpoint does not serve the model it marks the call so (finish reports
 // it), and sets up the call's retry on another endpoint when it may (may:
-// it has not failed over yet). With a retry, this attempt is reported
-// and its response closed.
+// it has hops left). With a retry, this attempt is reported and its
+// response closed.
 func (c *call) notServed(resp *http.Response, may bool, rb *reqBody) (retryAttempt, bool) {
 	if resp.Body == nil || resp.ContentLength <= 0 || resp.ContentLength > maxNotServedBody {
 		return retryAttempt{}, false

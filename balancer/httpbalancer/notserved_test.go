@@ -203,3 +203,34 @@ func TestNamesMissingModel(t *testing.T) {
 		})
 	}
 }
+
+// TestModelNotServedFirstCallsSucceed: in a fleet of five where one replica
+// has the adapter, a caller's very first call for it (nothing remembered
+// yet) meets up to four replicas without it; it goes on until it finds
+// the one that has it. With a single retry, three of five first calls
+// would fail (each fresh Transport here is a new caller).
+func TestModelNotServedFirstCallsSucceed(t *testing.T) {
+	owner := newLoRABackend(t, "owner", "adapter")
+	fleet := []*backend{owner.backend}
+	var lacking []*loraBackend
+	for i := range 4 {
+		b := newLoRABackend(t, fmt.Sprintf("r%d", i))
+		lacking = append(lacking, b)
+		fleet = append(fleet, b.backend)
+	}
+	for seed := range uint64(20) {
+		tr := newTransport(t, httpbalancer.Options{
+			Endpoints:       endpointsOf(fleet...),
+			BalancerOptions: balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(seed)},
+		})
+		resp, out := post(t, &http.Client{Transport: tr}, loraBody("adapter", int(seed)))
+		require.Equal(t, http.StatusOK, resp.StatusCode, "seed %d: %s", seed, out)
+		assert.Equal(t, "owner", resp.Header.Get("X-Backend"))
+	}
+	var met int64
+	for _, b := range lacking {
+		met += b.notFound.Load()
+	}
+	t.Logf("20 first calls met %d replicas without the adapter", met)
+	assert.Positive(t, met)
+}

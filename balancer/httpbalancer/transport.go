@@ -411,6 +411,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	// idle; failedOver: it went on to another endpoint. Each happens at
 	// most once.
 	first, resent, failedOver := true, false, false
+	hops := 0 // attempts that met an endpoint without the call's model
 	for ; ; first = false {
 		c.start = c.pick.PickedAt().UnixNano() // the transport's clock is the Balancer's
 		out, err := c.outgoing(r, body, rb.gb, first)
@@ -425,9 +426,9 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 				if resp.StatusCode == http.StatusNotFound && c.info.Model != "" {
 					// Perhaps the endpoint does not serve the model
 					// (see notServed): then the call goes elsewhere.
-					if next, ok := c.notServed(resp, !failedOver, &rb); ok {
+					if next, ok := c.notServed(resp, hops < maxNotServedHops, &rb); ok {
 						c.pick, body = next.pick, next.body
-						failedOver = true
+						hops++
 						t.failovers.Add(1)
 						c.ends.And(^uint32(endResent))
 						continue
