@@ -243,9 +243,10 @@ type Result struct {
 	// on the endpoint and came for the first event in time (see the
 	// package doc), and from the time to the last token.
 	TimeBetweenTokens time.Duration
-	// FailedOver is set when this attempt failed and the transport went on
-	// to retry the call on another endpoint, which then has its own
-	// Result. When no other endpoint can take the call, or the retry
+	// FailedOver is set when this attempt failed, or its endpoint answered
+	// that it does not serve the call's model (Outcome.NotServedModel,
+	// Status 404), and the transport went on to retry the call on another
+	// endpoint, which then has its own Result. When no other endpoint can take the call, or the retry
 	// budget allows no retry, it is not set and the call fails with this
 	// attempt's error. Transport.Stats counts them (Failovers).
 	FailedOver bool
