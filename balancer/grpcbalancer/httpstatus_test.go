@@ -9,12 +9,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/grpcbalancer"
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
@@ -147,4 +149,38 @@ func TestE2ETritonUnknownModelIsNotServed(t *testing.T) {
 			assert.Equal(t, int64(19), serving.calls.Load())
 		})
 	}
+}
+
+// With UnaryRetry installed, a call that meets a server without its model
+// goes on to another: of five Triton servers, one has the model, and every
+// call succeeds (each retry passes over the servers met before: the last
+// by the call's own exclusion, the earlier by the Balancer's memory).
+func TestE2EUnaryRetryGoesPastUnknownModel(t *testing.T) {
+	var lacking []*backend
+	serving := &backend{}
+	serving.start(t)
+	bs := []*backend{serving}
+	for range 4 {
+		be := &backend{reject: status.Error(codes.NotFound, "Request for unknown model: 'llm' is not found")}
+		be.start(t)
+		lacking = append(lacking, be)
+		bs = append(bs, be)
+	}
+	name, b := shared(t, core.Options{Rand: testutil.NewRand(3)})
+	conn, _ := dial(t, bs, name, `{"modelHeader": "x-model"}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(5)))
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := metadata.AppendToOutgoingContext(testContext(t), "x-model", "llm")
+	for i := range 20 {
+		_, err := client.EmptyCall(ctx, &testgrpc.Empty{})
+		require.NoError(t, err, "call %d", i)
+	}
+	assert.Equal(t, int64(20), serving.calls.Load())
+	var met int64
+	for _, be := range lacking {
+		met += be.calls.Load()
+		s := stats(t, b, be.addr)
+		assert.LessOrEqual(t, s.NotServed, uint64(1), "each server without the model met once at most")
+		assert.Zero(t, s.Failures)
+	}
+	assert.LessOrEqual(t, met, int64(4))
 }

@@ -25,6 +25,9 @@ import (
 type retryState struct {
 	core     atomic.Pointer[core.Balancer]
 	received atomic.Bool
+	// notServed: the attempt's endpoint answered that it does not serve
+	// the call's model (errUnknownModel).
+	notServed atomic.Bool
 	sent     atomic.Int32           // attempts that reached an endpoint
 	exclude  atomic.Pointer[string] // endpoint the previous attempt failed on
 
@@ -73,7 +76,9 @@ func (st *retryState) attemptDone(id string, di balancer.DoneInfo, o *inferlb.Ou
 	}
 	if di.BytesSent {
 		st.sent.Add(1)
-		if o.Err == nil || o.Canceled() {
+		if o.Err == errUnknownModel {
+			st.notServed.Store(true) // retried, elsewhere (see UnaryRetry)
+		} else if o.Err == nil || o.Canceled() {
 			return // an answer, or the client's own cancellation
 		}
 	} else if di.Err == nil {
@@ -119,6 +124,13 @@ func retryStateFrom(ctx context.Context) *retryState {
 // cannot storm a degraded fleet. The retry avoids the endpoint the call
 // last failed on (Membership.PickFailover), unless no other can take it.
 //
+// It also retries a call whose endpoint answered that it does not serve
+// the call's model (Triton's "Request for unknown model", see the package
+// doc), within the same bounds: the server did no work, and another
+// endpoint may have the model. With the call's model known (modelHeader,
+// or the inferlb.Request in its context), each retry also passes over the
+// endpoints the Balancer remembers without it.
+//
 // Install it with grpc.WithChainUnaryInterceptor on channels that use the
 // inferlb policy; elsewhere it never retries. gRPC's own transparent retry
 // already covers calls that never left the client; this covers calls the
@@ -145,9 +157,13 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 		for attempt := 1; ; attempt++ {
 			st.core.Store(nil)
 			st.received.Store(false)
+			st.notServed.Store(false)
 			err := invokeSettled(ctx, st, invoker, method, req, reply, cc, opts)
-			if err == nil || attempt >= maxAttempts || int(st.sent.Load()) >= maxAttempts ||
-				ctx.Err() != nil || status.Code(err) != codes.Unavailable || st.received.Load() {
+			if err == nil || attempt >= maxAttempts || int(st.sent.Load()) >= maxAttempts || ctx.Err() != nil {
+				return err
+			}
+			lost := status.Code(err) == codes.Unavailable && !st.received.Load()
+			if !lost && !st.notServed.Load() {
 				return err
 			}
 			if b := st.core.Load(); b == nil || !b.AllowRetry() {
