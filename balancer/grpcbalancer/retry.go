@@ -28,8 +28,8 @@ type retryState struct {
 	// notServed: the attempt's endpoint answered that it does not serve
 	// the call's model (errUnknownModel).
 	notServed atomic.Bool
-	sent     atomic.Int32           // attempts that reached an endpoint
-	exclude  atomic.Pointer[string] // endpoint the previous attempt failed on
+	sent      atomic.Int32           // attempts that reached an endpoint
+	exclude   atomic.Pointer[string] // endpoint the previous attempt failed on
 
 	// An attempt that ended without error, held until the call's error is
 	// known (see hold).
