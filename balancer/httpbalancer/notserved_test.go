@@ -234,3 +234,46 @@ func TestModelNotServedFirstCallsSucceed(t *testing.T) {
 	t.Logf("20 first calls met %d replicas without the adapter", met)
 	assert.Positive(t, met)
 }
+
+// TestNotFoundBodiesReachTheCallerIntact: whatever a 404's body (empty,
+// not JSON, at and past the 2 KiB the transport reads, naming the model
+// or not), a call that cannot go elsewhere gets it byte for byte, and the
+// call ends once (nothing left in flight).
+func TestNotFoundBodiesReachTheCallerIntact(t *testing.T) {
+	long := func(n int) string {
+		s := vllmNotFound("adapter")
+		return s + strings.Repeat(" ", n-len(s))
+	}
+	for _, body := range []string{
+		"",
+		"not json \x00\xff",
+		vllmNotFound("adapter"),
+		long(2048),
+		long(2049),
+		strings.Repeat("x", 5000),
+		`{"detail":"Not Found"}`,
+	} {
+		for _, chunked := range []bool{false, true} {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.WriteHeader(http.StatusNotFound)
+				if chunked && len(body) > 1 { // no Content-Length: sent in two flushed pieces
+					_, _ = io.WriteString(w, body[:1])
+					w.(http.Flusher).Flush()
+					_, _ = io.WriteString(w, body[1:])
+					return
+				}
+				_, _ = io.WriteString(w, body)
+			}))
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints:       []inferlb.Endpoint{{Addr: strings.TrimPrefix(srv.URL, "http://")}},
+				DisableFailover: true,
+			})
+			resp, out := post(t, &http.Client{Transport: tr}, loraBody("adapter", 1))
+			assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+			assert.Equal(t, body, string(out), "%d bytes, chunked %v", len(body), chunked)
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+			srv.Close()
+		}
+	}
+}
