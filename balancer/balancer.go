@@ -562,7 +562,14 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
 	if req.Model != "" && b.lackAt.Load() > nowNs {
-		c.lacks = b.lacking(req.Model, g, &c)
+		var all bool
+		if c.lacks, all = b.lacking(req.Model, g, &c); all && retry {
+			// A first pick goes ahead (the memory may be stale: the
+			// server's answer is the caller's), but a retry to an
+			// endpoint remembered not to serve the model would only
+			// fetch that answer again, on the retry budget.
+			return Pick{}, ErrNoEndpoints
+		}
 	}
 	if c.affine && b.reuse != nil && !req.Session {
 		// An explicit session sticks whatever prompt keys do.

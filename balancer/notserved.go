@@ -136,9 +136,11 @@ func (b *Balancer) notServed(e *endpoint, model string, nowNs int64) {
 // lacking returns the hash of req's model when some endpoint of g is
 // remembered not to serve it and another that c allows is not: picks then
 // pass over the former (cand.ok). It returns 0 when the memory has nothing
-// to say about the model, or when it would leave the call nowhere to go.
-// Only picks made while some entry is live (lackAt) call it.
-func (b *Balancer) lacking(model string, g *group, c *cand) uint32 {
+// to say about the model, or when it would leave the call nowhere to go;
+// then all reports whether every endpoint c allows is remembered not to
+// serve it (a retry then has nowhere to go: see pickWith). Only picks made
+// while some entry is live (lackAt) call it.
+func (b *Balancer) lacking(model string, g *group, c *cand) (h uint32, all bool) {
 	h, now := b.modelHash(model), lackNow(c.nowNs)
 	listed := false
 	for i := range b.lackModels {
@@ -148,7 +150,7 @@ func (b *Balancer) lacking(model string, g *group, c *cand) uint32 {
 		}
 	}
 	if !listed {
-		return 0
+		return 0, false
 	}
 	some, other := false, false
 	for _, e := range g.members {
@@ -161,8 +163,8 @@ func (b *Balancer) lacking(model string, g *group, c *cand) uint32 {
 			other = true
 		}
 		if some && other {
-			return h
+			return h, false
 		}
 	}
-	return 0
+	return 0, some
 }

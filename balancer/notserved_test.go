@@ -235,3 +235,58 @@ func TestNotServedProbeSlotComesBack(t *testing.T) {
 	p.Done(inferlb.Outcome{Latency: time.Millisecond})
 	assert.False(t, b.Stats()[0].BreakerOpen, "the next probe closed the breaker")
 }
+
+// TestRetryNeverGoesWhereTheModelIsNotServed: a retry (PickRetry) is never
+// sent to an endpoint remembered not to serve the call's model: it would
+// only fetch that answer again, on the retry budget. When every other
+// endpoint is remembered so, the retry has nowhere to go and spends
+// nothing; a first pick still goes ahead (the memory may be stale).
+func TestRetryNeverGoesWhereTheModelIsNotServed(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(8)})
+	eps := endpoints(3)
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "typo"}
+	for {
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{NotServedModel: "typo"})
+		done := 0
+		for _, s := range b.Stats() {
+			if s.NotServed > 0 {
+				done++
+			}
+		}
+		if done == 2 {
+			break
+		}
+		clock.Advance(time.Millisecond)
+	}
+	var fresh string // the one endpoint not yet remembered
+	for _, s := range b.Stats() {
+		if s.NotServed == 0 {
+			fresh = s.ID
+		}
+	}
+	require.NotEmpty(t, fresh)
+	var other string
+	for _, e := range eps {
+		if e.Addr != fresh {
+			other = e.Addr
+		}
+	}
+	p, err := b.PickRetry(req, other)
+	require.NoError(t, err, "the endpoint not remembered takes the retry")
+	assert.Equal(t, fresh, p.ID())
+	p.Done(inferlb.Outcome{NotServedModel: "typo"})
+
+	before := b.RetryStats()
+	_, err = b.PickRetry(req, fresh)
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints, "every other endpoint is remembered without the model")
+	assert.Equal(t, before, b.RetryStats(), "nothing spent")
+	p, err = b.Pick(req)
+	require.NoError(t, err, "a first pick goes ahead")
+	p.Done(inferlb.Outcome{})
+	p, err = b.PickRetry(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "served"}, fresh)
+	require.NoError(t, err, "another model's retries are not affected")
+	p.Done(inferlb.Outcome{})
+}

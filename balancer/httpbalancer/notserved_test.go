@@ -277,3 +277,34 @@ func TestNotFoundBodiesReachTheCallerIntact(t *testing.T) {
 		}
 	}
 }
+
+// TestModelNobodyServes: a model no replica serves (a typo) costs one
+// round of 404s, not one per call: the first call goes on through every
+// replica, and later calls get the 404 from the first replica they meet,
+// since a retry never goes to a replica remembered without the model (the
+// retry budget is left to failovers that can help).
+func TestModelNobodyServes(t *testing.T) {
+	bs := []*loraBackend{newLoRABackend(t, "a"), newLoRABackend(t, "b"), newLoRABackend(t, "c")}
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints:       endpointsOf(bs[0].backend, bs[1].backend, bs[2].backend),
+		BalancerOptions: balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(4)},
+	})
+	client := &http.Client{Transport: tr}
+	met := func() (n int64) {
+		for _, b := range bs {
+			n += b.notFound.Load()
+		}
+		return n
+	}
+	resp, out := post(t, client, loraBody("lama", 0))
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	assert.Equal(t, vllmNotFound("lama"), string(out))
+	assert.Equal(t, int64(3), met(), "the first call meets every replica")
+	for i := 1; i <= 10; i++ {
+		resp, out = post(t, client, loraBody("lama", i))
+		require.Equal(t, http.StatusNotFound, resp.StatusCode)
+		assert.Equal(t, vllmNotFound("lama"), string(out))
+		assert.Equal(t, int64(3+i), met(), "call %d meets one replica", i)
+	}
+	assert.Equal(t, uint64(2), tr.Stats().Failovers, "the first call's two hops")
+}
