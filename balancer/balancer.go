@@ -527,7 +527,9 @@ func (b *Balancer) PickExcept(req *inferlb.Request, exclude string) (Pick, error
 // the budget allows none; when none can, it returns ErrNoEndpoints and
 // spends nothing. A failover with nowhere to go (a fleet of one, or every
 // other endpoint out of rotation, which is when the budget matters) so
-// leaves the budget, and RetryStats, to retries that happen.
+// leaves the budget, and RetryStats, to retries that happen. Nor does a
+// retry go to an endpoint remembered not to serve req's model
+// (Outcome.NotServedModel): it would only get that answer again.
 func (b *Balancer) PickRetry(req *inferlb.Request, failed string) (Pick, error) {
 	return b.pickWith(b.def, req, failed, false, true)
 }
