@@ -29,7 +29,7 @@ import (
 // endpoint and lackModelSlots models in the Balancer (a pick consults the
 // endpoints' memory only for a model the Balancer's list holds), each
 // entry replaced when it lapses or, when all are live, the one that lapses
-// first. Model names are request data: they are stored as 32-bit hashes
+// first. Model names are request data: they are stored as 24-bit hashes
 // seeded per process (the affinity Keyer's seed), so a client cannot aim a
 // name of its own at another model's entry. A model every endpoint that
 // could take a call is remembered not to serve is picked as if nothing
@@ -43,31 +43,33 @@ const (
 	lackSlots      = 4  // models remembered per endpoint
 	lackModelSlots = 16 // models remembered in the Balancer
 
-	// Entries keep time in units of 2^24 ns (about 16.8 ms), so that one
-	// 64-bit word holds a model hash and its expiry; times are compared as
-	// serial numbers (wrapping every 2.3 years), which also holds for a
-	// clock that reads before 1970 (the zero time).
+	// One 64-bit word holds an entry: a model's 24-bit hash and the time
+	// it lapses, in units of 2^24 ns (about 16.8 ms) offset by 2^39 so that
+	// every int64 time, the zero time's too, maps in order onto 40 bits,
+	// which never wrap.
 	lackUnitShift = 24
+	lackTimeBits  = 40
+	lackTimeMask  = 1<<lackTimeBits - 1
 )
 
 // lackNow is the unit count of nowNs.
-func lackNow(nowNs int64) uint32 { return uint32(nowNs >> lackUnitShift) }
+func lackNow(nowNs int64) uint64 { return uint64(nowNs>>lackUnitShift + 1<<(lackTimeBits-1)) }
 
 // lackWord packs a model hash and the unit its entry lapses at.
-func lackWord(h, until uint32) uint64 { return uint64(h)<<32 | uint64(until) }
+func lackWord(h uint32, until uint64) uint64 { return uint64(h)<<lackTimeBits | until&lackTimeMask }
 
 // lackLive reports whether entry w is for model hash h and live at now.
-func lackLive(w uint64, h, now uint32) bool {
-	return uint32(w>>32) == h && int32(uint32(w)-now) > 0
+func lackLive(w uint64, h uint32, now uint64) bool {
+	return uint32(w>>lackTimeBits) == h && w&lackTimeMask > now
 }
 
-// modelHash is model's seeded 32-bit hash, never 0 (an empty slot).
+// modelHash is model's seeded 24-bit hash, never 0 (an empty slot).
 func (b *Balancer) modelHash(model string) uint32 {
 	var d xxhash.Digest
 	d.ResetWithSeed(b.keyer.Seed())
 	_, _ = d.WriteString("model\x00")
 	_, _ = d.WriteString(model)
-	if h := uint32(d.Sum64() >> 32); h != 0 {
+	if h := uint32(d.Sum64() >> (64 - 24)); h != 0 {
 		return h
 	}
 	return 1
@@ -77,22 +79,22 @@ func (b *Balancer) modelHash(model string) uint32 {
 // (an endpoint's or the Balancer's list): the entry for h is extended, or
 // else a free or lapsed slot, or the one that lapses first, takes it. It
 // reports whether h was not remembered there before.
-func lackPut(slots []atomic.Uint64, h, until, now uint32) bool {
-	free := func(w uint64) bool { return w == 0 || int32(uint32(w)-now) <= 0 }
+func lackPut(slots []atomic.Uint64, h uint32, until, now uint64) bool {
+	free := func(w uint64) bool { return w&lackTimeMask <= now }
 	for {
 		victim, fresh := -1, true
 		var old uint64
 		for i := range slots {
 			w := slots[i].Load()
-			if uint32(w>>32) == h {
+			if uint32(w>>lackTimeBits) == h {
 				fresh = free(w)
-				if !fresh && int32(uint32(w)-until) >= 0 {
+				if !fresh && w&lackTimeMask >= until {
 					return false // lapses no sooner already
 				}
 				victim, old = i, w
 				break
 			}
-			if victim < 0 || !free(old) && (free(w) || int32(uint32(w)-uint32(old)) < 0) {
+			if victim < 0 || !free(old) && (free(w) || w&lackTimeMask < old&lackTimeMask) {
 				victim, old = i, w
 			}
 		}
@@ -103,7 +105,7 @@ func lackPut(slots []atomic.Uint64, h, until, now uint32) bool {
 }
 
 // lacks reports whether e is remembered not to serve the model of hash h.
-func (e *endpoint) lacks(h, now uint32) bool {
+func (e *endpoint) lacks(h uint32, now uint64) bool {
 	for i := range e.lack {
 		if lackLive(e.lack[i].Load(), h, now) {
 			return true

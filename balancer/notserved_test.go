@@ -290,3 +290,35 @@ func TestRetryNeverGoesWhereTheModelIsNotServed(t *testing.T) {
 	require.NoError(t, err, "another model's retries are not affected")
 	p.Done(inferlb.Outcome{})
 }
+
+// TestNotServedMemoryDoesNotRevive: an entry that lapsed long ago stays
+// lapsed, however long the process runs (times in the entries must not
+// wrap: a 32-bit time of 16.8 ms units read an entry 500 days old as live
+// again once any new entry made the memory worth consulting).
+func TestNotServedMemoryDoesNotRevive(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(12)})
+	lacking := endpoints(2)[1].Addr
+	report := func(model string) {
+		for {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model})
+			require.NoError(t, err)
+			if p.ID() == lacking {
+				p.Done(inferlb.Outcome{NotServedModel: model})
+				return
+			}
+			p.Done(inferlb.Outcome{Latency: time.Millisecond})
+		}
+	}
+	report("old")
+	clock.Advance(500 * 24 * time.Hour)
+	report("new")
+	reached := false
+	for range 60 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: "old"})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Latency: time.Millisecond})
+		reached = reached || p.ID() == lacking
+	}
+	assert.True(t, reached, "the entry of 500 days ago lapsed for good")
+}
