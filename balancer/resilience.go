@@ -61,7 +61,10 @@ type Event struct {
 	Detection time.Duration
 	// Downtime is exclusion to recovery (recovered).
 	Downtime time.Duration
-	// Model is the model the endpoint does not serve (not-served).
+	// Model is the model the endpoint does not serve (not-served). It is
+	// request data, as a caller sent it: quote it (%q) when logging it.
+	// One event comes per endpoint and model newly remembered, so a
+	// client cycling through made-up names makes one per 404.
 	Model string
 }
 
