@@ -168,3 +168,33 @@ func TestInferLBRetriesOnAnotherReplica(t *testing.T) {
 		assert.Equal(t, 8, res.Completed, "seed %d", seed)
 	}
 }
+
+func TestNotServedAnswerIsQuickAndRetriedByABaseline(t *testing.T) {
+	// r0 has not loaded the adapter the call asks for: it answers at once
+	// that the model does not exist, with no GPU work, and a router that
+	// knows nothing of such answers takes it for a failure, which it
+	// retries once as any other (here on r1, which has the adapter).
+	rt := &scripted{script: []int{0, 1}, retry: true}
+	fl := []fleetsim.ReplicaSpec{
+		{Server: fleetsim.LLMServer(), Models: []string{fleetsim.Model}},
+		{Server: fleetsim.LLMServer(), Models: []string{fleetsim.Model, "lora-sql"}},
+	}
+	call := llmCall(1, 1000, 100)
+	call.Model = "lora-sql"
+	res := runScripted(fl, calls{call}, rt)
+	require.Equal(t, 1, res.Completed)
+	assert.Equal(t, 1, res.NotServed)
+	assert.Equal(t, 1, res.Retries)
+	require.Len(t, rt.outcomes, 2)
+	assert.Equal(t, inferlb.Outcome{NotServedModel: "lora-sql"}, rt.outcomes[0])
+	assert.Less(t, res.TTFTP50, 0.2, "the 404 cost milliseconds, then the prefill on r1")
+	assert.Equal(t, 2.0, res.MaxMean, "only r1 ran the call")
+
+	// Both replicas without the adapter: the retry meets the 404 too, and
+	// the call fails.
+	rt = &scripted{script: []int{0, 0}, retry: true}
+	res = runScripted(fl[:1], calls{call}, rt)
+	assert.Equal(t, 1, res.Failed)
+	assert.Equal(t, 2, res.NotServed)
+	assert.Zero(t, res.GPUBusy)
+}

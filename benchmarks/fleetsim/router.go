@@ -2,8 +2,10 @@ package fleetsim
 
 import (
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
@@ -31,6 +33,16 @@ type retryPicker interface {
 	PickRetry(req *Request, failed int) (replica int, done func(inferlb.Outcome), err error)
 }
 
+// notServedReader is a Router that reads a replica's answer that it does
+// not serve the call's model as the library's adapters do, rather than as
+// a failure: the call goes on to another replica (with PickRetry) up to
+// notServedHops times, and its caller gets the 404 when it cannot. The
+// other routers take the answer for a failed call, which they retry once
+// as they retry any failure (AllowRetry).
+type notServedReader interface {
+	notServedHops() int
+}
+
 // Env is what a policy's constructor gets.
 type Env struct {
 	Client  int
@@ -39,7 +51,10 @@ type Env struct {
 	IDs     []string            // replica IDs by index
 	Weights []float64           // capacity weights by index (what discovery would say)
 	Labels  []map[string]string // endpoint labels by index (nil: none)
-	run     *run
+	// Models are the models each replica serves (nil: all), which
+	// discovery does not tell; only a Variant with ModelLabels reads it.
+	Models [][]string
+	run    *run
 }
 
 // Rand returns a PCG source seeded for this policy instance.
@@ -233,6 +248,20 @@ type Variant struct {
 	// which Triton, SGLang and Ollama shed load, and of their in-band
 	// equivalents, before 2026-12-05.
 	ShedAsFailure bool
+	// NotServedAsSuccess reports a replica's answer that it does not
+	// serve the call's model (vLLM's 404 "The model `x` does not
+	// exist.") as a success, and does not send the call on: what the
+	// adapters did before 2026-12-05, so the caller got the 404.
+	NotServedAsSuccess bool
+	// NotServedHops is how many times a call goes on to another replica
+	// after such answers, each with PickRetry. 0 means 8, as the HTTP
+	// transport does; its first version went on once.
+	NotServedHops int
+	// ModelLabels labels each endpoint with the models its replica
+	// serves (the SubsetLabel, comma-separated), as a fleet that declares
+	// its LoRA adapters to service discovery does: the balancer then
+	// knows where each model is before any call.
+	ModelLabels bool
 }
 
 // errShedAsFailure is the failure a ShedAsFailure variant reports.
@@ -253,12 +282,34 @@ func InferLB(v Variant) Policy {
 			// (the zero value) would also make runs irreproducible.
 			o.AffinitySeed = KeyerSeed
 		}
-		r := &inferlbRouter{v: v, b: balancer.New(o), ids: e.IDs, weights: e.Weights, labels: e.Labels, byID: map[string]int{}}
+		labels := e.Labels
+		if v.ModelLabels {
+			labels = modelLabels(e.Labels, e.Models)
+		}
+		r := &inferlbRouter{v: v, b: balancer.New(o), ids: e.IDs, weights: e.Weights, labels: labels, byID: map[string]int{}}
 		for i, id := range e.IDs {
 			r.byID[id] = i
 		}
 		return r
 	}}
+}
+
+// modelLabels adds to labels, by replica, the default SubsetLabel listing
+// the models the replica serves, when it serves only some.
+func modelLabels(labels []map[string]string, models [][]string) []map[string]string {
+	out := make([]map[string]string, len(labels))
+	for i, l := range labels {
+		if i >= len(models) || models[i] == nil {
+			out[i] = l
+			continue
+		}
+		out[i] = maps.Clone(l)
+		if out[i] == nil {
+			out[i] = map[string]string{}
+		}
+		out[i][balancer.DefaultSubsetLabel] = strings.Join(models[i], ",")
+	}
+	return out
 }
 
 type inferlbRouter struct {
@@ -286,6 +337,16 @@ func (r *inferlbRouter) Publish(i int, s telemetry.Sample) {
 
 func (r *inferlbRouter) AllowRetry() bool { return r.b.AllowRetry() }
 
+func (r *inferlbRouter) notServedHops() int {
+	switch {
+	case r.v.NotServedAsSuccess:
+		return 0
+	case r.v.NotServedHops > 0:
+		return r.v.NotServedHops
+	}
+	return transportNotServedHops
+}
+
 func (r *inferlbRouter) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	ir := r.request(req)
 	return r.picked(r.b.Pick(&ir))
@@ -297,15 +358,18 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 		return 0, nil, err
 	}
 	held := &p
-	if r.v.ShedAsFailure {
-		return r.byID[p.ID()], func(o inferlb.Outcome) {
-			if o.Overloaded {
-				o = inferlb.Outcome{Err: errShedAsFailure}
-			}
-			held.Done(o)
-		}, nil
+	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess {
+		return r.byID[p.ID()], held.Done, nil
 	}
-	return r.byID[p.ID()], held.Done, nil
+	return r.byID[p.ID()], func(o inferlb.Outcome) {
+		switch {
+		case r.v.ShedAsFailure && o.Overloaded:
+			o = inferlb.Outcome{Err: errShedAsFailure}
+		case r.v.NotServedAsSuccess && o.NotServedModel != "":
+			o = inferlb.Outcome{}
+		}
+		held.Done(o)
+	}, nil
 }
 
 func (r *inferlbRouter) request(req *Request) inferlb.Request {

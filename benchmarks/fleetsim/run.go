@@ -23,6 +23,11 @@ type ReplicaSpec struct {
 	// engine: replicas with the same DPGroup step together (see dpEngine).
 	// Discovery labels them DPLabel=dp<group>.
 	DPGroup int
+	// Models lists the models the replica serves: the base model and the
+	// LoRA adapters it has loaded. nil serves every model. A call for
+	// another is answered at once that the model does not exist (vLLM's
+	// 404), with no GPU work.
+	Models []string
 }
 
 // DPLabel is the endpoint label the simulator gives data-parallel ranks:
@@ -123,13 +128,17 @@ type Result struct {
 	Seed     uint64  `json:"seed"`
 
 	// Requests are the calls that arrived in the measurement window; the
-	// next four count what became of them (Retries: how many were sent a
-	// second time).
+	// next four count what became of them (Retries: how many further
+	// attempts were sent: a failed call's retry, a call's hops past
+	// replicas without its model).
 	Requests   int `json:"requests"`
 	Completed  int `json:"completed"`
 	Failed     int `json:"failed"`
 	Unfinished int `json:"unfinished"`
 	Retries    int `json:"retries"`
+	// NotServed counts the attempts of those calls that a replica
+	// answered it does not serve the call's model.
+	NotServed int `json:"not_served,omitempty"`
 
 	// Throughput is output tokens per second in the measurement window
 	// (input tokens for embedding and rerank calls, which produce none),
@@ -168,6 +177,7 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 	ids := make([]string, len(sc.Fleet))
 	weights := make([]float64, len(sc.Fleet))
 	labels := make([]map[string]string, len(sc.Fleet))
+	models := make([][]string, len(sc.Fleet))
 	engines := map[int]*dpEngine{}
 	for i, spec := range sc.Fleet {
 		ids[i] = fmt.Sprintf("r%d", i)
@@ -180,6 +190,8 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 			speed = 1
 		}
 		r := newReplica(i, ids[i], spec.Server, speed, s)
+		r.models = spec.Models
+		models[i] = spec.Models
 		if spec.DPGroup != 0 {
 			e := engines[spec.DPGroup]
 			if e == nil {
@@ -203,7 +215,7 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 		default:
 			rt = pol.New(Env{
 				Client: c, Seed: cfg.Seed*1000003 + uint64(c) + 1, Clock: clock,
-				IDs: ids, Weights: weights, Labels: labels, run: s,
+				IDs: ids, Weights: weights, Labels: labels, Models: models, run: s,
 			})
 			s.uniq = append(s.uniq, rt)
 			if pol.Shared {
@@ -237,7 +249,7 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 func (s *run) result(policy string) Result {
 	res := Result{
 		Scenario: s.sc.Name, Policy: policy, Rate: s.cfg.Rate, Clients: s.cfg.Clients, Seed: s.cfg.Seed,
-		Requests: s.requests, Failed: s.failed, Retries: s.retries,
+		Requests: s.requests, Failed: s.failed, Retries: s.retries, NotServed: s.notServed,
 		Completed: len(s.e2e), Unfinished: s.outstanding,
 	}
 	// Calls still in flight at the end count with their latency so far: a

@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"slices"
 	"time"
 )
 
@@ -128,6 +129,8 @@ type replica struct {
 	kv    *blockPool
 	sim   *run
 
+	models []string // served (ReplicaSpec.Models); nil: all
+
 	up       bool
 	throttle bool // answer 429 beyond MaxWaiting
 	gen      uint64
@@ -151,6 +154,11 @@ func newReplica(idx int, id string, p ServerParams, speed float64, s *run) *repl
 		idx: idx, id: id, p: p, speed: speed, base: speed, sim: s, up: true,
 		kv: newBlockPool(p.KVTokens / BlockSize),
 	}
+}
+
+// serves reports whether the replica serves model.
+func (r *replica) serves(model string) bool {
+	return r.models == nil || slices.Contains(r.models, model)
 }
 
 // enqueue accepts a job. It returns false when the replica rejects it with 429.

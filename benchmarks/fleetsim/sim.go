@@ -16,9 +16,21 @@ var Epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Errors a simulated call can end with.
 var (
-	errCrashed = errors.New("fleetsim: replica crashed")
-	errRefused = errors.New("fleetsim: connection refused")
+	errCrashed   = errors.New("fleetsim: replica crashed")
+	errRefused   = errors.New("fleetsim: connection refused")
+	errNotServed = errors.New("fleetsim: 404 the model does not exist")
 )
+
+// notServedDelay is how long a replica takes to answer that it does not
+// serve a call's model: vLLM's API server looks the name up before the
+// engine sees the call (serving_engine's _check_model), so the 404 costs a
+// round trip and no GPU work.
+const notServedDelay = 3 * time.Millisecond
+
+// transportNotServedHops is how many times the HTTP transport sends a call
+// on to another endpoint after answers that the endpoint does not serve its
+// model (httpbalancer's maxNotServedHops).
+const transportNotServedHops = 8
 
 // Clock is the simulator's virtual clock; it implements balancer.Clock, so
 // the real Balancer sees simulated time.
@@ -61,6 +73,7 @@ type job struct {
 	arrive     time.Duration
 	firstToken time.Duration // -1 until the current attempt's first token
 	attempts   int
+	hops       int // attempts that met a replica without the call's model and went on
 	measured   bool
 	done       func(inferlb.Outcome)
 	rep        *replica
@@ -120,6 +133,7 @@ type run struct {
 	wasted      int64                // of those, produced in the window by attempts that failed
 	failed      int
 	retries     int
+	notServed   int // measured calls' attempts answered "model not served"
 	requests    int
 	marks       [2]counters
 }
@@ -195,15 +209,45 @@ func (s *run) dispatch(j *job) {
 	if j.attempts > 1 && j.measured {
 		s.retries++ // a retry sent, not one refused by PickRetry
 	}
+	s.send(j, idx, done)
+}
+
+// send starts an attempt of j on replica idx.
+func (s *run) send(j *job, idx int, done func(inferlb.Outcome)) {
 	r := s.reps[idx]
 	j.rep, j.done, j.start = r, done, s.now
 	if !r.up {
 		s.finish(j, s.now, errRefused)
 		return
 	}
+	if !r.serves(j.req.Model) {
+		s.after(notServedDelay, func() { s.finish(j, s.now, errNotServed) })
+		return
+	}
 	if !r.enqueue(j) {
 		s.finish(j, s.now, errThrottled)
 	}
+}
+
+// hop sends j on after a replica answered that it does not serve j's
+// model, as the library's adapters do (Balancer.PickRetry: another replica
+// than the one that answered, within the retry budget). It reports false
+// when PickRetry found none; the caller then gets the 404.
+func (s *run) hop(j *job) bool {
+	rp, ok := s.routers[j.req.Client].(retryPicker)
+	if !ok {
+		return false
+	}
+	idx, done, err := rp.PickRetry(j.req, j.rep.idx)
+	if err != nil {
+		return false
+	}
+	j.hops++
+	if j.measured {
+		s.retries++
+	}
+	s.send(j, idx, done)
+	return true
 }
 
 var errThrottled = errors.New("fleetsim: 429 too many requests")
@@ -220,12 +264,31 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 		if err == nil && j.firstToken >= 0 {
 			o.TTFT = j.firstToken - j.start
 		}
-		if errors.Is(err, errThrottled) {
+		switch {
+		case errors.Is(err, errThrottled):
 			o = inferlb.Outcome{Overloaded: true, RetryAfter: j.rep.p.RetryAfter}
+		case errors.Is(err, errNotServed):
+			o = inferlb.Outcome{NotServedModel: j.req.Model}
 		}
 		d := j.done
 		j.done = nil
 		d(o)
+	}
+	if errors.Is(err, errNotServed) {
+		if j.measured {
+			s.notServed++
+		}
+		if hops, ok := s.notServedHops(j); ok {
+			// Read as the library's adapters read it: the call goes on
+			// while it has hops left, and the caller gets the 404 when
+			// it cannot, never a failover retry.
+			if j.hops >= hops || !s.hop(j) {
+				s.fail(j)
+			}
+			return
+		}
+		// A router that knows nothing of the answer takes it for a
+		// failure like any other (below).
 	}
 	if err != nil {
 		if j.attempts < 2 && s.mayRetry(j) {
@@ -235,11 +298,7 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 			s.dispatch(j)
 			return
 		}
-		if j.measured {
-			s.failed++
-			s.outstanding--
-		}
-		s.wl.Done(s, j.req, false)
+		s.fail(j)
 		return
 	}
 	if j.measured {
@@ -252,6 +311,27 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 		}
 	}
 	s.wl.Done(s, j.req, true)
+}
+
+// fail ends j for good: its caller got an error.
+func (s *run) fail(j *job) {
+	if j.measured {
+		s.failed++
+		s.outstanding--
+	}
+	s.wl.Done(s, j.req, false)
+}
+
+// notServedHops reports how many times j's router sends a call on after
+// answers that a replica does not serve its model, when it reads them as
+// the library's adapters do (notServedReader); false when it takes them
+// for failures.
+func (s *run) notServedHops(j *job) (int, bool) {
+	nr, ok := s.routers[j.req.Client].(notServedReader)
+	if !ok {
+		return 0, false
+	}
+	return nr.notServedHops(), true
 }
 
 // mayRetry reports whether a failed first attempt is tried again: a router

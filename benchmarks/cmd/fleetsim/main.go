@@ -299,6 +299,30 @@ func pick(res []fleetsim.Result, f func(fleetsim.Result) bool) []fleetsim.Result
 
 var header = []string{"policy", "tok/s", "TTFT p50", "p90", "p99", "ITL p50", "p99", "E2E p50", "p99", "cache hit", "GPU busy", "max/mean", "failed"}
 
+// notServedColumn reports whether a table of res has a "not served"
+// column: only where some replica answered it does not serve a call's
+// model, so the other scenarios' tables keep their shape.
+func notServedColumn(res []fleetsim.Result) bool {
+	return slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.NotServed > 0 })
+}
+
+// headerFor is the table header for res.
+func headerFor(res []fleetsim.Result) []string {
+	if notServedColumn(res) {
+		return append(slices.Clone(header), "not served")
+	}
+	return header
+}
+
+// rowFor is r's table row among res.
+func rowFor(res []fleetsim.Result, r fleetsim.Result) []string {
+	out := row(r)
+	if notServedColumn(res) {
+		out = append(out, fmt.Sprintf("%d", r.NotServed))
+	}
+	return out
+}
+
 func row(r fleetsim.Result) []string {
 	return []string{
 		r.Policy,
@@ -333,9 +357,9 @@ func ms(s float64) string {
 }
 
 func writeTable(w io.Writer, res []fleetsim.Result) {
-	rows := [][]string{header}
+	rows := [][]string{headerFor(res)}
 	for _, r := range res {
-		rows = append(rows, row(r))
+		rows = append(rows, rowFor(res, r))
 	}
 	writeAligned(w, rows)
 }
@@ -406,9 +430,10 @@ func writeMarkdown(path string, sc *fleetsim.Scenario, res []fleetsim.Result) er
 			continue
 		}
 		fmt.Fprintf(&b, "\nOffered load %g %s, %d client(s), seed %d:\n\n", sc.Headline, sc.RateUnit, c, head[0].Seed)
-		fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
+		hdr := headerFor(head)
+		fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(hdr, " | "), strings.Repeat("---|", len(hdr)))
 		for _, r := range head {
-			fmt.Fprintf(&b, "| %s |\n", strings.Join(row(r), " | "))
+			fmt.Fprintf(&b, "| %s |\n", strings.Join(rowFor(head, r), " | "))
 		}
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
