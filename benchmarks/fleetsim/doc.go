@@ -69,6 +69,14 @@
 // 429 load shedding; a failed call is retried once when the router allows
 // (inferlb retries as its adapters do, with Balancer.PickRetry: on another
 // replica than the one that failed, within the retry budget).
+// Replicas may serve only some models (ReplicaSpec.Models: the lora
+// scenario loads each LoRA adapter on 2 of 8 replicas and tells discovery
+// nothing of it). A call for a model its replica lacks is answered within
+// milliseconds, with no GPU work, as vLLM's 404 "The model `x` does not
+// exist." is: inferlb reports it as Outcome.NotServedModel and sends the
+// call on with PickRetry up to 8 times, as the HTTP transport does; the
+// baselines take it for a failure and retry it once, as any failure.
+// Result.NotServed counts those answers.
 // Requests may name a tenant (the tenants scenario floods the fleet from one
 // tenant) and a class; Result.ClassE2EP99 reports each class's p99.
 //

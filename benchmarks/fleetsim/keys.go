@@ -53,10 +53,11 @@ func promptKey(segs ...Segment) uint64 {
 // chatKey is the key a client computes for a chat request that opens with a
 // system message and a user message: cache.Keyer.Chat, which covers the
 // system prompt and the start of the first user turn, so every later turn of
-// the conversation keeps the key.
-func chatKey(system, user Segment) uint64 {
+// the conversation keeps the key. The key is salted with the model the
+// request names, as the adapters' keys are.
+func chatKey(model string, system, user Segment) uint64 {
 	var sys, usr strings.Builder
 	render(&sys, cache.MaxKeyChars, system)
 	render(&usr, keyer.Depth(), user)
-	return keyer.Chat(Model, []cache.Message{{Role: "system", Content: sys.String()}, {Role: "user", Content: usr.String()}})
+	return keyer.Chat(model, []cache.Message{{Role: "system", Content: sys.String()}, {Role: "user", Content: usr.String()}})
 }

@@ -56,6 +56,7 @@ func Scenarios() []*Scenario {
 		HotPromptScenario(),
 		FailuresScenario(),
 		SheddingScenario(),
+		LoRAScenario(),
 		TenantsScenario(),
 	}
 }
@@ -297,6 +298,55 @@ func SheddingScenario() *Scenario {
 		RoundRobin(), LeastRequest(), RingHash(),
 		InferLB(Variant{Name: "inferlb"}),
 		InferLB(Variant{Name: "inferlb shed-as-failure", ShedAsFailure: true}),
+	}
+	return sc
+}
+
+// Adapters are the LoRA adapters of the lora scenario.
+var Adapters = []string{"lora-sql", "lora-support", "lora-summary", "lora-code"}
+
+// LoRAScenario is the chat workload on a fleet whose replicas each load
+// one LoRA adapter of the base model (vLLM --lora-modules): 40% of the
+// sessions ask for one of 4 adapters, each loaded on 2 of the 8 replicas
+// (r0 and r4 lora-sql, r1 and r5 lora-support, ...), and the replicas
+// without it answer at once that the model does not exist (vLLM's 404).
+// Discovery says nothing of which replica has which adapter, the case the
+// balancer's not-served memory is for; "inferlb labels" is told, by the
+// model label, which bounds what the memory can do. How each policy reads
+// the 404:
+//
+//   - inferlb reports it as Outcome.NotServedModel and sends the call on
+//     (PickRetry), up to 8 times, as the HTTP transport does;
+//   - "inferlb one retry" sends it on once, as the transport did on the
+//     day the memory landed;
+//   - "inferlb not-served-as-success" reports it as a success and does not
+//     send it on, as the adapters did before 2026-12-05: the caller gets
+//     the 404;
+//   - the baselines take it for a failure and retry once, as they retry
+//     any failed call, on a new pick (consistent hashing: the same owner).
+//
+// A failed turn ends its conversation, as in the other chat scenarios.
+func LoRAScenario() *Scenario {
+	sc := ChatScenario()
+	chat := sc.Workload
+	sc.Name = "lora"
+	sc.Description = "chat; 40% of sessions ask for one of 4 LoRA adapters, each loaded on 2 of 8 replicas (undeclared); the others answer 404 at once"
+	sc.Workload = func(rate float64) Workload {
+		w := chat(rate).(*Chat)
+		w.Adapters, w.AdapterShare = Adapters, 0.4
+		return w
+	}
+	for i := range sc.Fleet {
+		sc.Fleet[i].Models = []string{Model, Adapters[i%len(Adapters)]}
+	}
+	sc.Rates = []float64{30, 40, 50}
+	sc.Headline = 40
+	sc.Policies = []Policy{
+		RoundRobin(), LeastRequest(), RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb one retry", NotServedHops: 1}),
+		InferLB(Variant{Name: "inferlb not-served-as-success", NotServedAsSuccess: true}),
+		InferLB(Variant{Name: "inferlb labels", ModelLabels: true}),
 	}
 	return sc
 }

@@ -99,9 +99,16 @@ type Chat struct {
 	MinUser, MaxUser     int
 	MinAnswer, MaxAnswer int
 	Think                time.Duration
-	rng                  *rand.Rand
-	sessions             uint64
-	system               []Segment
+	// Adapters, when set, are LoRA adapters of Model: a session asks for
+	// one of them (uniformly) with probability AdapterShare, and for Model
+	// otherwise; its requests are classed "adapter" or "base". An
+	// adapter's prompts are cached apart from the base model's, as vLLM
+	// salts the block hashes of a LoRA request with its adapter.
+	Adapters     []string
+	AdapterShare float64
+	rng          *rand.Rand
+	sessions     uint64
+	system       []Segment
 }
 
 // chatSession is one conversation. Its turns draw from its own random
@@ -110,6 +117,8 @@ type Chat struct {
 // policy's routing change the workload every later session sees.
 type chatSession struct {
 	id         uint64
+	model      string
+	class      string
 	key        uint64
 	turn, last int
 	prompt     *Prompt
@@ -126,10 +135,21 @@ func (w *Chat) Start(s Sim) {
 	poisson(s, w.rng, w.Rate/meanTurns, func() {
 		w.sessions++
 		cs := &chatSession{
-			id:   w.sessions,
-			last: uniform(w.rng, w.MinTurns, w.MaxTurns),
+			id:    w.sessions,
+			model: Model,
+			last:  uniform(w.rng, w.MinTurns, w.MaxTurns),
 		}
-		cs.prompt = NewPrompt(w.system[w.rng.IntN(w.Apps)])
+		app := w.rng.IntN(w.Apps)
+		sys := w.system[app]
+		if len(w.Adapters) > 0 {
+			cs.class = "base"
+			if w.rng.Float64() < w.AdapterShare {
+				k := w.rng.IntN(len(w.Adapters))
+				cs.model, cs.class = w.Adapters[k], "adapter"
+				sys = Segment{contentID(4, uint64(app), uint64(k+1)), w.System}
+			}
+		}
+		cs.prompt = NewPrompt(sys)
 		cs.rng = rand.New(rand.NewPCG(w.rng.Uint64(), cs.id))
 		w.send(s, cs)
 	})
@@ -139,12 +159,12 @@ func (w *Chat) send(s Sim, cs *chatSession) {
 	cs.turn++
 	user := Segment{contentID(5, cs.id, uint64(cs.turn)), uniform(cs.rng, w.MinUser, w.MaxUser)}
 	if cs.turn == 1 {
-		cs.key = chatKey(cs.prompt.Segments[0], user)
+		cs.key = chatKey(cs.model, cs.prompt.Segments[0], user)
 	}
 	cs.prompt = cs.prompt.Extend(user)
 	out := uniform(cs.rng, w.MinAnswer, w.MaxAnswer)
 	s.Submit(&Request{
-		Service: inferlb.ServiceLLM, Model: Model, Prompt: cs.prompt,
+		Service: inferlb.ServiceLLM, Model: cs.model, Class: cs.class, Prompt: cs.prompt,
 		OutputTokens: out, MaxOutputTokens: w.MaxAnswer,
 		AnswerID: contentID(6, cs.id, uint64(cs.turn)), AffinityKey: cs.key,
 		session: cs,
@@ -302,7 +322,7 @@ func (w *Tenants) Start(s Sim) {
 			s.Submit(&Request{
 				Service: inferlb.ServiceLLM, Model: Model, Class: "quiet", Tenant: name,
 				Prompt: NewPrompt(sys, q), OutputTokens: w.Answer, MaxOutputTokens: w.Answer,
-				AnswerID: contentID(12, w.n, 0), AffinityKey: chatKey(sys, q),
+				AnswerID: contentID(12, w.n, 0), AffinityKey: chatKey(Model, sys, q),
 			})
 		})
 	}
