@@ -133,3 +133,29 @@ func TestShedAnswersAreOverloadsNotFailures(t *testing.T) {
 	assert.Greater(t, asFailure.Failed, 3*lb.Failed/2)
 	assert.Greater(t, lb.Throughput, asFailure.Throughput)
 }
+
+// A multi-LoRA fleet that does not declare which replica loaded which
+// adapter: a replica without the adapter a call names answers at once that
+// the model does not exist. Read as a success, as the adapters did before
+// 2026-12-05, that answer reaches the caller as a 404 and the adapter's
+// conversations whose calls land there end; reported as not served, the
+// call goes on to a replica with the adapter and the balancer keeps the
+// others out of that adapter's picks for NotServedMemory (30s), so they
+// meet its calls about once per replica and adapter in that time. The lora
+// scenario at its headline rate, in a shorter window.
+func TestNotServedAnswersAreRememberedNotSuccesses(t *testing.T) {
+	sc := fleetsim.LoRAScenario()
+	sc.Warmup, sc.Duration, sc.Drain = 30*time.Second, 120*time.Second, 60*time.Second
+	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
+	asSuccess := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb not-served-as-success", NotServedAsSuccess: true}), 1, 1)
+	t.Logf("of %d / %d calls: failed %d / %d, not-served answers %d / %d, %.0f / %.0f tok/s (not served / success)",
+		lb.Requests, asSuccess.Requests, lb.Failed, asSuccess.Failed, lb.NotServed, asSuccess.NotServed, lb.Throughput, asSuccess.Throughput)
+	assert.LessOrEqual(t, lb.Failed, lb.Requests/1000, "each call goes on to a replica with its adapter")
+	assert.Greater(t, asSuccess.Failed, asSuccess.Requests/50, "read as successes, the 404s reach the callers")
+	// 4 adapters x 6 replicas without each: a pair is met again only
+	// once its memory has lapsed, at most 4 times in the 90s window (3
+	// times in every seed of 1-8).
+	pairs := len(fleetsim.Adapters) * (len(sc.Fleet) - 2)
+	assert.LessOrEqual(t, lb.NotServed, pairs*4, "the replicas without an adapter do not draw its calls")
+	assert.Greater(t, lb.Throughput, 1.2*asSuccess.Throughput, "the adapters' conversations go on")
+}
