@@ -322,3 +322,47 @@ func TestNotServedMemoryDoesNotRevive(t *testing.T) {
 	}
 	assert.True(t, reached, "the entry of 500 days ago lapsed for good")
 }
+
+// TestKeysOfAModelFewServeStayHome: an affinity key whose ring owner is
+// remembered not to serve the call's model has, as its owner, the first
+// endpoint in its order that has the model, as any key has: at no load,
+// no such call is a spill. Counted as spills past the missing owner, these
+// keys moved between the model's replicas by load, each move a cold
+// prefill of the conversation (the fleet simulator's lora scenario: 167
+// of 3,855 later adapter turns moved, against 7 with labels).
+func TestKeysOfAModelFewServeStayHome(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(13), MinKeyReuse: -1})
+	eps := endpoints(4)
+	serves := map[string]bool{eps[2].Addr: true, eps[3].Addr: true}
+	// Learn which endpoints lack the adapter.
+	for n := 0; n < 2; {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "adapter"})
+		require.NoError(t, err)
+		if serves[p.ID()] {
+			p.Done(inferlb.Outcome{})
+			continue
+		}
+		p.Done(inferlb.Outcome{NotServedModel: "adapter"})
+		n++
+	}
+	home := map[uint64]string{}
+	for round := range 3 {
+		for k := uint64(1); k <= 100; k++ {
+			key := k * 0x9e3779b97f4a7c15
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "adapter", AffinityKey: key})
+			require.NoError(t, err)
+			require.True(t, serves[p.ID()], "never where the adapter is missing")
+			if round == 0 {
+				home[key] = p.ID()
+			} else {
+				assert.Equal(t, home[key], p.ID(), "key %d stays with its owner", k)
+			}
+			p.Done(inferlb.Outcome{})
+			clock.Advance(time.Millisecond)
+		}
+	}
+	for _, s := range b.Stats() {
+		assert.Zero(t, s.WarmSpills+s.ColdSpills, "%s: no call is a spill at no load", s.ID)
+	}
+}
