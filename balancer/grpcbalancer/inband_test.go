@@ -78,6 +78,8 @@ func TestStreamInBandErrors(t *testing.T) {
 		{"failed after tokens", []string{"a", "b", "error: Encountered an error in forwardAsync: CUDA error"}, false, 0, 1, 0},
 		{"failed, then cancelled", []string{"a", "error: executor failed", "c", "d"}, true, 0, 1, 0},
 		{"the request's error", []string{"status: prompt too long"}, false, 1, 0, 0},
+		// No model in the call: neither (with one, not served).
+		{"unknown model", []string{"error: Request for unknown model: 'llm' is not found"}, false, 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bk := &backend{addr: serve(t, func(srv *grpc.Server) {

@@ -271,11 +271,13 @@ const msgUnknownModel = "request for unknown model"
 // the endpoint sent, says it does not serve the call's model.
 func notServed(di balancer.DoneInfo) bool {
 	st, ok := status.FromError(di.Err)
-	if !ok || !di.BytesReceived {
-		return false
-	}
-	msg := st.Message()
-	// Case-insensitive: "Inference request for ..." and "Request for ...".
+	return ok && di.BytesReceived && unknownModel(st.Message())
+}
+
+// unknownModel reports whether msg says the server does not serve the
+// call's model (msgUnknownModel, in any case: "Inference request for ..."
+// and "Request for ...").
+func unknownModel(msg string) bool {
 	for i := 0; i+len(msgUnknownModel) <= len(msg); i++ {
 		if strings.EqualFold(msg[i:i+len(msgUnknownModel)], msgUnknownModel) {
 			return true

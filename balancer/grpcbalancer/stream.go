@@ -179,6 +179,8 @@ func (st *streamState) inbandOutcome(o *inferlb.Outcome) {
 		n = outcome(balancer.DoneInfo{Err: err, BytesSent: true, BytesReceived: true})
 	case shed.In(err.Error()):
 		n = inferlb.Outcome{Err: err, Overloaded: true}
+	case unknownModel(err.Error()):
+		n = inferlb.Outcome{Err: errUnknownModel} // see call.report
 	default:
 		n = inferlb.Outcome{Err: err}
 	}
