@@ -62,7 +62,6 @@ func (c *call) notServed(resp *http.Response, may bool, rb *reqBody) (retryAttem
 	if err != nil || !namesMissingModel(head, c.info.Model) {
 		return retryAttempt{}, false
 	}
-	c.status = http.StatusNotFound
 	c.ends.Or(endNotServed)
 	next, ok := c.retry(may, rb, errNotServed)
 	if !ok {
@@ -111,18 +110,17 @@ func namesMissingModel(body []byte, model string) bool {
 // quotes reports whether body holds s between quote marks of any kind.
 func quotes(body []byte, s string) bool {
 	quote := func(c byte) bool { return c == '"' || c == '`' || c == '\'' || c == '\\' }
-	for rest, off := body, 0; ; {
-		i := bytes.Index(rest, []byte(s))
-		if i < 0 || s == "" {
-			return false
+	for off := 0; s != ""; off++ {
+		i := bytes.Index(body[off:], []byte(s))
+		if i < 0 {
+			break
 		}
-		at := off + i
-		if at > 0 && quote(body[at-1]) && at+len(s) < len(body) && quote(body[at+len(s)]) {
+		off += i
+		if off > 0 && quote(body[off-1]) && off+len(s) < len(body) && quote(body[off+len(s)]) {
 			return true
 		}
-		off = at + 1
-		rest = body[off:]
 	}
+	return false
 }
 
 // readBack is a response body of which head was read already: it gives
