@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -132,6 +133,7 @@ func TestE2ETritonUnknownModelIsNotServed(t *testing.T) {
 			serving.start(t)
 			name, b := shared(t, core.Options{BreakerFailures: 2, Rand: testutil.NewRand(11)})
 			conn, _ := dial(t, []*backend{lacking, serving}, name, `{"modelHeader": "x-model"}`)
+			allReady(t, conn, b, 2)
 			client := testgrpc.NewTestServiceClient(conn)
 			ctx := metadata.AppendToOutgoingContext(testContext(t), "x-model", "llm")
 			failed := 0
@@ -168,6 +170,7 @@ func TestE2EUnaryRetryGoesPastUnknownModel(t *testing.T) {
 	}
 	name, b := shared(t, core.Options{Rand: testutil.NewRand(3)})
 	conn, _ := dial(t, bs, name, `{"modelHeader": "x-model"}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(5)))
+	allReady(t, conn, b, len(bs))
 	client := testgrpc.NewTestServiceClient(conn)
 	ctx := metadata.AppendToOutgoingContext(testContext(t), "x-model", "llm")
 	for i := range 20 {
@@ -183,4 +186,21 @@ func TestE2EUnaryRetryGoesPastUnknownModel(t *testing.T) {
 		assert.Zero(t, s.Failures)
 	}
 	assert.LessOrEqual(t, met, int64(4))
+}
+
+// allReady connects conn and waits until the n endpoints of b are ready:
+// a test whose calls must find every backend (a model on one of them) may
+// not start while some still connect.
+func allReady(t *testing.T, conn *grpc.ClientConn, b *core.Balancer, n int) {
+	t.Helper()
+	conn.Connect()
+	require.Eventually(t, func() bool {
+		ready := 0
+		for _, s := range b.Stats() {
+			if s.Ready {
+				ready++
+			}
+		}
+		return ready == n
+	}, 10*time.Second, time.Millisecond, "the endpoints connect")
 }
