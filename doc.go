@@ -98,9 +98,9 @@
 // An answer that the endpoint does not serve the call's model (vLLM's 404
 // for a LoRA adapter loaded elsewhere, Ollama's model not found, Triton's
 // unknown model) is neither success nor failure: the Balancer remembers it
-// (a few models per endpoint, for NotServedMemory) and passes the endpoint
-// over for that model's calls, and the HTTP transport sends the call on to
-// another endpoint.
+// (a bounded table of endpoint and model pairs, for NotServedMemory) and
+// passes the endpoint over for that model's calls, and the HTTP transport
+// sends the call on to another endpoint.
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. Pick never blocks, locks or allocates.

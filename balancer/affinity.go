@@ -469,7 +469,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 //
 // With a shard (sh not nil), members outside it are skipped: the owner is
 // the key's first endpoint in the shard, and rank counts only the shard's.
-// So are members remembered not to serve the call's model (c.lacks): the
+// So are members remembered not to serve the call's model (c.lack): the
 // key's owner is its first endpoint that has the model, and a key whose
 // ring owner lacks it is placed among those that have it as any key is,
 // not spilled past a missing owner (which made every such key a spill
@@ -492,7 +492,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if !ok {
 			break
 		}
-		if sh != nil && !sh.has(i) || c.lacks != 0 && g.members[i].lacks(c.lacks, lackNow(c.nowNs)) {
+		if sh != nil && !sh.has(i) || c.passOver(g.members[i]) {
 			// Not a step: in a large group a small shard's members can
 			// lie far along the key's walk (about n/k offers), and a key
 			// that gave up before its owner would lose its endpoint.

@@ -83,10 +83,10 @@ type Balancer struct {
 	all   atomic.Pointer[[]*endpoint] // eps as a slice, for outlier detection
 	epoch atomic.Uint64               // bumped on any readiness or standing change
 
-	// Models some endpoint answered it does not serve (notserved.go), and
-	// the unix ns after which no such memory is live.
-	lackModels [lackModelSlots]atomic.Uint64
-	lackAt     atomic.Int64
+	// Models endpoints answered they do not serve (notserved.go), from
+	// the first such answer, and the unix ns after which none is live.
+	lack   atomic.Pointer[lackTable]
+	lackAt atomic.Int64
 
 	retry         *retryBudget
 	retries       atomic.Uint64
@@ -564,8 +564,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
 	if req.Model != "" && b.lackAt.Load() > nowNs {
-		var all bool
-		if c.lacks, all = b.lacking(req.Model, g, &c); all && retry {
+		if all := b.lacking(req.Model, g, &c); all && retry {
 			// A first pick goes ahead (the memory may be stale: the
 			// server's answer is the caller's), but a retry to an
 			// endpoint remembered not to serve the model would only
@@ -710,15 +709,15 @@ type cand struct {
 	// With panicking: only members whose breaker is closed and that are
 	// not ejected, i.e. at most cooling down (a tenant's shard, see pickWith).
 	coolingOnly bool
-	// lacks, when not 0, is the hash of the request's model, which some
-	// members are remembered not to serve: they are passed over (see
-	// lacking).
-	lacks uint32
+	// With lack set, the members remembered not to serve the request's
+	// model (its key lacks) are passed over (see lacking).
+	lack  *lackTable
+	lacks uint64
 }
 
 func (c *cand) ok(e *endpoint) bool {
 	return e.usable(c.bit, c.nowNs, c.panicking) && (c.exclude == "" || e.id != c.exclude) &&
-		(!c.coolingOnly || !e.heldOut(c.nowNs)) && (c.lacks == 0 || !e.lacks(c.lacks, lackNow(c.nowNs)))
+		(!c.coolingOnly || !e.heldOut(c.nowNs)) && !c.passOver(e)
 }
 
 func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {

@@ -112,9 +112,6 @@ type endpoint struct {
 	// Affinity calls taken as a spill (not the key's owner), by whether the
 	// spill memory knew the endpoint as warm for the key.
 	spillsWarm, spillsCold atomic.Uint64
-
-	// Models it answered it does not serve, and until when (notserved.go).
-	lack [lackSlots]atomic.Uint64
 }
 
 // pickCount derives how many calls were routed to e from how they ended

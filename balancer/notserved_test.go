@@ -156,11 +156,12 @@ func TestNotServedEverywhereStillPicks(t *testing.T) {
 }
 
 // TestNotServedMemoryIsBounded: model names are request data; however many
-// an endpoint is reported not to serve, it remembers four, the latest
-// (the one that lapses first makes room), and the Balancer's list sixteen.
+// an endpoint is reported not to serve, the memory stays its fixed size
+// (lackPairs pairs, lackModels models) and keeps the latest: of a thousand
+// made-up names, the last ones are remembered, the first ones forgotten.
 func TestNotServedMemoryIsBounded(t *testing.T) {
 	clock := testutil.NewClock()
-	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(4)})
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(4), AffinitySeed: 1})
 	lacking := endpoints(2)[1].Addr
 	model := func(i int) string { return fmt.Sprintf("model-%d", i) }
 	report := func(i int) {
@@ -185,24 +186,21 @@ func TestNotServedMemoryIsBounded(t *testing.T) {
 		}
 		return false
 	}
-	for i := range 5 {
+	const n = 1000
+	for i := range n {
 		report(i)
-		clock.Advance(100 * time.Millisecond)
+		clock.Advance(time.Millisecond)
 	}
-	assert.True(t, reached(0), "the oldest of five made room for the fifth")
-	for i := 1; i < 5; i++ {
-		assert.False(t, reached(i), "model %d is among the four latest", i)
+	for i := n - 8; i < n; i++ {
+		assert.False(t, reached(i), "model %d is among the latest", i)
 	}
-	// Twenty more models, each on the endpoint: the Balancer's list
-	// holds the sixteen latest, the endpoint the four latest of those.
-	for i := 5; i < 25; i++ {
-		report(i)
-		clock.Advance(100 * time.Millisecond)
+	forgotten := 0
+	for i := range 100 {
+		if reached(i) {
+			forgotten++
+		}
 	}
-	for i := 21; i < 25; i++ {
-		assert.False(t, reached(i), "model %d is among the four latest", i)
-	}
-	assert.True(t, reached(20))
+	assert.GreaterOrEqual(t, forgotten, 90, "the first 100 of %d made room", n)
 }
 
 func TestNotServedMemoryValidation(t *testing.T) {
@@ -365,4 +363,47 @@ func TestKeysOfAModelFewServeStayHome(t *testing.T) {
 	for _, s := range b.Stats() {
 		assert.Zero(t, s.WarmSpills+s.ColdSpills, "%s: no call is a spill at no load", s.ID)
 	}
+}
+
+// TestNotServedMemoryHoldsAManyAdapterFleet: 8 endpoints and 32 adapters,
+// each loaded on 2 of them: once each endpoint has answered once for each
+// adapter it lacks (192 pairs), no adapter call goes where it is not
+// served. Four slots per endpoint, the memory's first layout, held 4 of the
+// 24 adapters each endpoint lacks, and the rest kept coming back.
+func TestNotServedMemoryHoldsAManyAdapterFleet(t *testing.T) {
+	clock := testutil.NewClock()
+	const n, adapters = 8, 32
+	b := newBalancer(t, n, balancer.Options{Clock: clock, Rand: testutil.NewRand(14)})
+	eps := endpoints(n)
+	serves := func(j int, id string) bool { return id == eps[j%n].Addr || id == eps[(j+4)%n].Addr }
+	call := func(j int) (missed bool) {
+		model := fmt.Sprintf("adapter-%d", j)
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model})
+		require.NoError(t, err)
+		if !serves(j, p.ID()) {
+			p.Done(inferlb.Outcome{NotServedModel: model})
+			return true
+		}
+		p.Done(inferlb.Outcome{})
+		return false
+	}
+	learned := 0
+	for range 40 { // rounds of one call per adapter, until nothing is missed
+		for j := range adapters {
+			if call(j) {
+				learned++
+			}
+		}
+		clock.Advance(100 * time.Millisecond)
+	}
+	assert.Equal(t, adapters*(n-2), learned, "each missing pair met once")
+	missed := 0
+	for range 10 {
+		for j := range adapters {
+			if call(j) {
+				missed++
+			}
+		}
+	}
+	assert.Zero(t, missed, "of 320 adapter calls after learning")
 }

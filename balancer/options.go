@@ -127,8 +127,9 @@ type Options struct {
 	// "unknown model") is passed over by that model's picks, unless no
 	// other endpoint can take them. Other models' picks are not affected,
 	// nor is the endpoint's health. 0 means DefaultNotServedMemory (30s);
-	// negative turns the memory off; at most MaxNotServedMemory. Each
-	// endpoint remembers 4 models, the Balancer 16 (see notserved.go).
+	// negative turns the memory off; at most MaxNotServedMemory. It holds
+	// up to 4,096 (endpoint, model) pairs and 256 models, 34 KiB allocated
+	// at the first such answer (see notserved.go).
 	NotServedMemory time.Duration
 	// SlowStartWindow is how long an endpoint that joins an already-serving
 	// balancer (or recovers) takes to ramp to its full weight. Default 30s;

@@ -70,8 +70,8 @@
 // (inferlb retries as its adapters do, with Balancer.PickRetry: on another
 // replica than the one that failed, within the retry budget).
 // Replicas may serve only some models (ReplicaSpec.Models: the lora
-// scenario loads each LoRA adapter on 2 of 8 replicas and tells discovery
-// nothing of it). A call for a model its replica lacks is answered within
+// scenario loads each of 4 LoRA adapters on 2 of 8 replicas and tells
+// discovery nothing of it; lora-many does the same with 32). A call for a model its replica lacks is answered within
 // milliseconds, with no GPU work, as vLLM's 404 "The model `x` does not
 // exist." is: inferlb reports it as Outcome.NotServedModel and sends the
 // call on with PickRetry up to 8 times, as the HTTP transport does; the

@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -57,6 +58,7 @@ func Scenarios() []*Scenario {
 		FailuresScenario(),
 		SheddingScenario(),
 		LoRAScenario(),
+		ManyLoRAScenario(),
 		TenantsScenario(),
 	}
 }
@@ -345,6 +347,44 @@ func LoRAScenario() *Scenario {
 		RoundRobin(), LeastRequest(), RingHash(),
 		InferLB(Variant{Name: "inferlb"}),
 		InferLB(Variant{Name: "inferlb one retry", NotServedHops: 1}),
+		InferLB(Variant{Name: "inferlb not-served-as-success", NotServedAsSuccess: true}),
+		InferLB(Variant{Name: "inferlb labels", ModelLabels: true}),
+	}
+	return sc
+}
+
+// ManyLoRAScenario is the lora scenario with 32 adapters, adapter j on
+// replicas j mod 8 and j+4 mod 8: each replica has 8 and lacks 24, so the
+// memory must hold 192 (replica, adapter) pairs, which a memory of a few
+// models per endpoint cannot (see balancer/notserved.go).
+func ManyLoRAScenario() *Scenario {
+	sc := LoRAScenario()
+	sc.Name = "lora-many"
+	sc.Description = "chat; 40% of sessions ask for one of 32 LoRA adapters, each loaded on 2 of 8 replicas (undeclared); the others answer 404 at once"
+	adapters := make([]string, 32)
+	for j := range adapters {
+		adapters[j] = fmt.Sprintf("lora-%02d", j)
+	}
+	chat := sc.Workload
+	sc.Workload = func(rate float64) Workload {
+		w := chat(rate).(*Chat)
+		w.Adapters = adapters
+		return w
+	}
+	n := len(sc.Fleet)
+	for i := range sc.Fleet {
+		ms := []string{Model}
+		for j, a := range adapters {
+			if j%n == i || (j+n/2)%n == i {
+				ms = append(ms, a)
+			}
+		}
+		sc.Fleet[i].Models = ms
+	}
+	sc.Rates = []float64{40}
+	sc.Policies = []Policy{
+		RoundRobin(), LeastRequest(), RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
 		InferLB(Variant{Name: "inferlb not-served-as-success", NotServedAsSuccess: true}),
 		InferLB(Variant{Name: "inferlb labels", ModelLabels: true}),
 	}
