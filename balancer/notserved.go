@@ -73,8 +73,8 @@ func lackSet(table []atomic.Uint64, key uint64) ([]atomic.Uint64, uint64) {
 	return table[i : i+lackWays], max(key>>lackTimeBits, 1)
 }
 
-// live reports whether set holds tag, live at now.
-func live(set []atomic.Uint64, tag, now uint64) bool {
+// lackLive reports whether set holds tag, live at now.
+func lackLive(set []atomic.Uint64, tag, now uint64) bool {
 	for i := range set {
 		if w := set[i].Load(); w>>lackTimeBits == tag && w&lackTimeMask > now {
 			return true
@@ -139,7 +139,7 @@ func lackPut(set []atomic.Uint64, tag, until, now uint64) bool {
 // model at now.
 func (t *lackTable) lacks(e *endpoint, model, now uint64) bool {
 	set, tag := lackSet(t.pairs[:], pairKey(e.serial, model))
-	return live(set, tag, now)
+	return lackLive(set, tag, now)
 }
 
 // notServed records e's answer that it does not serve model, at nowNs.
@@ -183,7 +183,7 @@ func (b *Balancer) lacking(model string, g *group, c *cand) (all bool) {
 		return false
 	}
 	key, now := b.modelKey(model), lackNow(c.nowNs)
-	if set, tag := lackSet(t.models[:], key); !live(set, tag, now) {
+	if set, tag := lackSet(t.models[:], key); !lackLive(set, tag, now) {
 		return false
 	}
 	some, other := false, false
