@@ -99,37 +99,44 @@ func TestNotServedMemoryLapses(t *testing.T) {
 	clock := testutil.NewClock()
 	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(1), NotServedMemory: 5 * time.Second})
 	lacking := endpoints(2)[1].Addr
-	req := &inferlb.Request{Service: inferlb.ServiceEmbedding, Model: "m"}
-	mark := func() {
-		for {
-			p, err := b.Pick(req)
-			require.NoError(t, err)
-			if p.ID() == lacking {
-				p.Done(inferlb.Outcome{NotServedModel: "m"})
-				return
-			}
-			p.Done(inferlb.Outcome{Latency: time.Millisecond})
-		}
-	}
-	share := func(model string) int {
-		n := 0
-		for range 100 {
-			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model})
-			require.NoError(t, err)
-			if p.ID() == lacking {
-				n++
-			}
-			p.Done(inferlb.Outcome{Latency: time.Millisecond})
-		}
-		return n
-	}
-	mark()
-	assert.Zero(t, share("m"), "remembered")
-	assert.Positive(t, share("other"), "another model's picks are not affected")
+	reportNotServed(t, b, lacking, "m")
+	assert.False(t, reaches(t, b, lacking, "m"), "remembered")
+	assert.True(t, reaches(t, b, lacking, "other"), "another model's picks are not affected")
 	clock.Advance(4900 * time.Millisecond)
-	assert.Zero(t, share("m"), "still remembered before NotServedMemory has passed")
+	assert.False(t, reaches(t, b, lacking, "m"), "still remembered before NotServedMemory has passed")
 	clock.Advance(200 * time.Millisecond)
-	assert.Positive(t, share("m"), "a candidate again once the memory lapsed")
+	assert.True(t, reaches(t, b, lacking, "m"), "a candidate again once the memory lapsed")
+}
+
+// reportNotServed picks embedding calls for model, which the other
+// endpoints serve, until one lands on lacking, which answers that it does
+// not serve it.
+func reportNotServed(t *testing.T, b *balancer.Balancer, lacking, model string) {
+	t.Helper()
+	for {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model})
+		require.NoError(t, err)
+		if p.ID() == lacking {
+			p.Done(inferlb.Outcome{NotServedModel: model})
+			return
+		}
+		p.Done(inferlb.Outcome{Latency: time.Millisecond})
+	}
+}
+
+// reaches reports whether any of 60 embedding calls for model is picked
+// for the endpoint to, each answered at once (so load does not decide).
+func reaches(t *testing.T, b *balancer.Balancer, to, model string) bool {
+	t.Helper()
+	for range 60 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Latency: time.Millisecond})
+		if p.ID() == to {
+			return true
+		}
+	}
+	return false
 }
 
 // TestNotServedEverywhereStillPicks: when every endpoint is remembered not
@@ -164,39 +171,17 @@ func TestNotServedMemoryIsBounded(t *testing.T) {
 	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(4), AffinitySeed: 1})
 	lacking := endpoints(2)[1].Addr
 	model := func(i int) string { return fmt.Sprintf("model-%d", i) }
-	report := func(i int) {
-		for {
-			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model(i)})
-			require.NoError(t, err)
-			if p.ID() == lacking {
-				p.Done(inferlb.Outcome{NotServedModel: model(i)})
-				return
-			}
-			p.Done(inferlb.Outcome{Latency: time.Millisecond})
-		}
-	}
-	reached := func(i int) bool {
-		for range 60 {
-			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model(i)})
-			require.NoError(t, err)
-			p.Done(inferlb.Outcome{Latency: time.Millisecond})
-			if p.ID() == lacking {
-				return true
-			}
-		}
-		return false
-	}
 	const n = 1000
 	for i := range n {
-		report(i)
+		reportNotServed(t, b, lacking, model(i))
 		clock.Advance(time.Millisecond)
 	}
 	for i := n - 8; i < n; i++ {
-		assert.False(t, reached(i), "model %d is among the latest", i)
+		assert.False(t, reaches(t, b, lacking, model(i)), "model %d is among the latest", i)
 	}
 	forgotten := 0
 	for i := range 100 {
-		if reached(i) {
+		if reaches(t, b, lacking, model(i)) {
 			forgotten++
 		}
 	}
@@ -297,28 +282,10 @@ func TestNotServedMemoryDoesNotRevive(t *testing.T) {
 	clock := testutil.NewClock()
 	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(12)})
 	lacking := endpoints(2)[1].Addr
-	report := func(model string) {
-		for {
-			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: model})
-			require.NoError(t, err)
-			if p.ID() == lacking {
-				p.Done(inferlb.Outcome{NotServedModel: model})
-				return
-			}
-			p.Done(inferlb.Outcome{Latency: time.Millisecond})
-		}
-	}
-	report("old")
+	reportNotServed(t, b, lacking, "old")
 	clock.Advance(500 * 24 * time.Hour)
-	report("new")
-	reached := false
-	for range 60 {
-		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: "old"})
-		require.NoError(t, err)
-		p.Done(inferlb.Outcome{Latency: time.Millisecond})
-		reached = reached || p.ID() == lacking
-	}
-	assert.True(t, reached, "the entry of 500 days ago lapsed for good")
+	reportNotServed(t, b, lacking, "new")
+	assert.True(t, reaches(t, b, lacking, "old"), "the entry of 500 days ago lapsed for good")
 }
 
 // TestKeysOfAModelFewServeStayHome: an affinity key whose ring owner is
