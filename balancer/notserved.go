@@ -109,7 +109,10 @@ func mix64(x uint64) uint64 {
 
 // lackPut records tag, lapsing at until, in set: its entry is extended, or
 // else a free or lapsed slot, or the one that lapses first, takes it. It
-// reports whether tag was not live there before.
+// reports whether tag was not live there before. Two writers of one tag
+// race to the same slot and one retries; only a third writer changing the
+// set between their scans can leave the tag in two slots (both live, both
+// lapsing: harmless, and an EventNotServed twice).
 func lackPut(set []atomic.Uint64, tag, until, now uint64) bool {
 	free := func(w uint64) bool { return w&lackTimeMask <= now }
 	for {

@@ -2,11 +2,13 @@ package balancer_test
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
@@ -373,4 +375,60 @@ func TestNotServedMemoryHoldsAManyAdapterFleet(t *testing.T) {
 		}
 	}
 	assert.Zero(t, missed, "of 320 adapter calls after learning")
+}
+
+// TestNotServedMemoryUnderConcurrency: picks and not-served reports from
+// many goroutines at once (run under -race in CI): the memory's table is
+// made once, entries are written with compare-and-swap, and afterwards no
+// call of a model goes to an endpoint announced without it (EventNotServed).
+func TestNotServedMemoryUnderConcurrency(t *testing.T) {
+	const n, workers, adapters = 8, 8, 16
+	var mu sync.Mutex
+	announced := map[[2]string]int{}
+	b := newBalancer(t, n, balancer.Options{Rand: testutil.NewRand(15), NotServedMemory: balancer.MaxNotServedMemory,
+		OnEvent: func(e balancer.Event) {
+			if e.Kind == balancer.EventNotServed {
+				mu.Lock()
+				announced[[2]string{e.Endpoint, e.Model}]++
+				mu.Unlock()
+			}
+		}})
+	eps := endpoints(n)
+	serves := func(j int, id string) bool { return id == eps[j%n].Addr || id == eps[(j+1)%n].Addr }
+	var g errgroup.Group
+	for w := range workers {
+		g.Go(func() error {
+			for i := range 400 {
+				j := (w*31 + i) % adapters
+				model := fmt.Sprintf("adapter-%d", j)
+				p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model, AffinityKey: uint64(i%7 + 1)})
+				if err != nil {
+					return err
+				}
+				if serves(j, p.ID()) {
+					p.Done(inferlb.Outcome{})
+				} else {
+					p.Done(inferlb.Outcome{NotServedModel: model})
+				}
+			}
+			return nil
+		})
+	}
+	require.NoError(t, g.Wait())
+	var notServed uint64
+	for _, s := range b.Stats() {
+		notServed += s.NotServed
+		assert.Zero(t, s.InFlight)
+	}
+	require.NotEmpty(t, announced)
+	assert.LessOrEqual(t, notServed, uint64(len(announced)*workers), "each pair met at most once per worker before it was remembered")
+	for j := range adapters {
+		model := fmt.Sprintf("adapter-%d", j)
+		for range 40 {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model})
+			require.NoError(t, err)
+			assert.Zero(t, announced[[2]string{p.ID(), model}], "%s went to %s, announced without it", model, p.ID())
+			p.Done(inferlb.Outcome{})
+		}
+	}
 }
