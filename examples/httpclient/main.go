@@ -14,7 +14,10 @@
 // holds a few conversations on the Responses API, each follow-up naming the
 // response it continues (previous_response_id), against backends that keep
 // stored responses in memory as vLLM does, so a follow-up sent anywhere else
-// fails with 404; and the same through a plain round-robin transport. Compare
+// fails with 404; and the same through a plain round-robin transport. Then it
+// asks for a LoRA adapter that only one replica has loaded, through both: the
+// others answer 404 at once, as vLLM does, and inferlb sends such a call on
+// and then keeps the adapter's calls off them. Compare
 // -affinity prefer (the default: a prompt's key owner keeps it while within
 // its load bound) with -affinity off (pure load and telemetry).
 //
@@ -56,13 +59,18 @@ type backend struct {
 	running  atomic.Int64
 	plain    atomic.Int64
 	streamed atomic.Int64
-	session  atomic.Int64 // calls of the pinned conversation
+	session  atomic.Int64    // calls of the pinned conversation
+	adapters map[string]bool // LoRA adapters loaded here, besides the base model
+	notFound atomic.Int64    // calls for a model not loaded here
 
 	mu     sync.Mutex
 	stored map[string]bool // response IDs this replica made (its in-memory store)
 }
 
 const tokens = 8
+
+// baseModel is the model every replica serves.
+const baseModel = "llama-3-8b"
 
 func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/v1/responses" {
@@ -81,6 +89,14 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if req.Model != baseModel && !b.adapters[req.Model] {
+		// vLLM's answer for a model (a LoRA adapter) it has not loaded.
+		b.notFound.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(w, `{"error":{"message":"The model `+"`%s`"+` does not exist.","type":"NotFoundError","param":null,"code":404}}`, req.Model)
 		return
 	}
 	if r.Header.Get("X-Session-Id") != "" {
@@ -162,7 +178,7 @@ func main() {
 	}
 
 	backends := []*backend{
-		{name: "vllm-0", kvCache: 0.30, perToken: 2 * time.Millisecond},
+		{name: "vllm-0", kvCache: 0.30, perToken: 2 * time.Millisecond, adapters: map[string]bool{"sql-lora": true}},
 		{name: "vllm-1", kvCache: 0.35, perToken: 2 * time.Millisecond},
 		{name: "vllm-2", kvCache: 0.97, perToken: 2 * time.Millisecond}, // nearly full
 		{name: "vllm-3", kvCache: 0.30, perToken: 6 * time.Millisecond}, // 3x slower per token
@@ -215,7 +231,7 @@ func main() {
 	// turn lands where the previous ones left their KV cache.
 	for turn := range 5 {
 		_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-			Model:    "llama-3-8b",
+			Model:    baseModel,
 			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("turn %d", turn))},
 		}, option.WithHeader("X-Session-Id", "user-42"))
 		if err != nil {
@@ -262,7 +278,7 @@ func main() {
 			prev := ""
 			for turn := range 4 {
 				params := responses.ResponseNewParams{
-					Model: "llama-3-8b",
+					Model: baseModel,
 					Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(fmt.Sprintf("conversation %d, turn %d", conv, turn))},
 				}
 				if prev != "" {
@@ -277,6 +293,44 @@ func main() {
 			}
 		}
 		fmt.Printf("Responses API through %s: %d of 8 four-turn conversations lost their stored response\n", c.name, lost)
+	}
+
+	// A LoRA adapter loaded on vllm-0 alone, and nothing in the endpoint
+	// list says so: the other replicas answer its calls 404 at once.
+	fmt.Println()
+	for _, c := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{
+		{"inferlb", transport},
+		{"round-robin", &roundRobin{hosts: endpoints}},
+	} {
+		client := openai.NewClient(
+			option.WithHTTPClient(&http.Client{Transport: c.rt}),
+			option.WithBaseURL("http://llm.internal/v1/"),
+			option.WithAPIKey("unused"),
+			option.WithMaxRetries(0),
+		)
+		var before int64
+		for _, b := range backends {
+			before += b.notFound.Load()
+		}
+		failed := 0
+		for i := range 20 {
+			_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+				Model:     "sql-lora",
+				Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("query %d", i))},
+				MaxTokens: openai.Int(tokens),
+			})
+			if err != nil {
+				failed++
+			}
+		}
+		var met int64
+		for _, b := range backends {
+			met += b.notFound.Load()
+		}
+		fmt.Printf("LoRA adapter on vllm-0 only, through %s: %d of 20 calls failed (%d 404s met on the way)\n", c.name, failed, met-before)
 	}
 }
 
@@ -299,7 +353,7 @@ func (rr *roundRobin) RoundTrip(r *http.Request) (*http.Response, error) {
 // chat sends call i: streamed when i is odd, each with its own prompt.
 func chat(ctx context.Context, client openai.Client, i int) error {
 	params := openai.ChatCompletionNewParams{
-		Model: "llama-3-8b",
+		Model: baseModel,
 		Messages: []openai.ChatCompletionMessageParamUnion{
 			openai.SystemMessage("You are a concise assistant."),
 			openai.UserMessage(fmt.Sprintf("Question %d: what is %d + %d?", i, i, i)),
