@@ -188,9 +188,10 @@
 // never retried once a response has started: the caller may already hold
 // part of it.
 //
-// One answer is retried in the same way before the caller sees it, up to
-// 8 times for one call rather than once (the answers cost the servers
-// nothing, and each retry passes over the endpoints met before): a 404 to
+// One answer is retried in the same way before the caller sees it, past
+// as many endpoints as the Transport has, less one (8 to 64), rather than
+// once (the answers cost the servers nothing, each retry passes over the
+// endpoints met before, and the retry budget bounds them): a 404 to
 // a call with a model whose body (of known length, at most 2 KiB, read by
 // the transport) names the model and says it does not exist or was not
 // found. That is the endpoint saying it does not serve the model (vLLM for

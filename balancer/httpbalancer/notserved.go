@@ -22,20 +22,36 @@ import (
 // the caller sees the other endpoint's answer; the balancer keeps the
 // endpoint out of that model's picks for a while (balancer.Options.
 // NotServedMemory), so later calls go straight to a replica that has it.
-// Unlike a failover, this goes on up to maxNotServedHops times: the
-// answers cost the servers nothing, and in a fleet where one replica of
-// eight has the adapter, a single retry would fail most of the adapter's
-// first calls (each hop passes over the endpoints met before: the last by
-// PickRetry, the earlier ones by the memory). When the call cannot go
-// elsewhere, the caller gets the 404 as it came, every byte of it.
+// Unlike a failover, this goes on past as many endpoints as the Transport
+// has, less one (at least 8, at most 64: see notServedHops): the answers
+// cost the servers nothing, and in a fleet where one replica of eight has
+// the adapter, a single retry would fail most of the adapter's first calls
+// (each hop passes over the endpoints met before: the last by PickRetry,
+// the earlier ones by the memory). The retry budget bounds the hops as it
+// bounds failovers, so made-up model names cannot multiply a client's
+// calls. When the call cannot go elsewhere, the caller gets the 404 as it
+// came, every byte of it.
 //
 // A 404 whose body does not name the model (a route the server lacks,
 // FastAPI's {"detail": "Not Found"}), or whose body is not of a known
 // length up to maxNotServedBody, is a response like any other.
 
-// maxNotServedHops bounds how many endpoints without the model one call
-// meets before its caller gets the 404.
-const maxNotServedHops = 8
+// minNotServedHops and maxNotServedHops bound how many endpoints without
+// the model one call meets before its caller gets the 404 (notServedHops).
+const (
+	minNotServedHops = 8
+	maxNotServedHops = 64
+)
+
+// notServedHops is how many endpoints without its model a call may meet:
+// all the Transport's endpoints but one, so that a first call finds the
+// one replica of a large fleet that has an adapter (12 replicas, one with
+// it: a cap of 8 failed 5 of 20 new callers' first calls), within
+// [minNotServedHops, maxNotServedHops]. With a shared Balancer whose
+// endpoints another adapter set, the Transport counts none: 8.
+func (t *Transport) notServedHops() int {
+	return min(max(t.endpointCount()-1, minNotServedHops), maxNotServedHops)
+}
 
 // maxNotServedBody is the longest 404 body read for the model's name; the
 // servers' answers are under 300 bytes.

@@ -308,3 +308,23 @@ func TestModelNobodyServes(t *testing.T) {
 	}
 	assert.Equal(t, uint64(2), tr.Stats().Failovers, "the first call's two hops")
 }
+
+// TestModelNotServedLargeFleet: twelve replicas, one with the adapter. A
+// new caller's first call for it goes on past up to eleven without it, so
+// it always finds the one; a cap of 8 hops failed 5 of these 20 (the first
+// 9 replicas met all without the adapter: 3 chances in 12).
+func TestModelNotServedLargeFleet(t *testing.T) {
+	owner := newLoRABackend(t, "owner", "adapter")
+	fleet := []*backend{owner.backend}
+	for i := range 11 {
+		fleet = append(fleet, newLoRABackend(t, fmt.Sprintf("r%d", i)).backend)
+	}
+	for seed := range uint64(20) {
+		tr := newTransport(t, httpbalancer.Options{
+			Endpoints:       endpointsOf(fleet...),
+			BalancerOptions: balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(100 + seed)},
+		})
+		resp, out := post(t, &http.Client{Transport: tr}, loraBody("adapter", int(seed)))
+		require.Equal(t, http.StatusOK, resp.StatusCode, "seed %d: %s", seed, out)
+	}
+}

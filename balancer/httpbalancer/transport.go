@@ -426,7 +426,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 				if resp.StatusCode == http.StatusNotFound && c.info.Model != "" {
 					// Perhaps the endpoint does not serve the model
 					// (see notServed): then the call goes elsewhere.
-					if next, ok := c.notServed(resp, hops < maxNotServedHops, &rb); ok {
+					if next, ok := c.notServed(resp, hops < t.notServedHops(), &rb); ok {
 						c.pick, body = next.pick, next.body
 						hops++
 						t.failovers.Add(1)
