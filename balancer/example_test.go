@@ -89,3 +89,29 @@ func ExampleBalancer_NewMembership() {
 	// gRPC call to r1
 	// endpoints in the Balancer: 3
 }
+
+// An adapter that reads "this server has no such model" from an answer
+// (vLLM's 404 for a LoRA adapter it has not loaded) reports it with
+// NotServedModel: neither success nor failure, and that model's next calls
+// go to the endpoints that have not said so.
+func ExampleOptions_notServedMemory() {
+	b := balancer.New(balancer.Options{})
+	_ = b.Update([]inferlb.Endpoint{{Addr: "vllm-a:8000"}, {Addr: "vllm-b:8000"}})
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "sql-lora"}
+	for {
+		p, _ := b.Pick(req)
+		if p.ID() == "vllm-b:8000" { // vllm-b has not loaded the adapter
+			p.Done(inferlb.Outcome{NotServedModel: "sql-lora"})
+			break
+		}
+		p.Done(inferlb.Outcome{})
+	}
+	to := map[string]int{}
+	for range 10 {
+		p, _ := b.Pick(req)
+		to[p.ID()]++
+		p.Done(inferlb.Outcome{})
+	}
+	fmt.Println(to, b.Stats()[1].NotServed)
+	// Output: map[vllm-a:8000:10] 1
+}
