@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -166,12 +165,7 @@ func TestOpenAIClientResponsesConversation(t *testing.T) {
 	eps := responsesFleet(t, 4)
 	tr := newTransport(t, httpbalancer.Options{Endpoints: eps,
 		BalancerOptions: balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1}})
-	client := openai.NewClient(
-		option.WithHTTPClient(&http.Client{Transport: tr}),
-		option.WithBaseURL("http://llm.internal/v1/"),
-		option.WithAPIKey("unused"),
-		option.WithMaxRetries(0),
-	)
+	client := openAIClient(tr)
 	ctx := context.Background()
 	for c := range 8 {
 		var prev, home string

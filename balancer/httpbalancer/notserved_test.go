@@ -311,8 +311,9 @@ func TestModelNobodyServes(t *testing.T) {
 
 // TestModelNotServedLargeFleet: twelve replicas, one with the adapter. A
 // new caller's first call for it goes on past up to eleven without it, so
-// it always finds the one; a cap of 8 hops failed 5 of these 20 (the first
-// 9 replicas met all without the adapter: 3 chances in 12).
+// it always finds the one; a cap of 8 hops (notServedHops returning 8, a
+// temporary edit) failed 5 of these 20 (the first 9 replicas met all
+// without the adapter: 3 chances in 12).
 func TestModelNotServedLargeFleet(t *testing.T) {
 	owner := newLoRABackend(t, "owner", "adapter")
 	fleet := []*backend{owner.backend}

@@ -18,6 +18,18 @@ import (
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
+// openAIClient is the official OpenAI client over rt, at the logical base
+// URL every test calls, with its own retries off: failover is the
+// transport's job here.
+func openAIClient(rt http.RoundTripper) openai.Client {
+	return openai.NewClient(
+		option.WithHTTPClient(&http.Client{Transport: rt}),
+		option.WithBaseURL("http://llm.internal/v1/"),
+		option.WithAPIKey("unused"),
+		option.WithMaxRetries(0),
+	)
+}
+
 // TestOpenAIClient drives the official OpenAI Go client through the
 // transport, plain and streaming, and checks the balancer saw each call as
 // an LLM call for the right model and ended it when the body ended.
@@ -29,12 +41,7 @@ func TestOpenAIClient(t *testing.T) {
 		BalancerOptions: balancer.Options{Rand: testutil.NewRand(5)},
 		OnResult:        res.on,
 	})
-	client := openai.NewClient(
-		option.WithHTTPClient(&http.Client{Transport: tr}),
-		option.WithBaseURL("http://llm.internal/v1/"),
-		option.WithAPIKey("unused"),
-		option.WithMaxRetries(0), // failover is the transport's job here
-	)
+	client := openAIClient(tr)
 	ctx := context.Background()
 	const n = 30
 	for i := range n {
@@ -102,12 +109,7 @@ func TestOpenAIClientLargeBodyFindsModel(t *testing.T) {
 		BalancerOptions: balancer.Options{Rand: testutil.NewRand(7), MinKeyReuse: -1},
 		OnResult:        res.on,
 	})
-	client := openai.NewClient(
-		option.WithHTTPClient(&http.Client{Transport: tr}),
-		option.WithBaseURL("http://llm.internal/v1/"),
-		option.WithAPIKey("unused"),
-		option.WithMaxRetries(0),
-	)
+	client := openAIClient(tr)
 	image := "data:image/png;base64," + strings.Repeat("iVBORw0KGgo", 2000) // 22 KB
 	const n = 12
 	for i := range n {
@@ -158,12 +160,7 @@ func TestOpenAIClientLoRAFleet(t *testing.T) {
 		Endpoints:       endpointsOf(owner.backend, others[0].backend, others[1].backend),
 		BalancerOptions: balancer.Options{Rand: testutil.NewRand(9), Clock: testutil.NewClock()},
 	})
-	client := openai.NewClient(
-		option.WithHTTPClient(&http.Client{Transport: tr}),
-		option.WithBaseURL("http://llm.internal/v1/"),
-		option.WithAPIKey("unused"),
-		option.WithMaxRetries(0),
-	)
+	client := openAIClient(tr)
 	ctx := context.Background()
 	for i := range 20 {
 		params := openai.ChatCompletionNewParams{

@@ -256,23 +256,22 @@ func main() {
 	}
 	_ = tw.Flush()
 
+	// The same client through inferlb and through a plain round robin,
+	// without the client's own retries, for the last two comparisons.
+	compare := []struct {
+		name   string
+		client openai.Client
+	}{
+		{"inferlb", newClient(transport)},
+		{"round-robin", newClient(&roundRobin{hosts: endpoints})},
+	}
+
 	// Conversations on the Responses API: each follow-up sends only its new
 	// input and names the response it continues, which only the replica
 	// that made it has.
 	fmt.Println()
-	for _, c := range []struct {
-		name string
-		rt   http.RoundTripper
-	}{
-		{"inferlb", transport},
-		{"round-robin", &roundRobin{hosts: endpoints}},
-	} {
-		client := openai.NewClient(
-			option.WithHTTPClient(&http.Client{Transport: c.rt}),
-			option.WithBaseURL("http://llm.internal/v1/"),
-			option.WithAPIKey("unused"),
-			option.WithMaxRetries(0),
-		)
+	for _, c := range compare {
+		client := c.client
 		lost := 0
 		for conv := range 8 {
 			prev := ""
@@ -298,19 +297,8 @@ func main() {
 	// A LoRA adapter loaded on vllm-0 alone, and nothing in the endpoint
 	// list says so: the other replicas answer its calls 404 at once.
 	fmt.Println()
-	for _, c := range []struct {
-		name string
-		rt   http.RoundTripper
-	}{
-		{"inferlb", transport},
-		{"round-robin", &roundRobin{hosts: endpoints}},
-	} {
-		client := openai.NewClient(
-			option.WithHTTPClient(&http.Client{Transport: c.rt}),
-			option.WithBaseURL("http://llm.internal/v1/"),
-			option.WithAPIKey("unused"),
-			option.WithMaxRetries(0),
-		)
+	for _, c := range compare {
+		client := c.client
 		var before int64
 		for _, b := range backends {
 			before += b.notFound.Load()
@@ -332,6 +320,16 @@ func main() {
 		}
 		fmt.Printf("LoRA adapter on vllm-0 only, through %s: %d of 20 calls failed (%d 404s met on the way)\n", c.name, failed, met-before)
 	}
+}
+
+// newClient is the OpenAI client over rt, without retries of its own.
+func newClient(rt http.RoundTripper) openai.Client {
+	return openai.NewClient(
+		option.WithHTTPClient(&http.Client{Transport: rt}),
+		option.WithBaseURL("http://llm.internal/v1/"),
+		option.WithAPIKey("unused"),
+		option.WithMaxRetries(0),
+	)
 }
 
 // roundRobin is the plain alternative: rotate the backend per request.
