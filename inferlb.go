@@ -154,6 +154,18 @@ type Outcome struct {
 	// NotServedMemory). It takes precedence over Err and Overloaded; a
 	// cancellation (Canceled) over it.
 	NotServedModel string
+	// Model is the model of a call the server answered: set it on a
+	// success and on a failure the server itself returned (an HTTP 5xx
+	// answer, an error event in a stream, a gRPC status the server sent),
+	// never on a failure to reach it or a connection that broke, which
+	// are the endpoint's. A server that serves several models can fail
+	// one while it serves the others: with Model set, the balancer holds
+	// such failures against that model on that endpoint instead of
+	// against the endpoint, once the endpoint has served other calls
+	// meanwhile (see package balancer, "A model failing on an endpoint").
+	// Empty, every failure is the endpoint's. The HTTP and gRPC adapters
+	// set it from the call's model.
+	Model string
 }
 
 // Canceled reports whether the outcome is the client's own cancellation, which

@@ -87,6 +87,7 @@ type Balancer struct {
 	// the first such answer, and the unix ns after which none is live.
 	lack   atomic.Pointer[lackTable]
 	lackAt atomic.Int64
+	runs   atomic.Pointer[runTable] // runs of failures of a model on an endpoint (modelfail.go)
 
 	retry         *retryBudget
 	retries       atomic.Uint64
@@ -950,12 +951,27 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		b.cooldown(e, nowNs, o.RetryAfter)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
+	case o.Err != nil && o.Model != "" && b.modelFailed(e, o.Model, nowNs):
+		// The model's failure, not the endpoint's: it serves other calls
+		// meanwhile (see modelfail.go).
+		e.modelFailures.Add(1)
+		b.report(e, p.gen, errExcluded, nowNs)
+		b.returnProbe(p)
 	case o.Err != nil:
 		e.failures.Add(1)
 		e.observe(b.cfg, nowNs, latency, 0, 0, true, true)
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
 		e.successes.Add(1)
+		e.okAt.Store(nowNs)
+		if k := okModelKey(o.Model); e.okModel.Load() != k {
+			e.okModel.Store(k)
+		}
+		if o.Model != "" {
+			if f := e.modelFailAt.Load(); f != 0 && nowNs-f < b.cfg.runLife() {
+				b.modelServed(e, o.Model, nowNs)
+			}
+		}
 		e.observe(b.cfg, nowNs, latency, o.TTFT, o.OutputTokens, true, false)
 		b.report(e, p.gen, nil, nowNs)
 	}

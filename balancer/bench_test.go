@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -142,5 +143,46 @@ func BenchmarkPickNotServed(b *testing.B) {
 		}
 		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: tc.model, PromptTokens: 512, MaxOutputTokens: 256}
 		b.Run(tc.name, func(b *testing.B) { benchPickDone(b, bal, req) })
+	}
+}
+
+// BenchmarkDoneModel is Pick+Done of a successful LLM call over 8
+// endpoints, with the outcome naming no model, naming it (a hash of the
+// name, to tell models apart on multi-model servers: modelfail.go), and
+// naming it after another model failed on every endpoint within runLife
+// (each success then looks up its model's run under the table's lock).
+func BenchmarkDoneModel(b *testing.B) {
+	const n = 8
+	for _, tc := range []struct {
+		name         string
+		model        string
+		otherFailing bool
+	}{
+		{"no-model", "", false},
+		{"model", "llama-3-8b", false},
+		{"model/another-failed", "llama-3-8b", true},
+	} {
+		bal := newBalancer(b, n, balancer.Options{})
+		if tc.otherFailing {
+			for range 8 * n {
+				p, err := bal.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "adapter"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.Done(inferlb.Outcome{Err: errors.New("500"), Model: "adapter"})
+			}
+		}
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: tc.model, PromptTokens: 512, MaxOutputTokens: 256}
+		o := inferlb.Outcome{Model: tc.model}
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := bal.Pick(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.Done(o)
+			}
+		})
 	}
 }

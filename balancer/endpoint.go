@@ -105,9 +105,17 @@ type endpoint struct {
 
 	failures  atomic.Uint64
 	overloads atomic.Uint64
-	canceled  atomic.Uint64 // with the three above, notServed and inFlight: the picks
+	canceled  atomic.Uint64 // with the three above, notServed, modelFailures and inFlight: the picks
 	notServed atomic.Uint64 // answers that it does not serve the call's model
-	picksSeen atomic.Uint64 // the largest pick count reported; see pickCount
+	// Failures held against their model on this endpoint, not against the
+	// endpoint (see modelfail.go); the unix ns of its latest success and of
+	// its latest failure with a model; the model of its latest success
+	// (okModelKey; 0: none named).
+	modelFailures atomic.Uint64
+	okAt          atomic.Int64
+	okModel       atomic.Uint64
+	modelFailAt   atomic.Int64
+	picksSeen     atomic.Uint64 // the largest pick count reported; see pickCount
 
 	// Affinity calls taken as a spill (not the key's owner), by whether the
 	// spill memory knew the endpoint as warm for the key.
@@ -122,7 +130,7 @@ type endpoint struct {
 // reads, so the result is clamped to the largest count reported before:
 // exported as a Prometheus counter, it must never go down.
 func (e *endpoint) pickCount() uint64 {
-	n := e.successes.Load() + e.failures.Load() + e.overloads.Load() + e.canceled.Load() + e.notServed.Load()
+	n := e.successes.Load() + e.failures.Load() + e.overloads.Load() + e.canceled.Load() + e.notServed.Load() + e.modelFailures.Load()
 	n += uint64(max(e.inFlight.Load(), 0))
 	for {
 		seen := e.picksSeen.Load()

@@ -151,25 +151,42 @@ func (b *Balancer) notServed(e *endpoint, model string, nowNs int64) {
 	if ttl <= 0 || model == "" {
 		return
 	}
+	if b.passOverFor(e, b.modelKey(model), nowNs, ttl) {
+		b.emit(Event{Kind: EventNotServed, Endpoint: e.id, Model: model, At: time.Unix(0, nowNs), Until: time.Unix(0, nowNs+int64(ttl))})
+	}
+}
+
+// passOverFor records that the picks of the model of key model pass e
+// over for d from nowNs (the entry is extended, never shortened). It
+// reports whether e was not passed over for it before.
+func (b *Balancer) passOverFor(e *endpoint, model uint64, nowNs int64, d time.Duration) bool {
 	t := b.lack.Load()
 	if t == nil {
 		b.lack.CompareAndSwap(nil, new(lackTable))
 		t = b.lack.Load()
 	}
-	key, now := b.modelKey(model), lackNow(nowNs)
-	until := lackNow(nowNs+int64(ttl)) + 1 // rounded up: never shorter than ttl
-	set, tag := lackSet(t.models[:], key)
+	now := lackNow(nowNs)
+	until := lackNow(nowNs+int64(d)) + 1 // rounded up: never shorter than d
+	set, tag := lackSet(t.models[:], model)
 	lackPut(set, tag, until, now)
-	set, tag = lackSet(t.pairs[:], pairKey(e.serial, key))
+	set, tag = lackSet(t.pairs[:], pairKey(e.serial, model))
 	fresh := lackPut(set, tag, until, now)
-	for untilNs := nowNs + int64(ttl) + 1<<lackUnitShift; ; {
+	for untilNs := nowNs + int64(d) + 1<<lackUnitShift; ; {
 		cur := b.lackAt.Load()
 		if cur >= untilNs || b.lackAt.CompareAndSwap(cur, untilNs) {
 			break
 		}
 	}
-	if fresh {
-		b.emit(Event{Kind: EventNotServed, Endpoint: e.id, Model: model, At: time.Unix(0, nowNs), Until: time.Unix(0, nowNs+int64(ttl))})
+	return fresh
+}
+
+// forget ends e's entry for the model of key model, if it has one.
+func (t *lackTable) forget(e *endpoint, model uint64) {
+	set, tag := lackSet(t.pairs[:], pairKey(e.serial, model))
+	for i := range set {
+		if w := set[i].Load(); w>>lackTimeBits == tag {
+			set[i].CompareAndSwap(w, 0)
+		}
 	}
 }
 

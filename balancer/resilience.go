@@ -38,9 +38,14 @@ const (
 	// Event.Model (Outcome.NotServedModel), which it was not remembered
 	// for: that model's picks pass it over until Until (NotServedMemory).
 	EventNotServed
+	// EventModelFailing: Event.Model failed BreakerFailures times in a
+	// row on the endpoint while it served other calls, so the failures are
+	// held against the model there (Outcome.Model): that model's picks
+	// pass the endpoint over until Until; every other model's go on.
+	EventModelFailing
 )
 
-var eventNames = [...]string{"", "tripped", "probe-failed", "recovered", "ejected", "cooldown", "capped", "not-served"}
+var eventNames = [...]string{"", "tripped", "probe-failed", "recovered", "ejected", "cooldown", "capped", "not-served", "model-failing"}
 
 func (k EventKind) String() string {
 	if int(k) < len(eventNames) {
@@ -61,10 +66,11 @@ type Event struct {
 	Detection time.Duration
 	// Downtime is exclusion to recovery (recovered).
 	Downtime time.Duration
-	// Model is the model the endpoint does not serve (not-served). It is
-	// request data, as a caller sent it: quote it (%q) when logging it.
-	// One event comes per endpoint and model newly remembered, so a
-	// client cycling through made-up names makes one per 404.
+	// Model is the model the endpoint does not serve (not-served), or
+	// that fails there (model-failing). It is request data, as a caller
+	// sent it: quote it (%q) when logging it. One not-served event comes
+	// per endpoint and model newly remembered, so a client cycling
+	// through made-up names makes one per 404.
 	Model string
 }
 

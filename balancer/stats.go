@@ -31,6 +31,11 @@ type EndpointStats struct {
 	// NotServed counts the answers that the endpoint does not serve the
 	// call's model (Outcome.NotServedModel).
 	NotServed uint64
+	// ModelFailures counts the failures held against their model on the
+	// endpoint rather than against the endpoint (Outcome.Model; see the
+	// package doc's "A model failing on an endpoint"); Failures does not
+	// count them.
+	ModelFailures uint64
 	// Resilience: whether the breaker holds the endpoint out (or is
 	// probing it), how often it tripped, recovered and was ejected as an
 	// outlier, and the last detection time (first failure to exclusion) and
@@ -81,6 +86,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			Failures:           e.failures.Load(),
 			Overloads:          e.overloads.Load(),
 			NotServed:          e.notServed.Load(),
+			ModelFailures:      e.modelFailures.Load(),
 			BreakerOpen:        e.brOpen.Load(),
 			Trips:              e.trips.Load(),
 			Recoveries:         e.recoveries.Load(),
