@@ -20,7 +20,7 @@
 //	  _slow_start_factor, _error_rate, _latency_ewma_seconds,
 //	  _ttft_ewma_seconds, _time_per_output_token_seconds,
 //	  _picks_total, _successes_total, _failures_total, _overloads_total,
-//	  _not_served_total,
+//	  _not_served_total, _model_failures_total,
 //	  _breaker_trips_total, _breaker_recoveries_total,
 //	  _outlier_ejections_total, _affinity_spills_total{cache="warm|cold"},
 //	  _telemetry{field="kv_cache_usage|waiting|..."} (the fresh readings
@@ -64,7 +64,8 @@ type Collector struct {
 	constLbl prometheus.Labels
 
 	inFlight, inFlightTokens, latency, ttft, tpot, errRate, ready, breakerOpen, ramp *prometheus.Desc
-	picks, successes, failures, overloads, notServed, trips, recoveries, ejections   *prometheus.Desc
+	picks, successes, failures, overloads, notServed, modelFailures, trips           *prometheus.Desc
+	recoveries, ejections                                                            *prometheus.Desc
 	spills, retries, keyReuse, following                                             *prometheus.Desc
 	telemetry, telemetryAge                                                          *prometheus.Desc
 }
@@ -96,6 +97,8 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		overloads:      d("endpoint_overloads_total", "Calls answered with overload (429, 503 with Retry-After, a server's load shedding, RESOURCE_EXHAUSTED, a gRPC stream refused or drained unprocessed).", ep),
 		notServed: d("endpoint_not_served_total",
 			"Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.", ep),
+		modelFailures: d("endpoint_model_failures_total",
+			"Calls that failed for their model alone: the server failed one model's calls while it served others (a crashed Triton model backend, a broken LoRA adapter); held against that model there, not the endpoint, and not in endpoint_failures_total.", ep),
 		trips:      d("endpoint_breaker_trips_total", "Times the circuit breaker tripped.", ep),
 		recoveries: d("endpoint_breaker_recoveries_total", "Times the endpoint recovered through half-open probes.", ep),
 		ejections:  d("endpoint_outlier_ejections_total", "Times outlier detection ejected the endpoint.", ep),
@@ -119,7 +122,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.tpot, c.errRate, c.ready, c.breakerOpen, c.ramp,
-		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
+		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.modelFailures, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
 		c.keyReuse, c.following, c.telemetry, c.telemetryAge,
 	} {
 		ch <- d
@@ -197,6 +200,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.failures, s.Failures, s.ID)
 		counter(c.overloads, s.Overloads, s.ID)
 		counter(c.notServed, s.NotServed, s.ID)
+		counter(c.modelFailures, s.ModelFailures, s.ID)
 		counter(c.trips, s.Trips, s.ID)
 		counter(c.recoveries, s.Recoveries, s.ID)
 		counter(c.ejections, s.Ejections, s.ID)

@@ -29,8 +29,14 @@ func TestCollectorExportsLiveState(t *testing.T) {
 	p.Done(inferlb.Outcome{Err: errors.New("boom")})
 	p, _ = b.Pick(&inferlb.Request{Model: "adapter"})
 	p.Done(inferlb.Outcome{NotServedModel: "adapter"})
-	p, _ = b.Pick(&inferlb.Request{})
-	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond, TTFT: 50 * time.Millisecond, OutputTokens: 5})
+	p, _ = b.Pick(&inferlb.Request{Model: "y"})
+	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond, TTFT: 50 * time.Millisecond, OutputTokens: 5, Model: "y"})
+	// Model x fails three times in a row after the endpoint served y: the
+	// first two count against the endpoint, the third against x.
+	for range 3 {
+		p, _ = b.Pick(&inferlb.Request{Model: "x"})
+		p.Done(inferlb.Outcome{Err: errors.New("500"), Model: "x"})
+	}
 	b.Publish("a:1", telemetry.Sample{}) // malformed: counted, not kept
 	stray := telemetry.Sample{Time: clock.Now()}
 	stray.Set(telemetry.KVCacheUsage, 0.5)
@@ -46,7 +52,10 @@ inferlb_endpoint_in_flight{balancer="llm",endpoint="a:1"} 1
 inferlb_endpoint_in_flight_tokens{balancer="llm",endpoint="a:1"} 120
 # HELP inferlb_endpoint_failures_total Calls that failed (not counting overload or cancellation).
 # TYPE inferlb_endpoint_failures_total counter
-inferlb_endpoint_failures_total{balancer="llm",endpoint="a:1"} 1
+inferlb_endpoint_failures_total{balancer="llm",endpoint="a:1"} 3
+# HELP inferlb_endpoint_model_failures_total Calls that failed for their model alone: the server failed one model's calls while it served others (a crashed Triton model backend, a broken LoRA adapter); held against that model there, not the endpoint, and not in endpoint_failures_total.
+# TYPE inferlb_endpoint_model_failures_total counter
+inferlb_endpoint_model_failures_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_not_served_total Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.
 # TYPE inferlb_endpoint_not_served_total counter
 inferlb_endpoint_not_served_total{balancer="llm",endpoint="a:1"} 1
@@ -57,7 +66,7 @@ inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1"} 0.25
 # TYPE inferlb_endpoint_time_per_output_token_seconds gauge
 inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="a:1"} 0.05
 `), "inferlb_endpoint_in_flight", "inferlb_endpoint_in_flight_tokens", "inferlb_endpoint_failures_total",
-		"inferlb_endpoint_not_served_total", "inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds"))
+		"inferlb_endpoint_model_failures_total", "inferlb_endpoint_not_served_total", "inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds"))
 	held.Done(inferlb.Outcome{})
 
 	sc := metrics.NewStoreCollector(b.Telemetry(), "llm")
@@ -83,7 +92,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 19+2+1, testutil.CollectAndCount(c), "19 series per endpoint, 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 20+2+1, testutil.CollectAndCount(c), "20 series per endpoint, 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape
