@@ -690,11 +690,12 @@ func (c *call) finish(err error) {
 	if c.ends.Load()&endNotServed != 0 {
 		o.NotServedModel = c.info.Model // the balancer reads it before the rest
 	}
+	answered := false // a failure the server itself returned
 	if c.ends.Load()&endFailed != 0 {
 		if c.sse != nil && c.sse.shed != nil && c.shed() {
 			o.Overloaded = true // the server shed it (see shedBody)
 		} else {
-			o.Err = &StatusError{StatusCode: int(c.status)}
+			o.Err, answered = &StatusError{StatusCode: int(c.status)}, true
 		}
 	}
 	headers := -min(c.overload, 0) // time to the headers, or 0
@@ -718,10 +719,16 @@ func (c *call) finish(err error) {
 		// 4xx are about the request.
 		switch code := c.sse.errCode.Load(); {
 		case code >= 500:
-			o.Err = &StatusError{StatusCode: int(code)}
+			o.Err, answered = &StatusError{StatusCode: int(code)}, true
 		case code == http.StatusTooManyRequests:
 			o.Overloaded = true
 		}
+	}
+	if o.Err == nil || answered {
+		// The server answered for the model: a failure it returned may be
+		// the model's alone on a server that serves others (see
+		// inferlb.Outcome.Model); a broken connection is the endpoint's.
+		o.Model = c.info.Model
 	}
 	f := c.t.cfg.onResult
 	if f != nil {
