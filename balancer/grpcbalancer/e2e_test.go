@@ -51,12 +51,14 @@ type backend struct {
 	// pushback, if set, answers the first EmptyCall RESOURCE_EXHAUSTED
 	// with this retry pushback (grpc-retry-pushback-ms).
 	pushback time.Duration
-	// reject, if set, is the error every EmptyCall answers.
-	reject error
+	// reject, if set, is the error every EmptyCall answers, or only those
+	// whose x-model metadata is rejectModel when that is set.
+	reject      error
+	rejectModel string
 }
 
 func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
-	if b.reject != nil {
+	if b.reject != nil && (b.rejectModel == "" || modelOf(ctx) == b.rejectModel) {
 		b.calls.Add(1)
 		return nil, b.reject
 	}
@@ -202,6 +204,15 @@ func dial(t testing.TB, bs []*backend, policy, cfg string, opts ...grpc.DialOpti
 }
 
 // shared registers a NewBuilder policy around a fresh core and returns both.
+// modelOf is the x-model metadata of an incoming call.
+func modelOf(ctx context.Context) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get("x-model"); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 func shared(t testing.TB, opts core.Options) (string, *core.Balancer) {
 	b := core.New(opts)
 	name := fmt.Sprintf("inferlb-e2e-%d", policySeq.Add(1))

@@ -5,11 +5,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -186,6 +188,64 @@ func TestE2EUnaryRetryGoesPastUnknownModel(t *testing.T) {
 		assert.Zero(t, s.Failures)
 	}
 	assert.LessOrEqual(t, met, int64(4))
+}
+
+// TestE2EFailingModelKeepsTheServerForOthers: three Triton servers serve
+// models x and y, each call taking 5 ms; x's backend crashed on the first,
+// which answers x's calls INTERNAL at once (Triton's "Stub process is not
+// healthy") while it serves y. With the model in the call's metadata, x's
+// failures there are held against x, not the server: its breaker stays
+// closed, y's calls keep going there, and after five failures (more when
+// the first of them land before y's calls there end) x's calls pass it
+// over.
+func TestE2EFailingModelKeepsTheServerForOthers(t *testing.T) {
+	a := &backend{delay: 5 * time.Millisecond, reject: status.Error(codes.Internal, "Failed to process the request(s) for model instance 'x_0', message: Stub process is not healthy."), rejectModel: "x"}
+	a.start(t)
+	b2, c := &backend{delay: 5 * time.Millisecond}, &backend{delay: 5 * time.Millisecond}
+	b2.start(t)
+	c.start(t)
+	name, b := shared(t, core.Options{Rand: testutil.NewRand(5)})
+	conn, _ := dial(t, []*backend{a, b2, c}, name, `{"modelHeader": "x-model"}`)
+	allReady(t, conn, b, 3)
+	client := testgrpc.NewTestServiceClient(conn)
+	call := func(model string) error {
+		_, err := client.EmptyCall(metadata.AppendToOutgoingContext(testContext(t), "x-model", model), &testgrpc.Empty{})
+		return err
+	}
+	// The fleet serves for a while before x breaks: every server has
+	// served y.
+	for i := 0; a.calls.Load() == 0 || b2.calls.Load() == 0 || c.calls.Load() == 0; i++ {
+		require.Less(t, i, 200, "y's calls reach every server")
+		require.NoError(t, call("y"))
+	}
+	before := a.calls.Load()
+	var xFailed atomic.Int64
+	var g errgroup.Group
+	for range 6 {
+		g.Go(func() error {
+			for range 40 {
+				if err := call("y"); err != nil {
+					return err
+				}
+				if err := call("x"); err != nil {
+					if status.Code(err) != codes.Internal {
+						return err
+					}
+					xFailed.Add(1)
+				}
+			}
+			return nil
+		})
+	}
+	require.NoError(t, g.Wait(), "y never fails; x's failures are the server's INTERNAL")
+	s := stats(t, b, a.addr)
+	yOnA := a.calls.Load() - before - xFailed.Load()
+	t.Logf("y calls on the server failing x: %d of 240; x calls failed: %d of 240; held against x: %d, against the server: %d", yOnA, xFailed.Load(), s.ModelFailures, s.Failures)
+	assert.LessOrEqual(t, xFailed.Load(), int64(12), "x's calls stop going where x fails")
+	assert.Positive(t, s.ModelFailures)
+	assert.Zero(t, s.Trips)
+	assert.False(t, s.BreakerOpen)
+	assert.GreaterOrEqual(t, yOnA, int64(40), "y keeps using the server (its share is 80)")
 }
 
 // allReady connects conn and waits until the n endpoints of b are ready:

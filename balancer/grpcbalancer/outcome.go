@@ -195,6 +195,23 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // existed (per-RPC credentials that could not get a token, a connection
 // that was closing). It counts as nothing, or a local outage would trip
 // every endpoint's breaker, or pass for instant answers.
+// serverFailure reports whether di is a failure the server sent as its
+// answer, with the codes a server returns when the call's work failed
+// (INTERNAL, UNKNOWN, DATA_LOSS, UNIMPLEMENTED) after some of its answer
+// arrived: one that may be the model's alone on a server that serves
+// others (inferlb.Outcome.Model). UNAVAILABLE and DEADLINE_EXCEEDED are
+// not: grpc-go reports a broken connection and a deadline with them.
+func serverFailure(di balancer.DoneInfo) bool {
+	if di.Err == nil || !di.BytesReceived {
+		return false
+	}
+	switch status.Code(di.Err) {
+	case codes.Internal, codes.Unknown, codes.DataLoss, codes.Unimplemented:
+		return true
+	}
+	return false
+}
+
 func outcome(di balancer.DoneInfo) inferlb.Outcome {
 	if !di.BytesSent {
 		return inferlb.Outcome{Err: errNotSent}

@@ -337,12 +337,21 @@ func (c *call) report(di balancer.DoneInfo) {
 			}
 		}
 	}
+	answered := serverFailure(di)
 	if c.stream != nil { // the core reads TTFT of successes and cancellations
 		c.stream.fill(&o, c.pick.PickedAt()) // and marks a deadline mid-stream
-		c.stream.inbandOutcome(&o)
+		if c.stream.inbandOutcome(&o) {
+			answered = true // an error in a message of the server's
+		}
 	}
-	if o.Err == errUnknownModel && c.req.Model != "" {
+	switch {
+	case o.Err == errUnknownModel && c.req.Model != "":
 		o = inferlb.Outcome{NotServedModel: c.req.Model}
+	case !o.Overloaded && (o.Err == nil || answered && !o.Canceled()):
+		// The server answered for the model: a failure it returned may be
+		// the model's alone on a server that serves others (see
+		// inferlb.Outcome.Model); a broken connection is the endpoint's.
+		o.Model = c.req.Model
 	}
 	c.pick.Done(o)
 	c.release()

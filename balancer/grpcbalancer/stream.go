@@ -167,10 +167,11 @@ func (st *streamState) settle(err error) {
 // stream's own end was already a failure or an overload answer: a success,
 // or an end the application or a deadline made (it may stop reading at the
 // error), says less than the message. The timing fill added stays.
-func (st *streamState) inbandOutcome(o *inferlb.Outcome) {
+// It reports whether it did: the error is then one the server sent.
+func (st *streamState) inbandOutcome(o *inferlb.Outcome) bool {
 	p := st.inband.Load()
 	if p == nil || o.Overloaded || o.Err != nil && !o.Canceled() {
-		return
+		return false
 	}
 	err := *p
 	var n inferlb.Outcome
@@ -185,6 +186,7 @@ func (st *streamState) inbandOutcome(o *inferlb.Outcome) {
 		n = inferlb.Outcome{Err: err}
 	}
 	o.Err, o.Overloaded, o.RetryAfter = n.Err, n.Overloaded, n.RetryAfter
+	return true
 }
 
 // errStreamHidden is the report of a held stream attempt whose end the
