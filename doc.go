@@ -100,7 +100,15 @@
 // unknown model) is neither success nor failure: the Balancer remembers it
 // (a bounded table of endpoint and model pairs, for NotServedMemory) and
 // passes the endpoint over for that model's calls, and the HTTP transport
-// sends the call on to another endpoint.
+// sends the call on to another endpoint. The adapters also name the model
+// of every call the server answered (Outcome.Model: successes, and the
+// failures the server returned, not those of reaching it), so a model that
+// fails on a server which serves others well (a crashed Triton model
+// backend, a broken LoRA adapter) is held against that model there once
+// the server has shown it serves the rest (a bounded table of runs of one
+// model's failures per endpoint): the server's breaker, error rate and
+// ejection see none of it, and after BreakerFailures that model's calls
+// pass the server over, as for a model it does not serve.
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. Pick never blocks, locks or allocates.

@@ -162,7 +162,7 @@ type Outcome struct {
 	// one while it serves the others: with Model set, the balancer holds
 	// such failures against that model on that endpoint instead of
 	// against the endpoint, once the endpoint has served other calls
-	// meanwhile (see package balancer, "A model failing on an endpoint").
+	// meanwhile (see package balancer).
 	// Empty, every failure is the endpoint's. The HTTP and gRPC adapters
 	// set it from the call's model.
 	Model string

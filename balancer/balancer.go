@@ -17,6 +17,15 @@
 // endpoint set, readiness and snapshot over the one shared state per ID.
 // Close ends a Balancer: its endpoints leave it, giving back their slots in
 // its telemetry Store, and every later pick fails with ErrClosed.
+//
+// An endpoint may serve several models, and some answers are about one
+// model there, not the endpoint: that it does not serve the call's model
+// (Outcome.NotServedModel), and a run of failures of one model while the
+// endpoint serves others (Outcome.Model names the model of each call the
+// server answered; EventModelFailing). Both are kept per endpoint and
+// model, in tables of fixed size keyed by seeded hashes: that model's
+// picks pass the endpoint over for a while, and the endpoint's breaker,
+// error rate and ejection see none of it.
 package balancer
 
 import (

@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -114,4 +115,45 @@ func ExampleOptions_notServedMemory() {
 	}
 	fmt.Println(to, b.Stats()[1].NotServed)
 	// Output: map[vllm-a:8000:10] 1
+}
+
+// Two Triton servers serve the models "detector" and "ranker"; a while
+// in, the detector's backend crashes on triton-b, which then answers its
+// calls with an error at once while it serves the ranker. Done names each answered
+// call's model (Outcome.Model), so those failures count against the
+// detector on triton-b, not against triton-b: after five in a row its
+// calls pass triton-b over, and the ranker's calls, four in flight at a
+// time, still use both servers.
+func ExampleEventModelFailing() {
+	b := balancer.New(balancer.Options{OnEvent: func(e balancer.Event) {
+		if e.Kind == balancer.EventModelFailing {
+			fmt.Printf("%s fails on %s: passed over for %v\n", e.Model, e.Endpoint, e.Until.Sub(e.At))
+		}
+	}})
+	_ = b.Update([]inferlb.Endpoint{{Addr: "triton-a:8001"}, {Addr: "triton-b:8001"}})
+	var inFlight []balancer.Pick
+	to := map[string]map[string]int{"ranker": {}, "detector": {}}
+	for i := range 400 {
+		p, _ := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "ranker"})
+		inFlight = append(inFlight, p)
+		if len(inFlight) > 4 {
+			inFlight[0].Done(inferlb.Outcome{Model: "ranker"})
+			inFlight = inFlight[1:]
+		}
+		d, _ := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "detector"})
+		o := inferlb.Outcome{Model: "detector"}
+		if d.ID() == "triton-b:8001" && i >= 100 { // the crash
+			o.Err = errors.New("INTERNAL: Stub process is not healthy")
+		}
+		d.Done(o)
+		if i >= 300 {
+			to["ranker"][p.ID()]++
+			to["detector"][d.ID()]++
+		}
+	}
+	s := b.Stats()[1]
+	fmt.Println(to["detector"], to["ranker"]["triton-b:8001"] > 30, s.Trips, s.Failures, s.ModelFailures)
+	// Output:
+	// detector fails on triton-b:8001: passed over for 10s
+	// map[triton-a:8001:100] true 0 2 3
 }

@@ -33,8 +33,7 @@ type EndpointStats struct {
 	NotServed uint64
 	// ModelFailures counts the failures held against their model on the
 	// endpoint rather than against the endpoint (Outcome.Model; see the
-	// package doc's "A model failing on an endpoint"); Failures does not
-	// count them.
+	// package doc and EventModelFailing); Failures does not count them.
 	ModelFailures uint64
 	// Resilience: whether the breaker holds the endpoint out (or is
 	// probing it), how often it tripped, recovered and was ejected as an

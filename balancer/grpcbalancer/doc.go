@@ -99,7 +99,13 @@
 // modelHeader, or the inferlb.Request in the context) it is reported as
 // Outcome.NotServedModel, and the Balancer passes the endpoint over for
 // that model's calls for NotServedMemory; without it, it counts as neither
-// success nor failure; CANCELLED is the
+// success nor failure; a success, and an INTERNAL, UNKNOWN, DATA_LOSS or
+// UNIMPLEMENTED the server sent (some of its answer arrived), or an error
+// in a stream's message, names the call's model when it is known
+// (Outcome.Model), so that a model failing on a Triton server that serves
+// others (its backend crashed) is held against that model there, not the
+// server; UNAVAILABLE and DEADLINE_EXCEEDED never do, as grpc-go reports a
+// broken connection and a deadline with them; CANCELLED is the
 // client's doing and counts as neither; other codes describe the request
 // and count as the endpoint's success. A pick whose call was never sent counts as nothing,
 // and so does a request the client could not encode (an INTERNAL "error

@@ -204,6 +204,15 @@
 // elsewhere, the caller gets the 404 byte for byte. Any other 404 is an
 // answer like any other.
 //
+// The outcome of a call the server answered names the call's model
+// (Outcome.Model): a success, a 5xx and a 5xx error event in a stream. A
+// server that serves several models can fail one while it serves the
+// others (a broken LoRA adapter); the Balancer then holds those failures
+// against that model on that endpoint, not the endpoint (see package
+// balancer). A call that got no answer
+// (a refused dial, a connection that broke) names none: that is the
+// endpoint's.
+//
 // One such failure is not the endpoint's: net/http's "server closed idle
 // connection". A model server under uvicorn (vLLM, SGLang) closes a
 // keep-alive connection after 5 s idle; when net/http takes that
