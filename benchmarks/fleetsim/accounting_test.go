@@ -186,7 +186,9 @@ func TestNotServedAnswerIsQuickAndRetriedByABaseline(t *testing.T) {
 	assert.Equal(t, 1, res.NotServed)
 	assert.Equal(t, 1, res.Retries)
 	require.Len(t, rt.outcomes, 2)
-	assert.Equal(t, inferlb.Outcome{NotServedModel: "lora-sql"}, rt.outcomes[0])
+	// The server answered: the outcome names the call's model, as the
+	// HTTP transport's does (the balancer reads NotServedModel first).
+	assert.Equal(t, inferlb.Outcome{NotServedModel: "lora-sql", Model: "lora-sql"}, rt.outcomes[0])
 	assert.Less(t, res.TTFTP50, 0.2, "the 404 cost milliseconds, then the prefill on r1")
 	assert.Equal(t, 2.0, res.MaxMean, "only r1 ran the call")
 

@@ -262,6 +262,10 @@ type Variant struct {
 	// its LoRA adapters to service discovery does: the balancer then
 	// knows where each model is before any call.
 	ModelLabels bool
+	// NoOutcomeModel leaves Outcome.Model empty, as the adapters did
+	// before 2026-12-05: every failure the server answered counts against
+	// its endpoint, whatever model it was for.
+	NoOutcomeModel bool
 }
 
 // errShedAsFailure is the failure a ShedAsFailure variant reports.
@@ -276,6 +280,14 @@ func InferLB(v Variant) Policy {
 		}
 		o.Clock = e.Clock
 		o.Rand = e.Rand()
+		r := &inferlbRouter{v: v, ids: e.IDs, weights: e.Weights, byID: map[string]int{}}
+		onEvent := o.OnEvent
+		o.OnEvent = func(ev balancer.Event) {
+			r.event(ev)
+			if onEvent != nil {
+				onEvent(ev)
+			}
+		}
 		if o.AffinitySeed == 0 {
 			// The fleet's shared secret: independent clients must place
 			// keys alike to agree on owners, and a random per-process seed
@@ -286,7 +298,7 @@ func InferLB(v Variant) Policy {
 		if v.ModelLabels {
 			labels = modelLabels(e.Labels, e.Models)
 		}
-		r := &inferlbRouter{v: v, b: balancer.New(o), ids: e.IDs, weights: e.Weights, labels: labels, byID: map[string]int{}}
+		r.b, r.labels = balancer.New(o), labels
 		for i, id := range e.IDs {
 			r.byID[id] = i
 		}
@@ -319,6 +331,29 @@ type inferlbRouter struct {
 	weights []float64
 	labels  []map[string]string
 	byID    map[string]int // lookups only
+	events  BalancerCounts // the counts of events (Capped, ModelFailing)
+}
+
+// event counts the balancer's events (Options.OnEvent).
+func (r *inferlbRouter) event(ev balancer.Event) {
+	switch ev.Kind {
+	case balancer.EventCapped:
+		r.events.Capped++
+	case balancer.EventModelFailing:
+		r.events.ModelFailing++
+	}
+}
+
+// balancerCounts implements balancerCounter.
+func (r *inferlbRouter) balancerCounts() BalancerCounts {
+	c := r.events
+	for _, st := range r.b.Stats() {
+		c.Trips += st.Trips
+		c.Ejections += st.Ejections
+		c.Failures += st.Failures
+		c.ModelFailures += st.ModelFailures
+	}
+	return c
 }
 
 func (r *inferlbRouter) SetMembers(m []int) {
@@ -358,7 +393,7 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 		return 0, nil, err
 	}
 	held := &p
-	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess {
+	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess && !r.v.NoOutcomeModel {
 		return r.byID[p.ID()], held.Done, nil
 	}
 	return r.byID[p.ID()], func(o inferlb.Outcome) {
@@ -367,6 +402,8 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 			o = inferlb.Outcome{Err: errShedAsFailure}
 		case r.v.NotServedAsSuccess && o.NotServedModel != "":
 			o = inferlb.Outcome{}
+		case r.v.NoOutcomeModel:
+			o.Model = ""
 		}
 		held.Done(o)
 	}, nil

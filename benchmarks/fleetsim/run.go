@@ -45,6 +45,12 @@ const (
 	Recover                          // back to normal speed
 	ThrottleOn                       // answer 429 beyond MaxWaiting
 	ThrottleOff                      // queue without limit again
+	// ModelFail makes FleetEvent.Model fail on the replica while it serves
+	// its other models, as a Triton model whose backend crashed or a LoRA
+	// adapter whose weights are broken: its calls in flight fail, and
+	// later ones are answered 500 within milliseconds, with no GPU work.
+	ModelFail
+	ModelRecover // FleetEvent.Model serves again on the replica
 )
 
 // FleetEvent scripts an incident at a time after the start of the run.
@@ -53,6 +59,7 @@ type FleetEvent struct {
 	Replica int
 	Kind    EventKind
 	Factor  float64 // SlowDown
+	Model   string  // ModelFail, ModelRecover
 }
 
 // Sim is what a workload sees of the simulator.
@@ -106,6 +113,10 @@ type Scenario struct {
 	// Clients lists the numbers of independent clients to compare; empty
 	// means the command's -clients flag.
 	Clients []int
+	// Seeds, when more than 1, is how many seeds the command runs, from
+	// its -seed flag on: a scenario whose figures vary from seed to seed
+	// more than policies differ reports them all.
+	Seeds int
 }
 
 // RunConfig is one run's settings.
@@ -159,6 +170,57 @@ type Result struct {
 	Preemptions int `json:"preemptions"`
 	// ClassE2EP99 is the p99 end-to-end latency per request class.
 	ClassE2EP99 map[string]float64 `json:"class_e2e_p99_s,omitempty"`
+
+	// Healthy and Broken split the measured calls by model when the
+	// scenario makes a model fail (ModelFail): Broken are those of the
+	// models a ModelFail event names, Healthy those of the others. nil
+	// otherwise.
+	Healthy *ModelResult `json:"healthy,omitempty"`
+	Broken  *ModelResult `json:"broken,omitempty"`
+	// Balancer sums what the run's inferlb balancers counted (nil for
+	// the other policies).
+	Balancer *BalancerCounts `json:"balancer,omitempty"`
+}
+
+// ModelResult is what became of the measured calls of some models, as
+// Result's fields of the same names are for all of them.
+type ModelResult struct {
+	Requests   int     `json:"requests"`
+	Completed  int     `json:"completed"`
+	Failed     int     `json:"failed"`
+	Throughput float64 `json:"throughput_tok_s"`
+	TTFTP50    float64 `json:"ttft_p50_s"`
+	TTFTP99    float64 `json:"ttft_p99_s"`
+	E2EP99     float64 `json:"e2e_p99_s"`
+	// Attempts counts the attempts of those calls sent to each replica,
+	// by index: first tries, retries and hops alike.
+	Attempts []int `json:"attempts"`
+}
+
+// BalancerCounts sums the endpoint statistics (balancer.EndpointStats)
+// of a run's inferlb balancers at its end, over every client, and the
+// events they emitted, warm-up included.
+type BalancerCounts struct {
+	Trips         uint64 `json:"trips"`          // breakers opened
+	Ejections     uint64 `json:"ejections"`      // outlier ejections
+	Capped        uint64 `json:"capped"`         // trips and ejections MaxEjectedFraction held off (EventCapped)
+	Failures      uint64 `json:"failures"`       // failures held against their endpoint
+	ModelFailures uint64 `json:"model_failures"` // failures held against their model on an endpoint
+	ModelFailing  uint64 `json:"model_failing"`  // EventModelFailing: a model's picks made to pass an endpoint over
+}
+
+func (c *BalancerCounts) add(o BalancerCounts) {
+	c.Trips += o.Trips
+	c.Ejections += o.Ejections
+	c.Capped += o.Capped
+	c.Failures += o.Failures
+	c.ModelFailures += o.ModelFailures
+	c.ModelFailing += o.ModelFailing
+}
+
+// balancerCounter is a Router that reports its BalancerCounts.
+type balancerCounter interface {
+	balancerCounts() BalancerCounts
 }
 
 // Run simulates one policy on one scenario at one offered load. It is
@@ -173,6 +235,17 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 		cfg.Scrape = defaultScrape
 	}
 	s := &run{sc: sc, cfg: cfg, classE2E: map[string][]float64{}}
+	for _, ev := range sc.Events {
+		if ev.Kind == ModelFail {
+			if s.split == nil {
+				s.split = &modelSplit{broken: map[string]bool{}}
+				for g := range s.split.g {
+					s.split.g[g].attempts = make([]int, len(sc.Fleet))
+				}
+			}
+			s.split.broken[ev.Model] = true
+		}
+	}
 	s.rng = rand.New(rand.NewPCG(cfg.Seed, 0xc11e))
 	ids := make([]string, len(sc.Fleet))
 	weights := make([]float64, len(sc.Fleet))
@@ -289,6 +362,17 @@ func (s *run) result(policy string) Result {
 	for _, r := range s.reps {
 		res.Preemptions += r.preemptions
 	}
+	if sp := s.split; sp != nil {
+		res.Healthy, res.Broken = sp.g[0].result(window), sp.g[1].result(window)
+	}
+	for _, rt := range s.uniq {
+		if bc, ok := rt.(balancerCounter); ok {
+			if res.Balancer == nil {
+				res.Balancer = &BalancerCounts{}
+			}
+			res.Balancer.add(bc.balancerCounts())
+		}
+	}
 	if len(s.classE2E) > 0 {
 		res.ClassE2EP99 = map[string]float64{}
 		for _, k := range slices.Sorted(mapsKeys(s.classE2E)) {
@@ -306,13 +390,16 @@ func (s *run) censor() {
 		if !j.measured {
 			return
 		}
-		if j.firstToken < 0 {
-			s.ttft = append(s.ttft, (s.now - j.arrive).Seconds())
-		} else {
-			s.ttft = append(s.ttft, (j.firstToken - j.arrive).Seconds())
+		ttft := (s.now - j.arrive).Seconds()
+		if j.firstToken >= 0 {
+			ttft = (j.firstToken - j.arrive).Seconds()
 		}
+		s.ttft = append(s.ttft, ttft)
 		e := (s.now - j.arrive).Seconds()
 		s.e2e = append(s.e2e, e)
+		if g := s.split.group(j.req); g != nil {
+			g.ttft, g.e2e = append(g.ttft, ttft), append(g.e2e, e)
+		}
 		if j.req.Class != "" {
 			s.classE2E[j.req.Class] = append(s.classE2E[j.req.Class], e)
 		}
@@ -379,4 +466,43 @@ func (h *histogram) quantile(q float64) float64 {
 		}
 	}
 	return math.Pow(histBase, float64(len(h.counts))) / 1e6
+}
+
+// modelSplit keeps Result.Healthy and Result.Broken apart while a run
+// goes; a nil *modelSplit keeps nothing.
+type modelSplit struct {
+	broken map[string]bool // the models a ModelFail event names
+	g      [2]splitGroup   // healthy, broken
+}
+
+type splitGroup struct {
+	requests, completed, failed int
+	tokens, wasted              int64 // produced in the window; of them, by attempts that failed
+	ttft, e2e                   []float64
+	attempts                    []int
+}
+
+// group returns the group of req's model, nil when there is no split.
+func (sp *modelSplit) group(req *Request) *splitGroup {
+	if sp == nil {
+		return nil
+	}
+	if sp.broken[req.Model] {
+		return &sp.g[1]
+	}
+	return &sp.g[0]
+}
+
+func (g *splitGroup) result(window float64) *ModelResult {
+	slices.Sort(g.ttft)
+	slices.Sort(g.e2e)
+	m := &ModelResult{
+		Requests: g.requests, Completed: g.completed, Failed: g.failed,
+		TTFTP50: pct(g.ttft, 50), TTFTP99: pct(g.ttft, 99), E2EP99: pct(g.e2e, 99),
+		Attempts: slices.Clone(g.attempts),
+	}
+	if window > 0 {
+		m.Throughput = float64(g.tokens-g.wasted) / window
+	}
+	return m
 }

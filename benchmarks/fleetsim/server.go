@@ -129,7 +129,8 @@ type replica struct {
 	kv    *blockPool
 	sim   *run
 
-	models []string // served (ReplicaSpec.Models); nil: all
+	models  []string // served (ReplicaSpec.Models); nil: all
+	failing []string // served models that fail every call (ModelFail)
 
 	up       bool
 	throttle bool // answer 429 beyond MaxWaiting
@@ -159,6 +160,51 @@ func newReplica(idx int, id string, p ServerParams, speed float64, s *run) *repl
 // serves reports whether the replica serves model.
 func (r *replica) serves(model string) bool {
 	return r.models == nil || slices.Contains(r.models, model)
+}
+
+// failsModel reports whether the replica fails every call for model.
+func (r *replica) failsModel(model string) bool {
+	return len(r.failing) > 0 && slices.Contains(r.failing, model)
+}
+
+// failModel makes model fail on the replica: its calls in flight end with
+// a 500 (an error event in their streams) and later ones are answered 500
+// at once (see send), while the replica serves its other models.
+func (r *replica) failModel(model string) {
+	if r.failsModel(model) {
+		return
+	}
+	r.failing = append(r.failing, model)
+	var fail []*seq
+	keep := func(q []*seq) []*seq {
+		out := q[:0]
+		for _, s := range q {
+			if s.job.req.Model == model {
+				fail = append(fail, s)
+				continue
+			}
+			out = append(out, s)
+		}
+		clear(q[len(out):])
+		return out
+	}
+	// A sequence in the step under way leaves the batch now; the step
+	// keeps the duration it was planned with.
+	r.running, r.waiting = keep(r.running), keep(r.waiting)
+	now := r.sim.now
+	for _, s := range fail {
+		r.kv.release(s.blocks)
+		s.blocks = nil
+		// The client throws away what the stream carried, as after a crash.
+		r.sim.wasteTokens(s.job, s.windowTokens)
+		r.sim.finish(s.job, now, errModelFailed)
+	}
+	r.kick()
+}
+
+// recoverModel ends model's failure on the replica.
+func (r *replica) recoverModel(model string) {
+	r.failing = slices.DeleteFunc(r.failing, func(m string) bool { return m == model })
 }
 
 // enqueue accepts a job. It returns false when the replica rejects it with 429.
@@ -369,6 +415,7 @@ func (r *replica) apply() {
 		r.sim.tokens += tok
 		if r.sim.inWindow() {
 			s.windowTokens += tok
+			r.sim.countTokens(j, tok)
 		}
 		if s.generated >= max(j.req.OutputTokens, 1) {
 			r.kv.release(s.blocks)
@@ -423,7 +470,7 @@ func (r *replica) crash() {
 	for _, s := range fail {
 		// The tokens it streamed are lost with the call: a retry
 		// generates the answer anew, and throughput counts answers.
-		r.sim.wasted += s.windowTokens
+		r.sim.wasteTokens(s.job, s.windowTokens)
 		r.sim.finish(s.job, now, errCrashed)
 	}
 	if r.dp != nil {

@@ -19,7 +19,16 @@ var (
 	errCrashed   = errors.New("fleetsim: replica crashed")
 	errRefused   = errors.New("fleetsim: connection refused")
 	errNotServed = errors.New("fleetsim: 404 the model does not exist")
+	// errModelFailed is a failure the replica answered (a 500, or an
+	// error event in a stream) for a model that fails there (ModelFail).
+	errModelFailed = errors.New("fleetsim: 500 the model failed")
 )
+
+// modelFailedDelay is how long a replica takes to answer 500 to a call
+// for a model that fails there (ModelFail): the API server hands the call
+// to the model's backend, which fails it before any GPU work (a Triton
+// model whose backend crashed, a LoRA adapter whose weights do not load).
+const modelFailedDelay = 5 * time.Millisecond
 
 // notServedDelay is how long a replica takes to answer that it does not
 // serve a call's model: vLLM's API server looks the name up before the
@@ -136,6 +145,7 @@ type run struct {
 	notServed   int // measured calls' attempts answered "model not served"
 	requests    int
 	marks       [2]counters
+	split       *modelSplit // Result.Healthy and Broken; nil without a ModelFail event
 }
 
 // counters are snapshots taken at the start and end of the measurement window.
@@ -171,6 +181,9 @@ func (s *run) Submit(req *Request) {
 	if j.measured {
 		s.outstanding++
 		s.requests++
+		if g := s.split.group(req); g != nil {
+			g.requests++
+		}
 	}
 	s.dispatch(j)
 }
@@ -216,12 +229,19 @@ func (s *run) dispatch(j *job) {
 func (s *run) send(j *job, idx int, done func(inferlb.Outcome)) {
 	r := s.reps[idx]
 	j.rep, j.done, j.start = r, done, s.now
+	if g := s.split.group(j.req); g != nil && j.measured {
+		g.attempts[idx]++
+	}
 	if !r.up {
 		s.finish(j, s.now, errRefused)
 		return
 	}
 	if !r.serves(j.req.Model) {
 		s.after(notServedDelay, func() { s.finish(j, s.now, errNotServed) })
+		return
+	}
+	if r.failsModel(j.req.Model) {
+		s.after(modelFailedDelay, func() { s.finish(j, s.now, errModelFailed) })
 		return
 	}
 	if !r.enqueue(j) {
@@ -252,6 +272,13 @@ func (s *run) hop(j *job) bool {
 
 var errThrottled = errors.New("fleetsim: 429 too many requests")
 
+// answered reports whether an attempt that ended with err got an answer
+// from its replica (a success, a 500 it returned, a 429, a 404), rather
+// than a refused connection or a stream cut by a crash.
+func answered(err error) bool {
+	return err == nil || errors.Is(err, errModelFailed) || errors.Is(err, errThrottled) || errors.Is(err, errNotServed)
+}
+
 // finish ends one attempt. Failed attempts are retried once, immediately, on
 // a new pick, as a client with one retry does.
 func (s *run) finish(j *job, now time.Duration, err error) {
@@ -269,6 +296,14 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 			o = inferlb.Outcome{Overloaded: true, RetryAfter: j.rep.p.RetryAfter}
 		case errors.Is(err, errNotServed):
 			o = inferlb.Outcome{NotServedModel: j.req.Model}
+		}
+		if answered(err) {
+			// As the HTTP transport does: the call's model on every call
+			// the server answered, successes and the failures it
+			// returned, so the balancer can hold a model's failures
+			// against it on a server that serves others; never on a
+			// refused dial or a stream its crash cut (inferlb.Outcome.Model).
+			o.Model = j.req.Model
 		}
 		d := j.done
 		j.done = nil
@@ -303,9 +338,14 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 	}
 	if j.measured {
 		s.outstanding--
-		s.ttft = append(s.ttft, (j.firstToken - j.arrive).Seconds())
+		ttft := (j.firstToken - j.arrive).Seconds()
+		s.ttft = append(s.ttft, ttft)
 		e := (now - j.arrive).Seconds()
 		s.e2e = append(s.e2e, e)
+		if g := s.split.group(j.req); g != nil {
+			g.completed++
+			g.ttft, g.e2e = append(g.ttft, ttft), append(g.e2e, e)
+		}
 		if j.req.Class != "" {
 			s.classE2E[j.req.Class] = append(s.classE2E[j.req.Class], e)
 		}
@@ -318,6 +358,9 @@ func (s *run) fail(j *job) {
 	if j.measured {
 		s.failed++
 		s.outstanding--
+		if g := s.split.group(j.req); g != nil {
+			g.failed++
+		}
 	}
 	s.wl.Done(s, j.req, false)
 }
@@ -343,6 +386,23 @@ func (s *run) mayRetry(j *job) bool {
 		return j.rep != nil
 	}
 	return rt.AllowRetry()
+}
+
+// countTokens adds n tokens of j's produced now to the window's.
+func (s *run) countTokens(j *job, n int64) {
+	if g := s.split.group(j.req); g != nil {
+		g.tokens += n
+	}
+}
+
+// wasteTokens takes the n tokens an attempt of j produced in the window
+// off the throughput: the attempt failed, and the client throws away
+// what it streamed.
+func (s *run) wasteTokens(j *job, n int64) {
+	s.wasted += n
+	if g := s.split.group(j.req); g != nil {
+		g.wasted += n
+	}
 }
 
 func (s *run) mark(i int) {
@@ -407,6 +467,10 @@ func (s *run) applyEvent(ev FleetEvent) {
 		r.throttle = true
 	case ThrottleOff:
 		r.throttle = false
+	case ModelFail:
+		r.failModel(ev.Model)
+	case ModelRecover:
+		r.recoverModel(ev.Model)
 	default:
 		panic(fmt.Sprintf("fleetsim: unknown event kind %d", ev.Kind))
 	}
