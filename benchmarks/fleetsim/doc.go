@@ -65,8 +65,9 @@
 // KVCacheUsage and PrefixCacheHitRate every Scrape interval (phased per
 // replica), so the balancer sees telemetry as stale as a real scrape.
 // Scenarios can script crashes (in-flight calls fail, the cache is lost,
-// service discovery drops the replica after DiscoveryDelay), slow-downs and
-// 429 load shedding; a failed call is retried once when the router allows
+// service discovery drops the replica after DiscoveryDelay), slow-downs,
+// 429 load shedding and a model failing on a replica (below); a failed
+// call is retried once when the router allows
 // (inferlb retries as its adapters do, with Balancer.PickRetry: on another
 // replica than the one that failed, within the retry budget).
 // Replicas may serve only some models (ReplicaSpec.Models: the lora
@@ -77,6 +78,20 @@
 // call on with PickRetry up to 8 times, as the HTTP transport does; the
 // baselines take it for a failure and retry it once, as any failure.
 // Result.NotServed counts those answers.
+// A model can also fail on a replica that serves others (ModelFail: a
+// Triton model whose backend crashed, a broken LoRA adapter): its calls
+// in flight there fail, and later ones are answered 500 within
+// milliseconds while the replica serves its other models. The
+// model-failure scenario breaks one of three models on 2 of 8 replicas,
+// model-failure-all on every replica (a bad version rolled out); the
+// command runs both on seeds 1-4. Result.Healthy and Result.Broken split
+// such a run's calls by model, and Result.Balancer sums what inferlb's
+// balancers counted (trips, ejections, failures held against a model).
+// Every call a replica answered (a success, a 500, a 429, a 404) reports
+// its model in Outcome.Model, as the HTTP transport does, so the
+// balancer can hold a model's failures against the model; a refused dial
+// and a stream a crash cut do not. "inferlb no-outcome-model" names none,
+// as the adapters did before 2026-12-05.
 // Requests may name a tenant (the tenants scenario floods the fleet from one
 // tenant) and a class; Result.ClassE2EP99 reports each class's p99.
 //
@@ -88,7 +103,8 @@
 // look good by leaving a backlog. A retried call's TTFT is that of the
 // attempt that answers, which generates the answer anew. Throughput counts
 // tokens produced inside the window, less those of attempts that failed (a
-// crashed replica's streams, which the client discards when it retries).
+// crashed replica's streams and those a failing model's 500 ended, which
+// the client discards when it retries).
 // The cache hit rate is prompt tokens
 // found in the prefix cache over prompt tokens admitted, as vLLM's
 // prefix_cache_hits / prefix_cache_queries: a preempted sequence that

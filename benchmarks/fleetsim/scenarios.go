@@ -59,6 +59,8 @@ func Scenarios() []*Scenario {
 		SheddingScenario(),
 		LoRAScenario(),
 		ManyLoRAScenario(),
+		ModelFailureScenario(),
+		ModelFailureEverywhereScenario(),
 		TenantsScenario(),
 	}
 }
@@ -387,6 +389,86 @@ func ManyLoRAScenario() *Scenario {
 		InferLB(Variant{Name: "inferlb"}),
 		InferLB(Variant{Name: "inferlb not-served-as-success", NotServedAsSuccess: true}),
 		InferLB(Variant{Name: "inferlb labels", ModelLabels: true}),
+	}
+	return sc
+}
+
+// FailingAdapter is the adapter that fails in the model-failure scenarios.
+var FailingAdapter = Adapters[0]
+
+// ModelFailureScenario is the chat workload at 40 req/s on a fleet of 8
+// replicas that each serve the base model and two LoRA adapters (vLLM
+// --lora-modules lora-sql lora-support on every replica): half the
+// sessions ask for the base model, a quarter for each adapter. From 150 s
+// to 330 s one adapter, FailingAdapter, fails on r0 and r3 (a crashed
+// model backend, adapter weights that no longer load): its calls in
+// flight there fail at once, and later ones are answered 500 within
+// milliseconds, while both replicas serve the base model and the other
+// adapter as before. What a good balancer does: the adapter's calls go
+// to the other 6 replicas, and the healthy models lose neither a call
+// nor r0 and r3. How each policy reads the 500:
+//
+//   - inferlb names the call's model in the outcome (Outcome.Model), as
+//     the HTTP and gRPC adapters do since 2026-12-05, so the balancer can
+//     hold the adapter's failures against the adapter on r0 and r3 rather
+//     than against the replicas, and retries the call on another replica
+//     (PickRetry);
+//   - "inferlb no-outcome-model" names none, as the adapters did before:
+//     every failure counts against its replica's error rate, breaker and
+//     outlier statistics, whatever model it was for;
+//   - the baselines retry it once, as any failure, on a new pick
+//     (consistent hashing: the same owner, which fails it again).
+//
+// A failed turn ends its conversation, as in the other chat scenarios.
+// The command runs seeds 1-4.
+func ModelFailureScenario() *Scenario {
+	sc := modelFailureScenario()
+	sc.Name = "model-failure"
+	sc.Description = "chat at 40 req/s; 8 replicas each serve the base model (50% of sessions) and 2 LoRA adapters (25% each); lora-sql fails (500 at once) on r0 and r3 from 150s to 330s"
+	for _, i := range []int{0, 3} {
+		sc.Events = append(sc.Events,
+			FleetEvent{At: 150 * time.Second, Replica: i, Kind: ModelFail, Model: FailingAdapter},
+			FleetEvent{At: 330 * time.Second, Replica: i, Kind: ModelRecover, Model: FailingAdapter})
+	}
+	return sc
+}
+
+// ModelFailureEverywhereScenario is ModelFailureScenario with the adapter
+// failing on every replica from 150 s to 330 s: a bad version of it
+// rolled out to the fleet, rolled back three minutes later. No policy can
+// serve its calls; a good one loses no other call and no replica for it.
+func ModelFailureEverywhereScenario() *Scenario {
+	sc := modelFailureScenario()
+	sc.Name = "model-failure-all"
+	sc.Description = "chat at 40 req/s; 8 replicas each serve the base model (50% of sessions) and 2 LoRA adapters (25% each); lora-sql fails (500 at once) on every replica from 150s to 330s"
+	for i := range sc.Fleet {
+		sc.Events = append(sc.Events,
+			FleetEvent{At: 150 * time.Second, Replica: i, Kind: ModelFail, Model: FailingAdapter},
+			FleetEvent{At: 330 * time.Second, Replica: i, Kind: ModelRecover, Model: FailingAdapter})
+	}
+	return sc
+}
+
+// modelFailureScenario is the fleet, workload and policies of the
+// model-failure scenarios, without the failure.
+func modelFailureScenario() *Scenario {
+	sc := ChatScenario()
+	chat := sc.Workload
+	sc.Workload = func(rate float64) Workload {
+		w := chat(rate).(*Chat)
+		w.Adapters, w.AdapterShare = Adapters[:2], 0.5
+		return w
+	}
+	for i := range sc.Fleet {
+		sc.Fleet[i].Models = append([]string{Model}, Adapters[:2]...)
+	}
+	sc.Rates = []float64{40}
+	sc.Headline = 40
+	sc.Seeds = 4
+	sc.Policies = []Policy{
+		RoundRobin(), LeastRequest(), RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb no-outcome-model", NoOutcomeModel: true}),
 	}
 	return sc
 }

@@ -16,7 +16,9 @@
 // (default GOMAXPROCS), which changes no figure. -clients and -parallel
 // must be at least 1; multi-client runs 1 and 8 clients, so -clients with
 // -scenario multi-client is an error (with -scenario all it applies to the
-// other scenarios). Words after the flags are an error, not ignored.
+// other scenarios). A scenario with Seeds runs that many seeds from -seed
+// on (model-failure: 4): its first seed's table, then one by model with a
+// row per policy and seed. Words after the flags are an error, not ignored.
 // The same seed gives the same output, byte for byte.
 package main
 
@@ -233,12 +235,14 @@ func runScenario(sc *fleetsim.Scenario, seed uint64, clients, par int) []fleetsi
 	}
 	var tasks []task
 	for _, c := range cl {
-		for _, rate := range sc.Rates {
-			for _, p := range sc.Policies {
-				tasks = append(tasks, task{len(tasks), p, fleetsim.RunConfig{
-					Rate: rate, Clients: c, Seed: seed,
-					Warmup: sc.Warmup, Duration: sc.Duration, Drain: sc.Drain, Scrape: sc.Scrape,
-				}})
+		for k := range uint64(max(sc.Seeds, 1)) {
+			for _, rate := range sc.Rates {
+				for _, p := range sc.Policies {
+					tasks = append(tasks, task{len(tasks), p, fleetsim.RunConfig{
+						Rate: rate, Clients: c, Seed: seed + k,
+						Warmup: sc.Warmup, Duration: sc.Duration, Drain: sc.Drain, Scrape: sc.Scrape,
+					}})
+				}
 			}
 		}
 	}
@@ -260,8 +264,9 @@ func runScenario(sc *fleetsim.Scenario, seed uint64, clients, par int) []fleetsi
 	return res
 }
 
-func printScenario(w io.Writer, sc *fleetsim.Scenario, res []fleetsim.Result) {
+func printScenario(w io.Writer, sc *fleetsim.Scenario, all []fleetsim.Result) {
 	fmt.Fprintf(w, "== %s: %s\n", sc.Name, sc.Description)
+	res := firstSeed(all)
 	for _, c := range clientCounts(res) {
 		head := pick(res, func(r fleetsim.Result) bool { return r.Rate == sc.Headline && r.Clients == c })
 		if len(head) == 0 {
@@ -270,11 +275,125 @@ func printScenario(w io.Writer, sc *fleetsim.Scenario, res []fleetsim.Result) {
 		fmt.Fprintf(w, "\noffered load %g %s, %d client(s), seed %d\n", sc.Headline, sc.RateUnit, c, head[0].Seed)
 		writeTable(w, head)
 	}
+	if rows := byModelRows(sc, all); rows != nil {
+		fmt.Fprintf(w, "\nby model at %g %s (%s)\n", sc.Headline, sc.RateUnit, byModelNote(sc, all))
+		writeAligned(w, rows)
+	}
 	if len(sc.Rates) > 1 {
 		fmt.Fprintf(w, "\nsweep: output tokens/s | p90 TTFT (s) by offered load (%s)\n", sc.RateUnit)
 		writeSweep(w, sc, res)
 	}
 	fmt.Fprintln(w)
+}
+
+// firstSeed keeps the results of the first seed run: the tables, sweeps
+// and charts are of one seed, and only the table by model shows them all.
+func firstSeed(res []fleetsim.Result) []fleetsim.Result {
+	if len(res) == 0 {
+		return nil
+	}
+	return pick(res, func(r fleetsim.Result) bool { return r.Seed == res[0].Seed })
+}
+
+// failing returns the models a scenario makes fail (ModelFail) and the
+// replicas they fail on, in order.
+func failing(sc *fleetsim.Scenario) (models []string, replicas []int) {
+	for _, ev := range sc.Events {
+		if ev.Kind != fleetsim.ModelFail {
+			continue
+		}
+		if !slices.Contains(models, ev.Model) {
+			models = append(models, ev.Model)
+		}
+		if !slices.Contains(replicas, ev.Replica) {
+			replicas = append(replicas, ev.Replica)
+		}
+	}
+	slices.Sort(replicas)
+	return models, replicas
+}
+
+// byModelRows is the table by model of a scenario that makes a model fail
+// (nil for the others): per policy and seed at the headline rate, the
+// healthy models' tokens, failed calls and p99 TTFT, the share of their
+// attempts sent to the replicas where the model fails (unless it fails on
+// every replica), the failing model's failed calls, and the inferlb
+// balancers' counts.
+func byModelRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
+	models, replicas := failing(sc)
+	if len(models) == 0 {
+		return nil
+	}
+	some := len(replicas) < len(sc.Fleet)
+	names := make([]string, len(replicas))
+	for i, r := range replicas {
+		names[i] = fmt.Sprintf("r%d", r)
+	}
+	counts := clientCounts(res)
+	hdr := []string{"policy", "seed", "healthy tok/s", "healthy failed", "healthy TTFT p99"}
+	if len(counts) > 1 {
+		hdr = slices.Insert(hdr, 1, "clients")
+	}
+	if some {
+		hdr = append(hdr, "healthy on "+strings.Join(names, "+"))
+	}
+	hdr = append(hdr, strings.Join(models, ", ")+" failed", "trips", "ejections", "capped", "model failures", "model-failing events")
+	rows := [][]string{hdr}
+	for _, c := range counts {
+		for _, p := range sc.Policies {
+			for _, r := range res {
+				if r.Policy != p.Name || r.Clients != c || r.Rate != sc.Headline || r.Healthy == nil {
+					continue
+				}
+				h := r.Healthy
+				row := []string{r.Policy, fmt.Sprint(r.Seed), fmt.Sprintf("%.0f", h.Throughput), fmt.Sprint(h.Failed), secs(h.TTFTP99)}
+				if len(counts) > 1 {
+					row = slices.Insert(row, 1, fmt.Sprint(r.Clients))
+				}
+				if some {
+					on, all := 0, 0
+					for i, n := range h.Attempts {
+						all += n
+						if slices.Contains(replicas, i) {
+							on += n
+						}
+					}
+					row = append(row, fmt.Sprintf("%d (%.1f%%)", on, 100*float64(on)/float64(max(all, 1))))
+				}
+				row = append(row, fmt.Sprint(r.Broken.Failed))
+				if b := r.Balancer; b != nil {
+					row = append(row, fmt.Sprint(b.Trips), fmt.Sprint(b.Ejections), fmt.Sprint(b.Capped), fmt.Sprint(b.ModelFailures), fmt.Sprint(b.ModelFailing))
+				} else {
+					row = append(row, "-", "-", "-", "-", "-")
+				}
+				rows = append(rows, row)
+			}
+		}
+	}
+	return rows
+}
+
+// byModelNote says what the table by model counts.
+func byModelNote(sc *fleetsim.Scenario, res []fleetsim.Result) string {
+	models, replicas := failing(sc)
+	seeds := []uint64{}
+	for _, r := range res {
+		if !slices.Contains(seeds, r.Seed) {
+			seeds = append(seeds, r.Seed)
+		}
+	}
+	span := fmt.Sprintf("seed %d", seeds[0])
+	if len(seeds) > 1 {
+		span = fmt.Sprintf("seeds %d-%d", seeds[0], seeds[len(seeds)-1])
+	}
+	if counts := clientCounts(res); len(counts) == 1 {
+		span = fmt.Sprintf("%d client(s), %s", counts[0], span)
+	}
+	note := fmt.Sprintf("%s; healthy: the calls for models other than %s", span, strings.Join(models, ", "))
+	if len(replicas) < len(sc.Fleet) {
+		note += "; healthy on: their attempts sent to the replicas where it fails, of all theirs"
+	}
+	return note + "; trips to model-failing events: the inferlb balancers' counts over the run (EndpointStats, events)"
 }
 
 func clientCounts(res []fleetsim.Result) []int {
@@ -418,12 +537,13 @@ func writeOutputs(dir string, sc *fleetsim.Scenario, res []fleetsim.Result) erro
 	if err := writeMarkdown(filepath.Join(dir, sc.Name+".md"), sc, res); err != nil {
 		return err
 	}
-	return writeCharts(dir, sc, res)
+	return writeCharts(dir, sc, firstSeed(res))
 }
 
-func writeMarkdown(path string, sc *fleetsim.Scenario, res []fleetsim.Result) error {
+func writeMarkdown(path string, sc *fleetsim.Scenario, all []fleetsim.Result) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n", sc.Description)
+	res := firstSeed(all)
 	for _, c := range clientCounts(res) {
 		head := pick(res, func(r fleetsim.Result) bool { return r.Rate == sc.Headline && r.Clients == c })
 		if len(head) == 0 {
@@ -434,6 +554,13 @@ func writeMarkdown(path string, sc *fleetsim.Scenario, res []fleetsim.Result) er
 		fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(hdr, " | "), strings.Repeat("---|", len(hdr)))
 		for _, r := range head {
 			fmt.Fprintf(&b, "| %s |\n", strings.Join(rowFor(head, r), " | "))
+		}
+	}
+	if rows := byModelRows(sc, all); rows != nil {
+		fmt.Fprintf(&b, "\nBy model at %g %s (%s):\n\n", sc.Headline, sc.RateUnit, byModelNote(sc, all))
+		fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(rows[0], " | "), strings.Repeat("---|", len(rows[0])))
+		for _, r := range rows[1:] {
+			fmt.Fprintf(&b, "| %s |\n", strings.Join(r, " | "))
 		}
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)

@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/benchmarks/fleetsim"
 )
 
 func policyNames(c config) map[string][]string {
@@ -81,4 +84,43 @@ func TestFlagValuesTheCommandCannotHonourAreErrors(t *testing.T) {
 	assert.Equal(t, 3, c.par)
 	_, err = parse([]string{"-scenario", "all", "-clients", "8"}, &bytes.Buffer{})
 	assert.NoError(t, err, "with every scenario, multi-client keeps its own and the rest take -clients")
+}
+
+// idle sends nothing.
+type idle struct{}
+
+func (idle) Start(fleetsim.Sim)                         {}
+func (idle) Done(fleetsim.Sim, *fleetsim.Request, bool) {}
+
+// A scenario with Seeds runs that many seeds from -seed on; its table
+// by model has a row per policy and seed, and the scenarios that make no
+// model fail have none.
+func TestSeedsAndTheTableByModel(t *testing.T) {
+	sc := fleetsim.ModelFailureScenario()
+	sc.Workload = func(float64) fleetsim.Workload { return idle{} }
+	sc.Warmup, sc.Duration, sc.Drain = time.Second, 2*time.Second, time.Second
+	res := runScenario(sc, 5, 1, 2)
+	require.Len(t, res, 4*len(sc.Policies))
+	var seeds []uint64
+	for _, r := range res {
+		if len(seeds) == 0 || seeds[len(seeds)-1] != r.Seed {
+			seeds = append(seeds, r.Seed)
+		}
+	}
+	assert.Equal(t, []uint64{5, 6, 7, 8}, seeds)
+	rows := byModelRows(sc, res)
+	require.Len(t, rows, 1+len(res))
+	assert.Equal(t, []string{"policy", "seed", "healthy tok/s", "healthy failed", "healthy TTFT p99", "healthy on r0+r3",
+		"lora-sql failed", "trips", "ejections", "capped", "model failures", "model-failing events"}, rows[0])
+	assert.Equal(t, []string{"round-robin", "5", "0", "0", "0.000s", "0 (0.0%)", "0", "-", "-", "-", "-", "-"}, rows[1])
+	assert.Equal(t, []string{"inferlb", "8", "0", "0", "0.000s", "0 (0.0%)", "0", "0", "0", "0", "0", "0"}, rows[len(rows)-5])
+	var md bytes.Buffer
+	printScenario(&md, sc, res)
+	assert.Contains(t, md.String(), "seed 5\n", "the first seed's table")
+	assert.NotContains(t, md.String(), "seed 6\n")
+	assert.Contains(t, md.String(), "seeds 5-8")
+
+	all := fleetsim.ModelFailureEverywhereScenario()
+	assert.NotContains(t, byModelRows(all, res)[0], "healthy on r0+r3", "it fails on every replica")
+	assert.Nil(t, byModelRows(fleetsim.LoRAScenario(), res))
 }

@@ -26,14 +26,31 @@ func writeCSV(path string, res []fleetsim.Result) error {
 	w := csv.NewWriter(f)
 	_ = w.Write([]string{"scenario", "policy", "rate", "clients", "seed", "requests", "completed", "failed", "unfinished", "retries",
 		"throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
-		"e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "cache_hit_rate", "gpu_busy", "max_mean_load", "preemptions", "not_served"})
+		"e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "cache_hit_rate", "gpu_busy", "max_mean_load", "preemptions", "not_served",
+		"healthy_requests", "healthy_failed", "healthy_throughput_tok_s", "healthy_ttft_p99_s",
+		"broken_requests", "broken_failed", "broken_throughput_tok_s",
+		"trips", "ejections", "capped", "endpoint_failures", "model_failures", "model_failing_events"})
 	g := func(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
 	for _, r := range res {
-		_ = w.Write([]string{r.Scenario, r.Policy, g(r.Rate), strconv.Itoa(r.Clients), strconv.FormatUint(r.Seed, 10),
+		row := []string{r.Scenario, r.Policy, g(r.Rate), strconv.Itoa(r.Clients), strconv.FormatUint(r.Seed, 10),
 			strconv.Itoa(r.Requests), strconv.Itoa(r.Completed), strconv.Itoa(r.Failed), strconv.Itoa(r.Unfinished), strconv.Itoa(r.Retries),
 			g(r.Throughput), g(r.TTFTP50), g(r.TTFTP90), g(r.TTFTP99), g(r.ITLP50), g(r.ITLP99),
 			g(r.E2EP50), g(r.E2EP90), g(r.E2EP99), g(r.CacheHit), g(r.GPUBusy), g(r.MaxMean), strconv.Itoa(r.Preemptions),
-			strconv.Itoa(r.NotServed)})
+			strconv.Itoa(r.NotServed)}
+		// Empty where the run has no split by model or no inferlb balancer.
+		if h, b := r.Healthy, r.Broken; h != nil && b != nil {
+			row = append(row, strconv.Itoa(h.Requests), strconv.Itoa(h.Failed), g(h.Throughput), g(h.TTFTP99),
+				strconv.Itoa(b.Requests), strconv.Itoa(b.Failed), g(b.Throughput))
+		} else {
+			row = append(row, "", "", "", "", "", "", "")
+		}
+		if b := r.Balancer; b != nil {
+			u := func(n uint64) string { return strconv.FormatUint(n, 10) }
+			row = append(row, u(b.Trips), u(b.Ejections), u(b.Capped), u(b.Failures), u(b.ModelFailures), u(b.ModelFailing))
+		} else {
+			row = append(row, "", "", "", "", "", "")
+		}
+		_ = w.Write(row)
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
