@@ -964,19 +964,18 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// The model's failure, not the endpoint's: it serves other calls
 		// meanwhile (see modelfail.go).
 		e.modelFailures.Add(1)
+		e.failed.note(modelID(o.Model), nowNs)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Err != nil:
 		e.failures.Add(1)
+		e.failed.note(modelID(o.Model), nowNs) // 0 without one: a call of no model
 		e.observe(b.cfg, nowNs, latency, 0, 0, true, true)
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
 		e.successes.Add(1)
-		e.okAt.Store(nowNs)
-		if k := okModelKey(o.Model); e.okModel.Load() != k {
-			e.okModel.Store(k)
-		}
 		if o.Model != "" {
+			e.served.note(modelID(o.Model), nowNs)
 			if f := e.modelFailAt.Load(); f != 0 && nowNs-f < b.cfg.runLife() {
 				b.modelServed(e, o.Model, nowNs)
 			}

@@ -108,12 +108,11 @@ type endpoint struct {
 	canceled  atomic.Uint64 // with the three above, notServed, modelFailures and inFlight: the picks
 	notServed atomic.Uint64 // answers that it does not serve the call's model
 	// Failures held against their model on this endpoint, not against the
-	// endpoint (see modelfail.go); the unix ns of its latest success and of
-	// its latest failure with a model; the model of its latest success
-	// (okModelKey; 0: none named).
+	// endpoint (see modelfail.go); its latest successes and failures by
+	// model; the unix ns of its latest failure with a model.
 	modelFailures atomic.Uint64
-	okAt          atomic.Int64
-	okModel       atomic.Uint64
+	served        recent
+	failed        recent
 	modelFailAt   atomic.Int64
 	picksSeen     atomic.Uint64 // the largest pick count reported; see pickCount
 

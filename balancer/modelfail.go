@@ -1,7 +1,9 @@
 package balancer
 
 import (
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -28,16 +30,20 @@ import (
 // held against that model on that endpoint instead of the endpoint. It is
 // when it is the third or a later failure of the model's current run of
 // consecutive failures there (a success of the model there ends the run),
-// no other call failed there since the run began, and the endpoint's
-// latest success was another model's, within ErrorDecay before the run
-// began or since. Such a failure leaves the endpoint's error rate, breaker
+// no other call failed there since the run began, and another model's
+// latest success there came after any other call's latest failure there
+// and within ErrorDecay before the run began or since. (Another model's,
+// not the endpoint's latest: when a model's backend crashes, its calls
+// under way fail together, and the latest success is as likely the
+// model's own; TestModelBreakingMidCall.) Such a failure leaves the endpoint's error rate, breaker
 // and outlier statistics alone and is counted in EndpointStats.
 // ModelFailures instead of Failures. Everything else counts against the
 // endpoint as before: the first two failures of every run; a server that
 // serves one model, or that fails whatever it is sent (its other models'
-// calls fail too), or that has served nothing of late; and nearly all the
-// failures of a flaky server, whose runs of one model's failures seldom
-// pass two before another call fails there.
+// calls fail too, before or after: TestServerCrashTripsWhicheverModelFailsFirst),
+// or that has served nothing of late; and nearly all the failures of a
+// flaky server, whose runs of one model's failures seldom pass two before
+// another call fails there.
 //
 // After BreakerFailures consecutive failures of a model on an endpoint,
 // the last of them held against the model, the model's picks pass the
@@ -46,16 +52,18 @@ import (
 // call that goes there is a probe), up to MaxEjectionTime; a success of
 // the model there ends it. A model failing everywhere is then picked as
 // if nothing were remembered, and no retry goes on to another endpoint
-// for it. With the breaker disabled (BreakerFailures negative), every
-// failure counts against the endpoint, as before.
+// for it, and its failures extend the pass-overs (one EventModelFailing
+// per pass-over begun, not per failure). With the breaker disabled
+// (BreakerFailures negative), every failure counts against the endpoint,
+// as before.
 //
 // The runs are kept in a bounded table (runSlots entries, 4-way set
 // associative, 40 KiB allocated at the first failure with a model) keyed
 // by the seeded hash of (endpoint, model): model names are request data,
 // and a name cannot be aimed at another model's run. A run that saw no
-// failure for runLife is over. A success pays a hash of its model name and
-// an atomic load, plus the table's lock when its endpoint had a failure
-// with a model within runLife.
+// failure for runLife is over. A success pays a hash of its model name
+// (modelID), a few atomic loads and a store, plus the table's lock when
+// its endpoint had a failure with a model within runLife.
 
 const (
 	runSlots = 1024
@@ -65,11 +73,11 @@ const (
 	// it serves. A server that fails calls at random (30% of them, in
 	// TestFlakyServerKeepsItsFailures' 16 runs) puts a third of its
 	// failures at the second place of a run or later, a tenth at the
-	// third: from the first, its failures were held against the models
-	// and it kept 4,124 calls (1,284 failed) against 114 when no failure
-	// names a model; from the second 106 (36 failed); from the third 114
-	// (26), and a server failing every call tripped about one failure
-	// later than when none names a model (TestServerFailingEverythingStillTrips).
+	// third. Held against the models from the first failure of a run, it
+	// kept 2,188 calls (711 failed) against 114 (28) when no failure names
+	// a model; from the second, 99 (34); from the third, 115 (26), and a
+	// server failing every call tripped after 187 failed calls in 16 runs
+	// against 180 (249 from the first, 197 from the second).
 	ownFrom = 3
 )
 
@@ -154,17 +162,19 @@ func (b *Balancer) modelFailed(e *endpoint, model string, nowNs int64) bool {
 	others := fails - r.fails0 - uint64(r.n) // r.n: the run's failures before this one
 	r.n = min(r.n+1, 1<<30)
 	r.last = nowNs
-	ok := e.okModel.Load()
-	own := r.n >= ownFrom && others == 0 && ok != 0 && ok != okModelKey(model) &&
-		e.okAt.Load() > r.start-int64(b.cfg.errorDecay)
+	id := modelID(model)
+	own := r.n >= ownFrom && others == 0 &&
+		e.served.other(id) > max(e.failed.other(id), r.start-int64(b.cfg.errorDecay))
 	var hold time.Duration
 	if own && r.n >= uint32(b.cfg.breakerFailures) {
 		r.holds++
 		hold = b.ejectionTime(int32(min(r.holds, 1<<20)))
 	}
 	t.mu.Unlock()
-	if hold > 0 {
-		b.passOverFor(e, mk, nowNs, hold)
+	if hold > 0 && b.passOverFor(e, mk, nowNs, hold) {
+		// One event per pass-over begun: a model failing on every
+		// endpoint is picked anyway, and its failures extend the
+		// pass-overs in force.
 		b.emit(Event{Kind: EventModelFailing, Endpoint: e.id, Model: model, At: time.Unix(0, nowNs), Until: time.Unix(0, later(nowNs, hold))})
 	}
 	return own
@@ -193,12 +203,47 @@ func (b *Balancer) modelServed(e *endpoint, model string, nowNs int64) {
 	}
 }
 
-// okModelKey identifies the model of a success (endpoint.okModel): an
-// unseeded hash, as it picks no table slot; two models it confuses only
-// make a failure count against the endpoint, as without Outcome.Model.
-func okModelKey(model string) uint64 {
+// modelID identifies a model in an endpoint's recent outcomes (recent):
+// an unseeded hash, as it picks no table slot; two models it confuses
+// only make a failure count against the endpoint, as without
+// Outcome.Model. 0 is no model.
+func modelID(model string) uint64 {
 	if model == "" {
 		return 0
 	}
 	return max(xxhash.Sum64String(model), 1)
+}
+
+// recent holds an endpoint's latest outcome of one kind (success or
+// failure) and its model, and the latest of another model than that one:
+// together, for any model, the latest outcome of another model. Its words
+// are updated apart, without a lock: a race between two outcomes can leave
+// a pairing that never was, which only errs for one decision of modelFailed.
+type recent struct {
+	id0, id1 atomic.Uint64 // modelID; id1 != id0
+	at0, at1 atomic.Int64  // unix ns; 0: none
+}
+
+// note records an outcome of model id at nowNs.
+func (r *recent) note(id uint64, nowNs int64) {
+	if r.id0.Load() == id && r.at0.Load() != 0 {
+		r.at0.Store(nowNs)
+		return
+	}
+	r.id1.Store(r.id0.Load())
+	r.at1.Store(r.at0.Load())
+	r.id0.Store(id)
+	r.at0.Store(nowNs)
+}
+
+// other is the unix ns of the latest outcome of another model than id
+// (math.MinInt64: none).
+func (r *recent) other(id uint64) int64 {
+	switch {
+	case r.at0.Load() != 0 && r.id0.Load() != id:
+		return r.at0.Load()
+	case r.at1.Load() != 0 && r.id1.Load() != id:
+		return r.at1.Load()
+	}
+	return math.MinInt64
 }

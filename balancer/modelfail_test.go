@@ -35,11 +35,14 @@ type twoModelRun struct {
 
 func twoModelFleet(t *testing.T, opts balancer.Options, hold int, noModel bool, fails func(i, e int, model string) bool) *twoModelRun {
 	t.Helper()
-	return modelFleet(t, []string{"y", "x"}, opts, hold, noModel, fails)
+	return modelFleet(t, []string{"y", "x"}, opts, hold, noModel, false, fails)
 }
 
-// modelFleet is twoModelFleet with the models given, in turn.
-func modelFleet(t *testing.T, models []string, opts balancer.Options, hold int, noModel bool, fails func(i, e int, model string) bool) *twoModelRun {
+// modelFleet is twoModelFleet with the models given, in turn. With burst,
+// the calls in flight at call 1,000 whose model and endpoint fail from then
+// on end at once: one of them well, the others failing, as the calls under
+// way do when a model's backend crashes.
+func modelFleet(t *testing.T, models []string, opts balancer.Options, hold int, noModel, burst bool, fails func(i, e int, model string) bool) *twoModelRun {
 	t.Helper()
 	clock := testutil.NewClock()
 	run := &twoModelRun{failed: map[string]int{}, failedBeforeTrip: -1}
@@ -62,6 +65,32 @@ func modelFleet(t *testing.T, models []string, opts balancer.Options, hold int, 
 	failed0 := 0
 	const calls = 4000
 	for i := range calls {
+		if burst && i == 1000 {
+			// The crash: of the calls under way that now fail, one ends
+			// well just before (the endpoints' latest success is of the
+			// failing model), and the others fail together.
+			kept, first := inFlight[:0], true
+			for _, h := range inFlight {
+				e := idx[h.p.ID()]
+				switch {
+				case !fails(i, e, h.model):
+					kept = append(kept, h)
+				case first:
+					h.p.Done(inferlb.Outcome{Latency: time.Second, Model: h.model})
+					first = false
+				default:
+					o := inferlb.Outcome{Err: errors.New("500 Internal Server Error"), Latency: time.Second, Model: h.model}
+					if noModel {
+						o.Model = ""
+					}
+					h.p.Done(o)
+					if e == 0 {
+						failed0++
+					}
+				}
+			}
+			inFlight = kept
+		}
 		model := models[i%len(models)]
 		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model, PromptTokens: 100, MaxOutputTokens: 100})
 		require.NoError(t, err)
@@ -85,6 +114,7 @@ func modelFleet(t *testing.T, models []string, opts balancer.Options, hold int, 
 			inFlight = append(inFlight, held{p, model})
 			if len(inFlight) > hold {
 				o := inferlb.Outcome{Latency: 2 * time.Second, OutputTokens: 100, Model: inFlight[0].model}
+
 				if noModel {
 					o.Model = ""
 				}
@@ -214,14 +244,77 @@ func TestOneModelServerFailingTripsAsBefore(t *testing.T) {
 	for _, hold := range []int{16, 64} {
 		for at := 1000; at < 1040; at += 7 {
 			broken := func(i, e int, m string) bool { return i >= at && e == 0 }
-			old := modelFleet(t, []string{"m"}, balancer.Options{}, hold, true, broken)
-			r := modelFleet(t, []string{"m"}, balancer.Options{}, hold, false, broken)
+			old := modelFleet(t, []string{"m"}, balancer.Options{}, hold, true, false, broken)
+			r := modelFleet(t, []string{"m"}, balancer.Options{}, hold, false, false, broken)
 			require.Positive(t, r.failedBeforeTrip, "hold %d, from %d: endpoint 0 trips", hold, at)
 			assert.Equal(t, old.failedBeforeTrip, r.failedBeforeTrip, "hold %d, from %d: failed calls before the trip", hold, at)
 			_, _, modelFailures, _ := r.held()
 			assert.Zero(t, modelFailures)
 		}
 	}
+}
+
+// TestModelBreakingMidCall: when a model's backend crashes, its calls
+// under way on the server fail too, all at once, and the server's latest
+// success may well be that model's own. Those failures are the model's as
+// well (the server's other model succeeded of late and fails nothing): the
+// server does not trip, with the model broken on one endpoint or on all.
+// A server failing every call, its calls under way too, still trips.
+func TestModelBreakingMidCall(t *testing.T) {
+	for _, hold := range []int{16, 64} {
+		for _, everywhere := range []bool{false, true} {
+			broken := func(i, e int, m string) bool { return i >= 1000 && m == "x" && (everywhere || e == 0) }
+			old := modelFleet(t, []string{"y", "x"}, balancer.Options{}, hold, true, true, broken)
+			r := modelFleet(t, []string{"y", "x"}, balancer.Options{}, hold, false, true, broken)
+			trips, ejections, modelFailures, _ := r.held()
+			oldTrips, oldEjections, _, _ := old.held()
+			t.Logf("hold %d, everywhere %v: trips %d, ejections %d, %d held against x; counted against the endpoints: %d, %d; y on endpoint 0: %d against %d",
+				hold, everywhere, trips, ejections, modelFailures, oldTrips, oldEjections, r.on(0, "y"), old.on(0, "y"))
+			assert.Positive(t, oldTrips+oldEjections, "hold %d, everywhere %v: counted against the endpoints, the burst holds some out", hold, everywhere)
+			assert.Zero(t, trips, "hold %d, everywhere %v", hold, everywhere)
+			assert.Zero(t, ejections, "hold %d, everywhere %v", hold, everywhere)
+			assert.Greater(t, r.on(0, "y"), 100, "hold %d, everywhere %v: y keeps endpoint 0", hold, everywhere)
+		}
+		crash := func(i, e int, m string) bool { return i >= 1000 && e == 0 }
+		r := modelFleet(t, []string{"y", "x"}, balancer.Options{}, hold, false, true, crash)
+		trips, _, _, _ := r.held()
+		assert.Positive(t, trips, "hold %d: a server failing everything trips", hold)
+		assert.Zero(t, r.on(0, "x")+r.on(0, "y"), "hold %d: and is out", hold)
+	}
+}
+
+// TestServerCrashTripsWhicheverModelFailsFirst: a server serving x and y
+// stops serving anything. x's calls fail first, while y's latest success
+// is recent: those are taken for x's alone. But then y's fail too, after
+// x's latest success, so y's failures count against the server and it
+// trips (the breaker counts x's first two and y's).
+func TestServerCrashTripsWhicheverModelFailsFirst(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 1, balancer.Options{Clock: clock, OutlierInterval: -1})
+	call := func(model string, fail bool) {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model})
+		require.NoError(t, err)
+		o := inferlb.Outcome{Model: model}
+		if fail {
+			o.Err = errors.New("500")
+		}
+		p.Done(o)
+		clock.Advance(time.Millisecond)
+	}
+	call("y", false)
+	call("x", false)
+	for range 5 {
+		call("x", true)
+	}
+	s := b.Stats()[0]
+	require.Equal(t, uint64(3), s.ModelFailures, "x's third to fifth failures are taken for x's")
+	require.Zero(t, s.Trips)
+	for range 3 {
+		call("y", true)
+	}
+	s = b.Stats()[0]
+	assert.Equal(t, uint64(1), s.Trips, "y's failures, after x's, are the server's")
+	assert.Equal(t, uint64(5), s.Failures)
 }
 
 // TestFlakyServerKeepsItsFailures: a server that fails 30% of all calls,

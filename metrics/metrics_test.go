@@ -29,6 +29,7 @@ func TestCollectorExportsLiveState(t *testing.T) {
 	p.Done(inferlb.Outcome{Err: errors.New("boom")})
 	p, _ = b.Pick(&inferlb.Request{Model: "adapter"})
 	p.Done(inferlb.Outcome{NotServedModel: "adapter"})
+	clock.Advance(time.Second) // y's success comes after the failure above
 	p, _ = b.Pick(&inferlb.Request{Model: "y"})
 	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond, TTFT: 50 * time.Millisecond, OutputTokens: 5, Model: "y"})
 	// Model x fails three times in a row after the endpoint served y: the
