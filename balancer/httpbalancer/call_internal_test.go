@@ -73,6 +73,9 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("data: {\"error\": {\"object\": \"error\", \"message\": \"The request queue is full.\", \"code\": 503}}\n\n"), uint8(11))
 	f.Add([]byte("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\nevent: error\r\ndata: 5\r\n\r\n"), uint8(6))
 	f.Add([]byte("{\"message\":{\"content\":\"a\"},\"done\":false}\n\r\n{\"error\":\"x\"}\n{\"done\" : true}\n{\"done\": true}\n"), uint8(64+3))
+	f.Add([]byte("event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\",\"param\":null,\"sequence_number\":3}\n\n"), uint8(8))
+	f.Add([]byte("event: error\ndata: {\"type\":\"error\",\"code\":\"rate_l\\u0069mit_exceeded\",\"code\":\"invalid_prompt\"}\n\ndata: {\"error\": {\"code\": \"server_error\"}, \"code\": \"rate_limit_exceeded\"}\n\n"), uint8(5))
+	f.Add([]byte("event: response.failed\r\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":{\"code\":\"server_error\"}}}\r\n\r\n"), uint8(13))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
 		ndjson := n&64 != 0 // an Ollama stream
@@ -124,7 +127,11 @@ func FuzzSSEScan(f *testing.F) {
 				continue
 			}
 			if typ, ok := bytes.CutPrefix(line, []byte("event:")); ok {
-				typed = string(bytes.TrimSuffix(bytes.TrimPrefix(typ, []byte(" ")), []byte("\r"))) == "error"
+				typ = bytes.TrimSuffix(bytes.TrimPrefix(typ, []byte(" ")), []byte("\r"))
+				typed = string(typ) == "error"
+				if string(typ) == "response.failed" {
+					want = 500 // the Responses API's failed response
+				}
 				continue
 			}
 			off := errorValue(line, typed)
@@ -148,8 +155,10 @@ func FuzzSSEScan(f *testing.F) {
 // with encoding/json: the error object's integer status code, else the
 // top-level object's (a 5xx one a 429 when the error's text says the call
 // was shed), else the status TGI's error_type names, else the one the
-// error object's type names, else the one the error's text (the error
-// object's message, or the error as a string) starts with, else 0.
+// error object's type names, else the one a string code of the error
+// object, else of the top-level object, names, else the one the error's
+// text (the error object's message, or the error as a string) starts
+// with, else 0.
 func jsonErrorCode(t *testing.T, js []byte) int {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(js, &top); err != nil {
@@ -208,6 +217,13 @@ func jsonErrorCode(t *testing.T, js []byte) int {
 	kind = ""
 	if e != nil && json.Unmarshal(e["type"], &kind) == nil && kinds[kind] != 0 {
 		return kinds[kind]
+	}
+	codes := map[string]int{"server_error": 500, "rate_limit_exceeded": 429}
+	for _, raw := range []json.RawMessage{e["code"], top["code"]} {
+		var c string
+		if json.Unmarshal(raw, &c) == nil && codes[c] != 0 {
+			return codes[c]
+		}
 	}
 	return textSays
 }

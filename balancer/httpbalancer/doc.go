@@ -129,7 +129,12 @@
 // {"type": "error", "error": {"type": kind, ...}}, which vLLM and SGLang
 // send on /v1/messages) says it by its kind: internal_error and api_error
 // are failures, overloaded_error and rate_limit_error overloads, other
-// kinds the request's; a canceled context (or a closed
+// kinds the request's. The Responses API's (event: error, data: {"type":
+// "error", "code": code, ...}) says it by its string code: server_error a
+// failure, rate_limit_exceeded an overload, others (invalid_prompt, ...)
+// the request's; its response.failed event, a response that failed after
+// the stream began, is a failure (the error's code inside the response
+// object is not read); a canceled context (or a closed
 // Request.Cancel, which http.Client sets with a Timeout) is neither, and
 // so is a deadline that ends a stream after its first token
 // (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the

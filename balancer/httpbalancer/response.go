@@ -595,6 +595,12 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		typ = bytes.TrimPrefix(typ, []byte(" "))
 		c.notToken = notToken(typ, whole, c.end[len(c.end)-min(lineLen, len(c.end)):])
 		c.errEvent = whole && string(bytes.TrimSuffix(typ, []byte("\r"))) == "error"
+		if failedEvent(line, lineLen, c.end[:]) {
+			// The Responses API's end of a response that failed after
+			// its stream began: the endpoint's failure. (The error's
+			// code, inside the response object, is not read.)
+			c.errCode.Store(http.StatusInternalServerError)
+		}
 		return
 	}
 	v, ok := bytes.CutPrefix(line, []byte("data:"))
@@ -678,6 +684,28 @@ func notToken(typ []byte, whole bool, end []byte) bool {
 		return !delta
 	}
 	return false
+}
+
+// failedType is the Responses API's event type for a response that failed.
+const failedType = "response.failed"
+
+// failedEvent reports whether an event line, whose first bytes are in line
+// (at most len(sseState.line)), whose length is lineLen and whose last
+// bytes are in end (sseState.end), is "event:", an optional space and
+// failedType, with an optional CR: the line is longer than line holds, so
+// its start and its end are matched, which together cover the type.
+func failedEvent(line []byte, lineLen int, end []byte) bool {
+	off := len("event:")
+	if len(line) > off && line[off] == ' ' {
+		off++
+	}
+	n := lineLen - off
+	tail := end
+	if bytes.HasSuffix(end, []byte("\r")) {
+		n, tail = n-1, end[:len(end)-1]
+	}
+	return n == len(failedType) && len(line)-off <= n && string(line[off:]) == failedType[:len(line)-off] &&
+		bytes.HasSuffix(tail, []byte(".failed"))
 }
 
 // finish reports the outcome once. err is the body's read error, or the

@@ -366,7 +366,12 @@ func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 // serve) reports a failure mid-stream as an event of type "error" whose
 // error's type is its kind: internal_error (vLLM's and SGLang's for an
 // exception while streaming) and api_error are failures, overloaded_error
-// an overload, invalid_request_error the request's.
+// an overload, invalid_request_error the request's. The Responses API
+// (/v1/responses) reports one as an event of type "error" with a string
+// code (server_error a failure, rate_limit_exceeded an overload, others
+// such as invalid_prompt the request's), or ends the response with a
+// response.failed event: a failure; response.incomplete (a token limit
+// reached) is not one.
 func TestStreamErrorEventKinds(t *testing.T) {
 	token := `data:{"index":1,"token":{"id":330,"text":" A","logprob":-0.5,"special":false},"generated_text":null,"details":null,"top_tokens":null}` + "\n\n"
 	chunk := `data: {"object":"chat.completion.chunk","id":"","created":1,"model":"m","system_fingerprint":"3.3.4-native","choices":[{"index":0,"delta":{"role":"assistant","content":" A"},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n"
@@ -381,6 +386,12 @@ func TestStreamErrorEventKinds(t *testing.T) {
 	openai := func(text string) string {
 		return `data: {"error":{"message":"` + text + `","http_status_code":422}}` + "\n\ndata: [DONE]\n\n"
 	}
+	responsesStart := "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"},\"sequence_number\":0}\n\n"
+	responsesDelta := "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\" A\",\"sequence_number\":1}\n\n"
+	responsesError := func(code string) string {
+		return "event: error\ndata: {\"type\":\"error\",\"code\":\"" + code + "\",\"message\":\"x\",\"param\":null,\"sequence_number\":2}\n\n"
+	}
+	responsesFailed := "event: response.failed\r\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"The model failed to generate a response.\"}},\"sequence_number\":2}\r\n\r\n"
 	for _, s := range []struct {
 		name       string
 		body       string
@@ -403,6 +414,11 @@ func TestStreamErrorEventKinds(t *testing.T) {
 		{"messages internal error", delta + messagesError("internal_error", "CUDA error: an illegal memory access was encountered"), 500, false, 1},
 		{"messages overloaded", messagesError("overloaded_error", "Overloaded"), 0, true, 0},
 		{"messages invalid request", messagesError("invalid_request_error", "prompt is too long: 9000 tokens > 8192 maximum"), 0, false, 0},
+		{"responses server error", responsesStart + responsesDelta + responsesError("server_error"), 500, false, 1},
+		{"responses rate limited", responsesStart + responsesError("rate_limit_exceeded"), 0, true, 0},
+		{"responses invalid prompt", responsesStart + responsesError("invalid_prompt"), 0, false, 0},
+		{"responses failed", responsesStart + responsesDelta + responsesFailed, 500, false, 1},
+		{"responses incomplete", responsesStart + responsesDelta + "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"id\":\"resp_1\",\"status\":\"incomplete\"}}\n\n", 0, false, 1},
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			rig := newSSERig(t, s.body)

@@ -41,7 +41,9 @@ import (
 // decoding the line (FuzzSSEScan holds it to that). A code is an integer
 // status (100 to 599); a string, a fraction or null is none. Without one,
 // the kind of error gives the status: TGI's top-level "error_type", else
-// the error object's "type" (the Messages API's), else the error's text
+// the error object's "type" (the Messages API's), else a string "code" of
+// the error object, else of the top-level object (the Responses API's
+// error event and failed response: see codeStatus), else the error's text
 // (the error object's "message", or the error itself when it is a
 // string). A text that says the server shed the call makes a 5xx code a
 // 429.
@@ -71,7 +73,10 @@ type errScan struct {
 	// (its "type") and the error's text say (kindStatus, textStatus); the
 	// error_type wins over the kind.
 	typeCode, kindCode, textCode int16
-	// A string value being kept (capture: capType, capText or capKind;
+	// The status a string "code" names (codeStatus), of the top-level
+	// object and of its error object, as codes.
+	strCodes [2]int16
+	// A string value being kept (capture: capType, capText, capKind or capCode;
 	// capNone when not), its first valLen bytes as written in val: enough for
 	// the longest text textStatus reads with every byte escaped.
 	capture uint8
@@ -85,6 +90,7 @@ const (
 	capType // the top-level "error_type"
 	capText // the error's text
 	capKind // the error object's "type"
+	capCode // a string "code" of the object being read (m.lvl)
 )
 
 // Where errScan is, in the object it reads (lvl).
@@ -173,9 +179,9 @@ func (m *errScan) feed(b []byte) {
 			keepAs := uint8(capNone)
 			switch {
 			case m.key == keyCode:
-				m.codes[m.lvl-1] = 0
+				m.codes[m.lvl-1], m.strCodes[m.lvl-1], keepAs = 0, 0, capCode
 			case m.key == keyError && m.lvl == 1:
-				m.codes[1], m.kindCode, m.textCode, keepAs = 0, 0, 0, capText
+				m.codes[1], m.strCodes[1], m.kindCode, m.textCode, keepAs = 0, 0, 0, 0, capText
 			case m.key == keyErrorType && m.lvl == 1:
 				m.typeCode, keepAs = 0, capType
 			case m.key == keyMessage && m.lvl == 2:
@@ -270,6 +276,8 @@ func (m *errScan) endCapture() {
 		m.textCode = textStatus(m.val[:m.valLen])
 	case capKind:
 		m.kindCode = kindStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
+	case capCode:
+		m.strCodes[m.lvl-1] = codeStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
 	}
 	m.capture = capNone
 }
@@ -336,8 +344,31 @@ func (m *errScan) code() int {
 		return int(m.typeCode)
 	case m.kindCode != 0:
 		return int(m.kindCode)
+	case m.strCodes[1] != 0:
+		return int(m.strCodes[1])
+	case m.strCodes[0] != 0:
+		return int(m.strCodes[0])
 	}
 	return int(m.textCode)
+}
+
+// codeStatus is the status an error code given as a string names: the
+// OpenAI Responses API's (its error event's "code", and a failed
+// response's error's): server_error 500, rate_limit_exceeded 429. Its
+// other codes (invalid_prompt, the image errors, ...) are the request's:
+// 0. raw is the value as written; cut when val was full.
+func codeStatus(raw []byte, cut bool) int16 {
+	v, ok := decodedWhole(raw, cut)
+	if !ok {
+		return 0
+	}
+	switch string(v) {
+	case "server_error":
+		return http.StatusInternalServerError
+	case "rate_limit_exceeded":
+		return http.StatusTooManyRequests
+	}
+	return 0
 }
 
 // maxText is the length of the longest text textStatus reads.
