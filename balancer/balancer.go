@@ -976,7 +976,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		e.successes.Add(1)
 		if o.Model != "" {
 			e.served.note(modelID(o.Model), nowNs)
-			if f := e.modelFailAt.Load(); f != 0 && nowNs-f < b.cfg.runLife() {
+			if f := e.failed.at0.Load(); f != 0 && nowNs-f < b.cfg.runLife() {
 				b.modelServed(e, o.Model, nowNs)
 			}
 		}

@@ -109,11 +109,10 @@ type endpoint struct {
 	notServed atomic.Uint64 // answers that it does not serve the call's model
 	// Failures held against their model on this endpoint, not against the
 	// endpoint (see modelfail.go); its latest successes and failures by
-	// model; the unix ns of its latest failure with a model.
+	// model (failed.at0: the time of its latest failure).
 	modelFailures atomic.Uint64
 	served        recent
 	failed        recent
-	modelFailAt   atomic.Int64
 	picksSeen     atomic.Uint64 // the largest pick count reported; see pickCount
 
 	// Affinity calls taken as a spill (not the key's owner), by whether the

@@ -63,7 +63,8 @@ import (
 // and a name cannot be aimed at another model's run. A run that saw no
 // failure for runLife is over. A success pays a hash of its model name
 // (modelID), a few atomic loads and a store, plus the table's lock when
-// its endpoint had a failure with a model within runLife.
+// its endpoint had a failure within runLife (its latest failure's time is
+// the endpoint's failed.at0).
 
 const (
 	runSlots = 1024
@@ -145,12 +146,6 @@ func (b *Balancer) modelFailed(e *endpoint, model string, nowNs int64) bool {
 	if t == nil {
 		b.runs.CompareAndSwap(nil, new(runTable))
 		t = b.runs.Load()
-	}
-	for {
-		cur := e.modelFailAt.Load()
-		if cur >= nowNs || e.modelFailAt.CompareAndSwap(cur, nowNs) {
-			break
-		}
 	}
 	mk := b.modelKey(model)
 	t.mu.Lock()
