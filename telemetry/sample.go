@@ -29,14 +29,19 @@ const (
 	PrefixCacheHitRate              // prefix-cache hit rate, 0..1
 	CPUUtil                         // ORCA cpu_utilization, 0..1
 	AppUtil                         // ORCA application_utilization, 0..1
+	// LoRASlots is how many distinct LoRA adapters the server runs in one
+	// batch (vLLM's --max-loras). A sample that carries it carries
+	// Sample.Adapters too (see SetAdapters).
+	LoRASlots
 
 	// NumFields is the number of fields; a Sample holds one slot for each.
-	NumFields = int(AppUtil) + 1
+	NumFields = int(LoRASlots) + 1
 )
 
 var fieldNames = [NumFields]string{
 	"gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_util", "gpu_temp_c", "gpu_power_w",
 	"running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "cpu_util", "app_util",
+	"lora_slots",
 }
 
 // String returns the field's snake_case name.
@@ -70,6 +75,80 @@ type Sample struct {
 	Time   time.Time
 	Has    FieldSet
 	Values [NumFields]float64
+	// Adapters names the LoRA adapters the server has requests of, when
+	// the LoRASlots field is present (SetAdapters sets both); a Store
+	// keeps it with that field, and drops it with it when it goes stale.
+	// It is shared, never copied: treat it as read-only.
+	Adapters *Adapters
+}
+
+// Adapters is a server's LoRA adapters in use, as vLLM reports them in
+// vllm:lora_requests_info: the adapters of the requests in its running
+// batch and of those waiting. Running holds at most LoRASlots distinct
+// adapters; a request for another one waits until every running request
+// of some adapter has finished (vLLM's scheduler skips it meanwhile),
+// while requests for the base model never wait for a slot. An Adapters is
+// immutable once published: sources build a new one for each sample.
+type Adapters struct {
+	// Base is the server's base model (vLLM's model_name label): a request
+	// for it uses no adapter.
+	Base string
+	// Running and Waiting name the adapters with requests running and
+	// waiting; sources keep at most MaxAdapterNames of each.
+	Running, Waiting []string
+}
+
+// MaxAdapterNames bounds the names an Adapters list holds: a source drops
+// the rest (a server cannot run more adapters in one batch than that in
+// any deployment seen, and a scrape is untrusted input).
+const MaxAdapterNames = 64
+
+// Active reports whether model has requests running or waiting on the
+// server, so its adapter is loaded or about to be.
+func (a *Adapters) Active(model string) bool {
+	if a == nil {
+		return false
+	}
+	for _, n := range a.Running {
+		if n == model {
+			return true
+		}
+	}
+	for _, n := range a.Waiting {
+		if n == model {
+			return true
+		}
+	}
+	return false
+}
+
+// SlotWait reports how a request for model would find the server's LoRA
+// slots: adapter says model is an adapter (not the base model) that has
+// no request running or waiting there, so serving it loads the adapter;
+// full says every one of the server's slots is taken by other adapters,
+// so the request would wait for one. Both are false without LoRA
+// telemetry (the LoRASlots field and Adapters), for an empty model and
+// for the base model.
+func (s *Sample) SlotWait(model string) (adapter, full bool) {
+	a := s.Adapters
+	slots, ok := s.Get(LoRASlots)
+	if !ok || !(slots >= 1) || a == nil || model == "" || model == a.Base || a.Active(model) {
+		return false, false
+	}
+	return true, float64(len(a.Running)) >= slots
+}
+
+// SetAdapters stores a server's LoRA slots and adapters in use (see
+// Adapters). A slot count below 1, NaN or infinite, or a nil a, is
+// rejected and leaves the sample as it was; SetAdapters reports whether
+// they were kept.
+func (s *Sample) SetAdapters(slots float64, a *Adapters) bool {
+	if a == nil || !(slots >= 1) || math.IsInf(slots, 0) {
+		return false
+	}
+	s.Set(LoRASlots, slots)
+	s.Adapters = a
+	return true
 }
 
 // Set stores v for f. NaN and infinities are rejected (the field stays

@@ -333,6 +333,9 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 		next.s.Values[f] = s.Values[f]
 		next.s.Has |= 1 << f
 		next.times[f] = t
+		if Field(f) == LoRASlots {
+			next.s.Adapters = s.Adapters
+		}
 		changed = true
 	}
 	if !changed {
@@ -369,6 +372,7 @@ func (sl *Slot) Observed(f Field) int64 {
 func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	dst.Has = 0
 	dst.Time = time.Time{}
+	dst.Adapters = nil
 	if sl == nil {
 		return
 	}
@@ -393,6 +397,9 @@ func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 		}
 		dst.Values[f] = cur.s.Values[f]
 		dst.Has |= 1 << f
+		if Field(f) == LoRASlots {
+			dst.Adapters = cur.s.Adapters
+		}
 		if oldest == 0 || cur.times[f] < oldest {
 			oldest = cur.times[f]
 		}
