@@ -8,7 +8,7 @@ import (
 // LLM scores generation endpoints on reliability and current load. The zero
 // value uses the documented defaults.
 //
-// cost = (load + 1) / weight x reliability x kvPressure x memPressure x utilPressure, where
+// cost = (load + 1) / weight x reliability x kvPressure x memPressure x utilPressure x loraFactor, where
 //
 //	load        = max(in-flight here, running + QueueWeight x waiting on the server + sent since)
 //	              + in-flight tokens / TokenUnit
@@ -17,6 +17,10 @@ import (
 //	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness), for a server
 //	              that reports no KV-cache usage (see telemetry.Sample.MemoryPressure)
 //	utilPressure = Pressure(ORCA application utilization, UtilKnee, Steepness)
+//	loraFactor  = LoRAWait when the request names a LoRA adapter the server has no
+//	              request of and every one of its adapter slots is taken by others
+//	              (it would wait for a slot), LoRALoad when a slot is free (the
+//	              adapter is loaded for it), else 1 (see telemetry.Sample.SlotWait)
 //
 // Server-side running and waiting counts see every client's traffic, so they
 // correct this process's partial view when fresh; they replace it rather than
@@ -71,6 +75,18 @@ type LLM struct {
 	// 4-6: 41 s -> 31 s), while a cap of 4 (tried in a temporary edit) no longer kept a replica at 95%
 	// below a fifth of its share when its peers were at 30%.
 	MaxKVPressure float64
+	// LoRALoad is the cost factor of an endpoint that would load the
+	// request's LoRA adapter to serve it: a free adapter slot, but no
+	// request of that adapter running or waiting there, so it is
+	// probably not on the GPU, and taking a slot narrows what the
+	// server's next batches can mix. Default 1.5; 1 turns it off.
+	LoRALoad float64
+	// LoRAWait is the cost factor of an endpoint whose adapter slots
+	// (vLLM's --max-loras) are all taken by other adapters: vLLM's
+	// scheduler holds a request for another adapter until every
+	// running request of one of them has finished, however short the
+	// queue looks. Default 4; 1 turns it off.
+	LoRAWait float64
 }
 
 // projectKV moves a KV-cache usage reading by the calls sent (or ended)
@@ -134,6 +150,14 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 	}
 	if u, ok := tel.Get(telemetry.AppUtil); ok {
 		cost *= Pressure(u, orDefault(l.UtilKnee, 0.9), steep)
+	}
+	if tel.Adapters != nil {
+		switch adapter, full := tel.SlotWait(req.Model); {
+		case full:
+			cost *= orDefault(l.LoRAWait, 4)
+		case adapter:
+			cost *= orDefault(l.LoRALoad, 1.5)
+		}
 	}
 	return cost
 }

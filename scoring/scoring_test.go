@@ -295,3 +295,46 @@ func TestFailingEndpointIsNeverCheap(t *testing.T) {
 	// Unmeasured and clean, it is the next probe, as before.
 	assert.Less(t, l.Cost(req, idle), l.Cost(req, measured))
 }
+
+// A request for a LoRA adapter prices what the server's adapter slots
+// would make it do: nothing for the base model or an adapter in use there,
+// a load where a slot is free, a wait where every slot is taken.
+func TestLLMCostPricesLoRASlots(t *testing.T) {
+	l := &scoring.LLM{}
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "math"}
+	base := scoring.State{Now: now, Weight: 1, InFlight: 3}
+	lora := func(slots float64, running ...string) scoring.State {
+		st := base
+		st.Telemetry.SetAdapters(slots, &telemetry.Adapters{Base: "llama", Running: running, Waiting: []string{"law"}})
+		return st
+	}
+	plain := l.Cost(req, base)
+	assert.InDelta(t, 4, plain, 1e-9)
+
+	assert.InDelta(t, plain, l.Cost(req, lora(2, "math", "sql")), 1e-9, "the adapter runs there")
+	assert.InDelta(t, plain*1.5, l.Cost(req, lora(4, "sql", "chat")), 1e-9, "a free slot: the adapter is loaded")
+	assert.InDelta(t, plain*4, l.Cost(req, lora(2, "sql", "chat")), 1e-9, "every slot taken: the request waits")
+	for _, m := range []string{"llama", "law", ""} {
+		r := *req
+		r.Model = m
+		assert.InDelta(t, plain, l.Cost(&r, lora(2, "sql", "chat")), 1e-9, "%q: the base model, an adapter waiting there, or none", m)
+	}
+
+	// The factors multiply the load: an idle server that must load the
+	// adapter beats a busy one running it, and one whose slots are full
+	// loses to a moderately busy one running it.
+	idleFree, idleFull := lora(4, "sql"), lora(1, "sql")
+	idleFree.InFlight, idleFull.InFlight = 0, 0
+	running := lora(2, "math")
+	running.InFlight = 6
+	assert.Less(t, l.Cost(req, idleFree), l.Cost(req, running))
+	full := lora(1, "sql")
+	full.InFlight = 2
+	assert.Less(t, l.Cost(req, running), l.Cost(req, full))
+
+	off := &scoring.LLM{LoRALoad: 1, LoRAWait: 1}
+	assert.InDelta(t, plain, off.Cost(req, lora(2, "sql", "chat")), 1e-9, "1 turns the factors off")
+	tuned := &scoring.LLM{LoRALoad: 2, LoRAWait: 10}
+	assert.InDelta(t, plain*10, tuned.Cost(req, lora(2, "sql", "chat")), 1e-9)
+	assert.InDelta(t, plain*2, tuned.Cost(req, lora(4, "sql", "chat")), 1e-9)
+}

@@ -3,11 +3,13 @@ package scoring
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Validate reports the first field of l that cannot be meant: NaN or
-// negative values, knees outside [0, 1), a MaxKVPressure below 1. Zero
-// fields take their defaults. The balancer calls it for the Scorers it is
+// negative values, knees outside [0, 1), a MaxKVPressure below 1, a
+// LoRALoad or LoRAWait below 1 or infinite. Zero fields take their
+// defaults. The balancer calls it for the Scorers it is
 // given, so a mistyped setting fails at construction instead of quietly
 // becoming a default (a negative value did) or turning a curve upside
 // down (with a MaxKVPressure of 0.5 an endpoint reporting a full KV cache
@@ -34,6 +36,14 @@ func (l *LLM) Validate() error {
 	}
 	if l.MaxKVPressure != 0 && !(l.MaxKVPressure >= 1) {
 		return invalid("LLM", "MaxKVPressure", l.MaxKVPressure, "must be at least 1 (0 means the default 10)")
+	}
+	for _, f := range []struct {
+		name string
+		v, d float64
+	}{{"LoRALoad", l.LoRALoad, 1.5}, {"LoRAWait", l.LoRAWait, 4}} {
+		if f.v != 0 && !(f.v >= 1 && f.v <= math.MaxFloat64) {
+			return invalid("LLM", f.name, f.v, fmt.Sprintf("must be a finite factor of at least 1 (1 turns it off; 0 means the default %v)", f.d))
+		}
 	}
 	return nil
 }
