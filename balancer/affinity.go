@@ -132,7 +132,7 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 		if !c.ok(g.members[i]) || !b.warmFor(req, g, i, c.nowNs) {
 			continue
 		}
-		if bd := b.withinBound(g, i, now, sh); bd.in && !bd.over {
+		if bd := b.withinBound(req, g, i, now, sh); bd.in && !bd.over {
 			return i
 		}
 	}
@@ -207,7 +207,7 @@ func (b *Balancer) fasterSpill(req *inferlb.Request, g *group, owner int, w cach
 		if keep >= 1 || keyPosition(req.AffinityKey) < keep {
 			return -1
 		}
-		if bd := b.withinBound(g, j, now, sh); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill && b.admitRamp(g.members[j], c.nowNs) {
+		if bd := b.withinBound(req, g, j, now, sh); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill && b.admitRamp(g.members[j], c.nowNs) {
 			return j
 		}
 	}
@@ -331,10 +331,18 @@ func noRelief(t bound) bool {
 // every member over a fair share of the whole group's load. A shard counts
 // the caller's own calls only: a server's report does not say whose calls
 // it runs.
-func (b *Balancer) withinBound(g *group, i int, now time.Time, sh *shard) bound {
+//
+// A member whose LoRA adapter slots are all taken by adapters other than
+// the one req names is out of bound for req (see lora.go).
+func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.Time, sh *shard) bound {
 	var s telemetry.Sample
 	slot := g.members[i].slot.Load()
 	slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
+	if s.Adapters != nil && b.cfg.slotWaits[req.Service] {
+		if _, full := s.SlotWait(req.Model); full {
+			return bound{pressure: -1, waiting: -1, kv: -1, over: true} // see lora.go
+		}
+	}
 	own := max(g.members[i].inFlight.Load(), 0)
 	total := float64(max(g.load.Load(), 0)) + 1
 	load := float64(own + 1)
@@ -446,7 +454,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	// is usable and within bound; its KV cache is the warmest.
 	if v, ok := b.sticky.Get(req.AffinityKey); ok {
 		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) {
-			if bd := b.withinBound(g, i, now, sh); bd.in && bd.pressure < pressureSpill {
+			if bd := b.withinBound(req, g, i, now, sh); bd.in && bd.pressure < pressureSpill {
 				return i
 			}
 		}
@@ -509,7 +517,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if i == first || i == home || i == crowd || !c.ok(g.members[i]) {
 			continue
 		}
-		bd := b.withinBound(g, i, now, sh)
+		bd := b.withinBound(req, g, i, now, sh)
 		if rank == 0 && bd.crowded {
 			if b.admitRamp(g.members[i], c.nowNs) {
 				crowd = i

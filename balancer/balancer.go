@@ -582,6 +582,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			return Pick{}, ErrNoEndpoints
 		}
 	}
+	c.slots = req.Model != "" && b.cfg.slotWaits[req.Service] && b.slotsLive(nowNs)
 	if c.affine && b.reuse != nil && !req.Session {
 		// An explicit session sticks whatever prompt keys do.
 		rc := b.reuse.class(req.Tenant)
@@ -697,11 +698,11 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 			return i, true
 		}
 	}
-	i = b.draw(g, c, sh, -1)
+	i = b.drawSlot(req, g, c, sh, -1)
 	if i < 0 || len(g.members) == 1 {
 		return i, false
 	}
-	if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
+	if j := b.drawSlot(req, g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
 		return j, false
 	}
 	return i, false
@@ -723,6 +724,10 @@ type cand struct {
 	// model (its key lacks) are passed over (see lacking).
 	lack  *lackTable
 	lacks uint64
+	// slots: the call names a LoRA adapter and some endpoint reported its
+	// adapter slots lately; candidates whose slots are full for it are
+	// drawn again (see drawSlot).
+	slots bool
 }
 
 func (c *cand) ok(e *endpoint) bool {

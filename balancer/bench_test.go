@@ -186,3 +186,33 @@ func BenchmarkDoneModel(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPickLoRA is Pick+Done of a call for a LoRA adapter with the
+// servers' telemetry (running, waiting, KV cache), without LoRA readings
+// (none: one atomic load more than a pick without a model) and with them:
+// every server's one slot taken by another adapter but one in eight
+// (filter: candidates drawn again, the key's walk), or by no adapter
+// (free: each candidate checked, and the LoRALoad factor). Flat in n.
+func BenchmarkPickLoRA(b *testing.B) {
+	for _, n := range benchSizes[:2] {
+		for _, mode := range []string{"none", "filter", "free"} {
+			clock := testutil.NewClock()
+			bal := newBalancer(b, n, balancer.Options{Clock: clock})
+			for i, ep := range endpoints(n) {
+				s := telemetry.Sample{Time: clock.Now()}
+				s.Set(telemetry.Running, float64(8+i%5))
+				s.Set(telemetry.Waiting, float64(i%3))
+				s.Set(telemetry.KVCacheUsage, 0.5+0.1*float64(i%5))
+				switch {
+				case mode == "filter" && i%8 != 0:
+					s.SetAdapters(1, &telemetry.Adapters{Base: "llama", Running: []string{"sql"}})
+				case mode != "none":
+					s.SetAdapters(1, &telemetry.Adapters{Base: "llama"})
+				}
+				bal.Publish(ep.Addr, s)
+			}
+			req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "math", PromptTokens: 512, MaxOutputTokens: 256}
+			b.Run(fmt.Sprintf("n=%d/%s", n, mode), func(b *testing.B) { benchPickDone(b, bal, req) })
+		}
+	}
+}

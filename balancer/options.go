@@ -346,10 +346,14 @@ type Options struct {
 
 // config is Options with defaults applied; immutable after New.
 type config struct {
-	clock           Clock
-	mono            *monoClock // the default clock, read without an interface call; nil when injected
-	rand            rand.Source
-	scorers         [inferlb.NumServices]scoring.Scorer
+	clock   Clock
+	mono    *monoClock // the default clock, read without an interface call; nil when injected
+	rand    rand.Source
+	scorers [inferlb.NumServices]scoring.Scorer
+	// slotWaits: affinity passes over an owner where the call's LoRA
+	// adapter would wait for a slot (the service's scorer is a
+	// scoring.LLM that prices the wait; see withinBound).
+	slotWaits       [inferlb.NumServices]bool
 	store           *telemetry.Store
 	telemetryMaxAge time.Duration
 	latencyDecay    time.Duration
@@ -581,6 +585,10 @@ func (o *Options) resolve() (*config, error) {
 	}
 	for svc, s := range o.Scorers {
 		c.scorers[svc] = s
+	}
+	for svc, s := range c.scorers {
+		l, ok := s.(*scoring.LLM)
+		c.slotWaits[svc] = ok && l.LoRAWait != 1
 	}
 	return c, nil
 }

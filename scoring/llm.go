@@ -85,7 +85,11 @@ type LLM struct {
 	// (vLLM's --max-loras) are all taken by other adapters: vLLM's
 	// scheduler holds a request for another adapter until every
 	// running request of one of them has finished, however short the
-	// queue looks. Default 4; 1 turns it off.
+	// queue looks, while joining a running batch elsewhere costs little.
+	// Default 16: an idle endpoint with its slots full costs as much as
+	// one running the adapter with 31 calls. 1 turns it off, and with it
+	// the balancer's passing over of such endpoints (see the balancer's
+	// lora.go).
 	LoRAWait float64
 }
 
@@ -154,7 +158,7 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 	if tel.Adapters != nil {
 		switch adapter, full := tel.SlotWait(req.Model); {
 		case full:
-			cost *= orDefault(l.LoRAWait, 4)
+			cost *= orDefault(l.LoRAWait, 16)
 		case adapter:
 			cost *= orDefault(l.LoRALoad, 1.5)
 		}

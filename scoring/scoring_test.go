@@ -313,7 +313,7 @@ func TestLLMCostPricesLoRASlots(t *testing.T) {
 
 	assert.InDelta(t, plain, l.Cost(req, lora(2, "math", "sql")), 1e-9, "the adapter runs there")
 	assert.InDelta(t, plain*1.5, l.Cost(req, lora(4, "sql", "chat")), 1e-9, "a free slot: the adapter is loaded")
-	assert.InDelta(t, plain*4, l.Cost(req, lora(2, "sql", "chat")), 1e-9, "every slot taken: the request waits")
+	assert.InDelta(t, plain*16, l.Cost(req, lora(2, "sql", "chat")), 1e-9, "every slot taken: the request waits")
 	for _, m := range []string{"llama", "law", ""} {
 		r := *req
 		r.Model = m

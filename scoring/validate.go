@@ -40,7 +40,7 @@ func (l *LLM) Validate() error {
 	for _, f := range []struct {
 		name string
 		v, d float64
-	}{{"LoRALoad", l.LoRALoad, 1.5}, {"LoRAWait", l.LoRAWait, 4}} {
+	}{{"LoRALoad", l.LoRALoad, 1.5}, {"LoRAWait", l.LoRAWait, 16}} {
 		if f.v != 0 && !(f.v >= 1 && f.v <= math.MaxFloat64) {
 			return invalid("LLM", f.name, f.v, fmt.Sprintf("must be a finite factor of at least 1 (1 turns it off; 0 means the default %v)", f.d))
 		}

@@ -91,3 +91,36 @@ func TestStoreKeepsAdaptersWithTheirField(t *testing.T) {
 	slot.LoadInto(&dst, t0.Add(5*time.Second), 10*time.Second)
 	assert.Same(t, second, dst.Adapters)
 }
+
+func TestSlotWaitOnTheStore(t *testing.T) {
+	var st telemetry.Store
+	assert.Zero(t, st.AdaptersObserved())
+	st.Publish("a", sample(t0, float64(telemetry.Running), 1))
+	assert.Zero(t, st.AdaptersObserved(), "no adapters yet")
+	slot := st.Slot("a")
+	ad, full := slot.SlotWait("math", t0, time.Minute)
+	assert.False(t, ad || full)
+
+	s := sample(t0.Add(time.Second))
+	s.SetAdapters(1, &telemetry.Adapters{Base: "llama", Running: []string{"sql"}})
+	st.Publish("a", s)
+	assert.Equal(t, t0.Add(time.Second).UnixNano(), st.AdaptersObserved())
+	ad, full = slot.SlotWait("math", t0.Add(time.Second), time.Minute)
+	assert.True(t, ad && full)
+	ad, full = slot.SlotWait("sql", t0.Add(time.Second), time.Minute)
+	assert.False(t, ad || full)
+	ad, full = slot.SlotWait("math", t0.Add(2*time.Minute), time.Minute)
+	assert.False(t, ad || full, "stale")
+	ad, full = slot.SlotWait("math", t0.Add(-2*time.Minute), time.Minute)
+	assert.False(t, ad || full, "from the future")
+	ad, full = slot.SlotWait("math", t0.Add(2*time.Minute), 0)
+	assert.True(t, ad && full, "no maximum age")
+
+	older := sample(t0)
+	older.SetAdapters(2, &telemetry.Adapters{Base: "llama"})
+	st.Publish("b", older)
+	assert.Equal(t, t0.Add(time.Second).UnixNano(), st.AdaptersObserved(), "the newest observation")
+	var nilSlot *telemetry.Slot
+	ad, full = nilSlot.SlotWait("math", t0, 0)
+	assert.False(t, ad || full)
+}

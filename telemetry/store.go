@@ -42,6 +42,7 @@ type Store struct {
 	n     atomic.Int64
 	held  int // slots with holders (Hold); guarded by mu
 
+	adaptersAt     atomic.Int64 // newest observation time of a merged Adapters, unix ns
 	accepted       atomic.Uint64
 	droppedEmpty   atomic.Uint64 // no valid field
 	droppedOld     atomic.Uint64 // older than what is held
@@ -241,6 +242,11 @@ func (st *Store) Publish(id string, s Sample) {
 	}
 }
 
+// AdaptersObserved returns the newest observation time (unix ns) of any
+// Sample.Adapters the Store has merged, or 0 if none. A picker checks it,
+// one atomic load, before it looks at its endpoints' adapter slots.
+func (st *Store) AdaptersObserved() int64 { return st.adaptersAt.Load() }
+
 // nowNs reads the Store's clock as Unix nanoseconds.
 func (st *Store) nowNs() int64 {
 	if st.Clock == nil {
@@ -335,6 +341,10 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 		next.times[f] = t
 		if Field(f) == LoRASlots {
 			next.s.Adapters = s.Adapters
+			if s.Adapters != nil {
+				for old := st.adaptersAt.Load(); t > old && !st.adaptersAt.CompareAndSwap(old, t); old = st.adaptersAt.Load() {
+				}
+			}
 		}
 		changed = true
 	}
@@ -361,6 +371,26 @@ func (sl *Slot) Observed(f Field) int64 {
 		return 0
 	}
 	return cur.times[f]
+}
+
+// SlotWait is Sample.SlotWait of the slot's LoRA reading when its
+// LoRASlots field was observed within maxAge of now, as LoadInto would
+// keep it (maxAge <= 0 keeps it whatever its age); both false otherwise.
+// It never allocates or locks.
+func (sl *Slot) SlotWait(model string, now time.Time, maxAge time.Duration) (adapter, full bool) {
+	if sl == nil {
+		return false, false
+	}
+	cur := sl.cur.Load()
+	if cur == nil || cur.s.Adapters == nil || !cur.s.Has.Has(LoRASlots) {
+		return false, false
+	}
+	if maxAge > 0 {
+		if d := now.UnixNano() - cur.times[LoRASlots]; d > int64(maxAge) || d < -int64(maxAge) {
+			return false, false
+		}
+	}
+	return cur.s.SlotWait(model)
 }
 
 // LoadInto writes the slot's fields observed no more than maxAge before now

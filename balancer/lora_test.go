@@ -1,0 +1,163 @@
+package balancer_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/scoring"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// publishLoRA reports each endpoint's adapter slots as vLLM does: one slot,
+// with the adapter named in running[i] in it ("" for none).
+func publishLoRA(b *balancer.Balancer, clock *testutil.Clock, slots float64, running ...string) {
+	for i, ep := range endpoints(len(running)) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 1)
+		s.Set(telemetry.Waiting, 0)
+		a := &telemetry.Adapters{Base: "llama"}
+		if running[i] != "" {
+			a.Running = []string{running[i]}
+		}
+		s.SetAdapters(slots, a)
+		b.Publish(ep.Addr, s)
+	}
+}
+
+// A call for a LoRA adapter goes where a slot can take it: an endpoint
+// whose only slot runs another adapter would hold it until that adapter's
+// calls are done.
+func TestLoRACallsAvoidFullSlots(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3)})
+	publishLoRA(b, clock, 1, "sql", "", "math", "sql")
+	count := func(model string) map[string]int {
+		c := map[string]int{}
+		for range 400 {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model})
+			require.NoError(t, err)
+			c[p.ID()]++
+			p.Done(inferlb.Outcome{})
+		}
+		return c
+	}
+	eps := endpoints(4)
+	c := count("math")
+	t.Logf("math: %v", c)
+	// Half the endpoints are full: a candidate is still full after its
+	// two redraws one time in eight, both one pick in sixty-four.
+	assert.LessOrEqual(t, c[eps[0].Addr]+c[eps[3].Addr], 400/32, "every slot there runs sql")
+	assert.Greater(t, c[eps[2].Addr], c[eps[1].Addr], "running math beats loading it")
+
+	c = count("llama")
+	t.Logf("base model: %v", c)
+	for _, ep := range eps {
+		assert.InDelta(t, 100, c[ep.Addr], 40, "the base model needs no slot")
+	}
+
+	// Every slot full: nowhere is better, so no endpoint is passed over.
+	clock.Advance(time.Second)
+	publishLoRA(b, clock, 1, "sql", "chat", "law", "sql")
+	c = count("math")
+	t.Logf("all full: %v", c)
+	for _, ep := range eps {
+		assert.InDelta(t, 100, c[ep.Addr], 40)
+	}
+
+	// Stale: the filter and the factors go with the reading.
+	publishLoRA(b, clock, 1, "sql", "", "math", "sql")
+	clock.Advance(balancer.DefaultTelemetryMaxAge + time.Second)
+	c = count("math")
+	t.Logf("stale: %v", c)
+	for _, ep := range eps {
+		assert.InDelta(t, 100, c[ep.Addr], 40)
+	}
+}
+
+// Under load the factors weigh against in-flight calls: an endpoint that
+// must load the adapter takes calls once the one running it is busier,
+// and the filter keeps the calls off the full ones all along.
+func TestLoRAUnderLoad(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(4)})
+	publishLoRA(b, clock, 1, "sql", "", "math", "sql")
+	eps := endpoints(4)
+	var held []balancer.Pick
+	c := map[string]int{}
+	for range 40 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "math"})
+		require.NoError(t, err)
+		c[p.ID()]++
+		held = append(held, p)
+	}
+	t.Logf("40 held: %v", c)
+	assert.LessOrEqual(t, c[eps[0].Addr]+c[eps[3].Addr], 2, "idle, but its slot runs sql")
+	assert.Greater(t, c[eps[1].Addr], 10, "loading the adapter beats a queue")
+	assert.Greater(t, c[eps[2].Addr], c[eps[1].Addr])
+	for _, p := range held {
+		p.Done(inferlb.Outcome{})
+	}
+}
+
+func TestLoRAPickDoesNotAllocate(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock})
+	publishLoRA(b, clock, 1, "sql", "", "math", "sql")
+	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "math", AffinityKey: 9}))
+	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "math"}))
+}
+
+// A keyed call's owner is passed over while its slots are full for the
+// call's adapter, and the key comes back once a slot is free; a scorer
+// that does not price the wait (LoRAWait 1) keeps the key home.
+func TestLoRAAffinityPassesOverFullSlots(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		scorer *scoring.LLM
+		moved  bool
+	}{
+		{"default", nil, true},
+		{"LoRAWait 1", &scoring.LLM{LoRAWait: 1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			opts := balancer.Options{Clock: clock, Rand: testutil.NewRand(5)}
+			if tc.scorer != nil {
+				opts.Scorers = map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: tc.scorer}
+			}
+			b := affine(t, 4, opts)
+			const key = 77
+			home := owner(t, b, key)
+			running := make([]string, 4)
+			for i, ep := range endpoints(4) {
+				if ep.Addr == home {
+					running[i] = "sql"
+				}
+			}
+			publishLoRA(b, clock, 1, running...)
+			pick := func(model string) string {
+				p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model, AffinityKey: key})
+				require.NoError(t, err)
+				p.Done(inferlb.Outcome{})
+				return p.ID()
+			}
+			assert.Equal(t, home, pick("sql"), "its adapter runs there")
+			assert.Equal(t, home, pick("llama"), "the base model takes no slot")
+			if tc.moved {
+				assert.NotEqual(t, home, pick("math"), "math would wait for sql's slot")
+			} else {
+				assert.Equal(t, home, pick("math"))
+			}
+
+			clock.Advance(1)
+			publishLoRA(b, clock, 2, running...)
+			assert.Equal(t, home, pick("math"), "a second slot is free")
+		})
+	}
+}
