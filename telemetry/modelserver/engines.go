@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
@@ -36,6 +37,7 @@ var extractors = [...]func(*extractor){
 			// which is no reading rather than a bad one.
 			x.max(telemetry.PrefixCacheHitRate, except(x.all("vllm_gpu_prefix_cache_hit_rate"), -1))
 		}
+		x.loraInfo(x.all("vllm_lora_requests_info"), x.all("vllm_num_requests_running"))
 	},
 	SGLang: func(x *extractor) {
 		// With --enable-priority-scheduling the counts carry priority="" for
@@ -150,6 +152,66 @@ var read = func() map[string]bool {
 	}
 	return x.names
 }()
+
+// loraInfo reads vLLM's vllm:lora_requests_info (exported with
+// --enable-lora) into LoRASlots and Sample.Adapters. The gauge's labels are
+// its state: max_lora (--max-loras), running_lora_adapters and
+// waiting_lora_adapters (comma-separated names), and its value the time
+// they were set (set_to_current_time). Every label set the server ever
+// had stays exported with the time it was last set, so the current state
+// is the series with the latest time. (vllm-project/vllm
+// vllm/v1/metrics/loggers.py, PrometheusStatLogger.record.)
+//
+// The base model, which uses no adapter, is the model_name label of the
+// running count (vLLM's served model name): without it nothing tells a
+// request for the base model from one for an adapter, and the reading is
+// left out. A running (waiting) list next to a running (waiting) count of
+// 0 is the last state logged before the server went idle, and is read as
+// empty. Lists keep their first telemetry.MaxAdapterNames names; a bad
+// max_lora label drops the reading and counts it.
+func (x *extractor) loraInfo(ms, running []*dto.Metric) {
+	var cur *dto.Metric
+	at := math.Inf(-1)
+	for _, m := range ms {
+		if v, ok := promtext.Value(m); ok && v > at {
+			cur, at = m, v
+		}
+	}
+	base := ""
+	for _, m := range running {
+		if base = promtext.Label(m, "model_name"); base != "" {
+			break
+		}
+	}
+	if cur == nil || base == "" {
+		return
+	}
+	slots, err := strconv.ParseFloat(promtext.Label(cur, "max_lora"), 64)
+	if err != nil || !(slots >= 1) || math.IsInf(slots, 0) {
+		x.drop(telemetry.LoRASlots, slots)
+		return
+	}
+	a := &telemetry.Adapters{Base: base}
+	if r, ok := x.s.Get(telemetry.Running); !ok || r > 0 {
+		a.Running = adapterNames(promtext.Label(cur, "running_lora_adapters"))
+	}
+	if w, ok := x.s.Get(telemetry.Waiting); !ok || w > 0 {
+		a.Waiting = adapterNames(promtext.Label(cur, "waiting_lora_adapters"))
+	}
+	x.s.SetAdapters(slots, a)
+}
+
+// adapterNames splits a comma-separated list of adapter names, leaving out
+// empty names and keeping at most telemetry.MaxAdapterNames.
+func adapterNames(list string) []string {
+	var out []string
+	for n := range strings.SplitSeq(list, ",") {
+		if n = strings.TrimSpace(n); n != "" && len(out) < telemetry.MaxAdapterNames {
+			out = append(out, n)
+		}
+	}
+	return out
+}
 
 // extractor accumulates a Sample and counts values it had to drop.
 type extractor struct {

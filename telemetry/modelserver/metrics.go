@@ -68,6 +68,9 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	              PrefixCacheHitRate  vllm:prefix_cache_hits[_total] / vllm:prefix_cache_queries[_total]
 //	                           (V1 before 0.9: vllm:gpu_prefix_cache_{hits,queries}[_total];
 //	                           V0: vllm:gpu_prefix_cache_hit_rate, at -1 when caching is off: no reading)
+//	              LoRASlots, Adapters  vllm:lora_requests_info (with --enable-lora: the label
+//	                           set with the latest value; max_lora, running_lora_adapters and
+//	                           waiting_lora_adapters; the base model from model_name)
 //	SGLang        Running      sglang:num_running_reqs
 //	              Waiting      sglang:num_queue_reqs + in PD disaggregation the queues ahead of it:
 //	                           sglang:num_prefill_bootstrap_queue_reqs (before its rename

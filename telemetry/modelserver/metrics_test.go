@@ -44,6 +44,13 @@ func TestParseFixtures(t *testing.T) {
 			want:   map[string]float64{"running": 14, "waiting": 4, "kv_cache_usage": 0.87, "prefix_cache_hit_rate": 0.5},
 		},
 		{
+			// --enable-lora --max-loras 2: the LoRA state is the label set
+			// set last (the largest value), not the last line.
+			file:   "vllm-lora.txt",
+			engine: modelserver.VLLM,
+			want:   map[string]float64{"running": 5, "waiting": 2, "kv_cache_usage": 0.31, "lora_slots": 2},
+		},
+		{
 			file:   "vllm-older-names.txt",
 			engine: modelserver.VLLM,
 			want:   map[string]float64{"running": 2, "waiting": 0, "kv_cache_usage": 0.125, "prefix_cache_hit_rate": 0.25},
@@ -232,7 +239,7 @@ func TestParseInlineCases(t *testing.T) {
 		},
 		{
 			name:   "a repeated series of a metric not read is no fault",
-			in:     "vllm:num_requests_running 2\nvllm:lora_requests_info 1\nvllm:lora_requests_info 1\n",
+			in:     "vllm:num_requests_running 2\nvllm:num_preemptions_total 1\nvllm:num_preemptions_total 1\n",
 			engine: modelserver.VLLM,
 			want:   map[string]float64{"running": 2},
 		},

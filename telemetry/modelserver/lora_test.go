@@ -1,0 +1,93 @@
+package modelserver_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/modelserver"
+)
+
+func TestParseVLLMLoRA(t *testing.T) {
+	res, err := modelserver.Parse(strings.NewReader(string(readFile(t, "vllm-lora.txt"))))
+	require.NoError(t, err)
+	a := res.Sample.Adapters
+	require.NotNil(t, a)
+	assert.Equal(t, "meta-llama/Llama-3.1-8B-Instruct", a.Base)
+	assert.Equal(t, []string{"sql-lora", "chat-lora"}, a.Running, "the label set with the latest time")
+	assert.Equal(t, []string{"law-lora"}, a.Waiting)
+	adapter, full := res.Sample.SlotWait("math-lora")
+	assert.True(t, adapter && full)
+	adapter, full = res.Sample.SlotWait("meta-llama/Llama-3.1-8B-Instruct")
+	assert.False(t, adapter || full, "the base model")
+}
+
+func TestParseVLLMLoRAEdges(t *testing.T) {
+	const counts = `vllm:num_requests_running{model_name="base"} %v
+vllm:num_requests_waiting{model_name="base"} %v
+`
+	info := func(maxLora, running, waiting string) string {
+		return fmt.Sprintf("vllm:lora_requests_info{max_lora=%q,running_lora_adapters=%q,waiting_lora_adapters=%q} 1.7e9\n", maxLora, running, waiting)
+	}
+	parse := func(t *testing.T, in string) (telemetry.Sample, error) {
+		t.Helper()
+		res, err := modelserver.Parse(strings.NewReader(in))
+		return res.Sample, err
+	}
+
+	t.Run("idle server keeps its last lists", func(t *testing.T) {
+		s, err := parse(t, fmt.Sprintf(counts, 0, 0)+info("1", "sql", "chat"))
+		require.NoError(t, err)
+		require.NotNil(t, s.Adapters)
+		assert.Empty(t, s.Adapters.Running, "nothing runs: the list is stale")
+		assert.Empty(t, s.Adapters.Waiting)
+		adapter, full := s.SlotWait("chat")
+		assert.True(t, adapter)
+		assert.False(t, full, "its slot is free")
+	})
+	t.Run("empty names and spaces", func(t *testing.T) {
+		s, err := parse(t, fmt.Sprintf(counts, 3, 1)+info("4", "a,,b, c", ","))
+		require.NoError(t, err)
+		assert.Equal(t, []string{"a", "b", "c"}, s.Adapters.Running)
+		assert.Empty(t, s.Adapters.Waiting)
+	})
+	t.Run("bounded lists", func(t *testing.T) {
+		names := make([]string, 3*telemetry.MaxAdapterNames)
+		for i := range names {
+			names[i] = fmt.Sprintf("lora-%d", i)
+		}
+		s, err := parse(t, fmt.Sprintf(counts, 3, 1)+info("4", strings.Join(names, ","), ""))
+		require.NoError(t, err)
+		assert.Len(t, s.Adapters.Running, telemetry.MaxAdapterNames)
+	})
+	for _, bad := range []string{"", "0", "-2", "x", "NaN", "+Inf"} {
+		t.Run("max_lora "+bad, func(t *testing.T) {
+			s, err := parse(t, fmt.Sprintf(counts, 3, 1)+info(bad, "sql", ""))
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, telemetry.ErrPartial), "the load still reads: %v", err)
+			assert.Contains(t, err.Error(), "lora_slots")
+			assert.Nil(t, s.Adapters)
+			_, ok := s.Get(telemetry.LoRASlots)
+			assert.False(t, ok)
+			v, _ := s.Get(telemetry.Running)
+			assert.Equal(t, 3.0, v)
+		})
+	}
+	t.Run("no base model named", func(t *testing.T) {
+		s, err := parse(t, "vllm:num_requests_running 3\n"+info("2", "sql", ""))
+		require.NoError(t, err)
+		assert.Nil(t, s.Adapters, "a request for the base model could not be told from one for an adapter")
+		_, ok := s.Get(telemetry.LoRASlots)
+		assert.False(t, ok)
+	})
+	t.Run("no LoRA", func(t *testing.T) {
+		s, err := parse(t, fmt.Sprintf(counts, 3, 1))
+		require.NoError(t, err)
+		assert.Nil(t, s.Adapters)
+	})
+}
