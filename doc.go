@@ -157,6 +157,17 @@
 // saturation a cold spill trades a queue for a queue plus a prefill), and an owner near a full KV cache hands them to a
 // clearly emptier neighbour.
 //
+// vLLM serving LoRA adapters runs at most --max-loras of them in one batch
+// and holds a call for another until every running call of one of them
+// has finished. Its /metrics (vllm:lora_requests_info) carries the slots
+// and the adapters running and waiting (telemetry.LoRASlots with
+// telemetry.Sample.Adapters); for a call naming an adapter, a server whose
+// slots are all taken by others is out of bound for the call's affinity
+// key and a P2C candidate drawn again (twice at most), and the LLM scorer
+// multiplies its cost by LoRAWait (16), that of a server that would load
+// the adapter into a free slot by LoRALoad (1.5). Base-model calls and
+// servers without the reading are untouched.
+//
 // # Departures from the design notes
 //
 //   - The circuit breaker is consulted at Done, not with gobreaker's
