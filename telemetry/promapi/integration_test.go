@@ -80,6 +80,17 @@ vllm:num_requests_waiting{model_name="m"} 6
 vllm:kv_cache_usage_perc{model_name="m"} 0.5
 `,
 	// Two data-parallel engines of one vLLM server.
+	"vllm-lora": `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 2
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} 1
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.4
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7649312028718123e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql,chat",waiting_lora_adapters="law"} 1.7649312110233219e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="chat",waiting_lora_adapters=""} 1.7649312079182e+09
+`,
 	"vllm-dp": `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 2
 vllm:num_requests_running{engine="1",model_name="m"} 5
@@ -93,6 +104,8 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.8
 }
 
 var want = map[string]map[string]float64{
+	// The label set vLLM set last, not the last line.
+	"vllm-lora": {"running": 2, "waiting": 1, "kv_cache_usage": 0.4, "lora_slots": 2},
 	"vllm-v1":    {"running": 3, "waiting": 7, "kv_cache_usage": 0.95},
 	"vllm-older": {"running": 1, "waiting": 0, "kv_cache_usage": 0.2},
 	// Pipeline stages export the same batch: the largest counts once.
@@ -227,6 +240,7 @@ scrape_configs:
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var got map[string]map[string]float64
+	var adapters *telemetry.Adapters
 	var lastErr error
 	for {
 		select {
@@ -246,8 +260,13 @@ scrape_configs:
 		cancel()
 		lastErr = err
 		got = map[string]map[string]float64{}
+		adapters = nil
 		for _, o := range obs {
 			got[o.EndpointID] = fields(o.Sample)
+			if o.Sample.Adapters != nil {
+				assert.Equal(t, "vllm-lora", o.EndpointID, "only vllm-lora reports LoRA")
+				adapters = o.Sample.Adapters
+			}
 			assert.WithinDuration(t, time.Now(), o.Sample.Time, time.Minute, "stamped with the scrape time")
 		}
 		if err == nil && assert.ObjectsAreEqual(want, got) {
@@ -255,6 +274,9 @@ scrape_configs:
 		}
 	}
 	assert.Equal(t, want, got)
+	if assert.NotNil(t, adapters) {
+		assert.Equal(t, telemetry.Adapters{Base: "llama", Running: []string{"sql", "chat"}, Waiting: []string{"law"}}, *adapters)
+	}
 
 	// The same source through a Poller into a Store: one round, one query,
 	// the whole fleet.

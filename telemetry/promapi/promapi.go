@@ -61,14 +61,29 @@ const fieldLabel = "inferlb_field"
 // (two scrape jobs that select the same pods, such as a ServiceMonitor and
 // a PodMonitor, or HA replicas read without deduplication): summed, those
 // would double a server's count. Usage takes the max over a server's series.
+//
+// LoRASlots reads vLLM's vllm:lora_requests_info (servers started with
+// --enable-lora), whose labels are its state: the query keeps, per
+// instance, the label set with the latest value (the time vLLM set it)
+// and adds the server's model_name (its base model) from its running
+// count; see Queries for the labels a query of that field must return.
 func DefaultQueries() map[telemetry.Field]string {
 	return map[telemetry.Field]string{
 		telemetry.Running:      `sum by (instance) (max by (instance, engine, dp_rank) (` + runningSeries + `))`,
 		telemetry.Waiting:      `sum by (instance) (max by (instance, engine, dp_rank) (` + waitingSeries + `))`,
 		telemetry.KVCacheUsage: `max by (instance) (` + kvSeries + `)`,
 		telemetry.GPUUtil:      `max by (instance) (` + gpuUtilSeries + `) / 100`,
+		telemetry.LoRASlots:    loraQuery,
 	}
 }
+
+// loraQuery is DefaultQueries' LoRASlots: the latest label set of each
+// instance's vllm:lora_requests_info, valued at its time, with the
+// model_name of the instance's running count added (0 times it, so the
+// value stays the time; one per instance, or group_left would fail the
+// whole query).
+const loraQuery = `topk by (instance) (1, max by (instance, max_lora, running_lora_adapters, waiting_lora_adapters) (` + loraSeries + `))` +
+	` + on (instance) group_left (model_name) (0 * topk by (instance) (1, max by (instance, model_name) (vllm:num_requests_running)))`
 
 // The raw series DefaultQueries read, one selector per field, which
 // DefaultTimestamps reads the scrape times of.
@@ -77,6 +92,7 @@ const (
 	waitingSeries = `{__name__=~"vllm:num_requests_waiting|sglang:num_queue_reqs|trtllm_num_requests_waiting",priority=""}`
 	kvSeries      = `{__name__=~"vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|sglang:token_usage|trtllm_kv_cache_utilization"}`
 	gpuUtilSeries = `DCGM_FI_DEV_GPU_UTIL`
+	loraSeries    = `vllm:lora_requests_info`
 )
 
 // DefaultTimestamps say, for each field of DefaultQueries, when Prometheus
@@ -97,6 +113,7 @@ func DefaultTimestamps() map[telemetry.Field]string {
 		telemetry.Waiting:      `min by (instance) (timestamp(` + waitingSeries + `))`,
 		telemetry.KVCacheUsage: `min by (instance) (timestamp(` + kvSeries + `))`,
 		telemetry.GPUUtil:      `min by (instance) (timestamp(` + gpuUtilSeries + `))`,
+		telemetry.LoRASlots:    `min by (instance) (timestamp(` + loraSeries + `))`,
 	}
 }
 
@@ -112,6 +129,12 @@ type Source struct {
 	// Queries maps each field to a PromQL expression returning one series
 	// per endpoint with EndpointLabel set. nil means DefaultQueries. Values
 	// use the field's unit (see telemetry.Field): fractions in 0..1, bytes.
+	// A LoRASlots query is read from its labels, as vLLM exports its LoRA
+	// state: max_lora (the slots), running_lora_adapters and
+	// waiting_lora_adapters (comma-separated adapter names) and model_name
+	// (the base model, required: without it a call for the base model looks
+	// like one for an adapter); its value orders an endpoint's series, the
+	// largest (latest) read.
 	Queries map[telemetry.Field]string
 	// Timestamps maps a field to a PromQL expression returning, per
 	// endpoint (EndpointLabel set, as in Queries), when the values its
@@ -278,6 +301,7 @@ type collector struct {
 	// were measured (unix ns, 0 for none): an answer without timestamp
 	// series costs nothing for them.
 	obs       []telemetry.Observation
+	loraAt    map[int]float64 // obs index -> value of the LoRASlots series read
 	stamps    [][telemetry.NumFields]int64
 	at        map[string]int // endpoint ID -> index in obs
 	skipped   int
@@ -371,11 +395,82 @@ func (c *collector) add(metric map[string]string, value [2]any) {
 		return
 	}
 	smp := &c.obs[j].Sample
-	if cur, had := smp.Get(f); !had || v > cur {
+	if f == telemetry.LoRASlots {
+		if !c.addLoRA(j, metric, v, lv) {
+			return
+		}
+	} else if cur, had := smp.Get(f); !had || v > cur {
 		smp.Set(f, v)
 	}
 	if ts.After(smp.Time) {
 		smp.Time = ts
+	}
+}
+
+// addLoRA reads a LoRASlots series (see Source.Queries) into obs[j]: the
+// series with the largest value is the endpoint's latest LoRA state. It
+// reports whether the series was read; a bad one is skipped and counted.
+func (c *collector) addLoRA(j int, metric map[string]string, v float64, lv string) bool {
+	if at, ok := c.loraAt[j]; ok && at >= v {
+		return true // an older state
+	}
+	slots, err := strconv.ParseFloat(metric["max_lora"], 64)
+	base := metric["model_name"]
+	switch {
+	case err != nil || !(slots >= 1) || math.IsInf(slots, 0):
+		err = fmt.Errorf("max_lora %q is not a slot count", metric["max_lora"])
+	case base == "":
+		err = errors.New("no model_name label (the base model)")
+	}
+	if err != nil {
+		if c.skip() {
+			c.firstSkip = fmt.Sprintf("lora_slots for %s: %v", lv, err)
+		}
+		return false
+	}
+	if c.loraAt == nil {
+		c.loraAt = map[int]float64{}
+	}
+	c.loraAt[j] = v
+	c.obs[j].Sample.SetAdapters(slots, &telemetry.Adapters{
+		Base:    base,
+		Running: adapterNames(metric["running_lora_adapters"]),
+		Waiting: adapterNames(metric["waiting_lora_adapters"]),
+	})
+	return true
+}
+
+// adapterNames splits a comma-separated list of adapter names, leaving out
+// empty names and keeping at most telemetry.MaxAdapterNames.
+func adapterNames(list string) []string {
+	var out []string
+	for n := range strings.SplitSeq(list, ",") {
+		if n = strings.TrimSpace(n); n != "" && len(out) < telemetry.MaxAdapterNames {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// idleAdapters empties the running (waiting) adapters of a sample whose
+// running (waiting) count is 0: the lists are the last vLLM logged before
+// it went idle.
+func idleAdapters(s *telemetry.Sample) {
+	a := s.Adapters
+	if a == nil {
+		return
+	}
+	r, okR := s.Get(telemetry.Running)
+	w, okW := s.Get(telemetry.Waiting)
+	if okR && r == 0 && len(a.Running) > 0 || okW && w == 0 && len(a.Waiting) > 0 {
+		b := *a
+		if okR && r == 0 {
+			b.Running = nil
+		}
+		if okW && w == 0 {
+			b.Waiting = nil
+		}
+		s.Adapters = &b
 	}
 }
 
@@ -391,6 +486,9 @@ const maxUnixSeconds = math.MaxInt64 / 1e9
 // are left out.
 func (c *collector) observations() []telemetry.Observation {
 	obs := c.obs
+	for j := range obs {
+		idleAdapters(&obs[j].Sample)
+	}
 	for j := range c.stamps {
 		o := &obs[j]
 		eval := o.Sample.Time.UnixNano()
@@ -420,12 +518,19 @@ func (c *collector) observations() []telemetry.Observation {
 				obs = append(obs, telemetry.Observation{EndpointID: o.EndpointID, Sample: telemetry.Sample{Time: time.Unix(0, t)}})
 				o = &obs[j] // append may have moved it
 			}
-			obs[k].Sample.Set(telemetry.Field(f), o.Sample.Values[f])
+			if telemetry.Field(f) == telemetry.LoRASlots {
+				obs[k].Sample.SetAdapters(o.Sample.Values[f], o.Sample.Adapters)
+			} else {
+				obs[k].Sample.Set(telemetry.Field(f), o.Sample.Values[f])
+			}
 		}
 		if first != 0 {
 			o.Sample.Time = time.Unix(0, first)
 		}
 		o.Sample.Has &^= moved
+		if moved.Has(telemetry.LoRASlots) {
+			o.Sample.Adapters = nil
+		}
 	}
 	if len(c.stamps) > 0 {
 		// Endpoints that only timestamp series named hold no field.
