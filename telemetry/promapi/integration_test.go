@@ -105,7 +105,7 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.8
 
 var want = map[string]map[string]float64{
 	// The label set vLLM set last, not the last line.
-	"vllm-lora": {"running": 2, "waiting": 1, "kv_cache_usage": 0.4, "lora_slots": 2},
+	"vllm-lora":  {"running": 2, "waiting": 1, "kv_cache_usage": 0.4, "lora_slots": 2},
 	"vllm-v1":    {"running": 3, "waiting": 7, "kv_cache_usage": 0.95},
 	"vllm-older": {"running": 1, "waiting": 0, "kv_cache_usage": 0.2},
 	// Pipeline stages export the same batch: the largest counts once.
