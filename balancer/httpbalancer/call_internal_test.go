@@ -76,6 +76,8 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\",\"param\":null,\"sequence_number\":3}\n\n"), uint8(8))
 	f.Add([]byte("event: error\ndata: {\"type\":\"error\",\"code\":\"rate_l\\u0069mit_exceeded\",\"code\":\"invalid_prompt\"}\n\ndata: {\"error\": {\"code\": \"server_error\"}, \"code\": \"rate_limit_exceeded\"}\n\n"), uint8(5))
 	f.Add([]byte("event: response.failed\r\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":{\"code\":\"server_error\"}}}\r\n\r\n"), uint8(13))
+	f.Add([]byte("event: response.failed\ndata: {\"response\":{\"error\":{\"code\":\"invalid_prompt\",\"code\":\"\"},\"error\":\"Model is overloaded\"},\"code\":\"server_error\"}\n\nevent: response.failed\ndata: {\"error\":{\"code\":500},\"response\":{\"error\":{\"code\":\"rate_limit_exceeded\"}}}\n\n"), uint8(7))
+	f.Add([]byte("event: response.failed\ndata: {\"response\":null}\n\nevent: response.failed\ndata: {\"response\":{\"error\":{\"code\":\"x\"},\"code\":503}}\n\n"), uint8(3))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
 		ndjson := n&64 != 0 // an Ollama stream
@@ -120,26 +122,35 @@ func FuzzSSEScan(f *testing.F) {
 		// line that has not ended.
 		want := int32(0)
 		lines := bytes.Split(body, []byte("\n"))
-		typed := false // in an event of type "error"
+		typed := false  // in an event of type "error"
+		failed := false // in a response.failed event
 		for _, line := range lines[:len(lines)-1] {
 			if len(line) == 0 || string(line) == "\r" {
-				typed = false
+				typed, failed = false, false
 				continue
 			}
 			if typ, ok := bytes.CutPrefix(line, []byte("event:")); ok {
 				typ = bytes.TrimSuffix(bytes.TrimPrefix(typ, []byte(" ")), []byte("\r"))
 				typed = string(typ) == "error"
-				if string(typ) == "response.failed" {
+				if failed = string(typ) == "response.failed"; failed {
 					want = 500 // the Responses API's failed response
 				}
 				continue
 			}
-			off := errorValue(line, typed)
+			off := errorValue(line, typed || failed)
 			if off < 0 {
 				continue
 			}
 			if !json.Valid(line[off:]) {
 				return // errScan reads what it can of a broken line
+			}
+			if failed {
+				c, ok := jsonFailedCode(t, line[off:])
+				if !ok {
+					return
+				}
+				want = int32(c)
+				continue
 			}
 			if c := jsonErrorCode(t, line[off:]); c > 0 {
 				want = int32(c)
@@ -149,6 +160,51 @@ func FuzzSSEScan(f *testing.F) {
 			t.Fatalf("error code %d, encoding/json reads %d", code, want)
 		}
 	})
+}
+
+// jsonFailedCode is errScan's reading of a well-formed response.failed
+// event's data (errScan.failedCode), done with encoding/json: the code
+// jsonErrorCode reads from its "response" object, else 400 when that
+// object's error has a string code that is not empty, else 500. Not ok
+// for data with more than one top-level "response" (errScan reads the
+// first, encoding/json the last).
+func jsonFailedCode(t *testing.T, js []byte) (int, bool) {
+	dec := json.NewDecoder(bytes.NewReader(js))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return 500, true // not an object: no response in it
+	}
+	seen := 0
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			t.Fatalf("%q: %v", js, err)
+		}
+		if key == "response" {
+			seen++
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			t.Fatalf("%q: %v", js, err)
+		}
+	}
+	if seen > 1 {
+		return 0, false
+	}
+	var top map[string]json.RawMessage
+	_ = json.Unmarshal(js, &top)
+	var resp map[string]json.RawMessage
+	if json.Unmarshal(top["response"], &resp) != nil || resp == nil {
+		return 500, true
+	}
+	if c := jsonErrorCode(t, top["response"]); c != 0 {
+		return c, true
+	}
+	var e map[string]json.RawMessage
+	var code string
+	if json.Unmarshal(resp["error"], &e) == nil && e != nil && json.Unmarshal(e["code"], &code) == nil && code != "" {
+		return 400, true
+	}
+	return 500, true
 }
 
 // jsonErrorCode is errScan's reading of a well-formed error object, done

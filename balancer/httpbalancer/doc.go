@@ -133,8 +133,10 @@
 // "error", "code": code, ...}) says it by its string code: server_error a
 // failure, rate_limit_exceeded an overload, others (invalid_prompt, ...)
 // the request's; its response.failed event, a response that failed after
-// the stream began, is a failure (the error's code inside the response
-// object is not read); a canceled context (or a closed
+// the stream began, says it by the failed response's error code, read as
+// the line streams by (it follows the response's output): the same codes
+// the same way, other codes (context_length_exceeded, the image errors)
+// the request's, and no code a failure; a canceled context (or a closed
 // Request.Cancel, which http.Client sets with a Timeout) is neither, and
 // so is a deadline that ends a stream after its first token
 // (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the

@@ -151,8 +151,10 @@ type sseState struct {
 	// The current event (the lines up to a blank one): counted already (a
 	// data line was seen), or named by its event field as one that carries
 	// no token; errEvent, that it is of type "error", whose data lines
-	// report an error whatever they hold (the Messages API's).
-	counted, notToken, errEvent bool
+	// report an error whatever they hold (the Messages API's);
+	// failedEvent, that it is the Responses API's response.failed, whose
+	// data lines are read for the failed response's error (errScan.resp).
+	counted, notToken, errEvent, failedEv bool
 	// A data line that is an error object ({"error": ...}, as vLLM and
 	// SGLang report a failure after the stream started) is read for its
 	// code as it streams by (inErr), by errScan, allocated at the first
@@ -530,7 +532,7 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		switch {
 		case c.inErr:
 			c.errScan.feed(seg)
-		case before < len(c.line) && c.lineLen >= len(c.line) && errorValue(c.line[:], c.errEvent) >= 0:
+		case before < len(c.line) && c.lineLen >= len(c.line) && errorValue(c.line[:], c.errEvent || c.failedEv) >= 0:
 			// Rare (an error event): the line is read for its code.
 			c.startErr()
 			c.errScan.feed(seg[len(c.line)-before:])
@@ -575,11 +577,16 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		c.count(clock)
 		return
 	}
-	if c.inErr || whole && errorValue(line, c.errEvent) >= 0 {
+	if c.inErr || whole && errorValue(line, c.errEvent || c.failedEv) >= 0 {
 		code := 0
-		if c.inErr {
+		switch {
+		case c.inErr && c.failedEv:
+			code, c.inErr = c.errScan.failedCode(), false
+		case c.inErr:
 			code, c.inErr = c.errScan.code(), false
-		} else {
+		case c.failedEv:
+			code = failedLineCode(line) // short, but read alike
+		default:
 			code = errorCode(line, c.errEvent) // short, but read alike
 		}
 		if code > 0 {
@@ -588,17 +595,18 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		return // no token
 	}
 	if lineLen == 0 || lineLen == 1 && line[0] == '\r' {
-		c.counted, c.notToken, c.errEvent = false, false, false // a blank line ends the event
+		c.counted, c.notToken, c.errEvent, c.failedEv = false, false, false, false // a blank line ends the event
 		return
 	}
 	if typ, ok := bytes.CutPrefix(line, []byte("event:")); ok {
 		typ = bytes.TrimPrefix(typ, []byte(" "))
 		c.notToken = notToken(typ, whole, c.end[len(c.end)-min(lineLen, len(c.end)):])
 		c.errEvent = whole && string(bytes.TrimSuffix(typ, []byte("\r"))) == "error"
-		if failedEvent(line, lineLen, c.end[:]) {
+		if c.failedEv = failedEvent(line, lineLen, c.end[:]); c.failedEv {
 			// The Responses API's end of a response that failed after
-			// its stream began: the endpoint's failure. (The error's
-			// code, inside the response object, is not read.)
+			// its stream began: the endpoint's failure, unless the
+			// failed response's error, on the data line to come, says
+			// otherwise (errScan.failedCode).
 			c.errCode.Store(http.StatusInternalServerError)
 		}
 		return
@@ -663,7 +671,8 @@ func (c *sseState) startErr() {
 		*c.errScan = errScan{}
 	}
 	c.inErr = true
-	c.errScan.feed(c.line[errorValue(c.line[:], c.errEvent):])
+	c.errScan.resp = c.failedEv
+	c.errScan.feed(c.line[errorValue(c.line[:], c.errEvent || c.failedEv):])
 }
 
 // notToken reports whether an event type names an event that carries no

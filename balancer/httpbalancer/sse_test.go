@@ -392,6 +392,12 @@ func TestStreamErrorEventKinds(t *testing.T) {
 		return "event: error\ndata: {\"type\":\"error\",\"code\":\"" + code + "\",\"message\":\"x\",\"param\":null,\"sequence_number\":2}\n\n"
 	}
 	responsesFailed := "event: response.failed\r\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"The model failed to generate a response.\"}},\"sequence_number\":2}\r\n\r\n"
+	// A failed response's error sits inside the response object, after its
+	// output, which can be long.
+	failedWith := func(errorJSON string) string {
+		return "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":3,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"failed\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"" +
+			strings.Repeat("a long answer, with \\\"code\\\": 500 in it; ", 40) + "\"}]}],\"error\":" + errorJSON + ",\"usage\":null},\"code\":\"rate_limit_exceeded\"}\n\n"
+	}
 	for _, s := range []struct {
 		name       string
 		body       string
@@ -418,6 +424,14 @@ func TestStreamErrorEventKinds(t *testing.T) {
 		{"responses rate limited", responsesStart + responsesError("rate_limit_exceeded"), 0, true, 0},
 		{"responses invalid prompt", responsesStart + responsesError("invalid_prompt"), 0, false, 0},
 		{"responses failed", responsesStart + responsesDelta + responsesFailed, 500, false, 1},
+		// The error's code says whose failure it is (the envelope's own
+		// members do not count).
+		{"responses failed rate limited", responsesStart + failedWith(`{"code":"rate_limit_exceeded","message":"Slow down"}`), 0, true, 0},
+		{"responses failed bad image", responsesStart + responsesDelta + failedWith(`{"code":"invalid_image_url","message":"x"}`), 0, false, 1},
+		{"responses failed too long", responsesStart + failedWith(`{"code":"context_length_exceeded","message":"Your input exceeds the context window of this model."}`), 0, false, 0},
+		{"responses failed server error", responsesStart + responsesDelta + failedWith(`{"message":"x","code":"server_error"}`), 500, false, 1},
+		{"responses failed no code", responsesStart + responsesDelta + failedWith(`{"code":null,"message":"x"}`), 500, false, 1},
+		{"responses failed no error", responsesStart + responsesDelta + failedWith(`null`), 500, false, 1},
 		{"responses incomplete", responsesStart + responsesDelta + "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"id\":\"resp_1\",\"status\":\"incomplete\"}}\n\n", 0, false, 1},
 	} {
 		t.Run(s.name, func(t *testing.T) {

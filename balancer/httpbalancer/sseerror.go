@@ -56,6 +56,15 @@ import (
 //
 // Concurrency: an errScan belongs to its sseState (one Read at a time).
 type errScan struct {
+	// resp: the line is a Responses API response.failed event's data,
+	// {"type": "response.failed", "response": {..., "error": {"code":
+	// ..., "message": ...}}}: only its "response" object is read, as if
+	// it were the top-level object (inResp once it is entered), and it
+	// ends the reading. See failedCode.
+	resp, inResp bool
+	// named: the error object has a string "code" that is not empty
+	// (a failed response's error names what went wrong).
+	named  bool
 	depth  int      // nesting inside a value being stepped over (esSkip)
 	codes  [2]int16 // the status read for the top-level object and for its error object; 0: none
 	n      int16    // the integer being read (esNum), saturating above 999
@@ -113,7 +122,8 @@ const (
 	keyCode
 	keyErrorType // TGI's
 	keyMessage
-	keyType // the error object's kind (the Messages API's)
+	keyType     // the error object's kind (the Messages API's)
+	keyResponse // a response.failed event's response (resp)
 )
 
 // feed scans b, the next bytes of the line from its '{'.
@@ -142,7 +152,7 @@ func (m *errScan) feed(b []byte) {
 				if m.lvl == 2 {
 					m.lvl = 1 // the error object ended: back to the top level
 				} else {
-					m.ph = esDone
+					m.ph = esDone // also the end of a failed response (resp)
 				}
 			default:
 				m.ph = esDone
@@ -177,11 +187,20 @@ func (m *errScan) feed(b []byte) {
 			// The member's value replaces what an earlier one with its key
 			// said.
 			keepAs := uint8(capNone)
+			if m.key == keyResponse && c == '{' {
+				// A failed response: it alone is read (see resp).
+				*m = errScan{resp: true, inResp: true, lvl: 1, ph: esKey}
+				break
+			}
 			switch {
 			case m.key == keyCode:
 				m.codes[m.lvl-1], m.strCodes[m.lvl-1], keepAs = 0, 0, capCode
+				if m.lvl == 2 {
+					m.named = false
+				}
 			case m.key == keyError && m.lvl == 1:
 				m.codes[1], m.strCodes[1], m.kindCode, m.textCode, keepAs = 0, 0, 0, 0, capText
+				m.named = false
 			case m.key == keyErrorType && m.lvl == 1:
 				m.typeCode, keepAs = 0, capType
 			case m.key == keyMessage && m.lvl == 2:
@@ -278,6 +297,9 @@ func (m *errScan) endCapture() {
 		m.kindCode = kindStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
 	case capCode:
 		m.strCodes[m.lvl-1] = codeStatus(m.val[:m.valLen], int(m.valLen) == len(m.val))
+		if m.lvl == 2 {
+			m.named = m.valLen > 0
+		}
 	}
 	m.capture = capNone
 }
@@ -298,6 +320,7 @@ func (m *errScan) keyKind() uint8 {
 	}
 	quoted := m.keyBuf[:m.keyLen]
 	key := quoted[1 : len(quoted)-1]
+	outside := m.resp && !m.inResp // in a failed response's envelope
 	if bytes.IndexByte(key, '\\') >= 0 {
 		// Escapes in a key: no server writes them, but encoding/json
 		// reads "\u0063ode" as "code", and so does errScan. A key that
@@ -306,6 +329,12 @@ func (m *errScan) keyKind() uint8 {
 		if k, ok := appendUnquoted(kd[:0], key); ok {
 			key = k
 		}
+	}
+	if outside {
+		if string(key) == "response" {
+			return keyResponse
+		}
+		return keyOther
 	}
 	switch string(key) {
 	case "error":
@@ -350,6 +379,33 @@ func (m *errScan) code() int {
 		return int(m.strCodes[0])
 	}
 	return int(m.textCode)
+}
+
+// failedCode is the status a Responses API response.failed event's data
+// gives (resp): code's, when its response's error says one (server_error
+// 500, rate_limit_exceeded 429, or an integer code); else 400, the
+// request's, when the error names another code (invalid_prompt, the image
+// errors, context_length_exceeded from other servers); else 500: a
+// response that failed and says neither is the endpoint's failure.
+func (m *errScan) failedCode() int {
+	if c := m.code(); c != 0 {
+		return c
+	}
+	if m.named {
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+// failedLineCode is failedCode of a whole data line (see errorCode).
+func failedLineCode(line []byte) int {
+	off := dataValue(line)
+	if off < 0 {
+		return 0
+	}
+	m := errScan{resp: true}
+	m.feed(line[off:])
+	return m.failedCode()
 }
 
 // codeStatus is the status an error code given as a string names: the
