@@ -338,7 +338,7 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 	var s telemetry.Sample
 	slot := g.members[i].slot.Load()
 	slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
-	if s.Adapters != nil && b.cfg.slotWaits[req.Service] {
+	if s.Adapters != nil && b.slotAware(req.Service) {
 		if _, full := s.SlotWait(req.Model); full {
 			return bound{pressure: -1, waiting: -1, kv: -1, over: true} // see lora.go
 		}

@@ -582,7 +582,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			return Pick{}, ErrNoEndpoints
 		}
 	}
-	c.slots = req.Model != "" && b.cfg.slotWaits[req.Service] && b.slotsLive(nowNs)
+	c.slots = req.Model != "" && b.slotAware(req.Service) && b.slotsLive(nowNs)
 	if c.affine && b.reuse != nil && !req.Session {
 		// An explicit session sticks whatever prompt keys do.
 		rc := b.reuse.class(req.Tenant)

@@ -34,6 +34,12 @@ import (
 // the call's adapter is drawn again.
 const slotRedraws = 2
 
+// slotAware reports whether picks for svc heed LoRA slots: its scorer is
+// a scoring.LLM that prices the wait. An unknown svc is not.
+func (b *Balancer) slotAware(svc inferlb.Service) bool {
+	return int(svc) < len(b.cfg.slotWaits) && b.cfg.slotWaits[svc]
+}
+
 // slotsLive reports whether the Store merged adapters recently enough for
 // any member to hold a fresh reading of them.
 func (b *Balancer) slotsLive(nowNs int64) bool {

@@ -161,3 +161,14 @@ func TestLoRAAffinityPassesOverFullSlots(t *testing.T) {
 		})
 	}
 }
+
+// A Service the balancer does not know (a caller's own value) is routed
+// as unknown traffic, LoRA readings or not.
+func TestLoRAUnknownService(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock})
+	publishLoRA(b, clock, 1, "sql", "", "math", "sql")
+	p, err := b.Pick(&inferlb.Request{Service: inferlb.Service(200), Model: "math", AffinityKey: 5})
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{})
+}

@@ -350,9 +350,9 @@ type config struct {
 	mono    *monoClock // the default clock, read without an interface call; nil when injected
 	rand    rand.Source
 	scorers [inferlb.NumServices]scoring.Scorer
-	// slotWaits: affinity passes over an owner where the call's LoRA
-	// adapter would wait for a slot (the service's scorer is a
-	// scoring.LLM that prices the wait; see withinBound).
+	// slotWaits: picks keep a call for a LoRA adapter off endpoints whose
+	// slots other adapters hold (the service's scorer is a scoring.LLM
+	// that prices the wait; see lora.go).
 	slotWaits       [inferlb.NumServices]bool
 	store           *telemetry.Store
 	telemetryMaxAge time.Duration
