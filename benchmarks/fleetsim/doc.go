@@ -51,6 +51,24 @@
 // When a running sequence needs a block and none is free, the most recently
 // admitted sequence is preempted and recomputed later (vLLM V1's policy).
 //
+// A replica with ServerParams.MaxLoRAs = N runs LoRA adapters as vLLM
+// with --enable-lora --max-loras N: a request is for an adapter when it
+// names a model other than the base model (Model). A batch runs at most N
+// distinct adapters; admitting a waiting request whose adapter is not
+// among the running batch's while the batch already has N, the scheduler
+// skips it (it keeps its place in the queue, and requests behind it may
+// still be admitted: no head-of-line blocking), as vLLM V1's
+// Scheduler.schedule does, until every running request of some adapter
+// has finished. Base-model requests never wait for a slot. The GPU holds
+// N adapters, least recently used out first (vLLM's
+// LRUCacheWorkerLoRAManager); a step that runs an adapter not among them
+// is longer by ServerParams.LoRALoad for each one it loads, for every
+// sequence in it (LoRALoadDelay, 20 ms, says why). Every adapter is in
+// the CPU cache (--max-cpu-loras), so none is read from disk.
+// Result.LoRA reports the calls that waited for a slot, how long, and the
+// loads per replica. MaxLoRAs 0, the default, is no limit, and the
+// scenarios before lora-slots have it.
+//
 // LLMServer and EmbeddingServer document every parameter and its source; in
 // short, one LLM replica is a 32B model on two H100s: ~20,000 prefill
 // tokens/s and 300,000 KV tokens (llm-d's figures for its benchmark fleet,
@@ -63,7 +81,10 @@
 // (chosen at random per request), each with its own Router and no shared
 // state; the oracle alone is shared. Replicas publish Running, Waiting,
 // KVCacheUsage and PrefixCacheHitRate every Scrape interval (phased per
-// replica), so the balancer sees telemetry as stale as a real scrape.
+// replica), so the balancer sees telemetry as stale as a real scrape;
+// those with MaxLoRAs also publish LoRASlots and Adapters (the base
+// model, and the adapters of their running and of their waiting
+// requests, sorted), as vLLM's vllm:lora_requests_info gauge shows them.
 // Scenarios can script crashes (in-flight calls fail, the cache is lost,
 // service discovery drops the replica after DiscoveryDelay), slow-downs,
 // 429 load shedding and a model failing on a replica (below); a failed

@@ -180,6 +180,9 @@ type Result struct {
 	// Balancer sums what the run's inferlb balancers counted (nil for
 	// the other policies).
 	Balancer *BalancerCounts `json:"balancer,omitempty"`
+	// LoRA is what the replicas' adapter slots did to the measured calls,
+	// when some replica limits them (ServerParams.MaxLoRAs); nil otherwise.
+	LoRA *LoRAResult `json:"lora,omitempty"`
 }
 
 // ModelResult is what became of the measured calls of some models, as
@@ -245,6 +248,9 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 			}
 			s.split.broken[ev.Model] = true
 		}
+	}
+	if slices.ContainsFunc(sc.Fleet, func(r ReplicaSpec) bool { return r.Server.MaxLoRAs > 0 }) {
+		s.lora = &loraStats{classes: map[string]*loraClass{}}
 	}
 	s.rng = rand.New(rand.NewPCG(cfg.Seed, 0xc11e))
 	ids := make([]string, len(sc.Fleet))
@@ -365,6 +371,9 @@ func (s *run) result(policy string) Result {
 	if sp := s.split; sp != nil {
 		res.Healthy, res.Broken = sp.g[0].result(window), sp.g[1].result(window)
 	}
+	if s.lora != nil {
+		res.LoRA = s.lora.result(a.loads, b.loads)
+	}
 	for _, rt := range s.uniq {
 		if bc, ok := rt.(balancerCounter); ok {
 			if res.Balancer == nil {
@@ -386,7 +395,8 @@ func (s *run) result(policy string) Result {
 
 // censor adds the measured calls still in flight with their latency so far.
 func (s *run) censor() {
-	add := func(j *job) {
+	add := func(q *seq) {
+		j := q.job
 		if !j.measured {
 			return
 		}
@@ -403,13 +413,18 @@ func (s *run) censor() {
 		if j.req.Class != "" {
 			s.classE2E[j.req.Class] = append(s.classE2E[j.req.Class], e)
 		}
+		wait, waited := j.slotWait, j.slotWaited || q.slotHeld
+		if q.slotHeld {
+			wait += s.now - q.slotSince
+		}
+		s.lora.add(j.req, ttft, e, wait, waited)
 	}
 	for _, r := range s.reps {
 		for _, q := range r.running {
-			add(q.job)
+			add(q)
 		}
 		for _, q := range r.waiting {
-			add(q.job)
+			add(q)
 		}
 	}
 }

@@ -3,6 +3,8 @@ package fleetsim
 import (
 	"slices"
 	"time"
+
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // ServerParams model one replica of an inference engine run with continuous
@@ -34,7 +36,31 @@ type ServerParams struct {
 	MaxWaiting int
 	// RetryAfter is the hint sent with a 429.
 	RetryAfter time.Duration
+	// MaxLoRAs, when positive, is how many distinct LoRA adapters one
+	// batch may run, and how many adapter slots the GPUs hold (vLLM
+	// --enable-lora --max-loras N; vLLM's default N is 1). A request is
+	// for an adapter when it names a model other than the base model
+	// (Model; an empty name is the base model too). 0 is no limit and no
+	// adapter telemetry, as every scenario before lora-slots has.
+	MaxLoRAs int
+	// LoRALoad is how much longer a step is for each adapter it loads
+	// into a GPU slot (the adapter was not among the MaxLoRAs most
+	// recently used). See LoRALoadDelay.
+	LoRALoad time.Duration
 }
+
+// LoRALoadDelay is the LoRALoad the lora-slots scenario uses: copying one
+// adapter from vLLM's CPU cache (--max-cpu-loras, which holds every
+// adapter of the scenario) into a GPU slot. A rank-16 adapter on every
+// projection of a Qwen3-32B-class model is 16 x 131,072 x 64 layers =
+// 134M parameters, 268 MB in BF16, 134 MB per GPU at tensor parallel 2:
+// 5-10 ms over PCIe Gen5 at a realistic 15-25 GB/s, plus vLLM's Python
+// loop that sets the weights of some 450 LoRA-wrapped modules one by one
+// (a few ms more). The step that admits the request pays it, and so every
+// sequence batched with it, as vLLM activates adapters before the
+// forward pass. A load from disk (an adapter not in the CPU cache) costs
+// tens to hundreds of ms more; the scenario has none.
+const LoRALoadDelay = 20 * time.Millisecond
 
 // LLMServer returns the parameters of one replica serving a 32B dense model
 // (Qwen3-32B class) on H100s with vLLM, as in llm-d's prefix-cache benchmark
@@ -108,6 +134,10 @@ type seq struct {
 	hitTokens int // prefix-cache hit expected at enqueue, then found at admission
 	prefilled bool
 	preempted bool // recomputing after a preemption
+	// slotHeld: the scheduler skipped the sequence for want of an adapter
+	// slot at slotSince, and has not found it one since (MaxLoRAs).
+	slotHeld  bool
+	slotSince time.Duration
 	lastToken time.Duration
 	// windowTokens is what this attempt added to the window's throughput;
 	// if the attempt fails, the client throws it away (see crash).
@@ -131,6 +161,9 @@ type replica struct {
 
 	models  []string // served (ReplicaSpec.Models); nil: all
 	failing []string // served models that fail every call (ModelFail)
+	// resident are the adapters in the GPU's MaxLoRAs slots, least
+	// recently used first.
+	resident []string
 
 	up       bool
 	throttle bool // answer 429 beyond MaxWaiting
@@ -148,6 +181,7 @@ type replica struct {
 	scrapeQueries int64
 	assigned      int
 	preemptions   int
+	loads         int // adapters loaded into a GPU slot
 }
 
 func newReplica(idx int, id string, p ServerParams, speed float64, s *run) *replica {
@@ -313,8 +347,31 @@ func (r *replica) plan() (time.Duration, bool) {
 		}
 		kvTok += s.computed + n
 	}
+	// The adapters of the running batch, when their number is limited;
+	// sequences the limit holds are set aside and go back to the front of
+	// the queue, in order, after admission.
+	var batch []string
+	var skipped []*seq
+	if r.p.MaxLoRAs > 0 {
+		batch = r.batchAdapters()
+	}
 	for !preempted && len(r.waiting) > 0 && len(r.running) < r.p.MaxNumSeqs && budget > 0 {
 		s := r.waiting[0]
+		if r.p.MaxLoRAs > 0 {
+			a := adapterOf(s)
+			if a != "" && len(batch) >= r.p.MaxLoRAs && !slices.Contains(batch, a) {
+				// vLLM V1's Scheduler.schedule: "Scheduling would exceed
+				// max_loras, skip." The request keeps its place, and the
+				// ones behind it may still be admitted.
+				r.waiting = r.waiting[1:]
+				skipped = append(skipped, s)
+				if !s.slotHeld {
+					s.slotHeld, s.slotSince = true, r.sim.now
+				}
+				continue
+			}
+			r.sim.slotFound(s)
+		}
 		hit := 0
 		if r.p.PrefixCaching && s.computed == 0 {
 			maxBlocks := (s.numTokens() - 1) / BlockSize // at least one token must be computed
@@ -353,6 +410,12 @@ func (r *replica) plan() (time.Duration, bool) {
 		budget -= n
 		prefillTok += n
 		kvTok += s.computed + n
+		if a := adapterOf(s); r.p.MaxLoRAs > 0 && a != "" && !slices.Contains(batch, a) {
+			batch = append(batch, a)
+		}
+	}
+	if len(skipped) > 0 {
+		r.waiting = append(skipped, r.waiting...)
 	}
 	if len(r.running) == 0 {
 		return 0, false
@@ -361,7 +424,79 @@ func (r *replica) plan() (time.Duration, bool) {
 		time.Duration(prefillTok)*r.p.PerPrefillToken +
 		time.Duration(decodes)*r.p.PerDecodeSeq +
 		time.Duration(kvTok)*r.p.PerKVToken
+	if r.p.MaxLoRAs > 0 {
+		d += time.Duration(r.activate(batch)) * r.p.LoRALoad
+	}
 	return time.Duration(float64(d) * r.speed), true
+}
+
+// adapterOf is the LoRA adapter s runs with, "" for the base model.
+func adapterOf(s *seq) string {
+	if m := s.job.req.Model; m != Model {
+		return m
+	}
+	return ""
+}
+
+// batchAdapters returns the distinct adapters of the running batch, in
+// admission order.
+func (r *replica) batchAdapters() []string {
+	var out []string
+	for _, s := range r.running {
+		if a := adapterOf(s); a != "" && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// activate puts the batch's adapters (at most MaxLoRAs) in GPU slots, as
+// vLLM's LRUCacheWorkerLoRAManager does before each forward pass: those
+// resident become the most recently used, and each other one is loaded
+// into a free slot or in place of the least recently used adapter that
+// the batch does not run. It returns how many it loaded.
+func (r *replica) activate(batch []string) int {
+	loads := 0
+	for _, a := range batch {
+		if i := slices.Index(r.resident, a); i >= 0 {
+			r.resident = append(slices.Delete(r.resident, i, i+1), a)
+		}
+	}
+	for _, a := range batch {
+		if slices.Contains(r.resident, a) {
+			continue
+		}
+		if len(r.resident) >= r.p.MaxLoRAs {
+			// The front is least recently used, and not in the batch: the
+			// batch's resident adapters were moved to the back, and the
+			// batch has no more adapters than there are slots.
+			r.resident = slices.Delete(r.resident, 0, 1)
+		}
+		r.resident = append(r.resident, a)
+		loads++
+	}
+	r.loads += loads
+	return loads
+}
+
+// adapters is the replica's vllm:lora_requests_info: the distinct
+// adapters of its running and waiting requests, sorted, built anew for
+// each scrape since a published Adapters is never changed.
+func (r *replica) adapters() *telemetry.Adapters {
+	names := func(q []*seq) []string {
+		var out []string
+		for _, s := range q {
+			if a := adapterOf(s); a != "" && !slices.Contains(out, a) {
+				out = append(out, a)
+			}
+		}
+		slices.Sort(out)
+		if len(out) > telemetry.MaxAdapterNames {
+			out = out[:telemetry.MaxAdapterNames] // what a source keeps
+		}
+		return out
+	}
+	return &telemetry.Adapters{Base: Model, Running: names(r.running), Waiting: names(r.waiting)}
 }
 
 // stepDone applies one finished iteration: computed KV advances, full blocks
@@ -467,6 +602,7 @@ func (r *replica) crash() {
 	fail := append(append([]*seq(nil), r.running...), r.waiting...)
 	r.running, r.waiting = nil, nil
 	r.kv.flush()
+	r.resident = nil // the restarted engine loads its adapters anew
 	for _, s := range fail {
 		// The tokens it streamed are lost with the call: a retry
 		// generates the answer anew, and throughput counts answers.

@@ -87,6 +87,10 @@ type job struct {
 	done       func(inferlb.Outcome)
 	rep        *replica
 	start      time.Duration // of the current attempt
+	// slotWait is how long the call waited for a LoRA adapter slot, over
+	// its attempts; slotWaited says it did at all (MaxLoRAs).
+	slotWait   time.Duration
+	slotWaited bool
 	// Live servers only: onToken sees each token as it is produced, and
 	// onEnd the end of the call.
 	onToken func(n int)
@@ -146,6 +150,7 @@ type run struct {
 	requests    int
 	marks       [2]counters
 	split       *modelSplit // Result.Healthy and Broken; nil without a ModelFail event
+	lora        *loraStats  // Result.LoRA; nil when no replica limits adapters
 }
 
 // counters are snapshots taken at the start and end of the measurement window.
@@ -156,6 +161,7 @@ type counters struct {
 	hits     int64
 	queries  int64
 	assigned []int
+	loads    []int
 }
 
 func (s *run) after(d time.Duration, fn func()) { s.at(s.now+d, fn) }
@@ -349,8 +355,20 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 		if j.req.Class != "" {
 			s.classE2E[j.req.Class] = append(s.classE2E[j.req.Class], e)
 		}
+		s.lora.add(j.req, ttft, e, j.slotWait, j.slotWaited)
 	}
 	s.wl.Done(s, j.req, true)
+}
+
+// slotFound ends the wait for an adapter slot of a sequence the scheduler
+// had skipped for want of one, if it had.
+func (s *run) slotFound(q *seq) {
+	if !q.slotHeld {
+		return
+	}
+	q.slotHeld = false
+	q.job.slotWait += s.now - q.slotSince
+	q.job.slotWaited = true
 }
 
 // fail ends j for good: its caller got an error.
@@ -412,6 +430,7 @@ func (s *run) mark(i int) {
 		c.hits += r.hitTokens
 		c.queries += r.queryTokens
 		c.assigned = append(c.assigned, r.assigned)
+		c.loads = append(c.loads, r.loads)
 	}
 	s.marks[i] = c
 }
@@ -427,6 +446,9 @@ func (s *run) scrape(r *replica) {
 		smp.Set(telemetry.KVCacheUsage, r.kv.usage())
 		if r.scrapeQueries > 0 {
 			smp.Set(telemetry.PrefixCacheHitRate, float64(r.scrapeHits)/float64(r.scrapeQueries))
+		}
+		if r.p.MaxLoRAs > 0 {
+			smp.SetAdapters(float64(r.p.MaxLoRAs), r.adapters())
 		}
 		r.scrapeHits, r.scrapeQueries = 0, 0
 		for _, rt := range s.uniq {
