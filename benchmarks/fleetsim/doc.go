@@ -113,6 +113,12 @@
 // balancer can hold a model's failures against the model; a refused dial
 // and a stream a crash cut do not. "inferlb no-outcome-model" names none,
 // as the adapters did before 2026-12-05.
+// The lora-slots scenario serves the base model and the same 12 adapters
+// on every replica, with --max-loras 4 and Zipf popularity: not where an
+// adapter lives but slot contention, which a router that spreads each
+// adapter over every replica causes; "inferlb no-lora" is the Balancer
+// with the scoring's LoRA factors off (NoLoRA). The command runs it on
+// seeds 1-4.
 // Requests may name a tenant (the tenants scenario floods the fleet from one
 // tenant) and a class; Result.ClassE2EP99 reports each class's p99.
 //

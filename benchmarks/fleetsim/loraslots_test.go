@@ -180,3 +180,34 @@ func TestScrapePublishesTheAdaptersInUse(t *testing.T) {
 		assert.Nil(t, s.Adapters)
 	}
 }
+
+// shortLoRASlots is the lora-slots scenario cut to run in seconds under
+// -race: a 1-minute window.
+func shortLoRASlots() *fleetsim.Scenario {
+	sc := fleetsim.LoRASlotsScenario()
+	sc.Warmup, sc.Duration, sc.Drain = 30*time.Second, 90*time.Second, 60*time.Second
+	return sc
+}
+
+// The scenario is deterministic, inferlb's real Balancer included, and
+// it has the contention it is about: with every adapter on every
+// replica, round-robin's calls wait for slots and load adapters.
+func TestLoRASlotsScenarioIsDeterministic(t *testing.T) {
+	sc := shortLoRASlots()
+	for _, p := range []fleetsim.Policy{fleetsim.RoundRobin(), fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"})} {
+		a, b := runAt(sc, p, 1, 3), runAt(sc, p, 1, 3)
+		assert.Equal(t, a, b, "%s: same seed, same result", p.Name)
+		require.NotNil(t, a.LoRA, p.Name)
+		assert.Positive(t, a.LoRA.AdapterCalls, p.Name)
+		assert.Len(t, a.LoRA.Loads, len(sc.Fleet), p.Name)
+		var classes []string
+		for _, c := range a.LoRA.Classes {
+			classes = append(classes, c.Class)
+		}
+		assert.Equal(t, []string{"base", "cold", "hot", "warm"}, classes, p.Name)
+	}
+	rr := runAt(sc, fleetsim.RoundRobin(), 1, 3)
+	assert.Positive(t, rr.LoRA.SlotWaited, "round-robin puts every adapter on every replica")
+	assert.Positive(t, rr.LoRA.TotalLoads())
+	assert.NotEqual(t, rr, runAt(sc, fleetsim.RoundRobin(), 1, 4), "the seed matters")
+}

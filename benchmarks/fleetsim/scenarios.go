@@ -5,7 +5,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/scoring"
 )
 
 // Policies returns the policies every LLM scenario compares, in table order:
@@ -61,6 +63,7 @@ func Scenarios() []*Scenario {
 		ManyLoRAScenario(),
 		ModelFailureScenario(),
 		ModelFailureEverywhereScenario(),
+		LoRASlotsScenario(),
 		TenantsScenario(),
 	}
 }
@@ -497,4 +500,93 @@ func TenantsScenario() *Scenario {
 			InferLB(Variant{Name: "inferlb shards=2", Options: shard}),
 		},
 	}
+}
+
+// SlotAdapters are the LoRA adapters of the lora-slots scenario, most
+// popular first, and SlotClasses their request classes.
+var (
+	SlotAdapters = func() []string {
+		out := make([]string, 12)
+		for k := range out {
+			out[k] = fmt.Sprintf("lora-%02d", k)
+		}
+		return out
+	}()
+	SlotClasses = []string{"hot", "hot", "warm", "warm", "warm", "warm", "cold", "cold", "cold", "cold", "cold", "cold"}
+)
+
+// slotWeights are Zipf's law with exponent 1 over the adapters: the k-th
+// most popular is asked for 1/k as often as the first, so the 2 hot
+// adapters take 48% of adapter sessions, the 4 warm ones 31% and the 6
+// cold ones 21%.
+func slotWeights(n int) []float64 {
+	w := make([]float64, n)
+	for k := range w {
+		w[k] = 1 / float64(k+1)
+	}
+	return w
+}
+
+// NoLoRA is the balancer with the LLM scorer's LoRA factors off
+// (scoring.LLM LoRALoad and LoRAWait 1), through the scoring options: it
+// receives the servers' adapter telemetry as the default does, and does
+// nothing with it (the balancer's passing over of endpoints whose slots
+// are full goes with LoRAWait).
+func NoLoRA() balancer.Options {
+	return balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{
+		inferlb.ServiceLLM: &scoring.LLM{LoRALoad: 1, LoRAWait: 1},
+	}}
+}
+
+// LoRASlotsScenario is the chat workload on 8 replicas that each serve
+// the base model and the same 12 LoRA adapters (all in vLLM's CPU
+// adapter cache, so any replica serves any adapter), with --max-loras 4:
+// a batch runs at most 4 adapters, and vLLM's scheduler skips a request
+// for a fifth until every running request of one of the 4 has finished,
+// while requests behind it and base-model requests go on. An adapter not
+// in one of the GPU's 4 slots is loaded for LoRALoadDelay (20 ms) on the
+// step that admits it. 75% of sessions ask for an adapter, with Zipf
+// popularity; the rest for the base model. The question is slot
+// contention, not where an adapter lives: a router that spreads every
+// adapter over every replica puts ~10 adapters' requests on each, and
+// the hot adapters, always running somewhere in each batch, can hold the
+// cold ones waiting for long: vLLM's scheduler is "simple and NOT fair. It
+// can lead to starvation of some LoRAs" (its V1 scheduler's comment since
+// vllm-project/vllm#9289; #15422 made it skip rather than stop).
+//
+// Why these figures: --max-loras 4 is the usual explicit setting (vLLM's
+// default, 1, would leave 8 slots for 12 adapters in the fleet, and no
+// router could avoid waits); a dozen adapters of one base model and Zipf
+// popularity is a multi-tenant fine-tune service; 30 req/s is below the
+// load where the fleet's compute saturates (the chat scenario runs 50),
+// so what the table shows is slot contention, not a queue. A router that reads vllm:lora_requests_info
+// (telemetry.Adapters) can send an adapter where it runs or a slot is
+// free. Policies: the baselines, inferlb, and "inferlb no-lora", the same
+// Balancer with the scoring's LoRA factors off (NoLoRA). The oracle is
+// left out: its cost model knows nothing of adapter slots, so it bounds
+// nothing here. The command runs seeds 1-4.
+func LoRASlotsScenario() *Scenario {
+	sc := ChatScenario()
+	chat := sc.Workload
+	sc.Name = "lora-slots"
+	sc.Description = "chat; 8 replicas each serve the base model (25% of sessions) and the same 12 LoRA adapters (75%, Zipf popularity) with --max-loras 4; 20 ms to load an adapter into a GPU slot"
+	sc.Workload = func(rate float64) Workload {
+		w := chat(rate).(*Chat)
+		w.Adapters, w.AdapterShare = SlotAdapters, 0.75
+		w.AdapterWeights, w.AdapterClasses = slotWeights(len(SlotAdapters)), SlotClasses
+		return w
+	}
+	for i := range sc.Fleet {
+		sc.Fleet[i].Server.MaxLoRAs = 4
+		sc.Fleet[i].Server.LoRALoad = LoRALoadDelay
+	}
+	sc.Rates = []float64{20, 30, 40}
+	sc.Headline = 30
+	sc.Seeds = 4
+	sc.Policies = []Policy{
+		RoundRobin(), Random(), LeastRequest(), RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb no-lora", Options: NoLoRA}),
+	}
+	return sc
 }

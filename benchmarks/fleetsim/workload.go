@@ -106,9 +106,14 @@ type Chat struct {
 	// salts the block hashes of a LoRA request with its adapter.
 	Adapters     []string
 	AdapterShare float64
-	rng          *rand.Rand
-	sessions     uint64
-	system       []Segment
+	// AdapterWeights, when set, are the adapters' relative popularity,
+	// by index (the lora-slots scenario's are Zipf's), and
+	// AdapterClasses their request classes ("adapter" when nil).
+	AdapterWeights []float64
+	AdapterClasses []string
+	rng            *rand.Rand
+	sessions       uint64
+	system         []Segment
 }
 
 // chatSession is one conversation. Its turns draw from its own random
@@ -144,8 +149,11 @@ func (w *Chat) Start(s Sim) {
 		if len(w.Adapters) > 0 {
 			cs.class = "base"
 			if w.rng.Float64() < w.AdapterShare {
-				k := w.rng.IntN(len(w.Adapters))
+				k := w.adapter()
 				cs.model, cs.class = w.Adapters[k], "adapter"
+				if w.AdapterClasses != nil {
+					cs.class = w.AdapterClasses[k]
+				}
 				sys = Segment{contentID(4, uint64(app), uint64(k+1)), w.System}
 			}
 		}
@@ -153,6 +161,25 @@ func (w *Chat) Start(s Sim) {
 		cs.rng = rand.New(rand.NewPCG(w.rng.Uint64(), cs.id))
 		w.send(s, cs)
 	})
+}
+
+// adapter draws the index of a session's adapter.
+func (w *Chat) adapter() int {
+	if w.AdapterWeights == nil {
+		return w.rng.IntN(len(w.Adapters))
+	}
+	var sum float64
+	for _, x := range w.AdapterWeights {
+		sum += x
+	}
+	u := w.rng.Float64() * sum
+	for k, x := range w.AdapterWeights {
+		if u < x {
+			return k
+		}
+		u -= x
+	}
+	return len(w.AdapterWeights) - 1
 }
 
 func (w *Chat) send(s Sim, cs *chatSession) {

@@ -17,8 +17,9 @@
 // must be at least 1; multi-client runs 1 and 8 clients, so -clients with
 // -scenario multi-client is an error (with -scenario all it applies to the
 // other scenarios). A scenario with Seeds runs that many seeds from -seed
-// on (model-failure: 4): its first seed's table, then one by model with a
-// row per policy and seed. Words after the flags are an error, not ignored.
+// on (model-failure, lora-slots: 4): its first seed's table, then one by
+// model (model-failure) or of adapter slots (lora-slots, with one by
+// request class for the first seed) with a row per policy and seed. Words after the flags are an error, not ignored.
 // The same seed gives the same output, byte for byte.
 package main
 
@@ -278,6 +279,12 @@ func printScenario(w io.Writer, sc *fleetsim.Scenario, all []fleetsim.Result) {
 	if rows := byModelRows(sc, all); rows != nil {
 		fmt.Fprintf(w, "\nby model at %g %s (%s)\n", sc.Headline, sc.RateUnit, byModelNote(sc, all))
 		writeAligned(w, rows)
+	}
+	if rows := loraRows(sc, all); rows != nil {
+		fmt.Fprintf(w, "\nadapter slots at %g %s (%s)\n", sc.Headline, sc.RateUnit, loraNote(all))
+		writeAligned(w, rows)
+		fmt.Fprintf(w, "\nby class at %g %s, seed %d (adapters by popularity, and the base model)\n", sc.Headline, sc.RateUnit, res[0].Seed)
+		writeAligned(w, loraClassRows(sc, res))
 	}
 	if len(sc.Rates) > 1 {
 		fmt.Fprintf(w, "\nsweep: output tokens/s | p90 TTFT (s) by offered load (%s)\n", sc.RateUnit)
@@ -540,6 +547,73 @@ func writeOutputs(dir string, sc *fleetsim.Scenario, res []fleetsim.Result) erro
 	return writeCharts(dir, sc, firstSeed(res))
 }
 
+// loraRows is the table of a scenario whose replicas limit their LoRA
+// adapters (nil for the others): per policy and seed at the headline
+// rate, latency, the calls that waited for an adapter slot and for how
+// long, the adapter loads per replica, and throughput.
+func loraRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
+	if !slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.LoRA != nil }) {
+		return nil
+	}
+	counts := clientCounts(res)
+	hdr := []string{"policy", "seed", "tok/s", "TTFT p50", "p99", "E2E p50", "p99", "slot-waited calls", "slot wait mean", "p99", "loads/replica", "max"}
+	if len(counts) > 1 {
+		hdr = slices.Insert(hdr, 1, "clients")
+	}
+	rows := [][]string{hdr}
+	for _, c := range counts {
+		for _, p := range sc.Policies {
+			for _, r := range res {
+				l := r.LoRA
+				if r.Policy != p.Name || r.Clients != c || r.Rate != sc.Headline || l == nil {
+					continue
+				}
+				row := []string{r.Policy, fmt.Sprint(r.Seed), fmt.Sprintf("%.0f", r.Throughput),
+					secs(r.TTFTP50), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99),
+					fmt.Sprintf("%d (%.1f%%)", l.SlotWaited, 100*float64(l.SlotWaited)/float64(max(l.AdapterCalls, 1))),
+					secs(l.SlotWaitMean), secs(l.SlotWaitP99),
+					fmt.Sprintf("%.0f", float64(l.TotalLoads())/float64(max(len(l.Loads), 1))), fmt.Sprint(slices.Max(append([]int{0}, l.Loads...)))}
+				if len(counts) > 1 {
+					row = slices.Insert(row, 1, fmt.Sprint(r.Clients))
+				}
+				rows = append(rows, row)
+			}
+		}
+	}
+	return rows
+}
+
+// loraNote says what the adapter-slot table counts.
+func loraNote(res []fleetsim.Result) string {
+	first, last := res[0].Seed, res[0].Seed
+	for _, r := range res {
+		first, last = min(first, r.Seed), max(last, r.Seed)
+	}
+	span := fmt.Sprintf("seed %d", first)
+	if last > first {
+		span = fmt.Sprintf("seeds %d-%d", first, last)
+	}
+	return span + "; slot-waited: adapter calls a scheduler skipped for want of an adapter slot, of all adapter calls;" +
+		" slot wait over every adapter call; loads: adapters loaded into a GPU slot in the window"
+}
+
+// loraClassRows splits res (one seed) at the headline rate by request class.
+func loraClassRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
+	rows := [][]string{{"policy", "class", "calls", "TTFT p50", "p99", "E2E p50", "p99", "slot wait mean"}}
+	for _, p := range sc.Policies {
+		for _, r := range res {
+			if r.Policy != p.Name || r.Rate != sc.Headline || r.LoRA == nil {
+				continue
+			}
+			for _, c := range r.LoRA.Classes {
+				rows = append(rows, []string{r.Policy, c.Class, fmt.Sprint(c.Calls), secs(c.TTFTP50), secs(c.TTFTP99),
+					secs(c.E2EP50), secs(c.E2EP99), secs(c.SlotWaitMean)})
+			}
+		}
+	}
+	return rows
+}
+
 func writeMarkdown(path string, sc *fleetsim.Scenario, all []fleetsim.Result) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n", sc.Description)
@@ -563,5 +637,19 @@ func writeMarkdown(path string, sc *fleetsim.Scenario, all []fleetsim.Result) er
 			fmt.Fprintf(&b, "| %s |\n", strings.Join(r, " | "))
 		}
 	}
+	if rows := loraRows(sc, all); rows != nil {
+		fmt.Fprintf(&b, "\nAdapter slots at %g %s (%s):\n\n", sc.Headline, sc.RateUnit, loraNote(all))
+		mdTable(&b, rows)
+		fmt.Fprintf(&b, "\nBy class at %g %s, seed %d (adapters by popularity, and the base model):\n\n", sc.Headline, sc.RateUnit, res[0].Seed)
+		mdTable(&b, loraClassRows(sc, res))
+	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// mdTable writes rows as a Markdown table, the first row its header.
+func mdTable(b *strings.Builder, rows [][]string) {
+	fmt.Fprintf(b, "| %s |\n|%s\n", strings.Join(rows[0], " | "), strings.Repeat("---|", len(rows[0])))
+	for _, r := range rows[1:] {
+		fmt.Fprintf(b, "| %s |\n", strings.Join(r, " | "))
+	}
 }

@@ -124,3 +124,28 @@ func TestSeedsAndTheTableByModel(t *testing.T) {
 	assert.NotContains(t, byModelRows(all, res)[0], "healthy on r0+r3", "it fails on every replica")
 	assert.Nil(t, byModelRows(fleetsim.LoRAScenario(), res))
 }
+
+// The lora-slots scenario runs seeds 1-4 and gets a table of adapter
+// slots with a row per policy and seed, and one by class; the scenarios
+// whose replicas do not limit adapters get neither.
+func TestTheTableOfAdapterSlots(t *testing.T) {
+	sc := fleetsim.LoRASlotsScenario()
+	sc.Workload = func(float64) fleetsim.Workload { return idle{} }
+	sc.Warmup, sc.Duration, sc.Drain = time.Second, 2*time.Second, time.Second
+	sc.Rates = []float64{sc.Headline}
+	res := runScenario(sc, 1, 1, 2)
+	require.Len(t, res, 4*len(sc.Policies))
+	rows := loraRows(sc, res)
+	require.Len(t, rows, 1+len(res))
+	assert.Equal(t, []string{"policy", "seed", "tok/s", "TTFT p50", "p99", "E2E p50", "p99", "slot-waited calls", "slot wait mean", "p99", "loads/replica", "max"}, rows[0])
+	assert.Equal(t, []string{"round-robin", "1", "0", "0.000s", "0.000s", "0.000s", "0.000s", "0 (0.0%)", "0.000s", "0.000s", "0", "0"}, rows[1])
+	assert.Equal(t, []string{"inferlb no-lora", "4"}, rows[len(rows)-1][:2])
+	var out bytes.Buffer
+	printScenario(&out, sc, res)
+	assert.Contains(t, out.String(), "adapter slots at 30 req/s (seeds 1-4;")
+	assert.Nil(t, loraRows(fleetsim.ModelFailureScenario(), nil))
+	mf := fleetsim.ModelFailureScenario()
+	mf.Workload = func(float64) fleetsim.Workload { return idle{} }
+	mf.Warmup, mf.Duration, mf.Drain = time.Second, 2*time.Second, time.Second
+	assert.Nil(t, loraRows(mf, runScenario(mf, 1, 1, 2)))
+}

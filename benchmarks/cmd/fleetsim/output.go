@@ -7,7 +7,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -24,12 +26,19 @@ func writeCSV(path string, res []fleetsim.Result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	_ = w.Write([]string{"scenario", "policy", "rate", "clients", "seed", "requests", "completed", "failed", "unfinished", "retries",
+	// Adapter-slot columns only where a replica limits its adapters, so
+	// the other scenarios' files keep their shape.
+	lora := slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.LoRA != nil })
+	hdr := []string{"scenario", "policy", "rate", "clients", "seed", "requests", "completed", "failed", "unfinished", "retries",
 		"throughput_tok_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
 		"e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "cache_hit_rate", "gpu_busy", "max_mean_load", "preemptions", "not_served",
 		"healthy_requests", "healthy_failed", "healthy_throughput_tok_s", "healthy_ttft_p99_s",
 		"broken_requests", "broken_failed", "broken_throughput_tok_s",
-		"trips", "ejections", "capped", "endpoint_failures", "model_failures", "model_failing_events"})
+		"trips", "ejections", "capped", "endpoint_failures", "model_failures", "model_failing_events"}
+	if lora {
+		hdr = append(hdr, "adapter_calls", "slot_waited", "slot_wait_mean_s", "slot_wait_p99_s", "slot_wait_total_s", "adapter_loads")
+	}
+	_ = w.Write(hdr)
 	g := func(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
 	for _, r := range res {
 		row := []string{r.Scenario, r.Policy, g(r.Rate), strconv.Itoa(r.Clients), strconv.FormatUint(r.Seed, 10),
@@ -48,6 +57,16 @@ func writeCSV(path string, res []fleetsim.Result) error {
 			u := func(n uint64) string { return strconv.FormatUint(n, 10) }
 			row = append(row, u(b.Trips), u(b.Ejections), u(b.Capped), u(b.Failures), u(b.ModelFailures), u(b.ModelFailing))
 		} else {
+			row = append(row, "", "", "", "", "", "")
+		}
+		if l := r.LoRA; lora && l != nil {
+			loads := make([]string, len(l.Loads))
+			for i, n := range l.Loads {
+				loads[i] = strconv.Itoa(n)
+			}
+			row = append(row, strconv.Itoa(l.AdapterCalls), strconv.Itoa(l.SlotWaited), g(l.SlotWaitMean), g(l.SlotWaitP99),
+				g(l.SlotWaitTotal), strings.Join(loads, " "))
+		} else if lora {
 			row = append(row, "", "", "", "", "", "")
 		}
 		_ = w.Write(row)
