@@ -1,0 +1,96 @@
+package fleetsim_test
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/benchmarks/fleetsim"
+	"github.com/inferlb/inferlb/scoring"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// heldIsFull feeds its balancer the servers' adapters with the names
+// that wait only for want of a slot left out of Waiting: with every slot
+// taken, an adapter that waits there and does not run is held, not
+// "about to be loaded", and telemetry.Sample.SlotWait then reports the
+// server full for it. It emulates, from the client, a SlotWait that
+// counts Waiting only while a slot is free (a suggestion to the scoring
+// side, not what the library does).
+type heldIsFull struct{ fleetsim.Router }
+
+func (h heldIsFull) Publish(i int, s telemetry.Sample) {
+	slots, ok := s.Get(telemetry.LoRASlots)
+	if a := s.Adapters; ok && a != nil && float64(len(a.Running)) >= slots {
+		b := &telemetry.Adapters{Base: a.Base, Running: a.Running}
+		for _, w := range a.Waiting {
+			if slices.Contains(a.Running, w) {
+				b.Waiting = append(b.Waiting, w)
+			}
+		}
+		s.Adapters = b
+	}
+	h.Router.Publish(i, s)
+}
+
+// TestLoRASlotsWhatIf prints the lora-slots figures quoted in
+// benchmarks/results/lora-slots.md that the command does not produce:
+// variants of the scoring (through its options, or the emulation above)
+// and a fleet with --max-loras 2. It runs only when asked:
+//
+//	FLEETSIM_WHATIF=1 go test -run TestLoRASlotsWhatIf -v ./benchmarks/fleetsim/
+func TestLoRASlotsWhatIf(t *testing.T) {
+	if os.Getenv("FLEETSIM_WHATIF") == "" {
+		t.Skip("set FLEETSIM_WHATIF=1: about a minute of simulation")
+	}
+	factors := func(load, wait float64) func() balancer.Options {
+		return func() balancer.Options {
+			return balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{
+				inferlb.ServiceLLM: &scoring.LLM{LoRALoad: load, LoRAWait: wait},
+			}}
+		}
+	}
+	lb := fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"})
+	held := fleetsim.Policy{Name: "inferlb held-is-full", New: func(e fleetsim.Env) fleetsim.Router {
+		return heldIsFull{lb.New(e)}
+	}}
+	pols := []fleetsim.Policy{
+		lb, held,
+		fleetsim.InferLB(fleetsim.Variant{Name: "inferlb LoRALoad 3", Options: factors(3, 0)}),
+		fleetsim.InferLB(fleetsim.Variant{Name: "inferlb LoRAWait 4", Options: factors(0, 4)}),
+		fleetsim.InferLB(fleetsim.Variant{Name: "inferlb LoRAWait 64", Options: factors(0, 64)}),
+	}
+	two := fleetsim.LoRASlotsScenario()
+	for i := range two.Fleet {
+		two.Fleet[i].Server.MaxLoRAs = 2
+	}
+	for _, c := range []struct {
+		name string
+		sc   *fleetsim.Scenario
+		pols []fleetsim.Policy
+	}{
+		{"lora-slots", fleetsim.LoRASlotsScenario(), pols},
+		{"lora-slots with --max-loras 2", two, slices.Concat(fleetsim.LoRASlotsScenario().Policies, []fleetsim.Policy{held})},
+	} {
+		fmt.Printf("%s at %g req/s\n", c.name, c.sc.Headline)
+		fmt.Printf("%-22s %4s %6s %8s %8s %8s %8s %15s %9s %8s %9s %9s\n", "policy", "seed", "tok/s", "TTFT p50", "p99", "E2E p50", "p99",
+			"slot-waited", "wait mean", "loads", "cold p99", "warm p99")
+		for _, p := range c.pols {
+			for seed := uint64(1); seed <= 4; seed++ {
+				r := runAt(c.sc, p, 1, seed)
+				l := r.LoRA
+				ttft := map[string]float64{}
+				for _, k := range l.Classes {
+					ttft[k.Class] = k.TTFTP99
+				}
+				fmt.Printf("%-22s %4d %6.0f %7.3fs %7.2fs %7.2fs %7.2fs %7d (%4.1f%%) %8.2fs %8d %8.2fs %8.2fs\n", p.Name, seed, r.Throughput,
+					r.TTFTP50, r.TTFTP99, r.E2EP50, r.E2EP99, l.SlotWaited, 100*float64(l.SlotWaited)/float64(l.AdapterCalls),
+					l.SlotWaitMean, l.TotalLoads(), ttft["cold"], ttft["warm"])
+			}
+		}
+		fmt.Println()
+	}
+}
