@@ -26,7 +26,7 @@ type LoRAResult struct {
 	Loads []int `json:"loads"`
 	// Classes splits the calls by request class (the lora-slots
 	// workload classes adapters by popularity: hot, warm, cold; and
-	// base), in class order.
+	// base), sorted by class name.
 	Classes []LoRAClass `json:"classes,omitempty"`
 }
 
