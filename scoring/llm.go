@@ -17,10 +17,12 @@ import (
 //	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness), for a server
 //	              that reports no KV-cache usage (see telemetry.Sample.MemoryPressure)
 //	utilPressure = Pressure(ORCA application utilization, UtilKnee, Steepness)
-//	loraFactor  = LoRAWait when the request names a LoRA adapter the server has no
+//	loraFactor  = LoRAWait when the request names a LoRA adapter the server runs no
 //	              request of and every one of its adapter slots is taken by others
-//	              (it would wait for a slot), LoRALoad when a slot is free (the
-//	              adapter is loaded for it), else 1 (see telemetry.Sample.SlotWait)
+//	              (it would wait for a slot, as the adapter's requests waiting there
+//	              do), LoRALoad when a slot is free and no request of the adapter
+//	              waits there (it is loaded for this one), else 1 (see
+//	              telemetry.Sample.SlotWait)
 //
 // Server-side running and waiting counts see every client's traffic, so they
 // correct this process's partial view when fresh; they replace it rather than
@@ -79,7 +81,9 @@ type LLM struct {
 	// request's LoRA adapter to serve it: a free adapter slot, but no
 	// request of that adapter running or waiting there, so it is
 	// probably not on the GPU, and taking a slot narrows what the
-	// server's next batches can mix. Default 1.5; 1 turns it off.
+	// server's next batches can mix. Default 1.5 (3 did no better in
+	// the fleet simulator's lora-slots scenario: better on 3 seeds of
+	// 4, worse for the least used adapters on 2); 1 turns it off.
 	LoRALoad float64
 	// LoRAWait is the cost factor of an endpoint whose adapter slots
 	// (vLLM's --max-loras) are all taken by other adapters: vLLM's
@@ -87,9 +91,12 @@ type LLM struct {
 	// running request of one of them has finished, however short the
 	// queue looks, while joining a running batch elsewhere costs little.
 	// Default 16: an idle endpoint with its slots full costs as much as
-	// one running the adapter with 31 calls. 1 turns it off, and with it
-	// the balancer's passing over of such endpoints (see the balancer's
-	// lora.go).
+	// one running the adapter with 31 calls (at 4, an idle full one beat
+	// one running the adapter with a dozen calls, which vLLM would have
+	// admitted at once). Its size matters only where the balancer's
+	// redraws of full endpoints fail (see the balancer's lora.go): in the
+	// fleet simulator's lora-slots scenario 4, 16 and 64 gave the same
+	// runs. 1 turns it off, and the redraws with it.
 	LoRAWait float64
 }
 

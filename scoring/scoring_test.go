@@ -297,8 +297,9 @@ func TestFailingEndpointIsNeverCheap(t *testing.T) {
 }
 
 // A request for a LoRA adapter prices what the server's adapter slots
-// would make it do: nothing for the base model or an adapter in use there,
-// a load where a slot is free, a wait where every slot is taken.
+// would make it do: nothing for the base model or an adapter running
+// there, a load where a slot is free, a wait where every slot is taken by
+// others (also for an adapter already waiting there for one).
 func TestLLMCostPricesLoRASlots(t *testing.T) {
 	l := &scoring.LLM{}
 	req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "math"}
@@ -314,11 +315,15 @@ func TestLLMCostPricesLoRASlots(t *testing.T) {
 	assert.InDelta(t, plain, l.Cost(req, lora(2, "math", "sql")), 1e-9, "the adapter runs there")
 	assert.InDelta(t, plain*1.5, l.Cost(req, lora(4, "sql", "chat")), 1e-9, "a free slot: the adapter is loaded")
 	assert.InDelta(t, plain*16, l.Cost(req, lora(2, "sql", "chat")), 1e-9, "every slot taken: the request waits")
-	for _, m := range []string{"llama", "law", ""} {
+	for _, m := range []string{"llama", ""} {
 		r := *req
 		r.Model = m
-		assert.InDelta(t, plain, l.Cost(&r, lora(2, "sql", "chat")), 1e-9, "%q: the base model, an adapter waiting there, or none", m)
+		assert.InDelta(t, plain, l.Cost(&r, lora(2, "sql", "chat")), 1e-9, "%q: the base model, or none", m)
 	}
+	law := *req
+	law.Model = "law"
+	assert.InDelta(t, plain, l.Cost(&law, lora(4, "sql", "chat")), 1e-9, "waiting there with a slot free: about to run")
+	assert.InDelta(t, plain*16, l.Cost(&law, lora(2, "sql", "chat")), 1e-9, "waiting there for a slot: held")
 
 	// The factors multiply the load: an idle server that must load the
 	// adapter beats a busy one running it, and one whose slots are full

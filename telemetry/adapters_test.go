@@ -18,18 +18,22 @@ func TestSlotWait(t *testing.T) {
 	assert.False(t, ad || full, "no LoRA telemetry: nothing known")
 
 	require.True(t, s.SetAdapters(2, a))
-	for _, m := range []string{"", "llama", "sql", "chat", "law"} {
+	for _, m := range []string{"", "llama", "sql", "chat"} {
 		ad, full = s.SlotWait(m)
-		assert.False(t, ad || full, "%q: the base model or an adapter in use there", m)
+		assert.False(t, ad || full, "%q: the base model or an adapter running there", m)
 	}
 	ad, full = s.SlotWait("math")
-	assert.True(t, ad, "an adapter not in use is loaded to serve it")
+	assert.True(t, ad, "an adapter not running takes a slot")
 	assert.True(t, full, "two slots, two adapters running: it waits")
+	ad, full = s.SlotWait("law")
+	assert.True(t, ad && full, "law waits there for want of a slot: held, as a new call would be")
 
 	s.Set(telemetry.LoRASlots, 4)
 	ad, full = s.SlotWait("math")
 	assert.True(t, ad)
 	assert.False(t, full, "a free slot")
+	ad, full = s.SlotWait("law")
+	assert.False(t, ad || full, "waiting with a slot free: about to run")
 
 	s.Set(telemetry.LoRASlots, 0) // through Set, not SetAdapters
 	ad, full = s.SlotWait("math")

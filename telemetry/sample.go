@@ -10,6 +10,7 @@ package telemetry
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -103,39 +104,26 @@ type Adapters struct {
 // any deployment seen, and a scrape is untrusted input).
 const MaxAdapterNames = 64
 
-// Active reports whether model has requests running or waiting on the
-// server, so its adapter is loaded or about to be.
-func (a *Adapters) Active(model string) bool {
-	if a == nil {
-		return false
-	}
-	for _, n := range a.Running {
-		if n == model {
-			return true
-		}
-	}
-	for _, n := range a.Waiting {
-		if n == model {
-			return true
-		}
-	}
-	return false
-}
-
 // SlotWait reports how a request for model would find the server's LoRA
-// slots: adapter says model is an adapter (not the base model) that has
-// no request running or waiting there, so serving it loads the adapter;
-// full says every one of the server's slots is taken by other adapters,
-// so the request would wait for one. Both are false without LoRA
-// telemetry (the LoRASlots field and Adapters), for an empty model and
-// for the base model.
+// slots: adapter says model is an adapter (not the base model) that no
+// request runs there, so serving it takes a slot; full says every slot is
+// taken by other adapters, so the request would wait for one. An adapter
+// whose requests wait there while every slot is taken by others is held
+// there too, not about to run: full. One whose requests wait while a
+// slot is free is about to run (they wait for a place in the batch, not
+// for a slot): neither. Both are false without LoRA telemetry (the
+// LoRASlots field and Adapters), for an empty model and for the base
+// model.
 func (s *Sample) SlotWait(model string) (adapter, full bool) {
 	a := s.Adapters
 	slots, ok := s.Get(LoRASlots)
-	if !ok || !(slots >= 1) || a == nil || model == "" || model == a.Base || a.Active(model) {
+	if !ok || !(slots >= 1) || a == nil || model == "" || model == a.Base || slices.Contains(a.Running, model) {
 		return false, false
 	}
-	return true, float64(len(a.Running)) >= slots
+	if float64(len(a.Running)) >= slots {
+		return true, true
+	}
+	return !slices.Contains(a.Waiting, model), false
 }
 
 // SetAdapters stores a server's LoRA slots and adapters in use (see
