@@ -338,10 +338,9 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 	var s telemetry.Sample
 	slot := g.members[i].slot.Load()
 	slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
-	if s.Adapters != nil && b.slotAware(req.Service) {
-		if _, full := s.SlotWait(req.Model); full {
-			return bound{pressure: -1, waiting: -1, kv: -1, over: true} // see lora.go
-		}
+	if s.Adapters != nil && req.Model != "" && b.slotAware(req.Service) &&
+		g.members[i].slotFull(req.Model, modelID(req.Model), now.UnixNano(), b.cfg.telemetryMaxAge) {
+		return bound{pressure: -1, waiting: -1, kv: -1, over: true} // see lora.go
 	}
 	own := max(g.members[i].inFlight.Load(), 0)
 	total := float64(max(g.load.Load(), 0)) + 1

@@ -698,11 +698,18 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 			return i, true
 		}
 	}
-	i = b.drawSlot(req, g, c, sh, -1)
+	i, fi := b.drawSlot(req, g, c, sh, -1)
 	if i < 0 || len(g.members) == 1 {
 		return i, false
 	}
-	if j := b.drawSlot(req, g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
+	j, fj := b.drawSlot(req, g, c, sh, i)
+	switch {
+	case j < 0:
+	case fi != fj: // one's LoRA slots are full for req: the other (lora.go)
+		if fi {
+			return j, false
+		}
+	case b.prefer(req, g, i, j, now):
 		return j, false
 	}
 	return i, false
@@ -862,6 +869,7 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 		// RetryRatio 1, a budget that never runs out).
 		b.retry.deposit()
 	}
+	flags |= b.countLoRA(req, e, c)
 	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
 
@@ -883,6 +891,7 @@ type Pick struct {
 const (
 	pickDone  = 1 << iota // Done has run
 	pickProbe             // the pick took one of a half-open breaker's probe slots
+	// the next 4 bits: the LoRA adapter entry the call counts in (lora.go)
 )
 
 // Endpoint returns the chosen endpoint as last given to Update.
@@ -935,6 +944,7 @@ func (p *Pick) Done(o inferlb.Outcome) {
 func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	e := p.e
 	e.inFlight.Add(-1)
+	uncountLoRA(p)
 	if p.tokens != 0 {
 		e.inFlightTokens.Add(-int64(p.tokens))
 	}

@@ -172,3 +172,56 @@ func TestLoRAUnknownService(t *testing.T) {
 	require.NoError(t, err)
 	p.Done(inferlb.Outcome{})
 }
+
+// A scrape is as old as its interval: the calls this process sent since
+// take slots too. Two endpoints, two slots each, one running sql in the
+// last reading, the other made busier: once a call for math is in flight
+// on the first, it is full for law, and free again when the call ends; a
+// base-model call takes no slot.
+func TestLoRACountsOwnCallsInFlight(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(8)})
+	publishLoRA(b, clock, 2, "sql", "")
+	eps := endpoints(2)
+	on := func(model string, ep int) balancer.Pick {
+		t.Helper()
+		p, err := b.PickExcept(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model}, eps[1-ep].Addr)
+		require.NoError(t, err)
+		require.Equal(t, eps[ep].Addr, p.ID())
+		return p
+	}
+	lawOn0 := func() int {
+		n := 0
+		for range 100 {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "law"})
+			require.NoError(t, err)
+			if p.ID() == eps[0].Addr {
+				n++
+			}
+			p.Done(inferlb.Outcome{})
+		}
+		return n
+	}
+	for range 3 {
+		busy := on("llama", 1)
+		defer busy.Done(inferlb.Outcome{})
+	}
+	assert.Equal(t, 100, lawOn0(), "a free slot, and less load")
+
+	math := on("math", 0)
+	assert.LessOrEqual(t, lawOn0(), 100/8, "sql and math take its two slots")
+	math.Done(inferlb.Outcome{})
+	assert.Equal(t, 100, lawOn0(), "a slot is free again")
+
+	base := on("llama", 0)
+	assert.Equal(t, 100, lawOn0(), "a base-model call takes no slot")
+	base.Done(inferlb.Outcome{})
+
+	// A second call for the same adapter counts in the same entry, and
+	// both must end before the slot is free.
+	m1, m2 := on("math", 0), on("math", 0)
+	m1.Done(inferlb.Outcome{})
+	assert.LessOrEqual(t, lawOn0(), 100/8, "math still in flight")
+	m2.Done(inferlb.Outcome{})
+	assert.Equal(t, 100, lawOn0())
+}

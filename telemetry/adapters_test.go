@@ -96,35 +96,36 @@ func TestStoreKeepsAdaptersWithTheirField(t *testing.T) {
 	assert.Same(t, second, dst.Adapters)
 }
 
-func TestSlotWaitOnTheStore(t *testing.T) {
+func TestLoRAOnTheStore(t *testing.T) {
 	var st telemetry.Store
 	assert.Zero(t, st.AdaptersObserved())
 	st.Publish("a", sample(t0, float64(telemetry.Running), 1))
 	assert.Zero(t, st.AdaptersObserved(), "no adapters yet")
 	slot := st.Slot("a")
-	ad, full := slot.SlotWait("math", t0, time.Minute)
-	assert.False(t, ad || full)
+	_, _, ok := slot.LoRA(t0, time.Minute)
+	assert.False(t, ok)
 
+	a := &telemetry.Adapters{Base: "llama", Running: []string{"sql"}}
 	s := sample(t0.Add(time.Second))
-	s.SetAdapters(1, &telemetry.Adapters{Base: "llama", Running: []string{"sql"}})
+	s.SetAdapters(1, a)
 	st.Publish("a", s)
 	assert.Equal(t, t0.Add(time.Second).UnixNano(), st.AdaptersObserved())
-	ad, full = slot.SlotWait("math", t0.Add(time.Second), time.Minute)
-	assert.True(t, ad && full)
-	ad, full = slot.SlotWait("sql", t0.Add(time.Second), time.Minute)
-	assert.False(t, ad || full)
-	ad, full = slot.SlotWait("math", t0.Add(2*time.Minute), time.Minute)
-	assert.False(t, ad || full, "stale")
-	ad, full = slot.SlotWait("math", t0.Add(-2*time.Minute), time.Minute)
-	assert.False(t, ad || full, "from the future")
-	ad, full = slot.SlotWait("math", t0.Add(2*time.Minute), 0)
-	assert.True(t, ad && full, "no maximum age")
+	got, slots, ok := slot.LoRA(t0.Add(time.Second), time.Minute)
+	assert.True(t, ok)
+	assert.Same(t, a, got)
+	assert.Equal(t, 1.0, slots)
+	_, _, ok = slot.LoRA(t0.Add(2*time.Minute), time.Minute)
+	assert.False(t, ok, "stale")
+	_, _, ok = slot.LoRA(t0.Add(-2*time.Minute), time.Minute)
+	assert.False(t, ok, "from the future")
+	_, _, ok = slot.LoRA(t0.Add(2*time.Minute), 0)
+	assert.True(t, ok, "no maximum age")
 
 	older := sample(t0)
 	older.SetAdapters(2, &telemetry.Adapters{Base: "llama"})
 	st.Publish("b", older)
 	assert.Equal(t, t0.Add(time.Second).UnixNano(), st.AdaptersObserved(), "the newest observation")
 	var nilSlot *telemetry.Slot
-	ad, full = nilSlot.SlotWait("math", t0, 0)
-	assert.False(t, ad || full)
+	_, _, ok = nilSlot.LoRA(t0, 0)
+	assert.False(t, ok)
 }

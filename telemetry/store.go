@@ -373,24 +373,24 @@ func (sl *Slot) Observed(f Field) int64 {
 	return cur.times[f]
 }
 
-// SlotWait is Sample.SlotWait of the slot's LoRA reading when its
-// LoRASlots field was observed within maxAge of now, as LoadInto would
-// keep it (maxAge <= 0 keeps it whatever its age); both false otherwise.
-// It never allocates or locks.
-func (sl *Slot) SlotWait(model string, now time.Time, maxAge time.Duration) (adapter, full bool) {
+// LoRA returns the slot's LoRA reading, its adapters and LoRASlots,
+// when that field was observed within maxAge of now, as LoadInto would
+// keep it (maxAge <= 0 keeps it whatever its age); ok false otherwise. It
+// never allocates or locks: a picker reads it for each candidate.
+func (sl *Slot) LoRA(now time.Time, maxAge time.Duration) (a *Adapters, slots float64, ok bool) {
 	if sl == nil {
-		return false, false
+		return nil, 0, false
 	}
 	cur := sl.cur.Load()
 	if cur == nil || cur.s.Adapters == nil || !cur.s.Has.Has(LoRASlots) {
-		return false, false
+		return nil, 0, false
 	}
 	if maxAge > 0 {
 		if d := now.UnixNano() - cur.times[LoRASlots]; d > int64(maxAge) || d < -int64(maxAge) {
-			return false, false
+			return nil, 0, false
 		}
 	}
-	return cur.s.SlotWait(model)
+	return cur.s.Adapters, cur.s.Values[LoRASlots], true
 }
 
 // LoadInto writes the slot's fields observed no more than maxAge before now
