@@ -161,9 +161,11 @@
 // and holds a call for another until every running call of one of them
 // has finished. Its /metrics (vllm:lora_requests_info) carries the slots
 // and the adapters running and waiting (telemetry.LoRASlots with
-// telemetry.Sample.Adapters); for a call naming an adapter, a server whose
-// slots are all taken by others is out of bound for the call's affinity
-// key and a P2C candidate drawn again (twice at most), and the LLM scorer
+// telemetry.Sample.Adapters), brought up to now with this process's own
+// calls in flight per adapter (a reading is as old as its scrape); for a
+// call naming an adapter, a server whose slots are all taken by others is
+// out of bound for the call's affinity key and a P2C candidate drawn again
+// (twice at most) that loses to one that is not full, and the LLM scorer
 // multiplies its cost by LoRAWait (16), that of a server that would load
 // the adapter into a free slot by LoRALoad (1.5). Base-model calls and
 // servers without the reading are untouched.

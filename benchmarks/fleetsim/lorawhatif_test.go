@@ -17,9 +17,9 @@ import (
 // that wait only for want of a slot left out of Waiting: with every slot
 // taken, an adapter that waits there and does not run is held, not
 // "about to be loaded", and telemetry.Sample.SlotWait then reports the
-// server full for it. It emulates, from the client, a SlotWait that
-// counts Waiting only while a slot is free (a suggestion to the scoring
-// side, not what the library does).
+// server full for it. It emulated, from the client, a SlotWait that
+// counts Waiting only while a slot is free, which the library has done
+// since c3f9363: it now gives inferlb's runs to the last digit.
 type heldIsFull struct{ fleetsim.Router }
 
 func (h heldIsFull) Publish(i int, s telemetry.Sample) {
