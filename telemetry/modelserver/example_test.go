@@ -48,3 +48,33 @@ func ExampleParseLoadHeader() {
 	fmt.Println(kv, waiting)
 	// Output: 0.4 3
 }
+
+func ExampleParse_loRA() {
+	// vLLM started with --enable-lora --max-loras 2 keeps every label set
+	// of vllm:lora_requests_info it ever had, valued at the time it was
+	// set: the latest is the state now.
+	exposition := `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 5.0
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql-lora",waiting_lora_adapters=""} 1.764931204e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql-lora,chat-lora",waiting_lora_adapters="law-lora"} 1.764931211e+09
+`
+	res, err := modelserver.Parse(strings.NewReader(exposition))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	s := res.Sample
+	slots, _ := s.Get(telemetry.LoRASlots)
+	fmt.Println(slots, s.Adapters.Running, s.Adapters.Waiting)
+	for _, model := range []string{"meta-llama/Llama-3.1-8B-Instruct", "sql-lora", "law-lora", "math-lora"} {
+		adapter, full := s.SlotWait(model)
+		fmt.Printf("%s: adapter %v, would wait for a slot %v\n", model, adapter, full)
+	}
+	// Output:
+	// 2 [sql-lora chat-lora] [law-lora]
+	// meta-llama/Llama-3.1-8B-Instruct: adapter false, would wait for a slot false
+	// sql-lora: adapter false, would wait for a slot false
+	// law-lora: adapter true, would wait for a slot true
+	// math-lora: adapter true, would wait for a slot true
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -306,6 +307,21 @@ func FuzzParseMetrics(f *testing.F) {
 		for _, f := range []telemetry.Field{telemetry.Running, telemetry.Waiting} {
 			if v, ok := res.Sample.Get(f); ok && v < 0 {
 				t.Fatalf("%s = %v negative", f, v)
+			}
+		}
+		slots, ok := res.Sample.Get(telemetry.LoRASlots)
+		a := res.Sample.Adapters
+		if ok != (a != nil) {
+			t.Fatalf("lora_slots %v (%v) with adapters %+v: one without the other", slots, ok, a)
+		}
+		if a != nil {
+			if slots < 1 || a.Base == "" || len(a.Running) > telemetry.MaxAdapterNames || len(a.Waiting) > telemetry.MaxAdapterNames {
+				t.Fatalf("lora_slots %v, adapters %+v", slots, a)
+			}
+			for _, n := range append(slices.Clone(a.Running), a.Waiting...) {
+				if n == "" || strings.Contains(n, ",") {
+					t.Fatalf("adapter name %q", n)
+				}
 			}
 		}
 	})
