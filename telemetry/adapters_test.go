@@ -1,7 +1,9 @@
 package telemetry_test
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,4 +130,18 @@ func TestLoRAOnTheStore(t *testing.T) {
 	var nilSlot *telemetry.Slot
 	_, _, ok = nilSlot.LoRA(t0, 0)
 	assert.False(t, ok)
+}
+
+func TestAdapterNames(t *testing.T) {
+	assert.Nil(t, telemetry.AdapterNames(""))
+	assert.Equal(t, []string{"a", "b", "c"}, telemetry.AdapterNames("a,, b ,c,"))
+	long := strings.Repeat("x", telemetry.MaxAdapterNameLen+1)
+	assert.Equal(t, []string{"a", strings.Repeat("y", telemetry.MaxAdapterNameLen)},
+		telemetry.AdapterNames("a,"+long+","+strings.Repeat("y", telemetry.MaxAdapterNameLen)), "a name too long is left out")
+	many := make([]string, 2*telemetry.MaxAdapterNames)
+	for i := range many {
+		many[i] = fmt.Sprint("lora-", i)
+	}
+	got := telemetry.AdapterNames(strings.Join(many, ","))
+	assert.Equal(t, many[:telemetry.MaxAdapterNames], got)
 }

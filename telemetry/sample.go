@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -95,14 +96,33 @@ type Adapters struct {
 	// for it uses no adapter.
 	Base string
 	// Running and Waiting name the adapters with requests running and
-	// waiting; sources keep at most MaxAdapterNames of each.
+	// waiting; sources keep at most MaxAdapterNames of each (AdapterNames).
 	Running, Waiting []string
 }
 
-// MaxAdapterNames bounds the names an Adapters list holds: a source drops
-// the rest (a server cannot run more adapters in one batch than that in
-// any deployment seen, and a scrape is untrusted input).
-const MaxAdapterNames = 64
+// MaxAdapterNames bounds the names an Adapters list holds, and
+// MaxAdapterNameLen the bytes of one name: a source drops the rest (a
+// server cannot run more adapters in one batch than that in any
+// deployment seen, adapter names are short, and a scrape is untrusted
+// input that a picker reads for every candidate).
+const (
+	MaxAdapterNames   = 64
+	MaxAdapterNameLen = 256
+)
+
+// AdapterNames splits a comma-separated list of adapter names, as vLLM
+// writes them in a label, into an Adapters list: empty names and names
+// longer than MaxAdapterNameLen are left out, and at most MaxAdapterNames
+// kept. Sources that read vllm:lora_requests_info use it.
+func AdapterNames(list string) []string {
+	var out []string
+	for n := range strings.SplitSeq(list, ",") {
+		if n = strings.TrimSpace(n); n != "" && len(n) <= MaxAdapterNameLen && len(out) < MaxAdapterNames {
+			out = append(out, n)
+		}
+	}
+	return out
+}
 
 // SlotWait reports how a request for model would find the server's LoRA
 // slots: adapter says model is an adapter (not the base model) that no

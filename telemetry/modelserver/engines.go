@@ -167,7 +167,7 @@ var read = func() map[string]bool {
 // request for the base model from one for an adapter, and the reading is
 // left out. A running (waiting) list next to a running (waiting) count of
 // 0 is the last state logged before the server went idle, and is read as
-// empty. Lists keep their first telemetry.MaxAdapterNames names; a bad
+// empty. Lists are read by telemetry.AdapterNames (bounded); a bad
 // max_lora label drops the reading and counts it.
 func (x *extractor) loraInfo(ms, running []*dto.Metric) {
 	var cur *dto.Metric
@@ -193,24 +193,12 @@ func (x *extractor) loraInfo(ms, running []*dto.Metric) {
 	}
 	a := &telemetry.Adapters{Base: base}
 	if r, ok := x.s.Get(telemetry.Running); !ok || r > 0 {
-		a.Running = adapterNames(promtext.Label(cur, "running_lora_adapters"))
+		a.Running = telemetry.AdapterNames(promtext.Label(cur, "running_lora_adapters"))
 	}
 	if w, ok := x.s.Get(telemetry.Waiting); !ok || w > 0 {
-		a.Waiting = adapterNames(promtext.Label(cur, "waiting_lora_adapters"))
+		a.Waiting = telemetry.AdapterNames(promtext.Label(cur, "waiting_lora_adapters"))
 	}
 	x.s.SetAdapters(slots, a)
-}
-
-// adapterNames splits a comma-separated list of adapter names, leaving out
-// empty names and keeping at most telemetry.MaxAdapterNames.
-func adapterNames(list string) []string {
-	var out []string
-	for n := range strings.SplitSeq(list, ",") {
-		if n = strings.TrimSpace(n); n != "" && len(out) < telemetry.MaxAdapterNames {
-			out = append(out, n)
-		}
-	}
-	return out
 }
 
 // extractor accumulates a Sample and counts values it had to drop.

@@ -319,7 +319,7 @@ func FuzzParseMetrics(f *testing.F) {
 				t.Fatalf("lora_slots %v, adapters %+v", slots, a)
 			}
 			for _, n := range append(slices.Clone(a.Running), a.Waiting...) {
-				if n == "" || strings.Contains(n, ",") {
+				if n == "" || strings.Contains(n, ",") || len(n) > telemetry.MaxAdapterNameLen {
 					t.Fatalf("adapter name %q", n)
 				}
 			}

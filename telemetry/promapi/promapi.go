@@ -434,22 +434,10 @@ func (c *collector) addLoRA(j int, metric map[string]string, v float64, lv strin
 	c.loraAt[j] = v
 	c.obs[j].Sample.SetAdapters(slots, &telemetry.Adapters{
 		Base:    base,
-		Running: adapterNames(metric["running_lora_adapters"]),
-		Waiting: adapterNames(metric["waiting_lora_adapters"]),
+		Running: telemetry.AdapterNames(metric["running_lora_adapters"]),
+		Waiting: telemetry.AdapterNames(metric["waiting_lora_adapters"]),
 	})
 	return true
-}
-
-// adapterNames splits a comma-separated list of adapter names, leaving out
-// empty names and keeping at most telemetry.MaxAdapterNames.
-func adapterNames(list string) []string {
-	var out []string
-	for n := range strings.SplitSeq(list, ",") {
-		if n = strings.TrimSpace(n); n != "" && len(out) < telemetry.MaxAdapterNames {
-			out = append(out, n)
-		}
-	}
-	return out
 }
 
 // idleAdapters empties the running (waiting) adapters of a sample whose
