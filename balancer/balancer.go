@@ -677,6 +677,8 @@ func (b *Balancer) pickAt(m *Membership, req *inferlb.Request, serial uint64) (P
 			panicking := b.cfg.panicThreshold > 0 && float64(st.good) < b.cfg.panicThreshold*float64(st.ready)
 			// keyed: the call's state, its prefix among it, is cached there.
 			c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, keyed: true}
+			// Its adapter takes a slot there as any call's does (lora.go).
+			c.slots = req.Model != "" && b.slotAware(req.Service) && b.slotsLive(nowNs)
 			if e := g.members[i]; c.ok(e) {
 				if req.AffinityKey != 0 && b.reuse != nil && !req.Session {
 					b.reuse.observe(req.AffinityKey, b.reuse.class(req.Tenant))

@@ -225,3 +225,30 @@ func TestLoRACountsOwnCallsInFlight(t *testing.T) {
 	m2.Done(inferlb.Outcome{})
 	assert.Equal(t, 100, lawOn0())
 }
+
+// A call sent to a given endpoint (PickAt: a Responses API follow-up)
+// takes a slot there too.
+func TestLoRAPickAtCountsTheCall(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(9)})
+	publishLoRA(b, clock, 2, "sql", "")
+	eps := endpoints(2)
+	first, err := b.PickExcept(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "llama"}, eps[1].Addr)
+	require.NoError(t, err)
+	serial := first.Serial()
+	first.Done(inferlb.Outcome{})
+	p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "math"}, serial)
+	require.NoError(t, err)
+	require.Equal(t, eps[0].Addr, p.ID())
+	n := 0
+	for range 100 {
+		q, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "law"})
+		require.NoError(t, err)
+		if q.ID() == eps[0].Addr {
+			n++
+		}
+		q.Done(inferlb.Outcome{})
+	}
+	assert.LessOrEqual(t, n, 100/8, "sql and math take its two slots")
+	p.Done(inferlb.Outcome{})
+}
