@@ -39,7 +39,7 @@ type endpoint struct {
 	histSec        atomic.Uint32                    // unix second + 1 of the last entry in hist (see recordInFlight)
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
 	slot           atomic.Pointer[telemetry.Slot]   // held in the Store; nil while the Store is full (see reconcile)
-	lora           atomic.Pointer[loraFlight]       // this process's calls per LoRA adapter in flight here; nil until the first (lora.go)
+	lora           loraFlight                       // this process's calls per LoRA adapter in flight here (lora.go)
 	groupLoads     atomic.Pointer[loadSet]          // in-flight counters of the groups it belongs to
 	latencyEWMA    atomic.Int64                     // ns, peak-EWMA
 	latencyAt      atomic.Int64                     // unix ns of last latency sample

@@ -2,7 +2,6 @@ package balancer
 
 import (
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,8 +36,9 @@ import (
 // the second: a server whose scrape showed a free slot would take every
 // adapter's calls until the next one. So each member counts this
 // process's calls in flight there per adapter (loraFlight, up to
-// loraFlights adapters), and an adapter with calls in flight takes a slot
-// (or, for its own calls, holds one) as the reading's running adapters do.
+// loraFlights adapters, lock-free), and an adapter with calls in flight
+// takes a slot (or, for its own calls, holds one) as the reading's
+// running adapters do.
 //
 // All of it applies to a service whose scorer is a scoring.LLM that
 // prices the wait (LoRAWait not 1). With no LoRA reading anywhere it
@@ -60,43 +60,46 @@ const (
 )
 
 // loraFlight counts this process's calls in flight on one member per
-// LoRA adapter (by modelID). Writers take mu; readers load the entries
-// without it.
-type loraFlight struct {
-	mu   sync.Mutex
-	hash [loraFlights]atomic.Uint64
-	n    [loraFlights]atomic.Int32
-}
+// LoRA adapter, without locks: each entry is one word, the adapter's
+// tag (the high 32 bits of its modelID) and its count of calls. Two
+// picks of a new adapter at once may each take an entry for it; readers
+// count an adapter once however many entries hold it.
+type loraFlight [loraFlights]atomic.Uint64
+
+func loraTag(h uint64) uint64 { return h >> 32 << 32 }
 
 // add counts a call of adapter h and returns its entry plus one, or 0
 // when every entry holds another adapter's calls.
 func (f *loraFlight) add(h uint64) uint32 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	free := -1
-	for i := range f.hash {
-		if f.hash[i].Load() == h && f.n[i].Load() > 0 {
-			f.n[i].Add(1)
-			return uint32(i + 1)
-		}
-		if free < 0 && f.n[i].Load() == 0 {
-			free = i
+	tag := loraTag(h)
+	for i := range f {
+		for {
+			w := f[i].Load()
+			if loraTag(w) == tag && uint32(w) > 0 {
+				if f[i].CompareAndSwap(w, w+1) {
+					return uint32(i + 1)
+				}
+				continue // counted or ended meanwhile: look again
+			}
+			break
 		}
 	}
-	if free < 0 {
-		return 0
+	for i := range f {
+		for {
+			w := f[i].Load()
+			if uint32(w) != 0 {
+				break
+			}
+			if f[i].CompareAndSwap(w, tag|1) {
+				return uint32(i + 1)
+			}
+		}
 	}
-	f.hash[free].Store(h)
-	f.n[free].Store(1)
-	return uint32(free + 1)
+	return 0
 }
 
 // done uncounts a call counted in entry i (add's result, less one).
-func (f *loraFlight) done(i int) {
-	f.mu.Lock()
-	f.n[i].Add(-1)
-	f.mu.Unlock()
-}
+func (f *loraFlight) done(i int) { f[i].Add(^uint64(0)) }
 
 // slotAware reports whether picks for svc heed LoRA slots: its scorer is
 // a scoring.LLM that prices the wait. An unknown svc is not.
@@ -127,26 +130,31 @@ func (e *endpoint) slotFull(model string, h uint64, nowNs int64, maxAge time.Dur
 		return false
 	}
 	used := len(a.Running)
-	if f := e.lora.Load(); f != nil {
-		for i := range f.n {
-			if f.n[i].Load() <= 0 {
-				continue
-			}
-			switch fh := f.hash[i].Load(); {
-			case fh == h:
-				return false // this process's calls of it run (or wait) there
-			case !runs(a.Running, fh):
-				used++
-			}
+	var seen [loraFlights]uint64
+	n := 0
+	for i := range e.lora {
+		w := e.lora[i].Load()
+		if uint32(w) == 0 {
+			continue
+		}
+		tag := loraTag(w)
+		switch {
+		case tag == loraTag(h):
+			return false // this process's calls of it run (or wait) there
+		case slices.Contains(seen[:n], tag) || runs(a.Running, tag):
+		default:
+			seen[n] = tag
+			n++
+			used++
 		}
 	}
 	return float64(used) >= slots
 }
 
-// runs reports whether an adapter whose modelID is h is among running.
-func runs(running []string, h uint64) bool {
+// runs reports whether an adapter whose loraTag is tag is among running.
+func runs(running []string, tag uint64) bool {
 	for _, n := range running {
-		if modelID(n) == h {
+		if loraTag(modelID(n)) == tag {
 			return true
 		}
 	}
@@ -183,18 +191,12 @@ func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
 	if !ok || req.Model == a.Base {
 		return 0
 	}
-	f := e.lora.Load()
-	if f == nil {
-		// Once per member that takes an adapter's call: 200 bytes.
-		e.lora.CompareAndSwap(nil, new(loraFlight))
-		f = e.lora.Load()
-	}
-	return f.add(modelID(req.Model)) << pickLoRAShift
+	return e.lora.add(modelID(req.Model)) << pickLoRAShift
 }
 
 // uncountLoRA ends what countLoRA counted for p.
 func uncountLoRA(p *Pick) {
 	if i := (atomic.LoadUint32(&p.flags) & pickLoRAMask) >> pickLoRAShift; i != 0 {
-		p.e.lora.Load().done(int(i) - 1)
+		p.e.lora.done(int(i) - 1)
 	}
 }

@@ -1,6 +1,8 @@
 package balancer_test
 
 import (
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -251,4 +253,40 @@ func TestLoRAPickAtCountsTheCall(t *testing.T) {
 	}
 	assert.LessOrEqual(t, n, 100/8, "sql and math take its two slots")
 	p.Done(inferlb.Outcome{})
+}
+
+// Calls for many adapters at once, from many goroutines, count and
+// uncount without locks: once all are done every endpoint is free again.
+func TestLoRAInFlightUnderConcurrency(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock})
+	publishLoRA(b, clock, 4, "", "", "", "")
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: fmt.Sprintf("lora-%d", (g+i)%12)})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				p.Done(inferlb.Outcome{})
+			}
+		}()
+	}
+	wg.Wait()
+	// Nothing in flight: a fifth adapter finds every endpoint free.
+	c := map[string]int{}
+	for range 400 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "late"})
+		require.NoError(t, err)
+		c[p.ID()]++
+		p.Done(inferlb.Outcome{})
+	}
+	for _, ep := range endpoints(4) {
+		assert.InDelta(t, 100, c[ep.Addr], 40, "%s: %v", ep.Addr, c)
+	}
+	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "late"}))
 }
