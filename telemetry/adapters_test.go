@@ -127,6 +127,13 @@ func TestLoRAOnTheStore(t *testing.T) {
 	older.SetAdapters(2, &telemetry.Adapters{Base: "llama"})
 	st.Publish("b", older)
 	assert.Equal(t, t0.Add(time.Second).UnixNano(), st.AdaptersObserved(), "the newest observation")
+	zero := sample(t0.Add(2 * time.Second))
+	zero.Adapters = &telemetry.Adapters{Base: "llama"}
+	zero.Has |= 1 << telemetry.LoRASlots // a slot count of 0, set by hand
+	st.Publish("b", zero)
+	_, _, ok = st.Slot("b").LoRA(t0.Add(2*time.Second), time.Minute)
+	assert.False(t, ok, "no slots is no reading")
+
 	var nilSlot *telemetry.Slot
 	_, _, ok = nilSlot.LoRA(t0, 0)
 	assert.False(t, ok)

@@ -382,8 +382,8 @@ func (sl *Slot) LoRA(now time.Time, maxAge time.Duration) (a *Adapters, slots fl
 		return nil, 0, false
 	}
 	cur := sl.cur.Load()
-	if cur == nil || cur.s.Adapters == nil || !cur.s.Has.Has(LoRASlots) {
-		return nil, 0, false
+	if cur == nil || cur.s.Adapters == nil || !cur.s.Has.Has(LoRASlots) || !(cur.s.Values[LoRASlots] >= 1) {
+		return nil, 0, false // no reading, or no slot count (a Sample's Values set by hand)
 	}
 	if maxAge > 0 {
 		if d := now.UnixNano() - cur.times[LoRASlots]; d > int64(maxAge) || d < -int64(maxAge) {
