@@ -5,8 +5,9 @@
 //
 // One scorer per kind of traffic, because each kind has a different signal:
 //   - LLM generation routes on reliability and current load (in-flight
-//     requests and tokens, the server's queue, KV-cache pressure, and GPU
-//     memory pressure for servers that report no KV-cache usage), not on
+//     requests and tokens, the server's queue, KV-cache pressure, GPU
+//     memory pressure for servers that report no KV-cache usage, and for
+//     a LoRA adapter's call the server's adapter slots), not on
 //     completion latency, which mostly measures prompt and output length.
 //   - Embeddings and rerankers are short and uniform, so recent latency is a
 //     good signal: peak-EWMA latency x (in-flight + 1), as in Finagle and

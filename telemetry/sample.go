@@ -1,7 +1,9 @@
 // Package telemetry carries load and health signals from outside the request
 // path (NVIDIA DCGM, model-server /metrics, Prometheus, ORCA and vLLM load
 // reports) to the balancer: a Sample per endpoint, Sources that produce them and
-// a Store that keeps the latest value of every field with its age.
+// a Store that keeps the latest value of every field with its age. Fields
+// are numbers in fixed units; the one that is not, a server's LoRA
+// adapters in use (Sample.Adapters), travels with its LoRASlots field.
 //
 // Telemetry is advisory. A missing or stale field is neutral for routing, and
 // malformed input is dropped and counted, never fatal.
