@@ -154,6 +154,18 @@ type Outcome struct {
 	// NotServedMemory). It takes precedence over Err and Overloaded; a
 	// cancellation (Canceled) over it.
 	NotServedModel string
+	// ContextWindow, when positive, says the endpoint refused the call as
+	// longer than its context window for the call's model, of this many
+	// tokens (vLLM's 400 "This model's maximum context length is N
+	// tokens", SGLang's and TGI's alike): fleets whose replicas were
+	// started with different max-model-len, or on GPUs of different
+	// memory, refuse on some replicas what others take. The call counts as
+	// neither success nor failure, and the balancer remembers the window
+	// for the endpoint and the call's Model, so that a call whose tokens
+	// (Request.Tokens) do not fit it goes elsewhere while another endpoint
+	// may take it. It takes precedence over Err and Overloaded, after
+	// NotServedModel.
+	ContextWindow int
 	// Model is the model of a call the server answered: set it on a
 	// success and on a failure the server itself returned (an HTTP 5xx
 	// answer, an error event in a stream, a gRPC status the server sent),

@@ -99,7 +99,9 @@ type Balancer struct {
 	// the first such answer, and the unix ns after which none is live.
 	lack   atomic.Pointer[lackTable]
 	lackAt atomic.Int64
-	runs   atomic.Pointer[runTable] // runs of failures of a model on an endpoint (modelfail.go)
+	// The smallest context window remembered per model (window.go).
+	windows atomic.Pointer[map[uint64]window]
+	runs    atomic.Pointer[runTable] // runs of failures of a model on an endpoint (modelfail.go)
 
 	retry         *retryBudget
 	retries       atomic.Uint64
@@ -585,6 +587,10 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			return Pick{}, ErrNoEndpoints
 		}
 	}
+	if b.windowFilter(req, g, &c) && retry {
+		// No endpoint would take it: each refused as much (window.go).
+		return Pick{}, ErrNoEndpoints
+	}
 	c.slots = req.Model != "" && b.slotAware(req.Service) && b.slotsLive(nowNs)
 	if c.affine && b.reuse != nil && !req.Session {
 		// An explicit session sticks whatever prompt keys do.
@@ -736,6 +742,10 @@ type cand struct {
 	// model (its key lacks) are passed over (see lacking).
 	lack  *lackTable
 	lacks uint64
+	// With windowNeed set, the members whose remembered context window
+	// for the model of key window is below it are passed over (window.go).
+	window     uint64
+	windowNeed int64
 	// slots: the call names a LoRA adapter and some endpoint reported its
 	// adapter slots lately; candidates whose slots are full for it are
 	// drawn again (see drawSlot).
@@ -973,6 +983,12 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// about the endpoint's health or speed (see notserved.go).
 		e.notServed.Add(1)
 		b.notServed(e, o.NotServedModel, nowNs)
+		b.report(e, p.gen, errExcluded, nowNs)
+		b.returnProbe(p)
+	case o.ContextWindow > 0:
+		// Neither: the call, not the endpoint (see window.go).
+		e.tooLong.Add(1)
+		b.rememberWindow(e, o.Model, o.ContextWindow, nowNs)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Overloaded:

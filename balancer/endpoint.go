@@ -40,6 +40,7 @@ type endpoint struct {
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
 	slot           atomic.Pointer[telemetry.Slot]   // held in the Store; nil while the Store is full (see reconcile)
 	lora           loraFlight                       // this process's calls per LoRA adapter in flight here (lora.go)
+	windows        atomic.Pointer[[]window]         // context windows it refused calls for (window.go)
 	groupLoads     atomic.Pointer[loadSet]          // in-flight counters of the groups it belongs to
 	latencyEWMA    atomic.Int64                     // ns, peak-EWMA
 	latencyAt      atomic.Int64                     // unix ns of last latency sample
@@ -106,8 +107,9 @@ type endpoint struct {
 
 	failures  atomic.Uint64
 	overloads atomic.Uint64
-	canceled  atomic.Uint64 // with the three above, notServed, modelFailures and inFlight: the picks
+	canceled  atomic.Uint64 // with the three above, notServed, tooLong, modelFailures and inFlight: the picks
 	notServed atomic.Uint64 // answers that it does not serve the call's model
+	tooLong   atomic.Uint64 // answers that the call is longer than its context window
 	// Failures held against their model on this endpoint, not against the
 	// endpoint (see modelfail.go); its latest successes and failures by
 	// model (failed.at0: the time of its latest failure).
@@ -129,7 +131,7 @@ type endpoint struct {
 // reads, so the result is clamped to the largest count reported before:
 // exported as a Prometheus counter, it must never go down.
 func (e *endpoint) pickCount() uint64 {
-	n := e.successes.Load() + e.failures.Load() + e.overloads.Load() + e.canceled.Load() + e.notServed.Load() + e.modelFailures.Load()
+	n := e.successes.Load() + e.failures.Load() + e.overloads.Load() + e.canceled.Load() + e.notServed.Load() + e.tooLong.Load() + e.modelFailures.Load()
 	n += uint64(max(e.inFlight.Load(), 0))
 	for {
 		seen := e.picksSeen.Load()

@@ -225,7 +225,7 @@ func (b *Balancer) lacking(model string, g *group, c *cand) (all bool) {
 }
 
 // passOver reports whether c passes e over as remembered not to serve the
-// call's model.
+// call's model, or as remembered too small for it (window.go).
 func (c *cand) passOver(e *endpoint) bool {
-	return c.lack != nil && c.lack.lacks(e, c.lacks, lackNow(c.nowNs))
+	return c.lack != nil && c.lack.lacks(e, c.lacks, lackNow(c.nowNs)) || c.tooSmall(e)
 }

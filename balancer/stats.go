@@ -31,6 +31,9 @@ type EndpointStats struct {
 	// NotServed counts the answers that the endpoint does not serve the
 	// call's model (Outcome.NotServedModel).
 	NotServed uint64
+	// TooLong counts the answers that the call is longer than the
+	// endpoint's context window (Outcome.ContextWindow).
+	TooLong uint64
 	// ModelFailures counts the failures held against their model on the
 	// endpoint rather than against the endpoint (Outcome.Model; see the
 	// package doc and EventModelFailing); Failures does not count them.
@@ -85,6 +88,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			Failures:           e.failures.Load(),
 			Overloads:          e.overloads.Load(),
 			NotServed:          e.notServed.Load(),
+			TooLong:            e.tooLong.Load(),
 			ModelFailures:      e.modelFailures.Load(),
 			BreakerOpen:        e.brOpen.Load(),
 			Trips:              e.trips.Load(),

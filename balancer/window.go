@@ -1,0 +1,143 @@
+package balancer
+
+import (
+	"slices"
+	"time"
+
+	"github.com/inferlb/inferlb"
+)
+
+// Context windows.
+//
+// Replicas of one model may take prompts of different lengths: started
+// with different max-model-len, or on GPUs with room for different KV
+// caches. One that refuses a call as longer than its window (Outcome.
+// ContextWindow) says so before any work, and another may take the call.
+// The balancer remembers each endpoint's window per model for
+// windowMemory, and a pick whose request does not fit an endpoint's
+// remembered window (Request.Tokens, the prompt and the output asked for,
+// above it) passes that endpoint over while another can take the call. A
+// retry (PickRetry) that fits none fails with ErrNoEndpoints: it would
+// only be refused again. A first pick goes ahead anyway: the request's
+// tokens are an estimate, and the server's answer is the caller's.
+//
+// Memory: per endpoint up to windowsPerEndpoint models (the oldest
+// replaced), and per Balancer the smallest window of up to windowModels
+// models, which gates the check: a request that fits every window
+// remembered for its model (the usual case) costs a map lookup. Both are
+// copied on write (refusals are rare) and read without locks. Model names
+// are request data: they are kept as seeded hashes (modelKey).
+
+// windowMemory is how long a window is remembered: windows change when a
+// server is restarted with other flags, rarely, and a refusal costs the
+// server no work.
+const windowMemory = 10 * time.Minute
+
+const (
+	windowsPerEndpoint = 16
+	windowModels       = 256
+)
+
+// window is a remembered context window of one model.
+type window struct {
+	model  uint64 // modelKey
+	tokens int64
+	until  int64 // unix ns
+}
+
+// windowOf returns e's remembered window for model, or 0.
+func (e *endpoint) windowOf(model uint64, nowNs int64) int64 {
+	if ws := e.windows.Load(); ws != nil {
+		for _, w := range *ws {
+			if w.model == model && w.until > nowNs {
+				return w.tokens
+			}
+		}
+	}
+	return 0
+}
+
+// rememberWindow records that e refused a call for model as longer than
+// its window of tokens.
+func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, nowNs int64) {
+	if model == "" || tokens <= 0 {
+		return
+	}
+	key, until := b.modelKey(model), nowNs+int64(windowMemory)
+	w := window{model: key, tokens: int64(tokens), until: until}
+	for {
+		old := e.windows.Load()
+		var next []window
+		if old != nil {
+			next = slices.DeleteFunc(slices.Clone(*old), func(x window) bool { return x.model == key || x.until <= nowNs })
+		}
+		if len(next) >= windowsPerEndpoint {
+			next = next[1:] // the oldest
+		}
+		next = append(next, w)
+		if e.windows.CompareAndSwap(old, &next) {
+			break
+		}
+	}
+	for {
+		old := b.windows.Load()
+		next := make(map[uint64]window, windowModels)
+		if old != nil {
+			for k, v := range *old {
+				if v.until > nowNs {
+					next[k] = v
+				}
+			}
+		}
+		if cur, ok := next[key]; ok && cur.tokens < w.tokens {
+			w.tokens = cur.tokens // the smallest window of the model, renewed
+		}
+		if _, ok := next[key]; !ok && len(next) >= windowModels {
+			return // full: the endpoint's own entry still steers retries' picks of it
+		}
+		next[key] = w
+		if b.windows.CompareAndSwap(old, &next) {
+			return
+		}
+	}
+}
+
+// windowFilter sets c to pass over the members whose remembered window
+// for req's model is below req's tokens, when some are and some are not.
+// It reports whether every candidate is (then nothing is filtered).
+func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand) (all bool) {
+	ms := b.windows.Load()
+	if ms == nil || req.Model == "" {
+		return false
+	}
+	need := req.Tokens()
+	key := b.modelKey(req.Model)
+	if w, ok := (*ms)[key]; !ok || w.until <= c.nowNs || w.tokens >= need {
+		return false // fits every window remembered for the model
+	}
+	some, other := false, false
+	for _, e := range g.members {
+		if !c.ok(e) {
+			continue
+		}
+		if w := e.windowOf(key, c.nowNs); w > 0 && w < need {
+			some = true
+		} else {
+			other = true
+		}
+		if some && other {
+			c.window, c.windowNeed = key, need
+			return false
+		}
+	}
+	return some
+}
+
+// tooSmall reports whether c passes e over as too small for the call.
+func (c *cand) tooSmall(e *endpoint) bool {
+	if c.windowNeed == 0 {
+		return false
+	}
+	w := e.windowOf(c.window, c.nowNs)
+	return w > 0 && w < c.windowNeed
+}

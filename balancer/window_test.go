@@ -1,0 +1,115 @@
+package balancer_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// refuse has endpoint ep refuse a call for model as longer than its
+// context window of tokens.
+func refuse(t *testing.T, b *balancer.Balancer, ep, model string, tokens int) {
+	t.Helper()
+	eps := endpoints(len(b.Stats()))
+	for range 1000 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model})
+		require.NoError(t, err)
+		if p.ID() == ep {
+			p.Done(inferlb.Outcome{ContextWindow: tokens, Model: model})
+			return
+		}
+		p.Done(inferlb.Outcome{})
+	}
+	t.Fatalf("no pick of %s among %v", ep, eps)
+}
+
+func picksOf(t *testing.T, b *balancer.Balancer, req *inferlb.Request, n int) map[string]int {
+	t.Helper()
+	c := map[string]int{}
+	for range n {
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		c[p.ID()]++
+		p.Done(inferlb.Outcome{})
+	}
+	return c
+}
+
+// A replica that refused a call as longer than its context window keeps
+// the calls that fit it and loses those that do not, for that model only;
+// the refusal counts as neither success nor failure.
+func TestContextWindowSteersLongCalls(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(2)})
+	small := endpoints(3)[0].Addr
+	refuse(t, b, small, "llama", 4096)
+
+	long := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llama", PromptTokens: 6000, MaxOutputTokens: 500}
+	assert.Zero(t, picksOf(t, b, long, 300)[small], "6,500 tokens do not fit 4,096")
+	short := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llama", PromptTokens: 3000, MaxOutputTokens: 500}
+	assert.Greater(t, picksOf(t, b, short, 300)[small], 60, "3,500 do")
+	other := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "qwen", PromptTokens: 6000, MaxOutputTokens: 500}
+	assert.Greater(t, picksOf(t, b, other, 300)[small], 60, "another model's window is not known")
+
+	st := stat(t, b, small)
+	assert.EqualValues(t, 1, st.TooLong)
+	assert.Zero(t, st.Failures)
+	assert.Zero(t, st.ErrorRate)
+
+	clock.Advance(10*time.Minute + time.Second)
+	assert.Greater(t, picksOf(t, b, long, 300)[small], 60, "forgotten after ten minutes")
+}
+
+// When every endpoint refused as much, a retry finds none (it would only
+// be refused again), while a first pick goes ahead: the request's tokens
+// are an estimate, and the answer is the caller's.
+func TestContextWindowEverywhere(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(3)})
+	for _, ep := range endpoints(3) {
+		refuse(t, b, ep.Addr, "llama", 4096)
+	}
+	long := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llama", PromptTokens: 6000}
+	p, err := b.Pick(long)
+	require.NoError(t, err)
+	_, err = b.PickRetry(long, p.ID())
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	p.Done(inferlb.Outcome{ContextWindow: 4096, Model: "llama"})
+
+	// One of them takes more after a restart with a larger window: the
+	// smallest remembered stays the gate, the endpoint's own the filter.
+	big := endpoints(3)[2].Addr
+	refuse(t, b, big, "llama", 8192)
+	q, err := b.PickRetry(long, endpoints(3)[0].Addr)
+	require.NoError(t, err)
+	assert.Equal(t, big, q.ID(), "6,000 fit its 8,192")
+	q.Done(inferlb.Outcome{})
+}
+
+// Remembered windows are bounded: per endpoint the latest 16 models, so a
+// caller's made-up model names cannot grow them, and a pick that fits
+// every window costs no allocation.
+func TestContextWindowMemoryIsBounded(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(4)})
+	small := endpoints(2)[0].Addr
+	for i := range 40 {
+		refuse(t, b, small, fmt.Sprint("m", i), 1000)
+	}
+	for i, want := range map[int]bool{0: false, 23: false, 24: true, 39: true} {
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: fmt.Sprint("m", i), PromptTokens: 2000}
+		got := picksOf(t, b, req, 100)[small] == 0
+		assert.Equal(t, want, got, "model m%d remembered", i)
+	}
+	fits := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "m39", PromptTokens: 500}
+	assert.Zero(t, pickDoneAllocs(b, fits))
+	long := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "m39", PromptTokens: 2000}
+	assert.Zero(t, pickDoneAllocs(b, long))
+}
