@@ -434,6 +434,17 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 						continue
 					}
 				}
+				if resp.StatusCode == http.StatusBadRequest && c.info.Model != "" {
+					// Perhaps the call is longer than the endpoint's
+					// context window and another takes it (window.go).
+					if next, ok := c.tooLong(resp, hops < t.notServedHops(), &rb); ok {
+						c.pick, body = next.pick, next.body
+						hops++
+						t.failovers.Add(1)
+						c.ends.And(^uint32(endResent))
+						continue
+					}
+				}
 				return c.respond(resp)
 			}
 			err = errNilResponse // a broken Base; http.Client fails it too

@@ -1,0 +1,167 @@
+package httpbalancer
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/inferlb/inferlb"
+)
+
+// A 400 that says the call is longer than the endpoint's context window
+// for the model is the endpoint saying so before any work: vLLM's "This
+// model's maximum context length is 4096 tokens. However, you requested
+// 5000 tokens (4000 in the messages, 1000 in the completion)." (or, newer,
+// "... your request has 5000 input tokens"), SGLang's "The input (5000
+// tokens) is longer than the model's context length (4096 tokens).", TGI's
+// "Input validation error: `inputs` tokens + `max_new_tokens` must be <=
+// 4096. Given: 4000 `inputs` tokens and 1000 `max_new_tokens`". In a fleet
+// whose replicas have different windows (started with different
+// max-model-len, or on GPUs with room for different KV caches) another
+// replica may take the call. The attempt is reported with
+// inferlb.Outcome.ContextWindow (neither success nor failure; the Balancer
+// remembers the window), the call's token counts become the ones the
+// server gave, and the call goes on to an endpoint not remembered too
+// small for it, under the rules of a call another endpoint does not serve
+// the model of (see notServed): the body can be sent again, Failover is
+// on, the retry budget allows, at most notServedHops endpoints. When it
+// cannot, or no endpoint is left that might take it, the caller gets the
+// 400 as it came, every byte of it. Other 400s, and those whose body is
+// not of a known length up to maxNotServedBody, are answers like any
+// other (the request's).
+
+// errTooLong is the Outcome.Err of a refused attempt when the caller's
+// code panics while its retry is set up (see call.retry); it wraps
+// context.Canceled, blaming no endpoint.
+var errTooLong = fmt.Errorf("inferlb: httpbalancer: the call is longer than the endpoint's context window: %w", errNotServed)
+
+// tooLong handles a 400 to a call with a model. It reads the body, which
+// stays readable from resp.Body as it came, and when the body refuses the
+// call as too long it reports the attempt so and, when it may, sets up
+// the call's retry on another endpoint (with a retry, this attempt's
+// response is closed).
+func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt, bool) {
+	if resp.Body == nil || resp.ContentLength <= 0 || resp.ContentLength > maxNotServedBody {
+		return retryAttempt{}, false
+	}
+	head := make([]byte, resp.ContentLength)
+	n, err := io.ReadFull(resp.Body, head)
+	resp.Body = &readBack{head: head[:n], err: err, rc: resp.Body}
+	if err != nil {
+		return retryAttempt{}, false
+	}
+	window, prompt, output := contextRefusal(head)
+	if window <= 0 {
+		return retryAttempt{}, false
+	}
+	// The tokens the server counted, which the retry's pick weighs
+	// against the windows remembered; at least one past this window.
+	req := &c.info.Request
+	if prompt > 0 {
+		req.PromptTokens = prompt
+		if output >= 0 {
+			req.MaxOutputTokens = output
+		}
+	}
+	if req.Tokens() <= int64(window) {
+		req.PromptTokens = window + 1 - max(req.MaxOutputTokens, 0)
+	}
+	o := inferlb.Outcome{ContextWindow: window, Model: c.info.Model}
+	next, retried := c.retry(may, rb, errTooLong)
+	c.report(o, retried)
+	if retried {
+		_ = resp.Body.Close()
+	}
+	return next, retried
+}
+
+// report reports the attempt that was refused, once: with a retry to
+// come, or as the call's end (the caller reads the refusal as it came,
+// and finish reports nothing more).
+func (c *call) report(o inferlb.Outcome, retried bool) {
+	c.ends.Or(endReported)
+	f := c.t.cfg.onResult
+	if f != nil {
+		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
+	}
+	c.pick.Done(o)
+	if f != nil {
+		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Status: http.StatusBadRequest, Outcome: o, FailedOver: retried, Resent: c.ends.Load()&endResent != 0})
+	}
+	if retried {
+		c.ends.And(^uint32(endReported)) // the next attempt reports for itself
+	}
+}
+
+// contextRefusal reads a 400's body for a refusal of a call longer than
+// the context window: the window, and the prompt and output tokens the
+// server counted (-1 each when it did not say). window 0: not a refusal.
+func contextRefusal(body []byte) (window, prompt, output int) {
+	lb := bytes.ToLower(body)
+	prompt, output = -1, -1
+	switch {
+	case bytes.Contains(lb, []byte("maximum context length is ")):
+		// vLLM's (and OpenAI's) texts.
+		window = numberAfter(lb, "maximum context length is ")
+		switch {
+		case bytes.Contains(lb, []byte(" in the messages")):
+			// "you requested N tokens (P in the messages, O in the completion)"
+			prompt, output = numberBefore(lb, " in the messages"), numberBefore(lb, " in the completion")
+		case bytes.Contains(lb, []byte("your request has ")):
+			// "your request has P input tokens", after "'max_tokens' or
+			// 'max_completion_tokens' is too large: O." when that is why
+			prompt, output = numberAfter(lb, "your request has "), numberAfter(lb, "is too large: ")
+		default:
+			prompt = numberAfter(lb, "you requested ") // an embedding's input
+		}
+	case bytes.Contains(lb, []byte("longer than the model's context length (")):
+		// SGLang's.
+		window = numberAfter(lb, "longer than the model's context length (")
+		prompt = numberAfter(lb, "the input (")
+	case bytes.Contains(lb, []byte("`max_new_tokens` must be <= ")):
+		// TGI's.
+		window = numberAfter(lb, "`max_new_tokens` must be <= ")
+		prompt, output = numberAfter(lb, "given: "), numberBefore(lb, " `max_new_tokens`")
+	}
+	return max(window, 0), prompt, output
+}
+
+// numberAfter returns the decimal number that follows the first s in b,
+// or -1.
+func numberAfter(b []byte, s string) int {
+	i := bytes.Index(b, []byte(s))
+	if i < 0 {
+		return -1
+	}
+	b = b[i+len(s):]
+	j := 0
+	for j < len(b) && j < 10 && b[j] >= '0' && b[j] <= '9' {
+		j++
+	}
+	n, err := strconv.Atoi(string(b[:j]))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// numberBefore returns the decimal number that ends right before the last
+// s in b, or -1.
+func numberBefore(b []byte, s string) int {
+	i := bytes.LastIndex(b, []byte(s))
+	if i < 0 {
+		return -1
+	}
+	j := i
+	for j > 0 && i-j < 10 && b[j-1] >= '0' && b[j-1] <= '9' {
+		j--
+	}
+	n, err := strconv.Atoi(string(b[j:i]))
+	if err != nil {
+		return -1
+	}
+	return n
+}

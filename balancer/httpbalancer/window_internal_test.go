@@ -1,0 +1,37 @@
+package httpbalancer
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestContextRefusal(t *testing.T) {
+	for _, tc := range []struct {
+		name, body             string
+		window, prompt, output int
+	}{
+		{"vLLM", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000},
+		{"vLLM input", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}}`, 4096, 5000, -1},
+		{"vLLM max_tokens", `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is 4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).","type":"BadRequestError","param":null,"code":400}}`, 4096, 3500, 1000},
+		{"vLLM embedding", `{"object":"error","message":"This model's maximum context length is 512 tokens. However, you requested 600 tokens in the input for embedding generation. Please reduce the length of the input.","type":"BadRequestError","param":null,"code":400}`, 512, 600, -1},
+		{"SGLang", `{"object":"error","message":"The input (5000 tokens) is longer than the model's context length (4096 tokens).","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1},
+		{"TGI", `{"error":"Input validation error: ` + "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`" + `","error_type":"validation"}`, 4096, 4000, 200},
+		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1},
+		{"no number", `{"message":"maximum context length is large"}`, 0, -1, -1},
+	} {
+		w, p, o := contextRefusal([]byte(tc.body))
+		assert.Equal(t, [3]int{tc.window, tc.prompt, tc.output}, [3]int{w, p, o}, tc.name)
+	}
+}
+
+func FuzzContextRefusal(f *testing.F) {
+	f.Add([]byte("This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion)."))
+	f.Add([]byte("`max_new_tokens` must be <= 99999999999999999999. Given: 1 `inputs` tokens and 2 `max_new_tokens`"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		w, p, o := contextRefusal(body)
+		if w < 0 || p < -1 || o < -1 {
+			t.Fatalf("%d %d %d", w, p, o)
+		}
+	})
+}

@@ -1,0 +1,111 @@
+package httpbalancer_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+)
+
+// windowBackend answers like vLLM started with a max-model-len of window
+// tokens: a chat whose prompt (its characters over 4) and max_tokens do
+// not fit is refused with vLLM's 400, others answered as fakeChat does.
+type windowBackend struct {
+	*backend
+	refused atomic.Int64
+}
+
+func newWindowBackend(t *testing.T, name string, window int) *windowBackend {
+	t.Helper()
+	b := &windowBackend{backend: &backend{name: name}}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct {
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+			MaxTokens int `json:"max_tokens"`
+		}
+		_ = json.Unmarshal(body, &req)
+		prompt := 0
+		for _, m := range req.Messages {
+			prompt += len(m.Content) / 4
+		}
+		if prompt+req.MaxTokens > window {
+			b.refused.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprintf(w, `{"object":"error","message":"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`,
+				window, prompt+req.MaxTokens, prompt, req.MaxTokens)
+			return
+		}
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		b.fakeChat(w, r)
+	}))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// chatOf is a chat of about tokens prompt tokens (characters over 4),
+// distinct for each i so that no two share an affinity key.
+func chatOf(i, tokens, maxTokens int) string {
+	text := fmt.Sprintf("%06d ", i) + strings.Repeat("word ", tokens*4/5-2)
+	return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":%d}`, text, maxTokens)
+}
+
+// Two replicas started with a 1,000-token window and one with 8,000: long
+// calls are answered by the large one, each small one refusing at most
+// once, and short calls still spread over all three.
+func TestLongCallsFindTheLargerWindow(t *testing.T) {
+	small1, small2, large := newWindowBackend(t, "small1", 1000), newWindowBackend(t, "small2", 1000), newWindowBackend(t, "large", 8000)
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(small1.backend, small2.backend, large.backend)})
+	c := &http.Client{Transport: tr}
+	for i := range 40 {
+		resp, _ := post(t, c, chatOf(i, 3000, 200))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, "large", resp.Header.Get("X-Backend"))
+	}
+	t.Logf("refused: %d + %d", small1.refused.Load(), small2.refused.Load())
+	assert.LessOrEqual(t, small1.refused.Load(), int64(1), "remembered after one refusal")
+	assert.LessOrEqual(t, small2.refused.Load(), int64(1))
+
+	before := small1.hits.Load() + small2.hits.Load()
+	for i := range 90 {
+		resp, _ := post(t, c, chatOf(100+i, 200, 100))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	assert.Greater(t, small1.hits.Load()+small2.hits.Load()-before, int64(30), "short calls fit the small windows")
+
+	st := statsByID(tr.Balancer())
+	for _, id := range []string{"small1", "small2", "large"} {
+		assert.Zero(t, st[id].Failures, "%s: a refusal is not a failure", id)
+	}
+	assert.Equal(t, uint64(small1.refused.Load()), st["small1"].TooLong)
+}
+
+// When every replica's window is too small, the caller gets the refusal
+// as the server sent it; once the windows are remembered, each call costs
+// one refusal, not one per replica.
+func TestLongCallsNoWindowTakes(t *testing.T) {
+	bs := []*windowBackend{newWindowBackend(t, "a", 1000), newWindowBackend(t, "b", 1000), newWindowBackend(t, "c", 1000)}
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(bs[0].backend, bs[1].backend, bs[2].backend)})
+	c := &http.Client{Transport: tr}
+	refused := func() int64 { return bs[0].refused.Load() + bs[1].refused.Load() + bs[2].refused.Load() }
+	for i := range 10 {
+		resp, body := post(t, c, chatOf(i, 3000, 200))
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Contains(t, string(body), "This model's maximum context length is 1000 tokens. However, you requested 3199 tokens (2999 in the messages, 200 in the completion).", "call %d", i)
+		assert.True(t, strings.HasSuffix(string(body), `"code":400}`), "the refusal as it came")
+	}
+	t.Logf("refusals for 10 calls: %d", refused())
+	assert.LessOrEqual(t, refused(), int64(3+9), "after the first call, one refusal a call")
+}
