@@ -64,7 +64,7 @@ type Collector struct {
 	constLbl prometheus.Labels
 
 	inFlight, inFlightTokens, latency, ttft, tpot, errRate, ready, breakerOpen, ramp *prometheus.Desc
-	picks, successes, failures, overloads, notServed, modelFailures, trips           *prometheus.Desc
+	picks, successes, failures, overloads, notServed, tooLong, modelFailures, trips  *prometheus.Desc
 	recoveries, ejections                                                            *prometheus.Desc
 	spills, retries, keyReuse, following                                             *prometheus.Desc
 	telemetry, telemetryAge                                                          *prometheus.Desc
@@ -97,6 +97,8 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		overloads:      d("endpoint_overloads_total", "Calls answered with overload (429, 503 with Retry-After, a server's load shedding, RESOURCE_EXHAUSTED, a gRPC stream refused or drained unprocessed).", ep),
 		notServed: d("endpoint_not_served_total",
 			"Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.", ep),
+		tooLong: d("endpoint_too_long_total",
+			"Calls the endpoint refused as longer than its context window for their model (vLLM's, SGLang's or TGI's 400); longer calls of that model pass it over for a while.", ep),
 		modelFailures: d("endpoint_model_failures_total",
 			"Calls that failed for their model alone: the server failed one model's calls while it served others (a crashed Triton model backend, a broken LoRA adapter); held against that model there, not the endpoint, and not in endpoint_failures_total.", ep),
 		trips:      d("endpoint_breaker_trips_total", "Times the circuit breaker tripped.", ep),
@@ -122,7 +124,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.tpot, c.errRate, c.ready, c.breakerOpen, c.ramp,
-		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.modelFailures, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
+		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.tooLong, c.modelFailures, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
 		c.keyReuse, c.following, c.telemetry, c.telemetryAge,
 	} {
 		ch <- d
@@ -200,6 +202,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.failures, s.Failures, s.ID)
 		counter(c.overloads, s.Overloads, s.ID)
 		counter(c.notServed, s.NotServed, s.ID)
+		counter(c.tooLong, s.TooLong, s.ID)
 		counter(c.modelFailures, s.ModelFailures, s.ID)
 		counter(c.trips, s.Trips, s.ID)
 		counter(c.recoveries, s.Recoveries, s.ID)

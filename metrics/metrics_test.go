@@ -29,6 +29,8 @@ func TestCollectorExportsLiveState(t *testing.T) {
 	p.Done(inferlb.Outcome{Err: errors.New("boom")})
 	p, _ = b.Pick(&inferlb.Request{Model: "adapter"})
 	p.Done(inferlb.Outcome{NotServedModel: "adapter"})
+	p, _ = b.Pick(&inferlb.Request{Model: "y", PromptTokens: 9000})
+	p.Done(inferlb.Outcome{ContextWindow: 8192, Model: "y"})
 	clock.Advance(time.Second) // y's success comes after the failure above
 	p, _ = b.Pick(&inferlb.Request{Model: "y"})
 	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond, TTFT: 50 * time.Millisecond, OutputTokens: 5, Model: "y"})
@@ -60,6 +62,9 @@ inferlb_endpoint_model_failures_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_not_served_total Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.
 # TYPE inferlb_endpoint_not_served_total counter
 inferlb_endpoint_not_served_total{balancer="llm",endpoint="a:1"} 1
+# HELP inferlb_endpoint_too_long_total Calls the endpoint refused as longer than its context window for their model (vLLM's, SGLang's or TGI's 400); longer calls of that model pass it over for a while.
+# TYPE inferlb_endpoint_too_long_total counter
+inferlb_endpoint_too_long_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_latency_ewma_seconds Peak-EWMA latency of successful calls, as last observed.
 # TYPE inferlb_endpoint_latency_ewma_seconds gauge
 inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1"} 0.25
@@ -67,7 +72,7 @@ inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1"} 0.25
 # TYPE inferlb_endpoint_time_per_output_token_seconds gauge
 inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="a:1"} 0.05
 `), "inferlb_endpoint_in_flight", "inferlb_endpoint_in_flight_tokens", "inferlb_endpoint_failures_total",
-		"inferlb_endpoint_model_failures_total", "inferlb_endpoint_not_served_total", "inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds"))
+		"inferlb_endpoint_model_failures_total", "inferlb_endpoint_not_served_total", "inferlb_endpoint_too_long_total", "inferlb_endpoint_latency_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds"))
 	held.Done(inferlb.Outcome{})
 
 	sc := metrics.NewStoreCollector(b.Telemetry(), "llm")
@@ -93,7 +98,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 20+2+1, testutil.CollectAndCount(c), "20 series per endpoint, 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 21+2+1, testutil.CollectAndCount(c), "21 series per endpoint, 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape
