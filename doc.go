@@ -108,7 +108,12 @@
 // the server has shown it serves the rest (a bounded table of runs of one
 // model's failures per endpoint): the server's breaker, error rate and
 // ejection see none of it, and after BreakerFailures that model's calls
-// pass the server over, as for a model it does not serve.
+// pass the server over, as for a model it does not serve. An answer that
+// the call is longer than the endpoint's context window for its model
+// (vLLM's, SGLang's or TGI's 400) is neither too: the Balancer remembers
+// the window (Outcome.ContextWindow) and passes the endpoint over for
+// calls whose tokens do not fit it, and the HTTP transport sends the call
+// on to another endpoint.
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. Pick never blocks, locks or allocates.
