@@ -25,7 +25,10 @@
 // server answered; EventModelFailing). Both are kept per endpoint and
 // model, in tables of fixed size keyed by seeded hashes: that model's
 // picks pass the endpoint over for a while, and the endpoint's breaker,
-// error rate and ejection see none of it. A call for a LoRA adapter
+// error rate and ejection see none of it. So is a refusal of a call as
+// longer than the endpoint's context window (Outcome.ContextWindow): the
+// window is remembered per endpoint and model, and calls whose tokens do
+// not fit it pass the endpoint over (window.go). A call for a LoRA adapter
 // avoids the endpoints whose adapter slots are all taken by others, as
 // their telemetry reports them (vLLM's --max-loras) brought up to now
 // with this process's calls in flight per adapter (lora.go).
