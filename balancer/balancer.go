@@ -712,6 +712,16 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 			return i, true
 		}
 	}
+	if !c.slots {
+		i = b.draw(g, c, sh, -1)
+		if i < 0 || len(g.members) == 1 {
+			return i, false
+		}
+		if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
+			return j, false
+		}
+		return i, false
+	}
 	i, fi := b.drawSlot(req, g, c, sh, -1)
 	if i < 0 || len(g.members) == 1 {
 		return i, false
@@ -731,28 +741,29 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 
 // cand is what decides whether a member may be a candidate for one pick.
 type cand struct {
-	nowNs     int64
-	bit       uint64 // the picking membership's readiness bit
+	nowNs   int64
+	bit     uint64 // the picking membership's readiness bit
+	exclude string // an endpoint ID to skip (failover); "" for none
+	// With lack set, the members remembered not to serve the request's
+	// model are passed over (see lacking).
+	lack *lackTable
+	// model is the request's model key (Balancer.modelKey) when lack or
+	// windowNeed is set.
+	model     uint64
 	panicking bool
-	exclude   string // an endpoint ID to skip (failover); "" for none
-	failover  bool   // the pick is another attempt of a call already picked once
-	affine    bool   // the request's AffinityKey steers the pick (see keyReuse)
-	keyed     bool   // set by pick: the key chose the endpoint (its prefix is likely cached there)
+	failover  bool // the pick is another attempt of a call already picked once
+	affine    bool // the request's AffinityKey steers the pick (see keyReuse)
+	keyed     bool // set by pick: the key chose the endpoint (its prefix is likely cached there)
 	// With panicking: only members whose breaker is closed and that are
 	// not ejected, i.e. at most cooling down (a tenant's shard, see pickWith).
 	coolingOnly bool
-	// With lack set, the members remembered not to serve the request's
-	// model (its key lacks) are passed over (see lacking).
-	lack  *lackTable
-	lacks uint64
-	// With windowNeed set, the members whose remembered context window
-	// for the model of key window is below it are passed over (window.go).
-	window     uint64
-	windowNeed int64
 	// slots: the call names a LoRA adapter and some endpoint reported its
 	// adapter slots lately; candidates whose slots are full for it are
 	// drawn again (see drawSlot).
 	slots bool
+	// With windowNeed set, the members whose remembered context window
+	// for the model is below it are passed over (window.go).
+	windowNeed int32
 }
 
 func (c *cand) ok(e *endpoint) bool {
@@ -887,7 +898,9 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 		// RetryRatio 1, a budget that never runs out).
 		b.retry.deposit()
 	}
-	flags |= b.countLoRA(req, e, c)
+	if c.slots {
+		flags |= b.countLoRA(req, e, c)
+	}
 	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
 
@@ -962,7 +975,9 @@ func (p *Pick) Done(o inferlb.Outcome) {
 func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	e := p.e
 	e.inFlight.Add(-1)
-	uncountLoRA(p)
+	if atomic.LoadUint32(&p.flags)&pickLoRAMask != 0 {
+		uncountLoRA(p)
+	}
 	if p.tokens != 0 {
 		e.inFlightTokens.Add(-int64(p.tokens))
 	}

@@ -161,12 +161,12 @@ func runs(running []string, tag uint64) bool {
 	return false
 }
 
-// drawSlot is draw, with a candidate whose slots are full for req's
-// adapter drawn again up to slotRedraws times (when c.slots). full says
-// the candidate returned is full still.
+// drawSlot is draw for a call with c.slots set, with a candidate whose
+// slots are full for req's adapter drawn again up to slotRedraws times.
+// full says the candidate returned is full still.
 func (b *Balancer) drawSlot(req *inferlb.Request, g *group, c cand, sh *shard, not int) (i int, full bool) {
 	i = b.draw(g, c, sh, not)
-	if !c.slots || i < 0 {
+	if i < 0 {
 		return i, false
 	}
 	h := modelID(req.Model)
@@ -180,13 +180,10 @@ func (b *Balancer) drawSlot(req *inferlb.Request, g *group, c cand, sh *shard, n
 	}
 }
 
-// countLoRA counts a call for req's adapter in flight on e, when e's
-// reading has LoRA slots and req names an adapter, and returns the
-// Pick.flags bits that name its entry.
+// countLoRA counts a call for req's adapter (c.slots set) in flight on
+// e, when e's reading has LoRA slots and req names an adapter, and
+// returns the Pick.flags bits that name its entry.
 func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
-	if !c.slots {
-		return 0
-	}
 	a, _, ok := e.slot.Load().LoRA(time.Unix(0, c.nowNs), b.cfg.telemetryMaxAge)
 	if !ok || req.Model == a.Base {
 		return 0

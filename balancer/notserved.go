@@ -191,7 +191,7 @@ func (t *lackTable) forget(e *endpoint, model uint64) {
 }
 
 // lacking sets c up to pass over the members of g remembered not to serve
-// model (c.lack, c.lacks) when there are some, and another that c allows is
+// model (c.lack, c.model) when there are some, and another that c allows is
 // not. It leaves c as it was when the memory has nothing to say about the
 // model, or when it would leave the call nowhere to go; then all reports
 // whether every endpoint c allows is remembered not to serve it (a retry
@@ -217,7 +217,7 @@ func (b *Balancer) lacking(model string, g *group, c *cand) (all bool) {
 			other = true
 		}
 		if some && other {
-			c.lack, c.lacks = t, key
+			c.lack, c.model = t, key
 			return false
 		}
 	}
@@ -227,5 +227,5 @@ func (b *Balancer) lacking(model string, g *group, c *cand) (all bool) {
 // passOver reports whether c passes e over as remembered not to serve the
 // call's model, or as remembered too small for it (window.go).
 func (c *cand) passOver(e *endpoint) bool {
-	return c.lack != nil && c.lack.lacks(e, c.lacks, lackNow(c.nowNs)) || c.tooSmall(e)
+	return c.lack != nil && c.lack.lacks(e, c.model, lackNow(c.nowNs)) || c.tooSmall(e)
 }

@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -126,7 +127,7 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand) (all bo
 			other = true
 		}
 		if some && other {
-			c.window, c.windowNeed = key, need
+			c.model, c.windowNeed = key, int32(min(need, math.MaxInt32))
 			return false
 		}
 	}
@@ -138,6 +139,6 @@ func (c *cand) tooSmall(e *endpoint) bool {
 	if c.windowNeed == 0 {
 		return false
 	}
-	w := e.windowOf(c.window, c.nowNs)
-	return w > 0 && w < c.windowNeed
+	w := e.windowOf(c.model, c.nowNs)
+	return w > 0 && w < int64(c.windowNeed)
 }
