@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"time"
 
 	"github.com/inferlb/inferlb"
 )
@@ -83,24 +82,8 @@ func (c *call) notServed(resp *http.Response, may bool, rb *reqBody) (retryAttem
 	if !ok {
 		return retryAttempt{}, false
 	}
-	reported := false
-	defer func() {
-		if !reported { // OnResult panicked: as in failOver
-			next.pick.Done(inferlb.Outcome{Err: errNotSent})
-			closeBody(next.body)
-		}
-	}()
-	o := inferlb.Outcome{NotServedModel: c.info.Model}
-	f := c.t.cfg.onResult
-	if f != nil {
-		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
-	}
-	c.pick.Done(o)
 	_ = resp.Body.Close()
-	if f != nil {
-		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Status: http.StatusNotFound, Outcome: o, FailedOver: true, Resent: c.ends.Load()&endResent != 0})
-	}
-	reported = true
+	c.refused(inferlb.Outcome{NotServedModel: c.info.Model}, http.StatusNotFound, &next)
 	c.ends.And(^uint32(endNotServed))
 	return next, true
 }

@@ -2,6 +2,7 @@ package httpbalancer
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,7 +37,7 @@ import (
 // errTooLong is the Outcome.Err of a refused attempt when the caller's
 // code panics while its retry is set up (see call.retry); it wraps
 // context.Canceled, blaming no endpoint.
-var errTooLong = fmt.Errorf("inferlb: httpbalancer: the call is longer than the endpoint's context window: %w", errNotServed)
+var errTooLong = fmt.Errorf("inferlb: httpbalancer: the call is longer than the endpoint's context window: %w", context.Canceled)
 
 // tooLong handles a 400 to a call with a model. It reads the body, which
 // stays readable from resp.Body as it came, and when the body refuses the
@@ -71,28 +72,52 @@ func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt
 	}
 	o := inferlb.Outcome{ContextWindow: window, Model: c.info.Model}
 	next, retried := c.retry(may, rb, errTooLong)
-	c.report(o, retried)
 	if retried {
 		_ = resp.Body.Close()
+		c.refused(o, http.StatusBadRequest, &next)
+		return next, true
 	}
-	return next, retried
+	// The caller reads the refusal as it came; the attempt is reported
+	// now, and finish reports nothing more.
+	c.ends.Or(endReported)
+	reported := false
+	defer func() {
+		if !reported { // OnResult panicked: the response goes nowhere
+			_ = resp.Body.Close()
+		}
+	}()
+	c.reportNow(o, http.StatusBadRequest, false)
+	reported = true
+	return retryAttempt{}, false
 }
 
-// report reports the attempt that was refused, once: with a retry to
-// come, or as the call's end (the caller reads the refusal as it came,
-// and finish reports nothing more).
-func (c *call) report(o inferlb.Outcome, retried bool) {
-	c.ends.Or(endReported)
+// refused reports an attempt that an endpoint refused without doing any
+// work (it does not serve the model, the call is longer than its window)
+// and whose call goes on to next. Should Options.OnResult panic there,
+// next's pick, made already, is finished on the way out (as canceled: it
+// was never sent) and its body closed, so that no endpoint is left one
+// call busier.
+func (c *call) refused(o inferlb.Outcome, status int, next *retryAttempt) {
+	reported := false
+	defer func() {
+		if !reported {
+			next.pick.Done(inferlb.Outcome{Err: errNotSent})
+			closeBody(next.body)
+		}
+	}()
+	c.reportNow(o, status, true)
+	reported = true
+}
+
+// reportNow reports this attempt's outcome o (its Done, then OnResult).
+func (c *call) reportNow(o inferlb.Outcome, status int, failedOver bool) {
 	f := c.t.cfg.onResult
 	if f != nil {
 		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
 	}
 	c.pick.Done(o)
 	if f != nil {
-		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Status: http.StatusBadRequest, Outcome: o, FailedOver: retried, Resent: c.ends.Load()&endResent != 0})
-	}
-	if retried {
-		c.ends.And(^uint32(endReported)) // the next attempt reports for itself
+		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Status: status, Outcome: o, FailedOver: failedOver, Resent: c.ends.Load()&endResent != 0})
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
 )
 
@@ -109,3 +110,62 @@ func TestLongCallsNoWindowTakes(t *testing.T) {
 	t.Logf("refusals for 10 calls: %d", refused())
 	assert.LessOrEqual(t, refused(), int64(3+9), "after the first call, one refusal a call")
 }
+
+// An OnResult that panics when told of a refusal panics through
+// RoundTrip; nothing is left in flight, whether the call was to go on
+// (the retry's pick is finished) or to end (the refusal's body closed).
+func TestOnResultPanicAtRefusal(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		larger bool // another endpoint could take the call
+	}{{"retry", true}, {"no retry", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			window := map[string]int{"a": 1000, "b": 1000}
+			if tc.larger {
+				window["b"] = 8000
+			}
+			closed := 0
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
+				Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+					_ = r.Body.Close()
+					id := map[string]string{"10.0.0.1:80": "a", "10.0.0.2:80": "b"}[r.URL.Host]
+					if window[id] >= 4000 {
+						return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("{}")), ContentLength: 2, Request: r}, nil
+					}
+					body := fmt.Sprintf(`{"message":"This model's maximum context length is %d tokens. However, you requested 3199 tokens (2999 in the messages, 200 in the completion)."}`, window[id])
+					return &http.Response{StatusCode: 400, Header: http.Header{}, ContentLength: int64(len(body)), Request: r,
+						Body: &countClose{Reader: strings.NewReader(body), n: &closed}}, nil
+				}),
+				OnResult: func(r httpbalancer.Result) {
+					if r.Outcome.ContextWindow > 0 {
+						panic("metrics")
+					}
+				},
+			})
+			for range 6 { // once both small ones are known, each call ends at its first refusal
+				func() {
+					defer func() { _ = recover() }()
+					req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatOf(1, 3000, 200)))
+					require.NoError(t, err)
+					req.Header.Set("Content-Type", "application/json")
+					if resp, err := tr.RoundTrip(req); err == nil {
+						_ = resp.Body.Close()
+					}
+				}()
+			}
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+			st := statsByID(tr.Balancer())
+			assert.Positive(t, st["a"].TooLong+st["b"].TooLong, "a refusal was met")
+			assert.Equal(t, int(st["a"].TooLong+st["b"].TooLong), closed, "every refusal's body closed")
+		})
+	}
+}
+
+// countClose counts the Closes of a body in n.
+type countClose struct {
+	io.Reader
+	n *int
+}
+
+func (c *countClose) Close() error { *c.n++; return nil }
