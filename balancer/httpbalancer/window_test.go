@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // windowBackend answers like vLLM started with a max-model-len of window
@@ -126,6 +128,7 @@ func TestOnResultPanicAtRefusal(t *testing.T) {
 			}
 			closed := 0
 			tr := newTransport(t, httpbalancer.Options{
+				Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1)}),
 				Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
 				Base: baseFunc(func(r *http.Request) (*http.Response, error) {
 					_ = r.Body.Close()
@@ -143,10 +146,10 @@ func TestOnResultPanicAtRefusal(t *testing.T) {
 					}
 				},
 			})
-			for range 6 { // once both small ones are known, each call ends at its first refusal
+			for i := range 16 { // once both small ones are known, each call ends at its first refusal
 				func() {
 					defer func() { _ = recover() }()
-					req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatOf(1, 3000, 200)))
+					req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatOf(i, 3000, 200)))
 					require.NoError(t, err)
 					req.Header.Set("Content-Type", "application/json")
 					if resp, err := tr.RoundTrip(req); err == nil {
