@@ -19,7 +19,8 @@ import (
 // "... your request has 5000 input tokens"), SGLang's "The input (5000
 // tokens) is longer than the model's context length (4096 tokens).", TGI's
 // "Input validation error: `inputs` tokens + `max_new_tokens` must be <=
-// 4096. Given: 4000 `inputs` tokens and 1000 `max_new_tokens`". In a fleet
+// 4096. Given: 4000 `inputs` tokens and 1000 `max_new_tokens`", TensorRT-LLM's
+// "Prompt length (5056) exceeds maximum sequence length (2048)". In a fleet
 // whose replicas have different windows (started with different
 // max-model-len, or on GPUs with room for different KV caches) another
 // replica may take the call. The attempt is reported with
@@ -150,6 +151,11 @@ func contextRefusal(body []byte) (window, prompt, output int) {
 		// TGI's.
 		window = numberAfter(lb, "`max_new_tokens` must be <= ")
 		prompt, output = numberAfter(lb, "given: "), numberBefore(lb, " `max_new_tokens`")
+	case bytes.Contains(lb, []byte("prompt length (")) && bytes.Contains(lb, []byte(") exceeds maximum ")):
+		// TensorRT-LLM's executor: "Prompt length (5056) exceeds maximum
+		// sequence length (2048)" (or "input length").
+		window = max(numberAfter(lb, "exceeds maximum sequence length ("), numberAfter(lb, "exceeds maximum input length ("))
+		prompt = numberAfter(lb, "prompt length (")
 	}
 	return max(window, 0), prompt, output
 }

@@ -17,6 +17,8 @@ func TestContextRefusal(t *testing.T) {
 		{"vLLM embedding", `{"object":"error","message":"This model's maximum context length is 512 tokens. However, you requested 600 tokens in the input for embedding generation. Please reduce the length of the input.","type":"BadRequestError","param":null,"code":400}`, 512, 600, -1},
 		{"SGLang", `{"object":"error","message":"The input (5000 tokens) is longer than the model's context length (4096 tokens).","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1},
 		{"TGI", `{"error":"Input validation error: ` + "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`" + `","error_type":"validation"}`, 4096, 4000, 200},
+		{"TensorRT-LLM", `{"object":"error","message":"Encountered an error when fetching new request: Prompt length (5056) exceeds maximum sequence length (2048).","type":"BadRequestError","code":400}`, 2048, 5056, -1},
+		{"TensorRT-LLM input", `{"message":"Prompt length (200) exceeds maximum input length (128)"}`, 128, 200, -1},
 		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1},
 		{"no number", `{"message":"maximum context length is large"}`, 0, -1, -1},
 	} {
