@@ -119,6 +119,19 @@
 // adapter over every replica causes; "inferlb no-lora" is the Balancer
 // with the scoring's LoRA factors off (NoLoRA). The command runs it on
 // seeds 1-4.
+// A replica may have a context window (ServerParams.MaxModelLen, vLLM
+// --max-model-len; 0, the default, is none): a call whose prompt and
+// max_tokens exceed it is refused with a 400 within a few milliseconds,
+// before any GPU work, as vLLM does. inferlb reports the attempt as
+// Outcome.ContextWindow (with Outcome.Model) and sends the call on with
+// PickRetry within the 8 hops a not-served call has, as the HTTP
+// transport does, and the caller gets the 400 when PickRetry finds no
+// replica left; "inferlb no-window" reports it as a failure and retries
+// once, and the baselines take it for a failure and retry once. The
+// oracle knows the windows. Result.TooLong counts the refusals. The
+// context-windows scenario gives 4 of 8 replicas an 8,192-token window
+// and 4 a 32,768-token one, under a mix whose 15% long calls fit only
+// the large; the command runs it on seeds 1-4.
 // Requests may name a tenant (the tenants scenario floods the fleet from one
 // tenant) and a class; Result.ClassE2EP99 reports each class's p99.
 //

@@ -43,6 +43,16 @@ type notServedReader interface {
 	notServedHops() int
 }
 
+// windowReader is a Router that reads a replica's refusal of a call
+// longer than its context window as the library's adapters do, rather
+// than as a failure: the attempt is reported with Outcome.ContextWindow
+// and the call goes on (PickRetry) while windowHops allows (0: it reads
+// the refusal as a failure, which it retries once as any). The other
+// routers take it for a failure.
+type windowReader interface {
+	windowHops() int
+}
+
 // Env is what a policy's constructor gets.
 type Env struct {
 	Client  int
@@ -266,10 +276,20 @@ type Variant struct {
 	// before 2026-12-05: every failure the server answered counts against
 	// its endpoint, whatever model it was for.
 	NoOutcomeModel bool
+	// NoWindow reports a replica's refusal of a call longer than its
+	// context window (Outcome.ContextWindow) as a failure (Outcome.Err)
+	// and retries it once with PickRetry, as any failure: a client whose
+	// adapter does not read the 400 and whose retry policy takes it for a
+	// retriable error. The Balancer then learns no window, and counts the
+	// refusals against the small replicas as failures.
+	NoWindow bool
 }
 
 // errShedAsFailure is the failure a ShedAsFailure variant reports.
 var errShedAsFailure = errors.New("fleetsim: 503 (queue full), read as a failure")
+
+// errTooLongAsFailure is the failure a NoWindow variant reports.
+var errTooLongAsFailure = errors.New("fleetsim: 400 longer than the context window, read as a failure")
 
 // InferLB is the library's real Balancer in the given configuration.
 func InferLB(v Variant) Policy {
@@ -382,6 +402,16 @@ func (r *inferlbRouter) notServedHops() int {
 	return transportNotServedHops
 }
 
+// windowHops implements windowReader: the HTTP transport sends a call
+// refused as too long on as it sends one not served, within the same
+// hops.
+func (r *inferlbRouter) windowHops() int {
+	if r.v.NoWindow {
+		return 0
+	}
+	return transportNotServedHops
+}
+
 func (r *inferlbRouter) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	ir := r.request(req)
 	return r.picked(r.b.Pick(&ir))
@@ -393,7 +423,7 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 		return 0, nil, err
 	}
 	held := &p
-	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess && !r.v.NoOutcomeModel {
+	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess && !r.v.NoOutcomeModel && !r.v.NoWindow {
 		return r.byID[p.ID()], held.Done, nil
 	}
 	return r.byID[p.ID()], func(o inferlb.Outcome) {
@@ -402,6 +432,8 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 			o = inferlb.Outcome{Err: errShedAsFailure}
 		case r.v.NotServedAsSuccess && o.NotServedModel != "":
 			o = inferlb.Outcome{}
+		case r.v.NoWindow && o.ContextWindow > 0:
+			o = inferlb.Outcome{Err: errTooLongAsFailure, Model: o.Model}
 		case r.v.NoOutcomeModel:
 			o.Model = ""
 		}
@@ -409,6 +441,9 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 	}, nil
 }
 
+// request is req as the client's adapter describes it. Its token counts
+// are the true ones (the workload's prompt and max_tokens), as the HTTP
+// transport makes them after a refusal as too long (the server's counts).
 func (r *inferlbRouter) request(req *Request) inferlb.Request {
 	ir := inferlb.Request{
 		Service:         req.Service,
@@ -437,7 +472,9 @@ func (r *inferlbRouter) PickRetry(req *Request, failed int) (int, func(inferlb.O
 // cost it imposes on others is least: the prompt tokens the replica must
 // compute (its cache miss), the prefill queued ahead of it, any wait for
 // KV-cache blocks, the decode steps of its answer at that replica's batch
-// size and speed, and the slowdown it adds to the batch it joins.
+// size and speed, and the slowdown it adds to the batch it joins. It
+// knows every replica's context window and sends no call to one too small
+// for it while another can take it.
 func Oracle() Policy {
 	return Policy{Name: "oracle", Shared: true, New: func(e Env) Router {
 		return &oracle{run: e.run}
@@ -451,9 +488,10 @@ type oracle struct {
 
 func (o *oracle) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	best, bestCost := -1, 0.0
+	fits := slices.ContainsFunc(o.members, func(i int) bool { return !o.run.reps[i].tooLong(req) })
 	for _, i := range o.members {
 		r := o.run.reps[i]
-		if !r.up {
+		if !r.up || (fits && r.tooLong(req)) {
 			continue
 		}
 		c := o.cost(r, req)

@@ -150,6 +150,10 @@ type Result struct {
 	// NotServed counts the attempts of those calls that a replica
 	// answered it does not serve the call's model.
 	NotServed int `json:"not_served,omitempty"`
+	// TooLong counts the attempts of those calls that a replica refused
+	// as longer than its context window (ServerParams.MaxModelLen): round
+	// trips wasted, each a few ms.
+	TooLong int `json:"too_long,omitempty"`
 
 	// Throughput is output tokens per second in the measurement window
 	// (input tokens for embedding and rerank calls, which produce none),
@@ -329,6 +333,7 @@ func (s *run) result(policy string) Result {
 	res := Result{
 		Scenario: s.sc.Name, Policy: policy, Rate: s.cfg.Rate, Clients: s.cfg.Clients, Seed: s.cfg.Seed,
 		Requests: s.requests, Failed: s.failed, Retries: s.retries, NotServed: s.notServed,
+		TooLong:   s.tooLong,
 		Completed: len(s.e2e), Unfinished: s.outstanding,
 	}
 	// Calls still in flight at the end count with their latency so far: a

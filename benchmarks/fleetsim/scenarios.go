@@ -64,6 +64,7 @@ func Scenarios() []*Scenario {
 		ModelFailureScenario(),
 		ModelFailureEverywhereScenario(),
 		LoRASlotsScenario(),
+		ContextWindowsScenario(),
 		TenantsScenario(),
 	}
 }
@@ -474,6 +475,77 @@ func modelFailureScenario() *Scenario {
 		InferLB(Variant{Name: "inferlb no-outcome-model", NoOutcomeModel: true}),
 	}
 	return sc
+}
+
+// Context windows of the context-windows scenario's replicas.
+const (
+	SmallWindow = 8192
+	LargeWindow = 32768
+)
+
+// ContextWindowsScenario is single-turn traffic on 8 replicas of one
+// model whose context windows differ: r0-r3 were started with
+// --max-model-len 8192, r4-r7 with 32768 (Qwen3-32B's native window), as
+// a fleet is whose pods come from two node pools or two deployment
+// templates, one of them sized for more sequences per GPU rather than
+// long prompts. Discovery lists them in that order (pools named apart
+// sort apart) and says nothing of the windows. 15% of the calls carry a
+// long document or retrieved context: 8,000-24,000 prompt tokens and up
+// to 1,000 output tokens, so every one needs more than 8,192 tokens and
+// only r4-r7 take it; the rest are chat-sized (200-3,000 prompt tokens,
+// up to 500 output tokens), which any replica takes. Replicas are
+// otherwise alike (LLMServer), so the windows alone set them apart. At
+// 10 req/s the fleet is below saturation (~38,000 prefill tokens/s of
+// 160,000; the long calls' ~24,000 on the large half's 80,000, whose KV
+// caches they fill first: at 16 req/s the large half saturates), and a
+// router must put the long calls where they fit without piling the
+// short ones there too. A small replica refuses a long call with a 400
+// within windowRefusalDelay, before any work. How each policy reads it:
+//
+//   - inferlb reports Outcome{ContextWindow, Model} and sends the call on
+//     with PickRetry (its Request's token counts the true ones), up to 8
+//     hops, as the HTTP transport does since fc4a845; the Balancer
+//     remembers each small replica's window and later long calls pass
+//     them over;
+//   - "inferlb no-window" reports the refusal as a failure (Outcome.Err)
+//     and retries it once with PickRetry, as any failure: a client whose
+//     adapter does not read the 400 and whose retry policy retries it;
+//   - the baselines take it for a failure and retry once, on a new pick
+//     (consistent hashing: the same owner, which refuses it again);
+//   - the oracle knows the windows and never meets a refusal.
+//
+// The command runs seeds 1-4.
+func ContextWindowsScenario() *Scenario {
+	mix := MixScenario()
+	fl := fleet(8, LLMServer())
+	for i := range fl {
+		fl[i].Server.MaxModelLen = LargeWindow
+		if i < 4 {
+			fl[i].Server.MaxModelLen = SmallWindow
+		}
+	}
+	return &Scenario{
+		Name:        "context-windows",
+		Description: "15% long calls (8-24k prompt, <=1k answer), 85% chat-sized (200-3k prompt, <=500 answer); 4 of 8 replicas have an 8,192-token window (a 400 at once to longer calls), 4 have 32,768",
+		Fleet:       fl,
+		Workload: func(rate float64) Workload {
+			return &Mix{Rate: rate, Heavy: 0.15,
+				HeavyPrompt: [2]int{8000, 24000}, HeavyOut: [2]int{200, 1000},
+				LightPrompt: [2]int{200, 3000}, LightOut: [2]int{50, 500}}
+		},
+		Rates:    []float64{10},
+		RateUnit: "req/s",
+		Headline: 10,
+		Warmup:   mix.Warmup, Duration: mix.Duration, Drain: mix.Drain,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Seeds: 4,
+		Policies: []Policy{
+			RoundRobin(), Random(), LeastRequest(), RingHash(),
+			InferLB(Variant{Name: "inferlb"}),
+			InferLB(Variant{Name: "inferlb no-window", NoWindow: true}),
+			Oracle(),
+		},
+	}
 }
 
 // TenantsScenario is 12 quiet tenants and one that floods the fleet; the

@@ -47,6 +47,13 @@ type ServerParams struct {
 	// into a GPU slot (the adapter was not among the MaxLoRAs most
 	// recently used). See LoRALoadDelay.
 	LoRALoad time.Duration
+	// MaxModelLen, when positive, is the replica's context window (vLLM
+	// --max-model-len): a call whose prompt and max output tokens
+	// (max_tokens) together exceed it is refused with a 400 before any
+	// work (vLLM's "This model's maximum context length is N tokens.
+	// However, you requested ..."), within windowRefusalDelay. 0 is no
+	// limit, as every scenario before context-windows has.
+	MaxModelLen int
 }
 
 // LoRALoadDelay is the LoRALoad the lora-slots scenario uses: copying one
@@ -194,6 +201,14 @@ func newReplica(idx int, id string, p ServerParams, speed float64, s *run) *repl
 // serves reports whether the replica serves model.
 func (r *replica) serves(model string) bool {
 	return r.models == nil || slices.Contains(r.models, model)
+}
+
+// tooLong reports whether the replica refuses req as longer than its
+// context window (ServerParams.MaxModelLen): vLLM's input processor
+// refuses a prompt whose tokens and max_tokens together exceed
+// max_model_len.
+func (r *replica) tooLong(req *Request) bool {
+	return r.p.MaxModelLen > 0 && req.Prompt.Tokens+req.MaxOutputTokens > r.p.MaxModelLen
 }
 
 // failsModel reports whether the replica fails every call for model.

@@ -22,7 +22,17 @@ var (
 	// errModelFailed is a failure the replica answered (a 500, or an
 	// error event in a stream) for a model that fails there (ModelFail).
 	errModelFailed = errors.New("fleetsim: 500 the model failed")
+	// errTooLong is a replica's 400 to a call longer than its context
+	// window (ServerParams.MaxModelLen).
+	errTooLong = errors.New("fleetsim: 400 the call is longer than the context window")
 )
+
+// windowRefusalDelay is how long a replica takes to refuse a call longer
+// than its context window: vLLM's API server tokenizes the prompt (a fast
+// tokenizer does some 10-30k tokens in a few ms) and compares its length
+// and max_tokens with max_model_len before the engine sees the call, so
+// the 400 costs a round trip and the tokenizing, and no GPU work.
+const windowRefusalDelay = 5 * time.Millisecond
 
 // modelFailedDelay is how long a replica takes to answer 500 to a call
 // for a model that fails there (ModelFail): the API server hands the call
@@ -82,7 +92,7 @@ type job struct {
 	arrive     time.Duration
 	firstToken time.Duration // -1 until the current attempt's first token
 	attempts   int
-	hops       int // attempts that met a replica without the call's model and went on
+	hops       int // attempts that met a replica without the call's model, or too small for it, and went on
 	measured   bool
 	done       func(inferlb.Outcome)
 	rep        *replica
@@ -147,6 +157,7 @@ type run struct {
 	failed      int
 	retries     int
 	notServed   int // measured calls' attempts answered "model not served"
+	tooLong     int // measured calls' attempts refused as longer than the window
 	requests    int
 	marks       [2]counters
 	split       *modelSplit // Result.Healthy and Broken; nil without a ModelFail event
@@ -250,6 +261,10 @@ func (s *run) send(j *job, idx int, done func(inferlb.Outcome)) {
 		s.after(modelFailedDelay, func() { s.finish(j, s.now, errModelFailed) })
 		return
 	}
+	if r.tooLong(j.req) {
+		s.after(windowRefusalDelay, func() { s.finish(j, s.now, errTooLong) })
+		return
+	}
 	if !r.enqueue(j) {
 		s.finish(j, s.now, errThrottled)
 	}
@@ -279,10 +294,12 @@ func (s *run) hop(j *job) bool {
 var errThrottled = errors.New("fleetsim: 429 too many requests")
 
 // answered reports whether an attempt that ended with err got an answer
-// from its replica (a success, a 500 it returned, a 429, a 404), rather
+// from its replica (a success, a 500 it returned, a 429, a 404, a 400
+// refusing it as too long), rather
 // than a refused connection or a stream cut by a crash.
 func answered(err error) bool {
-	return err == nil || errors.Is(err, errModelFailed) || errors.Is(err, errThrottled) || errors.Is(err, errNotServed)
+	return err == nil || errors.Is(err, errModelFailed) || errors.Is(err, errThrottled) || errors.Is(err, errNotServed) ||
+		errors.Is(err, errTooLong)
 }
 
 // finish ends one attempt. Failed attempts are retried once, immediately, on
@@ -302,6 +319,8 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 			o = inferlb.Outcome{Overloaded: true, RetryAfter: j.rep.p.RetryAfter}
 		case errors.Is(err, errNotServed):
 			o = inferlb.Outcome{NotServedModel: j.req.Model}
+		case errors.Is(err, errTooLong):
+			o = inferlb.Outcome{ContextWindow: j.rep.p.MaxModelLen}
 		}
 		if answered(err) {
 			// As the HTTP transport does: the call's model on every call
@@ -330,6 +349,22 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 		}
 		// A router that knows nothing of the answer takes it for a
 		// failure like any other (below).
+	}
+	if errors.Is(err, errTooLong) {
+		if j.measured {
+			s.tooLong++
+		}
+		if hops := s.windowHops(j); hops > 0 {
+			// As the HTTP transport reads the 400: the call goes on to
+			// a replica not remembered too small for it, within the
+			// hops it shares with not-served answers, and its caller
+			// gets the 400 when PickRetry finds none.
+			if j.hops >= hops || !s.hop(j) {
+				s.fail(j)
+			}
+			return
+		}
+		// The other routers take it for a failure (below).
 	}
 	if err != nil {
 		if j.attempts < 2 && s.mayRetry(j) {
@@ -393,6 +428,18 @@ func (s *run) notServedHops(j *job) (int, bool) {
 		return 0, false
 	}
 	return nr.notServedHops(), true
+}
+
+// windowHops reports how many hops j's router allows a call refused as
+// longer than a replica's context window, when it reads the refusal as
+// the library's adapters do (windowReader); 0 when it takes it for a
+// failure.
+func (s *run) windowHops(j *job) int {
+	wr, ok := s.routers[j.req.Client].(windowReader)
+	if !ok {
+		return 0
+	}
+	return wr.windowHops()
 }
 
 // mayRetry reports whether a failed first attempt is tried again: a router

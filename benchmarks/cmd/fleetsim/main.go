@@ -17,9 +17,10 @@
 // must be at least 1; multi-client runs 1 and 8 clients, so -clients with
 // -scenario multi-client is an error (with -scenario all it applies to the
 // other scenarios). A scenario with Seeds runs that many seeds from -seed
-// on (model-failure, lora-slots: 4): its first seed's table, then one by
-// model (model-failure) or of adapter slots (lora-slots, with one by
-// request class for the first seed) with a row per policy and seed. Words after the flags are an error, not ignored.
+// on (model-failure, lora-slots, context-windows: 4): its first seed's
+// table, then one by model (model-failure), of adapter slots (lora-slots,
+// with one by request class for the first seed) or of context windows
+// (context-windows) with a row per policy and seed. Words after the flags are an error, not ignored.
 // The same seed gives the same output, byte for byte.
 package main
 
@@ -286,6 +287,10 @@ func printScenario(w io.Writer, sc *fleetsim.Scenario, all []fleetsim.Result) {
 		fmt.Fprintf(w, "\nby class at %g %s, seed %d (adapters by popularity, and the base model)\n", sc.Headline, sc.RateUnit, res[0].Seed)
 		writeAligned(w, loraClassRows(sc, res))
 	}
+	if rows := windowRows(sc, all); rows != nil {
+		fmt.Fprintf(w, "\ncontext windows at %g %s (%s)\n", sc.Headline, sc.RateUnit, windowNote(all))
+		writeAligned(w, rows)
+	}
 	if len(sc.Rates) > 1 {
 		fmt.Fprintf(w, "\nsweep: output tokens/s | p90 TTFT (s) by offered load (%s)\n", sc.RateUnit)
 		writeSweep(w, sc, res)
@@ -432,12 +437,23 @@ func notServedColumn(res []fleetsim.Result) bool {
 	return slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.NotServed > 0 })
 }
 
+// tooLongColumn reports whether a table of res has a "refused" column:
+// only where some replica refused a call as longer than its context
+// window.
+func tooLongColumn(res []fleetsim.Result) bool {
+	return slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.TooLong > 0 })
+}
+
 // headerFor is the table header for res.
 func headerFor(res []fleetsim.Result) []string {
+	out := header
 	if notServedColumn(res) {
-		return append(slices.Clone(header), "not served")
+		out = append(slices.Clone(out), "not served")
 	}
-	return header
+	if tooLongColumn(res) {
+		out = append(slices.Clone(out), "refused")
+	}
+	return out
 }
 
 // rowFor is r's table row among res.
@@ -446,7 +462,66 @@ func rowFor(res []fleetsim.Result, r fleetsim.Result) []string {
 	if notServedColumn(res) {
 		out = append(out, fmt.Sprintf("%d", r.NotServed))
 	}
+	if tooLongColumn(res) {
+		out = append(out, fmt.Sprintf("%d", r.TooLong))
+	}
 	return out
+}
+
+// windowed reports whether some replica of sc has a context window.
+func windowed(sc *fleetsim.Scenario) bool {
+	return slices.ContainsFunc(sc.Fleet, func(r fleetsim.ReplicaSpec) bool { return r.Server.MaxModelLen > 0 })
+}
+
+// windowRows is the table of a scenario whose replicas have context
+// windows (nil for the others): per policy and seed at the headline rate,
+// the calls whose caller got an error, the refusals met, latency (of the
+// calls answered) and throughput.
+func windowRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
+	if !windowed(sc) {
+		return nil
+	}
+	counts := clientCounts(res)
+	hdr := []string{"policy", "seed", "calls", "failed", "refused", "TTFT p50", "p99", "E2E p50", "p99", "heavy E2E p99", "tok/s"}
+	if len(counts) > 1 {
+		hdr = slices.Insert(hdr, 1, "clients")
+	}
+	rows := [][]string{hdr}
+	for _, c := range counts {
+		for _, p := range sc.Policies {
+			for _, r := range res {
+				if r.Policy != p.Name || r.Clients != c || r.Rate != sc.Headline {
+					continue
+				}
+				heavy := "-"
+				if v, ok := r.ClassE2EP99["heavy"]; ok {
+					heavy = secs(v)
+				}
+				row := []string{r.Policy, fmt.Sprint(r.Seed), fmt.Sprint(r.Requests),
+					fmt.Sprintf("%d (%.1f%%)", r.Failed, 100*float64(r.Failed)/float64(max(r.Requests, 1))), fmt.Sprint(r.TooLong),
+					secs(r.TTFTP50), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99), heavy, fmt.Sprintf("%.0f", r.Throughput)}
+				if len(counts) > 1 {
+					row = slices.Insert(row, 1, fmt.Sprint(r.Clients))
+				}
+				rows = append(rows, row)
+			}
+		}
+	}
+	return rows
+}
+
+// windowNote says what the context-window table counts.
+func windowNote(res []fleetsim.Result) string {
+	first, last := res[0].Seed, res[0].Seed
+	for _, r := range res {
+		first, last = min(first, r.Seed), max(last, r.Seed)
+	}
+	span := fmt.Sprintf("seed %d", first)
+	if last > first {
+		span = fmt.Sprintf("seeds %d-%d", first, last)
+	}
+	return span + "; failed: calls whose caller got an error, of all calls; refused: attempts a replica refused as longer than its window;" +
+		" latencies of the calls answered; heavy: the long calls"
 }
 
 func row(r fleetsim.Result) []string {
@@ -642,6 +717,10 @@ func writeMarkdown(path string, sc *fleetsim.Scenario, all []fleetsim.Result) er
 		mdTable(&b, rows)
 		fmt.Fprintf(&b, "\nBy class at %g %s, seed %d (adapters by popularity, and the base model):\n\n", sc.Headline, sc.RateUnit, res[0].Seed)
 		mdTable(&b, loraClassRows(sc, res))
+	}
+	if rows := windowRows(sc, all); rows != nil {
+		fmt.Fprintf(&b, "\nContext windows at %g %s (%s):\n\n", sc.Headline, sc.RateUnit, windowNote(all))
+		mdTable(&b, rows)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
