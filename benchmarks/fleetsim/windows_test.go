@@ -68,11 +68,12 @@ func TestReplicaRefusesCallsLongerThanItsWindow(t *testing.T) {
 // inferlb's real Balancer, reading the refusal as the HTTP transport does,
 // sends every long call on to the one large replica: none fails, and the
 // Balancer remembers each small window, so the fleet refuses each small
-// replica's window at most once. Read as a failure with one retry, long
-// calls fail.
+// replica's window at most once (the calls come a second apart: sent all
+// at once, each would be picked before any refusal came back). Read as a
+// failure with one retry, long calls fail.
 func TestInferLBRetryReachesTheLargeReplica(t *testing.T) {
 	fl := windowFleet(3)
-	var long calls
+	var long spaced
 	for i := range 40 {
 		long = append(long, llmCall(uint64(10+i), 12000+100*i, 300))
 	}
@@ -123,3 +124,16 @@ func TestContextWindowsScenarioIsDeterministic(t *testing.T) {
 	assert.Positive(t, rr.Failed)
 	assert.Greater(t, rr.TooLong, rr.Failed, "a failed long call met two refusals, a served one at most one")
 }
+
+// spaced submits its calls a second apart, so that each is picked after
+// the refusals of those before it were reported (calls submits them all
+// at once, before any answer).
+type spaced []*fleetsim.Request
+
+func (c spaced) Start(s fleetsim.Sim) {
+	for i, r := range c {
+		s.After(time.Duration(i+1)*time.Second, func() { s.Submit(r) })
+	}
+}
+
+func (spaced) Done(fleetsim.Sim, *fleetsim.Request, bool) {}
