@@ -385,19 +385,23 @@ func byModelRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
 	return rows
 }
 
+// seedSpan names the seeds of res: "seed 3", or "seeds 1-4" from the
+// lowest to the highest.
+func seedSpan(res []fleetsim.Result) string {
+	first, last := res[0].Seed, res[0].Seed
+	for _, r := range res {
+		first, last = min(first, r.Seed), max(last, r.Seed)
+	}
+	if last > first {
+		return fmt.Sprintf("seeds %d-%d", first, last)
+	}
+	return fmt.Sprintf("seed %d", first)
+}
+
 // byModelNote says what the table by model counts.
 func byModelNote(sc *fleetsim.Scenario, res []fleetsim.Result) string {
 	models, replicas := failing(sc)
-	seeds := []uint64{}
-	for _, r := range res {
-		if !slices.Contains(seeds, r.Seed) {
-			seeds = append(seeds, r.Seed)
-		}
-	}
-	span := fmt.Sprintf("seed %d", seeds[0])
-	if len(seeds) > 1 {
-		span = fmt.Sprintf("seeds %d-%d", seeds[0], seeds[len(seeds)-1])
-	}
+	span := seedSpan(res)
 	if counts := clientCounts(res); len(counts) == 1 {
 		span = fmt.Sprintf("%d client(s), %s", counts[0], span)
 	}
@@ -512,15 +516,7 @@ func windowRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
 
 // windowNote says what the context-window table counts.
 func windowNote(res []fleetsim.Result) string {
-	first, last := res[0].Seed, res[0].Seed
-	for _, r := range res {
-		first, last = min(first, r.Seed), max(last, r.Seed)
-	}
-	span := fmt.Sprintf("seed %d", first)
-	if last > first {
-		span = fmt.Sprintf("seeds %d-%d", first, last)
-	}
-	return span + "; failed: calls whose caller got an error, of all calls; refused: attempts a replica refused as longer than its window;" +
+	return seedSpan(res) + "; failed: calls whose caller got an error, of all calls; refused: attempts a replica refused as longer than its window;" +
 		" latencies of the calls answered; heavy: the long calls"
 }
 
@@ -660,15 +656,7 @@ func loraRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
 
 // loraNote says what the adapter-slot table counts.
 func loraNote(res []fleetsim.Result) string {
-	first, last := res[0].Seed, res[0].Seed
-	for _, r := range res {
-		first, last = min(first, r.Seed), max(last, r.Seed)
-	}
-	span := fmt.Sprintf("seed %d", first)
-	if last > first {
-		span = fmt.Sprintf("seeds %d-%d", first, last)
-	}
-	return span + "; slot-waited: adapter calls a scheduler skipped for want of an adapter slot, of all adapter calls;" +
+	return seedSpan(res) + "; slot-waited: adapter calls a scheduler skipped for want of an adapter slot, of all adapter calls;" +
 		" slot wait over every adapter call; loads: adapters loaded into a GPU slot in the window"
 }
 
