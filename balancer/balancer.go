@@ -102,9 +102,11 @@ type Balancer struct {
 	// the first such answer, and the unix ns after which none is live.
 	lack   atomic.Pointer[lackTable]
 	lackAt atomic.Int64
-	// The smallest context window remembered per model (window.go).
-	windows atomic.Pointer[map[uint64]window]
-	runs    atomic.Pointer[runTable] // runs of failures of a model on an endpoint (modelfail.go)
+	// The smallest context window remembered per model (window.go), and
+	// when the latest of them expires (unix ns).
+	windows      atomic.Pointer[map[uint64]window]
+	windowsUntil atomic.Int64
+	runs         atomic.Pointer[runTable] // runs of failures of a model on an endpoint (modelfail.go)
 
 	retry         *retryBudget
 	retries       atomic.Uint64

@@ -98,6 +98,8 @@ func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, nowNs i
 		}
 		next[key] = w
 		if b.windows.CompareAndSwap(old, &next) {
+			for cur := b.windowsUntil.Load(); cur < until && !b.windowsUntil.CompareAndSwap(cur, until); cur = b.windowsUntil.Load() {
+			}
 			return
 		}
 	}
@@ -108,8 +110,8 @@ func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, nowNs i
 // It reports whether every candidate is (then nothing is filtered).
 func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand) (all bool) {
 	ms := b.windows.Load()
-	if ms == nil || req.Model == "" {
-		return false
+	if ms == nil || req.Model == "" || b.windowsUntil.Load() <= c.nowNs {
+		return false // no window remembered now: no model key to hash
 	}
 	need := req.Tokens()
 	key := b.modelKey(req.Model)
