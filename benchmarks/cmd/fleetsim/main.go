@@ -341,44 +341,52 @@ func byModelRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
 	for i, r := range replicas {
 		names[i] = fmt.Sprintf("r%d", r)
 	}
-	counts := clientCounts(res)
-	hdr := []string{"policy", "seed", "healthy tok/s", "healthy failed", "healthy TTFT p99"}
-	if len(counts) > 1 {
-		hdr = slices.Insert(hdr, 1, "clients")
-	}
+	hdr := []string{"healthy tok/s", "healthy failed", "healthy TTFT p99"}
 	if some {
 		hdr = append(hdr, "healthy on "+strings.Join(names, "+"))
 	}
 	hdr = append(hdr, strings.Join(models, ", ")+" failed", "trips", "ejections", "capped", "model failures", "model-failing events")
-	rows := [][]string{hdr}
+	return seedRows(sc, res, hdr, func(r fleetsim.Result) bool { return r.Healthy != nil }, func(r fleetsim.Result) []string {
+		h := r.Healthy
+		row := []string{fmt.Sprintf("%.0f", h.Throughput), fmt.Sprint(h.Failed), secs(h.TTFTP99)}
+		if some {
+			on, all := 0, 0
+			for i, n := range h.Attempts {
+				all += n
+				if slices.Contains(replicas, i) {
+					on += n
+				}
+			}
+			row = append(row, fmt.Sprintf("%d (%.1f%%)", on, 100*float64(on)/float64(max(all, 1))))
+		}
+		row = append(row, fmt.Sprint(r.Broken.Failed))
+		if b := r.Balancer; b != nil {
+			return append(row, fmt.Sprint(b.Trips), fmt.Sprint(b.Ejections), fmt.Sprint(b.Capped), fmt.Sprint(b.ModelFailures), fmt.Sprint(b.ModelFailing))
+		}
+		return append(row, "-", "-", "-", "-", "-")
+	})
+}
+
+// seedRows is a table with a row for each policy, client count and seed
+// at sc's headline rate, in that order: "policy", "clients" (when res has
+// more than one count), "seed" and hdr, then cells of each result that
+// keep accepts.
+func seedRows(sc *fleetsim.Scenario, res []fleetsim.Result, hdr []string, keep func(fleetsim.Result) bool, cells func(fleetsim.Result) []string) [][]string {
+	counts := clientCounts(res)
+	lead := func(policy, clients, seed string) []string {
+		if len(counts) > 1 {
+			return []string{policy, clients, seed}
+		}
+		return []string{policy, seed}
+	}
+	rows := [][]string{append(lead("policy", "clients", "seed"), hdr...)}
 	for _, c := range counts {
 		for _, p := range sc.Policies {
 			for _, r := range res {
-				if r.Policy != p.Name || r.Clients != c || r.Rate != sc.Headline || r.Healthy == nil {
+				if r.Policy != p.Name || r.Clients != c || r.Rate != sc.Headline || !keep(r) {
 					continue
 				}
-				h := r.Healthy
-				row := []string{r.Policy, fmt.Sprint(r.Seed), fmt.Sprintf("%.0f", h.Throughput), fmt.Sprint(h.Failed), secs(h.TTFTP99)}
-				if len(counts) > 1 {
-					row = slices.Insert(row, 1, fmt.Sprint(r.Clients))
-				}
-				if some {
-					on, all := 0, 0
-					for i, n := range h.Attempts {
-						all += n
-						if slices.Contains(replicas, i) {
-							on += n
-						}
-					}
-					row = append(row, fmt.Sprintf("%d (%.1f%%)", on, 100*float64(on)/float64(max(all, 1))))
-				}
-				row = append(row, fmt.Sprint(r.Broken.Failed))
-				if b := r.Balancer; b != nil {
-					row = append(row, fmt.Sprint(b.Trips), fmt.Sprint(b.Ejections), fmt.Sprint(b.Capped), fmt.Sprint(b.ModelFailures), fmt.Sprint(b.ModelFailing))
-				} else {
-					row = append(row, "-", "-", "-", "-", "-")
-				}
-				rows = append(rows, row)
+				rows = append(rows, append(lead(r.Policy, fmt.Sprint(r.Clients), fmt.Sprint(r.Seed)), cells(r)...))
 			}
 		}
 	}
@@ -485,33 +493,16 @@ func windowRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
 	if !windowed(sc) {
 		return nil
 	}
-	counts := clientCounts(res)
-	hdr := []string{"policy", "seed", "calls", "failed", "refused", "TTFT p50", "p99", "E2E p50", "p99", "heavy E2E p99", "tok/s"}
-	if len(counts) > 1 {
-		hdr = slices.Insert(hdr, 1, "clients")
-	}
-	rows := [][]string{hdr}
-	for _, c := range counts {
-		for _, p := range sc.Policies {
-			for _, r := range res {
-				if r.Policy != p.Name || r.Clients != c || r.Rate != sc.Headline {
-					continue
-				}
-				heavy := "-"
-				if v, ok := r.ClassE2EP99["heavy"]; ok {
-					heavy = secs(v)
-				}
-				row := []string{r.Policy, fmt.Sprint(r.Seed), fmt.Sprint(r.Requests),
-					fmt.Sprintf("%d (%.1f%%)", r.Failed, 100*float64(r.Failed)/float64(max(r.Requests, 1))), fmt.Sprint(r.TooLong),
-					secs(r.TTFTP50), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99), heavy, fmt.Sprintf("%.0f", r.Throughput)}
-				if len(counts) > 1 {
-					row = slices.Insert(row, 1, fmt.Sprint(r.Clients))
-				}
-				rows = append(rows, row)
-			}
+	hdr := []string{"calls", "failed", "refused", "TTFT p50", "p99", "E2E p50", "p99", "heavy E2E p99", "tok/s"}
+	return seedRows(sc, res, hdr, func(fleetsim.Result) bool { return true }, func(r fleetsim.Result) []string {
+		heavy := "-"
+		if v, ok := r.ClassE2EP99["heavy"]; ok {
+			heavy = secs(v)
 		}
-	}
-	return rows
+		return []string{fmt.Sprint(r.Requests),
+			fmt.Sprintf("%d (%.1f%%)", r.Failed, 100*float64(r.Failed)/float64(max(r.Requests, 1))), fmt.Sprint(r.TooLong),
+			secs(r.TTFTP50), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99), heavy, fmt.Sprintf("%.0f", r.Throughput)}
+	})
 }
 
 // windowNote says what the context-window table counts.
@@ -626,32 +617,15 @@ func loraRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
 	if !slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.LoRA != nil }) {
 		return nil
 	}
-	counts := clientCounts(res)
-	hdr := []string{"policy", "seed", "tok/s", "TTFT p50", "p99", "E2E p50", "p99", "slot-waited calls", "slot wait mean", "p99", "loads/replica", "max"}
-	if len(counts) > 1 {
-		hdr = slices.Insert(hdr, 1, "clients")
-	}
-	rows := [][]string{hdr}
-	for _, c := range counts {
-		for _, p := range sc.Policies {
-			for _, r := range res {
-				l := r.LoRA
-				if r.Policy != p.Name || r.Clients != c || r.Rate != sc.Headline || l == nil {
-					continue
-				}
-				row := []string{r.Policy, fmt.Sprint(r.Seed), fmt.Sprintf("%.0f", r.Throughput),
-					secs(r.TTFTP50), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99),
-					fmt.Sprintf("%d (%.1f%%)", l.SlotWaited, 100*float64(l.SlotWaited)/float64(max(l.AdapterCalls, 1))),
-					secs(l.SlotWaitMean), secs(l.SlotWaitP99),
-					fmt.Sprintf("%.0f", float64(l.TotalLoads())/float64(max(len(l.Loads), 1))), fmt.Sprint(slices.Max(append([]int{0}, l.Loads...)))}
-				if len(counts) > 1 {
-					row = slices.Insert(row, 1, fmt.Sprint(r.Clients))
-				}
-				rows = append(rows, row)
-			}
-		}
-	}
-	return rows
+	hdr := []string{"tok/s", "TTFT p50", "p99", "E2E p50", "p99", "slot-waited calls", "slot wait mean", "p99", "loads/replica", "max"}
+	return seedRows(sc, res, hdr, func(r fleetsim.Result) bool { return r.LoRA != nil }, func(r fleetsim.Result) []string {
+		l := r.LoRA
+		return []string{fmt.Sprintf("%.0f", r.Throughput),
+			secs(r.TTFTP50), secs(r.TTFTP99), secs(r.E2EP50), secs(r.E2EP99),
+			fmt.Sprintf("%d (%.1f%%)", l.SlotWaited, 100*float64(l.SlotWaited)/float64(max(l.AdapterCalls, 1))),
+			secs(l.SlotWaitMean), secs(l.SlotWaitP99),
+			fmt.Sprintf("%.0f", float64(l.TotalLoads())/float64(max(len(l.Loads), 1))), fmt.Sprint(slices.Max(append([]int{0}, l.Loads...)))}
+	})
 }
 
 // loraNote says what the adapter-slot table counts.

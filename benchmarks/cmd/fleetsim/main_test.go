@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -148,4 +149,31 @@ func TestTheTableOfAdapterSlots(t *testing.T) {
 	mf.Workload = func(float64) fleetsim.Workload { return idle{} }
 	mf.Warmup, mf.Duration, mf.Drain = time.Second, 2*time.Second, time.Second
 	assert.Nil(t, loraRows(mf, runScenario(mf, 1, 1, 2)))
+}
+
+// The per-seed tables (by model, adapter slots, context windows) list a
+// row per policy, client count and seed at the headline rate, with a
+// clients column only when the run had more than one count.
+func TestSeedRows(t *testing.T) {
+	sc := &fleetsim.Scenario{Headline: 10, Policies: []fleetsim.Policy{{Name: "a"}, {Name: "b"}}}
+	res := []fleetsim.Result{
+		{Policy: "b", Clients: 1, Seed: 1, Rate: 10, Requests: 5},
+		{Policy: "a", Clients: 1, Seed: 1, Rate: 10, Requests: 6},
+		{Policy: "a", Clients: 1, Seed: 2, Rate: 5, Requests: 7}, // not the headline rate
+		{Policy: "a", Clients: 8, Seed: 1, Rate: 10, Requests: 8},
+		{Policy: "a", Clients: 8, Seed: 2, Rate: 10, Requests: 0}, // not kept
+	}
+	keep := func(r fleetsim.Result) bool { return r.Requests > 0 }
+	cells := func(r fleetsim.Result) []string { return []string{fmt.Sprint(r.Requests)} }
+	assert.Equal(t, [][]string{
+		{"policy", "clients", "seed", "calls"},
+		{"a", "1", "1", "6"},
+		{"b", "1", "1", "5"},
+		{"a", "8", "1", "8"},
+	}, seedRows(sc, res, []string{"calls"}, keep, cells))
+	assert.Equal(t, [][]string{
+		{"policy", "seed", "calls"},
+		{"a", "1", "6"},
+		{"b", "1", "5"},
+	}, seedRows(sc, res[:3], []string{"calls"}, keep, cells))
 }
