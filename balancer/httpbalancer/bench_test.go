@@ -1,11 +1,15 @@
 package httpbalancer_test
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -26,13 +30,16 @@ var benchReply = []byte(`{"id":"x","object":"chat.completion","created":1,"model
 // benchServer answers every call with benchReply, doing as little as a
 // server can, so the comparison charges the transport with everything.
 func benchServer(b *testing.B) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(benchReply)
-	}))
+	srv := httptest.NewServer(http.HandlerFunc(benchHandler))
 	b.Cleanup(srv.Close)
 	return srv
+}
+
+// benchHandler answers a call with benchReply.
+func benchHandler(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(benchReply)
 }
 
 // BenchmarkChatCompletion compares one small chat completion over loopback
@@ -126,7 +133,29 @@ func BenchmarkChatCompletionPaired(b *testing.B) {
 		// the request with the endpoint's host (roundRobin over one).
 		{"rewrite-only", httpbalancer.Options{}, sideRewrite},
 	} {
-		b.Run(tc.name, func(b *testing.B) { benchPaired(b, tc.o, tc.lb) })
+		b.Run(tc.name, func(b *testing.B) { benchPaired(b, tc.o, tc.lb, benchServer(b).URL) })
+	}
+}
+
+// BenchmarkChatCompletionProcess is BenchmarkChatCompletionPaired with the
+// server in a process of its own (the test binary started again), as a
+// model server is: in BenchmarkChatCompletionPaired the server's handler
+// shares the client's heap, garbage collector, scheduler and CPU caches,
+// so the server's half of every call is charged for the client's
+// footprint too.
+func BenchmarkChatCompletionProcess(b *testing.B) {
+	url := processServer(b)
+	for _, tc := range []struct {
+		name string
+		o    httpbalancer.Options
+		lb   pairedSide
+	}{
+		{"default", httpbalancer.Options{}, sideInferlb},
+		{"no-peek", httpbalancer.Options{MaxPeek: -1}, sideInferlb},
+		{"control", httpbalancer.Options{}, sideBare},
+		{"rewrite-only", httpbalancer.Options{}, sideRewrite},
+	} {
+		b.Run(tc.name, func(b *testing.B) { benchPaired(b, tc.o, tc.lb, url) })
 	}
 }
 
@@ -139,13 +168,12 @@ const (
 	sideRewrite                   // a RoundTripper that only rewrites the host
 )
 
-func benchPaired(b *testing.B, o httpbalancer.Options, side pairedSide) {
-	srv := benchServer(b)
+func benchPaired(b *testing.B, o httpbalancer.Options, side pairedSide, srvURL string) {
 	bareBase := http.DefaultTransport.(*http.Transport).Clone()
 	defer bareBase.CloseIdleConnections()
 	lbBase := http.DefaultTransport.(*http.Transport).Clone()
 	defer lbBase.CloseIdleConnections()
-	o.Endpoints = []inferlb.Endpoint{{Addr: strings.TrimPrefix(srv.URL, "http://")}}
+	o.Endpoints = []inferlb.Endpoint{{Addr: strings.TrimPrefix(srvURL, "http://")}}
 	o.Base = lbBase
 	tr, err := httpbalancer.NewTransport(o)
 	if err != nil {
@@ -153,12 +181,12 @@ func benchPaired(b *testing.B, o httpbalancer.Options, side pairedSide) {
 	}
 	defer tr.Close()
 	bare, lb := &http.Client{Transport: bareBase}, &http.Client{Transport: tr}
-	bareURL, lbURL := srv.URL+"/v1/chat/completions", chatURL
+	bareURL, lbURL := srvURL+"/v1/chat/completions", chatURL
 	switch side {
 	case sideBare:
 		lb, lbURL = &http.Client{Transport: lbBase}, bareURL
 	case sideRewrite:
-		lb = &http.Client{Transport: &roundRobin{base: lbBase, hosts: []string{strings.TrimPrefix(srv.URL, "http://")}}}
+		lb = &http.Client{Transport: &roundRobin{base: lbBase, hosts: []string{strings.TrimPrefix(srvURL, "http://")}}}
 	}
 	bareCalls, lbCalls := make([]time.Duration, 0, 1<<15), make([]time.Duration, 0, 1<<15)
 	call := func(c *http.Client, url string) time.Duration {
@@ -330,4 +358,57 @@ func BenchmarkTransportOverheadCold(b *testing.B) {
 	})
 	b.Run("canned-only", func(b *testing.B) { run(b, cannedBase{}) })
 	_ = sink
+}
+
+// benchServerEnv, set in a child's environment, makes the test binary a
+// benchmark server (see TestMain) instead of running tests.
+const benchServerEnv = "INFERLB_BENCH_SERVER"
+
+// serveBench is the child's side of processServer: the bench handler on a
+// loopback port, its address on stdout, until stdin closes.
+func serveBench() {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(benchHandler)}
+	go func() { _ = srv.Serve(ln) }()
+	fmt.Println(ln.Addr().String())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	_ = srv.Close()
+}
+
+// processServer starts the test binary again as a benchmark server in its
+// own process, as a model server is, and returns its base URL: the server
+// then shares neither the client's heap and garbage collector nor its
+// goroutine scheduler.
+func processServer(b *testing.B) string {
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), benchServerEnv+"=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	})
+	addr, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		b.Fatalf("benchmark server: %v", err)
+	}
+	return "http://" + strings.TrimSpace(addr)
 }

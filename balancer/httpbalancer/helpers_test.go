@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,7 +22,13 @@ import (
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(benchServerEnv) != "" {
+		serveBench() // the test binary re-run as a benchmark's server process
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // chatURL is the logical URL every test calls; no such host exists.
 const chatURL = "http://llm.internal/v1/chat/completions"
