@@ -1,6 +1,7 @@
 package grpcbalancer_test
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
 	"github.com/inferlb/inferlb/internal/testutil"
@@ -125,10 +127,17 @@ func TestE2ETritonQueueRejectionIsAnOverload(t *testing.T) {
 // breaker of a server that serves its own models well. With the model in
 // the call's metadata (modelHeader), the first such answer is the only
 // one: the model's later calls go to the server that has it, and the
-// server's breaker and error rate do not count it.
+// server's breaker and error rate do not count it. The same with the
+// model in an inferlb.Request in the call's context (inferlb.NewContext),
+// which the policy once read for the pick but not for the report, so
+// that every such call met the server without the model.
 func TestE2ETritonUnknownModelIsNotServed(t *testing.T) {
-	for _, code := range []codes.Code{codes.NotFound, codes.Unavailable} {
-		t.Run(code.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		code    codes.Code
+		fromCtx bool
+	}{{codes.NotFound, false}, {codes.Unavailable, false}, {codes.NotFound, true}} {
+		code := tc.code
+		t.Run(fmt.Sprintf("%v/context=%v", code, tc.fromCtx), func(t *testing.T) {
 			lacking := &backend{reject: status.Error(code, "Request for unknown model: 'llm' is not found")}
 			lacking.start(t)
 			serving := &backend{}
@@ -138,6 +147,9 @@ func TestE2ETritonUnknownModelIsNotServed(t *testing.T) {
 			allReady(t, conn, b, 2)
 			client := testgrpc.NewTestServiceClient(conn)
 			ctx := metadata.AppendToOutgoingContext(testContext(t), "x-model", "llm")
+			if tc.fromCtx {
+				ctx = inferlb.NewContext(testContext(t), &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llm"})
+			}
 			failed := 0
 			for range 20 {
 				if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}); err != nil {

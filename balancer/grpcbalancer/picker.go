@@ -134,6 +134,10 @@ func (t *childTable) get(p *core.Pick) (balancer.Picker, bool) {
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	c := callPool.Get().(*call)
 	req := p.request(info, c)
+	// The report reads the model from c (a Request from the context, or
+	// a template, is not in it): without it, a model's not-served answers
+	// and failures would be the endpoint's.
+	c.req.Model = req.Model
 	st := retryStateFrom(info.Ctx)
 	if st != nil { // settle is not inlined: no call without an interceptor
 		st.settle(errRetriedAttempt) // gRPC retries only an attempt that failed
