@@ -1,15 +1,14 @@
 package httpbalancer
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/inferlb/inferlb"
+	ctxwindow "github.com/inferlb/inferlb/internal/window"
 )
 
 // A 400 that says the call is longer than the endpoint's context window
@@ -55,22 +54,13 @@ func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt
 	if err != nil {
 		return retryAttempt{}, false
 	}
-	window, prompt, output := contextRefusal(head)
+	window, prompt, output := ctxwindow.Refusal(head)
 	if window <= 0 {
 		return retryAttempt{}, false
 	}
 	// The tokens the server counted, which the retry's pick weighs
 	// against the windows remembered; at least one past this window.
-	req := &c.info.Request
-	if prompt > 0 {
-		req.PromptTokens = prompt
-		if output >= 0 {
-			req.MaxOutputTokens = output
-		}
-	}
-	if req.Tokens() <= int64(window) {
-		req.PromptTokens = window + 1 - max(req.MaxOutputTokens, 0)
-	}
+	ctxwindow.Fit(&c.info.Request, window, prompt, output)
 	o := inferlb.Outcome{ContextWindow: window, Model: c.info.Model}
 	next, retried := c.retry(may, rb, errTooLong)
 	if retried {
@@ -120,79 +110,4 @@ func (c *call) reportNow(o inferlb.Outcome, status int, failedOver bool) {
 	if f != nil {
 		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Status: status, Outcome: o, FailedOver: failedOver, Resent: c.ends.Load()&endResent != 0})
 	}
-}
-
-// contextRefusal reads a 400's body for a refusal of a call longer than
-// the context window: the window, and the prompt and output tokens the
-// server counted (-1 each when it did not say). window 0: not a refusal.
-func contextRefusal(body []byte) (window, prompt, output int) {
-	lb := bytes.ToLower(body)
-	prompt, output = -1, -1
-	switch {
-	case bytes.Contains(lb, []byte("maximum context length is ")):
-		// vLLM's (and OpenAI's) texts.
-		window = numberAfter(lb, "maximum context length is ")
-		switch {
-		case bytes.Contains(lb, []byte(" in the messages")):
-			// "you requested N tokens (P in the messages, O in the completion)"
-			prompt, output = numberBefore(lb, " in the messages"), numberBefore(lb, " in the completion")
-		case bytes.Contains(lb, []byte("your request has ")):
-			// "your request has P input tokens", after "'max_tokens' or
-			// 'max_completion_tokens' is too large: O." when that is why
-			prompt, output = numberAfter(lb, "your request has "), numberAfter(lb, "is too large: ")
-		default:
-			prompt = numberAfter(lb, "you requested ") // an embedding's input
-		}
-	case bytes.Contains(lb, []byte("longer than the model's context length (")):
-		// SGLang's.
-		window = numberAfter(lb, "longer than the model's context length (")
-		prompt = numberAfter(lb, "the input (")
-	case bytes.Contains(lb, []byte("`max_new_tokens` must be <= ")):
-		// TGI's.
-		window = numberAfter(lb, "`max_new_tokens` must be <= ")
-		prompt, output = numberAfter(lb, "given: "), numberBefore(lb, " `max_new_tokens`")
-	case bytes.Contains(lb, []byte("prompt length (")) && bytes.Contains(lb, []byte(") exceeds maximum ")):
-		// TensorRT-LLM's executor: "Prompt length (5056) exceeds maximum
-		// sequence length (2048)" (or "input length").
-		window = max(numberAfter(lb, "exceeds maximum sequence length ("), numberAfter(lb, "exceeds maximum input length ("))
-		prompt = numberAfter(lb, "prompt length (")
-	}
-	return max(window, 0), prompt, output
-}
-
-// numberAfter returns the decimal number that follows the first s in b,
-// or -1.
-func numberAfter(b []byte, s string) int {
-	i := bytes.Index(b, []byte(s))
-	if i < 0 {
-		return -1
-	}
-	b = b[i+len(s):]
-	j := 0
-	for j < len(b) && j < 10 && b[j] >= '0' && b[j] <= '9' {
-		j++
-	}
-	n, err := strconv.Atoi(string(b[:j]))
-	if err != nil {
-		return -1
-	}
-	return n
-}
-
-// numberBefore returns the decimal number that ends right before the last
-// s in b, or -1.
-func numberBefore(b []byte, s string) int {
-	i := bytes.LastIndex(b, []byte(s))
-	if i < 0 {
-		return -1
-	}
-	j := i
-	for j > 0 && i-j < 10 && b[j-1] >= '0' && b[j-1] <= '9' {
-		j--
-	}
-	n, err := strconv.Atoi(string(b[j:i]))
-	if err != nil {
-		return -1
-	}
-	return n
 }

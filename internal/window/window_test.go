@@ -1,12 +1,14 @@
-package httpbalancer
+package window
 
 import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/inferlb/inferlb"
 )
 
-func TestContextRefusal(t *testing.T) {
+func TestRefusal(t *testing.T) {
 	for _, tc := range []struct {
 		name, body             string
 		window, prompt, output int
@@ -22,18 +24,38 @@ func TestContextRefusal(t *testing.T) {
 		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1},
 		{"no number", `{"message":"maximum context length is large"}`, 0, -1, -1},
 	} {
-		w, p, o := contextRefusal([]byte(tc.body))
+		w, p, o := Refusal([]byte(tc.body))
 		assert.Equal(t, [3]int{tc.window, tc.prompt, tc.output}, [3]int{w, p, o}, tc.name)
 	}
 }
 
-func FuzzContextRefusal(f *testing.F) {
+func FuzzRefusal(f *testing.F) {
 	f.Add([]byte("This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion)."))
 	f.Add([]byte("`max_new_tokens` must be <= 99999999999999999999. Given: 1 `inputs` tokens and 2 `max_new_tokens`"))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		w, p, o := contextRefusal(body)
+		w, p, o := Refusal(body)
 		if w < 0 || p < -1 || o < -1 {
 			t.Fatalf("%d %d %d", w, p, o)
 		}
 	})
+}
+
+func TestFit(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		req                    inferlb.Request
+		window, prompt, output int
+		wantPrompt, wantOut    int
+	}{
+		{"server's counts", inferlb.Request{PromptTokens: 100, MaxOutputTokens: 50}, 4096, 4000, 1000, 4000, 1000},
+		{"prompt only", inferlb.Request{PromptTokens: 100, MaxOutputTokens: 50}, 4096, 5000, -1, 5000, 50},
+		{"no counts: one past the window", inferlb.Request{PromptTokens: 100, MaxOutputTokens: 50}, 4096, -1, -1, 4047, 50},
+		{"counts that fit: one past the window", inferlb.Request{}, 4096, 4000, 10, 4087, 10},
+		{"no output asked", inferlb.Request{PromptTokens: 10, MaxOutputTokens: -1}, 100, -1, -1, 101, -1},
+	} {
+		r := tc.req
+		Fit(&r, tc.window, tc.prompt, tc.output)
+		assert.Equal(t, [2]int{tc.wantPrompt, tc.wantOut}, [2]int{r.PromptTokens, r.MaxOutputTokens}, tc.name)
+		assert.Greater(t, r.Tokens(), int64(tc.window), tc.name)
+	}
 }

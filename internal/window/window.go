@@ -1,0 +1,111 @@
+// Package window reads the texts with which model servers refuse a call
+// longer than their context window for its model, before doing any work:
+// vLLM's 400 "This model's maximum context length is 4096 tokens.
+// However, you requested 5000 tokens (4000 in the messages, 1000 in the
+// completion).", SGLang's "The input (5000 tokens) is longer than the
+// model's context length (4096 tokens).", TGI's "`inputs` tokens +
+// `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 1000
+// `max_new_tokens`", TensorRT-LLM's "Prompt length (5056) exceeds maximum
+// sequence length (2048)". The adapters report such an answer with
+// inferlb.Outcome.ContextWindow: in a fleet whose replicas have
+// different windows another replica may take the call.
+package window
+
+import (
+	"bytes"
+	"strconv"
+
+	"github.com/inferlb/inferlb"
+)
+
+// Refusal reads an error's text (an HTTP 400's body, a gRPC status's
+// message) for a refusal of a call longer than the context window: the
+// window, and the prompt and output tokens the server counted (-1 each
+// when it did not say). window 0: not a refusal.
+func Refusal(body []byte) (window, prompt, output int) {
+	lb := bytes.ToLower(body)
+	prompt, output = -1, -1
+	switch {
+	case bytes.Contains(lb, []byte("maximum context length is ")):
+		// vLLM's (and OpenAI's) texts.
+		window = numberAfter(lb, "maximum context length is ")
+		switch {
+		case bytes.Contains(lb, []byte(" in the messages")):
+			// "you requested N tokens (P in the messages, O in the completion)"
+			prompt, output = numberBefore(lb, " in the messages"), numberBefore(lb, " in the completion")
+		case bytes.Contains(lb, []byte("your request has ")):
+			// "your request has P input tokens", after "'max_tokens' or
+			// 'max_completion_tokens' is too large: O." when that is why
+			prompt, output = numberAfter(lb, "your request has "), numberAfter(lb, "is too large: ")
+		default:
+			prompt = numberAfter(lb, "you requested ") // an embedding's input
+		}
+	case bytes.Contains(lb, []byte("longer than the model's context length (")):
+		// SGLang's.
+		window = numberAfter(lb, "longer than the model's context length (")
+		prompt = numberAfter(lb, "the input (")
+	case bytes.Contains(lb, []byte("`max_new_tokens` must be <= ")):
+		// TGI's.
+		window = numberAfter(lb, "`max_new_tokens` must be <= ")
+		prompt, output = numberAfter(lb, "given: "), numberBefore(lb, " `max_new_tokens`")
+	case bytes.Contains(lb, []byte("prompt length (")) && bytes.Contains(lb, []byte(") exceeds maximum ")):
+		// TensorRT-LLM's executor: "Prompt length (5056) exceeds maximum
+		// sequence length (2048)" (or "input length").
+		window = max(numberAfter(lb, "exceeds maximum sequence length ("), numberAfter(lb, "exceeds maximum input length ("))
+		prompt = numberAfter(lb, "prompt length (")
+	}
+	return max(window, 0), prompt, output
+}
+
+// Fit sets req's token counts to those of a refusal (Refusal's results):
+// the prompt and output tokens the server counted, where it said, and at
+// least one token past window in all, so that a retry's pick passes over
+// the endpoints whose remembered window is this small.
+func Fit(req *inferlb.Request, window, prompt, output int) {
+	if prompt > 0 {
+		req.PromptTokens = prompt
+		if output >= 0 {
+			req.MaxOutputTokens = output
+		}
+	}
+	if req.Tokens() <= int64(window) {
+		req.PromptTokens = window + 1 - max(req.MaxOutputTokens, 0)
+	}
+}
+
+// numberAfter returns the decimal number that follows the first s in b,
+// or -1.
+func numberAfter(b []byte, s string) int {
+	i := bytes.Index(b, []byte(s))
+	if i < 0 {
+		return -1
+	}
+	b = b[i+len(s):]
+	j := 0
+	for j < len(b) && j < 10 && b[j] >= '0' && b[j] <= '9' {
+		j++
+	}
+	n, err := strconv.Atoi(string(b[:j]))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// numberBefore returns the decimal number that ends right before the last
+// s in b, or -1.
+func numberBefore(b []byte, s string) int {
+	i := bytes.LastIndex(b, []byte(s))
+	if i < 0 {
+		return -1
+	}
+	j := i
+	for j > 0 && i-j < 10 && b[j-1] >= '0' && b[j-1] <= '9' {
+		j--
+	}
+	n, err := strconv.Atoi(string(b[j:i]))
+	if err != nil {
+		return -1
+	}
+	return n
+}
