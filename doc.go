@@ -110,10 +110,11 @@
 // ejection see none of it, and after BreakerFailures that model's calls
 // pass the server over, as for a model it does not serve. An answer that
 // the call is longer than the endpoint's context window for its model
-// (vLLM's, SGLang's or TGI's 400) is neither too: the Balancer remembers
-// the window (Outcome.ContextWindow) and passes the endpoint over for
-// calls whose tokens do not fit it, and the HTTP transport sends the call
-// on to another endpoint.
+// (vLLM's, SGLang's, TGI's or TensorRT-LLM's 400, or the same text in a
+// gRPC status) is neither too: the Balancer remembers the window
+// (Outcome.ContextWindow) and passes the endpoint over for calls whose
+// tokens do not fit it, and the HTTP transport (the gRPC policy with
+// UnaryRetry) sends the call on to another endpoint.
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. Pick never blocks, locks or allocates.

@@ -99,7 +99,17 @@
 // modelHeader, or the inferlb.Request in the context) it is reported as
 // Outcome.NotServedModel, and the Balancer passes the endpoint over for
 // that model's calls for NotServedMemory; without it, it counts as neither
-// success nor failure; a success, and an INTERNAL, UNKNOWN, DATA_LOSS or
+// success nor failure; an INVALID_ARGUMENT, OUT_OF_RANGE,
+// FAILED_PRECONDITION, INTERNAL or UNKNOWN the server sent with a refusal
+// of the call as longer than its context window (vLLM's, SGLang's, TGI's
+// or TensorRT-LLM's text: "This model's maximum context length is N
+// tokens", "Prompt length (N) exceeds maximum sequence length (M)") is
+// neither either: it is reported as Outcome.ContextWindow, and with the
+// model known the Balancer remembers the window and passes the endpoint
+// over for calls whose tokens (the inferlb.Request's PromptTokens and
+// MaxOutputTokens) do not fit it, while UnaryRetry sends the call on with
+// the token counts the server gave, or, when no endpoint's window might
+// take it, ends it with the server's refusal as sent; a success, and an INTERNAL, UNKNOWN, DATA_LOSS or
 // UNIMPLEMENTED the server sent (some of its answer arrived), or an error
 // in a stream's message, names the call's model when it is known
 // (Outcome.Model), so that a model failing on a Triton server that serves

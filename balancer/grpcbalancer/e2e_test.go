@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,9 +56,28 @@ type backend struct {
 	// whose x-model metadata is rejectModel when that is set.
 	reject      error
 	rejectModel string
+	// window, if set, refuses an EmptyCall whose x-tokens metadata says
+	// it is longer, with vLLM's INVALID_ARGUMENT text (or windowRefusal's,
+	// if set: a format with the window and the tokens).
+	window        int
+	windowCode    codes.Code
+	windowRefusal string
 }
 
 func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
+	if md, _ := metadata.FromIncomingContext(ctx); b.window > 0 && len(md.Get("x-tokens")) > 0 {
+		if n, _ := strconv.Atoi(md.Get("x-tokens")[0]); n > b.window {
+			b.calls.Add(1)
+			text, code := b.windowRefusal, b.windowCode
+			if text == "" {
+				text = "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages."
+			}
+			if code == codes.OK {
+				code = codes.InvalidArgument
+			}
+			return nil, status.Errorf(code, text, b.window, n)
+		}
+	}
 	if b.reject != nil && (b.rejectModel == "" || modelOf(ctx) == b.rejectModel) {
 		b.calls.Add(1)
 		return nil, b.reject

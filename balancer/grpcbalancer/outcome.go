@@ -16,6 +16,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/internal/shed"
+	ctxwindow "github.com/inferlb/inferlb/internal/window"
 )
 
 var (
@@ -225,6 +226,9 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 	if errors.Is(di.Err, context.Canceled) {
 		return inferlb.Outcome{Err: di.Err}
 	}
+	if w := tooLong(di); w > 0 {
+		return inferlb.Outcome{ContextWindow: w}
+	}
 	switch status.Code(di.Err) {
 	case codes.Canceled:
 		return inferlb.Outcome{Err: errCanceled}
@@ -329,4 +333,43 @@ func retryAfter(md metadata.MD) time.Duration {
 		}
 	}
 	return 0
+}
+
+// maxRefusalText bounds how much of a status message tooLong reads: the
+// texts it looks for come first, and the message is the server's.
+const maxRefusalText = 2048
+
+// tooLong reads di's error, a status the endpoint sent, for a refusal of
+// the call as longer than the endpoint's context window for its model
+// (the texts of package internal/window: vLLM's, SGLang's, TGI's,
+// TensorRT-LLM's, which servers behind gRPC, Triton's backends among
+// them, send as INVALID_ARGUMENT or, from a backend that does not map its
+// errors, INTERNAL or UNKNOWN). It returns the window, or 0.
+//
+// Such an answer is no failure of the endpoint (counted as one, with
+// INTERNAL, it would trip a healthy server's breaker) and no success
+// either (a call refused at once would make the server look fast): the
+// call's report gives it as inferlb.Outcome.ContextWindow, and the
+// Balancer passes the endpoint over for the model's calls that do not
+// fit (their inferlb.Request's token counts). UnaryRetry sends the call
+// on to another endpoint that might take it.
+func tooLong(di balancer.DoneInfo) int {
+	if di.Err == nil || !di.BytesReceived {
+		return 0
+	}
+	st, ok := status.FromError(di.Err)
+	if !ok {
+		return 0
+	}
+	switch st.Code() {
+	case codes.InvalidArgument, codes.OutOfRange, codes.FailedPrecondition, codes.Internal, codes.Unknown:
+	default:
+		return 0
+	}
+	msg := st.Message()
+	if len(msg) > maxRefusalText {
+		msg = msg[:maxRefusalText]
+	}
+	w, _, _ := ctxwindow.Refusal([]byte(msg))
+	return w
 }

@@ -141,17 +141,24 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	st := retryStateFrom(info.Ctx)
 	if st != nil { // settle is not inlined: no call without an interceptor
 		st.settle(errRetriedAttempt) // gRPC retries only an attempt that failed
+		req = st.fit(req, c)
 	}
 	ss := streamStateFrom(info.Ctx, info.FullMethodName)
 	if ss != nil {
 		ss.settle(errRetriedAttempt) // as for st: a held attempt failed
 	}
 	exclude := st.excluded()
+	// The retry of a refusal as too long: no endpoint remembered too
+	// small for the call's tokens, on the retry budget (PickRetry).
+	windowRetry := st != nil && st.windowRetry.Load()
 	for range 1 + maxRepicks {
 		var err error
-		if exclude == "" {
+		switch {
+		case windowRetry && exclude == "":
+			c.pick, err = p.mem.PickRetry(req, "")
+		case exclude == "":
 			c.pick, err = p.mem.Pick(req)
-		} else {
+		default:
 			// When nothing else can serve, retrying where it failed beats
 			// waiting for a picker that may never come.
 			c.pick, err = p.mem.PickFailover(req, exclude)
@@ -169,6 +176,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 				// again: no picker can come that a call could wait for.
 				c.release()
 				return balancer.PickResult{}, errBalancerClosed
+			}
+			if windowRetry && (errors.Is(err, core.ErrNoEndpoints) || errors.Is(err, core.ErrNoRetryBudget)) {
+				c.release() // a retry that no window left might take
+				return balancer.PickResult{}, errNoWindow
 			}
 			// Not a status error: wait-for-ready calls wait for the next
 			// picker, others fail with UNAVAILABLE and this message. The
@@ -206,6 +217,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		if st != nil {
 			st.core.Store(c.core)
 			c.retry = st
+			if windowRetry {
+				st.windowRetry.Store(false) // spent
+			}
 		}
 		if ss != nil {
 			ss.attempt(c.core)
@@ -351,6 +365,12 @@ func (c *call) report(di balancer.DoneInfo) {
 	switch {
 	case o.Err == errUnknownModel && c.req.Model != "":
 		o = inferlb.Outcome{NotServedModel: c.req.Model}
+	case o.ContextWindow > 0:
+		// Neither success nor failure; the window is the model's there.
+		o = inferlb.Outcome{ContextWindow: o.ContextWindow, Model: c.req.Model}
+		if c.retry != nil && c.req.Model != "" {
+			c.retry.refusedTooLong(di) // retried elsewhere (see UnaryRetry)
+		}
 	case !o.Overloaded && (o.Err == nil || answered && !o.Canceled()):
 		// The server answered for the model: a failure it returned may be
 		// the model's alone on a server that serves others (see

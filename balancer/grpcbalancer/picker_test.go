@@ -367,6 +367,34 @@ func TestDoneOutcomes(t *testing.T) {
 	}
 }
 
+// A refusal of the call as longer than the endpoint's context window is
+// neither success nor failure, whatever code the server gave it (a
+// Triton backend that does not map its errors sends INTERNAL), once an
+// answer came back; other texts under those codes are what they were.
+func TestOutcomeContextWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		di     balancer.DoneInfo
+		window int
+	}{
+		{"vLLM", balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, "This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens."), BytesSent: true, BytesReceived: true}, 4096},
+		{"SGLang", balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, "The input (5000 tokens) is longer than the model's context length (4096 tokens)."), BytesSent: true, BytesReceived: true}, 4096},
+		{"TensorRT-LLM as INTERNAL", balancer.DoneInfo{Err: status.Error(codes.Internal, "Encountered an error in forward: Prompt length (5056) exceeds maximum sequence length (2048)."), BytesSent: true, BytesReceived: true}, 2048},
+		{"as UNKNOWN", balancer.DoneInfo{Err: status.Error(codes.Unknown, "The input (5000 tokens) is longer than the model's context length (4096 tokens)."), BytesSent: true, BytesReceived: true}, 4096},
+		{"nothing came back", balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, "The input (5000 tokens) is longer than the model's context length (4096 tokens)."), BytesSent: true}, 0},
+		{"as UNAVAILABLE", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "The input (5000 tokens) is longer than the model's context length (4096 tokens)."), BytesSent: true, BytesReceived: true}, 0},
+		{"another INTERNAL", balancer.DoneInfo{Err: status.Error(codes.Internal, "CUDA out of memory"), BytesSent: true, BytesReceived: true}, 0},
+		{"past the text bound", balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, strings.Repeat(" ", maxRefusalText)+"The input (5000 tokens) is longer than the model's context length (4096 tokens)."), BytesSent: true, BytesReceived: true}, 0},
+	} {
+		o := outcome(tc.di)
+		assert.Equal(t, tc.window, o.ContextWindow, tc.name)
+		if tc.window > 0 {
+			assert.NoError(t, o.Err, tc.name)
+		}
+	}
+	assert.True(t, outcome(balancer.DoneInfo{Err: status.Error(codes.Internal, "CUDA out of memory"), BytesSent: true, BytesReceived: true}).Err != nil, "other INTERNALs stay failures")
+}
+
 func TestOutcome(t *testing.T) {
 	tests := []struct {
 		name       string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
+	ctxwindow "github.com/inferlb/inferlb/internal/window"
 )
 
 // retryState links one call's attempts to the picker: the picker records
@@ -28,8 +29,16 @@ type retryState struct {
 	// notServed: the attempt's endpoint answered that it does not serve
 	// the call's model (errUnknownModel).
 	notServed atomic.Bool
-	sent      atomic.Int32           // attempts that reached an endpoint
-	exclude   atomic.Pointer[string] // endpoint the previous attempt failed on
+	// tooLong: the attempt's endpoint refused the call as longer than its
+	// context window for the call's model; refusal holds the last such
+	// refusal's figures, which every later attempt's pick carries (fit).
+	tooLong atomic.Bool
+	refusal atomic.Pointer[refusal]
+	// windowRetry: the next attempt is the retry of a refusal as too
+	// long; its pick is Membership.PickRetry (see Pick).
+	windowRetry atomic.Bool
+	sent        atomic.Int32           // attempts that reached an endpoint
+	exclude     atomic.Pointer[string] // endpoint the previous attempt failed on
 
 	// An attempt that ended without error, held until the call's error is
 	// known (see hold).
@@ -90,6 +99,46 @@ func (st *retryState) attemptDone(id string, di balancer.DoneInfo, o *inferlb.Ou
 	st.exclude.Store(&failed)
 }
 
+// refusal is a refusal of the call as too long: the window and the
+// server's counts of the call's tokens (ctxwindow.Refusal's results).
+type refusal struct{ window, prompt, output int }
+
+// refusedTooLong records that the attempt that ended with di was refused
+// as longer than the endpoint's context window (see tooLong).
+func (st *retryState) refusedTooLong(di balancer.DoneInfo) {
+	msg := status.Convert(di.Err).Message()
+	if len(msg) > maxRefusalText {
+		msg = msg[:maxRefusalText]
+	}
+	w, p, o := ctxwindow.Refusal([]byte(msg))
+	st.refusal.Store(&refusal{w, p, o})
+	st.tooLong.Store(true)
+}
+
+// fit returns req with the token counts of the call's last refusal as too
+// long (copied into c's scratch space), so that the pick passes over the
+// endpoints the Balancer remembers too small for it; req itself when
+// there was none, or when req names no model (no window is remembered
+// without one).
+func (st *retryState) fit(req *inferlb.Request, c *call) *inferlb.Request {
+	r := st.refusal.Load()
+	if r == nil || req.Model == "" {
+		return req
+	}
+	if req != &c.req {
+		c.req = *req
+	}
+	ctxwindow.Fit(&c.req, r.window, r.prompt, r.output)
+	return &c.req
+}
+
+// errNoWindow fails a retry's pick when no endpoint left might take a
+// call that one refused as longer than its context window: a status
+// error, so that gRPC ends the attempt at once (a wait-for-ready call
+// would otherwise wait out its deadline), and UnaryRetry then returns
+// the refusal as it came.
+var errNoWindow = statusError{codes.Unavailable, fmt.Errorf("%w: none whose context window might take the call, or no retry budget", core.ErrNoEndpoints)}
+
 // excluded returns the endpoint ID a retry must avoid, or "".
 func (st *retryState) excluded() string {
 	if st == nil {
@@ -124,6 +173,15 @@ func retryStateFrom(ctx context.Context) *retryState {
 // cannot storm a degraded fleet. The retry avoids the endpoint the call
 // last failed on (Membership.PickFailover), unless no other can take it.
 //
+// It also retries a call that an endpoint refused as longer than its
+// context window for the call's model (vLLM's, SGLang's, TGI's or
+// TensorRT-LLM's text in the status; see the package doc), within the
+// same bounds, when the call names its model: each retry carries the
+// token counts the server gave (at least one past that window) and passes
+// over the endpoints the Balancer remembers too small for them. When no
+// endpoint is left that might take it, the call ends with the refusal as
+// the server sent it.
+//
 // It also retries a call whose endpoint answered that it does not serve
 // the call's model (Triton's "Request for unknown model", see the package
 // doc), within the same bounds: the server did no work, and another
@@ -154,13 +212,29 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 		st := &retryState{}
 		ctx = context.WithValue(ctx, retryKey{}, st)
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
+		// The last refusal as too long, when the call went on.
+		var refused error
 		for attempt := 1; ; attempt++ {
 			st.core.Store(nil)
 			st.received.Store(false)
 			st.notServed.Store(false)
+			st.tooLong.Store(false)
+			sent := st.sent.Load()
 			err := invokeSettled(ctx, st, invoker, method, req, reply, cc, opts)
+			if refused != nil && err != nil && st.sent.Load() == sent {
+				// Sent nowhere: no endpoint left whose window might
+				// take it. The caller gets the server's refusal.
+				return refused
+			}
 			if err == nil || attempt >= maxAttempts || int(st.sent.Load()) >= maxAttempts || ctx.Err() != nil {
 				return err
+			}
+			if st.tooLong.Load() {
+				// The next attempt's pick spends the retry budget, and
+				// only when some endpoint might take the call (fit).
+				refused = err
+				st.windowRetry.Store(true)
+				continue
 			}
 			lost := status.Code(err) == codes.Unavailable && !st.received.Load()
 			if !lost && !st.notServed.Load() {

@@ -1,0 +1,133 @@
+package grpcbalancer_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/inferlb/inferlb"
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// windowCall makes an EmptyCall of model llm with tokens prompt tokens:
+// in an inferlb.Request in its context, and in x-tokens for the backend.
+func windowCall(t *testing.T, client testgrpc.TestServiceClient, tokens int) error {
+	return estimatedCall(t, client, tokens, tokens)
+}
+
+// estimatedCall is windowCall with the Request's PromptTokens an
+// estimate, not the true count.
+func estimatedCall(t *testing.T, client testgrpc.TestServiceClient, tokens, estimate int) error {
+	ctx := metadata.AppendToOutgoingContext(testContext(t), "x-tokens", fmt.Sprint(tokens))
+	ctx = inferlb.NewContext(ctx, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llm", PromptTokens: estimate})
+	_, err := client.EmptyCall(ctx, &testgrpc.Empty{})
+	return err
+}
+
+// Replicas of one model with different context windows (two with 1,000
+// tokens, one with 8,000): with UnaryRetry, every long call is answered,
+// each small replica refuses one at most (after that the Balancer
+// remembers its window and passes it over for calls that do not fit), and
+// short calls still go everywhere. No refusal counts as a failure.
+func TestE2EUnaryRetryGoesPastSmallContextWindows(t *testing.T) {
+	small1, small2 := &backend{window: 1000}, &backend{window: 1000}
+	large := &backend{window: 8000}
+	bs := []*backend{small1, small2, large}
+	for _, be := range bs {
+		be.start(t)
+	}
+	name, b := shared(t, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2})
+	conn, _ := dial(t, bs, name, `{}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(3)))
+	allReady(t, conn, b, len(bs))
+	client := testgrpc.NewTestServiceClient(conn)
+	for i := range 30 {
+		require.NoError(t, windowCall(t, client, 5000), "long call %d", i)
+	}
+	assert.Equal(t, int64(30), large.calls.Load(), "the large replica answers every long call")
+	for _, be := range []*backend{small1, small2} {
+		s := stats(t, b, be.addr)
+		assert.LessOrEqual(t, be.calls.Load(), int64(1), "a small replica met once at most")
+		assert.Equal(t, uint64(be.calls.Load()), s.TooLong)
+		assert.Zero(t, s.Failures)
+	}
+	// A caller whose estimate is far off (100 tokens for 5,000) meets a
+	// small replica on its first pick, but the retry carries the count
+	// the server gave and passes the other small one over.
+	before := small1.calls.Load() + small2.calls.Load()
+	for i := range 20 {
+		require.NoError(t, estimatedCall(t, client, 5000, 100), "underestimated call %d", i)
+	}
+	assert.Equal(t, int64(50), large.calls.Load())
+	assert.LessOrEqual(t, small1.calls.Load()+small2.calls.Load()-before, int64(20), "one refusal a call at most")
+	before = small1.calls.Load() + small2.calls.Load()
+	for i := range 60 {
+		require.NoError(t, windowCall(t, client, 500), "short call %d", i)
+	}
+	assert.Greater(t, small1.calls.Load()+small2.calls.Load()-before, int64(20), "short calls still go to the small replicas")
+}
+
+// When no replica's window takes the call, the caller gets the server's
+// refusal as it came (its code and text), not an error of the policy's;
+// the retry stops once every replica is remembered too small, and a
+// Triton backend's refusal sent as INTERNAL trips no breaker.
+func TestE2EContextWindowRefusalReachesTheCaller(t *testing.T) {
+	for _, code := range []codes.Code{codes.InvalidArgument, codes.Internal} {
+		t.Run(code.String(), func(t *testing.T) {
+			text := "Prompt length (%[2]d) exceeds maximum sequence length (%[1]d)."
+			a, c := &backend{window: 1000, windowCode: code, windowRefusal: text}, &backend{window: 2000, windowCode: code, windowRefusal: text}
+			a.start(t)
+			c.start(t)
+			name, b := shared(t, core.Options{Rand: testutil.NewRand(9), BreakerFailures: 2})
+			conn, _ := dial(t, []*backend{a, c}, name, `{}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(5)))
+			allReady(t, conn, b, 2)
+			client := testgrpc.NewTestServiceClient(conn)
+			err := windowCall(t, client, 5000)
+			require.Equal(t, code, status.Code(err), "%v", err)
+			assert.Regexp(t, `^Prompt length \(5000\) exceeds maximum sequence length \((1|2)000\)\.$`, status.Convert(err).Message())
+			assert.Equal(t, int64(2), a.calls.Load()+c.calls.Load(), "each replica refused once, and the retry stopped")
+			for range 5 {
+				require.Equal(t, code, status.Code(windowCall(t, client, 5000)))
+			}
+			assert.Equal(t, int64(7), a.calls.Load()+c.calls.Load(), "a first pick goes ahead; its retry finds no window")
+			for _, be := range []*backend{a, c} {
+				s := stats(t, b, be.addr)
+				assert.Zero(t, s.Failures)
+				assert.False(t, s.BreakerOpen)
+			}
+			require.NoError(t, windowCall(t, client, 1500), "a call that fits the larger window")
+		})
+	}
+}
+
+// Without UnaryRetry the refusal reaches the caller at once, counts as
+// neither success nor failure, and later calls that do not fit pass the
+// replica over.
+func TestE2EContextWindowWithoutRetry(t *testing.T) {
+	small, large := &backend{window: 1000}, &backend{window: 8000}
+	small.start(t)
+	large.start(t)
+	name, b := shared(t, core.Options{Rand: testutil.NewRand(2), BreakerFailures: 2})
+	conn, _ := dial(t, []*backend{small, large}, name, `{}`)
+	allReady(t, conn, b, 2)
+	client := testgrpc.NewTestServiceClient(conn)
+	refused := 0
+	for range 20 {
+		if err := windowCall(t, client, 5000); err != nil {
+			require.Equal(t, codes.InvalidArgument, status.Code(err))
+			refused++
+		}
+	}
+	assert.Equal(t, 1, refused, "one call met the small replica; later ones passed it over")
+	s := stats(t, b, small.addr)
+	assert.Equal(t, uint64(1), s.TooLong)
+	assert.Zero(t, s.Failures)
+}
