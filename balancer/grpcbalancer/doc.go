@@ -181,10 +181,12 @@
 // set, its load shedding too ("Exceeds maximum queue size"). Install
 // StreamTimingWith with StreamOptions.Error returning that error, and the
 // first such message makes the stream's outcome: an overload answer for
-// Triton's load shedding, the error's own class for a gRPC status, the
-// endpoint's failure otherwise, whether the stream then ends OK or the
-// application cancels it at the error. Without it such a stream counts as
-// a success, and a replica failing every request looks like the fastest.
+// Triton's load shedding, a refusal as too long (Outcome.ContextWindow,
+// see Outcomes) for a context-window refusal's text, the error's own
+// class for a gRPC status, the endpoint's failure otherwise, whether the
+// stream then ends OK or the application cancels it at the error.
+// Without it such a stream counts as a success, and a replica failing
+// every request looks like the fastest.
 //
 // StreamTiming also gives the policy each stream's own end: a stream the
 // server failed before the client had written its request, which grpc-go

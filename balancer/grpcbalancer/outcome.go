@@ -366,7 +366,13 @@ func tooLong(di balancer.DoneInfo) int {
 	default:
 		return 0
 	}
-	msg := st.Message()
+	return refusalWindow(st.Message())
+}
+
+// refusalWindow reads msg, an error text of the endpoint's, for a refusal
+// of the call as longer than its context window (see tooLong), and
+// returns the window, or 0.
+func refusalWindow(msg string) int {
 	if len(msg) > maxRefusalText {
 		msg = msg[:maxRefusalText]
 	}

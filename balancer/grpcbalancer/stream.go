@@ -183,9 +183,15 @@ func (st *streamState) inbandOutcome(o *inferlb.Outcome) bool {
 	case unknownModel(err.Error()):
 		n = inferlb.Outcome{Err: errUnknownModel} // see call.report
 	default:
+		if w := refusalWindow(err.Error()); w > 0 {
+			n = inferlb.Outcome{ContextWindow: w} // see call.report
+			break
+		}
 		n = inferlb.Outcome{Err: err}
 	}
-	o.Err, o.Overloaded, o.RetryAfter = n.Err, n.Overloaded, n.RetryAfter
+	// ContextWindow too: dropped, a refusal as too long (Err nil) read as
+	// a success.
+	o.Err, o.Overloaded, o.RetryAfter, o.ContextWindow = n.Err, n.Overloaded, n.RetryAfter, n.ContextWindow
 	return true
 }
 
@@ -283,7 +289,11 @@ type StreamOptions struct {
 	// other error is the endpoint's failure, or an overload answer when
 	// its text is a server's load shedding (Triton's "Exceeds maximum
 	// queue size" and "Request timeout expired", SGLang's and Ollama's
-	// queue-full texts). A message with an error carries no token. nil: no
+	// queue-full texts), or neither when it refuses the call as longer
+	// than the endpoint's context window (TensorRT-LLM's "Prompt length
+	// (N) exceeds maximum sequence length (M)", or vLLM's, SGLang's or
+	// TGI's text: inferlb.Outcome.ContextWindow, as for a status that
+	// says so). A message with an error carries no token. nil: no
 	// message carries one. It runs in RecvMsg, on every message: keep it
 	// cheap.
 	//
