@@ -149,13 +149,23 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	}
 	exclude := st.excluded()
 	// The retry of a refusal as too long: no endpoint remembered too
-	// small for the call's tokens, on the retry budget (PickRetry).
+	// small for the call's tokens, on the retry budget (PickRetry). Also
+	// when an earlier attempt failed elsewhere (exclude outlives it): the
+	// failover pick spends no budget and takes endpoints too small for
+	// the call when it finds nothing else.
 	windowRetry := st != nil && st.windowRetry.Load()
+	spend := windowRetry // until a pick spent it
 	for range 1 + maxRepicks {
 		var err error
 		switch {
-		case windowRetry && exclude == "":
-			c.pick, err = p.mem.PickRetry(req, "")
+		case spend:
+			c.pick, err = p.mem.PickRetry(req, exclude)
+			if exclude != "" && errors.Is(err, core.ErrNoEndpoints) {
+				// As PickFailover: where the call failed, when no
+				// other endpoint might take it.
+				c.pick, err = p.mem.PickRetry(req, "")
+			}
+			spend = false // an error returns below
 		case exclude == "":
 			c.pick, err = p.mem.Pick(req)
 		default:

@@ -14,6 +14,8 @@ import (
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
 )
 
 func TestUnaryRetry(t *testing.T) {
@@ -106,4 +108,45 @@ func TestUnaryRetryCountsGRPCsOwnAttempts(t *testing.T) {
 			assert.Equal(t, want, sent, "attempts sent (%d invokes)", invokes)
 		})
 	}
+}
+
+// The retry of a refusal as too long spends the retry budget (PickRetry)
+// also when an earlier attempt of the call failed elsewhere: the call's
+// exclusion then outlives that attempt, and the window retry once took
+// the failover pick instead, which spends nothing and, with no window
+// left that might take the call, went on to an endpoint remembered too
+// small for it. Here the call's connection to its first endpoint breaks,
+// its failover is refused as too long, and the budget (one retry) is
+// spent: the call ends with the server's refusal after two attempts.
+func TestWindowRetryAfterAFailureSpendsTheBudget(t *testing.T) {
+	UnaryRetry(3) // turns on the retry-state lookup, as installing it does
+	clock := testutil.NewClock()
+	// One retry in the budget: the floor's first, then none for 10s.
+	b := core.New(core.Options{Rand: testutil.NewRand(1), Clock: clock, RetryRatio: -1, RetryFloor: 0.1})
+	h := newHarness(t, registerShared(b), `{}`, 2)
+	lost := status.Error(codes.Unavailable, "connection reset")
+	refused := status.Error(codes.InvalidArgument, "This model's maximum context length is 1000 tokens. However, your request has 5000 input tokens.")
+	var picked []string
+	invoker := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+		if err != nil {
+			if _, ok := status.FromError(err); !ok {
+				t.Fatalf("Pick: %v", err) // gRPC would wait for another picker
+			}
+			return err
+		}
+		a := res.SubConn.(*grpcfake.SubConn).Addr()
+		picked = append(picked, a)
+		if a == picked[0] { // the first endpoint's connection is broken
+			res.Done(balancer.DoneInfo{Err: lost, BytesSent: true})
+			return lost
+		}
+		res.Done(balancer.DoneInfo{Err: refused, BytesSent: true, BytesReceived: true})
+		return refused
+	}
+	ctx := inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llm", PromptTokens: 100})
+	err := UnaryRetry(3)(ctx, "/x.Y/Z", nil, nil, nil, invoker)
+	assert.Equal(t, refused, err, "the caller gets the server's refusal")
+	assert.Len(t, picked, 2, "attempts: %v", picked)
+	assert.Equal(t, core.RetryStats{Allowed: 1, Denied: 1}, b.RetryStats(), "the failover and the window retry each asked the budget")
 }
