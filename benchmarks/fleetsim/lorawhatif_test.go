@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/benchmarks/fleetsim"
@@ -34,6 +36,48 @@ func (h heldIsFull) Publish(i int, s telemetry.Sample) {
 		s.Adapters = b
 	}
 	h.Router.Publish(i, s)
+}
+
+// adapterKeyed gives an adapter's calls the adapter's own affinity key
+// instead of their session's: each adapter then has a home replica (and
+// the ring's next ones, where it spills), as a router that places
+// adapters rather than prompts would.
+type adapterKeyed struct{ fleetsim.Router }
+
+func (a adapterKeyed) Pick(req *fleetsim.Request) (int, func(inferlb.Outcome), error) {
+	if req.Model != fleetsim.Model {
+		r := *req
+		r.AffinityKey = xxhash.Sum64String(req.Model) | 1
+		return a.Router.Pick(&r)
+	}
+	return a.Router.Pick(req)
+}
+
+// manyAdapters is the lora-slots scenario with n adapters (Zipf, the first
+// sixth hot, up to half warm, the rest cold): with n above the fleet's 32
+// slots, no placement runs every adapter without waits.
+func manyAdapters(n int) *fleetsim.Scenario {
+	sc := fleetsim.LoRASlotsScenario()
+	names, classes, weights := make([]string, n), make([]string, n), make([]float64, n)
+	for k := range names {
+		names[k], weights[k] = fmt.Sprintf("lora-%02d", k), 1/float64(k+1)
+		switch {
+		case k < n/6:
+			classes[k] = "hot"
+		case k < n/2:
+			classes[k] = "warm"
+		default:
+			classes[k] = "cold"
+		}
+	}
+	chat := fleetsim.ChatScenario().Workload
+	sc.Workload = func(rate float64) fleetsim.Workload {
+		w := chat(rate).(*fleetsim.Chat)
+		w.Adapters, w.AdapterShare = names, 0.75
+		w.AdapterWeights, w.AdapterClasses = weights, classes
+		return w
+	}
+	return sc
 }
 
 // TestLoRASlotsWhatIf prints the lora-slots figures quoted in
@@ -67,13 +111,17 @@ func TestLoRASlotsWhatIf(t *testing.T) {
 	for i := range two.Fleet {
 		two.Fleet[i].Server.MaxLoRAs = 2
 	}
+	keyed := fleetsim.Policy{Name: "inferlb adapter-key", New: func(e fleetsim.Env) fleetsim.Router {
+		return adapterKeyed{lb.New(e)}
+	}}
 	for _, c := range []struct {
 		name string
 		sc   *fleetsim.Scenario
 		pols []fleetsim.Policy
 	}{
-		{"lora-slots", fleetsim.LoRASlotsScenario(), pols},
+		{"lora-slots", fleetsim.LoRASlotsScenario(), append(pols, keyed)},
 		{"lora-slots with --max-loras 2", two, slices.Concat(fleetsim.LoRASlotsScenario().Policies, []fleetsim.Policy{held})},
+		{"lora-slots with 48 adapters", manyAdapters(48), slices.Concat(fleetsim.LoRASlotsScenario().Policies, []fleetsim.Policy{keyed})},
 	} {
 		fmt.Printf("%s at %g req/s\n", c.name, c.sc.Headline)
 		fmt.Printf("%-22s %4s %6s %8s %8s %8s %8s %15s %9s %8s %9s %9s\n", "policy", "seed", "tok/s", "TTFT p50", "p99", "E2E p50", "p99",
