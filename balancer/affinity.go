@@ -79,29 +79,29 @@ func spillKey(key uint64, e *endpoint) uint64 {
 
 // spilled counts and remembers that req's key went to member i, which is
 // not the key's owner, and returns i.
-func (b *Balancer) spilled(req *inferlb.Request, g *group, i int, nowNs int64) int {
+func (b *Balancer) spilled(key uint64, g *group, i int, nowNs int64) int {
 	if i < 0 {
 		return i
 	}
 	e := g.members[i]
-	if b.warmFor(req, g, i, nowNs) {
+	if b.warmFor(key, g, i, nowNs) {
 		e.spillsWarm.Add(1)
 	} else {
 		e.spillsCold.Add(1)
 	}
 	if b.spills != nil {
-		b.spills.Put(spillKey(req.AffinityKey, e), uint64(nowNs))
+		b.spills.Put(spillKey(key, e), uint64(nowNs))
 	}
 	return i
 }
 
 // warmFor reports whether member i took a spill of req's key within the
 // spill memory, so it likely still holds the key's prefix.
-func (b *Balancer) warmFor(req *inferlb.Request, g *group, i int, nowNs int64) bool {
+func (b *Balancer) warmFor(key uint64, g *group, i int, nowNs int64) bool {
 	if b.spills == nil {
 		return false
 	}
-	at, ok := b.spills.Get(spillKey(req.AffinityKey, g.members[i]))
+	at, ok := b.spills.Get(spillKey(key, g.members[i]))
 	return ok && nowNs-int64(at) < int64(b.cfg.spillTTL)
 }
 
@@ -129,7 +129,7 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 			continue
 		}
 		k++
-		if !c.ok(g.members[i]) || !b.warmFor(req, g, i, c.nowNs) {
+		if !c.ok(g.members[i]) || !b.warmFor(c.key, g, i, c.nowNs) {
 			continue
 		}
 		if bd := b.withinBound(req, g, i, now, sh); bd.in && !bd.over {
@@ -147,7 +147,7 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 func (b *Balancer) goHome(req *inferlb.Request, g *group, home int, over bool, afterOwner cache.Walk, c cand, sh *shard, now time.Time) int {
 	if over && b.cfg.affinity == AffinityPrefer {
 		if j := b.stayAway(req, g, afterOwner, c, sh, now); j >= 0 {
-			return b.spilled(req, g, j, c.nowNs)
+			return b.spilled(c.key, g, j, c.nowNs)
 		}
 	}
 	return home
@@ -204,7 +204,7 @@ func (b *Balancer) fasterSpill(req *inferlb.Request, g *group, owner int, w cach
 		}
 		keep := slowOwnerTolerance * float64(tj) / float64(to)
 		keep *= keep
-		if keep >= 1 || keyPosition(req.AffinityKey) < keep {
+		if keep >= 1 || keyPosition(c.key) < keep {
 			return -1
 		}
 		if bd := b.withinBound(req, g, j, now, sh); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill && b.admitRamp(g.members[j], c.nowNs) {
@@ -451,7 +451,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	}
 	// StickyTTL: follow the key to where it last went while that endpoint
 	// is usable and within bound; its KV cache is the warmest.
-	if v, ok := b.sticky.Get(req.AffinityKey); ok {
+	if v, ok := b.sticky.Get(c.key); ok {
 		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) {
 			if bd := b.withinBound(req, g, i, now, sh); bd.in && bd.pressure < pressureSpill {
 				return i
@@ -460,7 +460,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	}
 	i := b.walkAffine(req, g, now, c, sh)
 	if i >= 0 {
-		b.sticky.Put(req.AffinityKey, g.hashes[i])
+		b.sticky.Put(c.key, g.hashes[i])
 	}
 	return i
 }
@@ -482,7 +482,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 // not spilled past a missing owner (which made every such key a spill
 // between its model's replicas, moving by load and cold each time).
 func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) int {
-	w := g.placement.Walk(req.AffinityKey)
+	w := g.placement.Walk(c.key)
 	first := -1
 	home := -1        // a pressured owner, kept in reserve
 	crowd := -1       // a crowded owner, kept in reserve
@@ -532,7 +532,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			// for a queue plus a cold prefill of the prefix).
 			continue
 		}
-		if crowd >= 0 && first < 0 && noRelief(bd) && !b.warmFor(req, g, i, c.nowNs) {
+		if crowd >= 0 && first < 0 && noRelief(bd) && !b.warmFor(c.key, g, i, c.nowNs) {
 			return crowd // the spill would queue too: stay warm
 		}
 		if rank == 0 || b.cfg.affinity == AffinityStrict {
@@ -547,10 +547,10 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 				continue
 			}
 			if rank > 0 {
-				return b.spilled(req, g, i, c.nowNs) // strict: past the owner
+				return b.spilled(c.key, g, i, c.nowNs) // strict: past the owner
 			}
 			if j := b.fasterSpill(req, g, i, afterOwner, c, sh, now); j >= 0 {
-				return b.spilled(req, g, j, c.nowNs)
+				return b.spilled(c.key, g, j, c.nowNs)
 			}
 			return b.goHome(req, g, i, bd.over, afterOwner, c, sh, now) // i is the owner: rank 0
 		}
@@ -564,23 +564,23 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			first = i
 			if home >= 0 {
 				// The nearest unpressured endpoint relieves the owner.
-				return b.spilled(req, g, first, c.nowNs)
+				return b.spilled(c.key, g, first, c.nowNs)
 			}
 			continue
 		}
-		if wf, wi := b.warmFor(req, g, first, c.nowNs), b.warmFor(req, g, i, c.nowNs); wf != wi {
+		if wf, wi := b.warmFor(c.key, g, first, c.nowNs), b.warmFor(c.key, g, i, c.nowNs); wf != wi {
 			if wi {
-				return b.spilled(req, g, i, c.nowNs)
+				return b.spilled(c.key, g, i, c.nowNs)
 			}
-			return b.spilled(req, g, first, c.nowNs)
+			return b.spilled(c.key, g, first, c.nowNs)
 		}
 		if b.prefer(req, g, first, i, now) {
-			return b.spilled(req, g, i, c.nowNs)
+			return b.spilled(c.key, g, i, c.nowNs)
 		}
-		return b.spilled(req, g, first, c.nowNs)
+		return b.spilled(c.key, g, first, c.nowNs)
 	}
 	if first >= 0 {
-		return b.spilled(req, g, first, c.nowNs)
+		return b.spilled(c.key, g, first, c.nowNs)
 	}
 	if home >= 0 {
 		return b.goHome(req, g, home, homeOver, afterOwner, c, sh, now)

@@ -108,6 +108,8 @@ type Balancer struct {
 	windowsUntil atomic.Int64
 	runs         atomic.Pointer[runTable] // runs of failures of a model on an endpoint (modelfail.go)
 
+	adapters adapterCounts // this Balancer's calls in flight per LoRA adapter (lora.go)
+
 	retry         *retryBudget
 	retries       atomic.Uint64
 	retriesDenied atomic.Uint64
@@ -582,7 +584,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		return Pick{}, ErrNoEndpoints
 	}
 	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
-		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff}
+		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff, key: req.AffinityKey}
 	if req.Model != "" && b.lackAt.Load() > nowNs {
 		if all := b.lacking(req.Model, g, &c); all && retry {
 			// A first pick goes ahead (the memory may be stale: the
@@ -604,6 +606,11 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			b.reuse.observe(req.AffinityKey, rc)
 		}
 		c.affine = b.reuse.recurring(rc, b.cfg.minKeyReuse)
+	}
+	if c.slots && b.cfg.adapterHomes > 0 && !req.Session && b.cfg.affinity != AffinityOff {
+		if k := b.adapterHome(req, g, nowNs); k != 0 {
+			c.key, c.affine = k, true // a rarely asked adapter goes to its home (lora.go)
+		}
 	}
 	if b.cfg.tenantShard > 0 && req.Tenant != "" {
 		var sh shard
@@ -754,7 +761,7 @@ type cand struct {
 	model     uint64
 	panicking bool
 	failover  bool // the pick is another attempt of a call already picked once
-	affine    bool // the request's AffinityKey steers the pick (see keyReuse)
+	affine    bool // key steers the pick (see keyReuse)
 	keyed     bool // set by pick: the key chose the endpoint (its prefix is likely cached there)
 	// With panicking: only members whose breaker is closed and that are
 	// not ejected, i.e. at most cooling down (a tenant's shard, see pickWith).
@@ -766,6 +773,9 @@ type cand struct {
 	// With windowNeed set, the members whose remembered context window
 	// for the model is below it are passed over (window.go).
 	windowNeed int32
+	// key is the affinity key the pick follows: the request's AffinityKey,
+	// or its adapter's home (adapterHome).
+	key uint64
 }
 
 func (c *cand) ok(e *endpoint) bool {
@@ -977,7 +987,7 @@ func (p *Pick) Done(o inferlb.Outcome) {
 func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	e := p.e
 	e.inFlight.Add(-1)
-	if atomic.LoadUint32(&p.flags)&pickLoRAMask != 0 {
+	if atomic.LoadUint32(&p.flags)&pickCounted != 0 {
 		uncountLoRA(p)
 	}
 	if p.tokens != 0 {

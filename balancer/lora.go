@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/inferlb/inferlb"
 )
 
@@ -53,11 +55,86 @@ const slotRedraws = 2
 // 4 bits of Pick.flags that name the entry (pickLoRAShift).
 const loraFlights = 8
 
-// Pick.flags: the loraFlight entry the call counts in, plus one (0: none).
+// Pick.flags: the loraFlight entry the call counts in, plus one (0: none);
+// whether it counts in adapterCounts.calls; its adapterCounts entry, plus
+// one. pickCounted holds them all.
 const (
-	pickLoRAShift = 2
-	pickLoRAMask  = 0xf << pickLoRAShift
+	pickLoRAShift    = 2
+	pickLoRAMask     = 0xf << pickLoRAShift
+	pickSlotCall     = 1 << 6
+	pickAdapterShift = 7
+	pickAdapterMask  = 0x7f << pickAdapterShift
+	pickCounted      = pickLoRAMask | pickSlotCall | pickAdapterMask
 )
+
+// DefaultAdapterHomes is Options.AdapterHomes' default: an adapter with at
+// most one endpoint's fair share of the calls in flight goes to its home.
+// In the fleet simulator's lora-slots scenario it ends the waits for a
+// slot and the cold adapters' long tails (benchmarks/results/lora-slots.md).
+const DefaultAdapterHomes = 1.0
+
+// adapterFlights is how many adapters a Balancer counts calls in flight
+// for (adapterCounts); a call for another one while all are in use is not
+// counted. It fits the 7 bits of Pick.flags that name the entry.
+const adapterFlights = 64
+
+// adapterCounts counts this Balancer's calls in flight whose picks heed
+// LoRA slots (cand.slots), and of them, per adapter, those for an
+// adapter; lock-free, as loraFlight. They size an adapter's share of the
+// calls for adapterHome.
+type adapterCounts struct {
+	calls  atomic.Int64
+	flight [adapterFlights]atomic.Uint64
+}
+
+// Adapter homes.
+//
+// A call for an adapter goes by its prompt's affinity key, as any call
+// does, so an adapter's sessions land all over the group and the adapter
+// takes a slot on every endpoint they reach: with more adapters than the
+// group has slots (a fleet of per-customer fine-tunes), each endpoint
+// cycles through many of them, and the rarely asked ones wait behind the
+// popular ones everywhere. adapterHome gives the call of an adapter that
+// has few of this Balancer's calls in flight (at most AdapterHomes times
+// one endpoint's fair share of them: the slot-aware calls in flight over
+// the group's size) the adapter's own key instead, so that such an
+// adapter runs on its home endpoint, and on the ring's next ones when the
+// load bound spills it; a popular adapter, whose calls one endpoint could
+// not take, spreads by prompt. Independent callers with one AffinitySeed
+// agree on the homes, and on which adapters are rare to within their
+// share of the traffic. An explicit session (Request.Session) keeps its
+// own key.
+
+// adapterHome returns the affinity key of req's adapter when the call
+// should go to the adapter's home (see above), else 0. req's pick heeds
+// LoRA slots (cand.slots).
+func (b *Balancer) adapterHome(req *inferlb.Request, g *group, nowNs int64) uint64 {
+	if !g.adapterCall(req.Model, nowNs, b.cfg.telemetryMaxAge) {
+		return 0
+	}
+	n := flightCount(b.adapters.flight[:], modelID(req.Model))
+	if float64(n)*float64(len(g.members)) > b.cfg.adapterHomes*float64(b.adapters.calls.Load()) {
+		return 0 // a popular adapter: its calls spread by prompt
+	}
+	var d xxhash.Digest
+	d.ResetWithSeed(b.keyer.Seed())
+	_, _ = d.WriteString("adapter\x00")
+	_, _ = d.WriteString(req.Model)
+	return max(d.Sum64(), 1)
+}
+
+// adapterCall reports whether model is a LoRA adapter to g's members:
+// not the base model of the first member with a fresh reading of its
+// adapters.
+func (g *group) adapterCall(model string, nowNs int64, maxAge time.Duration) bool {
+	now := time.Unix(0, nowNs)
+	for _, e := range g.members {
+		if a, _, ok := e.slot.Load().LoRA(now, maxAge); ok {
+			return model != a.Base
+		}
+	}
+	return false
+}
 
 // loraFlight counts this process's calls in flight on one member per
 // LoRA adapter, without locks: each entry is one word, the adapter's
@@ -70,7 +147,15 @@ func loraTag(h uint64) uint64 { return h >> 32 << 32 }
 
 // add counts a call of adapter h and returns its entry plus one, or 0
 // when every entry holds another adapter's calls.
-func (f *loraFlight) add(h uint64) uint32 {
+func (f *loraFlight) add(h uint64) uint32 { return flightAdd(f[:], h) }
+
+// done uncounts a call counted in entry i (add's result, less one).
+func (f *loraFlight) done(i int) { f[i].Add(^uint64(0)) }
+
+// flightAdd counts a call of adapter h in f, entries of a loraTag and a
+// count each, and returns its entry plus one, or 0 when every entry holds
+// another adapter's calls.
+func flightAdd(f []atomic.Uint64, h uint64) uint32 {
 	tag := loraTag(h)
 	for i := range f {
 		for {
@@ -98,8 +183,19 @@ func (f *loraFlight) add(h uint64) uint32 {
 	return 0
 }
 
-// done uncounts a call counted in entry i (add's result, less one).
-func (f *loraFlight) done(i int) { f[i].Add(^uint64(0)) }
+// flightCount returns the calls of adapter h that f counts (in any
+// number of entries: two picks of a new adapter at once may each take
+// one).
+func flightCount(f []atomic.Uint64, h uint64) int64 {
+	tag := loraTag(h)
+	var n int64
+	for i := range f {
+		if w := f[i].Load(); loraTag(w) == tag {
+			n += int64(uint32(w))
+		}
+	}
+	return n
+}
 
 // slotAware reports whether picks for svc heed LoRA slots: its scorer is
 // a scoring.LLM that prices the wait. An unknown svc is not.
@@ -180,20 +276,31 @@ func (b *Balancer) drawSlot(req *inferlb.Request, g *group, c cand, sh *shard, n
 	}
 }
 
-// countLoRA counts a call for req's adapter (c.slots set) in flight on
-// e, when e's reading has LoRA slots and req names an adapter, and
-// returns the Pick.flags bits that name its entry.
+// countLoRA counts a call whose pick heeds LoRA slots (c.slots set) in
+// flight in b.adapters and, when e's reading has LoRA slots and req names
+// an adapter, as a call of that adapter on e and in b.adapters; it
+// returns the Pick.flags bits that name what it counted.
 func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
+	b.adapters.calls.Add(1)
+	f := uint32(pickSlotCall)
 	a, _, ok := e.slot.Load().LoRA(time.Unix(0, c.nowNs), b.cfg.telemetryMaxAge)
 	if !ok || req.Model == a.Base {
-		return 0
+		return f
 	}
-	return e.lora.add(modelID(req.Model)) << pickLoRAShift
+	h := modelID(req.Model)
+	return f | e.lora.add(h)<<pickLoRAShift | flightAdd(b.adapters.flight[:], h)<<pickAdapterShift
 }
 
 // uncountLoRA ends what countLoRA counted for p.
 func uncountLoRA(p *Pick) {
-	if i := (atomic.LoadUint32(&p.flags) & pickLoRAMask) >> pickLoRAShift; i != 0 {
+	f := atomic.LoadUint32(&p.flags)
+	if f&pickSlotCall != 0 {
+		p.b.adapters.calls.Add(-1)
+	}
+	if i := (f & pickLoRAMask) >> pickLoRAShift; i != 0 {
 		p.e.lora.done(int(i) - 1)
+	}
+	if i := (f & pickAdapterMask) >> pickAdapterShift; i != 0 {
+		p.b.adapters.flight[i-1].Add(^uint64(0))
 	}
 }

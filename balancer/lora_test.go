@@ -37,7 +37,9 @@ func publishLoRA(b *balancer.Balancer, clock *testutil.Clock, slots float64, run
 // calls are done.
 func TestLoRACallsAvoidFullSlots(t *testing.T) {
 	clock := testutil.NewClock()
-	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3)})
+	// Adapter homes off: calls for one adapter, one at a time, would all
+	// go to its home (TestAdapterHomes); here they spread by P2C.
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3), AdapterHomes: -1})
 	publishLoRA(b, clock, 1, "sql", "", "math", "sql")
 	count := func(model string) map[string]int {
 		c := map[string]int{}
@@ -129,7 +131,8 @@ func TestLoRAAffinityPassesOverFullSlots(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.NewClock()
-			opts := balancer.Options{Clock: clock, Rand: testutil.NewRand(5)}
+			// Homes off: the call follows its prompt's key, 77.
+			opts := balancer.Options{Clock: clock, Rand: testutil.NewRand(5), AdapterHomes: -1}
 			if tc.scorer != nil {
 				opts.Scorers = map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: tc.scorer}
 			}
@@ -182,7 +185,7 @@ func TestLoRAUnknownService(t *testing.T) {
 // base-model call takes no slot.
 func TestLoRACountsOwnCallsInFlight(t *testing.T) {
 	clock := testutil.NewClock()
-	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(8)})
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(8), AdapterHomes: -1})
 	publishLoRA(b, clock, 2, "sql", "")
 	eps := endpoints(2)
 	on := func(model string, ep int) balancer.Pick {
@@ -259,7 +262,9 @@ func TestLoRAPickAtCountsTheCall(t *testing.T) {
 // uncount without locks: once all are done every endpoint is free again.
 func TestLoRAInFlightUnderConcurrency(t *testing.T) {
 	clock := testutil.NewClock()
-	b := newBalancer(t, 4, balancer.Options{Clock: clock})
+	// Homes off: "late", asked alone, would go home (see
+	// TestAdapterHomesUnderConcurrency for the homes' own counts).
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, AdapterHomes: -1})
 	publishLoRA(b, clock, 4, "", "", "", "")
 	var wg sync.WaitGroup
 	for g := range 8 {
@@ -289,4 +294,127 @@ func TestLoRAInFlightUnderConcurrency(t *testing.T) {
 		assert.InDelta(t, 100, c[ep.Addr], 40, "%s: %v", ep.Addr, c)
 	}
 	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "late"}))
+}
+
+// homesOf picks n calls of model, each with its own prompt key, one at a
+// time, and returns how many went to each endpoint.
+func homesOf(t *testing.T, b *balancer.Balancer, model string, n int, req inferlb.Request) map[string]int {
+	t.Helper()
+	c := map[string]int{}
+	for i := range n {
+		r := req
+		r.Service, r.Model, r.AffinityKey = inferlb.ServiceLLM, model, uint64(i+1)*0x9e3779b97f4a7c15
+		p, err := b.Pick(&r)
+		require.NoError(t, err)
+		c[p.ID()]++
+		p.Done(inferlb.Outcome{})
+	}
+	return c
+}
+
+// A rarely asked adapter goes to its home endpoint, whatever its calls'
+// prompt keys, so it takes a slot on one endpoint instead of on every one
+// its sessions reach; the base model, an explicit session and a Balancer
+// with homes off follow the calls' own keys. Two Balancers with one
+// AffinitySeed agree on each adapter's home.
+func TestAdapterHomes(t *testing.T) {
+	clock := testutil.NewClock()
+	opts := balancer.Options{Clock: clock, Rand: testutil.NewRand(6), AffinitySeed: 42}
+	b := affine(t, 8, opts)
+	other := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(7), AffinitySeed: 42})
+	off := opts
+	off.AdapterHomes = -1
+	spread := affine(t, 8, off)
+	for _, x := range []*balancer.Balancer{b, other, spread} {
+		publishLoRA(x, clock, 4, "", "", "", "", "", "", "", "")
+	}
+	homes := map[string]bool{}
+	for _, model := range []string{"sql", "math", "law", "bio"} {
+		c := homesOf(t, b, model, 50, inferlb.Request{})
+		require.Len(t, c, 1, "%s: %v", model, c)
+		for home := range c {
+			homes[home] = true
+			assert.Equal(t, c, homesOf(t, other, model, 50, inferlb.Request{}), "%s: another caller with the seed agrees", model)
+		}
+		assert.Greater(t, len(homesOf(t, spread, model, 50, inferlb.Request{})), 4, "%s: homes off, its prompts' keys spread it", model)
+		assert.Greater(t, len(homesOf(t, b, model, 50, inferlb.Request{Session: true})), 4, "%s: a session keeps its key", model)
+	}
+	assert.Greater(t, len(homes), 1, "adapters have homes of their own")
+	assert.Greater(t, len(homesOf(t, b, "llama", 50, inferlb.Request{})), 4, "the base model is no adapter")
+
+	// Without a reading of the adapters (stale telemetry), nothing is
+	// known to be an adapter: calls follow their keys.
+	clock.Advance(time.Hour)
+	assert.Greater(t, len(homesOf(t, b, "sql", 50, inferlb.Request{})), 4)
+}
+
+// An adapter with more than one endpoint's fair share of the calls in
+// flight is popular: its calls spread by their keys, while a rare one
+// still goes home; once the popular one's calls end, it is rare again.
+func TestAdapterHomesSpreadPopularAdapters(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(6)})
+	publishLoRA(b, clock, 4, "", "", "", "", "", "", "", "")
+	var held []balancer.Pick
+	hold := func(model string, n int) {
+		for i := range n {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model, AffinityKey: uint64(1000 + i)})
+			require.NoError(t, err)
+			held = append(held, p)
+		}
+	}
+	// 24 calls in flight, 8 endpoints: a fair share is 3. hot has 12 (and
+	// it became popular on the way), the base model 12.
+	hold("hot", 12)
+	hold("llama", 12)
+	assert.Greater(t, len(homesOf(t, b, "hot", 50, inferlb.Request{})), 4, "hot spreads by prompt")
+	assert.Len(t, homesOf(t, b, "cold", 50, inferlb.Request{}), 1, "cold goes home")
+	hold("cold", 3)
+	assert.Len(t, homesOf(t, b, "cold", 50, inferlb.Request{}), 1, "3 of 27 in flight: still at most a fair share")
+	hold("cold", 1)
+	assert.Greater(t, len(homesOf(t, b, "cold", 50, inferlb.Request{})), 4, "4 of 28: more than a fair share")
+	for _, p := range held {
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Len(t, homesOf(t, b, "hot", 50, inferlb.Request{}), 1, "nothing in flight: hot is rare again")
+}
+
+// The homes' counts are lock-free: after calls for many adapters from
+// many goroutines end, every adapter asked alone goes home again (a count
+// left behind would make it look popular).
+func TestAdapterHomesUnderConcurrency(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock})
+	publishLoRA(b, clock, 4, "", "", "", "")
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var held []balancer.Pick
+			for i := range 200 {
+				p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: fmt.Sprintf("lora-%d", (g+i)%12), AffinityKey: uint64(g*1000 + i + 1)})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				held = append(held, p)
+				if len(held) == 5 {
+					for _, h := range held {
+						h.Done(inferlb.Outcome{})
+					}
+					held = held[:0]
+				}
+			}
+			for _, h := range held {
+				h.Done(inferlb.Outcome{})
+			}
+		}()
+	}
+	wg.Wait()
+	for k := range 12 {
+		model := fmt.Sprintf("lora-%d", k)
+		assert.Len(t, homesOf(t, b, model, 20, inferlb.Request{}), 1, model)
+	}
+	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "lora-1", AffinityKey: 5}))
 }

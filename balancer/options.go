@@ -342,6 +342,19 @@ type Options struct {
 	// already doing (see the inferlb package doc). Default DefaultDPGroupLabel ("dp_group");
 	// endpoints without the label are priced as before.
 	DPGroupLabel string
+	// AdapterHomes places the calls of rarely asked LoRA adapters by
+	// adapter rather than by prompt: a call for an adapter that has at
+	// most AdapterHomes times one endpoint's fair share of this
+	// Balancer's calls in flight (those whose picks heed LoRA slots, over
+	// the model's endpoints) takes the adapter's own affinity key, so the
+	// adapter runs on its home endpoint (and the next ones on the ring
+	// when the load bound spills it) instead of taking a slot wherever its
+	// sessions land; popular adapters spread by prompt. It applies where
+	// picks heed LoRA slots (a scoring.LLM with LoRAWait not 1, servers
+	// that report their adapters; see the package doc), and not to an
+	// explicit session (Request.Session). Default DefaultAdapterHomes (1);
+	// negative turns it off.
+	AdapterHomes float64
 }
 
 // config is Options with defaults applied; immutable after New.
@@ -380,6 +393,7 @@ type config struct {
 	tenantShard   int
 	spillTTL      time.Duration // 0: off
 	minKeyReuse   float64       // <= 0: affinity whatever the keys
+	adapterHomes  float64       // <= 0: off
 
 	breakerFailures    int
 	breakerProbes      int
@@ -445,6 +459,8 @@ func (o *Options) Validate() error {
 		return bad("LoadBound", "must be a finite number above 1 (0 means the default 1.25)", o.LoadBound)
 	case o.MinKeyReuse > 1 || math.IsNaN(o.MinKeyReuse):
 		return bad("MinKeyReuse", "must be at most 1 (negative turns the check off)", o.MinKeyReuse)
+	case math.IsNaN(o.AdapterHomes) || math.IsInf(o.AdapterHomes, 0):
+		return bad("AdapterHomes", "must be finite (negative turns it off)", o.AdapterHomes)
 	case o.TenantShardSize < 0 || o.TenantShardSize > MaxTenantShard:
 		return bad("TenantShardSize", fmt.Sprintf("must be in [0, %d] (0 turns sharding off)", MaxTenantShard), o.TenantShardSize)
 	case o.StickyEntries < 0 || o.StickyEntries > MaxStickyEntries:
@@ -540,6 +556,7 @@ func (o *Options) resolve() (*config, error) {
 		tenantShard:   o.TenantShardSize,
 		spillTTL:      max(durationOr(o.SpillMemory, DefaultSpillMemory), 0),
 		minKeyReuse:   floatOr(o.MinKeyReuse, DefaultMinKeyReuse),
+		adapterHomes:  floatOr(o.AdapterHomes, DefaultAdapterHomes),
 
 		breakerFailures:    intOr(o.BreakerFailures, DefaultBreakerFailures),
 		breakerProbes:      intOr(o.BreakerProbes, DefaultBreakerProbes),
