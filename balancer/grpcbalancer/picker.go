@@ -152,20 +152,18 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	// small for the call's tokens, on the retry budget (PickRetry). Also
 	// when an earlier attempt failed elsewhere (exclude outlives it): the
 	// failover pick spends no budget and takes endpoints too small for
-	// the call when it finds nothing else.
+	// the call when it finds nothing else. It does not repick (see !ok).
 	windowRetry := st != nil && st.windowRetry.Load()
-	spend := windowRetry // until a pick spent it
 	for range 1 + maxRepicks {
 		var err error
 		switch {
-		case spend:
+		case windowRetry:
 			c.pick, err = p.mem.PickRetry(req, exclude)
 			if exclude != "" && errors.Is(err, core.ErrNoEndpoints) {
 				// As PickFailover: where the call failed, when no
 				// other endpoint might take it.
 				c.pick, err = p.mem.PickRetry(req, "")
 			}
-			spend = false // an error returns below
 		case exclude == "":
 			c.pick, err = p.mem.Pick(req)
 		default:
@@ -212,6 +210,17 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			// pick with an exclusion is a failover to the core, so it does
 			// not count the call's key as seen again.
 			c.pick.Done(inferlb.Outcome{Err: errNotSent})
+			if windowRetry {
+				// Not for the window retry: the endpoint it found is
+				// one whose window might take the call (it has just
+				// connected), and the others may all be remembered too
+				// small, where a failover pick still goes. It waits for
+				// the next picker, and picks there without spending
+				// the budget again.
+				st.windowRetry.Store(false)
+				c.release()
+				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+			}
 			if exclude == "" {
 				exclude = c.pick.ID()
 			}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/inferlb/inferlb"
@@ -149,4 +150,45 @@ func TestWindowRetryAfterAFailureSpendsTheBudget(t *testing.T) {
 	assert.Equal(t, refused, err, "the caller gets the server's refusal")
 	assert.Len(t, picked, 2, "attempts: %v", picked)
 	assert.Equal(t, core.RetryStats{Allowed: 1, Denied: 1}, b.RetryStats(), "the failover and the window retry each asked the budget")
+}
+
+// A window retry whose pick the core gives an endpoint this picker has no
+// READY child for (it has just connected: the next picker, which has it,
+// is on its way) waits for that picker. The picker once asked again
+// without that endpoint, as for other picks, and a failover pick finds
+// nothing else but endpoints remembered too small for the call: the retry
+// went back to the endpoint that had just refused it, and each refusal
+// made another, until maxAttempts.
+func TestWindowRetryWaitsForTheEndpointThatJustConnected(t *testing.T) {
+	UnaryRetry(3) // turns on the retry-state lookup, as installing it does
+	b := core.New(core.Options{Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{}`, 2)
+	// Endpoint 1's connection drops, and it reconnects.
+	h.subConn(addr(1)).SetState(balancer.SubConnState{ConnectivityState: connectivity.Idle})
+	require.False(t, stats(t, b, addr(1)).Ready)
+	stale := h.picker()
+
+	// The call is refused by endpoint 0 as too long, and UnaryRetry
+	// retries it.
+	st := &retryState{}
+	ctx := inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llm", PromptTokens: 100})
+	info := balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.WithValue(ctx, retryKey{}, st)}
+	a, res := h.pick(info)
+	require.Equal(t, addr(0), a)
+	res.Done(balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, "This model's maximum context length is 1000 tokens. However, your request has 5000 input tokens."), BytesSent: true, BytesReceived: true})
+	require.True(t, st.tooLong.Load())
+	st.windowRetry.Store(true)
+
+	// Endpoint 1 is back: the core has it ready, and the next picker is
+	// published; the retry's pick runs on the one before.
+	for h.cc.ConnectAll() > 0 {
+	}
+	require.True(t, stats(t, b, addr(1)).Ready)
+	_, err := stale.Pick(info)
+	require.ErrorIs(t, err, balancer.ErrNoSubConnAvailable, "the retry waits for the next picker")
+	a, res = h.pick(info)
+	assert.Equal(t, addr(1), a, "the endpoint whose window is not known to be too small")
+	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+	assert.Equal(t, uint64(1), stats(t, b, addr(0)).TooLong, "refused once")
+	assert.Equal(t, core.RetryStats{Allowed: 1}, b.RetryStats(), "one retry, spent once")
 }
