@@ -31,7 +31,10 @@
 // not fit it pass the endpoint over (window.go). A call for a LoRA adapter
 // avoids the endpoints whose adapter slots are all taken by others, as
 // their telemetry reports them (vLLM's --max-loras) brought up to now
-// with this process's calls in flight per adapter (lora.go).
+// with this process's calls in flight per adapter; an adapter with few of
+// this Balancer's calls in flight goes to a home endpoint of its own
+// rather than wherever its sessions' keys lead (Options.AdapterHomes;
+// lora.go).
 package balancer
 
 import (
@@ -934,7 +937,9 @@ type Pick struct {
 const (
 	pickDone  = 1 << iota // Done has run
 	pickProbe             // the pick took one of a half-open breaker's probe slots
-	// the next 4 bits: the LoRA adapter entry the call counts in (lora.go)
+	// then the LoRA counts the call is in: its endpoint's adapter entry
+	// (4 bits), whether it counts among the slot-aware calls (1), its
+	// Balancer-wide adapter entry (7; pickCounted, lora.go)
 )
 
 // Endpoint returns the chosen endpoint as last given to Update.

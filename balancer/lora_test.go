@@ -2,6 +2,7 @@ package balancer_test
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -417,4 +418,11 @@ func TestAdapterHomesUnderConcurrency(t *testing.T) {
 		assert.Len(t, homesOf(t, b, model, 20, inferlb.Request{}), 1, model)
 	}
 	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "lora-1", AffinityKey: 5}))
+}
+
+func TestAdapterHomesValidate(t *testing.T) {
+	assert.ErrorContains(t, (&balancer.Options{AdapterHomes: math.NaN()}).Validate(), "AdapterHomes")
+	assert.ErrorContains(t, (&balancer.Options{AdapterHomes: math.Inf(1)}).Validate(), "AdapterHomes")
+	assert.NoError(t, (&balancer.Options{AdapterHomes: -1}).Validate())
+	assert.NoError(t, (&balancer.Options{AdapterHomes: 0.5}).Validate())
 }

@@ -65,6 +65,7 @@ type jsonTunables struct {
 	TenantShardSize     int     `json:"tenantShardSize"`
 	SpillMemory         string  `json:"spillMemory"`
 	MinKeyReuse         float64 `json:"minKeyReuse"`
+	AdapterHomes        float64 `json:"adapterHomes"`
 	BreakerFailures     int     `json:"breakerFailures"`
 	BreakerProbes       int     `json:"breakerProbes"`
 	EjectionTime        string  `json:"ejectionTime"`
@@ -322,6 +323,7 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"tenantShardSize", func(o *core.Options) error { o.TenantShardSize = t.TenantShardSize; return nil }},
 		{"spillMemory", dur(t.SpillMemory, func(o *core.Options) *time.Duration { return &o.SpillMemory })},
 		{"minKeyReuse", num(t.MinKeyReuse, func(o *core.Options) *float64 { return &o.MinKeyReuse })},
+		{"adapterHomes", num(t.AdapterHomes, func(o *core.Options) *float64 { return &o.AdapterHomes })},
 		{"stickyTTL", dur(t.StickyTTL, func(o *core.Options) *time.Duration { return &o.StickyTTL })},
 		{"stickyEntries", func(o *core.Options) error {
 			if t.StickyEntries > MaxConfigStickyEntries {

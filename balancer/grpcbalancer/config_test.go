@@ -41,7 +41,7 @@ func TestParseConfigGood(t *testing.T) {
 			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models", "dpGroupLabel": "engine",
 			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4,
 			"spillMemory": "-1s", "minKeyReuse": -1, "stickyTTL": "2m", "stickyEntries": 4096,
-			"notServedMemory": "1m"}
+			"notServedMemory": "1m", "adapterHomes": 0.5}
 	}`), false)
 	if err != nil {
 		t.Fatal(err)
@@ -66,8 +66,8 @@ func TestParseConfigGood(t *testing.T) {
 	}
 	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 ||
 		o.SpillMemory != -time.Second || o.MinKeyReuse != -1 || o.StickyTTL != 2*time.Minute || o.StickyEntries != 4096 ||
-		o.NotServedMemory != time.Minute {
-		t.Errorf("affinity options %v %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory, o.MinKeyReuse)
+		o.NotServedMemory != time.Minute || o.AdapterHomes != 0.5 {
+		t.Errorf("affinity options %v %v %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory, o.MinKeyReuse, o.AdapterHomes)
 	}
 	if c.orcaPerCall || !c.oob || c.oobInterval != 1500*time.Millisecond {
 		t.Errorf("orca %v %v %v", c.orcaPerCall, c.oob, c.oobInterval)
@@ -118,6 +118,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"load bound", `{"balancer": {"loadBound": 0.5}}`, false, "balancer.loadBound"},
 		{"key reuse above 1", `{"balancer": {"minKeyReuse": 2}}`, false, "balancer.minKeyReuse"},
 		{"key reuse as string", `{"balancer": {"minKeyReuse": "5%"}}`, false, "balancer.minKeyReuse"},
+		{"adapter homes as string", `{"balancer": {"adapterHomes": "half"}}`, false, "balancer.adapterHomes"},
 		{"tenant shard too large", `{"balancer": {"tenantShardSize": 33}}`, false, "balancer.tenantShardSize"},
 		{"sticky TTL not a duration", `{"balancer": {"stickyTTL": "2 minutes"}}`, false, "balancer.stickyTTL"},
 		{"sticky entries negative", `{"balancer": {"stickyEntries": -1}}`, false, "balancer.stickyEntries"},
