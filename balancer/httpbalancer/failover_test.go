@@ -229,7 +229,17 @@ func TestNoFailover(t *testing.T) {
 }
 
 // TestFailoverStoppedBackend: stopping one of three backends during a run of
-// a few hundred concurrent requests fails none of them.
+// a few hundred concurrent requests fails none of them, and the calls sent
+// to it stop once its breaker trips.
+//
+// The backend is stopped between calls: the workers finish the calls they
+// have in flight and wait. A call still in flight when its server went might
+// have failed or not (its answer was on the wire or already in the client),
+// and a success among the failures restarts the breaker's count of them:
+// the failures on c then ranged from 5 to 10, against a bound of 10, as the
+// workers happened to be scheduled. Stopped between calls, every call sent
+// to c fails, so the breaker trips at its BreakerFailures-th failure, and
+// only the calls the other workers had already sent there fail after it.
 func TestFailoverStoppedBackend(t *testing.T) {
 	a, b, c := newBackend(t, "a"), newBackend(t, "b"), newBackend(t, "c")
 	tr := newTransport(t, httpbalancer.Options{
@@ -245,11 +255,13 @@ func TestFailoverStoppedBackend(t *testing.T) {
 	close(jobs)
 	var completed, failed atomic.Int64
 	var stop sync.Once
+	var calls sync.RWMutex // each call holds it shared; stopping c, exclusively
 	var hitsAtStop int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
 			for i := range jobs {
+				calls.RLock()
 				req, _ := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(i, false)))
 				resp, err := client.Do(req)
 				if err == nil {
@@ -259,13 +271,16 @@ func TestFailoverStoppedBackend(t *testing.T) {
 						err = fmt.Errorf("status %d", resp.StatusCode)
 					}
 				}
+				calls.RUnlock()
 				if err != nil {
 					failed.Add(1)
 					t.Errorf("request %d: %v", i, err)
 				}
 				if completed.Add(1) == stopAt {
 					stop.Do(func() {
-						c.srv.CloseClientConnections() // abrupt: in-flight calls see resets
+						calls.Lock()
+						defer calls.Unlock()
+						c.srv.CloseClientConnections() // its idle keep-alive connections
 						c.srv.Close()
 						hitsAtStop = c.hits.Load()
 					})
@@ -278,7 +293,9 @@ func TestFailoverStoppedBackend(t *testing.T) {
 	t.Logf("hits a=%d b=%d c=%d (c stopped at %d); attempts failed on c: %d; retries %+v",
 		a.hits.Load(), b.hits.Load(), c.hits.Load(), hitsAtStop, st["c"].Failures, tr.Balancer().RetryStats())
 	assert.Zero(t, failed.Load(), "lost requests")
-	assert.LessOrEqual(t, st["c"].Failures, uint64(10), "traffic to the stopped backend must stop within a few failures")
+	assert.LessOrEqual(t, st["c"].Failures, uint64(balancer.DefaultBreakerFailures+workers-1),
+		"traffic to the stopped backend must stop once its breaker trips")
+	assert.Equal(t, hitsAtStop, c.hits.Load(), "c answered nothing once stopped")
 	assert.Zero(t, totalInFlight(tr.Balancer()))
 }
 
