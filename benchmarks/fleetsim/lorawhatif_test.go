@@ -38,10 +38,12 @@ func (h heldIsFull) Publish(i int, s telemetry.Sample) {
 	h.Router.Publish(i, s)
 }
 
-// adapterKeyed gives an adapter's calls the adapter's own affinity key
-// instead of their session's: each adapter then has a home replica (and
-// the ring's next ones, where it spills), as a router that places
-// adapters rather than prompts would.
+// adapterKeyed gives every adapter's calls the adapter's own affinity key
+// instead of their session's (over a balancer with adapter homes off):
+// each adapter, popular or not, then has a home replica (and the ring's
+// next ones, where it spills). The balancer's own rule
+// (balancer.Options.AdapterHomes) does so for the rarely asked adapters
+// only.
 type adapterKeyed struct{ fleetsim.Router }
 
 func (a adapterKeyed) Pick(req *fleetsim.Request) (int, func(inferlb.Outcome), error) {
@@ -111,17 +113,19 @@ func TestLoRASlotsWhatIf(t *testing.T) {
 	for i := range two.Fleet {
 		two.Fleet[i].Server.MaxLoRAs = 2
 	}
+	noHomes := fleetsim.InferLB(fleetsim.Variant{Name: "inferlb no-homes", Options: fleetsim.NoAdapterHomes})
+	half := fleetsim.InferLB(fleetsim.Variant{Name: "inferlb homes 0.5", Options: func() balancer.Options { return balancer.Options{AdapterHomes: 0.5} }})
 	keyed := fleetsim.Policy{Name: "inferlb adapter-key", New: func(e fleetsim.Env) fleetsim.Router {
-		return adapterKeyed{lb.New(e)}
+		return adapterKeyed{noHomes.New(e)}
 	}}
 	for _, c := range []struct {
 		name string
 		sc   *fleetsim.Scenario
 		pols []fleetsim.Policy
 	}{
-		{"lora-slots", fleetsim.LoRASlotsScenario(), append(pols, keyed)},
+		{"lora-slots", fleetsim.LoRASlotsScenario(), append(pols, noHomes, keyed, half)},
 		{"lora-slots with --max-loras 2", two, slices.Concat(fleetsim.LoRASlotsScenario().Policies, []fleetsim.Policy{held})},
-		{"lora-slots with 48 adapters", manyAdapters(48), slices.Concat(fleetsim.LoRASlotsScenario().Policies, []fleetsim.Policy{keyed})},
+		{"lora-slots with 48 adapters", manyAdapters(48), slices.Concat(fleetsim.LoRASlotsScenario().Policies, []fleetsim.Policy{keyed, half})},
 	} {
 		fmt.Printf("%s at %g req/s\n", c.name, c.sc.Headline)
 		fmt.Printf("%-22s %4s %6s %8s %8s %8s %8s %15s %9s %8s %9s %9s\n", "policy", "seed", "tok/s", "TTFT p50", "p99", "E2E p50", "p99",

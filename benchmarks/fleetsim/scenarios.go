@@ -658,7 +658,15 @@ func LoRASlotsScenario() *Scenario {
 	sc.Policies = []Policy{
 		RoundRobin(), Random(), LeastRequest(), RingHash(),
 		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb no-homes", Options: NoAdapterHomes}),
 		InferLB(Variant{Name: "inferlb no-lora", Options: NoLoRA}),
 	}
 	return sc
+}
+
+// NoAdapterHomes is the balancer with adapter homes off
+// (balancer.Options.AdapterHomes -1): every adapter's calls follow their
+// sessions' keys, as before 39495eb.
+func NoAdapterHomes() balancer.Options {
+	return balancer.Options{AdapterHomes: -1}
 }
