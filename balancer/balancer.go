@@ -170,6 +170,7 @@ func New(opts Options) *Balancer {
 		eps:   map[string]*endpoint{},
 		retry: newRetryBudget(cfg.retryRatio, cfg.retryFloor),
 	}
+	b.adapters.seed = mix64(b.keyer.Seed() ^ 0xa0a0a0a0a0a0a0a0)
 	b.def = newMembership(b, 0)
 	b.memberships[0] = b.def
 	if cfg.stickyTTL > 0 {

@@ -192,12 +192,21 @@ func BenchmarkDoneModel(b *testing.B) {
 // (none: one atomic load more than a pick without a model) and with them:
 // every server's one slot taken by another adapter but one in eight
 // (filter: candidates drawn again, the key's walk), or by no adapter
-// (free: each candidate checked, and the LoRALoad factor). Flat in n.
+// (free: each candidate checked, and the LoRALoad factor). The call
+// names a rarely asked adapter, so with readings it walks to the
+// adapter's home (Options.AdapterHomes); free/no-homes draws two
+// candidates as before homes. Flat in n.
 func BenchmarkPickLoRA(b *testing.B) {
 	for _, n := range benchSizes[:2] {
-		for _, mode := range []string{"none", "filter", "free"} {
+		// free/no-homes: with AdapterHomes off, the call draws two
+		// candidates; otherwise "math", rarely asked, walks to its home.
+		for _, mode := range []string{"none", "filter", "free", "free/no-homes"} {
 			clock := testutil.NewClock()
-			bal := newBalancer(b, n, balancer.Options{Clock: clock})
+			opts := balancer.Options{Clock: clock}
+			if mode == "free/no-homes" {
+				opts.AdapterHomes = -1
+			}
+			bal := newBalancer(b, n, opts)
 			for i, ep := range endpoints(n) {
 				s := telemetry.Sample{Time: clock.Now()}
 				s.Set(telemetry.Running, float64(8+i%5))

@@ -73,18 +73,66 @@ const (
 // slot and the cold adapters' long tails (benchmarks/results/lora-slots.md).
 const DefaultAdapterHomes = 1.0
 
-// adapterFlights is how many adapters a Balancer counts calls in flight
-// for (adapterCounts); a call for another one while all are in use is not
-// counted. It fits the 7 bits of Pick.flags that name the entry.
+// adapterFlights is the size of a Balancer's table of calls in flight
+// per adapter (adapterCounts). It fits the 7 bits of Pick.flags that name
+// the entry.
 const adapterFlights = 64
 
 // adapterCounts counts this Balancer's calls in flight whose picks heed
 // LoRA slots (cand.slots), and of them, per adapter, those for an
-// adapter; lock-free, as loraFlight. They size an adapter's share of the
-// calls for adapterHome.
+// adapter, lock-free: they size an adapter's share of the calls for
+// adapterHome. An adapter counts in one of two entries that a seeded hash
+// of its modelID names (a word each: its loraTag and a count, as in
+// loraFlight), so a
+// pick reads two words, not the table; an adapter whose two entries
+// both hold others' calls is not counted (it reads as rare). Two picks
+// of a new adapter at once may each take one of its entries: count adds
+// both.
 type adapterCounts struct {
 	calls  atomic.Int64
 	flight [adapterFlights]atomic.Uint64
+	// seed places adapters in the table (entries), so that request data
+	// cannot pick names that take a given adapter's entries.
+	seed uint64
+}
+
+// entries returns the two entries adapter h may count in.
+func (a *adapterCounts) entries(h uint64) (i, j int) {
+	x := mix64(h ^ a.seed)
+	return int(x % adapterFlights), int((x >> 32) % adapterFlights)
+}
+
+// add counts a call of adapter h and returns its entry plus one, or 0.
+func (a *adapterCounts) add(h uint64) uint32 {
+	tag := loraTag(h)
+	i, j := a.entries(h)
+	for range 2 { // an entry counted or ended under us: look again, once
+		for _, k := range [2]int{i, j} {
+			if w := a.flight[k].Load(); loraTag(w) == tag && uint32(w) > 0 && a.flight[k].CompareAndSwap(w, w+1) {
+				return uint32(k + 1)
+			}
+		}
+		for _, k := range [2]int{i, j} {
+			if w := a.flight[k].Load(); uint32(w) == 0 && a.flight[k].CompareAndSwap(w, tag|1) {
+				return uint32(k + 1)
+			}
+		}
+	}
+	return 0
+}
+
+// count returns the calls of adapter h counted in flight.
+func (a *adapterCounts) count(h uint64) int64 {
+	tag := loraTag(h)
+	i, j := a.entries(h)
+	var n int64
+	if w := a.flight[i].Load(); loraTag(w) == tag {
+		n += int64(uint32(w))
+	}
+	if w := a.flight[j].Load(); j != i && loraTag(w) == tag {
+		n += int64(uint32(w))
+	}
+	return n
 }
 
 // Adapter homes.
@@ -112,7 +160,7 @@ func (b *Balancer) adapterHome(req *inferlb.Request, g *group, nowNs int64) uint
 	if !g.adapterCall(req.Model, nowNs, b.cfg.telemetryMaxAge) {
 		return 0
 	}
-	n := flightCount(b.adapters.flight[:], modelID(req.Model))
+	n := b.adapters.count(modelID(req.Model))
 	if float64(n)*float64(len(g.members)) > b.cfg.adapterHomes*float64(b.adapters.calls.Load()) {
 		return 0 // a popular adapter: its calls spread by prompt
 	}
@@ -147,15 +195,7 @@ func loraTag(h uint64) uint64 { return h >> 32 << 32 }
 
 // add counts a call of adapter h and returns its entry plus one, or 0
 // when every entry holds another adapter's calls.
-func (f *loraFlight) add(h uint64) uint32 { return flightAdd(f[:], h) }
-
-// done uncounts a call counted in entry i (add's result, less one).
-func (f *loraFlight) done(i int) { f[i].Add(^uint64(0)) }
-
-// flightAdd counts a call of adapter h in f, entries of a loraTag and a
-// count each, and returns its entry plus one, or 0 when every entry holds
-// another adapter's calls.
-func flightAdd(f []atomic.Uint64, h uint64) uint32 {
+func (f *loraFlight) add(h uint64) uint32 {
 	tag := loraTag(h)
 	for i := range f {
 		for {
@@ -183,19 +223,8 @@ func flightAdd(f []atomic.Uint64, h uint64) uint32 {
 	return 0
 }
 
-// flightCount returns the calls of adapter h that f counts (in any
-// number of entries: two picks of a new adapter at once may each take
-// one).
-func flightCount(f []atomic.Uint64, h uint64) int64 {
-	tag := loraTag(h)
-	var n int64
-	for i := range f {
-		if w := f[i].Load(); loraTag(w) == tag {
-			n += int64(uint32(w))
-		}
-	}
-	return n
-}
+// done uncounts a call counted in entry i (add's result, less one).
+func (f *loraFlight) done(i int) { f[i].Add(^uint64(0)) }
 
 // slotAware reports whether picks for svc heed LoRA slots: its scorer is
 // a scoring.LLM that prices the wait. An unknown svc is not.
@@ -288,7 +317,7 @@ func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
 		return f
 	}
 	h := modelID(req.Model)
-	return f | e.lora.add(h)<<pickLoRAShift | flightAdd(b.adapters.flight[:], h)<<pickAdapterShift
+	return f | e.lora.add(h)<<pickLoRAShift | b.adapters.add(h)<<pickAdapterShift
 }
 
 // uncountLoRA ends what countLoRA counted for p.
