@@ -611,9 +611,10 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		}
 		c.affine = b.reuse.recurring(rc, b.cfg.minKeyReuse)
 	}
+	homed := false
 	if c.slots && b.cfg.adapterHomes > 0 && !req.Session && b.cfg.affinity != AffinityOff {
 		if k := b.adapterHome(req, g, nowNs); k != 0 {
-			c.key, c.affine = k, true // a rarely asked adapter goes to its home (lora.go)
+			c.key, c.affine, homed = k, true, true // a rarely asked adapter goes to its home (lora.go)
 		}
 	}
 	if b.cfg.tenantShard > 0 && req.Tenant != "" {
@@ -639,7 +640,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				i, keyed = b.choose(req, g, now, rc, &sh)
 			}
 			if i >= 0 {
-				c.keyed = keyed
+				c.keyed = keyed && !homed // a home holds the adapter, not the prompt's prefix
 				return b.acquire(g.members[i], req, c), nil
 			}
 			// Nothing in the shard can take it: the whole group, below.
@@ -656,7 +657,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		// in between: rare, and the retry is not refunded.
 		return Pick{}, ErrNoEndpoints
 	}
-	c.keyed = keyed
+	c.keyed = keyed && !homed
 	return b.acquire(g.members[i], req, c), nil
 }
 

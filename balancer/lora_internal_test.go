@@ -1,9 +1,16 @@
 package balancer
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // An adapter counts in one of its two entries; a third adapter whose two
@@ -48,4 +55,42 @@ func TestAdapterCountsEntries(t *testing.T) {
 	a.flight[o1-1].Add(^uint64(0))
 	assert.NotZero(t, a.add(h), "one of them is free again")
 	assert.EqualValues(t, 1, a.count(h))
+}
+
+// A call sent to its adapter's home adds its prompt to the endpoint's
+// prefill estimate, as any call that its key did not send after a cached
+// prefix does: the home holds the adapter, not this prompt's prefix. A
+// call that followed its own prompt key adds nothing (it is likely
+// cached there).
+func TestAdapterHomeCountsThePrefill(t *testing.T) {
+	clock := testutil.NewClock()
+	b := New(Options{Clock: clock, Rand: testutil.NewRand(3), MinKeyReuse: -1})
+	t.Cleanup(b.Close)
+	var eps []inferlb.Endpoint
+	for i := range 4 {
+		eps = append(eps, inferlb.Endpoint{Addr: fmt.Sprintf("10.0.0.%d:8000", i)})
+	}
+	require.NoError(t, b.Update(eps))
+	prefill := func(model string, homes bool) float64 {
+		for _, ep := range eps { // a fresh reading of the slots
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.Running, 0)
+			s.Set(telemetry.Waiting, 0)
+			s.SetAdapters(4, &telemetry.Adapters{Base: "llama"})
+			b.Publish(ep.Addr, s)
+		}
+		b.cfg.adapterHomes = -1
+		if homes {
+			b.cfg.adapterHomes = 1
+		}
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model, AffinityKey: 12345, PromptTokens: 4000})
+		require.NoError(t, err)
+		got := p.e.prefill.at(clock.Now().UnixNano())
+		p.Done(inferlb.Outcome{})
+		clock.Advance(time.Minute) // the estimate decays away
+		return got
+	}
+	assert.Zero(t, prefill("sql", false), "its prompt key sent it")
+	assert.InDelta(t, 4000, prefill("sql", true), 1, "its adapter's home")
+	assert.Zero(t, prefill("llama", true), "the base model follows its key")
 }
