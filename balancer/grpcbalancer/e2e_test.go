@@ -48,7 +48,11 @@ type backend struct {
 	// message, and the test's client advances clock by perMsg as it
 	// receives each token (see TestE2EStreamTimingSteersFromASlowDecoder).
 	clock *testutil.Clock
-	smr   orca.ServerMetricsRecorder // out-of-band ORCA metrics; nil = no ORCA service
+	// pace, if set, times EmptyCall on its fleet's count of calls instead
+	// of the wall clock (see pace); slow makes b hold each call there.
+	pace *pace
+	slow bool
+	smr  orca.ServerMetricsRecorder // out-of-band ORCA metrics; nil = no ORCA service
 	// pushback, if set, answers the first EmptyCall RESOURCE_EXHAUSTED
 	// with this retry pushback (grpc-retry-pushback-ms).
 	pushback time.Duration
@@ -85,6 +89,11 @@ func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.E
 	if b.calls.Add(1) == 1 && b.pushback > 0 {
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", fmt.Sprint(b.pushback.Milliseconds())))
 		return nil, status.Error(codes.ResourceExhausted, "busy")
+	}
+	if b.pace != nil {
+		if err := b.pace.call(ctx, b.slow); err != nil {
+			return nil, err
+		}
 	}
 	if b.started != nil {
 		select {
@@ -310,33 +319,59 @@ func TestE2ESpreadsLoad(t *testing.T) {
 	}
 }
 
+// A server slower than its peers gets fewer calls under every service's
+// scorer: from the calls it holds in flight (unknown, llm) and, for
+// embeddings, from its measured latency too.
+//
+// Speeds here are relative, not wall-clock (see pace): the slow server
+// holds each call while the fleet starts 200 others, and the core's clock
+// advances a millisecond per call started, so a held call measures about
+// 200ms and a fast one a few dozen at most. The test used to sleep 50ms
+// per slow call and time calls on the wall clock; under -race on a busy
+// 2-core machine it failed 1 run in 25 (embedding), and 1 in 8 beside two
+// spinning processes (unknown and llm too: 33-38 of 400 calls against
+// 103-136). The client timed the fast servers' calls at 20-700ms there,
+// queued on the CPU rather than on the server: peak-EWMA keeps the worst
+// for its 10s time constant, so the embedding scorer priced the fast
+// servers about as slow as the slow one; and with in-flight counts even,
+// each server's share of the calls follows its speed (Little's law), so
+// 50ms calls against fast ones slowed to 15ms took about a quarter.
+// Slow start is off: the clock hardly moves, so a backend that connected
+// after another was serving would ramp for the whole test, weighted down
+// by connection order.
 func TestE2ESlowServerGetsFewerCalls(t *testing.T) {
-	bs := fleet(t, 4, func(i int, b *backend) {
-		if i == 0 {
-			b.delay = 50 * time.Millisecond
-		}
-	})
+	const workers, calls, hold = 8, 400, 200
 	for _, svc := range []string{"unknown", "llm", "embedding"} {
 		t.Run(svc, func(t *testing.T) {
-			conn, _ := dial(t, bs, "", fmt.Sprintf(`{"defaultService": %q}`, svc))
+			clock := testutil.NewClock()
+			p := newPace(clock, hold)
+			bs := fleet(t, 4, func(i int, b *backend) {
+				b.pace, b.slow = p, i == 0
+			})
+			name, bal := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(1), SlowStartWindow: -1})
+			conn, _ := dial(t, bs, name, fmt.Sprintf(`{"defaultService": %q}`, svc))
 			ctx := testContext(t)
 			warm(ctx, t, conn, bs) // count only calls made once every backend is connected
 			before := counts(bs)
-			if err := load(ctx, conn, 8, 400, grpc.WaitForReady(true)); err != nil {
+			p.arm(calls, workers)
+			if err := load(ctx, conn, workers, calls, grpc.WaitForReady(true)); err != nil {
 				t.Fatal(err)
 			}
 			c := counts(bs)
 			for i := range c {
 				c[i] -= before[i]
 			}
+			var lat []time.Duration
+			for _, b := range bs {
+				lat = append(lat, stats(t, bal, b.addr).Latency)
+			}
+			t.Logf("calls after warm-up, slow server first: %v; latency %v", c, lat)
 			// Each held call keeps the slow server's in-flight count up, so
-			// P2C prefers its peers until it finishes. (A quarter: counted
-			// from the first call, before every backend was connected, it
-			// failed once in CI-like runs with 33 against 130 and was
-			// loosened to a half; counted after warm, the slow backend's
-			// calls were at most 0.13 of the least-used peer's in 90
-			// subtests, and under a quarter in 120 more, under -race
-			// beside the httpbalancer suite.)
+			// P2C prefers its peers until it finishes: it holds at most 3 or
+			// 4 of the 8 workers' calls at once, each for half the load, so
+			// about 10 calls against the others' 130 (7 to 14 in 150
+			// subtests under -race beside two spinning processes, the
+			// least-used peer taking at least 7 times as many).
 			for i := 1; i < 4; i++ {
 				if c[0]*4 > c[i] {
 					t.Errorf("the slow backend got %d calls, more than a quarter of backend %d's %d: %v", c[0], i, c[i], c)
@@ -344,6 +379,81 @@ func TestE2ESlowServerGetsFewerCalls(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pace times a fleet's EmptyCalls on its own count of calls started, so
+// that which server is slower, and by how much, does not depend on how
+// fast a busy machine runs the test: each call started advances clock (the
+// core's) by a millisecond, and once armed, a slow server holds each call
+// until the fleet has started hold calls more. A held call is let go
+// early once the load's last call has started (nothing would come to end
+// it) or every worker waits in one (the balancer sent them all to the
+// slow server: the test then fails on its counts, not on its deadline).
+type pace struct {
+	clock *testutil.Clock // immutable
+	hold  int             // immutable
+
+	mu      sync.Mutex
+	started int           // calls started, the fleet's time
+	end     int           // armed: let every held call go once started reaches it
+	workers int           // armed: let every held call go once this many are held
+	held    int           // calls being held
+	flushes int           // how often every worker was held and let go
+	changed chan struct{} // closed and replaced when started or flushes move
+}
+
+func newPace(clock *testutil.Clock, hold int) *pace {
+	return &pace{clock: clock, hold: hold, changed: make(chan struct{})}
+}
+
+// arm starts holding slow calls, for a load of calls calls on workers
+// workers; before it (while the test warms up one call at a time), no call
+// is held.
+func (p *pace) arm(calls, workers int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.end, p.workers = p.started+calls, workers
+}
+
+// call starts one call on the fleet and, when slow and armed, returns when
+// the fleet has started hold calls more (or ctx ends).
+func (p *pace) call(ctx context.Context, slow bool) error {
+	p.mu.Lock()
+	p.started++
+	p.clock.Advance(time.Millisecond)
+	p.wake()
+	if !slow || p.workers == 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	until, flushes := p.started+p.hold, p.flushes
+	p.held++
+	if p.held == p.workers {
+		p.flushes++
+		p.wake()
+	}
+	for p.started < until && p.started < p.end && p.flushes == flushes {
+		ch := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			p.mu.Lock()
+			p.held--
+			p.mu.Unlock()
+			return ctx.Err()
+		}
+		p.mu.Lock()
+	}
+	p.held--
+	p.mu.Unlock()
+	return nil
+}
+
+// wake tells the held calls that something moved. Call it with mu held.
+func (p *pace) wake() {
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 func TestE2ESaturatedORCAReportGetsFewerCalls(t *testing.T) {
