@@ -306,18 +306,27 @@ func (b *Balancer) drawSlot(req *inferlb.Request, g *group, c cand, sh *shard, n
 }
 
 // countLoRA counts a call whose pick heeds LoRA slots (c.slots set) in
-// flight in b.adapters and, when e's reading has LoRA slots and req names
-// an adapter, as a call of that adapter on e and in b.adapters; it
-// returns the Pick.flags bits that name what it counted.
+// flight in b.adapters (with adapter homes on) and, when e's reading has
+// LoRA slots and req names an adapter, as a call of that adapter on e
+// and in b.adapters; it returns the Pick.flags bits that name what it
+// counted.
 func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
-	b.adapters.calls.Add(1)
-	f := uint32(pickSlotCall)
+	homes := b.cfg.adapterHomes > 0 // only homes read b.adapters
+	var f uint32
+	if homes {
+		b.adapters.calls.Add(1)
+		f = pickSlotCall
+	}
 	a, _, ok := e.slot.Load().LoRA(time.Unix(0, c.nowNs), b.cfg.telemetryMaxAge)
 	if !ok || req.Model == a.Base {
 		return f
 	}
 	h := modelID(req.Model)
-	return f | e.lora.add(h)<<pickLoRAShift | b.adapters.add(h)<<pickAdapterShift
+	f |= e.lora.add(h) << pickLoRAShift
+	if homes {
+		f |= b.adapters.add(h) << pickAdapterShift
+	}
+	return f
 }
 
 // uncountLoRA ends what countLoRA counted for p.
