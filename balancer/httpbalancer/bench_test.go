@@ -120,20 +120,8 @@ func BenchmarkChatCompletion(b *testing.B) {
 // host: the cost of being a routing RoundTripper at all, before any
 // inspection, pick or outcome.
 func BenchmarkChatCompletionPaired(b *testing.B) {
-	for _, tc := range []struct {
-		name string
-		o    httpbalancer.Options
-		lb   pairedSide
-	}{
-		{"default", httpbalancer.Options{}, sideInferlb},
-		// Routing on path and headers only: what inspection costs.
-		{"no-peek", httpbalancer.Options{MaxPeek: -1}, sideInferlb},
-		{"control", httpbalancer.Options{}, sideBare},
-		// The least a RoundTripper that routes can add: a shallow copy of
-		// the request with the endpoint's host (roundRobin over one).
-		{"rewrite-only", httpbalancer.Options{}, sideRewrite},
-	} {
-		b.Run(tc.name, func(b *testing.B) { benchPaired(b, tc.o, tc.lb, benchServer(b).URL) })
+	for _, p := range pairings {
+		b.Run(p.name, func(b *testing.B) { benchPaired(b, p.o, p.lb, benchServer(b).URL) })
 	}
 }
 
@@ -145,18 +133,24 @@ func BenchmarkChatCompletionPaired(b *testing.B) {
 // footprint too.
 func BenchmarkChatCompletionProcess(b *testing.B) {
 	url := processServer(b)
-	for _, tc := range []struct {
-		name string
-		o    httpbalancer.Options
-		lb   pairedSide
-	}{
-		{"default", httpbalancer.Options{}, sideInferlb},
-		{"no-peek", httpbalancer.Options{MaxPeek: -1}, sideInferlb},
-		{"control", httpbalancer.Options{}, sideBare},
-		{"rewrite-only", httpbalancer.Options{}, sideRewrite},
-	} {
-		b.Run(tc.name, func(b *testing.B) { benchPaired(b, tc.o, tc.lb, url) })
+	for _, p := range pairings {
+		b.Run(p.name, func(b *testing.B) { benchPaired(b, p.o, p.lb, url) })
 	}
+}
+
+// pairings are the clients the paired benchmarks set against a bare one.
+var pairings = []struct {
+	name string
+	o    httpbalancer.Options
+	lb   pairedSide
+}{
+	{"default", httpbalancer.Options{}, sideInferlb},
+	// Routing on path and headers only: what inspection costs.
+	{"no-peek", httpbalancer.Options{MaxPeek: -1}, sideInferlb},
+	{"control", httpbalancer.Options{}, sideBare},
+	// The least a RoundTripper that routes can add: a shallow copy of
+	// the request with the endpoint's host (roundRobin over one).
+	{"rewrite-only", httpbalancer.Options{}, sideRewrite},
 }
 
 // pairedSide is what benchPaired pairs the bare client with.
