@@ -846,6 +846,14 @@ func (b *Balancer) admitRamp(e *endpoint, nowNs int64) bool {
 // known, the slower one's by how much slower it is (see "Decode speed" at
 // the end of this file).
 func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
+	if pi, pj := probing(g.members[i], now.UnixNano()), probing(g.members[j], now.UnixNano()); pi != pj {
+		// A half-open breaker's probe wins: its cost still carries the
+		// outage's error rate, and it would lose to every healthy
+		// candidate until that decayed, keeping an endpoint that may
+		// have recovered out of rotation for tens of seconds. Its probe
+		// slots bound what it takes.
+		return pj
+	}
 	sc := b.scorer(req.Service)
 	var st scoring.State // one State, filled twice
 	g.members[i].state(b.cfg, now, g.weights[i], &st)

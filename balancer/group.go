@@ -216,6 +216,13 @@ func inGoodStanding(e *endpoint, nowNs int64) bool {
 	return !e.brOpen.Load() || e.probeSlots.Load() > 0 || probesOverdue(e, nowNs)
 }
 
+// probing reports whether a pick of e at nowNs would be a half-open
+// probe: its breaker is open, its exclusion has ended and a probe slot is
+// free (or those out are overdue).
+func probing(e *endpoint, nowNs int64) bool {
+	return e.brOpen.Load() && e.excludedUntil.Load() <= nowNs && (e.probeSlots.Load() > 0 || probesOverdue(e, nowNs))
+}
+
 // probesOverdue reports whether e's half-open probes, all out, have been
 // out past their deadline at nowNs (see takeProbe).
 func probesOverdue(e *endpoint, nowNs int64) bool {

@@ -204,3 +204,36 @@ func TestOverdueProbesSurviveAClockStepBack(t *testing.T) {
 	clock.Advance(time.Nanosecond)
 	assert.Len(t, holdOn(t, b, bad, 400), 1)
 }
+
+// A half-open endpoint gets its probes as soon as P2C draws it: a probe
+// wins the comparison. Its cost still carries the error rate of the
+// outage that tripped its breaker, so it used to lose to every healthy
+// candidate until that decayed; at light load the breaker stayed half-open
+// for tens of seconds after the exclusion, an endpoint that had recovered
+// out of rotation all that time.
+func TestHalfOpenEndpointIsProbedPromptly(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(8), OutlierInterval: -1,
+		BreakerFailures: 1, BreakerProbes: 3, SlowStartWindow: -1,
+	})
+	down := endpoints(4)[0].Addr
+	for range 20 { // a history of successes everywhere
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Latency: 10 * time.Millisecond})
+	}
+	p := pickOn(t, b, down)
+	p.Done(inferlb.Outcome{Err: errDown})
+	require.True(t, stat(t, b, down).BreakerOpen)
+	clock.Advance(balancer.DefaultEjectionTime)
+
+	picks := 0
+	for ; stat(t, b, down).BreakerOpen; picks++ {
+		require.Less(t, picks, 40, "the half-open endpoint got %d calls", stat(t, b, down).Successes)
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Latency: 10 * time.Millisecond})
+	}
+	t.Logf("breaker closed after %d picks", picks)
+}
