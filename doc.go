@@ -124,7 +124,8 @@
 // Each endpoint has a circuit breaker (github.com/sony/gobreaker/v2) that
 // trips after consecutive failures; the balancer's own clock holds it out,
 // doubling the time on each failed half-open probe round (probes that hang
-// are overdue after as long, and one more goes), and a recovered
+// are overdue after as long, and one more goes; a probe wins its P2C
+// comparison, whatever the outage left in the endpoint's cost), and a recovered
 // endpoint ramps up through slow start. Outlier detection ejects an endpoint
 // whose success rate falls well below the median of its peers serving the
 // same model (of the fleet, without model labels). Breakers and
