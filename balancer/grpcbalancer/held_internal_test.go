@@ -30,7 +30,7 @@ func TestHeldAttemptIsSettledByTheCallsError(t *testing.T) {
 	ok := balancer.DoneInfo{BytesSent: true, BytesReceived: true}
 	inFlight := func() int64 { return b.Stats()[0].InFlight }
 
-	st := &retryState{}
+	st := &retryState{method: "/svc/M"}
 	ctx := context.WithValue(context.Background(), retryKey{}, st)
 	retryInUse.Store(true)
 	a, res := h.pick(balancer.PickInfo{FullMethodName: "/svc/M", Ctx: ctx})
@@ -41,7 +41,7 @@ func TestHeldAttemptIsSettledByTheCallsError(t *testing.T) {
 	assert.Equal(t, [3]uint64{0, 0, 1}, [3]uint64{s.Successes, s.Failures, s.Overloads}, "the call's error")
 	assert.Zero(t, inFlight())
 
-	st = &retryState{}
+	st = &retryState{method: "/svc/M"}
 	ctx = context.WithValue(context.Background(), retryKey{}, st)
 	_, res = h.pick(balancer.PickInfo{FullMethodName: "/svc/M", Ctx: ctx})
 	res.Done(ok)
@@ -65,7 +65,7 @@ func TestHeldAttemptIsSettledByTheCallsError(t *testing.T) {
 func TestUnheldNoAnswerCoolsDownBeforeTheRetry(t *testing.T) {
 	b := core.New(core.Options{Rand: testutil.NewRand(1)})
 	h := newHarness(t, registerShared(b), `{}`, 1)
-	st := &retryState{}
+	st := &retryState{method: "/svc/M"}
 	ctx := context.WithValue(context.Background(), retryKey{}, st)
 	retryInUse.Store(true)
 	a, res := h.pick(balancer.PickInfo{FullMethodName: "/svc/M", Ctx: ctx})
@@ -277,7 +277,7 @@ func TestHeldReportClosingRacesAnAttemptsEnd(t *testing.T) {
 	const rounds = 200
 	var a string
 	for range rounds {
-		st := &retryState{}
+		st := &retryState{method: "/svc/M"}
 		ctx := context.WithValue(context.Background(), retryKey{}, st)
 		var res balancer.PickResult
 		a, res = h.pick(balancer.PickInfo{FullMethodName: "/svc/M", Ctx: ctx})

@@ -138,7 +138,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	// a template, is not in it): without it, a model's not-served answers
 	// and failures would be the endpoint's.
 	c.req.Model = req.Model
-	st := retryStateFrom(info.Ctx)
+	st := retryStateFrom(info.Ctx, info.FullMethodName)
 	if st != nil { // settle is not inlined: no call without an interceptor
 		st.settle(errRetriedAttempt) // gRPC retries only an attempt that failed
 		req = st.fit(req, c)

@@ -696,7 +696,7 @@ func TestPickAllocs(t *testing.T) {
 	withReq := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
 		Ctx: inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 7})}
 	UnaryRetry(2) // as a channel with the interceptor: picks look for its state
-	st := &retryState{}
+	st := &retryState{method: "/ai.Gen/Chat"}
 	withRetry := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
 		Ctx: context.WithValue(context.Background(), retryKey{}, st)}
 	for _, tt := range []struct {

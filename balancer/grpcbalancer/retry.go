@@ -24,6 +24,7 @@ import (
 //
 // Concurrency: attempts may overlap (gRPC hedging), so every field is atomic.
 type retryState struct {
+	method   string // the call's, as gRPC names it to the picker (retryStateFrom)
 	core     atomic.Pointer[core.Balancer]
 	received atomic.Bool
 	// notServed: the attempt's endpoint answered that it does not serve
@@ -155,11 +156,19 @@ type retryKey struct{}
 // retryInUse spares picks the context lookup until an interceptor exists.
 var retryInUse atomic.Bool
 
-func retryStateFrom(ctx context.Context) *retryState {
+// retryStateFrom returns the retry state of the call of method that ctx
+// carries, or nil. Another call made under the same context (by an
+// interceptor further in, or per-RPC credentials that call a gRPC token
+// service) has its own method, and must neither spend the call's retry
+// state nor have its attempts held and reported as the call's.
+func retryStateFrom(ctx context.Context, method string) *retryState {
 	if ctx == nil || !retryInUse.Load() {
 		return nil
 	}
 	st, _ := ctx.Value(retryKey{}).(*retryState)
+	if st == nil || st.method != method {
+		return nil
+	}
 	return st
 }
 
@@ -209,7 +218,7 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	maxAttempts = max(maxAttempts, 2)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		st := &retryState{}
+		st := &retryState{method: method}
 		ctx = context.WithValue(ctx, retryKey{}, st)
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		// The last refusal as too long, when the call went on.
@@ -272,7 +281,7 @@ func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoke
 func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		st := &retryState{}
+		st := &retryState{method: method}
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, opts)
 	}

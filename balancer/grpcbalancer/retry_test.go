@@ -41,8 +41,8 @@ func TestUnaryRetry(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			calls := 0
-			invoker := func(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
-				st := retryStateFrom(ctx)
+			invoker := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+				st := retryStateFrom(ctx, method)
 				if st == nil {
 					t.Fatal("the interceptor put no retry state in the context")
 				}
@@ -75,7 +75,7 @@ func TestFailoverToTheOnlyEndpointIsNotASecondSighting(t *testing.T) {
 	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
 	require.EqualValues(t, 1, b.KeyReuse().Observed)
 
-	st := &retryState{}
+	st := &retryState{method: "/x.Y/Z"}
 	failed := addr(0)
 	st.exclude.Store(&failed)
 	a, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.WithValue(ctx, retryKey{}, st)})
@@ -170,7 +170,7 @@ func TestWindowRetryWaitsForTheEndpointThatJustConnected(t *testing.T) {
 
 	// The call is refused by endpoint 0 as too long, and UnaryRetry
 	// retries it.
-	st := &retryState{}
+	st := &retryState{method: "/x.Y/Z"}
 	ctx := inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llm", PromptTokens: 100})
 	info := balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.WithValue(ctx, retryKey{}, st)}
 	a, res := h.pick(info)
@@ -191,4 +191,32 @@ func TestWindowRetryWaitsForTheEndpointThatJustConnected(t *testing.T) {
 	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
 	assert.Equal(t, uint64(1), stats(t, b, addr(0)).TooLong, "refused once")
 	assert.Equal(t, core.RetryStats{Allowed: 1}, b.RetryStats(), "one retry, spent once")
+}
+
+// A call made under a retried call's context with another method (an
+// interceptor further in, per-RPC credentials that fetch a token over
+// gRPC) is not an attempt of the retried call: it neither avoids the
+// endpoint the call failed on, nor records its Balancer, nor counts as
+// one of the call's attempts.
+func TestSideCallDoesNotShareTheRetryState(t *testing.T) {
+	UnaryRetry(2) // turns on the retry-state lookup, as installing it does
+	h := newHarness(t, Name, `{}`, 2)
+	st := &retryState{method: "/ai.Gen/Chat"}
+	failed := addr(0)
+	st.exclude.Store(&failed)
+	ctx := context.WithValue(context.Background(), retryKey{}, st)
+	side := map[string]int{}
+	for range 40 {
+		a, res := h.pick(balancer.PickInfo{FullMethodName: "/auth.Token/Get", Ctx: ctx})
+		res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+		side[a]++
+	}
+	assert.Positive(t, side[addr(0)], "the side call avoided the endpoint the retried call failed on: %v", side)
+	assert.Nil(t, st.core.Load(), "the side call recorded its Balancer as the call's")
+	assert.Zero(t, st.sent.Load(), "the side call counted as the call's attempts")
+
+	a, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Chat", Ctx: ctx})
+	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+	assert.Equal(t, addr(1), a, "the call's own retry avoids where it failed")
+	assert.NotNil(t, st.core.Load())
 }
