@@ -557,18 +557,32 @@ func (b *Balancer) PickExcept(req *inferlb.Request, exclude string) (Pick, error
 // retry go to an endpoint remembered not to serve req's model
 // (Outcome.NotServedModel): it would only get that answer again.
 func (b *Balancer) PickRetry(req *inferlb.Request, failed string) (Pick, error) {
-	return b.pickWith(b.def, req, failed, false, true)
+	return b.pickWith(b.def, req, failed, false, pickBudget|pickRefused)
 }
 
 func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pick, error) {
-	return b.pickWith(m, req, exclude, exclude == "", false)
+	return b.pickWith(m, req, exclude, exclude == "", 0)
 }
+
+// pickMode says how a failover's pickWith differs from a first pick.
+type pickMode uint8
+
+const (
+	// pickBudget: an endpoint found is taken only if AllowRetry allows.
+	pickBudget pickMode = 1 << iota
+	// pickRefused: when every candidate is remembered not to serve the
+	// call's model, or too small for its tokens, there is none
+	// (ErrNoEndpoints); a first pick goes ahead instead (the memory may be
+	// stale, and the server's answer is the caller's).
+	pickRefused
+)
 
 // pickWith is pick; observe says whether the pick is a call's first (its
 // affinity key counts as seen and it earns retry budget), not a failover,
-// which is the same call again.
-// With retry, an endpoint found is taken only if AllowRetry allows.
-func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string, observe, retry bool) (Pick, error) {
+// which is the same call again; mode how a failover differs.
+func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string, observe bool, mode pickMode) (Pick, error) {
+	retry := mode&pickBudget != 0
+	refused := mode&pickRefused != 0
 	snap := m.snap.Load()
 	if snap == nil {
 		return Pick{}, ErrNoEndpoints
@@ -590,7 +604,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff, key: req.AffinityKey}
 	if req.Model != "" && b.lackAt.Load() > nowNs {
-		if all := b.lacking(req.Model, g, &c); all && retry {
+		if all := b.lacking(req.Model, g, &c); all && refused {
 			// A first pick goes ahead (the memory may be stale: the
 			// server's answer is the caller's), but a retry to an
 			// endpoint remembered not to serve the model would only
@@ -598,7 +612,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			return Pick{}, ErrNoEndpoints
 		}
 	}
-	if b.windowFilter(req, g, &c) && retry {
+	if b.windowFilter(req, g, &c) && refused {
 		// No endpoint would take it: each refused as much (window.go).
 		return Pick{}, ErrNoEndpoints
 	}

@@ -97,14 +97,15 @@ func (m *Membership) PickExcept(req *inferlb.Request, exclude string) (Pick, err
 }
 
 // PickFailover picks for the retry of a call that failed on the endpoint
-// whose ID is failed: another endpoint when one can serve req (as
-// PickExcept), else the failed one itself, when nothing else is left and
-// retrying where it failed beats failing the call. Like PickExcept it does
-// not count the call's affinity key as seen again.
+// whose ID is failed: another endpoint when one can serve req (not one
+// remembered not to serve req's model, or too small for its tokens: that
+// would only fetch that answer), else the failed one itself, when nothing
+// else is left and retrying where it failed beats failing the call. Like
+// PickExcept it does not count the call's affinity key as seen again.
 func (m *Membership) PickFailover(req *inferlb.Request, failed string) (Pick, error) {
-	p, err := m.b.pickWith(m, req, failed, false, false)
+	p, err := m.b.pickWith(m, req, failed, false, pickRefused)
 	if err != nil && failed != "" {
-		p, err = m.b.pickWith(m, req, "", false, false)
+		p, err = m.b.pickWith(m, req, "", false, 0)
 	}
 	return p, err
 }
@@ -112,7 +113,7 @@ func (m *Membership) PickFailover(req *inferlb.Request, failed string) (Pick, er
 // PickRetry is Balancer.PickRetry over the Membership's endpoints that are
 // ready in it; the retry budget is the Balancer's.
 func (m *Membership) PickRetry(req *inferlb.Request, failed string) (Pick, error) {
-	return m.b.pickWith(m, req, failed, false, true)
+	return m.b.pickWith(m, req, failed, false, pickBudget|pickRefused)
 }
 
 // PickAt is Balancer.PickAt over the Membership's endpoints that are ready

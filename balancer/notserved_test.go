@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -431,4 +432,38 @@ func TestNotServedMemoryUnderConcurrency(t *testing.T) {
 			p.Done(inferlb.Outcome{})
 		}
 	}
+}
+
+// A failover (Membership.PickFailover, the gRPC policy's) of a call that
+// failed on the only endpoint serving its model goes back there, not to
+// an endpoint remembered not to serve the model, which would only answer
+// so: it used to go ahead to one of them as a first pick would.
+func TestFailoverReturnsToTheServerWithTheModel(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(4)})
+	m, err := b.NewMembership()
+	require.NoError(t, err)
+	eps := endpoints(3)
+	require.NoError(t, m.Update(eps))
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "adapter"}
+	for _, ep := range eps[1:] { // they answer that they lack it
+		p, err := m.PickExcept(req, eps[0].Addr)
+		require.NoError(t, err)
+		for p.ID() != ep.Addr {
+			p.Done(inferlb.Outcome{Err: context.Canceled})
+			p, err = m.PickExcept(req, eps[0].Addr)
+			require.NoError(t, err)
+		}
+		p.Done(inferlb.Outcome{NotServedModel: "adapter"})
+	}
+	for range 20 {
+		p, err := m.PickFailover(req, eps[0].Addr)
+		require.NoError(t, err)
+		assert.Equal(t, eps[0].Addr, p.ID(), "the only endpoint with the model takes the failover")
+		p.Done(inferlb.Outcome{})
+	}
+	p, err := m.PickFailover(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "base"}, eps[0].Addr)
+	require.NoError(t, err)
+	assert.NotEqual(t, eps[0].Addr, p.ID(), "another model's failover avoids the failed endpoint")
+	p.Done(inferlb.Outcome{})
 }
