@@ -541,8 +541,11 @@ func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
 
 // PickExcept is Pick for a failover: it never returns the endpoint whose ID
 // is exclude (the one that just failed), and returns ErrNoEndpoints when no
-// other endpoint can serve req. The affinity key still steers it: the key's
-// next endpoint in preference order takes the retry.
+// other endpoint can serve req, counting as unable those remembered not to
+// serve req's model or too small for its tokens (a first pick goes ahead
+// to them when nothing else is left; a failover would only fetch that
+// answer again). The affinity key still steers it: the key's next endpoint
+// in preference order takes the retry.
 func (b *Balancer) PickExcept(req *inferlb.Request, exclude string) (Pick, error) {
 	return b.pick(b.def, req, exclude)
 }
@@ -561,7 +564,10 @@ func (b *Balancer) PickRetry(req *inferlb.Request, failed string) (Pick, error) 
 }
 
 func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pick, error) {
-	return b.pickWith(m, req, exclude, exclude == "", 0)
+	if exclude != "" { // a failover (PickExcept)
+		return b.pickWith(m, req, exclude, false, pickRefused)
+	}
+	return b.pickWith(m, req, "", true, 0)
 }
 
 // pickMode says how a failover's pickWith differs from a first pick.

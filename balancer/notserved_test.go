@@ -437,7 +437,8 @@ func TestNotServedMemoryUnderConcurrency(t *testing.T) {
 // A failover (Membership.PickFailover, the gRPC policy's) of a call that
 // failed on the only endpoint serving its model goes back there, not to
 // an endpoint remembered not to serve the model, which would only answer
-// so: it used to go ahead to one of them as a first pick would.
+// so: it used to go ahead to one of them as a first pick would. PickExcept
+// then finds none.
 func TestFailoverReturnsToTheServerWithTheModel(t *testing.T) {
 	clock := testutil.NewClock()
 	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(4)})
@@ -456,6 +457,8 @@ func TestFailoverReturnsToTheServerWithTheModel(t *testing.T) {
 		}
 		p.Done(inferlb.Outcome{NotServedModel: "adapter"})
 	}
+	_, err = m.PickExcept(req, eps[0].Addr)
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints, "no other endpoint can serve it")
 	for range 20 {
 		p, err := m.PickFailover(req, eps[0].Addr)
 		require.NoError(t, err)
