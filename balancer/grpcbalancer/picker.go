@@ -229,6 +229,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		res, err := child.Pick(info)
 		if err != nil {
 			c.pick.Done(inferlb.Outcome{Err: errNotSent})
+			if windowRetry {
+				// PickRetry spent the budget: gRPC's next pick of this
+				// attempt, if any, must not spend it again (the window
+				// filter still passes over the endpoints too small).
+				st.windowRetry.Store(false)
+			}
 			c.release()
 			return res, err
 		}

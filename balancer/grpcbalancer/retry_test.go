@@ -3,12 +3,14 @@ package grpcbalancer
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/balancer/base"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
@@ -219,4 +221,42 @@ func TestSideCallDoesNotShareTheRetryState(t *testing.T) {
 	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
 	assert.Equal(t, addr(1), a, "the call's own retry avoids where it failed")
 	assert.NotNil(t, st.core.Load())
+}
+
+// A window retry whose pick the endpoint's child picker fails (its
+// SubConn not ready after all) has spent its retry; gRPC's next pick of
+// the attempt goes to a window that might take the call without spending
+// another.
+func TestWindowRetryChildErrorSpendsOnce(t *testing.T) {
+	UnaryRetry(3) // turns on the retry-state lookup, as installing it does
+	b := core.New(core.Options{Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{}`, 2)
+	cur := h.picker().(*picker)
+
+	st := &retryState{method: "/x.Y/Z"}
+	ctx := inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llm", PromptTokens: 100})
+	info := balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.WithValue(ctx, retryKey{}, st)}
+	var a string
+	var res balancer.PickResult
+	for a != addr(0) { // the first attempt meets endpoint 0
+		if a != "" {
+			res.Done(balancer.DoneInfo{Err: context.Canceled})
+		}
+		a, res = h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.WithValue(ctx, retryKey{}, st)})
+	}
+	res.Done(balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, "This model's maximum context length is 1000 tokens. However, your request has 5000 input tokens."), BytesSent: true, BytesReceived: true})
+	require.True(t, st.tooLong.Load())
+	st.windowRetry.Store(true)
+
+	byID := maps.Clone(cur.children.byID)
+	byID[addr(1)] = base.NewErrPicker(balancer.ErrNoSubConnAvailable)
+	failing := &picker{mem: cur.mem, cfg: cur.cfg, children: newChildTable(b, byID)}
+	_, err := failing.Pick(info)
+	require.ErrorIs(t, err, balancer.ErrNoSubConnAvailable)
+	require.Equal(t, core.RetryStats{Allowed: 1}, b.RetryStats())
+
+	a, res = h.pick(info)
+	assert.Equal(t, addr(1), a, "the endpoint whose window is not known to be too small")
+	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+	assert.Equal(t, core.RetryStats{Allowed: 1}, b.RetryStats(), "one retry, spent once")
 }
