@@ -101,8 +101,13 @@ func (st *retryState) attemptDone(id string, di balancer.DoneInfo, o *inferlb.Ou
 }
 
 // refusal is a refusal of the call as too long: the window and the
-// server's counts of the call's tokens (ctxwindow.Refusal's results).
-type refusal struct{ window, prompt, output int }
+// server's counts of the call's tokens (ctxwindow.Refusal's results), and
+// the status the server sent, which the caller gets when the call can go
+// nowhere else.
+type refusal struct {
+	window, prompt, output int
+	err                    error
+}
 
 // refusedTooLong records that the attempt that ended with di was refused
 // as longer than the endpoint's context window (see tooLong).
@@ -112,7 +117,7 @@ func (st *retryState) refusedTooLong(di balancer.DoneInfo) {
 		msg = msg[:maxRefusalText]
 	}
 	w, p, o := ctxwindow.Refusal([]byte(msg))
-	st.refusal.Store(&refusal{w, p, o})
+	st.refusal.Store(&refusal{w, p, o, di.Err})
 	st.tooLong.Store(true)
 }
 
@@ -241,7 +246,10 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			if st.tooLong.Load() {
 				// The next attempt's pick spends the retry budget, and
 				// only when some endpoint might take the call (fit).
-				refused = err
+				refused = err // the refusal's status, not a later attempt's
+				if r := st.refusal.Load(); r != nil && r.err != nil {
+					refused = r.err // (gRPC's retry policy may have tried again)
+				}
 				st.windowRetry.Store(true)
 				continue
 			}

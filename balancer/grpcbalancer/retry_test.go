@@ -260,3 +260,37 @@ func TestWindowRetryChildErrorSpendsOnce(t *testing.T) {
 	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
 	assert.Equal(t, core.RetryStats{Allowed: 1}, b.RetryStats(), "one retry, spent once")
 }
+
+// When gRPC's own retry policy retries a refusal as too long inside one
+// invocation (its retryableStatusCodes name the refusal's code) and that
+// attempt then fails otherwise, and no endpoint's window might take the
+// call, the caller gets the server's refusal, not the later error.
+func TestWindowRefusalOutlivesGRPCsOwnRetry(t *testing.T) {
+	UnaryRetry(3) // turns on the retry-state lookup, as installing it does
+	b := core.New(core.Options{Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{}`, 1)
+	lost := status.Error(codes.Unavailable, "connection reset")
+	refused := status.Error(codes.Internal, "Prompt length (5000) exceeds maximum sequence length (1000).")
+	invokes := 0
+	invoker := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+		invokes++
+		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+		if err != nil {
+			return err
+		}
+		if invokes > 1 {
+			t.Fatal("the window retry was sent though no window might take the call")
+		}
+		res.Done(balancer.DoneInfo{Err: refused, BytesSent: true, BytesReceived: true})
+		// gRPC's retry policy retries INTERNAL: the attempt's connection
+		// breaks.
+		res, err = h.picker().Pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+		require.NoError(t, err)
+		res.Done(balancer.DoneInfo{Err: lost, BytesSent: true})
+		return lost
+	}
+	ctx := inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llm", PromptTokens: 100})
+	err := UnaryRetry(3)(ctx, "/x.Y/Z", nil, nil, nil, invoker)
+	assert.Equal(t, codes.Internal, status.Code(err), "%v", err)
+	assert.Equal(t, status.Convert(refused).Message(), status.Convert(err).Message())
+}
