@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/balancer/base"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -290,4 +291,31 @@ func TestHeldReportClosingRacesAnAttemptsEnd(t *testing.T) {
 	s := stats(t, b, a)
 	assert.EqualValues(t, rounds, s.Successes, "each attempt reported once")
 	assert.Zero(t, s.InFlight)
+}
+
+// gRPC's retry of a held attempt may be picked while no endpoint is READY
+// (the channel's picker is then notReadyPicker): that pick settles the
+// held attempt as retried, neither success nor failure, as the policy's
+// own picker does. It was left held until the call returned, and then
+// counted with the call's error (a failure when the retry found no
+// endpoint).
+func TestHeldAttemptSettledByAPickWhileNotReady(t *testing.T) {
+	b := core.New(core.Options{Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{}`, 1)
+	retryInUse.Store(true)
+	st := &retryState{method: "/svc/M"}
+	ctx := context.WithValue(context.Background(), retryKey{}, st)
+	a, res := h.pick(balancer.PickInfo{FullMethodName: "/svc/M", Ctx: ctx})
+	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+	require.EqualValues(t, 1, b.Stats()[0].InFlight, "held")
+
+	nr := &notReadyPicker{next: base.NewErrPicker(balancer.ErrNoSubConnAvailable)}
+	_, err := nr.Pick(balancer.PickInfo{FullMethodName: "/svc/M", Ctx: ctx}) // gRPC retries it
+	require.ErrorIs(t, err, balancer.ErrNoSubConnAvailable)
+	s := stats(t, b, a)
+	assert.Equal(t, [3]uint64{0, 0, 0}, [3]uint64{s.Successes, s.Failures, s.Overloads}, "the retried attempt counts as neither")
+	assert.Zero(t, b.Stats()[0].InFlight)
+	st.settle(status.Error(codes.Unavailable, "no endpoint"))
+	s = stats(t, b, a)
+	assert.Zero(t, s.Failures, "the call's error is not the retried attempt's")
 }
