@@ -220,7 +220,7 @@ func inGoodStanding(e *endpoint, nowNs int64) bool {
 // probe: its breaker is open, its exclusion has ended and a probe slot is
 // free (or those out are overdue).
 func probing(e *endpoint, nowNs int64) bool {
-	return e.brOpen.Load() && e.excludedUntil.Load() <= nowNs && (e.probeSlots.Load() > 0 || probesOverdue(e, nowNs))
+	return e.brOpen.Load() && e.excludedUntil.Load() <= nowNs && inGoodStanding(e, nowNs)
 }
 
 // probesOverdue reports whether e's half-open probes, all out, have been

@@ -585,14 +585,7 @@ type notReadyPicker struct {
 }
 
 func (p *notReadyPicker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
-	// A pick for a call's retry settles its held attempt as retried,
-	// here as in picker.Pick: gRPC retries only an attempt that failed.
-	if st := retryStateFrom(info.Ctx, info.FullMethodName); st != nil {
-		st.settle(errRetriedAttempt)
-	}
-	if ss := streamStateFrom(info.Ctx, info.FullMethodName); ss != nil {
-		ss.settle(errRetriedAttempt)
-	}
+	retriedStates(info) // a retry's pick settles the held attempt here too
 	res, err := p.next.Pick(info)
 	if err == nil || err == balancer.ErrNoSubConnAvailable {
 		return res, err

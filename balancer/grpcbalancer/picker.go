@@ -138,14 +138,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	// a template, is not in it): without it, a model's not-served answers
 	// and failures would be the endpoint's.
 	c.req.Model = req.Model
-	st := retryStateFrom(info.Ctx, info.FullMethodName)
-	if st != nil { // settle is not inlined: no call without an interceptor
-		st.settle(errRetriedAttempt) // gRPC retries only an attempt that failed
+	st, ss := retriedStates(info)
+	if st != nil {
 		req = st.fit(req, c)
-	}
-	ss := streamStateFrom(info.Ctx, info.FullMethodName)
-	if ss != nil {
-		ss.settle(errRetriedAttempt) // as for st: a held attempt failed
 	}
 	exclude := st.excluded()
 	// The retry of a refusal as too long: no endpoint remembered too

@@ -161,6 +161,23 @@ type retryKey struct{}
 // retryInUse spares picks the context lookup until an interceptor exists.
 var retryInUse atomic.Bool
 
+// retriedStates returns the call's retry and stream states (nil when it
+// has none) once it has settled their held attempts as retried: gRPC
+// picks for a call again only to retry an attempt that failed (see
+// retryState.hold and streamState.hold). Every picker the policy
+// publishes calls it, so none leaves an attempt held.
+func retriedStates(info balancer.PickInfo) (*retryState, *streamState) {
+	st := retryStateFrom(info.Ctx, info.FullMethodName)
+	if st != nil { // settle is not inlined: no call without an interceptor
+		st.settle(errRetriedAttempt)
+	}
+	ss := streamStateFrom(info.Ctx, info.FullMethodName)
+	if ss != nil {
+		ss.settle(errRetriedAttempt)
+	}
+	return st, ss
+}
+
 // retryStateFrom returns the retry state of the call of method that ctx
 // carries, or nil. Another call made under the same context (by an
 // interceptor further in, or per-RPC credentials that call a gRPC token
