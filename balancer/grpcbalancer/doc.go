@@ -207,6 +207,10 @@
 // num_requests_running Running, prefix_cache_hit_rate PrefixCacheHitRate.
 // Utilizations of 0 read as "not reported" (proto3 has no presence), as in
 // weighted round robin (gRFC A58).
+// A value no server measures (NaN, an infinity, a negative utilization or
+// count, a fraction above 1) is dropped, and a report left with nothing is
+// counted as malformed telemetry (telemetry.StoreStats.DroppedEmpty of the
+// Balancer's Store), as the HTTP transport counts an unreadable load header.
 //
 // # Service config
 //

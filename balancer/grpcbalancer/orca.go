@@ -41,20 +41,31 @@ var namedMetrics = [...]namedMetric{
 // (gRFC A58): a per-call report that sets only a named metric must not
 // erase the utilization an out-of-band stream reported. Named metrics are
 // map entries, present or not, so 0 there is a value.
-func sampleFromORCA(r *v3orcapb.OrcaLoadReport, now time.Time) telemetry.Sample {
-	s := telemetry.Sample{Time: now}
+//
+// bad reports a value no server measures (NaN, an infinity, a negative
+// utilization or count, a fraction above 1): it is left out of the sample.
+// The caller publishes a report with bad values even when nothing else is
+// left, so that the Store counts it as malformed (DroppedEmpty), as the
+// HTTP transport counts an unreadable load header.
+func sampleFromORCA(r *v3orcapb.OrcaLoadReport, now time.Time) (s telemetry.Sample, bad bool) {
+	s = telemetry.Sample{Time: now}
 	if r == nil {
-		return s
+		return s, false
 	}
-	if v := r.GetCpuUtilization(); v > 0 {
-		s.Set(telemetry.CPUUtil, v)
-	}
-	if v := r.GetApplicationUtilization(); v > 0 {
-		s.Set(telemetry.AppUtil, v)
+	for _, u := range [...]struct {
+		f telemetry.Field
+		v float64
+	}{{telemetry.CPUUtil, r.GetCpuUtilization()}, {telemetry.AppUtil, r.GetApplicationUtilization()}} {
+		switch {
+		case u.v == 0: // not reported
+		case u.v > 0 && s.Set(u.f, u.v):
+		default:
+			bad = true
+		}
 	}
 	named, util := r.GetNamedMetrics(), r.GetUtilization()
 	if len(named) == 0 && len(util) == 0 {
-		return s
+		return s, bad
 	}
 	for _, m := range namedMetrics {
 		v, ok := named[m.name]
@@ -63,12 +74,11 @@ func sampleFromORCA(r *v3orcapb.OrcaLoadReport, now time.Time) telemetry.Sample 
 				continue
 			}
 		}
-		if v < 0 || (m.fraction && v > 1) {
-			continue
+		if v < 0 || (m.fraction && v > 1) || !s.Set(m.field, v) {
+			bad = true
 		}
-		s.Set(m.field, v)
 	}
-	return s
+	return s, bad
 }
 
 // subConn tracks one SubConn a pickfirst child created, to run an
@@ -100,8 +110,8 @@ func (s *subConn) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
 		return // its address left the resolver's endpoints
 	}
 	if b := s.lb.core.Load(); b != nil {
-		if smp := sampleFromORCA(r, b.Now()); !smp.Empty() {
-			b.Publish(id, smp)
+		if smp, bad := sampleFromORCA(r, b.Now()); bad || !smp.Empty() {
+			b.Publish(id, smp) // an empty one is counted (see sampleFromORCA)
 		}
 	}
 }

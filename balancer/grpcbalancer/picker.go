@@ -370,8 +370,8 @@ func (c *call) report(di balancer.DoneInfo) {
 	}
 	if c.perCall && di.ServerLoad != nil {
 		if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok {
-			if s := sampleFromORCA(r, c.core.Now()); !s.Empty() {
-				c.core.Publish(c.pick.ID(), s)
+			if s, bad := sampleFromORCA(r, c.core.Now()); bad || !s.Empty() {
+				c.core.Publish(c.pick.ID(), s) // an empty one is counted (see sampleFromORCA)
 			}
 		}
 	}

@@ -483,7 +483,10 @@ func TestSampleFromORCA(t *testing.T) {
 		NamedMetrics:           map[string]float64{"kv_cache_usage_perc": 0.8, "num_requests_waiting": 3, "num_requests_running": 0},
 		Utilization:            map[string]float64{"prefix_cache_hit_rate": 0.25, "kv_cache_usage": 0.1},
 	}
-	s := sampleFromORCA(r, now)
+	s, bad := sampleFromORCA(r, now)
+	if bad {
+		t.Error("a good report read as bad")
+	}
 	want := map[telemetry.Field]float64{
 		telemetry.CPUUtil: 0.5, telemetry.AppUtil: 0.9, telemetry.KVCacheUsage: 0.8,
 		telemetry.Waiting: 3, telemetry.Running: 0, telemetry.PrefixCacheHitRate: 0.25,
@@ -497,7 +500,7 @@ func TestSampleFromORCA(t *testing.T) {
 		t.Errorf("Time = %v, want %v", s.Time, now)
 	}
 
-	empty := sampleFromORCA(&v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_usage": 1.7, "num_requests_waiting": -1, "other": 3}}, now)
+	empty, _ := sampleFromORCA(&v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_usage": 1.7, "num_requests_waiting": -1, "other": 3}}, now)
 	if !empty.Empty() {
 		t.Errorf("zero utilizations, out-of-range and unknown metrics gave %+v, want nothing", empty)
 	}

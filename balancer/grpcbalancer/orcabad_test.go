@@ -1,0 +1,80 @@
+package grpcbalancer
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/balancer"
+
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// badORCAReports carry values no server measures: NaN, infinities,
+// negative utilizations and counts, fractions above 1. Each is dropped, and
+// a report with nothing else is counted as malformed telemetry (the Store's
+// DroppedEmpty), as an unreadable endpoint-load-metrics header is on the
+// HTTP transport: a server sending only such reports must show up in the
+// counters, not vanish.
+var badORCAReports = []*v3orcapb.OrcaLoadReport{
+	{CpuUtilization: math.NaN()},
+	{CpuUtilization: -0.5},
+	{ApplicationUtilization: math.Inf(1)},
+	{NamedMetrics: map[string]float64{"kv_cache_usage": math.NaN()}},
+	{NamedMetrics: map[string]float64{"num_requests_waiting": math.Inf(1)}},
+	{NamedMetrics: map[string]float64{"num_requests_running": -3}},
+	{Utilization: map[string]float64{"kv_cache_usage_perc": 1.7}},
+}
+
+func TestMalformedPerCallORCAIsCountedNotApplied(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 1)
+	store := h.lb().core.Load().Telemetry()
+	for i, r := range badORCAReports {
+		_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		di := sent
+		di.ServerLoad = r
+		res.Done(di)
+		assert.EqualValues(t, i+1, store.Stats().DroppedEmpty, "report %v not counted", r)
+	}
+	_, ok := store.Latest(addr(0), time.Now(), time.Minute)
+	assert.False(t, ok, "a malformed report was applied")
+
+	// A report with nothing this package reads is no malformed one.
+	_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+	di := sent
+	di.ServerLoad = &v3orcapb.OrcaLoadReport{RpsFractional: 10, NamedMetrics: map[string]float64{"other": -1}}
+	res.Done(di)
+	assert.EqualValues(t, len(badORCAReports), store.Stats().DroppedEmpty)
+}
+
+func TestMalformedOOBORCAIsCountedNotApplied(t *testing.T) {
+	h := newHarness(t, Name, `{}`, 1) // the fake has no ORCA producer: the test delivers the reports
+	lb := h.lb()
+	lb.mu.Lock()
+	var subs []*subConn
+	for s := range lb.subConns {
+		subs = append(subs, s)
+	}
+	lb.mu.Unlock()
+	require.Len(t, subs, 1)
+	store := lb.core.Load().Telemetry()
+	for i, r := range badORCAReports {
+		subs[0].OnLoadReport(r)
+		assert.EqualValues(t, i+1, store.Stats().DroppedEmpty, "report %v not counted", r)
+	}
+	_, ok := store.Latest(addr(0), time.Now(), time.Minute)
+	assert.False(t, ok, "a malformed report was applied")
+}
+
+// A report with one good value and one bad one keeps the good one.
+func TestPartlyMalformedORCAKeepsTheRest(t *testing.T) {
+	s, bad := sampleFromORCA(&v3orcapb.OrcaLoadReport{
+		CpuUtilization: math.NaN(),
+		NamedMetrics:   map[string]float64{"kv_cache_usage": 0.5, "num_requests_waiting": -1},
+	}, time.Now())
+	assert.True(t, bad)
+	assert.Equal(t, telemetry.FieldSet(1<<telemetry.KVCacheUsage), s.Has)
+}
