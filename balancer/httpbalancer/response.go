@@ -105,9 +105,9 @@ func (e *EndpointError) Timeout() bool {
 // is returned to the caller and only read afterwards. Read runs on one
 // goroutine at a time (io.Reader's contract) and alone touches the SSE line
 // state; Close may run concurrently with Read, so what finish reads of the
-// stream (events, firstNs, lastNs, the response ID) is atomic, or written
-// only before the first event counts (fromNs, enteredNs), and ends makes
-// the outcome report happen once.
+// stream (events, firstNs, lastNs, the response ID, a 503 body's start) is
+// atomic, or written only before the first event counts (fromNs,
+// enteredNs), and ends makes the outcome report happen once.
 type call struct {
 	t    *Transport
 	info Info

@@ -3,6 +3,7 @@ package httpbalancer
 import (
 	"bytes"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/inferlb/inferlb/internal/shed"
 )
@@ -573,10 +574,13 @@ func errorCode(line []byte, typed bool) int {
 // in an UNAVAILABLE, and a stream's error event SGLang's (textStatus).
 //
 // Concurrency: a shedBody belongs to its sseState (one Read at a time);
-// finish reads it after the last Read.
+// finish reads it, from a Close that may run while a Read feeds it (net/http
+// allows Close from another goroutine), so n is atomic: feed publishes the
+// bytes it wrote by storing n after them, and shed reads only the bytes
+// below the n it loads.
 type shedBody struct {
 	head [128]byte
-	n    int
+	n    atomic.Int32
 }
 
 // watchShed keeps the start of a 503's body, which has no Retry-After
@@ -598,8 +602,9 @@ func (c *call) watchShed() {
 func (c *call) shed() bool { return c.sse.shed.shed() }
 
 func (s *shedBody) feed(p []byte) {
-	s.n += copy(s.head[s.n:], p)
+	n := int(s.n.Load())
+	s.n.Store(int32(n + copy(s.head[n:], p)))
 }
 
 // shed reports whether the body read so far says the call was shed.
-func (s *shedBody) shed() bool { return shed.InBytes(s.head[:s.n]) }
+func (s *shedBody) shed() bool { return shed.InBytes(s.head[:s.n.Load()]) }

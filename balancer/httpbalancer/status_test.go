@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -153,4 +154,56 @@ func TestQueueRejectionIsAnOverload(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readingBody is a response body that says when its first Read has begun
+// (reading) and then hands out its bytes.
+type readingBody struct {
+	data    string
+	reading chan struct{}
+	once    sync.Once
+}
+
+func (b *readingBody) Read(p []byte) (int, error) {
+	b.once.Do(func() { close(b.reading) })
+	if b.data == "" {
+		return 0, io.EOF
+	}
+	n := copy(p, b.data)
+	b.data = b.data[n:]
+	return n, nil
+}
+
+func (b *readingBody) Close() error { return nil }
+
+// TestQueueRejectionClosedDuringRead: net/http lets a caller Close a body
+// from another goroutine while a Read is under way, and the body wrapper
+// promises that its Close may; a 503 whose body is being read for the
+// shedding texts is no exception. The Close reports the call, reading what
+// the Read kept of the body so far, and the race detector sees no race
+// between the two. The outcome is reported once, whichever saw what.
+func TestQueueRejectionClosedDuringRead(t *testing.T) {
+	body := &readingBody{data: `{"error":"Exceeds maximum queue size"}`, reading: make(chan struct{})}
+	base := baseFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: body, Request: r}, nil
+	})
+	res := newResults(2)
+	tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{{ID: "e", Addr: "10.0.0.1:80"}}, Base: base, OnResult: res.on})
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		_, _ = resp.Body.Read(make([]byte, 64)) // keeps the body's start as it returns
+	}()
+	<-body.reading // no ordering with what the Read does after it
+	require.NoError(t, resp.Body.Close())
+	<-read
+	require.EqualValues(t, 1, res.n.Load())
+	r := <-res.c
+	assert.Equal(t, http.StatusServiceUnavailable, r.Status)
+	assert.Zero(t, totalInFlight(tr.Balancer()))
 }
