@@ -110,8 +110,8 @@
 // ejection see none of it, and after BreakerFailures that model's calls
 // pass the server over, as for a model it does not serve. An answer that
 // the call is longer than the endpoint's context window for its model
-// (vLLM's, SGLang's, TGI's or TensorRT-LLM's 400, or the same text in a
-// gRPC status) is neither too: the Balancer remembers the window
+// (vLLM's, SGLang's or TensorRT-LLM's 400, TGI's 422, or the same text in
+// a gRPC status) is neither too: the Balancer remembers the window
 // (Outcome.ContextWindow) and passes the endpoint over for calls whose
 // tokens do not fit it, and the HTTP transport (the gRPC policy with
 // UnaryRetry) sends the call on to another endpoint.

@@ -157,7 +157,7 @@ type Outcome struct {
 	// ContextWindow, when positive, says the endpoint refused the call as
 	// longer than its context window for the call's model, of this many
 	// tokens (vLLM's 400 "This model's maximum context length is N
-	// tokens", SGLang's and TGI's alike): fleets whose replicas were
+	// tokens", SGLang's alike, TGI's 422): fleets whose replicas were
 	// started with different max-model-len, or on GPUs of different
 	// memory, refuse on some replicas what others take. The call counts as
 	// neither success nor failure, and the balancer remembers the window

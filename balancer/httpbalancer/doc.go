@@ -213,13 +213,13 @@
 //
 // A 400 that refuses the call as longer than the endpoint's context window
 // for the model (vLLM's "This model's maximum context length is N
-// tokens...", SGLang's and TGI's alike; a body of known length up to 2
-// KiB) goes on the same way to an endpoint not remembered too small for
-// it: the attempt is reported with Outcome.ContextWindow (neither success
-// nor failure; the Balancer remembers the window), and the call's token
-// counts become the ones the server gave. When no endpoint is left that
-// might take it, the caller gets the 400 byte for byte. Any other 400 is
-// the request's.
+// tokens...", SGLang's alike, and TGI's, whose status is 422; a body of
+// known length up to 2 KiB) goes on the same way to an endpoint not
+// remembered too small for it: the attempt is reported with
+// Outcome.ContextWindow (neither success nor failure; the Balancer
+// remembers the window), and the call's token counts become the ones the
+// server gave. When no endpoint is left that might take it, the caller
+// gets the refusal byte for byte. Any other 400 or 422 is the request's.
 //
 // The outcome of a call the server answered names the call's model
 // (Outcome.Model): a success, a 5xx and a 5xx error event in a stream. A

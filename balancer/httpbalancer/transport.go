@@ -423,21 +423,21 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		resp, err := c.send(out) // closes out.Body
 		if err == nil {
 			if resp != nil {
-				if resp.StatusCode == http.StatusNotFound && c.info.Model != "" {
-					// Perhaps the endpoint does not serve the model
-					// (see notServed): then the call goes elsewhere.
-					if next, ok := c.notServed(resp, hops < t.notServedHops(), &rb); ok {
-						c.pick, body = next.pick, next.body
-						hops++
-						t.failovers.Add(1)
-						c.ends.And(^uint32(endResent))
-						continue
+				if code := resp.StatusCode; code >= 400 && code < 500 && c.info.Model != "" {
+					var next retryAttempt
+					ok := false
+					switch code {
+					case http.StatusNotFound:
+						// Perhaps the endpoint does not serve the model
+						// (see notServed): then the call goes elsewhere.
+						next, ok = c.notServed(resp, hops < t.notServedHops(), &rb)
+					case http.StatusBadRequest, http.StatusUnprocessableEntity:
+						// Perhaps the call is longer than the endpoint's
+						// context window and another takes it (window.go;
+						// TGI refuses it with 422).
+						next, ok = c.tooLong(resp, hops < t.notServedHops(), &rb)
 					}
-				}
-				if resp.StatusCode == http.StatusBadRequest && c.info.Model != "" {
-					// Perhaps the call is longer than the endpoint's
-					// context window and another takes it (window.go).
-					if next, ok := c.tooLong(resp, hops < t.notServedHops(), &rb); ok {
+					if ok {
 						c.pick, body = next.pick, next.body
 						hops++
 						t.failovers.Add(1)

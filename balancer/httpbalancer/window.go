@@ -11,8 +11,9 @@ import (
 	ctxwindow "github.com/inferlb/inferlb/internal/window"
 )
 
-// A 400 that says the call is longer than the endpoint's context window
-// for the model is the endpoint saying so before any work: vLLM's "This
+// A 400 (or TGI's 422) that says the call is longer than the endpoint's
+// context window for the model is the endpoint saying so before any work:
+// vLLM's "This
 // model's maximum context length is 4096 tokens. However, you requested
 // 5000 tokens (4000 in the messages, 1000 in the completion)." (or, newer,
 // "... your request has 5000 input tokens"), SGLang's "The input (5000
@@ -30,16 +31,18 @@ import (
 // the model of (see notServed): the body can be sent again, Failover is
 // on, the retry budget allows, at most notServedHops endpoints. When it
 // cannot, or no endpoint is left that might take it, the caller gets the
-// 400 as it came, every byte of it. Other 400s, and those whose body is
-// not of a known length up to maxNotServedBody, are answers like any
-// other (the request's).
+// refusal as it came, every byte of it. TGI answers every validation
+// error, this one too, with 422 (vLLM, SGLang and TensorRT-LLM with 400),
+// so both are read. Other 400s and 422s, and those whose body is not of a
+// known length up to maxNotServedBody, are answers like any other (the
+// request's).
 
 // errTooLong is the Outcome.Err of a refused attempt when the caller's
 // code panics while its retry is set up (see call.retry); it wraps
 // context.Canceled, blaming no endpoint.
 var errTooLong = fmt.Errorf("inferlb: httpbalancer: the call is longer than the endpoint's context window: %w", context.Canceled)
 
-// tooLong handles a 400 to a call with a model. It reads the body, which
+// tooLong handles a 400 or 422 to a call with a model. It reads the body, which
 // stays readable from resp.Body as it came, and when the body refuses the
 // call as too long it reports the attempt so and, when it may, sets up
 // the call's retry on another endpoint (with a retry, this attempt's
@@ -65,7 +68,7 @@ func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt
 	next, retried := c.retry(may, rb, errTooLong)
 	if retried {
 		_ = resp.Body.Close()
-		c.refused(o, http.StatusBadRequest, &next)
+		c.refused(o, resp.StatusCode, &next)
 		return next, true
 	}
 	// The caller reads the refusal as it came; the attempt is reported
@@ -77,7 +80,7 @@ func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt
 			_ = resp.Body.Close()
 		}
 	}()
-	c.reportNow(o, http.StatusBadRequest, false)
+	c.reportNow(o, resp.StatusCode, false)
 	reported = true
 	return retryAttempt{}, false
 }

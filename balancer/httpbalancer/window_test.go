@@ -172,3 +172,73 @@ type countClose struct {
 }
 
 func (c *countClose) Close() error { *c.n++; return nil }
+
+// newTGIWindowBackend answers like TGI started with a max-total-tokens of
+// window: a chat whose prompt and max_tokens do not fit is refused with
+// TGI's validation error, whose status is 422 (TGI answers every
+// validation error so, InferError::ValidationError), before any work.
+func newTGIWindowBackend(t *testing.T, name string, window int) *windowBackend {
+	t.Helper()
+	b := &windowBackend{backend: &backend{name: name}}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct {
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+			MaxTokens int `json:"max_tokens"`
+		}
+		_ = json.Unmarshal(body, &req)
+		prompt := 0
+		for _, m := range req.Messages {
+			prompt += len(m.Content) / 4
+		}
+		if prompt+req.MaxTokens > window {
+			b.refused.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` tokens + `max_new_tokens` must be <= %d. Given: %d `inputs` tokens and %d `max_new_tokens`"+`","error_type":"validation"}`,
+				window, prompt, req.MaxTokens)
+			return
+		}
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		b.fakeChat(w, r)
+	}))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// TGI refuses a call longer than its window with 422, not 400: the call
+// goes on to the replica whose window takes it, as it does from vLLM's
+// 400, the attempt reported with the window and the status it got. A call
+// no replica takes gets TGI's 422 as it came.
+func TestLongCallsFindTheLargerWindowOnTGI(t *testing.T) {
+	small, large := newTGIWindowBackend(t, "small", 1000), newTGIWindowBackend(t, "large", 8000)
+	res := newResults(64)
+	tr := newTransport(t, httpbalancer.Options{
+		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1)}),
+		Endpoints: endpointsOf(small.backend, large.backend),
+		OnResult:  res.on,
+	})
+	c := &http.Client{Transport: tr}
+	for i := range 8 {
+		resp, _ := post(t, c, chatOf(i, 3000, 200))
+		require.Equal(t, http.StatusOK, resp.StatusCode, "call %d", i)
+		assert.Equal(t, "large", resp.Header.Get("X-Backend"))
+	}
+	require.Positive(t, small.refused.Load(), "the small replica was tried")
+	st := statsByID(tr.Balancer())
+	assert.Equal(t, uint64(small.refused.Load()), st["small"].TooLong)
+	assert.Zero(t, st["small"].Failures)
+	for range res.n.Load() {
+		if r := <-res.c; r.Endpoint == "small" {
+			assert.Equal(t, http.StatusUnprocessableEntity, r.Status)
+			assert.Equal(t, 1000, r.Outcome.ContextWindow)
+			assert.True(t, r.FailedOver)
+		}
+	}
+
+	resp, body := post(t, c, chatOf(100, 9000, 200))
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+	assert.True(t, strings.HasPrefix(string(body), `{"error":"Input validation error: `+"`inputs` tokens + `max_new_tokens` must be <= "), "the refusal as it came: %s", body)
+}
