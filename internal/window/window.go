@@ -3,7 +3,11 @@
 // vLLM's 400 "This model's maximum context length is 4096 tokens.
 // However, you requested 5000 tokens (4000 in the messages, 1000 in the
 // completion).", SGLang's "The input (5000 tokens) is longer than the
-// model's context length (4096 tokens).", TGI's "`inputs` tokens +
+// model's context length (4096 tokens)." (or, when the prompt fits but
+// not with max_tokens, "Requested token count exceeds the model's maximum
+// context length of 4096 tokens. You requested a total of 5000 tokens:
+// 4000 tokens from the input messages and 1000 tokens for the
+// completion."), TGI's "`inputs` tokens +
 // `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 1000
 // `max_new_tokens`", TensorRT-LLM's "Prompt length (5056) exceeds maximum
 // sequence length (2048)". The adapters report such an answer with
@@ -44,6 +48,13 @@ func Refusal(body []byte) (window, prompt, output int) {
 		// SGLang's.
 		window = numberAfter(lb, "longer than the model's context length (")
 		prompt = numberAfter(lb, "the input (")
+	case bytes.Contains(lb, []byte("maximum context length of ")):
+		// SGLang's when the prompt fits but not with max_tokens: "Requested
+		// token count exceeds the model's maximum context length of W
+		// tokens. You requested a total of T tokens: P tokens from the
+		// input messages and O tokens for the completion."
+		window = numberAfter(lb, "maximum context length of ")
+		prompt, output = numberBefore(lb, " tokens from the input"), numberBefore(lb, " tokens for the completion")
 	case bytes.Contains(lb, []byte("`max_new_tokens` must be <= ")):
 		// TGI's.
 		window = numberAfter(lb, "`max_new_tokens` must be <= ")
