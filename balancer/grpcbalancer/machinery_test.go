@@ -290,7 +290,13 @@ func TestE2EServerStreamIsDoneWhenItEnds(t *testing.T) {
 	if n != 4 {
 		t.Fatalf("received %d of 4 messages", n)
 	}
-	if s := check("after the stream ended", 0, 1, 0); s.TTFT <= 0 || s.TTFT > s.Latency {
+	// The time to first token may be unknown here: on a busy machine the
+	// test's goroutine can be descheduled between the headers and its
+	// first Recv for over 1/8 of the stream's sub-millisecond first token,
+	// and then the reader counts as late (package pace) and no time is
+	// reported. TestStreamTiming* decide that with injected times; here
+	// only a time that is reported is checked.
+	if s := check("after the stream ended", 0, 1, 0); s.TTFT < 0 || s.TTFT > s.Latency {
 		t.Errorf("TTFT %v with latency %v", s.TTFT, s.Latency)
 	}
 
