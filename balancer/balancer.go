@@ -631,7 +631,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		}
 		c.affine = b.reuse.recurring(rc, b.cfg.minKeyReuse)
 	}
-	homed := false
+	homed, plain := false, c
 	if c.slots && b.cfg.adapterHomes > 0 && !req.Session && b.cfg.affinity != AffinityOff {
 		if k := b.adapterHome(req, g, nowNs); k != 0 {
 			c.key, c.affine, homed = k, true, true // a rarely asked adapter goes to its home (lora.go)
@@ -647,6 +647,10 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				retry = false // spent
 			}
 			i, keyed := b.choose(req, g, now, c, &sh)
+			if homed && i >= 0 && b.baseAt(g.members[i], req.Model, nowNs) {
+				c, homed = plain, false // see baseAt
+				i, keyed = b.choose(req, g, now, c, &sh)
+			}
 			if i < 0 && !c.panicking && b.cfg.panicThreshold > 0 {
 				// The shard may be only cooling down after overload
 				// answers, which a tenant's own flood causes: spread over
@@ -672,6 +676,10 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		}
 	}
 	i, keyed := b.choose(req, g, now, c, nil)
+	if homed && i >= 0 && b.baseAt(g.members[i], req.Model, nowNs) {
+		c, homed = plain, false // see baseAt
+		i, keyed = b.choose(req, g, now, c, nil)
+	}
 	if i < 0 {
 		// With a retry spent, the last candidate spendRetry found left
 		// in between: rare, and the retry is not refunded.

@@ -173,7 +173,7 @@ func (b *Balancer) adapterHome(req *inferlb.Request, g *group, nowNs int64) uint
 
 // adapterCall reports whether model is a LoRA adapter to g's members:
 // not the base model of the first member with a fresh reading of its
-// adapters.
+// adapters (a homed pick checks the member it chose too: baseAt).
 func (g *group) adapterCall(model string, nowNs int64, maxAge time.Duration) bool {
 	now := time.Unix(0, nowNs)
 	for _, e := range g.members {
@@ -182,6 +182,19 @@ func (g *group) adapterCall(model string, nowNs int64, maxAge time.Duration) boo
 		}
 	}
 	return false
+}
+
+// baseAt reports whether model is the base model of e's fresh reading.
+// adapterCall judges a call by one member's reading; in a group of
+// endpoints of several base models (no subset labels), another base
+// model's calls were taken for a rarely asked adapter's, and, never
+// counted as an adapter's calls (countLoRA reads the endpoint's own
+// reading), they never grew popular: every call of that base model went
+// to one home whatever its prompt. A homed pick whose endpoint reads
+// the call as its base model is made again with the call's own key.
+func (b *Balancer) baseAt(e *endpoint, model string, nowNs int64) bool {
+	a, _, ok := e.slot.Load().LoRA(time.Unix(0, nowNs), b.cfg.telemetryMaxAge)
+	return ok && model == a.Base
 }
 
 // loraFlight counts this process's calls in flight on one member per

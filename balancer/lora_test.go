@@ -426,3 +426,31 @@ func TestAdapterHomesValidate(t *testing.T) {
 	assert.NoError(t, (&balancer.Options{AdapterHomes: -1}).Validate())
 	assert.NoError(t, (&balancer.Options{AdapterHomes: 0.5}).Validate())
 }
+
+// In a fleet of two base models whose endpoints carry no subset labels
+// (the not-served memory sorts out who serves what), a call for one
+// base model is a base-model call where it lands: it follows its prompt
+// key, whichever base the group's first reading names. adapterCall
+// judges by that one reading, and the base model of the other endpoints
+// was taken for a rarely asked adapter (its calls never count as an
+// adapter's, so it never grew popular): every call of it went to one
+// home, whatever its prompt.
+func TestAdapterHomesLeaveAnotherBaseModelAlone(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(6)})
+	for i, ep := range endpoints(8) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 1)
+		s.Set(telemetry.Waiting, 0)
+		base := "mistral"
+		if i == 0 {
+			base = "llama" // the first member's reading
+		}
+		s.SetAdapters(4, &telemetry.Adapters{Base: base})
+		b.Publish(ep.Addr, s)
+	}
+	assert.Greater(t, len(homesOf(t, b, "mistral", 50, inferlb.Request{})), 4, "mistral is the base model of seven endpoints")
+	assert.Greater(t, len(homesOf(t, b, "llama", 50, inferlb.Request{})), 4, "and llama of the first")
+	assert.Len(t, homesOf(t, b, "sql", 50, inferlb.Request{}), 1, "an adapter still goes home")
+	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "mistral", AffinityKey: 5}))
+}
