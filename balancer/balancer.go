@@ -631,9 +631,12 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		}
 		c.affine = b.reuse.recurring(rc, b.cfg.minKeyReuse)
 	}
-	homed, plain := false, c
+	homed := false
+	var ownKey uint64 // the call's own key and affinity while homed (see baseAt)
+	var ownAffine bool
 	if c.slots && b.cfg.adapterHomes > 0 && !req.Session && b.cfg.affinity != AffinityOff {
 		if k := b.adapterHome(req, g, nowNs); k != 0 {
+			ownKey, ownAffine = c.key, c.affine
 			c.key, c.affine, homed = k, true, true // a rarely asked adapter goes to its home (lora.go)
 		}
 	}
@@ -648,7 +651,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			}
 			i, keyed := b.choose(req, g, now, c, &sh)
 			if homed && i >= 0 && b.baseAt(g.members[i], req.Model, nowNs) {
-				c, homed = plain, false // see baseAt
+				c.key, c.affine, homed = ownKey, ownAffine, false // see baseAt
 				i, keyed = b.choose(req, g, now, c, &sh)
 			}
 			if i < 0 && !c.panicking && b.cfg.panicThreshold > 0 {
@@ -677,7 +680,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	}
 	i, keyed := b.choose(req, g, now, c, nil)
 	if homed && i >= 0 && b.baseAt(g.members[i], req.Model, nowNs) {
-		c, homed = plain, false // see baseAt
+		c.key, c.affine, homed = ownKey, ownAffine, false // see baseAt
 		i, keyed = b.choose(req, g, now, c, nil)
 	}
 	if i < 0 {
