@@ -339,7 +339,7 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 	slot := g.members[i].slot.Load()
 	slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
 	if s.Adapters != nil && req.Model != "" && b.slotAware(req.Service) &&
-		g.members[i].slotFull(req.Model, modelID(req.Model), now.UnixNano(), b.cfg.telemetryMaxAge) {
+		g.members[i].slotFull(req.Model, adapterID(req.Model, b.adapters.seed), b.adapters.seed, now.UnixNano(), b.cfg.telemetryMaxAge) {
 		return bound{pressure: -1, waiting: -1, kv: -1, over: true} // see lora.go
 	}
 	own := max(g.members[i].inFlight.Load(), 0)

@@ -81,8 +81,8 @@ const adapterFlights = 64
 // adapterCounts counts this Balancer's calls in flight whose picks heed
 // LoRA slots (cand.slots), and of them, per adapter, those for an
 // adapter, lock-free: they size an adapter's share of the calls for
-// adapterHome. An adapter counts in one of two entries that a seeded hash
-// of its modelID names (a word each: its loraTag and a count, as in
+// adapterHome. An adapter counts in one of two entries that a hash of
+// its adapterID names (a word each: its loraTag and a count, as in
 // loraFlight), so a
 // pick reads two words, not the table; an adapter whose two entries
 // both hold others' calls is not counted (it reads as rare). Two picks
@@ -91,8 +91,9 @@ const adapterFlights = 64
 type adapterCounts struct {
 	calls  atomic.Int64
 	flight [adapterFlights]atomic.Uint64
-	// seed places adapters in the table (entries), so that request data
-	// cannot pick names that take a given adapter's entries.
+	// seed places adapters in the table (entries) and seeds their tags
+	// here and in every member's loraFlight (adapterID), so that request
+	// data cannot pick names that take a given adapter's entries or tag.
 	seed uint64
 }
 
@@ -160,7 +161,7 @@ func (b *Balancer) adapterHome(req *inferlb.Request, g *group, nowNs int64) uint
 	if !g.adapterCall(req.Model, nowNs, b.cfg.telemetryMaxAge) {
 		return 0
 	}
-	n := b.adapters.count(modelID(req.Model))
+	n := b.adapters.count(adapterID(req.Model, b.adapters.seed))
 	if float64(n)*float64(len(g.members)) > b.cfg.adapterHomes*float64(b.adapters.calls.Load()) {
 		return 0 // a popular adapter: its calls spread by prompt
 	}
@@ -199,12 +200,20 @@ func (b *Balancer) baseAt(e *endpoint, model string, nowNs int64) bool {
 
 // loraFlight counts this process's calls in flight on one member per
 // LoRA adapter, without locks: each entry is one word, the adapter's
-// tag (the high 32 bits of its modelID) and its count of calls. Two
+// tag (the high 32 bits of its adapterID) and its count of calls. Two
 // picks of a new adapter at once may each take an entry for it; readers
 // count an adapter once however many entries hold it.
 type loraFlight [loraFlights]atomic.Uint64
 
 func loraTag(h uint64) uint64 { return h >> 32 << 32 }
+
+// adapterID is the hash an adapter is counted by in the LoRA tables
+// (loraFlight, adapterCounts): its modelID under the Balancer's seed
+// (adapterCounts.seed), a bijection of it. The tables hold 32 bits of it
+// (loraTag), so of modelID alone, an unseeded hash, a name sharing a
+// given adapter's tag takes about 2^32 hashes to find offline; under the
+// seed it takes a 64-bit collision of modelID.
+func adapterID(model string, seed uint64) uint64 { return mix64(modelID(model) ^ seed) }
 
 // add counts a call of adapter h and returns its entry plus one, or 0
 // when every entry holds another adapter's calls.
@@ -256,13 +265,13 @@ func (b *Balancer) slotsLive(nowNs int64) bool {
 }
 
 // slotFull reports whether e's slots are all taken by adapters other than
-// model (h is its modelID): its fresh reading's running adapters and those
+// model (h is its adapterID under seed): its fresh reading's running adapters and those
 // this process has calls of in flight there, counted once each. An
 // adapter that runs there, or has calls of this process in flight there,
 // is never full; one that only waits there is, when the slots are (see
 // telemetry.Sample.SlotWait). The base model and a member with no fresh
 // reading are never full.
-func (e *endpoint) slotFull(model string, h uint64, nowNs int64, maxAge time.Duration) bool {
+func (e *endpoint) slotFull(model string, h, seed uint64, nowNs int64, maxAge time.Duration) bool {
 	a, slots, ok := e.slot.Load().LoRA(time.Unix(0, nowNs), maxAge)
 	if !ok || model == a.Base || slices.Contains(a.Running, model) {
 		return false
@@ -279,7 +288,7 @@ func (e *endpoint) slotFull(model string, h uint64, nowNs int64, maxAge time.Dur
 		switch {
 		case tag == loraTag(h):
 			return false // this process's calls of it run (or wait) there
-		case slices.Contains(seen[:n], tag) || runs(a.Running, tag):
+		case slices.Contains(seen[:n], tag) || runs(a.Running, tag, seed):
 		default:
 			seen[n] = tag
 			n++
@@ -289,10 +298,11 @@ func (e *endpoint) slotFull(model string, h uint64, nowNs int64, maxAge time.Dur
 	return float64(used) >= slots
 }
 
-// runs reports whether an adapter whose loraTag is tag is among running.
-func runs(running []string, tag uint64) bool {
+// runs reports whether an adapter whose loraTag (of its adapterID under
+// seed) is tag is among running.
+func runs(running []string, tag, seed uint64) bool {
 	for _, n := range running {
-		if loraTag(modelID(n)) == tag {
+		if loraTag(adapterID(n, seed)) == tag {
 			return true
 		}
 	}
@@ -307,9 +317,9 @@ func (b *Balancer) drawSlot(req *inferlb.Request, g *group, c cand, sh *shard, n
 	if i < 0 {
 		return i, false
 	}
-	h := modelID(req.Model)
+	h := adapterID(req.Model, b.adapters.seed)
 	for k := 0; ; k++ {
-		if full = g.members[i].slotFull(req.Model, h, c.nowNs, b.cfg.telemetryMaxAge); !full || k == slotRedraws {
+		if full = g.members[i].slotFull(req.Model, h, b.adapters.seed, c.nowNs, b.cfg.telemetryMaxAge); !full || k == slotRedraws {
 			return i, full
 		}
 		if j := b.draw(g, c, sh, not); j >= 0 {
@@ -334,7 +344,7 @@ func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
 	if !ok || req.Model == a.Base {
 		return f
 	}
-	h := modelID(req.Model)
+	h := adapterID(req.Model, b.adapters.seed)
 	f |= e.lora.add(h) << pickLoRAShift
 	if homes {
 		f |= b.adapters.add(h) << pickAdapterShift

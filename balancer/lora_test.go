@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -453,4 +454,39 @@ func TestAdapterHomesLeaveAnotherBaseModelAlone(t *testing.T) {
 	assert.Greater(t, len(homesOf(t, b, "llama", 50, inferlb.Request{})), 4, "and llama of the first")
 	assert.Len(t, homesOf(t, b, "sql", 50, inferlb.Request{}), 1, "an adapter still goes home")
 	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "mistral", AffinityKey: 5}))
+}
+
+// Adapter names are request data: one that shares another adapter's tag
+// in the LoRA tables (32 bits of a hash) would be counted as that
+// adapter. Of the unseeded model hash, such names take a birthday search
+// of about 2^16 names to find (these two were found so:
+// "sql-lora-112419" and "sql-lora-131351" share the high 32 bits of
+// their xxhash); under the Balancer's seed they are two adapters.
+func TestLoRATagsAreSeeded(t *testing.T) {
+	const a, b2 = "sql-lora-112419", "sql-lora-131351"
+	require.Equal(t, xxhash.Sum64String(a)>>32, xxhash.Sum64String(b2)>>32, "the names' unseeded tags collide")
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(8), AdapterHomes: -1, AffinitySeed: 7})
+	publishLoRA(b, clock, 2, "sql", "")
+	eps := endpoints(2)
+	for range 3 { // endpoint 1 is the busier: every call prefers 0 unless its slots are full
+		p, err := b.PickExcept(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "llama"}, eps[0].Addr)
+		require.NoError(t, err)
+		defer p.Done(inferlb.Outcome{})
+	}
+	// a runs on endpoint 0 beside sql: its two slots are taken.
+	pa, err := b.PickExcept(&inferlb.Request{Service: inferlb.ServiceLLM, Model: a}, eps[1].Addr)
+	require.NoError(t, err)
+	require.Equal(t, eps[0].Addr, pa.ID())
+	defer pa.Done(inferlb.Outcome{})
+	on0 := 0
+	for range 100 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: b2})
+		require.NoError(t, err)
+		if p.ID() == eps[0].Addr {
+			on0++
+		}
+		p.Done(inferlb.Outcome{})
+	}
+	assert.LessOrEqual(t, on0, 100/8, "%s waits for a slot on endpoint 0, where %s and sql run", b2, a)
 }
