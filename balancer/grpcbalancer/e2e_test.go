@@ -43,10 +43,11 @@ type backend struct {
 	kv      float64       // per-call ORCA kv_cache_usage to report; 0 = none
 	perMsg  time.Duration // StreamingOutputCall: time to "generate" each message after the first
 	// clock, if set, is the fake clock of the core that routes to b:
-	// StreamingOutputCall then does not sleep perMsg but advances clock by
-	// a millisecond of prefill before its first message and names b in each
-	// message, and the test's client advances clock by perMsg as it
-	// receives each token (see TestE2EStreamTimingSteersFromASlowDecoder).
+	// StreamingOutputCall then does not sleep perMsg but sends every
+	// message at once, naming b in each, and the test's client advances
+	// clock by a millisecond of prefill in its first receive and by perMsg
+	// in each next one (decodingStream; see
+	// TestE2EStreamTimingSteersFromASlowDecoder).
 	clock *testutil.Clock
 	// pace, if set, times EmptyCall on its fleet's count of calls instead
 	// of the wall clock (see pace); slow makes b hold each call there.
@@ -123,7 +124,6 @@ func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.E
 func (b *backend) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, ss grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
 	b.calls.Add(1)
 	if b.clock != nil {
-		b.clock.Advance(time.Millisecond) // prefill, before the first token
 		for range req.GetResponseParameters() {
 			if err := ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: []byte(b.addr)}}); err != nil {
 				return err
@@ -750,12 +750,23 @@ func TestE2EWaitForReadyCallOutlastsACooldown(t *testing.T) {
 // receive waits on a decoder that slow.
 type decodingStream struct {
 	grpc.ClientStream
-	clock  *testutil.Clock
-	perMsg map[string]time.Duration
-	wait   time.Duration
+	clock   *testutil.Clock
+	perMsg  map[string]time.Duration
+	wait    time.Duration
+	started bool
 }
 
+// RecvMsg advances the clock inside the receive, where StreamTiming counts
+// the time as waited for the endpoint: a millisecond of prefill before the
+// first token, the serving backend's perMsg before each next one. (The
+// backend advanced the prefill itself once, and when that landed between
+// the stream's start and the client's first receive, the client read as
+// a late reader and the stream went untimed: a flake on a busy machine.)
 func (s *decodingStream) RecvMsg(m any) error {
+	if !s.started {
+		s.started = true
+		s.clock.Advance(time.Millisecond)
+	}
 	s.clock.Advance(s.wait)
 	err := s.ClientStream.RecvMsg(m)
 	if r, ok := m.(*testgrpc.StreamingOutputCallResponse); ok && err == nil && s.wait == 0 {
