@@ -334,7 +334,8 @@ func (b *Balancer) drawSlot(req *inferlb.Request, g *group, c cand, sh *shard, n
 // and in b.adapters; it returns the Pick.flags bits that name what it
 // counted.
 func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
-	homes := b.cfg.adapterHomes > 0 // only homes read b.adapters
+	// Only homes read b.adapters, and only keyed picks have homes.
+	homes := b.cfg.adapterHomes > 0 && b.cfg.affinity != AffinityOff
 	var f uint32
 	if homes {
 		b.adapters.calls.Add(1)

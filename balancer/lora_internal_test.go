@@ -94,3 +94,29 @@ func TestAdapterHomeCountsThePrefill(t *testing.T) {
 	assert.InDelta(t, 4000, prefill("sql", true), 1, "its adapter's home")
 	assert.Zero(t, prefill("llama", true), "the base model follows its key")
 }
+
+// Adapter homes are keyed picks: with affinity off, nothing reads the
+// Balancer's adapter counts, and a pick leaves them alone.
+func TestAdapterCountsIdleWithoutAffinity(t *testing.T) {
+	clock := testutil.NewClock()
+	for _, affinity := range []AffinityMode{AffinityPrefer, AffinityOff} {
+		b := New(Options{Clock: clock, Rand: testutil.NewRand(3), Affinity: affinity})
+		t.Cleanup(b.Close)
+		ep := inferlb.Endpoint{Addr: "10.0.0.1:8000"}
+		require.NoError(t, b.Update([]inferlb.Endpoint{ep}))
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 0)
+		s.SetAdapters(4, &telemetry.Adapters{Base: "llama"})
+		b.Publish(ep.Addr, s)
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "sql"})
+		require.NoError(t, err)
+		want := int64(1)
+		if affinity == AffinityOff {
+			want = 0
+		}
+		assert.Equal(t, want, b.adapters.calls.Load(), "affinity %v: slot-aware calls counted", affinity)
+		assert.Equal(t, want, b.adapters.count(adapterID("sql", b.adapters.seed)), "affinity %v: the adapter's calls counted", affinity)
+		p.Done(inferlb.Outcome{})
+		assert.Zero(t, b.adapters.calls.Load())
+	}
+}
