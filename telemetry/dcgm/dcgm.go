@@ -177,8 +177,11 @@ type key struct {
 // 8192 of them: the rest of an exposition costs a scan, so a wrong URL
 // with a million series of something else costs about its body. Malformed
 // lines of those gauges and series past the limit are skipped, and values
-// out of range (negative memory, utilization above 100%) are dropped; either
-// returns the GPUs read so far with an error wrapping telemetry.ErrPartial.
+// out of range (negative memory, utilization above 100%) are dropped, and
+// so are repeats of a gauge for one GPU record (a series exported twice, or
+// GPUs whose series lack both the UUID and gpu labels, which nothing tells
+// apart): the first series counts, valid or not. Any of these returns the
+// GPUs read so far with an error wrapping telemetry.ErrPartial.
 // An exposition with no GPU metric returns ErrNoGPUs. ParseMetrics never
 // panics.
 func ParseMetrics(r io.Reader) ([]GPU, error) {
@@ -202,15 +205,31 @@ func parseBytes(data []byte) ([]GPU, error) {
 	fams, skipped, perr := promtext.ParseSelected(data, func(name []byte) bool { return read[string(name)] })
 	byKey := map[key]*GPU{}
 	untimed := map[*GPU]bool{} // GPUs with a value read that carries no timestamp
+	// taken holds, per GPU, the families (bit i: families[i]) a series
+	// has been met for. Another series of one on the same record (a
+	// series exported twice, or GPUs without UUID and gpu labels, which
+	// nothing tells apart) is a rival reading, not a newer one: the first
+	// is kept, as Prometheus and modelserver keep it, and the rest are
+	// dropped and counted. Read last-value-wins, an idle GPU's figures
+	// hid a full one, and FB_USED of one GPU met FB_FREE of another.
+	taken := map[*GPU]uint16{}
 	bad := 0
 	var firstBad string
-	for _, f := range families {
+	for i, f := range families {
 		fam, ok := fams[f.name]
 		if !ok {
 			continue
 		}
 		for _, m := range fam.Metric {
 			g := record(byKey, m)
+			if taken[g]&(1<<i) != 0 {
+				bad++
+				if firstBad == "" {
+					firstBad = fmt.Sprintf("duplicate series of %s for GPU %q", f.name, cmp.Or(g.UUID, g.Device, g.Host))
+				}
+				continue
+			}
+			taken[g] |= 1 << i
 			v, ok := promtext.Value(m)
 			v *= f.scale
 			if !ok || v < f.lo || v > f.hi {
@@ -250,13 +269,13 @@ func parseBytes(data []byte) ([]GPU, error) {
 	case len(gpus) == 0 && perr != nil:
 		return nil, fmt.Errorf("%w (%d exposition lines skipped: %v)", ErrNoGPUs, skipped, perr)
 	case len(gpus) == 0 && bad > 0:
-		return nil, fmt.Errorf("%w (%d values out of range, first %s)", ErrNoGPUs, bad, firstBad)
+		return nil, fmt.Errorf("%w (%d values dropped (out of range or duplicate), first %s)", ErrNoGPUs, bad, firstBad)
 	case len(gpus) == 0:
 		return nil, ErrNoGPUs
 	case perr != nil:
 		return gpus, fmt.Errorf("%w: dcgm: exposition partly read (%d lines skipped): %v", telemetry.ErrPartial, skipped, perr)
 	case bad > 0:
-		return gpus, fmt.Errorf("%w: dcgm: %d values out of range, first %s", telemetry.ErrPartial, bad, firstBad)
+		return gpus, fmt.Errorf("%w: dcgm: %d values dropped (out of range or duplicate), first %s", telemetry.ErrPartial, bad, firstBad)
 	}
 	return gpus, nil
 }

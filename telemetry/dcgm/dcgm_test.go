@@ -254,3 +254,54 @@ func FuzzParseMetrics(f *testing.F) {
 		}
 	})
 }
+
+// Series that land on one GPU record (no UUID or gpu label to tell GPUs
+// apart, or one series exported twice) are one reading and a rival of it,
+// not two readings to overwrite each other: the first is kept, as
+// modelserver and Prometheus keep it, and the rest are dropped and counted.
+// Read last-value-wins, the idle GPU's figures hid the full one, and a
+// FB_USED could be paired with another GPU's FB_FREE.
+func TestParseKeepsTheFirstOfSeriesOnOneRecord(t *testing.T) {
+	t.Run("GPUs without UUID or gpu labels", func(t *testing.T) {
+		gpus, err := dcgm.ParseMetrics(bytes.NewReader(readFile(t, "no-gpu-labels-two-gpus.txt")))
+		require.ErrorIs(t, err, telemetry.ErrPartial)
+		assert.ErrorContains(t, err, "duplicate")
+		require.Len(t, gpus, 1, "nothing tells the two apart")
+		g := gpus[0]
+		assert.Equal(t, 79000.0, g.FBUsedMiB, "the first series")
+		assert.Equal(t, 1000.0, g.FBFreeMiB, "the first series, of the same GPU as FB_USED's")
+		assert.Equal(t, 71.0, g.TempC)
+		p, ok := g.MemPressure()
+		require.True(t, ok)
+		assert.InDelta(t, 79000.0/80000, p, 1e-12, "the full GPU is not hidden")
+	})
+	t.Run("a series exported twice", func(t *testing.T) {
+		const l = `{gpu="0",UUID="GPU-x",Hostname="h"}`
+		in := "DCGM_FI_DEV_FB_USED" + l + " 70000\nDCGM_FI_DEV_FB_FREE" + l + " 10000\n" +
+			"DCGM_FI_DEV_FB_USED" + l + " 100\nDCGM_FI_DEV_FB_FREE" + l + " NaN\n"
+		gpus, err := dcgm.ParseMetrics(strings.NewReader(in))
+		require.ErrorIs(t, err, telemetry.ErrPartial)
+		require.Len(t, gpus, 1)
+		assert.Equal(t, 70000.0, gpus[0].FBUsedMiB)
+		assert.Equal(t, 10000.0, gpus[0].FBFreeMiB)
+	})
+	t.Run("a bad first series is not replaced by a rival", func(t *testing.T) {
+		const l = `{Hostname="h"}`
+		in := "DCGM_FI_DEV_FB_USED" + l + " 79000\nDCGM_FI_DEV_FB_USED" + l + " 1000\n" +
+			"DCGM_FI_DEV_FB_FREE" + l + " -1\nDCGM_FI_DEV_FB_FREE" + l + " 79000\n" +
+			"DCGM_FI_DEV_GPU_TEMP" + l + " 50\n"
+		gpus, err := dcgm.ParseMetrics(strings.NewReader(in))
+		require.ErrorIs(t, err, telemetry.ErrPartial)
+		require.Len(t, gpus, 1)
+		_, ok := gpus[0].MemTotalMiB()
+		assert.False(t, ok, "another GPU's FB_FREE must not stand in for this one's")
+	})
+	t.Run("engine activity does not count against GPU_UTIL", func(t *testing.T) {
+		const l = `{gpu="0",UUID="GPU-x",Hostname="h"}`
+		in := "DCGM_FI_DEV_GPU_UTIL" + l + " 40\nDCGM_FI_PROF_GR_ENGINE_ACTIVE" + l + " 0.9\n"
+		gpus, err := dcgm.ParseMetrics(strings.NewReader(in))
+		require.NoError(t, err)
+		require.Len(t, gpus, 1)
+		assert.Equal(t, 40.0, gpus[0].UtilPercent)
+	})
+}
