@@ -27,12 +27,12 @@ var extractors = [...]func(*extractor){
 		// (--show-hidden-metrics-for-version=0.10) and 0.12 drops it. Both
 		// are fractions in 0..1 despite the name.
 		// (vllm-project/vllm vllm/v1/metrics/loggers.py.)
-		x.max(telemetry.KVCacheUsage, x.first("vllm_kv_cache_usage_perc", "vllm_gpu_cache_usage_perc"))
+		x.max(telemetry.KVCacheUsage, x.first(telemetry.KVCacheUsage, "vllm_kv_cache_usage_perc", "vllm_gpu_cache_usage_perc"))
 		// prefix_cache_{hits,queries} were renamed from V1's
 		// gpu_prefix_cache_{hits,queries} on the same schedule.
 		if !x.ratio(telemetry.PrefixCacheHitRate,
-			x.first("vllm_prefix_cache_hits_total", "vllm_prefix_cache_hits", "vllm_gpu_prefix_cache_hits_total", "vllm_gpu_prefix_cache_hits"),
-			x.first("vllm_prefix_cache_queries_total", "vllm_prefix_cache_queries", "vllm_gpu_prefix_cache_queries_total", "vllm_gpu_prefix_cache_queries")) {
+			x.firstCount(telemetry.PrefixCacheHitRate, "vllm_prefix_cache_hits_total", "vllm_prefix_cache_hits", "vllm_gpu_prefix_cache_hits_total", "vllm_gpu_prefix_cache_hits"),
+			x.firstCount(telemetry.PrefixCacheHitRate, "vllm_prefix_cache_queries_total", "vllm_prefix_cache_queries", "vllm_gpu_prefix_cache_queries_total", "vllm_gpu_prefix_cache_queries")) {
 			// V0's gauge; -1 when prefix caching is off (V0's default),
 			// which is no reading rather than a bad one.
 			x.max(telemetry.PrefixCacheHitRate, except(x.all("vllm_gpu_prefix_cache_hit_rate"), -1))
@@ -65,7 +65,7 @@ var extractors = [...]func(*extractor){
 		// handle_generate_request and _add_request_to_queue.)
 		x.sumOverGroupsOf(telemetry.Waiting, sglangReplicaLabels,
 			x.where("sglang_num_queue_reqs", "priority", ""),
-			having(x.first("sglang_num_prefill_bootstrap_queue_reqs", "sglang_num_prefill_prealloc_queue_reqs"), "priority", ""),
+			having(x.first(telemetry.Waiting, "sglang_num_prefill_bootstrap_queue_reqs", "sglang_num_prefill_prealloc_queue_reqs"), "priority", ""),
 			x.where("sglang_num_decode_prealloc_queue_reqs", "priority", ""),
 			x.where("sglang_num_decode_transfer_queue_reqs", "priority", ""))
 		x.max(telemetry.KVCacheUsage, x.all("sglang_token_usage"))
@@ -230,16 +230,40 @@ func (x *extractor) series(name string) []*dto.Metric {
 	return x.m[name]
 }
 
-// first returns the series of the first name present.
-func (x *extractor) first(names ...string) []*dto.Metric {
+// first returns the series of the first of names (one metric's names
+// across releases, newest first) that has a value valid for f, the field
+// it fills. A name before it whose every value is malformed has them
+// dropped and counted: vLLM 0.9-0.10 export a renamed metric under both
+// names, and a NaN under the new one must not hide a good reading under
+// the old one. nil when no name has a valid value (every one counted).
+func (x *extractor) first(f telemetry.Field, names ...string) []*dto.Metric {
+	return x.firstWhere(f, func(v float64) bool { return valid(f, v) }, names...)
+}
+
+// firstCount is first for counters read into f (a ratio's numerator or
+// denominator): a value is valid when it is not negative.
+func (x *extractor) firstCount(f telemetry.Field, names ...string) []*dto.Metric {
+	return x.firstWhere(f, func(v float64) bool { return v >= 0 }, names...)
+}
+
+func (x *extractor) firstWhere(f telemetry.Field, ok func(float64) bool, names ...string) []*dto.Metric {
 	for _, n := range names {
 		if x.names != nil {
 			x.names[n] = true
 		}
 	}
 	for _, n := range names {
-		if len(x.m[n]) > 0 {
-			return x.series(n)
+		if len(x.m[n]) == 0 {
+			continue
+		}
+		ms := x.series(n)
+		for _, m := range ms {
+			if v, good := promtext.Value(m); good && ok(v) {
+				return ms
+			}
+		}
+		for _, m := range ms {
+			x.drop(f, rawValue(m))
 		}
 	}
 	return nil
@@ -479,4 +503,18 @@ func (x *extractor) worstMemory(used, total []*dto.Metric, key string) {
 		x.s.Set(telemetry.GPUMemUsed, wu)
 		x.s.Set(telemetry.GPUMemTotal, wt)
 	}
+}
+
+// rawValue returns m's value as exported, NaN and infinities included (0
+// for a histogram or summary), to name a dropped value as it was.
+func rawValue(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Untyped != nil:
+		return m.Untyped.GetValue()
+	}
+	return 0
 }

@@ -64,7 +64,8 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	vLLM          Running      vllm:num_requests_running
 //	              Waiting      vllm:num_requests_waiting
 //	              KVCacheUsage vllm:kv_cache_usage_perc (before 0.9: vllm:gpu_cache_usage_perc,
-//	                           exported until 0.11, read when the new name is absent)
+//	                           exported until 0.11, read when the new name is absent or
+//	                           has no valid value; so are the older prefix-cache names)
 //	              PrefixCacheHitRate  vllm:prefix_cache_hits[_total] / vllm:prefix_cache_queries[_total]
 //	                           (V1 before 0.9: vllm:gpu_prefix_cache_{hits,queries}[_total];
 //	                           V0: vllm:gpu_prefix_cache_hit_rate, at -1 when caching is off: no reading)

@@ -326,3 +326,31 @@ func FuzzParseMetrics(f *testing.F) {
 		}
 	})
 }
+
+// vLLM 0.9-0.10 export a renamed metric under both names. A malformed value
+// under the new name is dropped and counted, and must not hide the good one
+// the old name carries: before, the first name present was taken whatever
+// its values, and the NaN left the sample without KV-cache usage (and
+// without a prefix-cache hit rate).
+func TestParseFallsBackPastAMalformedNewName(t *testing.T) {
+	res, err := modelserver.Parse(bytes.NewReader(readFile(t, "vllm-both-names-new-nan.txt")))
+	require.ErrorIs(t, err, telemetry.ErrPartial, "the NaNs are dropped and counted")
+	assert.Equal(t, modelserver.VLLM, res.Engine)
+	assert.Equal(t, map[string]float64{
+		"running": 3, "waiting": 1, "kv_cache_usage": 0.62, "prefix_cache_hit_rate": 0.4,
+	}, fields(res.Sample))
+
+	t.Run("a good new name still wins", func(t *testing.T) {
+		res, err := modelserver.Parse(strings.NewReader(
+			"vllm:kv_cache_usage_perc 0.3\nvllm:gpu_cache_usage_perc 0.9\n"))
+		require.NoError(t, err)
+		assert.Equal(t, map[string]float64{"kv_cache_usage": 0.3}, fields(res.Sample))
+	})
+	t.Run("both malformed", func(t *testing.T) {
+		res, err := modelserver.Parse(strings.NewReader(
+			"vllm:num_requests_running 1\nvllm:kv_cache_usage_perc NaN\nvllm:gpu_cache_usage_perc 7\n"))
+		require.ErrorIs(t, err, telemetry.ErrPartial)
+		assert.Contains(t, err.Error(), "2 values dropped")
+		assert.Equal(t, map[string]float64{"running": 1}, fields(res.Sample))
+	})
+}
