@@ -344,7 +344,7 @@ func (x *extractor) values(f telemetry.Field, ms []*dto.Metric) []float64 {
 	for _, m := range ms {
 		v, ok := promtext.Value(m)
 		if !ok || !valid(f, v) {
-			x.drop(f, v)
+			x.drop(f, rawValue(m))
 			continue
 		}
 		out = append(out, v)
@@ -402,7 +402,7 @@ func (x *extractor) groupTotal(f telemetry.Field, ms []*dto.Metric, replicas []s
 	for _, m := range ms {
 		v, ok := promtext.Value(m)
 		if !ok || !valid(f, v) {
-			x.drop(f, v)
+			x.drop(f, rawValue(m))
 			continue
 		}
 		k := groupKey(m, replicas)
@@ -492,7 +492,7 @@ func (x *extractor) worstMemory(used, total []*dto.Metric, key string) {
 		u, ok := promtext.Value(m)
 		t, okT := totals[promtext.Label(m, key)]
 		if !ok || !okT || u < 0 || u > t {
-			x.drop(telemetry.GPUMemUsed, u)
+			x.drop(telemetry.GPUMemUsed, rawValue(m))
 			continue
 		}
 		if r := u / t; r > worst {

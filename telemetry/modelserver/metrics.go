@@ -123,8 +123,8 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 // and labels: the first counts) are dropped; either makes the error wrap
 // telemetry.ErrPartial while the Result keeps what was read. An exposition
 // with no metric of a known engine returns ErrUnknownEngine; one with none of
-// the load metrics above returns an error and an empty Sample. Parse never
-// panics.
+// the load metrics above, or whose every value of them was dropped, returns
+// an error saying which and an empty Sample. Parse never panics.
 //
 // Sample.Time is left zero, for the caller to stamp, unless every sample of
 // the metrics above carries a timestamp, as a Prometheus federation
@@ -165,8 +165,13 @@ func parseBytes(data []byte) (Result, error) {
 		res.Sample.Time = at
 	}
 	switch {
+	case res.Sample.Empty() && perr != nil && x.bad > 0:
+		return res, fmt.Errorf("modelserver: %s exposition: no load metric readable (%d lines skipped: %v; %d values dropped (out of range or duplicate) (%s))", res.Engine, skipped, perr, x.bad, x.firstBad)
 	case res.Sample.Empty() && perr != nil:
 		return res, fmt.Errorf("modelserver: %s exposition: no load metric readable (%d lines skipped: %v)", res.Engine, skipped, perr)
+	case res.Sample.Empty() && x.bad > 0:
+		// The metrics are there: say what became of their values.
+		return res, fmt.Errorf("modelserver: %s exposition: no load value usable: %d values dropped (out of range or duplicate) (%s)", res.Engine, x.bad, x.firstBad)
 	case res.Sample.Empty():
 		return res, fmt.Errorf("modelserver: %s exposition has none of the load metrics this package reads", res.Engine)
 	case perr != nil && x.bad > 0:

@@ -354,3 +354,30 @@ func TestParseFallsBackPastAMalformedNewName(t *testing.T) {
 		assert.Equal(t, map[string]float64{"running": 1}, fields(res.Sample))
 	})
 }
+
+// An exposition whose load metrics are all there but whose every value is
+// dropped (out of range, malformed) has the metrics: the error says what
+// became of their values, naming the first as it was exported, instead of
+// sending the operator to look for metrics that are present.
+func TestParseErrorWhenEveryLoadValueIsDropped(t *testing.T) {
+	tests := []struct {
+		name, in string
+		want     []string
+	}{
+		{"out of range", "vllm:num_requests_waiting -3\nvllm:kv_cache_usage_perc 87\n", []string{"2 values dropped", "waiting=-3"}},
+		{"not numbers", "vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\n", []string{"2 values dropped", "running=NaN"}},
+		{"duplicates of a bad value", "sglang:token_usage 1.5\nsglang:token_usage 1.5\n", []string{"2 values dropped", "duplicate"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := modelserver.Parse(strings.NewReader(tt.in))
+			require.Error(t, err)
+			assert.NotErrorIs(t, err, telemetry.ErrPartial, "nothing was read")
+			assert.NotContains(t, err.Error(), "none of the load metrics")
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			assert.True(t, res.Sample.Empty())
+		})
+	}
+}
