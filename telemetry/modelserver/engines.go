@@ -168,12 +168,20 @@ var read = func() map[string]bool {
 // left out. A running (waiting) list next to a running (waiting) count of
 // 0 is the last state logged before the server went idle, and is read as
 // empty. Lists are read by telemetry.AdapterNames (bounded); a bad
-// max_lora label drops the reading and counts it.
+// max_lora label drops the reading and counts it, and a series whose value
+// (its time) is not a number is dropped and counted.
 func (x *extractor) loraInfo(ms, running []*dto.Metric) {
 	var cur *dto.Metric
 	at := math.Inf(-1)
 	for _, m := range ms {
-		if v, ok := promtext.Value(m); ok && v > at {
+		v, ok := promtext.Value(m)
+		if !ok {
+			// A time that is not a number: malformed, so dropped and
+			// counted (promapi skips and counts such a series too).
+			x.drop(telemetry.LoRASlots, rawValue(m))
+			continue
+		}
+		if v > at {
 			cur, at = m, v
 		}
 	}

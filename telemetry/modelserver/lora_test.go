@@ -65,7 +65,7 @@ vllm:num_requests_waiting{model_name="base"} %v
 		require.NoError(t, err)
 		assert.Len(t, s.Adapters.Running, telemetry.MaxAdapterNames)
 	})
-	for _, bad := range []string{"", "0", "-2", "x", "NaN", "+Inf"} {
+	for _, bad := range []string{"", "0", "-2", "x", "NaN", "+Inf", "1e400"} {
 		t.Run("max_lora "+bad, func(t *testing.T) {
 			s, err := parse(t, fmt.Sprintf(counts, 3, 1)+info(bad, "sql", ""))
 			require.Error(t, err)
@@ -78,6 +78,20 @@ vllm:num_requests_waiting{model_name="base"} %v
 			assert.Equal(t, 3.0, v)
 		})
 	}
+	// The value is the time the label set was set; one that is not a
+	// number is malformed, dropped and counted as promapi counts it, and
+	// the latest of the others is read.
+	t.Run("a label set whose time is not a number", func(t *testing.T) {
+		for _, v := range []string{"NaN", "+Inf"} {
+			in := fmt.Sprintf(counts, 3, 1) + info("2", "sql", "") +
+				strings.Replace(info("2", "chat", ""), "1.7e9", v, 1)
+			s, err := parse(t, in)
+			require.ErrorIs(t, err, telemetry.ErrPartial, v)
+			assert.Contains(t, err.Error(), "lora_slots="+v)
+			require.NotNil(t, s.Adapters, v)
+			assert.Equal(t, []string{"sql"}, s.Adapters.Running, v)
+		}
+	})
 	t.Run("no base model named", func(t *testing.T) {
 		s, err := parse(t, "vllm:num_requests_running 3\n"+info("2", "sql", ""))
 		require.NoError(t, err)
