@@ -63,3 +63,42 @@ func TestCollectSkipsASeriesOfTheWrongShape(t *testing.T) {
 	assert.Equal(t, "b", obs[0].EndpointID)
 	assert.Equal(t, map[string]float64{"waiting": 4}, fields(obs[0].Sample))
 }
+
+// An evaluation time past what int64 nanoseconds hold (the year 2262), or
+// not positive, is no time a Prometheus server answers with: converted,
+// it became a meaningless one (wrapped into the past, or left to overflow
+// UnixNano), and the series went stale in a Store instead of being counted
+// as skipped. It is skipped and counted, and the rest is read.
+func TestCollectSkipsAnEvaluationTimeOutOfRange(t *testing.T) {
+	for _, eval := range []string{"1e10", "9223372037", "1e20", "-1e20", "0", "-5"} {
+		t.Run(eval, func(t *testing.T) {
+			body := `{"status":"success","data":{"resultType":"vector","result":[
+ {"metric":{"instance":"a","inferlb_field":"waiting"},"value":[` + eval + `,"9"]},
+ {"metric":{"instance":"b","inferlb_field":"waiting"},"value":[1767225600,"4"]}
+]}}`
+			obs, err := fakeProm(t, 200, body, nil).Collect(t.Context())
+			require.ErrorIs(t, err, telemetry.ErrPartial)
+			assert.Contains(t, err.Error(), "promapi: 1 series skipped; first: waiting for a")
+			require.Len(t, obs, 1)
+			assert.Equal(t, "b", obs[0].EndpointID)
+			assert.Equal(t, map[string]float64{"waiting": 4}, fields(obs[0].Sample))
+		})
+	}
+}
+
+// A timestamp series' value within a second of the int64-nanosecond bound
+// passed its check and overflowed once rounded to milliseconds.
+func TestCollectSkipsAStampAtTheNanosecondBound(t *testing.T) {
+	body := `{"status":"success","data":{"resultType":"vector","result":[
+ {"metric":{"instance":"a","inferlb_field":"waiting"},"value":[1767225600,"9"]},
+ {"metric":{"instance":"a","inferlb_time":"waiting"},"value":[1767225600,"9223372036.8"]}
+]}}`
+	src := fakeProm(t, 200, body, nil)
+	src.Queries = map[telemetry.Field]string{telemetry.Waiting: "w"}
+	src.Timestamps = map[telemetry.Field]string{telemetry.Waiting: "t"}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "waiting time for a")
+	require.Len(t, obs, 1)
+	assert.Equal(t, int64(1767225600), obs[0].Sample.Time.Unix(), "stamped with the evaluation time")
+}

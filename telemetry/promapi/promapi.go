@@ -254,7 +254,8 @@ func (s *Source) Validate() error {
 // scraped by separate jobs) gets one observation per time, which a
 // telemetry.Store merges field by field. Series without the endpoint
 // label, with an unknown field, with a value that is not a finite number
-// in the field's range (or a timestamp that is not a positive one), of the
+// in the field's range (or a timestamp that is not a positive one), with
+// an evaluation time that is not a positive one before the year 2262, of the
 // wrong shape, or of endpoints past the first MaxEndpoints are skipped; if
 // any were, the error wraps telemetry.ErrPartial. When one endpoint has
 // several series for a field the largest value wins (the conservative
@@ -462,9 +463,10 @@ func idleAdapters(s *telemetry.Sample) {
 	}
 }
 
-// maxUnixSeconds bounds a timestamp series' value: past it, nanoseconds
-// would overflow an int64 (the year 2262).
-const maxUnixSeconds = math.MaxInt64 / 1e9
+// maxUnixSeconds bounds a timestamp series' value and an evaluation time:
+// past it, nanoseconds would overflow an int64 (the year 2262). It stops a
+// second short of that, so rounding to milliseconds cannot carry past it.
+const maxUnixSeconds = math.MaxInt64/1e9 - 1
 
 // observations returns the observations, each field stamped with when it
 // was measured (never later than the evaluation time), else with the
@@ -728,6 +730,12 @@ func sampleValue(p [2]any) (time.Time, float64, error) {
 	sec, ok := p[0].(float64)
 	if !ok || math.IsNaN(sec) || math.IsInf(sec, 0) {
 		return time.Time{}, 0, fmt.Errorf("timestamp %v is not a number", p[0])
+	}
+	if sec <= 0 || sec > maxUnixSeconds {
+		// No evaluation time a server answers with: converted, it would
+		// be a meaningless time (int64 seconds wrap, UnixNano overflows)
+		// and the series would go stale instead of being counted.
+		return time.Time{}, 0, fmt.Errorf("timestamp %v is not a time in Unix seconds", p[0])
 	}
 	str, ok := p[1].(string)
 	if !ok {
