@@ -69,7 +69,7 @@ type entry struct {
 // StoreStats counts what a Store did with the samples it was given.
 type StoreStats struct {
 	Accepted     uint64 // samples merged
-	DroppedEmpty uint64 // samples with no usable field (malformed input) or no time
+	DroppedEmpty uint64 // samples with no usable field (malformed input) or no usable time (zero, not after 1970, past 2262)
 	DroppedOld   uint64 // samples older than every field they carried
 	DroppedFull  uint64 // samples for a new ID once MaxEndpoints were tracked
 	// DroppedUnknown counts PublishKnown samples for an ID with no slot:
@@ -224,7 +224,8 @@ func (st *Store) Len() int { return int(st.n.Load()) }
 // a clock that runs ahead) is replaced by any reading that is not from the
 // future too: kept, it would hide every fresh reading for the length of the
 // step. A sample without a usable field or without a time is dropped and
-// counted.
+// counted (DroppedEmpty); so is one whose time is not after the Unix epoch
+// or lies past what int64 nanoseconds hold (the year 2262).
 func (st *Store) Publish(id string, s Sample) {
 	if !s.usable() {
 		st.droppedEmpty.Add(1)
@@ -284,9 +285,14 @@ func (st *Store) PublishKnown(id string, s Sample) {
 
 // usable reports whether s has a time and at least one finite value of a
 // known field. Sample.Set admits only those, but Values and Has are
-// exported, so a Sink can be handed anything.
+// exported, so a Sink can be handed anything. The time must be after the
+// Unix epoch and within int64 nanoseconds (before 2262): the Store keeps
+// times as Unix nanoseconds, and UnixNano of a time outside them wraps to
+// an arbitrary one, which may lie next to now (a reading stamped in the
+// year 857, read from an exposition's timestamp, was fresh). 0 is also
+// what Observed says for "never".
 func (s *Sample) usable() bool {
-	if s.Time.IsZero() {
+	if !s.Time.After(unixEpoch) || s.Time.After(maxNanoTime) {
 		return false
 	}
 	for f := range NumFields {
@@ -296,6 +302,12 @@ func (s *Sample) usable() bool {
 	}
 	return false
 }
+
+// The range of times a Store holds: after unixEpoch, up to maxNanoTime.
+var (
+	unixEpoch   = time.Unix(0, 0)
+	maxNanoTime = time.Unix(0, math.MaxInt64)
+)
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 

@@ -335,3 +335,41 @@ func TestReleaseOfAForgottenSlotKeepsTheNewHolders(t *testing.T) {
 	st.ReleaseSlot("a", cur) // more releases than holds change nothing
 	assert.Zero(t, st.Len())
 }
+
+// A Sample's Time is the publisher's: a Source reads it from an exposition
+// (a timestamp is any int64 of milliseconds) and a Sink takes anything. One
+// that int64 nanoseconds cannot hold (before 1678 or after 2262) wrapped
+// in UnixNano to an arbitrary time, which could fall next to now: a reading
+// stamped in the year 857 was kept as fresh and routed on. A time that is
+// not after the Unix epoch, or past the nanosecond range, is no usable time:
+// the sample is dropped and counted (DroppedEmpty), and a held reading is
+// left as it was.
+func TestStoreDropsATimeOutOfTheNanosecondRange(t *testing.T) {
+	clock := testutil.NewClock()
+	now := clock.Now()
+	// 2×2⁶⁴ ns is 36893488147.4 s; a second less than that before now
+	// wraps to 0.58 s before now.
+	wraps := time.Unix(now.Unix()-36893488148, 0)
+	require.Less(t, wraps.Year(), 1678)
+	require.InDelta(t, now.UnixNano(), wraps.UnixNano(), float64(time.Second), "the precondition: it wraps to about now")
+
+	for _, at := range []time.Time{wraps, time.Unix(1<<40, 0), time.Unix(0, 0), time.Unix(-1, 0)} {
+		t.Run(at.String(), func(t *testing.T) {
+			st := telemetry.Store{Clock: clock}
+			st.Publish("a", sample(at, float64(telemetry.Waiting), 100))
+			_, ok := st.Latest("a", now, 10*time.Second)
+			assert.False(t, ok, "not applied")
+			st.Publish("b", sample(now.Add(-time.Second), float64(telemetry.Waiting), 1))
+			st.Publish("b", sample(at, float64(telemetry.Waiting), 100))
+			s, ok := st.Latest("b", now, 10*time.Second)
+			require.True(t, ok)
+			w, _ := s.Get(telemetry.Waiting)
+			assert.Equal(t, 1.0, w, "the held reading stays")
+			slot := st.Slot("c")
+			st.PublishKnown("c", sample(at, float64(telemetry.Waiting), 100))
+			assert.Zero(t, slot.Observed(telemetry.Waiting))
+			assert.Equal(t, uint64(3), st.Stats().DroppedEmpty)
+			assert.Equal(t, uint64(1), st.Stats().Accepted)
+		})
+	}
+}
