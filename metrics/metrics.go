@@ -20,7 +20,7 @@
 //	  _slow_start_factor, _error_rate, _latency_ewma_seconds,
 //	  _ttft_ewma_seconds, _time_per_output_token_seconds,
 //	  _picks_total, _successes_total, _failures_total, _overloads_total,
-//	  _not_served_total, _model_failures_total,
+//	  _not_served_total, _too_long_total, _model_failures_total,
 //	  _breaker_trips_total, _breaker_recoveries_total,
 //	  _outlier_ejections_total, _affinity_spills_total{cache="warm|cold"},
 //	  _telemetry{field="kv_cache_usage|waiting|..."} (the fresh readings
@@ -98,7 +98,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		notServed: d("endpoint_not_served_total",
 			"Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.", ep),
 		tooLong: d("endpoint_too_long_total",
-			"Calls the endpoint refused as longer than its context window for their model (vLLM's, SGLang's or TGI's 400); longer calls of that model pass it over for a while.", ep),
+			"Calls the endpoint refused as longer than its context window for their model (vLLM's or SGLang's 400, TGI's 422, or a gRPC status with that text); longer calls of that model pass it over for a while.", ep),
 		modelFailures: d("endpoint_model_failures_total",
 			"Calls that failed for their model alone: the server failed one model's calls while it served others (a crashed Triton model backend, a broken LoRA adapter); held against that model there, not the endpoint, and not in endpoint_failures_total.", ep),
 		trips:      d("endpoint_breaker_trips_total", "Times the circuit breaker tripped.", ep),

@@ -62,7 +62,7 @@ inferlb_endpoint_model_failures_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_not_served_total Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.
 # TYPE inferlb_endpoint_not_served_total counter
 inferlb_endpoint_not_served_total{balancer="llm",endpoint="a:1"} 1
-# HELP inferlb_endpoint_too_long_total Calls the endpoint refused as longer than its context window for their model (vLLM's, SGLang's or TGI's 400); longer calls of that model pass it over for a while.
+# HELP inferlb_endpoint_too_long_total Calls the endpoint refused as longer than its context window for their model (vLLM's or SGLang's 400, TGI's 422, or a gRPC status with that text); longer calls of that model pass it over for a while.
 # TYPE inferlb_endpoint_too_long_total counter
 inferlb_endpoint_too_long_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_latency_ewma_seconds Peak-EWMA latency of successful calls, as last observed.
