@@ -103,9 +103,12 @@ type runTable struct {
 
 // runLife is how long a run lasts without a failure: the longest pass-over
 // (MaxEjectionTime) and one ErrorDecay after it, so that the failure of
-// the probe after the longest pass-over continues the run.
+// the probe after the longest pass-over continues the run. Each is
+// bounded by maxHold, as exclusions are: a MaxEjectionTime or ErrorDecay
+// meant as "for ever" (the largest Duration) wrapped the sum to a time
+// below zero, and every failure then began a run of its own.
 func (c *config) runLife() int64 {
-	return int64(c.maxEjectionTime + c.errorDecay)
+	return int64(min(c.maxEjectionTime, maxHold) + min(c.errorDecay, maxHold))
 }
 
 // find returns key's run in t, or a free, lapsed or the oldest slot of

@@ -165,13 +165,18 @@ func (b *Balancer) passOverFor(e *endpoint, model uint64, nowNs int64, d time.Du
 		b.lack.CompareAndSwap(nil, new(lackTable))
 		t = b.lack.Load()
 	}
+	// Saturating, as exclusions are: a pass-over of a model failing
+	// there lasts up to MaxEjectionTime, which may be meant as "for
+	// ever" (the largest Duration), and nowNs + d wrapped to a time past,
+	// so the entry had lapsed before it was written.
+	d = min(d, maxHold)
 	now := lackNow(nowNs)
-	until := lackNow(nowNs+int64(d)) + 1 // rounded up: never shorter than d
+	until := min(lackNow(later(nowNs, d))+1, lackTimeMask) // rounded up: never shorter than d
 	set, tag := lackSet(t.models[:], model)
 	lackPut(set, tag, until, now)
 	set, tag = lackSet(t.pairs[:], pairKey(e.serial, model))
 	fresh := lackPut(set, tag, until, now)
-	for untilNs := nowNs + int64(d) + 1<<lackUnitShift; ; {
+	for untilNs := later(nowNs, d+1<<lackUnitShift); ; {
 		cur := b.lackAt.Load()
 		if cur >= untilNs || b.lackAt.CompareAndSwap(cur, untilNs) {
 			break
