@@ -115,7 +115,8 @@ type Options struct {
 	// just now.
 	PanicThreshold float64
 	// DefaultCooldown is how long an endpoint that answered "overloaded"
-	// without a Retry-After hint is kept out of rotation. Default 1s.
+	// without a Retry-After hint is kept out of rotation. Default 1s, or
+	// MaxCooldown when that is set shorter.
 	DefaultCooldown time.Duration
 	// MaxCooldown caps any Retry-After hint. Default 30s, or
 	// DefaultCooldown when that is longer; set, it must be at least
@@ -270,9 +271,9 @@ type Options struct {
 	// first time; each consecutive ejection doubles it. A breaker that
 	// trips again soon after it recovered counts as consecutive too: one
 	// doubling is forgiven per EjectionTime of good standing in between, so
-	// a flapping endpoint is held out longer each time. Default 10s: a
-	// crashed model server usually needs longer to come back, and a probe
-	// costs little.
+	// a flapping endpoint is held out longer each time. Default 10s (or
+	// MaxEjectionTime, when that is set shorter): a crashed model server
+	// usually needs longer to come back, and a probe costs little.
 	EjectionTime time.Duration
 	// MaxEjectionTime caps the doubling. Default 2m, or EjectionTime
 	// when that is longer; set, it must be at least EjectionTime.
@@ -568,7 +569,16 @@ func (o *Options) resolve() (*config, error) {
 		outlierMargin:      floatOr(o.OutlierMargin, DefaultOutlierMargin),
 		onEvent:            o.OnEvent,
 	}
-	// A base above its cap's default, with the cap unset, raises the cap.
+	// A cap below its base's default, with the base unset, lowers the
+	// base: raised to the default instead, the cap the caller set was
+	// ignored without a word. A base above its cap's default, with the
+	// cap unset, raises the cap. (Both set, Validate saw to the order.)
+	if o.EjectionTime == 0 {
+		c.ejectionTime = min(c.ejectionTime, c.maxEjectionTime)
+	}
+	if o.DefaultCooldown == 0 {
+		c.cooldown = min(c.cooldown, c.maxCooldown)
+	}
 	c.maxEjectionTime = max(c.maxEjectionTime, c.ejectionTime)
 	c.maxCooldown = max(c.maxCooldown, c.cooldown)
 	c.horizon = 2 * int64(min(max(c.maxCooldown, c.maxEjectionTime), maxHold)) // bounded: at-horizon must not wrap
