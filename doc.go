@@ -34,7 +34,8 @@
 // the model. With Options.TenantShardSize, a request that names a tenant is
 // confined to that tenant's shard of the group (shuffle sharding: the first
 // k endpoints on the ring from the tenant's seeded key), and everything below
-// happens inside the shard. A request with an affinity key (a seeded hash of its prompt
+// happens inside the shard (a shard that is down sends the request to the
+// whole group, or with TenantShardStrict fails it). A request with an affinity key (a seeded hash of its prompt
 // prefix or session, from Balancer.Keyer) goes to the key's owner on a
 // consistent-hash ring while the owner is within its bounded load (counted
 // in all callers' calls when every server reports its running and queued

@@ -39,6 +39,7 @@ package balancer
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -56,6 +57,11 @@ import (
 // none is configured, none is ready, none serves the requested model, or all
 // are excluded and panic routing is disabled.
 var ErrNoEndpoints = errors.New("inferlb: no endpoint available")
+
+// ErrTenantShardDown is returned by Pick, with TenantShardStrict set,
+// when no endpoint of the request's tenant's shard can take it. It wraps
+// ErrNoEndpoints.
+var ErrTenantShardDown = fmt.Errorf("%w: no endpoint of the tenant's shard can take the call (TenantShardStrict)", ErrNoEndpoints)
 
 // ErrClosed is returned by every pick of a closed Balancer (Close), its
 // own and its Memberships', and by their Update and by NewMembership.
@@ -669,6 +675,9 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			if i >= 0 {
 				c.keyed = keyed && !homed // a home holds the adapter, not the prompt's prefix
 				return b.acquire(g.members[i], req, c), nil
+			}
+			if b.cfg.tenantStrict {
+				return Pick{}, ErrTenantShardDown
 			}
 			// Nothing in the shard can take it: the whole group, below.
 		}

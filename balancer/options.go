@@ -210,8 +210,9 @@ type Options struct {
 	StickyTTL time.Duration
 	// TenantShardSize, when positive, confines each tenant's requests
 	// (Request.Tenant) to a shard of this many endpoints: shuffle sharding,
-	// so one tenant's flood or poison requests reach only its own shard, and
-	// two tenants rarely share all of theirs. A shard is the first
+	// so one tenant's flood reaches only its own shard, and two tenants
+	// rarely share all of theirs (poison requests too with
+	// TenantShardStrict). A shard is the first
 	// TenantShardSize distinct endpoints on the group's consistent-hash ring
 	// from the tenant's seeded key, so processes with the same AffinitySeed
 	// agree on it, nothing is stored per tenant (tenant names cannot grow
@@ -226,6 +227,15 @@ type Options struct {
 	// a group of k endpoints or fewer is not sharded. 0 (the default) turns
 	// sharding off; at most MaxTenantShard.
 	TenantShardSize int
+	// TenantShardStrict keeps every tenant's calls in its shard: when no
+	// endpoint of the shard can take a call (its breakers open, ejected,
+	// not ready), the pick fails with ErrTenantShardDown instead of going
+	// to the whole group. Requests that crash or break the servers they
+	// reach (a poison prompt) then take down one shard, not the fleet one
+	// shard at a time, at the cost of that tenant's calls failing while
+	// its shard is down; its half-open breakers are probed by its own
+	// calls. It needs TenantShardSize; off by default (availability first).
+	TenantShardStrict bool
 	// SpillMemory is how long the balancer remembers that it sent an
 	// affinity key to an endpoint other than the key's owner (a spill past
 	// the load bound, a breaker, pressure relief), because that endpoint
@@ -392,6 +402,7 @@ type config struct {
 	stickyTTL     time.Duration
 	stickyEntries int
 	tenantShard   int
+	tenantStrict  bool
 	spillTTL      time.Duration // 0: off
 	minKeyReuse   float64       // <= 0: affinity whatever the keys
 	adapterHomes  float64       // <= 0: off
@@ -464,6 +475,8 @@ func (o *Options) Validate() error {
 		return bad("AdapterHomes", "must be finite (negative turns it off)", o.AdapterHomes)
 	case o.TenantShardSize < 0 || o.TenantShardSize > MaxTenantShard:
 		return bad("TenantShardSize", fmt.Sprintf("must be in [0, %d] (0 turns sharding off)", MaxTenantShard), o.TenantShardSize)
+	case o.TenantShardStrict && o.TenantShardSize == 0:
+		return bad("TenantShardStrict", "needs TenantShardSize > 0 (sharding is off)", o.TenantShardStrict)
 	case o.StickyEntries < 0 || o.StickyEntries > MaxStickyEntries:
 		return bad("StickyEntries", fmt.Sprintf("must be in [0, %d] (0 means the default)", MaxStickyEntries), o.StickyEntries)
 	case o.BreakerProbes < 0 || o.BreakerProbes > math.MaxInt32:
@@ -555,6 +568,7 @@ func (o *Options) resolve() (*config, error) {
 		stickyTTL:     o.StickyTTL,
 		stickyEntries: o.StickyEntries,
 		tenantShard:   o.TenantShardSize,
+		tenantStrict:  o.TenantShardStrict,
 		spillTTL:      max(durationOr(o.SpillMemory, DefaultSpillMemory), 0),
 		minKeyReuse:   floatOr(o.MinKeyReuse, DefaultMinKeyReuse),
 		adapterHomes:  floatOr(o.AdapterHomes, DefaultAdapterHomes),

@@ -63,6 +63,7 @@ type jsonTunables struct {
 	LoadBound           float64 `json:"loadBound"`
 	AffinitySeed        uint64  `json:"affinitySeed"`
 	TenantShardSize     int     `json:"tenantShardSize"`
+	TenantShardStrict   bool    `json:"tenantShardStrict"`
 	SpillMemory         string  `json:"spillMemory"`
 	MinKeyReuse         float64 `json:"minKeyReuse"`
 	AdapterHomes        float64 `json:"adapterHomes"`
@@ -346,6 +347,12 @@ func (t *jsonTunables) options() (core.Options, error) {
 	}
 	o.SubsetLabel = t.SubsetLabel
 	o.DPGroupLabel = t.DPGroupLabel
+	if t.TenantShardStrict { // a rule across fields: not in the list above
+		if o.TenantShardSize == 0 {
+			return o, configError("balancer.tenantShardStrict", "needs balancer.tenantShardSize > 0 (sharding is off)")
+		}
+		o.TenantShardStrict = true
+	}
 	// The core's rules across fields, named as the config names them (the
 	// core's own error names its Options fields).
 	for _, p := range []struct {

@@ -40,6 +40,7 @@ func TestParseConfigGood(t *testing.T) {
 			"slowStartWindow": "1m", "retryRatio": 0.1, "breakerFailures": 3, "ejectionTime": "30s",
 			"maxEjectedFraction": 0.3, "outlierMargin": 0.1, "subsetLabel": "models", "dpGroupLabel": "engine",
 			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4,
+			"tenantShardStrict": true,
 			"spillMemory": "-1s", "minKeyReuse": -1, "stickyTTL": "2m", "stickyEntries": 4096,
 			"notServedMemory": "1m", "adapterHomes": 0.5}
 	}`), false)
@@ -64,7 +65,7 @@ func TestParseConfigGood(t *testing.T) {
 	if c.affinityHeader != "x-session-id" || c.tenantHeader != "x-tenant" || c.modelHeader != "x-model" {
 		t.Errorf("headers %q %q %q", c.affinityHeader, c.tenantHeader, c.modelHeader)
 	}
-	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 ||
+	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 || !o.TenantShardStrict ||
 		o.SpillMemory != -time.Second || o.MinKeyReuse != -1 || o.StickyTTL != 2*time.Minute || o.StickyEntries != 4096 ||
 		o.NotServedMemory != time.Minute || o.AdapterHomes != 0.5 {
 		t.Errorf("affinity options %v %v %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory, o.MinKeyReuse, o.AdapterHomes)
@@ -127,6 +128,8 @@ func TestParseConfigBad(t *testing.T) {
 		// resolver may push to every client) gets at most 32 MiB of it.
 		{"sticky entries past the config's bound", `{"balancer": {"stickyEntries": 16777216}}`, false, "balancer.stickyEntries"},
 		{"tenant shard negative", `{"balancer": {"tenantShardSize": -2}}`, false, "balancer.tenantShardSize"},
+		{"strict tenant shards without shards", `{"balancer": {"tenantShardStrict": true}}`, false, "balancer.tenantShardStrict: needs balancer.tenantShardSize > 0"},
+		{"strict tenant shards not a bool", `{"balancer": {"tenantShardSize": 4, "tenantShardStrict": "yes"}}`, false, "balancer.tenantShardStrict"},
 		{"tenant shard not a number", `{"balancer": {"tenantShardSize": "4"}}`, false, "balancer.tenantShardSize"},
 		{"tenant shard fractional", `{"balancer": {"tenantShardSize": 2.5}}`, false, "balancer.tenantShardSize: got JSON number 2.5, want an integer"},
 		{"count too large", `{"balancer": {"breakerFailures": 1e30}}`, false, "balancer.breakerFailures: JSON number 1e30 is out of range"},

@@ -238,6 +238,7 @@
 //	    "slowStartAggression": 1, "retryRatio": 0.2, "retryFloor": 10,
 //	    "affinity": "prefer", "loadBound": 1.25, "affinitySeed": 0,
 //	    "tenantShardSize": 0,           // > 0: each tenant (tenantHeader) on its own shard of endpoints
+//	    "tenantShardStrict": false,     // true: a tenant's calls fail rather than leave its shard
 //	    "spillMemory": "45s",           // how long a spilled key's endpoint counts as warm; negative: off
 //	    "minKeyReuse": 0.05,            // prompt-key affinity only while this share recurs (sessions always); negative: always
 //	    "adapterHomes": 1,              // a LoRA adapter with at most this many fair shares of calls in flight goes home; negative: off

@@ -49,7 +49,7 @@ func excludedError(n int) error {
 // When the call names a model, the READY endpoints may also just not serve
 // it.
 func (p *picker) noEndpoint(req *inferlb.Request, err error) error {
-	if !errors.Is(err, core.ErrNoEndpoints) || p.excluded == nil {
+	if !errors.Is(err, core.ErrNoEndpoints) || p.excluded == nil || errors.Is(err, core.ErrTenantShardDown) {
 		return err
 	}
 	if req.Model != "" {

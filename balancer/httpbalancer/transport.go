@@ -398,7 +398,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		if errors.Is(err, balancer.ErrNoEndpoints) && t.endpointCount() == 0 {
 			return nil, fmt.Errorf("%w: this Transport has none (Options.Endpoints empty, emptied by Update, or none found by Discovery yet)", err)
 		}
-		if c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) {
+		if c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) && !errors.Is(err, balancer.ErrTenantShardDown) {
 			// The usual cause is a model this Transport's endpoints
 			// do not list (an embedding sent through the LLM
 			// Transport, a typo); say which, as the gRPC policy does.
