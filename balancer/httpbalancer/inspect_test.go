@@ -95,6 +95,13 @@ func TestInspectFields(t *testing.T) {
 		{"n choices, completions", "/v1/completions", `{"model":"m","n":3,"prompt":"abcd","max_tokens":10}`, true, "m", false, 30, 1, true},
 		{"n of 1, 0 or not a count", "/v1/chat/completions", `{"max_tokens":10,"n":0,"n":1.5}`, true, "", false, 10, 0, false},
 		{"n beyond the APIs' 128", "/v1/chat/completions", `{"max_tokens":10,"n":1000000}`, true, "", false, 1280, 0, false},
+		// vLLM and SGLang (pydantic) take a whole number written as a
+		// float or with an exponent for an integer: as Python's
+		// json.dumps writes a bound computed as a float (1024.0).
+		{"whole float bound", "/v1/chat/completions", `{"max_tokens":32.0}`, true, "", false, 32, 0, false},
+		{"exponent bound and n", "/v1/chat/completions", `{"max_completion_tokens":1e3,"n":2.0}`, true, "", false, 2000, 0, false},
+		{"float sampling_params", "/generate", `{"text":"abcd","sampling_params":{"max_new_tokens":1.5E2,"n":2e0}}`, true, "", false, 300, 1, true},
+		{"fractional or negative bound", "/v1/chat/completions", `{"max_tokens":32.5,"max_output_tokens":-1e2,"max_new_tokens":1e10}`, true, "", false, 0, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, strings.NewReader(tc.body))

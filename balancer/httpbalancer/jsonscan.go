@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -354,9 +356,11 @@ func (s *scanner) scalar() ([]byte, bool) {
 	return s.b[start:s.i], s.i > start && s.i < len(s.b)
 }
 
-// integer reads a non-negative integer that fits an int32 (token counts);
-// anything else (fractions, exponents, huge values) reads as absent. The
-// bound keeps a hostile max_tokens from overflowing the in-flight token sum.
+// integer reads a non-negative integer that fits an int32 (token counts),
+// also written as a JSON number with a fraction or exponent whose value is
+// whole (32.0, 1e3: see wholeNumber); anything else (fractions, negative or
+// huge values) reads as absent. The bound keeps a hostile max_tokens from
+// overflowing the in-flight token sum.
 func (s *scanner) integer() (int, bool) {
 	if c := s.peek(); c != '-' && (c < '0' || c > '9') {
 		return 0, s.skip()
@@ -368,7 +372,7 @@ func (s *scanner) integer() (int, bool) {
 	n := 0
 	for _, c := range lit {
 		if c < '0' || c > '9' {
-			return 0, true
+			return wholeNumber(lit), true
 		}
 		n = n*10 + int(c-'0')
 		if n > 1<<31-1 {
@@ -376,6 +380,64 @@ func (s *scanner) integer() (int, bool) {
 		}
 	}
 	return n, true
+}
+
+// wholeNumber reads lit, a JSON number that is not a plain run of digits,
+// as a count when its value is whole and in 0..2^31-1, else 0. vLLM and
+// SGLang validate their requests with pydantic, which takes 32.0 or 1e3 for
+// an integer field (and refuses 32.5): Python's json.dumps writes a bound
+// computed as a float (budget / 2) so, and the server honours it.
+func wholeNumber(lit []byte) int {
+	if !jsonNumber(lit) {
+		return 0
+	}
+	v, err := strconv.ParseFloat(alias(lit), 64)
+	if err != nil || v < 0 || v > 1<<31-1 || v != math.Trunc(v) {
+		return 0
+	}
+	return int(v)
+}
+
+// jsonNumber reports whether lit is a number as JSON writes it (RFC 8259:
+// no leading zeros, digits on both sides of the point), so that what
+// strconv.ParseFloat takes besides (hex, "Inf", underscores) reads as absent.
+func jsonNumber(lit []byte) bool {
+	i := 0
+	if i < len(lit) && lit[i] == '-' {
+		i++
+	}
+	if i < len(lit) && lit[i] == '0' {
+		i++
+	} else if j := digits(lit, i); j > i {
+		i = j
+	} else {
+		return false
+	}
+	if i < len(lit) && lit[i] == '.' {
+		if i = digits(lit, i+1); lit[i-1] == '.' {
+			return false
+		}
+	}
+	if i < len(lit) && (lit[i] == 'e' || lit[i] == 'E') {
+		i++
+		if i < len(lit) && (lit[i] == '+' || lit[i] == '-') {
+			i++
+		}
+		if j := digits(lit, i); j > i {
+			i = j
+		} else {
+			return false
+		}
+	}
+	return i == len(lit)
+}
+
+// digits returns the index past the run of decimal digits of b at i.
+func digits(b []byte, i int) int {
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 // Objects and arrays are read with these two steps in a loop rather than

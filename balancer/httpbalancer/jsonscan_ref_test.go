@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -190,7 +191,12 @@ func (s *refScanner) integer() (int, bool) {
 	n := 0
 	for _, c := range lit {
 		if c < '0' || c > '9' {
-			return 0, true
+			// A whole number written with a fraction or exponent.
+			var v float64
+			if json.Unmarshal(lit, &v) != nil || v < 0 || v > 1<<31-1 || v != math.Trunc(v) {
+				return 0, true
+			}
+			return int(v), true
 		}
 		n = n*10 + int(c-'0')
 		if n > 1<<31-1 {
