@@ -140,7 +140,7 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	var errs []error
 	keep := make([]inferlb.Endpoint, 0, len(endpoints))
 	for i, ep := range endpoints {
-		if scheme, host, ok := splitAddr(ep.Addr); !ok || !validPort(scheme, host) {
+		if scheme, host, ok := splitAddr(ep.Addr); !ok || !validHostPort(scheme, host) {
 			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q is not host:port or http(s)://host[:port]; skipped", i, ep.Key(), ep.Addr))
 			continue
 		}
@@ -283,19 +283,25 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 	return scheme, host, true
 }
 
-// validPort reports whether host (of an Addr with scheme, "" if none) has
-// a port in 1-65535, or none and a scheme to take the default port from: a
-// bare "10.0.0.5" is a forgotten port (calls would dial port 80), and
-// "10.0.0.5:800O" a typo that fails only at dial time.
-func validPort(scheme, host string) bool {
-	_, port, err := net.SplitHostPort(host)
+// validHostPort reports whether host (of an Addr with scheme, "" if none)
+// names a host and has a port in 1-65535, or none and a scheme to take the
+// default port from: a bare "10.0.0.5" is a forgotten port (calls would
+// dial port 80), "10.0.0.5:800O" a typo that fails only at dial time, and
+// ":8000" (HOST+":8000" with HOST unset) a forgotten host, which net/http
+// dials on this machine.
+func validHostPort(scheme, host string) bool {
+	h, port, err := net.SplitHostPort(host)
 	if err != nil {
 		// No port: fine with a scheme, unless the host is an IPv6
-		// address without brackets (its colons look like one).
-		return scheme != "" && (!strings.Contains(host, ":") || strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]"))
+		// address without brackets (its colons look like one), or
+		// nothing in brackets.
+		if strings.HasPrefix(host, "[") {
+			return scheme != "" && len(host) > 2 && strings.HasSuffix(host, "]")
+		}
+		return scheme != "" && !strings.Contains(host, ":")
 	}
 	n, err := strconv.Atoi(port)
-	return err == nil && n >= 1 && n <= 65535 && port[0] != '+'
+	return h != "" && err == nil && n >= 1 && n <= 65535 && port[0] != '+'
 }
 
 // addrCache remembers how recent endpoint Addrs split, in slots chosen by

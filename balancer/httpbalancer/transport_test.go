@@ -38,6 +38,12 @@ func TestOptionsValidation(t *testing.T) {
 		// A forgotten port dialed port 80; a typo in one failed only at dial time.
 		{"no port", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "127.0.0.1"}}}, `Addr "127.0.0.1" is not host:port`},
 		{"port not a number", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.5:800O"}}}, `Addr "10.0.0.5:800O"`},
+		// A forgotten host (an unset variable in HOST+":8000") dialed this
+		// machine.
+		{"no host", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: ":8000"}}}, `Addr ":8000" is not host:port`},
+		{"no host with a scheme", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://:8000"}}}, `Addr "http://:8000"`},
+		{"empty brackets", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "[]:8000"}}}, `Addr "[]:8000"`},
+		{"empty brackets without port", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "https://[]"}}}, `Addr "https://[]"`},
 		{"port out of range", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:70000"}}}, `Addr "http://h:70000"`},
 		{"bare IPv6 without port", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://fd00::1"}}}, `Addr "http://fd00::1"`},
 		{"bracketed IPv6 with a scheme", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://[fd00::1]"}, {Addr: "[fd00::2]:8000"}}}, ""},
