@@ -309,6 +309,13 @@ func bad(field, rule string, v any) error {
 	return fmt.Errorf("inferlb: httpbalancer.Options.%s = %v: %s", field, v, rule)
 }
 
+// typedNil reports whether v is a nil pointer or func held in a non-nil
+// interface.
+func typedNil(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.IsValid() && (rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Func) && rv.IsNil()
+}
+
 // resolve validates o and applies the defaults, in one place.
 func (o *Options) resolve() (*config, error) {
 	if o.Balancer != nil && !reflect.ValueOf(o.BalancerOptions).IsZero() {
@@ -318,6 +325,14 @@ func (o *Options) resolve() (*config, error) {
 		if err := o.BalancerOptions.Validate(); err != nil {
 			return nil, fmt.Errorf("inferlb: httpbalancer.Options.BalancerOptions: %w", err)
 		}
+	}
+	// A nil pointer or func in the interface is not nil (a Base declared as
+	// *http.Transport and left unset): taken as set, it panicked on every call.
+	if typedNil(o.Base) {
+		return nil, bad("Base", "must be nil (for the default) or a usable RoundTripper", fmt.Sprintf("(%T)(nil)", o.Base))
+	}
+	if typedNil(o.Inspector) {
+		return nil, bad("Inspector", "must be nil (for the default, an *OpenAI) or a usable Inspector", fmt.Sprintf("(%T)(nil)", o.Inspector))
 	}
 	if d := o.Discovery; d != nil {
 		host, port, err := net.SplitHostPort(d.Target)

@@ -62,6 +62,11 @@ func TestOptionsValidation(t *testing.T) {
 		{"discovery port not a port", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:notaport"}}, "Options.Discovery.Target"},
 		{"discovery interval of 1ns", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:80", Interval: 1}}, "Options.Discovery.Interval"},
 		{"max peek", httpbalancer.Options{MaxPeek: httpbalancer.MaxMaxPeek + 1}, "Options.MaxPeek"},
+		// A typed nil in the interface (var b *http.Transport; if ... { b = ... })
+		// was taken, and every call panicked.
+		{"nil *http.Transport Base", httpbalancer.Options{Base: (*http.Transport)(nil)}, "Options.Base = (*http.Transport)(nil)"},
+		{"nil *OpenAI Inspector", httpbalancer.Options{Inspector: (*httpbalancer.OpenAI)(nil)}, "Options.Inspector = (*httpbalancer.OpenAI)(nil)"},
+		{"nil InspectorFunc", httpbalancer.Options{Inspector: httpbalancer.InspectorFunc(nil)}, "Options.Inspector"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr, err := httpbalancer.NewTransport(tc.o)
