@@ -27,6 +27,9 @@ var errNoAddrs = errors.New("no addresses")
 func family(addrs []string, network string) []string {
 	out := addrs[:0]
 	for _, a := range addrs {
+		if !hostLike(a) {
+			continue // from a custom LookupHost: "" would dial this machine
+		}
 		if ip, err := netip.ParseAddr(a); err == nil {
 			ip = ip.Unmap()
 			if network == "ip4" && !ip.Is4() || network == "ip6" && !ip.Is6() {
@@ -37,6 +40,16 @@ func family(addrs []string, network string) []string {
 		out = append(out, a)
 	}
 	return out
+}
+
+// hostLike reports whether a lookup's answer can be a host to dial: not
+// empty (":8000" dials this machine), no spaces or control characters,
+// nothing that would end the host part of a URL. Answers of
+// net.Resolver.LookupHost always are; a custom LookupHost's may not be.
+func hostLike(a string) bool {
+	return a != "" && !strings.ContainsFunc(a, func(r rune) bool {
+		return r <= ' ' || r == 0x7f || strings.ContainsRune("/?#@[]", r)
+	})
 }
 
 // graceIntervals is Discovery.Grace's default, in Intervals.

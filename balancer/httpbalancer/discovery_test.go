@@ -200,6 +200,22 @@ func TestDiscoveryAddressFamily(t *testing.T) {
 	require.ErrorContains(t, err, "Discovery.Network")
 }
 
+// A custom LookupHost's answers that cannot be hosts are left out: "" made
+// the endpoint ":8000", which net/http dials on this machine.
+func TestDiscoveryLeavesOutAnswersThatAreNoHosts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dns := &fakeDNS{}
+		dns.set(nil, "", "10.0.0.1", "a b", "vllm-0.vllm.svc", "x/y", "10.0.0.2\n")
+		tr, err := httpbalancer.NewTransport(httpbalancer.Options{Discovery: &httpbalancer.Discovery{
+			Target: "vllm.svc:8000", LookupHost: dns.LookupHost}})
+		require.NoError(t, err)
+		defer tr.Close()
+		got := ids(tr)
+		slices.Sort(got)
+		assert.Equal(t, []string{"10.0.0.1:8000", "vllm-0.vllm.svc:8000"}, got)
+	})
+}
+
 // TestTransportEndpoints: Endpoints lists what the Transport routes to,
 // static and discovered, so telemetry sources can follow Discovery (helper
 // 61's adoption review found no way to: Stats has IDs only).
