@@ -214,7 +214,8 @@
 //
 // # Service config
 //
-// The policy's config object, every field optional:
+// The policy's config object, every field optional (the // comments are
+// notes for the reader: JSON has no comments, and ParseConfig refuses them):
 //
 //	{
 //	  "methods": {                      // method or service -> Service kind
