@@ -260,7 +260,7 @@
 // # Cost
 //
 // On a small chat completion over loopback (a 31-64 us call) the transport
-// adds about 1.6-4 us per call (+4-7.6% of the median call, depending on
+// adds about 1.6-4 us per call (+4-7.9% of the median call, depending on
 // the machine and, by half a point either way, on the binary's code
 // layout), with 1 allocation (640 bytes) beyond the bare request; with
 // MaxPeek -1 it adds about 2.2-3.7% of the median call.
