@@ -373,7 +373,14 @@ func (e *endpoint) rawErrorRate(c *config, nowNs int64) float64 {
 // observe folds one finished call into the EWMAs. counted is false for an
 // outcome that says nothing about health (overload, cancellation).
 // outTokens is the call's output token count (0 when unknown).
+// maxObserved bounds a reported latency or time to first token: anything
+// longer (13 days) is a bad report, and near the largest Duration the
+// EWMAs' float arithmetic wrapped negative, so the endpoint read as the
+// fastest there is.
+const maxObserved = time.Duration(1) << 50
+
 func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, outTokens int, counted, failed bool) {
+	latency, ttft = min(latency, maxObserved), min(ttft, maxObserved)
 	if counted && (failed || e.errRate.Load() != 0) {
 		// A success on a clean endpoint leaves the rate at 0: no writes.
 		e.mu.Lock()
