@@ -208,7 +208,7 @@ func (e *endpoint) rampEnd(c *config, nowNs int64) (int64, bool) {
 	if from == 0 || c.slowStart <= 0 {
 		return 0, false
 	}
-	end := from + int64(c.slowStart)
+	end := later(from, c.slowStart) // a window of centuries would wrap
 	return end, end > nowNs
 }
 
