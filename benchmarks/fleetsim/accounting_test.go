@@ -200,3 +200,23 @@ func TestNotServedAnswerIsQuickAndRetriedByABaseline(t *testing.T) {
 	assert.Equal(t, 2, res.NotServed)
 	assert.Zero(t, res.GPUBusy)
 }
+
+func TestCallBetweenAttemptsAtTheEndCountsWithItsLatencySoFar(t *testing.T) {
+	// The call reaches r0, which lacks its model and answers so within
+	// milliseconds; the run's drain ends before that answer. The call is
+	// unfinished, and an unfinished call counts with its latency so far,
+	// whether it sits in a replica's queue or waits for an answer no GPU
+	// works on: left out, it counted in Unfinished but in no percentile.
+	rt := &scripted{script: []int{0, 0}, retry: true}
+	fl := []fleetsim.ReplicaSpec{{Server: fleetsim.LLMServer(), Models: []string{fleetsim.Model}}}
+	call := llmCall(1, 1000, 100)
+	call.Model = "lora-sql"
+	sc := &fleetsim.Scenario{Name: "scripted", Fleet: fl, DiscoveryDelay: 10 * time.Second,
+		Workload: func(float64) fleetsim.Workload { return calls{call} }}
+	res := fleetsim.Run(sc, rt.policy(), fleetsim.RunConfig{Rate: 1, Seed: 1,
+		Duration: 2 * time.Millisecond, Drain: time.Millisecond, Scrape: time.Second})
+	require.Equal(t, 1, res.Requests)
+	require.Equal(t, 1, res.Unfinished)
+	assert.InDelta(t, 0.002, res.E2EP99, 1e-9, "arrived at 1ms, still out at 3ms")
+	assert.InDelta(t, 0.002, res.TTFTP99, 1e-9)
+}

@@ -398,13 +398,16 @@ func (s *run) result(policy string) Result {
 	return res
 }
 
-// censor adds the measured calls still in flight with their latency so far.
+// censor adds the measured calls still in flight with their latency so far:
+// those in a replica's queue or batch, and those between a replica's
+// answer and the next attempt or waiting for an answer no GPU works on (a
+// 404, a 400, a 500 within milliseconds), which are in no queue.
 func (s *run) censor() {
-	add := func(q *seq) {
-		j := q.job
-		if !j.measured {
+	add := func(j *job, q *seq) {
+		if !j.measured || j.over {
 			return
 		}
+		j.over = true
 		ttft := (s.now - j.arrive).Seconds()
 		if j.firstToken >= 0 {
 			ttft = (j.firstToken - j.arrive).Seconds()
@@ -418,19 +421,23 @@ func (s *run) censor() {
 		if j.req.Class != "" {
 			s.classE2E[j.req.Class] = append(s.classE2E[j.req.Class], e)
 		}
-		wait, waited := j.slotWait, j.slotWaited || q.slotHeld
-		if q.slotHeld {
+		wait, waited := j.slotWait, j.slotWaited
+		if q != nil && q.slotHeld {
 			wait += s.now - q.slotSince
+			waited = true
 		}
 		s.lora.add(j.req, ttft, e, wait, waited)
 	}
 	for _, r := range s.reps {
 		for _, q := range r.running {
-			add(q)
+			add(q.job, q)
 		}
 		for _, q := range r.waiting {
-			add(q)
+			add(q.job, q)
 		}
+	}
+	for _, j := range s.live {
+		add(j, nil)
 	}
 }
 

@@ -94,6 +94,7 @@ type job struct {
 	attempts   int
 	hops       int // attempts that met a replica without the call's model, or too small for it, and went on
 	measured   bool
+	over       bool // ended for good, or counted unfinished at the end of the run (censor)
 	done       func(inferlb.Outcome)
 	rep        *replica
 	start      time.Duration // of the current attempt
@@ -148,7 +149,8 @@ type run struct {
 	wl      Workload
 	stopped bool // no new arrivals
 
-	outstanding int // measured jobs not yet finished
+	outstanding int    // measured jobs not yet finished
+	live        []*job // measured jobs, in arrival order; censor counts those not over
 	itl         histogram
 	ttft, e2e   []float64
 	classE2E    map[string][]float64 // keyed by class; read in sorted key order
@@ -198,6 +200,7 @@ func (s *run) Submit(req *Request) {
 	if j.measured {
 		s.outstanding++
 		s.requests++
+		s.live = append(s.live, j)
 		if g := s.split.group(req); g != nil {
 			g.requests++
 		}
@@ -379,6 +382,7 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 	}
 	if j.measured {
 		s.outstanding--
+		j.over = true
 		ttft := (j.firstToken - j.arrive).Seconds()
 		s.ttft = append(s.ttft, ttft)
 		e := (now - j.arrive).Seconds()
@@ -411,6 +415,7 @@ func (s *run) fail(j *job) {
 	if j.measured {
 		s.failed++
 		s.outstanding--
+		j.over = true
 		if g := s.split.group(j.req); g != nil {
 			g.failed++
 		}
