@@ -29,6 +29,17 @@ type windowBackend struct {
 
 func newWindowBackend(t *testing.T, name string, window int) *windowBackend {
 	t.Helper()
+	return newRefusingBackend(t, name, window, func(w http.ResponseWriter, prompt, out int) {
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, `{"object":"error","message":"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`,
+			window, prompt+out, prompt, out)
+	})
+}
+
+// newRefusingBackend answers a chat whose prompt (its characters over 4)
+// and max_tokens do not fit window with refuse, others as fakeChat does.
+func newRefusingBackend(t *testing.T, name string, window int, refuse func(w http.ResponseWriter, prompt, out int)) *windowBackend {
+	t.Helper()
 	b := &windowBackend{backend: &backend{name: name}}
 	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -46,9 +57,7 @@ func newWindowBackend(t *testing.T, name string, window int) *windowBackend {
 		if prompt+req.MaxTokens > window {
 			b.refused.Add(1)
 			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusBadRequest)
-			fmt.Fprintf(w, `{"object":"error","message":"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`,
-				window, prompt+req.MaxTokens, prompt, req.MaxTokens)
+			refuse(w, prompt, req.MaxTokens)
 			return
 		}
 		r.Body = io.NopCloser(strings.NewReader(string(body)))
@@ -179,33 +188,11 @@ func (c *countClose) Close() error { *c.n++; return nil }
 // validation error so, InferError::ValidationError), before any work.
 func newTGIWindowBackend(t *testing.T, name string, window int) *windowBackend {
 	t.Helper()
-	b := &windowBackend{backend: &backend{name: name}}
-	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var req struct {
-			Messages []struct {
-				Content string `json:"content"`
-			} `json:"messages"`
-			MaxTokens int `json:"max_tokens"`
-		}
-		_ = json.Unmarshal(body, &req)
-		prompt := 0
-		for _, m := range req.Messages {
-			prompt += len(m.Content) / 4
-		}
-		if prompt+req.MaxTokens > window {
-			b.refused.Add(1)
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusUnprocessableEntity)
-			fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` tokens + `max_new_tokens` must be <= %d. Given: %d `inputs` tokens and %d `max_new_tokens`"+`","error_type":"validation"}`,
-				window, prompt, req.MaxTokens)
-			return
-		}
-		r.Body = io.NopCloser(strings.NewReader(string(body)))
-		b.fakeChat(w, r)
-	}))
-	t.Cleanup(b.srv.Close)
-	return b
+	return newRefusingBackend(t, name, window, func(w http.ResponseWriter, prompt, out int) {
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` tokens + `max_new_tokens` must be <= %d. Given: %d `inputs` tokens and %d `max_new_tokens`"+`","error_type":"validation"}`,
+			window, prompt, out)
+	})
 }
 
 // TGI refuses a call longer than its window with 422, not 400: the call
