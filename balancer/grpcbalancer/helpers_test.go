@@ -148,4 +148,19 @@ func (h *harness) subConn(a string) *grpcfake.SubConn {
 // lbOf returns the inferlb policy instance behind a harness.
 func (h *harness) lb() *lbBalancer { return h.bal.(*lbBalancer) }
 
+// onlySubConn returns the policy's one SubConn.
+func (h *harness) onlySubConn(t *testing.T) *subConn {
+	t.Helper()
+	lb := h.lb()
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if len(lb.subConns) != 1 {
+		t.Fatalf("%d SubConns, want 1", len(lb.subConns))
+	}
+	for s := range lb.subConns {
+		return s
+	}
+	return nil
+}
+
 func coreForTest() *core.Balancer { return core.New(core.Options{}) }

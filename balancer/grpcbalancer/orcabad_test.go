@@ -7,7 +7,6 @@ import (
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/balancer"
 
 	"github.com/inferlb/inferlb/telemetry"
@@ -52,17 +51,10 @@ func TestMalformedPerCallORCAIsCountedNotApplied(t *testing.T) {
 
 func TestMalformedOOBORCAIsCountedNotApplied(t *testing.T) {
 	h := newHarness(t, Name, `{}`, 1) // the fake has no ORCA producer: the test delivers the reports
-	lb := h.lb()
-	lb.mu.Lock()
-	var subs []*subConn
-	for s := range lb.subConns {
-		subs = append(subs, s)
-	}
-	lb.mu.Unlock()
-	require.Len(t, subs, 1)
-	store := lb.core.Load().Telemetry()
+	sc := h.onlySubConn(t)
+	store := h.lb().core.Load().Telemetry()
 	for i, r := range badORCAReports {
-		subs[0].OnLoadReport(r)
+		sc.OnLoadReport(r)
 		assert.EqualValues(t, i+1, store.Stats().DroppedEmpty, "report %v not counted", r)
 	}
 	_, ok := store.Latest(addr(0), time.Now(), time.Minute)

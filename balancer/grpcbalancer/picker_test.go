@@ -955,13 +955,7 @@ func TestIDByHost(t *testing.T) {
 func TestOOBReportFollowsARenamedEndpoint(t *testing.T) {
 	h := newHarness(t, Name, `{}`, 1) // the fake has no ORCA producer: the test delivers the report
 	lb := h.lb()
-	lb.mu.Lock()
-	var subs []*subConn
-	for s := range lb.subConns {
-		subs = append(subs, s)
-	}
-	lb.mu.Unlock()
-	require.Len(t, subs, 1)
+	subs := []*subConn{h.onlySubConn(t)}
 
 	h.updateEndpoints([]resolver.Endpoint{WithEndpoint(endpoints(1)[0], inferlb.Endpoint{ID: "replica-0"})})
 	lb.mu.Lock()
