@@ -28,6 +28,14 @@ type ServerParams struct {
 	// PerKVToken is the attention cost of one token of context read by a
 	// scheduled sequence (memory bandwidth over its KV cache).
 	PerKVToken time.Duration
+	// AttnNsPerPair, when positive, is the compute of attention in a
+	// prefill, in nanoseconds per (prompt token, context token) pair: a
+	// chunk of n tokens after c computed ones costs n*c + n(n+1)/2 pairs.
+	// PerKVToken charges the context's read once per step; this charges
+	// the FLOPs that grow with prompt length squared. 0 (every scenario's
+	// fleet) leaves prefill linear (TestSharedPrefixAttentionWhatIf sizes
+	// what that leaves out).
+	AttnNsPerPair float64
 	// PrefixCaching enables automatic prefix caching (vLLM's default in V1).
 	PrefixCaching bool
 	// MaxWaiting, when positive, makes the replica answer 429 (too many
@@ -337,6 +345,7 @@ func (r *replica) plan() (time.Duration, bool) {
 	budget := r.p.MaxBatchedTokens
 	preempted := false
 	var prefillTok, decodes, kvTok int
+	var pairs float64 // attention pairs of the step's prefill chunks (AttnNsPerPair)
 	for i := 0; i < len(r.running) && budget > 0; i++ {
 		s := r.running[i]
 		n := min(s.numTokens()-s.computed, budget)
@@ -359,6 +368,7 @@ func (r *replica) plan() (time.Duration, bool) {
 			decodes++
 		} else {
 			prefillTok += n
+			pairs += attnPairs(s.computed, n)
 		}
 		kvTok += s.computed + n
 	}
@@ -424,6 +434,7 @@ func (r *replica) plan() (time.Duration, bool) {
 		s.sched = n
 		budget -= n
 		prefillTok += n
+		pairs += attnPairs(s.computed, n)
 		kvTok += s.computed + n
 		if a := adapterOf(s); r.p.MaxLoRAs > 0 && a != "" && !slices.Contains(batch, a) {
 			batch = append(batch, a)
@@ -438,7 +449,8 @@ func (r *replica) plan() (time.Duration, bool) {
 	d := r.p.StepFixed +
 		time.Duration(prefillTok)*r.p.PerPrefillToken +
 		time.Duration(decodes)*r.p.PerDecodeSeq +
-		time.Duration(kvTok)*r.p.PerKVToken
+		time.Duration(kvTok)*r.p.PerKVToken +
+		time.Duration(pairs*r.p.AttnNsPerPair)
 	if r.p.MaxLoRAs > 0 {
 		d += time.Duration(r.activate(batch)) * r.p.LoRALoad
 	}
@@ -719,3 +731,7 @@ func (e *dpEngine) abort() {
 		}
 	}
 }
+
+// attnPairs is the attention pairs of a prefill chunk of n tokens after c
+// computed ones: each new token attends to all before it and itself.
+func attnPairs(c, n int) float64 { return float64(n)*float64(c) + float64(n)*float64(n+1)/2 }
