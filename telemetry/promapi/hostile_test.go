@@ -56,9 +56,16 @@ func TestCollectSkipsASeriesOfTheWrongShape(t *testing.T) {
  {"metric":{"instance":5,"inferlb_field":"waiting"},"value":[1767225600,"9"]},
  {"metric":{"instance":"b","inferlb_field":"waiting"},"value":[1767225600,"4"]}
 ]}}`
+	skipsAAndReadsB(t, body, "promapi: 1 series skipped; first: series of the wrong shape")
+}
+
+// skipsAAndReadsB checks an answer whose series for endpoint a is skipped
+// and counted with want, and whose series b (waiting 4) is read.
+func skipsAAndReadsB(t *testing.T, body, want string) {
+	t.Helper()
 	obs, err := fakeProm(t, 200, body, nil).Collect(t.Context())
 	require.ErrorIs(t, err, telemetry.ErrPartial)
-	assert.Contains(t, err.Error(), "promapi: 1 series skipped; first: series of the wrong shape")
+	assert.Contains(t, err.Error(), want)
 	require.Len(t, obs, 1)
 	assert.Equal(t, "b", obs[0].EndpointID)
 	assert.Equal(t, map[string]float64{"waiting": 4}, fields(obs[0].Sample))
@@ -76,12 +83,7 @@ func TestCollectSkipsAnEvaluationTimeOutOfRange(t *testing.T) {
  {"metric":{"instance":"a","inferlb_field":"waiting"},"value":[` + eval + `,"9"]},
  {"metric":{"instance":"b","inferlb_field":"waiting"},"value":[1767225600,"4"]}
 ]}}`
-			obs, err := fakeProm(t, 200, body, nil).Collect(t.Context())
-			require.ErrorIs(t, err, telemetry.ErrPartial)
-			assert.Contains(t, err.Error(), "promapi: 1 series skipped; first: waiting for a")
-			require.Len(t, obs, 1)
-			assert.Equal(t, "b", obs[0].EndpointID)
-			assert.Equal(t, map[string]float64{"waiting": 4}, fields(obs[0].Sample))
+			skipsAAndReadsB(t, body, "promapi: 1 series skipped; first: waiting for a")
 		})
 	}
 }
