@@ -138,7 +138,10 @@ var (
 // top-level model, stream, output bound, prompt_cache_key, conversation,
 // previous_response_id and cache_salt are read from the whole body without reading it
 // (about 4 GB/s; nothing is copied but 4 KiB at a time): the OpenAI SDKs
-// write them after the messages. The prompts of a batch are counted there
+// write them after the messages. So is a system prompt given apart (system,
+// instructions) no larger than the peek, which the Anthropic SDKs and
+// openai-python write after the messages or input: a conversation keeps its
+// key when its later turns outgrow the peek. The prompts of a batch are counted there
 // too, however far past the peek its list runs (a batch is what most often
 // outgrows the peek); a streamed body's batch counts the prompts the peek
 // holds, a lower bound.

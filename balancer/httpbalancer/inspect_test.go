@@ -387,6 +387,46 @@ func TestInspectKeysAFirstTurnCutByThePeek(t *testing.T) {
 	assert.NotEqual(t, keyOf(a), keyOf(b))
 }
 
+// TestInspectKeysASystemPastThePeek: the Anthropic SDKs write a Messages
+// API body's "system" after its "messages", and openai-python a Responses
+// API body's "instructions" after its "input" (both in their arguments'
+// alphabetical order). A conversation keyed on its system prompt and first
+// turn while its body fit the peek must keep that key once its later turns
+// (a pasted log, a screenshot) outgrow the peek: the system prompt is then
+// read from the rest of a body held in memory. It was not, so the key lost
+// the system prompt and the conversation, at its longest, moved to an
+// endpoint without its KV cache. The system prompts here (40 KB, like a
+// coding agent's) are larger than other members read past the peek.
+func TestInspectKeysASystemPastThePeek(t *testing.T) {
+	const peek = 64 << 10
+	keyOf := func(path, body string) uint64 {
+		r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, strings.NewReader(body))
+		var info httpbalancer.Info
+		(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(body[:min(peek, len(body))]), len(body) <= peek, &info)
+		require.Equal(t, "m", info.Model)
+		return info.AffinityKey
+	}
+	sys := strings.Repeat("You are a careful coding agent. ", 40<<10/32)
+	log := strings.Repeat("tool output line\\n", 200<<10/18)
+	for _, tc := range []struct {
+		path, list, system string
+	}{
+		{"/v1/messages", "messages", `"system":"` + sys + `"`},
+		{"/v1/messages", "messages", `"system":[{"type":"text","text":"` + sys + `","cache_control":{"type":"ephemeral"}}]`},
+		{"/v1/responses", "input", `"instructions":"` + sys + `"`},
+	} {
+		first := `{"max_tokens":1024,"` + tc.list + `":[{"role":"user","content":"fix the build"}],"model":"m",` + tc.system + `}`
+		later := `{"max_tokens":1024,"` + tc.list + `":[{"role":"user","content":"fix the build"},{"role":"assistant","content":"running it"},` +
+			`{"role":"user","content":"` + log + `"}],"model":"m",` + tc.system + `}`
+		require.Less(t, len(first), peek)
+		require.Greater(t, len(later), peek)
+		k1 := keyOf(tc.path, first)
+		assert.Equal(t, k1, keyOf(tc.path, later), "%s %.40s", tc.path, tc.system)
+		other := strings.Replace(later, "careful", "CAREFUL", 1)
+		assert.NotEqual(t, keyOf(tc.path, later), keyOf(tc.path, other), "another system prompt, %s", tc.path)
+	}
+}
+
 // TestInspectEstimatesAStreamedBodyWithoutItsBase64: a body larger than the
 // peek that is not in memory (a gateway forwarding its client's upload) is
 // estimated from its size, but not from the size of the base64 the peek

@@ -24,14 +24,19 @@ import (
 
 // tailKeys are the top-level members read from the rest of a body: the
 // facts parseBody reads outside the prompt. The prompt text itself is not:
-// the affinity key covers what the peek holds. But the size of a batch
+// the affinity key covers what the peek holds. The system prompt given apart
+// from the messages is, as it opens the key: the Anthropic SDKs write a
+// Messages API body's "system" after its "messages", and openai-python a
+// Responses API body's "instructions" after its "input" (their arguments'
+// alphabetical order), so a conversation whose later turns outgrow the
+// peek would lose it from its key and move off its cache. But the size of a batch
 // (the prompts of a list given as prompt, text or input_ids) is counted
 // as the scan steps over it (topScan.prompts): the output bound is per
 // prompt, and a batch is what most often outgrows the peek.
 var tailKeys = [...]string{
 	"model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"max_new_tokens", "parameters", "prompt_cache_key", "conversation", "previous_response_id", "n",
-	"sampling_params", "cache_salt",
+	"sampling_params", "cache_salt", "system", "instructions",
 }
 
 // maxTailKey is the length of the longest of tailKeys.
@@ -40,14 +45,17 @@ const maxTailKey = len("max_completion_tokens")
 // maxTailValue bounds the size of one member read from the rest of a body.
 // A larger one is not read: its field keeps what the peek read of it (a
 // TGI grammar can take "parameters" past the bound; no other member comes
-// near it).
+// near it). A system prompt (system, instructions) is read up to the size of
+// the peek instead (topScan.systemMax): a coding agent's runs to tens of
+// KB, and one that a smaller body of the conversation held whole in its
+// peek must count in the key of a larger one too.
 const maxTailValue = 16 << 10
 
 // tailFields is the fields of body each of tailKeys sets, a bit each:
 // TGI's parameters and SGLang's sampling_params set the output bound and
 // the choices.
-var tailFields = [len(tailKeys)]uint8{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens | fN,
-	fCacheKey, fConversation, fPrevResponse, fN, fMaxTokens | fN, fCacheSalt}
+var tailFields = [len(tailKeys)]uint16{fModel, fStream, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens, fMaxTokens | fN,
+	fCacheKey, fConversation, fPrevResponse, fN, fMaxTokens | fN, fCacheSalt, fSystem, fSystem}
 
 const (
 	fModel = 1 << iota
@@ -58,6 +66,7 @@ const (
 	fPrevResponse
 	fN
 	fCacheSalt
+	fSystem
 )
 
 // tailChunk is how much of the body readTail copies at a time.
@@ -111,6 +120,8 @@ type topScan struct {
 	list    bool
 	elems   int
 	prompts int
+	// systemMax bounds a system prompt read (see maxTailValue).
+	systemMax int64
 }
 
 // minInline is the shortest string looked at as a possible data URL or
@@ -336,7 +347,11 @@ func (t *topScan) member(end int64) {
 	}
 	for k, name := range tailKeys {
 		if string(key) == name {
-			if end-t.valLo <= maxTailValue {
+			limit := int64(maxTailValue)
+			if tailFields[k] == fSystem {
+				limit = max(limit, t.systemMax)
+			}
+			if end-t.valLo <= limit {
 				t.found[k] = span{t.keyLo, end}
 			} else {
 				t.found[k] = span{-1, -1}
@@ -384,7 +399,7 @@ func peekText(peek []byte, size int64) int64 {
 // batch (a bound: the most of the peek's count and the whole body's). When the body is not a
 // well-formed object at its top level, out is left as the peek made it.
 func readTail(m *memBody, head []byte, keyed bool, out *body) {
-	t := topScan{m: m}
+	t := topScan{m: m, systemMax: int64(len(head))}
 	// A byte order mark is read past, as parseBody does; it is taken from
 	// the body, which has it whole however short the head.
 	var mark [3]byte // len(utf8BOM)
@@ -411,7 +426,7 @@ func readTail(m *memBody, head []byte, keyed bool, out *body) {
 	// last member was too large to read (over) keeps the peek's reading,
 	// which has the member whole when it lies in the peek.
 	var spans [len(tailKeys)]span
-	var over uint8
+	var over uint16
 	ns, size := 0, 2
 	for k, s := range t.found {
 		switch {
@@ -472,5 +487,8 @@ func readTail(m *memBody, head []byte, keyed bool, out *body) {
 	}
 	if over&fCacheSalt == 0 {
 		out.cacheSalt = tail.cacheSalt
+	}
+	if over&fSystem == 0 {
+		out.system = tail.system
 	}
 }
