@@ -450,9 +450,14 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 		return b.walkAffine(req, g, now, c, sh)
 	}
 	// StickyTTL: follow the key to where it last went while that endpoint
-	// is usable and within bound; its KV cache is the warmest.
+	// is usable and within bound; its KV cache is the warmest. A ramping
+	// endpoint takes its sticky keys, as its own, only in proportion to its
+	// ramp: back from an outage, it would take every idle session stuck to
+	// it at once, and slow start would be bypassed by affinity traffic. (A
+	// key it also owns gets a second draw in the walk: at a ramp of f it
+	// comes back with probability 2f - f^2.)
 	if v, ok := b.sticky.Get(c.key); ok {
-		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) {
+		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && b.admitRamp(g.members[i], c.nowNs) {
 			if bd := b.withinBound(req, g, i, now, sh); bd.in && bd.pressure < pressureSpill {
 				return i
 			}

@@ -110,3 +110,36 @@ func rampingFourth(t *testing.T, o balancer.Options) (*balancer.Balancer, []infe
 	require.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, eps[3].Addr).RampFactor, 1e-9)
 	return b, eps
 }
+
+// A sticky key (StickyTTL) takes its endpoint's ramp into account as the
+// key's owner does: an endpoint back from an outage, to which many idle
+// sessions were stuck, took every one of them again from the first call
+// of its slow start, which affinity traffic must not bypass.
+func TestStickyKeysComeBackToARampingEndpointInProportionToItsRamp(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(33), StickyTTL: 10 * time.Minute})
+	back := endpoints(4)[0].Addr
+	const keys = 400
+	var stuck []uint64 // keys whose sessions stick to back
+	for k := uint64(1); len(stuck) < keys; k++ {
+		key := k * 0x9e3779b97f4a7c15
+		if owner(t, b, key) == back {
+			stuck = append(stuck, key)
+		}
+	}
+	require.True(t, b.SetReady(back, false))
+	require.True(t, b.SetReady(back, true)) // back from an outage: it ramps
+	require.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, back).RampFactor, 1e-9)
+	got := 0
+	for _, key := range stuck {
+		if owner(t, b, key) == back {
+			got++
+		}
+	}
+	share := float64(got) / keys
+	t.Logf("%d of %d sticky keys back on the ramping endpoint (%.3f)", got, keys, share)
+	// Ramping at 0.1: the sticky draw, then the walk's own draw for the
+	// keys' owner, about 0.19 of them.
+	assert.Less(t, share, 0.25, "a ramping endpoint takes its sticky keys in proportion to its ramp")
+	assert.Positive(t, got, "but it takes some")
+}
