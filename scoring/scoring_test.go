@@ -343,3 +343,33 @@ func TestLLMCostPricesLoRASlots(t *testing.T) {
 	assert.InDelta(t, plain*10, tuned.Cost(req, lora(2, "sql", "chat")), 1e-9)
 	assert.InDelta(t, plain*2, tuned.Cost(req, lora(4, "sql", "chat")), 1e-9)
 }
+
+// Stale telemetry is neutral: a vLLM replica whose KV-cache reading went
+// stale (it was idle, so no load header came back) while DCGM still
+// reports the GPU memory it pre-allocated costs what an idle peer with a
+// fresh, low KV reading costs, not 5.8x (the memory curve at 0.95).
+func TestStaleKVCacheLeavesGPUMemoryNeutral(t *testing.T) {
+	var st telemetry.Store
+	gib := float64(1 << 30)
+	var kv, mem telemetry.Sample
+	kv.Time = now
+	kv.Set(telemetry.KVCacheUsage, 0.1)
+	mem.Time = now.Add(time.Minute)
+	mem.Set(telemetry.GPUMemUsed, 76*gib)
+	mem.Set(telemetry.GPUMemTotal, 80*gib)
+	for _, id := range []string{"idle", "busy"} {
+		st.Publish(id, kv)
+		st.Publish(id, mem)
+	}
+	kv.Time = mem.Time
+	st.Publish("busy", kv) // a response just came back with a fresh header
+
+	at := now.Add(time.Minute + time.Second)
+	cost := func(id string) float64 {
+		s := scoring.State{Now: at, Weight: 1}
+		st.Slot(id).LoadInto(&s.Telemetry, at, 30*time.Second)
+		return (&scoring.LLM{}).Cost(&inferlb.Request{Service: inferlb.ServiceLLM}, s)
+	}
+	assert.InDelta(t, cost("busy"), cost("idle"), 1e-9)
+	assert.InDelta(t, 1, cost("idle"), 1e-9)
+}

@@ -200,7 +200,9 @@ func (s *Sample) MemoryUsage() (float64, bool) {
 // 0.95 would differ several-fold in a memory price, and replicas at 0.95
 // by a few points of noise. Their KV-cache usage is their memory pressure.
 // Servers that allocate as they go (many Triton backends, custom servers)
-// report no KV cache, and their GPU memory does follow load.
+// report no KV cache, and their GPU memory does follow load. A Slot's
+// LoadInto leaves GPU memory out while the KV-cache usage it holds is
+// stale, so a server that reports one is never priced by its memory.
 func (s *Sample) MemoryPressure() (float64, bool) {
 	if s.Has.Has(KVCacheUsage) {
 		return 0, false

@@ -409,8 +409,9 @@ func (sl *Slot) LoRA(now time.Time, maxAge time.Duration) (a *Adapters, slots fl
 // into dst (maxAge <= 0 keeps every field). A field observed more than maxAge
 // after now is left out too: it was stamped before the clock stepped back,
 // so its age is unknown (and a Store keeps it only until a fresh reading
-// comes). dst.Time becomes the oldest time among the fields kept. It never
-// allocates or locks.
+// comes). GPU memory is left out while a KV-cache usage the slot holds is
+// stale (see below). dst.Time becomes the oldest time among the fields
+// kept. It never allocates or locks.
 func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	dst.Has = 0
 	dst.Time = time.Time{}
@@ -432,9 +433,22 @@ func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 			hi = n + int64(maxAge)
 		}
 	}
+	// A server that reports its KV-cache usage pre-allocated its GPU
+	// memory: that memory is how it was started, not its load, and a
+	// fresh KV reading keeps it out of the price (Sample.MemoryPressure).
+	// Once that reading is stale (an idle endpoint gets no load headers, a
+	// /metrics scrape times out) the memory, fresh from DCGM, would price
+	// the server as one that allocates as it goes: 5.8x for a replica
+	// started at 0.95 of its GPU, so it took fewer calls and its KV
+	// reading stayed stale. Stale telemetry must be neutral: the memory
+	// goes with it.
+	kvStale := cur.s.Has.Has(KVCacheUsage) && (cur.times[KVCacheUsage] < lo || cur.times[KVCacheUsage] > hi)
 	oldest := int64(0)
 	for f := range NumFields {
 		if !cur.s.Has.Has(Field(f)) || cur.times[f] < lo || cur.times[f] > hi {
+			continue
+		}
+		if kvStale && (Field(f) == GPUMemUsed || Field(f) == GPUMemTotal) {
 			continue
 		}
 		dst.Values[f] = cur.s.Values[f]

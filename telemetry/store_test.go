@@ -373,3 +373,37 @@ func TestStoreDropsATimeOutOfTheNanosecondRange(t *testing.T) {
 		})
 	}
 }
+
+// A server that reports its KV-cache usage is never priced by its GPU
+// memory (MemoryPressure), and must not start to be when that reading goes
+// stale while DCGM's memory stays fresh: a vLLM replica started at 0.95 of
+// its GPU cost 5.8x its peers once its load headers stopped (it was idle),
+// which kept it idle. Stale is neutral: the memory is left out with it.
+func TestLoadIntoLeavesMemoryOutWhileKVIsStale(t *testing.T) {
+	var st telemetry.Store
+	mem := sample(t0.Add(time.Minute), float64(telemetry.GPUMemUsed), 76, float64(telemetry.GPUMemTotal), 80)
+	st.Publish("vllm", sample(t0, float64(telemetry.KVCacheUsage), 0.2, float64(telemetry.Waiting), 1))
+	st.Publish("vllm", mem)
+	st.Publish("triton", mem)
+	now := t0.Add(time.Minute + time.Second)
+
+	var s telemetry.Sample
+	st.Slot("vllm").LoadInto(&s, now, 30*time.Second)
+	_, ok := s.MemoryPressure()
+	assert.False(t, ok, "a stale KV reading still says how the server allocates")
+	assert.True(t, s.Empty(), "memory goes stale with the KV reading; got %b", s.Has)
+	assert.True(t, s.Time.IsZero())
+
+	st.Slot("triton").LoadInto(&s, now, 30*time.Second)
+	u, ok := s.MemoryPressure()
+	assert.True(t, ok, "a server that never reported a KV cache is judged on its memory")
+	assert.Equal(t, 0.95, u)
+
+	st.Publish("vllm", sample(now, float64(telemetry.KVCacheUsage), 0.3))
+	st.Slot("vllm").LoadInto(&s, now, 30*time.Second)
+	_, ok = s.MemoryUsage()
+	assert.True(t, ok, "with a fresh KV reading the memory is there, as before")
+	st.Slot("vllm").LoadInto(&s, now.Add(time.Hour), 0)
+	_, ok = s.MemoryUsage()
+	assert.True(t, ok, "no maximum age: nothing is stale")
+}
