@@ -93,7 +93,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		ramp:           d("endpoint_slow_start_factor", "Slow-start fraction of weight now (1 = full).", ep),
 		picks:          d("endpoint_picks_total", "Calls routed to the endpoint.", ep),
 		successes:      d("endpoint_successes_total", "Calls that succeeded.", ep),
-		failures:       d("endpoint_failures_total", "Calls that failed (not counting overload or cancellation).", ep),
+		failures:       d("endpoint_failures_total", "Calls that failed, held against the endpoint (overloads, cancellations, not-served and too-long answers and model failures are not counted here).", ep),
 		overloads:      d("endpoint_overloads_total", "Calls answered with overload (429, 503 with Retry-After, a server's load shedding, RESOURCE_EXHAUSTED, a gRPC stream refused or drained unprocessed).", ep),
 		notServed: d("endpoint_not_served_total",
 			"Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.", ep),

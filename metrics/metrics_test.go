@@ -53,7 +53,7 @@ inferlb_endpoint_in_flight{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_in_flight_tokens Estimated tokens (prompt + max output) of in-flight calls.
 # TYPE inferlb_endpoint_in_flight_tokens gauge
 inferlb_endpoint_in_flight_tokens{balancer="llm",endpoint="a:1"} 120
-# HELP inferlb_endpoint_failures_total Calls that failed (not counting overload or cancellation).
+# HELP inferlb_endpoint_failures_total Calls that failed, held against the endpoint (overloads, cancellations, not-served and too-long answers and model failures are not counted here).
 # TYPE inferlb_endpoint_failures_total counter
 inferlb_endpoint_failures_total{balancer="llm",endpoint="a:1"} 3
 # HELP inferlb_endpoint_model_failures_total Calls that failed for their model alone: the server failed one model's calls while it served others (a crashed Triton model backend, a broken LoRA adapter); held against that model there, not the endpoint, and not in endpoint_failures_total.

@@ -37,7 +37,7 @@ func NewPollerCollector(p PollerStatser, pollerName string) *PollerCollector {
 		failures:    d("failures_total", "Rounds that failed with no usable result, timeouts included."),
 		timeouts:    d("timeouts_total", "Rounds cut short by the Poller's Timeout."),
 		partial:     d("partial_total", "Rounds that returned observations with a partial-result error."),
-		published:   d("published_total", "Samples handed to the Balancer."),
+		published:   d("published_total", "Samples handed to the Poller's Sink (a Balancer or a telemetry Store)."),
 		skipped:     d("skipped_total", "Observations dropped for having no endpoint ID or no field."),
 		consecutive: d("consecutive_failures", "Failed rounds in a row now (0 after a success); the Poller backs off while it grows."),
 	}

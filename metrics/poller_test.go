@@ -45,7 +45,7 @@ inferlb_telemetry_poll_consecutive_failures{poller="vllm"} 2
 # HELP inferlb_telemetry_poll_failures_total Rounds that failed with no usable result, timeouts included.
 # TYPE inferlb_telemetry_poll_failures_total counter
 inferlb_telemetry_poll_failures_total{poller="vllm"} 2
-# HELP inferlb_telemetry_poll_published_total Samples handed to the Balancer.
+# HELP inferlb_telemetry_poll_published_total Samples handed to the Poller's Sink (a Balancer or a telemetry Store).
 # TYPE inferlb_telemetry_poll_published_total counter
 inferlb_telemetry_poll_published_total{poller="vllm"} 0
 `), "inferlb_telemetry_poll_consecutive_failures", "inferlb_telemetry_poll_failures_total", "inferlb_telemetry_poll_published_total"))
@@ -56,7 +56,7 @@ inferlb_telemetry_poll_published_total{poller="vllm"} 0
 # HELP inferlb_telemetry_poll_consecutive_failures Failed rounds in a row now (0 after a success); the Poller backs off while it grows.
 # TYPE inferlb_telemetry_poll_consecutive_failures gauge
 inferlb_telemetry_poll_consecutive_failures{poller="vllm"} 0
-# HELP inferlb_telemetry_poll_published_total Samples handed to the Balancer.
+# HELP inferlb_telemetry_poll_published_total Samples handed to the Poller's Sink (a Balancer or a telemetry Store).
 # TYPE inferlb_telemetry_poll_published_total counter
 inferlb_telemetry_poll_published_total{poller="vllm"} 1
 # HELP inferlb_telemetry_poll_rounds_total Rounds the Poller ran (Source.Collect calls).

@@ -38,7 +38,7 @@ func NewTransportCollector(t TransportStatser, transportName string) *TransportC
 		t: t,
 		resends: d("idle_close_resends_total",
 			"Calls sent again to the same endpoint because the server closed the keep-alive connection they were put on while it was idle (net/http's \"server closed idle connection\"); a steady rate means the client's IdleConnTimeout is above the servers' keep-alive timeout."),
-		failovers: d("failovers_total", "Calls retried on another endpoint after failing before any response, or after an answer that the endpoint does not serve their model (one count per retry)."),
+		failovers: d("failovers_total", "Calls retried on another endpoint after failing before any response, or after an answer that the endpoint does not serve their model or that they are longer than its context window (one count per retry)."),
 	}
 }
 
