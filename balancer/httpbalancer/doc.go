@@ -13,10 +13,17 @@
 //	}
 //	defer t.Close()
 //	client := &http.Client{Transport: t}
-//	client.Post("http://llm.internal/v1/chat/completions", "application/json", body)
+//	resp, err := client.Post("http://llm.internal/v1/chat/completions", "application/json", body)
+//	if err != nil {
+//		return err
+//	}
+//	defer resp.Body.Close() // the call ends, and its outcome is reported, when the body does
 //
 // An endpoint's ID, which telemetry samples name it by, is its Addr as given
 // unless Endpoint.ID is set: "https://10.0.0.6:8443" above, scheme included.
+//
+// Read or close every response body: until then the balancer counts the
+// call in flight on its endpoint.
 //
 // Headers go to whichever endpoint is picked, as the caller set them: an
 // API key, and the Authorization that http.Client makes of the URL's user
