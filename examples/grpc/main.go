@@ -129,10 +129,18 @@ func run(calls, workers int, fast, slow time.Duration) error {
 	// methods entry tells inferlb what kind of calls these are: LLM calls
 	// are scored on load and KV-cache pressure (latency mostly measures
 	// prompt and output length), embedding calls on peak-EWMA latency.
-	policies := []struct{ name, config string }{
-		{"inferlb/llm", `{"inferlb": {"methods": {"/grpc.testing.TestService/": "llm"}}}`},
-		{"inferlb/emb", `{"inferlb": {"methods": {"/grpc.testing.TestService/": "embedding"}}}`},
-		{"round_robin", `{"round_robin": {}}`},
+	// UnaryOutcome (or UnaryRetry, which also fails calls over) belongs on
+	// every channel that uses the policy: it gives the policy each call's
+	// own error, which grpc-go alone misreports for calls the server
+	// rejected before reading them.
+	outcome := []grpc.DialOption{grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryOutcome())}
+	policies := []struct {
+		name, config string
+		opts         []grpc.DialOption
+	}{
+		{"inferlb/llm", `{"inferlb": {"methods": {"/grpc.testing.TestService/": "llm"}}}`, outcome},
+		{"inferlb/emb", `{"inferlb": {"methods": {"/grpc.testing.TestService/": "embedding"}}}`, outcome},
+		{"round_robin", `{"round_robin": {}}`, nil},
 	}
 	fmt.Printf("%d calls, %d workers; server latencies: slow %v, healthy %v\n\n", calls, workers, slow, fast)
 	fmt.Printf("%-12s %8s %8s %8s %13s %9s\n", "policy", servers[0].name, servers[1].name, servers[2].name, servers[3].name, "elapsed")
@@ -142,7 +150,7 @@ func run(calls, workers int, fast, slow time.Duration) error {
 				s.calls.Store(0)
 			}
 		}
-		elapsed, err := drive(eps, p.config, calls, workers, reset)
+		elapsed, err := drive(eps, p.config, p.opts, calls, workers, reset)
 		if err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
@@ -184,10 +192,11 @@ func run(calls, workers int, fast, slow time.Duration) error {
 }
 
 // drive sends calls EmptyCalls from workers goroutines through a channel
-// using the given loadBalancingConfig entry and returns how long they took.
-// It calls reset after warming the connections up, before the batch.
-func drive(eps []resolver.Endpoint, lbConfig string, calls, workers int, reset func()) (time.Duration, error) {
-	conn, err := dial(eps, lbConfig)
+// using the given loadBalancingConfig entry and dial options, and returns
+// how long they took. It calls reset after warming the connections up,
+// before the batch.
+func drive(eps []resolver.Endpoint, lbConfig string, opts []grpc.DialOption, calls, workers int, reset func()) (time.Duration, error) {
+	conn, err := dial(eps, lbConfig, opts...)
 	if err != nil {
 		return 0, err
 	}
