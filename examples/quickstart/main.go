@@ -37,7 +37,6 @@ import (
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
 	"github.com/inferlb/inferlb/benchmarks/fleetsim"
-	"github.com/inferlb/inferlb/cache"
 )
 
 // Workload and fleet. The replica is the simulator's 32B-on-H100 model
@@ -133,8 +132,8 @@ func runPolicy(policy string, rate float64, dur time.Duration, seed uint64) resu
 			Endpoints: eps,
 			Base:      base,
 			// Every client process of one fleet shares the affinity seed,
-			// so they agree on where each prompt lives.
-			Keyer:           cache.NewKeyer(seedKey),
+			// so they agree on where each prompt lives (the transport's
+			// prompt and session keys use the Balancer's seed).
 			BalancerOptions: balancer.Options{AffinitySeed: seedKey},
 		})
 		if err != nil {
@@ -212,7 +211,10 @@ func chatBody(doc, q string) []byte {
 // send posts one streamed chat completion and times its first token and end.
 func send(c *http.Client, body []byte) (ttft, e2e time.Duration, tokens int, err error) {
 	start := time.Now()
-	req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, "http://llm.fleet/v1/chat/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, "http://llm.fleet/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return 0, 0, 0, err
+	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.Do(req)
 	if err != nil {
