@@ -46,7 +46,7 @@ func TestIdleCloseResendsAndFailoversAreCounted(t *testing.T) {
 	assert.Equal(t, httpbalancer.TransportStats{Resends: 2, Failovers: 1}, tr.Stats())
 
 	require.NoError(t, testutil.CollectAndCompare(collector, strings.NewReader(`
-# HELP inferlb_http_failovers_total Calls retried on another endpoint after failing before any response, or after an answer that the endpoint does not serve their model (one count per retry).
+# HELP inferlb_http_failovers_total Calls retried on another endpoint after failing before any response, or after an answer that the endpoint does not serve their model or that they are longer than its context window (one count per retry).
 # TYPE inferlb_http_failovers_total counter
 inferlb_http_failovers_total{transport="llm"} 1
 # HELP inferlb_http_idle_close_resends_total Calls sent again to the same endpoint because the server closed the keep-alive connection they were put on while it was idle (net/http's "server closed idle connection"); a steady rate means the client's IdleConnTimeout is above the servers' keep-alive timeout.

@@ -75,8 +75,9 @@ type TransportStats struct {
 	Resends uint64
 	// Failovers counts calls retried on another endpoint after failing
 	// before any response, or after the endpoint answered that it does
-	// not serve the call's model (see Failover in the package doc): the
-	// Results with FailedOver set.
+	// not serve the call's model or that the call is longer than its
+	// context window (see Failover in the package doc): the Results with
+	// FailedOver set.
 	Failovers uint64
 }
 
