@@ -106,7 +106,10 @@ type Request struct {
 	// only endpoints serving it are eligible.
 	Model string
 	// AffinityKey routes related requests (a conversation, a shared prompt
-	// prefix, a session) to the same endpoint. 0 means no affinity.
+	// prefix, a session) to the same endpoint. 0 means no affinity. Make
+	// it with the Balancer's cache.Keyer (or another keyed hash under a
+	// secret seed), never from request data as it comes: a key a client
+	// can compute is an endpoint, and a table set, it can aim at.
 	AffinityKey uint64
 	// Tenant identifies the caller's customer, for isolation policies.
 	Tenant string
