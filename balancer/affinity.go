@@ -26,6 +26,10 @@ const (
 	// AffinityStrict takes the first usable, within-bound endpoint in the
 	// key's preference order: consistent hashing with bounded loads
 	// (Mirrokni, Thorup and Zadimoghaddam, 2018), with no load-aware choice.
+	// The bound is the one AffinityPrefer uses, telemetry's widening
+	// included, and so is the reserve: an owner somewhat over it keeps its
+	// keys when the endpoint they would spill to is queueing too (see
+	// walkAffine).
 	AffinityStrict
 )
 
