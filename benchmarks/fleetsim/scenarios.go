@@ -262,6 +262,9 @@ func HotPromptScenario() *Scenario {
 // FailuresScenario is the chat workload on a fleet that misbehaves: one
 // replica crashes and comes back cold a minute later, one runs 4x slower for
 // two minutes, one sheds load with 429 whenever more than 4 requests wait.
+// Besides the plain baselines (an HTTP client's endpoint list, no
+// connection state) it runs each with grpc-go's connection state
+// (WithConnState), as grpc-go's own policies would see the crash.
 func FailuresScenario() *Scenario {
 	sc := ChatScenario()
 	sc.Name = "failures"
@@ -278,6 +281,16 @@ func FailuresScenario() *Scenario {
 		{At: 180 * time.Second, Replica: 1, Kind: SlowDown, Factor: 4},
 		{At: 300 * time.Second, Replica: 1, Kind: Recover},
 		{At: 120 * time.Second, Replica: 2, Kind: ThrottleOn},
+	}
+	base := []Policy{RoundRobin(), Random(), LeastRequest(), RingHash()}
+	sc.Policies = append([]Policy(nil), base...)
+	for _, p := range base {
+		sc.Policies = append(sc.Policies, WithConnState(p))
+	}
+	for _, p := range Policies() {
+		if !slices.ContainsFunc(base, func(b Policy) bool { return b.Name == p.Name }) {
+			sc.Policies = append(sc.Policies, p)
+		}
 	}
 	return sc
 }
