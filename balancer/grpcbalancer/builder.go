@@ -496,7 +496,9 @@ func (lb *lbBalancer) oobConfig() (bool, time.Duration) {
 // each endpoint ready or not in the core, then publishes a picker: our P2C
 // picker over the READY children when there is one, else endpointsharding's
 // own, which queues calls while children connect, wakes IDLE children and
-// fails calls with the last connection error in TRANSIENT_FAILURE.
+// fails calls with the last connection error in TRANSIENT_FAILURE. A view
+// that still holds children of removed endpoints (see stale below) never
+// fails a call for what it lacks: its picker queues them for the next.
 func (lb *lbBalancer) UpdateState(st balancer.State) {
 	children := endpointsharding.ChildStatesFromPicker(st.Picker)
 
@@ -514,8 +516,25 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 		st   connectivity.State
 	}
 	byID := make(map[string]child, len(children))
+	// A child of an endpoint the resolver has since removed means this is
+	// endpointsharding's view from before our last UpdateClientConnState:
+	// a child reporting from a goroutine of its own (pickfirst's CONNECTING
+	// from endpointsharding's go exitIdle) after we took the update and
+	// before endpointsharding inhibited its children's reports. Its own
+	// view follows at the end of that update (its reports are serialized
+	// under its lock), so the picker built from this one queues the calls
+	// it cannot serve, and never routes over the removed children.
+	current := make(map[string]bool, len(lb.eps))
+	for _, e := range lb.eps {
+		current[e.ID] = true
+	}
+	stale := false
 	for _, c := range children {
 		id := endpointID(c.Endpoint, byHost)
+		if id != "" && !current[id] {
+			stale = true
+			continue
+		}
 		if c.State.ConnectivityState == connectivity.Ready {
 			ready[id] = true
 			pickers[id] = c.State.Picker
@@ -560,6 +579,16 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	lb.ready = ready
 	lb.conn = conn
 
+	if stale && len(pickers) == 0 && mem != nil {
+		// endpointsharding's picker would route over removed children, or
+		// fail calls with their errors: wait for its view of the new ones.
+		lb.current = nil
+		lb.ClientConn.UpdateState(balancer.State{
+			ConnectivityState: connectivity.Connecting,
+			Picker:            base.NewErrPicker(balancer.ErrNoSubConnAvailable),
+		})
+		return
+	}
 	if len(pickers) == 0 || mem == nil || lb.cfg == nil {
 		lb.current = nil
 		lb.ClientConn.UpdateState(balancer.State{
@@ -568,7 +597,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 		})
 		return
 	}
-	lb.current = &picker{lb: lb, mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers), excluded: excludedError(len(pickers)), gen: lb.gen.Load()}
+	lb.current = &picker{lb: lb, mem: mem, cfg: lb.cfg, children: newChildTable(b, pickers), excluded: excludedError(len(pickers)), gen: lb.gen.Load(), stale: stale}
 	lb.ClientConn.UpdateState(balancer.State{
 		ConnectivityState: connectivity.Ready,
 		Picker:            lb.current,

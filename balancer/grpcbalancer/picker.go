@@ -31,6 +31,11 @@ type picker struct {
 	children childTable // READY children
 	excluded error      // why the core picks none of them; see noEndpoint
 	gen      uint64     // lb.gen when built
+	// stale: built from endpointsharding's view from before the last
+	// resolver update (see lbBalancer.UpdateState), whose own view is on
+	// its way: a pick the core refuses waits for it, as one on a picker
+	// older than lb.gen does.
+	stale bool
 }
 
 // excludedError says why the core found nothing to pick among n READY
@@ -167,8 +172,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			c.pick, err = p.mem.PickFailover(req, exclude)
 		}
 		if err != nil {
-			if p.lb != nil && p.lb.gen.Load() != p.gen {
-				// The membership changed since this picker was built and
+			if p.lb != nil && (p.stale || p.lb.gen.Load() != p.gen) {
+				// The membership changed since this picker was built (or
+				// since the view of the children it was built from) and
 				// the next one is on its way: the call waits for it, as
 				// it would if it had come a moment later.
 				c.release()
