@@ -147,10 +147,11 @@ type lbBalancer struct {
 
 	waking atomic.Bool // a wake is armed or being armed: failing picks skip wakeLater
 
-	// gen counts the membership changes, Close included: a picker built
-	// before the last one (gen differs from its own) may see the core
-	// refuse every pick while the next picker is on its way, and queues
-	// its calls for it. Written under mu.
+	// gen counts the membership changes, Close included, and the updates
+	// in which an endpoint left READY: a picker built before the last one
+	// (gen differs from its own) may see the core refuse every pick while
+	// the next picker is on its way, and queues its calls for it. Written
+	// under mu.
 	gen atomic.Uint64
 }
 
@@ -555,6 +556,18 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	// rotating connections more often than SlowStartWindow would never
 	// leave it. A child that went through TRANSIENT_FAILURE (the reconnect
 	// failed, or a health check said NOT_SERVING) recovers, and ramps.
+	//
+	// An endpoint that leaves READY is one the pickers published so far
+	// hold a child for: a pick on one of them that the core now refuses
+	// (nothing else READY, or the rest excluded) must queue for the picker
+	// this publishes, as gRPC re-picks when a picker returns a SubConn no
+	// longer READY. gen moves first, so such a pick sees it.
+	for _, e := range lb.eps {
+		if lb.ready[e.ID] && !ready[e.ID] {
+			lb.gen.Add(1)
+			break
+		}
+	}
 	conn := make(map[string]string, len(lb.eps))
 	if mem != nil {
 		for _, e := range lb.eps {

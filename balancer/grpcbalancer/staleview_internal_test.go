@@ -97,31 +97,8 @@ func TestAStaleViewOfTheChildrenQueuesCalls(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fake := grpcfake.NewClientConn()
-			lb := balancer.Get(Name).Build(fake, balancer.BuildOptions{}).(*lbBalancer)
-			t.Cleanup(lb.Close)
-			tap := &stateTap{ClientConn: lb}
-			child := &gapChild{Balancer: endpointsharding.NewBalancer(tap, balancer.BuildOptions{}, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})}
-			lb.child = child
-			update := func(ids ...int) {
-				var eps []resolver.Endpoint
-				for _, i := range ids {
-					eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: addr(i)}}})
-				}
-				require.NoError(t, lb.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: eps}}))
-			}
-			info := balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()}
-			pickAddr := func() (string, error) {
-				res, err := fake.State().Picker.Pick(info)
-				if err != nil {
-					return "", err
-				}
-				if res.Done != nil { // nil: not through the core
-					res.Done(sent)
-				}
-				return res.SubConn.(*grpcfake.SubConn).Addr(), nil
-			}
-
+			r := newTapRig(t)
+			fake, child, update, pickAddr := r.fake, r.child, r.update, r.pickAddr
 			update(0, 1, 2)
 			for fake.ConnectAll() > 0 {
 			}
@@ -139,20 +116,7 @@ func TestAStaleViewOfTheChildrenQueuesCalls(t *testing.T) {
 				// MaxConnectionAge): pickfirst reports IDLE, and
 				// endpointsharding has it reconnect on a goroutine, whose
 				// CONNECTING is published in this gap.
-				var sc *grpcfake.SubConn
-				for _, s := range fake.SubConns() {
-					if s.Addr() == addr(0) && !s.IsShutdown() {
-						sc = s
-					}
-				}
-				require.NotNil(t, sc)
-				connecting := tap.await(addr(0), connectivity.Connecting)
-				sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.Idle})
-				select {
-				case <-connecting:
-				case <-time.After(10 * time.Second): // a failsafe, not a wait
-					t.Fatal("endpointsharding did not reconnect the IDLE child")
-				}
+				r.disconnect(addr(0))
 				gapTo, gapErr = pickAddr()
 				gapState = fake.State().ConnectivityState
 				ran = true
@@ -173,4 +137,103 @@ func TestAStaleViewOfTheChildrenQueuesCalls(t *testing.T) {
 			}
 		})
 	}
+}
+
+// tapRig is the policy with endpointsharding built on a stateTap and
+// wrapped in a gapChild, on a fake ClientConn.
+type tapRig struct {
+	t     *testing.T
+	fake  *grpcfake.ClientConn
+	lb    *lbBalancer
+	tap   *stateTap
+	child *gapChild
+}
+
+func newTapRig(t *testing.T) *tapRig {
+	r := &tapRig{t: t, fake: grpcfake.NewClientConn()}
+	r.lb = balancer.Get(Name).Build(r.fake, balancer.BuildOptions{}).(*lbBalancer)
+	t.Cleanup(r.lb.Close)
+	r.tap = &stateTap{ClientConn: r.lb}
+	r.child = &gapChild{Balancer: endpointsharding.NewBalancer(r.tap, balancer.BuildOptions{}, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})}
+	r.lb.child = r.child
+	return r
+}
+
+// update gives the policy the endpoints addr(i) for ids.
+func (r *tapRig) update(ids ...int) {
+	var eps []resolver.Endpoint
+	for _, i := range ids {
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: addr(i)}}})
+	}
+	require.NoError(r.t, r.lb.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: eps}}))
+}
+
+// pickAddr picks once, a call that does not wait for ready, on the picker
+// published last.
+func (r *tapRig) pickAddr() (string, error) { return pickOn(r.fake.State().Picker) }
+
+func pickOn(p balancer.Picker) (string, error) {
+	res, err := p.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
+	if err != nil {
+		return "", err
+	}
+	if res.Done != nil { // nil: not through the core
+		res.Done(sent)
+	}
+	return res.SubConn.(*grpcfake.SubConn).Addr(), nil
+}
+
+// disconnect closes a's connection (a server's MaxConnectionAge): its
+// pickfirst child reports IDLE, and endpointsharding has it reconnect on a
+// goroutine of its own (go es.exitIdle), whose report of CONNECTING has
+// reached the policy, and whose ExitIdle has returned (its Connect done),
+// when disconnect returns.
+func (r *tapRig) disconnect(a string) {
+	var sc *grpcfake.SubConn
+	for _, s := range r.fake.SubConns() {
+		if s.Addr() == a && !s.IsShutdown() {
+			sc = s
+		}
+	}
+	require.NotNil(r.t, sc)
+	connecting := r.tap.await(a, connectivity.Connecting)
+	sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.Idle})
+	select {
+	case <-connecting:
+	case <-time.After(10 * time.Second): // a failsafe, not a wait
+		r.t.Fatal("endpointsharding did not reconnect the IDLE child")
+	}
+	// The SubConn starts connecting. pickfirst, which reported CONNECTING
+	// already and publishes nothing for it, takes it under the lock its
+	// ExitIdle holds until it has asked the SubConn to connect.
+	sc.SetState(balancer.SubConnState{ConnectivityState: connectivity.Connecting})
+}
+
+// A pick on a picker gRPC has not replaced yet, after the only READY child
+// lost its connection (MaxConnectionAge rotating it), finds the core with
+// nothing READY. It must queue the call for the picker that replaces it,
+// which waits for the reconnect, as gRPC does for a picker that returns a
+// SubConn no longer READY; not fail it UNAVAILABLE "the one READY endpoint
+// is excluded", which it is not.
+func TestAPickerOlderThanADisconnectQueuesCalls(t *testing.T) {
+	r := newTapRig(t)
+	r.update(0)
+	for r.fake.ConnectAll() > 0 {
+	}
+	old := r.fake.State().Picker
+	_, err := pickOn(old)
+	require.NoError(t, err)
+
+	r.disconnect(addr(0))
+	_, err = pickOn(old)
+	assert.ErrorIs(t, err, balancer.ErrNoSubConnAvailable, "a call on the replaced picker failed")
+	assert.Equal(t, connectivity.Connecting, r.fake.State().ConnectivityState)
+	_, err = r.pickAddr()
+	assert.ErrorIs(t, err, balancer.ErrNoSubConnAvailable)
+
+	for r.fake.ConnectAll() > 0 {
+	}
+	to, err := r.pickAddr()
+	require.NoError(t, err)
+	assert.Equal(t, addr(0), to)
 }
