@@ -440,6 +440,7 @@ func (lb *lbBalancer) republish() {
 // connectivity for out-of-band ORCA reports.
 func (lb *lbBalancer) NewSubConn(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.SubConn, error) {
 	if len(addrs) == 0 {
+		//lint:ignore SA1019 the ClientConn's method, which a wrapping ClientConn passes on
 		return lb.ClientConn.NewSubConn(addrs, opts)
 	}
 	lb.mu.Lock()
@@ -457,6 +458,7 @@ func (lb *lbBalancer) NewSubConn(addrs []resolver.Address, opts balancer.NewSubC
 			next(st)
 		}
 	}
+	//lint:ignore SA1019 the ClientConn's method, which a wrapping ClientConn passes on
 	sc, err := lb.ClientConn.NewSubConn(addrs, opts)
 	if err != nil {
 		return nil, err

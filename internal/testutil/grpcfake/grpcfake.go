@@ -55,6 +55,7 @@ func (cc *ClientConn) RemoveSubConn(sc balancer.SubConn) { sc.Shutdown() }
 
 // UpdateAddresses implements balancer.ClientConn.
 func (cc *ClientConn) UpdateAddresses(sc balancer.SubConn, addrs []resolver.Address) {
+	//lint:ignore SA1019 the fake implements the deprecated ClientConn method it must have
 	sc.UpdateAddresses(addrs)
 }
 
