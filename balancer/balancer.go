@@ -727,7 +727,8 @@ func (b *Balancer) spendRetry(g *group, c cand, sh *shard) error {
 
 // PickAt picks the endpoint whose serial (Pick.Serial) is given when it can
 // take req (it serves req's model, is ready and in good standing, or the
-// group is in panic), whatever its load, and otherwise picks as Pick does.
+// group is in panic; with TenantShardStrict, it is in req's tenant's
+// shard), whatever its load, and otherwise picks as Pick does.
 // It is for calls that must reach the endpoint holding their state, such
 // as a Responses API follow-up whose server keeps the stored conversation
 // in memory; when that endpoint is gone they go wherever they can.
@@ -737,7 +738,7 @@ func (b *Balancer) PickAt(req *inferlb.Request, serial uint64) (Pick, error) {
 
 func (b *Balancer) pickAt(m *Membership, req *inferlb.Request, serial uint64) (Pick, error) {
 	if g := m.snap.Load().groupFor(req.Model); g != nil {
-		if i, ok := g.bySerial[serial]; ok {
+		if i, ok := g.bySerial[serial]; ok && b.inStrictShard(req, g, int(i)) {
 			nowNs := b.cfg.nowNs()
 			st := g.eligibility(b.cfg, b.epoch.Load(), nowNs)
 			panicking := b.cfg.panicThreshold > 0 && float64(st.good) < b.cfg.panicThreshold*float64(st.ready)
@@ -754,6 +755,20 @@ func (b *Balancer) pickAt(m *Membership, req *inferlb.Request, serial uint64) (P
 		}
 	}
 	return b.pick(m, req, "")
+}
+
+// inStrictShard reports whether member i of g may take req under
+// TenantShardStrict: always without it, else when i is in req's tenant's
+// shard. The serial PickAt is given comes from the caller (a Responses
+// API follow-up names the response it continues, which may have been made
+// outside this tenant's shard: another tenant's, or before the shard
+// moved), and a strict shard keeps every call of its tenant in it.
+func (b *Balancer) inStrictShard(req *inferlb.Request, g *group, i int) bool {
+	if !b.cfg.tenantStrict {
+		return true
+	}
+	var sh shard
+	return !b.tenantShard(req, g, &sh) || sh.has(i)
 }
 
 // choose picks a member for req from the group, or from a tenant's shard

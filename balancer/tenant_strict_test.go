@@ -87,3 +87,54 @@ func TestTenantShardStrictNeedsShards(t *testing.T) {
 	o.TenantShardSize = 2
 	assert.NoError(t, o.Validate())
 }
+
+// PickAt (a Responses API follow-up sent where the response it continues
+// was made) sent a tenant's call to the endpoint it named whatever the
+// tenant's shard: with TenantShardStrict, a follow-up naming a response
+// made outside the shard (another tenant's, or one made before the shard
+// moved) reached an endpoint the tenant's calls must never reach. A strict
+// shard keeps it: the call is picked in the shard. Without Strict the pin
+// is kept (availability first: the stored response is there).
+func TestTenantShardStrictHoldsPickAt(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		b := newBalancer(t, 16, balancer.Options{AffinitySeed: seed, TenantShardSize: 4, TenantShardStrict: strict,
+			Rand: testutil.NewRand(5), Clock: testutil.NewClock()})
+		inShard := map[string]bool{}
+		for _, id := range shardOf(t, b, "acme") {
+			inShard[id] = true
+		}
+		outside := 0
+		for serial := uint64(1); serial <= 16; serial++ {
+			p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM, Tenant: "acme"}, serial)
+			require.NoError(t, err)
+			if !inShard[p.ID()] {
+				outside++
+			}
+			if strict {
+				assert.True(t, inShard[p.ID()], "strict: PickAt(%d) went to %s, outside the tenant's shard", serial, p.ID())
+			} else if inShard[p.ID()] {
+				assert.EqualValues(t, serial, p.Serial(), "the pinned endpoint, in the shard")
+			}
+			p.Done(inferlb.Outcome{})
+		}
+		if !strict {
+			assert.Equal(t, 12, outside, "without Strict, each pin is kept")
+		}
+		// A pin inside the shard still holds.
+		for _, id := range shardOf(t, b, "acme") {
+			serial := uint64(0)
+			for s := uint64(1); s <= 16; s++ {
+				p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, s)
+				require.NoError(t, err)
+				if p.ID() == id {
+					serial = s
+				}
+				p.Done(inferlb.Outcome{})
+			}
+			p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM, Tenant: "acme"}, serial)
+			require.NoError(t, err)
+			assert.Equal(t, id, p.ID())
+			p.Done(inferlb.Outcome{})
+		}
+	}
+}
