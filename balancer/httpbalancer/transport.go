@@ -189,6 +189,9 @@ func (t *Transport) endpointCount() int {
 
 // applyLocked gives the Balancer the union of both sets; a discovered
 // endpoint with the ID of a static one is dropped (the static one wins).
+// Of static endpoints sharing an ID the first is applied, as the Balancer
+// applies it (it reports the others): Endpoints and, on a shared
+// Balancer, the addresses calls are sent to (own) follow it.
 func (t *Transport) applyLocked() error {
 	all := make([]inferlb.Endpoint, 0, len(t.static)+len(t.discovered))
 	all = append(all, t.static...)
@@ -204,13 +207,17 @@ func (t *Transport) applyLocked() error {
 			all = append(all, d)
 		}
 	}
-	t.applied = all
-	if t.mem == nil {
-		return t.b.Update(all)
-	}
 	own := make(map[string]string, len(all)+len(t.lastOwn))
+	applied := make([]inferlb.Endpoint, 0, len(all))
 	for _, e := range all {
-		own[e.Key()] = e.Addr
+		if _, dup := own[e.Key()]; !dup {
+			own[e.Key()] = e.Addr
+			applied = append(applied, e)
+		}
+	}
+	t.applied = applied
+	if t.mem == nil {
+		return t.b.Update(all) // all: the Balancer reports the duplicates
 	}
 	// A call picked just before this update may reach outgoing after it:
 	// an endpoint leaving now keeps its address until the next update, so
@@ -220,7 +227,7 @@ func (t *Transport) applyLocked() error {
 			own[e.Key()] = e.Addr
 		}
 	}
-	t.lastOwn = all
+	t.lastOwn = applied
 	t.own.Store(&own)
 	return t.mem.Update(all)
 }

@@ -675,3 +675,35 @@ func TestNoEndpointsSaysSo(t *testing.T) {
 	assert.ErrorContains(t, err, "this Transport has none")
 	assert.NotContains(t, err.Error(), "out of rotation")
 }
+
+// TestDuplicateIDsGoToTheFirst: an Update listing one ID twice, with two
+// addresses, is reported and the first entry applied, as the Balancer
+// applies it (Pick.Endpoint reports it). A Transport with its own
+// Balancer sent the ID's calls to the first address; one on a shared
+// Balancer sent them to the last (its own address map kept the later
+// entry), where the Balancer said the first; and Endpoints listed both,
+// two telemetry targets for one ID.
+func TestDuplicateIDsGoToTheFirst(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	for _, shared := range []bool{false, true} {
+		o := httpbalancer.Options{Endpoints: endpointsOf(a)}
+		if shared {
+			o.Balancer = balancer.New(balancer.Options{})
+		}
+		tr := newTransport(t, o)
+		err := tr.Update([]inferlb.Endpoint{{ID: "x", Addr: a.addr()}, {ID: "x", Addr: b.addr()}})
+		require.ErrorContains(t, err, "duplicate ID", "shared %v", shared)
+		client := &http.Client{Transport: tr}
+		for i := range 4 {
+			resp, err := client.Post(chatURL, "application/json", strings.NewReader(chatBody(i, false)))
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			require.NoError(t, resp.Body.Close())
+			assert.Equal(t, "a", resp.Header.Get("X-Backend"), "shared %v: the entry the Balancer kept", shared)
+		}
+		assert.Zero(t, b.hits.Load(), "shared %v", shared)
+		eps := tr.Endpoints()
+		require.Len(t, eps, 1, "shared %v: one endpoint per ID (a telemetry target each)", shared)
+		assert.Equal(t, a.addr(), eps[0].Addr, "shared %v", shared)
+	}
+}
