@@ -205,8 +205,20 @@ func TestOpenAIClientResponsesConversation(t *testing.T) {
 
 // A follow-up goes to the server that made the response it continues even
 // when that server is far over its load bound, where the conversation's key
-// alone would spill it (to a server that does not have the response).
+// alone would spill it (to a server that does not have the response). So
+// does one that names a prompt_cache_key too (a client that sets one per
+// conversation sends it with every turn), which is its affinity key: it
+// used to go where that key went, not to the response, and failed with
+// 404 once the key spilled.
 func TestResponsesFollowUpStaysPinnedUnderLoad(t *testing.T) {
+	for _, cacheKey := range []string{"", `"prompt_cache_key":"conv-1",`} {
+		t.Run(fmt.Sprintf("prompt_cache_key=%v", cacheKey != ""), func(t *testing.T) {
+			followUpStaysPinnedUnderLoad(t, cacheKey)
+		})
+	}
+}
+
+func followUpStaysPinnedUnderLoad(t *testing.T, cacheKey string) {
 	eps := responsesFleet(t, 4)
 	b := balancer.New(balancer.Options{MinKeyReuse: -1, SlowStartWindow: -1})
 	tr := newTransport(t, httpbalancer.Options{Endpoints: eps, Balancer: b})
@@ -223,7 +235,7 @@ func TestResponsesFollowUpStaysPinnedUnderLoad(t *testing.T) {
 		}
 		return responseID(t, got), resp.StatusCode
 	}
-	opening := `{"model":"m","input":"a long conversation opens"}`
+	opening := `{"model":"m",` + cacheKey + `"input":"a long conversation opens"}`
 	prev, _ := post(opening)
 	home := strings.Split(prev, "_")[1]
 
@@ -248,7 +260,7 @@ func TestResponsesFollowUpStaysPinnedUnderLoad(t *testing.T) {
 	assert.NotEqual(t, home, strings.Split(again, "_")[1], "the key did not spill: the test shows nothing")
 	// ... but every follow-up reaches the server that has the conversation.
 	for turn := 1; turn <= 5; turn++ {
-		id, code := post(fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"turn %d"}`, prev, turn))
+		id, code := post(fmt.Sprintf(`{"model":"m",%s"previous_response_id":%q,"input":"turn %d"}`, cacheKey, prev, turn))
 		require.Equal(t, http.StatusOK, code, "turn %d", turn)
 		assert.Equal(t, home, strings.Split(id, "_")[1], "turn %d", turn)
 		prev = id

@@ -169,8 +169,9 @@
 // (the ID is read from the first bytes of the answer or the stream's first
 // event) and the endpoint that made it, and sends a follow-up to that
 // endpoint while it can take the call, whatever its load (balancer.PickAt),
-// else with the key of the turn it continues, so a conversation stays
-// together however many turns it has.
+// also when it names a prompt_cache_key; else with that key, or the key of
+// the turn it continues, so a conversation stays together however many
+// turns it has.
 //
 // Affinity keys come from the Balancer's Keyer unless Options.Keyer is set,
 // so a fleet of callers that share the Balancer's AffinitySeed agree on

@@ -280,18 +280,26 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	if b.cacheSalt != "" {
 		info.salt = saltTag(o.Keyer, b.cacheSalt) // for a session header (sessionKey)
 	}
+	var prevKey uint64 // a Responses API follow-up's: the key of the turn it continues
+	if b.prevResponse != "" {
+		// The response it continues is stored where it was made: the
+		// follow-up goes there whatever its key (a prompt_cache_key,
+		// which a client that sets one per conversation sends with
+		// every turn, goes where the key goes, which a spill moves).
+		var serial uint32
+		if prevKey, serial, _ = o.chains.lookup(o.Keyer.Session(b.prevResponse)); prevKey != 0 {
+			info.pin = serial
+		}
+	}
 	if b.cacheKey == "" && b.conversation != "" {
 		// A Responses API conversation names its session outright.
 		info.AffinityKey = o.Keyer.Salted(o.Keyer.Session(b.conversation), b.cacheSalt)
 		info.Session = true
 		return
 	}
-	if b.cacheKey == "" && b.prevResponse != "" {
-		// A Responses API follow-up: the key of the turn it continues.
-		if k, serial, ok := o.chains.lookup(o.Keyer.Session(b.prevResponse)); ok {
-			info.AffinityKey, info.pin = k, serial
-			return
-		}
+	if b.cacheKey == "" && prevKey != 0 {
+		info.AffinityKey = prevKey
+		return
 	}
 	// A Responses API conversation may start with a string input and go on
 	// with input items (the history resent): the string is its first user
