@@ -199,7 +199,9 @@ type Discovery struct {
 	// without it.
 	Grace time.Duration
 	// LookupHost resolves a name; nil means net.DefaultResolver.LookupHost.
-	// Tests inject a fake.
+	// Tests inject a fake. It must return once ctx is done (each lookup is
+	// bounded by the Interval through ctx, and Close cancels it): NewTransport
+	// and Close wait for a lookup under way.
 	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// Labels are given to every resolved endpoint, e.g. {"model": "llama-3-8b"}.
 	Labels map[string]string

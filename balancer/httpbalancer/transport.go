@@ -154,9 +154,12 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	return errors.Join(errs...)
 }
 
-// Endpoints returns the endpoints the Transport routes to: Options.Endpoints
-// or the last Update's, then those Discovery found (a static endpoint wins
-// over a discovered one with its ID), as it last gave them to its Balancer.
+// Endpoints returns the endpoints this Transport gave its Balancer:
+// Options.Endpoints or the last Update's, then those Discovery found (a
+// static endpoint wins over a discovered one with its ID; an ID listed twice
+// appears once, as first listed). On a shared Balancer the Transport also
+// routes over endpoints other adapters gave it, which are not listed here
+// (Balancer.Stats lists every endpoint the Balancer routes over).
 // Telemetry sources follow them with it, so that scrape targets keep up with
 // Discovery:
 //
