@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
@@ -88,26 +89,42 @@ func BenchmarkPickEngines(b *testing.B) {
 
 // BenchmarkPickAffinity measures Pick+Done for requests with an affinity
 // key (owner lookup on the ring, bound check): flat in n, no allocations.
+// The model variants name a model, which scopes the key in the spill
+// memory and, with StickyTTL (sticky), in the sticky table.
 func BenchmarkPickAffinity(b *testing.B) {
 	for _, n := range benchSizes {
-		bal := newBalancer(b, n, balancer.Options{AffinitySeed: 1})
-		keys := make([]inferlb.Request, 1024)
-		for i := range keys {
-			keys[i] = inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: uint64(i)*0x9e3779b97f4a7c15 | 1}
+		for _, v := range []struct {
+			name   string
+			model  string
+			sticky time.Duration
+		}{
+			{"", "", 0},
+			{"/model", "meta-llama/Llama-3.1-8B-Instruct", 0},
+			{"/model/sticky", "meta-llama/Llama-3.1-8B-Instruct", time.Minute},
+		} {
+			benchPickAffinity(b, fmt.Sprintf("n=%d%s", n, v.name), n, v.model, v.sticky)
 		}
-		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				p, err := bal.Pick(&keys[i&1023])
-				if err != nil {
-					b.Fatal(err)
-				}
-				p.Done(inferlb.Outcome{})
-				i++
-			}
-		})
 	}
+}
+
+func benchPickAffinity(b *testing.B, name string, n int, model string, sticky time.Duration) {
+	bal := newBalancer(b, n, balancer.Options{AffinitySeed: 1, StickyTTL: sticky})
+	keys := make([]inferlb.Request, 1024)
+	for i := range keys {
+		keys[i] = inferlb.Request{Service: inferlb.ServiceLLM, Model: model, AffinityKey: uint64(i)*0x9e3779b97f4a7c15 | 1}
+	}
+	b.Run(name, func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			p, err := bal.Pick(&keys[i&1023])
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Done(inferlb.Outcome{})
+			i++
+		}
+	})
 }
 
 // BenchmarkPickNotServed prices the not-served memory (notserved.go) in
