@@ -74,15 +74,54 @@ const (
 	SpillEntries = 4096
 )
 
-// spillKey names one (affinity key, endpoint) pair in the spill memory. The
-// endpoint's serial is unique for the balancer's life, and the affinity key
-// is a seeded hash, so the pair key is as unpredictable as the key itself.
+// spillKey names one (affinity key, endpoint) pair in the spill memory; key
+// is the affinity key scoped to the call's model (memKey). The endpoint's
+// serial is unique for the balancer's life, and the affinity key is a seeded
+// hash, so the pair key is as unpredictable as the key itself.
 func spillKey(key uint64, e *endpoint) uint64 {
 	return key ^ (e.serial * 0x9e3779b97f4a7c15)
 }
 
-// spilled counts and remembers that req's key went to member i, which is
-// not the key's owner, and returns i.
+// memKey is the key under which the sticky table and the spill memory
+// remember where an affinity key went for a call of model: the key itself
+// for a call that names no model, and otherwise the key scoped to the
+// model. A session key (Keyer.Session) names no model, and one session may
+// call several (an agent asking a small router model and a large model
+// under one session header). Each model has its own KV cache, so an
+// endpoint that holds one model's prefix of the session is no warmer for
+// another's; with one entry per key, each model's calls overwrote the
+// other's sticky endpoint, or followed it. Prompt keys (Keyer.Chat,
+// Keyer.Prompt) name their model already: scoping them again changes which
+// entry they use, not what they share. The ring keeps the plain key, which
+// independent callers agree on.
+//
+// The model's adapterID is its hash under the Balancer's seed, and key is
+// a seeded hash too, so request data cannot aim the result at a set of
+// either table (which mix their keys before choosing a set): two pairs
+// collide only when the keys differ by what the seeded IDs do. Two model
+// names whose (unseeded) modelIDs collide share their sessions' entries:
+// only calls of those two names lose by it. The result is never 0, which
+// the tables read as empty. It costs a hash of the model's name, once per
+// pick that consults either table (memOf).
+func (b *Balancer) memKey(key uint64, model string) uint64 {
+	if model == "" {
+		return key
+	}
+	return max(key^adapterID(model, b.adapters.seed), 1)
+}
+
+// memOf is c.mem, the pick's affinity key scoped to model (memKey),
+// computed on first use: a pick whose key goes to its owner, the usual
+// case, never consults the spill memory, and pays nothing for the model.
+func (b *Balancer) memOf(c *cand, model string) uint64 {
+	if c.mem == 0 {
+		c.mem = b.memKey(c.key, model)
+	}
+	return c.mem
+}
+
+// spilled counts and remembers that the key (memKey) went to member i,
+// which is not the key's owner, and returns i.
 func (b *Balancer) spilled(key uint64, g *group, i int, nowNs int64) int {
 	if i < 0 {
 		return i
@@ -99,8 +138,8 @@ func (b *Balancer) spilled(key uint64, g *group, i int, nowNs int64) int {
 	return i
 }
 
-// warmFor reports whether member i took a spill of req's key within the
-// spill memory, so it likely still holds the key's prefix.
+// warmFor reports whether member i took a spill of the key (memKey) within
+// the spill memory, so it likely still holds the key's prefix.
 func (b *Balancer) warmFor(key uint64, g *group, i int, nowNs int64) bool {
 	if b.spills == nil {
 		return false
@@ -133,7 +172,7 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 			continue
 		}
 		k++
-		if !c.ok(g.members[i]) || !b.warmFor(c.key, g, i, c.nowNs) {
+		if !c.ok(g.members[i]) || !b.warmFor(b.memOf(&c, req.Model), g, i, c.nowNs) {
 			continue
 		}
 		if bd := b.withinBound(req, g, i, now, sh); bd.in && !bd.over {
@@ -151,7 +190,7 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 func (b *Balancer) goHome(req *inferlb.Request, g *group, home int, over bool, afterOwner cache.Walk, c cand, sh *shard, now time.Time) int {
 	if over && b.cfg.affinity == AffinityPrefer {
 		if j := b.stayAway(req, g, afterOwner, c, sh, now); j >= 0 {
-			return b.spilled(c.key, g, j, c.nowNs)
+			return b.spilled(b.memOf(&c, req.Model), g, j, c.nowNs)
 		}
 	}
 	return home
@@ -453,14 +492,15 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	if b.sticky == nil {
 		return b.walkAffine(req, g, now, c, sh)
 	}
-	// StickyTTL: follow the key to where it last went while that endpoint
-	// is usable and within bound; its KV cache is the warmest. A ramping
-	// endpoint takes its sticky keys, as its own, only in proportion to its
-	// ramp: back from an outage, it would take every idle session stuck to
-	// it at once, and slow start would be bypassed by affinity traffic. (A
-	// key it also owns gets a second draw in the walk: at a ramp of f it
-	// comes back with probability 2f - f^2.)
-	if v, ok := b.sticky.Get(c.key); ok {
+	// StickyTTL: follow the key, for this model (memKey), to where it last
+	// went while that endpoint is usable and within bound; its KV cache is
+	// the warmest. A ramping endpoint takes its sticky keys, as its own,
+	// only in proportion to its ramp: back from an outage, it would take
+	// every idle session stuck to it at once, and slow start would be
+	// bypassed by affinity traffic. (A key it also owns gets a second draw
+	// in the walk: at a ramp of f it comes back with probability 2f - f^2.)
+	mem := b.memOf(&c, req.Model)
+	if v, ok := b.sticky.Get(mem); ok {
 		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && b.admitRamp(g.members[i], c.nowNs) {
 			if bd := b.withinBound(req, g, i, now, sh); bd.in && bd.pressure < pressureSpill {
 				return i
@@ -469,7 +509,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	}
 	i := b.walkAffine(req, g, now, c, sh)
 	if i >= 0 {
-		b.sticky.Put(c.key, g.hashes[i])
+		b.sticky.Put(mem, g.hashes[i])
 	}
 	return i
 }
@@ -541,7 +581,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			// for a queue plus a cold prefill of the prefix).
 			continue
 		}
-		if crowd >= 0 && first < 0 && noRelief(bd) && !b.warmFor(c.key, g, i, c.nowNs) {
+		if crowd >= 0 && first < 0 && noRelief(bd) && !b.warmFor(b.memOf(&c, req.Model), g, i, c.nowNs) {
 			return crowd // the spill would queue too: stay warm
 		}
 		if rank == 0 || b.cfg.affinity == AffinityStrict {
@@ -556,10 +596,10 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 				continue
 			}
 			if rank > 0 {
-				return b.spilled(c.key, g, i, c.nowNs) // strict: past the owner
+				return b.spilled(b.memOf(&c, req.Model), g, i, c.nowNs) // strict: past the owner
 			}
 			if j := b.fasterSpill(req, g, i, afterOwner, c, sh, now); j >= 0 {
-				return b.spilled(c.key, g, j, c.nowNs)
+				return b.spilled(b.memOf(&c, req.Model), g, j, c.nowNs)
 			}
 			return b.goHome(req, g, i, bd.over, afterOwner, c, sh, now) // i is the owner: rank 0
 		}
@@ -573,23 +613,24 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			first = i
 			if home >= 0 {
 				// The nearest unpressured endpoint relieves the owner.
-				return b.spilled(c.key, g, first, c.nowNs)
+				return b.spilled(b.memOf(&c, req.Model), g, first, c.nowNs)
 			}
 			continue
 		}
-		if wf, wi := b.warmFor(c.key, g, first, c.nowNs), b.warmFor(c.key, g, i, c.nowNs); wf != wi {
+		mem := b.memOf(&c, req.Model)
+		if wf, wi := b.warmFor(mem, g, first, c.nowNs), b.warmFor(mem, g, i, c.nowNs); wf != wi {
 			if wi {
-				return b.spilled(c.key, g, i, c.nowNs)
+				return b.spilled(mem, g, i, c.nowNs)
 			}
-			return b.spilled(c.key, g, first, c.nowNs)
+			return b.spilled(mem, g, first, c.nowNs)
 		}
 		if b.prefer(req, g, first, i, now) {
-			return b.spilled(c.key, g, i, c.nowNs)
+			return b.spilled(mem, g, i, c.nowNs)
 		}
-		return b.spilled(c.key, g, first, c.nowNs)
+		return b.spilled(mem, g, first, c.nowNs)
 	}
 	if first >= 0 {
-		return b.spilled(c.key, g, first, c.nowNs)
+		return b.spilled(b.memOf(&c, req.Model), g, first, c.nowNs)
 	}
 	if home >= 0 {
 		return b.goHome(req, g, home, homeOver, afterOwner, c, sh, now)

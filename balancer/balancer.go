@@ -836,6 +836,9 @@ type cand struct {
 	// key is the affinity key the pick follows: the request's AffinityKey,
 	// or its adapter's home (adapterHome).
 	key uint64
+	// mem is key scoped to the request's model, as the sticky table and
+	// the spill memory keep it (memKey); 0 until the pick needs it (memOf).
+	mem uint64
 }
 
 func (c *cand) ok(e *endpoint) bool {
