@@ -202,6 +202,10 @@ type Options struct {
 	// StickyTTL, when positive, makes affinity follow each key to the
 	// endpoint it last went to (while usable and within bound) for this long
 	// after its last use, instead of returning to the owner after a spill.
+	// Stickiness is per key and model: a session (Request.Session) whose
+	// calls name two models, such as an agent's small router model and its
+	// large model, sticks to one endpoint per model, since each model's KV
+	// cache is its own; calls that name no model share the key's entry.
 	// Off by default. It suits one router serving many clients: in the fleet
 	// simulator's shared-prefix workload at saturation it raised a single
 	// client's throughput 3.7% and cut p90 TTFT from 27s to 10s. Independent
@@ -239,7 +243,9 @@ type Options struct {
 	// SpillMemory is how long the balancer remembers that it sent an
 	// affinity key to an endpoint other than the key's owner (a spill past
 	// the load bound, a breaker, pressure relief), because that endpoint
-	// now holds the key's prefix in its KV cache for a while. Later spills
+	// now holds the key's prefix in its KV cache for a while. As with
+	// StickyTTL, a key is remembered per model: an endpoint warm for a
+	// session's calls of one model is not warm for its calls of another. Later spills
 	// of the key prefer such a warm endpoint to a cold one, and a crowded
 	// owner lets a key go to a busy endpoint only when it is warm (see
 	// LoadBound): spills of a key then stay on the endpoints that cached
