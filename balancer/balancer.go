@@ -707,16 +707,30 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 // returns ErrNoEndpoints, spending nothing, when no member can take the
 // retry (draw, which records nothing, finds none; nor, with a tenant's
 // shard sh, among the shard's cooling members, where pickWith sends a
-// shard's calls when they are all cooling down), ErrNoRetryBudget when
+// shard's calls when they are all cooling down; with TenantShardStrict,
+// only in the shard, and then ErrTenantShardDown), ErrNoRetryBudget when
 // the budget denies it, and nil once it is spent.
 func (b *Balancer) spendRetry(g *group, c cand, sh *shard) error {
-	found := b.draw(g, c, nil, -1) >= 0
+	// A strict tenant's calls never leave its shard: an endpoint outside
+	// it that could take the retry is none of this retry's, and a shard
+	// that is down (a poison tenant's) would drain the budget every other
+	// tenant's failovers share with retries that all fail.
+	strict := sh != nil && b.cfg.tenantStrict
+	var found bool
+	if strict {
+		found = b.draw(g, c, sh, -1) >= 0
+	} else {
+		found = b.draw(g, c, nil, -1) >= 0
+	}
 	if !found && sh != nil && !c.panicking && b.cfg.panicThreshold > 0 {
 		rc := c
 		rc.panicking, rc.coolingOnly = true, true
 		found = b.draw(g, rc, sh, -1) >= 0
 	}
 	if !found {
+		if strict {
+			return ErrTenantShardDown
+		}
 		return ErrNoEndpoints
 	}
 	if !b.AllowRetry() {

@@ -138,3 +138,24 @@ func TestTenantShardStrictHoldsPickAt(t *testing.T) {
 		}
 	}
 }
+
+// A strict tenant's retry whose shard is down goes nowhere (its calls never
+// leave the shard), so it must not spend the retry budget that every other
+// tenant's failovers share: endpoints outside the shard could take a retry,
+// but not this one. A poison tenant that took its shard down would
+// otherwise drain the budget with retries that all fail.
+func TestTenantShardStrictRetrySpendsNothingWhenTheShardIsDown(t *testing.T) {
+	b := newBalancer(t, 16, balancer.Options{AffinitySeed: seed, TenantShardSize: 4, TenantShardStrict: true,
+		Rand: testutil.NewRand(5), Clock: testutil.NewClock(), OutlierInterval: -1})
+	shard := shardOf(t, b, "poison")
+	require.Len(t, shard, 4)
+	for _, id := range shard {
+		require.True(t, b.SetReady(id, false))
+	}
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, Tenant: "poison"}
+	for range 50 {
+		_, err := b.PickRetry(req, shard[0])
+		require.ErrorIs(t, err, balancer.ErrTenantShardDown)
+	}
+	assert.Equal(t, balancer.RetryStats{}, b.RetryStats(), "retries that could go nowhere spent the budget")
+}
