@@ -871,7 +871,20 @@ func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {
 // start, from the group or, when sh is not nil, from a tenant's shard of it.
 // After drawTries rejections it scans from a random start, so it terminates
 // in O(n) even when almost nothing is usable; -1 means none.
+//
+// A second candidate (not >= 0) is admitted by its slow-start factor
+// relative to the first's, and a ramping member it turns down stays
+// turned down for the draw, the scan included. Drawn again and again until
+// admitted, as the first candidate is, a joiner that is the only other
+// usable member (a fleet of two) was the second candidate of every pick,
+// and took half the calls from its first second: slow start did nothing.
+// Relative, so that members ramping together (all of a new set) are still
+// compared in pairs.
 func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
+	base, passed := 1.0, -1
+	if not >= 0 {
+		base = g.members[not].rampFactor(b.cfg, c.nowNs)
+	}
 	for range drawTries {
 		var i int
 		if sh == nil {
@@ -879,8 +892,14 @@ func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
 		} else {
 			i = sh.sample(g, b.rand())
 		}
-		if i != not && c.ok(g.members[i]) && b.admitRamp(g.members[i], c.nowNs) {
+		if i == not || i == passed || !c.ok(g.members[i]) {
+			continue
+		}
+		if b.admitRampFrom(g.members[i], c.nowNs, base) {
 			return i
+		}
+		if not >= 0 {
+			passed = i
 		}
 	}
 	n := len(g.members)
@@ -893,7 +912,7 @@ func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
 		if sh != nil {
 			i = int(sh.members[i])
 		}
-		if i != not && c.ok(g.members[i]) {
+		if i != not && i != passed && c.ok(g.members[i]) {
 			return i
 		}
 	}
@@ -904,8 +923,15 @@ func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
 // slow-start factor, which scales its share of candidacies (or of its
 // affinity keys) by that factor, like a weight of w*f.
 func (b *Balancer) admitRamp(e *endpoint, nowNs int64) bool {
+	return b.admitRampFrom(e, nowNs, 1)
+}
+
+// admitRampFrom is admitRamp for a candidate weighed against one whose
+// slow-start factor is base (in (0, 1]): it accepts e with probability
+// its factor / base, at most 1.
+func (b *Balancer) admitRampFrom(e *endpoint, nowNs int64, base float64) bool {
 	f := e.rampFactor(b.cfg, nowNs)
-	return f >= 1 || float64(b.rand()>>11)/(1<<53) < f
+	return f >= base || float64(b.rand()>>11)/(1<<53) < f/base
 }
 
 // prefer reports whether member j costs less than member i for req (a tie

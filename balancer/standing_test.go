@@ -12,6 +12,7 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/scoring"
 )
 
 // spread picks n times (finishing each call at once) and counts picks per ID.
@@ -165,6 +166,40 @@ func TestSlowStartRampsNewEndpoint(t *testing.T) {
 	assert.InDelta(t, 0.14, shares[3], 0.04, "about half way at half the window")
 	assert.InDelta(t, 0.25, shares[6], 0.03, "full share after the window")
 	assert.Equal(t, 1.0, stat(t, b, joiner).RampFactor)
+}
+
+// In a fleet of two, the joiner is the only endpoint a second candidate can
+// be. Drawn until admitted, it was the second candidate of every pick, and
+// an idle one won half of them from its first second: slow start did
+// nothing where a replica's restart matters most. Its share must follow
+// its ramp: about 0.1 / 1.1 of the calls at first, half at the end.
+func TestSlowStartRampsTheSecondOfTwo(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 1, balancer.Options{Clock: clock, Rand: testutil.NewRand(6), SlowStartWindow: 60 * time.Second})
+	require.NoError(t, b.Update(endpoints(2)))
+	joiner := endpoints(2)[1].Addr
+	first := float64(spread(t, b, &inferlb.Request{}, 4000)[joiner]) / 4000
+	clock.Advance(60 * time.Second)
+	last := float64(spread(t, b, &inferlb.Request{}, 4000)[joiner]) / 4000
+	t.Logf("joiner share: %.3f at first, %.3f after the window", first, last)
+	assert.InDelta(t, 0.09, first, 0.04, "a fresh joiner of two takes about its ramp's share")
+	assert.InDelta(t, 0.5, last, 0.05, "and half once ramped")
+}
+
+// Endpoints that ramp together (a warm membership switched to a new set)
+// are still compared in pairs: each is admitted as a second candidate
+// against the other at their equal factors, and the cheaper one wins.
+func TestEndpointsRampingTogetherAreStillCompared(t *testing.T) {
+	clock := testutil.NewClock()
+	eps := endpoints(4)
+	cost := costByAddr{eps[2].Addr: 5, eps[3].Addr: 1}
+	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(3), SlowStartWindow: 60 * time.Second,
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceUnknown: cost}})
+	require.NoError(t, b.Update(eps[:2]))
+	require.NoError(t, b.Update(eps[2:])) // both new, both ramping
+	require.InDelta(t, 0.1, stat(t, b, eps[2].Addr).RampFactor, 1e-9)
+	got := spread(t, b, &inferlb.Request{}, 1000)
+	assert.Equal(t, 1000, got[eps[3].Addr], "the cheaper of the pair wins every pick: %v", got)
 }
 
 func TestInitialEndpointsDoNotSlowStart(t *testing.T) {
