@@ -153,23 +153,5 @@ func TestSessionModelPickDoesNotAllocate(t *testing.T) {
 	// nothing.
 	b := affine(t, 4, balancer.Options{StickyTTL: time.Minute})
 	req := &inferlb.Request{Service: inferlb.ServiceLLM, Session: true, Model: "meta-llama/Llama-3.1-8B-Instruct"}
-	spills := 0
-	allocs := testing.AllocsPerRun(1000, func() {
-		req.AffinityKey++
-		h1, err := b.Pick(req)
-		if err != nil {
-			panic(err)
-		}
-		h2, err := b.Pick(req)
-		if err != nil {
-			panic(err)
-		}
-		if h2.ID() != h1.ID() {
-			spills++
-		}
-		h2.Done(inferlb.Outcome{})
-		h1.Done(inferlb.Outcome{})
-	})
-	assert.Zero(t, allocs)
-	assert.Greater(t, spills, 1000, "every second call spilled")
+	assertSpillsAllocateNothing(t, b, req, 1000)
 }

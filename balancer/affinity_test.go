@@ -647,9 +647,16 @@ func TestSpillMemoryDoesNotAllocate(t *testing.T) {
 	// is a fixed table of SpillEntries, allocated with the Balancer, and a
 	// full set forgets its least recently used pair.
 	b := affine(t, 4, balancer.Options{})
-	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	assertSpillsAllocateNothing(t, b, &inferlb.Request{Service: inferlb.ServiceLLM}, 2*balancer.SpillEntries)
+}
+
+// assertSpillsAllocateNothing picks each of runs new keys twice, the second
+// pick spilling past the owner the first one loaded, and asserts that no
+// pick allocated and that the second ones did spill.
+func assertSpillsAllocateNothing(t *testing.T, b *balancer.Balancer, req *inferlb.Request, runs int) {
+	t.Helper()
 	spills := 0
-	allocs := testing.AllocsPerRun(2*balancer.SpillEntries, func() {
+	allocs := testing.AllocsPerRun(runs, func() {
 		req.AffinityKey++
 		h1, err := b.Pick(req)
 		if err != nil {
@@ -666,7 +673,7 @@ func TestSpillMemoryDoesNotAllocate(t *testing.T) {
 		h1.Done(inferlb.Outcome{})
 	})
 	assert.Zero(t, allocs)
-	assert.Greater(t, spills, 2*balancer.SpillEntries, "every second call spilled")
+	assert.Greater(t, spills, runs, "every second call spilled")
 }
 
 func TestSpilledKeyStaysWarmWhileItsOwnerIsAboveItsShare(t *testing.T) {
