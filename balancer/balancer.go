@@ -874,14 +874,17 @@ func (b *Balancer) scorer(svc inferlb.Service) scoring.Scorer {
 //
 // A second candidate (not >= 0) is admitted by its slow-start factor
 // relative to the first's, and a ramping member it turns down stays
-// turned down for the draw, the scan included. Drawn again and again until
-// admitted, as the first candidate is, a joiner that is the only other
-// usable member (a fleet of two) was the second candidate of every pick,
-// and took half the calls from its first second: slow start did nothing.
-// Relative, so that members ramping together (all of a new set) are still
-// compared in pairs.
+// turned down for the draw, the scan included (secondOK). Drawn again and
+// again until admitted, as the first candidate is, a joiner that is the
+// only other usable member (a fleet of two) was the second candidate of
+// every pick, and took half the calls from its first second: slow start
+// did nothing. So did joiners that are all the other members (two joining
+// one) while only the last one turned down was remembered: the others were
+// drawn again, and the scan took one unramped. Relative, so that members
+// ramping together (all of a new set) are still compared in pairs.
 func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
-	base, passed := 1.0, -1
+	base := 1.0
+	var salt uint64 // the second candidate's verdicts (secondOK); 0 until one is needed
 	if not >= 0 {
 		base = g.members[not].rampFactor(b.cfg, c.nowNs)
 	}
@@ -892,14 +895,17 @@ func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
 		} else {
 			i = sh.sample(g, b.rand())
 		}
-		if i == not || i == passed || !c.ok(g.members[i]) {
+		if i == not || !c.ok(g.members[i]) {
 			continue
 		}
-		if b.admitRampFrom(g.members[i], c.nowNs, base) {
-			return i
+		if not < 0 {
+			if b.admitRamp(g.members[i], c.nowNs) {
+				return i
+			}
+			continue
 		}
-		if not >= 0 {
-			passed = i
+		if b.secondOK(g.members[i], i, c.nowNs, base, &salt) {
+			return i
 		}
 	}
 	n := len(g.members)
@@ -912,26 +918,37 @@ func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
 		if sh != nil {
 			i = int(sh.members[i])
 		}
-		if i != not && i != passed && c.ok(g.members[i]) {
+		if i != not && c.ok(g.members[i]) && (not < 0 || b.secondOK(g.members[i], i, c.nowNs, base, &salt)) {
 			return i
 		}
 	}
 	return -1
 }
 
+// secondOK admits member i as a second candidate weighed against one whose
+// slow-start factor is base (in (0, 1]), with probability its factor /
+// base, at most 1. Its verdict on a member holds for the whole draw: it is
+// a hash of i under the draw's salt (a random value drawn when it first
+// weighs a ramping member), so a member turned down stays turned down
+// however often it is drawn, and in the scan, with no list of them kept.
+func (b *Balancer) secondOK(e *endpoint, i int, nowNs int64, base float64, salt *uint64) bool {
+	f := e.rampFactor(b.cfg, nowNs)
+	if f >= base {
+		return true
+	}
+	if *salt == 0 {
+		*salt = b.rand() | 1
+	}
+	u := mix64(*salt + uint64(i)*0x9e3779b97f4a7c15)
+	return float64(u>>11)/(1<<53) < f/base
+}
+
 // admitRamp accepts a ramping endpoint with probability equal to its
 // slow-start factor, which scales its share of candidacies (or of its
 // affinity keys) by that factor, like a weight of w*f.
 func (b *Balancer) admitRamp(e *endpoint, nowNs int64) bool {
-	return b.admitRampFrom(e, nowNs, 1)
-}
-
-// admitRampFrom is admitRamp for a candidate weighed against one whose
-// slow-start factor is base (in (0, 1]): it accepts e with probability
-// its factor / base, at most 1.
-func (b *Balancer) admitRampFrom(e *endpoint, nowNs int64, base float64) bool {
 	f := e.rampFactor(b.cfg, nowNs)
-	return f >= base || float64(b.rand()>>11)/(1<<53) < f/base
+	return f >= 1 || float64(b.rand()>>11)/(1<<53) < f
 }
 
 // prefer reports whether member j costs less than member i for req (a tie
