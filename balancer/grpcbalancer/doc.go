@@ -4,13 +4,20 @@
 //
 // Importing the package registers the policy as Name ("inferlb"):
 //
-//	import _ "github.com/inferlb/inferlb/balancer/grpcbalancer"
+//	import "github.com/inferlb/inferlb/balancer/grpcbalancer"
 //
 //	conn, err := grpc.NewClient("dns:///llm.internal:50051",
 //		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"inferlb":{
 //			"methods": {"/pkg.Gen/": "llm", "/pkg.Embed/Embed": "embedding"},
 //			"affinityKeyHeader": "x-session-id"}}]}`),
+//		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryOutcome()), // or UnaryRetry(2)
 //		grpc.WithTransportCredentials(creds))
+//
+// Install UnaryOutcome or UnaryRetry on every channel that uses the policy:
+// without one, grpc-go reports to the policy as a success a unary call that
+// the server refused before reading it (a long prompt rejected by a rate
+// limiter or a proxy's 429): the overload is counted as a success, and for
+// services scored on latency (embeddings, rerankers) as a fast one.
 //
 // Each channel then gets a Balancer of its own, which nothing outside the
 // channel can reach: it learns load from its calls and ORCA reports only,
