@@ -2,7 +2,8 @@
 // longer than their context window for its model, before doing any work:
 // vLLM's 400 "This model's maximum context length is 4096 tokens.
 // However, you requested 5000 tokens (4000 in the messages, 1000 in the
-// completion).", SGLang's "The input (5000 tokens) is longer than the
+// completion)." (newer: "However, you requested 1000 output tokens and
+// your prompt contains at least 4000 input tokens, ..."), SGLang's "The input (5000 tokens) is longer than the
 // model's context length (4096 tokens)." (or, when the prompt fits but
 // not with max_tokens, "Requested token count exceeds the model's maximum
 // context length of 4096 tokens. You requested a total of 5000 tokens:
@@ -37,6 +38,14 @@ func Refusal(body []byte) (window, prompt, output int) {
 		case bytes.Contains(lb, []byte(" in the messages")):
 			// "you requested N tokens (P in the messages, O in the completion)"
 			prompt, output = numberBefore(lb, " in the messages"), numberBefore(lb, " in the completion")
+		case bytes.Contains(lb, []byte("your prompt contains at least ")):
+			// "you requested O output tokens and your prompt contains at
+			// least P input tokens, for a total of at least T tokens"
+			// (v0.10 on); without the first clause in older ones.
+			prompt = numberAfter(lb, "your prompt contains at least ")
+			if bytes.Contains(lb, []byte(" output tokens and your prompt")) {
+				output = numberAfter(lb, "you requested ")
+			}
 		case bytes.Contains(lb, []byte("your request has ")):
 			// "your request has P input tokens", after "'max_tokens' or
 			// 'max_completion_tokens' is too large: O." when that is why
