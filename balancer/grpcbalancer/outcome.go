@@ -373,9 +373,17 @@ func tooLong(di balancer.DoneInfo) int {
 // of the call as longer than its context window (see tooLong), and
 // returns the window, or 0.
 func refusalWindow(msg string) int {
-	if len(msg) > maxRefusalText {
-		msg = msg[:maxRefusalText]
-	}
-	w, _, _ := ctxwindow.Refusal([]byte(msg))
+	w, _, _ := ctxwindow.Refusal(refusalText(msg))
 	return w
+}
+
+// refusalText is the part of msg, a status message, that tooLong reads:
+// at most maxRefusalText bytes, less the digits the cut ends in, which
+// may be the start of a longer number ("4096" cut to "40": a window
+// remembered a hundred times too small).
+func refusalText(msg string) []byte {
+	if len(msg) > maxRefusalText {
+		msg = strings.TrimRight(msg[:maxRefusalText], "0123456789")
+	}
+	return []byte(msg)
 }

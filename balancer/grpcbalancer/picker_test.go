@@ -384,6 +384,7 @@ func TestOutcomeContextWindow(t *testing.T) {
 		{"nothing came back", balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, "The input (5000 tokens) is longer than the model's context length (4096 tokens)."), BytesSent: true}, 0},
 		{"as UNAVAILABLE", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "The input (5000 tokens) is longer than the model's context length (4096 tokens)."), BytesSent: true, BytesReceived: true}, 0},
 		{"another INTERNAL", balancer.DoneInfo{Err: status.Error(codes.Internal, "CUDA out of memory"), BytesSent: true, BytesReceived: true}, 0},
+		{"window cut at the text bound", balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, strings.Repeat(" ", maxRefusalText-len("This model's maximum context length is 40"))+"This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens."), BytesSent: true, BytesReceived: true}, 0},
 		{"past the text bound", balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, strings.Repeat(" ", maxRefusalText)+"The input (5000 tokens) is longer than the model's context length (4096 tokens)."), BytesSent: true, BytesReceived: true}, 0},
 	} {
 		o := outcome(tc.di)

@@ -112,11 +112,7 @@ type refusal struct {
 // refusedTooLong records that the attempt that ended with di was refused
 // as longer than the endpoint's context window (see tooLong).
 func (st *retryState) refusedTooLong(di balancer.DoneInfo) {
-	msg := status.Convert(di.Err).Message()
-	if len(msg) > maxRefusalText {
-		msg = msg[:maxRefusalText]
-	}
-	w, p, o := ctxwindow.Refusal([]byte(msg))
+	w, p, o := ctxwindow.Refusal(refusalText(status.Convert(di.Err).Message()))
 	st.refusal.Store(&refusal{w, p, o, di.Err})
 	st.tooLong.Store(true)
 }
