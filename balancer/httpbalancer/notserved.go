@@ -68,13 +68,8 @@ var errNotServed = fmt.Errorf("inferlb: httpbalancer: the endpoint does not serv
 // it has hops left). With a retry, this attempt is reported and its
 // response closed.
 func (c *call) notServed(resp *http.Response, may bool, rb *reqBody) (retryAttempt, bool) {
-	if resp.Body == nil || resp.ContentLength <= 0 || resp.ContentLength > maxNotServedBody {
-		return retryAttempt{}, false
-	}
-	head := make([]byte, resp.ContentLength)
-	n, err := io.ReadFull(resp.Body, head)
-	resp.Body = &readBack{head: head[:n], err: err, rc: resp.Body}
-	if err != nil || !namesMissingModel(head, c.info.Model) {
+	head, ok := c.readRefusal(resp)
+	if !ok || !namesMissingModel(head, c.info.Model) {
 		return retryAttempt{}, false
 	}
 	c.ends.Or(endNotServed)
@@ -82,10 +77,50 @@ func (c *call) notServed(resp *http.Response, may bool, rb *reqBody) (retryAttem
 	if !ok {
 		return retryAttempt{}, false
 	}
-	_ = resp.Body.Close()
-	c.refused(inferlb.Outcome{NotServedModel: c.info.Model}, http.StatusNotFound, &next)
+	c.goOn(resp, inferlb.Outcome{NotServedModel: c.info.Model}, http.StatusNotFound, &next)
 	c.ends.And(^uint32(endNotServed))
 	return next, true
+}
+
+// readRefusal reads the whole body of a refusal (a 404, a 400), when its
+// length is known and at most maxNotServedBody, and leaves resp.Body
+// readable as it came. ok reports that all of it was read. A body from
+// Base that panics in Read panics through, as in the caller's Read; the
+// attempt is finished on the way out, blaming no endpoint, so that the
+// endpoint is not one call busier for good.
+func (c *call) readRefusal(resp *http.Response) (head []byte, ok bool) {
+	if resp.Body == nil || resp.ContentLength <= 0 || resp.ContentLength > maxNotServedBody {
+		return nil, false
+	}
+	head = make([]byte, resp.ContentLength)
+	returned := false
+	defer func() {
+		if !returned {
+			c.fail(errBodyPanicked, false)
+		}
+	}()
+	n, err := io.ReadFull(resp.Body, head)
+	returned = true
+	resp.Body = &readBack{head: head[:n], err: err, rc: resp.Body}
+	return head, err == nil
+}
+
+// goOn closes the response of a refused attempt whose call goes on to
+// next, and reports the attempt as o (see refused). A body that panics in
+// Close panics through, with this attempt and next's pick, made already,
+// finished on the way out (next's body closed, as it is never sent).
+func (c *call) goOn(resp *http.Response, o inferlb.Outcome, status int, next *retryAttempt) {
+	closed := false
+	defer func() {
+		if !closed {
+			c.fail(errBodyPanicked, false)
+			next.pick.Done(inferlb.Outcome{Err: errNotSent})
+			closeBody(next.body)
+		}
+	}()
+	_ = resp.Body.Close()
+	closed = true
+	c.refused(o, status, next)
 }
 
 // namesMissingModel reports whether a 404's body says model is not there:

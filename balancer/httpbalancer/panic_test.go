@@ -205,3 +205,61 @@ func TestBrokenBaseLeavesNoRequestBodyOpen(t *testing.T) {
 		})
 	}
 }
+
+// notServedPanicBody is a 404 (or 400) body that says the model is not
+// served (or the call too long) and panics in Read or in Close.
+type notServedPanicBody struct {
+	r      io.Reader
+	inRead bool
+}
+
+func (b *notServedPanicBody) Read(p []byte) (int, error) {
+	if b.inRead {
+		panic("read")
+	}
+	return b.r.Read(p)
+}
+
+func (b *notServedPanicBody) Close() error {
+	if !b.inRead {
+		panic("close")
+	}
+	return nil
+}
+
+// TestRefusalBodyPanicFinishesThePick: the transport reads a 404's body
+// (and a 400's) itself to see whether the endpoint does not serve the model
+// (or refuses the call as too long); a body from Base that panics in that
+// Read, or in the Close before the call goes on to another endpoint,
+// panics through RoundTrip with every pick finished, blaming no endpoint,
+// as a body that panics in the caller's Read or Close does.
+func TestRefusalBodyPanicFinishesThePick(t *testing.T) {
+	refusals := map[int]string{
+		http.StatusNotFound:   `{"error":{"message":"The model ` + "`m`" + ` does not exist.","type":"NotFoundError","param":null,"code":404}}`,
+		http.StatusBadRequest: `{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion).","code":400}}`,
+	}
+	for status, text := range refusals {
+		for _, inRead := range []bool{true, false} {
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
+				Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+					_ = r.Body.Close()
+					return &http.Response{
+						StatusCode: status, ContentLength: int64(len(text)),
+						Body:    &notServedPanicBody{r: strings.NewReader(text), inRead: inRead},
+						Request: r,
+					}, nil
+				}),
+			})
+			func() {
+				defer func() { assert.NotNil(t, recover(), "the body's panic") }()
+				_, _ = tr.RoundTrip(chatRequest(t, 1))
+				t.Error("RoundTrip returned")
+			}()
+			assert.Zero(t, totalInFlight(tr.Balancer()), "status %d, panic in Read: %v", status, inRead)
+			for id, s := range statsByID(tr.Balancer()) {
+				assert.Zero(t, s.Failures, id)
+			}
+		}
+	}
+}

@@ -3,7 +3,6 @@ package httpbalancer
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -48,13 +47,8 @@ var errTooLong = fmt.Errorf("inferlb: httpbalancer: the call is longer than the 
 // the call's retry on another endpoint (with a retry, this attempt's
 // response is closed).
 func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt, bool) {
-	if resp.Body == nil || resp.ContentLength <= 0 || resp.ContentLength > maxNotServedBody {
-		return retryAttempt{}, false
-	}
-	head := make([]byte, resp.ContentLength)
-	n, err := io.ReadFull(resp.Body, head)
-	resp.Body = &readBack{head: head[:n], err: err, rc: resp.Body}
-	if err != nil {
+	head, ok := c.readRefusal(resp)
+	if !ok {
 		return retryAttempt{}, false
 	}
 	window, prompt, output := ctxwindow.Refusal(head)
@@ -67,8 +61,7 @@ func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt
 	o := inferlb.Outcome{ContextWindow: window, Model: c.info.Model}
 	next, retried := c.retry(may, rb, errTooLong)
 	if retried {
-		_ = resp.Body.Close()
-		c.refused(o, resp.StatusCode, &next)
+		c.goOn(resp, o, resp.StatusCode, &next)
 		return next, true
 	}
 	// The caller reads the refusal as it came; the attempt is reported
