@@ -578,8 +578,14 @@ func errorCode(line []byte, typed bool) int {
 // allows Close from another goroutine), so n is atomic: feed publishes the
 // bytes it wrote by storing n after them, and shed reads only the bytes
 // below the n it loads.
+//
+// The text comes after whatever the server puts before it: a Triton
+// ensemble writes "in ensemble 'name', [request id: id] " for each
+// ensemble level, with names up to a model repository's and IDs the
+// caller's (a UUID), so a 128-byte head missed it behind a long name;
+// 512 bytes holds a few levels and is still read only on such a 503.
 type shedBody struct {
-	head [128]byte
+	head [512]byte
 	n    atomic.Int32
 }
 

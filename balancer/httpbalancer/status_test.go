@@ -105,7 +105,10 @@ func TestStatusClassification(t *testing.T) {
 // another body, or whose body the caller closes unread, stays a failure;
 // the caller gets every body byte for byte.
 func TestQueueRejectionIsAnOverload(t *testing.T) {
-	long := `{"error":"in ensemble 'ensemble', ` + strings.Repeat("x", 200) + ` Exceeds maximum queue size"}`
+	// A Triton ensemble's text behind a long ensemble name and request ID
+	// (past the first 128 bytes), and one past the 512 kept.
+	nested := `{"error":"in ensemble 'retrieval-augmented-generation-pipeline-llama-3-70b-instruct-fp8', [request id: 3f2b9c1e-8d4a-4f6b-9e2d-7a1c5b8e0f34] in ensemble 'llm-postprocessing', Exceeds maximum queue size"}`
+	long := `{"error":"in ensemble 'ensemble', ` + strings.Repeat("x", 600) + ` Exceeds maximum queue size"}`
 	for _, tc := range []struct {
 		name       string
 		body       string
@@ -120,6 +123,7 @@ func TestQueueRejectionIsAnOverload(t *testing.T) {
 		{"Ollama queue full", `{"error":"server busy, please try again.  maximum pending requests exceeded"}`, true, true},
 		{"Ollama queue full, OpenAI route", `{"error":{"message":"server busy, please try again.  maximum pending requests exceeded","type":"api_error","param":null,"code":null}}`, true, true},
 		{"SGLang engine error", `{"object":"error","message":"Internal server error","type":"InternalServerError","param":null,"code":503}`, true, false},
+		{"queue full in nested ensembles with a request ID", nested, true, true},
 		{"queue full far into the body", long, true, false},
 		{"model not ready", `{"error":"Request for unknown model: 'm' is not ready"}`, true, false},
 		{"queue full, closed unread", `{"error":"Exceeds maximum queue size"}`, false, false},
