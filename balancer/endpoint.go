@@ -239,7 +239,7 @@ func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.S
 	slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
 	st.InFlightSinceReading = 0 // st may hold another candidate's
 	if tel := &st.Telemetry; tel.Has.Has(telemetry.Running) || tel.Has.Has(telemetry.Waiting) {
-		st.InFlightSinceReading = e.readingDelta(slot, st.InFlight, nowNs)
+		st.InFlightSinceReading = e.readingDelta(slot, tel.Has, st.InFlight, nowNs)
 	}
 }
 
@@ -291,7 +291,8 @@ func (e *endpoint) inFlightAfter(atNs, nowNs int64) (int64, bool) {
 
 // readingDelta returns how this process's in-flight count has changed since
 // the server's current load reading (in slot, e's) was measured, given the
-// count now (inFlight) and the time (nowNs).
+// fields of it that are fresh (fresh: Running, else Waiting, is the reading),
+// the count now (inFlight) and the time (nowNs).
 //
 // A scrape is a second or more old, and between scrapes it does not move,
 // whatever this process sends. Scored on the reading alone, the endpoint
@@ -310,8 +311,15 @@ func (e *endpoint) inFlightAfter(atNs, nowNs int64) (int64, bool) {
 // the scrape). Either way the calls picked within the reading's own second
 // are not counted, which errs towards the reading. Racing picks may both
 // store a base; either is a count from the same moment.
-func (e *endpoint) readingDelta(slot *telemetry.Slot, inFlight, nowNs int64) int64 {
-	at := slot.Observed(telemetry.Running)
+func (e *endpoint) readingDelta(slot *telemetry.Slot, fresh telemetry.FieldSet, inFlight, nowNs int64) int64 {
+	// The time of the fields the caller prices: a Running gone stale (its
+	// source stopped) while a Waiting stays fresh (a load header carries
+	// the queue only) is still in the slot, and measured from its time the
+	// calls sent since a fresh queue were those since the old scrape.
+	at := int64(0)
+	if fresh.Has(telemetry.Running) {
+		at = slot.Observed(telemetry.Running)
+	}
 	if at == 0 {
 		at = slot.Observed(telemetry.Waiting)
 	}

@@ -336,7 +336,7 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 			continue
 		}
 		own := e.inFlight.Load()
-		v.total += max(l+float64(e.readingDelta(slot, own, nowNs)), float64(own))
+		v.total += max(l+float64(e.readingDelta(slot, s.Has, own, nowNs)), float64(own))
 	}
 	return v
 }

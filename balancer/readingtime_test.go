@@ -159,3 +159,61 @@ func TestReadingArrivingLateCountsTheCallsSentSinceItsTime(t *testing.T) {
 		p.Done(inferlb.Outcome{})
 	}
 }
+
+// The calls sent since a reading count from the time of the reading the
+// scorer is given. A server's Running can go stale while its Waiting stays
+// fresh (vLLM's load header carries the queue and not the running count,
+// and the /metrics scrape that gave Running stopped): the fresh queue was
+// then brought up to now from the stale Running's time, with the in-flight
+// count of when that old reading was first seen. Ten calls in flight then,
+// none now, read as -10 sent since a queue that was measured a moment ago,
+// and the LLM scorer's load, max(in flight, running + 2 x waiting + sent
+// since), cancelled half of a fresh queue of 10.
+func TestSentSinceCountsFromTheFreshReading(t *testing.T) {
+	clock := testutil.NewClock()
+	seen := seenBy{}
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5),
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: seen}})
+	eps := endpoints(2)
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 800, MaxOutputTokens: 300}
+	var held []balancer.Pick
+	pick := func() {
+		p, err := b.Pick(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
+	}
+	for range 20 {
+		pick()
+	}
+	for _, ep := range eps { // the scrape, which counts them
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 10)
+		s.Set(telemetry.Waiting, 0)
+		b.Publish(ep.Addr, s)
+	}
+	pick() // both endpoints priced: the scrape is seen
+	for _, p := range held {
+		p.Done(inferlb.Outcome{})
+	}
+	held = held[:0]
+	clock.Advance(balancer.DefaultTelemetryMaxAge + 10*time.Second) // no scrape since: Running is stale
+	for _, ep := range eps { // a load header: the queue only
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Waiting, 10)
+		b.Publish(ep.Addr, s)
+	}
+	clear(seen)
+	pick()
+	assert.Len(t, seen, len(eps))
+	for _, ep := range eps {
+		st := seen[ep.Addr]
+		_, running := st.Telemetry.Get(telemetry.Running)
+		assert.False(t, running, "%s: Running is stale", ep.Addr)
+		assert.Zero(t, st.InFlightSinceReading, "%s: nothing was sent since the queue was measured", ep.Addr)
+	}
+	for _, p := range held {
+		p.Done(inferlb.Outcome{})
+	}
+}
