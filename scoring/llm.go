@@ -91,7 +91,7 @@ type LLM struct {
 	// running request of one of them has finished, however short the
 	// queue looks, while joining a running batch elsewhere costs little.
 	// Default 16: an idle endpoint with its slots full costs as much as
-	// one running the adapter with 31 calls (at 4, an idle full one beat
+	// one running the adapter with 15 calls (at 4, an idle full one beat
 	// one running the adapter with a dozen calls, which vLLM would have
 	// admitted at once). Its size matters only where the balancer's
 	// redraws of full endpoints fail (see the balancer's lora.go): in the

@@ -336,6 +336,10 @@ func TestLLMCostPricesLoRASlots(t *testing.T) {
 	full := lora(1, "sql")
 	full.InFlight = 2
 	assert.Less(t, l.Cost(req, running), l.Cost(req, full))
+	// LoRAWait's doc: an idle endpoint with its slots full costs as much
+	// as one running the adapter with 15 calls.
+	running.InFlight = 15
+	assert.InDelta(t, l.Cost(req, running), l.Cost(req, idleFull), 1e-9)
 
 	off := &scoring.LLM{LoRALoad: 1, LoRAWait: 1}
 	assert.InDelta(t, plain, off.Cost(req, lora(2, "sql", "chat")), 1e-9, "1 turns the factors off")
