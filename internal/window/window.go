@@ -36,8 +36,13 @@ func Refusal(body []byte) (window, prompt, output int) {
 		window = numberAfter(lb, "maximum context length is ")
 		switch {
 		case bytes.Contains(lb, []byte(" in the messages")):
-			// "you requested N tokens (P in the messages, O in the completion)"
+			// "you requested N tokens (P in the messages, O in the completion)",
+			// or for a call without max_tokens "you requested P tokens in
+			// the messages, Please reduce ..." (v0.5 to v0.9)
 			prompt, output = numberBefore(lb, " in the messages"), numberBefore(lb, " in the completion")
+			if prompt < 0 {
+				prompt = numberAfter(lb, "you requested ")
+			}
 		case bytes.Contains(lb, []byte("your prompt contains at least ")):
 			// "you requested O output tokens and your prompt contains at
 			// least P input tokens, for a total of at least T tokens"

@@ -14,6 +14,9 @@ func TestRefusal(t *testing.T) {
 		window, prompt, output int
 	}{
 		{"vLLM", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000},
+		// Without max_tokens (v0.5-v0.9): no parenthesis, the prompt
+		// right after "you requested".
+		{"vLLM messages", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens in the messages, Please reduce the length of the messages.","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1},
 		{"vLLM input", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}}`, 4096, 5000, -1},
 		{"vLLM max_tokens", `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is 4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).","type":"BadRequestError","param":null,"code":400}}`, 4096, 3500, 1000},
 		// vLLM's VLLMValidationError (v0.10 on): the first number after
