@@ -989,6 +989,15 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 			cj *= max(1, float64(tj)/(speedTolerance*float64(ti)))
 		}
 	}
+	// A NaN cost (a custom Scorer's 0/0) compares false both ways, so the
+	// first candidate won, whichever had it: an endpoint its scorer could
+	// not price took every pick it was drawn first for. It loses instead.
+	if ci != ci {
+		ci = math.Inf(1)
+	}
+	if cj != cj {
+		cj = math.Inf(1)
+	}
 	return cj < ci || (cj == ci && b.rand()&1 == 1)
 }
 

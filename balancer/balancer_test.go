@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -452,4 +453,43 @@ func TestEmbeddingNewEndpointIsProbed(t *testing.T) {
 		p.Done(inferlb.Outcome{})
 	}
 	assert.Greater(t, counts["new"], 5, "the new replica is probed, then shares by its measured latency: %v", counts)
+}
+
+// nanScorer prices one endpoint at NaN (a custom scorer's 0/0) and every
+// other at 1; empty, it prices every endpoint at NaN.
+type nanScorer string
+
+func (n nanScorer) Cost(_ *inferlb.Request, s scoring.State) float64 {
+	if n == "" || s.Endpoint.Addr == string(n) {
+		return math.NaN()
+	}
+	return 1
+}
+
+// A NaN cost compares false both ways; read as it came, the endpoint with
+// it won every comparison it was the first candidate of (half of them).
+// It loses to a priced endpoint, and two NaNs tie.
+func TestNaNCostLoses(t *testing.T) {
+	eps := endpoints(2)
+	b := newBalancer(t, 2, balancer.Options{Rand: testutil.NewRand(3), Clock: testutil.NewClock(),
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceUnknown: nanScorer(eps[0].Addr)}})
+	counts := map[string]int{}
+	for range 400 {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		counts[p.Endpoint().Addr]++
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Zero(t, counts[eps[0].Addr], "picks of the endpoint priced NaN")
+
+	both := newBalancer(t, 2, balancer.Options{Rand: testutil.NewRand(3), Clock: testutil.NewClock(),
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceUnknown: nanScorer("")}})
+	clear(counts)
+	for range 400 {
+		p, err := both.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		counts[p.Endpoint().Addr]++
+		p.Done(inferlb.Outcome{})
+	}
+	assert.InDelta(t, 200, counts[eps[0].Addr], 50, "two NaNs tie: %v", counts)
 }

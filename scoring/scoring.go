@@ -30,7 +30,8 @@ import (
 
 // Scorer returns the cost of sending req to the endpoint described by s; the
 // lower cost wins. Implementations must be safe for concurrent use and must not
-// block, allocate or do I/O.
+// block, allocate or do I/O. The balancer reads a NaN cost as +Inf: the
+// endpoint loses to any candidate with a number.
 type Scorer interface {
 	Cost(req *inferlb.Request, s State) float64
 }
