@@ -560,7 +560,12 @@ func badMethod(js []byte) string {
 }
 
 // unknownFieldPath names the section an unknown field is in ("orca.oob"):
-// encoding/json's error names the key alone.
+// encoding/json's error names the key alone. A section counts only when
+// the unknown field it has is key itself: the config may have other
+// unknown fields after the one reported (a tunable written at the top level,
+// and a misspelt one in "balancer"), and naming key in a section that
+// merely has some other unknown field would send the reader to the wrong
+// place, even to a field that exists ("balancer.slowStartWindow").
 func unknownFieldPath(js []byte, key string) string {
 	var top struct {
 		ORCA     json.RawMessage `json:"orca"`
@@ -580,7 +585,7 @@ func unknownFieldPath(js []byte, key string) string {
 		}
 		dec := json.NewDecoder(bytes.NewReader(sec.raw))
 		dec.DisallowUnknownFields()
-		if err := dec.Decode(sec.into); err != nil && strings.HasPrefix(err.Error(), "json: unknown field ") {
+		if err := dec.Decode(sec.into); err != nil && err.Error() == "json: unknown field "+strconv.Quote(key) {
 			return sec.name + "." + key
 		}
 	}

@@ -113,6 +113,12 @@ func TestParseConfigBad(t *testing.T) {
 		{"bad model header", `{"modelHeader": "é"}`, false, "modelHeader"},
 		{"idByHost as string", `{"idByHost": "yes"}`, false, "idByHost"},
 		{"seed outside the section", `{"affinitySeed": 1}`, false, `unknown field "affinitySeed"`},
+		// A section with an unknown field of its own is not where the
+		// reported one is: "balancer.slowStartWindow" exists.
+		{"tunable outside the section, and a typo in it", `{"slowStartWindow": "30s", "balancer": {"errorAlfa": 0.1}}`, false, `unknown field "slowStartWindow"`},
+		{"unknown field, and another in orca", `{"oob": true, "orca": {"x": true}}`, false, `unknown field "oob"`},
+		{"unknown balancer field after an orca one", `{"orca": {"oob": true}, "balancer": {"errorAlfa": 0.1}}`, false, `unknown field "orca.oob"`},
+		{"unknown field in the second section", `{"balancer": {"oob": true}, "orca": {"x": 1}}`, false, `unknown field "balancer.oob"`},
 		{"negative seed", `{"balancer": {"affinitySeed": -1}}`, false, "balancer.affinitySeed"},
 		{"seed as string", `{"balancer": {"affinitySeed": "42"}}`, false, "balancer.affinitySeed"},
 		{"affinity mode", `{"balancer": {"affinity": "sticky"}}`, false, `balancer.affinity: affinity mode "sticky"`},
