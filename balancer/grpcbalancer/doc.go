@@ -97,8 +97,11 @@
 // is over a size limit: that is the message's doing, and counts as a
 // success when the endpoint answered, else as nothing), and so is an HTTP
 // 429 from a proxy that does not speak gRPC (UNAVAILABLE to gRPC; it
-// cools the endpoint down for DefaultCooldown), and the UNAVAILABLE
-// Triton sheds load with ("Exceeds maximum queue size", "Request timeout
+// cools the endpoint down for DefaultCooldown), and so is an UNAVAILABLE
+// whose trailer carries grpc-retry-pushback-ms or retry-after (the server
+// throttling the client, as gRFC A6 has servers do: the endpoint cools
+// down for that pushback, or for DefaultCooldown when the value gives
+// none), and the UNAVAILABLE Triton sheds load with ("Exceeds maximum queue size", "Request timeout
 // expired": its queue is full or a request waited past the queue
 // policy's timeout; DefaultCooldown too); a NOT_FOUND or UNAVAILABLE
 // "Request for unknown model" (Triton without that model loaded) says the

@@ -61,6 +61,8 @@ type backend struct {
 	// whose x-model metadata is rejectModel when that is set.
 	reject      error
 	rejectModel string
+	// rejectTrailer, if set, is the trailer sent with reject.
+	rejectTrailer metadata.MD
 	// window, if set, refuses an EmptyCall whose x-tokens metadata says
 	// it is longer, with vLLM's INVALID_ARGUMENT text (or windowRefusal's,
 	// if set: a format with the window and the tokens).
@@ -85,6 +87,9 @@ func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.E
 	}
 	if b.reject != nil && (b.rejectModel == "" || modelOf(ctx) == b.rejectModel) {
 		b.calls.Add(1)
+		if b.rejectTrailer != nil {
+			_ = grpc.SetTrailer(ctx, b.rejectTrailer)
+		}
 		return nil, b.reject
 	}
 	if b.calls.Add(1) == 1 && b.pushback > 0 {

@@ -118,6 +118,52 @@ func TestE2ETritonQueueRejectionIsAnOverload(t *testing.T) {
 	}
 }
 
+// A server that throttles its clients the way gRFC A6 describes answers
+// UNAVAILABLE (the code retry policies retry) with a pushback in the
+// trailer: it answered, and asked for a pause. Counted as failures, such
+// answers tripped its breaker (ejected for 10s and more, doubling) where
+// it asked for 300ms, as an HTTP 503 with Retry-After does not. Without
+// a pushback an UNAVAILABLE stays a failure.
+func TestE2EUnavailableWithPushbackIsAnOverload(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		trailer  metadata.MD
+		cooldown time.Duration // 0: a failure
+	}{
+		{"grpc-retry-pushback-ms", metadata.Pairs("grpc-retry-pushback-ms", "300"), 300 * time.Millisecond},
+		{"do not retry", metadata.Pairs("grpc-retry-pushback-ms", "-1"), time.Second}, // DefaultCooldown
+		{"retry-after", metadata.Pairs("retry-after", "2"), 2 * time.Second},
+		{"no pushback", metadata.Pairs("x-other", "1"), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := &backend{reject: status.Error(codes.Unavailable, "throttled"), rejectTrailer: tc.trailer}
+			be.start(t)
+			clock := testutil.NewClock()
+			name, b := shared(t, core.Options{Clock: clock, BreakerFailures: 1})
+			conn, _ := dial(t, []*backend{be}, name, `{}`)
+			client := testgrpc.NewTestServiceClient(conn)
+			start := clock.Now()
+			_, err := client.EmptyCall(testContext(t), &testgrpc.Empty{})
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("the call ended %v, want the server's UNAVAILABLE", err)
+			}
+			s := stats(t, b, be.addr)
+			if tc.cooldown == 0 {
+				if s.Failures != 1 || s.Overloads != 0 {
+					t.Errorf("%d failures, %d overloads; want 1 and 0", s.Failures, s.Overloads)
+				}
+				return
+			}
+			if s.Failures != 0 || s.Overloads != 1 || s.BreakerOpen {
+				t.Errorf("%d failures, %d overloads, breaker open %v; want 0, 1 and closed", s.Failures, s.Overloads, s.BreakerOpen)
+			}
+			if got := s.ExcludedUntil.Sub(start); got != tc.cooldown {
+				t.Errorf("cooled down for %v, want %v", got, tc.cooldown)
+			}
+		})
+	}
+}
+
 // Triton answers a call for a model it has not loaded (explicit model
 // control: each server loads some of the repository) "Request for unknown
 // model: 'llm' is not found", NOT_FOUND in recent releases and

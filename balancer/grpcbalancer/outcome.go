@@ -107,7 +107,10 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // not the endpoint, which answered: for routing it is a success. An HTTP
 // 429 from a proxy that does not speak gRPC, which gRPC maps to
 // UNAVAILABLE, is an overload answer without a hint, as 429 is to the
-// HTTP transport (the answer carries no trailer to read one from); so is
+// HTTP transport (the answer carries no trailer to read one from); an
+// UNAVAILABLE whose trailer carries a pushback (hasPushback) is an
+// overload answer for that pushback, as a 503 with Retry-After is to the
+// HTTP transport: the server answered, and asked for a pause; so is
 // the UNAVAILABLE with which a server sheds load (package internal/shed:
 // Triton's queue full, or a request that waited in it past its timeout,
 // and SGLang's and Ollama's texts; found anywhere in the message, as an
@@ -257,6 +260,9 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 				return inferlb.Outcome{Err: di.Err, Overloaded: true}
 			}
 		}
+		if di.BytesReceived && hasPushback(di.Trailer) {
+			return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
+		}
 		return inferlb.Outcome{Err: di.Err}
 	case codes.Internal:
 		st, ok := status.FromError(di.Err)
@@ -305,6 +311,18 @@ func unknownModel(msg string) bool {
 		}
 	}
 	return false
+}
+
+// hasPushback reports whether the trailer carries the server's pushback
+// (grpc-retry-pushback-ms, or an HTTP-style retry-after), whatever its
+// value: an UNAVAILABLE with one is the server throttling the client, as
+// gRFC A6 has servers do (UNAVAILABLE is the code retry policies retry),
+// not a server that broke, as an HTTP 503 with Retry-After is "busy, come
+// back later" to the HTTP transport. An unreadable or negative pushback
+// ("do not retry") is still the server's own answer: an overload without
+// a hint.
+func hasPushback(md metadata.MD) bool {
+	return len(md["grpc-retry-pushback-ms"]) > 0 || len(md["retry-after"]) > 0
 }
 
 // retryAfter reads the server's pushback from the trailer: gRPC's
