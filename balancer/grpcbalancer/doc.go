@@ -216,7 +216,12 @@
 // fraction), num_requests_waiting and queue_depth Waiting,
 // num_requests_running Running, prefix_cache_hit_rate PrefixCacheHitRate.
 // Utilizations of 0 read as "not reported" (proto3 has no presence), as in
-// weighted round robin (gRFC A58).
+// weighted round robin (gRFC A58). The built-in LLM scorer prices
+// AppUtil, not CPUUtil, and does not fall back to CPU as A58's weights do:
+// an inference server's bottleneck is its GPU, and the CPU its HTTP and
+// tokenizer threads use says little about it. CPUUtil is there for a
+// custom Scorer (balancer.Options.Scorers); a server that measures its
+// own load reports it as application_utilization.
 // A value no server measures (NaN, an infinity, a negative utilization or
 // count, a fraction above 1) is dropped, and a report left with nothing is
 // counted as malformed telemetry (telemetry.StoreStats.DroppedEmpty of the
