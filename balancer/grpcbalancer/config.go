@@ -159,6 +159,11 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 
 	for m, name := range raw.Methods {
 		field := fmt.Sprintf("methods[%q]", m)
+		if strings.TrimSpace(name) == "" {
+			// null or "": ParseService reads it as unknown, which
+			// would quietly override defaultService for the entry.
+			return nil, configError(field, "want llm, embedding, rerank or unknown, not an empty service")
+		}
 		svc, err := inferlb.ParseService(name)
 		if err != nil {
 			return nil, configError(field, "%s", strings.TrimPrefix(err.Error(), "inferlb: "))

@@ -98,6 +98,9 @@ func TestParseConfigBad(t *testing.T) {
 		{"method value type", `{"methods": {"/a.B/C": "llm", "/a.B/D": 1}}`, false, `methods["/a.B/D"]: got JSON number, want a string`},
 		{"method value object", `{"defaultService": "/a.B/D", "methods": {"/a.B/D": "llm", "/a.B/E": {}}}`, false, `methods["/a.B/E"]: got JSON object, want a string`},
 		{"unknown service", `{"methods": {"/a.B/C": "vision"}}`, false, `methods["/a.B/C"]: unknown service "vision"`},
+		// Read as unknown, it would override defaultService for the entry.
+		{"null service", `{"defaultService": "llm", "methods": {"/a.B/": null}}`, false, `methods["/a.B/"]: want llm, embedding, rerank or unknown`},
+		{"empty service", `{"methods": {"/a.B/C": " "}}`, false, `methods["/a.B/C"]: want llm`},
 		{"method without slash", `{"methods": {"a.B/C": "llm"}}`, false, `methods["a.B/C"]`},
 		{"method too deep", `{"methods": {"/a.B/C/D": "llm"}}`, false, `methods["/a.B/C/D"]`},
 		{"method empty service", `{"methods": {"//C": "llm"}}`, false, `methods["//C"]`},
