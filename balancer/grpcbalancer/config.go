@@ -2,6 +2,7 @@ package grpcbalancer
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,7 +21,12 @@ import (
 // DefaultOOBInterval is how often out-of-band ORCA reports are requested
 // when "orca.outOfBand" is on and no interval is given. The server may send
 // them less often: grpc-go's ORCA service enforces its own minimum (30s by
-// default).
+// default, orca.ServiceOptions.MinReportingInterval), which is also the
+// core's default telemetry age. With such a server and no per-call
+// reports, set "balancer.telemetryMaxAge" above the server's interval
+// (45s, say), or each report is stale for a moment before the next. An
+// interval longer than telemetryMaxAge is refused: every report would be
+// ignored for most of its life.
 const DefaultOOBInterval = 10 * time.Second
 
 // jsonConfig is the service config as written. Durations are strings parsed
@@ -248,6 +254,13 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 			return nil, err
 		}
 		c.tunables = raw.Balancer.canonical(&c.opts)
+	}
+	if maxAge := cmp.Or(c.opts.TelemetryMaxAge, core.DefaultTelemetryMaxAge); c.oob && !shared && maxAge > 0 && c.oobInterval > maxAge {
+		// Every report would be stale before the next came: the
+		// endpoints' load would be unknown most of the time. (A shared
+		// Balancer's age is its own, not known here; a negative one
+		// never goes stale.)
+		return nil, configError("orca.interval", "%s is longer than balancer.telemetryMaxAge (%s), after which a report is ignored as stale: shorten it or raise telemetryMaxAge", c.oobInterval, maxAge)
 	}
 	return c, nil
 }

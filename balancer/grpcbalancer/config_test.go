@@ -98,6 +98,9 @@ func TestParseConfigBad(t *testing.T) {
 		{"method value type", `{"methods": {"/a.B/C": "llm", "/a.B/D": 1}}`, false, `methods["/a.B/D"]: got JSON number, want a string`},
 		{"method value object", `{"defaultService": "/a.B/D", "methods": {"/a.B/D": "llm", "/a.B/E": {}}}`, false, `methods["/a.B/E"]: got JSON object, want a string`},
 		{"unknown service", `{"methods": {"/a.B/C": "vision"}}`, false, `methods["/a.B/C"]: unknown service "vision"`},
+		// Each report would be stale before the next arrived.
+		{"OOB interval past the telemetry age", `{"orca": {"outOfBand": true, "interval": "45s"}}`, false, "orca.interval: 45s is longer than balancer.telemetryMaxAge (30s)"},
+		{"OOB interval past a set telemetry age", `{"orca": {"outOfBand": true, "interval": "15s"}, "balancer": {"telemetryMaxAge": "10s"}}`, false, "orca.interval: 15s is longer than balancer.telemetryMaxAge (10s)"},
 		// Read as unknown, it would override defaultService for the entry.
 		{"null service", `{"defaultService": "llm", "methods": {"/a.B/": null}}`, false, `methods["/a.B/"]: want llm, embedding, rerank or unknown`},
 		{"empty service", `{"methods": {"/a.B/C": " "}}`, false, `methods["/a.B/C"]: want llm`},
