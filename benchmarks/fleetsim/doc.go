@@ -144,8 +144,11 @@
 // attempt that answers, which generates the answer anew. Throughput counts
 // tokens produced inside the window, less those of attempts that failed (a
 // crashed replica's streams and those a failing model's 500 ended, which
-// the client discards when it retries).
-// The cache hit rate is prompt tokens
+// the client discards when it retries). Failed calls are left out of the
+// latency columns and counted in their own, and a chat turn that fails
+// ends its conversation (its later turns are not sent): a policy that
+// fails calls carries less load after them, which flatters it, not
+// inferlb. The cache hit rate is prompt tokens
 // found in the prefix cache over prompt tokens admitted, as vLLM's
 // prefix_cache_hits / prefix_cache_queries: a preempted sequence that
 // recomputes from its own blocks is not counted again (vLLM counts it
