@@ -1,7 +1,8 @@
 // Command grpc shows the inferlb gRPC policy at work: it starts four local
 // gRPC servers, one of them slow and one reporting (through per-call ORCA
 // load reports) a nearly full KV cache, sends the same calls through the
-// "inferlb" policy and through grpc-go's round_robin, and prints how many
+// "inferlb" policy and through grpc-go's round_robin, least_request,
+// ring_hash and pick_first, and prints how many
 // calls each server got and how long the batch took. Then it streams
 // token-by-token answers (server streams, one message per token), with the
 // slow server decoding 4x slower, through inferlb with and without the
@@ -25,6 +26,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	_ "google.golang.org/grpc/balancer/leastrequest" // registers least_request_experimental
+	_ "google.golang.org/grpc/balancer/ringhash"     // registers ring_hash_experimental
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/orca"
@@ -140,10 +143,20 @@ func run(calls, workers int, fast, slow time.Duration) error {
 	}{
 		{"inferlb/llm", `{"inferlb": {"methods": {"/grpc.testing.TestService/": "llm"}}}`, outcome},
 		{"inferlb/emb", `{"inferlb": {"methods": {"/grpc.testing.TestService/": "embedding"}}}`, outcome},
+		// grpc-go's own policies, as they come: round_robin; least_request
+		// (P2C on the calls in flight); ring_hash keyed by a header the
+		// calls do not carry, so each call hashes at random (gRFC A76),
+		// as calls without a session do; pick_first.
+		// weighted_round_robin is left out: it weighs servers by the CPU
+		// utilization and queries per second they report over ORCA, which
+		// model servers do not report, and without them it is round_robin.
 		{"round_robin", `{"round_robin": {}}`, nil},
+		{"least_request", `{"least_request_experimental": {}}`, nil},
+		{"ring_hash", `{"ring_hash_experimental": {"requestHashHeader": "x-session-id"}}`, nil},
+		{"pick_first", `{"pick_first": {}}`, nil},
 	}
 	fmt.Printf("%d calls, %d workers; server latencies: slow %v, healthy %v\n\n", calls, workers, slow, fast)
-	fmt.Printf("%-12s %8s %8s %8s %13s %9s\n", "policy", servers[0].name, servers[1].name, servers[2].name, servers[3].name, "elapsed")
+	fmt.Printf("%-13s %8s %8s %8s %13s %9s\n", "policy", servers[0].name, servers[1].name, servers[2].name, servers[3].name, "elapsed")
 	for _, p := range policies {
 		reset := func() {
 			for _, s := range servers {
@@ -154,10 +167,16 @@ func run(calls, workers int, fast, slow time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
-		fmt.Printf("%-12s %8d %8d %8d %13d %9v\n", p.name,
+		fmt.Printf("%-13s %8d %8d %8d %13d %9v\n", p.name,
 			servers[0].calls.Load(), servers[1].calls.Load(), servers[2].calls.Load(), servers[3].calls.Load(),
 			elapsed.Round(time.Millisecond))
 	}
+	fmt.Println(`
+inferlb/llm prices LLM calls on load and KV-cache pressure, not latency: it
+keeps calls off the server whose KV cache is 99% full, where a real model
+server would queue or preempt them (this one does not slow down, so the
+elapsed column does not show what that saves). inferlb/emb prices latency,
+as for embedding calls, and all but drops the slow server.`)
 
 	// Token streams: 32 tokens each, the slow server decoding at 8 ms per
 	// token against 2 ms. In-flight counts alone already send it fewer
@@ -174,6 +193,7 @@ func run(calls, workers int, fast, slow time.Duration) error {
 		{"inferlb + StreamTiming", llm, []grpc.DialOption{grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil))}},
 		{"inferlb", llm, nil},
 		{"round_robin", `{"round_robin": {}}`, nil},
+		{"least_request", `{"least_request_experimental": {}}`, nil},
 	} {
 		reset := func() {
 			for _, s := range servers {
