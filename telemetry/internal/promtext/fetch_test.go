@@ -38,3 +38,20 @@ func TestFetchErrorsRedactThePassword(t *testing.T) {
 		assert.Contains(t, err.Error(), "scraper:xxxxx@", "the URL is still named")
 	}
 }
+
+// A URL Go cannot parse (a port that is not a number, a control character)
+// fails before any request, and url.Parse's error quotes the URL as given:
+// Fetch named it so, password and all. A Targets function may hand a Source
+// such a URL at any round (NewPoller validates only the targets of its
+// time), and the error goes to OnError's log.
+func TestFetchErrorsRedactThePasswordOfAnUnparsableURL(t *testing.T) {
+	for _, raw := range []string{
+		"http://scraper:s3cr3t@node-1:ninety/metrics",
+		"http://scraper:s3cr3t@node-1:9400/met\x7frics",
+	} {
+		_, err := promtext.Fetch(t.Context(), nil, raw, 0)
+		require.Error(t, err)
+		assert.NotContains(t, err.Error(), "s3cr3t")
+		assert.Contains(t, err.Error(), "xxxxx@node-1", "the URL is still named")
+	}
+}

@@ -522,7 +522,8 @@ func Fetch(ctx context.Context, client *http.Client, url string, maxBytes int64)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		// url.Parse's error quotes the URL as given, password and all.
+		return nil, fmt.Errorf("GET %s: %w", Redacted(url), parseCause(err))
 	}
 	req.Header.Set("Accept", accept)
 	resp, err := client.Do(req)

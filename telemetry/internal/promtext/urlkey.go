@@ -1,6 +1,7 @@
 package promtext
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -56,6 +57,16 @@ func Redacted(raw string) string {
 		return scheme + "://" + authority + "/" + path
 	}
 	return scheme + "://" + authority
+}
+
+// parseCause returns what url.Parse found wrong with a URL, without the URL
+// its error quotes (as given, password and all): err's own cause when it is
+// a *url.Error, else err.
+func parseCause(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return ue.Err
+	}
+	return err
 }
 
 // CheckURL reports whether raw is an http or https URL with a host, as a
