@@ -219,6 +219,14 @@ func (s *Source) Validate() error {
 	if s.URL == "" {
 		return errors.New("promapi: Source.URL is empty")
 	}
+	if _, err := url.Parse(s.URL); err != nil {
+		// Not err itself: url.Parse's error quotes the URL, password and all,
+		// and it would reach OnError's log at every round.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
+		return fmt.Errorf("promapi: Source.URL is not a URL: %w", err)
+	}
 	if s.MaxBodyBytes < 0 {
 		return fmt.Errorf("promapi: Source.MaxBodyBytes is %d, want >= 0 (0 for the default)", s.MaxBodyBytes)
 	}

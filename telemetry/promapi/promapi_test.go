@@ -164,6 +164,17 @@ func TestCollectConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "promapi: Source.Queries[waiting] is empty")
 	_, err = (&promapi.Source{URL: "http://127.0.0.1:1"}).Collect(t.Context())
 	assert.ErrorContains(t, err, "promapi: query: ")
+
+	// A URL Go cannot parse fails every round: NewPoller says so, naming
+	// the field, and neither error quotes the URL's password (url.Parse's
+	// own error does, and OnError logs it).
+	bad := &promapi.Source{URL: "http://reader:s3cr3t@prometheus:nine"}
+	_, err = telemetry.NewPoller(bad, &telemetry.Store{}, telemetry.PollerOptions{})
+	require.ErrorContains(t, err, "promapi: Source.URL is not a URL")
+	assert.NotContains(t, err.Error(), "s3cr3t")
+	_, err = bad.Collect(t.Context())
+	require.ErrorContains(t, err, "promapi: Source.URL is not a URL")
+	assert.NotContains(t, err.Error(), "s3cr3t")
 }
 
 func TestCollectBodyLimit(t *testing.T) {
