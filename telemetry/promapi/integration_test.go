@@ -91,6 +91,19 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapt
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql,chat",waiting_lora_adapters="law"} 1.7649312110233219e+09
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="chat",waiting_lora_adapters=""} 1.7649312079182e+09
 `,
+	// vLLM 0.9 to 0.10 export the renamed KV gauge under both names, with
+	// the same labels. timestamp() drops the names, and two equal series
+	// in one vector failed the whole query (HTTP 422): one such server
+	// left the fleet without telemetry.
+	"vllm-both": `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25
+`,
 	"vllm-dp": `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 2
 vllm:num_requests_running{engine="1",model_name="m"} 5
@@ -111,6 +124,7 @@ var want = map[string]map[string]float64{
 	// Pipeline stages export the same batch: the largest counts once.
 	"sglang":    {"running": 5, "waiting": 2, "kv_cache_usage": 0.7},
 	"sglang-dp": {"running": 8, "waiting": 4, "kv_cache_usage": 0.6},
+	"vllm-both": {"running": 3, "waiting": 1, "kv_cache_usage": 0.25},
 	"vllm-dp":   {"running": 7, "waiting": 5, "kv_cache_usage": 0.8},
 	// One server's requests, however many jobs scrape it.
 	"vllm-twice": {"running": 4, "waiting": 6, "kv_cache_usage": 0.5},

@@ -86,13 +86,21 @@ const loraQuery = `topk by (instance) (1, max by (instance, max_lora, running_lo
 	` + on (instance) group_left (model_name) (0 * topk by (instance) (1, max by (instance, model_name) (vllm:num_requests_running)))`
 
 // The raw series DefaultQueries read, one selector per field, which
-// DefaultTimestamps reads the scrape times of.
+// DefaultTimestamps reads the scrape times of: the metrics' names, and the
+// matchers their selectors add.
 const (
-	runningSeries = `{__name__=~"vllm:num_requests_running|sglang:num_running_reqs|trtllm_num_requests_running",priority=""}`
-	waitingSeries = `{__name__=~"vllm:num_requests_waiting|sglang:num_queue_reqs|trtllm_num_requests_waiting",priority=""}`
-	kvSeries      = `{__name__=~"vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|sglang:token_usage|trtllm_kv_cache_utilization"}`
-	gpuUtilSeries = `DCGM_FI_DEV_GPU_UTIL`
-	loraSeries    = `vllm:lora_requests_info`
+	runningNames = `vllm:num_requests_running|sglang:num_running_reqs|trtllm_num_requests_running`
+	waitingNames = `vllm:num_requests_waiting|sglang:num_queue_reqs|trtllm_num_requests_waiting`
+	kvNames      = `vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|sglang:token_usage|trtllm_kv_cache_utilization`
+	gpuUtilNames = `DCGM_FI_DEV_GPU_UTIL`
+	loraNames    = `vllm:lora_requests_info`
+	totals       = `,priority=""` // SGLang's totals, not its per-priority breakdown
+
+	runningSeries = `{__name__=~"` + runningNames + `"` + totals + `}`
+	waitingSeries = `{__name__=~"` + waitingNames + `"` + totals + `}`
+	kvSeries      = `{__name__=~"` + kvNames + `"}`
+	gpuUtilSeries = gpuUtilNames
+	loraSeries    = loraNames
 )
 
 // DefaultTimestamps say, for each field of DefaultQueries, when Prometheus
@@ -109,12 +117,33 @@ const (
 // it would lose calls and outlive its age.
 func DefaultTimestamps() map[telemetry.Field]string {
 	return map[telemetry.Field]string{
-		telemetry.Running:      `min by (instance) (timestamp(` + runningSeries + `))`,
-		telemetry.Waiting:      `min by (instance) (timestamp(` + waitingSeries + `))`,
-		telemetry.KVCacheUsage: `min by (instance) (timestamp(` + kvSeries + `))`,
-		telemetry.GPUUtil:      `min by (instance) (timestamp(` + gpuUtilSeries + `))`,
-		telemetry.LoRASlots:    `min by (instance) (timestamp(` + loraSeries + `))`,
+		telemetry.Running:      scrapeTimes(runningNames, totals),
+		telemetry.Waiting:      scrapeTimes(waitingNames, totals),
+		telemetry.KVCacheUsage: scrapeTimes(kvNames, ""),
+		telemetry.GPUUtil:      scrapeTimes(gpuUtilNames, ""),
+		telemetry.LoRASlots:    scrapeTimes(loraNames, ""),
 	}
+}
+
+// scrapeTimes returns the oldest scrape time, per instance, of the series of
+// names ('|'-separated) with matchers added. Each name has a timestamp() of
+// its own: timestamp() drops the metric name, and series of two names with
+// the same labels (vLLM 0.9 to 0.10 export kv_cache_usage_perc and
+// gpu_cache_usage_perc side by side) would be equal once it had, which
+// PromQL rejects, failing the whole query and every field of the fleet
+// with it. The `or` of the names' times keeps the first of equal ones:
+// they are of one scrape.
+func scrapeTimes(names, matchers string) string {
+	var b strings.Builder
+	b.WriteString("min by (instance) (")
+	for i, n := range strings.Split(names, "|") {
+		if i > 0 {
+			b.WriteString(" or ")
+		}
+		b.WriteString(`timestamp({__name__="` + n + `"` + matchers + `})`)
+	}
+	b.WriteString(")")
+	return b.String()
 }
 
 // DefaultMaxBodyBytes bounds a query response.
