@@ -104,6 +104,32 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 # TYPE vllm:gpu_cache_usage_perc gauge
 vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25
 `,
+	// A prefill/decode-disaggregated SGLang decode server, two TP ranks
+	// exporting: requests in its prealloc and transfer queues wait ahead
+	// of its waiting queue (modelserver reads it so); the grammar and
+	// prefill inflight queues do not count.
+	"sglang-pd": `# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 10
+sglang:num_running_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="1"} 10
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 2
+sglang:num_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="1"} 2
+# TYPE sglang:num_grammar_queue_reqs gauge
+sglang:num_grammar_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 5
+# TYPE sglang:num_prefill_bootstrap_queue_reqs gauge
+sglang:num_prefill_bootstrap_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 0
+sglang:num_prefill_bootstrap_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="1"} 0
+# TYPE sglang:num_prefill_inflight_queue_reqs gauge
+sglang:num_prefill_inflight_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 7
+# TYPE sglang:num_decode_prealloc_queue_reqs gauge
+sglang:num_decode_prealloc_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 3
+sglang:num_decode_prealloc_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="1"} 3
+# TYPE sglang:num_decode_transfer_queue_reqs gauge
+sglang:num_decode_transfer_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 4
+sglang:num_decode_transfer_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="1"} 4
+# TYPE sglang:token_usage gauge
+sglang:token_usage{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 0.6
+`,
 	"vllm-dp": `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 2
 vllm:num_requests_running{engine="1",model_name="m"} 5
@@ -124,6 +150,9 @@ var want = map[string]map[string]float64{
 	// Pipeline stages export the same batch: the largest counts once.
 	"sglang":    {"running": 5, "waiting": 2, "kv_cache_usage": 0.7},
 	"sglang-dp": {"running": 8, "waiting": 4, "kv_cache_usage": 0.6},
+	// The waiting queue and the two PD queues ahead of it, each counted
+	// once however many ranks export it.
+	"sglang-pd": {"running": 10, "waiting": 2 + 3 + 4, "kv_cache_usage": 0.6},
 	"vllm-both": {"running": 3, "waiting": 1, "kv_cache_usage": 0.25},
 	"vllm-dp":   {"running": 7, "waiting": 5, "kv_cache_usage": 0.8},
 	// One server's requests, however many jobs scrape it.

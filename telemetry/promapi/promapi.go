@@ -60,7 +60,10 @@ const fieldLabel = "inferlb_field"
 // and not over copies of one series that differ in labels Prometheus added
 // (two scrape jobs that select the same pods, such as a ServiceMonitor and
 // a PodMonitor, or HA replicas read without deduplication): summed, those
-// would double a server's count. Usage takes the max over a server's series.
+// would double a server's count. Waiting is, as there, the waiting queue
+// plus the queues of prefill/decode disaggregation ahead of it (SGLang's
+// bootstrap, prealloc and transfer queues), each a count of its own. Usage
+// takes the max over a server's series.
 //
 // LoRASlots reads vLLM's vllm:lora_requests_info (servers started with
 // --enable-lora), whose labels are its state: the query keeps, per
@@ -70,7 +73,7 @@ const fieldLabel = "inferlb_field"
 func DefaultQueries() map[telemetry.Field]string {
 	return map[telemetry.Field]string{
 		telemetry.Running:      `sum by (instance) (max by (instance, engine, dp_rank) (` + runningSeries + `))`,
-		telemetry.Waiting:      `sum by (instance) (max by (instance, engine, dp_rank) (` + waitingSeries + `))`,
+		telemetry.Waiting:      `sum by (instance) (max by (instance, __name__, engine, dp_rank) (` + waitingSeries + `))`,
 		telemetry.KVCacheUsage: `max by (instance) (` + kvSeries + `)`,
 		telemetry.GPUUtil:      `max by (instance) (` + gpuUtilSeries + `) / 100`,
 		telemetry.LoRASlots:    loraQuery,
@@ -90,7 +93,7 @@ const loraQuery = `topk by (instance) (1, max by (instance, max_lora, running_lo
 // matchers their selectors add.
 const (
 	runningNames = `vllm:num_requests_running|sglang:num_running_reqs|trtllm_num_requests_running`
-	waitingNames = `vllm:num_requests_waiting|sglang:num_queue_reqs|trtllm_num_requests_waiting`
+	waitingNames = `vllm:num_requests_waiting|sglang:num_queue_reqs|` + sglangPDQueues + `|trtllm_num_requests_waiting`
 	kvNames      = `vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|sglang:token_usage|trtllm_kv_cache_utilization`
 	gpuUtilNames = `DCGM_FI_DEV_GPU_UTIL`
 	loraNames    = `vllm:lora_requests_info`
@@ -102,6 +105,13 @@ const (
 	gpuUtilSeries = gpuUtilNames
 	loraSeries    = loraNames
 )
+
+// sglangPDQueues are the queues a prefill/decode-disaggregated SGLang
+// server holds requests in ahead of its waiting queue, which count as
+// waiting (see modelserver.Parse), the bootstrap queue under its older
+// name too (no release exports both). Each is a count of its own: the
+// Waiting query groups by metric name before it sums.
+const sglangPDQueues = `sglang:num_prefill_bootstrap_queue_reqs|sglang:num_prefill_prealloc_queue_reqs|sglang:num_decode_prealloc_queue_reqs|sglang:num_decode_transfer_queue_reqs`
 
 // DefaultTimestamps say, for each field of DefaultQueries, when Prometheus
 // scraped the values it read: the time of the oldest sample among the raw
