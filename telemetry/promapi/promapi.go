@@ -715,12 +715,22 @@ func (c *collector) decodeData(dec *json.Decoder, env *envelope) error {
 	return delim(dec, '}')
 }
 
-// decodeResult folds a result's series into c, one at a time. A series of
-// the wrong shape (a label value that is not a string) is skipped and
-// counted; the decoder has read past it.
+// decodeResult folds a result's series into c, one at a time; a null
+// result has none. A series of the wrong shape (a label value that is not
+// a string) is skipped and counted; the decoder has read past it.
 func (c *collector) decodeResult(dec *json.Decoder) error {
-	if err := delim(dec, '['); err != nil {
+	switch t, err := dec.Token(); {
+	case err != nil:
 		return err
+	case t == nil:
+		// null: no series. Prometheus 2.0 answered an `or` of empty
+		// vectors so (prometheus/prometheus#3515), and frontends still
+		// answer some empty results so (Google's managed Prometheus
+		// frontend an aggregation over nothing, GoogleCloudPlatform/
+		// prometheus-engine#1645; Cortex's once).
+		return nil
+	case t != json.Delim('['):
+		return fmt.Errorf("got %v where [ belongs", t)
 	}
 	var r struct {
 		Metric map[string]string `json:"metric"`

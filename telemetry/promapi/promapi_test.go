@@ -153,6 +153,20 @@ func TestCollectErrors(t *testing.T) {
 	}
 }
 
+// The combined query is an `or` of the fields' queries, and while no
+// server is scraped yet (a fleet starting, a new Prometheus) every one is
+// empty. Prometheus 2.0 answered such an `or` with "result": null, and
+// frontends still answer some empty results so (Google's managed
+// Prometheus frontend an aggregation over nothing). That is no series,
+// not an error: a
+// failed round would count a failure and back the Poller off, so it would
+// notice the fleet's first readings up to a minute late.
+func TestCollectNullResultIsEmpty(t *testing.T) {
+	obs, err := fakeProm(t, 200, `{"status":"success","data":{"resultType":"vector","result":null}}`, nil).Collect(t.Context())
+	require.NoError(t, err)
+	assert.Empty(t, obs)
+}
+
 func TestCollectConfigErrors(t *testing.T) {
 	_, err := (&promapi.Source{}).Collect(t.Context())
 	assert.ErrorContains(t, err, "promapi: Source.URL is empty")
