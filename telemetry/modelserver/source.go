@@ -117,6 +117,10 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	firstOf := make([]int, len(targets)) // index of the first target with the same URL
 	byKey := make(map[string]int, len(targets))
 	for i, t := range targets {
+		if t.EndpointID == "" {
+			firstOf[i] = -1 // not scraped: its sample would name no endpoint
+			continue
+		}
 		k := promtext.URLKey(t.URL)
 		if j, ok := byKey[k]; ok {
 			firstOf[i] = j
@@ -144,6 +148,10 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	})
 	results := make([]result, len(targets))
 	for i, t := range targets {
+		if firstOf[i] < 0 {
+			results[i] = result{err: fmt.Errorf("target %d (%q): EndpointID is empty", i, promtext.Redacted(t.URL))}
+			continue
+		}
 		f := fetched[firstOf[i]]
 		err := f.err
 		if err != nil {

@@ -226,3 +226,38 @@ func TestSourceDropsAnUnterminatedLastLine(t *testing.T) {
 	require.Len(t, obs, 1)
 	assert.Equal(t, map[string]float64{"running": 3}, fields(obs[0].Sample), "the cut value is not read")
 }
+
+// Validate checks the targets Targets returns when the Poller is built; one
+// it returns later without an EndpointID must fail alone, as Validate's
+// doc says, and be reported. It was scraped, and its sample, which names
+// no endpoint, went to the Poller, which skipped it without a word:
+// telemetry missing for a server, and nothing in OnError's log to say why.
+func TestSourceTargetWithoutEndpointIDFailsAlone(t *testing.T) {
+	var scrapes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scrapes.Add(1)
+		_, _ = w.Write(readFile(t, "vllm-v1-two-engines.txt"))
+	}))
+	t.Cleanup(srv.Close)
+	alone := strings.Replace(srv.URL, "http://", "http://scraper:s3cr3t@", 1) + "/metrics"
+
+	src := &modelserver.Source{Client: client(t), Targets: modelserver.Static(
+		modelserver.Target{EndpointID: "a", URL: srv.URL + "/metrics"},
+		modelserver.Target{URL: alone},
+	)}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "1 of 2 targets failed")
+	assert.Contains(t, err.Error(), "target 1")
+	assert.Contains(t, err.Error(), "EndpointID is empty")
+	assert.NotContains(t, err.Error(), "s3cr3t")
+	require.Len(t, obs, 1)
+	assert.Equal(t, "a", obs[0].EndpointID)
+	assert.Equal(t, int32(1), scrapes.Load(), "a target without an ID is not scraped")
+
+	src.Targets = modelserver.Static(modelserver.Target{URL: alone})
+	obs, err = src.Collect(t.Context())
+	require.ErrorContains(t, err, "EndpointID is empty")
+	assert.NotErrorIs(t, err, telemetry.ErrPartial, "nothing usable: the round failed")
+	assert.Empty(t, obs)
+}
