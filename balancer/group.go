@@ -287,8 +287,9 @@ func reportedLoad(s *telemetry.Sample) (float64, bool) {
 
 // maxReportedLoad bounds the requests one server can plausibly report
 // running and queued: engines run a few hundred at once (vLLM's
-// max_num_seqs is 256 to 1,024) and queue thousands at most.
-const maxReportedLoad = 1 << 20
+// max_num_seqs is 256 to 1,024) and queue thousands at most. Each count
+// alone is already at most telemetry.MaxRequests (Sample.Set).
+const maxReportedLoad = telemetry.MaxRequests
 
 // fleetLoad returns the group's fleet view at now (see fleetView), with st
 // its current eligibility.

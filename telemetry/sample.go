@@ -161,10 +161,20 @@ func (s *Sample) SetAdapters(slots float64, a *Adapters) bool {
 	return true
 }
 
-// Set stores v for f. NaN and infinities are rejected (the field stays
-// absent) so a bad exposition can never poison a score; Set reports whether v was kept.
+// MaxRequests bounds a Running or Waiting count: no server runs or queues
+// a million requests. A larger count is a broken reading (a counter read
+// as a gauge, a total summed over time), which, taken as it came, would
+// price its endpoint out of rotation until it aged out.
+const MaxRequests = 1 << 20
+
+// Set stores v for f. NaN, infinities and a Running or Waiting count above
+// MaxRequests are rejected (the field stays absent) so a bad exposition can
+// never poison a score; Set reports whether v was kept.
 func (s *Sample) Set(f Field, v float64) bool {
 	if int(f) >= NumFields || math.IsNaN(v) || math.IsInf(v, 0) {
+		return false
+	}
+	if (f == Running || f == Waiting) && v > MaxRequests {
 		return false
 	}
 	s.Values[f] = v

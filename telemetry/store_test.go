@@ -37,6 +37,17 @@ func TestSampleRejectsNonFinite(t *testing.T) {
 	assert.False(t, ok)
 }
 
+// A Running or Waiting count above MaxRequests is a broken reading, which
+// taken as it came priced its endpoint out of rotation.
+func TestSampleRejectsImplausibleCounts(t *testing.T) {
+	var s telemetry.Sample
+	assert.False(t, s.Set(telemetry.Running, 1e15))
+	assert.False(t, s.Set(telemetry.Waiting, telemetry.MaxRequests+1))
+	assert.True(t, s.Empty())
+	assert.True(t, s.Set(telemetry.Waiting, telemetry.MaxRequests))
+	assert.True(t, s.Set(telemetry.GPUMemUsed, 1e15), "other fields have their own units")
+}
+
 func TestMemoryUsage(t *testing.T) {
 	s := sample(t0, float64(telemetry.GPUMemUsed), 40, float64(telemetry.GPUMemTotal), 80)
 	u, ok := s.MemoryUsage()

@@ -272,7 +272,8 @@ func setLoad(s *telemetry.Sample, f telemetry.Field, v float64) bool {
 }
 
 func validLoad(f telemetry.Field, v float64) bool {
-	return v >= 0 && !math.IsInf(v, 0) && (f != telemetry.KVCacheUsage || v <= 1)
+	return v >= 0 && !math.IsInf(v, 0) && (f != telemetry.KVCacheUsage || v <= 1) &&
+		(f != telemetry.Running && f != telemetry.Waiting || v <= telemetry.MaxRequests)
 }
 
 func loadResult(s telemetry.Sample, bad int, firstBad string) (telemetry.Sample, error) {

@@ -109,6 +109,12 @@ func TestParse(t *testing.T) {
 			partial: true,
 		},
 		{
+			name:    "a count no server reaches is rejected",
+			value:   "TEXT named_metrics.num_requests_running=1e15, named_metrics.num_requests_waiting=2",
+			want:    map[string]float64{"waiting": 2},
+			partial: true,
+		},
+		{
 			name:    "json with an out-of-range value",
 			value:   `JSON {"named_metrics": {"kv_cache_usage_perc": 1.5, "num_requests_waiting": 1}}`,
 			want:    map[string]float64{"waiting": 1},

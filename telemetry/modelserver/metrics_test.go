@@ -367,6 +367,9 @@ func TestParseErrorWhenEveryLoadValueIsDropped(t *testing.T) {
 		{"out of range", "vllm:num_requests_waiting -3\nvllm:kv_cache_usage_perc 87\n", []string{"2 values dropped", "waiting=-3"}},
 		{"not numbers", "vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\n", []string{"2 values dropped", "running=NaN"}},
 		{"duplicates of a bad value", "sglang:token_usage 1.5\nsglang:token_usage 1.5\n", []string{"2 values dropped", "duplicate"}},
+		// A count no server reaches: a counter read as a gauge would price
+		// its endpoint out of rotation.
+		{"implausible counts", "vllm:num_requests_running 1e+15\nvllm:num_requests_waiting 2097152\n", []string{"2 values dropped", "running=1e+15"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

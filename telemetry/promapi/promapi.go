@@ -816,6 +816,8 @@ func valid(f telemetry.Field, v float64) bool {
 		return true
 	case telemetry.KVCacheUsage, telemetry.PrefixCacheHitRate, telemetry.GPUUtil:
 		return v >= 0 && v <= 1
+	case telemetry.Running, telemetry.Waiting:
+		return v >= 0 && v <= telemetry.MaxRequests
 	}
 	return v >= 0
 }
