@@ -272,6 +272,10 @@ func (s *Source) Validate() error {
 	if len(s.Queries) == 0 && s.Queries != nil {
 		return errors.New("promapi: Source.Queries is empty")
 	}
+	if s.Queries == nil && s.EndpointLabel != "" && s.EndpointLabel != DefaultEndpointLabel {
+		// Every series would lack the label and be skipped, every round.
+		return fmt.Errorf("promapi: Source.EndpointLabel is %q, but DefaultQueries (Queries nil) aggregate by %q and keep no other label: give Queries that keep %q", s.EndpointLabel, DefaultEndpointLabel, s.EndpointLabel)
+	}
 	for f, q := range s.Queries {
 		if int(f) >= telemetry.NumFields {
 			return fmt.Errorf("promapi: Source.Queries has %v, which is not a telemetry field", f)

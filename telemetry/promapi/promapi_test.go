@@ -178,6 +178,11 @@ func TestCollectConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "promapi: Source.Queries[waiting] is empty")
 	_, err = (&promapi.Source{URL: "http://127.0.0.1:1"}).Collect(t.Context())
 	assert.ErrorContains(t, err, "promapi: query: ")
+	// DefaultQueries keep "instance" only: every series would be skipped.
+	_, err = telemetry.NewPoller(&promapi.Source{URL: "http://x", EndpointLabel: "pod"}, &telemetry.Store{}, telemetry.PollerOptions{})
+	assert.ErrorContains(t, err, `promapi: Source.EndpointLabel is "pod", but DefaultQueries`)
+	assert.NoError(t, (&promapi.Source{URL: "http://x", EndpointLabel: "pod", Queries: map[telemetry.Field]string{telemetry.Waiting: "sum by (pod) (q)"}}).Validate())
+	assert.NoError(t, (&promapi.Source{URL: "http://x", EndpointLabel: "instance"}).Validate())
 
 	// A URL Go cannot parse fails every round: NewPoller says so, naming
 	// the field, and neither error quotes the URL's password (url.Parse's
