@@ -86,6 +86,13 @@ func ParseSelected(data []byte, keep func(name []byte) bool) (fams Families, ski
 		}
 	}()
 	var cut error
+	if bytes.IndexByte(data, '\r') >= 0 {
+		// CRLF line ends (an exporter on Windows, a proxy that rewrote
+		// them): expfmt rejects the CR, and the line-by-line pass read
+		// every value but reported the body as partial, every round.
+		// A copy: data is the caller's.
+		data = bytes.ReplaceAll(data, []byte("\r\n"), []byte("\n"))
+	}
 	if isOpenMetrics(data) {
 		data = fromOpenMetrics(data)
 	} else if data, cut = dropUnterminated(data); cut != nil {

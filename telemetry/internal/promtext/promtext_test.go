@@ -30,6 +30,8 @@ func TestParse(t *testing.T) {
 		{name: "blanks after the last line feed", in: "a 1\n  \t", names: []string{"a"}},
 		{name: "OpenMetrics needs no line feed after # EOF", in: "a 1\n# EOF", names: []string{"a"}},
 		{name: "empty", in: ""},
+		{name: "CRLF line ends", in: "# TYPE a gauge\r\na 1\r\nb{x=\"y\"} 2\r\n", names: []string{"a", "b"}},
+		{name: "CRLF with a bad line", in: "a 1\r\nb{x=y} 2\r\nc 3\r\n", names: []string{"a", "c"}, skipped: 1, err: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
