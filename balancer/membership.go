@@ -139,7 +139,7 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 	if m.closed {
 		return ErrMembershipClosed
 	}
-	nowNs := max(b.cfg.clock.Now().UnixNano(), 1)
+	nowNs := nonZero(b.cfg.clock.Now().UnixNano())
 
 	// New endpoints ramp up through slow start when they join a pool that
 	// is serving: this membership's after its first endpoints, or, on its
@@ -277,7 +277,7 @@ func (m *Membership) setReady(id string, ready, ramp bool) bool {
 		// a warm balancer): ramp up from now, as Envoy does for hosts that
 		// turn healthy. A first connect at startup does not ramp, nor does
 		// a replica that another membership has been using all along.
-		e.rampFrom.Store(max(b.cfg.clock.Now().UnixNano(), 1))
+		e.rampFrom.Store(nonZero(b.cfg.clock.Now().UnixNano()))
 	}
 	b.epoch.Add(1)
 	return true

@@ -155,7 +155,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		}
 		e.recoveredAt.Store(nowNs) // opens decays from here: see tripCount
 		e.brGen.Add(1)
-		e.rampFrom.Store(nowNs) // recovered: ramp up, as a new endpoint would
+		e.rampFrom.Store(nonZero(nowNs)) // recovered: ramp up, as a new endpoint would
 		down := time.Duration(max(nowNs-e.trippedAt.Load(), 0))
 		e.lastDowntime.Store(int64(down))
 		e.recoveries.Add(1)
@@ -171,17 +171,35 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 // hour's NTP step). How much of it was left is unknown: the exclusion ends
 // now (a breaker then probes, and a failed probe excludes again; probes
 // out are overdue) and the ramp starts again.
+//
+// A ramp's start, a probe deadline and a recovery of 0 are none, not a
+// time: on a clock that reads before 1970 (a fake one from the zero Time)
+// 0 is far ahead of every reading, and taken for a time set before a step,
+// every endpoint began a ramp (the initial set too) at its first pick. An
+// exclusion or ejection of 0 (the first two), also none, is mended all the
+// same: read by comparison, 0 is a deadline ahead of such a clock, and now
+// is as past as none.
 func (e *endpoint) afterStepBack(nowNs, horizon int64) {
-	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.ejectedUntil, &e.rampFrom, &e.probeDue} {
-		if t := v.Load(); t-nowNs > horizon {
+	for i, v := range [...]*atomic.Int64{&e.excludedUntil, &e.ejectedUntil, &e.rampFrom, &e.probeDue} {
+		if t := v.Load(); t-nowNs > horizon && (t != 0 || i < 2) {
 			v.CompareAndSwap(t, nowNs)
 		}
 	}
 	// The last recovery, a time past, is ahead too: good standing counts
 	// from now (see tripCount), not from when the clock catches up with it.
-	if r := e.recoveredAt.Load(); r > nowNs {
+	if r := e.recoveredAt.Load(); r != 0 && r > nowNs {
 		e.recoveredAt.CompareAndSwap(r, nowNs)
 	}
+}
+
+// nonZero is a clock reading stored where 0 means none (a ramp's start):
+// nowNs, or 1 for a reading of exactly 0. Not max(nowNs, 1): a clock that
+// reads before 1970 reads below 0, and its ramps all began in 1970.
+func nonZero(nowNs int64) int64 {
+	if nowNs == 0 {
+		return 1
+	}
+	return nowNs
 }
 
 // tripCount counts an open of e's breaker and returns how many count
@@ -525,7 +543,7 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		until := later(nowNs, b.ejectionTime(e.ejections.Add(1)))
 		e.ejectedUntil.Store(until)
 		b.ejectMu.Unlock()
-		e.rampFrom.Store(until) // ramp up when it returns
+		e.rampFrom.Store(nonZero(until)) // ramp up when it returns
 		e.ejectCount.Add(1)
 		exclude(e, until)
 		b.epoch.Add(1)

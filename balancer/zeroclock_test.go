@@ -44,3 +44,39 @@ func TestExclusionsEndOnAClockFromTheZeroTime(t *testing.T) {
 	}
 	assert.Equal(t, clock.Now().Add(balancer.DefaultEjectionTime).UnixNano(), stat(t, b, id).ExcludedUntil.UnixNano(), "tripped for EjectionTime")
 }
+
+// Slow start on a clock from the zero Time. Its readings are far below
+// zero, so a ramp's start of 0 ("not ramping") read as a time set ahead
+// of the clock before a step back, which the first pick mended to now:
+// every endpoint, the initial set too, started a ramp at its first pick,
+// and keys scattered off their owners for the window (affinity admits a
+// ramping owner at its factor). A joiner's start, max(now, 1), read so
+// too, and its ramp began at the next pick rather than when it joined.
+func TestOnlyJoinersSlowStartOnAClockFromTheZeroTime(t *testing.T) {
+	clock := testutil.NewClock()
+	clock.Set(time.Time{})
+	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1), Scorers: constantScorers()})
+	require.NoError(t, b.Update(endpoints(3)))
+	spread(t, b, &inferlb.Request{}, 30)
+	for _, s := range b.Stats() {
+		assert.Equal(t, 1.0, s.RampFactor, "%s of the initial set does not ramp", s.ID)
+	}
+
+	require.NoError(t, b.Update(endpoints(4))) // the fourth joins a serving Balancer
+	joined := endpoints(4)[3].Key()
+	clock.Advance(balancer.DefaultSlowStartWindow / 2)
+	spread(t, b, &inferlb.Request{}, 30)
+	assert.InDelta(t, 0.5, stat(t, b, joined).RampFactor, 1e-9, "halfway through its ramp from when it joined")
+	for _, ep := range endpoints(3) {
+		assert.Equal(t, 1.0, stat(t, b, ep.Key()).RampFactor, ep.Key())
+	}
+	clock.Advance(balancer.DefaultSlowStartWindow / 2)
+	assert.Equal(t, 1.0, stat(t, b, joined).RampFactor, "at full weight after the window")
+
+	back := endpoints(4)[0].Key()
+	require.True(t, b.SetReady(back, false))
+	require.True(t, b.SetReady(back, true)) // back from an outage
+	clock.Advance(balancer.DefaultSlowStartWindow / 2)
+	spread(t, b, &inferlb.Request{}, 30)
+	assert.InDelta(t, 0.5, stat(t, b, back).RampFactor, 1e-9, "halfway through its ramp from when it came back")
+}
