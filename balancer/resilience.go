@@ -140,7 +140,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 			b.ejectMu.Unlock()
 			e.trips.Add(1)
 			e.trippedAt.Store(nowNs)
-			if s := e.failStreak.Load(); s > 0 {
+			if s := e.failStreak.Load(); s != 0 { // 0: none (a reading before 1970 is below it)
 				// Differences of clock readings: never negative, also
 				// across a clock stepped back between them.
 				ev.Detection = time.Duration(max(nowNs-s, 0))
@@ -427,7 +427,7 @@ func noteStreak(e *endpoint, nowNs int64, failed bool) int64 {
 		}
 		return e.failStreak.Swap(0)
 	}
-	e.failStreak.CompareAndSwap(0, nowNs)
+	e.failStreak.CompareAndSwap(0, nonZero(nowNs))
 	return e.failStreak.Load()
 }
 

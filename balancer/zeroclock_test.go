@@ -80,3 +80,26 @@ func TestOnlyJoinersSlowStartOnAClockFromTheZeroTime(t *testing.T) {
 	spread(t, b, &inferlb.Request{}, 30)
 	assert.InDelta(t, 0.5, stat(t, b, back).RampFactor, 1e-9, "halfway through its ramp from when it came back")
 }
+
+// Detection time on a clock from the zero Time: the start of a failure
+// streak, a reading below zero there, was taken for none (it was tested
+// for > 0), so no trip reported how long it took to see.
+func TestDetectionOnAClockFromTheZeroTime(t *testing.T) {
+	clock := testutil.NewClock()
+	clock.Set(time.Time{})
+	rec := &recorder{}
+	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1), OnEvent: rec.record, OutlierInterval: -1})
+	require.NoError(t, b.Update(endpoints(4)))
+	id := endpoints(4)[0].Key()
+	s, _ := b.Serial(id)
+	for range balancer.DefaultBreakerFailures {
+		p, err := b.PickAt(&inferlb.Request{}, s)
+		require.NoError(t, err)
+		clock.Advance(time.Second)
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	want := time.Duration(balancer.DefaultBreakerFailures-1) * time.Second
+	require.Equal(t, balancer.EventTripped, rec.last().Kind)
+	assert.Equal(t, want, rec.last().Detection, "first failure to exclusion")
+	assert.Equal(t, want, stat(t, b, id).LastDetection)
+}
