@@ -32,7 +32,12 @@ type retryBudget struct {
 	capMicro   int64
 	floor      float64
 	tokens     atomic.Int64 // micro-tokens from traffic
-	floorAt    atomic.Int64 // unix ns up to which floor tokens were spent
+	// Unix ns up to which floor tokens were spent; math.MinInt64 before
+	// the first, not 0: a clock that reads before 1970 (a fake one from
+	// the zero Time) reads below 0, and a mark ahead of the clock is read
+	// as a clock stepped back, which restarts the floor with one retry's
+	// allowance instead of the bank.
+	floorAt atomic.Int64
 }
 
 // oneRetry is what a retry costs, in micro-tokens.
@@ -41,6 +46,7 @@ const oneRetry = 1_000_000
 func newRetryBudget(ratio, floor float64) *retryBudget {
 	rb := &retryBudget{ratioMicro: int64(ratio * oneRetry), floor: floor}
 	rb.capMicro = max(int64(float64(retryCapacityRequests)*ratio*oneRetry), oneRetry)
+	rb.floorAt.Store(math.MinInt64)
 	return rb
 }
 

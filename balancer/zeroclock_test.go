@@ -81,6 +81,31 @@ func TestOnlyJoinersSlowStartOnAClockFromTheZeroTime(t *testing.T) {
 	assert.InDelta(t, 0.5, stat(t, b, back).RampFactor, 1e-9, "halfway through its ramp from when it came back")
 }
 
+// The retry floor's bank on a clock from the zero Time: the mark of
+// floor retries spent starts at 0, which is ahead of such a clock, and
+// read as a clock stepped back it restarted the floor with one retry's
+// allowance instead of the bank's 100.
+func TestRetryFloorBanksOnAClockFromTheZeroTime(t *testing.T) {
+	clock := testutil.NewClock()
+	clock.Set(time.Time{})
+	b := balancer.New(balancer.Options{Clock: clock, RetryRatio: -1, RetryFloor: 10})
+	allowed := 0
+	for range 200 {
+		if b.AllowRetry() {
+			allowed++
+		}
+	}
+	assert.Equal(t, 100, allowed, "the floor's ten seconds banked")
+	clock.Advance(time.Second)
+	allowed = 0
+	for range 50 {
+		if b.AllowRetry() {
+			allowed++
+		}
+	}
+	assert.Equal(t, 10, allowed, "then the floor's 10 a second")
+}
+
 // Detection time on a clock from the zero Time: the start of a failure
 // streak, a reading below zero there, was taken for none (it was tested
 // for > 0), so no trip reported how long it took to see.
