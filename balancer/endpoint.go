@@ -148,6 +148,13 @@ func (e *endpoint) pickCount() uint64 {
 // lists it sets its own bit.
 func newEndpoint(id string, slot *telemetry.Slot) *endpoint {
 	e := &endpoint{id: id}
+	// Never excluded or ejected: before every reading. Not 0, which a
+	// clock that reads before 1970 (a fake one from the zero Time) reads
+	// as ahead of it: the endpoint was out of rotation, and counted as
+	// ejected against MaxEjectedFraction, until a pick's standing count
+	// (see afterStepBack) happened to mend it.
+	e.excludedUntil.Store(math.MinInt64)
+	e.ejectedUntil.Store(math.MinInt64)
 	e.slot.Store(slot)
 	e.groupLoads.Store(new(loadSet)) // in no group until reconcile
 	return e

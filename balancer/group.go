@@ -188,7 +188,7 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 		next.ready++
 		next.readyWeight += g.weights[i]
 		u := e.excludedUntil.Load()
-		if u-nowNs > g.horizon {
+		if u > nowNs && u-nowNs > g.horizon {
 			// A group built after the step did not see it.
 			e.afterStepBack(nowNs, g.horizon)
 			u = e.excludedUntil.Load()

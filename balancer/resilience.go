@@ -175,13 +175,11 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 // A ramp's start, a probe deadline and a recovery of 0 are none, not a
 // time: on a clock that reads before 1970 (a fake one from the zero Time)
 // 0 is far ahead of every reading, and taken for a time set before a step,
-// every endpoint began a ramp (the initial set too) at its first pick. An
-// exclusion or ejection of 0 (the first two), also none, is mended all the
-// same: read by comparison, 0 is a deadline ahead of such a clock, and now
-// is as past as none.
+// every endpoint began a ramp (the initial set too) at its first pick.
+// (No exclusion or ejection is 0: "none" is math.MinInt64, see newEndpoint.)
 func (e *endpoint) afterStepBack(nowNs, horizon int64) {
-	for i, v := range [...]*atomic.Int64{&e.excludedUntil, &e.ejectedUntil, &e.rampFrom, &e.probeDue} {
-		if t := v.Load(); t-nowNs > horizon && (t != 0 || i < 2) {
+	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.ejectedUntil, &e.rampFrom, &e.probeDue} {
+		if t := v.Load(); t != 0 && t > nowNs && t-nowNs > horizon {
 			v.CompareAndSwap(t, nowNs)
 		}
 	}

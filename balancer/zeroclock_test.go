@@ -128,3 +128,32 @@ func TestDetectionOnAClockFromTheZeroTime(t *testing.T) {
 	assert.Equal(t, want, rec.last().Detection, "first failure to exclusion")
 	assert.Equal(t, want, stat(t, b, id).LastDetection)
 }
+
+// An endpoint never ejected is not held out, on a clock from the zero
+// Time too. Its ejection deadline of 0 ("none") is ahead of such a clock,
+// and only a pick's standing count, which skips endpoints that are not
+// ready, mended it to now: until then the endpoint counted as ejected
+// against MaxEjectedFraction, and a fleet with two of four endpoints still
+// connecting refused the breaker of a third its trip.
+func TestNeverEjectedIsNotHeldOutOnAClockFromTheZeroTime(t *testing.T) {
+	clock := testutil.NewClock()
+	clock.Set(time.Time{})
+	rec := &recorder{}
+	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1), OnEvent: rec.record, OutlierInterval: -1})
+	require.NoError(t, b.Update(endpoints(4)))
+	for _, ep := range endpoints(4)[2:] {
+		require.True(t, b.SetReady(ep.Key(), false)) // still connecting
+	}
+	id := endpoints(4)[0].Key()
+	s, _ := b.Serial(id)
+	for range balancer.DefaultBreakerFailures {
+		p, err := b.PickAt(&inferlb.Request{}, s)
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Err: errDown})
+	}
+	assert.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds(), "one of four held out is within the cap")
+	assert.True(t, stat(t, b, id).BreakerOpen)
+	for _, ep := range endpoints(4)[1:] {
+		assert.True(t, stat(t, b, ep.Key()).ExcludedUntil.IsZero(), "%s is not excluded", ep.Key())
+	}
+}
