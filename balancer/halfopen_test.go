@@ -61,8 +61,9 @@ func TestHalfOpenWithoutProbeSlotsIsNotGoodStanding(t *testing.T) {
 	t.Run("most of the fleet", func(t *testing.T) {
 		b, _ := tripThenProbe(t, 4, 3)
 		// One of four good: panic routing spreads. (A panic-routed call
-		// that succeeds on a half-open endpoint closes its breaker, which
-		// ends the panic once two of four are good.)
+		// to a half-open endpoint whose probes are out is no probe: its
+		// success leaves the breaker open, and the panic lasts until the
+		// probes answer; see TestPanicCallsAreNoProbes.)
 		assert.Greater(t, len(spread(t, b, &inferlb.Request{}, 400)), 1, "the survivor takes everything")
 	})
 	t.Run("the whole fleet", func(t *testing.T) {
