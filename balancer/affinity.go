@@ -250,7 +250,7 @@ func (b *Balancer) fasterSpill(req *inferlb.Request, g *group, owner int, w cach
 		if keep >= 1 || keyPosition(c.key) < keep {
 			return -1
 		}
-		if bd := b.withinBound(req, g, j, now, sh); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill && b.admitRamp(g.members[j], c.nowNs) {
+		if bd := b.withinBound(req, g, j, now, sh); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill && b.admitRamp(g.members[j], &c) {
 			return j
 		}
 	}
@@ -394,7 +394,8 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 	var weight float64
 	if sh != nil {
 		var l int64
-		l, weight = sh.share(b.cfg, g, now.UnixNano())
+		st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
+		l, weight = sh.share(b.cfg, g, now.UnixNano(), st.lead(b.cfg, now.UnixNano()))
 		total = float64(l) + 1
 	} else {
 		st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
@@ -501,7 +502,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	// in the walk: at a ramp of f it comes back with probability 2f - f^2.)
 	mem := b.memOf(&c, req.Model)
 	if v, ok := b.sticky.Get(mem); ok {
-		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && b.admitRamp(g.members[i], c.nowNs) {
+		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && b.admitRamp(g.members[i], &c) {
 			if bd := b.withinBound(req, g, i, now, sh); bd.in && bd.pressure < pressureSpill {
 				return i
 			}
@@ -567,7 +568,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		}
 		bd := b.withinBound(req, g, i, now, sh)
 		if rank == 0 && bd.crowded {
-			if b.admitRamp(g.members[i], c.nowNs) {
+			if b.admitRamp(g.members[i], &c) {
 				crowd = i
 			}
 			continue
@@ -588,7 +589,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			// The owner (or, when strict, the first acceptable endpoint).
 			// A ramping endpoint takes its keys only in proportion to its
 			// ramp, or slow start would be bypassed by affinity traffic.
-			if !b.admitRamp(g.members[i], c.nowNs) {
+			if !b.admitRamp(g.members[i], &c) {
 				continue
 			}
 			if bd.pressure >= pressureSpill && home < 0 {
@@ -603,7 +604,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			}
 			return b.goHome(req, g, i, bd.over, afterOwner, c, sh, now) // i is the owner: rank 0
 		}
-		if !b.admitRamp(g.members[i], c.nowNs) {
+		if !b.admitRamp(g.members[i], &c) {
 			// A ramping endpoint takes spills, as its own keys and P2C's
 			// draws, only in proportion to its ramp: idle, it would win
 			// every spill it was a candidate for.

@@ -615,6 +615,9 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	}
 	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff, key: req.AffinityKey}
+	if st.leadFrom != 0 {
+		c.lead = st.lead(b.cfg, nowNs)
+	}
 	if req.Model != "" && b.lackAt.Load() > nowNs {
 		if all := b.lacking(req.Model, g, &c); all && refused {
 			// A first pick goes ahead (the memory may be stale: the
@@ -853,6 +856,8 @@ type cand struct {
 	// mem is key scoped to the request's model, as the sticky table and
 	// the spill memory keep it (memKey); 0 until the pick needs it (memOf).
 	mem uint64
+	// lead is standing.lead when every ready member ramps, else 0 (1).
+	lead float64
 }
 
 func (c *cand) ok(e *endpoint) bool {
@@ -899,7 +904,7 @@ func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
 			continue
 		}
 		if not < 0 {
-			if b.admitRamp(g.members[i], c.nowNs) {
+			if b.admitRamp(g.members[i], &c) {
 				return i
 			}
 			continue
@@ -945,9 +950,15 @@ func (b *Balancer) secondOK(e *endpoint, i int, nowNs int64, base float64, salt 
 
 // admitRamp accepts a ramping endpoint with probability equal to its
 // slow-start factor, which scales its share of candidacies (or of its
-// affinity keys) by that factor, like a weight of w*f.
-func (b *Balancer) admitRamp(e *endpoint, nowNs int64) bool {
-	f := e.rampFactor(b.cfg, nowNs)
+// affinity keys) by that factor, like a weight of w*f. When every ready
+// member ramps (c.lead set), the factor is relative to the one furthest
+// along: members ramping together are admitted at their weights, and an
+// owner keeps its keys, as there is no member at full weight to take more.
+func (b *Balancer) admitRamp(e *endpoint, c *cand) bool {
+	f := e.rampFactor(b.cfg, c.nowNs)
+	if c.lead > 0 {
+		f /= c.lead
+	}
 	return f >= 1 || float64(b.rand()>>11)/(1<<53) < f
 }
 

@@ -190,7 +190,12 @@ func (e *endpoint) usable(bit uint64, nowNs int64, panicking bool) bool {
 
 // rampFactor is the slow-start fraction of weight at now, in (0, 1].
 func (e *endpoint) rampFactor(c *config, nowNs int64) float64 {
-	from := e.rampFrom.Load()
+	return c.rampAt(e.rampFrom.Load(), nowNs)
+}
+
+// rampAt is the slow-start factor at nowNs of a ramp that started at from
+// (0: none).
+func (c *config) rampAt(from, nowNs int64) float64 {
 	if from == 0 || c.slowStart <= 0 {
 		return 1
 	}

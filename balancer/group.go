@@ -64,6 +64,24 @@ type standing struct {
 	// takes calls at less than its weight, and the bound shares the load
 	// at the weights the fleet view sums (see fleetView).
 	ramping bool
+	// leadFrom is, when every ready member is ramping (a whole new set in
+	// a serving pool, every connection back after an outage), the ramp
+	// start of the one furthest along; 0 otherwise. Slow start is relative
+	// to it (lead): ramping together, members take calls and keys at their
+	// weights, as a fleet at full weight does. Absolute, an owner at 0.1
+	// kept a tenth of its keys, scattering the rest to caches that had
+	// none of them, while no member had more room to offer.
+	leadFrom int64
+}
+
+// lead is the slow-start factor at nowNs of the member furthest along the
+// ramp when every ready member ramps, or 1: slow start admits a member at
+// its factor over this (see admitRamp).
+func (s *standing) lead(c *config, nowNs int64) float64 {
+	if s.leadFrom == 0 {
+		return 1
+	}
+	return c.rampAt(s.leadFrom, nowNs)
 }
 
 // usableWeight is the weight the group's load is shared among: its members
@@ -174,6 +192,7 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 	}
 	stepped := s != nil && nowNs < s.at-g.horizon
 	next := &standing{epoch: epoch, at: nowNs, until: math.MaxInt64}
+	allRamp := true // every ready member ramping so far
 	for i, e := range g.members {
 		if stepped {
 			e.afterStepBack(nowNs, g.horizon)
@@ -183,7 +202,12 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 		}
 		if end, ok := e.rampEnd(c, nowNs); ok {
 			next.ramping = true
-			next.until = min(next.until, end)
+			next.until = min(next.until, end) // the lead's ends first
+			if from := e.rampFrom.Load(); allRamp && (next.leadFrom == 0 || from < next.leadFrom) {
+				next.leadFrom = from
+			}
+		} else {
+			allRamp = false
 		}
 		next.ready++
 		next.readyWeight += g.weights[i]
@@ -201,6 +225,9 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 		} else if d := e.probeDue.Load(); d > nowNs {
 			next.until = min(next.until, d) // its probes are overdue then
 		}
+	}
+	if !allRamp {
+		next.leadFrom = 0
 	}
 	g.standing.CompareAndSwap(s, next)
 	return next
@@ -239,8 +266,9 @@ func probesOverdue(e *endpoint, nowNs int64) bool {
 //     report, see readingDelta) or the caller's own calls on it, whichever
 //     is more. NaN when one of those members has no fresh Running and
 //     Waiting: the bound then counts the caller's own calls.
-//   - weight: each one's capacity weight times its slow-start factor, the
-//     weight it takes calls at (see admitRamp).
+//   - weight: each one's capacity weight times its slow-start factor
+//     (relative to the lead's when every member ramps, standing.lead),
+//     the weight it takes calls at (see admitRamp).
 //   - aside: the caller's calls in flight on the other members (out of
 //     rotation), which the group's load counter includes but the members
 //     in rotation do not share.
@@ -318,6 +346,7 @@ func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 	nowNs := now.UnixNano()
 	onlyGood := st.goodWeight > 0
+	lead := st.lead(c, nowNs) // the factors are relative to it, as admitted
 	var s telemetry.Sample
 	v := fleetSum{ok: true}
 	for i, e := range g.members {
@@ -325,7 +354,7 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 			v.aside += max(e.inFlight.Load(), 0)
 			continue
 		}
-		v.weight += g.weights[i] * e.rampFactor(c, nowNs)
+		v.weight += g.weights[i] * min(e.rampFactor(c, nowNs)/lead, 1)
 		if !v.ok {
 			continue // the report is incomplete: only aside and weight are still to sum
 		}

@@ -134,7 +134,10 @@ type Options struct {
 	NotServedMemory time.Duration
 	// SlowStartWindow is how long an endpoint that joins an already-serving
 	// balancer (or recovers) takes to ramp to its full weight. Default 30s;
-	// negative disables slow start.
+	// negative disables slow start. When every ready endpoint is ramping
+	// (a whole new set, every connection back after an outage), each ramps
+	// relative to the one furthest along: with none at full weight to take
+	// more, keys stay with their owners and calls go by weight.
 	SlowStartWindow time.Duration
 	// SlowStartMinWeight is the fraction of weight a ramping endpoint starts
 	// from. Default 0.1 (Envoy's min_weight_percent of 10%).

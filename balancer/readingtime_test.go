@@ -199,7 +199,8 @@ func TestSentSinceCountsFromTheFreshReading(t *testing.T) {
 	}
 	held = held[:0]
 	clock.Advance(balancer.DefaultTelemetryMaxAge + 10*time.Second) // no scrape since: Running is stale
-	for _, ep := range eps {                                        // a load header: the queue only
+	// A load header: the queue only.
+	for _, ep := range eps {
 		s := telemetry.Sample{Time: clock.Now()}
 		s.Set(telemetry.Waiting, 10)
 		b.Publish(ep.Addr, s)

@@ -27,17 +27,17 @@ type shard struct {
 // share returns the capacity weight of the shard's members the load is
 // shared among, those in good standing or, when none is, the ready ones (as
 // group.eligibility counts them), or all, each at the weight it takes calls
-// at (times its slow-start factor), and the in-flight calls on those
-// members (calls on members out of rotation are not theirs to share). The
-// first call of a pick reads them; the pick changes no load before it
-// acquires.
-func (s *shard) share(c *config, g *group, nowNs int64) (load int64, weight float64) {
+// at (times its slow-start factor, relative to lead, see standing.lead),
+// and the in-flight calls on those members (calls on members out of
+// rotation are not theirs to share). The first call of a pick reads them;
+// the pick changes no load before it acquires.
+func (s *shard) share(c *config, g *group, nowNs int64, lead float64) (load int64, weight float64) {
 	if !s.shared {
 		var good, ready, all float64
 		var goodLoad, readyLoad, allLoad int64
 		for _, m := range s.members[:s.n] {
 			e := g.members[m]
-			w := g.weights[m] * e.rampFactor(c, nowNs)
+			w := g.weights[m] * min(e.rampFactor(c, nowNs)/lead, 1)
 			l := max(e.inFlight.Load(), 0)
 			all += w
 			allLoad += l

@@ -1,0 +1,56 @@
+package balancer_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// Slow start is relative to the member furthest along when every member
+// ramps: a serving pool whose whole set is replaced (a blue/green switch,
+// every address new from discovery) or whose connections all come back
+// after an outage has no member at full weight to take more. Admitted at
+// their absolute factor, owners at 0.1 kept 15% of their keys in the
+// first seconds (48% at half the window), scattering the rest over caches
+// that had none of them, and the load bound, dividing by the ramped
+// weights, gave each owner ten fair shares.
+func TestKeysStayWithOwnersWhenEveryMemberRamps(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(41)})
+	fresh := make([]inferlb.Endpoint, 8)
+	for i := range fresh {
+		fresh[i] = inferlb.Endpoint{Addr: fmt.Sprintf("10.9.0.%d:8000", i+1)}
+	}
+	require.NoError(t, b.Update(fresh)) // a serving pool: every one ramps
+	require.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, fresh[0].Addr).RampFactor, 1e-9)
+	plain := balancer.New(balancer.Options{AffinitySeed: seed, MinKeyReuse: -1, Rand: testutil.NewRand(41)})
+	require.NoError(t, plain.Update(fresh))
+
+	const keys = 200
+	start := clock.Now()
+	for _, at := range []time.Duration{0, 5 * time.Second, 15 * time.Second} {
+		clock.Set(start.Add(at))
+		kept := 0
+		for k := uint64(1); k <= keys; k++ {
+			key := k * 0x9e3779b97f4a7c15
+			if owner(t, b, key) == owner(t, plain, key) {
+				kept++
+			}
+		}
+		assert.Equal(t, keys, kept, "at %v: keys at their owner", at)
+	}
+
+	// The bound is the fleet's: an owner takes what it would at full weight.
+	key := uint64(0x5bd1e9955bd1e995)
+	home := owner(t, plain, key)
+	want := ownerTakes(t, plain, key, home, 40)
+	assert.Less(t, want, int64(40), "the bound spills some of 40 calls")
+	assert.InDelta(t, want, ownerTakes(t, b, key, home, 40), 1, "the owner's bound while every member ramps")
+}
