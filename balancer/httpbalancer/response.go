@@ -332,7 +332,7 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		}
 		c.t.b.Publish(c.pick.ID(), s)
 	}
-	if resp.Body == nil || resp.Body == http.NoBody || resp.StatusCode == http.StatusSwitchingProtocols {
+	if resp.Body == nil || resp.Body == http.NoBody || bodiless(c.out.Method, resp.StatusCode) {
 		// Nothing to wait for; an upgraded connection is not an inference call.
 		c.finish(nil)
 		return resp, nil
@@ -372,6 +372,18 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	}
 	resp.Body = c
 	return resp, nil
+}
+
+// bodiless reports whether a response to a request of method with status
+// code has no body, whatever Base made its Body: the answer to a HEAD, a
+// 204 or 304, an upgrade (101). net/http's HTTP/1 transport gives these
+// http.NoBody, but its HTTP/2 transport an empty body of its own, and a
+// caller that does not close the body of a HEAD or a 204 (net/http holds
+// nothing open for it) would leave the call in flight on its endpoint for
+// good.
+func bodiless(method string, code int) bool {
+	return method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified ||
+		code == http.StatusSwitchingProtocols
 }
 
 // headersLatency reports whether the latency a service's endpoints are
