@@ -171,15 +171,22 @@ const MaxRequests = 1 << 20
 // MaxRequests are rejected (the field stays absent) so a bad exposition can
 // never poison a score; Set reports whether v was kept.
 func (s *Sample) Set(f Field, v float64) bool {
-	if int(f) >= NumFields || math.IsNaN(v) || math.IsInf(v, 0) {
-		return false
-	}
-	if (f == Running || f == Waiting) && v > MaxRequests {
+	if int(f) >= NumFields || !admissible(f, v) {
 		return false
 	}
 	s.Values[f] = v
 	s.Has |= 1 << f
 	return true
+}
+
+// admissible reports whether Set keeps v for f, a known field: a finite
+// value, and for Running and Waiting at most MaxRequests. A Store applies
+// the same test to the Values a Sample was handed by hand.
+func admissible(f Field, v float64) bool {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return false
+	}
+	return f != Running && f != Waiting || v <= MaxRequests
 }
 
 // Get returns f's value and whether it is present.

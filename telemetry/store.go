@@ -283,8 +283,9 @@ func (st *Store) PublishKnown(id string, s Sample) {
 	}
 }
 
-// usable reports whether s has a time and at least one finite value of a
-// known field. Sample.Set admits only those, but Values and Has are
+// usable reports whether s has a time and at least one value of a known
+// field that Sample.Set would keep (finite; a Running or Waiting count at
+// most MaxRequests). Set admits only those, but Values and Has are
 // exported, so a Sink can be handed anything. The time must be after the
 // Unix epoch and within int64 nanoseconds (before 2262): the Store keeps
 // times as Unix nanoseconds, and UnixNano of a time outside them wraps to
@@ -296,7 +297,7 @@ func (s *Sample) usable() bool {
 		return false
 	}
 	for f := range NumFields {
-		if s.Has.Has(Field(f)) && finite(s.Values[f]) {
+		if s.Has.Has(Field(f)) && admissible(Field(f), s.Values[f]) {
 			return true
 		}
 	}
@@ -308,8 +309,6 @@ var (
 	unixEpoch   = time.Unix(0, 0)
 	maxNanoTime = time.Unix(0, math.MaxInt64)
 )
-
-func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // Latest returns id's merged sample with fields older than maxAge at now,
 // or more than maxAge ahead of it (see Slot.LoadInto), removed (maxAge <= 0
@@ -337,7 +336,7 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 	changed := false
 	now, read := int64(0), false
 	for f := range NumFields {
-		if !s.Has.Has(Field(f)) || !finite(s.Values[f]) {
+		if !s.Has.Has(Field(f)) || !admissible(Field(f), s.Values[f]) {
 			continue
 		}
 		if held := next.times[f]; next.s.Has.Has(Field(f)) && held > t {

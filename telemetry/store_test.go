@@ -198,6 +198,28 @@ func TestStoreDropsNonFiniteValues(t *testing.T) {
 	assert.Equal(t, telemetry.StoreStats{Accepted: 1, DroppedEmpty: 2}, st.Stats())
 }
 
+// Sample.Set drops a Running or Waiting count above MaxRequests (a counter
+// read as a gauge), but Values and Has are exported: a Sink handed one by
+// hand kept it, and the LLM scorer priced its endpoint out of rotation for
+// as long as the reading stayed fresh.
+func TestStoreDropsCountsAboveMaxRequests(t *testing.T) {
+	var st telemetry.Store
+	s := telemetry.Sample{Time: t0, Has: 1<<telemetry.Running | 1<<telemetry.Waiting | 1<<telemetry.KVCacheUsage}
+	s.Values[telemetry.Running] = 1e15
+	s.Values[telemetry.Waiting] = telemetry.MaxRequests
+	s.Values[telemetry.KVCacheUsage] = 0.5
+	st.Publish("a", s)
+	got, ok := st.Latest("a", t0, 0)
+	require.True(t, ok)
+	assert.Equal(t, telemetry.FieldSet(1<<telemetry.Waiting|1<<telemetry.KVCacheUsage), got.Has, "the broken count is dropped, MaxRequests itself kept")
+
+	s.Has = 1<<telemetry.Running | 1<<telemetry.Waiting // nothing plausible left
+	s.Values[telemetry.Waiting] = telemetry.MaxRequests + 1
+	st.Publish("a", s)
+	st.PublishKnown("a", s)
+	assert.Equal(t, telemetry.StoreStats{Accepted: 1, DroppedEmpty: 2}, st.Stats(), "a sample with nothing else is malformed")
+}
+
 // LoadInto's Time is the oldest kept field's, with or without maxAge.
 func TestLoadIntoTimeIsTheOldestField(t *testing.T) {
 	var st telemetry.Store
