@@ -375,7 +375,16 @@ func (x *extractor) sum(f telemetry.Field, ms []*dto.Metric) {
 		for _, v := range vs {
 			total += v
 		}
-		x.s.Set(f, total)
+		x.setSum(f, total)
+	}
+}
+
+// setSum sets f to total, a sum of valid counts, or drops it and counts it
+// when the sum is out of f's range (counts that add up past
+// telemetry.MaxRequests), which Sample.Set would refuse with nothing said.
+func (x *extractor) setSum(f telemetry.Field, total float64) {
+	if !valid(f, total) || !x.s.Set(f, total) {
+		x.drop(f, total)
 	}
 }
 
@@ -385,7 +394,7 @@ func (x *extractor) sum(f telemetry.Field, ms []*dto.Metric) {
 // sample at slightly different times).
 func (x *extractor) sumOverGroups(f telemetry.Field, ms []*dto.Metric, replicas ...string) {
 	if total, ok := x.groupTotal(f, ms, replicas); ok {
-		x.s.Set(f, total)
+		x.setSum(f, total)
 	}
 }
 
@@ -400,7 +409,7 @@ func (x *extractor) sumOverGroupsOf(f telemetry.Field, replicas []string, first 
 		total += t
 	}
 	if ok {
-		x.s.Set(f, total)
+		x.setSum(f, total)
 	}
 }
 

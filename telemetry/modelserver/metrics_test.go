@@ -384,3 +384,21 @@ func TestParseErrorWhenEveryLoadValueIsDropped(t *testing.T) {
 		})
 	}
 }
+
+// Counts that each pass but add up past telemetry.MaxRequests (a broken
+// exporter's engines, each a counter read as a gauge) are no count: the
+// field is dropped and counted, as one such value is, not left out with
+// nothing said (Sample.Set refuses the sum).
+func TestParseCountsASumAboveMaxRequestsAsDropped(t *testing.T) {
+	for _, in := range []string{
+		"vllm:num_requests_running{engine=\"0\"} 600000\nvllm:num_requests_running{engine=\"1\"} 600000\nvllm:num_requests_waiting 3\n",
+		"sglang:num_running_reqs 3\nsglang:num_queue_reqs 600000\nsglang:num_decode_transfer_queue_reqs 600000\n",
+		"trtllm_num_requests_running{a=\"1\"} 600000\ntrtllm_num_requests_running{a=\"2\"} 600000\ntrtllm_num_requests_waiting 3\n",
+	} {
+		res, err := modelserver.Parse(strings.NewReader(in))
+		require.ErrorIs(t, err, telemetry.ErrPartial, in)
+		assert.Contains(t, err.Error(), "1 values dropped", in)
+		assert.Contains(t, err.Error(), "=1.2e+06", in)
+		assert.Len(t, fields(res.Sample), 1, "%s: the plausible count is kept", in)
+	}
+}
