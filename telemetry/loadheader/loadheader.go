@@ -82,6 +82,7 @@ func Parse(value string) (telemetry.Sample, error) {
 func parseLoadText(s string) (telemetry.Sample, error) {
 	var out telemetry.Sample
 	var seen telemetry.FieldSet // fields set by this header: a repeat is another engine's
+	var over telemetry.FieldSet // counts whose engines' sum passed telemetry.MaxRequests
 	bad := 0
 	var firstBad string
 	for s != "" {
@@ -111,6 +112,9 @@ func parseLoadText(s string) (telemetry.Sample, error) {
 			}
 			continue
 		}
+		if over.Has(f) {
+			continue // no count: see below
+		}
 		if seen.Has(f) {
 			// vLLM reports one gauge per engine (data parallelism), each
 			// under the same key: requests add up, and the fullest cache
@@ -122,7 +126,18 @@ func parseLoadText(s string) (telemetry.Sample, error) {
 				v = max(v, cur)
 			}
 		}
-		out.Set(f, v)
+		if !out.Set(f, v) {
+			// The engines' counts add up past telemetry.MaxRequests,
+			// which Set refuses: no count, rather than the engines
+			// before this one's alone.
+			out.Has &^= 1 << f
+			over |= 1 << f
+			bad++
+			if firstBad == "" {
+				firstBad = pair
+			}
+			continue
+		}
 		seen |= 1 << f
 	}
 	return loadResult(out, bad, firstBad)

@@ -115,6 +115,15 @@ func TestParse(t *testing.T) {
 			partial: true,
 		},
 		{
+			// Each engine's count passes, their sum does not: no count,
+			// counted, rather than the first engine's alone with
+			// nothing said (Sample.Set refuses the sum).
+			name:    "engines' counts that add up past MaxRequests are rejected",
+			value:   "TEXT named_metrics.num_requests_running=600000, named_metrics.num_requests_running=600000, named_metrics.num_requests_running=5, named_metrics.num_requests_waiting=2",
+			want:    map[string]float64{"waiting": 2},
+			partial: true,
+		},
+		{
 			name:    "json with an out-of-range value",
 			value:   `JSON {"named_metrics": {"kv_cache_usage_perc": 1.5, "num_requests_waiting": 1}}`,
 			want:    map[string]float64{"waiting": 1},
