@@ -257,7 +257,9 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 				return inferlb.Outcome{Err: di.Err, Overloaded: true}
 			}
 			if di.BytesReceived && (strings.HasPrefix(msg, msgHTTP429) || shed.In(msg)) {
-				return inferlb.Outcome{Err: di.Err, Overloaded: true}
+				// A pushback in the trailer says for how long (none
+				// from a proxy's 429: it sent no gRPC trailer).
+				return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
 			}
 		}
 		if di.BytesReceived && hasPushback(di.Trailer) {

@@ -429,6 +429,9 @@ func TestOutcome(t *testing.T) {
 			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "-1"), BytesSent: true, BytesReceived: true}, true, false, true, 0},
 		{"unavailable with retry-after", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "x"),
 			Trailer: metadata.Pairs("retry-after", "2"), BytesSent: true, BytesReceived: true}, true, false, true, 2 * time.Second},
+		// A shed text with a pushback: the server said for how long.
+		{"Triton's queue full with a pushback", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "Exceeds maximum queue size"),
+			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "1500"), BytesSent: true, BytesReceived: true}, true, false, true, 1500 * time.Millisecond},
 		{"unavailable with another trailer", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "x"),
 			Trailer: metadata.Pairs("x-other", "1"), BytesSent: true, BytesReceived: true}, true, false, false, 0},
 		{"HTTP 503 from a proxy", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "unexpected HTTP status code received from server: 503 (Service Unavailable)"), BytesSent: true, BytesReceived: true}, true, false, false, 0},
