@@ -293,6 +293,9 @@ func (s *Source) Validate() error {
 			return fmt.Errorf("promapi: Source.Timestamps[%v] is empty", f)
 		case qs[f] == "":
 			return fmt.Errorf("promapi: Source.Timestamps[%v] stamps a field with no query in Source.Queries", f)
+		case s.EndpointLabel != "" && s.EndpointLabel != DefaultEndpointLabel && s.Timestamps[f] == DefaultTimestamps()[f]:
+			// Every series of it would be skipped, every round.
+			return fmt.Errorf("promapi: Source.Timestamps[%v] is DefaultTimestamps', which keeps only %q, but Source.EndpointLabel is %q: give one that keeps %q", f, DefaultEndpointLabel, s.EndpointLabel, s.EndpointLabel)
 		}
 	}
 	return nil

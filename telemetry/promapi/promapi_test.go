@@ -183,6 +183,11 @@ func TestCollectConfigErrors(t *testing.T) {
 	assert.ErrorContains(t, err, `promapi: Source.EndpointLabel is "pod", but DefaultQueries`)
 	assert.NoError(t, (&promapi.Source{URL: "http://x", EndpointLabel: "pod", Queries: map[telemetry.Field]string{telemetry.Waiting: "sum by (pod) (q)"}}).Validate())
 	assert.NoError(t, (&promapi.Source{URL: "http://x", EndpointLabel: "instance"}).Validate())
+	// Nor do DefaultTimestamps, which the doc offers for custom queries.
+	assert.ErrorContains(t, (&promapi.Source{URL: "http://x", EndpointLabel: "pod",
+		Queries:    map[telemetry.Field]string{telemetry.Waiting: "sum by (pod) (q)"},
+		Timestamps: map[telemetry.Field]string{telemetry.Waiting: promapi.DefaultTimestamps()[telemetry.Waiting]}}).Validate(),
+		`promapi: Source.Timestamps[waiting] is DefaultTimestamps', which keeps only "instance", but Source.EndpointLabel is "pod"`)
 
 	// A URL Go cannot parse fails every round: NewPoller says so, naming
 	// the field, and neither error quotes the URL's password (url.Parse's
