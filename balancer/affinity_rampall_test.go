@@ -54,3 +54,56 @@ func TestKeysStayWithOwnersWhenEveryMemberRamps(t *testing.T) {
 	assert.Less(t, want, int64(40), "the bound spills some of 40 calls")
 	assert.InDelta(t, want, ownerTakes(t, b, key, home, 40), 1, "the owner's bound while every member ramps")
 }
+
+// A member at full weight that takes no calls (cooling down after an
+// overload) leaves the others ramping together: relative to the lead, as
+// when it is not there. Its return ends that (the others ramp as joiners
+// again), which the cached standing notices at the cooldown's end.
+func TestKeysStayWithOwnersWhenTheMemberAtFullWeightIsExcluded(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 1, balancer.Options{Clock: clock, Rand: testutil.NewRand(43)})
+	warm := endpoints(1)[0]
+	all := []inferlb.Endpoint{warm}
+	for i := range 8 {
+		all = append(all, inferlb.Endpoint{Addr: fmt.Sprintf("10.9.0.%d:8000", i+1)})
+	}
+	require.NoError(t, b.Update(all)) // eight join the warm one: they ramp
+	serial, ok := b.Serial(warm.Addr)
+	require.True(t, ok)
+	p, err := b.PickAt(&inferlb.Request{}, serial)
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{Overloaded: true, RetryAfter: 20 * time.Second})
+	require.NotZero(t, stat(t, b, warm.Addr).ExcludedUntil)
+
+	plain := balancer.New(balancer.Options{AffinitySeed: seed, MinKeyReuse: -1, Rand: testutil.NewRand(43)})
+	require.NoError(t, plain.Update(all))
+	const keys = 200
+	kept, counted := 0, 0
+	for k := uint64(1); counted < keys; k++ {
+		key := k * 0x9e3779b97f4a7c15
+		home := owner(t, plain, key)
+		if home == warm.Addr {
+			continue // its keys go elsewhere while it cools down
+		}
+		counted++
+		if owner(t, b, key) == home {
+			kept++
+		}
+	}
+	assert.Equal(t, keys, kept, "keys at their owner while the member at full weight is excluded")
+
+	clock.Advance(21 * time.Second) // back: the rest ramp as joiners of a serving member again
+	kept, counted = 0, 0
+	for k := uint64(1); counted < keys; k++ {
+		key := k * 0x9e3779b97f4a7c15
+		home := owner(t, plain, key)
+		if home == warm.Addr {
+			continue
+		}
+		counted++
+		if owner(t, b, key) == home {
+			kept++
+		}
+	}
+	assert.Less(t, kept, keys*9/10, "joiners at 0.8 of their ramp keep only part of their keys")
+}

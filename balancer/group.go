@@ -64,9 +64,10 @@ type standing struct {
 	// takes calls at less than its weight, and the bound shares the load
 	// at the weights the fleet view sums (see fleetView).
 	ramping bool
-	// leadFrom is, when every ready member is ramping (a whole new set in
-	// a serving pool, every connection back after an outage), the ramp
-	// start of the one furthest along; 0 otherwise. Slow start is relative
+	// leadFrom is, when every member taking calls (in good standing, or
+	// ready when none is) is ramping (a whole new set in a serving pool,
+	// every connection back after an outage), the ramp start of the one
+	// furthest along; 0 otherwise. Slow start is relative
 	// to it (lead): ramping together, members take calls and keys at their
 	// weights, as a fleet at full weight does. Absolute, an owner at 0.1
 	// kept a tenth of its keys, scattering the rest to caches that had
@@ -192,7 +193,11 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 	}
 	stepped := s != nil && nowNs < s.at-g.horizon
 	next := &standing{epoch: epoch, at: nowNs, until: math.MaxInt64}
-	allRamp := true // every ready member ramping so far
+	// The lead among the members that take calls: those in good standing
+	// or, when none is (panic routing), the ready ones. A member at full
+	// weight that is excluded takes none, so it does not end the relative
+	// ramp of the rest; its return (until) recomputes this.
+	var good, ready leadOf
 	for i, e := range g.members {
 		if stepped {
 			e.afterStepBack(nowNs, g.horizon)
@@ -200,15 +205,12 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 		if e.readyMask.Load()&g.bit == 0 {
 			continue
 		}
-		if end, ok := e.rampEnd(c, nowNs); ok {
+		end, ramps := e.rampEnd(c, nowNs)
+		if ramps {
 			next.ramping = true
 			next.until = min(next.until, end) // the lead's ends first
-			if from := e.rampFrom.Load(); allRamp && (next.leadFrom == 0 || from < next.leadFrom) {
-				next.leadFrom = from
-			}
-		} else {
-			allRamp = false
 		}
+		ready.add(ramps, e)
 		next.ready++
 		next.readyWeight += g.weights[i]
 		u := e.excludedUntil.Load()
@@ -222,15 +224,45 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 		} else if inGoodStanding(e, nowNs) {
 			next.good++
 			next.goodWeight += g.weights[i]
+			good.add(ramps, e)
 		} else if d := e.probeDue.Load(); d > nowNs {
 			next.until = min(next.until, d) // its probes are overdue then
 		}
 	}
-	if !allRamp {
-		next.leadFrom = 0
+	if next.good > 0 {
+		next.leadFrom = good.from()
+	} else {
+		next.leadFrom = ready.from()
 	}
 	g.standing.CompareAndSwap(s, next)
 	return next
+}
+
+// leadOf finds standing.leadFrom over a set of members: the earliest ramp
+// start when every one of them ramps.
+type leadOf struct {
+	start   int64 // earliest ramp start so far; 0 for none
+	atFull  bool  // a member is not ramping
+	members bool
+}
+
+func (l *leadOf) add(ramps bool, e *endpoint) {
+	l.members = true
+	if !ramps {
+		l.atFull = true
+		return
+	}
+	if from := e.rampFrom.Load(); l.start == 0 || from < l.start {
+		l.start = from
+	}
+}
+
+// from is standing.leadFrom for the set: 0 unless every member ramps.
+func (l *leadOf) from() int64 {
+	if l.atFull || !l.members {
+		return 0
+	}
+	return l.start
 }
 
 // inGoodStanding reports whether a member that is ready and not excluded
