@@ -132,7 +132,8 @@ var (
 // first turns alone exceed the peek; then the message the peek ends in
 // counts with what the peek holds of it (a document's first Depth
 // characters, as whole; a photo's data URL up to the cut, the same in every
-// turn of its conversation). When such a body is held in memory (r.Body is an
+// turn of its conversation), and so does a prompt or string input the peek
+// ends in. When such a body is held in memory (r.Body is an
 // io.NopCloser over a bytes.Reader, strings.Reader or bytes.Buffer, as
 // http.NewRequest and the Transport's copy from GetBody make it), its
 // top-level model, stream, output bound, prompt_cache_key, conversation,

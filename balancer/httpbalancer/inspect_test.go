@@ -387,6 +387,47 @@ func TestInspectKeysAFirstTurnCutByThePeek(t *testing.T) {
 	assert.NotEqual(t, keyOf(a), keyOf(b))
 }
 
+// TestInspectKeysAPromptCutByThePeek: a prompt (completions, SGLang's
+// text) or a Responses API string input longer than the peek keys on what
+// the peek holds of it, as a chat message does: its first Depth
+// characters, as whole. It keyed nothing: a completions prompt had no
+// affinity, and every Responses call of an application with such an input
+// got the key of its instructions alone, all on one endpoint, and another
+// than its follow-up turns (which resend the input as an item) went to.
+func TestInspectKeysAPromptCutByThePeek(t *testing.T) {
+	const peek = 1 << 20
+	keyOf := func(path, body string, cut bool) uint64 {
+		r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+path, strings.NewReader(body))
+		var info httpbalancer.Info
+		b := []byte(body)
+		if cut {
+			b = b[:peek]
+		}
+		(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, b, !cut, &info)
+		return info.AffinityKey
+	}
+	long := func(text string) string { return strings.Repeat(text, 2<<20/len(text)) }
+	a, b := long("Call me Ishmael. "), long("It was a dark and stormy night.\\n")
+	for _, c := range []struct{ path, body string }{
+		{"/v1/completions", `{"prompt":"%s","model":"m","max_tokens":5}`},
+		{"/v1/completions", `{"prompt":["%s"],"model":"m","max_tokens":5}`},
+		{"/generate", `{"text":"%s","sampling_params":{"max_new_tokens":5}}`},
+		{"/v1/responses", `{"input":"%s","instructions":"Summarize.","model":"m"}`},
+	} {
+		bodyA, bodyB := fmt.Sprintf(c.body, a), fmt.Sprintf(c.body, b)
+		keyA := keyOf(c.path, bodyA, true)
+		assert.NotZero(t, keyA, c.body)
+		assert.Equal(t, keyOf(c.path, bodyA, false), keyA, "%s: cut and whole", c.body)
+		assert.Equal(t, keyOf(c.path, bodyB, false), keyOf(c.path, bodyB, true), "%s: cut and whole", c.body)
+		assert.NotEqual(t, keyA, keyOf(c.path, bodyB, true), "%s: two documents", c.body)
+	}
+	// The next turn resends the input as an item: the conversation keeps
+	// its key.
+	turn2 := `{"input":[{"role":"user","content":"` + a + `"},{"role":"assistant","content":"A whale."},{"role":"user","content":"Whose?"}],"instructions":"Summarize.","model":"m"}`
+	assert.Equal(t, keyOf("/v1/responses", `{"input":"`+a+`","instructions":"Summarize.","model":"m"}`, true),
+		keyOf("/v1/responses", turn2, true))
+}
+
 // TestInspectKeysASystemPastThePeek: the Anthropic SDKs write a Messages
 // API body's "system" after its "messages", and openai-python a Responses
 // API body's "instructions" after its "input" (both in their arguments'

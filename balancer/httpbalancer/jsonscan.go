@@ -823,8 +823,10 @@ func (s *scanner) promptValue(out *body) bool {
 	switch s.peek() {
 	case '"':
 		out.listed = 1
+		start := s.i + 1
 		raw, esc, ok := s.str()
 		if !ok {
+			out.cutPrompt(s.b[start:])
 			return false
 		}
 		out.chars += len(raw)
@@ -956,16 +958,19 @@ func (s *scanner) promptElem(out *body) bool {
 	switch s.peek() {
 	case '"':
 		out.listed++
+		start := s.i + 1
 		raw, esc, ok := s.str()
-		if ok {
-			out.chars += len(raw)
-			if out.keyed && !out.hasText {
-				// A batch of prompts: key on the first, which is
-				// where a shared prefix would be.
-				out.prompt, out.hasText = view(raw, esc), true
-			}
+		if !ok {
+			out.cutPrompt(s.b[start:])
+			return false
 		}
-		return ok
+		out.chars += len(raw)
+		if out.keyed && !out.hasText {
+			// A batch of prompts: key on the first, which is
+			// where a shared prefix would be.
+			out.prompt, out.hasText = view(raw, esc), true
+		}
+		return true
 	case '{':
 		return s.message(out)
 	case '[': // a batch of token-ID lists
@@ -1184,8 +1189,15 @@ func (s *scanner) text(out *body) bool {
 // as it is whole, and the turns of one conversation alike, as their bodies
 // agree up to the cut. An escape the peek cuts in two is left out.
 func (out *body) addCut(raw []byte) {
+	out.addPart(cutString(raw))
+}
+
+// cutString returns what a key reads of a string the peek ends in (raw
+// runs to the end of the peek): at most MaxKeyChars bytes, less an escape
+// the peek cut in two, and whether that has escapes.
+func cutString(raw []byte) (_ []byte, esc bool) {
 	raw = raw[:min(len(raw), cache.MaxKeyChars)]
-	esc := bytes.IndexByte(raw, '\\') >= 0
+	esc = bytes.IndexByte(raw, '\\') >= 0
 	if esc {
 		i := bytes.LastIndexByte(raw, '\\')
 		j := i // the run of backslashes that ends at i starts at j
@@ -1196,7 +1208,21 @@ func (out *body) addCut(raw []byte) {
 			raw = raw[:i] // raw[i] opens an escape that the peek cut
 		}
 	}
-	out.addPart(raw, esc)
+	return raw, esc
+}
+
+// cutPrompt keys on a prompt string the peek ends in (raw runs to the end
+// of the peek) with what the peek holds of it, as a message the peek ends
+// in counts with its text (addCut): a prompt or input longer than the peek
+// (a pasted document) keys on its first Depth characters, as whole. An
+// empty cut says nothing of the prompt and keys nothing.
+func (out *body) cutPrompt(raw []byte) {
+	if !out.keyed || out.hasText {
+		return
+	}
+	if raw, esc := cutString(raw); len(raw) > 0 {
+		out.prompt, out.hasText = view(raw, esc), true
+	}
 }
 
 // image reads an image part's image_url, a URL string (Responses API) or

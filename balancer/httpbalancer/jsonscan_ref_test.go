@@ -478,8 +478,10 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 func (s *refScanner) promptValue(out *refBody) (int, bool) {
 	switch s.peek() {
 	case '"':
+		start := s.i + 1
 		raw, quoted, esc, ok := s.str()
 		if !ok {
+			out.cutPrompt(s.b[start:])
 			return 1, false
 		}
 		out.chars += len(raw)
@@ -495,7 +497,11 @@ func (s *refScanner) promptValue(out *refBody) (int, bool) {
 			}
 			switch s.peek() {
 			case '"':
+				start := s.i + 1
 				raw, quoted, esc, ok := s.str()
+				if !ok {
+					out.cutPrompt(s.b[start:])
+				}
 				if ok {
 					out.chars += len(raw)
 					if out.keyed && !out.hasText {
@@ -681,6 +687,11 @@ func (s *refScanner) image(out *refBody) bool {
 
 // addCut is body.addCut, decoding with encoding/json.
 func (out *refBody) addCut(raw []byte) {
+	raw, esc := refCutString(raw)
+	out.addPart(raw, []byte(`"`+string(raw)+`"`), esc)
+}
+
+func refCutString(raw []byte) ([]byte, bool) {
 	raw = raw[:min(len(raw), cache.MaxKeyChars)]
 	esc := bytes.IndexByte(raw, '\\') >= 0
 	if esc {
@@ -693,7 +704,17 @@ func (out *refBody) addCut(raw []byte) {
 			raw = raw[:i]
 		}
 	}
-	out.addPart(raw, []byte(`"`+string(raw)+`"`), esc)
+	return raw, esc
+}
+
+// cutPrompt is body.cutPrompt.
+func (out *refBody) cutPrompt(raw []byte) {
+	if !out.keyed || out.hasText {
+		return
+	}
+	if raw, esc := refCutString(raw); len(raw) > 0 {
+		out.prompt, out.hasText = refView(raw, []byte(`"`+string(raw)+`"`), esc), true
+	}
 }
 
 func (out *refBody) addPart(raw, quoted []byte, esc bool) {
