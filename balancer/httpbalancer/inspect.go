@@ -124,10 +124,11 @@ var (
 // or a batch of them, on its first list's leading IDs, about Depth/4 of
 // them as a text key covers Depth characters, apart from text prompts). A
 // message's text includes its text parts, a marker of each image,
-// recording or video (a hash of its URL, data URL or base64) and, for the
-// Responses API's function call items, their output or arguments. The
-// prompt token estimate leaves data URLs and the base64 strings of "data"
-// members (input_audio) out (an image's tokens are not its base64 bytes). A body larger than the peek is keyed on the
+// recording or video (a hash of its URL, data URL or base64; Ollama's
+// images lists too) and, for the Responses API's function call items,
+// their output or arguments. The prompt token estimate leaves data URLs,
+// the base64 strings of "data" members (input_audio) and those of
+// Ollama's "images" lists out (an image's tokens are not its base64 bytes). A body larger than the peek is keyed on the
 // messages that fit in it, which are the ones the key covers unless the
 // first turns alone exceed the peek; then the message the peek ends in
 // counts with what the peek holds of it (a document's first Depth
@@ -264,7 +265,7 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	case complete:
 	case b.sized:
 		// The whole body was read past the peek: its size but for the
-		// data URLs and "data" members (base64 images or audio, which
+		// data URLs, "data" members and "images" lists (base64 images or audio, which
 		// are not prompt text: a 1.5 MB photo is some thousand tokens,
 		// not 400,000).
 		chars = max(chars, idScaled(min(b.textSize, 1<<40), &b, len(peek)))

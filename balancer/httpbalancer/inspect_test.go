@@ -495,6 +495,48 @@ func TestInspectEstimatesAStreamedBodyWithoutItsBase64(t *testing.T) {
 	}
 }
 
+// TestInspectOllamaImages: Ollama's native calls carry photos as base64
+// strings in an "images" list (a message's on /api/chat, the body's on
+// /api/generate). They are marked in the key as image parts are, so two
+// photos with one question are two prompts; they were not, and every
+// photo asked about alike shared one key and one endpoint. And past the
+// peek they are not prompt text: a 3 MB photo counted 786,000 prompt
+// tokens, in memory or streamed.
+func TestInspectOllamaImages(t *testing.T) {
+	const peek = 1 << 20
+	photo := func(seed string) string { return strings.Repeat(seed, 3<<20/len(seed)) }
+	chat := func(img string) string {
+		return `{"model":"llava","messages":[{"role":"user","content":"What is in this photo?","images":["` + img + `"]}],"stream":false}`
+	}
+	generate := func(img string) string {
+		return `{"model":"llava","prompt":"What is in this photo?","images":["` + img + `"],"stream":false}`
+	}
+	for _, inMemory := range []bool{true, false} {
+		for _, tc := range []struct {
+			path string
+			body func(string) string
+		}{{"/api/chat", chat}, {"/api/generate", generate}} {
+			body := tc.body(photo("Y2F0"))
+			var r *http.Request
+			if inMemory {
+				r, _ = http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, strings.NewReader(body))
+			} else {
+				r, _ = http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, io.MultiReader(strings.NewReader(body)))
+				r.ContentLength = int64(len(body))
+			}
+			var info httpbalancer.Info
+			(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(body[:peek]), false, &info)
+			assert.Equal(t, "llava", info.Model)
+			assert.LessOrEqual(t, info.PromptTokens, 1000, "%s, in memory %v", tc.path, inMemory)
+		}
+	}
+	for _, img := range []func(string) string{photo, func(s string) string { return s + s }} {
+		cat, dog := inspect("/api/chat", chat(img("Y2F0")), true), inspect("/api/chat", chat(img("ZG9n")), true)
+		assert.NotZero(t, cat.AffinityKey)
+		assert.NotEqual(t, cat.AffinityKey, dog.AffinityKey, "two photos")
+	}
+}
+
 // TestInspectCountsToolsAndToolResults: tool definitions, the tool calls
 // an assistant made and the results sent back are prompt text (servers
 // render them into the prompt; an agent's tool schemas run to thousands

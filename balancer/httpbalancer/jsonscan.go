@@ -1053,6 +1053,8 @@ func (s *scanner) message(out *body) bool {
 			ok = s.content(out)
 		case string(key) == "tool_calls": // an assistant's, counted as sent
 			ok = s.counted(out)
+		case string(key) == "images": // Ollama's /api/chat: base64 strings
+			ok = s.images(out)
 		default:
 			ok = s.skip()
 		}
@@ -1253,6 +1255,24 @@ func (s *scanner) image(out *body) bool {
 			ok = s.skip()
 		}
 		if !ok {
+			return false
+		}
+	}
+}
+
+// images reads an Ollama message's images, a list of base64 strings, and
+// marks each as an image part is (imageURL): the same question about two
+// photos is two prompts.
+func (s *scanner) images(out *body) bool {
+	if s.peek() != '[' {
+		return s.skip()
+	}
+	s.i++
+	for first := true; ; first = false {
+		if st := s.nextElem(first); st != member {
+			return st == closed
+		}
+		if !s.imageURL(out) {
 			return false
 		}
 	}

@@ -550,6 +550,16 @@ func (s *refScanner) message(out *refBody) bool {
 			return s.content(out)
 		case "tool_calls":
 			return s.counted(out)
+		case "images":
+			if s.peek() != '[' {
+				return s.skip()
+			}
+			return s.array(func() bool {
+				if s.peek() != '"' {
+					return s.skip()
+				}
+				return s.imageURL(out)
+			})
 		}
 		return s.skip()
 	})
@@ -654,23 +664,26 @@ func (s *refScanner) contentPart(out *refBody, nested bool) bool {
 	})
 }
 
-func (s *refScanner) image(out *refBody) bool {
-	url := func() bool {
-		start := s.i + 1
-		raw, _, _, ok := s.str()
-		if !ok {
-			if out.collect && s.peek() == 0 {
-				marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(s.b[start:]))
-				out.addPart(marker, marker, false)
-			}
-			return s.skip()
-		}
-		if out.collect {
-			marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(raw))
+// imageURL marks the URL string the scanner is at.
+func (s *refScanner) imageURL(out *refBody) bool {
+	start := s.i + 1
+	raw, _, _, ok := s.str()
+	if !ok {
+		if out.collect && s.peek() == 0 {
+			marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(s.b[start:]))
 			out.addPart(marker, marker, false)
 		}
-		return true
+		return s.skip()
 	}
+	if out.collect {
+		marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(raw))
+		out.addPart(marker, marker, false)
+	}
+	return true
+}
+
+func (s *refScanner) image(out *refBody) bool {
+	url := func() bool { return s.imageURL(out) }
 	switch s.peek() {
 	case '"':
 		return url()

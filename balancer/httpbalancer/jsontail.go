@@ -106,13 +106,18 @@ type topScan struct {
 	strLo int64 // opening quote of the value string being read
 	// inline is the bytes of data URLs (images, audio as base64) in the
 	// body's values, and of the strings of "data" members (base64 without
-	// a data URL's prefix: input_audio, the Messages API's sources): most
-	// of a multimodal body, none of it prompt text.
+	// a data URL's prefix: input_audio, the Messages API's sources) and of
+	// "images" lists (Ollama's base64 photos): most of a multimodal body,
+	// none of it prompt text.
 	inline int64
 	lastLo int64 // the last string in a value: opening quote
 	lastHi int64 // one past its closing quote
 	data   bool  // a "data" key and its colon were read: its value is next
 	inData bool  // the string being read is a "data" member's value
+	images bool  // an "images" key and its colon were read: its list is next
+	// imagesAt is the depth of the strings of the "images" list being
+	// read, or 0.
+	imagesAt int
 	// The current member's value is a list (list) with elems strings and
 	// lists among its elements so far, or a string (elems 1); prompts is
 	// the most elems of a prompt, text or input_ids member, as parseBody
@@ -146,11 +151,17 @@ func (t *topScan) valueStringEnded(end int64) {
 // (the key, in valid JSON) is "data", the value that follows is a data
 // member's.
 func (t *topScan) colonInValue() {
-	if t.lastHi-t.lastLo != int64(len(`"data"`)) {
-		return
+	t.data = t.isKey(t.lastLo, t.lastHi, `"data"`)
+	t.images = t.isKey(t.lastLo, t.lastHi, `"images"`)
+}
+
+// isKey reports whether the body's bytes from lo to hi are the quoted key.
+func (t *topScan) isKey(lo, hi int64, quoted string) bool {
+	if hi-lo != int64(len(quoted)) {
+		return false
 	}
-	var k [len(`"data"`)]byte
-	t.data = t.m.readAt(k[:], t.lastLo) == len(k) && string(k[:]) == `"data"`
+	var k [len(`"images"`)]byte
+	return t.m.readAt(k[:len(quoted)], lo) == len(quoted) && string(k[:len(quoted)]) == quoted
 }
 
 // isDataURL reports whether s starts as a data URL (RFC 2397):
@@ -262,6 +273,9 @@ func (t *topScan) feed(off int64, b []byte) bool {
 			case '{', '[':
 				t.valLo, t.depth, t.ph = off+int64(i), 2, tsInVal
 				t.list, t.elems = c == '[', 0
+				if c == '[' && t.isKey(t.keyLo, t.keyHi, `"images"`) {
+					t.imagesAt = 2 // Ollama's /api/generate
+				}
 			case ',', '}', ']', ':':
 				t.ph = tsBroken
 				return false
@@ -279,7 +293,8 @@ func (t *topScan) feed(off int64, b []byte) bool {
 			switch c {
 			case '"':
 				t.inStr, t.strLo = true, off+int64(i)
-				t.inData, t.data = t.data, false
+				t.inData = t.data || t.depth == t.imagesAt
+				t.data, t.images = false, false
 				if t.depth == 2 && t.list {
 					t.elems++ // a prompt of a batch, if the key is one
 				}
@@ -289,11 +304,17 @@ func (t *topScan) feed(off int64, b []byte) bool {
 				if c == '[' && t.depth == 2 && t.list {
 					t.elems++ // a list of token IDs
 				}
-				t.data = false
+				if c == '[' && t.images {
+					t.imagesAt = t.depth + 1 // Ollama's /api/chat
+				}
+				t.data, t.images = false, false
 				t.depth++
 			case '}', ']':
-				t.data = false // a "data" member's scalar value ended
+				t.data, t.images = false, false // a "data" member's scalar value ended
 				t.depth--
+				if t.depth < t.imagesAt {
+					t.imagesAt = 0
+				}
 				if t.depth == 1 {
 					t.member(off + int64(i) + 1)
 					t.ph = tsKey
@@ -372,8 +393,8 @@ func bomLen(b []byte) int {
 
 // peekText estimates the bytes of prompt text in a body of size bytes (-1:
 // unknown) of which peek is the start, when the rest cannot be read: the
-// body's size less the base64 the peek shows (data URLs and "data"
-// members, the one it ends in included), the rest taken to hold text in
+// body's size less the base64 the peek shows (data URLs, "data" members
+// and "images" lists' strings, the one it ends in included), the rest taken to hold text in
 // the peek's proportion. A body cut inside a photo is then a photo, not a
 // million tokens of text; one without base64 in its peek is its size.
 func peekText(peek []byte, size int64) int64 {

@@ -379,6 +379,13 @@ func TestReadTailLeavesInlineDataOutOfTheSize(t *testing.T) {
 		{"data then a top-level string", `{"x":{"data":"abc"},"prompt":"` + audio + `","model":"m"}`, 0},
 		{"data then a top-level list", `{"x":{"data":5},"prompt":["` + audio + `"],"model":"m"}`, 0},
 		{"data then a list element", `{"prompt":[{"data":5},"` + audio + `"],"model":"m"}`, 0},
+		{"ollama chat images", `{"model":"m","messages":[{"role":"user","content":"What is this?","images":["` + audio + `", "` + audio + `"]}]}`, 2 * (len(audio) + 2)},
+		{"ollama generate images", `{"model":"m","prompt":"What is this?","images" : [ "` + audio + `"]}`, len(audio) + 2},
+		{"images then another string", `{"x":[{"images":5,"text":"` + audio + `"}],"model":"m"}`, 0},
+		{"images, then a string after the list", `{"x":[{"images":["a"],"text":"` + audio + `"}],"model":"m"}`, 0},
+		{"an object in images", `{"x":{"images":[{"t":"` + audio + `"}]},"model":"m"}`, 0},
+		{"top-level images, then a prompt", `{"images":[],"prompt":"` + audio + `","model":"m"}`, 0},
+		{"top-level images, an object in it", `{"images":[{"t":"` + audio + `"}],"model":"m"}`, 0},
 	} {
 		b := []byte(tc.body)
 		m := inMemory(io.NopCloser(bytes.NewReader(b)))
