@@ -537,6 +537,24 @@ func TestInspectOllamaImages(t *testing.T) {
 	}
 }
 
+// TestInspectReadsPlainStringParts: vLLM takes a plain string in a
+// message's content list as a text part (LangChain passes such lists
+// through). The scanner stepped over them: the key lost the message's text,
+// so every conversation of an application that sends them shared the key
+// of its system prompt, on one endpoint, and their text was not counted.
+func TestInspectReadsPlainStringParts(t *testing.T) {
+	body := func(parts string) string {
+		return `{"model":"m","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":[` + parts + `]}]}`
+	}
+	img := `{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}`
+	plain := inspect("/v1/chat/completions", body(`"`+strings.Repeat("What is in this photo? ", 10)+`",`+img), true)
+	typed := inspect("/v1/chat/completions", body(`{"type":"text","text":"`+strings.Repeat("What is in this photo? ", 10)+`"},`+img), true)
+	other := inspect("/v1/chat/completions", body(`"`+strings.Repeat("Who took this photo? ", 10)+`",`+img), true)
+	assert.Equal(t, typed.AffinityKey, plain.AffinityKey)
+	assert.NotEqual(t, plain.AffinityKey, other.AffinityKey)
+	assert.Equal(t, typed.PromptTokens, plain.PromptTokens)
+}
+
 // TestInspectCountsToolsAndToolResults: tool definitions, the tool calls
 // an assistant made and the results sent back are prompt text (servers
 // render them into the prompt; an agent's tool schemas run to thousands

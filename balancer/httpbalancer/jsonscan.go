@@ -1128,10 +1128,16 @@ func (s *scanner) toolResult(out *body) bool {
 	}
 }
 
-// contentPart reads one element of a content list: {"type": ..., "text": ...}.
-// nested is set in a tool_result's content.
+// contentPart reads one element of a content list: {"type": ..., "text": ...},
+// or a string, a text part. nested is set in a tool_result's content.
 func (s *scanner) contentPart(out *body, nested bool) bool {
-	if s.peek() != '{' {
+	switch s.peek() {
+	case '{':
+	case '"':
+		// A plain string, which vLLM takes as a text part (a client
+		// such as LangChain passes one through).
+		return s.text(out)
+	default:
 		return s.skip()
 	}
 	s.i++

@@ -85,6 +85,7 @@ var scanSeeds = []string{
 	`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"QUFB","format":"wav"}},{"type":"audio_url","audio_url":{"url":"a"}},{"type":"video_url","video_url":"v"},{"type":"text","text":"t"}]}]}`,
 	`{"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]},{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"},{"type":"tool_result","content":[{"text":"deeper"}]}]},{"type":"tool_use","input":{"a":[1]}},{"type":"tool_result","content":"s"}]}],"functions":7}`,
 	`{"messages":[{"role":"system","content":"s\\\\\"\u00e9\ud83d\ude00"},{"content":[{"type":"text","text":"q\n\\"},{"type":"image_url","image_url":{"url":"data:image/png;base64,QUJDREVG"}}],"role":"user"},{"role":"user","content":"y"}]}`,
+	`{"model":"m","messages":[{"role":"system","content":["be \"terse\"",7,"s2"]},{"role":"user","content":["What is this?",{"type":"image_url","image_url":{"url":"u"}},"Explain."]}]}`,
 	`{"model":"llava","messages":[{"role":"user","content":"what is this?","images":["iVBORw0KGgo","QUJD",7,{"a":"b"}]},{"role":"user","images":"x","content":"y"}],"images":["QUJD"],"prompt":"p"}`,
 }
 

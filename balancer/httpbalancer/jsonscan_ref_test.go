@@ -625,6 +625,9 @@ func (s *refScanner) toolResult(out *refBody) bool {
 }
 
 func (s *refScanner) contentPart(out *refBody, nested bool) bool {
+	if s.peek() == '"' {
+		return s.content(out)
+	}
 	if s.peek() != '{' {
 		return s.skip()
 	}
