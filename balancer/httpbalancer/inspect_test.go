@@ -102,6 +102,11 @@ func TestInspectFields(t *testing.T) {
 		{"exponent bound and n", "/v1/chat/completions", `{"max_completion_tokens":1e3,"n":2.0}`, true, "", false, 2000, 0, false},
 		{"float sampling_params", "/generate", `{"text":"abcd","sampling_params":{"max_new_tokens":1.5E2,"n":2e0}}`, true, "", false, 300, 1, true},
 		{"fractional or negative bound", "/v1/chat/completions", `{"max_tokens":32.5,"max_output_tokens":-1e2,"max_new_tokens":1e10}`, true, "", false, 0, 0, false},
+		// And a count written as a string of its digits (a bound read
+		// from an environment variable, sent unconverted).
+		{"bound and n as strings", "/v1/chat/completions", `{"max_tokens":"512","n":" 2 "}`, true, "", false, 1024, 0, false},
+		{"string sampling_params", "/generate", `{"text":"abcd","sampling_params":{"max_new_tokens":"64.0","n":"3"}}`, true, "", false, 192, 1, true},
+		{"strings that are no count", "/v1/chat/completions", `{"max_tokens":"5x","max_completion_tokens":"-7","max_output_tokens":"1.5","max_new_tokens":"99999999999","n":"2"}`, true, "", false, 0, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, strings.NewReader(tc.body))

@@ -358,10 +358,15 @@ func (s *scanner) scalar() ([]byte, bool) {
 
 // integer reads a non-negative integer that fits an int32 (token counts),
 // also written as a JSON number with a fraction or exponent whose value is
-// whole (32.0, 1e3: see wholeNumber); anything else (fractions, negative or
-// huge values) reads as absent. The bound keeps a hostile max_tokens from
-// overflowing the in-flight token sum.
+// whole (32.0, 1e3: see wholeNumber), or as a string of its digits ("512",
+// see intString); anything else (fractions, negative or huge values) reads
+// as absent. The bound keeps a hostile max_tokens from overflowing the
+// in-flight token sum.
 func (s *scanner) integer() (int, bool) {
+	if s.peek() == '"' {
+		raw, _, ok := s.str()
+		return intString(raw), ok
+	}
 	if c := s.peek(); c != '-' && (c < '0' || c > '9') {
 		return 0, s.skip()
 	}
@@ -380,6 +385,41 @@ func (s *scanner) integer() (int, bool) {
 		}
 	}
 	return n, true
+}
+
+// intString reads raw, the text of a JSON string, as a count when it is
+// the digits of one in 0..2^31-1, between spaces and with a fraction of
+// zeros allowed ("512", " 512 ", "512.0"), else 0. vLLM and SGLang
+// validate their requests with pydantic, which takes such a string for an
+// integer field (a bound read from an environment variable or a config
+// file, passed on unconverted), and the server honours it.
+func intString(raw []byte) int {
+	for len(raw) > 0 && raw[0] == ' ' {
+		raw = raw[1:]
+	}
+	for len(raw) > 0 && raw[len(raw)-1] == ' ' {
+		raw = raw[:len(raw)-1]
+	}
+	if i := bytes.IndexByte(raw, '.'); i >= 0 {
+		frac := raw[i+1:]
+		if len(frac) == 0 || len(bytes.Trim(frac, "0")) > 0 {
+			return 0
+		}
+		raw = raw[:i]
+	}
+	if len(raw) == 0 {
+		return 0
+	}
+	n := 0
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		if n = n*10 + int(c-'0'); n > 1<<31-1 {
+			return 0
+		}
+	}
+	return n
 }
 
 // wholeNumber reads lit, a JSON number that is not a plain run of digits,

@@ -13,6 +13,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -181,6 +182,27 @@ func (s *refScanner) scalar() ([]byte, bool) {
 }
 
 func (s *refScanner) integer() (int, bool) {
+	if s.peek() == '"' {
+		raw, _, _, ok := s.str()
+		if !ok {
+			return 0, false
+		}
+		t := strings.Trim(string(raw), " ")
+		if i := strings.IndexByte(t, '.'); i >= 0 {
+			if i+1 == len(t) || strings.Trim(t[i+1:], "0") != "" {
+				return 0, true
+			}
+			t = t[:i]
+		}
+		if t == "" || strings.Trim(t, "0123456789") != "" {
+			return 0, true
+		}
+		v, err := strconv.ParseUint(t, 10, 64)
+		if err != nil || v > 1<<31-1 {
+			return 0, true
+		}
+		return int(v), true
+	}
 	if c := s.peek(); c != '-' && (c < '0' || c > '9') {
 		return 0, s.skip()
 	}
