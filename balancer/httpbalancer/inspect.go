@@ -1,6 +1,7 @@
 package httpbalancer
 
 import (
+	"encoding/binary"
 	"net/http"
 	"strings"
 
@@ -125,8 +126,9 @@ var (
 // them as a text key covers Depth characters, apart from text prompts). A
 // message's text includes its text parts, a marker of each image,
 // recording or video (a hash of its URL, data URL or base64; Ollama's
-// images lists too) and, for the Responses API's function call items,
-// their output or arguments. The prompt token estimate leaves data URLs,
+// images lists too, and a prompt's key covers the images beside it on
+// /api/generate) and, for the Responses API's function call items, their
+// output or arguments. The prompt token estimate leaves data URLs,
 // the base64 strings of "data" members (input_audio) and those of
 // Ollama's "images" lists out (an image's tokens are not its base64 bytes). A body larger than the peek is keyed on the
 // messages that fit in it, which are the ones the key covers unless the
@@ -330,11 +332,22 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 	case b.hasText:
 		info.AffinityKey = o.Keyer.Prompt(b.model, b.prompt)
 	}
+	if b.images != 0 && !info.Session {
+		// Ollama's /api/generate: the photos asked about count in the
+		// prompt's key, as a chat message's images do.
+		var tag [len(imagesTag) + 8]byte
+		binary.LittleEndian.PutUint64(tag[copy(tag[:], imagesTag):], b.images)
+		info.AffinityKey = o.Keyer.Salted(info.AffinityKey, string(tag[:]))
+	}
 	// vLLM's cache_salt: other salts share no cache with this one. (A
 	// follow-up pinned above kept the key of the turn it continues, which
 	// was salted alike.)
 	info.AffinityKey = o.Keyer.Salted(info.AffinityKey, b.cacheSalt)
 }
+
+// imagesTag opens the salt that scopes a prompt's key by its images: no
+// cache_salt a client sends is spelled so.
+const imagesTag = "\x00images\x00"
 
 // saltTag is a 24-bit digest of a cache salt under k's seed, never zero
 // (the salt is not empty). Info has room for three bytes, not for the salt.

@@ -502,9 +502,9 @@ func TestInspectEstimatesAStreamedBodyWithoutItsBase64(t *testing.T) {
 
 // TestInspectOllamaImages: Ollama's native calls carry photos as base64
 // strings in an "images" list (a message's on /api/chat, the body's on
-// /api/generate). They are marked in the key as image parts are, so two
-// photos with one question are two prompts; they were not, and every
-// photo asked about alike shared one key and one endpoint. And past the
+// /api/generate). They count in the key as image parts do, so two photos
+// with one question are two prompts; they did not, and every photo asked
+// about alike shared one key and one endpoint. And past the
 // peek they are not prompt text: a 3 MB photo counted 786,000 prompt
 // tokens, in memory or streamed.
 func TestInspectOllamaImages(t *testing.T) {
@@ -536,10 +536,19 @@ func TestInspectOllamaImages(t *testing.T) {
 		}
 	}
 	for _, img := range []func(string) string{photo, func(s string) string { return s + s }} {
-		cat, dog := inspect("/api/chat", chat(img("Y2F0")), true), inspect("/api/chat", chat(img("ZG9n")), true)
-		assert.NotZero(t, cat.AffinityKey)
-		assert.NotEqual(t, cat.AffinityKey, dog.AffinityKey, "two photos")
+		for _, tc := range []struct {
+			path string
+			body func(string) string
+		}{{"/api/chat", chat}, {"/api/generate", generate}} {
+			cat, dog := inspect(tc.path, tc.body(img("Y2F0")), true), inspect(tc.path, tc.body(img("ZG9n")), true)
+			assert.NotZero(t, cat.AffinityKey)
+			assert.NotEqual(t, cat.AffinityKey, dog.AffinityKey, "%s: two photos", tc.path)
+			assert.Equal(t, cat.AffinityKey, inspect(tc.path, tc.body(img("Y2F0")), true).AffinityKey, "%s: one photo", tc.path)
+		}
 	}
+	// Without images, /api/generate keys as any prompt does.
+	assert.Equal(t, inspect("/v1/completions", `{"model":"llava","prompt":"What is in this photo?"}`, true).AffinityKey,
+		inspect("/api/generate", `{"model":"llava","prompt":"What is in this photo?","images":[],"stream":false}`, true).AffinityKey)
 }
 
 // TestInspectReadsPlainStringParts: vLLM takes a plain string in a

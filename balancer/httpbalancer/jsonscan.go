@@ -597,6 +597,10 @@ type body struct {
 	more    []cache.Message
 	prompt  string // completions prompt, or responses input given as a string
 	hasText bool   // prompt is set
+	// images is a hash of the strings of the body's "images" list
+	// (Ollama's /api/generate: base64 photos beside the prompt), of what
+	// the peek holds of them; 0 when there is none.
+	images uint64
 	// A prompt given as token IDs is keyed on its first list of them,
 	// rendered into ids (see tokenIDs) while idState is idsCollecting.
 	ids     []byte
@@ -701,6 +705,8 @@ func (s *scanner) field(key []byte, out *body) bool {
 	case "tools", "functions":
 		// Tool definitions are rendered into the prompt: counted as sent.
 		return s.counted(out)
+	case "images":
+		return s.promptImages(out)
 	case "instructions", "system":
 		// instructions: the Responses API's system message; system: the
 		// Messages API's, a string or a list of text blocks.
@@ -1304,6 +1310,49 @@ func (s *scanner) image(out *body) bool {
 			return false
 		}
 	}
+}
+
+// promptImages reads the body's images (Ollama's /api/generate: a list of
+// base64 strings beside the prompt) into out.images, a hash of them, when
+// the body is keyed: the same prompt about two photos is two prompts. The
+// strings are not prompt text.
+func (s *scanner) promptImages(out *body) bool {
+	out.images = 0
+	if !out.keyed || s.peek() != '[' {
+		return s.skip()
+	}
+	var d xxhash.Digest
+	d.Reset()
+	n := 0
+	s.i++
+	ok := false
+	for first := true; ; first = false {
+		if st := s.nextElem(first); st != member {
+			ok = st == closed
+			break
+		}
+		if s.peek() != '"' {
+			if ok = s.skip(); !ok {
+				break
+			}
+			continue
+		}
+		start := s.i + 1
+		raw, _, ok2 := s.str()
+		if !ok2 {
+			raw = s.b[start:] // the peek ends in it: what it holds
+		}
+		_, _ = d.Write(raw)
+		_, _ = d.Write([]byte{0})
+		n++
+		if ok = ok2; !ok {
+			break
+		}
+	}
+	if n > 0 {
+		out.images = d.Sum64() | 1
+	}
+	return ok
 }
 
 // images reads an Ollama message's images, a list of base64 strings, and

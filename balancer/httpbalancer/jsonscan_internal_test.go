@@ -25,6 +25,7 @@ type scanResult struct {
 	stream, hasText                 bool
 	maxTokens, n, chars             int
 	idCount, idBytes                int
+	images                          uint64
 	msgs                            []cache.Message
 }
 
@@ -32,14 +33,14 @@ func scanNew(b []byte, keyed bool) scanResult {
 	var o body
 	parseBody(b, keyed, &o)
 	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.cacheSalt, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
-		o.idCount, o.idBytes, slices.Concat(o.msgs[:o.nmsg], o.more)}
+		o.idCount, o.idBytes, o.images, slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
 func scanRef(b []byte, keyed bool) scanResult {
 	var o refBody
 	refParseBody(b, keyed, &o)
 	return scanResult{o.model, o.cacheKey, o.system, o.prompt, o.prevResponse, o.conversation, o.cacheSalt, o.stream, o.hasText, o.maxTokens, o.n, o.chars,
-		o.idCount, o.idBytes, slices.Concat(o.msgs[:o.nmsg], o.more)}
+		o.idCount, o.idBytes, o.images, slices.Concat(o.msgs[:o.nmsg], o.more)}
 }
 
 var scanSeeds = []string{
@@ -129,7 +130,7 @@ func equalScan(a, b scanResult) bool {
 	return a.model == b.model && a.cacheKey == b.cacheKey && a.system == b.system && a.prompt == b.prompt &&
 		a.prevResponse == b.prevResponse && a.conversation == b.conversation && a.cacheSalt == b.cacheSalt &&
 		a.stream == b.stream && a.hasText == b.hasText && a.maxTokens == b.maxTokens && a.n == b.n && a.chars == b.chars &&
-		a.idCount == b.idCount && a.idBytes == b.idBytes &&
+		a.idCount == b.idCount && a.idBytes == b.idBytes && a.images == b.images &&
 		slices.Equal(a.msgs, b.msgs)
 }
 

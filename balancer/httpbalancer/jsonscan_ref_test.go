@@ -277,6 +277,7 @@ func (s *refScanner) array(elem func() bool) bool {
 }
 
 type refBody struct {
+	images    uint64
 	model     string
 	stream    bool
 	maxTokens int
@@ -460,6 +461,30 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			return ok
 		case "tools", "functions":
 			return s.counted(out)
+		case "images":
+			out.images = 0
+			if !out.keyed || s.peek() != '[' {
+				return s.skip()
+			}
+			var all []byte
+			n := 0
+			ok := s.array(func() bool {
+				if s.peek() != '"' {
+					return s.skip()
+				}
+				start := s.i + 1
+				raw, _, _, ok := s.str()
+				if !ok {
+					raw = s.b[start:]
+				}
+				all = append(append(all, raw...), 0)
+				n++
+				return ok
+			})
+			if n > 0 {
+				out.images = xxhash.Sum64(all) | 1
+			}
+			return ok
 		case "instructions", "system":
 			out.parts, out.single, out.nparts = out.parts[:0], nil, 0
 			out.collect = out.keyed
