@@ -149,7 +149,8 @@ func (t *topScan) valueStringEnded(end int64) {
 
 // colonInValue notes a colon inside a value: when the string before it
 // (the key, in valid JSON) is "data", the value that follows is a data
-// member's.
+// member's; when it is "images", a list that follows holds base64 photos
+// (Ollama's).
 func (t *topScan) colonInValue() {
 	t.data = t.isKey(t.lastLo, t.lastHi, `"data"`)
 	t.images = t.isKey(t.lastLo, t.lastHi, `"images"`)
@@ -394,9 +395,10 @@ func bomLen(b []byte) int {
 // peekText estimates the bytes of prompt text in a body of size bytes (-1:
 // unknown) of which peek is the start, when the rest cannot be read: the
 // body's size less the base64 the peek shows (data URLs, "data" members
-// and "images" lists' strings, the one it ends in included), the rest taken to hold text in
-// the peek's proportion. A body cut inside a photo is then a photo, not a
-// million tokens of text; one without base64 in its peek is its size.
+// and "images" lists' strings, the one it ends in included), the rest
+// taken to hold text in the peek's proportion. A body cut inside a photo
+// is then a photo, not a million tokens of text; one without base64 in
+// its peek is its size.
 func peekText(peek []byte, size int64) int64 {
 	size = min(max(size, int64(len(peek))), 1<<40)
 	m := memBody{bb: bytes.NewBuffer(peek), n: int64(len(peek))}
