@@ -869,17 +869,7 @@ func (s *scanner) promptValue(out *body) bool {
 	switch s.peek() {
 	case '"':
 		out.listed = 1
-		start := s.i + 1
-		raw, esc, ok := s.str()
-		if !ok {
-			out.cutPrompt(s.b[start:])
-			return false
-		}
-		out.chars += len(raw)
-		if out.keyed && !out.hasText {
-			out.prompt, out.hasText = view(raw, esc), true
-		}
-		return true
+		return s.promptString(out)
 	case '[':
 		start := s.i
 		s.i++
@@ -998,25 +988,31 @@ func keyDepth(out *body) int {
 	return cache.DefaultDepth
 }
 
+// promptString reads a prompt string, counted as prompt text, into the
+// key's prompt unless one is set: a batch of prompts keys on its first,
+// which is where a shared prefix would be. One the peek cuts keys on what
+// the peek holds of it (cutPrompt).
+func (s *scanner) promptString(out *body) bool {
+	start := s.i + 1
+	raw, esc, ok := s.str()
+	if !ok {
+		out.cutPrompt(s.b[start:])
+		return false
+	}
+	out.chars += len(raw)
+	if out.keyed && !out.hasText {
+		out.prompt, out.hasText = view(raw, esc), true
+	}
+	return true
+}
+
 // promptElem reads one element of a prompt or input list, counting in
 // out.listed the elements that are prompts of their own.
 func (s *scanner) promptElem(out *body) bool {
 	switch s.peek() {
 	case '"':
 		out.listed++
-		start := s.i + 1
-		raw, esc, ok := s.str()
-		if !ok {
-			out.cutPrompt(s.b[start:])
-			return false
-		}
-		out.chars += len(raw)
-		if out.keyed && !out.hasText {
-			// A batch of prompts: key on the first, which is
-			// where a shared prefix would be.
-			out.prompt, out.hasText = view(raw, esc), true
-		}
-		return true
+		return s.promptString(out)
 	case '{':
 		return s.message(out)
 	case '[': // a batch of token-ID lists
