@@ -127,7 +127,10 @@
 // doubling the time on each failed half-open probe round (probes that hang
 // are overdue after as long, and one more goes; a probe wins its P2C
 // comparison, whatever the outage left in the endpoint's cost), and a recovered
-// endpoint ramps up through slow start. Outlier detection ejects an endpoint
+// endpoint ramps up through slow start (relative to the member furthest
+// along when every member taking calls ramps, as after a whole new set or
+// an outage of every connection: there is none at full weight to take
+// more, and owners keep their keys). Outlier detection ejects an endpoint
 // whose success rate falls well below the median of its peers serving the
 // same model (of the fleet, without model labels). Breakers and
 // ejections together never hold out more than MaxEjectedFraction of a
