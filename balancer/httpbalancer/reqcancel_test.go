@@ -1,12 +1,15 @@
 package httpbalancer_test
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -89,4 +92,49 @@ func TestRequestCancelWhileReadingIsTheCallersDoing(t *testing.T) {
 	s := statsByID(tr.Balancer())["a"]
 	assert.Zero(t, s.Failures)
 	assert.Zero(t, s.InFlight)
+}
+
+// pastDeadline is a context whose deadline has passed and whose timer has
+// not yet ended it: the moment http.Client.Timeout's two timers leave
+// between them when Request.Cancel's fires first.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Unix(1, 0), true }
+
+// http.Client.Timeout, for a RoundTripper it does not know, closes
+// Request.Cancel and ends the context's deadline at one moment, by two
+// timers. When the Cancel channel's won, an endpoint that hung until the
+// client's timeout read as the caller's cancel and was never blamed; it
+// is the deadline's failure, as it is when the context's timer wins. A
+// Cancel closed before any deadline stays the caller's doing.
+func TestClientTimeoutThroughCancelBlamesTheEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ctx      context.Context
+		failures uint64
+	}{
+		{"deadline passed", pastDeadline{context.Background()}, 1},
+		{"no deadline", context.Background(), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := baseFunc(func(r *http.Request) (*http.Response, error) {
+				//lint:ignore SA1019 the deprecated field is the point
+				<-r.Cancel
+				return nil, errors.New("net/http: request canceled")
+			})
+			res := newResults(1)
+			tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}}, Base: base, OnResult: res.on})
+			cancel := make(chan struct{})
+			close(cancel)
+			req, err := http.NewRequestWithContext(tc.ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+			require.NoError(t, err)
+			//lint:ignore SA1019 the deprecated field is the point
+			req.Cancel = cancel
+			_, err = tr.RoundTrip(req)
+			require.Error(t, err)
+			r := <-res.c
+			assert.Equal(t, tc.failures == 1, errors.Is(r.Outcome.Err, context.DeadlineExceeded), "outcome %v", r.Outcome.Err)
+			assert.Equal(t, tc.failures, statsByID(tr.Balancer())["a"].Failures)
+		})
+	}
 }

@@ -750,13 +750,15 @@ func (c *call) finish(err error) {
 	headers := -min(c.overload, 0) // time to the headers, or 0
 	if err != nil && o.Err == nil && !o.Overloaded {
 		o.Err = err
-		if ce := c.out.Context().Err(); ce != nil {
+		ce := c.out.Context().Err()
+		if ce == nil && legacyCanceled(&c.out) {
+			ce = legacyCause(&c.out)
+		}
+		if ce != nil {
 			o.Err = ce
 			if errors.Is(ce, context.DeadlineExceeded) && c.sse != nil && c.sse.events.Load() > 0 {
 				o.Err = ErrDeadlineMidStream
 			}
-		} else if legacyCanceled(&c.out) {
-			o.Err = errLegacyCanceled
 		}
 	}
 	if c.sse != nil && o.Err == nil && !o.Overloaded {

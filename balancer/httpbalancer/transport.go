@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/inferlb/inferlb"
@@ -485,7 +486,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			// The caller gave up through Request.Cancel, as it may
 			// through the context: no endpoint is to blame, and a
 			// retry would be given up on too.
-			c.fail(errLegacyCanceled, false)
+			c.fail(legacyCause(r), false)
 			return nil, err
 		}
 		if malformed(out) || rb.wrongLength(body, out.ContentLength) {
@@ -557,6 +558,19 @@ var errUnusableAddr = fmt.Errorf("inferlb: httpbalancer: the endpoint's Addr is 
 // "net/http: request canceled". It wraps context.Canceled, which the
 // balancer reads as saying nothing about the endpoint.
 var errLegacyCanceled = fmt.Errorf("inferlb: httpbalancer: the caller canceled the request (Request.Cancel): %w", context.Canceled)
+
+// legacyCause is the Outcome.Err of an attempt that r's Cancel channel
+// ended: the caller's doing (errLegacyCanceled), unless r's context's
+// deadline has passed. http.Client.Timeout sets both and ends them at one
+// moment by two timers: when Cancel's won, an endpoint that hung until the
+// client's timeout was not blamed, where a context deadline blames it. The
+// deadline is the wall clock's, so it is read against the wall clock.
+func legacyCause(r *http.Request) error {
+	if dl, ok := r.Context().Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return errLegacyCanceled
+}
 
 // legacyCanceled reports whether r's Cancel channel is closed.
 func legacyCanceled(r *http.Request) bool {
