@@ -145,7 +145,8 @@
 // the line streams by (it follows the response's output): the same codes
 // the same way, other codes (context_length_exceeded, the image errors)
 // the request's, and no code a failure; a canceled context (or a closed
-// Request.Cancel, which http.Client sets with a Timeout) is neither, and
+// Request.Cancel, which http.Client sets with a Timeout, closed before the
+// context's deadline: at it, Client.Timeout is the deadline's) is neither, and
 // so is a deadline that ends a stream after its first token
 // (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine
