@@ -107,3 +107,40 @@ func TestKeysStayWithOwnersWhenTheMemberAtFullWeightIsExcluded(t *testing.T) {
 	}
 	assert.Less(t, kept, keys*9/10, "joiners at 0.8 of their ramp keep only part of their keys")
 }
+
+// In panic routing (fewer members in good standing than PanicThreshold of
+// the ready ones) every ready member takes calls, those excluded at full
+// weight too, so a ramping member in good standing is not the lead of a
+// pool ramping together: it takes calls at its own factor. The lead was
+// found among the members in good standing whenever one was, so a joiner
+// next to three warm members cooling down took a full share (156 of 1,000
+// calls against 39) at a tenth of its ramp.
+func TestPanicRoutingRampsAJoinerAtItsFactor(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(43)})
+	warm := endpoints(3)
+	joiner := inferlb.Endpoint{Addr: "10.9.0.1:8000"}
+	require.NoError(t, b.Update(append(append([]inferlb.Endpoint{}, warm...), joiner))) // it ramps
+	for _, w := range warm {
+		serial, ok := b.Serial(w.Addr)
+		require.True(t, ok)
+		p, err := b.PickAt(&inferlb.Request{}, serial)
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Overloaded: true, RetryAfter: 20 * time.Second})
+		require.NotZero(t, stat(t, b, w.Addr).ExcludedUntil)
+	}
+	require.InDelta(t, balancer.DefaultSlowStartMin, stat(t, b, joiner.Addr).RampFactor, 1e-9)
+	// One of four in good standing, below the default threshold of half:
+	// panic routing, the three warm ones at full weight among the picks.
+	const calls = 1000
+	took := 0
+	for range calls {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+		require.NoError(t, err)
+		if p.ID() == joiner.Addr {
+			took++
+		}
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Less(t, took, calls/10, "a joiner at 0.1 of its ramp takes calls at that factor, not a quarter of them")
+}

@@ -65,7 +65,7 @@ type standing struct {
 	// at the weights the fleet view sums (see fleetView).
 	ramping bool
 	// leadFrom is, when every member taking calls (in good standing, or
-	// ready when none is) is ramping (a whole new set in a serving pool,
+	// ready in panic routing) is ramping (a whole new set in a serving pool,
 	// every connection back after an outage), the ramp start of the one
 	// furthest along; 0 otherwise. Slow start is relative
 	// to it (lead): ramping together, members take calls and keys at their
@@ -194,7 +194,7 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 	stepped := s != nil && nowNs < s.at-g.horizon
 	next := &standing{epoch: epoch, at: nowNs, until: math.MaxInt64}
 	// The lead among the members that take calls: those in good standing
-	// or, when none is (panic routing), the ready ones. A member at full
+	// or, in panic routing, the ready ones. A member at full
 	// weight that is excluded takes none, so it does not end the relative
 	// ramp of the rest; its return (until) recomputes this.
 	var good, ready leadOf
@@ -229,7 +229,11 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 			next.until = min(next.until, d) // its probes are overdue then
 		}
 	}
-	if next.good > 0 {
+	// Panic routing (fewer in good standing than PanicThreshold of the
+	// ready, as pick decides it) sends calls to every ready member, those
+	// at full weight too: then they count.
+	panicking := c.panicThreshold > 0 && float64(next.good) < c.panicThreshold*float64(next.ready)
+	if next.good > 0 && !panicking {
 		next.leadFrom = good.from()
 	} else {
 		next.leadFrom = ready.from()
