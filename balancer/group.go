@@ -245,13 +245,11 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 // leadOf finds standing.leadFrom over a set of members: the earliest ramp
 // start when every one of them ramps.
 type leadOf struct {
-	start   int64 // earliest ramp start so far; 0 for none
-	atFull  bool  // a member is not ramping
-	members bool
+	start  int64 // earliest ramp start so far; 0 for none (rampFrom is never 0 while ramping)
+	atFull bool  // a member is not ramping
 }
 
 func (l *leadOf) add(ramps bool, e *endpoint) {
-	l.members = true
 	if !ramps {
 		l.atFull = true
 		return
@@ -263,7 +261,7 @@ func (l *leadOf) add(ramps bool, e *endpoint) {
 
 // from is standing.leadFrom for the set: 0 unless every member ramps.
 func (l *leadOf) from() int64 {
-	if l.atFull || !l.members {
+	if l.atFull {
 		return 0
 	}
 	return l.start

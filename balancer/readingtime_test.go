@@ -120,19 +120,8 @@ func TestReadingOlderThanMaxAgeIsNeutral(t *testing.T) {
 // the reading arrived, and was priced as if it had taken none.
 func TestReadingArrivingLateCountsTheCallsSentSinceItsTime(t *testing.T) {
 	clock := testutil.NewClock()
-	seen := seenBy{}
-	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3),
-		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: seen}})
-	eps := endpoints(4)
-	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 800, MaxOutputTokens: 300}
-	var held []balancer.Pick
-	pick := func() {
-		p, err := b.Pick(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, p)
-	}
+	b, seen, eps, pick, release := heldLLMPicks(t, clock, 4, 3)
+	defer release()
 	scraped := clock.Now()
 	for range 40 { // over the 12 s between the scrape and its arrival
 		clock.Advance(300 * time.Millisecond)
@@ -155,9 +144,32 @@ func TestReadingArrivingLateCountsTheCallsSentSinceItsTime(t *testing.T) {
 		assert.GreaterOrEqual(t, st.InFlightSinceReading, st.InFlight-3, "%s: at most the last picks' second uncounted", ep.Addr)
 		assert.LessOrEqual(t, st.InFlightSinceReading, st.InFlight, ep.Addr)
 	}
-	for _, p := range held {
-		p.Done(inferlb.Outcome{})
+}
+
+// heldLLMPicks is a Balancer over n endpoints whose LLM scorer records the
+// State it is given per endpoint (seen), with a pick of an LLM call that
+// holds the call and a release that ends every call held.
+func heldLLMPicks(t *testing.T, clock *testutil.Clock, n int, seed uint64) (b *balancer.Balancer, seen seenBy, eps []inferlb.Endpoint, pick, release func()) {
+	t.Helper()
+	seen = seenBy{}
+	b = newBalancer(t, n, balancer.Options{Clock: clock, Rand: testutil.NewRand(seed),
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: seen}})
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 800, MaxOutputTokens: 300}
+	var held []balancer.Pick
+	pick = func() {
+		p, err := b.Pick(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
 	}
+	release = func() {
+		for _, p := range held {
+			p.Done(inferlb.Outcome{})
+		}
+		held = held[:0]
+	}
+	return b, seen, endpoints(n), pick, release
 }
 
 // The calls sent since a reading count from the time of the reading the
@@ -171,19 +183,7 @@ func TestReadingArrivingLateCountsTheCallsSentSinceItsTime(t *testing.T) {
 // since), cancelled half of a fresh queue of 10.
 func TestSentSinceCountsFromTheFreshReading(t *testing.T) {
 	clock := testutil.NewClock()
-	seen := seenBy{}
-	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5),
-		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: seen}})
-	eps := endpoints(2)
-	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 800, MaxOutputTokens: 300}
-	var held []balancer.Pick
-	pick := func() {
-		p, err := b.Pick(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, p)
-	}
+	b, seen, eps, pick, release := heldLLMPicks(t, clock, 2, 5)
 	for range 20 {
 		pick()
 	}
@@ -194,10 +194,7 @@ func TestSentSinceCountsFromTheFreshReading(t *testing.T) {
 		b.Publish(ep.Addr, s)
 	}
 	pick() // both endpoints priced: the scrape is seen
-	for _, p := range held {
-		p.Done(inferlb.Outcome{})
-	}
-	held = held[:0]
+	release()
 	clock.Advance(balancer.DefaultTelemetryMaxAge + 10*time.Second) // no scrape since: Running is stale
 	// A load header: the queue only.
 	for _, ep := range eps {
@@ -214,7 +211,5 @@ func TestSentSinceCountsFromTheFreshReading(t *testing.T) {
 		assert.False(t, running, "%s: Running is stale", ep.Addr)
 		assert.Zero(t, st.InFlightSinceReading, "%s: nothing was sent since the queue was measured", ep.Addr)
 	}
-	for _, p := range held {
-		p.Done(inferlb.Outcome{})
-	}
+	release()
 }
