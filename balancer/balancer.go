@@ -982,9 +982,9 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	}
 	sc := b.scorer(req.Service)
 	var st scoring.State // one State, filled twice
-	g.members[i].state(b.cfg, now, g.weights[i], &st)
+	g.members[i].state(b.cfg, now, req.Service, g.weights[i], &st)
 	ci := sc.Cost(req, st)
-	g.members[j].state(b.cfg, now, g.weights[j], &st)
+	g.members[j].state(b.cfg, now, req.Service, g.weights[j], &st)
 	cj := sc.Cost(req, st)
 	nowNs := now.UnixNano()
 	if req.PromptTokens > 0 && b.engines.Load() {
@@ -1061,6 +1061,7 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	if c.slots {
 		flags |= b.countLoRA(req, e, c)
 	}
+	flags |= uint32(svcIndex(req.Service)) << pickServiceShift
 	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
 
@@ -1084,8 +1085,25 @@ const (
 	pickProbe             // the pick took one of a half-open breaker's probe slots
 	// then the LoRA counts the call is in: its endpoint's adapter entry
 	// (4 bits), whether it counts among the slot-aware calls (1), its
-	// Balancer-wide adapter entry (7; pickCounted, lora.go)
+	// Balancer-wide adapter entry (7; pickCounted, lora.go), then the
+	// call's Service (2; pickServiceShift)
 )
+
+// pickServiceShift places the call's Service in Pick.flags, past the LoRA
+// bits: Done feeds that service's latency.
+const pickServiceShift = 14
+
+// Fails to compile if the service bits overlap the LoRA ones or cannot
+// hold every Service.
+var (
+	_ = [1]int{}[pickAdapterMask>>pickServiceShift]
+	_ = [1]int{}[(inferlb.NumServices-1)>>2]
+)
+
+// service returns the Service the Pick was made for.
+func (p *Pick) service() inferlb.Service {
+	return inferlb.Service(atomic.LoadUint32(&p.flags) >> pickServiceShift & 3)
+}
 
 // Endpoint returns the chosen endpoint as last given to Update.
 func (p *Pick) Endpoint() inferlb.Endpoint {
@@ -1152,10 +1170,11 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	if latency <= 0 {
 		latency = time.Duration(nowNs - p.start)
 	}
+	svc := p.service()
 	switch {
 	case o.Canceled():
 		e.canceled.Add(1)
-		e.observe(b.cfg, nowNs, 0, o.TTFT, 0, false, false)
+		e.observe(b.cfg, nowNs, svc, 0, o.TTFT, 0, false, false)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.NotServedModel != "":
@@ -1186,7 +1205,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	case o.Err != nil:
 		e.failures.Add(1)
 		e.failed.note(modelID(o.Model), nowNs) // 0 without one: a call of no model
-		e.observe(b.cfg, nowNs, latency, 0, 0, true, true)
+		e.observe(b.cfg, nowNs, svc, latency, 0, 0, true, true)
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
 		e.successes.Add(1)
@@ -1196,7 +1215,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 				b.modelServed(e, o.Model, nowNs)
 			}
 		}
-		e.observe(b.cfg, nowNs, latency, o.TTFT, o.OutputTokens, true, false)
+		e.observe(b.cfg, nowNs, svc, latency, o.TTFT, o.OutputTokens, true, false)
 		b.report(e, p.gen, nil, nowNs)
 	}
 	b.maybeEvaluateOutliers(nowNs)

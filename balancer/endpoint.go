@@ -42,8 +42,7 @@ type endpoint struct {
 	lora           loraFlight                       // this process's calls per LoRA adapter in flight here (lora.go)
 	windows        atomic.Pointer[[]window]         // context windows it refused calls for (window.go)
 	groupLoads     atomic.Pointer[loadSet]          // in-flight counters of the groups it belongs to
-	latencyEWMA    atomic.Int64                     // ns, peak-EWMA
-	latencyAt      atomic.Int64                     // unix ns of last latency sample
+	lat            [inferlb.NumServices]latencyMark // per Service: an embedding's latency is not a chat's
 	ttftEWMA       atomic.Int64                     // ns
 	tpotEWMA       atomic.Int64                     // ns per output token after the first (decode speed)
 	errRate        atomic.Uint64                    // float64 bits
@@ -224,23 +223,24 @@ func (e *endpoint) rampEnd(c *config, nowNs int64) (int64, bool) {
 	return end, end > nowNs
 }
 
-// state fills a scoring.State for e at now.
-func (e *endpoint) state(c *config, now time.Time, weight float64, st *scoring.State) {
+// state fills a scoring.State for e at now, for a call of service svc.
+func (e *endpoint) state(c *config, now time.Time, svc inferlb.Service, weight float64, st *scoring.State) {
 	nowNs := now.UnixNano()
 	st.Endpoint = e.info.Load()
 	st.Now = now
 	st.Weight = weight
 	st.InFlight = e.inFlight.Load()
 	st.InFlightTokens = e.inFlightTokens.Load()
-	st.LatencyEWMA = time.Duration(e.latencyEWMA.Load())
-	at := e.latencyAt.Load()
+	lat := &e.lat[svcIndex(svc)]
+	st.LatencyEWMA = time.Duration(lat.ewma.Load())
+	at := lat.at.Load()
 	if at-nowNs > int64(stepTolerance) {
 		// The clock stepped back past the last sample: the EWMA decays from
 		// now on, as the error rate does (see rawErrorRate). Left ahead,
 		// the scorer saw no time elapsed for the length of the step, and
 		// an endpoint avoided for its latency (so no sample moves the mark)
 		// stayed avoided as long.
-		e.latencyAt.CompareAndSwap(at, nowNs)
+		lat.at.CompareAndSwap(at, nowNs)
 		at = nowNs
 	}
 	st.LastLatency = time.Unix(0, at)
@@ -399,7 +399,7 @@ func (e *endpoint) rawErrorRate(c *config, nowNs int64) float64 {
 // fastest there is.
 const maxObserved = time.Duration(1) << 50
 
-func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, outTokens int, counted, failed bool) {
+func (e *endpoint) observe(c *config, nowNs int64, svc inferlb.Service, latency, ttft time.Duration, outTokens int, counted, failed bool) {
 	latency, ttft = min(latency, maxObserved), min(ttft, maxObserved)
 	if counted && (failed || e.errRate.Load() != 0) {
 		// A success on a clean endpoint leaves the rate at 0: no writes.
@@ -421,16 +421,20 @@ func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, 
 	}
 	// Only successes feed latency: a fast failure (refused connection, a 500
 	// in a millisecond) must not make a broken endpoint look fast.
+	// Each service has its own: on an endpoint that serves chats and
+	// embeddings alike (Ollama, a gateway), a chat's seconds would price
+	// its next embedding, as if it took as long.
 	if counted && !failed && latency > 0 {
-		at := e.latencyAt.Load()
+		lat := &e.lat[svcIndex(svc)]
+		at := lat.at.Load()
 		w := decay.Weight(float64(nowNs-at) / float64(c.latencyDecay))
-		update(&e.latencyEWMA, func(cur int64) int64 {
+		update(&lat.ewma, func(cur int64) int64 {
 			if cur == 0 || int64(latency) > cur {
 				return int64(latency) // peak: jump up at once
 			}
 			return int64(float64(cur)*w + float64(latency)*(1-w))
 		})
-		e.latencyAt.Store(nowNs)
+		lat.at.Store(nowNs)
 	}
 	if counted && !failed && ttft > 0 && outTokens >= minTPOTTokens && latency > ttft {
 		// Time per output token after the first: the endpoint's decode
@@ -451,6 +455,22 @@ func (e *endpoint) observe(c *config, nowNs int64, latency, ttft time.Duration, 
 			return cur + int64(c.errorAlpha*float64(int64(ttft)-cur))
 		})
 	}
+}
+
+// latencyMark is the peak-EWMA of one service's successful calls on an
+// endpoint.
+type latencyMark struct {
+	ewma atomic.Int64 // ns
+	at   atomic.Int64 // unix ns of the last sample
+}
+
+// svcIndex is svc's entry in per-service tables: ServiceUnknown's for a
+// value past the known ones (scorer sends such a call to its scorer too).
+func svcIndex(svc inferlb.Service) int {
+	if int(svc) < inferlb.NumServices {
+		return int(svc)
+	}
+	return int(inferlb.ServiceUnknown)
 }
 
 // update applies f to v atomically by compare-and-swap, retrying when

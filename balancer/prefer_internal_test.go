@@ -31,7 +31,7 @@ func TestPreferScoresEachCandidateOnItsOwn(t *testing.T) {
 	b.Publish("b", sb)
 	now := clock.Now()
 	var st scoring.State
-	g.members[ia].state(b.cfg, now, g.weights[ia], &st) // a's reading is seen at in-flight 0
+	g.members[ia].state(b.cfg, now, inferlb.ServiceLLM, g.weights[ia], &st) // a's reading is seen at in-flight 0
 	g.members[ia].inFlight.Add(10)
 	g.members[ib].inFlight.Add(3)
 	// a: (10 + 1) / 2 = 5.5; b: (3 + 1) / 1 = 4, in either order.

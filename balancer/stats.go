@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/telemetry"
 )
 
@@ -18,7 +19,15 @@ type EndpointStats struct {
 	RampFactor     float64   // slow-start fraction of Weight now, 1 when done
 	InFlight       int64
 	InFlightTokens int64
-	Latency        time.Duration // peak-EWMA as last observed (not decayed)
+	// Latency is the peak-EWMA of successful calls' latency as last
+	// observed (not decayed), for the service of the latest such call:
+	// each service keeps its own (ServiceLatency), as the scorers read
+	// them, so on an endpoint that serves chats and embeddings alike an
+	// embedding is not priced by a chat's seconds.
+	Latency time.Duration
+	// ServiceLatency is Latency per Service (indexed by it); 0 for a
+	// service the endpoint has not answered.
+	ServiceLatency [inferlb.NumServices]time.Duration
 	TTFT           time.Duration // EWMA of time to first token
 	// TimePerOutputToken is the EWMA of decode time per output token after
 	// the first, from streamed calls (0 until one reports TTFT and 4+ tokens).
@@ -73,14 +82,24 @@ func (b *Balancer) Stats() []EndpointStats {
 	nowNs := b.cfg.clock.Now().UnixNano()
 	out := make([]EndpointStats, len(eps))
 	for i, e := range eps {
+		var latest int64
+		var lat [inferlb.NumServices]time.Duration
+		latency := time.Duration(0)
+		for svc := range e.lat {
+			lat[svc] = time.Duration(e.lat[svc].ewma.Load())
+			if at := e.lat[svc].at.Load(); lat[svc] > 0 && (latency == 0 || at > latest) {
+				latest, latency = at, lat[svc]
+			}
+		}
 		s := EndpointStats{
+			Latency:            latency,
+			ServiceLatency:     lat,
 			ID:                 e.id,
 			Ready:              e.readyMask.Load() != 0,
 			Weight:             e.info.Load().Capacity(),
 			RampFactor:         e.rampFactor(b.cfg, nowNs),
 			InFlight:           e.inFlight.Load(),
 			InFlightTokens:     e.inFlightTokens.Load(),
-			Latency:            time.Duration(e.latencyEWMA.Load()),
 			TTFT:               time.Duration(e.ttftEWMA.Load()),
 			TimePerOutputToken: time.Duration(e.tpotEWMA.Load()),
 			ErrorRate:          e.errorRate(b.cfg, nowNs),

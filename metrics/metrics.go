@@ -17,7 +17,7 @@
 //
 //	Collector, {balancer="name"}, per endpoint {endpoint="ID"}:
 //	  inferlb_endpoint_in_flight, _in_flight_tokens, _ready, _breaker_open,
-//	  _slow_start_factor, _error_rate, _latency_ewma_seconds,
+//	  _slow_start_factor, _error_rate, _latency_ewma_seconds{service},
 //	  _ttft_ewma_seconds, _time_per_output_token_seconds,
 //	  _picks_total, _successes_total, _failures_total, _overloads_total,
 //	  _not_served_total, _too_long_total, _model_failures_total,
@@ -51,6 +51,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/telemetry"
 )
@@ -84,7 +85,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		b: b, constLbl: cl,
 		inFlight:       d("endpoint_in_flight", "Calls picked for the endpoint and not yet done.", ep),
 		inFlightTokens: d("endpoint_in_flight_tokens", "Estimated tokens (prompt + max output) of in-flight calls.", ep),
-		latency:        d("endpoint_latency_ewma_seconds", "Peak-EWMA latency of successful calls, as last observed.", ep),
+		latency:        d("endpoint_latency_ewma_seconds", "Peak-EWMA latency of successful calls, as last observed, by service (llm|embedding|rerank|unknown; each kept apart, as the balancer scores them); a service the endpoint has not answered has no series.", []string{"endpoint", "service"}),
 		ttft:           d("endpoint_ttft_ewma_seconds", "EWMA of time to first token of streamed calls.", ep),
 		tpot:           d("endpoint_time_per_output_token_seconds", "EWMA of decode time per output token after the first, from streamed calls.", ep),
 		errRate:        d("endpoint_error_rate", "EWMA of the failure rate, decayed to now.", ep),
@@ -182,7 +183,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		seen[s.ID] = true
 		gauge(c.inFlight, float64(s.InFlight), s.ID)
 		gauge(c.inFlightTokens, float64(s.InFlightTokens), s.ID)
-		gauge(c.latency, s.Latency.Seconds(), s.ID)
+		for svc, lat := range s.ServiceLatency {
+			if lat > 0 {
+				gauge(c.latency, lat.Seconds(), s.ID, inferlb.Service(svc).String())
+			}
+		}
 		gauge(c.ttft, s.TTFT.Seconds(), s.ID)
 		gauge(c.tpot, s.TimePerOutputToken.Seconds(), s.ID)
 		gauge(c.errRate, s.ErrorRate, s.ID)

@@ -34,6 +34,8 @@ func TestCollectorExportsLiveState(t *testing.T) {
 	clock.Advance(time.Second) // y's success comes after the failure above
 	p, _ = b.Pick(&inferlb.Request{Model: "y"})
 	p.Done(inferlb.Outcome{Latency: 250 * time.Millisecond, TTFT: 50 * time.Millisecond, OutputTokens: 5, Model: "y"})
+	p, _ = b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding})
+	p.Done(inferlb.Outcome{Latency: 20 * time.Millisecond})
 	// Model x fails three times in a row after the endpoint served y: the
 	// first two count against the endpoint, the third against x.
 	for range 3 {
@@ -65,9 +67,10 @@ inferlb_endpoint_not_served_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_too_long_total Calls the endpoint refused as longer than its context window for their model (vLLM's or SGLang's 400, TGI's 422, or a gRPC status with that text); longer calls of that model pass it over for a while.
 # TYPE inferlb_endpoint_too_long_total counter
 inferlb_endpoint_too_long_total{balancer="llm",endpoint="a:1"} 1
-# HELP inferlb_endpoint_latency_ewma_seconds Peak-EWMA latency of successful calls, as last observed.
+# HELP inferlb_endpoint_latency_ewma_seconds Peak-EWMA latency of successful calls, as last observed, by service (llm|embedding|rerank|unknown; each kept apart, as the balancer scores them); a service the endpoint has not answered has no series.
 # TYPE inferlb_endpoint_latency_ewma_seconds gauge
-inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1"} 0.25
+inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1",service="embedding"} 0.02
+inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1",service="unknown"} 0.25
 # HELP inferlb_endpoint_time_per_output_token_seconds EWMA of decode time per output token after the first, from streamed calls.
 # TYPE inferlb_endpoint_time_per_output_token_seconds gauge
 inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="a:1"} 0.05
@@ -98,7 +101,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 21+2+1, testutil.CollectAndCount(c), "21 series per endpoint, 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 22+2+1, testutil.CollectAndCount(c), "22 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape

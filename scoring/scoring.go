@@ -52,8 +52,11 @@ type State struct {
 	// endpoint for and not yet finished, and their estimated tokens.
 	InFlight       int64
 	InFlightTokens int64
-	// LatencyEWMA is the peak-EWMA of call latency as of LastLatency; 0 means
-	// no history. Use Latency to read it decayed to Now.
+	// LatencyEWMA is the peak-EWMA of the latency of the endpoint's
+	// successful calls of the scored request's service, as of LastLatency;
+	// 0 means no history. Each service keeps its own, so an embedding on an
+	// endpoint that also serves chats is not priced by a chat's seconds.
+	// Use Latency to read it decayed to Now.
 	LatencyEWMA time.Duration
 	// LastLatency is when LatencyEWMA was last updated.
 	LastLatency time.Time
