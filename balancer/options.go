@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/inferlb/inferlb"
@@ -197,7 +198,9 @@ type Options struct {
 	LoadBound float64
 	// AffinitySeed keys the consistent placement of affinity keys and the
 	// Keyer returned by Balancer.Keyer. 0 means a random per-process seed
-	// (from crypto/rand), so outsiders cannot aim traffic at one endpoint.
+	// (from crypto/rand, drawn once and shared by every Balancer of the
+	// process that leaves it 0, so they agree on where a key goes), so
+	// outsiders cannot aim traffic at one endpoint.
 	// Processes that set the same secret seed and see the same endpoints
 	// place every key identically; even then, the load bound keeps a
 	// flood of one key from pushing any endpoint past c x the mean.
@@ -376,6 +379,13 @@ type Options struct {
 	// negative turns it off.
 	AdapterHomes float64
 }
+
+// processSeed is the AffinitySeed of every Balancer left at 0: drawn from
+// crypto/rand once per process, so that the Balancers of one process (two
+// Transports, a gRPC channel beside a Transport, the Balancer a channel's
+// config push replaces) place a key on the same endpoint, and outsiders
+// still cannot predict where.
+var processSeed = sync.OnceValue(func() uint64 { return cache.NewKeyer(0).Seed() })
 
 // config is Options with defaults applied; immutable after New.
 type config struct {
@@ -610,7 +620,7 @@ func (o *Options) resolve() (*config, error) {
 		c.clock = c.mono
 	}
 	if c.affinitySeed == 0 {
-		c.affinitySeed = cache.NewKeyer(0).Seed() // crypto/rand
+		c.affinitySeed = processSeed()
 	}
 	if c.rand == nil {
 		c.rand = runtimeRand{}
