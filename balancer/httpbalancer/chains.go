@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +60,9 @@ type responseChains struct {
 
 func (r *responseChains) sessions() *cache.Sessions {
 	r.once.Do(func() {
-		entries := cmp.Or(r.entries, ResponseEntries)
+		// Up to a power of two: Sessions rounds down, and a table sized
+		// for MaxResponses must hold that many.
+		entries := 1 << bits.Len(uint(cmp.Or(r.entries, ResponseEntries)-1))
 		s, err := cache.NewSessions(cache.SessionOptions{TTL: r.ttl, MaxEntries: entries, MaxBytes: entries * cache.SessionEntryBytes, Clock: r.clock})
 		if err != nil {
 			panic(err) // the options were validated

@@ -68,7 +68,7 @@ func TestResponseChainsAreBounded(t *testing.T) {
 // default's 8,192 per ResponseMemory keeps them all, and the option is
 // bounded at parse time, naming the field.
 func TestMaxResponsesSizesTheTable(t *testing.T) {
-	for _, tc := range []struct{ max, entries int }{{0, ResponseEntries}, {100_000, 1 << 17}, {1 << 20, 1 << 21}} {
+	for _, tc := range []struct{ max, entries int }{{0, ResponseEntries}, {100_000, 1 << 18}, {1 << 20, 1 << 21}} {
 		c, err := (&Options{MaxResponses: tc.max}).resolve()
 		require.NoError(t, err)
 		assert.Equal(t, tc.entries, c.chains.sessions().Cap(), "MaxResponses %d", tc.max)

@@ -131,12 +131,13 @@ type Options struct {
 	// default Inspector (OpenAI) only.
 	ResponseMemory time.Duration
 	// MaxResponses is how many /v1/responses responses the Transport
-	// remembers at most (the table takes 64 bytes per response, allocated
-	// on first use); the least recently used make room. 0 means
-	// ResponseEntries/2 (8,192). To keep every response for ResponseMemory,
-	// set it to at least the new responses per second times ResponseMemory
-	// in seconds (100/s for 30 minutes: 180,000, 11 MiB). At most
-	// MaxMaxResponses.
+	// remembers (the table takes 64 bytes per response, rounded up to a
+	// power of two, allocated on first use); the least recently used make
+	// room. 0 means ResponseEntries/2 (8,192). To keep every response for
+	// ResponseMemory, set it to at least the new responses per second
+	// times ResponseMemory in seconds (100/s for 30 minutes: 180,000,
+	// 16 MiB), with room to spare: the table is set-associative, so a
+	// full set evicts before the table is full. At most MaxMaxResponses.
 	MaxResponses int
 	// OnResult, if set, is called once per attempt when it ends (after the
 	// balancer has been told), for metrics and logs; a call sent again
