@@ -18,7 +18,10 @@ import (
 // "... your request has 5000 input tokens"), SGLang's "The input (5000
 // tokens) is longer than the model's context length (4096 tokens).", TGI's
 // "Input validation error: `inputs` tokens + `max_new_tokens` must be <=
-// 4096. Given: 4000 `inputs` tokens and 1000 `max_new_tokens`", TensorRT-LLM's
+// 4096. Given: 4000 `inputs` tokens and 1000 `max_new_tokens`" (or, for a
+// prompt alone longer than its max-input-tokens, "`inputs` must have less
+// than 4096 tokens. Given: 5000", that limit remembered as the window),
+// TensorRT-LLM's
 // "Prompt length (5056) exceeds maximum sequence length (2048)". In a fleet
 // whose replicas have different windows (started with different
 // max-model-len, or on GPUs with room for different KV caches) another

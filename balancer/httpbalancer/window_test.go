@@ -40,6 +40,13 @@ func newWindowBackend(t *testing.T, name string, window int) *windowBackend {
 // and max_tokens do not fit window with refuse, others as fakeChat does.
 func newRefusingBackend(t *testing.T, name string, window int, refuse func(w http.ResponseWriter, prompt, out int)) *windowBackend {
 	t.Helper()
+	return newRefusingBackendIf(t, name, func(prompt, out int) bool { return prompt+out > window }, refuse)
+}
+
+// newRefusingBackendIf answers a chat for which tooLong holds (its prompt
+// its characters over 4) with refuse, others as fakeChat does.
+func newRefusingBackendIf(t *testing.T, name string, tooLong func(prompt, out int) bool, refuse func(w http.ResponseWriter, prompt, out int)) *windowBackend {
+	t.Helper()
 	b := &windowBackend{backend: &backend{name: name}}
 	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -54,7 +61,7 @@ func newRefusingBackend(t *testing.T, name string, window int, refuse func(w htt
 		for _, m := range req.Messages {
 			prompt += len(m.Content) / 4
 		}
-		if prompt+req.MaxTokens > window {
+		if tooLong(prompt, req.MaxTokens) {
 			b.refused.Add(1)
 			w.Header().Set("Content-Type", "application/json")
 			refuse(w, prompt, req.MaxTokens)
@@ -228,4 +235,47 @@ func TestLongCallsFindTheLargerWindowOnTGI(t *testing.T) {
 	resp, body := post(t, c, chatOf(100, 9000, 200))
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
 	assert.True(t, strings.HasPrefix(string(body), `{"error":"Input validation error: `+"`inputs` tokens + `max_new_tokens` must be <= "), "the refusal as it came: %s", body)
+}
+
+// TGI checks the prompt and max_new_tokens against max-total-tokens, then
+// the prompt alone against max-input-tokens, and refuses a prompt longer
+// than that with 422 "`inputs` must have less than W tokens. Given: P"
+// (router/src/validation.rs, InputLength): the call goes on to the replica
+// whose inputs take it, the refused attempt reported with W.
+func TestLongPromptsFindTheLargerInputOnTGI(t *testing.T) {
+	tgi := func(name string, maxInput, maxTotal int) *windowBackend {
+		return newRefusingBackendIf(t, name, func(prompt, out int) bool { return prompt+out > maxTotal || prompt > maxInput },
+			func(w http.ResponseWriter, prompt, out int) {
+				w.WriteHeader(http.StatusUnprocessableEntity)
+				if prompt+out > maxTotal {
+					fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` tokens + `max_new_tokens` must be <= %d. Given: %d `inputs` tokens and %d `max_new_tokens`"+`","error_type":"validation"}`, maxTotal, prompt, out)
+					return
+				}
+				fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` must have less than %d tokens. Given: %d"+`","error_type":"validation"}`, maxInput, prompt)
+			})
+	}
+	small, large := tgi("small", 1000, 4096), tgi("large", 8000, 8192)
+	res := newResults(64)
+	tr := newTransport(t, httpbalancer.Options{
+		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1)}),
+		Endpoints: endpointsOf(small.backend, large.backend),
+		OnResult:  res.on,
+	})
+	c := &http.Client{Transport: tr}
+	for i := range 8 {
+		resp, body := post(t, c, chatOf(i, 3000, 200))
+		require.Equal(t, http.StatusOK, resp.StatusCode, "call %d: %s", i, body)
+		assert.Equal(t, "large", resp.Header.Get("X-Backend"))
+	}
+	require.Positive(t, small.refused.Load(), "the small replica was tried")
+	st := statsByID(tr.Balancer())
+	assert.Equal(t, uint64(small.refused.Load()), st["small"].TooLong)
+	assert.Zero(t, st["small"].Failures)
+	for range res.n.Load() {
+		if r := <-res.c; r.Endpoint == "small" {
+			assert.Equal(t, http.StatusUnprocessableEntity, r.Status)
+			assert.Equal(t, 1000, r.Outcome.ContextWindow)
+			assert.True(t, r.FailedOver)
+		}
+	}
 }

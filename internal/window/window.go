@@ -10,7 +10,9 @@
 // 4000 tokens from the input messages and 1000 tokens for the
 // completion."), TGI's "`inputs` tokens +
 // `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 1000
-// `max_new_tokens`", TensorRT-LLM's "Prompt length (5056) exceeds maximum
+// `max_new_tokens`" (or, when the prompt alone is longer than its
+// max-input-tokens, "`inputs` must have less than 4096 tokens. Given:
+// 5000"), TensorRT-LLM's "Prompt length (5056) exceeds maximum
 // sequence length (2048)". The adapters report such an answer with
 // inferlb.Outcome.ContextWindow: in a fleet whose replicas have
 // different windows another replica may take the call.
@@ -73,6 +75,17 @@ func Refusal(body []byte) (window, prompt, output int) {
 		// TGI's.
 		window = numberAfter(lb, "`max_new_tokens` must be <= ")
 		prompt, output = numberAfter(lb, "given: "), numberBefore(lb, " `max_new_tokens`")
+	case bytes.Contains(lb, []byte("`inputs` must have less than ")):
+		// TGI's when the prompt and max_new_tokens fit its
+		// max-total-tokens (checked first) but the prompt alone is longer
+		// than its max-input-tokens: "`inputs` must have less than W
+		// tokens. Given: P" (a prompt of W tokens is taken). W bounds the
+		// prompt, not the prompt and output: remembered as the window, it
+		// is below the endpoint's true one (max-total-tokens), which only
+		// makes the endpoint passed over for a call that would fit while
+		// another may take it.
+		window = numberAfter(lb, "`inputs` must have less than ")
+		prompt = numberAfter(lb, "given: ")
 	case bytes.Contains(lb, []byte("prompt length (")) && bytes.Contains(lb, []byte(") exceeds maximum ")):
 		// TensorRT-LLM's executor: "Prompt length (5056) exceeds maximum
 		// sequence length (2048)" (or "input length").

@@ -27,6 +27,9 @@ func TestRefusal(t *testing.T) {
 		{"SGLang", `{"object":"error","message":"The input (5000 tokens) is longer than the model's context length (4096 tokens).","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1},
 		{"SGLang total", `{"object":"error","message":"Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 5000 tokens: 4000 tokens from the input messages and 1000 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000},
 		{"TGI", `{"error":"Input validation error: ` + "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`" + `","error_type":"validation"}`, 4096, 4000, 200},
+		// TGI's InputLength (router/src/validation.rs): the prompt alone
+		// is longer than max-input-tokens; it says nothing of the output.
+		{"TGI input", `{"error":"Input validation error: ` + "`inputs` must have less than 1024 tokens. Given: 2000" + `","error_type":"validation"}`, 1024, 2000, -1},
 		{"TensorRT-LLM", `{"object":"error","message":"Encountered an error when fetching new request: Prompt length (5056) exceeds maximum sequence length (2048).","type":"BadRequestError","code":400}`, 2048, 5056, -1},
 		{"TensorRT-LLM input", `{"message":"Prompt length (200) exceeds maximum input length (128)"}`, 128, 200, -1},
 		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1},
