@@ -71,8 +71,9 @@ func Refusal(body []byte) (window, prompt, output int) {
 		// input messages and O tokens for the completion."
 		window = numberAfter(lb, "maximum context length of ")
 		prompt, output = numberBefore(lb, " tokens from the input"), numberBefore(lb, " tokens for the completion")
-	case bytes.Contains(lb, []byte("`max_new_tokens` must be <= ")):
-		// TGI's.
+	case bytes.Contains(lb, []byte("`inputs` tokens + `max_new_tokens` must be <= ")):
+		// TGI's. Not its "`max_new_tokens` must be <= N. Given: M" (v1,
+		// without a fast tokenizer), a bound on max_new_tokens alone.
 		window = numberAfter(lb, "`max_new_tokens` must be <= ")
 		prompt, output = numberAfter(lb, "given: "), numberBefore(lb, " `max_new_tokens`")
 	case bytes.Contains(lb, []byte("`inputs` must have less than ")):

@@ -30,6 +30,10 @@ func TestRefusal(t *testing.T) {
 		// TGI's InputLength (router/src/validation.rs): the prompt alone
 		// is longer than max-input-tokens; it says nothing of the output.
 		{"TGI input", `{"error":"Input validation error: ` + "`inputs` must have less than 1024 tokens. Given: 2000" + `","error_type":"validation"}`, 1024, 2000, -1},
+		// TGI v1 without a fast tokenizer (ValidationError::MaxNewTokens):
+		// max_new_tokens above max-total-tokens less max-input-tokens, no
+		// window and no prompt in it.
+		{"TGI max_new_tokens", `{"error":"Input validation error: ` + "`max_new_tokens` must be <= 1024. Given: 2000" + `","error_type":"validation"}`, 0, -1, -1},
 		{"TensorRT-LLM", `{"object":"error","message":"Encountered an error when fetching new request: Prompt length (5056) exceeds maximum sequence length (2048).","type":"BadRequestError","code":400}`, 2048, 5056, -1},
 		{"TensorRT-LLM input", `{"message":"Prompt length (200) exceeds maximum input length (128)"}`, 128, 200, -1},
 		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1},
@@ -42,7 +46,7 @@ func TestRefusal(t *testing.T) {
 
 func FuzzRefusal(f *testing.F) {
 	f.Add([]byte("This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion)."))
-	f.Add([]byte("`max_new_tokens` must be <= 99999999999999999999. Given: 1 `inputs` tokens and 2 `max_new_tokens`"))
+	f.Add([]byte("`inputs` tokens + `max_new_tokens` must be <= 99999999999999999999. Given: 1 `inputs` tokens and 2 `max_new_tokens`"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		w, p, o := Refusal(body)
 		if w < 0 || p < -1 || o < -1 {
