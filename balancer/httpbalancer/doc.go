@@ -42,7 +42,9 @@
 // (DefaultMaxPeek, 1 MiB) and asks the Inspector what the call is: the
 // service from the path, and model, stream, output bound (max_tokens times
 // n times the prompts of a batch: a completions prompt, or SGLang's text or
-// input_ids, given as a list of prompts), a prompt token
+// input_ids, given as a list of prompts; a count read as vLLM's and
+// SGLang's pydantic reads it, also 1e3, 512.0 or a string such as "512"
+// or " +1_024 "), a prompt token
 // estimate and a prompt affinity key from the body (a prompt given as token
 // IDs is keyed on its leading IDs; vLLM's cache_salt scopes the key, as it
 // scopes the server's prefix cache; each estimate is capped at

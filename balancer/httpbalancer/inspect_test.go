@@ -106,6 +106,9 @@ func TestInspectFields(t *testing.T) {
 		// from an environment variable, sent unconverted).
 		{"bound and n as strings", "/v1/chat/completions", `{"max_tokens":"512","n":" 2 "}`, true, "", false, 1024, 0, false},
 		{"string sampling_params", "/generate", `{"text":"abcd","sampling_params":{"max_new_tokens":"64.0","n":"3"}}`, true, "", false, 192, 1, true},
+		// As pydantic reads such a string: a '+', white space, underscores
+		// between digits, escapes decoded (see intString).
+		{"bound and n as pydantic reads them", "/v1/chat/completions", `{"max_tokens":" +1_024.0 ","n":"\t2"}`, true, "", false, 2048, 0, false},
 		{"strings that are no count", "/v1/chat/completions", `{"max_tokens":"5x","max_completion_tokens":"-7","max_output_tokens":"1.5","max_new_tokens":"99999999999","n":"2"}`, true, "", false, 0, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

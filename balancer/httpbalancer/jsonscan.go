@@ -8,7 +8,9 @@ import (
 	"math/bits"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
@@ -364,8 +366,8 @@ func (s *scanner) scalar() ([]byte, bool) {
 // in-flight token sum.
 func (s *scanner) integer() (int, bool) {
 	if s.peek() == '"' {
-		raw, _, ok := s.str()
-		return intString(raw), ok
+		raw, esc, ok := s.str()
+		return intString(view(raw, esc)), ok
 	}
 	if c := s.peek(); c != '-' && (c < '0' || c > '9') {
 		return 0, s.skip()
@@ -387,39 +389,82 @@ func (s *scanner) integer() (int, bool) {
 	return n, true
 }
 
-// intString reads raw, the text of a JSON string, as a count when it is
-// the digits of one in 0..2^31-1, between spaces and with a fraction of
-// zeros allowed ("512", " 512 ", "512.0"), else 0. vLLM and SGLang
-// validate their requests with pydantic, which takes such a string for an
-// integer field (a bound read from an environment variable or a config
-// file, passed on unconverted), and the server honours it.
-func intString(raw []byte) int {
-	for len(raw) > 0 && raw[0] == ' ' {
-		raw = raw[1:]
+// intString reads v, the value of a JSON string, as a count in
+// 0..2^31-1 the way vLLM and SGLang read it, else 0. They validate their
+// requests with pydantic, which in its (default) lax mode takes a string
+// for an integer field (a bound read from an environment variable or a
+// config file, passed on unconverted) and the server honours it. What
+// pydantic-core's str_as_int takes, and so this: the digits of an
+// integer, between Unicode white space, after one '+', with leading zeros,
+// with single underscores between digits ("1_000"), with a fraction of
+// zeros ("512.0", "512.00"); not "512.", ".5", "_1", "1_", "1__0", "1e3",
+// "0x10", nor non-ASCII digits. Negative values read as 0.
+func intString(v string) int {
+	if n, ok := plainCount(v); ok {
+		return n
 	}
-	for len(raw) > 0 && raw[len(raw)-1] == ' ' {
-		raw = raw[:len(raw)-1]
+	// pydantic-core's clean_int_str, for what is not a plain integer.
+	s := strings.TrimFunc(v, unicode.IsSpace) // Rust's str::trim: White_Space
+	if r, ok := strings.CutPrefix(s, "+"); ok {
+		s = r
 	}
-	if i := bytes.IndexByte(raw, '.'); i >= 0 {
-		frac := raw[i+1:]
-		if len(frac) == 0 || len(bytes.Trim(frac, "0")) > 0 {
+	if s == "" || s[0] < '0' || s[0] > '9' {
+		return 0 // and a sign left: '-' (negative, or "+-"), "++"
+	}
+	// Leading zeros, and underscores among them, up to the first other
+	// digit; before a '.', one zero (or underscore) is kept.
+	if s[0] == '0' {
+		i := 1
+		for i < len(s) && (s[i] == '0' || s[i] == '_') {
+			i++
+		}
+		switch {
+		case i == len(s):
+			s = s[i-1:]
+		case s[i] == '.':
+			s = s[i-1:]
+		case s[i] >= '1' && s[i] <= '9' || s[i] == '-':
+			s = s[i:]
+		default:
 			return 0
 		}
-		raw = raw[:i]
 	}
-	if len(raw) == 0 {
-		return 0
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		if frac := s[i+1:]; frac != "" && strings.Trim(frac, "0") == "" {
+			s = s[:i]
+		}
+	}
+	if strings.Contains(s, "_") && s[0] != '_' && s[len(s)-1] != '_' && !strings.Contains(s, "__") {
+		s = strings.ReplaceAll(s, "_", "")
+	}
+	n, _ := plainCount(s)
+	return n
+}
+
+// plainCount reads s as a JSON integer ("0", or digits without a leading
+// zero; a '-' makes it negative, read as 0) in 0..2^31-1.
+func plainCount(s string) (int, bool) {
+	if s == "" || s[0] == '0' && len(s) > 1 {
+		return 0, false
+	}
+	if s[0] == '-' {
+		if len(s) == 1 || s[1] == '-' {
+			return 0, false
+		}
+		_, ok := plainCount(s[1:])
+		return 0, ok // negative: no count
 	}
 	n := 0
-	for _, c := range raw {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
 		if c < '0' || c > '9' {
-			return 0
+			return 0, false
 		}
 		if n = n*10 + int(c-'0'); n > 1<<31-1 {
-			return 0
+			return 0, true // a count too large to weigh
 		}
 	}
-	return n
+	return n, true
 }
 
 // wholeNumber reads lit, a JSON number that is not a plain run of digits,

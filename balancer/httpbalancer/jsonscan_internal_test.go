@@ -373,3 +373,59 @@ func TestScannerDoesNotRecurseOnAnyNesting(t *testing.T) {
 		_ = peekText(b[:1<<20], int64(len(b)))
 	}
 }
+
+// intStringCases: what pydantic-core (str_as_int, src/input/shared.rs; its
+// tests/validators/test_int.py) makes of a string for an int field, which
+// vLLM and SGLang then honour: a count, or 0 where it refuses the string
+// (or the value is negative or beyond 2^31-1).
+var intStringCases = []struct {
+	in   string
+	want int
+}{
+	{"512", 512}, {"0", 0}, {"00", 0}, {"0_000", 0}, {"+0", 0}, {"+0_000", 0},
+	{"+512", 512}, {" 512", 512}, {"512 ", 512}, {"  1  ", 1},
+	{"\t512\n", 512}, {"\u00a0512\u3000", 512}, {"\u2028512\u0085", 512},
+	{"1_000", 1000}, {"+4_2", 42}, {"+0_42", 42}, {"+4_2.0", 42}, {"+04_2.0", 42},
+	{"4_2.0", 42}, {"04_2.0", 42}, {"  04_2.0 ", 42}, {"  0_42.0 ", 42},
+	{"512.0", 512}, {"512.00", 512}, {"0.0", 0}, {"00.0", 0}, {"042", 42}, {"000001", 1},
+	{"123456789.0", 123456789}, {"2147483647", 1<<31 - 1},
+	// Refused by pydantic.
+	{"512.", 0}, {"1.", 0}, {".5", 0}, {"512.5", 0}, {"512.0_0", 0}, {"1.5", 0},
+	{"00_", 0}, {"0:", 0}, {"++4_2", 0}, {"+-1", 0}, {"  _042.0 ", 0}, {"42_", 0}, {"42_.0", 0},
+	{"1__000", 0}, {"1e3", 0}, {"0x10", 0}, {"", 0}, {" ", 0}, {"+", 0}, {"5x", 0},
+	{"\ufeff512", 0}, {"５１２", 0}, {"\u00b9", 0},
+	// Taken by pydantic but no count: negative, or too large to weigh.
+	{"-1", 0}, {"-0", 0}, {"-00042_000", 0}, {"0-5", 0}, {"2147483648", 0}, {"99999999999", 0},
+}
+
+func TestIntStringReadsWhatPydanticTakes(t *testing.T) {
+	for _, tc := range intStringCases {
+		assert.Equal(t, tc.want, intString(tc.in), "%q", tc.in)
+		v, ok := refStrAsInt(tc.in)
+		if !ok || v < 0 || v > 1<<31-1 {
+			v = 0
+		}
+		assert.Equal(t, tc.want, int(v), "reference, %q", tc.in)
+	}
+	// In a body, escapes are decoded first, as Python's json module does.
+	var out body
+	parseBody([]byte(`{"max_tokens":"\u0035\u0031\u0032","n":"\t2"}`), false, &out)
+	assert.Equal(t, [2]int{512, 2}, [2]int{out.maxTokens, out.n})
+}
+
+// FuzzIntStringMatchesPydantic: intString reads every string as the line
+// by line port of pydantic-core's str_as_int does.
+func FuzzIntStringMatchesPydantic(f *testing.F) {
+	for _, tc := range intStringCases {
+		f.Add(tc.in)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, ok := refStrAsInt(s)
+		if !ok || v < 0 || v > 1<<31-1 {
+			v = 0
+		}
+		if got := intString(s); got != int(v) {
+			t.Fatalf("%q: %d, pydantic %d", s, got, v)
+		}
+	})
+}

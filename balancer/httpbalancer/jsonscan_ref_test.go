@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -183,22 +184,12 @@ func (s *refScanner) scalar() ([]byte, bool) {
 
 func (s *refScanner) integer() (int, bool) {
 	if s.peek() == '"' {
-		raw, _, _, ok := s.str()
+		raw, quoted, esc, ok := s.str()
 		if !ok {
 			return 0, false
 		}
-		t := strings.Trim(string(raw), " ")
-		if i := strings.IndexByte(t, '.'); i >= 0 {
-			if i+1 == len(t) || strings.Trim(t[i+1:], "0") != "" {
-				return 0, true
-			}
-			t = t[:i]
-		}
-		if t == "" || strings.Trim(t, "0123456789") != "" {
-			return 0, true
-		}
-		v, err := strconv.ParseUint(t, 10, 64)
-		if err != nil || v > 1<<31-1 {
+		v, ok := refStrAsInt(refDecode(raw, quoted, esc))
+		if !ok || v < 0 || v > 1<<31-1 {
 			return 0, true
 		}
 		return int(v), true
@@ -832,4 +823,94 @@ func (s *refScanner) stringInto(dst *string) bool {
 		*dst = refView(raw, quoted, esc)
 	}
 	return ok
+}
+
+// refJSONInt is a JSON integer, as jiter's NumberInt::from_bytes takes it.
+var refJSONInt = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
+
+// refStrAsInt is pydantic-core's str_as_int (src/input/shared.rs) line by
+// line: a JSON integer, else the string cleaned by clean_int_str. ok false:
+// pydantic refuses the string (or its value is beyond int64).
+func refStrAsInt(str string) (int64, bool) {
+	if refJSONInt.MatchString(str) {
+		v, err := strconv.ParseInt(str, 10, 64)
+		return v, err == nil
+	}
+	cleaned, ok := refCleanIntStr(str)
+	if !ok || !refJSONInt.MatchString(cleaned) {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(cleaned, 10, 64)
+	return v, err == nil
+}
+
+func refCleanIntStr(s string) (string, bool) {
+	lenBefore := len(s)
+	s = strings.TrimSpace(s)
+	if suffix, ok := strings.CutPrefix(s, "+"); ok {
+		if strings.HasPrefix(suffix, "-") {
+			return "", false
+		}
+		s = suffix
+	}
+	negative := false
+	if suffix, ok := strings.CutPrefix(s, "-"); ok {
+		if strings.HasPrefix(suffix, "-") || strings.HasPrefix(suffix, "+") {
+			return "", false
+		}
+		negative, s = true, suffix
+	}
+	s, ok := refStripLeadingZeros(s)
+	if !ok {
+		return "", false
+	}
+	if i := strings.Index(s, "."); i >= 0 {
+		if d := s[i+1:]; d != "" && strings.Trim(d, "0") == "" {
+			s = s[:i]
+		}
+	}
+	sign := ""
+	if negative {
+		sign = "-"
+	}
+	if stripped, ok := refStripUnderscores(s); ok {
+		return sign + stripped, true
+	}
+	if lenBefore == len(s) {
+		return "", false
+	}
+	return sign + s, true
+}
+
+func refStripLeadingZeros(s string) (string, bool) {
+	if s == "" {
+		return "", false
+	}
+	switch c := s[0]; {
+	case c == '0':
+	case c >= '1' && c <= '9' || c == '-':
+		return s, true
+	default:
+		return "", false
+	}
+	for i, c := range s[1:] {
+		i++
+		switch {
+		case c == '0' || c == '_':
+		case c >= '1' && c <= '9' || c == '-':
+			return s[i:], true
+		case c == '.':
+			return s[i-1:], true
+		default:
+			return "", false
+		}
+	}
+	return s[len(s)-1:], true
+}
+
+func refStripUnderscores(s string) (string, bool) {
+	if strings.HasPrefix(s, "_") || strings.HasSuffix(s, "_") || !strings.Contains(s, "_") || strings.Contains(s, "__") {
+		return "", false
+	}
+	return strings.ReplaceAll(s, "_", ""), true
 }
