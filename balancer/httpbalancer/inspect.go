@@ -99,7 +99,9 @@ var (
 // prompt, and SGLang's sampling_params may then be a list, one object per
 // prompt, whose largest max_new_tokens and n count; a flat list of token
 // IDs is one prompt, and the lists of /v1/responses input items, of
-// embeddings and of rerank documents multiply nothing), a prompt
+// embeddings, of rerank documents and of the two sides of vLLM's score API
+// (text_1 and text_2, queries and documents, data_1 and data_2, whose
+// text counts as a rerank's query and documents do) multiply nothing), a prompt
 // token estimate (bytes of prompt text / 4, tool definitions, calls and
 // results included, as the server renders them into the prompt, and one
 // token per ID of a prompt given as token IDs; or the body size / 4 when

@@ -48,6 +48,7 @@ func TestServiceForPath(t *testing.T) {
 		"/v1/rerank":                    inferlb.ServiceRerank,
 		"/v2/rerank":                    inferlb.ServiceRerank,
 		"/v1/score":                     inferlb.ServiceRerank,
+		"/score":                        inferlb.ServiceRerank,
 		"/v1/models":                    inferlb.ServiceUnknown,
 		"/v1/responses/resp_123/cancel": inferlb.ServiceUnknown,
 		"":                              inferlb.ServiceUnknown,
@@ -74,6 +75,13 @@ func TestInspectFields(t *testing.T) {
 		{"responses items", "/v1/responses", `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"abcdefgh"}]}]}`, true, "m", false, 0, 2, true},
 		{"embeddings", "/v1/embeddings", `{"model":"e5","input":["abcd","efgh"]}`, true, "e5", false, 0, 2, false},
 		{"rerank", "/v1/rerank", `{"model":"bge","query":"abcd","documents":["abcdefgh",{"text":"abcd"}]}`, true, "bge", false, 0, 4, false},
+		// vLLM's score API: two sides, each a string or a list, read as a
+		// rerank's query and documents (text_1 and text_2; queries and
+		// documents; data_1 and data_2).
+		{"score", "/score", `{"model":"bge","text_1":"abcd","text_2":["abcdefgh","abcd"]}`, true, "bge", false, 0, 4, false},
+		{"score lists", "/v1/score", `{"model":"bge","text_1":["abcd","abcd"],"text_2":["abcdefgh","abcd"]}`, true, "bge", false, 0, 5, false},
+		{"score queries", "/v1/score", `{"model":"bge","queries":"abcd","documents":["abcdefgh","abcd"]}`, true, "bge", false, 0, 4, false},
+		{"score data", "/v1/score", `{"model":"bge","data_1":"abcdefgh","data_2":"abcdefgh"}`, true, "bge", false, 0, 4, false},
 		{"tgi", "/generate", `{"inputs":"abcdefgh","parameters":{"max_new_tokens":12}}`, true, "", false, 12, 2, true},
 		// SGLang's native generate; its Responses-API namesake "text" is an object.
 		{"sglang", "/generate", `{"text":"abcdefgh","sampling_params":{"temperature":0,"max_new_tokens":12},"stream":true}`, true, "", true, 12, 2, true},

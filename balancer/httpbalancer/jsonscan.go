@@ -741,9 +741,13 @@ func (s *scanner) field(key []byte, out *body) bool {
 		ok := s.promptValue(out)
 		out.prompts = max(out.prompts, out.listed)
 		return ok
-	case "input", "inputs", "text_input", "query", "documents", "texts":
+	case "input", "inputs", "text_input", "query", "documents", "texts",
+		"text_1", "text_2", "queries", "data_1", "data_2":
 		// text_input: Triton's generate extension, as TensorRT-LLM serves
-		// it. None is a batch of generations: the lists of embeddings and
+		// it. text_1 and text_2, queries (with documents), data_1 and
+		// data_2: the two sides of vLLM's score API (/score, /v1/score),
+		// each a string or a list, read as a rerank's query and documents
+		// are. None is a batch of generations: the lists of embeddings and
 		// rerank calls have no output, and /v1/responses input items are
 		// one conversation.
 		return s.promptValue(out)

@@ -87,6 +87,7 @@ var scanSeeds = []string{
 	`{"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]},{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"},{"type":"tool_result","content":[{"text":"deeper"}]}]},{"type":"tool_use","input":{"a":[1]}},{"type":"tool_result","content":"s"}]}],"functions":7}`,
 	`{"messages":[{"role":"system","content":"s\\\\\"\u00e9\ud83d\ude00"},{"content":[{"type":"text","text":"q\n\\"},{"type":"image_url","image_url":{"url":"data:image/png;base64,QUJDREVG"}}],"role":"user"},{"role":"user","content":"y"}]}`,
 	`{"model":"m","messages":[{"role":"system","content":["be \"terse\"",7,"s2"]},{"role":"user","content":["What is this?",{"type":"image_url","image_url":{"url":"u"}},"Explain."]}]}`,
+	`{"model":"bge","text_1":"q","text_2":["d1",{"text":"d2"}],"queries":["a","b"],"data_1":{"content":[]},"data_2":"x"}`,
 	`{"max_tokens":"512","n":" 2 ","sampling_params":{"max_new_tokens":"64.0","n":"3."},"max_completion_tokens":"1_0","max_output_tokens":"0.00","n":"x\u0031"}`,
 	`{"model":"llava","messages":[{"role":"user","content":"what is this?","images":["iVBORw0KGgo","QUJD",7,{"a":"b"}]},{"role":"user","images":"x","content":"y"}],"images":["QUJD"],"prompt":"p"}`,
 }

@@ -447,7 +447,8 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			n, ok := s.promptValue(out)
 			out.prompts = max(out.prompts, n)
 			return ok
-		case "input", "inputs", "text_input", "query", "documents", "texts":
+		case "input", "inputs", "text_input", "query", "documents", "texts",
+			"text_1", "text_2", "queries", "data_1", "data_2":
 			_, ok := s.promptValue(out)
 			return ok
 		case "tools", "functions":
