@@ -93,7 +93,9 @@
 // The outcome is reported to the balancer when the response body ends (EOF,
 // the last of the bytes its Content-Length announced, Close or a read
 // error), not when the headers arrive (but for an answer that has no body:
-// a HEAD's, a 204, a 304), though an embedding
+// a HEAD's, a 204, a 304, or one whose length is known to be zero: a
+// Content-Length of 0, or over HTTP/2 a stream that ended with its
+// headers; such a body need not be read nor closed), though an embedding
 // or rerank call's latency runs only to its headers (the server has
 // computed the answer by then; how fast the body is read is the caller's
 // pace, and one slow reader would make the endpoint look slow); for server-sent

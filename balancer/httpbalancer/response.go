@@ -332,7 +332,7 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		}
 		c.t.b.Publish(c.pick.ID(), s)
 	}
-	if resp.Body == nil || resp.Body == http.NoBody || bodiless(c.out.Method, resp.StatusCode) {
+	if resp.Body == nil || resp.Body == http.NoBody || bodiless(c.out.Method, resp.StatusCode) || knownEmpty(resp) {
 		// Nothing to wait for; an upgraded connection is not an inference call.
 		c.finish(nil)
 		return resp, nil
@@ -367,7 +367,8 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	c.left = -1
 	if resp.ContentLength > 0 {
 		// 0 is left unknown: a Response made by hand (a mock, a
-		// middleware) often has a body and a ContentLength never set.
+		// middleware) often has a body and a ContentLength never set
+		// (one known to be 0 ended above: knownEmpty).
 		c.left = resp.ContentLength
 	}
 	resp.Body = c
@@ -384,6 +385,32 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 func bodiless(method string, code int) bool {
 	return method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified ||
 		code == http.StatusSwitchingProtocols
+}
+
+// knownEmpty reports whether resp's body is known to be empty: its
+// ContentLength is 0 and either a Content-Length header says so or it came
+// over HTTP/2, whose transport in net/http sets ContentLength to -1 unless
+// that header or the stream's end with the headers gave it. net/http's
+// HTTP/1 transport gives such an answer http.NoBody, but its HTTP/2
+// transport an empty body of its own, and a Base that wraps bodies (a
+// tracing middleware) a wrapper; a caller that takes the status and leaves
+// the empty body alone (net/http holds nothing open for it) would leave the
+// call in flight on its endpoint for good. A ContentLength of 0 alone says
+// nothing: a Response made by hand (a mock, a middleware) often has a body
+// and a ContentLength never set.
+func knownEmpty(resp *http.Response) bool {
+	if resp.ContentLength != 0 {
+		return false
+	}
+	if resp.ProtoMajor == 2 {
+		return true
+	}
+	cl := resp.Header["Content-Length"]
+	if len(cl) != 1 {
+		return false
+	}
+	n, err := strconv.ParseUint(strings.Trim(cl[0], " \t"), 10, 63)
+	return err == nil && n == 0
 }
 
 // headersLatency reports whether the latency a service's endpoints are
