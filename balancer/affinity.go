@@ -144,8 +144,20 @@ func (b *Balancer) warmFor(key uint64, g *group, i int, nowNs int64) bool {
 	if b.spills == nil {
 		return false
 	}
-	at, ok := b.spills.Get(spillKey(key, g.members[i]))
-	return ok && nowNs-int64(at) < int64(b.cfg.spillTTL)
+	k := spillKey(key, g.members[i])
+	at, ok := b.spills.Get(k)
+	if !ok {
+		return false
+	}
+	if nowNs-int64(at) < int64(b.cfg.spillTTL) {
+		return true
+	}
+	// Cold, and the Get just refreshed its slot: an entry read on every
+	// pick of its key (stayAway reads the walk's next endpoints) would
+	// hold the slot for good and, expiring last, push its set's warm
+	// entries out first.
+	b.spills.Delete(k)
+	return false
 }
 
 // stayAway is the hysteresis of spills. An owner above its fair share (but
