@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb/cache"
-	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // Every turn of a conversation routes on the same key, so it finds the KV
@@ -50,10 +49,16 @@ func ExamplePlacement_Walk() {
 	// [gpu-b:8000 gpu-c:8000 gpu-a:8000]
 }
 
+// manualClock is a cache.Clock that moves only when told to.
+type manualClock struct{ now time.Time }
+
+func (c *manualClock) Now() time.Time          { return c.now }
+func (c *manualClock) Advance(d time.Duration) { c.now = c.now.Add(d) }
+
 // A session sticks to the member it was first placed on until it has been
 // idle for the TTL.
 func ExampleSessions() {
-	clock := testutil.NewClock()
+	clock := &manualClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	s, err := cache.NewSessions(cache.SessionOptions{TTL: time.Minute, Clock: clock})
 	if err != nil {
 		panic(err)
