@@ -92,8 +92,13 @@ type Options struct {
 	// of the Balancer (Update, a Membership's Update or Close).
 	Telemetry *telemetry.Store
 	// TelemetryMaxAge is how old a telemetry field may be before it is
-	// ignored (treated as absent, i.e. neutral). Default 30s: twice
-	// Prometheus' default scrape interval. Negative means never stale.
+	// ignored (treated as absent, i.e. neutral). Default 30s: twice the
+	// 15s at which a telemetry.Poller polls by default and Prometheus'
+	// example configuration scrapes. Prometheus' own default interval is
+	// 1m: a reading is as old as its scrape (promapi stamps each field
+	// with it), so with scrapes that far apart set this to at least twice
+	// the interval, or readings count as absent for half of it. Negative
+	// means never stale.
 	TelemetryMaxAge time.Duration
 	// LatencyDecay is the peak-EWMA time constant. Default 10s (Linkerd's).
 	LatencyDecay time.Duration

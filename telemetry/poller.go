@@ -12,8 +12,9 @@ import (
 
 // Defaults for PollerOptions. Each is what the zero value of its field means.
 const (
-	// DefaultPollInterval is Prometheus' default scrape interval, so a poller
-	// sees each exporter update about once.
+	// DefaultPollInterval is the scrape interval of Prometheus' example
+	// configuration (Prometheus' own default is 1m), so a poller sees each
+	// exporter update about once.
 	DefaultPollInterval = 15 * time.Second
 	// DefaultPollJitter spreads replicas that started together (a rollout)
 	// so they do not scrape an exporter in lockstep.
