@@ -48,7 +48,9 @@ const notServedDelay = 3 * time.Millisecond
 
 // transportNotServedHops is how many times the HTTP transport sends a call
 // on to another endpoint after answers that the endpoint does not serve its
-// model (httpbalancer's maxNotServedHops).
+// model, in a fleet of 9 endpoints or fewer as in every scenario that meets
+// such answers (httpbalancer's notServedHops: its endpoints less one, at
+// least minNotServedHops, 8).
 const transportNotServedHops = 8
 
 // Clock is the simulator's virtual clock; it implements balancer.Clock, so
