@@ -613,17 +613,25 @@ func TestE2ETwoChannelsShareOneCore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i, bk := range llm {
-		if n := bk.calls.Load(); n < 10 {
-			t.Errorf("llm server %d got %d of 90 calls; want a share", i, n)
+	// Each channel's calls on its own servers only, and on every one of
+	// them. How many each takes is the scorer's reading of loopback load:
+	// with two calls at a time, a server whose goroutines a busy machine
+	// schedules late looks busier, and one of three took 3 of 90 calls
+	// (a few runs in a hundred), which says nothing about the core.
+	for _, side := range []struct {
+		name  string
+		fleet []*backend
+	}{{"llm", llm}, {"embedding", embed}} {
+		total := int64(0)
+		for i, bk := range side.fleet {
+			n := bk.calls.Load()
+			total += n
+			if n == 0 {
+				t.Errorf("%s server %d got none of its channel's 90 calls", side.name, i)
+			}
 		}
-	}
-	// Two endpoints: P2C compares both on every call, so the split follows
-	// their measured latencies, which loopback noise on a busy machine
-	// tilts (14 of 90 seen); any real share shows both are in the core.
-	for i, bk := range embed {
-		if n := bk.calls.Load(); n < 5 {
-			t.Errorf("embedding server %d got %d of 90 calls; want a share", i, n)
+		if total != 90 {
+			t.Errorf("%s servers got %d calls; want their channel's 90, no more, no less", side.name, total)
 		}
 	}
 	if got := len(b.Stats()); got != 5 {
