@@ -66,6 +66,8 @@
 // start scales a joining or recovered endpoint's chance), the request's
 // Scorer prices both from a State snapshot (in-flight requests and tokens,
 // peak-EWMA latency, error rate, fresh telemetry) and the cheaper one wins.
+// Latency is kept per service, so on an endpoint that serves chats and
+// embeddings alike an embedding is priced by embeddings, not by chats.
 // Ranks of a data-parallel attention engine (endpoints one membership gives
 // the same Options.DPGroupLabel value) step together, so a prompt's price also says
 // how far it would raise its engine's step above the prefill the engine's
