@@ -12,11 +12,20 @@ import (
 // EndpointStats is a point-in-time view of one endpoint's live state, for
 // metrics, debugging and tests.
 type EndpointStats struct {
-	ID             string
-	Ready          bool      // ready in at least one membership that lists it
-	ExcludedUntil  time.Time // zero when in good standing
-	Weight         float64   // capacity weight
-	RampFactor     float64   // slow-start fraction of Weight now, 1 when done
+	ID    string
+	Ready bool // ready in at least one membership that lists it
+	// ExcludedUntil is when the endpoint's exclusion from rotation ends: a
+	// breaker trip or failed probe, an outlier ejection or an overload
+	// cooldown, whichever ends last (they extend one deadline); zero when
+	// none is in force. A breaker past it is half-open and takes only its
+	// probes (BreakerOpen stays true).
+	ExcludedUntil time.Time
+	// EjectedUntil is when the outlier ejection in force ends, zero with
+	// none; ExcludedUntil is at least it. An exclusion with BreakerOpen
+	// false and no ejection in force is an overload cooldown.
+	EjectedUntil   time.Time
+	Weight         float64 // capacity weight (Endpoint.Capacity)
+	RampFactor     float64 // slow-start fraction of Weight now, 1 when done
 	InFlight       int64
 	InFlightTokens int64
 	// Latency is the peak-EWMA of successful calls' latency as last
@@ -122,6 +131,9 @@ func (b *Balancer) Stats() []EndpointStats {
 		e.slot.Load().LoadInto(&s.Telemetry, time.Unix(0, nowNs), b.cfg.telemetryMaxAge)
 		if u := e.excludedUntil.Load(); u > nowNs {
 			s.ExcludedUntil = time.Unix(0, u)
+		}
+		if u := e.ejectedUntil.Load(); u > nowNs {
+			s.EjectedUntil = time.Unix(0, u)
 		}
 		out[i] = s
 	}

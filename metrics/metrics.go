@@ -17,6 +17,7 @@
 //
 //	Collector, {balancer="name"}, per endpoint {endpoint="ID"}:
 //	  inferlb_endpoint_in_flight, _in_flight_tokens, _ready, _breaker_open,
+//	  _outlier_ejected, _exclusion_remaining_seconds, _weight,
 //	  _slow_start_factor, _error_rate, _latency_ewma_seconds{service},
 //	  _ttft_ewma_seconds, _time_per_output_token_seconds,
 //	  _picks_total, _successes_total, _failures_total, _overloads_total,
@@ -66,7 +67,7 @@ type Collector struct {
 
 	inFlight, inFlightTokens, latency, ttft, tpot, errRate, ready, breakerOpen, ramp *prometheus.Desc
 	picks, successes, failures, overloads, notServed, tooLong, modelFailures, trips  *prometheus.Desc
-	recoveries, ejections                                                            *prometheus.Desc
+	recoveries, ejections, exclusion, ejected, weight                                *prometheus.Desc
 	spills, retries, keyReuse, following                                             *prometheus.Desc
 	telemetry, telemetryAge                                                          *prometheus.Desc
 }
@@ -96,6 +97,12 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		successes:      d("endpoint_successes_total", "Calls that succeeded.", ep),
 		failures:       d("endpoint_failures_total", "Calls that failed, held against the endpoint (overloads, cancellations, not-served and too-long answers and model failures are not counted here).", ep),
 		overloads:      d("endpoint_overloads_total", "Calls answered with overload (429, 503 with Retry-After, a server's load shedding, RESOURCE_EXHAUSTED, a gRPC stream refused or drained unprocessed).", ep),
+		exclusion: d("endpoint_exclusion_remaining_seconds",
+			"Seconds from now until the endpoint's exclusion from rotation ends, 0 with none: a circuit-breaker trip or failed probe, an outlier ejection or an overload cooldown (Retry-After), whichever ends last. An exclusion while endpoint_breaker_open and endpoint_outlier_ejected are 0 is an overload cooldown. Past its exclusion an open breaker takes only its half-open probes (endpoint_breaker_open stays 1).", ep),
+		ejected: d("endpoint_outlier_ejected",
+			"1 while an outlier ejection holds the endpoint out (endpoint_exclusion_remaining_seconds lasts at least as long).", ep),
+		weight: d("endpoint_weight",
+			"Capacity weight of the endpoint as last described to the balancer (Endpoint.Weight, 0 or an invalid weight read as 1), before slow start scales it (endpoint_slow_start_factor).", ep),
 		notServed: d("endpoint_not_served_total",
 			"Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.", ep),
 		tooLong: d("endpoint_too_long_total",
@@ -125,6 +132,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.tpot, c.errRate, c.ready, c.breakerOpen, c.ramp,
+		c.exclusion, c.ejected, c.weight,
 		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.tooLong, c.modelFailures, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
 		c.keyReuse, c.following, c.telemetry, c.telemetryAge,
 	} {
@@ -194,6 +202,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.ready, b2f(s.Ready), s.ID)
 		gauge(c.breakerOpen, b2f(s.BreakerOpen), s.ID)
 		gauge(c.ramp, s.RampFactor, s.ID)
+		var excl float64
+		if !s.ExcludedUntil.IsZero() {
+			excl = max(s.ExcludedUntil.Sub(now), 0).Seconds()
+		}
+		gauge(c.exclusion, excl, s.ID)
+		gauge(c.ejected, b2f(!s.EjectedUntil.IsZero()), s.ID)
+		gauge(c.weight, s.Weight, s.ID)
 		if tel := &s.Telemetry; tel.Has != 0 {
 			for f := range telemetry.NumFields {
 				if v, ok := tel.Get(telemetry.Field(f)); ok {

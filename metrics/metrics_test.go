@@ -101,7 +101,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 22+2+1, testutil.CollectAndCount(c), "22 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 25+2+1, testutil.CollectAndCount(c), "25 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape
@@ -216,6 +216,100 @@ inferlb_endpoint_telemetry{balancer="llm",endpoint="a:1",field="waiting"} 12
 # TYPE inferlb_endpoint_telemetry_age_seconds gauge
 inferlb_endpoint_telemetry_age_seconds{balancer="llm",endpoint="a:1"} 2
 `), "inferlb_endpoint_telemetry", "inferlb_endpoint_telemetry_age_seconds"))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
+// TestCollectorExportsWhyAnEndpointIsOut: an endpoint that gets no traffic
+// is explained on a dashboard: how long its exclusion lasts from now, and
+// whether a breaker, an outlier ejection or (neither) an overload cooldown
+// holds it out; and the capacity weight each endpoint was given.
+func TestCollectorExportsWhyAnEndpointIsOut(t *testing.T) {
+	clock := tu.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock, Rand: tu.NewRand(1), OutlierMinRequests: 4})
+	require.NoError(t, b.Update([]inferlb.Endpoint{
+		{Addr: "a:1", Weight: 2}, {Addr: "b:1"}, {Addr: "c:1"}, {Addr: "d:1"}, {Addr: "e:1"},
+	}))
+	call := func(id string, o inferlb.Outcome) {
+		t.Helper()
+		serial, ok := b.Serial(id)
+		require.True(t, ok, id)
+		p, err := b.PickAt(&inferlb.Request{}, serial)
+		require.NoError(t, err)
+		require.Equal(t, id, p.ID())
+		p.Done(o)
+	}
+	down := inferlb.Outcome{Err: errors.New("500")}
+	// One outlier interval: d fails half its calls, its peers none.
+	for _, id := range []string{"a:1", "b:1", "d:1", "e:1"} {
+		for i := range 4 {
+			o := inferlb.Outcome{}
+			if id == "d:1" && i%2 == 1 {
+				o = down
+			}
+			call(id, o)
+		}
+	}
+	clock.Advance(balancer.DefaultOutlierInterval)
+	call("a:1", inferlb.Outcome{}) // the interval is judged: d is ejected for EjectionTime
+	for range balancer.DefaultBreakerFailures {
+		call("c:1", down) // c's breaker trips for EjectionTime
+	}
+	call("b:1", inferlb.Outcome{Overloaded: true, RetryAfter: 7 * time.Second}) // b cools down
+	clock.Advance(2 * time.Second)
+
+	c := metrics.NewCollector(b, "llm")
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_endpoint_breaker_open 1 while the circuit breaker holds the endpoint out or probes it.
+# TYPE inferlb_endpoint_breaker_open gauge
+inferlb_endpoint_breaker_open{balancer="llm",endpoint="a:1"} 0
+inferlb_endpoint_breaker_open{balancer="llm",endpoint="b:1"} 0
+inferlb_endpoint_breaker_open{balancer="llm",endpoint="c:1"} 1
+inferlb_endpoint_breaker_open{balancer="llm",endpoint="d:1"} 0
+inferlb_endpoint_breaker_open{balancer="llm",endpoint="e:1"} 0
+# HELP inferlb_endpoint_exclusion_remaining_seconds Seconds from now until the endpoint's exclusion from rotation ends, 0 with none: a circuit-breaker trip or failed probe, an outlier ejection or an overload cooldown (Retry-After), whichever ends last. An exclusion while endpoint_breaker_open and endpoint_outlier_ejected are 0 is an overload cooldown. Past its exclusion an open breaker takes only its half-open probes (endpoint_breaker_open stays 1).
+# TYPE inferlb_endpoint_exclusion_remaining_seconds gauge
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="a:1"} 0
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="b:1"} 5
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="c:1"} 8
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="d:1"} 8
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="e:1"} 0
+# HELP inferlb_endpoint_outlier_ejected 1 while an outlier ejection holds the endpoint out (endpoint_exclusion_remaining_seconds lasts at least as long).
+# TYPE inferlb_endpoint_outlier_ejected gauge
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="a:1"} 0
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="b:1"} 0
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="c:1"} 0
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="d:1"} 1
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="e:1"} 0
+# HELP inferlb_endpoint_weight Capacity weight of the endpoint as last described to the balancer (Endpoint.Weight, 0 or an invalid weight read as 1), before slow start scales it (endpoint_slow_start_factor).
+# TYPE inferlb_endpoint_weight gauge
+inferlb_endpoint_weight{balancer="llm",endpoint="a:1"} 2
+inferlb_endpoint_weight{balancer="llm",endpoint="b:1"} 1
+inferlb_endpoint_weight{balancer="llm",endpoint="c:1"} 1
+inferlb_endpoint_weight{balancer="llm",endpoint="d:1"} 1
+inferlb_endpoint_weight{balancer="llm",endpoint="e:1"} 1
+`), "inferlb_endpoint_breaker_open", "inferlb_endpoint_exclusion_remaining_seconds", "inferlb_endpoint_outlier_ejected", "inferlb_endpoint_weight"))
+
+	// Once the exclusions end, every endpoint reads 0 again (c's breaker
+	// is half-open: open, not excluded).
+	clock.Advance(10 * time.Second)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_endpoint_exclusion_remaining_seconds Seconds from now until the endpoint's exclusion from rotation ends, 0 with none: a circuit-breaker trip or failed probe, an outlier ejection or an overload cooldown (Retry-After), whichever ends last. An exclusion while endpoint_breaker_open and endpoint_outlier_ejected are 0 is an overload cooldown. Past its exclusion an open breaker takes only its half-open probes (endpoint_breaker_open stays 1).
+# TYPE inferlb_endpoint_exclusion_remaining_seconds gauge
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="a:1"} 0
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="b:1"} 0
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="c:1"} 0
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="d:1"} 0
+inferlb_endpoint_exclusion_remaining_seconds{balancer="llm",endpoint="e:1"} 0
+# HELP inferlb_endpoint_outlier_ejected 1 while an outlier ejection holds the endpoint out (endpoint_exclusion_remaining_seconds lasts at least as long).
+# TYPE inferlb_endpoint_outlier_ejected gauge
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="a:1"} 0
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="b:1"} 0
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="c:1"} 0
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="d:1"} 0
+inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="e:1"} 0
+`), "inferlb_endpoint_exclusion_remaining_seconds", "inferlb_endpoint_outlier_ejected"))
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
