@@ -181,8 +181,9 @@
 //
 // Affinity keys come from the Balancer's Keyer unless Options.Keyer is set,
 // so a fleet of callers that share the Balancer's AffinitySeed agree on
-// where each prompt and session lives; times (TTFT, load report stamps) come
-// from the Balancer's clock.
+// where each prompt and session lives (with Options.Keyer set, they need
+// Keyers of the same seed too: the AffinitySeed still places the keys);
+// times (TTFT, load report stamps) come from the Balancer's clock.
 //
 // # One Transport per tier
 //

@@ -83,7 +83,12 @@ type Options struct {
 	// same ID (its gRPC port). With neither, the Transport routes over the
 	// endpoints someone else gives the Balancer's own Update, and its own
 	// Update sets those.
-	Balancer        *balancer.Balancer
+	Balancer *balancer.Balancer
+	// BalancerOptions configure the Balancer the Transport builds when
+	// Balancer is nil; the zero value is balancer.Options' documented
+	// defaults. With Balancer set they must be zero (the shared Balancer
+	// has its own): New returns an error otherwise, as it does for
+	// options balancer.Options.Validate rejects.
 	BalancerOptions balancer.Options
 	// Discovery, if set, re-resolves a DNS name on an interval and serves
 	// the addresses found next to Endpoints.
@@ -95,8 +100,14 @@ type Options struct {
 	// as the caller made it.
 	Inspector Inspector
 	// Keyer computes affinity keys for sessions and prompts. nil means the
-	// Balancer's own (Balancer.Keyer), which shares its AffinitySeed:
-	// processes that should agree on where a prompt lives set the same seed.
+	// Balancer's own (Balancer.Keyer), seeded with its AffinitySeed: then
+	// processes that should agree on where a prompt or session lives set
+	// the same balancer.Options.AffinitySeed (and list the same endpoint
+	// IDs and weights). A Keyer given here only makes the keys; the
+	// Balancer's AffinitySeed still places them on endpoints, so such
+	// processes need both: Keyers of the same seed and depth
+	// (cache.NewKeyer, WithDepth) and the same AffinitySeed (in
+	// BalancerOptions, or the shared Balancer's).
 	Keyer *cache.Keyer
 	// MaxPeek bounds how many body bytes are read before sending, for
 	// inspection, at most MaxMaxPeek. 0 means DefaultMaxPeek; negative means never read ahead
@@ -104,15 +115,21 @@ type Options struct {
 	// Content-Type is absent or JSON are read ahead. A body read whole can be
 	// replayed, so failover works even when the caller gave no GetBody.
 	MaxPeek int
-	// SessionHeader and TenantHeader name the request headers read for the
-	// session affinity key and the tenant. "" means the defaults. Their
-	// values are taken as sent: a caller that forwards its users' requests
-	// (httputil.ReverseProxy copies their headers) must set them from the
+	// SessionHeader names the request header whose value names the call's
+	// session, keyed by Keyer.Session as DefaultSessionHeader describes.
+	// "" means DefaultSessionHeader, X-Session-Id. Its value is taken as
+	// sent: a caller that forwards its users' requests
+	// (httputil.ReverseProxy copies their headers) must set it from the
 	// authenticated identity and drop the users' own, or a user can name
-	// another tenant's shard, a new shard per request, or another user's
-	// session.
+	// another user's session.
 	SessionHeader string
-	TenantHeader  string
+	// TenantHeader names the request header whose value sets
+	// Request.Tenant (unless the Inspector set one). "" means
+	// DefaultTenantHeader, X-Tenant-Id. Its value is taken as sent, as
+	// SessionHeader's is: a caller that forwards its users' requests must
+	// set it from the authenticated identity and drop the users' own, or a
+	// user can name another tenant's shard, or a new shard per request.
+	TenantHeader string
 	// LoadReports asks every endpoint for a vLLM load report per response
 	// (request header endpoint-load-metrics-format: text) and publishes it
 	// into the Balancer's telemetry. Reports that arrive unasked are used too.
