@@ -295,5 +295,11 @@
 // which shares its AffinitySeed with the consistent placement. With an
 // explicit balancer.affinitySeed every process places a session on the
 // same endpoint; the random default (0) keeps placement unpredictable from
-// outside the process.
+// outside the process. The seed is a secret only where the service config
+// is: one served by the resolver (a DNS TXT record, xDS) is readable by
+// anyone who can resolve the name, and with it anyone can compute which
+// prompts land on one endpoint. Give a seed through
+// grpc.WithDefaultServiceConfig from the caller's own secret configuration,
+// or set it on a shared Balancer (NewBuilder, balancer.Options.AffinitySeed),
+// and leave it out of a config the resolver serves.
 package grpcbalancer
