@@ -117,6 +117,15 @@ type Request struct {
 	// the endpoint's in-flight tokens for the life of the call.
 	PromptTokens    int
 	MaxOutputTokens int
+	// LongestInput estimates, for a pooling call (ServiceEmbedding,
+	// ServiceRerank), the tokens of its longest single input: one text of
+	// an embeddings batch, or a rerank's or score call's query with its
+	// longest document. A pooling server bounds each input by its context
+	// window, not the call, so the balancer weighs this against the
+	// windows it remembers (Outcome.ContextWindow) where it weighs Tokens
+	// for other calls; 0 means unknown, and a pooling call is then checked
+	// against no window. It does not count as load.
+	LongestInput int
 }
 
 // Tokens is the request's token estimate: prompt plus maximum output, never negative.

@@ -22,6 +22,18 @@ import (
 // only be refused again. A first pick goes ahead anyway: the request's
 // tokens are an estimate, and the server's answer is the caller's.
 //
+// A pooling call (ServiceEmbedding, ServiceRerank) is weighed by its
+// longest input instead (Request.LongestInput): a pooling server bounds
+// each input by its window, not the call. vLLM checks each input of an
+// embeddings batch, and each query and document pair of a rerank or score
+// call, against max-model-len ("you requested 600 tokens in the input for
+// embedding generation"); TEI each input or pair against its
+// max-input-length; SGLang each request of a batch against its context
+// length. The batch's total (Request.Tokens) says nothing of that: a batch
+// of a hundred short texts fits a window of 512 that one long text does
+// not. A pooling call whose LongestInput is 0 (not known) is checked
+// against no window.
+//
 // Memory: per endpoint up to windowsPerEndpoint models (the oldest
 // replaced), and per Balancer the smallest window of up to windowModels
 // models, which gates the check: a request that fits every window
@@ -114,6 +126,12 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand) (all bo
 		return false // no window remembered now: no model key to hash
 	}
 	need := req.Tokens()
+	if req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank {
+		need = int64(req.LongestInput) // bounded per input, not per call: see above
+		if need <= 0 {
+			return false
+		}
+	}
 	key := b.modelKey(req.Model)
 	if w, ok := (*ms)[key]; !ok || w.until <= c.nowNs || w.tokens >= need {
 		return false // fits every window remembered for the model

@@ -113,3 +113,34 @@ func TestContextWindowMemoryIsBounded(t *testing.T) {
 	long := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "m39", PromptTokens: 2000}
 	assert.Zero(t, pickDoneAllocs(b, long))
 }
+
+// A pooling server bounds each input by its window, not the batch: a
+// pooling call is weighed by its longest input (LongestInput), however
+// many tokens its batch sums to, and one whose longest input is not known
+// by no window.
+func TestContextWindowPoolingCallsPerInput(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(2)})
+	eps := endpoints(3)
+	small := eps[0].Addr
+	refuse(t, b, small, "e5", 512)
+
+	for _, svc := range []inferlb.Service{inferlb.ServiceEmbedding, inferlb.ServiceRerank} {
+		batch := &inferlb.Request{Service: svc, Model: "e5", PromptTokens: 10000, LongestInput: 100}
+		assert.Greater(t, picksOf(t, b, batch, 300)[small], 60, "%v: each input of 100 tokens fits 512", svc)
+		unknown := &inferlb.Request{Service: svc, Model: "e5", PromptTokens: 10000}
+		assert.Greater(t, picksOf(t, b, unknown, 300)[small], 60, "%v: the longest input not known", svc)
+		long := &inferlb.Request{Service: svc, Model: "e5", PromptTokens: 600, LongestInput: 600}
+		assert.Zero(t, picksOf(t, b, long, 300)[small], "%v: an input of 600 tokens does not fit 512", svc)
+	}
+
+	// A retry that fits nowhere finds none; a batch of short inputs does.
+	for _, ep := range eps[1:] {
+		refuse(t, b, ep.Addr, "e5", 512)
+	}
+	_, err := b.PickRetry(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: "e5", LongestInput: 600}, small)
+	assert.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	p, err := b.PickRetry(&inferlb.Request{Service: inferlb.ServiceEmbedding, Model: "e5", PromptTokens: 10000, LongestInput: 100}, small)
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{})
+}

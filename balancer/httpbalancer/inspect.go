@@ -152,6 +152,13 @@ var (
 // outgrows the peek); a streamed body's batch counts the prompts the peek
 // holds, a lower bound.
 //
+// For an embedding, rerank or score call it also estimates the longest
+// single input (Info.LongestInput, by the same bytes / 4): the input
+// itself when there is one, a rerank's or score call's longest query
+// with its longest document, the longest text or token-ID list of an
+// embeddings batch, of those the peek holds. That, not the batch's total,
+// is what a pooling server bounds by its context window.
+//
 // An OpenAI is immutable once in use and safe for concurrent use.
 type OpenAI struct {
 	// Keyer computes prompt affinity keys. nil means no prompt affinity
@@ -280,6 +287,17 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 		chars = max(chars, idScaled(peekText(peek, r.ContentLength), &b, len(peek)))
 	}
 	info.PromptTokens = min(chars/charsPerToken, MaxTokenEstimate)
+	if info.Service == inferlb.ServiceEmbedding || info.Service == inferlb.ServiceRerank {
+		// A pooling server bounds each input (query and document pair) by
+		// its window, not the batch. One input, or one document with its
+		// query, is the call's estimate; of a batch, the largest the peek
+		// holds (a lower bound when the batch runs past it).
+		if b.inputs <= 1 {
+			info.LongestInput = info.PromptTokens
+		} else {
+			info.LongestInput = min((b.query+b.input)/charsPerToken, MaxTokenEstimate)
+		}
+	}
 	if info.Service != inferlb.ServiceLLM || o.Keyer == nil {
 		return
 	}

@@ -855,3 +855,57 @@ func TestInspectBoundsTheEstimates(t *testing.T) {
 	(&httpbalancer.OpenAI{Keyer: cache.NewKeyer(42)}).Inspect(r, []byte(head), false, &info)
 	assert.Equal(t, 3_500_000, info.PromptTokens)
 }
+
+// A pooling call's LongestInput is its longest single input (a rerank's or
+// score call's longest query with its longest document), which is what a
+// pooling server bounds by its context window, not the batch's total.
+func TestInspectLongestInput(t *testing.T) {
+	a := func(n int) string { return strings.Repeat("a", n) }
+	for _, tc := range []struct {
+		name, path, body string
+		prompt, longest  int
+	}{
+		{"one input", "/v1/embeddings", `{"model":"e5","input":"` + a(40) + `"}`, 10, 10},
+		{"a batch", "/v1/embeddings", `{"model":"e5","input":["` + a(8) + `","` + a(40) + `","` + a(4) + `"]}`, 13, 10},
+		{"TEI's inputs", "/embed", `{"inputs":["` + a(8) + `","` + a(40) + `"]}`, 12, 10},
+		{"token-ID lists", "/v1/embeddings", `{"model":"e5","input":[[1,2,3],[1,2,3,4,5]]}`, 8, 5},
+		{"one token-ID list", "/v1/embeddings", `{"model":"e5","input":[1,2,3,4]}`, 4, 4},
+		{"rerank", "/v1/rerank", `{"model":"bge","query":"` + a(8) + `","documents":["` + a(16) + `","` + a(40) + `"]}`, 16, 12},
+		{"TEI's rerank", "/rerank", `{"query":"` + a(8) + `","texts":["` + a(16) + `","` + a(40) + `"]}`, 16, 12},
+		{"score, one document", "/v1/score", `{"model":"bge","text_1":["` + a(8) + `","` + a(16) + `"],"text_2":"` + a(40) + `"}`, 16, 14},
+		{"score", "/v1/score", `{"model":"bge","text_1":["` + a(8) + `","` + a(16) + `"],"text_2":["` + a(40) + `","` + a(4) + `"]}`, 17, 14},
+		{"chat: not a pooling call", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"` + a(40) + `"}]}`, 10, 0},
+		{"batch of completions: not a pooling call", "/v1/completions", `{"model":"m","prompt":["` + a(8) + `","` + a(40) + `"]}`, 12, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, strings.NewReader(tc.body))
+			var info httpbalancer.Info
+			(&httpbalancer.OpenAI{}).Inspect(r, []byte(tc.body), true, &info)
+			assert.Equal(t, tc.prompt, info.PromptTokens)
+			assert.Equal(t, tc.longest, info.LongestInput)
+		})
+	}
+
+	// Past the peek: one input is the whole body's estimate; a batch's
+	// longest is the longest the peek holds, a lower bound.
+	for _, tc := range []struct {
+		name, body string
+		peek       int
+		longest    int
+	}{
+		{"one input", `{"model":"e5","input":"` + a(4000) + `"}`, 1000, -1},
+		{"a batch", `{"model":"e5","input":["` + a(400) + `","` + a(800) + `","` + a(4000) + `"]}`, 2000, 200},
+	} {
+		t.Run(tc.name+" past the peek", func(t *testing.T) {
+			r, _ := http.NewRequest(http.MethodPost, "http://llm.internal/v1/embeddings", strings.NewReader(tc.body))
+			var info httpbalancer.Info
+			(&httpbalancer.OpenAI{}).Inspect(r, []byte(tc.body[:tc.peek]), false, &info)
+			assert.Greater(t, info.PromptTokens, 1000)
+			if tc.longest < 0 {
+				assert.Equal(t, info.PromptTokens, info.LongestInput)
+			} else {
+				assert.Equal(t, tc.longest, info.LongestInput)
+			}
+		})
+	}
+}

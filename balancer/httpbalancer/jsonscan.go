@@ -618,6 +618,16 @@ type body struct {
 	// the last prompt value read held (see promptValue).
 	prompts, listed int
 
+	// The longest single input of a pooling call, in bytes as chars counts
+	// them, is what a pooling server bounds by its window (see
+	// Info.LongestInput): query the longest of a rerank's or score call's
+	// query side (query, queries, text_1, data_1), input that of any other
+	// prompt or input value, inputs the most elements one value of either
+	// held.
+	// longest is the largest element of the last prompt value read (the
+	// value itself when it is one string or one list of token IDs).
+	query, input, inputs, longest int
+
 	// sized: readTail read the whole body, which held textSize bytes
 	// outside data URLs and "data" members' strings (the size the prompt
 	// estimate starts from).
@@ -740,17 +750,25 @@ func (s *scanner) field(key []byte, out *body) bool {
 		// completion per prompt. The largest batch counts, a bound.
 		ok := s.promptValue(out)
 		out.prompts = max(out.prompts, out.listed)
+		out.input, out.inputs = max(out.input, out.longest), max(out.inputs, out.listed)
 		return ok
-	case "input", "inputs", "text_input", "query", "documents", "texts",
-		"text_1", "text_2", "queries", "data_1", "data_2":
+	case "query", "queries", "text_1", "data_1":
+		// A rerank's query, and the first side of vLLM's score API
+		// (/score, /v1/score: text_1, queries or data_1, a string or a
+		// list), each paired with each document (below).
+		ok := s.promptValue(out)
+		out.query, out.inputs = max(out.query, out.longest), max(out.inputs, out.listed)
+		return ok
+	case "input", "inputs", "text_input", "documents", "texts", "text_2", "data_2":
 		// text_input: Triton's generate extension, as TensorRT-LLM serves
-		// it. text_1 and text_2, queries (with documents), data_1 and
-		// data_2: the two sides of vLLM's score API (/score, /v1/score),
-		// each a string or a list, read as a rerank's query and documents
-		// are. None is a batch of generations: the lists of embeddings and
-		// rerank calls have no output, and /v1/responses input items are
-		// one conversation.
-		return s.promptValue(out)
+		// it. documents, texts (TEI's rerank), text_2 and data_2: a
+		// rerank's documents, and the other side of vLLM's score API,
+		// read as a rerank's documents are. None is a batch of
+		// generations: the lists of embeddings and rerank calls have no
+		// output, and /v1/responses input items are one conversation.
+		ok := s.promptValue(out)
+		out.input, out.inputs = max(out.input, out.longest), max(out.inputs, out.listed)
+		return ok
 	case "tools", "functions":
 		// Tool definitions are rendered into the prompt: counted as sent.
 		return s.counted(out)
@@ -914,11 +932,14 @@ func (s *scanner) conversation(out *body) bool {
 // a list (a flat list of token IDs, one prompt, counts 0, as do message
 // items), as far as the body goes.
 func (s *scanner) promptValue(out *body) bool {
-	out.listed = 0
+	out.listed, out.longest = 0, 0
+	before := out.chars
 	switch s.peek() {
 	case '"':
 		out.listed = 1
-		return s.promptString(out)
+		ok := s.promptString(out)
+		out.longest = out.chars - before
+		return ok
 	case '[':
 		start := s.i
 		s.i++
@@ -927,18 +948,25 @@ func (s *scanner) promptValue(out *body) bool {
 		ok := s.promptList(out)
 		out.endIDs() // also when the peek cut the list: it keys on what it holds
 		out.idListEnded(c, s.i-start)
+		if c == '-' || c >= '0' && c <= '9' {
+			out.longest = out.chars - before // a flat list of token IDs: one input
+		}
 		return ok
 	}
 	return s.skip()
 }
 
-// promptList reads the elements of a prompt list whose '[' was read.
+// promptList reads the elements of a prompt list whose '[' was read,
+// noting the largest in out.longest.
 func (s *scanner) promptList(out *body) bool {
 	for first := true; ; first = false {
 		if st := s.nextElem(first); st != member {
 			return st == closed
 		}
-		if !s.promptElem(out) {
+		before := out.chars
+		ok := s.promptElem(out)
+		out.longest = max(out.longest, out.chars-before)
+		if !ok {
 			return false
 		}
 	}

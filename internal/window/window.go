@@ -100,7 +100,16 @@ func Refusal(body []byte) (window, prompt, output int) {
 // the prompt and output tokens the server counted, where it said, and at
 // least one token past window in all, so that a retry's pick passes over
 // the endpoints whose remembered window is this small.
+//
+// A pooling call's (ServiceEmbedding, ServiceRerank) server counts one
+// input, or one query and document pair, against its window: that count
+// is the call's LongestInput, at least one token past window, and its
+// PromptTokens, the whole batch's, stay.
 func Fit(req *inferlb.Request, window, prompt, output int) {
+	if req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank {
+		req.LongestInput = max(prompt, window+1)
+		return
+	}
 	if prompt > 0 {
 		req.PromptTokens = prompt
 		if output >= 0 {

@@ -74,3 +74,17 @@ func TestFit(t *testing.T) {
 		assert.Greater(t, r.Tokens(), int64(tc.window), tc.name)
 	}
 }
+
+// A pooling server counts one input (query and document pair) against its
+// window: the count is the call's LongestInput, its PromptTokens (the
+// batch's) stay.
+func TestFitPooling(t *testing.T) {
+	for _, svc := range []inferlb.Service{inferlb.ServiceEmbedding, inferlb.ServiceRerank} {
+		r := inferlb.Request{Service: svc, PromptTokens: 10000, LongestInput: 300}
+		Fit(&r, 512, 600, -1)
+		assert.Equal(t, [2]int{10000, 600}, [2]int{r.PromptTokens, r.LongestInput}, "%v: the server's count", svc)
+		r = inferlb.Request{Service: svc, PromptTokens: 10000, LongestInput: 300}
+		Fit(&r, 512, -1, -1)
+		assert.Equal(t, [2]int{10000, 513}, [2]int{r.PromptTokens, r.LongestInput}, "%v: one past the window", svc)
+	}
+}
