@@ -117,8 +117,9 @@
 // neither either: it is reported as Outcome.ContextWindow, and with the
 // model known the Balancer remembers the window and passes the endpoint
 // over for calls whose tokens (the inferlb.Request's PromptTokens and
-// MaxOutputTokens) do not fit it, while UnaryRetry sends the call on with
-// the token counts the server gave, or, when no endpoint's window might
+// MaxOutputTokens; a pooling call's LongestInput, which a policy does not
+// estimate) do not fit it, while UnaryRetry sends the call on with
+// the token counts the server gave (a pooling call's as its LongestInput), or, when no endpoint's window might
 // take it, ends it with the server's refusal as sent; a success, and an INTERNAL, UNKNOWN, DATA_LOSS or
 // UNIMPLEMENTED the server sent (some of its answer arrived), or an error
 // in a stream's message, names the call's model when it is known

@@ -235,6 +235,15 @@
 // remembers the window), and the call's token counts become the ones the
 // server gave. When no endpoint is left that might take it, the caller
 // gets the refusal byte for byte. Any other 400 or 422 is the request's.
+// A pooling call (an embedding, rerank or score call) is weighed against
+// the windows remembered by its longest input, not its batch's total
+// (Info.LongestInput: one text of an embeddings batch, or the longest
+// query with the longest document), since a pooling server bounds each
+// input by its window: a batch of a hundred short texts goes to an
+// endpoint that refused one long text, and fails over to it; a refusal's
+// count (vLLM's "you requested 600 tokens in the input for embedding
+// generation") is the longest input's, and the batch's token estimate
+// stays.
 //
 // The outcome of a call the server answered names the call's model
 // (Outcome.Model): a success, a 5xx and a 5xx error event in a stream. A
