@@ -178,6 +178,15 @@ type Outcome struct {
 	// may take it. It takes precedence over Err and Overloaded, after
 	// NotServedModel.
 	ContextWindow int
+	// PromptWindow says ContextWindow bounds the prompt alone, not the
+	// prompt and output: TGI's max-input-tokens ("`inputs` must have less
+	// than N tokens"), TensorRT-LLM's maximum input length. The balancer
+	// then weighs a call's prompt (Request.PromptTokens; LongestInput for
+	// a pooling call) against it, and remembers it apart from the
+	// endpoint's window for prompt and output: remembered as that, a limit
+	// on the prompt would pass the endpoint over for short prompts asking
+	// for long answers, which it takes.
+	PromptWindow bool
 	// Model is the model of a call the server answered: set it on a
 	// success and on a failure the server itself returned (an HTTP 5xx
 	// answer, an error event in a stream, a gRPC status the server sent),

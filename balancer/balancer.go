@@ -847,9 +847,11 @@ type cand struct {
 	// adapter slots lately; candidates whose slots are full for it are
 	// drawn again (see drawSlot).
 	slots bool
-	// With windowNeed set, the members whose remembered context window
-	// for the model is below it are passed over (window.go).
-	windowNeed int32
+	// With windowNeed or promptNeed set, the members whose remembered
+	// context window for the model is below windowNeed, or whose
+	// remembered limit on its prompts is below promptNeed, are passed over
+	// (window.go).
+	windowNeed, promptNeed int32
 	// key is the affinity key the pick follows: the request's AffinityKey,
 	// or its adapter's home (adapterHome).
 	key uint64
@@ -1187,7 +1189,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	case o.ContextWindow > 0:
 		// Neither: the call, not the endpoint (see window.go).
 		e.tooLong.Add(1)
-		b.rememberWindow(e, o.Model, o.ContextWindow, nowNs)
+		b.rememberWindow(e, o.Model, o.ContextWindow, o.PromptWindow, nowNs)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Overloaded:

@@ -22,6 +22,13 @@ import (
 // only be refused again. A first pick goes ahead anyway: the request's
 // tokens are an estimate, and the server's answer is the caller's.
 //
+// A limit on the prompt alone (Outcome.PromptWindow: TGI's
+// max-input-tokens, TensorRT-LLM's maximum input length) is remembered
+// apart, under the model's key salted (promptSalt), and weighed against
+// the request's PromptTokens: remembered as a window for prompt and
+// output, it passed the endpoint over for short prompts asking for long
+// answers, which it takes.
+//
 // A pooling call (ServiceEmbedding, ServiceRerank) is weighed by its
 // longest input instead (Request.LongestInput): a pooling server bounds
 // each input by its window, not the call. vLLM checks each input of an
@@ -58,6 +65,21 @@ type window struct {
 	until  int64 // unix ns
 }
 
+// promptSalt turns a model key into the key its limit on the prompt alone
+// (Outcome.PromptWindow) is remembered under, apart from its window for
+// the prompt and output.
+const promptSalt = 0x6a09e667f3bcc909
+
+// exceeds reports whether need does not fit w, a remembered window (0:
+// none).
+func exceeds(w, need int64) bool { return w > 0 && w < need }
+
+// tooSmallFor reports whether e's remembered windows for model pass over
+// a call of need tokens, of which needP are its prompt.
+func (e *endpoint) tooSmallFor(model uint64, need, needP, nowNs int64) bool {
+	return exceeds(e.windowOf(model, nowNs), need) || exceeds(e.windowOf(model^promptSalt, nowNs), needP)
+}
+
 // windowOf returns e's remembered window for model, or 0.
 func (e *endpoint) windowOf(model uint64, nowNs int64) int64 {
 	if ws := e.windows.Load(); ws != nil {
@@ -71,12 +93,16 @@ func (e *endpoint) windowOf(model uint64, nowNs int64) int64 {
 }
 
 // rememberWindow records that e refused a call for model as longer than
-// its window of tokens.
-func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, nowNs int64) {
+// its window of tokens, or, with prompt, its prompt as longer than its
+// limit on prompts of tokens.
+func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, prompt bool, nowNs int64) {
 	if model == "" || tokens <= 0 {
 		return
 	}
 	key, until := b.modelKey(model), nowNs+int64(windowMemory)
+	if prompt {
+		key ^= promptSalt
+	}
 	w := window{model: key, tokens: int64(tokens), until: until}
 	for {
 		old := e.windows.Load()
@@ -125,15 +151,22 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand) (all bo
 	if ms == nil || req.Model == "" || b.windowsUntil.Load() <= c.nowNs {
 		return false // no window remembered now: no model key to hash
 	}
-	need := req.Tokens()
+	need, needP := req.Tokens(), int64(max(req.PromptTokens, 0))
 	if req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank {
 		need = int64(req.LongestInput) // bounded per input, not per call: see above
 		if need <= 0 {
 			return false
 		}
+		needP = need
 	}
 	key := b.modelKey(req.Model)
-	if w, ok := (*ms)[key]; !ok || w.until <= c.nowNs || w.tokens >= need {
+	smallest := func(k uint64) int64 {
+		if w, ok := (*ms)[k]; ok && w.until > c.nowNs {
+			return w.tokens
+		}
+		return 0
+	}
+	if !exceeds(smallest(key), need) && !exceeds(smallest(key^promptSalt), needP) {
 		return false // fits every window remembered for the model
 	}
 	some, other := false, false
@@ -141,13 +174,14 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand) (all bo
 		if !c.ok(e) {
 			continue
 		}
-		if w := e.windowOf(key, c.nowNs); w > 0 && w < need {
+		if e.tooSmallFor(key, need, needP, c.nowNs) {
 			some = true
 		} else {
 			other = true
 		}
 		if some && other {
-			c.model, c.windowNeed = key, int32(min(need, math.MaxInt32))
+			c.model = key
+			c.windowNeed, c.promptNeed = int32(min(need, math.MaxInt32)), int32(min(needP, math.MaxInt32))
 			return false
 		}
 	}
@@ -156,9 +190,8 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand) (all bo
 
 // tooSmall reports whether c passes e over as too small for the call.
 func (c *cand) tooSmall(e *endpoint) bool {
-	if c.windowNeed == 0 {
+	if c.windowNeed == 0 && c.promptNeed == 0 {
 		return false
 	}
-	w := e.windowOf(c.model, c.nowNs)
-	return w > 0 && w < int64(c.windowNeed)
+	return e.tooSmallFor(c.model, int64(c.windowNeed), int64(c.promptNeed), c.nowNs)
 }

@@ -229,8 +229,8 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 	if errors.Is(di.Err, context.Canceled) {
 		return inferlb.Outcome{Err: di.Err}
 	}
-	if w := tooLong(di); w > 0 {
-		return inferlb.Outcome{ContextWindow: w}
+	if w, prompt := tooLong(di); w > 0 {
+		return inferlb.Outcome{ContextWindow: w, PromptWindow: prompt}
 	}
 	switch status.Code(di.Err) {
 	case codes.Canceled:
@@ -373,28 +373,29 @@ const maxRefusalText = 2048
 // Balancer passes the endpoint over for the model's calls that do not
 // fit (their inferlb.Request's token counts). UnaryRetry sends the call
 // on to another endpoint that might take it.
-func tooLong(di balancer.DoneInfo) int {
+func tooLong(di balancer.DoneInfo) (window int, prompt bool) {
 	if di.Err == nil || !di.BytesReceived {
-		return 0
+		return 0, false
 	}
 	st, ok := status.FromError(di.Err)
 	if !ok {
-		return 0
+		return 0, false
 	}
 	switch st.Code() {
 	case codes.InvalidArgument, codes.OutOfRange, codes.FailedPrecondition, codes.Internal, codes.Unknown:
 	default:
-		return 0
+		return 0, false
 	}
 	return refusalWindow(st.Message())
 }
 
 // refusalWindow reads msg, an error text of the endpoint's, for a refusal
 // of the call as longer than its context window (see tooLong), and
-// returns the window, or 0.
-func refusalWindow(msg string) int {
-	w, _, _ := ctxwindow.Refusal(refusalText(msg))
-	return w
+// returns the window, or 0, and whether it bounds the prompt alone
+// (inferlb.Outcome.PromptWindow).
+func refusalWindow(msg string) (window int, prompt bool) {
+	w, _, _, p := ctxwindow.Refusal(refusalText(msg))
+	return w, p
 }
 
 // refusalText is the part of msg, a status message, that tooLong reads:

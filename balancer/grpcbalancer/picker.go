@@ -393,7 +393,7 @@ func (c *call) report(di balancer.DoneInfo) {
 		o = inferlb.Outcome{NotServedModel: c.req.Model}
 	case o.ContextWindow > 0:
 		// Neither success nor failure; the window is the model's there.
-		o = inferlb.Outcome{ContextWindow: o.ContextWindow, Model: c.req.Model}
+		o = inferlb.Outcome{ContextWindow: o.ContextWindow, PromptWindow: o.PromptWindow, Model: c.req.Model}
 		if c.retry != nil && c.req.Model != "" {
 			c.retry.refusedTooLong(di) // retried elsewhere (see UnaryRetry)
 		}

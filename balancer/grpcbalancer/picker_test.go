@@ -394,6 +394,13 @@ func TestOutcomeContextWindow(t *testing.T) {
 		}
 	}
 	assert.True(t, outcome(balancer.DoneInfo{Err: status.Error(codes.Internal, "CUDA out of memory"), BytesSent: true, BytesReceived: true}).Err != nil, "other INTERNALs stay failures")
+
+	// A limit on the prompt alone is said so (Outcome.PromptWindow): the
+	// Balancer weighs prompts against it, not prompts and outputs.
+	input := outcome(balancer.DoneInfo{Err: status.Error(codes.Internal, "Prompt length (200) exceeds maximum input length (128)"), BytesSent: true, BytesReceived: true})
+	assert.Equal(t, [2]any{128, true}, [2]any{input.ContextWindow, input.PromptWindow}, "TensorRT-LLM's input length")
+	total := outcome(balancer.DoneInfo{Err: status.Error(codes.Internal, "Prompt length (5056) exceeds maximum sequence length (2048)."), BytesSent: true, BytesReceived: true})
+	assert.Equal(t, [2]any{2048, false}, [2]any{total.ContextWindow, total.PromptWindow}, "TensorRT-LLM's sequence length")
 }
 
 func TestOutcome(t *testing.T) {

@@ -106,14 +106,15 @@ func (st *retryState) attemptDone(id string, di balancer.DoneInfo, o *inferlb.Ou
 // nowhere else.
 type refusal struct {
 	window, prompt, output int
+	promptOnly             bool
 	err                    error
 }
 
 // refusedTooLong records that the attempt that ended with di was refused
 // as longer than the endpoint's context window (see tooLong).
 func (st *retryState) refusedTooLong(di balancer.DoneInfo) {
-	w, p, o := ctxwindow.Refusal(refusalText(status.Convert(di.Err).Message()))
-	st.refusal.Store(&refusal{w, p, o, di.Err})
+	w, p, o, po := ctxwindow.Refusal(refusalText(status.Convert(di.Err).Message()))
+	st.refusal.Store(&refusal{w, p, o, po, di.Err})
 	st.tooLong.Store(true)
 }
 
@@ -130,7 +131,7 @@ func (st *retryState) fit(req *inferlb.Request, c *call) *inferlb.Request {
 	if req != &c.req {
 		c.req = *req
 	}
-	ctxwindow.Fit(&c.req, r.window, r.prompt, r.output)
+	ctxwindow.Fit(&c.req, r.window, r.prompt, r.output, r.promptOnly)
 	return &c.req
 }
 

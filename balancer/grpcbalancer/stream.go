@@ -183,15 +183,15 @@ func (st *streamState) inbandOutcome(o *inferlb.Outcome) bool {
 	case unknownModel(err.Error()):
 		n = inferlb.Outcome{Err: errUnknownModel} // see call.report
 	default:
-		if w := refusalWindow(err.Error()); w > 0 {
-			n = inferlb.Outcome{ContextWindow: w} // see call.report
+		if w, prompt := refusalWindow(err.Error()); w > 0 {
+			n = inferlb.Outcome{ContextWindow: w, PromptWindow: prompt} // see call.report
 			break
 		}
 		n = inferlb.Outcome{Err: err}
 	}
 	// ContextWindow too: dropped, a refusal as too long (Err nil) read as
 	// a success.
-	o.Err, o.Overloaded, o.RetryAfter, o.ContextWindow = n.Err, n.Overloaded, n.RetryAfter, n.ContextWindow
+	o.Err, o.Overloaded, o.RetryAfter, o.ContextWindow, o.PromptWindow = n.Err, n.Overloaded, n.RetryAfter, n.ContextWindow, n.PromptWindow
 	return true
 }
 

@@ -54,14 +54,14 @@ func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt
 	if !ok {
 		return retryAttempt{}, false
 	}
-	window, prompt, output := ctxwindow.Refusal(head)
+	window, prompt, output, promptOnly := ctxwindow.Refusal(head)
 	if window <= 0 {
 		return retryAttempt{}, false
 	}
 	// The tokens the server counted, which the retry's pick weighs
 	// against the windows remembered; at least one past this window.
-	ctxwindow.Fit(&c.info.Request, window, prompt, output)
-	o := inferlb.Outcome{ContextWindow: window, Model: c.info.Model}
+	ctxwindow.Fit(&c.info.Request, window, prompt, output, promptOnly)
+	o := inferlb.Outcome{ContextWindow: window, PromptWindow: promptOnly, Model: c.info.Model}
 	next, retried := c.retry(may, rb, errTooLong)
 	if retried {
 		c.goOn(resp, o, resp.StatusCode, &next)

@@ -242,19 +242,73 @@ func TestLongCallsFindTheLargerWindowOnTGI(t *testing.T) {
 // than that with 422 "`inputs` must have less than W tokens. Given: P"
 // (router/src/validation.rs, InputLength): the call goes on to the replica
 // whose inputs take it, the refused attempt reported with W.
+// tgiBackend is a TGI replica started with --max-input-tokens maxInput
+// and --max-total-tokens maxTotal, which checks a call as TGI's router
+// does: the prompt and max_new_tokens against the total first, then the
+// prompt alone against the input limit.
+func tgiBackend(t *testing.T, name string, maxInput, maxTotal int) *windowBackend {
+	return newRefusingBackendIf(t, name, func(prompt, out int) bool { return prompt+out > maxTotal || prompt > maxInput },
+		func(w http.ResponseWriter, prompt, out int) {
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			if prompt+out > maxTotal {
+				fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` tokens + `max_new_tokens` must be <= %d. Given: %d `inputs` tokens and %d `max_new_tokens`"+`","error_type":"validation"}`, maxTotal, prompt, out)
+				return
+			}
+			fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` must have less than %d tokens. Given: %d"+`","error_type":"validation"}`, maxInput, prompt)
+		})
+}
+
+// TGI's limit on the prompt alone (max-input-tokens) was remembered as the
+// replica's window for prompt and output: after one long prompt, a short
+// prompt asking for a long answer, which the replica takes, passed it over
+// for ten minutes (0 of 40 calls), and failed instead of failing over
+// when the other replica was down. It is remembered as a limit on prompts.
+func TestTGIInputLimitBoundsPromptsOnly(t *testing.T) {
+	t.Run("short prompts, long answers still go to it", func(t *testing.T) {
+		small, large := tgiBackend(t, "small", 1000, 4096), tgiBackend(t, "large", 8000, 8192)
+		tr := newTransport(t, httpbalancer.Options{
+			Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1)}),
+			Endpoints: endpointsOf(small.backend, large.backend),
+		})
+		c := &http.Client{Transport: tr}
+		for i := range 8 {
+			resp, body := post(t, c, chatOf(i, 3000, 200))
+			require.Equal(t, http.StatusOK, resp.StatusCode, "call %d: %s", i, body)
+		}
+		require.Positive(t, small.refused.Load(), "the small replica refused a long prompt")
+		refused := small.refused.Load()
+		toSmall := 0
+		for i := range 40 {
+			resp, body := post(t, c, chatOf(100+i, 200, 1000))
+			require.Equal(t, http.StatusOK, resp.StatusCode, "call %d: %s", i, body)
+			if resp.Header.Get("X-Backend") == "small" {
+				toSmall++
+			}
+		}
+		assert.Equal(t, refused, small.refused.Load(), "no short prompt was refused")
+		assert.GreaterOrEqual(t, toSmall, 10, "calls of 200 prompt and 1000 output tokens the small replica took of 40")
+	})
+	t.Run("a call fails over to a replica that refused a long prompt", func(t *testing.T) {
+		a, b := tgiBackend(t, "a", 1000, 4096), tgiBackend(t, "b", 1000, 4096)
+		tr := newTransport(t, httpbalancer.Options{
+			Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1)}),
+			Endpoints: endpointsOf(a.backend, b.backend),
+		})
+		c := &http.Client{Transport: tr}
+		resp, _ := post(t, c, chatOf(0, 3000, 200))
+		require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "a prompt over every replica's input limit")
+		require.EqualValues(t, 2, a.refused.Load()+b.refused.Load(), "both refused it")
+		a.srv.Close() // a goes down
+		for i := range 20 {
+			resp, body := post(t, c, chatOf(1+i, 200, 1500))
+			require.Equal(t, http.StatusOK, resp.StatusCode, "call %d: %s", i, body)
+			assert.Equal(t, "b", resp.Header.Get("X-Backend"))
+		}
+	})
+}
+
 func TestLongPromptsFindTheLargerInputOnTGI(t *testing.T) {
-	tgi := func(name string, maxInput, maxTotal int) *windowBackend {
-		return newRefusingBackendIf(t, name, func(prompt, out int) bool { return prompt+out > maxTotal || prompt > maxInput },
-			func(w http.ResponseWriter, prompt, out int) {
-				w.WriteHeader(http.StatusUnprocessableEntity)
-				if prompt+out > maxTotal {
-					fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` tokens + `max_new_tokens` must be <= %d. Given: %d `inputs` tokens and %d `max_new_tokens`"+`","error_type":"validation"}`, maxTotal, prompt, out)
-					return
-				}
-				fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` must have less than %d tokens. Given: %d"+`","error_type":"validation"}`, maxInput, prompt)
-			})
-	}
-	small, large := tgi("small", 1000, 4096), tgi("large", 8000, 8192)
+	small, large := tgiBackend(t, "small", 1000, 4096), tgiBackend(t, "large", 8000, 8192)
 	res := newResults(64)
 	tr := newTransport(t, httpbalancer.Options{
 		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1)}),

@@ -28,8 +28,9 @@ import (
 // Refusal reads an error's text (an HTTP 400's body, a gRPC status's
 // message) for a refusal of a call longer than the context window: the
 // window, and the prompt and output tokens the server counted (-1 each
-// when it did not say). window 0: not a refusal.
-func Refusal(body []byte) (window, prompt, output int) {
+// when it did not say). window 0: not a refusal. promptOnly says the
+// window bounds the prompt alone (inferlb.Outcome.PromptWindow).
+func Refusal(body []byte) (window, prompt, output int, promptOnly bool) {
 	lb := bytes.ToLower(body)
 	prompt, output = -1, -1
 	switch {
@@ -81,19 +82,22 @@ func Refusal(body []byte) (window, prompt, output int) {
 		// max-total-tokens (checked first) but the prompt alone is longer
 		// than its max-input-tokens: "`inputs` must have less than W
 		// tokens. Given: P" (a prompt of W tokens is taken). W bounds the
-		// prompt, not the prompt and output: remembered as the window, it
-		// is below the endpoint's true one (max-total-tokens), which only
-		// makes the endpoint passed over for a call that would fit while
-		// another may take it.
+		// prompt alone (promptOnly): remembered as a window for prompt and
+		// output, it would pass the endpoint over for every call of W
+		// tokens in all, short prompts with long answers too.
 		window = numberAfter(lb, "`inputs` must have less than ")
-		prompt = numberAfter(lb, "given: ")
+		prompt, promptOnly = numberAfter(lb, "given: "), true
 	case bytes.Contains(lb, []byte("prompt length (")) && bytes.Contains(lb, []byte(") exceeds maximum ")):
 		// TensorRT-LLM's executor: "Prompt length (5056) exceeds maximum
 		// sequence length (2048)" (or "input length").
-		window = max(numberAfter(lb, "exceeds maximum sequence length ("), numberAfter(lb, "exceeds maximum input length ("))
+		// The input length bounds the prompt alone (promptOnly).
+		window = numberAfter(lb, "exceeds maximum sequence length (")
+		if window < 0 {
+			window, promptOnly = numberAfter(lb, "exceeds maximum input length ("), true
+		}
 		prompt = numberAfter(lb, "prompt length (")
 	}
-	return max(window, 0), prompt, output
+	return max(window, 0), prompt, output, promptOnly && window > 0
 }
 
 // Fit sets req's token counts to those of a refusal (Refusal's results):
@@ -105,9 +109,20 @@ func Refusal(body []byte) (window, prompt, output int) {
 // input, or one query and document pair, against its window: that count
 // is the call's LongestInput, at least one token past window, and its
 // PromptTokens, the whole batch's, stay.
-func Fit(req *inferlb.Request, window, prompt, output int) {
+//
+// With promptOnly (the window bounds the prompt alone), the prompt is
+// what the server counted, at least one token past window, and the output
+// stays.
+func Fit(req *inferlb.Request, window, prompt, output int, promptOnly bool) {
 	if req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank {
 		req.LongestInput = max(prompt, window+1)
+		return
+	}
+	if promptOnly {
+		if prompt <= 0 {
+			prompt = req.PromptTokens
+		}
+		req.PromptTokens = max(prompt, window+1)
 		return
 	}
 	if prompt > 0 {

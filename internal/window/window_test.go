@@ -12,35 +12,37 @@ func TestRefusal(t *testing.T) {
 	for _, tc := range []struct {
 		name, body             string
 		window, prompt, output int
+		promptOnly             bool
 	}{
-		{"vLLM", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000},
+		{"vLLM", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000, false},
 		// Without max_tokens (v0.5-v0.9): no parenthesis, the prompt
 		// right after "you requested".
-		{"vLLM messages", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens in the messages, Please reduce the length of the messages.","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1},
-		{"vLLM input", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}}`, 4096, 5000, -1},
-		{"vLLM max_tokens", `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is 4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).","type":"BadRequestError","param":null,"code":400}}`, 4096, 3500, 1000},
+		{"vLLM messages", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens in the messages, Please reduce the length of the messages.","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1, false},
+		{"vLLM input", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}}`, 4096, 5000, -1, false},
+		{"vLLM max_tokens", `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is 4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).","type":"BadRequestError","param":null,"code":400}}`, 4096, 3500, 1000, false},
 		// vLLM's VLLMValidationError (v0.10 on): the first number after
 		// "you requested" is the output asked for, not the prompt.
-		{"vLLM output and prompt", `{"error":{"message":"This model's maximum context length is 32768 tokens. However, you requested 8192 output tokens and your prompt contains at least 24577 input tokens, for a total of at least 32769 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=24577)","type":"BadRequestError","param":"input_tokens","code":400}}`, 32768, 24577, 8192},
-		{"vLLM prompt alone", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 0 output tokens and your prompt contains at least 4097 input tokens, for a total of at least 4097 tokens.","code":400}}`, 4096, 4097, 0},
-		{"vLLM embedding", `{"object":"error","message":"This model's maximum context length is 512 tokens. However, you requested 600 tokens in the input for embedding generation. Please reduce the length of the input.","type":"BadRequestError","param":null,"code":400}`, 512, 600, -1},
-		{"SGLang", `{"object":"error","message":"The input (5000 tokens) is longer than the model's context length (4096 tokens).","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1},
-		{"SGLang total", `{"object":"error","message":"Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 5000 tokens: 4000 tokens from the input messages and 1000 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000},
-		{"TGI", `{"error":"Input validation error: ` + "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`" + `","error_type":"validation"}`, 4096, 4000, 200},
+		{"vLLM output and prompt", `{"error":{"message":"This model's maximum context length is 32768 tokens. However, you requested 8192 output tokens and your prompt contains at least 24577 input tokens, for a total of at least 32769 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=24577)","type":"BadRequestError","param":"input_tokens","code":400}}`, 32768, 24577, 8192, false},
+		{"vLLM prompt alone", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 0 output tokens and your prompt contains at least 4097 input tokens, for a total of at least 4097 tokens.","code":400}}`, 4096, 4097, 0, false},
+		{"vLLM embedding", `{"object":"error","message":"This model's maximum context length is 512 tokens. However, you requested 600 tokens in the input for embedding generation. Please reduce the length of the input.","type":"BadRequestError","param":null,"code":400}`, 512, 600, -1, false},
+		{"SGLang", `{"object":"error","message":"The input (5000 tokens) is longer than the model's context length (4096 tokens).","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1, false},
+		{"SGLang total", `{"object":"error","message":"Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 5000 tokens: 4000 tokens from the input messages and 1000 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000, false},
+		{"TGI", `{"error":"Input validation error: ` + "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`" + `","error_type":"validation"}`, 4096, 4000, 200, false},
 		// TGI's InputLength (router/src/validation.rs): the prompt alone
 		// is longer than max-input-tokens; it says nothing of the output.
-		{"TGI input", `{"error":"Input validation error: ` + "`inputs` must have less than 1024 tokens. Given: 2000" + `","error_type":"validation"}`, 1024, 2000, -1},
+		{"TGI input", `{"error":"Input validation error: ` + "`inputs` must have less than 1024 tokens. Given: 2000" + `","error_type":"validation"}`, 1024, 2000, -1, true},
 		// TGI v1 without a fast tokenizer (ValidationError::MaxNewTokens):
 		// max_new_tokens above max-total-tokens less max-input-tokens, no
 		// window and no prompt in it.
-		{"TGI max_new_tokens", `{"error":"Input validation error: ` + "`max_new_tokens` must be <= 1024. Given: 2000" + `","error_type":"validation"}`, 0, -1, -1},
-		{"TensorRT-LLM", `{"object":"error","message":"Encountered an error when fetching new request: Prompt length (5056) exceeds maximum sequence length (2048).","type":"BadRequestError","code":400}`, 2048, 5056, -1},
-		{"TensorRT-LLM input", `{"message":"Prompt length (200) exceeds maximum input length (128)"}`, 128, 200, -1},
-		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1},
-		{"no number", `{"message":"maximum context length is large"}`, 0, -1, -1},
+		{"TGI max_new_tokens", `{"error":"Input validation error: ` + "`max_new_tokens` must be <= 1024. Given: 2000" + `","error_type":"validation"}`, 0, -1, -1, false},
+		{"TensorRT-LLM", `{"object":"error","message":"Encountered an error when fetching new request: Prompt length (5056) exceeds maximum sequence length (2048).","type":"BadRequestError","code":400}`, 2048, 5056, -1, false},
+		{"TensorRT-LLM input", `{"message":"Prompt length (200) exceeds maximum input length (128)"}`, 128, 200, -1, true},
+		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1, false},
+		{"no number", `{"message":"maximum context length is large"}`, 0, -1, -1, false},
 	} {
-		w, p, o := Refusal([]byte(tc.body))
+		w, p, o, po := Refusal([]byte(tc.body))
 		assert.Equal(t, [3]int{tc.window, tc.prompt, tc.output}, [3]int{w, p, o}, tc.name)
+		assert.Equal(t, tc.promptOnly, po, "%s: bounds the prompt alone", tc.name)
 	}
 }
 
@@ -48,8 +50,8 @@ func FuzzRefusal(f *testing.F) {
 	f.Add([]byte("This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion)."))
 	f.Add([]byte("`inputs` tokens + `max_new_tokens` must be <= 99999999999999999999. Given: 1 `inputs` tokens and 2 `max_new_tokens`"))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		w, p, o := Refusal(body)
-		if w < 0 || p < -1 || o < -1 {
+		w, p, o, po := Refusal(body)
+		if w < 0 || p < -1 || o < -1 || po && w == 0 {
 			t.Fatalf("%d %d %d", w, p, o)
 		}
 	})
@@ -69,7 +71,7 @@ func TestFit(t *testing.T) {
 		{"no output asked", inferlb.Request{PromptTokens: 10, MaxOutputTokens: -1}, 100, -1, -1, 101, -1},
 	} {
 		r := tc.req
-		Fit(&r, tc.window, tc.prompt, tc.output)
+		Fit(&r, tc.window, tc.prompt, tc.output, false)
 		assert.Equal(t, [2]int{tc.wantPrompt, tc.wantOut}, [2]int{r.PromptTokens, r.MaxOutputTokens}, tc.name)
 		assert.Greater(t, r.Tokens(), int64(tc.window), tc.name)
 	}
@@ -81,10 +83,22 @@ func TestFit(t *testing.T) {
 func TestFitPooling(t *testing.T) {
 	for _, svc := range []inferlb.Service{inferlb.ServiceEmbedding, inferlb.ServiceRerank} {
 		r := inferlb.Request{Service: svc, PromptTokens: 10000, LongestInput: 300}
-		Fit(&r, 512, 600, -1)
+		Fit(&r, 512, 600, -1, false)
 		assert.Equal(t, [2]int{10000, 600}, [2]int{r.PromptTokens, r.LongestInput}, "%v: the server's count", svc)
 		r = inferlb.Request{Service: svc, PromptTokens: 10000, LongestInput: 300}
-		Fit(&r, 512, -1, -1)
+		Fit(&r, 512, -1, -1, false)
 		assert.Equal(t, [2]int{10000, 513}, [2]int{r.PromptTokens, r.LongestInput}, "%v: one past the window", svc)
 	}
+}
+
+// A limit on the prompt alone (TGI's max-input-tokens): the prompt is the
+// server's count, at least one past the limit, and the output asked for
+// stays, which the limit says nothing of.
+func TestFitPromptOnly(t *testing.T) {
+	r := inferlb.Request{PromptTokens: 900, MaxOutputTokens: 3000}
+	Fit(&r, 1024, 2000, -1, true)
+	assert.Equal(t, [2]int{2000, 3000}, [2]int{r.PromptTokens, r.MaxOutputTokens}, "the server's count")
+	r = inferlb.Request{PromptTokens: 900, MaxOutputTokens: 3000}
+	Fit(&r, 1024, -1, -1, true)
+	assert.Equal(t, [2]int{1025, 3000}, [2]int{r.PromptTokens, r.MaxOutputTokens}, "one past the limit")
 }
