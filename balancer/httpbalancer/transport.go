@@ -449,10 +449,11 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 						// Perhaps the endpoint does not serve the model
 						// (see notServed): then the call goes elsewhere.
 						next, ok = c.notServed(resp, hops < t.notServedHops(), &rb)
-					case http.StatusBadRequest, http.StatusUnprocessableEntity:
+					case http.StatusBadRequest, http.StatusUnprocessableEntity, http.StatusRequestEntityTooLarge:
 						// Perhaps the call is longer than the endpoint's
 						// context window and another takes it (window.go;
-						// TGI refuses it with 422).
+						// TGI refuses it with 422, TEI up to v1.8 with
+						// 413).
 						next, ok = c.tooLong(resp, hops < t.notServedHops(), &rb)
 					}
 					if ok {

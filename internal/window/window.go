@@ -12,8 +12,9 @@
 // `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 1000
 // `max_new_tokens`" (or, when the prompt alone is longer than its
 // max-input-tokens, "`inputs` must have less than 4096 tokens. Given:
-// 5000"), TensorRT-LLM's "Prompt length (5056) exceeds maximum
-// sequence length (2048)". The adapters report such an answer with
+// 5000"; Hugging Face TEI's refusal of an input longer than its
+// max-input-length says the same), TensorRT-LLM's "Prompt length (5056)
+// exceeds maximum sequence length (2048)". The adapters report such an answer with
 // inferlb.Outcome.ContextWindow: in a fleet whose replicas have
 // different windows another replica may take the call.
 package window
@@ -25,8 +26,8 @@ import (
 	"github.com/inferlb/inferlb"
 )
 
-// Refusal reads an error's text (an HTTP 400's body, a gRPC status's
-// message) for a refusal of a call longer than the context window: the
+// Refusal reads an error's text (an HTTP 400's, 422's or 413's body, a
+// gRPC status's message) for a refusal of a call longer than the context window: the
 // window, and the prompt and output tokens the server counted (-1 each
 // when it did not say). window 0: not a refusal. promptOnly says the
 // window bounds the prompt alone (inferlb.Outcome.PromptWindow).
@@ -85,6 +86,10 @@ func Refusal(body []byte) (window, prompt, output int, promptOnly bool) {
 		// prompt alone (promptOnly): remembered as a window for prompt and
 		// output, it would pass the endpoint over for every call of W
 		// tokens in all, short prompts with long answers too.
+		// TEI's (core/src/tokenization.rs) when one input, or one query
+		// and text pair of a rerank, is longer than its max-input-length
+		// and auto-truncate is off: the same text, W bounding each input
+		// (a pooling call's LongestInput, which Fit sets).
 		window = numberAfter(lb, "`inputs` must have less than ")
 		prompt, promptOnly = numberAfter(lb, "given: "), true
 	case bytes.Contains(lb, []byte("prompt length (")) && bytes.Contains(lb, []byte(") exceeds maximum ")):

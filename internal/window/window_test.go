@@ -31,6 +31,12 @@ func TestRefusal(t *testing.T) {
 		// TGI's InputLength (router/src/validation.rs): the prompt alone
 		// is longer than max-input-tokens; it says nothing of the output.
 		{"TGI input", `{"error":"Input validation error: ` + "`inputs` must have less than 1024 tokens. Given: 2000" + `","error_type":"validation"}`, 1024, 2000, -1, true},
+		// TEI's refusal of an input longer than its max-input-length
+		// (core/src/tokenization.rs, encode_input): 413 up to v1.8, 422
+		// from v1.9, in its native and OpenAI-compatible bodies.
+		{"TEI", `{"error":"Input validation error: ` + "`inputs` must have less than 512 tokens. Given: 600" + `","error_type":"Validation"}`, 512, 600, -1, true},
+		{"TEI OpenAI", `{"message":"Input validation error: ` + "`inputs` must have less than 512 tokens. Given: 600" + `","code":413,"type":"Validation"}`, 512, 600, -1, true},
+		{"TEI batch size", `{"message":"batch size 64 > maximum allowed batch size 32","code":413,"type":"Validation"}`, 0, -1, -1, false},
 		// TGI v1 without a fast tokenizer (ValidationError::MaxNewTokens):
 		// max_new_tokens above max-total-tokens less max-input-tokens, no
 		// window and no prompt in it.

@@ -1,0 +1,131 @@
+package httpbalancer_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// newTEIBackend answers /v1/embeddings like Hugging Face TEI started with
+// --max-input-length maxInput and auto-truncate off: each input (its
+// characters over 4) must fit maxInput on its own (core/src/tokenization.rs,
+// encode_input), and one that does not fails the call with TEI's
+// validation error, "Input validation error: `inputs` must have less than
+// N tokens. Given: M", in its OpenAI-compatible error body
+// (OpenAICompatErrorResponse), with status: 413 up to v1.8 (ErrorType::
+// Validation was PAYLOAD_TOO_LARGE), 422 from v1.9. A batch larger than
+// maxBatch is refused with TEI's other 413, no refusal as too long.
+func newTEIBackend(t *testing.T, name string, maxInput, maxBatch, status int) *windowBackend {
+	t.Helper()
+	b := &windowBackend{backend: &backend{name: name}}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req struct {
+			Input []string `json:"input"`
+		}
+		_ = json.Unmarshal(body, &req)
+		w.Header().Set("Content-Type", "application/json")
+		if len(req.Input) > maxBatch {
+			w.WriteHeader(status)
+			fmt.Fprintf(w, `{"message":"batch size %d > maximum allowed batch size %d","code":%d,"type":"Validation"}`, len(req.Input), maxBatch, status)
+			return
+		}
+		for _, in := range req.Input {
+			if n := len(in) / 4; n > maxInput {
+				b.refused.Add(1)
+				w.WriteHeader(status)
+				fmt.Fprintf(w, `{"message":"Input validation error: `+"`inputs` must have less than %d tokens. Given: %d"+`","code":%d,"type":"Validation"}`, maxInput, n, status)
+				return
+			}
+		}
+		b.hits.Add(1)
+		w.Header().Set("X-Backend", name)
+		fmt.Fprintf(w, `{"object":"list","data":[],"model":"e5","usage":{"prompt_tokens":%d,"total_tokens":%d}}`, len(body)/4, len(body)/4)
+	}))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// batchWithLongest is an embeddings call of n inputs of about 100 tokens
+// and one of about longest, distinct for each i.
+func batchWithLongest(i, n, longest int) string {
+	inputs := make([]string, 0, n+1)
+	for j := range n {
+		inputs = append(inputs, fmt.Sprintf("%06d %04d ", i, j)+strings.Repeat("word ", 100*4/5-3))
+	}
+	inputs = append(inputs, fmt.Sprintf("%06d long ", i)+strings.Repeat("word ", longest*4/5-3))
+	b, _ := json.Marshal(map[string]any{"model": "e5", "input": inputs})
+	return string(b)
+}
+
+// TEI up to v1.8 refuses an input longer than its max-input-length with
+// 413, which the transport read as the request's: in a fleet of TEI
+// replicas with different max-input-lengths, a batch with one text over
+// the small one's came back to the caller as a 413 whenever it met the
+// small replica, and nothing was remembered. Such a 413 (and TEI's 422
+// from v1.9) is a refusal as too long: the batch goes on to the large
+// replica, the small one is remembered too small for such texts, and
+// batches of short texts still go to both.
+func TestTEIInputLimitFailsOver(t *testing.T) {
+	for _, status := range []int{http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			small, large := newTEIBackend(t, "small", 512, 64, status), newTEIBackend(t, "large", 8192, 64, status)
+			tr := newTransport(t, httpbalancer.Options{
+				Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
+				Endpoints: endpointsOf(small.backend, large.backend),
+			})
+			for i := range 20 {
+				resp, err := postTo(tr, embeddingsURL, batchWithLongest(i, 4, 600))
+				require.NoError(t, err, "batch %d", i)
+				require.Equal(t, http.StatusOK, resp.StatusCode, "batch %d: a text of 600 tokens, which the large replica takes", i)
+				assert.Equal(t, "large", resp.Header.Get("X-Backend"), "batch %d", i)
+			}
+			require.Positive(t, small.refused.Load(), "the small replica was never tried")
+			assert.Equal(t, int64(1), small.refused.Load(), "its window remembered after one refusal")
+			st := statsByID(tr.Balancer())["small"]
+			assert.Equal(t, uint64(1), st.TooLong)
+			assert.Zero(t, st.Failures, "a refusal as too long is no failure")
+
+			before := small.hits.Load()
+			for i := range 40 {
+				resp, err := postTo(tr, embeddingsURL, batchWithLongest(100+i, 40, 100))
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+			}
+			assert.Greater(t, small.hits.Load()-before, int64(10), "batches of short texts, 4,100 tokens in all, fit the small replica's 512 per text")
+		})
+	}
+}
+
+// Any other 413 (TEI's batch size refusal) is the request's, as before:
+// the caller gets it byte for byte and it is not sent on.
+func TestTEIOther413IsTheRequests(t *testing.T) {
+	a, b := newTEIBackend(t, "a", 512, 8, http.StatusRequestEntityTooLarge), newTEIBackend(t, "b", 512, 8, http.StatusRequestEntityTooLarge)
+	tr := newTransport(t, httpbalancer.Options{
+		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
+		Endpoints: endpointsOf(a.backend, b.backend),
+	})
+	req, err := http.NewRequest(http.MethodPost, embeddingsURL, strings.NewReader(batchWithLongest(0, 20, 100)))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	assert.Equal(t, `{"message":"batch size 21 > maximum allowed batch size 8","code":413,"type":"Validation"}`, string(body))
+	assert.Zero(t, tr.Stats().Failovers, "not sent on")
+	for id, s := range statsByID(tr.Balancer()) {
+		assert.Zero(t, s.TooLong, id)
+	}
+}
