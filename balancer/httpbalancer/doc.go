@@ -228,13 +228,18 @@
 //
 // A 400 that refuses the call as longer than the endpoint's context window
 // for the model (vLLM's "This model's maximum context length is N
-// tokens...", SGLang's alike, and TGI's, whose status is 422; a body of
-// known length up to 2 KiB) goes on the same way to an endpoint not
-// remembered too small for it: the attempt is reported with
+// tokens...", SGLang's alike, and TGI's, whose status is 422, and Hugging
+// Face TEI's "`inputs` must have less than N tokens", whose status is 413
+// up to v1.8 and 422 from v1.9; a body of known length up to 2 KiB) goes
+// on the same way to an endpoint not remembered too small for it: the attempt is reported with
 // Outcome.ContextWindow (neither success nor failure; the Balancer
 // remembers the window), and the call's token counts become the ones the
 // server gave. When no endpoint is left that might take it, the caller
-// gets the refusal byte for byte. Any other 400 or 422 is the request's.
+// gets the refusal byte for byte. Any other 400, 413 or 422 is the
+// request's. A call that names no model is not read so, nor is a window
+// remembered for it: TEI's native /embed, /rerank and /predict bodies name
+// none (unless an Inspector sets Info.Model), its OpenAI-compatible
+// /v1/embeddings does.
 // A pooling call (an embedding, rerank or score call) is weighed against
 // the windows remembered by its longest input, not its batch's total
 // (Info.LongestInput: one text of an embeddings batch, or the longest

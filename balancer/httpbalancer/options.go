@@ -266,7 +266,7 @@ type Result struct {
 	// FailedOver is set when this attempt failed, or its endpoint answered
 	// that it does not serve the call's model (Outcome.NotServedModel,
 	// Status 404) or that the call is longer than its context window
-	// (Outcome.ContextWindow, Status 400 or 422), and the transport went on to
+	// (Outcome.ContextWindow, Status 400, 413 or 422), and the transport went on to
 	// retry the call on another endpoint, which then has its own Result.
 	// When no other endpoint can take the call, or the retry budget allows
 	// no retry, it is not set and the call fails with this attempt's

@@ -10,8 +10,9 @@ import (
 	ctxwindow "github.com/inferlb/inferlb/internal/window"
 )
 
-// A 400 (or TGI's 422) that says the call is longer than the endpoint's
-// context window for the model is the endpoint saying so before any work:
+// A 400 (or TGI's 422, TEI's 413 or 422) that says the call is longer
+// than the endpoint's context window for the model is the endpoint saying
+// so before any work:
 // vLLM's "This
 // model's maximum context length is 4096 tokens. However, you requested
 // 5000 tokens (4000 in the messages, 1000 in the completion)." (or, newer,
@@ -20,8 +21,9 @@ import (
 // "Input validation error: `inputs` tokens + `max_new_tokens` must be <=
 // 4096. Given: 4000 `inputs` tokens and 1000 `max_new_tokens`" (or, for a
 // prompt alone longer than its max-input-tokens, "`inputs` must have less
-// than 4096 tokens. Given: 5000", that limit remembered as the window),
-// TensorRT-LLM's
+// than 4096 tokens. Given: 5000", that limit remembered as the prompt's;
+// Hugging Face TEI's for an input longer than its max-input-length, with
+// auto-truncate off, says the same), TensorRT-LLM's
 // "Prompt length (5056) exceeds maximum sequence length (2048)". In a fleet
 // whose replicas have different windows (started with different
 // max-model-len, or on GPUs with room for different KV caches) another
@@ -35,16 +37,20 @@ import (
 // cannot, or no endpoint is left that might take it, the caller gets the
 // refusal as it came, every byte of it. TGI answers every validation
 // error, this one too, with 422 (vLLM, SGLang and TensorRT-LLM with 400),
-// so both are read. Other 400s and 422s, and those whose body is not of a
-// known length up to maxNotServedBody, are answers like any other (the
-// request's).
+// and TEI with 413 up to v1.8 (422 from v1.9, router/src/http/server.rs),
+// so all three are read. Other 400s, 413s (TEI's batch size refusal, a
+// proxy's body limit) and 422s, and those whose body is not of a known
+// length up to maxNotServedBody, are answers like any other (the
+// request's). Only a call with a model is read: TEI's native /embed,
+// /rerank and /predict bodies name none (unless an Inspector sets
+// Info.Model), its OpenAI-compatible /v1/embeddings does.
 
 // errTooLong is the Outcome.Err of a refused attempt when the caller's
 // code panics while its retry is set up (see call.retry); it wraps
 // context.Canceled, blaming no endpoint.
 var errTooLong = fmt.Errorf("inferlb: httpbalancer: the call is longer than the endpoint's context window: %w", context.Canceled)
 
-// tooLong handles a 400 or 422 to a call with a model. It reads the body, which
+// tooLong handles a 400, 413 or 422 to a call with a model. It reads the body, which
 // stays readable from resp.Body as it came, and when the body refuses the
 // call as too long it reports the attempt so and, when it may, sets up
 // the call's retry on another endpoint (with a retry, this attempt's
