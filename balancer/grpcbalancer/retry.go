@@ -103,26 +103,37 @@ func (st *retryState) attemptDone(id string, di balancer.DoneInfo, o *inferlb.Ou
 // refusal is a refusal of the call as too long: the window and the
 // server's counts of the call's tokens (ctxwindow.Refusal's results), and
 // the status the server sent, which the caller gets when the call can go
-// nowhere else.
+// nowhere else. prev is the call's refusal before it, if any (one per
+// attempt refused: bounded by the call's attempts).
 type refusal struct {
 	window, prompt, output int
 	promptOnly             bool
 	err                    error
+	prev                   *refusal
 }
 
 // refusedTooLong records that the attempt that ended with di was refused
 // as longer than the endpoint's context window (see tooLong).
 func (st *retryState) refusedTooLong(di balancer.DoneInfo) {
 	w, p, o, po := ctxwindow.Refusal(refusalText(status.Convert(di.Err).Message()))
-	st.refusal.Store(&refusal{w, p, o, po, di.Err})
+	r := &refusal{window: w, prompt: p, output: o, promptOnly: po, err: di.Err}
+	for { // hedged attempts may be refused at once
+		r.prev = st.refusal.Load()
+		if st.refusal.CompareAndSwap(r.prev, r) {
+			break
+		}
+	}
 	st.tooLong.Store(true)
 }
 
-// fit returns req with the token counts of the call's last refusal as too
+// fit returns req with the token counts of the call's refusals as too
 // long (copied into c's scratch space), so that the pick passes over the
 // endpoints the Balancer remembers too small for it; req itself when
 // there was none, or when req names no model (no window is remembered
-// without one).
+// without one). Every refusal's counts apply, in order, as the HTTP
+// transport's do: a refusal that names the prompt alone (a limit on
+// prompts) keeps the output an earlier one named, without which the
+// retry would take the window of the endpoint that refused it for a fit.
 func (st *retryState) fit(req *inferlb.Request, c *call) *inferlb.Request {
 	r := st.refusal.Load()
 	if r == nil || req.Model == "" {
@@ -131,8 +142,16 @@ func (st *retryState) fit(req *inferlb.Request, c *call) *inferlb.Request {
 	if req != &c.req {
 		c.req = *req
 	}
-	ctxwindow.Fit(&c.req, r.window, r.prompt, r.output, r.promptOnly)
+	r.fit(&c.req)
 	return &c.req
+}
+
+// fit applies r's counts, after those of the refusals before it, to req.
+func (r *refusal) fit(req *inferlb.Request) {
+	if r.prev != nil {
+		r.prev.fit(req)
+	}
+	ctxwindow.Fit(req, r.window, r.prompt, r.output, r.promptOnly)
 }
 
 // errNoWindow fails a retry's pick when no endpoint left might take a

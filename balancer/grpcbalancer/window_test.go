@@ -3,6 +3,7 @@ package grpcbalancer_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -130,4 +131,46 @@ func TestE2EContextWindowWithoutRetry(t *testing.T) {
 	s := stats(t, b, small.addr)
 	assert.Equal(t, uint64(1), s.TooLong)
 	assert.Zero(t, s.Failures)
+}
+
+// A call refused by replicas of two kinds (one whose window bounds prompt
+// and output, one whose limit bounds the prompt alone) goes on with what
+// both said: the third attempt does not go back to the first replica
+// because the second refusal named only the prompt. With a TGI of
+// max-total-tokens 4096 (a), one of max-input-tokens 1024 (b) and a large
+// one (c), a call of 3,000 prompt tokens asking for 2,000 is refused by a
+// as 5,000 in all and by b as a prompt over 1,024: its retry must not take
+// a's 4,096 for a fit again. Each trial starts with the windows forgotten
+// (the clock moved past their memory), from a first pick with no token
+// estimate, as a call through modelHeader has.
+func TestE2EUnaryRetryKeepsEveryRefusalsCounts(t *testing.T) {
+	a := &backend{window: 4096, windowRefusal: "Input validation error: `inputs` tokens + `max_new_tokens` must be <= %[1]d. Given: 3000 `inputs` tokens and 2000 `max_new_tokens`"}
+	bb := &backend{window: 1024, windowRefusal: "Input validation error: `inputs` must have less than %[1]d tokens. Given: 3000"}
+	c := &backend{window: 8000}
+	bs := []*backend{a, bb, c}
+	for _, be := range bs {
+		be.start(t)
+	}
+	clock := testutil.NewClock()
+	name, b := shared(t, core.Options{Rand: testutil.NewRand(3), Clock: clock})
+	conn, _ := dial(t, bs, name, `{}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(3)))
+	allReady(t, conn, b, len(bs))
+	client := testgrpc.NewTestServiceClient(conn)
+	metA, failed := 0, 0
+	for i := range 60 {
+		clock.Advance(11 * time.Minute)
+		before := a.calls.Load()
+		ctx := metadata.AppendToOutgoingContext(testContext(t), "x-tokens", "5000")
+		ctx = inferlb.NewContext(ctx, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llm"})
+		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}); err != nil {
+			failed++
+			t.Logf("call %d: %v", i, err)
+		}
+		if a.calls.Load()-before > 1 {
+			metA++
+		}
+	}
+	assert.Zero(t, metA, "calls that met the replica of 4,096 twice")
+	assert.Zero(t, failed, "calls that failed while the large replica could take them")
+	assert.Positive(t, a.calls.Load()+bb.calls.Load(), "the small replicas were met")
 }
