@@ -21,10 +21,14 @@ import (
 // "Input validation error: `inputs` tokens + `max_new_tokens` must be <=
 // 4096. Given: 4000 `inputs` tokens and 1000 `max_new_tokens`" (or, for a
 // prompt alone longer than its max-input-tokens, "`inputs` must have less
-// than 4096 tokens. Given: 5000", that limit remembered as the prompt's;
-// Hugging Face TEI's for an input longer than its max-input-length, with
-// auto-truncate off, says the same), TensorRT-LLM's
-// "Prompt length (5056) exceeds maximum sequence length (2048)". In a fleet
+// than 4096 tokens. Given: 5000"; Hugging Face TEI's for an input longer
+// than its max-input-length, with auto-truncate off, says the same),
+// TensorRT-LLM's "Prompt length (5056) exceeds maximum sequence length
+// (2048)" (or "... maximum input length (M)"). A limit on the prompt alone
+// (TGI's max-input-tokens, TEI's max-input-length, TensorRT-LLM's input
+// length) is reported with inferlb.Outcome.PromptWindow: the Balancer
+// remembers it apart from the window and weighs only prompts against it.
+// In a fleet
 // whose replicas have different windows (started with different
 // max-model-len, or on GPUs with room for different KV caches) another
 // replica may take the call. The attempt is reported with
