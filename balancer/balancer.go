@@ -115,7 +115,11 @@ type Balancer struct {
 	// when the latest of them expires (unix ns).
 	windows      atomic.Pointer[map[uint64]window]
 	windowsUntil atomic.Int64
-	runs         atomic.Pointer[runTable] // runs of failures of a model on an endpoint (modelfail.go)
+	// Until when (unix ns) some endpoint remembers a window that found
+	// the gate above full (see rememberWindow): retries read the
+	// endpoints' own windows meanwhile.
+	windowsSpilled atomic.Int64
+	runs           atomic.Pointer[runTable] // runs of failures of a model on an endpoint (modelfail.go)
 
 	adapters adapterCounts // this Balancer's calls in flight per LoRA adapter (lora.go)
 
@@ -627,7 +631,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			return Pick{}, ErrNoEndpoints
 		}
 	}
-	if b.windowFilter(req, g, &c) && refused {
+	if b.windowFilter(req, g, &c, refused) && refused {
 		// No endpoint would take it: each refused as much (window.go).
 		return Pick{}, ErrNoEndpoints
 	}

@@ -44,9 +44,13 @@ import (
 // Memory: per endpoint up to windowsPerEndpoint models (the oldest
 // replaced), and per Balancer the smallest window of up to windowModels
 // models, which gates the check: a request that fits every window
-// remembered for its model (the usual case) costs a map lookup. Both are
-// copied on write (refusals are rare) and read without locks. Model names
-// are request data: they are kept as seeded hashes (modelKey).
+// remembered for its model (the usual case) costs a map lookup. A window
+// that finds the gate full is still remembered by its endpoint, and while
+// such a window lives a retry (PickRetry, a failover) reads the endpoints'
+// own windows, so that it does not go back where it would be refused
+// again; first picks go by the gate alone. Both are copied on write
+// (refusals are rare) and read without locks. Model names are request
+// data: they are kept as seeded hashes (modelKey).
 
 // windowMemory is how long a window is remembered: windows change when a
 // server is restarted with other flags, rarely, and a refusal costs the
@@ -132,7 +136,11 @@ func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, prompt 
 			w.tokens = cur.tokens // the smallest window of the model, renewed
 		}
 		if _, ok := next[key]; !ok && len(next) >= windowModels {
-			return // full: the endpoint's own entry still steers retries' picks of it
+			// Full: the endpoint's own entry still steers retries'
+			// picks of it (windowFilter).
+			for cur := b.windowsSpilled.Load(); cur < until && !b.windowsSpilled.CompareAndSwap(cur, until); cur = b.windowsSpilled.Load() {
+			}
+			return
 		}
 		next[key] = w
 		if b.windows.CompareAndSwap(old, &next) {
@@ -145,19 +153,25 @@ func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, prompt 
 
 // windowFilter sets c to pass over the members whose remembered window
 // for req's model is below req's tokens, when some are and some are not.
-// It reports whether every candidate is (then nothing is filtered).
-func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand) (all bool) {
+// It reports whether every candidate is (then nothing is filtered). retry
+// says the pick is a retry's or a failover's: it also reads the members'
+// own windows while some found the gate full (windowsSpilled).
+func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand, retry bool) (all bool) {
+	if req.Model == "" {
+		return false
+	}
 	ms := b.windows.Load()
-	if ms == nil || req.Model == "" || b.windowsUntil.Load() <= c.nowNs {
+	gated := ms != nil && b.windowsUntil.Load() > c.nowNs
+	spilled := retry && b.windowsSpilled.Load() > c.nowNs
+	if !gated && !spilled {
 		return false // no window remembered now: no model key to hash
 	}
 	need, needP := req.Tokens(), int64(max(req.PromptTokens, 0))
 	if req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank {
-		need = int64(req.LongestInput) // bounded per input, not per call: see above
-		if need <= 0 {
-			return false
-		}
-		needP = need
+		need, needP = int64(req.LongestInput), int64(req.LongestInput) // bounded per input, not per call: see above
+	}
+	if need <= 0 {
+		return false // no tokens known (need bounds needP): none to weigh
 	}
 	key := b.modelKey(req.Model)
 	smallest := func(k uint64) int64 {
@@ -166,7 +180,7 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand) (all bo
 		}
 		return 0
 	}
-	if !exceeds(smallest(key), need) && !exceeds(smallest(key^promptSalt), needP) {
+	if !spilled && !exceeds(smallest(key), need) && !exceeds(smallest(key^promptSalt), needP) {
 		return false // fits every window remembered for the model
 	}
 	some, other := false, false

@@ -144,3 +144,44 @@ func TestContextWindowPoolingCallsPerInput(t *testing.T) {
 	require.NoError(t, err)
 	p.Done(inferlb.Outcome{})
 }
+
+// The Balancer-wide gate holds up to 256 models; a refusal for a model
+// that finds it full (a fleet of many LoRA adapters, or made-up model
+// names on a server that takes any) is still remembered for the endpoint,
+// and a retry, which must not go where it would only be refused again,
+// passes the endpoint over. The retry of a gRPC call has no endpoint to
+// exclude: without this it went back to the endpoint that refused it.
+func TestContextWindowRetryWhenGateIsFull(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(6)})
+	eps := endpoints(3)
+	for i := range 256 {
+		refuse(t, b, eps[1+i%2].Addr, fmt.Sprint("f", i), 100)
+	}
+	small := eps[0].Addr
+	refuse(t, b, small, "llm", 1000)
+	refusePrompt := func(model string, tokens int) {
+		for range 1000 {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model})
+			require.NoError(t, err)
+			if p.ID() == small {
+				p.Done(inferlb.Outcome{ContextWindow: tokens, PromptWindow: true, Model: model})
+				return
+			}
+			p.Done(inferlb.Outcome{})
+		}
+		t.Fatal("no pick of the small endpoint")
+	}
+	refusePrompt("tgi", 1024)
+	for _, req := range []*inferlb.Request{
+		{Service: inferlb.ServiceLLM, Model: "llm", PromptTokens: 3000},
+		{Service: inferlb.ServiceLLM, Model: "tgi", PromptTokens: 3000},
+	} {
+		for range 60 {
+			p, err := b.PickRetry(req, "")
+			require.NoError(t, err)
+			assert.NotEqual(t, small, p.ID(), "%s: the retry went back to the endpoint that refused it", req.Model)
+			p.Done(inferlb.Outcome{})
+		}
+	}
+}
