@@ -173,7 +173,8 @@ type Outcome struct {
 	// started with different max-model-len, or on GPUs of different
 	// memory, refuse on some replicas what others take. The call counts as
 	// neither success nor failure, and the balancer remembers the window
-	// for the endpoint and the call's Model, so that a call whose tokens
+	// for the endpoint and the call's Model (empty: the calls that name
+	// none, apart from every named model), so that a call whose tokens
 	// (Request.Tokens) do not fit it goes elsewhere while another endpoint
 	// may take it. It takes precedence over Err and Overloaded, after
 	// NotServedModel.

@@ -41,6 +41,13 @@ import (
 // not. A pooling call whose LongestInput is 0 (not known) is checked
 // against no window.
 //
+// A call that names no model (Hugging Face TEI's native /embed, /rerank
+// and /predict) goes to a server that takes calls without one and serves
+// its one model: its window is remembered, and weighed, under the key of
+// the empty name (modelKey(""), seeded like every model key and distinct
+// from each named model's), so the windows of calls without a model and
+// of a named model never stand for each other.
+//
 // Memory: per endpoint up to windowsPerEndpoint models (the oldest
 // replaced), and per Balancer the smallest window of up to windowModels
 // models, which gates the check: a request that fits every window
@@ -96,11 +103,11 @@ func (e *endpoint) windowOf(model uint64, nowNs int64) int64 {
 	return 0
 }
 
-// rememberWindow records that e refused a call for model as longer than
-// its window of tokens, or, with prompt, its prompt as longer than its
-// limit on prompts of tokens.
+// rememberWindow records that e refused a call for model ("": a call
+// that named none) as longer than its window of tokens, or, with prompt,
+// its prompt as longer than its limit on prompts of tokens.
 func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, prompt bool, nowNs int64) {
-	if model == "" || tokens <= 0 {
+	if tokens <= 0 {
 		return
 	}
 	key, until := b.modelKey(model), nowNs+int64(windowMemory)
@@ -157,9 +164,6 @@ func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, prompt 
 // says the pick is a retry's or a failover's: it also reads the members'
 // own windows while some found the gate full (windowsSpilled).
 func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand, retry bool) (all bool) {
-	if req.Model == "" {
-		return false
-	}
 	ms := b.windows.Load()
 	gated := ms != nil && b.windowsUntil.Load() > c.nowNs
 	spilled := retry && b.windowsSpilled.Load() > c.nowNs
