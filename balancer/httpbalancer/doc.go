@@ -236,10 +236,13 @@
 // remembers the window), and the call's token counts become the ones the
 // server gave. When no endpoint is left that might take it, the caller
 // gets the refusal byte for byte. Any other 400, 413 or 422 is the
-// request's. A call that names no model is not read so, nor is a window
-// remembered for it: TEI's native /embed, /rerank and /predict bodies name
-// none (unless an Inspector sets Info.Model), its OpenAI-compatible
-// /v1/embeddings does.
+// request's. A call that names no model is read so too: TEI's native
+// /embed, /rerank and /predict bodies name none (its OpenAI-compatible
+// /v1/embeddings does), and a server that takes calls without a model
+// serves one, so their windows are remembered under a key of their own,
+// apart from every named model's. (A 404 is read only for a call with a
+// model: without one it says something else, such as a route the server
+// lacks.)
 // A pooling call (an embedding, rerank or score call) is weighed against
 // the windows remembered by its longest input, not its batch's total
 // (Info.LongestInput: one text of an embeddings batch, or the longest

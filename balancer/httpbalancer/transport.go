@@ -441,19 +441,24 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		resp, err := c.send(out) // closes out.Body
 		if err == nil {
 			if resp != nil {
-				if code := resp.StatusCode; code >= 400 && code < 500 && c.info.Model != "" {
+				if code := resp.StatusCode; code >= 400 && code < 500 {
 					var next retryAttempt
 					ok := false
 					switch code {
 					case http.StatusNotFound:
 						// Perhaps the endpoint does not serve the model
 						// (see notServed): then the call goes elsewhere.
-						next, ok = c.notServed(resp, hops < t.notServedHops(), &rb)
+						// Without a model, a 404 is some other answer (a
+						// route the server lacks).
+						if c.info.Model != "" {
+							next, ok = c.notServed(resp, hops < t.notServedHops(), &rb)
+						}
 					case http.StatusBadRequest, http.StatusUnprocessableEntity, http.StatusRequestEntityTooLarge:
 						// Perhaps the call is longer than the endpoint's
 						// context window and another takes it (window.go;
 						// TGI refuses it with 422, TEI up to v1.8 with
-						// 413).
+						// 413), with a model or without one (TEI's
+						// native routes name none).
 						next, ok = c.tooLong(resp, hops < t.notServedHops(), &rb)
 					}
 					if ok {

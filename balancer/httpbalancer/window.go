@@ -45,16 +45,18 @@ import (
 // so all three are read. Other 400s, 413s (TEI's batch size refusal, a
 // proxy's body limit) and 422s, and those whose body is not of a known
 // length up to maxNotServedBody, are answers like any other (the
-// request's). Only a call with a model is read: TEI's native /embed,
-// /rerank and /predict bodies name none (unless an Inspector sets
-// Info.Model), its OpenAI-compatible /v1/embeddings does.
+// request's). A call without a model is read too (TEI's native /embed,
+// /rerank and /predict bodies name none, its OpenAI-compatible
+// /v1/embeddings does): the Balancer remembers its window under the key
+// of calls that name none (see balancer's window.go).
 
 // errTooLong is the Outcome.Err of a refused attempt when the caller's
 // code panics while its retry is set up (see call.retry); it wraps
 // context.Canceled, blaming no endpoint.
 var errTooLong = fmt.Errorf("inferlb: httpbalancer: the call is longer than the endpoint's context window: %w", context.Canceled)
 
-// tooLong handles a 400, 413 or 422 to a call with a model. It reads the body, which
+// tooLong handles a 400, 413 or 422, to a call with a model or without
+// one. It reads the body, which
 // stays readable from resp.Body as it came, and when the body refuses the
 // call as too long it reports the attempt so and, when it may, sets up
 // the call's retry on another endpoint (with a retry, this attempt's

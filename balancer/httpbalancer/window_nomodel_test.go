@@ -1,0 +1,151 @@
+package httpbalancer_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// teiEmbedURL is Hugging Face TEI's native embedding route, whose body
+// names no model: {"inputs": "text"} or {"inputs": ["t1", "t2"]}.
+const teiEmbedURL = "http://tei.internal/embed"
+
+// newTEINativeBackend answers TEI's native /embed like a TEI replica
+// started with --max-input-length maxInput and auto-truncate off: each
+// input (its characters over 4) must fit maxInput on its own
+// (core/src/tokenization.rs, encode_input); one that does not fails the
+// call with TEI's native error body (ErrorResponse: error and
+// error_type), status 413 up to v1.8, 422 from v1.9.
+func newTEINativeBackend(t *testing.T, name string, maxInput, status int) *windowBackend {
+	t.Helper()
+	b := &windowBackend{backend: &backend{name: name}}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.URL.Path != "/embed" {
+			// A route it lacks: a 404 that says "not found" and quotes
+			// an empty name, as a call without a model has.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"error":"route not found","error_type":""}`)
+			return
+		}
+		var req struct {
+			Inputs json.RawMessage `json:"inputs"`
+		}
+		_ = json.Unmarshal(body, &req)
+		var inputs []string
+		if json.Unmarshal(req.Inputs, &inputs) != nil {
+			var one string
+			_ = json.Unmarshal(req.Inputs, &one)
+			inputs = []string{one}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		for _, in := range inputs {
+			if n := len(in) / 4; n > maxInput {
+				b.refused.Add(1)
+				w.WriteHeader(status)
+				fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` must have less than %d tokens. Given: %d"+`","error_type":"Validation"}`, maxInput, n)
+				return
+			}
+		}
+		b.hits.Add(1)
+		w.Header().Set("X-Backend", name)
+		fmt.Fprint(w, "[[0.1,0.2]]")
+	}))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// teiBatch is a native /embed body of n inputs of about 100 tokens and,
+// when longest > 0, one of about longest, distinct for each i; with n 0
+// and longest > 0, inputs is that one string.
+func teiBatch(i, n, longest int) string {
+	long := fmt.Sprintf("%06d long ", i) + strings.Repeat("word ", max(longest*4/5-3, 0))
+	if n == 0 {
+		b, _ := json.Marshal(map[string]any{"inputs": long})
+		return string(b)
+	}
+	inputs := make([]string, 0, n+1)
+	for j := range n {
+		inputs = append(inputs, fmt.Sprintf("%06d %04d ", i, j)+strings.Repeat("word ", 100*4/5-3))
+	}
+	if longest > 0 {
+		inputs = append(inputs, long)
+	}
+	b, _ := json.Marshal(map[string]any{"inputs": inputs})
+	return string(b)
+}
+
+// TEI's native /embed names no model, and the transport read refusals
+// as too long only for calls with one: in a fleet of TEI replicas with
+// different max-input-lengths, a text over the small one's came back to
+// the caller (413, or 422 from v1.9) whenever it met the small replica,
+// and nothing was remembered. Now the call goes on to the large replica,
+// the small one is remembered too small for such texts (under the key of
+// calls without a model), and batches of short texts still go to both.
+func TestTEINativeInputLimitFailsOver(t *testing.T) {
+	for _, status := range []int{http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			small, large := newTEINativeBackend(t, "small", 512, status), newTEINativeBackend(t, "large", 8192, status)
+			tr := newTransport(t, httpbalancer.Options{
+				Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
+				Endpoints: endpointsOf(small.backend, large.backend),
+			})
+			for i := range 20 {
+				n := 4
+				if i%2 == 1 {
+					n = 0 // one string
+				}
+				resp, err := postTo(tr, teiEmbedURL, teiBatch(i, n, 600))
+				require.NoError(t, err, "call %d", i)
+				require.Equal(t, http.StatusOK, resp.StatusCode, "call %d: a text of 600 tokens, which the large replica takes", i)
+				assert.Equal(t, "large", resp.Header.Get("X-Backend"), "call %d", i)
+			}
+			require.Positive(t, small.refused.Load(), "the small replica was never tried")
+			assert.Equal(t, int64(1), small.refused.Load(), "its limit remembered after one refusal")
+			st := statsByID(tr.Balancer())["small"]
+			assert.Equal(t, uint64(1), st.TooLong)
+			assert.Zero(t, st.Failures, "a refusal as too long is no failure")
+
+			before := small.hits.Load()
+			for i := range 40 {
+				resp, err := postTo(tr, teiEmbedURL, teiBatch(100+i, 40, 0))
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+			}
+			assert.Greater(t, small.hits.Load()-before, int64(10), "batches of short texts, 4,000 tokens in all, fit the small replica's 512 per text")
+		})
+	}
+}
+
+// A 404 to a call without a model is still not read as the endpoint
+// lacking a model, even one whose body says "not found" and quotes an
+// empty name: it is a route the server lacks, and the caller gets it, not
+// sent on.
+func TestNoModel404IsTheRequests(t *testing.T) {
+	a, b := newTEINativeBackend(t, "a", 512, http.StatusUnprocessableEntity), newTEINativeBackend(t, "b", 512, http.StatusUnprocessableEntity)
+	tr := newTransport(t, httpbalancer.Options{
+		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
+		Endpoints: endpointsOf(a.backend, b.backend),
+	})
+	for range 4 {
+		resp, err := postTo(tr, "http://tei.internal/embed_sparse", teiBatch(0, 2, 0))
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	}
+	assert.Zero(t, tr.Stats().Failovers, "not sent on")
+	for id, s := range statsByID(tr.Balancer()) {
+		assert.Zero(t, s.NotServed, id)
+	}
+}
