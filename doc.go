@@ -117,7 +117,8 @@
 // a gRPC status) is neither too: the Balancer remembers the window
 // (Outcome.ContextWindow) and passes the endpoint over for calls whose
 // tokens do not fit it (a pooling call's longest input, Request.LongestInput,
-// not its batch's total), and the HTTP transport (the gRPC policy with
+// not its batch's total; a call of several sequences, n > 1 or a batch of
+// prompts, by its longest, LongestInput + SequenceOutputTokens), and the HTTP transport (the gRPC policy with
 // UnaryRetry) sends the call on to another endpoint.
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint

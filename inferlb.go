@@ -102,6 +102,14 @@ type Request struct {
 	// whatever its estimate of how often prompt keys recur (MinKeyReuse),
 	// and it does not count in that estimate.
 	Session bool
+	// SequenceOutputTokens is, for a call of several sequences (LongestInput
+	// > 0 on a call that is not ServiceEmbedding or ServiceRerank), the
+	// output bound of one sequence: max_tokens as asked, where
+	// MaxOutputTokens counts it times n and times the prompts; 0 when the
+	// call gives none. It is ignored otherwise, and does not count as load.
+	// (An int32 here, beside Service and Session, takes no room: a Request
+	// is part of every call's state.)
+	SequenceOutputTokens int32
 	// Model names the model asked for; when endpoints carry a "model" label,
 	// only endpoints serving it are eligible.
 	Model string
@@ -125,6 +133,18 @@ type Request struct {
 	// windows it remembers (Outcome.ContextWindow) where it weighs Tokens
 	// for other calls; 0 means unknown, and a pooling call is then checked
 	// against no window. It does not count as load.
+	//
+	// For any other call, LongestInput > 0 says the call generates several
+	// sequences (n > 1 choices, or a batch of prompts such as a
+	// completions prompt given as a list), and is the tokens of its
+	// longest prompt. A server checks each sequence on its own, one prompt
+	// with the output bound of one sequence (vLLM: prompt plus max_tokens
+	// against max-model-len, whatever n), while PromptTokens and
+	// MaxOutputTokens count every sequence: the balancer then weighs
+	// LongestInput + SequenceOutputTokens against the windows it remembers,
+	// and LongestInput against limits on the prompt alone
+	// (Outcome.PromptWindow), in place of Tokens and PromptTokens. 0: the
+	// call is one sequence (or not known to be several), weighed by Tokens.
 	LongestInput int
 }
 

@@ -41,6 +41,15 @@ import (
 // not. A pooling call whose LongestInput is 0 (not known) is checked
 // against no window.
 //
+// A generation call of several sequences (n > 1 choices, or a batch of
+// prompts: Request.LongestInput > 0 on a call that is not pooling) is
+// weighed by its longest sequence, LongestInput + SequenceOutputTokens
+// (and LongestInput against a limit on the prompt alone): vLLM checks each
+// sequence, one prompt with max_tokens, against max-model-len, whatever n;
+// SGLang and TGI alike. Its Tokens counts every sequence: a chat of a
+// 2,000-token prompt with n = 4 and max_tokens = 1,000 is 6,000 tokens of
+// load but sequences of 3,000, which a window of 4,096 takes.
+//
 // A call that names no model (Hugging Face TEI's native /embed, /rerank
 // and /predict) goes to a server that takes calls without one and serves
 // its one model: its window is remembered, and weighed, under the key of
@@ -171,8 +180,13 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand, retry b
 		return false // no window remembered now: no model key to hash
 	}
 	need, needP := req.Tokens(), int64(max(req.PromptTokens, 0))
-	if req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank {
+	switch {
+	case req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank:
 		need, needP = int64(req.LongestInput), int64(req.LongestInput) // bounded per input, not per call: see above
+	case req.LongestInput > 0:
+		// Several sequences, each bounded on its own: see above.
+		needP = int64(min(req.LongestInput, math.MaxInt32))
+		need = needP + int64(max(req.SequenceOutputTokens, 0))
 	}
 	if need <= 0 {
 		return false // no tokens known (need bounds needP): none to weigh

@@ -21,6 +21,7 @@ package window
 
 import (
 	"bytes"
+	"math"
 	"strconv"
 
 	"github.com/inferlb/inferlb"
@@ -118,9 +119,21 @@ func Refusal(body []byte) (window, prompt, output int, promptOnly bool) {
 // With promptOnly (the window bounds the prompt alone), the prompt is
 // what the server counted, at least one token past window, and the output
 // stays.
+//
+// A generation call of several sequences (LongestInput > 0: n > 1, a
+// batch of prompts) is refused for one sequence, whose counts the server
+// gives: they are its LongestInput and SequenceOutputTokens, by the rules
+// above, and its PromptTokens and MaxOutputTokens, every sequence's, stay.
 func Fit(req *inferlb.Request, window, prompt, output int, promptOnly bool) {
 	if req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank {
 		req.LongestInput = max(prompt, window+1)
+		return
+	}
+	if req.LongestInput > 0 {
+		seq := inferlb.Request{PromptTokens: req.LongestInput, MaxOutputTokens: int(req.SequenceOutputTokens)}
+		Fit(&seq, window, prompt, output, promptOnly)
+		req.LongestInput = max(seq.PromptTokens, 1)
+		req.SequenceOutputTokens = int32(min(max(seq.MaxOutputTokens, 0), math.MaxInt32))
 		return
 	}
 	if promptOnly {

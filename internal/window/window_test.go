@@ -108,3 +108,33 @@ func TestFitPromptOnly(t *testing.T) {
 	Fit(&r, 1024, -1, -1, true)
 	assert.Equal(t, [2]int{1025, 3000}, [2]int{r.PromptTokens, r.MaxOutputTokens}, "one past the limit")
 }
+
+// A generation call of several sequences (n > 1, a batch of prompts) is
+// refused for one sequence: the server's counts are its LongestInput and
+// SequenceOutputTokens, and its PromptTokens and MaxOutputTokens (every
+// sequence's, its load) stay.
+func TestFitSeveralSequences(t *testing.T) {
+	n4 := inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 1800, MaxOutputTokens: 4000, LongestInput: 1800, SequenceOutputTokens: 1000}
+	for _, tc := range []struct {
+		name                   string
+		window, prompt, output int
+		promptOnly             bool
+		wantLongest, wantSeq   int
+	}{
+		{"server's counts", 2048, 2000, 1000, false, 2000, 1000},
+		{"prompt only given", 2048, 2000, -1, false, 2000, 1000},
+		{"no counts: one past the window", 4096, -1, -1, false, 3097, 1000},
+		{"limit on the prompt", 1024, 2000, -1, true, 2000, 1000},
+		{"limit on the prompt, no count", 1024, -1, -1, true, 1800, 1000},
+	} {
+		r := n4
+		Fit(&r, tc.window, tc.prompt, tc.output, tc.promptOnly)
+		assert.Equal(t, [2]int{tc.wantLongest, tc.wantSeq}, [2]int{r.LongestInput, int(r.SequenceOutputTokens)}, tc.name)
+		assert.Equal(t, [2]int{1800, 4000}, [2]int{r.PromptTokens, r.MaxOutputTokens}, "%s: the call's load stays", tc.name)
+		if tc.promptOnly {
+			assert.Greater(t, r.LongestInput, tc.window, tc.name)
+		} else {
+			assert.Greater(t, r.LongestInput+int(r.SequenceOutputTokens), tc.window, tc.name)
+		}
+	}
+}
