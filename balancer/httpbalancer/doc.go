@@ -251,7 +251,14 @@
 // endpoint that refused one long text, and fails over to it; a refusal's
 // count (vLLM's "you requested 600 tokens in the input for embedding
 // generation") is the longest input's, and the batch's token estimate
-// stays.
+// stays. So is a generation call of several sequences (n > 1, SGLang's
+// sampling_params.n, a batch of prompts such as a completions prompt
+// given as a list), by its longest sequence: its longest prompt with the
+// output bound of one sequence (Info.LongestInput and
+// Info.SequenceOutputTokens), which is what vLLM checks against
+// max-model-len, whatever n; its token estimate, every sequence's, stays
+// its load. A chat of a 2,000-token prompt with n = 4 and max_tokens =
+// 1,000 goes to an endpoint remembered at 4,096.
 //
 // The outcome of a call the server answered names the call's model
 // (Outcome.Model): a success, a 5xx and a 5xx error event in a stream. A

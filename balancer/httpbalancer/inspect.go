@@ -157,8 +157,14 @@ var (
 // itself when there is one, a rerank's or score call's longest query
 // with its longest document, the longest text or token-ID list of an
 // embeddings batch, of those the peek holds. That, not the batch's total,
-// is what a pooling server bounds by its context window.
+// is what a pooling server bounds by its context window. For a generation
+// call of several sequences (n > 1, or a batch of prompts) it sets
+// Info.LongestInput to the longest prompt (the prompt estimate with n > 1
+// alone; of a batch, the longest prompt the peek holds) and
+// Info.SequenceOutputTokens to the output bound of one sequence, which a
+// server bounds by its window each on its own.
 //
+
 // An OpenAI is immutable once in use and safe for concurrent use.
 type OpenAI struct {
 	// Keyer computes prompt affinity keys. nil means no prompt affinity
@@ -297,6 +303,18 @@ func (o *OpenAI) Inspect(r *http.Request, peek []byte, complete bool, info *Info
 		} else {
 			info.LongestInput = min((b.query+b.input)/charsPerToken, MaxTokenEstimate)
 		}
+	}
+	if info.Service == inferlb.ServiceLLM && (b.n > 1 || prompts > 1) {
+		// Several sequences, n choices of each prompt of a batch: a
+		// server bounds each, one prompt with the output bound of one,
+		// by its window, not their sum (see inferlb.Request.LongestInput).
+		// The longest prompt of a batch is of those the peek holds.
+		info.SequenceOutputTokens = int32(min(max(b.maxTokens, 0), MaxTokenEstimate))
+		info.LongestInput = info.PromptTokens
+		if prompts > 1 {
+			info.LongestInput = min(b.input/charsPerToken, MaxTokenEstimate)
+		}
+		info.LongestInput = max(info.LongestInput, 1)
 	}
 	if info.Service != inferlb.ServiceLLM || o.Keyer == nil {
 		return

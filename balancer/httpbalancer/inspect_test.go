@@ -875,7 +875,7 @@ func TestInspectLongestInput(t *testing.T) {
 		{"score, one document", "/v1/score", `{"model":"bge","text_1":["` + a(8) + `","` + a(16) + `"],"text_2":"` + a(40) + `"}`, 16, 14},
 		{"score", "/v1/score", `{"model":"bge","text_1":["` + a(8) + `","` + a(16) + `"],"text_2":["` + a(40) + `","` + a(4) + `"]}`, 17, 14},
 		{"chat: not a pooling call", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"` + a(40) + `"}]}`, 10, 0},
-		{"batch of completions: not a pooling call", "/v1/completions", `{"model":"m","prompt":["` + a(8) + `","` + a(40) + `"]}`, 12, 0},
+		{"batch of completions: its longest prompt", "/v1/completions", `{"model":"m","prompt":["` + a(8) + `","` + a(40) + `"]}`, 12, 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, _ := http.NewRequest(http.MethodPost, "http://llm.internal"+tc.path, strings.NewReader(tc.body))
