@@ -114,9 +114,10 @@
 // of the call as longer than its context window (vLLM's, SGLang's, TGI's
 // or TensorRT-LLM's text: "This model's maximum context length is N
 // tokens", "Prompt length (N) exceeds maximum sequence length (M)") is
-// neither either: it is reported as Outcome.ContextWindow, and with the
-// model known the Balancer remembers the window and passes the endpoint
-// over for calls whose tokens (the inferlb.Request's PromptTokens and
+// neither either: it is reported as Outcome.ContextWindow, and the
+// Balancer remembers the window for the call's model (for a call without
+// one, such as TEI's tei.v1 API makes, under a key of its own) and passes
+// the endpoint over for calls whose tokens (the inferlb.Request's PromptTokens and
 // MaxOutputTokens; a pooling call's LongestInput, which a policy does not
 // estimate) do not fit it, while UnaryRetry sends the call on with
 // the token counts the server gave (a pooling call's as its LongestInput), or, when no endpoint's window might

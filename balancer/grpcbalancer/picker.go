@@ -394,7 +394,7 @@ func (c *call) report(di balancer.DoneInfo) {
 	case o.ContextWindow > 0:
 		// Neither success nor failure; the window is the model's there.
 		o = inferlb.Outcome{ContextWindow: o.ContextWindow, PromptWindow: o.PromptWindow, Model: c.req.Model}
-		if c.retry != nil && c.req.Model != "" {
+		if c.retry != nil {
 			c.retry.refusedTooLong(di) // retried elsewhere (see UnaryRetry)
 		}
 	case !o.Overloaded && (o.Err == nil || answered && !o.Canceled()):

@@ -129,14 +129,15 @@ func (st *retryState) refusedTooLong(di balancer.DoneInfo) {
 // fit returns req with the token counts of the call's refusals as too
 // long (copied into c's scratch space), so that the pick passes over the
 // endpoints the Balancer remembers too small for it; req itself when
-// there was none, or when req names no model (no window is remembered
-// without one). Every refusal's counts apply, in order, as the HTTP
+// there was none. A call without a model (TEI's tei.v1 API names none)
+// is fitted too: the Balancer remembers its windows under a key of its
+// own. Every refusal's counts apply, in order, as the HTTP
 // transport's do: a refusal that names the prompt alone (a limit on
 // prompts) keeps the output an earlier one named, without which the
 // retry would take the window of the endpoint that refused it for a fit.
 func (st *retryState) fit(req *inferlb.Request, c *call) *inferlb.Request {
 	r := st.refusal.Load()
-	if r == nil || req.Model == "" {
+	if r == nil {
 		return req
 	}
 	if req != &c.req {
@@ -223,7 +224,8 @@ func retryStateFrom(ctx context.Context, method string) *retryState {
 // It also retries a call that an endpoint refused as longer than its
 // context window for the call's model (vLLM's, SGLang's, TGI's or
 // TensorRT-LLM's text in the status; see the package doc), within the
-// same bounds, when the call names its model: each retry carries the
+// same bounds, with a model or without one (TEI's tei.v1 API names
+// none): each retry carries the
 // token counts the server gave (at least one past that window) and passes
 // over the endpoints the Balancer remembers too small for them. When no
 // endpoint is left that might take it, the call ends with the refusal as
