@@ -3,9 +3,7 @@ package httpbalancer_test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -20,52 +18,6 @@ import (
 // teiEmbedURL is Hugging Face TEI's native embedding route, whose body
 // names no model: {"inputs": "text"} or {"inputs": ["t1", "t2"]}.
 const teiEmbedURL = "http://tei.internal/embed"
-
-// newTEINativeBackend answers TEI's native /embed like a TEI replica
-// started with --max-input-length maxInput and auto-truncate off: each
-// input (its characters over 4) must fit maxInput on its own
-// (core/src/tokenization.rs, encode_input); one that does not fails the
-// call with TEI's native error body (ErrorResponse: error and
-// error_type), status 413 up to v1.8, 422 from v1.9.
-func newTEINativeBackend(t *testing.T, name string, maxInput, status int) *windowBackend {
-	t.Helper()
-	b := &windowBackend{backend: &backend{name: name}}
-	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if r.URL.Path != "/embed" {
-			// A route it lacks: a 404 that says "not found" and quotes
-			// an empty name, as a call without a model has.
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusNotFound)
-			fmt.Fprint(w, `{"error":"route not found","error_type":""}`)
-			return
-		}
-		var req struct {
-			Inputs json.RawMessage `json:"inputs"`
-		}
-		_ = json.Unmarshal(body, &req)
-		var inputs []string
-		if json.Unmarshal(req.Inputs, &inputs) != nil {
-			var one string
-			_ = json.Unmarshal(req.Inputs, &one)
-			inputs = []string{one}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		for _, in := range inputs {
-			if n := len(in) / 4; n > maxInput {
-				b.refused.Add(1)
-				w.WriteHeader(status)
-				fmt.Fprintf(w, `{"error":"Input validation error: `+"`inputs` must have less than %d tokens. Given: %d"+`","error_type":"Validation"}`, maxInput, n)
-				return
-			}
-		}
-		b.hits.Add(1)
-		w.Header().Set("X-Backend", name)
-		fmt.Fprint(w, "[[0.1,0.2]]")
-	}))
-	t.Cleanup(b.srv.Close)
-	return b
-}
 
 // teiBatch is a native /embed body of n inputs of about 100 tokens and,
 // when longest > 0, one of about longest, distinct for each i; with n 0
@@ -97,7 +49,7 @@ func teiBatch(i, n, longest int) string {
 func TestTEINativeInputLimitFailsOver(t *testing.T) {
 	for _, status := range []int{http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity} {
 		t.Run(http.StatusText(status), func(t *testing.T) {
-			small, large := newTEINativeBackend(t, "small", 512, status), newTEINativeBackend(t, "large", 8192, status)
+			small, large := newTEIBackend(t, "small", 512, 1<<20, status), newTEIBackend(t, "large", 8192, 1<<20, status)
 			tr := newTransport(t, httpbalancer.Options{
 				Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
 				Endpoints: endpointsOf(small.backend, large.backend),
@@ -134,7 +86,7 @@ func TestTEINativeInputLimitFailsOver(t *testing.T) {
 // empty name: it is a route the server lacks, and the caller gets it, not
 // sent on.
 func TestNoModel404IsTheRequests(t *testing.T) {
-	a, b := newTEINativeBackend(t, "a", 512, http.StatusUnprocessableEntity), newTEINativeBackend(t, "b", 512, http.StatusUnprocessableEntity)
+	a, b := newTEIBackend(t, "a", 512, 1<<20, http.StatusUnprocessableEntity), newTEIBackend(t, "b", 512, 1<<20, http.StatusUnprocessableEntity)
 	tr := newTransport(t, httpbalancer.Options{
 		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
 		Endpoints: endpointsOf(a.backend, b.backend),

@@ -17,40 +17,68 @@ import (
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
-// newTEIBackend answers /v1/embeddings like Hugging Face TEI started with
-// --max-input-length maxInput and auto-truncate off: each input (its
+// newTEIBackend answers like Hugging Face TEI started with
+// --max-input-length maxInput and auto-truncate off, on its native /embed
+// (a body that names no model, "inputs" a string or a list) and its
+// OpenAI-compatible /v1/embeddings ("input" a list): each input (its
 // characters over 4) must fit maxInput on its own (core/src/tokenization.rs,
 // encode_input), and one that does not fails the call with TEI's
 // validation error, "Input validation error: `inputs` must have less than
-// N tokens. Given: M", in its OpenAI-compatible error body
-// (OpenAICompatErrorResponse), with status: 413 up to v1.8 (ErrorType::
-// Validation was PAYLOAD_TOO_LARGE), 422 from v1.9. A batch larger than
-// maxBatch is refused with TEI's other 413, no refusal as too long.
+// N tokens. Given: M", in the route's error body (native ErrorResponse:
+// error and error_type; OpenAICompatErrorResponse: message, code, type),
+// with status: 413 up to v1.8 (ErrorType::Validation was
+// PAYLOAD_TOO_LARGE), 422 from v1.9. A batch larger than maxBatch is
+// refused with TEI's other 413, no refusal as too long. Any other route
+// is a 404 that says "not found" and quotes an empty name, as a call
+// without a model has.
 func newTEIBackend(t *testing.T, name string, maxInput, maxBatch, status int) *windowBackend {
 	t.Helper()
 	b := &windowBackend{backend: &backend{name: name}}
 	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		var req struct {
-			Input []string `json:"input"`
-		}
-		_ = json.Unmarshal(body, &req)
 		w.Header().Set("Content-Type", "application/json")
-		if len(req.Input) > maxBatch {
-			w.WriteHeader(status)
-			fmt.Fprintf(w, `{"message":"batch size %d > maximum allowed batch size %d","code":%d,"type":"Validation"}`, len(req.Input), maxBatch, status)
+		native := r.URL.Path == "/embed"
+		if !native && r.URL.Path != "/v1/embeddings" {
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"error":"route not found","error_type":""}`)
 			return
 		}
-		for _, in := range req.Input {
+		var req struct {
+			Input  []string        `json:"input"`
+			Inputs json.RawMessage `json:"inputs"`
+		}
+		_ = json.Unmarshal(body, &req)
+		inputs := req.Input
+		if native && json.Unmarshal(req.Inputs, &inputs) != nil {
+			var one string
+			_ = json.Unmarshal(req.Inputs, &one)
+			inputs = []string{one}
+		}
+		refuse := func(msg string) {
+			w.WriteHeader(status)
+			if native {
+				fmt.Fprintf(w, `{"error":%q,"error_type":"Validation"}`, msg)
+				return
+			}
+			fmt.Fprintf(w, `{"message":%q,"code":%d,"type":"Validation"}`, msg, status)
+		}
+		if len(inputs) > maxBatch {
+			refuse(fmt.Sprintf("batch size %d > maximum allowed batch size %d", len(inputs), maxBatch))
+			return
+		}
+		for _, in := range inputs {
 			if n := len(in) / 4; n > maxInput {
 				b.refused.Add(1)
-				w.WriteHeader(status)
-				fmt.Fprintf(w, `{"message":"Input validation error: `+"`inputs` must have less than %d tokens. Given: %d"+`","code":%d,"type":"Validation"}`, maxInput, n, status)
+				refuse(fmt.Sprintf("Input validation error: `inputs` must have less than %d tokens. Given: %d", maxInput, n))
 				return
 			}
 		}
 		b.hits.Add(1)
 		w.Header().Set("X-Backend", name)
+		if native {
+			fmt.Fprint(w, "[[0.1,0.2]]")
+			return
+		}
 		fmt.Fprintf(w, `{"object":"list","data":[],"model":"e5","usage":{"prompt_tokens":%d,"total_tokens":%d}}`, len(body)/4, len(body)/4)
 	}))
 	t.Cleanup(b.srv.Close)
