@@ -126,7 +126,8 @@ type Request struct {
 	PromptTokens    int
 	MaxOutputTokens int
 	// LongestInput estimates, for a pooling call (ServiceEmbedding,
-	// ServiceRerank), the tokens of its longest single input: one text of
+	// ServiceRerank, and a ServiceUnknown call that names no model, such
+	// as TEI's /predict), the tokens of its longest single input: one text of
 	// an embeddings batch, or a rerank's or score call's query with its
 	// longest document. A pooling server bounds each input by its context
 	// window, not the call, so the balancer weighs this against the
@@ -195,15 +196,17 @@ type Outcome struct {
 	// neither success nor failure, and the balancer remembers the window
 	// for the endpoint and the call's Model (empty: the calls that name
 	// none, apart from every named model), so that a call whose tokens
-	// (Request.Tokens) do not fit it goes elsewhere while another endpoint
-	// may take it. It takes precedence over Err and Overloaded, after
-	// NotServedModel.
+	// (Request.Tokens; a pooling call's LongestInput; a call of several
+	// sequences its longest, LongestInput + SequenceOutputTokens) do not
+	// fit it goes elsewhere while another endpoint may take it. It takes
+	// precedence over Err and Overloaded, after NotServedModel.
 	ContextWindow int
 	// PromptWindow says ContextWindow bounds the prompt alone, not the
 	// prompt and output: TGI's max-input-tokens ("`inputs` must have less
 	// than N tokens"), TensorRT-LLM's maximum input length. The balancer
 	// then weighs a call's prompt (Request.PromptTokens; LongestInput for
-	// a pooling call) against it, and remembers it apart from the
+	// a pooling call and for a call of several sequences) against it, and
+	// remembers it apart from the
 	// endpoint's window for prompt and output: remembered as that, a limit
 	// on the prompt would pass the endpoint over for short prompts asking
 	// for long answers, which it takes.

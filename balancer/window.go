@@ -50,6 +50,12 @@ import (
 // 2,000-token prompt with n = 4 and max_tokens = 1,000 is 6,000 tokens of
 // load but sequences of 3,000, which a window of 4,096 takes.
 //
+// A call of no known service that names no model (TEI's /predict) is
+// weighed as a pooling call: such a server limits each input. Its
+// LongestInput is not known (0) unless the caller's Inspector gave it,
+// so it is checked against no window, and a retry after its refusal
+// goes to another endpoint than the one that refused it.
+//
 // A call that names no model (Hugging Face TEI's native /embed, /rerank
 // and /predict) goes to a server that takes calls without one and serves
 // its one model: its window is remembered, and weighed, under the key of
@@ -181,7 +187,13 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand, retry b
 	}
 	need, needP := req.Tokens(), int64(max(req.PromptTokens, 0))
 	switch {
-	case req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank:
+	case req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank,
+		req.Service == inferlb.ServiceUnknown && req.Model == "":
+		// A call of no known service that names no model (TEI's
+		// /predict) goes to a pooling server too, whose limit is per
+		// input: weighed by its batch, it passed over a replica whose
+		// limit each of its short texts fits, and found none to fail
+		// over to.
 		need, needP = int64(req.LongestInput), int64(req.LongestInput) // bounded per input, not per call: see above
 	case req.LongestInput > 0:
 		// Several sequences, each bounded on its own: see above.

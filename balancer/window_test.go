@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -184,4 +185,24 @@ func TestContextWindowRetryWhenGateIsFull(t *testing.T) {
 			p.Done(inferlb.Outcome{})
 		}
 	}
+}
+
+// A batch of no known service without a model (TEI's /predict) is
+// limited per input: after both endpoints refused a long text, the
+// failover of a batch of short texts (4,000 tokens in all) found no
+// endpoint whose window held its total.
+func TestContextWindowUnknownServiceWithoutModelIsPerInput(t *testing.T) {
+	b := newBalancer(t, 2, balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(4)})
+	eps := endpoints(2)
+	refuse(t, b, eps[0].Addr, "", 512)
+	refuse(t, b, eps[1].Addr, "", 512)
+	req := &inferlb.Request{PromptTokens: 4000}
+	p, err := b.Pick(req)
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{Err: errors.New("connection reset")})
+	_, err = b.PickRetry(req, p.ID())
+	require.NoError(t, err, "failover of a batch of short texts")
+	long := &inferlb.Request{PromptTokens: 4000, LongestInput: 600}
+	_, err = b.PickRetry(long, p.ID())
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints, "a text longer than every remembered limit")
 }

@@ -118,8 +118,9 @@
 // Balancer remembers the window for the call's model (for a call without
 // one, such as TEI's tei.v1 API makes, under a key of its own) and passes
 // the endpoint over for calls whose tokens (the inferlb.Request's PromptTokens and
-// MaxOutputTokens; a pooling call's LongestInput, which a policy does not
-// estimate) do not fit it, while UnaryRetry sends the call on with
+// MaxOutputTokens; a pooling call's LongestInput, a call of several
+// sequences' LongestInput + SequenceOutputTokens, which a policy does not
+// estimate: set them in the Request of the call's context) do not fit it, while UnaryRetry sends the call on with
 // the token counts the server gave (a pooling call's as its LongestInput), or, when no endpoint's window might
 // take it, ends it with the server's refusal as sent; a success, and an INTERNAL, UNKNOWN, DATA_LOSS or
 // UNIMPLEMENTED the server sent (some of its answer arrived), or an error

@@ -80,6 +80,7 @@ var (
 //	.../generate, .../generate_stream, .../api/chat,
 //	llama.cpp's .../completion and .../infill              -> LLM
 //	.../embeddings, .../embed, .../classify, .../pooling,
+//	TEI's .../embed_all and .../embed_sparse,
 //	llama.cpp's .../embedding                             -> embedding
 //	.../rerank, .../score, llama.cpp's .../reranking      -> rerank
 //
@@ -177,7 +178,9 @@ type OpenAI struct {
 // ServiceForPath maps an OpenAI-compatible (or TGI/TEI, Ollama or
 // llama.cpp) request path to a Service, as the OpenAI inspector does;
 // unknown paths are ServiceUnknown. vLLM's /classify and /pooling run a pooling model once
-// over the input, as an embedding does, and are routed as embeddings.
+// over the input, as an embedding does, and are routed as embeddings, as
+// are TEI's /embed_all and /embed_sparse. TEI's /predict (classification)
+// is left unknown: the name is too common to say what runs behind it.
 // Audio transcription is left unknown: its multipart body's size says
 // nothing of its tokens.
 func ServiceForPath(path string) inferlb.Service {
@@ -186,7 +189,7 @@ func ServiceForPath(path string) inferlb.Service {
 	switch last {
 	case "completions", "responses", "messages", "generate", "generate_stream", "chat", "completion", "infill":
 		return inferlb.ServiceLLM
-	case "embeddings", "embed", "classify", "pooling", "embedding":
+	case "embeddings", "embed", "classify", "pooling", "embedding", "embed_sparse", "embed_all":
 		return inferlb.ServiceEmbedding
 	case "rerank", "score", "reranking":
 		return inferlb.ServiceRerank

@@ -37,7 +37,7 @@ func newTEIBackend(t *testing.T, name string, maxInput, maxBatch, status int) *w
 	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
-		native := r.URL.Path == "/embed"
+		native := r.URL.Path == "/embed" || r.URL.Path == "/embed_all" || r.URL.Path == "/embed_sparse" || r.URL.Path == "/predict"
 		if !native && r.URL.Path != "/v1/embeddings" {
 			w.WriteHeader(http.StatusNotFound)
 			fmt.Fprint(w, `{"error":"route not found","error_type":""}`)
