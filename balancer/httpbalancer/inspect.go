@@ -165,7 +165,6 @@ var (
 // Info.SequenceOutputTokens to the output bound of one sequence, which a
 // server bounds by its window each on its own.
 //
-
 // An OpenAI is immutable once in use and safe for concurrent use.
 type OpenAI struct {
 	// Keyer computes prompt affinity keys. nil means no prompt affinity
