@@ -155,8 +155,8 @@ func (b *Balancer) warmFor(key uint64, g *group, i int, nowNs int64) bool {
 	// Cold, and the Get just refreshed its slot: an entry read on every
 	// pick of its key (stayAway reads the walk's next endpoints) would
 	// hold the slot for good and, expiring last, push its set's warm
-	// entries out first.
-	b.spills.Delete(k)
+	// entries out first. A spill another pick stored since the Get stays.
+	b.spills.CompareAndDelete(k, at)
 	return false
 }
 

@@ -259,6 +259,32 @@ func (s *Sessions) Delete(key uint64) {
 	}
 }
 
+// CompareAndDelete forgets key if its value is still old, and reports
+// whether it did: a caller that read a value and judged it stale does not
+// delete the fresh one another Put stored since.
+func (s *Sessions) CompareAndDelete(key, old uint64) bool {
+	if key == 0 {
+		return false
+	}
+	set := s.set(key)
+	for i := range set {
+		e := &set[i]
+		v := e.ver.Load()
+		if v&1 != 0 || e.key.Load() != key || e.val.Load() != old || !e.ver.CompareAndSwap(v, v+1) {
+			continue
+		}
+		// Under the slot's version: nothing else writes it now.
+		deleted := e.key.Load() == key && e.val.Load() == old
+		if deleted {
+			e.key.Store(0)
+			e.exp.Store(0)
+		}
+		e.ver.Store(v + 2)
+		return deleted
+	}
+	return false
+}
+
 // Len returns the number of live (stored and unexpired) sessions. It scans
 // the whole table, so it is for tests and metrics, not for the request path.
 func (s *Sessions) Len() int {

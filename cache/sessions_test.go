@@ -61,6 +61,18 @@ func TestSessionsTTL(t *testing.T) {
 	assert.False(t, ok)
 	s.Delete(alice) // deleting twice is fine
 
+	// CompareAndDelete leaves a value stored since the caller read it.
+	s.Put(alice, 11)
+	s.Put(alice, 12)
+	assert.False(t, s.CompareAndDelete(alice, 11), "12 was stored since 11 was read")
+	v, ok = s.Get(alice)
+	assert.True(t, ok)
+	assert.Equal(t, uint64(12), v)
+	assert.True(t, s.CompareAndDelete(alice, 12))
+	_, ok = s.Get(alice)
+	assert.False(t, ok)
+	assert.False(t, s.CompareAndDelete(alice, 12), "gone")
+
 	s.Put(0, 1)
 	_, ok = s.Get(0)
 	assert.False(t, ok, "key 0 means no session")
