@@ -12,9 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
-	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 const embeddingsURL = "http://llm.internal/v1/embeddings"
@@ -89,10 +87,7 @@ func postTo(tr http.RoundTripper, url, body string) (*http.Response, error) {
 func newPoolingTransport(t *testing.T) (tr *httpbalancer.Transport, small, large *windowBackend) {
 	t.Helper()
 	small, large = newEmbeddingBackend(t, "small", 512), newEmbeddingBackend(t, "large", 8192)
-	tr = newTransport(t, httpbalancer.Options{
-		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
-		Endpoints: endpointsOf(small.backend, large.backend),
-	})
+	tr = newWindowTransport(t, small, large)
 	for i := 0; small.refused.Load() == 0; i++ {
 		require.Less(t, i, 32, "the small replica was never tried")
 		resp, err := postTo(tr, embeddingsURL, embeddingOf(i, 1, 600))

@@ -8,10 +8,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/inferlb/inferlb/balancer"
-	"github.com/inferlb/inferlb/balancer/httpbalancer"
-	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // A generation call of several sequences is weighed by its longest one
@@ -55,10 +51,7 @@ func chatN(i, tokens, maxTokens, n int) string {
 // and refuses none of them.
 func TestSeveralSequencesFitTheWindow(t *testing.T) {
 	small, large := newWindowBackend(t, "small", 4096), newWindowBackend(t, "large", 16384)
-	tr := newTransport(t, httpbalancer.Options{
-		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
-		Endpoints: endpointsOf(small.backend, large.backend),
-	})
+	tr := newWindowTransport(t, small, large)
 	c := &http.Client{Transport: tr}
 	for i := 0; small.refused.Load() == 0; i++ {
 		require.Less(t, i, 50, "the small replica was never tried")

@@ -85,16 +85,48 @@ func newTEIBackend(t *testing.T, name string, maxInput, maxBatch, status int) *w
 	return b
 }
 
-// batchWithLongest is an embeddings call of n inputs of about 100 tokens
-// and one of about longest, distinct for each i.
-func batchWithLongest(i, n, longest int) string {
+// teiInputs is n texts of about 100 tokens and, when longest > 0, one of
+// about longest, distinct for each i.
+func teiInputs(i, n, longest int) []string {
 	inputs := make([]string, 0, n+1)
 	for j := range n {
 		inputs = append(inputs, fmt.Sprintf("%06d %04d ", i, j)+strings.Repeat("word ", 100*4/5-3))
 	}
-	inputs = append(inputs, fmt.Sprintf("%06d long ", i)+strings.Repeat("word ", longest*4/5-3))
-	b, _ := json.Marshal(map[string]any{"model": "e5", "input": inputs})
+	if longest > 0 {
+		inputs = append(inputs, fmt.Sprintf("%06d long ", i)+strings.Repeat("word ", max(longest*4/5-3, 0)))
+	}
+	return inputs
+}
+
+// batchWithLongest is an embeddings call (/v1/embeddings) of teiInputs.
+func batchWithLongest(i, n, longest int) string {
+	b, _ := json.Marshal(map[string]any{"model": "e5", "input": teiInputs(i, n, longest)})
 	return string(b)
+}
+
+// teiBatch is a native /embed body of teiInputs; with n 0 and longest >
+// 0, inputs is that one string.
+func teiBatch(i, n, longest int) string {
+	var inputs any = teiInputs(i, n, longest)
+	if n == 0 && longest > 0 {
+		inputs = inputs.([]string)[0]
+	}
+	b, _ := json.Marshal(map[string]any{"inputs": inputs})
+	return string(b)
+}
+
+// newWindowTransport is a Transport over bs, with a seeded Balancer on a
+// fake clock.
+func newWindowTransport(t *testing.T, bs ...*windowBackend) *httpbalancer.Transport {
+	t.Helper()
+	eps := make([]*backend, len(bs))
+	for i, b := range bs {
+		eps[i] = b.backend
+	}
+	return newTransport(t, httpbalancer.Options{
+		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
+		Endpoints: endpointsOf(eps...),
+	})
 }
 
 // TEI up to v1.8 refuses an input longer than its max-input-length with
@@ -105,34 +137,48 @@ func batchWithLongest(i, n, longest int) string {
 // from v1.9) is a refusal as too long: the batch goes on to the large
 // replica, the small one is remembered too small for such texts, and
 // batches of short texts still go to both.
+//
+// TEI's native /embed names no model, and the transport read refusals
+// as too long only for calls with one: there the text over the small
+// replica's limit came back to the caller whatever the status. Its
+// window is now remembered under the key of calls without a model.
 func TestTEIInputLimitFailsOver(t *testing.T) {
-	for _, status := range []int{http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity} {
-		t.Run(http.StatusText(status), func(t *testing.T) {
-			small, large := newTEIBackend(t, "small", 512, 64, status), newTEIBackend(t, "large", 8192, 64, status)
-			tr := newTransport(t, httpbalancer.Options{
-				Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
-				Endpoints: endpointsOf(small.backend, large.backend),
-			})
-			for i := range 20 {
-				resp, err := postTo(tr, embeddingsURL, batchWithLongest(i, 4, 600))
-				require.NoError(t, err, "batch %d", i)
-				require.Equal(t, http.StatusOK, resp.StatusCode, "batch %d: a text of 600 tokens, which the large replica takes", i)
-				assert.Equal(t, "large", resp.Header.Get("X-Backend"), "batch %d", i)
-			}
-			require.Positive(t, small.refused.Load(), "the small replica was never tried")
-			assert.Equal(t, int64(1), small.refused.Load(), "its window remembered after one refusal")
-			st := statsByID(tr.Balancer())["small"]
-			assert.Equal(t, uint64(1), st.TooLong)
-			assert.Zero(t, st.Failures, "a refusal as too long is no failure")
+	for _, route := range []struct {
+		name, url   string
+		long, short func(i int) string
+	}{
+		{"/v1/embeddings", embeddingsURL,
+			func(i int) string { return batchWithLongest(i, 4, 600) },
+			func(i int) string { return batchWithLongest(100+i, 40, 100) }},
+		{"native /embed", teiEmbedURL,
+			func(i int) string { return teiBatch(i, 4*(1-i%2), 600) }, // every other call one string
+			func(i int) string { return teiBatch(100+i, 40, 0) }},
+	} {
+		for _, status := range []int{http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity} {
+			t.Run(route.name+" "+http.StatusText(status), func(t *testing.T) {
+				small, large := newTEIBackend(t, "small", 512, 64, status), newTEIBackend(t, "large", 8192, 64, status)
+				tr := newWindowTransport(t, small, large)
+				for i := range 20 {
+					resp, err := postTo(tr, route.url, route.long(i))
+					require.NoError(t, err, "call %d", i)
+					require.Equal(t, http.StatusOK, resp.StatusCode, "call %d: a text of 600 tokens, which the large replica takes", i)
+					assert.Equal(t, "large", resp.Header.Get("X-Backend"), "call %d", i)
+				}
+				require.Positive(t, small.refused.Load(), "the small replica was never tried")
+				assert.Equal(t, int64(1), small.refused.Load(), "its limit remembered after one refusal")
+				st := statsByID(tr.Balancer())["small"]
+				assert.Equal(t, uint64(1), st.TooLong)
+				assert.Zero(t, st.Failures, "a refusal as too long is no failure")
 
-			before := small.hits.Load()
-			for i := range 40 {
-				resp, err := postTo(tr, embeddingsURL, batchWithLongest(100+i, 40, 100))
-				require.NoError(t, err)
-				require.Equal(t, http.StatusOK, resp.StatusCode)
-			}
-			assert.Greater(t, small.hits.Load()-before, int64(10), "batches of short texts, 4,100 tokens in all, fit the small replica's 512 per text")
-		})
+				before := small.hits.Load()
+				for i := range 40 {
+					resp, err := postTo(tr, route.url, route.short(i))
+					require.NoError(t, err)
+					require.Equal(t, http.StatusOK, resp.StatusCode)
+				}
+				assert.Greater(t, small.hits.Load()-before, int64(10), "batches of short texts, about 4,000 tokens in all, fit the small replica's 512 per text")
+			})
+		}
 	}
 }
 
@@ -140,10 +186,7 @@ func TestTEIInputLimitFailsOver(t *testing.T) {
 // the caller gets it byte for byte and it is not sent on.
 func TestTEIOther413IsTheRequests(t *testing.T) {
 	a, b := newTEIBackend(t, "a", 512, 8, http.StatusRequestEntityTooLarge), newTEIBackend(t, "b", 512, 8, http.StatusRequestEntityTooLarge)
-	tr := newTransport(t, httpbalancer.Options{
-		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
-		Endpoints: endpointsOf(a.backend, b.backend),
-	})
+	tr := newWindowTransport(t, a, b)
 	req, err := http.NewRequest(http.MethodPost, embeddingsURL, strings.NewReader(batchWithLongest(0, 20, 100)))
 	require.NoError(t, err)
 	resp, err := tr.RoundTrip(req)
