@@ -243,6 +243,56 @@ func (st *Store) Publish(id string, s Sample) {
 	}
 }
 
+// Expire drops from id's entry the fields in fields that were observed
+// before t (a field observed at t or later stays), and reports whether it
+// dropped any. A transport calls it when it reconnects to an endpoint: the
+// server may be a new process, and the load the old one reported (a full
+// KV cache, a long queue) would otherwise price the new, empty one until
+// the reading aged out; without a reading its factors are neutral until
+// the new process reports. Dropping LoRASlots drops its Adapters too.
+func (st *Store) Expire(id string, fields FieldSet, t time.Time) bool {
+	v, ok := st.slots.Load(id)
+	if !ok {
+		return false
+	}
+	return v.(*Slot).expire(fields, t.UnixNano())
+}
+
+func (sl *Slot) expire(fields FieldSet, before int64) bool {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	cur := sl.cur.Load()
+	if cur == nil {
+		return false
+	}
+	next := *cur
+	newest := int64(0)
+	for f := range NumFields {
+		if !next.s.Has.Has(Field(f)) {
+			continue
+		}
+		if fields.Has(Field(f)) && next.times[f] < before {
+			next.s.Has &^= 1 << f
+			next.s.Values[f] = 0
+			next.times[f] = 0
+			if Field(f) == LoRASlots {
+				next.s.Adapters = nil
+			}
+			continue
+		}
+		newest = max(newest, next.times[f])
+	}
+	if next.s.Has == cur.s.Has {
+		return false
+	}
+	next.s.Time = time.Time{}
+	if newest != 0 {
+		next.s.Time = time.Unix(0, newest)
+	}
+	sl.cur.Store(&next)
+	return true
+}
+
 // AdaptersObserved returns the newest observation time (unix ns) of any
 // Sample.Adapters the Store has merged, or 0 if none. A picker checks it,
 // one atomic load, before it looks at its endpoints' adapter slots.

@@ -440,3 +440,41 @@ func TestLoadIntoLeavesMemoryOutWhileKVIsStale(t *testing.T) {
 	_, ok = s.MemoryUsage()
 	assert.True(t, ok, "no maximum age: nothing is stale")
 }
+
+// Expire drops the named fields observed before its time and nothing else:
+// a transport reconnecting to an endpoint forgets what the old process
+// reported, and keeps other fields and readings taken since.
+func TestExpireDropsOnlyOlderReadingsOfTheFields(t *testing.T) {
+	var st telemetry.Store
+	st.Publish("a", sample(t0, float64(telemetry.KVCacheUsage), 0.95, float64(telemetry.Waiting), 30, float64(telemetry.GPUMemUsed), 70))
+	st.Publish("a", sample(t0.Add(2*time.Second), float64(telemetry.Running), 1))
+	var a telemetry.Sample
+	require.True(t, a.SetAdapters(2, &telemetry.Adapters{Base: "m", Running: []string{"x"}}))
+	a.Time = t0
+	st.Publish("a", a)
+	sl := st.Slot("a")
+
+	fields := telemetry.FieldSet(1<<telemetry.KVCacheUsage | 1<<telemetry.Waiting | 1<<telemetry.Running | 1<<telemetry.LoRASlots)
+	assert.True(t, st.Expire("a", fields, t0.Add(time.Second)))
+	got, ok := st.Latest("a", t0.Add(3*time.Second), 0)
+	require.True(t, ok)
+	assert.Equal(t, telemetry.FieldSet(1<<telemetry.GPUMemUsed|1<<telemetry.Running), got.Has, "only older readings of the fields go")
+	assert.Nil(t, got.Adapters, "the adapters go with LoRASlots")
+	_, _, ok = sl.LoRA(t0.Add(3*time.Second), 0)
+	assert.False(t, ok)
+	assert.Zero(t, sl.Observed(telemetry.KVCacheUsage))
+
+	assert.False(t, st.Expire("a", fields, t0.Add(time.Second)), "nothing left to drop")
+	assert.False(t, st.Expire("b", fields, t0.Add(time.Second)), "no slot")
+
+	// A fresh reading after the expiry is merged as any other.
+	st.Publish("a", sample(t0.Add(3*time.Second), float64(telemetry.KVCacheUsage), 0.1))
+	got, _ = st.Latest("a", t0.Add(3*time.Second), 0)
+	kv, ok := got.Get(telemetry.KVCacheUsage)
+	assert.True(t, ok)
+	assert.Equal(t, 0.1, kv)
+
+	assert.True(t, st.Expire("a", fields|1<<telemetry.GPUMemUsed, t0.Add(time.Hour)))
+	_, ok = st.Latest("a", t0.Add(time.Hour), 0)
+	assert.False(t, ok, "every field expired")
+}
