@@ -139,11 +139,15 @@ type lbBalancer struct {
 	// TRANSIENT_FAILURE since: its next READY is a reconnect to the same
 	// process (SetReconnected), not a recovery that ramps.
 	conn     map[string]string
-	addrToID map[string]string     // address -> endpoint ID, for SubConns
-	subConns map[*subConn]struct{} // live SubConns, for ORCA OOB
-	current  *picker               // the picker last published; nil while none is READY
-	wake     *time.Timer           // armed by wakeLater; nil when not armed
-	closed   bool
+	addrToID map[string]string // address -> endpoint ID, for SubConns
+	// connected holds the IDs of the endpoints (of the resolver's last
+	// update) that have had a READY SubConn in this channel: the next
+	// READY of one is a reconnect (see subConn.onState).
+	connected map[string]bool
+	subConns  map[*subConn]struct{} // live SubConns, for ORCA OOB
+	current   *picker               // the picker last published; nil while none is READY
+	wake      *time.Timer           // armed by wakeLater; nil when not armed
+	closed    bool
 
 	waking atomic.Bool // a wake is armed or being armed: failing picks skip wakeLater
 
@@ -237,6 +241,17 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		}
 	}
 	lb.addrToID = addrToID
+	if len(lb.connected) > 0 {
+		current := make(map[string]bool, len(eps))
+		for _, e := range eps {
+			current[e.ID] = true
+		}
+		for id := range lb.connected {
+			if !current[id] {
+				delete(lb.connected, id)
+			}
+		}
+	}
 	if lb.eps == nil || !sameEndpoints(lb.eps, eps) {
 		// From here until the next picker is published, the current one
 		// routes over endpoints whose children have not caught up: new
@@ -478,6 +493,27 @@ func (lb *lbBalancer) idOf(addr string) string {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	return lb.addrToID[addr]
+}
+
+// reconnected notes that a SubConn to addr went READY, and when its
+// endpoint had been connected in this channel before, expires the load
+// fields observed before now (see subConn.onState).
+func (lb *lbBalancer) reconnected(addr string) {
+	lb.mu.Lock()
+	id := lb.addrToID[addr]
+	again := id != "" && lb.connected[id]
+	if id != "" && !lb.closed {
+		if lb.connected == nil {
+			lb.connected = map[string]bool{}
+		}
+		lb.connected[id] = true
+	}
+	lb.mu.Unlock()
+	if again {
+		if b := lb.core.Load(); b != nil {
+			b.Telemetry().Expire(id, orcaFields, b.Now())
+		}
+	}
 }
 
 func (lb *lbBalancer) forget(s *subConn) {

@@ -229,6 +229,11 @@
 // count, a fraction above 1) is dropped, and a report left with nothing is
 // counted as malformed telemetry (telemetry.StoreStats.DroppedEmpty of the
 // Balancer's Store), as the HTTP transport counts an unreadable load header.
+// When an endpoint the channel had connected to connects again (the server
+// may have restarted), the fields ORCA carries that were observed before
+// are expired (telemetry.Store.Expire), whoever published them, as
+// weighted round robin forgets its weights: the old process's last report
+// would otherwise price the new one until it aged out (telemetryMaxAge).
 //
 // # Service config
 //

@@ -33,6 +33,11 @@ var namedMetrics = [...]namedMetric{
 	{"prefix_cache_hit_rate", telemetry.PrefixCacheHitRate, true},
 }
 
+// orcaFields are the fields an ORCA report can carry (sampleFromORCA): what
+// a reconnect expires (see subConn.onState).
+const orcaFields = telemetry.FieldSet(1<<telemetry.CPUUtil | 1<<telemetry.AppUtil |
+	1<<telemetry.KVCacheUsage | 1<<telemetry.Waiting | 1<<telemetry.Running | 1<<telemetry.PrefixCacheHitRate)
+
 // sampleFromORCA converts an ORCA load report (gRFC A51: per-call in the
 // trailer or out-of-band on a stream) into a telemetry sample observed at now.
 //
@@ -119,10 +124,28 @@ func (s *subConn) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
 // onState follows the SubConn's connectivity: the ORCA producer lives only
 // while the SubConn is READY, so a listener is registered on each READY and
 // stopped when it leaves READY or shuts down.
+//
+// A READY of an endpoint this channel had connected to before is a new
+// connection, perhaps to a new process (the server restarted): the load
+// fields observed before it (orcaFields, whichever source published them)
+// are expired, as weighted round robin (gRFC A58) forgets an endpoint's
+// weight on each READY. Kept, the old process's last report (a full KV
+// cache, a long queue) priced the new, idle one out of rotation until it
+// aged out (balancer.telemetryMaxAge, 30 s by default): with per-call
+// reports only, no call went there to bring a new one, and an idle new
+// process's out-of-band utilization of 0 reads as "not reported", so it
+// replaced nothing either. It is done before the listener is registered,
+// so the new connection's first report is kept. An endpoint's first READY
+// in the channel expires nothing: what another channel or a Poller
+// published about it (on a shared Balancer) describes the process this
+// connection reaches.
 func (s *subConn) onState(st balancer.SubConnState) {
 	s.mu.Lock()
 	s.ready = st.ConnectivityState == connectivity.Ready
 	s.mu.Unlock()
+	if st.ConnectivityState == connectivity.Ready {
+		s.lb.reconnected(s.addr)
+	}
 	if st.ConnectivityState == connectivity.Shutdown {
 		s.lb.forget(s)
 	}
