@@ -16,7 +16,9 @@ import (
 //	kvPressure  = min(Pressure(KV-cache usage + sent since x usage / running, KVKnee, Steepness), MaxKVPressure)
 //	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness), for a server
 //	              that reports no KV-cache usage (see telemetry.Sample.MemoryPressure)
-//	utilPressure = Pressure(ORCA application utilization, UtilKnee, Steepness)
+//	utilPressure = Pressure(ORCA application utilization, UtilKnee, Steepness); ORCA
+//	              allows a utilization above 1, where the curve goes on rising
+//	              linearly (401x at 1, 601x at 1.05, 1201x at 1.2 with the defaults)
 //	loraFactor  = LoRAWait when the request names a LoRA adapter the server runs no
 //	              request of and every one of its adapter slots is taken by others
 //	              (it would wait for a slot, as the adapter's requests waiting there

@@ -129,6 +129,8 @@ func reliability(cost, penalty, rate float64) float64 {
 //	1 + steepness * (u - knee) / (1 - u)
 //
 // With knee 0.9 and steepness 4, 95% costs 5x and 99% costs 37x. The
+// denominator is floored at 0.001, so from 0.999 on (and above 1, which an
+// ORCA utilization may be) the multiplier rises linearly: 401x at 1. The
 // hyperbola, not a line, is the point: near a full GPU the next request evicts
 // KV cache or preempts others, so the cost of filling the last percent is far
 // higher than that of the percent before.

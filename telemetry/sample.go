@@ -31,8 +31,12 @@ const (
 	Waiting                         // requests queued on the server
 	KVCacheUsage                    // fraction of KV-cache blocks in use, 0..1
 	PrefixCacheHitRate              // prefix-cache hit rate, 0..1
-	CPUUtil                         // ORCA cpu_utilization, 0..1
-	AppUtil                         // ORCA application_utilization, 0..1
+	// CPUUtil and AppUtil are ORCA's cpu_utilization and
+	// application_utilization: 1 is fully used, and more (an
+	// overcommitted server) is kept, as ORCA allows it (gRFC A51;
+	// grpc-go's ServerMetricsRecorder accepts any value >= 0).
+	CPUUtil
+	AppUtil
 	// LoRASlots is how many distinct LoRA adapters the server runs in one
 	// batch (vLLM's --max-loras). A sample that carries it carries
 	// Sample.Adapters too (see SetAdapters).
