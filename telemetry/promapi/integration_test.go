@@ -130,6 +130,18 @@ sglang:num_decode_transfer_queue_reqs{engine_type="decode",model_name="m",pp_ran
 # TYPE sglang:token_usage gauge
 sglang:token_usage{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 0.6
 `,
+	// trtllm-serve's gauges, named and labelled as
+	// tensorrt_llm/metrics/collector.py writes them (see
+	// modelserver/testdata/trtllm-serve.txt).
+	"trtllm": `# TYPE trtllm_num_requests_running gauge
+trtllm_num_requests_running{engine_type="trtllm",model_name="llama-8b"} 5.0
+# TYPE trtllm_num_requests_waiting gauge
+trtllm_num_requests_waiting{engine_type="trtllm",model_name="llama-8b"} 2.0
+# TYPE trtllm_kv_cache_utilization gauge
+trtllm_kv_cache_utilization{engine_type="trtllm",model_name="llama-8b"} 0.62
+# TYPE trtllm_kv_cache_hit_rate gauge
+trtllm_kv_cache_hit_rate{engine_type="trtllm",model_name="llama-8b"} 0.4
+`,
 	"vllm-dp": `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 2
 vllm:num_requests_running{engine="1",model_name="m"} 5
@@ -155,6 +167,7 @@ var want = map[string]map[string]float64{
 	"sglang-pd": {"running": 10, "waiting": 2 + 3 + 4, "kv_cache_usage": 0.6},
 	"vllm-both": {"running": 3, "waiting": 1, "kv_cache_usage": 0.25},
 	"vllm-dp":   {"running": 7, "waiting": 5, "kv_cache_usage": 0.8},
+	"trtllm":    {"running": 5, "waiting": 2, "kv_cache_usage": 0.62},
 	// One server's requests, however many jobs scrape it.
 	"vllm-twice": {"running": 4, "waiting": 6, "kv_cache_usage": 0.5},
 }
