@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb"
+	ctxwindow "github.com/inferlb/inferlb/internal/window"
 )
 
 // Context windows.
@@ -53,8 +54,9 @@ import (
 // A call of no known service that names no model (TEI's /predict) is
 // weighed as a pooling call: such a server limits each input. Its
 // LongestInput is not known (0) unless the caller's Inspector gave it,
-// so it is checked against no window, and a retry after its refusal
-// goes to another endpoint than the one that refused it.
+// so its first pick is checked against no window; a refusal's count of
+// the input (TEI's "Given: 600") becomes its LongestInput, which its
+// retry is weighed by, as an embedding call's.
 //
 // A call that names no model (Hugging Face TEI's native /embed, /rerank
 // and /predict) goes to a server that takes calls without one and serves
@@ -185,21 +187,10 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand, retry b
 	if !gated && !spilled {
 		return false // no window remembered now: no model key to hash
 	}
-	need, needP := req.Tokens(), int64(max(req.PromptTokens, 0))
-	switch {
-	case req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank,
-		req.Service == inferlb.ServiceUnknown && req.Model == "":
-		// A call of no known service that names no model (TEI's
-		// /predict) goes to a pooling server too, whose limit is per
-		// input: weighed by its batch, it passed over a replica whose
-		// limit each of its short texts fits, and found none to fail
-		// over to.
-		need, needP = int64(req.LongestInput), int64(req.LongestInput) // bounded per input, not per call: see above
-	case req.LongestInput > 0:
-		// Several sequences, each bounded on its own: see above.
-		needP = int64(min(req.LongestInput, math.MaxInt32))
-		need = needP + int64(max(req.SequenceOutputTokens, 0))
-	}
+	// A pooling call (a call of no known service that names no model,
+	// TEI's /predict, too) by its longest input, a call of several
+	// sequences by its longest: see above.
+	need, needP := ctxwindow.Need(req)
 	if need <= 0 {
 		return false // no tokens known (need bounds needP): none to weigh
 	}

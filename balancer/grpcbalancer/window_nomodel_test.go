@@ -2,6 +2,7 @@ package grpcbalancer_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -72,4 +73,48 @@ func TestE2EUnaryRetryWithoutModel(t *testing.T) {
 		require.NoError(t, embed(100, 100), "short call %d", i)
 	}
 	assert.Greater(t, refused()-before, int64(20), "inputs of 100 tokens still go to the small replicas")
+}
+
+// TEI's tei.v1 Predict names no model and is of no known service: a
+// policy does not say its longest input (LongestInput 0), so its first
+// pick weighs no window, but its retry must weigh the count the refusal
+// gave as a pooling call's, as the Balancer weighs such a call. The count
+// went into its PromptTokens, which no check of such a call reads: the
+// retry passed over no small replica remembered, and a call that met two
+// small ones in turn failed with the refusal, the large one untried.
+func TestE2EUnaryRetryPredictWeighsTheRefusedInput(t *testing.T) {
+	text := "Input validation error: `inputs` must have less than %[1]d tokens. Given: %[2]d"
+	smalls := []*backend{{window: 512, windowRefusal: text}, {window: 512, windowRefusal: text}, {window: 512, windowRefusal: text}}
+	large := &backend{window: 8192, windowRefusal: text}
+	bs := append(smalls[:len(smalls):len(smalls)], large)
+	for _, be := range bs {
+		be.start(t)
+	}
+	name, b := shared(t, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2})
+	conn, _ := dial(t, bs, name, `{}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(3)))
+	allReady(t, conn, b, len(bs))
+	client := testgrpc.NewTestServiceClient(conn)
+	predict := func(tokens int) error {
+		ctx := metadata.AppendToOutgoingContext(testContext(t), "x-tokens", fmt.Sprint(tokens))
+		ctx = inferlb.NewContext(ctx, &inferlb.Request{PromptTokens: tokens})
+		_, err := client.EmptyCall(ctx, &testgrpc.Empty{})
+		return err
+	}
+	refused := func() (n int64) {
+		for _, be := range smalls {
+			n += be.calls.Load()
+		}
+		return n
+	}
+	for i := 0; slices.ContainsFunc(smalls, func(be *backend) bool { return be.calls.Load() == 0 }); i++ {
+		require.Less(t, i, 100, "a small replica was never tried")
+		_ = predict(600) // may meet small ones not yet remembered, one after another
+	}
+	// Every small one remembered: a call may meet one first, and its
+	// retry, carrying the server's count, passes the others over.
+	for i := range 60 {
+		before := refused()
+		require.NoError(t, predict(600), "call %d: an input of 600 tokens, which the large replica takes", i)
+		assert.LessOrEqual(t, refused()-before, int64(1), "call %d: refused once at most (its first pick weighs nothing)", i)
+	}
 }

@@ -1,6 +1,7 @@
 package httpbalancer_test
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 
@@ -55,5 +56,54 @@ func TestNoModel404IsTheRequests(t *testing.T) {
 	assert.Zero(t, tr.Stats().Failovers, "not sent on")
 	for id, s := range statsByID(tr.Balancer()) {
 		assert.Zero(t, s.NotServed, id)
+	}
+}
+
+// TEI's /predict names no model and is of no known service: its
+// LongestInput is not known, so its first pick weighs no window, but the
+// refusal gives the one input's count ("Given: 600"), which its retry
+// must weigh as a pooling call's, as every window check does. The count
+// went into the call's PromptTokens instead, which no check of such a
+// call reads: the retry passed over no replica remembered too small, and
+// in a fleet of several small replicas a long text went from one to
+// another, each refusing it, before it met the large one (or the caller
+// got the refusal when the hops ran out).
+func TestTEIPredictRetryWeighsTheRefusedInput(t *testing.T) {
+	smalls := make([]*windowBackend, 3)
+	bs := make([]*windowBackend, 0, 4)
+	for i := range smalls {
+		smalls[i] = newTEIBackend(t, fmt.Sprintf("small%d", i), 512, 1<<20, http.StatusUnprocessableEntity)
+		bs = append(bs, smalls[i])
+	}
+	large := newTEIBackend(t, "large", 8192, 1<<20, http.StatusUnprocessableEntity)
+	tr := newWindowTransport(t, append(bs, large)...)
+	const url = "http://tei.internal/predict"
+	refused := func() (n int64) {
+		for _, s := range smalls {
+			n += s.refused.Load()
+		}
+		return n
+	}
+	for i := 0; ; i++ { // every small replica's limit remembered
+		require.Less(t, i, 200, "a small replica never met a long text")
+		known := 0
+		for _, s := range smalls {
+			if s.refused.Load() > 0 {
+				known++
+			}
+		}
+		if known == len(smalls) {
+			break
+		}
+		resp, err := postTo(tr, url, teiBatch(i, 0, 600))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "call %d: a text of 600 tokens, which the large replica takes", i)
+	}
+	for i := range 40 {
+		before := refused()
+		resp, err := postTo(tr, url, teiBatch(1000+i, 0, 600))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "call %d", i)
+		assert.LessOrEqual(t, refused()-before, int64(1), "call %d: refused once at most (its first pick weighs nothing), its retry goes to the replica that takes it", i)
 	}
 }

@@ -111,7 +111,7 @@ func Refusal(body []byte) (window, prompt, output int, promptOnly bool) {
 // least one token past window in all, so that a retry's pick passes over
 // the endpoints whose remembered window is this small.
 //
-// A pooling call's (ServiceEmbedding, ServiceRerank) server counts one
+// A pooling call's (Pooling) server counts one
 // input, or one query and document pair, against its window: that count
 // is the call's LongestInput, at least one token past window, and its
 // PromptTokens, the whole batch's, stay.
@@ -125,12 +125,13 @@ func Refusal(body []byte) (window, prompt, output int, promptOnly bool) {
 // gives: they are its LongestInput and SequenceOutputTokens, by the rules
 // above, and its PromptTokens and MaxOutputTokens, every sequence's, stay.
 func Fit(req *inferlb.Request, window, prompt, output int, promptOnly bool) {
-	if req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank {
+	if Pooling(req) {
 		req.LongestInput = max(prompt, window+1)
 		return
 	}
 	if req.LongestInput > 0 {
-		seq := inferlb.Request{PromptTokens: req.LongestInput, MaxOutputTokens: int(req.SequenceOutputTokens)}
+		// One sequence, a generation call's (not Pooling).
+		seq := inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: req.LongestInput, MaxOutputTokens: int(req.SequenceOutputTokens)}
 		Fit(&seq, window, prompt, output, promptOnly)
 		req.LongestInput = max(seq.PromptTokens, 1)
 		req.SequenceOutputTokens = int32(min(max(seq.MaxOutputTokens, 0), math.MaxInt32))
@@ -152,6 +153,34 @@ func Fit(req *inferlb.Request, window, prompt, output int, promptOnly bool) {
 	if req.Tokens() <= int64(window) {
 		req.PromptTokens = window + 1 - max(req.MaxOutputTokens, 0)
 	}
+}
+
+// Pooling reports whether req is a pooling call, whose server bounds each
+// input by its window, not the call (see inferlb.Request.LongestInput):
+// ServiceEmbedding, ServiceRerank, and a ServiceUnknown call that names
+// no model (TEI's /predict).
+func Pooling(req *inferlb.Request) bool {
+	return req.Service == inferlb.ServiceEmbedding || req.Service == inferlb.ServiceRerank ||
+		req.Service == inferlb.ServiceUnknown && req.Model == ""
+}
+
+// Need returns the tokens of req that a server weighs against its context
+// window, and those it weighs against a limit on the prompt alone
+// (inferlb.Outcome.PromptWindow): a pooling call's LongestInput for both
+// (0 when not known: no window bounds it); a call of several sequences'
+// (LongestInput > 0) longest, LongestInput + SequenceOutputTokens, and
+// LongestInput; any other call's Tokens and PromptTokens. Fit sets the
+// counts a refusal gives where Need reads them, and the Balancer's window
+// check weighs Need's: the two must not differ.
+func Need(req *inferlb.Request) (need, needP int64) {
+	switch {
+	case Pooling(req):
+		return int64(req.LongestInput), int64(req.LongestInput)
+	case req.LongestInput > 0:
+		needP = int64(min(req.LongestInput, math.MaxInt32))
+		return needP + int64(max(req.SequenceOutputTokens, 0)), needP
+	}
+	return req.Tokens(), int64(max(req.PromptTokens, 0))
 }
 
 // numberAfter returns the decimal number that follows the first s in b,

@@ -70,11 +70,11 @@ func TestFit(t *testing.T) {
 		window, prompt, output int
 		wantPrompt, wantOut    int
 	}{
-		{"server's counts", inferlb.Request{PromptTokens: 100, MaxOutputTokens: 50}, 4096, 4000, 1000, 4000, 1000},
-		{"prompt only", inferlb.Request{PromptTokens: 100, MaxOutputTokens: 50}, 4096, 5000, -1, 5000, 50},
-		{"no counts: one past the window", inferlb.Request{PromptTokens: 100, MaxOutputTokens: 50}, 4096, -1, -1, 4047, 50},
-		{"counts that fit: one past the window", inferlb.Request{}, 4096, 4000, 10, 4087, 10},
-		{"no output asked", inferlb.Request{PromptTokens: 10, MaxOutputTokens: -1}, 100, -1, -1, 101, -1},
+		{"server's counts", inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 100, MaxOutputTokens: 50}, 4096, 4000, 1000, 4000, 1000},
+		{"prompt only", inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 100, MaxOutputTokens: 50}, 4096, 5000, -1, 5000, 50},
+		{"no counts: one past the window", inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 100, MaxOutputTokens: 50}, 4096, -1, -1, 4047, 50},
+		{"counts that fit: one past the window", inferlb.Request{Service: inferlb.ServiceLLM}, 4096, 4000, 10, 4087, 10},
+		{"no output asked", inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 10, MaxOutputTokens: -1}, 100, -1, -1, 101, -1},
 	} {
 		r := tc.req
 		Fit(&r, tc.window, tc.prompt, tc.output, false)
@@ -85,15 +85,54 @@ func TestFit(t *testing.T) {
 
 // A pooling server counts one input (query and document pair) against its
 // window: the count is the call's LongestInput, its PromptTokens (the
-// batch's) stay.
+// batch's) stay. A call of no known service that names no model (TEI's
+// /predict, whose LongestInput the transport does not know) is one: its
+// count went to PromptTokens, which the Balancer does not weigh for it,
+// and its retry passed over no replica remembered too small.
 func TestFitPooling(t *testing.T) {
-	for _, svc := range []inferlb.Service{inferlb.ServiceEmbedding, inferlb.ServiceRerank} {
-		r := inferlb.Request{Service: svc, PromptTokens: 10000, LongestInput: 300}
-		Fit(&r, 512, 600, -1, false)
-		assert.Equal(t, [2]int{10000, 600}, [2]int{r.PromptTokens, r.LongestInput}, "%v: the server's count", svc)
-		r = inferlb.Request{Service: svc, PromptTokens: 10000, LongestInput: 300}
-		Fit(&r, 512, -1, -1, false)
-		assert.Equal(t, [2]int{10000, 513}, [2]int{r.PromptTokens, r.LongestInput}, "%v: one past the window", svc)
+	for _, svc := range []inferlb.Service{inferlb.ServiceEmbedding, inferlb.ServiceRerank, inferlb.ServiceUnknown} {
+		for _, longest := range []int{0, 300} {
+			for _, promptOnly := range []bool{false, true} {
+				r := inferlb.Request{Service: svc, PromptTokens: 10000, LongestInput: longest}
+				Fit(&r, 512, 600, -1, promptOnly)
+				assert.Equal(t, [2]int{10000, 600}, [2]int{r.PromptTokens, r.LongestInput}, "%v %d %v: the server's count", svc, longest, promptOnly)
+				r = inferlb.Request{Service: svc, PromptTokens: 10000, LongestInput: longest}
+				Fit(&r, 512, -1, -1, promptOnly)
+				assert.Equal(t, [2]int{10000, 513}, [2]int{r.PromptTokens, r.LongestInput}, "%v %d %v: one past the window", svc, longest, promptOnly)
+			}
+		}
+	}
+}
+
+// What Fit sets is what Need weighs: after a refusal, every kind of call
+// weighs more than the window that refused it (the prompt more than a
+// limit on the prompt alone), so that its retry passes over the endpoints
+// remembered this small. A pooling call and a call of several sequences
+// keep their load.
+func TestNeedAfterFit(t *testing.T) {
+	for _, r := range []inferlb.Request{
+		{Service: inferlb.ServiceLLM, PromptTokens: 100, MaxOutputTokens: 50},
+		{Model: "m", PromptTokens: 100, MaxOutputTokens: 50},
+		{PromptTokens: 10000},
+		{PromptTokens: 10000, LongestInput: 100},
+		{Service: inferlb.ServiceEmbedding, PromptTokens: 10000},
+		{Service: inferlb.ServiceRerank, PromptTokens: 10000, LongestInput: 100},
+		{Service: inferlb.ServiceLLM, PromptTokens: 1800, MaxOutputTokens: 4000, LongestInput: 450, SequenceOutputTokens: 1000},
+		{Model: "m", PromptTokens: 1800, LongestInput: 450},
+	} {
+		for _, promptOnly := range []bool{false, true} {
+			fit := r
+			Fit(&fit, 2048, -1, -1, promptOnly)
+			need, needP := Need(&fit)
+			if promptOnly {
+				assert.Greater(t, needP, int64(2048), "%+v", r)
+			} else {
+				assert.Greater(t, need, int64(2048), "%+v", r)
+			}
+			if Pooling(&r) || r.LongestInput > 0 {
+				assert.Equal(t, [2]int{r.PromptTokens, r.MaxOutputTokens}, [2]int{fit.PromptTokens, fit.MaxOutputTokens}, "%+v: the call's load stays", r)
+			}
+		}
 	}
 }
 
@@ -101,10 +140,10 @@ func TestFitPooling(t *testing.T) {
 // server's count, at least one past the limit, and the output asked for
 // stays, which the limit says nothing of.
 func TestFitPromptOnly(t *testing.T) {
-	r := inferlb.Request{PromptTokens: 900, MaxOutputTokens: 3000}
+	r := inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 900, MaxOutputTokens: 3000}
 	Fit(&r, 1024, 2000, -1, true)
 	assert.Equal(t, [2]int{2000, 3000}, [2]int{r.PromptTokens, r.MaxOutputTokens}, "the server's count")
-	r = inferlb.Request{PromptTokens: 900, MaxOutputTokens: 3000}
+	r = inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 900, MaxOutputTokens: 3000}
 	Fit(&r, 1024, -1, -1, true)
 	assert.Equal(t, [2]int{1025, 3000}, [2]int{r.PromptTokens, r.MaxOutputTokens}, "one past the limit")
 }
