@@ -87,7 +87,7 @@ type Options struct {
 	// BalancerOptions configure the Balancer the Transport builds when
 	// Balancer is nil; the zero value is balancer.Options' documented
 	// defaults. With Balancer set they must be zero (the shared Balancer
-	// has its own): New returns an error otherwise, as it does for
+	// has its own): NewTransport returns an error otherwise, as it does for
 	// options balancer.Options.Validate rejects.
 	BalancerOptions balancer.Options
 	// Discovery, if set, re-resolves a DNS name on an interval and serves
