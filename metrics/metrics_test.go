@@ -64,7 +64,7 @@ inferlb_endpoint_model_failures_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_not_served_total Calls the endpoint answered it does not serve the model of (vLLM's 404 for an absent LoRA adapter, Ollama's model not found, Triton's unknown model); that model's calls pass it over for a while.
 # TYPE inferlb_endpoint_not_served_total counter
 inferlb_endpoint_not_served_total{balancer="llm",endpoint="a:1"} 1
-# HELP inferlb_endpoint_too_long_total Calls the endpoint refused as longer than its context window for their model (vLLM's or SGLang's 400, TGI's 422, or a gRPC status with that text); longer calls of that model pass it over for a while.
+# HELP inferlb_endpoint_too_long_total Calls the endpoint refused as longer than its context window for their model (vLLM's or SGLang's 400, TGI's 422, TEI's 413 or 422, TensorRT-LLM's, or a gRPC status with that text); longer calls of that model pass it over for a while.
 # TYPE inferlb_endpoint_too_long_total counter
 inferlb_endpoint_too_long_total{balancer="llm",endpoint="a:1"} 1
 # HELP inferlb_endpoint_latency_ewma_seconds Peak-EWMA latency of successful calls, as last observed, by service (llm|embedding|rerank|unknown; each kept apart, as the balancer scores them); a service the endpoint has not answered has no series.
@@ -282,7 +282,7 @@ inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="b:1"} 0
 inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="c:1"} 0
 inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="d:1"} 1
 inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="e:1"} 0
-# HELP inferlb_endpoint_weight Capacity weight of the endpoint as last described to the balancer (Endpoint.Weight, 0 or an invalid weight read as 1), before slow start scales it (endpoint_slow_start_factor).
+# HELP inferlb_endpoint_weight Capacity weight of the endpoint as last described to the balancer (Endpoint.Weight: 0 or an invalid weight read as 1, one above balancer.MaxWeight as MaxWeight), before slow start scales it (endpoint_slow_start_factor).
 # TYPE inferlb_endpoint_weight gauge
 inferlb_endpoint_weight{balancer="llm",endpoint="a:1"} 2
 inferlb_endpoint_weight{balancer="llm",endpoint="b:1"} 1
