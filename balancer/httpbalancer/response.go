@@ -342,12 +342,17 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		ct = v[0]
 	}
 	const eventStream, ndjson = "text/event-stream", "application/x-ndjson"
+	// A body the server compressed (the caller set Accept-Encoding
+	// itself, so Base left it as it came) is not read: its bytes are not
+	// the events'. Read, a stream compressed in stored blocks (gzip's
+	// for small flushes at its fastest levels) showed some of its events
+	// and error objects between block headers, miscounting the tokens.
 	switch {
-	case len(ct) >= len(eventStream) && strings.EqualFold(ct[:len(eventStream)], eventStream) || c.info.Stream && !hasJSON(ct):
+	case (len(ct) >= len(eventStream) && strings.EqualFold(ct[:len(eventStream)], eventStream) || c.info.Stream && !hasJSON(ct)) && !encoded(h):
 		// The headers' time: a first token the caller comes for late
 		// after it may have been waiting (see readerLate).
 		c.sse = &sseState{counting: true, fromNs: c.t.cfg.clock.Now().UnixNano()}
-	case len(ct) >= len(ndjson) && strings.EqualFold(ct[:len(ndjson)], ndjson):
+	case len(ct) >= len(ndjson) && strings.EqualFold(ct[:len(ndjson)], ndjson) && !encoded(h):
 		// Ollama's stream: a JSON object a line (see sseState.ndjson).
 		c.sse = &sseState{counting: true, ndjson: true, fromNs: c.t.cfg.clock.Now().UnixNano()}
 	}
@@ -373,6 +378,21 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	}
 	resp.Body = c
 	return resp, nil
+}
+
+// encoded reports whether a response's body comes with a content coding
+// (gzip, br, zstd, ...): a Content-Encoding other than identity.
+func encoded(h http.Header) bool {
+	for _, v := range h["Content-Encoding"] {
+		for v != "" {
+			var e string
+			e, v, _ = strings.Cut(v, ",")
+			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "identity") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // bodiless reports whether a response to a request of method with status
