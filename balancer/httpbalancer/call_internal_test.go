@@ -78,6 +78,8 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("event: response.failed\r\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":{\"code\":\"server_error\"}}}\r\n\r\n"), uint8(13))
 	f.Add([]byte("event: response.failed\ndata: {\"response\":{\"error\":{\"code\":\"invalid_prompt\",\"code\":\"\"},\"error\":\"Model is overloaded\"},\"code\":\"server_error\"}\n\nevent: response.failed\ndata: {\"error\":{\"code\":500},\"response\":{\"error\":{\"code\":\"rate_limit_exceeded\"}}}\n\n"), uint8(7))
 	f.Add([]byte("event: response.failed\ndata: {\"response\":null}\n\nevent: response.failed\ndata: {\"response\":{\"error\":{\"code\":\"x\"},\"code\":503}}\n\n"), uint8(3))
+	f.Add([]byte("data: {\"a\":1}\r\revent: error\rdata: {\"error\": {\"code\": 500}}\r\r\ndata: x\r\n\r"), uint8(14))
+	f.Add([]byte("event: ping\r\ndata: x\r\rdata: {\"error\": \"Model is overloaded\"}\r\n\revent: response.failed\rdata: {\"response\":{}}\r\r"), uint8(12))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
 		ndjson := n&64 != 0 // an Ollama stream
@@ -88,8 +90,13 @@ func FuzzSSEScan(f *testing.F) {
 			s.scan(p[:k], clock)
 			p = p[k:]
 		}
-		if lines := int64(bytes.Count(body, []byte("\n"))); s.events.Load() > lines {
-			t.Fatalf("%d events in %d lines", s.events.Load(), lines)
+		lines := sseLines(body)
+		if ndjson {
+			lines = bytes.Split(body, []byte("\n"))
+			lines = lines[:len(lines)-1]
+		}
+		if s.events.Load() > int64(len(lines)) {
+			t.Fatalf("%d events in %d lines", s.events.Load(), len(lines))
 		}
 		code := s.errCode.Load()
 		if code != 0 && (code < 100 || code > 599) {
@@ -105,8 +112,7 @@ func FuzzSSEScan(f *testing.F) {
 			// An error line carries no code: it is read as a 500, once
 			// it has ended.
 			want := int32(0)
-			lines := bytes.Split(body, []byte("\n"))
-			for _, line := range lines[:len(lines)-1] {
+			for _, line := range lines {
 				if bytes.HasPrefix(line, []byte(`{"error"`)) {
 					want = 500
 				}
@@ -118,19 +124,17 @@ func FuzzSSEScan(f *testing.F) {
 		}
 		// The code of the last error line that has one, as encoding/json
 		// reads it: a data line that starts an error object, or any data
-		// line in an event of type "error". The last piece of body is a
-		// line that has not ended.
+		// line in an event of type "error".
 		want := int32(0)
-		lines := bytes.Split(body, []byte("\n"))
 		typed := false  // in an event of type "error"
 		failed := false // in a response.failed event
-		for _, line := range lines[:len(lines)-1] {
-			if len(line) == 0 || string(line) == "\r" {
+		for _, line := range lines {
+			if len(line) == 0 {
 				typed, failed = false, false
 				continue
 			}
 			if typ, ok := bytes.CutPrefix(line, []byte("event:")); ok {
-				typ = bytes.TrimSuffix(bytes.TrimPrefix(typ, []byte(" ")), []byte("\r"))
+				typ = bytes.TrimPrefix(typ, []byte(" "))
 				typed = string(typ) == "error"
 				if failed = string(typ) == "response.failed"; failed {
 					want = 500 // the Responses API's failed response
@@ -160,6 +164,28 @@ func FuzzSSEScan(f *testing.F) {
 			t.Fatalf("error code %d, encoding/json reads %d", code, want)
 		}
 	})
+}
+
+// sseLines splits an SSE stream into its lines as WHATWG's EventSource
+// does, at a CRLF, a LF or a bare CR, without their ends; the bytes after
+// the last line end are a line that has not ended, and so is a line whose
+// CR ends the stream (a LF may follow).
+func sseLines(body []byte) [][]byte {
+	var lines [][]byte
+	for start, i := 0, 0; i < len(body); i++ {
+		switch {
+		case body[i] == '\n':
+			lines = append(lines, body[start:i])
+			start = i + 1
+		case body[i] == '\r' && i+1 < len(body):
+			lines = append(lines, body[start:i])
+			if body[i+1] == '\n' {
+				i++
+			}
+			start = i + 1
+		}
+	}
+	return lines
 }
 
 // jsonFailedCode is errScan's reading of a well-formed response.failed

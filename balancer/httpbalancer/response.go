@@ -183,7 +183,10 @@ type sseState struct {
 	// the current line has shown (see matchDone), done that it has.
 	ndjson, done bool
 	doneAt       uint8
-	shed         *shedBody // a 503's body, when it had no Retry-After
+	// The current line ends in a CR that ended the last Read: a CRLF's,
+	// or a bare CR that ended the line (see scan).
+	crEnd bool
+	shed  *shedBody // a 503's body, when it had no Retry-After
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs
@@ -576,12 +579,26 @@ func (c *call) Close() error {
 // so counting it would make time to first token the time to the headers.
 // Other event types count. The event field precedes the data in every
 // server's events.
+//
+// A line ends at a LF, a CRLF or a bare CR (WHATWG's EventSource allows
+// all three; an NDJSON line ends at a LF). A CR stays in its line, which
+// is read as a CRLF line is; a CR that ends a Read ends its line only
+// when the next Read shows no LF after it (crEnd).
 func (c *sseState) scan(p []byte, clock balancer.Clock) {
+	if c.crEnd && len(p) > 0 {
+		c.crEnd = false
+		if p[0] != '\n' {
+			c.endLine(clock) // a bare CR ended it; a LF ends it below
+		}
+	}
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		seg := p
 		if i >= 0 {
 			seg = p[:i]
+		}
+		if j := bytes.IndexByte(seg, '\r'); j >= 0 && j < len(seg)-1 && !c.ndjson {
+			seg, i = seg[:j+1], j // a bare CR ends the line
 		}
 		before := c.lineLen
 		if c.lineLen < len(c.line) {
@@ -606,6 +623,7 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 			c.matchDone(seg)
 		}
 		if i < 0 {
+			c.crEnd = seg[len(seg)-1] == '\r' && !c.ndjson
 			return
 		}
 		c.endLine(clock)

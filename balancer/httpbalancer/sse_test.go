@@ -126,6 +126,11 @@ func TestStreamEventsAtEveryReadBoundary(t *testing.T) {
 			"event: message_start\ndata: {}\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\nevent: content_block_start\ndata: {}\n\n" +
 				"event: content_block_delta\ndata: {\"delta\":\"x\"}\n"},
 		{"error event", "data: {\"a\":1}\n\nevent: error\ndata: {\"error\":\"boom\"}\n\ndata: {\"a\":2}\n\n", 2, "data: {\"a\":1}\n"},
+		// A bare CR ends a line too (WHATWG's EventSource), once the byte
+		// after it shows it is not a CRLF's: first runs to that byte.
+		{"bare CR", "data: {\"a\":1}\r\rdata: {\"a\":2}\r\rdata: [DONE]\r\r", 2, "data: {\"a\":1}\r\r"},
+		{"bare CR, typed and multi-line", "event: ping\rdata: {}\r\revent: token\rdata: a\rdata: b\r\rdata: c\r\r", 2, "event: ping\rdata: {}\r\revent: token\rdata: a\rd"},
+		{"mixed endings", "event: ping\r\ndata: x\r\rdata: {\"a\":1}\n\ndata: {\"a\":2}\r\r", 2, "event: ping\r\ndata: x\r\rdata: {\"a\":1}\n"},
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			rig := newSSERig(t, s.body)
@@ -344,6 +349,8 @@ func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 		{"the error object's code first", "data: {\"error\": {\"code\": 400}, \"code\": 500}\n\n", 0, 0},
 		{"a string code is none", "data: {\"error\": {\"message\": \"" + long + "\", \"code\": \"500\"}}\n\n", 0, 0},
 		{"short", "data: {\"error\":{\"code\":500}}\n\n", 500, 0},
+		{"bare CR", "data: {\"a\":1}\r\rdata: {\"error\": {\"message\": \"" + long + "\", \"code\": 500}}\r\rdata: [DONE]\r\r", 500, 1},
+		{"bare CR, 400", "data: {\"a\":1}\r\rdata: {\"error\": {\"code\": 400}}\r\rdata: {\"a\":2}\r\r", 0, 2},
 		{"error text in a token", "data: {\"delta\":\"{\\\"error\\\": \\\"code\\\": 500\"}\n\n", 0, 1},
 	} {
 		t.Run(s.name, func(t *testing.T) {
