@@ -99,7 +99,8 @@
 // or rerank call's latency runs only to its headers (the server has
 // computed the answer by then; how fast the body is read is the caller's
 // pace, and one slow reader would make the endpoint look slow); for server-sent
-// event streams the transport also records time to the first event that
+// event streams (whose lines may end with a LF, a CRLF or a bare CR, as
+// EventSource reads them) the transport also records time to the first event that
 // carries tokens, the number of such events (the output token estimate) and
 // the mean gap between them, timed as the caller reads them. A caller that
 // comes to read the body late after the headers (away for over 1/8 of the

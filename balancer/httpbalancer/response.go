@@ -528,6 +528,9 @@ func (c *call) Read(p []byte) (int, error) {
 	if err != nil {
 		switch {
 		case err == io.EOF:
+			if s != nil && s.crEnd {
+				s.endCR(c.t.cfg.clock) // no LF can follow the CR
+			}
 			c.finish(nil)
 		case c.ends.Load()&endClosing != 0:
 			// The caller closed the body under this Read (a stream
@@ -629,6 +632,14 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		c.endLine(clock)
 		p = p[i+1:]
 	}
+}
+
+// endCR ends the current line, whose CR ended the stream (see crEnd).
+//
+//go:noinline
+func (c *sseState) endCR(clock balancer.Clock) {
+	c.crEnd = false
+	c.endLine(clock)
 }
 
 func (c *sseState) endLine(clock balancer.Clock) {

@@ -144,6 +144,16 @@ func TestStreamEventsAtEveryReadBoundary(t *testing.T) {
 	}
 }
 
+// TestBareCRAtEOFEndsTheLine: a CR that ends the stream ends its line, as
+// a LF would (no LF can follow it), whatever the reads' sizes.
+func TestBareCRAtEOFEndsTheLine(t *testing.T) {
+	body := "data: {\"a\":1}\r\rdata: {\"a\":2}\r"
+	rig := newSSERig(t, body)
+	for n := 1; n <= len(body); n++ {
+		require.Equal(t, 2, rig.call(t, n).Events, "%d bytes a read", n)
+	}
+}
+
 // TestNDJSONStreamTokensAtEveryReadBoundary: Ollama streams a chat as
 // newline-delimited JSON (application/x-ndjson), one object a chunk and a
 // last one that says "done":true and carries no token. Each chunk line is
@@ -350,6 +360,7 @@ func TestStreamErrorEventIsTheEndpointsFailure(t *testing.T) {
 		{"a string code is none", "data: {\"error\": {\"message\": \"" + long + "\", \"code\": \"500\"}}\n\n", 0, 0},
 		{"short", "data: {\"error\":{\"code\":500}}\n\n", 500, 0},
 		{"bare CR", "data: {\"a\":1}\r\rdata: {\"error\": {\"message\": \"" + long + "\", \"code\": 500}}\r\rdata: [DONE]\r\r", 500, 1},
+		{"bare CR, ended by EOF", "data: {\"a\":1}\r\rdata: {\"error\": {\"code\": 503}}\r", 503, 1},
 		{"bare CR, 400", "data: {\"a\":1}\r\rdata: {\"error\": {\"code\": 400}}\r\rdata: {\"a\":2}\r\r", 0, 2},
 		{"error text in a token", "data: {\"delta\":\"{\\\"error\\\": \\\"code\\\": 500\"}\n\n", 0, 1},
 	} {
