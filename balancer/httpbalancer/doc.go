@@ -117,10 +117,12 @@
 // runner that crashed) is a failure, as a 5xx error event is. A stream is read as Base returns it: one the
 // server compressed because the caller set Accept-Encoding itself (Base
 // only decompresses what it asked for) reaches the caller as it came and
-// is not read at all (nor is any body with a Content-Encoding other than
-// identity): no events, no time to first token, the outcome at its end as
-// for any other body (and a deadline that ends it is a failure: no first
-// token was seen). Classification: 429 (and 529, Anthropic's
+// is not read for events (nor is any stream with a Content-Encoding other
+// than identity): no events, no time to first token, the outcome at its
+// end as for any other body (and a deadline that ends it is a failure: no
+// first token was seen). Leave Accept-Encoding to Base (net/http's
+// Transport then asks for gzip and decompresses it) to have a compressed
+// stream read. Classification: 429 (and 529, Anthropic's
 // "overloaded", which gateways answer), and 503 with Retry-After,
 // are overload answers (the endpoint cools down for Retry-After, it is not
 // failed), and so is the 503 with which Triton and SGLang shed load (its
