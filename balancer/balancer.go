@@ -35,6 +35,17 @@
 // this Balancer's calls in flight goes to a home endpoint of its own
 // rather than wherever its sessions' keys lead (Options.AdapterHomes;
 // lora.go).
+//
+// Telemetry (load reports of the HTTP transport's load header and the
+// gRPC policy's ORCA, a telemetry.Poller's scrapes) is read from the
+// Store, and a field older than Options.TelemetryMaxAge is ignored. When
+// an endpoint's failures hold it out of rotation (its breaker trips, or
+// outlier detection ejects it), the load readings observed before are
+// expired (telemetry.Store.Expire): what returns is often a restarted,
+// idle process, which the old one's last report (a full KV cache, a long
+// queue) would price out until it aged out, with no call going there to
+// bring a new one. Readings observed since stay; an overload answer's
+// cooldown expires nothing.
 package balancer
 
 import (
@@ -88,7 +99,9 @@ type Balancer struct {
 	// the atomics of endpoint state and the tables behind sticky, spills
 	// and reuse (lock-free), so it never takes mu. Lock order on the way to
 	// an ejection: an endpoint's brMu, its breaker's own mutex, then
-	// ejectMu; or outlierMu, then ejectMu.
+	// ejectMu; or outlierMu, then ejectMu. A telemetry slot's merge lock
+	// (forgetLoad, after ejectMu is released) is taken last, and nothing
+	// under it.
 
 	cfg     *config
 	keyer   *cache.Keyer    // immutable

@@ -98,7 +98,12 @@ type Options struct {
 	// 1m: a reading is as old as its scrape (promapi stamps each field
 	// with it), so with scrapes that far apart set this to at least twice
 	// the interval, or readings count as absent for half of it. Negative
-	// means never stale.
+	// means never stale. An endpoint's load readings (its queue, KV and
+	// prefix cache, utilization, GPU memory used, LoRA adapters) are
+	// expired sooner when a failure exclusion begins, a tripped breaker or
+	// an outlier ejection: a replica that fails has often crashed, and the
+	// old process's last report would price the new, idle one out of
+	// rotation when it returns; readings observed since stay.
 	TelemetryMaxAge time.Duration
 	// LatencyDecay is the peak-EWMA time constant. Default 10s (Linkerd's).
 	LatencyDecay time.Duration

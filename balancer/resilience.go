@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // EventKind says what happened to an endpoint's standing.
@@ -106,7 +108,8 @@ func (b *Balancer) newBreaker(e *endpoint) *gobreaker.CircuitBreaker[struct{}] {
 	})
 }
 
-// onBreakerChange runs under the breaker's mutex: atomics and ejectMu only.
+// onBreakerChange runs under the breaker's mutex: atomics, ejectMu and the
+// telemetry slot's merge lock (forgetLoad) only.
 func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 	e.brState.Store(int32(to))
 	now := b.cfg.clock.Now()
@@ -138,6 +141,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		} else {
 			e.brOpen.Store(true)
 			b.ejectMu.Unlock()
+			b.forgetLoad(e, now)
 			e.trips.Add(1)
 			e.trippedAt.Store(nowNs)
 			if s := e.failStreak.Load(); s != 0 { // 0: none (a reading before 1970 is below it)
@@ -162,6 +166,36 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		b.epoch.Add(1)
 		b.emit(Event{Kind: EventRecovered, Endpoint: e.id, At: now, Downtime: down})
 	}
+}
+
+// processLoad are the telemetry fields that describe the load of the
+// server process (its queue, its KV and prefix cache, its utilization, the
+// GPU memory it holds, the LoRA adapters it has loaded), rather than its
+// hardware (GPU memory size, utilization, temperature, power): what
+// forgetLoad expires.
+const processLoad = telemetry.FieldSet(1<<telemetry.Running | 1<<telemetry.Waiting |
+	1<<telemetry.KVCacheUsage | 1<<telemetry.PrefixCacheHitRate | 1<<telemetry.CPUUtil |
+	1<<telemetry.AppUtil | 1<<telemetry.GPUMemUsed | 1<<telemetry.LoRASlots)
+
+// forgetLoad expires e's load readings (processLoad) observed before now,
+// as a failure exclusion of e begins: a breaker's trip (not a failed
+// probe, which extends the same exclusion) or an outlier ejection. Not an
+// overload cooldown: the server said it is busy, and its reading says how
+// busy.
+//
+// A replica that fails its calls has often crashed, and what comes back is
+// a new, idle process. Kept, the old process's last report (a full KV
+// cache, 30 waiting) priced it as full when it returned: it lost every
+// comparison, so no call went there to bring a fresh report (a load header
+// or ORCA trailer comes with a response), and it sat idle until the
+// reading aged out (TelemetryMaxAge) while its peers queued. Without the
+// reading its factors are neutral and slow start paces its return.
+// Readings observed from now on (a Poller scraping the new process, the
+// answer to a half-open probe) are kept: the end of the exclusion is when
+// it would matter, and the readings taken since describe the process that
+// returns. Exclusions are rare, so this costs a pick nothing.
+func (b *Balancer) forgetLoad(e *endpoint, now time.Time) {
+	b.cfg.store.Expire(e.id, processLoad, now)
 }
 
 // afterStepBack mends e's deadlines after the clock stepped back: an
@@ -544,6 +578,7 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		e.rampFrom.Store(nonZero(until)) // ramp up when it returns
 		e.ejectCount.Add(1)
 		exclude(e, until)
+		b.forgetLoad(e, now)
 		b.epoch.Add(1)
 		b.emit(Event{Kind: EventEjected, Endpoint: e.id, At: now, Until: time.Unix(0, until)})
 	}

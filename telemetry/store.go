@@ -249,7 +249,9 @@ func (st *Store) Publish(id string, s Sample) {
 // server may be a new process, and the load the old one reported (a full
 // KV cache, a long queue) would otherwise price the new, empty one until
 // the reading aged out; without a reading its factors are neutral until
-// the new process reports. Dropping LoRASlots drops its Adapters too.
+// the new process reports. The balancer calls it too, as an endpoint's
+// failures hold it out of rotation (a crashed server comes back as a new
+// process). Dropping LoRASlots drops its Adapters too.
 func (st *Store) Expire(id string, fields FieldSet, t time.Time) bool {
 	v, ok := st.slots.Load(id)
 	if !ok {

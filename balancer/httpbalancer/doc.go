@@ -170,7 +170,12 @@
 // the cause the caller gave it, context.WithCancelCause's).
 // vLLM's per-response endpoint-load-metrics header feeds the endpoint's
 // telemetry whenever a response carries it; Options.LoadReports asks every
-// endpoint to send it. Options.OnResult sees every attempt's outcome, for
+// endpoint to send it. A report is kept until a newer one replaces it or
+// it ages out (balancer.Options.TelemetryMaxAge), and is expired when the
+// endpoint's failures hold it out of rotation (a tripped breaker, an
+// outlier ejection): vLLM sends the header only with non-streamed
+// responses, and a crashed replica that restarted would otherwise be
+// priced by its old process's last report. Options.OnResult sees every attempt's outcome, for
 // metrics.
 //
 // A Responses API follow-up (/v1/responses with previous_response_id)
