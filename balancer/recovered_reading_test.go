@@ -146,7 +146,10 @@ func TestFailureExclusionKeepsReadingsTakenSince(t *testing.T) {
 	}
 	require.Equal(t, balancer.EventTripped, rec.last().Kind)
 	tel := stat(t, b, bad).Telemetry
-	assert.Equal(t, telemetry.FieldSet(1<<telemetry.GPUMemTotal|1<<telemetry.GPUTemp), tel.Has, "the trip expires the process's load, not the GPU's")
+	// (GPU memory's size is held, and left out of what the scorers see
+	// while no KV-cache usage is: see TestExpiredKVReadingKeepsMemoryOutOfThePrice.)
+	assert.Equal(t, telemetry.FieldSet(1<<telemetry.GPUTemp), tel.Has, "the trip expires the process's load, not the GPU's")
+	assert.NotZero(t, b.Telemetry().Slot(bad).Observed(telemetry.GPUMemTotal), "the trip expired the GPU's memory size")
 
 	clock.Advance(time.Second) // a Poller scrapes the new process
 	fresh := telemetry.Sample{Time: clock.Now()}
@@ -166,4 +169,54 @@ func TestFailureExclusionKeepsReadingsTakenSince(t *testing.T) {
 	running, _ := tel.Get(telemetry.Running)
 	assert.Equal(t, 4.0, running)
 	assert.False(t, tel.Has.Has(telemetry.Waiting), "the old process's queue came back")
+}
+
+// vLLM pre-allocates its GPU memory (0.9-0.95 of it), so a replica that
+// reports its KV-cache usage is not priced by its memory. Once a failure
+// exclusion expired the old process's KV reading, DCGM's memory reading,
+// scraped during the exclusion, priced the returned replica as a server
+// that allocates as it goes, 5.8x its peers, until its next KV reading:
+// which, with calls that bring no load header, only a scrape could bring.
+func TestExpiredKVReadingKeepsMemoryOutOfThePrice(t *testing.T) {
+	const n, step = 2000, 5 * time.Millisecond
+	bad := endpoints(4)[0].Addr
+	share := func(t *testing.T, dcgm bool) int {
+		clock := testutil.NewClock()
+		rec := &recorder{}
+		b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), OnEvent: rec.record, OutlierInterval: -1, Scorers: constantScorers()})
+		scrape := func(id string) {
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.GPUMemUsed, 76e9)
+			s.Set(telemetry.GPUMemTotal, 80e9)
+			b.Publish(id, s)
+		}
+		b.Publish(bad, lastReport(clock.Now()))
+		clock.Advance(time.Second)
+		for range balancer.DefaultBreakerFailures {
+			p := pickOn(t, b, bad)
+			p.Done(inferlb.Outcome{Err: errDown})
+		}
+		require.Equal(t, []balancer.EventKind{balancer.EventTripped}, rec.kinds())
+		clock.Advance(balancer.DefaultEjectionTime)
+		for _, ep := range endpoints(4) {
+			if dcgm {
+				scrape(ep.Addr) // after the trip: kept
+			}
+			if ep.Addr != bad {
+				s := telemetry.Sample{Time: clock.Now()}
+				s.Set(telemetry.KVCacheUsage, 0.5)
+				b.Publish(ep.Addr, s)
+			}
+		}
+		for range balancer.DefaultBreakerProbes {
+			p := pickOn(t, b, bad)
+			p.Done(inferlb.Outcome{})
+		}
+		require.Equal(t, balancer.EventRecovered, rec.last().Kind)
+		return busyShare(t, b, clock, bad, n, step)
+	}
+	without, with := share(t, false), share(t, true)
+	t.Logf("picks of %d in the 10 s after the return: %d with DCGM's memory at 95%%, %d without", n, with, without)
+	require.Greater(t, without, n/100)
+	assert.GreaterOrEqual(t, with, without*3/4, "the memory of a server that pre-allocates priced it")
 }

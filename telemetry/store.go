@@ -252,6 +252,14 @@ func (st *Store) Publish(id string, s Sample) {
 // the new process reports. The balancer calls it too, as an endpoint's
 // failures hold it out of rotation (a crashed server comes back as a new
 // process). Dropping LoRASlots drops its Adapters too.
+//
+// A reading of a dropped field observed before t that is published later
+// (a scrape read from Prometheus arrives up to a scrape interval after it
+// was taken) is refused as older than what is held, as it would be had
+// the field not been dropped: it describes the old process too. And a
+// slot whose KV-cache usage was dropped leaves GPU memory out (see
+// LoadInto) until a new KV reading comes: the server pre-allocates its
+// memory all the same.
 func (st *Store) Expire(id string, fields FieldSet, t time.Time) bool {
 	v, ok := st.slots.Load(id)
 	if !ok {
@@ -276,7 +284,9 @@ func (sl *Slot) expire(fields FieldSet, before int64) bool {
 		if fields.Has(Field(f)) && next.times[f] < before {
 			next.s.Has &^= 1 << f
 			next.s.Values[f] = 0
-			next.times[f] = 0
+			// Not 0: the time stays as a floor for the field's next
+			// reading (merge), and says that the field was held.
+			next.times[f] = before
 			if Field(f) == LoRASlots {
 				next.s.Adapters = nil
 			}
@@ -391,7 +401,9 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 		if !s.Has.Has(Field(f)) || !admissible(Field(f), s.Values[f]) {
 			continue
 		}
-		if held := next.times[f]; next.s.Has.Has(Field(f)) && held > t {
+		// held is also the time before which an expired field was
+		// dropped (see expire): an older reading is the old process's.
+		if held := next.times[f]; held > t {
 			if !read {
 				now, read = st.nowNs(), true
 			}
@@ -461,7 +473,7 @@ func (sl *Slot) LoRA(now time.Time, maxAge time.Duration) (a *Adapters, slots fl
 // after now is left out too: it was stamped before the clock stepped back,
 // so its age is unknown (and a Store keeps it only until a fresh reading
 // comes). GPU memory is left out while a KV-cache usage the slot holds is
-// stale (see below). dst.Time becomes the oldest time among the fields
+// stale, or was expired (see below). dst.Time becomes the oldest time among the fields
 // kept. It never allocates or locks.
 func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	dst.Has = 0
@@ -493,7 +505,13 @@ func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	// started at 0.95 of its GPU, so it took fewer calls and its KV
 	// reading stayed stale. Stale telemetry must be neutral: the memory
 	// goes with it.
-	kvStale := cur.s.Has.Has(KVCacheUsage) && (cur.times[KVCacheUsage] < lo || cur.times[KVCacheUsage] > hi)
+	//
+	// A KV-cache usage dropped by Store.Expire (its time is non-zero
+	// without the field) counts as stale: the server that reported it
+	// still pre-allocates, and a reconnect or a failure exclusion that
+	// expired its KV reading must not leave it priced by its memory.
+	kvAt := cur.times[KVCacheUsage]
+	kvStale := kvAt != 0 && (!cur.s.Has.Has(KVCacheUsage) || kvAt < lo || kvAt > hi)
 	oldest := int64(0)
 	for f := range NumFields {
 		if !cur.s.Has.Has(Field(f)) || cur.times[f] < lo || cur.times[f] > hi {

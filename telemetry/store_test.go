@@ -446,7 +446,7 @@ func TestLoadIntoLeavesMemoryOutWhileKVIsStale(t *testing.T) {
 // reported, and keeps other fields and readings taken since.
 func TestExpireDropsOnlyOlderReadingsOfTheFields(t *testing.T) {
 	var st telemetry.Store
-	st.Publish("a", sample(t0, float64(telemetry.KVCacheUsage), 0.95, float64(telemetry.Waiting), 30, float64(telemetry.GPUMemUsed), 70))
+	st.Publish("a", sample(t0, float64(telemetry.KVCacheUsage), 0.95, float64(telemetry.Waiting), 30, float64(telemetry.GPUTemp), 70))
 	st.Publish("a", sample(t0.Add(2*time.Second), float64(telemetry.Running), 1))
 	var a telemetry.Sample
 	require.True(t, a.SetAdapters(2, &telemetry.Adapters{Base: "m", Running: []string{"x"}}))
@@ -458,7 +458,7 @@ func TestExpireDropsOnlyOlderReadingsOfTheFields(t *testing.T) {
 	assert.True(t, st.Expire("a", fields, t0.Add(time.Second)))
 	got, ok := st.Latest("a", t0.Add(3*time.Second), 0)
 	require.True(t, ok)
-	assert.Equal(t, telemetry.FieldSet(1<<telemetry.GPUMemUsed|1<<telemetry.Running), got.Has, "only older readings of the fields go")
+	assert.Equal(t, telemetry.FieldSet(1<<telemetry.GPUTemp|1<<telemetry.Running), got.Has, "only older readings of the fields go")
 	assert.Nil(t, got.Adapters, "the adapters go with LoRASlots")
 	_, _, ok = sl.LoRA(t0.Add(3*time.Second), 0)
 	assert.False(t, ok)
@@ -474,7 +474,50 @@ func TestExpireDropsOnlyOlderReadingsOfTheFields(t *testing.T) {
 	assert.True(t, ok)
 	assert.Equal(t, 0.1, kv)
 
-	assert.True(t, st.Expire("a", fields|1<<telemetry.GPUMemUsed, t0.Add(time.Hour)))
+	assert.True(t, st.Expire("a", fields|1<<telemetry.GPUTemp, t0.Add(time.Hour)))
 	_, ok = st.Latest("a", t0.Add(time.Hour), 0)
 	assert.False(t, ok, "every field expired")
+}
+
+// After Expire, a reading of a dropped field observed before the expiry
+// (a Prometheus scrape of the old process, read a poll later) is refused
+// as the field's older readings were; a later one is merged. A slot whose
+// KV-cache usage was expired leaves GPU memory out until a new KV reading
+// comes: the server pre-allocates all the same, and priced by its memory
+// (fresh from DCGM) a vLLM replica at 95% of its GPU cost several times
+// its peers after every reconnect or failure exclusion.
+func TestExpiredFieldsRefuseOlderReadingsAndKeepMemoryOut(t *testing.T) {
+	clock := testutil.NewClock()
+	clock.Set(t0.Add(time.Minute))
+	st := telemetry.Store{Clock: clock}
+	st.Publish("a", sample(t0, float64(telemetry.KVCacheUsage), 0.95, float64(telemetry.Waiting), 30))
+	kvOnly := telemetry.FieldSet(1<<telemetry.KVCacheUsage | 1<<telemetry.Waiting)
+	require.True(t, st.Expire("a", kvOnly, t0.Add(10*time.Second)))
+
+	// DCGM, scraped since: memory used and size.
+	st.Publish("a", sample(t0.Add(11*time.Second), float64(telemetry.GPUMemUsed), 76e9, float64(telemetry.GPUMemTotal), 80e9))
+	now := t0.Add(12 * time.Second)
+	got, _ := st.Latest("a", now, 30*time.Second)
+	_, ok := got.MemoryPressure()
+	assert.False(t, ok, "an expired KV-cache usage let GPU memory price a server that pre-allocates")
+
+	// The old process's reading, arriving late.
+	st.Publish("a", sample(t0.Add(5*time.Second), float64(telemetry.KVCacheUsage), 0.95))
+	got, _ = st.Latest("a", now, 30*time.Second)
+	assert.False(t, got.Has.Has(telemetry.KVCacheUsage), "a reading from before the expiry came back")
+	assert.EqualValues(t, 1, st.Stats().DroppedOld)
+
+	// The new process's reading.
+	st.Publish("a", sample(t0.Add(12*time.Second), float64(telemetry.KVCacheUsage), 0.1))
+	got, _ = st.Latest("a", now, 30*time.Second)
+	kv, ok := got.Get(telemetry.KVCacheUsage)
+	assert.True(t, ok)
+	assert.Equal(t, 0.1, kv)
+	assert.True(t, got.Has.Has(telemetry.GPUMemUsed), "memory comes back with a fresh KV reading")
+
+	// A server that never reported a KV-cache usage is priced by memory.
+	st.Publish("b", sample(t0.Add(11*time.Second), float64(telemetry.GPUMemUsed), 76e9, float64(telemetry.GPUMemTotal), 80e9))
+	got, _ = st.Latest("b", now, 30*time.Second)
+	_, ok = got.MemoryPressure()
+	assert.True(t, ok)
 }
