@@ -692,6 +692,22 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				rc.panicking, rc.coolingOnly = true, true
 				i, keyed = b.choose(req, g, now, rc, &sh)
 			}
+			if i < 0 && b.cfg.tenantStrict && !refused && (c.lack != nil || c.windowNeed != 0 || c.promptNeed != 0) {
+				// The group's memory passed over every member of the
+				// shard (not serving the model, too small for the
+				// call) for members outside it, where a strict call
+				// cannot go. The shard is not down: as when the whole
+				// group is remembered so, a first pick goes ahead (the
+				// memory may be stale, the server's answer is the
+				// caller's); it failed with ErrTenantShardDown for the
+				// whole memory without trying a server.
+				rc := c
+				rc.lack, rc.windowNeed, rc.promptNeed = nil, 0, 0
+				if i, keyed = b.choose(req, g, now, rc, &sh); i < 0 && !rc.panicking && b.cfg.panicThreshold > 0 {
+					rc.panicking, rc.coolingOnly = true, true
+					i, keyed = b.choose(req, g, now, rc, &sh)
+				}
+			}
 			if i >= 0 {
 				c.keyed = keyed && !homed // a home holds the adapter, not the prompt's prefix
 				return b.acquire(g.members[i], req, c), nil

@@ -250,7 +250,9 @@ type Options struct {
 	// TenantShardStrict keeps every tenant's calls in its shard: when no
 	// endpoint of the shard can take a call (its breakers open, ejected,
 	// not ready), the pick fails with ErrTenantShardDown instead of going
-	// to the whole group. Requests that crash or break the servers they
+	// to the whole group (a shard whose endpoints are only remembered not
+	// to serve the call's model, or too small for it, takes a first pick
+	// all the same, as a group does; see NotServedMemory). Requests that crash or break the servers they
 	// reach (a poison prompt) then take down one shard, not the fleet one
 	// shard at a time, at the cost of that tenant's calls failing while
 	// its shard is down; its half-open breakers are probed by its own
