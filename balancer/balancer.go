@@ -313,10 +313,26 @@ func (b *Balancer) Close() {
 func (b *Balancer) models(info *inferlb.Endpoint) []string {
 	v := info.Labels[b.cfg.subsetLabel]
 	var out []string
+	var seen map[string]bool // past a few names: a label listing hundreds of adapters
 	for m := range strings.SplitSeq(v, ",") {
-		if m = strings.TrimSpace(m); m != "" && !slices.Contains(out, m) {
-			out = append(out, m)
+		if m = strings.TrimSpace(m); m == "" {
+			continue
 		}
+		if seen == nil && len(out) >= 8 {
+			seen = make(map[string]bool, 2*len(out))
+			for _, o := range out {
+				seen[o] = true
+			}
+		}
+		if seen != nil {
+			if seen[m] {
+				continue
+			}
+			seen[m] = true
+		} else if slices.Contains(out, m) {
+			continue
+		}
+		out = append(out, m)
 	}
 	return out
 }
@@ -356,11 +372,37 @@ func (b *Balancer) build(m *Membership) *snapshot {
 		return g
 	}
 
+	// Groups of the same members are one group: a fleet whose every
+	// endpoint lists a base model and its LoRA adapters (hundreds of
+	// names in the label) would otherwise build a ring and keep a load
+	// counter per name, each counting every call on its members, so that
+	// a pick and its Done cost a counter per model listed (25 us a call
+	// with 2,000) and an Update a ring per model. A group holds nothing
+	// of its model's own: its ring, load and cached standing are its
+	// members', and the same for every model they serve.
+	sets := map[string]*group{}
+	var sig strings.Builder
+	shared := func(key string, idx []int) *group {
+		sig.Reset()
+		for _, i := range idx {
+			sig.WriteString(m.members[i].id)
+			sig.WriteByte(0)
+		}
+		if g, ok := sets[sig.String()]; ok {
+			return g
+		}
+		if key != "" {
+			key = "set:" + sig.String() // the counter follows the set, whatever models it serves
+		}
+		g := mkGroup(key, idx)
+		sets[sig.String()] = g
+		return g
+	}
 	every := make([]int, len(m.members))
 	for i := range every {
 		every[i] = i
 	}
-	snap := &snapshot{all: mkGroup("", every)}
+	snap := &snapshot{all: shared("", every)}
 	byModel := map[string][]int{}
 	var unlabelled []int
 	var names []string
@@ -384,20 +426,24 @@ func (b *Balancer) build(m *Membership) *snapshot {
 	}
 	if len(names) > 0 {
 		snap.byModel = make(map[string]*group, len(names))
-		for _, m := range names {
-			g := mkGroup("model:"+m, append(byModel[m], unlabelled...))
-			snap.byModel[m] = g
+		join := func(g *group) {
 			for _, e := range g.members {
-				groupsOf[e] = append(groupsOf[e], g.load)
-				poolsOf[e] = append(poolsOf[e], g)
+				if !slices.Contains(groupsOf[e], g.load) {
+					groupsOf[e] = append(groupsOf[e], g.load)
+				}
+				if !slices.Contains(poolsOf[e], g) {
+					poolsOf[e] = append(poolsOf[e], g)
+				}
 			}
 		}
+		for _, m := range names {
+			g := shared("model", append(byModel[m], unlabelled...))
+			snap.byModel[m] = g
+			join(g)
+		}
 		if len(unlabelled) > 0 {
-			snap.anyModel = mkGroup("unlabelled", unlabelled)
-			for _, e := range snap.anyModel.members {
-				groupsOf[e] = append(groupsOf[e], snap.anyModel.load)
-				poolsOf[e] = append(poolsOf[e], snap.anyModel)
-			}
+			snap.anyModel = shared("unlabelled", unlabelled)
+			join(snap.anyModel)
 		}
 	} else {
 		for _, e := range m.members {

@@ -3,6 +3,7 @@ package balancer_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -240,5 +241,39 @@ func BenchmarkPickLoRA(b *testing.B) {
 			req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "math", PromptTokens: 512, MaxOutputTokens: 256}
 			b.Run(fmt.Sprintf("n=%d/%s", n, mode), func(b *testing.B) { benchPickDone(b, bal, req) })
 		}
+	}
+}
+
+// BenchmarkPickManyModels is Pick+Done on a fleet of 16 whose every
+// endpoint lists the same models (a base model and its LoRA adapters in
+// the "model" label): a call's cost must not grow with the models
+// listed. Update is the cost of a membership change on such a fleet.
+func BenchmarkPickManyModels(b *testing.B) {
+	for _, models := range []int{1, 200, 2000} {
+		names := make([]string, models)
+		for i := range names {
+			names[i] = fmt.Sprintf("adapter-%d", i)
+		}
+		label := strings.Join(names, ",")
+		eps := endpoints(16)
+		for i := range eps {
+			eps[i].Labels = map[string]string{"model": label}
+		}
+		bal := balancer.New(balancer.Options{Rand: testutil.NewRand(1)})
+		b.Cleanup(bal.Close)
+		if err := bal.Update(eps); err != nil {
+			b.Fatal(err)
+		}
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: names[models/2], PromptTokens: 512, MaxOutputTokens: 256}
+		b.Run(fmt.Sprintf("models=%d/pick", models), func(b *testing.B) { benchPickDone(b, bal, req) })
+		b.Run(fmt.Sprintf("models=%d/update", models), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				eps[0].Weight = float64(1 + i%2) // a change, so the groups are built again
+				if err := bal.Update(eps); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
