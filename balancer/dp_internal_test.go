@@ -164,3 +164,93 @@ func TestPrefillEstimateAfterAClockStepBack(t *testing.T) {
 		t.Fatalf("estimate %.0f tokens a minute after the step, want under 1000", got)
 	}
 }
+
+// TestEnginesFollowUpdates: an Update that regroups ranks moves the
+// barrier with them. A rank's recent prefill is its engine's peak only
+// while it is a rank of that engine; a rank left alone in its engine (an
+// engine of one) has no barrier and is priced by its own recent prefill,
+// as an unlabelled endpoint is; a rank removed holds no peak for its old
+// mates; and a replica added back under the same ID starts afresh.
+func TestEnginesFollowUpdates(t *testing.T) {
+	b := New(Options{})
+	fleet := func(groups ...string) []inferlb.Endpoint {
+		var eps []inferlb.Endpoint
+		for i, g := range groups {
+			ep := inferlb.Endpoint{ID: fmt.Sprintf("r%d", i)}
+			if g != "" {
+				ep.Labels = map[string]string{DefaultDPGroupLabel: g}
+			}
+			eps = append(eps, ep)
+		}
+		return eps
+	}
+	const prompt = 8000
+	now := int64(1_700_000_000) * int64(time.Second)
+	stall := 1 + prompt/float64(dpStallTokens) // a new peak of prompt tokens
+	near := func(got, want float64) bool { return math.Abs(got-want) < 1e-3 }
+
+	if err := b.Update(fleet("a", "a", "b", "b")); err != nil {
+		t.Fatal(err)
+	}
+	r0 := b.eps["r0"]
+	r0.prefill.add(now, prompt) // r0 is prefilling a long prompt
+	if got := barrier(b.eps["r1"], prompt, now); !near(got, 1) {
+		t.Errorf("r1, r0's mate: barrier %v, want 1 (fills r0's step)", got)
+	}
+	if got := barrier(b.eps["r2"], prompt, now); !near(got, stall) {
+		t.Errorf("r2, other engine: barrier %v, want %v (a new step)", got, stall)
+	}
+
+	// r1 moves to engine b; r0 is left an engine of one.
+	if err := b.Update(fleet("a", "b", "b", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if !b.engines.Load() {
+		t.Fatal("engine b has three ranks: engines are on")
+	}
+	if got := barrier(b.eps["r1"], prompt, now); !near(got, stall) {
+		t.Errorf("r1 after moving to engine b: barrier %v, want %v (r0 is no mate now)", got, stall)
+	}
+	if got := barrier(r0, prompt, now); got != 1 {
+		t.Errorf("r0, an engine of one: barrier %v, want 1", got)
+	}
+	if got, want := prefillBacklog(r0, now), 1+prompt/float64(prefillBacklogTokens); !near(got, want) {
+		t.Errorf("r0, an engine of one: prefill backlog factor %v, want %v, as an unlabelled endpoint", got, want)
+	}
+
+	// r0 rejoins engine b, then is removed: its prefill is no peak of b's.
+	if err := b.Update(fleet("b", "b", "b", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if got := barrier(b.eps["r1"], prompt, now); !near(got, 1) {
+		t.Errorf("r1 with r0 in its engine again: barrier %v, want 1", got)
+	}
+	if err := b.Update(fleet("b", "b", "b", "b")[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := barrier(b.eps["r1"], prompt, now); !near(got, stall) {
+		t.Errorf("r1 after r0 left: barrier %v, want %v", got, stall)
+	}
+	if err := b.Update(fleet("b", "b", "b", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.eps["r0"].prefill.at(now); got != 0 {
+		t.Errorf("r0 added back: estimate %v, want 0 (a new process's)", got)
+	}
+	if got := barrier(b.eps["r1"], prompt, now); !near(got, stall) {
+		t.Errorf("r1 after r0 came back: barrier %v, want %v", got, stall)
+	}
+
+	// Every label gone: no engines, and every endpoint priced as before.
+	if err := b.Update(fleet("", "", "", "")); err != nil {
+		t.Fatal(err)
+	}
+	if b.engines.Load() {
+		t.Error("no labels: engines still on")
+	}
+	for id, e := range b.eps {
+		if got := barrier(e, prompt, now); got != 1 {
+			t.Errorf("%s unlabelled: barrier %v", id, got)
+		}
+	}
+}

@@ -147,3 +147,40 @@ func TestEnginesAndKeyReuseUnderConcurrency(t *testing.T) {
 		assert.Zero(t, s.InFlight, s.ID)
 	}
 }
+
+// An engine of one has no barrier: a rank whose dp_group no other endpoint
+// shares is priced as an unlabelled endpoint is, pick for pick (its recent
+// prefill prices it as any replica's does), and so is every endpoint of a
+// fleet whose labels name no engine of two.
+func TestAnEngineOfOneIsPricedAsUnlabelled(t *testing.T) {
+	run := func(eps []inferlb.Endpoint) []string {
+		clock := testutil.NewClock()
+		b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(7)})
+		require.NoError(t, b.Update(eps))
+		var ids []string
+		var held []balancer.Pick
+		for i := range 200 {
+			req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 100 + 7000*(i%3/2), MaxOutputTokens: 200}
+			p, err := b.Pick(req)
+			require.NoError(t, err)
+			ids = append(ids, p.ID())
+			held = append(held, p)
+			if len(held) > 6 { // a few calls stay in flight
+				held[0].Done(inferlb.Outcome{})
+				held = held[1:]
+			}
+			clock.Advance(40 * time.Millisecond)
+		}
+		for _, p := range held {
+			p.Done(inferlb.Outcome{})
+		}
+		return ids
+	}
+	plain := run([]inferlb.Endpoint{{Addr: "a:1"}, {Addr: "b:1"}, {Addr: "c:1"}})
+	solo := run([]inferlb.Endpoint{
+		{Addr: "a:1", Labels: map[string]string{balancer.DefaultDPGroupLabel: "x"}},
+		{Addr: "b:1", Labels: map[string]string{balancer.DefaultDPGroupLabel: "y"}},
+		{Addr: "c:1"},
+	})
+	assert.Equal(t, plain, solo)
+}
