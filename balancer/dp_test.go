@@ -148,39 +148,56 @@ func TestEnginesAndKeyReuseUnderConcurrency(t *testing.T) {
 	}
 }
 
+// pickSequence runs 200 generation picks on a new Balancer over eps (fixed
+// seed, fake clock advancing 40 ms a pick, the last 6 calls in flight)
+// with prompt(i) tokens each, and returns the IDs picked.
+func pickSequence(t *testing.T, eps []inferlb.Endpoint, prompt func(i int) int) []string {
+	t.Helper()
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(7)})
+	require.NoError(t, b.Update(eps))
+	var ids []string
+	var held []balancer.Pick
+	for i := range 200 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: prompt(i), MaxOutputTokens: 200})
+		require.NoError(t, err)
+		ids = append(ids, p.ID())
+		held = append(held, p)
+		if len(held) > 6 {
+			held[0].Done(inferlb.Outcome{})
+			held = held[1:]
+		}
+		clock.Advance(40 * time.Millisecond)
+	}
+	for _, p := range held {
+		p.Done(inferlb.Outcome{})
+	}
+	return ids
+}
+
+// A long prompt every third call, short ones between.
+func heavyLight(i int) int { return 100 + 7000*(i%3/2) }
+
 // An engine of one has no barrier: a rank whose dp_group no other endpoint
 // shares is priced as an unlabelled endpoint is, pick for pick (its recent
 // prefill prices it as any replica's does), and so is every endpoint of a
 // fleet whose labels name no engine of two.
 func TestAnEngineOfOneIsPricedAsUnlabelled(t *testing.T) {
-	run := func(eps []inferlb.Endpoint) []string {
-		clock := testutil.NewClock()
-		b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(7)})
-		require.NoError(t, b.Update(eps))
-		var ids []string
-		var held []balancer.Pick
-		for i := range 200 {
-			req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 100 + 7000*(i%3/2), MaxOutputTokens: 200}
-			p, err := b.Pick(req)
-			require.NoError(t, err)
-			ids = append(ids, p.ID())
-			held = append(held, p)
-			if len(held) > 6 { // a few calls stay in flight
-				held[0].Done(inferlb.Outcome{})
-				held = held[1:]
-			}
-			clock.Advance(40 * time.Millisecond)
-		}
-		for _, p := range held {
-			p.Done(inferlb.Outcome{})
-		}
-		return ids
-	}
-	plain := run([]inferlb.Endpoint{{Addr: "a:1"}, {Addr: "b:1"}, {Addr: "c:1"}})
-	solo := run([]inferlb.Endpoint{
+	plain := pickSequence(t, []inferlb.Endpoint{{Addr: "a:1"}, {Addr: "b:1"}, {Addr: "c:1"}}, heavyLight)
+	solo := pickSequence(t, []inferlb.Endpoint{
 		{Addr: "a:1", Labels: map[string]string{balancer.DefaultDPGroupLabel: "x"}},
 		{Addr: "b:1", Labels: map[string]string{balancer.DefaultDPGroupLabel: "y"}},
 		{Addr: "c:1"},
-	})
+	}, heavyLight)
 	assert.Equal(t, plain, solo)
+}
+
+// The barrier prices a call's prompt tokens: calls without an estimate
+// (over gRPC, unless the caller sets one in the context) are priced on
+// engines as on replicas, pick for pick; with estimates the engines do
+// route differently.
+func TestEnginesNeedPromptTokens(t *testing.T) {
+	none := func(int) int { return 0 }
+	assert.Equal(t, pickSequence(t, dpFleet(""), none), pickSequence(t, dpFleet(balancer.DefaultDPGroupLabel), none))
+	assert.NotEqual(t, pickSequence(t, dpFleet(""), heavyLight), pickSequence(t, dpFleet(balancer.DefaultDPGroupLabel), heavyLight))
 }
