@@ -23,7 +23,11 @@ const Name = "endpoint-load-metrics"
 
 // FormatName is the request header that asks the server for a load
 // report and names its format: "text" or "json". vLLM sends no report
-// without it.
+// without it. Ask a data-parallel vLLM server for text: it builds its
+// JSON report as a Python dict of its engines' gauges, which keeps one
+// engine's value per key, while its text lists every engine's (see Parse).
+// (vllm-project/vllm vllm/entrypoints/openai/orca_metrics.py,
+// create_orca_header.)
 const FormatName = "endpoint-load-metrics-format"
 
 // ErrFormat is returned for a load header in a format this package does
