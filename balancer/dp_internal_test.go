@@ -254,3 +254,37 @@ func TestEnginesFollowUpdates(t *testing.T) {
 		}
 	}
 }
+
+// TestEndedCallsLeaveNoPeak: a call that ended is taken out of its rank's
+// estimate, but not always to 0 (float32 rounding; a millisecond stamp
+// against a nanosecond start), and what is left decays for about a
+// minute before it reaches 0. A leftover is no prefill: it must not make
+// a peak that the engine's other ranks fill ahead of an idle engine's.
+func TestEndedCallsLeaveNoPeak(t *testing.T) {
+	b := New(Options{})
+	var eps []inferlb.Endpoint
+	for i, g := range []string{"a", "a", "b", "b"} {
+		eps = append(eps, inferlb.Endpoint{ID: fmt.Sprintf("r%d", i), Labels: map[string]string{DefaultDPGroupLabel: g}})
+	}
+	if err := b.Update(eps); err != nil {
+		t.Fatal(err)
+	}
+	// A call on r0 that began on a millisecond and ended 0.9 ms past one:
+	// the estimate, stamped in milliseconds, decayed 0.9 ms less than the
+	// call's own decay, which is what done takes out.
+	now := int64(1_700_000_000) * int64(time.Second)
+	r0 := b.eps["r0"]
+	r0.prefill.add(now, 8000)
+	end := now + int64(40*time.Millisecond) + 900_000
+	r0.prefill.done(end, now, 8000)
+	later := end + int64(2*time.Second)
+	if left := r0.prefill.at(later); left <= 0 || left >= prefillFloor {
+		t.Fatalf("the call left %v tokens, want a leftover in (0, %d)", left, prefillFloor)
+	}
+	for _, tokens := range []int{100, 4000} {
+		mate, other := barrier(b.eps["r1"], tokens, later), barrier(b.eps["r2"], tokens, later)
+		if mate != other {
+			t.Errorf("%d-token prompt: r0's mate costs %v x, the idle engine's rank %v x: a leftover made a peak", tokens, mate, other)
+		}
+	}
+}

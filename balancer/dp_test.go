@@ -2,6 +2,7 @@ package balancer_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -200,4 +201,31 @@ func TestEnginesNeedPromptTokens(t *testing.T) {
 	none := func(int) int { return 0 }
 	assert.Equal(t, pickSequence(t, dpFleet(""), none), pickSequence(t, dpFleet(balancer.DefaultDPGroupLabel), none))
 	assert.NotEqual(t, pickSequence(t, dpFleet(""), heavyLight), pickSequence(t, dpFleet(balancer.DefaultDPGroupLabel), heavyLight))
+}
+
+// At light load, one call at a time with seconds between them, no engine
+// is prefilling when a call is priced: engines must route it as replicas
+// do, pick for pick (ties a coin flip), not keep it on the engine that
+// took the last call because the call left a float32 leftover in its
+// rank's estimate. Before leftovers counted as no prefill, 291 of these
+// 499 calls (58%) went to the previous call's engine, against 264 (53%)
+// on replicas.
+func TestIdleEnginesRouteAsReplicas(t *testing.T) {
+	run := func(label string) []string {
+		clock := testutil.NewClock()
+		b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(3)})
+		require.NoError(t, b.Update(dpFleet(label)))
+		r := rand.New(rand.NewPCG(1, 2))
+		var ids []string
+		for range 500 {
+			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 1000 + r.IntN(3000)})
+			require.NoError(t, err)
+			ids = append(ids, p.ID())
+			clock.Advance(time.Duration(r.Int64N(int64(50 * time.Millisecond)))) // ends at any nanosecond
+			p.Done(inferlb.Outcome{})
+			clock.Advance(2*time.Second + time.Duration(r.Int64N(int64(time.Second))))
+		}
+		return ids
+	}
+	assert.Equal(t, run(""), run(balancer.DefaultDPGroupLabel))
 }
