@@ -170,7 +170,13 @@
 // load bound (a spill costs a cold prefill), so does an owner whose spill
 // target is queueing or nearly full too and has not cached the key (near
 // saturation a cold spill trades a queue for a queue plus a prefill), and an owner near a full KV cache hands them to a
-// clearly emptier neighbour.
+// clearly emptier neighbour. A reading of a process that may have
+// restarted is dropped (telemetry.Store.Expire): the load fields an
+// endpoint reported before its breaker tripped or outlier detection
+// ejected it, and, in the gRPC policy, before its connection came back;
+// otherwise the old process's last report (a full KV cache, a queue)
+// priced the new, idle one out of rotation, with no call going there to
+// bring a fresh one, until the reading aged out.
 //
 // vLLM serving LoRA adapters runs at most --max-loras of them in one batch
 // and holds a call for another until every running call of one of them
