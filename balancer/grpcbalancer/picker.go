@@ -148,8 +148,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		req = st.fit(req, c)
 	}
 	exclude := st.excluded()
-	// The retry of a refusal as too long: no endpoint remembered too
-	// small for the call's tokens, on the retry budget (PickRetry). Also
+	// The retry of a refusal as too long, or of a not-served answer: no
+	// endpoint remembered too small for the call's tokens, or without its
+	// model, on the retry budget (PickRetry). Also
 	// when an earlier attempt failed elsewhere (exclude outlives it): the
 	// failover pick spends no budget and takes endpoints too small for
 	// the call when it finds nothing else. It does not repick (see !ok).

@@ -36,7 +36,8 @@ type retryState struct {
 	tooLong atomic.Bool
 	refusal atomic.Pointer[refusal]
 	// windowRetry: the next attempt is the retry of a refusal as too
-	// long; its pick is Membership.PickRetry (see Pick).
+	// long, or of an answer that the endpoint does not serve the call's
+	// model; its pick is Membership.PickRetry (see Pick).
 	windowRetry atomic.Bool
 	sent        atomic.Int32           // attempts that reached an endpoint
 	exclude     atomic.Pointer[string] // endpoint the previous attempt failed on
@@ -156,11 +157,12 @@ func (r *refusal) fit(req *inferlb.Request) {
 }
 
 // errNoWindow fails a retry's pick when no endpoint left might take a
-// call that one refused as longer than its context window: a status
+// call that one refused as longer than its context window, or answered
+// that it does not serve the call's model: a status
 // error, so that gRPC ends the attempt at once (a wait-for-ready call
 // would otherwise wait out its deadline), and UnaryRetry then returns
 // the refusal as it came.
-var errNoWindow = statusError{codes.Unavailable, fmt.Errorf("%w: none whose context window might take the call, or no retry budget", core.ErrNoEndpoints)}
+var errNoWindow = statusError{codes.Unavailable, fmt.Errorf("%w: none whose context window might take the call and not remembered without its model, or no retry budget", core.ErrNoEndpoints)}
 
 // excluded returns the endpoint ID a retry must avoid, or "".
 func (st *retryState) excluded() string {
@@ -236,7 +238,10 @@ func retryStateFrom(ctx context.Context, method string) *retryState {
 // doc), within the same bounds: the server did no work, and another
 // endpoint may have the model. With the call's model known (modelHeader,
 // or the inferlb.Request in its context), each retry also passes over the
-// endpoints the Balancer remembers without it.
+// endpoints the Balancer remembers without it, and when every endpoint is
+// remembered so the call ends with the server's answer as it came: a
+// model no endpoint serves (a typo) costs one round of answers, each
+// endpoint once, then one answer per call, whatever maxAttempts.
 //
 // Install it with grpc.WithChainUnaryInterceptor on channels that use the
 // inferlb policy; elsewhere it never retries. gRPC's own transparent retry
@@ -278,18 +283,21 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			if err == nil || attempt >= maxAttempts || int(st.sent.Load()) >= maxAttempts || ctx.Err() != nil {
 				return err
 			}
-			if st.tooLong.Load() {
+			if st.tooLong.Load() || st.notServed.Load() {
 				// The next attempt's pick spends the retry budget, and
-				// only when some endpoint might take the call (fit).
+				// only when some endpoint might take the call (fit, and
+				// not one remembered without its model): a retry to an
+				// endpoint that has just answered the same would only
+				// fetch that answer again, on the budget, up to
+				// maxAttempts times in every call for a made-up model.
 				refused = err // the refusal's status, not a later attempt's
-				if r := st.refusal.Load(); r != nil && r.err != nil {
+				if r := st.refusal.Load(); st.tooLong.Load() && r != nil && r.err != nil {
 					refused = r.err // (gRPC's retry policy may have tried again)
 				}
 				st.windowRetry.Store(true)
 				continue
 			}
-			lost := status.Code(err) == codes.Unavailable && !st.received.Load()
-			if !lost && !st.notServed.Load() {
+			if status.Code(err) != codes.Unavailable || st.received.Load() {
 				return err
 			}
 			if b := st.core.Load(); b == nil || !b.AllowRetry() {
