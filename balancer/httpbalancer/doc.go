@@ -307,6 +307,21 @@
 // DefaultTransport keeps 2 and re-dials every call past the second of a
 // burst to one endpoint.
 //
+// Together, these bound what one call costs the fleet: the hops past 404s
+// and past context-window refusals share one limit (they do not
+// multiply), a call fails over at most once and is resent after an idle
+// close at most once, so over n endpoints it makes at most
+// min(max(n-1, 8), 64) + 3 attempts (18 over 16 endpoints, 67 at most;
+// TestWorstCallAmplification), every one but the first and the resend
+// drawn from the retry budget. A model no endpoint serves costs its first
+// call one 404 from each endpoint and each later call one
+// (TestTypoModelAmplification: 116 requests for 101 calls over 16); a
+// flood of calls each for a model of its own costs the calls plus the
+// retries the budget allows (TestMadeUpModelsFlood: 1,309 requests for
+// 1,000 calls in a second, over 16). The budget is the Balancer's, shared
+// with every caller: such a flood spends what failovers would draw on
+// for the next 10 s.
+//
 // # Cost
 //
 // On a small chat completion over loopback (a 31-64 us call) the transport
