@@ -398,7 +398,8 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 		return bound{pressure: -1, waiting: -1, kv: -1, over: true} // see lora.go
 	}
 	own := max(g.members[i].inFlight.Load(), 0)
-	total := float64(max(g.load.Load(), 0)) + 1
+	gl := g.inFlight()
+	total := float64(max(gl, 0)) + 1
 	load := float64(own + 1)
 	// The load is shared among the members that can take calls: with part
 	// of the group down or excluded, the others' fair share is larger, and
@@ -419,7 +420,7 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 		rep, okRep := reportedLoad(&s)
 		if okRep || st.ramping || st.usable() < len(g.members) {
 			v := g.fleetLoad(b.cfg, st, now)
-			total = float64(max(g.load.Load()-v.aside, own)) + 1
+			total = float64(max(gl-v.aside, own)) + 1
 			if st.ramping {
 				weight = v.weight
 			}

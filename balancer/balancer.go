@@ -339,9 +339,10 @@ func (b *Balancer) models(info *inferlb.Endpoint) []string {
 
 // build makes the snapshot of m's members, weighted and labelled as m
 // describes them, and records in m.groupsOf the durable in-flight
-// counters of the groups each member now belongs to (reconcile moves the
-// endpoints' counts onto them), and in m.poolsOf the groups each counts
-// against MaxEjectedFraction (see mayEject). Called with mu held.
+// counters of the groups each member now belongs to that keep one
+// (countedGroup; reconcile moves the endpoints' counts onto them), and in
+// m.poolsOf the groups each counts against MaxEjectedFraction (see
+// mayEject). Called with mu held.
 func (b *Balancer) build(m *Membership) *snapshot {
 	used := map[string]bool{}
 	counter := func(key string) *atomic.Int64 {
@@ -359,7 +360,11 @@ func (b *Balancer) build(m *Membership) *snapshot {
 		for k, i := range idx {
 			ms[k], w[k] = m.members[i], m.infos[i].Capacity()
 		}
-		g := newGroup(ms, w, counter(key), m.bit)
+		var load *atomic.Int64 // a small model group sums its members' (countedGroup)
+		if key == "" || len(idx) > countedGroup {
+			load = counter(key)
+		}
+		g := newGroup(ms, w, load, m.bit)
 		g.horizon = b.cfg.horizon
 		// The ring places affinity keys and tenants' shards: tenant
 		// sharding needs it with affinity off too.
@@ -428,7 +433,7 @@ func (b *Balancer) build(m *Membership) *snapshot {
 		snap.byModel = make(map[string]*group, len(names))
 		join := func(g *group) {
 			for _, e := range g.members {
-				if !slices.Contains(groupsOf[e], g.load) {
+				if g.load != nil && !slices.Contains(groupsOf[e], g.load) {
 					groupsOf[e] = append(groupsOf[e], g.load)
 				}
 				if !slices.Contains(poolsOf[e], g) {

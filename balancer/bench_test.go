@@ -3,6 +3,7 @@ package balancer_test
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -267,6 +268,49 @@ func BenchmarkPickManyModels(b *testing.B) {
 		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: names[models/2], PromptTokens: 512, MaxOutputTokens: 256}
 		b.Run(fmt.Sprintf("models=%d/pick", models), func(b *testing.B) { benchPickDone(b, bal, req) })
 		b.Run(fmt.Sprintf("models=%d/update", models), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				eps[0].Weight = float64(1 + i%2) // a change, so the groups are built again
+				if err := bal.Update(eps); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPickDistinctModels is BenchmarkPickManyModels with groups of
+// different members: 32 endpoints serve a base model, and each LoRA
+// adapter is on 2 or 3 of them, so every endpoint is in a group per
+// adapter set it holds (about 160 with 2,000 adapters). A call for the
+// base model or an adapter, with an affinity key, must not cost more with
+// more adapters; Update builds a ring per adapter set.
+func BenchmarkPickDistinctModels(b *testing.B) {
+	for _, adapters := range []int{1, 100, 500, 2000} {
+		r := rand.New(rand.NewPCG(1, 2))
+		lists := make([][]string, 32)
+		for i := range lists {
+			lists[i] = []string{"base"}
+		}
+		for a := range adapters {
+			for _, k := range r.Perm(32)[:2+a%2] {
+				lists[k] = append(lists[k], fmt.Sprintf("adapter-%d", a))
+			}
+		}
+		eps := endpoints(32)
+		for i := range eps {
+			eps[i].Labels = map[string]string{"model": strings.Join(lists[i], ",")}
+		}
+		bal := balancer.New(balancer.Options{Rand: testutil.NewRand(1)})
+		b.Cleanup(bal.Close)
+		if err := bal.Update(eps); err != nil {
+			b.Fatal(err)
+		}
+		for _, model := range []string{"base", fmt.Sprintf("adapter-%d", adapters/2)} {
+			req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: model, AffinityKey: 12345, PromptTokens: 512, MaxOutputTokens: 256}
+			b.Run(fmt.Sprintf("adapters=%d/%s", adapters, strings.TrimSuffix(model, fmt.Sprint("-", adapters/2))), func(b *testing.B) { benchPickDone(b, bal, req) })
+		}
+		b.Run(fmt.Sprintf("adapters=%d/update", adapters), func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				eps[0].Weight = float64(1 + i%2) // a change, so the groups are built again

@@ -122,7 +122,7 @@ func TestStressInFlightReturnsToZero(t *testing.T) {
 		}
 		for _, g := range groups {
 			if g != nil {
-				assert.Zero(t, g.load.Load(), fmt.Sprintf("membership %d group of %d load", m.idx, len(g.members)))
+				assert.Zero(t, g.inFlight(), fmt.Sprintf("membership %d group of %d load", m.idx, len(g.members)))
 			}
 		}
 	}
