@@ -321,3 +321,41 @@ func BenchmarkPickDistinctModels(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPickLoRARunning is Pick+Done of a call for an adapter over 16
+// endpoints whose readings have 1, 16 or 64 adapters running (the most a
+// source keeps, telemetry.MaxAdapterNames) and free slots, while this
+// process holds calls of 8 other adapters on each (every loraFlight entry
+// taken): each candidate's slots are checked against both.
+func BenchmarkPickLoRARunning(b *testing.B) {
+	for _, names := range []int{1, 16, 64} {
+		clock := testutil.NewClock()
+		bal := newBalancer(b, 16, balancer.Options{Clock: clock, AdapterHomes: -1})
+		running := make([]string, names)
+		for i := range running {
+			running[i] = fmt.Sprintf("running-%d", i)
+		}
+		for _, ep := range endpoints(16) {
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.Running, 8)
+			s.Set(telemetry.KVCacheUsage, 0.5)
+			s.SetAdapters(float64(names+100), &telemetry.Adapters{Base: "llama", Running: running})
+			bal.Publish(ep.Addr, s)
+		}
+		var held []balancer.Pick
+		for range 2000 { // 125 calls of each of 8 adapters per endpoint
+			for a := range 8 {
+				p, err := bal.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: fmt.Sprintf("mine-%d", a)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				held = append(held, p)
+			}
+		}
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "asked", PromptTokens: 512, MaxOutputTokens: 256}
+		b.Run(fmt.Sprintf("running=%d", names), func(b *testing.B) { benchPickDone(b, bal, req) })
+		for _, p := range held {
+			p.Done(inferlb.Outcome{})
+		}
+	}
+}

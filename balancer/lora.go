@@ -276,7 +276,11 @@ func (e *endpoint) slotFull(model string, h, seed uint64, nowNs int64, maxAge ti
 	if !ok || model == a.Base || slices.Contains(a.Running, model) {
 		return false
 	}
-	used := len(a.Running)
+	// This process's adapters in flight there, each once, less those the
+	// reading has running (counted among them already). Each running name
+	// is hashed once: matched against every entry in turn, a pick with
+	// 64 names running and 8 other adapters in flight hashed 512 names
+	// per candidate (8 us a pick).
 	var seen [loraFlights]uint64
 	n := 0
 	for i := range e.lora {
@@ -285,28 +289,24 @@ func (e *endpoint) slotFull(model string, h, seed uint64, nowNs int64, maxAge ti
 			continue
 		}
 		tag := loraTag(w)
-		switch {
-		case tag == loraTag(h):
+		if tag == loraTag(h) {
 			return false // this process's calls of it run (or wait) there
-		case slices.Contains(seen[:n], tag) || runs(a.Running, tag, seed):
-		default:
+		}
+		if !slices.Contains(seen[:n], tag) {
 			seen[n] = tag
 			n++
-			used++
 		}
 	}
-	return float64(used) >= slots
-}
-
-// runs reports whether an adapter whose loraTag (of its adapterID under
-// seed) is tag is among running.
-func runs(running []string, tag, seed uint64) bool {
-	for _, n := range running {
-		if loraTag(adapterID(n, seed)) == tag {
-			return true
+	for _, name := range a.Running {
+		if n == 0 {
+			break
+		}
+		if k := slices.Index(seen[:n], loraTag(adapterID(name, seed))); k >= 0 {
+			n--
+			seen[k] = seen[n]
 		}
 	}
-	return false
+	return float64(len(a.Running)+n) >= slots
 }
 
 // drawSlot is draw for a call with c.slots set, with a candidate whose
