@@ -431,14 +431,17 @@ func (b *Balancer) build(m *Membership) *snapshot {
 	}
 	if len(names) > 0 {
 		snap.byModel = make(map[string]*group, len(names))
-		join := func(g *group) {
+		joined := map[*group]bool{}
+		join := func(g *group) { // once per group, however many models it serves
+			if joined[g] {
+				return
+			}
+			joined[g] = true
 			for _, e := range g.members {
-				if g.load != nil && !slices.Contains(groupsOf[e], g.load) {
+				if g.load != nil && g != snap.all { // the whole group's counter is every member's already
 					groupsOf[e] = append(groupsOf[e], g.load)
 				}
-				if !slices.Contains(poolsOf[e], g) {
-					poolsOf[e] = append(poolsOf[e], g)
-				}
+				poolsOf[e] = append(poolsOf[e], g)
 			}
 		}
 		for _, m := range names {
