@@ -7,14 +7,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	core "github.com/inferlb/inferlb/balancer"
-	"github.com/inferlb/inferlb/balancer/grpcbalancer"
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
@@ -33,26 +31,15 @@ func TestE2EUnaryRetryModelNobodyServes(t *testing.T) {
 	const n = 6
 	var bs []*backend
 	for range n {
-		be := &backend{reject: status.Error(codes.NotFound, "Request for unknown model: 'typo' is not found")}
-		be.start(t)
-		bs = append(bs, be)
+		bs = append(bs, &backend{reject: status.Error(codes.NotFound, "Request for unknown model: 'typo' is not found")})
 	}
 	clock := testutil.NewClock()
-	name, b := shared(t, core.Options{Rand: testutil.NewRand(3), Clock: clock})
-	conn, _ := dial(t, bs, name, `{"modelHeader": "x-model"}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(20)))
-	allReady(t, conn, b, n)
-	client := testgrpc.NewTestServiceClient(conn)
-	met := func() (total int64) {
-		for _, be := range bs {
-			total += be.calls.Load()
-		}
-		return total
-	}
+	client, b := retryClient(t, bs, core.Options{Rand: testutil.NewRand(3), Clock: clock}, `{"modelHeader": "x-model"}`, 20)
 	ctx := metadata.AppendToOutgoingContext(testContext(t), "x-model", "typo")
 	_, err := client.EmptyCall(ctx, &testgrpc.Empty{})
 	assert.Equal(t, codes.NotFound, status.Code(err))
 	assert.Equal(t, "Request for unknown model: 'typo' is not found", status.Convert(err).Message())
-	assert.Equal(t, int64(n), met(), "the first call meets every server once")
+	assert.Equal(t, int64(n), served(bs), "the first call meets every server once")
 	for _, be := range bs {
 		assert.Equal(t, int64(1), be.calls.Load())
 	}
@@ -60,7 +47,7 @@ func TestE2EUnaryRetryModelNobodyServes(t *testing.T) {
 		clock.Advance(100 * time.Millisecond)
 		_, err = client.EmptyCall(ctx, &testgrpc.Empty{})
 		require.Equal(t, codes.NotFound, status.Code(err), "call %d: %v", i, err)
-		require.Equal(t, int64(n+i), met(), "call %d meets one server", i)
+		require.Equal(t, int64(n+i), served(bs), "call %d meets one server", i)
 	}
 	assert.Equal(t, uint64(n-1), b.RetryStats().Allowed, "the first call's retries, and no more")
 }
@@ -73,25 +60,16 @@ func TestE2EUnaryRetryModelNobodyServes(t *testing.T) {
 func TestE2EUnaryRetryMadeUpModelsFlood(t *testing.T) {
 	var bs []*backend
 	for range 16 {
-		be := &backend{reject: status.Error(codes.NotFound, "Request for unknown model: 'x' is not found")}
-		be.start(t)
-		bs = append(bs, be)
+		bs = append(bs, &backend{reject: status.Error(codes.NotFound, "Request for unknown model: 'x' is not found")})
 	}
 	clock := testutil.NewClock()
-	name, b := shared(t, core.Options{Rand: testutil.NewRand(3), Clock: clock})
-	conn, _ := dial(t, bs, name, `{"modelHeader": "x-model"}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(100)))
-	allReady(t, conn, b, len(bs))
-	client := testgrpc.NewTestServiceClient(conn)
+	client, b := retryClient(t, bs, core.Options{Rand: testutil.NewRand(3), Clock: clock}, `{"modelHeader": "x-model"}`, 100)
 	for i := range 1000 {
 		clock.Advance(time.Millisecond)
 		_, err := client.EmptyCall(metadata.AppendToOutgoingContext(testContext(t), "x-model", fmt.Sprintf("made-up-%d", i)), &testgrpc.Empty{})
 		require.Equal(t, codes.NotFound, status.Code(err), "call %d: %v", i, err)
 	}
-	var total int64
-	for _, be := range bs {
-		total += be.calls.Load()
-	}
 	retries := b.RetryStats().Allowed
-	assert.Equal(t, int64(1000+retries), total, "one request per call and one per retry allowed")
+	assert.Equal(t, int64(1000+retries), served(bs), "one request per call and one per retry allowed")
 	assert.LessOrEqual(t, retries, uint64(100+200+11), "the bank, 20%% of 1,000 calls, and 10 a second")
 }

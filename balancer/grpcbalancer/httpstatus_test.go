@@ -220,18 +220,13 @@ func TestE2ETritonUnknownModelIsNotServed(t *testing.T) {
 func TestE2EUnaryRetryGoesPastUnknownModel(t *testing.T) {
 	var lacking []*backend
 	serving := &backend{}
-	serving.start(t)
 	bs := []*backend{serving}
 	for range 4 {
 		be := &backend{reject: status.Error(codes.NotFound, "Request for unknown model: 'llm' is not found")}
-		be.start(t)
 		lacking = append(lacking, be)
 		bs = append(bs, be)
 	}
-	name, b := shared(t, core.Options{Rand: testutil.NewRand(3)})
-	conn, _ := dial(t, bs, name, `{"modelHeader": "x-model"}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(5)))
-	allReady(t, conn, b, len(bs))
-	client := testgrpc.NewTestServiceClient(conn)
+	client, b := retryClient(t, bs, core.Options{Rand: testutil.NewRand(3)}, `{"modelHeader": "x-model"}`, 5)
 	ctx := metadata.AppendToOutgoingContext(testContext(t), "x-model", "llm")
 	for i := range 20 {
 		_, err := client.EmptyCall(ctx, &testgrpc.Empty{})
@@ -304,6 +299,29 @@ func TestE2EFailingModelKeepsTheServerForOthers(t *testing.T) {
 	assert.Zero(t, s.Trips)
 	assert.False(t, s.BreakerOpen)
 	assert.GreaterOrEqual(t, yOnA, int64(40), "y keeps using the server (its share is 80)")
+}
+
+// retryClient starts bs and returns a client of a channel over them
+// through the inferlb policy, on a Balancer of opts shared with the test,
+// with cfg as its config and UnaryRetry(maxAttempts), once every backend
+// is ready.
+func retryClient(t *testing.T, bs []*backend, opts core.Options, cfg string, maxAttempts int) (testgrpc.TestServiceClient, *core.Balancer) {
+	t.Helper()
+	for _, be := range bs {
+		be.start(t)
+	}
+	name, b := shared(t, opts)
+	conn, _ := dial(t, bs, name, cfg, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(maxAttempts)))
+	allReady(t, conn, b, len(bs))
+	return testgrpc.NewTestServiceClient(conn), b
+}
+
+// served is the calls that reached bs, all told.
+func served(bs []*backend) (n int64) {
+	for _, c := range counts(bs) {
+		n += c
+	}
+	return n
 }
 
 // allReady connects conn and waits until the n endpoints of b are ready:

@@ -7,13 +7,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
-	"github.com/inferlb/inferlb/balancer/grpcbalancer"
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
@@ -29,13 +27,7 @@ func TestE2EUnaryRetryWithoutModel(t *testing.T) {
 	small1, small2 := &backend{window: 512, windowRefusal: text}, &backend{window: 512, windowRefusal: text}
 	large := &backend{window: 8192, windowRefusal: text}
 	bs := []*backend{small1, small2, large}
-	for _, be := range bs {
-		be.start(t)
-	}
-	name, b := shared(t, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2})
-	conn, _ := dial(t, bs, name, `{}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(3)))
-	allReady(t, conn, b, len(bs))
-	client := testgrpc.NewTestServiceClient(conn)
+	client, b := retryClient(t, bs, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2}, `{}`, 3)
 	// embed is a call without a model of an input of tokens, whose
 	// Request says longest (0: not known, as a policy does not estimate
 	// it).
@@ -87,13 +79,7 @@ func TestE2EUnaryRetryPredictWeighsTheRefusedInput(t *testing.T) {
 	smalls := []*backend{{window: 512, windowRefusal: text}, {window: 512, windowRefusal: text}, {window: 512, windowRefusal: text}}
 	large := &backend{window: 8192, windowRefusal: text}
 	bs := append(smalls[:len(smalls):len(smalls)], large)
-	for _, be := range bs {
-		be.start(t)
-	}
-	name, b := shared(t, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2})
-	conn, _ := dial(t, bs, name, `{}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(3)))
-	allReady(t, conn, b, len(bs))
-	client := testgrpc.NewTestServiceClient(conn)
+	client, _ := retryClient(t, bs, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2}, `{}`, 3)
 	predict := func(tokens int) error {
 		ctx := metadata.AppendToOutgoingContext(testContext(t), "x-tokens", fmt.Sprint(tokens))
 		ctx = inferlb.NewContext(ctx, &inferlb.Request{PromptTokens: tokens})

@@ -43,13 +43,7 @@ func TestE2EUnaryRetryGoesPastSmallContextWindows(t *testing.T) {
 	small1, small2 := &backend{window: 1000}, &backend{window: 1000}
 	large := &backend{window: 8000}
 	bs := []*backend{small1, small2, large}
-	for _, be := range bs {
-		be.start(t)
-	}
-	name, b := shared(t, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2})
-	conn, _ := dial(t, bs, name, `{}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(3)))
-	allReady(t, conn, b, len(bs))
-	client := testgrpc.NewTestServiceClient(conn)
+	client, b := retryClient(t, bs, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2}, `{}`, 3)
 	for i := range 30 {
 		require.NoError(t, windowCall(t, client, 5000), "long call %d", i)
 	}
@@ -148,14 +142,8 @@ func TestE2EUnaryRetryKeepsEveryRefusalsCounts(t *testing.T) {
 	bb := &backend{window: 1024, windowRefusal: "Input validation error: `inputs` must have less than %[1]d tokens. Given: 3000"}
 	c := &backend{window: 8000}
 	bs := []*backend{a, bb, c}
-	for _, be := range bs {
-		be.start(t)
-	}
 	clock := testutil.NewClock()
-	name, b := shared(t, core.Options{Rand: testutil.NewRand(3), Clock: clock})
-	conn, _ := dial(t, bs, name, `{}`, grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryRetry(3)))
-	allReady(t, conn, b, len(bs))
-	client := testgrpc.NewTestServiceClient(conn)
+	client, _ := retryClient(t, bs, core.Options{Rand: testutil.NewRand(3), Clock: clock}, `{}`, 3)
 	metA, failed := 0, 0
 	for i := range 60 {
 		clock.Advance(11 * time.Minute)
