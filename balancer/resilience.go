@@ -168,16 +168,12 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 	}
 }
 
-// processLoad are the telemetry fields that describe the load of the
-// server process (its queue, its KV and prefix cache, its utilization, the
-// GPU memory it holds, the LoRA adapters it has loaded), rather than its
-// hardware (GPU memory size, utilization, temperature, power): what
 // forgetLoad expires.
 const processLoad = telemetry.FieldSet(1<<telemetry.Running | 1<<telemetry.Waiting |
 	1<<telemetry.KVCacheUsage | 1<<telemetry.PrefixCacheHitRate | 1<<telemetry.CPUUtil |
 	1<<telemetry.AppUtil | 1<<telemetry.GPUMemUsed | 1<<telemetry.LoRASlots)
 
-// forgetLoad expires e's load readings (processLoad) observed before now,
+// forgetLoad expires e's load readings (telemetry.ProcessLoad) observed before now,
 // as a failure exclusion of e begins: a breaker's trip (not a failed
 // probe, which extends the same exclusion) or an outlier ejection. Not an
 // overload cooldown: the server said it is busy, and its reading says how
@@ -195,7 +191,7 @@ const processLoad = telemetry.FieldSet(1<<telemetry.Running | 1<<telemetry.Waiti
 // it would matter, and the readings taken since describe the process that
 // returns. Exclusions are rare, so this costs a pick nothing.
 func (b *Balancer) forgetLoad(e *endpoint, now time.Time) {
-	b.cfg.store.Expire(e.id, processLoad, now)
+	b.cfg.store.Expire(e.id, telemetry.ProcessLoad, now)
 }
 
 // afterStepBack mends e's deadlines after the clock stepped back: an

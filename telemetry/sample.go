@@ -73,6 +73,15 @@ func ParseField(name string) (Field, bool) {
 // FieldSet is a set of Fields, one bit each.
 type FieldSet uint32
 
+// ProcessLoad is the fields that describe the load of the server process
+// (its queue, its KV and prefix cache, its utilization, the GPU memory it
+// holds, the LoRA adapters it has loaded), rather than its hardware (GPU
+// memory size, utilization, temperature, power): what a restart empties,
+// and so what a balancer expires (Store.Expire) when an endpoint may have
+// restarted.
+const ProcessLoad = FieldSet(1<<Running | 1<<Waiting | 1<<KVCacheUsage | 1<<PrefixCacheHitRate |
+	1<<CPUUtil | 1<<AppUtil | 1<<GPUMemUsed | 1<<LoRASlots)
+
 // Has reports whether f is in the set.
 func (s FieldSet) Has(f Field) bool { return s&(1<<f) != 0 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // Name is the name the policy is registered under, for service configs:
@@ -511,7 +512,7 @@ func (lb *lbBalancer) reconnected(addr string) {
 	lb.mu.Unlock()
 	if again {
 		if b := lb.core.Load(); b != nil {
-			b.Telemetry().Expire(id, orcaFields, b.Now())
+			b.Telemetry().Expire(id, telemetry.ProcessLoad, b.Now())
 		}
 	}
 }

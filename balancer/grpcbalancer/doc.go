@@ -230,8 +230,10 @@
 // counted as malformed telemetry (telemetry.StoreStats.DroppedEmpty of the
 // Balancer's Store), as the HTTP transport counts an unreadable load header.
 // When an endpoint the channel had connected to connects again (the server
-// may have restarted), the fields ORCA carries that were observed before
-// are expired (telemetry.Store.Expire), whoever published them, as
+// may have restarted), the process's load fields observed before
+// (telemetry.ProcessLoad: queue, KV and prefix cache, utilization, GPU
+// memory used, LoRA adapters) are expired (telemetry.Store.Expire),
+// whoever published them, as
 // weighted round robin forgets its weights: the old process's last report
 // would otherwise price the new one until it aged out (telemetryMaxAge).
 //

@@ -33,11 +33,6 @@ var namedMetrics = [...]namedMetric{
 	{"prefix_cache_hit_rate", telemetry.PrefixCacheHitRate, true},
 }
 
-// orcaFields are the fields an ORCA report can carry (sampleFromORCA): what
-// a reconnect expires (see subConn.onState).
-const orcaFields = telemetry.FieldSet(1<<telemetry.CPUUtil | 1<<telemetry.AppUtil |
-	1<<telemetry.KVCacheUsage | 1<<telemetry.Waiting | 1<<telemetry.Running | 1<<telemetry.PrefixCacheHitRate)
-
 // sampleFromORCA converts an ORCA load report (gRFC A51: per-call in the
 // trailer or out-of-band on a stream) into a telemetry sample observed at now.
 //
@@ -127,8 +122,8 @@ func (s *subConn) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
 //
 // A READY of an endpoint this channel had connected to before is a new
 // connection, perhaps to a new process (the server restarted): the load
-// fields observed before it (orcaFields, whichever source published them)
-// are expired, as weighted round robin (gRFC A58) forgets an endpoint's
+// fields observed before it (telemetry.ProcessLoad, whichever source
+// published them) are expired, as weighted round robin (gRFC A58) forgets an endpoint's
 // weight on each READY. Kept, the old process's last report (a full KV
 // cache, a long queue) priced the new, idle one out of rotation until it
 // aged out (balancer.telemetryMaxAge, 30 s by default): with per-call

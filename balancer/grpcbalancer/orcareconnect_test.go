@@ -103,7 +103,7 @@ func TestReconnectExpiresTheOldProcessReport(t *testing.T) {
 // The first connection of a channel to an endpoint expires nothing: on a
 // shared Balancer, what a Poller (or another channel) published about it
 // describes the process this connection reaches. A reconnect does expire
-// it, whoever published it, and leaves fields ORCA does not carry.
+// it, whoever published it, and leaves the GPU's own readings.
 func TestFirstConnectKeepsTelemetryAReconnectExpiresIt(t *testing.T) {
 	clk := testutil.NewClock()
 	b := core.New(core.Options{Clock: clk})
@@ -111,6 +111,7 @@ func TestFirstConnectKeepsTelemetryAReconnectExpiresIt(t *testing.T) {
 	s := telemetry.Sample{Time: clk.Now()}
 	s.Set(telemetry.KVCacheUsage, 0.5)
 	s.Set(telemetry.GPUTemp, 70)
+	s.Set(telemetry.GPUMemUsed, 70e9) // the old process's allocation
 	b.Telemetry().Publish(addr(0), s) // a Poller's reading, before the channel exists
 	clk.Advance(time.Second)
 
@@ -123,7 +124,8 @@ func TestFirstConnectKeepsTelemetryAReconnectExpiresIt(t *testing.T) {
 	}
 	tel = stats(t, b, addr(0)).Telemetry
 	assert.False(t, tel.Has.Has(telemetry.KVCacheUsage), "a reconnect kept the old process's KV-cache usage")
-	assert.True(t, tel.Has.Has(telemetry.GPUTemp), "a reconnect expired a field ORCA does not carry")
+	assert.False(t, tel.Has.Has(telemetry.GPUMemUsed), "a reconnect kept the old process's GPU memory")
+	assert.True(t, tel.Has.Has(telemetry.GPUTemp), "a reconnect expired the GPU's own reading")
 
 	// An endpoint that leaves the resolver and comes back connects anew.
 	h.update(2)
