@@ -168,11 +168,6 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 	}
 }
 
-// forgetLoad expires.
-const processLoad = telemetry.FieldSet(1<<telemetry.Running | 1<<telemetry.Waiting |
-	1<<telemetry.KVCacheUsage | 1<<telemetry.PrefixCacheHitRate | 1<<telemetry.CPUUtil |
-	1<<telemetry.AppUtil | 1<<telemetry.GPUMemUsed | 1<<telemetry.LoRASlots)
-
 // forgetLoad expires e's load readings (telemetry.ProcessLoad) observed before now,
 // as a failure exclusion of e begins: a breaker's trip (not a failed
 // probe, which extends the same exclusion) or an outlier ejection. Not an
