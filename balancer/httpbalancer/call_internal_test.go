@@ -63,6 +63,7 @@ func TestCallPickedBeforeAnUpdateKeepsItsAddress(t *testing.T) {
 // reads (see errScan and jsonErrorCode).
 func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("data: {\"a\":1}\n\ndata: {\"error\": {\"code\": 500}}\n\ndata: [DONE]\n\n"), uint8(3))
+	f.Add([]byte(`{"message":{"tool_calls":[{"function":{"arguments":{"done":true}}}]},"done":false}`+"\n"+`{"message":{"content":"\"done\":true"},"done":false}`+"\n"+`{"done_reason":"stop","done":true}`+"\n"), uint8(64+5))
 	f.Add([]byte("data:{\"error\"\r\n\r\nevent: error\ndata: x\n\n"), uint8(1))
 	f.Add([]byte("data: {\"error\":"+strings.Repeat("x", 3000)+"\"code\": 503}\n\n"), uint8(17))
 	f.Add([]byte("data: {\"error\": {\"message\": \""+strings.Repeat(`a\"code\": 500\\`, 200)+"\", \"param\": {\"code\": 501}, \"code\": 400}}\n\n"), uint8(5))
@@ -119,6 +120,29 @@ func FuzzSSEScan(f *testing.F) {
 			}
 			if code != want {
 				t.Fatalf("an NDJSON stream gave error code %d, want %d", code, want)
+			}
+			// A line is an event unless blank, an error or the stream's
+			// last object, whose own (top-level) "done" is true. That is
+			// read exactly of lines in encoding/json's compact form; any
+			// other line may go either way.
+			lo, hi := 0, 0
+			for _, line := range lines {
+				line = bytes.TrimSuffix(line, []byte("\r"))
+				if len(line) == 0 || bytes.HasPrefix(line, []byte(`{"error"`)) {
+					continue
+				}
+				var compact bytes.Buffer
+				if json.Compact(&compact, line) != nil || !bytes.Equal(compact.Bytes(), line) || bytes.Count(line, []byte("{"))+bytes.Count(line, []byte("[")) > 200 {
+					hi++
+					continue
+				}
+				if !topLevelDone(line) {
+					lo++
+					hi++
+				}
+			}
+			if ev := int(s.events.Load()); ev < lo || ev > hi {
+				t.Fatalf("%d events, want %d to %d", ev, lo, hi)
 			}
 			return
 		}
@@ -323,4 +347,28 @@ func TestSSEEmptyDataIsNoToken(t *testing.T) {
 	}
 	assert.EqualValues(t, 2, s.events.Load(), "two chunks")
 	assert.Equal(t, testutil.Epoch.Add(3*time.Millisecond).UnixNano(), s.firstNs.Load(), "the first token came with the third read")
+}
+
+// topLevelDone reports whether line, a JSON value in compact form, is an
+// object with a member "done" (the key as written) whose value is true.
+func topLevelDone(line []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(line))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return false
+	}
+	for dec.More() {
+		from := dec.InputOffset()
+		if _, err := dec.Token(); err != nil {
+			return false
+		}
+		key := bytes.TrimPrefix(line[from:dec.InputOffset()], []byte(","))
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return false
+		}
+		if string(key) == `"done"` && string(v) == "true" {
+			return true
+		}
+	}
+	return false
 }

@@ -112,7 +112,8 @@
 // Messages APIs (response.created, message_start, ...), "error" and "ping"
 // events are not counted. Ollama's newline-delimited JSON streams
 // (application/x-ndjson) are read alike, a line an event; the last
-// object ("done": true) is not counted, and an error line (Ollama checks
+// object (its own "done": true, not one in a tool call's arguments) is
+// not counted, and an error line (Ollama checks
 // the request before it streams, so a failure after is the server's: a
 // runner that crashed) is a failure, as a 5xx error event is. A stream is read as Base returns it: one the
 // server compressed because the caller set Accept-Encoding itself (Base

@@ -180,9 +180,13 @@ type sseState struct {
 	id                *idCapture // a /v1/responses answer's ID, when remembered
 	// An NDJSON stream (Ollama's): each line is an event, and one with
 	// "done": true carries no token; doneAt is how much of that member
-	// the current line has shown (see matchDone), done that it has.
+	// the current line has shown (see matchDone), done that it has, and
+	// depth, inStr and esc where the line's JSON is (nesting, in a string,
+	// after a backslash in one), so that only the line's own member counts.
 	ndjson, done bool
 	doneAt       uint8
+	depth        uint8
+	inStr, esc   bool
 	// The current line ends in a CR that ended the last Read: a CRLF's,
 	// or a bare CR that ended the line (see scan).
 	crEnd bool
@@ -650,7 +654,7 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	c.lineLen = 0
 	if c.ndjson {
 		done := c.done
-		c.done, c.doneAt = false, 0
+		c.done, c.doneAt, c.depth, c.inStr, c.esc = false, 0, 0, false, false
 		if bytes.HasPrefix(line, []byte(`{"error"`)) {
 			// Ollama's report of a failure after the stream started (a
 			// runner that crashed): it carries no code, and the request
@@ -728,24 +732,50 @@ func (c *sseState) count(clock balancer.Clock) {
 // doneKey is the member of Ollama's last stream object, up to its value.
 const doneKey = `"done":`
 
-// matchDone follows seg, the next bytes of an NDJSON line, for the member
-// "done": true (spaces allowed before the value). A quote inside a JSON
-// string is escaped, so the key cannot match inside text; the key's only
-// repeated byte is its opening quote, so a mismatch restarts at it.
+// matchDone follows seg, the next bytes of an NDJSON line, for the line
+// object's own member "done": true (spaces allowed before the value). A
+// member of a nested object does not count: a tool call's arguments may
+// hold one ({"task": "x", "done": true} of a to-do tool), and that chunk,
+// whose own "done" is false, is a token event. The key's only repeated
+// byte is its opening quote, and a mismatch inside it is text of a string
+// (a key or a value such as "do"), so the scan goes on from there as JSON.
 func (c *sseState) matchDone(seg []byte) {
 	for _, b := range seg {
-		switch {
-		case c.done:
+		if c.done {
 			return
-		case int(c.doneAt) < len(doneKey) && b == doneKey[c.doneAt]:
-			c.doneAt++
-		case int(c.doneAt) == len(doneKey) && (b == ' ' || b == '\t'):
-		case int(c.doneAt) == len(doneKey) && b == 't':
-			c.done = true
-		case b == '"':
+		}
+		if k := int(c.doneAt); k > 0 {
+			switch {
+			case k < len(doneKey) && b == doneKey[k]:
+				c.doneAt++
+				continue
+			case k == len(doneKey) && (b == ' ' || b == '\t'):
+				continue
+			case k == len(doneKey) && b == 't':
+				c.done = true
+				continue
+			}
+			// Up to the key's closing quote the bytes were a string's.
+			c.doneAt, c.inStr = 0, k < len(doneKey)-1
+		}
+		switch {
+		case c.inStr:
+			switch {
+			case c.esc:
+				c.esc = false
+			case b == '\\':
+				c.esc = true
+			case b == '"':
+				c.inStr = false
+			}
+		case b == '"' && c.depth == 1:
 			c.doneAt = 1
-		default:
-			c.doneAt = 0
+		case b == '"':
+			c.inStr = true
+		case b == '{' || b == '[':
+			c.depth = min(c.depth, 254) + 1
+		case (b == '}' || b == ']') && c.depth > 0:
+			c.depth--
 		}
 	}
 }

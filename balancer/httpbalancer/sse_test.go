@@ -165,6 +165,7 @@ func TestNDJSONStreamTokensAtEveryReadBoundary(t *testing.T) {
 		return `{"model":"llama3","created_at":"2026-12-05T05:00:00Z","message":{"role":"assistant","content":"` + c + `"},"done":false}` + "\n"
 	}
 	done := `{"model":"llama3","created_at":"2026-12-05T05:00:01Z","message":{"role":"assistant","content":""},"done_reason":"stop","done":true,"total_duration":5,"eval_count":3}` + "\n"
+	toolCall := `{"model":"llama3.2","created_at":"2026-12-05T05:00:00Z","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"add_todo","arguments":{"task":"buy milk","done":true}}}]},"done":false}` + "\n"
 	for _, s := range []struct {
 		name   string
 		body   string
@@ -174,6 +175,11 @@ func TestNDJSONStreamTokensAtEveryReadBoundary(t *testing.T) {
 		{"chat", chunk("a") + chunk("b") + chunk("c") + done, 3, chunk("a")},
 		{"CRLF and blank lines", "\r\n" + strings.ReplaceAll(chunk("a")+chunk("b")+done, "\n", "\r\n"), 2, "\r\n" + strings.ReplaceAll(chunk("a"), "\n", "\r\n")},
 		{"done with spaces", chunk("a") + `{"done": true}` + "\n", 1, chunk("a")},
+		// A to-do tool's call: its arguments' "done": true is not the
+		// chunk's own, which is false; the chunk is an event.
+		{"tool call arguments", toolCall + chunk("b") + done, 2, toolCall},
+		{"done in text", chunk(`\"done\":true`) + chunk(`{\"done\": true}`) + done, 2, chunk(`\"done\":true`)},
+		{"done as a value", `{"message":{"content":"done"},"status":"done","done":false}` + "\n" + done, 1, `{"message":{"content":"done"},"status":"done","done":false}` + "\n"},
 		{"an error line", chunk("a") + `{"error":"model runner has unexpectedly stopped"}` + "\n", 1, chunk("a")},
 	} {
 		failed := strings.Contains(s.body, `{"error"`)
