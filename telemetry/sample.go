@@ -111,7 +111,9 @@ type Adapters struct {
 	// for it uses no adapter.
 	Base string
 	// Running and Waiting name the adapters with requests running and
-	// waiting; sources keep at most MaxAdapterNames of each (AdapterNames).
+	// waiting; sources keep at most MaxAdapterNames of each (AdapterNames),
+	// and a Store keeps no more, nor longer names, whatever a Source
+	// publishes.
 	Running, Waiting []string
 }
 

@@ -415,7 +415,7 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 		next.s.Has |= 1 << f
 		next.times[f] = t
 		if Field(f) == LoRASlots {
-			next.s.Adapters = s.Adapters
+			next.s.Adapters = boundAdapters(s.Adapters)
 			if s.Adapters != nil {
 				for old := st.adaptersAt.Load(); t > old && !st.adaptersAt.CompareAndSwap(old, t); old = st.adaptersAt.Load() {
 				}
@@ -431,6 +431,40 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 	}
 	sl.cur.Store(next)
 	return true
+}
+
+// boundAdapters returns a, or when a list of it holds more than
+// MaxAdapterNames names or a name longer than MaxAdapterNameLen, a copy
+// without the rest, as AdapterNames keeps them: a custom Source may
+// publish what a server said unchecked, and a picker reads the lists for
+// every candidate (a thousand names cost 11 us a pick). a is not changed.
+func boundAdapters(a *Adapters) *Adapters {
+	if a == nil || boundedNames(a.Running) && boundedNames(a.Waiting) {
+		return a
+	}
+	return &Adapters{Base: a.Base, Running: keepNames(a.Running), Waiting: keepNames(a.Waiting)}
+}
+
+func boundedNames(names []string) bool {
+	if len(names) > MaxAdapterNames {
+		return false
+	}
+	for _, n := range names {
+		if len(n) > MaxAdapterNameLen {
+			return false
+		}
+	}
+	return true
+}
+
+func keepNames(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if len(n) <= MaxAdapterNameLen && len(out) < MaxAdapterNames {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // Observed returns when field f of the slot's current entry was observed

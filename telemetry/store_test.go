@@ -2,7 +2,9 @@ package telemetry_test
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -520,4 +522,40 @@ func TestExpiredFieldsRefuseOlderReadingsAndKeepMemoryOut(t *testing.T) {
 	got, _ = st.Latest("b", now, 30*time.Second)
 	_, ok = got.MemoryPressure()
 	assert.True(t, ok)
+}
+
+// A custom Source's Adapters lists are bounded as the built-in sources'
+// are (AdapterNames): at most MaxAdapterNames names, none longer than
+// MaxAdapterNameLen, whatever it publishes, and its own lists untouched.
+func TestPublishBoundsAdapterLists(t *testing.T) {
+	var st telemetry.Store
+	running := make([]string, 1000)
+	for i := range running {
+		running[i] = fmt.Sprintf("adapter-%d", i)
+	}
+	long := strings.Repeat("x", telemetry.MaxAdapterNameLen+1)
+	waiting := []string{"w", long, "v"}
+	in := &telemetry.Adapters{Base: "m", Running: running, Waiting: waiting}
+	var a telemetry.Sample
+	require.True(t, a.SetAdapters(4, in))
+	a.Time = t0
+	st.Publish("a", a)
+
+	got, _, ok := st.Slot("a").LoRA(t0, 0)
+	require.True(t, ok)
+	assert.Equal(t, "m", got.Base)
+	assert.Equal(t, running[:telemetry.MaxAdapterNames], got.Running)
+	assert.Equal(t, []string{"w", "v"}, got.Waiting)
+	assert.Len(t, in.Running, 1000, "the source's lists are its own")
+	assert.Equal(t, []string{"w", long, "v"}, in.Waiting)
+
+	// Lists within the bounds are kept as published, not copied.
+	small := &telemetry.Adapters{Base: "m", Running: []string{"x"}}
+	var b telemetry.Sample
+	require.True(t, b.SetAdapters(4, small))
+	b.Time = t0.Add(time.Second)
+	st.Publish("a", b)
+	got, _, ok = st.Slot("a").LoRA(t0.Add(time.Second), 0)
+	require.True(t, ok)
+	assert.Same(t, small, got)
 }
