@@ -7,6 +7,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/cache"
+	"github.com/inferlb/inferlb/internal/tokenest"
 )
 
 // Info is what inspection learns about one request. The Transport routes on
@@ -222,14 +223,14 @@ const maxChoices = 128
 // that declares gigabytes, a max_tokens near 2^31, a large n times a large
 // bound) counts on its endpoint's in-flight tokens as one request of the
 // largest possible size, not as hundreds of them.
-const MaxTokenEstimate = 1 << 22
+const MaxTokenEstimate = tokenest.Max
 
 // charsPerToken is the usual rule of thumb for English text under BPE
 // tokenizers. It only has to rank requests by size, not bill them. It is
 // applied to bytes of text as sent (escapes included): for English that is
 // the character count, and for scripts of 3-byte characters, at about one
 // token a character, bytes/4 is closer to the truth than characters/4.
-const charsPerToken = 4
+const charsPerToken = tokenest.BytesPerToken
 
 // idScaled is size, an estimate of a body's prompt text in bytes taken
 // past a peek of peek bytes, less what the peek shows of token IDs: a
