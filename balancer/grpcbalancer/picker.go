@@ -139,6 +139,9 @@ func (t *childTable) get(p *core.Pick) (balancer.Picker, bool) {
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	c := callPool.Get().(*call)
 	req := p.request(info, c)
+	if estimateInUse.Load() { // a load, and no call, without UnaryEstimate or StreamEstimate
+		req = estimated(info, req, c)
+	}
 	// The report reads the model from c (a Request from the context, or
 	// a template, is not in it): without it, a model's not-served answers
 	// and failures would be the endpoint's.
