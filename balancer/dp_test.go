@@ -194,9 +194,9 @@ func TestAnEngineOfOneIsPricedAsUnlabelled(t *testing.T) {
 }
 
 // The barrier prices a call's prompt tokens: calls without an estimate
-// (over gRPC, unless the caller sets one in the context) are priced on
-// engines as on replicas, pick for pick; with estimates the engines do
-// route differently.
+// (over gRPC, unless the caller sets one in the context or installs
+// grpcbalancer.UnaryEstimate) are priced on engines as on replicas, pick
+// for pick; with estimates the engines do route differently.
 func TestEnginesNeedPromptTokens(t *testing.T) {
 	none := func(int) int { return 0 }
 	assert.Equal(t, pickSequence(t, dpFleet(""), none), pickSequence(t, dpFleet(balancer.DefaultDPGroupLabel), none))

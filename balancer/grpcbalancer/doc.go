@@ -10,7 +10,8 @@
 //		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"inferlb":{
 //			"methods": {"/pkg.Gen/": "llm", "/pkg.Embed/Embed": "embedding"},
 //			"affinityKeyHeader": "x-session-id"}}]}`),
-//		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryOutcome()), // or UnaryRetry(2)
+//		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryOutcome(), // or UnaryRetry(2)
+//			grpcbalancer.UnaryEstimate(nil)), // optional: prompt tokens from the message
 //		grpc.WithTransportCredentials(creds))
 //
 // Install UnaryOutcome or UnaryRetry on every channel that uses the policy:
@@ -87,6 +88,19 @@
 // and one small value per configured header present (grpc-go copies
 // metadata values out of the context).
 //
+// grpc-go's picker does not see a call's message, so the policy knows a
+// call's tokens (PromptTokens, MaxOutputTokens: in-flight tokens, the
+// prefill weighed between two candidates, the data-parallel barrier of
+// dp_group ranks, the context-window check) only from a Request in the
+// context, or from UnaryEstimate and StreamEstimate: interceptors that
+// estimate them from the request message before the pick, by default
+// its protobuf size / 4 (SizeEstimate; about 25% low for prompts of
+// packed token IDs, 3 bytes each for most IDs of a 100k+ vocabulary;
+// give your own TokenEstimator for such protos). The estimate fills only
+// the counts the call's facts leave 0: a Request in the context keeps
+// its fields, and metadata facts stay. StreamEstimate serves
+// server-streaming calls, whose pick it moves to their first SendMsg.
+//
 // # Outcomes
 //
 // When a call ends, its gRPC status becomes the core's Outcome: codes that
@@ -118,8 +132,8 @@
 // Balancer remembers the window for the call's model (for a call without
 // one, such as TEI's tei.v1 API makes, under a key of its own) and passes
 // the endpoint over for calls whose tokens (the inferlb.Request's PromptTokens and
-// MaxOutputTokens; a pooling call's LongestInput, a call of several
-// sequences' LongestInput + SequenceOutputTokens, which a policy does not
+// MaxOutputTokens, which UnaryEstimate estimates; a pooling call's LongestInput, a call of several
+// sequences' LongestInput + SequenceOutputTokens, which the policy does not
 // estimate: set them in the Request of the call's context) do not fit it, while UnaryRetry sends the call on with
 // the token counts the server gave (a pooling call's as its LongestInput), or, when no endpoint's window might
 // take it, ends it with the server's refusal as sent; a success, and an INTERNAL, UNKNOWN, DATA_LOSS or

@@ -36,6 +36,34 @@ func Example() {
 	// a whole inferlb.Request in the context with inferlb.NewContext.
 }
 
+// UnaryEstimate and StreamEstimate give the policy each call's tokens from
+// its request message. By default that is the message's size / 4, right
+// for prompts of text; a proto that carries the prompt as token IDs is
+// counted exactly by an estimator of its own.
+func ExampleUnaryEstimate() {
+	// Any generated message with repeated int32 input_ids and max_tokens.
+	type tokenized interface {
+		GetInputIds() []int32
+		GetMaxTokens() int32
+	}
+	estimate := func(method string, req any) (prompt, maxOutput int) {
+		if r, ok := req.(tokenized); ok {
+			return len(r.GetInputIds()), int(r.GetMaxTokens())
+		}
+		return grpcbalancer.SizeEstimate(method, req) // text: bytes / 4
+	}
+	conn, err := grpc.NewClient("dns:///llm.internal:50051",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb": {
+			"methods": {"/ai.Generation/": "llm"}, "modelHeader": "x-model"}}]}`),
+		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryOutcome(), grpcbalancer.UnaryEstimate(estimate)),
+		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil), grpcbalancer.StreamEstimate(estimate)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+}
+
 // One Balancer can route a process's gRPC and HTTP traffic together, so
 // both see the same live load: register a policy built around it.
 func ExampleNewBuilder() {
