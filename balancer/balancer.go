@@ -49,6 +49,7 @@
 package balancer
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -385,22 +386,25 @@ func (b *Balancer) build(m *Membership) *snapshot {
 	// with 2,000) and an Update a ring per model. A group holds nothing
 	// of its model's own: its ring, load and cached standing are its
 	// members', and the same for every model they serve.
+	//
+	// A set is named by its members' serials, 8 bytes each: IDs joined by
+	// a separator named different sets alike when an ID held it ("a\x00b"
+	// alone and "a" with "b"), and the one's model went to the other's.
 	sets := map[string]*group{}
-	var sig strings.Builder
+	var sig []byte
 	shared := func(key string, idx []int) *group {
-		sig.Reset()
+		sig = sig[:0]
 		for _, i := range idx {
-			sig.WriteString(m.members[i].id)
-			sig.WriteByte(0)
+			sig = binary.LittleEndian.AppendUint64(sig, m.members[i].serial)
 		}
-		if g, ok := sets[sig.String()]; ok {
+		if g, ok := sets[string(sig)]; ok {
 			return g
 		}
 		if key != "" {
-			key = "set:" + sig.String() // the counter follows the set, whatever models it serves
+			key = "set:" + string(sig) // the counter follows the set, whatever models it serves
 		}
 		g := mkGroup(key, idx)
-		sets[sig.String()] = g
+		sets[string(sig)] = g
 		return g
 	}
 	every := make([]int, len(m.members))

@@ -86,3 +86,29 @@ func TestModelsOfTheSameEndpointsShareAGroup(t *testing.T) {
 	}
 	b.mu.Unlock()
 }
+
+// Groups are shared by the set of their members, whatever the members'
+// IDs hold. Named by IDs joined with a NUL, the set of the one endpoint
+// "a\x00b" and the set of "a" and "b" were one: model x, served by the
+// first only, was routed to a and b, which do not serve it.
+func TestSharedGroupsAreTheirMembersWhateverTheirIDs(t *testing.T) {
+	b := New(Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	require.NoError(t, b.Update([]inferlb.Endpoint{
+		{ID: "a", Addr: "a:1", Labels: map[string]string{"model": "y"}},
+		{ID: "b", Addr: "b:1", Labels: map[string]string{"model": "y"}},
+		{ID: "a\x00b", Addr: "c:1", Labels: map[string]string{"model": "x"}},
+	}))
+	for range 20 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "x"})
+		require.NoError(t, err)
+		assert.Equal(t, "a\x00b", p.ID(), "x is served by one endpoint")
+		p.Done(inferlb.Outcome{})
+		p, err = b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: "y"})
+		require.NoError(t, err)
+		assert.Contains(t, []string{"a", "b"}, p.ID(), "y is served by a and b")
+		p.Done(inferlb.Outcome{})
+	}
+	snap := b.def.snap.Load()
+	assert.NotSame(t, snap.byModel["x"], snap.byModel["y"])
+}
