@@ -253,9 +253,10 @@ func (st *Store) Publish(id string, s Sample) {
 // failures hold it out of rotation (a crashed server comes back as a new
 // process). Dropping LoRASlots drops its Adapters too.
 //
-// A reading of a dropped field observed before t that is published later
-// (a scrape read from Prometheus arrives up to a scrape interval after it
-// was taken) is refused as older than what is held, as it would be had
+// A reading of a dropped field (by this call, or by an earlier one with
+// no reading of the field since) observed before t that is published
+// later (a scrape read from Prometheus arrives up to a scrape interval
+// after it was taken) is refused as older than what is held, as it would be had
 // the field not been dropped: it describes the old process too. And a
 // slot whose KV-cache usage was dropped leaves GPU memory out (see
 // LoadInto) until a new KV reading comes: the server pre-allocates its
@@ -277,8 +278,16 @@ func (sl *Slot) expire(fields FieldSet, before int64) bool {
 	}
 	next := *cur
 	newest := int64(0)
+	raised := false
 	for f := range NumFields {
 		if !next.s.Has.Has(Field(f)) {
+			if fields.Has(Field(f)) && next.times[f] != 0 && next.times[f] < before {
+				// Dropped by an earlier expiry, with no reading since:
+				// the floor rises, or a reading of the process in
+				// between, arriving late, would come back.
+				next.times[f] = before
+				raised = true
+			}
 			continue
 		}
 		if fields.Has(Field(f)) && next.times[f] < before {
@@ -295,6 +304,9 @@ func (sl *Slot) expire(fields FieldSet, before int64) bool {
 		newest = max(newest, next.times[f])
 	}
 	if next.s.Has == cur.s.Has {
+		if raised {
+			sl.cur.Store(&next)
+		}
 		return false
 	}
 	next.s.Time = time.Time{}

@@ -559,3 +559,32 @@ func TestPublishBoundsAdapterLists(t *testing.T) {
 	require.True(t, ok)
 	assert.Same(t, small, got)
 }
+
+// A second Expire raises the floor of a field the first one dropped, when
+// no reading of it came in between. A replica that crashed again before
+// any reading of its second process arrived (a crash loop; a Prometheus
+// scrape read a poll after it was taken) kept the first expiry's floor:
+// the second process's last reading, arriving after the second expiry,
+// was merged, and priced the third process, idle, as full.
+func TestExpireAgainRaisesTheFloorOfADroppedField(t *testing.T) {
+	clock := testutil.NewClock()
+	clock.Set(t0.Add(time.Minute))
+	st := telemetry.Store{Clock: clock}
+	st.Publish("a", sample(t0, float64(telemetry.KVCacheUsage), 0.95))
+	kv := telemetry.FieldSet(1 << telemetry.KVCacheUsage)
+	require.True(t, st.Expire("a", kv, t0.Add(10*time.Second)))
+	st.Expire("a", kv, t0.Add(20*time.Second)) // nothing held to drop
+
+	// The second process's reading, taken before the second expiry.
+	st.Publish("a", sample(t0.Add(15*time.Second), float64(telemetry.KVCacheUsage), 0.95))
+	got, _ := st.Latest("a", t0.Add(30*time.Second), 0)
+	assert.False(t, got.Has.Has(telemetry.KVCacheUsage), "a reading from before the second expiry came back")
+	assert.EqualValues(t, 1, st.Stats().DroppedOld)
+
+	// The third process's reading.
+	st.Publish("a", sample(t0.Add(25*time.Second), float64(telemetry.KVCacheUsage), 0.1))
+	got, _ = st.Latest("a", t0.Add(30*time.Second), 0)
+	v, ok := got.Get(telemetry.KVCacheUsage)
+	assert.True(t, ok)
+	assert.Equal(t, 0.1, v)
+}
