@@ -27,7 +27,10 @@
 // # The life of one request
 //
 // An adapter turns a call into a Request (service from the path or method,
-// model, token estimates, affinity key, tenant) and asks the Balancer to Pick
+// model, token estimates, affinity key, tenant; the HTTP transport estimates
+// tokens from the body, the gRPC policy from the request message when
+// grpcbalancer.UnaryEstimate or StreamEstimate is installed, since grpc-go's
+// picker sees no message) and asks the Balancer to Pick
 // (or, on a Balancer shared by several adapters, its own balancer.Membership,
 // which holds that adapter's endpoint set and readiness over the one shared
 // state per endpoint ID). Pick loads the current immutable snapshot and chooses the group that serves
