@@ -644,6 +644,16 @@ func (b *Balancer) PickRetry(req *inferlb.Request, failed string) (Pick, error) 
 	return b.pickWith(b.def, req, failed, false, pickBudget|pickRefused)
 }
 
+// PickNotServedRetry is PickRetry for a call whose attempt at failed was
+// answered that the endpoint does not serve req's model
+// (Outcome.NotServedModel): a hop to look for an endpoint that has it. Hops draw the retry budget only down to a reserve
+// kept for failover (PickRetry): a model name is request data, and calls
+// for made-up names, which go round the fleet, spent the whole budget, so
+// that failover of real calls got no retry for some 10 s.
+func (b *Balancer) PickNotServedRetry(req *inferlb.Request, failed string) (Pick, error) {
+	return b.pickWith(b.def, req, failed, false, pickBudget|pickRefused|pickHop)
+}
+
 func (b *Balancer) pick(m *Membership, req *inferlb.Request, exclude string) (Pick, error) {
 	if exclude != "" { // a failover (PickExcept)
 		return b.pickWith(m, req, exclude, false, pickRefused)
@@ -662,6 +672,9 @@ const (
 	// (ErrNoEndpoints); a first pick goes ahead instead (the memory may be
 	// stale, and the server's answer is the caller's).
 	pickRefused
+	// pickHop: with pickBudget, the retry is a hop past a "not served"
+	// answer, which leaves failover a reserve of the budget (withdraw).
+	pickHop
 )
 
 // pickWith is pick; observe says whether the pick is a call's first (its
@@ -728,7 +741,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		var sh shard
 		if b.tenantShard(req, g, &sh) {
 			if retry {
-				if err := b.spendRetry(g, c, &sh); err != nil {
+				if err := b.spendRetry(g, c, &sh, mode&pickHop != 0); err != nil {
 					return Pick{}, err
 				}
 				retry = false // spent
@@ -777,7 +790,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		}
 	}
 	if retry {
-		if err := b.spendRetry(g, c, nil); err != nil {
+		if err := b.spendRetry(g, c, nil, mode&pickHop != 0); err != nil {
 			return Pick{}, err
 		}
 	}
@@ -803,8 +816,8 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 // shard sh, among the shard's cooling members, where pickWith sends a
 // shard's calls when they are all cooling down; with TenantShardStrict,
 // only in the shard, and then ErrTenantShardDown), ErrNoRetryBudget when
-// the budget denies it, and nil once it is spent.
-func (b *Balancer) spendRetry(g *group, c cand, sh *shard) error {
+// the budget denies it, and nil once it is spent. hop: see pickHop.
+func (b *Balancer) spendRetry(g *group, c cand, sh *shard, hop bool) error {
 	// A strict tenant's calls never leave its shard: an endpoint outside
 	// it that could take the retry is none of this retry's, and a shard
 	// that is down (a poison tenant's) would drain the budget every other
@@ -827,7 +840,7 @@ func (b *Balancer) spendRetry(g *group, c cand, sh *shard) error {
 		}
 		return ErrNoEndpoints
 	}
-	if !b.AllowRetry() {
+	if !b.allowRetry(hop) {
 		return ErrNoRetryBudget
 	}
 	return nil

@@ -116,6 +116,12 @@ func (m *Membership) PickRetry(req *inferlb.Request, failed string) (Pick, error
 	return m.b.pickWith(m, req, failed, false, pickBudget|pickRefused)
 }
 
+// PickNotServedRetry is Balancer.PickNotServedRetry over the Membership's
+// endpoints that are ready in it; the retry budget is the Balancer's.
+func (m *Membership) PickNotServedRetry(req *inferlb.Request, failed string) (Pick, error) {
+	return m.b.pickWith(m, req, failed, false, pickBudget|pickRefused|pickHop)
+}
+
 // PickAt is Balancer.PickAt over the Membership's endpoints that are ready
 // in it.
 func (m *Membership) PickAt(req *inferlb.Request, serial uint64) (Pick, error) {

@@ -71,10 +71,21 @@ func (rb *retryBudget) clamp(v int64) {
 	rb.tokens.CompareAndSwap(v, rb.capMicro)
 }
 
-func (rb *retryBudget) withdraw(nowNs int64) bool {
+// withdraw spends a retry if the budget allows it. A hop (a retry past a
+// "not served" answer, see PickNotServedRetry) draws the budget only down
+// to a reserve kept for failover: half the traffic bucket's cap and half
+// the floor's bank. Made-up model names, which no endpoint serves, send
+// each call round the fleet; without the reserve a flood of them spent
+// the whole budget, and a replica dying then failed its calls with no
+// retry for some 10 s.
+func (rb *retryBudget) withdraw(nowNs int64, hop bool) bool {
+	var keep int64 // micro-tokens left to failover
+	if hop {
+		keep = rb.capMicro / 2
+	}
 	for {
 		t := rb.tokens.Load()
-		if t < oneRetry {
+		if t < oneRetry+keep {
 			break
 		}
 		if rb.tokens.CompareAndSwap(t, t-oneRetry) {
@@ -92,6 +103,10 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 	// period overflows int64 would otherwise wrap into "always allowed".
 	step := int64(min(float64(time.Second)/rb.floor, math.MaxInt64/4))
 	bank := max(step, int64(retryReserve))
+	var kept int64 // of the bank, left to failover
+	if hop {
+		kept = bank / 2
+	}
 	for {
 		at := rb.floorAt.Load()
 		from := at
@@ -102,7 +117,7 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 			from = nowNs - step
 		}
 		next := max(from, nowNs-bank) + step
-		if next > nowNs {
+		if next > nowNs-kept {
 			return false
 		}
 		if rb.floorAt.CompareAndSwap(at, next) {
@@ -119,7 +134,13 @@ func (rb *retryBudget) withdraw(nowNs int64) bool {
 // adapter that calls it itself before picking spends a retry also when
 // the pick then finds nowhere to go.
 func (b *Balancer) AllowRetry() bool {
-	ok := b.retry.withdraw(b.cfg.nowNs())
+	return b.allowRetry(false)
+}
+
+// allowRetry is AllowRetry; hop says the retry is a hop past a "not
+// served" answer, which leaves failover a reserve (withdraw).
+func (b *Balancer) allowRetry(hop bool) bool {
+	ok := b.retry.withdraw(b.cfg.nowNs(), hop)
 	if ok {
 		b.retries.Add(1)
 	} else {

@@ -14,8 +14,8 @@ func TestRetryBudgetClampKeepsAWithdrawal(t *testing.T) {
 	rb.tokens.Store(rb.capMicro - 100)
 	v := rb.tokens.Add(rb.ratioMicro) // a deposit passes the cap...
 	require.Greater(t, v, rb.capMicro)
-	require.True(t, rb.withdraw(0)) // ...a retry is taken before its clamp...
-	rb.clamp(v)                     // ...which must not refund it
+	require.True(t, rb.withdraw(0, false)) // ...a retry is taken before its clamp...
+	rb.clamp(v)                            // ...which must not refund it
 	assert.Equal(t, v-oneRetry, rb.tokens.Load())
 
 	// Without a race, the clamp holds the bucket at its cap.
@@ -31,8 +31,8 @@ func TestRetryBudgetSmallRatio(t *testing.T) {
 	for range 1999 {
 		rb.deposit()
 	}
-	assert.False(t, rb.withdraw(0))
+	assert.False(t, rb.withdraw(0, false))
 	rb.deposit()
-	assert.True(t, rb.withdraw(0))
-	assert.False(t, rb.withdraw(0))
+	assert.True(t, rb.withdraw(0, false))
+	assert.False(t, rb.withdraw(0, false))
 }

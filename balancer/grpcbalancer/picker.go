@@ -158,15 +158,19 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	// failover pick spends no budget and takes endpoints too small for
 	// the call when it finds nothing else. It does not repick (see !ok).
 	windowRetry := st != nil && st.windowRetry.Load()
+	retry := p.mem.PickRetry
+	if windowRetry && st.hop.Load() {
+		retry = p.mem.PickNotServedRetry
+	}
 	for range 1 + maxRepicks {
 		var err error
 		switch {
 		case windowRetry:
-			c.pick, err = p.mem.PickRetry(req, exclude)
+			c.pick, err = retry(req, exclude)
 			if exclude != "" && errors.Is(err, core.ErrNoEndpoints) {
 				// As PickFailover: where the call failed, when no
 				// other endpoint might take it.
-				c.pick, err = p.mem.PickRetry(req, "")
+				c.pick, err = retry(req, "")
 			}
 		case exclude == "":
 			c.pick, err = p.mem.Pick(req)

@@ -37,8 +37,11 @@ type retryState struct {
 	refusal atomic.Pointer[refusal]
 	// windowRetry: the next attempt is the retry of a refusal as too
 	// long, or of an answer that the endpoint does not serve the call's
-	// model; its pick is Membership.PickRetry (see Pick).
+	// model; its pick is Membership.PickRetry (see Pick), or, with hop
+	// (the answer was not-served), Membership.PickNotServedRetry, which
+	// leaves failover a reserve of the retry budget.
 	windowRetry atomic.Bool
+	hop         atomic.Bool
 	sent        atomic.Int32           // attempts that reached an endpoint
 	exclude     atomic.Pointer[string] // endpoint the previous attempt failed on
 
@@ -294,6 +297,7 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 				if r := st.refusal.Load(); st.tooLong.Load() && r != nil && r.err != nil {
 					refused = r.err // (gRPC's retry policy may have tried again)
 				}
+				st.hop.Store(!st.tooLong.Load())
 				st.windowRetry.Store(true)
 				continue
 			}

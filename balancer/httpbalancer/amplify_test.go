@@ -76,8 +76,11 @@ func TestTypoModelAmplification(t *testing.T) {
 // TestMadeUpModelsFlood: 1,000 calls, each for a model of its own that
 // none of 16 replicas serves, one a millisecond. Each hop is drawn from
 // the retry budget, so the replicas take the 1,000 calls plus the retries
-// it allows: its bank (100), 20% of the calls and 10 a second (1,309
-// measured), not up to 16 requests a call.
+// it allows, not up to 16 requests a call: 1,249 measured. Hops draw the
+// budget only down to a reserve kept for failover (half the floor's bank
+// of 100, half the 20 the traffic banks): the flood used to spend all of
+// it (1,309 requests), and a replica dying right after failed its calls
+// with no failover for some 10 s; 40 failovers are left now.
 func TestMadeUpModelsFlood(t *testing.T) {
 	bs, tr, clock := loraFleet(t, 16)
 	client := &http.Client{Transport: tr}
@@ -87,9 +90,17 @@ func TestMadeUpModelsFlood(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, resp.StatusCode)
 	}
 	retries := tr.Balancer().RetryStats().Allowed
+	t.Logf("%d requests for 1000 calls", 1000+retries)
 	assert.Equal(t, int64(1000+retries), notFounds(bs), "one request per call and one per retry allowed")
-	assert.LessOrEqual(t, retries, uint64(100+200+11), "the bank, 20%% of 1,000 calls, and 10 a second")
+	assert.LessOrEqual(t, retries, uint64(50+200+11), "half the bank, 20%% of 1,000 calls, and 10 a second")
 	assert.Equal(t, retries, tr.Stats().Failovers)
+	left := 0
+	for range 40 {
+		if tr.Balancer().AllowRetry() {
+			left++
+		}
+	}
+	assert.Equal(t, 40, left, "failovers the budget allows right after the flood")
 }
 
 // TestWorstCallAmplification: one call meets every path that sends it

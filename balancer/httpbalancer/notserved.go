@@ -28,8 +28,11 @@ import (
 // (each hop passes over the endpoints met before: the last by PickRetry,
 // the earlier ones by the memory). The retry budget bounds the hops as it
 // bounds failovers, so made-up model names cannot multiply a client's
-// calls. When the call cannot go elsewhere, the caller gets the 404 as it
-// came, every byte of it.
+// calls; a hop draws it only down to a reserve kept for failover
+// (balancer.Balancer.PickNotServedRetry), so a flood of made-up names
+// does not leave a replica that dies without failover. When the call
+// cannot go elsewhere, the caller gets the 404 as it came, every byte of
+// it.
 //
 // A 404 whose body does not name the model (a route the server lacks,
 // FastAPI's {"detail": "Not Found"}), or whose body is not of a known

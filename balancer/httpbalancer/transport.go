@@ -703,7 +703,7 @@ func (c *call) retry(may bool, rb *reqBody, err error) (retryAttempt, bool) {
 			c.fail(err, false)
 		}
 	}()
-	next, ok := c.retryPick(rb)
+	next, ok := c.retryPick(rb, err == errNotServed)
 	returned = true
 	return next, ok
 }
@@ -728,7 +728,9 @@ func (c *call) failOver(err error, next *retryAttempt) {
 // never sent (see failOver); it wraps context.Canceled, blaming no one.
 var errNotSent = fmt.Errorf("inferlb: httpbalancer: the retry was not sent: %w", context.Canceled)
 
-func (c *call) retryPick(rb *reqBody) (retryAttempt, bool) {
+// retryPick picks the retry of the call; hop says the attempt's endpoint
+// answered it does not serve the call's model (PickNotServedRetry).
+func (c *call) retryPick(rb *reqBody, hop bool) (retryAttempt, bool) {
 	t := c.t
 	body, ok := rb.again()
 	if !ok {
@@ -736,9 +738,14 @@ func (c *call) retryPick(rb *reqBody) (retryAttempt, bool) {
 	}
 	var next retryAttempt
 	var err error
-	if t.mem == nil {
+	switch {
+	case hop && t.mem == nil:
+		next.pick, err = t.b.PickNotServedRetry(&c.info.Request, c.pick.ID())
+	case hop:
+		next.pick, err = t.mem.PickNotServedRetry(&c.info.Request, c.pick.ID())
+	case t.mem == nil:
 		next.pick, err = t.b.PickRetry(&c.info.Request, c.pick.ID())
-	} else {
+	default:
 		next.pick, err = t.mem.PickRetry(&c.info.Request, c.pick.ID())
 	}
 	if err != nil {
