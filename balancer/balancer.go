@@ -937,6 +937,9 @@ type cand struct {
 	// With lack set, the members remembered not to serve the request's
 	// model are passed over (see lacking).
 	lack *lackTable
+	// keep: with lack, the model's entry is not kept yet; the pick's
+	// endpoint serving the call keeps it (pickKeep, keepModel).
+	keep bool
 	// model is the request's model key (Balancer.modelKey) when lack or
 	// windowNeed is set.
 	model     uint64
@@ -1168,6 +1171,9 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 		flags |= b.countLoRA(req, e, c)
 	}
 	flags |= uint32(svcIndex(req.Service)) << pickServiceShift
+	if c.lack != nil && c.keep {
+		flags |= pickKeep
+	}
 	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
 
@@ -1198,6 +1204,11 @@ const (
 // pickServiceShift places the call's Service in Pick.flags, past the LoRA
 // bits: Done feeds that service's latency.
 const pickServiceShift = 14
+
+// pickKeep, past the Service, marks a pick the not-served memory steered
+// while its model's entry was not kept: served, the call keeps it
+// (keepModel).
+const pickKeep = 1 << (pickServiceShift + 2)
 
 // Fails to compile if the service bits overlap the LoRA ones or cannot
 // hold every Service.
@@ -1315,6 +1326,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
 		e.successes.Add(1)
+		if atomic.LoadUint32(&p.flags)&pickKeep != 0 && o.Model != "" {
+			b.keepModel(e, o.Model, nowNs) // served: not a made-up name
+		}
 		if o.Model != "" {
 			e.served.note(modelID(o.Model), nowNs)
 			if f := e.failed.at0.Load(); f != 0 && nowNs-f < b.cfg.runLife() {

@@ -37,6 +37,24 @@ import (
 // request data: they are stored as tags of a hash seeded per process (the
 // affinity Keyer's seed), so a client cannot aim a name of its own at
 // another model's entry.
+//
+// Nor can it evict the entries of a model the fleet serves by sending
+// made-up names: each such call goes round the fleet (the HTTP adapter's
+// hops), and every endpoint's answer takes a pair. Entries lapse in the
+// order they were written, and a real adapter's, learnt once and then
+// only read, lapse first, so a flood of made-up names (100 a second over
+// 16 replicas) evicted them and sent 52 of 1,000 calls for an adapter on
+// 2 of the 16 to a replica without it, an extra hop each
+// (TestMadeUpModelsKeepRealAdapterMemory). An entry is now kept once an
+// endpoint served its model to a call the memory steered (Outcome.Model
+// on a success; keepModel), and so are the model's pairs, the ones
+// written before and after; a full set gives up an entry not kept, the
+// one that lapses first, before a kept one. No endpoint serves a made-up
+// name, so its entries are never kept and make room for each other: the
+// same flood misroutes none. A kept entry still lapses after
+// NotServedMemory, as any does. It costs a pick nothing while nothing is
+// remembered, and a call the memory steered one hash when it is served,
+// once per model while its entry lives.
 // A model every endpoint that could take a call is remembered not to serve
 // is picked as if nothing were remembered: the memory may be stale (the
 // adapter loaded since), and the call's answer is the server's to give.
@@ -56,6 +74,12 @@ const (
 	lackUnitShift = 24
 	lackTimeBits  = 40
 	lackTimeMask  = 1<<lackTimeBits - 1
+
+	// The top bit of an entry marks it kept: the entry of a model that
+	// an endpoint served while it was remembered, or of a pair of such a
+	// model (see keepModel). The tag is the 23 bits below it.
+	lackKept    = 1 << 63
+	lackTagMask = 1<<23 - 1
 )
 
 // lackTable is the memory: the pairs, then the models.
@@ -70,17 +94,26 @@ func lackNow(nowNs int64) uint64 { return uint64(nowNs>>lackUnitShift + 1<<(lack
 // lackSet returns the set of table for key, and key's tag (never 0).
 func lackSet(table []atomic.Uint64, key uint64) ([]atomic.Uint64, uint64) {
 	i := int(key%uint64(len(table)/lackWays)) * lackWays
-	return table[i : i+lackWays], max(key>>lackTimeBits, 1)
+	return table[i : i+lackWays], max(key>>lackTimeBits&lackTagMask, 1)
 }
+
+// lackTag is the tag of entry w.
+func lackTag(w uint64) uint64 { return w >> lackTimeBits & lackTagMask }
 
 // lackLive reports whether set holds tag, live at now.
 func lackLive(set []atomic.Uint64, tag, now uint64) bool {
+	_, ok := lackFind(set, tag, now)
+	return ok
+}
+
+// lackFind returns set's entry of tag, live at now, if it holds one.
+func lackFind(set []atomic.Uint64, tag, now uint64) (uint64, bool) {
 	for i := range set {
-		if w := set[i].Load(); w>>lackTimeBits == tag && w&lackTimeMask > now {
-			return true
+		if w := set[i].Load(); lackTag(w) == tag && w&lackTimeMask > now {
+			return w, true
 		}
 	}
-	return false
+	return 0, false
 }
 
 // modelKey is model's seeded 64-bit hash.
@@ -107,32 +140,57 @@ func mix64(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// lackPut records tag, lapsing at until, in set: its entry is extended, or
-// else a free or lapsed slot, or the one that lapses first, takes it. It
-// reports whether tag was not live there before. Two writers of one tag
-// race to the same slot and one retries; only a third writer changing the
-// set between their scans can leave the tag in two slots (both live, both
-// lapsing: harmless, and an EventNotServed twice).
-func lackPut(set []atomic.Uint64, tag, until, now uint64) bool {
+// lackPut records tag, lapsing at until, in set: its entry is extended
+// (kept, if asked, and kept if it was), or else a free or lapsed slot
+// takes it, or else the live entry that lapses first among those not
+// kept, or, when all are kept, among all: entries of models nobody served
+// (made-up names) make room for each other before they evict those of a
+// model that is served somewhere. It reports whether tag was not live
+// there before. Two writers of one tag race to the same slot and one
+// retries; only a third writer changing the set between their scans can
+// leave the tag in two slots (both live, both lapsing: harmless, and an
+// EventNotServed twice).
+func lackPut(set []atomic.Uint64, tag, until, now uint64, kept bool) bool {
 	free := func(w uint64) bool { return w&lackTimeMask <= now }
+	// rank orders the candidates to replace: lapsed, then live and not
+	// kept, then kept; within a rank, the one that lapses first.
+	rank := func(w uint64) uint64 {
+		switch {
+		case free(w):
+			return 0
+		case w&lackKept == 0:
+			return 1<<lackTimeBits | w&lackTimeMask
+		}
+		return 2<<lackTimeBits | w&lackTimeMask
+	}
+	var keep uint64
+	if kept {
+		keep = lackKept
+	}
 	for {
 		victim, fresh := -1, true
 		var old uint64
 		for i := range set {
 			w := set[i].Load()
-			if w>>lackTimeBits == tag {
+			if lackTag(w) == tag {
 				fresh = free(w)
-				if !fresh && w&lackTimeMask >= until {
+				if !fresh && w&lackTimeMask >= until && (w&lackKept != 0 || !kept) {
 					return false // lapses no sooner already
+				}
+				if !fresh {
+					keep |= w & lackKept
 				}
 				victim, old = i, w
 				break
 			}
-			if victim < 0 || !free(old) && (free(w) || w&lackTimeMask < old&lackTimeMask) {
+			if victim < 0 || rank(w) < rank(old) {
 				victim, old = i, w
 			}
 		}
-		if set[victim].CompareAndSwap(old, tag<<lackTimeBits|until&lackTimeMask) {
+		if lackTag(old) == tag && !free(old) {
+			until = max(until, old&lackTimeMask)
+		}
+		if set[victim].CompareAndSwap(old, keep|tag<<lackTimeBits|until&lackTimeMask) {
 			return fresh
 		}
 	}
@@ -173,9 +231,10 @@ func (b *Balancer) passOverFor(e *endpoint, model uint64, nowNs int64, d time.Du
 	now := lackNow(nowNs)
 	until := min(lackNow(later(nowNs, d))+1, lackTimeMask) // rounded up: never shorter than d
 	set, tag := lackSet(t.models[:], model)
-	lackPut(set, tag, until, now)
+	lackPut(set, tag, until, now, false)
+	w, _ := lackFind(set, tag, now)
 	set, tag = lackSet(t.pairs[:], pairKey(e.serial, model))
-	fresh := lackPut(set, tag, until, now)
+	fresh := lackPut(set, tag, until, now, w&lackKept != 0)
 	for untilNs := later(nowNs, d+1<<lackUnitShift); ; {
 		cur := b.lackAt.Load()
 		if cur >= untilNs || b.lackAt.CompareAndSwap(cur, untilNs) {
@@ -189,10 +248,53 @@ func (b *Balancer) passOverFor(e *endpoint, model uint64, nowNs int64, d time.Du
 func (t *lackTable) forget(e *endpoint, model uint64) {
 	set, tag := lackSet(t.pairs[:], pairKey(e.serial, model))
 	for i := range set {
-		if w := set[i].Load(); w>>lackTimeBits == tag {
+		if w := set[i].Load(); lackTag(w) == tag {
 			set[i].CompareAndSwap(w, 0)
 		}
 	}
+}
+
+// keepModel marks kept the entry of model, which e served to a call
+// whose pick the memory steered (pickKeep), and the entries of model's
+// pairs with the members of e's groups, so that made-up names, which no
+// endpoint serves, evict each other's entries before these (lackPut). It
+// runs once per model while its entry lives: later pairs of a kept model
+// are kept as they are written (passOverFor).
+func (b *Balancer) keepModel(e *endpoint, model string, nowNs int64) {
+	t := b.lack.Load()
+	if t == nil {
+		return
+	}
+	key, now := b.modelKey(model), lackNow(nowNs)
+	set, tag := lackSet(t.models[:], key)
+	if !keepEntry(set, tag, now) {
+		return
+	}
+	if pools := e.pools.Load(); pools != nil {
+		for _, g := range *pools {
+			for _, m := range g.members {
+				set, tag := lackSet(t.pairs[:], pairKey(m.serial, key))
+				keepEntry(set, tag, now)
+			}
+		}
+	}
+}
+
+// keepEntry marks set's live entry of tag kept, if it has one; it reports
+// whether it has one.
+func keepEntry(set []atomic.Uint64, tag, now uint64) bool {
+	for i := range set {
+		for {
+			w := set[i].Load()
+			if lackTag(w) != tag || w&lackTimeMask <= now {
+				break
+			}
+			if w&lackKept != 0 || set[i].CompareAndSwap(w, w|lackKept) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // lacking sets c up to pass over the members of g remembered not to serve
@@ -208,7 +310,9 @@ func (b *Balancer) lacking(model string, g *group, c *cand) (all bool) {
 		return false
 	}
 	key, now := b.modelKey(model), lackNow(c.nowNs)
-	if set, tag := lackSet(t.models[:], key); !lackLive(set, tag, now) {
+	set, tag := lackSet(t.models[:], key)
+	w, ok := lackFind(set, tag, now)
+	if !ok {
 		return false
 	}
 	some, other := false, false
@@ -222,7 +326,7 @@ func (b *Balancer) lacking(model string, g *group, c *cand) (all bool) {
 			other = true
 		}
 		if some && other {
-			c.lack, c.model = t, key
+			c.lack, c.model, c.keep = t, key, w&lackKept == 0
 			return false
 		}
 	}

@@ -324,7 +324,8 @@
 // kept for failover (half the floor's bank and half what the traffic
 // banks): such a flood used to spend what failovers would draw on for the
 // next 10 s (1,309 requests, then no failover), and leaves 40 failovers
-// now.
+// now. Nor do its 404s evict the not-served memory of the models the
+// fleet serves (see balancer.Options.NotServedMemory).
 //
 // # Cost
 //
