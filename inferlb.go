@@ -219,7 +219,10 @@ type Outcome struct {
 	// one while it serves the others: with Model set, the balancer holds
 	// such failures against that model on that endpoint instead of
 	// against the endpoint, once the endpoint has served other calls
-	// meanwhile (see package balancer).
+	// meanwhile (see package balancer). On a success it also tells a
+	// model some endpoint serves from made-up names, whose "not served"
+	// answers then cannot evict the memory of where it is not served
+	// (balancer.Options.NotServedMemory).
 	// Empty, every failure is the endpoint's. The HTTP and gRPC adapters
 	// set it from the call's model.
 	Model string
