@@ -337,7 +337,8 @@ func retryAfter(md metadata.MD) time.Duration {
 	// Out of range, Parse* return the nearest value with ErrRange:
 	// saturated, as wanted.
 	if v := md["grpc-retry-pushback-ms"]; len(v) > 0 {
-		if ms, err := strconv.ParseInt(strings.TrimSpace(v[0]), 10, 64); (err == nil || errors.Is(err, strconv.ErrRange)) && ms > 0 {
+		s := strings.TrimSpace(v[0])
+		if ms, err := strconv.ParseInt(s, 10, 64); (err == nil || errors.Is(err, strconv.ErrRange) && wholeNumber(s)) && ms > 0 {
 			if ms > math.MaxInt64/int64(time.Millisecond) {
 				return math.MaxInt64
 			}
@@ -353,6 +354,15 @@ func retryAfter(md metadata.MD) time.Duration {
 		}
 	}
 	return 0
+}
+
+// wholeNumber reports whether s is a sign and digits and nothing else.
+// ParseInt reports a number past int64 as out of range as soon as its
+// digits overflow, before it reads on: "99999999999999999999x" is
+// unreadable, not a very long pushback.
+func wholeNumber(s string) bool {
+	rest := strings.TrimRight(s, "0123456789")
+	return len(rest) < len(s) && (rest == "" || rest == "+" || rest == "-")
 }
 
 // maxRefusalText bounds how much of a status message tooLong reads: the

@@ -477,6 +477,10 @@ func TestOutcome(t *testing.T) {
 			Trailer: metadata.Pairs("retry-after", "1e400"), BytesSent: true}, true, false, true, math.MaxInt64},
 		{"exhausted retry-after past int64 ns", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
 			Trailer: metadata.Pairs("retry-after", "1e300"), BytesSent: true}, true, false, true, math.MaxInt64},
+		// Garbage after a number past int64 is unreadable, not a long
+		// pushback: ParseInt reports the overflow before the garbage.
+		{"exhausted pushback past int64 ms with garbage after", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
+			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "18700000000000000000A", "retry-after", "2"), BytesSent: true}, true, false, true, 2 * time.Second},
 		{"exhausted bad hints", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
 			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "-1", "retry-after", "soon"), BytesSent: true}, true, false, true, 0},
 	}
