@@ -471,8 +471,10 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 	s := strings.TrimSpace(v[0])
 	const maxHint = 24 * time.Hour // the balancer caps far lower
 	// Past int64, ParseInt saturates and reports a range error: still a
-	// number of seconds, a very large (or very negative) one.
-	if secs, err := strconv.ParseInt(s, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+	// number of seconds, a very large (or very negative) one, when digits
+	// are all there is (ParseInt reports the overflow before it reads on,
+	// and "99999999999999999999x" is unreadable).
+	if secs, err := strconv.ParseInt(s, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) && signedDigits(s) {
 		return time.Duration(min(max(secs, 0), int64(maxHint/time.Second))) * time.Second, true
 	}
 	if t, err := http.ParseTime(s); err == nil {
@@ -482,6 +484,12 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 		return min(max(t.Sub(clock.Now()), 0), maxHint), true
 	}
 	return 0, true
+}
+
+// signedDigits reports whether s is a sign and digits and nothing else.
+func signedDigits(s string) bool {
+	rest := strings.TrimRight(s, "0123456789")
+	return len(rest) < len(s) && (rest == "" || rest == "+" || rest == "-")
 }
 
 // Bits of call.ends. One word for both keeps call in its size class.

@@ -46,6 +46,7 @@ func TestStatusClassification(t *testing.T) {
 		{429, "86400", true, 24 * time.Hour, false},
 		{429, "9999999999", true, 24 * time.Hour, false},
 		{429, "99999999999999999999", true, 24 * time.Hour, false}, // past int64: still "very long"
+		{429, "99999999999999999999s", true, 0, false},             // garbage after a number past int64: unreadable
 		{429, date(5*time.Second, http.TimeFormat), true, 5 * time.Second, false},
 		{429, date(5*time.Second, time.RFC850), true, 5 * time.Second, false},
 		{429, date(5*time.Second, time.ANSIC), true, 5 * time.Second, false},
