@@ -230,6 +230,9 @@ func TestSourceCollect(t *testing.T) {
 	assert.ErrorContains(t, err, "dcgm: Source.Map is nil")
 }
 
+// FuzzParseMetrics: run it with -fuzzminimizetime 200x. Its seeds are real
+// expositions of 4-8 KB, and with the default (60 s of minimizing for each
+// new input) a 150 s run made 9 executions; with the flag, 276,816.
 func FuzzParseMetrics(f *testing.F) {
 	for _, name := range []string{"dcgm-exporter-h100-eks-k8s.txt", "node-a-two-gpus-one-pod.txt", "node-b-mig.txt"} {
 		f.Add(readFile(f, name))
