@@ -81,7 +81,10 @@ func (rb *retryBudget) clamp(v int64) {
 func (rb *retryBudget) withdraw(nowNs int64, hop bool) bool {
 	var keep int64 // micro-tokens left to failover
 	if hop {
-		keep = rb.capMicro / 2
+		// At least one retry: under a cap of two, half of it is less,
+		// and the cap is soft (clamp), so a hop could take all but part
+		// of a retry.
+		keep = max(rb.capMicro/2, oneRetry)
 	}
 	for {
 		t := rb.tokens.Load()
