@@ -226,7 +226,7 @@ func TestE2EUnaryRetryGoesPastUnknownModel(t *testing.T) {
 		lacking = append(lacking, be)
 		bs = append(bs, be)
 	}
-	client, b := retryClient(t, bs, core.Options{Rand: testutil.NewRand(3)}, `{"modelHeader": "x-model"}`, 5)
+	client, b := retryClient(t, bs, core.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(3)}, `{"modelHeader": "x-model"}`, 5)
 	ctx := metadata.AppendToOutgoingContext(testContext(t), "x-model", "llm")
 	for i := range 20 {
 		_, err := client.EmptyCall(ctx, &testgrpc.Empty{})

@@ -27,7 +27,7 @@ func TestE2EUnaryRetryWithoutModel(t *testing.T) {
 	small1, small2 := &backend{window: 512, windowRefusal: text}, &backend{window: 512, windowRefusal: text}
 	large := &backend{window: 8192, windowRefusal: text}
 	bs := []*backend{small1, small2, large}
-	client, b := retryClient(t, bs, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2}, `{}`, 3)
+	client, b := retryClient(t, bs, core.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(5), BreakerFailures: 2}, `{}`, 3)
 	// embed is a call without a model of an input of tokens, whose
 	// Request says longest (0: not known, as a policy does not estimate
 	// it).

@@ -43,7 +43,7 @@ func TestE2EUnaryRetryGoesPastSmallContextWindows(t *testing.T) {
 	small1, small2 := &backend{window: 1000}, &backend{window: 1000}
 	large := &backend{window: 8000}
 	bs := []*backend{small1, small2, large}
-	client, b := retryClient(t, bs, core.Options{Rand: testutil.NewRand(5), BreakerFailures: 2}, `{}`, 3)
+	client, b := retryClient(t, bs, core.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(5), BreakerFailures: 2}, `{}`, 3)
 	for i := range 30 {
 		require.NoError(t, windowCall(t, client, 5000), "long call %d", i)
 	}
