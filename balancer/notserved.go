@@ -163,12 +163,15 @@ func lackPut(set []atomic.Uint64, tag, until, now uint64, kept bool) bool {
 		}
 		return 2<<lackTimeBits | w&lackTimeMask
 	}
-	var keep uint64
+	var want uint64
 	if kept {
-		keep = lackKept
+		want = lackKept
 	}
 	for {
-		victim, fresh := -1, true
+		// keep and the expiry are taken afresh from what each pass
+		// reads: an entry cleared since the last (forget, when the
+		// endpoint served the model) must not come back kept or longer.
+		victim, fresh, keep, to := -1, true, want, until
 		var old uint64
 		for i := range set {
 			w := set[i].Load()
@@ -188,9 +191,9 @@ func lackPut(set []atomic.Uint64, tag, until, now uint64, kept bool) bool {
 			}
 		}
 		if lackTag(old) == tag && !free(old) {
-			until = max(until, old&lackTimeMask)
+			to = max(to, old&lackTimeMask)
 		}
-		if set[victim].CompareAndSwap(old, keep|tag<<lackTimeBits|until&lackTimeMask) {
+		if set[victim].CompareAndSwap(old, keep|tag<<lackTimeBits|to&lackTimeMask) {
 			return fresh
 		}
 	}
