@@ -221,8 +221,8 @@ type Outcome struct {
 	// against the endpoint, once the endpoint has served other calls
 	// meanwhile (see package balancer). On a success it also tells a
 	// model some endpoint serves from made-up names, whose "not served"
-	// answers then cannot evict the memory of where it is not served
-	// (balancer.Options.NotServedMemory).
+	// answers then give up each other's entries in the memory of where it
+	// is not served before its own (balancer.Options.NotServedMemory).
 	// Empty, every failure is the endpoint's. The HTTP and gRPC adapters
 	// set it from the call's model.
 	Model string

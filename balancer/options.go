@@ -141,7 +141,11 @@ type Options struct {
 	// nor is the endpoint's health. 0 means DefaultNotServedMemory (30s);
 	// negative turns the memory off; at most MaxNotServedMemory. It holds
 	// up to 4,096 (endpoint, model) pairs and 256 models, 34 KiB allocated
-	// at the first such answer (see notserved.go).
+	// at the first such answer (see notserved.go). The entries of a model
+	// an endpoint then served a call for (Outcome.Model on a success) are
+	// kept: a table set full of live entries gives up one of made-up
+	// names, which no endpoint serves, before them, and one of them only
+	// when all four are kept.
 	NotServedMemory time.Duration
 	// SlowStartWindow is how long an endpoint that joins an already-serving
 	// balancer (or recovers) takes to ramp to its full weight. Default 30s;
@@ -158,7 +162,12 @@ type Options struct {
 	// ramps faster early. As Envoy's slow_start_config.aggression.
 	SlowStartAggression float64
 	// RetryRatio is the share of traffic that failover retries may add
-	// (AllowRetry). Default 0.2; negative allows only RetryFloor.
+	// (AllowRetry). Default 0.2; negative allows only RetryFloor. Hops
+	// past "model not found" (PickNotServedRetry) leave failover a
+	// reserve of the budget: half what the ratio banks (at least one
+	// retry) and half the floor's bank. Below a ratio of 0.02 with the
+	// floor under 0.2 a second, that reserve is all there is, and such
+	// hops are refused: the caller gets the server's 404.
 	RetryRatio float64
 	// RetryFloor is how many retries per second are allowed regardless of
 	// traffic, with up to ten seconds of it banked while unused (100
