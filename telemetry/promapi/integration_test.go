@@ -3,6 +3,7 @@ package promapi_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -221,27 +222,59 @@ type prometheusServer struct {
 }
 
 // startPrometheus starts bin with config (temporary storage, a free port on
-// 127.0.0.1) and kills it when the test ends.
+// 127.0.0.1) and kills it when the test ends. The port is found free and
+// then handed to Prometheus, which binds it itself: a connection another
+// test makes in between may take it, so a start whose bind fails is made
+// again on another port.
 func startPrometheus(t *testing.T, bin, config string) *prometheusServer {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "prometheus.yml")
 	require.NoError(t, os.WriteFile(cfg, []byte(config), 0o600))
-	p := &prometheusServer{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), logs: &syncBuffer{}, exited: make(chan error, 1)}
-	cmd := exec.Command(bin,
-		"--config.file="+cfg,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+p.addr,
-		"--log.level=warn",
-	)
-	cmd.Stdout, cmd.Stderr = p.logs, p.logs
-	require.NoError(t, cmd.Start())
-	go func() { p.exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.exited
-	})
-	return p
+	for attempt := 0; ; attempt++ {
+		p := &prometheusServer{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), logs: &syncBuffer{}, exited: make(chan error, 1)}
+		cmd := exec.Command(bin,
+			"--config.file="+cfg,
+			"--storage.tsdb.path="+filepath.Join(dir, fmt.Sprintf("data%d", attempt)),
+			"--web.listen-address="+p.addr,
+			"--log.level=warn",
+		)
+		cmd.Stdout, cmd.Stderr = p.logs, p.logs
+		require.NoError(t, cmd.Start())
+		go func() { p.exited <- cmd.Wait() }()
+		if err := p.listening(30 * time.Second); err != nil && attempt < 4 && strings.Contains(p.logs.String(), "address already in use") {
+			continue // exited: the port was taken
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			<-p.exited
+		})
+		return p
+	}
+}
+
+// listening waits until p accepts connections, and returns the process's
+// exit if it exits first (putting it back for the cleanup), or nil at the
+// deadline, which leaves the failure to the test's own wait.
+func (p *prometheusServer) listening(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-p.exited:
+			p.exited <- err
+			if err == nil {
+				err = errors.New("exited")
+			}
+			return err
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", p.addr, time.Second); err == nil {
+			_ = c.Close()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond) // an external process's startup, not a goroutine's
+	}
+	return nil
 }
 
 // TestRealPrometheus starts a Prometheus server of its own (temporary config
