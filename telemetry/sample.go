@@ -112,7 +112,7 @@ type Adapters struct {
 	Base string
 	// Running and Waiting name the adapters with requests running and
 	// waiting; sources keep at most MaxAdapterNames of each (AdapterNames),
-	// and a Store keeps no more, nor longer names, whatever a Source
+	// and a Store keeps no more, nor empty or longer names, whatever a Source
 	// publishes.
 	Running, Waiting []string
 }
@@ -134,12 +134,17 @@ const (
 func AdapterNames(list string) []string {
 	var out []string
 	for n := range strings.SplitSeq(list, ",") {
-		if n = strings.TrimSpace(n); n != "" && len(n) <= MaxAdapterNameLen && len(out) < MaxAdapterNames {
+		if n = strings.TrimSpace(n); adapterName(n) && len(out) < MaxAdapterNames {
 			out = append(out, n)
 		}
 	}
 	return out
 }
+
+// adapterName reports whether n is kept in an Adapters list: not empty,
+// and at most MaxAdapterNameLen bytes (AdapterNames, and the Store for
+// lists a Source made itself).
+func adapterName(n string) bool { return n != "" && len(n) <= MaxAdapterNameLen }
 
 // SlotWait reports how a request for model would find the server's LoRA
 // slots: adapter says model is an adapter (not the base model) that no

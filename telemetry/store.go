@@ -446,8 +446,9 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 }
 
 // boundAdapters returns a, or when a list of it holds more than
-// MaxAdapterNames names or a name longer than MaxAdapterNameLen, a copy
-// without the rest, as AdapterNames keeps them: a custom Source may
+// MaxAdapterNames names, an empty name or one longer than
+// MaxAdapterNameLen, a copy without those, as AdapterNames keeps them
+// (adapterName): a custom Source may
 // publish what a server said unchecked, and a picker reads the lists for
 // every candidate (a thousand names cost 11 us a pick). a is not changed.
 func boundAdapters(a *Adapters) *Adapters {
@@ -462,7 +463,7 @@ func boundedNames(names []string) bool {
 		return false
 	}
 	for _, n := range names {
-		if len(n) > MaxAdapterNameLen {
+		if !adapterName(n) {
 			return false
 		}
 	}
@@ -472,7 +473,7 @@ func boundedNames(names []string) bool {
 func keepNames(names []string) []string {
 	var out []string
 	for _, n := range names {
-		if len(n) <= MaxAdapterNameLen && len(out) < MaxAdapterNames {
+		if adapterName(n) && len(out) < MaxAdapterNames {
 			out = append(out, n)
 		}
 	}

@@ -525,8 +525,9 @@ func TestExpiredFieldsRefuseOlderReadingsAndKeepMemoryOut(t *testing.T) {
 }
 
 // A custom Source's Adapters lists are bounded as the built-in sources'
-// are (AdapterNames): at most MaxAdapterNames names, none longer than
-// MaxAdapterNameLen, whatever it publishes, and its own lists untouched.
+// are (AdapterNames): at most MaxAdapterNames names, none empty or longer
+// than MaxAdapterNameLen, whatever it publishes, and its own lists
+// untouched.
 func TestPublishBoundsAdapterLists(t *testing.T) {
 	var st telemetry.Store
 	running := make([]string, 1000)
@@ -534,7 +535,7 @@ func TestPublishBoundsAdapterLists(t *testing.T) {
 		running[i] = fmt.Sprintf("adapter-%d", i)
 	}
 	long := strings.Repeat("x", telemetry.MaxAdapterNameLen+1)
-	waiting := []string{"w", long, "v"}
+	waiting := []string{"w", long, "", "v"}
 	in := &telemetry.Adapters{Base: "m", Running: running, Waiting: waiting}
 	var a telemetry.Sample
 	require.True(t, a.SetAdapters(4, in))
@@ -547,7 +548,7 @@ func TestPublishBoundsAdapterLists(t *testing.T) {
 	assert.Equal(t, running[:telemetry.MaxAdapterNames], got.Running)
 	assert.Equal(t, []string{"w", "v"}, got.Waiting)
 	assert.Len(t, in.Running, 1000, "the source's lists are its own")
-	assert.Equal(t, []string{"w", long, "v"}, in.Waiting)
+	assert.Equal(t, []string{"w", long, "", "v"}, in.Waiting)
 
 	// Lists within the bounds are kept as published, not copied.
 	small := &telemetry.Adapters{Base: "m", Running: []string{"x"}}

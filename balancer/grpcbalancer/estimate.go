@@ -85,9 +85,9 @@ func withEstimate(ctx context.Context, fn TokenEstimator, method string, req any
 }
 
 // estimateFrom returns the estimate of the call of method that ctx
-// carries, or nil.
+// carries, or nil. The picker calls it only once estimateInUse is set.
 func estimateFrom(ctx context.Context, method string) *estimate {
-	if ctx == nil || !estimateInUse.Load() {
+	if ctx == nil {
 		return nil
 	}
 	e, _ := ctx.Value(estimateKey{}).(*estimate)

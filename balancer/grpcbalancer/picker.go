@@ -158,14 +158,14 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	// failover pick spends no budget and takes endpoints too small for
 	// the call when it finds nothing else. It does not repick (see !ok).
 	windowRetry := st != nil && st.windowRetry.Load()
-	retry := p.mem.PickRetry
-	if windowRetry && st.hop.Load() {
-		retry = p.mem.PickNotServedRetry
-	}
 	for range 1 + maxRepicks {
 		var err error
 		switch {
 		case windowRetry:
+			retry := p.mem.PickRetry
+			if st.hop.Load() {
+				retry = p.mem.PickNotServedRetry
+			}
 			c.pick, err = retry(req, exclude)
 			if exclude != "" && errors.Is(err, core.ErrNoEndpoints) {
 				// As PickFailover: where the call failed, when no
