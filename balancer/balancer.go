@@ -247,7 +247,17 @@ func (b *Balancer) Publish(endpointID string, s telemetry.Sample) {
 	b.cfg.store.PublishKnown(endpointID, s)
 }
 
-var _ telemetry.Sink = (*Balancer)(nil)
+// Expired is its Store's Expired: a telemetry.Poller publishing into the
+// Balancer scrapes again early after the Balancer or its transport drops an
+// endpoint's readings (telemetry.Store.Expire: a failure exclusion, a gRPC
+// reconnect), instead of leaving the endpoint without them until its next
+// Interval.
+func (b *Balancer) Expired() <-chan struct{} { return b.cfg.store.Expired() }
+
+var (
+	_ telemetry.Sink           = (*Balancer)(nil)
+	_ telemetry.ExpiryNotifier = (*Balancer)(nil)
+)
 
 // Update replaces the endpoint set. Endpoints are matched to existing state by
 // Key (ID, else Addr): the load, latency, error and standing of endpoints that

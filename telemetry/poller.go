@@ -36,7 +36,8 @@ type Clock interface {
 
 // PollerOptions configure a Poller. The zero value polls every
 // DefaultPollInterval with DefaultPollJitter, a timeout of one interval and
-// backoff up to DefaultMaxBackoff.
+// backoff up to DefaultMaxBackoff, and an early round no sooner than
+// Interval/4 after the last.
 type PollerOptions struct {
 	// Interval is the delay between rounds that succeed. Default
 	// DefaultPollInterval.
@@ -50,6 +51,19 @@ type PollerOptions struct {
 	// from Interval on each one. Default DefaultMaxBackoff; it is raised to
 	// Interval if smaller.
 	MaxBackoff time.Duration
+	// MinInterval is the least time from the start of a round to the start
+	// of an early one. A Poller whose Sink is an ExpiryNotifier (a Store, a
+	// balancer.Balancer) runs its next round early when the Sink drops
+	// readings (a gRPC reconnect, a failure exclusion): at once, or
+	// MinInterval after the last round started if that is later; drops
+	// before that round come to one round. The gap bounds the extra load on
+	// the Source when the connections to many endpoints are rotated one
+	// after another: at most Interval/MinInterval rounds per Interval.
+	// Default Interval/4: at most four times the usual load, and dropped
+	// readings scraped again within 3.75 s at the default Interval. No early
+	// round follows a failed one: the Source did not answer, and backoff
+	// stands.
+	MinInterval time.Duration
 	// Clock stamps samples a Source left without a time. nil means the wall clock.
 	Clock Clock
 	// Rand draws the jitter. nil means math/rand/v2's runtime generator.
@@ -74,7 +88,9 @@ type PollerStats struct {
 // Poller calls a Source periodically and publishes what it returns into a
 // Sink. Rounds never overlap. After a failed round the next delay doubles
 // (exponential backoff, capped at MaxBackoff) and a successful round resets
-// it; every delay is jittered. A Poller never stops on an error: telemetry is
+// it; every delay is jittered. When the Sink drops readings (ExpiryNotifier),
+// the next round starts early, MinInterval after the last one started or at
+// once if that has passed. A Poller never stops on an error: telemetry is
 // advisory, and a source that is down now may be back at the next round.
 //
 // Stats may be called from any goroutine while Run is going; Run may be
@@ -114,6 +130,8 @@ func NewPoller(src Source, sink Sink, opts PollerOptions) (*Poller, error) {
 		return nil, fmt.Errorf("telemetry: PollerOptions.Timeout is %v, want >= 0", opts.Timeout)
 	case opts.MaxBackoff < 0:
 		return nil, fmt.Errorf("telemetry: PollerOptions.MaxBackoff is %v, want >= 0", opts.MaxBackoff)
+	case opts.MinInterval < 0:
+		return nil, fmt.Errorf("telemetry: PollerOptions.MinInterval is %v, want >= 0", opts.MinInterval)
 	case opts.Jitter >= 1 || math.IsNaN(opts.Jitter):
 		return nil, fmt.Errorf("telemetry: PollerOptions.Jitter is %v, want < 1", opts.Jitter)
 	}
@@ -138,6 +156,9 @@ func NewPoller(src Source, sink Sink, opts PollerOptions) (*Poller, error) {
 		opts.MaxBackoff = DefaultMaxBackoff
 	}
 	opts.MaxBackoff = max(opts.MaxBackoff, opts.Interval)
+	if opts.MinInterval == 0 {
+		opts.MinInterval = opts.Interval / 4
+	}
 	if opts.Clock == nil {
 		opts.Clock = wallClock{}
 	}
@@ -152,25 +173,52 @@ var ErrPollerRunning = errors.New("telemetry: Poller is already running")
 
 // Run polls until ctx is done, starting with an immediate round so routing
 // has telemetry as soon as possible, and returns ctx's error. It starts no
-// goroutine of its own.
+// goroutine of its own. Its schedule (Interval, backoff, MinInterval) runs
+// on the runtime's timers; Clock only stamps samples.
 func (p *Poller) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return ErrPollerRunning
 	}
 	defer p.running.Store(false)
+	notifier, _ := p.sink.(ExpiryNotifier)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var (
+		wake       <-chan struct{} // closed when the Sink drops readings; nil when not waiting on it
+		start, due time.Time       // when the last round started; when the timer fires
+	)
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-wake:
+			// Readings were dropped: scrape them again as soon as
+			// MinInterval after the last round's start allows.
+			wake = nil
+			if early := start.Add(p.opts.MinInterval); early.Before(due) {
+				due = early
+				timer.Reset(time.Until(early))
+			}
+			continue
 		case <-timer.C:
 		}
+		if notifier != nil {
+			// Taken before the round: a drop while it runs (its scrape,
+			// taken before, is then refused as the old process's) asks
+			// for another.
+			wake = notifier.Expired()
+		}
+		start = time.Now()
 		ok := p.Poll(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		timer.Reset(p.nextDelay(ok))
+		d := p.nextDelay(ok)
+		due = time.Now().Add(d)
+		timer.Reset(d)
+		if !ok {
+			wake = nil // backing off: the Source did not answer
+		}
 	}
 }
 

@@ -275,6 +275,7 @@ func TestNewPollerValidates(t *testing.T) {
 		{"negative interval", src, &recorder{}, telemetry.PollerOptions{Interval: -1}, "Interval is -1ns, want >= 0"},
 		{"negative timeout", src, &recorder{}, telemetry.PollerOptions{Timeout: -1}, "Timeout"},
 		{"negative backoff", src, &recorder{}, telemetry.PollerOptions{MaxBackoff: -1}, "MaxBackoff"},
+		{"negative min interval", src, &recorder{}, telemetry.PollerOptions{MinInterval: -1}, "PollerOptions.MinInterval is -1ns, want >= 0"},
 		{"jitter of 1", src, &recorder{}, telemetry.PollerOptions{Jitter: 1}, "Jitter is 1, want < 1"},
 		{"NaN jitter", src, &recorder{}, telemetry.PollerOptions{Jitter: math.NaN()}, "Jitter is NaN"},
 		{"zero value", src, &recorder{}, telemetry.PollerOptions{}, ""},
@@ -332,5 +333,117 @@ func TestPollerNoticesAFleetBackWithinAMinute(t *testing.T) {
 		sink.mu.Lock()
 		defer sink.mu.Unlock()
 		assert.NotEmpty(t, sink.got, "no sample within a minute of the fleet's return")
+	})
+}
+
+// expireAt waits in the bubble until at (since start), then expires the
+// process load of ids in st, each of which must hold some.
+func expireAt(t *testing.T, st *telemetry.Store, start time.Time, at time.Duration, ids ...string) {
+	t.Helper()
+	time.Sleep(at - time.Since(start))
+	synctest.Wait()
+	for _, id := range ids {
+		require.True(t, st.Expire(id, telemetry.ProcessLoad, time.Now()), "nothing of %s to expire at %v", id, at)
+	}
+}
+
+// TestPollerScrapesAgainAfterAnExpiry: a Store that drops readings (a gRPC
+// reconnect, which a server's MaxConnectionAge brings every 30 s, or a
+// failure exclusion) wakes the Poller publishing into it, which scrapes
+// again at once, or MinInterval after its last round started, instead of
+// leaving the endpoint without readings until its next Interval. Expiries
+// before that round come to one round.
+func TestPollerScrapesAgainAfterAnExpiry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		src := &scripted{errs: []error{nil}, start: start}
+		var st telemetry.Store
+		p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{Interval: 10 * time.Second, MinInterval: 2 * time.Second, Jitter: -1})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+
+		expireAt(t, &st, start, 5*time.Second, "a") // 5s after the round at 0: a round at once
+		time.Sleep(500 * time.Millisecond)
+		st.Publish("b", sample(time.Now(), float64(telemetry.Waiting), 1))
+		st.Publish("c", sample(time.Now(), float64(telemetry.Running), 1))
+		expireAt(t, &st, start, 6*time.Second, "a", "b", "c") // three drops, one round at 5+2
+		expireAt(t, &st, start, 8*time.Second, "a")           // a round at 7+2
+		time.Sleep(20*time.Second - time.Since(start))
+		synctest.Wait()
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+
+		assert.Equal(t, secs(0, 5, 7, 9, 19), src.times(), "then every Interval again")
+		got, ok := st.Latest("a", time.Now(), 0)
+		require.True(t, ok)
+		assert.True(t, got.Time.Equal(start.Add(19*time.Second)))
+	})
+}
+
+// TestPollerScrapesAgainAfterAnExpiryDuringItsRound: a drop while a round
+// runs (its scrape, taken before the reconnect and published after, is
+// refused as the old process's) asks for another round.
+func TestPollerScrapesAgainAfterAnExpiryDuringItsRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var st telemetry.Store
+		st.Publish("b", sample(start, float64(telemetry.Waiting), 1))
+		var calls []time.Duration
+		src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+			calls = append(calls, time.Since(start))
+			if len(calls) == 2 {
+				time.Sleep(time.Second)
+				st.Expire("b", telemetry.ProcessLoad, time.Now())
+			}
+			return nil, nil
+		})
+		p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{Interval: 10 * time.Second, MinInterval: 3 * time.Second, Jitter: -1})
+		require.NoError(t, err)
+		runFor(t, p, 25*time.Second)
+		assert.Equal(t, secs(0, 10, 13, 23), calls)
+	})
+}
+
+// TestPollerMinIntervalDefault: MinInterval defaults to Interval/4.
+func TestPollerMinIntervalDefault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		src := &scripted{errs: []error{nil}, start: start}
+		var st telemetry.Store
+		p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{Interval: 10 * time.Second, Jitter: -1})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		expireAt(t, &st, start, time.Second, "a")
+		time.Sleep(5*time.Second - time.Since(start))
+		synctest.Wait()
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+		assert.Equal(t, secs(0, 2.5), src.times())
+	})
+}
+
+// TestPollerBacksOffThroughExpiries: after a failed round, a drop does not
+// bring the next one forward: the Source did not answer, and polling it
+// at every reconnect of a fleet that is coming back would undo the backoff.
+func TestPollerBacksOffThroughExpiries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		src := &scripted{errs: []error{nil, errDown}, start: start}
+		var st telemetry.Store
+		p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{Interval: 10 * time.Second, MinInterval: time.Second, Jitter: -1})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		expireAt(t, &st, start, 12*time.Second, "a") // the round at 10 failed
+		time.Sleep(35*time.Second - time.Since(start))
+		synctest.Wait()
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+		assert.Equal(t, secs(0, 10, 30), src.times())
 	})
 }

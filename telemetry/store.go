@@ -49,9 +49,26 @@ type Store struct {
 	droppedFull    atomic.Uint64 // table full
 	droppedUnknown atomic.Uint64 // PublishKnown for an ID without a slot
 	lastUnknown    atomic.Pointer[string]
+
+	// expired is the channel Expired handed out, closed and cleared by the
+	// next Expire that drops a field; nil while nobody waits.
+	expired atomic.Pointer[chan struct{}]
 }
 
-var _ Sink = (*Store)(nil)
+// ExpiryNotifier is a Sink that drops readings of its own (Store.Expire,
+// on a reconnect or a failure exclusion: the server may be a new process).
+// Expired returns a channel closed at the next such drop, as
+// Store.Expired does. A Poller whose Sink is one (a Store, a
+// balancer.Balancer) runs its next round early after a drop, so the
+// readings come back after one scrape instead of up to an Interval later.
+type ExpiryNotifier interface {
+	Expired() <-chan struct{}
+}
+
+var (
+	_ Sink           = (*Store)(nil)
+	_ ExpiryNotifier = (*Store)(nil)
+)
 
 // Slot is one endpoint's entry in a Store. Its methods are safe for concurrent use.
 type Slot struct {
@@ -261,12 +278,40 @@ func (st *Store) Publish(id string, s Sample) {
 // slot whose KV-cache usage was dropped leaves GPU memory out (see
 // LoadInto) until a new KV reading comes: the server pre-allocates its
 // memory all the same.
+//
+// When it drops a field, Expire closes the channel Expired returned, so a
+// Poller publishing into the Store scrapes again early (PollerOptions.MinInterval).
 func (st *Store) Expire(id string, fields FieldSet, t time.Time) bool {
 	v, ok := st.slots.Load(id)
 	if !ok {
 		return false
 	}
-	return v.(*Slot).expire(fields, t.UnixNano())
+	if !v.(*Slot).expire(fields, t.UnixNano()) {
+		return false
+	}
+	if st.expired.Load() != nil {
+		if c := st.expired.Swap(nil); c != nil {
+			close(*c)
+		}
+	}
+	return true
+}
+
+// Expired returns a channel that is closed the next time Expire drops a
+// field of any endpoint; every caller until then gets the same channel,
+// and a call after it gets a new one. A Poller publishing into the Store
+// waits on it (ExpiryNotifier) to scrape again the readings Expire dropped:
+// several expiries before it asks again come to one round.
+func (st *Store) Expired() <-chan struct{} {
+	for {
+		if c := st.expired.Load(); c != nil {
+			return *c
+		}
+		c := make(chan struct{})
+		if st.expired.CompareAndSwap(nil, &c) {
+			return c
+		}
+	}
 }
 
 func (sl *Slot) expire(fields FieldSet, before int64) bool {

@@ -589,3 +589,33 @@ func TestExpireAgainRaisesTheFloorOfADroppedField(t *testing.T) {
 	assert.True(t, ok)
 	assert.Equal(t, 0.1, v)
 }
+
+// TestStoreExpiredSignalsADrop: Expired's channel closes when Expire drops
+// a field, and only then; after that, Expired hands out a new one.
+func TestStoreExpiredSignalsADrop(t *testing.T) {
+	closed := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	var st telemetry.Store
+	st.Publish("a", sample(t0, float64(telemetry.Waiting), 3, float64(telemetry.GPUTemp), 60))
+	c := st.Expired()
+	assert.Equal(t, c, st.Expired(), "one channel until a drop")
+	assert.False(t, st.Expire("b", telemetry.ProcessLoad, t0.Add(time.Second)), "no such endpoint")
+	assert.False(t, st.Expire("a", telemetry.ProcessLoad, t0), "nothing observed before t0")
+	assert.False(t, st.Expire("a", telemetry.FieldSet(1<<telemetry.Running), t0.Add(time.Second)), "no such field")
+	assert.False(t, closed(c), "nothing was dropped")
+
+	require.True(t, st.Expire("a", telemetry.ProcessLoad, t0.Add(time.Second)))
+	assert.True(t, closed(c))
+	assert.False(t, st.Expire("a", telemetry.ProcessLoad, t0.Add(2*time.Second)), "dropped already")
+	c2 := st.Expired()
+	assert.False(t, closed(c2), "a new channel after the drop")
+	st.Publish("a", sample(t0.Add(3*time.Second), float64(telemetry.Waiting), 1))
+	require.True(t, st.Expire("a", telemetry.ProcessLoad, t0.Add(4*time.Second)))
+	assert.True(t, closed(c2))
+}
