@@ -179,7 +179,9 @@
 // ejected it, and, in the gRPC policy, before its connection came back;
 // otherwise the old process's last report (a full KV cache, a queue)
 // priced the new, idle one out of rotation, with no call going there to
-// bring a fresh one, until the reading aged out.
+// bring a fresh one, until the reading aged out. A telemetry.Poller
+// publishing into the Balancer scrapes again early after such a drop
+// (PollerOptions.MinInterval).
 //
 // vLLM serving LoRA adapters runs at most --max-loras of them in one batch
 // and holds a call for another until every running call of one of them

@@ -252,10 +252,12 @@
 // would otherwise price the new one until it aged out (telemetryMaxAge).
 // A reconnect cannot tell a new process from the same one: a server's
 // MaxConnectionAge (a graceful GOAWAY, then the same process) expires them
-// too, so with connections rotated every 30 s and a Poller scraping every
-// 15 s an endpoint's scraped queue, KV and LoRA readings are missing for
-// about a quarter of the time, and it is priced as one that reports none
-// (TestMaxConnectionAgeReconnectExpiresAPollerReading). A failed connection
+// too (TestMaxConnectionAgeReconnectExpiresAPollerReading). A
+// telemetry.Poller publishing into the Balancer is woken by the expiry and
+// scrapes again, at once or PollerOptions.MinInterval (default a quarter
+// of its Interval) after its last round started: the endpoint goes without
+// scraped readings for about one scrape, not until the Poller's next
+// round (TestMaxConnectionAgeReconnectPollsAgainEarly). A failed connection
 // attempt between the two READYs would mark most restarts, but not one
 // whose new process takes the listening socket over, which reconnects as a
 // rotation does; the old process's report is the worse error, so every

@@ -1,6 +1,7 @@
 package grpcbalancer_test
 
 import (
+	"context"
 	"net"
 	"sync"
 	"testing"
@@ -78,8 +79,10 @@ func (l *gatedListener) Close() error {
 // expires the endpoint's process load (telemetry.ProcessLoad), whoever
 // published it: on a shared Balancer, a Poller's correct readings of that
 // very process (KV cache, queue, GPU memory, LoRA adapters) are gone until
-// its next scrape taken after the reconnect, and its scrape taken before
-// it, published after, is refused as the old process's.
+// its next scrape taken after the reconnect (which the Poller, woken by the
+// expiry, takes at once: TestMaxConnectionAgeReconnectPollsAgainEarly),
+// and its scrape taken before it, published after, is refused as the old
+// process's.
 //
 // This pins that cost as accepted, not a behaviour to keep for its own
 // sake. A restart with a gap shows a TRANSIENT_FAILURE between the READYs
@@ -168,4 +171,90 @@ func TestMaxConnectionAgeReconnectExpiresAPollerReading(t *testing.T) {
 	b.Telemetry().Publish(be.addr, scrape(clock.Now()))
 	tel = stats(t, b, be.addr).Telemetry
 	assert.True(t, tel.Has.Has(telemetry.KVCacheUsage) && tel.Has.Has(telemetry.LoRASlots), "a scrape after the reconnect was refused")
+}
+
+// signalSink is the Balancer as a Poller's Sink (its Expired included),
+// telling the test each time the Poller has published.
+type signalSink struct {
+	*core.Balancer
+	published chan struct{}
+}
+
+func (s signalSink) Publish(id string, smp telemetry.Sample) {
+	s.Balancer.Publish(id, smp)
+	s.published <- struct{}{}
+}
+
+// TestMaxConnectionAgeReconnectPollsAgainEarly: the reconnect a server's
+// MaxConnectionAge brings expires the endpoint's scraped readings (see
+// TestMaxConnectionAgeReconnectExpiresAPollerReading), and the Poller
+// publishing into the Balancer scrapes again at once: the readings are
+// back after one scrape, not at the Poller's next Interval (an hour here;
+// 15 s by default, so with connections rotated every 30 s an endpoint had
+// no KV cache, queue or GPU memory reading for about a quarter of the time).
+func TestMaxConnectionAgeReconnectPollsAgainEarly(t *testing.T) {
+	lis := newGatedListener(t)
+	srv := grpc.NewServer(grpc.KeepaliveParams(keepalive.ServerParameters{
+		MaxConnectionAge:      50 * time.Millisecond,
+		MaxConnectionAgeGrace: time.Minute,
+	}))
+	be := &backend{addr: lis.Addr().String()}
+	testgrpc.RegisterTestServiceServer(srv, be)
+	run(t, srv, lis)
+
+	clock := testutil.NewClock()
+	name, b := shared(t, core.Options{Clock: clock})
+	conn, _ := dial(t, []*backend{be}, name, `{}`)
+	ctx := testContext(t)
+	conn.Connect()
+	select {
+	case <-lis.arrived: // rotated once; the reconnect waits for release
+	case <-ctx.Done():
+		t.Fatal("the server never closed its connection (MaxConnectionAge)")
+	}
+	for st := conn.GetState(); st != connectivity.Connecting; st = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, st) {
+			t.Fatalf("the channel is %v, not reconnecting: %v", st, ctx.Err())
+		}
+	}
+
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		var s telemetry.Sample // stamped by the Poller with clock's time
+		s.Set(telemetry.KVCacheUsage, 0.4)
+		s.Set(telemetry.Waiting, 3)
+		return []telemetry.Observation{{EndpointID: be.addr, Sample: s}}, nil
+	})
+	sink := signalSink{Balancer: b, published: make(chan struct{}, 4)}
+	p, err := telemetry.NewPoller(src, sink, telemetry.PollerOptions{
+		Interval: time.Hour, MinInterval: time.Millisecond, Jitter: -1, Clock: clock,
+	})
+	require.NoError(t, err)
+	pctx, stop := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(pctx) }()
+	defer func() {
+		stop()
+		assert.ErrorIs(t, <-done, context.Canceled)
+	}()
+	published := func(what string) {
+		t.Helper()
+		select {
+		case <-sink.published:
+		case <-ctx.Done():
+			t.Fatalf("no %s: %v", what, ctx.Err())
+		}
+	}
+	published("first round")
+	require.True(t, stats(t, b, be.addr).Telemetry.Has.Has(telemetry.KVCacheUsage), "the first round's reading")
+
+	clock.Advance(10 * time.Second)
+	lis.release <- struct{}{}
+	if !conn.WaitForStateChange(ctx, connectivity.Connecting) {
+		t.Fatalf("the reconnect never got READY: %v", ctx.Err())
+	}
+	published("round after the reconnect (the Poller's Interval is an hour)")
+	tel := stats(t, b, be.addr).Telemetry
+	assert.True(t, tel.Has.Has(telemetry.KVCacheUsage) && tel.Has.Has(telemetry.Waiting), "the reading did not come back")
+	assert.True(t, tel.Time.Equal(clock.Now()), "the reading is not the new round's")
+	assert.Equal(t, uint64(2), p.Stats().Rounds)
 }
