@@ -66,5 +66,27 @@ inferlb_telemetry_poll_rounds_total{poller="vllm"} 3
 # TYPE inferlb_telemetry_poll_skipped_total counter
 inferlb_telemetry_poll_skipped_total{poller="vllm"} 1
 `), "inferlb_telemetry_poll_consecutive_failures", "inferlb_telemetry_poll_published_total", "inferlb_telemetry_poll_rounds_total", "inferlb_telemetry_poll_skipped_total"))
-	require.Equal(t, 7, testutil.CollectAndCount(c))
+	require.Equal(t, 8, testutil.CollectAndCount(c))
+}
+
+// statsFunc is a PollerStatser over fixed counters.
+type statsFunc func() telemetry.PollerStats
+
+func (f statsFunc) Stats() telemetry.PollerStats { return f() }
+
+// TestPollerCollectorExportsEarlyRounds: the rounds a Poller ran early,
+// after its Sink dropped readings, show apart from its rounds, so the
+// extra load on the Source is seen.
+func TestPollerCollectorExportsEarlyRounds(t *testing.T) {
+	c := metrics.NewPollerCollector(statsFunc(func() telemetry.PollerStats {
+		return telemetry.PollerStats{Rounds: 9, Early: 4}
+	}), "dcgm")
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_telemetry_poll_early_rounds_total Rounds run ahead of the Poller's Interval because its Sink dropped readings (a reconnect, a failure exclusion); at most one per MinInterval.
+# TYPE inferlb_telemetry_poll_early_rounds_total counter
+inferlb_telemetry_poll_early_rounds_total{poller="dcgm"} 4
+# HELP inferlb_telemetry_poll_rounds_total Rounds the Poller ran (Source.Collect calls).
+# TYPE inferlb_telemetry_poll_rounds_total counter
+inferlb_telemetry_poll_rounds_total{poller="dcgm"} 9
+`), "inferlb_telemetry_poll_early_rounds_total", "inferlb_telemetry_poll_rounds_total"))
 }

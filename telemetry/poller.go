@@ -81,6 +81,9 @@ type PollerStats struct {
 	Partial   uint64 // rounds that returned observations with an ErrPartial error
 	Published uint64 // samples handed to the Sink
 	Skipped   uint64 // observations without an endpoint ID or a field
+	// Early counts rounds run ahead of their Interval because the Sink
+	// dropped readings (MinInterval): the extra load on the Source.
+	Early uint64
 	// ConsecutiveFailures is the current run of failed rounds (0 after a success).
 	ConsecutiveFailures uint64
 }
@@ -105,7 +108,7 @@ type Poller struct {
 
 	running atomic.Bool
 
-	rounds, failures, timeouts, partial, published, skipped, streak atomic.Uint64
+	rounds, failures, timeouts, partial, published, skipped, streak, early atomic.Uint64
 }
 
 type wallClock struct{}
@@ -186,6 +189,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	var (
 		wake       <-chan struct{} // closed when the Sink drops readings; nil when not waiting on it
 		start, due time.Time       // when the last round started; when the timer fires
+		early      bool            // the timer was brought forward by a wake
 	)
 	for {
 		select {
@@ -195,12 +199,16 @@ func (p *Poller) Run(ctx context.Context) error {
 			// Readings were dropped: scrape them again as soon as
 			// MinInterval after the last round's start allows.
 			wake = nil
-			if early := start.Add(p.opts.MinInterval); early.Before(due) {
-				due = early
-				timer.Reset(time.Until(early))
+			if soon := start.Add(p.opts.MinInterval); soon.Before(due) {
+				due, early = soon, true
+				timer.Reset(time.Until(soon))
 			}
 			continue
 		case <-timer.C:
+		}
+		if early {
+			p.early.Add(1)
+			early = false
 		}
 		if notifier != nil {
 			// Taken before the round: a drop while it runs (its scrape,
@@ -317,6 +325,7 @@ func (p *Poller) Stats() PollerStats {
 		Partial:             p.partial.Load(),
 		Published:           p.published.Load(),
 		Skipped:             p.skipped.Load(),
+		Early:               p.early.Load(),
 		ConsecutiveFailures: p.streak.Load(),
 	}
 }

@@ -376,6 +376,7 @@ func TestPollerScrapesAgainAfterAnExpiry(t *testing.T) {
 		assert.ErrorIs(t, <-done, context.Canceled)
 
 		assert.Equal(t, secs(0, 5, 7, 9, 19), src.times(), "then every Interval again")
+		assert.Equal(t, uint64(3), p.Stats().Early, "rounds at 5, 7 and 9 s were early")
 		got, ok := st.Latest("a", time.Now(), 0)
 		require.True(t, ok)
 		assert.True(t, got.Time.Equal(start.Add(19*time.Second)))
@@ -403,6 +404,7 @@ func TestPollerScrapesAgainAfterAnExpiryDuringItsRound(t *testing.T) {
 		require.NoError(t, err)
 		runFor(t, p, 25*time.Second)
 		assert.Equal(t, secs(0, 10, 13, 23), calls)
+		assert.Equal(t, uint64(1), p.Stats().Early, "the round at 13 s")
 	})
 }
 
@@ -445,5 +447,6 @@ func TestPollerBacksOffThroughExpiries(t *testing.T) {
 		cancel()
 		assert.ErrorIs(t, <-done, context.Canceled)
 		assert.Equal(t, secs(0, 10, 30), src.times())
+		assert.Zero(t, p.Stats().Early, "no round ran early")
 	})
 }
