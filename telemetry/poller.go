@@ -62,7 +62,10 @@ type PollerOptions struct {
 	// Default Interval/4: at most four times the usual load, and dropped
 	// readings scraped again within 3.75 s at the default Interval. No early
 	// round follows a failed one: the Source did not answer, and backoff
-	// stands.
+	// stands. Negative means no early rounds: choose it for a Source that
+	// reads through Prometheus (promapi), whose early round would return
+	// the scrape Prometheus took before the drop, which the Store refuses
+	// as the old process's (dropped_old).
 	MinInterval time.Duration
 	// Clock stamps samples a Source left without a time. nil means the wall clock.
 	Clock Clock
@@ -133,8 +136,6 @@ func NewPoller(src Source, sink Sink, opts PollerOptions) (*Poller, error) {
 		return nil, fmt.Errorf("telemetry: PollerOptions.Timeout is %v, want >= 0", opts.Timeout)
 	case opts.MaxBackoff < 0:
 		return nil, fmt.Errorf("telemetry: PollerOptions.MaxBackoff is %v, want >= 0", opts.MaxBackoff)
-	case opts.MinInterval < 0:
-		return nil, fmt.Errorf("telemetry: PollerOptions.MinInterval is %v, want >= 0", opts.MinInterval)
 	case opts.Jitter >= 1 || math.IsNaN(opts.Jitter):
 		return nil, fmt.Errorf("telemetry: PollerOptions.Jitter is %v, want < 1", opts.Jitter)
 	}
@@ -184,6 +185,9 @@ func (p *Poller) Run(ctx context.Context) error {
 	}
 	defer p.running.Store(false)
 	notifier, _ := p.sink.(ExpiryNotifier)
+	if p.opts.MinInterval < 0 {
+		notifier = nil // no early rounds
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var (

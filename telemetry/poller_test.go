@@ -275,7 +275,6 @@ func TestNewPollerValidates(t *testing.T) {
 		{"negative interval", src, &recorder{}, telemetry.PollerOptions{Interval: -1}, "Interval is -1ns, want >= 0"},
 		{"negative timeout", src, &recorder{}, telemetry.PollerOptions{Timeout: -1}, "Timeout"},
 		{"negative backoff", src, &recorder{}, telemetry.PollerOptions{MaxBackoff: -1}, "MaxBackoff"},
-		{"negative min interval", src, &recorder{}, telemetry.PollerOptions{MinInterval: -1}, "PollerOptions.MinInterval is -1ns, want >= 0"},
 		{"jitter of 1", src, &recorder{}, telemetry.PollerOptions{Jitter: 1}, "Jitter is 1, want < 1"},
 		{"NaN jitter", src, &recorder{}, telemetry.PollerOptions{Jitter: math.NaN()}, "Jitter is NaN"},
 		{"zero value", src, &recorder{}, telemetry.PollerOptions{}, ""},
@@ -425,6 +424,30 @@ func TestPollerMinIntervalDefault(t *testing.T) {
 		cancel()
 		assert.ErrorIs(t, <-done, context.Canceled)
 		assert.Equal(t, secs(0, 2.5), src.times())
+	})
+}
+
+// TestPollerNegativeMinIntervalRunsNoEarlyRound: a negative MinInterval
+// turns early rounds off (a Source read through Prometheus gains nothing
+// from them), as a negative Jitter turns jitter off.
+func TestPollerNegativeMinIntervalRunsNoEarlyRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		src := &scripted{errs: []error{nil}, start: start}
+		var st telemetry.Store
+		p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{Interval: 10 * time.Second, MinInterval: -1, Jitter: -1})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		expireAt(t, &st, start, time.Second, "a")
+		expireAt(t, &st, start, 12*time.Second, "a")
+		time.Sleep(15*time.Second - time.Since(start))
+		synctest.Wait()
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+		assert.Equal(t, secs(0, 10), src.times())
+		assert.Zero(t, p.Stats().Early)
 	})
 }
 

@@ -11,6 +11,10 @@
 // reading, however often it reads it: the balancer, which counts the calls
 // it sent an endpoint since a reading's time, keeps counting them, and a
 // reading past a Store's maximum age is stale, not made fresh by a query.
+// For the same reason, poll it with PollerOptions.MinInterval negative: a
+// round run early after the balancer dropped an endpoint's readings (a
+// reconnect) returns the scrape Prometheus took before the drop, which the
+// Store refuses.
 //
 // Each Sample field has a PromQL expression that returns one series per
 // endpoint, named by a label (EndpointLabel, "instance" by default). Source
