@@ -297,6 +297,9 @@ func TestOptionsValidate(t *testing.T) {
 		{balancer.Options{BreakerFailures: 1 << 32}, "BreakerFailures"},
 		{balancer.Options{BreakerProbes: 1 << 31}, "BreakerProbes"},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: nil}}, "Scorers[llm]"},
+		// A nil *scoring.LLM is a Scorer that is not nil: an error, not a
+		// nil dereference inside Validate.
+		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: (*scoring.LLM)(nil)}}, "Scorers[llm]: scoring.LLM is nil"},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{9: &scoring.LLM{}}}, "unknown service"},
 		// A cap below the value it caps, both set: one of them is a typo.
 		{balancer.Options{DefaultCooldown: time.Minute, MaxCooldown: 10 * time.Second}, "MaxCooldown = 10s: must be at least DefaultCooldown (1m0s)"},

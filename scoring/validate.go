@@ -14,7 +14,12 @@ import (
 // becoming a default (a negative value did) or turning a curve upside
 // down (with a MaxKVPressure of 0.5 an endpoint reporting a full KV cache
 // cost less than one reporting nothing, and as little as an idle one).
+// A nil l is refused too: it is not a nil Scorer, and Cost would
+// dereference it.
 func (l *LLM) Validate() error {
+	if l == nil {
+		return isNil("LLM")
+	}
 	for _, f := range []struct {
 		name string
 		v    float64
@@ -48,17 +53,24 @@ func (l *LLM) Validate() error {
 	return nil
 }
 
-// Validate reports a NaN or negative field of l; zero fields take their
-// defaults.
+// Validate reports a NaN or negative field of l, or a nil l; zero fields
+// take their defaults.
 func (l *Latency) Validate() error {
+	if l == nil {
+		return isNil("Latency")
+	}
 	if l.Prior < 0 {
 		return invalid("Latency", "Prior", l.Prior, "must not be negative (0 means the default)")
 	}
 	return nonNegative("Latency", "ErrorPenalty", l.ErrorPenalty)
 }
 
-// Validate reports a NaN or negative ErrorPenalty; zero takes the default.
+// Validate reports a NaN or negative ErrorPenalty, or a nil l; zero takes
+// the default.
 func (l *LeastLoaded) Validate() error {
+	if l == nil {
+		return isNil("LeastLoaded")
+	}
 	return nonNegative("LeastLoaded", "ErrorPenalty", l.ErrorPenalty)
 }
 
@@ -70,6 +82,13 @@ func nonNegative(scorer, field string, v float64) error {
 		return invalid(scorer, field, v, "must not be negative or NaN (0 means the default)")
 	}
 	return nil
+}
+
+// isNil is the error for a nil *scorer: a typed nil in a Scorer interface
+// passes a nil check on the interface, and its Cost would panic on the
+// first pick.
+func isNil(scorer string) error {
+	return fmt.Errorf("inferlb: scoring.%s is nil: use &scoring.%s{} for the defaults: %w", scorer, scorer, ErrInvalid)
 }
 
 func invalid(scorer, field string, v any, rule string) error {

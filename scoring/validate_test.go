@@ -35,6 +35,11 @@ func TestValidate(t *testing.T) {
 		{&scoring.Latency{Prior: time.Second, ErrorPenalty: inf}, ""},
 		{&scoring.LeastLoaded{ErrorPenalty: nan}, "scoring.LeastLoaded.ErrorPenalty = NaN"},
 		{&scoring.LeastLoaded{}, ""},
+		// A nil pointer in a Scorer interface is not a nil Scorer, so the
+		// balancer's nil check passes it on to Validate.
+		{(*scoring.LLM)(nil), "scoring.LLM is nil"},
+		{(*scoring.Latency)(nil), "scoring.Latency is nil"},
+		{(*scoring.LeastLoaded)(nil), "scoring.LeastLoaded is nil"},
 	} {
 		err := tc.s.Validate()
 		if tc.want == "" {
