@@ -41,7 +41,7 @@ const (
 	// MaxStickyEntries bounds Options.StickyEntries: the table is allocated
 	// up front, 32 bytes an entry, and a mistyped size must fail as a
 	// setting, not as an allocation that takes the process down.
-	MaxStickyEntries = 1 << 24
+	MaxStickyEntries = cache.MaxSessions
 	// MaxWeight bounds an endpoint's Weight (weights are relative: a
 	// replica with eight GPUs next to one with a single GPU is 8 to 1);
 	// Update reads a larger one as MaxWeight and says so.

@@ -103,7 +103,7 @@
 // n >= 512. Multi-probe hashing with 21 probes balances a little better than
 // the ring at n = 4096 (1.18) but costs 21 index lookups per key and a
 // K-way merge to spill. The ring moves only the keys of the member that left
-// or joined, and its imbalance, 1/sqrt(100 x weight) per member, is what the
+// or joined (but for a few in 100,000, see Placement), and its imbalance, 1/sqrt(100 x weight) per member, is what the
 // balancer's load bound absorbs. 160 points a weight would give 1.27 at
 // n = 4096 for 1.6x the memory and build time; 100 is the default.
 //
@@ -125,8 +125,10 @@
 // Prompts and session IDs are untrusted. Keys are seeded (NewKeyer(0) draws
 // a random seed; a fleet that wants cross-process agreement shares a secret
 // one), so an outsider can neither predict which endpoint a prompt lands on
-// nor aim a flood of keys at one endpoint or one session set. Work per key is
-// capped by MaxKeyChars, and every table request data can reach is bounded.
+// nor aim a flood of keys at one endpoint or one session set. Work per key
+// on the prompt is capped by MaxKeyChars (the model name, session ID,
+// tenant and salt are hashed whole: work linear in what the caller has
+// already read), and every table request data can reach is bounded.
 // With the seed known, an attacker can still send many requests with one
 // key; the balancer's load bound is what keeps that from overloading the
 // owner.

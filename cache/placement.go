@@ -64,7 +64,12 @@ type Member struct {
 // Where a point lands depends only on (seed, member ID, weight), never on the
 // order or number of the other members, so two processes with the same seed
 // and members place every key identically, and a membership change moves
-// only the keys of the arcs that changed hands: about 1/n of them.
+// only the keys of the arcs that changed hands: about 1/n of them. The one
+// exception: positions compare at a precision set by the bucket count
+// (below), which follows the total number of points, so a change that
+// takes it across a power of two also moves the few keys closer to a point
+// than that precision: removing one of 41 to 5,243 members moved 6 to 8
+// keys in 100,000 between members that stayed.
 //
 // A Placement is immutable and safe for concurrent use; build a new one when
 // the members change.

@@ -22,6 +22,11 @@ const (
 	// table stores 64-bit keys, never the session IDs themselves.
 	SessionEntryBytes = 32
 
+	// MaxSessions bounds the table NewSessions allocates (up front:
+	// 16,777,216 entries are 512 MiB), so a mistyped limit fails as a
+	// setting, not as an allocation that takes the process down.
+	MaxSessions = 1 << 24
+
 	// sessionWays is the associativity: a key may live in any of the ways of
 	// one set, and eviction picks the least recently used of them.
 	sessionWays = 8
@@ -100,8 +105,8 @@ type sessionSlot struct {
 const maxTTL = time.Duration(1 << 62)
 
 // NewSessions returns an empty table, or an error wrapping ErrSessionOptions
-// when a limit is negative or the TTL is negative. A TTL above about 146
-// years is read as that.
+// when a limit is negative, the limits allow more than MaxSessions entries,
+// or the TTL is negative. A TTL above about 146 years is read as that.
 func NewSessions(opts SessionOptions) (*Sessions, error) {
 	switch {
 	case opts.MaxEntries < 0:
@@ -122,6 +127,13 @@ func NewSessions(opts SessionOptions) (*Sessions, error) {
 		entries = opts.MaxEntries
 	case opts.MaxBytes > 0:
 		entries = opts.MaxBytes / SessionEntryBytes
+	}
+	if entries > MaxSessions {
+		field, v := "MaxEntries", opts.MaxEntries
+		if opts.MaxEntries == 0 || opts.MaxBytes > 0 && opts.MaxBytes/SessionEntryBytes < opts.MaxEntries {
+			field, v = "MaxBytes", opts.MaxBytes
+		}
+		return nil, fmt.Errorf("%w: %s %d allows %d entries, more than MaxSessions (%d)", ErrSessionOptions, field, v, entries, MaxSessions)
 	}
 	if opts.TTL == 0 {
 		opts.TTL = DefaultSessionTTL

@@ -154,6 +154,26 @@ func TestSessionOptionsValidate(t *testing.T) {
 		_, err := cache.NewSessions(opts)
 		assert.ErrorIs(t, err, cache.ErrSessionOptions, "%+v", opts)
 	}
+	// Limits past MaxSessions fail naming the limit that allows them,
+	// instead of panicking in make (math.MaxInt) or taking the process's
+	// memory (1<<40 entries).
+	for _, tc := range []struct {
+		opts  cache.SessionOptions
+		field string
+	}{
+		{cache.SessionOptions{MaxEntries: math.MaxInt}, "MaxEntries"},
+		{cache.SessionOptions{MaxEntries: 1 << 40}, "MaxEntries"},
+		{cache.SessionOptions{MaxBytes: 1 << 50}, "MaxBytes"},
+		{cache.SessionOptions{MaxEntries: 1 << 40, MaxBytes: 1 << 50}, "MaxEntries"},
+		{cache.SessionOptions{MaxEntries: 1 << 50, MaxBytes: 1 << 40}, "MaxBytes"},
+	} {
+		_, err := cache.NewSessions(tc.opts)
+		assert.ErrorIs(t, err, cache.ErrSessionOptions, "%+v", tc.opts)
+		assert.ErrorContains(t, err, tc.field+" ", "%+v", tc.opts)
+	}
+	s, err := cache.NewSessions(cache.SessionOptions{MaxEntries: 1 << 40, MaxBytes: 1 << 20})
+	require.NoError(t, err, "a large limit cut by the other is fine")
+	assert.Equal(t, 1<<15, s.Cap())
 }
 
 func TestSessionsConcurrent(t *testing.T) {
