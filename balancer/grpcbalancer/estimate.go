@@ -29,7 +29,8 @@ type TokenEstimator func(method string, req any) (promptTokens, maxOutputTokens 
 // when given none: the encoded size of a protobuf message in bytes / 4
 // (the HTTP transport's rule of thumb for text), at most 4,194,304
 // (httpbalancer.MaxTokenEstimate), and no output bound. A message that is
-// no protobuf message (another codec's) is unknown: 0.
+// no protobuf message (another codec's), or one the protobuf runtime
+// cannot size (a gogo/protobuf message it panics on), is unknown: 0.
 //
 // It counts every field's bytes, not just the prompt's: close for
 // requests that are mostly text (a prompt string, Triton's BYTES tensor
@@ -49,6 +50,15 @@ func SizeEstimate(_ string, req any) (promptTokens, maxOutputTokens int) {
 	case proto.Message:
 		m = v
 	case protoadapt.MessageV1:
+		// A MessageV1 need not be one the protobuf-go runtime can
+		// size: gogo/protobuf's messages, which another codec marshals,
+		// make it panic (a repeated field of non-nullable messages,
+		// once not empty). Such a message is another codec's: unknown.
+		defer func() {
+			if recover() != nil {
+				promptTokens, maxOutputTokens = 0, 0
+			}
+		}()
 		m = protoadapt.MessageV2Of(v)
 	default:
 		return 0, 0

@@ -531,3 +531,48 @@ func TestE2EStreamEstimateBeforeTheFirstSend(t *testing.T) {
 		f.next(t)
 	})
 }
+
+// gogoLabel and gogoRequest are shaped as gogo/protobuf's protoc-gen-gogo
+// generates a message with a repeated field of (gogoproto.nullable) =
+// false and no marshaler plugin: a MessageV1 whose repeated message field
+// holds structs, not pointers. gogo's own codec marshals it; the
+// protobuf-go runtime, which SizeEstimate sizes it with, panics on it
+// once the field is not empty ("reflect: Elem of invalid type").
+type gogoLabel struct {
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name"`
+}
+
+func (m *gogoLabel) Reset()       { *m = gogoLabel{} }
+func (*gogoLabel) String() string { return "gogoLabel" }
+func (*gogoLabel) ProtoMessage()  {}
+
+type gogoRequest struct {
+	Labels []gogoLabel `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels"`
+}
+
+func (m *gogoRequest) Reset()       { *m = gogoRequest{} }
+func (*gogoRequest) String() string { return "gogoRequest" }
+func (*gogoRequest) ProtoMessage()  {}
+
+// A message the protobuf runtime cannot size (another codec's, such as a
+// gogo message of non-nullable repeated fields sent with gogo's codec) is
+// unknown to SizeEstimate, as its doc says, and the call goes on: before,
+// SizeEstimate panicked on it, and UnaryEstimate(nil) with it, in the
+// caller's goroutine, on every call whose field was not empty.
+func TestSizeEstimateOfAMessageTheRuntimeCannotSize(t *testing.T) {
+	req := &gogoRequest{Labels: []gogoLabel{{Name: "a prompt"}}}
+	var p, o int
+	require.NotPanics(t, func() { p, o = grpcbalancer.SizeEstimate("/a.B/C", req) })
+	assert.Zero(t, p+o, "unknown")
+
+	invoked := false
+	invoker := func(_ context.Context, _ string, got, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+		invoked = true
+		assert.Same(t, req, got)
+		return nil
+	}
+	require.NotPanics(t, func() {
+		assert.NoError(t, grpcbalancer.UnaryEstimate(nil)(context.Background(), "/a.B/C", req, nil, nil, invoker))
+	})
+	assert.True(t, invoked, "the call went on")
+}
