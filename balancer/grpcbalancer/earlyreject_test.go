@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
+	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
 )
@@ -371,5 +372,44 @@ func TestAnAttemptEndingAfterItsCallReturnedIsReported(t *testing.T) {
 					s.Successes, s.Failures, s.InFlight)
 			}
 		})
+	}
+}
+
+// Closing the ClientConn is one of gRPC's ways to release a stream the
+// application leaves unread (grpc.ClientStream's doc), besides ending its
+// context. A rejected stream whose report the policy held (see
+// TestEarlyRejectedStreamLeftUnreadCountsAsNeither) is settled then too,
+// as neither: before, it stayed in flight on its endpoint for as long as
+// the application's context lived, on a Balancer that outlives the
+// channel (NewBuilder, shared with other channels or the HTTP transport),
+// steering their calls away from that endpoint.
+func TestEarlyRejectedStreamLeftUnreadIsSettledWhenTheChannelCloses(t *testing.T) {
+	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
+	b := rejectingServer(t)
+	name, cb := shared(t, core.Options{})
+	// The endpoint stays in the Balancer after the channel leaves, as it
+	// does while another adapter routes to it.
+	other, err := cb.NewMembership()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Update([]inferlb.Endpoint{{ID: b.addr}}); err != nil {
+		t.Fatal(err)
+	}
+	conn, _ := dial(t, []*backend{b}, name, `{}`, grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t) // lives on past the check
+	for range 40 {
+		if _, err := client.StreamingOutputCall(ctx, big, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Close()
+	s := waitIdle(t, cb, b.addr)
+	// Those grpc-go ended with the rejection are overloads; the held
+	// ones, neither.
+	if s.Successes != 0 || s.Failures != 0 {
+		t.Errorf("40 rejected streams left unread: %d successes, %d failures; want none",
+			s.Successes, s.Failures)
 	}
 }

@@ -118,7 +118,8 @@ var errStreamLeft = fmt.Errorf("inferlb: the application left the stream the ser
 //
 // Until settled, the report waits for the application's context too: an
 // application that leaves the stream without reading its end (its own
-// deadline, or a cancel after a failed send) settles it as errStreamLeft.
+// deadline, or a cancel after a failed send, or closing the ClientConn)
+// settles it as errStreamLeft.
 // hold reports false when another attempt is held already: that one is
 // reported now, as before.
 func (st *streamState) hold(c *call, di balancer.DoneInfo) bool {
@@ -144,6 +145,18 @@ func (st *streamState) hold(c *call, di balancer.DoneInfo) bool {
 // left settles the held attempt as errStreamLeft: the application's
 // context ended before it read the stream's end.
 func (st *streamState) left() { st.settle(errStreamLeft) }
+
+// finished is the stream's grpc.OnFinish: gRPC ended the stream with
+// err. A cancellation (the application's context, or its ClientConn
+// closing: grpc.ClientStream's other way to release a stream left
+// unread, which no context of the application's tells) settles a held
+// attempt as left; any other end is the application's to read (RecvMsg,
+// Header), which settles it as before.
+func (st *streamState) finished(err error) {
+	if status.Code(err) == codes.Canceled {
+		st.left()
+	}
+}
 
 // settle reports the held attempt, if any, with err, how the stream ended
 // for the application: RecvMsg's or Header's error (io.EOF: the stream
@@ -323,6 +336,7 @@ func StreamTimingWith(o StreamOptions) grpc.StreamClientInterceptor {
 			return streamer(ctx, desc, cc, method, opts...)
 		}
 		st := &streamState{ctx: ctx, method: method}
+		opts = append(opts[:len(opts):len(opts)], grpc.OnFinish(st.finished))
 		cs, err := streamer(context.WithValue(ctx, streamKey{}, st), desc, cc, method, opts...)
 		if err != nil {
 			return nil, err
