@@ -107,7 +107,8 @@ type Options struct {
 	// Balancer's AffinitySeed still places them on endpoints, so such
 	// processes need both: Keyers of the same seed and depth
 	// (cache.NewKeyer, WithDepth) and the same AffinitySeed (in
-	// BalancerOptions, or the shared Balancer's).
+	// BalancerOptions, or the shared Balancer's). The zero Keyer
+	// (new(cache.Keyer)) is refused.
 	Keyer *cache.Keyer
 	// MaxPeek bounds how many body bytes are read before sending, for
 	// inspection, at most MaxMaxPeek. 0 means DefaultMaxPeek; negative means never read ahead
@@ -355,6 +356,13 @@ func (o *Options) resolve() (*config, error) {
 	}
 	if typedNil(o.Inspector) {
 		return nil, bad("Inspector", "must be nil (for the default, an *OpenAI) or a usable Inspector", fmt.Sprintf("(%T)(nil)", o.Inspector))
+	}
+	if o.Keyer != nil && o.Keyer.Depth() == 0 {
+		// The zero Keyer (new(cache.Keyer)), which cache documents as
+		// unusable: it keys on none of the prompt, with seed 0, so every
+		// call of a model got one affinity key and one endpoint.
+		// NewKeyer and WithDepth never make a depth of 0.
+		return nil, bad("Keyer", "must be nil (for the Balancer's) or made by cache.NewKeyer: the zero Keyer is not usable", "&cache.Keyer{}")
 	}
 	if d := o.Discovery; d != nil {
 		host, port, err := net.SplitHostPort(d.Target)

@@ -19,6 +19,7 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/cache"
 	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/telemetry"
 )
@@ -67,6 +68,11 @@ func TestOptionsValidation(t *testing.T) {
 		{"nil *http.Transport Base", httpbalancer.Options{Base: (*http.Transport)(nil)}, "Options.Base = (*http.Transport)(nil)"},
 		{"nil *OpenAI Inspector", httpbalancer.Options{Inspector: (*httpbalancer.OpenAI)(nil)}, "Options.Inspector = (*httpbalancer.OpenAI)(nil)"},
 		{"nil InspectorFunc", httpbalancer.Options{Inspector: httpbalancer.InspectorFunc(nil)}, "Options.Inspector"},
+		// The zero Keyer (new(cache.Keyer)) keys on 0 characters of the
+		// prompt with seed 0: every call of a model got one key, so a
+		// fleet's traffic piled onto one endpoint per model.
+		{"zero Keyer", httpbalancer.Options{Keyer: new(cache.Keyer)}, "Options.Keyer"},
+		{"Keyer from NewKeyer", httpbalancer.Options{Keyer: cache.NewKeyer(7).WithDepth(256)}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr, err := httpbalancer.NewTransport(tc.o)
