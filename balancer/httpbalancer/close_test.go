@@ -88,3 +88,28 @@ func TestFailedNewTransportHoldsNoSlots(t *testing.T) {
 	require.Error(t, err)
 	assert.Zero(t, store.Len())
 }
+
+// A Transport with a membership of its own in a shared Balancer, used after
+// its Close, failed calls with ErrNoEndpoints worded as if the fleet were
+// down: "no endpoint serves it, or each that does is out of rotation
+// (breaker open, cooling down or ejected)", sending the caller to look at
+// healthy servers. The error still is ErrNoEndpoints (as Close documents),
+// and says the Transport is closed.
+func TestCallAfterCloseOnASharedBalancerSaysClosed(t *testing.T) {
+	a := newBackend(t, "a")
+	shared := balancer.New(balancer.Options{})
+	defer shared.Close()
+	tr := newTransport(t, httpbalancer.Options{Balancer: shared, Endpoints: endpointsOf(a)})
+	client := &http.Client{Transport: tr}
+	resp, _ := post(t, client, chatBody(1, false))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	require.NoError(t, tr.Close())
+	for _, body := range []string{chatBody(2, false), `{"input":"no model"}`} {
+		_, err := client.Post(chatURL, "application/json", strings.NewReader(body))
+		require.Error(t, err)
+		assert.ErrorIs(t, err, balancer.ErrNoEndpoints)
+		assert.Contains(t, err.Error(), "Transport is closed")
+		assert.NotContains(t, err.Error(), "out of rotation")
+	}
+}

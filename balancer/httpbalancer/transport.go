@@ -57,6 +57,7 @@ type Transport struct {
 	stopDiscovery context.CancelFunc // nil without Discovery
 	discoveryDone chan struct{}
 	closeOnce     sync.Once
+	closed        atomic.Bool // Close was called: for the error of a call after it
 
 	// For Stats, each added to only on the path it counts.
 	resends, failovers atomic.Uint64
@@ -244,11 +245,12 @@ func (t *Transport) applyLocked() error {
 // membership in a shared Balancer (Options.Balancer with Endpoints or
 // Discovery) closes that membership, so its endpoints that no other
 // adapter lists leave the Balancer, and fails later calls with
-// balancer.ErrNoEndpoints; a Balancer given in Options.Balancer is the
+// balancer.ErrNoEndpoints (saying the Transport is closed); a Balancer given in Options.Balancer is the
 // caller's, and stays open. Calls in flight end normally. Close is
 // idempotent.
 func (t *Transport) Close() error {
 	t.closeOnce.Do(func() {
+		t.closed.Store(true)
 		if t.stopDiscovery != nil {
 			t.stopDiscovery()
 			<-t.discoveryDone
@@ -413,6 +415,12 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	if err != nil {
 		closeBody(body)
+		if errors.Is(err, balancer.ErrNoEndpoints) && t.mem != nil && t.closed.Load() {
+			// Its membership is closed: the fleet is fine, the
+			// Transport is not to be used (a Transport with its own
+			// Balancer gets balancer.ErrClosed).
+			return nil, fmt.Errorf("%w: the Transport is closed (Close ended its membership in the shared Balancer)", err)
+		}
 		if errors.Is(err, balancer.ErrNoEndpoints) && t.endpointCount() == 0 {
 			return nil, fmt.Errorf("%w: this Transport has none (Options.Endpoints empty, emptied by Update, or none found by Discovery yet)", err)
 		}
