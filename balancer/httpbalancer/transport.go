@@ -421,7 +421,10 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			// Balancer gets balancer.ErrClosed).
 			return nil, fmt.Errorf("%w: the Transport is closed (Close ended its membership in the shared Balancer)", err)
 		}
-		if errors.Is(err, balancer.ErrNoEndpoints) && t.endpointCount() == 0 {
+		// Only a Transport that feeds its Balancer's set itself can say it
+		// has none: one over a shared Balancer's own set (Options.Balancer
+		// alone) routes over endpoints someone else gave it.
+		if errors.Is(err, balancer.ErrNoEndpoints) && (t.ownB || t.mem != nil) && t.endpointCount() == 0 {
 			return nil, fmt.Errorf("%w: this Transport has none (Options.Endpoints empty, emptied by Update, or none found by Discovery yet)", err)
 		}
 		if c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) && !errors.Is(err, balancer.ErrTenantShardDown) {

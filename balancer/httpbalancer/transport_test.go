@@ -682,6 +682,27 @@ func TestNoEndpointsSaysSo(t *testing.T) {
 	assert.NotContains(t, err.Error(), "out of rotation")
 }
 
+// TestNoEndpointForModelOnASharedBalancersSet: a Transport routing over a
+// shared Balancer's own endpoints (Options.Balancer without Endpoints or
+// Discovery, as documented) lists none of its own. A call for a model that
+// no endpoint of that set serves was told "this Transport has none
+// (Options.Endpoints empty, emptied by Update, or none found by Discovery
+// yet)", sending the caller to add Endpoints that this mode must not have;
+// it names the model, as for any other Transport.
+func TestNoEndpointForModelOnASharedBalancersSet(t *testing.T) {
+	be := newBackend(t, "llm")
+	b := balancer.New(balancer.Options{})
+	defer b.Close()
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "llm", Addr: be.addr(), Labels: map[string]string{"model": "llama"}}}))
+	tr := newTransport(t, httpbalancer.Options{Balancer: b})
+	req, _ := http.NewRequest(http.MethodPost, "http://llm.internal/v1/embeddings",
+		strings.NewReader(`{"model":"bge-m3","input":"x"}`))
+	_, err := tr.RoundTrip(req)
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	assert.Contains(t, err.Error(), `"bge-m3"`)
+	assert.NotContains(t, err.Error(), "this Transport has none")
+}
+
 // TestDuplicateIDsGoToTheFirst: an Update listing one ID twice, with two
 // addresses, is reported and the first entry applied, as the Balancer
 // applies it (Pick.Endpoint reports it). A Transport with its own
