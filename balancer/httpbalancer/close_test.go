@@ -113,3 +113,25 @@ func TestCallAfterCloseOnASharedBalancerSaysClosed(t *testing.T) {
 		assert.NotContains(t, err.Error(), "out of rotation")
 	}
 }
+
+// A closed Balancer, or one whose 63 Memberships are all taken, given in
+// Options.Balancer with Endpoints fails NewTransport; the error names the
+// option, as the others do, and wraps the Balancer's.
+func TestNewTransportNamesTheBalancerItCannotJoin(t *testing.T) {
+	closed := balancer.New(balancer.Options{})
+	closed.Close()
+	_, err := httpbalancer.NewTransport(httpbalancer.Options{Balancer: closed, Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}}})
+	require.ErrorIs(t, err, balancer.ErrClosed)
+	assert.Contains(t, err.Error(), "httpbalancer.Options.Balancer")
+
+	full := balancer.New(balancer.Options{})
+	defer full.Close()
+	for range 63 {
+		_, err := full.NewMembership()
+		require.NoError(t, err)
+	}
+	_, err = httpbalancer.NewTransport(httpbalancer.Options{Balancer: full, Discovery: &httpbalancer.Discovery{
+		Target: "vllm.svc:8000", LookupHost: (&fakeDNS{}).LookupHost}})
+	require.ErrorIs(t, err, balancer.ErrTooManyMemberships)
+	assert.Contains(t, err.Error(), "httpbalancer.Options.Balancer")
+}

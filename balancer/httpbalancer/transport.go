@@ -108,7 +108,7 @@ func NewTransport(o Options) (*Transport, error) {
 	t := &Transport{cfg: cfg, b: b, ownB: o.Balancer == nil}
 	if o.Balancer != nil && (len(o.Endpoints) > 0 || o.Discovery != nil) {
 		if t.mem, err = b.NewMembership(); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("inferlb: httpbalancer.Options.Balancer: a Transport with Endpoints or Discovery takes a Membership of it: %w", err)
 		}
 	}
 	if len(o.Endpoints) > 0 {
