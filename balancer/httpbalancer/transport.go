@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/textproto"
@@ -147,6 +148,10 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q is not host:port or http(s)://host[:port]; skipped", i, ep.Key(), ep.Addr))
 			continue
 		}
+		// Kept, and applied again with each set Discovery finds, on
+		// its goroutine: a copy, as the Balancer takes one, so that the
+		// caller may reuse its map once Update has returned.
+		ep.Labels = maps.Clone(ep.Labels)
 		keep = append(keep, ep)
 	}
 	t.mu.Lock()
@@ -177,11 +182,17 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 //		return ts
 //	}}
 //
-// The slice is the caller's.
+// The slice is the caller's, labels included.
 func (t *Transport) Endpoints() []inferlb.Endpoint {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return slices.Clone(t.applied)
+	eps := slices.Clone(t.applied)
+	for i := range eps {
+		// The Transport applies these maps again (every discovered
+		// endpoint shares one): a caller's write must not reach them.
+		eps[i].Labels = maps.Clone(eps[i].Labels)
+	}
+	return eps
 }
 
 // endpointCount is how many endpoints the Transport has given its
