@@ -840,6 +840,19 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 	}
 	*u = *r.URL
 	u.Host = host
+	if strings.HasPrefix(u.Opaque, "//") {
+		// "//host/path", net/http's way to send a path as escaped: it
+		// goes in the request line in absolute form, authority and all,
+		// and a server takes that authority over the Host header. It
+		// names the endpoint too, not the logical host.
+		rest := u.Opaque[2:]
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			rest = rest[i:]
+		} else {
+			rest = ""
+		}
+		u.Opaque = "//" + host + rest
+	}
 	switch {
 	case scheme != "":
 		u.Scheme = scheme

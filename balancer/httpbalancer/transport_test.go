@@ -168,6 +168,36 @@ func TestHostAndScheme(t *testing.T) {
 	assert.Equal(t, "vhost.example", <-hosts)
 }
 
+// TestOpaqueURLNamesTheEndpoint: a URL whose Opaque is "//host/path" (how
+// net/http sends a path as escaped, "/a%2Fb") is sent in absolute form, its
+// authority in the request line, which a server takes over the Host
+// header. The logical host stayed there: the endpoint was asked for
+// "http://llm.internal/...", and a Go server (or an ingress routing by
+// host) saw Host llm.internal. The authority names the endpoint, and the
+// escaped path arrives as written.
+func TestOpaqueURLNamesTheEndpoint(t *testing.T) {
+	type seen struct{ uri, host string }
+	got := make(chan seen, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- seen{r.RequestURI, r.Host}
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: addr}}})
+	for _, opaque := range []string{"//llm.internal/v1/models/a%2Fb", "//llm.internal:8080/v1/models/a%2Fb?x=1"} {
+		req, err := http.NewRequest(http.MethodGet, "http://llm.internal/v1/models", nil)
+		require.NoError(t, err)
+		req.URL.Opaque = opaque
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		s := <-got
+		assert.Equal(t, addr, s.host, opaque)
+		assert.True(t, strings.HasPrefix(s.uri, "http://"+addr+"/v1/models/a%2Fb"), "%s: %s", opaque, s.uri)
+		assert.True(t, strings.HasPrefix(req.URL.Opaque, "//llm.internal"), "the caller's URL is not modified")
+	}
+}
+
 // TestDoneEndings: the outcome is reported exactly once, when the body ends
 // and not when headers arrive, for every way a body can end.
 func TestDoneEndings(t *testing.T) {
