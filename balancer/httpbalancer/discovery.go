@@ -23,9 +23,10 @@ var errNoAddrs = errors.New("no addresses")
 // family returns addrs in canonical form ("fd00::1", not "fd00:0::1"),
 // keeping those of network ("ip4", "ip6"; "" or "ip" for both) and any that
 // is not an IP address (a resolver's answer is one; the dial reports it).
-// It reuses addrs.
+// The result is a new slice, which the caller may sort and compact:
+// addrs is the LookupHost's, which a caching resolver may hand out again.
 func family(addrs []string, network string) []string {
-	out := addrs[:0]
+	out := make([]string, 0, len(addrs))
 	for _, a := range addrs {
 		if !hostLike(a) {
 			continue // from a custom LookupHost: "" would dial this machine

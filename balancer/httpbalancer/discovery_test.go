@@ -216,6 +216,25 @@ func TestDiscoveryLeavesOutAnswersThatAreNoHosts(t *testing.T) {
 	})
 }
 
+// A custom LookupHost may hand out a slice it keeps (a caching resolver):
+// discovery reads it and leaves it as it was. It canonicalized, filtered
+// and sorted the answer in place, under the resolver's other readers.
+func TestDiscoveryLeavesTheLookupsAnswerAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cached := []string{"fd00:0:0::2", "10.0.0.2", "", "10.0.0.1", "10.0.0.1"}
+		want := slices.Clone(cached)
+		lookup := func(context.Context, string) ([]string, error) { return cached, nil }
+		tr, err := httpbalancer.NewTransport(httpbalancer.Options{Discovery: &httpbalancer.Discovery{
+			Target: "vllm.svc:8000", LookupHost: lookup}})
+		require.NoError(t, err)
+		defer tr.Close()
+		got := ids(tr)
+		slices.Sort(got)
+		assert.Equal(t, []string{"10.0.0.1:8000", "10.0.0.2:8000", "[fd00::2]:8000"}, got)
+		assert.Equal(t, want, cached, "the resolver's slice was rewritten")
+	})
+}
+
 // TestTransportEndpoints: Endpoints lists what the Transport routes to,
 // static and discovered, so telemetry sources can follow Discovery (helper
 // 61's adoption review found no way to: Stats has IDs only).
