@@ -185,17 +185,20 @@ func (g *group) adapterCall(model string, nowNs int64, maxAge time.Duration) boo
 	return false
 }
 
-// baseAt reports whether model is the base model of e's fresh reading.
-// adapterCall judges a call by one member's reading; in a group of
-// endpoints of several base models (no subset labels), another base
-// model's calls were taken for a rarely asked adapter's, and, never
+// baseAt reports whether e does not read model as an adapter: model is
+// the base model of e's fresh reading, or e has no fresh reading of its
+// adapters. adapterCall judges a call by one member's reading; in a
+// group of endpoints of several base models (no subset labels), another
+// base model's calls were taken for a rarely asked adapter's, and, never
 // counted as an adapter's calls (countLoRA reads the endpoint's own
 // reading), they never grew popular: every call of that base model went
-// to one home whatever its prompt. A homed pick whose endpoint reads
-// the call as its base model is made again with the call's own key.
+// to one home whatever its prompt. So did the calls of a model whose
+// servers report no adapters (LoRA not enabled there) beside servers
+// that do. A homed pick whose endpoint does not read the call as an
+// adapter's is made again with the call's own key.
 func (b *Balancer) baseAt(e *endpoint, model string, nowNs int64) bool {
 	a, _, ok := e.slot.Load().LoRA(time.Unix(0, nowNs), b.cfg.telemetryMaxAge)
-	return ok && model == a.Base
+	return !ok || model == a.Base
 }
 
 // loraFlight counts this process's calls in flight on one member per

@@ -456,6 +456,38 @@ func TestAdapterHomesLeaveAnotherBaseModelAlone(t *testing.T) {
 	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "mistral", AffinityKey: 5}))
 }
 
+// In a fleet without subset labels where only some servers run with LoRA
+// enabled (the others export no vllm:lora_requests_info), a call for the
+// other servers' model is read as an adapter's by adapterCall (it is not
+// the base model of the first reading) and sent to a home; landing on a
+// server without a reading it was never counted as an adapter's call
+// (countLoRA reads the endpoint's own reading), so it never grew
+// popular: every call of that model went to one server, whatever its
+// prompt. A homed pick whose endpoint has no reading of its adapters is
+// made again with the call's own key, as one whose endpoint reads the
+// call as its base model is.
+func TestAdapterHomesLeaveServersWithoutAReadingAlone(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(6)})
+	for i, ep := range endpoints(8) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 1)
+		s.Set(telemetry.Waiting, 0)
+		if i < 4 { // llama with LoRA; the other four serve mistral without
+			s.SetAdapters(4, &telemetry.Adapters{Base: "llama"})
+		}
+		b.Publish(ep.Addr, s)
+	}
+	assert.Greater(t, len(homesOf(t, b, "mistral", 50, inferlb.Request{})), 4, "mistral calls follow their prompt keys")
+	assert.Greater(t, len(homesOf(t, b, "llama", 50, inferlb.Request{})), 4, "and so do llama's")
+	sql := homesOf(t, b, "sql", 50, inferlb.Request{})
+	require.Len(t, sql, 1, "an adapter still goes home: %v", sql)
+	for home := range sql {
+		assert.Contains(t, []string{endpoints(8)[0].Addr, endpoints(8)[1].Addr, endpoints(8)[2].Addr, endpoints(8)[3].Addr}, home, "a server that reports its adapters")
+	}
+	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "mistral", AffinityKey: 5}))
+}
+
 // Adapter names are request data: one that shares another adapter's tag
 // in the LoRA tables (32 bits of a hash) would be counted as that
 // adapter. Of the unseeded model hash, such names take a birthday search
