@@ -73,8 +73,9 @@
 // embeddings alike an embedding is priced by embeddings, not by chats.
 // Ranks of a data-parallel attention engine (endpoints one membership gives
 // the same Options.DPGroupLabel value) step together, so a prompt's price also says
-// how far it would raise its engine's step above the prefill the engine's
-// other ranks were recently sent (a decaying per-rank estimate). For
+// how far it would raise its engine's step above the prefill of the
+// engine's busiest rank, the candidate included (a decaying per-rank
+// estimate of the prompt tokens each was recently sent). For
 // generation calls, a price also counts the prompt tokens the candidate was
 // sent in the last half second or so and is likely still prefilling (calls
 // an affinity key placed excepted: their prefix is cached), and, when both

@@ -50,9 +50,11 @@ const (
 
 // prefillEstimate is a decaying sum of prompt tokens: float32 tokens in the
 // high 32 bits, the time of the last update in milliseconds (mod 2^32) in
-// the low 32, updated by compare-and-swap so Pick takes no lock. A
-// reading more than 49 days old would look recent after the wrap; by then
-// its value has long decayed to nothing at every read but that one.
+// the low 32, updated by compare-and-swap so Pick takes no lock. The age
+// is read as a signed 32-bit difference, so an estimate not updated for
+// more than 24.8 days (2^31 ms) reads as one from the future (a clock
+// stepped back) and comes back undecayed, at what was left at its last
+// update: usually little, as calls decay it first.
 type prefillEstimate struct{ v atomic.Uint64 }
 
 func unpackPrefill(v uint64) (tokens float64, ms uint32) {

@@ -382,8 +382,8 @@ type Options struct {
 	// engine a rank belongs to (ranks of one engine share its value;
 	// values are each Membership's own, so two channels on one Balancer may
 	// both number their engines from "0"). Ranks of an engine step together, so P2C prices how far a prompt
-	// would raise its engine's step above the prefill its other ranks are
-	// already doing (see the inferlb package doc). Default DefaultDPGroupLabel ("dp_group");
+	// would raise its engine's step above the prefill of its busiest rank,
+	// the candidate included (see the inferlb package doc). Default DefaultDPGroupLabel ("dp_group");
 	// endpoints without the label are priced as before.
 	DPGroupLabel string
 	// AdapterHomes places the calls of rarely asked LoRA adapters by
