@@ -8,6 +8,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // LoRA adapter slots.
@@ -186,8 +187,8 @@ func (g *group) adapterCall(model string, nowNs int64, maxAge time.Duration) boo
 }
 
 // baseAt reports whether e does not read model as an adapter: model is
-// the base model of e's fresh reading, or e has no fresh reading of its
-// adapters. adapterCall judges a call by one member's reading; in a
+// the base model of e's fresh reading, or e never reported its adapters.
+// adapterCall judges a call by one member's reading; in a
 // group of endpoints of several base models (no subset labels), another
 // base model's calls were taken for a rarely asked adapter's, and, never
 // counted as an adapter's calls (countLoRA reads the endpoint's own
@@ -195,10 +196,17 @@ func (g *group) adapterCall(model string, nowNs int64, maxAge time.Duration) boo
 // to one home whatever its prompt. So did the calls of a model whose
 // servers report no adapters (LoRA not enabled there) beside servers
 // that do. A homed pick whose endpoint does not read the call as an
-// adapter's is made again with the call's own key.
+// adapter's is made again with the call's own key. An endpoint whose
+// reading went stale or was dropped (a reconnect, its failures: Expire)
+// keeps its homes: it serves adapters, and which it holds is only not
+// known for now.
 func (b *Balancer) baseAt(e *endpoint, model string, nowNs int64) bool {
-	a, _, ok := e.slot.Load().LoRA(time.Unix(0, nowNs), b.cfg.telemetryMaxAge)
-	return !ok || model == a.Base
+	sl := e.slot.Load()
+	a, _, ok := sl.LoRA(time.Unix(0, nowNs), b.cfg.telemetryMaxAge)
+	if !ok {
+		return !sl.Held(telemetry.LoRASlots)
+	}
+	return model == a.Base
 }
 
 // loraFlight counts this process's calls in flight on one member per

@@ -488,6 +488,32 @@ func TestAdapterHomesLeaveServersWithoutAReadingAlone(t *testing.T) {
 	assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "mistral", AffinityKey: 5}))
 }
 
+// A home whose reading of its adapters was dropped (a reconnect, its
+// failures: Telemetry().Expire) or went stale still serves adapters; only
+// which it holds is not known for now. It keeps its homes: a rare
+// adapter's calls, made again with their own keys, would each load the
+// adapter wherever their prompts go until the next scrape.
+func TestAdapterHomeWithoutAFreshReadingKeepsItsHomes(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(6)})
+	for _, ep := range endpoints(8) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 1)
+		s.Set(telemetry.Waiting, 0)
+		s.SetAdapters(4, &telemetry.Adapters{Base: "llama"})
+		b.Publish(ep.Addr, s)
+	}
+	sql := homesOf(t, b, "sql", 50, inferlb.Request{})
+	require.Len(t, sql, 1, "a rare adapter goes home: %v", sql)
+	var home string
+	for h := range sql {
+		home = h
+	}
+	clock.Advance(time.Second)
+	require.True(t, b.Telemetry().Expire(home, telemetry.ProcessLoad, clock.Now()))
+	assert.Equal(t, map[string]int{home: 50}, homesOf(t, b, "sql", 50, inferlb.Request{}), "the home kept its adapter's calls")
+}
+
 // Adapter names are request data: one that shares another adapter's tag
 // in the LoRA tables (32 bits of a hash) would be counted as that
 // adapter. Of the unseeded model hash, such names take a birthday search

@@ -540,6 +540,18 @@ func (sl *Slot) Observed(f Field) int64 {
 	return cur.times[f]
 }
 
+// Held reports whether the slot has held field f: a reading of it now,
+// fresh or stale, or one Expire dropped. A field never reported since the
+// slot was made (an endpoint whose server does not export it) is not
+// held. It never allocates or locks.
+func (sl *Slot) Held(f Field) bool {
+	if sl == nil {
+		return false
+	}
+	cur := sl.cur.Load()
+	return cur != nil && cur.times[f] != 0
+}
+
 // LoRA returns the slot's LoRA reading, its adapters and LoRASlots,
 // when that field was observed within maxAge of now, as LoadInto would
 // keep it (maxAge <= 0 keeps it whatever its age); ok false otherwise. It

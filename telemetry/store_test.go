@@ -619,3 +619,19 @@ func TestStoreExpiredSignalsADrop(t *testing.T) {
 	require.True(t, st.Expire("a", telemetry.ProcessLoad, t0.Add(4*time.Second)))
 	assert.True(t, closed(c2))
 }
+
+// TestSlotHeld: a field is held once read, fresh or stale, and after
+// Expire dropped it; never before its first reading.
+func TestSlotHeld(t *testing.T) {
+	var st telemetry.Store
+	start := time.Unix(1000, 0)
+	st.Publish("a", sample(start, float64(telemetry.Waiting), 1))
+	sl := st.Slot("a")
+	require.NotNil(t, sl)
+	assert.True(t, sl.Held(telemetry.Waiting))
+	assert.False(t, sl.Held(telemetry.LoRASlots), "never read")
+	require.True(t, st.Expire("a", telemetry.ProcessLoad, start.Add(time.Second)))
+	assert.True(t, sl.Held(telemetry.Waiting), "dropped by Expire: held")
+	assert.False(t, sl.Held(telemetry.LoRASlots))
+	assert.False(t, (*telemetry.Slot)(nil).Held(telemetry.Waiting))
+}
