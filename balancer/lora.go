@@ -187,7 +187,8 @@ func (g *group) adapterCall(model string, nowNs int64, maxAge time.Duration) boo
 }
 
 // baseAt reports whether e does not read model as an adapter: model is
-// the base model of e's fresh reading, or e never reported its adapters.
+// the base model of e's fresh reading, or e reports telemetry but never
+// reported its adapters (a server without LoRA).
 // adapterCall judges a call by one member's reading; in a
 // group of endpoints of several base models (no subset labels), another
 // base model's calls were taken for a rarely asked adapter's, and, never
@@ -199,12 +200,13 @@ func (g *group) adapterCall(model string, nowNs int64, maxAge time.Duration) boo
 // adapter's is made again with the call's own key. An endpoint whose
 // reading went stale or was dropped (a reconnect, its failures: Expire)
 // keeps its homes: it serves adapters, and which it holds is only not
-// known for now.
+// known for now; so does one that has reported nothing yet.
 func (b *Balancer) baseAt(e *endpoint, model string, nowNs int64) bool {
 	sl := e.slot.Load()
 	a, _, ok := sl.LoRA(time.Unix(0, nowNs), b.cfg.telemetryMaxAge)
 	if !ok {
-		return !sl.Held(telemetry.LoRASlots)
+		h := sl.Held()
+		return h != 0 && !h.Has(telemetry.LoRASlots)
 	}
 	return model == a.Base
 }

@@ -540,16 +540,25 @@ func (sl *Slot) Observed(f Field) int64 {
 	return cur.times[f]
 }
 
-// Held reports whether the slot has held field f: a reading of it now,
+// Held returns the fields the slot has held: each with a reading now,
 // fresh or stale, or one Expire dropped. A field never reported since the
-// slot was made (an endpoint whose server does not export it) is not
-// held. It never allocates or locks.
-func (sl *Slot) Held(f Field) bool {
+// slot was made (one its server does not export) is not in it. It never
+// allocates or locks.
+func (sl *Slot) Held() FieldSet {
 	if sl == nil {
-		return false
+		return 0
 	}
 	cur := sl.cur.Load()
-	return cur != nil && cur.times[f] != 0
+	if cur == nil {
+		return 0
+	}
+	var h FieldSet
+	for f, t := range cur.times {
+		if t != 0 {
+			h |= 1 << f
+		}
+	}
+	return h
 }
 
 // LoRA returns the slot's LoRA reading, its adapters and LoRASlots,

@@ -625,13 +625,11 @@ func TestStoreExpiredSignalsADrop(t *testing.T) {
 func TestSlotHeld(t *testing.T) {
 	var st telemetry.Store
 	start := time.Unix(1000, 0)
-	st.Publish("a", sample(start, float64(telemetry.Waiting), 1))
+	st.Publish("a", sample(start, float64(telemetry.Waiting), 1, float64(telemetry.GPUTemp), 60))
 	sl := st.Slot("a")
 	require.NotNil(t, sl)
-	assert.True(t, sl.Held(telemetry.Waiting))
-	assert.False(t, sl.Held(telemetry.LoRASlots), "never read")
+	assert.Equal(t, telemetry.FieldSet(1<<telemetry.Waiting|1<<telemetry.GPUTemp), sl.Held())
 	require.True(t, st.Expire("a", telemetry.ProcessLoad, start.Add(time.Second)))
-	assert.True(t, sl.Held(telemetry.Waiting), "dropped by Expire: held")
-	assert.False(t, sl.Held(telemetry.LoRASlots))
-	assert.False(t, (*telemetry.Slot)(nil).Held(telemetry.Waiting))
+	assert.Equal(t, telemetry.FieldSet(1<<telemetry.Waiting|1<<telemetry.GPUTemp), sl.Held(), "dropped by Expire: held")
+	assert.Zero(t, (*telemetry.Slot)(nil).Held())
 }
