@@ -251,7 +251,11 @@ type Result struct {
 	// Outcome is what was reported to the balancer, but for the Latency
 	// of an embedding or rerank call: the whole call here, while the
 	// balancer is given the time to the response headers (the rest is the
-	// caller's reading pace, not the endpoint's).
+	// caller's reading pace, not the endpoint's); and for a stream with
+	// token events, the Latency and OutputTokens: the whole call and
+	// every event here, while the balancer is given the time to the last
+	// event, and no OutputTokens when the reader set the pace or came
+	// late for the first event (see TimeBetweenTokens).
 	Outcome inferlb.Outcome
 	// Events counts the events of an SSE (or Ollama NDJSON) stream that
 	// carry tokens (0 otherwise; see the package doc).
