@@ -44,8 +44,12 @@ func (deadlineMidStream) Is(target error) bool {
 }
 
 // StatusError is the Outcome.Err reported to the balancer for a 5xx answer
-// that is not an overload signal. The response itself still goes to the
-// caller unchanged.
+// that is not an overload signal, for a 424 (TGI's and TEI's failed
+// inference), and for a 200 stream that reports, after it started, an
+// error read as the endpoint's failure (a 5xx code, or a kind or text
+// read as one, such as TGI's failed generation: see the package doc);
+// StatusCode is then that status, while Result.Status stays 200. The
+// response itself still goes to the caller unchanged.
 type StatusError struct {
 	StatusCode int
 }
