@@ -158,8 +158,8 @@
 // the request's, and no code a failure; a canceled context (or a closed
 // Request.Cancel, which http.Client sets with a Timeout, closed before the
 // context's deadline: at it, Client.Timeout is the deadline's) is neither, and
-// so is a deadline that ends a stream after its first token
-// (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
+// so is a deadline that ends a stream after its first token, or another
+// answer's body after its headers (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine
 // fail. A call that fails on an endpoint, before any response (RoundTrip's
 // error, from the last endpoint tried) or in its body (Read's: a reset, a

@@ -21,22 +21,25 @@ import (
 )
 
 // ErrDeadlineMidStream is the Outcome.Err of a stream that the caller's
-// deadline ended after its first token: the endpoint was generating, and a
-// long answer outlasting the caller's time budget says nothing about its
+// deadline ended after its first token, and of any other answer (a JSON
+// body: an embedding, a rerank, a chat not streamed) that it ended after
+// the headers, while the caller read the body: the endpoint was
+// generating or had answered, and a long answer outlasting the caller's
+// time budget, or a large body read slowly, says nothing about its
 // health, so it counts as neither success nor failure (it wraps
 // context.Canceled, which the balancer reads so) and errors.Is also finds
 // context.DeadlineExceeded in it. Counted as failures, a workload of long
 // generations under a tight deadline would trip the breakers of healthy
 // endpoints, moving their load to the others, where it times out too. A
-// deadline that passes before the first token is a failure, as before: an
-// endpoint that hangs or queues without answering is what the breaker is
-// for.
+// deadline that passes before the first token (before the headers, for
+// an answer that is no stream) is a failure, as before: an endpoint that
+// hangs or queues without answering is what the breaker is for.
 var ErrDeadlineMidStream error = deadlineMidStream{}
 
 type deadlineMidStream struct{}
 
 func (deadlineMidStream) Error() string {
-	return "inferlb: the caller's deadline ended the stream after its first token"
+	return "inferlb: the caller's deadline ended the answer after it began (a stream's first token, another body's headers)"
 }
 
 func (deadlineMidStream) Is(target error) bool {
@@ -874,7 +877,9 @@ func (c *call) finish(err error) {
 		}
 		if ce != nil {
 			o.Err = ce
-			if errors.Is(ce, context.DeadlineExceeded) && c.sse != nil && c.sse.events.Load() > 0 {
+			// A body is read after its headers: an answer that is no
+			// stream had begun; a stream, at its first token.
+			if errors.Is(ce, context.DeadlineExceeded) && (c.sse == nil || c.sse.events.Load() > 0) {
 				o.Err = ErrDeadlineMidStream
 			}
 		}

@@ -483,3 +483,47 @@ func requireStreamOutcome(t *testing.T, r httpbalancer.Result, n, events, code i
 	require.ErrorAs(t, r.Outcome.Err, &se, "%d bytes a read", n)
 	require.Equal(t, code, se.StatusCode)
 }
+
+// TestDeadlineInABodyAfterItsHeadersIsNotAFailure: an answer that is no
+// stream (an embedding's JSON) had begun once its headers came: the
+// caller's deadline ending the body while the caller reads it counts as
+// neither, as it does for a stream after its first token. It counted as
+// the endpoint's failure, so large embedding batches read under a tight
+// deadline opened healthy endpoints' breakers.
+func TestDeadlineInABodyAfterItsHeadersIsNotAFailure(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "100000")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, `{"object":"list","data":[{"object":"embedding","embedding":[0.1,`)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // the rest of a large batch, not read in time
+	}))
+	defer srv.Close()
+	res := newResults(5)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
+		OnResult:  res.on,
+	})
+	for range 5 { // the default breaker opens at 5 failures in a row
+		ctx := newExpiring()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://emb/v1/embeddings", strings.NewReader(`{"model":"e5","input":["a"]}`))
+		require.NoError(t, err)
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		buf := make([]byte, 16)
+		_, err = io.ReadFull(resp.Body, buf)
+		require.NoError(t, err)
+		ctx.expire()
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.Error(t, err)
+		require.NoError(t, resp.Body.Close())
+		r := <-res.c
+		require.ErrorIs(t, r.Outcome.Err, httpbalancer.ErrDeadlineMidStream)
+		require.ErrorIs(t, r.Outcome.Err, context.DeadlineExceeded)
+		require.True(t, r.Outcome.Canceled())
+	}
+	st := statsByID(tr.Balancer())["e"]
+	require.Zero(t, st.Failures)
+	require.False(t, st.BreakerOpen)
+}
