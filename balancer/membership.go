@@ -283,7 +283,14 @@ func (m *Membership) setReady(id string, ready, ramp bool) bool {
 		// a warm balancer): ramp up from now, as Envoy does for hosts that
 		// turn healthy. A first connect at startup does not ramp, nor does
 		// a replica that another membership has been using all along.
-		e.rampFrom.Store(nonZero(b.cfg.clock.Now().UnixNano()))
+		// A ramp set to start later (an outlier ejection's, at its end)
+		// stays: started at the reconnect, it ran out while the endpoint
+		// was still held out, and the endpoint came back at full weight.
+		// (0 is none, not a time: see afterStepBack.)
+		now := nonZero(b.cfg.clock.Now().UnixNano())
+		if from := e.rampFrom.Load(); from == 0 || from <= now {
+			e.rampFrom.Store(now)
+		}
 	}
 	b.epoch.Add(1)
 	return true
