@@ -432,6 +432,17 @@ func (b *Balancer) returnProbe(p *Pick) {
 		if n >= int32(b.cfg.breakerProbes) {
 			return
 		}
+		if n <= 0 {
+			// The deadline is that of probes all out; with a slot free
+			// again there is none until the last is taken again. Left
+			// in place, past once a probe outlived it, a pick that lost
+			// the race for the freed slot found it overdue and went as
+			// a second probe. Cleared before the slot is given back:
+			// cleared after, it could erase the deadline the pick taking
+			// the slot sets, and a probe that then hung held the
+			// endpoint out for good.
+			p.e.probeDue.Store(0)
+		}
 		if p.e.probeSlots.CompareAndSwap(n, n+1) {
 			if n <= 0 { // below 0 while a racing takeProbe gives one back
 				b.epoch.Add(1) // a probe slot again: back in good standing
