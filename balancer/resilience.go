@@ -315,7 +315,9 @@ func (b *Balancer) mayEject(self *endpoint, nowNs int64) bool {
 				ejected++
 			}
 		}
-		if ejected+1 > max(int(b.cfg.maxEjected*float64(len(g.members))), 1) {
+		// Rounded down, but not by the product's float error: 0.29 *
+		// 100 is 28.999999999999996, and allowed 28 of 100.
+		if ejected+1 > max(int(b.cfg.maxEjected*float64(len(g.members))+1e-9), 1) {
 			return false
 		}
 	}
