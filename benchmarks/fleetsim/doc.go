@@ -17,7 +17,12 @@
 //     real client computes them; the server's prefix cache is computed
 //     independently from the same synthetic tokens.
 //   - The oracle, an omniscient router that reads every replica's cache and
-//     queue at the instant of each pick, bounds what any router could do.
+//     queue at the instant of each pick, shows what perfect information
+//     buys. It is a greedy heuristic, not a proven optimum, and bounds
+//     nothing: other policies beat it on single columns (consistent
+//     hashing's cache hit rate on shared-prefix, inferlb's p99 TTFT on mix
+//     and tokens/s on data-parallel), so "within X% of the oracle" is a
+//     comparison with a strong router, not with the best possible one.
 //
 // # Server model (after vLLM V1)
 //

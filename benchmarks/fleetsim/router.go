@@ -466,7 +466,7 @@ func (r *inferlbRouter) PickRetry(req *Request, failed int) (int, func(inferlb.O
 	return r.picked(r.b.PickRetry(&ir, r.ids[failed]))
 }
 
-// Oracle is the practical upper bound: one omniscient router that sees every
+// Oracle is a reference, not a bound: one omniscient router that sees every
 // replica's prefix cache, queue and batch exactly at the moment of each
 // pick. It sends a request where its estimated end-to-end latency plus the
 // cost it imposes on others is least: the prompt tokens the replica must
