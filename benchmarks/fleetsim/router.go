@@ -3,6 +3,7 @@ package fleetsim
 import (
 	"errors"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -168,6 +169,88 @@ func (l *leastRequest) Pick(*Request) (int, func(inferlb.Outcome), error) {
 	return i, func(inferlb.Outcome) { l.inFlight[i]-- }, nil
 }
 
+// LeastConn sends to the replica with the fewest of this client's
+// requests in flight, scanning them all (ties broken at random): NGINX's
+// least_conn, HAProxy's leastconn, an AWS ALB's least outstanding
+// requests. It is in no scenario's table; -extra least-conn adds it (see
+// ExtraPolicies).
+func LeastConn() Policy {
+	return Policy{Name: "least-conn", New: func(e Env) Router {
+		return &leastConn{baseline: baseline{rng: rand.New(e.Rand())}, inFlight: make([]int, len(e.IDs))}
+	}}
+}
+
+type leastConn struct {
+	baseline
+	inFlight []int
+}
+
+func (l *leastConn) Pick(*Request) (int, func(inferlb.Outcome), error) {
+	if len(l.members) == 0 {
+		return 0, nil, balancer.ErrNoEndpoints
+	}
+	best, ties := -1, 0
+	for _, i := range l.members {
+		switch {
+		case best < 0 || l.inFlight[i] < l.inFlight[best]:
+			best, ties = i, 1
+		case l.inFlight[i] == l.inFlight[best]:
+			ties++
+			if l.rng.IntN(ties) == 0 { // each of the ties alike
+				best = i
+			}
+		}
+	}
+	l.inFlight[best]++
+	return best, func(inferlb.Outcome) { l.inFlight[best]-- }, nil
+}
+
+// RingHashBounded is RingHash with a load bound (Mirrokni, Thorup and
+// Zadimoghaddam, 2018; Envoy's hash_balance_factor, grpc-go has none): a
+// key goes to the first replica from its point along the ring whose calls
+// in flight (this client's), with this one, stay within factor times the
+// mean, rounded up. It is in no scenario's table; -extra
+// consistent-hash-bounded adds it at factor 1.25, inferlb's LoadBound
+// default (see ExtraPolicies).
+func RingHashBounded(factor float64) Policy {
+	return Policy{Name: "consistent-hash-bounded", New: func(e Env) Router {
+		return &boundedRing{ringHash: ringHash{baseline: baseline{rng: rand.New(e.Rand())}, ids: e.IDs}, factor: factor, inFlight: make([]int, len(e.IDs))}
+	}}
+}
+
+type boundedRing struct {
+	ringHash
+	factor   float64
+	inFlight []int
+	total    int
+}
+
+func (r *boundedRing) Pick(req *Request) (int, func(inferlb.Outcome), error) {
+	i, _, err := r.ringHash.Pick(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	if req.AffinityKey != 0 {
+		bound := int(math.Ceil(r.factor * float64(r.total+1) / float64(len(r.members))))
+		k := r.at(mix64(req.AffinityKey))
+		for step := 0; r.inFlight[i]+1 > bound && step < len(r.points); step++ {
+			k = (k + 1) % len(r.points)
+			i = r.points[k].rep
+		}
+	}
+	r.inFlight[i]++
+	r.total++
+	return i, func(inferlb.Outcome) { r.inFlight[i]--; r.total-- }, nil
+}
+
+// ExtraPolicies are baselines kept out of the scenarios' tables, which
+// cmd/fleetsim's -extra adds to every scenario it runs: stronger
+// counterparts of least-request (a full scan) and of consistent hashing
+// (a load bound) than the defaults of grpc-go and Envoy the tables hold.
+func ExtraPolicies() []Policy {
+	return []Policy{LeastConn(), RingHashBounded(1.25)}
+}
+
 // RingHash places each affinity key on a consistent-hash ring (Karger et al.,
 // 1997) with 100 virtual nodes per replica and no load bound: every client
 // agrees on the owner, and a hot key overloads it. Requests without a key go
@@ -217,7 +300,11 @@ func (r *ringHash) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 		i, err := r.pickRandom()
 		return i, noop, err
 	}
-	h := mix64(req.AffinityKey)
+	return r.points[r.at(mix64(req.AffinityKey))].rep, noop, nil
+}
+
+// at returns the index of the first point at or after h, round the ring.
+func (r *ringHash) at(h uint64) int {
 	k, _ := slices.BinarySearchFunc(r.points, h, func(p ringPoint, h uint64) int {
 		switch {
 		case p.h < h:
@@ -230,7 +317,7 @@ func (r *ringHash) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	if k == len(r.points) {
 		k = 0
 	}
-	return r.points[k].rep, noop, nil
+	return k
 }
 
 func stringHash(s string) uint64 {

@@ -2,7 +2,7 @@
 // inference fleet, routing with inferlb's real Balancer in virtual time.
 //
 //	go run ./benchmarks/cmd/fleetsim -scenario shared-prefix [-quick] [-json] [-out DIR] [-seed N] [-clients N]
-//	                                 [-policies NAME,NAME] [-parallel N]
+//	                                 [-policies NAME,NAME] [-extra NAME,NAME] [-parallel N]
 //	go run ./benchmarks/cmd/fleetsim -list
 //
 // It prints a table per scenario (the headline offered load in full, then a
@@ -12,6 +12,10 @@
 // -policies keeps only the named policies (as the tables name them, e.g.
 // "inferlb -affinity"; a name no scenario run has is an error, and with
 // -scenario all the scenarios without any of them are skipped);
+// -extra adds baselines no scenario's table holds to every scenario run
+// (least-conn, a full scan for the fewest calls in flight;
+// consistent-hash-bounded, a ring with a load bound of 1.25: see
+// fleetsim.ExtraPolicies), before -policies keeps its names;
 // -parallel sets how many runs are simulated at once
 // (default GOMAXPROCS), which changes no figure. -clients and -parallel
 // must be at least 1; multi-client runs 1 and 8 clients, so -clients with
@@ -62,6 +66,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		name   = fs.String("scenario", "shared-prefix", "scenario to run, or \"all\"")
 		quick  = fs.Bool("quick", false, "shorter runs at the headline rate only (seconds)")
 		only   = fs.String("policies", "", "comma-separated policy names to run (default all)")
+		extra  = fs.String("extra", "", "comma-separated baselines to add to every scenario: least-conn, consistent-hash-bounded")
 		scrape = fs.Duration("scrape", 0, "telemetry scrape interval instead of the scenario's (1s), e.g. 15s as a Prometheus-paced poller")
 	)
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON array of results instead of tables")
@@ -102,6 +107,25 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if sc := c.scenarios[0]; len(c.scenarios) == 1 && len(sc.Clients) > 0 && flagSet(fs, "clients") {
 		return fail("-clients %d: scenario %s runs %s clients whatever -clients says", c.clients, sc.Name, countList(sc.Clients))
+	}
+	if *extra != "" {
+		var add []fleetsim.Policy
+		for n := range strings.SplitSeq(*extra, ",") {
+			if n = strings.TrimSpace(n); n == "" {
+				continue
+			}
+			i := slices.IndexFunc(fleetsim.ExtraPolicies(), func(p fleetsim.Policy) bool { return p.Name == n })
+			if i < 0 {
+				return fail("-extra: no extra baseline %q (least-conn, consistent-hash-bounded)", n)
+			}
+			add = append(add, fleetsim.ExtraPolicies()[i])
+		}
+		if len(add) == 0 {
+			return fail("-extra %q names no policy", *extra)
+		}
+		for _, sc := range c.scenarios {
+			sc.Policies = slices.Concat(sc.Policies, add)
+		}
 	}
 	var names []string
 	if *only != "" {

@@ -177,3 +177,34 @@ func TestSeedRows(t *testing.T) {
 		{"b", "1", "5"},
 	}, seedRows(sc, res[:3], []string{"calls"}, keep, cells))
 }
+
+// -extra adds the stronger baselines to every scenario run, after its own
+// policies, where -policies can then keep them; a name that is no extra
+// baseline is an error.
+func TestExtraAddsBaselines(t *testing.T) {
+	c, err := parse([]string{"-scenario", "embedding", "-extra", "least-conn, consistent-hash-bounded", "-policies", "least-request,least-conn,consistent-hash-bounded,inferlb"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.Equal(t, map[string][]string{"embedding": {"least-request", "inferlb", "least-conn", "consistent-hash-bounded"}}, policyNames(c))
+
+	c, err = parse([]string{"-scenario", "all", "-extra", "least-conn"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	for _, sc := range c.scenarios {
+		assert.Equal(t, "least-conn", sc.Policies[len(sc.Policies)-1].Name, sc.Name)
+	}
+	d, err := parse([]string{"-scenario", "all"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	for _, sc := range d.scenarios {
+		assert.NotContains(t, policyNames(d)[sc.Name], "least-conn", "not without -extra")
+	}
+
+	for _, tc := range []struct{ args, want string }{
+		{"least-connections", `-extra: no extra baseline "least-connections"`},
+		{" , ", `-extra " , " names no policy`},
+	} {
+		var stderr bytes.Buffer
+		_, err := parse([]string{"-extra", tc.args}, &stderr)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), tc.want)
+		assert.Contains(t, stderr.String(), tc.want)
+	}
+}
