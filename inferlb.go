@@ -103,7 +103,7 @@ type Request struct {
 	// and it does not count in that estimate.
 	Session bool
 	// SequenceOutputTokens is, for a call of several sequences (LongestInput
-	// > 0 on a call that is not ServiceEmbedding or ServiceRerank), the
+	// > 0 on a call that is not a pooling call: see LongestInput), the
 	// output bound of one sequence: max_tokens as asked, where
 	// MaxOutputTokens counts it times n and times the prompts; 0 when the
 	// call gives none. It is ignored otherwise, and does not count as load.

@@ -145,8 +145,10 @@ func barrier(e *endpoint, tokens int, nowNs int64) float64 {
 
 // recentPrefill is e's prefill estimate at nowNs, 0 below prefillFloor:
 // what ended calls leave (float32 rounding of what they took out, the
-// nanoseconds their millisecond stamps lose) is noise that decays for a
-// minute before it is 0. Left in, it was a peak that made its engine's
+// nanoseconds their millisecond stamps lose, and up to about 0.6% of each
+// prompt, as decaying in steps, (1-x/32)^32 each, differs from decaying at
+// once, which is what Done takes out) is noise that decays for some
+// seconds before it is 0. Left in, it was a peak that made its engine's
 // other ranks win every tie against an idle engine's, so at light load
 // calls kept to the engine that had last taken one instead of a coin flip.
 func recentPrefill(e *endpoint, nowNs int64) float64 {

@@ -7,7 +7,7 @@ package decay
 // is the weight an EWMA gives its old value after x time constants. It is
 // exact at 0, strictly decreasing to 0 at x = 32, and within 2% of exp(-x)
 // relative to 1 (the error that matters for a weight) everywhere; e.g.
-// 0.3622 at x = 1 against 0.3679. Negative x reads as 0.
+// 0.3621 at x = 1 against 0.3679. Negative x reads as 0.
 func Weight(x float64) float64 {
 	if !(x > 0) {
 		return 1
