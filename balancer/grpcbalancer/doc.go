@@ -231,7 +231,8 @@
 // named metrics (or named utilizations) kv_cache_usage, kv_cache_usage_perc,
 // kv_cache_utilization and gpu_cache_usage_perc KVCacheUsage (a 0..1
 // fraction), num_requests_waiting and queue_depth Waiting,
-// num_requests_running Running, prefix_cache_hit_rate PrefixCacheHitRate.
+// num_requests_running Running, prefix_cache_hit_rate PrefixCacheHitRate
+// (of two names of one field in a report, the larger value counts).
 // Utilizations of 0 read as "not reported" (proto3 has no presence), as in
 // weighted round robin (gRFC A58). The built-in LLM scorer prices
 // AppUtil, not CPUUtil, and does not fall back to CPU as A58's weights do:

@@ -74,7 +74,18 @@ func sampleFromORCA(r *v3orcapb.OrcaLoadReport, now time.Time) (s telemetry.Samp
 				continue
 			}
 		}
-		if v < 0 || (m.fraction && v > 1) || !s.Set(m.field, v) {
+		if v < 0 || (m.fraction && v > 1) {
+			bad = true
+			continue
+		}
+		if old, ok := s.Get(m.field); ok && old >= v {
+			// Two names of one field (a server that exports both
+			// spellings, old and new): the larger, as the HTTP load
+			// header's parser keeps it, not whichever this list
+			// names last.
+			continue
+		}
+		if !s.Set(m.field, v) {
 			bad = true
 		}
 	}

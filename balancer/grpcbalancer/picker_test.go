@@ -523,6 +523,17 @@ func TestSampleFromORCA(t *testing.T) {
 		t.Errorf("Time = %v, want %v", s.Time, now)
 	}
 
+	// A server reporting two names of one field: the larger counts, as
+	// in the HTTP load header, whichever name comes first.
+	two, bad := sampleFromORCA(&v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{
+		"kv_cache_usage_perc": 0.9, "gpu_cache_usage_perc": 0.2, "num_requests_waiting": 7, "queue_depth": 2}}, now)
+	if kv, _ := two.Get(telemetry.KVCacheUsage); kv != 0.9 || bad {
+		t.Errorf("KV cache of 0.9 and 0.2 read as %v (bad %v), want 0.9", kv, bad)
+	}
+	if w, _ := two.Get(telemetry.Waiting); w != 7 {
+		t.Errorf("7 and 2 waiting read as %v, want 7", w)
+	}
+
 	empty, _ := sampleFromORCA(&v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_usage": 1.7, "num_requests_waiting": -1, "other": 3}}, now)
 	if !empty.Empty() {
 		t.Errorf("zero utilizations, out-of-range and unknown metrics gave %+v, want nothing", empty)
