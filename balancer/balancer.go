@@ -277,6 +277,12 @@ func (b *Balancer) Update(endpoints []inferlb.Endpoint) error {
 	return b.def.Update(endpoints)
 }
 
+// Closed reports whether Close has run. It takes no lock: an adapter
+// asks it to fail calls that would otherwise wait for endpoints a closed
+// Balancer will never give (a wait-for-ready gRPC call while no
+// connection is up).
+func (b *Balancer) Closed() bool { return b.def.snap.Load().closed }
+
 // Close ends the Balancer. Its endpoints leave it, as with Update(nil)
 // and every Membership's Close, so it lets go of their slots in its
 // telemetry Store (a Store shared with other Balancers keeps the slots

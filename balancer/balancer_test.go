@@ -496,3 +496,15 @@ func TestNaNCostLoses(t *testing.T) {
 	}
 	assert.InDelta(t, 200, counts[eps[0].Addr], 50, "two NaNs tie: %v", counts)
 }
+
+// Closed says whether Close has run, for adapters that must fail calls
+// which would otherwise wait for endpoints a closed Balancer never gives.
+func TestClosed(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}}))
+	assert.False(t, b.Closed())
+	b.Close()
+	assert.True(t, b.Closed())
+	b.Close()
+	assert.True(t, b.Closed(), "Close is idempotent")
+}

@@ -645,7 +645,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 		lb.current = nil
 		lb.ClientConn.UpdateState(balancer.State{
 			ConnectivityState: st.ConnectivityState,
-			Picker:            &notReadyPicker{next: st.Picker},
+			Picker:            &notReadyPicker{next: st.Picker, shared: lb.shared},
 		})
 		return
 	}
@@ -662,11 +662,20 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 // (queue the call) and status errors (end it with that status). It is
 // immutable and safe for concurrent use.
 type notReadyPicker struct {
-	next balancer.Picker
+	next   balancer.Picker
+	shared *core.Balancer // NewBuilder's; nil when the policy owns its core
 }
 
 func (p *notReadyPicker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	retriedStates(info) // a retry's pick settles the held attempt here too
+	if p.shared != nil && p.shared.Closed() {
+		// A NewBuilder Balancer its owner closed gives no endpoint
+		// again: a call, wait-for-ready too, fails now, as it does
+		// through the READY picker, not at its deadline. (A core the
+		// policy owns is closed only by the policy, as it replaces it
+		// with a new one: calls wait for that one's picker.)
+		return balancer.PickResult{}, errBalancerClosed
+	}
 	res, err := p.next.Pick(info)
 	if err == nil || err == balancer.ErrNoSubConnAvailable {
 		return res, err

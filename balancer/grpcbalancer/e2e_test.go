@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
@@ -808,5 +809,34 @@ func TestClosedSharedBalancerFailsCallsAtOnce(t *testing.T) {
 		if st, _ := status.FromError(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "closed") {
 			t.Errorf("wait for ready %v: %v, want UNAVAILABLE saying the Balancer is closed", wait, err)
 		}
+	}
+}
+
+// A NewBuilder Balancer closed while none of the channel's connections is
+// up fails the channel's calls at once, wait-for-ready ones too, as it
+// does with a connection up (NewBuilder's doc): before, the picker gRPC
+// uses while nothing is READY asked no one, and such a call waited for
+// its deadline for endpoints the Balancer would never give again.
+func TestE2EClosedSharedBalancerFailsCallsWhileNothingIsReady(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens: every connection attempt is refused
+	name, b := shared(t, core.Options{})
+	conn, _ := dial(t, []*backend{{addr: dead}}, name, `{}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn.Connect() // the policy joins b, and its connection fails
+	for st := conn.GetState(); st != connectivity.TransientFailure; st = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, st) {
+			t.Fatalf("the channel never saw its connection fail: %v", st)
+		}
+	}
+	b.Close()
+	_, err = testgrpc.NewTestServiceClient(conn).EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), core.ErrClosed.Error()) {
+		t.Fatalf("a wait-for-ready call on a closed Balancer, no connection up: %v; want UNAVAILABLE with %q", err, core.ErrClosed)
 	}
 }
