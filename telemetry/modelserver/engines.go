@@ -472,19 +472,31 @@ func (x *extractor) mean(f telemetry.Field, ms []*dto.Metric) {
 }
 
 // ratio sets f to sum(num)/sum(den) when den is positive and the result is a
-// fraction, and reports whether it did.
+// fraction, and reports whether it did. A series of either that is not a
+// count (NaN, negative) drops the ratio and is counted: summed as 0, or
+// with the other side's series of its engine kept, it would skew the
+// reading with nothing said.
 func (x *extractor) ratio(f telemetry.Field, num, den []*dto.Metric) bool {
 	if len(num) == 0 || len(den) == 0 {
 		return false
 	}
-	var n, d float64
-	for _, m := range num {
-		v, _ := promtext.Value(m)
-		n += v
+	bad := false
+	total := func(ms []*dto.Metric) float64 {
+		t := 0.0
+		for _, m := range ms {
+			v, ok := promtext.Value(m)
+			if !ok || v < 0 {
+				x.drop(f, rawValue(m))
+				bad = true
+				continue
+			}
+			t += v
+		}
+		return t
 	}
-	for _, m := range den {
-		v, _ := promtext.Value(m)
-		d += v
+	n, d := total(num), total(den)
+	if bad {
+		return false
 	}
 	if d <= 0 {
 		return false // no query yet: unknown, not zero

@@ -214,6 +214,26 @@ func TestParseInlineCases(t *testing.T) {
 			want:   map[string]float64{"running": 1},
 		},
 		{
+			// One engine's counter unreadable: summing it as 0 read 5/20
+			// for a server at 5/10, with nothing said.
+			name: "a hit-rate counter that is not a number drops the rate and counts",
+			in: "vllm:num_requests_running 1\n" +
+				"vllm:prefix_cache_hits_total{engine=\"0\"} 5\nvllm:prefix_cache_hits_total{engine=\"1\"} NaN\n" +
+				"vllm:prefix_cache_queries_total{engine=\"0\"} 10\nvllm:prefix_cache_queries_total{engine=\"1\"} 10\n",
+			engine:  modelserver.VLLM,
+			want:    map[string]float64{"running": 1},
+			partial: true,
+		},
+		{
+			name: "a negative hit-rate counter drops the rate and counts",
+			in: "vllm:num_requests_running 1\n" +
+				"vllm:prefix_cache_hits_total{engine=\"0\"} 5\nvllm:prefix_cache_hits_total{engine=\"1\"} 0\n" +
+				"vllm:prefix_cache_queries_total{engine=\"0\"} 10\nvllm:prefix_cache_queries_total{engine=\"1\"} -4\n",
+			engine:  modelserver.VLLM,
+			want:    map[string]float64{"running": 1},
+			partial: true,
+		},
+		{
 			name:   "engine order: vllm wins over a stray nv_ metric",
 			in:     "nv_gpu_utilization{gpu_uuid=\"x\"} 0.1\nvllm:num_requests_running 3\n",
 			engine: modelserver.VLLM,
