@@ -611,7 +611,9 @@ func (s *Source) query(ctx context.Context, query string, c *collector) ([]strin
 	if limit <= 0 {
 		limit = DefaultMaxBodyBytes
 	}
-	body := &io.LimitedReader{R: resp.Body, N: limit + 1}
+	// One byte past the limit tells an answer at it from a larger one
+	// (kept below math.MaxInt64, where it would overflow and read nothing).
+	body := &io.LimitedReader{R: resp.Body, N: min(limit, math.MaxInt64-1) + 1}
 	env, derr := c.decode(json.NewDecoder(body))
 	// Drain a little so the connection can be reused.
 	_, _ = io.Copy(io.Discard, io.LimitReader(body, 4096))

@@ -2,6 +2,7 @@ package promapi_test
 
 import (
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -206,4 +207,15 @@ func TestCollectBodyLimit(t *testing.T) {
 	src.MaxBodyBytes = 64
 	_, err := src.Collect(t.Context())
 	assert.ErrorContains(t, err, "promapi: response larger than 64 bytes")
+}
+
+// MaxBodyBytes at math.MaxInt64 (no limit worth having) overflowed the
+// reader's limit+1 to a negative count: nothing was read and every round
+// failed with "response larger than 9223372036854775807 bytes".
+func TestCollectLargestBodyLimit(t *testing.T) {
+	src := fakeProm(t, 200, okBody, nil)
+	src.MaxBodyBytes = math.MaxInt64
+	obs, err := src.Collect(t.Context())
+	require.NoError(t, err)
+	assert.Len(t, obs, 2)
 }

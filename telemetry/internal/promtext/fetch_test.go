@@ -1,6 +1,7 @@
 package promtext_test
 
 import (
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -54,4 +55,22 @@ func TestFetchErrorsRedactThePasswordOfAnUnparsableURL(t *testing.T) {
 		assert.NotContains(t, err.Error(), "s3cr3t")
 		assert.Contains(t, err.Error(), "xxxxx@node-1", "the URL is still named")
 	}
+}
+
+// The largest limit is no limit worth having, and a caller that wants
+// none sets it (MaxBodyBytes: math.MaxInt64). Fetch read maxBytes+1 bytes
+// to tell a body at the limit from one past it, which overflowed to a
+// negative count: every body came back empty, with no error, and every
+// scrape failed as an exposition without metrics.
+func TestFetchLargestLimitReadsTheBody(t *testing.T) {
+	const body = "vllm:num_requests_running 3\n"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(body))
+	}))
+	t.Cleanup(srv.Close)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	got, err := promtext.Fetch(t.Context(), &http.Client{Transport: tr}, srv.URL, math.MaxInt64)
+	require.NoError(t, err)
+	assert.Equal(t, body, string(got))
 }

@@ -543,7 +543,10 @@ func Fetch(ctx context.Context, client *http.Client, url string, maxBytes int64)
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		return nil, fmt.Errorf("GET %s: status %s", Redacted(url), resp.Status)
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBytes+1))
+	// One byte past the limit tells a body at it from a larger one; at
+	// math.MaxInt64 that byte would overflow the count to a negative one,
+	// which reads nothing.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, min(maxBytes, math.MaxInt64-1)+1))
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: reading body: %w", Redacted(url), err)
 	}
