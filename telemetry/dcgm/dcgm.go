@@ -230,12 +230,15 @@ func parseBytes(data []byte) ([]GPU, error) {
 				continue
 			}
 			taken[g] |= 1 << i
-			v, ok := promtext.Value(m)
-			v *= f.scale
+			raw, ok := promtext.Value(m)
+			v := raw * f.scale
 			if !ok || v < f.lo || v > f.hi {
 				bad++
 				if firstBad == "" {
-					firstBad = fmt.Sprintf("%s=%g for GPU %q", f.name, v, g.UUID)
+					if !ok {
+						raw = rawValue(m) // NaN or an infinity, as exported
+					}
+					firstBad = fmt.Sprintf("%s=%g for GPU %q", f.name, raw, g.UUID)
 				}
 				continue
 			}
@@ -308,6 +311,20 @@ func record(byKey map[key]*GPU, m *dto.Metric) *GPU {
 	}
 	byKey[k] = g
 	return g
+}
+
+// rawValue returns m's value as exported, NaN and infinities included, to
+// name a dropped value as it was.
+func rawValue(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Untyped != nil:
+		return m.Untyped.GetValue()
+	}
+	return 0
 }
 
 func (g *GPU) set(m Metric, v float64) {

@@ -158,6 +158,22 @@ func TestAggregate(t *testing.T) {
 	assert.Nil(t, dcgm.Aggregate(all, nil))
 }
 
+// The error names a dropped value as the exporter wrote it: it said
+// DCGM_FI_DEV_GPU_TEMP=0 for a NaN (0 degrees is in range, so the message
+// contradicted itself) and DCGM_FI_PROF_GR_ENGINE_ACTIVE=150 for a ratio
+// exported as 1.5.
+func TestParseErrorNamesTheDroppedValueAsExported(t *testing.T) {
+	const labels = `{gpu="0",UUID="GPU-x",Hostname="h"}`
+	for in, want := range map[string]string{
+		"DCGM_FI_DEV_GPU_TEMP" + labels + " NaN\nDCGM_FI_DEV_POWER_USAGE" + labels + " 70\n":          "DCGM_FI_DEV_GPU_TEMP=NaN",
+		"DCGM_FI_PROF_GR_ENGINE_ACTIVE" + labels + " 1.5\nDCGM_FI_DEV_POWER_USAGE" + labels + " 70\n": "DCGM_FI_PROF_GR_ENGINE_ACTIVE=1.5",
+	} {
+		_, err := dcgm.ParseMetrics(strings.NewReader(in))
+		require.ErrorIs(t, err, telemetry.ErrPartial)
+		assert.Contains(t, err.Error(), want+` for GPU "GPU-x"`)
+	}
+}
+
 func TestParseBadInput(t *testing.T) {
 	const labels = `{gpu="0",UUID="GPU-x",Hostname="h"}`
 	tests := []struct {
