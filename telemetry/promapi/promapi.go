@@ -262,13 +262,19 @@ func (s *Source) Validate() error {
 	if s.URL == "" {
 		return errors.New("promapi: Source.URL is empty")
 	}
-	if _, err := url.Parse(s.URL); err != nil {
+	u, err := url.Parse(s.URL)
+	if err != nil {
 		// Not err itself: url.Parse's error quotes the URL, password and all,
 		// and it would reach OnError's log at every round.
 		if ue, ok := errors.AsType[*url.Error](err); ok {
 			err = ue.Err
 		}
 		return fmt.Errorf("promapi: Source.URL is not a URL: %w", err)
+	}
+	if !strings.EqualFold(u.Scheme, "http") && !strings.EqualFold(u.Scheme, "https") || u.Host == "" {
+		// "prometheus:9090" parses (scheme "prometheus"), and every round
+		// would fail with "unsupported protocol scheme".
+		return fmt.Errorf("promapi: Source.URL %q is not an http or https URL with a host", u.Redacted())
 	}
 	if s.MaxBodyBytes < 0 {
 		return fmt.Errorf("promapi: Source.MaxBodyBytes is %d, want >= 0 (0 for the default)", s.MaxBodyBytes)

@@ -202,6 +202,21 @@ func TestCollectConfigErrors(t *testing.T) {
 	assert.NotContains(t, err.Error(), "s3cr3t")
 }
 
+// A URL without a scheme (the host:port of Prometheus' own flags) parses,
+// as a scheme "prometheus" with an opaque part: Validate passed it, and
+// every round failed with net/http's "unsupported protocol scheme", where
+// NewPoller promises to name the field at fault before any round.
+func TestValidateRejectsAURLThatIsNotHTTP(t *testing.T) {
+	for _, raw := range []string{"prometheus:9090", "localhost:9090", "ftp://prometheus:9090", "http://", "http:///api", "https://reader:s3cr3t@/x"} {
+		_, err := telemetry.NewPoller(&promapi.Source{URL: raw}, &telemetry.Store{}, telemetry.PollerOptions{})
+		require.ErrorContains(t, err, "promapi: Source.URL", raw)
+		assert.NotContains(t, err.Error(), "s3cr3t")
+	}
+	for _, raw := range []string{"http://prometheus:9090", "HTTPS://prometheus/prefix/", "http://[::1]:9090"} {
+		assert.NoError(t, (&promapi.Source{URL: raw}).Validate(), raw)
+	}
+}
+
 func TestCollectBodyLimit(t *testing.T) {
 	src := fakeProm(t, 200, okBody, nil)
 	src.MaxBodyBytes = 64
