@@ -105,3 +105,33 @@ vllm:num_requests_waiting{model_name="base"} %v
 		assert.Nil(t, s.Adapters)
 	})
 }
+
+// vLLM never drops a label set of vllm:lora_requests_info: every mix of
+// running and waiting adapters a server has had stays exported with the
+// time it was last set, so a long-running multi-LoRA server exports
+// thousands. Past the parser's bound of 8192 series the rest were
+// dropped, newest label sets (exported last) first: the state read was an
+// old one (adapters long gone from the batch) and every round was partial.
+// Only the latest label set is read, so only it needs to be kept.
+func TestParseVLLMLoRAManyLabelSets(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("vllm:num_requests_running{model_name=\"base\"} 3\nvllm:num_requests_waiting{model_name=\"base\"} 1\n# TYPE vllm:lora_requests_info gauge\n")
+	const n = 20000
+	for i := range n {
+		fmt.Fprintf(&b, "vllm:lora_requests_info{max_lora=\"4\",running_lora_adapters=\"a%d\",waiting_lora_adapters=\"\"} %d.5\n", i, 1700000000+i)
+	}
+	// A label set set again last keeps its place (the first) with the latest time.
+	in := strings.Replace(b.String(), `running_lora_adapters="a0",waiting_lora_adapters=""} 1700000000.5`, `running_lora_adapters="a0",waiting_lora_adapters=""} 1800000000`, 1)
+	for name, in := range map[string]string{"newest last": b.String(), "newest first": in} {
+		res, err := modelserver.Parse(strings.NewReader(in))
+		require.NoError(t, err, name)
+		require.NotNil(t, res.Sample.Adapters, name)
+		want := fmt.Sprintf("a%d", n-1)
+		if name == "newest first" {
+			want = "a0"
+		}
+		assert.Equal(t, []string{want}, res.Sample.Adapters.Running, name)
+		v, _ := res.Sample.Get(telemetry.Running)
+		assert.Equal(t, 3.0, v, name)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 
@@ -114,7 +115,8 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 // prefix-cache hit rate is hits over queries since the server started: one
 // scrape cannot see a recent rate.
 //
-// Only the series of the metrics above are parsed into objects, and at most
+// Only the series of the metrics above are parsed into objects (of
+// vllm:lora_requests_info, only the latest label set's), and at most
 // 8192 of them: the rest of an exposition (histograms, other engines'
 // metrics, a wrong URL's million series) costs a scan of its names, which
 // also tells the engine. Malformed lines of those metrics and series past
@@ -141,6 +143,7 @@ func Parse(r io.Reader) (Result, error) {
 }
 
 func parseBytes(data []byte) (Result, error) {
+	data = latestLoRA(data)
 	// Only the metrics an extractor reads become objects; the engine is
 	// told from every name on the way.
 	var seen engines
@@ -182,6 +185,58 @@ func parseBytes(data []byte) (Result, error) {
 		return res, fmt.Errorf("%w: modelserver: %s exposition: %d values dropped (out of range or duplicate) (%s)", telemetry.ErrPartial, res.Engine, x.bad, x.firstBad)
 	}
 	return res, nil
+}
+
+// latestLoRA returns data with the sample lines of vllm:lora_requests_info
+// (either spelling) cut to the one with the largest value: the latest label
+// set, the only one loraInfo reads. vLLM never drops a label set (each
+// stays with the time it was last set), so a long-running multi-LoRA
+// server exports thousands, and read whole they ran past the parser's
+// bound, which dropped the newest and left an old state read. A line whose
+// value is not a finite number is kept, for loraInfo to count, and so is a
+// last line without a line feed, for the parser to count. data itself is
+// returned when there is nothing to cut.
+func latestLoRA(data []byte) []byte {
+	const name = "vllm_lora_requests_info" // index form
+	tail := []byte("lora_requests_info")
+	if !bytes.Contains(data, tail) {
+		return data
+	}
+	isLoRA := func(line []byte) (latest bool, v float64, is bool) {
+		if !bytes.Contains(line, tail) {
+			return false, 0, false
+		}
+		n, v, ok := promtext.SampleValue(line)
+		if len(n) != len(name) || string(indexName(nil, n)) != name {
+			return false, 0, false
+		}
+		terminated := line[len(line)-1] == '\n'
+		return ok && terminated && !math.IsNaN(v) && !math.IsInf(v, 0), v, true
+	}
+	best, lines := -1, 0
+	bestV := math.Inf(-1)
+	off := 0
+	for line := range bytes.Lines(data) {
+		if latest, v, is := isLoRA(line); is {
+			lines++
+			if latest && v > bestV {
+				best, bestV = off, v
+			}
+		}
+		off += len(line)
+	}
+	if lines <= 1 || best < 0 {
+		return data
+	}
+	out := make([]byte, 0, len(data))
+	off = 0
+	for line := range bytes.Lines(data) {
+		if latest, _, is := isLoRA(line); !is || !latest || off == best {
+			out = append(out, line...)
+		}
+		off += len(line)
+	}
+	return out
 }
 
 // metrics indexes gauge, counter and untyped families by name, with a

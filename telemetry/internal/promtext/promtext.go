@@ -283,6 +283,27 @@ func metricName(line []byte, i int) ([]byte, bool) {
 	return line[i:j], true
 }
 
+// SampleValue returns the metric name of a sample line (as ParseSelected's
+// keep sees it) and its value, with ok false when line is no sample line
+// or its value does not parse (what follows the value, an OpenMetrics
+// timestamp or exemplar, is allowed). Surrounding space is ignored.
+func SampleValue(line []byte) (name []byte, v float64, ok bool) {
+	line = bytes.TrimSpace(line)
+	name, kind := lineName(line)
+	if kind != sampleLine {
+		return nil, 0, false
+	}
+	n, fits := samplePrefix(line)
+	if !fits {
+		return name, 0, false
+	}
+	// The value is the last token before n: after the label set's closing
+	// brace, and after a blank (a label value may hold either).
+	i := max(bytes.LastIndexAny(line[:n], " \t"), bytes.LastIndexByte(line[:n], '}')) + 1
+	v, err := strconv.ParseFloat(string(line[i:n]), 64)
+	return name, v, err == nil
+}
+
 // isOpenMetrics reports whether data's last line is OpenMetrics' "# EOF",
 // which every OpenMetrics exposition ends with and no text one needs.
 func isOpenMetrics(data []byte) bool {

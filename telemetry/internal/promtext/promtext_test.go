@@ -3,6 +3,7 @@ package promtext_test
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"runtime"
 	"testing"
 
@@ -246,4 +247,29 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+func TestSampleValue(t *testing.T) {
+	for _, tt := range []struct {
+		line, name string
+		v          float64
+		ok         bool
+	}{
+		{"a 3\n", "a", 3, true},
+		{"  a{x=\"} y\"} 1.5e9\r\n", "a", 1.5e9, true},
+		{"a{x=\"a b\"}7", "a", 7, true},
+		{"{\"vllm:x\", y=\"1\"} 2 1700000000.5 # {t=\"1\"} 1\n", "vllm:x", 2, true},
+		{"a{x=\"1\"} NaN\n", "a", math.NaN(), true},
+		{"a{x=\"1\"} twelve\n", "a", 0, false},
+		{"a{x=\"1\n", "a", 0, false},
+		{"# TYPE a gauge\n", "", 0, false},
+		{"\n", "", 0, false},
+	} {
+		name, v, ok := promtext.SampleValue([]byte(tt.line))
+		assert.Equal(t, tt.name, string(name), tt.line)
+		assert.Equal(t, tt.ok, ok, tt.line)
+		if tt.ok && !math.IsNaN(tt.v) {
+			assert.Equal(t, tt.v, v, tt.line)
+		}
+	}
 }
