@@ -167,7 +167,8 @@ const DefaultMaxBodyBytes = 64 << 20
 // usable: URL is required. Fields must not change while Collect runs.
 type Source struct {
 	// URL is the server's base URL, e.g. http://prometheus:9090 (a path
-	// prefix, as behind a proxy, is kept).
+	// prefix, as behind a proxy, is kept, and so is a query, such as a
+	// Thanos querier's ?dedup=true: the API's path goes before it).
 	URL string
 	// Queries maps each field to a PromQL expression returning one series
 	// per endpoint with EndpointLabel set. nil means DefaultQueries. Values
@@ -596,7 +597,14 @@ func (c *collector) observations() []telemetry.Observation {
 // query sends the query and folds the answer's series into c; it returns
 // the answer's warnings.
 func (s *Source) query(ctx context.Context, query string, c *collector) ([]string, error) {
-	endpoint := strings.TrimSuffix(s.URL, "/") + "/api/v1/query"
+	// The API's path goes after the URL's own, before its query (a
+	// Thanos querier's ?dedup=true, a tenant parameter of a proxy), which
+	// the server reads beside the form's.
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		return nil, fmt.Errorf("promapi: Source.URL: %w", err) // Validate refuses it first
+	}
+	endpoint := u.JoinPath("api/v1/query").String()
 	form := url.Values{"query": {query}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(form.Encode()))
 	if err != nil {

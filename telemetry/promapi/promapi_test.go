@@ -227,6 +227,28 @@ func TestCollectBodyLimit(t *testing.T) {
 // MaxBodyBytes at math.MaxInt64 (no limit worth having) overflowed the
 // reader's limit+1 to a negative count: nothing was read and every round
 // failed with "response larger than 9223372036854775807 bytes".
+// A URL with a query of its own (a Thanos querier's ?dedup=true) gets the
+// API's path before that query, which the server receives: the path was
+// appended after it ("?dedup=true/api/v1/query"), so every round asked the
+// URL's own path with a broken parameter.
+func TestURLWithAQuery(t *testing.T) {
+	var path, dedup string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path, dedup = r.URL.Path, r.URL.Query().Get("dedup")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, okBody)
+	}))
+	tr := &http.Transport{}
+	t.Cleanup(func() { srv.Close(); tr.CloseIdleConnections() })
+	src := &promapi.Source{URL: srv.URL + "/thanos?dedup=true", Client: &http.Client{Transport: tr}}
+	require.NoError(t, src.Validate())
+	obs, err := src.Collect(t.Context())
+	require.NoError(t, err)
+	assert.Len(t, obs, 2)
+	assert.Equal(t, "/thanos/api/v1/query", path)
+	assert.Equal(t, "true", dedup)
+}
+
 func TestCollectLargestBodyLimit(t *testing.T) {
 	src := fakeProm(t, 200, okBody, nil)
 	src.MaxBodyBytes = math.MaxInt64
