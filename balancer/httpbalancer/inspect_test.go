@@ -909,3 +909,21 @@ func TestInspectLongestInput(t *testing.T) {
 		})
 	}
 }
+
+// TestInspectRepeatedPromptKeyKeepsTheLast: Python's json, which vLLM and SGLang
+// read bodies with, keeps the last of a repeated key, as encoding/json
+// does; the affinity key must be the one of the prompt the server runs.
+func TestInspectRepeatedPromptKeyKeepsTheLast(t *testing.T) {
+	for _, c := range []struct{ path, dup, last string }{
+		{"/v1/completions", `{"model":"m","prompt":"other","prompt":"hello"}`, `{"model":"m","prompt":"hello"}`},
+		{"/v1/completions", `{"model":"m","prompt":[1,2,3],"prompt":[4,5,6]}`, `{"model":"m","prompt":[4,5,6]}`},
+		{"/v1/completions", `{"model":"m","prompt":[1,2,3],"prompt":"hello"}`, `{"model":"m","prompt":"hello"}`},
+		{"/v1/completions", `{"model":"m","prompt":["other","x"],"prompt":["hello","x"]}`, `{"model":"m","prompt":["hello","x"]}`},
+		{"/v1/responses", `{"model":"m","input":"other","input":"hello"}`, `{"model":"m","input":"hello"}`},
+		{"/generate", `{"text":"other","text":"hello"}`, `{"text":"hello"}`},
+	} {
+		dup, last := inspect(c.path, c.dup, true), inspect(c.path, c.last, true)
+		require.NotZero(t, last.AffinityKey, c.last)
+		assert.Equal(t, last.AffinityKey, dup.AffinityKey, c.dup)
+	}
+}

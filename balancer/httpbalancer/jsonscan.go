@@ -652,6 +652,9 @@ type body struct {
 	more    []cache.Message
 	prompt  string // completions prompt, or responses input given as a string
 	hasText bool   // prompt is set
+	// promptFrom is the code of the top-level key (see promptKey) whose
+	// value set prompt, or ids; 0 for none.
+	promptFrom uint8
 	// images is a hash of the strings of the body's "images" list
 	// (Ollama's /api/generate: base64 photos beside the prompt), of what
 	// the peek holds of them; 0 when there is none.
@@ -748,7 +751,9 @@ func (s *scanner) field(key []byte, out *body) bool {
 		// generate (the Responses API's text, an object, is stepped
 		// over). A list of strings or of token-ID lists is a batch: a
 		// completion per prompt. The largest batch counts, a bound.
+		code := out.promptKey(key)
 		ok := s.promptValue(out)
+		out.promptKeyed(code)
 		out.prompts = max(out.prompts, out.listed)
 		out.input, out.inputs = max(out.input, out.longest), max(out.inputs, out.listed)
 		return ok
@@ -766,7 +771,9 @@ func (s *scanner) field(key []byte, out *body) bool {
 		// read as a rerank's documents are. None is a batch of
 		// generations: the lists of embeddings and rerank calls have no
 		// output, and /v1/responses input items are one conversation.
+		code := out.promptKey(key)
 		ok := s.promptValue(out)
+		out.promptKeyed(code)
 		out.input, out.inputs = max(out.input, out.longest), max(out.inputs, out.listed)
 		return ok
 	case "tools", "functions":
@@ -789,6 +796,38 @@ func (s *scanner) field(key []byte, out *body) bool {
 		return s.stringView(&out.prevResponse)
 	}
 	return s.skip()
+}
+
+// promptKeys are the top-level keys whose value can be the prompt keyed on
+// (see promptKey).
+var promptKeys = [...]string{"prompt", "text", "input_ids", "input", "inputs", "text_input"}
+
+// promptKey returns key's code among promptKeys (0 for none) and, when the
+// prompt keyed on so far came from the same key, forgets it: the last of a
+// repeated key is the prompt, as Python's json (vLLM, SGLang) and
+// encoding/json read the body.
+func (out *body) promptKey(key []byte) uint8 {
+	code := uint8(0)
+	for i, k := range promptKeys {
+		if string(key) == k {
+			code = uint8(i + 1)
+			break
+		}
+	}
+	if code != 0 && code == out.promptFrom {
+		out.prompt, out.hasText, out.promptFrom = "", false, 0
+		out.idState, out.ids = 0, out.ids[:0]
+	}
+	return code
+}
+
+// promptKeyed notes that the value of the key of the given code (see
+// promptKey) was read: the prompt keyed on, or the token-ID list looked
+// at for one, came from it unless it came from an earlier key.
+func (out *body) promptKeyed(code uint8) {
+	if out.promptFrom == 0 && (out.hasText || out.idState != 0) {
+		out.promptFrom = code
+	}
 }
 
 // counted steps over a value, counting its bytes as prompt text.

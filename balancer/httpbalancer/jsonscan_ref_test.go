@@ -288,9 +288,11 @@ type refBody struct {
 	more    []cache.Message
 	prompt  string
 	hasText bool
-	parts   []byte
-	single  []byte
-	nparts  int
+	// promptFrom is the top-level key whose value set prompt or ids.
+	promptFrom string
+	parts      []byte
+	single     []byte
+	nparts     int
 
 	keyDone  bool
 	rendered int
@@ -375,7 +377,7 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 	}
 	s := &refScanner{b: b}
 	s.object(func(key []byte) bool {
-		switch string(key) {
+		switch k := string(key); k {
 		case "model":
 			out.model = ""
 			if s.peek() != '"' {
@@ -444,12 +446,16 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 		case "messages":
 			return s.messages(out)
 		case "prompt", "text", "input_ids":
+			out.refPromptKey(k)
 			n, ok := s.promptValue(out)
+			out.refPromptKeyed(k)
 			out.prompts = max(out.prompts, n)
 			return ok
 		case "input", "inputs", "text_input", "query", "documents", "texts",
 			"text_1", "text_2", "queries", "data_1", "data_2":
+			out.refPromptKey(k)
 			_, ok := s.promptValue(out)
+			out.refPromptKeyed(k)
 			return ok
 		case "tools", "functions":
 			return s.counted(out)
@@ -914,4 +920,27 @@ func refStripUnderscores(s string) (string, bool) {
 		return "", false
 	}
 	return strings.ReplaceAll(s, "_", ""), true
+}
+
+// refPromptKey forgets the prompt when it came from the key k, which is
+// repeated: the last value of a repeated key is the prompt.
+func (out *refBody) refPromptKey(k string) {
+	switch k {
+	case "prompt", "text", "input_ids", "input", "inputs", "text_input":
+		if out.promptFrom == k {
+			out.prompt, out.hasText, out.promptFrom = "", false, ""
+			out.idState, out.ids = 0, nil
+		}
+	}
+}
+
+// refPromptKeyed notes that the prompt, or the ID list looked at, came
+// from k unless it came from an earlier key.
+func (out *refBody) refPromptKeyed(k string) {
+	switch k {
+	case "prompt", "text", "input_ids", "input", "inputs", "text_input":
+		if out.promptFrom == "" && (out.hasText || out.idState != 0) {
+			out.promptFrom = k
+		}
+	}
 }
