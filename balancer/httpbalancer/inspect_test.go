@@ -927,3 +927,23 @@ func TestInspectRepeatedPromptKeyKeepsTheLast(t *testing.T) {
 		assert.Equal(t, last.AffinityKey, dup.AffinityKey, c.dup)
 	}
 }
+
+// TestInspectRepeatedTextKeyKeepsTheLast: a message's or a content part's
+// repeated text is its last, as the server reads it, not both joined.
+func TestInspectRepeatedTextKeyKeepsTheLast(t *testing.T) {
+	for _, c := range []struct{ path, dup, last string }{
+		{"/v1/chat/completions",
+			`{"model":"m","messages":[{"role":"user","content":"other","content":"hello"}]}`,
+			`{"model":"m","messages":[{"role":"user","content":"hello"}]}`},
+		{"/v1/chat/completions",
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"other","text":"hello"}]}]}`,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"hello"}]}]}`},
+		{"/v1/chat/completions",
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"other"}],"content":"hello"}]}`,
+			`{"model":"m","messages":[{"role":"user","content":"hello"}]}`},
+	} {
+		dup, last := inspect(c.path, c.dup, true), inspect(c.path, c.last, true)
+		require.NotZero(t, last.AffinityKey, c.last)
+		assert.Equal(t, last.AffinityKey, dup.AffinityKey, c.dup)
+	}
+}

@@ -1182,6 +1182,7 @@ func (s *scanner) message(out *body) bool {
 	}
 	s.i++
 	var role string
+	var texts textKeys
 	out.parts, out.single, out.nparts = out.parts[:0], nil, 0
 	out.collect = out.keyed && !out.keyDone
 	ok := false
@@ -1208,6 +1209,7 @@ func (s *scanner) message(out *body) bool {
 			string(key) == "output" || string(key) == "arguments":
 			// output and arguments: the Responses API's function call
 			// items (tool results, tool calls), keyed on what they carry.
+			texts.enter(out, key)
 			ok = s.content(out)
 		case string(key) == "tool_calls": // an assistant's, counted as sent
 			ok = s.counted(out)
@@ -1299,6 +1301,7 @@ func (s *scanner) contentPart(out *body, nested bool) bool {
 		return s.skip()
 	}
 	s.i++
+	var texts textKeys
 	for first := true; ; first = false {
 		key, st := s.nextKey(first)
 		if st != member {
@@ -1307,14 +1310,17 @@ func (s *scanner) contentPart(out *body, nested bool) bool {
 		var ok bool
 		switch {
 		case string(key) == "text":
+			texts.enter(out, key)
 			ok = s.text(out)
 		case string(key) == "image_url" || string(key) == "source" || string(key) == "input_audio" ||
 			string(key) == "audio_url" || string(key) == "video_url":
 			// source: the Messages API's image (or document) block;
 			// input_audio: {"data": base64}; audio_url, video_url:
 			// vLLM's, {"url": ...} as image_url.
+			texts.enter(out, key)
 			ok = s.image(out)
 		case string(key) == "content" && !nested:
+			texts.enter(out, key)
 			ok = s.toolResult(out) // a Messages API tool_result's
 		case string(key) == "input": // a Messages API tool_use's, counted as sent
 			ok = s.counted(out)
@@ -1506,6 +1512,49 @@ func (s *scanner) imageURL(out *body) bool {
 func (out *body) addImage(url []byte) {
 	marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(url))
 	out.addPart(marker, false)
+}
+
+// textKeys tracks the keys of one object, a message or a content part,
+// whose values add to the message's text, so that a repeated one replaces
+// what the object added rather than adding to it: the server reads the
+// last value of a repeated key (Python's json, as encoding/json).
+type textKeys struct {
+	seen         uint8 // the keys read, a bit each (textKeyBit)
+	plen, nparts int   // the message's text before the first of them
+	single       []byte
+}
+
+// enter is called before the value of key is read.
+func (t *textKeys) enter(out *body, key []byte) {
+	bit := textKeyBit(key)
+	switch {
+	case t.seen&bit != 0:
+		// A repeated key: the object's text so far is dropped (with that
+		// of its other keys, which no real body has besides).
+		out.parts, out.single, out.nparts = out.parts[:t.plen], t.single, t.nparts
+	case t.seen == 0:
+		t.plen, t.single, t.nparts = len(out.parts), out.single, out.nparts
+	}
+	t.seen |= bit
+}
+
+// textKeyBit is key's bit in textKeys.seen.
+func textKeyBit(key []byte) uint8 {
+	switch string(key) {
+	case "content":
+		return 1
+	case "text":
+		return 2
+	case "output", "source":
+		return 4
+	case "arguments", "input_audio":
+		return 8
+	case "image_url":
+		return 16
+	case "audio_url":
+		return 32
+	}
+	return 64 // video_url
 }
 
 // addPart collects one piece of a message's text.

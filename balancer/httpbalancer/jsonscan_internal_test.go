@@ -44,6 +44,7 @@ func scanRef(b []byte, keyed bool) scanResult {
 }
 
 var scanSeeds = []string{
+	`{"messages":[{"role":"user","content":[{"type":"text","text":"a","image_url":{"url":"u"},"text":"b\u00e9"}],"images":["x"],"content":"c","content":["d",{"text":"e"}]}],"prompt":"p","prompt":[1,2]}`,
 	`{"model":"m","prompt":[101, 7,0,13],"cache_salt":"t1"}`,
 	"\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"x\"}",
 	`{"model":"m","prompt":[[1,2],[3,4]],"max_tokens":3}`,

@@ -580,6 +580,7 @@ func (s *refScanner) message(out *refBody) bool {
 		return s.skip()
 	}
 	var role string
+	var texts refTextKeys
 	out.parts, out.single, out.nparts = out.parts[:0], nil, 0
 	out.collect = out.keyed && !out.keyDone
 	ok := s.object(func(key []byte) bool {
@@ -592,6 +593,7 @@ func (s *refScanner) message(out *refBody) bool {
 			role = refInternRole(raw, quoted, esc)
 			return true
 		case "content", "text", "output", "arguments":
+			texts.enter(out, string(key))
 			return s.content(out)
 		case "tool_calls":
 			return s.counted(out)
@@ -676,12 +678,15 @@ func (s *refScanner) contentPart(out *refBody, nested bool) bool {
 	if s.peek() != '{' {
 		return s.skip()
 	}
+	var texts refTextKeys
 	return s.object(func(key []byte) bool {
 		switch string(key) {
 		case "image_url", "source", "input_audio", "audio_url", "video_url":
+			texts.enter(out, string(key))
 			return s.image(out)
 		}
 		if string(key) == "content" && !nested {
+			texts.enter(out, string(key))
 			return s.toolResult(out)
 		}
 		if string(key) == "input" {
@@ -690,6 +695,7 @@ func (s *refScanner) contentPart(out *refBody, nested bool) bool {
 		if string(key) != "text" {
 			return s.skip()
 		}
+		texts.enter(out, string(key))
 		if s.peek() == '"' {
 			start := s.i + 1
 			if _, _, _, ok := (&refScanner{b: s.b, i: s.i}).str(); !ok {
@@ -943,4 +949,28 @@ func (out *refBody) refPromptKeyed(k string) {
 			out.promptFrom = k
 		}
 	}
+}
+
+// refTextKeys is textKeys: a repeated key of a message or content part
+// drops the text the object added before it.
+type refTextKeys struct {
+	seen   map[string]bool
+	parts  []byte
+	single []byte
+	nparts int
+}
+
+func (t *refTextKeys) enter(out *refBody, key string) {
+	switch {
+	case t.seen[key]:
+		out.parts = append(out.parts[:0], t.parts...)
+		out.single, out.nparts = t.single, t.nparts
+	case len(t.seen) == 0:
+		t.parts = slices.Clone(out.parts)
+		t.single, t.nparts = out.single, out.nparts
+	}
+	if t.seen == nil {
+		t.seen = map[string]bool{}
+	}
+	t.seen[key] = true
 }
