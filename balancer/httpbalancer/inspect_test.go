@@ -947,3 +947,20 @@ func TestInspectRepeatedTextKeyKeepsTheLast(t *testing.T) {
 		assert.Equal(t, last.AffinityKey, dup.AffinityKey, c.dup)
 	}
 }
+
+// TestInspectRepeatedSystemKeepsTheLast: a system prompt given apart and
+// then again as null (or with no text) is no system prompt to the server,
+// which reads the last value of a repeated key, and the key is the one of
+// a body without it, as it is when the body is read past the peek.
+func TestInspectRepeatedSystemKeepsTheLast(t *testing.T) {
+	for _, c := range []struct{ path, dup, last string }{
+		{"/v1/responses", `{"model":"m","instructions":"sys","input":"hello","instructions":null}`, `{"model":"m","input":"hello"}`},
+		{"/v1/messages",
+			`{"model":"m","system":"sys","messages":[{"role":"user","content":"hello"}],"system":[]}`,
+			`{"model":"m","messages":[{"role":"user","content":"hello"}]}`},
+	} {
+		dup, last := inspect(c.path, c.dup, true), inspect(c.path, c.last, true)
+		require.NotZero(t, last.AffinityKey, c.last)
+		assert.Equal(t, last.AffinityKey, dup.AffinityKey, c.dup)
+	}
+}

@@ -843,8 +843,10 @@ func (s *scanner) counted(out *body) bool {
 
 // system reads a system prompt given apart from the messages: a string or
 // a list of text blocks, read as a message's content is. A value with no
-// text leaves out.system as it was.
+// text is no system prompt: a repeated key replaces an earlier one, as the
+// server reads it, and as readTail does.
 func (s *scanner) system(out *body) bool {
+	out.system = ""
 	out.parts, out.single, out.nparts = out.parts[:0], nil, 0
 	out.collect = out.keyed
 	ok := s.content(out)

@@ -484,6 +484,7 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			}
 			return ok
 		case "instructions", "system":
+			out.system = ""
 			out.parts, out.single, out.nparts = out.parts[:0], nil, 0
 			out.collect = out.keyed
 			ok := s.content(out)
