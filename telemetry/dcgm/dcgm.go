@@ -236,7 +236,7 @@ func parseBytes(data []byte) ([]GPU, error) {
 				bad++
 				if firstBad == "" {
 					if !ok {
-						raw = rawValue(m) // NaN or an infinity, as exported
+						raw = promtext.RawValue(m) // NaN or an infinity, as exported
 					}
 					firstBad = fmt.Sprintf("%s=%g for GPU %q", f.name, raw, g.UUID)
 				}
@@ -311,20 +311,6 @@ func record(byKey map[key]*GPU, m *dto.Metric) *GPU {
 	}
 	byKey[k] = g
 	return g
-}
-
-// rawValue returns m's value as exported, NaN and infinities included, to
-// name a dropped value as it was.
-func rawValue(m *dto.Metric) float64 {
-	switch {
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Untyped != nil:
-		return m.Untyped.GetValue()
-	}
-	return 0
 }
 
 func (g *GPU) set(m Metric, v float64) {

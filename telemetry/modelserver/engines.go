@@ -178,7 +178,7 @@ func (x *extractor) loraInfo(ms, running []*dto.Metric) {
 		if !ok {
 			// A time that is not a number: malformed, so dropped and
 			// counted (promapi skips and counts such a series too).
-			x.drop(telemetry.LoRASlots, rawValue(m))
+			x.drop(telemetry.LoRASlots, promtext.RawValue(m))
 			continue
 		}
 		if v > at {
@@ -271,7 +271,7 @@ func (x *extractor) firstWhere(f telemetry.Field, ok func(float64) bool, names .
 			}
 		}
 		for _, m := range ms {
-			x.drop(f, rawValue(m))
+			x.drop(f, promtext.RawValue(m))
 		}
 	}
 	return nil
@@ -354,7 +354,7 @@ func (x *extractor) values(f telemetry.Field, ms []*dto.Metric) []float64 {
 	for _, m := range ms {
 		v, ok := promtext.Value(m)
 		if !ok || !valid(f, v) {
-			x.drop(f, rawValue(m))
+			x.drop(f, promtext.RawValue(m))
 			continue
 		}
 		out = append(out, v)
@@ -421,7 +421,7 @@ func (x *extractor) groupTotal(f telemetry.Field, ms []*dto.Metric, replicas []s
 	for _, m := range ms {
 		v, ok := promtext.Value(m)
 		if !ok || !valid(f, v) {
-			x.drop(f, rawValue(m))
+			x.drop(f, promtext.RawValue(m))
 			continue
 		}
 		k := groupKey(m, replicas)
@@ -486,7 +486,7 @@ func (x *extractor) ratio(f telemetry.Field, num, den []*dto.Metric) bool {
 		for _, m := range ms {
 			v, ok := promtext.Value(m)
 			if !ok || v < 0 {
-				x.drop(f, rawValue(m))
+				x.drop(f, promtext.RawValue(m))
 				bad = true
 				continue
 			}
@@ -523,7 +523,7 @@ func (x *extractor) worstMemory(used, total []*dto.Metric, key string) {
 		u, ok := promtext.Value(m)
 		t, okT := totals[promtext.Label(m, key)]
 		if !ok || !okT || u < 0 || u > t {
-			x.drop(telemetry.GPUMemUsed, rawValue(m))
+			x.drop(telemetry.GPUMemUsed, promtext.RawValue(m))
 			continue
 		}
 		if r := u / t; r > worst {
@@ -534,18 +534,4 @@ func (x *extractor) worstMemory(used, total []*dto.Metric, key string) {
 		x.s.Set(telemetry.GPUMemUsed, wu)
 		x.s.Set(telemetry.GPUMemTotal, wt)
 	}
-}
-
-// rawValue returns m's value as exported, NaN and infinities included (0
-// for a histogram or summary), to name a dropped value as it was.
-func rawValue(m *dto.Metric) float64 {
-	switch {
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Untyped != nil:
-		return m.Untyped.GetValue()
-	}
-	return 0
 }

@@ -502,21 +502,30 @@ func blank(c byte) bool { return c == ' ' || c == '\t' }
 // Value returns m's value for a gauge, counter or untyped family, and false
 // for other types or a non-finite value.
 func Value(m *dto.Metric) (float64, bool) {
-	var v float64
-	switch {
-	case m.Gauge != nil:
-		v = m.Gauge.GetValue()
-	case m.Counter != nil:
-		v = m.Counter.GetValue()
-	case m.Untyped != nil:
-		v = m.Untyped.GetValue()
-	default:
-		return 0, false
-	}
-	if math.IsNaN(v) || math.IsInf(v, 0) {
+	v, ok := raw(m)
+	if !ok || math.IsNaN(v) || math.IsInf(v, 0) {
 		return 0, false
 	}
 	return v, true
+}
+
+// RawValue returns m's value as exported, NaN and infinities included (0
+// for a histogram or summary), to name a dropped value as it was.
+func RawValue(m *dto.Metric) float64 {
+	v, _ := raw(m)
+	return v
+}
+
+func raw(m *dto.Metric) (float64, bool) {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue(), true
+	case m.Counter != nil:
+		return m.Counter.GetValue(), true
+	case m.Untyped != nil:
+		return m.Untyped.GetValue(), true
+	}
+	return 0, false
 }
 
 // Label returns the value of m's label name, or "".
