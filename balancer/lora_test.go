@@ -3,6 +3,7 @@ package balancer_test
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -428,6 +429,21 @@ func TestAdapterHomesValidate(t *testing.T) {
 	assert.NoError(t, (&balancer.Options{AdapterHomes: 0.5}).Validate())
 }
 
+// publishBases publishes a reading of one running call to endpoint i of
+// endpoints(len(bases)), with LoRA slots and base model bases[i], or
+// without a LoRA reading where bases[i] is "" (a server without LoRA).
+func publishBases(b *balancer.Balancer, clock *testutil.Clock, bases []string) {
+	for i, ep := range endpoints(len(bases)) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, 1)
+		s.Set(telemetry.Waiting, 0)
+		if bases[i] != "" {
+			s.SetAdapters(4, &telemetry.Adapters{Base: bases[i]})
+		}
+		b.Publish(ep.Addr, s)
+	}
+}
+
 // In a fleet of two base models whose endpoints carry no subset labels
 // (the not-served memory sorts out who serves what), a call for one
 // base model is a base-model call where it lands: it follows its prompt
@@ -439,17 +455,9 @@ func TestAdapterHomesValidate(t *testing.T) {
 func TestAdapterHomesLeaveAnotherBaseModelAlone(t *testing.T) {
 	clock := testutil.NewClock()
 	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(6)})
-	for i, ep := range endpoints(8) {
-		s := telemetry.Sample{Time: clock.Now()}
-		s.Set(telemetry.Running, 1)
-		s.Set(telemetry.Waiting, 0)
-		base := "mistral"
-		if i == 0 {
-			base = "llama" // the first member's reading
-		}
-		s.SetAdapters(4, &telemetry.Adapters{Base: base})
-		b.Publish(ep.Addr, s)
-	}
+	bases := slices.Repeat([]string{"mistral"}, 8)
+	bases[0] = "llama" // the first member's reading
+	publishBases(b, clock, bases)
 	assert.Greater(t, len(homesOf(t, b, "mistral", 50, inferlb.Request{})), 4, "mistral is the base model of seven endpoints")
 	assert.Greater(t, len(homesOf(t, b, "llama", 50, inferlb.Request{})), 4, "and llama of the first")
 	assert.Len(t, homesOf(t, b, "sql", 50, inferlb.Request{}), 1, "an adapter still goes home")
@@ -469,15 +477,8 @@ func TestAdapterHomesLeaveAnotherBaseModelAlone(t *testing.T) {
 func TestAdapterHomesLeaveServersWithoutAReadingAlone(t *testing.T) {
 	clock := testutil.NewClock()
 	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(6)})
-	for i, ep := range endpoints(8) {
-		s := telemetry.Sample{Time: clock.Now()}
-		s.Set(telemetry.Running, 1)
-		s.Set(telemetry.Waiting, 0)
-		if i < 4 { // llama with LoRA; the other four serve mistral without
-			s.SetAdapters(4, &telemetry.Adapters{Base: "llama"})
-		}
-		b.Publish(ep.Addr, s)
-	}
+	// llama with LoRA; the other four serve mistral without
+	publishBases(b, clock, []string{"llama", "llama", "llama", "llama", "", "", "", ""})
 	assert.Greater(t, len(homesOf(t, b, "mistral", 50, inferlb.Request{})), 4, "mistral calls follow their prompt keys")
 	assert.Greater(t, len(homesOf(t, b, "llama", 50, inferlb.Request{})), 4, "and so do llama's")
 	sql := homesOf(t, b, "sql", 50, inferlb.Request{})
@@ -496,13 +497,7 @@ func TestAdapterHomesLeaveServersWithoutAReadingAlone(t *testing.T) {
 func TestAdapterHomeWithoutAFreshReadingKeepsItsHomes(t *testing.T) {
 	clock := testutil.NewClock()
 	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(6)})
-	for _, ep := range endpoints(8) {
-		s := telemetry.Sample{Time: clock.Now()}
-		s.Set(telemetry.Running, 1)
-		s.Set(telemetry.Waiting, 0)
-		s.SetAdapters(4, &telemetry.Adapters{Base: "llama"})
-		b.Publish(ep.Addr, s)
-	}
+	publishBases(b, clock, slices.Repeat([]string{"llama"}, 8))
 	sql := homesOf(t, b, "sql", 50, inferlb.Request{})
 	require.Len(t, sql, 1, "a rare adapter goes home: %v", sql)
 	var home string

@@ -71,6 +71,22 @@ func (l *gatedListener) Close() error {
 	return l.Listener.Close()
 }
 
+// rotatingServer runs a test server that closes each connection after
+// 50 ms (MaxConnectionAge, the same process), behind a gated listener
+// that holds the second connection until released.
+func rotatingServer(t *testing.T) (*gatedListener, *backend) {
+	t.Helper()
+	lis := newGatedListener(t)
+	srv := grpc.NewServer(grpc.KeepaliveParams(keepalive.ServerParameters{
+		MaxConnectionAge:      50 * time.Millisecond,
+		MaxConnectionAgeGrace: time.Minute,
+	}))
+	be := &backend{addr: lis.Addr().String()}
+	testgrpc.RegisterTestServiceServer(srv, be)
+	run(t, srv, lis)
+	return lis, be
+}
+
 // A server's MaxConnectionAge (which Kubernetes deployments of gRPC servers
 // set, often at 30 s to a few minutes, so that clients spread over new
 // replicas) closes the connection with a graceful GOAWAY, and the channel
@@ -95,14 +111,7 @@ func (l *gatedListener) Close() error {
 // path "graceful"; TestFirstConnectKeepsTelemetryAReconnectExpiresIt).
 // Nothing a balancer sees tells such a restart from a rotation.
 func TestMaxConnectionAgeReconnectExpiresAPollerReading(t *testing.T) {
-	lis := newGatedListener(t)
-	srv := grpc.NewServer(grpc.KeepaliveParams(keepalive.ServerParameters{
-		MaxConnectionAge:      50 * time.Millisecond,
-		MaxConnectionAgeGrace: time.Minute,
-	}))
-	be := &backend{addr: lis.Addr().String()}
-	testgrpc.RegisterTestServiceServer(srv, be)
-	run(t, srv, lis)
+	lis, be := rotatingServer(t)
 
 	// A Poller's scrapes of the live process (its model server's metrics,
 	// and the GPU's), published before the channel connects (its first
@@ -193,14 +202,7 @@ func (s signalSink) Publish(id string, smp telemetry.Sample) {
 // 15 s by default, so with connections rotated every 30 s an endpoint had
 // no KV cache, queue or GPU memory reading for about a quarter of the time).
 func TestMaxConnectionAgeReconnectPollsAgainEarly(t *testing.T) {
-	lis := newGatedListener(t)
-	srv := grpc.NewServer(grpc.KeepaliveParams(keepalive.ServerParameters{
-		MaxConnectionAge:      50 * time.Millisecond,
-		MaxConnectionAgeGrace: time.Minute,
-	}))
-	be := &backend{addr: lis.Addr().String()}
-	testgrpc.RegisterTestServiceServer(srv, be)
-	run(t, srv, lis)
+	lis, be := rotatingServer(t)
 
 	clock := testutil.NewClock()
 	name, b := shared(t, core.Options{Clock: clock})
