@@ -919,6 +919,13 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 		}
 	}
 	if !c.slots {
+		if b.cfg.fullScan[svcIndex(req.Service)] && len(g.members) > 2 {
+			if i := b.scan(req, g, c, sh, now); i >= 0 {
+				return i, false
+			}
+			// Every candidate was turned down by its slow-start ramp's
+			// draw: two choices, whose draws fall back to a scan.
+		}
 		i = b.draw(g, c, sh, -1)
 		if i < 0 || len(g.members) == 1 {
 			return i, false
@@ -1107,34 +1114,94 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	}
 	sc := b.scorer(req.Service)
 	var st scoring.State // one State, filled twice
-	g.members[i].state(b.cfg, now, req.Service, g.weights[i], &st)
-	ci := sc.Cost(req, st)
-	g.members[j].state(b.cfg, now, req.Service, g.weights[j], &st)
-	cj := sc.Cost(req, st)
 	nowNs := now.UnixNano()
-	if req.PromptTokens > 0 && b.engines.Load() {
-		ci *= barrier(g.members[i], req.PromptTokens, nowNs)
-		cj *= barrier(g.members[j], req.PromptTokens, nowNs)
-	}
+	ci := b.cost(sc, req, g, i, now, nowNs, &st)
+	cj := b.cost(sc, req, g, j, now, nowNs, &st)
 	if req.Service == inferlb.ServiceLLM {
-		ci *= prefillBacklog(g.members[i], nowNs)
-		cj *= prefillBacklog(g.members[j], nowNs)
 		if ti, tj := g.members[i].tpotEWMA.Load(), g.members[j].tpotEWMA.Load(); ti > 0 && tj > 0 {
 			// Only the slower one pays, and only past speedTolerance.
 			ci *= max(1, float64(ti)/(speedTolerance*float64(tj)))
 			cj *= max(1, float64(tj)/(speedTolerance*float64(ti)))
 		}
 	}
-	// A NaN cost (a custom Scorer's 0/0) compares false both ways, so the
-	// first candidate won, whichever had it: an endpoint its scorer could
-	// not price took every pick it was drawn first for. It loses instead.
-	if ci != ci {
-		ci = math.Inf(1)
-	}
-	if cj != cj {
-		cj = math.Inf(1)
-	}
 	return cj < ci || (cj == ci && b.rand()&1 == 1)
+}
+
+// cost is member i's cost for req under sc, with what prefer and scan
+// add to every scorer's: the data-parallel barrier and, for generation
+// calls, the recent prefill. st is scratch space. A NaN (a custom Scorer's
+// 0/0) is +Inf: it compares false both ways, so the first candidate won,
+// whichever had it, and an endpoint its scorer could not price took every
+// pick it was drawn first for. It loses instead.
+func (b *Balancer) cost(sc scoring.Scorer, req *inferlb.Request, g *group, i int, now time.Time, nowNs int64, st *scoring.State) float64 {
+	e := g.members[i]
+	e.state(b.cfg, now, req.Service, g.weights[i], st)
+	c := sc.Cost(req, *st)
+	if req.PromptTokens > 0 && b.engines.Load() {
+		c *= barrier(e, req.PromptTokens, nowNs)
+	}
+	if req.Service == inferlb.ServiceLLM {
+		c *= prefillBacklog(e, nowNs)
+	}
+	if c != c {
+		c = math.Inf(1)
+	}
+	return c
+}
+
+// scan returns the member of g, or of the tenant's shard sh when it is
+// not nil, that costs least for req among every candidate, or -1 when
+// there is none. It is the pick of calls whose scorer prices only what
+// this process sees of an endpoint (scoring.FullScanner): with nothing
+// shared and stale to herd on, comparing every endpoint finds the best
+// one, where two drawn at random often hold neither. Past
+// Options.ScanLimit members it compares that many, in a row from a random
+// start. As in draw, a ramping member (slow start) is a candidate with
+// probability its factor (relative to the lead, when every ready member
+// ramps), and a half-open breaker's probe wins over every other
+// candidate, as in prefer. Ties go to one of the tied alike.
+func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now time.Time) int {
+	n := len(g.members)
+	if sh != nil {
+		n = sh.n
+	}
+	m, start := n, 0
+	if lim := b.cfg.scanLimit; n > lim {
+		m, start = lim, int(b.rand()%uint64(n))
+	}
+	base := 1.0
+	if c.lead > 0 {
+		base = c.lead
+	}
+	sc := b.scorer(req.Service)
+	var st scoring.State
+	var salt uint64 // the ramp's verdicts (secondOK); 0 until one is needed
+	best, ties, bestProbe, bestCost := -1, 0, false, 0.0
+	for k := range m {
+		i := (start + k) % n
+		if sh != nil {
+			i = int(sh.members[i])
+		}
+		e := g.members[i]
+		if !c.ok(e) || !b.secondOK(e, i, c.nowNs, base, &salt) {
+			continue
+		}
+		probe := probing(e, c.nowNs)
+		if bestProbe && !probe {
+			continue
+		}
+		cost := b.cost(sc, req, g, i, now, c.nowNs, &st)
+		switch {
+		case best < 0 || probe != bestProbe || cost < bestCost:
+			best, ties, bestProbe, bestCost = i, 1, probe, cost
+		case cost == bestCost:
+			ties++
+			if b.rand()%uint64(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
 }
 
 func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {

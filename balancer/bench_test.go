@@ -41,6 +41,24 @@ func BenchmarkPick(b *testing.B) {
 	}
 }
 
+// BenchmarkPickScan is what the full scan of embedding picks costs
+// (scoring.FullScanner, Options.ScanLimit) against two choices
+// (ScanLimit -1), in the same run: past DefaultScanLimit members the scan
+// compares that many.
+func BenchmarkPickScan(b *testing.B) {
+	req := &inferlb.Request{Service: inferlb.ServiceEmbedding, PromptTokens: 512}
+	for _, n := range []int{6, 32, 512} {
+		for _, lim := range []int{-1, 0} {
+			name := "two-choices"
+			if lim == 0 {
+				name = "scan"
+			}
+			bal := newBalancer(b, n, balancer.Options{ScanLimit: lim})
+			b.Run(fmt.Sprintf("n=%d/%s", n, name), func(b *testing.B) { benchPickDone(b, bal, req) })
+		}
+	}
+}
+
 // benchPickDone times serial Pick+Done of req on bal.
 func benchPickDone(b *testing.B, bal *balancer.Balancer, req *inferlb.Request) {
 	b.ReportAllocs()

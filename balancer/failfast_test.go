@@ -50,7 +50,14 @@ func failFastShare(t *testing.T, svc inferlb.Service, hold int) float64 {
 	for _, s := range b.Stats() {
 		trips += s.Trips
 	}
-	require.EqualValues(t, 1, trips, "one failing endpoint is held out, the other is capped")
+	// One failing endpoint is held out, the other is capped; or, for
+	// embeddings, whose picks compare all three (scoring.FullScanner),
+	// the failing ones lose every pick after their first failures, and
+	// one may never fail the five calls in a row its breaker needs.
+	require.LessOrEqual(t, trips, uint64(1), "MaxEjectedFraction holds one failing endpoint in rotation")
+	if svc != inferlb.ServiceEmbedding {
+		require.EqualValues(t, 1, trips, "one failing endpoint is held out, the other is capped")
+	}
 	return float64(failing) / 300
 }
 

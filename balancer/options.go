@@ -399,7 +399,30 @@ type Options struct {
 	// explicit session (Request.Session). Default DefaultAdapterHomes (1);
 	// negative turns it off.
 	AdapterHomes float64
+	// ScanLimit bounds the full scan: calls of a service whose scorer
+	// prices only what this process sees of an endpoint (its own calls in
+	// flight, their latency and errors; a scoring.FullScanner, as the
+	// defaults for embeddings, rerankers and unknown traffic are) compare
+	// every candidate endpoint of their group, up to ScanLimit of them,
+	// instead of two drawn at random; a larger group compares ScanLimit in
+	// a row from a random start. Generation calls, priced on telemetry
+	// that every caller reads alike, keep two random choices: all callers
+	// scanning would all pick the endpoint whose last reading looks best.
+	// Default DefaultScanLimit (32), at most MaxScanLimit; negative turns
+	// the scan off (two choices for every call).
+	ScanLimit int
 }
+
+// DefaultScanLimit is Options.ScanLimit's default: a scan of 32 members
+// costs a few microseconds, against calls of milliseconds. In the fleet
+// simulator's embedding scenario, the scan at 6, 16 and 48 replicas beat
+// two choices at every load short of overload, with 1 client and with 8
+// (benchmarks/results/embedding.md).
+const DefaultScanLimit = 32
+
+// MaxScanLimit is the largest Options.ScanLimit: each pick's cost grows
+// with it.
+const MaxScanLimit = 1024
 
 // processSeed is the AffinitySeed of every Balancer left at 0: drawn from
 // crypto/rand once per process, so that the Balancers of one process (two
@@ -414,6 +437,10 @@ type config struct {
 	mono    *monoClock // the default clock, read without an interface call; nil when injected
 	rand    rand.Source
 	scorers [inferlb.NumServices]scoring.Scorer
+	// fullScan: the service's scorer asks for a full scan
+	// (scoring.FullScanner) and ScanLimit does not turn it off.
+	fullScan  [inferlb.NumServices]bool
+	scanLimit int
 	// slotWaits: picks keep a call for a LoRA adapter off endpoints whose
 	// slots other adapters hold (the service's scorer is a scoring.LLM
 	// that prices the wait; see lora.go).
@@ -513,6 +540,8 @@ func (o *Options) Validate() error {
 		return bad("MinKeyReuse", "must be at most 1 (negative turns the check off)", o.MinKeyReuse)
 	case math.IsNaN(o.AdapterHomes) || math.IsInf(o.AdapterHomes, 0):
 		return bad("AdapterHomes", "must be finite (negative turns it off)", o.AdapterHomes)
+	case o.ScanLimit > MaxScanLimit:
+		return bad("ScanLimit", fmt.Sprintf("must be at most %d (negative turns the scan off)", MaxScanLimit), o.ScanLimit)
 	case o.TenantShardSize < 0 || o.TenantShardSize > MaxTenantShard:
 		return bad("TenantShardSize", fmt.Sprintf("must be in [0, %d] (0 turns sharding off)", MaxTenantShard), o.TenantShardSize)
 	case o.TenantShardStrict && o.TenantShardSize == 0:
@@ -670,6 +699,9 @@ func (o *Options) resolve() (*config, error) {
 	for svc, s := range c.scorers {
 		l, ok := s.(*scoring.LLM)
 		c.slotWaits[svc] = ok && l.LoRAWait != 1
+		fs, ok := s.(scoring.FullScanner)
+		c.fullScan[svc] = ok && fs.FullScan() && o.ScanLimit >= 0
 	}
+	c.scanLimit = intOr(o.ScanLimit, DefaultScanLimit)
 	return c, nil
 }

@@ -29,6 +29,10 @@ type Latency struct {
 	ErrorPenalty float64
 }
 
+// FullScan implements FullScanner: a Latency cost is this process's own
+// view of an endpoint.
+func (l *Latency) FullScan() bool { return true }
+
 // Cost implements Scorer.
 func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
 	lat := s.Latency()

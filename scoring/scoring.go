@@ -1,7 +1,9 @@
 // Package scoring turns what the balancer knows about an endpoint into a cost:
 // lower is better. Scorers are pure functions of the request and a read-only
 // State snapshot; they do no I/O, take no locks and keep no state, so the
-// picker can call them twice per pick on any goroutine.
+// picker can call them for each candidate of a pick on any goroutine: two
+// drawn at random, or, for a FullScanner (Latency), every endpoint of the
+// group up to balancer.Options.ScanLimit.
 //
 // One scorer per kind of traffic, because each kind has a different signal:
 //   - LLM generation routes on reliability and current load (in-flight
@@ -11,7 +13,9 @@
 //     completion latency, which mostly measures prompt and output length.
 //   - Embeddings and rerankers are short and uniform, so recent latency is a
 //     good signal: peak-EWMA latency x (in-flight + 1), as in Finagle and
-//     Linkerd.
+//     Linkerd. That cost is this process's own view of each endpoint, so
+//     nothing stale is shared to herd on, and a pick compares every
+//     endpoint (FullScanner) rather than two.
 //   - Unknown traffic goes to the least-loaded endpoint.
 //
 // Each scorer's zero fields take documented defaults; its Validate method
@@ -34,6 +38,18 @@ import (
 // endpoint loses to any candidate with a number.
 type Scorer interface {
 	Cost(req *inferlb.Request, s State) float64
+}
+
+// FullScanner is an optional interface of a Scorer. A Scorer whose
+// FullScan reports true has its calls compared over every candidate
+// endpoint of their group (up to balancer.Options.ScanLimit) rather than
+// over two drawn at random. Report true only for a cost made of what this
+// process sees of an endpoint (State's InFlight, latency and ErrorRate):
+// over Telemetry, a reading every caller shares, all callers scanning pick
+// the same endpoint until its next reading, where two random choices
+// spread them. Latency and LeastLoaded report true, LLM does not.
+type FullScanner interface {
+	FullScan() bool
 }
 
 // State is a read-only snapshot of one endpoint, assembled by the balancer for

@@ -73,6 +73,7 @@ type jsonTunables struct {
 	SpillMemory         string  `json:"spillMemory"`
 	MinKeyReuse         float64 `json:"minKeyReuse"`
 	AdapterHomes        float64 `json:"adapterHomes"`
+	ScanLimit           int     `json:"scanLimit"`
 	BreakerFailures     int     `json:"breakerFailures"`
 	BreakerProbes       int     `json:"breakerProbes"`
 	EjectionTime        string  `json:"ejectionTime"`
@@ -343,6 +344,7 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"spillMemory", dur(t.SpillMemory, func(o *core.Options) *time.Duration { return &o.SpillMemory })},
 		{"minKeyReuse", num(t.MinKeyReuse, func(o *core.Options) *float64 { return &o.MinKeyReuse })},
 		{"adapterHomes", num(t.AdapterHomes, func(o *core.Options) *float64 { return &o.AdapterHomes })},
+		{"scanLimit", func(o *core.Options) error { o.ScanLimit = t.ScanLimit; return nil }},
 		{"stickyTTL", dur(t.StickyTTL, func(o *core.Options) *time.Duration { return &o.StickyTTL })},
 		{"stickyEntries", func(o *core.Options) error {
 			if t.StickyEntries > MaxConfigStickyEntries {

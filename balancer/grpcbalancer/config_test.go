@@ -42,7 +42,7 @@ func TestParseConfigGood(t *testing.T) {
 			"affinity": "strict", "loadBound": 1.5, "affinitySeed": 18446744073709551615, "tenantShardSize": 4,
 			"tenantShardStrict": true,
 			"spillMemory": "-1s", "minKeyReuse": -1, "stickyTTL": "2m", "stickyEntries": 4096,
-			"notServedMemory": "1m", "adapterHomes": 0.5}
+			"notServedMemory": "1m", "adapterHomes": 0.5, "scanLimit": -1}
 	}`), false)
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +67,8 @@ func TestParseConfigGood(t *testing.T) {
 	}
 	if o := c.opts; o.Affinity != core.AffinityStrict || o.LoadBound != 1.5 || o.AffinitySeed != 18446744073709551615 || o.TenantShardSize != 4 || !o.TenantShardStrict ||
 		o.SpillMemory != -time.Second || o.MinKeyReuse != -1 || o.StickyTTL != 2*time.Minute || o.StickyEntries != 4096 ||
-		o.NotServedMemory != time.Minute || o.AdapterHomes != 0.5 {
-		t.Errorf("affinity options %v %v %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory, o.MinKeyReuse, o.AdapterHomes)
+		o.NotServedMemory != time.Minute || o.AdapterHomes != 0.5 || o.ScanLimit != -1 {
+		t.Errorf("affinity options %v %v %v %v %v %v %v %v", o.Affinity, o.LoadBound, o.AffinitySeed, o.TenantShardSize, o.SpillMemory, o.MinKeyReuse, o.AdapterHomes, o.ScanLimit)
 	}
 	if c.orcaPerCall || !c.oob || c.oobInterval != 1500*time.Millisecond {
 		t.Errorf("orca %v %v %v", c.orcaPerCall, c.oob, c.oobInterval)
@@ -135,6 +135,8 @@ func TestParseConfigBad(t *testing.T) {
 		{"tenant shard too large", `{"balancer": {"tenantShardSize": 33}}`, false, "balancer.tenantShardSize"},
 		{"sticky TTL not a duration", `{"balancer": {"stickyTTL": "2 minutes"}}`, false, "balancer.stickyTTL"},
 		{"sticky entries negative", `{"balancer": {"stickyEntries": -1}}`, false, "balancer.stickyEntries"},
+		{"scan limit too large", `{"balancer": {"scanLimit": 5000}}`, false, "balancer.scanLimit"},
+		{"scan limit as string", `{"balancer": {"scanLimit": "all"}}`, false, "balancer.scanLimit"},
 		{"sticky entries too many", `{"balancer": {"stickyEntries": 100000000}}`, false, "balancer.stickyEntries"},
 		// Allocated up front by every channel: a service config (which a
 		// resolver may push to every client) gets at most 32 MiB of it.

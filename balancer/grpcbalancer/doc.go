@@ -295,6 +295,7 @@
 //	    "spillMemory": "45s",           // how long a spilled key's endpoint counts as warm; negative: off
 //	    "minKeyReuse": 0.05,            // prompt-key affinity only while this share recurs (sessions always); negative: always
 //	    "adapterHomes": 1,              // a LoRA adapter with at most this many fair shares of calls in flight goes home; negative: off
+//	    "scanLimit": 32,                // embeddings and rerankers compare up to this many endpoints per pick; negative: two choices
 //	    "stickyTTL": "0s",              // > 0: follow a key, per model, to where it last went (opt-in)
 //	    "notServedMemory": "30s",       // pass over an endpoint that said it lacks the call's model; negative: off
 //	    "stickyEntries": 0,             // bound of that table; 0: cache.DefaultMaxSessions; at most MaxConfigStickyEntries

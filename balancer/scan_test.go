@@ -1,0 +1,146 @@
+package balancer_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/scoring"
+)
+
+// scanned is costByAddr asking for the full scan (scoring.FullScanner);
+// an address not in the table costs 1.
+type scanned costByAddr
+
+func (c scanned) Cost(_ *inferlb.Request, s scoring.State) float64 {
+	if v, ok := c[s.Endpoint.Key()]; ok {
+		return v
+	}
+	return 1
+}
+
+func (scanned) FullScan() bool { return true }
+
+// scanCosts prices endpoints(6) 5, 4, 3, 1, 2, 6: the fourth is cheapest.
+func scanCosts() scanned {
+	eps := endpoints(6)
+	c := scanned{}
+	for i, v := range []float64{5, 4, 3, 1, 2, 6} {
+		c[eps[i].Addr] = v
+	}
+	return c
+}
+
+func scanBalancer(t *testing.T, n int, o balancer.Options, sc scoring.Scorer) *balancer.Balancer {
+	t.Helper()
+	o.Clock, o.Rand = testutil.NewClock(), testutil.NewRand(7)
+	o.Scorers = map[inferlb.Service]scoring.Scorer{inferlb.ServiceEmbedding: sc}
+	return newBalancer(t, n, o)
+}
+
+var embed = &inferlb.Request{Service: inferlb.ServiceEmbedding}
+
+// A scorer that asks for the full scan has every call go to the cheapest
+// endpoint; with two random choices a call goes elsewhere whenever the
+// cheapest is not drawn (two thirds of the time among six).
+func TestScanPicksTheCheapestEndpoint(t *testing.T) {
+	best := endpoints(6)[3].Addr
+	got := spread(t, scanBalancer(t, 6, balancer.Options{}, scanCosts()), embed, 600)
+	assert.Equal(t, map[string]int{best: 600}, got)
+
+	got = spread(t, scanBalancer(t, 6, balancer.Options{ScanLimit: -1}, scanCosts()), embed, 600)
+	t.Logf("two choices: %v", got)
+	assert.Less(t, got[best], 300, "ScanLimit -1: two random choices")
+	assert.Zero(t, got[endpoints(6)[5].Addr], "the dearest never wins a pair")
+}
+
+// Ties go to each of the tied alike, not to the first or the last one
+// scanned.
+func TestScanSpreadsTiesEvenly(t *testing.T) {
+	got := spread(t, scanBalancer(t, 6, balancer.Options{}, scanned{}), embed, 6000)
+	require.Len(t, got, 6)
+	for id, n := range got {
+		assert.InDelta(t, 1000, n, 150, "%s: %v", id, got)
+	}
+}
+
+// Past ScanLimit members a pick compares ScanLimit in a row from a random
+// start. At 2 of the six priced 5, 4, 3, 1, 2, 6 the pairs from each
+// start (wrapping) go to the members priced 4, 3, 1, 1, 2 and 5: the
+// cheapest takes two sixths of the calls, the dearest none.
+func TestScanLimitComparesThatManyInARow(t *testing.T) {
+	eps := endpoints(6)
+	got := spread(t, scanBalancer(t, 6, balancer.Options{ScanLimit: 2}, scanCosts()), embed, 3000)
+	t.Logf("%v", got)
+	for i, want := range []int{500, 500, 500, 1000, 500, 0} {
+		assert.InDelta(t, want, got[eps[i].Addr], 100, "member %d", i)
+	}
+}
+
+// A joining endpoint ramping up (slow start) is a candidate of the scan
+// with probability its factor, so its share follows its ramp: two joiners
+// at 0.1 beside one serving endpoint, every cost alike, take 0.1 x (0.9/2
+// + 0.1/3) each, 0.097 of the calls together (two choices give them 0.2).
+func TestScanRampsJoiners(t *testing.T) {
+	for seed := uint64(1); seed <= 3; seed++ {
+		b := balancer.New(balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(seed), SlowStartWindow: time.Minute,
+			Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceEmbedding: scanned{}}})
+		eps := endpoints(3)
+		require.NoError(t, b.Update(eps[:1]))
+		require.NoError(t, b.Update(eps))
+		got := spread(t, b, embed, 4000)
+		joiners := float64(got[eps[1].Addr]+got[eps[2].Addr]) / 4000
+		t.Logf("seed %d: %v; the joiners' share %.3f", seed, got, joiners)
+		assert.InDelta(t, 0.097, joiners, 0.02)
+	}
+}
+
+// The scan stays inside a tenant's shard, even when the cheapest endpoint
+// of the group is outside it: it takes the cheaper of the shard's two.
+func TestScanStaysInTheTenantsShard(t *testing.T) {
+	costs := scanCosts()
+	o := balancer.Options{TenantShardSize: 2, AffinitySeed: 99}
+	scan := scanBalancer(t, 6, o, costs)
+	even := scanBalancer(t, 6, o, costByAddr{}) // two choices, every cost alike: both members show
+	outside := 0
+	for tenant := range 8 {
+		req := &inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: fmt.Sprint("tenant-", tenant)}
+		shard := spread(t, even, req, 200)
+		require.Len(t, shard, 2, "tenant %d", tenant)
+		want := ""
+		for id := range shard {
+			if want == "" || costs[id] < costs[want] {
+				want = id
+			}
+		}
+		if _, in := shard[endpoints(6)[3].Addr]; !in {
+			outside++
+		}
+		assert.Equal(t, map[string]int{want: 50}, spread(t, scan, req, 50), "tenant %d, shard %v", tenant, shard)
+	}
+	assert.Positive(t, outside, "some shard leaves the cheapest endpoint out")
+}
+
+// The default scorers: embeddings and rerankers scan (scoring.Latency),
+// generation and unknown traffic keep two choices.
+func TestDefaultScorersThatScan(t *testing.T) {
+	for svc, want := range map[inferlb.Service]bool{
+		inferlb.ServiceEmbedding: true, inferlb.ServiceRerank: true,
+		inferlb.ServiceLLM: false, inferlb.ServiceUnknown: false,
+	} {
+		fs, ok := scoring.DefaultFor(svc).(scoring.FullScanner)
+		assert.Equal(t, want, ok && fs.FullScan(), "%v", svc)
+	}
+}
+
+func TestScanLimitValidate(t *testing.T) {
+	assert.ErrorContains(t, (&balancer.Options{ScanLimit: balancer.MaxScanLimit + 1}).Validate(), "ScanLimit")
+	assert.NoError(t, (&balancer.Options{ScanLimit: balancer.MaxScanLimit}).Validate())
+	assert.NoError(t, (&balancer.Options{ScanLimit: -1}).Validate())
+}
