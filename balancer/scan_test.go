@@ -144,3 +144,26 @@ func TestScanLimitValidate(t *testing.T) {
 	assert.NoError(t, (&balancer.Options{ScanLimit: balancer.MaxScanLimit}).Validate())
 	assert.NoError(t, (&balancer.Options{ScanLimit: -1}).Validate())
 }
+
+// A half-open breaker's probe wins the scan, as it wins a pair: priced
+// with its outage, it would lose to every healthy endpoint until that
+// decayed.
+func TestScanTakesTheProbe(t *testing.T) {
+	clock := testutil.NewClock()
+	eps := endpoints(6)
+	b := newBalancer(t, 6, balancer.Options{
+		Clock: clock, Rand: testutil.NewRand(3), OutlierInterval: -1, BreakerFailures: 1, BreakerProbes: 1,
+		Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceEmbedding: scanned{eps[2].Addr: 5}},
+	})
+	failed := pickOn(t, b, eps[2].Addr)
+	failed.Done(inferlb.Outcome{Err: errDown})
+	require.True(t, stat(t, b, eps[2].Addr).BreakerOpen)
+	assert.NotContains(t, spread(t, b, embed, 100), eps[2].Addr, "held out")
+	clock.Advance(balancer.DefaultEjectionTime)
+	p, err := b.Pick(embed)
+	require.NoError(t, err)
+	assert.Equal(t, eps[2].Addr, p.ID(), "the probe")
+	p.Done(inferlb.Outcome{Latency: time.Millisecond})
+	assert.False(t, stat(t, b, eps[2].Addr).BreakerOpen)
+	assert.NotContains(t, spread(t, b, embed, 100), eps[2].Addr, "closed, it costs the most again")
+}
