@@ -47,7 +47,7 @@ func BenchmarkPick(b *testing.B) {
 // compares that many.
 func BenchmarkPickScan(b *testing.B) {
 	req := &inferlb.Request{Service: inferlb.ServiceEmbedding, PromptTokens: 512}
-	for _, n := range []int{6, 32, 512} {
+	for _, n := range append([]int{6, 32}, benchSizes...) {
 		for _, lim := range []int{-1, 0} {
 			name := "two-choices"
 			if lim == 0 {
