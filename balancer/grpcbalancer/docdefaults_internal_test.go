@@ -71,6 +71,7 @@ func TestDocumentedConfigShowsTheDefaults(t *testing.T) {
 		"spillMemory":         core.DefaultSpillMemory,
 		"minKeyReuse":         core.DefaultMinKeyReuse,
 		"adapterHomes":        core.DefaultAdapterHomes,
+		"scanLimit":           float64(core.DefaultScanLimit),
 		"breakerFailures":     float64(core.DefaultBreakerFailures),
 		"breakerProbes":       float64(core.DefaultBreakerProbes),
 		"ejectionTime":        core.DefaultEjectionTime,
