@@ -1313,6 +1313,23 @@ func (p *Pick) Endpoint() inferlb.Endpoint {
 	return *p.e.info.Load()
 }
 
+// OwnEndpoint returns the chosen endpoint as the Balancer's own membership
+// (Balancer.Update) last described it, and false when that membership
+// never listed it. Memberships sharing a Balancer may each describe one ID
+// their own way (an HTTP port and a gRPC port): Endpoint is the
+// description given last, by whichever membership, so an adapter routing
+// over the Balancer's own set (Pick, PickRetry and the like) reads its
+// address here. An endpoint that set dropped keeps its last description.
+func (p *Pick) OwnEndpoint() (inferlb.Endpoint, bool) {
+	if p.e == nil {
+		return inferlb.Endpoint{}, false
+	}
+	if info := p.e.ownInfo.Load(); info != nil {
+		return *info, true
+	}
+	return inferlb.Endpoint{}, false
+}
+
 // ID returns the chosen endpoint's ID (Endpoint().Key()) without copying it.
 func (p *Pick) ID() string {
 	if p.e == nil {

@@ -56,6 +56,11 @@ type endpoint struct {
 
 	// Cold.
 	wasReady atomic.Bool // it was ready and in use before: SetReady(true) turned it ready, or it served calls before SetReady(false)
+	// The Balancer's own membership's (Update's) latest description of
+	// it, kept after that membership drops it (a pick made just before
+	// still reads it); nil if that membership never listed it. info is
+	// the latest of any membership's.
+	ownInfo atomic.Pointer[inferlb.Endpoint]
 
 	// The server's load reading (telemetry Running, else Waiting) as last
 	// seen by a pick: when it was observed (unix ns), and this process's

@@ -36,7 +36,8 @@ var ErrMembershipClosed = errors.New("inferlb: Membership is closed")
 // PickAt act on a membership of its own; NewMembership adds more. A membership's groups
 // (model subsets, affinity placement, tenant shards) are built from its own
 // endpoints, weights and labels. An endpoint's description as a Pick
-// reports it (Pick.Endpoint) is the one given last, by whichever membership.
+// reports it (Pick.Endpoint) is the one given last, by whichever membership;
+// Pick.OwnEndpoint reports the Balancer's own membership's.
 //
 // A Membership is safe for concurrent use. Close it when its adapter is
 // done: its endpoints that no other membership lists leave the Balancer.
@@ -198,6 +199,9 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 		ep.Labels = maps.Clone(ep.Labels)
 		info := &ep
 		e.info.Store(info)
+		if m == b.def {
+			e.ownInfo.Store(info)
+		}
 		members = append(members, e)
 		infos = append(infos, info)
 	}

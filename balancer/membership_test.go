@@ -358,3 +358,42 @@ func TestSlowStartIsForJoinersOfAServingPool(t *testing.T) {
 	assert.Less(t, ramp("llm-3:80"), 1.0, "new next to an endpoint already serving")
 	assert.Equal(t, 1.0, ramp("llm-1:80"))
 }
+
+// TestOwnEndpointIsTheBalancersOwnDescription: two memberships describe
+// one ID with two addresses (an HTTP port and a gRPC port). Endpoint is
+// the description given last, by either; OwnEndpoint is the Balancer's
+// own membership's, whoever updated last, and stays after that membership
+// drops the endpoint (a pick made just before still reads it).
+func TestOwnEndpointIsTheBalancersOwnDescription(t *testing.T) {
+	b := balancer.New(balancer.Options{})
+	defer b.Close()
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "r", Addr: "10.0.0.5:8000"}}))
+	m, err := b.NewMembership()
+	require.NoError(t, err)
+	defer m.Close()
+	require.NoError(t, m.Update([]inferlb.Endpoint{{ID: "r", Addr: "10.0.0.5:50051"}, {ID: "g", Addr: "10.0.0.6:50051"}}))
+
+	p, err := b.Pick(&inferlb.Request{})
+	require.NoError(t, err)
+	defer p.Done(inferlb.Outcome{})
+	assert.Equal(t, "10.0.0.5:50051", p.Endpoint().Addr, "Endpoint is the latest description")
+	own, ok := p.OwnEndpoint()
+	assert.True(t, ok)
+	assert.Equal(t, "10.0.0.5:8000", own.Addr)
+
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "r2", Addr: "10.0.0.7:8000"}})) // drops r
+	own, ok = p.OwnEndpoint()
+	assert.True(t, ok)
+	assert.Equal(t, "10.0.0.5:8000", own.Addr, "the last description stays")
+
+	for range 20 {
+		q, err := m.PickExcept(&inferlb.Request{}, "r")
+		require.NoError(t, err)
+		_, ok := q.OwnEndpoint()
+		assert.False(t, ok, "the Balancer's own membership never listed g")
+		q.Done(inferlb.Outcome{})
+	}
+	var zero balancer.Pick
+	_, ok = zero.OwnEndpoint()
+	assert.False(t, ok)
+}

@@ -82,7 +82,10 @@ type Options struct {
 	// replica's HTTP port) whatever address the other adapter has for the
 	// same ID (its gRPC port). With neither, the Transport routes over the
 	// endpoints someone else gives the Balancer's own Update, and its own
-	// Update sets those.
+	// Update sets those; a call goes to the Addr that set's latest Update
+	// gave the picked endpoint (balancer.Pick.OwnEndpoint), never to one
+	// another membership (a gRPC channel, a Transport with Endpoints) gave
+	// the same ID, even when that one was given later.
 	Balancer *balancer.Balancer
 	// BalancerOptions configure the Balancer the Transport builds when
 	// Balancer is nil; the zero value is balancer.Options' documented

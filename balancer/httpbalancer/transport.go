@@ -818,7 +818,18 @@ func (c *call) send(out *http.Request) (*http.Response, error) {
 // retry gets a fresh one, since Base may still hold the failed one.
 func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.ReadCloser, error), first bool) (*http.Request, error) {
 	t, p := c.t, &c.pick
-	ep := p.Endpoint()
+	var ep inferlb.Endpoint
+	if t.mem == nil {
+		// Picked from the Balancer's own set: its address for the
+		// endpoint, not one another membership of a shared Balancer
+		// gave the same ID since (a gRPC port).
+		var ok bool
+		if ep, ok = p.OwnEndpoint(); !ok {
+			ep = p.Endpoint() // not reached: the own set's picks are of its endpoints
+		}
+	} else {
+		ep = p.Endpoint()
+	}
 	addr := ep.Addr
 	if own := t.own.Load(); own != nil {
 		// A shared Balancer: this Transport's address for the endpoint,
@@ -830,7 +841,7 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 	scheme, host, ok := t.addrs.split(addr)
 	if !ok {
 		// Only through a shared Balancer's own endpoints (Update skips
-		// such Addrs): another adapter set it.
+		// such Addrs): whoever else gave them set it.
 		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port (a Transport sharing a Balancer with another adapter needs Endpoints of its own, with HTTP addresses)", ep.Key(), addr)
 	}
 	out, u := &c.out, &c.outURL // out is a copy of r already

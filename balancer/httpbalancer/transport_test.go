@@ -764,3 +764,61 @@ func TestDuplicateIDsGoToTheFirst(t *testing.T) {
 		assert.Equal(t, a.addr(), eps[0].Addr, "shared %v", shared)
 	}
 }
+
+// TestSharedSetSendsToTheBalancersOwnAddresses: a Transport with no
+// endpoints of its own routes over the shared Balancer's own set
+// (Balancer.Update), so it sends to the addresses that set gives, even
+// when another adapter's membership (a gRPC channel) describes the same
+// replica, by ID, at its gRPC port after it. Before, the Transport sent to
+// whichever description the Balancer had last been given: every call went
+// to the gRPC port, and did so even after that membership was closed.
+func TestSharedSetSendsToTheBalancersOwnAddresses(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	defer srv.Close()
+	b := balancer.New(balancer.Options{})
+	defer b.Close()
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "replica-0", Addr: srv.URL}}))
+	tr := newTransport(t, httpbalancer.Options{Balancer: b}) // shared-set mode
+	client := &http.Client{Transport: tr}
+	post := func() {
+		t.Helper()
+		resp, err := client.Post(chatURL, "application/json", strings.NewReader(chatBody(1, false)))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+	}
+
+	// The gRPC side names the same replica at its gRPC port (nothing
+	// listens on port 1), after the Balancer's own set did.
+	grpcSide, err := b.NewMembership()
+	require.NoError(t, err)
+	require.NoError(t, grpcSide.Update([]inferlb.Endpoint{{ID: "replica-0", Addr: "127.0.0.1:1"}}))
+	for range 3 {
+		post()
+	}
+	assert.EqualValues(t, 3, hits.Load(), "calls went to another membership's address for the ID")
+
+	// Closed, it leaves the Balancer's own description in force.
+	grpcSide.Close()
+	post()
+	assert.EqualValues(t, 4, hits.Load())
+
+	// The Balancer's own set moves the replica: calls follow it, and the
+	// other membership's later description still does not take over.
+	srv2 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(100)
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	defer srv2.Close()
+	require.NoError(t, tr.Update([]inferlb.Endpoint{{ID: "replica-0", Addr: srv2.URL}}))
+	other, err := b.NewMembership()
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, other.Update([]inferlb.Endpoint{{ID: "replica-0", Addr: srv.URL}}))
+	post()
+	assert.EqualValues(t, 104, hits.Load(), "the call did not go to the Balancer's own set's address")
+}
