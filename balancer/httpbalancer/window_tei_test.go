@@ -124,7 +124,11 @@ func newWindowTransport(t *testing.T, bs ...*windowBackend) *httpbalancer.Transp
 		eps[i] = b.backend
 	}
 	return newTransport(t, httpbalancer.Options{
-		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock()}),
+		// A fixed AffinitySeed: the process's random one placed the
+		// prompts' keys differently in every run, and the share a test
+		// counts with it (TestSeveralSequencesFitTheWindow: 12 to 29 of
+		// 40 calls over 60 seeds, 10 once under -race) with them.
+		Balancer:  balancer.New(balancer.Options{Rand: testutil.NewRand(1), Clock: testutil.NewClock(), AffinitySeed: 1}),
 		Endpoints: endpointsOf(eps...),
 	})
 }
