@@ -29,6 +29,10 @@ func Policies() []Policy {
 
 func affinityOff() balancer.Options { return balancer.Options{Affinity: balancer.AffinityOff} }
 
+// scanOff is inferlb with two random choices for every call, as before
+// embeddings and rerankers compared every endpoint (Options.ScanLimit).
+func scanOff() balancer.Options { return balancer.Options{ScanLimit: -1} }
+
 func fleet(n int, p ServerParams) []ReplicaSpec {
 	out := make([]ReplicaSpec, n)
 	for i := range out {
@@ -135,7 +139,9 @@ func MultiClientScenario() *Scenario {
 }
 
 // EmbeddingScenario is embedding and rerank traffic on 6 replicas, one of
-// them three times slower (an older GPU or a noisy neighbour).
+// them three times slower (an older GPU or a noisy neighbour). "inferlb
+// -scan" compares two random endpoints per call (Options.ScanLimit -1)
+// where inferlb compares all six.
 func EmbeddingScenario() *Scenario {
 	fl := fleet(6, EmbeddingServer())
 	fl[5].Speed = 3
@@ -154,6 +160,7 @@ func EmbeddingScenario() *Scenario {
 		Policies: []Policy{
 			RoundRobin(), Random(), LeastRequest(),
 			InferLB(Variant{Name: "inferlb"}),
+			InferLB(Variant{Name: "inferlb -scan", Options: scanOff}),
 			Oracle(),
 		},
 	}
