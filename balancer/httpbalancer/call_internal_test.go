@@ -81,6 +81,9 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("event: response.failed\ndata: {\"response\":null}\n\nevent: response.failed\ndata: {\"response\":{\"error\":{\"code\":\"x\"},\"code\":503}}\n\n"), uint8(3))
 	f.Add([]byte("data: {\"a\":1}\r\revent: error\rdata: {\"error\": {\"code\": 500}}\r\r\ndata: x\r\n\r"), uint8(14))
 	f.Add([]byte("event: ping\r\ndata: x\r\rdata: {\"error\": \"Model is overloaded\"}\r\n\revent: response.failed\rdata: {\"response\":{}}\r\r"), uint8(12))
+	f.Add([]byte("data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"+
+		"data: {\"choices\": [{\"index\":0,\"delta\": { \"role\" : \"assistant\", \"content\": null, \"refusal\":null }}]}\r\n\r\n"+
+		"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"), uint8(5))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
 		ndjson := n&64 != 0 // an Ollama stream

@@ -152,7 +152,7 @@ type call struct {
 // tells whether the body is a stream whose events are counted.
 type sseState struct {
 	line     [16]byte // start of the current line: enough for "data: [DONE]\r"
-	end      [8]byte  // end of the current line: the last len(end) bytes, right-aligned
+	end      [16]byte // end of the current line: the last len(end) bytes, right-aligned
 	lineLen  int      // bytes in the current line so far (may exceed len(line))
 	counting bool     // the body is an SSE stream
 	// The current event (the lines up to a blank one): counted already (a
@@ -197,6 +197,12 @@ type sseState struct {
 	// The current line ends in a CR that ended the last Read: a CRLF's,
 	// or a bare CR that ended the line (see scan).
 	crEnd bool
+	// Where the current line is in an OpenAI-style chunk's choices (chSeek
+	// to chDone, see choices), and the start of the first choice's delta
+	// object, kept to be read at its end: chLen bytes of chBuf.
+	chPh  uint8
+	chLen uint8
+	chBuf [48]byte
 	shed  *shedBody // a 503's body, when it had no Retry-After
 }
 
@@ -602,6 +608,24 @@ func (c *call) Close() error {
 // Other event types count. The event field precedes the data in every
 // server's events.
 //
+// Nor do the two chunks of the OpenAI-style APIs that carry no token (see
+// choices): the usage chunk that ends a stream asked for
+// stream_options.include_usage, whose "choices" is [] (vLLM, SGLang,
+// llama.cpp, OpenAI), and the chat stream's opening role chunk, whose delta
+// holds the role and no text ({"role":"assistant","content":""}). Counted,
+// they made the output tokens two too many and the time between tokens
+// the span over N+1 gaps instead of N-1. Time to first token is stamped at
+// the first token's chunk, not at the role chunk: vLLM (and SGLang,
+// llama.cpp) send the role chunk in the same step as the first token, so
+// the two are read together and nothing is lost, while a server or a proxy
+// that sent it as the stream opens would make time to first token the time
+// to the headers, as response.created did; and time between tokens, timed
+// from the first counted event, must start at a token. A chunk whose delta
+// has no role and empty text (vLLM's last, at finish_reason: the end of
+// generation's token, whose text is empty; text held back, a partial UTF-8
+// character or a stop string being matched) is a step of generation and
+// counts. usage.completion_tokens is not read.
+//
 // A line ends at a LF, a CRLF or a bare CR (WHATWG's EventSource allows
 // all three; an NDJSON line ends at a LF). A CR stays in its line, which
 // is read as a CRLF line is; a CR that ends a Read ends its line only
@@ -635,6 +659,9 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 			c.startErr()
 			c.errScan.feed(seg[len(c.line)-before:])
 		}
+		if c.chPh < chDone && !c.counted && !c.notToken && !c.ndjson {
+			c.choices(seg, before)
+		}
 		if len(seg) >= len(c.end) {
 			copy(c.end[:], seg[len(seg)-len(c.end):])
 		} else {
@@ -662,6 +689,8 @@ func (c *sseState) endCR(clock balancer.Clock) {
 }
 
 func (c *sseState) endLine(clock balancer.Clock) {
+	chunk := c.chPh
+	c.chPh, c.chLen = chSeek, 0
 	n := min(c.lineLen, len(c.line))
 	line := c.line[:n]
 	whole := c.lineLen <= len(c.line)
@@ -729,6 +758,9 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		}
 	}
 	c.counted = true
+	if chunk == chEmpty || chunk == chRole {
+		return // a chunk with no token: the event is read, not counted
+	}
 	c.count(clock)
 }
 
@@ -742,6 +774,161 @@ func (c *sseState) count(clock balancer.Clock) {
 	}
 	c.waitLast.Store(c.waitNs)
 	c.lastNs.Store(c.readNs)
+}
+
+// Where a line is in an OpenAI-style chunk's choices (sseState.chPh).
+// chEmpty and chRole, reached, say the chunk carries no token.
+const (
+	chSeek   = iota // looking for the line's first '[', the choices' own
+	chOpen          // after "choices":[
+	chChoice        // in the first choice, looking for its delta's '{'
+	chDelta         // in the delta object, keeping its bytes (chBuf)
+	chDone          // the line is a token's, or not a chunk: not read further
+	chEmpty         // "choices":[]: the usage chunk of include_usage
+	chRole          // the stream's opening role chunk (see roleOnly)
+)
+
+// choices follows seg, the next bytes of a line whose first before bytes
+// came earlier, for the two OpenAI-style chunks that carry no token (see
+// scan): the usage chunk, whose choices are empty, and the role chunk that
+// opens the stream, whose delta holds the role and no text. It reads only
+// the line's first '[' and what follows it up to the first choice's delta:
+// in every server's chunks the keys before "choices" (id, object,
+// created, model, or none) hold strings and numbers, so the first '[' is
+// the choices' unless a string holds one, and then it is not preceded by
+// the key; and a '"' in a string is escaped, so the key's bytes are the
+// key. The role chunk is looked for only until the first token counts:
+// servers send it before any token (vLLM, SGLang, llama.cpp and OpenAI
+// each with the first token), and after it a chunk whose delta repeats the
+// role with no text (TGI repeats the role in every delta) may be the end
+// of the generation, a token step. What it does not place (another order
+// of keys, a delta longer than chBuf) is a token, as every chunk was.
+func (c *sseState) choices(seg []byte, before int) {
+	for i := 0; i < len(seg); i++ {
+		switch c.chPh {
+		case chSeek:
+			j := bytes.IndexByte(seg[i:], '[')
+			if j < 0 {
+				return
+			}
+			i += j
+			c.chPh = chDone
+			if c.precededBy(seg, i, before, `"choices":`) || c.precededBy(seg, i, before, `"choices": `) {
+				c.chPh = chOpen
+			}
+		case chOpen:
+			switch seg[i] {
+			case ' ', '\t', '\r', '\n':
+			case ']':
+				c.chPh = chEmpty
+			case '{':
+				c.chPh = chDone
+				if c.events.Load() == 0 {
+					c.chPh = chChoice
+				}
+			default:
+				c.chPh = chDone
+			}
+		case chChoice:
+			j := bytes.IndexByte(seg[i:], '{')
+			if j < 0 {
+				return
+			}
+			i += j
+			c.chPh = chDone
+			if c.precededBy(seg, i, before, `"delta":`) || c.precededBy(seg, i, before, `"delta": `) {
+				c.chPh = chDelta
+			}
+		case chDelta:
+			rest := seg[i:]
+			j := bytes.IndexByte(rest, '}')
+			if j >= 0 {
+				rest = rest[:j]
+			}
+			if len(rest) > len(c.chBuf)-int(c.chLen) {
+				c.chPh = chDone // longer than a delta with no text
+				return
+			}
+			c.chLen += uint8(copy(c.chBuf[c.chLen:], rest))
+			if j < 0 {
+				return
+			}
+			c.chPh = chDone
+			if roleOnly(c.chBuf[:c.chLen]) {
+				c.chPh = chRole
+			}
+		default:
+			return
+		}
+	}
+}
+
+// precededBy reports whether the bytes of the current line before seg[i]
+// end with s, when the line had before bytes before seg (whose last ones
+// are in end: see scan, which adds seg to end after this).
+func (c *sseState) precededBy(seg []byte, i, before int, s string) bool {
+	if i >= len(s) {
+		return string(seg[i-len(s):i]) == s
+	}
+	k := len(s) - i // bytes of s before seg
+	return k <= before && k <= len(c.end) && string(c.end[len(c.end)-k:]) == s[:k] && string(seg[:i]) == s[k:]
+}
+
+// roleOnly reports whether m, the members of a delta object (its bytes
+// between the braces), give a role and no text: "role" a string, every
+// other member null, "" or [] (vLLM's {"role":"assistant","content":""},
+// OpenAI's with "refusal":null, llama.cpp's with "content":null). Keys and
+// the role are read as written: a server writes no escape in them.
+func roleOnly(m []byte) bool {
+	role := false
+	for i := 0; ; {
+		i = skipWS(m, i)
+		if i >= len(m) || m[i] != '"' {
+			return false
+		}
+		j := bytes.IndexByte(m[i+1:], '"')
+		if j < 0 {
+			return false
+		}
+		key := m[i+1 : i+1+j]
+		i = skipWS(m, i+j+2)
+		if i >= len(m) || m[i] != ':' {
+			return false
+		}
+		i = skipWS(m, i+1)
+		v := m[i:]
+		switch {
+		case string(key) == "role" && len(v) > 0 && v[0] == '"':
+			k := bytes.IndexByte(v[1:], '"')
+			if k < 0 || bytes.IndexByte(v[1:k+1], '\\') >= 0 {
+				return false
+			}
+			role, i = true, i+k+2
+		case bytes.HasPrefix(v, []byte("null")):
+			i += len("null")
+		case bytes.HasPrefix(v, []byte(`""`)), bytes.HasPrefix(v, []byte("[]")):
+			i += 2
+		default:
+			return false // text, a tool call, or what is not read
+		}
+		i = skipWS(m, i)
+		if i == len(m) {
+			return role
+		}
+		if m[i] != ',' {
+			return false
+		}
+		i++
+	}
+}
+
+// skipWS returns the index of the first byte of b from i that is not
+// JSON white space.
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
 }
 
 // doneKey is the member of Ollama's last stream object, up to its value.

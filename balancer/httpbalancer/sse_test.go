@@ -527,3 +527,126 @@ func TestDeadlineInABodyAfterItsHeadersIsNotAFailure(t *testing.T) {
 	require.Zero(t, st.Failures)
 	require.False(t, st.BreakerOpen)
 }
+
+// TestStreamChunksWithoutTokensAreNotCounted: the chunks of real
+// OpenAI-style streams that carry no token are not counted, at every read
+// boundary: vLLM's chat stream opens with a chunk that holds only the role
+// ({"role":"assistant","content":""}, sent with the first token), and a
+// call that asks stream_options.include_usage ends with a chunk whose
+// choices are empty and that carries the usage. Counted, the output tokens
+// were two too many and the time between tokens the span over N+1 gaps,
+// not N-1. Time to first token is the first token's chunk's. A chunk with
+// empty text and no role (vLLM's last, at finish_reason: the end of
+// generation's token) counts, and so do the role's chunks that carry text
+// (TGI's) or a tool call.
+func TestStreamChunksWithoutTokensAreNotCounted(t *testing.T) {
+	const model = `"model":"meta-llama/Llama-3.1-8B-Instruct"`
+	chat := func(choices string) string {
+		return `data: {"id":"chatcmpl-9f1c2d3e4b5a69788796a5b4c3d2e1f0","object":"chat.completion.chunk","created":1765000000,` +
+			model + `,"choices":` + choices + "}\n\n"
+	}
+	delta := func(d, finish string) string {
+		return `[{"index":0,"delta":` + d + `,"logprobs":null,"finish_reason":` + finish + `}]`
+	}
+	usage := `data: {"id":"chatcmpl-9f1c2d3e4b5a69788796a5b4c3d2e1f0","object":"chat.completion.chunk","created":1765000000,` +
+		model + `,"choices":[],"usage":{"prompt_tokens":21,"total_tokens":24,"completion_tokens":3}}` + "\n\n"
+	role := chat(delta(`{"role":"assistant","content":""}`, "null"))
+	tok := func(s string) string { return chat(delta(`{"content":"`+s+`"}`, "null")) }
+	last := chat(`[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]`)
+	done := "data: [DONE]\n\n"
+
+	cmpl := func(text, finish string) string {
+		return `data: {"id":"cmpl-0a1b2c3d4e5f60718293a4b5c6d7e8f9","object":"text_completion","created":1765000000,` + model +
+			`,"choices":[{"index":0,"text":"` + text + `","logprobs":null,"finish_reason":` + finish + `,"stop_reason":null}]}` + "\n\n"
+	}
+	cmplUsage := `data: {"id":"cmpl-0a1b2c3d4e5f60718293a4b5c6d7e8f9","object":"text_completion","created":1765000000,` + model +
+		`,"choices":[],"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}` + "\n\n"
+
+	openai := func(d, finish string) string {
+		return `data: {"id":"chatcmpl-B9x","object":"chat.completion.chunk","created":1765000000,"model":"gpt-4o-mini-2024-07-18",` +
+			`"system_fingerprint":"fp_01","choices":[{"index":0,"delta":` + d + `,"logprobs":null,"finish_reason":` + finish + `}],"usage":null}` + "\n\n"
+	}
+	openaiUsage := `data: {"id":"chatcmpl-B9x","object":"chat.completion.chunk","created":1765000000,"model":"gpt-4o-mini-2024-07-18",` +
+		`"system_fingerprint":"fp_01","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}` + "\n\n"
+	llamacpp := func(d, finish string) string {
+		return `data: {"choices":[{"finish_reason":` + finish + `,"index":0,"delta":` + d + `}],"created":1765000000,"id":"chatcmpl-x",` +
+			`"model":"gpt-3.5-turbo","system_fingerprint":"b5000","object":"chat.completion.chunk"}` + "\n\n"
+	}
+
+	for _, s := range []struct {
+		name        string
+		body        string
+		events      int
+		first, last string // the stream up to the end of the first and the last token events
+	}{
+		{"vLLM chat with usage", role + tok("Hello") + tok(" there") + last + usage + done, 3,
+			role + tok("Hello"), role + tok("Hello") + tok(" there") + last},
+		{"vLLM chat", role + tok("Hi") + last + done, 2, role + tok("Hi"), role + tok("Hi") + last},
+		{"vLLM chat, CRLF", strings.ReplaceAll(role+tok("Hi")+last+usage, "\n", "\r\n"), 2,
+			strings.ReplaceAll(role+tok("Hi"), "\n", "\r\n"), strings.ReplaceAll(role+tok("Hi")+last, "\n", "\r\n")},
+		{"vLLM completions with usage", cmpl(" Paris", "null") + cmpl(".", "null") + cmpl(" It", `"length"`) + cmplUsage + done, 3,
+			cmpl(" Paris", "null"), cmpl(" Paris", "null") + cmpl(".", "null") + cmpl(" It", `"length"`)},
+		{"OpenAI", openai(`{"role":"assistant","content":"","refusal":null}`, "null") + openai(`{"content":"Hi"}`, "null") +
+			openai(`{}`, `"stop"`) + openaiUsage + done, 2,
+			openai(`{"role":"assistant","content":"","refusal":null}`, "null") + openai(`{"content":"Hi"}`, "null"),
+			openai(`{"role":"assistant","content":"","refusal":null}`, "null") + openai(`{"content":"Hi"}`, "null") + openai(`{}`, `"stop"`)},
+		{"llama.cpp", llamacpp(`{"role":"assistant","content":null}`, "null") + llamacpp(`{"content":"Hi"}`, "null") +
+			llamacpp(`{}`, `"stop"`) + done, 2,
+			llamacpp(`{"role":"assistant","content":null}`, "null") + llamacpp(`{"content":"Hi"}`, "null"),
+			llamacpp(`{"role":"assistant","content":null}`, "null") + llamacpp(`{"content":"Hi"}`, "null") + llamacpp(`{}`, `"stop"`)},
+		// TGI repeats the role in every delta: each carries a token.
+		{"role with text", chat(delta(`{"role":"assistant","content":"Hi"}`, "null")) + chat(delta(`{"role":"assistant","content":"!"}`, `"stop"`)), 2,
+			chat(delta(`{"role":"assistant","content":"Hi"}`, "null")),
+			chat(delta(`{"role":"assistant","content":"Hi"}`, "null")) + chat(delta(`{"role":"assistant","content":"!"}`, `"stop"`))},
+		{"role with a tool call", chat(delta(`{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}`, "null")) + tok("x"), 2,
+			chat(delta(`{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}`, "null")),
+			chat(delta(`{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}`, "null")) + tok("x")},
+		// Text that reads as an empty choices list or a role's delta is
+		// text: its quotes are escaped.
+		{"look-alikes in text", role + tok(`[\"choices\":[]]`) + tok(`\"delta\":{\"role\":\"assistant\",\"content\":\"\"}`) + done, 2,
+			role + tok(`[\"choices\":[]]`), role + tok(`[\"choices\":[]]`) + tok(`\"delta\":{\"role\":\"assistant\",\"content\":\"\"}`)},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			require.True(t, strings.HasPrefix(s.body, s.last) && strings.HasPrefix(s.last, s.first))
+			rig := newSSERig(t, s.body)
+			for n := 1; n <= len(s.body); n++ {
+				r := rig.callWhole(t, n)
+				require.Equal(t, s.events, r.Events, "%d bytes a read", n)
+				require.Equal(t, s.events, r.Outcome.OutputTokens, "%d bytes a read", n)
+				first, last := (lineEnd(s.first)+n-1)/n, (lineEnd(s.last)+n-1)/n // the reads that end those lines
+				require.Equal(t, time.Duration(first)*time.Millisecond, r.Outcome.TTFT, "%d bytes a read", n)
+				require.Equal(t, time.Duration(last-first)*time.Millisecond/time.Duration(s.events-1), r.TimeBetweenTokens, "%d bytes a read", n)
+			}
+		})
+	}
+}
+
+// lineEnd is the length of an SSE stream up to the end of its last event's
+// data line: without the blank line that ends the event.
+func lineEnd(s string) int {
+	return len(strings.TrimSuffix(strings.TrimSuffix(s, "\n"), "\r"))
+}
+
+// callWhole is call for a stream longer than io.ReadAll's first buffer:
+// it reads into a buffer as long as the stream, so every Read but the last
+// gets n bytes.
+func (g *sseRig) callWhole(t *testing.T, n int) httpbalancer.Result {
+	t.Helper()
+	g.n = n
+	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+	require.NoError(t, err)
+	resp, err := g.tr.RoundTrip(req)
+	require.NoError(t, err)
+	got := make([]byte, 0, len(g.body)+1)
+	for {
+		k, err := resp.Body.Read(got[len(got):cap(got)])
+		got = got[:len(got)+k]
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+	}
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, g.body, string(got), "%d bytes a read", n)
+	return <-g.res.c
+}
