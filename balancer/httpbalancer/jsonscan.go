@@ -605,11 +605,16 @@ func (s *scanner) nextElem(first bool) int {
 type body struct {
 	model     string
 	stream    bool
-	maxTokens int    // the largest of max_tokens, max_completion_tokens, max_output_tokens
+	maxTokens int    // the largest of bounds
 	n         int    // choices asked for ("n"), each up to maxTokens; 0 if absent or not a count
 	chars     int    // bytes of prompt text seen (message contents, prompt, input, tools), as sent
 	cacheKey  string // may alias the body, like the fields below
 	cacheSalt string // vLLM's cache_salt: requests with different salts share no cache
+
+	// bounds is the output bound each member that gives one gave, by
+	// boundKey: a repeated key's last value replaces the earlier ones, as
+	// Python's json (vLLM, SGLang) and encoding/json read the body.
+	bounds [nBounds]int
 
 	// prompts is the size of a batch: the most prompts one prompt, text or
 	// input_ids member holds (1 for a string, the strings or token-ID
@@ -735,7 +740,7 @@ func (s *scanner) field(key []byte, out *body) bool {
 		return ok
 	case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
 		n, ok := s.integer()
-		out.maxTokens = max(out.maxTokens, n)
+		out.setBound(boundKey(key), n)
 		return ok
 	case "n":
 		var ok bool
@@ -745,7 +750,7 @@ func (s *scanner) field(key []byte, out *body) bool {
 		// TGI: {"inputs": ..., "parameters": {"max_new_tokens": n}};
 		// SGLang: {"text": ..., "sampling_params": {"max_new_tokens": m, "n": k}},
 		// or a list of such objects, one per prompt of a batch.
-		return s.parameters(out)
+		return s.parameters(out, boundKey(key))
 	case "prompt", "text", "input_ids":
 		// The completions API's prompt; text and input_ids: SGLang's
 		// generate (the Responses API's text, an object, is stepped
@@ -861,17 +866,24 @@ func (s *scanner) system(out *body) bool {
 	return ok
 }
 
-// parameters reads TGI's parameters or SGLang's sampling_params object for
-// max_new_tokens and n, or SGLang's list of such objects (see
-// parameterList).
-func (s *scanner) parameters(out *body) bool {
+// parameters reads TGI's parameters or SGLang's sampling_params object
+// (its key's bound is b: see boundKey) for max_new_tokens and n, or
+// SGLang's list of such objects (see parameterList). The value replaces
+// what an earlier member of its key gave.
+func (s *scanner) parameters(out *body, b int) bool {
+	out.setBound(b, 0)
 	switch s.peek() {
 	case '{':
 	case '[':
-		return s.parameterList(out)
+		return s.parameterList(out, b)
 	default:
 		return s.skip() // not an object: nothing to read, but step over it
 	}
+	return s.parameterObject(out, b)
+}
+
+// parameterObject reads one parameters object, whose '{' is next.
+func (s *scanner) parameterObject(out *body, b int) bool {
 	s.i++
 	for first := true; ; first = false {
 		key, st := s.nextKey(first)
@@ -883,7 +895,7 @@ func (s *scanner) parameters(out *body) bool {
 		case "max_new_tokens":
 			var n int
 			n, ok = s.integer()
-			out.maxTokens = max(out.maxTokens, n)
+			out.setBound(b, n)
 		case "n":
 			out.n, ok = s.integer()
 		default:
@@ -901,9 +913,10 @@ func (s *scanner) parameters(out *body) bool {
 // is generated for up to that many tokens and choices). An object without
 // n leaves n as it was, as the single object does. Only objects are read
 // (parameters does not come back here), so no body makes the scan recurse.
-func (s *scanner) parameterList(out *body) bool {
+func (s *scanner) parameterList(out *body, b int) bool {
 	s.i++ // the '['
 	saved, most := out.n, -1
+	bound := 0
 	ok := false
 	for first := true; ; first = false {
 		if st := s.nextElem(first); st != member {
@@ -911,12 +924,14 @@ func (s *scanner) parameterList(out *body) bool {
 			break
 		}
 		out.n = -1 // an element without n leaves it so
+		out.setBound(b, 0)
 		if s.peek() == '{' {
-			ok = s.parameters(out)
+			ok = s.parameterObject(out, b)
 		} else {
 			ok = s.skip()
 		}
 		most = max(most, out.n)
+		bound = max(bound, out.bounds[b])
 		if !ok {
 			break
 		}
@@ -925,7 +940,47 @@ func (s *scanner) parameterList(out *body) bool {
 	if most >= 0 {
 		out.n = most
 	}
+	out.setBound(b, bound)
 	return ok
+}
+
+// The members that give an output bound (body.bounds), by boundKey.
+const (
+	boundMaxTokens = iota
+	boundMaxCompletionTokens
+	boundMaxOutputTokens
+	boundMaxNewTokens
+	boundParameters     // TGI's parameters.max_new_tokens
+	boundSamplingParams // SGLang's sampling_params.max_new_tokens
+	nBounds
+)
+
+// boundKey returns the index in body.bounds of a top-level key that gives
+// an output bound.
+func boundKey(key []byte) int {
+	switch string(key) {
+	case "max_tokens":
+		return boundMaxTokens
+	case "max_completion_tokens":
+		return boundMaxCompletionTokens
+	case "max_output_tokens":
+		return boundMaxOutputTokens
+	case "max_new_tokens":
+		return boundMaxNewTokens
+	case "parameters":
+		return boundParameters
+	}
+	return boundSamplingParams
+}
+
+// setBound notes n as the bound member b gives, replacing what an earlier
+// member of its key gave, and the output bound as the largest of them.
+func (out *body) setBound(b, n int) {
+	out.bounds[b] = n
+	out.maxTokens = 0
+	for _, v := range out.bounds {
+		out.maxTokens = max(out.maxTokens, v)
+	}
 }
 
 // stringView reads a string value into *dst as a view of the body (see

@@ -272,6 +272,7 @@ type refBody struct {
 	model     string
 	stream    bool
 	maxTokens int
+	bounds    map[string]int // the last bound each key gave
 	n         int
 	prompts   int
 	chars     int
@@ -376,6 +377,12 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 		b = b[3:]
 	}
 	s := &refScanner{b: b}
+	out.bounds = map[string]int{}
+	defer func() {
+		for _, n := range out.bounds {
+			out.maxTokens = max(out.maxTokens, n)
+		}
+	}()
 	s.object(func(key []byte) bool {
 		switch k := string(key); k {
 		case "model":
@@ -397,20 +404,27 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			out.stream = ok && string(lit) == "true"
 			return ok
 		case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
+			// The last of a repeated key, as Python's json reads it.
 			n, ok := s.integer()
-			out.maxTokens = max(out.maxTokens, n)
+			out.bounds[k] = n
 			return ok
 		case "n":
 			var ok bool
 			out.n, ok = s.integer()
 			return ok
 		case "parameters", "sampling_params":
+			// The value replaces an earlier one of the key: its bound is
+			// its last max_new_tokens, a list's the largest of its
+			// objects'.
+			out.bounds[k] = 0
+			bound := 0
 			params := func() bool {
+				bound = 0
 				return s.object(func(key []byte) bool {
 					switch string(key) {
 					case "max_new_tokens":
 						n, ok := s.integer()
-						out.maxTokens = max(out.maxTokens, n)
+						bound = n
 						return ok
 					case "n":
 						var ok bool
@@ -421,11 +435,14 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 				})
 			}
 			if s.peek() != '[' {
-				return params()
+				ok := params()
+				out.bounds[k] = bound
+				return ok
 			}
 			// SGLang's list, an object per prompt: the largest n of
 			// the objects that give one.
 			var ns []int
+			most := 0
 			ok := s.array(func() bool {
 				if s.peek() != '{' {
 					return s.skip()
@@ -433,6 +450,7 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 				saved := out.n
 				out.n = -1
 				ok := params()
+				most = max(most, bound)
 				if out.n >= 0 {
 					ns = append(ns, out.n)
 				}
@@ -442,6 +460,7 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			if len(ns) > 0 {
 				out.n = slices.Max(ns)
 			}
+			out.bounds[k] = most
 			return ok
 		case "messages":
 			return s.messages(out)

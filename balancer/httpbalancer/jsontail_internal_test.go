@@ -396,3 +396,39 @@ func TestReadTailLeavesInlineDataOutOfTheSize(t *testing.T) {
 		require.Equal(t, "m", got.model, tc.name)
 	}
 }
+
+// TestRepeatedBoundKeepsTheLast: Python's json (vLLM, SGLang) keeps the
+// last of a repeated key, and so the output bound is the last value of
+// each member that gives one (the largest across max_tokens,
+// max_completion_tokens, ...), read alike from a body the peek holds
+// whole and from one read past the peek. The peek kept the largest of a
+// repeated key and the rest of the body its last: a call's bound changed
+// with the size of its prompt.
+func TestRepeatedBoundKeepsTheLast(t *testing.T) {
+	text := `"prompt":"` + strings.Repeat("x", 200) + `"`
+	for _, c := range []struct {
+		body string
+		want int
+	}{
+		{`{"max_tokens":512,"max_tokens":16,` + text + `}`, 16},
+		{`{"max_tokens":16,` + text + `,"max_tokens":512}`, 512},
+		{`{"max_tokens":512,` + text + `,"max_tokens":16}`, 16},
+		{`{"max_completion_tokens":64,"max_tokens":32,"max_completion_tokens":8,` + text + `}`, 32},
+		{`{"parameters":{"max_new_tokens":512},"parameters":{"stop":["x"]},` + text + `}`, 0},
+		{`{"parameters":{"max_new_tokens":512},"parameters":7,` + text + `}`, 0},
+		{`{"sampling_params":{"max_new_tokens":512,"max_new_tokens":16},` + text + `}`, 16},
+		{`{"sampling_params":[{"max_new_tokens":8},{"max_new_tokens":64,"max_new_tokens":4}],` + text + `}`, 8},
+		{`{"sampling_params":{"max_new_tokens":512},"sampling_params":[{"max_new_tokens":8}],` + text + `,"max_new_tokens":4}`, 8},
+	} {
+		var whole body
+		parseBody([]byte(c.body), false, &whole)
+		require.Equal(t, c.want, whole.maxTokens, "whole: %s", c.body)
+		for _, cut := range []int{10, 30, 60, len(c.body) - 1} {
+			var got body
+			parseBody([]byte(c.body[:cut]), false, &got)
+			m := inMemory(io.NopCloser(strings.NewReader(c.body)))
+			readTail(&m, []byte(c.body[:cut]), false, &got)
+			require.Equal(t, c.want, got.maxTokens, "cut at %d: %s", cut, c.body)
+		}
+	}
+}
