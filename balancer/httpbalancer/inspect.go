@@ -15,7 +15,8 @@ import (
 type Info struct {
 	inferlb.Request
 	// Stream is set when the body asks for a streamed (SSE) response
-	// ("stream": true). The transport treats a response as a stream when
+	// ("stream": true, or a value vLLM's and SGLang's pydantic validation
+	// reads as true: "true", "yes", "1", 1, ...). The transport treats a response as a stream when
 	// its Content-Type is text/event-stream (or Ollama's
 	// application/x-ndjson), or when Stream is set and the Content-Type is
 	// not JSON. Ollama's native paths stream unless the body says "stream":

@@ -96,7 +96,7 @@ func TestInspectFields(t *testing.T) {
 		{"escapes", "/v1/chat/completions", `{"model":"a\"b","messages":[{"role":"user","content":"\u00e9t\u00e9"}]}`, true, `a"b`, false, 0, 3, true},
 		{"truncated", "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"abcd"},{"role":"user","content":"ab`, false, "m", true, 0, 1000, true},
 		{"not json", "/v1/chat/completions", `hello`, true, "", false, 0, 0, false},
-		{"model not a string", "/v1/chat/completions", `{"model":5,"stream":"yes","max_tokens":-3}`, true, "", false, 0, 0, false},
+		{"model not a string", "/v1/chat/completions", `{"model":5,"stream":"maybe","max_tokens":-3}`, true, "", false, 0, 0, false},
 		{"huge max_tokens", "/v1/chat/completions", `{"max_tokens":99999999999999999999}`, true, "", false, 0, 0, false},
 		// n choices are generated up to the bound each.
 		{"n choices", "/v1/chat/completions", `{"messages":[{"role":"user","content":"abcd"}],"max_completion_tokens":100,"n":4}`, true, "", false, 400, 1, true},

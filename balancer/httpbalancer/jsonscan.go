@@ -731,13 +731,21 @@ func (s *scanner) field(key []byte, out *body) bool {
 	case "messages":
 		return s.messages(out)
 	case "stream":
+		// vLLM and SGLang validate with pydantic, which in its lax mode
+		// takes the strings "true", "yes", "1", ... and the numbers 1 and
+		// 1.0 for true (see laxTrue): such a call streams.
 		out.stream = false
-		if c := s.peek(); c != 't' && c != 'f' {
-			return s.skip()
+		switch c := s.peek(); {
+		case c == '"':
+			raw, esc, ok := s.str()
+			out.stream = ok && laxTrue(view(raw, esc))
+			return ok
+		case c == 't' || c == 'f' || c == '-' || c >= '0' && c <= '9':
+			lit, ok := s.scalar()
+			out.stream = ok && (string(lit) == "true" || wholeNumber(lit) == 1)
+			return ok
 		}
-		lit, ok := s.scalar()
-		out.stream = ok && string(lit) == "true"
-		return ok
+		return s.skip()
 	case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
 		n, ok := s.integer()
 		out.setBound(boundKey(key), n)
@@ -981,6 +989,37 @@ func (out *body) setBound(b, n int) {
 	for _, v := range out.bounds {
 		out.maxTokens = max(out.maxTokens, v)
 	}
+}
+
+// laxTrue reports whether v, a JSON string's value, is one that pydantic's
+// lax mode reads as true for a bool field (pydantic-core's str_as_bool):
+// "1", or "t", "y", "on", "yes" or "true" in any ASCII case, with no white
+// space around. Any other string is false or fails validation.
+func laxTrue(v string) bool {
+	if v == "1" {
+		return true
+	}
+	for _, t := range [...]string{"t", "y", "on", "yes", "true"} {
+		if len(v) == len(t) && lowerIs(v, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// lowerIs reports whether v, of t's length, is t (lower case) in any ASCII
+// case: Unicode folding would take "ſ" for "s", which pydantic does not.
+func lowerIs(v, t string) bool {
+	for i := range len(t) {
+		c := v[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != t[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // stringView reads a string value into *dst as a view of the body (see

@@ -91,8 +91,8 @@ var scanSeeds = []string{
 	`{"model":"bge","text_1":"q","text_2":["d1",{"text":"d2"}],"queries":["a","b"],"data_1":{"content":[]},"data_2":"x"}`,
 	`{"max_tokens":"512","n":" 2 ","sampling_params":{"max_new_tokens":"64.0","n":"3."},"max_completion_tokens":"1_0","max_output_tokens":"0.00","n":"x\u0031"}`,
 	`{"model":"llava","messages":[{"role":"user","content":"what is this?","images":["iVBORw0KGgo","QUJD",7,{"a":"b"}]},{"role":"user","images":"x","content":"y"}],"images":["QUJD"],"prompt":"p"}`,
-	`{"stream":true,"max_tokens":512,"max_tokens":16,"parameters":{"max_new_tokens":9},"parameters":{"max_new_tokens":3,"max_new_tokens":2}}`,
-	`{"sampling_params":[{"max_new_tokens":8},7,{"max_new_tokens":64,"max_new_tokens":4}],"sampling_params":{"n":2}}`,
+	`{"stream":"True","max_tokens":512,"max_tokens":16,"stream":"\u0079es","parameters":{"max_new_tokens":9},"parameters":{"max_new_tokens":3,"max_new_tokens":2},"stream":1.0}`,
+	`{"sampling_params":[{"max_new_tokens":8},7,{"max_new_tokens":64,"max_new_tokens":4}],"stream":"on","stream":1e0,"sampling_params":{"n":2},"stream":"yeſ"}`,
 }
 
 // FuzzScannerMatchesReference: the scanner reads exactly what the closure

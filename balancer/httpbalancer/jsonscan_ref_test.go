@@ -396,12 +396,31 @@ func refParseBody(b []byte, keyed bool, out *refBody) {
 			}
 			return ok
 		case "stream":
+			// pydantic's lax bool: true, 1 or 1.0, or one of its
+			// strings for true.
 			out.stream = false
-			if c := s.peek(); c != 't' && c != 'f' {
+			if s.peek() == '"' {
+				raw, quoted, esc, ok := s.str()
+				if ok {
+					switch v := refDecode(raw, quoted, esc); {
+					case v == "1":
+						out.stream = true
+					default:
+						for _, t := range []string{"t", "y", "on", "yes", "true"} {
+							if len(v) == len(t) && strings.Map(refASCIILower, v) == t {
+								out.stream = true
+							}
+						}
+					}
+				}
+				return ok
+			}
+			if c := s.peek(); c != 't' && c != 'f' && c != '-' && (c < '0' || c > '9') {
 				return s.skip()
 			}
 			lit, ok := s.scalar()
-			out.stream = ok && string(lit) == "true"
+			var v float64
+			out.stream = ok && (string(lit) == "true" || refJSONNumber(lit) && json.Unmarshal(lit, &v) == nil && v == 1)
 			return ok
 		case "max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens":
 			// The last of a repeated key, as Python's json reads it.
@@ -993,4 +1012,19 @@ func (t *refTextKeys) enter(out *refBody, key string) {
 		t.seen = map[string]bool{}
 	}
 	t.seen[key] = true
+}
+
+// refASCIILower lowers ASCII letters only, as Rust's eq_ignore_ascii_case
+// compares (pydantic-core's str_as_bool).
+func refASCIILower(r rune) rune {
+	if 'A' <= r && r <= 'Z' {
+		return r + 'a' - 'A'
+	}
+	return r
+}
+
+// refJSONNumber reports whether lit is a number as RFC 8259 writes it.
+func refJSONNumber(lit []byte) bool {
+	var v any
+	return len(lit) > 0 && (lit[0] == '-' || lit[0] >= '0' && lit[0] <= '9') && json.Unmarshal(lit, &v) == nil
 }

@@ -432,3 +432,33 @@ func TestRepeatedBoundKeepsTheLast(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamAsPydanticReadsIt: vLLM and SGLang validate "stream" with
+// pydantic in its lax mode, which reads the strings "true", "yes", "on",
+// "1", "t", "y" (in any ASCII case) and the numbers 1 and 1.0 as true:
+// such a call streams, and is read so in the peek and past it. Other
+// strings, numbers and types are false or fail validation (no stream).
+func TestStreamAsPydanticReadsIt(t *testing.T) {
+	text := `"prompt":"` + strings.Repeat("x", 200) + `"`
+	for _, c := range []struct {
+		v    string
+		want bool
+	}{
+		{`true`, true}, {`"true"`, true}, {`"True"`, true}, {`"TRUE"`, true}, {`"yes"`, true}, {`"on"`, true},
+		{`"1"`, true}, {`"t"`, true}, {`"Y"`, true}, {`"\u0074rue"`, true}, {`1`, true}, {`1.0`, true}, {`1e0`, true},
+		{`false`, false}, {`"false"`, false}, {`"0"`, false}, {`0`, false}, {`0.0`, false}, {`null`, false},
+		{`"maybe"`, false}, {`" true"`, false}, {`"true "`, false}, {`"tru"`, false}, {`"yeſ"`, false}, {`"1.0"`, false},
+		{`2`, false}, {`-1`, false}, {`1.5`, false}, {`01`, false}, {`[true]`, false}, {`{"a":true}`, false},
+	} {
+		for _, b := range []string{`{"stream":` + c.v + `,` + text + `}`, `{` + text + `,"stream":` + c.v + `}`} {
+			var whole body
+			parseBody([]byte(b), false, &whole)
+			require.Equal(t, c.want, whole.stream, "whole: %s", b)
+			var got body
+			parseBody([]byte(b[:5]), false, &got)
+			m := inMemory(io.NopCloser(strings.NewReader(b)))
+			readTail(&m, []byte(b[:5]), false, &got)
+			require.Equal(t, c.want, got.stream, "past the peek: %s", b)
+		}
+	}
+}
