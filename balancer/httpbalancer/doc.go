@@ -110,7 +110,10 @@
 // read slower than the endpoint sends it, which finds every next event
 // waiting (see Result.TimeBetweenTokens). The lifecycle events of the Responses and
 // Messages APIs (response.created, message_start, ...), "error" and "ping"
-// events are not counted. Ollama's newline-delimited JSON streams
+// events are not counted, nor are the chunks of OpenAI-style streams that
+// carry no token: the role chunk that opens a chat stream (a delta with the
+// role and no text; time to first token is the first token's chunk's) and
+// the usage chunk of stream_options.include_usage (its choices are []). Ollama's newline-delimited JSON streams
 // (application/x-ndjson) are read alike, a line an event; the last
 // object (its own "done": true, not one in a tool call's arguments) is
 // not counted, and an error line (Ollama checks
