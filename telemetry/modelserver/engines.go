@@ -17,28 +17,7 @@ import (
 // metrics. Names are in index form (namespace colon replaced by '_').
 var extractors = [...]func(*extractor){
 	Unknown: func(*extractor) {},
-	VLLM: func(x *extractor) {
-		x.sum(telemetry.Running, x.all("vllm_num_requests_running"))
-		x.sum(telemetry.Waiting, x.all("vllm_num_requests_waiting"))
-		// One series per engine="N" (data-parallel engine, each its own
-		// scheduler and KV cache): counts add up, usage is the fuller engine.
-		// kv_cache_usage_perc is the 0.9 name of gpu_cache_usage_perc (V0's
-		// and early V1's); 0.9-0.10 export both, 0.11 hides the old name
-		// (--show-hidden-metrics-for-version=0.10) and 0.12 drops it. Both
-		// are fractions in 0..1 despite the name.
-		// (vllm-project/vllm vllm/v1/metrics/loggers.py.)
-		x.max(telemetry.KVCacheUsage, x.first(telemetry.KVCacheUsage, "vllm_kv_cache_usage_perc", "vllm_gpu_cache_usage_perc"))
-		// prefix_cache_{hits,queries} were renamed from V1's
-		// gpu_prefix_cache_{hits,queries} on the same schedule.
-		if !x.ratio(telemetry.PrefixCacheHitRate,
-			x.firstCount(telemetry.PrefixCacheHitRate, "vllm_prefix_cache_hits_total", "vllm_prefix_cache_hits", "vllm_gpu_prefix_cache_hits_total", "vllm_gpu_prefix_cache_hits"),
-			x.firstCount(telemetry.PrefixCacheHitRate, "vllm_prefix_cache_queries_total", "vllm_prefix_cache_queries", "vllm_gpu_prefix_cache_queries_total", "vllm_gpu_prefix_cache_queries")) {
-			// V0's gauge; -1 when prefix caching is off (V0's default),
-			// which is no reading rather than a bad one.
-			x.max(telemetry.PrefixCacheHitRate, except(x.all("vllm_gpu_prefix_cache_hit_rate"), -1))
-		}
-		x.loraInfo(x.all("vllm_lora_requests_info"), x.all("vllm_num_requests_running"))
-	},
+	VLLM:    func(x *extractor) { x.vllm(nil, nil, nil) },
 	SGLang: func(x *extractor) {
 		// With --enable-priority-scheduling the counts carry priority="" for
 		// the total and priority="<n>" for a breakdown of that total.
@@ -88,7 +67,8 @@ var extractors = [...]func(*extractor){
 		x.sum(telemetry.Waiting, x.all("tgi_queue_size"))
 	},
 	Triton: func(x *extractor) {
-		// The TensorRT-LLM backend's gauges; other backends have none. Its
+		// The TensorRT-LLM backend's gauges (the vLLM backend's are vLLM's,
+		// read below; other backends have none). Its
 		// request_type="scheduled" is the executor's batch this iteration,
 		// "waiting" is active minus scheduled: requests the executor holds
 		// but did not schedule ("active" is both, "context" a part of the
@@ -96,7 +76,6 @@ var extractors = [...]func(*extractor){
 		// README "Triton Metrics"; NVIDIA/TensorRT-LLM
 		// triton_backend/inflight_batcher_llm/src/model_instance_state.cc,
 		// WaitForStats.)
-		x.sum(telemetry.Running, x.where("nv_trt_llm_request_metrics", "request_type", "scheduled"))
 		// Backends before the "waiting" and "fraction" series (the Triton
 		// 23.11 era's) export what the newer ones derive them from, and
 		// they are derived here as the newer ones do: waiting is active
@@ -111,8 +90,10 @@ var extractors = [...]func(*extractor){
 		// Triton's pending count stops when a backend starts executing a
 		// request (triton-inference-server/core src/infer_request.cc), and the
 		// TensorRT-LLM backend's execute only enqueues into its executor, so
-		// the two queues are disjoint and add up.
-		x.sum(telemetry.Waiting, slices.Concat(x.all("nv_inference_pending_request_count"), waiting))
+		// the two queues are disjoint and add up. So does the vLLM backend's
+		// execute (triton-inference-server/vllm_backend src/model.py): its
+		// requests then wait in vLLM's scheduler, which it exports below.
+		waiting = slices.Concat(x.all("nv_inference_pending_request_count"), waiting)
 		kv := x.where("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "fraction")
 		if len(kv) == 0 {
 			kv = x.derive("kv_cache_block_type",
@@ -125,7 +106,12 @@ var extractors = [...]func(*extractor){
 					return 0
 				})
 		}
-		x.max(telemetry.KVCacheUsage, kv)
+		// The vLLM backend exports vLLM's own gauges, labelled model and
+		// version (vllm_backend src/utils/metrics.py): its batch, queue and
+		// KV cache are read as vLLM's, with the TensorRT-LLM backend's of
+		// other models served beside it added up as separate batches.
+		x.vllm(x.where("nv_trt_llm_request_metrics", "request_type", "scheduled"), waiting, kv)
+		// Only Triton reports the GPUs: vLLM exports no GPU gauge.
 		x.max(telemetry.GPUUtil, x.all("nv_gpu_utilization"))
 		x.max(telemetry.GPUPower, x.all("nv_gpu_power_usage"))
 		x.worstMemory(x.all("nv_gpu_memory_used_bytes"), x.all("nv_gpu_memory_total_bytes"), "gpu_uuid")
@@ -141,6 +127,34 @@ var extractors = [...]func(*extractor){
 // (sgl-project/sglang: python/sglang/srt/observability/metrics_collector.py,
 // SchedulerMetricsCollector.init_new; managers/scheduler_pp_mixin.py.)
 var sglangReplicaLabels = []string{"tp_rank", "pp_rank", "moe_ep_rank"}
+
+// vllm fills Running, Waiting, KVCacheUsage, PrefixCacheHitRate and the
+// LoRA reading from vLLM's metrics, counting with them running, waiting
+// and kv: series of the same fields from other sources of the same server
+// (Triton's queue ahead of its vLLM backend, the TensorRT-LLM backend of
+// another model), which report other requests and other KV caches.
+func (x *extractor) vllm(running, waiting, kv []*dto.Metric) {
+	x.sum(telemetry.Running, slices.Concat(running, x.all("vllm_num_requests_running")))
+	x.sum(telemetry.Waiting, slices.Concat(waiting, x.all("vllm_num_requests_waiting")))
+	// One series per engine="N" (data-parallel engine, each its own
+	// scheduler and KV cache): counts add up, usage is the fuller engine.
+	// kv_cache_usage_perc is the 0.9 name of gpu_cache_usage_perc (V0's
+	// and early V1's); 0.9-0.10 export both, 0.11 hides the old name
+	// (--show-hidden-metrics-for-version=0.10) and 0.12 drops it. Both
+	// are fractions in 0..1 despite the name.
+	// (vllm-project/vllm vllm/v1/metrics/loggers.py.)
+	x.max(telemetry.KVCacheUsage, slices.Concat(kv, x.first(telemetry.KVCacheUsage, "vllm_kv_cache_usage_perc", "vllm_gpu_cache_usage_perc")))
+	// prefix_cache_{hits,queries} were renamed from V1's
+	// gpu_prefix_cache_{hits,queries} on the same schedule.
+	if !x.ratio(telemetry.PrefixCacheHitRate,
+		x.firstCount(telemetry.PrefixCacheHitRate, "vllm_prefix_cache_hits_total", "vllm_prefix_cache_hits", "vllm_gpu_prefix_cache_hits_total", "vllm_gpu_prefix_cache_hits"),
+		x.firstCount(telemetry.PrefixCacheHitRate, "vllm_prefix_cache_queries_total", "vllm_prefix_cache_queries", "vllm_gpu_prefix_cache_queries_total", "vllm_gpu_prefix_cache_queries")) {
+		// V0's gauge; -1 when prefix caching is off (V0's default),
+		// which is no reading rather than a bad one.
+		x.max(telemetry.PrefixCacheHitRate, except(x.all("vllm_gpu_prefix_cache_hit_rate"), -1))
+	}
+	x.loraInfo(x.all("vllm_lora_requests_info"), x.all("vllm_num_requests_running"))
+}
 
 // read holds, in index form, every metric name an extractor reads: Parse
 // builds metric objects for these only. It is found by running each

@@ -19,7 +19,7 @@ import (
 type Engine uint8
 
 // The engines ParseMetrics recognizes, in the order it checks them (a Triton
-// server running the TensorRT-LLM backend is Triton).
+// server running the TensorRT-LLM or the vLLM backend is Triton).
 const (
 	Unknown     Engine = iota
 	VLLM               // vllm:* metrics
@@ -100,6 +100,13 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	              GPUUtil, GPUPower   nv_gpu_utilization, nv_gpu_power_usage (highest GPU)
 //	              GPUMemUsed, GPUMemTotal  nv_gpu_memory_used_bytes, nv_gpu_memory_total_bytes
 //	                           (the GPU with the highest used/total)
+//	Triton with   Triton's vLLM backend exports vLLM's vllm:* metrics beside Triton's nv_*
+//	the vLLM      ones. Both are read, none twice: Running, KVCacheUsage, PrefixCacheHitRate
+//	backend       and the LoRA reading come from vllm:* as for vLLM (added to, or the
+//	              fuller of, a TensorRT-LLM model's beside it); Waiting is vLLM's waiting
+//	              plus Triton's pending count (requests Triton has not yet handed to the
+//	              backend: a separate queue ahead of vLLM's); the GPU fields come from
+//	              Triton's nv_gpu_* alone (vLLM exports none). Result.Engine is Triton.
 //
 // A namespace separator may be ':' or '_' (vllm:x or vllm_x). Series of one
 // metric are aggregated across their labels (model, vLLM's data-parallel
@@ -311,8 +318,13 @@ func (s *engines) add(name []byte) {
 	}
 }
 
-// first returns the first engine of the set in prefixes' order.
+// first returns the first engine of the set in prefixes' order, but for
+// Triton next to vLLM: that is Triton running the vLLM backend, which
+// exports vLLM's metrics beside Triton's own (Triton's extractor reads both).
 func (s engines) first() Engine {
+	if s&(1<<VLLM) != 0 && s&(1<<Triton) != 0 {
+		return Triton
+	}
 	for _, pr := range prefixes {
 		if s&(1<<pr.e) != 0 {
 			return pr.e

@@ -234,10 +234,12 @@ func TestParseInlineCases(t *testing.T) {
 			partial: true,
 		},
 		{
-			name:   "engine order: vllm wins over a stray nv_ metric",
+			// nv_* next to vllm:* is Triton running the vLLM backend: both
+			// are read (see TestParseTritonWithVLLMBackend).
+			name:   "engine order: nv_ next to vllm is Triton's vLLM backend",
 			in:     "nv_gpu_utilization{gpu_uuid=\"x\"} 0.1\nvllm:num_requests_running 3\n",
-			engine: modelserver.VLLM,
-			want:   map[string]float64{"running": 3},
+			engine: modelserver.Triton,
+			want:   map[string]float64{"running": 3, "gpu_util": 0.1},
 		},
 		{
 			// A series repeated is one reading exported twice (Prometheus
