@@ -52,11 +52,12 @@ const DefaultEndpointLabel = "instance"
 const fieldLabel = "inferlb_field"
 
 // DefaultQueries read vLLM (both metric generations), SGLang and
-// TensorRT-LLM (trtllm-serve) servers and dcgm-exporter GPUs scraped under
-// the same instance label (they aggregate by instance, so with another
-// EndpointLabel give Queries of your own that keep it), as
-// modelserver.Parse reads one server: counts add up over a server's separate
-// batches (vLLM's engine="N", SGLang's dp_rank) and over nothing else: not
+// TensorRT-LLM (trtllm-serve) servers, and the dcgm-exporter GPUs they use
+// (see GPUs below); they aggregate by instance, so with another
+// EndpointLabel give Queries of your own that keep it. They read the
+// servers as modelserver.Parse reads one server: counts add up over a
+// server's separate batches (vLLM's engine="N", SGLang's dp_rank) and over
+// nothing else: not
 // over the processes that export one batch (SGLang's tensor- and
 // pipeline-parallel ranks, with tp_rank, pp_rank and moe_ep_rank labels:
 // their largest counts once), not over SGLang's per-priority breakdown of a
@@ -74,12 +75,37 @@ const fieldLabel = "inferlb_field"
 // instance, the label set with the latest value (the time vLLM set it)
 // and adds the server's model_name (its base model) from its running
 // count; see Queries for the labels a query of that field must return.
+//
+// GPUs: dcgm-exporter runs once per node and exports every GPU of it, so
+// its series' instance is the exporter's address (node or pod IP, port
+// 9400), never a model server's, and a node's GPUs serve several servers.
+// Its series name the GPU (gpu, UUID, pci_bus_id, device, modelName, the
+// node in Hostname or hostname), and with Kubernetes pod mapping
+// (--kubernetes, DCGM_EXPORTER_KUBERNETES=true; the GPU Operator's default)
+// the pod it is allocated to: pod, namespace and container. GPUUtil joins
+// a GPU to a server through that pod: it is the busiest GPU of the pod
+// whose running-count series (vLLM's, SGLang's or trtllm-serve's) carry
+// the same namespace and pod labels, as the Prometheus Operator's
+// ServiceMonitor and PodMonitor add to a target's series (with
+// kubernetes_sd_configs, relabel __meta_kubernetes_namespace and
+// __meta_kubernetes_pod_name to namespace and pod). Where Prometheus renamed
+// the exporter's pod and namespace to exported_pod and exported_namespace
+// (a scrape without honor_labels, whose own pod and namespace are the
+// exporter's), those are read. So you must run dcgm-exporter with pod
+// mapping and scrape the model servers with namespace and pod labels. The
+// other join it makes is by instance, for a scrape config that relabels
+// an exporter's instance to its one server's. A GPU that neither joins to
+// a model server (no pod mapping, a GPU of another workload, servers
+// scraped without pod labels, or no relabeling) is left out: no endpoint
+// gets a GPU reading rather than one of another endpoint's GPUs, or of a
+// whole node. Outside Kubernetes, give a GPUUtil query of your own, or read
+// the exporters with package dcgm (ByHost, ByPod or your own Mapping).
 func DefaultQueries() map[telemetry.Field]string {
 	return map[telemetry.Field]string{
 		telemetry.Running:      `sum by (instance) (max by (instance, engine, dp_rank) (` + runningSeries + `))`,
 		telemetry.Waiting:      `sum by (instance) (max by (instance, __name__, engine, dp_rank) (` + waitingSeries + `))`,
 		telemetry.KVCacheUsage: `max by (instance) (` + kvSeries + `)`,
-		telemetry.GPUUtil:      `max by (instance) (` + gpuUtilSeries + `) / 100`,
+		telemetry.GPUUtil:      `max by (instance) (` + serverGPUs(`max by (namespace, pod) (`+gpuPods(gpuUtilSeries)+`)`, gpuUtilSeries) + `) / 100`,
 		telemetry.LoRASlots:    loraQuery,
 	}
 }
@@ -110,6 +136,25 @@ const (
 	loraSeries    = loraNames
 )
 
+// gpuPods returns dcgm-exporter's series of sel with the pod a GPU is
+// allocated to in pod and namespace: exported_pod and exported_namespace,
+// where Prometheus moved the exporter's own labels when its target's pod
+// and namespace (the exporter's) clashed with them, replace those.
+func gpuPods(sel string) string {
+	return `label_replace(label_replace(` + sel + `, "pod", "$1", "exported_pod", "(.+)"), "namespace", "$1", "exported_namespace", "(.+)")`
+}
+
+// serverGPUs returns the GPU series of the model servers, with their
+// instance: byPod (one series per namespace and pod) joined to the servers'
+// series of that pod, or else gpus whose instance is a server's (an
+// exporter relabelled to its one server). A GPU that joins to no server is
+// left out. The servers' series are counted, not read, so a value they
+// have (NaN) does not spoil the GPU's.
+func serverGPUs(byPod, gpus string) string {
+	return `(` + byPod + ` + on (namespace, pod) group_right () (0 * count by (namespace, pod, instance) ({__name__=~"` + runningNames + `",pod!=""})))` +
+		` or (` + gpus + ` and on (instance) {__name__=~"` + runningNames + `"})`
+}
+
 // sglangPDQueues are the queues a prefill/decode-disaggregated SGLang
 // server holds requests in ahead of its waiting queue, which count as
 // waiting (see modelserver.Parse), the bootstrap queue under its older
@@ -134,7 +179,7 @@ func DefaultTimestamps() map[telemetry.Field]string {
 		telemetry.Running:      scrapeTimes(runningNames, totals),
 		telemetry.Waiting:      scrapeTimes(waitingNames, totals),
 		telemetry.KVCacheUsage: scrapeTimes(kvNames, ""),
-		telemetry.GPUUtil:      scrapeTimes(gpuUtilNames, ""),
+		telemetry.GPUUtil:      `min by (instance) (` + serverGPUs(`min by (namespace, pod) (`+gpuPods(`timestamp(`+gpuUtilSeries+`)`)+`)`, `timestamp(`+gpuUtilSeries+`)`) + `)`,
 		telemetry.LoRASlots:    scrapeTimes(loraNames, ""),
 	}
 }

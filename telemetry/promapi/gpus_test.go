@@ -1,0 +1,130 @@
+package promapi_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/telemetry/promapi"
+)
+
+// dcgm-exporter runs once per node and exports every GPU of it: its
+// series' instance is the exporter's own address, never a model server's.
+// The default GPUUtil query grouped by instance, so its readings went to
+// the exporter's address, which is no endpoint (or, mapped to a node, to
+// every server of the node alike), and no server got its own GPUs'. It
+// now joins a GPU to the server of the pod it is allocated to (dcgm's pod
+// mapping), whether Prometheus kept the exporter's pod and namespace
+// labels (honor_labels) or renamed them exported_pod and
+// exported_namespace; a GPU it cannot join is left out.
+func TestRealPrometheusGPUsByPod(t *testing.T) {
+	bin := prometheusBinary(t)
+
+	serve := func(body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+			_, _ = io.WriteString(w, body)
+		}))
+		t.Cleanup(srv.Close)
+		return strings.TrimPrefix(srv.URL, "http://")
+	}
+	// Three model servers: a and b in pods, c outside Kubernetes.
+	idOf := map[string]string{}
+	servers := map[string]string{}
+	for _, name := range []string{"a", "b", "c"} {
+		instance := serve(exporters["vllm-v1"])
+		idOf[instance], servers[name] = name, instance
+	}
+	// Node 1: the real exposition, GPU 6 allocated to a's pod, at 0%.
+	real, err := os.ReadFile("testdata/dcgm-exporter-h100-eks-k8s.txt")
+	require.NoError(t, err)
+	node1 := serve(string(real))
+	// Node 2: GPU 0 allocated to b's pod, GPU 1 to no pod, busier.
+	node2 := serve(`# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0a",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-2",container="vllm",namespace="serving",pod="vllm-b"} 90
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1b",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="node-2"} 100
+`)
+
+	// The exporters are scraped as the Prometheus Operator scrapes a
+	// ServiceMonitor's targets, with the exporter pod's own namespace and
+	// pod as target labels: node 1 without honor_labels (its series'
+	// labels become exported_*), node 2 with it.
+	prom := startPrometheus(t, bin, fmt.Sprintf(`global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: vllm
+    static_configs:
+      - targets: [%q]
+        labels: {namespace: nim-workload, pod: llama-3-2-1b-7577f87fc7-dhb97}
+      - targets: [%q]
+        labels: {namespace: serving, pod: vllm-b}
+      - targets: [%q]
+  - job_name: dcgm
+    static_configs:
+      - targets: [%q]
+        labels: {namespace: gpu-operator, pod: nvidia-dcgm-exporter-n1}
+  - job_name: dcgm-honor
+    honor_labels: true
+    static_configs:
+      - targets: [%q]
+        labels: {namespace: gpu-operator, pod: nvidia-dcgm-exporter-n2}
+`, servers["a"], servers["b"], servers["c"], node1, node2))
+
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	src := &promapi.Source{
+		URL:    "http://" + prom.addr,
+		Client: &http.Client{Transport: tr},
+		EndpointID: func(instance string) (string, bool) {
+			id, ok := idOf[instance]
+			return id, ok
+		},
+	}
+	want := map[string]map[string]float64{
+		"a": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95, "gpu_util": 0},
+		"b": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95, "gpu_util": 0.9},
+		"c": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95},
+	}
+	// Prometheus is an external process: poll its API until every target
+	// was scraped and read as wanted, within a deadline.
+	deadline := time.After(60 * time.Second)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var got map[string]map[string]float64
+	var lastErr error
+	for {
+		select {
+		case err := <-prom.exited:
+			prom.exited <- err
+			t.Fatalf("prometheus exited early: %v\n%s", err, prom.logs.String())
+		case <-deadline:
+			t.Fatalf("no complete fleet within 60s; last: %v, %v\n%s", got, lastErr, prom.logs.String())
+		case <-tick.C:
+		}
+		obs, err := src.Collect(t.Context())
+		lastErr = err
+		got = map[string]map[string]float64{}
+		for _, o := range obs {
+			// A server's GPU fields come in an observation of their own,
+			// stamped with the exporter's scrape time.
+			if got[o.EndpointID] == nil {
+				got[o.EndpointID] = map[string]float64{}
+			}
+			for k, v := range fields(o.Sample) {
+				got[o.EndpointID][k] = v
+			}
+		}
+		if err == nil && assert.ObjectsAreEqual(want, got) {
+			break
+		}
+	}
+	assert.Equal(t, want, got)
+}
