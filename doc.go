@@ -16,7 +16,7 @@
 //	telemetry               Sample, Sink, Store (latest value of each field, with its age)
 //	cache                   seeded affinity keys, consistent placement, sessions; xxhash only
 //	scoring                 Scorer and per-service scorers: pure cost functions
-//	balancer                the P2C core: durable endpoint state, immutable snapshots
+//	balancer                the picker (P2C, a full scan for local prices): durable endpoint state, immutable snapshots
 //	telemetry/loadheader    vLLM's per-response load header; standard library and telemetry only
 //	balancer/grpcbalancer   gRPC load-balancing policy "inferlb"
 //	balancer/httpbalancer   http.RoundTripper for OpenAI-compatible APIs
@@ -69,6 +69,11 @@
 // start scales a joining or recovered endpoint's chance), the request's
 // Scorer prices both from a State snapshot (in-flight requests and tokens,
 // peak-EWMA latency, error rate, fresh telemetry) and the cheaper one wins.
+// A Scorer whose price is only this process's view of an endpoint (a
+// scoring.FullScanner: the Latency scorer of embeddings and rerankers)
+// has every candidate of the group priced instead, up to
+// Options.ScanLimit, and the cheapest wins: with no shared reading to
+// herd on, two random choices would mostly miss the best endpoint.
 // Latency is kept per service, so on an endpoint that serves chats and
 // embeddings alike an embedding is priced by embeddings, not by chats.
 // Ranks of a data-parallel attention engine (endpoints one membership gives

@@ -7,6 +7,11 @@
 // Upfal, "Balanced Allocations", 1999): with n requests on n endpoints the
 // most loaded endpoint holds ln ln n / ln 2 + O(1) of them instead of the
 // ln n / ln ln n of a single random choice, without any shared state.
+// Calls whose scorer prices only this process's view of an endpoint
+// (scoring.FullScanner: embeddings and rerankers by default) compare every
+// candidate instead, up to Options.ScanLimit: two random choices are what
+// spreads callers that all read the same stale telemetry, and such a
+// price has none.
 //
 // A Balancer owns durable per-endpoint state keyed by endpoint ID (in-flight
 // calls and tokens, peak-EWMA latency, error rate, telemetry slot, standing).
@@ -910,8 +915,9 @@ func (b *Balancer) inStrictShard(req *inferlb.Request, g *group, i int) bool {
 
 // choose picks a member for req from the group, or from a tenant's shard
 // of it when sh is not nil: the affinity key's endpoint when the key has
-// one within bound, else the cheaper of two draws (P2C); -1 when nothing
-// can take req.
+// one within bound, else the cheapest member for a FullScanner's call
+// (scan), else the cheaper of two draws (P2C); -1 when nothing can take
+// req.
 func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) (i int, keyed bool) {
 	if c.affine && g.placement != nil {
 		if i := b.pickAffine(req, g, now, c, sh); i >= 0 {
