@@ -525,7 +525,10 @@ func (b *Balancer) reconcile() {
 		// counters too: they are no member's to share, and counted there
 		// they widened every remaining member's affinity bound until
 		// they ended (a replica drained by a rolling deploy streams for
-		// minutes). Their Done counts on the empty set.
+		// minutes). Their Done counts on the empty set. Their outcomes
+		// are its own: the ID added back is a new endpoint, whose
+		// events and telemetry its breaker's trip must not touch.
+		e.gone.Store(true)
 		e.pools.Store(nil)
 		setGroupLoads(e, nil)
 		if s := e.slot.Load(); s != nil {
@@ -1461,7 +1464,7 @@ func (b *Balancer) cooldown(e *endpoint, nowNs int64, retryAfter time.Duration) 
 	}
 	if until := later(nowNs, d); exclude(e, until) {
 		b.epoch.Add(1)
-		b.emit(Event{Kind: EventCooldown, Endpoint: e.id, At: time.Unix(0, nowNs), Until: time.Unix(0, until)})
+		b.emit(e, Event{Kind: EventCooldown, Endpoint: e.id, At: time.Unix(0, nowNs), Until: time.Unix(0, until)})
 	}
 }
 

@@ -61,6 +61,12 @@ type endpoint struct {
 	// still reads it); nil if that membership never listed it. info is
 	// the latest of any membership's.
 	ownInfo atomic.Pointer[inferlb.Endpoint]
+	// gone: no membership lists it any more (set by reconcile, never
+	// cleared: an ID added back gets a new endpoint). Its calls still in
+	// flight end on it, but what it would do by ID (events, expiring the
+	// ID's telemetry) is left undone: the ID may be another endpoint's by
+	// then.
+	gone atomic.Bool
 
 	// The server's load reading (telemetry Running, else Waiting) as last
 	// seen by a pick: when it was observed (unix ns), and this process's

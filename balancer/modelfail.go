@@ -173,7 +173,7 @@ func (b *Balancer) modelFailed(e *endpoint, model string, nowNs int64) bool {
 		// One event per pass-over begun: a model failing on every
 		// endpoint is picked anyway, and its failures extend the
 		// pass-overs in force.
-		b.emit(Event{Kind: EventModelFailing, Endpoint: e.id, Model: model, At: time.Unix(0, nowNs), Until: time.Unix(0, later(nowNs, hold))})
+		b.emit(e, Event{Kind: EventModelFailing, Endpoint: e.id, Model: model, At: time.Unix(0, nowNs), Until: time.Unix(0, later(nowNs, hold))})
 	}
 	return own
 }

@@ -213,7 +213,7 @@ func (b *Balancer) notServed(e *endpoint, model string, nowNs int64) {
 		return
 	}
 	if b.passOverFor(e, b.modelKey(model), nowNs, ttl) {
-		b.emit(Event{Kind: EventNotServed, Endpoint: e.id, Model: model, At: time.Unix(0, nowNs), Until: time.Unix(0, nowNs+int64(ttl))})
+		b.emit(e, Event{Kind: EventNotServed, Endpoint: e.id, Model: model, At: time.Unix(0, nowNs), Until: time.Unix(0, nowNs+int64(ttl))})
 	}
 }
 

@@ -355,7 +355,9 @@ type Options struct {
 	OutlierMargin float64
 	// OnEvent, when set, is called synchronously on every standing change
 	// (trip, probe failure, recovery, ejection, cooldown). It must be fast
-	// and must not call back into the Balancer.
+	// and must not call back into the Balancer. An endpoint that has left
+	// the Balancer (Update without it) reports nothing more: the calls
+	// still out to it end there, but its ID may be a new endpoint's.
 	OnEvent func(Event)
 	// SubsetLabel is the endpoint label listing the models an endpoint
 	// serves (comma-separated). Default "model".

@@ -123,7 +123,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 			b.ejectMu.Lock()
 			if !b.mayEject(e, nowNs) {
 				b.ejectMu.Unlock()
-				b.emit(Event{Kind: EventCapped, Endpoint: e.id, At: now})
+				b.emit(e, Event{Kind: EventCapped, Endpoint: e.id, At: now})
 				return
 			}
 		}
@@ -152,7 +152,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 			}
 		}
 		b.epoch.Add(1)
-		b.emit(ev)
+		b.emit(e, ev)
 	case gobreaker.StateClosed:
 		if !e.brOpen.Swap(false) {
 			return
@@ -164,7 +164,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		e.lastDowntime.Store(int64(down))
 		e.recoveries.Add(1)
 		b.epoch.Add(1)
-		b.emit(Event{Kind: EventRecovered, Endpoint: e.id, At: now, Downtime: down})
+		b.emit(e, Event{Kind: EventRecovered, Endpoint: e.id, At: now, Downtime: down})
 	}
 }
 
@@ -185,7 +185,14 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 // answer to a half-open probe) are kept: the end of the exclusion is when
 // it would matter, and the readings taken since describe the process that
 // returns. Exclusions are rare, so this costs a pick nothing.
+//
+// Not for an endpoint that has left the Balancer: the readings are the
+// ID's, and the ID added back is a new endpoint, reporting for a new
+// process; the old endpoint's calls still in flight must not expire them.
 func (b *Balancer) forgetLoad(e *endpoint, now time.Time) {
+	if e.gone.Load() {
+		return
+	}
 	b.cfg.store.Expire(e.id, telemetry.ProcessLoad, now)
 }
 
@@ -324,8 +331,13 @@ func (b *Balancer) mayEject(self *endpoint, nowNs int64) bool {
 	return true
 }
 
-func (b *Balancer) emit(ev Event) {
-	if b.cfg.onEvent != nil {
+// emit reports ev, an event of e. An endpoint that has left the Balancer
+// has no standing to report: its calls still in flight may trip its
+// breaker or cool it down, but told under its ID, that read as a change of
+// the endpoint added back under the ID since (or to be added back), which
+// is in rotation.
+func (b *Balancer) emit(e *endpoint, ev Event) {
+	if b.cfg.onEvent != nil && !e.gone.Load() {
 		b.cfg.onEvent(ev)
 	}
 }
@@ -573,7 +585,7 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		b.ejectMu.Lock()
 		if !b.mayEject(e, nowNs) {
 			b.ejectMu.Unlock()
-			b.emit(Event{Kind: EventCapped, Endpoint: e.id, At: now})
+			b.emit(e, Event{Kind: EventCapped, Endpoint: e.id, At: now})
 			continue
 		}
 		until := later(nowNs, b.ejectionTime(e.ejections.Add(1)))
@@ -584,7 +596,7 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		exclude(e, until)
 		b.forgetLoad(e, now)
 		b.epoch.Add(1)
-		b.emit(Event{Kind: EventEjected, Endpoint: e.id, At: now, Until: time.Unix(0, until)})
+		b.emit(e, Event{Kind: EventEjected, Endpoint: e.id, At: now, Until: time.Unix(0, until)})
 	}
 }
 
