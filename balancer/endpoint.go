@@ -67,6 +67,10 @@ type endpoint struct {
 	// ID's telemetry) is left undone: the ID may be another endpoint's by
 	// then.
 	gone atomic.Bool
+	// capped: what MaxEjectedFraction keeps from holding it out, one bit
+	// per mechanism (cappedBreaker, cappedOutlier), so that EventCapped
+	// comes once per episode, not per failure or evaluation.
+	capped atomic.Uint32
 
 	// The server's load reading (telemetry Running, else Waiting) as last
 	// seen by a pick: when it was observed (unix ns), and this process's

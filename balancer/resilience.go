@@ -35,6 +35,12 @@ const (
 	EventCooldown
 	// EventCapped: the breaker tripped or outlier detection fired, but
 	// MaxEjectedFraction was reached, so the endpoint stays in rotation.
+	// It marks the change: once when the breaker, or outlier detection,
+	// is first capped, not for each failure that opens the capped breaker
+	// again or each evaluation that finds the endpoint an outlier still.
+	// The breaker is capped anew after it has closed (its probes passed)
+	// or tripped, outlier detection after an evaluation found the
+	// endpoint no outlier or ejected it.
 	EventCapped
 	// EventNotServed: the endpoint answered that it does not serve
 	// Event.Model (Outcome.NotServedModel), which it was not remembered
@@ -75,6 +81,12 @@ type Event struct {
 	// through made-up names makes one per 404.
 	Model string
 }
+
+// endpoint.capped bits: the mechanism MaxEjectedFraction holds off.
+const (
+	cappedBreaker = 1 << iota
+	cappedOutlier
+)
 
 // Sentinels the breaker classifies; they never reach callers.
 var (
@@ -123,9 +135,14 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 			b.ejectMu.Lock()
 			if !b.mayEject(e, nowNs) {
 				b.ejectMu.Unlock()
-				b.emit(e, Event{Kind: EventCapped, Endpoint: e.id, At: now})
+				// gobreaker stays open, and every failure from now on
+				// opens it again: one event for all of them.
+				if e.capped.Or(cappedBreaker)&cappedBreaker == 0 {
+					b.emit(e, Event{Kind: EventCapped, Endpoint: e.id, At: now})
+				}
 				return
 			}
+			e.capped.And(^uint32(cappedBreaker))
 		}
 		n := b.tripCount(e, nowNs)
 		hold := b.ejectionTime(n)
@@ -154,6 +171,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		b.epoch.Add(1)
 		b.emit(e, ev)
 	case gobreaker.StateClosed:
+		e.capped.And(^uint32(cappedBreaker)) // the capped breaker's probes passed
 		if !e.brOpen.Swap(false) {
 			return
 		}
@@ -576,6 +594,7 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		}
 		if !e.winOutlier {
 			e.ejections.Store(0)
+			e.capped.And(^uint32(cappedOutlier))
 			continue
 		}
 		if e.excludedUntil.Load() > nowNs {
@@ -585,9 +604,12 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		b.ejectMu.Lock()
 		if !b.mayEject(e, nowNs) {
 			b.ejectMu.Unlock()
-			b.emit(e, Event{Kind: EventCapped, Endpoint: e.id, At: now})
+			if e.capped.Or(cappedOutlier)&cappedOutlier == 0 {
+				b.emit(e, Event{Kind: EventCapped, Endpoint: e.id, At: now})
+			}
 			continue
 		}
+		e.capped.And(^uint32(cappedOutlier))
 		until := later(nowNs, b.ejectionTime(e.ejections.Add(1)))
 		e.ejectedUntil.Store(until)
 		b.ejectMu.Unlock()
