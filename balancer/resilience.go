@@ -177,7 +177,21 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		}
 		e.recoveredAt.Store(nowNs) // opens decays from here: see tripCount
 		e.brGen.Add(1)
-		e.rampFrom.Store(nonZero(nowNs)) // recovered: ramp up, as a new endpoint would
+		// Recovered: ramp up, as a new endpoint would, from when it is
+		// eligible for traffic again. Probes that pass while it is held
+		// out otherwise (an outlier ejection that fell while they were
+		// out) must not start the ramp now: it ran out while the endpoint
+		// was still out, which then came back at full weight. A ramp set
+		// to start later (the ejection's, at its end) stays, as it does
+		// for a reconnect (setReady); by compare-and-swap, as an ejection
+		// may set it meanwhile.
+		start := nonZero(max(nowNs, e.excludedUntil.Load()))
+		for {
+			from := e.rampFrom.Load()
+			if from != 0 && from >= start || e.rampFrom.CompareAndSwap(from, start) {
+				break
+			}
+		}
 		down := time.Duration(max(nowNs-e.trippedAt.Load(), 0))
 		e.lastDowntime.Store(int64(down))
 		e.recoveries.Add(1)
