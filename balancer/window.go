@@ -93,6 +93,17 @@ type window struct {
 	until  int64 // unix ns
 }
 
+// live reports whether w is remembered at nowNs: it has not lapsed, and
+// it lapses no further ahead than windowMemory (and stepTolerance) from
+// nowNs. Further ahead, it was written before the clock stepped back, and
+// would otherwise be remembered for the length of the step on top of
+// windowMemory (for an hour's NTP step, an hour), steering calls away
+// from a replica restarted with a larger window since; it is forgotten,
+// as the core's deadlines set before a step end (see afterStepBack).
+func (w window) live(nowNs int64) bool {
+	return w.until > nowNs && w.until-nowNs <= int64(windowMemory+stepTolerance)
+}
+
 // promptSalt turns a model key into the key its limit on the prompt alone
 // (Outcome.PromptWindow) is remembered under, apart from its window for
 // the prompt and output.
@@ -112,7 +123,7 @@ func (e *endpoint) tooSmallFor(model uint64, need, needP, nowNs int64) bool {
 func (e *endpoint) windowOf(model uint64, nowNs int64) int64 {
 	if ws := e.windows.Load(); ws != nil {
 		for _, w := range *ws {
-			if w.model == model && w.until > nowNs {
+			if w.model == model && w.live(nowNs) {
 				return w.tokens
 			}
 		}
@@ -136,7 +147,7 @@ func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, prompt 
 		old := e.windows.Load()
 		var next []window
 		if old != nil {
-			next = slices.DeleteFunc(slices.Clone(*old), func(x window) bool { return x.model == key || x.until <= nowNs })
+			next = slices.DeleteFunc(slices.Clone(*old), func(x window) bool { return x.model == key || !x.live(nowNs) })
 		}
 		if len(next) >= windowsPerEndpoint {
 			next = next[1:] // the oldest
@@ -151,7 +162,7 @@ func (b *Balancer) rememberWindow(e *endpoint, model string, tokens int, prompt 
 		next := make(map[uint64]window, windowModels)
 		if old != nil {
 			for k, v := range *old {
-				if v.until > nowNs {
+				if v.live(nowNs) {
 					next[k] = v
 				}
 			}
@@ -196,7 +207,7 @@ func (b *Balancer) windowFilter(req *inferlb.Request, g *group, c *cand, retry b
 	}
 	key := b.modelKey(req.Model)
 	smallest := func(k uint64) int64 {
-		if w, ok := (*ms)[k]; ok && w.until > c.nowNs {
+		if w, ok := (*ms)[k]; ok && w.live(c.nowNs) {
 			return w.tokens
 		}
 		return 0

@@ -206,3 +206,29 @@ func TestContextWindowUnknownServiceWithoutModelIsPerInput(t *testing.T) {
 	_, err = b.PickRetry(long, p.ID())
 	require.ErrorIs(t, err, balancer.ErrNoEndpoints, "a text longer than every remembered limit")
 }
+
+// TestContextWindowSurvivesAClockStepBack: a window's memory lapses at a
+// deadline on the clock; stepped back an hour, a window remembered just
+// before the step held for that hour on top of its ten minutes, and long
+// calls kept away from a replica restarted with a larger window since.
+// Like the core's deadlines set before a step, it ends at the step. A
+// window remembered after the step is remembered as any, and so is one
+// across a step of less than a second (goroutines' readings race).
+func TestContextWindowSurvivesAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(2)})
+	small := endpoints(3)[0].Addr
+	long := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llama", PromptTokens: 6000, MaxOutputTokens: 500}
+
+	refuse(t, b, small, "llama", 4096)
+	clock.Advance(-500 * time.Millisecond)
+	assert.Zero(t, picksOf(t, b, long, 300)[small], "a step within a second is no step")
+
+	clock.Advance(-time.Hour)
+	assert.Greater(t, picksOf(t, b, long, 300)[small], 60, "forgotten at the step (how much of it was left is not known), not held for an hour and ten minutes")
+
+	refuse(t, b, small, "llama", 4096)
+	assert.Zero(t, picksOf(t, b, long, 300)[small], "a window remembered after the step")
+	clock.Advance(10*time.Minute + time.Second)
+	assert.Greater(t, picksOf(t, b, long, 300)[small], 60, "and forgotten after its ten minutes")
+}
