@@ -86,6 +86,31 @@ const (
 type lackTable struct {
 	pairs  [lackPairs]atomic.Uint64
 	models [lackModels]atomic.Uint64
+	// horizon is how far ahead of now, in units, an entry written at now
+	// may lapse (lackHorizon); one lapsing further ahead was written
+	// before the clock stepped back, and counts as lapsed (lackLapsed).
+	horizon uint64
+}
+
+// lackHorizon is how far ahead of the time it is written, in units, an
+// entry may lapse: the longest pass-over (NotServedMemory, or a model's
+// failures' MaxEjectionTime, bounded by maxHold), rounded up, plus
+// stepTolerance, for goroutines' readings of the clock that race.
+func (c *config) lackHorizon() uint64 {
+	d := min(max(c.notServedTTL, c.maxEjectionTime), maxHold) + stepTolerance
+	return uint64(d>>lackUnitShift) + 2
+}
+
+// lackLapsed reports whether entry w has lapsed at now: its time is past,
+// or further ahead than horizon, so it was written before the clock
+// stepped back. Left live, it held for the length of the step on top of
+// its own (an endpoint that loaded the adapter since passed over for an
+// hour after an hour's NTP step, a made-up name's entry taking a slot as
+// long); like the core's deadlines set before a step (afterStepBack), it
+// ends at the step.
+func lackLapsed(w, now, horizon uint64) bool {
+	t := w & lackTimeMask
+	return t <= now || t-now > horizon
 }
 
 // lackNow is the unit count of nowNs.
@@ -100,16 +125,17 @@ func lackSet(table []atomic.Uint64, key uint64) ([]atomic.Uint64, uint64) {
 // lackTag is the tag of entry w.
 func lackTag(w uint64) uint64 { return w >> lackTimeBits & lackTagMask }
 
-// lackLive reports whether set holds tag, live at now.
-func lackLive(set []atomic.Uint64, tag, now uint64) bool {
-	_, ok := lackFind(set, tag, now)
+// lackLive reports whether set holds tag, live at now (see lackLapsed).
+func lackLive(set []atomic.Uint64, tag, now, horizon uint64) bool {
+	_, ok := lackFind(set, tag, now, horizon)
 	return ok
 }
 
-// lackFind returns set's entry of tag, live at now, if it holds one.
-func lackFind(set []atomic.Uint64, tag, now uint64) (uint64, bool) {
+// lackFind returns set's entry of tag, live at now (see lackLapsed), if
+// it holds one.
+func lackFind(set []atomic.Uint64, tag, now, horizon uint64) (uint64, bool) {
 	for i := range set {
-		if w := set[i].Load(); lackTag(w) == tag && w&lackTimeMask > now {
+		if w := set[i].Load(); lackTag(w) == tag && !lackLapsed(w, now, horizon) {
 			return w, true
 		}
 	}
@@ -150,8 +176,8 @@ func mix64(x uint64) uint64 {
 // retries; only a third writer changing the set between their scans can
 // leave the tag in two slots (both live, both lapsing: harmless, and an
 // EventNotServed twice).
-func lackPut(set []atomic.Uint64, tag, until, now uint64, kept bool) bool {
-	free := func(w uint64) bool { return w&lackTimeMask <= now }
+func lackPut(set []atomic.Uint64, tag, until, now, horizon uint64, kept bool) bool {
+	free := func(w uint64) bool { return lackLapsed(w, now, horizon) }
 	// rank orders the candidates to replace: lapsed, then live and not
 	// kept, then kept; within a rank, the one that lapses first.
 	rank := func(w uint64) uint64 {
@@ -203,7 +229,7 @@ func lackPut(set []atomic.Uint64, tag, until, now uint64, kept bool) bool {
 // model at now.
 func (t *lackTable) lacks(e *endpoint, model, now uint64) bool {
 	set, tag := lackSet(t.pairs[:], pairKey(e.serial, model))
-	return lackLive(set, tag, now)
+	return lackLive(set, tag, now, t.horizon)
 }
 
 // notServed records e's answer that it does not serve model, at nowNs.
@@ -223,7 +249,7 @@ func (b *Balancer) notServed(e *endpoint, model string, nowNs int64) {
 func (b *Balancer) passOverFor(e *endpoint, model uint64, nowNs int64, d time.Duration) bool {
 	t := b.lack.Load()
 	if t == nil {
-		b.lack.CompareAndSwap(nil, new(lackTable))
+		b.lack.CompareAndSwap(nil, &lackTable{horizon: b.cfg.lackHorizon()})
 		t = b.lack.Load()
 	}
 	// Saturating, as exclusions are: a pass-over of a model failing
@@ -234,10 +260,10 @@ func (b *Balancer) passOverFor(e *endpoint, model uint64, nowNs int64, d time.Du
 	now := lackNow(nowNs)
 	until := min(lackNow(later(nowNs, d))+1, lackTimeMask) // rounded up: never shorter than d
 	set, tag := lackSet(t.models[:], model)
-	lackPut(set, tag, until, now, false)
-	w, _ := lackFind(set, tag, now)
+	lackPut(set, tag, until, now, t.horizon, false)
+	w, _ := lackFind(set, tag, now, t.horizon)
 	set, tag = lackSet(t.pairs[:], pairKey(e.serial, model))
-	fresh := lackPut(set, tag, until, now, w&lackKept != 0)
+	fresh := lackPut(set, tag, until, now, t.horizon, w&lackKept != 0)
 	for untilNs := later(nowNs, d+1<<lackUnitShift); ; {
 		cur := b.lackAt.Load()
 		if cur >= untilNs || b.lackAt.CompareAndSwap(cur, untilNs) {
@@ -270,14 +296,14 @@ func (b *Balancer) keepModel(e *endpoint, model string, nowNs int64) {
 	}
 	key, now := b.modelKey(model), lackNow(nowNs)
 	set, tag := lackSet(t.models[:], key)
-	if !keepEntry(set, tag, now) {
+	if !keepEntry(set, tag, now, t.horizon) {
 		return
 	}
 	if pools := e.pools.Load(); pools != nil {
 		for _, g := range *pools {
 			for _, m := range g.members {
 				set, tag := lackSet(t.pairs[:], pairKey(m.serial, key))
-				keepEntry(set, tag, now)
+				keepEntry(set, tag, now, t.horizon)
 			}
 		}
 	}
@@ -285,11 +311,11 @@ func (b *Balancer) keepModel(e *endpoint, model string, nowNs int64) {
 
 // keepEntry marks set's live entry of tag kept, if it has one; it reports
 // whether it has one.
-func keepEntry(set []atomic.Uint64, tag, now uint64) bool {
+func keepEntry(set []atomic.Uint64, tag, now, horizon uint64) bool {
 	for i := range set {
 		for {
 			w := set[i].Load()
-			if lackTag(w) != tag || w&lackTimeMask <= now {
+			if lackTag(w) != tag || lackLapsed(w, now, horizon) {
 				break
 			}
 			if w&lackKept != 0 || set[i].CompareAndSwap(w, w|lackKept) {
@@ -314,7 +340,7 @@ func (b *Balancer) lacking(model string, g *group, c *cand) (all bool) {
 	}
 	key, now := b.modelKey(model), lackNow(c.nowNs)
 	set, tag := lackSet(t.models[:], key)
-	w, ok := lackFind(set, tag, now)
+	w, ok := lackFind(set, tag, now, t.horizon)
 	if !ok {
 		return false
 	}

@@ -10,6 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// noStep is a horizon no entry of these tests lapses beyond: the clock
+// never steps back in them.
+const noStep = lackTimeMask
+
 // entryOf returns set's entry of tag, lapsed or not, and whether it has one.
 func entryOf(set []atomic.Uint64, tag uint64) (uint64, bool) {
 	for i := range set {
@@ -26,26 +30,26 @@ func entryOf(set []atomic.Uint64, tag uint64) (uint64, bool) {
 func TestLackKeptEntryLapsesOnTime(t *testing.T) {
 	set := make([]atomic.Uint64, lackWays)
 	const now, until = 1000, 2000
-	assert.True(t, lackPut(set, 7, until, now, false))
-	assert.True(t, keepEntry(set, 7, now))
-	assert.False(t, lackPut(set, 7, until-500, now, true), "lapses no sooner already")
-	assert.False(t, lackPut(set, 7, until-500, now, false))
+	assert.True(t, lackPut(set, 7, until, now, noStep, false))
+	assert.True(t, keepEntry(set, 7, now, noStep))
+	assert.False(t, lackPut(set, 7, until-500, now, noStep, true), "lapses no sooner already")
+	assert.False(t, lackPut(set, 7, until-500, now, noStep, false))
 	w, ok := entryOf(set, 7)
 	require.True(t, ok)
 	assert.EqualValues(t, until, w&lackTimeMask)
 	assert.NotZero(t, w&lackKept)
 	// Asked to keep a live entry not kept, the put keeps it, at its own time.
-	assert.True(t, lackPut(set, 8, until, now, false))
-	assert.False(t, lackPut(set, 8, until-500, now, true))
+	assert.True(t, lackPut(set, 8, until, now, noStep, false))
+	assert.False(t, lackPut(set, 8, until-500, now, noStep, true))
 	w, _ = entryOf(set, 8)
 	assert.EqualValues(t, until, w&lackTimeMask)
 	assert.NotZero(t, w&lackKept)
 	// Lapsed, it is not live, cannot be kept, and its slot's next entry
 	// starts without the mark.
-	_, ok = lackFind(set, 7, until)
+	_, ok = lackFind(set, 7, until, noStep)
 	assert.False(t, ok)
-	assert.False(t, keepEntry(set, 7, until))
-	assert.True(t, lackPut(set, 7, until+100, until, false), "fresh again once lapsed")
+	assert.False(t, keepEntry(set, 7, until, noStep))
+	assert.True(t, lackPut(set, 7, until+100, until, noStep, false), "fresh again once lapsed")
 	w, _ = entryOf(set, 7)
 	assert.Zero(t, w&lackKept, "a lapsed entry's mark does not carry over")
 	assert.EqualValues(t, until+100, w&lackTimeMask)
@@ -57,13 +61,13 @@ func TestLackKeptEntryLapsesOnTime(t *testing.T) {
 func TestLackKeptMarkStaysWithItsTag(t *testing.T) {
 	set := make([]atomic.Uint64, lackWays)
 	const now = 1000
-	lackPut(set, 1, now+50, now, true) // kept, lapsing first of all
+	lackPut(set, 1, now+50, now, noStep, true) // kept, lapsing first of all
 	for tag := uint64(2); tag <= 4; tag++ {
-		lackPut(set, tag, now+100*tag, now, false)
+		lackPut(set, tag, now+100*tag, now, noStep, false)
 	}
 	for tag := uint64(5); tag < 50; tag++ { // made-up names evict each other
-		lackPut(set, tag, now+1000+tag, now, false)
-		w, ok := lackFind(set, 1, now)
+		lackPut(set, tag, now+1000+tag, now, noStep, false)
+		w, ok := lackFind(set, 1, now, noStep)
 		require.True(t, ok, "the kept entry is given up for a made-up name's")
 		assert.NotZero(t, w&lackKept)
 	}
@@ -75,21 +79,21 @@ func TestLackKeptMarkStaysWithItsTag(t *testing.T) {
 	// All four kept: the one that lapses first is given up, and the
 	// newcomer is not kept.
 	for tag := uint64(100); tag < 103; tag++ {
-		lackPut(set, tag, now+2000+tag, now, true)
+		lackPut(set, tag, now+2000+tag, now, noStep, true)
 	}
-	lackPut(set, 200, now+5000, now, false)
-	_, ok := lackFind(set, 1, now)
+	lackPut(set, 200, now+5000, now, noStep, false)
+	_, ok := lackFind(set, 1, now, noStep)
 	assert.False(t, ok, "kept, it lapsed first")
-	w, ok := lackFind(set, 200, now)
+	w, ok := lackFind(set, 200, now, noStep)
 	require.True(t, ok)
 	assert.Zero(t, w&lackKept)
 	// Past its time, the kept entry's slot goes first, unmarked.
-	lackPut(set, 300, now+9000, now+2100, false)
-	w, ok = lackFind(set, 300, now+2100)
+	lackPut(set, 300, now+9000, now+2100, noStep, false)
+	w, ok = lackFind(set, 300, now+2100, noStep)
 	require.True(t, ok)
 	assert.Zero(t, w&lackKept)
 	for tag := uint64(100); tag < 103; tag++ {
-		_, ok := lackFind(set, tag, now+2100)
+		_, ok := lackFind(set, tag, now+2100, noStep)
 		assert.Equal(t, tag != 100, ok, "tag %d", tag)
 	}
 }
@@ -101,7 +105,7 @@ func TestLackKeptMarkStaysWithItsTag(t *testing.T) {
 func TestLackKeepConcurrentPuts(t *testing.T) {
 	set := make([]atomic.Uint64, lackWays)
 	const now, kept, maxUntil = 1000, 9, 5000
-	lackPut(set, kept, now+10, now, true)
+	lackPut(set, kept, now+10, now, noStep, true)
 	var wg sync.WaitGroup
 	var stop atomic.Bool
 	for g := range 4 {
@@ -111,7 +115,7 @@ func TestLackKeepConcurrentPuts(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(g), 1))
 			for i := 0; i < 20000 && !stop.Load(); i++ {
 				tag := uint64(100 + r.IntN(1000))
-				lackPut(set, tag, now+1+uint64(r.IntN(maxUntil-1)), now, false)
+				lackPut(set, tag, now+1+uint64(r.IntN(maxUntil-1)), now, noStep, false)
 			}
 		}()
 	}
@@ -121,9 +125,9 @@ func TestLackKeepConcurrentPuts(t *testing.T) {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(g), 2))
 			for range 20000 {
-				lackPut(set, kept, now+1+uint64(r.IntN(maxUntil-1)), now, r.IntN(2) == 0)
-				keepEntry(set, kept, now)
-				if w, ok := lackFind(set, kept, now); !ok || w&lackKept == 0 {
+				lackPut(set, kept, now+1+uint64(r.IntN(maxUntil-1)), now, noStep, r.IntN(2) == 0)
+				keepEntry(set, kept, now, noStep)
+				if w, ok := lackFind(set, kept, now, noStep); !ok || w&lackKept == 0 {
 					stop.Store(true)
 					t.Errorf("the kept tag's entry: %x, %v", w, ok)
 					return

@@ -470,3 +470,27 @@ func TestFailoverReturnsToTheServerWithTheModel(t *testing.T) {
 	assert.NotEqual(t, eps[0].Addr, p.ID(), "another model's failover avoids the failed endpoint")
 	p.Done(inferlb.Outcome{})
 }
+
+// TestNotServedMemorySurvivesAClockStepBack: the memory lapses at a
+// deadline on the clock; stepped back an hour, an endpoint remembered
+// just before the step not to serve a model was passed over for that hour
+// on top of NotServedMemory, though it may have loaded the adapter since.
+// Like the core's deadlines set before a step, the entry ends at the
+// step. One written after the step is remembered as any, and so is one
+// across a step of less than a second (goroutines' readings race).
+func TestNotServedMemorySurvivesAClockStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(1), NotServedMemory: 5 * time.Second})
+	lacking := endpoints(2)[1].Addr
+	reportNotServed(t, b, lacking, "m")
+	clock.Advance(-500 * time.Millisecond)
+	assert.False(t, reaches(t, b, lacking, "m"), "a step within a second is no step")
+
+	clock.Advance(-time.Hour)
+	require.True(t, reaches(t, b, lacking, "m"), "forgotten at the step, not held for an hour and five seconds")
+
+	reportNotServed(t, b, lacking, "m")
+	assert.False(t, reaches(t, b, lacking, "m"), "remembered after the step")
+	clock.Advance(5100 * time.Millisecond)
+	assert.True(t, reaches(t, b, lacking, "m"), "and forgotten after NotServedMemory")
+}
