@@ -761,6 +761,23 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			c.key, c.affine, homed = k, true, true // a rarely asked adapter goes to its home (lora.go)
 		}
 	}
+	// chooseOwn is choose, from the group or sh, with rc (c or a copy of
+	// it) for a pick that may be homed: a member chosen by the adapter's
+	// home that does not read the call as an adapter's (baseAt) is chosen
+	// again with the call's own key, for this and every later choose of
+	// the pick. Every choose of a homed pick goes through it: the
+	// shard's second tries (its cooling members, a strict shard's first
+	// pick past the memory) sent another base model's calls, all of them,
+	// to one home when the shard's first choose found nothing.
+	chooseOwn := func(rc cand, sh *shard) (int, bool) {
+		i, keyed := b.choose(req, g, now, rc, sh)
+		if homed && i >= 0 && b.baseAt(g.members[i], req.Model, nowNs) {
+			c.key, c.affine, homed = ownKey, ownAffine, false // see baseAt
+			rc.key, rc.affine = ownKey, ownAffine
+			i, keyed = b.choose(req, g, now, rc, sh)
+		}
+		return i, keyed
+	}
 	if b.cfg.tenantShard > 0 && req.Tenant != "" {
 		var sh shard
 		if b.tenantShard(req, g, &sh) {
@@ -770,11 +787,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				}
 				retry = false // spent
 			}
-			i, keyed := b.choose(req, g, now, c, &sh)
-			if homed && i >= 0 && b.baseAt(g.members[i], req.Model, nowNs) {
-				c.key, c.affine, homed = ownKey, ownAffine, false // see baseAt
-				i, keyed = b.choose(req, g, now, c, &sh)
-			}
+			i, keyed := chooseOwn(c, &sh)
 			if i < 0 && !c.panicking && b.cfg.panicThreshold > 0 {
 				// The shard may be only cooling down after overload
 				// answers, which a tenant's own flood causes: spread over
@@ -785,7 +798,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				// down (breakers, ejections, not ready) goes to the group.
 				rc := c
 				rc.panicking, rc.coolingOnly = true, true
-				i, keyed = b.choose(req, g, now, rc, &sh)
+				i, keyed = chooseOwn(rc, &sh)
 			}
 			if i < 0 && b.cfg.tenantStrict && !refused && (c.lack != nil || c.windowNeed != 0 || c.promptNeed != 0) {
 				// The group's memory passed over every member of the
@@ -798,9 +811,10 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				// whole memory without trying a server.
 				rc := c
 				rc.lack, rc.windowNeed, rc.promptNeed = nil, 0, 0
-				if i, keyed = b.choose(req, g, now, rc, &sh); i < 0 && !rc.panicking && b.cfg.panicThreshold > 0 {
+				if i, keyed = chooseOwn(rc, &sh); i < 0 && !rc.panicking && b.cfg.panicThreshold > 0 {
 					rc.panicking, rc.coolingOnly = true, true
-					i, keyed = b.choose(req, g, now, rc, &sh)
+					rc.key, rc.affine = c.key, c.affine // the call's own, should the first have found a base reader
+					i, keyed = chooseOwn(rc, &sh)
 				}
 			}
 			if i >= 0 {
@@ -818,11 +832,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			return Pick{}, err
 		}
 	}
-	i, keyed := b.choose(req, g, now, c, nil)
-	if homed && i >= 0 && b.baseAt(g.members[i], req.Model, nowNs) {
-		c.key, c.affine, homed = ownKey, ownAffine, false // see baseAt
-		i, keyed = b.choose(req, g, now, c, nil)
-	}
+	i, keyed := chooseOwn(c, nil)
 	if i < 0 {
 		// With a retry spent, the last candidate spendRetry found left
 		// in between: rare, and the retry is not refunded.
