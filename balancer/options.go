@@ -410,8 +410,9 @@ type Options struct {
 	// a row from a random start. Generation calls, priced on telemetry
 	// that every caller reads alike, keep two random choices: all callers
 	// scanning would all pick the endpoint whose last reading looks best.
-	// Default DefaultScanLimit (32), at most MaxScanLimit; negative turns
-	// the scan off (two choices for every call).
+	// Default DefaultScanLimit (32); at least 2 (a scan of one would
+	// compare nothing) and at most MaxScanLimit; negative turns the scan
+	// off (two choices for every call).
 	ScanLimit int
 }
 
@@ -542,8 +543,9 @@ func (o *Options) Validate() error {
 		return bad("MinKeyReuse", "must be at most 1 (negative turns the check off)", o.MinKeyReuse)
 	case math.IsNaN(o.AdapterHomes) || math.IsInf(o.AdapterHomes, 0):
 		return bad("AdapterHomes", "must be finite (negative turns it off)", o.AdapterHomes)
-	case o.ScanLimit > MaxScanLimit:
-		return bad("ScanLimit", fmt.Sprintf("must be at most %d (negative turns the scan off)", MaxScanLimit), o.ScanLimit)
+	case o.ScanLimit > MaxScanLimit || o.ScanLimit == 1:
+		// A scan of one compares nothing: a random endpoint, whatever it costs.
+		return bad("ScanLimit", fmt.Sprintf("must be in [2, %d] (0 means the default, negative turns the scan off)", MaxScanLimit), o.ScanLimit)
 	case o.TenantShardSize < 0 || o.TenantShardSize > MaxTenantShard:
 		return bad("TenantShardSize", fmt.Sprintf("must be in [0, %d] (0 turns sharding off)", MaxTenantShard), o.TenantShardSize)
 	case o.TenantShardStrict && o.TenantShardSize == 0:

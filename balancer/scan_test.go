@@ -141,6 +141,11 @@ func TestDefaultScorersThatScan(t *testing.T) {
 
 func TestScanLimitValidate(t *testing.T) {
 	assert.ErrorContains(t, (&balancer.Options{ScanLimit: balancer.MaxScanLimit + 1}).Validate(), "ScanLimit")
+	// A scan of one compares nothing: each call went to one endpoint drawn
+	// uniformly, whatever its cost (one failing all its calls too) and
+	// weight, worse than two choices.
+	assert.ErrorContains(t, (&balancer.Options{ScanLimit: 1}).Validate(), "ScanLimit")
+	assert.NoError(t, (&balancer.Options{ScanLimit: 2}).Validate())
 	assert.NoError(t, (&balancer.Options{ScanLimit: balancer.MaxScanLimit}).Validate())
 	assert.NoError(t, (&balancer.Options{ScanLimit: -1}).Validate())
 }
