@@ -404,7 +404,7 @@ type Options struct {
 	// ScanLimit bounds the full scan: calls of a service whose scorer
 	// prices only what this process sees of an endpoint (its own calls in
 	// flight, their latency and errors; a scoring.FullScanner, as the
-	// defaults for embeddings, rerankers and unknown traffic are) compare
+	// default for embeddings and rerankers, scoring.Latency, is) compare
 	// every candidate endpoint of their group, up to ScanLimit of them,
 	// instead of two drawn at random; a larger group compares ScanLimit in
 	// a row from a random start. Generation calls, priced on telemetry

@@ -47,7 +47,8 @@ type Scorer interface {
 // process sees of an endpoint (State's InFlight, latency and ErrorRate):
 // over Telemetry, a reading every caller shares, all callers scanning pick
 // the same endpoint until its next reading, where two random choices
-// spread them. Latency and LeastLoaded report true, LLM does not.
+// spread them. Latency reports true; LLM and LeastLoaded (the default for
+// unknown traffic) do not implement it.
 type FullScanner interface {
 	FullScan() bool
 }
