@@ -1088,6 +1088,13 @@ func (b *Balancer) draw(g *group, c cand, sh *shard, not int) int {
 // weighs a ramping member), so a member turned down stays turned down
 // however often it is drawn, and in the scan, with no list of them kept.
 func (b *Balancer) secondOK(e *endpoint, i int, nowNs int64, base float64, salt *uint64) bool {
+	return b.rampOK(e, i, nowNs, base, 1, salt)
+}
+
+// rampOK is secondOK admitting a ramping member with probability its
+// factor / base times scale (in (0, 1]); a member not ramping below base,
+// always.
+func (b *Balancer) rampOK(e *endpoint, i int, nowNs int64, base, scale float64, salt *uint64) bool {
 	f := e.rampFactor(b.cfg, nowNs)
 	if f >= base {
 		return true
@@ -1096,7 +1103,7 @@ func (b *Balancer) secondOK(e *endpoint, i int, nowNs int64, base float64, salt 
 		*salt = b.rand() | 1
 	}
 	u := mix64(*salt + uint64(i)*0x9e3779b97f4a7c15)
-	return float64(u>>11)/(1<<53) < f/base
+	return float64(u>>11)/(1<<53) < f/base*scale
 }
 
 // admitRamp accepts a ramping endpoint with probability equal to its
@@ -1175,10 +1182,14 @@ func (b *Balancer) cost(sc scoring.Scorer, req *inferlb.Request, g *group, i int
 // shared and stale to herd on, comparing every endpoint finds the best
 // one, where two drawn at random often hold neither. Past
 // Options.ScanLimit members it compares that many, in a row from a random
-// start. As in draw, a ramping member (slow start) is a candidate with
-// probability its factor (relative to the lead, when every ready member
-// ramps), and a half-open breaker's probe wins over every other
-// candidate, as in prefer. Ties go to one of the tied alike.
+// start. A ramping member (slow start) is a candidate as often as it
+// would be one of two choices': with probability its factor (relative to
+// the lead, when every ready member ramps, as in draw) times 2/m for m
+// members compared. Admitted with its factor alone, a joiner, idle and
+// with no latency yet, is the cheapest of every scan it is in: it took
+// its factor of all calls (0.1 of them among 32, three times its full
+// share) from its first second. A half-open breaker's probe wins over
+// every other candidate, as in prefer. Ties go to one of the tied alike.
 func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now time.Time) int {
 	n := len(g.members)
 	if sh != nil {
@@ -1194,7 +1205,8 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 	}
 	sc := b.scorer(req.Service)
 	var st scoring.State
-	var salt uint64 // the ramp's verdicts (secondOK); 0 until one is needed
+	var salt uint64 // the ramp's verdicts (rampOK); 0 until one is needed
+	scale := min(1, 2/float64(m))
 	best, ties, bestProbe, bestCost := -1, 0, false, 0.0
 	for k := range m {
 		i := (start + k) % n
@@ -1202,7 +1214,7 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 			i = int(sh.members[i])
 		}
 		e := g.members[i]
-		if !c.ok(e) || !b.secondOK(e, i, c.nowNs, base, &salt) {
+		if !c.ok(e) || !b.rampOK(e, i, c.nowNs, base, scale, &salt) {
 			continue
 		}
 		probe := probing(e, c.nowNs)
