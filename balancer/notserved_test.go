@@ -343,7 +343,13 @@ func TestKeysOfAModelFewServeStayHome(t *testing.T) {
 func TestNotServedMemoryHoldsAManyAdapterFleet(t *testing.T) {
 	clock := testutil.NewClock()
 	const n, adapters = 8, 32
-	b := newBalancer(t, n, balancer.Options{Clock: clock, Rand: testutil.NewRand(14)})
+	// A fixed AffinitySeed: the memory's sets are chosen by hashes of that
+	// seed, and with the process's random one about 1 run in 100 (11 of
+	// 1,000 seeds) put 5 of the 32 models in one 4-way set of the models'
+	// table, or 5 of the 192 pairs in one set of the pairs', and an
+	// adapter's memory thrashed (203 to 225 pairs met, 1 to 13 calls
+	// missed). The tables' sizes are a design limit, not what this tests.
+	b := newBalancer(t, n, balancer.Options{Clock: clock, Rand: testutil.NewRand(14), AffinitySeed: 1})
 	eps := endpoints(n)
 	serves := func(j int, id string) bool { return id == eps[j%n].Addr || id == eps[(j+4)%n].Addr }
 	call := func(j int) (missed bool) {
