@@ -807,14 +807,8 @@ func (c *sseState) choices(seg []byte, before int) {
 	for i := 0; i < len(seg); i++ {
 		switch c.chPh {
 		case chSeek:
-			j := bytes.IndexByte(seg[i:], '[')
-			if j < 0 {
+			if !c.seekAfter(seg, &i, before, '[', `"choices":`, `"choices": `, chOpen) {
 				return
-			}
-			i += j
-			c.chPh = chDone
-			if c.precededBy(seg, i, before, `"choices":`) || c.precededBy(seg, i, before, `"choices": `) {
-				c.chPh = chOpen
 			}
 		case chOpen:
 			switch seg[i] {
@@ -830,14 +824,8 @@ func (c *sseState) choices(seg []byte, before int) {
 				c.chPh = chDone
 			}
 		case chChoice:
-			j := bytes.IndexByte(seg[i:], '{')
-			if j < 0 {
+			if !c.seekAfter(seg, &i, before, '{', `"delta":`, `"delta": `, chDelta) {
 				return
-			}
-			i += j
-			c.chPh = chDone
-			if c.precededBy(seg, i, before, `"delta":`) || c.precededBy(seg, i, before, `"delta": `) {
-				c.chPh = chDelta
 			}
 		case chDelta:
 			rest := seg[i:]
@@ -861,6 +849,22 @@ func (c *sseState) choices(seg []byte, before int) {
 			return
 		}
 	}
+}
+
+// seekAfter moves *i to the next open byte of seg and sets the phase to
+// next when the line's bytes before it are key or spaced (key with a space
+// after its colon), else to chDone; false when seg holds no open byte.
+func (c *sseState) seekAfter(seg []byte, i *int, before int, open byte, key, spaced string, next uint8) bool {
+	j := bytes.IndexByte(seg[*i:], open)
+	if j < 0 {
+		return false
+	}
+	*i += j
+	c.chPh = chDone
+	if c.precededBy(seg, *i, before, key) || c.precededBy(seg, *i, before, spaced) {
+		c.chPh = next
+	}
+	return true
 }
 
 // precededBy reports whether the bytes of the current line before seg[i]
