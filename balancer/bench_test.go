@@ -18,7 +18,8 @@ var benchSizes = []int{8, 64, 512, 4096}
 
 // BenchmarkPick measures Pick+Done, serial and parallel, per fleet size and
 // service (each service has its own scorer). Cost must be flat in n and
-// allocation-free.
+// allocation-free; embedding picks compare up to ScanLimit members (see
+// BenchmarkPickScan), so theirs is flat past it.
 func BenchmarkPick(b *testing.B) {
 	for _, svc := range []inferlb.Service{inferlb.ServiceLLM, inferlb.ServiceEmbedding} {
 		for _, n := range benchSizes {
