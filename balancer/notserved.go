@@ -28,18 +28,19 @@ import (
 // The memory is bounded whatever the requests say: a table of lackPairs
 // (endpoint, model) pairs and one of lackModels models (a pick consults
 // the pairs only for a model the second holds), 34 KiB allocated at the
-// first such answer, each 4-way set associative: an entry is replaced when
-// it lapses or, when its set is full of live ones, the one that lapses
-// first is. A fleet of 8 replicas and 32 adapters, each on 2 of them, needs
+// first such answer, each 4-way set associative with two choices: an
+// entry may live in either of two sets, chosen by two parts of its hash,
+// and a new one goes to the one with more free or lapsed slots; when both
+// are full of live entries, the one of their 8 that lapses first is
+// replaced. A fleet of 8 replicas and 32 adapters, each on 2 of them, needs
 // 192 pairs; 4 slots per endpoint, the first layout, thrashed (the fleet
 // simulator's lora-many scenario: 5,399 not-served answers in 11,900 calls
-// and 157 failed, against 1,472 and none with this table). It fits in
-// about 99 processes of 100: a set is chosen by the hash alone, and with
-// some seeds 5 of the 32 models (seeds 51, 119, 156 of 1,000) or 5 of the
-// 192 pairs (6, 552, 611) share a set of 4, so one adapter's memory keeps
-// evicting itself and its calls meet a replica without it again, an extra
-// hop each (TestNotServedMemoryHoldsAManyAdapterFleet, 11 of 1,000 seeds;
-// the test now fixes its seed). Model names are
+// and 157 failed, against 1,472 and none with this table). With one set
+// per entry it fitted in about 99 processes of 100: with 13 of 1,000
+// seeds, 5 of the 32 models or 5 of the 192 pairs shared a set of 4, so
+// one adapter's memory kept evicting itself and its calls met a replica
+// without it again, an extra hop each; with two it fits with all 1,000
+// (TestNotServedMemoryHoldsAManyAdapterFleet runs those 13). Model names are
 // request data: they are stored as tags of a hash seeded per process (the
 // affinity Keyer's seed), so a client cannot aim a name of its own at
 // another model's entry.
@@ -54,7 +55,7 @@ import (
 // (TestMadeUpModelsKeepRealAdapterMemory). An entry is now kept once an
 // endpoint served its model to a call the memory steered (Outcome.Model
 // on a success; keepModel), and so are the model's pairs, the ones
-// written before and after; a full set gives up an entry not kept, the
+// written before and after; full sets give up an entry not kept, the
 // one that lapses first, before a kept one. No endpoint serves a made-up
 // name, so its entries are never kept and make room for each other: the
 // same flood misroutes none. A kept entry still lapses after
@@ -86,6 +87,11 @@ const (
 	// model (see keepModel). The tag is the 23 bits below it.
 	lackKept    = 1 << 63
 	lackTagMask = 1<<23 - 1
+
+	// lackAltShift is where the bits choosing an entry's second set
+	// start in its key: above those of the first (at most 10, for the
+	// pairs' 1,024 sets) and below those of the tag (from lackTimeBits).
+	lackAltShift = 20
 )
 
 // lackTable is the memory: the pairs, then the models.
@@ -122,27 +128,40 @@ func lackLapsed(w, now, horizon uint64) bool {
 // lackNow is the unit count of nowNs.
 func lackNow(nowNs int64) uint64 { return uint64(nowNs>>lackUnitShift + 1<<(lackTimeBits-1)) }
 
-// lackSet returns the set of table for key, and key's tag (never 0).
-func lackSet(table []atomic.Uint64, key uint64) ([]atomic.Uint64, uint64) {
-	i := int(key%uint64(len(table)/lackWays)) * lackWays
-	return table[i : i+lackWays], max(key>>lackTimeBits&lackTagMask, 1)
+// lackSets are the two sets of a table an entry may live in (two-choice
+// hashing): the second is nil when both choices are the same set.
+type lackSets [2][]atomic.Uint64
+
+// lackSet returns the sets of table for key, and key's tag (never 0). The
+// sets are chosen by two parts of key that do not overlap each other or
+// the tag: bits from 0 and from lackAltShift.
+func lackSet(table []atomic.Uint64, key uint64) (lackSets, uint64) {
+	n := uint64(len(table) / lackWays)
+	i, j := int(key%n)*lackWays, int(key>>lackAltShift%n)*lackWays
+	s := lackSets{table[i : i+lackWays]}
+	if j != i {
+		s[1] = table[j : j+lackWays]
+	}
+	return s, max(key>>lackTimeBits&lackTagMask, 1)
 }
 
 // lackTag is the tag of entry w.
 func lackTag(w uint64) uint64 { return w >> lackTimeBits & lackTagMask }
 
-// lackLive reports whether set holds tag, live at now (see lackLapsed).
-func lackLive(set []atomic.Uint64, tag, now, horizon uint64) bool {
-	_, ok := lackFind(set, tag, now, horizon)
+// lackLive reports whether sets hold tag, live at now (see lackLapsed).
+func lackLive(sets lackSets, tag, now, horizon uint64) bool {
+	_, ok := lackFind(sets, tag, now, horizon)
 	return ok
 }
 
-// lackFind returns set's entry of tag, live at now (see lackLapsed), if
-// it holds one.
-func lackFind(set []atomic.Uint64, tag, now, horizon uint64) (uint64, bool) {
-	for i := range set {
-		if w := set[i].Load(); lackTag(w) == tag && !lackLapsed(w, now, horizon) {
-			return w, true
+// lackFind returns the entry of tag in sets, live at now (see
+// lackLapsed), if they hold one.
+func lackFind(sets lackSets, tag, now, horizon uint64) (uint64, bool) {
+	for _, set := range sets {
+		for i := range set {
+			if w := set[i].Load(); lackTag(w) == tag && !lackLapsed(w, now, horizon) {
+				return w, true
+			}
 		}
 	}
 	return 0, false
@@ -172,17 +191,18 @@ func mix64(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// lackPut records tag, lapsing at until, in set: its entry is extended
-// (kept, if asked, and kept if it was), or else a free or lapsed slot
-// takes it, or else the live entry that lapses first among those not
-// kept, or, when all are kept, among all: entries of models nobody served
-// (made-up names) make room for each other before they evict those of a
-// model that is served somewhere. It reports whether tag was not live
+// lackPut records tag, lapsing at until, in one of sets: its live entry
+// is extended (kept, if asked, and kept if it was), or else a free or
+// lapsed slot takes it, in the set with more of them (the first on a tie),
+// or else, across both sets, the live entry that lapses first among those
+// not kept, or, when all are kept, among all: entries of models nobody
+// served (made-up names) make room for each other before they evict those
+// of a model that is served somewhere. It reports whether tag was not live
 // there before. Two writers of one tag race to the same slot and one
-// retries; only a third writer changing the set between their scans can
+// retries; only a third writer changing the sets between their scans can
 // leave the tag in two slots (both live, both lapsing: harmless, and an
 // EventNotServed twice).
-func lackPut(set []atomic.Uint64, tag, until, now, horizon uint64, kept bool) bool {
+func lackPut(sets lackSets, tag, until, now, horizon uint64, kept bool) bool {
 	free := func(w uint64) bool { return lackLapsed(w, now, horizon) }
 	// rank orders the candidates to replace: lapsed, then live and not
 	// kept, then kept; within a rank, the one that lapses first.
@@ -203,30 +223,44 @@ func lackPut(set []atomic.Uint64, tag, until, now, horizon uint64, kept bool) bo
 		// keep and the expiry are taken afresh from what each pass
 		// reads: an entry cleared since the last (forget, when the
 		// endpoint served the model) must not come back kept or longer.
-		victim, fresh, keep, to := -1, true, want, until
+		var seen [2][lackWays]uint64
+		var nfree [2]int
+		vs, vi, found := -1, -1, false
 		var old uint64
-		for i := range set {
-			w := set[i].Load()
-			if lackTag(w) == tag {
-				fresh = free(w)
-				if !fresh && w&lackTimeMask >= until && (w&lackKept != 0 || !kept) {
-					return false // lapses no sooner already
+		for k, set := range sets {
+			for i := range set {
+				w := set[i].Load()
+				seen[k][i] = w
+				switch {
+				case free(w):
+					nfree[k]++
+				case !found && lackTag(w) == tag:
+					vs, vi, old, found = k, i, w, true
 				}
-				if !fresh {
-					keep |= w & lackKept
-				}
-				victim, old = i, w
-				break
-			}
-			if victim < 0 || rank(w) < rank(old) {
-				victim, old = i, w
 			}
 		}
-		if lackTag(old) == tag && !free(old) {
+		keep, to := want, until
+		if found {
+			if old&lackTimeMask >= until && (old&lackKept != 0 || !kept) {
+				return false // lapses no sooner already
+			}
+			keep |= old & lackKept
 			to = max(to, old&lackTimeMask)
+		} else {
+			first := 0
+			if nfree[1] > nfree[0] {
+				first = 1
+			}
+			for _, k := range [2]int{first, 1 - first} {
+				for i := range sets[k] {
+					if w := seen[k][i]; vs < 0 || rank(w) < rank(old) {
+						vs, vi, old = k, i, w
+					}
+				}
+			}
 		}
-		if set[victim].CompareAndSwap(old, keep|tag<<lackTimeBits|to&lackTimeMask) {
-			return fresh
+		if sets[vs][vi].CompareAndSwap(old, keep|tag<<lackTimeBits|to&lackTimeMask) {
+			return !found
 		}
 	}
 }
@@ -234,8 +268,8 @@ func lackPut(set []atomic.Uint64, tag, until, now, horizon uint64, kept bool) bo
 // lacks reports whether e is remembered not to serve the model of key
 // model at now.
 func (t *lackTable) lacks(e *endpoint, model, now uint64) bool {
-	set, tag := lackSet(t.pairs[:], pairKey(e.serial, model))
-	return lackLive(set, tag, now, t.horizon)
+	sets, tag := lackSet(t.pairs[:], pairKey(e.serial, model))
+	return lackLive(sets, tag, now, t.horizon)
 }
 
 // notServed records e's answer that it does not serve model, at nowNs.
@@ -281,10 +315,12 @@ func (b *Balancer) passOverFor(e *endpoint, model uint64, nowNs int64, d time.Du
 
 // forget ends e's entry for the model of key model, if it has one.
 func (t *lackTable) forget(e *endpoint, model uint64) {
-	set, tag := lackSet(t.pairs[:], pairKey(e.serial, model))
-	for i := range set {
-		if w := set[i].Load(); lackTag(w) == tag {
-			set[i].CompareAndSwap(w, 0)
+	sets, tag := lackSet(t.pairs[:], pairKey(e.serial, model))
+	for _, set := range sets {
+		for i := range set {
+			if w := set[i].Load(); lackTag(w) == tag {
+				set[i].CompareAndSwap(w, 0)
+			}
 		}
 	}
 }
@@ -315,17 +351,19 @@ func (b *Balancer) keepModel(e *endpoint, model string, nowNs int64) {
 	}
 }
 
-// keepEntry marks set's live entry of tag kept, if it has one; it reports
-// whether it has one.
-func keepEntry(set []atomic.Uint64, tag, now, horizon uint64) bool {
-	for i := range set {
-		for {
-			w := set[i].Load()
-			if lackTag(w) != tag || lackLapsed(w, now, horizon) {
-				break
-			}
-			if w&lackKept != 0 || set[i].CompareAndSwap(w, w|lackKept) {
-				return true
+// keepEntry marks the live entry of tag in sets kept, if they have one;
+// it reports whether they have one.
+func keepEntry(sets lackSets, tag, now, horizon uint64) bool {
+	for _, set := range sets {
+		for i := range set {
+			for {
+				w := set[i].Load()
+				if lackTag(w) != tag || lackLapsed(w, now, horizon) {
+					break
+				}
+				if w&lackKept != 0 || set[i].CompareAndSwap(w, w|lackKept) {
+					return true
+				}
 			}
 		}
 	}

@@ -28,20 +28,21 @@ func entryOf(set []atomic.Uint64, tag uint64) (uint64, bool) {
 // or a put asking for it) never extends it, and a put for a sooner time
 // leaves it as it was.
 func TestLackKeptEntryLapsesOnTime(t *testing.T) {
-	set := make([]atomic.Uint64, lackWays)
+	one := make([]atomic.Uint64, lackWays)
+	set := lackSets{one}
 	const now, until = 1000, 2000
 	assert.True(t, lackPut(set, 7, until, now, noStep, false))
 	assert.True(t, keepEntry(set, 7, now, noStep))
 	assert.False(t, lackPut(set, 7, until-500, now, noStep, true), "lapses no sooner already")
 	assert.False(t, lackPut(set, 7, until-500, now, noStep, false))
-	w, ok := entryOf(set, 7)
+	w, ok := entryOf(one, 7)
 	require.True(t, ok)
 	assert.EqualValues(t, until, w&lackTimeMask)
 	assert.NotZero(t, w&lackKept)
 	// Asked to keep a live entry not kept, the put keeps it, at its own time.
 	assert.True(t, lackPut(set, 8, until, now, noStep, false))
 	assert.False(t, lackPut(set, 8, until-500, now, noStep, true))
-	w, _ = entryOf(set, 8)
+	w, _ = entryOf(one, 8)
 	assert.EqualValues(t, until, w&lackTimeMask)
 	assert.NotZero(t, w&lackKept)
 	// Lapsed, it is not live, cannot be kept, and its slot's next entry
@@ -50,7 +51,7 @@ func TestLackKeptEntryLapsesOnTime(t *testing.T) {
 	assert.False(t, ok)
 	assert.False(t, keepEntry(set, 7, until, noStep))
 	assert.True(t, lackPut(set, 7, until+100, until, noStep, false), "fresh again once lapsed")
-	w, _ = entryOf(set, 7)
+	w, _ = entryOf(one, 7)
 	assert.Zero(t, w&lackKept, "a lapsed entry's mark does not carry over")
 	assert.EqualValues(t, until+100, w&lackTimeMask)
 }
@@ -59,7 +60,8 @@ func TestLackKeptEntryLapsesOnTime(t *testing.T) {
 // given up, holds another tag unmarked; a full set gives up its entries not
 // kept before kept ones, and a kept one only when all four are.
 func TestLackKeptMarkStaysWithItsTag(t *testing.T) {
-	set := make([]atomic.Uint64, lackWays)
+	one := make([]atomic.Uint64, lackWays)
+	set := lackSets{one}
 	const now = 1000
 	lackPut(set, 1, now+50, now, noStep, true) // kept, lapsing first of all
 	for tag := uint64(2); tag <= 4; tag++ {
@@ -71,8 +73,8 @@ func TestLackKeptMarkStaysWithItsTag(t *testing.T) {
 		require.True(t, ok, "the kept entry is given up for a made-up name's")
 		assert.NotZero(t, w&lackKept)
 	}
-	for i := range set {
-		if w := set[i].Load(); lackTag(w) != 1 {
+	for i := range one {
+		if w := one[i].Load(); lackTag(w) != 1 {
 			assert.Zero(t, w&lackKept, "slot %d: %x", i, w)
 		}
 	}
@@ -103,7 +105,8 @@ func TestLackKeptMarkStaysWithItsTag(t *testing.T) {
 // one is never given up for a made-up one, and never outlives what was
 // written for it. Run with -race.
 func TestLackKeepConcurrentPuts(t *testing.T) {
-	set := make([]atomic.Uint64, lackWays)
+	one := make([]atomic.Uint64, lackWays)
+	set := lackSets{one}
 	const now, kept, maxUntil = 1000, 9, 5000
 	lackPut(set, kept, now+10, now, noStep, true)
 	var wg sync.WaitGroup
@@ -136,12 +139,61 @@ func TestLackKeepConcurrentPuts(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	for i := range set {
-		w := set[i].Load()
+	for i := range one {
+		w := one[i].Load()
 		if lackTag(w) != kept {
 			assert.Zero(t, w&lackKept, "slot %d: %x", i, w)
 		} else {
 			assert.LessOrEqual(t, w&lackTimeMask, uint64(now+maxUntil))
 		}
 	}
+}
+
+// An entry may live in either of two sets: a new one goes to the set with
+// more free or lapsed slots, is found, extended, kept and forgotten there,
+// and when both are full of live entries the one to give up is chosen
+// across both (not kept, lapsing first).
+func TestLackTwoSets(t *testing.T) {
+	a, b := make([]atomic.Uint64, lackWays), make([]atomic.Uint64, lackWays)
+	sets := lackSets{a, b}
+	const now = 1000
+	lackPut(lackSets{a}, 1, now+500, now, noStep, false) // a has 3 free, b 4
+	assert.True(t, lackPut(sets, 2, now+600, now, noStep, false))
+	_, inA := entryOf(a, 2)
+	_, inB := entryOf(b, 2)
+	assert.True(t, inB && !inA, "the emptier set takes it")
+	assert.False(t, lackPut(sets, 2, now+700, now, noStep, true), "live in the second set: extended there")
+	w, ok := lackFind(sets, 2, now, noStep)
+	require.True(t, ok)
+	assert.EqualValues(t, now+700, w&lackTimeMask)
+	assert.NotZero(t, w&lackKept)
+	_, inA = entryOf(a, 2)
+	assert.False(t, inA, "not written twice")
+	// Fill both: a's entries not kept lapse at now+300..; b's at now+800..
+	for tag := uint64(10); tag < 13; tag++ {
+		lackPut(lackSets{a}, tag, now+300+tag, now, noStep, true)
+	}
+	for tag := uint64(20); tag < 23; tag++ {
+		lackPut(lackSets{b}, tag, now+800+tag, now, noStep, false)
+	}
+	// a: 1 (not kept, now+500), 10..12 kept; b: 2 kept, 20..22 not kept.
+	assert.True(t, lackPut(sets, 30, now+2000, now, noStep, false))
+	_, ok = lackFind(sets, 1, now, noStep)
+	assert.False(t, ok, "the entry not kept that lapses first, in either set, is given up")
+	for _, tag := range []uint64{2, 10, 11, 12, 20, 21, 22, 30} {
+		_, ok := lackFind(sets, tag, now, noStep)
+		assert.True(t, ok, "tag %d", tag)
+	}
+	// Once b's entries not kept lapse, a newcomer takes one of b's slots.
+	assert.True(t, lackPut(sets, 40, now+3000, now+900, noStep, false))
+	_, inB = entryOf(b, 40)
+	assert.True(t, inB)
+	p := &lackTable{horizon: noStep}
+	e := &endpoint{serial: 3}
+	ps, tag := lackSet(p.pairs[:], pairKey(e.serial, 99))
+	require.NotNil(t, ps[1], "this key's two choices differ")
+	lackPut(lackSets{ps[1]}, tag, now+100, now, noStep, false)
+	assert.True(t, p.lacks(e, 99, now), "found in its second set")
+	p.forget(e, 99)
+	assert.False(t, p.lacks(e, 99, now), "forgotten in its second set")
 }
