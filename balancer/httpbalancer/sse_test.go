@@ -73,15 +73,23 @@ func newStreamRig(t *testing.T, body, contentType string) *sseRig {
 	return g
 }
 
-// call makes one streamed chat call read n bytes at a time, checks the
-// caller got the stream byte for byte, and returns what was reported.
-func (g *sseRig) call(t *testing.T, n int) httpbalancer.Result {
+// send makes one streamed chat call whose body gives n bytes a read and
+// returns its response.
+func (g *sseRig) send(t *testing.T, n int) *http.Response {
 	t.Helper()
 	g.n = n
 	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
 	require.NoError(t, err)
 	resp, err := g.tr.RoundTrip(req)
 	require.NoError(t, err)
+	return resp
+}
+
+// call makes one streamed chat call read n bytes at a time, checks the
+// caller got the stream byte for byte, and returns what was reported.
+func (g *sseRig) call(t *testing.T, n int) httpbalancer.Result {
+	t.Helper()
+	resp := g.send(t, n)
 	got, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
@@ -632,11 +640,7 @@ func lineEnd(s string) int {
 // gets n bytes.
 func (g *sseRig) callWhole(t *testing.T, n int) httpbalancer.Result {
 	t.Helper()
-	g.n = n
-	req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
-	require.NoError(t, err)
-	resp, err := g.tr.RoundTrip(req)
-	require.NoError(t, err)
+	resp := g.send(t, n)
 	got := make([]byte, 0, len(g.body)+1)
 	for {
 		k, err := resp.Body.Read(got[len(got):cap(got)])

@@ -523,12 +523,7 @@ func (c *closeTracker) Close() error { c.closed = true; return nil }
 // its own port. Whichever set the Balancer's endpoints last, HTTP requests
 // go to the HTTP address this Transport was given.
 func TestSharedBalancerSendsToTheTransportsOwnAddresses(t *testing.T) {
-	var hits atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		_, _ = io.WriteString(w, `{}`)
-	}))
-	defer srv.Close()
+	srv, hits := countingServer(t)
 	b := balancer.New(balancer.Options{})
 	tr := newTransport(t, httpbalancer.Options{
 		Balancer:  b,
@@ -773,12 +768,7 @@ func TestDuplicateIDsGoToTheFirst(t *testing.T) {
 // whichever description the Balancer had last been given: every call went
 // to the gRPC port, and did so even after that membership was closed.
 func TestSharedSetSendsToTheBalancersOwnAddresses(t *testing.T) {
-	var hits atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		_, _ = io.WriteString(w, `{}`)
-	}))
-	defer srv.Close()
+	srv, hits := countingServer(t)
 	b := balancer.New(balancer.Options{})
 	defer b.Close()
 	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "replica-0", Addr: srv.URL}}))
@@ -821,4 +811,17 @@ func TestSharedSetSendsToTheBalancersOwnAddresses(t *testing.T) {
 	require.NoError(t, other.Update([]inferlb.Endpoint{{ID: "replica-0", Addr: srv.URL}}))
 	post()
 	assert.EqualValues(t, 104, hits.Load(), "the call did not go to the Balancer's own set's address")
+}
+
+// countingServer is a server answering every call with {} and the count
+// of calls it got; it closes at the test's end.
+func countingServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	hits := new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, hits
 }
