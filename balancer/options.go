@@ -421,7 +421,8 @@ type Options struct {
 // simulator's embedding scenario, the scan at 6, 16 and 48 replicas beat
 // two choices at every load short of overload, with 1 client and with 8
 // (benchmarks/results/embedding.md and SUMMARY.md); ScanLimit 8 and 16
-// came close to it at 48 replicas, 32 closer.
+// came close to it at 48 replicas, 32 closer (TestEmbeddingScanWhatIf in
+// benchmarks/fleetsim).
 const DefaultScanLimit = 32
 
 // MaxScanLimit is the largest Options.ScanLimit: each pick's cost grows
