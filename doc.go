@@ -200,9 +200,9 @@
 // (twice at most) that loses to one that is not full, and the LLM scorer
 // multiplies its cost by LoRAWait (16), that of a server that would load
 // the adapter into a free slot by LoRALoad (1.5). An adapter with at most
-// one endpoint's fair share of this process's calls in flight goes to a
-// home endpoint, by a seeded key of the adapter's own (spilling along the
-// ring under the load bound), instead of wherever its sessions' prompt
+// one endpoint's fair share of this process's calls in flight on the
+// endpoints that serve it goes to a home endpoint, by a seeded key of the
+// adapter's own (spilling along the ring under the load bound), instead of wherever its sessions' prompt
 // keys lead: a rarely asked adapter then takes a slot on one endpoint,
 // not on every one (balancer.Options.AdapterHomes). Base-model calls and
 // servers without the reading are untouched.

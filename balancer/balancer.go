@@ -37,7 +37,7 @@
 // avoids the endpoints whose adapter slots are all taken by others, as
 // their telemetry reports them (vLLM's --max-loras) brought up to now
 // with this process's calls in flight per adapter; an adapter with few of
-// this Balancer's calls in flight goes to a home endpoint of its own
+// the calls in flight on its model's endpoints goes to a home endpoint of its own
 // rather than wherever its sessions' keys lead (Options.AdapterHomes;
 // lora.go).
 //
@@ -1310,9 +1310,8 @@ const (
 	pickDone  = 1 << iota // Done has run
 	pickProbe             // the pick took one of a half-open breaker's probe slots
 	// then the LoRA counts the call is in: its endpoint's adapter entry
-	// (4 bits), whether it counts among the slot-aware calls (1), its
-	// Balancer-wide adapter entry (7; pickCounted, lora.go), then the
-	// call's Service (2; pickServiceShift)
+	// (4 bits), its Balancer-wide adapter entry (7; pickCounted,
+	// lora.go), then the call's Service (2; pickServiceShift)
 )
 
 // pickServiceShift places the call's Service in Pick.flags, past the LoRA

@@ -57,19 +57,18 @@ const slotRedraws = 2
 const loraFlights = 8
 
 // Pick.flags: the loraFlight entry the call counts in, plus one (0: none);
-// whether it counts in adapterCounts.calls; its adapterCounts entry, plus
-// one. pickCounted holds them all.
+// its adapterCounts entry, plus one. pickCounted holds them both.
 const (
 	pickLoRAShift    = 2
 	pickLoRAMask     = 0xf << pickLoRAShift
-	pickSlotCall     = 1 << 6
-	pickAdapterShift = 7
+	pickAdapterShift = 6
 	pickAdapterMask  = 0x7f << pickAdapterShift
-	pickCounted      = pickLoRAMask | pickSlotCall | pickAdapterMask
+	pickCounted      = pickLoRAMask | pickAdapterMask
 )
 
 // DefaultAdapterHomes is Options.AdapterHomes' default: an adapter with at
-// most one endpoint's fair share of the calls in flight goes to its home.
+// most one endpoint's fair share of the calls in flight on its model's
+// endpoints goes to its home.
 // In the fleet simulator's lora-slots scenario it ends the waits for a
 // slot and the cold adapters' long tails (benchmarks/results/lora-slots.md).
 const DefaultAdapterHomes = 1.0
@@ -79,10 +78,10 @@ const DefaultAdapterHomes = 1.0
 // the entry.
 const adapterFlights = 64
 
-// adapterCounts counts this Balancer's calls in flight whose picks heed
-// LoRA slots (cand.slots), and of them, per adapter, those for an
-// adapter, lock-free: they size an adapter's share of the calls for
-// adapterHome. An adapter counts in one of two entries that a hash of
+// adapterCounts counts this Balancer's calls in flight per LoRA adapter
+// (of the picks that heed LoRA slots, cand.slots), lock-free: they size
+// an adapter's share of the calls on its group for adapterHome. An
+// adapter counts in one of two entries that a hash of
 // its adapterID names (a word each: its loraTag and a count, as in
 // loraFlight), so a
 // pick reads two words, not the table; an adapter whose two entries
@@ -90,7 +89,6 @@ const adapterFlights = 64
 // of a new adapter at once may each take one of its entries: count adds
 // both.
 type adapterCounts struct {
-	calls  atomic.Int64
 	flight [adapterFlights]atomic.Uint64
 	// seed places adapters in the table (entries) and seeds their tags
 	// here and in every member's loraFlight (adapterID), so that request
@@ -145,15 +143,24 @@ func (a *adapterCounts) count(h uint64) int64 {
 // group has slots (a fleet of per-customer fine-tunes), each endpoint
 // cycles through many of them, and the rarely asked ones wait behind the
 // popular ones everywhere. adapterHome gives the call of an adapter that
-// has few of this Balancer's calls in flight (at most AdapterHomes times
-// one endpoint's fair share of them: the slot-aware calls in flight over
-// the group's size) the adapter's own key instead, so that such an
+// has few of this process's calls in flight on the endpoints that serve
+// it (at most AdapterHomes times one endpoint's fair share of them: the
+// calls in flight on the call's group, whatever their model, over the
+// group's size, as the load bound shares them) the adapter's own key instead, so that such an
 // adapter runs on its home endpoint, and on the ring's next ones when the
 // load bound spills it; a popular adapter, whose calls one endpoint could
 // not take, spreads by prompt. Independent callers with one AffinitySeed
 // agree on the homes, and on which adapters are rare to within their
 // share of the traffic. An explicit session (Request.Session) keeps its
 // own key.
+//
+// The share is the group's: a Balancer holding several groups (two base
+// models' pools, adapters listed on a few endpoints each, memberships
+// over other endpoints) weighed an adapter's calls against every
+// slot-aware call it had in flight, so another pool's traffic made a
+// pool's busiest adapter look rare, and all its calls went to its home
+// instead of spreading by prompt. The adapter's own calls are counted
+// across the Balancer: within a membership a model has one group.
 
 // adapterHome returns the affinity key of req's adapter when the call
 // should go to the adapter's home (see above), else 0. req's pick heeds
@@ -163,7 +170,7 @@ func (b *Balancer) adapterHome(req *inferlb.Request, g *group, nowNs int64) uint
 		return 0
 	}
 	n := b.adapters.count(adapterID(req.Model, b.adapters.seed))
-	if float64(n)*float64(len(g.members)) > b.cfg.adapterHomes*float64(b.adapters.calls.Load()) {
+	if float64(n)*float64(len(g.members)) > b.cfg.adapterHomes*float64(g.inFlight()) {
 		return 0 // a popular adapter: its calls spread by prompt
 	}
 	var d xxhash.Digest
@@ -341,25 +348,19 @@ func (b *Balancer) drawSlot(req *inferlb.Request, g *group, c cand, sh *shard, n
 	}
 }
 
-// countLoRA counts a call whose pick heeds LoRA slots (c.slots set) in
-// flight in b.adapters (with adapter homes on) and, when e's reading has
-// LoRA slots and req names an adapter, as a call of that adapter on e
-// and in b.adapters; it returns the Pick.flags bits that name what it
-// counted.
+// countLoRA counts a call whose pick heeds LoRA slots (c.slots set), when
+// e's reading has LoRA slots and req names an adapter, as a call of that
+// adapter on e and (with adapter homes on) in b.adapters; it returns the
+// Pick.flags bits that name what it counted.
 func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
 	// Only homes read b.adapters, and only keyed picks have homes.
 	homes := b.cfg.adapterHomes > 0 && b.cfg.affinity != AffinityOff
-	var f uint32
-	if homes {
-		b.adapters.calls.Add(1)
-		f = pickSlotCall
-	}
 	a, _, ok := e.slot.Load().LoRA(time.Unix(0, c.nowNs), b.cfg.telemetryMaxAge)
 	if !ok || req.Model == a.Base {
-		return f
+		return 0
 	}
 	h := adapterID(req.Model, b.adapters.seed)
-	f |= e.lora.add(h) << pickLoRAShift
+	f := e.lora.add(h) << pickLoRAShift
 	if homes {
 		f |= b.adapters.add(h) << pickAdapterShift
 	}
@@ -369,9 +370,6 @@ func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
 // uncountLoRA ends what countLoRA counted for p.
 func uncountLoRA(p *Pick) {
 	f := atomic.LoadUint32(&p.flags)
-	if f&pickSlotCall != 0 {
-		p.b.adapters.calls.Add(-1)
-	}
 	if i := (f & pickLoRAMask) >> pickLoRAShift; i != 0 {
 		p.e.lora.done(int(i) - 1)
 	}

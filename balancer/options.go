@@ -391,8 +391,9 @@ type Options struct {
 	// AdapterHomes places the calls of rarely asked LoRA adapters by
 	// adapter rather than by prompt: a call for an adapter that has at
 	// most AdapterHomes times one endpoint's fair share of this
-	// Balancer's calls in flight (those whose picks heed LoRA slots, over
-	// the model's endpoints) takes the adapter's own affinity key, so the
+	// process's calls in flight on the model's endpoints (their calls
+	// over their number; calls on a Balancer's other pools do not count)
+	// takes the adapter's own affinity key, so the
 	// adapter runs on its home endpoint (and the next ones on the ring
 	// when the load bound spills it) instead of taking a slot wherever its
 	// sessions land; popular adapters spread by prompt. It applies where
