@@ -75,3 +75,38 @@ func TestAdapterPopularityIsThePoolsOwn(t *testing.T) {
 		assert.Zero(t, pickDoneAllocs(b, &inferlb.Request{Service: inferlb.ServiceLLM, Model: "chat", AffinityKey: 5}))
 	}
 }
+
+// A gRPC channel and an HTTP Transport sharing a Balancer over the same
+// endpoints (two memberships) share one measure of popularity: the calls
+// through the one count against the calls through the other.
+func TestAdapterPopularityAcrossMemberships(t *testing.T) {
+	clock := testutil.NewClock()
+	b := twoPools(t, clock)
+	m, err := b.NewMembership()
+	require.NoError(t, err)
+	eps := endpoints(8)
+	for i := range eps {
+		eps[i].Labels = map[string]string{"model": []string{"llama,sql", "qwen,chat"}[i/4]}
+	}
+	require.NoError(t, m.Update(eps))
+	var held []balancer.Pick
+	hold := func(model string, n int) {
+		for i := range n {
+			p, err := m.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model, AffinityKey: uint64(1000 + i)})
+			require.NoError(t, err)
+			held = append(held, p)
+		}
+	}
+	// Through the other membership: 12 qwen calls and 2 of chat, 14 on
+	// the qwen pool, 3.5 an endpoint.
+	hold("qwen", 12)
+	hold("chat", 2)
+	assert.Len(t, homesOf(t, b, "chat", 50, inferlb.Request{}), 1, "chat has 2 of 14: rare, home")
+	hold("chat", 3)
+	c := homesOf(t, b, "chat", 50, inferlb.Request{})
+	assert.Greater(t, len(c), 2, "chat has 5 of 17: popular, by prompt: %v", c)
+	for _, p := range held {
+		p.Done(inferlb.Outcome{})
+	}
+	assert.Len(t, homesOf(t, b, "chat", 50, inferlb.Request{}), 1, "and rare again once they end")
+}
