@@ -67,6 +67,15 @@ func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
 
 // LeastLoaded scores on in-flight requests per unit of capacity, with
 // reliability as in LLM. It is the default for ServiceUnknown.
+//
+// It keeps two random choices rather than scanning every endpoint
+// (FullScanner), though its cost is this process's alone: in the fleet
+// simulator a scan on calls in flight gave better medians, but with one
+// replica four times slower it kept that replica's share of long calls
+// and the end-to-end p99 rose from 38.5 s to 52.0 s (chat, the failures
+// scenario's slow replica alone; FLEETSIM_WHATIF=1 go test -run
+// TestLeastLoadedScanWhatIf -v ./benchmarks/fleetsim/). Latency, which
+// prices the slow replica's seconds too, scans.
 type LeastLoaded struct {
 	// ErrorPenalty scales the odds of failure (rate / (1 - rate)) into a
 	// multiplier, as in LLM. Default 10.

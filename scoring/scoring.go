@@ -48,7 +48,7 @@ type Scorer interface {
 // over Telemetry, a reading every caller shares, all callers scanning pick
 // the same endpoint until its next reading, where two random choices
 // spread them. Latency reports true; LLM and LeastLoaded (the default for
-// unknown traffic) do not implement it.
+// unknown traffic; see there why) do not implement it.
 type FullScanner interface {
 	FullScan() bool
 }
