@@ -170,7 +170,9 @@ func (b *Balancer) warmFor(key uint64, g *group, i int, nowNs int64) bool {
 // around its bound flaps between the two, and the fleet's KV caches hold
 // two copies of many prefixes instead of one. w is the key's walk just past
 // the owner; it is a copy, so the caller's walk does not advance. -1 means
-// the key goes home.
+// the key goes home. The key's order is walkAffine's: members outside the
+// shard, or remembered not to serve the call's model, are not in it, so
+// they take none of the stayAwayLook looks (nor of fasterSpill's).
 func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand, sh *shard, now time.Time) int {
 	if b.spills == nil {
 		return -1
@@ -180,8 +182,8 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 		if !ok {
 			return -1
 		}
-		if sh != nil && !sh.has(i) {
-			continue
+		if sh != nil && !sh.has(i) || c.passOver(g.members[i]) {
+			continue // not in the key's order, as in walkAffine
 		}
 		k++
 		if !c.ok(g.members[i]) || !b.warmFor(b.memOf(&c, req.Model), g, i, c.nowNs) {
@@ -249,8 +251,8 @@ func (b *Balancer) fasterSpill(req *inferlb.Request, g *group, owner int, w cach
 		if !ok {
 			return -1
 		}
-		if sh != nil && !sh.has(j) {
-			continue
+		if sh != nil && !sh.has(j) || c.passOver(g.members[j]) {
+			continue // not in the key's order, as in walkAffine
 		}
 		k++
 		tj := g.members[j].tpotEWMA.Load()
