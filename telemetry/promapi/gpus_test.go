@@ -25,7 +25,15 @@ import (
 // mapping), whether Prometheus kept the exporter's pod and namespace
 // labels (honor_labels) or renamed them exported_pod and
 // exported_namespace; a GPU it cannot join is left out.
+//
+// GPU memory had no default query: a fleet read through Prometheus had no
+// GPUMemUsed or GPUMemTotal, which package dcgm reads from the same
+// exporters. They are joined the same way, both from the GPU of the server
+// with the highest memory pressure: b's small GPU (9000 of 10000 MiB) and
+// not its big one (40000 of 81471), nor a mix of the two, and d's fuller
+// GPU of two (node-a-two-gpus-one-pod.txt, with FB_RESERVED).
 func TestRealPrometheusGPUsByPod(t *testing.T) {
+	const mib = 1 << 20
 	bin := prometheusBinary(t)
 
 	serve := func(body string) string {
@@ -36,10 +44,10 @@ func TestRealPrometheusGPUsByPod(t *testing.T) {
 		t.Cleanup(srv.Close)
 		return strings.TrimPrefix(srv.URL, "http://")
 	}
-	// Three model servers: a and b in pods, c outside Kubernetes.
+	// Four model servers: a, b and d in pods, c outside Kubernetes.
 	idOf := map[string]string{}
 	servers := map[string]string{}
-	for _, name := range []string{"a", "b", "c"} {
+	for _, name := range []string{"a", "b", "c", "d"} {
 		instance := serve(exporters["vllm-v1"])
 		idOf[instance], servers[name] = name, instance
 	}
@@ -47,16 +55,30 @@ func TestRealPrometheusGPUsByPod(t *testing.T) {
 	real, err := os.ReadFile("testdata/dcgm-exporter-h100-eks-k8s.txt")
 	require.NoError(t, err)
 	node1 := serve(string(real))
-	// Node 2: GPU 0 allocated to b's pod, GPU 1 to no pod, busier.
+	// Node 2: GPUs 0 and 2 allocated to b's pod, GPU 1 to no pod, busier
+	// and full; no FB_RESERVED (an older exporter). GPU 2 is small and
+	// the fuller: b's GPU memory is its alone.
 	node2 := serve(`# TYPE DCGM_FI_DEV_GPU_UTIL gauge
 DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0a",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-2",container="vllm",namespace="serving",pod="vllm-b"} 90
 DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1b",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="node-2"} 100
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-0a",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-2",container="vllm",namespace="serving",pod="vllm-b"} 40000
+DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-1b",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="node-2"} 81000
+DCGM_FI_DEV_FB_USED{gpu="2",UUID="GPU-2c",device="nvidia2",modelName="NVIDIA A2",Hostname="node-2",container="vllm",namespace="serving",pod="vllm-b"} 9000
+# TYPE DCGM_FI_DEV_FB_FREE gauge
+DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-0a",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-2",container="vllm",namespace="serving",pod="vllm-b"} 41471
+DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-1b",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="node-2"} 471
+DCGM_FI_DEV_FB_FREE{gpu="2",UUID="GPU-2c",device="nvidia2",modelName="NVIDIA A2",Hostname="node-2",container="vllm",namespace="serving",pod="vllm-b"} 1000
 `)
+	// Node 3: two GPUs of d's pod, ml/vllm-0, GPU 1 the fuller.
+	nodeA, err := os.ReadFile("testdata/node-a-two-gpus-one-pod.txt")
+	require.NoError(t, err)
+	node3 := serve(string(nodeA))
 
 	// The exporters are scraped as the Prometheus Operator scrapes a
 	// ServiceMonitor's targets, with the exporter pod's own namespace and
-	// pod as target labels: node 1 without honor_labels (its series'
-	// labels become exported_*), node 2 with it.
+	// pod as target labels: nodes 1 and 3 without honor_labels (their
+	// series' labels become exported_*), node 2 with it.
 	prom := startPrometheus(t, bin, fmt.Sprintf(`global:
   scrape_interval: 1s
 scrape_configs:
@@ -67,16 +89,20 @@ scrape_configs:
       - targets: [%q]
         labels: {namespace: serving, pod: vllm-b}
       - targets: [%q]
+      - targets: [%q]
+        labels: {namespace: ml, pod: vllm-0}
   - job_name: dcgm
     static_configs:
       - targets: [%q]
         labels: {namespace: gpu-operator, pod: nvidia-dcgm-exporter-n1}
+      - targets: [%q]
+        labels: {namespace: gpu-operator, pod: nvidia-dcgm-exporter-n3}
   - job_name: dcgm-honor
     honor_labels: true
     static_configs:
       - targets: [%q]
         labels: {namespace: gpu-operator, pod: nvidia-dcgm-exporter-n2}
-`, servers["a"], servers["b"], servers["c"], node1, node2))
+`, servers["a"], servers["b"], servers["c"], servers["d"], node1, node3, node2))
 
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
@@ -90,8 +116,12 @@ scrape_configs:
 	}
 	want := map[string]map[string]float64{
 		"a": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95, "gpu_util": 0},
-		"b": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95, "gpu_util": 0.9},
+		"b": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95, "gpu_util": 0.9,
+			"gpu_mem_used_bytes": 9000 * mib, "gpu_mem_total_bytes": 10000 * mib},
 		"c": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95},
+		// 76000 used + 534 reserved of 76000 + 4937 free + 534.
+		"d": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95, "gpu_util": 0.92,
+			"gpu_mem_used_bytes": 76534 * mib, "gpu_mem_total_bytes": 81471 * mib},
 	}
 	// Prometheus is an external process: poll its API until every target
 	// was scraped and read as wanted, within a deadline.

@@ -449,7 +449,9 @@ func TestRealPrometheusStampsTheScrapeTime(t *testing.T) {
 	bin := prometheusBinary(t)
 	var server, gpu scrapeLog
 	instance := server.exporter(t, exporters["vllm-v1"])
-	gpuTarget := gpu.exporter(t, "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 40\n")
+	gpuTarget := gpu.exporter(t, "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 40\n"+
+		"# TYPE DCGM_FI_DEV_FB_USED gauge\nDCGM_FI_DEV_FB_USED{gpu=\"0\"} 60000\n"+
+		"# TYPE DCGM_FI_DEV_FB_FREE gauge\nDCGM_FI_DEV_FB_FREE{gpu=\"0\"} 21471\n")
 	prom := startPrometheus(t, bin, fmt.Sprintf(`global:
   scrape_interval: 3s
 scrape_configs:
@@ -488,7 +490,7 @@ scrape_configs:
 		for _, o := range obs {
 			has |= o.Sample.Has
 		}
-		ready = err == nil && has.Has(telemetry.Running) && has.Has(telemetry.GPUUtil)
+		ready = err == nil && has.Has(telemetry.Running) && has.Has(telemetry.GPUUtil) && has.Has(telemetry.GPUMemUsed)
 	}
 
 	// Eight polls two 100 ms ticks apart: about 1.4 s, within one scrape
@@ -508,9 +510,9 @@ scrape_configs:
 	p, err := telemetry.NewPoller(rec, &store, telemetry.PollerOptions{Timeout: 5 * time.Second})
 	require.NoError(t, err)
 	const polls = 8
-	exporter := map[telemetry.Field]*scrapeLog{telemetry.Running: &server, telemetry.GPUUtil: &gpu}
+	exporter := map[telemetry.Field]*scrapeLog{telemetry.Running: &server, telemetry.GPUUtil: &gpu, telemetry.GPUMemUsed: &gpu}
 	first := time.Now()
-	seen := map[telemetry.Field]map[int64]bool{telemetry.Running: {}, telemetry.GPUUtil: {}}
+	seen := map[telemetry.Field]map[int64]bool{telemetry.Running: {}, telemetry.GPUUtil: {}, telemetry.GPUMemUsed: {}}
 	for i := range polls {
 		if i > 0 {
 			<-tick.C
@@ -518,7 +520,7 @@ scrape_configs:
 		}
 		start := time.Now()
 		require.True(t, p.Poll(t.Context()))
-		lastServed := map[telemetry.Field]time.Time{telemetry.Running: server.last(), telemetry.GPUUtil: gpu.last()}
+		lastServed := map[telemetry.Field]time.Time{telemetry.Running: server.last(), telemetry.GPUUtil: gpu.last(), telemetry.GPUMemUsed: gpu.last()}
 		require.NotEmpty(t, got)
 		for _, o := range got {
 			assert.False(t, o.Sample.Time.After(start), "poll %d: %v is not a scrape time but the query's (poll started %v)", i, o.Sample.Time, start)
@@ -532,6 +534,16 @@ scrape_configs:
 			assert.False(t, at.After(lastServed[f]), "poll %d: %v observed at %v, after its exporter last served (%v)", i, f, at, lastServed[f])
 		}
 	}
+	// The GPU's memory, joined by instance (the exporter relabelled to
+	// its one server), without FB_RESERVED (an older exporter's).
+	mem := map[string]float64{}
+	for _, o := range got {
+		for k, v := range fields(o.Sample) {
+			mem[k] = v
+		}
+	}
+	assert.Equal(t, 60000.0*(1<<20), mem["gpu_mem_used_bytes"])
+	assert.Equal(t, 81471.0*(1<<20), mem["gpu_mem_total_bytes"])
 	served := map[telemetry.Field]int{}
 	for f, l := range exporter {
 		oldest := int64(math.MaxInt64)

@@ -98,16 +98,45 @@ const fieldLabel = "inferlb_field"
 // a model server (no pod mapping, a GPU of another workload, servers
 // scraped without pod labels, or no relabeling) is left out: no endpoint
 // gets a GPU reading rather than one of another endpoint's GPUs, or of a
-// whole node. Outside Kubernetes, give a GPUUtil query of your own, or read
+// whole node. Outside Kubernetes, give GPU queries of your own, or read
 // the exporters with package dcgm (ByHost, ByPod or your own Mapping).
+//
+// GPUMemUsed and GPUMemTotal join the same way and read what package dcgm
+// reads: of a server's GPUs, the one with the highest memory pressure
+// (both fields from that one GPU, so their ratio is its pressure), its
+// total being DCGM_FI_DEV_FB_USED + FB_FREE + FB_RESERVED (0 where an
+// older exporter lacks it) and its used memory total - FB_FREE, in bytes.
 func DefaultQueries() map[telemetry.Field]string {
 	return map[telemetry.Field]string{
 		telemetry.Running:      `sum by (instance) (max by (instance, engine, dp_rank) (` + runningSeries + `))`,
 		telemetry.Waiting:      `sum by (instance) (max by (instance, __name__, engine, dp_rank) (` + waitingSeries + `))`,
 		telemetry.KVCacheUsage: `max by (instance) (` + kvSeries + `)`,
 		telemetry.GPUUtil:      `max by (instance) (` + serverGPUs(`max by (namespace, pod) (`+gpuPods(gpuUtilSeries)+`)`, gpuUtilSeries) + `) / 100`,
+		telemetry.GPUMemUsed:   worstGPUMem(gpuUsedMiB),
+		telemetry.GPUMemTotal:  worstGPUMem(gpuTotalMiB),
 		telemetry.LoRASlots:    loraQuery,
 	}
+}
+
+// GPU memory per GPU, in MiB as dcgm-exporter gives it (see package dcgm):
+// there is no total-memory metric, so the total is used + free + reserved
+// (reserved counts as 0 when an older exporter does not export it), and
+// used is what a new allocation cannot have, total - free.
+const (
+	gpuTotalMiB = `(DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE + (DCGM_FI_DEV_FB_RESERVED or 0 * DCGM_FI_DEV_FB_USED))`
+	gpuUsedMiB  = `(` + gpuTotalMiB + ` - DCGM_FI_DEV_FB_FREE)`
+	gpuMemPress = `(` + gpuUsedMiB + ` / ` + gpuTotalMiB + `)`
+)
+
+// worstGPUMem returns, in bytes, mib (one series per GPU) of the GPU with
+// the highest memory pressure of each model server, joined as serverGPUs
+// joins: the worst GPU of each pod (or of each instance, for an exporter
+// relabelled to its one server) is chosen before the join, so GPUMemUsed
+// and GPUMemTotal, each read with it, come from the same GPU.
+func worstGPUMem(mib string) string {
+	byPod := `max by (namespace, pod) (` + gpuPods(mib) + ` and topk by (namespace, pod) (1, ` + gpuPods(gpuMemPress) + `))`
+	byInstance := `(` + mib + ` and topk by (instance) (1, ` + gpuMemPress + `))`
+	return `max by (instance) (` + serverGPUs(byPod, byInstance) + `) * 1048576`
 }
 
 // loraQuery is DefaultQueries' LoRASlots: the latest label set of each
@@ -180,9 +209,17 @@ func DefaultTimestamps() map[telemetry.Field]string {
 		telemetry.Waiting:      scrapeTimes(waitingNames, totals),
 		telemetry.KVCacheUsage: scrapeTimes(kvNames, ""),
 		telemetry.GPUUtil:      `min by (instance) (` + serverGPUs(`min by (namespace, pod) (`+gpuPods(`timestamp(`+gpuUtilSeries+`)`)+`)`, `timestamp(`+gpuUtilSeries+`)`) + `)`,
+		telemetry.GPUMemUsed:   gpuMemTimes,
+		telemetry.GPUMemTotal:  gpuMemTimes,
 		telemetry.LoRASlots:    scrapeTimes(loraNames, ""),
 	}
 }
+
+// gpuMemTimes is DefaultTimestamps' GPUMemUsed and GPUMemTotal: the
+// scrape time of the GPUs' memory series, joined as their values are.
+// FB_FREE, which both fields read, stands for the three: an exporter's
+// series are of one scrape.
+var gpuMemTimes = `min by (instance) (` + serverGPUs(`min by (namespace, pod) (`+gpuPods(`timestamp(DCGM_FI_DEV_FB_FREE)`)+`)`, `timestamp(DCGM_FI_DEV_FB_FREE)`) + `)`
 
 // scrapeTimes returns the oldest scrape time, per instance, of the series of
 // names ('|'-separated) with matchers added. Each name has a timestamp() of
