@@ -32,6 +32,11 @@ import (
 // with the highest memory pressure: b's small GPU (9000 of 10000 MiB) and
 // not its big one (40000 of 81471), nor a mix of the two, and d's fuller
 // GPU of two (node-a-two-gpus-one-pod.txt, with FB_RESERVED).
+//
+// MIG instances have no DCGM_FI_DEV_GPU_UTIL, and the default read no
+// other: a server on a MIG instance had no GPU utilization, which package
+// dcgm reads from DCGM_FI_PROF_GR_ENGINE_ACTIVE. e, on instance 1 of
+// node-b-mig.txt, now has it (0.6), and its instance's memory.
 func TestRealPrometheusGPUsByPod(t *testing.T) {
 	const mib = 1 << 20
 	bin := prometheusBinary(t)
@@ -44,10 +49,10 @@ func TestRealPrometheusGPUsByPod(t *testing.T) {
 		t.Cleanup(srv.Close)
 		return strings.TrimPrefix(srv.URL, "http://")
 	}
-	// Four model servers: a, b and d in pods, c outside Kubernetes.
+	// Five model servers: a, b, d and e in pods, c outside Kubernetes.
 	idOf := map[string]string{}
 	servers := map[string]string{}
-	for _, name := range []string{"a", "b", "c", "d"} {
+	for _, name := range []string{"a", "b", "c", "d", "e"} {
 		instance := serve(exporters["vllm-v1"])
 		idOf[instance], servers[name] = name, instance
 	}
@@ -74,10 +79,14 @@ DCGM_FI_DEV_FB_FREE{gpu="2",UUID="GPU-2c",device="nvidia2",modelName="NVIDIA A2"
 	nodeA, err := os.ReadFile("testdata/node-a-two-gpus-one-pod.txt")
 	require.NoError(t, err)
 	node3 := serve(string(nodeA))
+	// Node 4: an A100 in two MIG instances, the first e's pod's.
+	nodeB, err := os.ReadFile("testdata/node-b-mig.txt")
+	require.NoError(t, err)
+	node4 := serve(string(nodeB))
 
 	// The exporters are scraped as the Prometheus Operator scrapes a
 	// ServiceMonitor's targets, with the exporter pod's own namespace and
-	// pod as target labels: nodes 1 and 3 without honor_labels (their
+	// pod as target labels: nodes 1, 3 and 4 without honor_labels (their
 	// series' labels become exported_*), node 2 with it.
 	prom := startPrometheus(t, bin, fmt.Sprintf(`global:
   scrape_interval: 1s
@@ -91,18 +100,22 @@ scrape_configs:
       - targets: [%q]
       - targets: [%q]
         labels: {namespace: ml, pod: vllm-0}
+      - targets: [%q]
+        labels: {namespace: ml, pod: sglang-0}
   - job_name: dcgm
     static_configs:
       - targets: [%q]
         labels: {namespace: gpu-operator, pod: nvidia-dcgm-exporter-n1}
       - targets: [%q]
         labels: {namespace: gpu-operator, pod: nvidia-dcgm-exporter-n3}
+      - targets: [%q]
+        labels: {namespace: gpu-operator, pod: nvidia-dcgm-exporter-n4}
   - job_name: dcgm-honor
     honor_labels: true
     static_configs:
       - targets: [%q]
         labels: {namespace: gpu-operator, pod: nvidia-dcgm-exporter-n2}
-`, servers["a"], servers["b"], servers["c"], servers["d"], node1, node3, node2))
+`, servers["a"], servers["b"], servers["c"], servers["d"], servers["e"], node1, node3, node4, node2))
 
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
@@ -122,6 +135,9 @@ scrape_configs:
 		// 76000 used + 534 reserved of 76000 + 4937 free + 534.
 		"d": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95, "gpu_util": 0.92,
 			"gpu_mem_used_bytes": 76534 * mib, "gpu_mem_total_bytes": 81471 * mib},
+		// MIG instance 1: engine activity 0.6; 30000 used of 40000.
+		"e": {"running": 3, "waiting": 7, "kv_cache_usage": 0.95, "gpu_util": 0.6,
+			"gpu_mem_used_bytes": 30000 * mib, "gpu_mem_total_bytes": 40000 * mib},
 	}
 	// Prometheus is an external process: poll its API until every target
 	// was scraped and read as wanted, within a deadline.

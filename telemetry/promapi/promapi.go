@@ -83,7 +83,9 @@ const fieldLabel = "inferlb_field"
 // node in Hostname or hostname), and with Kubernetes pod mapping
 // (--kubernetes, DCGM_EXPORTER_KUBERNETES=true; the GPU Operator's default)
 // the pod it is allocated to: pod, namespace and container. GPUUtil joins
-// a GPU to a server through that pod: it is the busiest GPU of the pod
+// a GPU to a server through that pod (a MIG instance's utilization is
+// its DCGM_FI_PROF_GR_ENGINE_ACTIVE, as package dcgm reads it: MIG
+// instances have no GPU_UTIL): it is the busiest GPU of the pod
 // whose running-count series (vLLM's, SGLang's or trtllm-serve's) carry
 // the same namespace and pod labels, as the Prometheus Operator's
 // ServiceMonitor and PodMonitor add to a target's series (with
@@ -161,9 +163,17 @@ const (
 	runningSeries = `{__name__=~"` + runningNames + `"` + totals + `}`
 	waitingSeries = `{__name__=~"` + waitingNames + `"` + totals + `}`
 	kvSeries      = `{__name__=~"` + kvNames + `"}`
-	gpuUtilSeries = gpuUtilNames
+	gpuUtilSeries = `(` + gpuUtilNames + ` or 100 * ` + gpuEngineActive + `)`
+	gpuUtilTimes  = `(timestamp(` + gpuUtilNames + `) or timestamp(` + gpuEngineActive + `))`
 	loraSeries    = loraNames
 )
+
+// gpuEngineActive stands for GPU_UTIL where a GPU has none: MIG instances
+// have no GPU_UTIL, and their graphics-engine activity (a 0..1 ratio, in
+// dcgm-exporter's default counters) is what package dcgm reads for them.
+// Where a GPU has both, GPU_UTIL's series (labels equal but for the name)
+// wins the `or` in gpuUtilSeries and gpuUtilTimes.
+const gpuEngineActive = `DCGM_FI_PROF_GR_ENGINE_ACTIVE`
 
 // gpuPods returns dcgm-exporter's series of sel with the pod a GPU is
 // allocated to in pod and namespace: exported_pod and exported_namespace,
@@ -208,7 +218,7 @@ func DefaultTimestamps() map[telemetry.Field]string {
 		telemetry.Running:      scrapeTimes(runningNames, totals),
 		telemetry.Waiting:      scrapeTimes(waitingNames, totals),
 		telemetry.KVCacheUsage: scrapeTimes(kvNames, ""),
-		telemetry.GPUUtil:      `min by (instance) (` + serverGPUs(`min by (namespace, pod) (`+gpuPods(`timestamp(`+gpuUtilSeries+`)`)+`)`, `timestamp(`+gpuUtilSeries+`)`) + `)`,
+		telemetry.GPUUtil:      `min by (instance) (` + serverGPUs(`min by (namespace, pod) (`+gpuPods(gpuUtilTimes)+`)`, gpuUtilTimes) + `)`,
 		telemetry.GPUMemUsed:   gpuMemTimes,
 		telemetry.GPUMemTotal:  gpuMemTimes,
 		telemetry.LoRASlots:    scrapeTimes(loraNames, ""),
