@@ -238,7 +238,7 @@ func parseBytes(data []byte) ([]GPU, error) {
 					if !ok {
 						raw = promtext.RawValue(m) // NaN or an infinity, as exported
 					}
-					firstBad = fmt.Sprintf("%s=%g for GPU %q", f.name, raw, g.UUID)
+					firstBad = fmt.Sprintf("%s=%g for GPU %q", f.name, raw, cmp.Or(g.UUID, g.Device, g.Host))
 				}
 				continue
 			}

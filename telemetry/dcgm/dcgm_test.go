@@ -174,6 +174,17 @@ func TestParseErrorNamesTheDroppedValueAsExported(t *testing.T) {
 	}
 }
 
+// A GPU whose series have no UUID (relabelled away, as a federation can
+// leave them) was named "" in the error: it now says which GPU, by
+// device (or host), as the duplicate-series message does.
+func TestParseErrorNamesAGPUWithoutUUID(t *testing.T) {
+	in := `DCGM_FI_DEV_GPU_UTIL{device="nvidia3",Hostname="h"} 140` + "\n" +
+		`DCGM_FI_DEV_GPU_TEMP{device="nvidia3",Hostname="h"} 50` + "\n"
+	_, err := dcgm.ParseMetrics(strings.NewReader(in))
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.ErrorContains(t, err, `DCGM_FI_DEV_GPU_UTIL=140 for GPU "nvidia3"`)
+}
+
 func TestParseBadInput(t *testing.T) {
 	const labels = `{gpu="0",UUID="GPU-x",Hostname="h"}`
 	tests := []struct {
