@@ -176,7 +176,35 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	if _, err := run(context.Background(), os.Stdout, config{calls: *calls, workers: *workers, affinity: mode}); err != nil {
+		log.Fatal(err)
+	}
+}
 
+// config is what the flags set.
+type config struct {
+	calls, workers int
+	affinity       balancer.AffinityMode
+}
+
+// outcome is what run counts, by transport ("inferlb", "round-robin") for
+// the last two comparisons.
+type outcome struct {
+	failed     int64          // chat completions of the first batch that failed
+	lost       map[string]int // Responses API conversations that lost their stored response, of conversations
+	loraFailed map[string]int // LoRA-adapter calls that failed, of loraCalls
+}
+
+// The Responses API conversations (four turns each) and the LoRA-adapter
+// calls made through each transport.
+const (
+	conversations = 8
+	loraCalls     = 20
+)
+
+// run starts the backends, sends the calls and writes the report to out.
+func run(ctx context.Context, out io.Writer, cfg config) (outcome, error) {
+	res := outcome{lost: map[string]int{}, loraFailed: map[string]int{}}
 	backends := []*backend{
 		{name: "vllm-0", kvCache: 0.30, perToken: 2 * time.Millisecond, adapters: map[string]bool{"sql-lora": true}},
 		{name: "vllm-1", kvCache: 0.35, perToken: 2 * time.Millisecond},
@@ -193,10 +221,10 @@ func main() {
 	transport, err := httpbalancer.NewTransport(httpbalancer.Options{
 		Endpoints:       endpoints,
 		LoadReports:     true, // ask for vLLM's per-response load header and route on it
-		BalancerOptions: balancer.Options{Affinity: mode},
+		BalancerOptions: balancer.Options{Affinity: cfg.affinity},
 	})
 	if err != nil {
-		log.Fatal(err)
+		return res, err
 	}
 	defer transport.Close()
 	client := openai.NewClient(
@@ -205,12 +233,11 @@ func main() {
 		option.WithAPIKey("unused"),
 	)
 
-	ctx := context.Background()
 	jobs := make(chan int)
 	var failed atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
-	for range *workers {
+	for range cfg.workers {
 		wg.Go(func() {
 			for i := range jobs {
 				if err := chat(ctx, client, i); err != nil {
@@ -220,7 +247,7 @@ func main() {
 			}
 		})
 	}
-	for i := range *calls {
+	for i := range cfg.calls {
 		jobs <- i
 	}
 	close(jobs)
@@ -235,22 +262,23 @@ func main() {
 			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("turn %d", turn))},
 		}, option.WithHeader("X-Session-Id", "user-42"))
 		if err != nil {
-			log.Fatal(err)
+			return res, err
 		}
 	}
+	res.failed = failed.Load()
 
-	fmt.Printf("%d calls (every other one streamed) from %d workers in %v, %d failed\n\n",
-		*calls, *workers, elapsed.Round(time.Millisecond), failed.Load())
+	fmt.Fprintf(out, "%d calls (every other one streamed) from %d workers in %v, %d failed\n\n",
+		cfg.calls, cfg.workers, elapsed.Round(time.Millisecond), failed.Load())
 	stats := map[string]balancer.EndpointStats{}
 	for _, s := range transport.Balancer().Stats() {
 		stats[s.ID] = s
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "backend\tKV cache\tplain\tstreamed\tshare\tTTFT (EWMA)\ttime/token (EWMA)\tsession turns\t")
 	for _, b := range backends {
 		n := b.plain.Load() + b.streamed.Load() - b.session.Load()
 		fmt.Fprintf(tw, "%s\t%.0f%%\t%d\t%d\t%.0f%%\t%v\t%v\t%d\t\n", b.name, 100*b.kvCache,
-			b.plain.Load()-b.session.Load(), b.streamed.Load(), 100*float64(n)/float64(*calls),
+			b.plain.Load()-b.session.Load(), b.streamed.Load(), 100*float64(n)/float64(cfg.calls),
 			stats[b.name].TTFT.Round(100*time.Microsecond),
 			stats[b.name].TimePerOutputToken.Round(100*time.Microsecond), b.session.Load())
 	}
@@ -269,11 +297,11 @@ func main() {
 	// Conversations on the Responses API: each follow-up sends only its new
 	// input and names the response it continues, which only the replica
 	// that made it has.
-	fmt.Println()
+	fmt.Fprintln(out)
 	for _, c := range compare {
 		client := c.client
 		lost := 0
-		for conv := range 8 {
+		for conv := range conversations {
 			prev := ""
 			for turn := range 4 {
 				params := responses.ResponseNewParams{
@@ -291,12 +319,13 @@ func main() {
 				prev = resp.ID
 			}
 		}
-		fmt.Printf("Responses API through %s: %d of 8 four-turn conversations lost their stored response\n", c.name, lost)
+		res.lost[c.name] = lost
+		fmt.Fprintf(out, "Responses API through %s: %d of %d four-turn conversations lost their stored response\n", c.name, lost, conversations)
 	}
 
 	// A LoRA adapter loaded on vllm-0 alone, and nothing in the endpoint
 	// list says so: the other replicas answer its calls 404 at once.
-	fmt.Println()
+	fmt.Fprintln(out)
 	for _, c := range compare {
 		client := c.client
 		var before int64
@@ -304,7 +333,7 @@ func main() {
 			before += b.notFound.Load()
 		}
 		failed := 0
-		for i := range 20 {
+		for i := range loraCalls {
 			_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 				Model:     "sql-lora",
 				Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("query %d", i))},
@@ -318,8 +347,10 @@ func main() {
 		for _, b := range backends {
 			met += b.notFound.Load()
 		}
-		fmt.Printf("LoRA adapter on vllm-0 only, through %s: %d of 20 calls failed (%d 404s met on the way)\n", c.name, failed, met-before)
+		res.loraFailed[c.name] = failed
+		fmt.Fprintf(out, "LoRA adapter on vllm-0 only, through %s: %d of %d calls failed (%d 404s met on the way)\n", c.name, failed, loraCalls, met-before)
 	}
+	return res, nil
 }
 
 // newClient is the OpenAI client over rt, without retries of its own.
