@@ -102,24 +102,52 @@ func main() {
 	case *fast <= 0 || *slow <= 0:
 		log.Fatalf("-fast %v, -slow %v: both must be positive", *fast, *slow)
 	}
-	if err := run(*calls, *workers, *fast, *slow); err != nil {
+	cfg := config{calls: *calls, workers: *workers, fast: *fast, slow: *slow,
+		streams: max(*calls/10, 20), tokenFast: 2 * time.Millisecond, tokenSlow: 8 * time.Millisecond}
+	if _, _, err := run(os.Stdout, cfg); err != nil {
 		log.Print(err)
 		os.Exit(1)
 	}
 }
 
-func run(calls, workers int, fast, slow time.Duration) error {
+// config is what the flags set: unary calls per policy, concurrent
+// callers, the healthy and the slow server's latency; and the token streams
+// per policy with the healthy and the slow server's time per token.
+type config struct {
+	calls, workers       int
+	fast, slow           time.Duration
+	streams              int
+	tokenFast, tokenSlow time.Duration
+}
+
+// row is one line of a table: the calls (or streams) each server got
+// through one policy.
+type row struct {
+	policy string
+	calls  [4]int64
+}
+
+// run starts the servers, drives the calls and then the streams through
+// each policy, writes the tables to out and returns their rows.
+func run(out io.Writer, cfg config) (unary, streamed []row, err error) {
+	calls, workers, fast, slow := cfg.calls, cfg.workers, cfg.fast, cfg.slow
 	servers := []*server{
-		{name: "slow", latency: slow, perToken: 8 * time.Millisecond},
-		{name: "healthy", latency: fast, perToken: 2 * time.Millisecond},
-		{name: "healthy", latency: fast, perToken: 2 * time.Millisecond},
-		{name: "kv-cache 99%", latency: fast, perToken: 2 * time.Millisecond, kvCache: 0.99},
+		{name: "slow", latency: slow, perToken: cfg.tokenSlow},
+		{name: "healthy", latency: fast, perToken: cfg.tokenFast},
+		{name: "healthy", latency: fast, perToken: cfg.tokenFast},
+		{name: "kv-cache 99%", latency: fast, perToken: cfg.tokenFast, kvCache: 0.99},
+	}
+	counts := func() (c [4]int64) {
+		for i, s := range servers {
+			c[i] = s.calls.Load()
+		}
+		return c
 	}
 	var eps []resolver.Endpoint
 	for _, s := range servers {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		srv := grpc.NewServer(orca.CallMetricsServerOption(nil))
 		testgrpc.RegisterTestServiceServer(srv, s)
@@ -155,8 +183,8 @@ func run(calls, workers int, fast, slow time.Duration) error {
 		{"ring_hash", `{"ring_hash_experimental": {"requestHashHeader": "x-session-id"}}`, nil},
 		{"pick_first", `{"pick_first": {}}`, nil},
 	}
-	fmt.Printf("%d calls, %d workers; server latencies: slow %v, healthy %v\n\n", calls, workers, slow, fast)
-	fmt.Printf("%-13s %8s %8s %8s %13s %9s\n", "policy", servers[0].name, servers[1].name, servers[2].name, servers[3].name, "elapsed")
+	fmt.Fprintf(out, "%d calls, %d workers; server latencies: slow %v, healthy %v\n\n", calls, workers, slow, fast)
+	fmt.Fprintf(out, "%-13s %8s %8s %8s %13s %9s\n", "policy", servers[0].name, servers[1].name, servers[2].name, servers[3].name, "elapsed")
 	for _, p := range policies {
 		reset := func() {
 			for _, s := range servers {
@@ -165,13 +193,13 @@ func run(calls, workers int, fast, slow time.Duration) error {
 		}
 		elapsed, err := drive(eps, p.config, p.opts, calls, workers, reset)
 		if err != nil {
-			return fmt.Errorf("%s: %w", p.name, err)
+			return nil, nil, fmt.Errorf("%s: %w", p.name, err)
 		}
-		fmt.Printf("%-13s %8d %8d %8d %13d %9v\n", p.name,
-			servers[0].calls.Load(), servers[1].calls.Load(), servers[2].calls.Load(), servers[3].calls.Load(),
-			elapsed.Round(time.Millisecond))
+		c := counts()
+		unary = append(unary, row{p.name, c})
+		fmt.Fprintf(out, "%-13s %8d %8d %8d %13d %9v\n", p.name, c[0], c[1], c[2], c[3], elapsed.Round(time.Millisecond))
 	}
-	fmt.Println(`
+	fmt.Fprintln(out, `
 inferlb/llm prices LLM calls on load and KV-cache pressure, not latency: it
 keeps calls off the server whose KV cache is 99% full, where a real model
 server would queue or preempt them (this one does not slow down, so the
@@ -179,12 +207,12 @@ elapsed column does not show what that saves). inferlb/emb prices latency,
 as for embedding calls, and all but drops the slow server.`)
 
 	// Token streams: 32 tokens each, the slow server decoding at 8 ms per
-	// token against 2 ms. In-flight counts alone already send it fewer
+	// token against 2 ms (as main sets them). In-flight counts alone already send it fewer
 	// streams (its streams last longer); with StreamTiming the policy also
 	// knows it decodes 4x slower and prices it so.
-	streams := max(calls/10, 20)
-	fmt.Printf("\n%d token streams of 32 tokens, %d workers; time per token: slow 8ms, others 2ms\n\n", streams, workers)
-	fmt.Printf("%-22s %8s %8s %8s %13s %9s\n", "policy", servers[0].name, servers[1].name, servers[2].name, servers[3].name, "elapsed")
+	streams := cfg.streams
+	fmt.Fprintf(out, "\n%d token streams of 32 tokens, %d workers; time per token: slow %v, others %v\n\n", streams, workers, cfg.tokenSlow, cfg.tokenFast)
+	fmt.Fprintf(out, "%-22s %8s %8s %8s %13s %9s\n", "policy", servers[0].name, servers[1].name, servers[2].name, servers[3].name, "elapsed")
 	llm := `{"inferlb": {"methods": {"/grpc.testing.TestService/": "llm"}}}`
 	for _, p := range []struct {
 		name, config string
@@ -202,13 +230,13 @@ as for embedding calls, and all but drops the slow server.`)
 		}
 		elapsed, err := driveStreams(eps, p.config, p.opts, streams, workers, reset)
 		if err != nil {
-			return fmt.Errorf("%s: %w", p.name, err)
+			return nil, nil, fmt.Errorf("%s: %w", p.name, err)
 		}
-		fmt.Printf("%-22s %8d %8d %8d %13d %9v\n", p.name,
-			servers[0].calls.Load(), servers[1].calls.Load(), servers[2].calls.Load(), servers[3].calls.Load(),
-			elapsed.Round(time.Millisecond))
+		c := counts()
+		streamed = append(streamed, row{p.name, c})
+		fmt.Fprintf(out, "%-22s %8d %8d %8d %13d %9v\n", p.name, c[0], c[1], c[2], c[3], elapsed.Round(time.Millisecond))
 	}
-	return nil
+	return unary, streamed, nil
 }
 
 // drive sends calls EmptyCalls from workers goroutines through a channel
