@@ -20,6 +20,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // streams, sent through it. Which server gets how many depends on timing,
 // so only pick_first's row, all on one server, is checked.
 func TestGRPCExample(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a second or two of real time")
+	}
 	var out strings.Builder
 	cfg := config{calls: 40, workers: 4, fast: time.Millisecond, slow: 5 * time.Millisecond,
 		streams: 8, tokenFast: 500 * time.Microsecond, tokenSlow: 2 * time.Millisecond}

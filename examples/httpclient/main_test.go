@@ -22,6 +22,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // each follow-up and three in four adapter calls to a replica without
 // what they need).
 func TestHTTPClientExample(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a second or two of real time")
+	}
 	var out strings.Builder
 	res, err := run(context.Background(), &out, config{calls: 16, workers: 4, affinity: balancer.AffinityPrefer})
 	t.Log("\n" + out.String())
