@@ -112,8 +112,10 @@
 // Messages APIs (response.created, message_start, ...), "error" and "ping"
 // events are not counted, nor are the chunks of OpenAI-style streams that
 // carry no token: the role chunk that opens a chat stream (a delta with the
-// role and no text; time to first token is the first token's chunk's) and
-// the usage chunk of stream_options.include_usage (its choices are []). Ollama's newline-delimited JSON streams
+// role and no text; time to first token is the first token's chunk's), the
+// finish chunk whose delta is empty ({}, with the finish_reason: OpenAI's,
+// SGLang's, llama.cpp's) and the usage chunk of
+// stream_options.include_usage (its choices are []). Ollama's newline-delimited JSON streams
 // (application/x-ndjson) are read alike, a line an event; the last
 // object (its own "done": true, not one in a tool call's arguments) is
 // not counted, and an error line (Ollama checks

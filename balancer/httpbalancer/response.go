@@ -608,21 +608,25 @@ func (c *call) Close() error {
 // Other event types count. The event field precedes the data in every
 // server's events.
 //
-// Nor do the two chunks of the OpenAI-style APIs that carry no token (see
+// Nor do the chunks of the OpenAI-style APIs that carry no token (see
 // choices): the usage chunk that ends a stream asked for
 // stream_options.include_usage, whose "choices" is [] (vLLM, SGLang,
-// llama.cpp, OpenAI), and the chat stream's opening role chunk, whose delta
-// holds the role and no text ({"role":"assistant","content":""}). Counted,
-// they made the output tokens two too many and the time between tokens
-// the span over N+1 gaps instead of N-1. Time to first token is stamped at
+// llama.cpp, OpenAI), the chat stream's opening role chunk, whose delta
+// holds the role and no text ({"role":"assistant","content":""}), and the
+// finish chunk whose delta is empty ("delta":{} with the finish_reason:
+// OpenAI's, which its usage.completion_tokens does not count; SGLang's,
+// sent after the last token's chunk; llama.cpp's). Counted, they made the
+// output tokens up to three too many and the time between tokens the span
+// over N+2 gaps instead of N-1. Time to first token is stamped at
 // the first token's chunk, not at the role chunk: vLLM (and SGLang,
 // llama.cpp) send the role chunk in the same step as the first token, so
 // the two are read together and nothing is lost, while a server or a proxy
 // that sent it as the stream opens would make time to first token the time
 // to the headers, as response.created did; and time between tokens, timed
 // from the first counted event, must start at a token. A chunk whose delta
-// has no role and empty text (vLLM's last, at finish_reason: the end of
-// generation's token, whose text is empty; text held back, a partial UTF-8
+// has no role and empty text (vLLM's last, {"content":""} at finish_reason:
+// the end of generation's token, whose text is empty and which vLLM's
+// usage.completion_tokens counts; text held back, a partial UTF-8
 // character or a stop string being matched) is a step of generation and
 // counts. usage.completion_tokens is not read.
 //
@@ -758,7 +762,7 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		}
 	}
 	c.counted = true
-	if chunk == chEmpty || chunk == chRole {
+	if chunk == chEmpty || chunk == chRole || chunk == chNoDelta {
 		return // a chunk with no token: the event is read, not counted
 	}
 	c.count(clock)
@@ -777,21 +781,23 @@ func (c *sseState) count(clock balancer.Clock) {
 }
 
 // Where a line is in an OpenAI-style chunk's choices (sseState.chPh).
-// chEmpty and chRole, reached, say the chunk carries no token.
+// chEmpty, chRole and chNoDelta, reached, say the chunk carries no token.
 const (
-	chSeek   = iota // looking for the line's first '[', the choices' own
-	chOpen          // after "choices":[
-	chChoice        // in the first choice, looking for its delta's '{'
-	chDelta         // in the delta object, keeping its bytes (chBuf)
-	chDone          // the line is a token's, or not a chunk: not read further
-	chEmpty         // "choices":[]: the usage chunk of include_usage
-	chRole          // the stream's opening role chunk (see roleOnly)
+	chSeek    = iota // looking for the line's first '[', the choices' own
+	chOpen           // after "choices":[
+	chChoice         // in the first choice, looking for its delta's '{'
+	chDelta          // in the delta object, keeping its bytes (chBuf)
+	chDone           // the line is a token's, or not a chunk: not read further
+	chEmpty          // "choices":[]: the usage chunk of include_usage
+	chRole           // the stream's opening role chunk (see roleOnly)
+	chNoDelta        // "delta":{}: the finish chunk of OpenAI, SGLang, llama.cpp
 )
 
 // choices follows seg, the next bytes of a line whose first before bytes
-// came earlier, for the two OpenAI-style chunks that carry no token (see
-// scan): the usage chunk, whose choices are empty, and the role chunk that
-// opens the stream, whose delta holds the role and no text. It reads only
+// came earlier, for the OpenAI-style chunks that carry no token (see
+// scan): the usage chunk, whose choices are empty, the role chunk that
+// opens the stream, whose delta holds the role and no text, and the finish
+// chunk whose delta is empty ({}). It reads only
 // the line's first '[' and what follows it up to the first choice's delta:
 // in every server's chunks the keys before "choices" (id, object,
 // created, model, or none) hold strings and numbers, so the first '[' is
@@ -816,10 +822,7 @@ func (c *sseState) choices(seg []byte, before int) {
 			case ']':
 				c.chPh = chEmpty
 			case '{':
-				c.chPh = chDone
-				if c.events.Load() == 0 {
-					c.chPh = chChoice
-				}
+				c.chPh = chChoice
 			default:
 				c.chPh = chDone
 			}
@@ -842,7 +845,10 @@ func (c *sseState) choices(seg []byte, before int) {
 				return
 			}
 			c.chPh = chDone
-			if roleOnly(c.chBuf[:c.chLen]) {
+			switch m := c.chBuf[:c.chLen]; {
+			case skipWS(m, 0) == len(m):
+				c.chPh = chNoDelta
+			case c.events.Load() == 0 && roleOnly(m):
 				c.chPh = chRole
 			}
 		default:

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -543,10 +544,12 @@ func TestDeadlineInABodyAfterItsHeadersIsNotAFailure(t *testing.T) {
 // call that asks stream_options.include_usage ends with a chunk whose
 // choices are empty and that carries the usage. Counted, the output tokens
 // were two too many and the time between tokens the span over N+1 gaps,
-// not N-1. Time to first token is the first token's chunk's. A chunk with
-// empty text and no role (vLLM's last, at finish_reason: the end of
-// generation's token) counts, and so do the role's chunks that carry text
-// (TGI's) or a tool call.
+// not N-1. Nor is the finish chunk whose delta is empty ({}: OpenAI's,
+// SGLang's, llama.cpp's), which OpenAI's usage.completion_tokens does not
+// count. Time to first token is the first token's chunk's. A chunk with
+// empty text and no role (vLLM's last, {"content":""} at finish_reason: the
+// end of generation's token, which vLLM's usage counts) counts, and so do
+// the role's chunks that carry text (TGI's) or a tool call.
 func TestStreamChunksWithoutTokensAreNotCounted(t *testing.T) {
 	const model = `"model":"meta-llama/Llama-3.1-8B-Instruct"`
 	chat := func(choices string) string {
@@ -576,6 +579,13 @@ func TestStreamChunksWithoutTokensAreNotCounted(t *testing.T) {
 	}
 	openaiUsage := `data: {"id":"chatcmpl-B9x","object":"chat.completion.chunk","created":1765000000,"model":"gpt-4o-mini-2024-07-18",` +
 		`"system_fingerprint":"fp_01","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}` + "\n\n"
+	// SGLang's chunks (sse_utils.build_sse_content), and its usage chunk.
+	sglang := func(index int, d, finish string) string {
+		return `data: {"id":"7d2f0e6c5b4a49388271605f4e3d2c1b","object":"chat.completion.chunk","created":1765000000,"model":"qwen",` +
+			`"choices":[{"index":` + strconv.Itoa(index) + `,"delta":` + d + `,"logprobs":null,"finish_reason":` + finish + `,"matched_stop":null}]}` + "\n\n"
+	}
+	sglangUsage := `data: {"id":"7d2f0e6c5b4a49388271605f4e3d2c1b","object":"chat.completion.chunk","created":1765000000,"model":"qwen",` +
+		`"choices":[],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3,"prompt_tokens_details":null,"reasoning_tokens":0}}` + "\n\n"
 	llamacpp := func(d, finish string) string {
 		return `data: {"choices":[{"finish_reason":` + finish + `,"index":0,"delta":` + d + `}],"created":1765000000,"id":"chatcmpl-x",` +
 			`"model":"gpt-3.5-turbo","system_fingerprint":"b5000","object":"chat.completion.chunk"}` + "\n\n"
@@ -594,14 +604,22 @@ func TestStreamChunksWithoutTokensAreNotCounted(t *testing.T) {
 			strings.ReplaceAll(role+tok("Hi"), "\n", "\r\n"), strings.ReplaceAll(role+tok("Hi")+last, "\n", "\r\n")},
 		{"vLLM completions with usage", cmpl(" Paris", "null") + cmpl(".", "null") + cmpl(" It", `"length"`) + cmplUsage + done, 3,
 			cmpl(" Paris", "null"), cmpl(" Paris", "null") + cmpl(".", "null") + cmpl(" It", `"length"`)},
+		// OpenAI's finish chunk has an empty delta, and its
+		// usage.completion_tokens does not count it.
 		{"OpenAI", openai(`{"role":"assistant","content":"","refusal":null}`, "null") + openai(`{"content":"Hi"}`, "null") +
-			openai(`{}`, `"stop"`) + openaiUsage + done, 2,
+			openai(`{"content":"!"}`, "null") + openai(`{}`, `"stop"`) + openaiUsage + done, 2,
 			openai(`{"role":"assistant","content":"","refusal":null}`, "null") + openai(`{"content":"Hi"}`, "null"),
-			openai(`{"role":"assistant","content":"","refusal":null}`, "null") + openai(`{"content":"Hi"}`, "null") + openai(`{}`, `"stop"`)},
+			openai(`{"role":"assistant","content":"","refusal":null}`, "null") + openai(`{"content":"Hi"}`, "null") + openai(`{"content":"!"}`, "null")},
 		{"llama.cpp", llamacpp(`{"role":"assistant","content":null}`, "null") + llamacpp(`{"content":"Hi"}`, "null") +
-			llamacpp(`{}`, `"stop"`) + done, 2,
+			llamacpp(`{"content":"!"}`, "null") + llamacpp(` { } `, `"stop"`) + done, 2,
 			llamacpp(`{"role":"assistant","content":null}`, "null") + llamacpp(`{"content":"Hi"}`, "null"),
-			llamacpp(`{"role":"assistant","content":null}`, "null") + llamacpp(`{"content":"Hi"}`, "null") + llamacpp(`{}`, `"stop"`)},
+			llamacpp(`{"role":"assistant","content":null}`, "null") + llamacpp(`{"content":"Hi"}`, "null") + llamacpp(`{"content":"!"}`, "null")},
+		// SGLang sends the finish chunk, its delta empty, after the last
+		// token's.
+		{"SGLang", sglang(0, `{"role":"assistant","content":""}`, "null") + sglang(0, `{"content":"Hi"}`, "null") +
+			sglang(0, `{"content":"!"}`, "null") + sglang(0, `{}`, `"stop"`) + sglangUsage + done, 2,
+			sglang(0, `{"role":"assistant","content":""}`, "null") + sglang(0, `{"content":"Hi"}`, "null"),
+			sglang(0, `{"role":"assistant","content":""}`, "null") + sglang(0, `{"content":"Hi"}`, "null") + sglang(0, `{"content":"!"}`, "null")},
 		// TGI repeats the role in every delta: each carries a token.
 		{"role with text", chat(delta(`{"role":"assistant","content":"Hi"}`, "null")) + chat(delta(`{"role":"assistant","content":"!"}`, `"stop"`)), 2,
 			chat(delta(`{"role":"assistant","content":"Hi"}`, "null")),
