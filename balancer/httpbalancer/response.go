@@ -200,10 +200,12 @@ type sseState struct {
 	// Where the current line is in an OpenAI-style chunk's choices (chSeek
 	// to chDone, see choices), and the start of the first choice's delta
 	// object, kept to be read at its end: chLen bytes of chBuf.
-	chPh  uint8
-	chLen uint8
-	chBuf [48]byte
-	shed  *shedBody // a 503's body, when it had no Retry-After
+	// roleTok, that a token's delta gave the role (TGI's do).
+	chPh    uint8
+	chLen   uint8
+	chBuf   [48]byte
+	roleTok bool
+	shed    *shedBody // a 503's body, when it had no Retry-After
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs
@@ -803,12 +805,15 @@ const (
 // created, model, or none) hold strings and numbers, so the first '[' is
 // the choices' unless a string holds one, and then it is not preceded by
 // the key; and a '"' in a string is escaped, so the key's bytes are the
-// key. The role chunk is looked for only until the first token counts:
-// servers send it before any token (vLLM, SGLang, llama.cpp and OpenAI
-// each with the first token), and after it a chunk whose delta repeats the
-// role with no text (TGI repeats the role in every delta) may be the end
-// of the generation, a token step. What it does not place (another order
-// of keys, a delta longer than chBuf) is a token, as every chunk was.
+// key. Servers send a choice's role chunk before its first token (vLLM,
+// SGLang, llama.cpp and OpenAI each with the first token); with n > 1,
+// SGLang sends choice 1's when its first output comes, after choice 0's
+// first token. So a role-only delta after the first token is no token
+// either, unless the stream's token deltas give the role too (roleTok):
+// TGI repeats the role in every delta, and its delta with the role and no
+// text may be the end of the generation, a token step. What it does not
+// place (another order of keys, a delta longer than chBuf) is a token, as
+// every chunk was.
 func (c *sseState) choices(seg []byte, before int) {
 	for i := 0; i < len(seg); i++ {
 		switch c.chPh {
@@ -836,21 +841,28 @@ func (c *sseState) choices(seg []byte, before int) {
 			if j >= 0 {
 				rest = rest[:j]
 			}
-			if len(rest) > len(c.chBuf)-int(c.chLen) {
-				c.chPh = chDone // longer than a delta with no text
-				return
-			}
+			long := len(rest) > len(c.chBuf)-int(c.chLen) // longer than a delta with no text
 			c.chLen += uint8(copy(c.chBuf[c.chLen:], rest))
-			if j < 0 {
+			if j < 0 && !long {
 				return
 			}
 			c.chPh = chDone
 			switch m := c.chBuf[:c.chLen]; {
+			case long:
 			case skipWS(m, 0) == len(m):
 				c.chPh = chNoDelta
-			case c.events.Load() == 0 && roleOnly(m):
+				return
+			case roleOnly(m) && (c.events.Load() == 0 || !c.roleTok):
 				c.chPh = chRole
+				return
 			}
+			// A token's delta: one that gives the role (TGI's, which
+			// repeat it in every delta) says the role-only deltas to
+			// come are token steps too.
+			if m := c.chBuf[:c.chLen]; bytes.HasPrefix(m[skipWS(m, 0):], []byte(`"role"`)) {
+				c.roleTok = true
+			}
+			return
 		default:
 			return
 		}

@@ -549,7 +549,10 @@ func TestDeadlineInABodyAfterItsHeadersIsNotAFailure(t *testing.T) {
 // count. Time to first token is the first token's chunk's. A chunk with
 // empty text and no role (vLLM's last, {"content":""} at finish_reason: the
 // end of generation's token, which vLLM's usage counts) counts, and so do
-// the role's chunks that carry text (TGI's) or a tool call.
+// the role's chunks that carry text (TGI's) or a tool call. A role chunk
+// after the first token (SGLang's for choice 1 with n = 2) is no token,
+// unless the token chunks give the role too (TGI's: its last, with no
+// text, is the end of generation's token).
 func TestStreamChunksWithoutTokensAreNotCounted(t *testing.T) {
 	const model = `"model":"meta-llama/Llama-3.1-8B-Instruct"`
 	chat := func(choices string) string {
@@ -620,7 +623,23 @@ func TestStreamChunksWithoutTokensAreNotCounted(t *testing.T) {
 			sglang(0, `{"content":"!"}`, "null") + sglang(0, `{}`, `"stop"`) + sglangUsage + done, 2,
 			sglang(0, `{"role":"assistant","content":""}`, "null") + sglang(0, `{"content":"Hi"}`, "null"),
 			sglang(0, `{"role":"assistant","content":""}`, "null") + sglang(0, `{"content":"Hi"}`, "null") + sglang(0, `{"content":"!"}`, "null")},
-		// TGI repeats the role in every delta: each carries a token.
+		// With n = 2 SGLang sends choice 1's role chunk when its first
+		// output comes, after choice 0's first token.
+		{"SGLang, n = 2", sglang(0, `{"role":"assistant","content":""}`, "null") + sglang(0, `{"content":"Hi"}`, "null") +
+			sglang(1, `{"role":"assistant","content":""}`, "null") + sglang(1, `{"content":"Yo"}`, "null") +
+			sglang(0, `{"content":"!"}`, "null") + sglang(1, `{"content":"?"}`, "null") +
+			sglang(0, `{}`, `"stop"`) + sglang(1, `{}`, `"stop"`) + done, 4,
+			sglang(0, `{"role":"assistant","content":""}`, "null") + sglang(0, `{"content":"Hi"}`, "null"),
+			sglang(0, `{"role":"assistant","content":""}`, "null") + sglang(0, `{"content":"Hi"}`, "null") +
+				sglang(1, `{"role":"assistant","content":""}`, "null") + sglang(1, `{"content":"Yo"}`, "null") +
+				sglang(0, `{"content":"!"}`, "null") + sglang(1, `{"content":"?"}`, "null")},
+		// TGI repeats the role in every delta: each carries a token, its
+		// last (the end of generation's, with no text) too.
+		{"TGI", chat(delta(`{"role":"assistant","content":"Hi"}`, "null")) + chat(delta(`{"role":"assistant","content":"!"}`, "null")) +
+			chat(delta(`{"role":"assistant","content":""}`, `"stop"`)) + done, 3,
+			chat(delta(`{"role":"assistant","content":"Hi"}`, "null")),
+			chat(delta(`{"role":"assistant","content":"Hi"}`, "null")) + chat(delta(`{"role":"assistant","content":"!"}`, "null")) +
+				chat(delta(`{"role":"assistant","content":""}`, `"stop"`))},
 		{"role with text", chat(delta(`{"role":"assistant","content":"Hi"}`, "null")) + chat(delta(`{"role":"assistant","content":"!"}`, `"stop"`)), 2,
 			chat(delta(`{"role":"assistant","content":"Hi"}`, "null")),
 			chat(delta(`{"role":"assistant","content":"Hi"}`, "null")) + chat(delta(`{"role":"assistant","content":"!"}`, `"stop"`))},
