@@ -101,8 +101,11 @@
 // pace, and one slow reader would make the endpoint look slow); for server-sent
 // event streams (whose lines may end with a LF, a CRLF or a bare CR, as
 // EventSource reads them) the transport also records time to the first event that
-// carries tokens, the number of such events (the output token estimate) and
-// the mean gap between them, timed as the caller reads them. A caller that
+// carries tokens, the number of such events (the output token estimate,
+// unless the stream ends with a usage chunk: a call that asked
+// stream_options.include_usage reports its usage.completion_tokens, the
+// server's exact count, as Outcome.OutputTokens) and the mean gap between
+// them, timed as the caller reads them. A caller that
 // comes to read the body late after the headers (away for over 1/8 of the
 // time to the first event) finds the first events waiting: unless the Read
 // that delivers the first one waits for it, its time is unknown (TTFT 0),

@@ -205,7 +205,14 @@ type sseState struct {
 	chLen   uint8
 	chBuf   [48]byte
 	roleTok bool
-	shed    *shedBody // a 503's body, when it had no Retry-After
+	// In a usage chunk (chEmpty): how much of usageKey the line has
+	// shown (usAt, then usInNum in its number, usOff when done), and the
+	// number's value so far; outTokens is the stream's last usage chunk's
+	// completion_tokens (0: none read). See usage.
+	usAt      uint8
+	usVal     uint32
+	outTokens atomic.Int32
+	shed      *shedBody // a 503's body, when it had no Retry-After
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs
@@ -630,7 +637,9 @@ func (c *call) Close() error {
 // the end of generation's token, whose text is empty and which vLLM's
 // usage.completion_tokens counts; text held back, a partial UTF-8
 // character or a stop string being matched) is a step of generation and
-// counts. usage.completion_tokens is not read.
+// counts. The usage chunk's usage.completion_tokens, the server's own
+// count, is read (see usage) and reported as the output tokens in place of
+// the count of events; the events still time the first token and the gaps.
 //
 // A line ends at a LF, a CRLF or a bare CR (WHATWG's EventSource allows
 // all three; an NDJSON line ends at a LF). A CR stays in its line, which
@@ -667,6 +676,8 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		}
 		if c.chPh < chDone && !c.counted && !c.notToken && !c.ndjson {
 			c.choices(seg, before)
+		} else if c.chPh == chEmpty && c.usAt != usOff {
+			c.usage(seg)
 		}
 		if len(seg) >= len(c.end) {
 			copy(c.end[:], seg[len(seg)-len(c.end):])
@@ -696,7 +707,7 @@ func (c *sseState) endCR(clock balancer.Clock) {
 
 func (c *sseState) endLine(clock balancer.Clock) {
 	chunk := c.chPh
-	c.chPh, c.chLen = chSeek, 0
+	c.chPh, c.chLen, c.usAt, c.usVal = chSeek, 0, 0, 0
 	n := min(c.lineLen, len(c.line))
 	line := c.line[:n]
 	whole := c.lineLen <= len(c.line)
@@ -826,6 +837,8 @@ func (c *sseState) choices(seg []byte, before int) {
 			case ' ', '\t', '\r', '\n':
 			case ']':
 				c.chPh = chEmpty
+				c.usage(seg[i+1:])
+				return
 			case '{':
 				c.chPh = chChoice
 			default:
@@ -863,6 +876,67 @@ func (c *sseState) choices(seg []byte, before int) {
 				c.roleTok = true
 			}
 			return
+		default:
+			return
+		}
+	}
+}
+
+// usageKey is the member of a usage chunk's usage that counts the output
+// tokens; usInNum and usOff are sseState.usAt in its number and after it.
+const (
+	usageKey = `"completion_tokens":`
+	usInNum  = uint8(len(usageKey) + 1)
+	usOff    = usInNum + 1
+)
+
+// usage follows seg, the next bytes of a usage chunk's line (its choices
+// are []: the chunk of stream_options.include_usage), for its
+// usage.completion_tokens, the server's own count of the output tokens
+// (all choices'), which finish reports in place of the count of token
+// events: a server may send several tokens in one chunk (SGLang's
+// stream_interval, speculative decoding) or none for some (a tool or
+// reasoning parser holding text back). Only this chunk is read, once a
+// stream, a byte at a time. The key matches as written (no server escapes
+// it; an escaped quote in a string does not match), and the value counts
+// only as a plain JSON integer below 2^31 followed by a delimiter:
+// anything else (null, a fraction, a line cut short) leaves the estimate.
+// No other key ends in "completion_tokens" (completion_tokens_details
+// does not match at its quote), and the '"' that starts a mismatch may
+// start the key: the key has no other quote before its last.
+func (c *sseState) usage(seg []byte) {
+	for _, b := range seg {
+		switch k := int(c.usAt); {
+		case k < len(usageKey):
+			switch {
+			case b == usageKey[k]:
+				c.usAt++
+			case b == '"':
+				c.usAt = 1
+			default:
+				c.usAt = 0
+			}
+		case k == len(usageKey): // after the colon
+			switch {
+			case b == ' ' || b == '\t':
+			case b >= '0' && b <= '9':
+				c.usAt, c.usVal = usInNum, uint32(b-'0')
+			default:
+				c.usAt = usOff
+			}
+		case k == int(usInNum):
+			if b >= '0' && b <= '9' {
+				v := uint64(c.usVal)*10 + uint64(b-'0')
+				c.usVal = uint32(v)
+				if v > 1<<31-1 {
+					c.usAt = usOff
+				}
+				continue
+			}
+			if b == ',' || b == '}' || b == ' ' || b == '\t' || b == '\r' || b == '\n' {
+				c.outTokens.Store(int32(c.usVal))
+			}
+			c.usAt = usOff
 		default:
 			return
 		}
@@ -1131,6 +1205,9 @@ func (c *call) finish(err error) {
 				o.TTFT = time.Duration(max(s.firstNs.Load()-c.start, 0))
 			}
 			o.OutputTokens = int(min(events, 1<<31-1))
+			if n := s.outTokens.Load(); n > 0 {
+				o.OutputTokens = int(n) // the server's count (see usage)
+			}
 			if events > 1 {
 				tbt = time.Duration((s.lastNs.Load() - s.firstNs.Load()) / (events - 1))
 			}

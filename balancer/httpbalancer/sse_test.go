@@ -562,8 +562,10 @@ func TestStreamChunksWithoutTokensAreNotCounted(t *testing.T) {
 	delta := func(d, finish string) string {
 		return `[{"index":0,"delta":` + d + `,"logprobs":null,"finish_reason":` + finish + `}]`
 	}
-	usage := `data: {"id":"chatcmpl-9f1c2d3e4b5a69788796a5b4c3d2e1f0","object":"chat.completion.chunk","created":1765000000,` +
-		model + `,"choices":[],"usage":{"prompt_tokens":21,"total_tokens":24,"completion_tokens":3}}` + "\n\n"
+	usage := func(n int) string {
+		return `data: {"id":"chatcmpl-9f1c2d3e4b5a69788796a5b4c3d2e1f0","object":"chat.completion.chunk","created":1765000000,` +
+			model + `,"choices":[],"usage":{"prompt_tokens":21,"total_tokens":` + strconv.Itoa(21+n) + `,"completion_tokens":` + strconv.Itoa(n) + `}}` + "\n\n"
+	}
 	role := chat(delta(`{"role":"assistant","content":""}`, "null"))
 	tok := func(s string) string { return chat(delta(`{"content":"`+s+`"}`, "null")) }
 	last := chat(`[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]`)
@@ -588,7 +590,7 @@ func TestStreamChunksWithoutTokensAreNotCounted(t *testing.T) {
 			`"choices":[{"index":` + strconv.Itoa(index) + `,"delta":` + d + `,"logprobs":null,"finish_reason":` + finish + `,"matched_stop":null}]}` + "\n\n"
 	}
 	sglangUsage := `data: {"id":"7d2f0e6c5b4a49388271605f4e3d2c1b","object":"chat.completion.chunk","created":1765000000,"model":"qwen",` +
-		`"choices":[],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3,"prompt_tokens_details":null,"reasoning_tokens":0}}` + "\n\n"
+		`"choices":[],"usage":{"prompt_tokens":12,"total_tokens":14,"completion_tokens":2,"prompt_tokens_details":null,"reasoning_tokens":0}}` + "\n\n"
 	llamacpp := func(d, finish string) string {
 		return `data: {"choices":[{"finish_reason":` + finish + `,"index":0,"delta":` + d + `}],"created":1765000000,"id":"chatcmpl-x",` +
 			`"model":"gpt-3.5-turbo","system_fingerprint":"b5000","object":"chat.completion.chunk"}` + "\n\n"
@@ -600,10 +602,10 @@ func TestStreamChunksWithoutTokensAreNotCounted(t *testing.T) {
 		events      int
 		first, last string // the stream up to the end of the first and the last token events
 	}{
-		{"vLLM chat with usage", role + tok("Hello") + tok(" there") + last + usage + done, 3,
+		{"vLLM chat with usage", role + tok("Hello") + tok(" there") + last + usage(3) + done, 3,
 			role + tok("Hello"), role + tok("Hello") + tok(" there") + last},
 		{"vLLM chat", role + tok("Hi") + last + done, 2, role + tok("Hi"), role + tok("Hi") + last},
-		{"vLLM chat, CRLF", strings.ReplaceAll(role+tok("Hi")+last+usage, "\n", "\r\n"), 2,
+		{"vLLM chat, CRLF", strings.ReplaceAll(role+tok("Hi")+last+usage(2), "\n", "\r\n"), 2,
 			strings.ReplaceAll(role+tok("Hi"), "\n", "\r\n"), strings.ReplaceAll(role+tok("Hi")+last, "\n", "\r\n")},
 		{"vLLM completions with usage", cmpl(" Paris", "null") + cmpl(".", "null") + cmpl(" It", `"length"`) + cmplUsage + done, 3,
 			cmpl(" Paris", "null"), cmpl(" Paris", "null") + cmpl(".", "null") + cmpl(" It", `"length"`)},
@@ -690,4 +692,73 @@ func (g *sseRig) callWhole(t *testing.T, n int) httpbalancer.Result {
 	require.NoError(t, resp.Body.Close())
 	require.Equal(t, g.body, string(got), "%d bytes a read", n)
 	return <-g.res.c
+}
+
+// TestStreamUsageGivesOutputTokens: a stream the caller asked
+// stream_options.include_usage for ends with a usage chunk (its choices
+// []), whose usage.completion_tokens is the server's own count of the
+// output tokens: reported as Outcome.OutputTokens in place of the count of
+// token events, at every read boundary, which counts one event for a chunk
+// of several tokens (SGLang's stream_interval, speculative decoding). The
+// events still time the first token and the gaps. A count that is no
+// plain integer, and the usage of a chunk with choices (vLLM's
+// continuous_usage_stats), leave the events' estimate.
+func TestStreamUsageGivesOutputTokens(t *testing.T) {
+	chunk := func(choices, usage string) string {
+		return `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1765000000,"model":"m","choices":` + choices + usage + "}\n\n"
+	}
+	tok := func(s string) string {
+		return chunk(`[{"index":0,"delta":{"content":"`+s+`"},"logprobs":null,"finish_reason":null}]`, "")
+	}
+	role := chunk(`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`, "")
+	stream := role + tok("Hello there,") + tok(" how are") + tok(" you?") // three events
+	const done = "data: [DONE]\n\n"
+	for _, s := range []struct {
+		name   string
+		usage  string // the usage chunk's usage member
+		tokens int
+	}{
+		{"vLLM", `,"usage":{"prompt_tokens":21,"total_tokens":30,"completion_tokens":9}`, 9},
+		{"SGLang", `,"usage":{"prompt_tokens":21,"total_tokens":30,"completion_tokens":9,"prompt_tokens_details":null,"reasoning_tokens":0}`, 9},
+		{"OpenAI", `,"usage":{"prompt_tokens":21,"completion_tokens":12,"total_tokens":33,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},` +
+			`"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}`, 12},
+		{"details first", `,"usage":{"completion_tokens_details":{"reasoning_tokens":4},"completion_tokens":2147483647}`, 2147483647},
+		{"spaced", `, "usage": {"prompt_tokens": 21, "completion_tokens": 9 }`, 9},
+		{"null", `,"usage":{"prompt_tokens":21,"completion_tokens":null}`, 3},
+		{"a fraction", `,"usage":{"completion_tokens":9.5}`, 3},
+		{"too large", `,"usage":{"completion_tokens":2147483648}`, 3},
+		{"wraps 2^32", `,"usage":{"completion_tokens":4294967300}`, 3},
+		{"negative", `,"usage":{"completion_tokens":-9}`, 3},
+		{"a string", `,"usage":{"completion_tokens":"9"}`, 3},
+		{"zero", `,"usage":{"completion_tokens":0}`, 3},
+		{"escaped in a string", `,"x":"\"completion_tokens\":9","usage":null`, 3},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			body := stream + chunk("[]", s.usage) + done
+			rig := newSSERig(t, body)
+			for n := 1; n <= len(body); n++ {
+				r := rig.callWhole(t, n)
+				require.Equal(t, 3, r.Events, "%d bytes a read", n)
+				require.Equal(t, s.tokens, r.Outcome.OutputTokens, "%d bytes a read", n)
+				first, last := (lineEnd(role+tok("Hello there,"))+n-1)/n, (lineEnd(stream)+n-1)/n
+				require.Equal(t, time.Duration(first)*time.Millisecond, r.Outcome.TTFT, "%d bytes a read", n)
+				require.Equal(t, time.Duration(last-first)*time.Millisecond/2, r.TimeBetweenTokens, "%d bytes a read", n)
+			}
+		})
+	}
+	t.Run("continuous usage", func(t *testing.T) {
+		// vLLM's stream_options.continuous_usage_stats: every chunk has
+		// the usage so far; the last, with choices [], the whole.
+		tok := func(s string, n int) string {
+			return chunk(`[{"index":0,"delta":{"content":"`+s+`"},"logprobs":null,"finish_reason":null}]`,
+				`,"usage":{"prompt_tokens":21,"total_tokens":`+strconv.Itoa(21+n)+`,"completion_tokens":`+strconv.Itoa(n)+`}`)
+		}
+		body := role + tok("Hello there,", 3) + tok(" how", 4) + chunk("[]", `,"usage":{"prompt_tokens":21,"total_tokens":27,"completion_tokens":6}`) + done
+		r := newSSERig(t, body).callWhole(t, 7)
+		require.Equal(t, 2, r.Events)
+		require.Equal(t, 6, r.Outcome.OutputTokens)
+		body = role + tok("Hello there,", 3) + tok(" how", 4) + done // no usage chunk
+		r = newSSERig(t, body).callWhole(t, 7)
+		require.Equal(t, 2, r.Outcome.OutputTokens)
+	})
 }
