@@ -34,8 +34,8 @@ func NewPollerCollector(p PollerStatser, pollerName string) *PollerCollector {
 	return &PollerCollector{
 		p:           p,
 		rounds:      d("rounds_total", "Rounds the Poller ran (Source.Collect calls)."),
-		failures:    d("failures_total", "Rounds that failed with no usable result, timeouts included."),
-		timeouts:    d("timeouts_total", "Rounds cut short by the Poller's Timeout."),
+		failures:    d("failures_total", "Rounds that failed with no usable result, timeouts that left none included."),
+		timeouts:    d("timeouts_total", "Rounds cut short by the Poller's Timeout, failed or partial (the targets that answered waited for one that did not)."),
 		partial:     d("partial_total", "Rounds that returned observations with a partial-result error."),
 		published:   d("published_total", "Samples handed to the Poller's Sink (a Balancer or a telemetry Store)."),
 		skipped:     d("skipped_total", "Observations dropped for having no endpoint ID or no field."),

@@ -42,7 +42,7 @@ func TestPollerCollectorExportsRounds(t *testing.T) {
 # HELP inferlb_telemetry_poll_consecutive_failures Failed rounds in a row now (0 after a success); the Poller backs off while it grows.
 # TYPE inferlb_telemetry_poll_consecutive_failures gauge
 inferlb_telemetry_poll_consecutive_failures{poller="vllm"} 2
-# HELP inferlb_telemetry_poll_failures_total Rounds that failed with no usable result, timeouts included.
+# HELP inferlb_telemetry_poll_failures_total Rounds that failed with no usable result, timeouts that left none included.
 # TYPE inferlb_telemetry_poll_failures_total counter
 inferlb_telemetry_poll_failures_total{poller="vllm"} 2
 # HELP inferlb_telemetry_poll_published_total Samples handed to the Poller's Sink (a Balancer or a telemetry Store).

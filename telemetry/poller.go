@@ -79,8 +79,8 @@ type PollerOptions struct {
 // PollerStats counts what a Poller did. Errors are counted, never fatal.
 type PollerStats struct {
 	Rounds    uint64 // Collect calls
-	Failures  uint64 // rounds that returned an error and no usable result (includes timeouts)
-	Timeouts  uint64 // rounds cut short by Timeout
+	Failures  uint64 // rounds that returned an error and no usable result (includes timeouts that left none)
+	Timeouts  uint64 // rounds cut short by Timeout, failed or partial
 	Partial   uint64 // rounds that returned observations with an ErrPartial error
 	Published uint64 // samples handed to the Sink
 	Skipped   uint64 // observations without an endpoint ID or a field
@@ -261,6 +261,12 @@ func (p *Poller) Poll(ctx context.Context) bool {
 	}
 	if err != nil {
 		p.partial.Add(1)
+		if timedOut {
+			// Cut short too: the targets that answered waited for the
+			// one that did not (a node gone down) until the deadline.
+			p.timeouts.Add(1)
+			err = fmt.Errorf("telemetry: poll timed out after %v: %w", p.opts.Timeout, err)
+		}
 		p.report(err)
 	}
 	p.streak.Store(0)

@@ -193,6 +193,34 @@ func TestPollerTimeout(t *testing.T) {
 	})
 }
 
+// TestPollerCountsAPartialRoundCutByItsTimeout: a target that hangs (a
+// node gone down) holds the round until the Timeout while the others
+// answered at once; their readings are published that late, so the round
+// was cut short by the Timeout although it is partial, not failed. Counted
+// only as partial, it left timeouts at 0 while every round ran the full
+// Timeout and the fleet's readings arrived that much older.
+func TestPollerCountsAPartialRoundCutByItsTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := telemetry.SourceFunc(func(ctx context.Context) ([]telemetry.Observation, error) {
+			<-ctx.Done() // b's scrape hangs; a answered
+			return []telemetry.Observation{{EndpointID: "a", Sample: sample(time.Time{}, float64(telemetry.Waiting), 1)}},
+				fmt.Errorf("%w: endpoint b: %w", telemetry.ErrPartial, ctx.Err())
+		})
+		var errs []error
+		p, err := telemetry.NewPoller(src, &recorder{}, telemetry.PollerOptions{
+			Interval: 10 * time.Second, Timeout: 2 * time.Second,
+			OnError: func(err error) { errs = append(errs, err) },
+		})
+		require.NoError(t, err)
+		assert.True(t, p.Poll(t.Context()), "a partial result is a success")
+		assert.Equal(t, telemetry.PollerStats{Rounds: 1, Timeouts: 1, Partial: 1, Published: 1}, p.Stats())
+		require.Len(t, errs, 1)
+		assert.ErrorIs(t, errs[0], telemetry.ErrPartial)
+		assert.ErrorIs(t, errs[0], context.DeadlineExceeded)
+		assert.Contains(t, errs[0].Error(), "telemetry: poll timed out after 2s")
+	})
+}
+
 func TestPollerStopsDuringCollect(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		entered := make(chan struct{})
