@@ -35,7 +35,7 @@ type Clock interface {
 }
 
 // PollerOptions configure a Poller. The zero value polls every
-// DefaultPollInterval with DefaultPollJitter, a timeout of one interval and
+// DefaultPollInterval with DefaultPollJitter, a timeout of a third of the interval and
 // backoff up to DefaultMaxBackoff, and an early round no sooner than
 // Interval/4 after the last.
 type PollerOptions struct {
@@ -45,7 +45,17 @@ type PollerOptions struct {
 	// Jitter spreads each delay uniformly over ±Jitter of it, in [0, 1).
 	// Default DefaultPollJitter; negative means none.
 	Jitter float64
-	// Timeout bounds one Collect. Default: Interval, so rounds never pile up.
+	// Timeout bounds one Collect. Default: Interval/3 (5 s at the default
+	// Interval; Prometheus' scrape timeout is a sixth of its interval). A
+	// round publishes when its last target answers or Timeout cuts it,
+	// and its readings are as old as its start, so one hung target (a
+	// node gone down) ages every endpoint's readings by Timeout: the
+	// oldest a reading gets before the next arrives is 2 x Timeout +
+	// Interval x (1 + Jitter), 26.5 s by default, within a Balancer's
+	// default TelemetryMaxAge (30 s). A Timeout of one Interval, the
+	// default before, left every endpoint without telemetry for half the
+	// time while one target hung. Set it above Interval/3 only with a
+	// TelemetryMaxAge above that sum.
 	Timeout time.Duration
 	// MaxBackoff caps the delay after consecutive failures, which doubles
 	// from Interval on each one. Default DefaultMaxBackoff; it is raised to
@@ -154,7 +164,7 @@ func NewPoller(src Source, sink Sink, opts PollerOptions) (*Poller, error) {
 		opts.Jitter = 0
 	}
 	if opts.Timeout == 0 {
-		opts.Timeout = opts.Interval
+		opts.Timeout = opts.Interval / 3
 	}
 	if opts.MaxBackoff == 0 {
 		opts.MaxBackoff = DefaultMaxBackoff

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -499,5 +500,49 @@ func TestPollerBacksOffThroughExpiries(t *testing.T) {
 		assert.ErrorIs(t, <-done, context.Canceled)
 		assert.Equal(t, secs(0, 10, 30), src.times())
 		assert.Zero(t, p.Stats().Early, "no round ran early")
+	})
+}
+
+// TestPollerDefaultsKeepReadingsFreshPastAHungTarget: a round publishes
+// when its last target answers or the Timeout cuts it, and its readings
+// are as old as the round's start. With the Timeout one Interval (the old
+// default), one hung target (a node gone down) held every round 15 s: the
+// readings of the targets that answered at once arrived 15 s old and the
+// next ones 30 s later, so a Balancer (TelemetryMaxAge 30 s, twice the
+// default Interval) went without any endpoint's telemetry for half of
+// each round, 1,800 of 3,600 s. With the default Timeout, a third of the
+// Interval, a reading is at most 2 x 5 + 15 x 1.1 = 26.5 s old when the
+// next arrives: never stale.
+func TestPollerDefaultsKeepReadingsFreshPastAHungTarget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := telemetry.SourceFunc(func(ctx context.Context) ([]telemetry.Observation, error) {
+			<-ctx.Done() // b's scrape hangs; a answered at once
+			return []telemetry.Observation{{EndpointID: "a", Sample: sample(time.Time{}, float64(telemetry.Waiting), 1)}},
+				fmt.Errorf("%w: endpoint b: %w", telemetry.ErrPartial, ctx.Err())
+		})
+		var st telemetry.Store
+		p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{Rand: rand.NewPCG(1, 2)})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		const maxAge = 2 * telemetry.DefaultPollInterval // the Balancer's default TelemetryMaxAge
+		stale, first := 0, time.Duration(-1)
+		for s := range 3600 {
+			time.Sleep(time.Second)
+			synctest.Wait()
+			_, ok := st.Latest("a", time.Now(), maxAge)
+			switch {
+			case ok && first < 0:
+				first = time.Duration(s+1) * time.Second
+			case !ok && first >= 0:
+				stale++
+			}
+		}
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+		assert.Equal(t, telemetry.DefaultPollInterval/3, first, "the first round's readings, at its Timeout")
+		assert.Zero(t, stale, "seconds without a fresh reading of a once the first arrived")
+		assert.Greater(t, p.Stats().Timeouts, uint64(150), "every round timed out (a round each 20 s or so)")
 	})
 }
