@@ -9,8 +9,8 @@
 //
 // # Packages and dependency direction
 //
-// Imports point down this list only; no core package (the first five) imports
-// gRPC or net/http, which a test enforces.
+// Each package imports only packages above it in this list; no core package
+// (the first five) imports gRPC or net/http, which a test enforces.
 //
 //	inferlb (root)          vocabulary; standard library only
 //	telemetry               Sample, Sink, Store (latest value of each field, with its age)
