@@ -14,7 +14,11 @@
 // max-input-tokens, "`inputs` must have less than 4096 tokens. Given:
 // 5000"; Hugging Face TEI's refusal of an input longer than its
 // max-input-length says the same), TensorRT-LLM's "Prompt length (5056)
-// exceeds maximum sequence length (2048)". The adapters report such an answer with
+// exceeds maximum sequence length (2048)", vLLM's engine's "The decoder
+// prompt (length 8825) is longer than the maximum model length of 8192."
+// (a multimodal prompt's image tokens), llama.cpp's "request (13392
+// tokens) exceeds the available context size (8192 tokens), try
+// increasing it". The adapters report such an answer with
 // inferlb.Outcome.ContextWindow: in a fleet whose replicas have
 // different windows another replica may take the call.
 package window
@@ -93,6 +97,32 @@ func Refusal(body []byte) (window, prompt, output int, promptOnly bool) {
 		// (a pooling call's LongestInput, which Fit sets).
 		window = numberAfter(lb, "`inputs` must have less than ")
 		prompt, promptOnly = numberAfter(lb, "given: "), true
+	case bytes.Contains(lb, []byte(" prompt (length ")) && bytes.Contains(lb, []byte("longer than the maximum model length of ")):
+		// vLLM's engine (input processor), for a prompt the serving
+		// layer's check let through: most often a multimodal one, whose
+		// image tokens only the engine counts. "The decoder prompt
+		// (length 8825) is longer than the maximum model length of
+		// 8192." (or "encoder prompt"). max-model-len bounds the prompt
+		// and output, as vLLM's other texts say.
+		window = numberAfter(lb, "longer than the maximum model length of ")
+		prompt = numberAfter(lb, " prompt (length ")
+	case bytes.Contains(lb, []byte("exceeds the available context size")):
+		// llama.cpp's server (exceed_context_size_error): "request (13392
+		// tokens) exceeds the available context size (8192 tokens), try
+		// increasing it", older "the request exceeds the available
+		// context size, try increasing it", both with the fields
+		// "n_prompt_tokens":13392,"n_ctx":8192. It checks the prompt
+		// alone against a slot's context (promptOnly): the output stops
+		// at the context's end, or shifts it, refused for no max_tokens.
+		window = numberAfter(lb, "available context size (")
+		if window < 0 {
+			window = numberAfter(lb, `"n_ctx":`)
+		}
+		prompt = numberAfter(lb, "request (")
+		if prompt < 0 {
+			prompt = numberAfter(lb, `"n_prompt_tokens":`)
+		}
+		promptOnly = true
 	case bytes.Contains(lb, []byte("prompt length (")) && bytes.Contains(lb, []byte(") exceeds maximum ")):
 		// TensorRT-LLM's executor: "Prompt length (5056) exceeds maximum
 		// sequence length (2048)" (or "input length").

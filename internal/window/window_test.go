@@ -43,6 +43,13 @@ func TestRefusal(t *testing.T) {
 		{"TGI max_new_tokens", `{"error":"Input validation error: ` + "`max_new_tokens` must be <= 1024. Given: 2000" + `","error_type":"validation"}`, 0, -1, -1, false},
 		{"TensorRT-LLM", `{"object":"error","message":"Encountered an error when fetching new request: Prompt length (5056) exceeds maximum sequence length (2048).","type":"BadRequestError","code":400}`, 2048, 5056, -1, false},
 		{"TensorRT-LLM input", `{"message":"Prompt length (200) exceeds maximum input length (128)"}`, 128, 200, -1, true},
+		// vLLM's engine, for a prompt its serving layer let through (a
+		// multimodal one: image tokens are counted there).
+		{"vLLM engine", `{"object":"error","message":"The decoder prompt (length 8825) is longer than the maximum model length of 8192. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens plus multimodal tokens. For image inputs, the number of image tokens depends on the number of images, and possibly their aspect ratios as well.","type":"BadRequestError","param":null,"code":400}`, 8192, 8825, -1, false},
+		{"vLLM engine encoder", `{"error":{"message":"The encoder prompt (length 1600) is longer than the maximum model length of 448. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens.","type":"BadRequestError","code":400}}`, 448, 1600, -1, false},
+		// llama.cpp's server: the prompt alone against a slot's context.
+		{"llama.cpp", `{"error":{"code":400,"message":"request (13392 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":13392,"n_ctx":8192}}`, 8192, 13392, -1, true},
+		{"llama.cpp older", `{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}`, 4096, 5000, -1, true},
 		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1, false},
 		{"no number", `{"message":"maximum context length is large"}`, 0, -1, -1, false},
 	} {
