@@ -97,15 +97,18 @@ func Refusal(body []byte) (window, prompt, output int, promptOnly bool) {
 		// (a pooling call's LongestInput, which Fit sets).
 		window = numberAfter(lb, "`inputs` must have less than ")
 		prompt, promptOnly = numberAfter(lb, "given: "), true
-	case bytes.Contains(lb, []byte(" prompt (length ")) && bytes.Contains(lb, []byte("longer than the maximum model length of ")):
+	case bytes.Contains(lb, []byte("decoder prompt (length ")) && bytes.Contains(lb, []byte("longer than the maximum model length of ")):
 		// vLLM's engine (input processor), for a prompt the serving
 		// layer's check let through: most often a multimodal one, whose
 		// image tokens only the engine counts. "The decoder prompt
 		// (length 8825) is longer than the maximum model length of
-		// 8192." (or "encoder prompt"). max-model-len bounds the prompt
-		// and output, as vLLM's other texts say.
+		// 8192." (or, for a prompt of exactly the window, "... (length
+		// 8192) plus the number of requested output tokens (at least 1)
+		// is longer than ..."). max-model-len bounds the prompt and
+		// output, as vLLM's other texts say. Not its "encoder prompt"
+		// text: that bound is the encoder cache's, not the window.
 		window = numberAfter(lb, "longer than the maximum model length of ")
-		prompt = numberAfter(lb, " prompt (length ")
+		prompt = numberAfter(lb, "decoder prompt (length ")
 	case bytes.Contains(lb, []byte("exceeds the available context size")):
 		// llama.cpp's server (exceed_context_size_error): "request (13392
 		// tokens) exceeds the available context size (8192 tokens), try

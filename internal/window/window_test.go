@@ -46,7 +46,10 @@ func TestRefusal(t *testing.T) {
 		// vLLM's engine, for a prompt its serving layer let through (a
 		// multimodal one: image tokens are counted there).
 		{"vLLM engine", `{"object":"error","message":"The decoder prompt (length 8825) is longer than the maximum model length of 8192. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens plus multimodal tokens. For image inputs, the number of image tokens depends on the number of images, and possibly their aspect ratios as well.","type":"BadRequestError","param":null,"code":400}`, 8192, 8825, -1, false},
-		{"vLLM engine encoder", `{"error":{"message":"The encoder prompt (length 1600) is longer than the maximum model length of 448. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens.","type":"BadRequestError","code":400}}`, 448, 1600, -1, false},
+		{"vLLM engine at the window", `{"error":{"message":"The decoder prompt (length 8192) plus the number of requested output tokens (at least 1) is longer than the maximum model length of 8192. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens (prompt + requested output tokens).","type":"BadRequestError","param":null,"code":400}}`, 8192, 8192, -1, false},
+		// An encoder prompt's bound is vLLM's encoder cache, not the
+		// model's window.
+		{"vLLM engine encoder", `{"error":{"message":"The encoder prompt (length 1600) is longer than the maximum model length of 1500. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens.","type":"BadRequestError","code":400}}`, 0, -1, -1, false},
 		// llama.cpp's server: the prompt alone against a slot's context.
 		{"llama.cpp", `{"error":{"code":400,"message":"request (13392 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":13392,"n_ctx":8192}}`, 8192, 13392, -1, true},
 		{"llama.cpp older", `{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}`, 4096, 5000, -1, true},
