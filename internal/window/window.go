@@ -109,14 +109,16 @@ func Refusal(body []byte) (window, prompt, output int, promptOnly bool) {
 		// text: that bound is the encoder cache's, not the window.
 		window = numberAfter(lb, "longer than the maximum model length of ")
 		prompt = numberAfter(lb, "decoder prompt (length ")
-	case bytes.Contains(lb, []byte("exceeds the available context size")):
+	case bytes.Contains(lb, []byte("exceeds the available context size")) || bytes.Contains(lb, []byte("exceed_context_size_error")):
 		// llama.cpp's server (exceed_context_size_error): "request (13392
 		// tokens) exceeds the available context size (8192 tokens), try
 		// increasing it", older "the request exceeds the available
-		// context size, try increasing it", both with the fields
-		// "n_prompt_tokens":13392,"n_ctx":8192. It checks the prompt
-		// alone against a slot's context (promptOnly): the output stops
-		// at the context's end, or shifts it, refused for no max_tokens.
+		// context size, try increasing it", and for an embedding's input
+		// "input is larger than the max context size. skipping", with the
+		// fields "n_prompt_tokens":13392,"n_ctx":8192. It checks the
+		// prompt alone against a slot's context (promptOnly): the output
+		// stops at the context's end, or shifts it, refused for no
+		// max_tokens.
 		window = numberAfter(lb, "available context size (")
 		if window < 0 {
 			window = numberAfter(lb, `"n_ctx":`)

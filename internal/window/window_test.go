@@ -53,6 +53,9 @@ func TestRefusal(t *testing.T) {
 		// llama.cpp's server: the prompt alone against a slot's context.
 		{"llama.cpp", `{"error":{"code":400,"message":"request (13392 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":13392,"n_ctx":8192}}`, 8192, 13392, -1, true},
 		{"llama.cpp older", `{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}`, 4096, 5000, -1, true},
+		{"llama.cpp embedding", `{"error":{"code":400,"message":"input is larger than the max context size. skipping","type":"exceed_context_size_error","n_prompt_tokens":600,"n_ctx":512}}`, 512, 600, -1, true},
+		// Older, without the counts: no window to remember.
+		{"llama.cpp embedding, no counts", `{"error":{"code":400,"message":"input is larger than the max context size. skipping","type":"invalid_request_error"}}`, 0, -1, -1, false},
 		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1, false},
 		{"no number", `{"message":"maximum context length is large"}`, 0, -1, -1, false},
 	} {
