@@ -167,7 +167,9 @@
 // neutral. The LLM scorer's cost rises steeply (hyperbolically) as KV-cache
 // use, GPU memory or utilization near their ceiling; GPU memory counts only
 // for servers that report no KV cache (the engines that do pre-allocate it,
-// so their memory shows their configuration, not their load). A scraped load reading
+// so their memory shows their configuration, not their load) and are not
+// marked as pre-allocating one (telemetry.KVCachePreallocated: TGI, Triton's
+// vLLM and TensorRT-LLM backends). A scraped load reading
 // does not move until the next scrape, so the balancer counts the calls it
 // has sent an endpoint since the reading was measured (from a per-second
 // history of its in-flight count, for a reading that arrives late, as from

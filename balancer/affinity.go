@@ -314,8 +314,8 @@ type bound struct {
 	// the endpoint they would spill to is busy too (see walkAffine).
 	crowded bool
 	// pressure is the fresh KV-cache usage, or for a server that reports
-	// none its GPU memory usage (see telemetry.Sample.MemoryPressure), or
-	// -1 when neither is known.
+	// none and is not marked as pre-allocating one its GPU memory usage
+	// (see telemetry.Sample.MemoryPressure), or -1 when neither is known.
 	pressure float64
 	// waiting and kv are the fresh Waiting and KVCacheUsage, or -1.
 	waiting, kv float64

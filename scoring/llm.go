@@ -15,7 +15,8 @@ import (
 //	reliability = 1 + ErrorPenalty x error rate / (1 - error rate)
 //	kvPressure  = min(Pressure(KV-cache usage + sent since x usage / running, KVKnee, Steepness), MaxKVPressure)
 //	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness), for a server
-//	              that reports no KV-cache usage (see telemetry.Sample.MemoryPressure)
+//	              that reports no KV-cache usage and is not marked as pre-allocating
+//	              one (see telemetry.Sample.MemoryPressure)
 //	utilPressure = Pressure(ORCA application utilization, UtilKnee, Steepness); ORCA
 //	              allows a utilization above 1, where the curve goes on rising
 //	              linearly (401x at 1, 601x at 1.05, 1201x at 1.2 with the defaults)
@@ -58,8 +59,11 @@ type LLM struct {
 	// for servers that report no KV-cache usage: those that do (vLLM,
 	// SGLang, TensorRT-LLM) pre-allocate their KV cache, so their GPU
 	// memory says how they were started, not how loaded they are, and only
-	// their KV-cache usage counts. Default 0.92: a server that allocates as
-	// it goes has little headroom left above it.
+	// their KV-cache usage counts. So do TGI and Triton's vLLM and
+	// TensorRT-LLM backends, which may report none: their source marks them
+	// (telemetry.KVCachePreallocated) and their memory does not count
+	// either. Default 0.92: a server that allocates as it goes has little
+	// headroom left above it.
 	MemoryKnee float64
 	// MemorySteepness scales the memory pressure curve. Default 8: memory
 	// has no queue to absorb a burst, so 95% already costs 5.8x and 97% 14x.

@@ -8,7 +8,8 @@
 // One scorer per kind of traffic, because each kind has a different signal:
 //   - LLM generation routes on reliability and current load (in-flight
 //     requests and tokens, the server's queue, KV-cache pressure, GPU
-//     memory pressure for servers that report no KV-cache usage, and for
+//     memory pressure for servers that neither report KV-cache usage nor
+//     pre-allocate a KV cache (telemetry.KVCachePreallocated), and for
 //     a LoRA adapter's call the server's adapter slots), not on
 //     completion latency, which mostly measures prompt and output length.
 //   - Embeddings and rerankers are short and uniform, so recent latency is a

@@ -377,3 +377,48 @@ func TestStaleKVCacheLeavesGPUMemoryNeutral(t *testing.T) {
 	assert.InDelta(t, cost("busy"), cost("idle"), 1e-9)
 	assert.InDelta(t, 1, cost("idle"), 1e-9)
 }
+
+// TGI (and Triton's vLLM backend) reserve their KV cache at start and
+// report no usage of it: with DCGM's memory beside their queue, two
+// replicas started at 0.95 and 0.97 of their GPU, equally loaded, cost
+// 5.8x and 14.3x their load, and the first took most of the calls. Their
+// source marks them (KVCachePreallocated): only their load counts, fresh
+// and once the mark went stale (a failed scrape) while DCGM's memory did
+// not.
+func TestPreallocatingServersAreNotPricedByMemory(t *testing.T) {
+	l := &scoring.LLM{}
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	gib := float64(1 << 30)
+	var st telemetry.Store
+	for id, used := range map[string]float64{"at95": 76 * gib, "at97": 77.6 * gib} {
+		var tgi, mem telemetry.Sample
+		tgi.Time = now
+		tgi.Set(telemetry.Running, 4)
+		tgi.Set(telemetry.Waiting, 1)
+		tgi.Set(telemetry.KVCachePreallocated, 1)
+		mem.Time = now
+		mem.Set(telemetry.GPUMemUsed, used)
+		mem.Set(telemetry.GPUMemTotal, 80*gib)
+		st.Publish(id, tgi)
+		st.Publish(id, mem)
+		mem.Time = now.Add(time.Minute) // DCGM keeps coming; the scrape of TGI failed
+		st.Publish(id+"-stale", tgi)
+		st.Publish(id+"-stale", mem)
+	}
+	cost := func(id string, at time.Time) float64 {
+		s := scoring.State{Now: at, Weight: 1}
+		st.Slot(id).LoadInto(&s.Telemetry, at, 30*time.Second)
+		return l.Cost(req, s)
+	}
+	want := 4 + 2*1 + 1.0 // running + QueueWeight x waiting + 1, nothing else
+	assert.InDelta(t, want, cost("at95", now), 1e-9, "fresh, at 0.95")
+	assert.InDelta(t, want, cost("at97", now), 1e-9, "fresh, at 0.97")
+	later := now.Add(time.Minute + time.Second)
+	assert.InDelta(t, cost("at95-stale", later), cost("at97-stale", later), 1e-9, "stale mark, fresh memory")
+	assert.InDelta(t, 1, cost("at97-stale", later), 1e-9, "stale telemetry is neutral")
+
+	// Without the mark the memory is load, as for a server that allocates as it goes.
+	custom := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 4, float64(telemetry.Waiting), 1,
+		float64(telemetry.GPUMemUsed), 77.6*gib, float64(telemetry.GPUMemTotal), 80*gib)
+	assert.InDelta(t, want*scoring.Pressure(0.97, 0.92, 8), l.Cost(req, custom), 1e-6)
+}

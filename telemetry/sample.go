@@ -41,15 +41,24 @@ const (
 	// batch (vLLM's --max-loras). A sample that carries it carries
 	// Sample.Adapters too (see SetAdapters).
 	LoRASlots
+	// KVCachePreallocated is 1 for a server that reserves its KV cache
+	// (most of its GPU memory) when it starts, and so holds that memory
+	// whatever its load, though it may report no KV-cache usage: TGI
+	// (--cuda-memory-fraction; it never reports one), Triton's vLLM and
+	// TensorRT-LLM backends. Its GPU memory then never prices it
+	// (MemoryPressure), as a KV-cache usage reading keeps it from pricing
+	// the servers that report one. 1 is its only value: Set refuses any
+	// other.
+	KVCachePreallocated
 
 	// NumFields is the number of fields; a Sample holds one slot for each.
-	NumFields = int(LoRASlots) + 1
+	NumFields = int(KVCachePreallocated) + 1
 )
 
 var fieldNames = [NumFields]string{
 	"gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_util", "gpu_temp_c", "gpu_power_w",
 	"running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "cpu_util", "app_util",
-	"lora_slots",
+	"lora_slots", "kv_cache_preallocated",
 }
 
 // String returns the field's snake_case name.
@@ -78,7 +87,8 @@ type FieldSet uint32
 // holds, the LoRA adapters it has loaded), rather than its hardware (GPU
 // memory size, utilization, temperature, power): what a restart empties,
 // and so what a balancer expires (Store.Expire) when an endpoint may have
-// restarted.
+// restarted. KVCachePreallocated is not in it: a restarted server
+// pre-allocates as before.
 const ProcessLoad = FieldSet(1<<Running | 1<<Waiting | 1<<KVCacheUsage | 1<<PrefixCacheHitRate |
 	1<<CPUUtil | 1<<AppUtil | 1<<GPUMemUsed | 1<<LoRASlots)
 
@@ -187,9 +197,10 @@ func (s *Sample) SetAdapters(slots float64, a *Adapters) bool {
 // price its endpoint out of rotation until it aged out.
 const MaxRequests = 1 << 20
 
-// Set stores v for f. NaN, infinities and a Running or Waiting count above
-// MaxRequests are rejected (the field stays absent) so a bad exposition can
-// never poison a score; Set reports whether v was kept.
+// Set stores v for f. NaN, infinities, a Running or Waiting count above
+// MaxRequests and a KVCachePreallocated other than 1 are rejected (the
+// field stays absent) so a bad exposition can never poison a score; Set
+// reports whether v was kept.
 func (s *Sample) Set(f Field, v float64) bool {
 	if int(f) >= NumFields || !admissible(f, v) {
 		return false
@@ -200,13 +211,19 @@ func (s *Sample) Set(f Field, v float64) bool {
 }
 
 // admissible reports whether Set keeps v for f, a known field: a finite
-// value, and for Running and Waiting at most MaxRequests. A Store applies
-// the same test to the Values a Sample was handed by hand.
+// value, for Running and Waiting at most MaxRequests, and for
+// KVCachePreallocated 1. A Store applies the same test to the Values a
+// Sample was handed by hand.
 func admissible(f Field, v float64) bool {
-	if math.IsNaN(v) || math.IsInf(v, 0) {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
 		return false
+	case f == Running || f == Waiting:
+		return v <= MaxRequests
+	case f == KVCachePreallocated:
+		return v == 1
 	}
-	return f != Running && f != Waiting || v <= MaxRequests
+	return true
 }
 
 // Get returns f's value and whether it is present.
@@ -229,19 +246,23 @@ func (s *Sample) MemoryUsage() (float64, bool) {
 }
 
 // MemoryPressure returns GPU memory used / total as a load signal: only for
-// a server that reports no KV-cache usage. Engines that do (vLLM, SGLang,
-// TensorRT-LLM) allocate their KV cache once at start, up to a configured
-// share of the GPU (vLLM's gpu_memory_utilization, 0.9 by default and often
-// 0.95; SGLang's mem_fraction_static), so the memory they hold is their
-// configuration, not their load: two idle replicas started at 0.90 and
-// 0.95 would differ several-fold in a memory price, and replicas at 0.95
-// by a few points of noise. Their KV-cache usage is their memory pressure.
-// Servers that allocate as they go (many Triton backends, custom servers)
-// report no KV cache, and their GPU memory does follow load. A Slot's
-// LoadInto leaves GPU memory out while the KV-cache usage it holds is
-// stale, so a server that reports one is never priced by its memory.
+// a server that reports no KV-cache usage and is not known to pre-allocate
+// its KV cache (KVCachePreallocated). Engines that report one (vLLM,
+// SGLang, TensorRT-LLM) allocate their KV cache once at start, up to a
+// configured share of the GPU (vLLM's gpu_memory_utilization, 0.9 by
+// default and often 0.95; SGLang's mem_fraction_static), so the memory
+// they hold is their configuration, not their load: two idle replicas
+// started at 0.90 and 0.95 would differ several-fold in a memory price,
+// and replicas at 0.95 by a few points of noise. Their KV-cache usage is
+// their memory pressure. TGI, and Triton's vLLM and TensorRT-LLM
+// backends, pre-allocate so too but may report no KV-cache usage: their
+// source says so with KVCachePreallocated. Servers that allocate as they
+// go (Triton's other backends, custom servers) report neither, and their
+// GPU memory does follow load. A Slot's LoadInto leaves GPU memory out
+// while the KV-cache usage or KVCachePreallocated it holds is stale, so
+// a server that reported either is never priced by its memory.
 func (s *Sample) MemoryPressure() (float64, bool) {
-	if s.Has.Has(KVCacheUsage) {
+	if s.Has.Has(KVCacheUsage) || s.Has.Has(KVCachePreallocated) {
 		return 0, false
 	}
 	return s.MemoryUsage()

@@ -275,9 +275,9 @@ func (st *Store) Publish(id string, s Sample) {
 // later (a scrape read from Prometheus arrives up to a scrape interval
 // after it was taken) is refused as older than what is held, as it would be had
 // the field not been dropped: it describes the old process too. And a
-// slot whose KV-cache usage was dropped leaves GPU memory out (see
-// LoadInto) until a new KV reading comes: the server pre-allocates its
-// memory all the same.
+// slot whose KV-cache usage (or KVCachePreallocated) was dropped leaves GPU
+// memory out (see LoadInto) until a new reading of it comes: the server
+// pre-allocates its memory all the same.
 //
 // When it drops a field, Expire closes the channel Expired returned, so a
 // Poller publishing into the Store scrapes again early (PollerOptions.MinInterval).
@@ -586,7 +586,8 @@ func (sl *Slot) LoRA(now time.Time, maxAge time.Duration) (a *Adapters, slots fl
 // after now is left out too: it was stamped before the clock stepped back,
 // so its age is unknown (and a Store keeps it only until a fresh reading
 // comes). GPU memory is left out while a KV-cache usage the slot holds is
-// stale, or was expired (see below). dst.Time becomes the oldest time among the fields
+// stale, or was expired, and so is it while a KVCachePreallocated the slot
+// holds is (see below). dst.Time becomes the oldest time among the fields
 // kept. It never allocates or locks.
 func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	dst.Has = 0
@@ -623,8 +624,11 @@ func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	// without the field) counts as stale: the server that reported it
 	// still pre-allocates, and a reconnect or a failure exclusion that
 	// expired its KV reading must not leave it priced by its memory.
-	kvAt := cur.times[KVCacheUsage]
-	kvStale := kvAt != 0 && (!cur.s.Has.Has(KVCacheUsage) || kvAt < lo || kvAt > hi)
+	//
+	// KVCachePreallocated (a TGI server, Triton's vLLM backend: they
+	// pre-allocate and report no KV usage) says the same and goes stale
+	// the same way, when its /metrics scrape fails or times out.
+	kvStale := cur.stale(KVCacheUsage, lo, hi) || cur.stale(KVCachePreallocated, lo, hi)
 	oldest := int64(0)
 	for f := range NumFields {
 		if !cur.s.Has.Has(Field(f)) || cur.times[f] < lo || cur.times[f] > hi {
@@ -645,4 +649,11 @@ func (sl *Slot) LoadInto(dst *Sample, now time.Time, maxAge time.Duration) {
 	if oldest != 0 {
 		dst.Time = time.Unix(0, oldest)
 	}
+}
+
+// stale reports whether e has held f (a reading now, or one Expire
+// dropped) and holds no reading of it observed within [lo, hi].
+func (e *entry) stale(f Field, lo, hi int64) bool {
+	at := e.times[f]
+	return at != 0 && (!e.s.Has.Has(f) || at < lo || at > hi)
 }
