@@ -89,6 +89,8 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	                           with enable_iter_perf_stats: true in its LLM options)
 //	TGI           Running      tgi_batch_current_size
 //	              Waiting      tgi_queue_size
+//	              KVCachePreallocated  1 (TGI reserves its KV cache at warmup and reports
+//	                           no usage of it)
 //	Triton        Waiting      nv_inference_pending_request_count (all models: not yet given to a backend)
 //	                           + nv_trt_llm_request_metrics{request_type="waiting"} (queued in the
 //	                           TensorRT-LLM executor: active minus scheduled, derived so from the
@@ -100,6 +102,11 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	              GPUUtil, GPUPower   nv_gpu_utilization, nv_gpu_power_usage (highest GPU)
 //	              GPUMemUsed, GPUMemTotal  nv_gpu_memory_used_bytes, nv_gpu_memory_total_bytes
 //	                           (the GPU with the highest used/total)
+//	              KVCachePreallocated  1 when the exposition shows the TensorRT-LLM backend
+//	                           (any nv_trt_llm_* metric) or the vLLM backend (any vllm:*
+//	                           metric), which reserve their KV cache at start; their GPU
+//	                           memory is then no load (Triton's other backends allocate
+//	                           as they go)
 //	Triton with   Triton's vLLM backend exports vLLM's vllm:* metrics beside Triton's nv_*
 //	the vLLM      ones. Both are read, none twice: Running, KVCacheUsage, PrefixCacheHitRate
 //	backend       and the LoRA reading come from vllm:* as for vLLM (added to, or the
@@ -107,6 +114,8 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	              plus Triton's pending count (requests Triton has not yet handed to the
 //	              backend: a separate queue ahead of vLLM's); the GPU fields come from
 //	              Triton's nv_gpu_* alone (vLLM exports none). Result.Engine is Triton.
+//	              The backend's current version exports vLLM's counters and histograms
+//	              only, no gauge: then Triton's fields are read, with KVCachePreallocated.
 //
 // A namespace separator may be ':' or '_' (vllm:x or vllm_x). Series of one
 // metric are aggregated across their labels (model, vLLM's data-parallel
@@ -154,10 +163,12 @@ func parseBytes(data []byte) (Result, error) {
 	// Only the metrics an extractor reads become objects; the engine is
 	// told from every name on the way.
 	var seen engines
+	trtBackend := false // Triton's TensorRT-LLM backend: nv_trt_llm_* metrics
 	fams, skipped, perr := promtext.ParseSelected(data, func(name []byte) bool {
 		var buf [128]byte
 		key := indexName(buf[:0], name)
 		seen.add(key)
+		trtBackend = trtBackend || bytes.HasPrefix(key, []byte("nv_trt_llm_"))
 		return read[string(key)]
 	})
 	m, dups := index(fams)
@@ -171,6 +182,11 @@ func parseBytes(data []byte) (Result, error) {
 	x := extractor{m: m, dups: dups}
 	extractors[res.Engine](&x)
 	res.Sample = x.s
+	if !res.Sample.Empty() && preallocates(res.Engine, seen, trtBackend) {
+		// Only next to a load reading: alone it would hide that the
+		// exposition had none (the errors below).
+		res.Sample.Set(telemetry.KVCachePreallocated, 1)
+	}
 	if at, ok := promtext.MeasuredAt(fams); ok && !res.Sample.Empty() {
 		res.Sample.Time = at
 	}
@@ -192,6 +208,28 @@ func parseBytes(data []byte) (Result, error) {
 		return res, fmt.Errorf("%w: modelserver: %s exposition: %d values dropped (out of range or duplicate) (%s)", telemetry.ErrPartial, res.Engine, x.bad, x.firstBad)
 	}
 	return res, nil
+}
+
+// preallocates reports whether a server of engine e, whose exposition
+// showed the engines of seen (and, when trtBackend, Triton's TensorRT-LLM
+// backend), reserves its KV cache at start yet may report no KV-cache
+// usage: TGI, which reserves it at warmup (--cuda-memory-fraction, 1 by
+// default) and exports only its queue and batch, and Triton running the
+// vLLM backend (whose current version exports vLLM's counters and
+// histograms, no KV gauge, while vLLM reserves gpu_memory_utilization of
+// the GPU) or the TensorRT-LLM backend (kv_cache_free_gpu_mem_fraction).
+// Their GPU memory, read beside them from DCGM, is their configuration, not
+// their load (telemetry.KVCachePreallocated). Triton's other backends
+// allocate as they go. vLLM, SGLang and trtllm-serve report their KV-cache
+// usage, which says as much.
+func preallocates(e Engine, seen engines, trtBackend bool) bool {
+	switch e {
+	case TGI:
+		return true
+	case Triton:
+		return seen&(1<<VLLM) != 0 || trtBackend
+	}
+	return false
 }
 
 // latestLoRA returns data with the sample lines of vllm:lora_requests_info

@@ -94,18 +94,18 @@ func TestParseFixtures(t *testing.T) {
 			engine: modelserver.TensorRTLLM,
 			want:   map[string]float64{"running": 5, "waiting": 2, "kv_cache_usage": 0.62, "prefix_cache_hit_rate": 0.4},
 		},
-		{file: "tgi.txt", engine: modelserver.TGI, want: map[string]float64{"running": 5, "waiting": 3}},
+		{file: "tgi.txt", engine: modelserver.TGI, want: map[string]float64{"running": 5, "waiting": 3, "kv_cache_preallocated": 1}},
 		{
 			file:   "triton-trtllm-backend.txt",
 			engine: modelserver.Triton,
-			want:   map[string]float64{"running": 7, "waiting": 2, "kv_cache_usage": 0.3},
+			want:   map[string]float64{"running": 7, "waiting": 2, "kv_cache_usage": 0.3, "kv_cache_preallocated": 1},
 		},
 		{
 			// Triton's pending count ends when the backend's execute takes a
 			// request; the TensorRT-LLM executor queues it after that.
 			file:   "triton-trtllm-ensemble.txt",
 			engine: modelserver.Triton,
-			want:   map[string]float64{"running": 8, "waiting": 9, "kv_cache_usage": 0.4875},
+			want:   map[string]float64{"running": 8, "waiting": 9, "kv_cache_usage": 0.4875, "kv_cache_preallocated": 1},
 		},
 		{
 			// The doc's histogram lines parse (expfmt reads them as buckets)
@@ -239,7 +239,7 @@ func TestParseInlineCases(t *testing.T) {
 			name:   "engine order: nv_ next to vllm is Triton's vLLM backend",
 			in:     "nv_gpu_utilization{gpu_uuid=\"x\"} 0.1\nvllm:num_requests_running 3\n",
 			engine: modelserver.Triton,
-			want:   map[string]float64{"running": 3, "gpu_util": 0.1},
+			want:   map[string]float64{"running": 3, "gpu_util": 0.1, "kv_cache_preallocated": 1},
 		},
 		{
 			// A series repeated is one reading exported twice (Prometheus

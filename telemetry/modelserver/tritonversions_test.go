@@ -42,11 +42,11 @@ nv_inference_pending_request_count{model="tensorrt_llm",version="1"} 2
 	res, err := modelserver.Parse(strings.NewReader(older))
 	require.NoError(t, err)
 	assert.Equal(t, modelserver.Triton, res.Engine)
-	assert.Equal(t, map[string]float64{"running": 3, "waiting": 2 + (5 - 3), "kv_cache_usage": 0.2}, fields(res.Sample))
+	assert.Equal(t, map[string]float64{"running": 3, "waiting": 2 + (5 - 3), "kv_cache_usage": 0.2, "kv_cache_preallocated": 1}, fields(res.Sample))
 
 	// Where the backend exports the derived series, they are read, not
 	// derived again: the fixture's fraction (0.3) is not its used/max.
 	res, err = modelserver.Parse(strings.NewReader(string(readFile(t, "triton-trtllm-backend.txt"))))
 	require.NoError(t, err)
-	assert.Equal(t, map[string]float64{"running": 7, "waiting": 2, "kv_cache_usage": 0.3}, fields(res.Sample))
+	assert.Equal(t, map[string]float64{"running": 7, "waiting": 2, "kv_cache_usage": 0.3, "kv_cache_preallocated": 1}, fields(res.Sample))
 }

@@ -26,6 +26,8 @@ func TestParseTritonWithVLLMBackend(t *testing.T) {
 		// the second GPU: 77803110400/85520809984 is the fuller one
 		"gpu_mem_used_bytes": 77803110400, "gpu_mem_total_bytes": 85520809984,
 		"gpu_util": 0.87, "gpu_power_w": 512.384,
+		// the vLLM backend reserved its KV cache at start
+		"kv_cache_preallocated": 1,
 	}
 	with := func(m map[string]float64) map[string]float64 {
 		for k, v := range gpus {
@@ -80,5 +82,8 @@ func TestParseTritonWithVLLMBackend(t *testing.T) {
 	res, err = modelserver.Parse(bytes.NewReader(readFile(t, "triton-gauges.txt")))
 	require.NoError(t, err)
 	assert.Equal(t, modelserver.Triton, res.Engine)
-	assert.Equal(t, with(map[string]float64{"waiting": 2}), fields(res.Sample))
+	assert.Equal(t, map[string]float64{
+		"waiting": 2, "gpu_mem_used_bytes": 77803110400, "gpu_mem_total_bytes": 85520809984,
+		"gpu_util": 0.87, "gpu_power_w": 512.384,
+	}, fields(res.Sample), "Triton alone: no backend that pre-allocates shows")
 }
