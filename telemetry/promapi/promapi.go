@@ -270,7 +270,11 @@ type Source struct {
 	// waiting_lora_adapters (comma-separated adapter names) and model_name
 	// (the base model, required: without it a call for the base model looks
 	// like one for an adapter); its value orders an endpoint's series, the
-	// largest (latest) read.
+	// largest (latest) read. A KVCachePreallocated query returns 1 for
+	// each server that reserves its KV cache at start but reports no
+	// usage of it, such as TGI: `group by (instance) (tgi_queue_size)`
+	// (see telemetry.KVCachePreallocated); DefaultQueries read no TGI or
+	// Triton server, and join GPUs to none.
 	Queries map[telemetry.Field]string
 	// Timestamps maps a field to a PromQL expression returning, per
 	// endpoint (EndpointLabel set, as in Queries), when the values its
@@ -937,6 +941,8 @@ func valid(f telemetry.Field, v float64) bool {
 		return v >= 0 && v <= 1
 	case telemetry.Running, telemetry.Waiting:
 		return v >= 0 && v <= telemetry.MaxRequests
+	case telemetry.KVCachePreallocated:
+		return v == 1 // its only value (telemetry.Sample.Set refuses others)
 	}
 	return v >= 0
 }

@@ -256,3 +256,22 @@ func TestCollectLargestBodyLimit(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, obs, 2)
 }
+
+// A KVCachePreallocated query (TGI servers, which reserve their KV cache
+// and report no usage of it) reads 1; any other value says nothing the
+// field means and is skipped and counted, not kept as a "yes" nor dropped
+// with nothing said.
+func TestCollectKVCachePreallocated(t *testing.T) {
+	body := `{"status":"success","data":{"resultType":"vector","result":[
+ {"metric":{"instance":"a","inferlb_field":"kv_cache_preallocated"},"value":[1767225600,"1"]},
+ {"metric":{"instance":"a","inferlb_field":"running"},"value":[1767225600,"4"]},
+ {"metric":{"instance":"b","inferlb_field":"kv_cache_preallocated"},"value":[1767225600,"0"]},
+ {"metric":{"instance":"b","inferlb_field":"running"},"value":[1767225600,"2"]}
+]}}`
+	obs, err := fakeProm(t, 200, body, nil).Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "promapi: 1 series skipped; first: kv_cache_preallocated for b: value 0 (out of the field's range)")
+	require.Len(t, obs, 2)
+	assert.Equal(t, map[string]float64{"running": 4, "kv_cache_preallocated": 1}, fields(obs[0].Sample))
+	assert.Equal(t, map[string]float64{"running": 2}, fields(obs[1].Sample))
+}
