@@ -35,8 +35,9 @@
 // which holds that adapter's endpoint set and readiness over the one shared
 // state per endpoint ID). Pick loads the current immutable snapshot and chooses the group that serves
 // the model. With Options.TenantShardSize, a request that names a tenant is
-// confined to that tenant's shard of the group (shuffle sharding: the first
-// k endpoints on the ring from the tenant's seeded key), and everything below
+// confined to that tenant's shard of the group (shuffle sharding: k
+// endpoints, each the first on the ring from one of the tenant's seeded keys
+// that the shard does not hold yet), and everything below
 // happens inside the shard (a shard that is down sends the request to the
 // whole group, or with TenantShardStrict fails it). A request with an affinity key (a seeded hash of its prompt
 // prefix or session, from Balancer.Keyer) goes to the key's owner on a

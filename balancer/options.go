@@ -241,9 +241,12 @@ type Options struct {
 	// (Request.Tenant) to a shard of this many endpoints: shuffle sharding,
 	// so one tenant's flood reaches only its own shard, and two tenants
 	// rarely share all of theirs (poison requests too with
-	// TenantShardStrict). A shard is the first
-	// TenantShardSize distinct endpoints on the group's consistent-hash ring
-	// from the tenant's seeded key, so processes with the same AffinitySeed
+	// TenantShardStrict): as with shards drawn at random, two tenants
+	// share a whole shard about once in C(n, k) pairs (n endpoints of equal
+	// weight in the group, shards of k). A shard is
+	// TenantShardSize endpoints, each the first on the group's
+	// consistent-hash ring from one of the tenant's seeded keys that the
+	// shard does not hold yet, so processes with the same AffinitySeed
 	// agree on it, nothing is stored per tenant (tenant names cannot grow
 	// any table), and an endpoint leaving changes only the shards it was in.
 	// Affinity keys and P2C work inside the shard, and the affinity load

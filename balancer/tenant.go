@@ -11,7 +11,7 @@ import (
 const MaxTenantShard = 32
 
 // shard is one tenant's endpoints for one pick: member indices into the
-// group, in the tenant's ring order. It lives on the pick's stack; nothing
+// group, in the order of the tenant's walks (see tenantShard). It lives on the pick's stack; nothing
 // is stored per tenant.
 type shard struct {
 	n       int
@@ -71,23 +71,47 @@ func (s *shard) has(i int) bool {
 // tenantShard fills sh with req's tenant's shard in g and reports whether
 // the pick is sharded: sharding is on, the request names a tenant, and the
 // group has more members than a shard holds.
+//
+// Each member comes from a walk of its own: member j is the first on the
+// ring from the tenant's j-th key (shardKey) that the shard does not hold
+// yet. So a shard is k independent draws by capacity weight, as shuffle
+// sharding needs: two tenants share a whole shard about once in C(n, k)
+// pairs. The first k members clockwise from one point, as shards were
+// first drawn, were as alike as their points: tenants whose keys fell on
+// the same arc of the ring (2 pairs in 100n) had the same shard whatever
+// k. An endpoint joining or leaving still changes only the shards it
+// enters or leaves, by one member each: a member is taken only in place of
+// what a walk met first.
 func (b *Balancer) tenantShard(req *inferlb.Request, g *group, sh *shard) bool {
 	k := b.cfg.tenantShard
 	if k <= 0 || req.Tenant == "" || g.placement == nil || len(g.members) <= k {
 		return false
 	}
-	w := g.placement.Walk(b.keyer.Tenant(req.Tenant))
-	for sh.n < k {
-		i, ok := w.Next()
-		if !ok {
-			break
-		}
-		if !sh.has(i) { // a walk past DistinctOffers members may repeat one
-			sh.members[sh.n] = int32(i)
-			sh.n++
+	key := b.keyer.Tenant(req.Tenant)
+	for j := 0; sh.n < k; j++ {
+		w := g.placement.Walk(shardKey(key, j))
+		for {
+			i, ok := w.Next()
+			if !ok {
+				// A walk offers every member within a turn: with more
+				// members than k, it never ends before a new one.
+				return sh.n > 0
+			}
+			if !sh.has(i) { // a walk past DistinctOffers members may repeat one
+				sh.members[sh.n] = int32(i)
+				sh.n++
+				break
+			}
 		}
 	}
 	return sh.n > 0
+}
+
+// shardKey is the tenant's j-th placement key: its own for j = 0, then a
+// SplitMix64 sequence from it (Walk mixes each key), so the walks start at
+// independent points of the ring.
+func shardKey(key uint64, j int) uint64 {
+	return key + uint64(j)*0x9e3779b97f4a7c15
 }
 
 // sample draws a shard member by capacity weight from one 64-bit random

@@ -15,9 +15,10 @@ import (
 )
 
 // An endpoint joining changes only the shards it enters, each by one member
-// (it takes the place of the shard's last one), and leaves every other
-// tenant's shard as it was (Options.TenantShardSize: a shard is the first
-// k endpoints on the ring from the tenant's key).
+// (it takes the place of the member a walk of the tenant's met after it),
+// and leaves every other tenant's shard as it was (Options.TenantShardSize:
+// each member of a shard is the first on the ring from one of the tenant's
+// keys that the shard does not hold yet).
 func TestTenantShardJoinMovesOnlyTheShardsItEnters(t *testing.T) {
 	b := sharded(t, 16, 4)
 	before := map[string][]string{}
