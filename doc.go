@@ -60,7 +60,7 @@
 // so a throttled GPU does not hold its conversations to its speed.
 // Affinity pays only when keys recur, and routing by hash costs the load
 // balance P2C would give, so the balancer keeps a sampled estimate of how
-// often its keys recur (a 32 KiB table of recent keys) and, while fewer than
+// often its keys recur (tables of recent keys, 60 KiB) and, while fewer than
 // Options.MinKeyReuse (5%) do, as with a stream of unique documents, it
 // ignores the keys; it follows them again as soon as they recur. A key the
 // caller named (Request.Session: a session header, prompt_cache_key, a

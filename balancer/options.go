@@ -377,8 +377,9 @@ type Options struct {
 	// prompt_cache_key, conversation IDs and gRPC metadata keys), which
 	// does not count in the estimate either. Default DefaultMinKeyReuse
 	// (0.05); negative keeps affinity on for prompt keys too, whatever
-	// they do. It is measured on a 32 KiB table of recent keys, 1 in 8
-	// keys sampled; Balancer.KeyReuse reports it. A new Balancer follows keys until it
+	// they do. It is measured on tables of recent keys (32 KiB for requests
+	// without a tenant, 4 KiB for each class of tenants), 1 in 8 keys
+	// sampled; Balancer.KeyReuse reports it. A new Balancer follows keys until it
 	// has observed 64 sampled keys (about 500 keyed requests): until then
 	// even prompts that never recur go to their keys' owners, within the
 	// load bound, rather than to the cheaper of two candidates.

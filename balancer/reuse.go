@@ -14,10 +14,19 @@ const (
 	// simulator's chat and shared-prefix workloads repeat 85-99% of their
 	// keys); a stream of prompts that never recur is at 0.
 	DefaultMinKeyReuse = 0.05
-	// reuseSlots is the size of the table of recently seen keys: 4,096
-	// keys, 32 KiB per Balancer. Keys are seeded hashes, so request data can
-	// neither grow it nor aim at one slot.
+	// reuseSlots is the size of the table of recently seen keys of the
+	// requests without a tenant: 4,096 keys, 32 KiB per Balancer; each
+	// class of tenants has reuseTenantSlots of its own (28 KiB for the
+	// seven). Keys are seeded hashes, so request data can neither grow a
+	// table nor aim at one slot.
 	reuseSlots = 4096
+	// reuseTenantSlots is a class of tenants' table: its sampled keys
+	// alone come and go there, so one tenant's flood of keys that never
+	// recur cannot evict the keys of the tenants in other classes (it
+	// did from a shared table: a tenant sending 256 unique prompts for
+	// each of another's recurring ones turned affinity off for the
+	// other, 20 repeats of 848 observed).
+	reuseTenantSlots = 512
 	// reuseSampleBits: only keys whose top bits are zero are observed, 1 in
 	// 8, so most picks touch no shared table slot or counter. A key is
 	// observed every time or never, so repeats are seen as repeats.
@@ -63,13 +72,14 @@ const (
 //
 // The estimate is kept per class of tenants (reuseClasses): requests
 // without a Tenant share one, and a tenant's keys are judged with its
-// class's. The table of keys is shared: a key is a seeded hash of a
-// prompt, and a repeat is a repeat whoever sends it.
+// class's, in a table of the class's own (reuseTenantSlots), so that
+// another class's keys cannot evict them; a key sent by tenants of two
+// classes is a repeat in each only when each sends it again.
 //
 // Concurrency: all fields are atomic; a race can lose an observation,
 // which the estimate tolerates. seed is immutable.
 type keyReuse struct {
-	seen    [reuseSlots]atomic.Uint64
+	seen    [reuseSlots + (reuseClasses-1)*reuseTenantSlots]atomic.Uint64
 	keyer   *cache.Keyer // the Balancer's: tenants hash with AffinitySeed
 	classes [reuseClasses]reuseCounts
 }
@@ -77,10 +87,20 @@ type keyReuse struct {
 type reuseCounts struct {
 	observed atomic.Int64
 	repeated atomic.Int64
-	_        [48]byte // a cache line each: classes are counted concurrently
+	// The class's table: seen[lo : lo+mask+1]. Immutable.
+	lo, mask uint32
+	_        [40]byte // a cache line each: classes are counted concurrently
 }
 
-func newKeyReuse(k *cache.Keyer) *keyReuse { return &keyReuse{keyer: k} }
+func newKeyReuse(k *cache.Keyer) *keyReuse {
+	r := &keyReuse{keyer: k}
+	r.classes[0].mask = reuseSlots - 1
+	for i := 1; i < reuseClasses; i++ {
+		r.classes[i].lo = uint32(reuseSlots + (i-1)*reuseTenantSlots)
+		r.classes[i].mask = reuseTenantSlots - 1
+	}
+	return r
+}
 
 // class returns the estimate that requests of tenant count in. Tenants
 // hash with the Balancer's seed, as tenant shards do: processes with the
@@ -100,7 +120,7 @@ func (r *keyReuse) observe(key uint64, c *reuseCounts) {
 	if key>>(64-reuseSampleBits) != 0 {
 		return
 	}
-	repeat := r.seen[key%reuseSlots].Swap(key) == key
+	repeat := r.seen[c.lo+uint32(key)&c.mask].Swap(key) == key
 	if repeat {
 		c.repeated.Add(1)
 	}
