@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -24,6 +25,12 @@ import (
 // benchChat is a small non-streaming chat completion, as an agent or RAG
 // pipeline sends by the million.
 var benchChat = []byte(`{"model":"llama-3-8b","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}],"max_tokens":32,"temperature":0}`)
+
+// benchChatEscaped is a chat completion in Chinese as Python clients send
+// it (json.dumps' ensure_ascii: every character a \uXXXX escape).
+var benchChatEscaped = []byte(`{"model":"qwen-2.5-7b","messages":[{"role":"system","content":` +
+	strconv.QuoteToASCII("你是一个乐于助人的助手。请用简洁的中文回答。") + `},{"role":"user","content":` +
+	strconv.QuoteToASCII("法国的首都是哪里？\n请简单说明它的历史。") + `}],"max_tokens":32,"temperature":0}`)
 
 var benchReply = []byte(`{"id":"x","object":"chat.completion","created":1,"model":"llama-3-8b","choices":[{"index":0,"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}],"usage":{"prompt_tokens":25,"completion_tokens":2,"total_tokens":27}}`)
 
@@ -229,13 +236,14 @@ func BenchmarkInspect(b *testing.B) {
 	for _, tc := range []struct {
 		name string
 		in   *httpbalancer.OpenAI
-	}{{"fields", in}, {"fields+key", keyed}} {
+		body []byte
+	}{{"fields", in, benchChat}, {"fields+key", keyed, benchChat}, {"escaped+key", keyed, benchChatEscaped}} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			var info httpbalancer.Info
 			for b.Loop() {
 				info = httpbalancer.Info{}
-				tc.in.Inspect(r, benchChat, true, &info)
+				tc.in.Inspect(r, tc.body, true, &info)
 			}
 			if info.Model == "" {
 				b.Fatal("no model")
