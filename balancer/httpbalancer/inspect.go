@@ -105,11 +105,12 @@ var (
 // embeddings, of rerank documents and of the two sides of vLLM's score API
 // (text_1 and text_2, queries and documents, data_1 and data_2, whose
 // text counts as a rerank's query and documents do) multiply nothing), a prompt
-// token estimate (bytes of prompt text / 4, tool definitions, calls and
+// token estimate (bytes of prompt text / 4, counted as UTF-8 however the
+// JSON spells it: a \uXXXX escape as its character, \n as one byte; tool definitions, calls and
 // results included, as the server renders them into the prompt, and one
 // token per ID of a prompt given as token IDs; or the body size / 4 when
 // the body was larger than the peek, less its base64: what lies past the
-// peek counts in the proportion of text and of token IDs the peek shows;
+// peek counts in the proportion of text, of escapes and of token IDs the peek shows;
 // both estimates are capped at MaxTokenEstimate), and for LLM calls the
 // affinity key, scoped by vLLM's cache_salt when the body has one
 // (Keyer.Salted; a Transport's session header, which beats these keys, is
@@ -228,23 +229,33 @@ const MaxTokenEstimate = tokenest.Max
 
 // charsPerToken is the usual rule of thumb for English text under BPE
 // tokenizers. It only has to rank requests by size, not bill them. It is
-// applied to bytes of text as sent (escapes included): for English that is
-// the character count, and for scripts of 3-byte characters, at about one
-// token a character, bytes/4 is closer to the truth than characters/4.
+// applied to the bytes of the text's UTF-8, however the JSON spells it (a
+// \uXXXX escape counts as its character's bytes, \n as one): for English
+// that is the character count, and for scripts of 3-byte characters, at
+// about one token a character, bytes/4 is closer to the truth than
+// characters/4 (and than the six bytes of the escape Python clients send).
 const charsPerToken = tokenest.BytesPerToken
 
 // idScaled is size, an estimate of a body's prompt text in bytes taken
 // past a peek of peek bytes, less what the peek shows of token IDs: a
 // token ID is one token (charsPerToken bytes' worth) however many digits
 // and separators it is written with, about seven bytes for a vocabulary of
-// 100,000 or more. The rest of the body is taken to hold IDs in the
-// peek's proportion.
+// 100,000 or more. And less what the peek shows of escapes: text whose
+// characters are written \uXXXX is counted by its UTF-8 (see escSaved),
+// half its size for CJK. The rest of the body is taken to hold IDs and
+// escapes in the peek's proportion.
 func idScaled(size int64, b *body, peek int) int {
-	if b.idBytes == 0 || peek == 0 {
+	if b.idBytes == 0 && b.saved == 0 || peek == 0 {
 		return int(size)
 	}
 	ids := min(b.idBytes, peek) // a malformed list may count twice
-	return int(float64(size) * float64(peek-ids+charsPerToken*b.idCount) / float64(peek))
+	text := float64(peek - ids)
+	if b.saved > 0 {
+		// The share of the text's bytes as sent that its value holds.
+		value := max(b.chars-charsPerToken*b.idCount+b.cut, 0)
+		text *= float64(value) / float64(value+b.saved)
+	}
+	return int(float64(size) * (text + float64(charsPerToken*b.idCount)) / float64(peek))
 }
 
 // Inspect implements Inspector.

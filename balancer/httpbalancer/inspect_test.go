@@ -93,7 +93,7 @@ func TestInspectFields(t *testing.T) {
 		{"triton path names the model", "/v2/models/a/generate", `{"model":"b","text_input":"abcd"}`, true, "a", false, 0, 1, true},
 		{"triton infer", "/v2/models/bert/infer", `{"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":["hi"]}]}`, true, "bert", false, 0, 0, false},
 		{"triton no body", "/v2/models/bert/ready", ``, true, "bert", false, 0, 0, false},
-		{"escapes", "/v1/chat/completions", `{"model":"a\"b","messages":[{"role":"user","content":"\u00e9t\u00e9"}]}`, true, `a"b`, false, 0, 3, true},
+		{"escapes", "/v1/chat/completions", `{"model":"a\"b","messages":[{"role":"user","content":"\u00e9t\u00e9"}]}`, true, `a"b`, false, 0, 1, true}, // "été": 5 bytes
 		{"truncated", "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"abcd"},{"role":"user","content":"ab`, false, "m", true, 0, 1000, true},
 		{"not json", "/v1/chat/completions", `hello`, true, "", false, 0, 0, false},
 		{"model not a string", "/v1/chat/completions", `{"model":5,"stream":"maybe","max_tokens":-3}`, true, "", false, 0, 0, false},
@@ -591,15 +591,22 @@ func TestInspectCountsToolsAndToolResults(t *testing.T) {
 	schema = "[" + schema[:len(schema)-1] + "]"
 	file := strings.Repeat("func main() { fmt.Println(\\\"hello\\\") }\\n", 1000)
 	args := `"{\"path\":\"` + strings.Repeat("a/", 2000) + `x.go\"}"`
+	// Text counts by its value: an escape as the byte it stands for.
+	value := func(quoted string) int {
+		var v string
+		require.NoError(t, json.Unmarshal([]byte(quoted), &v))
+		return len(v) + 2 // and its quotes, where a tool call's arguments count as sent
+	}
+	fileValue := value(`"`+file+`"`) - 2
 	for _, tc := range []struct {
 		name, path, body string
 		min              int
 	}{
 		{"tools", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":` + schema + `}`, len(schema) / 4},
 		{"functions", "/v1/chat/completions", `{"model":"m","functions":` + schema + `,"messages":[{"role":"user","content":"hi"}]}`, len(schema) / 4},
-		{"tool calls and results", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":` + args + `}}]},{"role":"tool","tool_call_id":"c1","content":"` + file + `"}]}`, (len(args) + len(file)) / 4},
+		{"tool calls and results", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":` + args + `}}]},{"role":"tool","tool_call_id":"c1","content":"` + file + `"}]}`, (value(args) + fileValue) / 4},
 		{"messages api", "/v1/messages", `{"model":"m","max_tokens":9,"tools":[{"name":"read_file","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"read_file","input":{"path":"` + strings.Repeat("a/", 2000) + `"}}]},` +
-			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"` + file + `"},{"type":"tool_result","tool_use_id":"t2","content":[{"type":"text","text":"` + file + `"}]}]}]}`, (4000 + 2*len(file)) / 4},
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"` + file + `"},{"type":"tool_result","tool_use_id":"t2","content":[{"type":"text","text":"` + file + `"}]}]}]}`, (4000 + 2*fileValue) / 4},
 	} {
 		info := inspect(tc.path, tc.body, true)
 		assert.GreaterOrEqual(t, info.PromptTokens, tc.min, tc.name)

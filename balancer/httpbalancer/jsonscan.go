@@ -254,6 +254,91 @@ func hex4(b []byte) rune {
 	return r
 }
 
+// escSaved is how many bytes longer raw, the text between the quotes of a
+// JSON string, is than the UTF-8 of its value: what its escapes take
+// beyond what they stand for. Prompt text is counted by its value
+// (count): a client that escapes non-ASCII (Python's json.dumps, and so
+// requests, LangChain and the openai package over httpx before 0.28) writes
+// a CJK character as six bytes, \u4f60, which would count twice its three
+// bytes of UTF-8 and twice its tokens. It reads escapes as appendUnquoted
+// does (\n, \" and the like: one byte; \uXXXX: the UTF-8 of its code
+// point, a surrogate pair four bytes, an unpaired half U+FFFD's three)
+// without decoding into a buffer, jumping from backslash to backslash. An
+// escape the end of raw cuts (a peek that ends in it) counts as written.
+func escSaved(raw []byte) int {
+	saved := 0
+	for i := 0; i < len(raw); {
+		if raw[i] != '\\' { // runs of escapes (escaped CJK text) skip the search
+			k := bytes.IndexByte(raw[i:], '\\')
+			if k < 0 {
+				break
+			}
+			i += k
+		}
+		if i+1 >= len(raw) {
+			break
+		}
+		if raw[i+1] != 'u' {
+			saved++ // \n, \", \\ ...: one byte (an unknown escape: the server rejects it)
+			i += 2
+			continue
+		}
+		r := hex4(raw[i+2:])
+		if r < 0 {
+			saved++ // not an escape JSON knows, or cut: as two bytes
+			i += 2
+			continue
+		}
+		i += 6
+		switch {
+		case r < utf8.RuneSelf:
+			saved += 5
+		case r < 0x800:
+			saved += 4
+		case !utf16.IsSurrogate(r):
+			saved += 3
+		case i+1 < len(raw) && raw[i] == '\\' && raw[i+1] == 'u' &&
+			utf16.DecodeRune(r, hex4(raw[i+2:])) != utf8.RuneError:
+			saved += 12 - 4 // a pair: one rune beyond U+FFFF
+			i += 6
+		default:
+			saved += 3 // an unpaired half: U+FFFD
+		}
+	}
+	return saved
+}
+
+// count adds a prompt string, whose text between the quotes is raw, to
+// the prompt text: by the UTF-8 length of its value (see escSaved).
+func (out *body) count(raw []byte, esc bool) {
+	if esc {
+		out.countEscaped(raw)
+		return
+	}
+	out.chars += len(raw)
+}
+
+// countEscaped is count's path for a string with escapes, kept out of line
+// so that count, on the path of every string, inlines.
+//
+//go:noinline
+func (out *body) countEscaped(raw []byte) {
+	d := escSaved(raw)
+	out.chars += len(raw) - d
+	out.saved += d
+}
+
+// countCut notes the prompt text the peek ends in (raw runs to the end of
+// the peek), which is not counted in chars (the body's size estimates what
+// lies past the peek) but whose escapes, like those of what is counted,
+// tell how much shorter than the body the text past the peek is (see
+// idScaled).
+func (out *body) countCut(raw []byte) {
+	d := escSaved(raw)
+	out.saved += d
+	out.cut += len(raw) - d
+}
+
 // view is unquote for text that does not outlive the parse: an unescaped
 // string aliases the body instead of being copied.
 func view(raw []byte, esc bool) string {
@@ -607,7 +692,7 @@ type body struct {
 	stream    bool
 	maxTokens int    // the largest of bounds
 	n         int    // choices asked for ("n"), each up to maxTokens; 0 if absent or not a count
-	chars     int    // bytes of prompt text seen (message contents, prompt, input, tools), as sent
+	chars     int    // bytes of prompt text seen (message contents, prompt, input, tools), of its UTF-8 value (see count)
 	cacheKey  string // may alias the body, like the fields below
 	cacheSalt string // vLLM's cache_salt: requests with different salts share no cache
 
@@ -676,6 +761,12 @@ type body struct {
 	// charsPerToken bytes) and idBytes the bytes of the lists of them:
 	// how a body larger than the peek is estimated past it (see idScaled).
 	idCount, idBytes int
+
+	// saved is the bytes that escapes took in the prompt text seen beyond
+	// its value (see escSaved), the string or value the peek ends in
+	// included, and cut the value's bytes of that one: how much smaller
+	// than the bytes sent the text past the peek is taken to be (idScaled).
+	saved, cut int
 
 	// Keyer.Chat reads messages only through the first user message (what
 	// every later turn repeats), and no further than MaxKeyChars of their
@@ -843,13 +934,19 @@ func (out *body) promptKeyed(code uint8) {
 	}
 }
 
-// counted steps over a value, counting its bytes as prompt text.
+// counted steps over a value, counting its bytes as prompt text (a
+// string's by its value: see escSaved).
 func (s *scanner) counted(out *body) bool {
 	s.ws()
 	start := s.i
 	ok := s.skip()
 	if ok {
-		out.chars += s.i - start
+		// Its strings by their values: an escape only appears in one.
+		d := escSaved(s.b[start:s.i])
+		out.chars += s.i - start - d
+		out.saved += d
+	} else {
+		out.countCut(s.b[start:])
 	}
 	return ok
 }
@@ -1208,10 +1305,11 @@ func (s *scanner) promptString(out *body) bool {
 	start := s.i + 1
 	raw, esc, ok := s.str()
 	if !ok {
+		out.countCut(s.b[start:])
 		out.cutPrompt(s.b[start:])
 		return false
 	}
-	out.chars += len(raw)
+	out.count(raw, esc)
 	if out.keyed && !out.hasText {
 		out.prompt, out.hasText = view(raw, esc), true
 	}
@@ -1440,12 +1538,15 @@ func (s *scanner) text(out *body) bool {
 	raw, esc, ok := s.str()
 	switch {
 	case ok:
-		out.chars += len(raw)
+		out.count(raw, esc)
 		if out.collect {
 			out.addPart(raw, esc)
 		}
-	case out.collect:
-		out.addCut(s.b[start:])
+	default:
+		out.countCut(s.b[start:])
+		if out.collect {
+			out.addCut(s.b[start:])
+		}
 	}
 	return ok
 }

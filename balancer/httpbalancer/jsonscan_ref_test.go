@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -92,6 +93,21 @@ func refDecode(raw, quoted []byte, esc bool) string {
 		}
 	}
 	return string(raw)
+}
+
+// refTextLen is the bytes a prompt string counts: its value's, as
+// encoding/json decodes it; for a string it rejects, or whose bytes are not
+// UTF-8 (which it would replace), the string less what escSaved says its
+// escapes take beyond their values.
+func refTextLen(raw, quoted []byte, esc bool) int {
+	if !esc {
+		return len(raw)
+	}
+	var v string
+	if json.Unmarshal(quoted, &v) == nil && utf8.Valid(raw) {
+		return len(v)
+	}
+	return len(raw) - escSaved(raw)
 }
 
 func refView(raw, quoted []byte, esc bool) string {
@@ -568,7 +584,7 @@ func (s *refScanner) promptValue(out *refBody) (int, bool) {
 			out.cutPrompt(s.b[start:])
 			return 1, false
 		}
-		out.chars += len(raw)
+		out.chars += refTextLen(raw, quoted, esc)
 		if out.keyed && !out.hasText {
 			out.prompt, out.hasText = refView(raw, quoted, esc), true
 		}
@@ -587,7 +603,7 @@ func (s *refScanner) promptValue(out *refBody) (int, bool) {
 					out.cutPrompt(s.b[start:])
 				}
 				if ok {
-					out.chars += len(raw)
+					out.chars += refTextLen(raw, quoted, esc)
 					if out.keyed && !out.hasText {
 						out.prompt, out.hasText = refView(raw, quoted, esc), true
 					}
@@ -679,7 +695,7 @@ func (s *refScanner) content(out *refBody) bool {
 		start := s.i + 1
 		raw, quoted, esc, ok := s.str()
 		if ok {
-			out.chars += len(raw)
+			out.chars += refTextLen(raw, quoted, esc)
 			if out.collect {
 				out.addPart(raw, quoted, esc)
 			}
@@ -698,7 +714,7 @@ func (s *refScanner) counted(out *refBody) bool {
 	start := s.i
 	ok := s.skip()
 	if ok {
-		out.chars += s.i - start
+		out.chars += s.i - start - escSaved(s.b[start:s.i])
 	}
 	return ok
 }
@@ -749,7 +765,7 @@ func (s *refScanner) contentPart(out *refBody, nested bool) bool {
 		if !ok {
 			return s.skip()
 		}
-		out.chars += len(raw)
+		out.chars += refTextLen(raw, quoted, esc)
 		if out.collect {
 			out.addPart(raw, quoted, esc)
 		}
