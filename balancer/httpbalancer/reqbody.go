@@ -151,7 +151,7 @@ func hasJSON(s string) bool {
 // in memory (see copyHead), else a read. The read is bounded by the
 // context (the body may be a pipe fed by another goroutine): cancellation
 // closes the caller's body, which unblocks the read, and readBody returns
-// the context's error. When the caller's body fails, readBody returns its
+// the context's cause (context.Cause: its error, or the caller's reason). When the caller's body fails, readBody returns its
 // error: nothing is sent, and no endpoint is blamed for it. On error the
 // body is closed.
 //
@@ -178,8 +178,8 @@ func (t *Transport) readBody(ctx context.Context, r *http.Request, rb *reqBody, 
 	var err error
 	rb.head, rb.complete, err = readHead(r.Body, r.ContentLength, t.cfg.maxPeek, buf)
 	if stop != nil && !stop() {
-		<-closed // the body was closed under the read; let that finish
-		return ctx.Err()
+		<-closed                  // the body was closed under the read; let that finish
+		return context.Cause(ctx) // the caller's reason, as net/http returns it
 	}
 	if err != nil {
 		_ = r.Body.Close()

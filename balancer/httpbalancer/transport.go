@@ -408,9 +408,11 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 
 	body := rb.first()
-	if err := ctx.Err(); err != nil {
+	if ctx.Err() != nil {
 		closeBody(body)
-		return nil, err
+		// The cause the caller gave (context.WithCancelCause), as
+		// net/http's Transport returns it: else context.Err's.
+		return nil, context.Cause(ctx)
 	}
 	var err error
 	switch {

@@ -3,6 +3,7 @@ package httpbalancer_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -489,6 +490,43 @@ func TestCanceledDuringPeek(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	_, err = pw.Write([]byte("x"))
 	require.ErrorIs(t, err, io.ErrClosedPipe, "the caller's body was closed")
+}
+
+// TestCanceledWithACauseBeforeSend: a context ended with a cause
+// (context.WithCancelCause) before the call was sent, or while its body
+// was read ahead, fails the call with that cause, as net/http's Transport
+// does and as the same call gets when the cancel comes during the send.
+// Both used to return context.Canceled, losing the caller's reason.
+func TestCanceledWithACauseBeforeSend(t *testing.T) {
+	a := newBackend(t, "a")
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a)})
+	cause := errors.New("the user pressed stop")
+
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(cause)
+	for _, ct := range []string{"application/json", "application/octet-stream"} { // read ahead, or not
+		body := &closeTracker{Reader: strings.NewReader(chatBody(1, false))}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, body)
+		req.Header.Set("Content-Type", ct)
+		_, err := tr.RoundTrip(req)
+		require.ErrorIs(t, err, cause, "canceled before the send, %s", ct)
+		assert.True(t, body.closed)
+	}
+
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	ctx, cancel = context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, pr)
+	go func() {
+		_, _ = pw.Write([]byte(`{"model":`)) // then stall
+		cancel(cause)
+	}()
+	_, err := tr.RoundTrip(req)
+	require.ErrorIs(t, err, cause, "canceled while the body was read ahead")
+
+	assert.Zero(t, a.hits.Load())
+	assert.Zero(t, statsByID(tr.Balancer())["a"].Picks)
 }
 
 // TestConcurrentCloseAndRead: Close racing a blocked Read reports once
