@@ -54,6 +54,9 @@ type Transport struct {
 	own     atomic.Pointer[map[string]string]
 	lastOwn []inferlb.Endpoint // guarded by mu: the set own was last built from
 	applied []inferlb.Endpoint // guarded by mu: the set last given to the Balancer (Endpoints)
+	// count is len(static)+len(discovered) as of the last apply, for
+	// RoundTrip to read without mu (see endpointCount).
+	count atomic.Int64
 
 	stopDiscovery context.CancelFunc // nil without Discovery
 	discoveryDone chan struct{}
@@ -196,12 +199,10 @@ func (t *Transport) Endpoints() []inferlb.Endpoint {
 }
 
 // endpointCount is how many endpoints the Transport has given its
-// Balancer (static and discovered, before duplicates are dropped).
-func (t *Transport) endpointCount() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.static) + len(t.discovered)
-}
+// Balancer (static and discovered, before duplicates are dropped). It
+// takes no lock: RoundTrip asks it on every 400, 404, 413 and 422, and mu
+// is held while an Update or a discovered set is applied to the Balancer.
+func (t *Transport) endpointCount() int { return int(t.count.Load()) }
 
 // applyLocked gives the Balancer the union of both sets; a discovered
 // endpoint with the ID of a static one is dropped (the static one wins).
@@ -209,6 +210,7 @@ func (t *Transport) endpointCount() int {
 // applies it (it reports the others): Endpoints and, on a shared
 // Balancer, the addresses calls are sent to (own) follow it.
 func (t *Transport) applyLocked() error {
+	t.count.Store(int64(len(t.static) + len(t.discovered)))
 	all := make([]inferlb.Endpoint, 0, len(t.static)+len(t.discovered))
 	all = append(all, t.static...)
 	for _, d := range t.discovered {
