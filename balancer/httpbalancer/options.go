@@ -139,7 +139,10 @@ type Options struct {
 	// into the Balancer's telemetry. Reports that arrive unasked are used too.
 	LoadReports bool
 	// DisableFailover turns off the one retry on another endpoint for calls
-	// that failed before any response arrived. A call that met a
+	// that failed before any response arrived, and the retries past
+	// endpoints that answered they do not serve the call's model (a 404)
+	// or that it is longer than their context window: the caller gets
+	// that answer. A call that met a
 	// connection the server closed while idle, which never reached the
 	// server, is still sent again to the same endpoint (see Failover in
 	// the package doc).
