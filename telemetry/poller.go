@@ -42,8 +42,9 @@ type PollerOptions struct {
 	// Interval is the delay between rounds that succeed. Default
 	// DefaultPollInterval.
 	Interval time.Duration
-	// Jitter spreads each delay uniformly over ±Jitter of it, in [0, 1).
-	// Default DefaultPollJitter; negative means none.
+	// Jitter spreads each delay uniformly over ±Jitter of it, in [0, 1),
+	// and delays each early round (MinInterval) by up to Jitter x
+	// MinInterval. Default DefaultPollJitter; negative means none.
 	Jitter float64
 	// Timeout bounds one Collect. Default: Interval/3 (5 s at the default
 	// Interval; Prometheus' scrape timeout is a sixth of its interval). A
@@ -65,14 +66,17 @@ type PollerOptions struct {
 	// of an early one. A Poller whose Sink is an ExpiryNotifier (a Store, a
 	// balancer.Balancer) runs its next round early when the Sink drops
 	// readings (a gRPC reconnect, a failure exclusion): at once, or
-	// MinInterval after the last round started if that is later; drops
-	// before that round come to one round. The gap bounds the extra load on
-	// the Source when the connections to many endpoints are rotated one
-	// after another: at most Interval/MinInterval rounds per Interval.
-	// Default Interval/4: at most four times the usual load, and dropped
-	// readings scraped again within 3.75 s at the default Interval. No early
-	// round follows a failed one: the Source did not answer, and backoff
-	// stands. Negative means no early rounds: choose it for a Source that
+	// MinInterval after the last round started if that is later, plus a
+	// random delay of up to Jitter x MinInterval (a server's restart
+	// reconnects every client process at once: without it their Pollers
+	// would all scrape the fleet in the same instant); drops before that
+	// round come to one round. The gap bounds the extra load on the
+	// Source when the connections to many endpoints are rotated one after
+	// another: at most Interval/MinInterval rounds per Interval. Default
+	// Interval/4: at most four times the usual load, and dropped readings
+	// scraped again within 4.125 s (3.75 s and its 10% jitter) at the
+	// default Interval and Jitter. No early round follows a failed one:
+	// the Source did not answer, and backoff stands. Negative means no early rounds: choose it for a Source that
 	// reads through Prometheus (promapi), whose early round would return
 	// the scrape Prometheus took before the drop, which the Store refuses
 	// as the old process's (dropped_old).
@@ -106,7 +110,8 @@ type PollerStats struct {
 // (exponential backoff, capped at MaxBackoff) and a successful round resets
 // it; every delay is jittered. When the Sink drops readings (ExpiryNotifier),
 // the next round starts early, MinInterval after the last one started or at
-// once if that has passed. A Poller never stops on an error: telemetry is
+// once if that has passed, delayed by up to Jitter x MinInterval so that
+// clients woken together (a server's restart) do not scrape together. A Poller never stops on an error: telemetry is
 // advisory, and a source that is down now may be back at the next round.
 //
 // Stats may be called from any goroutine while Run is going; Run may be
@@ -211,9 +216,17 @@ func (p *Poller) Run(ctx context.Context) error {
 			return ctx.Err()
 		case <-wake:
 			// Readings were dropped: scrape them again as soon as
-			// MinInterval after the last round's start allows.
+			// MinInterval after the last round's start allows, plus a
+			// jittered delay: a server's restart reconnects every client
+			// process at once, whose Pollers would otherwise all scrape
+			// the fleet in the same instant.
 			wake = nil
-			if soon := start.Add(p.opts.MinInterval); soon.Before(due) {
+			soon := time.Now()
+			if s := start.Add(p.opts.MinInterval); s.After(soon) {
+				soon = s
+			}
+			soon = soon.Add(p.earlyJitter())
+			if soon.Before(due) {
 				due, early = soon, true
 				timer.Reset(time.Until(soon))
 			}
@@ -334,6 +347,17 @@ func (p *Poller) nextDelay(ok bool) time.Duration {
 		d = time.Duration(min(float64(d)*(1+j*(2*u-1)), float64(math.MaxInt64/2)))
 	}
 	return max(d, time.Millisecond)
+}
+
+// earlyJitter is the delay added to an early round: uniform in
+// [0, Jitter·MinInterval).
+func (p *Poller) earlyJitter() time.Duration {
+	j := p.opts.Jitter
+	if j <= 0 {
+		return 0
+	}
+	u := float64(p.opts.Rand.Uint64()>>11) / (1 << 53) // [0, 1)
+	return time.Duration(u * j * float64(p.opts.MinInterval))
 }
 
 // Stats returns the counters.

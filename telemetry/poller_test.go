@@ -546,3 +546,38 @@ func TestPollerDefaultsKeepReadingsFreshPastAHungTarget(t *testing.T) {
 		assert.Greater(t, p.Stats().Timeouts, uint64(150), "every round timed out (a round each 20 s or so)")
 	})
 }
+
+// TestPollerJittersItsEarlyRound: a server's restart reconnects every
+// client process's connections together, and each one's Poller, woken by
+// the expiry, ran its early round at once: every client scraped the whole
+// fleet in the same instant. The early round is delayed by up to Jitter x
+// MinInterval, drawn from Rand, and still never starts sooner than
+// MinInterval after the last round.
+func TestPollerJittersItsEarlyRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		src := &scripted{errs: []error{nil}, start: start}
+		var st telemetry.Store
+		// Draws in turn: the delay after the round at 0 (u = 0.5: 10 s),
+		// the first early round's (u = 0.5: 0.5 x 0.5 x 2 s = 0.5 s), the
+		// delay after it (10 s), the second early round's (u = 0.75: 0.75 s).
+		p, err := telemetry.NewPoller(src, &st, telemetry.PollerOptions{
+			Interval: 10 * time.Second, MinInterval: 2 * time.Second, Jitter: 0.5,
+			Rand: testutil.NewScript(1<<63, 1<<63, 1<<63, 3<<62, 1<<63),
+		})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+
+		expireAt(t, &st, start, 5*time.Second, "a") // would be at once: 5 + 0.5
+		expireAt(t, &st, start, 6*time.Second, "a") // MinInterval after 5.5, + 0.75
+		time.Sleep(10*time.Second - time.Since(start))
+		synctest.Wait()
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+
+		assert.Equal(t, secs(0, 5.5, 8.25), src.times())
+		assert.Equal(t, uint64(2), p.Stats().Early)
+	})
+}

@@ -256,9 +256,10 @@
 // too (TestMaxConnectionAgeReconnectExpiresAPollerReading). A
 // telemetry.Poller publishing into the Balancer is woken by the expiry and
 // scrapes again, at once or PollerOptions.MinInterval (default a quarter
-// of its Interval) after its last round started: the endpoint goes without
-// scraped readings for about one scrape, not until the Poller's next
-// round (TestMaxConnectionAgeReconnectPollsAgainEarly). A failed connection
+// of its Interval) after its last round started, plus up to Jitter of
+// MinInterval: the endpoint goes without scraped readings for about one
+// scrape, not until the Poller's next round
+// (TestMaxConnectionAgeReconnectPollsAgainEarly). A failed connection
 // attempt between the two READYs would mark most restarts, but not one
 // whose new process takes the listening socket over, which reconnects as a
 // rotation does; the old process's report is the worse error, so every
