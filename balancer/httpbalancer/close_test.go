@@ -135,3 +135,32 @@ func TestNewTransportNamesTheBalancerItCannotJoin(t *testing.T) {
 	require.ErrorIs(t, err, balancer.ErrTooManyMemberships)
 	assert.Contains(t, err.Error(), "httpbalancer.Options.Balancer")
 }
+
+// Update after Close failed (balancer.ErrClosed, or ErrMembershipClosed on
+// a shared Balancer) but still recorded the set: Endpoints, which telemetry
+// sources follow for their scrape targets, listed endpoints the closed
+// Balancer or membership does not have. Update after Close changes nothing.
+func TestUpdateAfterCloseChangesNothing(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	shared := balancer.New(balancer.Options{})
+	defer shared.Close()
+	for _, tc := range []struct {
+		name string
+		opts httpbalancer.Options
+		want error
+	}{
+		{"own Balancer", httpbalancer.Options{Endpoints: endpointsOf(a)}, balancer.ErrClosed},
+		{"membership of a shared Balancer", httpbalancer.Options{Balancer: shared, Endpoints: endpointsOf(a)}, balancer.ErrMembershipClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTransport(t, tc.opts)
+			before := tr.Endpoints()
+			require.Len(t, before, 1)
+			require.NoError(t, tr.Close())
+			assert.ErrorIs(t, tr.Update(endpointsOf(a, b)), tc.want)
+			assert.Equal(t, before, tr.Endpoints())
+			assert.ErrorIs(t, tr.Update(nil), tc.want)
+			assert.Equal(t, before, tr.Endpoints())
+		})
+	}
+}

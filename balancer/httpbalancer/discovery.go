@@ -164,8 +164,7 @@ func (ds *discoverer) resolve(ctx context.Context) {
 		t.mu.Unlock()
 		return
 	}
-	t.discovered = eps
-	err = t.applyLocked()
+	err = t.applyLocked(t.static, eps)
 	t.mu.Unlock()
 	if err != nil && d.OnError != nil { // outside mu: OnError may call Update
 		d.OnError(err)

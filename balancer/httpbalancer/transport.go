@@ -142,7 +142,10 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 // Update replaces the static endpoint set (Options.Endpoints); endpoints
 // found by Discovery are kept. Endpoints whose Addr is not "host:port" or
 // "http(s)://host:port" are skipped and reported in the error, as are the
-// Balancer's own complaints; the rest is applied.
+// Balancer's own complaints; the rest is applied. After Close (or on a
+// closed Balancer or Membership) it returns balancer.ErrClosed or
+// balancer.ErrMembershipClosed and changes nothing: Endpoints still lists
+// the set from before.
 func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	var errs []error
 	keep := make([]inferlb.Endpoint, 0, len(endpoints))
@@ -159,8 +162,7 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.static = keep
-	errs = append(errs, t.applyLocked())
+	errs = append(errs, t.applyLocked(keep, t.discovered))
 	return errors.Join(errs...)
 }
 
@@ -204,12 +206,25 @@ func (t *Transport) Endpoints() []inferlb.Endpoint {
 // is held while an Update or a discovered set is applied to the Balancer.
 func (t *Transport) endpointCount() int { return int(t.count.Load()) }
 
-// applyLocked gives the Balancer the union of both sets; a discovered
+// applyLocked makes static and discovered the Transport's sets and gives
+// the Balancer their union; a discovered
 // endpoint with the ID of a static one is dropped (the static one wins).
 // Of static endpoints sharing an ID the first is applied, as the Balancer
 // applies it (it reports the others): Endpoints and, on a shared
-// Balancer, the addresses calls are sent to (own) follow it.
-func (t *Transport) applyLocked() error {
+// Balancer, the addresses calls are sent to (own) follow it. A closed
+// Balancer or Membership changes nothing, and neither does applyLocked:
+// Endpoints would otherwise list endpoints the Balancer does not have.
+func (t *Transport) applyLocked(static, discovered []inferlb.Endpoint) (err error) {
+	prevStatic, prevDiscovered, prevCount := t.static, t.discovered, t.count.Load()
+	prevOwn, prevLastOwn, prevApplied := t.own.Load(), t.lastOwn, t.applied
+	defer func() {
+		if errors.Is(err, balancer.ErrClosed) || errors.Is(err, balancer.ErrMembershipClosed) {
+			t.static, t.discovered, t.applied, t.lastOwn = prevStatic, prevDiscovered, prevApplied, prevLastOwn
+			t.count.Store(prevCount)
+			t.own.Store(prevOwn)
+		}
+	}()
+	t.static, t.discovered = static, discovered
 	t.count.Store(int64(len(t.static) + len(t.discovered)))
 	all := make([]inferlb.Endpoint, 0, len(t.static)+len(t.discovered))
 	all = append(all, t.static...)
