@@ -95,7 +95,8 @@ func (t *Transport) Stats() TransportStats {
 var _ http.RoundTripper = (*Transport)(nil)
 
 // NewTransport returns a Transport for o. It fails on invalid Options or
-// Endpoints; with Discovery it resolves the name once before returning (a
+// Endpoints, an out-of-range Weight (which Update would correct and apply)
+// included; with Discovery it resolves the name once before returning (a
 // failure there is reported to Discovery.OnError, not returned, so a fleet
 // that is briefly unresolvable at start does not stop the caller) and keeps
 // resolving until Close.
@@ -117,7 +118,7 @@ func NewTransport(o Options) (*Transport, error) {
 	}
 	if len(o.Endpoints) > 0 {
 		if err := t.Update(o.Endpoints); err != nil {
-			err = fmt.Errorf("inferlb: NewTransport: Options.Endpoints: no Transport was made (Update would apply the valid endpoints and skip these): %w", err)
+			err = fmt.Errorf("inferlb: NewTransport: Options.Endpoints: no Transport was made (Update would skip the entries reported skipped, correct the Weights reported out of range, and apply the rest): %w", err)
 			// Update applied the valid endpoints: let go of them, or
 			// their telemetry slots would be held for good.
 			if t.mem != nil {

@@ -89,6 +89,22 @@ func TestOptionsValidation(t *testing.T) {
 	}
 }
 
+// TestNewTransportSaysAWeightWouldBeCorrected: an out-of-range Weight fails
+// NewTransport as a whole, as any bad entry does, but the error said Update
+// "would apply the valid endpoints and skip these", though the Balancer
+// skips no such endpoint: it applies it with the Weight corrected (1 for a
+// negative one, MaxWeight above it). The error says what Update would do.
+func TestNewTransportSaysAWeightWouldBeCorrected(t *testing.T) {
+	for _, w := range []float64{-1, balancer.MaxWeight * 2} {
+		_, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000", Weight: w}}})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "no Transport was made")
+		assert.NotContains(t, err.Error(), "skip these", "the endpoint is not skipped")
+		assert.Contains(t, err.Error(), "correct the Weights reported out of range")
+		assert.Contains(t, err.Error(), "Weight")
+	}
+}
+
 // TestDistribution: sequential calls over one keep-alive client spread over
 // all backends, because the pick is per request, not per connection.
 func TestDistribution(t *testing.T) {
