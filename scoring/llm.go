@@ -13,7 +13,7 @@ import (
 //	load        = max(in-flight here, running + QueueWeight x waiting on the server + sent since)
 //	              + in-flight tokens / TokenUnit
 //	reliability = 1 + ErrorPenalty x error rate / (1 - error rate)
-//	kvPressure  = min(Pressure(KV-cache usage + sent since x usage / running, KVKnee, Steepness), MaxKVPressure)
+//	kvPressure  = min(Pressure(KV-cache usage + sent since x usage / running, in 0..1, KVKnee, Steepness), MaxKVPressure)
 //	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness), for a server
 //	              that reports no KV-cache usage and is not marked as pre-allocating
 //	              one (see telemetry.Sample.MemoryPressure)
@@ -112,8 +112,11 @@ type LLM struct {
 // more. Without it the pressure curve, steepest exactly where a saturated
 // fleet sits, would turn a stale reading a few points lower than its
 // neighbours' into every pick until the next scrape. Without a running
-// count the reading stands.
+// count the reading stands. Either way the usage is a fraction: a reading
+// above 1 is a full cache, as a projected one is, or the endpoint with
+// calls sent since (clamped to 1) cost less than the same one without.
 func projectKV(kv float64, tel *telemetry.Sample, delta int64) float64 {
+	kv = min(max(kv, 0), 1)
 	if delta == 0 {
 		return kv
 	}

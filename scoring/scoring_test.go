@@ -422,3 +422,21 @@ func TestPreallocatingServersAreNotPricedByMemory(t *testing.T) {
 		float64(telemetry.GPUMemUsed), 77.6*gib, float64(telemetry.GPUMemTotal), 80*gib)
 	assert.InDelta(t, want*scoring.Pressure(0.97, 0.92, 8), l.Cost(req, custom), 1e-6)
 }
+
+// A KV-cache usage is a fraction: a reading above 1 (a Source or a
+// Publish that passed a percentage, or an overshoot) is a full cache,
+// whether or not calls were sent since it. Clamped only when projected,
+// it priced an endpoint with calls sent since (busier) below the same
+// endpoint without them once MaxKVPressure let the curve run: 1.5 with
+// none sent since cost 11 x 2601, with one sent since 12 x 401.
+func TestKVAboveOneIsAFullCache(t *testing.T) {
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	for _, l := range []*scoring.LLM{{}, {MaxKVPressure: math.Inf(1)}, {MaxKVPressure: 1000}} {
+		full := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 10, float64(telemetry.KVCacheUsage), 1)
+		over := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 10, float64(telemetry.KVCacheUsage), 1.5)
+		assert.InDelta(t, l.Cost(req, full), l.Cost(req, over), 1e-9, "MaxKVPressure %v: above 1 is full", l.MaxKVPressure)
+		busier := over
+		busier.InFlightSinceReading = 1
+		assert.GreaterOrEqual(t, l.Cost(req, busier), l.Cost(req, over), "MaxKVPressure %v: a call sent since makes it dearer", l.MaxKVPressure)
+	}
+}
