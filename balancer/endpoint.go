@@ -77,6 +77,10 @@ type endpoint struct {
 	// in-flight count then (see readingDelta).
 	readingAt   atomic.Int64
 	readingBase atomic.Int64
+	// The same for the KV-cache usage when its time is not the load
+	// reading's (a load header carries it, and no Running): kvAt is its
+	// time, kvBase the in-flight count then (see kvDelta).
+	kvAt, kvBase atomic.Int64
 	// The in-flight count before the first pick of each of the last
 	// inFlightHistory seconds with a pick, as (unix second + 1) << 32 |
 	// count: a reading that arrives long after it was measured counts the
@@ -264,9 +268,13 @@ func (e *endpoint) state(c *config, now time.Time, svc inferlb.Service, weight f
 	st.ErrorRate = e.errorRate(c, nowNs)
 	slot := e.slot.Load()
 	slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
-	st.InFlightSinceReading = 0 // st may hold another candidate's
-	if tel := &st.Telemetry; tel.Has.Has(telemetry.Running) || tel.Has.Has(telemetry.Waiting) {
+	st.InFlightSinceReading, st.InFlightSinceKV = 0, 0 // st may hold another candidate's
+	tel := &st.Telemetry
+	if tel.Has.Has(telemetry.Running) || tel.Has.Has(telemetry.Waiting) {
 		st.InFlightSinceReading = e.readingDelta(slot, tel.Has, st.InFlight, nowNs)
+	}
+	if tel.Has.Has(telemetry.KVCacheUsage) {
+		st.InFlightSinceKV = e.kvDelta(slot, tel.Has, st.InFlightSinceReading, st.InFlight, nowNs)
 	}
 }
 
@@ -339,10 +347,15 @@ func (e *endpoint) inFlightAfter(atNs, nowNs int64) (int64, bool) {
 // are not counted, which errs towards the reading. Racing picks may both
 // store a base; either is a count from the same moment.
 func (e *endpoint) readingDelta(slot *telemetry.Slot, fresh telemetry.FieldSet, inFlight, nowNs int64) int64 {
-	// The time of the fields the caller prices: a Running gone stale (its
-	// source stopped) while a Waiting stays fresh (a load header carries
-	// the queue only) is still in the slot, and measured from its time the
-	// calls sent since a fresh queue were those since the old scrape.
+	return e.sinceBase(&e.readingAt, &e.readingBase, readingTime(slot, fresh), inFlight, nowNs)
+}
+
+// readingTime is the time (unix ns) of the load reading readingDelta
+// counts from: a Running gone stale (its source stopped) while a Waiting
+// stays fresh (a load header carries the queue only) is still in the slot,
+// and measured from its time the calls sent since a fresh queue were those
+// since the old scrape.
+func readingTime(slot *telemetry.Slot, fresh telemetry.FieldSet) int64 {
 	at := int64(0)
 	if fresh.Has(telemetry.Running) {
 		at = slot.Observed(telemetry.Running)
@@ -350,18 +363,40 @@ func (e *endpoint) readingDelta(slot *telemetry.Slot, fresh telemetry.FieldSet, 
 	if at == 0 {
 		at = slot.Observed(telemetry.Waiting)
 	}
-	if e.readingAt.Load() != at {
-		base := inFlight
-		if nowNs-at > int64(lateReading) {
-			if n, ok := e.inFlightAfter(at, nowNs); ok {
-				base = n
+	return at
+}
+
+// kvDelta is readingDelta for the slot's KV-cache usage, from its own time:
+// a load header (vLLM's carries the KV usage and the queue, not Running)
+// is measured after every response, while Running is as old as the last
+// scrape, and the calls sent between the two are in the header's usage
+// already. Counted from the scrape, they moved a header's 90% with 10
+// running to a full cache. sinceReading is readingDelta's result, which
+// holds when the usage came with the load reading.
+func (e *endpoint) kvDelta(slot *telemetry.Slot, fresh telemetry.FieldSet, sinceReading, inFlight, nowNs int64) int64 {
+	at := slot.Observed(telemetry.KVCacheUsage)
+	if (fresh.Has(telemetry.Running) || fresh.Has(telemetry.Waiting)) && at == readingTime(slot, fresh) {
+		return sinceReading
+	}
+	return e.sinceBase(&e.kvAt, &e.kvBase, at, inFlight, nowNs)
+}
+
+// sinceBase returns how the in-flight count has changed since the reading
+// measured at atNs, whose time and base the pair (readAt, base) keeps: a
+// new time takes a new base (see readingDelta).
+func (e *endpoint) sinceBase(readAt, base *atomic.Int64, atNs, inFlight, nowNs int64) int64 {
+	if readAt.Load() != atNs {
+		b := inFlight
+		if nowNs-atNs > int64(lateReading) {
+			if n, ok := e.inFlightAfter(atNs, nowNs); ok {
+				b = n
 			}
 		}
-		e.readingBase.Store(base)
-		e.readingAt.Store(at)
-		return inFlight - base
+		base.Store(b)
+		readAt.Store(atNs)
+		return inFlight - b
 	}
-	return inFlight - e.readingBase.Load()
+	return inFlight - base.Load()
 }
 
 // stepTolerance is how far a time an endpoint stamped may be ahead of a

@@ -13,7 +13,7 @@ import (
 //	load        = max(in-flight here, running + QueueWeight x waiting on the server + sent since)
 //	              + in-flight tokens / TokenUnit
 //	reliability = 1 + ErrorPenalty x error rate / (1 - error rate)
-//	kvPressure  = min(Pressure(KV-cache usage + sent since x usage / running, in 0..1, KVKnee, Steepness), MaxKVPressure)
+//	kvPressure  = min(Pressure(KV-cache usage + sent since it x usage / running, in 0..1, KVKnee, Steepness), MaxKVPressure)
 //	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness), for a server
 //	              that reports no KV-cache usage and is not marked as pre-allocating
 //	              one (see telemetry.Sample.MemoryPressure)
@@ -32,7 +32,9 @@ import (
 // add to it, because this process's in-flight calls are among them. They are
 // as old as the last scrape, though, so "sent since" (State.InFlightSinceReading,
 // the calls this process sent there since the reading, less those that
-// ended) brings the reading and the KV-cache usage up to now; without it the
+// ended) brings the reading up to now, and the same count since the KV-cache
+// usage was measured (State.InFlightSinceKV: a load header's usage is newer
+// than the scrape's Running) brings the usage up to now; without them the
 // endpoint that looked emptiest at the last scrape would take every pick
 // until the next. When telemetry is absent or stale the factors are neutral
 // (1) and the cost is this process's own view. A server count, a load or
@@ -163,7 +165,7 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 	}
 	steep := orDefault(l.Steepness, 4)
 	if kv, ok := tel.Get(telemetry.KVCacheUsage); ok {
-		cost *= min(Pressure(projectKV(kv, tel, s.InFlightSinceReading), orDefault(l.KVKnee, 0.85), steep), orDefault(l.MaxKVPressure, 10))
+		cost *= min(Pressure(projectKV(kv, tel, s.InFlightSinceKV), orDefault(l.KVKnee, 0.85), steep), orDefault(l.MaxKVPressure, 10))
 	}
 	if mem, ok := tel.MemoryPressure(); ok {
 		cost *= Pressure(mem, orDefault(l.MemoryKnee, 0.92), orDefault(l.MemorySteepness, 8))

@@ -93,6 +93,13 @@ type State struct {
 	// one (read from Prometheus) from the balancer's per-second history of
 	// InFlight at the reading's time. 0 without such a reading.
 	InFlightSinceReading int64
+	// InFlightSinceKV is the same count since the KV-cache usage in
+	// Telemetry was measured, which may be later than the load reading:
+	// a load header (vLLM's carries the usage and the queue, not the
+	// running count) comes after every response, a scrape every 15-30 s.
+	// It equals InFlightSinceReading when the usage came with the reading,
+	// and is 0 without a fresh usage.
+	InFlightSinceKV int64
 	// Telemetry holds the endpoint's fresh telemetry fields only: stale or
 	// never-reported fields are absent (neutral).
 	Telemetry telemetry.Sample

@@ -98,18 +98,28 @@ func TestLLMCostBringsAReadingUpToNow(t *testing.T) {
 	// running is 100% after one more, and as expensive as a full cache.
 	kv := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 9, float64(telemetry.KVCacheUsage), 0.9)
 	kv1 := kv
-	kv1.InFlightSinceReading = 1
+	kv1.InFlightSinceReading, kv1.InFlightSinceKV = 1, 1
 	full := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 10, float64(telemetry.KVCacheUsage), 1)
 	assert.InDelta(t, l.Cost(req, full), l.Cost(req, kv1), 1e-9)
 	assert.Greater(t, l.Cost(req, kv1), 3*l.Cost(req, kv), "one more call on a nearly full cache costs far more")
-	kv1.InFlightSinceReading = -3
+	kv1.InFlightSinceReading, kv1.InFlightSinceKV = -3, -3
 	assert.InDelta(t, l.Cost(req, withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 6, float64(telemetry.KVCacheUsage), 0.6)),
 		l.Cost(req, kv1), 1e-9, "calls that ended since free their share")
+
+	// The usage moves by the calls sent since its own time: a load header
+	// measured after the scrape that gave Running already counts the calls
+	// sent between the two.
+	header := kv
+	header.InFlightSinceReading = 3
+	atScrape := kv
+	atScrape.InFlightSinceReading, atScrape.InFlightSinceKV = 3, 3
+	assert.InDelta(t, (9+3+1)*scoring.Pressure(0.9, 0.85, 4), l.Cost(req, header), 1e-9, "the usage as the header read it")
+	assert.Greater(t, l.Cost(req, atScrape), 3*l.Cost(req, header), "the same calls sent since a usage as old as the scrape")
 
 	// Without a running count there is no share to move by.
 	alone := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.KVCacheUsage), 0.9)
 	moved := alone
-	moved.InFlightSinceReading = 5
+	moved.InFlightSinceReading, moved.InFlightSinceKV = 5, 5
 	assert.InDelta(t, l.Cost(req, alone)+5*scoring.Pressure(0.9, 0.85, 4), l.Cost(req, moved), 1e-9, "load grows, KV usage stands")
 }
 
@@ -213,7 +223,7 @@ func TestScorersNeverReturnNaNOrNegative(t *testing.T) {
 	add("negative server counts", func(s *scoring.State) {
 		s.Telemetry.Set(telemetry.Running, -1e9)
 		s.Telemetry.Set(telemetry.Waiting, -1e9)
-		s.InFlightSinceReading = -1 << 40
+		s.InFlightSinceReading, s.InFlightSinceKV = -1<<40, -1<<40
 	})
 	add("empty queue", func(s *scoring.State) { s.Telemetry.Set(telemetry.Waiting, 0) })
 	add("huge server counts", func(s *scoring.State) {
@@ -436,7 +446,7 @@ func TestKVAboveOneIsAFullCache(t *testing.T) {
 		over := withTelemetry(scoring.State{Now: now, Weight: 1}, float64(telemetry.Running), 10, float64(telemetry.KVCacheUsage), 1.5)
 		assert.InDelta(t, l.Cost(req, full), l.Cost(req, over), 1e-9, "MaxKVPressure %v: above 1 is full", l.MaxKVPressure)
 		busier := over
-		busier.InFlightSinceReading = 1
+		busier.InFlightSinceReading, busier.InFlightSinceKV = 1, 1
 		assert.GreaterOrEqual(t, l.Cost(req, busier), l.Cost(req, over), "MaxKVPressure %v: a call sent since makes it dearer", l.MaxKVPressure)
 	}
 }
