@@ -270,11 +270,13 @@ func (e *endpoint) state(c *config, now time.Time, svc inferlb.Service, weight f
 	slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
 	st.InFlightSinceReading, st.InFlightSinceKV = 0, 0 // st may hold another candidate's
 	tel := &st.Telemetry
+	loadAt := int64(0) // the load reading's time; 0 without one
 	if tel.Has.Has(telemetry.Running) || tel.Has.Has(telemetry.Waiting) {
-		st.InFlightSinceReading = e.readingDelta(slot, tel.Has, st.InFlight, nowNs)
+		loadAt = readingTime(slot, tel.Has)
+		st.InFlightSinceReading = e.sinceBase(&e.readingAt, &e.readingBase, loadAt, st.InFlight, nowNs)
 	}
 	if tel.Has.Has(telemetry.KVCacheUsage) {
-		st.InFlightSinceKV = e.kvDelta(slot, tel.Has, st.InFlightSinceReading, st.InFlight, nowNs)
+		st.InFlightSinceKV = e.kvDelta(slot.Observed(telemetry.KVCacheUsage), loadAt, st.InFlightSinceReading, st.InFlight, nowNs)
 	}
 }
 
@@ -371,11 +373,11 @@ func readingTime(slot *telemetry.Slot, fresh telemetry.FieldSet) int64 {
 // is measured after every response, while Running is as old as the last
 // scrape, and the calls sent between the two are in the header's usage
 // already. Counted from the scrape, they moved a header's 90% with 10
-// running to a full cache. sinceReading is readingDelta's result, which
+// running to a full cache. at is the usage's time, loadAt the load
+// reading's (0 without one) and sinceReading readingDelta's result, which
 // holds when the usage came with the load reading.
-func (e *endpoint) kvDelta(slot *telemetry.Slot, fresh telemetry.FieldSet, sinceReading, inFlight, nowNs int64) int64 {
-	at := slot.Observed(telemetry.KVCacheUsage)
-	if (fresh.Has(telemetry.Running) || fresh.Has(telemetry.Waiting)) && at == readingTime(slot, fresh) {
+func (e *endpoint) kvDelta(at, loadAt, sinceReading, inFlight, nowNs int64) int64 {
+	if at == loadAt {
 		return sinceReading
 	}
 	return e.sinceBase(&e.kvAt, &e.kvBase, at, inFlight, nowNs)
