@@ -1,6 +1,7 @@
 // Package modelserver reads load from inference servers' own telemetry: the
-// Prometheus /metrics of vLLM, SGLang, TensorRT-LLM, Triton and TGI, and
-// vLLM's per-response ORCA load header (endpoint-load-metrics).
+// Prometheus /metrics of vLLM, SGLang, TensorRT-LLM, Triton, TGI,
+// text-embeddings-inference (TEI) and llama.cpp's llama-server (--metrics),
+// and vLLM's per-response ORCA load header (endpoint-load-metrics).
 //
 // ParseMetrics detects the engine from the metric names it finds, so one
 // Source can scrape a mixed fleet. ParseLoadHeader (package loadheader's

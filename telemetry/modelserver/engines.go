@@ -116,6 +116,30 @@ var extractors = [...]func(*extractor){
 		x.max(telemetry.GPUPower, x.all("nv_gpu_power_usage"))
 		x.worstMemory(x.all("nv_gpu_memory_used_bytes"), x.all("nv_gpu_memory_total_bytes"), "gpu_uuid")
 	},
+	TEI: func(x *extractor) {
+		// TEI's only gauge, unlabelled: the inputs waiting in its queue,
+		// raised by one as each is queued and set to what is left after
+		// each batch is taken. An entry is one input (a batch request's
+		// inputs are queued one by one), not an HTTP request nor a batch.
+		// TEI exports no gauge of the batch being computed (te_batch_next_*
+		// are histograms of the batches formed) nor of requests in flight,
+		// so Running is left out. (huggingface/text-embeddings-inference
+		// core/src/queue.rs, queue_blocking_task; router/src/http/server.rs,
+		// which queues each input of a batch request separately.)
+		x.sum(telemetry.Waiting, x.all("te_queue_size"))
+	},
+	LlamaCpp: func(x *extractor) {
+		// llama-server's gauges, unlabelled: the slots processing a task
+		// (one request each), the tasks deferred until a slot frees, and,
+		// in builds before they were dropped, the KV cells in use over the
+		// context size (kv_cache_usage_ratio; newer builds export no KV
+		// usage). (ggml-org/llama.cpp examples/server/server.cpp,
+		// handle_metrics and the SERVER_TASK_TYPE_METRICS task; later
+		// tools/server/server-task.cpp, server_task_result_metrics::to_metrics.)
+		x.sum(telemetry.Running, x.all("llamacpp_requests_processing"))
+		x.sum(telemetry.Waiting, x.all("llamacpp_requests_deferred"))
+		x.max(telemetry.KVCacheUsage, x.all("llamacpp_kv_cache_usage_ratio"))
+	},
 }
 
 // sglangReplicaLabels tell apart processes that report one scheduler's state.

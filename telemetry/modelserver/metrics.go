@@ -27,9 +27,11 @@ const (
 	TensorRTLLM        // trtllm-serve, trtllm_* metrics
 	TGI                // Hugging Face text-generation-inference, tgi_* metrics
 	Triton             // NVIDIA Triton Inference Server, nv_* metrics
+	TEI                // Hugging Face text-embeddings-inference, te_* metrics
+	LlamaCpp           // llama.cpp's llama-server (--metrics), llamacpp:* metrics
 )
 
-var engineNames = [...]string{"unknown", "vllm", "sglang", "tensorrt-llm", "tgi", "triton"}
+var engineNames = [...]string{"unknown", "vllm", "sglang", "tensorrt-llm", "tgi", "triton", "tei", "llama.cpp"}
 
 // String returns the engine's lower-case name.
 func (e Engine) String() string {
@@ -41,7 +43,7 @@ func (e Engine) String() string {
 
 // ErrUnknownEngine is returned when an exposition holds no metric of a
 // known engine (a wrong URL, a sidecar's /metrics).
-var ErrUnknownEngine = errors.New("modelserver: no vLLM, SGLang, TensorRT-LLM, TGI or Triton metrics found")
+var ErrUnknownEngine = errors.New("modelserver: no vLLM, SGLang, TensorRT-LLM, TGI, Triton, TEI or llama.cpp metrics found")
 
 // Result is what Parse read from one exposition.
 type Result struct {
@@ -116,6 +118,15 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	              Triton's nv_gpu_* alone (vLLM exports none). Result.Engine is Triton.
 //	              The backend's current version exports vLLM's counters and histograms
 //	              only, no gauge: then Triton's fields are read, with KVCachePreallocated.
+//	TEI           Waiting      te_queue_size (inputs queued for a batch: a batch request's
+//	                           inputs count one each). TEI exports no running count, and
+//	                           its encoder models keep no KV cache: nothing else is read
+//	llama.cpp     Running      llamacpp:requests_processing (slots processing a request)
+//	              Waiting      llamacpp:requests_deferred (requests deferred until a slot frees)
+//	              KVCacheUsage llamacpp:kv_cache_usage_ratio (KV cells used / context size;
+//	                           older builds only, newer ones export no KV usage)
+//	              KVCachePreallocated  1 (llama-server allocates its KV cache, all of
+//	                           --ctx-size, when it starts)
 //
 // A namespace separator may be ':' or '_' (vllm:x or vllm_x). Series of one
 // metric are aggregated across their labels (model, vLLM's data-parallel
@@ -219,12 +230,15 @@ func parseBytes(data []byte) (Result, error) {
 // histograms, no KV gauge, while vLLM reserves gpu_memory_utilization of
 // the GPU) or the TensorRT-LLM backend (kv_cache_free_gpu_mem_fraction).
 // Their GPU memory, read beside them from DCGM, is their configuration, not
-// their load (telemetry.KVCachePreallocated). Triton's other backends
-// allocate as they go. vLLM, SGLang and trtllm-serve report their KV-cache
-// usage, which says as much.
+// their load (telemetry.KVCachePreallocated). So is llama.cpp's
+// llama-server, which allocates its whole KV cache (--ctx-size cells) when
+// it creates its context, and whose newer builds report no usage of it.
+// Triton's other backends allocate as they go. vLLM, SGLang and
+// trtllm-serve report their KV-cache usage, which says as much. TEI serves
+// encoder models, which keep no KV cache: it is not marked.
 func preallocates(e Engine, seen engines, trtBackend bool) bool {
 	switch e {
-	case TGI:
+	case TGI, LlamaCpp:
 		return true
 	case Triton:
 		return seen&(1<<VLLM) != 0 || trtBackend
@@ -335,8 +349,8 @@ func indexName(dst, name []byte) []byte {
 	return dst
 }
 
-// engines is a set of Engines, one bit each.
-type engines uint8
+// engines is a set of Engines, one bit each (room for 16).
+type engines uint16
 
 // prefixes name each engine's namespace, in index form, in the order
 // engines are checked (a Triton server running the TensorRT-LLM backend is
@@ -344,7 +358,7 @@ type engines uint8
 var prefixes = [...]struct {
 	e Engine
 	p string
-}{{VLLM, "vllm_"}, {SGLang, "sglang_"}, {TensorRTLLM, "trtllm_"}, {TGI, "tgi_"}, {Triton, "nv_"}}
+}{{VLLM, "vllm_"}, {SGLang, "sglang_"}, {TensorRTLLM, "trtllm_"}, {TGI, "tgi_"}, {Triton, "nv_"}, {TEI, "te_"}, {LlamaCpp, "llamacpp_"}}
 
 // add adds the engine whose namespace name (in index form) is in.
 func (s *engines) add(name []byte) {

@@ -96,6 +96,27 @@ func TestParseFixtures(t *testing.T) {
 		},
 		{file: "tgi.txt", engine: modelserver.TGI, want: map[string]float64{"running": 5, "waiting": 3, "kv_cache_preallocated": 1}},
 		{
+			// TEI's one gauge is its queue, of inputs; it has no running
+			// count and no KV cache.
+			file:   "tei.txt",
+			engine: modelserver.TEI,
+			want:   map[string]float64{"waiting": 12},
+		},
+		{
+			// A llama-server build that still exported its KV-cache usage
+			// (used cells / context size).
+			file:   "llamacpp-kv-cache-ratio.txt",
+			engine: modelserver.LlamaCpp,
+			want:   map[string]float64{"running": 4, "waiting": 3, "kv_cache_usage": 0.637238, "kv_cache_preallocated": 1},
+		},
+		{
+			// Newer builds export no KV-cache usage; the cache is still
+			// allocated whole at start.
+			file:   "llamacpp.txt",
+			engine: modelserver.LlamaCpp,
+			want:   map[string]float64{"running": 2, "waiting": 0, "kv_cache_preallocated": 1},
+		},
+		{
 			file:   "triton-trtllm-backend.txt",
 			engine: modelserver.Triton,
 			want:   map[string]float64{"running": 7, "waiting": 2, "kv_cache_usage": 0.3, "kv_cache_preallocated": 1},
