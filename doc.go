@@ -1,7 +1,7 @@
 // Package inferlb is an embeddable client-side load balancer for AI inference
 // traffic: every process that imports it routes its own calls to a fleet of
 // LLM, embedding and reranker servers (vLLM, SGLang, TensorRT-LLM, Triton,
-// TGI), with no proxy in the path.
+// TGI, TEI, llama.cpp), with no proxy in the path.
 //
 // This root package holds the vocabulary every other package shares:
 // Endpoint, Request, Service, Outcome, and NewContext / FromContext for
@@ -169,8 +169,8 @@
 // use, GPU memory or utilization near their ceiling; GPU memory counts only
 // for servers that report no KV cache (the engines that do pre-allocate it,
 // so their memory shows their configuration, not their load) and are not
-// marked as pre-allocating one (telemetry.KVCachePreallocated: TGI, Triton's
-// vLLM and TensorRT-LLM backends). A scraped load reading
+// marked as pre-allocating one (telemetry.KVCachePreallocated: TGI, llama.cpp,
+// Triton's vLLM and TensorRT-LLM backends). A scraped load reading
 // does not move until the next scrape, so the balancer counts the calls it
 // has sent an endpoint since the reading was measured (from a per-second
 // history of its in-flight count, for a reading that arrives late, as from

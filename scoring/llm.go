@@ -61,8 +61,8 @@ type LLM struct {
 	// for servers that report no KV-cache usage: those that do (vLLM,
 	// SGLang, TensorRT-LLM) pre-allocate their KV cache, so their GPU
 	// memory says how they were started, not how loaded they are, and only
-	// their KV-cache usage counts. So do TGI and Triton's vLLM and
-	// TensorRT-LLM backends, which may report none: their source marks them
+	// their KV-cache usage counts. So do TGI, llama.cpp and Triton's vLLM
+	// and TensorRT-LLM backends, which may report none: their source marks them
 	// (telemetry.KVCachePreallocated) and their memory does not count
 	// either. Default 0.92: a server that allocates as it goes has little
 	// headroom left above it.

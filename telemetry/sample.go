@@ -44,8 +44,9 @@ const (
 	// KVCachePreallocated is 1 for a server that reserves its KV cache
 	// (most of its GPU memory) when it starts, and so holds that memory
 	// whatever its load, though it may report no KV-cache usage: TGI
-	// (--cuda-memory-fraction; it never reports one), Triton's vLLM and
-	// TensorRT-LLM backends. Its GPU memory then never prices it
+	// (--cuda-memory-fraction; it never reports one), llama.cpp's
+	// llama-server (its whole --ctx-size; newer builds report no usage),
+	// Triton's vLLM and TensorRT-LLM backends. Its GPU memory then never prices it
 	// (MemoryPressure), as a KV-cache usage reading keeps it from pricing
 	// the servers that report one. 1 is its only value: Set refuses any
 	// other.
@@ -254,7 +255,7 @@ func (s *Sample) MemoryUsage() (float64, bool) {
 // they hold is their configuration, not their load: two idle replicas
 // started at 0.90 and 0.95 would differ several-fold in a memory price,
 // and replicas at 0.95 by a few points of noise. Their KV-cache usage is
-// their memory pressure. TGI, and Triton's vLLM and TensorRT-LLM
+// their memory pressure. TGI, llama.cpp, and Triton's vLLM and TensorRT-LLM
 // backends, pre-allocate so too but may report no KV-cache usage: their
 // source says so with KVCachePreallocated. Servers that allocate as they
 // go (Triton's other backends, custom servers) report neither, and their

@@ -28,7 +28,7 @@
 // The LLM scorer prices GPU memory only for endpoints that report no
 // KV-cache usage and are not marked as pre-allocating one
 // (telemetry.Sample.MemoryPressure): vLLM, SGLang and TensorRT-LLM, TGI,
-// and Triton's vLLM and TensorRT-LLM backends hold their configured share
+// llama.cpp, and Triton's vLLM and TensorRT-LLM backends hold their configured share
 // of GPU memory whatever their load. For those, scrape the model server
 // too (modelserver, which reads the KV-cache usage or marks the server
 // with telemetry.KVCachePreallocated); DCGM's memory still reaches
