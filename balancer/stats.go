@@ -56,6 +56,10 @@ type EndpointStats struct {
 	// endpoint rather than against the endpoint (Outcome.Model; see the
 	// package doc and EventModelFailing); Failures does not count them.
 	ModelFailures uint64
+	// Canceled counts the calls that ended canceled (Outcome.Canceled):
+	// neither success nor failure. With the counts above and InFlight
+	// they make up Picks.
+	Canceled uint64
 	// Resilience: whether the breaker holds the endpoint out (or is
 	// probing it), how often it tripped, recovered and was ejected as an
 	// outlier, and the last detection time (first failure to exclusion) and
@@ -118,6 +122,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			NotServed:          e.notServed.Load(),
 			TooLong:            e.tooLong.Load(),
 			ModelFailures:      e.modelFailures.Load(),
+			Canceled:           e.canceled.Load(),
 			BreakerOpen:        e.brOpen.Load(),
 			Trips:              e.trips.Load(),
 			Recoveries:         e.recoveries.Load(),

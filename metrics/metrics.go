@@ -21,7 +21,7 @@
 //	  _slow_start_factor, _error_rate, _latency_ewma_seconds{service},
 //	  _ttft_ewma_seconds, _time_per_output_token_seconds,
 //	  _picks_total, _successes_total, _failures_total, _overloads_total,
-//	  _not_served_total, _too_long_total, _model_failures_total,
+//	  _not_served_total, _too_long_total, _model_failures_total, _canceled_total,
 //	  _breaker_trips_total, _breaker_recoveries_total,
 //	  _outlier_ejections_total, _affinity_spills_total{cache="warm|cold"},
 //	  _telemetry{field="kv_cache_usage|waiting|..."} (the fresh readings
@@ -68,6 +68,7 @@ type Collector struct {
 
 	inFlight, inFlightTokens, latency, ttft, tpot, errRate, ready, breakerOpen, ramp *prometheus.Desc
 	picks, successes, failures, overloads, notServed, tooLong, modelFailures, trips  *prometheus.Desc
+	canceled                                                                         *prometheus.Desc
 	recoveries, ejections, exclusion, ejected, weight                                *prometheus.Desc
 	spills, retries, keyReuse, following                                             *prometheus.Desc
 	telemetry, telemetryAge                                                          *prometheus.Desc
@@ -110,6 +111,8 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 			"Calls the endpoint refused as longer than its context window for their model (vLLM's or SGLang's 400, TGI's 422, TEI's 413 or 422, TensorRT-LLM's, or a gRPC status with that text); longer calls of that model pass it over for a while.", ep),
 		modelFailures: d("endpoint_model_failures_total",
 			"Calls that failed for their model alone: the server failed one model's calls while it served others (a crashed Triton model backend, a broken LoRA adapter); held against that model there, not the endpoint, and not in endpoint_failures_total.", ep),
+		canceled: d("endpoint_canceled_total",
+			"Calls that ended canceled (an error wrapping context.Canceled: the caller's own cancellation, and what an adapter reports so, such as a deadline after a stream's first token): neither success nor failure, held against nothing. With the other outcome counts and endpoint_in_flight they make up endpoint_picks_total.", ep),
 		trips:      d("endpoint_breaker_trips_total", "Times the circuit breaker tripped.", ep),
 		recoveries: d("endpoint_breaker_recoveries_total", "Times the endpoint recovered through half-open probes.", ep),
 		ejections:  d("endpoint_outlier_ejections_total", "Times outlier detection ejected the endpoint.", ep),
@@ -134,7 +137,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.tpot, c.errRate, c.ready, c.breakerOpen, c.ramp,
 		c.exclusion, c.ejected, c.weight,
-		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.tooLong, c.modelFailures, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
+		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.tooLong, c.modelFailures, c.canceled, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
 		c.keyReuse, c.following, c.telemetry, c.telemetryAge,
 	} {
 		ch <- d
@@ -225,6 +228,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.notServed, s.NotServed, s.ID)
 		counter(c.tooLong, s.TooLong, s.ID)
 		counter(c.modelFailures, s.ModelFailures, s.ID)
+		counter(c.canceled, s.Canceled, s.ID)
 		counter(c.trips, s.Trips, s.ID)
 		counter(c.recoveries, s.Recoveries, s.ID)
 		counter(c.ejections, s.Ejections, s.ID)

@@ -1,6 +1,7 @@
 package metrics_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -101,7 +102,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 25+2+1, testutil.CollectAndCount(c), "25 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 26+2+1, testutil.CollectAndCount(c), "26 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape
@@ -313,4 +314,45 @@ inferlb_endpoint_outlier_ejected{balancer="llm",endpoint="e:1"} 0
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
+}
+
+// TestCollectorOutcomesAddUpToPicks: every call picked is in flight or
+// ended one way, and each way has its counter, so a dashboard can tell
+// what became of an endpoint's calls. Canceled calls had none: picks_total
+// ran ahead of the outcomes by the cancellations, which read as calls
+// lost.
+func TestCollectorOutcomesAddUpToPicks(t *testing.T) {
+	b := balancer.New(balancer.Options{Clock: tu.NewClock()})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}}))
+	for _, o := range []inferlb.Outcome{
+		{},
+		{Err: context.Canceled},
+		{Err: fmt.Errorf("stream: %w", context.Canceled)},
+		{Err: errors.New("500")},
+		{Overloaded: true},
+	} {
+		p, err := b.Pick(&inferlb.Request{})
+		require.NoError(t, err)
+		p.Done(o)
+	}
+	held, err := b.Pick(&inferlb.Request{})
+	require.NoError(t, err)
+	defer held.Done(inferlb.Outcome{})
+
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.NewCollector(b, "llm"))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	v := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			v[mf.GetName()] += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	assert.Equal(t, 2.0, v["inferlb_endpoint_canceled_total"])
+	outcomes := v["inferlb_endpoint_in_flight"]
+	for _, n := range []string{"successes", "failures", "overloads", "not_served", "too_long", "model_failures", "canceled"} {
+		outcomes += v["inferlb_endpoint_"+n+"_total"]
+	}
+	assert.Equal(t, v["inferlb_endpoint_picks_total"], outcomes, "picks = in flight + every outcome")
 }
