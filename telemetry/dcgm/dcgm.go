@@ -182,8 +182,8 @@ type key struct {
 // lines of those gauges and series past the limit are skipped, and values
 // out of range (negative memory, utilization above 100%) are dropped, and
 // so are repeats of a gauge for one GPU record (a series exported twice, or
-// GPUs whose series lack both the UUID and gpu labels, which nothing tells
-// apart): the first series counts, valid or not. Any of these returns the
+// GPUs whose series lack the UUID, gpu and device labels, which nothing
+// tells apart): the first series counts, valid or not. Any of these returns the
 // GPUs read so far with an error wrapping telemetry.ErrPartial.
 // An exposition with no GPU metric returns ErrNoGPUs. ParseMetrics never
 // panics.
@@ -210,8 +210,8 @@ func parseBytes(data []byte) ([]GPU, error) {
 	untimed := map[*GPU]bool{} // GPUs with a value read that carries no timestamp
 	// taken holds, per GPU, the families (bit i: families[i]) a series
 	// has been met for. Another series of one on the same record (a
-	// series exported twice, or GPUs without UUID and gpu labels, which
-	// nothing tells apart) is a rival reading, not a newer one: the first
+	// series exported twice, or GPUs without UUID, gpu and device labels,
+	// which nothing tells apart) is a rival reading, not a newer one: the first
 	// is kept, as Prometheus and modelserver keep it, and the rest are
 	// dropped and counted. Read last-value-wins, an idle GPU's figures
 	// hid a full one, and FB_USED of one GPU met FB_FREE of another.
@@ -268,7 +268,7 @@ func parseBytes(data []byte) ([]GPU, error) {
 	}
 	slices.SortFunc(gpus, func(a, b GPU) int {
 		return cmp.Or(cmp.Compare(a.Host, b.Host), cmp.Compare(a.Index, b.Index), cmp.Compare(a.UUID, b.UUID),
-			cmp.Compare(a.MIGInstance, b.MIGInstance), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Pod, b.Pod),
+			cmp.Compare(a.Device, b.Device), cmp.Compare(a.MIGInstance, b.MIGInstance), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Pod, b.Pod),
 			cmp.Compare(a.Container, b.Container))
 	})
 	switch {
@@ -292,9 +292,19 @@ func record(byKey map[key]*GPU, m *dto.Metric) *GPU {
 	// --use-old-namespace (dcgm-exporter's 1.x names) writes uuid, and
 	// pod_name, pod_namespace and container_name for the pod labels.
 	uuid := cmp.Or(l("UUID"), l("uuid"))
+	// The GPU: its UUID, else its index, else its device (nvidia0): series
+	// relabelled without UUID and gpu still tell GPUs apart by device.
+	id := uuid
+	switch gpu, dev := l("gpu"), l("device"); {
+	case id != "":
+	case gpu != "" || dev == "":
+		id = "gpu:" + gpu
+	default:
+		id = "device:" + dev
+	}
 	k := key{
 		host:      cmp.Or(l("Hostname"), l("hostname")),
-		id:        cmp.Or(uuid, "gpu:"+l("gpu")),
+		id:        id,
 		mig:       l("GPU_I_ID"),
 		ns:        cmp.Or(l("namespace"), l("pod_namespace")),
 		pod:       cmp.Or(l("pod"), l("pod_name")),

@@ -285,15 +285,19 @@ func FuzzParseMetrics(f *testing.F) {
 	})
 }
 
-// Series that land on one GPU record (no UUID or gpu label to tell GPUs
+// Series that land on one GPU record (no UUID, gpu or device label to tell GPUs
 // apart, or one series exported twice) are one reading and a rival of it,
 // not two readings to overwrite each other: the first is kept, as
 // modelserver and Prometheus keep it, and the rest are dropped and counted.
 // Read last-value-wins, the idle GPU's figures hid the full one, and a
 // FB_USED could be paired with another GPU's FB_FREE.
 func TestParseKeepsTheFirstOfSeriesOnOneRecord(t *testing.T) {
-	t.Run("GPUs without UUID or gpu labels", func(t *testing.T) {
-		gpus, err := dcgm.ParseMetrics(bytes.NewReader(readFile(t, "no-gpu-labels-two-gpus.txt")))
+	t.Run("GPUs without UUID, gpu or device labels", func(t *testing.T) {
+		const l = `{modelName="NVIDIA H100 80GB HBM3",Hostname="node-c"}`
+		in := "DCGM_FI_DEV_FB_USED" + l + " 79000\nDCGM_FI_DEV_FB_USED" + l + " 1000\n" +
+			"DCGM_FI_DEV_FB_FREE" + l + " 1000\nDCGM_FI_DEV_FB_FREE" + l + " 79000\n" +
+			"DCGM_FI_DEV_GPU_TEMP" + l + " 71\nDCGM_FI_DEV_GPU_TEMP" + l + " 40\n"
+		gpus, err := dcgm.ParseMetrics(strings.NewReader(in))
 		require.ErrorIs(t, err, telemetry.ErrPartial)
 		assert.ErrorContains(t, err, "duplicate")
 		require.Len(t, gpus, 1, "nothing tells the two apart")
@@ -334,4 +338,47 @@ func TestParseKeepsTheFirstOfSeriesOnOneRecord(t *testing.T) {
 		require.Len(t, gpus, 1)
 		assert.Equal(t, 40.0, gpus[0].UtilPercent)
 	})
+}
+
+// GPUs whose series lost their UUID and gpu labels (a relabelling rule, a
+// federation) are still told apart by their device label: each is its own
+// record, and an endpoint on the host takes the fuller one whichever comes
+// first in the exposition. Merged into one record, the first series won:
+// with the idle GPU listed first, a node with a full GPU read as idle.
+func TestParseTellsGPUsApartByDevice(t *testing.T) {
+	full := readFile(t, "no-gpu-labels-two-gpus.txt")
+	// The same exposition with the idle GPU (nvidia1) first in each family.
+	var lines, nv0 []string
+	for _, l := range strings.Split(strings.TrimSpace(string(full)), "\n") {
+		switch {
+		case strings.Contains(l, `device="nvidia0"`):
+			nv0 = append(nv0, l)
+		case strings.HasPrefix(l, "# HELP") && len(nv0) > 0:
+			lines = append(append(lines, nv0...), l)
+			nv0 = nil
+		default:
+			lines = append(lines, l)
+		}
+	}
+	idleFirst := strings.Join(append(lines, nv0...), "\n") + "\n"
+	require.Less(t, strings.Index(idleFirst, `device="nvidia1"`), strings.Index(idleFirst, `device="nvidia0"`))
+
+	for name, in := range map[string]string{"full first": string(full), "idle first": idleFirst} {
+		t.Run(name, func(t *testing.T) {
+			gpus, err := dcgm.ParseMetrics(strings.NewReader(in))
+			require.NoError(t, err)
+			require.Len(t, gpus, 2)
+			assert.Equal(t, "nvidia0", gpus[0].Device, "sorted by device when nothing else orders them")
+			assert.Equal(t, 79000.0, gpus[0].FBUsedMiB)
+			assert.Equal(t, "nvidia1", gpus[1].Device)
+			assert.Equal(t, 1000.0, gpus[1].FBUsedMiB)
+			obs := dcgm.Aggregate(gpus, dcgm.ByHost(map[string]string{"c1": "node-c"}))
+			require.Len(t, obs, 1)
+			u, ok := obs[0].Sample.MemoryUsage()
+			require.True(t, ok)
+			assert.InDelta(t, 79000.0/80000, u, 1e-12, "the full GPU")
+			temp, _ := obs[0].Sample.Get(telemetry.GPUTemp)
+			assert.Equal(t, 71.0, temp)
+		})
+	}
 }
