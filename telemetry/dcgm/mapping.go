@@ -14,7 +14,10 @@ type Mapping func(g *GPU) []string
 
 // ByHost maps every GPU of a host to the endpoints on that host. hostOf maps
 // endpoint ID to host name as dcgm-exporter reports it (its Hostname or
-// hostname label: the node name in Kubernetes). Several endpoints on one
+// hostname label: in Kubernetes the node name where the exporter's
+// DaemonSet passes it in, as the GPU Operator's does; an exporter left to
+// its own host name reports its pod's name, which matches no endpoint's
+// host: check one scrape's labels, or use ByPod). Several endpoints on one
 // host each take the worst GPU of the host, a conservative reading when the
 // host's GPUs are split between them; use ByPod for an exact one.
 func ByHost(hostOf map[string]string) Mapping {
