@@ -66,7 +66,11 @@ func ParseService(name string) (Service, error) {
 // means 1. Keep a fleet's weights within [0.01, 64]: power-of-two choices
 // weighs any weight in full, but the affinity ring keeps ratios only in that
 // range (cache.MaxWeight), so weights given as, say, tokens per second (100
-// and 800) would split affinity keys 1:1. Labels carry facts such as "model" (comma-separated served model
+// and 800) would split affinity keys 1:1. Give a standard replica weight 1
+// or more: the ring gives a member one point per 0.01 of weight, so its
+// share of keys strays from its weight by about 1/sqrt(100 x weight) (100
+// replicas of weight 1: the busiest owns 1.25x the mean; of weight 0.1,
+// 2.4x; see package cache). Labels carry facts such as "model" (comma-separated served model
 // names, LoRA adapters included), "version", "host", "pod" or "dp_group".
 type Endpoint struct {
 	ID     string
