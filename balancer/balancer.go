@@ -245,11 +245,17 @@ func (b *Balancer) Telemetry() *telemetry.Store { return b.cfg.store }
 // clock running ahead) is taken as observed now, as a telemetry.Poller takes
 // one: at its own time it would win over every fresher reading for as long
 // as that clock is ahead, and would not go stale.
+//
+// A sample already older than TelemetryMaxAge when it arrives (a reading
+// from a Prometheus server that scrapes less often than that) is kept but
+// never read, and counted in ArrivedStale, not Accepted
+// (telemetry.Store.PublishKnownWithin).
 func (b *Balancer) Publish(endpointID string, s telemetry.Sample) {
-	if now := time.Unix(0, b.cfg.nowNs()); s.Time.After(now) {
+	now := time.Unix(0, b.cfg.nowNs())
+	if s.Time.After(now) {
 		s.Time = now
 	}
-	b.cfg.store.PublishKnown(endpointID, s)
+	b.cfg.store.PublishKnownWithin(endpointID, s, now, b.cfg.telemetryMaxAge)
 }
 
 // Expired is its Store's Expired: a telemetry.Poller publishing into the

@@ -97,8 +97,9 @@ type Options struct {
 	// example configuration scrapes. Prometheus' own default interval is
 	// 1m: a reading is as old as its scrape (promapi stamps each field
 	// with it), so with scrapes that far apart set this to at least twice
-	// the interval, or readings count as absent for half of it. Negative
-	// means never stale. An endpoint's load readings (its queue, KV and
+	// the interval, or readings count as absent for half of it (readings
+	// already past it when they arrive are counted in the Store's
+	// ArrivedStale, not Accepted). Negative means never stale. An endpoint's load readings (its queue, KV and
 	// prefix cache, utilization, GPU memory used, LoRA adapters) are
 	// expired sooner when a failure exclusion begins, a tripped breaker or
 	// an outlier ejection: a replica that fails has often crashed, and the

@@ -31,7 +31,8 @@
 //	  inferlb_affinity_key_reuse_ratio, inferlb_affinity_following_keys
 //	StoreCollector, {store="name"}:
 //	  inferlb_telemetry_samples_total{result="accepted|dropped_empty|
-//	  dropped_old|dropped_full|dropped_unknown"}, inferlb_telemetry_store_endpoints
+//	  dropped_old|dropped_full|dropped_unknown|arrived_stale"},
+//	  inferlb_telemetry_store_endpoints
 //	PollerCollector, {poller="name"}:
 //	  inferlb_telemetry_poll_rounds_total, _failures_total, _timeouts_total,
 //	  _partial_total, _published_total, _skipped_total, _early_rounds_total,

@@ -84,6 +84,7 @@ inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="a:1"} 0.
 # HELP inferlb_telemetry_samples_total Telemetry samples offered to the store, by what happened to them.
 # TYPE inferlb_telemetry_samples_total counter
 inferlb_telemetry_samples_total{result="accepted",store="llm"} 0
+inferlb_telemetry_samples_total{result="arrived_stale",store="llm"} 0
 inferlb_telemetry_samples_total{result="dropped_empty",store="llm"} 1
 inferlb_telemetry_samples_total{result="dropped_full",store="llm"} 0
 inferlb_telemetry_samples_total{result="dropped_old",store="llm"} 0

@@ -9,7 +9,9 @@ import (
 // StoreCollector is a prometheus.Collector over one telemetry Store: what
 // became of the samples offered to it (kept, or dropped and why) and how many
 // endpoints it tracks. Malformed and stale telemetry is dropped, never fatal,
-// and this is where the drops show.
+// and this is where the drops show; so do the samples a Balancer kept but
+// never reads, as they were older than its TelemetryMaxAge on arrival
+// (result="arrived_stale").
 //
 // A Store may be shared by several Balancers, so its counts are its own, not
 // a Balancer's: register one StoreCollector per Store (for a Balancer's
@@ -55,6 +57,7 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		{t.DroppedOld, "dropped_old"},
 		{t.DroppedFull, "dropped_full"},
 		{t.DroppedUnknown, "dropped_unknown"},
+		{t.ArrivedStale, "arrived_stale"},
 	} {
 		ch <- prometheus.MustNewConstMetric(c.samples, prometheus.CounterValue, float64(r.n), r.result)
 	}

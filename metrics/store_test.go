@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -29,6 +30,9 @@ func TestSharedStoreSamplesCountOnce(t *testing.T) {
 	s.Set(telemetry.Waiting, 3)
 	llm.Publish("a:1", s)
 	emb.Publish("gone:1", s)
+	old := telemetry.Sample{Time: clock.Now().Add(-time.Minute)} // past the default TelemetryMaxAge
+	old.Set(telemetry.KVCacheUsage, 0.5)
+	llm.Publish("a:1", old)
 
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(metrics.NewCollector(llm, "llm"), metrics.NewCollector(emb, "embed"),
@@ -50,4 +54,5 @@ func TestSharedStoreSamplesCountOnce(t *testing.T) {
 	}
 	assert.Equal(t, 1.0, sum["accepted"])
 	assert.Equal(t, 1.0, sum["dropped_unknown"])
+	assert.Equal(t, 1.0, sum["arrived_stale"], "kept but never read: not accepted")
 }

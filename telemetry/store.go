@@ -48,6 +48,7 @@ type Store struct {
 	droppedOld     atomic.Uint64 // older than what is held
 	droppedFull    atomic.Uint64 // table full
 	droppedUnknown atomic.Uint64 // PublishKnown for an ID without a slot
+	arrivedStale   atomic.Uint64 // merged, but older than the reader's max age (PublishKnownWithin)
 	lastUnknown    atomic.Pointer[string]
 
 	// expired is the channel Expired handed out, closed and cleared by the
@@ -85,7 +86,8 @@ type entry struct {
 
 // StoreStats counts what a Store did with the samples it was given.
 type StoreStats struct {
-	Accepted     uint64 // samples merged
+	// Accepted counts samples merged, but for those counted in ArrivedStale.
+	Accepted     uint64
 	DroppedEmpty uint64 // samples with no usable field (malformed input) or no usable time (zero, not after 1970, past 2262)
 	DroppedOld   uint64 // samples older than every field they carried
 	DroppedFull  uint64 // samples for a new ID once MaxEndpoints were tracked
@@ -96,6 +98,16 @@ type StoreStats struct {
 	// sample of a source is dropped so, compare it with the endpoints' IDs
 	// (an endpoint's ID is its Addr as written, scheme included).
 	LastUnknown string
+	// ArrivedStale counts samples merged (not counted in Accepted) whose
+	// Time was already older than the publishing reader's max age when
+	// they arrived (PublishKnownWithin: a Balancer's TelemetryMaxAge), so
+	// that reader ignores them from the start. Readings taken from a
+	// Prometheus server that scrapes less often than the max age arrive so
+	// (promapi stamps them with their scrape's time): when it climbs while
+	// Accepted does not, the endpoints are scored without telemetry; raise
+	// TelemetryMaxAge or scrape more often. Samples published with
+	// Publish or PublishKnown, which know no max age, count in Accepted.
+	ArrivedStale uint64
 }
 
 // Stats returns the counters.
@@ -108,6 +120,7 @@ func (st *Store) Stats() StoreStats {
 
 		DroppedUnknown: st.droppedUnknown.Load(),
 		LastUnknown:    st.lastUnknownID(),
+		ArrivedStale:   st.arrivedStale.Load(),
 	}
 }
 
@@ -382,6 +395,29 @@ func (st *Store) nowNs() int64 {
 // cannot bring its slot back, and a fleet-wide query cannot fill the table
 // with endpoints the Balancer does not route to.
 func (st *Store) PublishKnown(id string, s Sample) {
+	st.publishKnown(id, s, math.MinInt64)
+}
+
+// PublishKnownWithin is PublishKnown for a reader that ignores fields
+// observed more than maxAge before now (Slot.LoadInto; maxAge <= 0 keeps
+// every field): a sample it merges whose Time is already older than that
+// is counted in ArrivedStale instead of Accepted. It is merged all the
+// same: it may be the newest reading of a field, which then refuses older
+// ones arriving later (a scrape of a process since expired) and keeps
+// GPU memory out of the price for a server that reports a KV cache (see
+// LoadInto), and no reader of that max age uses it. Balancer.Publish
+// publishes through it with its clock and TelemetryMaxAge.
+func (st *Store) PublishKnownWithin(id string, s Sample, now time.Time, maxAge time.Duration) {
+	staleBefore := int64(math.MinInt64)
+	if n := now.UnixNano(); maxAge > 0 && n >= math.MinInt64+int64(maxAge) {
+		staleBefore = n - int64(maxAge) // as LoadInto's lo
+	}
+	st.publishKnown(id, s, staleBefore)
+}
+
+// publishKnown is PublishKnown counting a merged sample whose time is
+// before staleBefore (unix ns) as ArrivedStale.
+func (st *Store) publishKnown(id string, s Sample, staleBefore int64) {
 	if !s.usable() {
 		st.droppedEmpty.Add(1)
 		return
@@ -395,10 +431,13 @@ func (st *Store) PublishKnown(id string, s Sample) {
 		}
 		return
 	}
-	if v.(*Slot).merge(s, st) {
-		st.accepted.Add(1)
-	} else {
+	switch {
+	case !v.(*Slot).merge(s, st):
 		st.droppedOld.Add(1)
+	case s.Time.UnixNano() < staleBefore:
+		st.arrivedStale.Add(1)
+	default:
+		st.accepted.Add(1)
 	}
 }
 

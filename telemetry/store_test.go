@@ -633,3 +633,25 @@ func TestSlotHeld(t *testing.T) {
 	assert.Equal(t, telemetry.FieldSet(1<<telemetry.Waiting|1<<telemetry.GPUTemp), sl.Held(), "dropped by Expire: held")
 	assert.Zero(t, (*telemetry.Slot)(nil).Held())
 }
+
+// PublishKnownWithin counts a sample merged though already older than the
+// reader's max age as ArrivedStale, not Accepted, and merges it all the
+// same: it is the newest reading of its field, and refuses older ones.
+func TestPublishKnownWithinCountsStaleArrivals(t *testing.T) {
+	var st telemetry.Store
+	st.Hold("a")
+	now := t0.Add(time.Hour)
+	st.PublishKnownWithin("a", sample(now.Add(-time.Minute), float64(telemetry.Waiting), 3), now, 30*time.Second)
+	assert.Equal(t, telemetry.StoreStats{ArrivedStale: 1}, st.Stats())
+	_, ok := st.Latest("a", now, 30*time.Second)
+	assert.False(t, ok, "not read at that max age")
+	got, ok := st.Latest("a", now, 0)
+	require.True(t, ok, "but kept")
+	v, _ := got.Get(telemetry.Waiting)
+	assert.Equal(t, 3.0, v)
+
+	st.PublishKnownWithin("a", sample(now.Add(-2*time.Minute), float64(telemetry.Waiting), 9), now, 30*time.Second)
+	st.PublishKnownWithin("a", sample(now.Add(-30*time.Second), float64(telemetry.Waiting), 1), now, 30*time.Second)
+	st.PublishKnownWithin("a", sample(now.Add(-time.Hour), float64(telemetry.Running), 1), now, 0) // no max age
+	assert.Equal(t, telemetry.StoreStats{Accepted: 2, DroppedOld: 1, ArrivedStale: 1}, st.Stats())
+}
