@@ -72,6 +72,12 @@ func ParseService(name string) (Service, error) {
 // replicas of weight 1: the busiest owns 1.25x the mean; of weight 0.1,
 // 2.4x; see package cache). Labels carry facts such as "model" (comma-separated served model
 // names, LoRA adapters included), "version", "host", "pod" or "dp_group".
+// The balancer reads "model" and "dp_group" only (or the labels
+// balancer.Options.SubsetLabel and DPGroupLabel name instead); the others
+// change no routing of themselves, but a custom Scorer may read them
+// (scoring.State.Endpoint).
+// A request pinned to a version names it as a model: list the version's
+// name among the endpoint's models ("llama,llama@v2"), not in "version".
 type Endpoint struct {
 	ID     string
 	Addr   string

@@ -388,7 +388,10 @@ type Options struct {
 	// DPGroupLabel is the endpoint label naming the data-parallel attention
 	// engine a rank belongs to (ranks of one engine share its value;
 	// values are each Membership's own, so two channels on one Balancer may
-	// both number their engines from "0"). Ranks of an engine step together, so P2C prices how far a prompt
+	// both number their engines from "0"; within one Membership, give each
+	// engine a value of its own, across models too: the ranks of two
+	// models' engines both labelled "0" are priced as one engine, and one
+	// model's prefill hides the other's peaks). Ranks of an engine step together, so P2C prices how far a prompt
 	// would raise its engine's step above the prefill of its busiest rank,
 	// the candidate included (see the inferlb package doc). Default DefaultDPGroupLabel ("dp_group");
 	// endpoints without the label are priced as before.

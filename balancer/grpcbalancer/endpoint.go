@@ -44,7 +44,9 @@ func (a *endpointAttr) Equal(o any) bool {
 //   - info.Weight is the relative capacity (0 means 1).
 //   - info.Labels carry facts such as "model" (the models served, for
 //     model subsets), "version", or "dp_group" (the data-parallel engine a
-//     rank belongs to; see balancer.Options.DPGroupLabel).
+//     rank belongs to; see balancer.Options.DPGroupLabel). Only "model" and
+//     "dp_group" change routing: a version is routed as a model name of its own
+//     (see inferlb.Endpoint).
 //
 // info.Addr is ignored: the address is always ep's own.
 func WithEndpoint(ep resolver.Endpoint, info inferlb.Endpoint) resolver.Endpoint {
