@@ -84,7 +84,8 @@
 // estimate of the prompt tokens each was recently sent). For
 // generation calls, a price also counts the prompt tokens the candidate was
 // sent in the last half second or so and is likely still prefilling (calls
-// an affinity key placed excepted: their prefix is cached), and, when both
+// an affinity key placed excepted: their prefix is cached; a rank of a
+// data-parallel engine is priced by its engine's step instead), and, when both
 // candidates have a measured decode speed (the time per output token of
 // their streamed calls), the slower one's price is scaled by how much
 // slower it is, so a slower or throttled GPU takes fewer long generations.
