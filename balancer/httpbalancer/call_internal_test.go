@@ -84,6 +84,9 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"+
 		"data: {\"choices\": [{\"index\":0,\"delta\": { \"role\" : \"assistant\", \"content\": null, \"refusal\":null }}]}\r\n\r\n"+
 		"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"), uint8(5))
+	f.Add([]byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"usage\":{\"output_tokens\":7}},\"usage\":{\"iterations\":[{\"output_tokens\":4}],\"output_tokens\":9}}\n\n"), uint8(3))
+	f.Add([]byte("event: response.completed\r\ndata: {\"response\":{\"output\":[{\"text\":\"\\\"usage\\\":{\\\"output_tokens\\\":1}\"}],\"usage\":{\"output_tokens\": 12 }},\"type\":\"response.completed\"}\r\n\r\n"), uint8(10))
+	f.Add([]byte("{\"message\":{\"content\":\"\\\"eval_count\\\":3\"},\"done\":false,\"eval_count\":4}\n{\"eval_count\":282,\"done\":true,\"x\":{\"eval_count\":1}}\n"), uint8(64+6))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
 		ndjson := n&64 != 0 // an Ollama stream
@@ -111,6 +114,9 @@ func FuzzSSEScan(f *testing.F) {
 		if whole.events.Load() != s.events.Load() || whole.errCode.Load() != code {
 			t.Fatalf("%d bytes a read: %d events, code %d; in one read: %d events, code %d",
 				size, s.events.Load(), code, whole.events.Load(), whole.errCode.Load())
+		}
+		if n, w := s.outTokens.Load(), whole.outTokens.Load(); n != w || n < 0 {
+			t.Fatalf("%d bytes a read: %d output tokens; in one read: %d", size, n, w)
 		}
 		if ndjson {
 			// An error line carries no code: it is read as a 500, once

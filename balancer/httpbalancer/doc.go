@@ -102,9 +102,15 @@
 // event streams (whose lines may end with a LF, a CRLF or a bare CR, as
 // EventSource reads them) the transport also records time to the first event that
 // carries tokens, the number of such events (the output token estimate,
-// unless the stream ends with a usage chunk: a call that asked
-// stream_options.include_usage reports its usage.completion_tokens, the
-// server's exact count, as Outcome.OutputTokens) and the mean gap between
+// unless the stream gives the server's exact count, reported as
+// Outcome.OutputTokens: the usage.completion_tokens of the usage chunk
+// that ends a stream that asked stream_options.include_usage, the
+// usage.output_tokens of a Messages API stream's message_delta event
+// (vLLM's, Anthropic's), the response.usage.output_tokens of a Responses
+// API stream's response.completed or response.incomplete event, the
+// eval_count of an Ollama stream's last object; each read only at its
+// place in that event's JSON, not from text or a tool call's arguments
+// that hold the same name) and the mean gap between
 // them, timed as the caller reads them. A caller that
 // comes to read the body late after the headers (away for over 1/8 of the
 // time to the first event) finds the first events waiting: unless the Read

@@ -259,10 +259,11 @@ type Result struct {
 	// balancer is given the time to the response headers (the rest is the
 	// caller's reading pace, not the endpoint's); and for a stream with
 	// token events, the Latency and OutputTokens: the whole call and
-	// every event (or the count of a usage chunk that ends the stream:
-	// see the package doc) here, while the balancer is given the time to
-	// the last event, and no OutputTokens when the reader set the pace or
-	// came late for the first event (see TimeBetweenTokens).
+	// every event (or the server's count that ends the stream, such as
+	// a usage chunk's: see the package doc) here, while the balancer is
+	// given the time to the last event, and no OutputTokens when the
+	// reader set the pace or came late for the first event (see
+	// TimeBetweenTokens).
 	Outcome inferlb.Outcome
 	// Events counts the events of an SSE (or Ollama NDJSON) stream that
 	// carry tokens (0 otherwise; see the package doc).

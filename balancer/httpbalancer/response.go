@@ -207,12 +207,17 @@ type sseState struct {
 	roleTok bool
 	// In a usage chunk (chEmpty): how much of usageKey the line has
 	// shown (usAt, then usInNum in its number, usOff when done), and the
-	// number's value so far; outTokens is the stream's last usage chunk's
-	// completion_tokens (0: none read). See usage.
+	// number's value so far; outTokens is the server's count of the
+	// output tokens: the stream's last usage chunk's completion_tokens, or
+	// what tk read (0: none read). See usage.
 	usAt      uint8
 	usVal     uint32
 	outTokens atomic.Int32
-	shed      *shedBody // a 503's body, when it had no Retry-After
+	// In the event that ends a Messages or Responses API stream, or a
+	// line of an NDJSON stream: where the line's JSON is for the member
+	// that carries the server's count of the output tokens (see tokens).
+	tk   tokenScan
+	shed *shedBody // a 503's body, when it had no Retry-After
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs
@@ -640,6 +645,8 @@ func (c *call) Close() error {
 // counts. The usage chunk's usage.completion_tokens, the server's own
 // count, is read (see usage) and reported as the output tokens in place of
 // the count of events; the events still time the first token and the gaps.
+// So is the count that ends a Messages or Responses API stream, or an
+// Ollama stream (see tokens).
 //
 // A line ends at a LF, a CRLF or a bare CR (WHATWG's EventSource allows
 // all three; an NDJSON line ends at a LF). A CR stays in its line, which
@@ -688,6 +695,9 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		if c.ndjson {
 			c.matchDone(seg)
 		}
+		if c.tk.kind != tkNone || c.ndjson {
+			c.tokens(seg)
+		}
 		if i < 0 {
 			c.crEnd = seg[len(seg)-1] == '\r' && !c.ndjson
 			return
@@ -708,6 +718,10 @@ func (c *sseState) endCR(clock balancer.Clock) {
 func (c *sseState) endLine(clock balancer.Clock) {
 	chunk := c.chPh
 	c.chPh, c.chLen, c.usAt, c.usVal = chSeek, 0, 0, 0
+	var tk tokenScan
+	if c.tk.kind != tkNone || c.ndjson { // tokens followed the line
+		tk, c.tk = c.tk, tokenScan{kind: c.tk.kind}
+	}
 	n := min(c.lineLen, len(c.line))
 	line := c.line[:n]
 	whole := c.lineLen <= len(c.line)
@@ -723,6 +737,9 @@ func (c *sseState) endLine(clock balancer.Clock) {
 			// endpoint's, as a 5xx error event is on SSE.
 			c.errCode.Store(http.StatusInternalServerError)
 			return
+		}
+		if done && tk.found {
+			c.outTokens.Store(int32(tk.val)) // its eval_count (see tokens)
 		}
 		if lineLen == 0 || lineLen == 1 && line[0] == '\r' || done {
 			return // a blank line or the last object: no token
@@ -749,11 +766,18 @@ func (c *sseState) endLine(clock balancer.Clock) {
 	}
 	if lineLen == 0 || lineLen == 1 && line[0] == '\r' {
 		c.counted, c.notToken, c.errEvent, c.failedEv = false, false, false, false // a blank line ends the event
+		c.tk.kind = tkNone
 		return
 	}
 	if typ, ok := bytes.CutPrefix(line, []byte("event:")); ok {
 		typ = bytes.TrimPrefix(typ, []byte(" "))
 		c.notToken = notToken(typ, whole, c.end[len(c.end)-min(lineLen, len(c.end)):])
+		switch c.tk.kind = tkNone; {
+		case eventIs(line, lineLen, c.end[:], "message_delta"):
+			c.tk.kind = tkMessages
+		case eventIs(line, lineLen, c.end[:], "response.completed"), eventIs(line, lineLen, c.end[:], "response.incomplete"):
+			c.tk.kind = tkResponses
+		}
 		c.errEvent = whole && string(bytes.TrimSuffix(typ, []byte("\r"))) == "error"
 		if c.failedEv = failedEvent(line, lineLen, c.end[:]); c.failedEv {
 			// The Responses API's end of a response that failed after
@@ -1025,6 +1049,189 @@ func skipWS(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// What tokenScan.kind reads for the server's count of the output tokens:
+// nothing, the Messages API's message_delta event's usage.output_tokens,
+// the Responses API's response.completed (or response.incomplete) event's
+// response.usage.output_tokens, or the eval_count of an NDJSON stream's
+// last object (Ollama's).
+const (
+	tkNone = iota
+	tkMessages
+	tkResponses
+	tkOllama
+)
+
+// tokenPaths are the keys, object by object from the line's own, of the
+// member tokenScan reads for each kind.
+var tokenPaths = [...]struct {
+	n    uint8
+	keys [3]string
+}{
+	tkMessages:  {2, [3]string{"usage", "output_tokens"}},
+	tkResponses: {3, [3]string{"response", "usage", "output_tokens"}},
+	tkOllama:    {1, [3]string{"eval_count"}},
+}
+
+// tokenScan is where tokens is in the current line's JSON.
+type tokenScan struct {
+	kind  uint8 // the current event's kind (tkNone: not read); NDJSON lines are tkOllama
+	depth uint8 // objects and arrays open
+	path  uint8 // objects of the path open (the line's own not counted)
+	keyAt uint8 // how much of the path's next key the current string has matched (keyNo: none)
+	ph    uint8 // tkKey, tkColon, tkNum: after the key, after its colon, in its number
+	inStr bool
+	esc   bool
+	found bool   // val is the member's value (NDJSON: on a line not yet seen to be the last)
+	val   uint32 // the number's value so far
+}
+
+// keyNo is tokenScan.keyAt for a string that is not the key.
+const keyNo = 0xff
+
+// Where tokenScan is after a key of its path (tokenScan.ph; 0: elsewhere).
+const (
+	tkKey   = 1 + iota // after the key's closing quote
+	tkColon            // after its colon
+	tkNum              // in its number
+)
+
+// tokens follows seg, the next bytes of a line, for the server's count of
+// the output tokens (see tokenPaths), which finish reports in place of
+// the count of token events, as it does a usage chunk's (see usage): the
+// data line of a message_delta event (vLLM's and Anthropic's {"type":
+// "message_delta", "delta": {...}, "usage": {"output_tokens": N}}, N the
+// whole message's), of a response.completed or response.incomplete
+// event ({"type": "response.completed", "response": {..., "usage":
+// {"output_tokens": N, ...}}}, after the whole output), and the last
+// object of an Ollama stream ({..., "done": true, ..., "eval_count": N}).
+// The line's JSON is followed as JSON: a member counts only at its place
+// (not in the text or a tool call's arguments of the output the response
+// carries, not in usage's own objects, such as Anthropic's iterations),
+// keys match as written (no server escapes them), and the value counts
+// only as a plain JSON integer below 2^31 followed by a delimiter, as a
+// usage chunk's does. A line's bytes before its JSON ("data: ") hold no
+// quote or bracket, and pass.
+func (c *sseState) tokens(seg []byte) {
+	t := &c.tk
+	kind := t.kind
+	if c.ndjson {
+		kind = tkOllama
+	}
+	p := &tokenPaths[kind]
+	for i := 0; i < len(seg); i++ {
+		b := seg[i]
+		if t.inStr {
+			switch {
+			case !t.esc && t.keyAt == keyNo && b != '"' && b != '\\':
+				// Text, most of a line's bytes: on to its next quote or
+				// backslash.
+				rest := seg[i:]
+				j := bytes.IndexByte(rest, '"')
+				if j < 0 {
+					j = len(rest)
+				}
+				if k := bytes.IndexByte(rest[:j], '\\'); k >= 0 {
+					j = k
+				}
+				i += j - 1
+			case t.esc:
+				t.esc = false
+			case b == '\\':
+				t.esc, t.keyAt = true, keyNo
+			case b == '"':
+				t.inStr = false
+				if t.keyAt == uint8(len(p.keys[t.path])) {
+					t.ph = tkKey
+				}
+			case t.keyAt != keyNo:
+				if k := t.keyAt; int(k) < len(p.keys[t.path]) && p.keys[t.path][k] == b {
+					t.keyAt++
+				} else {
+					t.keyAt = keyNo
+				}
+			}
+			continue
+		}
+		switch t.ph {
+		case tkKey:
+			if b == ' ' || b == '\t' || b == '\r' || b == '\n' {
+				continue
+			}
+			if t.ph = 0; b == ':' {
+				t.ph = tkColon
+				continue
+			}
+		case tkColon:
+			if b == ' ' || b == '\t' || b == '\r' || b == '\n' {
+				continue
+			}
+			t.ph = 0
+			switch {
+			case t.path+1 < p.n:
+				if b == '{' {
+					t.path++ // the next object of the path opens below
+				}
+			case b >= '0' && b <= '9':
+				t.ph, t.val = tkNum, uint32(b-'0')
+				continue
+			}
+		case tkNum:
+			if b >= '0' && b <= '9' {
+				v := uint64(t.val)*10 + uint64(b-'0')
+				if t.val = uint32(v); v > 1<<31-1 {
+					t.ph = 0 // its other digits pass below
+				}
+				continue
+			}
+			t.ph = 0
+			if b == ',' || b == '}' || b == ' ' || b == '\t' || b == '\r' || b == '\n' {
+				t.found = true
+				if !c.ndjson || c.done {
+					c.outTokens.Store(int32(t.val))
+				} // else endLine stores it if the line is the last object
+			}
+		}
+		switch b {
+		case '"':
+			t.inStr, t.keyAt = true, keyNo
+			if t.depth == t.path+1 {
+				t.keyAt = 0 // a key of the path's innermost object, or its value
+			}
+		case '{', '[':
+			t.depth = min(t.depth, 254) + 1
+		case '}', ']':
+			if t.depth > 0 {
+				t.depth--
+			}
+			if t.depth <= t.path {
+				t.path = max(t.depth, 1) - 1 // the path's object closed
+			}
+		}
+	}
+}
+
+// eventIs reports whether an event line, whose first bytes are in line
+// (at most len(sseState.line)), whose length is lineLen and whose last
+// bytes are in end (sseState.end), is "event:", an optional space and
+// typ, with an optional CR. typ is at most 24 bytes: the line's start
+// and its end together cover it (see failedEvent).
+func eventIs(line []byte, lineLen int, end []byte, typ string) bool {
+	off := len("event:")
+	if len(line) > off && line[off] == ' ' {
+		off++
+	}
+	n, tail := lineLen-off, end
+	if bytes.HasSuffix(end, []byte("\r")) {
+		n, tail = n-1, end[:len(end)-1]
+	}
+	if n != len(typ) || len(line) < off {
+		return false
+	}
+	head := line[off:min(len(line), off+n)]
+	k := min(len(tail), n)
+	return string(head) == typ[:len(head)] && string(tail[len(tail)-k:]) == typ[n-k:]
 }
 
 // doneKey is the member of Ollama's last stream object, up to its value.

@@ -33,3 +33,39 @@ func TestStreamScanDoesNotAllocate(t *testing.T) {
 		assert.EqualValues(t, 50, s.outTokens.Load(), "%d bytes a read", n)
 	}
 }
+
+// TestServerCountScanDoesNotAllocate: reading the server's count of the
+// output tokens from a Messages API stream's message_delta event, a
+// Responses API stream's response.completed event and an Ollama stream's
+// last line allocates nothing, in reads of any size.
+func TestServerCountScanDoesNotAllocate(t *testing.T) {
+	clock := testutil.NewClock()
+	text := "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\" token\"},\"index\":0}\n\n"
+	delta := "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"content_index\":0,\"delta\":\" token\",\"item_id\":\"msg_1\",\"output_index\":0}\n\n"
+	line := `{"model":"llama3.2","created_at":"2026-12-05T05:00:00Z","message":{"role":"assistant","content":" token"},"done":false}` + "\n"
+	for _, s := range []struct {
+		name   string
+		body   []byte
+		ndjson bool
+	}{
+		{"messages", []byte(strings.Repeat(text, 50) + "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}," +
+			"\"usage\":{\"input_tokens\":9,\"output_tokens\":60}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"), false},
+		{"responses", []byte(strings.Repeat(delta, 50) + "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\"," +
+			"\"output\":[{\"content\":[{\"text\":\"" + strings.Repeat(" token", 50) + "\",\"type\":\"output_text\"}]}]," +
+			"\"usage\":{\"input_tokens\":9,\"output_tokens\":60,\"output_tokens_details\":{\"reasoning_tokens\":0}}}}\n\n"), false},
+		{"ollama", []byte(strings.Repeat(line, 50) + `{"model":"llama3.2","done_reason":"stop","done":true,"prompt_eval_count":26,"eval_count":60}` + "\n"), true},
+	} {
+		st := new(sseState)
+		for _, n := range []int{1, 7, 64, len(s.body)} {
+			allocs := testing.AllocsPerRun(10, func() {
+				*st = sseState{counting: true, ndjson: s.ndjson}
+				for p := s.body; len(p) > 0; p = p[min(len(p), n):] {
+					st.scan(p[:min(len(p), n)], clock)
+				}
+			})
+			assert.Zero(t, allocs, "%s: %d bytes a read", s.name, n)
+			assert.EqualValues(t, 50, st.events.Load(), "%s: %d bytes a read", s.name, n)
+			assert.EqualValues(t, 60, st.outTokens.Load(), "%s: %d bytes a read", s.name, n)
+		}
+	}
+}
