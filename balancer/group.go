@@ -227,6 +227,13 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 		if e.readyMask.Load()&g.bit == 0 {
 			continue
 		}
+		if !stepped && e.setBeforeStep(nowNs, g.horizon) {
+			// A group built after the step did not see it (an Update
+			// right after it), nor one whose standing was computed
+			// before the deadline was set: a ramp an hour ahead held
+			// its endpoint at the minimum weight for the hour.
+			e.afterStepBack(nowNs, g.horizon)
+		}
 		end, ramps := e.rampEnd(c, nowNs)
 		if ramps {
 			next.ramping = true
@@ -236,11 +243,6 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 		next.ready++
 		next.readyWeight += g.weights[i]
 		u := e.excludedUntil.Load()
-		if u > nowNs && u-nowNs > g.horizon {
-			// A group built after the step did not see it.
-			e.afterStepBack(nowNs, g.horizon)
-			u = e.excludedUntil.Load()
-		}
 		if u > nowNs {
 			next.until = min(next.until, u)
 		} else if inGoodStanding(e, nowNs) {

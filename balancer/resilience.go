@@ -254,6 +254,19 @@ func (e *endpoint) afterStepBack(nowNs, horizon int64) {
 	}
 }
 
+// setBeforeStep reports whether a deadline of e that afterStepBack mends
+// (an exclusion, and so an ejection within it, a ramp's start, a probe
+// deadline) is further than horizon ahead of nowNs: none is ever set that
+// far ahead, so it was set before the clock stepped back.
+func (e *endpoint) setBeforeStep(nowNs, horizon int64) bool {
+	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.rampFrom, &e.probeDue} {
+		if t := v.Load(); t != 0 && t > nowNs && t-nowNs > horizon {
+			return true
+		}
+	}
+	return false
+}
+
 // nonZero is a clock reading stored where 0 means none (a ramp's start):
 // nowNs, or 1 for a reading of exactly 0. Not max(nowNs, 1): a clock that
 // reads before 1970 reads below 0, and its ramps all began in 1970.
