@@ -148,6 +148,9 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		hold := b.ejectionTime(n)
 		until := later(nowNs, hold)
 		exclude(e, until) // before the new generation: see acquire
+		// The endpoint returns when its exclusion ends: an overload
+		// cooldown in force may outlast the breaker's.
+		until = max(until, e.excludedUntil.Load())
 		e.probeDue.Store(0)
 		e.probeLife.Store(int64(hold))
 		e.probeSlots.Store(int32(b.cfg.breakerProbes))
