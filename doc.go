@@ -148,8 +148,10 @@
 // more, and owners keep their keys). Outlier detection ejects an endpoint
 // whose success rate falls well below the median of its peers serving the
 // same model (of the fleet, without model labels). Breakers and
-// ejections together never hold out more than MaxEjectedFraction of a
-// model's endpoints (of the fleet, without model labels), and when too
+// ejections together hold out at most MaxEjectedFraction of a model's
+// endpoints (of the fleet, without model labels), or one endpoint where
+// that share is less than one (so a model on one endpoint can lose it);
+// an Update that shrinks the pool does not end exclusions to fit. When too
 // few endpoints are in good standing the picker routes
 // across all ready ones (panic routing) rather than crushing the survivors.
 // Adapters fail a call over to another endpoint only within a shared retry
