@@ -51,15 +51,24 @@ const (
 	// the servers that report one. 1 is its only value: Set refuses any
 	// other.
 	KVCachePreallocated
+	// Asleep is 1 for a server put to sleep (vLLM's --enable-sleep-mode,
+	// POST /sleep): its weights are offloaded or discarded and it serves
+	// nothing until it is woken (POST /wake_up). It reports no load while
+	// it sleeps (vLLM lets a server sleep only once its requests are
+	// done), so without this field it reads as the most idle endpoint of
+	// the fleet. 0 says the server is awake: unlike KVCachePreallocated,
+	// Asleep takes 0 as well as 1, so the reading after a wake-up
+	// replaces the one that said asleep. Set refuses any other value.
+	Asleep
 
 	// NumFields is the number of fields; a Sample holds one slot for each.
-	NumFields = int(KVCachePreallocated) + 1
+	NumFields = int(Asleep) + 1
 )
 
 var fieldNames = [NumFields]string{
 	"gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_util", "gpu_temp_c", "gpu_power_w",
 	"running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "cpu_util", "app_util",
-	"lora_slots", "kv_cache_preallocated",
+	"lora_slots", "kv_cache_preallocated", "asleep",
 }
 
 // String returns the field's snake_case name.
@@ -89,9 +98,10 @@ type FieldSet uint32
 // memory size, utilization, temperature, power): what a restart empties,
 // and so what a balancer expires (Store.Expire) when an endpoint may have
 // restarted. KVCachePreallocated is not in it: a restarted server
-// pre-allocates as before.
+// pre-allocates as before. Asleep is: a server starts awake, so a
+// reading that said asleep describes the old process.
 const ProcessLoad = FieldSet(1<<Running | 1<<Waiting | 1<<KVCacheUsage | 1<<PrefixCacheHitRate |
-	1<<CPUUtil | 1<<AppUtil | 1<<GPUMemUsed | 1<<LoRASlots)
+	1<<CPUUtil | 1<<AppUtil | 1<<GPUMemUsed | 1<<LoRASlots | 1<<Asleep)
 
 // Has reports whether f is in the set.
 func (s FieldSet) Has(f Field) bool { return s&(1<<f) != 0 }
@@ -199,7 +209,8 @@ func (s *Sample) SetAdapters(slots float64, a *Adapters) bool {
 const MaxRequests = 1 << 20
 
 // Set stores v for f. NaN, infinities, a Running or Waiting count above
-// MaxRequests and a KVCachePreallocated other than 1 are rejected (the
+// MaxRequests, a KVCachePreallocated other than 1 and an Asleep other
+// than 0 or 1 are rejected (the
 // field stays absent) so a bad exposition can never poison a score; Set
 // reports whether v was kept.
 func (s *Sample) Set(f Field, v float64) bool {
@@ -212,8 +223,8 @@ func (s *Sample) Set(f Field, v float64) bool {
 }
 
 // admissible reports whether Set keeps v for f, a known field: a finite
-// value, for Running and Waiting at most MaxRequests, and for
-// KVCachePreallocated 1. A Store applies the same test to the Values a
+// value, for Running and Waiting at most MaxRequests, for
+// KVCachePreallocated 1, and for Asleep 0 or 1. A Store applies the same test to the Values a
 // Sample was handed by hand.
 func admissible(f Field, v float64) bool {
 	switch {
@@ -223,6 +234,8 @@ func admissible(f Field, v float64) bool {
 		return v <= MaxRequests
 	case f == KVCachePreallocated:
 		return v == 1
+	case f == Asleep:
+		return v == 0 || v == 1
 	}
 	return true
 }

@@ -43,6 +43,7 @@ type Store struct {
 	held  int // slots with holders (Hold); guarded by mu
 
 	adaptersAt     atomic.Int64 // newest observation time of a merged Adapters, unix ns
+	asleepAt       atomic.Int64 // newest observation time of a merged Asleep of 1, unix ns
 	accepted       atomic.Uint64
 	droppedEmpty   atomic.Uint64 // no valid field
 	droppedOld     atomic.Uint64 // older than what is held
@@ -380,6 +381,11 @@ func (sl *Slot) expire(fields FieldSet, before int64) bool {
 // one atomic load, before it looks at its endpoints' adapter slots.
 func (st *Store) AdaptersObserved() int64 { return st.adaptersAt.Load() }
 
+// AsleepObserved returns the newest observation time (unix ns) of any
+// Asleep reading of 1 the Store has merged, or 0 if none. A picker checks
+// it, one atomic load, before it looks at its endpoints' sleep readings.
+func (st *Store) AsleepObserved() int64 { return st.asleepAt.Load() }
+
 // nowNs reads the Store's clock as Unix nanoseconds.
 func (st *Store) nowNs() int64 {
 	if st.Clock == nil {
@@ -517,6 +523,10 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 				}
 			}
 		}
+		if Field(f) == Asleep && s.Values[f] == 1 {
+			for old := st.asleepAt.Load(); t > old && !st.asleepAt.CompareAndSwap(old, t); old = st.asleepAt.Load() {
+			}
+		}
 		changed = true
 	}
 	if !changed {
@@ -618,6 +628,26 @@ func (sl *Slot) LoRA(now time.Time, maxAge time.Duration) (a *Adapters, slots fl
 		}
 	}
 	return cur.s.Adapters, cur.s.Values[LoRASlots], true
+}
+
+// Asleep reports whether the slot's Asleep reading is 1 and was observed
+// within maxAge of now, as LoadInto would keep it (maxAge <= 0 keeps it
+// whatever its age). A stale reading, or none, says nothing: false. It
+// never allocates or locks: a picker reads it for each candidate.
+func (sl *Slot) Asleep(now time.Time, maxAge time.Duration) bool {
+	if sl == nil {
+		return false
+	}
+	cur := sl.cur.Load()
+	if cur == nil || !cur.s.Has.Has(Asleep) || cur.s.Values[Asleep] != 1 {
+		return false
+	}
+	if maxAge > 0 {
+		if d := now.UnixNano() - cur.times[Asleep]; d > int64(maxAge) || d < -int64(maxAge) {
+			return false
+		}
+	}
+	return true
 }
 
 // LoadInto writes the slot's fields observed no more than maxAge before now
