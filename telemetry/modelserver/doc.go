@@ -9,6 +9,12 @@
 // for the response path: an HTTP transport calls it on every response that
 // carries the header and publishes the result, which is fresher than any scrape.
 //
+// Besides load, ParseMetrics reads whether a vLLM server started with
+// --enable-sleep-mode is asleep (telemetry.Asleep, from
+// vllm:engine_sleep_state): a sleeping server reports no load and would
+// otherwise read as the most idle endpoint, though it serves nothing
+// until it is woken.
+//
 // Parsers leave Sample.Time zero: only the caller knows when the values were
 // observed (the response's arrival, the scrape's start), so the caller stamps
 // it before publishing; a telemetry.Store drops samples without a time. An

@@ -178,6 +178,56 @@ func (x *extractor) vllm(running, waiting, kv []*dto.Metric) {
 		x.max(telemetry.PrefixCacheHitRate, except(x.all("vllm_gpu_prefix_cache_hit_rate"), -1))
 	}
 	x.loraInfo(x.all("vllm_lora_requests_info"), x.all("vllm_num_requests_running"))
+	x.sleepState(x.all("vllm_engine_sleep_state"))
+}
+
+// sleepState reads vLLM's vllm:engine_sleep_state (servers started with
+// --enable-sleep-mode; exported only with VLLM_SERVER_DEV_MODE=1 in
+// releases of late 2025, unconditionally later) into Asleep. The gauge
+// has one series per engine (data-parallel engine label) and sleep_state
+// label: awake (1 awake, 0 asleep), weights_offloaded (1 at sleep level
+// 1) and discard_all (1 at level 2), set together on each /sleep and
+// /wake_up. (vllm-project/vllm vllm/v1/metrics/loggers.py,
+// PrometheusStatLogger, gauge_engine_sleep_state and record_sleep_state.)
+// An engine is asleep when its awake series is 0, or, without one, when
+// weights_offloaded or discard_all is 1. The server is asleep when every
+// engine that reports a state is: vLLM puts all its engines to sleep and
+// wakes them together, so a mix is a scrape caught mid-way, and one awake
+// engine can serve; a server wrongly read as asleep would lose its calls
+// until the next scrape. A value other than 0 or 1 is dropped and counted.
+func (x *extractor) sleepState(ms []*dto.Metric) {
+	type state struct{ awake, asleep, level bool } // awake series seen, its reading; a level at 1
+	engines := map[string]*state{}
+	skip := []string{"sleep_state"}
+	for _, m := range ms {
+		v, ok := promtext.Value(m)
+		if !ok || v != 0 && v != 1 {
+			x.drop(telemetry.Asleep, promtext.RawValue(m))
+			continue
+		}
+		k := groupKey(m, skip)
+		e := engines[k]
+		if e == nil {
+			e = &state{}
+			engines[k] = e
+		}
+		switch promtext.Label(m, "sleep_state") {
+		case "awake":
+			e.awake, e.asleep = true, v == 0
+		case "weights_offloaded", "discard_all":
+			e.level = e.level || v == 1
+		}
+	}
+	if len(engines) == 0 {
+		return
+	}
+	asleep := 1.0
+	for _, e := range engines {
+		if e.awake && !e.asleep || !e.awake && !e.level {
+			asleep = 0
+		}
+	}
+	x.s.Set(telemetry.Asleep, asleep)
 }
 
 // read holds, in index form, every metric name an extractor reads: Parse

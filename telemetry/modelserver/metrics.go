@@ -75,6 +75,10 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	              LoRASlots, Adapters  vllm:lora_requests_info (with --enable-lora: the label
 //	                           set with the latest value; max_lora, running_lora_adapters and
 //	                           waiting_lora_adapters; the base model from model_name)
+//	              Asleep       vllm:engine_sleep_state (with --enable-sleep-mode): 1 - its
+//	                           sleep_state="awake" series, or without one 1 when
+//	                           weights_offloaded or discard_all is 1; with several engines,
+//	                           1 only when every engine sleeps (see below)
 //	SGLang        Running      sglang:num_running_reqs
 //	              Waiting      sglang:num_queue_reqs + in PD disaggregation the queues ahead of it:
 //	                           sglang:num_prefill_bootstrap_queue_reqs (before its rename
@@ -127,6 +131,15 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	                           older builds only, newer ones export no KV usage)
 //	              KVCachePreallocated  1 (llama-server allocates its KV cache, all of
 //	                           --ctx-size, when it starts)
+//
+// A vLLM server put to sleep (POST /sleep) serves nothing until it is
+// woken (POST /wake_up), yet reports no load while it sleeps: Asleep says
+// so. vLLM puts its data-parallel engines to sleep and wakes them
+// together, so engines that disagree are a scrape caught mid-way: the
+// server reads as asleep only when every engine does, as one awake engine
+// can serve. Servers without sleep mode export no such series (nor do
+// releases of late 2025 without VLLM_SERVER_DEV_MODE=1), and their
+// samples carry no Asleep.
 //
 // A namespace separator may be ':' or '_' (vllm:x or vllm_x). Series of one
 // metric are aggregated across their labels (model, vLLM's data-parallel
