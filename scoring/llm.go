@@ -8,7 +8,7 @@ import (
 // LLM scores generation endpoints on reliability and current load. The zero
 // value uses the documented defaults.
 //
-// cost = (load + 1) / weight x reliability x kvPressure x memPressure x utilPressure x loraFactor, where
+// cost = (load + 1) / weight x reliability x kvPressure x memPressure x utilPressure x loraFactor x sleep, where
 //
 //	load        = max(in-flight here, running + QueueWeight x waiting on the server + sent since)
 //	              + in-flight tokens / TokenUnit
@@ -26,6 +26,13 @@ import (
 //	              do), LoRALoad when a slot is free and no request of the adapter
 //	              waits there (it is loaded for this one), else 1 (see
 //	              telemetry.Sample.SlotWait)
+//	sleep       = 1e6 when the server is asleep (telemetry.Asleep 1: vLLM's sleep mode),
+//	              else 1: it serves nothing until it is woken, however idle it
+//	              reads, so it loses to any awake endpoint. The balancer already
+//	              keeps calls off it (its two-choice draws and affinity pass it
+//	              over); the price decides between candidates that all sleep, and
+//	              a call then goes to one of them, to wait for its wake-up, rather
+//	              than failing
 //
 // Server-side running and waiting counts see every client's traffic, so they
 // correct this process's partial view when fresh; they replace it rather than
@@ -129,6 +136,10 @@ func projectKV(kv float64, tel *telemetry.Sample, delta int64) float64 {
 	return min(max(kv+float64(delta)*kv/r, 0), 1)
 }
 
+// asleepFactor is LLM's price of a server that sleeps (telemetry.Asleep):
+// above any load an awake server reports, so an awake one always wins.
+const asleepFactor = 1e6
+
 func orDefault(v, d float64) float64 {
 	if v > 0 {
 		return v
@@ -172,6 +183,9 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 	}
 	if u, ok := tel.Get(telemetry.AppUtil); ok {
 		cost *= Pressure(u, orDefault(l.UtilKnee, 0.9), steep)
+	}
+	if a, _ := tel.Get(telemetry.Asleep); a == 1 {
+		cost *= asleepFactor
 	}
 	if tel.Adapters != nil {
 		switch adapter, full := tel.SlotWait(req.Model); {
