@@ -390,11 +390,15 @@ func noRelief(t bound) bool {
 // it runs.
 //
 // A member whose LoRA adapter slots are all taken by adapters other than
-// the one req names is out of bound for req (see lora.go).
+// the one req names is out of bound for req (see lora.go), and so is one
+// whose fresh reading says it sleeps (see sleep.go).
 func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.Time, sh *shard) bound {
 	var s telemetry.Sample
 	slot := g.members[i].slot.Load()
 	slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
+	if a, _ := s.Get(telemetry.Asleep); a == 1 {
+		return bound{pressure: -1, waiting: -1, kv: -1, over: true} // it serves nothing until woken (sleep.go)
+	}
 	if s.Adapters != nil && req.Model != "" && b.slotAware(req.Service) &&
 		g.members[i].slotFull(req.Model, adapterID(req.Model, b.adapters.seed), b.adapters.seed, now.UnixNano(), b.cfg.telemetryMaxAge) {
 		return bound{pressure: -1, waiting: -1, kv: -1, over: true} // see lora.go

@@ -39,7 +39,11 @@
 // with this process's calls in flight per adapter; an adapter with few of
 // the calls in flight on its model's endpoints goes to a home endpoint of its own
 // rather than wherever its sessions' keys lead (Options.AdapterHomes;
-// lora.go).
+// lora.go). An endpoint whose fresh telemetry says its server sleeps
+// (telemetry.Asleep: vLLM's sleep mode, which reads as an idle server)
+// takes no call while an awake one can: its two-choice draws are made
+// again and its affinity keys spill; with every endpoint asleep, calls
+// still go to them, to wait for the wake-up (sleep.go).
 //
 // Telemetry (load reports of the HTTP transport's load header and the
 // gRPC policy's ORCA, a telemetry.Poller's scrapes) is read from the
@@ -750,6 +754,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		return Pick{}, ErrNoEndpoints
 	}
 	c.slots = req.Model != "" && b.slotAware(req.Service) && b.slotsLive(nowNs)
+	c.sleep = b.sleepLive(nowNs)
 	if c.affine && b.reuse != nil && !req.Session {
 		// An explicit session sticks whatever prompt keys do.
 		rc := b.reuse.class(req.Tenant)
@@ -951,23 +956,25 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 			// Every candidate was turned down by its slow-start ramp's
 			// draw: two choices, whose draws fall back to a scan.
 		}
-		i = b.draw(g, c, sh, -1)
-		if i < 0 || len(g.members) == 1 {
+		if !c.sleep {
+			i = b.draw(g, c, sh, -1)
+			if i < 0 || len(g.members) == 1 {
+				return i, false
+			}
+			if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
+				return j, false
+			}
 			return i, false
 		}
-		if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
-			return j, false
-		}
-		return i, false
 	}
-	i, fi := b.drawSlot(req, g, c, sh, -1)
+	i, fi := b.drawFit(req, g, c, sh, -1)
 	if i < 0 || len(g.members) == 1 {
 		return i, false
 	}
-	j, fj := b.drawSlot(req, g, c, sh, i)
+	j, fj := b.drawFit(req, g, c, sh, i)
 	switch {
 	case j < 0:
-	case fi != fj: // one's LoRA slots are full for req: the other (lora.go)
+	case fi != fj: // one cannot serve req now (its LoRA slots are full, it sleeps): the other (lora.go, sleep.go)
 		if fi {
 			return j, false
 		}
@@ -1000,8 +1007,11 @@ type cand struct {
 	coolingOnly bool
 	// slots: the call names a LoRA adapter and some endpoint reported its
 	// adapter slots lately; candidates whose slots are full for it are
-	// drawn again (see drawSlot).
+	// drawn again (see drawFit).
 	slots bool
+	// sleep: some endpoint was seen asleep lately; candidates whose fresh
+	// reading says they sleep are drawn again (see sleep.go).
+	sleep bool
 	// With windowNeed or promptNeed set, the members whose remembered
 	// context window for the model is below windowNeed, or whose
 	// remembered limit on its prompts is below promptNeed, are passed over
@@ -1214,6 +1224,7 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 	var salt uint64 // the ramp's verdicts (rampOK); 0 until one is needed
 	scale := min(1, 2/float64(m))
 	best, ties, bestProbe, bestCost := -1, 0, false, 0.0
+	bestZz := false // the best sleeps (see sleep.go)
 	for k := range m {
 		i := (start + k) % n
 		if sh != nil {
@@ -1223,14 +1234,18 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 		if !c.ok(e) || !b.rampOK(e, i, c.nowNs, base, scale, &salt) {
 			continue
 		}
+		zz := c.sleep && e.asleep(c.nowNs, b.cfg.telemetryMaxAge)
+		if best >= 0 && zz && !bestZz {
+			continue // an awake one was found: a sleeping one is worse
+		}
 		probe := probing(e, c.nowNs)
-		if bestProbe && !probe {
+		if bestProbe && !probe && zz == bestZz {
 			continue
 		}
 		cost := b.cost(sc, req, g, i, now, c.nowNs, &st)
 		switch {
-		case best < 0 || probe != bestProbe || cost < bestCost:
-			best, ties, bestProbe, bestCost = i, 1, probe, cost
+		case best < 0 || zz != bestZz || probe != bestProbe || cost < bestCost:
+			best, ties, bestProbe, bestZz, bestCost = i, 1, probe, zz, cost
 		case cost == bestCost:
 			ties++
 			if b.rand()%uint64(ties) == 0 {

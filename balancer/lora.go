@@ -26,7 +26,7 @@ import (
 //   - out of bound for the call's affinity key (withinBound): the key
 //     spills past it as past an owner over its load bound, since the
 //     wait outlasts what a warm prefix saves;
-//   - drawn again as a P2C candidate, up to slotRedraws times (drawSlot),
+//   - drawn again as a P2C candidate, up to slotRedraws times (drawFit),
 //     so both candidates are full only when nearly the whole group is
 //     (with half the members full, one pick in sixty-four instead of one
 //     in four), and the draw stays bounded when every member is full;
@@ -327,25 +327,6 @@ func (e *endpoint) slotFull(model string, h, seed uint64, nowNs int64, maxAge ti
 		}
 	}
 	return float64(len(a.Running)+n) >= slots
-}
-
-// drawSlot is draw for a call with c.slots set, with a candidate whose
-// slots are full for req's adapter drawn again up to slotRedraws times.
-// full says the candidate returned is full still.
-func (b *Balancer) drawSlot(req *inferlb.Request, g *group, c cand, sh *shard, not int) (i int, full bool) {
-	i = b.draw(g, c, sh, not)
-	if i < 0 {
-		return i, false
-	}
-	h := adapterID(req.Model, b.adapters.seed)
-	for k := 0; ; k++ {
-		if full = g.members[i].slotFull(req.Model, h, b.adapters.seed, c.nowNs, b.cfg.telemetryMaxAge); !full || k == slotRedraws {
-			return i, full
-		}
-		if j := b.draw(g, c, sh, not); j >= 0 {
-			i = j
-		}
-	}
 }
 
 // countLoRA counts a call whose pick heeds LoRA slots (c.slots set), when
