@@ -144,6 +144,31 @@ trtllm_kv_cache_utilization{engine_type="trtllm",model_name="llama-8b"} 0.62
 # TYPE trtllm_kv_cache_hit_rate gauge
 trtllm_kv_cache_hit_rate{engine_type="trtllm",model_name="llama-8b"} 0.4
 `,
+	// Sleep mode (--enable-sleep-mode), as vllm/v1/metrics/loggers.py
+	// exports it: two data-parallel engines put to sleep at level 1, and
+	// a server caught mid-way, one engine awake.
+	"vllm-sleep": `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m",engine="0"} 0
+vllm:num_requests_running{model_name="m",engine="1"} 0
+# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{model_name="m",engine="0",sleep_state="awake"} 0.0
+vllm:engine_sleep_state{model_name="m",engine="0",sleep_state="weights_offloaded"} 1.0
+vllm:engine_sleep_state{model_name="m",engine="0",sleep_state="discard_all"} 0.0
+vllm:engine_sleep_state{model_name="m",engine="1",sleep_state="awake"} 0.0
+vllm:engine_sleep_state{model_name="m",engine="1",sleep_state="weights_offloaded"} 1.0
+vllm:engine_sleep_state{model_name="m",engine="1",sleep_state="discard_all"} 0.0
+`,
+	"vllm-waking": `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m",engine="0"} 0
+vllm:num_requests_running{model_name="m",engine="1"} 0
+# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{model_name="m",engine="0",sleep_state="awake"} 1.0
+vllm:engine_sleep_state{model_name="m",engine="0",sleep_state="weights_offloaded"} 0.0
+vllm:engine_sleep_state{model_name="m",engine="0",sleep_state="discard_all"} 0.0
+vllm:engine_sleep_state{model_name="m",engine="1",sleep_state="awake"} 0.0
+vllm:engine_sleep_state{model_name="m",engine="1",sleep_state="weights_offloaded"} 0.0
+vllm:engine_sleep_state{model_name="m",engine="1",sleep_state="discard_all"} 1.0
+`,
 	"vllm-dp": `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 2
 vllm:num_requests_running{engine="1",model_name="m"} 5
@@ -169,7 +194,10 @@ var want = map[string]map[string]float64{
 	"sglang-pd": {"running": 10, "waiting": 2 + 3 + 4, "kv_cache_usage": 0.6},
 	"vllm-both": {"running": 3, "waiting": 1, "kv_cache_usage": 0.25},
 	"vllm-dp":   {"running": 7, "waiting": 5, "kv_cache_usage": 0.8},
-	"trtllm":    {"running": 5, "waiting": 2, "kv_cache_usage": 0.62},
+	// Asleep only when every engine is.
+	"vllm-sleep":  {"running": 0, "asleep": 1},
+	"vllm-waking": {"running": 0, "asleep": 0},
+	"trtllm":      {"running": 5, "waiting": 2, "kv_cache_usage": 0.62},
 	// One server's requests, however many jobs scrape it.
 	"vllm-twice": {"running": 4, "waiting": 6, "kv_cache_usage": 0.5},
 }

@@ -76,6 +76,12 @@ const fieldLabel = "inferlb_field"
 // and adds the server's model_name (its base model) from its running
 // count; see Queries for the labels a query of that field must return.
 //
+// Asleep reads vLLM's vllm:engine_sleep_state (servers started with
+// --enable-sleep-mode): 1 - its sleep_state="awake" series, the least
+// over a server's data-parallel engines, so a server is asleep only when
+// every engine is (as modelserver.Parse reads it: vLLM sleeps and wakes
+// them together). Servers without the metric get no Asleep.
+//
 // GPUs: dcgm-exporter runs once per node and exports every GPU of it, so
 // its series' instance is the exporter's address (node or pod IP, port
 // 9400), never a model server's, and a node's GPUs serve several servers.
@@ -117,6 +123,7 @@ func DefaultQueries() map[telemetry.Field]string {
 		telemetry.GPUMemUsed:   worstGPUMem(gpuUsedMiB),
 		telemetry.GPUMemTotal:  worstGPUMem(gpuTotalMiB),
 		telemetry.LoRASlots:    loraQuery,
+		telemetry.Asleep:       `min by (instance) (1 - max by (instance, engine) (` + sleepSeries + `))`,
 	}
 }
 
@@ -158,7 +165,9 @@ const (
 	kvNames      = `vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|sglang:token_usage|trtllm_kv_cache_utilization`
 	gpuUtilNames = `DCGM_FI_DEV_GPU_UTIL`
 	loraNames    = `vllm:lora_requests_info`
-	totals       = `,priority=""` // SGLang's totals, not its per-priority breakdown
+	sleepNames   = `vllm:engine_sleep_state`
+	sleepAwake   = `,sleep_state="awake"` // 1 awake, 0 asleep
+	totals       = `,priority=""`         // SGLang's totals, not its per-priority breakdown
 
 	runningSeries = `{__name__=~"` + runningNames + `"` + totals + `}`
 	waitingSeries = `{__name__=~"` + waitingNames + `"` + totals + `}`
@@ -166,6 +175,7 @@ const (
 	gpuUtilSeries = `(` + gpuUtilNames + ` or 100 * ` + gpuEngineActive + `)`
 	gpuUtilTimes  = `(timestamp(` + gpuUtilNames + `) or timestamp(` + gpuEngineActive + `))`
 	loraSeries    = loraNames
+	sleepSeries   = sleepNames + `{sleep_state="awake"}`
 )
 
 // gpuEngineActive stands for GPU_UTIL where a GPU has none: MIG instances
@@ -222,6 +232,7 @@ func DefaultTimestamps() map[telemetry.Field]string {
 		telemetry.GPUMemUsed:   gpuMemTimes,
 		telemetry.GPUMemTotal:  gpuMemTimes,
 		telemetry.LoRASlots:    scrapeTimes(loraNames, ""),
+		telemetry.Asleep:       scrapeTimes(sleepNames, sleepAwake),
 	}
 }
 
@@ -943,6 +954,8 @@ func valid(f telemetry.Field, v float64) bool {
 		return v >= 0 && v <= telemetry.MaxRequests
 	case telemetry.KVCachePreallocated:
 		return v == 1 // its only value (telemetry.Sample.Set refuses others)
+	case telemetry.Asleep:
+		return v == 0 || v == 1
 	}
 	return v >= 0
 }
