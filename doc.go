@@ -214,6 +214,14 @@
 // not on every one (balancer.Options.AdapterHomes). Base-model calls and
 // servers without the reading are untouched.
 //
+// A vLLM server put to sleep (--enable-sleep-mode, POST /sleep) serves
+// nothing until it is woken, yet reports an idle scheduler and an empty KV
+// cache. Its vllm:engine_sleep_state (telemetry.Asleep) makes it, while
+// fresh, an endpoint that cannot serve now, as a server whose LoRA slots
+// are full is: a P2C candidate drawn again that loses to an awake one, an
+// affinity owner whose keys spill, priced 1e6 times by the LLM scorer. With
+// every endpoint asleep calls still go to them, to wait for the wake-up.
+//
 // # Departures from the design notes
 //
 //   - The circuit breaker is consulted at Done, not with gobreaker's
