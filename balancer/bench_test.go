@@ -378,3 +378,28 @@ func BenchmarkPickLoRARunning(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPickAsleep is BenchmarkPickTelemetry with one endpoint in four
+// asleep (telemetry.Asleep, vLLM's sleep mode): what its redraws and checks
+// add to a pick. Against BenchmarkPickTelemetry in the same run.
+func BenchmarkPickAsleep(b *testing.B) {
+	for _, n := range benchSizes[:2] {
+		clock := testutil.NewClock()
+		bal := newBalancer(b, n, balancer.Options{Clock: clock})
+		for i, ep := range endpoints(n) {
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.Running, float64(8+i%5))
+			s.Set(telemetry.Waiting, float64(i%3))
+			s.Set(telemetry.KVCacheUsage, 0.5+0.1*float64(i%5))
+			s.Set(telemetry.Asleep, 0)
+			if i%4 == 1 {
+				s.Set(telemetry.Asleep, 1)
+			}
+			bal.Publish(ep.Addr, s)
+		}
+		for _, svc := range []inferlb.Service{inferlb.ServiceLLM, inferlb.ServiceEmbedding} {
+			req := &inferlb.Request{Service: svc, PromptTokens: 512, MaxOutputTokens: 256}
+			b.Run(fmt.Sprintf("%v/n=%d", svc, n), func(b *testing.B) { benchPickDone(b, bal, req) })
+		}
+	}
+}
