@@ -156,6 +156,7 @@ type Balancer struct {
 	// pools to judge, one pool's success rates), kept from one evaluation
 	// to the next so that it allocates only when the fleet grows.
 	outlierRound uint64
+	outlierFrom  int64 // unix ns of the last evaluation: the start of the window judged next
 	outlierPools []*group
 	outlierRates []float64
 	ejectMu      sync.Mutex // makes mayEject and marking the endpoint out one step; see mayEject

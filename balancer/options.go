@@ -318,7 +318,15 @@ type Options struct {
 	// first time; each consecutive ejection doubles it. A breaker that
 	// trips again soon after it recovered counts as consecutive too: one
 	// doubling is forgiven per EjectionTime of good standing in between, so
-	// a flapping endpoint is held out longer each time. Default 10s (or
+	// a flapping endpoint is held out longer each time. An outlier ejected
+	// again counts as consecutive unless an evaluation judged it no outlier
+	// in between, less one doubling forgiven per span of good standing
+	// since its return as long as its last ejection and at least two
+	// OutlierIntervals (it may have had too few calls to be judged,
+	// OutlierMinRequests): one that fails again within two intervals of
+	// its return is held out longer, and one ejected once and then given
+	// light traffic for a day starts over. (Envoy forgives a step per
+	// interval the host is not ejected.) Default 10s (or
 	// MaxEjectionTime, when that is set shorter): a crashed model server
 	// usually needs longer to come back, and a probe costs little.
 	EjectionTime time.Duration

@@ -301,6 +301,71 @@ func (b *Balancer) tripCount(e *endpoint, nowNs int64) int32 {
 	return n
 }
 
+// ejectionCount returns the count of consecutive outlier ejections an
+// ejection of e makes, judged by the window that began at goodUntil: one
+// more than before, less one for each span of good standing between its
+// return from the last ejection and goodUntil (the window it failed in is
+// no good standing) as long as that ejection, and at least two
+// OutlierIntervals. Computed at the decision, from the count and the last
+// return, and stored only with the ejection it makes: stored at a decision
+// that MaxEjectedFraction capped, the next decision would forgive the same
+// good standing again.
+//
+// The count starts over as well when an evaluation judges e no outlier;
+// but one with fewer than OutlierMinRequests calls in an interval is never
+// judged, and an endpoint ejected once and then given light traffic for a
+// day was held out twice as long at its next ejection, as if it had just
+// flapped. The breaker's rule (one doubling forgiven per EjectionTime, see
+// tripCount) does not fit here: the first evaluation that can judge a
+// returned endpoint comes an OutlierInterval after it returned, which is
+// EjectionTime by default, and a flapping endpoint would start over each
+// time. With spans of at least two intervals, one that fails again in
+// either of the two intervals after its return is held out twice as long;
+// one that stays in good standing is forgiven a doubling per span, step
+// by step. Counts past the first held out for MaxEjectionTime lengthen
+// nothing and are not kept: forgiveness starts from the cap.
+//
+// Envoy decrements its ejection multiplier (base_ejection_time times it,
+// linear, up to max_ejection_time) at every interval tick at which the
+// host is not ejected, whatever its traffic, before that tick's
+// success-rate ejections: a host ejected by success rate again, which
+// takes an interval's calls after its return, is forgiven the step first
+// and held out base_ejection_time each time; only inline (consecutive
+// failure) ejections within an interval of a return make it grow. Here a
+// flap of an interval or two doubles the ejection, and forgiveness takes
+// longer after a long ejection (a span is as long as the ejection).
+//
+// The return is a clock reading. A step back puts it ahead of the clock:
+// afterStepBack mends it to the step (and one still ahead of goodUntil
+// forgives nothing), so good standing counts from the step, as a
+// breaker's does. A step forward counts as good standing: it cannot be
+// told from time passing.
+func (b *Balancer) ejectionCount(e *endpoint, goodUntil int64) int32 {
+	n := e.ejections.Load()
+	if n == 0 {
+		return 1
+	}
+	n = min(n, b.ejectionsToCap())
+	if back := e.ejectedUntil.Load(); goodUntil > back {
+		span := max(b.ejectionTime(n), 2*min(b.cfg.outlierInterval, maxHold))
+		// Unsigned: the difference of two readings, positive, need not
+		// fit an int64 on a clock that stepped across the range.
+		forgiven := (uint64(goodUntil) - uint64(back)) / uint64(span)
+		n -= int32(min(forgiven, uint64(n)))
+	}
+	return n + 1
+}
+
+// ejectionsToCap is the first count of consecutive ejections held out for
+// MaxEjectionTime: a count past it lengthens no ejection.
+func (b *Balancer) ejectionsToCap() int32 {
+	n := int32(1)
+	for b.ejectionTime(n) < b.cfg.maxEjectionTime {
+		n++
+	}
+	return n
+}
+
 // ejectionTime is the exclusion for the n-th consecutive ejection:
 // EjectionTime doubled each time, capped at MaxEjectionTime.
 func (b *Balancer) ejectionTime(n int32) time.Duration {
@@ -564,6 +629,11 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 	}
 	// Saturating: an interval meant as "never" wrapped to a time past.
 	b.nextOutlier.Store(later(nowNs, b.cfg.outlierInterval))
+	// The window judged now began at the last evaluation: an outlier's
+	// good standing ended there at the latest (see ejectionCount). Not
+	// after now, when the clock stepped back since.
+	from := min(b.outlierFrom, nowNs)
+	b.outlierFrom = nowNs
 	all := b.all.Load()
 	if all == nil {
 		return
@@ -640,7 +710,9 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 			continue
 		}
 		e.capped.And(^uint32(cappedOutlier))
-		until := later(nowNs, b.ejectionTime(e.ejections.Add(1)))
+		n := b.ejectionCount(e, from)
+		e.ejections.Store(n)
+		until := later(nowNs, b.ejectionTime(n))
 		e.ejectedUntil.Store(until)
 		b.ejectMu.Unlock()
 		e.rampFrom.Store(nonZero(until)) // ramp up when it returns
