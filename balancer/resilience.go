@@ -288,9 +288,13 @@ func nonZero(nowNs int64) int64 {
 // out twice as long each time, as consecutive failed probes are, instead
 // of starting over at EjectionTime; one that stayed healthy for a while
 // starts over (Envoy's outlier detection decays its ejection multiplier
-// the same way). Called under the breaker's mutex.
+// the same way). Opens past the first held out for MaxEjectionTime
+// lengthen nothing and are not kept: each failed probe of a long outage
+// counted one, and after an hour of them, two good minutes forgave 12 of
+// 31 and the next trip held the endpoint out for the cap. Called under
+// the breaker's mutex.
 func (b *Balancer) tripCount(e *endpoint, nowNs int64) int32 {
-	n := e.opens.Load()
+	n := min(e.opens.Load(), b.ejectionsToCap())
 	if r := e.recoveredAt.Load(); r != 0 && n > 0 {
 		healthy := max(nowNs-r, 0) / int64(max(b.cfg.ejectionTime, 1))
 		n = int32(max(int64(n)-healthy, 0))
