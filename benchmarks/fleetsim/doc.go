@@ -48,9 +48,12 @@
 //
 // The KV cache holds KVTokens/16 blocks of 16 tokens (vLLM's default block
 // size). Full blocks are identified by chained hashes (parent hash + the
-// block's tokens), registered as soon as they are computed, kept after their
-// sequence finishes and evicted least recently freed first; a new sequence
-// reuses the longest cached chain of its prompt (automatic prefix caching,
+// block's tokens), registered when the step that computes them is
+// scheduled (vLLM V1's allocate_slots caches them then, so a sequence
+// admitted in the same step, after the running ones, hits a prefix another
+// sequence of that step is still prefilling), kept after their sequence
+// finishes and evicted least recently freed first; a new sequence reuses
+// the longest cached chain of its prompt (automatic prefix caching,
 // https://docs.vllm.ai/en/latest/design/prefix_caching.html). Answers are
 // cached too, so the next turn of a conversation hits the previous answer.
 // When a running sequence needs a block and none is free, the most recently

@@ -364,6 +364,7 @@ func (r *replica) plan() (time.Duration, bool) {
 		}
 		s.sched = n
 		budget -= n
+		r.cacheScheduled(s)
 		if s.prefilled {
 			decodes++
 		} else {
@@ -433,6 +434,7 @@ func (r *replica) plan() (time.Duration, bool) {
 		}
 		s.sched = n
 		budget -= n
+		r.cacheScheduled(s)
 		prefillTok += n
 		pairs += attnPairs(s.computed, n)
 		kvTok += s.computed + n
@@ -526,8 +528,9 @@ func (r *replica) adapters() *telemetry.Adapters {
 	return &telemetry.Adapters{Base: Model, Running: names(r.running), Waiting: names(r.waiting)}
 }
 
-// stepDone applies one finished iteration: computed KV advances, full blocks
-// enter the prefix cache, sequences whose input is all computed emit a token,
+// stepDone applies one finished iteration: computed KV advances (the full
+// blocks entered the prefix cache when the step was planned, see
+// cacheScheduled), sequences whose input is all computed emit a token,
 // finished ones leave and free their blocks.
 func (r *replica) stepDone(gen uint64) {
 	if gen != r.gen { // the replica crashed during the step
@@ -549,11 +552,7 @@ func (r *replica) apply() {
 			continue
 		}
 		s.sched = 0
-		before := s.computed
 		s.computed += n
-		if r.p.PrefixCaching {
-			r.cacheFull(s, before)
-		}
 		if s.computed < s.numTokens() {
 			keep = append(keep, s) // more prefill chunks to go
 			continue
@@ -591,9 +590,25 @@ func (r *replica) apply() {
 	r.running = keep
 }
 
-// cacheFull registers the blocks that became full between before and s.computed.
-func (r *replica) cacheFull(s *seq, before int) {
-	for k := before / BlockSize; k < s.computed/BlockSize; k++ {
+// cacheScheduled registers in the prefix cache the full blocks of the
+// tokens s is scheduled to compute in this step (s.computed+s.sched), when
+// the step is planned rather than when it ends, as vLLM V1 does:
+// KVCacheManager.allocate_slots calls cache_blocks right after allocating
+// the step's slots, so a request the scheduler admits later in the same
+// step (the waiting queue comes after the running batch) finds them
+// through get_computed_blocks: a follow-up that arrives while its prefix
+// is being prefilled hits the blocks of the chunk scheduled with it, not
+// only those of chunks already done. That is sound for attention: every layer writes the
+// step's new keys and values into the paged cache before its attention
+// kernel reads the cache, so a sequence of the same step reads them
+// computed. (vLLM refuses such same-step hits only for Mamba layers, whose
+// state is not computed until the step ends; the simulated model has none.)
+// A block another block already holds stays out, as in register.
+func (r *replica) cacheScheduled(s *seq) {
+	if !r.p.PrefixCaching {
+		return
+	}
+	for k := s.computed / BlockSize; k < (s.computed+s.sched)/BlockSize; k++ {
 		if k >= len(s.hashes) {
 			s.hashes = append(s.hashes, r.answerBlockHash(s, k))
 		}
