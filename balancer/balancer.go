@@ -829,6 +829,16 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 					i, keyed = chooseOwn(rc, &sh)
 				}
 			}
+			if i >= 0 && c.sleep && !b.cfg.tenantStrict && g.members[i].asleep(c.nowNs, b.cfg.telemetryMaxAge) {
+				// Only sleeping members of the shard could take it
+				// (sleep.go): an awake endpoint of the group takes it,
+				// as when nothing in the shard can; with the group
+				// asleep too, the shard's. (A group's choose that finds
+				// every member asleep records no spill.)
+				if j, kj := chooseOwn(c, nil); j >= 0 && !g.members[j].asleep(c.nowNs, b.cfg.telemetryMaxAge) {
+					i, keyed = j, kj
+				}
+			}
 			if i >= 0 {
 				c.keyed = keyed && !homed // a home holds the adapter, not the prompt's prefix
 				return b.acquire(g.members[i], req, c), nil

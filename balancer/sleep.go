@@ -25,6 +25,9 @@ import (
 //   - out of bound as an affinity owner (withinBound): its keys spill to
 //     the next endpoint in their order, and come back once it wakes;
 //   - the worst of a full scan's candidates (scan);
+//   - with every candidate of a tenant's shard (TenantShardSize) asleep,
+//     passed over for an awake endpoint of the group, as a shard that is
+//     down is (a strict shard keeps its calls: pickWith);
 //   - priced high by scoring.LLM, for when every candidate sleeps.
 //
 // It is not taken out of rotation: with every endpoint of the group
