@@ -50,23 +50,27 @@ func countPicks(t *testing.T, b *balancer.Balancer, req inferlb.Request, n int, 
 	return c
 }
 
+// sleepPickCases are the ways a pick can choose: two choices (priced by
+// LLM, and by LeastLoaded, which does not price sleep, so the redraws
+// alone keep calls off), an affinity key, a full scan.
+var sleepPickCases = []struct {
+	name string
+	svc  inferlb.Service
+	keys bool
+}{
+	{"two choices", inferlb.ServiceLLM, false},
+	{"two choices, unpriced", inferlb.ServiceUnknown, false},
+	{"keyed", inferlb.ServiceLLM, true},
+	{"full scan", inferlb.ServiceEmbedding, false},
+}
+
 // A sleeping vLLM server reads as the most idle endpoint of the fleet,
 // yet serves nothing until woken: no call goes there while an awake
 // endpoint can take it, by two choices, by a full scan or by affinity
 // key, and it takes calls again once a reading says it woke.
 func TestSleepingEndpointGetsNoCalls(t *testing.T) {
 	eps := endpoints(4)
-	for _, tc := range []struct {
-		name string
-		svc  inferlb.Service
-		keys bool
-	}{
-		{"two choices", inferlb.ServiceLLM, false},
-		// LeastLoaded does not price sleep: the redraws alone keep it off.
-		{"two choices, unpriced", inferlb.ServiceUnknown, false},
-		{"keyed", inferlb.ServiceLLM, true},
-		{"full scan", inferlb.ServiceEmbedding, false},
-	} {
+	for _, tc := range sleepPickCases {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.NewClock()
 			b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(7)})
@@ -114,16 +118,7 @@ func TestSleepingOwnerSpillsItsKey(t *testing.T) {
 // neutral, as every stale reading is.
 func TestAllAsleepStillRoutesAndStaleIsNeutral(t *testing.T) {
 	eps := endpoints(4)
-	for _, tc := range []struct {
-		name string
-		svc  inferlb.Service
-		keys bool
-	}{
-		{"two choices", inferlb.ServiceLLM, false},
-		{"two choices, unpriced", inferlb.ServiceUnknown, false},
-		{"keyed", inferlb.ServiceLLM, true},
-		{"full scan", inferlb.ServiceEmbedding, false},
-	} {
+	for _, tc := range sleepPickCases {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.NewClock()
 			b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(9)})
