@@ -284,8 +284,9 @@ type Source struct {
 	// largest (latest) read. A KVCachePreallocated query returns 1 for
 	// each server that reserves its KV cache at start but reports no
 	// usage of it, such as TGI: `group by (instance) (tgi_queue_size)`
-	// (see telemetry.KVCachePreallocated); DefaultQueries read no TGI or
-	// Triton server, and join GPUs to none.
+	// (see telemetry.KVCachePreallocated); DefaultQueries read no TGI,
+	// Triton, TEI or llama.cpp server (package modelserver does), and join
+	// GPUs to none of them.
 	Queries map[telemetry.Field]string
 	// Timestamps maps a field to a PromQL expression returning, per
 	// endpoint (EndpointLabel set, as in Queries), when the values its
