@@ -41,8 +41,10 @@
 // rather than wherever its sessions' keys lead (Options.AdapterHomes;
 // lora.go). An endpoint whose fresh telemetry says its server sleeps
 // (telemetry.Asleep: vLLM's sleep mode, which reads as an idle server)
-// takes no call while an awake one can: its two-choice draws are made
-// again and its affinity keys spill; with every endpoint asleep, calls
+// is kept from calls while an awake one can take them: a full scan
+// passes it over, its affinity keys spill, and a two-choice draw that
+// lands on it is made again, twice at most, so with most of the group
+// asleep some calls still reach it; with every endpoint asleep, calls
 // still go to them, to wait for the wake-up (sleep.go).
 //
 // Telemetry (load reports of the HTTP transport's load header and the
