@@ -41,11 +41,11 @@
 // rather than wherever its sessions' keys lead (Options.AdapterHomes;
 // lora.go). An endpoint whose fresh telemetry says its server sleeps
 // (telemetry.Asleep: vLLM's sleep mode, which reads as an idle server)
-// is kept from calls while an awake one can take them: a full scan
-// passes it over, its affinity keys spill, and a two-choice draw that
-// lands on it is made again, twice at most, so with most of the group
-// asleep some calls still reach it; with every endpoint asleep, calls
-// still go to them, to wait for the wake-up (sleep.go).
+// takes no call while an awake one can: a full scan passes it over, its
+// affinity keys spill, a two-choice draw that lands on it is made again,
+// and when both candidates still sleep the group is searched for an awake
+// member; with every endpoint asleep, calls still go to them, to wait for
+// the wake-up (sleep.go).
 //
 // Telemetry (load reports of the HTTP transport's load header and the
 // gRPC policy's ORCA, a telemetry.Poller's scrapes) is read from the
@@ -985,6 +985,15 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 		return i, false
 	}
 	j, fj := b.drawFit(req, g, c, sh, i)
+	if fi && (j < 0 || fj) && c.sleep &&
+		(g.members[i].asleep(c.nowNs, b.cfg.telemetryMaxAge) || j >= 0 && g.members[j].asleep(c.nowNs, b.cfg.telemetryMaxAge)) {
+		// Neither candidate can serve now, and a sleeping one would hold
+		// the call until its wake-up: with most of the group asleep the
+		// redraws find sleepers too (sleep.go).
+		if k := b.fitScan(req, g, c, sh, now); k >= 0 {
+			return k, false
+		}
+	}
 	switch {
 	case j < 0:
 	case fi != fj: // one cannot serve req now (its LoRA slots are full, it sleeps): the other (lora.go, sleep.go)

@@ -21,7 +21,8 @@ import (
 //   - drawn again as a P2C candidate, up to slotRedraws times (drawFit),
 //     and of a sleeping candidate and an awake one the awake one wins,
 //     whatever their costs: with one member of four asleep no call goes
-//     there;
+//     there; when both candidates still sleep (most of the group asleep),
+//     the group is searched for awake members (fitScan);
 //   - out of bound as an affinity owner (withinBound): its keys spill to
 //     the next endpoint in their order, and come back once it wakes
 //     (with StickyTTL, once a spilled key's sticky entry lapses, as after
@@ -87,4 +88,44 @@ func (b *Balancer) drawFit(req *inferlb.Request, g *group, c cand, sh *shard, no
 			i = j
 		}
 	}
+}
+
+// fitScan looks through the group (or the shard sh) from a random start for
+// members that can serve req now (not unfit: awake, with an adapter slot
+// when that counts) and returns the cheaper of the first two it finds, the
+// one if it finds one, or -1. choose calls it when both two-choice
+// candidates and their redraws cannot serve and one of them sleeps: with
+// most of a group asleep (a reinforcement-learning loop that sleeps all but
+// a few replicas between rollouts) the redraws land on sleepers too, and
+// 7 of 8 asleep sent 41% of the calls to wait for a wake-up while the
+// awake one idled. It costs a pass over the group only then.
+func (b *Balancer) fitScan(req *inferlb.Request, g *group, c cand, sh *shard, now time.Time) int {
+	n := len(g.members)
+	if sh != nil {
+		n = sh.n
+	}
+	var h uint64
+	if c.slots {
+		h = adapterID(req.Model, b.adapters.seed)
+	}
+	first := -1
+	start := int(b.rand() % uint64(n))
+	for k := range n {
+		i := (start + k) % n
+		if sh != nil {
+			i = int(sh.members[i])
+		}
+		if e := g.members[i]; !c.ok(e) || b.unfit(req, e, h, c) {
+			continue
+		}
+		if first < 0 {
+			first = i
+			continue
+		}
+		if b.prefer(req, g, first, i, now) {
+			return i
+		}
+		return first
+	}
+	return first
 }
