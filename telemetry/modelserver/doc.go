@@ -13,7 +13,10 @@
 // --enable-sleep-mode is asleep (telemetry.Asleep, from
 // vllm:engine_sleep_state): a sleeping server reports no load and would
 // otherwise read as the most idle endpoint, though it serves nothing
-// until it is woken.
+// until it is woken. Some vLLM releases export that gauge only with
+// VLLM_SERVER_DEV_MODE=1 (which their /sleep endpoint needs too); a server
+// put to sleep without it (through the engine's Python API) exports none,
+// and reads as idle.
 //
 // Parsers leave Sample.Time zero: only the caller knows when the values were
 // observed (the response's arrival, the scrape's start), so the caller stamps
