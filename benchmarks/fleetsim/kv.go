@@ -162,18 +162,38 @@ func (p *blockPool) pushFreeHead(b int32) {
 	p.nFree++
 }
 
-// register records that block b now holds the full block with hash h. When
-// another block already holds h (two sequences computed the same prefix at
-// once) the first stays canonical, as in vLLM.
-func (p *blockPool) register(b int32, h uint64) {
+// register records that block b now holds the full block with hash h, and
+// reports whether it did. When another block already holds h (two
+// sequences computed the same prefix at once) the first stays canonical,
+// as in vLLM.
+func (p *blockPool) register(b int32, h uint64) bool {
 	if p.hash[b] != 0 {
-		return
+		return false
 	}
 	if _, dup := p.cached.get(h); dup {
-		return
+		return false
 	}
 	p.hash[b] = h
 	p.cached.put(h, b)
+	return true
+}
+
+// unregister drops b's hash from the cache: its KV was never computed (the
+// step that was to compute it was dropped). Unreferenced, it goes to the
+// head of the free queue, as an uncached block does.
+func (p *blockPool) unregister(b int32) {
+	h := p.hash[b]
+	if h == 0 {
+		return
+	}
+	if c, _ := p.cached.get(h); c == b {
+		p.cached.del(h)
+	}
+	p.hash[b] = 0
+	if p.inFree[b] {
+		p.removeFree(b)
+		p.pushFreeHead(b)
+	}
 }
 
 // contains reports how many leading hashes are cached, without side effects;

@@ -187,6 +187,10 @@ type replica struct {
 	running  []*seq // admission order; the last is preempted first
 	stepping bool
 	dp       *dpEngine // the engine whose steps this rank shares; nil when independent
+	// fresh are the blocks the step under way registered in the prefix
+	// cache (cacheScheduled): if the step is dropped (dpEngine.abort),
+	// their KV was never computed and they leave the cache.
+	fresh []int32
 
 	// counters
 	busy          time.Duration
@@ -342,6 +346,7 @@ func (r *replica) step() {
 // plan forms the next batch (see step) and returns how long its forward pass
 // takes on this replica; false when nothing is running.
 func (r *replica) plan() (time.Duration, bool) {
+	r.fresh = r.fresh[:0]
 	budget := r.p.MaxBatchedTokens
 	preempted := false
 	var prefillTok, decodes, kvTok int
@@ -612,7 +617,9 @@ func (r *replica) cacheScheduled(s *seq) {
 		if k >= len(s.hashes) {
 			s.hashes = append(s.hashes, r.answerBlockHash(s, k))
 		}
-		r.kv.register(s.blocks[k], s.hashes[k])
+		if r.kv.register(s.blocks[k], s.hashes[k]) {
+			r.fresh = append(r.fresh, s.blocks[k])
+		}
 	}
 }
 
@@ -735,7 +742,8 @@ func (e *dpEngine) done(gen uint64) {
 }
 
 // abort drops the step in progress (a rank crashed): the others' batches
-// are scheduled again at the next kick.
+// are scheduled again at the next kick, and the blocks the step registered
+// in their prefix caches leave them.
 func (e *dpEngine) abort() {
 	e.gen++
 	e.stepping = false
@@ -744,6 +752,14 @@ func (e *dpEngine) abort() {
 		for _, s := range r.running {
 			s.sched = 0
 		}
+		// The blocks the dropped step registered were never computed.
+		// Those of sequences still running are registered again when
+		// they are scheduled again; those of sequences that left the
+		// batch during the step (failModel) must not be found by others.
+		for _, b := range r.fresh {
+			r.kv.unregister(b)
+		}
+		r.fresh = r.fresh[:0]
 	}
 }
 
