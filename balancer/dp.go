@@ -3,6 +3,7 @@ package balancer
 import (
 	"math"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -175,7 +176,8 @@ func (b *Balancer) setEngines() {
 		}
 		engines := map[string][]*endpoint{}
 		for i, e := range m.members {
-			if v := m.infos[i].Labels[b.cfg.dpLabel]; v != "" {
+			// Trimmed, as a model label's names are: " 0" and "0" are one engine.
+			if v := strings.TrimSpace(m.infos[i].Labels[b.cfg.dpLabel]); v != "" {
 				engines[v] = append(engines[v], e)
 			}
 		}

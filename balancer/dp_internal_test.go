@@ -288,3 +288,28 @@ func TestEndedCallsLeaveNoPeak(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineLabelIgnoresSurroundingSpace: a dp_group value is trimmed as a
+// model label's names are, so "0" and "0 " (a hand-written gRPC attribute,
+// a template's trailing space) name one engine rather than splitting its
+// ranks into engines of one, priced as if they stepped alone.
+func TestEngineLabelIgnoresSurroundingSpace(t *testing.T) {
+	b := New(Options{})
+	eps := []inferlb.Endpoint{
+		{ID: "r0", Labels: map[string]string{DefaultDPGroupLabel: "0"}},
+		{ID: "r1", Labels: map[string]string{DefaultDPGroupLabel: "0"}},
+		{ID: "r2", Labels: map[string]string{DefaultDPGroupLabel: " 0 "}},
+		{ID: "r3", Labels: map[string]string{DefaultDPGroupLabel: " 0 "}},
+	}
+	if err := b.Update(eps); err != nil {
+		t.Fatal(err)
+	}
+	const prompt = 8000
+	now := int64(1_700_000_000) * int64(time.Second)
+	b.eps["r0"].prefill.add(now, prompt)
+	for _, id := range []string{"r1", "r2", "r3"} {
+		if got := barrier(b.eps[id], prompt, now); math.Abs(got-1) > 1e-3 {
+			t.Errorf("%s, r0's mate whatever the spaces: barrier %v, want 1 (fills r0's step)", id, got)
+		}
+	}
+}
