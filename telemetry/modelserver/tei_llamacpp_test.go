@@ -118,21 +118,11 @@ func TestParseTEIAndLlamaCppInline(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			res, err := modelserver.Parse(strings.NewReader(tt.in))
-			assert.Equal(t, tt.engine, res.Engine)
-			switch {
-			case tt.err != "":
-				require.Error(t, err)
-				assert.NotErrorIs(t, err, telemetry.ErrPartial)
-				assert.Contains(t, err.Error(), tt.err)
-				assert.True(t, res.Sample.Empty())
-				return
-			case tt.partial:
-				require.ErrorIs(t, err, telemetry.ErrPartial)
-				assert.Contains(t, err.Error(), "1 values dropped")
-			default:
-				require.NoError(t, err)
+			partial := ""
+			if tt.partial {
+				partial = "1 values dropped"
 			}
-			assert.Equal(t, tt.want, fields(res.Sample))
+			checkParse(t, res, err, tt.engine, tt.err, partial, tt.want)
 		})
 	}
 }
