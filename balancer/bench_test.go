@@ -77,18 +77,32 @@ func benchPickDone(b *testing.B, bal *balancer.Balancer, req *inferlb.Request) {
 // pricing telemetry adds to a pick.
 func BenchmarkPickTelemetry(b *testing.B) {
 	for _, n := range benchSizes[:2] {
-		clock := testutil.NewClock()
-		bal := newBalancer(b, n, balancer.Options{Clock: clock})
-		for i, ep := range endpoints(n) {
-			s := telemetry.Sample{Time: clock.Now()}
-			s.Set(telemetry.Running, float64(8+i%5))
-			s.Set(telemetry.Waiting, float64(i%3))
-			s.Set(telemetry.KVCacheUsage, 0.5+0.1*float64(i%5))
-			bal.Publish(ep.Addr, s)
-		}
+		bal := loadedFleet(b, n, false)
 		req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 512, MaxOutputTokens: 256}
 		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) { benchPickDone(b, bal, req) })
 	}
+}
+
+// loadedFleet returns a Balancer of n endpoints, each with a fresh server
+// reading (running, waiting, KV-cache use); with sleepers, one in four
+// reads asleep and the rest awake.
+func loadedFleet(b *testing.B, n int, sleepers bool) *balancer.Balancer {
+	clock := testutil.NewClock()
+	bal := newBalancer(b, n, balancer.Options{Clock: clock})
+	for i, ep := range endpoints(n) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Running, float64(8+i%5))
+		s.Set(telemetry.Waiting, float64(i%3))
+		s.Set(telemetry.KVCacheUsage, 0.5+0.1*float64(i%5))
+		if sleepers {
+			s.Set(telemetry.Asleep, 0)
+			if i%4 == 1 {
+				s.Set(telemetry.Asleep, 1)
+			}
+		}
+		bal.Publish(ep.Addr, s)
+	}
+	return bal
 }
 
 // BenchmarkPickEngines is BenchmarkPick for LLM calls on data-parallel
@@ -384,19 +398,7 @@ func BenchmarkPickLoRARunning(b *testing.B) {
 // add to a pick. Against BenchmarkPickTelemetry in the same run.
 func BenchmarkPickAsleep(b *testing.B) {
 	for _, n := range benchSizes[:2] {
-		clock := testutil.NewClock()
-		bal := newBalancer(b, n, balancer.Options{Clock: clock})
-		for i, ep := range endpoints(n) {
-			s := telemetry.Sample{Time: clock.Now()}
-			s.Set(telemetry.Running, float64(8+i%5))
-			s.Set(telemetry.Waiting, float64(i%3))
-			s.Set(telemetry.KVCacheUsage, 0.5+0.1*float64(i%5))
-			s.Set(telemetry.Asleep, 0)
-			if i%4 == 1 {
-				s.Set(telemetry.Asleep, 1)
-			}
-			bal.Publish(ep.Addr, s)
-		}
+		bal := loadedFleet(b, n, true)
 		for _, svc := range []inferlb.Service{inferlb.ServiceLLM, inferlb.ServiceEmbedding} {
 			req := &inferlb.Request{Service: svc, PromptTokens: 512, MaxOutputTokens: 256}
 			b.Run(fmt.Sprintf("%v/n=%d", svc, n), func(b *testing.B) { benchPickDone(b, bal, req) })
