@@ -97,7 +97,7 @@ func (b *Balancer) drawFit(req *inferlb.Request, g *group, c cand, sh *shard, no
 // candidates and their redraws cannot serve and one of them sleeps: with
 // most of a group asleep (a reinforcement-learning loop that sleeps all but
 // a few replicas between rollouts) the redraws land on sleepers too, and
-// 7 of 8 asleep sent 41% of the calls to wait for a wake-up while the
+// 7 of 8 asleep sent 42% of the calls to wait for a wake-up while the
 // awake one idled. It costs a pass over the group only then.
 func (b *Balancer) fitScan(req *inferlb.Request, g *group, c cand, sh *shard, now time.Time) int {
 	n := len(g.members)

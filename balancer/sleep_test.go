@@ -155,8 +155,8 @@ func TestSleepPickDoesNotAllocate(t *testing.T) {
 // replicas between rollouts), both two-choice candidates and their
 // redraws often land on sleeping endpoints: the pick then looks for an
 // awake one rather than send the call to wait for a wake-up while awake
-// endpoints could serve it. Before, with 8 replicas, 7 asleep, 1,642 of
-// 4,000 calls went to a sleeping one.
+// endpoints could serve it. Before (6c08a6a's parent), this test sent
+// 833, 329 and 17 of 2,000 calls to sleepers with 1, 2 and 4 of 8 awake.
 func TestMostlyAsleepFleetSendsNothingToTheSleepers(t *testing.T) {
 	for _, awake := range []int{1, 2, 4} {
 		for _, tc := range sleepPickCases {
