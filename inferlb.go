@@ -69,8 +69,8 @@ func ParseService(name string) (Service, error) {
 // and 800) would split affinity keys 1:1. Give a standard replica weight 1
 // or more: the ring gives a member one point per 0.01 of weight, so its
 // share of keys strays from its weight by about 1/sqrt(100 x weight) (100
-// replicas of weight 1: the busiest owns 1.25x the mean; of weight 0.1,
-// 2.4x; see package cache). Labels carry facts such as "model" (comma-separated served model
+// replicas of weight 1: the busiest owns 1.3x the mean share; of weight
+// 0.1, 2.1x; go test -run TestSmallWeightsSpreadKeysUnevenly -v ./cache/). Labels carry facts such as "model" (comma-separated served model
 // names, LoRA adapters included), "version", "host", "pod" or "dp_group".
 // The balancer reads "model" and "dp_group" only (or the labels
 // balancer.Options.SubsetLabel and DPGroupLabel name instead); the others

@@ -108,3 +108,31 @@ func TestMprobeFigures(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallWeightsSpreadKeysUnevenly backs Endpoint.Weight's advice to give
+// a standard replica weight 1 or more: a member gets one ring point per
+// 1/PointsPerWeight of weight, so at weight 0.1 each of 100 equal members
+// has 10 points and the busiest owns far more than the mean share of keys.
+// go test -run TestSmallWeightsSpreadKeysUnevenly -v ./cache/ prints the
+// figures the doc quotes (mean over 5 seeds).
+func TestSmallWeightsSpreadKeysUnevenly(t *testing.T) {
+	spread := func(w float64) float64 {
+		sum := 0.0
+		for seed := range uint64(5) {
+			ms := make([]Member, 100)
+			for i := range ms {
+				ms[i] = Member{ID: fmt.Sprintf("m%d", i), Weight: w}
+			}
+			sum += maxOverMean(ringOwnerFunc(NewPlacement(ms, seed+1)), len(ms), 200_000)
+		}
+		return sum / 5
+	}
+	one, tenth := spread(1), spread(0.1)
+	t.Logf("100 members: busiest / mean share %.2f at weight 1, %.2f at weight 0.1", one, tenth)
+	if one > 1.5 {
+		t.Errorf("weight 1: busiest owns %.2fx the mean, want at most 1.5x", one)
+	}
+	if tenth < 1.8 || tenth < one+0.5 {
+		t.Errorf("weight 0.1: busiest owns %.2fx the mean (weight 1: %.2fx): small weights should spread keys far less evenly", tenth, one)
+	}
+}
