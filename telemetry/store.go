@@ -493,9 +493,12 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 	t := s.Time.UnixNano()
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	next := &entry{}
+	// Built on the stack and copied to the heap only when it changed: a
+	// refused sample (older than every field it carries) allocates
+	// nothing.
+	var next entry
 	if cur := sl.cur.Load(); cur != nil {
-		*next = *cur
+		next = *cur
 	}
 	changed := false
 	now, read := int64(0), false
@@ -535,7 +538,9 @@ func (sl *Slot) merge(s Sample, st *Store) bool {
 	if s.Time.After(next.s.Time) {
 		next.s.Time = s.Time
 	}
-	sl.cur.Store(next)
+	e := new(entry)
+	*e = next
+	sl.cur.Store(e)
 	return true
 }
 

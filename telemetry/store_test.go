@@ -655,3 +655,21 @@ func TestPublishKnownWithinCountsStaleArrivals(t *testing.T) {
 	st.PublishKnownWithin("a", sample(now.Add(-time.Hour), float64(telemetry.Running), 1), now, 0) // no max age
 	assert.Equal(t, telemetry.StoreStats{Accepted: 2, DroppedOld: 1, ArrivedStale: 1}, st.Stats())
 }
+
+// A sample the Store refuses (older than every field it carries: a scrape
+// of a process since expired, a late Prometheus reading) costs no
+// allocation: a Poller publishes one per endpoint on every round, and a
+// fleet that keeps sending them must not turn the refusals into garbage.
+func TestRefusedSampleDoesNotAllocate(t *testing.T) {
+	var st telemetry.Store
+	st.Hold("a")
+	st.Publish("a", sample(t0, float64(telemetry.Waiting), 1, float64(telemetry.KVCacheUsage), 0.5))
+	old := sample(t0.Add(-time.Second), float64(telemetry.Waiting), 2, float64(telemetry.KVCacheUsage), 0.9)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { st.Publish("a", old) }))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { st.PublishKnown("a", old) }))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { st.PublishKnownWithin("a", old, t0, time.Minute) }))
+	assert.EqualValues(t, 303, st.Stats().DroppedOld, "the refusals were counted")
+	got, _ := st.Latest("a", t0, 0)
+	v, _ := got.Get(telemetry.Waiting)
+	assert.Equal(t, 1.0, v, "and changed nothing")
+}
