@@ -706,6 +706,10 @@ func (o *Options) resolve() (*config, error) {
 	if c.telemetryMaxAge < 0 {
 		c.telemetryMaxAge = 0 // Slot.LoadInto: keep all
 	}
+	// A Poller publishing into the Store directly (one shared by
+	// several Balancers) counts what this Balancer will never read as
+	// arrived stale, as Publish does.
+	c.store.ReadWithin(c.telemetryMaxAge)
 	if c.subsetLabel == "" {
 		c.subsetLabel = DefaultSubsetLabel
 	}

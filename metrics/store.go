@@ -11,7 +11,8 @@ import (
 // endpoints it tracks. Malformed and stale telemetry is dropped, never fatal,
 // and this is where the drops show; so do the samples a Balancer kept but
 // never reads, as they were older than its TelemetryMaxAge on arrival
-// (result="arrived_stale").
+// (result="arrived_stale"), whether they came through the Balancer or
+// from a Poller publishing into the Store itself.
 //
 // A Store may be shared by several Balancers, so its counts are its own, not
 // a Balancer's: register one StoreCollector per Store (for a Balancer's

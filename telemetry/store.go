@@ -49,7 +49,8 @@ type Store struct {
 	droppedOld     atomic.Uint64 // older than what is held
 	droppedFull    atomic.Uint64 // table full
 	droppedUnknown atomic.Uint64 // PublishKnown for an ID without a slot
-	arrivedStale   atomic.Uint64 // merged, but older than the reader's max age (PublishKnownWithin)
+	arrivedStale   atomic.Uint64 // merged, but older than the reader's max age (PublishKnownWithin, ReadWithin)
+	readMaxAge     atomic.Int64  // largest max age declared by ReadWithin, ns; 0 none, -1 a reader that keeps every field
 	lastUnknown    atomic.Pointer[string]
 
 	// expired is the channel Expired handed out, closed and cleared by the
@@ -107,7 +108,10 @@ type StoreStats struct {
 	// (promapi stamps them with their scrape's time): when it climbs while
 	// Accepted does not, the endpoints are scored without telemetry; raise
 	// TelemetryMaxAge or scrape more often. Samples published with
-	// Publish or PublishKnown, which know no max age, count in Accepted.
+	// Publish or PublishKnown (a Poller whose Sink is the Store) count
+	// here when older than the largest max age its readers declared
+	// (ReadWithin: a Balancer reading the Store declares its
+	// TelemetryMaxAge), and in Accepted when none was declared.
 	ArrivedStale uint64
 }
 
@@ -256,7 +260,9 @@ func (st *Store) Len() int { return int(st.n.Load()) }
 // future too: kept, it would hide every fresh reading for the length of the
 // step. A sample without a usable field or without a time is dropped and
 // counted (DroppedEmpty); so is one whose time is not after the Unix epoch
-// or lies past what int64 nanoseconds hold (the year 2262).
+// or lies past what int64 nanoseconds hold (the year 2262). A sample
+// merged whose Time is already older than the largest max age the Store's
+// readers declared (ReadWithin) is counted in ArrivedStale, not Accepted.
 func (st *Store) Publish(id string, s Sample) {
 	if !s.usable() {
 		st.droppedEmpty.Add(1)
@@ -267,11 +273,55 @@ func (st *Store) Publish(id string, s Sample) {
 		st.droppedFull.Add(1)
 		return
 	}
-	if slot.merge(s, st) {
-		st.accepted.Add(1)
-	} else {
+	switch {
+	case !slot.merge(s, st):
 		st.droppedOld.Add(1)
+	case s.Time.UnixNano() < st.readersStaleBefore():
+		st.arrivedStale.Add(1)
+	default:
+		st.accepted.Add(1)
 	}
+}
+
+// ReadWithin declares that a reader of the Store ignores fields observed
+// more than maxAge before now (Slot.LoadInto); maxAge <= 0 declares one
+// that keeps every field. A Balancer reading the Store declares its
+// TelemetryMaxAge when it is made. Publish and PublishKnown then count a
+// sample they merge whose Time is, by the Store's Clock, already older
+// than the largest max age declared (so no reader uses it) in
+// ArrivedStale instead of Accepted, as PublishKnownWithin counts one
+// older than its caller's max age; after a reader that keeps every field
+// is declared, nothing they merge arrives stale. A declaration lasts as
+// long as the Store.
+func (st *Store) ReadWithin(maxAge time.Duration) {
+	d := int64(maxAge)
+	if d <= 0 {
+		d = -1
+	}
+	for old := st.readMaxAge.Load(); ; old = st.readMaxAge.Load() {
+		n := max(old, d)
+		if old < 0 || d < 0 {
+			n = -1
+		}
+		if n == old || st.readMaxAge.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// readersStaleBefore is the time (unix ns) before which a sample merged
+// by Publish or PublishKnown is read by none of the readers ReadWithin
+// declared, or math.MinInt64 when there is no such time.
+func (st *Store) readersStaleBefore() int64 {
+	d := st.readMaxAge.Load()
+	if d <= 0 {
+		return math.MinInt64
+	}
+	n := st.nowNs()
+	if n < math.MinInt64+d {
+		return math.MinInt64
+	}
+	return n - d // as LoadInto's lo
 }
 
 // Expire drops from id's entry the fields in fields that were observed
@@ -400,8 +450,11 @@ func (st *Store) nowNs() int64 {
 // endpoint that has left (an ORCA stream still closing, a scrape in flight)
 // cannot bring its slot back, and a fleet-wide query cannot fill the table
 // with endpoints the Balancer does not route to.
+//
+// A sample merged whose Time is older than the largest max age the
+// Store's readers declared (ReadWithin) is counted in ArrivedStale.
 func (st *Store) PublishKnown(id string, s Sample) {
-	st.publishKnown(id, s, math.MinInt64)
+	st.publishKnown(id, s, st.readersStaleBefore())
 }
 
 // PublishKnownWithin is PublishKnown for a reader that ignores fields

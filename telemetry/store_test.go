@@ -673,3 +673,34 @@ func TestRefusedSampleDoesNotAllocate(t *testing.T) {
 	v, _ := got.Get(telemetry.Waiting)
 	assert.Equal(t, 1.0, v, "and changed nothing")
 }
+
+// Publish and PublishKnown count a sample older than the largest max age
+// the Store's readers declared in ArrivedStale: none of them reads it.
+// Without a declaration, or once a reader that keeps every field is
+// declared, it is accepted.
+func TestReadWithinCountsStaleArrivalsOfPublish(t *testing.T) {
+	now := t0.Add(time.Hour)
+	clock := testutil.NewClock()
+	clock.Advance(now.Sub(clock.Now()))
+	st := telemetry.Store{Clock: clock}
+	st.Hold("a")
+	at := func(ago time.Duration, v float64) telemetry.Sample {
+		return sample(now.Add(-ago), float64(telemetry.Waiting), v)
+	}
+	st.Publish("a", at(50*time.Second, 1)) // no reader declared
+	assert.Equal(t, telemetry.StoreStats{Accepted: 1}, st.Stats())
+
+	st.ReadWithin(30 * time.Second)
+	st.ReadWithin(40 * time.Second) // the largest counts
+	st.ReadWithin(10 * time.Second)
+	st.Publish("a", at(45*time.Second, 2))
+	st.PublishKnown("a", at(41*time.Second, 3))
+	st.Publish("a", at(40*time.Second, 4)) // exactly the max age: read
+	st.Publish("b", at(35*time.Second, 5))
+	assert.Equal(t, telemetry.StoreStats{Accepted: 3, ArrivedStale: 2}, st.Stats())
+
+	st.ReadWithin(0) // a reader that keeps every field
+	st.ReadWithin(time.Minute)
+	st.Publish("c", at(10*time.Minute, 6)) // stale by any max age declared
+	assert.Equal(t, telemetry.StoreStats{Accepted: 4, ArrivedStale: 2}, st.Stats())
+}
