@@ -107,12 +107,14 @@
 // Envoy maps to 5xx (UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL,
 // UNAVAILABLE, DATA_LOSS) are failures; RESOURCE_EXHAUSTED is an overload
 // answer that cools the endpoint down for the trailer's
-// grpc-retry-pushback-ms or retry-after (but not one that says a message
+// grpc-retry-pushback-ms or retry-after, else the retry delay of a
+// google.rpc.RetryInfo in the status details (but not one that says a message
 // is over a size limit: that is the message's doing, and counts as a
 // success when the endpoint answered, else as nothing), and so is an HTTP
 // 429 from a proxy that does not speak gRPC (UNAVAILABLE to gRPC; it
 // cools the endpoint down for DefaultCooldown), and so is an UNAVAILABLE
-// whose trailer carries grpc-retry-pushback-ms or retry-after (the server
+// whose trailer carries grpc-retry-pushback-ms or retry-after, or whose
+// status carries a google.rpc.RetryInfo (the server
 // throttling the client, as gRFC A6 has servers do: the endpoint cools
 // down for that pushback, or for DefaultCooldown when the value gives
 // none), and the UNAVAILABLE Triton sheds load with ("Exceeds maximum queue size", "Request timeout

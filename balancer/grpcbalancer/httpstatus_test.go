@@ -13,11 +13,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
@@ -339,4 +341,50 @@ func allReady(t *testing.T, conn *grpc.ClientConn, b *core.Balancer, n int) {
 		}
 		return ready == n
 	}, 10*time.Second, time.Millisecond, "the endpoints connect")
+}
+
+// A server that follows Google's API design (AIP-194) says how long to
+// wait in the status itself: a google.rpc.RetryInfo detail, which grpc-go
+// carries in grpc-status-details-bin (no trailer a client reads). Ignored,
+// a RESOURCE_EXHAUSTED asking for 7s cooled the endpoint down for
+// DefaultCooldown (1s), and the calls that came back to it after 1s met
+// the same refusal; an UNAVAILABLE asking for a pause was a failure, and
+// tripped the breaker of a server that was throttling its clients.
+func TestE2ERetryInfoIsThePushback(t *testing.T) {
+	withRetryInfo := func(code codes.Code, d *durationpb.Duration) error {
+		st, err := status.New(code, "quota exceeded").WithDetails(&errdetails.RetryInfo{RetryDelay: d})
+		require.NoError(t, err)
+		return st.Err()
+	}
+	for _, tc := range []struct {
+		name     string
+		reject   error
+		cooldown time.Duration
+	}{
+		{"resource exhausted", withRetryInfo(codes.ResourceExhausted, durationpb.New(7*time.Second)), 7 * time.Second},
+		{"unavailable", withRetryInfo(codes.Unavailable, durationpb.New(300*time.Millisecond)), 300 * time.Millisecond},
+		{"unavailable without a delay", withRetryInfo(codes.Unavailable, nil), time.Second},                   // DefaultCooldown
+		{"negative delay", withRetryInfo(codes.ResourceExhausted, durationpb.New(-time.Second)), time.Second}, // no hint
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := &backend{reject: tc.reject}
+			be.start(t)
+			clock := testutil.NewClock()
+			name, b := shared(t, core.Options{Clock: clock, BreakerFailures: 1, MaxCooldown: time.Minute})
+			conn, _ := dial(t, []*backend{be}, name, `{}`)
+			client := testgrpc.NewTestServiceClient(conn)
+			start := clock.Now()
+			_, err := client.EmptyCall(testContext(t), &testgrpc.Empty{})
+			if status.Code(err) != status.Code(tc.reject) {
+				t.Fatalf("the call ended %v, want the server's %v", err, status.Code(tc.reject))
+			}
+			s := stats(t, b, be.addr)
+			if s.Failures != 0 || s.Overloads != 1 || s.BreakerOpen {
+				t.Errorf("%d failures, %d overloads, breaker open %v; want 0, 1 and closed", s.Failures, s.Overloads, s.BreakerOpen)
+			}
+			if got := s.ExcludedUntil.Sub(start); got != tc.cooldown {
+				t.Errorf("cooled down for %v, want %v", got, tc.cooldown)
+			}
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -104,7 +105,10 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // answer that cools the endpoint down for the trailer's pushback; Canceled
 // (499) is the client's doing and counts as neither; every other code
 // (InvalidArgument, NotFound, PermissionDenied, ...) describes the request,
-// not the endpoint, which answered: for routing it is a success. An HTTP
+// not the endpoint, which answered: for routing it is a success. The
+// pushback is the trailer's, else a google.rpc.RetryInfo's in the status
+// details (pushback), which also makes an UNAVAILABLE an overload answer
+// as a trailer's pushback does. An HTTP
 // 429 from a proxy that does not speak gRPC, which gRPC maps to
 // UNAVAILABLE, is an overload answer without a hint, as 429 is to the
 // HTTP transport (the answer carries no trailer to read one from); an
@@ -242,7 +246,7 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 			}
 			return inferlb.Outcome{} // answered: the message is too large anywhere
 		}
-		return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
+		return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: pushback(di)}
 	case codes.NotFound:
 		if notServed(di) {
 			return inferlb.Outcome{Err: errUnknownModel}
@@ -259,11 +263,11 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 			if di.BytesReceived && (strings.HasPrefix(msg, msgHTTP429) || shed.In(msg)) {
 				// A pushback in the trailer says for how long (none
 				// from a proxy's 429: it sent no gRPC trailer).
-				return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
+				return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: pushback(di)}
 			}
 		}
-		if di.BytesReceived && hasPushback(di.Trailer) {
-			return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: retryAfter(di.Trailer)}
+		if di.BytesReceived && (hasPushback(di.Trailer) || hasRetryInfo(di.Err)) {
+			return inferlb.Outcome{Err: di.Err, Overloaded: true, RetryAfter: pushback(di)}
 		}
 		return inferlb.Outcome{Err: di.Err}
 	case codes.Internal:
@@ -354,6 +358,52 @@ func retryAfter(md metadata.MD) time.Duration {
 		}
 	}
 	return 0
+}
+
+// pushback is the pause the server asked for with di's answer: the
+// trailer's (retryAfter), else the google.rpc.RetryInfo of the status
+// (retryInfoDelay). 0 means no hint.
+func pushback(di balancer.DoneInfo) time.Duration {
+	if d := retryAfter(di.Trailer); d > 0 {
+		return d
+	}
+	return retryInfoDelay(di.Err)
+}
+
+// retryInfo returns the google.rpc.RetryInfo among err's status details,
+// or nil. Servers that follow Google's API design (AIP-194) say how long
+// a client should wait with one, on RESOURCE_EXHAUSTED and UNAVAILABLE;
+// it travels in grpc-status-details-bin, which grpc-go keeps out of the
+// trailer and puts in the status. Only called for an answer that may be
+// an overload: reading the details unmarshals them.
+func retryInfo(err error) *errdetails.RetryInfo {
+	st, ok := status.FromError(err)
+	if !ok || len(st.Proto().GetDetails()) == 0 {
+		return nil
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			return ri
+		}
+	}
+	return nil
+}
+
+// hasRetryInfo reports whether err's status carries a google.rpc.RetryInfo,
+// whatever its delay: as a pushback in the trailer (hasPushback), the
+// server asking for a pause.
+func hasRetryInfo(err error) bool { return retryInfo(err) != nil }
+
+// retryInfoDelay reads the retry delay of err's google.rpc.RetryInfo; 0
+// when there is none, or it is not positive or not a valid Duration. One
+// longer than a Duration holds saturates (the core caps it at
+// MaxCooldown).
+func retryInfoDelay(err error) time.Duration {
+	d := retryInfo(err).GetRetryDelay()
+	if d == nil || d.CheckValid() != nil {
+		return 0
+	}
+	return max(d.AsDuration(), 0)
 }
 
 // wholeNumber reports whether s is a sign and digits and nothing else.
