@@ -16,12 +16,15 @@ import (
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
@@ -483,6 +486,19 @@ func TestOutcome(t *testing.T) {
 			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "18700000000000000000A", "retry-after", "2"), BytesSent: true}, true, false, true, 2 * time.Second},
 		{"exhausted bad hints", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"),
 			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "-1", "retry-after", "soon"), BytesSent: true}, true, false, true, 0},
+		{"exhausted retry info", balancer.DoneInfo{Err: retryInfoStatus(codes.ResourceExhausted, durationpb.New(3*time.Second)),
+			BytesSent: true, BytesReceived: true}, true, false, true, 3 * time.Second},
+		{"exhausted retry info past int64 ns", balancer.DoneInfo{Err: retryInfoStatus(codes.ResourceExhausted, &durationpb.Duration{Seconds: 315576000000}),
+			BytesSent: true, BytesReceived: true}, true, false, true, math.MaxInt64},
+		{"exhausted invalid retry info", balancer.DoneInfo{Err: retryInfoStatus(codes.ResourceExhausted, &durationpb.Duration{Seconds: 1, Nanos: -1}),
+			BytesSent: true, BytesReceived: true}, true, false, true, 0},
+		// The trailer's pushback comes first.
+		{"exhausted pushback and retry info", balancer.DoneInfo{Err: retryInfoStatus(codes.ResourceExhausted, durationpb.New(3*time.Second)),
+			Trailer: metadata.Pairs("grpc-retry-pushback-ms", "1500"), BytesSent: true, BytesReceived: true}, true, false, true, 1500 * time.Millisecond},
+		{"unavailable with retry info", balancer.DoneInfo{Err: retryInfoStatus(codes.Unavailable, durationpb.New(3*time.Second)),
+			BytesSent: true, BytesReceived: true}, true, false, true, 3 * time.Second},
+		{"unavailable with another detail", balancer.DoneInfo{Err: detailStatus(codes.Unavailable, &errdetails.ErrorInfo{Reason: "x"}),
+			BytesSent: true, BytesReceived: true}, true, false, false, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -496,6 +512,20 @@ func TestOutcome(t *testing.T) {
 			}
 		})
 	}
+}
+
+// retryInfoStatus is a status error of code carrying a google.rpc.RetryInfo
+// with delay d.
+func retryInfoStatus(code codes.Code, d *durationpb.Duration) error {
+	return detailStatus(code, &errdetails.RetryInfo{RetryDelay: d})
+}
+
+func detailStatus(code codes.Code, detail protoadapt.MessageV1) error {
+	st, err := status.New(code, "x").WithDetails(detail)
+	if err != nil {
+		panic(err)
+	}
+	return st.Err()
 }
 
 func TestSampleFromORCA(t *testing.T) {
