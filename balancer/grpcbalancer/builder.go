@@ -192,8 +192,8 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 		return lb.memErr
 	}
 	if !hasAddress(ccs.ResolverState.Endpoints) {
-		// No endpoints is a resolver error, as pick_first and grpc-java's
-		// policies take it (endpointsharding would close every child):
+		// No endpoints is a resolver error (grpc-go's pick_first and
+		// endpointsharding would close every connection; see doc.go):
 		// after a DNS answer without records for a moment, or any flap,
 		// the channel keeps serving with its endpoints, connections and
 		// live state, and gRPC re-resolves on ErrBadResolverState.

@@ -53,12 +53,15 @@
 // then TRANSIENT_FAILURE) and its picker: calls queue while children
 // connect, IDLE children are woken, and in TRANSIENT_FAILURE non
 // wait-for-ready calls fail UNAVAILABLE with the last connection error.
-// A resolver update without endpoints is taken for a resolver error, as
-// pick_first and grpc-java's policies take it: after endpoints, the channel
-// keeps them, their connections and their live state (a DNS answer without
-// records for a moment would otherwise drop every connection and reset
-// breakers and slow start), and gRPC resolves again; before any, calls fail
-// with it.
+// A resolver update without endpoints is taken for a resolver error (the
+// policy returns balancer.ErrBadResolverState, so gRPC resolves again):
+// after endpoints, the channel keeps them, their connections and their live
+// state, as the HTTP transport's discovery keeps its last set (a DNS answer
+// without records for a moment would otherwise drop every connection and
+// reset breakers and slow start); before any, calls fail with it. grpc-go's
+// own pick_first and round_robin (v1.85) close their connections on such an
+// update instead: a fleet scaled to zero fails fast there, and here through
+// the breakers of the endpoints it keeps.
 // When children are READY but the core may pick none of them (all cooling
 // down, ejected or tripped, with panic routing off), non wait-for-ready
 // calls fail UNAVAILABLE at once, with a message that says so (for a call

@@ -205,8 +205,8 @@ func TestFirstUpdateWithoutEndpoints(t *testing.T) {
 }
 
 // A resolver update with no endpoints after some (a DNS answer with no
-// records for a moment, a flap) is a resolver error, as pick_first and
-// grpc-java's policies treat it: the channel keeps its endpoints, their
+// records for a moment, a flap) is a resolver error (grpc-go's own
+// pick_first would drop its connections; see doc.go): the channel keeps its endpoints, their
 // connections and their live state in the core, breaker and slow start
 // included, and keeps routing; gRPC re-resolves. Before, the update
 // removed every endpoint: calls failed until the resolver answered again,
