@@ -90,8 +90,8 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		inFlight:       d("endpoint_in_flight", "Calls picked for the endpoint and not yet done.", ep),
 		inFlightTokens: d("endpoint_in_flight_tokens", "Estimated tokens (prompt + max output) of in-flight calls.", ep),
 		latency:        d("endpoint_latency_ewma_seconds", "Peak-EWMA latency of successful calls, as last observed, by service (llm|embedding|rerank|unknown; each kept apart, as the balancer scores them); a service the endpoint has not answered has no series.", []string{"endpoint", "service"}),
-		ttft:           d("endpoint_ttft_ewma_seconds", "EWMA of time to first token of streamed calls.", ep),
-		tpot:           d("endpoint_time_per_output_token_seconds", "EWMA of decode time per output token after the first, from streamed calls.", ep),
+		ttft:           d("endpoint_ttft_ewma_seconds", "EWMA of time to first token of streamed calls; an endpoint no streamed call has reported one for has no series.", ep),
+		tpot:           d("endpoint_time_per_output_token_seconds", "EWMA of decode time per output token after the first, from streamed calls; an endpoint no such call (4+ output tokens) has reported one for has no series.", ep),
 		errRate:        d("endpoint_error_rate", "EWMA of the failure rate, decayed to now.", ep),
 		ready:          d("endpoint_ready", "1 when the transport reports the endpoint ready.", ep),
 		breakerOpen:    d("endpoint_breaker_open", "1 while the circuit breaker holds the endpoint out or probes it.", ep),
@@ -201,8 +201,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(c.latency, lat.Seconds(), s.ID, inferlb.Service(svc).String())
 			}
 		}
-		gauge(c.ttft, s.TTFT.Seconds(), s.ID)
-		gauge(c.tpot, s.TimePerOutputToken.Seconds(), s.ID)
+		// 0 is "none measured" (an endpoint that only served
+		// embeddings, or no streamed call yet), not an instant first
+		// token: exported, it pulled every average and minimum over the
+		// fleet towards 0 s.
+		if s.TTFT > 0 {
+			gauge(c.ttft, s.TTFT.Seconds(), s.ID)
+		}
+		if s.TimePerOutputToken > 0 {
+			gauge(c.tpot, s.TimePerOutputToken.Seconds(), s.ID)
+		}
 		gauge(c.errRate, s.ErrorRate, s.ID)
 		gauge(c.ready, b2f(s.Ready), s.ID)
 		gauge(c.breakerOpen, b2f(s.BreakerOpen), s.ID)

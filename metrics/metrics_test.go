@@ -72,7 +72,7 @@ inferlb_endpoint_too_long_total{balancer="llm",endpoint="a:1"} 1
 # TYPE inferlb_endpoint_latency_ewma_seconds gauge
 inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1",service="embedding"} 0.02
 inferlb_endpoint_latency_ewma_seconds{balancer="llm",endpoint="a:1",service="unknown"} 0.25
-# HELP inferlb_endpoint_time_per_output_token_seconds EWMA of decode time per output token after the first, from streamed calls.
+# HELP inferlb_endpoint_time_per_output_token_seconds EWMA of decode time per output token after the first, from streamed calls; an endpoint no such call (4+ output tokens) has reported one for has no series.
 # TYPE inferlb_endpoint_time_per_output_token_seconds gauge
 inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="a:1"} 0.05
 `), "inferlb_endpoint_in_flight", "inferlb_endpoint_in_flight_tokens", "inferlb_endpoint_failures_total",
@@ -356,4 +356,34 @@ func TestCollectorOutcomesAddUpToPicks(t *testing.T) {
 		outcomes += v["inferlb_endpoint_"+n+"_total"]
 	}
 	assert.Equal(t, v["inferlb_endpoint_picks_total"], outcomes, "picks = in flight + every outcome")
+}
+
+// TestCollectorLeavesOutUnmeasuredStreamTimes: an endpoint no streamed call
+// has reported a first token for has no TTFT, and no decode speed: 0 there
+// means none measured, and exported as 0 s it read as the fastest endpoint
+// of the fleet (an embedding server's TTFT of 0 pulled avg() by (balancer)
+// down to half the chat servers').
+func TestCollectorLeavesOutUnmeasuredStreamTimes(t *testing.T) {
+	b := balancer.New(balancer.Options{Clock: tu.NewClock()})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "chat:1"}, {Addr: "embed:1"}}))
+	call := func(id string, o inferlb.Outcome) {
+		t.Helper()
+		serial, ok := b.Serial(id)
+		require.True(t, ok, id)
+		p, err := b.PickAt(&inferlb.Request{}, serial)
+		require.NoError(t, err)
+		p.Done(o)
+	}
+	call("chat:1", inferlb.Outcome{Latency: 2 * time.Second, TTFT: 400 * time.Millisecond, OutputTokens: 17})
+	call("embed:1", inferlb.Outcome{Latency: 20 * time.Millisecond})
+
+	c := metrics.NewCollector(b, "llm")
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_endpoint_time_per_output_token_seconds EWMA of decode time per output token after the first, from streamed calls; an endpoint no such call (4+ output tokens) has reported one for has no series.
+# TYPE inferlb_endpoint_time_per_output_token_seconds gauge
+inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="chat:1"} 0.1
+# HELP inferlb_endpoint_ttft_ewma_seconds EWMA of time to first token of streamed calls; an endpoint no streamed call has reported one for has no series.
+# TYPE inferlb_endpoint_ttft_ewma_seconds gauge
+inferlb_endpoint_ttft_ewma_seconds{balancer="llm",endpoint="chat:1"} 0.4
+`), "inferlb_endpoint_ttft_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds"))
 }
