@@ -150,11 +150,21 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	var errs []error
 	keep := make([]inferlb.Endpoint, 0, len(endpoints))
+	seen := make(map[string]bool, len(endpoints))
 	for i, ep := range endpoints {
 		if scheme, host, ok := splitAddr(ep.Addr); !ok || !validHostPort(scheme, host) {
 			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q is not host:port or http(s)://host[:port]; skipped", i, ep.Key(), ep.Addr))
 			continue
 		}
+		// A later duplicate of an ID is skipped here, as the Balancer
+		// would skip it, so that the error gives its index in endpoints:
+		// the Balancer's would count in the set it is given, without
+		// the entries skipped above, and name another entry (one kept).
+		if seen[ep.Key()] {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: duplicate ID %q; skipped", i, ep.Key()))
+			continue
+		}
+		seen[ep.Key()] = true
 		// Kept, and applied again with each set Discovery finds, on
 		// its goroutine: a copy, as the Balancer takes one, so that the
 		// caller may reuse its map once Update has returned.
@@ -211,7 +221,7 @@ func (t *Transport) endpointCount() int { return int(t.count.Load()) }
 // the Balancer their union; a discovered
 // endpoint with the ID of a static one is dropped (the static one wins).
 // Of static endpoints sharing an ID the first is applied, as the Balancer
-// applies it (it reports the others): Endpoints and, on a shared
+// applies it (Update reports and drops the others): Endpoints and, on a shared
 // Balancer, the addresses calls are sent to (own) follow it. A closed
 // Balancer or Membership changes nothing, and neither does applyLocked:
 // Endpoints would otherwise list endpoints the Balancer does not have.
@@ -251,7 +261,7 @@ func (t *Transport) applyLocked(static, discovered []inferlb.Endpoint) (err erro
 	}
 	t.applied = applied
 	if t.mem == nil {
-		return t.b.Update(all) // all: the Balancer reports the duplicates
+		return t.b.Update(all)
 	}
 	// A call picked just before this update may reach outgoing after it:
 	// an endpoint leaving now keeps its address until the next update, so

@@ -814,6 +814,34 @@ func TestDuplicateIDsGoToTheFirst(t *testing.T) {
 	}
 }
 
+// TestDuplicateIDErrorGivesTheCallersIndex: Update skips an entry whose
+// Addr is unusable before the Balancer sees the set, and the Balancer
+// counted its duplicate-ID complaint in what it was given: with an entry
+// skipped before them, the error named the entry kept ("endpoint 1") as
+// the one skipped, and the caller went to fix the wrong line.
+func TestDuplicateIDErrorGivesTheCallersIndex(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		o := httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}}}
+		if shared {
+			o.Balancer = balancer.New(balancer.Options{})
+			defer o.Balancer.Close()
+		}
+		tr := newTransport(t, o)
+		err := tr.Update([]inferlb.Endpoint{
+			{ID: "bad", Addr: "10.0.0.2"}, // no port
+			{ID: "x", Addr: "10.0.0.3:8000"},
+			{ID: "x", Addr: "10.0.0.4:8000"},
+		})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `endpoint 0 ("bad")`, "shared %v", shared)
+		assert.Contains(t, err.Error(), `endpoint 2: duplicate ID "x"; skipped`, "shared %v", shared)
+		assert.NotContains(t, err.Error(), "endpoint 1", "shared %v: endpoint 1 was applied", shared)
+		eps := tr.Endpoints()
+		require.Len(t, eps, 1, "shared %v", shared)
+		assert.Equal(t, "10.0.0.3:8000", eps[0].Addr, "shared %v", shared)
+	}
+}
+
 // TestSharedSetSendsToTheBalancersOwnAddresses: a Transport with no
 // endpoints of its own routes over the shared Balancer's own set
 // (Balancer.Update), so it sends to the addresses that set gives, even
