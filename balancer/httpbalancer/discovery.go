@@ -22,7 +22,8 @@ var errNoAddrs = errors.New("no addresses")
 
 // family returns addrs in canonical form ("fd00::1", not "fd00:0::1"),
 // keeping those of network ("ip4", "ip6"; "" or "ip" for both) and any that
-// is not an IP address (a resolver's answer is one; the dial reports it).
+// is not an IP address but can be a name (a resolver's answer is one; the
+// dial reports it).
 // The result is a new slice, which the caller may sort and compact:
 // addrs is the LookupHost's, which a caching resolver may hand out again.
 func family(addrs []string, network string) []string {
@@ -37,6 +38,13 @@ func family(addrs []string, network string) []string {
 				continue
 			}
 			a = ip.String()
+		} else if strings.ContainsRune(a, ':') {
+			// Not an address, and no name has a colon: a custom
+			// LookupHost's "10.0.0.5:8000" (host and port, from an SRV
+			// lookup). Joined with the port it became the endpoint
+			// "[10.0.0.5:8000]:8000", which dials nothing and which no
+			// URL parses (Endpoints' telemetry targets).
+			continue
 		}
 		out = append(out, a)
 	}

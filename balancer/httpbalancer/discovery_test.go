@@ -216,6 +216,43 @@ func TestDiscoveryLeavesOutAnswersThatAreNoHosts(t *testing.T) {
 	})
 }
 
+// A custom LookupHost that answers host and port ("10.0.0.1:8000", as an
+// adapter over SRV records or a service registry does) had each answer
+// joined with the Target's port into "[10.0.0.1:8000]:8000": an endpoint
+// that every call failed on at dial time, tripping its breaker, with no
+// word to OnError, and whose Addr no URL parses (the telemetry targets
+// built from Endpoints failed too). Such answers are no hosts: they are
+// left out, and an answer of nothing else is reported as empty.
+func TestDiscoveryLeavesOutAnswersWithAPort(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dns := &fakeDNS{}
+		dns.set(nil, "10.0.0.1:8000", "vllm-0.vllm.svc:9000", "fd00::1", "10.0.0.2")
+		var mu sync.Mutex
+		var errs []error
+		tr, err := httpbalancer.NewTransport(httpbalancer.Options{Discovery: &httpbalancer.Discovery{
+			Target: "vllm.svc:8000", Interval: time.Second, LookupHost: dns.LookupHost,
+			OnError: func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }}})
+		require.NoError(t, err)
+		defer tr.Close()
+		got := ids(tr)
+		slices.Sort(got)
+		assert.Equal(t, []string{"10.0.0.2:8000", "[fd00::1]:8000"}, got)
+		for _, e := range tr.Endpoints() {
+			_, err := url.Parse("http://" + e.Addr + "/metrics")
+			assert.NoError(t, err, e.Addr)
+		}
+		assert.Empty(t, errs)
+
+		dns.set(nil, "10.0.0.3:8000")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, errs, 1)
+		assert.ErrorContains(t, errs[0], "no addresses")
+	})
+}
+
 // A custom LookupHost may hand out a slice it keeps (a caching resolver):
 // discovery reads it and leaves it as it was. It canonicalized, filtered
 // and sorted the answer in place, under the resolver's other readers.
