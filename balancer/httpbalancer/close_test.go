@@ -164,3 +164,26 @@ func TestUpdateAfterCloseChangesNothing(t *testing.T) {
 		})
 	}
 }
+
+// A Transport routing over a shared Balancer's own set (Options.Balancer,
+// no Endpoints, no Discovery) went on replacing that set after its Close:
+// Update returned nil, and every other adapter of the Balancer lost its
+// endpoints to a Transport its owner had closed. Update after Close
+// changes nothing and says why, as it does for every other Transport.
+func TestUpdateAfterCloseLeavesASharedSetAlone(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	shared := balancer.New(balancer.Options{})
+	defer shared.Close()
+	tr := newTransport(t, httpbalancer.Options{Balancer: shared})
+	require.NoError(t, tr.Update(endpointsOf(a)))
+	require.Len(t, shared.Stats(), 1)
+
+	require.NoError(t, tr.Close())
+	err := tr.Update(endpointsOf(b))
+	assert.ErrorIs(t, err, balancer.ErrClosed)
+	assert.Contains(t, err.Error(), "Transport is closed")
+	st := shared.Stats()
+	require.Len(t, st, 1, "the shared set is unchanged")
+	assert.Equal(t, endpointsOf(a)[0].Key(), st[0].ID)
+	assert.Equal(t, endpointsOf(a), tr.Endpoints(), "Endpoints lists the set from before")
+}

@@ -146,7 +146,11 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 // Balancer's own complaints; the rest is applied. After Close (or on a
 // closed Balancer or Membership) it returns balancer.ErrClosed or
 // balancer.ErrMembershipClosed and changes nothing: Endpoints still lists
-// the set from before.
+// the set from before. That holds too for a Transport that routes over a
+// shared Balancer's own set (Options.Balancer without Endpoints or
+// Discovery), whose Close leaves that Balancer open: its Update then
+// returns an error wrapping balancer.ErrClosed that says the Transport is
+// closed, and the shared set stays as it was.
 func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	var errs []error
 	keep := make([]inferlb.Endpoint, 0, len(endpoints))
@@ -173,6 +177,12 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.mem == nil && !t.ownB && t.closed.Load() {
+		// Routing over a shared Balancer's own set, Close closed
+		// nothing: without this check the closed Transport still
+		// replaced the set every adapter of that Balancer routes over.
+		return fmt.Errorf("%w: the Transport is closed (the shared Balancer is not; its endpoints are unchanged)", balancer.ErrClosed)
+	}
 	errs = append(errs, t.applyLocked(keep, t.discovered))
 	return errors.Join(errs...)
 }
