@@ -187,3 +187,28 @@ func TestUpdateAfterCloseLeavesASharedSetAlone(t *testing.T) {
 	assert.Equal(t, endpointsOf(a)[0].Key(), st[0].ID)
 	assert.Equal(t, endpointsOf(a), tr.Endpoints(), "Endpoints lists the set from before")
 }
+
+// Endpoints given empty, to be filled by Update, is the Transport's own
+// set as a non-empty list is: before, an empty list took the shared
+// Balancer's own set, so another Transport's Update replaced the
+// endpoints this one was given, and its Close left them in the Balancer.
+func TestEmptyEndpointsOnASharedBalancerAreTheTransportsOwn(t *testing.T) {
+	a, b := newBackend(t, "a"), newBackend(t, "b")
+	shared := balancer.New(balancer.Options{})
+	defer shared.Close()
+	mine := newTransport(t, httpbalancer.Options{Balancer: shared, Endpoints: []inferlb.Endpoint{}})
+	other := newTransport(t, httpbalancer.Options{Balancer: shared})
+	require.NoError(t, mine.Update(endpointsOf(a)))
+	require.NoError(t, other.Update(endpointsOf(b)))
+
+	client := &http.Client{Transport: mine}
+	for i := range 4 {
+		resp, body := post(t, client, chatBody(i, false))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Contains(t, string(body), "hello from a", "calls go to this Transport's endpoint only")
+	}
+	require.NoError(t, mine.Close())
+	st := shared.Stats()
+	require.Len(t, st, 1, "Close took this Transport's endpoint out")
+	assert.Equal(t, endpointsOf(b)[0].Key(), st[0].ID)
+}

@@ -73,7 +73,8 @@ type Options struct {
 	// only one set, and closes it in Close; a Balancer given here is the
 	// caller's to close.
 	//
-	// With Endpoints or Discovery, the Transport takes a membership of its
+	// With Endpoints (not nil: an empty list that Update fills later
+	// counts) or Discovery, the Transport takes a membership of its
 	// own in the shared Balancer (balancer.Membership): it routes over its own
 	// endpoints only, and no other adapter's update removes them, nor its
 	// updates theirs; Close ends the membership. Give the endpoints the IDs

@@ -111,7 +111,10 @@ func NewTransport(o Options) (*Transport, error) {
 	}
 	cfg.bind(b)
 	t := &Transport{cfg: cfg, b: b, ownB: o.Balancer == nil}
-	if o.Balancer != nil && (len(o.Endpoints) > 0 || o.Discovery != nil) {
+	// Endpoints given empty (not nil) is a set of the Transport's own that
+	// Update fills later: a membership too, not the shared Balancer's own
+	// set, which another Transport's Update would overwrite.
+	if o.Balancer != nil && (o.Endpoints != nil || o.Discovery != nil) {
 		if t.mem, err = b.NewMembership(); err != nil {
 			return nil, fmt.Errorf("inferlb: httpbalancer.Options.Balancer: a Transport with Endpoints or Discovery takes a Membership of it: %w", err)
 		}
