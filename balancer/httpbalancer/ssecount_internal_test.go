@@ -69,3 +69,44 @@ func TestServerCountScanDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkStreamScan follows a chat stream (the role chunk, 50 token
+// chunks, the finish and usage chunks) and a Messages API stream, an
+// event a Read, as a server flushes them: the scanner's cost per stream.
+func BenchmarkStreamScan(b *testing.B) {
+	clock := testutil.NewClock()
+	const head = `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1765000000,"model":"m","choices":`
+	chat := []string{head + `[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n"}
+	for range 50 {
+		chat = append(chat, head+`[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}`+"\n\n")
+	}
+	chat = append(chat, head+`[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}`+"\n\n",
+		head+`[],"usage":{"prompt_tokens":9,"completion_tokens":50,"total_tokens":59}}`+"\n\n", "data: [DONE]\n\n")
+	messages := []string{"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n"}
+	for range 50 {
+		messages = append(messages, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" token\"}}\n\n")
+	}
+	messages = append(messages, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":50}}\n\n",
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+	for _, s := range []struct {
+		name   string
+		events []string
+	}{{"chat", chat}, {"messages", messages}} {
+		reads := make([][]byte, len(s.events))
+		for i, e := range s.events {
+			reads[i] = []byte(e)
+		}
+		b.Run(s.name, func(b *testing.B) {
+			st := new(sseState)
+			for b.Loop() {
+				*st = sseState{counting: true}
+				for _, p := range reads {
+					st.scan(p, clock)
+				}
+			}
+			if st.events.Load() != 50 || st.outTokens.Load() != 50 {
+				b.Fatalf("events %d, output tokens %d; want 50, 50", st.events.Load(), st.outTokens.Load())
+			}
+		})
+	}
+}
