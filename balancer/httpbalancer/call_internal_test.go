@@ -87,6 +87,8 @@ func FuzzSSEScan(f *testing.F) {
 	f.Add([]byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"usage\":{\"output_tokens\":7}},\"usage\":{\"iterations\":[{\"output_tokens\":4}],\"output_tokens\":9}}\n\n"), uint8(3))
 	f.Add([]byte("event: response.completed\r\ndata: {\"response\":{\"output\":[{\"text\":\"\\\"usage\\\":{\\\"output_tokens\\\":1}\"}],\"usage\":{\"output_tokens\": 12 }},\"type\":\"response.completed\"}\r\n\r\n"), uint8(10))
 	f.Add([]byte("{\"message\":{\"content\":\"\\\"eval_count\\\":3\"},\"done\":false,\"eval_count\":4}\n{\"eval_count\":282,\"done\":true,\"x\":{\"eval_count\":1}}\n"), uint8(64+6))
+	f.Add([]byte("data: {\ndata:   \"choices\": [],\r\n: x\ndata:\"usage\": {\"completion_tokens\": 7\ndata: }}\n\ndata: {\"choices\":[{\"delta\":\ndata: {\"content\":\"a\"}}]}\n\n"), uint8(4))
+	f.Add([]byte("event: error\rdata: {\rdata: \"error\": {\"code\": 503,\rdata: \"message\": \"x\"}}\r\revent: message_delta\ndata: {\"usage\":\ndata:{\"output_tokens\":5}}\n\n"), uint8(3))
 	f.Fuzz(func(t *testing.T, body []byte, n uint8) {
 		size := int(n%64) + 1
 		ndjson := n&64 != 0 // an Ollama stream
@@ -157,7 +159,15 @@ func FuzzSSEScan(f *testing.F) {
 		}
 		// The code of the last error line that has one, as encoding/json
 		// reads it: a data line that starts an error object, or any data
-		// line in an event of type "error".
+		// line in an event of type "error". Of one-line events only: a data
+		// line that leaves an object open goes on in the event's next data
+		// lines (TestErrorJSONOverSeveralDataLines).
+		for _, line := range lines {
+			if off := dataValue(line); off >= 0 && len(line) > off && line[off] == '{' &&
+				!bytes.HasSuffix(bytes.TrimRight(line[off:], " \t\r"), []byte("}")) {
+				return
+			}
+		}
 		want := int32(0)
 		typed := false  // in an event of type "error"
 		failed := false // in a response.failed event

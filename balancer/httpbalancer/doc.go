@@ -100,7 +100,9 @@
 // computed the answer by then; how fast the body is read is the caller's
 // pace, and one slow reader would make the endpoint look slow); for server-sent
 // event streams (whose lines may end with a LF, a CRLF or a bare CR, as
-// EventSource reads them) the transport also records time to the first event that
+// EventSource reads them; an event whose JSON comes over several data
+// lines, which the SSE framing joins with line breaks, is read as that one
+// JSON value, at the blank line that ends the event) the transport also records time to the first event that
 // carries tokens, the number of such events (the output token estimate,
 // unless the stream gives the server's exact count, reported as
 // Outcome.OutputTokens: the usage.completion_tokens of the usage chunk

@@ -197,6 +197,11 @@ type sseState struct {
 	// The current line ends in a CR that ended the last Read: a CRLF's,
 	// or a bare CR that ended the line (see scan).
 	crEnd bool
+	// The current event's JSON is open at the end of a data line: the
+	// event's next data lines go on with it (see opens).
+	cont     bool
+	contPh   uint8 // what the current line is, once its start shows (contData, ...)
+	contLead bool  // the line's value has shown only white space so far
 	// Where the current line is in an OpenAI-style chunk's choices (chSeek
 	// to chDone, see choices), and the start of the first choice's delta
 	// object, kept to be read at its end: chLen bytes of chBuf.
@@ -612,7 +617,9 @@ func (c *call) Close() error {
 // they stream by: one per generated chunk on OpenAI-compatible servers, so
 // the count approximates output tokens and the first one is time to first
 // token. An event counts once however many data lines it has, when its
-// first one with data ends (an empty "data:" line carries no chunk). Typed events that carry no token do not count: "error"
+// first one with data ends (an empty "data:" line carries no chunk), or,
+// when that line leaves a JSON object open, at the event's end, its JSON
+// read over all its data lines (see opens). Typed events that carry no token do not count: "error"
 // and "ping", and the lifecycle events around the token deltas of the
 // Responses API (response.created, response.in_progress, ...; only
 // response.*.delta counts) and of the Anthropic Messages API that vLLM also
@@ -668,6 +675,16 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		if j := bytes.IndexByte(seg, '\r'); j >= 0 && j < len(seg)-1 && !c.ndjson {
 			seg, i = seg[:j+1], j // a bare CR ends the line
 		}
+		if c.cont {
+			c.contLine(seg) // a line of an event whose JSON is open
+			if i < 0 {
+				c.crEnd = seg[len(seg)-1] == '\r'
+				return
+			}
+			c.endLine(clock)
+			p = p[i+1:]
+			continue
+		}
 		before := c.lineLen
 		if c.lineLen < len(c.line) {
 			copy(c.line[c.lineLen:], seg)
@@ -716,6 +733,11 @@ func (c *sseState) endCR(clock balancer.Clock) {
 }
 
 func (c *sseState) endLine(clock balancer.Clock) {
+	if c.cont || c.lineLen >= len("data:{") && !endsObject(&c.end) && c.line[0] == 'd' && !c.counted && !c.ndjson {
+		if c.goesOn(clock) {
+			return // the event's JSON goes on in its next data line
+		}
+	}
 	chunk := c.chPh
 	c.chPh, c.chLen, c.usAt, c.usVal = chSeek, 0, 0, 0
 	var tk tokenScan
@@ -1287,7 +1309,11 @@ func (c *sseState) matchDone(seg []byte) {
 
 // startErr starts reading an error line whose first len(line) bytes are
 // in line.
-func (c *sseState) startErr() {
+func (c *sseState) startErr() { c.startErrAt(len(c.line)) }
+
+// startErrAt starts reading an error line whose first n bytes, at most
+// len(line), are in line.
+func (c *sseState) startErrAt(n int) {
 	if c.errScan == nil {
 		c.errScan = new(errScan)
 	} else {
@@ -1295,7 +1321,7 @@ func (c *sseState) startErr() {
 	}
 	c.inErr = true
 	c.errScan.resp = c.failedEv
-	c.errScan.feed(c.line[errorValue(c.line[:], c.errEvent || c.failedEv):])
+	c.errScan.feed(c.line[errorValue(c.line[:n], c.errEvent || c.failedEv):n])
 }
 
 // notToken reports whether an event type names an event that carries no

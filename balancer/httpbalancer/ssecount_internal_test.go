@@ -70,6 +70,29 @@ func TestServerCountScanDoesNotAllocate(t *testing.T) {
 	}
 }
 
+// TestSplitEventScanDoesNotAllocate: following events whose JSON comes
+// over several data lines allocates nothing and keeps nothing of them but
+// fixed state, however many lines an event has (10,000 here, of a usage
+// chunk whose count comes last), in reads of any size.
+func TestSplitEventScanDoesNotAllocate(t *testing.T) {
+	clock := testutil.NewClock()
+	tok := "data: {\n data: \"choices\": [\ndata: {\"delta\": {\"content\": \" token\"}}\ndata: ]\ndata: }\n\n"
+	body := []byte(strings.Repeat(tok, 50) + "data: {\"choices\": [],\n" + strings.Repeat("data:   \"x\": 1,\n: keep-alive\n", 10000) +
+		"data: \"usage\": {\"completion_tokens\": 60}}\n\n")
+	s := new(sseState)
+	for _, n := range []int{1, 7, 64, len(body)} {
+		allocs := testing.AllocsPerRun(5, func() {
+			*s = sseState{counting: true}
+			for p := body; len(p) > 0; p = p[min(len(p), n):] {
+				s.scan(p[:min(len(p), n)], clock)
+			}
+		})
+		assert.Zero(t, allocs, "%d bytes a read", n)
+		assert.EqualValues(t, 50, s.events.Load(), "%d bytes a read", n)
+		assert.EqualValues(t, 60, s.outTokens.Load(), "%d bytes a read", n)
+	}
+}
+
 // BenchmarkStreamScan follows a chat stream (the role chunk, 50 token
 // chunks, the finish and usage chunks) and a Messages API stream, an
 // event a Read, as a server flushes them: the scanner's cost per stream.

@@ -1,9 +1,12 @@
 package httpbalancer_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -280,4 +283,148 @@ func TestOllamaStreamEvalCountGivesOutputTokens(t *testing.T) {
 		{"a fraction", first, stream, stream + chatDone(`,"eval_count":2.5e2`), 3},
 	}
 	requireCounts(t, "/api/chat", "application/x-ndjson", cases)
+}
+
+// splitData is an SSE event of type typ (none when "") whose JSON data is
+// indented and sent a line of it a data line, as an SSE library frames
+// data with line breaks (sse-starlette, axum): the event's data is its
+// data lines joined with "\n". sep ends each line.
+func splitData(typ, data, sep string) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, []byte(data), "", "  "); err != nil {
+		panic(err)
+	}
+	ev := ""
+	if typ != "" {
+		ev = "event: " + typ + sep
+	}
+	for line := range strings.SplitSeq(b.String(), "\n") {
+		ev += "data: " + line + sep
+	}
+	return ev + sep
+}
+
+// requireSplitCounts is requireCounts for streams whose first and third
+// token events (first and stream end with them) have their JSON over
+// several data lines: such an event is read at its end, its blank line,
+// as the SSE framing dispatches it, and times its token there. cr: the
+// lines end with a bare CR, which ends its line at the byte after it.
+func requireSplitCounts(t *testing.T, path string, cr bool, cases []countCase) {
+	t.Helper()
+	for _, s := range cases {
+		t.Run(s.name, func(t *testing.T) {
+			require.True(t, strings.HasPrefix(s.body, s.stream) && strings.HasPrefix(s.stream, s.first))
+			firstEnd, streamEnd := len(s.first), len(s.stream)
+			if cr {
+				firstEnd, streamEnd = firstEnd+1, streamEnd+1
+			}
+			rig := newSSERig(t, s.body)
+			for n := 1; n <= len(s.body); n++ {
+				r := rig.callWhole(t, n)
+				require.Equal(t, 3, r.Events, "%d bytes a read", n)
+				require.Equal(t, s.tokens, r.Outcome.OutputTokens, "%d bytes a read", n)
+				first, last := (firstEnd+n-1)/n, (streamEnd+n-1)/n
+				require.Equal(t, time.Duration(first)*time.Millisecond, r.Outcome.TTFT, "%d bytes a read", n)
+				require.Equal(t, time.Duration(last-first)*time.Millisecond/2, r.TimeBetweenTokens, "%d bytes a read", n)
+			}
+			if !cr { // a line a flush
+				r := serverCall(t, path, "text/event-stream", s.body)
+				require.Equal(t, 3, r.Events, "over HTTP")
+				require.Equal(t, s.tokens, r.Outcome.OutputTokens, "over HTTP")
+			}
+		})
+	}
+}
+
+// TestJSONOverSeveralDataLines: an event whose JSON comes over several
+// data lines (the SSE framing joins them with "\n", white space in JSON;
+// openai-python's, openai-go's and Anthropic's SDK decoders join them so)
+// is read as one JSON value: an OpenAI-style stream's role, finish and
+// usage chunks are no token events and the usage chunk's
+// completion_tokens is the output tokens; a Messages API message_delta's
+// and a Responses API response.completed's output_tokens are read.
+// Comment lines and a "data:" without its space among the data lines
+// change nothing, nor do the line endings.
+func TestJSONOverSeveralDataLines(t *testing.T) {
+	chunk := func(choices, usage string) string {
+		return `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1765000000,"model":"m","choices":` + choices + usage + `}`
+	}
+	tok := func(s string) string {
+		return chunk(`[{"index":0,"delta":{"content":"`+s+`"},"logprobs":null,"finish_reason":null}]`, "")
+	}
+	role := chunk(`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`, "")
+	finish := chunk(`[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]`, "")
+	usage := chunk("[]", `,"usage":{"prompt_tokens":21,"completion_tokens":9,"total_tokens":30}`)
+	for _, sep := range []string{"\n", "\r\n", "\r"} {
+		s := func(data string) string { return splitData("", data, sep) }
+		first := s(role) + s(tok("Hello there,"))
+		stream := first + s(tok(" how are")) + s(tok(" you?"))
+		body := stream + s(finish) + s(usage) + "data: [DONE]" + sep + sep
+		commented := strings.Replace(strings.Replace(body, `  "usage": {`+sep, `  "usage": {`+sep+": keep-alive"+sep, 1),
+			`data:     "completion_tokens"`, `data:"completion_tokens"`, 1)
+		require.NotEqual(t, body, commented)
+		t.Run(strconv.Quote(sep), func(t *testing.T) {
+			requireSplitCounts(t, "/v1/chat/completions", sep == "\r", []countCase{
+				{"chat", first, stream, body, 9},
+				{"comments, no space", first, stream, commented, 9},
+			})
+		})
+	}
+	// A Messages API stream, message_delta's JSON over several lines.
+	text := func(s string) string {
+		return sseEvent("content_block_delta", `{"type":"content_block_delta","delta":{"type":"text_delta","text":"`+s+`"},"index":0}`)
+	}
+	mFirst := sseEvent("message_start", `{"type":"message_start","message":{"id":"m1","usage":{"input_tokens":21,"output_tokens":0}}}`) + text("Hello")
+	mStream := mFirst + text(" how") + text(" you?")
+	mDelta := `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":21,"output_tokens":9}}`
+	requireCounts(t, "/v1/messages", "text/event-stream", []countCase{
+		{"message_delta", mFirst, mStream, mStream + splitData("message_delta", mDelta, "\n") + sseEvent("message_stop", `{"type":"message_stop"}`), 9},
+		// Cut where the number ends: the join is its delimiter.
+		{"cut after the count", mFirst, mStream, mStream + "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9\ndata: }}\n\n", 9},
+	})
+	// A Responses API stream, response.completed's JSON over several
+	// lines, its output's objects before its usage.
+	delta := func(s string) string {
+		return sseEvent("response.output_text.delta", `{"type":"response.output_text.delta","content_index":0,"delta":"`+s+`","item_id":"msg_1","output_index":0}`)
+	}
+	rFirst := sseEvent("response.created", `{"type":"response.created","response":{"id":"resp_1","usage":null}}`) + delta("Hello")
+	rStream := rFirst + delta(" how") + delta(" you?")
+	completed := `{"type":"response.completed","response":{"id":"resp_1","output":[{"id":"msg_1","content":[{"annotations":[],"text":"Hello how you?","type":"output_text"}],` +
+		`"role":"assistant","type":"message"}],"usage":{"input_tokens":21,"output_tokens":9,"output_tokens_details":{"reasoning_tokens":0}}},"sequence_number":10}`
+	requireCounts(t, "/v1/responses", "text/event-stream", []countCase{
+		{"response.completed", rFirst, rStream, rStream + splitData("response.completed", completed, "\n"), 9},
+	})
+}
+
+// TestErrorJSONOverSeveralDataLines: an error event or a failed response
+// whose JSON comes over several data lines is read whole for its code, as
+// a one-line one is: a Messages API error event, a Responses API error
+// event and response.failed, at every read boundary.
+func TestErrorJSONOverSeveralDataLines(t *testing.T) {
+	delta := "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" A\"}}\n\n"
+	failed := func(code string) string {
+		return `{"type":"response.failed","sequence_number":3,"response":{"id":"resp_1","status":"failed","output":[{"type":"message","content":[{"type":"output_text","text":"a"}]}],` +
+			`"error":{"message":"x","code":"` + code + `"},"usage":null}}`
+	}
+	for _, s := range []struct {
+		name       string
+		body       string
+		code       int
+		overloaded bool
+		events     int
+	}{
+		{"messages internal error", delta + splitData("error", `{"type":"error","error":{"type":"internal_error","message":"CUDA error"}}`, "\n"), 500, false, 1},
+		{"messages overloaded", splitData("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`, "\r\n"), 0, true, 0},
+		{"responses server error", splitData("error", `{"type":"error","code":"server_error","message":"x","param":null}`, "\r"), 500, false, 0},
+		{"responses failed", delta + splitData("response.failed", failed("server_error"), "\n"), 500, false, 1},
+		{"responses failed rate limited", splitData("response.failed", failed("rate_limit_exceeded"), "\n"), 0, true, 0},
+		{"responses failed bad image", delta + splitData("response.failed", failed("invalid_image_url"), "\n"), 0, false, 1},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			rig := newSSERig(t, s.body)
+			for n := 1; n <= len(s.body); n++ {
+				requireStreamOutcome(t, rig.call(t, n), n, s.events, s.code, s.overloaded)
+			}
+		})
+	}
 }
