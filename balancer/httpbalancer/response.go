@@ -197,11 +197,6 @@ type sseState struct {
 	// The current line ends in a CR that ended the last Read: a CRLF's,
 	// or a bare CR that ended the line (see scan).
 	crEnd bool
-	// The current event's JSON is open at the end of a data line: the
-	// event's next data lines go on with it (see opens).
-	cont     bool
-	contPh   uint8 // what the current line is, once its start shows (contData, ...)
-	contLead bool  // the line's value has shown only white space so far
 	// Where the current line is in an OpenAI-style chunk's choices (chSeek
 	// to chDone, see choices), and the start of the first choice's delta
 	// object, kept to be read at its end: chLen bytes of chBuf.
@@ -223,6 +218,11 @@ type sseState struct {
 	// that carries the server's count of the output tokens (see tokens).
 	tk   tokenScan
 	shed *shedBody // a 503's body, when it had no Retry-After
+	// The current event's JSON is open at the end of a data line: the
+	// event's next data lines go on with it (see opens).
+	cont     bool
+	contPh   uint8 // what the current line is, once its start shows (contData, ...)
+	contLead bool  // the line's value has shown only white space so far
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs
@@ -663,8 +663,11 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 	if c.crEnd && len(p) > 0 {
 		c.crEnd = false
 		if p[0] != '\n' {
-			c.endLine(clock) // a bare CR ended it; a LF ends it below
+			c.endAny(clock) // a bare CR ended it; a LF ends it below
 		}
+	}
+	if c.cont {
+		p = c.scanOpen(p, clock) // an event whose JSON is open
 	}
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
@@ -674,16 +677,6 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		}
 		if j := bytes.IndexByte(seg, '\r'); j >= 0 && j < len(seg)-1 && !c.ndjson {
 			seg, i = seg[:j+1], j // a bare CR ends the line
-		}
-		if c.cont {
-			c.contLine(seg) // a line of an event whose JSON is open
-			if i < 0 {
-				c.crEnd = seg[len(seg)-1] == '\r'
-				return
-			}
-			c.endLine(clock)
-			p = p[i+1:]
-			continue
 		}
 		before := c.lineLen
 		if c.lineLen < len(c.line) {
@@ -719,8 +712,10 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 			c.crEnd = seg[len(seg)-1] == '\r' && !c.ndjson
 			return
 		}
-		c.endLine(clock)
 		p = p[i+1:]
+		if c.endLine(clock) {
+			p = c.scanOpen(p, clock) // the event's JSON goes on
+		}
 	}
 }
 
@@ -729,14 +724,14 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 //go:noinline
 func (c *sseState) endCR(clock balancer.Clock) {
 	c.crEnd = false
-	c.endLine(clock)
+	c.endAny(clock)
 }
 
-func (c *sseState) endLine(clock balancer.Clock) {
-	if c.cont || c.lineLen >= len("data:{") && !endsObject(&c.end) && c.line[0] == 'd' && !c.counted && !c.ndjson {
-		if c.goesOn(clock) {
-			return // the event's JSON goes on in its next data line
-		}
+// endLine ends the current line of an event that is not open (see
+// opens); true when the line opens it.
+func (c *sseState) endLine(clock balancer.Clock) (open bool) {
+	if c.lineLen >= len("data:{") && !endsObject(&c.end) && c.line[0] == 'd' && !c.counted && !c.ndjson && c.opens() {
+		return true // the event's JSON goes on in its next data line
 	}
 	chunk := c.chPh
 	c.chPh, c.chLen, c.usAt, c.usVal = chSeek, 0, 0, 0
@@ -825,6 +820,7 @@ func (c *sseState) endLine(clock balancer.Clock) {
 		return // a chunk with no token: the event is read, not counted
 	}
 	c.count(clock)
+	return false
 }
 
 // count counts a token event that ends in the current Read.

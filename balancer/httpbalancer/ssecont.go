@@ -51,6 +51,8 @@ func endsObject(end *[16]byte) bool {
 // opens reports whether the data line that just ended, of an event not
 // yet counted, opens a JSON object and leaves it open, and then keeps the
 // event open (cont) for its next data lines.
+//
+//go:noinline
 func (c *sseState) opens() bool {
 	n := min(c.lineLen, len(c.line))
 	off := dataValue(c.line[:n])
@@ -66,6 +68,39 @@ func (c *sseState) opens() bool {
 	}
 	c.cont, c.contPh, c.lineLen = true, contUndecided, 0
 	return true
+}
+
+// scanOpen is scan for the lines of an event whose JSON is open, from p
+// on; it returns the bytes after the event's end (none when p ends first).
+func (c *sseState) scanOpen(p []byte, clock balancer.Clock) []byte {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		seg := p
+		if i >= 0 {
+			seg = p[:i]
+		}
+		if j := bytes.IndexByte(seg, '\r'); j >= 0 && j < len(seg)-1 {
+			seg, i = seg[:j+1], j // a bare CR ends the line
+		}
+		c.contLine(seg)
+		if i < 0 {
+			c.crEnd = seg[len(seg)-1] == '\r'
+			return nil
+		}
+		p = p[i+1:]
+		if !c.goesOn(clock) {
+			c.endLine(clock) // the line that ends the event
+			return p
+		}
+	}
+	return p
+}
+
+// endAny ends the current line, of an open event or not.
+func (c *sseState) endAny(clock balancer.Clock) {
+	if !c.cont || !c.goesOn(clock) {
+		c.endLine(clock)
+	}
 }
 
 // contLine follows seg, the next bytes of a line of an open event.
@@ -136,17 +171,11 @@ func (c *sseState) follow(b []byte) {
 	}
 }
 
-// goesOn reports whether the line that just ended leaves its event open,
-// when the event is open (every line but the blank one that ends it,
-// which is then read as a one-line event is at its data line's end:
-// counted or not, its error's code kept, before endLine ends it), or may
-// open it (a data line that does not end with '}': see opens).
-//
-//go:noinline
+// goesOn reports whether the line that just ended leaves its open event
+// open: every line but the blank one that ends the event, which is then
+// read as a one-line event is at its data line's end (counted or not,
+// its error's code kept), before endLine ends it.
 func (c *sseState) goesOn(clock balancer.Clock) bool {
-	if !c.cont {
-		return c.opens()
-	}
 	blank := c.lineLen == 0 || c.lineLen == 1 && c.line[0] == '\r'
 	c.contPh, c.contLead = contUndecided, false
 	if !blank {
