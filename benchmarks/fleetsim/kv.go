@@ -196,6 +196,27 @@ func (p *blockPool) unregister(b int32) {
 	}
 }
 
+// idleHits counts the blocks among the leading cached hits of hashes that
+// sit unreferenced in the free queue and are not yet marked, and marks
+// them: the free blocks a sequence admitted now would take out of the free
+// queue by hitting them (touch), counted once however many sequences share
+// them. Marks are blocks b with mark[b] == gen; the oracle router reads it
+// to price a request's wait for blocks, without side effects on the pool.
+func (p *blockPool) idleHits(hashes []uint64, mark []uint32, gen uint32) int {
+	n := 0
+	for _, h := range hashes {
+		b, ok := p.cached.get(h)
+		if !ok {
+			break
+		}
+		if p.ref[b] == 0 && mark[b] != gen {
+			mark[b] = gen
+			n++
+		}
+	}
+	return n
+}
+
 // contains reports how many leading hashes are cached, without side effects;
 // the oracle router reads it.
 func (p *blockPool) contains(hashes []uint64) int {

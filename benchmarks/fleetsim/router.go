@@ -571,6 +571,10 @@ func Oracle() Policy {
 type oracle struct {
 	baseline
 	run *run
+	// mark and gen mark the free blocks one cost call has counted as hit
+	// (blockPool.idleHits).
+	mark []uint32
+	gen  uint32
 }
 
 func (o *oracle) Pick(req *Request) (int, func(inferlb.Outcome), error) {
@@ -590,6 +594,28 @@ func (o *oracle) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 		return 0, nil, balancer.ErrNoEndpoints
 	}
 	return best, noop, nil
+}
+
+// idleHits is how many of r's free blocks req and the requests waiting on
+// r would take out of the free queue by hitting them, each counted once.
+func (o *oracle) idleHits(r *replica, req *Request) int {
+	if n := len(r.kv.ref); len(o.mark) < n {
+		o.mark = make([]uint32, n)
+	}
+	o.gen++
+	if o.gen == 0 { // wrapped: old marks could match
+		clear(o.mark)
+		o.gen = 1
+	}
+	hit := func(hashes []uint64, tokens int) int {
+		maxBlocks := (tokens - 1) / BlockSize // at least one token is computed
+		return r.kv.idleHits(hashes[:min(len(hashes), maxBlocks)], o.mark, o.gen)
+	}
+	n := 0
+	for _, s := range r.waiting {
+		n += hit(s.hashes, s.numTokens())
+	}
+	return n + hit(req.Prompt.Hashes, req.Prompt.Tokens)
 }
 
 // queued is the mean number of requests waiting per replica.
@@ -619,15 +645,27 @@ func (o *oracle) cost(r *replica, req *Request) float64 {
 		ctx += s.computed
 	}
 	stepNow := p.StepFixed.Seconds() + float64(batch)*p.PerDecodeSeq.Seconds() + float64(ctx)*p.PerKVToken.Seconds()
-	// Blocks this request and the queue ahead of it need beyond what is free
-	// wait for running sequences to finish: price that as prefill-equivalent
-	// work, four times dearer than compute.
+	// Blocks this request, the queue ahead of it and the running batch need
+	// beyond what is free wait for running sequences to finish (or preempt
+	// them): price that as prefill-equivalent work, four times dearer than
+	// compute. The running sequences still allocate blocks for the rest of
+	// their prompts and answers; and the free pool counts cached blocks
+	// nothing references, which leave it when this request or one queued
+	// ahead hits them.
 	need := (miss + req.MaxOutputTokens) / BlockSize
 	for _, s := range r.waiting {
 		need += (s.numTokens() - s.hitTokens) / BlockSize
 	}
+	for _, s := range r.running {
+		last := s.prompt.Tokens + max(s.job.req.MaxOutputTokens, 1) - 1 // its last step computes up to here
+		need += max((last+BlockSize-1)/BlockSize-len(s.blocks), 0)
+	}
+	free := r.kv.nFree
+	if p.PrefixCaching {
+		free -= o.idleHits(r, req)
+	}
 	kvWait := 0.0
-	if deficit := need - r.kv.nFree; deficit > 0 {
+	if deficit := need - free; deficit > 0 {
 		kvWait = 4 * float64(deficit*BlockSize) * p.PerPrefillToken.Seconds()
 	}
 	// Own latency: the prefill queued ahead and its own, the decode steps
