@@ -559,7 +559,12 @@ func (r *inferlbRouter) PickRetry(req *Request, failed int) (int, func(inferlb.O
 // cost it imposes on others is least: the prompt tokens the replica must
 // compute (its cache miss), the prefill queued ahead of it, any wait for
 // KV-cache blocks, the decode steps of its answer at that replica's batch
-// size and speed, and the slowdown it adds to the batch it joins. It
+// size and speed, and the slowdown it adds to the batch it joins. The wait
+// for blocks counts the blocks its prompt's miss and its answer, the
+// prompts queued ahead of it and the rest of the running sequences'
+// prompts and answers (to MaxOutputTokens) will allocate, against the free
+// blocks less the cached ones that it and the queue will hit (an
+// unreferenced cached block is free, as in vLLM, until a hit takes it). It
 // knows every replica's context window and sends no call to one too small
 // for it while another can take it.
 func Oracle() Policy {
