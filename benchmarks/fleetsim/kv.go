@@ -197,20 +197,36 @@ func (p *blockPool) unregister(b int32) {
 }
 
 // idleHits counts the blocks among the leading cached hits of hashes that
-// sit unreferenced in the free queue and are not yet marked, and marks
-// them: the free blocks a sequence admitted now would take out of the free
-// queue by hitting them (touch), counted once however many sequences share
-// them. Marks are blocks b with mark[b] == gen; the oracle router reads it
-// to price a request's wait for blocks, without side effects on the pool.
+// sit unreferenced in the free queue, which a sequence admitted now would
+// take out of it (touch), and marks every block it walks (mark[b] == gen),
+// so that a block several sequences hit counts once. The oracle router
+// reads it, without side effects on the pool.
+//
+// The marked blocks of hashes are a prefix of it: a block is marked by a
+// walk through every block before it, and equal hashes mean equal
+// prefixes. So the walk starts after the last marked one, found by
+// bisection: sequences queued behind a shared context walk it once.
 func (p *blockPool) idleHits(hashes []uint64, mark []uint32, gen uint32) int {
+	marked := func(k int) bool {
+		b, ok := p.cached.get(hashes[k])
+		return ok && mark[b] == gen
+	}
+	lo, hi := 0, len(hashes) // hashes[:lo] marked, hashes[hi:] not
+	for lo < hi {
+		if m := int(uint(lo+hi) >> 1); marked(m) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
 	n := 0
-	for _, h := range hashes {
+	for _, h := range hashes[lo:] {
 		b, ok := p.cached.get(h)
 		if !ok {
 			break
 		}
-		if p.ref[b] == 0 && mark[b] != gen {
-			mark[b] = gen
+		mark[b] = gen
+		if p.ref[b] == 0 {
 			n++
 		}
 	}

@@ -616,11 +616,15 @@ func (o *oracle) idleHits(r *replica, req *Request) int {
 		maxBlocks := (tokens - 1) / BlockSize // at least one token is computed
 		return r.kv.idleHits(hashes[:min(len(hashes), maxBlocks)], o.mark, o.gen)
 	}
-	n := 0
+	// They are free blocks: past r.kv.nFree of them, more change nothing.
+	n := hit(req.Prompt.Hashes, req.Prompt.Tokens)
 	for _, s := range r.waiting {
+		if n >= r.kv.nFree {
+			break
+		}
 		n += hit(s.hashes, s.numTokens())
 	}
-	return n + hit(req.Prompt.Hashes, req.Prompt.Tokens)
+	return n
 }
 
 // queued is the mean number of requests waiting per replica.
