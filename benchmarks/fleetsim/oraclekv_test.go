@@ -104,3 +104,31 @@ func TestOracleDoesNotCountItsOwnHitsAsFree(t *testing.T) {
 	a.waiting = append(a.waiting, q)
 	assert.Equal(t, 100, o.idleHits(a, req))
 }
+
+func TestIdleHitsCountsEachFreeCachedBlockOnce(t *testing.T) {
+	p := newBlockPool(64)
+	ctx := Segment{ID: 1, Tokens: 10 * BlockSize}
+	x := NewPrompt(ctx, Segment{ID: 2, Tokens: 4 * BlockSize})
+	y := NewPrompt(ctx, Segment{ID: 3, Tokens: 4 * BlockSize})
+	cache := func(pr *Prompt) []int32 {
+		tab, ok := p.alloc(len(pr.Hashes), nil)
+		require.True(t, ok)
+		for i, b := range tab {
+			p.register(b, pr.Hashes[i]) // the context's blocks stay x's
+		}
+		return tab
+	}
+	p.release(cache(x))
+	p.release(cache(y)) // its question's blocks: the context is x's
+	// Reference x's first three blocks, as a running sequence would.
+	tab := p.touch(x.Hashes, 3, nil)
+	mark := make([]uint32, 64)
+
+	assert.Equal(t, 14-3, p.idleHits(x.Hashes, mark, 1), "x's blocks but the three referenced")
+	assert.Equal(t, 4, p.idleHits(y.Hashes, mark, 1), "y's question only: the context is counted")
+	assert.Zero(t, p.idleHits(x.Hashes, mark, 1))
+	assert.Equal(t, 14-3, p.idleHits(x.Hashes, mark, 2), "a new generation counts afresh")
+	assert.Equal(t, 5-3, p.idleHits(y.Hashes[:5], mark, 3), "a prefix")
+	assert.Equal(t, 14-5, p.idleHits(x.Hashes, mark, 3), "past the prefix already counted")
+	p.release(tab)
+}
