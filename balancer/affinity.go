@@ -391,7 +391,9 @@ func noRelief(t bound) bool {
 //
 // A member whose LoRA adapter slots are all taken by adapters other than
 // the one req names is out of bound for req (see lora.go), and so is one
-// whose fresh reading says it sleeps (see sleep.go).
+// whose fresh reading says it sleeps (see sleep.go); a sleeping member,
+// which takes no call, is also left out of the load and weight the others
+// share, as a member out of rotation is.
 func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.Time, sh *shard) bound {
 	var s telemetry.Sample
 	slot := g.members[i].slot.Load()
@@ -424,11 +426,13 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 		// in rotation do not share them; and a ramping member shares the
 		// load at the weight it takes calls at.
 		rep, okRep := reportedLoad(&s)
-		if okRep || st.ramping || st.usable() < len(g.members) {
+		if okRep || st.ramping || st.usable() < len(g.members) || b.sleepLive(now.UnixNano()) {
 			v := g.fleetLoad(b.cfg, st, now)
 			total = float64(max(gl-v.aside, own)) + 1
 			if st.ramping {
 				weight = v.weight
+			} else {
+				weight -= v.asleep // sleeping members share none of it (see fleetView)
 			}
 			if okRep && v.ok {
 				load = max(rep+float64(g.members[i].readingDelta(slot, s.Has, own, now.UnixNano())), float64(own)) + 1

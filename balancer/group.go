@@ -330,6 +330,12 @@ func probesOverdue(e *endpoint, nowNs int64) bool {
 //   - aside: the caller's calls in flight on the other members (out of
 //     rotation), which the group's load counter includes but the members
 //     in rotation do not share.
+//   - asleep: the capacity weight of the members usableWeight counts
+//     whose fresh reading says they sleep (sleep.go). They take no
+//     affinity calls until woken, so the load is not theirs to share:
+//     counted, 6 sleepers of 8 made the 2 awake members' fair share a
+//     quarter of what they carry, and every key spilled off its owner.
+//     They are left out of total and weight, and their calls are aside.
 //
 // Concurrency: all fields are atomic and written by whoever wins
 // computing, until last; a reader racing a rewrite may pair one
@@ -341,14 +347,15 @@ type fleetView struct {
 	from, until atomic.Int64  // valid for now in [from, until)
 	total       atomic.Uint64 // math.Float64bits
 	weight      atomic.Uint64 // math.Float64bits
+	asleep      atomic.Uint64 // math.Float64bits
 	aside       atomic.Int64
 }
 
 // fleetSum is what fleetView caches; ok is false when total is NaN.
 type fleetSum struct {
-	total, weight float64
-	aside         int64
-	ok            bool
+	total, weight, asleep float64
+	aside                 int64
+	ok                    bool
 }
 
 // fleetViewTTL is how long a group's reported load is reused: well under
@@ -384,13 +391,14 @@ func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 	f := &g.fleet
 	if f.epoch.Load() == st.epoch && f.from.Load() <= nowNs && nowNs < f.until.Load() {
 		t := math.Float64frombits(f.total.Load())
-		return fleetSum{total: t, weight: math.Float64frombits(f.weight.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
+		return fleetSum{total: t, weight: math.Float64frombits(f.weight.Load()), asleep: math.Float64frombits(f.asleep.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
 	}
 	v := g.sumReported(c, st, now)
 	if f.computing.CompareAndSwap(false, true) {
 		f.until.Store(math.MinInt64) // readers recompute while it is written
 		f.total.Store(math.Float64bits(v.total))
 		f.weight.Store(math.Float64bits(v.weight))
+		f.asleep.Store(math.Float64bits(v.asleep))
 		f.aside.Store(v.aside)
 		f.epoch.Store(st.epoch)
 		f.from.Store(nowNs)
@@ -407,9 +415,15 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 	lead := st.lead(c, nowNs) // the factors are relative to it, as admitted
 	var s telemetry.Sample
 	v := fleetSum{ok: true}
+	sleepy := c.store.AsleepObserved() != 0 // a sleeping server was seen (sleep.go)
 	for i, e := range g.members {
 		if e.readyMask.Load()&g.bit == 0 || onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e, nowNs)) {
 			v.aside += max(e.inFlight.Load(), 0)
+			continue
+		}
+		if sleepy && e.asleep(nowNs, c.telemetryMaxAge) {
+			v.aside += max(e.inFlight.Load(), 0)
+			v.asleep += g.weights[i]
 			continue
 		}
 		v.weight += g.weights[i] * min(e.rampFactor(c, nowNs)/lead, 1)

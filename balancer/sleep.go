@@ -26,7 +26,8 @@ import (
 //   - out of bound as an affinity owner (withinBound): its keys spill to
 //     the next endpoint in their order, and come back once it wakes
 //     (with StickyTTL, once a spilled key's sticky entry lapses, as after
-//     any spill);
+//     any spill); the awake members share the group's load without its
+//     weight;
 //   - the worst of a full scan's candidates (scan);
 //   - with every candidate of a tenant's shard (TenantShardSize) asleep,
 //     passed over for an awake endpoint of the group, as a shard that is

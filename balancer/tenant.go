@@ -26,7 +26,8 @@ type shard struct {
 
 // share returns the capacity weight of the shard's members the load is
 // shared among, those in good standing or, when none is, the ready ones (as
-// group.eligibility counts them), or all, each at the weight it takes calls
+// group.eligibility counts them, but for those whose fresh reading says
+// they sleep), or all, each at the weight it takes calls
 // at (times its slow-start factor, relative to lead, see standing.lead),
 // and the in-flight calls on those members (calls on members out of
 // rotation are not theirs to share). The first call of a pick reads them;
@@ -35,14 +36,15 @@ func (s *shard) share(c *config, g *group, nowNs int64, lead float64) (load int6
 	if !s.shared {
 		var good, ready, all float64
 		var goodLoad, readyLoad, allLoad int64
+		sleepy := c.store.AsleepObserved() != 0 // a sleeping server was seen (sleep.go)
 		for _, m := range s.members[:s.n] {
 			e := g.members[m]
 			w := g.weights[m] * min(e.rampFactor(c, nowNs)/lead, 1)
 			l := max(e.inFlight.Load(), 0)
 			all += w
 			allLoad += l
-			if e.readyMask.Load()&g.bit == 0 {
-				continue
+			if e.readyMask.Load()&g.bit == 0 || sleepy && e.asleep(nowNs, c.telemetryMaxAge) {
+				continue // a sleeping member takes no call either (see fleetView)
 			}
 			ready += w
 			readyLoad += l
