@@ -432,7 +432,12 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 			if st.ramping {
 				weight = v.weight
 			} else {
-				weight -= v.asleep // sleeping members share none of it (see fleetView)
+				// Sleeping members share none of it (see fleetView). At
+				// least this member's own weight stays: a view cached
+				// while it slept (it woke within fleetViewTTL) would
+				// otherwise leave a weight near 0, and a share without
+				// bound.
+				weight = max(weight-v.asleep, g.weights[i])
 			}
 			if okRep && v.ok {
 				load = max(rep+float64(g.members[i].readingDelta(slot, s.Has, own, now.UnixNano())), float64(own)) + 1
