@@ -1184,8 +1184,8 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	if req.Service == inferlb.ServiceLLM {
 		if ti, tj := g.members[i].tpotEWMA.Load(), g.members[j].tpotEWMA.Load(); ti > 0 && tj > 0 {
 			// Only the slower one pays, and only past speedTolerance.
-			ci *= max(1, float64(ti)/(speedTolerance*float64(tj)))
-			cj *= max(1, float64(tj)/(speedTolerance*float64(ti)))
+			ci = raise(ci, max(1, float64(ti)/(speedTolerance*float64(tj))))
+			cj = raise(cj, max(1, float64(tj)/(speedTolerance*float64(ti))))
 		}
 	}
 	return cj < ci || (cj == ci && b.rand()&1 == 1)
@@ -1202,15 +1202,28 @@ func (b *Balancer) cost(sc scoring.Scorer, req *inferlb.Request, g *group, i int
 	e.state(b.cfg, now, req.Service, g.weights[i], st)
 	c := sc.Cost(req, *st)
 	if req.PromptTokens > 0 && b.engines.Load() {
-		c *= barrier(e, req.PromptTokens, nowNs)
+		c = raise(c, barrier(e, req.PromptTokens, nowNs))
 	}
 	if req.Service == inferlb.ServiceLLM {
-		c *= prefillBacklog(e, nowNs)
+		c = raise(c, prefillBacklog(e, nowNs))
 	}
 	if c != c {
 		c = math.Inf(1)
 	}
 	return c
+}
+
+// raise makes cost c dearer by the factor f (at least 1): c x f, or c / f
+// for a negative c. A Scorer's cost need only order endpoints (lower is
+// better), and a custom one may price below zero (minus the free
+// capacity); multiplied, a negative cost fell with the factor, so the
+// endpoint just sent a long prompt, or the slower decoder, became the
+// cheaper one and took every call it was drawn for.
+func raise(c, f float64) float64 {
+	if c < 0 {
+		return c / f
+	}
+	return c * f
 }
 
 // scan returns the member of g, or of the tenant's shard sh when it is

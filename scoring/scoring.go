@@ -36,7 +36,10 @@ import (
 // Scorer returns the cost of sending req to the endpoint described by s; the
 // lower cost wins. Implementations must be safe for concurrent use and must not
 // block, allocate or do I/O. The balancer reads a NaN cost as +Inf: the
-// endpoint loses to any candidate with a number.
+// endpoint loses to any candidate with a number. A cost may be negative:
+// the factors the balancer adds (a generation call's recent prefill, decode
+// speed, the data-parallel barrier) make any cost dearer, dividing a
+// negative one.
 type Scorer interface {
 	Cost(req *inferlb.Request, s State) float64
 }
