@@ -545,11 +545,18 @@ func TestSpillsReturnToTheEndpointThatCachedTheKey(t *testing.T) {
 			first, release := spillOnce(t, b, key)
 			release()
 			// The first spill target now looks busier than the other
-			// candidate, so P2C alone would move the key's spills there.
+			// candidates (every endpoint reports its queue: one without
+			// a reading is compared on this caller's calls alone), so
+			// P2C alone would move the key's spills away from it.
 			busy := func() {
-				s := telemetry.Sample{Time: clock.Now()}
-				s.Set(telemetry.Waiting, 4)
-				b.Publish(first, s)
+				for _, e := range endpoints(4) {
+					s := telemetry.Sample{Time: clock.Now()}
+					s.Set(telemetry.Waiting, 0)
+					if e.Key() == first {
+						s.Set(telemetry.Waiting, 4)
+					}
+					b.Publish(e.Key(), s)
+				}
 			}
 			busy()
 			count := map[string]int{}

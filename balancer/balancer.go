@@ -1177,10 +1177,22 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 		return pj
 	}
 	sc := b.scorer(req.Service)
-	var st scoring.State // one State, filled twice
+	var si, sj scoring.State
 	nowNs := now.UnixNano()
-	ci := b.cost(sc, req, g, i, now, nowNs, &st)
-	cj := b.cost(sc, req, g, j, now, nowNs, &st)
+	g.members[i].state(b.cfg, now, req.Service, g.weights[i], &si)
+	g.members[j].state(b.cfg, now, req.Service, g.weights[j], &sj)
+	if hasLoadReading(&si) != hasLoadReading(&sj) {
+		// One of the two has the server's count of its calls (every
+		// caller's), the other only this caller's: compared so, the
+		// one whose scrape fails (or that exports none) looked as many
+		// times lighter as there are callers, and every caller sent it
+		// the calls: with 2 endpoints, 28 of 30. They are compared on
+		// what both have, this caller's calls.
+		dropLoadReading(&si)
+		dropLoadReading(&sj)
+	}
+	ci := b.priced(sc, req, g, i, nowNs, &si)
+	cj := b.priced(sc, req, g, j, nowNs, &sj)
 	if req.Service == inferlb.ServiceLLM {
 		if ti, tj := g.members[i].tpotEWMA.Load(), g.members[j].tpotEWMA.Load(); ti > 0 && tj > 0 {
 			// Only the slower one pays, and only past speedTolerance.
@@ -1191,15 +1203,30 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	return cj < ci || (cj == ci && b.rand()&1 == 1)
 }
 
-// cost is member i's cost for req under sc, with what prefer and scan
-// add to every scorer's: the data-parallel barrier and, for generation
-// calls, the recent prefill. st is scratch space. A NaN (a custom Scorer's
+// hasLoadReading reports whether st carries the server's own count of its
+// calls (Running or Waiting, fresh).
+func hasLoadReading(st *scoring.State) bool {
+	return st.Telemetry.Has&(1<<telemetry.Running|1<<telemetry.Waiting) != 0
+}
+
+// dropLoadReading takes the server's count of its calls out of st, which
+// then prices this caller's calls only, as for an endpoint without one.
+// The readings of pressure (KV cache, memory, utilization) stay: they
+// are 1 below their knees, and near full they say so whoever's calls
+// fill it.
+func dropLoadReading(st *scoring.State) {
+	st.Telemetry.Has &^= 1<<telemetry.Running | 1<<telemetry.Waiting
+	st.InFlightSinceReading = 0
+}
+
+// priced is member i's cost for req under sc given its state st, with
+// what prefer and scan add to every scorer's: the data-parallel barrier
+// and, for generation calls, the recent prefill. A NaN (a custom Scorer's
 // 0/0) is +Inf: it compares false both ways, so the first candidate won,
 // whichever had it, and an endpoint its scorer could not price took every
 // pick it was drawn first for. It loses instead.
-func (b *Balancer) cost(sc scoring.Scorer, req *inferlb.Request, g *group, i int, now time.Time, nowNs int64, st *scoring.State) float64 {
+func (b *Balancer) priced(sc scoring.Scorer, req *inferlb.Request, g *group, i int, nowNs int64, st *scoring.State) float64 {
 	e := g.members[i]
-	e.state(b.cfg, now, req.Service, g.weights[i], st)
 	c := sc.Cost(req, *st)
 	if req.PromptTokens > 0 && b.engines.Load() {
 		c = raise(c, barrier(e, req.PromptTokens, nowNs))
@@ -1277,7 +1304,8 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 		if bestProbe && !probe && zz == bestZz {
 			continue
 		}
-		cost := b.cost(sc, req, g, i, now, c.nowNs, &st)
+		e.state(b.cfg, now, req.Service, g.weights[i], &st)
+		cost := b.priced(sc, req, g, i, c.nowNs, &st)
 		switch {
 		case best < 0 || zz != bestZz || probe != bestProbe || cost < bestCost:
 			best, ties, bestProbe, bestZz, bestCost = i, 1, probe, zz, cost

@@ -1,0 +1,77 @@
+package balancer_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// Two candidates of which one reports the server's count of its calls
+// (every caller's) and the other none (its scrape fails, or it exports no
+// metrics) are compared on what both have: this caller's calls. Compared
+// as they were, the one without a reading looked as many times lighter as
+// there are callers, and every caller sent it most of its calls: here 28
+// of 30, with each endpoint carrying the same 3 calls of this caller and
+// the reporting one 27 of other callers'.
+func TestAnEndpointWithoutALoadReadingIsComparedOnThisCallersCalls(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// the other endpoint's reading: none, or a load reading
+		other bool
+	}{
+		{"one without a reading", false},
+		{"both with readings", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
+			eps := endpoints(2)
+			reported, other := eps[0].Key(), eps[1].Key()
+			var held []balancer.Pick
+			t.Cleanup(func() {
+				for _, p := range held {
+					p.Done(inferlb.Outcome{})
+				}
+			})
+			for _, id := range []string{reported, other} {
+				serial, ok := b.Serial(id)
+				require.True(t, ok)
+				for range 3 {
+					p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, serial)
+					require.NoError(t, err)
+					held = append(held, p)
+				}
+			}
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.Running, 30)
+			b.Publish(reported, s)
+			if tc.other {
+				s := telemetry.Sample{Time: clock.Now()}
+				s.Set(telemetry.Running, 3)
+				b.Publish(other, s)
+			}
+			count := map[string]int{}
+			for range 30 {
+				p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+				require.NoError(t, err)
+				held = append(held, p)
+				count[p.ID()]++
+			}
+			t.Logf("of 30 calls: %v", count)
+			if tc.other {
+				// Both readings count: the one with 30 running takes
+				// about none until the other, 3 running and the calls
+				// sent since, has as many.
+				assert.GreaterOrEqual(t, count[other], 26, "the readings count where both have one")
+				return
+			}
+			assert.InDelta(t, 15, count[other], 2, "compared on this caller's calls, the two share the calls")
+		})
+	}
+}
