@@ -227,7 +227,11 @@ type Discovery struct {
 	// LookupHost resolves a name; nil means net.DefaultResolver.LookupHost.
 	// Tests inject a fake. It must return once ctx is done (each lookup is
 	// bounded by the Interval through ctx, and Close cancels it): NewTransport
-	// and Close wait for a lookup under way.
+	// and Close wait for a lookup under way. It answers hosts, as
+	// net.Resolver.LookupHost does: IP addresses or names, each served on
+	// Target's port. An answer that is no host (empty, with a space, a '/'
+	// or a port: "10.0.0.5:8000", as an adapter over SRV records might
+	// give) is left out, and an answer of nothing else counts as empty.
 	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// Labels are given to every resolved endpoint, e.g. {"model": "llama-3-8b"}.
 	Labels map[string]string

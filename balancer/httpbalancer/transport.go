@@ -150,7 +150,7 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 // closed Balancer or Membership) it returns balancer.ErrClosed or
 // balancer.ErrMembershipClosed and changes nothing: Endpoints still lists
 // the set from before. That holds too for a Transport that routes over a
-// shared Balancer's own set (Options.Balancer without Endpoints or
+// shared Balancer's own set (Options.Balancer with Endpoints nil and no
 // Discovery), whose Close leaves that Balancer open: its Update then
 // returns an error wrapping balancer.ErrClosed that says the Transport is
 // closed, and the shared set stays as it was.
