@@ -45,7 +45,8 @@
 // affinity keys spill, a two-choice draw that lands on it is made again,
 // and when both candidates still sleep the group is searched for an awake
 // member; with every endpoint asleep, calls still go to them, to wait for
-// the wake-up (sleep.go).
+// the wake-up, and so do a strict tenant shard's (TenantShardStrict) when
+// all of it sleeps (sleep.go).
 //
 // Telemetry (load reports of the HTTP transport's load header and the
 // gRPC policy's ORCA, a telemetry.Poller's scrapes) is read from the

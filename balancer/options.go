@@ -185,7 +185,8 @@ type Options struct {
 	// must be above 1. The load is shared among the endpoints that can take
 	// calls, each at its weight times its slow-start ramp; calls still in
 	// flight on endpoints out of rotation (cooling down, ejected, not
-	// ready) are not theirs to share. The calls counted are this caller's own, or, when
+	// ready), or on endpoints whose fresh telemetry says they sleep
+	// (telemetry.Asleep), are not theirs to share. The calls counted are this caller's own, or, when
 	// every endpoint of the group that can take calls reports Running and
 	// Waiting in fresh telemetry, what each server reports (all callers'
 	// calls), brought up to now with this caller's calls there since the
