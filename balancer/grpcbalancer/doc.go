@@ -252,7 +252,7 @@
 // When an endpoint the channel had connected to connects again (the server
 // may have restarted), the process's load fields observed before
 // (telemetry.ProcessLoad: queue, KV and prefix cache, utilization, GPU
-// memory used, LoRA adapters) are expired (telemetry.Store.Expire),
+// memory used, LoRA adapters, sleep state) are expired (telemetry.Store.Expire),
 // whoever published them, as
 // weighted round robin forgets its weights: the old process's last report
 // would otherwise price the new one until it aged out (telemetryMaxAge).
