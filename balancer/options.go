@@ -100,8 +100,9 @@ type Options struct {
 	// the interval, or readings count as absent for half of it (readings
 	// already past it when they arrive are counted in the Store's
 	// ArrivedStale, not Accepted). Negative means never stale. An endpoint's load readings (its queue, KV and
-	// prefix cache, utilization, GPU memory used, LoRA adapters) are
-	// expired sooner when a failure exclusion begins, a tripped breaker or
+	// prefix cache, utilization, GPU memory used, LoRA adapters, sleep
+	// state: telemetry.ProcessLoad) are expired sooner when a failure
+	// exclusion begins, a tripped breaker or
 	// an outlier ejection: a replica that fails has often crashed, and the
 	// old process's last report would price the new, idle one out of
 	// rotation when it returns; readings observed since stay.
