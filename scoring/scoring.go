@@ -10,7 +10,8 @@
 //     requests and tokens, the server's queue, KV-cache pressure, GPU
 //     memory pressure for servers that neither report KV-cache usage nor
 //     pre-allocate a KV cache (telemetry.KVCachePreallocated), and for
-//     a LoRA adapter's call the server's adapter slots), not on
+//     a LoRA adapter's call the server's adapter slots; a server that
+//     sleeps, telemetry.Asleep, costs a millionfold), not on
 //     completion latency, which mostly measures prompt and output length.
 //   - Embeddings and rerankers are short and uniform, so recent latency is a
 //     good signal: peak-EWMA latency x (in-flight + 1), as in Finagle and
