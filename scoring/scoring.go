@@ -105,7 +105,11 @@ type State struct {
 	// and is 0 without a fresh usage.
 	InFlightSinceKV int64
 	// Telemetry holds the endpoint's fresh telemetry fields only: stale or
-	// never-reported fields are absent (neutral).
+	// never-reported fields are absent (neutral). When the balancer
+	// compares two candidates of which only one has the server's count
+	// of its calls (Running or Waiting), it leaves that count out of both
+	// (and InFlightSinceReading is 0): the other's count would be this
+	// caller's calls alone, and the two are compared on what both have.
 	Telemetry telemetry.Sample
 }
 
