@@ -28,6 +28,11 @@ type ReplicaSpec struct {
 	// another is answered at once that the model does not exist (vLLM's
 	// 404), with no GPU work.
 	Models []string
+	// Unscraped withholds the replica's telemetry from every client, as
+	// when its /metrics scrape fails or it exports none: clients route to
+	// it on what they see of their own calls. Its scrapes still run (and
+	// reset its windowed counters); only their publication is skipped.
+	Unscraped bool
 }
 
 // DPLabel is the endpoint label the simulator gives data-parallel ranks:
@@ -170,6 +175,10 @@ type Result struct {
 	CacheHit   float64 `json:"cache_hit_rate"`
 	GPUBusy    float64 `json:"gpu_busy"`
 	MaxMean    float64 `json:"max_mean_load"`
+	// Share is each replica's share, by index, of the calls the replicas
+	// accepted into their queues in the window (MaxMean is the largest
+	// times their number).
+	Share []float64 `json:"share,omitempty"`
 	// Preemptions counts KV-cache preemptions over the whole run.
 	Preemptions int `json:"preemptions"`
 	// ClassE2EP99 is the p99 end-to-end latency per request class.
@@ -364,6 +373,10 @@ func (s *run) result(policy string) Result {
 	}
 	if sum > 0 {
 		res.MaxMean = float64(maxA) / (float64(sum) / float64(len(b.assigned)))
+		res.Share = make([]float64, len(b.assigned))
+		for i := range b.assigned {
+			res.Share[i] = float64(b.assigned[i]-a.assigned[i]) / float64(sum)
+		}
 	}
 	slices.Sort(s.ttft)
 	slices.Sort(s.e2e)

@@ -70,6 +70,7 @@ func Scenarios() []*Scenario {
 		LoRASlotsScenario(),
 		ContextWindowsScenario(),
 		TenantsScenario(),
+		PartialTelemetryScenario(),
 	}
 }
 
@@ -689,4 +690,43 @@ func LoRASlotsScenario() *Scenario {
 // sessions' keys, as before 39495eb.
 func NoAdapterHomes() balancer.Options {
 	return balancer.Options{AdapterHomes: -1}
+}
+
+// UnscrapedReplica is the replica of the partial-telemetry scenario whose
+// telemetry never reaches the clients.
+const UnscrapedReplica = 7
+
+// PartialTelemetryScenario is the chat workload sent through 8 independent
+// clients (each its own Balancer and telemetry, as multi-client) to 8
+// replicas, one of which, r7, never has its telemetry reach them: its
+// /metrics scrape fails (a wrong port, a NetworkPolicy, an exporter that is
+// not enabled) or it exports none, while the other 7 are scraped every
+// second as usual (ReplicaSpec.Unscraped). The server counts of the 7
+// (Running, Waiting) are every client's calls; of r7 each client knows
+// only its own, an eighth. A balancer that compared the two as they are
+// saw r7 about 8 times lighter than it was, and every client sent it most
+// of its calls; inferlb compares a pair of which only one has such a
+// reading on this client's calls alone (since b1b8db7). The rates are
+// below the chat scenario's headline, where the fleet saturates: a herd
+// onto one replica shows as its queue, not the fleet's. Policies: the
+// baselines, which read no telemetry and so treat r7 as the others,
+// inferlb, whose calls mostly follow their affinity keys' owners, and
+// "inferlb -affinity", whose every call is a pairwise comparison of load
+// (where the herd showed: before b1b8db7, 18.6% of the calls to r7 at 20
+// req/s, and a p99 TTFT of 30.6s at 40). Result.Share gives each
+// replica's share of the calls.
+func PartialTelemetryScenario() *Scenario {
+	sc := ChatScenario()
+	sc.Name = "partial-telemetry"
+	sc.Description = "chat through 8 independent clients; r7's telemetry never reaches them (its /metrics scrape fails), the other 7 are scraped every second"
+	sc.Fleet[UnscrapedReplica].Unscraped = true
+	sc.Rates = []float64{20, 30, 40}
+	sc.Headline = 40
+	sc.Clients = []int{8}
+	sc.Policies = []Policy{
+		RoundRobin(), LeastRequest(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb -affinity", Options: affinityOff}),
+	}
+	return sc
 }

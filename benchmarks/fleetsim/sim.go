@@ -491,6 +491,7 @@ func (s *run) mark(i int) {
 
 // scrape publishes one replica's metrics to every client, as a /metrics
 // scrape does: the values are as of now and grow stale until the next one.
+// An Unscraped replica's reach no client.
 func (s *run) scrape(r *replica) {
 	if r.up {
 		var smp telemetry.Sample
@@ -505,8 +506,10 @@ func (s *run) scrape(r *replica) {
 			smp.SetAdapters(float64(r.p.MaxLoRAs), r.adapters())
 		}
 		r.scrapeHits, r.scrapeQueries = 0, 0
-		for _, rt := range s.uniq {
-			rt.Publish(r.idx, smp)
+		if !s.sc.Fleet[r.idx].Unscraped {
+			for _, rt := range s.uniq {
+				rt.Publish(r.idx, smp)
+			}
 		}
 	}
 	if !s.stopped || s.outstanding > 0 {
