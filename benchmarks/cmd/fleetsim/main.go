@@ -18,9 +18,12 @@
 // fleetsim.ExtraPolicies), before -policies keeps its names;
 // -parallel sets how many runs are simulated at once
 // (default GOMAXPROCS), which changes no figure. -clients and -parallel
-// must be at least 1; multi-client runs 1 and 8 clients, so -clients with
-// -scenario multi-client is an error (with -scenario all it applies to the
-// other scenarios). A scenario with Seeds runs that many seeds from -seed
+// must be at least 1; multi-client runs 1 and 8 clients and
+// partial-telemetry 8, so -clients with -scenario multi-client or
+// partial-telemetry is an error (with -scenario all it applies to the
+// other scenarios). A scenario with a replica whose telemetry reaches no
+// client (partial-telemetry) also prints each replica's share of the
+// calls at every offered load. A scenario with Seeds runs that many seeds from -seed
 // on (model-failure, lora-slots, context-windows: 4): its first seed's
 // table, then one by model (model-failure), of adapter slots (lora-slots,
 // with one by request class for the first seed) or of context windows
@@ -313,6 +316,10 @@ func printScenario(w io.Writer, sc *fleetsim.Scenario, all []fleetsim.Result) {
 	}
 	if rows := windowRows(sc, all); rows != nil {
 		fmt.Fprintf(w, "\ncontext windows at %g %s (%s)\n", sc.Headline, sc.RateUnit, windowNote(all))
+		writeAligned(w, rows)
+	}
+	if rows := shareRows(sc, res); rows != nil {
+		fmt.Fprintf(w, "\nload share by replica (%s)\n", shareNote(sc, res))
 		writeAligned(w, rows)
 	}
 	if len(sc.Rates) > 1 {
@@ -708,6 +715,10 @@ func writeMarkdown(path string, sc *fleetsim.Scenario, all []fleetsim.Result) er
 		fmt.Fprintf(&b, "\nContext windows at %g %s (%s):\n\n", sc.Headline, sc.RateUnit, windowNote(all))
 		mdTable(&b, rows)
 	}
+	if rows := shareRows(sc, res); rows != nil {
+		fmt.Fprintf(&b, "\nLoad share by replica (%s):\n\n", shareNote(sc, res))
+		mdTable(&b, rows)
+	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
@@ -717,4 +728,59 @@ func mdTable(b *strings.Builder, rows [][]string) {
 	for _, r := range rows[1:] {
 		fmt.Fprintf(b, "| %s |\n", strings.Join(r, " | "))
 	}
+}
+
+// unscraped returns the replicas of sc whose telemetry reaches no client.
+func unscraped(sc *fleetsim.Scenario) []int {
+	var out []int
+	for i, r := range sc.Fleet {
+		if r.Unscraped {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// shareRows is the table of a scenario with a replica whose telemetry
+// reaches no client (nil for the others): per policy and offered load
+// (one seed), each replica's share of the calls and TTFT, with which a
+// herd onto the replica shows.
+func shareRows(sc *fleetsim.Scenario, res []fleetsim.Result) [][]string {
+	if len(unscraped(sc)) == 0 {
+		return nil
+	}
+	hdr := []string{"policy", "clients", "rate"}
+	for i := range sc.Fleet {
+		hdr = append(hdr, fmt.Sprintf("r%d", i))
+	}
+	hdr = append(hdr, "max/mean", "TTFT p50", "p90", "p99", "tok/s")
+	rows := [][]string{hdr}
+	for _, c := range clientCounts(res) {
+		for _, p := range sc.Policies {
+			for _, rate := range sc.Rates {
+				for _, r := range res {
+					if r.Policy != p.Name || r.Rate != rate || r.Clients != c || len(r.Share) != len(sc.Fleet) {
+						continue
+					}
+					line := []string{r.Policy, fmt.Sprint(r.Clients), fmt.Sprintf("%g", r.Rate)}
+					for _, x := range r.Share {
+						line = append(line, fmt.Sprintf("%.1f%%", 100*x))
+					}
+					rows = append(rows, append(line, fmt.Sprintf("%.2f", r.MaxMean),
+						secs(r.TTFTP50), secs(r.TTFTP90), secs(r.TTFTP99), fmt.Sprintf("%.0f", r.Throughput)))
+				}
+			}
+		}
+	}
+	return rows
+}
+
+// shareNote says what the load-share table counts.
+func shareNote(sc *fleetsim.Scenario, res []fleetsim.Result) string {
+	var names []string
+	for _, i := range unscraped(sc) {
+		names = append(names, fmt.Sprintf("r%d", i))
+	}
+	return fmt.Sprintf("seed %d; calls each replica accepted in the window, of all; telemetry of %s reaches no client",
+		res[0].Seed, strings.Join(names, ", "))
 }

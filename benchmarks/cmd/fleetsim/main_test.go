@@ -208,3 +208,25 @@ func TestExtraAddsBaselines(t *testing.T) {
 		assert.Contains(t, stderr.String(), tc.want)
 	}
 }
+
+// A scenario with a replica whose telemetry reaches no client prints each
+// replica's share of the calls, by policy and offered load in the
+// scenario's order; the others print no such table.
+func TestTheTableOfLoadShares(t *testing.T) {
+	sc := &fleetsim.Scenario{Rates: []float64{10, 20}, Fleet: make([]fleetsim.ReplicaSpec, 2),
+		Policies: []fleetsim.Policy{{Name: "a"}, {Name: "b"}}}
+	res := []fleetsim.Result{
+		{Policy: "b", Clients: 8, Seed: 1, Rate: 10, Share: []float64{0.5, 0.5}, MaxMean: 1, TTFTP50: 0.1, TTFTP90: 0.2, TTFTP99: 0.3, Throughput: 100},
+		{Policy: "a", Clients: 8, Seed: 1, Rate: 20, Share: []float64{0.25, 0.75}, MaxMean: 1.5, TTFTP50: 0.1, TTFTP90: 0.2, TTFTP99: 3, Throughput: 200},
+		{Policy: "a", Clients: 8, Seed: 1, Rate: 10, Share: []float64{0.4, 0.6}, MaxMean: 1.2, TTFTP50: 0.1, TTFTP90: 0.2, TTFTP99: 0.3, Throughput: 90},
+	}
+	assert.Nil(t, shareRows(sc, res), "every replica scraped")
+	sc.Fleet[1].Unscraped = true
+	assert.Equal(t, [][]string{
+		{"policy", "clients", "rate", "r0", "r1", "max/mean", "TTFT p50", "p90", "p99", "tok/s"},
+		{"a", "8", "10", "40.0%", "60.0%", "1.20", "0.100s", "0.200s", "0.300s", "90"},
+		{"a", "8", "20", "25.0%", "75.0%", "1.50", "0.100s", "0.200s", "3.00s", "200"},
+		{"b", "8", "10", "50.0%", "50.0%", "1.00", "0.100s", "0.200s", "0.300s", "100"},
+	}, shareRows(sc, res))
+	assert.Contains(t, shareNote(sc, res), "telemetry of r1 reaches no client")
+}
