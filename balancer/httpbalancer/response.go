@@ -696,12 +696,7 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		} else if c.chPh == chEmpty && c.usAt != usOff {
 			c.usage(seg)
 		}
-		if len(seg) >= len(c.end) {
-			copy(c.end[:], seg[len(seg)-len(c.end):])
-		} else {
-			n := copy(c.end[:], c.end[len(seg):])
-			copy(c.end[n:], seg)
-		}
+		c.keepEnd(seg)
 		if c.ndjson {
 			c.matchDone(seg)
 		}

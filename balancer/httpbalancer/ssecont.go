@@ -160,12 +160,7 @@ func (c *sseState) follow(b []byte) {
 	} else if c.chPh == chEmpty && c.usAt != usOff {
 		c.usage(b)
 	}
-	if len(b) >= len(c.end) {
-		copy(c.end[:], b[len(b)-len(c.end):])
-	} else {
-		n := copy(c.end[:], c.end[len(b):])
-		copy(c.end[n:], b)
-	}
+	c.keepEnd(b)
 	if c.tk.kind != tkNone {
 		c.tokens(b)
 	}
@@ -203,4 +198,15 @@ func (c *sseState) goesOn(clock balancer.Clock) bool {
 		c.count(clock)
 	}
 	return false
+}
+
+// keepEnd keeps the last bytes of the line, of which b are the next, in
+// end.
+func (c *sseState) keepEnd(b []byte) {
+	if len(b) >= len(c.end) {
+		copy(c.end[:], b[len(b)-len(c.end):])
+	} else {
+		n := copy(c.end[:], c.end[len(b):])
+		copy(c.end[n:], b)
+	}
 }
