@@ -223,6 +223,7 @@ type sseState struct {
 	cont     bool
 	contPh   uint8 // what the current line is, once its start shows (contData, ...)
 	contLead bool  // the line's value has shown only white space so far
+	errAt    uint8 // how much of errKey the open event's JSON has shown (seekErr)
 }
 
 // read follows the body's bytes p, which a Read that began at enteredNs

@@ -66,6 +66,13 @@ func (c *sseState) opens() bool {
 	if !c.inErr && c.lineLen < len(c.line) && errorValue(c.line[:n], c.errEvent || c.failedEv) >= 0 {
 		c.startErrAt(n) // scan starts one once a line fills c.line
 	}
+	c.errAt = 0
+	if !c.inErr && c.lineLen <= len(c.line) && skipWS(c.line[:n], off+1) == n {
+		// The value is "{" alone, as an indented error object's first
+		// line is ({\n  "error": {...}\n}): its first key, on the next
+		// data line, may make it one (seekErr).
+		c.errAt = 1
+	}
 	c.cont, c.contPh, c.lineLen = true, contUndecided, 0
 	return true
 }
@@ -154,6 +161,8 @@ func (c *sseState) contFeed(b []byte) {
 func (c *sseState) follow(b []byte) {
 	if c.inErr {
 		c.errScan.feed(b)
+	} else if c.errAt > 0 {
+		c.seekErr(b)
 	}
 	if c.chPh < chDone && !c.notToken {
 		c.choices(b, len(c.end))
@@ -163,6 +172,40 @@ func (c *sseState) follow(b []byte) {
 	c.keepEnd(b)
 	if c.tk.kind != tkNone {
 		c.tokens(b)
+	}
+}
+
+// errKey is how an error object opens ({"error", see errorJSON); with
+// the event's JSON open at "{", sseState.errAt is how much of it the
+// joined data lines have shown.
+const errKey = `{"error"`
+
+// seekErr follows b, the next bytes of an open event whose JSON so far is
+// "{" and white space, for the error object's first key: matched, the
+// event is read as an error line is (inErr), from its "{" on.
+func (c *sseState) seekErr(b []byte) {
+	for i, x := range b {
+		k := int(c.errAt)
+		switch {
+		case k == 1 && (x == ' ' || x == '\t' || x == '\r' || x == '\n'):
+			continue
+		case x != errKey[k]:
+			c.errAt = 0
+			return
+		}
+		if c.errAt++; int(c.errAt) == len(errKey) {
+			c.errAt = 0
+			if c.errScan == nil {
+				c.errScan = new(errScan)
+			} else {
+				*c.errScan = errScan{}
+			}
+			c.inErr = true
+			c.errScan.resp = c.failedEv
+			c.errScan.feed([]byte(errKey))
+			c.errScan.feed(b[i+1:])
+			return
+		}
 	}
 }
 
@@ -177,7 +220,7 @@ func (c *sseState) goesOn(clock balancer.Clock) bool {
 		c.lineLen = 0
 		return true
 	}
-	c.cont = false
+	c.cont, c.errAt = false, 0
 	chunk := c.chPh
 	switch {
 	case c.inErr:

@@ -133,3 +133,34 @@ func BenchmarkStreamScan(b *testing.B) {
 		})
 	}
 }
+
+// TestIndentedErrorEventIsReadForItsCode: a server that writes its events'
+// JSON indented (one data line per line of JSON, as sse-starlette frames
+// data that holds line breaks) writes its error object so too: "{" alone
+// on the first data line, its "error" key on the next. Such an event is
+// the stream's failure, read for its code, and no token; a chunk whose
+// first key is another stays a token.
+func TestIndentedErrorEventIsReadForItsCode(t *testing.T) {
+	clock := testutil.NewClock()
+	tok := "data: {\ndata:   \"choices\": [{\"delta\": {\"content\": \"a\"}}]\ndata: }\n\n"
+	for _, tc := range []struct {
+		name   string
+		body   string
+		events int64
+		code   int32
+	}{
+		{"error", tok + "data: {\ndata:   \"error\": {\ndata:     \"message\": \"x\",\ndata:     \"code\": 503\ndata:   }\ndata: }\n\n", 1, 503},
+		{"error, CRLF and a comment", tok + "data: { \r\n: keep-alive\r\ndata:\r\ndata:\t\"error\": {\"code\": 500}\r\ndata: }\r\n\r\n", 1, 500},
+		{"another first key", tok + "data: {\ndata:   \"id\": \"error\",\ndata:   \"choices\": [{\"delta\": {\"content\": \"b\"}}]\ndata: }\n\n", 2, 0},
+	} {
+		body := []byte(tc.body)
+		for _, n := range []int{1, 2, 7, len(body)} {
+			s := &sseState{counting: true}
+			for p := body; len(p) > 0; p = p[min(len(p), n):] {
+				s.scan(p[:min(len(p), n)], clock)
+			}
+			assert.Equal(t, tc.events, s.events.Load(), "%s: %d bytes a read: token events", tc.name, n)
+			assert.Equal(t, tc.code, s.errCode.Load(), "%s: %d bytes a read: error code", tc.name, n)
+		}
+	}
+}
