@@ -1182,13 +1182,16 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	nowNs := now.UnixNano()
 	g.members[i].state(b.cfg, now, req.Service, g.weights[i], &si)
 	g.members[j].state(b.cfg, now, req.Service, g.weights[j], &sj)
-	if hasLoadReading(&si) != hasLoadReading(&sj) {
+	if loadFields(&si) != loadFields(&sj) {
 		// One of the two has the server's count of its calls (every
 		// caller's), the other only this caller's: compared so, the
 		// one whose scrape fails (or that exports none) looked as many
 		// times lighter as there are callers, and every caller sent it
 		// the calls: with 2 endpoints, 28 of 30. They are compared on
-		// what both have, this caller's calls.
+		// what both have, this caller's calls. So too when one has
+		// Running and the other only Waiting (a load header's queue,
+		// its scrape's Running stale): its running calls are counted
+		// nowhere but in this caller's.
 		dropLoadReading(&si)
 		dropLoadReading(&sj)
 	}
@@ -1204,10 +1207,10 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	return cj < ci || (cj == ci && b.rand()&1 == 1)
 }
 
-// hasLoadReading reports whether st carries the server's own count of its
-// calls (Running or Waiting, fresh).
-func hasLoadReading(st *scoring.State) bool {
-	return st.Telemetry.Has&(1<<telemetry.Running|1<<telemetry.Waiting) != 0
+// loadFields is which of the server's own counts of its calls (Running,
+// Waiting) st carries fresh.
+func loadFields(st *scoring.State) telemetry.FieldSet {
+	return st.Telemetry.Has & (1<<telemetry.Running | 1<<telemetry.Waiting)
 }
 
 // dropLoadReading takes the server's count of its calls out of st, which

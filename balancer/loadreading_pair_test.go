@@ -75,3 +75,47 @@ func TestAnEndpointWithoutALoadReadingIsComparedOnThisCallersCalls(t *testing.T)
 		})
 	}
 }
+
+// With load reports on (vLLM's header carries the queue and the KV usage,
+// not the running count), an endpoint whose scrape fails still has a fresh
+// Waiting from its last response: that is no count of the calls it runs,
+// and compared with the other's Running (every caller's), it took 28 of
+// 30 calls as one without any reading did. A pair is compared on the
+// load fields both have.
+func TestAnEndpointWithOnlyAQueueReadingIsComparedOnThisCallersCalls(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
+	eps := endpoints(2)
+	scraped, header := eps[0].Key(), eps[1].Key()
+	var held []balancer.Pick
+	t.Cleanup(func() {
+		for _, p := range held {
+			p.Done(inferlb.Outcome{})
+		}
+	})
+	for _, id := range []string{scraped, header} {
+		serial, ok := b.Serial(id)
+		require.True(t, ok)
+		for range 3 {
+			p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, serial)
+			require.NoError(t, err)
+			held = append(held, p)
+		}
+	}
+	s := telemetry.Sample{Time: clock.Now()}
+	s.Set(telemetry.Running, 30)
+	s.Set(telemetry.Waiting, 0)
+	b.Publish(scraped, s)
+	h := telemetry.Sample{Time: clock.Now()}
+	h.Set(telemetry.Waiting, 0) // the load header's queue; its Running is stale
+	b.Publish(header, h)
+	count := map[string]int{}
+	for range 30 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+		require.NoError(t, err)
+		held = append(held, p)
+		count[p.ID()]++
+	}
+	t.Logf("of 30 calls: %v", count)
+	assert.InDelta(t, 15, count[header], 2, "compared on this caller's calls, the two share the calls")
+}

@@ -106,9 +106,11 @@ type State struct {
 	InFlightSinceKV int64
 	// Telemetry holds the endpoint's fresh telemetry fields only: stale or
 	// never-reported fields are absent (neutral). When the balancer
-	// compares two candidates of which only one has the server's count
-	// of its calls (Running or Waiting), it leaves that count out of both
-	// (and InFlightSinceReading is 0): the other's count would be this
+	// compares two candidates that do not have the same fresh counts of
+	// the server's calls (one has Running or Waiting and the other not,
+	// or one Running and Waiting, the other Waiting alone: a load
+	// header's), it leaves those counts out of both (and
+	// InFlightSinceReading is 0): the other's count would be this
 	// caller's calls alone, and the two are compared on what both have.
 	Telemetry telemetry.Sample
 }
