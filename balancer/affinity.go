@@ -366,8 +366,13 @@ func noRelief(t bound) bool {
 // there since the report (readingDelta: the report lags by up to a scrape,
 // and without the correction a single caller would see its own calls that
 // ended since as load), or this caller's own calls there if more; the
-// group's total is the sum of those (cached for fleetViewTTL). Without a
-// complete report, the caller's own calls are the load. In the fleet
+// group's total is the sum of those (cached for fleetViewTTL). When a
+// minority of the members (by weight) has no reading, the total takes each
+// of them at the reporters' mean load (see fleetView), and a member that
+// reports is bounded by its reading as above; one without a reading, and
+// every member when more than that lacks one (or a member without one may
+// not have been scraped yet), is bounded by the caller's own calls against
+// the caller's own total, as before. In the fleet
 // simulator's shared-prefix workload through eight
 // callers this took the cache hit rate from 90.0% to 91.8% and p90 TTFT
 // from 13.4s to 6.7s at 16 req/s, and from 0.39s to 0.10s at 8 req/s, with

@@ -887,18 +887,35 @@ func TestBoundCountsOtherCallersCalls(t *testing.T) {
 	got := spreadKey(t, b, key, 50)
 	assert.Zero(t, got[home], "the owner is busy with other callers' calls: %v", got)
 
-	// One server stops reporting: the view is incomplete, so the bound
-	// counts this caller's calls alone, and the idle-looking owner takes
-	// its key.
-	var other string
+	// One server stops reporting: the other three still report most of
+	// the fleet's load, the silent one is taken at their mean, and the
+	// owner still sheds the key.
+	var others []string
 	for _, e := range endpoints(4) {
 		if e.Key() != home {
-			other = e.Key()
-			break
+			others = append(others, e.Key())
 		}
 	}
 	clock.Advance(balancer.DefaultTelemetryMaxAge + time.Second)
-	report(30, other)
+	report(30, others[0])
+	assert.Zero(t, spreadKey(t, b, key, 50)[home], "three of four readings show the owner busy")
+
+	// Two of the four silent: half the fleet's readings say too little of
+	// the rest, so the bound counts this caller's calls alone, and the
+	// idle-looking owner takes its key.
+	clock.Advance(balancer.DefaultTelemetryMaxAge + time.Second)
+	for _, e := range endpoints(4) {
+		if e.Key() == home || e.Key() == others[2] {
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.Running, 2)
+			s.Set(telemetry.Waiting, 0)
+			if e.Key() == home {
+				s.Set(telemetry.Running, 30)
+				s.Set(telemetry.Waiting, 3)
+			}
+			b.Publish(e.Key(), s)
+		}
+	}
 	assert.Equal(t, map[string]int{home: 50}, spreadKey(t, b, key, 50))
 
 	// Every server reports again, the owner's other calls gone.
@@ -908,6 +925,62 @@ func TestBoundCountsOtherCallersCalls(t *testing.T) {
 	report(30, "")
 	clock.Advance(time.Second)
 	assert.Zero(t, spreadKey(t, b, key, 50)[home], "a new report shows within a second")
+}
+
+// One member whose telemetry never arrives (its /metrics scrape fails)
+// must not throw away the others' readings: taken at the reporters' mean,
+// it leaves an owner that reports no more than its fair share its key,
+// although this caller's own calls all happen to be on the owner. Counted
+// by this caller's calls alone, as the bound did for the whole group while
+// any member lacked a reading, the owner was far past its bound, and each
+// of several independent callers spilled its keys at its own moments (in
+// the fleet simulator's partial-telemetry scenario, p99 TTFT 0.321s against
+// 0.154s with every replica scraped). A member listed less than a
+// telemetry max-age ago may just not have been scraped yet: until then the
+// bound counts this caller's calls, as before.
+func TestBoundEstimatesAMemberWithoutAReading(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(24)})
+	const key, calls = 82, 12
+	home := owner(t, b, key)
+	serial, ok := b.Serial(home)
+	require.True(t, ok)
+	var held []balancer.Pick
+	for range calls {
+		p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, serial)
+		require.NoError(t, err)
+		held = append(held, p)
+	}
+	defer func() {
+		for i := range held {
+			held[i].Done(inferlb.Outcome{})
+		}
+	}()
+	var silent string
+	for _, e := range endpoints(4) {
+		if e.Key() != home {
+			silent = e.Key()
+			break
+		}
+	}
+	report := func() {
+		for _, e := range endpoints(4) {
+			if e.Key() == silent {
+				continue
+			}
+			s := telemetry.Sample{Time: clock.Now()}
+			s.Set(telemetry.Running, calls) // the owner's are this caller's; the others', other callers'
+			s.Set(telemetry.Waiting, 0)
+			b.Publish(e.Key(), s)
+		}
+	}
+	report()
+	got := spreadKey(t, b, key, 10)
+	assert.Zero(t, got[home], "the silent member may not have been scraped yet: this caller's calls count: %v", got)
+
+	clock.Advance(balancer.DefaultTelemetryMaxAge)
+	report()
+	assert.Equal(t, map[string]int{home: 10}, spreadKey(t, b, key, 10), "the owner reports the reporters' mean load")
 }
 
 // Servers report what they saw at the last scrape; this caller's calls

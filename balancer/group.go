@@ -322,8 +322,17 @@ func probesOverdue(e *endpoint, nowNs int64) bool {
 //   - total: each one's reported requests (Running plus Waiting in fresh
 //     telemetry, brought up to now with the caller's calls there since the
 //     report, see readingDelta) or the caller's own calls on it, whichever
-//     is more. NaN when one of those members has no fresh Running and
-//     Waiting: the bound then counts the caller's own calls.
+//     is more. A member with no fresh Running and Waiting (its scrape
+//     fails, its exporter has none) is taken at the reporters' mean per
+//     unit of weight, or at the caller's own calls on it if more, while
+//     the members that report carry more than half the weight: one
+//     silent replica of 8 made the bound count each caller's own calls
+//     for the whole group, and independent callers spilled keys at their
+//     own moments (fleet simulator, partial-telemetry: p99 TTFT 0.321s,
+//     0.141s with the estimate, 0.154s with every replica scraped; seed 1,
+//     40 req/s). NaN with fewer reporters, or while a member without a
+//     reading may not have been scraped yet (firstReadingDue): the bound
+//     then counts the caller's own calls.
 //   - weight: each one's capacity weight times its slow-start factor
 //     (relative to the lead's when every member ramps, standing.lead),
 //     the weight it takes calls at (see admitRamp).
@@ -415,6 +424,8 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 	lead := st.lead(c, nowNs) // the factors are relative to it, as admitted
 	var s telemetry.Sample
 	v := fleetSum{ok: true}
+	var unWeight, unOwn float64             // the weight of the members without a reading, and this caller's calls on them
+	pending := false                        // one of them may not have been scraped yet
 	sleepy := c.store.AsleepObserved() != 0 // a sleeping server was seen (sleep.go)
 	for i, e := range g.members {
 		if e.readyMask.Load()&g.bit == 0 || onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e, nowNs)) {
@@ -426,19 +437,40 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 			v.asleep += g.weights[i]
 			continue
 		}
-		v.weight += g.weights[i] * min(e.rampFactor(c, nowNs)/lead, 1)
-		if !v.ok {
-			continue // the report is incomplete: only aside and weight are still to sum
-		}
+		w := g.weights[i] * min(e.rampFactor(c, nowNs)/lead, 1)
+		v.weight += w
 		slot := e.slot.Load()
 		slot.LoadInto(&s, now, c.telemetryMaxAge)
+		own := e.inFlight.Load()
 		l, ok := reportedLoad(&s)
 		if !ok {
-			v.ok, v.total = false, math.NaN()
+			unWeight += w
+			unOwn += float64(max(own, 0))
+			pending = pending || firstReadingDue(c, e, nowNs)
 			continue
 		}
-		own := e.inFlight.Load()
 		v.total += max(l+float64(e.readingDelta(slot, s.Has, own, nowNs)), float64(own))
 	}
+	if unWeight > 0 {
+		// Some members have no reading (see fleetView).
+		if rep := v.weight - unWeight; rep > unWeight && !pending {
+			v.total += max(v.total/rep*unWeight, unOwn)
+		} else {
+			v.ok, v.total = false, math.NaN()
+		}
+	}
 	return v
+}
+
+// firstReadingDue reports whether e, which has no fresh reading, may just
+// not have been scraped yet: it was listed less than a telemetry max-age
+// ago (DefaultTelemetryMaxAge when readings never go stale), as every
+// member is when the balancer starts and scrapes are phased over the
+// interval. One listed longer ago lacks its reading.
+func firstReadingDue(c *config, e *endpoint, nowNs int64) bool {
+	wait := c.telemetryMaxAge
+	if wait <= 0 {
+		wait = DefaultTelemetryMaxAge
+	}
+	return nowNs >= e.joined && nowNs-e.joined < int64(wait)
 }

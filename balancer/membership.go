@@ -190,6 +190,7 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 			e = newEndpoint(id, b.cfg.store.Hold(id))
 			b.nextSerial++
 			e.serial = b.nextSerial
+			e.joined = nowNs
 			e.breaker = b.newBreaker(e)
 			if ramp {
 				e.rampFrom.Store(nowNs)

@@ -188,12 +188,16 @@ type Options struct {
 	// flight on endpoints out of rotation (cooling down, ejected, not
 	// ready), or on endpoints whose fresh telemetry says they sleep
 	// (telemetry.Asleep), are not theirs to share. The calls counted are this caller's own, or, when
-	// every endpoint of the group that can take calls reports Running and
+	// the endpoints of the group that can take calls report Running and
 	// Waiting in fresh telemetry, what each server reports (all callers'
 	// calls), brought up to now with this caller's calls there since the
 	// report, or this caller's own calls there, whichever is more:
 	// independent callers then bound an owner by the same load and spill
-	// its keys at the same moments. A tenant's shard (TenantShardSize)
+	// its keys at the same moments. Endpoints without such a reading (a
+	// failing scrape), if they have less than half the weight and were
+	// listed at least TelemetryMaxAge ago, count at the reporters' mean
+	// load in the group's total, and are themselves bounded by this
+	// caller's own calls. A tenant's shard (TenantShardSize)
 	// counts this caller's own calls only. An endpoint whose fresh telemetry shows an empty queue
 	// and KV cache below 90% is not saturated and keeps its keys up to 1.2c:
 	// continuous batching absorbs the extra call, a spill costs a cold
