@@ -1097,7 +1097,7 @@ type tokenScan struct {
 	ph    uint8 // tkKey, tkColon, tkNum: after the key, after its colon, in its number
 	inStr bool
 	esc   bool
-	found bool   // val is the member's value (NDJSON: on a line not yet seen to be the last)
+	found bool   // val is the member's value (NDJSON: stored only when the line ends; see tokens)
 	val   uint32 // the number's value so far
 }
 
@@ -1126,7 +1126,10 @@ const (
 // keys match as written (no server escapes them), and the value counts
 // only as a plain JSON integer below 2^31 followed by a delimiter, as a
 // usage chunk's does. A line's bytes before its JSON ("data: ") hold no
-// quote or bracket, and pass.
+// quote or bracket, and pass. An Ollama line's eval_count is stored when
+// the line ends (endLine), if its "done" was true, wherever in the line
+// the two members stand: a stream cut inside its last line has no last
+// object, whatever its reads' sizes, as an unended line is no event.
 func (c *sseState) tokens(seg []byte) {
 	t := &c.tk
 	kind := t.kind
@@ -1202,9 +1205,9 @@ func (c *sseState) tokens(seg []byte) {
 			t.ph = 0
 			if b == ',' || b == '}' || b == ' ' || b == '\t' || b == '\r' || b == '\n' {
 				t.found = true
-				if !c.ndjson || c.done {
+				if !c.ndjson {
 					c.outTokens.Store(int32(t.val))
-				} // else endLine stores it if the line is the last object
+				} // else endLine stores it if the line, whole, is the last object
 			}
 		}
 		switch b {

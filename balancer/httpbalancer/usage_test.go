@@ -281,6 +281,15 @@ func TestOllamaStreamEvalCountGivesOutputTokens(t *testing.T) {
 		{"tool call arguments", toolCall, toolCall + chat(" sky") + chat(" is"), toolCall + chat(" sky") + chat(" is") + chatDone(""), 3},
 		{"in text", chat(`\"eval_count\":99`), chat(`\"eval_count\":99`) + chat(" sky") + chat(" is"), chat(`\"eval_count\":99`) + chat(" sky") + chat(" is") + chatDone(""), 3},
 		{"a fraction", first, stream, stream + chatDone(`,"eval_count":2.5e2`), 3},
+		// A stream cut inside its last line (no LF: the connection ended,
+		// or the caller closed the body) has no last object, at every
+		// read size, whichever of "done" and eval_count comes first: the
+		// line is no event either. Before, the count was read when "done"
+		// had shown before eval_count's number ended, which for a count
+		// before done depended on where the reads split the line.
+		{"cut in the last line", first, stream, stream + strings.TrimSuffix(chatDone(metrics), "\n"), 3},
+		{"cut in the last line, count before done", first, stream, stream + `{"eval_count":12,"done":true}`, 3},
+		{"cut in the last line, count before done, at its value", first, stream, stream + `{"eval_count":1 "done":t`, 3},
 	}
 	requireCounts(t, "/api/chat", "application/x-ndjson", cases)
 }
