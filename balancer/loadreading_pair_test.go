@@ -19,14 +19,32 @@ import (
 // there are callers, and every caller sent it most of its calls: here 28
 // of 30, with each endpoint carrying the same 3 calls of this caller and
 // the reporting one 27 of other callers'.
-func TestAnEndpointWithoutALoadReadingIsComparedOnThisCallersCalls(t *testing.T) {
+//
+// So too with load reports on (vLLM's header carries the queue and the KV
+// usage, not the running count), for an endpoint whose scrape fails but
+// which has a fresh Waiting from its last response: that is no count of
+// the calls it runs, and compared with the other's Running it took 28 of
+// 30 calls as one without any reading did. A pair is compared on the load
+// fields both have.
+func TestAPairIsComparedOnTheLoadReadingsBothHave(t *testing.T) {
+	reading := func(fields ...float64) *telemetry.Sample {
+		s := telemetry.Sample{}
+		for i := 0; i < len(fields); i += 2 {
+			s.Set(telemetry.Field(fields[i]), fields[i+1])
+		}
+		return &s
+	}
 	for _, tc := range []struct {
-		name string
-		// the other endpoint's reading: none, or a load reading
-		other bool
+		name     string
+		reported *telemetry.Sample // the busy endpoint's reading: 30 running, 27 of them other callers'
+		other    *telemetry.Sample // the other's; nil: none
+		// share: the other should share the calls with the busy one
+		// (about 15 of 30); else it takes about all of them.
+		share bool
 	}{
-		{"one without a reading", false},
-		{"both with readings", true},
+		{"one without a reading", reading(float64(telemetry.Running), 30), nil, true},
+		{"one with only a queue", reading(float64(telemetry.Running), 30, float64(telemetry.Waiting), 0), reading(float64(telemetry.Waiting), 0), true},
+		{"both with readings", reading(float64(telemetry.Running), 30), reading(float64(telemetry.Running), 3), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.NewClock()
@@ -48,13 +66,11 @@ func TestAnEndpointWithoutALoadReadingIsComparedOnThisCallersCalls(t *testing.T)
 					held = append(held, p)
 				}
 			}
-			s := telemetry.Sample{Time: clock.Now()}
-			s.Set(telemetry.Running, 30)
-			b.Publish(reported, s)
-			if tc.other {
-				s := telemetry.Sample{Time: clock.Now()}
-				s.Set(telemetry.Running, 3)
-				b.Publish(other, s)
+			tc.reported.Time = clock.Now()
+			b.Publish(reported, *tc.reported)
+			if tc.other != nil {
+				tc.other.Time = clock.Now()
+				b.Publish(other, *tc.other)
 			}
 			count := map[string]int{}
 			for range 30 {
@@ -64,7 +80,7 @@ func TestAnEndpointWithoutALoadReadingIsComparedOnThisCallersCalls(t *testing.T)
 				count[p.ID()]++
 			}
 			t.Logf("of 30 calls: %v", count)
-			if tc.other {
+			if !tc.share {
 				// Both readings count: the one with 30 running takes
 				// about none until the other, 3 running and the calls
 				// sent since, has as many.
@@ -74,48 +90,4 @@ func TestAnEndpointWithoutALoadReadingIsComparedOnThisCallersCalls(t *testing.T)
 			assert.InDelta(t, 15, count[other], 2, "compared on this caller's calls, the two share the calls")
 		})
 	}
-}
-
-// With load reports on (vLLM's header carries the queue and the KV usage,
-// not the running count), an endpoint whose scrape fails still has a fresh
-// Waiting from its last response: that is no count of the calls it runs,
-// and compared with the other's Running (every caller's), it took 28 of
-// 30 calls as one without any reading did. A pair is compared on the
-// load fields both have.
-func TestAnEndpointWithOnlyAQueueReadingIsComparedOnThisCallersCalls(t *testing.T) {
-	clock := testutil.NewClock()
-	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
-	eps := endpoints(2)
-	scraped, header := eps[0].Key(), eps[1].Key()
-	var held []balancer.Pick
-	t.Cleanup(func() {
-		for _, p := range held {
-			p.Done(inferlb.Outcome{})
-		}
-	})
-	for _, id := range []string{scraped, header} {
-		serial, ok := b.Serial(id)
-		require.True(t, ok)
-		for range 3 {
-			p, err := b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, serial)
-			require.NoError(t, err)
-			held = append(held, p)
-		}
-	}
-	s := telemetry.Sample{Time: clock.Now()}
-	s.Set(telemetry.Running, 30)
-	s.Set(telemetry.Waiting, 0)
-	b.Publish(scraped, s)
-	h := telemetry.Sample{Time: clock.Now()}
-	h.Set(telemetry.Waiting, 0) // the load header's queue; its Running is stale
-	b.Publish(header, h)
-	count := map[string]int{}
-	for range 30 {
-		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
-		require.NoError(t, err)
-		held = append(held, p)
-		count[p.ID()]++
-	}
-	t.Logf("of 30 calls: %v", count)
-	assert.InDelta(t, 15, count[header], 2, "compared on this caller's calls, the two share the calls")
 }
