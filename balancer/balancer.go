@@ -1207,11 +1207,12 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	return cj < ci || (cj == ci && b.rand()&1 == 1)
 }
 
+// loadCounts is the server's own counts of its calls.
+const loadCounts = telemetry.FieldSet(1<<telemetry.Running | 1<<telemetry.Waiting)
+
 // loadFields is which of the server's own counts of its calls (Running,
 // Waiting) st carries fresh.
-func loadFields(st *scoring.State) telemetry.FieldSet {
-	return st.Telemetry.Has & (1<<telemetry.Running | 1<<telemetry.Waiting)
-}
+func loadFields(st *scoring.State) telemetry.FieldSet { return st.Telemetry.Has & loadCounts }
 
 // dropLoadReading takes the server's count of its calls out of st, which
 // then prices this caller's calls only, as for an endpoint without one.
@@ -1219,7 +1220,7 @@ func loadFields(st *scoring.State) telemetry.FieldSet {
 // are 1 below their knees, and near full they say so whoever's calls
 // fill it.
 func dropLoadReading(st *scoring.State) {
-	st.Telemetry.Has &^= 1<<telemetry.Running | 1<<telemetry.Waiting
+	st.Telemetry.Has &^= loadCounts
 	st.InFlightSinceReading = 0
 }
 
