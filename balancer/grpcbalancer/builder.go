@@ -229,9 +229,22 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	mem := lb.mem
 	lb.cfg = cfg
 
-	eps := make([]inferlb.Endpoint, 0, len(ccs.ResolverState.Endpoints))
-	addrToID := make(map[string]string, len(ccs.ResolverState.Endpoints))
-	for _, ep := range ccs.ResolverState.Endpoints {
+	// An endpoint whose addresses another one before it already lists
+	// (the same set, in any order) is left out, here and for the child:
+	// endpointsharding keeps one child per address set, and which of the
+	// two it kept would be its random choice, again at every update. With
+	// two WithEndpoint IDs for one address, the READY endpoint then
+	// changed from one ID to the other on unchanged updates (slow start
+	// again, load counts left behind) and out-of-band reports went to the
+	// ID not in use. The first listed counts, as the core keeps the first
+	// of a repeated ID.
+	resolverEps := ccs.ResolverState.Endpoints
+	if len(resolverEps) > 1 {
+		resolverEps = firstOfEachAddressSet(resolverEps)
+	}
+	eps := make([]inferlb.Endpoint, 0, len(resolverEps))
+	addrToID := make(map[string]string, len(resolverEps))
+	for _, ep := range resolverEps {
 		e := endpointOf(ep, cfg.idByHost)
 		if e.ID == "" {
 			continue
@@ -281,11 +294,37 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	for _, s := range subs {
 		s.refresh()
 	}
+	rs := ccs.ResolverState
+	rs.Endpoints = resolverEps
 	// The child publishes its aggregated state synchronously at the end of
 	// this call, which builds our picker with the new config.
 	return lb.child.UpdateClientConnState(balancer.ClientConnState{
-		ResolverState: pickfirst.EnableHealthListener(ccs.ResolverState),
+		ResolverState: pickfirst.EnableHealthListener(rs),
 	})
+}
+
+// firstOfEachAddressSet returns eps without each endpoint whose set of
+// addresses an earlier one has (endpointsharding's key for its children).
+// It returns eps itself when nothing repeats.
+func firstOfEachAddressSet(eps []resolver.Endpoint) []resolver.Endpoint {
+	seen := resolver.NewEndpointMap[struct{}]()
+	var kept []resolver.Endpoint
+	for i, ep := range eps {
+		if _, dup := seen.Get(ep); dup {
+			if kept == nil {
+				kept = append(make([]resolver.Endpoint, 0, len(eps)-1), eps[:i]...)
+			}
+			continue
+		}
+		seen.Set(ep, struct{}{})
+		if kept != nil {
+			kept = append(kept, ep)
+		}
+	}
+	if kept == nil {
+		return eps
+	}
+	return kept
 }
 
 // errNoAddresses is the resolver error an update without endpoints is

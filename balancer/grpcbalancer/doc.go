@@ -42,6 +42,9 @@
 // given with WithEndpoint); its state survives picker rebuilds because the policy calls
 // its membership's Update only when the endpoint set changes and SetReady
 // when a child's connectivity changes, before it publishes the next picker.
+// An endpoint listing the same addresses as one before it in the update
+// (in any order) is left out: the first listed counts, its ID and labels
+// too, as endpointsharding keeps one child per set of addresses.
 // A child that lost its connection and reconnected without passing through
 // TRANSIENT_FAILURE (the server closed it gracefully, as its
 // MaxConnectionAge does) is the same warm server: it comes back without
