@@ -3,7 +3,6 @@ package httpbalancer
 import (
 	"bytes"
 	"encoding/binary"
-	"fmt"
 	"math"
 	"math/bits"
 	"slices"
@@ -1706,9 +1705,20 @@ func (s *scanner) imageURL(out *body) bool {
 	return ok
 }
 
+// addImage adds the marker "<image %016x>" of url's hash, written into
+// parts (nextPart): a marker of its own per image cost an allocation each,
+// and a body of empty images (3 bytes each) 8 bytes of text per byte.
 func (out *body) addImage(url []byte) {
-	marker := fmt.Appendf(nil, "<image %016x>", xxhash.Sum64(url))
-	out.addPart(marker, false)
+	h := xxhash.Sum64(url)
+	if !out.nextPart() {
+		return
+	}
+	const digits = "0123456789abcdef"
+	out.parts = append(out.parts, "<image "...)
+	for s := 60; s >= 0; s -= 4 {
+		out.parts = append(out.parts, digits[h>>s&0xf])
+	}
+	out.parts = append(out.parts, '>')
 }
 
 // textKeys tracks the keys of one object, a message or a content part,
@@ -1756,21 +1766,38 @@ func textKeyBit(key []byte) uint8 {
 
 // addPart collects one piece of a message's text.
 func (out *body) addPart(raw []byte, esc bool) {
-	out.nparts++
-	if out.nparts == 1 && !esc {
+	if out.nparts == 0 && !esc {
+		out.nparts = 1
 		out.single = raw
 		return
 	}
+	if out.nextPart() {
+		out.parts = appendText(out.parts, raw, esc)
+	}
+}
+
+// nextPart counts one more piece of a message's text and readies parts
+// for it; false means parts holds cache.MaxKeyChars already and the piece
+// is left out. A key reads at most that much of a message (Keyer.Chat),
+// and the message's length counts only to that much (keyDone), so the
+// key is the one the whole text gives; the text of a hostile body's
+// parts (hundreds of thousands of images or one-byte texts) no longer
+// grows with them.
+func (out *body) nextPart() bool {
+	out.nparts++
 	if out.nparts == 2 && out.single != nil {
 		out.parts = append(out.parts, out.single...)
 		out.single = nil
+	}
+	if len(out.parts) >= cache.MaxKeyChars {
+		return false
 	}
 	if out.nparts > 1 {
 		// Parts are joined with "\n", as servers render them, also
 		// after an empty one.
 		out.parts = append(out.parts, '\n')
 	}
-	out.parts = appendText(out.parts, raw, esc)
+	return true
 }
 
 // internRole returns the usual chat roles without allocating.
