@@ -371,7 +371,7 @@ func noRelief(t bound) bool {
 // of them at the reporters' mean load (see fleetView), and a member that
 // reports is bounded by its reading as above; one without a reading, and
 // every member when more than that lacks one (or a member without one may
-// not have been scraped yet), is bounded by the caller's own calls against
+// not have been scraped yet at start-up), is bounded by the caller's own calls against
 // the caller's own total, as before. In the fleet
 // simulator's shared-prefix workload through eight
 // callers this took the cache hit rate from 90.0% to 91.8% and p90 TTFT

@@ -39,7 +39,7 @@ type endpoint struct {
 	histSec        atomic.Uint32                    // unix second + 1 of the last entry in hist (see recordInFlight)
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
 	slot           atomic.Pointer[telemetry.Slot]   // held in the Store; nil while the Store is full (see reconcile)
-	joined         int64                            // unix ns the endpoint was first listed; set before it is published (see firstReadingDue)
+	joined         int64                            // unix ns the endpoint was first listed among a membership's first endpoints, 0 if it joined a serving pool; set before it is published (see firstReadingDue)
 	lora           loraFlight                       // this process's calls per LoRA adapter in flight here (lora.go)
 	windows        atomic.Pointer[[]window]         // context windows it refused calls for (window.go)
 	groupLoads     atomic.Pointer[loadSet]          // in-flight counters of the groups it belongs to

@@ -331,8 +331,8 @@ func probesOverdue(e *endpoint, nowNs int64) bool {
 //     own moments (fleet simulator, partial-telemetry: p99 TTFT 0.321s,
 //     0.141s with the estimate, 0.154s with every replica scraped; seed 1,
 //     40 req/s). NaN with fewer reporters, or while a member without a
-//     reading may not have been scraped yet (firstReadingDue): the bound
-//     then counts the caller's own calls.
+//     reading may not have been scraped yet at start-up (firstReadingDue):
+//     the bound then counts the caller's own calls.
 //   - weight: each one's capacity weight times its slow-start factor
 //     (relative to the lead's when every member ramps, standing.lead),
 //     the weight it takes calls at (see admitRamp).
@@ -463,11 +463,20 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 }
 
 // firstReadingDue reports whether e, which has no fresh reading, may just
-// not have been scraped yet: it was listed less than a telemetry max-age
-// ago (DefaultTelemetryMaxAge when readings never go stale), as every
-// member is when the balancer starts and scrapes are phased over the
-// interval. One listed longer ago lacks its reading.
+// not have been scraped yet while the other members' scrapes are phased in
+// too: it was among a membership's first endpoints (as every member is when
+// the balancer starts and scrapes are phased over the interval) and was
+// listed less than a telemetry max-age ago (DefaultTelemetryMaxAge when
+// readings never go stale). One listed longer ago lacks its reading. One
+// added to a serving pool (a scale-out, a replacement) is estimated at once
+// like a member without a reading: waiting for its first scrape put the
+// whole group back on each caller's own calls for a max-age after every
+// scale-out, and an owner whose server reported the fleet's mean load shed
+// its keys whenever this caller's calls happened to be on it.
 func firstReadingDue(c *config, e *endpoint, nowNs int64) bool {
+	if e.joined == 0 {
+		return false // joined a serving pool
+	}
 	wait := c.telemetryMaxAge
 	if wait <= 0 {
 		wait = DefaultTelemetryMaxAge

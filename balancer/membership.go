@@ -190,10 +190,11 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 			e = newEndpoint(id, b.cfg.store.Hold(id))
 			b.nextSerial++
 			e.serial = b.nextSerial
-			e.joined = nowNs
 			e.breaker = b.newBreaker(e)
 			if ramp {
 				e.rampFrom.Store(nowNs)
+			} else {
+				e.joined = nowNs // its first scrape may be phased in (see firstReadingDue)
 			}
 			b.eps[id] = e // reconcile keeps it: it is a member below
 		}

@@ -195,7 +195,8 @@ type Options struct {
 	// independent callers then bound an owner by the same load and spill
 	// its keys at the same moments. Endpoints without such a reading (a
 	// failing scrape), if they have less than half the weight and were
-	// listed at least TelemetryMaxAge ago, count at the reporters' mean
+	// listed at least TelemetryMaxAge ago or added to a serving pool
+	// (whose first scrape is not waited for), count at the reporters' mean
 	// load in the group's total, and are themselves bounded by this
 	// caller's own calls. A tenant's shard (TenantShardSize)
 	// counts this caller's own calls only. An endpoint whose fresh telemetry shows an empty queue
