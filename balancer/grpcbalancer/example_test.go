@@ -34,6 +34,8 @@ func Example() {
 	defer conn.Close()
 	// ... make calls; put the session ID in the "x-session-id" metadata, or
 	// a whole inferlb.Request in the context with inferlb.NewContext.
+
+	// Output:
 }
 
 // UnaryEstimate and StreamEstimate give the policy each call's tokens from
@@ -62,6 +64,7 @@ func ExampleUnaryEstimate() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
+	// Output:
 }
 
 // One Balancer can route a process's gRPC and HTTP traffic together, so
@@ -77,6 +80,7 @@ func ExampleNewBuilder() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
+	// Output:
 }
 
 // A resolver can tell the policy more than an address: an ID shared with
@@ -129,6 +133,7 @@ func ExampleStreamTiming() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
+	// Output:
 }
 
 // streamResponse stands for Triton's ModelStreamInferResponse (from the
@@ -156,4 +161,5 @@ func ExampleStreamTimingWith() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
+	// Output:
 }
