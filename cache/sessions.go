@@ -51,16 +51,19 @@ var _ Clock = wallClock{}
 // SessionOptions configure a Sessions table. The zero value gives the
 // defaults.
 type SessionOptions struct {
-	// MaxEntries bounds the number of sessions.
+	// MaxEntries bounds the number of sessions; 0 leaves the bound to
+	// MaxBytes, or to the default (see MaxBytes). The entries it allows
+	// must not pass MaxSessions, and a negative value is refused.
 	MaxEntries int
-	// MaxBytes bounds the table's memory. The table holds
+	// MaxBytes bounds the table's memory, in bytes (negative is refused;
+	// what it allows must not pass MaxSessions entries). The table holds
 	// min(MaxEntries, MaxBytes/SessionEntryBytes) entries, rounded down to
 	// a power of two (at least 8), allocated up front. A limit left at 0
 	// does not bind when the other is set; with both 0 the table holds
 	// DefaultMaxSessions entries (DefaultMaxSessionBytes).
 	MaxBytes int
 	// TTL is how long a session stays after its last Get or Put; 0 means
-	// DefaultSessionTTL.
+	// DefaultSessionTTL, and a negative TTL is refused.
 	TTL time.Duration
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock

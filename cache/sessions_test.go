@@ -150,9 +150,13 @@ func TestSessionsBounded(t *testing.T) {
 }
 
 func TestSessionOptionsValidate(t *testing.T) {
-	for _, opts := range []cache.SessionOptions{{MaxEntries: -1}, {MaxBytes: -1}, {TTL: -time.Second}} {
-		_, err := cache.NewSessions(opts)
-		assert.ErrorIs(t, err, cache.ErrSessionOptions, "%+v", opts)
+	for _, tc := range []struct {
+		opts  cache.SessionOptions
+		field string
+	}{{cache.SessionOptions{MaxEntries: -1}, "MaxEntries"}, {cache.SessionOptions{MaxBytes: -1}, "MaxBytes"}, {cache.SessionOptions{TTL: -time.Second}, "TTL"}} {
+		_, err := cache.NewSessions(tc.opts)
+		assert.ErrorIs(t, err, cache.ErrSessionOptions, "%+v", tc.opts)
+		assert.ErrorContains(t, err, tc.field+" ", "%+v", tc.opts)
 	}
 	// Limits past MaxSessions fail naming the limit that allows them,
 	// instead of panicking in make (math.MaxInt) or taking the process's
