@@ -71,7 +71,7 @@ type Options struct {
 	// routing to the same fleet sees the same live load). nil means the
 	// Transport builds its own from BalancerOptions, which must then be the
 	// only one set, and closes it in Close; a Balancer given here is the
-	// caller's to close.
+	// caller's to close, and NewTransport refuses one already closed.
 	//
 	// With Endpoints (not nil: an empty list that Update fills later
 	// counts) or Discovery, the Transport takes a membership of its
@@ -360,6 +360,11 @@ func typedNil(v any) bool {
 func (o *Options) resolve() (*config, error) {
 	if o.Balancer != nil && !reflect.ValueOf(o.BalancerOptions).IsZero() {
 		return nil, fmt.Errorf("inferlb: httpbalancer.Options.BalancerOptions: must be zero when Balancer is set (the shared Balancer has its own)")
+	}
+	// Without Endpoints or Discovery nothing else would ask the Balancer
+	// anything before the first call, and every call would fail.
+	if o.Balancer != nil && o.Balancer.Closed() {
+		return nil, fmt.Errorf("inferlb: httpbalancer.Options.Balancer: must not be closed: %w", balancer.ErrClosed)
 	}
 	if o.Balancer == nil {
 		if err := o.BalancerOptions.Validate(); err != nil {
