@@ -28,6 +28,15 @@ const (
 	DefaultMaxBackoff = time.Minute
 )
 
+// The least Interval and Timeout a PollerOptions may set. Below them the
+// value is a slip of units (Interval: 15, meaning seconds, is 15ns) rather
+// than a choice: a round scrapes servers over HTTP, which takes
+// milliseconds, so every round would time out and no reading arrive.
+const (
+	minPollInterval = 100 * time.Millisecond
+	minPollTimeout  = time.Millisecond
+)
+
 // Clock tells a Poller the time used to stamp samples. Tests inject one; nil
 // means the wall clock.
 type Clock interface {
@@ -40,14 +49,15 @@ type Clock interface {
 // Interval/4 after the last.
 type PollerOptions struct {
 	// Interval is the delay between rounds that succeed. Default
-	// DefaultPollInterval.
+	// DefaultPollInterval; set, at least 100ms.
 	Interval time.Duration
 	// Jitter spreads each delay uniformly over ±Jitter of it, in [0, 1),
 	// and delays each early round (MinInterval) by up to Jitter x
 	// MinInterval. Default DefaultPollJitter; negative means none.
 	Jitter float64
-	// Timeout bounds one Collect. Default: Interval/3 (5 s at the default
-	// Interval; Prometheus' scrape timeout is a sixth of its interval). A
+	// Timeout bounds one Collect; set, at least 1ms. Default: Interval/3
+	// (5 s at the default Interval; Prometheus' scrape timeout is a sixth
+	// of its interval). A
 	// round publishes when its last target answers or Timeout cuts it,
 	// and its readings are as old as its start, so one hung target (a
 	// node gone down) ages every endpoint's readings by Timeout: the
@@ -147,8 +157,12 @@ func NewPoller(src Source, sink Sink, opts PollerOptions) (*Poller, error) {
 		return nil, errors.New("telemetry: NewPoller: Sink is nil")
 	case opts.Interval < 0:
 		return nil, fmt.Errorf("telemetry: PollerOptions.Interval is %v, want >= 0", opts.Interval)
+	case opts.Interval > 0 && opts.Interval < minPollInterval:
+		return nil, fmt.Errorf("telemetry: PollerOptions.Interval is %v, want 0 (the default) or at least %v (a bare number is nanoseconds)", opts.Interval, minPollInterval)
 	case opts.Timeout < 0:
 		return nil, fmt.Errorf("telemetry: PollerOptions.Timeout is %v, want >= 0", opts.Timeout)
+	case opts.Timeout > 0 && opts.Timeout < minPollTimeout:
+		return nil, fmt.Errorf("telemetry: PollerOptions.Timeout is %v, want 0 (the default) or at least %v (a bare number is nanoseconds)", opts.Timeout, minPollTimeout)
 	case opts.MaxBackoff < 0:
 		return nil, fmt.Errorf("telemetry: PollerOptions.MaxBackoff is %v, want >= 0", opts.MaxBackoff)
 	case opts.Jitter >= 1 || math.IsNaN(opts.Jitter):

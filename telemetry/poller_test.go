@@ -306,6 +306,13 @@ func TestNewPollerValidates(t *testing.T) {
 		{"negative backoff", src, &recorder{}, telemetry.PollerOptions{MaxBackoff: -1}, "MaxBackoff"},
 		{"jitter of 1", src, &recorder{}, telemetry.PollerOptions{Jitter: 1}, "Jitter is 1, want < 1"},
 		{"NaN jitter", src, &recorder{}, telemetry.PollerOptions{Jitter: math.NaN()}, "Jitter is NaN"},
+		// A bare number is nanoseconds: Interval: 15 meant seconds, and
+		// every round timed out after its 5ns Timeout, so no reading ever
+		// arrived (only OnError said so).
+		{"interval of 15ns", src, &recorder{}, telemetry.PollerOptions{Interval: 15}, "PollerOptions.Interval is 15ns, want 0 (the default) or at least 100ms"},
+		{"timeout of 5ns", src, &recorder{}, telemetry.PollerOptions{Timeout: 5}, "PollerOptions.Timeout is 5ns, want 0 (the default) or at least 1ms"},
+		{"interval at the floor", src, &recorder{}, telemetry.PollerOptions{Interval: 100 * time.Millisecond}, ""},
+		{"timeout at the floor", src, &recorder{}, telemetry.PollerOptions{Timeout: time.Millisecond}, ""},
 		{"zero value", src, &recorder{}, telemetry.PollerOptions{}, ""},
 	}
 	for _, tt := range tests {
