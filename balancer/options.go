@@ -57,7 +57,8 @@ const (
 
 // Options configure a Balancer. The zero value is ready to use: wall clock,
 // the runtime's random source, the default scorer per service and the
-// documented defaults.
+// documented defaults. A duration set positive must be at least a
+// millisecond (minDuration): a bare number in a Duration is nanoseconds.
 type Options struct {
 	// Clock is the time source; nil means the wall clock. It may step back,
 	// as the wall clock does: no exclusion, slow-start ramp, probe
@@ -541,6 +542,9 @@ func floatOr(v, d float64) float64 {
 	return v
 }
 
+// minDuration is the least positive duration Options take.
+const minDuration = time.Millisecond
+
 // Validate reports the first invalid field, named as in Options. New panics
 // on invalid Options; configuration parsers call Validate first so a bad
 // config fails at parse time with this message.
@@ -608,6 +612,24 @@ func (o *Options) Validate() error {
 		return bad("MaxCooldown", fmt.Sprintf("must be at least DefaultCooldown (%v)", o.DefaultCooldown), o.MaxCooldown)
 	case o.MaxEjectionTime > 0 && o.EjectionTime > o.MaxEjectionTime:
 		return bad("MaxEjectionTime", fmt.Sprintf("must be at least EjectionTime (%v)", o.EjectionTime), o.MaxEjectionTime)
+	}
+	// A bare number in a Duration is nanoseconds (TelemetryMaxAge: 30,
+	// meant as seconds, made every reading stale): no setting here means
+	// anything below a millisecond.
+	for _, d := range [...]struct {
+		field string
+		v     time.Duration
+	}{
+		{"TelemetryMaxAge", o.TelemetryMaxAge}, {"LatencyDecay", o.LatencyDecay},
+		{"ErrorDecay", o.ErrorDecay}, {"DefaultCooldown", o.DefaultCooldown},
+		{"MaxCooldown", o.MaxCooldown}, {"NotServedMemory", o.NotServedMemory},
+		{"SlowStartWindow", o.SlowStartWindow}, {"StickyTTL", o.StickyTTL},
+		{"SpillMemory", o.SpillMemory}, {"EjectionTime", o.EjectionTime},
+		{"MaxEjectionTime", o.MaxEjectionTime}, {"OutlierInterval", o.OutlierInterval},
+	} {
+		if d.v > 0 && d.v < minDuration {
+			return bad(d.field, "must be 0 (the default) or at least 1ms (a bare number is nanoseconds)", d.v)
+		}
 	}
 	for svc, s := range o.Scorers {
 		if int(svc) >= inferlb.NumServices {

@@ -57,14 +57,33 @@ func TestOptionsValidateNamesEachField(t *testing.T) {
 		{"NotServedMemory", balancer.Options{NotServedMemory: balancer.MaxNotServedMemory + time.Second}},
 		{"Scorers", balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: nil}}},
 	}
-	// Fields whose every value means something: a zero or nil default,
-	// negative to turn a feature off, any label or seed.
+	// Fields whose every value means something: a nil default, any label
+	// or seed.
 	anyValue := map[string]bool{
-		"Clock": true, "Rand": true, "Telemetry": true, "TelemetryMaxAge": true,
-		"SlowStartWindow": true, "AffinitySeed": true, "StickyTTL": true,
-		"SpillMemory": true, "OutlierInterval": true, "OnEvent": true,
-		"SubsetLabel": true, "DPGroupLabel": true,
+		"Clock": true, "Rand": true, "Telemetry": true, "AffinitySeed": true,
+		"OnEvent": true, "SubsetLabel": true, "DPGroupLabel": true,
 	}
+	// A bare number in a Duration is nanoseconds: TelemetryMaxAge: 30,
+	// meant as seconds, made every reading stale, EjectionTime: 10 held a
+	// tripped endpoint out for 10ns. Each duration set positive is at
+	// least a millisecond.
+	durations := 0
+	for i := range reflect.TypeFor[balancer.Options]().NumField() {
+		f := reflect.TypeFor[balancer.Options]().Field(i)
+		if f.Type != reflect.TypeFor[time.Duration]() {
+			continue
+		}
+		durations++
+		var o balancer.Options
+		reflect.ValueOf(&o).Elem().Field(i).SetInt(30)
+		bad = append(bad, struct {
+			field string
+			opts  balancer.Options
+		}{f.Name, o})
+		reflect.ValueOf(&o).Elem().Field(i).SetInt(int64(time.Millisecond))
+		assert.NoError(t, o.Validate(), "%s: 1ms", f.Name)
+	}
+	assert.Equal(t, 12, durations, "the Options durations")
 	covered := map[string]bool{}
 	for _, tc := range bad {
 		covered[tc.field] = true

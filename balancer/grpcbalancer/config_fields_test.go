@@ -43,7 +43,7 @@ func TestParseConfigNamesEachField(t *testing.T) {
 	// Values of the right type that a field's rule refuses, one or more
 	// per tunable with a rule; the others take any value of their type.
 	ruled := map[string][]string{
-		"telemetryMaxAge":     {`"soon"`},
+		"telemetryMaxAge":     {`"soon"`, `"1ns"`},
 		"latencyDecay":        {`"-1s"`},
 		"errorAlpha":          {`1.5`, `-0.1`},
 		"errorDecay":          {`"-1s"`},
@@ -67,7 +67,7 @@ func TestParseConfigNamesEachField(t *testing.T) {
 		"scanLimit":           {`1`, `1025`},
 		"breakerFailures":     {`4294967296`},
 		"breakerProbes":       {`-1`},
-		"ejectionTime":        {`"-1s"`},
+		"ejectionTime":        {`"-1s"`, `"10ns"`},
 		"maxEjectionTime":     {`"-1s"`},
 		"maxEjectedFraction":  {`1.5`},
 		"outlierInterval":     {`"often"`},
