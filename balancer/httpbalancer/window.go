@@ -48,7 +48,11 @@ import (
 // request's). A call without a model is read too (TEI's native /embed,
 // /rerank and /predict bodies name none, its OpenAI-compatible
 // /v1/embeddings does): the Balancer remembers its window under the key
-// of calls that name none (see balancer's window.go).
+// of calls that name none (see balancer's window.go). A refusal is
+// believed only of a call whose own body carries no such text
+// (carriesRefusal): servers copy an invalid field's value into their
+// validation errors, and a caller could otherwise have any window it
+// likes remembered for the endpoints that do.
 
 // errTooLong is the Outcome.Err of a refused attempt when the caller's
 // code panics while its retry is set up (see call.retry); it wraps
@@ -67,7 +71,10 @@ func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt
 		return retryAttempt{}, false
 	}
 	window, prompt, output, promptOnly := ctxwindow.Refusal(head)
-	if window <= 0 {
+	if window <= 0 || rb.carriesRefusal() {
+		// A call whose own text reads as a refusal gets an answer like
+		// any other (see carriesRefusal): no window is remembered, and the
+		// call does not go on.
 		return retryAttempt{}, false
 	}
 	// The tokens the server counted, which the retry's pick weighs
@@ -121,4 +128,35 @@ func (c *call) reportNow(o inferlb.Outcome, status int, failedOver bool) {
 	if f != nil {
 		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Status: status, Outcome: o, FailedOver: failedOver, Resent: c.ends.Load()&endResent != 0})
 	}
+}
+
+// maxCarriedCheck is the longest request body carriesRefusal reads; a
+// longer one is not believed to be refused for its length. Its bytes
+// were sent already, and the read comes only with a refusal.
+const maxCarriedCheck = 32 << 20
+
+// carriesRefusal reports whether the call's body holds text that reads as
+// a context-window refusal, or may (it cannot be read again, or is longer
+// than maxCarriedCheck): a server that copies an invalid field's value
+// into its 400 or 422, as vLLM's, SGLang's and TGI's validation errors do,
+// would answer such a call with that text, and every endpoint doing so
+// would be remembered with a window the caller chose ("max_tokens": "This
+// model's maximum context length is 10 tokens. ..." sent a model's calls
+// to the replicas that do not copy it, 60 of 60). A body of a known
+// refusal is read again only once an endpoint refused the call, from the
+// caller's GetBody or the bytes the peek read.
+func (rb *reqBody) carriesRefusal() bool {
+	if rb.orig == nil || rb.orig == http.NoBody {
+		return false
+	}
+	if !rb.replayable() {
+		return true // the rest went by unread
+	}
+	body, ok := rb.again()
+	if !ok {
+		return true
+	}
+	defer closeBody(body)
+	carried, whole := ctxwindow.Carried(body.rc, maxCarriedCheck)
+	return carried || !whole
 }

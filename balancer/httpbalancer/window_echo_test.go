@@ -1,0 +1,122 @@
+package httpbalancer_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// newEchoBackend answers a chat whose max_tokens is a string with a 400,
+// as vLLM's validation error does: echo copies the value into it, as
+// FastAPI's error list does ('input'); others say only that it is wrong.
+// Other chats it answers as fakeChat does.
+func newEchoBackend(t *testing.T, name string, echo bool) *backend {
+	t.Helper()
+	b := &backend{name: name}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var req map[string]json.RawMessage
+		_ = json.Unmarshal(body, &req)
+		if mt := req["max_tokens"]; len(mt) > 0 && mt[0] == '"' {
+			b.hits.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			msg := "Input should be a valid integer"
+			if echo {
+				var s string
+				_ = json.Unmarshal(mt, &s)
+				msg = fmt.Sprintf("1 validation error:\n  {'type': 'int_parsing', 'loc': ('body', 'max_tokens'), 'msg': 'Input should be a valid integer', 'input': %q}", s)
+			}
+			out, _ := json.Marshal(msg)
+			fmt.Fprintf(w, `{"object":"error","message":%s,"type":"BadRequestError","param":null,"code":400}`, out)
+			return
+		}
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		b.fakeChat(w, r)
+	}))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// A caller cannot make the Transport remember a window of its choosing
+// by sending a refusal's text in a field that servers copy into their
+// validation errors: before, three such calls made the two replicas that
+// copy it look too small for every call of the model, and the next 60
+// calls all went to the third.
+func TestARefusalCopiedFromTheRequestIsNotBelieved(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+	}{
+		{"plain", "This model's maximum context length is 10 tokens. However, you requested 20 tokens (10 in the messages, 10 in the completion)."},
+		// The server decodes the JSON before it copies the value.
+		{"escaped", `This model\u0027s maximum context length is \u0031\u0030 tokens.`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b, c := newEchoBackend(t, "a", true), newEchoBackend(t, "b", true), newEchoBackend(t, "c", false)
+			tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a, b, c), BalancerOptions: balancer.Options{Rand: testutil.NewRand(1), AffinitySeed: 1}})
+			cl := &http.Client{Transport: tr}
+			for i := range 3 {
+				resp, body := post(t, cl, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"x%d"}],"max_tokens":"%s"}`, i, tc.value))
+				require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+				assert.Contains(t, string(body), "validation", "the answer as it came")
+			}
+			st := statsByID(tr.Balancer())
+			for _, id := range []string{"a", "b", "c"} {
+				assert.Zero(t, st[id].TooLong, "%s: no refusal counted", id)
+			}
+			a0, b0, c0 := a.hits.Load(), b.hits.Load(), c.hits.Load()
+			for i := range 60 {
+				resp, _ := post(t, cl, chatOf(i, 100, 50))
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+			}
+			da, db, dc := a.hits.Load()-a0, b.hits.Load()-b0, c.hits.Load()-c0
+			t.Logf("60 calls after: a %d, b %d, c %d", da, db, dc)
+			assert.GreaterOrEqual(t, da, int64(10))
+			assert.GreaterOrEqual(t, db, int64(10))
+		})
+	}
+}
+
+// A call that is refused for its length is believed as before when its
+// text carries no refusal, and one whose text does gets the refusal as it
+// came, without going on to another endpoint.
+func TestARefusalOfACallQuotingOneIsTheCallersAnswer(t *testing.T) {
+	small, large := newWindowBackend(t, "small", 1000), newWindowBackend(t, "large", 8000)
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(small.backend, large.backend), BalancerOptions: balancer.Options{Rand: testutil.NewRand(1), AffinitySeed: 1}})
+	cl := &http.Client{Transport: tr}
+	// A long chat about a refusal (a user pasting vLLM's log into a
+	// question): refused by small, not retried on large.
+	quoting := func(i int) string {
+		text := fmt.Sprintf("%06d Why does vLLM say: This model's maximum context length is 1000 tokens? ", i) + strings.Repeat("word ", 2400)
+		return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":200}`, text)
+	}
+	var quoted, quotedRefused int
+	for i := range 20 {
+		resp, _ := post(t, cl, quoting(i))
+		quoted++
+		if resp.StatusCode == http.StatusBadRequest {
+			quotedRefused++
+		}
+	}
+	t.Logf("quoting calls refused: %d of %d", quotedRefused, quoted)
+	assert.Positive(t, quotedRefused, "small refused some, and they did not go on")
+	assert.Zero(t, statsByID(tr.Balancer())["small"].TooLong, "nothing remembered")
+	// Long calls that quote nothing are refused once and remembered.
+	for i := range 20 {
+		resp, _ := post(t, cl, chatOf(100+i, 3000, 200))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, "large", resp.Header.Get("X-Backend"))
+	}
+	assert.Equal(t, int64(1), int64(statsByID(tr.Balancer())["small"].TooLong))
+}
