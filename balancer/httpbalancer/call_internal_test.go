@@ -58,7 +58,8 @@ func TestCallPickedBeforeAnUpdateKeepsItsAddress(t *testing.T) {
 
 // FuzzSSEScan: no stream, cut into reads of any size, makes the SSE scanner
 // panic; it never counts more events than the stream has lines; the reads'
-// sizes change nothing it finds; and when the stream's error lines are
+// sizes change nothing it finds, nor do the bytes of a last line that has
+// not ended; and when the stream's error lines are
 // well-formed JSON, the code it reads from them is the one encoding/json
 // reads (see errScan and jsonErrorCode).
 func FuzzSSEScan(f *testing.F) {
@@ -119,6 +120,15 @@ func FuzzSSEScan(f *testing.F) {
 		}
 		if n, w := s.outTokens.Load(), whole.outTokens.Load(); n != w || n < 0 {
 			t.Fatalf("%d bytes a read: %d output tokens; in one read: %d", size, n, w)
+		}
+		// Nothing is read from a line that has not ended.
+		at, cr := lineStart(body, len(body), ndjson)
+		cut := scanWhole(body[:at], ndjson)
+		if cr {
+			cut = scanEnded(body[:at])
+		}
+		if got := recordOf(whole); got != cut {
+			t.Fatalf("the stream: %+v; cut at its last line's start, %d: %+v", got, at, cut)
 		}
 		if ndjson {
 			// An error line carries no code: it is read as a 500, once

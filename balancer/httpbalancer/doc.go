@@ -112,7 +112,9 @@
 // API stream's response.completed or response.incomplete event, the
 // eval_count of an Ollama stream's last object; each read only at its
 // place in that event's JSON, not from text or a tool call's arguments
-// that hold the same name) and the mean gap between
+// that hold the same name, and only from an event that ended: a stream
+// cut inside that event's line, or before the blank line of an event
+// over several data lines, gives none) and the mean gap between
 // them, timed as the caller reads them. A caller that
 // comes to read the body late after the headers (away for over 1/8 of the
 // time to the first event) finds the first events waiting: unless the Read

@@ -206,10 +206,11 @@ type sseState struct {
 	chBuf   [48]byte
 	roleTok bool
 	// In a usage chunk (chEmpty): how much of usageKey the line has
-	// shown (usAt, then usInNum in its number, usOff when done), and the
-	// number's value so far; outTokens is the server's count of the
-	// output tokens: the stream's last usage chunk's completion_tokens, or
-	// what tk read (0: none read). See usage.
+	// shown (usAt, then usInNum in its number, usOff when done, usGot
+	// when done with the count in usVal), and the number's value so far;
+	// outTokens is the server's count of the output tokens: the stream's
+	// last usage chunk's completion_tokens, or what tk read (0: none
+	// read), stored when the event that holds it ends (endLine). See usage.
 	usAt      uint8
 	usVal     uint32
 	outTokens atomic.Int32
@@ -694,7 +695,7 @@ func (c *sseState) scan(p []byte, clock balancer.Clock) {
 		}
 		if c.chPh < chDone && !c.counted && !c.notToken && !c.ndjson {
 			c.choices(seg, before)
-		} else if c.chPh == chEmpty && c.usAt != usOff {
+		} else if c.chPh == chEmpty && c.usAt < usOff {
 			c.usage(seg)
 		}
 		c.keepEnd(seg)
@@ -730,10 +731,16 @@ func (c *sseState) endLine(clock balancer.Clock) (open bool) {
 		return true // the event's JSON goes on in its next data line
 	}
 	chunk := c.chPh
+	if c.usAt == usGot {
+		c.outTokens.Store(int32(c.usVal)) // the usage chunk's count (see usage)
+	}
 	c.chPh, c.chLen, c.usAt, c.usVal = chSeek, 0, 0, 0
 	var tk tokenScan
 	if c.tk.kind != tkNone || c.ndjson { // tokens followed the line
 		tk, c.tk = c.tk, tokenScan{kind: c.tk.kind}
+		if tk.found && !c.ndjson {
+			c.outTokens.Store(int32(tk.got)) // its output_tokens (see tokens)
+		}
 	}
 	n := min(c.lineLen, len(c.line))
 	line := c.line[:n]
@@ -752,7 +759,7 @@ func (c *sseState) endLine(clock balancer.Clock) (open bool) {
 			return
 		}
 		if done && tk.found {
-			c.outTokens.Store(int32(tk.val)) // its eval_count (see tokens)
+			c.outTokens.Store(int32(tk.got)) // its eval_count (see tokens)
 		}
 		if lineLen == 0 || lineLen == 1 && line[0] == '\r' || done {
 			return // a blank line or the last object: no token
@@ -921,11 +928,13 @@ func (c *sseState) choices(seg []byte, before int) {
 }
 
 // usageKey is the member of a usage chunk's usage that counts the output
-// tokens; usInNum and usOff are sseState.usAt in its number and after it.
+// tokens; usInNum, usOff and usGot are sseState.usAt in its number, after
+// it, and after it with its value in usVal.
 const (
 	usageKey = `"completion_tokens":`
 	usInNum  = uint8(len(usageKey) + 1)
 	usOff    = usInNum + 1
+	usGot    = usOff + 1
 )
 
 // usage follows seg, the next bytes of a usage chunk's line (its choices
@@ -939,6 +948,13 @@ const (
 // it; an escaped quote in a string does not match), and the value counts
 // only as a plain JSON integer below 2^31 followed by a delimiter:
 // anything else (null, a fraction, a line cut short) leaves the estimate.
+// It is stored when the chunk's event ends (endLine: its data line's end,
+// or its blank line when its JSON is over several data lines), as a token
+// event counts then: a stream cut inside the usage chunk (the connection
+// dropped, or the caller closed the body) ends with no event there, and
+// so with no count from it, whatever its reads' sizes, as an Ollama
+// stream's cut last line (see tokens). Every server ends its events'
+// lines, so a whole stream reads as before.
 // No other key ends in "completion_tokens" (completion_tokens_details
 // does not match at its quote), and the '"' that starts a mismatch may
 // start the key: the key has no other quote before its last.
@@ -971,10 +987,10 @@ func (c *sseState) usage(seg []byte) {
 				}
 				continue
 			}
-			if b == ',' || b == '}' || b == ' ' || b == '\t' || b == '\r' || b == '\n' {
-				c.outTokens.Store(int32(c.usVal))
-			}
 			c.usAt = usOff
+			if b == ',' || b == '}' || b == ' ' || b == '\t' || b == '\r' || b == '\n' {
+				c.usAt = usGot // stored when the event ends (endLine)
+			}
 		default:
 			return
 		}
@@ -1097,8 +1113,9 @@ type tokenScan struct {
 	ph    uint8 // tkKey, tkColon, tkNum: after the key, after its colon, in its number
 	inStr bool
 	esc   bool
-	found bool   // val is the member's value (NDJSON: stored only when the line ends; see tokens)
+	found bool   // got is the member's value, stored when the event ends (see tokens)
 	val   uint32 // the number's value so far
+	got   uint32 // the last value read whole
 }
 
 // keyNo is tokenScan.keyAt for a string that is not the key.
@@ -1126,10 +1143,12 @@ const (
 // keys match as written (no server escapes them), and the value counts
 // only as a plain JSON integer below 2^31 followed by a delimiter, as a
 // usage chunk's does. A line's bytes before its JSON ("data: ") hold no
-// quote or bracket, and pass. An Ollama line's eval_count is stored when
-// the line ends (endLine), if its "done" was true, wherever in the line
-// the two members stand: a stream cut inside its last line has no last
-// object, whatever its reads' sizes, as an unended line is no event.
+// quote or bracket, and pass. The count is stored when its event ends
+// (endLine), as usage's is: an SSE event at its data line's end (at its
+// blank line when its JSON is over several data lines: see opens), an
+// Ollama line at its end if its "done" was true, wherever in the line
+// the two members stand. A stream cut inside that line has no count,
+// whatever its reads' sizes, as an unended line is no event.
 func (c *sseState) tokens(seg []byte) {
 	t := &c.tk
 	kind := t.kind
@@ -1204,10 +1223,7 @@ func (c *sseState) tokens(seg []byte) {
 			}
 			t.ph = 0
 			if b == ',' || b == '}' || b == ' ' || b == '\t' || b == '\r' || b == '\n' {
-				t.found = true
-				if !c.ndjson {
-					c.outTokens.Store(int32(t.val))
-				} // else endLine stores it if the line, whole, is the last object
+				t.found, t.got = true, t.val // endLine stores it (see above)
 			}
 		}
 		switch b {

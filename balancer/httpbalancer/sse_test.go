@@ -761,4 +761,23 @@ func TestStreamUsageGivesOutputTokens(t *testing.T) {
 		r = newSSERig(t, body).callWhole(t, 7)
 		require.Equal(t, 2, r.Outcome.OutputTokens)
 	})
+	// A stream cut inside the usage chunk's data line (the connection
+	// ended, or the caller closed the body) has no usage chunk, at every
+	// read size: its count is read when its line ends, as a token event
+	// counts then and as an Ollama stream's last line is read. Before, the
+	// count was read from the cut line.
+	for _, cut := range []struct{ name, body string }{
+		{"cut in the usage chunk's line", strings.TrimSuffix(chunk("[]", `,"usage":{"prompt_tokens":21,"total_tokens":30,"completion_tokens":9}`), "\n\n")},
+		{"cut after the count", `data: {"id":"chatcmpl-1","choices":[],"usage":{"completion_tokens":9,`},
+	} {
+		t.Run(cut.name, func(t *testing.T) {
+			body := stream + cut.body
+			rig := newSSERig(t, body)
+			for n := 1; n <= len(body); n++ {
+				r := rig.callWhole(t, n)
+				require.Equal(t, 3, r.Events, "%d bytes a read", n)
+				require.Equal(t, 3, r.Outcome.OutputTokens, "%d bytes a read", n)
+			}
+		})
+	}
 }

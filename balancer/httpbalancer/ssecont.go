@@ -166,7 +166,7 @@ func (c *sseState) follow(b []byte) {
 	}
 	if c.chPh < chDone && !c.notToken {
 		c.choices(b, len(c.end))
-	} else if c.chPh == chEmpty && c.usAt != usOff {
+	} else if c.chPh == chEmpty && c.usAt < usOff {
 		c.usage(b)
 	}
 	c.keepEnd(b)

@@ -167,6 +167,12 @@ func TestMessagesStreamUsageGivesOutputTokens(t *testing.T) {
 		{"tool call arguments", tool + args(`{\"usage\": {\"output_tokens\": 99}`), toolStream, toolStream + stop + msgDelta(`,"usage":null`) + end, 3},
 		{"not a message_delta event", first, stream, stream + stop + msgDelta("") +
 			sseEvent("message_stop", `{"type":"message_stop","usage":{"output_tokens":99}}`), 3},
+		// A stream cut inside message_delta's data line (the connection
+		// ended, or the caller closed the body) has no such event, at
+		// every read size, as an Ollama stream cut in its last line has
+		// no last object. Before, the count was read from the cut line.
+		{"cut in the message_delta line", first, stream, stream + stop + strings.TrimSuffix(msgDelta(`,"usage":{"output_tokens":9}`), "\n\n"), 3},
+		{"cut after the count", first, stream, stream + stop + "event: message_delta\ndata: {\"usage\":{\"output_tokens\":9,", 3},
 	}
 	requireCounts(t, "/v1/messages", "text/event-stream", cases)
 }
@@ -241,6 +247,8 @@ func TestResponsesStreamUsageGivesOutputTokens(t *testing.T) {
 		{"no completed event", first, stream, stream + done, 3},
 		{"details only", first, stream, stream + done + completed(text, `{"output_tokens_details":{"reasoning_tokens":7}}`), 3},
 		{"a fraction", first, stream, stream + done + completed(text, usage("9.0")), 3},
+		// Cut inside response.completed's data line: no such event.
+		{"cut in the completed line", first, stream, stream + done + strings.TrimSuffix(completed(text, usage("9")), "\n\n"), 3},
 	}
 	requireCounts(t, "/v1/responses", "text/event-stream", cases)
 }
@@ -390,6 +398,10 @@ func TestJSONOverSeveralDataLines(t *testing.T) {
 		{"message_delta", mFirst, mStream, mStream + splitData("message_delta", mDelta, "\n") + sseEvent("message_stop", `{"type":"message_stop"}`), 9},
 		// Cut where the number ends: the join is its delimiter.
 		{"cut after the count", mFirst, mStream, mStream + "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9\ndata: }}\n\n", 9},
+		// The stream ends before the event's blank line: the event is
+		// never whole, and its count is not read, as its token would not
+		// count. Before, the count was read from it.
+		{"cut before its blank line", mFirst, mStream, mStream + strings.TrimSuffix(splitData("message_delta", mDelta, "\n"), "\n"), 3},
 	})
 	// A Responses API stream, response.completed's JSON over several
 	// lines, its output's objects before its usage.
