@@ -861,7 +861,9 @@ const (
 // created, model, or none) hold strings and numbers, so the first '[' is
 // the choices' unless a string holds one, and then it is not preceded by
 // the key; and a '"' in a string is escaped, so the key's bytes are the
-// key. Servers send a choice's role chunk before its first token (vLLM,
+// key. Any JSON white space may stand between a key's colon and its
+// value: a space, or the line break of an event whose JSON is over
+// several data lines (see opens), broken after the colon. Servers send a choice's role chunk before its first token (vLLM,
 // SGLang, llama.cpp and OpenAI each with the first token); with n > 1,
 // SGLang sends choice 1's when its first output comes, after choice 0's
 // first token. So a role-only delta after the first token is no token
@@ -874,7 +876,7 @@ func (c *sseState) choices(seg []byte, before int) {
 	for i := 0; i < len(seg); i++ {
 		switch c.chPh {
 		case chSeek:
-			if !c.seekAfter(seg, &i, before, '[', `"choices":`, `"choices": `, chOpen) {
+			if !c.seekAfter(seg, &i, before, '[', `"choices":`, chOpen) {
 				return
 			}
 		case chOpen:
@@ -890,7 +892,7 @@ func (c *sseState) choices(seg []byte, before int) {
 				c.chPh = chDone
 			}
 		case chChoice:
-			if !c.seekAfter(seg, &i, before, '{', `"delta":`, `"delta": `, chDelta) {
+			if !c.seekAfter(seg, &i, before, '{', `"delta":`, chDelta) {
 				return
 			}
 		case chDelta:
@@ -972,7 +974,7 @@ func (c *sseState) usage(seg []byte) {
 			}
 		case k == len(usageKey): // after the colon
 			switch {
-			case b == ' ' || b == '\t':
+			case b == ' ' || b == '\t' || b == '\r' || b == '\n': // '\n': data lines' join
 			case b >= '0' && b <= '9':
 				c.usAt, c.usVal = usInNum, uint32(b-'0')
 			default:
@@ -998,30 +1000,57 @@ func (c *sseState) usage(seg []byte) {
 }
 
 // seekAfter moves *i to the next open byte of seg and sets the phase to
-// next when the line's bytes before it are key or spaced (key with a space
-// after its colon), else to chDone; false when seg holds no open byte.
-func (c *sseState) seekAfter(seg []byte, i *int, before int, open byte, key, spaced string, next uint8) bool {
+// next when the line's bytes before it are key and JSON white space (none,
+// a space, or the line break that joins data lines: see opens), else to
+// chDone; false when seg holds no open byte.
+func (c *sseState) seekAfter(seg []byte, i *int, before int, open byte, key string, next uint8) bool {
 	j := bytes.IndexByte(seg[*i:], open)
 	if j < 0 {
 		return false
 	}
 	*i += j
 	c.chPh = chDone
-	if c.precededBy(seg, *i, before, key) || c.precededBy(seg, *i, before, spaced) {
+	if c.keyBefore(seg, *i, before, key) {
 		c.chPh = next
 	}
 	return true
 }
 
-// precededBy reports whether the bytes of the current line before seg[i]
-// end with s, when the line had before bytes before seg (whose last ones
-// are in end: see scan, which adds seg to end after this).
-func (c *sseState) precededBy(seg []byte, i, before int, s string) bool {
-	if i >= len(s) {
-		return string(seg[i-len(s):i]) == s
+// keyBefore reports whether the bytes of the current line before seg[i]
+// are key and then JSON white space, when the line had before bytes
+// before seg (whose last ones are in end: see scan, which adds seg to end
+// after this). White space longer than end holds does not match.
+func (c *sseState) keyBefore(seg []byte, i, before int, key string) bool {
+	k := 1 // how far back from seg[i]
+	for {
+		b, ok := c.byteBack(seg, i, before, k)
+		if !ok {
+			return false
+		}
+		if b != ' ' && b != '\t' && b != '\r' && b != '\n' {
+			break
+		}
+		k++
 	}
-	k := len(s) - i // bytes of s before seg
-	return k <= before && k <= len(c.end) && string(c.end[len(c.end)-k:]) == s[:k] && string(seg[:i]) == s[k:]
+	for j := len(key) - 1; j >= 0; j, k = j-1, k+1 {
+		if b, ok := c.byteBack(seg, i, before, k); !ok || b != key[j] {
+			return false
+		}
+	}
+	return true
+}
+
+// byteBack is the byte of the current line k bytes before seg[i] (see
+// keyBefore); false when not kept.
+func (c *sseState) byteBack(seg []byte, i, before, k int) (byte, bool) {
+	if k <= i {
+		return seg[i-k], true
+	}
+	k -= i // bytes before seg
+	if k > before || k > len(c.end) {
+		return 0, false
+	}
+	return c.end[len(c.end)-k], true
 }
 
 // roleOnly reports whether m, the members of a delta object (its bytes

@@ -380,10 +380,25 @@ func TestJSONOverSeveralDataLines(t *testing.T) {
 		commented := strings.Replace(strings.Replace(body, `  "usage": {`+sep, `  "usage": {`+sep+": keep-alive"+sep, 1),
 			`data:     "completion_tokens"`, `data:"completion_tokens"`, 1)
 		require.NotEqual(t, body, commented)
+		// A line break right after a key's colon, the value on the next
+		// data line (indented, or not): white space in the joined JSON.
+		// Before, the role and finish chunks after "delta": and the usage
+		// chunk after "choices": counted as tokens (6 events, the first
+		// timed at the role chunk), and completion_tokens was not read.
+		brk := func(data string) string {
+			for _, key := range []string{`"choices":`, `"delta":`, `"completion_tokens":`} {
+				data = strings.ReplaceAll(data, key, key+sep+"data:   ")
+			}
+			return "data: " + data + sep + sep
+		}
+		bFirst := brk(role) + brk(tok("Hello there,"))
+		bStream := bFirst + brk(tok(" how are")) + brk(tok(" you?"))
+		broken := bStream + brk(finish) + brk(usage) + "data: [DONE]" + sep + sep
 		t.Run(strconv.Quote(sep), func(t *testing.T) {
 			requireSplitCounts(t, "/v1/chat/completions", sep == "\r", []countCase{
 				{"chat", first, stream, body, 9},
 				{"comments, no space", first, stream, commented, 9},
+				{"a line break after a colon", bFirst, bStream, broken, 9},
 			})
 		})
 	}
