@@ -82,7 +82,10 @@ type GPU struct {
 	MIGInstance string // GPU_I_ID; empty without MIG
 	// Pod, Namespace and Container are set with --kubernetes, from the pod,
 	// namespace and container labels (pod_name, pod_namespace and
-	// container_name with --use-old-namespace).
+	// container_name with --use-old-namespace; exported_pod,
+	// exported_namespace and exported_container, when present, from a
+	// Prometheus /federate endpoint whose server renamed the exporter's
+	// labels to keep its own target labels, which name the exporter's pod).
 	Pod       string
 	Namespace string
 	Container string
@@ -302,13 +305,19 @@ func record(byKey map[key]*GPU, m *dto.Metric) *GPU {
 	default:
 		id = "device:" + dev
 	}
+	// A Prometheus server that scraped the exporter without honor_labels
+	// (a ServiceMonitor's default) kept its own target labels pod,
+	// namespace and container, naming the exporter's pod, and renamed the
+	// exporter's to exported_pod, exported_namespace and
+	// exported_container: served again by its /federate endpoint, those
+	// name the pod the GPU is allocated to.
 	k := key{
 		host:      cmp.Or(l("Hostname"), l("hostname")),
 		id:        id,
 		mig:       l("GPU_I_ID"),
-		ns:        cmp.Or(l("namespace"), l("pod_namespace")),
-		pod:       cmp.Or(l("pod"), l("pod_name")),
-		container: cmp.Or(l("container"), l("container_name")),
+		ns:        cmp.Or(l("exported_namespace"), l("namespace"), l("pod_namespace")),
+		pod:       cmp.Or(l("exported_pod"), l("pod"), l("pod_name")),
+		container: cmp.Or(l("exported_container"), l("container"), l("container_name")),
 	}
 	if g, ok := byKey[k]; ok {
 		return g

@@ -37,8 +37,10 @@ type Pod struct{ Namespace, Name string }
 // ByPod maps a GPU to the endpoints served by the pod it is attributed to
 // (dcgm-exporter with --kubernetes adds pod and namespace labels to the
 // series of a GPU allocated to a pod; pod_name and pod_namespace with
-// --use-old-namespace). podOf maps endpoint ID to pod. GPUs
-// not attributed to a listed pod map to nothing.
+// --use-old-namespace; exported_pod and exported_namespace through a
+// Prometheus /federate endpoint that renamed them: see GPU.Pod). podOf
+// maps endpoint ID to pod. GPUs not attributed to a listed pod map to
+// nothing.
 func ByPod(podOf map[string]Pod) Mapping {
 	byPod := map[Pod][]string{}
 	for id, p := range podOf {
