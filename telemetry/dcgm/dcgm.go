@@ -96,6 +96,11 @@ type GPU struct {
 	PowerW                              float64
 	XIDError                            float64 // last XID error code
 	Has                                 MetricSet
+	// Dropped holds the gauges whose series was exported for this record
+	// but whose value was dropped: NaN, infinite or out of range. A GPU
+	// with a memory gauge dropped has no memory reading Aggregate can
+	// trust, and withholds its endpoints' (see Aggregate).
+	Dropped MetricSet
 	// Time is when the values were measured, from the exposition's own
 	// sample timestamps when every value read for the GPU carries one (a
 	// Prometheus /federate endpoint, a caching sidecar): the oldest of
@@ -186,10 +191,12 @@ type key struct {
 // out of range (negative memory, utilization above 100%) are dropped, and
 // so are repeats of a gauge for one GPU record (a series exported twice, or
 // GPUs whose series lack the UUID, gpu and device labels, which nothing
-// tells apart): the first series counts, valid or not. Any of these returns the
-// GPUs read so far with an error wrapping telemetry.ErrPartial.
-// An exposition with no GPU metric returns ErrNoGPUs. ParseMetrics never
-// panics.
+// tells apart): the first series counts, valid or not. A dropped value is
+// in its GPU's Dropped set, and a GPU whose every value was dropped is
+// still returned (with an empty Has), so Aggregate can tell its endpoint's
+// reading is incomplete. Any of these returns the GPUs read so far with an
+// error wrapping telemetry.ErrPartial. An exposition with no GPU metric, or
+// none valid, returns ErrNoGPUs. ParseMetrics never panics.
 func ParseMetrics(r io.Reader) ([]GPU, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
@@ -240,6 +247,7 @@ func parseBytes(data []byte) ([]GPU, error) {
 			v := raw * f.scale
 			if !ok || v < f.lo || v > f.hi {
 				bad++
+				g.Dropped |= 1 << f.metric
 				if firstBad == "" {
 					if !ok {
 						raw = promtext.RawValue(m) // NaN or an infinity, as exported
@@ -261,13 +269,22 @@ func parseBytes(data []byte) ([]GPU, error) {
 		}
 	}
 	gpus := make([]GPU, 0, len(byKey))
+	read := 0 // records with a value read
 	for _, g := range byKey {
 		if untimed[g] {
 			g.Time = time.Time{}
 		}
-		if g.Has != 0 {
+		// A record whose every value was dropped stays: the endpoint it
+		// serves must not read its other GPUs as all of it.
+		if g.Has != 0 || g.Dropped != 0 {
 			gpus = append(gpus, *g)
 		}
+		if g.Has != 0 {
+			read++
+		}
+	}
+	if read == 0 {
+		gpus = gpus[:0]
 	}
 	slices.SortFunc(gpus, func(a, b GPU) int {
 		return cmp.Or(cmp.Compare(a.Host, b.Host), cmp.Compare(a.Index, b.Index), cmp.Compare(a.UUID, b.UUID),

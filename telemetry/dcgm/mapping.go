@@ -1,6 +1,7 @@
 package dcgm
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -61,8 +62,12 @@ func ByPod(podOf map[string]Pod) Mapping {
 // appearance. An endpoint served by several GPUs takes the worst of them:
 // GPUMemUsed and GPUMemTotal from the GPU with the highest memory pressure
 // (so the pair stays consistent), and the highest utilization, temperature
-// and power. A sample's Time is the oldest of its GPUs' Times when every one
-// has one, else zero.
+// and power. An endpoint one of whose GPUs reports memory without a valid
+// reading (a memory gauge in its Dropped set, or FB_USED without FB_FREE
+// or the reverse) gets no GPUMemUsed or GPUMemTotal: the GPU it cannot read
+// may be its fullest, and its other GPUs' figures would say it has room it
+// may not have. A sample's Time is the oldest of its GPUs' Times when every
+// one has one, else zero.
 func Aggregate(gpus []GPU, m Mapping) []telemetry.Observation {
 	if m == nil {
 		return nil
@@ -76,7 +81,8 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 	var out []telemetry.Observation
 	at := map[string]int{}
 	pressure := map[string]float64{}
-	untimed := map[string]bool{} // endpoints with a GPU without a Time
+	memUnknown := map[string]bool{} // endpoints with a GPU whose memory is unreadable
+	untimed := map[string]bool{}    // endpoints with a GPU without a Time
 	for i := range gpus {
 		g := &gpus[i]
 		ids := mapOf(i)(g)
@@ -85,6 +91,8 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 		}
 		gs := g.Sample()
 		p, hasP := g.MemPressure()
+		const memory = 1<<FBUsed | 1<<FBFree | 1<<FBReserved
+		unreadable := g.Dropped&memory != 0 || (g.Has&memory != 0 && !hasP)
 		for _, id := range ids {
 			j, seen := at[id]
 			if !seen {
@@ -100,6 +108,9 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 				s.Time = time.Time{}
 			case s.Time.IsZero() || g.Time.Before(s.Time):
 				s.Time = g.Time
+			}
+			if unreadable {
+				memUnknown[id] = true
 			}
 			if hasP {
 				if prev, ok := pressure[id]; !ok || p > prev {
@@ -119,5 +130,14 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 			}
 		}
 	}
-	return out
+	for i := range out {
+		if memUnknown[out[i].EndpointID] {
+			s := &out[i].Sample
+			s.Has &^= 1<<telemetry.GPUMemUsed | 1<<telemetry.GPUMemTotal
+			s.Values[telemetry.GPUMemUsed], s.Values[telemetry.GPUMemTotal] = 0, 0
+		}
+	}
+	// An endpoint left with nothing (its one GPU's memory unreadable) has
+	// no observation: the Store keeps its last reading until it ages out.
+	return slices.DeleteFunc(out, func(o telemetry.Observation) bool { return o.Sample.Empty() })
 }

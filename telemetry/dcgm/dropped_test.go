@@ -1,0 +1,61 @@
+package dcgm_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/dcgm"
+)
+
+// A tensor-parallel server on two GPUs runs out of memory when its fuller
+// GPU does. When that GPU's memory figure was dropped (NaN, negative),
+// the worst-GPU fold read the other GPU alone: 2x1 below, half full, so the
+// server read as having room it did not have. It now reads no GPU memory
+// (the Store keeps its last reading until that ages out), as it does when
+// one GPU exports FB_USED without FB_FREE; its other fields stay. An
+// endpoint with nothing else to report gets no observation.
+func TestAggregateWithholdsMemoryWhenAGPUOfTheEndpointIsUnreadable(t *testing.T) {
+	const expo = `# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-0",Hostname="n",pod="tp2",namespace="ml"} 40000
+DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-1",Hostname="n",pod="tp2",namespace="ml"} 79000
+DCGM_FI_DEV_FB_USED{gpu="2",UUID="GPU-2",Hostname="n",pod="tp2b",namespace="ml"} 40000
+DCGM_FI_DEV_FB_USED{gpu="3",UUID="GPU-3",Hostname="n",pod="tp2b",namespace="ml"} 79000
+DCGM_FI_DEV_FB_USED{gpu="4",UUID="GPU-4",Hostname="n",pod="one",namespace="ml"} NaN
+DCGM_FI_DEV_FB_USED{gpu="5",UUID="GPU-5",Hostname="n",pod="ok",namespace="ml"} 79000
+# TYPE DCGM_FI_DEV_FB_FREE gauge
+DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-0",Hostname="n",pod="tp2",namespace="ml"} 40000
+DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-1",Hostname="n",pod="tp2",namespace="ml"} NaN
+DCGM_FI_DEV_FB_FREE{gpu="2",UUID="GPU-2",Hostname="n",pod="tp2b",namespace="ml"} 40000
+DCGM_FI_DEV_FB_FREE{gpu="4",UUID="GPU-4",Hostname="n",pod="one",namespace="ml"} -1
+DCGM_FI_DEV_FB_FREE{gpu="5",UUID="GPU-5",Hostname="n",pod="ok",namespace="ml"} 1000
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",Hostname="n",pod="tp2",namespace="ml"} 30
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",Hostname="n",pod="tp2",namespace="ml"} 90
+`
+	gpus, err := dcgm.ParseMetrics(strings.NewReader(expo))
+	require.True(t, errors.Is(err, telemetry.ErrPartial), "%v", err)
+	require.Len(t, gpus, 6, "GPU 4, every value dropped, is still a record")
+	assert.True(t, gpus[1].Dropped.Has(dcgm.FBFree))
+	assert.Zero(t, gpus[4].Has)
+	assert.True(t, gpus[4].Dropped.Has(dcgm.FBUsed) && gpus[4].Dropped.Has(dcgm.FBFree))
+
+	obs := dcgm.Aggregate(gpus, dcgm.ByPod(map[string]dcgm.Pod{
+		"tp2": {Namespace: "ml", Name: "tp2"}, "tp2b": {Namespace: "ml", Name: "tp2b"},
+		"one": {Namespace: "ml", Name: "one"}, "ok": {Namespace: "ml", Name: "ok"},
+	}))
+	got := map[string]map[string]float64{}
+	for _, o := range obs {
+		got[o.EndpointID] = fields(o.Sample)
+	}
+	assert.Equal(t, map[string]map[string]float64{
+		"tp2": {"gpu_util": 0.9},
+		// tp2b (FB_USED without FB_FREE on GPU 3) and one (both
+		// dropped) have nothing left to report.
+		"ok": {"gpu_mem_used_bytes": 79000 * mib, "gpu_mem_total_bytes": 80000 * mib},
+	}, got)
+}
