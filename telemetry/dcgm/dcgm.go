@@ -22,7 +22,7 @@
 // to stamp.
 //
 // dcgm-exporter has no total-memory metric: total is FB_FREE + FB_USED +
-// FB_RESERVED (MiB). GPUMemUsed is total - FB_FREE (used plus reserved:
+// FB_RESERVED (MiB; 1.x exporters, without FB_RESERVED, FB_FREE + FB_USED). GPUMemUsed is total - FB_FREE (used plus reserved:
 // whatever a new allocation cannot have).
 //
 // The LLM scorer prices GPU memory only for endpoints that report no
@@ -53,7 +53,10 @@ import (
 // Metric names one dcgm-exporter gauge a GPU record carries.
 type Metric uint8
 
-// The gauges read, with their dcgm-exporter names.
+// The gauges read, with their dcgm-exporter names. dcgm-exporter 1.x's
+// names (dcgm_fb_used, dcgm_fb_free, dcgm_gpu_utilization, dcgm_gpu_temp,
+// dcgm_power_usage, dcgm_xid_errors) are read too, in the same units; the
+// current name wins where an exposition has both.
 const (
 	FBUsed     Metric = iota // DCGM_FI_DEV_FB_USED, MiB
 	FBFree                   // DCGM_FI_DEV_FB_FREE, MiB
@@ -167,6 +170,16 @@ var families = [...]family{
 	{"DCGM_FI_DEV_GPU_TEMP", Temp, 1, -100, 200},
 	{"DCGM_FI_DEV_POWER_USAGE", Power, 1, 0, 1e5},
 	{"DCGM_FI_DEV_XID_ERRORS", XIDErrors, 1, 0, 1e9},
+	// dcgm-exporter 1.x (NVIDIA/gpu-monitoring-tools: its dcgmi dmon
+	// script, and pod-gpu-metrics-exporter on :9400 in Kubernetes) named
+	// the same fields dcgm_*, in the same units. Listed after the current
+	// names, which win where an exposition has both.
+	{"dcgm_fb_used", FBUsed, 1, 0, 1 << 40},
+	{"dcgm_fb_free", FBFree, 1, 0, 1 << 40},
+	{"dcgm_gpu_utilization", Util, 1, 0, 100},
+	{"dcgm_gpu_temp", Temp, 1, -100, 200},
+	{"dcgm_power_usage", Power, 1, 0, 1e5},
+	{"dcgm_xid_errors", XIDErrors, 1, 0, 1e9},
 }
 
 // ErrNoGPUs is returned for an exposition without any GPU metric this
@@ -225,7 +238,7 @@ func parseBytes(data []byte) ([]GPU, error) {
 	// is kept, as Prometheus and modelserver keep it, and the rest are
 	// dropped and counted. Read last-value-wins, an idle GPU's figures
 	// hid a full one, and FB_USED of one GPU met FB_FREE of another.
-	taken := map[*GPU]uint16{}
+	taken := map[*GPU]uint32{}
 	bad := 0
 	var firstBad string
 	for i, f := range families {
@@ -247,7 +260,9 @@ func parseBytes(data []byte) ([]GPU, error) {
 			v := raw * f.scale
 			if !ok || v < f.lo || v > f.hi {
 				bad++
-				g.Dropped |= 1 << f.metric
+				if !g.Has.Has(f.metric) {
+					g.Dropped |= 1 << f.metric
+				}
 				if firstBad == "" {
 					if !ok {
 						raw = promtext.RawValue(m) // NaN or an infinity, as exported
@@ -256,8 +271,10 @@ func parseBytes(data []byte) ([]GPU, error) {
 				}
 				continue
 			}
-			if f.metric == Util && g.Has.Has(Util) {
-				continue // GPU_UTIL, listed first, wins over engine activity
+			if g.Has.Has(f.metric) {
+				// Read under another name listed first: GPU_UTIL wins
+				// over engine activity, a current name over a 1.x one.
+				continue
 			}
 			g.set(f.metric, v)
 			switch at := time.UnixMilli(m.GetTimestampMs()); {
@@ -370,4 +387,5 @@ func (g *GPU) set(m Metric, v float64) {
 		g.XIDError = v
 	}
 	g.Has |= 1 << m
+	g.Dropped &^= 1 << m // another name's value was dropped; this one counts
 }
