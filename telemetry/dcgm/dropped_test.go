@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -58,4 +59,19 @@ DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",Hostname="n",pod="tp2",namespace="ml"}
 		// dropped) have nothing left to report.
 		"ok": {"gpu_mem_used_bytes": 79000 * mib, "gpu_mem_total_bytes": 80000 * mib},
 	}, got)
+}
+
+// A GPU whose every value was dropped has no time of its own: read from a
+// /federate endpoint, its endpoint keeps the time its other GPUs' values
+// carry rather than taking the poll's.
+func TestAggregateTimeIgnoresAGPUWithEveryValueDropped(t *testing.T) {
+	const expo = `DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",Hostname="n"} 40 1767225590250
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",Hostname="n"} NaN 1767225590250
+`
+	gpus, err := dcgm.ParseMetrics(strings.NewReader(expo))
+	require.Error(t, err)
+	require.Len(t, gpus, 2)
+	obs := dcgm.Aggregate(gpus, dcgm.ByHost(map[string]string{"e": "n"}))
+	require.Len(t, obs, 1)
+	assert.True(t, obs[0].Sample.Time.Equal(time.UnixMilli(1767225590250)), "%v", obs[0].Sample.Time)
 }

@@ -67,7 +67,7 @@ func ByPod(podOf map[string]Pod) Mapping {
 // or the reverse) gets no GPUMemUsed or GPUMemTotal: the GPU it cannot read
 // may be its fullest, and its other GPUs' figures would say it has room it
 // may not have. A sample's Time is the oldest of its GPUs' Times when every
-// one has one, else zero.
+// one with a value read has one, else zero.
 func Aggregate(gpus []GPU, m Mapping) []telemetry.Observation {
 	if m == nil {
 		return nil
@@ -103,6 +103,7 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 			s := &out[j].Sample
 			switch {
 			case untimed[id]:
+			case g.Has == 0: // every value dropped: no time to go by
 			case g.Time.IsZero():
 				untimed[id] = true
 				s.Time = time.Time{}
