@@ -66,8 +66,10 @@ func ByPod(podOf map[string]Pod) Mapping {
 // reading (a memory gauge in its Dropped set, or FB_USED without FB_FREE
 // or the reverse) gets no GPUMemUsed or GPUMemTotal: the GPU it cannot read
 // may be its fullest, and its other GPUs' figures would say it has room it
-// may not have. A sample's Time is the oldest of its GPUs' Times when every
-// one with a value read has one, else zero.
+// may not have. A GPU with no series at all is not known to be missing (a
+// Mapping does not say how many GPUs an endpoint has): the endpoint reads
+// the GPUs it has. A sample's Time is the oldest of its GPUs' Times when
+// every one with a value read has one, else zero.
 func Aggregate(gpus []GPU, m Mapping) []telemetry.Observation {
 	if m == nil {
 		return nil

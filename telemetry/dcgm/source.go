@@ -120,7 +120,9 @@ func (s *Source) validateConfig() error {
 
 // Collect scrapes every target, parses each exposition, and aggregates all
 // GPUs through their targets' Mappings, so an endpoint whose GPUs span nodes
-// (and so targets: list it in each one's Map) still takes its worst one.
+// (and so targets: list it in each one's Map) still takes its worst one; in
+// a round where one of those exporters fails, it reads its GPUs on the
+// others (the error says which failed).
 // Sample times are left zero for the Poller to stamp, except where every
 // value read for an endpoint's GPUs carries a timestamp (a federation
 // endpoint, a caching sidecar): then the oldest of them (the Poller reads
