@@ -7,8 +7,10 @@
 // function. Aggregate folds GPUs into one Sample per endpoint, taking the
 // worst GPU: an endpoint whose model spans several GPUs runs out of memory
 // when its fullest GPU does, so GPUMemUsed and GPUMemTotal come from the GPU
-// with the highest memory pressure, and utilization, temperature and power
-// are the highest among its GPUs. Source scrapes exporters and does both;
+// with the highest memory pressure (none, when one of its GPUs exports a
+// memory value that had to be dropped: that GPU may be the fullest), and
+// utilization, temperature and power are the highest among its GPUs.
+// Source scrapes exporters and does both;
 // like modelserver.Source, it reads its Targets (each an exporter's URL and
 // the Mapping of its GPUs) once per round, so the exporters it scrapes can
 // follow the nodes as they join and leave (one dcgm-exporter DaemonSet pod
