@@ -201,8 +201,11 @@ type key struct {
 //
 // Only the series of the gauges above are parsed into objects, and at most
 // 8192 of them: the rest of an exposition costs a scan, so a wrong URL
-// with a million series of something else costs about its body. Malformed
-// lines of those gauges and series past the limit are skipped, and values
+// with a million series of something else costs about its body. With the
+// default counters a GPU has 8 such series, so one exposition covers at
+// most 1024 GPUs: a Prometheus /federate endpoint serving a larger fleet
+// is read in part (scrape the exporters, or query with package promapi).
+// Malformed lines of those gauges and series past the limit are skipped, and values
 // out of range (negative memory, utilization above 100%) are dropped, and
 // so are repeats of a gauge for one GPU record (a series exported twice, or
 // GPUs whose series lack the UUID, gpu and device labels, which nothing
