@@ -89,7 +89,7 @@ inferlb_telemetry_samples_total{result="dropped_empty",store="llm"} 1
 inferlb_telemetry_samples_total{result="dropped_full",store="llm"} 0
 inferlb_telemetry_samples_total{result="dropped_old",store="llm"} 0
 inferlb_telemetry_samples_total{result="dropped_unknown",store="llm"} 1
-# HELP inferlb_telemetry_store_endpoints Endpoint IDs the store keeps telemetry for (new ones are dropped as dropped_full past its MaxEndpoints).
+# HELP inferlb_telemetry_store_endpoints Endpoint IDs the store has a slot for: a Balancer's endpoints, read or not yet, and IDs published to the store directly. Past its MaxEndpoints, samples for an ID without a slot are dropped: dropped_full when published to the store directly (a Poller whose Sink is the store), dropped_unknown through a Balancer.
 # TYPE inferlb_telemetry_store_endpoints gauge
 inferlb_telemetry_store_endpoints{store="llm"} 1
 `)))

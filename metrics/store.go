@@ -36,7 +36,7 @@ func NewStoreCollector(st *telemetry.Store, storeName string) *StoreCollector {
 		samples: prometheus.NewDesc("inferlb_telemetry_samples_total",
 			"Telemetry samples offered to the store, by what happened to them.", []string{"result"}, cl),
 		endpoints: prometheus.NewDesc("inferlb_telemetry_store_endpoints",
-			"Endpoint IDs the store keeps telemetry for (new ones are dropped as dropped_full past its MaxEndpoints).", nil, cl),
+			"Endpoint IDs the store has a slot for: a Balancer's endpoints, read or not yet, and IDs published to the store directly. Past its MaxEndpoints, samples for an ID without a slot are dropped: dropped_full when published to the store directly (a Poller whose Sink is the store), dropped_unknown through a Balancer.", nil, cl),
 	}
 }
 
