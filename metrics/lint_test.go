@@ -100,3 +100,32 @@ func TestCollectorsRegisterOncePerName(t *testing.T) {
 	_, err := reg.Gather()
 	require.NoError(t, err)
 }
+
+// TestHelpGivesTheUnitsNamesLeaveOut: three series cannot say their unit
+// in their name without a rename that would break dashboards, so their
+// HELP must. inferlb_endpoint_telemetry holds every telemetry field, each
+// in its own unit (bytes, Celsius, watts, counts, ratios): its HELP named
+// none, so avg(inferlb_endpoint_telemetry) by (endpoint), which mixes
+// bytes with ratios, looked like a sensible query. endpoint_error_rate and
+// endpoint_slow_start_factor are ratios without the _ratio suffix, and
+// their HELP did not say their range. A field added to telemetry without
+// its unit in the HELP fails here.
+func TestHelpGivesTheUnitsNamesLeaveOut(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(everyCollector(t, "llm")[0])
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	help := map[string]string{}
+	for _, mf := range mfs {
+		help[mf.GetName()] = mf.GetHelp()
+	}
+	tel := help["inferlb_endpoint_telemetry"]
+	require.NotEmpty(t, tel)
+	for f := range telemetry.NumFields {
+		assert.Regexp(t, `\b`+telemetry.Field(f).String()+`\b`, tel, "the HELP gives no unit for field %s", telemetry.Field(f))
+	}
+	assert.Contains(t, tel, "Select one field before aggregating")
+	for _, n := range []string{"inferlb_endpoint_error_rate", "inferlb_endpoint_slow_start_factor"} {
+		assert.Contains(t, help[n], "a ratio from 0 to 1", n)
+	}
+}

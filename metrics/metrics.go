@@ -45,6 +45,22 @@
 // (inferlb_endpoint_telemetry{field}): a field that is stale or was never
 // reported has no series, while the servers' own /metrics keep the full
 // history.
+//
+// Durations are in seconds, sizes in bytes. Two gauges are ratios from 0
+// to 1 though named before the _ratio convention,
+// inferlb_endpoint_error_rate and inferlb_endpoint_slow_start_factor: they
+// keep their names, as a rename would break dashboards built on them.
+// inferlb_endpoint_telemetry holds each field in that field's own unit
+// (bytes, Celsius, watts, counts, ratios; its HELP lists them): select one
+// field before aggregating.
+//
+// An endpoint removed by Update and added back under the same ID is a new
+// endpoint to the Balancer, with clean state, and the collectors keep no
+// state of their own: its counters start again at 0, which rate() and
+// increase() read as a counter reset, as for a restarted process. What the
+// old endpoint counted after the last scrape before its removal is not in
+// them, nor is the reset seen when the new one counts past the old one's
+// last value within one scrape interval.
 package metrics
 
 import (
@@ -92,10 +108,10 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		latency:        d("endpoint_latency_ewma_seconds", "Peak-EWMA latency of successful calls, as last observed, by service (llm|embedding|rerank|unknown; each kept apart, as the balancer scores them); a service the endpoint has not answered has no series.", []string{"endpoint", "service"}),
 		ttft:           d("endpoint_ttft_ewma_seconds", "EWMA of time to first token of streamed calls; an endpoint no streamed call has reported one for has no series.", ep),
 		tpot:           d("endpoint_time_per_output_token_seconds", "EWMA of decode time per output token after the first, from streamed calls; an endpoint no such call (4+ output tokens) has reported one for has no series.", ep),
-		errRate:        d("endpoint_error_rate", "EWMA of the failure rate, decayed to now.", ep),
+		errRate:        d("endpoint_error_rate", "Share of the endpoint's recent calls that failed, a ratio from 0 to 1 (named before the _ratio convention): an EWMA over the calls counted in endpoint_successes_total and endpoint_failures_total, decayed towards 0 with time; other outcomes leave it as it is.", ep),
 		ready:          d("endpoint_ready", "1 when the transport reports the endpoint ready.", ep),
 		breakerOpen:    d("endpoint_breaker_open", "1 while the circuit breaker holds the endpoint out or probes it.", ep),
-		ramp:           d("endpoint_slow_start_factor", "Slow-start fraction of weight now (1 = full).", ep),
+		ramp:           d("endpoint_slow_start_factor", "Fraction of its endpoint_weight the endpoint takes now as slow start ramps it up, a ratio from 0 to 1 (named before the _ratio convention; 1: full weight, not ramping).", ep),
 		picks:          d("endpoint_picks_total", "Calls routed to the endpoint.", ep),
 		successes:      d("endpoint_successes_total", "Calls that succeeded.", ep),
 		failures:       d("endpoint_failures_total", "Calls that failed, held against the endpoint (overloads, cancellations, not-served and too-long answers and model failures are not counted here).", ep),
@@ -126,7 +142,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		following: d("affinity_following_keys",
 			"1 while affinity keys steer picks; 0 with affinity off or while keys do not recur (MinKeyReuse).", nil),
 		telemetry: d("endpoint_telemetry",
-			"The endpoint's telemetry as the balancer routes on it (fresh fields only), by field.",
+			"The endpoint's telemetry as the balancer routes on it (fresh fields only), by field, each in its own unit: gpu_mem_used_bytes and gpu_mem_total_bytes in bytes, gpu_temp_c in degrees Celsius, gpu_power_w in watts; running, waiting and lora_slots are counts; kv_cache_preallocated and asleep are 0 or 1; gpu_util, kv_cache_usage and prefix_cache_hit_rate are ratios from 0 to 1, cpu_util and app_util too but above 1 when the server is overcommitted (ORCA). Select one field before aggregating.",
 			[]string{"endpoint", "field"}),
 		telemetryAge: d("endpoint_telemetry_age_seconds",
 			"Age of the oldest fresh telemetry field the balancer routes on.", ep),

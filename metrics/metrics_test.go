@@ -210,7 +210,7 @@ func TestCollectorExportsTheTelemetryRoutedOn(t *testing.T) {
 
 	c := metrics.NewCollector(b, "llm")
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
-# HELP inferlb_endpoint_telemetry The endpoint's telemetry as the balancer routes on it (fresh fields only), by field.
+# HELP inferlb_endpoint_telemetry The endpoint's telemetry as the balancer routes on it (fresh fields only), by field, each in its own unit: gpu_mem_used_bytes and gpu_mem_total_bytes in bytes, gpu_temp_c in degrees Celsius, gpu_power_w in watts; running, waiting and lora_slots are counts; kv_cache_preallocated and asleep are 0 or 1; gpu_util, kv_cache_usage and prefix_cache_hit_rate are ratios from 0 to 1, cpu_util and app_util too but above 1 when the server is overcommitted (ORCA). Select one field before aggregating.
 # TYPE inferlb_endpoint_telemetry gauge
 inferlb_endpoint_telemetry{balancer="llm",endpoint="a:1",field="kv_cache_usage"} 0.97
 inferlb_endpoint_telemetry{balancer="llm",endpoint="a:1",field="waiting"} 12
