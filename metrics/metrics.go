@@ -145,7 +145,7 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 			"The endpoint's telemetry as the balancer routes on it (fresh fields only), by field, each in its own unit: gpu_mem_used_bytes and gpu_mem_total_bytes in bytes, gpu_temp_c in degrees Celsius, gpu_power_w in watts; running, waiting and lora_slots are counts; kv_cache_preallocated and asleep are 0 or 1; gpu_util, kv_cache_usage and prefix_cache_hit_rate are ratios from 0 to 1, cpu_util and app_util too but above 1 when the server is overcommitted (ORCA). Select one field before aggregating.",
 			[]string{"endpoint", "field"}),
 		telemetryAge: d("endpoint_telemetry_age_seconds",
-			"Age of the oldest fresh telemetry field the balancer routes on.", ep),
+			"Age of the oldest fresh telemetry field the balancer routes on. Fields go stale at the balancer's TelemetryMaxAge (unless it is negative), so this stays below it, and an endpoint with no fresh field (none reported, all stale or expired) has no series: alert on the series missing, not on its value.", ep),
 	}
 }
 

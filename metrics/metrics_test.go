@@ -214,10 +214,16 @@ func TestCollectorExportsTheTelemetryRoutedOn(t *testing.T) {
 # TYPE inferlb_endpoint_telemetry gauge
 inferlb_endpoint_telemetry{balancer="llm",endpoint="a:1",field="kv_cache_usage"} 0.97
 inferlb_endpoint_telemetry{balancer="llm",endpoint="a:1",field="waiting"} 12
-# HELP inferlb_endpoint_telemetry_age_seconds Age of the oldest fresh telemetry field the balancer routes on.
+# HELP inferlb_endpoint_telemetry_age_seconds Age of the oldest fresh telemetry field the balancer routes on. Fields go stale at the balancer's TelemetryMaxAge (unless it is negative), so this stays below it, and an endpoint with no fresh field (none reported, all stale or expired) has no series: alert on the series missing, not on its value.
 # TYPE inferlb_endpoint_telemetry_age_seconds gauge
 inferlb_endpoint_telemetry_age_seconds{balancer="llm",endpoint="a:1"} 2
 `), "inferlb_endpoint_telemetry", "inferlb_endpoint_telemetry_age_seconds"))
+
+	// Once every field is stale the age has no series at all, rather than
+	// a value past TelemetryMaxAge: "age > 30" never fires for an endpoint
+	// whose telemetry stopped, which the HELP has to say.
+	clock.Advance(balancer.DefaultTelemetryMaxAge)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(""), "inferlb_endpoint_telemetry", "inferlb_endpoint_telemetry_age_seconds"))
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
