@@ -127,11 +127,22 @@ func (p *prefillEstimate) add(nowNs int64, tokens float64) {
 }
 
 // barrier is the factor by which sending a prompt of tokens to e raises
-// its engine's step (see above); 1 for an endpoint not in an engine.
+// its engine's step (see above). An endpoint in no engine is an engine of
+// its own: its step rises by the whole prompt, as that of a rank that is
+// its engine's peak (or whose engine is idle) does. Priced at 1 instead,
+// it won every comparison against the ranks of an idle engine whenever
+// the two shared a group (a plain replica beside vLLM's per-rank servers
+// of the same model): 1 against 1 + tokens/8192, so a 32k-token prompt
+// went to it over an idle rank even with three short calls in flight
+// there. It is priced only on a Balancer with engines; where no candidate
+// is a rank, every one pays the same factor, and the order stands.
 func barrier(e *endpoint, tokens int, nowNs int64) float64 {
-	peers := e.dpPeers.Load()
-	if peers == nil || tokens <= 0 {
+	if tokens <= 0 {
 		return 1
+	}
+	peers := e.dpPeers.Load()
+	if peers == nil {
+		return 1 + float64(tokens)/dpStallTokens
 	}
 	peak := 0.0
 	for _, p := range *peers {

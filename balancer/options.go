@@ -410,7 +410,9 @@ type Options struct {
 	// model's prefill hides the other's peaks). Ranks of an engine step together, so P2C prices how far a prompt
 	// would raise its engine's step above the prefill of its busiest rank,
 	// the candidate included (see the inferlb package doc). Default DefaultDPGroupLabel ("dp_group");
-	// endpoints without the label are priced as before.
+	// an endpoint without the label is an engine of its own, whose step a
+	// prompt raises by all of it (what matters where it shares a group
+	// with ranks); without any engine nothing changes.
 	DPGroupLabel string
 	// AdapterHomes places the calls of rarely asked LoRA adapters by
 	// adapter rather than by prompt: a call for an adapter that has at
