@@ -80,8 +80,9 @@
 // LLMServer and EmbeddingServer document every parameter and its source; in
 // short, one LLM replica is a 32B model on two H100s: ~20,000 prefill
 // tokens/s and 300,000 KV tokens (llm-d's figures for its benchmark fleet,
-// https://llm-d.ai/blog/kvcache-wins-you-can-see), 256 sequences, 8,192
-// tokens per step (vLLM defaults).
+// https://llm-d.ai/blog/kvcache-wins-you-can-see), 256 sequences and 8,192
+// tokens per step (vLLM's defaults give an H100 8,192 tokens and 1,024
+// sequences; in the LLM scenarios checked the KV cache fills first).
 //
 // # Clients, telemetry and incidents
 //

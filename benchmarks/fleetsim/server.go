@@ -93,10 +93,14 @@ const LoRALoadDelay = 20 * time.Millisecond
 //     GPUs' 3.35 TB/s takes ~10ms, plus scheduling and sampling overhead.
 //   - PerDecodeSeq 50µs: a decoded token costs the FLOPs of a prefilled one.
 //   - PerKVToken 40ns: reading 256 KiB of KV per token of context at 6.7 TB/s.
-//   - MaxNumSeqs 256 and MaxBatchedTokens 8192: vLLM's defaults for an
-//     OpenAI-compatible server on a large GPU
-//     (https://docs.vllm.ai/en/latest/configuration/optimization.html,
-//     "Chunked Prefill").
+//   - MaxBatchedTokens 8192: vLLM's default token budget for an
+//     OpenAI-compatible server on a GPU of 70 GiB or more other than an
+//     A100 (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py).
+//   - MaxNumSeqs 256: vLLM's default on smaller GPUs and A100s; on an H100
+//     the same defaults give 1024. The KV cache bounds the scenarios'
+//     batches before either does (quick runs of shared-prefix, chat, mix,
+//     hot-prompt and tenants with round-robin and inferlb peaked at 121
+//     running sequences, 2026-12-06).
 //
 // The resulting ITL is 20-40 ms at the batch sizes the scenarios reach, and
 // the TTFT of a cold 10,000-token prompt on an idle replica is ~0.6 s (llm-d
