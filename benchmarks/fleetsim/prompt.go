@@ -120,3 +120,16 @@ func (p *Prompt) tokenAt(i int, answer uint64) uint64 {
 	}
 	return token(answer, i)
 }
+
+// promptID identifies p's content: its segments and their lengths, or its
+// explicit tokens. Two prompts of the same text have the same ID.
+func promptID(p *Prompt) uint64 {
+	h := uint64(len(p.Segments))<<32 ^ uint64(p.Tokens)
+	for _, s := range p.Segments {
+		h = mix64(h ^ s.ID ^ uint64(s.Tokens)<<1)
+	}
+	for _, t := range p.raw {
+		h = mix64(h ^ t)
+	}
+	return mix64(h)
+}

@@ -65,7 +65,27 @@ type Env struct {
 	// Models are the models each replica serves (nil: all), which
 	// discovery does not tell; only a Variant with ModelLabels reads it.
 	Models [][]string
-	run    *run
+	// Estimate is what the clients' adapters know of each call's size
+	// (RunConfig.Estimate); only the library's Balancer reads it.
+	Estimate Estimate
+	run      *run
+}
+
+// Estimate is how far what a client tells its Balancer of a call's size
+// is from the truth. The zero value is the truth: the workload's prompt
+// tokens and max_tokens, as the simulator's text tokenizes at exactly the
+// HTTP transport's estimate of four characters a token, and its workloads
+// declare max_tokens as the answer's length. Real text tokenizes at
+// other ratios (code, other languages), and clients declare max_tokens
+// far above the answer, or none.
+type Estimate struct {
+	// PromptError spreads the prompt tokens a Balancer is told over
+	// [1-PromptError, 1+PromptError] times the true count, by a factor
+	// fixed for each prompt's content (the same text, the same error).
+	PromptError float64
+	// OutputFactor multiplies the max_tokens a Balancer is told (0: as
+	// declared).
+	OutputFactor float64
 }
 
 // Rand returns a PCG source seeded for this policy instance.
@@ -387,7 +407,7 @@ func InferLB(v Variant) Policy {
 		}
 		o.Clock = e.Clock
 		o.Rand = e.Rand()
-		r := &inferlbRouter{v: v, ids: e.IDs, weights: e.Weights, byID: map[string]int{}}
+		r := &inferlbRouter{v: v, ids: e.IDs, weights: e.Weights, byID: map[string]int{}, est: e.Estimate}
 		onEvent := o.OnEvent
 		o.OnEvent = func(ev balancer.Event) {
 			r.event(ev)
@@ -439,6 +459,7 @@ type inferlbRouter struct {
 	labels  []map[string]string
 	byID    map[string]int // lookups only
 	events  BalancerCounts // the counts of events (Capped, ModelFailing)
+	est     Estimate       // how far the call sizes it is told are off
 }
 
 // event counts the balancer's events (Options.OnEvent).
@@ -530,7 +551,8 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 
 // request is req as the client's adapter describes it. Its token counts
 // are the true ones (the workload's prompt and max_tokens), as the HTTP
-// transport makes them after a refusal as too long (the server's counts).
+// transport makes them after a refusal as too long (the server's counts),
+// unless the run's Estimate puts them off.
 func (r *inferlbRouter) request(req *Request) inferlb.Request {
 	ir := inferlb.Request{
 		Service:         req.Service,
@@ -539,6 +561,13 @@ func (r *inferlbRouter) request(req *Request) inferlb.Request {
 		PromptTokens:    req.Prompt.Tokens,
 		MaxOutputTokens: req.MaxOutputTokens,
 		Tenant:          req.Tenant,
+	}
+	if e := r.est.PromptError; e > 0 && req.Prompt.Tokens > 0 {
+		u := float64(promptID(req.Prompt)>>11) / (1 << 53) // [0, 1), fixed per content
+		ir.PromptTokens = max(int(math.Round(float64(req.Prompt.Tokens)*(1+e*(2*u-1)))), 1)
+	}
+	if f := r.est.OutputFactor; f > 0 {
+		ir.MaxOutputTokens = int(math.Round(float64(req.MaxOutputTokens) * f))
 	}
 	if r.v.NoAffinity {
 		ir.AffinityKey = 0

@@ -110,6 +110,10 @@ type Scenario struct {
 	Warmup, Duration, Drain time.Duration
 	// Scrape is the telemetry scrape interval.
 	Scrape time.Duration
+	// Estimate is how far what clients tell their Balancers of a call's
+	// size is from the truth (zero: exact); the command's -estimate-error
+	// and -declared-output set it.
+	Estimate Estimate
 	// DiscoveryDelay is how long a crashed replica stays listed by service
 	// discovery (readiness probes must fail first).
 	DiscoveryDelay time.Duration
@@ -133,6 +137,8 @@ type RunConfig struct {
 	// Scrape is the telemetry scrape interval; 0 is the scenarios'
 	// default, one second.
 	Scrape time.Duration
+	// Estimate: see Scenario.Estimate.
+	Estimate Estimate
 }
 
 // Result is one run's measurements. Latencies are in seconds.
@@ -307,7 +313,7 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 		default:
 			rt = pol.New(Env{
 				Client: c, Seed: cfg.Seed*1000003 + uint64(c) + 1, Clock: clock,
-				IDs: ids, Weights: weights, Labels: labels, Models: models, run: s,
+				IDs: ids, Weights: weights, Labels: labels, Models: models, Estimate: cfg.Estimate, run: s,
 			})
 			s.uniq = append(s.uniq, rt)
 			if pol.Shared {

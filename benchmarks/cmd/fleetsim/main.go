@@ -71,6 +71,8 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		only   = fs.String("policies", "", "comma-separated policy names to run (default all)")
 		extra  = fs.String("extra", "", "comma-separated baselines to add to every scenario: least-conn, consistent-hash-bounded")
 		scrape = fs.Duration("scrape", 0, "telemetry scrape interval instead of the scenario's (1s), e.g. 15s as a Prometheus-paced poller")
+		estErr = fs.Float64("estimate-error", 0, "spread the prompt tokens inferlb is told over [1-x, 1+x] times the truth, fixed per prompt text (0: exact)")
+		outFac = fs.Float64("declared-output", 0, "multiply the max_tokens inferlb is told by this (0: as the workload declares, the answer's length)")
 	)
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON array of results instead of tables")
 	fs.StringVar(&c.out, "out", "", "directory for CSV, Markdown and PNG output")
@@ -107,6 +109,12 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if *scrape < 0 {
 		return fail("-scrape %v: must not be negative", *scrape)
+	}
+	if !(*estErr >= 0 && *estErr < 1) {
+		return fail("-estimate-error %v: must be at least 0 and below 1", *estErr)
+	}
+	if !(*outFac >= 0 && *outFac <= 1000) {
+		return fail("-declared-output %v: must be 0 (as declared) or a factor up to 1000", *outFac)
 	}
 	if sc := c.scenarios[0]; len(c.scenarios) == 1 && len(sc.Clients) > 0 && flagSet(fs, "clients") {
 		return fail("-clients %d: scenario %s runs %s clients whatever -clients says", c.clients, sc.Name, countList(sc.Clients))
@@ -170,6 +178,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		if *scrape > 0 {
 			sc.Scrape = *scrape
 		}
+		sc.Estimate = fleetsim.Estimate{PromptError: *estErr, OutputFactor: *outFac}
 		keep = append(keep, sc)
 	}
 	c.scenarios = keep
@@ -269,7 +278,7 @@ func runScenario(sc *fleetsim.Scenario, seed uint64, clients, par int) []fleetsi
 				for _, p := range sc.Policies {
 					tasks = append(tasks, task{len(tasks), p, fleetsim.RunConfig{
 						Rate: rate, Clients: c, Seed: seed + k,
-						Warmup: sc.Warmup, Duration: sc.Duration, Drain: sc.Drain, Scrape: sc.Scrape,
+						Warmup: sc.Warmup, Duration: sc.Duration, Drain: sc.Drain, Scrape: sc.Scrape, Estimate: sc.Estimate,
 					}})
 				}
 			}

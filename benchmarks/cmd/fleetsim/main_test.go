@@ -72,6 +72,10 @@ func TestFlagValuesTheCommandCannotHonourAreErrors(t *testing.T) {
 		{[]string{"mix", "-quick"}, `unexpected argument "mix"`},
 		{[]string{"-scenario", "mix", "-quick", "extra"}, `unexpected argument "extra"`},
 		{[]string{"-scenario", "multi-client", "-clients", "4"}, "-clients 4: scenario multi-client runs 1 and 8 clients"},
+		{[]string{"-estimate-error", "1"}, "-estimate-error 1: must be at least 0 and below 1"},
+		{[]string{"-estimate-error", "-0.1"}, "-estimate-error -0.1: must be at least 0"},
+		{[]string{"-estimate-error", "NaN"}, "-estimate-error NaN"},
+		{[]string{"-declared-output", "-2"}, "-declared-output -2: must be 0"},
 	} {
 		var stderr bytes.Buffer
 		_, err := parse(tc.args, &stderr)
@@ -85,6 +89,11 @@ func TestFlagValuesTheCommandCannotHonourAreErrors(t *testing.T) {
 	assert.Equal(t, 3, c.par)
 	_, err = parse([]string{"-scenario", "all", "-clients", "8"}, &bytes.Buffer{})
 	assert.NoError(t, err, "with every scenario, multi-client keeps its own and the rest take -clients")
+	c, err = parse([]string{"-scenario", "all", "-estimate-error", "0.3", "-declared-output", "4"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	for _, sc := range c.scenarios {
+		assert.Equal(t, fleetsim.Estimate{PromptError: 0.3, OutputFactor: 4}, sc.Estimate, sc.Name)
+	}
 }
 
 // idle sends nothing.
