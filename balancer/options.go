@@ -1,9 +1,11 @@
 package balancer
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -380,7 +382,14 @@ type Options struct {
 	// still out to it end there, but its ID may be a new endpoint's.
 	OnEvent func(Event)
 	// SubsetLabel is the endpoint label listing the models an endpoint
-	// serves (comma-separated). Default "model".
+	// serves (comma-separated). Default "model". Each name is trimmed of
+	// spaces; empty names and repeats are dropped, and a name matches a
+	// request's Model exactly, case included (as model servers match
+	// served model names). A request for a model goes to the endpoints
+	// that list it and to those whose label is absent or lists no name,
+	// which serve every model; a model that no endpoint lists goes to
+	// those alone, or fails with ErrNoEndpoints. A request without a
+	// Model may go to any endpoint. It must differ from DPGroupLabel.
 	SubsetLabel string
 	// MinKeyReuse turns AffinityPrefer off while the workload's keys do
 	// not recur: when fewer than this fraction of recent keyed requests
@@ -412,7 +421,8 @@ type Options struct {
 	// the candidate included (see the inferlb package doc). Default DefaultDPGroupLabel ("dp_group");
 	// an endpoint without the label is an engine of its own, whose step a
 	// prompt raises by all of it (what matters where it shares a group
-	// with ranks); without any engine nothing changes.
+	// with ranks); without any engine nothing changes. It must differ
+	// from SubsetLabel.
 	DPGroupLabel string
 	// AdapterHomes places the calls of rarely asked LoRA adapters by
 	// adapter rather than by prompt: a call for an adapter that has at
@@ -614,6 +624,16 @@ func (o *Options) Validate() error {
 		return bad("MaxCooldown", fmt.Sprintf("must be at least DefaultCooldown (%v)", o.DefaultCooldown), o.MaxCooldown)
 	case o.MaxEjectionTime > 0 && o.EjectionTime > o.MaxEjectionTime:
 		return bad("MaxEjectionTime", fmt.Sprintf("must be at least EjectionTime (%v)", o.EjectionTime), o.MaxEjectionTime)
+	}
+	// One label cannot both list an endpoint's models and name its
+	// data-parallel engine: the engine names ("0", "node-b") became the
+	// models it served, and every call for a real model found no endpoint
+	// (or only the unlabelled ones). Named is the field that was set.
+	if sub, dp := cmp.Or(o.SubsetLabel, DefaultSubsetLabel), cmp.Or(o.DPGroupLabel, DefaultDPGroupLabel); sub == dp {
+		if o.SubsetLabel != "" {
+			return bad("SubsetLabel", fmt.Sprintf("must differ from DPGroupLabel (%q): one label cannot list models and name engines", dp), strconv.Quote(sub))
+		}
+		return bad("DPGroupLabel", fmt.Sprintf("must differ from SubsetLabel (%q): one label cannot list models and name engines", sub), strconv.Quote(dp))
 	}
 	// A bare number in a Duration is nanoseconds (TelemetryMaxAge: 30,
 	// meant as seconds, made every reading stale): no setting here means

@@ -56,12 +56,14 @@ func TestOptionsValidateNamesEachField(t *testing.T) {
 		{"MaxCooldown", balancer.Options{MaxCooldown: -time.Second}},
 		{"NotServedMemory", balancer.Options{NotServedMemory: balancer.MaxNotServedMemory + time.Second}},
 		{"Scorers", balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: nil}}},
+		{"SubsetLabel", balancer.Options{SubsetLabel: balancer.DefaultDPGroupLabel}},
+		{"DPGroupLabel", balancer.Options{DPGroupLabel: balancer.DefaultSubsetLabel}},
+		{"SubsetLabel", balancer.Options{SubsetLabel: "pool", DPGroupLabel: "pool"}},
 	}
-	// Fields whose every value means something: a nil default, any label
-	// or seed.
+	// Fields whose every value means something: a nil default or seed.
 	anyValue := map[string]bool{
 		"Clock": true, "Rand": true, "Telemetry": true, "AffinitySeed": true,
-		"OnEvent": true, "SubsetLabel": true, "DPGroupLabel": true,
+		"OnEvent": true,
 	}
 	// A bare number in a Duration is nanoseconds: TelemetryMaxAge: 30,
 	// meant as seconds, made every reading stale, EjectionTime: 10 held a
@@ -94,6 +96,8 @@ func TestOptionsValidateNamesEachField(t *testing.T) {
 		assert.True(t, strings.HasPrefix(err.Error(), "inferlb: balancer.Options."+tc.field), "%s: %v", tc.field, err)
 		assert.PanicsWithError(t, err.Error(), func() { balancer.New(tc.opts) }, "New refuses what Validate does")
 	}
+	assert.NoError(t, (&balancer.Options{SubsetLabel: "pool", DPGroupLabel: "engine"}).Validate(), "distinct labels")
+	assert.NoError(t, (&balancer.Options{SubsetLabel: balancer.DefaultSubsetLabel, DPGroupLabel: balancer.DefaultDPGroupLabel}).Validate(), "the defaults, spelled out")
 	typ := reflect.TypeFor[balancer.Options]()
 	for i := range typ.NumField() {
 		name := typ.Field(i).Name

@@ -367,6 +367,13 @@ func (t *jsonTunables) options() (core.Options, error) {
 	}
 	o.SubsetLabel = t.SubsetLabel
 	o.DPGroupLabel = t.DPGroupLabel
+	if sub, dp := cmp.Or(o.SubsetLabel, core.DefaultSubsetLabel), cmp.Or(o.DPGroupLabel, core.DefaultDPGroupLabel); sub == dp {
+		// The core's rule, named as the config names the field set.
+		if o.SubsetLabel != "" {
+			return o, configError("balancer.subsetLabel", "%q must differ from balancer.dpGroupLabel (%q): one label cannot list models and name engines", sub, dp)
+		}
+		return o, configError("balancer.dpGroupLabel", "%q must differ from balancer.subsetLabel (%q): one label cannot list models and name engines", dp, sub)
+	}
 	if t.TenantShardStrict { // a rule across fields: not in the list above
 		if o.TenantShardSize == 0 {
 			return o, configError("balancer.tenantShardStrict", "needs balancer.tenantShardSize > 0 (sharding is off)")

@@ -75,8 +75,12 @@ func TestParseConfigNamesEachField(t *testing.T) {
 		"outlierMargin":       {`1.5`},
 		"stickyTTL":           {`"5 minutes"`},
 		"stickyEntries":       {`-1`},
+		// One label cannot list models and name engines (the other's
+		// default, here).
+		"subsetLabel":  {`"dp_group"`},
+		"dpGroupLabel": {`"model"`},
 	}
-	anyValue := map[string]bool{"subsetLabel": true, "dpGroupLabel": true}
+	anyValue := map[string]bool{}
 	for _, tag := range tags(jsonTunables{}) {
 		if len(ruled[tag]) == 0 == !anyValue[tag] {
 			t.Errorf("balancer.%s: give it a refused value here, or list it as taking any value", tag)
@@ -84,6 +88,10 @@ func TestParseConfigNamesEachField(t *testing.T) {
 		for _, v := range ruled[tag] {
 			check(t, `{"balancer": {"`+tag+`": `+v+`}}`, "balancer."+tag)
 		}
+	}
+	check(t, `{"balancer": {"subsetLabel": "pool", "dpGroupLabel": "pool"}}`, "balancer.subsetLabel")
+	if _, err := parseConfig([]byte(`{"balancer": {"subsetLabel": "pool", "dpGroupLabel": "engine"}}`), false); err != nil {
+		t.Errorf("distinct labels: %v", err)
 	}
 	for _, js := range []string{
 		`{"orca": {"interval": "0s"}}`,

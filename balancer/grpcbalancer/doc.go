@@ -312,7 +312,7 @@
 //	    "maxEjectionTime": "2m", "maxEjectedFraction": 0.5,
 //	    "outlierInterval": "10s", "outlierMinRequests": 20,
 //	    "outlierMargin": 0.2, "subsetLabel": "model",
-//	    "dpGroupLabel": "dp_group"      // label naming a rank's data-parallel engine
+//	    "dpGroupLabel": "dp_group"      // label naming a rank's data-parallel engine; not subsetLabel's
 //	  }
 //	}
 //
