@@ -2,13 +2,16 @@ package window
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestCarried(t *testing.T) {
@@ -31,6 +34,16 @@ func TestCarried(t *testing.T) {
 		{"a broken escape", `{"x":"\u00zz maximum context length is 5"}`, true},
 		{"a backslash at the end", `{"x":"a\`, false},
 		{"non-ASCII escapes", `{"x":"\u4f60\u597d"}`, false},
+		// The server copies the second field alone, and Refusal reads that
+		// copy's number: the first text, without one, hides nothing.
+		{"a number-less one first", `{"messages":[{"role":"user","content":"Its maximum context length is unknown."}],"max_tokens":"maximum context length is 10"}`, true},
+		{"a number-less one first, TGI's", `{"inputs":"` + "`inputs` must have less than many tokens" + `","parameters":{"stop":["` + "`inputs` must have less than 9 tokens" + `"]}}`, true},
+		// U+0130 lowers to i, as Refusal lowers the server's copy of it.
+		{"escaped dotted capital I", `{"x":"MAX\u0130MUM CONTEXT LENGTH IS 10"}`, true},
+		{"dotted capital I", "{\"x\":\"MAX\u0130MUM CONTEXT LENGTH IS 10\"}", true},
+		// A window's text without the text Refusal knows the refusal by.
+		{"TGI's max_new_tokens bound", "{\"x\":\"`max_new_tokens` must be <= 1024. Given: 2000\"}", false},
+		{"the two halves far apart", `{"a":"exceed_context_size_error","messages":[` + pad + `{"content":"\"n_ctx\":8"}]}`, true},
 		{"empty", ``, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -72,18 +85,35 @@ func TestCarriedLimit(t *testing.T) {
 	assert.False(t, carried)
 }
 
+// Carried finds the text of every refusal Refusal reads, as a field's
+// value; TestRefusal's texts are these.
+func TestCarriedEveryRefusal(t *testing.T) {
+	for _, tc := range refusalTexts {
+		if tc.window == 0 {
+			continue
+		}
+		v, err := json.Marshal(tc.body)
+		require.NoError(t, err)
+		carried, whole := Carried(strings.NewReader(`{"model":"m","max_tokens":`+string(v)+`}`), 1<<20)
+		assert.True(t, whole, tc.name)
+		assert.True(t, carried, tc.name)
+	}
+}
+
+// A body holding, among other text, text that reads as a refusal is
+// carried: a server may copy that part alone.
 func FuzzCarried(f *testing.F) {
-	f.Add([]byte(`{"x":"maximum context length is 10"}`))
-	f.Add([]byte(`\u0041\\\u`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		carried, whole := Carried(bytes.NewReader(b), 1<<20)
+	f.Add([]byte(`{"x":"maximum context length is unknown`), []byte(`maximum context length is 10"}`))
+	f.Add([]byte(`\u0041\\\u`), []byte(`\u0130`))
+	f.Fuzz(func(t *testing.T, other, copied []byte) {
+		body := slices.Concat(other, copied, other)
+		carried, whole := Carried(bytes.NewReader(body), 1<<20)
 		if !whole {
 			t.Fatal("a short body not read whole")
 		}
-		// Text that reads as a refusal as it stands reads so after the
-		// escapes are undone too, unless an escape was in it.
-		if refuses(b) && !bytes.Contains(b, []byte(`\`)) && !carried {
-			t.Fatalf("%q reads as a refusal, Carried says not", b)
+		// Without escapes, the server's copy is the text as it stands.
+		if w, _, _, _ := Refusal(copied); w > 0 && !bytes.Contains(body, []byte(`\`)) && !carried {
+			t.Fatalf("%q reads as a refusal, Carried says %q does not", copied, body)
 		}
 	})
 }

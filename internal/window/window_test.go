@@ -8,57 +8,61 @@ import (
 	"github.com/inferlb/inferlb"
 )
 
+// refusalTexts are the texts Refusal is tested with; TestCarriedEveryRefusal
+// reads them too.
+var refusalTexts = []struct {
+	name, body             string
+	window, prompt, output int
+	promptOnly             bool
+}{
+	{"vLLM", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000, false},
+	// Without max_tokens (v0.5-v0.9): no parenthesis, the prompt
+	// right after "you requested".
+	{"vLLM messages", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens in the messages, Please reduce the length of the messages.","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1, false},
+	{"vLLM input", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}}`, 4096, 5000, -1, false},
+	{"vLLM max_tokens", `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is 4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).","type":"BadRequestError","param":null,"code":400}}`, 4096, 3500, 1000, false},
+	// vLLM's VLLMValidationError (v0.10 on): the first number after
+	// "you requested" is the output asked for, not the prompt.
+	{"vLLM output and prompt", `{"error":{"message":"This model's maximum context length is 32768 tokens. However, you requested 8192 output tokens and your prompt contains at least 24577 input tokens, for a total of at least 32769 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=24577)","type":"BadRequestError","param":"input_tokens","code":400}}`, 32768, 24577, 8192, false},
+	{"vLLM prompt alone", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 0 output tokens and your prompt contains at least 4097 input tokens, for a total of at least 4097 tokens.","code":400}}`, 4096, 4097, 0, false},
+	{"vLLM embedding", `{"object":"error","message":"This model's maximum context length is 512 tokens. However, you requested 600 tokens in the input for embedding generation. Please reduce the length of the input.","type":"BadRequestError","param":null,"code":400}`, 512, 600, -1, false},
+	{"SGLang", `{"object":"error","message":"The input (5000 tokens) is longer than the model's context length (4096 tokens).","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1, false},
+	{"SGLang total", `{"object":"error","message":"Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 5000 tokens: 4000 tokens from the input messages and 1000 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000, false},
+	{"TGI", `{"error":"Input validation error: ` + "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`" + `","error_type":"validation"}`, 4096, 4000, 200, false},
+	// TGI's InputLength (router/src/validation.rs): the prompt alone
+	// is longer than max-input-tokens; it says nothing of the output.
+	{"TGI input", `{"error":"Input validation error: ` + "`inputs` must have less than 1024 tokens. Given: 2000" + `","error_type":"validation"}`, 1024, 2000, -1, true},
+	// TEI's refusal of an input longer than its max-input-length
+	// (core/src/tokenization.rs, encode_input): 413 up to v1.8, 422
+	// from v1.9, in its native and OpenAI-compatible bodies.
+	{"TEI", `{"error":"Input validation error: ` + "`inputs` must have less than 512 tokens. Given: 600" + `","error_type":"Validation"}`, 512, 600, -1, true},
+	{"TEI OpenAI", `{"message":"Input validation error: ` + "`inputs` must have less than 512 tokens. Given: 600" + `","code":413,"type":"Validation"}`, 512, 600, -1, true},
+	{"TEI batch size", `{"message":"batch size 64 > maximum allowed batch size 32","code":413,"type":"Validation"}`, 0, -1, -1, false},
+	// TGI v1 without a fast tokenizer (ValidationError::MaxNewTokens):
+	// max_new_tokens above max-total-tokens less max-input-tokens, no
+	// window and no prompt in it.
+	{"TGI max_new_tokens", `{"error":"Input validation error: ` + "`max_new_tokens` must be <= 1024. Given: 2000" + `","error_type":"validation"}`, 0, -1, -1, false},
+	{"TensorRT-LLM", `{"object":"error","message":"Encountered an error when fetching new request: Prompt length (5056) exceeds maximum sequence length (2048).","type":"BadRequestError","code":400}`, 2048, 5056, -1, false},
+	{"TensorRT-LLM input", `{"message":"Prompt length (200) exceeds maximum input length (128)"}`, 128, 200, -1, true},
+	// vLLM's engine, for a prompt its serving layer let through (a
+	// multimodal one: image tokens are counted there).
+	{"vLLM engine", `{"object":"error","message":"The decoder prompt (length 8825) is longer than the maximum model length of 8192. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens plus multimodal tokens. For image inputs, the number of image tokens depends on the number of images, and possibly their aspect ratios as well.","type":"BadRequestError","param":null,"code":400}`, 8192, 8825, -1, false},
+	{"vLLM engine at the window", `{"error":{"message":"The decoder prompt (length 8192) plus the number of requested output tokens (at least 1) is longer than the maximum model length of 8192. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens (prompt + requested output tokens).","type":"BadRequestError","param":null,"code":400}}`, 8192, 8192, -1, false},
+	// An encoder prompt's bound is vLLM's encoder cache, not the
+	// model's window.
+	{"vLLM engine encoder", `{"error":{"message":"The encoder prompt (length 1600) is longer than the maximum model length of 1500. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens.","type":"BadRequestError","code":400}}`, 0, -1, -1, false},
+	// llama.cpp's server: the prompt alone against a slot's context.
+	{"llama.cpp", `{"error":{"code":400,"message":"request (13392 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":13392,"n_ctx":8192}}`, 8192, 13392, -1, true},
+	{"llama.cpp older", `{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}`, 4096, 5000, -1, true},
+	{"llama.cpp embedding", `{"error":{"code":400,"message":"input is larger than the max context size. skipping","type":"exceed_context_size_error","n_prompt_tokens":600,"n_ctx":512}}`, 512, 600, -1, true},
+	// Older, without the counts: no window to remember.
+	{"llama.cpp embedding, no counts", `{"error":{"code":400,"message":"input is larger than the max context size. skipping","type":"invalid_request_error"}}`, 0, -1, -1, false},
+	{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1, false},
+	{"no number", `{"message":"maximum context length is large"}`, 0, -1, -1, false},
+}
+
 func TestRefusal(t *testing.T) {
-	for _, tc := range []struct {
-		name, body             string
-		window, prompt, output int
-		promptOnly             bool
-	}{
-		{"vLLM", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000, false},
-		// Without max_tokens (v0.5-v0.9): no parenthesis, the prompt
-		// right after "you requested".
-		{"vLLM messages", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens in the messages, Please reduce the length of the messages.","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1, false},
-		{"vLLM input", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}}`, 4096, 5000, -1, false},
-		{"vLLM max_tokens", `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum context length is 4096 tokens and your request has 3500 input tokens (1000 > 4096 - 3500).","type":"BadRequestError","param":null,"code":400}}`, 4096, 3500, 1000, false},
-		// vLLM's VLLMValidationError (v0.10 on): the first number after
-		// "you requested" is the output asked for, not the prompt.
-		{"vLLM output and prompt", `{"error":{"message":"This model's maximum context length is 32768 tokens. However, you requested 8192 output tokens and your prompt contains at least 24577 input tokens, for a total of at least 32769 tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=24577)","type":"BadRequestError","param":"input_tokens","code":400}}`, 32768, 24577, 8192, false},
-		{"vLLM prompt alone", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 0 output tokens and your prompt contains at least 4097 input tokens, for a total of at least 4097 tokens.","code":400}}`, 4096, 4097, 0, false},
-		{"vLLM embedding", `{"object":"error","message":"This model's maximum context length is 512 tokens. However, you requested 600 tokens in the input for embedding generation. Please reduce the length of the input.","type":"BadRequestError","param":null,"code":400}`, 512, 600, -1, false},
-		{"SGLang", `{"object":"error","message":"The input (5000 tokens) is longer than the model's context length (4096 tokens).","type":"BadRequestError","param":null,"code":400}`, 4096, 5000, -1, false},
-		{"SGLang total", `{"object":"error","message":"Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of 5000 tokens: 4000 tokens from the input messages and 1000 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.","type":"BadRequestError","param":null,"code":400}`, 4096, 4000, 1000, false},
-		{"TGI", `{"error":"Input validation error: ` + "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`" + `","error_type":"validation"}`, 4096, 4000, 200, false},
-		// TGI's InputLength (router/src/validation.rs): the prompt alone
-		// is longer than max-input-tokens; it says nothing of the output.
-		{"TGI input", `{"error":"Input validation error: ` + "`inputs` must have less than 1024 tokens. Given: 2000" + `","error_type":"validation"}`, 1024, 2000, -1, true},
-		// TEI's refusal of an input longer than its max-input-length
-		// (core/src/tokenization.rs, encode_input): 413 up to v1.8, 422
-		// from v1.9, in its native and OpenAI-compatible bodies.
-		{"TEI", `{"error":"Input validation error: ` + "`inputs` must have less than 512 tokens. Given: 600" + `","error_type":"Validation"}`, 512, 600, -1, true},
-		{"TEI OpenAI", `{"message":"Input validation error: ` + "`inputs` must have less than 512 tokens. Given: 600" + `","code":413,"type":"Validation"}`, 512, 600, -1, true},
-		{"TEI batch size", `{"message":"batch size 64 > maximum allowed batch size 32","code":413,"type":"Validation"}`, 0, -1, -1, false},
-		// TGI v1 without a fast tokenizer (ValidationError::MaxNewTokens):
-		// max_new_tokens above max-total-tokens less max-input-tokens, no
-		// window and no prompt in it.
-		{"TGI max_new_tokens", `{"error":"Input validation error: ` + "`max_new_tokens` must be <= 1024. Given: 2000" + `","error_type":"validation"}`, 0, -1, -1, false},
-		{"TensorRT-LLM", `{"object":"error","message":"Encountered an error when fetching new request: Prompt length (5056) exceeds maximum sequence length (2048).","type":"BadRequestError","code":400}`, 2048, 5056, -1, false},
-		{"TensorRT-LLM input", `{"message":"Prompt length (200) exceeds maximum input length (128)"}`, 128, 200, -1, true},
-		// vLLM's engine, for a prompt its serving layer let through (a
-		// multimodal one: image tokens are counted there).
-		{"vLLM engine", `{"object":"error","message":"The decoder prompt (length 8825) is longer than the maximum model length of 8192. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens plus multimodal tokens. For image inputs, the number of image tokens depends on the number of images, and possibly their aspect ratios as well.","type":"BadRequestError","param":null,"code":400}`, 8192, 8825, -1, false},
-		{"vLLM engine at the window", `{"error":{"message":"The decoder prompt (length 8192) plus the number of requested output tokens (at least 1) is longer than the maximum model length of 8192. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens (prompt + requested output tokens).","type":"BadRequestError","param":null,"code":400}}`, 8192, 8192, -1, false},
-		// An encoder prompt's bound is vLLM's encoder cache, not the
-		// model's window.
-		{"vLLM engine encoder", `{"error":{"message":"The encoder prompt (length 1600) is longer than the maximum model length of 1500. Make sure that ` + "`max_model_len`" + ` is no smaller than the number of text tokens.","type":"BadRequestError","code":400}}`, 0, -1, -1, false},
-		// llama.cpp's server: the prompt alone against a slot's context.
-		{"llama.cpp", `{"error":{"code":400,"message":"request (13392 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":13392,"n_ctx":8192}}`, 8192, 13392, -1, true},
-		{"llama.cpp older", `{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}`, 4096, 5000, -1, true},
-		{"llama.cpp embedding", `{"error":{"code":400,"message":"input is larger than the max context size. skipping","type":"exceed_context_size_error","n_prompt_tokens":600,"n_ctx":512}}`, 512, 600, -1, true},
-		// Older, without the counts: no window to remember.
-		{"llama.cpp embedding, no counts", `{"error":{"code":400,"message":"input is larger than the max context size. skipping","type":"invalid_request_error"}}`, 0, -1, -1, false},
-		{"other 400", `{"object":"error","message":"temperature must be non-negative","type":"BadRequestError","code":400}`, 0, -1, -1, false},
-		{"no number", `{"message":"maximum context length is large"}`, 0, -1, -1, false},
-	} {
+	for _, tc := range refusalTexts {
 		w, p, o, po := Refusal([]byte(tc.body))
 		assert.Equal(t, [3]int{tc.window, tc.prompt, tc.output}, [3]int{w, p, o}, tc.name)
 		assert.Equal(t, tc.promptOnly, po, "%s: bounds the prompt alone", tc.name)
