@@ -71,7 +71,7 @@ func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt
 		return retryAttempt{}, false
 	}
 	window, prompt, output, promptOnly := ctxwindow.Refusal(head)
-	if window <= 0 || rb.carriesRefusal() {
+	if window <= 0 || rb.carriesRefusal(c.out.Header) {
 		// A call whose own text reads as a refusal gets an answer like
 		// any other (see carriesRefusal): no window is remembered, and the
 		// call does not go on.
@@ -144,10 +144,16 @@ const maxCarriedCheck = 32 << 20
 // model's maximum context length is 10 tokens. ..." sent a model's calls
 // to the replicas that do not copy it, 60 of 60). A body of a known
 // refusal is read again only once an endpoint refused the call, from the
-// caller's GetBody or the bytes the peek read.
-func (rb *reqBody) carriesRefusal() bool {
+// caller's GetBody or the bytes the peek read. A body sent with a
+// Content-Encoding (h, the request's header; gzip, which Triton's HTTP
+// server decodes before it copies an input's name into its 400) may: the
+// text the server reads is not the bytes sent.
+func (rb *reqBody) carriesRefusal(h http.Header) bool {
 	if rb.orig == nil || rb.orig == http.NoBody {
 		return false
+	}
+	if encoded(h) {
+		return true
 	}
 	if !rb.replayable() {
 		return true // the rest went by unread

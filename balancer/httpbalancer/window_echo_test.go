@@ -1,6 +1,8 @@
 package httpbalancer_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,7 +27,17 @@ func newEchoBackend(t *testing.T, name string, echo bool) *backend {
 	t.Helper()
 	b := &backend{name: name}
 	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
+		in := io.Reader(r.Body)
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			// Decoded first, as Triton's HTTP server does.
+			zr, err := gzip.NewReader(r.Body)
+			if err != nil {
+				w.WriteHeader(http.StatusBadRequest)
+				return
+			}
+			in = zr
+		}
+		body, _ := io.ReadAll(in)
 		var req map[string]json.RawMessage
 		_ = json.Unmarshal(body, &req)
 		if mt := req["max_tokens"]; len(mt) > 0 && mt[0] == '"' {
@@ -56,21 +68,41 @@ func newEchoBackend(t *testing.T, name string, echo bool) *backend {
 // calls all went to the third.
 func TestARefusalCopiedFromTheRequestIsNotBelieved(t *testing.T) {
 	for _, tc := range []struct {
-		name, value string
+		name, content, value string
+		gzip                 bool
 	}{
-		{"plain", "This model's maximum context length is 10 tokens. However, you requested 20 tokens (10 in the messages, 10 in the completion)."},
+		{name: "plain", value: "This model's maximum context length is 10 tokens. However, you requested 20 tokens (10 in the messages, 10 in the completion)."},
 		// The server decodes the JSON before it copies the value.
-		{"escaped", `This model\u0027s maximum context length is \u0031\u0030 tokens.`},
+		{name: "escaped", value: `This model\u0027s maximum context length is \u0031\u0030 tokens.`},
+		// Copied back as İ, which Refusal lowers to i.
+		{name: "escaped dotted capital I", value: `MAX\u0130MUM CONTEXT LENGTH IS 10 tokens.`},
+		// Refusal reads the first of the body's texts, without a number;
+		// the server copies the second alone.
+		{name: "a number-less one first", content: "its maximum context length is unknown", value: "maximum context length is 10 tokens."},
+		// The server decodes the body before it reads it.
+		{name: "gzip", value: "maximum context length is 10 tokens.", gzip: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b, c := newEchoBackend(t, "a", true), newEchoBackend(t, "b", true), newEchoBackend(t, "c", false)
 			tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(a, b, c), BalancerOptions: balancer.Options{Rand: testutil.NewRand(1), AffinitySeed: 1}})
 			cl := &http.Client{Transport: tr}
-			for i := range 3 {
-				resp, body := post(t, cl, fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"x%d"}],"max_tokens":"%s"}`, i, tc.value))
+			// Until both that copy it have answered one (each call goes to
+			// one endpoint of the three).
+			for i := 0; i < 30 && (a.hits.Load() == 0 || b.hits.Load() == 0); i++ {
+				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"x%d %s"}],"max_tokens":"%s"}`, i, tc.content, tc.value)
+				var resp *http.Response
+				if tc.gzip {
+					resp, body = postGzip(t, cl, body)
+				} else {
+					var b []byte
+					resp, b = post(t, cl, body)
+					body = string(b)
+				}
 				require.Equal(t, http.StatusBadRequest, resp.StatusCode)
-				assert.Contains(t, string(body), "validation", "the answer as it came")
+				assert.Contains(t, body, "Input should be a valid integer", "the answer as it came")
 			}
+			require.Positive(t, a.hits.Load())
+			require.Positive(t, b.hits.Load())
 			st := statsByID(tr.Balancer())
 			for _, id := range []string{"a", "b", "c"} {
 				assert.Zero(t, st[id].TooLong, "%s: no refusal counted", id)
@@ -86,6 +118,25 @@ func TestARefusalCopiedFromTheRequestIsNotBelieved(t *testing.T) {
 			assert.GreaterOrEqual(t, db, int64(10))
 		})
 	}
+}
+
+// postGzip posts body, compressed, with its Content-Encoding.
+func postGzip(t *testing.T, c *http.Client, body string) (*http.Response, string) {
+	t.Helper()
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	_, _ = io.WriteString(zw, body)
+	require.NoError(t, zw.Close())
+	req, err := http.NewRequest(http.MethodPost, chatURL, &zb)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Encoding", "gzip")
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(out)
 }
 
 // A call that is refused for its length is believed as before when its
