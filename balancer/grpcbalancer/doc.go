@@ -144,7 +144,12 @@
 // sequences' LongestInput + SequenceOutputTokens, which the policy does not
 // estimate: set them in the Request of the call's context) do not fit it, while UnaryRetry sends the call on with
 // the token counts the server gave (a pooling call's as its LongestInput), or, when no endpoint's window might
-// take it, ends it with the server's refusal as sent; a success, and an INTERNAL, UNKNOWN, DATA_LOSS or
+// take it, ends it with the server's refusal as sent (a refusal is
+// believed only of a call whose request message, which UnaryRetry,
+// UnaryOutcome and StreamTiming see, carries no such text itself: Triton
+// copies an input's name and the request's id into its errors, and a
+// caller could otherwise have any window it likes remembered; a call
+// without them is believed unchecked); a success, and an INTERNAL, UNKNOWN, DATA_LOSS or
 // UNIMPLEMENTED the server sent (some of its answer arrived), or an error
 // in a stream's message, names the call's model when it is known
 // (Outcome.Model), so that a model failing on a Triton server that serves

@@ -70,6 +70,10 @@ type backend struct {
 	window        int
 	windowCode    codes.Code
 	windowRefusal string
+	// echo: UnaryCall and StreamingOutputCall with a payload answer
+	// INVALID_ARGUMENT copying it, as Triton copies an input's name (see
+	// UnaryCall).
+	echo bool
 }
 
 func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
@@ -129,6 +133,9 @@ func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.E
 // token stream: the first at once, each next one perMsg later.
 func (b *backend) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, ss grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
 	b.calls.Add(1)
+	if body := req.GetPayload().GetBody(); b.echo && len(body) > 0 {
+		return status.Errorf(codes.InvalidArgument, "unexpected inference input '%s' for model 'llm'", body) // see UnaryCall
+	}
 	if b.clock != nil {
 		for range req.GetResponseParameters() {
 			if err := ss.Send(&testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: []byte(b.addr)}}); err != nil {

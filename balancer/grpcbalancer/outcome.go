@@ -1,6 +1,7 @@
 package grpcbalancer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/internal/shed"
@@ -221,6 +223,13 @@ func serverFailure(di balancer.DoneInfo) bool {
 }
 
 func outcome(di balancer.DoneInfo) inferlb.Outcome {
+	return outcomeOf(di, true)
+}
+
+// outcomeOf is outcome, reading di's status for a refusal as too long
+// (tooLong) only with windows: without, such a refusal is the answer its
+// code makes it (see call.believed).
+func outcomeOf(di balancer.DoneInfo, windows bool) inferlb.Outcome {
 	if !di.BytesSent {
 		return inferlb.Outcome{Err: errNotSent}
 	}
@@ -233,7 +242,7 @@ func outcome(di balancer.DoneInfo) inferlb.Outcome {
 	if errors.Is(di.Err, context.Canceled) {
 		return inferlb.Outcome{Err: di.Err}
 	}
-	if w, prompt := tooLong(di); w > 0 {
+	if w, prompt := tooLong(di); w > 0 && windows {
 		return inferlb.Outcome{ContextWindow: w, PromptWindow: prompt}
 	}
 	switch status.Code(di.Err) {
@@ -467,4 +476,39 @@ func refusalText(msg string) []byte {
 		msg = strings.TrimRight(msg[:maxRefusalText], "0123456789")
 	}
 	return []byte(msg)
+}
+
+// maxCarriedCheck bounds the request message carriesRefusal marshals and
+// reads: a longer one is not believed to be refused for its length.
+const maxCarriedCheck = 32 << 20
+
+// carriesRefusal reports whether req, a call's request message, holds
+// text that reads as a refusal as too long (ctxwindow.Carried), or may (it
+// is no proto.Message nor []byte, cannot be marshalled, or is longer than
+// maxCarriedCheck). Servers copy a request's text into their
+// INVALID_ARGUMENT: Triton's "unexpected inference input '<name>'" and the
+// "[request id: <id>]" it puts before its errors, whatever the call sent
+// as an input's name or the request's id. A call could otherwise have any
+// window it likes remembered for the endpoints that copy it. A message's
+// wire bytes hold its strings as they are. It runs only on a refusal.
+func carriesRefusal(req any) bool {
+	var b []byte
+	switch m := req.(type) {
+	case nil:
+		return false // no message: nothing a server could copy
+	case proto.Message:
+		if proto.Size(m) > maxCarriedCheck {
+			return true
+		}
+		var err error
+		if b, err = proto.Marshal(m); err != nil {
+			return true
+		}
+	case []byte:
+		b = m
+	default:
+		return true
+	}
+	carried, whole := ctxwindow.Carried(bytes.NewReader(b), maxCarriedCheck)
+	return carried || !whole
 }

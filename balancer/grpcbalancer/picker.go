@@ -379,6 +379,9 @@ func (c *call) done(di balancer.DoneInfo) {
 // report reports an attempt's end to the core and puts c back in its pool.
 func (c *call) report(di balancer.DoneInfo) {
 	o := outcome(di)
+	if o.ContextWindow > 0 && !c.believed() {
+		o = outcomeOf(di, false)
+	}
 	if c.retry != nil {
 		c.retry.attemptDone(c.pick.ID(), di, &o)
 	}
@@ -394,6 +397,9 @@ func (c *call) report(di balancer.DoneInfo) {
 		c.stream.fill(&o, c.pick.PickedAt()) // and marks a deadline mid-stream
 		if c.stream.inbandOutcome(&o) {
 			answered = true // an error in a message of the server's
+			if o.ContextWindow > 0 && !c.believed() {
+				o.ContextWindow, o.PromptWindow = 0, false // an answer
+			}
 		}
 	}
 	switch {
@@ -413,6 +419,23 @@ func (c *call) report(di balancer.DoneInfo) {
 	}
 	c.pick.Done(o)
 	c.release()
+}
+
+// believed reports whether a refusal of the call as too long is believed:
+// not when the call's request message carries a refusal's text itself, or
+// cannot be read for one (see carriesRefusal). A unary call's interceptor
+// (UnaryRetry, UnaryOutcome) gives the message, StreamTiming's stream the
+// first the application sent (see streamState.believed). Such a refusal
+// is the answer its code makes it: nothing remembered, no retry. A call
+// without them gives no message, and its refusal is believed.
+func (c *call) believed() bool {
+	switch {
+	case c.retry != nil:
+		return !carriesRefusal(c.retry.req)
+	case c.stream != nil:
+		return c.stream.believed()
+	}
+	return true
 }
 
 func (c *call) release() {

@@ -24,7 +24,10 @@ import (
 //
 // Concurrency: attempts may overlap (gRPC hedging), so every field is atomic.
 type retryState struct {
-	method   string // the call's, as gRPC names it to the picker (retryStateFrom)
+	method string // the call's, as gRPC names it to the picker (retryStateFrom)
+	// req is the call's request message, which a refusal as too long is
+	// checked against (see call.believed); immutable.
+	req      any
 	core     atomic.Pointer[core.Balancer]
 	received atomic.Bool
 	// notServed: the attempt's endpoint answered that it does not serve
@@ -234,7 +237,9 @@ func retryStateFrom(ctx context.Context, method string) *retryState {
 // token counts the server gave (at least one past that window) and passes
 // over the endpoints the Balancer remembers too small for them. When no
 // endpoint is left that might take it, the call ends with the refusal as
-// the server sent it.
+// the server sent it. A refusal is believed only of a call whose request
+// message carries no such text (UnaryOutcome checks it too; see
+// carriesRefusal): one that does ends with it, nothing remembered.
 //
 // It also retries a call whose endpoint answered that it does not serve
 // the call's model (Triton's "Request for unknown model", see the package
@@ -266,7 +271,7 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	maxAttempts = max(maxAttempts, 2)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		st := &retryState{method: method}
+		st := &retryState{method: method, req: req}
 		ctx = context.WithValue(ctx, retryKey{}, st)
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		// The last refusal as too long, when the call went on.
@@ -336,7 +341,7 @@ func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoke
 func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		st := &retryState{method: method}
+		st := &retryState{method: method, req: req}
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, opts)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,6 +58,26 @@ type streamState struct {
 	// inband is the first error a response message of the current attempt
 	// carried (StreamOptions.Error), or nil.
 	inband atomic.Pointer[error]
+
+	// msgMu guards firstMsg, the first message the application sent,
+	// which a refusal as too long is checked against (see
+	// call.believed), and msgs, how many it sent. Written by the sending
+	// goroutine, read by Done's.
+	msgMu    sync.Mutex
+	firstMsg any
+	msgs     int
+}
+
+// believed reports whether a refusal of the stream as too long is
+// believed: not when the message the application sent carries a refusal's
+// text (carriesRefusal), nor when it sent more than one (only the first
+// is kept: a server may have copied any of them). A stream that sent
+// nothing yet carries nothing.
+func (st *streamState) believed() bool {
+	st.msgMu.Lock()
+	m, n := st.firstMsg, st.msgs
+	st.msgMu.Unlock()
+	return n == 0 || n == 1 && !carriesRefusal(m)
 }
 
 type streamKey struct{}
@@ -279,6 +300,11 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 // success, and through StreamTiming it counts as what RecvMsg returns to
 // the application (an overload, for RESOURCE_EXHAUSTED). A stream whose
 // application leaves it before reading that end counts as neither.
+//
+// It keeps the first message the application sends, which a refusal of
+// the stream as too long is checked against (see carriesRefusal): a
+// refusal of a stream whose message carries such text itself, or that
+// sent more than one, is no refusal (nothing remembered).
 func StreamTiming(tokens func(msg any) int) grpc.StreamClientInterceptor {
 	return StreamTimingWith(StreamOptions{Tokens: tokens})
 }
@@ -421,6 +447,12 @@ func (s *timedStream) RecvMsg(m any) error {
 // io.EOF, which says the status is in RecvMsg) the application may leave
 // the stream: a report held then is settled as errStreamLeft.
 func (s *timedStream) SendMsg(m any) error {
+	s.st.msgMu.Lock()
+	if s.st.msgs == 0 {
+		s.st.firstMsg = m
+	}
+	s.st.msgs++
+	s.st.msgMu.Unlock()
 	s.st.sending.Store(true)
 	err := s.ClientStream.SendMsg(m)
 	s.st.sending.Store(false)
