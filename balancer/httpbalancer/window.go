@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/inferlb/inferlb"
@@ -146,13 +147,15 @@ const maxCarriedCheck = 32 << 20
 // refusal is read again only once an endpoint refused the call, from the
 // caller's GetBody or the bytes the peek read. A body sent with a
 // Content-Encoding (h, the request's header; gzip, which Triton's HTTP
-// server decodes before it copies an input's name into its 400) may: the
-// text the server reads is not the bytes sent.
+// server decodes before it copies an input's name into its 400), or as a
+// form (percent-encoded, or multipart, whose parts may be base64 or
+// quoted-printable; FastAPI's Form fields take both), may: the text the
+// server reads is not the bytes sent.
 func (rb *reqBody) carriesRefusal(h http.Header) bool {
 	if rb.orig == nil || rb.orig == http.NoBody {
 		return false
 	}
-	if encoded(h) {
+	if encoded(h) || formBody(h) {
 		return true
 	}
 	if !rb.replayable() {
@@ -165,4 +168,15 @@ func (rb *reqBody) carriesRefusal(h http.Header) bool {
 	defer closeBody(body)
 	carried, whole := ctxwindow.Carried(body.rc, maxCarriedCheck)
 	return carried || !whole
+}
+
+// formBody reports whether a request's Content-Type is a form's:
+// application/x-www-form-urlencoded or multipart/*.
+func formBody(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	return hasPrefixFold(ct, "application/x-www-form-urlencoded") || hasPrefixFold(ct, "multipart/")
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -39,7 +40,17 @@ func newEchoBackend(t *testing.T, name string, echo bool) *backend {
 		}
 		body, _ := io.ReadAll(in)
 		var req map[string]json.RawMessage
-		_ = json.Unmarshal(body, &req)
+		if strings.HasPrefix(r.Header.Get("Content-Type"), "application/x-www-form-urlencoded") {
+			// A form's fields, as FastAPI's Form reads them.
+			form, _ := url.ParseQuery(string(body))
+			req = map[string]json.RawMessage{}
+			for k := range form {
+				v, _ := json.Marshal(form.Get(k))
+				req[k] = v
+			}
+		} else {
+			_ = json.Unmarshal(body, &req)
+		}
 		if mt := req["max_tokens"]; len(mt) > 0 && mt[0] == '"' {
 			b.hits.Add(1)
 			w.Header().Set("Content-Type", "application/json")
@@ -69,7 +80,7 @@ func newEchoBackend(t *testing.T, name string, echo bool) *backend {
 func TestARefusalCopiedFromTheRequestIsNotBelieved(t *testing.T) {
 	for _, tc := range []struct {
 		name, content, value string
-		gzip                 bool
+		gzip, form           bool
 	}{
 		{name: "plain", value: "This model's maximum context length is 10 tokens. However, you requested 20 tokens (10 in the messages, 10 in the completion)."},
 		// The server decodes the JSON before it copies the value.
@@ -81,6 +92,8 @@ func TestARefusalCopiedFromTheRequestIsNotBelieved(t *testing.T) {
 		{name: "a number-less one first", content: "its maximum context length is unknown", value: "maximum context length is 10 tokens."},
 		// The server decodes the body before it reads it.
 		{name: "gzip", value: "maximum context length is 10 tokens.", gzip: true},
+		// Percent-encoded, as a form's fields are.
+		{name: "form", value: "maximum context length is 10 tokens.", form: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b, c := newEchoBackend(t, "a", true), newEchoBackend(t, "b", true), newEchoBackend(t, "c", false)
@@ -91,9 +104,12 @@ func TestARefusalCopiedFromTheRequestIsNotBelieved(t *testing.T) {
 			for i := 0; i < 30 && (a.hits.Load() == 0 || b.hits.Load() == 0); i++ {
 				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"x%d %s"}],"max_tokens":"%s"}`, i, tc.content, tc.value)
 				var resp *http.Response
-				if tc.gzip {
+				switch {
+				case tc.gzip:
 					resp, body = postGzip(t, cl, body)
-				} else {
+				case tc.form:
+					resp, body = postForm(t, cl, url.Values{"model": {"m"}, "max_tokens": {tc.value}})
+				default:
 					var b []byte
 					resp, b = post(t, cl, body)
 					body = string(b)
@@ -118,6 +134,17 @@ func TestARefusalCopiedFromTheRequestIsNotBelieved(t *testing.T) {
 			assert.GreaterOrEqual(t, db, int64(10))
 		})
 	}
+}
+
+// postForm posts form, percent-encoded.
+func postForm(t *testing.T, c *http.Client, form url.Values) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Post(chatURL, "application/x-www-form-urlencoded", strings.NewReader(form.Encode()))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(out)
 }
 
 // postGzip posts body, compressed, with its Content-Encoding.
