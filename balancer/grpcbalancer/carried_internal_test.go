@@ -45,3 +45,14 @@ func TestStreamSendKeepsTheMessageWithoutAllocating(t *testing.T) {
 	assert.Same(t, m, s.st.firstMsg)
 	assert.False(t, s.st.believed(), "more than one message sent")
 }
+
+// Once the interceptor returned, the message is the application's again:
+// an attempt that ends later (an inner interceptor left it running) does
+// not read it, and its refusal is not believed.
+func TestARefusalAfterTheCallReturnedIsNotBelieved(t *testing.T) {
+	st := &retryState{req: &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("hello")}}}
+	assert.True(t, st.believed())
+	st.release()
+	assert.False(t, st.believed())
+	assert.Nil(t, st.req, "the message is not kept")
+}

@@ -431,7 +431,7 @@ func (c *call) report(di balancer.DoneInfo) {
 func (c *call) believed() bool {
 	switch {
 	case c.retry != nil:
-		return !carriesRefusal(c.retry.req)
+		return c.retry.believed()
 	case c.stream != nil:
 		return c.stream.believed()
 	}

@@ -3,6 +3,7 @@ package grpcbalancer
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -26,8 +27,13 @@ import (
 type retryState struct {
 	method string // the call's, as gRPC names it to the picker (retryStateFrom)
 	// req is the call's request message, which a refusal as too long is
-	// checked against (see call.believed); immutable.
+	// checked against (see carriesRefusal). reqMu guards it and returned,
+	// set when the interceptor returns: the application owns the message
+	// again then, and an attempt that ends later (one an inner
+	// interceptor left running) must not read it while it changes.
+	reqMu    sync.Mutex
 	req      any
+	returned bool
 	core     atomic.Pointer[core.Balancer]
 	received atomic.Bool
 	// notServed: the attempt's endpoint answered that it does not serve
@@ -273,6 +279,7 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{method: method, req: req}
 		ctx = context.WithValue(ctx, retryKey{}, st)
+		defer st.release()       // after the close below, whose report may read req
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		// The last refusal as too long, when the call went on.
 		var refused error
@@ -342,7 +349,26 @@ func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{method: method, req: req}
+		defer st.release()       // after the close below, whose report may read req
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, opts)
 	}
+}
+
+// release gives the call's request message back to the application: a
+// refusal of an attempt that ends later is not believed (see believed).
+func (st *retryState) release() {
+	st.reqMu.Lock()
+	st.req, st.returned = nil, true
+	st.reqMu.Unlock()
+}
+
+// believed reports whether a refusal of the call as too long is believed:
+// its request message carries no refusal's text (carriesRefusal), and the
+// call has not returned (its message is the application's again, and
+// nothing is known of it).
+func (st *retryState) believed() bool {
+	st.reqMu.Lock()
+	defer st.reqMu.Unlock()
+	return !st.returned && !carriesRefusal(st.req)
 }
