@@ -187,7 +187,7 @@ func (g *group) adapterCall(model string, nowNs int64, maxAge time.Duration) boo
 	now := time.Unix(0, nowNs)
 	for _, e := range g.members {
 		if a, _, ok := e.slot.Load().LoRA(now, maxAge); ok {
-			return model != a.Base
+			return !a.IsBase(model)
 		}
 	}
 	return false
@@ -215,7 +215,7 @@ func (b *Balancer) baseAt(e *endpoint, model string, nowNs int64) bool {
 		h := sl.Held()
 		return h != 0 && !h.Has(telemetry.LoRASlots)
 	}
-	return model == a.Base
+	return a.IsBase(model)
 }
 
 // loraFlight counts this process's calls in flight on one member per
@@ -293,7 +293,7 @@ func (b *Balancer) slotsLive(nowNs int64) bool {
 // reading are never full.
 func (e *endpoint) slotFull(model string, h, seed uint64, nowNs int64, maxAge time.Duration) bool {
 	a, slots, ok := e.slot.Load().LoRA(time.Unix(0, nowNs), maxAge)
-	if !ok || model == a.Base || slices.Contains(a.Running, model) {
+	if !ok || a.IsBase(model) || slices.Contains(a.Running, model) {
 		return false
 	}
 	// This process's adapters in flight there, each once, less those the
@@ -337,7 +337,7 @@ func (b *Balancer) countLoRA(req *inferlb.Request, e *endpoint, c cand) uint32 {
 	// Only homes read b.adapters, and only keyed picks have homes.
 	homes := b.cfg.adapterHomes > 0 && b.cfg.affinity != AffinityOff
 	a, _, ok := e.slot.Load().LoRA(time.Unix(0, c.nowNs), b.cfg.telemetryMaxAge)
-	if !ok || req.Model == a.Base {
+	if !ok || a.IsBase(req.Model) {
 		return 0
 	}
 	h := adapterID(req.Model, b.adapters.seed)

@@ -138,6 +138,27 @@ type Adapters struct {
 	Running, Waiting []string
 }
 
+// IsBase reports whether model names a's base model, which uses no
+// adapter: Base itself, or a version of it named base@version, as of
+// Base's own name (llama@v2 beside llama, or beside llama@v1). vLLM serves
+// its base model under every --served-model-name it is given and reports
+// the first: started with `--served-model-name llama llama@v2`, as a
+// canary serving a version's name beside the stable one is, it reports
+// llama, and calls for llama@v2 were taken for a LoRA adapter's (sent to
+// one adapter home, or passed over where every slot was taken). So an
+// adapter's name must not start with its base model's name and an @.
+func (a *Adapters) IsBase(model string) bool {
+	return model == a.Base || modelStem(model) == modelStem(a.Base)
+}
+
+// modelStem is name up to its first '@' (all of it without one).
+func modelStem(name string) string {
+	if i := strings.IndexByte(name, '@'); i >= 0 {
+		return name[:i]
+	}
+	return name
+}
+
 // MaxAdapterNames bounds the names an Adapters list holds, and
 // MaxAdapterNameLen the bytes of one name: a source drops the rest (a
 // server cannot run more adapters in one batch than that in any
@@ -180,7 +201,7 @@ func adapterName(n string) bool { return n != "" && len(n) <= MaxAdapterNameLen 
 func (s *Sample) SlotWait(model string) (adapter, full bool) {
 	a := s.Adapters
 	slots, ok := s.Get(LoRASlots)
-	if !ok || !(slots >= 1) || a == nil || model == "" || model == a.Base || slices.Contains(a.Running, model) {
+	if !ok || !(slots >= 1) || a == nil || model == "" || a.IsBase(model) || slices.Contains(a.Running, model) {
 		return false, false
 	}
 	if float64(len(a.Running)) >= slots {
