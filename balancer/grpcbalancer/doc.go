@@ -230,10 +230,11 @@
 //
 // StreamTiming also gives the policy each stream's own end: a stream the
 // server failed before the client had written its request, which grpc-go
-// reports as a success (see Failover), counts as the error the
-// application's RecvMsg returns (an overload for RESOURCE_EXHAUSTED), or
-// as neither when the application leaves the stream without reading it
-// (its context ends first).
+// reports as a success (see Failover), counts as the status gRPC ends the
+// stream with, the error the application's RecvMsg returns (an overload
+// for RESOURCE_EXHAUSTED), also when the application reads only Header
+// and leaves, or as neither when the application leaves the stream before
+// gRPC has read its end (its context ends first).
 //
 // # ORCA load reports
 //

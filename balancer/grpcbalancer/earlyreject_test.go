@@ -220,6 +220,40 @@ func TestEarlyRejectedStreamLeftUnreadCountsAsNeither(t *testing.T) {
 	}
 }
 
+// A rejected stream whose application reads only its Header and then
+// leaves is the overload it is: grpc-go finishes the stream with the
+// status it found in the trailers-only answer (grpc.OnFinish), though
+// Header returns no error. Before, the attempts grpc-go had ended without
+// error counted as neither: of 20 such streams, 2 to 10 counted as
+// overloads in two runs of each kind, the rest as neither.
+func TestEarlyRejectedStreamReadByHeaderAloneIsAnOverload(t *testing.T) {
+	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
+	for _, tc := range rejectedStreams {
+		t.Run(tc.name, func(t *testing.T) {
+			b := rejectingServer(t)
+			name, cb := shared(t, core.Options{})
+			conn, _ := dial(t, []*backend{b}, name, `{}`, grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
+			client := testgrpc.NewTestServiceClient(conn)
+			for range 20 {
+				ctx, cancel := context.WithCancel(testContext(t))
+				st, err := tc.open(ctx, client, big)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := st.Header(); err != nil {
+					t.Fatal(err)
+				}
+				cancel()
+			}
+			s := waitIdle(t, cb, b.addr)
+			if s.Successes != 0 || s.Overloads != 20 || s.Failures != 0 {
+				t.Errorf("20 rejected streams read by Header alone: %d successes, %d overloads, %d failures; want 0, 20, 0",
+					s.Successes, s.Overloads, s.Failures)
+			}
+		})
+	}
+}
+
 // waitIdle waits until endpoint id has nothing in flight (a context's end
 // reaches the policy on another goroutine) and returns its stats.
 func waitIdle(t *testing.T, b *core.Balancer, id string) core.EndpointStats {

@@ -178,10 +178,13 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // (TestEarlyRejectedStreamWithoutStreamTiming logs them). Through
 // StreamTiming, a stream's attempt that grpc-go ends without error while
 // the application sends its request (no success: on OK grpc-go leaves
-// the attempt to RecvMsg) is reported once the application reads
-// the stream's end, with the error RecvMsg returns, and as neither if the
-// application leaves the stream unread (streamState.hold): 20 overloads
-// of 20 (TestEarlyRejectedStreamIsAnOverloadThroughStreamTiming).
+// the attempt to RecvMsg) is reported once gRPC reads the stream's end
+// (in the application's RecvMsg or Header), with the status it finishes
+// the stream with (grpc.OnFinish), and as neither if the application
+// leaves the stream before that (streamState.hold): 20 overloads of 20
+// (TestEarlyRejectedStreamIsAnOverloadThroughStreamTiming, and
+// TestEarlyRejectedStreamReadByHeaderAloneIsAnOverload for streams whose
+// application reads only Header and leaves).
 // Client-streaming calls are corrected the same way (TestEarlyRejectedStream*
 // run them too); streams without StreamTiming are not corrected.
 //

@@ -112,7 +112,7 @@ func (st *streamState) attempt(b *core.Balancer) {
 }
 
 // errStreamLeft is the report of a held attempt (see hold) whose
-// application left the stream without reading how it ended: its context
+// application left the stream before gRPC read how it ended: its context
 // ended, or a later SendMsg failed on the client. The server ended the
 // stream with an error, but which one (an overload, a failure, or an
 // answer about the request, which counts as a success) is in the status
@@ -131,16 +131,17 @@ var errStreamLeft = fmt.Errorf("inferlb: the application left the stream the ser
 // (clientStream.withRetry; on OK it leaves the attempt to RecvMsg), so
 // this is no success (but for a request gRPC replays in a retry, whose
 // failed write ends the attempt whatever its status), and the error is
-// the one RecvMsg returns. A
+// the status gRPC finishes the stream with (finished), which RecvMsg
+// returns. A
 // stream that ends well is reported at once, as before: grpc-go reports
 // its success in the RecvMsg that returns io.EOF, or in the Header that
 // finds the stream ended; so is an attempt with no answer at all
 // (errNoAnswer), whose transparent retry must find it cooled down.
 //
 // Until settled, the report waits for the application's context too: an
-// application that leaves the stream without reading its end (its own
-// deadline, or a cancel after a failed send, or closing the ClientConn)
-// settles it as errStreamLeft.
+// application that leaves the stream before gRPC has read its end (its
+// own deadline, or a cancel after a failed send, or closing the
+// ClientConn) settles it as errStreamLeft.
 // hold reports false when another attempt is held already: that one is
 // reported now, as before.
 func (st *streamState) hold(c *call, di balancer.DoneInfo) bool {
@@ -168,27 +169,46 @@ func (st *streamState) hold(c *call, di balancer.DoneInfo) bool {
 func (st *streamState) left() { st.settle(errStreamLeft) }
 
 // finished is the stream's grpc.OnFinish: gRPC ended the stream with
-// err. A cancellation (the application's context, or its ClientConn
-// closing: grpc.ClientStream's other way to release a stream left
-// unread, which no context of the application's tells) settles a held
-// attempt as left; any other end is the application's to read (RecvMsg,
-// Header), which settles it as before.
+// err, the status it read (nil when the stream ended well). A
+// cancellation (the application's context, or its ClientConn closing:
+// grpc.ClientStream's other way to release a stream left unread, which no
+// context of the application's tells) settles a held attempt as left, and
+// so does the deadline of the application's context: the client's ends,
+// not the server's answer. Any other end settles it as what it is, before
+// the application reads it, if it ever does: grpc-go finishes a stream
+// whose trailers-only answer Header found and returns no error from
+// Header ("the user should get it by calling Recv"), and a stream wrapper
+// inside StreamTiming may make an error of its own of RecvMsg's status.
+// Left to those, an application that read Header and left counted the
+// server's overload as neither, and so did one behind such a wrapper
+// (errStreamHidden).
 func (st *streamState) finished(err error) {
-	if status.Code(err) == codes.Canceled {
+	switch status.Code(err) {
+	case codes.Canceled:
 		st.left()
+	case codes.DeadlineExceeded:
+		if st.ctx != nil && st.ctx.Err() != nil {
+			st.left()
+			return
+		}
+		st.settle(err) // the server's (or a deadline an interceptor inside set: RecvMsg's too)
+	default:
+		st.settle(err)
 	}
 }
 
-// settle reports the held attempt, if any, with err, how the stream ended
-// for the application: RecvMsg's or Header's error (io.EOF: the stream
-// ended well, and the report stands), errRetriedAttempt when gRPC retried
-// the attempt, or errStreamLeft. Exactly one settle reports an attempt,
-// whichever comes first.
+// settle reports the held attempt, if any, with err, how the stream ended:
+// the status gRPC finished it with (finished; nil when it ended well, and
+// the report stands), RecvMsg's or Header's error (io.EOF: the stream
+// ended well), errRetriedAttempt when gRPC retried the attempt, or
+// errStreamLeft. Exactly one settle reports an attempt, whichever comes
+// first: gRPC's finish, when there is one, comes before RecvMsg returns.
 //
 // An error that is no gRPC status (a stream wrapper inside StreamTiming
-// made its own of the status) hides how the stream ended: a held attempt
-// is no success (its send found the stream ended), and its error is
-// unknown, so it counts as neither (errStreamHidden).
+// made its own of the status, and gRPC's finish did not reach us: an
+// interceptor inside dropped our grpc.OnFinish) hides how the stream
+// ended: a held attempt is no success (its send found the stream ended),
+// and its error is unknown, so it counts as neither (errStreamHidden).
 func (st *streamState) settle(err error) {
 	if _, ok := status.FromError(err); !ok && err != io.EOF && !adopts(err) {
 		err = errStreamHidden
@@ -297,9 +317,11 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 // does not time: their one answer is no token): grpc-go reports a stream the server failed before
 // the client had written its request (a long prompt over HTTP/2's 64 KiB
 // initial window, rejected unread by a rate limiter) to the balancer as a
-// success, and through StreamTiming it counts as what RecvMsg returns to
-// the application (an overload, for RESOURCE_EXHAUSTED). A stream whose
-// application leaves it before reading that end counts as neither.
+// success, and through StreamTiming it counts as the status gRPC ends the
+// stream with, which RecvMsg returns to the application (an overload, for
+// RESOURCE_EXHAUSTED), also when the application reads only Header (which
+// returns no error for such an answer) and leaves. A stream whose
+// application leaves it before gRPC has read that end counts as neither.
 //
 // It keeps the first message the application sends, which a refusal of
 // the stream as too long is checked against (see carriesRefusal): a
