@@ -763,6 +763,10 @@ func TestPickAllocs(t *testing.T) {
 	withReq := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
 		Ctx: inferlb.NewContext(context.Background(), &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 7})}
 	UnaryRetry(2) // as a channel with the interceptor: picks look for its state
+	// As a process with the stream interceptors too: a unary call's pick
+	// and Done then look for their state as well, and allocate no more.
+	StreamTiming(nil)
+	StreamEstimate(nil)
 	st := &retryState{method: "/ai.Gen/Chat"}
 	withRetry := balancer.PickInfo{FullMethodName: "/ai.Gen/Chat",
 		Ctx: context.WithValue(context.Background(), retryKey{}, st)}
