@@ -182,17 +182,24 @@ func (st *streamState) left() { st.settle(errStreamLeft) }
 // Left to those, an application that read Header and left counted the
 // server's overload as neither, and so did one behind such a wrapper
 // (errStreamHidden).
+//
+// An end during a SendMsg is left to SendMsg and RecvMsg: grpc-go
+// finishes the stream with a SendMsg's own error (a message over the
+// client's send limit, SendMsg after CloseSend), the client's and no
+// answer of the server's (SendMsg settles it as left), unless RecvMsg on
+// another goroutine read the server's status, which it settles with as
+// it returns.
 func (st *streamState) finished(err error) {
-	switch status.Code(err) {
-	case codes.Canceled:
+	code := status.Code(err)
+	switch {
+	case code == codes.Canceled:
 		st.left()
-	case codes.DeadlineExceeded:
-		if st.ctx != nil && st.ctx.Err() != nil {
-			st.left()
-			return
-		}
-		st.settle(err) // the server's (or a deadline an interceptor inside set: RecvMsg's too)
+	case code == codes.DeadlineExceeded && st.ctx != nil && st.ctx.Err() != nil:
+		st.left()
+	case st.sending.Load():
 	default:
+		// A DEADLINE_EXCEEDED here is the server's, or a deadline an
+		// interceptor inside set: RecvMsg's error too.
 		st.settle(err)
 	}
 }
