@@ -2,6 +2,7 @@ package cache_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -236,4 +237,51 @@ func TestTenantKeys(t *testing.T) {
 	var sum uint64
 	assert.Zero(t, testing.AllocsPerRun(100, func() { sum += k.Tenant("acme") }))
 	assert.NotZero(t, sum)
+}
+
+// Every message list of up to three messages over a few roles and contents
+// (empty ones, NULs, a content that spells a role, bytes that read as a
+// length or as a whole rendered message) has its own key: the rendering is
+// injective where the key covers it whole, i.e. through the first user
+// message. (Rendering without the content's length fails here.)
+func TestChatEncodingInjective(t *testing.T) {
+	k := cache.NewKeyer(77)
+	var msgs []cache.Message
+	for _, r := range []string{"", "user", "system", "a", "s\x00", strings.Repeat("r", 40)} {
+		for _, c := range []string{"", "a", "aa", "\x00", "user", "\x04\x00\x00\x00\x00\x00\x00\x00", "a" + strings.Repeat("\x00", 16), "auser\x04\x00\x00\x00\x00\x00\x00\x00"} {
+			msgs = append(msgs, cache.Message{Role: r, Content: c})
+		}
+	}
+	seen := map[uint64][]cache.Message{}
+	var walk func(list []cache.Message)
+	walk = func(list []cache.Message) {
+		key := k.Chat(model, list)
+		if other, dup := seen[key]; dup {
+			t.Fatalf("%q and %q share key %x", other, list, key)
+		}
+		seen[key] = list
+		if len(list) == 3 || len(list) > 0 && list[len(list)-1].Role == "user" {
+			return // messages after the first user message do not count
+		}
+		for _, m := range msgs {
+			walk(append(slices.Clip(list), m))
+		}
+	}
+	walk(nil)
+	assert.Greater(t, len(seen), 30_000)
+}
+
+// When Chat cuts the first user message at Depth and the cut falls on a
+// block boundary, the key is Blocks' hash of that block, as Blocks
+// documents, for any depth and with a system prompt before it.
+func TestChatCutKeyIsABlockHash(t *testing.T) {
+	k := cache.NewKeyer(9)
+	system := cache.Message{Role: "system", Content: strings.Repeat("s", 100)} // renders as 122 bytes
+	user := cache.Message{Role: "user", Content: strings.Repeat("u", 5000)}
+	for _, depth := range []int{134, 262, 4102} { // 122 + depth is a multiple of BlockChars
+		kd := k.WithDepth(depth)
+		msgs := []cache.Message{system, user}
+		blocks := kd.Blocks(model, msgs, nil)
+		assert.Equal(t, blocks[(122+depth)/cache.BlockChars-1], kd.Chat(model, msgs), "depth %d", depth)
+	}
 }
