@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"math"
 	"slices"
 	"testing"
 )
@@ -40,4 +41,45 @@ func positions(p *Placement) []uint64 {
 		}
 	}
 	return pos
+}
+
+// TestOwnersFollowArcShares checks the key mixing: keys as poorly spread as
+// 0, 1, 2, ... must still land on each member in proportion to the ring arcs
+// it owns. Pearson's chi-square of the owner counts against the exact arc
+// shares has n-1 degrees of freedom; z is its distance from that mean in
+// standard deviations (|z| was under 1 for these seeds).
+func TestOwnersFollowArcShares(t *testing.T) {
+	const keys = 400_000
+	for _, n := range []int{8, 64, 500} {
+		ms := members(n)
+		for i := range ms {
+			ms[i].Weight = float64(1 + i%4)
+		}
+		p := NewPlacement(ms, 11)
+		pos := positions(p)
+		res := 64 - p.shift + subBits
+		share := make([]float64, n)
+		for j := range pos {
+			prev := pos[len(pos)-1] - 1<<res // the last point, one turn back
+			if j > 0 {
+				prev = pos[j-1]
+			}
+			share[uint16(p.points[j])] += float64(pos[j]-prev) / float64(uint64(1)<<res)
+		}
+		count := make([]float64, n)
+		for k := range uint64(keys) {
+			w := p.Walk(k)
+			m, _ := w.Next()
+			count[m]++
+		}
+		chi := 0.0
+		for i := range n {
+			want := share[i] * keys
+			chi += (count[i] - want) * (count[i] - want) / want
+		}
+		z := (chi - float64(n-1)) / math.Sqrt(2*float64(n-1))
+		if math.Abs(z) > 4 {
+			t.Errorf("n=%d: chi-square %.1f with %d degrees of freedom (z = %.1f): owners do not follow the arcs", n, chi, n-1, z)
+		}
+	}
 }

@@ -247,3 +247,31 @@ func TestWalkDoesNotAllocate(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 }
+
+// A member's points are numbered from its own hash, so changing its weight
+// adds or removes points of its own only: a reweighted member (slow start
+// finished, an operator's correction) gains or loses keys, and no key moves
+// between two other members.
+func TestPlacementWeightChangeMovesOnlyThatMembersKeys(t *testing.T) {
+	ms := membersN(32)
+	p := cache.NewPlacement(ms, 3)
+	for _, w := range []float64{2.5, 0.3} {
+		changed := slices.Clone(ms)
+		changed[5].Weight = w
+		q := cache.NewPlacement(changed, 3)
+		moved := 0
+		for _, k := range randomKeys() {
+			before, after := ownerID(p, ms, k), ownerID(q, changed, k)
+			if before == after {
+				continue
+			}
+			moved++
+			if w > 1 {
+				require.Equal(t, ms[5].ID, after, "weight %v: a key moved from %s to %s", w, before, after)
+			} else {
+				require.Equal(t, ms[5].ID, before, "weight %v: a key moved from %s to %s", w, before, after)
+			}
+		}
+		assert.Positive(t, moved, "weight %v moved no key", w)
+	}
+}
