@@ -25,7 +25,8 @@
 // The key is the chain at one depth: for Chat, everything up to and
 // including the first user message, of which at most Depth characters
 // (DefaultDepth, 4 KiB, about 1,000 tokens) count, and at most MaxKeyChars
-// (256 KiB) in all; for Prompt, the first Depth characters. This is why:
+// (256 KiB) in all; for Prompt, the first Depth characters (all counted in
+// bytes of UTF-8; a cut inside a character changes nothing). This is why:
 //
 //   - The turns of one conversation repeat everything through the first user
 //     message verbatim, so they all route alike while the conversation grows.

@@ -19,6 +19,11 @@ const (
 	// a plain prompt) a key covers unless WithDepth says otherwise: 4 KiB,
 	// about 1,000 tokens. Requests that agree on this much of their first
 	// turn share a key, and so a KV cache worth keeping together.
+	//
+	// Like BlockChars and MaxKeyChars it counts bytes of the UTF-8 text, not
+	// runes (4 KiB of CJK text is about 1,400 characters), and a cut may fall
+	// inside a multi-byte character: the key still depends only on the bytes
+	// before the cut, alike in every process.
 	DefaultDepth = 4096
 
 	// MaxKeyChars caps the whole rendered prefix a key covers (256 KiB,

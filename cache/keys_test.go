@@ -285,3 +285,16 @@ func TestChatCutKeyIsABlockHash(t *testing.T) {
 		assert.Equal(t, blocks[(122+depth)/cache.BlockChars-1], kd.Chat(model, msgs), "depth %d", depth)
 	}
 }
+
+// Depth counts bytes: a cut inside a multi-byte character keys on the bytes
+// before it, so prompts that agree on those share a key even where the
+// character they cut differs, and no key depends on how text decodes.
+func TestDepthCutsBytesInsideACharacter(t *testing.T) {
+	k := cache.NewKeyer(10)
+	// Byte DefaultDepth-1 opens an "é"; a and b end it as "é" and "è".
+	text := "x" + strings.Repeat("é", cache.DefaultDepth)
+	a, b := text[:cache.DefaultDepth]+"\xa9 rest", text[:cache.DefaultDepth]+"\xa8 other"
+	assert.Equal(t, k.Prompt(model, a), k.Prompt(model, b))
+	assert.Equal(t, k.Chat(model, []cache.Message{{Role: "user", Content: a}}), k.Chat(model, []cache.Message{{Role: "user", Content: b}}))
+	assert.NotEqual(t, k.Prompt(model, a), k.Prompt(model, text[:cache.DefaultDepth-1]+"e"), "the byte at the cut counts")
+}
