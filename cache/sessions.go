@@ -62,8 +62,10 @@ type SessionOptions struct {
 	// does not bind when the other is set; with both 0 the table holds
 	// DefaultMaxSessions entries (DefaultMaxSessionBytes).
 	MaxBytes int
-	// TTL is how long a session stays after its last Get or Put; 0 means
-	// DefaultSessionTTL, and a negative TTL is refused.
+	// TTL is how long a session stays after its last Put or its last Get
+	// that refreshed it (a Get refreshes an entry only when that moves its
+	// expiry by more than TTL/8, so an idle session can go up to TTL/8
+	// early); 0 means DefaultSessionTTL, and a negative TTL is refused.
 	TTL time.Duration
 	// Clock is the time source; nil means the wall clock.
 	Clock Clock
