@@ -1359,7 +1359,9 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	if sec := histSecond(c.nowNs); e.histSec.Load() != sec {
 		e.recordInFlight(sec) // once a second: see readingDelta
 	}
-	e.inFlight.Add(1)
+	if e.inFlight.Add(1) == 1 {
+		e.busySince.Store(c.nowNs) // see endpoint.pending
+	}
 	if tokens != 0 {
 		e.inFlightTokens.Add(int64(tokens))
 	}
@@ -1490,6 +1492,8 @@ func (p *Pick) Done(o inferlb.Outcome) {
 
 func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	e := p.e
+	nowNs := b.cfg.nowNs()
+	e.lastDone.Store(nowNs) // see endpoint.pending
 	e.inFlight.Add(-1)
 	if atomic.LoadUint32(&p.flags)&pickCounted != 0 {
 		uncountLoRA(p)
@@ -1498,7 +1502,6 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		e.inFlightTokens.Add(-int64(p.tokens))
 	}
 	e.countLoad(-1)
-	nowNs := b.cfg.nowNs()
 	if p.prompt > 0 {
 		e.prefill.done(nowNs, p.start, float64(p.prompt))
 	}

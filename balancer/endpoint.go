@@ -36,6 +36,8 @@ type endpoint struct {
 	rampFrom       atomic.Int64  // unix ns slow start began; 0 = not ramping
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
+	busySince      atomic.Int64                     // unix ns of the last pick that took inFlight from 0 to 1 (see pending)
+	lastDone       atomic.Int64                     // unix ns of the last Done, whatever its outcome (see pending)
 	histSec        atomic.Uint32                    // unix second + 1 of the last entry in hist (see recordInFlight)
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
 	slot           atomic.Pointer[telemetry.Slot]   // held in the Store; nil while the Store is full (see reconcile)
@@ -267,6 +269,7 @@ func (e *endpoint) state(c *config, now time.Time, svc inferlb.Service, weight f
 	st.LatencyDecay = c.latencyDecay
 	st.TTFTEWMA = time.Duration(e.ttftEWMA.Load())
 	st.ErrorRate = e.errorRate(c, nowNs)
+	st.Pending = e.pending(st.InFlight, nowNs)
 	slot := e.slot.Load()
 	slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
 	st.InFlightSinceReading, st.InFlightSinceKV = 0, 0 // st may hold another candidate's
@@ -400,6 +403,26 @@ func (e *endpoint) sinceBase(readAt, base *atomic.Int64, atNs, inFlight, nowNs i
 		return inFlight - b
 	}
 	return inFlight - base.Load()
+}
+
+// pending returns a lower bound on how long a call still out to e has
+// been out: the time since the later of the last Done (whatever its
+// outcome) and the pick that started the current busy period (took
+// inFlight from 0 to 1). Calls out when the last Done left some are still
+// out, none having finished since, and so is the call that started a busy
+// period after it. 0 with nothing in flight. A pick that starts a busy
+// period raises the count before it stores busySince, so a reading in
+// between measures from the last Done, just before it. A clock stepped
+// back reads 0.
+func (e *endpoint) pending(inFlight, nowNs int64) time.Duration {
+	if inFlight <= 0 {
+		return 0
+	}
+	since := max(e.busySince.Load(), e.lastDone.Load())
+	if since == 0 || nowNs <= since {
+		return 0
+	}
+	return time.Duration(nowNs - since)
 }
 
 // stepTolerance is how far a time an endpoint stamped may be ahead of a

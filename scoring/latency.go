@@ -13,6 +13,10 @@ const DefaultLatencyPrior = 50 * time.Millisecond
 // latency: peak-EWMA latency x (in-flight + 1) / weight, the cost function of
 // Finagle's and Linkerd's P2C-PeakEWMA balancers. Peak-EWMA jumps up to a slow
 // response at once and decays slowly, so one slow replica is avoided quickly.
+// With two or more calls out and none finished for longer than that latency
+// (State.Pending), the wait is the latency: an endpoint whose calls hang
+// stops drawing calls as its wait grows, where an EWMA fed only by finished
+// calls would price it as fast as before.
 // The zero value uses the documented defaults.
 type Latency struct {
 	// Prior is the latency assumed for an endpoint with no history while
@@ -57,6 +61,18 @@ func (l *Latency) Cost(_ *inferlb.Request, s State) float64 {
 		// until its first answer came back. It is priced at least at its
 		// last EWMA, or the prior if that is less.
 		lat = max(lat, min(s.LatencyEWMA, prior))
+	}
+	// Calls out for longer than that, with none finished since, say the
+	// endpoint is at least that slow now: its calls may hang (a stuck
+	// GPU, a dead connection the kernel has not noticed), and neither the
+	// EWMA, fed only by finished calls, nor the floor above moves while
+	// they do, so a stuck endpoint kept drawing calls until it held as
+	// many as its peers (several times that, floored at a prior below its
+	// EWMA). One call alone out is left to the EWMA: a single slow call
+	// on an endpoint that serves others meanwhile is an outlier, and
+	// counted, its wait took the endpoint out of rotation until it ended.
+	if s.InFlight >= 2 {
+		lat = max(lat, s.Pending)
 	}
 	// With nothing in flight, an EWMA that decayed to nothing, or none yet,
 	// makes it the next probe; the floor keeps in-flight meaningful.

@@ -84,6 +84,12 @@ type State struct {
 	LastLatency time.Time
 	// LatencyDecay is the EWMA time constant (how fast old latency is forgotten).
 	LatencyDecay time.Duration
+	// Pending is a lower bound on how long a call this process sent to
+	// the endpoint has been out: the time since the later of the last call
+	// to it that finished and the first of its current run of calls in
+	// flight. 0 with nothing in flight. An EWMA fed by finished calls
+	// cannot see an endpoint whose calls hang; this can.
+	Pending time.Duration
 	// TTFTEWMA is the EWMA of time to first token of streamed calls (0 = none).
 	TTFTEWMA time.Duration
 	// ErrorRate is the EWMA of failures over recent outcomes, 0..1, already

@@ -1,0 +1,97 @@
+package balancer_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// errTimeout ends the calls still out when a run ends.
+var errTimeout = context.DeadlineExceeded
+
+// outstanding is a call picked and not yet done, ending at end.
+type outstanding struct {
+	p   balancer.Pick
+	end time.Time
+}
+
+// runRerank sends a rerank call every interval to three endpoints for
+// seconds, on a fake clock; answer returns how long the call to addr sent
+// at elapsed takes (a call that never ends in the run: longer than it).
+// It returns how many calls each endpoint drew after from.
+func runRerank(t *testing.T, every time.Duration, seconds int, from time.Duration, answer func(addr string, elapsed time.Duration) time.Duration) map[string]int {
+	t.Helper()
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:80"}, {Addr: "b:80"}, {Addr: "c:80"}}))
+	var out []outstanding
+	drew := map[string]int{}
+	for elapsed := time.Duration(0); elapsed < time.Duration(seconds)*time.Second; elapsed += every {
+		now := clock.Now()
+		k := 0
+		for _, c := range out {
+			if c.end.After(now) {
+				out[k] = c
+				k++
+				continue
+			}
+			c.p.Done(inferlb.Outcome{})
+		}
+		out = out[:k]
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceRerank})
+		require.NoError(t, err)
+		addr := p.Endpoint().Addr
+		if elapsed >= from {
+			drew[addr]++
+		}
+		out = append(out, outstanding{p: p, end: now.Add(answer(addr, elapsed))})
+		clock.Advance(every)
+	}
+	for _, c := range out {
+		c.p.Done(inferlb.Outcome{Err: errTimeout})
+	}
+	return drew
+}
+
+// A rerank fleet at 200 ms a call, one endpoint of which stops answering
+// (a hung GPU, a connection the kernel has not noticed is dead): its
+// peak-EWMA is fed only by calls that finish, so it held at 200 ms, and
+// while its calls were out it decayed to the scorer's 50 ms prior, its floor
+// with calls in flight. The stuck endpoint then cost a quarter of a
+// healthy one per call in flight and drew calls until it held several
+// times as many as each of them: 13 calls in its first 10 s (4 now), each
+// to hang until the caller gave up. Two calls out with none finished for longer
+// than its latency now price it at least at that wait.
+func TestStuckEndpointStopsDrawingCalls(t *testing.T) {
+	const stuckAt = 20 * time.Second
+	drew := runRerank(t, 20*time.Millisecond, 30, stuckAt, func(addr string, elapsed time.Duration) time.Duration {
+		if addr == "a:80" && elapsed >= stuckAt {
+			return time.Hour
+		}
+		return 200 * time.Millisecond
+	})
+	assert.LessOrEqual(t, drew["a:80"], 4, "calls the stuck endpoint drew in 10 s, of %v", drew)
+}
+
+// One slow call on an endpoint that serves others meanwhile (a pathological
+// input, a long batch) is not a stuck endpoint: with that call alone out,
+// its wait does not count, and the endpoint keeps at least half its share of
+// 20 ms calls (sent every 5 ms, so its peers are busy) while the call is out.
+func TestOneSlowCallDoesNotStopAnEndpoint(t *testing.T) {
+	slow := false
+	drew := runRerank(t, 5*time.Millisecond, 30, 10*time.Second, func(addr string, elapsed time.Duration) time.Duration {
+		if addr == "a:80" && elapsed >= 10*time.Second && !slow {
+			slow = true
+			return time.Hour
+		}
+		return 20 * time.Millisecond
+	})
+	assert.Greater(t, drew["a:80"], 20*200/3/2, "calls the endpoint with one slow call out drew in 20 s, of %v", drew)
+}

@@ -1,0 +1,29 @@
+package scoring_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/scoring"
+)
+
+// Calls out with none finished for longer than the endpoint's latency
+// price it at least at that wait, per call: its EWMA, fed by finished
+// calls, does not move while its calls hang. A single call out is left to
+// the EWMA: one slow call on an endpoint that serves others meanwhile is
+// an outlier, not a stuck endpoint.
+func TestLatencyPricesAWaitWithCallsOut(t *testing.T) {
+	var l scoring.Latency
+	now := testutil.Epoch
+	st := scoring.State{Now: now, Weight: 1, LatencyEWMA: 200 * time.Millisecond, LastLatency: now.Add(-time.Second), LatencyDecay: 10 * time.Second, InFlight: 2}
+	base := l.Cost(nil, st)
+	st.Pending = 100 * time.Millisecond
+	assert.Equal(t, base, l.Cost(nil, st), "a wait shorter than the latency says nothing")
+	st.Pending = 5 * time.Second
+	assert.InDelta(t, 5*3, l.Cost(nil, st), 1e-9, "5 s waited x 3")
+	st.InFlight = 1
+	assert.Less(t, l.Cost(nil, st), 1.0, "one call out: its wait is left to the EWMA")
+}
