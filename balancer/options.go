@@ -111,6 +111,13 @@ type Options struct {
 	// rotation when it returns; readings observed since stay.
 	TelemetryMaxAge time.Duration
 	// LatencyDecay is the peak-EWMA time constant. Default 10s (Linkerd's).
+	// A sample dt after the previous one weighs 1 - exp(-dt/LatencyDecay)
+	// (a latency above the average replaces it at once: the peak); read
+	// dt after its last sample, the average has decayed towards 0 by
+	// exp(-dt/LatencyDecay), so an endpoint shunned for one slow call is
+	// probed again once that falls below its peers' cost: after one 30 s
+	// call among 20 ms ones, about LatencyDecay x ln(30 s / peers' cost
+	// per call), a minute at the default.
 	LatencyDecay time.Duration
 	// ErrorAlpha is the weight of each new outcome in the error-rate EWMA,
 	// and of each streamed call in the TTFT and decode-speed (time per
