@@ -32,8 +32,10 @@ const (
 // value is a slip of units (Interval: 15, meaning seconds, is 15ns) rather
 // than a choice: a round scrapes servers over HTTP, which takes
 // milliseconds, so every round would time out and no reading arrive.
+// Routers that scrape their own fleet poll as often as every 50ms (llm-d's
+// endpoint picker), which the floor leaves room for.
 const (
-	minPollInterval = 100 * time.Millisecond
+	minPollInterval = 10 * time.Millisecond
 	minPollTimeout  = time.Millisecond
 )
 
@@ -49,7 +51,7 @@ type Clock interface {
 // Interval/4 after the last.
 type PollerOptions struct {
 	// Interval is the delay between rounds that succeed. Default
-	// DefaultPollInterval; set, at least 100ms.
+	// DefaultPollInterval; set, at least 10ms.
 	Interval time.Duration
 	// Jitter spreads each delay uniformly over ±Jitter of it, in [0, 1),
 	// and delays each early round (MinInterval) by up to Jitter x

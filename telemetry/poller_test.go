@@ -309,9 +309,11 @@ func TestNewPollerValidates(t *testing.T) {
 		// A bare number is nanoseconds: Interval: 15 meant seconds, and
 		// every round timed out after its 5ns Timeout, so no reading ever
 		// arrived (only OnError said so).
-		{"interval of 15ns", src, &recorder{}, telemetry.PollerOptions{Interval: 15}, "PollerOptions.Interval is 15ns, want 0 (the default) or at least 100ms"},
+		{"interval of 15ns", src, &recorder{}, telemetry.PollerOptions{Interval: 15}, "PollerOptions.Interval is 15ns, want 0 (the default) or at least 10ms"},
 		{"timeout of 5ns", src, &recorder{}, telemetry.PollerOptions{Timeout: 5}, "PollerOptions.Timeout is 5ns, want 0 (the default) or at least 1ms"},
-		{"interval at the floor", src, &recorder{}, telemetry.PollerOptions{Interval: 100 * time.Millisecond}, ""},
+		{"interval at the floor", src, &recorder{}, telemetry.PollerOptions{Interval: 10 * time.Millisecond}, ""},
+		{"interval below the floor", src, &recorder{}, telemetry.PollerOptions{Interval: 9 * time.Millisecond}, "PollerOptions.Interval is 9ms"},
+		{"an endpoint picker's 50ms", src, &recorder{}, telemetry.PollerOptions{Interval: 50 * time.Millisecond}, ""},
 		{"timeout at the floor", src, &recorder{}, telemetry.PollerOptions{Timeout: time.Millisecond}, ""},
 		{"zero value", src, &recorder{}, telemetry.PollerOptions{}, ""},
 	}
