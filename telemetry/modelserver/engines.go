@@ -258,6 +258,15 @@ var read = func() map[string]bool {
 // empty. Lists are read by telemetry.AdapterNames (bounded); a bad
 // max_lora label drops the reading and counts it, and a series whose value
 // (its time) is not a number is dropped and counted.
+//
+// A server of several data-parallel engines (its running count has more
+// than one engine label) is read without it: each engine has slots of its
+// own, and the gauge, which has no engine label, holds the state of
+// whichever engine logged last (vLLM refused LoRA with data parallel, then
+// warned that the metric may mislead there): read as the server's, it
+// said the slots were full while another engine had room, or free while
+// the one that takes the call had none. Such a server's adapters steer no
+// call; it serves them as a server without LoRA telemetry does.
 func (x *extractor) loraInfo(ms, running []*dto.Metric) {
 	var cur *dto.Metric
 	at := math.Inf(-1)
@@ -279,7 +288,7 @@ func (x *extractor) loraInfo(ms, running []*dto.Metric) {
 			break
 		}
 	}
-	if cur == nil || base == "" {
+	if cur == nil || base == "" || engineCount(running) > 1 {
 		return
 	}
 	slots, err := strconv.ParseFloat(promtext.Label(cur, "max_lora"), 64)
@@ -622,4 +631,20 @@ func (x *extractor) worstMemory(used, total []*dto.Metric, key string) {
 		x.s.Set(telemetry.GPUMemUsed, wu)
 		x.s.Set(telemetry.GPUMemTotal, wt)
 	}
+}
+
+// engineCount returns how many engines ms's series name (their engine label);
+// at most 2 is counted, and a series without one counts as one engine.
+func engineCount(ms []*dto.Metric) int {
+	first, n := "", 0
+	for _, m := range ms {
+		e := promtext.Label(m, "engine")
+		switch {
+		case n == 0:
+			first, n = e, 1
+		case e != first:
+			return 2
+		}
+	}
+	return n
 }

@@ -135,3 +135,34 @@ func TestParseVLLMLoRAManyLabelSets(t *testing.T) {
 		assert.Equal(t, 3.0, v, name)
 	}
 }
+
+// A server of two data-parallel engines exports one lora_requests_info,
+// without an engine label, holding whichever engine logged last: it is
+// read without adapters rather than as the server's slots.
+func TestParseVLLMLoRAWithTwoEnginesIsLeftOut(t *testing.T) {
+	const in = `vllm:num_requests_running{engine="0",model_name="base"} 2
+vllm:num_requests_running{engine="1",model_name="base"} 3
+vllm:num_requests_waiting{engine="0",model_name="base"} 0
+vllm:num_requests_waiting{engine="1",model_name="base"} 1
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="chat,law",waiting_lora_adapters=""} 1.7e9
+`
+	res, err := modelserver.Parse(strings.NewReader(in))
+	require.NoError(t, err)
+	assert.Nil(t, res.Sample.Adapters, "one engine's state is not the server's")
+	_, ok := res.Sample.Get(telemetry.LoRASlots)
+	assert.False(t, ok)
+	r, _ := res.Sample.Get(telemetry.Running)
+	assert.Equal(t, 5.0, r, "the counts are read as before")
+	adapter, full := res.Sample.SlotWait("sql")
+	assert.False(t, adapter || full, "no call waits for a slot it may have")
+
+	// One engine, labelled: read as before.
+	const one = `vllm:num_requests_running{engine="0",model_name="base"} 2
+vllm:num_requests_waiting{engine="0",model_name="base"} 0
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="chat,law",waiting_lora_adapters=""} 1.7e9
+`
+	res, err = modelserver.Parse(strings.NewReader(one))
+	require.NoError(t, err)
+	require.NotNil(t, res.Sample.Adapters)
+	assert.Equal(t, []string{"chat", "law"}, res.Sample.Adapters.Running)
+}

@@ -74,7 +74,8 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 //	                           V0: vllm:gpu_prefix_cache_hit_rate, at -1 when caching is off: no reading)
 //	              LoRASlots, Adapters  vllm:lora_requests_info (with --enable-lora: the label
 //	                           set with the latest value; max_lora, running_lora_adapters and
-//	                           waiting_lora_adapters; the base model from model_name)
+//	                           waiting_lora_adapters; the base model from model_name; not read
+//	                           with several engines, whose one gauge holds the last engine's)
 //	              Asleep       vllm:engine_sleep_state (with --enable-sleep-mode): 1 - its
 //	                           sleep_state="awake" series, or without one 1 when
 //	                           weights_offloaded or discard_all is 1; with several engines,

@@ -81,7 +81,7 @@ vllm:num_requests_waiting{model_name="m"} 6
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{model_name="m"} 0.5
 `,
-	// Two data-parallel engines of one vLLM server.
+	// A vLLM server with LoRA adapters: the label set it set last counts.
 	"vllm-lora": `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="llama"} 2
 # TYPE vllm:num_requests_waiting gauge
@@ -92,6 +92,17 @@ vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.4
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7649312028718123e+09
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql,chat",waiting_lora_adapters="law"} 1.7649312110233219e+09
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="chat",waiting_lora_adapters=""} 1.7649312079182e+09
+`,
+	// Two data-parallel engines with LoRA: the one gauge, without an
+	// engine label, holds whichever engine logged last, and is not read.
+	"vllm-lora-dp": `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 2
+vllm:num_requests_running{engine="1",model_name="llama"} 1
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} 0
+vllm:num_requests_waiting{engine="1",model_name="llama"} 0
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql",waiting_lora_adapters=""} 1.7649312110233219e+09
 `,
 	// vLLM 0.9 to 0.10 export the renamed KV gauge under both names, with
 	// the same labels. timestamp() drops the names, and two equal series
@@ -183,9 +194,11 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.8
 
 var want = map[string]map[string]float64{
 	// The label set vLLM set last, not the last line.
-	"vllm-lora":  {"running": 2, "waiting": 1, "kv_cache_usage": 0.4, "lora_slots": 2},
-	"vllm-v1":    {"running": 3, "waiting": 7, "kv_cache_usage": 0.95},
-	"vllm-older": {"running": 1, "waiting": 0, "kv_cache_usage": 0.2},
+	"vllm-lora": {"running": 2, "waiting": 1, "kv_cache_usage": 0.4, "lora_slots": 2},
+	// No lora_slots: see the exposition.
+	"vllm-lora-dp": {"running": 3, "waiting": 0},
+	"vllm-v1":      {"running": 3, "waiting": 7, "kv_cache_usage": 0.95},
+	"vllm-older":   {"running": 1, "waiting": 0, "kv_cache_usage": 0.2},
 	// Pipeline stages export the same batch: the largest counts once.
 	"sglang":    {"running": 5, "waiting": 2, "kv_cache_usage": 0.7},
 	"sglang-dp": {"running": 8, "waiting": 4, "kv_cache_usage": 0.6},

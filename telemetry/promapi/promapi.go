@@ -75,6 +75,8 @@ const fieldLabel = "inferlb_field"
 // instance, the label set with the latest value (the time vLLM set it)
 // and adds the server's model_name (its base model) from its running
 // count; see Queries for the labels a query of that field must return.
+// A server of several data-parallel engines has none (its one gauge holds
+// the engine that logged last), as modelserver.Parse reads it.
 //
 // Asleep reads vLLM's vllm:engine_sleep_state (servers started with
 // --enable-sleep-mode): 1 - its sleep_state="awake" series, the least
@@ -152,9 +154,13 @@ func worstGPUMem(mib string) string {
 // instance's vllm:lora_requests_info, valued at its time, with the
 // model_name of the instance's running count added (0 times it, so the
 // value stays the time; one per instance, or group_left would fail the
-// whole query).
-const loraQuery = `topk by (instance) (1, max by (instance, max_lora, running_lora_adapters, waiting_lora_adapters) (` + loraSeries + `))` +
-	` + on (instance) group_left (model_name) (0 * topk by (instance) (1, max by (instance, model_name) (vllm:num_requests_running)))`
+// whole query). An instance of several data-parallel engines (its running
+// count has more than one engine label) has none: the gauge, without an
+// engine label, holds whichever engine logged last (see modelserver's
+// loraInfo).
+const loraQuery = `(topk by (instance) (1, max by (instance, max_lora, running_lora_adapters, waiting_lora_adapters) (` + loraSeries + `))` +
+	` + on (instance) group_left (model_name) (0 * topk by (instance) (1, max by (instance, model_name) (vllm:num_requests_running))))` +
+	` unless on (instance) (count by (instance) (count by (instance, engine) (vllm:num_requests_running)) > 1)`
 
 // The raw series DefaultQueries read, one selector per field, which
 // DefaultTimestamps reads the scrape times of: the metrics' names, and the
