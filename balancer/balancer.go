@@ -802,7 +802,23 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				}
 				retry = false // spent
 			}
-			i, keyed := chooseOwn(c, &sh)
+			i, keyed := -1, false
+			if c.panicking && sh.calm(b.cfg, g, c.bit, c.nowNs) {
+				// The group is in panic routing but the shard is not:
+				// the calls of the group's other tenants, which made
+				// the panic (a flood cooling its own shard), never come
+				// here, so its members in good standing take its
+				// calls, as they would the group's. In panic they
+				// sent half of them to another tenant's flooded,
+				// cooling members. A shard in panic itself spreads
+				// over its ready members, as the group does.
+				rc := c
+				rc.panicking = false
+				i, keyed = chooseOwn(rc, &sh)
+			}
+			if i < 0 {
+				i, keyed = chooseOwn(c, &sh)
+			}
 			if i < 0 && !c.panicking && b.cfg.panicThreshold > 0 {
 				// The shard may be only cooling down after overload
 				// answers, which a tenant's own flood causes: spread over

@@ -130,7 +130,7 @@ type Options struct {
 	// ready endpoints are in good standing (not cooling down, ejected or
 	// breaker-open), the picker ignores standing and routes across all ready
 	// endpoints, as Envoy does, rather than piling the whole load onto a few
-	// survivors. Default 0.5 (Envoy's); negative disables panic routing.
+	// survivors (a tenant's shard, TenantShardSize, by its own members). Default 0.5 (Envoy's); negative disables panic routing.
 	// Such a call to an endpoint out of good standing is no half-open
 	// probe: its outcome does not move the breaker or the exclusion the
 	// breaker set. An overload answer to it still cools the endpoint down
@@ -268,7 +268,13 @@ type Options struct {
 	// agree on it, nothing is stored per tenant (tenant names cannot grow
 	// any table), and an endpoint leaving changes only the shards it was in.
 	// Affinity keys and P2C work inside the shard, and the affinity load
-	// bound shares the shard members' load among them. When no endpoint of the
+	// bound shares the shard members' load among them. Panic routing
+	// (PanicThreshold) is judged by the shard too: a group in panic sends a
+	// tenant's calls across its shard's members out of good standing only
+	// when fewer than PanicThreshold of the shard's ready members are in
+	// good standing (one tenant's flood, cooling its own shard, put a
+	// model's group of 6 in panic with shards of 4, and other tenants then
+	// sent half their calls to its cooling members). When no endpoint of the
 	// shard can take a request it goes to the whole group (availability
 	// first), unless the shard's endpoints are only cooling down after
 	// overload answers, as a tenant's own flood leaves them: its calls then

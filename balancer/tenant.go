@@ -66,6 +66,25 @@ func (s *shard) share(c *config, g *group, nowNs int64, lead float64) (load int6
 	return s.load, s.weight
 }
 
+// calm reports whether the shard is out of panic routing by its own
+// members, judged as pick judges the group's: some of its ready members
+// (readiness bit bit) are in good standing, and at least PanicThreshold of
+// them.
+func (s *shard) calm(c *config, g *group, bit uint64, nowNs int64) bool {
+	var good, ready int
+	for _, m := range s.members[:s.n] {
+		e := g.members[m]
+		if e.readyMask.Load()&bit == 0 {
+			continue
+		}
+		ready++
+		if e.excludedUntil.Load() <= nowNs && inGoodStanding(e, nowNs) {
+			good++
+		}
+	}
+	return good > 0 && float64(good) >= c.panicThreshold*float64(ready)
+}
+
 func (s *shard) has(i int) bool {
 	return slices.Contains(s.members[:s.n], int32(i))
 }
