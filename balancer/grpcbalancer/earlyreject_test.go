@@ -196,22 +196,13 @@ func TestEarlyRejectedStreamWithoutStreamTiming(t *testing.T) {
 // (Without the correction, the attempts grpc-go ended without error
 // counted as successes.)
 func TestEarlyRejectedStreamLeftUnreadCountsAsNeither(t *testing.T) {
-	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
 	for _, tc := range rejectedStreams {
 		t.Run(tc.name, func(t *testing.T) {
-			b := rejectingServer(t)
-			name, cb := shared(t, core.Options{})
-			conn, _ := dial(t, []*backend{b}, name, `{}`, grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
-			client := testgrpc.NewTestServiceClient(conn)
-			for range 20 {
-				ctx, cancel := context.WithCancel(testContext(t))
-				_, err := tc.open(ctx, client, big)
-				cancel()
-				if err != nil {
+			s := rejectTwenty(t, func(ctx context.Context, client testgrpc.TestServiceClient, big *testgrpc.StreamingOutputCallRequest) {
+				if _, err := tc.open(ctx, client, big); err != nil {
 					t.Fatal(err)
 				}
-			}
-			s := waitIdle(t, cb, b.addr)
+			})
 			if s.Successes != 0 || s.Overloads != 0 || s.Failures != 0 {
 				t.Errorf("20 rejected streams left unread: %d successes, %d overloads, %d failures; want none",
 					s.Successes, s.Overloads, s.Failures)
@@ -227,15 +218,9 @@ func TestEarlyRejectedStreamLeftUnreadCountsAsNeither(t *testing.T) {
 // error counted as neither: of 20 such streams, 2 to 10 counted as
 // overloads in two runs of each kind, the rest as neither.
 func TestEarlyRejectedStreamReadByHeaderAloneIsAnOverload(t *testing.T) {
-	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
 	for _, tc := range rejectedStreams {
 		t.Run(tc.name, func(t *testing.T) {
-			b := rejectingServer(t)
-			name, cb := shared(t, core.Options{})
-			conn, _ := dial(t, []*backend{b}, name, `{}`, grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
-			client := testgrpc.NewTestServiceClient(conn)
-			for range 20 {
-				ctx, cancel := context.WithCancel(testContext(t))
+			s := rejectTwenty(t, func(ctx context.Context, client testgrpc.TestServiceClient, big *testgrpc.StreamingOutputCallRequest) {
 				st, err := tc.open(ctx, client, big)
 				if err != nil {
 					t.Fatal(err)
@@ -243,15 +228,33 @@ func TestEarlyRejectedStreamReadByHeaderAloneIsAnOverload(t *testing.T) {
 				if _, err := st.Header(); err != nil {
 					t.Fatal(err)
 				}
-				cancel()
-			}
-			s := waitIdle(t, cb, b.addr)
+			})
 			if s.Successes != 0 || s.Overloads != 20 || s.Failures != 0 {
 				t.Errorf("20 rejected streams read by Header alone: %d successes, %d overloads, %d failures; want 0, 20, 0",
 					s.Successes, s.Overloads, s.Failures)
 			}
 		})
 	}
+}
+
+// rejectTwenty opens 20 streams of a 1 MiB request, each with a context
+// of its own that is cancelled after use (which does what the test's
+// application does with the stream), to a server that rejects them
+// unread through StreamTiming, and returns the server's endpoint's stats
+// once nothing is in flight.
+func rejectTwenty(t *testing.T, use func(ctx context.Context, client testgrpc.TestServiceClient, big *testgrpc.StreamingOutputCallRequest)) core.EndpointStats {
+	t.Helper()
+	big := &testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: make([]byte, 1<<20)}}
+	b := rejectingServer(t)
+	name, cb := shared(t, core.Options{})
+	conn, _ := dial(t, []*backend{b}, name, `{}`, grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(nil)))
+	client := testgrpc.NewTestServiceClient(conn)
+	for range 20 {
+		ctx, cancel := context.WithCancel(testContext(t))
+		use(ctx, client, big)
+		cancel()
+	}
+	return waitIdle(t, cb, b.addr)
 }
 
 // waitIdle waits until endpoint id has nothing in flight (a context's end
