@@ -1509,7 +1509,12 @@ func (p *Pick) Done(o inferlb.Outcome) {
 func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	e := p.e
 	nowNs := b.cfg.nowNs()
-	e.lastDone.Store(nowNs) // see endpoint.pending
+	if !o.Canceled() {
+		// An answer or a failure: a call the caller gave up on says
+		// nothing about how long the others have been out (see
+		// endpoint.pending).
+		e.lastDone.Store(nowNs)
+	}
 	e.inFlight.Add(-1)
 	if atomic.LoadUint32(&p.flags)&pickCounted != 0 {
 		uncountLoRA(p)

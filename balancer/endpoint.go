@@ -37,7 +37,7 @@ type endpoint struct {
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
 	busySince      atomic.Int64                     // unix ns of the last pick that took inFlight from 0 to 1 (see pending)
-	lastDone       atomic.Int64                     // unix ns of the last Done, whatever its outcome (see pending)
+	lastDone       atomic.Int64                     // unix ns of the last Done that was not a cancellation (see pending)
 	histSec        atomic.Uint32                    // unix second + 1 of the last entry in hist (see recordInFlight)
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
 	slot           atomic.Pointer[telemetry.Slot]   // held in the Store; nil while the Store is full (see reconcile)
@@ -405,12 +405,16 @@ func (e *endpoint) sinceBase(readAt, base *atomic.Int64, atNs, inFlight, nowNs i
 	return inFlight - base.Load()
 }
 
-// pending returns a lower bound on how long a call still out to e has
-// been out: the time since the later of the last Done (whatever its
-// outcome) and the pick that started the current busy period (took
-// inFlight from 0 to 1). Calls out when the last Done left some are still
-// out, none having finished since, and so is the call that started a busy
-// period after it. 0 with nothing in flight. A pick that starts a busy
+// pending returns how long a call still out to e has been out: the time
+// since the later of the last Done that was not a cancellation (an answer
+// or a failure) and the pick that started the current busy period (took
+// inFlight from 0 to 1). Calls out when that Done left some are still out,
+// none having been answered since, and so is the call that started a busy
+// period after it, unless its caller gave up on it: a cancelled call does
+// not restart the wait (an endpoint whose hung calls are abandoned one by
+// one would look fresh at each), so when the call that started the period
+// was the one abandoned, the wait may count from before the oldest call
+// still out, by at most the time between them. 0 with nothing in flight. A pick that starts a busy
 // period raises the count before it stores busySince, so a reading in
 // between measures from the last Done, just before it. A clock stepped
 // back reads 0.

@@ -16,10 +16,11 @@ import (
 // errTimeout ends the calls still out when a run ends.
 var errTimeout = context.DeadlineExceeded
 
-// outstanding is a call picked and not yet done, ending at end.
+// outstanding is a call picked and not yet done, ending at end with err.
 type outstanding struct {
 	p   balancer.Pick
 	end time.Time
+	err error
 }
 
 // runRerank sends a rerank call every interval to three endpoints for
@@ -27,6 +28,15 @@ type outstanding struct {
 // at elapsed takes (a call that never ends in the run: longer than it).
 // It returns how many calls each endpoint drew after from.
 func runRerank(t *testing.T, every time.Duration, seconds int, from time.Duration, answer func(addr string, elapsed time.Duration) time.Duration) map[string]int {
+	t.Helper()
+	return runRerankEnding(t, every, seconds, from, func(addr string, elapsed time.Duration) (time.Duration, error) {
+		return answer(addr, elapsed), nil
+	})
+}
+
+// runRerankEnding is runRerank whose calls end with the error end returns
+// with their length (nil: an answer).
+func runRerankEnding(t *testing.T, every time.Duration, seconds int, from time.Duration, end func(addr string, elapsed time.Duration) (time.Duration, error)) map[string]int {
 	t.Helper()
 	clock := testutil.NewClock()
 	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1)})
@@ -42,7 +52,7 @@ func runRerank(t *testing.T, every time.Duration, seconds int, from time.Duratio
 				k++
 				continue
 			}
-			c.p.Done(inferlb.Outcome{})
+			c.p.Done(inferlb.Outcome{Err: c.err})
 		}
 		out = out[:k]
 		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceRerank})
@@ -51,7 +61,8 @@ func runRerank(t *testing.T, every time.Duration, seconds int, from time.Duratio
 		if elapsed >= from {
 			drew[addr]++
 		}
-		out = append(out, outstanding{p: p, end: now.Add(answer(addr, elapsed))})
+		d, err := end(addr, elapsed)
+		out = append(out, outstanding{p: p, end: now.Add(d), err: err})
 		clock.Advance(every)
 	}
 	for _, c := range out {
@@ -78,6 +89,24 @@ func TestStuckEndpointStopsDrawingCalls(t *testing.T) {
 		return 200 * time.Millisecond
 	})
 	assert.LessOrEqual(t, drew["a:80"], 4, "calls the stuck endpoint drew in 10 s, of %v", drew)
+}
+
+// A stuck endpoint whose callers give up on their calls after a second
+// (a user's stop, a hedged call's loser, an agent's step abandoned:
+// context.Canceled, neither success nor failure) drew 67 calls in its first
+// 10 s: each abandoned call reset its wait. Its wait now runs from the last
+// call it answered or failed, and it draws 22 (4 when nobody cancels, its
+// wait then growing unbounded: here once every call out was abandoned the
+// next starts a busy period afresh, at the latency of its last answer).
+func TestStuckEndpointStopsDrawingCallsItsCallersCancel(t *testing.T) {
+	const stuckAt = 20 * time.Second
+	drew := runRerankEnding(t, 20*time.Millisecond, 30, stuckAt, func(addr string, elapsed time.Duration) (time.Duration, error) {
+		if addr == "a:80" && elapsed >= stuckAt {
+			return time.Second, context.Canceled
+		}
+		return 200 * time.Millisecond, nil
+	})
+	assert.LessOrEqual(t, drew["a:80"], 22, "calls the stuck endpoint drew in 10 s, of %v", drew)
 }
 
 // One slow call on an endpoint that serves others meanwhile (a pathological
