@@ -163,6 +163,11 @@ type Balancer struct {
 	outlierPools []*group
 	outlierRates []float64
 	ejectMu      sync.Mutex // makes mayEject and marking the endpoint out one step; see mayEject
+
+	// beforeBrMu, when set (by internal tests only, before any call),
+	// runs in report just before it takes an endpoint's brMu: the point
+	// where a racing report can overtake it.
+	beforeBrMu func()
 }
 
 // snapshot is the immutable picker state built by Update.

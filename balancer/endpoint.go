@@ -50,7 +50,7 @@ type endpoint struct {
 	tpotEWMA       atomic.Int64                     // ns per output token after the first (decode speed)
 	errRate        atomic.Uint64                    // float64 bits
 	errAt          atomic.Int64                     // unix ns of last counted outcome
-	failStreak     atomic.Int64                     // unix ns of the first failure of the current streak; 0 = none
+	failStreak     atomic.Int64                     // unix ns of the first failure of the current streak; 0 = none; written under brMu
 	successes      atomic.Uint64
 	mu             sync.Mutex // serializes error-rate updates; never taken by Pick
 	brMu           sync.Mutex // makes report's generation check and the breaker's transition one step; never taken by Pick

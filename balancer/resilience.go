@@ -466,19 +466,24 @@ func (b *Balancer) emit(e *endpoint, ev Event) {
 // The common case, a success on a closed breaker with no failure streak to
 // reset, changes nothing gobreaker acts on, so it is not reported: that keeps
 // the breaker's mutex and clock reads off the path of healthy endpoints.
-// The streak is noted only for outcomes the breaker counts: a stale success
-// that ended it would hide it from the next, current, success, which would
-// then skip the report, and gobreaker would go on counting its consecutive
-// failures across that success.
+// That skip is sound only while the streak and gobreaker's count agree: a
+// streak is noted exactly when gobreaker counts a failure and ended exactly
+// when it counts a success. So the streak is noted under brMu with the
+// report itself, after the generation check. Noted before it, a success
+// could overtake a failure between the two: it ended the streak and
+// reported, the failure then reached gobreaker, which held a failure no
+// streak noted, and every later success skipped its report: the next trip
+// came after BreakerFailures-1 failures, whatever successes came between.
+// (A stale success that ended the streak before its generation check
+// failed did the same.)
 func (b *Balancer) report(e *endpoint, gen uint32, err error, nowNs int64) {
 	if e.breaker == nil || e.brGen.Load() != gen {
 		return
 	}
-	var streak int64
-	if err != errExcluded {
-		streak = noteStreak(e, nowNs, err != nil)
-	}
-	if err == nil && streak == 0 && e.brState.Load() == int32(gobreaker.StateClosed) {
+	if err == nil && e.failStreak.Load() == 0 && e.brState.Load() == int32(gobreaker.StateClosed) {
+		// Read unlocked: a failure that notes a streak after this read
+		// reports after this success would have, and gobreaker's order
+		// is the same.
 		return
 	}
 	// The generation is checked again under brMu, with the report itself:
@@ -488,10 +493,16 @@ func (b *Balancer) report(e *endpoint, gen uint32, err error, nowNs int64) {
 	// probe. A burst of concurrent failures, as when a replica dies with
 	// calls in flight, escalated the exclusion that way, doubling it per
 	// straggler.
+	if b.beforeBrMu != nil {
+		b.beforeBrMu()
+	}
 	e.brMu.Lock()
 	defer e.brMu.Unlock()
 	if e.brGen.Load() != gen {
 		return
+	}
+	if err != errExcluded {
+		noteStreak(e, nowNs, err != nil) // before a trip reads it (Detection)
 	}
 	// Execute is gobreaker's allow-then-report in one call; the call itself
 	// already happened, so the function only hands over its result. This
@@ -584,16 +595,18 @@ func (b *Balancer) returnProbe(p *Pick) {
 }
 
 // noteStreak tracks when the current run of failures began, for detection
-// time, and returns the streak's start before this outcome (0 = none).
-func noteStreak(e *endpoint, nowNs int64, failed bool) int64 {
+// time and for report's skip of successes. Called under e.brMu, with the
+// outcome's report to the breaker (see report).
+func noteStreak(e *endpoint, nowNs int64, failed bool) {
 	if !failed {
-		if e.failStreak.Load() == 0 {
-			return 0 // the common case: no streak, nothing to write
+		if e.failStreak.Load() != 0 {
+			e.failStreak.Store(0)
 		}
-		return e.failStreak.Swap(0)
+		return
 	}
-	e.failStreak.CompareAndSwap(0, nonZero(nowNs))
-	return e.failStreak.Load()
+	if e.failStreak.Load() == 0 {
+		e.failStreak.Store(nonZero(nowNs))
+	}
 }
 
 // maybeEvaluateOutliers runs outlier detection when its interval is due.
