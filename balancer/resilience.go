@@ -632,6 +632,14 @@ func noteStreak(e *endpoint, nowNs int64, failed bool) {
 // within its cap). Its success rate is one figure over all its calls, whichever
 // pool they were routed in: counting per pool would cost every call.
 //
+// An outlier cooling down (an overload answer's Retry-After) is judged
+// and ejected all the same: the overload says the server is busy, not
+// that its failures are over. Passed over, its interval's counts were
+// dropped with the rest, and it came back from the cooldown in good
+// standing (one overloaded again by every evaluation was never ejected).
+// One held out for failing already (its breaker open, or an ejection in
+// force) is not ejected again.
+//
 // It reads each endpoint's pools, not the memberships, so it takes no
 // lock but outlierMu (and ejectMu to eject); its work is the sum of the
 // pools' sizes, and its scratch is kept, so it allocates only when the
@@ -714,8 +722,8 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 			e.capped.And(^uint32(cappedOutlier))
 			continue
 		}
-		if e.excludedUntil.Load() > nowNs {
-			continue
+		if e.excludedUntil.Load() > nowNs && e.heldOut(nowNs) {
+			continue // out for failing already: its breaker or an ejection holds it
 		}
 		now := time.Unix(0, nowNs)
 		b.ejectMu.Lock()
@@ -732,12 +740,15 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		until := later(nowNs, b.ejectionTime(n))
 		e.ejectedUntil.Store(until)
 		b.ejectMu.Unlock()
-		e.rampFrom.Store(nonZero(until)) // ramp up when it returns
-		e.ejectCount.Add(1)
 		exclude(e, until)
+		// It returns when its exclusion ends: a cooldown in force may
+		// outlast the ejection.
+		back := max(until, e.excludedUntil.Load())
+		e.rampFrom.Store(nonZero(back)) // ramp up when it returns
+		e.ejectCount.Add(1)
 		b.forgetLoad(e, now)
 		b.epoch.Add(1)
-		b.emit(e, Event{Kind: EventEjected, Endpoint: e.id, At: now, Until: time.Unix(0, until)})
+		b.emit(e, Event{Kind: EventEjected, Endpoint: e.id, At: now, Until: time.Unix(0, back)})
 	}
 }
 
