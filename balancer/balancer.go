@@ -112,7 +112,8 @@ type Balancer struct {
 	// the atomics of endpoint state and the tables behind sticky, spills
 	// and reuse (lock-free), so it never takes mu. Lock order on the way to
 	// an ejection: an endpoint's brMu, its breaker's own mutex, then
-	// ejectMu; or outlierMu, then ejectMu. A telemetry slot's merge lock
+	// ejectMu (or, as the breaker closes, the endpoint's mu: see
+	// forgiveErrors); or outlierMu, then ejectMu. A telemetry slot's merge lock
 	// (forgetLoad, after ejectMu is released) is taken last, and nothing
 	// under it.
 
@@ -1367,6 +1368,10 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 		} else {
 			gen-- // a racing pick took the last probe: a straggler, as above
 		}
+	} else if cappedProbing(e, c.nowNs) && b.takeProbe(e, c.nowNs) {
+		// A capped breaker's probe (armCappedProbes). It is in rotation:
+		// a pick that finds no slot is an ordinary call.
+		flags = pickProbe
 	}
 	// Counted as int32 so Pick stays 40 bytes (the HTTP transport's call
 	// state, which holds one, stays in its allocation size class); no call

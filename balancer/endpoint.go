@@ -20,7 +20,8 @@ import (
 // Concurrency: id and serial are immutable. Every other field is atomic
 // and read without locks by Pick; slot is written only under the
 // Balancer's mu (see reconcile). mu serializes the read-modify-write
-// of the error rate and its time in Done (failures are rare); the latency
+// of the error rate and its time in Done (failures are rare), and its
+// reset as the breaker closes (forgiveErrors, under brMu); the latency
 // EWMAs are single words updated by compare-and-swap, so the path of a
 // success takes no lock.
 type endpoint struct {
@@ -111,6 +112,9 @@ type endpoint struct {
 	// one more through (unix ns; set as the last slot is taken, read only
 	// while none is free), and the wait before the next (ns): see takeProbe.
 	probeDue, probeLife atomic.Int64
+	// When a capped breaker's probes are due (unix ns; 0 while it is not
+	// capped): see armCappedProbes.
+	capProbeAt atomic.Int64
 	// The groups, in every membership listing it, that it counts against
 	// MaxEjectedFraction (see mayEject); set by reconcile, immutable
 	// groups.

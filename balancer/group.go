@@ -303,9 +303,13 @@ func inGoodStanding(e *endpoint, nowNs int64) bool {
 
 // probing reports whether a pick of e at nowNs would be a half-open
 // probe: its breaker is open, its exclusion has ended and a probe slot is
-// free (or those out are overdue).
+// free (or those out are overdue); or its breaker is capped and its
+// probes are due (cappedProbing).
 func probing(e *endpoint, nowNs int64) bool {
-	return e.brOpen.Load() && e.excludedUntil.Load() <= nowNs && inGoodStanding(e, nowNs)
+	if e.brOpen.Load() {
+		return e.excludedUntil.Load() <= nowNs && inGoodStanding(e, nowNs)
+	}
+	return cappedProbing(e, nowNs)
 }
 
 // probesOverdue reports whether e's half-open probes, all out, have been

@@ -124,7 +124,9 @@ type Options struct {
 	// output token) EWMAs. Default 0.1 (about the last 10 calls).
 	ErrorAlpha float64
 	// ErrorDecay is how fast an idle endpoint's error rate fades towards 0.
-	// Default 30s.
+	// Default 30s. A breaker that closes (its probes passed) starts the
+	// rate over at 0: the outage's failures are the breaker's to judge,
+	// and slow start paces the return.
 	ErrorDecay time.Duration
 	// PanicThreshold: when fewer than this fraction of an eligible group's
 	// ready endpoints are in good standing (not cooling down, ejected or
@@ -366,6 +368,13 @@ type Options struct {
 	// per cluster, one pool). An endpoint that serves several models is
 	// held out only within the cap of each. Default 0.5: past that, the
 	// pool itself is the problem and ejecting more only overloads the rest.
+	// A breaker that trips past the cap (capped) keeps its endpoint in
+	// rotation, priced by its error rate, and is probed as a tripped one
+	// is: from EjectionTime after its last failure, BreakerProbes of its
+	// calls win their comparisons, and when they pass the breaker closes.
+	// After a failure of the whole pool, which the capped endpoints took
+	// nearly all of, that brings them back within EjectionTime of the
+	// recovery, where their error rate kept them out for minutes.
 	MaxEjectedFraction float64
 	// OutlierInterval is how often each endpoint's success rate over the
 	// interval is compared with its pool's (the pools of
