@@ -220,11 +220,11 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 // peers'), and once the pool recovered it lost every comparison, so no
 // call came to answer: in a test it got none of 9,000 calls in the 90s
 // after the pool recovered, while its tripped peers, probed, took calls
-// from the first seconds. Probed, it closes
-// its breaker within EjectionTime of its last failure, and the close
-// forgives the outage's error rate (see forgiveErrors). A capped endpoint
-// that still fails (its pool's failure was partial) gets a probe or so per
-// EjectionTime, as a tripped one gets one per exclusion.
+// from the first seconds. Probed, it closes its breaker within
+// EjectionTime of its last failure, and the close forgives the outage's
+// error rate (see forgiveErrors). A capped endpoint that still fails (its
+// pool's failure was partial) gets a probe or so per EjectionTime, as a
+// tripped one gets one per exclusion.
 func (b *Balancer) armCappedProbes(e *endpoint, nowNs int64) {
 	hold := b.cfg.ejectionTime
 	e.probeDue.Store(0)
@@ -537,9 +537,9 @@ func (b *Balancer) report(e *endpoint, gen uint32, err error, nowNs int64) {
 		return
 	}
 	if err == nil && e.failStreak.Load() == 0 && e.brState.Load() == int32(gobreaker.StateClosed) {
-		// Read unlocked: a failure that notes a streak after this read
-		// reports after this success would have, and gobreaker's order
-		// is the same.
+		// Read unlocked: a failure that notes its streak after this
+		// read reaches gobreaker after this success would have, so
+		// skipping the success loses nothing.
 		return
 	}
 	// The generation is checked again under brMu, with the report itself:
