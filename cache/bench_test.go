@@ -100,6 +100,27 @@ func BenchmarkNewPlacement(b *testing.B) {
 	}
 }
 
+// BenchmarkNewPlacementWeighted is a membership change in a fleet weighted
+// in large units (tokens per second, say, or a weight far above the others
+// from a misconfiguration): the ring's size, and so the time and memory a
+// change costs, is bounded by MaxRingPoints whatever the weights.
+func BenchmarkNewPlacementWeighted(b *testing.B) {
+	for _, n := range []int{512, 4096} {
+		for _, w := range []float64{64, 1e6} {
+			ms := members(n)
+			for i := range ms {
+				ms[i].Weight = w
+			}
+			b.Run(fmt.Sprintf("n=%d/w=%g", n, w), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					sink += NewPlacement(ms, 42).Len()
+				}
+			})
+		}
+	}
+}
+
 func BenchmarkKeys(b *testing.B) {
 	k := NewKeyer(1)
 	for _, size := range []int{4 << 10, 32 << 10} {
