@@ -63,12 +63,13 @@ func ParseService(name string) (Service, error) {
 // breaker) across membership updates and is what consistent hashing places keys
 // on, so every caller must use the same ID for the same replica; it defaults to
 // Addr. Weight is the relative capacity (a replica on two GPUs might be 2); 0
-// means 1. Keep a fleet's weights within [0.01, 64]: power-of-two choices
-// weighs any weight in full, but the affinity ring keeps ratios only in that
-// range (cache.MaxWeight), so weights given as, say, tokens per second (100
-// and 800) would split affinity keys 1:1. Give a standard replica weight 1
-// or more: the ring gives a member one point per 0.01 of weight, so its
-// share of keys strays from its weight by about 1/sqrt(100 x weight) (100
+// means 1. Power-of-two choices and the affinity ring both keep weights'
+// ratios up to balancer.MaxWeight, so weights may be given as, say, tokens
+// per second (100 and 800); the ring bounds its size by giving every member
+// fewer points alike when the fleet's weights sum past 10,485
+// (cache.MaxRingPoints). Give a standard replica weight 1 or more: the ring
+// gives a member one point per 0.01 of weight (in a fleet within that sum),
+// so its share of keys strays from its weight by about 1/sqrt(100 x weight) (100
 // replicas of weight 1: the busiest owns 1.3x the mean share; of weight
 // 0.1, 2.1x; go test -run TestSmallWeightsSpreadKeysUnevenly -v ./cache/). Labels carry facts such as "model" (comma-separated served model
 // names, LoRA adapters included), "version", "host", "pod" or "dp_group".

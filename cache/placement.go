@@ -11,20 +11,29 @@ import (
 
 const (
 	// PointsPerWeight is how many points a member of weight 1 puts on the
-	// ring. The ownership share of a member deviates from its weight by about
-	// 1/sqrt(PointsPerWeight * weight) (one standard deviation); see the
+	// ring while the ring is within MaxRingPoints (always, for members of
+	// weight 1 or less). The ownership share of a member deviates from its
+	// weight by about 1/sqrt(points) (one standard deviation); see the
 	// package doc for the measured balance and memory.
 	PointsPerWeight = 100
 
-	// MaxWeight caps a member's weight (and so its points), so that one
-	// misconfigured weight cannot make the ring unboundedly large. Weights
-	// below 1/PointsPerWeight still get one point. So weights keep their
-	// ratios on the ring only within [1/PointsPerWeight, MaxWeight]: a
-	// member's points depend on its own weight alone, never on the others',
-	// which is what keeps a membership change from moving other members'
-	// keys (scaling every weight by the heaviest would move most keys
-	// whenever the heaviest member leaves).
-	MaxWeight = 64
+	// MaxRingPoints bounds the ring's size, whatever the weights: a ring
+	// of n members holds at most max(MaxRingPoints, PointsPerWeight*n) + n
+	// points (4 bytes each, and 8 while it is built). A ring that would be
+	// larger at PointsPerWeight points per unit of weight gets
+	// PointsPerWeight/2^k points per unit instead, for the least k that
+	// fits, so the mean member still has about PointsPerWeight/2 points
+	// or more. n counts distinct IDs. See Placement for what a change of k
+	// moves.
+	MaxRingPoints = 1 << 20
+
+	// MaxWeight caps a member's weight, which keeps the total weight
+	// finite; the ring's size is bounded by MaxRingPoints, not by this.
+	// Weights keep their ratios on the ring within [1/s, MaxWeight], where
+	// s is the ring's points per unit of weight (PointsPerWeight unless
+	// the ring was scaled down): a member of less weight still gets one
+	// point.
+	MaxWeight = 1e6
 
 	// MaxMembers is the largest placement: member indices are packed into 16
 	// bits of each ring point. Members beyond it are never offered by Walk.
@@ -61,15 +70,34 @@ type Member struct {
 // (Karger et al. 1997) with PointsPerWeight virtual points per unit weight,
 // and an O(1) bucket index over the sorted points.
 //
-// Where a point lands depends only on (seed, member ID, weight), never on the
-// order or number of the other members, so two processes with the same seed
-// and members place every key identically, and a membership change moves
-// only the keys of the arcs that changed hands: about 1/n of them. The one
-// exception: positions compare at a precision set by the bucket count
-// (below), which follows the total number of points, so a change that
-// takes it across a power of two also moves the few keys closer to a point
-// than that precision: removing one of 41 to 5,243 members moved 6 to 8
-// keys in 100,000 between members that stayed.
+// Where a point lands depends only on (seed, member ID, weight, the ring's
+// scale), never on the order of the members, so two processes with the
+// same seed and members place every key identically, and a membership or
+// weight change moves only the keys of the arcs that changed hands: about
+// 1/n of them for one member of n joining or leaving, and only keys to (or
+// from) a member whose weight rose (or fell). Two exceptions:
+//
+//   - Positions compare at a precision set by the bucket count (below),
+//     which follows the total number of points, so a change that takes it
+//     across a power of two also moves the few keys closer to a point than
+//     that precision: removing one of 41 to 5,243 members moved 6 to 8
+//     keys in 100,000 between members that stayed.
+//   - The ring's scale: a ring whose points at PointsPerWeight per unit of
+//     weight would exceed max(MaxRingPoints, PointsPerWeight*n) is scaled
+//     down by a power of two, chosen from the total weight alone. Every
+//     member keeps the first half (or quarter...) of its points, so a
+//     change that takes the total across such a threshold moves the keys
+//     of the points dropped (or added): about half of all keys for one
+//     halving. Any other change (one that keeps the total weight between
+//     the same two thresholds) keeps the scale and moves only the changed
+//     member's keys. This is the price of a bounded ring: points that
+//     followed absolute weights grew without bound (4,096 members of
+//     weight 64 put 26 million points on the ring, which took 4.2 s and
+//     323 MB to build), and scaling by the total continuously, as
+//     grpc-go's ring_hash does, would move keys between unchanged members
+//     at every change. The thresholds are a factor of two apart, so a
+//     fleet crosses one rarely; but a member that leaves and rejoins a
+//     fleet that sits just at one moves about half the keys each time.
 //
 // A Placement is immutable and safe for concurrent use; build a new one when
 // the members change.
@@ -96,7 +124,7 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 	ids := make(map[string]struct{}, n)
 	hashes := make([]uint64, n) // per-member hash of (seed, ID)
 	counts := make([]int, n)    // ring points per member; 0 for duplicates
-	total := 0
+	units := 0                  // the ring's points at perWeight per unit
 	for i, m := range members[:n] {
 		if _, dup := ids[m.ID]; dup {
 			continue
@@ -104,12 +132,23 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 		ids[m.ID] = struct{}{}
 		p.n++
 		counts[i] = pointsFor(m.Weight, perWeight)
-		total += counts[i]
+		units += counts[i]
 		var d xxhash.Digest
 		d.ResetWithSeed(seed)
 		_, _ = d.WriteString("member\x00")
 		_, _ = d.WriteString(m.ID)
 		hashes[i] = d.Sum64()
+	}
+	// Scale the ring down by the least power of two that fits it in the
+	// cap. The integer sum does not depend on member order (a float one
+	// may, in its last bit), so every process picks the same scale.
+	shift := scaleShift(units, max(MaxRingPoints, perWeight*p.n))
+	total := 0
+	for i, c := range counts {
+		if c > 0 {
+			counts[i] = scaledPoints(c, shift)
+			total += counts[i]
+		}
 	}
 
 	full := make([]uint64, 0, total) // 48-bit positions | member index
@@ -166,12 +205,34 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 	return p
 }
 
+// pointsFor is a member's points before the ring is scaled to its cap.
 func pointsFor(w float64, perWeight int) int {
 	if !(w > 0) || math.IsInf(w, 0) {
 		w = 1
 	}
 	w = min(w, MaxWeight)
 	return max(1, int(math.Round(w*float64(perWeight))))
+}
+
+// scaleShift returns the least k >= 0 such that units/2^k <= limit.
+func scaleShift(units, limit int) uint {
+	k := uint(0)
+	for units > limit<<k {
+		k++
+	}
+	return k
+}
+
+// scaledPoints is a member's points on a ring scaled down by 2^shift from
+// c: c/2^shift rounded (half up), and at least one. A member's points are
+// numbered from 0, so the scaled ring keeps a prefix of each member's
+// points: what a change of scale moves is only the keys of the points it
+// drops or adds.
+func scaledPoints(c int, shift uint) int {
+	if shift == 0 {
+		return c
+	}
+	return max(1, (c+1<<(shift-1))>>shift)
 }
 
 // Len returns the number of members placed.

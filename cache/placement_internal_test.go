@@ -56,16 +56,7 @@ func TestOwnersFollowArcShares(t *testing.T) {
 			ms[i].Weight = float64(1 + i%4)
 		}
 		p := NewPlacement(ms, 11)
-		pos := positions(p)
-		res := 64 - p.shift + subBits
-		share := make([]float64, n)
-		for j := range pos {
-			prev := pos[len(pos)-1] - 1<<res // the last point, one turn back
-			if j > 0 {
-				prev = pos[j-1]
-			}
-			share[uint16(p.points[j])] += float64(pos[j]-prev) / float64(uint64(1)<<res)
-		}
+		share := arcShares(p)
 		count := make([]float64, n)
 		for k := range uint64(keys) {
 			w := p.Walk(k)
@@ -82,4 +73,20 @@ func TestOwnersFollowArcShares(t *testing.T) {
 			t.Errorf("n=%d: chi-square %.1f with %d degrees of freedom (z = %.1f): owners do not follow the arcs", n, chi, n-1, z)
 		}
 	}
+}
+
+// arcShares returns each member's exact share of the key space: the arcs
+// that end at its points, at the resolution the index keeps.
+func arcShares(p *Placement) []float64 {
+	pos := positions(p)
+	res := 64 - p.shift + subBits
+	share := make([]float64, p.n)
+	for j := range pos {
+		prev := pos[len(pos)-1] - 1<<res // the last point, one turn back
+		if j > 0 {
+			prev = pos[j-1]
+		}
+		share[uint16(p.points[j])] += float64(pos[j]-prev) / float64(uint64(1)<<res)
+	}
+	return share
 }

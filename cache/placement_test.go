@@ -132,11 +132,12 @@ func TestPlacementWeights(t *testing.T) {
 	}
 }
 
-// A member's points depend on its own weight only, whatever the others
-// weigh: when the heaviest member of a fleet weighted in hundreds leaves
-// (it crashed, say), only its keys move. Scaling every weight by the
-// heaviest one, to keep ratios above MaxWeight, moved 77% of the others'
-// keys here.
+// A member's points depend on its own weight and the ring's scale only,
+// whatever the others weigh: when the heaviest member of a fleet weighted
+// in hundreds leaves (it crashed, say), only its keys move. Scaling every
+// weight by the heaviest one moved 77% of the others' keys here; the
+// ring's scale changes only when the total weight crosses a power of two
+// times MaxRingPoints/PointsPerWeight, and this fleet stays below it.
 func TestPlacementHeaviestLeavingMovesOnlyItsKeys(t *testing.T) {
 	ms := membersN(16)
 	for i := range ms {
@@ -267,6 +268,37 @@ func TestPlacementWeightChangeMovesOnlyThatMembersKeys(t *testing.T) {
 			}
 			moved++
 			if w > 1 {
+				require.Equal(t, ms[5].ID, after, "weight %v: a key moved from %s to %s", w, before, after)
+			} else {
+				require.Equal(t, ms[5].ID, before, "weight %v: a key moved from %s to %s", w, before, after)
+			}
+		}
+		assert.Positive(t, moved, "weight %v moved no key", w)
+	}
+}
+
+// On a ring scaled down to MaxRingPoints, a weight change that keeps the
+// scale still moves only that member's keys: 4,096 members of weight 64
+// have 200 points each, and one of them going to 128 or 16 changes only
+// its own.
+func TestPlacementScaledRingWeightChangeMovesOnlyThatMembersKeys(t *testing.T) {
+	ms := membersN(4096)
+	for i := range ms {
+		ms[i].Weight = 64
+	}
+	p := cache.NewPlacement(ms, 3)
+	for _, w := range []float64{128, 16} {
+		changed := slices.Clone(ms)
+		changed[5].Weight = w
+		q := cache.NewPlacement(changed, 3)
+		moved := 0
+		for _, k := range randomKeys() {
+			before, after := ownerID(p, ms, k), ownerID(q, changed, k)
+			if before == after {
+				continue
+			}
+			moved++
+			if w > 64 {
 				require.Equal(t, ms[5].ID, after, "weight %v: a key moved from %s to %s", w, before, after)
 			} else {
 				require.Equal(t, ms[5].ID, before, "weight %v: a key moved from %s to %s", w, before, after)
