@@ -72,6 +72,7 @@ import (
 	"time"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
 	"github.com/inferlb/inferlb/cache"
 	"github.com/inferlb/inferlb/scoring"
 	"github.com/inferlb/inferlb/telemetry"
@@ -169,6 +170,20 @@ type Balancer struct {
 	// runs in report just before it takes an endpoint's brMu: the point
 	// where a racing report can overtake it.
 	beforeBrMu func()
+
+	// onDone, for tests only (testhook.SetOnDone): called at the end of
+	// every effective Done. nil in production: one atomic load a Done.
+	onDone atomic.Pointer[func(endpointID string)]
+}
+
+func init() {
+	testhook.SetOnDone = func(b any, f func(endpointID string)) {
+		if f == nil {
+			b.(*Balancer).onDone.Store(nil)
+			return
+		}
+		b.(*Balancer).onDone.Store(&f)
+	}
 }
 
 // snapshot is the immutable picker state built by Update.
@@ -1592,6 +1607,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		b.report(e, p.gen, nil, nowNs)
 	}
 	b.maybeEvaluateOutliers(nowNs)
+	if f := b.onDone.Load(); f != nil {
+		(*f)(e.id)
+	}
 }
 
 // cooldown keeps e out of rotation for the server's Retry-After hint, or

@@ -18,6 +18,7 @@ import (
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
 )
 
 // rejectingServer serves a TestService whose tap handle rejects every call
@@ -258,19 +259,35 @@ func rejectTwenty(t *testing.T, use func(ctx context.Context, client testgrpc.Te
 }
 
 // waitIdle waits until endpoint id has nothing in flight (a context's end
-// reaches the policy on another goroutine) and returns its stats.
+// reaches the policy on grpc-go's goroutine, or on the context's
+// AfterFunc) and returns its stats. It reads the stats again at each Done
+// the Balancer reports, never on a timer, and fails the test when the
+// endpoint is still busy after 5 seconds.
 func waitIdle(t *testing.T, b *core.Balancer, id string) core.EndpointStats {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	// A Done after the hook is in place wakes the loop; one before it is
+	// in the stats read after. The buffer of one keeps a wake-up that
+	// comes between a read and the wait.
+	done := make(chan struct{}, 1)
+	testhook.SetOnDone(b, func(string) {
+		select {
+		case done <- struct{}{}:
+		default:
+		}
+	})
+	defer testhook.SetOnDone(b, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	for {
 		s := stats(t, b, id)
 		if s.InFlight == 0 {
 			return s
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls still in flight", s.InFlight)
+		select {
+		case <-done:
+		case <-ctx.Done():
+			t.Fatalf("%d calls still in flight after 5s", s.InFlight)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
