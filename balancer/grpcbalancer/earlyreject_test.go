@@ -265,30 +265,16 @@ func rejectTwenty(t *testing.T, use func(ctx context.Context, client testgrpc.Te
 // endpoint is still busy after 5 seconds.
 func waitIdle(t *testing.T, b *core.Balancer, id string) core.EndpointStats {
 	t.Helper()
-	// A Done after the hook is in place wakes the loop; one before it is
-	// in the stats read after. The buffer of one keeps a wake-up that
-	// comes between a read and the wait.
-	done := make(chan struct{}, 1)
-	testhook.SetOnDone(b, func(string) {
-		select {
-		case done <- struct{}{}:
-		default:
-		}
-	})
-	defer testhook.SetOnDone(b, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for {
-		s := stats(t, b, id)
-		if s.InFlight == 0 {
-			return s
-		}
-		select {
-		case <-done:
-		case <-ctx.Done():
-			t.Fatalf("%d calls still in flight after 5s", s.InFlight)
-		}
+	var s core.EndpointStats
+	if err := testhook.Await(ctx, b, func() bool {
+		s = stats(t, b, id)
+		return s.InFlight == 0
+	}); err != nil {
+		t.Fatalf("%d calls still in flight after 5s", s.InFlight)
 	}
+	return s
 }
 
 // Through StreamTiming, a stream that ends well counts as a success at

@@ -15,10 +15,12 @@ import (
 
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
 )
 
 // idle waits until no endpoint of bal has a call or a token in flight:
-// gRPC reports some ends (a cancellation) on a goroutine of its own.
+// gRPC reports some ends (a cancellation) on a goroutine of its own. It
+// looks again at each Done, not on a timer.
 func idle(t *testing.T, bal *core.Balancer, what string) {
 	t.Helper()
 	none := func() bool {
@@ -29,7 +31,11 @@ func idle(t *testing.T, bal *core.Balancer, what string) {
 		}
 		return true
 	}
-	require.Eventually(t, none, 5*time.Second, time.Millisecond, "%s: still in flight: %+v", what, bal.Stats())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := testhook.Await(ctx, bal, none); err != nil {
+		t.Fatalf("%s: still in flight after 5s: %+v", what, bal.Stats())
+	}
 }
 
 func picks(bal *core.Balancer) (n uint64) {

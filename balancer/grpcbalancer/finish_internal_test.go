@@ -136,7 +136,7 @@ func TestHeldStreamAttemptIsSettledByGRPCsFinish(t *testing.T) {
 				assert.Equal(t, tc.recvErr, cs.RecvMsg(nil))
 			}
 			if tc.expired {
-				require.Eventually(t, func() bool { return b.Stats()[0].InFlight == 0 }, 5e9, 1e6)
+				awaitIdle(t, b, "expired")
 			}
 			s := b.Stats()[0]
 			assert.Equal(t, tc.want, [4]uint64{s.Successes, s.Failures, s.Overloads, s.Canceled})

@@ -6,7 +6,6 @@ import (
 	"io"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -159,7 +158,7 @@ func TestHeldStreamAttemptIsSettledByTheStreamsEnd(t *testing.T) {
 	heldStream(t, h, cctx, st)
 	assert.EqualValues(t, 1, inFlight())
 	cancel()
-	require.Eventually(t, func() bool { return inFlight() == 0 }, 5*time.Second, time.Millisecond, "the application left the stream")
+	awaitIdle(t, b, "the application left the stream")
 	assert.Equal(t, [3]uint64{2, 0, 2}, counts(a), "left unread: neither")
 
 	st = &streamState{ctx: cctx, method: "/ai.Gen/Stream"} // already ended when the attempt is held
@@ -186,7 +185,7 @@ func TestHeldStreamAttemptIsSettledOnce(t *testing.T) {
 		wg.Go(func() { st.settle(errRetriedAttempt) })
 		wg.Wait()
 	}
-	require.Eventually(t, func() bool { return b.Stats()[0].InFlight == 0 }, 5*time.Second, time.Millisecond)
+	awaitIdle(t, b, "settled from three goroutines")
 	s := b.Stats()[0]
 	assert.Zero(t, s.Successes+s.Failures)
 	assert.LessOrEqual(t, s.Overloads, uint64(n))

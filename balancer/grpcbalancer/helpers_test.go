@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/serviceconfig"
 
 	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
 	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
 )
 
@@ -164,3 +165,23 @@ func (h *harness) onlySubConn(t *testing.T) *subConn {
 }
 
 func coreForTest() *core.Balancer { return core.New(core.Options{}) }
+
+// awaitIdle waits until no endpoint of b has a call in flight: gRPC, and a
+// context's AfterFunc, end some calls on goroutines of their own. It looks
+// again at each Done, not on a timer, and fails the test after 5s.
+func awaitIdle(t *testing.T, b *core.Balancer, what string) {
+	t.Helper()
+	idle := func() bool {
+		for _, s := range b.Stats() {
+			if s.InFlight != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := testhook.Await(ctx, b, idle); err != nil {
+		t.Fatalf("%s: still in flight after 5s: %+v", what, b.Stats())
+	}
+}
