@@ -19,25 +19,37 @@ import (
 // oobServer serves the ORCA service and counts its open OOB streams.
 type oobServer struct {
 	testgrpc.UnimplementedTestServiceServer
-	addr string
-	open atomic.Int64
+	addr    string
+	open    atomic.Int64
+	changed chan<- struct{} // told, without blocking, after each change of open
+}
+
+// change adds d to the open streams and says so.
+func (s *oobServer) change(d int64) {
+	s.open.Add(d)
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
 }
 
 func (*oobServer) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
 	return &testgrpc.Empty{}, nil
 }
 
-func startOOB(t *testing.T) *oobServer {
+// startOOB starts an oobServer that tells changed (buffered) when its
+// open streams change.
+func startOOB(t *testing.T, changed chan<- struct{}) *oobServer {
 	t.Helper()
-	s := &oobServer{}
+	s := &oobServer{changed: changed}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.addr = lis.Addr().String()
 	srv := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		s.open.Add(1)
-		defer s.open.Add(-1)
+		s.change(1)
+		defer s.change(-1)
 		return h(srv, ss)
 	}))
 	testgrpc.RegisterTestServiceServer(srv, s)
@@ -51,11 +63,16 @@ func startOOB(t *testing.T) *oobServer {
 }
 
 // waitOpen waits (5s at most) until the servers have want OOB streams open
-// between them.
-func waitOpen(t *testing.T, ss []*oobServer, want int64) {
+// between them. It counts again each time one tells changed (the channel
+// they were started with), not on a timer: the streams open and close on
+// gRPC's goroutines.
+func waitOpen(t *testing.T, ss []*oobServer, changed <-chan struct{}, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	for {
+		// A change after this count is told on changed, whose buffer of
+		// one keeps it until the select below.
 		var n int64
 		for _, s := range ss {
 			n += s.open.Load()
@@ -63,10 +80,11 @@ func waitOpen(t *testing.T, ss []*oobServer, want int64) {
 		if n == want {
 			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d ORCA streams open, want %d", n, want)
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t.Fatalf("%d ORCA streams open after 5s, want %d", n, want)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -75,7 +93,8 @@ func waitOpen(t *testing.T, ss []*oobServer, want int64) {
 // ORCA stream while it is on and none after, and Close leaves none (nor a
 // goroutine: TestMain's goleak).
 func TestE2EOutOfBandORCAFollowsConfigAndEndpoints(t *testing.T) {
-	ss := []*oobServer{startOOB(t), startOOB(t), startOOB(t)}
+	changed := make(chan struct{}, 1)
+	ss := []*oobServer{startOOB(t, changed), startOOB(t, changed), startOOB(t, changed)}
 	name, _ := shared(t, core.Options{})
 	state := func(n int, cfg string) resolver.State {
 		var st resolver.State
@@ -102,25 +121,25 @@ func TestE2EOutOfBandORCAFollowsConfigAndEndpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitOpen(t, ss, 0)
+	waitOpen(t, ss, changed, 0)
 
 	push(3, `{"orca": {"outOfBand": true, "interval": "50ms"}}`)
-	waitOpen(t, ss, 3)
+	waitOpen(t, ss, changed, 3)
 	push(3, `{"orca": {"outOfBand": true, "interval": "60ms"}}`)
-	waitOpen(t, ss, 3)
+	waitOpen(t, ss, changed, 3)
 	push(2, `{"orca": {"outOfBand": true, "interval": "60ms"}}`)
-	waitOpen(t, ss, 2)
+	waitOpen(t, ss, changed, 2)
 	push(3, `{"orca": {"outOfBand": true, "interval": "60ms"}}`)
 	for range 30 {
 		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitOpen(t, ss, 3)
+	waitOpen(t, ss, changed, 3)
 	push(3, `{"orca": {"outOfBand": false}}`)
-	waitOpen(t, ss, 0)
+	waitOpen(t, ss, changed, 0)
 	push(3, `{"orca": {"outOfBand": true}}`)
-	waitOpen(t, ss, 3)
+	waitOpen(t, ss, changed, 3)
 	conn.Close()
-	waitOpen(t, ss, 0)
+	waitOpen(t, ss, changed, 0)
 }
