@@ -66,10 +66,11 @@ func ParseService(name string) (Service, error) {
 // means 1. Power-of-two choices and the affinity ring both keep weights'
 // ratios up to balancer.MaxWeight, so weights may be given as, say, tokens
 // per second (100 and 800); the ring bounds its size by giving every member
-// fewer points alike when the fleet's weights sum past 10,485
-// (cache.MaxRingPoints). Give a standard replica weight 1 or more: the ring
-// gives a member one point per 0.01 of weight (in a fleet within that sum),
-// so its share of keys strays from its weight by about 1/sqrt(100 x weight) (100
+// fewer points alike when the fleet's weights sum past 10,485 or past its
+// number of endpoints, whichever is more (cache.MaxRingPoints). Give a
+// standard replica weight 1 or more: the ring gives a member one point per
+// 0.01 of weight (in a fleet within that sum), so its share of keys strays
+// from its weight by about 1/sqrt(100 x weight) (100
 // replicas of weight 1: the busiest owns 1.3x the mean share; of weight
 // 0.1, 2.1x; go test -run TestSmallWeightsSpreadKeysUnevenly -v ./cache/). Labels carry facts such as "model" (comma-separated served model
 // names, LoRA adapters included), "version", "host", "pod" or "dp_group".
