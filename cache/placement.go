@@ -11,10 +11,10 @@ import (
 
 const (
 	// PointsPerWeight is how many points a member of weight 1 puts on the
-	// ring while the ring is within MaxRingPoints (always, for members of
-	// weight 1 or less). The ownership share of a member deviates from its
-	// weight by about 1/sqrt(points) (one standard deviation); see the
-	// package doc for the measured balance and memory.
+	// ring while the ring is within MaxRingPoints (always, in a fleet whose
+	// weights are all 1 or less). The ownership share of a member deviates
+	// from its weight by about 1/sqrt(points) (one standard deviation); see
+	// the package doc for the measured balance and memory.
 	PointsPerWeight = 100
 
 	// MaxRingPoints bounds the ring's size, whatever the weights: a ring
