@@ -223,6 +223,27 @@ type Outcome struct {
 	// on the prompt would pass the endpoint over for short prompts asking
 	// for long answers, which it takes.
 	PromptWindow bool
+	// ClientError says the endpoint answered that the call was bad or not
+	// allowed, without doing its work: HTTP 4xx other than 408, 424 and
+	// 429 (400, 401, 403, 404, 405, 409, 413, 422, ...), gRPC
+	// INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND,
+	// FAILED_PRECONDITION, OUT_OF_RANGE, ALREADY_EXISTS and ABORTED. Such
+	// an answer comes in a millisecond and leaves nothing in flight, so
+	// counted as a success a replica with a wrong API key or a missing
+	// route (all its answers 401 or 404) looked the fastest and least
+	// loaded of all and drew nearly every call. As a failure it would be
+	// worse: when the caller's own token expires every replica answers
+	// 401, and every breaker would trip. So the call counts as neither
+	// success nor failure and gives no latency sample; the balancer keeps
+	// a decaying share of each endpoint's answers that were client errors,
+	// and passes over an endpoint whose share is far above the other
+	// candidate's (see package balancer), which shuns the misconfigured
+	// replica while the caller's own bad calls, refused by every replica
+	// alike, change no choice. It takes precedence over Err, after
+	// NotServedModel, ContextWindow and Overloaded (a 404 naming the model
+	// is NotServedModel, a refusal as too long ContextWindow); a
+	// cancellation (Canceled) over all of them.
+	ClientError bool
 	// Model is the model of a call the server answered: set it on a
 	// success and on a failure the server itself returned (an HTTP 5xx
 	// answer, an error event in a stream, a gRPC status the server sent),

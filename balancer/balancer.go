@@ -1204,8 +1204,22 @@ func (b *Balancer) admitRamp(e *endpoint, c *cand) bool {
 // For generation calls, each cost is also scaled by the candidate's recent
 // prefill (prefillBacklog) and, when both candidates' decode speed is
 // known, the slower one's by how much slower it is (see "Decode speed" at
-// the end of this file).
+// the end of this file). Before any cost, a candidate whose share of
+// client-error answers is far above the other's loses (clienterror.go).
 func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
+	if ci, cj := g.members[i].clientErrorShare(b.cfg, now.UnixNano()), g.members[j].clientErrorShare(b.cfg, now.UnixNano()); ci != cj {
+		// One refuses calls the other takes (a wrong API key, a
+		// missing route): its refusals are fast and leave nothing in
+		// flight, so its cost looks the lowest (see clienterror.go).
+		// Before the probe: a probe it refuses would not count, and
+		// it would win every comparison while half-open.
+		switch {
+		case shunned(ci, cj):
+			return true
+		case shunned(cj, ci):
+			return false
+		}
+	}
 	if pi, pj := probing(g.members[i], now.UnixNano()), probing(g.members[j], now.UnixNano()); pi != pj {
 		// A half-open breaker's probe wins: its cost still carries the
 		// outage's error rate, and it would lose to every healthy
@@ -1309,7 +1323,9 @@ func raise(c, f float64) float64 {
 // with no latency yet, is the cheapest of every scan it is in: it took
 // its factor of all calls (0.1 of them among 32, three times its full
 // share) from its first second. A half-open breaker's probe wins over
-// every other candidate, as in prefer. Ties go to one of the tied alike.
+// every other candidate, as in prefer, and a member whose share of client
+// errors is far above the best's so far is passed over, as in prefer
+// (clienterror.go). Ties go to one of the tied alike.
 func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now time.Time) int {
 	n := len(g.members)
 	if sh != nil {
@@ -1329,6 +1345,7 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 	scale := min(1, 2/float64(m))
 	best, ties, bestProbe, bestCost := -1, 0, false, 0.0
 	bestZz := false // the best sleeps (see sleep.go)
+	bestCE := 0.0   // the best's share of client errors (see clienterror.go)
 	for k := range m {
 		i := (start + k) % n
 		if sh != nil {
@@ -1338,23 +1355,30 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 		if !c.ok(e) || !b.rampOK(e, i, c.nowNs, base, scale, &salt) {
 			continue
 		}
+		// Client errors first, as in prefer: a member far above the
+		// best's share is passed over, one far below replaces it.
+		ce := e.clientErrorShare(b.cfg, c.nowNs)
+		if best >= 0 && shunned(ce, bestCE) {
+			continue
+		}
+		over := best >= 0 && shunned(bestCE, ce)
 		zz := c.sleep && e.asleep(c.nowNs, b.cfg.telemetryMaxAge)
-		if best >= 0 && zz && !bestZz {
+		if best >= 0 && zz && !bestZz && !over {
 			continue // an awake one was found: a sleeping one is worse
 		}
 		probe := probing(e, c.nowNs)
-		if bestProbe && !probe && zz == bestZz {
+		if bestProbe && !probe && zz == bestZz && !over {
 			continue
 		}
 		e.state(b.cfg, now, req.Service, g.weights[i], &st)
 		cost := b.priced(sc, req, g, i, c.nowNs, &st)
 		switch {
-		case best < 0 || zz != bestZz || probe != bestProbe || cost < bestCost:
-			best, ties, bestProbe, bestZz, bestCost = i, 1, probe, zz, cost
+		case best < 0 || over || zz != bestZz || probe != bestProbe || cost < bestCost:
+			best, ties, bestProbe, bestZz, bestCost, bestCE = i, 1, probe, zz, cost, ce
 		case cost == bestCost:
 			ties++
 			if b.rand()%uint64(ties) == 0 {
-				best = i
+				best, bestCE = i, ce
 			}
 		}
 	}
@@ -1580,6 +1604,13 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		b.cooldown(e, nowNs, o.RetryAfter)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
+	case o.ClientError:
+		// Neither: the call was bad or not allowed, and a fast refusal
+		// must not make the endpoint look fast (see clienterror.go).
+		e.clientErrors.Add(1)
+		e.noteAnswer(b.cfg, nowNs, true)
+		b.report(e, p.gen, errExcluded, nowNs)
+		b.returnProbe(p)
 	case o.Err != nil && o.Model != "" && b.modelFailed(e, o.Model, nowNs):
 		// The model's failure, not the endpoint's: it serves other calls
 		// meanwhile (see modelfail.go).
@@ -1590,6 +1621,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	case o.Err != nil:
 		e.failures.Add(1)
 		e.failed.note(modelID(o.Model), nowNs) // 0 without one: a call of no model
+		e.noteAnswer(b.cfg, nowNs, false)
 		e.observe(b.cfg, nowNs, svc, latency, 0, 0, true, true)
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
@@ -1603,6 +1635,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 				b.modelServed(e, o.Model, nowNs)
 			}
 		}
+		e.noteAnswer(b.cfg, nowNs, false)
 		e.observe(b.cfg, nowNs, svc, latency, o.TTFT, o.OutputTokens, true, false)
 		b.report(e, p.gen, nil, nowNs)
 	}

@@ -51,9 +51,11 @@ type endpoint struct {
 	tpotEWMA       atomic.Int64                     // ns per output token after the first (decode speed)
 	errRate        atomic.Uint64                    // float64 bits
 	errAt          atomic.Int64                     // unix ns of last counted outcome
+	ceShare        atomic.Uint64                    // float64 bits: decaying share of answers that were client errors (clienterror.go)
+	ceAt           atomic.Int64                     // unix ns of the last answer that moved ceShare
 	failStreak     atomic.Int64                     // unix ns of the first failure of the current streak; 0 = none; written under brMu
 	successes      atomic.Uint64
-	mu             sync.Mutex // serializes error-rate updates; never taken by Pick
+	mu             sync.Mutex // serializes error-rate and client-error-share updates; never taken by Pick
 	brMu           sync.Mutex // makes report's generation check and the breaker's transition one step; never taken by Pick
 	id             string     // immutable
 	serial         uint64     // immutable; see Pick.Serial
@@ -132,9 +134,11 @@ type endpoint struct {
 
 	failures  atomic.Uint64
 	overloads atomic.Uint64
-	canceled  atomic.Uint64 // with the three above, notServed, tooLong, modelFailures and inFlight: the picks
+	canceled  atomic.Uint64 // with the three above, notServed, tooLong, clientErrors, modelFailures and inFlight: the picks
 	notServed atomic.Uint64 // answers that it does not serve the call's model
 	tooLong   atomic.Uint64 // answers that the call is longer than its context window
+	// Answers that the call was bad or not allowed (Outcome.ClientError).
+	clientErrors atomic.Uint64
 	// Failures held against their model on this endpoint, not against the
 	// endpoint (see modelfail.go); its latest successes and failures by
 	// model (failed.at0: the time of its latest failure).
@@ -156,7 +160,7 @@ type endpoint struct {
 // reads, so the result is clamped to the largest count reported before:
 // exported as a Prometheus counter, it must never go down.
 func (e *endpoint) pickCount() uint64 {
-	n := e.successes.Load() + e.failures.Load() + e.overloads.Load() + e.canceled.Load() + e.notServed.Load() + e.tooLong.Load() + e.modelFailures.Load()
+	n := e.successes.Load() + e.failures.Load() + e.overloads.Load() + e.canceled.Load() + e.notServed.Load() + e.tooLong.Load() + e.modelFailures.Load() + e.clientErrors.Load()
 	n += uint64(max(e.inFlight.Load(), 0))
 	for {
 		seen := e.picksSeen.Load()

@@ -56,6 +56,14 @@ type EndpointStats struct {
 	// endpoint rather than against the endpoint (Outcome.Model; see the
 	// package doc and EventModelFailing); Failures does not count them.
 	ModelFailures uint64
+	// ClientErrors counts the answers that the call was bad or not
+	// allowed (Outcome.ClientError): neither success nor failure.
+	ClientErrors uint64
+	// ClientErrorShare is the decaying share of the endpoint's answers
+	// that were client errors (see package doc), decayed to now: near 1
+	// for a replica with a wrong API key or without the route, which the
+	// balancer then passes over for peers whose share is far lower.
+	ClientErrorShare float64
 	// Canceled counts the calls that ended canceled (Outcome.Canceled):
 	// neither success nor failure. With the counts above and InFlight
 	// they make up Picks.
@@ -122,6 +130,8 @@ func (b *Balancer) Stats() []EndpointStats {
 			NotServed:          e.notServed.Load(),
 			TooLong:            e.tooLong.Load(),
 			ModelFailures:      e.modelFailures.Load(),
+			ClientErrors:       e.clientErrors.Load(),
+			ClientErrorShare:   e.clientErrorShare(b.cfg, nowNs),
 			Canceled:           e.canceled.Load(),
 			BreakerOpen:        e.brOpen.Load(),
 			Trips:              e.trips.Load(),

@@ -1,0 +1,99 @@
+package balancer
+
+import (
+	"math"
+
+	"github.com/inferlb/inferlb/internal/decay"
+)
+
+// Client errors (inferlb.Outcome.ClientError): answers that the call was
+// bad or not allowed, a 401, 403, 404 or 400 in a millisecond. Counted as
+// successes, they made a replica with a wrong API key or without the
+// route the fastest and least loaded endpoint there is (nothing ever in
+// flight, a millisecond a call): it drew 1,998 of 2,000 embedding calls.
+// Counted as failures, they would trip every breaker when the caller's
+// own token expires and every replica answers 401. So they count as
+// neither, give no latency, and each endpoint keeps the share of its
+// answers that were client errors: an EWMA over its answers (successes,
+// failures and client errors; weight ErrorAlpha each) that fades towards
+// 0 with time (ErrorDecay), as the error rate does.
+//
+// Two candidates are compared on it before their costs: the one whose
+// share is more than clientErrorGap above the other's is passed over
+// (prefer; scan compares each candidate with the best so far). A replica
+// that refuses every call (share near 1) loses to peers that refuse only
+// the caller's own bad calls, up to half of them; the caller's own bad
+// calls, refused by every replica alike, leave every share alike, and
+// change no choice. A shunned replica is not shut out for good: its
+// share fades while it draws no calls, and once it is within the gap of
+// its peers' it is drawn again, costs deciding. If it still refuses, the
+// answer pushes it back above; if it was fixed (its key rotated), its
+// successes bring the share down at once. Refusing, it so draws a trickle
+// bounded by time, not by traffic: with its peers' share p, about
+// s / (ErrorDecay x ErrorAlpha x (1 - s)) calls a second, s = p +
+// clientErrorGap: one call every 3 s at the defaults and p = 0.
+//
+// The gap is wide so that noise does not pass a replica over: with
+// ErrorAlpha 0.1 the share of a replica answering a fraction p of calls
+// as client errors varies by sqrt(0.1 / 1.9 x p(1 - p)), at most 0.115
+// (p = 0.5), and the difference of two peers' by 0.16: the gap is three
+// of those. The affinity path does not read the share: a key's owner is
+// chosen for its cache, and a replica refusing its keys' calls draws its
+// share of keys, not every call.
+const clientErrorGap = 0.5
+
+// clientErrorShare is e's decayed share of client-error answers at
+// nowNs, 0 below errorRateFloor.
+func (e *endpoint) clientErrorShare(c *config, nowNs int64) float64 {
+	if r := e.rawClientErrorShare(c, nowNs); r >= errorRateFloor {
+		return r
+	}
+	return 0
+}
+
+// rawClientErrorShare is clientErrorShare without its floor.
+func (e *endpoint) rawClientErrorShare(c *config, nowNs int64) float64 {
+	r := math.Float64frombits(e.ceShare.Load())
+	if r == 0 {
+		return 0
+	}
+	at := e.ceAt.Load()
+	dt := nowNs - at
+	if -dt > int64(stepTolerance) {
+		// The clock stepped back past the last answer: the share decays
+		// from now on (see rawErrorRate).
+		e.ceAt.CompareAndSwap(at, nowNs)
+	}
+	if dt > 0 && c.errorDecay > 0 {
+		r *= decay.Weight(float64(dt) / float64(c.errorDecay))
+	}
+	return r
+}
+
+// noteAnswer folds one answer of e's into its client-error share: clientErr
+// for a client error, else a success or failure. An answer that is no
+// client error on an endpoint whose share is 0 writes nothing.
+func (e *endpoint) noteAnswer(c *config, nowNs int64, clientErr bool) {
+	if !clientErr && e.ceShare.Load() == 0 {
+		return
+	}
+	e.mu.Lock()
+	x := 0.0
+	if clientErr {
+		x = 1
+	}
+	// From the raw share: read through the floor, client errors that
+	// each add less than it (a small ErrorAlpha) would never add up.
+	r := e.rawClientErrorShare(c, nowNs)
+	r += c.errorAlpha * (x - r)
+	if r < errorRateFloor && !clientErr {
+		r = 0
+	}
+	e.ceShare.Store(math.Float64bits(r))
+	e.ceAt.Store(nowNs)
+	e.mu.Unlock()
+}
+
+// shunned reports whether a candidate whose client-error share is ci is
+// passed over for one whose share is cj (see clientErrorGap).
+func shunned(ci, cj float64) bool { return ci-cj > clientErrorGap }
