@@ -152,7 +152,7 @@
 // are failures, and so is a stream
 // that reports an error object with a 5xx code after it started ("data:
 // {"error": {..., "code": 500}}", as vLLM and SGLang do when generation
-// fails; a 429 there is an overload answer, another 4xx the request's; the
+// fails; a 429 there is an overload answer, another 4xx a client error; the
 // code is the error object's
 // own member, or the top-level object's, read as the line streams by
 // however long the message before it). TGI's error events carry no code
@@ -253,8 +253,8 @@
 // makes the Balancer pass the endpoint over for that model's calls for
 // balancer.Options.NotServedMemory; its Result has FailedOver set, and
 // Transport.Stats counts it with the failovers. When the call cannot go
-// elsewhere, the caller gets the 404 byte for byte. Any other 404 is an
-// answer like any other.
+// elsewhere, the caller gets the 404 byte for byte. Any other 404 is a
+// client error, as below.
 //
 // A 400 that refuses the call as longer than the endpoint's context window
 // for the model (vLLM's "This model's maximum context length is N
@@ -265,14 +265,25 @@
 // Outcome.ContextWindow (neither success nor failure; the Balancer
 // remembers the window), and the call's token counts become the ones the
 // server gave. When no endpoint is left that might take it, the caller
-// gets the refusal byte for byte. Any other 400, 413 or 422 is the
-// request's. A call that names no model is read so too: TEI's native
+// gets the refusal byte for byte. Any other 400, 413 or 422 is a client
+// error, as below. A call that names no model is read so too: TEI's native
 // /embed, /rerank and /predict bodies name none (its OpenAI-compatible
 // /v1/embeddings does), and a server that takes calls without a model
 // serves one, so their windows are remembered under a key of their own,
 // apart from every named model's. (A 404 is read only for a call with a
 // model: without one it says something else, such as a route the server
 // lacks.)
+//
+// Every other 4xx but 408 (and 424, 429 above) is reported with
+// Outcome.ClientError: 401 and 403 from a replica with the wrong API key,
+// 404 from one without the route, 400 or 422 for a malformed call. It
+// counts as neither success nor failure and gives no latency: counted as
+// successes, a replica refusing every call in a millisecond, with nothing
+// ever in flight, looked the fastest and drew nearly every call (298 of
+// 300 in TestFast401sDrawNoTraffic); the Balancer passes over an endpoint
+// whose share of such answers is far above its peers', while the
+// caller's own bad calls, refused everywhere, change no choice. An error
+// event with a 4xx code in a stream that began with 200 is one too.
 // A pooling call (an embedding, rerank or score call) is weighed against
 // the windows remembered by its longest input, not its batch's total
 // (Info.LongestInput: one text of an embeddings batch, or the longest

@@ -147,6 +147,8 @@ func TestModelNotServedReachesTheCallerIntact(t *testing.T) {
 	assert.Zero(t, st.InFlight)
 	r := <-res.c
 	assert.Equal(t, "adapter", r.Outcome.NotServedModel)
+	assert.False(t, r.Outcome.ClientError, "a 404 naming the model is NotServedModel")
+	assert.Zero(t, st.ClientErrors)
 	assert.Equal(t, http.StatusNotFound, r.Status)
 	assert.False(t, r.FailedOver)
 	assert.Zero(t, tr.Stats().Failovers)
@@ -154,7 +156,8 @@ func TestModelNotServedReachesTheCallerIntact(t *testing.T) {
 
 // TestOther404sAreResponses: a 404 that does not say the model is missing
 // (a route the server lacks) is an answer like any other: not retried,
-// given to the caller intact, the endpoint's success as before.
+// given to the caller intact, a client error (neither success nor
+// failure, see inferlb.Outcome.ClientError).
 func TestOther404sAreResponses(t *testing.T) {
 	var hits atomic.Int64
 	routeless := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -176,7 +179,8 @@ func TestOther404sAreResponses(t *testing.T) {
 	assert.Equal(t, int64(1), hits.Load())
 	assert.Zero(t, other.hits.Load(), "not retried")
 	st := statsByID(tr.Balancer())["routeless"]
-	assert.Equal(t, uint64(1), st.Successes)
+	assert.Equal(t, uint64(1), st.ClientErrors)
+	assert.Zero(t, st.Successes)
 	assert.Zero(t, st.NotServed)
 }
 

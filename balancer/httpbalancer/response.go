@@ -361,6 +361,8 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		// failure, not the request's (they answer a bad request 422 or
 		// 413).
 		c.ends.Or(endFailed)
+	case clientError(code):
+		c.ends.Or(endClientError)
 	}
 	if v := h[loadHeader]; len(v) > 0 {
 		// A partly readable report (err wraps telemetry.ErrPartial) still
@@ -528,12 +530,24 @@ func signedDigits(s string) bool {
 
 // Bits of call.ends. One word for both keeps call in its size class.
 const (
-	endClosing   = 1 << iota // Close has begun
-	endReported              // the outcome was reported (finish)
-	endResent                // sent again after an idle close (Result.Resent)
-	endFailed                // the status is the endpoint's failure (StatusError)
-	endNotServed             // the endpoint does not serve the call's model (see notServed)
+	endClosing     = 1 << iota // Close has begun
+	endReported                // the outcome was reported (finish)
+	endResent                  // sent again after an idle close (Result.Resent)
+	endFailed                  // the status is the endpoint's failure (StatusError)
+	endNotServed               // the endpoint does not serve the call's model (see notServed)
+	endClientError             // the status says the call was bad or not allowed (see clientError)
 )
+
+// clientError reports whether an HTTP status says the call was bad or not
+// allowed, which inferlb.Outcome.ClientError reports: 4xx but 408 (the
+// server's own timeout, an answer like any other), 424 (TGI's and TEI's
+// failed inference, the endpoint's failure) and 429 (an overload answer).
+// A 404 that names the call's model and a refusal as too long for the
+// context window are read before it (see notServed, tooLong).
+func clientError(code int) bool {
+	return code >= 400 && code < 500 && code != http.StatusRequestTimeout &&
+		code != http.StatusFailedDependency && code != http.StatusTooManyRequests
+}
 
 // errBodyPanicked is the Outcome.Err of a call whose response body, as
 // Base returned it, panicked in Read or Close (a mock's, a middleware's).
@@ -1446,13 +1460,22 @@ func (c *call) finish(err error) {
 		// 5xx there is the endpoint's failure (vLLM and SGLang send one
 		// when generation fails); a 429 an overload answer (TGI takes
 		// its queue slot after the stream began), without a hint; other
-		// 4xx are about the request.
+		// 4xx are about the request: client errors.
 		switch code := c.sse.errCode.Load(); {
 		case code >= 500:
 			o.Err, answered = &StatusError{StatusCode: int(code)}, true
 		case code == http.StatusTooManyRequests:
 			o.Overloaded = true
+		case clientError(int(code)):
+			o.ClientError = true
 		}
+	}
+	if c.ends.Load()&endClientError != 0 && o.Err == nil && !o.Overloaded && o.NotServedModel == "" {
+		// A 401 of a replica with the wrong key, a 404 of one without
+		// the route: neither success nor failure, and no latency (see
+		// inferlb.Outcome.ClientError). A body that broke, or an
+		// overload the body told of, is what it was.
+		o.ClientError = true
 	}
 	if o.Err == nil || answered {
 		// The server answered for the model: a failure it returned may be

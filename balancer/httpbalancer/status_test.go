@@ -25,7 +25,8 @@ import (
 // is unreadable, negative or past; a day at most); other 5xx are failures,
 // and so is 424, TGI's and TEI's answer when inference fails (a shard's
 // CUDA error, TEI's backend error);
-// other 4xx say nothing bad about the endpoint.
+// other 4xx but 408 say the call was bad or not allowed: client errors,
+// neither success nor failure (inferlb.Outcome.ClientError).
 func TestStatusClassification(t *testing.T) {
 	clock := testutil.NewClock()
 	date := func(d time.Duration, layout string) string { return clock.Now().Add(d).Format(layout) }
@@ -35,37 +36,45 @@ func TestStatusClassification(t *testing.T) {
 		overloaded bool
 		hint       time.Duration
 		failed     bool
+		clientErr  bool
 	}{
-		{429, "", true, 0, false},
-		{429, "7", true, 7 * time.Second, false},
-		{429, " 7 ", true, 7 * time.Second, false},
-		{429, "0", true, 0, false},
-		{429, "-5", true, 0, false},
-		{429, "1.5", true, 0, false},
-		{429, "soon", true, 0, false},
-		{429, "86400", true, 24 * time.Hour, false},
-		{429, "9999999999", true, 24 * time.Hour, false},
-		{429, "99999999999999999999", true, 24 * time.Hour, false}, // past int64: still "very long"
-		{429, "99999999999999999999s", true, 0, false},             // garbage after a number past int64: unreadable
-		{429, date(5*time.Second, http.TimeFormat), true, 5 * time.Second, false},
-		{429, date(5*time.Second, time.RFC850), true, 5 * time.Second, false},
-		{429, date(5*time.Second, time.ANSIC), true, 5 * time.Second, false},
-		{429, date(-time.Hour, http.TimeFormat), true, 0, false},
-		{429, date(48*time.Hour, http.TimeFormat), true, 24 * time.Hour, false},
-		{429, "Fri, 31 Dec 9999 23:59:59 GMT", true, 24 * time.Hour, false}, // past time.Duration's range
-		{503, "Fri, 31 Dec 9999 23:59:59 GMT", true, 24 * time.Hour, false},
-		{503, "", false, 0, true},
-		{503, "3", true, 3 * time.Second, false},
-		{503, "garbage", true, 0, false},
-		{500, "3", false, 0, true},
-		{502, "", false, 0, true},
-		{504, "", false, 0, true},
-		{424, "", false, 0, true},
-		{529, "", true, 0, false},
-		{529, "4", true, 4 * time.Second, false},
-		{400, "", false, 0, false},
-		{404, "", false, 0, false},
-		{422, "", false, 0, false},
+		{429, "", true, 0, false, false},
+		{429, "7", true, 7 * time.Second, false, false},
+		{429, " 7 ", true, 7 * time.Second, false, false},
+		{429, "0", true, 0, false, false},
+		{429, "-5", true, 0, false, false},
+		{429, "1.5", true, 0, false, false},
+		{429, "soon", true, 0, false, false},
+		{429, "86400", true, 24 * time.Hour, false, false},
+		{429, "9999999999", true, 24 * time.Hour, false, false},
+		{429, "99999999999999999999", true, 24 * time.Hour, false, false}, // past int64: still "very long"
+		{429, "99999999999999999999s", true, 0, false, false},             // garbage after a number past int64: unreadable
+		{429, date(5*time.Second, http.TimeFormat), true, 5 * time.Second, false, false},
+		{429, date(5*time.Second, time.RFC850), true, 5 * time.Second, false, false},
+		{429, date(5*time.Second, time.ANSIC), true, 5 * time.Second, false, false},
+		{429, date(-time.Hour, http.TimeFormat), true, 0, false, false},
+		{429, date(48*time.Hour, http.TimeFormat), true, 24 * time.Hour, false, false},
+		{429, "Fri, 31 Dec 9999 23:59:59 GMT", true, 24 * time.Hour, false, false}, // past time.Duration's range
+		{503, "Fri, 31 Dec 9999 23:59:59 GMT", true, 24 * time.Hour, false, false},
+		{503, "", false, 0, true, false},
+		{503, "3", true, 3 * time.Second, false, false},
+		{503, "garbage", true, 0, false, false},
+		{500, "3", false, 0, true, false},
+		{502, "", false, 0, true, false},
+		{504, "", false, 0, true, false},
+		{424, "", false, 0, true, false},
+		{529, "", true, 0, false, false},
+		{529, "4", true, 4 * time.Second, false, false},
+		{400, "", false, 0, false, true},
+		{401, "", false, 0, false, true},
+		{403, "", false, 0, false, true},
+		{404, "", false, 0, false, true},
+		{405, "", false, 0, false, true},
+		{413, "", false, 0, false, true},
+		{422, "", false, 0, false, true},
+		{408, "", false, 0, false, false},
+		{200, "", false, 0, false, false},
+		{204, "", false, 0, false, false},
 	} {
 		base := baseFunc(func(r *http.Request) (*http.Response, error) {
 			h := http.Header{}
@@ -92,6 +101,7 @@ func TestStatusClassification(t *testing.T) {
 		assert.Equal(t, tc.overloaded, r.Outcome.Overloaded, "%d %q: overloaded", tc.code, name)
 		assert.Equal(t, tc.hint, r.Outcome.RetryAfter, "%d %q: hint", tc.code, name)
 		assert.Equal(t, tc.failed, r.Outcome.Err != nil, "%d %q: failed: %v", tc.code, name, r.Outcome.Err)
+		assert.Equal(t, tc.clientErr, r.Outcome.ClientError, "%d %q: client error", tc.code, name)
 	}
 }
 

@@ -242,6 +242,9 @@ func TestLongCallsFindTheLargerWindowOnTGI(t *testing.T) {
 	resp, body := post(t, c, chatOf(100, 9000, 200))
 	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
 	assert.True(t, strings.HasPrefix(string(body), `{"error":"Input validation error: `+"`inputs` tokens + `max_new_tokens` must be <= "), "the refusal as it came: %s", body)
+	for id, s := range statsByID(tr.Balancer()) {
+		assert.Zero(t, s.ClientErrors, "%s: a refusal as too long is no client error", id)
+	}
 }
 
 // TGI checks the prompt and max_new_tokens against max-total-tokens, then

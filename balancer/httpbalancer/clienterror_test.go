@@ -1,0 +1,77 @@
+package httpbalancer_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// TestFast401sDrawNoTraffic: of three embedding servers on loopback, one
+// has the wrong API key and answers every call 401 at once. Its answers
+// were successes, the fastest there were (and left nothing in flight):
+// it drew 298 of 300 calls, every one of them refused. Its 401s are
+// client errors now, and it draws a handful of calls, all before and
+// while its share of client errors rises past its peers'.
+func TestFast401sDrawNoTraffic(t *testing.T) {
+	clock := testutil.NewClock()
+	good := func(name string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			clock.Advance(20 * time.Millisecond) // the work takes 20 ms
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Backend", name)
+			_, _ = io.WriteString(w, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"e5"}`)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	a, b := good("a"), good("b")
+	badKey := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Backend", "bad-key")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = io.WriteString(w, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`)
+	}))
+	t.Cleanup(badKey.Close)
+	addr := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{
+			{ID: "a", Addr: addr(a)}, {ID: "b", Addr: addr(b)}, {ID: "bad-key", Addr: addr(badKey)},
+		},
+		BalancerOptions: balancer.Options{Clock: clock, Rand: testutil.NewRand(5)},
+	})
+	c := &http.Client{Transport: tr}
+	const n = 300
+	drew := map[string]int{}
+	for range n {
+		req, err := http.NewRequest(http.MethodPost, "http://embed.internal/v1/embeddings", strings.NewReader(`{"model":"e5","input":"a sentence"}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		drew[resp.Header.Get("X-Backend")]++
+	}
+	t.Logf("calls drawn of %d: %v", n, drew)
+	assert.Less(t, drew["bad-key"], n/20, "calls the replica with the wrong key drew")
+	st := statsByID(tr.Balancer())
+	assert.Equal(t, uint64(drew["bad-key"]), st["bad-key"].ClientErrors)
+	assert.Zero(t, st["bad-key"].Successes)
+	assert.Zero(t, st["bad-key"].Failures, "401s trip no breaker")
+	assert.Greater(t, st["bad-key"].ClientErrorShare, 0.5)
+	assert.Zero(t, st["a"].ClientErrorShare)
+}
