@@ -75,3 +75,19 @@ func TestFast401sDrawNoTraffic(t *testing.T) {
 	assert.Greater(t, st["bad-key"].ClientErrorShare, 0.5)
 	assert.Zero(t, st["a"].ClientErrorShare)
 }
+
+// TestStreamErrorEvent4xxIsAClientError: an error event with a 4xx code
+// in a stream that began with 200 (vLLM's 400 for a bad tool call) says
+// the call was bad: a client error, as the same status on the status line
+// is; one with a 5xx code stays a failure, and one with none an answer.
+func TestStreamErrorEvent4xxIsAClientError(t *testing.T) {
+	for _, tc := range []struct {
+		code      string
+		clientErr bool
+	}{{"400", true}, {"422", true}, {"404", true}, {"408", false}, {"500", false}, {"null", false}} {
+		rig := newSSERig(t, "data: {\"a\":1}\n\ndata: {\"error\": {\"message\": \"x\", \"code\": "+tc.code+"}}\n\ndata: [DONE]\n\n")
+		r := rig.call(t, 16)
+		assert.Equal(t, tc.clientErr, r.Outcome.ClientError, "code %s", tc.code)
+		assert.Equal(t, tc.code == "500", r.Outcome.Err != nil, "code %s", tc.code)
+	}
+}
