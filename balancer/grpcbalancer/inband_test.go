@@ -63,7 +63,7 @@ func inbandTokens(msg any) int {
 // stops reading at the error): Triton's load-shedding texts an overload
 // answer (a cooldown), other errors the endpoint's failure, and a status
 // the application returns for it classified as a stream's status is (an
-// InvalidArgument is the request's: a success). Without an error message
+// InvalidArgument is the request's: a client error, neither). Without an error message
 // the stream is a success, timed as before. A refusal of the call as
 // longer than the endpoint's context window is neither, as a unary call's
 // is, whether the message carries a status (which the policy once read as
@@ -74,18 +74,18 @@ func TestStreamInBandErrors(t *testing.T) {
 		script                        []string
 		stopAtError                   bool // the application cancels the stream after the error
 		successes, failures, overload uint64
-		tooLong                       uint64
+		tooLong, clientErrors         uint64
 	}{
-		{"tokens only", []string{"a", "b", "c"}, false, 1, 0, 0, 0},
-		{"queue full first", []string{"error: Exceeds maximum queue size"}, false, 0, 0, 1, 0},
-		{"queue timeout", []string{"error: Request timeout expired"}, false, 0, 0, 1, 0},
-		{"failed after tokens", []string{"a", "b", "error: Encountered an error in forwardAsync: CUDA error"}, false, 0, 1, 0, 0},
-		{"failed, then cancelled", []string{"a", "error: executor failed", "c", "d"}, true, 0, 1, 0, 0},
-		{"the request's error", []string{"status: prompt too long"}, false, 1, 0, 0, 0},
-		{"too long, as a status", []string{"status: This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens."}, false, 0, 0, 0, 1},
-		{"too long, as Triton's text", []string{"error: Encountered an error in forward: Prompt length (5056) exceeds maximum sequence length (2048)."}, false, 0, 0, 0, 1},
+		{"tokens only", []string{"a", "b", "c"}, false, 1, 0, 0, 0, 0},
+		{"queue full first", []string{"error: Exceeds maximum queue size"}, false, 0, 0, 1, 0, 0},
+		{"queue timeout", []string{"error: Request timeout expired"}, false, 0, 0, 1, 0, 0},
+		{"failed after tokens", []string{"a", "b", "error: Encountered an error in forwardAsync: CUDA error"}, false, 0, 1, 0, 0, 0},
+		{"failed, then cancelled", []string{"a", "error: executor failed", "c", "d"}, true, 0, 1, 0, 0, 0},
+		{"the request's error", []string{"status: prompt too long"}, false, 0, 0, 0, 0, 1},
+		{"too long, as a status", []string{"status: This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens."}, false, 0, 0, 0, 1, 0},
+		{"too long, as Triton's text", []string{"error: Encountered an error in forward: Prompt length (5056) exceeds maximum sequence length (2048)."}, false, 0, 0, 0, 1, 0},
 		// No model in the call: neither (with one, not served).
-		{"unknown model", []string{"error: Request for unknown model: 'llm' is not found"}, false, 0, 0, 0, 0},
+		{"unknown model", []string{"error: Request for unknown model: 'llm' is not found"}, false, 0, 0, 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bk := &backend{addr: serve(t, func(srv *grpc.Server) {
@@ -117,9 +117,9 @@ func TestStreamInBandErrors(t *testing.T) {
 				}
 			}
 			s := endpointStats(t, b, bk.addr)
-			if s.InFlight != 0 || s.Successes != tc.successes || s.Failures != tc.failures || s.Overloads != tc.overload || s.TooLong != tc.tooLong {
-				t.Errorf("in flight %d, successes %d, failures %d, overloads %d, too long %d; want 0, %d, %d, %d, %d",
-					s.InFlight, s.Successes, s.Failures, s.Overloads, s.TooLong, tc.successes, tc.failures, tc.overload, tc.tooLong)
+			if s.InFlight != 0 || s.Successes != tc.successes || s.Failures != tc.failures || s.Overloads != tc.overload || s.TooLong != tc.tooLong || s.ClientErrors != tc.clientErrors {
+				t.Errorf("in flight %d, successes %d, failures %d, overloads %d, too long %d, client errors %d; want 0, %d, %d, %d, %d, %d",
+					s.InFlight, s.Successes, s.Failures, s.Overloads, s.TooLong, s.ClientErrors, tc.successes, tc.failures, tc.overload, tc.tooLong, tc.clientErrors)
 			}
 		})
 	}

@@ -105,9 +105,15 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // are failures of the endpoint (Unknown, DeadlineExceeded, Unimplemented,
 // Internal, Unavailable, DataLoss); ResourceExhausted (429) is an overload
 // answer that cools the endpoint down for the trailer's pushback; Canceled
-// (499) is the client's doing and counts as neither; every other code
-// (InvalidArgument, NotFound, PermissionDenied, ...) describes the request,
-// not the endpoint, which answered: for routing it is a success. The
+// (499) is the client's doing and counts as neither; the codes that map
+// to 4xx (InvalidArgument, FailedPrecondition and OutOfRange, 400;
+// Unauthenticated, 401; PermissionDenied, 403; NotFound, 404;
+// AlreadyExists and Aborted, 409) describe the request, not the endpoint,
+// which answered without doing the call's work: client errors
+// (inferlb.Outcome.ClientError), neither success nor failure and no
+// latency. Counted as successes, a replica that refuses every call at once
+// (a wrong API key, a service it does not register) looked the fastest and
+// least loaded, and drew nearly every call. OK is a success. The
 // pushback is the trailer's, else a google.rpc.RetryInfo's in the status
 // details (pushback), which also makes an UNAVAILABLE an overload answer
 // as a trailer's pushback does. An HTTP
@@ -129,7 +135,8 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // cooling the endpoint down for it would, with a few such calls, leave
 // nothing to route to. When something came back (the server refused the
 // request by its limit, or the client refused the answer by its own) the
-// endpoint answered: a success, as for InvalidArgument. Otherwise the
+// endpoint answered: a success, as before client errors were told apart
+// (one limit refuses alike on every endpoint). Otherwise the
 // request never left the client (over its send limit): neither.
 //
 // (A DEADLINE_EXCEEDED after a stream's first token becomes
@@ -263,6 +270,10 @@ func outcomeOf(di balancer.DoneInfo, windows bool) inferlb.Outcome {
 		if notServed(di) {
 			return inferlb.Outcome{Err: errUnknownModel}
 		}
+		return inferlb.Outcome{ClientError: true}
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange, codes.Unauthenticated,
+		codes.PermissionDenied, codes.AlreadyExists, codes.Aborted:
+		return inferlb.Outcome{ClientError: true}
 	case codes.Unavailable:
 		if notServed(di) {
 			return inferlb.Outcome{Err: errUnknownModel}

@@ -352,8 +352,9 @@ func TestDoneOutcomes(t *testing.T) {
 	do(balancer.DoneInfo{}) // transport gone before the call was sent
 	do(balancer.DoneInfo{Err: status.Error(codes.NotFound, "no such model"), BytesSent: true, BytesReceived: true})
 	s := stats(t, b, a)
-	if s.Successes != 2 || s.Failures != 1 || s.Overloads != 0 {
-		t.Fatalf("successes %d failures %d overloads %d, want 2, 1, 0", s.Successes, s.Failures, s.Overloads)
+	// The NOT_FOUND that names no model is a client error: neither.
+	if s.Successes != 1 || s.Failures != 1 || s.Overloads != 0 || s.ClientErrors != 1 {
+		t.Fatalf("successes %d failures %d overloads %d client errors %d, want 1, 1, 0, 1", s.Successes, s.Failures, s.Overloads, s.ClientErrors)
 	}
 	start := clock.Now()
 	do(balancer.DoneInfo{
@@ -1178,4 +1179,30 @@ func TestMetadataSessionSticks(t *testing.T) {
 		got[a]++
 	}
 	assert.Len(t, got, 1, "every turn on one server: %v", got)
+}
+
+// TestOutcomeClientErrors: the codes that map to 4xx are client errors
+// (neither success nor failure, no latency); Triton's NOT_FOUND for a model
+// it lacks and a refusal as too long keep their own meanings, and the codes
+// of the endpoint's failures and overloads theirs.
+func TestOutcomeClientErrors(t *testing.T) {
+	answered := func(c codes.Code, msg string) balancer.DoneInfo {
+		return balancer.DoneInfo{Err: status.Error(c, msg), BytesSent: true, BytesReceived: true}
+	}
+	for _, c := range []codes.Code{codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange, codes.Unauthenticated,
+		codes.PermissionDenied, codes.NotFound, codes.AlreadyExists, codes.Aborted} {
+		o := outcome(answered(c, "x"))
+		assert.True(t, o.ClientError, "%v", c)
+		assert.NoError(t, o.Err, "%v", c)
+	}
+	for _, c := range []codes.Code{codes.OK, codes.Canceled, codes.Unknown, codes.DeadlineExceeded, codes.ResourceExhausted,
+		codes.Unimplemented, codes.Internal, codes.Unavailable, codes.DataLoss} {
+		assert.False(t, outcome(answered(c, "x")).ClientError, "%v", c)
+	}
+	assert.False(t, outcome(answered(codes.NotFound, "Request for unknown model: 'llm' is not found")).ClientError, "Triton's unknown model")
+	tooLong := answered(codes.InvalidArgument, "This model's maximum context length is 4096 tokens. However, your request has 5000 input tokens.")
+	o := outcome(tooLong)
+	assert.Equal(t, 4096, o.ContextWindow)
+	assert.False(t, o.ClientError, "a refusal as too long")
+	assert.True(t, outcomeOf(tooLong, false).ClientError, "a refusal as too long not believed is what its code makes it")
 }

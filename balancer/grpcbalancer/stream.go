@@ -253,6 +253,7 @@ func (st *streamState) inbandOutcome(o *inferlb.Outcome) bool {
 	// ContextWindow too: dropped, a refusal as too long (Err nil) read as
 	// a success.
 	o.Err, o.Overloaded, o.RetryAfter, o.ContextWindow, o.PromptWindow = n.Err, n.Overloaded, n.RetryAfter, n.ContextWindow, n.PromptWindow
+	o.ClientError = n.ClientError // an INVALID_ARGUMENT in a message: the request's
 	return true
 }
 

@@ -1,0 +1,95 @@
+package grpcbalancer_test
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// keyServer answers EmptyCall after 20 ms of work on the core's fake
+// clock, or, with refuse set, UNAUTHENTICATED at once: a replica started
+// with the wrong API key.
+type keyServer struct {
+	testgrpc.UnimplementedTestServiceServer
+	clock  *testutil.Clock
+	refuse atomic.Bool
+	calls  atomic.Int64
+}
+
+func (s *keyServer) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	s.calls.Add(1)
+	if s.refuse.Load() {
+		return nil, status.Error(codes.Unauthenticated, "invalid API key")
+	}
+	s.clock.Advance(20 * time.Millisecond)
+	return &testgrpc.Empty{}, nil
+}
+
+// TestE2EFastUnauthenticatedDrawsNoTraffic: of three embedding servers on
+// loopback, one answers every call UNAUTHENTICATED at once. The policy
+// counted that as a success, the fastest of all, and sent that server
+// nearly every call; it is a client error now, and the server draws a
+// handful of the calls.
+func TestE2EFastUnauthenticatedDrawsNoTraffic(t *testing.T) {
+	clock := testutil.NewClock()
+	servers := make([]*keyServer, 3)
+	bs := make([]*backend, 3)
+	for i := range servers {
+		servers[i] = &keyServer{clock: clock}
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := grpc.NewServer()
+		testgrpc.RegisterTestServiceServer(srv, servers[i])
+		run(t, srv, lis)
+		bs[i] = &backend{addr: lis.Addr().String()}
+	}
+	name, b := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(3), SlowStartWindow: -1})
+	conn, _ := dial(t, bs, name, `{"defaultService": "embedding"}`)
+	client := testgrpc.NewTestServiceClient(conn)
+	ctx := testContext(t)
+	// Every server connected and answering before the key goes bad.
+	for n := 0; servers[0].calls.Load() == 0 || servers[1].calls.Load() == 0 || servers[2].calls.Load() == 0; n++ {
+		if n == 1000 {
+			t.Fatal("some server got none of 1000 calls")
+		}
+		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := servers[2]
+	bad.refuse.Store(true)
+	before := bad.calls.Load()
+	const n = 300
+	refused := 0
+	for range n {
+		_, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+		switch status.Code(err) {
+		case codes.OK:
+		case codes.Unauthenticated:
+			refused++
+		default:
+			t.Fatal(err)
+		}
+	}
+	drew := bad.calls.Load() - before
+	t.Logf("the server answering UNAUTHENTICATED drew %d of %d calls", drew, n)
+	if drew > n/20 {
+		t.Errorf("the server answering UNAUTHENTICATED drew %d of %d calls", drew, n)
+	}
+	s := stats(t, b, bs[2].addr)
+	if s.ClientErrors != uint64(refused) || s.Failures != 0 || s.BreakerOpen {
+		t.Errorf("client errors %d (want %d), failures %d, breaker open %v", s.ClientErrors, refused, s.Failures, s.BreakerOpen)
+	}
+}
