@@ -1207,12 +1207,13 @@ func (b *Balancer) admitRamp(e *endpoint, c *cand) bool {
 // the end of this file). Before any cost, a candidate whose share of
 // client-error answers is far above the other's loses (clienterror.go).
 func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
-	if ci, cj := g.members[i].clientErrorShare(b.cfg, now.UnixNano()), g.members[j].clientErrorShare(b.cfg, now.UnixNano()); ci != cj {
+	if ei, ej := g.members[i], g.members[j]; ei.ceShare.Load()|ej.ceShare.Load() != 0 {
 		// One refuses calls the other takes (a wrong API key, a
 		// missing route): its refusals are fast and leave nothing in
 		// flight, so its cost looks the lowest (see clienterror.go).
 		// Before the probe: a probe it refuses would not count, and
 		// it would win every comparison while half-open.
+		ci, cj := ei.clientErrorShare(b.cfg, now.UnixNano()), ej.clientErrorShare(b.cfg, now.UnixNano())
 		switch {
 		case shunned(ci, cj):
 			return true
@@ -1357,7 +1358,10 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 		}
 		// Client errors first, as in prefer: a member far above the
 		// best's share is passed over, one far below replaces it.
-		ce := e.clientErrorShare(b.cfg, c.nowNs)
+		ce := 0.0
+		if e.ceShare.Load() != 0 {
+			ce = e.clientErrorShare(b.cfg, c.nowNs)
+		}
 		if best >= 0 && shunned(ce, bestCE) {
 			continue
 		}

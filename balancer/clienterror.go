@@ -44,6 +44,8 @@ const clientErrorGap = 0.5
 
 // clientErrorShare is e's decayed share of client-error answers at
 // nowNs, 0 below errorRateFloor.
+// Pick's loops read ceShare first, and call it only when it is not 0
+// (almost never: no call).
 func (e *endpoint) clientErrorShare(c *config, nowNs int64) float64 {
 	if r := e.rawClientErrorShare(c, nowNs); r >= errorRateFloor {
 		return r

@@ -172,3 +172,23 @@ func TestClientErrorIsNeitherSuccessNorFailure(t *testing.T) {
 	assert.Equal(t, uint64(1), s.TooLong)
 	assert.Equal(t, uint64(1), s.Overloads)
 }
+
+// Client errors keep Pick and Done free of allocations: a pick that
+// compares client-error shares, and a Done that folds one in.
+func TestClientErrorsDoNotAllocate(t *testing.T) {
+	for _, svc := range []inferlb.Service{inferlb.ServiceLLM, inferlb.ServiceEmbedding} {
+		b, clock := threeEndpoints(t, 9)
+		req := &inferlb.Request{Service: svc}
+		n := 0
+		allocs := testing.AllocsPerRun(200, func() {
+			p, err := b.Pick(req)
+			if err != nil {
+				panic(err)
+			}
+			clock.Advance(time.Millisecond)
+			n++
+			p.Done(inferlb.Outcome{ClientError: n%3 == 0})
+		})
+		assert.Zero(t, allocs, "%v", svc)
+	}
+}
