@@ -130,7 +130,17 @@
 // tokens do not fit it (a pooling call's longest input, Request.LongestInput,
 // not its batch's total; a call of several sequences, n > 1 or a batch of
 // prompts, by its longest, LongestInput + SequenceOutputTokens), and the HTTP transport (the gRPC policy with
-// UnaryRetry) sends the call on to another endpoint.
+// UnaryRetry) sends the call on to another endpoint. Any other answer
+// that the call was bad or not allowed (HTTP 4xx but 408, 424 and 429;
+// the gRPC codes that map to them, UNAUTHENTICATED, PERMISSION_DENIED,
+// INVALID_ARGUMENT, NOT_FOUND, ...) is a client error
+// (Outcome.ClientError): neither success nor failure (the caller's own
+// expired token, refused by every replica, trips no breaker) and no
+// latency; the Balancer keeps each endpoint's decaying share of them and
+// passes over a candidate whose share is far above the other's, so that
+// a replica with a wrong API key or a missing route, answering every call
+// in a millisecond with nothing in flight, does not draw the calls its
+// speed would (as a success, 1,998 of 2,000 embedding calls).
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. Pick never blocks, locks or allocates.

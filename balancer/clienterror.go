@@ -31,7 +31,9 @@ import (
 // successes bring the share down at once. Refusing, it so draws a trickle
 // bounded by time, not by traffic: with its peers' share p, about
 // s / (ErrorDecay x ErrorAlpha x (1 - s)) calls a second, s = p +
-// clientErrorGap: one call every 3 s at the defaults and p = 0.
+// clientErrorGap: one call every 3 s at the defaults and p = 0 (measured,
+// 21 and 30 calls a minute at 200 and 2,000 calls a second:
+// TestShunnedReplicaIsTriedNowAndThen).
 //
 // The gap is wide so that noise does not pass a replica over: with
 // ErrorAlpha 0.1 the share of a replica answering a fraction p of calls

@@ -192,3 +192,26 @@ func TestClientErrorsDoNotAllocate(t *testing.T) {
 		assert.Zero(t, allocs, "%v", svc)
 	}
 }
+
+// A replica that refuses every call is still tried as its share of client
+// errors fades (ErrorDecay): a trickle bounded by time, not by traffic.
+// At the defaults (ErrorAlpha 0.1, ErrorDecay 30 s) it comes to one call
+// every 2 to 3 s, whether the fleet takes 200 calls a second or 2,000.
+func TestShunnedReplicaIsTriedNowAndThen(t *testing.T) {
+	for _, perRound := range []int{4, 40} {
+		b, clock := threeEndpoints(t, 13)
+		answer := func(addr string, _ int) (time.Duration, bool) {
+			if addr == "bad" {
+				return time.Millisecond, true
+			}
+			return 20 * time.Millisecond, false
+		}
+		driveAnswers(t, b, clock, inferlb.ServiceEmbedding, 0, 1500, perRound, answer) // 30 s
+		late := driveAnswers(t, b, clock, inferlb.ServiceEmbedding, 0, 3000, perRound, answer)
+		t.Logf("%d calls a second: the refusing replica drew %d of %d calls in 60 s", perRound*50, late["bad"], 3000*perRound)
+		// 21 at 200 calls a second, 30 at 2,000 (a few calls go out
+		// before the first refusal comes back).
+		assert.GreaterOrEqual(t, late["bad"], 5, "%d calls a second", perRound*50)
+		assert.LessOrEqual(t, late["bad"], 60, "%d calls a second", perRound*50)
+	}
+}
