@@ -103,7 +103,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 26+2+1, testutil.CollectAndCount(c), "26 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 28+2+1, testutil.CollectAndCount(c), "28 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape
@@ -337,6 +337,7 @@ func TestCollectorOutcomesAddUpToPicks(t *testing.T) {
 		{Err: fmt.Errorf("stream: %w", context.Canceled)},
 		{Err: errors.New("500")},
 		{Overloaded: true},
+		{ClientError: true},
 	} {
 		p, err := b.Pick(&inferlb.Request{})
 		require.NoError(t, err)
@@ -358,7 +359,9 @@ func TestCollectorOutcomesAddUpToPicks(t *testing.T) {
 	}
 	assert.Equal(t, 2.0, v["inferlb_endpoint_canceled_total"])
 	outcomes := v["inferlb_endpoint_in_flight"]
-	for _, n := range []string{"successes", "failures", "overloads", "not_served", "too_long", "model_failures", "canceled"} {
+	assert.Equal(t, 1.0, v["inferlb_endpoint_client_errors_total"])
+	assert.InDelta(t, 0.1, v["inferlb_endpoint_client_error_ratio"], 1e-9)
+	for _, n := range []string{"successes", "failures", "overloads", "not_served", "too_long", "model_failures", "canceled", "client_errors"} {
 		outcomes += v["inferlb_endpoint_"+n+"_total"]
 	}
 	assert.Equal(t, v["inferlb_endpoint_picks_total"], outcomes, "picks = in flight + every outcome")
