@@ -152,6 +152,13 @@
 // clients sent r7 1.2-1.5 times its share, and at 40 req/s the p99 TTFT was
 // 30.6s (0.89s since); it now compares the pair on this client's calls
 // alone.
+// A replica may have the wrong API key (ReplicaSpec.Unauthorized): it
+// answers every call 401 in a millisecond, with no GPU work, and the
+// caller gets the 401 without a retry. inferlb reports it as
+// inferlb.Outcome.ClientError, "inferlb client-error-as-success" as a
+// success (the adapters before 2026-12-07), and the oracle sends it
+// nothing. The unauthorized scenario runs the embedding workload on 6
+// replicas of which r0 is so; Result.Unauthorized counts its 401s.
 // Requests may name a tenant (the tenants scenario floods the fleet from one
 // tenant) and a class; Result.ClassE2EP99 reports each class's p99.
 //

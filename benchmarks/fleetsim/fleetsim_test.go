@@ -159,3 +159,21 @@ func TestNotServedAnswersAreRememberedNotSuccesses(t *testing.T) {
 	assert.LessOrEqual(t, lb.NotServed, pairs*4, "the replicas without an adapter do not draw its calls")
 	assert.Greater(t, lb.Throughput, 1.2*asSuccess.Throughput, "the adapters' conversations go on")
 }
+
+// TestUnauthorizedReplicaIsShunned: a replica with the wrong API key
+// answers every call 401 in a millisecond. Read as successes (as the
+// adapters did before 2026-12-07) its answers were the fleet's fastest and
+// it held no call, so the embedding scan sent it nearly every call, each
+// one failed; read as client errors, it draws a few calls a minute. The
+// unauthorized scenario at its headline rate, in a shorter window.
+func TestUnauthorizedReplicaIsShunned(t *testing.T) {
+	sc := fleetsim.UnauthorizedScenario()
+	sc.Warmup, sc.Duration, sc.Drain = 10*time.Second, 40*time.Second, 20*time.Second
+	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
+	asSuccess := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb client-error-as-success", ClientErrorAsSuccess: true}), 1, 1)
+	t.Logf("of %d / %d calls, answered 401: %d / %d (client error / success)", lb.Requests, asSuccess.Requests, lb.Unauthorized, asSuccess.Unauthorized)
+	assert.LessOrEqual(t, lb.Unauthorized, lb.Requests/200, "the replica answering 401 is passed over")
+	assert.Positive(t, lb.Unauthorized, "and still tried now and then")
+	assert.Greater(t, asSuccess.Unauthorized, asSuccess.Requests*9/10, "read as successes, its 401s draw the calls")
+	assert.Equal(t, lb.Unauthorized, lb.Failed)
+}

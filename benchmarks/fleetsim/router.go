@@ -390,6 +390,11 @@ type Variant struct {
 	// retriable error. The Balancer then learns no window, and counts the
 	// refusals against the small replicas as failures.
 	NoWindow bool
+	// ClientErrorAsSuccess reports a replica's 401 (and any answer the
+	// adapters read as inferlb.Outcome.ClientError) as a success, as the
+	// adapters did before 2026-12-07: the replica's millisecond refusals
+	// were its fastest calls, and it kept nothing in flight.
+	ClientErrorAsSuccess bool
 }
 
 // errShedAsFailure is the failure a ShedAsFailure variant reports.
@@ -531,7 +536,7 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 		return 0, nil, err
 	}
 	held := &p
-	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess && !r.v.NoOutcomeModel && !r.v.NoWindow {
+	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess && !r.v.NoOutcomeModel && !r.v.NoWindow && !r.v.ClientErrorAsSuccess {
 		return r.byID[p.ID()], held.Done, nil
 	}
 	return r.byID[p.ID()], func(o inferlb.Outcome) {
@@ -542,6 +547,8 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 			o = inferlb.Outcome{}
 		case r.v.NoWindow && o.ContextWindow > 0:
 			o = inferlb.Outcome{Err: errTooLongAsFailure, Model: o.Model}
+		case r.v.ClientErrorAsSuccess && o.ClientError:
+			o = inferlb.Outcome{Model: o.Model}
 		case r.v.NoOutcomeModel:
 			o.Model = ""
 		}
@@ -595,7 +602,8 @@ func (r *inferlbRouter) PickRetry(req *Request, failed int) (int, func(inferlb.O
 // blocks less the cached ones that it and the queue will hit (an
 // unreferenced cached block is free, as in vLLM, until a hit takes it). It
 // knows every replica's context window and sends no call to one too small
-// for it while another can take it.
+// for it while another can take it, and sends none to a replica that
+// answers 401 (ReplicaSpec.Unauthorized).
 func Oracle() Policy {
 	return Policy{Name: "oracle", Shared: true, New: func(e Env) Router {
 		return &oracle{run: e.run}
@@ -616,7 +624,7 @@ func (o *oracle) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	fits := slices.ContainsFunc(o.members, func(i int) bool { return !o.run.reps[i].tooLong(req) })
 	for _, i := range o.members {
 		r := o.run.reps[i]
-		if !r.up || (fits && r.tooLong(req)) {
+		if !r.up || r.unauthorized || (fits && r.tooLong(req)) {
 			continue
 		}
 		c := o.cost(r, req)

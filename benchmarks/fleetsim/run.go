@@ -33,6 +33,11 @@ type ReplicaSpec struct {
 	// it on what they see of their own calls. Its scrapes still run (and
 	// reset its windowed counters); only their publication is skipped.
 	Unscraped bool
+	// Unauthorized makes the replica answer every call 401 (a replica
+	// started with the wrong API key, or behind a gateway without the
+	// route) after unauthorizedDelay, with no GPU work: the caller gets
+	// the 401 and does not retry it, as clients do not retry a 4xx.
+	Unauthorized bool
 }
 
 // DPLabel is the endpoint label the simulator gives data-parallel ranks:
@@ -165,6 +170,9 @@ type Result struct {
 	// as longer than its context window (ServerParams.MaxModelLen): round
 	// trips wasted, each a few ms.
 	TooLong int `json:"too_long,omitempty"`
+	// Unauthorized counts the attempts of those calls that a replica
+	// answered 401 (ReplicaSpec.Unauthorized): each is a call failed.
+	Unauthorized int `json:"unauthorized,omitempty"`
 
 	// Throughput is output tokens per second in the measurement window
 	// (input tokens for embedding and rerank calls, which produce none),
@@ -289,6 +297,7 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 		}
 		r := newReplica(i, ids[i], spec.Server, speed, s)
 		r.models = spec.Models
+		r.unauthorized = spec.Unauthorized
 		models[i] = spec.Models
 		if spec.DPGroup != 0 {
 			e := engines[spec.DPGroup]
@@ -348,7 +357,7 @@ func (s *run) result(policy string) Result {
 	res := Result{
 		Scenario: s.sc.Name, Policy: policy, Rate: s.cfg.Rate, Clients: s.cfg.Clients, Seed: s.cfg.Seed,
 		Requests: s.requests, Failed: s.failed, Retries: s.retries, NotServed: s.notServed,
-		TooLong:   s.tooLong,
+		TooLong: s.tooLong, Unauthorized: s.unauthorized,
 		Completed: len(s.e2e), Unfinished: s.outstanding,
 	}
 	// Calls still in flight at the end count with their latency so far: a

@@ -55,6 +55,7 @@ func Scenarios() []*Scenario {
 	return []*Scenario{
 		SharedPrefixScenario(),
 		EmbeddingScenario(),
+		UnauthorizedScenario(),
 		MultiClientScenario(),
 		ChatScenario(),
 		MixScenario(),
@@ -161,6 +162,39 @@ func EmbeddingScenario() *Scenario {
 		Policies: []Policy{
 			RoundRobin(), Random(), LeastRequest(),
 			InferLB(Variant{Name: "inferlb"}),
+			InferLB(Variant{Name: "inferlb -scan", Options: scanOff}),
+			Oracle(),
+		},
+	}
+}
+
+// UnauthorizedScenario is the embedding workload on 6 replicas of which
+// one was started with the wrong API key (or sits behind a gateway
+// without the route): it answers every call 401 in a millisecond, with no
+// GPU work. Its answers are the fastest of the fleet and it never holds a
+// call, so a policy that prices latency or calls in flight sends it calls
+// that fail; "inferlb client-error-as-success" reads the 401 as a success,
+// as the adapters did before 2026-12-07, where inferlb reads it as
+// inferlb.Outcome.ClientError.
+func UnauthorizedScenario() *Scenario {
+	fl := fleet(6, EmbeddingServer())
+	fl[0].Unauthorized = true
+	return &Scenario{
+		Name:        "unauthorized",
+		Description: "80% embeddings (64-512 tokens), 20% rerank (20 docs x 150 tokens), 6 replicas, r0 answers every call 401 in 1 ms",
+		Fleet:       fl,
+		Workload: func(rate float64) Workload {
+			return &Pooling{Rate: rate, Rerank: 0.2, EmbedTokens: [2]int{64, 512}, Docs: 20, DocToken: 150}
+		},
+		Rates:    []float64{100, 300},
+		RateUnit: "req/s",
+		Headline: 300,
+		Warmup:   10 * time.Second, Duration: 70 * time.Second, Drain: 60 * time.Second,
+		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
+		Policies: []Policy{
+			RoundRobin(), Random(), LeastRequest(),
+			InferLB(Variant{Name: "inferlb"}),
+			InferLB(Variant{Name: "inferlb client-error-as-success", ClientErrorAsSuccess: true}),
 			InferLB(Variant{Name: "inferlb -scan", Options: scanOff}),
 			Oracle(),
 		},

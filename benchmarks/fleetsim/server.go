@@ -178,8 +178,10 @@ type replica struct {
 	kv    *blockPool
 	sim   *run
 
-	models  []string // served (ReplicaSpec.Models); nil: all
-	failing []string // served models that fail every call (ModelFail)
+	models []string // served (ReplicaSpec.Models); nil: all
+	// unauthorized: it answers every call 401 (ReplicaSpec.Unauthorized).
+	unauthorized bool
+	failing      []string // served models that fail every call (ModelFail)
 	// resident are the adapters in the GPU's MaxLoRAs slots, least
 	// recently used first.
 	resident []string

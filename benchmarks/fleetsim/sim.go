@@ -25,7 +25,15 @@ var (
 	// errTooLong is a replica's 400 to a call longer than its context
 	// window (ServerParams.MaxModelLen).
 	errTooLong = errors.New("fleetsim: 400 the call is longer than the context window")
+	// errUnauthorized is the 401 of a replica with the wrong API key
+	// (ReplicaSpec.Unauthorized).
+	errUnauthorized = errors.New("fleetsim: 401 unauthorized")
 )
+
+// unauthorizedDelay is how long a replica with the wrong API key takes to
+// answer 401: the API server checks the key before it reads the body, so
+// the answer costs a round trip on the cluster network and nothing else.
+const unauthorizedDelay = time.Millisecond
 
 // windowRefusalDelay is how long a replica takes to refuse a call longer
 // than its context window: vLLM's API server tokenizes the prompt (a fast
@@ -162,10 +170,12 @@ type run struct {
 	retries     int
 	notServed   int // measured calls' attempts answered "model not served"
 	tooLong     int // measured calls' attempts refused as longer than the window
-	requests    int
-	marks       [2]counters
-	split       *modelSplit // Result.Healthy and Broken; nil without a ModelFail event
-	lora        *loraStats  // Result.LoRA; nil when no replica limits adapters
+	// measured calls' attempts answered 401 (ReplicaSpec.Unauthorized)
+	unauthorized int
+	requests     int
+	marks        [2]counters
+	split        *modelSplit // Result.Healthy and Broken; nil without a ModelFail event
+	lora         *loraStats  // Result.LoRA; nil when no replica limits adapters
 }
 
 // counters are snapshots taken at the start and end of the measurement window.
@@ -258,6 +268,10 @@ func (s *run) send(j *job, idx int, done func(inferlb.Outcome)) {
 		s.finish(j, s.now, errRefused)
 		return
 	}
+	if r.unauthorized {
+		s.after(unauthorizedDelay, func() { s.finish(j, s.now, errUnauthorized) })
+		return
+	}
 	if !r.serves(j.req.Model) {
 		s.after(notServedDelay, func() { s.finish(j, s.now, errNotServed) })
 		return
@@ -304,7 +318,7 @@ var errThrottled = errors.New("fleetsim: 429 too many requests")
 // than a refused connection or a stream cut by a crash.
 func answered(err error) bool {
 	return err == nil || errors.Is(err, errModelFailed) || errors.Is(err, errThrottled) || errors.Is(err, errNotServed) ||
-		errors.Is(err, errTooLong)
+		errors.Is(err, errTooLong) || errors.Is(err, errUnauthorized)
 }
 
 // finish ends one attempt. Failed attempts are retried once, immediately, on
@@ -326,6 +340,9 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 			o = inferlb.Outcome{NotServedModel: j.req.Model}
 		case errors.Is(err, errTooLong):
 			o = inferlb.Outcome{ContextWindow: j.rep.p.MaxModelLen}
+		case errors.Is(err, errUnauthorized):
+			// As the adapters read a 401 (inferlb.Outcome.ClientError).
+			o = inferlb.Outcome{ClientError: true}
 		}
 		if answered(err) {
 			// As the HTTP transport does: the call's model on every call
@@ -354,6 +371,14 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 		}
 		// A router that knows nothing of the answer takes it for a
 		// failure like any other (below).
+	}
+	if errors.Is(err, errUnauthorized) {
+		// The caller gets the 401: no client retries a 4xx.
+		if j.measured {
+			s.unauthorized++
+		}
+		s.fail(j)
+		return
 	}
 	if errors.Is(err, errTooLong) {
 		if j.measured {

@@ -496,6 +496,12 @@ func tooLongColumn(res []fleetsim.Result) bool {
 	return slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.TooLong > 0 })
 }
 
+// unauthorizedColumn reports whether a table of res has a "401s" column:
+// only where some replica answered 401 (ReplicaSpec.Unauthorized).
+func unauthorizedColumn(res []fleetsim.Result) bool {
+	return slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.Unauthorized > 0 })
+}
+
 // headerFor is the table header for res.
 func headerFor(res []fleetsim.Result) []string {
 	out := header
@@ -504,6 +510,9 @@ func headerFor(res []fleetsim.Result) []string {
 	}
 	if tooLongColumn(res) {
 		out = append(slices.Clone(out), "refused")
+	}
+	if unauthorizedColumn(res) {
+		out = append(slices.Clone(out), "401s")
 	}
 	return out
 }
@@ -516,6 +525,9 @@ func rowFor(res []fleetsim.Result, r fleetsim.Result) []string {
 	}
 	if tooLongColumn(res) {
 		out = append(out, fmt.Sprintf("%d", r.TooLong))
+	}
+	if unauthorizedColumn(res) {
+		out = append(out, fmt.Sprintf("%d (%.1f%%)", r.Unauthorized, 100*float64(r.Unauthorized)/float64(max(r.Requests, 1))))
 	}
 	return out
 }
