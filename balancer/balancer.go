@@ -1620,6 +1620,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// meanwhile (see modelfail.go).
 		e.modelFailures.Add(1)
 		e.failed.note(modelID(o.Model), nowNs)
+		e.noteAnswer(b.cfg, nowNs, false) // an answer, and no client error
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Err != nil:
