@@ -39,15 +39,16 @@ import (
 // ErrorAlpha 0.1 the share of a replica answering a fraction p of calls
 // as client errors varies by sqrt(0.1 / 1.9 x p(1 - p)), at most 0.115
 // (p = 0.5), and the difference of two peers' by 0.16: the gap is three
-// of those. The affinity path does not read the share: a key's owner is
-// chosen for its cache, and a replica refusing its keys' calls draws its
-// share of keys, not every call.
+// of those. An affinity key's owner is taken without reading the share
+// (only the choice between spill targets reads it): a replica refusing
+// its keys' calls fails its share of the keys, as under round-robin, not
+// every call.
 const clientErrorGap = 0.5
 
 // clientErrorShare is e's decayed share of client-error answers at
-// nowNs, 0 below errorRateFloor.
-// Pick's loops read ceShare first, and call it only when it is not 0
-// (almost never: no call).
+// nowNs, 0 below errorRateFloor. It does not inline, so Pick's loops load
+// ceShare first and call it only when that is not 0: a fleet without
+// client errors pays one load per candidate.
 func (e *endpoint) clientErrorShare(c *config, nowNs int64) float64 {
 	if r := e.rawClientErrorShare(c, nowNs); r >= errorRateFloor {
 		return r
