@@ -124,6 +124,9 @@ type Balancer struct {
 	spills  *cache.Sessions // immutable pointer; nil when SpillMemory or affinity is off
 	reuse   *keyReuse       // immutable pointer; nil unless AffinityPrefer with MinKeyReuse
 	engines atomic.Bool     // some endpoint is a rank of a data-parallel engine (dp.go)
+	// clientErrs: some call ended with Outcome.ClientError (never
+	// cleared); until then Pick reads no endpoint's share of them.
+	clientErrs atomic.Bool
 
 	mu          sync.Mutex
 	eps         map[string]*endpoint        // guarded by mu: every membership's endpoints, by ID
@@ -1207,7 +1210,7 @@ func (b *Balancer) admitRamp(e *endpoint, c *cand) bool {
 // the end of this file). Before any cost, a candidate whose share of
 // client-error answers is far above the other's loses (clienterror.go).
 func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
-	if ei, ej := g.members[i], g.members[j]; ei.ceShare.Load()|ej.ceShare.Load() != 0 {
+	if ei, ej := g.members[i], g.members[j]; b.clientErrs.Load() && ei.ceShare.Load()|ej.ceShare.Load() != 0 {
 		// One refuses calls the other takes (a wrong API key, a
 		// missing route): its refusals are fast and leave nothing in
 		// flight, so its cost looks the lowest (see clienterror.go).
@@ -1347,6 +1350,7 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 	best, ties, bestProbe, bestCost := -1, 0, false, 0.0
 	bestZz := false // the best sleeps (see sleep.go)
 	bestCE := 0.0   // the best's share of client errors (see clienterror.go)
+	ceOn := b.clientErrs.Load()
 	for k := range m {
 		i := (start + k) % n
 		if sh != nil {
@@ -1358,14 +1362,16 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 		}
 		// Client errors first, as in prefer: a member far above the
 		// best's share is passed over, one far below replaces it.
-		ce := 0.0
-		if e.ceShare.Load() != 0 {
-			ce = e.clientErrorShare(b.cfg, c.nowNs)
+		ce, over := 0.0, false
+		if ceOn {
+			if e.ceShare.Load() != 0 {
+				ce = e.clientErrorShare(b.cfg, c.nowNs)
+			}
+			if best >= 0 && shunned(ce, bestCE) {
+				continue
+			}
+			over = best >= 0 && shunned(bestCE, ce)
 		}
-		if best >= 0 && shunned(ce, bestCE) {
-			continue
-		}
-		over := best >= 0 && shunned(bestCE, ce)
 		zz := c.sleep && e.asleep(c.nowNs, b.cfg.telemetryMaxAge)
 		if best >= 0 && zz && !bestZz && !over {
 			continue // an awake one was found: a sleeping one is worse
@@ -1613,6 +1619,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// must not make the endpoint look fast (see clienterror.go).
 		e.clientErrors.Add(1)
 		e.noteAnswer(b.cfg, nowNs, true)
+		if !b.clientErrs.Load() {
+			b.clientErrs.Store(true)
+		}
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Err != nil && o.Model != "" && b.modelFailed(e, o.Model, nowNs):

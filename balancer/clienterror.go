@@ -47,8 +47,9 @@ const clientErrorGap = 0.5
 
 // clientErrorShare is e's decayed share of client-error answers at
 // nowNs, 0 below errorRateFloor. It does not inline, so Pick's loops load
-// ceShare first and call it only when that is not 0: a fleet without
-// client errors pays one load per candidate.
+// ceShare first and call it only when that is not 0, and read nothing
+// until some call has ended with a client error (Balancer.clientErrs): a
+// Balancer that has seen none pays one load per pick.
 func (e *endpoint) clientErrorShare(c *config, nowNs int64) float64 {
 	if r := e.rawClientErrorShare(c, nowNs); r >= errorRateFloor {
 		return r
