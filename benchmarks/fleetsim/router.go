@@ -159,6 +159,8 @@ func (r *random) Pick(*Request) (int, func(inferlb.Outcome), error) {
 // LeastRequest samples two replicas and sends to the one with fewer of this
 // client's requests in flight: Envoy's LEAST_REQUEST (choice_count 2) and
 // grpc-go's least_request policy, the generic balancers users start from.
+// As they do, it samples with replacement (both draws can name the same
+// replica) and keeps the first draw on a tie.
 func LeastRequest() Policy {
 	return Policy{Name: "least-request", New: func(e Env) Router {
 		return &leastRequest{baseline: baseline{rng: rand.New(e.Rand())}, inFlight: make([]int, len(e.IDs))}
@@ -176,14 +178,8 @@ func (l *leastRequest) Pick(*Request) (int, func(inferlb.Outcome), error) {
 		return 0, nil, balancer.ErrNoEndpoints
 	}
 	i := l.members[l.rng.IntN(n)]
-	if n > 1 {
-		j := l.members[l.rng.IntN(n-1)]
-		if j == i {
-			j = l.members[n-1]
-		}
-		if l.inFlight[j] < l.inFlight[i] {
-			i = j
-		}
+	if j := l.members[l.rng.IntN(n)]; l.inFlight[j] < l.inFlight[i] {
+		i = j
 	}
 	l.inFlight[i]++
 	return i, func(inferlb.Outcome) { l.inFlight[i]-- }, nil

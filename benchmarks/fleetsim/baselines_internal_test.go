@@ -1,0 +1,33 @@
+package fleetsim
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+)
+
+// least-request samples its two replicas with replacement, as grpc-go's
+// least_request and Envoy's LEAST_REQUEST do: with two replicas, one of
+// them busy, both draws name the busy one about a quarter of the time,
+// and the call goes there.
+func TestLeastRequestSamplesWithReplacement(t *testing.T) {
+	rt := LeastRequest().New(Env{Seed: 7, IDs: []string{"r0", "r1"}})
+	rt.SetMembers([]int{0, 1})
+	req := &Request{Service: inferlb.ServiceLLM}
+	busy, _, err := rt.Pick(req) // held in flight for the whole test
+	require.NoError(t, err)
+	const n = 4000
+	toBusy := 0
+	for range n {
+		i, done, err := rt.Pick(req)
+		require.NoError(t, err)
+		if i == busy {
+			toBusy++
+		}
+		done(inferlb.Outcome{})
+	}
+	assert.InDelta(t, 0.25, float64(toBusy)/n, 0.03, "share of calls sent to the busy replica")
+}
