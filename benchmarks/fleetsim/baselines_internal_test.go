@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -30,4 +31,26 @@ func TestLeastRequestSamplesWithReplacement(t *testing.T) {
 		done(inferlb.Outcome{})
 	}
 	assert.InDelta(t, 0.25, float64(toBusy)/n, 0.03, "share of calls sent to the busy replica")
+}
+
+// The consistent-hash ring is as large as grpc-go's ring_hash makes it by
+// default: at least 1,024 points, spread evenly over the replicas.
+func TestRingHashSizedAsGRPC(t *testing.T) {
+	for _, tc := range []struct{ n, per int }{{1, 1024}, {3, 342}, {7, 147}, {8, 128}, {16, 64}} {
+		ids := make([]string, tc.n)
+		members := make([]int, tc.n)
+		for i := range ids {
+			ids[i], members[i] = fmt.Sprintf("r%d", i), i
+		}
+		rt := RingHash().New(Env{Seed: 1, IDs: ids}).(*ringHash)
+		rt.SetMembers(members)
+		count := map[int]int{}
+		for _, p := range rt.points {
+			count[p.rep]++
+		}
+		assert.Len(t, rt.points, tc.n*tc.per, "%d replicas", tc.n)
+		for i := range tc.n {
+			assert.Equal(t, tc.per, count[i], "points of r%d of %d", i, tc.n)
+		}
+	}
 }

@@ -268,9 +268,9 @@ func ExtraPolicies() []Policy {
 }
 
 // RingHash places each affinity key on a consistent-hash ring (Karger et al.,
-// 1997) with 100 virtual nodes per replica and no load bound: every client
-// agrees on the owner, and a hot key overloads it. Requests without a key go
-// to a random replica.
+// 1997) sized as grpc-go's ring_hash sizes it by default (ringEntries) and
+// with no load bound: every client agrees on the owner, and a hot key
+// overloads it. Requests without a key go to a random replica.
 func RingHash() Policy {
 	return Policy{Name: "consistent-hash", New: func(e Env) Router {
 		return &ringHash{baseline: baseline{rng: rand.New(e.Rand())}, ids: e.IDs}
@@ -288,12 +288,36 @@ type ringPoint struct {
 	rep int
 }
 
+// Ring sizes of grpc-go's ring_hash by default (min_ring_size and
+// max_ring_size; Envoy's minimum is 1,024 too).
+const (
+	ringMinSize = 1024
+	ringMaxSize = 4096
+)
+
+// ringEntries is how many points each of n replicas of equal weight has
+// on the ring, as grpc-go's ring_hash places them: it scales the ring so
+// that the lightest replica gets a whole number of points and the ring at
+// least ringMinSize of them (at most ringMaxSize, which binds only past
+// 3,072 replicas, where some would get none: this gives each one), and
+// each replica its share of the scale. With equal weights that is
+// ringMinSize/n rounded up: 128 points each for 8 replicas, 147 for 7.
+// The baselines ignore discovery's weights, as ring_hash does without xDS
+// endpoint weights.
+func ringEntries(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	return (ringMinSize + n - 1) / n
+}
+
 func (r *ringHash) SetMembers(m []int) {
 	r.baseline.SetMembers(m)
 	r.points = r.points[:0]
+	per := ringEntries(len(m))
 	for _, i := range m {
 		base := stringHash(r.ids[i])
-		for v := range 100 {
+		for v := range per {
 			r.points = append(r.points, ringPoint{mix64(base + uint64(v)), i})
 		}
 	}
