@@ -3,6 +3,7 @@ package fleetsim
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -53,4 +54,55 @@ func TestRingHashSizedAsGRPC(t *testing.T) {
 			assert.Equal(t, tc.per, count[i], "points of r%d of %d", i, tc.n)
 		}
 	}
+}
+
+// clientRecorder records which client sends each chat session's turns.
+type clientRecorder struct {
+	Router
+	client int
+	got    map[uint64]int // session ID to client
+	moved  *int           // turns sent by another client than the session's first
+}
+
+func (c *clientRecorder) Pick(req *Request) (int, func(inferlb.Outcome), error) {
+	if cs, _ := req.session.(*chatSession); cs != nil {
+		if first, ok := c.got[cs.id]; !ok {
+			c.got[cs.id] = c.client
+		} else if first != c.client {
+			*c.moved++
+		}
+	}
+	return c.Router.Pick(req)
+}
+
+// Which client sends a call depends on the call, not on when it is
+// submitted: a chat session's turns come from one client, and two
+// policies, whose routing changes the order turns are submitted in, map
+// each session to the same client.
+func TestClientsFollowSessionsNotSubmissionOrder(t *testing.T) {
+	sc := ChatScenario()
+	sc.Fleet = sc.Fleet[:4]
+	clientsOf := func(p Policy) map[uint64]int {
+		got, moved := map[uint64]int{}, 0
+		rec := Policy{Name: p.Name, New: func(e Env) Router {
+			return &clientRecorder{Router: p.New(e), client: e.Client, got: got, moved: &moved}
+		}}
+		res := Run(sc, rec, RunConfig{Rate: 10, Clients: 4, Seed: 3, Warmup: 10 * time.Second, Duration: 60 * time.Second, Drain: 30 * time.Second})
+		require.Positive(t, res.Completed, p.Name)
+		assert.Zero(t, moved, "%s: turns sent by another client than their session's first", p.Name)
+		return got
+	}
+	a, b := clientsOf(RoundRobin()), clientsOf(LeastRequest())
+	same, differ := 0, 0
+	for id, c := range a {
+		if d, ok := b[id]; ok {
+			if c == d {
+				same++
+			} else {
+				differ++
+			}
+		}
+	}
+	assert.Greater(t, same, 50, "sessions both runs sent")
+	assert.Zero(t, differ, "sessions sent by different clients under the two policies")
 }

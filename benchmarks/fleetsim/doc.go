@@ -87,8 +87,10 @@
 // # Clients, telemetry and incidents
 //
 // Each request is sent by one of Clients independent client processes
-// (chosen at random per request), each with its own Router and no shared
-// state; the oracle alone is shared. Replicas publish Running, Waiting,
+// (a hash of the seed and the call: a chat session's turns all come from
+// one client, and every policy's run sends each call from the same
+// client), each with its own Router and no shared state; the oracle alone
+// is shared. Replicas publish Running, Waiting,
 // KVCacheUsage and PrefixCacheHitRate every Scrape interval (phased per
 // replica), so the balancer sees telemetry as stale as a real scrape;
 // those with MaxLoRAs also publish LoRASlots and Adapters (the base

@@ -279,7 +279,6 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 	if slices.ContainsFunc(sc.Fleet, func(r ReplicaSpec) bool { return r.Server.MaxLoRAs > 0 }) {
 		s.lora = &loraStats{classes: map[string]*loraClass{}}
 	}
-	s.rng = rand.New(rand.NewPCG(cfg.Seed, 0xc11e))
 	ids := make([]string, len(sc.Fleet))
 	weights := make([]float64, len(sc.Fleet))
 	labels := make([]map[string]string, len(sc.Fleet))

@@ -151,7 +151,6 @@ type run struct {
 	now     time.Duration
 	seq     uint64
 	events  eventQueue
-	rng     *rand.Rand // client assignment and retries
 	reps    []*replica
 	routers []Router // one per client; shared policies repeat one router
 	uniq    []Router // each router once, in client order
@@ -203,10 +202,7 @@ func (s *run) Submit(req *Request) {
 	if s.stopped {
 		return
 	}
-	req.Client = 0
-	if n := len(s.routers); n > 1 {
-		req.Client = s.rng.IntN(n)
-	}
+	req.Client = s.clientOf(req)
 	j := &job{req: req, arrive: s.now, firstToken: -1}
 	j.measured = s.now >= s.cfg.Warmup && s.now < s.cfg.Duration
 	if j.measured {
@@ -218,6 +214,30 @@ func (s *run) Submit(req *Request) {
 		}
 	}
 	s.dispatch(j)
+}
+
+// clientOf is the client process that sends req: a hash of the run's seed
+// and the call (its session's ID for every turn of a chat session, else
+// its answer's content ID, else its prompt's), so that every policy's run
+// of a seed maps the same calls to the same clients. Drawn in the order
+// calls are submitted, as it was, it mapped them differently per policy
+// in closed-loop workloads, whose turns follow completions that routing
+// decides; and it moved a session from client to client between turns.
+func (s *run) clientOf(req *Request) int {
+	n := len(s.routers)
+	if n <= 1 {
+		return 0
+	}
+	var id uint64
+	switch cs, _ := req.session.(*chatSession); {
+	case cs != nil:
+		id = contentID(15, cs.id, 0)
+	case req.AnswerID != 0:
+		id = req.AnswerID
+	case req.Prompt != nil:
+		id = promptID(req.Prompt)
+	}
+	return int(mix64(id^mix64(s.cfg.Seed^0xc11e)) % uint64(n))
 }
 
 // Now is the simulated time since the start of the run.
