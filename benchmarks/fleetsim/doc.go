@@ -92,7 +92,9 @@
 // client), each with its own Router and no shared state; the oracle alone
 // is shared. Replicas publish Running, Waiting,
 // KVCacheUsage and PrefixCacheHitRate every Scrape interval (phased per
-// replica), so the balancer sees telemetry as stale as a real scrape;
+// replica), as of the end of their last engine step (vLLM updates its
+// gauges after each step), so the balancer sees telemetry as stale as a
+// real scrape;
 // those with MaxLoRAs also publish LoRASlots and Adapters (the base
 // model, and the adapters of their running and of their waiting
 // requests, sorted), as vLLM's vllm:lora_requests_info gauge shows them.

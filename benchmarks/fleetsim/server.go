@@ -202,11 +202,41 @@ type replica struct {
 	busy          time.Duration
 	hitTokens     int64
 	queryTokens   int64
-	scrapeHits    int64 // since the last scrape, for the windowed hit rate
+	scrapeHits    int64 // since the last gauge update, for the windowed hit rate
 	scrapeQueries int64
-	assigned      int
-	preemptions   int
-	loads         int // adapters loaded into a GPU slot
+	// gauges are what a scrape reads: the metrics as of the end of the
+	// last completed engine step (see snapshot).
+	gauges      gauges
+	assigned    int
+	preemptions int
+	loads       int // adapters loaded into a GPU slot
+}
+
+// gauges are a replica's metrics as a /metrics scrape reads them.
+type gauges struct {
+	running, waiting int
+	kvUsage          float64
+	// hits and queries are the prompt tokens found in and looked up in
+	// the prefix cache since the last scrape, as of the last update.
+	hits, queries int64
+	adapters      *telemetry.Adapters // MaxLoRAs only
+}
+
+// snapshot updates the gauges a scrape reads to the replica's state now,
+// at the end of an engine step: vLLM's engine core makes its scheduler's
+// stats (running and waiting requests, KV-cache usage, prefix-cache
+// queries and hits, the adapters of lora_requests_info) with each step's
+// outputs, so the gauges lag the queue by up to one step; a call that
+// arrives at an idle replica shows once its first step ends.
+func (r *replica) snapshot() {
+	g := &r.gauges
+	g.running, g.waiting, g.kvUsage = len(r.running), len(r.waiting), r.kv.usage()
+	g.hits += r.scrapeHits
+	g.queries += r.scrapeQueries
+	r.scrapeHits, r.scrapeQueries = 0, 0
+	if r.p.MaxLoRAs > 0 {
+		g.adapters = r.adapters()
+	}
 }
 
 func newReplica(idx int, id string, p ServerParams, speed float64, s *run) *replica {
@@ -341,6 +371,8 @@ func (r *replica) ensure(s *seq, upto int) bool {
 func (r *replica) step() {
 	d, ok := r.plan()
 	if !ok {
+		// Nothing to run: the engine goes idle, its gauges as they are.
+		r.snapshot()
 		return
 	}
 	r.stepping = true
@@ -521,7 +553,8 @@ func (r *replica) activate(batch []string) int {
 
 // adapters is the replica's vllm:lora_requests_info: the distinct
 // adapters of its running and waiting requests, sorted, built anew for
-// each scrape since a published Adapters is never changed.
+// each gauge update (snapshot) since a published Adapters is never
+// changed.
 func (r *replica) adapters() *telemetry.Adapters {
 	names := func(q []*seq) []string {
 		var out []string
@@ -549,6 +582,7 @@ func (r *replica) stepDone(gen uint64) {
 	}
 	r.stepping = false
 	r.apply()
+	r.snapshot()
 	r.kick()
 }
 
@@ -658,6 +692,8 @@ func (r *replica) crash() {
 	r.running, r.waiting = nil, nil
 	r.kv.flush()
 	r.resident = nil // the restarted engine loads its adapters anew
+	r.gauges = gauges{}
+	r.scrapeHits, r.scrapeQueries = 0, 0
 	for _, s := range fail {
 		// The tokens it streamed are lost with the call: a retry
 		// generates the answer anew, and throughput counts answers.
@@ -721,6 +757,11 @@ func (e *dpEngine) kick() {
 		}
 	}
 	if !active {
+		for _, r := range e.ranks {
+			if r.up {
+				r.snapshot()
+			}
+		}
 		return
 	}
 	for _, r := range e.ranks {
@@ -742,6 +783,9 @@ func (e *dpEngine) done(gen uint64) {
 		if r.stepping {
 			r.stepping = false
 			r.apply()
+		}
+		if r.up {
+			r.snapshot() // every rank's engine core reports each step
 		}
 	}
 	e.kick()

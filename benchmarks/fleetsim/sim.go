@@ -535,22 +535,28 @@ func (s *run) mark(i int) {
 }
 
 // scrape publishes one replica's metrics to every client, as a /metrics
-// scrape does: the values are as of now and grow stale until the next one.
-// An Unscraped replica's reach no client.
+// scrape does: the values are its gauges, as of the end of its last engine
+// step (replica.snapshot), and grow stale until the next scrape. An
+// Unscraped replica's reach no client.
 func (s *run) scrape(r *replica) {
 	if r.up {
+		g := &r.gauges
 		var smp telemetry.Sample
 		smp.Time = Epoch.Add(s.now)
-		smp.Set(telemetry.Running, float64(len(r.running)))
-		smp.Set(telemetry.Waiting, float64(len(r.waiting)))
-		smp.Set(telemetry.KVCacheUsage, r.kv.usage())
-		if r.scrapeQueries > 0 {
-			smp.Set(telemetry.PrefixCacheHitRate, float64(r.scrapeHits)/float64(r.scrapeQueries))
+		smp.Set(telemetry.Running, float64(g.running))
+		smp.Set(telemetry.Waiting, float64(g.waiting))
+		smp.Set(telemetry.KVCacheUsage, g.kvUsage)
+		if g.queries > 0 {
+			smp.Set(telemetry.PrefixCacheHitRate, float64(g.hits)/float64(g.queries))
 		}
 		if r.p.MaxLoRAs > 0 {
-			smp.SetAdapters(float64(r.p.MaxLoRAs), r.adapters())
+			a := g.adapters
+			if a == nil { // no step yet
+				a = &telemetry.Adapters{Base: Model}
+			}
+			smp.SetAdapters(float64(r.p.MaxLoRAs), a)
 		}
-		r.scrapeHits, r.scrapeQueries = 0, 0
+		g.hits, g.queries = 0, 0
 		if !s.sc.Fleet[r.idx].Unscraped {
 			for _, rt := range s.uniq {
 				rt.Publish(r.idx, smp)
