@@ -44,7 +44,12 @@
 // collective (the experts' all-to-all), so the ranks step together, a step
 // lasts as long as the slowest rank's, and a rank with nothing to run waits
 // in it. One rank's long prefill then stalls every rank's decodes. Discovery
-// labels each rank DPLabel=dp<group>.
+// labels each rank DPLabel=dp<group>. inferlb and the oracle see every rank
+// as an endpoint (Policy.SeesRanks); the baselines see one endpoint per
+// engine, as a default vLLM data-parallel deployment shows it, and its
+// front end picks the rank as vLLM's DPLBAsyncMPClient does: least
+// waiting*4 + running, by counts the ranks report after their steps and
+// the coordinator publishes every 100 ms.
 //
 // The KV cache holds KVTokens/16 blocks of 16 tokens (vLLM's default block
 // size). Full blocks are identified by chained hashes (parent hash + the

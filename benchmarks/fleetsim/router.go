@@ -97,7 +97,12 @@ type Policy struct {
 	// Shared policies use one router for all clients; only the oracle,
 	// which is a thought experiment rather than a library, is shared.
 	Shared bool
-	New    func(Env) Router
+	// SeesRanks policies see every data-parallel rank as an endpoint
+	// (ReplicaSpec.DPGroup): inferlb, which reads their DPLabel, and the
+	// oracle. The others see one endpoint per engine, whose front end
+	// picks the rank as vLLM's does (dpFront).
+	SeesRanks bool
+	New       func(Env) Router
 }
 
 func noop(inferlb.Outcome) {}
@@ -425,7 +430,7 @@ var errTooLongAsFailure = errors.New("fleetsim: 400 longer than the context wind
 
 // InferLB is the library's real Balancer in the given configuration.
 func InferLB(v Variant) Policy {
-	return Policy{Name: v.Name, New: func(e Env) Router {
+	return Policy{Name: v.Name, SeesRanks: true, New: func(e Env) Router {
 		var o balancer.Options
 		if v.Options != nil {
 			o = v.Options()
@@ -625,7 +630,7 @@ func (r *inferlbRouter) PickRetry(req *Request, failed int) (int, func(inferlb.O
 // for it while another can take it, and sends none to a replica that
 // answers 401 (ReplicaSpec.Unauthorized).
 func Oracle() Policy {
-	return Policy{Name: "oracle", Shared: true, New: func(e Env) Router {
+	return Policy{Name: "oracle", Shared: true, SeesRanks: true, New: func(e Env) Router {
 		return &oracle{run: e.run}
 	}}
 }

@@ -311,6 +311,14 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 		s.reps = append(s.reps, r)
 		s.members = append(s.members, i)
 	}
+	if !pol.SeesRanks {
+		for _, r := range s.reps {
+			if e := r.dp; e != nil && e.front == nil {
+				e.front = &dpFront{e: e, counts: make([][2]int, len(e.ranks))}
+				s.at(0, func() { e.front.refresh(s) })
+			}
+		}
+	}
 	clock := Clock{now: &s.now}
 	var shared Router
 	for c := range cfg.Clients {
@@ -323,6 +331,9 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 				Client: c, Seed: cfg.Seed*1000003 + uint64(c) + 1, Clock: clock,
 				IDs: ids, Weights: weights, Labels: labels, Models: models, Estimate: cfg.Estimate, run: s,
 			})
+			if len(engines) > 0 && !pol.SeesRanks {
+				rt = &engineFronted{Router: rt, s: s}
+			}
 			s.uniq = append(s.uniq, rt)
 			if pol.Shared {
 				shared = rt

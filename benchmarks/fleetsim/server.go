@@ -739,6 +739,9 @@ type dpEngine struct {
 	ranks    []*replica
 	stepping bool
 	gen      uint64
+	// front picks the rank of the calls a policy without SeesRanks
+	// sends to the engine; nil when every policy of the run sees ranks.
+	front *dpFront
 }
 
 func (e *dpEngine) kick() {
