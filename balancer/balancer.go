@@ -124,9 +124,12 @@ type Balancer struct {
 	spills  *cache.Sessions // immutable pointer; nil when SpillMemory or affinity is off
 	reuse   *keyReuse       // immutable pointer; nil unless AffinityPrefer with MinKeyReuse
 	engines atomic.Bool     // some endpoint is a rank of a data-parallel engine (dp.go)
-	// clientErrs: some call ended with Outcome.ClientError (never
-	// cleared); until then Pick reads no endpoint's share of them.
-	clientErrs atomic.Bool
+	// shunnable counts the endpoints marked shunnable (markShunnable):
+	// while it is 0, no pick reads a client-error share.
+	shunnable atomic.Int32
+	// shunMu makes counting a pool's shunnable members and marking one
+	// shunnable one step (see markShunnable); nothing is taken under it.
+	shunMu sync.Mutex
 
 	mu          sync.Mutex
 	eps         map[string]*endpoint        // guarded by mu: every membership's endpoints, by ID
@@ -568,6 +571,7 @@ func (b *Balancer) reconcile() {
 		// events and telemetry its breaker's trip must not touch.
 		e.gone.Store(true)
 		e.pools.Store(nil)
+		b.markShunnable(e, false, 0) // it holds no pool's room
 		setGroupLoads(e, nil)
 		if s := e.slot.Load(); s != nil {
 			b.cfg.store.ReleaseSlot(id, s)
@@ -1210,7 +1214,7 @@ func (b *Balancer) admitRamp(e *endpoint, c *cand) bool {
 // the end of this file). Before any cost, a candidate whose share of
 // client-error answers is far above the other's loses (clienterror.go).
 func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
-	if ei, ej := g.members[i], g.members[j]; b.clientErrs.Load() && ei.ceShare.Load()|ej.ceShare.Load() != 0 {
+	if ei, ej := g.members[i], g.members[j]; b.shunnable.Load() > 0 && (ei.ceShunnable.Load() || ej.ceShunnable.Load()) {
 		// One refuses calls the other takes (a wrong API key, a
 		// missing route): its refusals are fast and leave nothing in
 		// flight, so its cost looks the lowest (see clienterror.go).
@@ -1218,9 +1222,9 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 		// it would win every comparison while half-open.
 		ci, cj := ei.clientErrorShare(b.cfg, now.UnixNano()), ej.clientErrorShare(b.cfg, now.UnixNano())
 		switch {
-		case shunned(ci, cj):
+		case shunned(ei, ci, cj):
 			return true
-		case shunned(cj, ci):
+		case shunned(ej, cj, ci):
 			return false
 		}
 	}
@@ -1349,8 +1353,31 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 	scale := min(1, 2/float64(m))
 	best, ties, bestProbe, bestCost := -1, 0, false, 0.0
 	bestZz := false // the best sleeps (see sleep.go)
-	bestCE := 0.0   // the best's share of client errors (see clienterror.go)
-	ceOn := b.clientErrs.Load()
+	// Client errors first, as in prefer: a member whose share is far
+	// above the least of the candidates' is passed over. Only while some
+	// endpoint may be (markShunnable): the least share takes a pass of its
+	// own, in which the candidates' verdicts are those of the pass below
+	// (rampOK's are fixed by salt).
+	minCE := -1.0
+	if b.shunnable.Load() > 0 {
+		for k := range m {
+			i := (start + k) % n
+			if sh != nil {
+				i = int(sh.members[i])
+			}
+			e := g.members[i]
+			if !c.ok(e) || !b.rampOK(e, i, c.nowNs, base, scale, &salt) {
+				continue
+			}
+			ce := 0.0
+			if e.ceShare.Load() != 0 {
+				ce = e.clientErrorShare(b.cfg, c.nowNs)
+			}
+			if minCE < 0 || ce < minCE {
+				minCE = ce
+			}
+		}
+	}
 	for k := range m {
 		i := (start + k) % n
 		if sh != nil {
@@ -1360,35 +1387,26 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 		if !c.ok(e) || !b.rampOK(e, i, c.nowNs, base, scale, &salt) {
 			continue
 		}
-		// Client errors first, as in prefer: a member far above the
-		// best's share is passed over, one far below replaces it.
-		ce, over := 0.0, false
-		if ceOn {
-			if e.ceShare.Load() != 0 {
-				ce = e.clientErrorShare(b.cfg, c.nowNs)
-			}
-			if best >= 0 && shunned(ce, bestCE) {
-				continue
-			}
-			over = best >= 0 && shunned(bestCE, ce)
+		if minCE >= 0 && e.ceShunnable.Load() && shunned(e, e.clientErrorShare(b.cfg, c.nowNs), minCE) {
+			continue
 		}
 		zz := c.sleep && e.asleep(c.nowNs, b.cfg.telemetryMaxAge)
-		if best >= 0 && zz && !bestZz && !over {
+		if best >= 0 && zz && !bestZz {
 			continue // an awake one was found: a sleeping one is worse
 		}
 		probe := probing(e, c.nowNs)
-		if bestProbe && !probe && zz == bestZz && !over {
+		if bestProbe && !probe && zz == bestZz {
 			continue
 		}
 		e.state(b.cfg, now, req.Service, g.weights[i], &st)
 		cost := b.priced(sc, req, g, i, c.nowNs, &st)
 		switch {
-		case best < 0 || over || zz != bestZz || probe != bestProbe || cost < bestCost:
-			best, ties, bestProbe, bestZz, bestCost, bestCE = i, 1, probe, zz, cost, ce
+		case best < 0 || zz != bestZz || probe != bestProbe || cost < bestCost:
+			best, ties, bestProbe, bestZz, bestCost = i, 1, probe, zz, cost
 		case cost == bestCost:
 			ties++
 			if b.rand()%uint64(ties) == 0 {
-				best, bestCE = i, ce
+				best = i
 			}
 		}
 	}
@@ -1618,10 +1636,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// Neither: the call was bad or not allowed, and a fast refusal
 		// must not make the endpoint look fast (see clienterror.go).
 		e.clientErrors.Add(1)
-		e.noteAnswer(b.cfg, nowNs, true)
-		if !b.clientErrs.Load() {
-			b.clientErrs.Store(true)
-		}
+		b.noteAnswer(e, nowNs, true)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Err != nil && o.Model != "" && b.modelFailed(e, o.Model, nowNs):
@@ -1629,13 +1644,13 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// meanwhile (see modelfail.go).
 		e.modelFailures.Add(1)
 		e.failed.note(modelID(o.Model), nowNs)
-		e.noteAnswer(b.cfg, nowNs, false) // an answer, and no client error
+		b.noteAnswer(e, nowNs, false) // an answer, and no client error
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Err != nil:
 		e.failures.Add(1)
 		e.failed.note(modelID(o.Model), nowNs) // 0 without one: a call of no model
-		e.noteAnswer(b.cfg, nowNs, false)
+		b.noteAnswer(e, nowNs, false)
 		e.observe(b.cfg, nowNs, svc, latency, 0, 0, true, true)
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
@@ -1649,7 +1664,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 				b.modelServed(e, o.Model, nowNs)
 			}
 		}
-		e.noteAnswer(b.cfg, nowNs, false)
+		b.noteAnswer(e, nowNs, false)
 		e.observe(b.cfg, nowNs, svc, latency, o.TTFT, o.OutputTokens, true, false)
 		b.report(e, p.gen, nil, nowNs)
 	}

@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"math"
+	"time"
 
 	"github.com/inferlb/inferlb/internal/decay"
 )
@@ -39,17 +40,20 @@ import (
 // ErrorAlpha 0.1 the share of a replica answering a fraction p of calls
 // as client errors varies by sqrt(0.1 / 1.9 x p(1 - p)), at most 0.115
 // (p = 0.5), and the difference of two peers' by 0.16: the gap is three
-// of those. An affinity key's owner is taken without reading the share
+// of those.
+//
+// Only as many of a pool's members may be passed over as outlier
+// ejection may hold out (MaxEjectedFraction): see markShunnable. While
+// none is marked, Pick reads no share. An affinity key's owner is taken without reading the share
 // (only the choice between spill targets reads it): a replica refusing
 // its keys' calls fails its share of the keys, as under round-robin, not
 // every call.
 const clientErrorGap = 0.5
 
 // clientErrorShare is e's decayed share of client-error answers at
-// nowNs, 0 below errorRateFloor. It does not inline, so Pick's loops load
-// ceShare first and call it only when that is not 0, and read nothing
-// until some call has ended with a client error (Balancer.clientErrs): a
-// Balancer that has seen none pays one load per pick.
+// nowNs, 0 below errorRateFloor. Pick reads shares only while some
+// endpoint is marked shunnable (Balancer.shunnable, markShunnable): a
+// Balancer with none pays one load per pick.
 func (e *endpoint) clientErrorShare(c *config, nowNs int64) float64 {
 	if r := e.rawClientErrorShare(c, nowNs); r >= errorRateFloor {
 		return r
@@ -78,11 +82,21 @@ func (e *endpoint) rawClientErrorShare(c *config, nowNs int64) float64 {
 
 // noteAnswer folds one answer of e's into its client-error share: clientErr
 // for a client error, else a success or failure. An answer that is no
-// client error on an endpoint whose share is 0 writes nothing.
-func (e *endpoint) noteAnswer(c *config, nowNs int64, clientErr bool) {
+// client error on an endpoint whose share is 0 writes nothing. A share
+// that crosses clientErrorGap either way marks e shunnable or not
+// (markShunnable).
+func (b *Balancer) noteAnswer(e *endpoint, nowNs int64, clientErr bool) {
 	if !clientErr && e.ceShare.Load() == 0 {
 		return
 	}
+	r := e.foldAnswer(b.cfg, nowNs, clientErr)
+	if high := r > clientErrorGap; high != e.ceShunnable.Load() {
+		b.markShunnable(e, high, nowNs)
+	}
+}
+
+// foldAnswer is noteAnswer's update of e's share; it returns the share.
+func (e *endpoint) foldAnswer(c *config, nowNs int64, clientErr bool) float64 {
 	e.mu.Lock()
 	x := 0.0
 	if clientErr {
@@ -98,8 +112,62 @@ func (e *endpoint) noteAnswer(c *config, nowNs int64, clientErr bool) {
 	e.ceShare.Store(math.Float64bits(r))
 	e.ceAt.Store(nowNs)
 	e.mu.Unlock()
+	return r
 }
 
-// shunned reports whether a candidate whose client-error share is ci is
-// passed over for one whose share is cj (see clientErrorGap).
-func shunned(ci, cj float64) bool { return ci-cj > clientErrorGap }
+// markShunnable makes e shunnable (high) or not. Only so many of a pool's
+// members may be passed over for their client errors as outliers may be
+// ejected from it (Options.MaxEjectedFraction, at least one): a caller's
+// requests are untrusted, and a prompt prefix or a session places a
+// user's calls on one replica, so a user sending bad calls under a few
+// sessions could raise the share of the replicas that own them, and the
+// pairwise comparison alone would pass every one of them over, sending
+// every other call to the rest, loaded or not. Within the cap, that is the
+// most an outlier ejection does. Room goes to the first to cross; one
+// that finds none is not shunned (its share still compared with nobody's)
+// and looks again at most once a second, when an answer of its finds its
+// share still above the gap. Its mark stays while its share fades with
+// time unanswered: the room it holds is freed by the answer that finds
+// its share below the gap.
+func (b *Balancer) markShunnable(e *endpoint, high bool, nowNs int64) {
+	if high {
+		if t := e.ceTried.Load(); t != 0 && nowNs-t < int64(time.Second) && nowNs >= t {
+			return
+		}
+	}
+	b.shunMu.Lock()
+	defer b.shunMu.Unlock()
+	if !high {
+		if e.ceShunnable.Swap(false) {
+			b.shunnable.Add(-1)
+		}
+		return
+	}
+	if e.ceShunnable.Load() {
+		return
+	}
+	if pools := e.pools.Load(); pools != nil {
+		for _, g := range *pools {
+			n := 0
+			for _, m := range g.members {
+				if m != e && m.ceShunnable.Load() {
+					n++
+				}
+			}
+			// As mayEject rounds the cap (at least one).
+			if n+1 > max(int(b.cfg.maxEjected*float64(len(g.members))+1e-9), 1) {
+				e.ceTried.Store(nonZero(nowNs))
+				return
+			}
+		}
+	}
+	e.ceShunnable.Store(true)
+	b.shunnable.Add(1)
+}
+
+// shunned reports whether candidate e, whose client-error share is ci, is
+// passed over for one whose share is cj (see clientErrorGap): only if e
+// is shunnable (markShunnable).
+func shunned(e *endpoint, ci, cj float64) bool {
+	return ci-cj > clientErrorGap && e.ceShunnable.Load()
+}

@@ -53,6 +53,8 @@ type endpoint struct {
 	errAt          atomic.Int64                     // unix ns of last counted outcome
 	ceShare        atomic.Uint64                    // float64 bits: decaying share of answers that were client errors (clienterror.go)
 	ceAt           atomic.Int64                     // unix ns of the last answer that moved ceShare
+	ceShunnable    atomic.Bool                      // its share may pass it over: within MaxEjectedFraction of its pools (clienterror.go); written under Balancer.shunMu
+	ceTried        atomic.Int64                     // unix ns it last found no room to be shunnable (see Balancer.markShunnable)
 	failStreak     atomic.Int64                     // unix ns of the first failure of the current streak; 0 = none; written under brMu
 	successes      atomic.Uint64
 	mu             sync.Mutex // serializes error-rate and client-error-share updates; never taken by Pick

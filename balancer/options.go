@@ -374,7 +374,11 @@ type Options struct {
 	// calls win their comparisons, and when they pass the breaker closes.
 	// After a failure of the whole pool, which the capped endpoints took
 	// nearly all of, that brings them back within EjectionTime of the
-	// recovery, where their error rate kept them out for minutes.
+	// recovery, where their error rate kept them out for minutes. The same
+	// cap, counted apart, bounds how many of a pool's members may be
+	// passed over for a share of client errors (inferlb.Outcome.
+	// ClientError) far above their peers': a user's bad calls under a few
+	// sessions raise the shares of the replicas that own them.
 	MaxEjectedFraction float64
 	// OutlierInterval is how often each endpoint's success rate over the
 	// interval is compared with its pool's (the pools of
