@@ -49,7 +49,10 @@
 // engine, as a default vLLM data-parallel deployment shows it, and its
 // front end picks the rank as vLLM's DPLBAsyncMPClient does: least
 // waiting*4 + running, by counts the ranks report after their steps and
-// the coordinator publishes every 100 ms.
+// the coordinator publishes every 100 ms. Least-request and consistent
+// hashing also run shown every rank ("..., every rank"), as vLLM's
+// external data-parallel mode (a server per rank) shows them to any
+// balancer.
 //
 // The KV cache holds KVTokens/16 blocks of 16 tokens (vLLM's default block
 // size). Full blocks are identified by chained hashes (parent hash + the

@@ -264,8 +264,34 @@ func DataParallelScenario() *Scenario {
 		Headline:    20,
 		Warmup:      60 * time.Second, Duration: 360 * time.Second, Drain: 300 * time.Second,
 		Scrape: defaultScrape, DiscoveryDelay: defaultDiscovery,
-		Policies: Policies(),
+		Policies: dpPolicies(),
 	}
+}
+
+// dpPolicies are Policies with two more baselines for data-parallel
+// engines: least-request and consistent hashing shown every rank as an
+// endpoint, as vLLM's external data-parallel mode (one server per rank)
+// shows them to any balancer, beside the default deployment (one endpoint
+// per engine, its front end picking the rank) the other baselines meet.
+// A fleet can be deployed either way, so each baseline's better figure
+// is the one to compare.
+func dpPolicies() []Policy {
+	ps := Policies()
+	out := make([]Policy, 0, len(ps)+2)
+	for _, p := range ps {
+		out = append(out, p)
+		if p.Name == "consistent-hash" {
+			out = append(out, everyRank(LeastRequest()), everyRank(RingHash()))
+		}
+	}
+	return out
+}
+
+// everyRank is p shown every data-parallel rank as an endpoint.
+func everyRank(p Policy) Policy {
+	p.Name += ", every rank"
+	p.SeesRanks = true
+	return p
 }
 
 // DPChatScenario is the chat workload on the data-parallel engines: prefix
