@@ -137,10 +137,12 @@
 // (Outcome.ClientError): neither success nor failure (the caller's own
 // expired token, refused by every replica, trips no breaker) and no
 // latency; the Balancer keeps each endpoint's decaying share of them and
-// passes over a candidate whose share is far above the other's, so that
-// a replica with a wrong API key or a missing route, answering every call
-// in a millisecond with nothing in flight, does not draw the calls its
-// speed would (as a success, 1,998 of 2,000 embedding calls).
+// passes over a candidate whose share is far above the other's (and an
+// affinity key's owner or sticky endpoint whose share is far above that
+// of the key's next endpoints), so that a replica with a wrong API key or
+// a missing route, answering every call in a millisecond with nothing in
+// flight, does not draw the calls its speed would (as a success, 1,998
+// of 2,000 embedding calls) nor keep the conversations it owns.
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. Pick never blocks, locks or allocates.

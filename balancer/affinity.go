@@ -186,7 +186,7 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 			continue // not in the key's order, as in walkAffine
 		}
 		k++
-		if !c.ok(g.members[i]) || !b.warmFor(b.memOf(&c, req.Model), g, i, c.nowNs) {
+		if !c.ok(g.members[i]) || b.shunnedOnWalk(g, i, &c, sh) || !b.warmFor(b.memOf(&c, req.Model), g, i, c.nowNs) {
 			continue
 		}
 		if bd := b.withinBound(req, g, i, now, sh); bd.in && !bd.over {
@@ -256,7 +256,7 @@ func (b *Balancer) fasterSpill(req *inferlb.Request, g *group, owner int, w cach
 		}
 		k++
 		tj := g.members[j].tpotEWMA.Load()
-		if tj <= 0 || !c.ok(g.members[j]) {
+		if tj <= 0 || !c.ok(g.members[j]) || b.shunnedOnWalk(g, j, &c, sh) {
 			continue
 		}
 		keep := slowOwnerTolerance * float64(tj) / float64(to)
@@ -546,7 +546,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	// in the walk: at a ramp of f it comes back with probability 2f - f^2.)
 	mem := b.memOf(&c, req.Model)
 	if v, ok := b.sticky.Get(mem); ok {
-		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && b.admitRamp(g.members[i], &c) {
+		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && !b.shunnedOnWalk(g, i, &c, sh) && b.admitRamp(g.members[i], &c) {
 			if bd := b.withinBound(req, g, i, now, sh); bd.in && bd.pressure < pressureSpill {
 				return i
 			}
@@ -607,7 +607,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if home >= 0 && rank > pressureLook && first < 0 {
 			return b.goHome(req, g, home, homeOver, afterOwner, c, sh, now) // nothing nearby is better off
 		}
-		if i == first || i == home || i == crowd || !c.ok(g.members[i]) {
+		if i == first || i == home || i == crowd || !c.ok(g.members[i]) || b.shunnedOnWalk(g, i, &c, sh) {
 			continue
 		}
 		bd := b.withinBound(req, g, i, now, sh)

@@ -1092,6 +1092,11 @@ type cand struct {
 	mem uint64
 	// lead is standing.lead when every ready member ramps, else 0 (1).
 	lead float64
+	// ceRef is the lowest client-error share among the first members of
+	// the key's order (keyBestShare), once ceRefSet: a pick computes it
+	// only when a member of the walk is far enough above 0 to be shunned.
+	ceRef    float64
+	ceRefSet bool
 }
 
 func (c *cand) ok(e *endpoint) bool {

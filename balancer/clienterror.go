@@ -44,10 +44,15 @@ import (
 //
 // Only as many of a pool's members may be passed over as outlier
 // ejection may hold out (MaxEjectedFraction): see markShunnable. While
-// none is marked, Pick reads no share. An affinity key's owner is taken without reading the share
-// (only the choice between spill targets reads it): a replica refusing
-// its keys' calls fails its share of the keys, as under round-robin, not
-// every call.
+// none is marked, Pick reads no share.
+//
+// The affinity walk passes over a member whose share is more than the gap
+// above the lowest of the key's first members (shunnedOnWalk), as it
+// passes over one whose breaker is open: a key owned by a replica that
+// refuses every call spills to the next endpoints in its order, and a
+// session stuck to it moves. Taken without reading the share, the owner
+// failed every call of its keys: with prefix keys or sessions over 4
+// replicas, a quarter of the chats (TestShunnedOwnerLosesItsKeys).
 const clientErrorGap = 0.5
 
 // clientErrorShare is e's decayed share of client-error answers at
@@ -170,4 +175,73 @@ func (b *Balancer) markShunnable(e *endpoint, high bool, nowNs int64) {
 // is shunnable (markShunnable).
 func shunned(e *endpoint, ci, cj float64) bool {
 	return ci-cj > clientErrorGap && e.ceShunnable.Load()
+}
+
+// shunLook is how many members of an affinity key's order, from its
+// owner on, the key's reference share of client errors is the lowest of
+// (keyBestShare). The key's spills go to the first two past the owner
+// (stayAwayLook); one more lets a key whose owner and both of those
+// refuse calls find the fourth, and on a fleet of four or fewer the
+// reference is the group's best.
+const shunLook = 4
+
+// shunnedOnWalk reports whether member i, met on the walk of c.key's
+// order (its owner, a spill target, the key's sticky endpoint), is passed
+// over for its client errors: its share is more than clientErrorGap above
+// the lowest of the first shunLook members of the key's order (in the
+// shard, in good standing), and it is marked shunnable (markShunnable).
+// The walk treats it as it treats a member whose
+// breaker is open: an owner so passed over spills its keys to the next
+// two in their order, as every caller whose share of it is as high
+// spills them. Each caller keeps its own shares, so callers agree on the
+// spill as far as their shares agree.
+//
+// Compared with the key's next members, not with the group's best (a scan
+// of the group) nor with only the next one (which let a key whose owner
+// and next member both refuse stay home): it costs at most shunLook steps
+// of the walk, and only for a member whose share is above the gap (no
+// share is below 0, so none under the gap is shunned): nothing while no
+// endpoint is marked shunnable, and one load per member met while none
+// met is.
+func (b *Balancer) shunnedOnWalk(g *group, i int, c *cand, sh *shard) bool {
+	e := g.members[i]
+	if b.shunnable.Load() == 0 || !e.ceShunnable.Load() {
+		return false
+	}
+	s := e.clientErrorShare(b.cfg, c.nowNs)
+	if s <= clientErrorGap {
+		return false
+	}
+	if !c.ceRefSet {
+		c.ceRef, c.ceRefSet = b.keyBestShare(g, c, sh), true
+	}
+	return shunned(e, s, c.ceRef)
+}
+
+// keyBestShare is the lowest client-error share among the first shunLook
+// members of c.key's order that are in the shard and not passed over for
+// the call's model (the order walkAffine follows), counting those in good
+// standing (c.ok); 1 when none is.
+func (b *Balancer) keyBestShare(g *group, c *cand, sh *shard) float64 {
+	best := 1.0
+	w := g.placement.Walk(c.key)
+	for k := 0; k < shunLook; {
+		i, ok := w.Next()
+		if !ok {
+			break
+		}
+		e := g.members[i]
+		if sh != nil && !sh.has(i) || c.passOver(e) {
+			continue // not in the key's order, as in walkAffine
+		}
+		k++
+		if !c.ok(e) {
+			continue
+		}
+		if e.ceShare.Load() == 0 {
+			return 0
+		}
+		best = min(best, e.clientErrorShare(b.cfg, c.nowNs))
+	}
+	return best
 }

@@ -171,7 +171,8 @@ func postGzip(t *testing.T, c *http.Client, body string) (*http.Response, string
 // came, without going on to another endpoint.
 func TestARefusalOfACallQuotingOneIsTheCallersAnswer(t *testing.T) {
 	small, large := newWindowBackend(t, "small", 1000), newWindowBackend(t, "large", 8000)
-	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(small.backend, large.backend), BalancerOptions: balancer.Options{Rand: testutil.NewRand(1), AffinitySeed: 1}})
+	clock := testutil.NewClock()
+	tr := newTransport(t, httpbalancer.Options{Endpoints: endpointsOf(small.backend, large.backend), BalancerOptions: balancer.Options{Rand: testutil.NewRand(1), AffinitySeed: 1, Clock: clock}})
 	cl := &http.Client{Transport: tr}
 	// A long chat about a refusal (a user pasting vLLM's log into a
 	// question): refused by small, not retried on large.
@@ -190,6 +191,10 @@ func TestARefusalOfACallQuotingOneIsTheCallersAnswer(t *testing.T) {
 	t.Logf("quoting calls refused: %d of %d", quotedRefused, quoted)
 	assert.Positive(t, quotedRefused, "small refused some, and they did not go on")
 	assert.Zero(t, statsByID(tr.Balancer())["small"].TooLong, "nothing remembered")
+	// Those refusals were client errors: small, whose share of them is far
+	// above large's, is passed over (by the affinity walk too) until the
+	// share fades.
+	clock.Advance(2 * balancer.DefaultErrorDecay)
 	// Long calls that quote nothing are refused once and remembered.
 	for i := range 20 {
 		resp, _ := post(t, cl, chatOf(100+i, 3000, 200))
