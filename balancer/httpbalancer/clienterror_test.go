@@ -1,6 +1,7 @@
 package httpbalancer_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -74,6 +75,59 @@ func TestFast401sDrawNoTraffic(t *testing.T) {
 	assert.Zero(t, st["bad-key"].Failures, "401s trip no breaker")
 	assert.Greater(t, st["bad-key"].ClientErrorShare, 0.5)
 	assert.Zero(t, st["a"].ClientErrorShare)
+}
+
+// TestFast401sKeepNoChats: the same over chats, whose prompt prefix keys
+// steer them to their keys' owners. Of three chat servers, one has the
+// wrong API key; 30 conversations, each repeating its system prompt and
+// first message, make 300 calls. The affinity walk took each key's owner
+// whatever its share of client errors, and the conversations the refusing
+// replica owns failed on every call (60 of 300); it is passed over now (9),
+// as an owner whose breaker is open is, and their calls go to the next
+// endpoints in their keys' order.
+func TestFast401sKeepNoChats(t *testing.T) {
+	clock := testutil.NewClock()
+	good := func(name string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			clock.Advance(20 * time.Millisecond)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Backend", name)
+			_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":40,"completion_tokens":1,"total_tokens":41}}`)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	a, b := good("a"), good("b")
+	badKey := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Backend", "bad-key")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = io.WriteString(w, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`)
+	}))
+	t.Cleanup(badKey.Close)
+	addr := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{
+			{ID: "a", Addr: addr(a)}, {ID: "b", Addr: addr(b)}, {ID: "bad-key", Addr: addr(badKey)},
+		},
+		BalancerOptions: balancer.Options{Clock: clock, Rand: testutil.NewRand(5), AffinitySeed: 5},
+	})
+	c := &http.Client{Transport: tr}
+	const convs, n = 30, 300
+	drew := map[string]int{}
+	for i := range n {
+		conv := i % convs
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":"You are the assistant of app %d. Answer briefly."},{"role":"user","content":"Conversation %d: what is on my calendar today?"}],"max_tokens":16}`, conv%3, conv)
+		resp, _ := post(t, c, body)
+		drew[resp.Header.Get("X-Backend")]++
+	}
+	t.Logf("chat calls drawn of %d: %v", n, drew)
+	assert.Less(t, drew["bad-key"], n/20, "calls the replica with the wrong key drew")
+	st := statsByID(tr.Balancer())
+	assert.Equal(t, uint64(drew["bad-key"]), st["bad-key"].ClientErrors)
+	assert.Zero(t, st["bad-key"].Failures, "401s trip no breaker")
 }
 
 // TestStreamErrorEvent4xxIsAClientError: an error event with a 4xx code
