@@ -170,7 +170,9 @@
 // inferlb.Outcome.ClientError, "inferlb client-error-as-success" as a
 // success (the adapters before 2026-12-07), and the oracle sends it
 // nothing. The unauthorized scenario runs the embedding workload on 6
-// replicas of which r0 is so; Result.Unauthorized counts its 401s.
+// replicas of which r0 is so, unauthorized-chat the chat workload on 8
+// (whose calls the affinity walk routes, and whose conversations end at
+// a failed turn); Result.Unauthorized counts its 401s.
 // Requests may name a tenant (the tenants scenario floods the fleet from one
 // tenant) and a class; Result.ClassE2EP99 reports each class's p99.
 //

@@ -1,6 +1,7 @@
 package fleetsim_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -176,4 +177,29 @@ func TestUnauthorizedReplicaIsShunned(t *testing.T) {
 	assert.Positive(t, lb.Unauthorized, "and still tried now and then")
 	assert.Greater(t, asSuccess.Unauthorized, asSuccess.Requests*9/10, "read as successes, its 401s draw the calls")
 	assert.Equal(t, lb.Unauthorized, lb.Failed)
+}
+
+// TestUnauthorizedChatReplicaLosesItsConversations: chats carry prefix
+// keys, and the affinity walk picks their calls. It took a key's owner
+// whatever its share of client errors, so r0, answering 401, kept the
+// conversations it owns, and each failed at its first call: with affinity
+// inferlb failed more calls than without it (99 against 63 in this
+// window). It now passes r0 over as an owner whose breaker is open, and
+// fails no more calls than two choices do (61: the trickle r0 draws as
+// its share fades), while the other conversations keep their caches.
+func TestUnauthorizedChatReplicaLosesItsConversations(t *testing.T) {
+	sc := fleetsim.UnauthorizedChatScenario()
+	sc.Warmup, sc.Duration, sc.Drain = 60*time.Second, 240*time.Second, 60*time.Second
+	policy := func(name string) fleetsim.Policy {
+		i := slices.IndexFunc(sc.Policies, func(p fleetsim.Policy) bool { return p.Name == name })
+		require.GreaterOrEqual(t, i, 0, name)
+		return sc.Policies[i]
+	}
+	lb := runAt(sc, policy("inferlb"), 1, 1)
+	p2c := runAt(sc, policy("inferlb -affinity"), 1, 1)
+	t.Logf("of %d / %d calls, answered 401: %d / %d (inferlb / -affinity); cache hit %.1f%% / %.1f%%",
+		lb.Requests, p2c.Requests, lb.Unauthorized, p2c.Unauthorized, 100*lb.CacheHit, 100*p2c.CacheHit)
+	assert.LessOrEqual(t, lb.Unauthorized, p2c.Unauthorized*5/4, "affinity sends r0 no more calls than two choices do")
+	assert.Positive(t, lb.Unauthorized, "r0 is still tried now and then")
+	assert.Greater(t, lb.CacheHit, p2c.CacheHit+0.2, "the other conversations keep their keys")
 }

@@ -56,6 +56,7 @@ func Scenarios() []*Scenario {
 		SharedPrefixScenario(),
 		EmbeddingScenario(),
 		UnauthorizedScenario(),
+		UnauthorizedChatScenario(),
 		MultiClientScenario(),
 		ChatScenario(),
 		MixScenario(),
@@ -199,6 +200,31 @@ func UnauthorizedScenario() *Scenario {
 			Oracle(),
 		},
 	}
+}
+
+// UnauthorizedChatScenario is the chat workload on 8 replicas of which r0
+// answers every call 401 in a millisecond, as in UnauthorizedScenario.
+// Chats carry prefix keys, so the affinity walk, not two choices, picks
+// most of their calls: each conversation goes to the owner of its key,
+// and r0 owns an eighth of them. Before 2026-12-07 the walk took an owner
+// without reading its share of client errors, and every call of those
+// conversations failed.
+func UnauthorizedChatScenario() *Scenario {
+	sc := ChatScenario()
+	sc.Name = "unauthorized-chat"
+	sc.Description = "multi-turn chat (as chat), 8 replicas, r0 answers every call 401 in 1 ms"
+	sc.Fleet[0].Unauthorized = true
+	// Seven replicas serve: well below chat's saturation of eight.
+	sc.Rates = []float64{20, 40}
+	sc.Headline = 40
+	sc.Policies = []Policy{
+		RoundRobin(), Random(), LeastRequest(), RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb -affinity", Options: affinityOff}),
+		InferLB(Variant{Name: "inferlb client-error-as-success", ClientErrorAsSuccess: true}),
+		Oracle(),
+	}
+	return sc
 }
 
 // ChatScenario is multi-turn conversations on 8 replicas.
