@@ -227,15 +227,39 @@ func UnauthorizedChatScenario() *Scenario {
 	return sc
 }
 
-// ChatScenario is multi-turn conversations on 8 replicas.
+// ChatRerender is the chat workloads' default Chat.Rerender: a quarter of
+// sessions go through a client that re-renders the history it resends, so
+// their follow-ups hit the cache up to the previous user message but not
+// into the previous answer (benchmarks/README.md says why a quarter). The
+// command's -chat-rerender sets another share; 0 is the workload as it was
+// before the field, every answer quoted token for token.
+const ChatRerender = 0.25
+
+// SetChatRerender makes every Chat workload of the scenario re-render the
+// given share of its sessions (Chat.Rerender); other workloads are left as
+// they are.
+func (sc *Scenario) SetChatRerender(share float64) {
+	build := sc.Workload
+	sc.Workload = func(rate float64) Workload {
+		w := build(rate)
+		if c, ok := w.(*Chat); ok {
+			c.Rerender = share
+		}
+		return w
+	}
+}
+
+// ChatScenario is multi-turn conversations on 8 replicas; ChatRerender of
+// the sessions re-render their history.
 func ChatScenario() *Scenario {
 	return &Scenario{
 		Name:        "chat",
-		Description: "multi-turn chat: 3-12 turns, 1.5k-token system prompt (4 apps), 50-400-token messages, 100-600-token answers, 5s think time",
+		Description: "multi-turn chat: 3-12 turns, 1.5k-token system prompt (4 apps), 50-400-token messages, 100-600-token answers, 5s think time, 1 session in 4 re-renders its history",
 		Fleet:       fleet(8, LLMServer()),
 		Workload: func(rate float64) Workload {
 			return &Chat{Rate: rate, Apps: 4, System: 1500, MinTurns: 3, MaxTurns: 12,
-				MinUser: 50, MaxUser: 400, MinAnswer: 100, MaxAnswer: 600, Think: 5 * time.Second}
+				MinUser: 50, MaxUser: 400, MinAnswer: 100, MaxAnswer: 600, Think: 5 * time.Second,
+				Rerender: ChatRerender}
 		},
 		Rates:    []float64{10, 20, 30, 40, 50},
 		RateUnit: "req/s",

@@ -35,6 +35,9 @@ func expDuration(rng *rand.Rand, mean float64) time.Duration {
 
 func uniform(rng *rand.Rand, lo, hi int) int { return lo + rng.IntN(hi-lo+1) }
 
+// unitFloat maps a 64-bit hash to [0, 1).
+func unitFloat(x uint64) float64 { return float64(x>>11) / (1 << 53) }
+
 // SharedPrefix is llm-d's prefix-cache benchmark workload
 // (https://llm-d.ai/blog/kvcache-wins-you-can-see, generated with
 // inference-perf's shared_prefix data type): Groups groups (customers) of
@@ -99,6 +102,18 @@ type Chat struct {
 	MinUser, MaxUser     int
 	MinAnswer, MaxAnswer int
 	Think                time.Duration
+	// Rerender is the share of sessions whose client re-renders the
+	// history it resends (a chat template that strips the reasoning of
+	// past turns, reformatted tool calls, re-tokenized text): the answer
+	// it quotes is not the token sequence the server generated, so a
+	// follow-up's prompt matches the server's cache only up to the end of
+	// the previous turn's prompt (to the last full block before it), not
+	// into the previous answer. The quoted answer keeps the answer's
+	// length. Zero means every session quotes each answer token for token,
+	// so the whole previous turn, answer included, can hit. The draw is
+	// per session, fixed by the seed, and takes nothing from the other
+	// random streams, so zero reproduces the workload without the field.
+	Rerender float64
 	// Adapters, when set, are LoRA adapters of Model: a session asks for
 	// one of them (uniformly) with probability AdapterShare, and for Model
 	// otherwise; its requests are classed "adapter" or "base". An
@@ -128,6 +143,17 @@ type chatSession struct {
 	turn, last int
 	prompt     *Prompt
 	rng        *rand.Rand
+	rerender   bool // quotes answers re-rendered (Chat.Rerender)
+}
+
+// quotedAnswer is the answer segment a session's next prompt carries: the
+// generated answer itself, or for a re-rendering client other tokens of the
+// same length, which match no block the server cached while generating.
+func (cs *chatSession) quotedAnswer(req *Request) Segment {
+	if cs.rerender {
+		return Segment{contentID(16, cs.id, uint64(cs.turn)), req.OutputTokens}
+	}
+	return Segment{req.AnswerID, req.OutputTokens}
 }
 
 // Start implements Workload.
@@ -158,7 +184,11 @@ func (w *Chat) Start(s Sim) {
 			}
 		}
 		cs.prompt = NewPrompt(sys)
-		cs.rng = rand.New(rand.NewPCG(w.rng.Uint64(), cs.id))
+		seed := w.rng.Uint64()
+		cs.rng = rand.New(rand.NewPCG(seed, cs.id))
+		// Derived from the session's seed rather than drawn, so the
+		// share changes no other draw.
+		cs.rerender = unitFloat(mix64(seed^0x7265726e646572)) < w.Rerender
 		w.send(s, cs)
 	})
 }
@@ -198,13 +228,14 @@ func (w *Chat) send(s Sim, cs *chatSession) {
 	})
 }
 
-// Done implements Workload: the next turn quotes this answer.
+// Done implements Workload: the next turn quotes this answer (re-rendered,
+// for a session of the Rerender share).
 func (w *Chat) Done(s Sim, req *Request, ok bool) {
 	cs, _ := req.session.(*chatSession)
 	if cs == nil || !ok || cs.turn >= cs.last {
 		return
 	}
-	cs.prompt = cs.prompt.Extend(Segment{req.AnswerID, req.OutputTokens})
+	cs.prompt = cs.prompt.Extend(cs.quotedAnswer(req))
 	s.After(expDuration(cs.rng, w.Think.Seconds()), func() {
 		if !s.Stopped() {
 			w.send(s, cs)

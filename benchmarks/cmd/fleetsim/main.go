@@ -2,6 +2,7 @@
 // inference fleet, routing with inferlb's real Balancer in virtual time.
 //
 //	go run ./benchmarks/cmd/fleetsim -scenario shared-prefix [-quick] [-json] [-out DIR] [-seed N] [-clients N]
+//	                                 [-chat-rerender SHARE]
 //	                                 [-policies NAME,NAME] [-extra NAME,NAME] [-parallel N]
 //	go run ./benchmarks/cmd/fleetsim -list
 //
@@ -9,6 +10,9 @@
 // sweep of throughput and p90 TTFT over every offered load), and with -out
 // writes NAME.csv, NAME.md and PNG charts of latency and throughput versus
 // offered load. With -json it prints one JSON array of every run instead.
+// -chat-rerender sets the share of chat sessions whose client re-renders the
+// history it resends (fleetsim.Chat.Rerender; default fleetsim.ChatRerender,
+// 0 reproduces the figures from before the knob).
 // -policies keeps only the named policies (as the tables name them, e.g.
 // "inferlb -affinity"; a name no scenario run has is an error, and with
 // -scenario all the scenarios without any of them are skipped);
@@ -73,6 +77,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		scrape = fs.Duration("scrape", 0, "telemetry scrape interval instead of the scenario's (1s), e.g. 15s as a Prometheus-paced poller")
 		estErr = fs.Float64("estimate-error", 0, "spread the prompt tokens inferlb is told over [1-x, 1+x] times the truth, fixed per prompt text (0: exact)")
 		outFac = fs.Float64("declared-output", 0, "multiply the max_tokens inferlb is told by this (0: as the workload declares, the answer's length)")
+		rerend = fs.Float64("chat-rerender", fleetsim.ChatRerender, "share of chat sessions whose client re-renders the history, so a follow-up misses the cached previous answer (0: every answer quoted token for token, as before the flag)")
 	)
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON array of results instead of tables")
 	fs.StringVar(&c.out, "out", "", "directory for CSV, Markdown and PNG output")
@@ -115,6 +120,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if !(*outFac >= 0 && *outFac <= 1000) {
 		return fail("-declared-output %v: must be 0 (as declared) or a factor up to 1000", *outFac)
+	}
+	if !(*rerend >= 0 && *rerend <= 1) {
+		return fail("-chat-rerender %v: must be a share from 0 to 1", *rerend)
 	}
 	if sc := c.scenarios[0]; len(c.scenarios) == 1 && len(sc.Clients) > 0 && flagSet(fs, "clients") {
 		return fail("-clients %d: scenario %s runs %s clients whatever -clients says", c.clients, sc.Name, countList(sc.Clients))
@@ -179,6 +187,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 			sc.Scrape = *scrape
 		}
 		sc.Estimate = fleetsim.Estimate{PromptError: *estErr, OutputFactor: *outFac}
+		if flagSet(fs, "chat-rerender") {
+			sc.SetChatRerender(*rerend)
+		}
 		keep = append(keep, sc)
 	}
 	c.scenarios = keep

@@ -76,6 +76,8 @@ func TestFlagValuesTheCommandCannotHonourAreErrors(t *testing.T) {
 		{[]string{"-estimate-error", "-0.1"}, "-estimate-error -0.1: must be at least 0"},
 		{[]string{"-estimate-error", "NaN"}, "-estimate-error NaN"},
 		{[]string{"-declared-output", "-2"}, "-declared-output -2: must be 0"},
+		{[]string{"-chat-rerender", "1.5"}, "-chat-rerender 1.5: must be a share from 0 to 1"},
+		{[]string{"-chat-rerender", "NaN"}, "-chat-rerender NaN"},
 	} {
 		var stderr bytes.Buffer
 		_, err := parse(tc.args, &stderr)
@@ -93,6 +95,17 @@ func TestFlagValuesTheCommandCannotHonourAreErrors(t *testing.T) {
 	require.NoError(t, err)
 	for _, sc := range c.scenarios {
 		assert.Equal(t, fleetsim.Estimate{PromptError: 0.3, OutputFactor: 4}, sc.Estimate, sc.Name)
+	}
+	for _, share := range []string{"", "0", "1"} {
+		args := []string{"-scenario", "lora"}
+		want := fleetsim.ChatRerender
+		if share != "" {
+			args = append(args, "-chat-rerender", share)
+			want = map[string]float64{"0": 0, "1": 1}[share]
+		}
+		c, err = parse(args, &bytes.Buffer{})
+		require.NoError(t, err)
+		assert.Equal(t, want, c.scenarios[0].Workload(10).(*fleetsim.Chat).Rerender, "%q", args)
 	}
 }
 
