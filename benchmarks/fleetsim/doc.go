@@ -63,7 +63,11 @@
 // finishes and evicted least recently freed first; a new sequence reuses
 // the longest cached chain of its prompt (automatic prefix caching,
 // https://docs.vllm.ai/en/latest/design/prefix_caching.html). Answers are
-// cached too, so the next turn of a conversation hits the previous answer.
+// cached too, so the next turn of a conversation can hit the previous
+// answer: it does when the client quotes the answer token for token, and
+// not for the ChatRerender share of chat sessions whose client re-renders
+// its history (Chat.Rerender), whose follow-ups hit only up to the end of
+// the previous turn's prompt.
 // When a running sequence needs a block and none is free, the most recently
 // admitted sequence is preempted and recomputed later (vLLM V1's policy).
 //
