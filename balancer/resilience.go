@@ -234,15 +234,23 @@ func (b *Balancer) armCappedProbes(e *endpoint, nowNs int64) {
 }
 
 // cappedProbing reports whether a pick of e at nowNs would be a probe of
-// its capped breaker (see armCappedProbes): its probes are due and a slot
-// is free, or those out are overdue. A healthy endpoint's breaker is
-// closed: one load.
+// its capped breaker (see armCappedProbes): its probes are due, it is not
+// cooling down, and a slot is free, or those out are overdue. A healthy
+// endpoint's breaker is closed: one load.
+//
+// Not while it cools down (an overload answer's Retry-After), as a
+// tripped breaker is probed only once its exclusion ends: panic routing,
+// and a tenant's shard that is all cooling down, offer such an endpoint
+// as a candidate, and a pick of it is no probe (acquire finds it out of
+// standing), so no slot ran out: probing, it won every comparison it was
+// in, and drew half the calls of a pool of four while it said it was busy.
 func cappedProbing(e *endpoint, nowNs int64) bool {
 	if e.brState.Load() == int32(gobreaker.StateClosed) || e.brOpen.Load() {
 		return false
 	}
 	at := e.capProbeAt.Load()
-	return at != 0 && at <= nowNs && (e.probeSlots.Load() > 0 || probesOverdue(e, nowNs))
+	return at != 0 && at <= nowNs && e.excludedUntil.Load() <= nowNs &&
+		(e.probeSlots.Load() > 0 || probesOverdue(e, nowNs))
 }
 
 // forgiveErrors starts e's error rate over as its breaker closes:
