@@ -84,11 +84,15 @@ type State struct {
 	LastLatency time.Time
 	// LatencyDecay is the EWMA time constant (how fast old latency is forgotten).
 	LatencyDecay time.Duration
-	// Pending is a lower bound on how long a call this process sent to
-	// the endpoint has been out: the time since the later of the last call
-	// to it that finished and the first of its current run of calls in
-	// flight. 0 with nothing in flight. An EWMA fed by finished calls
-	// cannot see an endpoint whose calls hang; this can.
+	// Pending is how long this process's calls to the endpoint have gone
+	// unanswered: the time since the later of the last call to it that
+	// ended with an answer or a failure (a call its caller cancelled does
+	// not count: abandoned one by one, hung calls would each make the
+	// endpoint look freshly busy) and the first of its current run of
+	// calls in flight. When that first call was itself cancelled, it may
+	// exceed the age of the oldest call still out, by at most the time
+	// between the two. 0 with nothing in flight. An EWMA fed by finished
+	// calls cannot see an endpoint whose calls hang; this can.
 	Pending time.Duration
 	// TTFTEWMA is the EWMA of time to first token of streamed calls (0 = none).
 	TTFTEWMA time.Duration
