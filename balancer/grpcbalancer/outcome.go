@@ -112,8 +112,11 @@ const msgNotDecoded = "grpc: failed to unmarshal the received message"
 // which answered without doing the call's work: client errors
 // (inferlb.Outcome.ClientError), neither success nor failure and no
 // latency. Counted as successes, a replica that refuses every call at once
-// (a wrong API key, a service it does not register) looked the fastest and
-// least loaded, and drew nearly every call. OK is a success. The
+// (a wrong API key: UNAUTHENTICATED or PERMISSION_DENIED) looked the
+// fastest and least loaded, and drew nearly every call. (A server that
+// does not register the call's service answers UNIMPLEMENTED, and a
+// proxy's HTTP 404 reaches the client as UNIMPLEMENTED too: a failure,
+// as it was before client errors were told apart.) OK is a success. The
 // pushback is the trailer's, else a google.rpc.RetryInfo's in the status
 // details (pushback), which also makes an UNAVAILABLE an overload answer
 // as a trailer's pushback does. An HTTP
