@@ -25,8 +25,18 @@ import (
 // that refuses every call (share near 1) loses to peers that refuse only
 // the caller's own bad calls, up to half of them; the caller's own bad
 // calls, refused by every replica alike, leave every share alike, and
-// change no choice. A shunned replica is not shut out for good: its
-// share fades while it draws no calls, and once it is within the gap of
+// change no choice, as long as they spread over the replicas as other
+// calls do. Calls that go to a few replicas only do not: a tenant's
+// shard (TenantShardSize), a model's endpoints, an affinity key's owner.
+// One tenant whose calls are all refused (an expired key; or sent so on
+// purpose, since a request's content decides it) raises its shard
+// members' shares alone, and once those are far above their peers' every
+// other tenant's calls pass them over too, whatever their load: they
+// then draw little but that tenant's own calls, which keeps their shares
+// high. Model subsets and affinity keys concentrate bad calls alike.
+//
+// A shunned replica is not shut out for good: its share fades while it
+// draws no calls, and once it is within the gap of
 // its peers' it is drawn again, costs deciding. If it still refuses, the
 // answer pushes it back above; if it was fixed (its key rotated), its
 // successes bring the share down at once. Refusing, it so draws a trickle
