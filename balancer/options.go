@@ -126,7 +126,9 @@ type Options struct {
 	// ErrorDecay is how fast an idle endpoint's error rate fades towards 0.
 	// Default 30s. A breaker that closes (its probes passed) starts the
 	// rate over at 0: the outage's failures are the breaker's to judge,
-	// and slow start paces the return.
+	// and slow start paces the return. A capped breaker (see
+	// MaxEjectedFraction) that closes on the calls it takes in rotation
+	// before its probes are due keeps the rate.
 	ErrorDecay time.Duration
 	// PanicThreshold: when fewer than this fraction of an eligible group's
 	// ready endpoints are in good standing (not cooling down, ejected or

@@ -177,8 +177,15 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		b.emit(e, ev)
 	case gobreaker.StateClosed:
 		e.capped.And(^uint32(cappedBreaker)) // the capped breaker's probes passed
-		e.capProbeAt.Store(0)
-		e.forgiveErrors(nowNs)
+		if at := e.capProbeAt.Swap(0); e.brOpen.Load() || at != 0 && at <= nowNs {
+			// Probes passed: a tripped breaker's, or a capped one's once
+			// due. A capped breaker in rotation also closes on its next
+			// ordinary calls (gobreaker's open timeout is a nanosecond):
+			// three successes right after the failures that capped it
+			// are no verdict, and forgiven, an endpoint failing in
+			// bursts had its rate wiped after each.
+			e.forgiveErrors(nowNs)
+		}
 		if !e.brOpen.Swap(false) {
 			return
 		}
@@ -253,9 +260,10 @@ func cappedProbing(e *endpoint, nowNs int64) bool {
 		(e.probeSlots.Load() > 0 || probesOverdue(e, nowNs))
 }
 
-// forgiveErrors starts e's error rate over as its breaker closes:
-// BreakerProbes calls in a row succeeded, which is the verdict the
-// breaker waits for. Left, the rate the outage built priced the endpoint
+// forgiveErrors starts e's error rate over as its breaker closes after
+// its probes: BreakerProbes calls in a row succeeded, which is the
+// verdict the breaker waits for (a capped breaker's only once its probes
+// were due: see onBreakerChange). Left, the rate the outage built priced the endpoint
 // out of every comparison with a peer that had none (at 0.2, three times
 // as dear; at 0.99, a thousand times) until it faded with ErrorDecay,
 // slow start and all: an idle fleet sent it nothing for a minute or more,
