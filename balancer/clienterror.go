@@ -34,6 +34,8 @@ import (
 // other tenant's calls pass them over too, whatever their load: they
 // then draw little but that tenant's own calls, which keeps their shares
 // high. Model subsets and affinity keys concentrate bad calls alike.
+// markShunnable's cap bounds how many of a pool such calls take out of
+// the others' rotation, as it bounds outlier ejection.
 //
 // A shunned replica is not shut out for good: its share fades while it
 // draws no calls, and once it is within the gap of
