@@ -3,8 +3,6 @@ package balancer
 import (
 	"math"
 	"time"
-
-	"github.com/inferlb/inferlb/internal/decay"
 )
 
 // Client errors (inferlb.Outcome.ClientError): answers that the call was
@@ -80,21 +78,7 @@ func (e *endpoint) clientErrorShare(c *config, nowNs int64) float64 {
 
 // rawClientErrorShare is clientErrorShare without its floor.
 func (e *endpoint) rawClientErrorShare(c *config, nowNs int64) float64 {
-	r := math.Float64frombits(e.ceShare.Load())
-	if r == 0 {
-		return 0
-	}
-	at := e.ceAt.Load()
-	dt := nowNs - at
-	if -dt > int64(stepTolerance) {
-		// The clock stepped back past the last answer: the share decays
-		// from now on (see rawErrorRate).
-		e.ceAt.CompareAndSwap(at, nowNs)
-	}
-	if dt > 0 && c.errorDecay > 0 {
-		r *= decay.Weight(float64(dt) / float64(c.errorDecay))
-	}
-	return r
+	return decayedRate(&e.ceShare, &e.ceAt, c.errorDecay, nowNs)
 }
 
 // noteAnswer folds one answer of e's into its client-error share: clientErr

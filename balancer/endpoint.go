@@ -461,21 +461,27 @@ func (e *endpoint) errorRate(c *config, nowNs int64) float64 {
 
 // rawErrorRate is the decayed error rate without errorRate's floor.
 func (e *endpoint) rawErrorRate(c *config, nowNs int64) float64 {
-	r := math.Float64frombits(e.errRate.Load())
+	return decayedRate(&e.errRate, &e.errAt, c.errorDecay, nowNs)
+}
+
+// decayedRate is the rate in v (float64 bits), last moved at *at, faded
+// towards 0 over decayBy to nowNs: the error rate and the client-error
+// share. A clock stepped back past *at makes the rate decay from now on:
+// left at a time ahead, it held for the length of the step, and an
+// endpoint avoided for its rate (so no new outcome moves the mark) stayed
+// avoided as long.
+func decayedRate(v *atomic.Uint64, at *atomic.Int64, decayBy time.Duration, nowNs int64) float64 {
+	r := math.Float64frombits(v.Load())
 	if r == 0 {
 		return 0
 	}
-	at := e.errAt.Load()
-	dt := nowNs - at
+	t := at.Load()
+	dt := nowNs - t
 	if -dt > int64(stepTolerance) {
-		// The clock stepped back past the last outcome: the rate decays
-		// from now on. Left at a time ahead, it held for the length of the
-		// step, and an endpoint avoided for its rate (so no new outcome
-		// moves the mark) stayed avoided as long.
-		e.errAt.CompareAndSwap(at, nowNs)
+		at.CompareAndSwap(t, nowNs)
 	}
-	if dt > 0 && c.errorDecay > 0 {
-		r *= decay.Weight(float64(dt) / float64(c.errorDecay))
+	if dt > 0 && decayBy > 0 {
+		r *= decay.Weight(float64(dt) / float64(decayBy))
 	}
 	return r
 }
