@@ -50,7 +50,7 @@
 // front end picks the rank as vLLM's DPLBAsyncMPClient does: least
 // waiting*4 + running, by counts the ranks report after their steps and
 // the coordinator publishes every 100 ms. Least-request and consistent
-// hashing also run shown every rank ("..., every rank"), as vLLM's
+// hashing also run shown every rank ("... +ranks"), as vLLM's
 // external data-parallel mode (a server per rank) shows them to any
 // balancer.
 //

@@ -16,8 +16,8 @@ func TestDPScenariosShowBaselinesBothWays(t *testing.T) {
 			seen[p.Name] = p.SeesRanks
 		}
 		for name, ranks := range map[string]bool{
-			"least-request": false, "least-request, every rank": true,
-			"consistent-hash": false, "consistent-hash, every rank": true,
+			"least-request": false, "least-request +ranks": true,
+			"consistent-hash": false, "consistent-hash +ranks": true,
 			"inferlb": true,
 		} {
 			got, ok := seen[name]

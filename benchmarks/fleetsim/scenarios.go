@@ -339,7 +339,7 @@ func dpPolicies() []Policy {
 
 // everyRank is p shown every data-parallel rank as an endpoint.
 func everyRank(p Policy) Policy {
-	p.Name += ", every rank"
+	p.Name += " +ranks"
 	p.SeesRanks = true
 	return p
 }
