@@ -26,33 +26,8 @@ import (
 // while its share of client errors rises past its peers'.
 func TestFast401sDrawNoTraffic(t *testing.T) {
 	clock := testutil.NewClock()
-	good := func(name string) *httptest.Server {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body)
-			clock.Advance(20 * time.Millisecond) // the work takes 20 ms
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("X-Backend", name)
-			_, _ = io.WriteString(w, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"e5"}`)
-		}))
-		t.Cleanup(srv.Close)
-		return srv
-	}
-	a, b := good("a"), good("b")
-	badKey := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("X-Backend", "bad-key")
-		w.WriteHeader(http.StatusUnauthorized)
-		_, _ = io.WriteString(w, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`)
-	}))
-	t.Cleanup(badKey.Close)
-	addr := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
-	tr := newTransport(t, httpbalancer.Options{
-		Endpoints: []inferlb.Endpoint{
-			{ID: "a", Addr: addr(a)}, {ID: "b", Addr: addr(b)}, {ID: "bad-key", Addr: addr(badKey)},
-		},
-		BalancerOptions: balancer.Options{Clock: clock, Rand: testutil.NewRand(5)},
-	})
+	tr := badKeyFleet(t, clock, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"e5"}`,
+		balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
 	c := &http.Client{Transport: tr}
 	const n = 300
 	drew := map[string]int{}
@@ -87,33 +62,8 @@ func TestFast401sDrawNoTraffic(t *testing.T) {
 // endpoints in their keys' order.
 func TestFast401sKeepNoChats(t *testing.T) {
 	clock := testutil.NewClock()
-	good := func(name string) *httptest.Server {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body)
-			clock.Advance(20 * time.Millisecond)
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("X-Backend", name)
-			_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":40,"completion_tokens":1,"total_tokens":41}}`)
-		}))
-		t.Cleanup(srv.Close)
-		return srv
-	}
-	a, b := good("a"), good("b")
-	badKey := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("X-Backend", "bad-key")
-		w.WriteHeader(http.StatusUnauthorized)
-		_, _ = io.WriteString(w, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`)
-	}))
-	t.Cleanup(badKey.Close)
-	addr := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
-	tr := newTransport(t, httpbalancer.Options{
-		Endpoints: []inferlb.Endpoint{
-			{ID: "a", Addr: addr(a)}, {ID: "b", Addr: addr(b)}, {ID: "bad-key", Addr: addr(badKey)},
-		},
-		BalancerOptions: balancer.Options{Clock: clock, Rand: testutil.NewRand(5), AffinitySeed: 5},
-	})
+	tr := badKeyFleet(t, clock, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":40,"completion_tokens":1,"total_tokens":41}}`,
+		balancer.Options{Clock: clock, Rand: testutil.NewRand(5), AffinitySeed: 5})
 	c := &http.Client{Transport: tr}
 	const convs, n = 30, 300
 	drew := map[string]int{}
@@ -144,4 +94,39 @@ func TestStreamErrorEvent4xxIsAClientError(t *testing.T) {
 		assert.Equal(t, tc.clientErr, r.Outcome.ClientError, "code %s", tc.code)
 		assert.Equal(t, tc.code == "500", r.Outcome.Err != nil, "code %s", tc.code)
 	}
+}
+
+// badKeyFleet is a Transport over three loopback servers: a and b answer
+// every call with answer after 20 ms on clock, bad-key answers it 401 at
+// once (a replica started with the wrong API key). Each answer names its
+// server in X-Backend.
+func badKeyFleet(t *testing.T, clock *testutil.Clock, answer string, opts balancer.Options) *httpbalancer.Transport {
+	t.Helper()
+	good := func(name string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			clock.Advance(20 * time.Millisecond) // the work takes 20 ms
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Backend", name)
+			_, _ = io.WriteString(w, answer)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	a, b := good("a"), good("b")
+	badKey := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Backend", "bad-key")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = io.WriteString(w, `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`)
+	}))
+	t.Cleanup(badKey.Close)
+	addr := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	return newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{
+			{ID: "a", Addr: addr(a)}, {ID: "b", Addr: addr(b)}, {ID: "bad-key", Addr: addr(badKey)},
+		},
+		BalancerOptions: opts,
+	})
 }
