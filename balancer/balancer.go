@@ -1336,9 +1336,10 @@ func raise(c, f float64) float64 {
 // with no latency yet, is the cheapest of every scan it is in: it took
 // its factor of all calls (0.1 of them among 32, three times its full
 // share) from its first second. A half-open breaker's probe wins over
-// every other candidate, as in prefer, and a member whose share of client
-// errors is far above the best's so far is passed over, as in prefer
-// (clienterror.go). Ties go to one of the tied alike.
+// every other candidate, as in prefer, and a member marked shunnable whose
+// share of client errors is far above the least among the candidates is
+// passed over, as in prefer (clienterror.go). Ties go to one of the tied
+// alike.
 func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now time.Time) int {
 	n := len(g.members)
 	if sh != nil {

@@ -19,7 +19,8 @@ import (
 //
 // Two candidates are compared on it before their costs: the one whose
 // share is more than clientErrorGap above the other's is passed over
-// (prefer; scan compares each candidate with the best so far). A replica
+// (prefer; scan compares each candidate with the least share among the
+// candidates). A replica
 // that refuses every call (share near 1) loses to peers that refuse only
 // the caller's own bad calls, up to half of them; the caller's own bad
 // calls, refused by every replica alike, leave every share alike, and
