@@ -26,34 +26,16 @@ type keyedRun struct {
 // its latency on the fake clock.
 func driveKeyed(t *testing.T, b *balancer.Balancer, clock *testutil.Clock, keys []uint64, session bool, rounds, perRound int, answer answerFunc) keyedRun {
 	t.Helper()
-	type out struct {
-		p   balancer.Pick
-		lat time.Duration
-		ce  bool
-	}
 	run := keyedRun{drew: map[string]int{}, byKey: map[uint64][]string{}}
-	n := 0
-	for range rounds {
-		outs := make([]out, 0, perRound)
-		for range perRound {
-			k := keys[n%len(keys)]
-			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: k, Session: session})
-			require.NoError(t, err)
-			addr := p.Endpoint().Addr
+	key := func(n int) uint64 { return keys[n%len(keys)] }
+	driveRounds(t, b, clock, 0, rounds, perRound, answer,
+		func(n int) *inferlb.Request {
+			return &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: key(n), Session: session}
+		},
+		func(n int, addr string) {
 			run.drew[addr]++
-			run.byKey[k] = append(run.byKey[k], addr)
-			lat, ce := answer(addr, n)
-			n++
-			outs = append(outs, out{p, lat, ce})
-		}
-		slices.SortStableFunc(outs, func(a, b out) int { return int(a.lat - b.lat) })
-		var at time.Duration
-		for _, o := range outs {
-			clock.Advance(o.lat - at)
-			at = o.lat
-			o.p.Done(inferlb.Outcome{Latency: o.lat, ClientError: o.ce})
-		}
-	}
+			run.byKey[key(n)] = append(run.byKey[key(n)], addr)
+		})
 	return run
 }
 

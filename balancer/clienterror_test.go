@@ -22,20 +22,32 @@ type answerFunc func(addr string, n int) (time.Duration, bool)
 // fake clock, and returns the calls each endpoint drew.
 func driveAnswers(t *testing.T, b *balancer.Balancer, clock *testutil.Clock, svc inferlb.Service, first, rounds, perRound int, answer answerFunc) map[string]int {
 	t.Helper()
+	drew := map[string]int{}
+	driveRounds(t, b, clock, first, rounds, perRound, answer,
+		func(int) *inferlb.Request { return &inferlb.Request{Service: svc} },
+		func(_ int, addr string) { drew[addr]++ })
+	return drew
+}
+
+// driveRounds sends rounds of perRound concurrent calls to b, the n-th
+// (counted from first) being req(n) and seen by saw with the endpoint it
+// went to, and ends each as answer says, in order of its latency on the
+// fake clock.
+func driveRounds(t *testing.T, b *balancer.Balancer, clock *testutil.Clock, first, rounds, perRound int, answer answerFunc, req func(n int) *inferlb.Request, saw func(n int, addr string)) {
+	t.Helper()
 	type out struct {
 		p   balancer.Pick
 		lat time.Duration
 		ce  bool
 	}
-	drew := map[string]int{}
 	n := first
 	for range rounds {
 		outs := make([]out, 0, perRound)
 		for range perRound {
-			p, err := b.Pick(&inferlb.Request{Service: svc})
+			p, err := b.Pick(req(n))
 			require.NoError(t, err)
 			addr := p.Endpoint().Addr
-			drew[addr]++
+			saw(n, addr)
 			lat, ce := answer(addr, n)
 			n++
 			outs = append(outs, out{p, lat, ce})
@@ -48,7 +60,6 @@ func driveAnswers(t *testing.T, b *balancer.Balancer, clock *testutil.Clock, svc
 			o.p.Done(inferlb.Outcome{Latency: o.lat, ClientError: o.ce})
 		}
 	}
-	return drew
 }
 
 func threeEndpoints(t *testing.T, seed uint64) (*balancer.Balancer, *testutil.Clock) {
