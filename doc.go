@@ -143,8 +143,8 @@
 // a missing route, answering every call in a millisecond with nothing in
 // flight, does not draw the calls its speed would (as a success, 1,998
 // of 2,000 embedding calls) nor keep the conversations it owns. Since a
-// request's content decides a client error, and a session places a user's
-// calls on one replica, only as many of a pool's endpoints may be passed
+// request's content decides a client error, and a tenant's shard takes
+// its calls alone, only as many of a pool's endpoints may be passed
 // over as outlier ejection may hold out (MaxEjectedFraction).
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint

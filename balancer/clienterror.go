@@ -120,11 +120,11 @@ func (e *endpoint) foldAnswer(c *config, nowNs int64, clientErr bool) float64 {
 // markShunnable makes e shunnable (high) or not. Only so many of a pool's
 // members may be passed over for their client errors as outliers may be
 // ejected from it (Options.MaxEjectedFraction, at least one): a caller's
-// requests are untrusted, and a prompt prefix or a session places a
-// user's calls on one replica, so a user sending bad calls under a few
-// sessions could raise the share of the replicas that own them, and the
-// pairwise comparison alone would pass every one of them over, sending
-// every other call to the rest, loaded or not. Within the cap, that is the
+// requests are untrusted, and a tenant's shard, a model's endpoints or a
+// key's owner take a user's calls alone, so a user sending bad calls
+// could raise the shares of the replicas that take them, and the
+// comparison alone would pass every one of them over, sending every other
+// call to the rest, loaded or not. Within the cap, that is the
 // most an outlier ejection does. Room goes to the first to cross; one
 // that finds none is not shunned (its share still compared with nobody's)
 // and looks again at most once a second, when an answer of its finds its

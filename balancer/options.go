@@ -379,8 +379,8 @@ type Options struct {
 	// recovery, where their error rate kept them out for minutes. The same
 	// cap, counted apart, bounds how many of a pool's members may be
 	// passed over for a share of client errors (inferlb.Outcome.
-	// ClientError) far above their peers': a user's bad calls under a few
-	// sessions raise the shares of the replicas that own them.
+	// ClientError) far above their peers': a tenant's bad calls raise the
+	// shares of its shard's replicas alone.
 	MaxEjectedFraction float64
 	// OutlierInterval is how often each endpoint's success rate over the
 	// interval is compared with its pool's (the pools of
