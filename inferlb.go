@@ -66,15 +66,12 @@ func ParseService(name string) (Service, error) {
 // means 1. Power-of-two choices and the affinity ring both keep weights'
 // ratios up to balancer.MaxWeight, so weights may be given as, say, tokens
 // per second (100 and 800); the ring bounds its size by giving every member
-// fewer points alike when the fleet's weights sum past 10,485 or past its
-// number of endpoints, whichever is more (cache.MaxRingPoints). That
-// scale is a power of two chosen by the sum, so a change that takes the sum
-// across such a threshold moves about half of every replica's affinity
-// keys, not 1/n of them (cache.Placement; 45% in
-// TestScaleChangeKeepsEachMembersFirstPoints): with tokens per second as
-// weights (1,000 a replica), one replica joining a fleet of 20 does, and an
-// autoscaler that moves between 20 and 21 does at each step. Weights of 1
-// or less are never scaled. Give a
+// the same fraction of its points when the fleet's weights sum past 10,485
+// or past its number of endpoints, whichever is more (cache.MaxRingPoints),
+// so a change of the sum then also moves about its relative change of the
+// keys between replicas that stayed (one replica of weight 1,000 joining 20
+// moves 4.9% of the keys to it and 4.0% between the 20; cache.Placement).
+// Weights of 1 or less are never scaled. Give a
 // standard replica weight 1 or more: the ring gives a member one point per
 // 0.01 of weight (in a fleet within that sum), so its share of keys strays
 // from its weight by about 1/sqrt(100 x weight) (100

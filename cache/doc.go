@@ -116,27 +116,30 @@
 //
 // The ring's size follows the number of members, not their weights, which
 // come from configuration or telemetry: a ring that would hold more than
-// max(MaxRingPoints, 100 n) points (MaxRingPoints = 2^20, 4 MiB) gets
-// 100/2^k points per unit of weight for the least k that fits, so it holds
-// at most that plus n points, and the mean member more than about 50. A
-// fleet whose weights are all 1 or less is never scaled. Weight ratios hold
-// on the ring up to MaxWeight (four members of weight 1 beside one of 200
-// own 1/204 each). Each member keeps a prefix of its own points, so a
-// change of k moves only the keys of the points dropped or added (one
-// halving moved 45% of 100,000 keys between unchanged members in
-// TestScaleChangeKeepsEachMembersFirstPoints), and k changes only when the
-// fleet's total weight crosses a power of two times the cap; see Placement
-// for the trade-off. Before the cap, 4,096 members of weight 64 made a ring
-// of 26 million points; with it, 819,200 points (median of 5 runs on a
-// 2-core AMD EPYC VM shared with other jobs):
+// limit = max(MaxRingPoints, 100 n) points (MaxRingPoints = 2^20, 4 MiB)
+// gives every member the same fraction of its points, limit over that
+// total (rounded, at least one point), so it holds at most limit plus n
+// points. A fleet whose weights are all 1 or less is never scaled. Weight
+// ratios hold on the ring up to MaxWeight (four members of weight 1 beside
+// one of 200 own 1/204 each). Each member keeps a prefix of its own
+// points, so a change of the fraction moves only the keys of the points
+// dropped or added, about the relative change of the fleet's total weight:
+// one replica of weight 1,000 joining 20 moved 4.0% of the keys between
+// the 20 (TestAutoscalerStepOnAScaledRingMovesFewKeys), where scaling by
+// powers of two moved 44% at that step and none at most others; see
+// Placement for the trade-off. Before the cap, 4,096 members of weight 64
+// made a ring of 26 million points; with it, 1,048,576 points. Medians of 5
+// runs on a 2-core AMD EPYC VM shared with other jobs (before: no cap;
+// halving: the power-of-two scaling, 819,200 points at n = 4096; after:
+// 2026-12-07, other jobs running):
 //
 //	go test -run '^$' -bench NewPlacementWeighted -benchmem -count 5 ./cache/
 //
-//	                  before                 after
-//	n=512  w=64       579 ms   40.4 MB      117 ms   10.1 MB
-//	n=512  w=1e6      537 ms   40.4 MB      108 ms    9.7 MB
-//	n=4096 w=64       4.24 s   323 MB       134 ms   10.4 MB
-//	n=4096 w=1e6      4.01 s   323 MB       134 ms    9.9 MB
+//	                  before              halving             after
+//	n=512  w=64       579 ms   40.4 MB    117 ms   10.1 MB     98 ms   12.9 MB
+//	n=512  w=1e6      537 ms   40.4 MB    108 ms    9.7 MB     91 ms   12.9 MB
+//	n=4096 w=64       4.24 s   323 MB     134 ms   10.4 MB     92 ms   13.1 MB
+//	n=4096 w=1e6      4.01 s   323 MB     134 ms    9.9 MB     87 ms   13.1 MB
 //
 // # Sessions
 //

@@ -20,11 +20,11 @@ const (
 	// MaxRingPoints bounds the ring's size, whatever the weights: a ring
 	// of n members holds at most max(MaxRingPoints, PointsPerWeight*n) + n
 	// points (4 bytes each, and 8 while it is built). A ring that would be
-	// larger at PointsPerWeight points per unit of weight gets
-	// PointsPerWeight/2^k points per unit instead, for the least k that
-	// fits, so the mean member still has about PointsPerWeight/2 points
-	// or more. n counts distinct IDs. See Placement for what a change of k
-	// moves.
+	// larger at PointsPerWeight points per unit of weight gives every
+	// member the same fraction of its points instead, the one that fits
+	// (rounded, at least one), so the mean member has MaxRingPoints/n or
+	// PointsPerWeight points, whichever is more. n counts distinct IDs. See
+	// Placement for what a change of that fraction moves.
 	MaxRingPoints = 1 << 20
 
 	// MaxWeight caps a member's weight, which keeps the total weight
@@ -83,21 +83,26 @@ type Member struct {
 //     that precision: removing one of 41 to 5,243 members moved 6 to 8
 //     keys in 100,000 between members that stayed.
 //   - The ring's scale: a ring whose points at PointsPerWeight per unit of
-//     weight would exceed max(MaxRingPoints, PointsPerWeight*n) is scaled
-//     down by a power of two, chosen from the total weight alone. Every
-//     member keeps the first half (or quarter...) of its points, so a
-//     change that takes the total across such a threshold moves the keys
-//     of the points dropped (or added): about half of all keys for one
-//     halving. Any other change (one that keeps the total weight between
-//     the same two thresholds) keeps the scale and moves only the changed
-//     member's keys. This is the price of a bounded ring: points that
-//     followed absolute weights grew without bound (4,096 members of
-//     weight 64 put 26 million points on the ring, which took 4.2 s and
-//     323 MB to build), and scaling by the total continuously, as
-//     grpc-go's ring_hash does, would move keys between unchanged members
-//     at every change. The thresholds are a factor of two apart, so a
-//     fleet crosses one rarely; but a member that leaves and rejoins a
-//     fleet that sits just at one moves about half the keys each time.
+//     weight would exceed limit = max(MaxRingPoints, PointsPerWeight*n)
+//     gives each member that count times limit/(its total), rounded.
+//     Every member keeps the first of its own points, so a change that
+//     moves the total also moves the keys of the points each member drops
+//     (or adds): about the total's relative change of the keys, between
+//     members that stayed, on top of the changed member's own. One of 20
+//     members of weight 1,000 joining moved 4.0% of the keys between the
+//     other 20 (TestAutoscalerStepOnAScaledRingMovesFewKeys), about as
+//     many as went to it; in a large fleet a small change moves none,
+//     rounding keeping every count (4,096 members of weight 64 hold 256
+//     points each, and one going to 128 or 16 moves only its own keys).
+//     This is the price of a bounded ring: points that followed absolute
+//     weights grew without bound (4,096 members of weight 64 put 26
+//     million points on the ring, which took 4.2 s and 323 MB to build).
+//     Scaling by the least power of two that fits, tried first, moved no
+//     key between unchanged members until the total crossed a threshold,
+//     and then half of them: 44% of the keys at that 20 -> 21 step, at
+//     every step of an autoscaler moving between the two. A ring within
+//     the cap (every ring whose weights are all 1 or less) is not scaled,
+//     and moves only the changed member's keys.
 //
 // A Placement is immutable and safe for concurrent use; build a new one when
 // the members change.
@@ -139,14 +144,14 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 		_, _ = d.WriteString(m.ID)
 		hashes[i] = d.Sum64()
 	}
-	// Scale the ring down by the least power of two that fits it in the
-	// cap. The integer sum does not depend on member order (a float one
-	// may, in its last bit), so every process picks the same scale.
-	shift := scaleShift(units, max(MaxRingPoints, perWeight*p.n))
+	// A ring over its cap gives every member the same fraction of its
+	// points. The integer sum does not depend on member order (a float one
+	// may, in its last bit), so every process picks the same counts.
+	limit := max(MaxRingPoints, perWeight*p.n)
 	total := 0
 	for i, c := range counts {
 		if c > 0 {
-			counts[i] = scaledPoints(c, shift)
+			counts[i] = scaledPoints(c, limit, units)
 			total += counts[i]
 		}
 	}
@@ -182,9 +187,13 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 	// point keeps only the next subBits of position beside its member index,
 	// which halves the memory a lookup touches. Positions compare at
 	// log2(buckets)+subBits bits: keys closer than that to a point resolve
-	// the same way in every process with the same members.
+	// the same way in every process with the same members. A scaled ring
+	// sizes its index by the cap, not by its points, which rounding puts a
+	// few above or below it: a ring at the cap of 2^20 would otherwise
+	// double or halve its buckets, and so the precision, as a weight
+	// changed anywhere in the fleet.
 	buckets := 1
-	for buckets*pointsPerBucket < len(full) {
+	for buckets*pointsPerBucket < min(len(full), limit) {
 		buckets <<= 1
 	}
 	// With one bucket the shift is 64, and Go defines x >> 64 == 0.
@@ -214,25 +223,20 @@ func pointsFor(w float64, perWeight int) int {
 	return max(1, int(math.Round(w*float64(perWeight))))
 }
 
-// scaleShift returns the least k >= 0 such that units/2^k <= limit.
-func scaleShift(units, limit int) uint {
-	k := uint(0)
-	for units > limit<<k {
-		k++
-	}
-	return k
-}
-
-// scaledPoints is a member's points on a ring scaled down by 2^shift from
-// c: c/2^shift rounded (half up), and at least one. A member's points are
-// numbered from 0, so the scaled ring keeps a prefix of each member's
-// points: what a change of scale moves is only the keys of the points it
-// drops or adds.
-func scaledPoints(c int, shift uint) int {
-	if shift == 0 {
+// scaledPoints is a member's points on a ring of units points at
+// PointsPerWeight a unit of weight, fitted to limit: c while the ring is
+// within it, else c x limit/units rounded (half up), and at least one.
+// A member's points are numbered from 0, so a ring scaled down keeps a
+// prefix of each member's points: what a change of scale moves is only the
+// keys of the points it drops or adds, the relative change of the scale of
+// every member's points. The products fit an int64: c is at most
+// MaxWeight x PointsPerWeight (1e8), limit at most
+// PointsPerWeight x MaxMembers (6.6 million).
+func scaledPoints(c, limit, units int) int {
+	if units <= limit {
 		return c
 	}
-	return max(1, (c+1<<(shift-1))>>shift)
+	return max(1, int((int64(c)*int64(limit)+int64(units)/2)/int64(units)))
 }
 
 // Len returns the number of members placed.

@@ -136,8 +136,8 @@ func TestPlacementWeights(t *testing.T) {
 // whatever the others weigh: when the heaviest member of a fleet weighted
 // in hundreds leaves (it crashed, say), only its keys move. Scaling every
 // weight by the heaviest one moved 77% of the others' keys here; the
-// ring's scale changes only when the total weight crosses a power of two
-// times MaxRingPoints/PointsPerWeight, and this fleet stays below it.
+// ring is scaled only past max(MaxRingPoints, PointsPerWeight*n) points,
+// and this fleet stays below it.
 func TestPlacementHeaviestLeavingMovesOnlyItsKeys(t *testing.T) {
 	ms := membersN(16)
 	for i := range ms {
@@ -288,10 +288,10 @@ func assertWeightChangeMovesOnlyItsKeys(t *testing.T, ms []cache.Member, ws ...f
 	}
 }
 
-// On a ring scaled down to MaxRingPoints, a weight change that keeps the
-// scale still moves only that member's keys: 4,096 members of weight 64
-// have 200 points each, and one of them going to 128 or 16 changes only
-// its own.
+// On a ring scaled down to MaxRingPoints, a small weight change moves
+// only that member's keys: 4,096 members of weight 64 have 256 points
+// each, and one of them going to 128 or 16 changes the others' counts by
+// less than rounding does, and their bucket index not at all.
 func TestPlacementScaledRingWeightChangeMovesOnlyThatMembersKeys(t *testing.T) {
 	ms := membersN(4096)
 	for i := range ms {
