@@ -552,10 +552,16 @@ func (b *Balancer) report(e *endpoint, gen uint32, err error, nowNs int64) {
 	if e.breaker == nil || e.brGen.Load() != gen {
 		return
 	}
-	if err == nil && e.failStreak.Load() == 0 && e.brState.Load() == int32(gobreaker.StateClosed) {
+	if closed := e.brState.Load() == int32(gobreaker.StateClosed); closed && (err == errExcluded || err == nil && e.failStreak.Load() == 0) {
 		// Read unlocked: a failure that notes its streak after this
 		// read reaches gobreaker after this success would have, so
-		// skipping the success loses nothing.
+		// skipping the success loses nothing. An excluded outcome (a
+		// cancellation, an overload, a client error, ...) changes no
+		// count a closed breaker trips on (gobreaker counts it as a
+		// request and an exclusion); were the breaker tripped since the
+		// read, the next report makes the move to half-open this one
+		// would have made. So the calls that end so on a healthy
+		// endpoint take no lock.
 		return
 	}
 	// The generation is checked again under brMu, with the report itself:
