@@ -180,6 +180,10 @@ type Balancer struct {
 	// onDone, for tests only (testhook.SetOnDone): called at the end of
 	// every effective Done. nil in production: one atomic load a Done.
 	onDone atomic.Pointer[func(endpointID string)]
+	// onChange, for tests only (testhook.SetOnChange): called after every
+	// SetReady or SetReconnected of a listed endpoint and after every
+	// Publish. nil in production: one atomic load each.
+	onChange atomic.Pointer[func(endpointID string)]
 }
 
 func init() {
@@ -189,6 +193,20 @@ func init() {
 			return
 		}
 		b.(*Balancer).onDone.Store(&f)
+	}
+	testhook.SetOnChange = func(b any, f func(endpointID string)) {
+		if f == nil {
+			b.(*Balancer).onChange.Store(nil)
+			return
+		}
+		b.(*Balancer).onChange.Store(&f)
+	}
+}
+
+// changed calls the test hook onChange, if any, for endpoint id.
+func (b *Balancer) changed(id string) {
+	if f := b.onChange.Load(); f != nil {
+		(*f)(id)
 	}
 }
 
@@ -291,6 +309,7 @@ func (b *Balancer) Publish(endpointID string, s telemetry.Sample) {
 		s.Time = now
 	}
 	b.cfg.store.PublishKnownWithin(endpointID, s, now, b.cfg.telemetryMaxAge)
+	b.changed(endpointID)
 }
 
 // Expired is its Store's Expired: a telemetry.Poller publishing into the

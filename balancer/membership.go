@@ -247,7 +247,11 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 // use and turns ready in one ramps up through slow start. It reports
 // whether id is one of the Membership's endpoints.
 func (m *Membership) SetReady(id string, ready bool) bool {
-	return m.setReady(id, ready, true)
+	ok := m.setReady(id, ready, true)
+	if ok {
+		m.b.changed(id)
+	}
+	return ok
 }
 
 // SetReconnected marks the endpoint id ready again in this Membership
@@ -258,7 +262,11 @@ func (m *Membership) SetReady(id string, ready bool) bool {
 // rotate connections more often than SlowStartWindow would otherwise never
 // leave it. A ramp under way goes on.
 func (m *Membership) SetReconnected(id string) bool {
-	return m.setReady(id, true, false)
+	ok := m.setReady(id, true, false)
+	if ok {
+		m.b.changed(id)
+	}
+	return ok
 }
 
 // setReady is SetReady; ramp false leaves slow start as it is.

@@ -1,9 +1,10 @@
 // Package testhook lets the tests of the balancer's adapters (grpcbalancer,
 // httpbalancer) wait for what a Balancer does on another goroutine without
 // polling it: grpc-go ends a call, and so calls its Pick's Done, on a
-// goroutine of its own when the call's context ends. It is internal, so
-// nothing outside the balancer's packages can reach it, and nothing in
-// production sets it.
+// goroutine of its own when the call's context ends, and reports a
+// connection READY, or an out-of-band load report, on goroutines of its
+// own too. It is internal, so nothing outside the balancer's packages can
+// reach it, and nothing in production sets it.
 package testhook
 
 import "context"
@@ -16,23 +17,36 @@ import "context"
 // Balancer's locks (so it may read Stats); it must not block.
 var SetOnDone func(b any, f func(endpointID string))
 
-// Await calls cond, and again after each Done on b (a *balancer.Balancer),
-// until it reports true, and returns nil; or ctx's error once ctx ends
-// first. Only a Done wakes it, so cond must turn true by a Done (a call
-// leaving flight, say). It holds b's hook while it waits: one Await (or
-// SetOnDone) per Balancer at a time.
+// SetOnChange, set by package balancer, installs f on b (a
+// *balancer.Balancer) to be called after every SetReady or SetReconnected
+// of one of its endpoints, by any of its Memberships, changed or not, and
+// after every Publish, with the endpoint's ID, once Stats and the
+// telemetry Store show the change; nil removes it. grpcbalancer marks an
+// endpoint ready, and publishes its out-of-band ORCA reports, on gRPC's
+// goroutines. f holds none of the Balancer's locks; it must not block.
+var SetOnChange func(b any, f func(endpointID string))
+
+// Await calls cond, and again after each Done, SetReady, SetReconnected
+// or Publish on b (a *balancer.Balancer), until it reports true, and
+// returns nil; or ctx's error once ctx ends first. Only those wake it, so
+// cond must turn true by one of them (a call leaving flight, an endpoint
+// turning ready, a load report arriving). It holds b's hooks while it
+// waits: one Await (or SetOnDone, SetOnChange) per Balancer at a time.
 func Await(ctx context.Context, b any, cond func() bool) error {
-	// A Done after the hook is in place wakes the loop; one before it is
-	// in what cond reads next. The buffer of one keeps a wake-up that
-	// comes between cond and the wait.
+	// A Done or change after the hooks are in place wakes the loop; one
+	// before them is in what cond reads next. The buffer of one keeps a
+	// wake-up that comes between cond and the wait.
 	wake := make(chan struct{}, 1)
-	SetOnDone(b, func(string) {
+	notify := func(string) {
 		select {
 		case wake <- struct{}{}:
 		default:
 		}
-	})
+	}
+	SetOnDone(b, notify)
 	defer SetOnDone(b, nil)
+	SetOnChange(b, notify)
+	defer SetOnChange(b, nil)
 	for !cond() {
 		select {
 		case <-wake:
