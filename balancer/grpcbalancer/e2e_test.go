@@ -28,6 +28,7 @@ import (
 
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
 	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/telemetry"
 )
@@ -534,24 +535,23 @@ func TestE2EOutOfBandORCA(t *testing.T) {
 	conn, _ := dial(t, bs, name, `{"orca": {"outOfBand": true, "perCall": false}}`)
 	conn.Connect()
 
-	// The ORCA service sends a first report as soon as the stream opens.
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		s, _ := b.Telemetry().Latest(bs[0].addr, time.Now(), time.Minute)
-		u, okU := s.Get(telemetry.AppUtil)
-		kv, okKV := s.Get(telemetry.KVCacheUsage)
-		if okU && okKV {
-			if u != 0.99 || kv != 0.98 {
-				t.Fatalf("out-of-band report gave app_util %v kv_cache_usage %v, want 0.99 and 0.98", u, kv)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no out-of-band report reached the telemetry store in 10s (have %+v)", s)
-		}
-		<-tick.C
+	// The ORCA service sends a first report as soon as the stream opens;
+	// the policy publishes it on a goroutine of gRPC's. Look again at
+	// each Publish (testhook), not on a timer, for at most 10s.
+	var s telemetry.Sample
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := testhook.Await(ctx, b, func() bool {
+		s, _ = b.Telemetry().Latest(bs[0].addr, time.Now(), time.Minute)
+		return s.Has.Has(telemetry.AppUtil) && s.Has.Has(telemetry.KVCacheUsage)
+	})
+	if err != nil {
+		t.Fatalf("no out-of-band report reached the telemetry store in 10s (have %+v)", s)
+	}
+	u, _ := s.Get(telemetry.AppUtil)
+	kv, _ := s.Get(telemetry.KVCacheUsage)
+	if u != 0.99 || kv != 0.98 {
+		t.Fatalf("out-of-band report gave app_util %v kv_cache_usage %v, want 0.99 and 0.98", u, kv)
 	}
 }
 

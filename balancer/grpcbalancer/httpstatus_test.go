@@ -1,11 +1,13 @@
 package grpcbalancer_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
@@ -328,11 +331,23 @@ func served(bs []*backend) (n int64) {
 
 // allReady connects conn and waits until the n endpoints of b are ready:
 // a test whose calls must find every backend (a model on one of them) may
-// not start while some still connect.
+// not start while some still connect. It looks again each time the policy marks an
+// endpoint ready or not (testhook), not on a timer, and fails the test
+// after 10s.
+//
+// conn must not have connected yet. A Membership starts its endpoints
+// ready, and the policy marks the unconnected ones not ready right after
+// its Update: a look in between would see all ready. So the first look
+// comes before Connect, when the policy has no endpoints yet, and every
+// later one after a wake, the first of which is the policy marking an
+// endpoint not ready after that Update.
 func allReady(t *testing.T, conn *grpc.ClientConn, b *core.Balancer, n int) {
 	t.Helper()
-	conn.Connect()
-	require.Eventually(t, func() bool {
+	connect := sync.OnceFunc(conn.Connect)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := testhook.Await(ctx, b, func() bool {
+		defer connect() // once the hook is in place and the first look taken
 		ready := 0
 		for _, s := range b.Stats() {
 			if s.Ready {
@@ -340,7 +355,10 @@ func allReady(t *testing.T, conn *grpc.ClientConn, b *core.Balancer, n int) {
 			}
 		}
 		return ready == n
-	}, 10*time.Second, time.Millisecond, "the endpoints connect")
+	})
+	if err != nil {
+		t.Fatalf("the endpoints did not all connect in 10s: %+v", b.Stats())
+	}
 }
 
 // A server that follows Google's API design (AIP-194) says how long to
