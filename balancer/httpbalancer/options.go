@@ -51,9 +51,13 @@ const (
 // Options configure a Transport. Only Endpoints (or Discovery, or a shared
 // Balancer that someone else feeds) is needed; everything else has a default.
 type Options struct {
-	// Endpoints is the initial endpoint set. An Addr is "host:port" or
-	// "scheme://host:port" with scheme http or https; without a scheme the
-	// request URL's scheme is used.
+	// Endpoints is the initial endpoint set. An Addr is "host:port", or
+	// "scheme://host[:port]" with scheme http or https (in either case;
+	// without a port, the scheme's own, 80 or 443); without a scheme the
+	// request URL's scheme is used. A host with neither a port nor a
+	// scheme ("10.0.0.5") is refused, and so are a path, a query and user
+	// information (calls keep the request's own path); a trailing "/" is
+	// ignored.
 	Endpoints []inferlb.Endpoint
 	// Base sends each attempt once its URL points at the picked endpoint.
 	// nil means an http.Transport of the Transport's own, cloned from

@@ -145,10 +145,10 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 
 // Update replaces the static endpoint set (Options.Endpoints); endpoints
 // found by Discovery are kept. Endpoints whose Addr is not "host:port" or
-// "http(s)://host:port" are skipped and reported in the error, as are the
-// Balancer's own complaints; the rest is applied. After Close (or on a
-// closed Balancer or Membership) it returns balancer.ErrClosed or
-// balancer.ErrMembershipClosed and changes nothing: Endpoints still lists
+// "http(s)://host[:port]" (see Options.Endpoints) are skipped and reported
+// in the error, as are the Balancer's own complaints; the rest is applied.
+// After Close (or on a closed Balancer or Membership) it returns
+// balancer.ErrClosed or balancer.ErrMembershipClosed and changes nothing: Endpoints still lists
 // the set from before. That holds too for a Transport that routes over a
 // shared Balancer's own set (Options.Balancer with Endpoints nil and no
 // Discovery), whose Close leaves that Balancer open: its Update then
@@ -202,7 +202,7 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 //	src := &modelserver.Source{Targets: func() []modelserver.Target {
 //		var ts []modelserver.Target
 //		for _, e := range t.Endpoints() {
-//			base := e.Addr
+//			base := strings.TrimSuffix(e.Addr, "/") // "https://h:8443/" is an Addr too
 //			if !strings.Contains(base, "://") {
 //				base = "http://" + base
 //			}
@@ -885,7 +885,7 @@ func (c *call) outgoing(r *http.Request, body bodyReader, getBody func() (io.Rea
 	if !ok {
 		// Only through a shared Balancer's own endpoints (Update skips
 		// such Addrs): whoever else gave them set it.
-		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host:port (a Transport sharing a Balancer with another adapter needs Endpoints of its own, with HTTP addresses)", ep.Key(), addr)
+		return nil, fmt.Errorf("inferlb: endpoint %q: Addr %q is not host:port or http(s)://host[:port] (a Transport sharing a Balancer with another adapter needs Endpoints of its own, with HTTP addresses)", ep.Key(), addr)
 	}
 	out, u := &c.out, &c.outURL // out is a copy of r already
 	if !first {

@@ -49,6 +49,11 @@ func TestOptionsValidation(t *testing.T) {
 		{"port out of range", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:70000"}}}, `Addr "http://h:70000"`},
 		{"bare IPv6 without port", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://fd00::1"}}}, `Addr "http://fd00::1"`},
 		{"bracketed IPv6 with a scheme", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://[fd00::1]"}, {Addr: "[fd00::2]:8000"}}}, ""},
+		// Options.Endpoints lists the forms: a scheme in either case, no
+		// query, no user information.
+		{"scheme in upper case", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "HTTPS://h"}}}, ""},
+		{"addr with a query", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:1?x=1"}}}, `Addr "http://h:1?x=1"`},
+		{"addr with user information", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://u:p@h:1"}}}, `Addr "http://u:p@h:1"`},
 		// Refused as a whole, whatever the part says.
 		{"duplicate ID", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "h:1"}, {Addr: "h:1"}}}, "no Transport was made"},
 		{"both balancers", httpbalancer.Options{Balancer: shared, BalancerOptions: balancer.Options{ErrorAlpha: 0.5}}, "Options.BalancerOptions: must be zero"},
