@@ -180,6 +180,28 @@ type Outcome struct {
 	// Err is nil for success. A context.Canceled error is the client's own
 	// doing and counts as neither success nor failure.
 	Err error
+	// Unanswered says a cancelled call (Canceled) was given up on by its
+	// caller while the endpoint had sent nothing back: over HTTP before
+	// the response headers arrived, over gRPC with nothing received
+	// (balancer.DoneInfo.BytesReceived false). The adapters set it only
+	// when the caller's own context (or an http.Request's Cancel channel)
+	// ended the call, never for the ends they report as canceled to blame
+	// no one (the caller's request body failing, a panic, a call not
+	// sent, the handling of a "model not served" answer), nor for a
+	// cancellation after the answer began (a user stopping a stream it
+	// was reading). It means nothing without Canceled.
+	//
+	// A cancelled call gives no latency sample, and a hung endpoint whose
+	// callers give up on its calls would look as fast as its last answer.
+	// For an embedding or rerank call (short, uniform work, priced by its
+	// latency) the balancer reads such a call's wait, pick to cancel, as a
+	// lower bound on the endpoint's latency for that service: when the
+	// wait is longer than the latency the scorer would see, it raises it
+	// to the wait (never lowers it). For other services it changes
+	// nothing: a non-streamed generation sends nothing until it is done,
+	// so a user who stops a long one says nothing about the replica, and
+	// the LLM scorer routes on load, not latency.
+	Unanswered bool
 	// Overloaded marks an explicit "too busy" answer (HTTP 429, or 503
 	// with Retry-After; gRPC RESOURCE_EXHAUSTED, or a stream the server
 	// refused or drained without processing it): the endpoint is cooled

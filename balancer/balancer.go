@@ -1636,6 +1636,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	switch {
 	case o.Canceled():
 		e.canceled.Add(1)
+		if o.Unanswered {
+			e.observeUnanswered(b.cfg, nowNs, svc, latency)
+		}
 		e.observe(b.cfg, nowNs, svc, 0, o.TTFT, 0, false, false)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)

@@ -553,6 +553,64 @@ func (e *endpoint) observe(c *config, nowNs int64, svc inferlb.Service, latency,
 	}
 }
 
+// waitBounds reports whether a call of svc that its caller abandoned
+// with no answer (Outcome.Unanswered) bounds the endpoint's latency from
+// below: for embeddings and rerankers, short and uniform calls priced by
+// their latency, a wait with nothing back says the endpoint is at least
+// that slow now. A generation call's wait says nothing of the kind (a
+// non-streamed one sends nothing until it is done, and users stop long
+// ones), nor does an unclassified call's, which may be one.
+func waitBounds(svc inferlb.Service) bool {
+	return svc == inferlb.ServiceEmbedding || svc == inferlb.ServiceRerank
+}
+
+// observeUnanswered folds the wait of a call of svc that its caller
+// abandoned with nothing back from e into svc's latency as a censored
+// sample: the endpoint takes at least wait. It only raises what the scorer
+// sees, never lowers it. A wait longer than the peak-EWMA becomes the
+// EWMA, as a sample above it would; a wait within the EWMA but above what
+// is left of it after its decay since the last sample (scoring.State.
+// Latency) moves the sample's time forward until the decayed value is the
+// wait, the EWMA itself unchanged. Without a latency yet it does nothing:
+// the scorer prices such an endpoint at its prior, which a wait shorter
+// than it would lower (a wait's worth of prior is the scorer's, not the
+// balancer's to know). Without it a hung endpoint whose callers give up
+// on its calls kept the latency of its last answer while every call out
+// was abandoned, and drew calls at that price (see
+// TestStuckEndpointStopsDrawingCallsItsCallersCancel).
+func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service, wait time.Duration) {
+	wait = min(wait, maxObserved)
+	if !waitBounds(svc) || wait <= 0 {
+		return
+	}
+	lat := &e.lat[svcIndex(svc)]
+	for {
+		cur, at := lat.ewma.Load(), lat.at.Load()
+		switch {
+		case cur <= 0:
+			return
+		case int64(wait) > cur:
+			if lat.ewma.CompareAndSwap(cur, int64(wait)) {
+				lat.at.Store(nowNs)
+				return
+			}
+			continue
+		case c.latencyDecay <= 0 || nowNs <= at:
+			return // not decayed: the EWMA is what the scorer sees
+		}
+		if float64(wait) <= float64(cur)*decay.Weight(float64(nowNs-at)/float64(c.latencyDecay)) {
+			return
+		}
+		// decay.Weight(x) is (1 - x/32)^32: the age x at which it is
+		// wait/cur.
+		x := 32 * (1 - math.Pow(float64(wait)/float64(cur), 1.0/32))
+		from := nowNs - int64(x*float64(c.latencyDecay))
+		if from <= at || lat.at.CompareAndSwap(at, from) {
+			return
+		}
+	}
+}
+
 // latencyMark is the peak-EWMA of one service's successful calls on an
 // endpoint.
 type latencyMark struct {

@@ -20,7 +20,7 @@ var errTimeout = context.DeadlineExceeded
 type outstanding struct {
 	p   balancer.Pick
 	end time.Time
-	err error
+	o   inferlb.Outcome
 }
 
 // runRerank sends a rerank call every interval to three endpoints for
@@ -29,14 +29,14 @@ type outstanding struct {
 // It returns how many calls each endpoint drew after from.
 func runRerank(t *testing.T, every time.Duration, seconds int, from time.Duration, answer func(addr string, elapsed time.Duration) time.Duration) map[string]int {
 	t.Helper()
-	return runRerankEnding(t, every, seconds, from, func(addr string, elapsed time.Duration) (time.Duration, error) {
-		return answer(addr, elapsed), nil
+	return runRerankEnding(t, every, seconds, from, func(addr string, elapsed time.Duration) (time.Duration, inferlb.Outcome) {
+		return answer(addr, elapsed), inferlb.Outcome{}
 	})
 }
 
-// runRerankEnding is runRerank whose calls end with the error end returns
-// with their length (nil: an answer).
-func runRerankEnding(t *testing.T, every time.Duration, seconds int, from time.Duration, end func(addr string, elapsed time.Duration) (time.Duration, error)) map[string]int {
+// runRerankEnding is runRerank whose calls end with the outcome end returns
+// with their length.
+func runRerankEnding(t *testing.T, every time.Duration, seconds int, from time.Duration, end func(addr string, elapsed time.Duration) (time.Duration, inferlb.Outcome)) map[string]int {
 	t.Helper()
 	clock := testutil.NewClock()
 	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1)})
@@ -52,7 +52,7 @@ func runRerankEnding(t *testing.T, every time.Duration, seconds int, from time.D
 				k++
 				continue
 			}
-			c.p.Done(inferlb.Outcome{Err: c.err})
+			c.p.Done(c.o)
 		}
 		out = out[:k]
 		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceRerank})
@@ -61,8 +61,8 @@ func runRerankEnding(t *testing.T, every time.Duration, seconds int, from time.D
 		if elapsed >= from {
 			drew[addr]++
 		}
-		d, err := end(addr, elapsed)
-		out = append(out, outstanding{p: p, end: now.Add(d), err: err})
+		d, o := end(addr, elapsed)
+		out = append(out, outstanding{p: p, end: now.Add(d), o: o})
 		clock.Advance(every)
 	}
 	for _, c := range out {
@@ -94,19 +94,21 @@ func TestStuckEndpointStopsDrawingCalls(t *testing.T) {
 // A stuck endpoint whose callers give up on their calls after a second
 // (a user's stop, a hedged call's loser, an agent's step abandoned:
 // context.Canceled, neither success nor failure) drew 67 calls in its first
-// 10 s: each abandoned call reset its wait. Its wait now runs from the last
-// call it answered or failed, and it draws 22 (4 when nobody cancels, its
-// wait then growing unbounded: here once every call out was abandoned the
-// next starts a busy period afresh, at the latency of its last answer).
+// 10 s: each abandoned call reset its wait. With its wait run from the last
+// call it answered or failed it drew 22: once every call out was abandoned
+// the next started a busy period afresh, at the latency of its last answer
+// (200 ms). Its abandoned calls had nothing back (Outcome.Unanswered), so
+// each now says it takes at least the second its caller waited, and it
+// draws 13 (4 when nobody cancels, its wait then growing unbounded).
 func TestStuckEndpointStopsDrawingCallsItsCallersCancel(t *testing.T) {
 	const stuckAt = 20 * time.Second
-	drew := runRerankEnding(t, 20*time.Millisecond, 30, stuckAt, func(addr string, elapsed time.Duration) (time.Duration, error) {
+	drew := runRerankEnding(t, 20*time.Millisecond, 30, stuckAt, func(addr string, elapsed time.Duration) (time.Duration, inferlb.Outcome) {
 		if addr == "a:80" && elapsed >= stuckAt {
-			return time.Second, context.Canceled
+			return time.Second, inferlb.Outcome{Err: context.Canceled, Unanswered: true}
 		}
-		return 200 * time.Millisecond, nil
+		return 200 * time.Millisecond, inferlb.Outcome{}
 	})
-	assert.LessOrEqual(t, drew["a:80"], 22, "calls the stuck endpoint drew in 10 s, of %v", drew)
+	assert.LessOrEqual(t, drew["a:80"], 13, "calls the stuck endpoint drew in 10 s, of %v", drew)
 }
 
 // One slow call on an endpoint that serves others meanwhile (a pathological
@@ -123,4 +125,45 @@ func TestOneSlowCallDoesNotStopAnEndpoint(t *testing.T) {
 		return 20 * time.Millisecond
 	})
 	assert.Greater(t, drew["a:80"], 20*200/3/2, "calls the endpoint with one slow call out drew in 20 s, of %v", drew)
+}
+
+// cancelEvery3rd runs reranks to three endpoints at 200 ms a call, a third
+// of a:80's calls ending instead after d with o (a cancellation), and
+// returns the calls each drew in its last 20 s.
+func cancelEvery3rd(t *testing.T, d time.Duration, o inferlb.Outcome) map[string]int {
+	t.Helper()
+	n := 0
+	return runRerankEnding(t, 20*time.Millisecond, 30, 10*time.Second, func(addr string, _ time.Duration) (time.Duration, inferlb.Outcome) {
+		if addr == "a:80" {
+			if n++; n%3 == 0 {
+				return d, o
+			}
+		}
+		return 200 * time.Millisecond, inferlb.Outcome{}
+	})
+}
+
+// A healthy endpoint whose callers give up on some of its calls before
+// its answer, sooner than it answers (a user's stop, a hedged call's
+// loser), is not stuck: such a wait, shorter than its latency, says
+// nothing, and it draws exactly the calls it drew when nothing told the
+// balancer the calls had no answer (391 of 1,000 with cancels at 50 ms,
+// its calls out the shorter; 360 at 150 ms).
+func TestEarlyCancelsLeaveAHealthyEndpointsShare(t *testing.T) {
+	for _, d := range []time.Duration{50 * time.Millisecond, 150 * time.Millisecond} {
+		unanswered := cancelEvery3rd(t, d, inferlb.Outcome{Err: context.Canceled, Unanswered: true})
+		canceled := cancelEvery3rd(t, d, inferlb.Outcome{Err: context.Canceled})
+		assert.Equal(t, canceled, unanswered, "cancels after %v", d)
+		assert.Greater(t, unanswered["a:80"], unanswered["b:80"], "cancels after %v: its calls are out the shorter", d)
+	}
+}
+
+// Users who stop reading a healthy endpoint's answers (a third of its
+// calls cancelled after 1 s, its answer begun at 200 ms: not Unanswered)
+// tell nothing about its latency: it keeps the share its longer calls
+// out leave it (187 of 1,000 calls), where read as a second's wait with
+// nothing back each would price it at a second, and it drew 43.
+func TestCancelsAfterTheAnswerChangeNothing(t *testing.T) {
+	drew := cancelEvery3rd(t, time.Second, inferlb.Outcome{Err: context.Canceled})
+	assert.Greater(t, drew["a:80"], 150, "calls the endpoint drew in 20 s, of %v", drew)
 }
