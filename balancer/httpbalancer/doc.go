@@ -175,8 +175,11 @@
 // the same way, other codes (context_length_exceeded, the image errors)
 // the request's, and no code a failure; a canceled context (or a closed
 // Request.Cancel, which http.Client sets with a Timeout, closed before the
-// context's deadline: at it, Client.Timeout is the deadline's) is neither, and
-// so is a deadline that ends a stream after its first token, or another
+// context's deadline: at it, Client.Timeout is the deadline's) is neither
+// (before the response headers, it is reported Unanswered: the balancer
+// reads an embedding's or rerank's wait as a lower bound on the endpoint's
+// latency; the ends this transport reports as canceled to blame no one,
+// such as the caller's own body failing, are not), and so is a deadline that ends a stream after its first token, or another
 // answer's body after its headers (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine
 // fail. A call that fails on an endpoint, before any response (RoundTrip's

@@ -324,9 +324,15 @@ type (
 // fail reports an attempt that got no response.
 func (c *call) fail(err error, failedOver bool) {
 	o := inferlb.Outcome{Err: err}
-	if ce := c.out.Context().Err(); ce != nil {
+	ce := c.out.Context().Err()
+	if ce != nil {
 		o.Err = ce // the caller's own doing, whatever the transport made of it
 	}
+	// The caller gave up on the call (its context, or Request.Cancel)
+	// while the endpoint had sent nothing back: a wait the balancer may
+	// read as a lower bound on the endpoint's latency. Not on the ends
+	// that blame no one, where the wait was not the endpoint's.
+	o.Unanswered = (ce == context.Canceled || ce == nil && err == errLegacyCanceled) && !blamesNobody(err)
 	f := c.t.cfg.onResult
 	if f != nil {
 		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
@@ -335,6 +341,19 @@ func (c *call) fail(err error, failedOver bool) {
 	if f != nil {
 		f(Result{Endpoint: c.pick.ID(), Request: c.info.Request, Outcome: o, FailedOver: failedOver, Resent: c.ends.Load()&endResent != 0})
 	}
+}
+
+// blamesNobody reports whether err is one of the attempt ends this
+// transport reports as canceled to blame no endpoint, whose wait says
+// nothing about the endpoint: the caller's body failing, a panic in Base
+// or in reading an answer's body, a request net/http refused or one never
+// sent, an Addr HTTP cannot use, an idle connection the server closed.
+func blamesNobody(err error) bool {
+	switch err {
+	case errBodyFailed, errBasePanicked, errBodyPanicked, errMalformed, errNotSent, errUnusableAddr, errIdleConnClosed:
+		return true
+	}
+	return false
 }
 
 // respond classifies the response and wraps its body so the outcome is

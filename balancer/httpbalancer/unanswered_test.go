@@ -1,0 +1,163 @@
+package httpbalancer_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+)
+
+// unansweredTransport is a Transport over one endpoint whose Base is base,
+// reporting its attempts to the returned results.
+// A maxPeek > 0 is Options.MaxPeek.
+func unansweredTransport(t *testing.T, maxPeek int, base baseFunc) (*httpbalancer.Transport, *results) {
+	t.Helper()
+	res := newResults(4)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}},
+		Base:      base, OnResult: res.on, MaxPeek: maxPeek,
+	})
+	return tr, res
+}
+
+// A call its caller cancels while the endpoint has sent nothing back (a
+// hung GPU, a dead connection) is reported Unanswered, whether the caller
+// cancelled its context or closed Request.Cancel: the balancer may read
+// the wait as a lower bound on the endpoint's latency.
+func TestCancelBeforeHeadersIsUnanswered(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		sent := make(chan struct{})
+		tr, res := unansweredTransport(t, 0, func(r *http.Request) (*http.Response, error) {
+			close(sent)
+			//lint:ignore SA1019 honoured as net/http honours it
+			cancel := r.Cancel
+			select {
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			case <-cancel:
+				return nil, errNetHTTPCanceled
+			}
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+		require.NoError(t, err)
+		stop := cancel
+		if legacy {
+			ch := make(chan struct{})
+			//lint:ignore SA1019 the deprecated field is the point
+			req.Cancel = ch
+			stop = func() { close(ch) }
+		}
+		go func() {
+			<-sent
+			stop()
+		}()
+		_, err = tr.RoundTrip(req)
+		require.Error(t, err)
+		r := <-res.c
+		assert.True(t, r.Outcome.Canceled(), "legacy %v: %v", legacy, r.Outcome.Err)
+		assert.True(t, r.Outcome.Unanswered, "legacy %v", legacy)
+		cancel()
+	}
+}
+
+// errNetHTTPCanceled is what net/http fails a call with when its
+// Request.Cancel is closed.
+var errNetHTTPCanceled = errors.New("net/http: request canceled")
+
+// A cancel after the response headers (a user stopping an answer it was
+// reading, JSON or a stream) is not Unanswered: the endpoint answered.
+func TestCancelMidBodyIsAnswered(t *testing.T) {
+	for _, ct := range []string{"application/json", "text/event-stream"} {
+		tr, res := unansweredTransport(t, 0, func(r *http.Request) (*http.Response, error) {
+			h := http.Header{"Content-Type": {ct}}
+			return &http.Response{StatusCode: http.StatusOK, Header: h, Body: &silentBody{ctx: r.Context()}, ContentLength: -1, Request: r}, nil
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, ct != "application/json")))
+		require.NoError(t, err)
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		cancel()
+		_, err = io.ReadAll(resp.Body)
+		require.ErrorIs(t, err, context.Canceled)
+		require.NoError(t, resp.Body.Close())
+		r := <-res.c
+		assert.True(t, r.Outcome.Canceled(), "%s: %v", ct, r.Outcome.Err)
+		assert.False(t, r.Outcome.Unanswered, ct)
+	}
+}
+
+// silentBody is a response body that sends nothing until its context ends.
+type silentBody struct{ ctx context.Context }
+
+func (b *silentBody) Read([]byte) (int, error) {
+	<-b.ctx.Done()
+	return 0, b.ctx.Err()
+}
+
+func (b *silentBody) Close() error { return nil }
+
+// A call ended by its caller's own request body failing (a gateway whose
+// client dropped its upload, and with it the gateway's context) is no
+// wait on the endpoint, which never had the whole request: canceled, not
+// Unanswered. Nor is a call whose Base panicked as its caller gave up.
+func TestCallerBodyFailureIsNotUnanswered(t *testing.T) {
+	t.Run("body", func(t *testing.T) {
+		tr, res := unansweredTransport(t, 16, func(r *http.Request) (*http.Response, error) {
+			_, err := io.Copy(io.Discard, r.Body)
+			_ = r.Body.Close()
+			if err == nil {
+				return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+			}
+			return nil, err
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		body := &cancelingBody{brokenBody: brokenBody{r: strings.NewReader(chatBody(1, false))}, cancel: cancel}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, body)
+		require.NoError(t, err)
+		_, err = tr.RoundTrip(req)
+		require.Error(t, err)
+		r := <-res.c
+		assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
+		assert.False(t, r.Outcome.Unanswered)
+	})
+	t.Run("panic", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		tr, res := unansweredTransport(t, 0, func(*http.Request) (*http.Response, error) {
+			cancel()
+			panic("middleware bug")
+		})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, false)))
+		require.NoError(t, err)
+		assert.Panics(t, func() { _, _ = tr.RoundTrip(req) })
+		r := <-res.c
+		assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
+		assert.False(t, r.Outcome.Unanswered)
+	})
+}
+
+// cancelingBody is a brokenBody that cancels its request's context as it
+// fails.
+type cancelingBody struct {
+	brokenBody
+	cancel context.CancelFunc
+}
+
+func (b *cancelingBody) Read(p []byte) (int, error) {
+	n, err := b.brokenBody.Read(p)
+	if err != nil {
+		b.cancel()
+	}
+	return n, err
+}
