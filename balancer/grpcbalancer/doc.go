@@ -156,7 +156,11 @@
 // others (its backend crashed) is held against that model there, not the
 // server; UNAVAILABLE and DEADLINE_EXCEEDED never do, as grpc-go reports a
 // broken connection and a deadline with them; CANCELLED is the
-// client's doing and counts as neither; the codes that map to 4xx
+// client's doing and counts as neither (when the call's context was
+// cancelled with nothing received from the server, BytesReceived false, it
+// is reported Unanswered: the balancer reads an embedding's or rerank's
+// wait as a lower bound on the endpoint's latency; a CANCEL reset while
+// the caller still waits is not); the codes that map to 4xx
 // (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED,
 // PERMISSION_DENIED, another NOT_FOUND, ALREADY_EXISTS, ABORTED) describe
 // the request and are client errors (Outcome.ClientError): neither success

@@ -253,14 +253,14 @@ func outcomeOf(di balancer.DoneInfo, windows bool) inferlb.Outcome {
 		return inferlb.Outcome{}
 	}
 	if errors.Is(di.Err, context.Canceled) {
-		return inferlb.Outcome{Err: di.Err}
+		return inferlb.Outcome{Err: di.Err, Unanswered: !di.BytesReceived}
 	}
 	if w, prompt := tooLong(di); w > 0 && windows {
 		return inferlb.Outcome{ContextWindow: w, PromptWindow: prompt}
 	}
 	switch status.Code(di.Err) {
 	case codes.Canceled:
-		return inferlb.Outcome{Err: errCanceled}
+		return inferlb.Outcome{Err: errCanceled, Unanswered: !di.BytesReceived}
 	case codes.ResourceExhausted:
 		if st, ok := status.FromError(di.Err); ok && strings.Contains(st.Message(), msgTooLarge) {
 			if !di.BytesReceived {

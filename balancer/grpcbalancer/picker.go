@@ -1,6 +1,7 @@
 package grpcbalancer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -260,6 +261,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			c.stream = ss
 		}
 		c.perCall = p.cfg.orcaPerCall
+		c.ctx = info.Ctx
 		c.childDone = res.Done
 		c.armed = true
 		res.Done = c.doneFn
@@ -341,6 +343,7 @@ type call struct {
 	stream    *streamState // the StreamTiming interceptor's, or nil
 	perCall   bool
 	armed     bool
+	ctx       context.Context         // the call's (PickInfo.Ctx): whether its caller cancelled it (report)
 	req       inferlb.Request         // scratch for Pick; after it, only its Model is read (report)
 	doneFn    func(balancer.DoneInfo) // c.done, bound once
 	heldDI    balancer.DoneInfo       // while retry or stream holds the report (retryState.hold, streamState.hold)
@@ -402,6 +405,11 @@ func (c *call) report(di balancer.DoneInfo) {
 			}
 		}
 	}
+	if o.Unanswered && (c.ctx == nil || c.ctx.Err() != context.Canceled) {
+		// Cancelled with nothing back, but not by the caller: a reset
+		// with CANCEL (a proxy's) is no wait the caller gave up on.
+		o.Unanswered = false
+	}
 	switch {
 	case o.Err == errUnknownModel && c.req.Model != "":
 		o = inferlb.Outcome{NotServedModel: c.req.Model}
@@ -444,6 +452,7 @@ func (c *call) release() {
 	c.childDone = nil
 	c.retry = nil
 	c.stream = nil
+	c.ctx = nil
 	c.req = inferlb.Request{}
 	c.heldDI = balancer.DoneInfo{}
 	c.heldStop = nil

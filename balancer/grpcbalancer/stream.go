@@ -254,6 +254,7 @@ func (st *streamState) inbandOutcome(o *inferlb.Outcome) bool {
 	// a success.
 	o.Err, o.Overloaded, o.RetryAfter, o.ContextWindow, o.PromptWindow = n.Err, n.Overloaded, n.RetryAfter, n.ContextWindow, n.PromptWindow
 	o.ClientError = n.ClientError // an INVALID_ARGUMENT in a message: the request's
+	o.Unanswered = false          // a message came back
 	return true
 }
 
