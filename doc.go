@@ -148,7 +148,12 @@
 // over as outlier ejection may hold out (MaxEjectedFraction).
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
-// down for its Retry-After. Pick never blocks, locks or allocates.
+// down for its Retry-After. A call its caller cancelled is neither
+// success nor failure and feeds no EWMA, but an embedding or rerank call
+// cancelled before the endpoint sent anything back (Outcome.Unanswered:
+// over HTTP before the response headers, over gRPC with nothing received)
+// raises that service's latency to its wait when the wait is longer, so a
+// hung endpoint whose callers give up on its calls stops drawing them. Pick never blocks, locks or allocates.
 //
 // # Standing and recovery
 //

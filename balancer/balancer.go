@@ -18,6 +18,18 @@
 // Update builds a new immutable snapshot and swaps it in atomically; the state
 // of endpoints that stay is kept. Pick never blocks, locks or allocates.
 //
+// A call its caller cancelled (Outcome.Canceled: a user's stop, a hedged
+// call's loser, an abandoned agent step) counts as neither success nor
+// failure and gives no latency sample. An embedding or rerank call
+// cancelled while the endpoint had sent nothing back (Outcome.Unanswered)
+// says the endpoint takes at least that wait: it raises the latency the
+// scorer sees to the wait when it is longer, never lowering it, so a hung
+// endpoint whose callers give up on its calls is not priced at its last
+// answer again once they are all abandoned; while calls are out, a wait
+// with none answered longer than the latency prices it too
+// (scoring.State.Pending). Generation calls are left out: a non-streamed
+// one sends nothing until it is done, and users stop long ones.
+//
 // Adapters that share one Balancer each take a Membership: their own
 // endpoint set, readiness and snapshot over the one shared state per ID.
 // Close ends a Balancer: its endpoints leave it, giving back their slots in

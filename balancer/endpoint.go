@@ -612,7 +612,8 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 }
 
 // latencyMark is the peak-EWMA of one service's successful calls on an
-// endpoint.
+// endpoint, raised by the waits of its calls abandoned with no answer
+// (observeUnanswered).
 type latencyMark struct {
 	ewma atomic.Int64 // ns
 	at   atomic.Int64 // unix ns of the last sample

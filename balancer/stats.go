@@ -29,7 +29,9 @@ type EndpointStats struct {
 	InFlight       int64
 	InFlightTokens int64
 	// Latency is the peak-EWMA of successful calls' latency as last
-	// observed (not decayed), for the service of the latest such call:
+	// observed (not decayed; raised by the waits of embedding and rerank
+	// calls abandoned with no answer, Outcome.Unanswered), for the service
+	// of the latest such call:
 	// each service keeps its own (ServiceLatency), as the scorers read
 	// them, so on an endpoint that serves chats and embeddings alike an
 	// embedding is not priced by a chat's seconds.

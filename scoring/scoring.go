@@ -76,7 +76,9 @@ type State struct {
 	InFlightTokens int64
 	// LatencyEWMA is the peak-EWMA of the latency of the endpoint's
 	// successful calls of the scored request's service, as of LastLatency;
-	// 0 means no history. Each service keeps its own, so an embedding on an
+	// 0 means no history. For embeddings and rerankers, a call its caller
+	// gave up on with nothing back (inferlb.Outcome.Unanswered) raises it,
+	// or moves LastLatency on, so that Latency is at least its wait. Each service keeps its own, so an embedding on an
 	// endpoint that also serves chats is not priced by a chat's seconds.
 	// Use Latency to read it decayed to Now.
 	LatencyEWMA time.Duration
