@@ -1649,6 +1649,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	case o.Canceled():
 		e.canceled.Add(1)
 		if o.Unanswered {
+			e.unanswered.Add(1)
 			e.observeUnanswered(b.cfg, nowNs, svc, latency)
 		}
 		e.observe(b.cfg, nowNs, svc, 0, o.TTFT, 0, false, false)

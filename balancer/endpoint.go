@@ -137,8 +137,10 @@ type endpoint struct {
 	failures  atomic.Uint64
 	overloads atomic.Uint64
 	canceled  atomic.Uint64 // with the three above, notServed, tooLong, clientErrors, modelFailures and inFlight: the picks
-	notServed atomic.Uint64 // answers that it does not serve the call's model
-	tooLong   atomic.Uint64 // answers that the call is longer than its context window
+	// Of canceled, those given up on with nothing back (Outcome.Unanswered).
+	unanswered atomic.Uint64
+	notServed  atomic.Uint64 // answers that it does not serve the call's model
+	tooLong    atomic.Uint64 // answers that the call is longer than its context window
 	// Answers that the call was bad or not allowed (Outcome.ClientError).
 	clientErrors atomic.Uint64
 	// Failures held against their model on this endpoint, not against the

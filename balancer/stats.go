@@ -70,6 +70,10 @@ type EndpointStats struct {
 	// neither success nor failure. With the counts above and InFlight
 	// they make up Picks.
 	Canceled uint64
+	// Unanswered counts, of Canceled, the calls given up on while the
+	// endpoint had sent nothing back (Outcome.Unanswered), of any service:
+	// many on one endpoint, against few on its peers, say its calls hang.
+	Unanswered uint64
 	// Resilience: whether the breaker holds the endpoint out (or is
 	// probing it), how often it tripped, recovered and was ejected as an
 	// outlier, and the last detection time (first failure to exclusion) and
@@ -135,6 +139,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			ClientErrors:       e.clientErrors.Load(),
 			ClientErrorShare:   e.clientErrorShare(b.cfg, nowNs),
 			Canceled:           e.canceled.Load(),
+			Unanswered:         e.unanswered.Load(),
 			BreakerOpen:        e.brOpen.Load(),
 			Trips:              e.trips.Load(),
 			Recoveries:         e.recoveries.Load(),

@@ -91,4 +91,9 @@ func TestUnansweredWaitRaisesLatencyOnly(t *testing.T) {
 		_, ewma = seenLatency(t, b, other)
 		assert.Equal(t, time.Second, ewma, "%v", other)
 	}
+	// Each is counted, whatever its service, among the cancellations.
+	st := b.Stats()
+	require.Len(t, st, 1)
+	assert.EqualValues(t, 8, st[0].Canceled)
+	assert.EqualValues(t, 7, st[0].Unanswered)
 }

@@ -103,7 +103,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 28+2+1, testutil.CollectAndCount(c), "28 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 29+2+1, testutil.CollectAndCount(c), "29 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape
@@ -334,7 +334,7 @@ func TestCollectorOutcomesAddUpToPicks(t *testing.T) {
 	for _, o := range []inferlb.Outcome{
 		{},
 		{Err: context.Canceled},
-		{Err: fmt.Errorf("stream: %w", context.Canceled)},
+		{Err: fmt.Errorf("stream: %w", context.Canceled), Unanswered: true},
 		{Err: errors.New("500")},
 		{Overloaded: true},
 		{ClientError: true},
@@ -358,6 +358,7 @@ func TestCollectorOutcomesAddUpToPicks(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2.0, v["inferlb_endpoint_canceled_total"])
+	assert.Equal(t, 1.0, v["inferlb_endpoint_unanswered_total"], "of the canceled")
 	outcomes := v["inferlb_endpoint_in_flight"]
 	assert.Equal(t, 1.0, v["inferlb_endpoint_client_errors_total"])
 	assert.InDelta(t, 0.1, v["inferlb_endpoint_client_error_ratio"], 1e-9)
