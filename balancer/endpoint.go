@@ -574,9 +574,9 @@ func waitBounds(svc inferlb.Service) bool {
 // is left of it after its decay since the last sample (scoring.State.
 // Latency) moves the sample's time forward until the decayed value is the
 // wait, the EWMA itself unchanged. Without a latency yet it does nothing:
-// the scorer prices such an endpoint at its prior, which a wait shorter
-// than it would lower (a wait's worth of prior is the scorer's, not the
-// balancer's to know). Without it a hung endpoint whose callers give up
+// the scorer prices such an endpoint at its prior, which a shorter wait
+// would lower, and the prior is the scorer's setting, unknown here.
+// Without it a hung endpoint whose callers give up
 // on its calls kept the latency of its last answer while every call out
 // was abandoned, and drew calls at that price (see
 // TestStuckEndpointStopsDrawingCallsItsCallersCancel).
