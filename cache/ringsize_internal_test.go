@@ -195,3 +195,31 @@ func TestRingScaleIgnoresOrder(t *testing.T) {
 		}
 	}
 }
+
+// A scaled ring sizes its bucket index by its cap, also when rounding puts
+// its points below the cap: with more than MaxRingPoints/PointsPerWeight
+// members the cap is PointsPerWeight*n, which need not be a power of two
+// times pointsPerBucket, and a ring rounded a few points under it could
+// fall below one. Here 20,971 members of weight 1.5 keep 100 points each,
+// 2,097,100 in all, under a cap of 2,097,200; one more member going from
+// weight 1 (67 points) to 0.2 (13) took the ring from 2,097,167 points to
+// 2,097,113, across 2^17 buckets of 16, which halved the buckets, so the
+// precision of every position: keys moved between members whose points
+// had not changed (5 of 100,000), where only the changed member's keys
+// may move.
+func TestScaledRingBelowItsCapKeepsItsBuckets(t *testing.T) {
+	ms := weighted(20972, 1.5)
+	ms[0].Weight = 1
+	p := NewPlacement(ms, 11)
+	ms[0].Weight = 0.2
+	q := NewPlacement(ms, 11)
+	if len(p.points) != 2_097_167 || len(q.points) != 2_097_113 {
+		t.Fatalf("%d and %d points, want 2,097,167 and 2,097,113: the case is not the one meant", len(p.points), len(q.points))
+	}
+	if p.shift != q.shift {
+		t.Errorf("shift %d before, %d after: the bucket index followed the ring's points, not its cap", p.shift, q.shift)
+	}
+	if moved := movedBetweenOthers(p, q, 0, 0); moved != 0 {
+		t.Errorf("member 0's weight change moved %d of %d keys between the others, whose points are unchanged", moved, scaleKeys)
+	}
+}
