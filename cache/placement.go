@@ -78,10 +78,11 @@ type Member struct {
 // from) a member whose weight rose (or fell). Two exceptions:
 //
 //   - Positions compare at a precision set by the bucket count (below),
-//     which follows the total number of points, so a change that takes it
-//     across a power of two also moves the few keys closer to a point than
-//     that precision: removing one of 41 to 5,243 members moved 6 to 8
-//     keys in 100,000 between members that stayed.
+//     which follows the total number of points (on a scaled ring, below,
+//     its cap), so a change that takes it across a power of two also moves
+//     the few keys closer to a point than that precision: removing one of
+//     41 to 5,243 members moved 6 to 8 keys in 100,000 between members
+//     that stayed.
 //   - The ring's scale: a ring whose points at PointsPerWeight per unit of
 //     weight would exceed limit = max(MaxRingPoints, PointsPerWeight*n)
 //     gives each member that count times limit/(its total), rounded.
@@ -189,11 +190,17 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 	// log2(buckets)+subBits bits: keys closer than that to a point resolve
 	// the same way in every process with the same members. A scaled ring
 	// sizes its index by the cap, not by its points, which rounding puts a
-	// few above or below it: a ring at the cap of 2^20 would otherwise
-	// double or halve its buckets, and so the precision, as a weight
-	// changed anywhere in the fleet.
+	// few above or below it: a ring at the cap would otherwise double or
+	// halve its buckets, and so the precision, as a weight changed
+	// anywhere in the fleet. Below it too: a cap of PointsPerWeight*n need
+	// not be a power of two times pointsPerBucket, and a ring rounded a
+	// few points under it fell below one (TestScaledRingBelowItsCapKeepsItsBuckets).
+	size := len(full)
+	if units > limit {
+		size = limit
+	}
 	buckets := 1
-	for buckets*pointsPerBucket < min(len(full), limit) {
+	for buckets*pointsPerBucket < size {
 		buckets <<= 1
 	}
 	// With one bucket the shift is 64, and Go defines x >> 64 == 0.
