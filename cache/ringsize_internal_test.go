@@ -84,7 +84,8 @@ func TestHeavyMembersKeepTheirRatios(t *testing.T) {
 // dropped points move, as many as the scale changed. Scaled by powers of
 // two, this change halved every member's points and moved 45% of the keys
 // between unchanged members; scaled to fit, each keeps 98.5% of its points
-// and about 1.4% of the keys move.
+// and 1.2% of the keys move between them (1,241 of 100,000; some of the
+// dropped points' keys go to the heavier member).
 func TestScaleChangeKeepsEachMembersFirstPoints(t *testing.T) {
 	// 64 x 160 x 100 = 1,024,000 points, just within MaxRingPoints; one
 	// member at 560 takes the ring over, to 1,048,576/1,064,000 of its
@@ -126,7 +127,7 @@ func TestScaleChangeKeepsEachMembersFirstPoints(t *testing.T) {
 	moved := movedBetweenOthers(p, q, 5, 5)
 	t.Logf("a scale change moved %d of %d keys between unchanged members", moved, scaleKeys)
 	if moved > scaleKeys*25/1000 {
-		t.Errorf("a scale change moved %d of %d keys between unchanged members, want about 1.4%%", moved, scaleKeys)
+		t.Errorf("a scale change moved %d of %d keys between unchanged members, want about 1.2%%", moved, scaleKeys)
 	}
 }
 
