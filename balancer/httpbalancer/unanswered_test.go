@@ -161,3 +161,60 @@ func (b *cancelingBody) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// An endpoint's refusal (a 404 saying it does not serve the model, a 400
+// saying the call is longer than its window) is an answer. Should the
+// caller's code panic while the call's retry elsewhere is set up (its
+// GetBody), as the caller's context ends, the refused attempt is reported
+// canceled, blaming no one, but not Unanswered: the endpoint had answered,
+// and its wait is no lower bound on its latency.
+func TestRefusalWhoseRetryPanicsIsNotUnanswered(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+		// panicAt is the GetBody call that is the retry's: a window
+		// refusal reads the call's body once before (carriesRefusal).
+		panicAt int
+	}{
+		{"not served", http.StatusNotFound, `{"error":{"message":"The model ` + "`m`" + ` does not exist.","type":"NotFoundError","param":null,"code":404}}`, 1},
+		{"too long", http.StatusBadRequest, `{"object":"error","message":"This model's maximum context length is 1000 tokens. However, you requested 3199 tokens (2999 in the messages, 200 in the completion).","type":"BadRequestError","param":null,"code":400}`, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			type boom struct{}
+			res := newResults(4)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
+				Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+					_ = r.Body.Close()
+					h := http.Header{"Content-Type": {"application/json"}}
+					return &http.Response{StatusCode: tc.status, Header: h, Body: io.NopCloser(strings.NewReader(tc.body)), ContentLength: int64(len(tc.body)), Request: r}, nil
+				}),
+				OnResult: res.on,
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			body := chatBody(1, false)
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(body))
+			require.NoError(t, err)
+			calls := 0
+			req.GetBody = func() (io.ReadCloser, error) {
+				if calls++; calls < tc.panicAt {
+					return io.NopCloser(strings.NewReader(body)), nil
+				}
+				cancel()
+				panic(boom{})
+			}
+			func() {
+				defer func() { assert.Equal(t, boom{}, recover()) }()
+				_, _ = tr.RoundTrip(req)
+				t.Error("RoundTrip returned")
+			}()
+			require.EqualValues(t, 1, res.n.Load())
+			r := <-res.c
+			assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
+			assert.False(t, r.Outcome.Unanswered, "the endpoint answered")
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+		})
+	}
+}
