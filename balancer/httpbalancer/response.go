@@ -347,10 +347,13 @@ func (c *call) fail(err error, failedOver bool) {
 // transport reports as canceled to blame no endpoint, whose wait says
 // nothing about the endpoint: the caller's body failing, a panic in Base
 // or in reading an answer's body, a request net/http refused or one never
-// sent, an Addr HTTP cannot use, an idle connection the server closed.
+// sent, an Addr HTTP cannot use, an idle connection the server closed, a
+// refusal (not served, too long) whose retry the caller's code broke off
+// (the endpoint had answered).
 func blamesNobody(err error) bool {
 	switch err {
-	case errBodyFailed, errBasePanicked, errBodyPanicked, errMalformed, errNotSent, errUnusableAddr, errIdleConnClosed:
+	case errBodyFailed, errBasePanicked, errBodyPanicked, errMalformed, errNotSent, errUnusableAddr, errIdleConnClosed,
+		errNotServed, errTooLong:
 		return true
 	}
 	return false
