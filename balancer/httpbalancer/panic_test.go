@@ -263,3 +263,39 @@ func TestRefusalBodyPanicFinishesThePick(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowRefusalGetBodyPanicFinishesThePick: before it believes a
+// refusal as too long, the transport reads the call's own body again
+// (GetBody) to see that it carries no refusal's text; a GetBody that panics
+// there panics through RoundTrip with the refused attempt's pick finished,
+// as one that panics when the retry is set up does. It was left in flight:
+// the endpoint stayed one call busier for good, and no result came.
+func TestWindowRefusalGetBodyPanicFinishesThePick(t *testing.T) {
+	type boom struct{}
+	text := `{"object":"error","message":"This model's maximum context length is 1000 tokens. However, you requested 3199 tokens (2999 in the messages, 200 in the completion).","type":"BadRequestError","param":null,"code":400}`
+	res := newResults(4)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}, {ID: "b", Addr: "10.0.0.2:80"}},
+		Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+			_ = r.Body.Close()
+			h := http.Header{"Content-Type": {"application/json"}}
+			return &http.Response{StatusCode: http.StatusBadRequest, Header: h, Body: io.NopCloser(strings.NewReader(text)), ContentLength: int64(len(text)), Request: r}, nil
+		}),
+		OnResult: res.on,
+	})
+	req := chatRequest(t, 1)
+	req.GetBody = func() (io.ReadCloser, error) { panic(boom{}) }
+	func() {
+		defer func() { assert.Equal(t, boom{}, recover()) }()
+		_, _ = tr.RoundTrip(req)
+		t.Error("RoundTrip returned")
+	}()
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+	require.EqualValues(t, 1, res.n.Load(), "one result per call")
+	r := <-res.c
+	assert.True(t, r.Outcome.Canceled(), "blames no endpoint: %v", r.Outcome.Err)
+	assert.False(t, r.Outcome.Unanswered, "the endpoint answered")
+	for id, s := range statsByID(tr.Balancer()) {
+		assert.Zero(t, s.Failures, id)
+	}
+}
