@@ -56,7 +56,8 @@ import (
 // likes remembered for the endpoints that do.
 
 // errTooLong is the Outcome.Err of a refused attempt when the caller's
-// code panics while its retry is set up (see call.retry); it wraps
+// code panics while its retry is set up (see call.retry), or while the
+// call's body is read again to check the refusal (refusalCarried); it wraps
 // context.Canceled, blaming no endpoint.
 var errTooLong = fmt.Errorf("inferlb: httpbalancer: the call is longer than the endpoint's context window: %w", context.Canceled)
 
@@ -72,7 +73,7 @@ func (c *call) tooLong(resp *http.Response, may bool, rb *reqBody) (retryAttempt
 		return retryAttempt{}, false
 	}
 	window, prompt, output, promptOnly := ctxwindow.Refusal(head)
-	if window <= 0 || rb.carriesRefusal(c.out.Header) {
+	if window <= 0 || c.refusalCarried(rb) {
 		// A call whose own text reads as a refusal gets an answer like
 		// any other (see carriesRefusal): no window is remembered, and the
 		// call does not go on.
@@ -117,6 +118,23 @@ func (c *call) refused(o inferlb.Outcome, status int, next *retryAttempt) {
 	}()
 	c.reportNow(o, status, true)
 	reported = true
+}
+
+// refusalCarried is rb.carriesRefusal for this attempt's refusal. It reads
+// the call's body again, by the caller's GetBody: a panic there finishes
+// the pick on the way out, reported as when the retry's GetBody panics
+// (errTooLong, blaming no endpoint). Left in flight, the endpoint stayed
+// one call busier for good.
+func (c *call) refusalCarried(rb *reqBody) bool {
+	returned := false
+	defer func() {
+		if !returned {
+			c.fail(errTooLong, false)
+		}
+	}()
+	carried := rb.carriesRefusal(c.out.Header)
+	returned = true
+	return carried
 }
 
 // reportNow reports this attempt's outcome o (its Done, then OnResult).
