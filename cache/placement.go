@@ -130,7 +130,7 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 	ids := make(map[string]struct{}, n)
 	hashes := make([]uint64, n) // per-member hash of (seed, ID)
 	counts := make([]int, n)    // ring points per member; 0 for duplicates
-	units := 0                  // the ring's points at perWeight per unit
+	var units int64             // the ring's points at perWeight per unit (int64: up to 6.6e12)
 	for i, m := range members[:n] {
 		if _, dup := ids[m.ID]; dup {
 			continue
@@ -138,7 +138,7 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 		ids[m.ID] = struct{}{}
 		p.n++
 		counts[i] = pointsFor(m.Weight, perWeight)
-		units += counts[i]
+		units += int64(counts[i])
 		var d xxhash.Digest
 		d.ResetWithSeed(seed)
 		_, _ = d.WriteString("member\x00")
@@ -196,7 +196,7 @@ func newPlacement(members []Member, seed uint64, perWeight int) *Placement {
 	// not be a power of two times pointsPerBucket, and a ring rounded a
 	// few points under it fell below one (TestScaledRingBelowItsCapKeepsItsBuckets).
 	size := len(full)
-	if units > limit {
+	if units > int64(limit) {
 		size = limit
 	}
 	buckets := 1
@@ -239,11 +239,11 @@ func pointsFor(w float64, perWeight int) int {
 // every member's points. The products fit an int64: c is at most
 // MaxWeight x PointsPerWeight (1e8), limit at most
 // PointsPerWeight x MaxMembers (6.6 million).
-func scaledPoints(c, limit, units int) int {
-	if units <= limit {
+func scaledPoints(c, limit int, units int64) int {
+	if units <= int64(limit) {
 		return c
 	}
-	return max(1, int((int64(c)*int64(limit)+int64(units)/2)/int64(units)))
+	return max(1, int((int64(c)*int64(limit)+units/2)/units))
 }
 
 // Len returns the number of members placed.
