@@ -47,7 +47,9 @@
 // widened when fresh telemetry shows the owner has no queue and no KV cache
 // at 90% or more (none reported counts as room), and a little more when its
 // KV cache is under 30%: a bound of a
-// handful of calls is passed by chance at light load); past the
+// handful of calls is passed by chance at light load; one waiting call with
+// the KV cache under 50% counts as no queue, an arrival between two of the
+// server's steps); past the
 // bound, the next endpoints in the key's own order take it, so independent
 // callers agree without talking. The balancer remembers, in a bounded table
 // (Options.SpillMemory), which endpoints took a spill of a key; later spills

@@ -339,6 +339,39 @@ func TestRoomyOwnerKeepsItsKeysAFewCallsPastTheHardCap(t *testing.T) {
 	assert.LessOrEqual(t, hold(), int64(7))
 }
 
+// One waiting call is an arrival between two of the server's steps, not a
+// queue, while the owner's KV cache has room: it keeps its key as with no
+// queue. Two waiting, or one with the cache half full, are a queue.
+func TestOwnerWithOneArrivalWaitingKeepsItsKeys(t *testing.T) {
+	clock := testutil.NewClock()
+	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(11)})
+	const key = 78
+	home := owner(t, b, key)
+	report := func(waiting, kv float64) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.Waiting, waiting)
+		s.Set(telemetry.KVCacheUsage, kv)
+		b.Publish(home, s)
+	}
+	// 40 calls of one key over 8 endpoints: a fair share of 5 at the end,
+	// the plain bound ceil(1.25 x 5) = 7, the hard cap ceil(1.5 x 5) = 8.
+	hold := func() int64 { return ownerTakes(t, b, key, home, 40) }
+	// KV cache under 30%: the roomy band, up to 4 calls past the hard cap.
+	report(1, 0.1)
+	got := hold()
+	assert.Greater(t, got, int64(8), "one waiting call with a roomy cache is no queue")
+	assert.LessOrEqual(t, got, int64(12))
+	// Under 50%: up to the hard cap.
+	report(1, 0.4)
+	assert.Equal(t, int64(8), hold(), "one waiting call with the cache under half full is no queue")
+	// Half full: a queue, the plain bound.
+	report(1, 0.5)
+	assert.LessOrEqual(t, hold(), int64(7))
+	// Two waiting: a queue at any KV usage.
+	report(2, 0.1)
+	assert.LessOrEqual(t, hold(), int64(7))
+}
+
 func TestStickyFollowsTheKeyAfterASpill(t *testing.T) {
 	clock := testutil.NewClock()
 	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(12), StickyTTL: time.Minute})
