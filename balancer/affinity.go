@@ -451,7 +451,7 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 				weight = max(weight-v.asleep, g.weights[i])
 			}
 			if okRep && v.ok {
-				load = max(rep+float64(g.members[i].readingDelta(slot, s.Has, own, now.UnixNano())), float64(own)) + 1
+				load = max(rep+float64(g.members[i].readingDelta(slot, &s, own, now.UnixNano())), float64(own)) + 1
 				total = max(v.total, total-1) + 1
 			}
 		}

@@ -89,6 +89,10 @@ type endpoint struct {
 	// reading's (a load header carries it, and no Running): kvAt is its
 	// time, kvBase the in-flight count then (see kvDelta).
 	kvAt, kvBase atomic.Int64
+	// The same for the queue (Waiting) when it is newer than Running (a
+	// load header carries it, and no Running): waitAt is its time, waitBase
+	// the in-flight count then (see queuedSince).
+	waitAt, waitBase atomic.Int64
 	// The in-flight count before the first pick of each of the last
 	// inFlightHistory seconds with a pick, as (unix second + 1) << 32 |
 	// count: a reading that arrives long after it was measured counts the
@@ -289,7 +293,8 @@ func (e *endpoint) state(c *config, now time.Time, svc inferlb.Service, weight f
 	loadAt := int64(0) // the load reading's time; 0 without one
 	if tel.Has.Has(telemetry.Running) || tel.Has.Has(telemetry.Waiting) {
 		loadAt = readingTime(slot, tel.Has)
-		st.InFlightSinceReading = e.sinceBase(&e.readingAt, &e.readingBase, loadAt, st.InFlight, nowNs)
+		since := e.sinceBase(&e.readingAt, &e.readingBase, loadAt, st.InFlight, nowNs)
+		st.InFlightSinceReading = e.queuedSince(slot, tel, loadAt, since, st.InFlight, nowNs)
 	}
 	if tel.Has.Has(telemetry.KVCacheUsage) {
 		st.InFlightSinceKV = e.kvDelta(slot.Observed(telemetry.KVCacheUsage), loadAt, st.InFlightSinceReading, st.InFlight, nowNs)
@@ -344,8 +349,8 @@ func (e *endpoint) inFlightAfter(atNs, nowNs int64) (int64, bool) {
 
 // readingDelta returns how this process's in-flight count has changed since
 // the server's current load reading (in slot, e's) was measured, given the
-// fields of it that are fresh (fresh: Running, else Waiting, is the reading),
-// the count now (inFlight) and the time (nowNs).
+// reading's fresh fields (tel, as Slot.LoadInto cut them: Running, else
+// Waiting, is the reading), the count now (inFlight) and the time (nowNs).
 //
 // A scrape is a second or more old, and between scrapes it does not move,
 // whatever this process sends. Scored on the reading alone, the endpoint
@@ -364,8 +369,53 @@ func (e *endpoint) inFlightAfter(atNs, nowNs int64) (int64, bool) {
 // the scrape). Either way the calls picked within the reading's own second
 // are not counted, which errs towards the reading. Racing picks may both
 // store a base; either is a count from the same moment.
-func (e *endpoint) readingDelta(slot *telemetry.Slot, fresh telemetry.FieldSet, inFlight, nowNs int64) int64 {
-	return e.sinceBase(&e.readingAt, &e.readingBase, readingTime(slot, fresh), inFlight, nowNs)
+//
+// A queue newer than the running count (vLLM's load header carries the
+// queue, not Running, and comes with each response, while Running is as
+// old as the last scrape) holds some of the calls sent since the scrape
+// already: queuedSince takes them out.
+func (e *endpoint) readingDelta(slot *telemetry.Slot, tel *telemetry.Sample, inFlight, nowNs int64) int64 {
+	at := readingTime(slot, tel.Has)
+	return e.queuedSince(slot, tel, at, e.sinceBase(&e.readingAt, &e.readingBase, at, inFlight, nowNs), inFlight, nowNs)
+}
+
+// queuedSince returns the calls sent since a load reading, since (counted
+// from at, Running's time), less those of them that a newer queue reading
+// in tel (Waiting, observed after at) already counts.
+//
+// Running and Waiting of different times are added as one reading: a
+// scrape's Running (up to a poll interval old, 15 s by default) and a load
+// header's Waiting (from the last response). The calls this process sent
+// between the two that the server queued are in that Waiting; counted
+// again as sent since the scrape, a saturated server's queue counted
+// twice, and a replica scraped 14 s ago looked busier than one scraped a
+// moment ago by every call sent to it in between (and the affinity bound
+// spilled its keys). The calls sent since the queue reading are in
+// neither count, nor are those sent between the two that run; and at most
+// Waiting of those can be in the queue. So the count is the calls sent
+// since the queue reading, but at least the calls sent since the scrape
+// less Waiting, and at most those sent since the scrape. It is exact when
+// the server was saturated at the scrape already (its running count
+// stays; the calls sent since queue), and as before when nothing waits.
+// When the server filled up between the two (its running count rose to
+// its limit) it errs low, by at most the calls of this process that ran
+// in the room it had. Calls that ended between the two are counted as
+// before: a saturated server fills their places from the queue, which
+// the reading cannot tell from a server that was not.
+func (e *endpoint) queuedSince(slot *telemetry.Slot, tel *telemetry.Sample, at, since, inFlight, nowNs int64) int64 {
+	if !tel.Has.Has(telemetry.Running) || !tel.Has.Has(telemetry.Waiting) {
+		return since // at is Running's time only with both (readingTime)
+	}
+	waitAt := slot.Observed(telemetry.Waiting)
+	if waitAt <= at {
+		return since // one reading, or the queue is the older
+	}
+	sinceQueue := e.sinceBase(&e.waitAt, &e.waitBase, waitAt, inFlight, nowNs)
+	held := int64(0) // the calls the queue can hold: Waiting, whole
+	if w := tel.Values[telemetry.Waiting]; w >= 1 {
+		held = int64(min(w, telemetry.MaxRequests))
+	}
+	return min(since, max(sinceQueue, since-held))
 }
 
 // readingTime is the time (unix ns) of the load reading readingDelta
@@ -391,7 +441,9 @@ func readingTime(slot *telemetry.Slot, fresh telemetry.FieldSet) int64 {
 // already. Counted from the scrape, they moved a header's 90% with 10
 // running to a full cache. at is the usage's time, loadAt the load
 // reading's (0 without one) and sinceReading readingDelta's result, which
-// holds when the usage came with the load reading.
+// holds when the usage came with the load reading: less the calls a newer
+// queue holds (queuedSince), which hold no KV blocks either (vLLM
+// allocates a request's blocks when it schedules it).
 func (e *endpoint) kvDelta(at, loadAt, sinceReading, inFlight, nowNs int64) int64 {
 	if at == loadAt {
 		return sinceReading

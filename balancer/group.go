@@ -453,7 +453,7 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 			pending = pending || firstReadingDue(c, e, nowNs)
 			continue
 		}
-		v.total += max(l+float64(e.readingDelta(slot, s.Has, own, nowNs)), float64(own))
+		v.total += max(l+float64(e.readingDelta(slot, &s, own, nowNs)), float64(own))
 	}
 	if unWeight > 0 {
 		// Some members have no reading (see fleetView).
