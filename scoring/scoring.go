@@ -107,7 +107,13 @@ type State struct {
 	// count yet. For a reading that arrived within a couple of seconds of
 	// its measurement it counts from when a pick first saw it; for a later
 	// one (read from Prometheus) from the balancer's per-second history of
-	// InFlight at the reading's time. 0 without such a reading.
+	// InFlight at the reading's time. 0 without such a reading. A Waiting
+	// newer than the Running (a load header's queue beside a scrape's
+	// running count) already holds the calls sent between the two that
+	// the server queued, so the count is at least the calls sent since the
+	// Waiting and at least those since the Running less Waiting, but no
+	// more than those since the Running, so a queued call is not counted
+	// twice.
 	InFlightSinceReading int64
 	// InFlightSinceKV is the same count since the KV-cache usage in
 	// Telemetry was measured, which may be later than the load reading:
