@@ -307,20 +307,28 @@ func TestUnqueuedOwnerKeepsItsKeysUpToTheHardCap(t *testing.T) {
 	}
 }
 
-func TestRoomyOwnerKeepsItsKeysAFewCallsPastTheHardCap(t *testing.T) {
-	clock := testutil.NewClock()
+// oneKeysOwner sets up 8 endpoints and the owner of one key: report
+// publishes the owner's queue and KV-cache usage, and hold sends 40 calls
+// of the key and returns how many the owner took (a fair share of 5 at the
+// end, the plain bound ceil(1.25 x 5) = 7, the hard cap ceil(1.5 x 5) = 8).
+func oneKeysOwner(t *testing.T) (clock *testutil.Clock, report func(waiting, kv float64), hold func() int64) {
+	t.Helper()
+	clock = testutil.NewClock()
 	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(11)})
 	const key = 78
 	home := owner(t, b, key)
-	report := func(waiting, kv float64) {
+	report = func(waiting, kv float64) {
 		s := telemetry.Sample{Time: clock.Now()}
 		s.Set(telemetry.Waiting, waiting)
 		s.Set(telemetry.KVCacheUsage, kv)
 		b.Publish(home, s)
 	}
-	// 40 calls of one key over 8 endpoints: a fair share of 5 at the end,
-	// the plain bound ceil(1.25 x 5) = 7, the hard cap ceil(1.5 x 5) = 8.
-	hold := func() int64 { return ownerTakes(t, b, key, home, 40) }
+	hold = func() int64 { return ownerTakes(t, b, key, home, 40) }
+	return clock, report, hold
+}
+
+func TestRoomyOwnerKeepsItsKeysAFewCallsPastTheHardCap(t *testing.T) {
+	clock, report, hold := oneKeysOwner(t)
 	// No queue and a KV cache under 30%: far from saturation, the owner
 	// keeps the key up to 4 calls past the hard cap, and no further.
 	report(0, 0.1)
@@ -343,19 +351,7 @@ func TestRoomyOwnerKeepsItsKeysAFewCallsPastTheHardCap(t *testing.T) {
 // queue, while the owner's KV cache has room: it keeps its key as with no
 // queue. Two waiting, or one with the cache half full, are a queue.
 func TestOwnerWithOneArrivalWaitingKeepsItsKeys(t *testing.T) {
-	clock := testutil.NewClock()
-	b := affine(t, 8, balancer.Options{Clock: clock, Rand: testutil.NewRand(11)})
-	const key = 78
-	home := owner(t, b, key)
-	report := func(waiting, kv float64) {
-		s := telemetry.Sample{Time: clock.Now()}
-		s.Set(telemetry.Waiting, waiting)
-		s.Set(telemetry.KVCacheUsage, kv)
-		b.Publish(home, s)
-	}
-	// 40 calls of one key over 8 endpoints: a fair share of 5 at the end,
-	// the plain bound ceil(1.25 x 5) = 7, the hard cap ceil(1.5 x 5) = 8.
-	hold := func() int64 { return ownerTakes(t, b, key, home, 40) }
+	_, report, hold := oneKeysOwner(t)
 	// KV cache under 30%: the roomy band, up to 4 calls past the hard cap.
 	report(1, 0.1)
 	got := hold()
