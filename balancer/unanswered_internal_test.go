@@ -49,12 +49,12 @@ func TestUnansweredWaitRaisesLatencyOnly(t *testing.T) {
 	const svc = inferlb.ServiceEmbedding
 
 	call(t, b, clock, svc, 50*time.Millisecond, abandoned)
-	seen, ewma := seenLatency(t, b, svc)
+	_, ewma := seenLatency(t, b, svc)
 	assert.Zero(t, ewma, "no latency yet: the scorer's prior prices the endpoint, not the wait")
 
 	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{})
 	call(t, b, clock, svc, 50*time.Millisecond, abandoned)
-	seen, ewma = seenLatency(t, b, svc)
+	seen, ewma := seenLatency(t, b, svc)
 	assert.Equal(t, 200*time.Millisecond, ewma, "a wait shorter than the latency says nothing")
 	assert.Greater(t, seen, 190*time.Millisecond)
 
