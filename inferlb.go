@@ -197,10 +197,14 @@ type Outcome struct {
 	// latency) the balancer reads such a call's wait, pick to cancel, as a
 	// lower bound on the endpoint's latency for that service: when the
 	// wait is longer than the latency the scorer would see, it raises it
-	// to the wait (never lowers it). For other services it changes
-	// nothing: a non-streamed generation sends nothing until it is done,
-	// so a user who stops a long one says nothing about the replica, and
-	// the LLM scorer routes on load, not latency.
+	// to the wait (never lowers it). A generation's wait is no latency:
+	// a non-streamed one sends nothing until it is done, so a user who
+	// stops a long one says little about the replica. But a wait at least
+	// as long as the replica's generation answers take counts towards a
+	// run of such calls that its next answer or failure ends; the LLM
+	// scorer prices two or more in a row while calls are out to it (a
+	// hung engine behind a live API server: see scoring.State.Abandoned).
+	// For unclassified calls it changes nothing.
 	Unanswered bool
 	// Overloaded marks an explicit "too busy" answer (HTTP 429, or 503
 	// with Retry-After; gRPC RESOURCE_EXHAUSTED, or a stream the server

@@ -27,8 +27,14 @@
 // endpoint whose callers give up on its calls is not priced at its last
 // answer again once they are all abandoned; while calls are out, a wait
 // with none answered longer than the latency prices it too
-// (scoring.State.Pending). Generation calls are left out: a non-streamed
-// one sends nothing until it is done, and users stop long ones.
+// (scoring.State.Pending). A generation call's wait is no latency (a
+// non-streamed one sends nothing until it is done, and users stop long
+// ones), but one given up on with nothing back after waiting as long as
+// the endpoint's generation answers take counts towards a run that its
+// next answer or failure ends (scoring.State.Abandoned): a replica whose
+// engine hangs behind a live API server (its /metrics frozen but fresh)
+// runs it up, and the LLM scorer prices two or more in a row while calls
+// are out to it, so it takes one call at a time until one is answered.
 //
 // Adapters that share one Balancer each take a Membership: their own
 // endpoint set, readiness and snapshot over the one shared state per ID.
@@ -1626,8 +1632,12 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	if !o.Canceled() {
 		// An answer or a failure: a call the caller gave up on says
 		// nothing about how long the others have been out (see
-		// endpoint.pending).
+		// endpoint.pending). It ends a run of generation calls
+		// abandoned with nothing back (noteAbandoned): e answers.
 		e.lastDone.Store(nowNs)
+		if e.abandoned.Load() != 0 {
+			e.abandoned.Store(0)
+		}
 	}
 	e.inFlight.Add(-1)
 	if atomic.LoadUint32(&p.flags)&pickCounted != 0 {
@@ -1651,6 +1661,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		if o.Unanswered {
 			e.unanswered.Add(1)
 			e.observeUnanswered(b.cfg, nowNs, svc, latency)
+			e.noteAbandoned(svc, latency)
 		}
 		e.observe(b.cfg, nowNs, svc, 0, o.TTFT, 0, false, false)
 		b.report(e, p.gen, errExcluded, nowNs)

@@ -39,6 +39,7 @@ type endpoint struct {
 	inFlightTokens atomic.Int64
 	busySince      atomic.Int64                     // unix ns of the last pick that took inFlight from 0 to 1 (see pending)
 	lastDone       atomic.Int64                     // unix ns of the last Done that was not a cancellation (see pending)
+	abandoned      atomic.Int64                     // generation calls given up on with nothing back since then (see noteAbandoned)
 	histSec        atomic.Uint32                    // unix second + 1 of the last entry in hist (see recordInFlight)
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
 	slot           atomic.Pointer[telemetry.Slot]   // held in the Store; nil while the Store is full (see reconcile)
@@ -286,6 +287,7 @@ func (e *endpoint) state(c *config, now time.Time, svc inferlb.Service, weight f
 	st.TTFTEWMA = time.Duration(e.ttftEWMA.Load())
 	st.ErrorRate = e.errorRate(c, nowNs)
 	st.Pending = e.pending(st.InFlight, nowNs)
+	st.Abandoned = e.abandoned.Load()
 	slot := e.slot.Load()
 	slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
 	st.InFlightSinceReading, st.InFlightSinceKV = 0, 0 // st may hold another candidate's
@@ -662,6 +664,29 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 		if from <= at || lat.at.CompareAndSwap(at, from) {
 			return
 		}
+	}
+}
+
+// noteAbandoned counts a generation call its caller gave up on with
+// nothing back from e (Outcome.Unanswered) after wait, when the wait was
+// at least the peak-EWMA of e's generation answers: the count since e
+// last answered or failed a call is
+// scoring.State.Abandoned, which the LLM scorer prices. A vLLM replica
+// whose engine hangs (an NCCL deadlock, a stuck kernel) while its API
+// server stays up answers nothing and keeps reading fresh, frozen
+// gauges; its callers giving up (context.Canceled) fed no signal, and it
+// kept drawing about half its share of calls, each to hang until its
+// caller gave up (TestHungLLMReplicaStopsDrawingCalls). A wait shorter
+// than e's answers take says nothing (a user's early stop), nor does any
+// before e has answered one (a fresh replica's first calls may all be
+// long generations), and a user stopping a stream after its tokens began
+// is not Unanswered.
+func (e *endpoint) noteAbandoned(svc inferlb.Service, wait time.Duration) {
+	if svc != inferlb.ServiceLLM || wait <= 0 {
+		return
+	}
+	if ewma := e.lat[svcIndex(svc)].ewma.Load(); ewma > 0 && int64(wait) >= ewma {
+		e.abandoned.Add(1)
 	}
 }
 

@@ -2,10 +2,12 @@ package balancer_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb"
@@ -23,8 +25,14 @@ type hungRun struct {
 	// call returns a healthy call's length and, for a stream, its time to
 	// first token (0: not streamed); nil: 1-15 s, half of them streamed
 	// with a first token after 0.2-1 s.
-	call func(r *rand.Rand) (length, ttft time.Duration)
+	call  func(r *rand.Rand) (length, ttft time.Duration)
 	every func(r *rand.Rand) time.Duration // gap between calls; nil: 50-200 ms
+	// cancel, when set, says when (after its start) a healthy call's
+	// caller gives up on it (0 or past its length: never) and whether
+	// with nothing back.
+	cancel    func(r *rand.Rand, addr string, length, ttft time.Duration) (time.Duration, bool)
+	recoverAt time.Duration // when a:80's engine is back: calls sent from then are answered
+	count     time.Duration // when after counts from (default hangAt)
 }
 
 // hungEndpoints are runHungLLM's four replicas; a:80 is the one that hangs.
@@ -62,11 +70,13 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 		}
 	}
 	type call1 struct {
-		p        balancer.Pick
-		start    time.Time
-		end      time.Time
-		ttft     time.Duration
-		giveUpAt time.Time // when its caller gives up on it
+		p          balancer.Pick
+		start      time.Time
+		end        time.Time
+		ttft       time.Duration
+		giveUpAt   time.Time // when its caller gives up on it
+		hung       bool      // on a:80, and its answer was due while a:80 hung
+		unanswered bool      // a healthy call given up on at giveUpAt with nothing back
 	}
 	var out []call1
 	after, all = map[string]int{}, map[string]int{}
@@ -75,7 +85,11 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 		hangAt = run.hangAt
 	}
 	epoch := clock.Now()
-	hung := func(now time.Time) bool { return now.Sub(epoch) >= hangAt }
+	recoverAt := time.Duration(1<<63 - 1)
+	if run.recoverAt > 0 {
+		recoverAt = run.recoverAt
+	}
+	hung := func(now time.Time) bool { el := now.Sub(epoch); return el >= hangAt && el < recoverAt }
 	frozen := map[string]telemetry.Sample{}
 	inFlight := func(addr string) int {
 		n := 0
@@ -89,6 +103,9 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 	publish := func(now time.Time) {
 		for _, ep := range hungEndpoints {
 			s := telemetry.Sample{Time: now}
+			if !hung(now) {
+				delete(frozen, ep.Addr) // restarted: its gauges move again
+			}
 			if f, ok := frozen[ep.Addr]; ok {
 				s.Has, s.Values = f.Has, f.Values
 			} else {
@@ -110,12 +127,12 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 		// replica hung before their answer.
 		k := 0
 		for _, c := range out {
-			addr := c.p.Endpoint().Addr
-			stuck := addr == "a:80" && c.end.Sub(epoch) >= hangAt
 			switch {
-			case stuck && !c.giveUpAt.After(now):
+			case c.hung && !c.giveUpAt.After(now):
 				c.p.Done(inferlb.Outcome{Err: run.giveUp, Unanswered: c.ttft == 0})
-			case !stuck && !c.end.After(now):
+			case !c.hung && !c.giveUpAt.IsZero() && !c.giveUpAt.After(now):
+				c.p.Done(inferlb.Outcome{Err: context.Canceled, Unanswered: c.unanswered})
+			case !c.hung && !c.end.After(now):
 				c.p.Done(inferlb.Outcome{TTFT: c.ttft})
 			default:
 				out[k] = c
@@ -133,8 +150,15 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 		require.NoError(t, err)
 		addr := p.Endpoint().Addr
 		all[addr]++
-		if el := now.Sub(epoch); el >= max(run.hangAt, 0) && el < max(run.hangAt, 0)+time.Minute {
+		from := run.hangAt
+		if run.count > 0 {
+			from = run.count
+		}
+		if el := now.Sub(epoch); el >= from && el < from+time.Minute {
 			after[addr]++
+			if addr == "a:80" {
+				after[fmt.Sprint("t", int((el-from)/(10*time.Second)))]++
+			}
 		}
 		wait := 5*time.Second + time.Duration(r.Int64N(int64(25*time.Second)))
 		giveUp := now.Add(wait)
@@ -143,7 +167,17 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 			// less: it gives up soon after.
 			giveUp = h.Add(wait / 6)
 		}
-		out = append(out, call1{p: p, start: now, end: now.Add(length), ttft: ttft, giveUpAt: giveUp})
+		c := call1{p: p, start: now, end: now.Add(length), ttft: ttft}
+		// Due while a:80 hangs, or picked while it hung (the engine's
+		// restart loses it): no answer comes.
+		if addr == "a:80" && (hung(now) || hung(c.end) || now.Sub(epoch) < hangAt && c.end.Sub(epoch) >= recoverAt) {
+			c.hung, c.giveUpAt = true, giveUp
+		} else if run.cancel != nil {
+			if at, unanswered := run.cancel(r, addr, length, ttft); at > 0 && at < length {
+				c.giveUpAt, c.unanswered = now.Add(at), unanswered
+			}
+		}
+		out = append(out, c)
 		clock.Advance(every(r))
 	}
 	for _, c := range out {
@@ -152,22 +186,100 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 	return after, all
 }
 
-func TestHungLLMReplicaMeasure(t *testing.T) {
+// share formats a run's draws with a:80's share of them.
+func share(m map[string]int) string {
+	total := m["a:80"] + m["b:80"] + m["c:80"] + m["d:80"]
+	return fmt.Sprintf("%v: a:80 %d of %d (%.2f of its share)", m, m["a:80"], total, float64(m["a:80"])*4/float64(total))
+}
+
+// A vLLM replica whose engine hangs while its API server stays up answers
+// nothing, its /metrics frozen but fresh. Over 60 s from the hang it drew
+// 62 calls of 480 (about half its share of 120) when nothing reported its
+// load and its callers gave up on their calls after 5-30 s
+// (context.Canceled: neither success nor failure), and 63 with its frozen
+// gauges: its calls out held it at its peers' load. Callers whose
+// deadline passes fail their calls, and the breaker stops it at 6. Its
+// calls abandoned with nothing back, after waiting as long as its
+// answers took, now price it up while it has calls out: 17 calls (12 of
+// them before two such abandons), 6 with telemetry.
+func TestHungLLMReplicaStopsDrawingCalls(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		run  hungRun
+		most int
 	}{
-		{"no telemetry, callers cancel", hungRun{giveUp: context.Canceled}},
-		{"frozen telemetry, callers cancel", hungRun{telemetry: true, giveUp: context.Canceled}},
-		{"frozen telemetry, callers time out", hungRun{telemetry: true, giveUp: context.DeadlineExceeded}},
-		{"no telemetry, callers time out", hungRun{giveUp: context.DeadlineExceeded}},
+		{"no telemetry, callers cancel", hungRun{giveUp: context.Canceled}, 20},
+		{"frozen telemetry, callers cancel", hungRun{telemetry: true, giveUp: context.Canceled}, 10},
+		{"frozen telemetry, callers time out", hungRun{telemetry: true, giveUp: context.DeadlineExceeded}, 10},
+		{"no telemetry, callers time out", hungRun{giveUp: context.DeadlineExceeded}, 10},
 	} {
-		tc.run.hangAt, tc.run.seconds = 60*time.Second, 130
-		after, _ := runHungLLM(t, tc.run)
-		total := 0
-		for _, n := range after {
-			total += n
-		}
-		t.Logf("%s: %v: a:80 %d of %d (%.2f of its share)", tc.name, after, after["a:80"], total, float64(after["a:80"])*4/float64(total))
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run.hangAt, tc.run.seconds = 60*time.Second, 130
+			after, _ := runHungLLM(t, tc.run)
+			t.Log(share(after))
+			assert.LessOrEqual(t, after["a:80"], tc.most, "calls the hung replica drew in 60 s: %s", share(after))
+		})
 	}
+}
+
+// A replica whose engine is restarted 30 s after it hung (its calls of
+// then lost) draws its share again: with nothing in flight it is priced
+// as before, so it draws a call, and that call's answer ends the run of
+// abandoned ones.
+func TestHungLLMReplicaRecovers(t *testing.T) {
+	after, _ := runHungLLM(t, hungRun{giveUp: context.Canceled, hangAt: 60 * time.Second, recoverAt: 660 * time.Second, count: 720 * time.Second, seconds: 780})
+	t.Log(share(after))
+	total := after["a:80"] + after["b:80"] + after["c:80"] + after["d:80"]
+	assert.Greater(t, after["a:80"], total/4*9/10, "calls the recovered replica drew in 60 s from 60 s after its restart: %s", share(after))
+}
+
+// cancelledBoth runs run with its cancel marking the given-up calls
+// Unanswered and not, and checks that every replica drew the same calls:
+// the abandons the run holds are no evidence of a hang.
+func cancelledBoth(t *testing.T, run hungRun, cancel func(r *rand.Rand, addr string, length, ttft time.Duration) time.Duration) {
+	t.Helper()
+	var draws [2]map[string]int
+	for i, unanswered := range []bool{false, true} {
+		run.cancel = func(r *rand.Rand, addr string, length, ttft time.Duration) (time.Duration, bool) {
+			return cancel(r, addr, length, ttft), unanswered
+		}
+		_, draws[i] = runHungLLM(t, run)
+	}
+	t.Log(share(draws[1]))
+	assert.Equal(t, draws[0], draws[1], "draws with the cancels unanswered, against answered")
+}
+
+// A quiet fleet of healthy replicas, each serving a few non-streamed
+// generations of 2-5 minutes (nothing back until each is done), whose
+// users give up on a third of them after 30-120 s: a long wait with
+// nothing back is no hang when the replica's answers take longer, and
+// every replica draws what it drew with those calls not marked
+// unanswered.
+func TestLongGenerationsInAQuietFleetKeepTheirShare(t *testing.T) {
+	cancelledBoth(t, hungRun{seconds: 3600,
+		every: func(r *rand.Rand) time.Duration {
+			return 10*time.Second + time.Duration(r.Int64N(int64(30*time.Second)))
+		},
+		call: func(r *rand.Rand) (time.Duration, time.Duration) {
+			return 2*time.Minute + time.Duration(r.Int64N(int64(3*time.Minute))), 0
+		}}, func(r *rand.Rand, _ string, _, _ time.Duration) time.Duration {
+		if r.IntN(3) == 0 {
+			return 30*time.Second + time.Duration(r.Int64N(int64(90*time.Second)))
+		}
+		return 0
+	})
+}
+
+// A healthy replica in a busy fleet a third of whose non-streamed calls
+// their users give up on after 0.5-5.5 s, with nothing back: its answers
+// end each run of them, and it draws what it drew with those calls not
+// marked unanswered (a tenth over its share: the abandoned calls are out
+// the shorter).
+func TestEarlyLLMCancelsLeaveAHealthyReplicasShare(t *testing.T) {
+	cancelledBoth(t, hungRun{seconds: 300}, func(r *rand.Rand, addr string, _, ttft time.Duration) time.Duration {
+		if addr == "a:80" && ttft == 0 && r.IntN(3) == 0 {
+			return 500*time.Millisecond + time.Duration(r.Int64N(int64(5*time.Second)))
+		}
+		return 0
+	})
 }

@@ -8,11 +8,18 @@ import (
 // LLM scores generation endpoints on reliability and current load. The zero
 // value uses the documented defaults.
 //
-// cost = (load + 1) / weight x reliability x kvPressure x memPressure x utilPressure x loraFactor x sleep, where
+// cost = (load + 1) / weight x reliability x silence x kvPressure x memPressure x utilPressure x loraFactor x sleep, where
 //
 //	load        = max(in-flight here, running + QueueWeight x waiting on the server + sent since)
 //	              + in-flight tokens / TokenUnit
 //	reliability = 1 + ErrorPenalty x error rate / (1 - error rate)
+//	silence     = 1 + State.Abandoned while calls are out to it and two or more
+//	              calls in a row were given up on with nothing back, each after
+//	              waiting as long as its answers take, with no answer between
+//	              (a hung engine behind a live API server), else 1. With nothing
+//	              in flight it is 1, so a replica that recovers draws a call,
+//	              and its answer ends the run; until then it takes one call at
+//	              a time
 //	kvPressure  = min(Pressure(KV-cache usage + sent since it x usage / running, in 0..1, KVKnee, Steepness), MaxKVPressure)
 //	memPressure = Pressure(GPU memory used/total, MemoryKnee, MemorySteepness), for a server
 //	              that reports no KV-cache usage and is not marked as pre-allocating
@@ -136,6 +143,17 @@ func projectKV(kv float64, tel *telemetry.Sample, delta int64) float64 {
 	return min(max(kv+float64(delta)*kv/r, 0), 1)
 }
 
+// minAbandoned is the run of generation calls abandoned with nothing back
+// (State.Abandoned) from which LLM prices an endpoint up: one is a user's
+// stop; two in a row, each as long as the endpoint's answers take and no
+// answer between, a replica that answers nothing. A hung vLLM engine
+// behind a live API server reads as healthy otherwise: its /metrics
+// answers with frozen gauges, so its telemetry stays fresh, and its
+// callers' cancellations are neither success nor failure. Its calls out
+// then held it at its peers' load, and it drew about half its share of
+// calls, each to hang until its caller gave up.
+const minAbandoned = 2
+
 // asleepFactor is LLM's price of a server that sleeps (telemetry.Asleep):
 // above any load an awake server reports, so an awake one always wins.
 const asleepFactor = 1e6
@@ -171,6 +189,9 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 	// Counters below zero would make the busier endpoint the cheaper one.
 	cost := (max(load, 0) + 1) / s.weight()
 	cost = reliability(cost, l.ErrorPenalty, s.ErrorRate)
+	if s.Abandoned >= minAbandoned && s.InFlight > 0 {
+		cost *= 1 + float64(s.Abandoned)
+	}
 	if tel.Has == 0 {
 		return cost // no fresh telemetry: every other factor is 1
 	}

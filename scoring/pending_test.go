@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/scoring"
 )
@@ -26,4 +27,23 @@ func TestLatencyPricesAWaitWithCallsOut(t *testing.T) {
 	assert.InDelta(t, 5*3, l.Cost(nil, st), 1e-9, "5 s waited x 3")
 	st.InFlight = 1
 	assert.Less(t, l.Cost(nil, st), 1.0, "one call out: its wait is left to the EWMA")
+}
+
+// Generation calls given up on with nothing back, two or more in a row
+// with no answer between (State.Abandoned), price an endpoint up by one
+// for each while calls are out to it; one is a user's stop, and with
+// nothing out the endpoint costs what it did, so a replica that recovered
+// draws the call whose answer ends the run.
+func TestLLMPricesARunOfAbandonedCalls(t *testing.T) {
+	var l scoring.LLM
+	st := scoring.State{Now: testutil.Epoch, Weight: 1, InFlight: 3}
+	base := l.Cost(&inferlb.Request{Service: inferlb.ServiceLLM}, st)
+	st.Abandoned = 1
+	assert.Equal(t, base, l.Cost(&inferlb.Request{Service: inferlb.ServiceLLM}, st), "one abandoned call: a user's stop")
+	st.Abandoned = 5
+	assert.InDelta(t, base*6, l.Cost(&inferlb.Request{Service: inferlb.ServiceLLM}, st), 1e-9, "five in a row")
+	st.InFlight = 0
+	idle := l.Cost(&inferlb.Request{Service: inferlb.ServiceLLM}, st)
+	st.Abandoned = 0
+	assert.Equal(t, l.Cost(&inferlb.Request{Service: inferlb.ServiceLLM}, st), idle, "nothing out: priced as before")
 }

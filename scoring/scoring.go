@@ -11,7 +11,9 @@
 //     memory pressure for servers that neither report KV-cache usage nor
 //     pre-allocate a KV cache (telemetry.KVCachePreallocated), and for
 //     a LoRA adapter's call the server's adapter slots; a server that
-//     sleeps, telemetry.Asleep, costs a millionfold), not on
+//     sleeps, telemetry.Asleep, costs a millionfold; one whose callers
+//     gave up on two or more calls in a row with nothing back costs more
+//     with each, State.Abandoned), not on
 //     completion latency, which mostly measures prompt and output length.
 //   - Embeddings and rerankers are short and uniform, so recent latency is a
 //     good signal: peak-EWMA latency x (in-flight + 1), as in Finagle and
@@ -96,6 +98,16 @@ type State struct {
 	// between the two. 0 with nothing in flight. An EWMA fed by finished
 	// calls cannot see an endpoint whose calls hang; this can.
 	Pending time.Duration
+	// Abandoned is how many generation calls to the endpoint, since it
+	// last answered or failed one of this process's calls of any kind,
+	// their callers gave up on with nothing back (inferlb.Outcome.
+	// Unanswered) after waiting at least as long as its generation
+	// answers take (their latency's peak-EWMA; none counts before it
+	// has answered one). A replica whose engine hangs while its server stays
+	// up runs it up call by call; a healthy one ends it with its next
+	// answer. A user stopping a stream after its first token does not
+	// count, nor does one giving up sooner than the endpoint answers.
+	Abandoned int64
 	// TTFTEWMA is the EWMA of time to first token of streamed calls (0 = none).
 	TTFTEWMA time.Duration
 	// ErrorRate is the EWMA of failures over recent outcomes, 0..1, already
