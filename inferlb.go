@@ -182,7 +182,10 @@ type Outcome struct {
 	Err error
 	// Unanswered says a cancelled call (Canceled) was given up on by its
 	// caller while the endpoint had sent nothing back: over HTTP before
-	// the response headers arrived, over gRPC with nothing received
+	// the response headers arrived, or for a stream (server-sent events),
+	// in a Read that waited for its first token (a server sends a
+	// stream's headers at once, before any token, also when its engine
+	// hangs); over gRPC with nothing received
 	// (balancer.DoneInfo.BytesReceived false). The adapters set it only
 	// when the caller's own context (or an http.Request's Cancel channel)
 	// ended the call, never for the ends they report as canceled to blame

@@ -129,7 +129,12 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 		for _, c := range out {
 			switch {
 			case c.hung && !c.giveUpAt.After(now):
-				c.p.Done(inferlb.Outcome{Err: run.giveUp, Unanswered: c.ttft == 0})
+				// Nothing back: a non-streamed call, or a stream whose first
+				// token had not come before the hang (its headers had: the
+				// HTTP transport reports it Unanswered, as its reader waited
+				// for the token).
+				nothing := c.ttft == 0 || c.start.Add(c.ttft).Sub(epoch) >= hangAt
+				c.p.Done(inferlb.Outcome{Err: run.giveUp, Unanswered: nothing})
 			case !c.hung && !c.giveUpAt.IsZero() && !c.giveUpAt.After(now):
 				c.p.Done(inferlb.Outcome{Err: context.Canceled, Unanswered: c.unanswered})
 			case !c.hung && !c.end.After(now):
@@ -192,6 +197,11 @@ func share(m map[string]int) string {
 	return fmt.Sprintf("%v: a:80 %d of %d (%.2f of its share)", m, m["a:80"], total, float64(m["a:80"])*4/float64(total))
 }
 
+// streamsOnly is a healthy stream of 1-15 s, its first token after 0.2-1 s.
+func streamsOnly(r *rand.Rand) (time.Duration, time.Duration) {
+	return time.Second + time.Duration(r.Int64N(int64(14*time.Second))), 200*time.Millisecond + time.Duration(r.Int64N(int64(800*time.Millisecond)))
+}
+
 // A vLLM replica whose engine hangs while its API server stays up answers
 // nothing, its /metrics frozen but fresh. Over 60 s from the hang it drew
 // 62 calls of 480 (about half its share of 120) when nothing reported its
@@ -201,7 +211,13 @@ func share(m map[string]int) string {
 // deadline passes fail their calls, and the breaker stops it at 6. Its
 // calls abandoned with nothing back, after waiting as long as its
 // answers took, now price it up while it has calls out: 17 calls (12 of
-// them before two such abandons), 6 with telemetry.
+// them before two such abandons), 6 with telemetry. A fleet of streams
+// alone drew 67 and 61: its streams' headers came at once, and a stream
+// given up on after them counted as answered; one given up on in a Read
+// that waited for its first token is unanswered now, and it draws 30 and
+// 26: the streams out at the hang had their first tokens, so the run
+// starts with the streams sent after it, whose callers wait as long as
+// its answers took (12 s or so) only 10-20 s into the hang.
 func TestHungLLMReplicaStopsDrawingCalls(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -212,6 +228,8 @@ func TestHungLLMReplicaStopsDrawingCalls(t *testing.T) {
 		{"frozen telemetry, callers cancel", hungRun{telemetry: true, giveUp: context.Canceled}, 10},
 		{"frozen telemetry, callers time out", hungRun{telemetry: true, giveUp: context.DeadlineExceeded}, 10},
 		{"no telemetry, callers time out", hungRun{giveUp: context.DeadlineExceeded}, 10},
+		{"streams, no telemetry, callers cancel", hungRun{giveUp: context.Canceled, call: streamsOnly}, 35},
+		{"streams, frozen telemetry, callers cancel", hungRun{telemetry: true, giveUp: context.Canceled, call: streamsOnly}, 35},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run.hangAt, tc.run.seconds = 60*time.Second, 130

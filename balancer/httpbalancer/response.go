@@ -268,6 +268,23 @@ func (c *sseState) readerLate(startNs int64) bool {
 	return pace.ReaderLate(c.enteredNs-c.fromNs, first-c.enteredNs, first-startNs)
 }
 
+// awaitedFirst reports whether a stream that has had no token yet ended
+// in a Read that began at enteredNs (0: not measured) and waited for its
+// first token: the reader was not away for the time the stream has been
+// out (pace.ReaderLate, as if the token came now), or the Read waited long
+// enough to see it come. A stream whose reader gave up so has had nothing
+// of its answer (inferlb.Outcome.Unanswered): vLLM sends a stream's
+// headers at once, before its first token, also when its engine hangs.
+// startNs is when the attempt began. Called from Read, which alone writes
+// fromNs before the first token.
+func (c *sseState) awaitedFirst(startNs, enteredNs int64, clock balancer.Clock) bool {
+	if !c.counting || enteredNs == 0 || c.events.Load() != 0 {
+		return false
+	}
+	now := clock.Now().UnixNano()
+	return !pace.ReaderLate(enteredNs-c.fromNs, now-enteredNs, now-startNs)
+}
+
 // newCall allocates the state of one call. When size > 0 (the peek of a
 // body of known length needs size bytes), a buffer of at least that many
 // bytes shares the allocation if one of the sizes below fits: one object
@@ -558,6 +575,7 @@ const (
 	endFailed                  // the status is the endpoint's failure (StatusError)
 	endNotServed               // the endpoint does not serve the call's model (see notServed)
 	endClientError             // the status says the call was bad or not allowed (see clientError)
+	endAwaited                 // the caller gave up in a Read that waited for a stream's first token (see awaitedFirst)
 )
 
 // clientError reports whether an HTTP status says the call was bad or not
@@ -625,6 +643,9 @@ func (c *call) Read(p []byte) (int, error) {
 			// cause, when the caller gave one: WithCancelCause): no
 			// endpoint broke, and callers compare it with ==
 			// (httputil.ReverseProxy tells a client gone by it).
+			if s != nil && s.awaitedFirst(c.start, entered, c.t.cfg.clock) {
+				c.ends.Or(endAwaited)
+			}
 			c.finish(err)
 		default:
 			c.finish(err)
@@ -1474,6 +1495,9 @@ func (c *call) finish(err error) {
 			if errors.Is(ce, context.DeadlineExceeded) && (c.sse == nil || c.sse.events.Load() > 0) {
 				o.Err = ErrDeadlineMidStream
 			}
+			// A stream its reader gave up on while waiting for its first
+			// token had nothing of its answer, whatever its headers said.
+			o.Unanswered = c.ends.Load()&endAwaited != 0 && (ce == context.Canceled || ce == errLegacyCanceled)
 		}
 	}
 	if c.sse != nil && o.Err == nil && !o.Overloaded {

@@ -7,12 +7,15 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // unansweredTransport is a Transport over one endpoint whose Base is base,
@@ -73,19 +76,29 @@ func TestCancelBeforeHeadersIsUnanswered(t *testing.T) {
 // Request.Cancel is closed.
 var errNetHTTPCanceled = errors.New("net/http: request canceled")
 
-// A cancel after the response headers (a user stopping an answer it was
-// reading, JSON or a stream) is not Unanswered: the endpoint answered.
+// A cancel after the response headers of a JSON answer, or after a
+// stream's first token (a user stopping an answer it was reading), is not
+// Unanswered: the endpoint answered. (A stream cancelled before its first
+// token: TestStreamCancelledBeforeItsFirstTokenIsUnanswered.)
 func TestCancelMidBodyIsAnswered(t *testing.T) {
 	for _, ct := range []string{"application/json", "text/event-stream"} {
 		tr, res := unansweredTransport(t, 0, func(r *http.Request) (*http.Response, error) {
 			h := http.Header{"Content-Type": {ct}}
-			return &http.Response{StatusCode: http.StatusOK, Header: h, Body: &silentBody{ctx: r.Context()}, ContentLength: -1, Request: r}, nil
+			body := &silentBody{ctx: r.Context()}
+			if ct == "text/event-stream" {
+				body.first = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"
+			}
+			return &http.Response{StatusCode: http.StatusOK, Header: h, Body: body, ContentLength: -1, Request: r}, nil
 		})
 		ctx, cancel := context.WithCancel(context.Background())
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, ct != "application/json")))
 		require.NoError(t, err)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
+		if ct == "text/event-stream" {
+			_, err = resp.Body.Read(make([]byte, 256)) // the first token
+			require.NoError(t, err)
+		}
 		cancel()
 		_, err = io.ReadAll(resp.Body)
 		require.ErrorIs(t, err, context.Canceled)
@@ -96,10 +109,19 @@ func TestCancelMidBodyIsAnswered(t *testing.T) {
 	}
 }
 
-// silentBody is a response body that sends nothing until its context ends.
-type silentBody struct{ ctx context.Context }
+// silentBody is a response body that sends first, then nothing until its
+// context ends.
+type silentBody struct {
+	ctx   context.Context
+	first string
+}
 
-func (b *silentBody) Read([]byte) (int, error) {
+func (b *silentBody) Read(p []byte) (int, error) {
+	if b.first != "" {
+		n := copy(p, b.first)
+		b.first = b.first[n:]
+		return n, nil
+	}
 	<-b.ctx.Done()
 	return 0, b.ctx.Err()
 }
@@ -215,6 +237,80 @@ func TestRefusalWhoseRetryPanicsIsNotUnanswered(t *testing.T) {
 			assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
 			assert.False(t, r.Outcome.Unanswered, "the endpoint answered")
 			assert.Zero(t, totalInFlight(tr.Balancer()))
+		})
+	}
+}
+
+// hangingStream is a stream body that sends chunks, then blocks its next
+// Read for wait (on clock) until the caller gives up (cancel): a replica
+// whose engine hung after its API server sent the headers.
+type hangingStream struct {
+	clock  *testutil.Clock
+	chunks []string
+	wait   time.Duration
+	cancel context.CancelFunc
+	ctx    context.Context
+}
+
+func (s *hangingStream) Read(p []byte) (int, error) {
+	if len(s.chunks) > 0 {
+		n := copy(p, s.chunks[0])
+		s.chunks = s.chunks[1:]
+		return n, nil
+	}
+	s.clock.Advance(s.wait)
+	s.cancel()
+	return 0, s.ctx.Err()
+}
+
+func (s *hangingStream) Close() error { return nil }
+
+// A stream whose headers came at once (vLLM sends them before its first
+// token, also when its engine hangs) and whose reader gave up waiting in
+// Read for its first token had nothing of its answer: Unanswered. One
+// whose tokens had begun was answered (a user stopping a stream it was
+// reading), and so was one whose reader came back to it only to give up
+// (away for 20 s after the headers, its Read ended at once): the token
+// may have been waiting.
+func TestStreamCancelledBeforeItsFirstTokenIsUnanswered(t *testing.T) {
+	const token = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"
+	for _, tc := range []struct {
+		name       string
+		chunks     []string
+		away, wait time.Duration
+		unanswered bool
+	}{
+		{"reader waited, no token", nil, 0, 10 * time.Second, true},
+		{"reader waited, role chunk only", []string{"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n"}, 0, 10 * time.Second, true},
+		{"tokens began", []string{token}, 0, 10 * time.Second, false},
+		{"reader away, gave up at once", nil, 20 * time.Second, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			res := newResults(4)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}},
+				Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+					h := http.Header{"Content-Type": {"text/event-stream"}}
+					body := &hangingStream{clock: clock, chunks: tc.chunks, wait: tc.wait, cancel: cancel, ctx: ctx}
+					return &http.Response{StatusCode: http.StatusOK, Header: h, Body: body, ContentLength: -1, Request: r}, nil
+				}),
+				BalancerOptions: balancer.Options{Clock: clock},
+				OnResult:        res.on,
+			})
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+			require.NoError(t, err)
+			resp, err := tr.RoundTrip(req)
+			require.NoError(t, err)
+			clock.Advance(tc.away)
+			_, err = io.ReadAll(resp.Body)
+			require.ErrorIs(t, err, context.Canceled)
+			require.NoError(t, resp.Body.Close())
+			r := <-res.c
+			assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
+			assert.Equal(t, tc.unanswered, r.Outcome.Unanswered)
 		})
 	}
 }
