@@ -154,16 +154,17 @@
 // success nor failure and feeds no EWMA, but an embedding or rerank call
 // cancelled before the endpoint sent anything back (Outcome.Unanswered:
 // over HTTP before the response headers or a stream's first token, over
-// gRPC with nothing received)
-// raises that service's latency to its wait when the wait is longer, so a
-// hung endpoint whose callers give up on its calls stops drawing them. A
-// generation call given up on with nothing back, after waiting as long as
-// the replica's answers take, counts towards a run its next answer or
-// failure ends: two or more in a row price it up while calls are out to
-// it (scoring.State.Abandoned), so a replica whose engine hangs behind a
+// gRPC with nothing received) raises that service's latency to its wait
+// when the wait is longer, so a hung endpoint whose callers give up on its
+// calls stops drawing them. A generation call given up on with nothing
+// back, after waiting as long as the replica's answers take, counts
+// towards a run its next answer or failure ends: two or more in a row
+// price it up while calls are out to it (scoring.State.Abandoned), and its
+// affinity keys spill meanwhile, so a replica whose engine hangs behind a
 // live API server, its gauges frozen but fresh, takes one call at a time
-// until one is answered (about half its share before, over 60 s of a
-// hang in TestHungLLMReplicaStopsDrawingCalls). Pick never blocks, locks or allocates.
+// until one is answered (it drew about half its share before, over 60 s
+// of a hang in TestHungLLMReplicaStopsDrawingCalls). Pick never blocks,
+// locks or allocates.
 //
 // # Standing and recovery
 //

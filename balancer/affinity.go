@@ -404,13 +404,18 @@ func noRelief(t bound) bool {
 // the one req names is out of bound for req (see lora.go), and so is one
 // whose fresh reading says it sleeps (see sleep.go); a sleeping member,
 // which takes no call, is also left out of the load and weight the others
-// share, as a member out of rotation is.
+// share, as a member out of rotation is. So is one whose callers gave up
+// on a run of its generation calls with nothing back while calls are out
+// to it (endpoint.silent): a hung engine behind a live API server.
 func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.Time, sh *shard) bound {
 	var s telemetry.Sample
 	slot := g.members[i].slot.Load()
 	slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
 	if a, _ := s.Get(telemetry.Asleep); a == 1 {
 		return bound{pressure: -1, waiting: -1, kv: -1, over: true} // it serves nothing until woken (sleep.go)
+	}
+	if g.members[i].silent() {
+		return bound{pressure: -1, waiting: -1, kv: -1, over: true} // it answers nothing (endpoint.silent)
 	}
 	if s.Adapters != nil && req.Model != "" && b.slotAware(req.Service) &&
 		g.members[i].slotFull(req.Model, adapterID(req.Model, b.adapters.seed), b.adapters.seed, now.UnixNano(), b.cfg.telemetryMaxAge) {

@@ -34,7 +34,8 @@
 // next answer or failure ends (scoring.State.Abandoned): a replica whose
 // engine hangs behind a live API server (its /metrics frozen but fresh)
 // runs it up, and the LLM scorer prices two or more in a row while calls
-// are out to it, so it takes one call at a time until one is answered.
+// are out to it, and affinity passes it over as a key's owner meanwhile,
+// so it takes one call at a time until one is answered.
 //
 // Adapters that share one Balancer each take a Membership: their own
 // endpoint set, readiness and snapshot over the one shared state per ID.

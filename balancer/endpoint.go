@@ -690,6 +690,19 @@ func (e *endpoint) noteAbandoned(svc inferlb.Service, wait time.Duration) {
 	}
 }
 
+// silent reports whether e's callers gave up on a run of its generation
+// calls with nothing back (noteAbandoned: scoring.MinAbandoned or more,
+// no answer since) while calls are out to it. The LLM scorer prices such
+// an endpoint up; affinity passes it over as a key's owner or spill, or
+// its keys' calls (most of a chat fleet's) kept going to it: with 1,000
+// session keys a hung replica drew 80 and 110 of 477 calls in 60 s
+// without and with frozen telemetry, most of its share. With nothing
+// out it is not, so a replica that recovered takes its keys' next call,
+// whose answer ends the run.
+func (e *endpoint) silent() bool {
+	return e.abandoned.Load() >= scoring.MinAbandoned && e.inFlight.Load() > 0
+}
+
 // latencyMark is the peak-EWMA of one service's successful calls on an
 // endpoint, raised by the waits of its calls abandoned with no answer
 // (observeUnanswered).

@@ -33,6 +33,7 @@ type hungRun struct {
 	cancel    func(r *rand.Rand, addr string, length, ttft time.Duration) (time.Duration, bool)
 	recoverAt time.Duration // when a:80's engine is back: calls sent from then are answered
 	count     time.Duration // when after counts from (default hangAt)
+	keys      int           // when > 0, each call carries one of this many affinity keys
 }
 
 // hungEndpoints are runHungLLM's four replicas; a:80 is the one that hangs.
@@ -151,7 +152,11 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 			nextPublish = nextPublish.Add(time.Second)
 		}
 		length, ttft := call(r)
-		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+		req := &inferlb.Request{Service: inferlb.ServiceLLM}
+		if run.keys > 0 {
+			req.AffinityKey = 1 + r.Uint64N(uint64(run.keys))
+		}
+		p, err := b.Pick(req)
 		require.NoError(t, err)
 		addr := p.Endpoint().Addr
 		all[addr]++
@@ -217,7 +222,10 @@ func streamsOnly(r *rand.Rand) (time.Duration, time.Duration) {
 // that waited for its first token is unanswered now, and it draws 30 and
 // 26: the streams out at the hang had their first tokens, so the run
 // starts with the streams sent after it, whose callers wait as long as
-// its answers took (12 s or so) only 10-20 s into the hang.
+// its answers took (12 s or so) only 10-20 s into the hang. Calls with
+// affinity keys (1,000 sessions) went to their owner within its load
+// bound whatever it cost: 80 and 110 (95 with the price alone); a silent
+// owner is out of bound now, and it draws 21 and 30.
 func TestHungLLMReplicaStopsDrawingCalls(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -230,6 +238,8 @@ func TestHungLLMReplicaStopsDrawingCalls(t *testing.T) {
 		{"no telemetry, callers time out", hungRun{giveUp: context.DeadlineExceeded}, 10},
 		{"streams, no telemetry, callers cancel", hungRun{giveUp: context.Canceled, call: streamsOnly}, 35},
 		{"streams, frozen telemetry, callers cancel", hungRun{telemetry: true, giveUp: context.Canceled, call: streamsOnly}, 35},
+		{"sessions, no telemetry, callers cancel", hungRun{giveUp: context.Canceled, keys: 1000}, 30},
+		{"sessions, frozen telemetry, callers cancel", hungRun{telemetry: true, giveUp: context.Canceled, keys: 1000}, 40},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run.hangAt, tc.run.seconds = 60*time.Second, 130
@@ -240,31 +250,37 @@ func TestHungLLMReplicaStopsDrawingCalls(t *testing.T) {
 	}
 }
 
-// A replica whose engine is restarted 30 s after it hung (its calls of
-// then lost) draws its share again: with nothing in flight it is priced
+// A replica whose engine is restarted 10 minutes after it hung (its calls
+// of then lost) draws its share again, its sessions' keys too: with nothing in flight it is priced
 // as before, so it draws a call, and that call's answer ends the run of
 // abandoned ones.
 func TestHungLLMReplicaRecovers(t *testing.T) {
-	after, _ := runHungLLM(t, hungRun{giveUp: context.Canceled, hangAt: 60 * time.Second, recoverAt: 660 * time.Second, count: 720 * time.Second, seconds: 780})
-	t.Log(share(after))
-	total := after["a:80"] + after["b:80"] + after["c:80"] + after["d:80"]
-	assert.Greater(t, after["a:80"], total/4*9/10, "calls the recovered replica drew in 60 s from 60 s after its restart: %s", share(after))
+	for _, keys := range []int{0, 1000} {
+		after, _ := runHungLLM(t, hungRun{giveUp: context.Canceled, keys: keys, hangAt: 60 * time.Second, recoverAt: 660 * time.Second, count: 720 * time.Second, seconds: 780})
+		t.Logf("%d keys: %s", keys, share(after))
+		total := after["a:80"] + after["b:80"] + after["c:80"] + after["d:80"]
+		assert.Greater(t, after["a:80"], total/4*9/10, "%d keys: calls the recovered replica drew in 60 s from 60 s after its restart: %s", keys, share(after))
+	}
 }
 
 // cancelledBoth runs run with its cancel marking the given-up calls
 // Unanswered and not, and checks that every replica drew the same calls:
 // the abandons the run holds are no evidence of a hang.
+// It does so without affinity keys and with 1,000 sessions' keys.
 func cancelledBoth(t *testing.T, run hungRun, cancel func(r *rand.Rand, addr string, length, ttft time.Duration) time.Duration) {
 	t.Helper()
-	var draws [2]map[string]int
-	for i, unanswered := range []bool{false, true} {
-		run.cancel = func(r *rand.Rand, addr string, length, ttft time.Duration) (time.Duration, bool) {
-			return cancel(r, addr, length, ttft), unanswered
+	for _, keys := range []int{0, 1000} {
+		run.keys = keys
+		var draws [2]map[string]int
+		for i, unanswered := range []bool{false, true} {
+			run.cancel = func(r *rand.Rand, addr string, length, ttft time.Duration) (time.Duration, bool) {
+				return cancel(r, addr, length, ttft), unanswered
+			}
+			_, draws[i] = runHungLLM(t, run)
 		}
-		_, draws[i] = runHungLLM(t, run)
+		t.Logf("%d keys: %s", keys, share(draws[1]))
+		assert.Equal(t, draws[0], draws[1], "%d keys: draws with the cancels unanswered, against answered", keys)
 	}
-	t.Log(share(draws[1]))
-	assert.Equal(t, draws[0], draws[1], "draws with the cancels unanswered, against answered")
 }
 
 // A quiet fleet of healthy replicas, each serving a few non-streamed
@@ -272,7 +288,9 @@ func cancelledBoth(t *testing.T, run hungRun, cancel func(r *rand.Rand, addr str
 // users give up on a third of them after 30-120 s: a long wait with
 // nothing back is no hang when the replica's answers take longer, and
 // every replica draws what it drew with those calls not marked
-// unanswered.
+// unanswered. So it does with generations of 1-5 minutes given up on
+// after 0.5-5 minutes, longer than some answers took: the replica's
+// answers come between them.
 func TestLongGenerationsInAQuietFleetKeepTheirShare(t *testing.T) {
 	cancelledBoth(t, hungRun{seconds: 3600,
 		every: func(r *rand.Rand) time.Duration {
@@ -283,6 +301,18 @@ func TestLongGenerationsInAQuietFleetKeepTheirShare(t *testing.T) {
 		}}, func(r *rand.Rand, _ string, _, _ time.Duration) time.Duration {
 		if r.IntN(3) == 0 {
 			return 30*time.Second + time.Duration(r.Int64N(int64(90*time.Second)))
+		}
+		return 0
+	})
+	cancelledBoth(t, hungRun{seconds: 3600,
+		every: func(r *rand.Rand) time.Duration {
+			return 10*time.Second + time.Duration(r.Int64N(int64(30*time.Second)))
+		},
+		call: func(r *rand.Rand) (time.Duration, time.Duration) {
+			return time.Minute + time.Duration(r.Int64N(int64(4*time.Minute))), 0
+		}}, func(r *rand.Rand, _ string, _, _ time.Duration) time.Duration {
+		if r.IntN(3) == 0 {
+			return 30*time.Second + time.Duration(r.Int64N(int64(270*time.Second)))
 		}
 		return 0
 	})

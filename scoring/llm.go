@@ -143,8 +143,9 @@ func projectKV(kv float64, tel *telemetry.Sample, delta int64) float64 {
 	return min(max(kv+float64(delta)*kv/r, 0), 1)
 }
 
-// minAbandoned is the run of generation calls abandoned with nothing back
-// (State.Abandoned) from which LLM prices an endpoint up: one is a user's
+// MinAbandoned is the run of generation calls abandoned with nothing back
+// (State.Abandoned) from which LLM prices an endpoint up, and from which
+// the balancer's affinity passes over a key's owner with calls out: one is a user's
 // stop; two in a row, each as long as the endpoint's answers take and no
 // answer between, a replica that answers nothing. A hung vLLM engine
 // behind a live API server reads as healthy otherwise: its /metrics
@@ -152,7 +153,7 @@ func projectKV(kv float64, tel *telemetry.Sample, delta int64) float64 {
 // callers' cancellations are neither success nor failure. Its calls out
 // then held it at its peers' load, and it drew about half its share of
 // calls, each to hang until its caller gave up.
-const minAbandoned = 2
+const MinAbandoned = 2
 
 // asleepFactor is LLM's price of a server that sleeps (telemetry.Asleep):
 // above any load an awake server reports, so an awake one always wins.
@@ -189,7 +190,7 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 	// Counters below zero would make the busier endpoint the cheaper one.
 	cost := (max(load, 0) + 1) / s.weight()
 	cost = reliability(cost, l.ErrorPenalty, s.ErrorRate)
-	if s.Abandoned >= minAbandoned && s.InFlight > 0 {
+	if s.Abandoned >= MinAbandoned && s.InFlight > 0 {
 		cost *= 1 + float64(s.Abandoned)
 	}
 	if tel.Has == 0 {
