@@ -159,7 +159,11 @@
 // client's doing and counts as neither (when the call's context was
 // cancelled with nothing received from the server, BytesReceived false, it
 // is reported Unanswered: the balancer reads an embedding's or rerank's
-// wait as a lower bound on the endpoint's latency; a CANCEL reset while
+// wait as a lower bound on the endpoint's latency, and a generation's, as
+// long as its answers take, towards a run that prices a hung replica up
+// (scoring.State.Abandoned); a server stream whose headers came before
+// its first message is not, as grpc-go counts the headers as bytes
+// received; a CANCEL reset while
 // the caller still waits is not); the codes that map to 4xx
 // (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED,
 // PERMISSION_DENIED, another NOT_FOUND, ALREADY_EXISTS, ABORTED) describe
