@@ -669,8 +669,8 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 
 // noteAbandoned counts a generation call its caller gave up on with
 // nothing back from e (Outcome.Unanswered) after wait, when the wait was
-// at least the peak-EWMA of e's generation answers: the count since e
-// last answered or failed a call is
+// at least the peak-EWMA of e's generation answers (as of its last
+// sample): the count since e last answered or failed a call is
 // scoring.State.Abandoned, which the LLM scorer prices. A vLLM replica
 // whose engine hangs (an NCCL deadlock, a stuck kernel) while its API
 // server stays up answers nothing and keeps reading fresh, frozen

@@ -145,9 +145,9 @@ func projectKV(kv float64, tel *telemetry.Sample, delta int64) float64 {
 
 // MinAbandoned is the run of generation calls abandoned with nothing back
 // (State.Abandoned) from which LLM prices an endpoint up, and from which
-// the balancer's affinity passes over a key's owner with calls out: one is a user's
-// stop; two in a row, each as long as the endpoint's answers take and no
-// answer between, a replica that answers nothing. A hung vLLM engine
+// the balancer's affinity passes over a key's owner with calls out. One
+// is a user's stop; two in a row, each as long as the endpoint's answers
+// take and no answer between, a replica that answers nothing. A hung vLLM engine
 // behind a live API server reads as healthy otherwise: its /metrics
 // answers with frozen gauges, so its telemetry stays fresh, and its
 // callers' cancellations are neither success nor failure. Its calls out
