@@ -74,6 +74,13 @@ type EndpointStats struct {
 	// endpoint had sent nothing back (Outcome.Unanswered), of any service:
 	// many on one endpoint, against few on its peers, say its calls hang.
 	Unanswered uint64
+	// Abandoned is the current run of generation calls given up on with
+	// nothing back, each after waiting as long as the endpoint's answers
+	// take, with no answer or failure since (scoring.State.Abandoned): at
+	// scoring.MinAbandoned or more, with calls out, the endpoint looks
+	// hung (an engine stuck behind a live API server) and is priced up and
+	// passed over for its affinity keys.
+	Abandoned int64
 	// Resilience: whether the breaker holds the endpoint out (or is
 	// probing it), how often it tripped, recovered and was ejected as an
 	// outlier, and the last detection time (first failure to exclusion) and
@@ -140,6 +147,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			ClientErrorShare:   e.clientErrorShare(b.cfg, nowNs),
 			Canceled:           e.canceled.Load(),
 			Unanswered:         e.unanswered.Load(),
+			Abandoned:          e.abandoned.Load(),
 			BreakerOpen:        e.brOpen.Load(),
 			Trips:              e.trips.Load(),
 			Recoveries:         e.recoveries.Load(),

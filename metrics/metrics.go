@@ -23,7 +23,7 @@
 //	  _ttft_ewma_seconds, _time_per_output_token_seconds,
 //	  _picks_total, _successes_total, _failures_total, _overloads_total,
 //	  _not_served_total, _too_long_total, _model_failures_total, _canceled_total,
-//	  _unanswered_total, _client_errors_total,
+//	  _unanswered_total, _abandoned_run, _client_errors_total,
 //	  _breaker_trips_total, _breaker_recoveries_total,
 //	  _outlier_ejections_total, _affinity_spills_total{cache="warm|cold"},
 //	  _telemetry{field="kv_cache_usage|waiting|..."} (the fresh readings
@@ -87,7 +87,7 @@ type Collector struct {
 
 	inFlight, inFlightTokens, latency, ttft, tpot, errRate, ready, breakerOpen, ramp *prometheus.Desc
 	picks, successes, failures, overloads, notServed, tooLong, modelFailures, trips  *prometheus.Desc
-	canceled, unanswered, clientErrors, clientErrorShare                             *prometheus.Desc
+	canceled, unanswered, abandoned, clientErrors, clientErrorShare                  *prometheus.Desc
 	recoveries, ejections, exclusion, ejected, weight                                *prometheus.Desc
 	spills, retries, keyReuse, following                                             *prometheus.Desc
 	telemetry, telemetryAge                                                          *prometheus.Desc
@@ -133,7 +133,9 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 		canceled: d("endpoint_canceled_total",
 			"Calls that ended canceled (an error wrapping context.Canceled: the caller's own cancellation, and what an adapter reports so, such as a deadline after a stream's first token): neither success nor failure, held against nothing. With the other outcome counts and endpoint_in_flight they make up endpoint_picks_total.", ep),
 		unanswered: d("endpoint_unanswered_total",
-			"Of endpoint_canceled_total, the calls their caller gave up on while the endpoint had sent nothing back (over HTTP before the response headers, over gRPC with nothing received): many on one endpoint, against few on its peers, say its calls hang. An embedding's or rerank's wait raises the endpoint's latency for that service.", ep),
+			"Of endpoint_canceled_total, the calls their caller gave up on while the endpoint had sent nothing back (over HTTP before the response headers or in a read that waited for a stream's first token, over gRPC with nothing received): many on one endpoint, against few on its peers, say its calls hang. An embedding's or rerank's wait raises the endpoint's latency for that service; a generation's, as long as its answers take, adds to endpoint_abandoned_run.", ep),
+		abandoned: d("endpoint_abandoned_run",
+			"The current run of generation calls given up on with nothing back, each after waiting as long as the endpoint's answers take, with no answer or failure since: at 2 or more, with calls out, the endpoint looks hung (an engine stuck behind a live API server, its /metrics frozen) and is priced up and passed over for its affinity keys.", ep),
 		clientErrors: d("endpoint_client_errors_total",
 			"Calls the endpoint refused as bad or not allowed (HTTP 4xx but 408, 424 and 429: 401 and 403 from a wrong API key, 404 from a missing route, 400 and 422; the gRPC codes that map to them), other than not-served and too-long answers: neither success nor failure.", ep),
 		clientErrorShare: d("endpoint_client_error_ratio",
@@ -162,7 +164,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.tpot, c.errRate, c.ready, c.breakerOpen, c.ramp,
 		c.exclusion, c.ejected, c.weight,
-		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.tooLong, c.modelFailures, c.canceled, c.unanswered, c.clientErrors, c.clientErrorShare, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
+		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.tooLong, c.modelFailures, c.canceled, c.unanswered, c.abandoned, c.clientErrors, c.clientErrorShare, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
 		c.keyReuse, c.following, c.telemetry, c.telemetryAge,
 	} {
 		ch <- d
@@ -263,6 +265,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.modelFailures, s.ModelFailures, s.ID)
 		counter(c.canceled, s.Canceled, s.ID)
 		counter(c.unanswered, s.Unanswered, s.ID)
+		gauge(c.abandoned, float64(s.Abandoned), s.ID)
 		counter(c.clientErrors, s.ClientErrors, s.ID)
 		gauge(c.clientErrorShare, s.ClientErrorShare, s.ID)
 		counter(c.trips, s.Trips, s.ID)

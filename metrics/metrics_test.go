@@ -103,7 +103,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 29+2+1, testutil.CollectAndCount(c), "29 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 30+2+1, testutil.CollectAndCount(c), "30 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape
@@ -396,4 +396,45 @@ inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="chat:1"}
 # TYPE inferlb_endpoint_ttft_ewma_seconds gauge
 inferlb_endpoint_ttft_ewma_seconds{balancer="llm",endpoint="chat:1"} 0.4
 `), "inferlb_endpoint_ttft_ewma_seconds", "inferlb_endpoint_time_per_output_token_seconds"))
+}
+
+// TestCollectorExportsTheAbandonedRun: generation calls given up on with
+// nothing back, each after waiting as long as the endpoint's answers take,
+// run up endpoint_abandoned_run (what prices a hung replica up), and the
+// endpoint's next answer ends the run.
+func TestCollectorExportsTheAbandonedRun(t *testing.T) {
+	clock := tu.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}}))
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.NewCollector(b, "llm"))
+	run := func() float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "inferlb_endpoint_abandoned_run" {
+				require.Len(t, mf.GetMetric(), 1)
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no inferlb_endpoint_abandoned_run")
+		return 0
+	}
+	call := func(wait time.Duration, o inferlb.Outcome) {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM})
+		require.NoError(t, err)
+		clock.Advance(wait)
+		p.Done(o)
+	}
+	abandoned := inferlb.Outcome{Err: context.Canceled, Unanswered: true}
+	call(2*time.Second, inferlb.Outcome{}) // its answers take 2 s
+	call(time.Second, abandoned)           // a user's early stop: no run
+	assert.Zero(t, run())
+	call(3*time.Second, abandoned)
+	call(3*time.Second, abandoned)
+	assert.Equal(t, 2.0, run())
+	require.Len(t, b.Stats(), 1)
+	assert.EqualValues(t, 2, b.Stats()[0].Abandoned)
+	call(2*time.Second, inferlb.Outcome{})
+	assert.Zero(t, run(), "an answer ends the run")
 }
