@@ -1,0 +1,33 @@
+package balancer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// An unanswered wait only a little longer than the EWMA becomes the EWMA
+// as a much longer one does: an embedder whose calls are abandoned at 1.5x
+// its latency is at least that slow, and the scorer must see it.
+func TestUnansweredWaitJustPastTheEWMABecomesIt(t *testing.T) {
+	clock := testutil.NewClock()
+	b := New(Options{Clock: clock, Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:80"}}))
+	const svc = inferlb.ServiceEmbedding
+
+	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{})
+	_, ewma := seenLatency(t, b, svc)
+	require.Equal(t, 200*time.Millisecond, ewma)
+
+	call(t, b, clock, svc, 300*time.Millisecond, inferlb.Outcome{Err: context.Canceled, Unanswered: true})
+	seen, ewma := seenLatency(t, b, svc)
+	assert.Equal(t, 300*time.Millisecond, ewma, "a wait of 1.5x the EWMA becomes it")
+	assert.Equal(t, 300*time.Millisecond, seen)
+}
