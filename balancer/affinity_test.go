@@ -438,10 +438,14 @@ func testPressuredOwner(t *testing.T, mode balancer.AffinityMode) {
 	}
 	assert.Equal(t, len(keys), home(), "queueing neighbours do not take the keys")
 	// The whole fleet nearly full (saturation): a warm prefix beats a spill.
-	for _, ep := range endpoints(8) {
-		kv(ep.Addr, 0.9)
+	// No queue anywhere (the Store keeps the Waiting published above until
+	// a newer one comes), so only the margin keeps the keys home.
+	for i, ep := range endpoints(8) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.KVCacheUsage, map[bool]float64{true: 0.97, false: 0.9}[i == 0])
+		s.Set(telemetry.Waiting, 0)
+		b.Publish(ep.Addr, s)
 	}
-	kv(endpoints(8)[0].Addr, 0.97)
 	assert.Equal(t, len(keys), home(), "neighbours only a little emptier do not take the keys")
 	// Stale telemetry is neutral.
 	clock.Advance(balancer.DefaultTelemetryMaxAge + time.Second)
