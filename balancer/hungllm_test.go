@@ -225,7 +225,7 @@ func streamsOnly(r *rand.Rand) (time.Duration, time.Duration) {
 // its answers took (12 s or so) only 10-20 s into the hang. Calls with
 // affinity keys (1,000 sessions) went to their owner within its load
 // bound whatever it cost: 80 and 110 (95 with the price alone); a silent
-// owner is out of bound now, and it draws 21 and 30.
+// owner is out of bound now, and it draws 16 and 23.
 func TestHungLLMReplicaStopsDrawingCalls(t *testing.T) {
 	for _, tc := range []struct {
 		name string
