@@ -168,6 +168,15 @@
 // clients sent r7 1.2-1.5 times its share, and at 40 req/s the p99 TTFT was
 // 30.6s (0.89s since); it now compares the pair on this client's calls
 // alone.
+// A replica's engine may hang (Hang) behind a live API server: it accepts
+// calls and answers none (a stream gets its headers, no token), and its
+// scrape keeps answering with the gauges frozen at the hang; a Crash and
+// Restart end it. Scenario.ClientTimeout makes callers give up on a call
+// that long after its arrival: the replica drops it, the router hears
+// context.Canceled (inferlb.Outcome.Unanswered when no token came back;
+// "inferlb no-unanswered" never sets it), and the call fails for good.
+// Result.Abandoned counts those calls. The hung scenario hangs r0 of 8
+// at 150 s under chat at 30 req/s and restarts it at 270 s.
 // A replica may have the wrong API key (ReplicaSpec.Unauthorized): it
 // answers every call 401 in a millisecond, with no GPU work, and the
 // caller gets the 401 without a retry. inferlb reports it as

@@ -420,6 +420,11 @@ type Variant struct {
 	// adapters did before 2026-12-07: the replica's millisecond refusals
 	// were its fastest calls, and it kept nothing in flight.
 	ClientErrorAsSuccess bool
+	// NoUnanswered never sets inferlb.Outcome.Unanswered on a call its
+	// caller gave up on (Scenario.ClientTimeout), as the adapters did
+	// before 2026-12-07: the balancer cannot tell a replica whose engine
+	// hangs from callers that cancel.
+	NoUnanswered bool
 }
 
 // errShedAsFailure is the failure a ShedAsFailure variant reports.
@@ -561,7 +566,7 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 		return 0, nil, err
 	}
 	held := &p
-	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess && !r.v.NoOutcomeModel && !r.v.NoWindow && !r.v.ClientErrorAsSuccess {
+	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess && !r.v.NoOutcomeModel && !r.v.NoWindow && !r.v.ClientErrorAsSuccess && !r.v.NoUnanswered {
 		return r.byID[p.ID()], held.Done, nil
 	}
 	return r.byID[p.ID()], func(o inferlb.Outcome) {
@@ -576,6 +581,8 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 			o = inferlb.Outcome{Model: o.Model}
 		case r.v.NoOutcomeModel:
 			o.Model = ""
+		case r.v.NoUnanswered:
+			o.Unanswered = false
 		}
 		held.Done(o)
 	}, nil

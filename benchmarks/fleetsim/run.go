@@ -61,6 +61,12 @@ const (
 	// later ones are answered 500 within milliseconds, with no GPU work.
 	ModelFail
 	ModelRecover // FleetEvent.Model serves again on the replica
+	// Hang stops the replica's engine while its API server stays up: it
+	// accepts calls and answers none (a stream gets its headers, no
+	// token), and its /metrics scrape keeps answering with the gauges
+	// frozen as of the hang. A Crash (then a Restart) ends it, as a
+	// liveness probe's restart does.
+	Hang
 )
 
 // FleetEvent scripts an incident at a time after the start of the run.
@@ -127,6 +133,12 @@ type Scenario struct {
 	// Clients lists the numbers of independent clients to compare; empty
 	// means the command's -clients flag.
 	Clients []int
+	// ClientTimeout, when positive, is how long a caller waits for a call
+	// (from its arrival, over its attempts) before it gives up: the call
+	// is cancelled on its replica (context.Canceled, with
+	// inferlb.Outcome.Unanswered when no token had come back) and fails
+	// for good, with no retry.
+	ClientTimeout time.Duration
 	// Seeds, when more than 1, is how many seeds the command runs, from
 	// its -seed flag on: a scenario whose figures vary from seed to seed
 	// more than policies differ reports them all.
@@ -173,6 +185,9 @@ type Result struct {
 	// Unauthorized counts the attempts of those calls that a replica
 	// answered 401 (ReplicaSpec.Unauthorized): each is a call failed.
 	Unauthorized int `json:"unauthorized,omitempty"`
+	// Abandoned counts the failed calls whose callers gave up on them
+	// at Scenario.ClientTimeout.
+	Abandoned int `json:"abandoned,omitempty"`
 
 	// Throughput is output tokens per second in the measurement window
 	// (input tokens for embedding and rerank calls, which produce none),
@@ -367,7 +382,7 @@ func (s *run) result(policy string) Result {
 	res := Result{
 		Scenario: s.sc.Name, Policy: policy, Rate: s.cfg.Rate, Clients: s.cfg.Clients, Seed: s.cfg.Seed,
 		Requests: s.requests, Failed: s.failed, Retries: s.retries, NotServed: s.notServed,
-		TooLong: s.tooLong, Unauthorized: s.unauthorized,
+		TooLong: s.tooLong, Unauthorized: s.unauthorized, Abandoned: s.abandoned,
 		Completed: len(s.e2e), Unfinished: s.outstanding,
 	}
 	// Calls still in flight at the end count with their latency so far: a

@@ -73,6 +73,7 @@ func Scenarios() []*Scenario {
 		ContextWindowsScenario(),
 		TenantsScenario(),
 		PartialTelemetryScenario(),
+		HungScenario(),
 	}
 }
 
@@ -837,6 +838,45 @@ func PartialTelemetryScenario() *Scenario {
 		RoundRobin(), LeastRequest(),
 		InferLB(Variant{Name: "inferlb"}),
 		InferLB(Variant{Name: "inferlb -affinity", Options: affinityOff}),
+	}
+	return sc
+}
+
+// HungReplica is the replica of the hung scenario whose engine hangs.
+const HungReplica = 0
+
+// HungScenario is the chat workload at 30 req/s (below the fleet's
+// saturation) on 8 replicas, one of which, r0, hangs at 150 s: its engine
+// stops (a stuck NCCL collective, a deadlocked scheduler) while its API
+// server accepts calls, sends a stream's headers and answers its /metrics
+// scrape with the gauges frozen as of the hang (Hang). A liveness probe
+// restarts it at 270 s, cold. Callers give up on a call after 30 s
+// (ClientTimeout) with context.Canceled; every call sent to r0 in between
+// is lost work, a failed call in the table. Connections stay up and the
+// endpoint stays in service discovery, so connection state and readiness
+// see nothing; inferlb learns it from Outcome.Unanswered, a run of calls
+// abandoned with nothing back (scoring.LLM.MinAbandoned), and "inferlb
+// no-unanswered" never sets it, as the adapters did before 2026-12-07.
+func HungScenario() *Scenario {
+	sc := ChatScenario()
+	sc.Name = "hung"
+	sc.Description = "chat at 30 req/s; r0's engine hangs at 150s (accepts calls, answers nothing, /metrics frozen but fresh), restarted cold at 270s; callers give up after 30s"
+	sc.Rates = []float64{30}
+	sc.Headline = 30
+	sc.Warmup, sc.Duration, sc.Drain = 120*time.Second, 360*time.Second, 120*time.Second
+	sc.ClientTimeout = 30 * time.Second
+	sc.Events = []FleetEvent{
+		{At: 150 * time.Second, Replica: HungReplica, Kind: Hang},
+		{At: 270 * time.Second, Replica: HungReplica, Kind: Crash},
+		{At: 270 * time.Second, Replica: HungReplica, Kind: Restart},
+	}
+	sc.Policies = []Policy{
+		RoundRobin(), Random(), LeastRequest(), RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb no-unanswered", NoUnanswered: true}),
+		InferLB(Variant{Name: "inferlb -affinity", Options: affinityOff}),
+		InferLB(Variant{Name: "inferlb -affinity no-unanswered", Options: affinityOff, NoUnanswered: true}),
+		Oracle(),
 	}
 	return sc
 }

@@ -187,6 +187,7 @@ type replica struct {
 	resident []string
 
 	up       bool
+	hung     bool // its engine steps no more (Hang)
 	throttle bool // answer 429 beyond MaxWaiting
 	gen      uint64
 	waiting  []*seq // FIFO; preempted sequences go back to the front
@@ -313,6 +314,7 @@ func (r *replica) enqueue(j *job) bool {
 	s.hashes = s.prompt.Hashes[:len(s.prompt.Hashes):len(s.prompt.Hashes)] // appends copy
 	s.hitTokens = r.expectedHit(s)
 	r.waiting = append(r.waiting, s)
+	j.sq = s
 	r.assigned++
 	r.kick()
 	return true
@@ -333,7 +335,7 @@ func (r *replica) kick() {
 		r.dp.kick()
 		return
 	}
-	if !r.stepping && r.up && (len(r.running) > 0 || len(r.waiting) > 0) {
+	if !r.stepping && r.up && !r.hung && (len(r.running) > 0 || len(r.waiting) > 0) {
 		r.step()
 	}
 }
@@ -679,9 +681,33 @@ func (r *replica) answerBlockHash(s *seq, k int) uint64 {
 
 func (r *replica) baseSpeed() float64 { return r.base }
 
+// hang stops the engine (Hang): the step under way never ends, no other
+// starts, and the gauges stay as the last step left them.
+func (r *replica) hang() {
+	r.hung = true
+	r.gen++
+	r.stepping = false
+}
+
+// drop removes s from the replica, as the engine aborts a call whose
+// client went away, and reports whether it was there.
+func (r *replica) drop(s *seq) bool {
+	if i := slices.Index(r.waiting, s); i >= 0 {
+		r.waiting = slices.Delete(r.waiting, i, i+1)
+	} else if i := slices.Index(r.running, s); i >= 0 {
+		r.running = slices.Delete(r.running, i, i+1)
+	} else {
+		return false
+	}
+	r.kv.release(s.blocks)
+	s.blocks = nil
+	return true
+}
+
 // crash fails everything on the replica and drops its cache.
 func (r *replica) crash() {
 	r.up = false
+	r.hung = false
 	r.gen++
 	r.stepping = false
 	if r.dp != nil {

@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"container/heap"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -116,6 +117,9 @@ type job struct {
 	// onEnd the end of the call.
 	onToken func(n int)
 	onEnd   func(err error)
+	// sq is the current attempt's sequence on its replica, once queued
+	// (Scenario.ClientTimeout cancels it there).
+	sq *seq
 }
 
 type event struct {
@@ -166,6 +170,7 @@ type run struct {
 	tokens      int64                // output tokens produced (input tokens for pooling calls)
 	wasted      int64                // of those, produced in the window by attempts that failed
 	failed      int
+	abandoned   int // of failed, calls their callers gave up on (ClientTimeout)
 	retries     int
 	notServed   int // measured calls' attempts answered "model not served"
 	tooLong     int // measured calls' attempts refused as longer than the window
@@ -306,7 +311,34 @@ func (s *run) send(j *job, idx int, done func(inferlb.Outcome)) {
 	}
 	if !r.enqueue(j) {
 		s.finish(j, s.now, errThrottled)
+		return
 	}
+	if t := s.sc.ClientTimeout; t > 0 && j.onEnd == nil {
+		sq := j.sq
+		s.at(max(j.arrive+t, s.now), func() { s.giveUp(j, r, sq) })
+	}
+}
+
+// giveUp is the caller of j giving up on its attempt sq on r at its
+// deadline (Scenario.ClientTimeout), if the attempt is still on r: r
+// drops it, the tokens it streamed are thrown away, the router hears
+// context.Canceled (Unanswered when no token came back, as the adapters
+// report a cancel before a stream's first token), and the call fails for
+// good.
+func (s *run) giveUp(j *job, r *replica, sq *seq) {
+	if !r.drop(sq) {
+		return
+	}
+	s.wasteTokens(j, sq.windowTokens)
+	if j.done != nil {
+		d := j.done
+		j.done = nil
+		d(inferlb.Outcome{Err: context.Canceled, Unanswered: j.firstToken < 0})
+	}
+	if j.measured {
+		s.abandoned++
+	}
+	s.fail(j)
 }
 
 // hop sends j on after a replica answered that it does not serve j's
@@ -601,6 +633,8 @@ func (s *run) applyEvent(ev FleetEvent) {
 		r.failModel(ev.Model)
 	case ModelRecover:
 		r.recoverModel(ev.Model)
+	case Hang:
+		r.hang()
 	default:
 		panic(fmt.Sprintf("fleetsim: unknown event kind %d", ev.Kind))
 	}
