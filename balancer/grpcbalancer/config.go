@@ -361,7 +361,7 @@ func (t *jsonTunables) options() (core.Options, error) {
 			return o, configError("balancer."+f.name, "%v", err)
 		}
 		if err := one.Validate(); err != nil {
-			return o, configError("balancer."+f.name, "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
+			return o, configError("balancer."+f.name, "%s", coreMessage(err))
 		}
 		_ = f.apply(&o)
 	}
@@ -394,9 +394,20 @@ func (t *jsonTunables) options() (core.Options, error) {
 		}
 	}
 	if err := o.Validate(); err != nil {
-		return o, configError("balancer", "%s", strings.TrimPrefix(err.Error(), "inferlb: "))
+		return o, configError("balancer", "%s", coreMessage(err))
 	}
 	return o, nil
+}
+
+// goHint is the core's note to Go callers in a duration's error; a
+// service config's durations are strings with a unit, and a bare number
+// is refused before the core sees it.
+const goHint = " (a bare number is nanoseconds)"
+
+// coreMessage is the core's Options error as a service config error
+// reports it: without its prefix, or its hint for Go callers.
+func coreMessage(err error) string {
+	return strings.Replace(strings.TrimPrefix(err.Error(), "inferlb: "), goHint, "", 1)
 }
 
 // canonical returns t with each duration and the affinity mode written

@@ -162,6 +162,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"probes", `{"balancer": {"breakerProbes": -2}}`, false, "balancer.breakerProbes"},
 		{"ejected fraction", `{"balancer": {"maxEjectedFraction": 1.2}}`, false, "balancer.maxEjectedFraction"},
 		{"negative cooldown", `{"balancer": {"defaultCooldown": "-1s"}}`, false, "balancer.defaultCooldown"},
+		{"duration under a millisecond", `{"balancer": {"stickyTTL": "500us"}}`, false, "balancer.stickyTTL: balancer.Options.StickyTTL = 500µs: must be 0 (the default) or at least 1ms"},
 		{"tunables on a shared Balancer", `{"balancer": {}}`, true, "field balancer: not allowed"},
 	}
 	for _, tt := range tests {
@@ -174,6 +175,17 @@ func TestParseConfigBad(t *testing.T) {
 				t.Errorf("parseConfig(%s) = %q, want the inferlb prefix and %q", tt.js, err, tt.want)
 			}
 		})
+	}
+}
+
+// The core's hint for Go callers, that a bare number in a time.Duration is
+// nanoseconds, does not fit a service config, whose durations are strings
+// with a unit and refuse a bare number: an error read "500µs: must be ...
+// at least 1ms (a bare number is nanoseconds)" for "500us".
+func TestParseConfigDurationErrorHasNoGoHint(t *testing.T) {
+	_, err := parseConfig([]byte(`{"balancer": {"stickyTTL": "500us"}}`), false)
+	if err == nil || strings.Contains(err.Error(), "nanoseconds") {
+		t.Fatalf("parseConfig = %v, want an error without the Go hint", err)
 	}
 }
 
