@@ -23,24 +23,7 @@ func TestGroupLoadCountsTheQueuedCallsOnce(t *testing.T) {
 	clock := testutil.NewClock()
 	b := New(Options{Clock: clock, Rand: testutil.NewRand(5)})
 	t.Cleanup(b.Close)
-	busy, idle := "10.0.0.1:8000", "10.0.0.2:8000"
-	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: busy}, {Addr: idle}}))
-	serial, ok := b.Serial(busy)
-	require.True(t, ok)
-	req := &inferlb.Request{Service: inferlb.ServiceLLM}
-	var held []Pick
-	t.Cleanup(func() {
-		for _, p := range held {
-			p.Done(inferlb.Outcome{})
-		}
-	})
-	sendTo := func(n int) {
-		for range n {
-			p, err := b.PickAt(req, serial)
-			require.NoError(t, err)
-			held = append(held, p)
-		}
-	}
+	f := NewScrapedFleet(t, b, clock)
 	g := b.def.snap.Load().all
 	total := func() float64 {
 		now := clock.Now()
@@ -48,23 +31,68 @@ func TestGroupLoadCountsTheQueuedCallsOnce(t *testing.T) {
 		require.True(t, v.ok)
 		return v.total
 	}
-	sendTo(8)
-	for _, id := range []string{busy, idle} { // the scrape
-		s := telemetry.Sample{Time: clock.Now()}
-		s.Set(telemetry.Running, 0)
-		if id == busy {
-			s.Set(telemetry.Running, 8)
-		}
-		s.Set(telemetry.Waiting, 0)
-		b.Publish(id, s)
-	}
+	f.SendTo(8)
+	f.Scrape(8)
 	assert.Equal(t, 8.0, total(), "just scraped")
 	clock.Advance(10 * time.Second)
-	sendTo(5)
+	f.SendTo(5)
 	header := telemetry.Sample{Time: clock.Now()}
 	header.Set(telemetry.Waiting, 5)
-	b.Publish(busy, header)
+	b.Publish(f.Busy, header)
 	assert.Equal(t, 13.0, total(), "8 running at the scrape, 5 queued since")
-	sendTo(2)
+	f.SendTo(2)
 	assert.Equal(t, 15.0, total(), "and 2 sent after the header")
+}
+
+// ScrapedFleet is the two-endpoint fleet of the queue-since tests, here and
+// in package balancer_test: Busy, which this caller sends calls to
+// (SendTo, held until the test ends), and Idle.
+type ScrapedFleet struct {
+	t          *testing.T
+	b          *Balancer
+	clock      *testutil.Clock
+	Busy, Idle string
+	serial     uint64
+	held       []Pick
+}
+
+// NewScrapedFleet puts two endpoints in b and returns them as a
+// ScrapedFleet.
+func NewScrapedFleet(t *testing.T, b *Balancer, clock *testutil.Clock) *ScrapedFleet {
+	t.Helper()
+	f := &ScrapedFleet{t: t, b: b, clock: clock, Busy: "10.0.0.1:8000", Idle: "10.0.0.2:8000"}
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: f.Busy}, {Addr: f.Idle}}))
+	serial, ok := b.Serial(f.Busy)
+	require.True(t, ok)
+	f.serial = serial
+	t.Cleanup(func() {
+		for _, p := range f.held {
+			p.Done(inferlb.Outcome{})
+		}
+	})
+	return f
+}
+
+// SendTo sends n generation calls to Busy and holds them.
+func (f *ScrapedFleet) SendTo(n int) {
+	f.t.Helper()
+	for range n {
+		p, err := f.b.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM}, f.serial)
+		require.NoError(f.t, err)
+		f.held = append(f.held, p)
+	}
+}
+
+// Scrape publishes a scrape of both: Busy running running, Idle nothing,
+// neither queueing.
+func (f *ScrapedFleet) Scrape(running float64) {
+	for _, id := range []string{f.Busy, f.Idle} {
+		s := telemetry.Sample{Time: f.clock.Now()}
+		s.Set(telemetry.Running, 0)
+		if id == f.Busy {
+			s.Set(telemetry.Running, running)
+		}
+		s.Set(telemetry.Waiting, 0)
+		f.b.Publish(id, s)
+	}
 }

@@ -39,25 +39,12 @@ func TestSentSinceDoesNotCountTheQueuedCallsAgain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.NewClock()
 			seen := seenBy{}
-			b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5),
+			b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(5),
 				Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: seen}})
-			busy, idle := endpoints(2)[0].Addr, endpoints(2)[1].Addr
-			serial, ok := b.Serial(busy)
-			require.True(t, ok)
+			t.Cleanup(b.Close)
+			f := balancer.NewScrapedFleet(t, b, clock)
+			busy, idle := f.Busy, f.Idle
 			req := &inferlb.Request{Service: inferlb.ServiceLLM}
-			var held []balancer.Pick
-			t.Cleanup(func() {
-				for _, p := range held {
-					p.Done(inferlb.Outcome{})
-				}
-			})
-			sendTo := func(n int) {
-				for range n {
-					p, err := b.PickAt(req, serial)
-					require.NoError(t, err)
-					held = append(held, p)
-				}
-			}
 			// price picks both endpoints' prices and returns busy's; its
 			// call goes to idle, which has no calls (seenBy's cost is the
 			// in-flight count), and ends at once.
@@ -70,19 +57,11 @@ func TestSentSinceDoesNotCountTheQueuedCallsAgain(t *testing.T) {
 				require.Contains(t, seen, busy)
 				return seen[busy]
 			}
-			sendTo(8)
-			for _, id := range []string{busy, idle} { // the scrape
-				s := telemetry.Sample{Time: clock.Now()}
-				s.Set(telemetry.Running, 0)
-				if id == busy {
-					s.Set(telemetry.Running, 8)
-				}
-				s.Set(telemetry.Waiting, 0)
-				b.Publish(id, s)
-			}
+			f.SendTo(8)
+			f.Scrape(8)
 			assert.Zero(t, price().InFlightSinceReading, "just scraped")
 			clock.Advance(10 * time.Second)
-			sendTo(5)
+			f.SendTo(5)
 			header := telemetry.Sample{Time: clock.Now()}
 			header.Set(telemetry.Waiting, tc.waiting)
 			header.Set(telemetry.KVCacheUsage, 0.9)
@@ -95,7 +74,7 @@ func TestSentSinceDoesNotCountTheQueuedCallsAgain(t *testing.T) {
 			t.Logf("13 in flight, %v running, %v waiting, %d sent since: LLM load %v", r, w, st.InFlightSinceReading, r+2*w+float64(st.InFlightSinceReading))
 			assert.Equal(t, tc.atHeader, st.InFlightSinceReading, "at the header")
 
-			sendTo(2)
+			f.SendTo(2)
 			st = price()
 			assert.Equal(t, tc.after, st.InFlightSinceReading, "2 calls after the header")
 		})
