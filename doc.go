@@ -157,13 +157,15 @@
 // gRPC with nothing received) raises that service's latency to its wait
 // when the wait is longer, so a hung endpoint whose callers give up on its
 // calls stops drawing them. A generation call given up on with nothing
-// back, after waiting as long as the replica's answers take, counts
+// back, after waiting as long as the replica's answers take (its peers'
+// longest before it has answered one), counts
 // towards a run its next answer or failure ends: two or more in a row
 // price it up while calls are out to it (scoring.State.Abandoned), and its
 // affinity keys spill meanwhile, so a replica whose engine hangs behind a
 // live API server, its gauges frozen but fresh, takes one call at a time
 // until one is answered (it drew about half its share before, over 60 s
-// of a hang in TestHungLLMReplicaStopsDrawingCalls). Pick never blocks,
+// of a hang in TestHungLLMReplicaStopsDrawingCalls, and so did one hung
+// from its start in TestHungLLMReplicaHungFromTheStart). Pick never blocks,
 // locks or allocates.
 //
 // # Standing and recovery

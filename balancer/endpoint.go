@@ -677,17 +677,79 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 // gauges; its callers giving up (context.Canceled) fed no signal, and it
 // kept drawing about half its share of calls, each to hang until its
 // caller gave up (TestHungLLMReplicaStopsDrawingCalls). A wait shorter
-// than e's answers take says nothing (a user's early stop), nor does any
-// before e has answered one (a fresh replica's first calls may all be
-// long generations), and a user stopping a stream after its tokens began
-// is not Unanswered.
+// than e's answers take says nothing (a user's early stop), and a user
+// stopping a stream after its tokens began is not Unanswered.
+//
+// Before e has answered a generation call its own answers say nothing
+// of how long they take (a fresh replica's first calls may all be long
+// generations), and its peers' answers do: the wait counts when it is
+// at least the longest of their generation peak-EWMAs (peerAnswerTime).
+// Waiting for e's own first answer, a replica hung from the start never
+// counted one and drew 64 of 480 calls (0.53 of its share) in the run's
+// second minute; it draws 4 now (TestHungLLMReplicaHungFromTheStart).
 func (e *endpoint) noteAbandoned(svc inferlb.Service, wait time.Duration) {
 	if svc != inferlb.ServiceLLM || wait <= 0 {
 		return
 	}
-	if ewma := e.lat[svcIndex(svc)].ewma.Load(); ewma > 0 && int64(wait) >= ewma {
+	took := e.lat[svcIndex(svc)].ewma.Load()
+	if took <= 0 {
+		took = e.peerAnswerTime(svc)
+	}
+	if took > 0 && int64(wait) >= took {
 		e.abandoned.Add(1)
 	}
+}
+
+// minAnswerPeers is how many of an endpoint's peers in one pool must have
+// answered calls of a service for their answers to stand for its own
+// (see peerAnswerTime): one peer's few answers may all have been short.
+const minAnswerPeers = 2
+
+// peerAnswerTime is how long e's peers' answers of svc take, for an
+// endpoint that has answered none (noteAbandoned): the longest
+// peak-EWMA of svc (as of its last sample) among the other members of
+// e's pools (the endpoints serving its models, in each Membership
+// listing it: a small model's quick answers say nothing of a large
+// one's; all of them, whatever the call's model, as the longest is the
+// safer), or 0 when no pool has minAnswerPeers peers with one.
+//
+// The longest, not the median: a healthy replica's early stops count
+// only when they outwait every peer's recent peak, not half of them. The
+// two found the hang alike in TestHungLLMReplicaHungFromTheStart (4
+// calls in its second minute either way), and neither counted a healthy
+// joiner's early stops in the fleets tried. As of each peer's last
+// sample, not decayed to now as the scorer sees it: a minute after a
+// peer's last answer its minutes-long EWMA reads as a fraction of a
+// second (LatencyDecay 10 s), and a joiner whose users stopped its first
+// 2-5 minute generations after 30-120 s was taken for a hung one
+// (TestFreshReplicaJoiningLongGenerationsKeepsItsShare). A peer's stale
+// EWMA (it answered long ago) only makes the measure the longer. It
+// reads every member of e's pools, on the Done of a call abandoned
+// unanswered, never on a pick.
+func (e *endpoint) peerAnswerTime(svc inferlb.Service) int64 {
+	pools := e.pools.Load()
+	if pools == nil {
+		return 0 // no membership lists it any more
+	}
+	i := svcIndex(svc)
+	longest, enough := int64(0), false
+	for _, g := range *pools {
+		n := 0
+		for _, m := range g.members {
+			if m == e {
+				continue
+			}
+			if took := m.lat[i].ewma.Load(); took > 0 {
+				n++
+				longest = max(longest, took)
+			}
+		}
+		enough = enough || n >= minAnswerPeers
+	}
+	if !enough {
+		return 0
+	}
+	return longest
 }
 
 // silent reports whether e's callers gave up on a run of its generation

@@ -34,6 +34,7 @@ type hungRun struct {
 	recoverAt time.Duration // when a:80's engine is back: calls sent from then are answered
 	count     time.Duration // when after counts from (default hangAt)
 	keys      int           // when > 0, each call carries one of this many affinity keys
+	joinAt    time.Duration // when a:80 joins the fleet; listed from the start when 0
 }
 
 // hungEndpoints are runHungLLM's four replicas; a:80 is the one that hangs.
@@ -52,7 +53,12 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 	t.Helper()
 	clock := testutil.NewClock()
 	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1), AffinitySeed: 1})
-	require.NoError(t, b.Update(hungEndpoints))
+	joined := run.joinAt <= 0
+	if joined {
+		require.NoError(t, b.Update(hungEndpoints))
+	} else {
+		require.NoError(t, b.Update(hungEndpoints[1:]))
+	}
 	r := rand.New(rand.NewPCG(7, 11))
 	call := run.call
 	if call == nil {
@@ -150,6 +156,10 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 		if run.telemetry && !now.Before(nextPublish) {
 			publish(now)
 			nextPublish = nextPublish.Add(time.Second)
+		}
+		if !joined && now.Sub(epoch) >= run.joinAt {
+			require.NoError(t, b.Update(hungEndpoints))
+			joined = true
 		}
 		length, ttft := call(r)
 		req := &inferlb.Request{Service: inferlb.ServiceLLM}

@@ -102,10 +102,11 @@ type State struct {
 	// last answered or failed one of this process's calls of any kind,
 	// their callers gave up on with nothing back (inferlb.Outcome.
 	// Unanswered) after waiting at least as long as its generation
-	// answers take (their latency's peak-EWMA; none counts before it
-	// has answered one). A replica whose engine hangs while its server stays
-	// up runs it up call by call; a healthy one ends it with its next
-	// answer. A user stopping a stream after its first token does not
+	// answers take (their latency's peak-EWMA; before it has answered
+	// one, the longest of its peers' among the endpoints serving its
+	// models, once two of them have one). A replica whose engine hangs
+	// while its server stays up runs it up call by call; a healthy one
+	// ends it with its next answer. A user stopping a stream after its first token does not
 	// count, nor does one giving up sooner than the endpoint answers.
 	Abandoned int64
 	// TTFTEWMA is the EWMA of time to first token of streamed calls (0 = none).
