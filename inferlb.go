@@ -186,7 +186,9 @@ type Outcome struct {
 	// in a Read that waited for its first token (a server sends a
 	// stream's headers at once, before any token, also when its engine
 	// hangs); over gRPC with nothing received
-	// (balancer.DoneInfo.BytesReceived false). The adapters set it only
+	// (balancer.DoneInfo.BytesReceived false), or for a stream timed by
+	// grpcbalancer.StreamTiming, in a RecvMsg that waited for its first
+	// message (its headers came at once). The adapters set it only
 	// when the caller's own context (or an http.Request's Cancel channel)
 	// ended the call, never for the ends they report as canceled to blame
 	// no one (the caller's request body failing, a panic, a call not

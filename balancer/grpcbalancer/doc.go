@@ -161,9 +161,13 @@
 // is reported Unanswered: the balancer reads an embedding's or rerank's
 // wait as a lower bound on the endpoint's latency, and a generation's, as
 // long as its answers take, towards a run that prices a hung replica up
-// (scoring.State.Abandoned); a server stream whose headers came before
-// its first message is not, as grpc-go counts the headers as bytes
-// received; a CANCEL reset while
+// (scoring.State.Abandoned); grpc-go counts a stream's headers as bytes
+// received, and a server sends them at once, before any token, also when
+// its engine hangs, so a server stream whose headers came is reported
+// Unanswered through StreamTiming when its caller gave up in a RecvMsg
+// that waited for its first message, and is not without StreamTiming,
+// nor when the caller was away from the stream (a message may have been
+// waiting unread); a CANCEL reset while
 // the caller still waits is not); the codes that map to 4xx
 // (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED,
 // PERMISSION_DENIED, another NOT_FOUND, ALREADY_EXISTS, ABORTED) describe

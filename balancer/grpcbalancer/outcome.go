@@ -235,6 +235,13 @@ func serverFailure(di balancer.DoneInfo) bool {
 	return false
 }
 
+// isCancel reports whether err, an attempt's end, is a cancellation: the
+// context's, or gRPC's CANCELLED (the caller's, or a CANCEL reset, which
+// call.report tells apart by the call's context).
+func isCancel(err error) bool {
+	return errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled
+}
+
 func outcome(di balancer.DoneInfo) inferlb.Outcome {
 	return outcomeOf(di, true)
 }

@@ -405,6 +405,11 @@ func (c *call) report(di balancer.DoneInfo) {
 			}
 		}
 	}
+	if c.stream != nil && !o.Unanswered && di.BytesReceived && o.Canceled() && isCancel(di.Err) && c.stream.unanswered(c.pick.PickedAt().UnixNano()) {
+		// The server's headers, and no message: a hung engine's
+		// server sends them at once (see streamState.unanswered).
+		o.Unanswered = true
+	}
 	if o.Unanswered && (c.ctx == nil || c.ctx.Err() != context.Canceled) {
 		// Cancelled with nothing back, but not by the caller: a reset
 		// with CANCEL (a proxy's) is no wait the caller gave up on.

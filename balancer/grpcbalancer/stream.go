@@ -58,6 +58,12 @@ type streamState struct {
 	// inband is the first error a response message of the current attempt
 	// carried (StreamOptions.Error), or nil.
 	inband atomic.Pointer[error]
+	// got is set once a message of the current attempt is received;
+	// awaiting is when the RecvMsg the application is in, waiting for the
+	// stream's first message, began (the routing Balancer's clock, unix
+	// ns; 0 when it is in none). See unanswered.
+	got      atomic.Bool
+	awaiting atomic.Int64
 
 	// msgMu guards firstMsg, the first message the application sent,
 	// which a refusal as too long is checked against (see
@@ -108,7 +114,36 @@ func (st *streamState) attempt(b *core.Balancer) {
 	st.waited.Store(0)
 	st.waitedLast.Store(0)
 	st.inband.Store(nil)
+	st.got.Store(false) // a retried attempt had none; awaiting is the application's, and stays
 	st.core.Store(b)
+}
+
+// unanswered reports whether the caller's cancellation of a stream whose
+// server sent its headers, with start the attempt's pick (unix ns), left
+// it with nothing of its answer: the application was in a RecvMsg
+// waiting for the stream's first message when the attempt ended, and
+// had come for it in time, as the HTTP transport's reader must
+// (pace.ReaderLate: a message may have been received while it was away,
+// and a RecvMsg the cancel ends returns the cancel, not the message).
+// grpc-go counts the headers as bytes received
+// (balancer.DoneInfo.BytesReceived), and a server sends them at once: a
+// hung stream its callers gave up on before any message looked answered,
+// and fed no signal (TestE2EHungStreamCancelledBeforeAMessageIsUnanswered).
+// A RecvMsg that found the stream's context ended already waited for
+// nothing, and a message received just as the context ends may count
+// as none (grpc-go ends the attempt on a goroutine of its own).
+func (st *streamState) unanswered(start int64) bool {
+	entered := st.awaiting.Load()
+	b := st.core.Load()
+	if entered == 0 || b == nil || st.got.Load() {
+		return false
+	}
+	now := b.Now().UnixNano()
+	from := st.from.Load()
+	if from == 0 {
+		from = start // not created through StreamTiming's interceptor
+	}
+	return !pace.ReaderLate(entered-from, now-entered, now-start)
 }
 
 // errStreamLeft is the report of a held attempt (see hold) whose
@@ -331,6 +366,10 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 // RESOURCE_EXHAUSTED), also when the application reads only Header (which
 // returns no error for such an answer) and leaves. A stream whose
 // application leaves it before gRPC has read that end counts as neither.
+// A stream its caller cancels in a RecvMsg that waited for its first
+// message, its headers received, had nothing of its answer
+// (inferlb.Outcome.Unanswered): grpc-go counts the headers as received
+// bytes, and a hung engine's server sends them at once.
 //
 // It keeps the first message the application sends, which a refusal of
 // the stream as too long is checked against (see carriesRefusal): a
@@ -427,7 +466,19 @@ func (s *timedStream) RecvMsg(m any) error {
 		entered = b.Now().UnixNano()
 		started = s.st.first.Load() != 0
 	}
+	// Waiting for the first message: a cancel that ends this wait leaves
+	// the caller with nothing (see unanswered).
+	awaiting := b != nil && !s.st.got.Load() && (s.st.ctx == nil || s.st.ctx.Err() == nil)
+	if awaiting {
+		s.st.awaiting.Store(max(entered, 1))
+	}
 	err := s.ClientStream.RecvMsg(m)
+	if err == nil {
+		s.st.got.Store(true) // before awaiting ends: a Done between sees the message
+	}
+	if awaiting {
+		s.st.awaiting.Store(0)
+	}
 	if err != nil {
 		s.st.settle(err)
 		return err

@@ -1,0 +1,89 @@
+package grpcbalancer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
+)
+
+// cancelledStream is a server stream whose headers came and whose first
+// RecvMsg waits wait for a message that never comes; then the attempt
+// ends CANCELLED (gRPC reports Done before RecvMsg returns), after
+// cancel, when set, ended the caller's context.
+type cancelledStream struct {
+	grpc.ClientStream
+	clock  *testutil.Clock
+	wait   time.Duration
+	cancel context.CancelFunc
+	done   func(balancer.DoneInfo)
+}
+
+func (s *cancelledStream) RecvMsg(any) error {
+	s.clock.Advance(s.wait)
+	if s.cancel != nil {
+		s.cancel()
+	}
+	err := status.Error(codes.Canceled, "context canceled")
+	s.done(balancer.DoneInfo{Err: err, BytesSent: true, BytesReceived: true})
+	return err
+}
+
+// A stream whose headers came and no message is Unanswered through
+// StreamTiming when its caller gave up in a RecvMsg that waited for the
+// first message: from the start, or long enough after coming late that
+// it saw none come (pace.ReaderLate, as the HTTP transport's reader). A
+// reader that came 10 s late and whose RecvMsg the cancel ended at once
+// may have had a message waiting unread; a CANCEL reset while the caller
+// still waits is not the caller's wait.
+func TestStreamCancelledAwaitingItsFirstMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		late, wait   time.Duration
+		callerCancel bool
+		want         uint64
+	}{
+		{"reader waiting from the start", 0, 30 * time.Second, true, 1},
+		{"late reader that waited long", 10 * time.Second, 30 * time.Second, true, 1},
+		{"late reader, cancelled at once", 10 * time.Second, 0, true, 0},
+		{"a CANCEL reset, the caller still waiting", 0, 30 * time.Second, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
+			h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var a string
+			streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+				res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: ctx})
+				if err != nil {
+					return nil, err
+				}
+				a = res.SubConn.(*grpcfake.SubConn).Addr()
+				s := &cancelledStream{clock: clock, wait: tc.wait, done: res.Done}
+				if tc.callerCancel {
+					s.cancel = cancel
+				}
+				return s, nil
+			}
+			cs, err := StreamTiming(nil)(ctx, &grpc.StreamDesc{ServerStreams: true}, nil, "/ai.Gen/Stream", streamer)
+			require.NoError(t, err)
+			clock.Advance(tc.late)
+			assert.Equal(t, codes.Canceled, status.Code(cs.RecvMsg(nil)))
+			s := stats(t, b, a)
+			assert.EqualValues(t, 1, s.Canceled)
+			assert.Equal(t, tc.want, s.Unanswered)
+		})
+	}
+}
