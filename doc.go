@@ -144,7 +144,9 @@
 // of the key's next endpoints), so that a replica with a wrong API key or
 // a missing route, answering every call in a millisecond with nothing in
 // flight, does not draw the calls its speed would (as a success, 1,998
-// of 2,000 embedding calls) nor keep the conversations it owns. Since a
+// of 2,000 embedding calls) nor keep the conversations it owns; taking
+// none, it takes no part of the load the affinity bound shares either, as
+// an endpoint whose breaker is open does not. Since a
 // request's content decides a client error, and a tenant's shard takes
 // its calls alone, only as many of a pool's endpoints may be passed
 // over as outlier ejection may hold out (MaxEjectedFraction).

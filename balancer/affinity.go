@@ -402,11 +402,12 @@ func noRelief(t bound) bool {
 //
 // A member whose LoRA adapter slots are all taken by adapters other than
 // the one req names is out of bound for req (see lora.go), and so is one
-// whose fresh reading says it sleeps (see sleep.go); a sleeping member,
-// which takes no call, is also left out of the load and weight the others
-// share, as a member out of rotation is. So is one whose callers gave up
-// on a run of its generation calls with nothing back while calls are out
-// to it (endpoint.silent): a hung engine behind a live API server.
+// whose fresh reading says it sleeps (see sleep.go), or whose callers gave
+// up on a run of its generation calls with nothing back while calls are
+// out to it (endpoint.silent): a hung engine behind a live API server. A
+// sleeping member, which takes no call, is also left out of the load and
+// weight the others share, as a member out of rotation is, and so is one
+// that calls pass over for its client errors (see fleetView.shunned).
 func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.Time, sh *shard) bound {
 	var s telemetry.Sample
 	slot := g.members[i].slot.Load()
@@ -432,7 +433,7 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 	if sh != nil {
 		var l int64
 		st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
-		l, weight = sh.share(b.cfg, g, now.UnixNano(), st.lead(b.cfg, now.UnixNano()))
+		l, weight = sh.share(b.cfg, g, now.UnixNano(), st.lead(b.cfg, now.UnixNano()), b.shunnable.Load() != 0)
 		total = float64(l) + 1
 	} else {
 		st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
@@ -442,18 +443,19 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 		// in rotation do not share them; and a ramping member shares the
 		// load at the weight it takes calls at.
 		rep, okRep := reportedLoad(&s)
-		if okRep || st.ramping || st.usable() < len(g.members) || b.sleepLive(now.UnixNano()) {
+		if okRep || st.ramping || st.usable() < len(g.members) || b.sleepLive(now.UnixNano()) || b.shunnable.Load() != 0 {
 			v := g.fleetLoad(b.cfg, st, now)
 			total = float64(max(gl-v.aside, own)) + 1
 			if st.ramping {
 				weight = v.weight
 			} else {
-				// Sleeping members share none of it (see fleetView). At
-				// least this member's own weight stays: a view cached
+				// Sleeping members share none of it, nor do those
+				// passed over for their client errors (see fleetView).
+				// At least this member's own weight stays: a view cached
 				// while it slept (it woke within fleetViewTTL) would
 				// otherwise leave a weight near 0, and a share without
 				// bound.
-				weight = max(weight-v.asleep, g.weights[i])
+				weight = max(weight-v.asleep-v.shunned, g.weights[i])
 			}
 			if okRep && v.ok {
 				load = max(rep+float64(g.members[i].readingDelta(slot, &s, own, now.UnixNano())), float64(own)) + 1

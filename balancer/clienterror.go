@@ -64,6 +64,11 @@ import (
 // session stuck to it moves. Taken without reading the share, the owner
 // failed every call of its keys: with prefix keys or sessions over 4
 // replicas, a quarter of the chats (TestShunnedOwnerLosesItsKeys).
+// Taking no calls, such a member takes no part of the load the others'
+// bounds share either, as a member with an open breaker does not
+// (fleetView.shunned, shard.share): counted, it left the others' fair
+// share a member's weight short, and their keys spilled early
+// (TestShunnedMemberLeavesOwnersTheirKeys).
 const clientErrorGap = 0.5
 
 // clientErrorShare is e's decayed share of client-error answers at

@@ -55,7 +55,7 @@ func chatKeys(n int) []uint64 {
 // 4 replicas, prefix keys or sessions; 688 with two such of 5). Passed
 // over as an owner with an open breaker is, its keys spill to the next
 // endpoints in their order, and a session stuck to it moves: it draws 16
-// of the prefix keys' calls, 7 of the sessions', and the two 34. Without
+// of the prefix keys' calls, 16 of the sessions', and the two 32. Without
 // the check on the sticky endpoint, sessions stuck to it stayed (221
 // calls).
 func TestShunnedOwnerLosesItsKeys(t *testing.T) {
@@ -69,11 +69,12 @@ func TestShunnedOwnerLosesItsKeys(t *testing.T) {
 		{"prefix", false, 0, []string{"bad"}, 2},
 		{"session", true, time.Minute, []string{"bad"}, 1},
 		// Two of five: a key both of them own in turn (one its owner,
-		// the other next in its order) still leaves them. Its calls go
-		// to all three others: the two refusing replicas still count in
-		// the load the bound shares (they are in good standing), so the
-		// others' bound is 2 calls here, and keys spill past the next two.
-		{"prefix, two refusing", false, 0, []string{"bad", "bad2"}, 0},
+		// the other next in its order) still leaves them, for the good
+		// replicas next in its order. The two refusing replicas take no
+		// share of the load the bound shares (fleetView.shunned): counted,
+		// they made the others' bound 2 calls here, and keys spilled past
+		// the next two to all three others.
+		{"prefix, two refusing", false, 0, []string{"bad", "bad2"}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.NewClock()

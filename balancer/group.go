@@ -349,6 +349,23 @@ func probesOverdue(e *endpoint, nowNs int64) bool {
 //     counted, 6 sleepers of 8 made the 2 awake members' fair share a
 //     quarter of what they carry, and every key spilled off its owner.
 //     They are left out of total and weight, and their calls are aside.
+//   - shunned: the capacity weight of the members usableWeight counts
+//     (and awake) that calls pass over for their client errors: marked
+//     shunnable, with a share of client-error answers more than
+//     clientErrorGap above the lowest among those members (clienterror.go,
+//     shunnedFloor). They take none of the group's calls but a trickle,
+//     affinity's (shunnedOnWalk) nor P2C's, so the load is not theirs to
+//     share either: counted, one refusing replica of 4 left the other 3
+//     a fair share of a quarter of the load they carry each, and owners
+//     spilled keys at 4 calls of 12 where their bound is 5
+//     (TestAffinityBoundLeavesOutShunnedMembers). As asleep, they are
+//     left out of total and weight, and their calls are aside. The walk
+//     compares a member with the lowest share among the first members of
+//     the key's order, which is at least the group's lowest: a member
+//     counted here is passed over by the walk of every key whose first
+//     members include one at the group's lowest share (every key, unless
+//     as many refusing members as shunLook follow each other in its
+//     order).
 //
 // Concurrency: all fields are atomic and written by whoever wins
 // computing, until last; a reader racing a rewrite may pair one
@@ -361,14 +378,15 @@ type fleetView struct {
 	total       atomic.Uint64 // math.Float64bits
 	weight      atomic.Uint64 // math.Float64bits
 	asleep      atomic.Uint64 // math.Float64bits
+	shunned     atomic.Uint64 // math.Float64bits
 	aside       atomic.Int64
 }
 
 // fleetSum is what fleetView caches; ok is false when total is NaN.
 type fleetSum struct {
-	total, weight, asleep float64
-	aside                 int64
-	ok                    bool
+	total, weight, asleep, shunned float64
+	aside                          int64
+	ok                             bool
 }
 
 // fleetViewTTL is how long a group's reported load is reused: well under
@@ -404,7 +422,8 @@ func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 	f := &g.fleet
 	if f.epoch.Load() == st.epoch && f.from.Load() <= nowNs && nowNs < f.until.Load() {
 		t := math.Float64frombits(f.total.Load())
-		return fleetSum{total: t, weight: math.Float64frombits(f.weight.Load()), asleep: math.Float64frombits(f.asleep.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
+		return fleetSum{total: t, weight: math.Float64frombits(f.weight.Load()), asleep: math.Float64frombits(f.asleep.Load()),
+			shunned: math.Float64frombits(f.shunned.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
 	}
 	v := g.sumReported(c, st, now)
 	if f.computing.CompareAndSwap(false, true) {
@@ -412,6 +431,7 @@ func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 		f.total.Store(math.Float64bits(v.total))
 		f.weight.Store(math.Float64bits(v.weight))
 		f.asleep.Store(math.Float64bits(v.asleep))
+		f.shunned.Store(math.Float64bits(v.shunned))
 		f.aside.Store(v.aside)
 		f.epoch.Store(st.epoch)
 		f.from.Store(nowNs)
@@ -431,14 +451,20 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 	var unWeight, unOwn float64             // the weight of the members without a reading, and this caller's calls on them
 	pending := false                        // one of them may not have been scraped yet
 	sleepy := c.store.AsleepObserved() != 0 // a sleeping server was seen (sleep.go)
+	floor := g.shunnedFloor(c, onlyGood, sleepy, nowNs)
 	for i, e := range g.members {
-		if e.readyMask.Load()&g.bit == 0 || onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e, nowNs)) {
+		if !g.sharing(e, onlyGood, nowNs) {
 			v.aside += max(e.inFlight.Load(), 0)
 			continue
 		}
 		if sleepy && e.asleep(nowNs, c.telemetryMaxAge) {
 			v.aside += max(e.inFlight.Load(), 0)
 			v.asleep += g.weights[i]
+			continue
+		}
+		if e.ceShunnable.Load() && e.clientErrorShare(c, nowNs) > floor {
+			v.aside += max(e.inFlight.Load(), 0)
+			v.shunned += g.weights[i]
 			continue
 		}
 		w := g.weights[i] * min(e.rampFactor(c, nowNs)/lead, 1)
@@ -464,6 +490,44 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 		}
 	}
 	return v
+}
+
+// sharing reports whether member e is among those the group's load is
+// shared among (usableWeight): ready and, with onlyGood (some member is in
+// good standing), in good standing.
+func (g *group) sharing(e *endpoint, onlyGood bool, nowNs int64) bool {
+	return e.readyMask.Load()&g.bit != 0 && !(onlyGood && (e.excludedUntil.Load() > nowNs || !inGoodStanding(e, nowNs)))
+}
+
+// shunnedFloor is the client-error share above which a member the load is
+// shared among (sharing, and awake when sleepy) is passed over for its
+// client errors, if it is marked shunnable: clientErrorGap above the
+// lowest share among those members (see fleetView.shunned). +Inf when
+// none of them is marked, at one load per member: sumReported reads no
+// share then.
+func (g *group) shunnedFloor(c *config, onlyGood, sleepy bool, nowNs int64) float64 {
+	marked := false
+	for _, e := range g.members {
+		if e.ceShunnable.Load() {
+			marked = true
+			break
+		}
+	}
+	if !marked {
+		return math.Inf(1)
+	}
+	least := math.Inf(1)
+	for _, e := range g.members {
+		if !g.sharing(e, onlyGood, nowNs) || sleepy && e.asleep(nowNs, c.telemetryMaxAge) {
+			continue
+		}
+		if e.ceShare.Load() == 0 {
+			least = 0
+			break
+		}
+		least = min(least, e.clientErrorShare(c, nowNs))
+	}
+	return least + clientErrorGap
 }
 
 // firstReadingDue reports whether e, which has no fresh reading, may just

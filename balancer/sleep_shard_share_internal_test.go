@@ -38,7 +38,7 @@ func TestShardShareLeavesOutSleepers(t *testing.T) {
 		}
 		b.Publish(g.members[m].id, s)
 	}
-	_, weight := sh.share(b.cfg, g, b.cfg.nowNs(), 1)
+	_, weight := sh.share(b.cfg, g, b.cfg.nowNs(), 1, false)
 	assert.Equal(t, 1.0, weight, "the weight the shard's load is shared among: its one awake member's")
 }
 

@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"math"
 	"slices"
 
 	"github.com/inferlb/inferlb"
@@ -27,16 +28,21 @@ type shard struct {
 // share returns the capacity weight of the shard's members the load is
 // shared among, those in good standing or, when none is, the ready ones (as
 // group.eligibility counts them, but for those whose fresh reading says
-// they sleep), or all, each at the weight it takes calls
-// at (times its slow-start factor, relative to lead, see standing.lead),
-// and the in-flight calls on those members (calls on members out of
-// rotation are not theirs to share). The first call of a pick reads them;
-// the pick changes no load before it acquires.
-func (s *shard) share(c *config, g *group, nowNs int64, lead float64) (load int64, weight float64) {
+// they sleep and, with shunning (some endpoint is marked shunnable), those
+// passed over for their client errors, see fleetView), or all, each at the
+// weight it takes calls at (times its slow-start factor, relative to lead,
+// see standing.lead), and the in-flight calls on those members (calls on
+// members out of rotation are not theirs to share). The first call of a
+// pick reads them; the pick changes no load before it acquires.
+func (s *shard) share(c *config, g *group, nowNs int64, lead float64, shunning bool) (load int64, weight float64) {
 	if !s.shared {
 		var good, ready, all float64
 		var goodLoad, readyLoad, allLoad int64
 		sleepy := c.store.AsleepObserved() != 0 // a sleeping server was seen (sleep.go)
+		floor := math.Inf(1)
+		if shunning {
+			floor = s.shunnedFloor(c, g, sleepy, nowNs)
+		}
 		for _, m := range s.members[:s.n] {
 			e := g.members[m]
 			w := g.weights[m] * min(e.rampFactor(c, nowNs)/lead, 1)
@@ -45,6 +51,9 @@ func (s *shard) share(c *config, g *group, nowNs int64, lead float64) (load int6
 			allLoad += l
 			if e.readyMask.Load()&g.bit == 0 || sleepy && e.asleep(nowNs, c.telemetryMaxAge) {
 				continue // a sleeping member takes no call either (see fleetView)
+			}
+			if e.ceShunnable.Load() && e.clientErrorShare(c, nowNs) > floor {
+				continue // nor does one passed over for its client errors (see fleetView)
 			}
 			ready += w
 			readyLoad += l
@@ -64,6 +73,38 @@ func (s *shard) share(c *config, g *group, nowNs int64, lead float64) (load int6
 		s.shared = true
 	}
 	return s.load, s.weight
+}
+
+// shunnedFloor is group.shunnedFloor over the shard's members: the
+// client-error share above which a member marked shunnable is passed over,
+// clientErrorGap above the lowest among the shard's awake members in good
+// standing or, when none is, its ready ones; +Inf when none is marked.
+func (s *shard) shunnedFloor(c *config, g *group, sleepy bool, nowNs int64) float64 {
+	marked := false
+	goodLeast, readyLeast := math.Inf(1), math.Inf(1)
+	for _, m := range s.members[:s.n] {
+		e := g.members[m]
+		marked = marked || e.ceShunnable.Load()
+		if e.readyMask.Load()&g.bit == 0 || sleepy && e.asleep(nowNs, c.telemetryMaxAge) {
+			continue
+		}
+		share := 0.0
+		if e.ceShare.Load() != 0 {
+			share = e.clientErrorShare(c, nowNs)
+		}
+		readyLeast = min(readyLeast, share)
+		if e.excludedUntil.Load() <= nowNs && inGoodStanding(e, nowNs) {
+			goodLeast = min(goodLeast, share)
+		}
+	}
+	switch {
+	case !marked:
+		return math.Inf(1)
+	case !math.IsInf(goodLeast, 1):
+		return goodLeast + clientErrorGap
+	default:
+		return readyLeast + clientErrorGap
+	}
 }
 
 // calm reports whether the shard is out of panic routing by its own
