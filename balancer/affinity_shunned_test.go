@@ -10,6 +10,7 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // The affinity bound shares the group's load among the members that take
@@ -22,7 +23,9 @@ import (
 // in flight on the 3 others, 4 of them on the key's owner: with 3 members
 // sharing, the pick makes 12, a share of 4 and a bound of 1.25 x 4 = 5
 // calls, and the owner keeps its key; with 4 (all in rotation, the 4th
-// idle), 3 and a bound of 4, and it spills.
+// idle), 3 and a bound of 4, and it spills. So with the caller's own
+// calls, with every server reporting its load (the fleet view), and in a
+// tenant's shard (the shard's share).
 func TestAffinityBoundLeavesOutShunnedMembers(t *testing.T) {
 	const key = 0x1234567890abcdef
 	for _, tc := range []struct {
@@ -49,14 +52,19 @@ func TestAffinityBoundLeavesOutShunnedMembers(t *testing.T) {
 			require.Greater(t, stat(t, b, id).ClientErrorShare, 0.5)
 		}, true},
 	} {
-		for _, tenant := range []string{"", "t"} {
-			name := tc.name
-			n := 4
-			if tenant != "" {
+		for _, how := range []string{"", "reported load", "a tenant's shard"} {
+			name, n, tenant := tc.name, 4, ""
+			switch how {
+			case "reported load":
+				// Every server reports its calls; the owner's KV cache
+				// is too full for the bound to widen, the others' is
+				// not (see withinBound).
+				name += ", " + how
+			case "a tenant's shard":
 				// A tenant's shard of 4 of 5: the shard is the group
 				// (tenant.go, shard.share).
-				name += ", a tenant's shard"
-				n = 5
+				name += ", " + how
+				n, tenant = 5, "t"
 			}
 			t.Run(name, func(t *testing.T) {
 				clock := testutil.NewClock()
@@ -96,6 +104,18 @@ func TestAffinityBoundLeavesOutShunnedMembers(t *testing.T) {
 				hold(home, 4)
 				hold(others[0], 4)
 				hold(others[1], 3)
+				if how == "reported load" {
+					for id, calls := range map[string]float64{home: 4, others[0]: 4, others[1]: 3, bad: 0} {
+						s := telemetry.Sample{Time: clock.Now()}
+						s.Set(telemetry.Running, calls)
+						s.Set(telemetry.Waiting, 0)
+						s.Set(telemetry.KVCacheUsage, 0.5)
+						if id == home {
+							s.Set(telemetry.KVCacheUsage, 0.92) // no room past the bound (see withinBound)
+						}
+						b.Publish(id, s)
+					}
+				}
 				p, err = b.Pick(req(key))
 				require.NoError(t, err)
 				if tc.home {
