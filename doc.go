@@ -149,7 +149,10 @@
 // an endpoint whose breaker is open does not. Since a
 // request's content decides a client error, and a tenant's shard takes
 // its calls alone, only as many of a pool's endpoints may be passed
-// over as outlier ejection may hold out (MaxEjectedFraction).
+// over as outlier ejection may hold out (MaxEjectedFraction), and a
+// refusal of a keyed call whose key the affinity walk has moved past such
+// an endpoint is the key's, counted for no endpoint: one user's refused
+// session takes out its owner, not one endpoint after another.
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. A call its caller cancelled is neither

@@ -565,10 +565,15 @@ const (
 // pickAffine routes req by its affinity key; -1 means "no opinion" (fall
 // back to plain P2C). It walks the key's preference order at most once
 // around the ring and never allocates.
-// sh, when not nil, confines the pick to a tenant's shard.
-func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) int {
+// sh, when not nil, confines the pick to a tenant's shard. pastShunned
+// reports that the key's sticky endpoint or walk passed over a member for
+// its client errors on the way to i (shunnedOnWalk): a client error in
+// answer is then the key's (pickPastShunned), and the key is not stuck
+// to i, whose later answers to it would be counted as i's own.
+func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) (i int, pastShunned bool) {
 	if b.sticky == nil {
-		return b.walkAffine(req, g, now, c, sh)
+		i = b.walkAffine(req, g, now, c, sh, &pastShunned)
+		return i, pastShunned
 	}
 	// StickyTTL: follow the key, for this model (memKey), to where it last
 	// went while that endpoint is usable and within bound; its KV cache is
@@ -579,17 +584,21 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	// in the walk: at a ramp of f it comes back with probability 2f - f^2.)
 	mem := b.memOf(&c, req.Model)
 	if v, ok := b.sticky.Get(mem); ok {
-		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && !b.shunnedOnWalk(g, i, &c, sh) && b.admitRamp(g.members[i], &c) {
-			if bd := b.withinBound(req, g, i, now, sh); bd.in && bd.pressure < pressureSpill {
-				return i
+		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) {
+			if b.shunnedOnWalk(g, i, &c, sh) {
+				pastShunned = true
+			} else if b.admitRamp(g.members[i], &c) {
+				if bd := b.withinBound(req, g, i, now, sh); bd.in && bd.pressure < pressureSpill {
+					return i, false
+				}
 			}
 		}
 	}
-	i := b.walkAffine(req, g, now, c, sh)
-	if i >= 0 {
+	i = b.walkAffine(req, g, now, c, sh, &pastShunned)
+	if i >= 0 && !pastShunned {
 		b.sticky.Put(mem, g.hashes[i])
 	}
-	return i
+	return i, pastShunned
 }
 
 // walkAffine follows the key's preference order on the ring.
@@ -608,7 +617,10 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 // ring owner lacks it is placed among those that have it as any key is,
 // not spilled past a missing owner (which made every such key a spill
 // between its model's replicas, moving by load and cold each time).
-func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) int {
+//
+// *pastShunned is set when the walk passes over a member for its client
+// errors (see pickAffine).
+func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard, pastShunned *bool) int {
 	w := g.placement.Walk(c.key)
 	first := -1
 	home := -1        // a pressured owner, kept in reserve
@@ -640,7 +652,11 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if home >= 0 && rank > pressureLook && first < 0 {
 			return b.goHome(req, g, home, homeOver, afterOwner, c, sh, now) // nothing nearby is better off
 		}
-		if i == first || i == home || i == crowd || !c.ok(g.members[i]) || b.shunnedOnWalk(g, i, &c, sh) {
+		if i == first || i == home || i == crowd || !c.ok(g.members[i]) {
+			continue
+		}
+		if b.shunnedOnWalk(g, i, &c, sh) {
+			*pastShunned = true
 			continue
 		}
 		bd := b.withinBound(req, g, i, now, sh)

@@ -850,7 +850,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	// shard's second tries (its cooling members, a strict shard's first
 	// pick past the memory) sent another base model's calls, all of them,
 	// to one home when the shard's first choose found nothing.
-	chooseOwn := func(rc cand, sh *shard) (int, bool) {
+	chooseOwn := func(rc cand, sh *shard) (int, keyUse) {
 		i, keyed := b.choose(req, g, now, rc, sh)
 		if homed && i >= 0 && b.baseAt(g.members[i], req.Model, nowNs) {
 			c.key, c.affine, homed = ownKey, ownAffine, false // see baseAt
@@ -868,7 +868,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				}
 				retry = false // spent
 			}
-			i, keyed := -1, false
+			i, keyed := -1, keyUse(0)
 			if c.panicking && sh.calm(b.cfg, g, c.bit, c.nowNs) {
 				// The group is in panic routing but the shard is not:
 				// the calls of the group's other tenants, which made
@@ -925,7 +925,8 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				}
 			}
 			if i >= 0 {
-				c.keyed = keyed && !homed // a home holds the adapter, not the prompt's prefix
+				c.keyed = keyed&keyChose != 0 && !homed // a home holds the adapter, not the prompt's prefix
+				c.pastShunned = keyed&keyPastShunned != 0
 				return b.acquire(g.members[i], req, c), nil
 			}
 			if b.cfg.tenantStrict {
@@ -945,7 +946,8 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		// in between: rare, and the retry is not refunded.
 		return Pick{}, ErrNoEndpoints
 	}
-	c.keyed = keyed && !homed
+	c.keyed = keyed&keyChose != 0 && !homed
+	c.pastShunned = keyed&keyPastShunned != 0
 	return b.acquire(g.members[i], req, c), nil
 }
 
@@ -1038,16 +1040,19 @@ func (b *Balancer) inStrictShard(req *inferlb.Request, g *group, i int) bool {
 // one within bound, else the cheapest member for a FullScanner's call
 // (scan), else the cheaper of two draws (P2C); -1 when nothing can take
 // req.
-func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) (i int, keyed bool) {
+func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) (i int, keyed keyUse) {
 	if c.affine && g.placement != nil {
-		if i := b.pickAffine(req, g, now, c, sh); i >= 0 {
-			return i, true
+		if i, past := b.pickAffine(req, g, now, c, sh); i >= 0 {
+			if past {
+				return i, keyChose | keyPastShunned
+			}
+			return i, keyChose
 		}
 	}
 	if !c.slots {
 		if b.cfg.fullScan[svcIndex(req.Service)] && len(g.members) > 2 {
 			if i := b.scan(req, g, c, sh, now); i >= 0 {
-				return i, false
+				return i, 0
 			}
 			// Every candidate was turned down by its slow-start ramp's
 			// draw: two choices, whose draws fall back to a scan.
@@ -1055,17 +1060,17 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 		if !c.sleep {
 			i = b.draw(g, c, sh, -1)
 			if i < 0 || len(g.members) == 1 {
-				return i, false
+				return i, 0
 			}
 			if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
-				return j, false
+				return j, 0
 			}
-			return i, false
+			return i, 0
 		}
 	}
 	i, fi := b.drawFit(req, g, c, sh, -1)
 	if i < 0 || len(g.members) == 1 {
-		return i, false
+		return i, 0
 	}
 	j, fj := b.drawFit(req, g, c, sh, i)
 	if fi && (j < 0 || fj) && c.sleep &&
@@ -1074,20 +1079,32 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 		// the call until its wake-up: with most of the group asleep the
 		// redraws find sleepers too (sleep.go).
 		if k := b.fitScan(req, g, c, sh, now); k >= 0 {
-			return k, false
+			return k, 0
 		}
 	}
 	switch {
 	case j < 0:
 	case fi != fj: // one cannot serve req now (its LoRA slots are full, it sleeps): the other (lora.go, sleep.go)
 		if fi {
-			return j, false
+			return j, 0
 		}
 	case b.prefer(req, g, i, j, now):
-		return j, false
+		return j, 0
 	}
-	return i, false
+	return i, 0
 }
+
+// keyUse says how a pick's affinity key chose its endpoint (choose).
+type keyUse uint8
+
+const (
+	// keyChose: the key chose the endpoint (its prefix is likely cached
+	// there).
+	keyChose keyUse = 1 << iota
+	// keyPastShunned: on its way, the key's walk passed over a member for
+	// its client errors (its owner or sticky endpoint, shunnedOnWalk).
+	keyPastShunned
+)
 
 // cand is what decides whether a member may be a candidate for one pick.
 type cand struct {
@@ -1107,6 +1124,9 @@ type cand struct {
 	failover  bool // the pick is another attempt of a call already picked once
 	affine    bool // key steers the pick (see keyReuse)
 	keyed     bool // set by pick: the key chose the endpoint (its prefix is likely cached there)
+	// pastShunned, set by pick: the key's walk passed over a member for
+	// its client errors on its way to the endpoint (pickPastShunned).
+	pastShunned bool
 	// With panicking: only members whose breaker is closed and that are
 	// not ejected, i.e. at most cooling down (a tenant's shard, see pickWith).
 	coolingOnly bool
@@ -1516,6 +1536,9 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	if c.lack != nil && c.keep {
 		flags |= pickKeep
 	}
+	if c.pastShunned {
+		flags |= pickPastShunned
+	}
 	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
 
@@ -1550,6 +1573,11 @@ const pickServiceShift = 14
 // while its model's entry was not kept: served, the call keeps it
 // (keepModel).
 const pickKeep = 1 << (pickServiceShift + 2)
+
+// pickPastShunned marks a pick whose affinity key's walk passed over a
+// member for its client errors on its way (see clienterror.go): a client
+// error in answer is the key's, not the endpoint's.
+const pickPastShunned = 1 << (pickServiceShift + 3)
 
 // Fails to compile if the service bits overlap the LoRA ones or cannot
 // hold every Service.
@@ -1689,7 +1717,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// Neither: the call was bad or not allowed, and a fast refusal
 		// must not make the endpoint look fast (see clienterror.go).
 		e.clientErrors.Add(1)
-		b.noteAnswer(e, nowNs, true)
+		if atomic.LoadUint32(&p.flags)&pickPastShunned == 0 {
+			b.noteAnswer(e, nowNs, true)
+		} // else the key's calls are refused wherever they go (see clienterror.go)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.Err != nil && o.Model != "" && b.modelFailed(e, o.Model, nowNs):

@@ -34,7 +34,18 @@ import (
 // then draw little but that tenant's own calls, which keeps their shares
 // high. Model subsets and affinity keys concentrate bad calls alike.
 // markShunnable's cap bounds how many of a pool such calls take out of
-// the others' rotation, as it bounds outlier ejection.
+// the others' rotation, as it bounds outlier ejection. An affinity key's
+// refused calls take out its owner, no more: once the walk passes over a
+// member for its client errors on the way to an endpoint, a client error
+// from that endpoint is the key's (pickPastShunned), counted in neither
+// share, and the pick does not stick the key (StickyTTL) there. Counted,
+// the key's calls moved to the next endpoint in its order, raised its
+// share, moved on, and took endpoint after endpoint out up to the cap:
+// one user's session of refused calls, a third of the traffic over 4
+// replicas, took 2 out, and the busiest of the rest drew half of every
+// other user's calls (TestRefusedKeyTakesOutItsOwnerOnly). A replica that
+// refuses every call still raises its share on its own keys' calls and
+// its draws, which meet it first.
 //
 // A shunned replica is not shut out for good: its share fades while it
 // draws no calls, and once it is within the gap of

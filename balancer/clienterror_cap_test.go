@@ -19,8 +19,9 @@ import (
 // all three over for every other tenant: the fourth replica drew 1,160 of
 // the other tenants' 1,800 embedding calls. Only MaxEjectedFraction of a
 // pool (here 2 of 4) may be passed over for client errors, as for outlier
-// ejection: the third competes on its costs, and the fourth draws 735. (Sessions no longer aim so: the affinity walk moves a
-// session off a shunned owner, which spreads its bad calls.)
+// ejection: the third competes on its costs, and the fourth draws 735. (An
+// affinity key's refused calls take out its owner only: see
+// TestRefusedKeyTakesOutItsOwnerOnly.)
 func TestClientErrorShunningIsCappedLikeEjection(t *testing.T) {
 	clock := testutil.NewClock()
 	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(5), TenantShardSize: 3, AffinitySeed: 7})
