@@ -354,8 +354,10 @@ func probesOverdue(e *endpoint, nowNs int64) bool {
 //     shunnable, with a share of client-error answers more than
 //     clientErrorGap above the lowest among those members (clienterror.go,
 //     shunnedFloor). They take none of the group's calls but a trickle,
-//     affinity's (shunnedOnWalk) nor P2C's, so the load is not theirs to
-//     share either: counted, one refusing replica of 4 left the other 3
+//     neither affinity's (shunnedOnWalk) nor P2C's (prefer, scan), so the
+//     load is not theirs to share either (a mark, or a share fading
+//     below the floor, shows within fleetViewTTL, as a new reading
+//     does): counted, one refusing replica of 4 left the other 3
 //     a fair share of a quarter of the load they carry each, and owners
 //     spilled keys at 4 calls of 12 where their bound is 5
 //     (TestAffinityBoundLeavesOutShunnedMembers). As asleep, they are
