@@ -164,7 +164,9 @@
 // when the wait is longer, so a hung endpoint whose callers give up on its
 // calls stops drawing them. A generation call given up on with nothing
 // back, after waiting as long as the replica's answers take (its peers'
-// longest before it has answered one), counts
+// longest before it has answered one) and with none answered from then
+// on (a busy replica answering others while a user waits out a long call
+// works), counts
 // towards a run its next answer or failure ends: two or more in a row
 // price it up while calls are out to it (scoring.State.Abandoned), and its
 // affinity keys spill meanwhile, so a replica whose engine hangs behind a

@@ -30,7 +30,8 @@
 // (scoring.State.Pending). A generation call's wait is no latency (a
 // non-streamed one sends nothing until it is done, and users stop long
 // ones), but one given up on with nothing back after waiting as long as
-// the endpoint's generation answers take counts towards a run that its
+// the endpoint's generation answers take, none of them answered (nor a
+// stream's first token sent) from then on, counts towards a run that its
 // next answer or failure ends (scoring.State.Abandoned): a replica whose
 // engine hangs behind a live API server (its /metrics frozen but fresh)
 // runs it up, and the LLM scorer prices two or more in a row while calls
@@ -1690,7 +1691,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		if o.Unanswered {
 			e.unanswered.Add(1)
 			e.observeUnanswered(b.cfg, nowNs, svc, latency)
-			e.noteAbandoned(svc, latency)
+			e.noteAbandoned(svc, p.start, nowNs, latency)
+		} else if o.TTFT > 0 {
+			e.noteFirstToken(svc, p.start, nowNs, o.TTFT)
 		}
 		e.observe(b.cfg, nowNs, svc, 0, o.TTFT, 0, false, false)
 		b.report(e, p.gen, errExcluded, nowNs)

@@ -80,6 +80,11 @@ type endpoint struct {
 	// per mechanism (cappedBreaker, cappedOutlier), so that EventCapped
 	// comes once per episode, not per failure or evaluation.
 	capped atomic.Uint32
+	// firstTokenAt: unix ns of the latest first token of a generation
+	// call its caller stopped after that token (a stream cut short): an
+	// answer, as a generation's success is (see answeredSince). Written
+	// on such a call's Done only, read on the Done of one abandoned.
+	firstTokenAt atomic.Int64
 
 	// The server's load reading (telemetry Running, else Waiting) as last
 	// seen by a pick: when it was observed (unix ns), and this process's
@@ -668,9 +673,11 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 }
 
 // noteAbandoned counts a generation call its caller gave up on with
-// nothing back from e (Outcome.Unanswered) after wait, when the wait was
-// at least the peak-EWMA of e's generation answers (as of its last
-// sample): the count since e last answered or failed a call is
+// nothing back from e (Outcome.Unanswered) after wait, picked at
+// pickedNs, when the wait was at least the peak-EWMA of e's generation
+// answers (as of its last sample) and e answered no generation call from
+// then on (answeredSince: the call overdue, nothing came back from e
+// at all): the count since e last answered or failed a call is
 // scoring.State.Abandoned, which the LLM scorer prices. A vLLM replica
 // whose engine hangs (an NCCL deadlock, a stuck kernel) while its API
 // server stays up answers nothing and keeps reading fresh, frozen
@@ -680,14 +687,35 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 // than e's answers take says nothing (a user's early stop), and a user
 // stopping a stream after its tokens began is not Unanswered.
 //
+// Nor does a wait past that time while e answers other calls: e works,
+// and the stopped call was a long one. A busy fleet serving generations
+// of 30 s to 5 minutes, whose users stop a third of them at 20-95% of
+// their length, has many longer than a replica's recent answers: two
+// such stops in a row with no answer between made a run, and its
+// healthy replicas were silent at 82 of the picks from the run's tenth
+// minute to its sixtieth (53 with 1,000 session keys), one drawing 880
+// calls in the hour where it drew 920 with the stops not marked
+// unanswered; they are silent at none now, and draw the same
+// (TestBusyFleetsLateStopsOfLongGenerationsKeepTheirShare). A
+// hung engine answers nothing from its hang, so every call overdue after
+// it counts: the hung-LLM tests' figures are what they were. From the
+// call's pick instead, a call out at the hang counted only if nothing
+// was answered since its pick, and a hung replica drew 25 and 21 calls
+// in 60 s where it draws 17 and 6. A stream's first token is an answer
+// (firstTokenAt): a hung engine sends none, its API server the headers.
+// A replica with one call at a time answers none while a call is out,
+// and its users' stops of long calls still make a run; it prices the
+// replica only while a call is out, which its next answer ends.
+//
 // Before e has answered a generation call its own answers say nothing
 // of how long they take (a fresh replica's first calls may all be long
 // generations), and its peers' answers do: the wait counts when it is
-// at least the longest of their generation peak-EWMAs (peerAnswerTime).
-// Waiting for e's own first answer, a replica hung from the start never
-// counted one and drew 64 of 480 calls (0.53 of its share) in the run's
-// second minute; it draws 4 now (TestHungLLMReplicaHungFromTheStart).
-func (e *endpoint) noteAbandoned(svc inferlb.Service, wait time.Duration) {
+// at least the longest of their generation peak-EWMAs (peerAnswerTime),
+// and such a replica has answered nothing since. Waiting for e's own
+// first answer, a replica hung from the start never counted one and
+// drew 64 of 480 calls (0.53 of its share) in the run's second minute;
+// it draws 4 now (TestHungLLMReplicaHungFromTheStart).
+func (e *endpoint) noteAbandoned(svc inferlb.Service, pickedNs, nowNs int64, wait time.Duration) {
 	if svc != inferlb.ServiceLLM || wait <= 0 {
 		return
 	}
@@ -695,8 +723,44 @@ func (e *endpoint) noteAbandoned(svc inferlb.Service, wait time.Duration) {
 	if took <= 0 {
 		took = e.peerAnswerTime(svc)
 	}
-	if took > 0 && int64(wait) >= took {
-		e.abandoned.Add(1)
+	if took <= 0 || int64(wait) < took || e.answeredSince(svc, pickedNs+took, nowNs) {
+		return
+	}
+	e.abandoned.Add(1)
+}
+
+// answeredSince reports whether e answered a call of svc after ns, as of
+// nowNs: a success, whose time is its latency sample's (latencyMark.at,
+// which nothing else moves for a generation: observeUnanswered leaves
+// them alone), or, for a generation, the first token of a stream its
+// caller stopped after it (firstTokenAt). A time further ahead of nowNs
+// than stepTolerance was stamped before the clock stepped back and is no
+// answer: taken as one, it cleared every call abandoned until the clock
+// caught up.
+func (e *endpoint) answeredSince(svc inferlb.Service, ns, nowNs int64) bool {
+	ahead := nowNs + int64(stepTolerance)
+	if at := e.lat[svcIndex(svc)].at.Load(); at > ns && at <= ahead {
+		return true
+	}
+	at := e.firstTokenAt.Load()
+	return svc == inferlb.ServiceLLM && at > ns && at <= ahead
+}
+
+// noteFirstToken records, at nowNs, that a generation call of e picked at
+// pickedNs had its first token ttft later, and its caller stopped it
+// after that: e answered then (see answeredSince). The latest such time
+// is kept, unless it is further ahead of nowNs than stepTolerance (the
+// clock stepped back since it was stamped).
+func (e *endpoint) noteFirstToken(svc inferlb.Service, pickedNs, nowNs int64, ttft time.Duration) {
+	if svc != inferlb.ServiceLLM || ttft <= 0 || ttft > maxObserved {
+		return
+	}
+	at := pickedNs + int64(ttft)
+	for {
+		cur := e.firstTokenAt.Load()
+		if cur >= at && cur-nowNs <= int64(stepTolerance) || e.firstTokenAt.CompareAndSwap(cur, at) {
+			return
+		}
 	}
 }
 
@@ -754,7 +818,8 @@ func (e *endpoint) peerAnswerTime(svc inferlb.Service) int64 {
 
 // silent reports whether e's callers gave up on a run of its generation
 // calls with nothing back (noteAbandoned: scoring.MinAbandoned or more,
-// no answer since) while calls are out to it. The LLM scorer prices such
+// each waiting as long as its answers take and none answered from then
+// on, no answer since) while calls are out to it. The LLM scorer prices such
 // an endpoint up; affinity passes it over as a key's owner or spill, or
 // its keys' calls (most of a chat fleet's) kept going to it: with 1,000
 // session keys a hung replica drew 80 and 110 of 477 calls in 60 s

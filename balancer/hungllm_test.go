@@ -13,6 +13,7 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/scoring"
 	"github.com/inferlb/inferlb/telemetry"
 )
 
@@ -35,6 +36,10 @@ type hungRun struct {
 	count     time.Duration // when after counts from (default hangAt)
 	keys      int           // when > 0, each call carries one of this many affinity keys
 	joinAt    time.Duration // when a:80 joins the fleet; listed from the start when 0
+	// silent, when not nil, counts for each replica the picks made while
+	// it was silent (a run of scoring.MinAbandoned or more and calls out),
+	// from count (or hangAt) on.
+	silent map[string]int
 }
 
 // hungEndpoints are runHungLLM's four replicas; a:80 is the one that hangs.
@@ -166,14 +171,21 @@ func runHungLLM(t *testing.T, run hungRun) (after, all map[string]int) {
 		if run.keys > 0 {
 			req.AffinityKey = 1 + r.Uint64N(uint64(run.keys))
 		}
-		p, err := b.Pick(req)
-		require.NoError(t, err)
-		addr := p.Endpoint().Addr
-		all[addr]++
 		from := run.hangAt
 		if run.count > 0 {
 			from = run.count
 		}
+		if run.silent != nil && now.Sub(epoch) >= from {
+			for _, st := range b.Stats() {
+				if st.Abandoned >= scoring.MinAbandoned && st.InFlight > 0 {
+					run.silent[st.ID]++
+				}
+			}
+		}
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		addr := p.Endpoint().Addr
+		all[addr]++
 		if el := now.Sub(epoch); el >= from && el < from+time.Minute {
 			after[addr]++
 			if addr == "a:80" {
@@ -290,7 +302,7 @@ func cancelledBoth(t *testing.T, run hungRun, cancel func(r *rand.Rand, addr str
 			}
 			_, draws[i] = runHungLLM(t, run)
 		}
-		t.Logf("%d keys: %s", keys, share(draws[1]))
+		t.Logf("%d keys: answered %s; unanswered %s", keys, share(draws[0]), share(draws[1]))
 		assert.Equal(t, draws[0], draws[1], "%d keys: draws with the cancels unanswered, against answered", keys)
 	}
 }

@@ -16,6 +16,7 @@ import (
 //	silence     = 1 + State.Abandoned while calls are out to it and two or more
 //	              calls in a row were given up on with nothing back, each after
 //	              waiting as long as its answers take, with no answer between
+//	              nor any while either waited past that
 //	              (a hung engine behind a live API server), else 1. With nothing
 //	              in flight it is 1, so a replica that recovers draws a call,
 //	              and its answer ends the run; until then it takes one call at
@@ -147,7 +148,8 @@ func projectKV(kv float64, tel *telemetry.Sample, delta int64) float64 {
 // (State.Abandoned) from which LLM prices an endpoint up, and from which
 // the balancer's affinity passes over a key's owner with calls out. One
 // is a user's stop; two in a row, each as long as the endpoint's answers
-// take and no answer between, a replica that answers nothing. A hung vLLM engine
+// take and no answer between nor while either waited past that, a
+// replica that answers nothing. A hung vLLM engine
 // behind a live API server reads as healthy otherwise: its /metrics
 // answers with frozen gauges, so its telemetry stays fresh, and its
 // callers' cancellations are neither success nor failure. Its calls out

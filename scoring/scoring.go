@@ -104,10 +104,14 @@ type State struct {
 	// Unanswered) after waiting at least as long as its generation
 	// answers take (their latency's peak-EWMA; before it has answered
 	// one, the longest of its peers' among the endpoints serving its
-	// models, once two of them have one). A replica whose engine hangs
+	// models, once two of them have one), the endpoint answering no
+	// generation call (nor sending a stream's first token) from that
+	// point of the wait on. A replica whose engine hangs
 	// while its server stays up runs it up call by call; a healthy one
-	// ends it with its next answer. A user stopping a stream after its first token does not
-	// count, nor does one giving up sooner than the endpoint answers.
+	// ends it with its next answer. A user stopping a stream after its
+	// first token does not count, nor does one giving up sooner than the
+	// endpoint answers, nor one who waited out a long call while the
+	// endpoint answered others (a busy replica, working).
 	Abandoned int64
 	// TTFTEWMA is the EWMA of time to first token of streamed calls (0 = none).
 	TTFTEWMA time.Duration
