@@ -47,28 +47,32 @@ var silentFrom = 10 * time.Minute
 // peak-EWMA, made a run. From the tenth minute of an hour to its end, the
 // replicas were silent at 82 picks (23, 4, 31 and 24), 53 with 1,000
 // session keys, and b:80 drew 880 calls in the hour where it drew 920
-// with the stops not marked unanswered. A replica that answered other
-// calls while the stopped one was overdue is not hung: none is silent,
-// and each draws what it drew without them (within a call or two with
-// keys: the first minutes' runs).
+// with the stops not marked unanswered; with a:80 joining the fleet 20
+// minutes in, 33 picks (a:80 at 17 of them) and 81 with keys (a:80 at
+// 40). A replica that answered other calls while the stopped one was
+// overdue is not hung: none is silent, and each draws what it drew
+// without them (within a call or two with keys from the start: the
+// first minutes' runs).
 func TestBusyFleetsLateStopsOfLongGenerationsKeepTheirShare(t *testing.T) {
-	for _, keys := range []int{0, 1000} {
-		var draws [2]map[string]int
-		var silent [2]map[string]int
-		for i, unanswered := range []bool{false, true} {
-			silent[i] = map[string]int{}
-			_, draws[i] = runHungLLM(t, hungRun{seconds: 3600, call: mixedGenerations, keys: keys, silent: silent[i], count: silentFrom,
-				every: func(r *rand.Rand) time.Duration {
-					return 500*time.Millisecond + time.Duration(r.Int64N(int64(time.Second)))
-				},
-				cancel: func(r *rand.Rand, addr string, length, ttft time.Duration) (time.Duration, bool) {
-					return stopAThirdLate(r, addr, length, ttft), unanswered
-				}})
-		}
-		t.Logf("%d keys: answered %v, unanswered %v; picks while silent: %v", keys, draws[0], draws[1], silent[1])
-		assert.Empty(t, silent[1], "%d keys: picks made while a healthy replica was silent", keys)
-		for addr, n := range draws[0] {
-			assert.InDelta(t, n, draws[1][addr], float64(n)/100, "%d keys: %s's draws with the stops unanswered, against answered", keys, addr)
+	for _, join := range []time.Duration{0, 20 * time.Minute} {
+		for _, keys := range []int{0, 1000} {
+			var draws [2]map[string]int
+			var silent [2]map[string]int
+			for i, unanswered := range []bool{false, true} {
+				silent[i] = map[string]int{}
+				_, draws[i] = runHungLLM(t, hungRun{seconds: 3600, call: mixedGenerations, keys: keys, joinAt: join, silent: silent[i], count: silentFrom,
+					every: func(r *rand.Rand) time.Duration {
+						return 500*time.Millisecond + time.Duration(r.Int64N(int64(time.Second)))
+					},
+					cancel: func(r *rand.Rand, addr string, length, ttft time.Duration) (time.Duration, bool) {
+						return stopAThirdLate(r, addr, length, ttft), unanswered
+					}})
+			}
+			t.Logf("a:80 joins at %v, %d keys: answered %v, unanswered %v; picks while silent: %v", join, keys, draws[0], draws[1], silent[1])
+			assert.Empty(t, silent[1], "a:80 joins at %v, %d keys: picks made while a healthy replica was silent", join, keys)
+			for addr, n := range draws[0] {
+				assert.InDelta(t, n, draws[1][addr], float64(n)/100, "a:80 joins at %v, %d keys: %s's draws with the stops unanswered, against answered", join, keys, addr)
+			}
 		}
 	}
 }
