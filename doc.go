@@ -220,7 +220,8 @@
 // history of its in-flight count, for a reading that arrives late, as from
 // Prometheus; scoring.State.InFlightSinceReading) and the LLM scorer adds them to the
 // server's count, less those a newer queue reading (a load header's Waiting
-// beside a scrape's Running) can already hold, and those sent since the KV-cache use was measured
+// beside a scrape's Running) can already hold (and, while it shows a queue,
+// not less those that ended: queued calls took their places), and those sent since the KV-cache use was measured
 // (InFlightSinceKV: a load header's is newer than the scrape) to it; otherwise the endpoint that looked
 // emptiest at the last scrape would take every pick until the next one, and
 // a saturated fleet would herd. Affinity reads the same

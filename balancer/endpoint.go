@@ -401,14 +401,45 @@ func (e *endpoint) readingDelta(slot *telemetry.Slot, tel *telemetry.Sample, inF
 // neither count, nor are those sent between the two that run; and at most
 // Waiting of those can be in the queue. So the count is the calls sent
 // since the queue reading, but at least the calls sent since the scrape
-// less Waiting, and at most those sent since the scrape. It is exact when
-// the server was saturated at the scrape already (its running count
-// stays; the calls sent since queue), and as before when nothing waits.
-// When the server filled up between the two (its running count rose to
-// its limit) it errs low, by at most the calls of this process that ran
-// in the room it had. Calls that ended between the two are counted as
-// before: a saturated server fills their places from the queue, which
-// the reading cannot tell from a server that was not.
+// less Waiting; with nothing waiting, the calls sent since the scrape.
+//
+// What the reading can know, as a model: a server runs up to some limit
+// and queues the rest, and starts a queued call as soon as a running one
+// ends (vLLM at max_num_seqs, or out of KV blocks). This process knows the
+// scrape's Running R0, the header's Waiting W1, and its own in-flight
+// count when a pick first saw each (readingBase, waitBase) and now: its
+// net change between the two readings, D (calls sent less calls ended;
+// which came first changes nothing, the server's counts at the header
+// are the same either way), and since the header. It does not know the
+// limit, other callers' calls, nor the scrape's Waiting W0 (the header's
+// replaced it in the slot). The truth is R1 + W1 and the reading
+// R0 + W1 + (R1 - R0) estimated, plus the calls since the header:
+//
+//   - W1 >= 1: the server is at its limit, so R1 >= R0 whatever anyone
+//     sent or ended. The count takes the calls of D that the queue cannot
+//     hold as run, max(0, D - W1): exact with this process's calls alone
+//     (R1 - R0 = W0 + D - W1: 0 when W0 >= 1, the server full at both;
+//     D - W1 >= 0 when W0 = 0), off by other callers' calls otherwise.
+//     Calls of this process that ended between the two (D < 0) are not
+//     taken off: the queue filled their places, and Waiting is shorter
+//     by them already. Taken off as well, a server with 8 running and 10
+//     waiting at the scrape, 4 of whose calls ended, read 8 + 6 - 4 = 10
+//     for the 8 + 6 it held (TestCallsEndedBetweenTheReadingsCountOnce).
+//   - W1 = 0: R1 - R0 = W0 + D with this process's calls alone, and the
+//     count is D: exact when nothing waited at the scrape; when W0 did,
+//     the calls that ended made room for those W0, and the reading is low
+//     by them. Both servers show this process the same readings (R0, no
+//     queue, D), so the gap stays: closing it takes W0, kept apart from
+//     the header's, and even then other callers' ended calls drain a
+//     queue as well.
+//
+// Beyond the model, two errors stay. Calls of other callers that ended
+// between the two on a server with room left R0 higher than R1, as calls
+// that end after any scrape do: they count until the next scrape. And a
+// server that queues with room to run (calls waiting for a LoRA adapter,
+// a step's token budget, preempted calls) can run fewer than R0 with a
+// queue: there the count is high by at most this process's calls that
+// ended between the two.
 func (e *endpoint) queuedSince(slot *telemetry.Slot, tel *telemetry.Sample, at, since, inFlight, nowNs int64) int64 {
 	if !tel.Has.Has(telemetry.Running) || !tel.Has.Has(telemetry.Waiting) {
 		return since // at is Running's time only with both (readingTime)
@@ -418,11 +449,12 @@ func (e *endpoint) queuedSince(slot *telemetry.Slot, tel *telemetry.Sample, at, 
 		return since // one reading, or the queue is the older
 	}
 	sinceQueue := e.sinceBase(&e.waitAt, &e.waitBase, waitAt, inFlight, nowNs)
-	held := int64(0) // the calls the queue can hold: Waiting, whole
-	if w := tel.Values[telemetry.Waiting]; w >= 1 {
-		held = int64(min(w, telemetry.MaxRequests))
+	w := tel.Values[telemetry.Waiting]
+	if !(w >= 1) {
+		return since // nothing waits (a NaN neither)
 	}
-	return min(since, max(sinceQueue, since-held))
+	// since - sinceQueue is D; the calls the queue can hold are Waiting, whole.
+	return max(sinceQueue, since-int64(min(w, telemetry.MaxRequests)))
 }
 
 // readingTime is the time (unix ns) of the load reading readingDelta

@@ -32,7 +32,7 @@ func TestGroupLoadCountsTheQueuedCallsOnce(t *testing.T) {
 		return v.total
 	}
 	f.SendTo(8)
-	f.Scrape(8)
+	f.Scrape(8, 0)
 	assert.Equal(t, 8.0, total(), "just scraped")
 	clock.Advance(10 * time.Second)
 	f.SendTo(5)
@@ -46,7 +46,7 @@ func TestGroupLoadCountsTheQueuedCallsOnce(t *testing.T) {
 
 // ScrapedFleet is the two-endpoint fleet of the queue-since tests, here and
 // in package balancer_test: Busy, which this caller sends calls to
-// (SendTo, held until the test ends), and Idle.
+// (SendTo, held until End or the test's end), and Idle.
 type ScrapedFleet struct {
 	t          *testing.T
 	b          *Balancer
@@ -83,16 +83,27 @@ func (f *ScrapedFleet) SendTo(n int) {
 	}
 }
 
-// Scrape publishes a scrape of both: Busy running running, Idle nothing,
-// neither queueing.
-func (f *ScrapedFleet) Scrape(running float64) {
+// End ends the n oldest of the calls SendTo holds.
+func (f *ScrapedFleet) End(n int) {
+	f.t.Helper()
+	require.LessOrEqual(f.t, n, len(f.held))
+	for _, p := range f.held[:n] {
+		p.Done(inferlb.Outcome{})
+	}
+	f.held = f.held[n:]
+}
+
+// Scrape publishes a scrape of both: Busy running running and queueing
+// waiting, Idle nothing.
+func (f *ScrapedFleet) Scrape(running, waiting float64) {
 	for _, id := range []string{f.Busy, f.Idle} {
 		s := telemetry.Sample{Time: f.clock.Now()}
 		s.Set(telemetry.Running, 0)
+		s.Set(telemetry.Waiting, 0)
 		if id == f.Busy {
 			s.Set(telemetry.Running, running)
+			s.Set(telemetry.Waiting, waiting)
 		}
-		s.Set(telemetry.Waiting, 0)
 		f.b.Publish(id, s)
 	}
 }

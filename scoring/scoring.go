@@ -128,9 +128,11 @@ type State struct {
 	// newer than the Running (a load header's queue beside a scrape's
 	// running count) already holds the calls sent between the two that
 	// the server queued, so the count is at least the calls sent since the
-	// Waiting and at least those since the Running less Waiting, but no
-	// more than those since the Running, so a queued call is not counted
-	// twice.
+	// Waiting and at least those since the Running less Waiting, so a
+	// queued call is not counted twice; with nothing waiting, those since
+	// the Running. Calls that ended between the two are not taken off
+	// while the Waiting shows a queue: the server filled their places from
+	// it, and the Waiting is shorter by them already.
 	InFlightSinceReading int64
 	// InFlightSinceKV is the same count since the KV-cache usage in
 	// Telemetry was measured, which may be later than the load reading:
