@@ -426,20 +426,26 @@ func (e *endpoint) readingDelta(slot *telemetry.Slot, tel *telemetry.Sample, inF
 //     waiting at the scrape, 4 of whose calls ended, read 8 + 6 - 4 = 10
 //     for the 8 + 6 it held (TestCallsEndedBetweenTheReadingsCountOnce).
 //   - W1 = 0: R1 - R0 = W0 + D with this process's calls alone, and the
-//     count is D: exact when nothing waited at the scrape; when W0 did,
-//     the calls that ended made room for those W0, and the reading is low
-//     by them. Both servers show this process the same readings (R0, no
-//     queue, D), so the gap stays: closing it takes W0, kept apart from
-//     the header's, and even then other callers' ended calls drain a
-//     queue as well.
+//     count is D: exact when nothing waited at the scrape. When W0 calls
+//     did, they started in the places of calls that ended, and the
+//     reading is low by them (8 running and 2 waiting, 5 of this
+//     process's calls ended: it reads 3 for 5). That server and one with
+//     8 running and none show this process the same readings (R0, no
+//     queue, D), so the gap stays: closing it takes W0, which the
+//     header's Waiting replaced (a pick saw it only if one came between
+//     the two), and other callers' calls that ended drain a queue too,
+//     for which W0 + D would read high.
 //
-// Beyond the model, two errors stay. Calls of other callers that ended
+// Beyond the model, three errors stay. Calls of other callers that ended
 // between the two on a server with room left R0 higher than R1, as calls
-// that end after any scrape do: they count until the next scrape. And a
+// that end after any scrape do: they count until the next scrape. A
 // server that queues with room to run (calls waiting for a LoRA adapter,
 // a step's token budget, preempted calls) can run fewer than R0 with a
 // queue: there the count is high by at most this process's calls that
-// ended between the two.
+// ended between the two. And the bases are counts from when a pick first
+// saw each reading: a call that ended after the header and before that
+// pick counts as ended before it (with a queue, not taken off), until the
+// next header, which comes with the next response.
 func (e *endpoint) queuedSince(slot *telemetry.Slot, tel *telemetry.Sample, at, since, inFlight, nowNs int64) int64 {
 	if !tel.Has.Has(telemetry.Running) || !tel.Has.Has(telemetry.Waiting) {
 		return since // at is Running's time only with both (readingTime)
