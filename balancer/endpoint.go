@@ -444,8 +444,8 @@ func (e *endpoint) readingDelta(slot *telemetry.Slot, tel *telemetry.Sample, inF
 // queue: there the count is high by at most this process's calls that
 // ended between the two. And the bases are counts from when a pick first
 // saw each reading: a call that ended after the header and before that
-// pick counts as ended before it (with a queue, not taken off), until the
-// next header, which comes with the next response.
+// pick counts as ended before it (with a queue, it may not be taken off)
+// until the next header, which comes with the next response.
 func (e *endpoint) queuedSince(slot *telemetry.Slot, tel *telemetry.Sample, at, since, inFlight, nowNs int64) int64 {
 	if !tel.Has.Has(telemetry.Running) || !tel.Has.Has(telemetry.Waiting) {
 		return since // at is Running's time only with both (readingTime)
