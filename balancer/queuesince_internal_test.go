@@ -44,6 +44,35 @@ func TestGroupLoadCountsTheQueuedCallsOnce(t *testing.T) {
 	assert.Equal(t, 15.0, total(), "and 2 sent after the header")
 }
 
+// The group's view counts calls that ended between a scrape and a newer
+// load header with a queue once, as the scorer does
+// (TestCallsEndedBetweenTheReadingsCountOnce): 8 running and 10 waiting
+// at the scrape, 10 of them this caller's; 4 of those end and 4 queued
+// calls start in their places, so the header's queue is 6 and the member
+// holds 14. Taken off again, it read 10.
+func TestGroupLoadCountsTheEndedCallsOnce(t *testing.T) {
+	clock := testutil.NewClock()
+	b := New(Options{Clock: clock, Rand: testutil.NewRand(5)})
+	t.Cleanup(b.Close)
+	f := NewScrapedFleet(t, b, clock)
+	g := b.def.snap.Load().all
+	total := func() float64 {
+		now := clock.Now()
+		v := g.sumReported(b.cfg, g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano()), now)
+		require.True(t, v.ok)
+		return v.total
+	}
+	f.SendTo(10)
+	f.Scrape(8, 10)
+	assert.Equal(t, 18.0, total(), "just scraped")
+	clock.Advance(10 * time.Second)
+	f.End(4)
+	header := telemetry.Sample{Time: clock.Now()}
+	header.Set(telemetry.Waiting, 6)
+	b.Publish(f.Busy, header)
+	assert.Equal(t, 14.0, total(), "8 running, 6 waiting")
+}
+
 // ScrapedFleet is the two-endpoint fleet of the queue-since tests, here and
 // in package balancer_test: Busy, which this caller sends calls to
 // (SendTo, held until End or the test's end), and Idle.
