@@ -129,8 +129,14 @@ func (s *Source) validateConfig() error {
 // one ahead of its clock as now). A time older than a Store's maximum age
 // makes the sample stale, so it is ignored. If some exporters fail
 // (or return partial expositions) the error wraps telemetry.ErrPartial; if
-// all fail it does not. A target without a Mapping (its own Map and Map both
-// nil) is a configuration error, returned before any scrape.
+// all fail it does not. A body served as OpenMetrics (a proxy in front of
+// an exporter may answer it) without the "# EOF" line that ends every
+// OpenMetrics exposition was cut short, perhaps at a line boundary where
+// nothing else shows it: its exporter fails, and none of it is read, since
+// the lines lost may be any GPU's. Under another Content-Type a body is
+// read as it came: the text format has no end marker. A target without a
+// Mapping (its own Map and Map both nil) is a configuration error, returned
+// before any scrape.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	if err := s.validateConfig(); err != nil {
 		return nil, err

@@ -386,3 +386,46 @@ func TestSourceErrorsRedactThePassword(t *testing.T) {
 	require.ErrorContains(t, err, "no Map")
 	assert.NotContains(t, err.Error(), "s3cr3t")
 }
+
+// dcgm-exporter writes the text format, but a proxy or sidecar in front of
+// it may answer OpenMetrics. Cut short at a line boundary (a connection
+// closed mid-body without a length, a proxy's size limit), such a body has
+// no unfinished line to betray it, only a missing "# EOF": it was read as
+// the text format, and a node cut after its idle GPU's lines read as idle,
+// its full GPU unseen. Served as OpenMetrics, it is now a failed scrape:
+// counted, none of it read, the other exporters unaffected.
+func TestSourceRejectsOpenMetricsCutShort(t *testing.T) {
+	serveAs := func(contentType, body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", contentType)
+			_, _ = w.Write([]byte(body))
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL + "/metrics"
+	}
+	const openMetrics = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+	whole := page("node-a", 100, 900) + "# EOF\n"
+	cut := page("node-a", 100) // GPU 0's lines: the body stops before GPU 1's
+	require.True(t, strings.HasPrefix(whole, cut))
+	byHost := dcgm.ByHost(map[string]string{"ep-a": "node-a", "ep-b": "node-b"})
+	src := &dcgm.Source{Client: client(t), Map: byHost, URLs: []string{
+		serveAs(openMetrics, cut),
+		serveAs(openMetrics, page("node-b", 200)+"# EOF\n"),
+	}}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.ErrorContains(t, err, "1 of 2 exporters failed")
+	assert.ErrorContains(t, err, "# EOF")
+	got := map[string]float64{}
+	for _, o := range obs {
+		got[o.EndpointID], _ = o.Sample.MemoryUsage()
+	}
+	assert.Equal(t, map[string]float64{"ep-b": 0.2}, got, "node-a is not read as idle")
+
+	src.URLs = []string{serveAs(openMetrics, whole)}
+	obs, err = src.Collect(t.Context())
+	require.NoError(t, err)
+	require.Len(t, obs, 1)
+	u, _ := obs[0].Sample.MemoryUsage()
+	assert.InDelta(t, 0.9, u, 1e-12, "a whole OpenMetrics body is read")
+}

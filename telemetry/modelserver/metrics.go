@@ -169,6 +169,10 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 // the load metrics above, or whose every value of them was dropped, returns
 // an error saying which and an empty Sample. Parse never panics.
 //
+// Parse sees no Content-Type, so it reads an OpenMetrics exposition cut
+// short before its closing "# EOF" line as a text one, as far as it goes;
+// Source's scrapes reject a body served as OpenMetrics without that line.
+//
 // Sample.Time is left zero, for the caller to stamp, unless every sample of
 // the metrics above carries a timestamp, as a Prometheus federation
 // endpoint's or a caching sidecar's do: then it is the oldest of those,

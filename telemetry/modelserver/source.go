@@ -93,7 +93,12 @@ func (s *Source) validateConfig() error {
 // clock as now). A time older than a Store's maximum age makes the
 // sample stale, so it is ignored. If some targets fail
 // the error wraps telemetry.ErrPartial and names the first failure; if all
-// fail it does not.
+// fail it does not. A body served as OpenMetrics (Content-Type
+// application/openmetrics-text) without the "# EOF" line that ends every
+// OpenMetrics exposition was cut short, perhaps at a line boundary where
+// nothing else shows it: its target fails, and none of it is read, since
+// the lines lost may be any metric's (a queue read as empty). Under another
+// Content-Type a body is read as it came: the text format has no end marker.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	if err := s.validateConfig(); err != nil {
 		return nil, err

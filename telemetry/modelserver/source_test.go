@@ -1,6 +1,7 @@
 package modelserver_test
 
 import (
+	"bytes"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -260,4 +261,52 @@ func TestSourceTargetWithoutEndpointIDFailsAlone(t *testing.T) {
 	require.ErrorContains(t, err, "EndpointID is empty")
 	assert.NotErrorIs(t, err, telemetry.ErrPartial, "nothing usable: the round failed")
 	assert.Empty(t, obs)
+}
+
+// vLLM answers OpenMetrics to a scraper that asks for it, or from behind a
+// proxy that does. Cut short at a line boundary (a connection closed
+// mid-body without a length, a proxy's size limit), such a body has no
+// unfinished line to betray it, only a missing "# EOF": it was read as the
+// text format, and a replica cut before its num_requests_waiting and
+// kv_cache_usage_perc lines was published with 14 running and nothing
+// queued, as a whole reading. Served as OpenMetrics, it is now a failed
+// scrape: counted, none of it read, the other targets unaffected. The text
+// format has no end marker, so the same bytes served as text are read.
+func TestSourceRejectsOpenMetricsCutShort(t *testing.T) {
+	whole := readFile(t, "vllm-v1-two-engines-openmetrics.txt")
+	i := bytes.Index(whole, []byte("# HELP vllm:num_requests_waiting"))
+	require.Positive(t, i)
+	cut := whole[:i]
+	serveAs := func(contentType string, body []byte) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", contentType)
+			_, _ = w.Write(body)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL + "/metrics"
+	}
+	const openMetrics = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+	src := &modelserver.Source{Client: client(t), Targets: modelserver.Static(
+		modelserver.Target{EndpointID: "cut", URL: serveAs(openMetrics, cut)},
+		modelserver.Target{EndpointID: "whole", URL: serveAs(openMetrics, whole)},
+	)}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Contains(t, err.Error(), "1 of 2 targets failed")
+	assert.Contains(t, err.Error(), `endpoint "cut"`)
+	assert.Contains(t, err.Error(), "# EOF")
+	require.Len(t, obs, 1)
+	assert.Equal(t, "whole", obs[0].EndpointID)
+	assert.Equal(t, map[string]float64{"running": 14, "waiting": 4, "kv_cache_usage": 0.87, "prefix_cache_hit_rate": 0.5}, fields(obs[0].Sample))
+
+	src.Targets = modelserver.Static(modelserver.Target{EndpointID: "cut", URL: serveAs(openMetrics, cut)})
+	obs, err = src.Collect(t.Context())
+	require.ErrorContains(t, err, "all 1 targets failed")
+	assert.Empty(t, obs)
+
+	src.Targets = modelserver.Static(modelserver.Target{EndpointID: "text", URL: serveAs("text/plain; version=0.0.4", cut)})
+	obs, err = src.Collect(t.Context())
+	require.NoError(t, err, "a text exposition has no end to miss")
+	require.Len(t, obs, 1)
+	assert.Equal(t, map[string]float64{"running": 14}, fields(obs[0].Sample))
 }

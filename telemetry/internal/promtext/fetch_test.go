@@ -1,9 +1,12 @@
 package promtext_test
 
 import (
+	"bytes"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
 	"strings"
 	"testing"
 
@@ -73,4 +76,63 @@ func TestFetchLargestLimitReadsTheBody(t *testing.T) {
 	got, err := promtext.Fetch(t.Context(), &http.Client{Transport: tr}, srv.URL, math.MaxInt64)
 	require.NoError(t, err)
 	assert.Equal(t, body, string(got))
+}
+
+// An OpenMetrics exposition ends with "# EOF". Served as OpenMetrics and cut
+// short at a line boundary (a connection closed mid-body without a length,
+// a proxy's size limit), a body has no unfinished line to betray it: Fetch
+// returned it, Parse read it as the text format, and a vLLM exposition cut
+// before its num_requests_waiting lines read as a server with no queue.
+// Such a body is an error; the same bytes under the text format's type, or
+// under none, are not (the text format has no end marker), and a whole
+// OpenMetrics body is returned as served.
+func TestFetchRejectsOpenMetricsWithoutEOF(t *testing.T) {
+	whole, err := os.ReadFile("testdata/vllm-v1-two-engines-openmetrics.txt")
+	require.NoError(t, err)
+	i := bytes.Index(whole, []byte("# HELP vllm:num_requests_waiting"))
+	require.Positive(t, i)
+	cut := whole[:i] // ends with a line feed: no line is left unfinished
+
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := whole
+		if r.URL.Query().Get("cut") != "" {
+			body = cut
+		}
+		if ct := r.URL.Query().Get("ct"); ct != "none" {
+			w.Header().Set("Content-Type", ct)
+		} else {
+			w.Header()["Content-Type"] = nil // no sniffing either
+		}
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	get := func(ct string, cut bool) ([]byte, error) {
+		u := srv.URL + "/metrics?" + url.Values{"ct": {ct}, "cut": {map[bool]string{true: "1"}[cut]}}.Encode()
+		return promtext.Fetch(t.Context(), client, u, 0)
+	}
+
+	for _, ct := range []string{
+		"application/openmetrics-text; version=1.0.0; charset=utf-8",
+		"application/openmetrics-text; version=0.0.1",
+		"Application/OpenMetrics-Text",
+		"application/openmetrics-text; version=1.0.0;", // a stray semicolon
+	} {
+		body, err := get(ct, true)
+		require.ErrorIs(t, err, promtext.ErrNoEOF, "Content-Type %q", ct)
+		assert.Nil(t, body)
+		assert.Contains(t, err.Error(), "/metrics")
+		assert.Contains(t, err.Error(), "Content-Type")
+
+		body, err = get(ct, false)
+		require.NoError(t, err, "Content-Type %q", ct)
+		assert.Equal(t, whole, body)
+	}
+	for _, ct := range []string{"text/plain; version=0.0.4; charset=utf-8", "none"} {
+		body, err := get(ct, true)
+		require.NoError(t, err, "Content-Type %q", ct)
+		assert.Equal(t, cut, body)
+	}
 }

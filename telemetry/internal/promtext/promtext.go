@@ -14,7 +14,9 @@
 // the header, or a proxy in front of one, may still answer OpenMetrics, so
 // Parse reads that too: it is the text format plus exemplars and float
 // timestamps after the value, # UNIT and # EOF lines, counters whose samples
-// carry a _total suffix the family name lacks, and four more types.
+// carry a _total suffix the family name lacks, and four more types. A body
+// served as OpenMetrics that lacks its closing # EOF was cut short, and
+// Fetch returns an error (ErrNoEOF) rather than part of an exposition.
 //
 // A sample may carry the time it was measured: a Prometheus federation
 // endpoint or a caching sidecar serves what was scraped earlier, each
@@ -36,8 +38,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -550,6 +554,18 @@ const accept = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 // body, at most maxBytes of it (<= 0 means DefaultMaxBytes). A non-2xx
 // status or a larger body is an error. Errors name url without its
 // password (see Redacted).
+//
+// So is a body served as OpenMetrics (Content-Type
+// application/openmetrics-text) whose last line is not "# EOF" (ErrNoEOF):
+// every OpenMetrics exposition ends with that line, so one without it was
+// cut short (a connection closed mid-body with no length to betray it, a
+// proxy's size limit), and it may have been cut at a line boundary, where
+// no line is left unfinished to tell. Parsed, its samples would read as the
+// whole: a vLLM exposition cut before its queue gauge reads as a server
+// with nothing queued. A body served under any other type, or none, is
+// returned as it is: the text format has no end marker, so a cut there
+// cannot be told from a short exposition, and a server that answers
+// OpenMetrics under text/plain still ends it with # EOF, which Parse reads.
 func Fetch(ctx context.Context, client *http.Client, url string, maxBytes int64) ([]byte, error) {
 	if client == nil {
 		client = http.DefaultClient
@@ -583,8 +599,28 @@ func Fetch(ctx context.Context, client *http.Client, url string, maxBytes int64)
 	if int64(len(body)) > maxBytes {
 		return nil, fmt.Errorf("GET %s: %w (limit %d bytes)", Redacted(url), ErrTooLarge, maxBytes)
 	}
+	if ct := resp.Header.Get("Content-Type"); servedOpenMetrics(ct) && !isOpenMetrics(body) {
+		return nil, fmt.Errorf("GET %s: %w (Content-Type %q, %d bytes)", Redacted(url), ErrNoEOF, ct, len(body))
+	}
 	return body, nil
 }
 
 // ErrTooLarge reports a body over the limit.
 var ErrTooLarge = errors.New("body too large")
+
+// ErrNoEOF reports a body served as OpenMetrics that does not end with the
+// "# EOF" line every OpenMetrics exposition ends with (see Fetch).
+var ErrNoEOF = errors.New("OpenMetrics body has no closing # EOF line: it was cut short, and none of it is read")
+
+// servedOpenMetrics reports whether contentType names OpenMetrics, in any
+// version: each of them ends an exposition with # EOF.
+func servedOpenMetrics(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		// A parameter mime rejects (a stray semicolon, a bare token)
+		// leaves the type itself readable.
+		mt, _, _ = strings.Cut(contentType, ";")
+		mt = strings.ToLower(strings.TrimSpace(mt))
+	}
+	return mt == "application/openmetrics-text"
+}
