@@ -304,6 +304,13 @@ func (b *Balancer) Keyer() *cache.Keyer { return b.keyer }
 // Telemetry returns the Store the balancer reads samples from.
 func (b *Balancer) Telemetry() *telemetry.Store { return b.cfg.store }
 
+// TelemetryMaxAge returns the age past which the balancer ignores a
+// telemetry field: Options.TelemetryMaxAge with its default applied, or 0
+// when it keeps every field whatever its age (a negative
+// Options.TelemetryMaxAge). Adapters that share a Balancer check their
+// report intervals against it.
+func (b *Balancer) TelemetryMaxAge() time.Duration { return b.cfg.telemetryMaxAge }
+
 // Publish records a telemetry sample for an endpoint; the Balancer is a
 // telemetry.Sink. Adapters call it with per-call load reports, and a
 // telemetry.Poller can publish into it. A sample for an ID that is not one

@@ -53,7 +53,9 @@ var (
 // traffic (balancer/httpbalancer on the same b). Register it with
 // google.golang.org/grpc/balancer.Register before dialing, and select it by
 // name in the service config; its config may not carry a "balancer" section
-// (b's options are fixed). It panics if name is empty or b is nil.
+// (b's options are fixed), and its "orca.interval", with "outOfBand" on,
+// may be no longer than b.TelemetryMaxAge(). It panics if name is empty or
+// b is nil.
 //
 // Each channel built with it takes its own membership in b (a
 // balancer.Membership): the resolver's endpoints and which of them the channel
@@ -88,7 +90,7 @@ func (bb *Builder) Name() string { return bb.name }
 // it rejects unknown fields: a misspelt tunable should fail loudly, not be
 // silently ignored.
 func (bb *Builder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
-	return parseConfig(js, bb.shared != nil)
+	return parseConfig(js, bb.shared)
 }
 
 // Build implements balancer.Builder: endpointsharding over pickfirst
@@ -166,7 +168,7 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	if cfg == nil {
 		// Selected without a config (or with another policy's): defaults.
 		var err error
-		if cfg, err = parseConfig(nil, lb.shared != nil); err != nil {
+		if cfg, err = parseConfig(nil, lb.shared); err != nil {
 			return err
 		}
 	}

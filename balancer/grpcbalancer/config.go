@@ -25,8 +25,9 @@ import (
 // core's default telemetry age. With such a server and no per-call
 // reports, set "balancer.telemetryMaxAge" above the server's interval
 // (45s, say), or each report is stale for a moment before the next. An
-// interval longer than telemetryMaxAge is refused: every report would be
-// ignored for most of its life.
+// interval longer than telemetryMaxAge (a NewBuilder policy's Balancer's
+// TelemetryMaxAge) is refused: every report would be ignored for most of
+// its life.
 const DefaultOOBInterval = 10 * time.Second
 
 // jsonConfig is the service config as written. Durations are strings parsed
@@ -145,9 +146,10 @@ func configError(field, format string, args ...any) error {
 }
 
 // parseConfig parses, validates and defaults the policy's JSON config.
-// shared reports whether the policy routes with a caller's Balancer, whose
-// tunables are fixed and so may not appear in the config.
-func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
+// shared is the caller's Balancer the policy routes with (NewBuilder), nil
+// when it builds its own: a shared one's tunables are fixed and so may not
+// appear in the config, and its TelemetryMaxAge bounds orca.interval.
+func parseConfig(js json.RawMessage, shared *core.Balancer) (*lbConfig, error) {
 	var raw jsonConfig
 	if len(bytes.TrimSpace(js)) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(js))
@@ -247,7 +249,7 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 	}
 
 	if raw.Balancer != nil {
-		if shared {
+		if shared != nil {
 			return nil, configError("balancer", "not allowed: this policy routes with a caller-provided *balancer.Balancer, whose options were fixed by balancer.New")
 		}
 		c.hasTunables = true
@@ -256,12 +258,19 @@ func parseConfig(js json.RawMessage, shared bool) (*lbConfig, error) {
 		}
 		c.tunables = raw.Balancer.canonical(&c.opts)
 	}
-	if maxAge := cmp.Or(c.opts.TelemetryMaxAge, core.DefaultTelemetryMaxAge); c.oob && !shared && maxAge > 0 && c.oobInterval > maxAge {
-		// Every report would be stale before the next came: the
-		// endpoints' load would be unknown most of the time. (A shared
-		// Balancer's age is its own, not known here; a negative one
-		// never goes stale.)
-		return nil, configError("orca.interval", "%s is longer than balancer.telemetryMaxAge (%s), after which a report is ignored as stale: shorten it or raise telemetryMaxAge", c.oobInterval, maxAge)
+	// An interval past the age at which a report is ignored would leave
+	// the endpoints' load unknown most of the time: every report stale
+	// before the next came. A negative age never goes stale (0 here).
+	switch {
+	case !c.oob:
+	case shared != nil:
+		if maxAge := shared.TelemetryMaxAge(); maxAge > 0 && c.oobInterval > maxAge {
+			return nil, configError("orca.interval", "%s is longer than the shared Balancer's TelemetryMaxAge (%s, balancer.Options.TelemetryMaxAge of the Balancer given to NewBuilder), after which a report is ignored as stale: shorten it or raise the Balancer's TelemetryMaxAge", c.oobInterval, maxAge)
+		}
+	default:
+		if maxAge := cmp.Or(c.opts.TelemetryMaxAge, core.DefaultTelemetryMaxAge); maxAge > 0 && c.oobInterval > maxAge {
+			return nil, configError("orca.interval", "%s is longer than balancer.telemetryMaxAge (%s), after which a report is ignored as stale: shorten it or raise telemetryMaxAge", c.oobInterval, maxAge)
+		}
 	}
 	return c, nil
 }

@@ -13,7 +13,7 @@ import (
 func TestParseConfigNamesEachField(t *testing.T) {
 	check := func(t *testing.T, js, field string) {
 		t.Helper()
-		_, err := parseConfig([]byte(js), false)
+		_, err := parseConfig([]byte(js), nil)
 		if err == nil {
 			t.Fatalf("parseConfig(%s) succeeded", js)
 		}
@@ -90,7 +90,7 @@ func TestParseConfigNamesEachField(t *testing.T) {
 		}
 	}
 	check(t, `{"balancer": {"subsetLabel": "pool", "dpGroupLabel": "pool"}}`, "balancer.subsetLabel")
-	if _, err := parseConfig([]byte(`{"balancer": {"subsetLabel": "pool", "dpGroupLabel": "engine"}}`), false); err != nil {
+	if _, err := parseConfig([]byte(`{"balancer": {"subsetLabel": "pool", "dpGroupLabel": "engine"}}`), nil); err != nil {
 		t.Errorf("distinct labels: %v", err)
 	}
 	for _, js := range []string{

@@ -11,7 +11,7 @@ import (
 
 func TestParseConfigDefaults(t *testing.T) {
 	for _, js := range []string{``, `{}`, ` { } `} {
-		c, err := parseConfig([]byte(js), false)
+		c, err := parseConfig([]byte(js), nil)
 		if err != nil {
 			t.Fatalf("parseConfig(%q): %v", js, err)
 		}
@@ -43,7 +43,7 @@ func TestParseConfigGood(t *testing.T) {
 			"tenantShardStrict": true,
 			"spillMemory": "-1s", "minKeyReuse": -1, "stickyTTL": "2m", "stickyEntries": 4096,
 			"notServedMemory": "1m", "adapterHomes": 0.5, "scanLimit": -1}
-	}`), false)
+	}`), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,11 @@ func TestParseConfigBad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parseConfig([]byte(tt.js), tt.shared)
+			var shared *core.Balancer
+			if tt.shared {
+				shared = coreForTest()
+			}
+			_, err := parseConfig([]byte(tt.js), shared)
 			if err == nil {
 				t.Fatalf("parseConfig(%s) succeeded", tt.js)
 			}
@@ -183,7 +187,7 @@ func TestParseConfigBad(t *testing.T) {
 // with a unit and refuse a bare number: an error read "500µs: must be ...
 // at least 1ms (a bare number is nanoseconds)" for "500us".
 func TestParseConfigDurationErrorHasNoGoHint(t *testing.T) {
-	_, err := parseConfig([]byte(`{"balancer": {"stickyTTL": "500us"}}`), false)
+	_, err := parseConfig([]byte(`{"balancer": {"stickyTTL": "500us"}}`), nil)
 	if err == nil || strings.Contains(err.Error(), "nanoseconds") {
 		t.Fatalf("parseConfig = %v, want an error without the Go hint", err)
 	}
@@ -213,7 +217,12 @@ func FuzzParseConfig(f *testing.F) {
 	} {
 		f.Add([]byte(s), false)
 	}
-	f.Fuzz(func(t *testing.T, js []byte, shared bool) {
+	sharedCore := coreForTest()
+	f.Fuzz(func(t *testing.T, js []byte, isShared bool) {
+		var shared *core.Balancer
+		if isShared {
+			shared = sharedCore
+		}
 		c, err := parseConfig(js, shared)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "inferlb: ") {
@@ -224,7 +233,7 @@ func FuzzParseConfig(f *testing.F) {
 		if err := c.opts.Validate(); err != nil {
 			t.Fatalf("parseConfig(%q) accepted options the core rejects: %v", js, err)
 		}
-		if shared && c.hasTunables {
+		if isShared && c.hasTunables {
 			t.Fatalf("parseConfig(%q) accepted tunables for a shared Balancer", js)
 		}
 		if c.oobInterval <= 0 {
@@ -265,7 +274,7 @@ func TestParseConfigDuplicateKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parseConfig([]byte(tt.js), false)
+			_, err := parseConfig([]byte(tt.js), nil)
 			if err == nil {
 				t.Fatalf("parseConfig(%s) succeeded", tt.js)
 			}
@@ -280,7 +289,7 @@ func TestParseConfigDuplicateKeys(t *testing.T) {
 		`{"methods": {"/a.B/C": "llm", "/a.b/C": "llm", "/a.B/c": "llm"}, "orca": {"perCall": true}}`,
 		`{"orca": {"interval": "1s"}, "balancer": {"latencyDecay": "1s", "errorDecay": "1s"}}`,
 	} {
-		if _, err := parseConfig([]byte(js), false); err != nil {
+		if _, err := parseConfig([]byte(js), nil); err != nil {
 			t.Errorf("parseConfig(%s): %v", js, err)
 		}
 	}

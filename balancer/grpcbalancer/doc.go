@@ -316,7 +316,7 @@
 //	  "orca": {
 //	    "perCall": true,                // read per-call reports; default true
 //	    "outOfBand": false,             // run an ORCA stream per READY SubConn; default false
-//	    "interval": "10s"               // requested OOB interval; default 10s; at most telemetryMaxAge
+//	    "interval": "10s"               // requested OOB interval; default 10s; at most telemetryMaxAge (a NewBuilder Balancer's own)
 //	  },
 //	  "balancer": {                     // balancer.Options; 0 or absent = the core's default
 //	    "telemetryMaxAge": "30s", "latencyDecay": "10s", "errorAlpha": 0.1,
@@ -351,7 +351,8 @@
 // "inferlb: " and names the field. Changing the "balancer" section of a
 // running channel replaces its Balancer (live state starts over); the
 // "balancer" section is refused for a NewBuilder policy, whose Balancer the
-// caller configured.
+// caller configured; its "orca.interval" is held to that Balancer's
+// TelemetryMaxAge instead.
 //
 // Endpoints are named by their address ("10.0.0.5:8001") unless the
 // resolver gives an ID with WithEndpoint; an endpoint with several

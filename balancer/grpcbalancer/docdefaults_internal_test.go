@@ -139,7 +139,7 @@ func TestDocumentedConfigShowsTheDefaults(t *testing.T) {
 	}
 
 	// The orca section shows its defaults too.
-	c, err := parseConfig(json.RawMessage(`{}`), false)
+	c, err := parseConfig(json.RawMessage(`{}`), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
