@@ -169,7 +169,8 @@ func TestWalkOffersEveryMemberAndEnds(t *testing.T) {
 				if !ok {
 					break
 				}
-				require.Less(t, len(order), n*cache.PointsPerWeight*cache.MaxWeight, "walk did not end")
+				// In int64: the bound passes a 32-bit int.
+				require.Less(t, int64(len(order)), int64(n)*cache.PointsPerWeight*cache.MaxWeight, "walk did not end")
 				offered[m]++
 				order = append(order, m)
 			}

@@ -160,22 +160,30 @@ func TestSessionOptionsValidate(t *testing.T) {
 	}
 	// Limits past MaxSessions fail naming the limit that allows them,
 	// instead of panicking in make (math.MaxInt) or taking the process's
-	// memory (1<<40 entries).
+	// memory (1<<40 entries). An int holds no 1<<40 on 32-bit platforms:
+	// there the values are the largest that keep each case's meaning
+	// (past MaxSessions, and the same limit binding when both are set).
+	const (
+		entries40 = min(1<<40, math.MaxInt>>6) // 1<<25-1 on 32-bit
+		entries50 = min(1<<50, math.MaxInt)
+		bytes40   = min(1<<40, math.MaxInt) // MaxInt/SessionEntryBytes entries on 32-bit
+		bytes50   = min(1<<50, math.MaxInt)
+	)
 	for _, tc := range []struct {
 		opts  cache.SessionOptions
 		field string
 	}{
 		{cache.SessionOptions{MaxEntries: math.MaxInt}, "MaxEntries"},
-		{cache.SessionOptions{MaxEntries: 1 << 40}, "MaxEntries"},
-		{cache.SessionOptions{MaxBytes: 1 << 50}, "MaxBytes"},
-		{cache.SessionOptions{MaxEntries: 1 << 40, MaxBytes: 1 << 50}, "MaxEntries"},
-		{cache.SessionOptions{MaxEntries: 1 << 50, MaxBytes: 1 << 40}, "MaxBytes"},
+		{cache.SessionOptions{MaxEntries: entries40}, "MaxEntries"},
+		{cache.SessionOptions{MaxBytes: bytes50}, "MaxBytes"},
+		{cache.SessionOptions{MaxEntries: entries40, MaxBytes: bytes50}, "MaxEntries"},
+		{cache.SessionOptions{MaxEntries: entries50, MaxBytes: bytes40}, "MaxBytes"},
 	} {
 		_, err := cache.NewSessions(tc.opts)
 		assert.ErrorIs(t, err, cache.ErrSessionOptions, "%+v", tc.opts)
 		assert.ErrorContains(t, err, tc.field+" ", "%+v", tc.opts)
 	}
-	s, err := cache.NewSessions(cache.SessionOptions{MaxEntries: 1 << 40, MaxBytes: 1 << 20})
+	s, err := cache.NewSessions(cache.SessionOptions{MaxEntries: entries40, MaxBytes: 1 << 20})
 	require.NoError(t, err, "a large limit cut by the other is fine")
 	assert.Equal(t, 1<<15, s.Cap())
 }
