@@ -38,7 +38,8 @@ func accountingFleet() []inferlb.Endpoint {
 }
 
 var (
-	accTokens   = []int{0, 1, 100, 4096, -1, -100, 1 << 22, math.MaxInt32, math.MaxInt32 + 1, math.MaxInt, math.MinInt, 1 << 40}
+	// Values past 32 bits are capped at math.MaxInt, for 32-bit platforms.
+	accTokens   = []int{0, 1, 100, 4096, -1, -100, 1 << 22, math.MaxInt32, min(math.MaxInt32+1, math.MaxInt), math.MaxInt, math.MinInt, min(1<<40, math.MaxInt)}
 	accModels   = []string{"", "base", "sql", "chat", "other", "nosuch"}
 	accDuration = []time.Duration{0, -time.Second, time.Millisecond, 2 * time.Second, math.MaxInt64, math.MinInt64, time.Hour * 24 * 365}
 )

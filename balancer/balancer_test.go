@@ -276,10 +276,11 @@ func TestPickRetrySpendsOnlyWhenItHasSomewhereToGo(t *testing.T) {
 }
 
 func TestOptionsValidate(t *testing.T) {
-	for _, tc := range []struct {
+	type testCase struct {
 		opts balancer.Options
 		want string
-	}{
+	}
+	cases := []testCase{
 		{balancer.Options{}, ""},
 		{balancer.Options{ErrorAlpha: 1.5}, "ErrorAlpha = 1.5: must be in [0, 1]"},
 		{balancer.Options{PanicThreshold: 2}, "PanicThreshold = 2: must be at most 1"},
@@ -288,14 +289,8 @@ func TestOptionsValidate(t *testing.T) {
 		{balancer.Options{SlowStartAggression: -1}, "SlowStartAggression"},
 		{balancer.Options{LatencyDecay: -time.Second}, "LatencyDecay"},
 		{balancer.Options{RetryRatio: 3}, "RetryRatio"},
-		{balancer.Options{StickyEntries: 1 << 40}, "StickyEntries = 1099511627776: must be in [0, 16777216]"},
 		{balancer.Options{StickyEntries: balancer.MaxStickyEntries}, ""},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: &scoring.LLM{KVKnee: 85}}}, "balancer.Options.Scorers[llm]: scoring.LLM.KVKnee = 85: must be in [0, 1)"},
-		// gobreaker counts in uint32 and the probe budget is an int32:
-		// larger values would wrap (a breaker tripping at once, or never
-		// probing again).
-		{balancer.Options{BreakerFailures: 1 << 32}, "BreakerFailures"},
-		{balancer.Options{BreakerProbes: 1 << 31}, "BreakerProbes"},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: nil}}, "Scorers[llm]"},
 		// A nil *scoring.LLM is a Scorer that is not nil: an error, not a
 		// nil dereference inside Validate.
@@ -306,7 +301,21 @@ func TestOptionsValidate(t *testing.T) {
 		{balancer.Options{DefaultCooldown: time.Minute, MaxCooldown: time.Minute}, ""},
 		{balancer.Options{EjectionTime: time.Minute, MaxEjectionTime: 10 * time.Second}, "MaxEjectionTime = 10s: must be at least EjectionTime (1m0s)"},
 		{balancer.Options{EjectionTime: time.Minute}, ""},
-	} {
+	}
+	// Counts past 2^31-1, where an int holds them (64-bit platforms).
+	if n, ok := wideInt(1 << 40); ok {
+		cases = append(cases, testCase{balancer.Options{StickyEntries: n}, "StickyEntries = 1099511627776: must be in [0, 16777216]"})
+	}
+	// gobreaker counts in uint32 and the probe budget is an int32: larger
+	// values would wrap (a breaker tripping at once, or never probing
+	// again).
+	if n, ok := wideInt(1 << 32); ok {
+		cases = append(cases, testCase{balancer.Options{BreakerFailures: n}, "BreakerFailures"})
+	}
+	if n, ok := wideInt(1 << 31); ok {
+		cases = append(cases, testCase{balancer.Options{BreakerProbes: n}, "BreakerProbes"})
+	}
+	for _, tc := range cases {
 		err := tc.opts.Validate()
 		if tc.want == "" {
 			assert.NoError(t, err)

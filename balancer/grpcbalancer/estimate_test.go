@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -339,7 +340,7 @@ func TestE2EUnaryEstimateKeepsTheCallersFacts(t *testing.T) {
 	eps := []inferlb.Endpoint{{Labels: map[string]string{"model": "m1"}}, {Labels: map[string]string{"model": "m2"}}}
 	fn := func(method string, req any) (int, int) {
 		if r, ok := req.(*testgrpc.SimpleRequest); ok && r.GetFillUsername() {
-			return 1 << 40, -3 // made up: capped, and negative is unknown
+			return min(1<<40, math.MaxInt), -3 // made up: capped, and negative is unknown (an int holds no 1<<40 on 32-bit)
 		}
 		p, _ := grpcbalancer.SizeEstimate(method, req)
 		return p, 50

@@ -3,6 +3,7 @@ package fleetsim
 import (
 	"container/heap"
 	"errors"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -205,6 +206,6 @@ func TextTokens(text string) []uint64 {
 // content a program sends a live server.
 func Text(segs ...Segment) string {
 	var b strings.Builder
-	render(&b, 1<<62, segs...)
+	render(&b, math.MaxInt, segs...) // no limit
 	return b.String()
 }
