@@ -20,11 +20,11 @@ import (
 func TestOwnAddressesHoldTheCurrentAndLastSetOnly(t *testing.T) {
 	b := balancer.New(balancer.Options{Clock: testutil.NewClock()})
 	tr, err := NewTransport(Options{Balancer: b, Base: http.DefaultTransport,
-		Endpoints: []inferlb.Endpoint{{ID: "stays", Addr: "10.0.0.1:8000"}}})
+		Endpoints: []inferlb.Endpoint{{ID: "stays", Addr: "10.255.0.1:8000"}}})
 	require.NoError(t, err)
 	const rounds, size = 10_000, 3
 	for r := range rounds {
-		eps := []inferlb.Endpoint{{ID: "stays", Addr: "10.0.0.1:8000"}}
+		eps := []inferlb.Endpoint{{ID: "stays", Addr: "10.255.0.1:8000"}}
 		for i := 1; i < size; i++ {
 			eps = append(eps, inferlb.Endpoint{ID: fmt.Sprintf("pod-%d-%d", r, i), Addr: fmt.Sprintf("10.%d.%d.%d:8000", r>>8&255, r&255, i)})
 		}

@@ -21,6 +21,9 @@
 //
 // An endpoint's ID, which telemetry samples name it by, is its Addr as given
 // unless Endpoint.ID is set: "https://10.0.0.6:8443" above, scheme included.
+// Each server is listed once: two entries naming one host and port, however
+// spelled ("10.0.0.5:8000" and "http://10.0.0.5:8000/"), are an error that
+// names both (see Options.Endpoints).
 //
 // Read or close every response body: until then the balancer counts the
 // call in flight on its endpoint.

@@ -58,6 +58,16 @@ type Options struct {
 	// scheme ("10.0.0.5") is refused, and so are a path, a query and user
 	// information (calls keep the request's own path); a trailing "/" is
 	// ignored.
+	//
+	// Each server is listed once. Two entries that name one server are an
+	// error naming both, whatever their IDs: spellings of one host and
+	// port ("10.0.0.5:8000", "http://10.0.0.5:8000/", "HTTP://10.0.0.5:8000",
+	// "http://10.0.0.5" and "10.0.0.5:80"), compared with the host's case,
+	// an IP address's notation and the scheme left out. As two endpoints,
+	// the server would draw two shares of the calls, its load split
+	// between two states that each see half of it. NewTransport makes no
+	// Transport then; Update skips the later entry and applies the rest.
+	// An entry that repeats an ID is an error too.
 	Endpoints []inferlb.Endpoint
 	// Base sends each attempt once its URL points at the picked endpoint.
 	// nil means an http.Transport of the Transport's own, cloned from

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/textproto"
 	"net/url"
 	"slices"
@@ -145,8 +146,10 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 
 // Update replaces the static endpoint set (Options.Endpoints); endpoints
 // found by Discovery are kept. Endpoints whose Addr is not "host:port" or
-// "http(s)://host[:port]" (see Options.Endpoints) are skipped and reported
-// in the error, as are the Balancer's own complaints; the rest is applied.
+// "http(s)://host[:port]" (see Options.Endpoints), or that repeat an
+// earlier entry's ID or server (its Addr spelled another way), are skipped
+// and reported in the error, as are the Balancer's own complaints; the
+// rest is applied.
 // After Close (or on a closed Balancer or Membership) it returns
 // balancer.ErrClosed or balancer.ErrMembershipClosed and changes nothing: Endpoints still lists
 // the set from before. That holds too for a Transport that routes over a
@@ -158,8 +161,10 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	var errs []error
 	keep := make([]inferlb.Endpoint, 0, len(endpoints))
 	seen := make(map[string]bool, len(endpoints))
+	servers := make(map[string]int, len(endpoints)) // serverKey -> index in endpoints of the entry kept
 	for i, ep := range endpoints {
-		if scheme, host, ok := splitAddr(ep.Addr); !ok || !validHostPort(scheme, host) {
+		scheme, host, ok := splitAddr(ep.Addr)
+		if !ok || !validHostPort(scheme, host) {
 			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q is not host:port or http(s)://host[:port]; skipped", i, ep.Key(), ep.Addr))
 			continue
 		}
@@ -171,7 +176,17 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: duplicate ID %q; skipped", i, ep.Key()))
 			continue
 		}
+		// One server spelled two ways ("10.0.0.5:8000" and
+		// "http://10.0.0.5:8000/", or under two IDs) would be two
+		// endpoints: twice the share of calls, its load split between
+		// two states that each see half of it.
+		server := serverKey(scheme, host)
+		if j, dup := servers[server]; dup {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q names the server of endpoint %d (%q, Addr %q), %s: list each server once; skipped", i, ep.Key(), ep.Addr, j, endpoints[j].Key(), endpoints[j].Addr, server))
+			continue
+		}
 		seen[ep.Key()] = true
+		servers[server] = i
 		// Kept, and applied again with each set Discovery finds, on
 		// its goroutine: a copy, as the Balancer takes one, so that the
 		// caller may reuse its map once Update has returned.
@@ -347,6 +362,31 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 		return "", "", false
 	}
 	return scheme, host, true
+}
+
+// serverKey returns the server that an Addr which splitAddr and
+// validHostPort accept (as scheme and host) names: "host:port" with the
+// host in lower case, an IP address in its canonical form (an
+// IPv4-mapped IPv6 one as IPv4), a DNS name without its trailing dot, and
+// the port as a number, the scheme's own when the Addr has none. The
+// scheme is left out: one port serves one protocol, so two Addrs that
+// differ only there name one server, listed once too often.
+func serverKey(scheme, host string) string {
+	h, port, err := net.SplitHostPort(host)
+	if err != nil {
+		h, port = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), "80"
+		if strings.EqualFold(scheme, "https") {
+			port = "443"
+		}
+	} else if n, err := strconv.Atoi(port); err == nil {
+		port = strconv.Itoa(n) // "08000" is 8000
+	}
+	if ip, err := netip.ParseAddr(h); err == nil {
+		h = ip.Unmap().String()
+	} else {
+		h = strings.TrimSuffix(strings.ToLower(h), ".")
+	}
+	return net.JoinHostPort(h, port)
 }
 
 // validHostPort reports whether host (of an Addr with scheme, "" if none)
