@@ -109,7 +109,9 @@ type Options struct {
 	// options balancer.Options.Validate rejects.
 	BalancerOptions balancer.Options
 	// Discovery, if set, re-resolves a DNS name on an interval and serves
-	// the addresses found next to Endpoints.
+	// the addresses found next to Endpoints. An address found that is the
+	// server of an endpoint in Endpoints, however spelled there, or whose
+	// ID one has, is left to that endpoint.
 	Discovery *Discovery
 	// Inspector classifies requests. nil means &OpenAI{Keyer: Keyer}. With
 	// an *OpenAI, a body larger than MaxPeek whose request has GetBody is

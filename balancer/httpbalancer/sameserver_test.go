@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -108,4 +110,39 @@ func TestUpdateSkipsOneServerListedTwice(t *testing.T) {
 		stats := tr.Balancer().Stats()
 		assert.Len(t, stats, 2, "shared %v: two endpoints, not three", shared)
 	}
+}
+
+// A server listed in Endpoints and found by Discovery was two endpoints
+// when the two spelled it differently (a static "http://10.0.0.1:8000/",
+// or one under an ID of its own, and the 10.0.0.1:8000 found): only a
+// shared ID made the static one win. The found address is now left to the
+// static endpoint naming its server, and comes back when that one goes.
+func TestDiscoveryLeavesAStaticServerToItsEndpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dns := &fakeDNS{}
+		dns.set(nil, "10.0.0.2", "10.0.0.1", "10.0.0.3")
+		tr, err := httpbalancer.NewTransport(httpbalancer.Options{
+			Endpoints: []inferlb.Endpoint{
+				{ID: "pod-1", Addr: "http://10.0.0.1:8000/"},
+				{Addr: "HTTP://10.0.0.3:8000"},
+			},
+			Discovery: &httpbalancer.Discovery{
+				Target:     "vllm.svc:8000",
+				Interval:   time.Minute,
+				Grace:      -1,
+				LookupHost: dns.LookupHost,
+			},
+		})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"10.0.0.2:8000", "HTTP://10.0.0.3:8000", "pod-1"}, ids(tr))
+		var listed []string
+		for _, e := range tr.Endpoints() {
+			listed = append(listed, e.Key())
+		}
+		assert.Equal(t, []string{"pod-1", "HTTP://10.0.0.3:8000", "10.0.0.2:8000"}, listed, "one telemetry target per server")
+
+		require.NoError(t, tr.Update(nil))
+		assert.Equal(t, []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}, ids(tr), "found again once no static endpoint names them")
+		require.NoError(t, tr.Close())
+	})
 }

@@ -207,8 +207,8 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 
 // Endpoints returns the endpoints this Transport gave its Balancer:
 // Options.Endpoints or the last Update's, then those Discovery found (a
-// static endpoint wins over a discovered one with its ID; an ID listed twice
-// appears once, as first listed). On a shared Balancer the Transport also
+// static endpoint wins over a discovered one with its ID or its server; an
+// ID listed twice appears once, as first listed). On a shared Balancer the Transport also
 // routes over endpoints other adapters gave it, which are not listed here
 // (Balancer.Stats lists every endpoint the Balancer routes over).
 // Telemetry sources follow them with it, so that scrape targets keep up with
@@ -247,7 +247,8 @@ func (t *Transport) endpointCount() int { return int(t.count.Load()) }
 
 // applyLocked makes static and discovered the Transport's sets and gives
 // the Balancer their union; a discovered
-// endpoint with the ID of a static one is dropped (the static one wins).
+// endpoint with the ID or the server of a static one is dropped (the
+// static one wins).
 // Of static endpoints sharing an ID the first is applied, as the Balancer
 // applies it (Update reports and drops the others): Endpoints and, on a shared
 // Balancer, the addresses calls are sent to (own) follow it. A closed
@@ -267,13 +268,20 @@ func (t *Transport) applyLocked(static, discovered []inferlb.Endpoint) (err erro
 	t.count.Store(int64(len(t.static) + len(t.discovered)))
 	all := make([]inferlb.Endpoint, 0, len(t.static)+len(t.discovered))
 	all = append(all, t.static...)
-	for _, d := range t.discovered {
-		dup := false
+	var servers map[string]bool // the static endpoints' servers (serverKey)
+	if len(t.discovered) > 0 {
+		servers = make(map[string]bool, len(t.static))
 		for _, s := range t.static {
-			if s.Key() == d.Key() {
-				dup = true
-				break
-			}
+			servers[addrServer(s.Addr)] = true
+		}
+	}
+	for _, d := range t.discovered {
+		// Listed statically under another spelling ("http://10.0.0.5:8000"
+		// for the 10.0.0.5:8000 found) or another ID, the server would
+		// be two endpoints, with two shares of the calls.
+		dup := servers[addrServer(d.Addr)]
+		for i := 0; !dup && i < len(t.static); i++ {
+			dup = t.static[i].Key() == d.Key()
 		}
 		if !dup {
 			all = append(all, d)
@@ -387,6 +395,12 @@ func serverKey(scheme, host string) string {
 		h = strings.TrimSuffix(strings.ToLower(h), ".")
 	}
 	return net.JoinHostPort(h, port)
+}
+
+// addrServer is serverKey of an Addr that Update or Discovery accepted.
+func addrServer(addr string) string {
+	scheme, host, _ := splitAddr(addr)
+	return serverKey(scheme, host)
 }
 
 // validHostPort reports whether host (of an Addr with scheme, "" if none)
