@@ -173,7 +173,11 @@
 // live API server, its gauges frozen but fresh, takes one call at a time
 // until one is answered (it drew about half its share before, over 60 s
 // of a hang in TestHungLLMReplicaStopsDrawingCalls, and so did one hung
-// from its start in TestHungLLMReplicaHungFromTheStart). Pick never blocks,
+// from its start in TestHungLLMReplicaHungFromTheStart). Through such a
+// run it takes no part of the load the affinity bound shares either: its
+// weight, its hung calls and its frozen gauges counted, one hung replica
+// of 8 left its peers a bound a member's share too low, and their keys
+// spilled to cold caches. Pick never blocks,
 // locks or allocates.
 //
 // # Standing and recovery

@@ -406,8 +406,10 @@ func noRelief(t bound) bool {
 // up on a run of its generation calls with nothing back while calls are
 // out to it (endpoint.silent): a hung engine behind a live API server. A
 // sleeping member, which takes no call, is also left out of the load and
-// weight the others share, as a member out of rotation is, and so is one
-// that calls pass over for its client errors (see fleetView.shunned).
+// weight the others share, as a member out of rotation is, and so are one
+// that calls pass over for its client errors (see fleetView.shunned) and
+// one in such a run of abandoned calls, whether or not a call is out to
+// it (see fleetView.silent).
 func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.Time, sh *shard) bound {
 	var s telemetry.Sample
 	slot := g.members[i].slot.Load()
@@ -443,19 +445,19 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 		// in rotation do not share them; and a ramping member shares the
 		// load at the weight it takes calls at.
 		rep, okRep := reportedLoad(&s)
-		if okRep || st.ramping || st.usable() < len(g.members) || b.sleepLive(now.UnixNano()) || b.shunnable.Load() != 0 {
+		if okRep || st.ramping || st.usable() < len(g.members) || b.sleepLive(now.UnixNano()) || b.shunnable.Load() != 0 || b.unanswering.Load() != 0 {
 			v := g.fleetLoad(b.cfg, st, now)
 			total = float64(max(gl-v.aside, own)) + 1
 			if st.ramping {
 				weight = v.weight
 			} else {
 				// Sleeping members share none of it, nor do those
-				// passed over for their client errors (see fleetView).
-				// At least this member's own weight stays: a view cached
-				// while it slept (it woke within fleetViewTTL) would
-				// otherwise leave a weight near 0, and a share without
-				// bound.
-				weight = max(weight-v.asleep-v.shunned, g.weights[i])
+				// passed over for their client errors or their silence
+				// (see fleetView). At least this member's own weight
+				// stays: a view cached while it slept (it woke within
+				// fleetViewTTL) would otherwise leave a weight near 0,
+				// and a share without bound.
+				weight = max(weight-v.asleep-v.shunned-v.silent, g.weights[i])
 			}
 			if okRep && v.ok {
 				load = max(rep+float64(g.members[i].readingDelta(slot, &s, own, now.UnixNano())), float64(own)) + 1

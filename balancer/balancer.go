@@ -147,6 +147,10 @@ type Balancer struct {
 	// shunnable counts the endpoints marked shunnable (markShunnable):
 	// while it is 0, no pick reads a client-error share.
 	shunnable atomic.Int32
+	// unanswering counts the endpoints in a run of generation calls
+	// abandoned with nothing back (markUnanswering): while it is 0, the
+	// affinity bound reads no run.
+	unanswering atomic.Int32
 	// shunMu makes counting a pool's shunnable members and marking one
 	// shunnable one step (see markShunnable); nothing is taken under it.
 	shunMu sync.Mutex
@@ -618,6 +622,7 @@ func (b *Balancer) reconcile() {
 		e.gone.Store(true)
 		e.pools.Store(nil)
 		b.markShunnable(e, false, 0) // it holds no pool's room
+		b.markUnanswering(e, false)  // nor is its run counted
 		setGroupLoads(e, nil)
 		if s := e.slot.Load(); s != nil {
 			b.cfg.store.ReleaseSlot(id, s)
@@ -1674,6 +1679,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		e.lastDone.Store(nowNs)
 		if e.abandoned.Load() != 0 {
 			e.abandoned.Store(0)
+			b.markUnanswering(e, false)
 		}
 	}
 	e.inFlight.Add(-1)
@@ -1698,7 +1704,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		if o.Unanswered {
 			e.unanswered.Add(1)
 			e.observeUnanswered(b.cfg, nowNs, svc, latency)
-			e.noteAbandoned(svc, p.start, nowNs, latency)
+			if e.noteAbandoned(svc, p.start, nowNs, latency) {
+				b.markUnanswering(e, true)
+			}
 		} else if o.TTFT > 0 {
 			e.noteFirstToken(svc, p.start, nowNs, o.TTFT)
 		}

@@ -76,6 +76,9 @@ type endpoint struct {
 	// ID's telemetry) is left undone: the ID may be another endpoint's by
 	// then.
 	gone atomic.Bool
+	// inRun: counted in Balancer.unanswering, its run of abandoned
+	// calls long enough to be silent (see markUnanswering).
+	inRun atomic.Bool
 	// capped: what MaxEjectedFraction keeps from holding it out, one bit
 	// per mechanism (cappedBreaker, cappedOutlier), so that EventCapped
 	// comes once per episode, not per failure or evaluation.
@@ -753,18 +756,21 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 // first answer, a replica hung from the start never counted one and
 // drew 64 of 480 calls (0.53 of its share) in the run's second minute;
 // it draws 4 now (TestHungLLMReplicaHungFromTheStart).
-func (e *endpoint) noteAbandoned(svc inferlb.Service, pickedNs, nowNs int64, wait time.Duration) {
+//
+// It reports whether e's run is scoring.MinAbandoned or more with this
+// call (see unanswering).
+func (e *endpoint) noteAbandoned(svc inferlb.Service, pickedNs, nowNs int64, wait time.Duration) bool {
 	if svc != inferlb.ServiceLLM || wait <= 0 {
-		return
+		return false
 	}
 	took := e.lat[svcIndex(svc)].ewma.Load()
 	if took <= 0 {
 		took = e.peerAnswerTime(svc)
 	}
 	if took <= 0 || int64(wait) < took || e.answeredSince(svc, pickedNs+took, nowNs) {
-		return
+		return false
 	}
-	e.abandoned.Add(1)
+	return e.abandoned.Add(1) >= scoring.MinAbandoned
 }
 
 // answeredSince reports whether e answered a call of svc after ns, as of
@@ -865,7 +871,15 @@ func (e *endpoint) peerAnswerTime(svc inferlb.Service) int64 {
 // out it is not, so a replica that recovered takes its keys' next call,
 // whose answer ends the run.
 func (e *endpoint) silent() bool {
-	return e.abandoned.Load() >= scoring.MinAbandoned && e.inFlight.Load() > 0
+	return e.unanswering() && e.inFlight.Load() > 0
+}
+
+// unanswering reports whether e is in a run of scoring.MinAbandoned or
+// more generation calls abandoned with nothing back: silent whenever a
+// call is out to it. The affinity bound leaves such a member out of the
+// load its peers share (see fleetView.silent).
+func (e *endpoint) unanswering() bool {
+	return e.abandoned.Load() >= scoring.MinAbandoned
 }
 
 // latencyMark is the peak-EWMA of one service's successful calls on an

@@ -368,6 +368,29 @@ func probesOverdue(e *endpoint, nowNs int64) bool {
 //     members include one at the group's lowest share (every key, unless
 //     as many refusing members as shunLook follow each other in its
 //     order).
+//   - silent: the capacity weight of the members usableWeight counts
+//     (and awake, and not shunned) whose callers gave up on a run of
+//     their generation calls with nothing back (endpoint.unanswering): a
+//     hung engine behind a live API server. Affinity passes such a member
+//     over as a key's owner or spill while a call is out to it
+//     (endpoint.silent) and P2C prices it up, so it takes one call at a
+//     time, each to hang until its caller gives up: counted, its weight
+//     left its peers a fair share a member short, and its hung calls
+//     (and frozen gauges) added to the load they share. With one of 8
+//     replicas hung and a steady keyed load its peers' keys had 3,280 of
+//     their 5,298 calls on their owner, against 3,873 with it not ready
+//     and 3,944 left out (TestSilentMemberLeavesOwnersTheirKeys): with
+//     one hung call out, the bound was too low, and with many (those out
+//     at the hang) too high (TestAffinityBoundLeavesOutSilentMembers). As
+//     asleep, such members are
+//     left out of total and weight, and their calls are aside. The run,
+//     not silent: with no call out it takes its keys' next call, and is
+//     silent again as soon as it does (a replica whose engine is back is,
+//     until its first answer ends the run); following silent, its
+//     weight came back each time its callers had given up on every call
+//     out to it, for as long as a fleet view computed then is reused. A
+//     run is counted (Balancer.unanswering, markUnanswering): with none,
+//     a pick pays one load for it.
 //
 // Concurrency: all fields are atomic and written by whoever wins
 // computing, until last; a reader racing a rewrite may pair one
@@ -381,14 +404,15 @@ type fleetView struct {
 	weight      atomic.Uint64 // math.Float64bits
 	asleep      atomic.Uint64 // math.Float64bits
 	shunned     atomic.Uint64 // math.Float64bits
+	silent      atomic.Uint64 // math.Float64bits
 	aside       atomic.Int64
 }
 
 // fleetSum is what fleetView caches; ok is false when total is NaN.
 type fleetSum struct {
-	total, weight, asleep, shunned float64
-	aside                          int64
-	ok                             bool
+	total, weight, asleep, shunned, silent float64
+	aside                                  int64
+	ok                                     bool
 }
 
 // fleetViewTTL is how long a group's reported load is reused: well under
@@ -425,7 +449,7 @@ func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 	if f.epoch.Load() == st.epoch && f.from.Load() <= nowNs && nowNs < f.until.Load() {
 		t := math.Float64frombits(f.total.Load())
 		return fleetSum{total: t, weight: math.Float64frombits(f.weight.Load()), asleep: math.Float64frombits(f.asleep.Load()),
-			shunned: math.Float64frombits(f.shunned.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
+			shunned: math.Float64frombits(f.shunned.Load()), silent: math.Float64frombits(f.silent.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
 	}
 	v := g.sumReported(c, st, now)
 	if f.computing.CompareAndSwap(false, true) {
@@ -434,6 +458,7 @@ func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 		f.weight.Store(math.Float64bits(v.weight))
 		f.asleep.Store(math.Float64bits(v.asleep))
 		f.shunned.Store(math.Float64bits(v.shunned))
+		f.silent.Store(math.Float64bits(v.silent))
 		f.aside.Store(v.aside)
 		f.epoch.Store(st.epoch)
 		f.from.Store(nowNs)
@@ -469,6 +494,11 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 			v.shunned += g.weights[i]
 			continue
 		}
+		if e.unanswering() {
+			v.aside += max(e.inFlight.Load(), 0)
+			v.silent += g.weights[i]
+			continue
+		}
 		w := g.weights[i] * min(e.rampFactor(c, nowNs)/lead, 1)
 		v.weight += w
 		slot := e.slot.Load()
@@ -492,6 +522,24 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 		}
 	}
 	return v
+}
+
+// markUnanswering counts e in Balancer.unanswering (on: its run of
+// abandoned calls reached scoring.MinAbandoned) or not (its run ended, or
+// it left every membership). A mark and a run's end racing may leave e
+// counted with no run until its next answer, or a departed endpoint
+// counted for good: the affinity bound then reads the group's fleet view
+// on every pick, which finds no run and changes no bound.
+func (b *Balancer) markUnanswering(e *endpoint, on bool) {
+	if on {
+		if !e.gone.Load() && !e.inRun.Load() && e.inRun.CompareAndSwap(false, true) {
+			b.unanswering.Add(1)
+		}
+		return
+	}
+	if e.inRun.Load() && e.inRun.CompareAndSwap(true, false) {
+		b.unanswering.Add(-1)
+	}
 }
 
 // sharing reports whether member e is among those the group's load is

@@ -28,7 +28,8 @@ type shard struct {
 // share returns the capacity weight of the shard's members the load is
 // shared among, those in good standing or, when none is, the ready ones (as
 // group.eligibility counts them, but for those whose fresh reading says
-// they sleep and, with shunning (some endpoint is marked shunnable), those
+// they sleep, those in a run of generation calls abandoned with nothing
+// back and, with shunning (some endpoint is marked shunnable), those
 // passed over for their client errors, see fleetView), or all, each at the
 // weight it takes calls at (times its slow-start factor, relative to lead,
 // see standing.lead), and the in-flight calls on those members (calls on
@@ -54,6 +55,9 @@ func (s *shard) share(c *config, g *group, nowNs int64, lead float64, shunning b
 			}
 			if e.ceShunnable.Load() && e.clientErrorShare(c, nowNs) > floor {
 				continue // nor does one passed over for its client errors (see fleetView)
+			}
+			if e.unanswering() {
+				continue // nor one hung (see fleetView.silent)
 			}
 			ready += w
 			readyLoad += l
