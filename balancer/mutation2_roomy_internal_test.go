@@ -66,3 +66,39 @@ func TestRoomyOwnerKeepsKeysUpToRoomyExtraPastTheHardCap(t *testing.T) {
 		})
 	}
 }
+
+// A crowded owner (past its bound, within the hard cap, with a queue or no
+// telemetry) keeps its key when the endpoint it would spill to has a KV
+// cache at 90% or more (noRelief), and spills it below that.
+func TestCrowdedOwnerKeepsItsKeyFromANinetyPercentFullSpillTarget(t *testing.T) {
+	// 6 members, the 5 others 3 calls each, the owner 5: with the next
+	// call a share of 21/6, a bound of 5 and a hard cap of 6; the
+	// owner's 6 is crowded, rank 1's 4 within its bound.
+	for _, tc := range []struct {
+		kv        float64
+		keepsHome bool
+	}{{0.9, true}, {0.89, false}} {
+		t.Run(fmt.Sprintf("kv %v", tc.kv), func(t *testing.T) {
+			r := newStayRig(t, 6, Options{})
+			calls := map[int]int64{0: 5}
+			for rank := 1; rank < 6; rank++ {
+				calls[rank] = 3
+			}
+			r.setCalls(t, calls)
+			s := telemetry.Sample{Time: r.clock.Now()}
+			s.Set(telemetry.Waiting, 0)
+			s.Set(telemetry.KVCacheUsage, tc.kv)
+			r.b.Publish(r.g.members[r.order[1]].id, s)
+			p, err := r.b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: stayKey})
+			require.NoError(t, err)
+			got := r.rankOf(p.ID())
+			p.Done(inferlb.Outcome{})
+			r.setCalls(t, nil)
+			if tc.keepsHome {
+				assert.Equal(t, 0, got, "the spill would meet a nearly full cache: the key stays home")
+			} else {
+				assert.NotEqual(t, 0, got, "the key spills (P2C between the next two)")
+			}
+		})
+	}
+}
