@@ -63,7 +63,10 @@ type Options struct {
 	// error naming both, whatever their IDs: spellings of one host and
 	// port ("10.0.0.5:8000", "http://10.0.0.5:8000/", "HTTP://10.0.0.5:8000",
 	// "http://10.0.0.5" and "10.0.0.5:80"), compared with the host's case,
-	// an IP address's notation and the scheme left out. As two endpoints,
+	// an IP address's notation and the scheme left out, and a name outside
+	// ASCII as the IDNA name net/http dials ("bücher.example" is
+	// "xn--bcher-kva.example"). A name is not resolved: "localhost:8000"
+	// and "127.0.0.1:8000" are two servers here. As two endpoints,
 	// the server would draw two shares of the calls, its load split
 	// between two states that each see half of it. NewTransport makes no
 	// Transport then; Update skips the later entry and applies the rest.

@@ -1,7 +1,10 @@
 package httpbalancer_test
 
 import (
+	"context"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -35,6 +38,12 @@ func TestNewTransportRefusesOneServerListedTwice(t *testing.T) {
 		{"[fd00::1]:8000", "http://[FD00:0::1]:8000"},
 		{"[::ffff:10.0.0.5]:8000", "10.0.0.5:8000"},
 		{"https://[fd00::1]", "[fd00::1]:443"},
+		// A name outside ASCII is the IDNA name net/http dials
+		// ("xn--bcher-kva.example:8000" for both), as a full-width
+		// "１０.0.0.5" is 10.0.0.5 (TestServerKeyIsWhatNetHTTPDials).
+		{"bücher.example:8000", "http://xn--bcher-kva.example:8000"},
+		{"http://BÜCHER.example:8000", "xn--bcher-kva.example:8000"},
+		{"10.0.0.5:8000", "http://１０.0.0.5:8000"},
 	}
 	for _, s := range same {
 		for _, ids := range [][2]string{{"", ""}, {"a", "b"}} {
@@ -62,6 +71,11 @@ func TestNewTransportRefusesOneServerListedTwice(t *testing.T) {
 		{"10.0.0.5:80", "https://10.0.0.5"},
 		{"vllm-0.internal:8000", "vllm-1.internal:8000"},
 		{"[fd00::1]:8000", "[fd00::2]:8000"},
+		// A name is not resolved: "localhost" may dial ::1, where
+		// another server than 127.0.0.1's may listen.
+		{"localhost:8000", "127.0.0.1:8000"},
+		// Link-local addresses on two interfaces are two servers.
+		{"[fe80::1%eth0]:8000", "[fe80::1%eth1]:8000"},
 	} {
 		tr, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: d[0]}, {Addr: d[1]}}})
 		require.NoError(t, err, "%q and %q", d[0], d[1])
@@ -145,4 +159,39 @@ func TestDiscoveryLeavesAStaticServerToItsEndpoint(t *testing.T) {
 		assert.Equal(t, []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}, ids(tr), "found again once no static endpoint names them")
 		require.NoError(t, tr.Close())
 	})
+}
+
+// Spellings of one name that serverKey takes for one server are what
+// net/http dials as one: a name outside ASCII is dialed by its IDNA
+// (Punycode) form, and a full-width IPv4 address as the address. Before,
+// "bücher.example:8000" and "http://xn--bcher-kva.example:8000" were two
+// endpoints on the one server they both dial.
+func TestServerKeyIsWhatNetHTTPDials(t *testing.T) {
+	dialed := func(addr string) string {
+		var got string
+		base := &http.Transport{DialContext: func(_ context.Context, _, a string) (net.Conn, error) {
+			if got == "" {
+				got = a
+			}
+			return nil, errors.New("no dial in this test")
+		}}
+		tr, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: addr}}, Base: base})
+		require.NoError(t, err, addr)
+		defer func() { require.NoError(t, tr.Close()) }()
+		resp, err := (&http.Client{Transport: tr}).Get("http://llm.internal/v1/models")
+		if err == nil {
+			resp.Body.Close()
+		}
+		require.NotEmpty(t, got, "%q: nothing dialed", addr)
+		return got
+	}
+	for _, s := range [][2]string{
+		{"bücher.example:8000", "http://xn--bcher-kva.example:8000"},
+		{"http://BÜCHER.example:8000", "xn--bcher-kva.example:8000"},
+		{"10.0.0.5:8000", "http://１０.0.0.5:8000"},
+	} {
+		assert.Equal(t, dialed(s[0]), dialed(s[1]), "%q and %q", s[0], s[1])
+		_, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: s[0]}, {Addr: s[1]}}})
+		assert.ErrorContains(t, err, "names the server of endpoint 0", "%q and %q", s[0], s[1])
+	}
 }

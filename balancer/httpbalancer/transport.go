@@ -2,6 +2,7 @@ package httpbalancer
 
 import (
 	"golang.org/x/net/http/httpguts"
+	"golang.org/x/net/idna"
 
 	"context"
 	"errors"
@@ -374,11 +375,14 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 
 // serverKey returns the server that an Addr which splitAddr and
 // validHostPort accept (as scheme and host) names: "host:port" with the
-// host in lower case, an IP address in its canonical form (an
-// IPv4-mapped IPv6 one as IPv4), a DNS name without its trailing dot, and
-// the port as a number, the scheme's own when the Addr has none. The
-// scheme is left out: one port serves one protocol, so two Addrs that
-// differ only there name one server, listed once too often.
+// host in lower case, a name outside ASCII as the IDNA name net/http dials
+// ("bücher.example" is "xn--bcher-kva.example"), an IP address in its
+// canonical form (an IPv4-mapped IPv6 one as IPv4), a DNS name without its
+// trailing dot, and the port as a number, the scheme's own when the Addr
+// has none. The scheme is left out: one port serves one protocol, so two
+// Addrs that differ only there name one server, listed once too often. A
+// name is not resolved: "localhost" may dial ::1, where a server other
+// than 127.0.0.1's may listen.
 func serverKey(scheme, host string) string {
 	h, port, err := net.SplitHostPort(host)
 	if err != nil {
@@ -389,12 +393,29 @@ func serverKey(scheme, host string) string {
 	} else if n, err := strconv.Atoi(port); err == nil {
 		port = strconv.Itoa(n) // "08000" is 8000
 	}
+	if !isASCII(h) {
+		// What net/http dials (its idnaASCII): two spellings of one
+		// name, one of them Punycode, were two servers.
+		if a, err := idna.Lookup.ToASCII(h); err == nil {
+			h = a
+		}
+	}
 	if ip, err := netip.ParseAddr(h); err == nil {
 		h = ip.Unmap().String()
 	} else {
 		h = strings.TrimSuffix(strings.ToLower(h), ".")
 	}
 	return net.JoinHostPort(h, port)
+}
+
+// isASCII reports whether s is all ASCII.
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // addrServer is serverKey of an Addr that Update or Discovery accepted.
