@@ -131,11 +131,20 @@ func (st *streamState) attempt(b *core.Balancer) {
 // and fed no signal (TestE2EHungStreamCancelledBeforeAMessageIsUnanswered).
 // A RecvMsg that found the stream's context ended already waited for
 // nothing, and a message received just as the context ends may count
-// as none (grpc-go ends the attempt on a goroutine of its own).
+// as none (grpc-go ends the attempt on a goroutine of its own). A
+// bidirectional stream whose application sent no message yet asked for
+// nothing (a session opened ahead of its first request): its cancel was
+// no wait for an answer.
 func (st *streamState) unanswered(start int64) bool {
 	entered := st.awaiting.Load()
 	b := st.core.Load()
 	if entered == 0 || b == nil || st.got.Load() {
+		return false
+	}
+	st.msgMu.Lock()
+	asked := st.msgs > 0
+	st.msgMu.Unlock()
+	if !asked {
 		return false
 	}
 	now := b.Now().UnixNano()
@@ -367,7 +376,7 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 // returns no error for such an answer) and leaves. A stream whose
 // application leaves it before gRPC has read that end counts as neither.
 // A stream its caller cancels in a RecvMsg that waited for its first
-// message, its headers received, had nothing of its answer
+// message, its request sent and its headers received, had nothing of its answer
 // (inferlb.Outcome.Unanswered): grpc-go counts the headers as received
 // bytes, and a hung engine's server sends them at once.
 //

@@ -29,6 +29,10 @@ type cancelledStream struct {
 	done   func(balancer.DoneInfo)
 }
 
+func (s *cancelledStream) SendMsg(any) error { return nil }
+
+func (s *cancelledStream) CloseSend() error { return nil }
+
 func (s *cancelledStream) RecvMsg(any) error {
 	s.clock.Advance(s.wait)
 	if s.cancel != nil {
@@ -45,18 +49,24 @@ func (s *cancelledStream) RecvMsg(any) error {
 // it saw none come (pace.ReaderLate, as the HTTP transport's reader). A
 // reader that came 10 s late and whose RecvMsg the cancel ended at once
 // may have had a message waiting unread; a CANCEL reset while the caller
-// still waits is not the caller's wait.
+// still waits is not the caller's wait. Nor is a bidirectional stream's
+// whose application sent nothing yet: nothing was asked (a session opened
+// ahead of its first request, and closed before it).
 func TestStreamCancelledAwaitingItsFirstMessage(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		late, wait   time.Duration
 		callerCancel bool
+		bidi         bool // a bidirectional stream, whose request the application sends itself
+		sent         int  // ... messages it sent
 		want         uint64
 	}{
-		{"reader waiting from the start", 0, 30 * time.Second, true, 1},
-		{"late reader that waited long", 10 * time.Second, 30 * time.Second, true, 1},
-		{"late reader, cancelled at once", 10 * time.Second, 0, true, 0},
-		{"a CANCEL reset, the caller still waiting", 0, 30 * time.Second, false, 0},
+		{"reader waiting from the start", 0, 30 * time.Second, true, false, 0, 1},
+		{"late reader that waited long", 10 * time.Second, 30 * time.Second, true, false, 0, 1},
+		{"late reader, cancelled at once", 10 * time.Second, 0, true, false, 0, 0},
+		{"a CANCEL reset, the caller still waiting", 0, 30 * time.Second, false, false, 0, 0},
+		{"bidirectional, its request sent", 0, 30 * time.Second, true, true, 1, 1},
+		{"bidirectional, nothing sent", 0, 30 * time.Second, true, true, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.NewClock()
@@ -77,8 +87,15 @@ func TestStreamCancelledAwaitingItsFirstMessage(t *testing.T) {
 				}
 				return s, nil
 			}
-			cs, err := StreamTiming(nil)(ctx, &grpc.StreamDesc{ServerStreams: true}, nil, "/ai.Gen/Stream", streamer)
+			cs, err := StreamTiming(nil)(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: tc.bidi}, nil, "/ai.Gen/Stream", streamer)
 			require.NoError(t, err)
+			if !tc.bidi {
+				require.NoError(t, cs.SendMsg(nil)) // as generated code sends a server stream's request
+				require.NoError(t, cs.CloseSend())
+			}
+			for range tc.sent {
+				require.NoError(t, cs.SendMsg(nil))
+			}
 			clock.Advance(tc.late)
 			assert.Equal(t, codes.Canceled, status.Code(cs.RecvMsg(nil)))
 			s := stats(t, b, a)
