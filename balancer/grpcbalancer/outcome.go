@@ -237,8 +237,17 @@ func serverFailure(di balancer.DoneInfo) bool {
 
 // isCancel reports whether err, an attempt's end, is a cancellation: the
 // context's, or gRPC's CANCELLED (the caller's, or a CANCEL reset, which
-// call.report tells apart by the call's context).
+// call.report tells apart by the call's context). This package's own
+// reports of attempts gRPC ended without error (errStreamLeft,
+// errStreamHidden, errRetriedAttempt: held, see heldReport) wrap
+// context.Canceled to count as neither, and are none: the server ended
+// those attempts, or gRPC retried them, whatever the application did
+// after.
 func isCancel(err error) bool {
+	switch err {
+	case errStreamLeft, errStreamHidden, errRetriedAttempt:
+		return false
+	}
 	return errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled
 }
 

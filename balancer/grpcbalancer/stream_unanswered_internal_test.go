@@ -2,6 +2,7 @@ package grpcbalancer
 
 import (
 	"context"
+	"io"
 	"testing"
 	"time"
 
@@ -103,4 +104,68 @@ func TestStreamCancelledAwaitingItsFirstMessage(t *testing.T) {
 			assert.Equal(t, tc.want, s.Unanswered)
 		})
 	}
+}
+
+// endedWhileSending is a bidirectional stream that the server ends (a
+// rate limiter's rejection, unread) while the application sends its
+// request and another of its goroutines waits in RecvMsg: grpc-go ends
+// the attempt without error (see streamState.hold), and the application
+// leaves before reading the stream's end.
+type endedWhileSending struct {
+	grpc.ClientStream
+	done             func(balancer.DoneInfo)
+	leave            context.CancelFunc
+	entered, release chan struct{}
+}
+
+func (s *endedWhileSending) SendMsg(any) error {
+	s.leave()
+	s.done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+	return io.EOF
+}
+
+func (s *endedWhileSending) CloseSend() error { return nil }
+
+func (s *endedWhileSending) RecvMsg(any) error {
+	close(s.entered)
+	<-s.release
+	return status.Error(codes.ResourceExhausted, "rate limited")
+}
+
+// An attempt the server ended while the application sent its request,
+// which the application left before reading how (errStreamLeft), counts
+// as neither, and is not Unanswered though a RecvMsg of the application's
+// waited for the first message: the server answered, with a status nobody
+// read. Taken for the caller's give-up, it counted as a call the endpoint
+// sent nothing back for, towards the run that prices a hung replica up.
+func TestStreamLeftAfterTheServerEndedItIsNotUnanswered(t *testing.T) {
+	clock := testutil.NewClock()
+	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var a string
+	s := &endedWhileSending{leave: cancel, entered: make(chan struct{}), release: make(chan struct{})}
+	streamer := func(ctx context.Context, _ *grpc.StreamDesc, _ *grpc.ClientConn, _ string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+		res, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Chat", Ctx: ctx})
+		if err != nil {
+			return nil, err
+		}
+		a = res.SubConn.(*grpcfake.SubConn).Addr()
+		s.done = res.Done
+		return s, nil
+	}
+	cs, err := StreamTiming(nil)(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, nil, "/ai.Gen/Chat", streamer)
+	require.NoError(t, err)
+	recv := make(chan error, 1)
+	go func() { recv <- cs.RecvMsg(nil) }()
+	<-s.entered // awaiting the first message
+	clock.Advance(30 * time.Second)
+	assert.Equal(t, io.EOF, cs.SendMsg(nil))
+	st := stats(t, b, a)
+	assert.EqualValues(t, 1, st.Canceled, "left unread: neither")
+	assert.Zero(t, st.Unanswered, "the server ended the stream: it answered")
+	assert.Zero(t, st.InFlight)
+	close(s.release)
+	<-recv
 }
