@@ -244,9 +244,11 @@ const charsPerToken = tokenest.BytesPerToken
 // characters are written \uXXXX is counted by its UTF-8 (see escSaved),
 // half its size for CJK. The rest of the body is taken to hold IDs and
 // escapes in the peek's proportion.
+// It is at most 2^31-1, which an int holds on 32-bit platforms too (an 8
+// GB body's size, converted whole, read as 0 there).
 func idScaled(size int64, b *body, peek int) int {
 	if b.idBytes == 0 && b.saved == 0 || peek == 0 {
-		return int(size)
+		return int(min(size, 1<<31-1))
 	}
 	ids := min(b.idBytes, peek) // a malformed list may count twice
 	text := float64(peek - ids)
@@ -255,7 +257,7 @@ func idScaled(size int64, b *body, peek int) int {
 		value := max(b.chars-charsPerToken*b.idCount+b.cut, 0)
 		text *= float64(value) / float64(value+b.saved)
 	}
-	return int(float64(size) * (text + float64(charsPerToken*b.idCount)) / float64(peek))
+	return int(min(float64(size)*(text+float64(charsPerToken*b.idCount))/float64(peek), 1<<31-1))
 }
 
 // Inspect implements Inspector.

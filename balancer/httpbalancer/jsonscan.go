@@ -460,17 +460,17 @@ func (s *scanner) integer() (int, bool) {
 	if !ok {
 		return 0, false
 	}
-	n := 0
+	n := int64(0) // an int of 32 bits wraps before the bound
 	for _, c := range lit {
 		if c < '0' || c > '9' {
 			return wholeNumber(lit), true
 		}
-		n = n*10 + int(c-'0')
+		n = n*10 + int64(c-'0')
 		if n > 1<<31-1 {
 			return 0, true
 		}
 	}
-	return n, true
+	return int(n), true
 }
 
 // intString reads v, the value of a JSON string, as a count in
@@ -538,17 +538,17 @@ func plainCount(s string) (int, bool) {
 		_, ok := plainCount(s[1:])
 		return 0, ok // negative: no count
 	}
-	n := 0
+	n := int64(0) // an int of 32 bits wraps before the bound
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c < '0' || c > '9' {
 			return 0, false
 		}
-		if n = n*10 + int(c-'0'); n > 1<<31-1 {
+		if n = n*10 + int64(c-'0'); n > 1<<31-1 {
 			return 0, true // a count too large to weigh
 		}
 	}
-	return n, true
+	return int(n), true
 }
 
 // wholeNumber reads lit, a JSON number that is not a plain run of digits,
