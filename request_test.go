@@ -2,6 +2,7 @@ package inferlb_test
 
 import (
 	"math"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,6 +13,12 @@ import (
 // Tokens never goes negative and saturates instead of wrapping: a request
 // claiming a huge max_tokens must count as huge, not as nothing.
 func TestRequestTokens(t *testing.T) {
+	// The largest ints sum past int64 where an int is 64 bits, and fit it
+	// where an int is 32.
+	huge, past := int64(math.MaxInt64), int64(math.MaxInt64)
+	if strconv.IntSize == 32 {
+		huge, past = 2*math.MaxInt32, math.MaxInt32+1
+	}
 	for _, tc := range []struct {
 		prompt, out int
 		want        int64
@@ -19,8 +26,8 @@ func TestRequestTokens(t *testing.T) {
 		{100, 20, 120},
 		{-5, 20, 20},
 		{100, -1, 100},
-		{math.MaxInt, 1, math.MaxInt64},
-		{math.MaxInt, math.MaxInt, math.MaxInt64},
+		{math.MaxInt, 1, past},
+		{math.MaxInt, math.MaxInt, huge},
 	} {
 		r := inferlb.Request{PromptTokens: tc.prompt, MaxOutputTokens: tc.out}
 		assert.Equal(t, tc.want, r.Tokens(), "%d + %d", tc.prompt, tc.out)
