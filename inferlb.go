@@ -207,8 +207,9 @@ type Outcome struct {
 	// stops a long one says little about the replica. But a wait at least
 	// as long as the replica's generation answers take (before it has
 	// answered one, its peers' longest), with no generation answered (nor
-	// a stream's first token sent) by the replica from that point of the
-	// wait on, counts towards a
+	// the first token of a stream its caller then stopped: a stream still
+	// out tells the balancer nothing until it ends) by the replica from
+	// that point of the wait on, counts towards a
 	// run of such calls that its next answer or failure ends; the LLM
 	// scorer prices two or more in a row while calls are out to it (a
 	// hung engine behind a live API server: see scoring.State.Abandoned).

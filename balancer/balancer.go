@@ -30,8 +30,9 @@
 // (scoring.State.Pending). A generation call's wait is no latency (a
 // non-streamed one sends nothing until it is done, and users stop long
 // ones), but one given up on with nothing back after waiting as long as
-// the endpoint's generation answers take, none of them answered (nor a
-// stream's first token sent) from then on, counts towards a run that its
+// the endpoint's generation answers take, none of them answered (nor the
+// first token of a stream its caller then stopped; a stream still out
+// tells nothing) from then on, counts towards a run that its
 // next answer or failure ends (scoring.State.Abandoned): a replica whose
 // engine hangs behind a live API server (its /metrics frozen but fresh)
 // runs it up, and the LLM scorer prices two or more in a row while calls

@@ -77,8 +77,9 @@ type EndpointStats struct {
 	// Abandoned is the current run of generation calls given up on with
 	// nothing back, each after waiting as long as the endpoint's answers
 	// take (its peers', before it has answered one) and no generation
-	// answered (nor a stream's first token sent) from then on, with no
-	// answer or failure since (scoring.State.Abandoned): at
+	// answered (nor the first token of a stream its caller then stopped)
+	// from then on, with no answer or failure since
+	// (scoring.State.Abandoned): at
 	// scoring.MinAbandoned or more, with calls out, the endpoint looks
 	// hung (an engine stuck behind a live API server) and is priced up and
 	// passed over for its affinity keys.

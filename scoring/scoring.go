@@ -105,8 +105,9 @@ type State struct {
 	// answers take (their latency's peak-EWMA; before it has answered
 	// one, the longest of its peers' among the endpoints serving its
 	// models, once two of them have one), the endpoint answering no
-	// generation call (nor sending a stream's first token) from that
-	// point of the wait on. A replica whose engine hangs
+	// generation call (nor the first token of a stream its caller then
+	// stopped; a stream still out tells nothing) from that point of the
+	// wait on. A replica whose engine hangs
 	// while its server stays up runs it up call by call; a healthy one
 	// ends it with its next answer. A user stopping a stream after its
 	// first token does not count, nor does one giving up sooner than the
