@@ -298,6 +298,15 @@ type Outcome struct {
 	// Empty, every failure is the endpoint's. The HTTP and gRPC adapters
 	// set it from the call's model.
 	Model string
+	// Tenant is the call's Request.Tenant. On a client error it tells a
+	// replica that refuses one tenant's calls only (its API key not
+	// provisioned there yet) from one that refuses everyone's: after a
+	// few of the tenant's calls refused there in a row, the tenant's
+	// calls pass the replica over for a while, and the other tenants'
+	// go on as before (see package balancer). On a success it ends that
+	// memory for the replica. Empty, client errors count only towards
+	// the endpoint's share. The HTTP and gRPC adapters set it.
+	Tenant string
 }
 
 // Canceled reports whether the outcome is the client's own cancellation, which

@@ -179,6 +179,10 @@ type Balancer struct {
 	// endpoints' own windows meanwhile.
 	windowsSpilled atomic.Int64
 	runs           atomic.Pointer[runTable] // runs of failures of a model on an endpoint (modelfail.go)
+	// Tenants whose calls endpoints refused (tenantrefusal.go), from the
+	// first such answer, and the unix ns after which no entry is live.
+	refused   atomic.Pointer[refusalTable]
+	refusedAt atomic.Int64
 
 	adapters adapterCounts // this Balancer's calls in flight per LoRA adapter (lora.go)
 
@@ -833,6 +837,9 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			return Pick{}, ErrNoEndpoints
 		}
 	}
+	if req.Tenant != "" && b.refusedAt.Load() > nowNs {
+		b.tenantMarks(req.Tenant, g, &c) // endpoints that refuse this tenant (tenantrefusal.go)
+	}
 	if b.windowFilter(req, g, &c, refused) && refused {
 		// No endpoint would take it: each refused as much (window.go).
 		return Pick{}, ErrNoEndpoints
@@ -1169,6 +1176,12 @@ type cand struct {
 	// only when a member of the walk is far enough above 0 to be shunned.
 	ceRef    float64
 	ceRefSet bool
+	// With refused set, the members that refused the request's tenant's
+	// calls (tenant, its Keyer.Tenant key) are passed over; tenantKeep:
+	// the tenant's entry is not kept yet (pickTenantKeep).
+	refused    *refusalTable
+	tenant     uint64
+	tenantKeep bool
 }
 
 func (c *cand) ok(e *endpoint) bool {
@@ -1553,6 +1566,9 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	if c.pastShunned {
 		flags |= pickPastShunned
 	}
+	if c.refused != nil && c.tenantKeep {
+		flags |= pickTenantKeep
+	}
 	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
 
@@ -1592,6 +1608,11 @@ const pickKeep = 1 << (pickServiceShift + 2)
 // member for its client errors on its way (see clienterror.go): a client
 // error in answer is the key's, not the endpoint's.
 const pickPastShunned = 1 << (pickServiceShift + 3)
+
+// pickTenantKeep marks a pick the memory of tenants' refusals steered
+// while the tenant's entry was not kept: served, the call keeps it
+// (tenantServed).
+const pickTenantKeep = 1 << (pickServiceShift + 4)
 
 // Fails to compile if the service bits overlap the LoRA ones or cannot
 // hold every Service.
@@ -1736,6 +1757,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// Neither: the call was bad or not allowed, and a fast refusal
 		// must not make the endpoint look fast (see clienterror.go).
 		e.clientErrors.Add(1)
+		if o.Tenant != "" {
+			b.tenantRefused(e, o.Tenant, nowNs) // see tenantrefusal.go
+		}
 		if atomic.LoadUint32(&p.flags)&pickPastShunned == 0 {
 			b.noteAnswer(e, nowNs, true)
 		} // else the key's calls are refused wherever they go (see clienterror.go)
@@ -1757,6 +1781,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
 		e.successes.Add(1)
+		if o.Tenant != "" && b.refusedAt.Load() > nowNs {
+			b.tenantServed(e, o.Tenant, nowNs, atomic.LoadUint32(&p.flags)&pickTenantKeep != 0)
+		}
 		if atomic.LoadUint32(&p.flags)&pickKeep != 0 && o.Model != "" {
 			b.keepModel(e, o.Model, nowNs) // served: not a made-up name
 		}

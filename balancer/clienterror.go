@@ -68,6 +68,14 @@ import (
 // ejection may hold out (MaxEjectedFraction): see markShunnable. While
 // none is marked, Pick reads no share.
 //
+// The share is one per endpoint, over every tenant's calls: an endpoint
+// that refuses one tenant's calls only (its API key not provisioned
+// there yet) either stayed below the gap, the tenant's calls failing
+// there, or was shunned for every tenant, when that tenant was a large
+// part of its calls. A client error that names its tenant
+// (Outcome.Tenant) also counts for that endpoint and tenant, which pass
+// each other by in picks of that tenant only: see tenantrefusal.go.
+//
 // The affinity walk passes over a member whose share is more than the gap
 // above the lowest of the key's first members (shunnedOnWalk), as it
 // passes over one whose breaker is open: a key owned by a replica that

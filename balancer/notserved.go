@@ -407,7 +407,9 @@ func (b *Balancer) lacking(model string, g *group, c *cand) (all bool) {
 }
 
 // passOver reports whether c passes e over as remembered not to serve the
-// call's model, or as remembered too small for it (window.go).
+// call's model, as remembered too small for it (window.go), or as
+// refusing its tenant's calls (tenantrefusal.go).
 func (c *cand) passOver(e *endpoint) bool {
-	return c.lack != nil && c.lack.lacks(e, c.model, lackNow(c.nowNs)) || c.tooSmall(e)
+	return c.lack != nil && c.lack.lacks(e, c.model, lackNow(c.nowNs)) || c.tooSmall(e) ||
+		c.refused != nil && c.refused.marked(e, c.tenant, lackNow(c.nowNs))
 }

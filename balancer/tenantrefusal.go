@@ -1,0 +1,350 @@
+package balancer
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Client errors of one tenant's calls on one endpoint.
+//
+// An endpoint can refuse one tenant's calls only: during a key rollout
+// tenant A's API key is not provisioned on replica r0 yet, and r0 answers
+// A's calls 401 and everyone else's well. The endpoint's one share of
+// client errors (clienterror.go) cannot say so. Over 4 replicas at 2,000
+// embedding calls a second for 60 s, with A a tenth of the calls r0's
+// share stayed below the gap and A's calls failed at 1 in 4 (2,979 of
+// 12,000); with A 60% of them r0 was shunned for everyone and the other
+// tenants drew 0.4% of their calls there instead of a quarter
+// (TestTenantRefusedOnOneReplicaPassesItOverForThatTenantOnly, which
+// runs both with and without the tenant named). So each answer that
+// names its tenant (Outcome.Tenant) also counts for the tenant: its
+// share of client errors over all its answers (an EWMA, refusalAlpha),
+// and for each endpoint the number of its calls refused there in a row,
+// with none served there between. Once that run is longer than a tenant
+// refused at its share (plus refusalSlack, for the share's noise)
+// wherever its calls go would make once in refusalChance runs (needRun:
+// at least refusalMinRun), the tenant's picks pass the endpoint over for
+// ErrorDecay, and its other tenants' picks go on as before. A's calls so
+// lose 11 to 20 calls while the run builds up (r0's own refusals raise
+// A's share), and none but probes after. The memory is kept for
+// ErrorDecay past the pass-over, so that the first call of the tenant's
+// there when it ends (a probe), refused again, starts the next one at
+// once: the tenant loses a call per ErrorDecay and caller, where a
+// shunned endpoint takes one every few seconds (clientErrorGap). A call
+// of the tenant's served there ends it. The endpoint's own share counts
+// every refusal as before, and goes on shunning an endpoint that refuses
+// everyone's calls.
+//
+// A run, weighed against the tenant's share, and not one refusal nor a
+// fixed count: a tenant sends bad calls of its own (a malformed body
+// answered 400), refused by whichever endpoint they meet, and they must
+// not pass an endpoint over for its good calls. With three in a row as
+// the rule, a tenant with a third of its calls bad had its calls pushed
+// off one endpoint after another (5,687 of 36,000 on one of 4, 13,159 on
+// another); weighed, they stay spread, with a tenth, a third or all of
+// them bad (TestTenantsOwnBadCallsKeepItsCallsSpread). Nor does the
+// memory pass over more of a pool for one tenant than outlier ejection
+// may hold out (MaxEjectedFraction, at least one), nor every endpoint a
+// call could take: the tenant's calls are then picked as if nothing were
+// remembered.
+//
+// Tenants are request data, and the memory is bounded whatever the
+// requests say: a table of refusalPairs (endpoint, tenant) entries and
+// one of refusalTenants tenants (a pick consults the pairs only for a
+// tenant the second holds), 12 KiB allocated at the first refusal that
+// names a tenant, 4-way set associative with two choices as the
+// not-served memory's (notserved.go), keyed by the tenant's hash seeded
+// per process (the affinity Keyer's seed), so a client cannot aim a
+// made-up name at a real tenant's entries. A flood of made-up tenants,
+// refused everywhere, takes entries and evicts the oldest; but a
+// tenant's entries are kept once one of its calls the memory steered
+// was served elsewhere (a real tenant refused by one endpoint), and a
+// full set gives up entries not kept first: made-up tenants, served
+// nowhere, evict each other. With half the calls under ever new made-up
+// names, A lost 263 of 12,000 calls to r0 without that, 2 with it
+// (TestMadeUpTenantsKeepARealTenantsRefusal). A kept entry still lapses
+// as any does.
+//
+// It costs a pick that names no tenant nothing, and one that names one
+// an atomic load (the latest time any entry lapses, refusedAt) while
+// nothing is remembered; a success that names a tenant the same, and a
+// hash of the tenant and a few loads while some entry is live.
+
+const (
+	refusalPairs   = 1024 // (endpoint, tenant) pairs remembered
+	refusalTenants = 256  // tenants remembered
+
+	// A pair's entry: lackKept, refusalMarked, a 5-bit count of the
+	// tenant's calls refused there in a row, a 17-bit tag, and the time
+	// it lapses in lackNow's units. A tenant's entry: lackKept, a 23-bit
+	// tag, and the time the last of its pairs lapses; and, in a word of
+	// its own, its share of client errors.
+	refusalMarked     = 1 << 62
+	refusalCountShift = 57
+	refusalCountMask  = 1<<5 - 1
+	refusalTagMask    = 1<<17 - 1
+
+	// refusalAlpha weighs each answer in a tenant's share of client
+	// errors; refusalChance is how unlikely a run must be, for a tenant
+	// refused at that share wherever its calls go, to pass an endpoint
+	// over (needRun); refusalSlack is added to the share for its noise.
+	refusalAlpha  = 0.05
+	refusalChance = 1e-6
+	refusalSlack  = 0.1
+	refusalMinRun = 3
+)
+
+// refusalTable is the memory. Readers load words; writers of entries hold
+// mu (a tenant's share is updated by CAS).
+type refusalTable struct {
+	mu      sync.Mutex
+	pairs   [refusalPairs]atomic.Uint64
+	tenants [refusalTenants]atomic.Uint64
+	shares  [refusalTenants]atomic.Uint64 // float64 bits, by the tenants' slot
+	horizon uint64                        // as lackTable's
+	hold    uint64                        // ErrorDecay in lackNow's units, rounded up
+}
+
+// needRun is how many of a tenant's calls in a row an endpoint must have
+// refused, none served there between, to pass it over for the tenant
+// whose share of client errors over all its answers is q: as many as
+// make such a run less likely than refusalChance for an endpoint that
+// refuses the tenant's calls no more often than q+refusalSlack, at least
+// refusalMinRun; refusalCountMask+1 (never) when that takes more.
+func needRun(q float64) uint64 {
+	q += refusalSlack
+	if q >= 1 {
+		return refusalCountMask + 1
+	}
+	n := math.Ceil(math.Log(refusalChance) / math.Log(q))
+	return uint64(min(max(n, refusalMinRun), refusalCountMask+1))
+}
+
+// refusalTag is the tag of entry w in its table: pairs' are narrower, to
+// leave room for the count.
+func refusalTag(w uint64, pair bool) uint64 {
+	if pair {
+		return w >> lackTimeBits & refusalTagMask
+	}
+	return lackTag(w)
+}
+
+// refusalSets returns the sets of table for key and key's tag (never 0).
+func refusalSets(table []atomic.Uint64, key uint64, pair bool) (lackSets, uint64) {
+	s, tag := lackSet(table, key)
+	if pair {
+		tag = max(tag&refusalTagMask, 1)
+	}
+	return s, tag
+}
+
+// refusalFind returns the slot of tag's live entry in sets and the entry.
+func refusalFind(sets lackSets, tag, now, horizon uint64, pair bool) (*atomic.Uint64, uint64) {
+	for _, set := range sets {
+		for i := range set {
+			if w := set[i].Load(); w != 0 && refusalTag(w, pair) == tag && !lackLapsed(w, now, horizon) {
+				return &set[i], w
+			}
+		}
+	}
+	return nil, 0
+}
+
+// refusalSlot returns the slot of sets a new entry takes: a free or
+// lapsed one, in the set with more of them, else of the live entries the
+// one not kept and not a pass-over (pairs only) that lapses first, then
+// those not kept, then any. Called with mu held.
+func refusalSlot(sets lackSets, now, horizon uint64, pair bool) *atomic.Uint64 {
+	rank := func(w uint64) uint64 {
+		switch {
+		case w == 0 || lackLapsed(w, now, horizon):
+			return 0
+		case w&lackKept != 0:
+			return 3<<lackTimeBits | w&lackTimeMask
+		case pair && w&refusalMarked != 0:
+			return 2<<lackTimeBits | w&lackTimeMask
+		}
+		return 1<<lackTimeBits | w&lackTimeMask
+	}
+	var best *atomic.Uint64
+	var bestRank uint64
+	var nfree [2]int
+	for k, set := range sets {
+		for i := range set {
+			if rank(set[i].Load()) == 0 {
+				nfree[k]++
+			}
+		}
+	}
+	order := [2]int{0, 1}
+	if nfree[1] > nfree[0] {
+		order = [2]int{1, 0}
+	}
+	for _, k := range order {
+		for i := range sets[k] {
+			if r := rank(sets[k][i].Load()); best == nil || r < bestRank {
+				best, bestRank = &sets[k][i], r
+			}
+		}
+	}
+	return best
+}
+
+// share returns the share word of the tenant of key whose entry is in
+// slot s, one of the two sets lackSet gives key in t.tenants.
+func (t *refusalTable) share(key uint64, s *atomic.Uint64) *atomic.Uint64 {
+	n := uint64(refusalTenants / lackWays)
+	for _, base := range [2]int{int(key%n) * lackWays, int(key>>lackAltShift%n) * lackWays} {
+		for i := base; i < base+lackWays; i++ {
+			if &t.tenants[i] == s {
+				return &t.shares[i]
+			}
+		}
+	}
+	panic("inferlb: tenant entry outside its sets")
+}
+
+// foldShare folds an answer of the tenant of key, in slot s, a client error or
+// not, into its share, and returns the share before it.
+func (t *refusalTable) foldShare(key uint64, s *atomic.Uint64, clientErr bool) float64 {
+	x := 0.0
+	if clientErr {
+		x = 1
+	}
+	w := t.share(key, s)
+	for {
+		old := w.Load()
+		q := math.Float64frombits(old)
+		if w.CompareAndSwap(old, math.Float64bits(q+refusalAlpha*(x-q))) {
+			return q
+		}
+	}
+}
+
+// marked reports whether e's entry for the tenant of key tenant passes it
+// over at now.
+func (t *refusalTable) marked(e *endpoint, tenant, now uint64) bool {
+	sets, tag := refusalSets(t.pairs[:], pairKey(e.serial, tenant), true)
+	_, w := refusalFind(sets, tag, now, t.horizon, true)
+	return w&refusalMarked != 0 && w&lackTimeMask > now+t.hold
+}
+
+// tenantRefused records e's refusal (a client error) of a call of
+// tenant's at nowNs.
+func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) {
+	t := b.refused.Load()
+	if t == nil {
+		hold := uint64(min(b.cfg.errorDecay, maxHold)>>lackUnitShift) + 1
+		b.refused.CompareAndSwap(nil, &refusalTable{horizon: b.cfg.lackHorizon() + 2*hold, hold: hold})
+		t = b.refused.Load()
+	}
+	key, now := b.keyer.Tenant(tenant), lackNow(nowNs)
+	// Lapses a pass-over's length past its own: see the top of the file.
+	until := min(now+2*t.hold+1, lackTimeMask)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tsets, ttag := refusalSets(t.tenants[:], key, false)
+	ts, tw := refusalFind(tsets, ttag, now, t.horizon, false)
+	if ts == nil {
+		ts = refusalSlot(tsets, now, t.horizon, false)
+		t.share(key, ts).Store(0)
+	}
+	ts.Store(tw&lackKept | ttag<<lackTimeBits | until)
+	q := t.foldShare(key, ts, true)
+	psets, ptag := refusalSets(t.pairs[:], pairKey(e.serial, key), true)
+	ps, pw := refusalFind(psets, ptag, now, t.horizon, true)
+	if ps == nil {
+		ps = refusalSlot(psets, now, t.horizon, true)
+	}
+	n := min(pw>>refusalCountShift&refusalCountMask+1, refusalCountMask)
+	w := (pw|tw)&lackKept | n<<refusalCountShift | ptag<<lackTimeBits | until
+	if n >= needRun(q) {
+		w |= refusalMarked
+	}
+	ps.Store(w)
+	untilNs := later(nowNs, time.Duration(2*t.hold+2)<<lackUnitShift)
+	for {
+		cur := b.refusedAt.Load()
+		if cur >= untilNs || b.refusedAt.CompareAndSwap(cur, untilNs) {
+			break
+		}
+	}
+}
+
+// tenantServed folds a call of tenant's that e served at nowNs into the
+// tenant's share, if it has an entry, and ends e's entry for it; steered
+// says the memory passed some endpoint over for the call
+// (pickTenantKeep): tenant's entries are then kept.
+func (b *Balancer) tenantServed(e *endpoint, tenant string, nowNs int64, steered bool) {
+	t := b.refused.Load()
+	if t == nil {
+		return
+	}
+	key, now := b.keyer.Tenant(tenant), lackNow(nowNs)
+	tsets, ttag := refusalSets(t.tenants[:], key, false)
+	ts, _ := refusalFind(tsets, ttag, now, t.horizon, false)
+	if ts == nil {
+		return
+	}
+	t.foldShare(key, ts, false)
+	psets, ptag := refusalSets(t.pairs[:], pairKey(e.serial, key), true)
+	ps, _ := refusalFind(psets, ptag, now, t.horizon, true)
+	if ps == nil && !steered {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if ps, _ = refusalFind(psets, ptag, now, t.horizon, true); ps != nil {
+		ps.Store(0)
+	}
+	ts, tw := refusalFind(tsets, ttag, now, t.horizon, false)
+	if !steered || ts == nil || tw&lackKept != 0 {
+		return
+	}
+	ts.Store(tw | lackKept)
+	if pools := e.pools.Load(); pools != nil {
+		for _, g := range *pools {
+			for _, m := range g.members {
+				sets, tag := refusalSets(t.pairs[:], pairKey(m.serial, key), true)
+				if s, w := refusalFind(sets, tag, now, t.horizon, true); s != nil {
+					s.Store(w | lackKept)
+				}
+			}
+		}
+	}
+}
+
+// tenantMarks sets c up to pass over the members of g that refused
+// tenant's calls (c.refused, c.tenant), when some c allows are so marked,
+// no more than MaxEjectedFraction of g (at least one), and another c
+// allows is not. Only picks made while some entry is live (refusedAt)
+// call it.
+func (b *Balancer) tenantMarks(tenant string, g *group, c *cand) {
+	t := b.refused.Load()
+	if t == nil {
+		return
+	}
+	key, now := b.keyer.Tenant(tenant), lackNow(c.nowNs)
+	tsets, ttag := refusalSets(t.tenants[:], key, false)
+	ts, tw := refusalFind(tsets, ttag, now, t.horizon, false)
+	if ts == nil || tw&lackTimeMask <= now+t.hold {
+		return // no pair of the tenant's can pass an endpoint over
+	}
+	marked, other := 0, false
+	for _, e := range g.members {
+		if !c.ok(e) {
+			continue
+		}
+		if t.marked(e, key, now) {
+			marked++
+		} else {
+			other = true
+		}
+	}
+	if marked == 0 || !other || marked > max(int(b.cfg.maxEjected*float64(len(g.members))+1e-9), 1) {
+		return
+	}
+	c.refused, c.tenant, c.tenantKeep = t, key, tw&lackKept == 0
+}
