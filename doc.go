@@ -152,7 +152,13 @@
 // over as outlier ejection may hold out (MaxEjectedFraction), and a
 // refusal of a keyed call whose key the affinity walk has moved past such
 // an endpoint is the key's, counted for no endpoint: one user's refused
-// session takes out its owner, not one endpoint after another.
+// session takes out its owner, not one endpoint after another. A
+// client error that names its tenant (Outcome.Tenant, set by the
+// adapters) also counts for that endpoint and tenant, in a bounded table
+// keyed by the seeded hash of the tenant: an endpoint that refused a run
+// of a tenant's calls too long to be the tenant's own bad calls is passed
+// over for that tenant only (a replica its API key has not reached yet),
+// for ErrorDecay, and the other tenants still draw it.
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. A call its caller cancelled is neither

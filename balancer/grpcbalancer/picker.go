@@ -430,6 +430,7 @@ func (c *call) report(di balancer.DoneInfo) {
 		// inferlb.Outcome.Model); a broken connection is the endpoint's.
 		o.Model = c.req.Model
 	}
+	o.Tenant = c.req.Tenant // a refusal of the tenant's calls only (inferlb.Outcome.Tenant)
 	c.pick.Done(o)
 	c.release()
 }

@@ -294,7 +294,11 @@
 // 300 in TestFast401sDrawNoTraffic); the Balancer passes over an endpoint
 // whose share of such answers is far above its peers', while the
 // caller's own bad calls, refused everywhere, change no choice. An error
-// event with a 4xx code in a stream that began with 200 is one too.
+// event with a 4xx code in a stream that began with 200 is one too. The
+// outcome names the call's tenant (Outcome.Tenant, from TenantHeader), so
+// a replica that refuses one tenant's calls only (its key not there yet)
+// is passed over for that tenant's calls only
+// (TestTenantRefusedOnOneReplica).
 // A pooling call (an embedding, rerank or score call) is weighed against
 // the windows remembered by its longest input, not its batch's total
 // (Info.LongestInput: one text of an embeddings batch, or the longest

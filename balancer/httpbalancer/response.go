@@ -1529,6 +1529,7 @@ func (c *call) finish(err error) {
 		// inferlb.Outcome.Model); a broken connection is the endpoint's.
 		o.Model = c.info.Model
 	}
+	o.Tenant = c.info.Tenant // a refusal of the tenant's calls only (inferlb.Outcome.Tenant)
 	f := c.t.cfg.onResult
 	if f != nil {
 		// Otherwise Done measures it on the same clock from the pick, a
