@@ -1176,12 +1176,13 @@ type cand struct {
 	// only when a member of the walk is far enough above 0 to be shunned.
 	ceRef    float64
 	ceRefSet bool
-	// With refused set, the members that refused the request's tenant's
-	// calls (tenant, its Keyer.Tenant key) are passed over; tenantKeep:
-	// the tenant's entry is not kept yet (pickTenantKeep).
-	refused    *refusalTable
-	tenant     uint64
+	// tenantKeep: with refused, the tenant's entry is not kept yet
+	// (pickTenantKeep). Next to ceRefSet, in its padding.
 	tenantKeep bool
+	// With refused set, the members that refused the request's tenant's
+	// calls (tenant, its Keyer.Tenant key) are passed over.
+	refused *refusalTable
+	tenant  uint64
 }
 
 func (c *cand) ok(e *endpoint) bool {
