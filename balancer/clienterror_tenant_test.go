@@ -27,7 +27,9 @@ type tenantRun struct {
 	// tell: the answers name the call's tenant (Outcome.Tenant), as the
 	// adapters' do.
 	tell bool
-	n    int
+	// key, when set, is the n-th call's affinity key.
+	key func(n int) uint64
+	n   int
 }
 
 // tenantCounts are a run's calls per tenant and endpoint, and refusals.
@@ -66,7 +68,11 @@ func (r *tenantRun) rounds(rounds, perRound int) tenantCounts {
 		outs := make([]out, 0, perRound)
 		for range perRound {
 			tn := r.tenant(r.n)
-			p, err := r.b.Pick(&inferlb.Request{Service: r.svc, Tenant: tn})
+			req := &inferlb.Request{Service: r.svc, Tenant: tn}
+			if r.key != nil {
+				req.AffinityKey = r.key(r.n)
+			}
+			p, err := r.b.Pick(req)
 			require.NoError(r.t, err)
 			addr := p.Endpoint().Addr
 			ce := r.refuse(addr, tn, r.n)
@@ -307,6 +313,37 @@ func TestShardMemberRefusingItsTenant(t *testing.T) {
 			default:
 				assert.Equal(t, got.calls["A"], got.refused["A"], name)
 			}
+		}
+	}
+}
+
+// Chats go by their keys to the keys' owners: the walk passes over an
+// owner that refuses the chat's tenant, as P2C does, and its other
+// tenants' chats stay with it. Without the tenant named, A's chats whose
+// keys r0 owns failed on every call (126 of A's 1,000 calls, B drawing
+// 814 of its 3,000 there); named, none does (B draws 940).
+func TestTenantRefusalMovesOnlyThatTenantsKeys(t *testing.T) {
+	for _, tell := range []bool{false, true} {
+		r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(4), AffinitySeed: 4}, "r0", "r1", "r2", "r3")
+		r.svc, r.tell = inferlb.ServiceLLM, tell
+		keys := chatKeys(64)
+		r.tenant = func(n int) string {
+			if n%4 == 0 {
+				return "A"
+			}
+			return "B"
+		}
+		r.key = func(n int) uint64 { return keys[n%len(keys)] }
+		r.refuse = func(addr, tn string, _ int) bool { return addr == "r0" && tn == "A" }
+		r.rounds(500, 4)
+		got := r.rounds(1000, 4)
+		on, all := got.others("A", "r0")
+		t.Logf("tenant named %v: A refused %d of %d; B drew %d of %d on r0", tell, got.refused["A"], got.calls["A"], on, all)
+		if tell {
+			assert.Less(t, got.refused["A"], 10)
+			assert.Greater(t, on, all/6, "B's chats on r0")
+		} else {
+			assert.Greater(t, got.refused["A"], got.calls["A"]/10)
 		}
 	}
 }
