@@ -97,7 +97,9 @@ const (
 )
 
 // refusalTable is the memory. Readers load words; writers of entries hold
-// mu (a tenant's share is updated by CAS).
+// mu. A tenant's share is updated by CAS without it: a success folded in
+// while its slot passes to another tenant lands in the new tenant's share
+// (reset to 0 when the slot is taken), which errs by one answer.
 type refusalTable struct {
 	mu      sync.Mutex
 	pairs   [refusalPairs]atomic.Uint64
