@@ -27,7 +27,7 @@ import (
 // wherever its calls go would make once in refusalChance runs (needRun:
 // at least refusalMinRun), the tenant's picks pass the endpoint over for
 // ErrorDecay, and its other tenants' picks go on as before. A's calls so
-// lose 11 to 20 calls while the run builds up (r0's own refusals raise
+// lose 9 to 20 calls while the run builds up (r0's own refusals raise
 // A's share), and none but probes after. The memory is kept for
 // ErrorDecay past the pass-over, so that the first call of the tenant's
 // there when it ends (a probe), refused again, starts the next one at
@@ -48,7 +48,11 @@ import (
 // memory pass over more of a pool for one tenant than outlier ejection
 // may hold out (MaxEjectedFraction, at least one), nor every endpoint a
 // call could take: the tenant's calls are then picked as if nothing were
-// remembered.
+// remembered. Nor can it tell a tenant whose calls all go to endpoints
+// that refuse it (a shard, TenantShardSize, whose members all lack its
+// key) from one whose own key expired: its share says it is refused
+// wherever it goes, and nothing is passed over
+// (TestShardMemberRefusingItsTenant).
 //
 // Tenants are request data, and the memory is bounded whatever the
 // requests say: a table of refusalPairs (endpoint, tenant) entries and
