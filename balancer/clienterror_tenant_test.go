@@ -278,7 +278,10 @@ func TestTenantRefusalDoesNotAllocate(t *testing.T) {
 
 // With tenant shards (TenantShardSize), a shard member that refuses its
 // tenant's calls is passed over for the shard's other member, strict or
-// not. When both refuse, the tenant's calls are refused wherever they go
+// not, and still draws the other tenants' calls: 499 of 2,000 here. (A's
+// calls are half of them and go to its shard only: without the tenant
+// remembered, r0's share of client errors rose far above its peers', and
+// r0 was shunned for everyone, drawing none of the others' 2,000.) When both refuse, the tenant's calls are refused wherever they go
 // and its share of client errors says so: the memory passes neither over
 // (its own key may be what is wrong), and a strict tenant's calls stay in
 // the shard.
@@ -300,17 +303,19 @@ func TestShardMemberRefusingItsTenant(t *testing.T) {
 				if n%2 == 0 {
 					return "A"
 				}
-				return "B"
+				return fmt.Sprintf("t%d", n/2%24) // others, over all the shards
 			}
 			r.refuse = func(addr, tn string, _ int) bool { return tn == "A" && (addr == shard[0] || both && addr == shard[1]) }
 			r.rounds(500, 4) // 10 s
 			got := r.rounds(1000, 4)
 			name := fmt.Sprintf("strict %v, both refuse %v", strict, both)
-			t.Logf("%s: A's calls %v (shard %v), %d refused", name, got.drew["A"], shard, got.refused["A"])
+			on, all := got.others("A", shard[0])
+			t.Logf("%s: A's calls %v (shard %v), %d refused; the others drew %d of %d on %s", name, got.drew["A"], shard, got.refused["A"], on, all, shard[0])
 			switch {
 			case !both:
 				assert.Less(t, got.refused["A"], 10, name)
 				assert.Greater(t, got.drew["A"][shard[1]], got.calls["A"]*9/10, name)
+				assert.Greater(t, on, all/10, "%s: the others' calls on %s", name, shard[0])
 			case strict:
 				assert.Equal(t, got.calls["A"], got.drew["A"][shard[0]]+got.drew["A"][shard[1]], name)
 			default:
