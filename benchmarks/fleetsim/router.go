@@ -425,6 +425,11 @@ type Variant struct {
 	// before 2026-12-07: the balancer cannot tell a replica whose engine
 	// hangs from callers that cancel.
 	NoUnanswered bool
+	// NoTenantMemory leaves inferlb.Outcome.Tenant empty, as the
+	// simulator did before the balancer remembered which tenants' calls
+	// an endpoint refuses: a refusal of one tenant's calls counts only
+	// towards the endpoint's share of client errors.
+	NoTenantMemory bool
 }
 
 // errShedAsFailure is the failure a ShedAsFailure variant reports.
@@ -566,7 +571,7 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 		return 0, nil, err
 	}
 	held := &p
-	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess && !r.v.NoOutcomeModel && !r.v.NoWindow && !r.v.ClientErrorAsSuccess && !r.v.NoUnanswered {
+	if !r.v.ShedAsFailure && !r.v.NotServedAsSuccess && !r.v.NoOutcomeModel && !r.v.NoWindow && !r.v.ClientErrorAsSuccess && !r.v.NoUnanswered && !r.v.NoTenantMemory {
 		return r.byID[p.ID()], held.Done, nil
 	}
 	return r.byID[p.ID()], func(o inferlb.Outcome) {
@@ -583,6 +588,9 @@ func (r *inferlbRouter) picked(p balancer.Pick, err error) (int, func(inferlb.Ou
 			o.Model = ""
 		case r.v.NoUnanswered:
 			o.Unanswered = false
+		}
+		if r.v.NoTenantMemory {
+			o.Tenant = ""
 		}
 		held.Done(o)
 	}, nil
@@ -635,7 +643,8 @@ func (r *inferlbRouter) PickRetry(req *Request, failed int) (int, func(inferlb.O
 // unreferenced cached block is free, as in vLLM, until a hit takes it). It
 // knows every replica's context window and sends no call to one too small
 // for it while another can take it, and sends none to a replica that
-// answers 401 (ReplicaSpec.Unauthorized).
+// answers 401 (ReplicaSpec.Unauthorized), nor a tenant's call to one that
+// refuses that tenant's (ReplicaSpec.RefusesTenants).
 func Oracle() Policy {
 	return Policy{Name: "oracle", Shared: true, SeesRanks: true, New: func(e Env) Router {
 		return &oracle{run: e.run}
@@ -656,7 +665,7 @@ func (o *oracle) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	fits := slices.ContainsFunc(o.members, func(i int) bool { return !o.run.reps[i].tooLong(req) })
 	for _, i := range o.members {
 		r := o.run.reps[i]
-		if !r.up || r.unauthorized || (fits && r.tooLong(req)) {
+		if !r.up || r.unauthorized || r.refusesTenant(req) || (fits && r.tooLong(req)) {
 			continue
 		}
 		c := o.cost(r, req)

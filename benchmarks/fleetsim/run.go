@@ -38,6 +38,11 @@ type ReplicaSpec struct {
 	// route) after unauthorizedDelay, with no GPU work: the caller gets
 	// the 401 and does not retry it, as clients do not retry a 4xx.
 	Unauthorized bool
+	// RefusesTenants makes the replica answer 401, as Unauthorized does,
+	// the calls of these tenants only (Request.Tenant): their API keys
+	// are not provisioned on it yet, during a key rollout. It serves the
+	// other tenants' calls.
+	RefusesTenants []string
 }
 
 // DPLabel is the endpoint label the simulator gives data-parallel ranks:
@@ -185,6 +190,10 @@ type Result struct {
 	// Unauthorized counts the attempts of those calls that a replica
 	// answered 401 (ReplicaSpec.Unauthorized): each is a call failed.
 	Unauthorized int `json:"unauthorized,omitempty"`
+	// Tenants splits the measured calls between the tenants some replica
+	// refuses (ReplicaSpec.RefusesTenants) and the others; nil when no
+	// replica refuses a tenant.
+	Tenants *TenantResult `json:"tenants,omitempty"`
 	// Abandoned counts the failed calls whose callers gave up on them
 	// at Scenario.ClientTimeout.
 	Abandoned int `json:"abandoned,omitempty"`
@@ -240,6 +249,25 @@ type ModelResult struct {
 	// Attempts counts the attempts of those calls sent to each replica,
 	// by index: first tries, retries and hops alike.
 	Attempts []int `json:"attempts"`
+}
+
+// TenantResult is what became of the measured calls of the tenants some
+// replica refuses (ReplicaSpec.RefusesTenants) and of the other tenants'.
+type TenantResult struct {
+	// Refused: the calls of the tenants some replica refuses, and how
+	// many of them failed (their callers got an error, a 401 or other).
+	Refused       int `json:"refused_tenant_requests"`
+	RefusedFailed int `json:"refused_tenant_failed"`
+	// Others: the other tenants' calls, how many failed, and how many
+	// of their attempts went to a replica that refuses some tenant (and
+	// serves them): a policy that shuns that replica for everyone sends
+	// it few.
+	Others          int `json:"other_requests"`
+	OthersFailed    int `json:"other_failed"`
+	OthersOnRefuser int `json:"other_attempts_on_refuser"`
+	// OthersAttempts counts the other tenants' attempts sent to each
+	// replica, by index.
+	OthersAttempts []int `json:"other_attempts"`
 }
 
 // BalancerCounts sums the endpoint statistics (balancer.EndpointStats)
@@ -312,6 +340,10 @@ func Run(sc *Scenario, pol Policy, cfg RunConfig) Result {
 		r := newReplica(i, ids[i], spec.Server, speed, s)
 		r.models = spec.Models
 		r.unauthorized = spec.Unauthorized
+		r.refuses = spec.RefusesTenants
+		if len(spec.RefusesTenants) > 0 && s.tenants == nil {
+			s.tenants = &tenantStats{attempts: make([]int, len(sc.Fleet))}
+		}
 		models[i] = spec.Models
 		if spec.DPGroup != 0 {
 			e := engines[spec.DPGroup]
@@ -428,6 +460,15 @@ func (s *run) result(policy string) Result {
 	}
 	if sp := s.split; sp != nil {
 		res.Healthy, res.Broken = sp.g[0].result(window), sp.g[1].result(window)
+	}
+	if t := s.tenants; t != nil {
+		res.Tenants = &TenantResult{Refused: t.refused, RefusedFailed: t.refusedFailed,
+			Others: t.others, OthersFailed: t.othersFailed, OthersAttempts: slices.Clone(t.attempts)}
+		for i, n := range t.attempts {
+			if len(s.reps[i].refuses) > 0 {
+				res.Tenants.OthersOnRefuser += n
+			}
+		}
 	}
 	if s.lora != nil {
 		res.LoRA = s.lora.result(a.loads, b.loads)
@@ -585,4 +626,56 @@ func (g *splitGroup) result(window float64) *ModelResult {
 		m.Throughput = float64(g.tokens-g.wasted) / window
 	}
 	return m
+}
+
+// tenantStats keeps Result.Tenants while a run goes; a nil *tenantStats
+// keeps nothing.
+type tenantStats struct {
+	refused, refusedFailed int
+	others, othersFailed   int
+	attempts               []int // the other tenants' attempts, by replica
+}
+
+// isRefused reports whether some replica of the run refuses req's tenant.
+func (s *run) isRefused(req *Request) bool {
+	if req.Tenant == "" {
+		return false
+	}
+	for _, r := range s.reps {
+		if r.refusesTenant(req) {
+			return true
+		}
+	}
+	return false
+}
+
+// arrived counts a measured call.
+func (t *tenantStats) arrived(s *run, req *Request) {
+	if t == nil {
+		return
+	}
+	if s.isRefused(req) {
+		t.refused++
+	} else {
+		t.others++
+	}
+}
+
+// failed counts a measured call failed for good.
+func (t *tenantStats) failed(s *run, req *Request) {
+	if t == nil {
+		return
+	}
+	if s.isRefused(req) {
+		t.refusedFailed++
+	} else {
+		t.othersFailed++
+	}
+}
+
+// sent counts a measured call's attempt on replica idx.
+func (t *tenantStats) sent(s *run, req *Request, idx int) {
+	if t != nil && !s.isRefused(req) {
+		t.attempts[idx]++
+	}
 }

@@ -57,6 +57,7 @@ func Scenarios() []*Scenario {
 		EmbeddingScenario(),
 		UnauthorizedScenario(),
 		UnauthorizedChatScenario(),
+		TenantRolloutScenario(),
 		MultiClientScenario(),
 		ChatScenario(),
 		MixScenario(),
@@ -223,6 +224,37 @@ func UnauthorizedChatScenario() *Scenario {
 		InferLB(Variant{Name: "inferlb"}),
 		InferLB(Variant{Name: "inferlb -affinity", Options: affinityOff}),
 		InferLB(Variant{Name: "inferlb client-error-as-success", ClientErrorAsSuccess: true}),
+		Oracle(),
+	}
+	return sc
+}
+
+// TenantRolloutScenario is the chat workload from four tenants, a
+// quarter of the sessions each, on 8 replicas of which r0 answers tenant
+// A's calls 401 in a millisecond (A's API key is not provisioned there
+// yet, during a key rollout) and serves the other tenants'. inferlb
+// reports each outcome's tenant (inferlb.Outcome.Tenant), as the HTTP and
+// gRPC adapters do, and its memory of the tenants' refusals passes r0
+// over for A's calls only; "inferlb no-tenant-memory" leaves the tenant
+// out, as before that memory, and has only r0's one share of client
+// errors, which either leaves A's calls going to r0 or shuns r0 for
+// every tenant.
+func TenantRolloutScenario() *Scenario {
+	sc := ChatScenario()
+	sc.Name = "tenant-rollout"
+	sc.Description = "multi-turn chat (as chat) from 4 tenants, a quarter of the sessions each, 8 replicas, r0 answers tenant A's calls 401 in 1 ms and serves the others'"
+	sc.Fleet[0].RefusesTenants = []string{"A"}
+	sc.Workload = func(rate float64) Workload {
+		w := ChatScenario().Workload(rate).(*Chat)
+		w.Tenants = []string{"A", "B", "C", "D"}
+		return w
+	}
+	sc.Rates = []float64{20, 40}
+	sc.Headline = 40
+	sc.Policies = []Policy{
+		RoundRobin(), LeastRequest(), RingHash(),
+		InferLB(Variant{Name: "inferlb"}),
+		InferLB(Variant{Name: "inferlb no-tenant-memory", NoTenantMemory: true}),
 		Oracle(),
 	}
 	return sc

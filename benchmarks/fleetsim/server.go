@@ -181,7 +181,10 @@ type replica struct {
 	models []string // served (ReplicaSpec.Models); nil: all
 	// unauthorized: it answers every call 401 (ReplicaSpec.Unauthorized).
 	unauthorized bool
-	failing      []string // served models that fail every call (ModelFail)
+	// refuses: it answers 401 the calls of these tenants only
+	// (ReplicaSpec.RefusesTenants).
+	refuses []string
+	failing []string // served models that fail every call (ModelFail)
 	// resident are the adapters in the GPU's MaxLoRAs slots, least
 	// recently used first.
 	resident []string
@@ -250,6 +253,12 @@ func newReplica(idx int, id string, p ServerParams, speed float64, s *run) *repl
 // serves reports whether the replica serves model.
 func (r *replica) serves(model string) bool {
 	return r.models == nil || slices.Contains(r.models, model)
+}
+
+// refusesTenant reports whether the replica answers req 401 for its
+// tenant (ReplicaSpec.RefusesTenants).
+func (r *replica) refusesTenant(req *Request) bool {
+	return req.Tenant != "" && slices.Contains(r.refuses, req.Tenant)
 }
 
 // tooLong reports whether the replica refuses req as longer than its

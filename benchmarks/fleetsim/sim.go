@@ -178,8 +178,9 @@ type run struct {
 	unauthorized int
 	requests     int
 	marks        [2]counters
-	split        *modelSplit // Result.Healthy and Broken; nil without a ModelFail event
-	lora         *loraStats  // Result.LoRA; nil when no replica limits adapters
+	split        *modelSplit  // Result.Healthy and Broken; nil without a ModelFail event
+	lora         *loraStats   // Result.LoRA; nil when no replica limits adapters
+	tenants      *tenantStats // Result.Tenants; nil when no replica refuses a tenant
 }
 
 // counters are snapshots taken at the start and end of the measurement window.
@@ -217,6 +218,7 @@ func (s *run) Submit(req *Request) {
 		if g := s.split.group(req); g != nil {
 			g.requests++
 		}
+		s.tenants.arrived(s, req)
 	}
 	s.dispatch(j)
 }
@@ -289,11 +291,14 @@ func (s *run) send(j *job, idx int, done func(inferlb.Outcome)) {
 	if g := s.split.group(j.req); g != nil && j.measured {
 		g.attempts[idx]++
 	}
+	if j.measured {
+		s.tenants.sent(s, j.req, idx)
+	}
 	if !r.up {
 		s.finish(j, s.now, errRefused)
 		return
 	}
-	if r.unauthorized {
+	if r.unauthorized || r.refusesTenant(j.req) {
 		s.after(unauthorizedDelay, func() { s.finish(j, s.now, errUnauthorized) })
 		return
 	}
@@ -333,7 +338,7 @@ func (s *run) giveUp(j *job, r *replica, sq *seq) {
 	if j.done != nil {
 		d := j.done
 		j.done = nil
-		d(inferlb.Outcome{Err: context.Canceled, Unanswered: j.firstToken < 0})
+		d(inferlb.Outcome{Err: context.Canceled, Unanswered: j.firstToken < 0, Tenant: j.req.Tenant})
 	}
 	if j.measured {
 		s.abandoned++
@@ -404,6 +409,10 @@ func (s *run) finish(j *job, now time.Duration, err error) {
 			// refused dial or a stream its crash cut (inferlb.Outcome.Model).
 			o.Model = j.req.Model
 		}
+		// As the adapters do, on every outcome: a client error that
+		// names its tenant may be a refusal of that tenant's calls
+		// only (inferlb.Outcome.Tenant).
+		o.Tenant = j.req.Tenant
 		d := j.done
 		j.done = nil
 		d(o)
@@ -498,6 +507,7 @@ func (s *run) fail(j *job) {
 		if g := s.split.group(j.req); g != nil {
 			g.failed++
 		}
+		s.tenants.failed(s, j.req)
 	}
 	s.wl.Done(s, j.req, false)
 }

@@ -126,9 +126,15 @@ type Chat struct {
 	// AdapterClasses their request classes ("adapter" when nil).
 	AdapterWeights []float64
 	AdapterClasses []string
-	rng            *rand.Rand
-	sessions       uint64
-	system         []Segment
+	// Tenants, when set, name the tenants that send the sessions
+	// (Request.Tenant), each session one of them, drawn by
+	// TenantShares (relative; nil: equal). The draw is derived from the
+	// session's seed, as Rerender's, and changes no other draw.
+	Tenants      []string
+	TenantShares []float64
+	rng          *rand.Rand
+	sessions     uint64
+	system       []Segment
 }
 
 // chatSession is one conversation. Its turns draw from its own random
@@ -143,7 +149,8 @@ type chatSession struct {
 	turn, last int
 	prompt     *Prompt
 	rng        *rand.Rand
-	rerender   bool // quotes answers re-rendered (Chat.Rerender)
+	rerender   bool   // quotes answers re-rendered (Chat.Rerender)
+	tenant     string // Chat.Tenants
 }
 
 // quotedAnswer is the answer segment a session's next prompt carries: the
@@ -189,8 +196,38 @@ func (w *Chat) Start(s Sim) {
 		// Derived from the session's seed rather than drawn, so the
 		// share changes no other draw.
 		cs.rerender = unitFloat(mix64(seed^0x7265726e646572)) < w.Rerender
+		cs.tenant = w.tenant(seed)
 		w.send(s, cs)
 	})
+}
+
+// tenant is the tenant of the session whose seed is seed ("" without
+// Tenants).
+func (w *Chat) tenant(seed uint64) string {
+	if len(w.Tenants) == 0 {
+		return ""
+	}
+	shares := w.TenantShares
+	var sum float64
+	for k := range w.Tenants {
+		if shares == nil {
+			sum++
+		} else {
+			sum += shares[k]
+		}
+	}
+	u := unitFloat(mix64(seed^0x74656e616e74)) * sum
+	for k, t := range w.Tenants {
+		x := 1.0
+		if shares != nil {
+			x = shares[k]
+		}
+		if u < x {
+			return t
+		}
+		u -= x
+	}
+	return w.Tenants[len(w.Tenants)-1]
 }
 
 // adapter draws the index of a session's adapter.
@@ -224,7 +261,7 @@ func (w *Chat) send(s Sim, cs *chatSession) {
 		Service: inferlb.ServiceLLM, Model: cs.model, Class: cs.class, Prompt: cs.prompt,
 		OutputTokens: out, MaxOutputTokens: w.MaxAnswer,
 		AnswerID: contentID(6, cs.id, uint64(cs.turn)), AffinityKey: cs.key,
-		session: cs,
+		Tenant: cs.tenant, session: cs,
 	})
 }
 

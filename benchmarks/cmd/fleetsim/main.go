@@ -513,6 +513,13 @@ func unauthorizedColumn(res []fleetsim.Result) bool {
 	return slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.Unauthorized > 0 })
 }
 
+// tenantColumns reports whether a table of res has the "tenant refused"
+// columns: only where some replica refuses a tenant's calls
+// (ReplicaSpec.RefusesTenants).
+func tenantColumns(res []fleetsim.Result) bool {
+	return slices.ContainsFunc(res, func(r fleetsim.Result) bool { return r.Tenants != nil })
+}
+
 // headerFor is the table header for res.
 func headerFor(res []fleetsim.Result) []string {
 	out := header
@@ -524,6 +531,9 @@ func headerFor(res []fleetsim.Result) []string {
 	}
 	if unauthorizedColumn(res) {
 		out = append(slices.Clone(out), "401s")
+	}
+	if tenantColumns(res) {
+		out = append(slices.Clone(out), "refused tenant failed", "others on refuser")
 	}
 	return out
 }
@@ -539,6 +549,18 @@ func rowFor(res []fleetsim.Result, r fleetsim.Result) []string {
 	}
 	if unauthorizedColumn(res) {
 		out = append(out, fmt.Sprintf("%d (%.1f%%)", r.Unauthorized, 100*float64(r.Unauthorized)/float64(max(r.Requests, 1))))
+	}
+	if tenantColumns(res) {
+		t := r.Tenants
+		if t == nil {
+			t = &fleetsim.TenantResult{}
+		}
+		sent := 0
+		for _, n := range t.OthersAttempts {
+			sent += n
+		}
+		out = append(out, fmt.Sprintf("%d of %d", t.RefusedFailed, t.Refused),
+			fmt.Sprintf("%d (%.1f%%)", t.OthersOnRefuser, 100*float64(t.OthersOnRefuser)/float64(max(sent, 1))))
 	}
 	return out
 }
