@@ -185,7 +185,15 @@
 // nothing. The unauthorized scenario runs the embedding workload on 6
 // replicas of which r0 is so, unauthorized-chat the chat workload on 8
 // (whose calls the affinity walk routes, and whose conversations end at
-// a failed turn); Result.Unauthorized counts its 401s.
+// a failed turn); Result.Unauthorized counts its 401s. A replica may
+// also refuse some tenants' calls only (ReplicaSpec.RefusesTenants, a
+// key not yet provisioned there), answering them as Unauthorized does;
+// every outcome names its call's tenant (inferlb.Outcome.Tenant), as the
+// adapters' do, and "inferlb no-tenant-memory" leaves it empty. The
+// tenant-rollout scenario runs the chat workload from four tenants
+// (Chat.Tenants) on 8 replicas of which r0 refuses tenant A's calls;
+// Result.Tenants splits A's failed calls from the other tenants'
+// attempts on r0.
 // Requests may name a tenant (the tenants scenario floods the fleet from one
 // tenant) and a class; Result.ClassE2EP99 reports each class's p99.
 //
