@@ -188,7 +188,8 @@ type Result struct {
 	// trips wasted, each a few ms.
 	TooLong int `json:"too_long,omitempty"`
 	// Unauthorized counts the attempts of those calls that a replica
-	// answered 401 (ReplicaSpec.Unauthorized): each is a call failed.
+	// answered 401 (ReplicaSpec.Unauthorized, RefusesTenants): each is a
+	// call failed.
 	Unauthorized int `json:"unauthorized,omitempty"`
 	// Tenants splits the measured calls between the tenants some replica
 	// refuses (ReplicaSpec.RefusesTenants) and the others; nil when no

@@ -174,7 +174,8 @@ type run struct {
 	retries     int
 	notServed   int // measured calls' attempts answered "model not served"
 	tooLong     int // measured calls' attempts refused as longer than the window
-	// measured calls' attempts answered 401 (ReplicaSpec.Unauthorized)
+	// measured calls' attempts answered 401 (ReplicaSpec.Unauthorized,
+	// RefusesTenants)
 	unauthorized int
 	requests     int
 	marks        [2]counters
