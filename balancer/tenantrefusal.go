@@ -109,7 +109,7 @@ type refusalTable struct {
 	pairs   [refusalPairs]atomic.Uint64
 	tenants [refusalTenants]atomic.Uint64
 	shares  [refusalTenants]atomic.Uint64 // float64 bits, by the tenants' slot
-	horizon uint64                        // as lackTable's
+	horizon uint64                        // as lackTable's: refusalHorizon
 	hold    uint64                        // ErrorDecay in lackNow's units, rounded up
 }
 
@@ -237,13 +237,24 @@ func (t *refusalTable) marked(e *endpoint, tenant, now uint64) bool {
 	return w&refusalMarked != 0 && w&lackTimeMask > now+t.hold
 }
 
+// refusalHorizon is how far ahead of the time it is written, in units,
+// an entry may lapse (lackLapsed): the two holds an entry lives, rounded
+// up, plus stepTolerance. The not-served memory's horizon (lackHorizon:
+// NotServedMemory or MaxEjectionTime) left entries written before a step
+// back shorter than that live, passing the endpoint over for the tenant
+// for the step on top of ErrorDecay (an hour's MaxEjectionTime held a
+// 10-minute step's; TestTenantRefusalEndsAtAClockStepBack).
+func refusalHorizon(hold uint64) uint64 {
+	return 2*hold + uint64(stepTolerance>>lackUnitShift) + 2
+}
+
 // tenantRefused records e's refusal (a client error) of a call of
 // tenant's at nowNs.
 func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) {
 	t := b.refused.Load()
 	if t == nil {
 		hold := uint64(min(b.cfg.errorDecay, maxHold)>>lackUnitShift) + 1
-		b.refused.CompareAndSwap(nil, &refusalTable{horizon: b.cfg.lackHorizon() + 2*hold, hold: hold})
+		b.refused.CompareAndSwap(nil, &refusalTable{horizon: refusalHorizon(hold), hold: hold})
 		t = b.refused.Load()
 	}
 	key, now := b.keyer.Tenant(tenant), lackNow(nowNs)
