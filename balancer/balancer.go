@@ -918,17 +918,18 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				rc.panicking, rc.coolingOnly = true, true
 				i, keyed = chooseOwn(rc, &sh)
 			}
-			if i < 0 && b.cfg.tenantStrict && !refused && (c.lack != nil || c.windowNeed != 0 || c.promptNeed != 0) {
+			if i < 0 && b.cfg.tenantStrict && !refused && (c.lack != nil || c.windowNeed != 0 || c.promptNeed != 0 || c.refused != nil) {
 				// The group's memory passed over every member of the
 				// shard (not serving the model, too small for the
-				// call) for members outside it, where a strict call
-				// cannot go. The shard is not down: as when the whole
-				// group is remembered so, a first pick goes ahead (the
-				// memory may be stale, the server's answer is the
-				// caller's); it failed with ErrTenantShardDown for the
-				// whole memory without trying a server.
+				// call, refusing its tenant) for members outside it,
+				// where a strict call cannot go. The shard is not
+				// down: as when the whole group is remembered so, a
+				// first pick goes ahead (the memory may be stale, the
+				// server's answer is the caller's); it failed with
+				// ErrTenantShardDown for the whole memory without
+				// trying a server.
 				rc := c
-				rc.lack, rc.windowNeed, rc.promptNeed = nil, 0, 0
+				rc.lack, rc.windowNeed, rc.promptNeed, rc.refused = nil, 0, 0, nil
 				if i, keyed = chooseOwn(rc, &sh); i < 0 && !rc.panicking && b.cfg.panicThreshold > 0 {
 					rc.panicking, rc.coolingOnly = true, true
 					rc.key, rc.affine = c.key, c.affine // the call's own, should the first have found a base reader

@@ -1,11 +1,15 @@
 package balancer_test
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
+	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/internal/testutil"
 )
@@ -37,4 +41,43 @@ func TestTenantRefusalEndsAtAClockStepBack(t *testing.T) {
 		t.Logf("MaxEjectionTime %v, a step of %v: A's calls in the minute after the step: %v", maxEject, tc.step, got.drew["A"])
 		assert.Greater(t, got.drew["A"]["r0"], got.calls["A"]/8, "MaxEjectionTime %v: A's calls back on r0 after the step", maxEject)
 	}
+}
+
+// A strict tenant's calls go only to its shard: when the member that
+// serves them is down (not ready) and the other is remembered to refuse
+// the tenant, the memory passes over every endpoint the call can take,
+// and a first pick goes ahead as if nothing were remembered, as it does
+// for the not-served memory (the memory may be stale: the key may have
+// arrived since). It failed with ErrTenantShardDown without trying a
+// server. A failover, which would only fetch the refusal again, still
+// finds none.
+func TestStrictShardWhoseOnlyLiveMemberRefusesItsTenant(t *testing.T) {
+	r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(2), TenantShardSize: 2, TenantShardStrict: true, AffinitySeed: 3},
+		"r0", "r1", "r2", "r3", "r4", "r5")
+	var shard []string
+	for len(shard) < 2 {
+		p, err := r.b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "A"})
+		require.NoError(t, err)
+		if a := p.Endpoint().Addr; !slices.Contains(shard, a) {
+			shard = append(shard, a)
+		}
+		p.Done(inferlb.Outcome{Tenant: "A"})
+	}
+	r.tenant = func(n int) string {
+		if n%2 == 0 {
+			return "A"
+		}
+		return fmt.Sprintf("t%d", n/2%24)
+	}
+	r.refuse = func(addr, tn string, _ int) bool { return tn == "A" && addr == shard[0] }
+	got := r.rounds(500, 4)
+	require.Less(t, got.refused["A"], 30, "the memory passes %s over for A", shard[0])
+	require.True(t, r.b.SetReady(shard[1], false))
+	req := &inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "A"}
+	p, err := r.b.Pick(req)
+	require.NoError(t, err, "A's shard has a ready member")
+	assert.Equal(t, shard[0], p.Endpoint().Addr)
+	p.Done(inferlb.Outcome{Tenant: "A", ClientError: true})
+	_, err = r.b.PickExcept(req, "elsewhere")
+	assert.ErrorIs(t, err, balancer.ErrTenantShardDown, "a failover to the member that refuses A")
 }
