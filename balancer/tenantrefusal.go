@@ -73,8 +73,10 @@ import (
 //
 // It costs a pick that names no tenant nothing, and one that names one
 // an atomic load (the latest time any entry lapses, refusedAt) while
-// nothing is remembered; a success that names a tenant the same, and a
-// hash of the tenant and a few loads while some entry is live.
+// nothing is remembered, a hash of the tenant and a few loads while some
+// entry is live, and a look at each member of the group (a hash and a
+// few loads each) while one of the tenant's own pairs is marked; a
+// success that names a tenant the same but the look at the group.
 
 const (
 	refusalPairs   = 1024 // (endpoint, tenant) pairs remembered
@@ -82,13 +84,15 @@ const (
 
 	// A pair's entry: lackKept, refusalMarked, a 5-bit count of the
 	// tenant's calls refused there in a row, a 17-bit tag, and the time
-	// it lapses in lackNow's units. A tenant's entry: lackKept, a 23-bit
-	// tag, and the time the last of its pairs lapses; and, in a word of
-	// its own, its share of client errors.
-	refusalMarked     = 1 << 62
-	refusalCountShift = 57
-	refusalCountMask  = 1<<5 - 1
-	refusalTagMask    = 1<<17 - 1
+	// it lapses in lackNow's units. A tenant's entry: lackKept,
+	// refusalMarked (one of its pairs was marked while the entry lived),
+	// a 22-bit tag, and the time the last of its pairs lapses; and, in a
+	// word of its own, its share of client errors.
+	refusalMarked        = 1 << 62
+	refusalCountShift    = 57
+	refusalCountMask     = 1<<5 - 1
+	refusalTagMask       = 1<<17 - 1
+	refusalTenantTagMask = 1<<22 - 1
 
 	// refusalAlpha weighs each answer in a tenant's share of client
 	// errors; refusalChance is how unlikely a run must be, for a tenant
@@ -128,22 +132,22 @@ func needRun(q float64) uint64 {
 	return uint64(min(max(n, refusalMinRun), refusalCountMask+1))
 }
 
-// refusalTag is the tag of entry w in its table: pairs' are narrower, to
-// leave room for the count.
+// refusalTag is the tag of entry w in its table: narrower than lackTag,
+// to leave room for refusalMarked and, in pairs, the count.
 func refusalTag(w uint64, pair bool) uint64 {
 	if pair {
 		return w >> lackTimeBits & refusalTagMask
 	}
-	return lackTag(w)
+	return w >> lackTimeBits & refusalTenantTagMask
 }
 
 // refusalSets returns the sets of table for key and key's tag (never 0).
 func refusalSets(table []atomic.Uint64, key uint64, pair bool) (lackSets, uint64) {
 	s, tag := lackSet(table, key)
 	if pair {
-		tag = max(tag&refusalTagMask, 1)
+		return s, max(tag&refusalTagMask, 1)
 	}
-	return s, tag
+	return s, max(tag&refusalTenantTagMask, 1)
 }
 
 // refusalFind returns the slot of tag's live entry in sets and the entry.
@@ -268,7 +272,8 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) {
 		ts = refusalSlot(tsets, now, t.horizon, false)
 		t.share(key, ts).Store(0)
 	}
-	ts.Store(tw&lackKept | ttag<<lackTimeBits | until)
+	tw = tw&(lackKept|refusalMarked) | ttag<<lackTimeBits | until
+	ts.Store(tw)
 	q := t.foldShare(key, ts, true)
 	psets, ptag := refusalSets(t.pairs[:], pairKey(e.serial, key), true)
 	ps, pw := refusalFind(psets, ptag, now, t.horizon, true)
@@ -279,6 +284,7 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) {
 	w := (pw|tw)&lackKept | n<<refusalCountShift | ptag<<lackTimeBits | until
 	if n >= needRun(q) {
 		w |= refusalMarked
+		ts.Store(tw | refusalMarked)
 	}
 	ps.Store(w)
 	untilNs := later(nowNs, time.Duration(2*t.hold+2)<<lackUnitShift)
@@ -346,8 +352,13 @@ func (b *Balancer) tenantMarks(tenant string, g *group, c *cand) {
 	key, now := b.keyer.Tenant(tenant), lackNow(c.nowNs)
 	tsets, ttag := refusalSets(t.tenants[:], key, false)
 	ts, tw := refusalFind(tsets, ttag, now, t.horizon, false)
-	if ts == nil || tw&lackTimeMask <= now+t.hold {
-		return // no pair of the tenant's can pass an endpoint over
+	if ts == nil || tw&refusalMarked == 0 || tw&lackTimeMask <= now+t.hold {
+		// No pair of the tenant's can pass an endpoint over: none was
+		// marked while its entry lived (a tenant whose own bad calls
+		// were refused here and there, the common case, scanned the
+		// group on each of its picks for two ErrorDecays), or all
+		// lapsed.
+		return
 	}
 	marked, other := 0, false
 	for _, e := range g.members {
