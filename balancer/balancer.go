@@ -790,7 +790,8 @@ const (
 	// pickBudget: an endpoint found is taken only if AllowRetry allows.
 	pickBudget pickMode = 1 << iota
 	// pickRefused: when every candidate is remembered not to serve the
-	// call's model, or too small for its tokens, there is none
+	// call's model, or too small for its tokens, or to refuse its
+	// tenant's calls (within MaxEjectedFraction), there is none
 	// (ErrNoEndpoints); a first pick goes ahead instead (the memory may be
 	// stale, and the server's answer is the caller's).
 	pickRefused
@@ -838,7 +839,11 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		}
 	}
 	if req.Tenant != "" && b.refusedAt.Load() > nowNs {
-		b.tenantMarks(req.Tenant, g, &c) // endpoints that refuse this tenant (tenantrefusal.go)
+		// Endpoints that refuse this tenant (tenantrefusal.go); as with
+		// the model, a retry to one would only fetch its refusal again.
+		if all := b.tenantMarks(req.Tenant, g, &c); all && refused {
+			return Pick{}, ErrNoEndpoints
+		}
 	}
 	if b.windowFilter(req, g, &c, refused) && refused {
 		// No endpoint would take it: each refused as much (window.go).

@@ -48,11 +48,13 @@ import (
 // memory pass over more of a pool for one tenant than outlier ejection
 // may hold out (MaxEjectedFraction, at least one), nor every endpoint a
 // call could take: the tenant's calls are then picked as if nothing were
-// remembered. Nor can it tell a tenant whose calls all go to endpoints
-// that refuse it (a shard, TenantShardSize, whose members all lack its
-// key) from one whose own key expired: its share says it is refused
-// wherever it goes, and nothing is passed over
-// (TestShardMemberRefusingItsTenant).
+// remembered, but for a failover to only endpoints that refuse the
+// tenant, which finds none: it would only fetch the refusal again, on
+// the retry budget (TestTenantFailoverToOnlyTheRefusingEndpointFindsNone).
+// Nor can it tell a tenant whose calls all go to endpoints that refuse
+// it (a shard, TenantShardSize, whose members all lack its key) from one
+// whose own key expired: its share says it is refused wherever it goes,
+// and nothing is passed over (TestShardMemberRefusingItsTenant).
 //
 // Tenants are request data, and the memory is bounded whatever the
 // requests say: a table of refusalPairs (endpoint, tenant) entries and
@@ -342,12 +344,14 @@ func (b *Balancer) tenantServed(e *endpoint, tenant string, nowNs int64, steered
 // tenantMarks sets c up to pass over the members of g that refused
 // tenant's calls (c.refused, c.tenant), when some c allows are so marked,
 // no more than MaxEjectedFraction of g (at least one), and another c
-// allows is not. Only picks made while some entry is live (refusedAt)
-// call it.
-func (b *Balancer) tenantMarks(tenant string, g *group, c *cand) {
+// allows is not. It leaves c as it was otherwise; then all reports
+// whether every member c allows is so marked, no more than that
+// fraction (a failover then has nowhere to go: see pickWith). Only picks
+// made while some entry is live (refusedAt) call it.
+func (b *Balancer) tenantMarks(tenant string, g *group, c *cand) (all bool) {
 	t := b.refused.Load()
 	if t == nil {
-		return
+		return false
 	}
 	key, now := b.keyer.Tenant(tenant), lackNow(c.nowNs)
 	tsets, ttag := refusalSets(t.tenants[:], key, false)
@@ -358,7 +362,7 @@ func (b *Balancer) tenantMarks(tenant string, g *group, c *cand) {
 		// were refused here and there, the common case, scanned the
 		// group on each of its picks for two ErrorDecays), or all
 		// lapsed.
-		return
+		return false
 	}
 	marked, other := 0, false
 	for _, e := range g.members {
@@ -371,8 +375,12 @@ func (b *Balancer) tenantMarks(tenant string, g *group, c *cand) {
 			other = true
 		}
 	}
-	if marked == 0 || !other || marked > max(int(b.cfg.maxEjected*float64(len(g.members))+1e-9), 1) {
-		return
+	if marked == 0 || marked > max(int(b.cfg.maxEjected*float64(len(g.members))+1e-9), 1) {
+		return false
+	}
+	if !other {
+		return true
 	}
 	c.refused, c.tenant, c.tenantKeep = t, key, tw&lackKept == 0
+	return false
 }

@@ -209,3 +209,40 @@ func TestTenantsBadCallDoesNotSlowItsPicks(t *testing.T) {
 	t.Logf("a pick of C's %v, of B's %v", own, other)
 	assert.Less(t, own, 3*other, "a pick of the tenant whose bad call was refused")
 }
+
+// A failover of tenant A's call, whose only other candidate is r0, which
+// the memory passes over for A, finds none, as one whose candidates are
+// all remembered not to serve its model does: the retry would only
+// fetch r0's refusal, on the retry budget. It went to r0. A first pick
+// still goes ahead.
+func TestTenantFailoverToOnlyTheRefusingEndpointFindsNone(t *testing.T) {
+	r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(3)}, "r0", "r1", "r2", "r3")
+	r.tenant = tenantMix(30)
+	r.refuse = func(addr, tn string, _ int) bool { return addr == "r0" && tn == "A" }
+	got := r.rounds(1000, 4)
+	require.Less(t, got.drew["A"]["r0"], 25, "A's calls on r0 while it refuses them")
+	require.True(t, r.b.SetReady("r2", false))
+	require.True(t, r.b.SetReady("r3", false))
+	req := &inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "A"}
+	for _, pick := range []func() (balancer.Pick, error){
+		func() (balancer.Pick, error) { return r.b.PickExcept(req, "r1") },
+		func() (balancer.Pick, error) { return r.b.PickRetry(req, "r1") },
+	} {
+		p, err := pick()
+		if err == nil {
+			t.Errorf("a failover of A's went to %s", p.Endpoint().Addr)
+			p.Done(inferlb.Outcome{Tenant: "A", ClientError: true})
+			continue
+		}
+		assert.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	}
+	p, err := r.b.Pick(req)
+	require.NoError(t, err)
+	assert.Equal(t, "r1", p.Endpoint().Addr)
+	p.Done(inferlb.Outcome{Tenant: "A"})
+	p, err = r.b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "B"})
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{Tenant: "B"})
+	_, err = r.b.PickExcept(&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "B"}, "r1")
+	assert.NoError(t, err, "B's failover to r0")
+}
