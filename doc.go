@@ -158,7 +158,8 @@
 // keyed by the seeded hash of the tenant: an endpoint that refused a run
 // of a tenant's calls too long to be the tenant's own bad calls is passed
 // over for that tenant only (a replica its API key has not reached yet),
-// for ErrorDecay, and the other tenants still draw it.
+// for ErrorDecay, and the other tenants still draw it
+// (EndpointStats.RefusedTenants counts the tenants it is passed over for).
 // Done releases the load, feeds the latency,
 // TTFT, decode-speed and error EWMAs and the circuit breaker; an overload answer cools the endpoint
 // down for its Retry-After. A call its caller cancelled is neither

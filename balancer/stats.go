@@ -66,6 +66,15 @@ type EndpointStats struct {
 	// for a replica with a wrong API key or without the route, which the
 	// balancer then passes over for peers whose share is far lower.
 	ClientErrorShare float64
+	// RefusedTenants is the number of tenants whose calls the Balancer
+	// passes the endpoint over for now, because it refused a run of their
+	// calls (client errors that name their tenant, Outcome.Tenant) while
+	// serving other tenants': a replica that lacks some tenants' API keys.
+	// A tenant counts for ErrorDecay after its last refusal there, or
+	// until the endpoint serves one of its calls. A pick still takes the
+	// endpoint for such a tenant when passing it over would hold out more
+	// than MaxEjectedFraction of its pool or leave no candidate.
+	RefusedTenants int
 	// Canceled counts the calls that ended canceled (Outcome.Canceled):
 	// neither success nor failure. With the counts above and InFlight
 	// they make up Picks.
@@ -117,6 +126,7 @@ func (b *Balancer) Stats() []EndpointStats {
 	b.mu.Unlock()
 	slices.SortFunc(eps, func(a, b *endpoint) int { return strings.Compare(a.id, b.id) })
 	nowNs := b.cfg.clock.Now().UnixNano()
+	refused := b.refusedTenants(nowNs)
 	out := make([]EndpointStats, len(eps))
 	for i, e := range eps {
 		var latest int64
@@ -148,6 +158,7 @@ func (b *Balancer) Stats() []EndpointStats {
 			ModelFailures:      e.modelFailures.Load(),
 			ClientErrors:       e.clientErrors.Load(),
 			ClientErrorShare:   e.clientErrorShare(b.cfg, nowNs),
+			RefusedTenants:     refused[e.serial],
 			Canceled:           e.canceled.Load(),
 			Unanswered:         e.unanswered.Load(),
 			Abandoned:          e.abandoned.Load(),

@@ -59,7 +59,7 @@ import (
 // Tenants are request data, and the memory is bounded whatever the
 // requests say: a table of refusalPairs (endpoint, tenant) entries and
 // one of refusalTenants tenants (a pick consults the pairs only for a
-// tenant the second holds), 12 KiB allocated at the first refusal that
+// tenant the second holds), 20 KiB allocated at the first refusal that
 // names a tenant, 4-way set associative with two choices as the
 // not-served memory's (notserved.go), keyed by the tenant's hash seeded
 // per process (the affinity Keyer's seed), so a client cannot aim a
@@ -115,6 +115,7 @@ type refusalTable struct {
 	pairs   [refusalPairs]atomic.Uint64
 	tenants [refusalTenants]atomic.Uint64
 	shares  [refusalTenants]atomic.Uint64 // float64 bits, by the tenants' slot
+	owners  [refusalPairs]atomic.Uint64   // serial of each pair's endpoint, by its slot; written with it under mu (tenantrefusal_stats.go)
 	horizon uint64                        // as lackTable's: refusalHorizon
 	hold    uint64                        // ErrorDecay in lackNow's units, rounded up
 }
@@ -288,6 +289,7 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) {
 		w |= refusalMarked
 		ts.Store(tw | refusalMarked)
 	}
+	t.own(pairKey(e.serial, key), ps, e.serial)
 	ps.Store(w)
 	untilNs := later(nowNs, time.Duration(2*t.hold+2)<<lackUnitShift)
 	for {

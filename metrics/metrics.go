@@ -24,6 +24,7 @@
 //	  _picks_total, _successes_total, _failures_total, _overloads_total,
 //	  _not_served_total, _too_long_total, _model_failures_total, _canceled_total,
 //	  _unanswered_total, _abandoned_run, _client_errors_total,
+//	  _refused_tenants,
 //	  _breaker_trips_total, _breaker_recoveries_total,
 //	  _outlier_ejections_total, _affinity_spills_total{cache="warm|cold"},
 //	  _telemetry{field="kv_cache_usage|waiting|..."} (the fresh readings
@@ -87,7 +88,7 @@ type Collector struct {
 
 	inFlight, inFlightTokens, latency, ttft, tpot, errRate, ready, breakerOpen, ramp *prometheus.Desc
 	picks, successes, failures, overloads, notServed, tooLong, modelFailures, trips  *prometheus.Desc
-	canceled, unanswered, abandoned, clientErrors, clientErrorShare                  *prometheus.Desc
+	canceled, unanswered, abandoned, clientErrors, clientErrorShare, refusedTenants  *prometheus.Desc
 	recoveries, ejections, exclusion, ejected, weight                                *prometheus.Desc
 	spills, retries, keyReuse, following                                             *prometheus.Desc
 	telemetry, telemetryAge                                                          *prometheus.Desc
@@ -140,6 +141,8 @@ func NewCollector(b *balancer.Balancer, balancerName string) *Collector {
 			"Calls the endpoint refused as bad or not allowed (HTTP 4xx but 408, 424 and 429: 401 and 403 from a wrong API key, 404 from a missing route, 400 and 422; the gRPC codes that map to them), other than not-served and too-long answers: neither success nor failure.", ep),
 		clientErrorShare: d("endpoint_client_error_ratio",
 			"Share of the endpoint's recent answers that were client errors, a ratio from 0 to 1: an EWMA over its successes, failures and client errors, decayed towards 0 with time. The balancer passes over an endpoint whose share is more than 0.5 above the other candidate's (a replica with a wrong API key).", ep),
+		refusedTenants: d("endpoint_refused_tenants",
+			"Tenants whose calls the balancer passes the endpoint over for now, because it refused a run of their calls (client errors of calls that name their tenant) while serving other tenants': a replica some tenants' API keys have not reached. A tenant counts for ErrorDecay after its last refusal there, or until the endpoint serves one of its calls; a pick still takes the endpoint when passing it over would hold out more than MaxEjectedFraction of the pool or leave no candidate. A count: tenants are request data, never label values.", ep),
 		trips:      d("endpoint_breaker_trips_total", "Times the circuit breaker tripped.", ep),
 		recoveries: d("endpoint_breaker_recoveries_total", "Times the endpoint recovered through half-open probes.", ep),
 		ejections:  d("endpoint_outlier_ejections_total", "Times outlier detection ejected the endpoint.", ep),
@@ -164,7 +167,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.inFlight, c.inFlightTokens, c.latency, c.ttft, c.tpot, c.errRate, c.ready, c.breakerOpen, c.ramp,
 		c.exclusion, c.ejected, c.weight,
-		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.tooLong, c.modelFailures, c.canceled, c.unanswered, c.abandoned, c.clientErrors, c.clientErrorShare, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
+		c.picks, c.successes, c.failures, c.overloads, c.notServed, c.tooLong, c.modelFailures, c.canceled, c.unanswered, c.abandoned, c.clientErrors, c.clientErrorShare, c.refusedTenants, c.trips, c.recoveries, c.ejections, c.spills, c.retries,
 		c.keyReuse, c.following, c.telemetry, c.telemetryAge,
 	} {
 		ch <- d
@@ -268,6 +271,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.abandoned, float64(s.Abandoned), s.ID)
 		counter(c.clientErrors, s.ClientErrors, s.ID)
 		gauge(c.clientErrorShare, s.ClientErrorShare, s.ID)
+		gauge(c.refusedTenants, float64(s.RefusedTenants), s.ID)
 		counter(c.trips, s.Trips, s.ID)
 		counter(c.recoveries, s.Recoveries, s.ID)
 		counter(c.ejections, s.Ejections, s.ID)

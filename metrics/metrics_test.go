@@ -103,7 +103,7 @@ inferlb_telemetry_store_endpoints{store="llm"} 1
 		require.NoError(t, err)
 		assert.Empty(t, problems)
 	}
-	assert.Equal(t, 30+2+1, testutil.CollectAndCount(c), "30 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
+	assert.Equal(t, 31+2+1, testutil.CollectAndCount(c), "31 series per endpoint (latency for two services), 2 retry, 1 affinity (no reuse estimate yet)")
 }
 
 // An endpoint ID that is not valid UTF-8 must not fail the whole scrape
@@ -437,4 +437,47 @@ func TestCollectorExportsTheAbandonedRun(t *testing.T) {
 	assert.EqualValues(t, 2, b.Stats()[0].Abandoned)
 	call(2*time.Second, inferlb.Outcome{})
 	assert.Zero(t, run(), "an answer ends the run")
+}
+
+// TestCollectorExportsTheRefusedTenants: an endpoint that refused a run of
+// one tenant's calls while serving the others' (a replica its key has not
+// reached) counts the tenant in endpoint_refused_tenants, with no label
+// but the endpoint's (tenants are request data), until ErrorDecay after
+// its last refusal there.
+func TestCollectorExportsTheRefusedTenants(t *testing.T) {
+	clock := tu.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	t.Cleanup(b.Close)
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:1"}, {Addr: "b:1"}}))
+	call := func(id string, o inferlb.Outcome) {
+		t.Helper()
+		serial, ok := b.Serial(id)
+		require.True(t, ok, id)
+		p, err := b.PickAt(&inferlb.Request{Tenant: o.Tenant}, serial)
+		require.NoError(t, err)
+		require.Equal(t, id, p.ID())
+		clock.Advance(time.Millisecond)
+		p.Done(o)
+	}
+	c := metrics.NewCollector(b, "embed")
+	want := func(a, b int) string {
+		return fmt.Sprintf(`
+# HELP inferlb_endpoint_refused_tenants Tenants whose calls the balancer passes the endpoint over for now, because it refused a run of their calls (client errors of calls that name their tenant) while serving other tenants': a replica some tenants' API keys have not reached. A tenant counts for ErrorDecay after its last refusal there, or until the endpoint serves one of its calls; a pick still takes the endpoint when passing it over would hold out more than MaxEjectedFraction of the pool or leave no candidate. A count: tenants are request data, never label values.
+# TYPE inferlb_endpoint_refused_tenants gauge
+inferlb_endpoint_refused_tenants{balancer="embed",endpoint="a:1"} %d
+inferlb_endpoint_refused_tenants{balancer="embed",endpoint="b:1"} %d
+`, a, b)
+	}
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want(0, 0)), "inferlb_endpoint_refused_tenants"))
+	// a:1 refuses tenant A, b:1 serves it: a run of refusals, with A's
+	// other calls served, is no bad calls of A's own.
+	for range 20 {
+		call("a:1", inferlb.Outcome{ClientError: true, Tenant: "A"})
+		for range 3 {
+			call("b:1", inferlb.Outcome{Latency: time.Millisecond, Tenant: "A"})
+		}
+	}
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want(1, 0)), "inferlb_endpoint_refused_tenants"))
+	clock.Advance(balancer.DefaultErrorDecay + time.Second)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want(0, 0)), "inferlb_endpoint_refused_tenants"))
 }

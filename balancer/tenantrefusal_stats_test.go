@@ -1,0 +1,79 @@
+package balancer_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// refusedTenants returns EndpointStats.RefusedTenants by endpoint ID.
+func refusedTenants(t *testing.T, b *balancer.Balancer) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, s := range b.Stats() {
+		out[s.ID] = s.RefusedTenants
+	}
+	return out
+}
+
+// pickAt picks addr for a call of tenant's, as a probe reaches it.
+func (r *tenantRun) pickAt(addr, tenant string) balancer.Pick {
+	r.t.Helper()
+	serial, ok := r.b.Serial(addr)
+	require.True(r.t, ok, addr)
+	p, err := r.b.PickAt(&inferlb.Request{Service: r.svc, Tenant: tenant}, serial)
+	require.NoError(r.t, err)
+	require.Equal(r.t, addr, p.ID())
+	return p
+}
+
+// EndpointStats.RefusedTenants shows the tenants' refusals memory: r0
+// refuses the calls of A and B (their keys have not reached it) and
+// serves C..E; once it has refused a run of each, it counts both, its
+// peers none; with no calls of theirs since, the marks end ErrorDecay
+// after their last refusal there, and the count with them. A tenant
+// refused everywhere (its own key expired) passes nothing over, and is
+// not counted.
+func TestStatsCountTheTenantsAnEndpointIsPassedOverFor(t *testing.T) {
+	r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(11)}, "r0", "r1", "r2", "r3")
+	r.tenant = tenantMix(30)
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0, "r2": 0, "r3": 0}, refusedTenants(t, r.b), "nothing remembered")
+	r.refuse = func(addr, tn string, _ int) bool { return addr == "r0" && tn == "A" }
+	r.rounds(500, 4) // 10 s
+	assert.Equal(t, map[string]int{"r0": 1, "r1": 0, "r2": 0, "r3": 0}, refusedTenants(t, r.b), "r0 refuses A")
+
+	r.refuse = func(addr, tn string, _ int) bool { return addr == "r0" && (tn == "A" || tn == "B") || tn == "E" }
+	r.rounds(500, 4)
+	assert.Equal(t, map[string]int{"r0": 2, "r1": 0, "r2": 0, "r3": 0}, refusedTenants(t, r.b), "r0 refuses A and B; E is refused everywhere")
+
+	// A mark holds ErrorDecay from the tenant's last refusal there,
+	// rounded up to the table's units (16.8 ms): a probe of each, refused.
+	for _, tn := range []string{"A", "B"} {
+		p := r.pickAt("r0", tn)
+		p.Done(inferlb.Outcome{Latency: time.Millisecond, ClientError: true, Tenant: tn})
+	}
+	r.clock.Advance(balancer.DefaultErrorDecay - 100*time.Millisecond)
+	assert.Equal(t, 2, refusedTenants(t, r.b)["r0"], "just before ErrorDecay")
+	r.clock.Advance(200 * time.Millisecond)
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0, "r2": 0, "r3": 0}, refusedTenants(t, r.b), "past ErrorDecay")
+}
+
+// A call of the tenant's that the endpoint serves ends its mark there, and
+// the count drops at once.
+func TestStatsRefusedTenantsDropWhenTheEndpointServesTheTenant(t *testing.T) {
+	r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(12)}, "r0", "r1", "r2", "r3")
+	r.tenant = tenantMix(30)
+	r.refuse = func(addr, tn string, _ int) bool { return addr == "r0" && tn == "A" }
+	r.rounds(500, 4)
+	require.Equal(t, 1, refusedTenants(t, r.b)["r0"])
+	p := r.pickAt("r0", "A")
+	r.clock.Advance(20 * time.Millisecond)
+	p.Done(inferlb.Outcome{Latency: 20 * time.Millisecond, Tenant: "A"})
+	assert.Zero(t, refusedTenants(t, r.b)["r0"], "r0 served A")
+}
