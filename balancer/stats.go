@@ -68,8 +68,9 @@ type EndpointStats struct {
 	ClientErrorShare float64
 	// RefusedTenants is the number of tenants whose calls the Balancer
 	// passes the endpoint over for now, because it refused a run of their
-	// calls (client errors that name their tenant, Outcome.Tenant) while
-	// serving other tenants': a replica that lacks some tenants' API keys.
+	// calls (client errors that name their tenant, Outcome.Tenant) too
+	// long to be their own bad calls: a replica that lacks some tenants'
+	// API keys.
 	// A tenant counts for ErrorDecay after its last refusal there, or
 	// until the endpoint serves one of its calls. A pick still takes the
 	// endpoint for such a tenant when passing it over would hold out more

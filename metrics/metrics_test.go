@@ -462,7 +462,7 @@ func TestCollectorExportsTheRefusedTenants(t *testing.T) {
 	c := metrics.NewCollector(b, "embed")
 	want := func(a, b int) string {
 		return fmt.Sprintf(`
-# HELP inferlb_endpoint_refused_tenants Tenants whose calls the balancer passes the endpoint over for now, because it refused a run of their calls (client errors of calls that name their tenant) while serving other tenants': a replica some tenants' API keys have not reached. A tenant counts for ErrorDecay after its last refusal there, or until the endpoint serves one of its calls; a pick still takes the endpoint when passing it over would hold out more than MaxEjectedFraction of the pool or leave no candidate. A count: tenants are request data, never label values.
+# HELP inferlb_endpoint_refused_tenants Tenants whose calls the balancer passes the endpoint over for now, because it refused a run of their calls (client errors of calls that name their tenant) too long to be their own bad calls: a replica some tenants' API keys have not reached. A tenant counts for ErrorDecay after its last refusal there, or until the endpoint serves one of its calls; a pick still takes the endpoint when passing it over would hold out more than MaxEjectedFraction of the pool or leave no candidate. A count: tenants are request data, never label values.
 # TYPE inferlb_endpoint_refused_tenants gauge
 inferlb_endpoint_refused_tenants{balancer="embed",endpoint="a:1"} %d
 inferlb_endpoint_refused_tenants{balancer="embed",endpoint="b:1"} %d
