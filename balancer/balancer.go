@@ -1764,8 +1764,8 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// Neither: the call was bad or not allowed, and a fast refusal
 		// must not make the endpoint look fast (see clienterror.go).
 		e.clientErrors.Add(1)
-		if o.Tenant != "" {
-			b.tenantRefused(e, o.Tenant, nowNs) // see tenantrefusal.go
+		if o.Tenant != "" && b.tenantRefused(e, o.Tenant, nowNs) { // see tenantrefusal.go
+			b.emit(e, Event{Kind: EventTenantRefused, Endpoint: e.id, Tenant: o.Tenant, At: time.Unix(0, nowNs), Until: time.Unix(0, later(nowNs, min(b.cfg.errorDecay, maxHold)))})
 		}
 		if atomic.LoadUint32(&p.flags)&pickPastShunned == 0 {
 			b.noteAnswer(e, nowNs, true)

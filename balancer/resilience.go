@@ -51,9 +51,21 @@ const (
 	// held against the model there (Outcome.Model): that model's picks
 	// pass the endpoint over until Until; every other model's go on.
 	EventModelFailing
+	// EventTenantRefused: the endpoint refused a run of Event.Tenant's
+	// calls (client errors that name their tenant, Outcome.Tenant) too
+	// long to be the tenant's own bad calls (a replica its API key has not
+	// reached): that tenant's picks pass the endpoint over until Until
+	// (ErrorDecay), or until it serves one of the tenant's calls, unless
+	// that would hold out more than MaxEjectedFraction of its pool or
+	// leave no candidate; every other tenant's go on. One comes per
+	// endpoint and tenant each time a pass-over begins: while the endpoint
+	// goes on refusing the tenant, its refused probes start one per
+	// ErrorDecay and caller. EndpointStats.RefusedTenants counts the
+	// tenants passed over now.
+	EventTenantRefused
 )
 
-var eventNames = [...]string{"", "tripped", "probe-failed", "recovered", "ejected", "cooldown", "capped", "not-served", "model-failing"}
+var eventNames = [...]string{"", "tripped", "probe-failed", "recovered", "ejected", "cooldown", "capped", "not-served", "model-failing", "tenant-refused"}
 
 func (k EventKind) String() string {
 	if int(k) < len(eventNames) {
@@ -80,6 +92,9 @@ type Event struct {
 	// per endpoint and model newly remembered, so a client cycling
 	// through made-up names makes one per 404.
 	Model string
+	// Tenant is the tenant whose calls the endpoint refuses
+	// (tenant-refused): request data as well, to quote (%q) when logged.
+	Tenant string
 }
 
 // endpoint.capped bits: the mechanism MaxEjectedFraction holds off.

@@ -256,8 +256,9 @@ func refusalHorizon(hold uint64) uint64 {
 }
 
 // tenantRefused records e's refusal (a client error) of a call of
-// tenant's at nowNs.
-func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) {
+// tenant's at nowNs. It reports whether it began a pass-over of e for the
+// tenant (EventTenantRefused).
+func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) bool {
 	t := b.refused.Load()
 	if t == nil {
 		hold := uint64(min(b.cfg.errorDecay, maxHold)>>lackUnitShift) + 1
@@ -285,9 +286,11 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) {
 	}
 	n := min(pw>>refusalCountShift&refusalCountMask+1, refusalCountMask)
 	w := (pw|tw)&lackKept | n<<refusalCountShift | ptag<<lackTimeBits | until
+	began := false
 	if n >= needRun(q) {
 		w |= refusalMarked
 		ts.Store(tw | refusalMarked)
+		began = pw&refusalMarked == 0 || pw&lackTimeMask <= now+t.hold
 	}
 	t.own(pairKey(e.serial, key), ps, e.serial)
 	ps.Store(w)
@@ -298,6 +301,7 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) {
 			break
 		}
 	}
+	return began
 }
 
 // tenantServed folds a call of tenant's that e served at nowNs into the

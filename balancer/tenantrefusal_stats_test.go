@@ -77,3 +77,46 @@ func TestStatsRefusedTenantsDropWhenTheEndpointServesTheTenant(t *testing.T) {
 	p.Done(inferlb.Outcome{Latency: 20 * time.Millisecond, Tenant: "A"})
 	assert.Zero(t, refusedTenants(t, r.b)["r0"], "r0 served A")
 }
+
+// A pass-over's beginning is an event (EventTenantRefused), for the
+// endpoint and tenant: r0 refuses A's calls and serves the others'; E's
+// calls are refused everywhere (its own key expired) and pass nothing
+// over. One event comes when r0's run of A's refusals is long enough, and
+// another each time a refused probe starts the pass-over again, once per
+// ErrorDecay; none while it is in force.
+func TestTenantRefusedEventMarksEachPassOver(t *testing.T) {
+	var events []balancer.Event
+	r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(13), OnEvent: func(ev balancer.Event) {
+		events = append(events, ev)
+	}}, "r0", "r1", "r2", "r3")
+	r.tenant = tenantMix(30)
+	r.refuse = func(addr, tn string, _ int) bool { return addr == "r0" && tn == "A" || tn == "E" }
+	start := r.clock.Now()
+	r.rounds(500, 40) // 10 s, 2,000 calls a second: refusals of calls picked before the pass-over began come after it
+	require.Len(t, events, 1)
+	ev := events[0]
+	assert.Equal(t, balancer.EventTenantRefused, ev.Kind)
+	assert.Equal(t, "tenant-refused", ev.Kind.String())
+	assert.Equal(t, "r0", ev.Endpoint)
+	assert.Equal(t, "A", ev.Tenant)
+	assert.Equal(t, balancer.DefaultErrorDecay, ev.Until.Sub(ev.At))
+	assert.Less(t, ev.At.Sub(start), 5*time.Second, "the run builds up in the first seconds")
+	assert.Equal(t, map[string]int{"r0": 1, "r1": 0, "r2": 0, "r3": 0}, refusedTenants(t, r.b))
+	// A call of A's that reaches r0 meanwhile (picked before the
+	// pass-over began, or with it capped by MaxEjectedFraction), refused,
+	// extends the pass-over and begins none.
+	p := r.pickAt("r0", "A")
+	p.Done(inferlb.Outcome{Latency: time.Millisecond, ClientError: true, Tenant: "A"})
+	require.Len(t, events, 1)
+
+	r.rounds(2000, 40) // to 50 s: the pass-over ends and a probe starts it again
+	var again []time.Time
+	for _, ev := range events {
+		require.Equal(t, balancer.EventTenantRefused, ev.Kind)
+		require.Equal(t, "r0", ev.Endpoint)
+		require.Equal(t, "A", ev.Tenant)
+		again = append(again, ev.At)
+	}
+	require.Len(t, again, 2, "one more after ErrorDecay")
+	assert.GreaterOrEqual(t, again[1].Sub(again[0]), balancer.DefaultErrorDecay)
+}
