@@ -1,11 +1,13 @@
 package balancer_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
@@ -119,4 +121,61 @@ func TestTenantRefusedEventMarksEachPassOver(t *testing.T) {
 	}
 	require.Len(t, again, 2, "one more after ErrorDecay")
 	assert.GreaterOrEqual(t, again[1].Sub(again[0]), balancer.DefaultErrorDecay)
+}
+
+// An endpoint removed and added back under its ID is a new endpoint, with
+// clean state: the old one's marks are not counted for it, as picks do
+// not pass it over for them.
+func TestStatsRefusedTenantsAreTheEndpointsNotItsIDs(t *testing.T) {
+	r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(14)}, "r0", "r1", "r2", "r3")
+	r.tenant = tenantMix(30)
+	r.refuse = func(addr, tn string, _ int) bool { return addr == "r0" && tn == "A" }
+	r.rounds(500, 4)
+	require.Equal(t, 1, refusedTenants(t, r.b)["r0"])
+	require.NoError(t, r.b.Update([]inferlb.Endpoint{{Addr: "r1"}, {Addr: "r2"}, {Addr: "r3"}}))
+	require.NoError(t, r.b.Update([]inferlb.Endpoint{{Addr: "r0"}, {Addr: "r1"}, {Addr: "r2"}, {Addr: "r3"}}))
+	assert.Equal(t, map[string]int{"r0": 0, "r1": 0, "r2": 0, "r3": 0}, refusedTenants(t, r.b))
+}
+
+// Stats reads the memory while calls of many tenants are refused and
+// served from several goroutines (run under -race): a count never exceeds
+// the tenants that could be marked, and the endpoint that refuses no one
+// counts none.
+func TestStatsRefusedTenantsUnderConcurrency(t *testing.T) {
+	const workers = 4
+	r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(15)}, "r0", "r1", "r2", "r3")
+	var g errgroup.Group
+	for w := range workers {
+		g.Go(func() error {
+			for i := range 2000 {
+				tn := fmt.Sprintf("t%d", (w+i)%8)
+				p, err := r.b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: tn})
+				if err != nil {
+					return err
+				}
+				// r0 refuses t0..t3, r1 refuses t0; t7 is refused everywhere.
+				id := p.ID()
+				ce := id == "r0" && tn < "t4" || id == "r1" && tn == "t0" || tn == "t7"
+				p.Done(inferlb.Outcome{Latency: time.Millisecond, ClientError: ce, Tenant: tn})
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		for range 200 {
+			for _, s := range r.b.Stats() {
+				if s.RefusedTenants < 0 || s.RefusedTenants > 4 || s.ID == "r2" && s.RefusedTenants != 0 {
+					return fmt.Errorf("%s: %d refused tenants", s.ID, s.RefusedTenants)
+				}
+			}
+		}
+		return nil
+	})
+	require.NoError(t, g.Wait())
+	got := refusedTenants(t, r.b)
+	t.Logf("refused tenants: %v", got)
+	assert.LessOrEqual(t, got["r0"], 4)
+	assert.LessOrEqual(t, got["r1"], 1)
+	assert.Zero(t, got["r2"])
+	assert.Zero(t, got["r3"])
 }
