@@ -24,8 +24,7 @@
 //	  _picks_total, _successes_total, _failures_total, _overloads_total,
 //	  _not_served_total, _too_long_total, _model_failures_total, _canceled_total,
 //	  _unanswered_total, _abandoned_run, _client_errors_total,
-//	  _refused_tenants,
-//	  _breaker_trips_total, _breaker_recoveries_total,
+//	  _refused_tenants, _breaker_trips_total, _breaker_recoveries_total,
 //	  _outlier_ejections_total, _affinity_spills_total{cache="warm|cold"},
 //	  _telemetry{field="kv_cache_usage|waiting|..."} (the fresh readings
 //	  it routes on), _telemetry_age_seconds
