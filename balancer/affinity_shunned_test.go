@@ -146,8 +146,7 @@ func TestShunnedMemberLeavesOwnersTheirKeys(t *testing.T) {
 	keys := chatKeys(64)
 	// hits and spills: calls of the keys on their owner and elsewhere;
 	// settled: keys with 9 in 10 of their calls or more on their owner.
-	type run struct{ hits, spills, keys, settled int }
-	drive := func(t *testing.T, shun bool) run {
+	drive := func(t *testing.T, shun bool) ownerStay {
 		clock := testutil.NewClock()
 		b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(29)})
 		homes := map[uint64]string{}
@@ -164,26 +163,7 @@ func TestShunnedMemberLeavesOwnersTheirKeys(t *testing.T) {
 			}
 			return 50 * time.Millisecond, false
 		}
-		byKey := driveKeyed(t, b, clock, keys, false, rounds, perRound, answer).byKey
-		var r run
-		for k, eps := range byKey {
-			if homes[k] == bad {
-				continue // its calls spill whatever the bound
-			}
-			r.keys++
-			home := 0
-			for _, e := range eps {
-				if e == homes[k] {
-					home++
-				}
-			}
-			r.hits += home
-			r.spills += len(eps) - home
-			if home*10 >= len(eps)*9 {
-				r.settled++
-			}
-		}
-		return r
+		return tallyOwners(driveKeyed(t, b, clock, keys, false, rounds, perRound, answer).byKey, homes, bad)
 	}
 	out, shunned := drive(t, false), drive(t, true)
 	t.Logf("keys of the 3 good replicas (%d), calls on their owner / elsewhere (keys with 90%% on it): refusing replica not ready %d/%d (%d), shunned %d/%d (%d)",

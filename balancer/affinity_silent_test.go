@@ -21,9 +21,39 @@ import (
 // their calls or more on their owner; and the calls the hung replica drew
 // then and the most it had out at once.
 type silentRun struct {
-	hits, spills, keys, settled int
-	hungDrew, hungMost          int
-	silentMost                  int // the most calls out to it while silent, from the hang
+	ownerStay
+	hungDrew, hungMost int
+	silentMost         int // the most calls out to it while silent, from the hang
+}
+
+// ownerStay counts, over the keys whose owner is not bad, their calls on
+// their owner (hits) and elsewhere (spills), the keys, and those with 9
+// in 10 of their calls or more on their owner (settled).
+type ownerStay struct{ hits, spills, keys, settled int }
+
+// tallyOwners fills an ownerStay from each key's endpoints (byKey) and
+// owner (homes), leaving out the keys bad owns: their calls spill
+// whatever the bound.
+func tallyOwners(byKey map[uint64][]string, homes map[uint64]string, bad string) ownerStay {
+	var r ownerStay
+	for k, eps := range byKey {
+		if homes[k] == bad {
+			continue
+		}
+		r.keys++
+		home := 0
+		for _, e := range eps {
+			if e == homes[k] {
+				home++
+			}
+		}
+		r.hits += home
+		r.spills += len(eps) - home
+		if home*10 >= len(eps)*9 {
+			r.settled++
+		}
+	}
+	return r
 }
 
 // driveSilent sends a steady keyed chat load to n replicas, one call
@@ -114,23 +144,7 @@ func driveSilent(t *testing.T, n int, out bool) silentRun {
 	for _, c := range outs {
 		c.p.Done(inferlb.Outcome{Err: context.Canceled})
 	}
-	for k, eps := range byKey {
-		if homes[k] == bad {
-			continue // its calls spill whatever the bound
-		}
-		r.keys++
-		home := 0
-		for _, e := range eps {
-			if e == homes[k] {
-				home++
-			}
-		}
-		r.hits += home
-		r.spills += len(eps) - home
-		if home*10 >= len(eps)*9 {
-			r.settled++
-		}
-	}
+	r.ownerStay = tallyOwners(byKey, homes, bad)
 	return r
 }
 
