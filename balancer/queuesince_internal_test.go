@@ -21,16 +21,7 @@ import (
 // exceeded at a load it did not carry, and its keys spilled.
 func TestGroupLoadCountsTheQueuedCallsOnce(t *testing.T) {
 	clock := testutil.NewClock()
-	b := New(Options{Clock: clock, Rand: testutil.NewRand(5)})
-	t.Cleanup(b.Close)
-	f := NewScrapedFleet(t, b, clock)
-	g := b.def.snap.Load().all
-	total := func() float64 {
-		now := clock.Now()
-		v := g.sumReported(b.cfg, g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano()), now)
-		require.True(t, v.ok)
-		return v.total
-	}
+	f, total := groupLoadFleet(t, clock)
 	f.SendTo(8)
 	f.Scrape(8, 0)
 	assert.Equal(t, 8.0, total(), "just scraped")
@@ -38,7 +29,7 @@ func TestGroupLoadCountsTheQueuedCallsOnce(t *testing.T) {
 	f.SendTo(5)
 	header := telemetry.Sample{Time: clock.Now()}
 	header.Set(telemetry.Waiting, 5)
-	b.Publish(f.Busy, header)
+	f.b.Publish(f.Busy, header)
 	assert.Equal(t, 13.0, total(), "8 running at the scrape, 5 queued since")
 	f.SendTo(2)
 	assert.Equal(t, 15.0, total(), "and 2 sent after the header")
@@ -52,16 +43,7 @@ func TestGroupLoadCountsTheQueuedCallsOnce(t *testing.T) {
 // holds 14. Taken off again, it read 10.
 func TestGroupLoadCountsTheEndedCallsOnce(t *testing.T) {
 	clock := testutil.NewClock()
-	b := New(Options{Clock: clock, Rand: testutil.NewRand(5)})
-	t.Cleanup(b.Close)
-	f := NewScrapedFleet(t, b, clock)
-	g := b.def.snap.Load().all
-	total := func() float64 {
-		now := clock.Now()
-		v := g.sumReported(b.cfg, g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano()), now)
-		require.True(t, v.ok)
-		return v.total
-	}
+	f, total := groupLoadFleet(t, clock)
 	f.SendTo(10)
 	f.Scrape(8, 10)
 	assert.Equal(t, 18.0, total(), "just scraped")
@@ -69,8 +51,23 @@ func TestGroupLoadCountsTheEndedCallsOnce(t *testing.T) {
 	f.End(4)
 	header := telemetry.Sample{Time: clock.Now()}
 	header.Set(telemetry.Waiting, 6)
-	b.Publish(f.Busy, header)
+	f.b.Publish(f.Busy, header)
 	assert.Equal(t, 14.0, total(), "8 running, 6 waiting")
+}
+
+// groupLoadFleet returns a ScrapedFleet on a fresh Balancer and the total
+// load of its group as the affinity bound's view sums it (sumReported).
+func groupLoadFleet(t *testing.T, clock *testutil.Clock) (*ScrapedFleet, func() float64) {
+	b := New(Options{Clock: clock, Rand: testutil.NewRand(5)})
+	t.Cleanup(b.Close)
+	f := NewScrapedFleet(t, b, clock)
+	g := b.def.snap.Load().all
+	return f, func() float64 {
+		now := clock.Now()
+		v := g.sumReported(b.cfg, g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano()), now)
+		require.True(t, v.ok)
+		return v.total
+	}
 }
 
 // ScrapedFleet is the two-endpoint fleet of the queue-since tests, here and
