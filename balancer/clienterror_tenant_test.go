@@ -290,15 +290,7 @@ func TestShardMemberRefusingItsTenant(t *testing.T) {
 		for _, both := range []bool{false, true} {
 			r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(2), TenantShardSize: 2, TenantShardStrict: strict, AffinitySeed: 3},
 				"r0", "r1", "r2", "r3", "r4", "r5")
-			var shard []string
-			for len(shard) < 2 {
-				p, err := r.b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "A"})
-				require.NoError(t, err)
-				if a := p.Endpoint().Addr; !slices.Contains(shard, a) {
-					shard = append(shard, a)
-				}
-				p.Done(inferlb.Outcome{Tenant: "A"})
-			}
+			shard := firstSeenShard(t, r.b, "A", 2)
 			r.tenant = func(n int) string {
 				if n%2 == 0 {
 					return "A"
@@ -354,4 +346,21 @@ func TestTenantRefusalMovesOnlyThatTenantsKeys(t *testing.T) {
 			assert.Greater(t, got.refused["A"], got.calls["A"]/10)
 		}
 	}
+}
+
+// firstSeenShard picks for tenant's embedding calls until it has seen n
+// endpoints, its shard of n (TenantShardSize), each call served (with
+// the tenant on its outcome), in the order they were first picked.
+func firstSeenShard(t *testing.T, b *balancer.Balancer, tenant string, n int) []string {
+	t.Helper()
+	var shard []string
+	for len(shard) < n {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: tenant})
+		require.NoError(t, err)
+		if a := p.Endpoint().Addr; !slices.Contains(shard, a) {
+			shard = append(shard, a)
+		}
+		p.Done(inferlb.Outcome{Tenant: tenant})
+	}
+	return shard
 }

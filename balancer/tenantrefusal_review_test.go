@@ -3,7 +3,6 @@ package balancer_test
 import (
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -57,15 +56,7 @@ func TestTenantRefusalEndsAtAClockStepBack(t *testing.T) {
 func TestStrictShardWhoseOnlyLiveMemberRefusesItsTenant(t *testing.T) {
 	r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(2), TenantShardSize: 2, TenantShardStrict: true, AffinitySeed: 3},
 		"r0", "r1", "r2", "r3", "r4", "r5")
-	var shard []string
-	for len(shard) < 2 {
-		p, err := r.b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "A"})
-		require.NoError(t, err)
-		if a := p.Endpoint().Addr; !slices.Contains(shard, a) {
-			shard = append(shard, a)
-		}
-		p.Done(inferlb.Outcome{Tenant: "A"})
-	}
+	shard := firstSeenShard(t, r.b, "A", 2)
 	r.tenant = func(n int) string {
 		if n%2 == 0 {
 			return "A"
