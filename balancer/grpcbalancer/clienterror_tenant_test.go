@@ -2,7 +2,6 @@ package grpcbalancer_test
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,18 +47,10 @@ func (s *tenantServer) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testg
 func TestE2ETenantRefusedOnOneServer(t *testing.T) {
 	clock := testutil.NewClock()
 	servers := make([]*tenantServer, 3)
-	bs := make([]*backend, 3)
 	for i := range servers {
 		servers[i] = &tenantServer{clock: clock}
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := grpc.NewServer()
-		testgrpc.RegisterTestServiceServer(srv, servers[i])
-		run(t, srv, lis)
-		bs[i] = &backend{addr: lis.Addr().String()}
 	}
+	bs := testBackends(t, servers...)
 	name, _ := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(3), SlowStartWindow: -1})
 	conn, _ := dial(t, bs, name, `{"defaultService": "embedding", "tenantHeader": "x-tenant"}`)
 	client := testgrpc.NewTestServiceClient(conn)

@@ -2,7 +2,6 @@ package grpcbalancer_test
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,18 +42,10 @@ func (s *keyServer) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty
 func TestE2EFastUnauthenticatedDrawsNoTraffic(t *testing.T) {
 	clock := testutil.NewClock()
 	servers := make([]*keyServer, 3)
-	bs := make([]*backend, 3)
 	for i := range servers {
 		servers[i] = &keyServer{clock: clock}
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := grpc.NewServer()
-		testgrpc.RegisterTestServiceServer(srv, servers[i])
-		run(t, srv, lis)
-		bs[i] = &backend{addr: lis.Addr().String()}
 	}
+	bs := testBackends(t, servers...)
 	name, b := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(3), SlowStartWindow: -1})
 	conn, _ := dial(t, bs, name, `{"defaultService": "embedding"}`)
 	client := testgrpc.NewTestServiceClient(conn)
@@ -92,4 +83,15 @@ func TestE2EFastUnauthenticatedDrawsNoTraffic(t *testing.T) {
 	if s.ClientErrors != uint64(refused) || s.Failures != 0 || s.BreakerOpen {
 		t.Errorf("client errors %d (want %d), failures %d, breaker open %v", s.ClientErrors, refused, s.Failures, s.BreakerOpen)
 	}
+}
+
+// testBackends serves each TestService implementation on loopback (serve)
+// and returns them as backends, in order.
+func testBackends[S testgrpc.TestServiceServer](t *testing.T, servers ...S) []*backend {
+	t.Helper()
+	bs := make([]*backend, len(servers))
+	for i, s := range servers {
+		bs[i] = &backend{addr: serve(t, func(srv *grpc.Server) { testgrpc.RegisterTestServiceServer(srv, s) })}
+	}
+	return bs
 }
