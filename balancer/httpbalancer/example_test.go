@@ -1,14 +1,17 @@
 package httpbalancer_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/telemetry/modelserver"
 )
 
 // Wrap an http.Client: the URL's host is a logical name, and each request
@@ -53,4 +56,45 @@ func ExampleNewTransport() {
 	// 200 OK
 	// 200 OK
 	// picks: 4
+}
+
+// Follow a Kubernetes headless service (one A record per ready pod): the
+// Transport re-resolves the name every Interval, and a scrape Source that
+// lists t.Endpoints() each round follows the same pods.
+func ExampleDiscovery() {
+	t, err := httpbalancer.NewTransport(httpbalancer.Options{
+		Discovery: &httpbalancer.Discovery{
+			Target:  "vllm.inference.svc.cluster.local:8000",
+			Network: "ip4", // in a dual-stack cluster, one endpoint per pod
+			Labels:  map[string]string{"model": "llama-3-8b"},
+			// LookupHost nil is the system resolver; a fixed answer here.
+			LookupHost: func(ctx context.Context, host string) ([]string, error) {
+				return []string{"10.0.0.6", "10.0.0.5", "fd00::5"}, nil
+			},
+		},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer t.Close()
+
+	src := &modelserver.Source{Targets: func() []modelserver.Target {
+		var ts []modelserver.Target
+		for _, e := range t.Endpoints() {
+			ts = append(ts, modelserver.Target{EndpointID: e.Key(), URL: "http://" + e.Addr + "/metrics"})
+		}
+		return ts
+	}}
+	targets := src.Targets()
+	slices.SortFunc(targets, func(a, b modelserver.Target) int { return strings.Compare(a.EndpointID, b.EndpointID) })
+	for _, tg := range targets {
+		fmt.Println(tg.EndpointID, tg.URL)
+	}
+	// A telemetry.Poller over src, publishing into t.Balancer(), then
+	// scrapes the pods Discovery found.
+
+	// Output:
+	// 10.0.0.5:8000 http://10.0.0.5:8000/metrics
+	// 10.0.0.6:8000 http://10.0.0.6:8000/metrics
 }
