@@ -143,10 +143,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	if estimateInUse.Load() { // a load, and no call, without UnaryEstimate or StreamEstimate
 		req = estimated(info, req, c)
 	}
-	// The report reads the model from c (a Request from the context, or
-	// a template, is not in it): without it, a model's not-served answers
-	// and failures would be the endpoint's.
+	// The report reads the model and the tenant from c (a Request from the
+	// context, or a template, is not in it): without them, a model's
+	// not-served answers and failures would be the endpoint's, and a
+	// tenant's refusals would count for no tenant (inferlb.Outcome.Tenant).
 	c.req.Model = req.Model
+	c.req.Tenant = req.Tenant
 	st, ss := retriedStates(info)
 	if st != nil {
 		req = st.fit(req, c)
