@@ -177,9 +177,10 @@
 // answering every call UNAUTHENTICATED at once, which as a success looked
 // the fastest of all and drew 299 of 300 calls in
 // TestE2EFastUnauthenticatedDrawsNoTraffic). The outcome names the call's
-// tenant (Outcome.Tenant, from tenantHeader), so a server that refuses one
-// tenant's calls only is passed over for that tenant's calls only
-// (TestE2ETenantRefusedOnOneServer). A pick whose call was never sent counts as nothing,
+// tenant (Outcome.Tenant, from tenantHeader or the inferlb.Request in the
+// context), so a server that refuses one tenant's calls only is passed over
+// for that tenant's calls only (TestE2ETenantRefusedOnOneServer,
+// TestE2ETenantFromContextRefusedOnOneServer). A pick whose call was never sent counts as nothing,
 // and so does a request the client could not encode (an INTERNAL "error
 // while marshaling" or "compressing" before any answer: a proto3 string
 // that is not UTF-8, say), and an answer the client could not unmarshal
