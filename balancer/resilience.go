@@ -80,7 +80,9 @@ type Event struct {
 	Endpoint string
 	At       time.Time
 	// Until is when the endpoint may be tried again (tripped, probe-failed,
-	// ejected, cooldown).
+	// ejected, cooldown), or tried again for Model's calls (not-served,
+	// model-failing) or for Tenant's (tenant-refused). Zero for the other
+	// kinds.
 	Until time.Time
 	// Detection is the first failure of the streak to exclusion (tripped).
 	Detection time.Duration
