@@ -75,7 +75,8 @@ func ExampleNewBuilder() {
 
 	conn, err := grpc.NewClient("dns:///llm.internal:50051",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb-shared": {}}]}`))
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb-shared": {}}]}`),
+		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryOutcome())) // on every channel of the policy, as with "inferlb"
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -128,6 +129,7 @@ func ExampleStreamTiming() {
 	conn, err := grpc.NewClient("dns:///llm.internal:8001",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb": {"methods": {"/inference.GRPCInferenceService/": "llm"}}}]}`),
+		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryOutcome()), // for the service's unary calls
 		grpc.WithChainStreamInterceptor(grpcbalancer.StreamTiming(count)))
 	if err != nil {
 		log.Fatal(err)
@@ -156,7 +158,8 @@ func ExampleStreamTimingWith() {
 				}
 				return nil
 			},
-		})))
+		})),
+		grpc.WithChainUnaryInterceptor(grpcbalancer.UnaryOutcome())) // the channel's unary calls (ModelInfer, ...)
 	if err != nil {
 		log.Fatal(err)
 	}
