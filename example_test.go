@@ -18,7 +18,11 @@ func ExampleNewContext() {
 		PromptTokens:    1200,
 		MaxOutputTokens: 256,
 		// Service is filled from the method (the policy's "methods") when
-		// left unset; AffinityKey comes from the Balancer's Keyer.
+		// left unset. With a Request in the context the policy reads no
+		// metadata (affinityKeyHeader, tenantHeader, modelHeader): a
+		// session goes here too, as AffinityKey with Session set, from a
+		// Keyer of the policy's seed (the Balancer's Keyer() for a
+		// NewBuilder policy, cache.NewKeyer(seed) for "affinitySeed": seed).
 	})
 	// ... client.Generate(ctx, msg): the policy picks with these facts ...
 
