@@ -167,7 +167,8 @@
 // cancelled before the endpoint sent anything back (Outcome.Unanswered:
 // over HTTP before the response headers or a stream's first token, over
 // gRPC with nothing received or, through StreamTiming, in a RecvMsg that
-// waited for a stream's first message) raises that service's latency to its wait
+// waited for a stream's first message, or through UnaryOutcome or
+// UnaryRetry, before a unary generation call's message arrived) raises that service's latency to its wait
 // when the wait is longer, so a hung endpoint whose callers give up on its
 // calls stops drawing them. A generation call given up on with nothing
 // back, after waiting as long as the replica's answers take (its peers'

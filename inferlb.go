@@ -188,7 +188,9 @@ type Outcome struct {
 	// hangs); over gRPC with nothing received
 	// (balancer.DoneInfo.BytesReceived false), or for a stream timed by
 	// grpcbalancer.StreamTiming, in a RecvMsg that waited for its first
-	// message (its headers came at once). The adapters set it only
+	// message (its headers came at once), or for a unary generation call
+	// through grpcbalancer.UnaryOutcome or UnaryRetry, before its message
+	// arrived (a server may send its headers first). The adapters set it only
 	// when the caller's own context (or an http.Request's Cancel channel)
 	// ended the call, never for the ends they report as canceled to blame
 	// no one (the caller's request body failing, a panic, a call not

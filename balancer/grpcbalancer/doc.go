@@ -167,7 +167,11 @@
 // Unanswered through StreamTiming when its caller gave up in a RecvMsg
 // that waited for its first message, and is not without StreamTiming,
 // nor when the caller was away from the stream (a message may have been
-// waiting unread); a CANCEL reset while
+// waiting unread); a unary generation call (the llm service) whose
+// server sent its headers before its answer (grpc.SendHeader) is
+// reported Unanswered through UnaryOutcome or UnaryRetry when no
+// response message had arrived (they watch the call's codec), and is not
+// without them, nor for other services; a CANCEL reset while
 // the caller still waits is not); the codes that map to 4xx
 // (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED,
 // PERMISSION_DENIED, another NOT_FOUND, ALREADY_EXISTS, ABORTED) describe

@@ -263,6 +263,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			c.stream = ss
 		}
 		c.perCall = p.cfg.orcaPerCall
+		c.gen = req.Service == inferlb.ServiceLLM
 		c.ctx = info.Ctx
 		c.childDone = res.Done
 		c.armed = true
@@ -344,6 +345,7 @@ type call struct {
 	retry     *retryState  // the UnaryRetry interceptor's, or nil
 	stream    *streamState // the StreamTiming interceptor's, or nil
 	perCall   bool
+	gen       bool // a generation call (inferlb.ServiceLLM): see report
 	armed     bool
 	ctx       context.Context         // the call's (PickInfo.Ctx): whether its caller cancelled it (report)
 	req       inferlb.Request         // scratch for Pick; after it, only its Model is read (report)
@@ -412,6 +414,13 @@ func (c *call) report(di balancer.DoneInfo) {
 		// server sends them at once (see streamState.unanswered).
 		o.Unanswered = true
 	}
+	if c.retry != nil && c.gen && !o.Unanswered && di.BytesReceived && o.Canceled() && isCancel(di.Err) && c.retry.unanswered() {
+		// A unary generation call's headers, and no message: a server
+		// may send them before its answer (see retryState.unanswered).
+		// Other services' calls stay answered: their headers come with
+		// the answer, which is short work.
+		o.Unanswered = true
+	}
 	if o.Unanswered && (c.ctx == nil || c.ctx.Err() != context.Canceled) {
 		// Cancelled with nothing back, but not by the caller: a reset
 		// with CANCEL (a proxy's) is no wait the caller gave up on.
@@ -460,6 +469,7 @@ func (c *call) release() {
 	c.childDone = nil
 	c.retry = nil
 	c.stream = nil
+	c.gen = false
 	c.ctx = nil
 	c.req = inferlb.Request{}
 	c.heldDI = balancer.DoneInfo{}

@@ -57,6 +57,27 @@ type retryState struct {
 	// An attempt that ended without error, held until the call's error is
 	// known (see hold).
 	held heldReport
+
+	// codec is the call's codec, wrapped (see watchReply): asked is set
+	// once it encoded the request, replied once a response message
+	// arrived. See unanswered.
+	codec          replyCodec
+	asked, replied atomic.Bool
+}
+
+// unanswered reports whether a unary call whose server sent its headers
+// had no response message when its caller cancelled it: its request went
+// through the codec watchReply wrapped (one an interceptor inside ours
+// set instead tells nothing), and no message came back through it.
+// grpc-go counts the headers as bytes received, and a server may send
+// them before it has an answer, also when its engine hangs: such a
+// generation call that its caller gave up on looked answered, and fed no
+// signal (TestE2EHungUnaryCancelledAfterHeadersIsUnanswered). gRPC decodes
+// the message on the caller's goroutine before it ends the attempt there,
+// so a cancel after the message never reads as none; a message that
+// arrives as the caller cancels may count as none.
+func (st *retryState) unanswered() bool {
+	return st.asked.Load() && !st.replied.Load()
 }
 
 // hold keeps the report of an attempt that grpc-go ended without error
@@ -272,13 +293,15 @@ func retryStateFrom(ctx context.Context, method string) *retryState {
 //
 // Like UnaryOutcome, it also gives the policy each call's own error, so a
 // call the server rejected before the client wrote its request counts as
-// the overload or failure it was (see UnaryOutcome).
+// the overload or failure it was, and tells it whether a generation call
+// its caller cancelled had its answer's message (see UnaryOutcome).
 func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	maxAttempts = max(maxAttempts, 2)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{method: method, req: req}
 		ctx = context.WithValue(ctx, retryKey{}, st)
+		opts = st.watchReply(opts)
 		defer st.release()       // after the close below, whose report may read req
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		// The last refusal as too long, when the call went on.
@@ -288,6 +311,8 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			st.received.Store(false)
 			st.notServed.Store(false)
 			st.tooLong.Store(false)
+			st.asked.Store(false)
+			st.replied.Store(false)
 			sent := st.sent.Load()
 			err := invokeSettled(ctx, st, invoker, method, req, reply, cc, opts)
 			if refused != nil && err != nil && st.sent.Load() == sent {
@@ -345,13 +370,30 @@ func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoke
 // inferlb policy. Chain it first: an error that an interceptor inside it
 // returns of its own, not a gRPC status (a reply that fails validation),
 // does not count against the endpoint that answered.
+//
+// Both also tell the policy whether a response message arrived: a unary
+// generation call (the llm service) that its caller cancels once the
+// server's headers came but before its answer's message did had nothing
+// back (inferlb.Outcome.Unanswered). grpc-go counts the headers as bytes
+// received, and a server may send them before it has the answer
+// (grpc.SendHeader), also when its engine hangs: without either
+// interceptor such calls count as answered, and a hung replica behind
+// such a server is not priced up (scoring.State.Abandoned). They learn it
+// from the call's codec, which they give gRPC wrapped (grpc.ForceCodecV2
+// around the codec the call's options name, under the same
+// content-subtype: nothing changes on the wire). An interceptor chained
+// inside that sets a codec of its own (grpc.ForceCodec) leaves such calls
+// answered, as before; one inside that sets only a content-subtype
+// (grpc.CallContentSubtype) would have its messages encoded with the
+// codec the options named before it: set the content-subtype in the
+// call's options, or in an interceptor chained before these.
 func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{method: method, req: req}
 		defer st.release()       // after the close below, whose report may read req
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
-		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, opts)
+		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, st.watchReply(opts))
 	}
 }
 
