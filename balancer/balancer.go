@@ -814,7 +814,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	if g == nil || len(g.members) == 0 {
 		return Pick{}, snap.none()
 	}
-	nowNs := b.cfg.nowNs()
+	nowNs, monoNs := b.cfg.readNs()
 	now := time.Unix(0, nowNs)
 	st := g.eligibility(b.cfg, b.epoch.Load(), nowNs)
 	if st.ready == 0 {
@@ -824,7 +824,7 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	if !panicking && st.good == 0 {
 		return Pick{}, ErrNoEndpoints
 	}
-	c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
+	c := cand{nowNs: nowNs, monoNs: monoNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
 		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff, key: req.AffinityKey}
 	if st.leadFrom != 0 {
 		c.lead = st.lead(b.cfg, nowNs)
@@ -1030,11 +1030,11 @@ func (b *Balancer) PickAt(req *inferlb.Request, serial uint64) (Pick, error) {
 func (b *Balancer) pickAt(m *Membership, req *inferlb.Request, serial uint64) (Pick, error) {
 	if g := m.snap.Load().groupFor(req.Model); g != nil {
 		if i, ok := g.bySerial[serial]; ok && b.inStrictShard(req, g, int(i)) {
-			nowNs := b.cfg.nowNs()
+			nowNs, monoNs := b.cfg.readNs()
 			st := g.eligibility(b.cfg, b.epoch.Load(), nowNs)
 			panicking := b.cfg.panicThreshold > 0 && float64(st.good) < b.cfg.panicThreshold*float64(st.ready)
 			// keyed: the call's state, its prefix among it, is cached there.
-			c := cand{nowNs: nowNs, bit: m.bit, panicking: panicking, keyed: true}
+			c := cand{nowNs: nowNs, monoNs: monoNs, bit: m.bit, panicking: panicking, keyed: true}
 			// Its adapter takes a slot there as any call's does (lora.go).
 			c.slots = req.Model != "" && b.slotAware(req.Service) && b.slotsLive(nowNs)
 			if e := g.members[i]; c.ok(e) {
@@ -1136,6 +1136,7 @@ const (
 // cand is what decides whether a member may be a candidate for one pick.
 type cand struct {
 	nowNs   int64
+	monoNs  int64  // the clock's monotonic reading with nowNs (config.readNs)
 	bit     uint64 // the picking membership's readiness bit
 	exclude string // an endpoint ID to skip (failover); "" for none
 	// With lack set, the members remembered not to serve the request's
@@ -1576,7 +1577,7 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	if c.refused != nil && c.tenantKeep {
 		flags |= pickTenantKeep
 	}
-	return Pick{b: b, e: e, start: c.nowNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
+	return Pick{e: e, start: c.nowNs, mono: c.monoNs, tokens: tokens, gen: gen, prompt: prompt, flags: flags}
 }
 
 // Pick is the result of Balancer.Pick: the endpoint chosen and the handle to
@@ -1584,13 +1585,13 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 // stream has ended, not when headers arrive; further calls are no-ops. Do
 // not copy a Pick before calling Done: each copy could report once.
 type Pick struct {
-	b      *Balancer
-	e      *endpoint
-	start  int64  // unix ns at pick
-	tokens int32  // added to the endpoint's in-flight tokens
-	prompt int32  // added to the endpoint's prefill estimate
-	gen    uint32 // breaker generation at pick
-	flags  uint32 // pickDone (atomic) | pickProbe
+	e      *endpoint // its Balancer is e.b
+	start  int64     // unix ns at pick
+	mono   int64     // the clock's monotonic reading then, ns (see config.readNs)
+	tokens int32     // added to the endpoint's in-flight tokens
+	prompt int32     // added to the endpoint's prefill estimate
+	gen    uint32    // breaker generation at pick
+	flags  uint32    // pickDone (atomic) | pickProbe
 }
 
 // Pick.flags bits. They share one word so a Pick stays 40 bytes.
@@ -1694,12 +1695,12 @@ func (p *Pick) Done(o inferlb.Outcome) {
 	if f&pickDone != 0 || !atomic.CompareAndSwapUint32(&p.flags, f, f|pickDone) {
 		return
 	}
-	p.b.finish(p, o)
+	p.e.b.finish(p, o)
 }
 
 func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	e := p.e
-	nowNs := b.cfg.nowNs()
+	nowNs, monoNs := b.cfg.readNs()
 	if !o.Canceled() {
 		// An answer or a failure: a call the caller gave up on says
 		// nothing about how long the others have been out (see
@@ -1724,7 +1725,8 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 	}
 	latency := o.Latency
 	if latency <= 0 {
-		latency = time.Duration(nowNs - p.start)
+		// Not across a forward step of the clock (see MonotonicClock).
+		latency = b.cfg.waited(p.start, p.mono, nowNs, monoNs)
 	}
 	svc := p.service()
 	switch {

@@ -11,6 +11,22 @@ type Clock interface {
 	Now() time.Time
 }
 
+// MonotonicClock is a Clock that also reads a clock that never steps. The
+// balancer then measures a call's wait, pick to Done, as the shorter of
+// the two readings' (a step back of Now's still shortens it, as it did): a
+// forward step of the wall clock (an NTP step, an operator setting the
+// time) is no wait. Measured with Now alone, every call out at such a step
+// waited as long as the step: calls their callers gave up on just after it
+// counted as overdue (a healthy generation replica priced as hung,
+// Options.Clock) and an embedding endpoint's latency was raised to the
+// step. The default clock reads one.
+type MonotonicClock interface {
+	Clock
+	// Monotonic returns the time since a fixed instant of the clock's
+	// choosing; it never goes back, and moves only as time passes.
+	Monotonic() time.Duration
+}
+
 // reanchorEvery bounds how far the default clock may drift from the wall
 // clock (NTP slews and steps) before it reads the wall clock again.
 const reanchorEvery = time.Second
@@ -39,20 +55,32 @@ func newMonoClock() *monoClock {
 }
 
 func (c *monoClock) unixNano() int64 {
+	wall, _ := c.read()
+	return wall
+}
+
+// read returns the clock's reading, unix ns, and the monotonic time since
+// base it was made at (ns).
+func (c *monoClock) read() (wall, mono int64) {
 	m := int64(time.Since(c.base))
 	s := &c.slots[c.cur.Load()]
 	wall, at := s.wall.Load(), s.mono.Load()
 	if m-at < int64(reanchorEvery) || !c.writing.CompareAndSwap(false, true) {
-		return wall + (m - at)
+		return wall + (m - at), m
 	}
 	now := time.Now()
+	m = int64(now.Sub(c.base))
 	next := 1 - c.cur.Load()
 	c.slots[next].wall.Store(now.UnixNano())
-	c.slots[next].mono.Store(int64(now.Sub(c.base)))
+	c.slots[next].mono.Store(m)
 	c.cur.Store(next)
 	c.writing.Store(false)
-	return now.UnixNano()
+	return now.UnixNano(), m
 }
+
+// Monotonic is the monotonic time since the clock was made
+// (MonotonicClock).
+func (c *monoClock) Monotonic() time.Duration { return time.Since(c.base) }
 
 func (c *monoClock) Now() time.Time { return time.Unix(0, c.unixNano()) }
 
@@ -63,4 +91,27 @@ func (c *config) nowNs() int64 {
 		return c.mono.unixNano()
 	}
 	return c.clock.Now().UnixNano()
+}
+
+// readNs is nowNs with the monotonic reading (ns) of a MonotonicClock (0
+// without one), for a call's wait (see waited).
+func (c *config) readNs() (nowNs, monoNs int64) {
+	switch {
+	case c.mono != nil:
+		return c.mono.read()
+	case c.monoSrc != nil:
+		return c.clock.Now().UnixNano(), int64(c.monoSrc.Monotonic())
+	}
+	return c.clock.Now().UnixNano(), 0
+}
+
+// waited is how long a call picked at startNs (monoNs: the monotonic
+// reading then, see readNs) had been out at nowNs (monoNow): the shorter
+// of the two clocks' measures with a MonotonicClock (see there).
+func (c *config) waited(startNs, monoNs, nowNs, monoNow int64) time.Duration {
+	d := nowNs - startNs
+	if c.mono != nil || c.monoSrc != nil {
+		d = min(d, monoNow-monoNs)
+	}
+	return time.Duration(d)
 }

@@ -62,6 +62,7 @@ type endpoint struct {
 	brMu           sync.Mutex // makes report's generation check and the breaker's transition one step; never taken by Pick
 	id             string     // immutable
 	serial         uint64     // immutable; see Pick.Serial
+	b              *Balancer  // immutable: whose state it is (Pick.Done reaches it through e)
 
 	// Cold.
 	wasReady atomic.Bool // it was ready and in use before: SetReady(true) turned it ready, or it served calls before SetReady(false)
@@ -192,8 +193,8 @@ func (e *endpoint) pickCount() uint64 {
 
 // newEndpoint returns fresh state for id, ready nowhere: the Membership that
 // lists it sets its own bit.
-func newEndpoint(id string, slot *telemetry.Slot) *endpoint {
-	e := &endpoint{id: id}
+func newEndpoint(b *Balancer, id string, slot *telemetry.Slot) *endpoint {
+	e := &endpoint{id: id, b: b}
 	// Never excluded or ejected: before every reading. Not 0, which a
 	// clock that reads before 1970 (a fake one from the zero Time) reads
 	// as ahead of it: the endpoint was out of rotation, and counted as

@@ -355,6 +355,6 @@ func uncountLoRA(p *Pick) {
 		p.e.lora.done(int(i) - 1)
 	}
 	if i := (f & pickAdapterMask) >> pickAdapterShift; i != 0 {
-		p.b.adapters.flight[i-1].Add(^uint64(0))
+		p.e.b.adapters.flight[i-1].Add(^uint64(0))
 	}
 }

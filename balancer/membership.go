@@ -187,7 +187,7 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 		}
 		e, ok := b.eps[id]
 		if !ok {
-			e = newEndpoint(id, b.cfg.store.Hold(id))
+			e = newEndpoint(b, id, b.cfg.store.Hold(id))
 			b.nextSerial++
 			e.serial = b.nextSerial
 			e.breaker = b.newBreaker(e)

@@ -68,7 +68,11 @@ type Options struct {
 	// then waits out a step longer than twice the longest cooldown or
 	// ejection (MaxCooldown, MaxEjectionTime), and the error-rate, latency
 	// and recent-prefill estimates count no time across a step of more
-	// than a second and decay on from the new reading.
+	// than a second and decay on from the new reading. A step forward
+	// cannot be told from time passing by Now alone: with a
+	// MonotonicClock (the default clock is one), a call's measured
+	// latency or wait, pick to Done, counts none of it, so calls given up
+	// on just after such a step are not overdue (see MonotonicClock).
 	Clock Clock
 	// Rand is the random source for sampling. nil means math/rand/v2's
 	// concurrent-safe generator. A custom source must be safe for concurrent
@@ -508,8 +512,11 @@ var processSeed = sync.OnceValue(func() uint64 { return cache.NewKeyer(0).Seed()
 
 // config is Options with defaults applied; immutable after New.
 type config struct {
-	clock   Clock
-	mono    *monoClock // the default clock, read without an interface call; nil when injected
+	clock Clock
+	mono  *monoClock // the default clock, read without an interface call; nil when injected
+	// monoSrc is an injected Clock that is a MonotonicClock; nil when
+	// it is none, or the clock is the default one (mono).
+	monoSrc MonotonicClock
 	rand    rand.Source
 	scorers [inferlb.NumServices]scoring.Scorer
 	// fullScan: the service's scorer asks for a full scan
@@ -775,6 +782,9 @@ func (o *Options) resolve() (*config, error) {
 	if c.clock == nil {
 		c.mono = newMonoClock()
 		c.clock = c.mono
+	}
+	if c.mono == nil {
+		c.monoSrc, _ = c.clock.(MonotonicClock)
 	}
 	if c.affinitySeed == 0 {
 		c.affinitySeed = processSeed()

@@ -42,6 +42,37 @@ func (c *Clock) Set(t time.Time) {
 	c.now = t
 }
 
+// MonoClock is a Clock that also reads a monotonic clock
+// (balancer.MonotonicClock): Advance moves both readings, as time passing
+// does; Step moves the wall reading alone, as an NTP step or an operator
+// moves a host's wall clock.
+type MonoClock struct {
+	Clock
+	mono time.Duration // guarded by Clock.mu
+}
+
+// NewMonoClock returns a MonoClock at Epoch, its monotonic reading 0.
+func NewMonoClock() *MonoClock { return &MonoClock{Clock: Clock{now: Epoch}} }
+
+// Monotonic returns the time Advance has moved the clock by in all.
+func (c *MonoClock) Monotonic() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mono
+}
+
+// Advance moves both readings forward by d.
+func (c *MonoClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	c.mono += d
+}
+
+// Step moves the wall reading by d (back when negative), the monotonic
+// one not at all.
+func (c *MonoClock) Step(d time.Duration) { c.Clock.Advance(d) }
+
 // Rand is a seeded PCG source behind a mutex, so one deterministic source can
 // serve concurrent callers.
 type Rand struct {
