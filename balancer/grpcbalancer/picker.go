@@ -417,8 +417,9 @@ func (c *call) report(di balancer.DoneInfo) {
 	if c.retry != nil && c.gen && !o.Unanswered && di.BytesReceived && o.Canceled() && isCancel(di.Err) && c.retry.unanswered() {
 		// A unary generation call's headers, and no message: a server
 		// may send them before its answer (see retryState.unanswered).
-		// Other services' calls stay answered: their headers come with
-		// the answer, which is short work.
+		// Only a generation's: an embedding's or rerank's unanswered
+		// wait raises its latency (inferlb.Outcome.Unanswered), a reading
+		// of headers this leaves as it was for them.
 		o.Unanswered = true
 	}
 	if o.Unanswered && (c.ctx == nil || c.ctx.Err() != context.Canceled) {
