@@ -11,15 +11,18 @@ type Clock interface {
 	Now() time.Time
 }
 
-// MonotonicClock is a Clock that also reads a clock that never steps. The
-// balancer then measures a call's wait, pick to Done, as the shorter of
-// the two readings' (a step back of Now's still shortens it, as it did): a
-// forward step of the wall clock (an NTP step, an operator setting the
-// time) is no wait. Measured with Now alone, every call out at such a step
-// waited as long as the step: calls their callers gave up on just after it
-// counted as overdue (a healthy generation replica priced as hung,
-// Options.Clock) and an embedding endpoint's latency was raised to the
-// step. The default clock reads one.
+// MonotonicClock is a Clock that also reads a clock that never steps. With
+// one, the balancer measures the time a call was out, pick to Done (its
+// latency, or the wait of a call given up on), as the shorter of the two
+// clocks' measures: a forward step of Now's (an NTP step, an operator
+// setting the time) counts as no time, and a step back shortens it as it
+// did. Measured by Now alone, every call out at a step an hour forward had
+// waited an hour: two generation calls given up on just after it priced
+// their healthy replica as hung (scoring.State.Abandoned), and an
+// embedding's raised its endpoint's latency to the hour
+// (TestForwardClockStepIsNoWait). The default clock is one. Times an
+// adapter reports from Now (Outcome.Latency and TTFT of a stream) are not
+// corrected.
 type MonotonicClock interface {
 	Clock
 	// Monotonic returns the time since a fixed instant of the clock's
