@@ -8,12 +8,13 @@ import (
 	"github.com/inferlb/inferlb/balancer"
 )
 
-// BenchmarkPickTenantRefused is Pick+Done of an embedding call over 8
-// endpoints naming no tenant, a tenant while nothing is remembered, while
+// BenchmarkPickTenantRefused is Pick+Done of an embedding call over 8,
+// 512 and 4,096 endpoints naming no tenant, a tenant while nothing is remembered, while
 // another tenant's refusal by one endpoint is, and while its own is (the
 // pick passes that endpoint over), with the outcome naming the tenant.
-// Each must be allocation-free; the last looks at each member of the
-// group (tenantMarks).
+// Each must be allocation-free; the last finds the endpoints it passes
+// over from the tenant's marked pairs (tenantMarks), and costs about the
+// same over 4,096 endpoints as over 8.
 func BenchmarkPickTenantRefused(b *testing.B) {
 	for _, n := range []int{8, 512, 4096} {
 		for _, tc := range []struct {

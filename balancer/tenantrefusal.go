@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +60,7 @@ import (
 // Tenants are request data, and the memory is bounded whatever the
 // requests say: a table of refusalPairs (endpoint, tenant) entries and
 // one of refusalTenants tenants (a pick consults the pairs only for a
-// tenant the second holds), 20 KiB allocated at the first refusal that
+// tenant the second holds), 29 KiB allocated at the first refusal that
 // names a tenant, 4-way set associative with two choices as the
 // not-served memory's (notserved.go), keyed by the tenant's hash seeded
 // per process (the affinity Keyer's seed), so a client cannot aim a
@@ -76,13 +77,26 @@ import (
 // It costs a pick that names no tenant nothing, and one that names one
 // an atomic load (the latest time any entry lapses, refusedAt) while
 // nothing is remembered, a hash of the tenant and a few loads while some
-// entry is live, and a look at each member of the group (a hash and a
-// few loads each) while one of the tenant's own pairs is marked; a
-// success that names a tenant the same but the look at the group.
+// entry is live, and, while one of the tenant's own pairs is marked, a
+// look at the sets of pairs that hold its marked pairs (refusalTable.marks:
+// a few loads each, and a hash and a map lookup for each marked pair of
+// the tenant's) and at members until one the pick may take is not passed
+// over (the first, mostly): whatever the size of the group, where the
+// count the cap needs took a look at each member (110 µs a pick over
+// 4,096 endpoints; BenchmarkPickTenantRefused). A success that names a
+// tenant costs the same but the look at the marks, and once in its
+// entry's life, when the memory steered it, a look at its endpoint's
+// pools to keep the tenant's pairs (tenantServed).
 
 const (
 	refusalPairs   = 1024 // (endpoint, tenant) pairs remembered
 	refusalTenants = 256  // tenants remembered
+
+	// refusalPairSets is the number of the pairs' sets; refusalBuckets
+	// that of the buckets of tenants (refusalBucket) whose marked pairs'
+	// sets the table notes together (refusalTable.marks).
+	refusalPairSets = refusalPairs / lackWays
+	refusalBuckets  = 256
 
 	// A pair's entry: lackKept, refusalMarked, a 5-bit count of the
 	// tenant's calls refused there in a row, a 17-bit tag, and the time
@@ -118,7 +132,22 @@ type refusalTable struct {
 	owners  [refusalPairs]atomic.Uint64   // serial of each pair's endpoint, by its slot; written with it under mu (tenantrefusal_stats.go)
 	horizon uint64                        // as lackTable's: refusalHorizon
 	hold    uint64                        // ErrorDecay in lackNow's units, rounded up
+
+	// Where a tenant's marked pairs are, so that a pick finds them
+	// without looking at every member of its group (tenantMarks): for
+	// each bucket of tenants (refusalBucket of the tenant's key), a bit
+	// per set of pairs that holds a marked pair of one of the bucket's
+	// tenants, or held one since the bucket's last mark (noteMark); and
+	// the bucket of the tenant of each pair's slot, written with it
+	// under mu. By the key's bucket, not the tenant's slot: a tenant
+	// whose entry was evicted keeps its marks (see refusedTenants), and
+	// they pass endpoints over again once its new entry is marked.
+	marks  [refusalBuckets][refusalPairSets / 64]atomic.Uint64
+	bucket [refusalPairs]uint8
 }
+
+// refusalBucket is the bucket of the tenant of key (refusalTable.marks).
+func refusalBucket(key uint64) int { return int(key >> 32 % refusalBuckets) }
 
 // needRun is how many of a tenant's calls in a row an endpoint must have
 // refused, none served there between, to pass it over for the tenant
@@ -292,8 +321,11 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) bool {
 		ts.Store(tw | refusalMarked)
 		began = pw&refusalMarked == 0 || pw&lackTimeMask <= now+t.hold
 	}
-	t.own(pairKey(e.serial, key), ps, e.serial)
+	i := t.own(pairKey(e.serial, key), ps, e.serial, refusalBucket(key))
 	ps.Store(w)
+	if w&refusalMarked != 0 {
+		t.noteMark(refusalBucket(key), i/lackWays)
+	}
 	untilNs := later(nowNs, time.Duration(2*t.hold+2)<<lackUnitShift)
 	for {
 		cur := b.refusedAt.Load()
@@ -347,6 +379,68 @@ func (b *Balancer) tenantServed(e *endpoint, tenant string, nowNs int64, steered
 	}
 }
 
+// noteMark notes that set, of the pairs' sets, holds a marked pair of a
+// tenant of bucket bkt (refusalTable.marks), and stops noting the sets
+// that no longer hold one: their marked pairs of the bucket's tenants
+// were ended by a success or gave their slots up. Pairs that lapsed in
+// time stay noted until their slots are taken: a clock stepped back may
+// bring one back to life, for marked as for tenantMarks. Called with mu
+// held: only writers change the bits.
+func (t *refusalTable) noteMark(bkt, set int) {
+	for wi := range t.marks[bkt] {
+		old := t.marks[bkt][wi].Load()
+		w := old
+		for m := old; m != 0; m &= m - 1 {
+			if s := wi*64 + bits.TrailingZeros64(m); !t.holdsMark(bkt, s) {
+				w &^= 1 << (s % 64)
+			}
+		}
+		if wi == set/64 {
+			w |= 1 << (set % 64)
+		}
+		if w != old {
+			t.marks[bkt][wi].Store(w)
+		}
+	}
+}
+
+// holdsMark reports whether set, of the pairs' sets, holds a marked pair
+// of a tenant of bucket bkt, lapsed or not. Called with mu held.
+func (t *refusalTable) holdsMark(bkt, set int) bool {
+	for i := set * lackWays; i < (set+1)*lackWays; i++ {
+		if t.pairs[i].Load()&refusalMarked != 0 && int(t.bucket[i]) == bkt {
+			return true
+		}
+	}
+	return false
+}
+
+// markedMember returns the member of g whose pair with the tenant of key
+// is the one in slot i of the pairs, when marked reads that slot for
+// them and it passes the member over at now; else nil. (A pair of
+// another tenant's whose tag marked mistakes for this tenant's, one in
+// 2^17 of those in the same sets, passes its member over for both, and
+// is counted only when the two tenants share a bucket.)
+func (t *refusalTable) markedMember(i int, key, now uint64, g *group) *endpoint {
+	w := t.pairs[i].Load()
+	if w&refusalMarked == 0 || w&lackTimeMask <= now+t.hold || lackLapsed(w, now, t.horizon) {
+		return nil
+	}
+	serial := t.owners[i].Load()
+	sets, tag := refusalSets(t.pairs[:], pairKey(serial, key), true)
+	if refusalTag(w, true) != tag {
+		return nil // another tenant's pair
+	}
+	if s, w := refusalFind(sets, tag, now, t.horizon, true); s != &t.pairs[i] || w&refusalMarked == 0 || w&lackTimeMask <= now+t.hold {
+		return nil
+	}
+	j, ok := g.bySerial[serial]
+	if !ok {
+		return nil // an endpoint of another group, or one gone since
+	}
+	return g.members[j]
+}
+
 // tenantMarks sets c up to pass over the members of g that refused
 // tenant's calls (c.refused, c.tenant), when some c allows are so marked,
 // no more than MaxEjectedFraction of g (at least one), and another c
@@ -370,19 +464,34 @@ func (b *Balancer) tenantMarks(tenant string, g *group, c *cand) (all bool) {
 		// lapsed.
 		return false
 	}
-	marked, other := 0, false
-	for _, e := range g.members {
-		if !c.ok(e) {
-			continue
-		}
-		if t.marked(e, key, now) {
-			marked++
-		} else {
-			other = true
+	// The members c allows that the memory passes over for the tenant,
+	// found from the sets of pairs its bucket noted, not by a look at
+	// each member: a pick over 4,096 endpoints took 110 µs so.
+	limit := max(int(b.cfg.maxEjected*float64(len(g.members))+1e-9), 1)
+	bkt, marked := refusalBucket(key), 0
+	for wi := range t.marks[bkt] {
+		for m := t.marks[bkt][wi].Load(); m != 0; m &= m - 1 {
+			set := wi*64 + bits.TrailingZeros64(m)
+			for i := set * lackWays; i < (set+1)*lackWays; i++ {
+				if e := t.markedMember(i, key, now, g); e != nil && c.ok(e) {
+					if marked++; marked > limit {
+						return false
+					}
+				}
+			}
 		}
 	}
-	if marked == 0 || marked > max(int(b.cfg.maxEjected*float64(len(g.members))+1e-9), 1) {
+	if marked == 0 {
 		return false
+	}
+	// Another member c allows and does not pass over: the first c
+	// allows, mostly.
+	other := false
+	for _, e := range g.members {
+		if c.ok(e) && !t.marked(e, key, now) {
+			other = true
+			break
+		}
 	}
 	if !other {
 		return true

@@ -10,15 +10,17 @@ import "sync/atomic"
 // Stats reads them; Pick never does.
 
 // own notes serial as the endpoint of the pair of key pk whose entry slot
-// s, one of the two sets lackSet gives pk in t.pairs, is about to hold.
-// Called with mu held.
-func (t *refusalTable) own(pk uint64, s *atomic.Uint64, serial uint64) {
+// s, one of the two sets lackSet gives pk in t.pairs, is about to hold,
+// and bkt as its tenant's bucket (refusalTable.marks), and returns the
+// slot's index. Called with mu held.
+func (t *refusalTable) own(pk uint64, s *atomic.Uint64, serial uint64, bkt int) int {
 	n := uint64(refusalPairs / lackWays)
 	for _, base := range [2]int{int(pk%n) * lackWays, int(pk>>lackAltShift%n) * lackWays} {
 		for i := base; i < base+lackWays; i++ {
 			if &t.pairs[i] == s {
 				t.owners[i].Store(serial)
-				return
+				t.bucket[i] = uint8(bkt)
+				return i
 			}
 		}
 	}
