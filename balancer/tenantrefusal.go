@@ -82,7 +82,7 @@ import (
 // a few loads each, and a hash and a map lookup for each marked pair of
 // the tenant's) and at members until one the pick may take is not passed
 // over (the first, mostly): whatever the size of the group, where the
-// count the cap needs took a look at each member (110 µs a pick over
+// count the cap needs took a look at each member (107 µs a pick over
 // 4,096 endpoints; BenchmarkPickTenantRefused). A success that names a
 // tenant costs the same but the look at the marks, and once in its
 // entry's life, when the memory steered it, a look at its endpoint's
@@ -466,7 +466,7 @@ func (b *Balancer) tenantMarks(tenant string, g *group, c *cand) (all bool) {
 	}
 	// The members c allows that the memory passes over for the tenant,
 	// found from the sets of pairs its bucket noted, not by a look at
-	// each member: a pick over 4,096 endpoints took 110 µs so.
+	// each member: a pick over 4,096 endpoints took 107 µs so.
 	limit := max(int(b.cfg.maxEjected*float64(len(g.members))+1e-9), 1)
 	bkt, marked := refusalBucket(key), 0
 	for wi := range t.marks[bkt] {
