@@ -213,6 +213,10 @@ type Balancer struct {
 	// SetReady or SetReconnected of a listed endpoint and after every
 	// Publish. nil in production: one atomic load each.
 	onChange atomic.Pointer[func(endpointID string)]
+	// tenantLooks, for tests only (testhook.SetTenantLooks): the count
+	// the tenants' refusals memory takes when it is allocated
+	// (refusalTable.looks). nil in production, and read only then.
+	tenantLooks atomic.Pointer[atomic.Int64]
 }
 
 func init() {
@@ -229,6 +233,12 @@ func init() {
 			return
 		}
 		b.(*Balancer).onChange.Store(&f)
+	}
+	testhook.SetTenantLooks = func(b any, n *atomic.Int64) {
+		if b.(*Balancer).refused.Load() != nil {
+			panic("testhook.SetTenantLooks after the tenants' refusals memory was allocated")
+		}
+		b.(*Balancer).tenantLooks.Store(n)
 	}
 }
 

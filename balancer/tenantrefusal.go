@@ -132,6 +132,7 @@ type refusalTable struct {
 	owners  [refusalPairs]atomic.Uint64   // serial of each pair's endpoint, by its slot; written with it under mu (tenantrefusal_stats.go)
 	horizon uint64                        // as lackTable's: refusalHorizon
 	hold    uint64                        // ErrorDecay in lackNow's units, rounded up
+	looks   *atomic.Int64                 // for tests only (testhook.SetTenantLooks), nil in production: see look
 
 	// Where a tenant's marked pairs are, so that a pick finds them
 	// without looking at every member of its group (tenantMarks): for
@@ -265,9 +266,22 @@ func (t *refusalTable) foldShare(key uint64, s *atomic.Uint64, clientErr bool) f
 	}
 }
 
+// look adds n, the members of a group or slots of pairs just looked at,
+// to the tests' count (testhook.SetTenantLooks), which bounds the work of
+// a tenant's pick without a clock. In production looks is nil: a load
+// and a branch, on the tenant's paths only (marked, markedMember,
+// tenantServed), nothing on a pick that names no tenant or while nothing
+// is remembered.
+func (t *refusalTable) look(n int) {
+	if t.looks != nil {
+		t.looks.Add(int64(n))
+	}
+}
+
 // marked reports whether e's entry for the tenant of key tenant passes it
 // over at now.
 func (t *refusalTable) marked(e *endpoint, tenant, now uint64) bool {
+	t.look(1)
 	sets, tag := refusalSets(t.pairs[:], pairKey(e.serial, tenant), true)
 	_, w := refusalFind(sets, tag, now, t.horizon, true)
 	return w&refusalMarked != 0 && w&lackTimeMask > now+t.hold
@@ -291,7 +305,7 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) bool {
 	t := b.refused.Load()
 	if t == nil {
 		hold := uint64(min(b.cfg.errorDecay, maxHold)>>lackUnitShift) + 1
-		b.refused.CompareAndSwap(nil, &refusalTable{horizon: refusalHorizon(hold), hold: hold})
+		b.refused.CompareAndSwap(nil, &refusalTable{horizon: refusalHorizon(hold), hold: hold, looks: b.tenantLooks.Load()})
 		t = b.refused.Load()
 	}
 	key, now := b.keyer.Tenant(tenant), lackNow(nowNs)
@@ -369,6 +383,7 @@ func (b *Balancer) tenantServed(e *endpoint, tenant string, nowNs int64, steered
 	ts.Store(tw | lackKept)
 	if pools := e.pools.Load(); pools != nil {
 		for _, g := range *pools {
+			t.look(len(g.members))
 			for _, m := range g.members {
 				sets, tag := refusalSets(t.pairs[:], pairKey(m.serial, key), true)
 				if s, w := refusalFind(sets, tag, now, t.horizon, true); s != nil {
@@ -422,6 +437,7 @@ func (t *refusalTable) holdsMark(bkt, set int) bool {
 // 2^17 of those in the same sets, passes its member over for both, and
 // is counted only when the two tenants share a bucket.)
 func (t *refusalTable) markedMember(i int, key, now uint64, g *group) *endpoint {
+	t.look(1)
 	w := t.pairs[i].Load()
 	if w&refusalMarked == 0 || w&lackTimeMask <= now+t.hold || lackLapsed(w, now, t.horizon) {
 		return nil

@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,4 +82,17 @@ func TestChangeHookComesOnceTheChangeShows(t *testing.T) {
 	m.SetReady(id, false)
 	b.Publish(id, s)
 	assert.Len(t, got, 4, "a removed hook is not called")
+}
+
+// testhook.SetTenantLooks counts only when set before the tenants'
+// refusals memory is allocated, which takes the count then: set after,
+// it panics rather than count nothing.
+func TestTenantLooksHookAfterTheMemoryPanics(t *testing.T) {
+	b := balancer.New(balancer.Options{Clock: testutil.NewClock()})
+	t.Cleanup(b.Close)
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "10.0.0.1:8000"}}))
+	p, err := b.Pick(&inferlb.Request{Tenant: "A"})
+	require.NoError(t, err)
+	p.Done(inferlb.Outcome{Tenant: "A", ClientError: true})
+	assert.Panics(t, func() { testhook.SetTenantLooks(b, new(atomic.Int64)) })
 }

@@ -3,11 +3,16 @@
 // polling it: grpc-go ends a call, and so calls its Pick's Done, on a
 // goroutine of its own when the call's context ends, and reports a
 // connection READY, or an out-of-band load report, on goroutines of its
-// own too. It is internal, so nothing outside the balancer's packages can
-// reach it, and nothing in production sets it.
+// own too. And the balancer's own tests count the work a pick does where
+// a clock would only time it on a shared, noisy machine (SetTenantLooks).
+// It is internal, so nothing outside the balancer's packages can reach
+// it, and nothing in production sets it.
 package testhook
 
-import "context"
+import (
+	"context"
+	"sync/atomic"
+)
 
 // SetOnDone, set by package balancer, installs f on b (a
 // *balancer.Balancer) to be called at the end of every Pick.Done that has
@@ -25,6 +30,16 @@ var SetOnDone func(b any, f func(endpointID string))
 // endpoint ready, and publishes its out-of-band ORCA reports, on gRPC's
 // goroutines. f holds none of the Balancer's locks; it must not block.
 var SetOnChange func(b any, f func(endpointID string))
+
+// SetTenantLooks, set by package balancer, makes b (a *balancer.Balancer)
+// add to n each look its memory of the tenants' refusals
+// (tenantrefusal.go) takes at a member of a group or at a slot of marked
+// pairs, on a pick or a Done: the work that grows with the pool when a
+// tenant's pick looks at each member, counted so that a test can bound it
+// per pick without timing it. Call it once, before b's first call that
+// names a tenant and ends in a client error: the memory, allocated then,
+// takes n from b, and it panics once the memory is allocated.
+var SetTenantLooks func(b any, n *atomic.Int64)
 
 // Await calls cond, and again after each Done, SetReady, SetReconnected
 // or Publish on b (a *balancer.Balancer), until it reports true, and
