@@ -189,7 +189,7 @@ func (b *Balancer) stayAway(req *inferlb.Request, g *group, w cache.Walk, c cand
 		if !c.ok(g.members[i]) || b.shunnedOnWalk(g, i, &c, sh) || !b.warmFor(b.memOf(&c, req.Model), g, i, c.nowNs) {
 			continue
 		}
-		if bd := b.withinBound(req, g, i, now, sh); bd.in && !bd.over {
+		if bd := b.withinBound(req, g, i, now, sh, &c); bd.in && !bd.over {
 			return i
 		}
 	}
@@ -264,7 +264,7 @@ func (b *Balancer) fasterSpill(req *inferlb.Request, g *group, owner int, w cach
 		if keep >= 1 || keyPosition(c.key) < keep {
 			return -1
 		}
-		if bd := b.withinBound(req, g, j, now, sh); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill && b.admitRamp(g.members[j], &c) {
+		if bd := b.withinBound(req, g, j, now, sh, &c); bd.in && !bd.over && bd.waiting <= 0 && bd.pressure < pressureSpill && b.admitRamp(g.members[j], &c) {
 			return j
 		}
 	}
@@ -409,8 +409,11 @@ func noRelief(t bound) bool {
 // weight the others share, as a member out of rotation is, and so are one
 // that calls pass over for its client errors (see fleetView.shunned) and
 // one in such a run of abandoned calls, whether or not a call is out to
-// it (see fleetView.silent).
-func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.Time, sh *shard) bound {
+// it (see fleetView.silent). For a call that cannot go to some members,
+// those remembered not to serve its model, too small for its tokens or
+// refusing its tenant's calls (c's filter, cand.passOver), they are left
+// out of the load and weight its owner's bound shares too (see fitView).
+func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.Time, sh *shard, c *cand) bound {
 	var s telemetry.Sample
 	slot := g.members[i].slot.Load()
 	slot.LoadInto(&s, now, b.cfg.telemetryMaxAge)
@@ -435,7 +438,7 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 	if sh != nil {
 		var l int64
 		st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
-		l, weight = sh.share(b.cfg, g, now.UnixNano(), st.lead(b.cfg, now.UnixNano()), b.shunnable.Load() != 0)
+		l, weight = sh.share(b.cfg, g, now.UnixNano(), st.lead(b.cfg, now.UnixNano()), b.shunnable.Load() != 0, c)
 		total = float64(l) + 1
 	} else {
 		st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
@@ -445,8 +448,14 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 		// in rotation do not share them; and a ramping member shares the
 		// load at the weight it takes calls at.
 		rep, okRep := reportedLoad(&s)
-		if okRep || st.ramping || st.usable() < len(g.members) || b.sleepLive(now.UnixNano()) || b.shunnable.Load() != 0 || b.unanswering.Load() != 0 {
-			v := g.fleetLoad(b.cfg, st, now)
+		fit := c != nil && c.fit != nil
+		if okRep || fit || st.ramping || st.usable() < len(g.members) || b.sleepLive(now.UnixNano()) || b.shunnable.Load() != 0 || b.unanswering.Load() != 0 {
+			var v fleetSum
+			if fit {
+				v = c.fit.of(b.cfg, g, st, now, c)
+			} else {
+				v = g.fleetLoad(b.cfg, st, now)
+			}
 			total = float64(max(gl-v.aside, own)) + 1
 			if st.ramping {
 				weight = v.weight
@@ -457,7 +466,7 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 				// stays: a view cached while it slept (it woke within
 				// fleetViewTTL) would otherwise leave a weight near 0,
 				// and a share without bound.
-				weight = max(weight-v.asleep-v.shunned-v.silent, g.weights[i])
+				weight = max(weight-v.asleep-v.shunned-v.silent-v.passed, g.weights[i])
 			}
 			if okRep && v.ok {
 				load = max(rep+float64(g.members[i].readingDelta(slot, &s, own, now.UnixNano())), float64(own)) + 1
@@ -590,7 +599,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 			if b.shunnedOnWalk(g, i, &c, sh) {
 				pastShunned = true
 			} else if b.admitRamp(g.members[i], &c) {
-				if bd := b.withinBound(req, g, i, now, sh); bd.in && bd.pressure < pressureSpill {
+				if bd := b.withinBound(req, g, i, now, sh, &c); bd.in && bd.pressure < pressureSpill {
 					return i, false
 				}
 			}
@@ -661,7 +670,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			*pastShunned = true
 			continue
 		}
-		bd := b.withinBound(req, g, i, now, sh)
+		bd := b.withinBound(req, g, i, now, sh, &c)
 		if rank == 0 && bd.crowded {
 			if b.admitRamp(g.members[i], &c) {
 				crowd = i

@@ -129,18 +129,26 @@ func TestSpilledKeyStaysWarmPastEndpointsWithoutTheModel(t *testing.T) {
 		require.Equal(t, id, p.ID())
 		p.Done(inferlb.Outcome{NotServedModel: model, Latency: time.Millisecond})
 	}
-	// The owner at its bound: the key spills to the warm endpoint.
-	held := pick(key, model)
-	require.Equal(t, home, held.ID())
+	// The owner at its bound, two calls (the two endpoints without the
+	// model share none of the model's load, see fitView): the key spills
+	// to the warm endpoint.
+	var held []balancer.Pick
+	for range 2 {
+		held = append(held, pick(key, model))
+		require.Equal(t, home, held[len(held)-1].ID())
+	}
 	p := pick(key, model)
 	require.Equal(t, warm, p.ID(), "the key spills past the endpoints without its model")
 	p.Done(inferlb.Outcome{Model: model})
-	held.Done(inferlb.Outcome{Model: model})
+	for _, h := range held {
+		h.Done(inferlb.Outcome{Model: model})
+	}
 
 	// 16 calls in flight: the owner holds 5, the warm endpoint 3, the two
-	// others 4 each. With the next call the fair share is 17/4 = 4.25 and
-	// the bound ceil(1.25 x 4.25) = 6: the owner is within its bound but
-	// above its share, the warm endpoint below it.
+	// others (without the model) 4 each. With the next call the owner and
+	// the warm endpoint share 9: the fair share is 4.5 and the bound
+	// ceil(1.25 x 4.5) = 6: the owner is within its bound but above its
+	// share, the warm endpoint below it.
 	want := map[string]int{home: 5, warm: 3, lacking[0]: 4, lacking[1]: 4}
 	var calls []balancer.Pick
 	for placed := true; placed; {

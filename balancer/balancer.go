@@ -859,6 +859,10 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		// No endpoint would take it: each refused as much (window.go).
 		return Pick{}, ErrNoEndpoints
 	}
+	if c.lack != nil || c.windowNeed != 0 || c.promptNeed != 0 || c.refused != nil {
+		var fit fitView // read only by the affinity bound (see fitView)
+		c.fit = &fit
+	}
 	c.slots = req.Model != "" && b.slotAware(req.Service) && b.slotsLive(nowNs)
 	c.sleep = b.sleepLive(nowNs)
 	if c.affine && b.reuse != nil && !req.Session {
@@ -944,7 +948,8 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				// ErrTenantShardDown for the whole memory without
 				// trying a server.
 				rc := c
-				rc.lack, rc.windowNeed, rc.promptNeed, rc.refused = nil, 0, 0, nil
+				rc.lack, rc.windowNeed, rc.promptNeed, rc.refused, rc.fit = nil, 0, 0, nil, nil
+				sh.shared = false // its share left the members passed over out
 				if i, keyed = chooseOwn(rc, &sh); i < 0 && !rc.panicking && b.cfg.panicThreshold > 0 {
 					rc.panicking, rc.coolingOnly = true, true
 					rc.key, rc.affine = c.key, c.affine // the call's own, should the first have found a base reader
@@ -1200,6 +1205,11 @@ type cand struct {
 	// calls (tenant, its Keyer.Tenant key) are passed over.
 	refused *refusalTable
 	tenant  uint64
+	// fit, set when lack, windowNeed, promptNeed or refused is, holds the
+	// group's fleet view without the members they pass over, computed at
+	// the pick's first affinity bound (see fitView). It lives on
+	// pickWith's stack.
+	fit *fitView
 }
 
 func (c *cand) ok(e *endpoint) bool {

@@ -409,10 +409,37 @@ type fleetView struct {
 }
 
 // fleetSum is what fleetView caches; ok is false when total is NaN.
+// passed is fitView's: the capacity weight of the members a pick's
+// filter passes over (see fitView); 0 in the cached view.
 type fleetSum struct {
-	total, weight, asleep, shunned, silent float64
-	aside                                  int64
-	ok                                     bool
+	total, weight, asleep, shunned, silent, passed float64
+	aside                                          int64
+	ok                                             bool
+}
+
+// fitView is the fleet view (see fleetView) of one pick whose filter
+// passes members over: those remembered not to serve the call's model
+// (notserved.go), too small for its tokens (window.go) or refusing its
+// tenant's calls (tenantrefusal.go). The call cannot go to them, so the
+// load its affinity bound shares is not theirs either: counted, the
+// weight and calls of the members it cannot fit left each of those it
+// fits a fair share of the whole group's load, as if the others took
+// some of it. It is left out as asleep is, in passed. The cached view
+// cannot hold it (the members passed over differ from call to call), so
+// it is summed for the pick at its first bound and kept on its stack;
+// a pick with no such filter (the usual case, and every call that fits
+// every member) pays nothing for it.
+type fitView struct {
+	done bool
+	v    fleetSum
+}
+
+// of returns the view, summing it on first use with c's filter.
+func (f *fitView) of(cfg *config, g *group, st *standing, now time.Time, c *cand) fleetSum {
+	if !f.done {
+		f.v, f.done = g.sumReported(cfg, st, now, c), true
+	}
+	return f.v
 }
 
 // fleetViewTTL is how long a group's reported load is reused: well under
@@ -451,7 +478,7 @@ func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 		return fleetSum{total: t, weight: math.Float64frombits(f.weight.Load()), asleep: math.Float64frombits(f.asleep.Load()),
 			shunned: math.Float64frombits(f.shunned.Load()), silent: math.Float64frombits(f.silent.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
 	}
-	v := g.sumReported(c, st, now)
+	v := g.sumReported(c, st, now, nil)
 	if f.computing.CompareAndSwap(false, true) {
 		f.until.Store(math.MinInt64) // readers recompute while it is written
 		f.total.Store(math.Float64bits(v.total))
@@ -468,8 +495,9 @@ func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 	return v
 }
 
-// sumReported computes what fleetView caches.
-func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
+// sumReported computes what fleetView caches or, with pass not nil, the
+// view of a pick whose filter passes some members over (see fitView).
+func (g *group) sumReported(c *config, st *standing, now time.Time, pass *cand) fleetSum {
 	nowNs := now.UnixNano()
 	onlyGood := st.goodWeight > 0
 	lead := st.lead(c, nowNs) // the factors are relative to it, as admitted
@@ -497,6 +525,11 @@ func (g *group) sumReported(c *config, st *standing, now time.Time) fleetSum {
 		if e.unanswering() {
 			v.aside += max(e.inFlight.Load(), 0)
 			v.silent += g.weights[i]
+			continue
+		}
+		if pass != nil && pass.passOver(e) {
+			v.aside += max(e.inFlight.Load(), 0)
+			v.passed += g.weights[i]
 			continue
 		}
 		w := g.weights[i] * min(e.rampFactor(c, nowNs)/lead, 1)

@@ -38,7 +38,7 @@ func TestShardShareLeavesOutSleepers(t *testing.T) {
 		}
 		b.Publish(g.members[m].id, s)
 	}
-	_, weight := sh.share(b.cfg, g, b.cfg.nowNs(), 1, false)
+	_, weight := sh.share(b.cfg, g, b.cfg.nowNs(), 1, false, nil)
 	assert.Equal(t, 1.0, weight, "the weight the shard's load is shared among: its one awake member's")
 }
 
@@ -76,6 +76,6 @@ func TestWokenMemberKeepsItsOwnWeightInAStaleView(t *testing.T) {
 		t.Cleanup(func() { p.Done(inferlb.Outcome{}) })
 	}
 	require.Equal(t, 2.0, g.fleetLoad(b.cfg, g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano()), now).asleep, "the view is still the cached one")
-	r := b.withinBound(&inferlb.Request{AffinityKey: 1}, g, 0, now, nil)
+	r := b.withinBound(&inferlb.Request{AffinityKey: 1}, g, 0, now, nil, nil)
 	assert.True(t, r.in, "the one awake member carries every call: 4 of 4 is within its bound")
 }

@@ -33,9 +33,11 @@ type shard struct {
 // passed over for their client errors, see fleetView), or all, each at the
 // weight it takes calls at (times its slow-start factor, relative to lead,
 // see standing.lead), and the in-flight calls on those members (calls on
-// members out of rotation are not theirs to share). The first call of a
-// pick reads them; the pick changes no load before it acquires.
-func (s *shard) share(c *config, g *group, nowNs int64, lead float64, shunning bool) (load int64, weight float64) {
+// members out of rotation are not theirs to share). With pass's filter
+// (see fitView), the members it passes over are left out of those in good
+// standing and the ready ones. The first call of a pick reads them; the
+// pick changes no load before it acquires.
+func (s *shard) share(c *config, g *group, nowNs int64, lead float64, shunning bool, pass *cand) (load int64, weight float64) {
 	if !s.shared {
 		var good, ready, all float64
 		var goodLoad, readyLoad, allLoad int64
@@ -58,6 +60,9 @@ func (s *shard) share(c *config, g *group, nowNs int64, lead float64, shunning b
 			}
 			if e.unanswering() {
 				continue // nor one hung (see fleetView.silent)
+			}
+			if pass != nil && pass.fit != nil && pass.passOver(e) {
+				continue // nor one the pick passes over (see fitView)
 			}
 			ready += w
 			readyLoad += l
