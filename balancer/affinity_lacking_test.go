@@ -112,7 +112,8 @@ func TestSpilledKeyStaysWarmPastEndpointsWithoutTheModel(t *testing.T) {
 	require.Len(t, order, 4)
 	home, lacking, warm := order[0], order[1:3], order[3]
 
-	b := affine(t, 4, balancer.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(3), SlowStartWindow: -1})
+	clock := testutil.NewClock()
+	b := affine(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(3), SlowStartWindow: -1})
 	keyOf := map[string]uint64{}
 	for k := uint64(1); len(keyOf) < 4; k++ {
 		if id := owner(t, b, k); keyOf[id] == 0 {
@@ -130,8 +131,10 @@ func TestSpilledKeyStaysWarmPastEndpointsWithoutTheModel(t *testing.T) {
 		p.Done(inferlb.Outcome{NotServedModel: model, Latency: time.Millisecond})
 	}
 	// The owner at its bound, two calls (the two endpoints without the
-	// model share none of the model's load, see fitView): the key spills
-	// to the warm endpoint.
+	// model share none of the model's load, see fitView, which shows the
+	// second "not served" answer after fleetViewTTL): the key spills to
+	// the warm endpoint.
+	clock.Advance(time.Second)
 	var held []balancer.Pick
 	for range 2 {
 		held = append(held, pick(key, model))
@@ -165,6 +168,7 @@ func TestSpilledKeyStaysWarmPastEndpointsWithoutTheModel(t *testing.T) {
 		}
 	}
 	require.Len(t, calls, 16)
+	clock.Advance(time.Second) // past the cached view (fitCache)
 	p = pick(key, model)
 	assert.Equal(t, warm, p.ID(), "an owner above its share leaves the key where it is cached")
 	p.Done(inferlb.Outcome{Model: model})

@@ -235,6 +235,9 @@ func TestAffinityBoundLeavesOutMembersPassedOver(t *testing.T) {
 					require.NoError(t, err)
 					p.Done(inferlb.Outcome{Model: model})
 					home := p.ID()
+					// Past the view the picks so far cached (fitCache), which
+					// did not hold the calls below.
+					clock.Advance(time.Second)
 					var others []string
 					for _, id := range ids {
 						if id != home && id != smalls[0] && id != smalls[1] {

@@ -162,6 +162,54 @@ func benchPickAffinity(b *testing.B, name string, n int, model string, sticky ti
 	})
 }
 
+// BenchmarkFilteredAffinePick prices fitView: Pick+Done of keyed LLM
+// calls (1,024 keys) over n endpoints, half of which refused a call of
+// the model as longer than their window. A call that fits every window
+// ("fits") is picked as on any fleet; a long one ("long") is passed over
+// the small half by its filter, and its affinity bound sums the group's
+// view without them, once per pick.
+func BenchmarkFilteredAffinePick(b *testing.B) {
+	const model = "meta-llama/Llama-3.1-8B-Instruct"
+	for _, n := range benchSizes[:3] {
+		bal := newBalancer(b, n, balancer.Options{AffinitySeed: 1})
+		for i, e := range endpoints(n) {
+			if i%2 == 0 {
+				continue
+			}
+			serial, ok := bal.Serial(e.Addr)
+			if !ok {
+				b.Fatal(e.Addr)
+			}
+			p, err := bal.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model}, serial)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Done(inferlb.Outcome{ContextWindow: 4096, Model: model})
+		}
+		for _, tc := range []struct {
+			name   string
+			tokens int
+		}{{"fits", 1000}, {"long", 6000}} {
+			keys := make([]inferlb.Request, 1024)
+			for i := range keys {
+				keys[i] = inferlb.Request{Service: inferlb.ServiceLLM, Model: model, PromptTokens: tc.tokens, AffinityKey: uint64(i)*0x9e3779b97f4a7c15 | 1}
+			}
+			b.Run(fmt.Sprintf("n=%d/%s", n, tc.name), func(b *testing.B) {
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					p, err := bal.Pick(&keys[i&1023])
+					if err != nil {
+						b.Fatal(err)
+					}
+					p.Done(inferlb.Outcome{})
+					i++
+				}
+			})
+		}
+	}
+}
+
 // BenchmarkPickNotServed prices the not-served memory (notserved.go) in
 // Pick+Done of an LLM call over 8 endpoints: a call without a model (the
 // baseline, which never looks), one with a model while nothing is

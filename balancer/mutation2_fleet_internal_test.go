@@ -33,7 +33,7 @@ func (r *stayRig) report(i int, running float64) {
 func (r *stayRig) sum() fleetSum {
 	nowNs := r.clock.Now().UnixNano()
 	st := r.g.eligibility(r.b.cfg, r.b.epoch.Load(), nowNs)
-	return r.g.sumReported(r.b.cfg, st, r.clock.Now(), nil)
+	return r.g.sumReported(r.b.cfg, st, r.clock.Now(), nil, nil)
 }
 
 func (r *stayRig) view() fleetSum {

@@ -406,6 +406,35 @@ func (b *Balancer) lacking(model string, g *group, c *cand) (all bool) {
 	return some
 }
 
+// passedOver is passOver, and narrows r to the needs (windowNeed and
+// promptNeed) for which e is passed over, or not, as for c's (see
+// fitCache).
+func (c *cand) passedOver(e *endpoint, r *needRange) bool {
+	now := lackNow(c.nowNs)
+	if c.lack != nil && c.lack.lacks(e, c.model, now) || c.refused != nil && c.refused.marked(e, c.tenant, now) {
+		return true // whatever the call's tokens
+	}
+	if c.model == 0 {
+		return false // no model key: no window read (tooSmall)
+	}
+	w, wp := e.windowOf(c.model, c.nowNs), e.windowOf(c.model^promptSalt, c.nowNs)
+	switch {
+	case exceeds(w, int64(c.windowNeed)):
+		r.lo = max(r.lo, w)
+		return true
+	case exceeds(wp, int64(c.promptNeed)):
+		r.plo = max(r.plo, wp)
+		return true
+	}
+	if w > 0 {
+		r.hi = min(r.hi, w)
+	}
+	if wp > 0 {
+		r.phi = min(r.phi, wp)
+	}
+	return false
+}
+
 // passOver reports whether c passes e over as remembered not to serve the
 // call's model, as remembered too small for it (window.go), or as
 // refusing its tenant's calls (tenantrefusal.go).

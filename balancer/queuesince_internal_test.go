@@ -64,7 +64,7 @@ func groupLoadFleet(t *testing.T, clock *testutil.Clock) (*ScrapedFleet, func() 
 	g := b.def.snap.Load().all
 	return f, func() float64 {
 		now := clock.Now()
-		v := g.sumReported(b.cfg, g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano()), now, nil)
+		v := g.sumReported(b.cfg, g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano()), now, nil, nil)
 		require.True(t, v.ok)
 		return v.total
 	}

@@ -1,0 +1,62 @@
+package balancer
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// A group caches the view of a filtered call (fitCache) for the calls
+// whose filter passes the same members over: those whose tokens lie
+// between the windows of the members passed over and those not. A fleet
+// of three windows: a call of 6,000 tokens passes the two 4,096 members
+// over, and so does one of 7,000, which reads the cached view; one of
+// 10,000 passes the 8,192 members over too, and must not read it, nor
+// must a call of 6,000 read the view cached for 10,000.
+func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
+	const model = "llama"
+	clock := testutil.NewClock()
+	b := New(Options{AffinitySeed: 0x5eed, Clock: clock, Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	eps := make([]inferlb.Endpoint, 6)
+	for i := range eps {
+		eps[i] = inferlb.Endpoint{ID: fmt.Sprintf("ep-%d", i)}
+	}
+	require.NoError(t, b.Update(eps))
+	g := b.def.snap.Load().groupFor(model)
+	now := clock.Now()
+	for i, w := range []int{4096, 4096, 8192, 8192} {
+		b.rememberWindow(g.members[i], model, w, false, now.UnixNano())
+	}
+	st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
+	for _, step := range []struct {
+		tokens int
+		passed float64
+		cached bool
+	}{
+		{6000, 2, false},
+		{7000, 2, true},
+		{10000, 4, false},
+		{6000, 2, false},
+		{8192, 2, true},
+		{8193, 4, false},
+	} {
+		c := cand{nowNs: now.UnixNano(), bit: b.def.bit}
+		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: model, PromptTokens: step.tokens}
+		require.False(t, b.windowFilter(req, g, &c, false))
+		require.NotZero(t, c.windowNeed)
+		f := &g.fits[c.model>>(64-fitBits)]
+		seq := f.seq.Load()
+		v := g.fitLoad(b.cfg, st, now, &c)
+		r := needRange{lo: -1, hi: 1 << 62, plo: -1, phi: 1 << 62}
+		fresh := g.sumReported(b.cfg, st, now, &c, &r)
+		assert.Equal(t, []float64{fresh.weight, fresh.passed, float64(fresh.aside)}, []float64{v.weight, v.passed, float64(v.aside)}, "%d tokens", step.tokens)
+		assert.Equal(t, step.passed, v.passed, "%d tokens: the weight passed over", step.tokens)
+		assert.Equal(t, step.cached, f.seq.Load() == seq, "%d tokens: read from the cache", step.tokens)
+	}
+}
