@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -59,4 +60,52 @@ func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
 		assert.Equal(t, step.passed, v.passed, "%d tokens: the weight passed over", step.tokens)
 		assert.Equal(t, step.cached, f.seq.Load() == seq, "%d tokens: read from the cache", step.tokens)
 	}
+}
+
+// Calls of two token counts that pass different members over share a
+// slot, and overwrite each other's view there while others read it: no
+// reader pairs one's key with the other's sums (the slot's seqlock).
+func TestFitCacheReadersNeverMixTwoViews(t *testing.T) {
+	const model = "llama"
+	clock := testutil.NewClock()
+	b := New(Options{AffinitySeed: 0x5eed, Clock: clock, Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	eps := make([]inferlb.Endpoint, 6)
+	for i := range eps {
+		eps[i] = inferlb.Endpoint{ID: fmt.Sprintf("ep-%d", i)}
+	}
+	require.NoError(t, b.Update(eps))
+	g := b.def.snap.Load().groupFor(model)
+	now := clock.Now()
+	for i, w := range []int{4096, 4096, 8192, 8192} {
+		b.rememberWindow(g.members[i], model, w, false, now.UnixNano())
+	}
+	st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
+	cands := map[int]cand{}
+	for _, tokens := range []int{6000, 10000} {
+		c := cand{nowNs: now.UnixNano(), bit: b.def.bit}
+		require.False(t, b.windowFilter(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model, PromptTokens: tokens}, g, &c, false))
+		cands[tokens] = c
+	}
+	want := map[int]float64{6000: 2, 10000: 4}
+	var wg sync.WaitGroup
+	bad := make([]int, 4)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				tokens := 6000
+				if (i+w)%3 == 0 {
+					tokens = 10000
+				}
+				c := cands[tokens]
+				if v := g.fitLoad(b.cfg, st, now, &c); v.passed != want[tokens] || v.weight != 6-want[tokens] {
+					bad[w]++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, []int{0, 0, 0, 0}, bad, "views read with the wrong members passed over, per reader")
 }
