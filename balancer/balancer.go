@@ -1692,6 +1692,21 @@ func (p *Pick) ID() string {
 // call themselves start from it instead of reading the clock again.
 func (p *Pick) PickedAt() time.Time { return time.Unix(0, p.start) }
 
+// Elapsed returns how long the call has been out since its pick, as Done
+// measures it when the Outcome gives no Latency: with a MonotonicClock
+// (the default clock is one), no forward step of the wall clock counts.
+// Adapters that time a whole call, or its wait for the response headers,
+// take it from here rather than from PickedAt and the clock, which would
+// count a step an hour forward as an hour's wait. 0 for an empty Pick.
+func (p *Pick) Elapsed() time.Duration {
+	if p.e == nil {
+		return 0
+	}
+	c := p.e.b.cfg
+	nowNs, monoNs := c.readNs()
+	return c.waited(p.start, p.mono, nowNs, monoNs)
+}
+
 // Serial returns a number that identifies the chosen endpoint's state in
 // this Balancer: dense (1, 2, ... in order of first appearance) and never
 // reused, also when an ID leaves and comes back (it then gets a new one).

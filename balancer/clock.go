@@ -20,8 +20,13 @@ type Clock interface {
 // waited an hour: two generation calls given up on just after it priced
 // their healthy replica as hung (scoring.State.Abandoned), and an
 // embedding's raised its endpoint's latency to the hour
-// (TestForwardClockStepIsNoWait). The default clock is one. Times an
-// adapter reports from Now (Outcome.Latency and TTFT of a stream) are not
+// (TestForwardClockStepIsNoWait). The default clock is one. An adapter
+// that times a whole call, or its wait for the response headers, reads
+// Pick.Elapsed, which measures the same way (the HTTP transport with
+// OnResult set, and its embedding and rerank calls, read Now and counted
+// a step: TestForwardClockStepIsNoWaitWithOnResult and
+// TestForwardClockStepIsNoEmbeddingLatency in httpbalancer). Times stamped
+// from Now within a call (TTFT, a stream's last token or message) are not
 // corrected.
 type MonotonicClock interface {
 	Clock

@@ -61,9 +61,16 @@ func TestForwardClockStepIsNoWait(t *testing.T) {
 			} else {
 				clock.Advance(30 * time.Second)
 			}
+			// What an adapter that times the call itself reads (Pick.Elapsed).
+			wait := 30*time.Second + 100*time.Millisecond
+			if tc.step {
+				wait = 100 * time.Millisecond
+			}
+			assert.Equal(t, wait, calls[0].Elapsed(), "the wait Pick.Elapsed reads")
 			for _, p := range calls {
 				p.Done(inferlb.Outcome{Err: context.Canceled, Unanswered: true})
 			}
+			assert.Zero(t, (&balancer.Pick{}).Elapsed(), "an empty Pick")
 			s := b.Stats()[0]
 			t.Logf("unanswered %d, abandoned run %d, embedding latency %v", s.Unanswered, s.Abandoned, s.ServiceLatency[inferlb.ServiceEmbedding])
 			assert.EqualValues(t, 3, s.Unanswered)

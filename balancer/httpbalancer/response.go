@@ -352,7 +352,7 @@ func (c *call) fail(err error, failedOver bool) {
 	o.Unanswered = (ce == context.Canceled || ce == nil && err == errLegacyCanceled) && !blamesNobody(err)
 	f := c.t.cfg.onResult
 	if f != nil {
-		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
+		o.Latency = c.pick.Elapsed() // as Done would measure it (see balancer.MonotonicClock)
 	}
 	c.pick.Done(o) // with Latency 0 the balancer measures it from the pick
 	if f != nil {
@@ -445,7 +445,7 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		c.sse.id = new(idCapture)
 	}
 	if c.sse == nil && c.overload == 0 && headersLatency(c.info.Service) {
-		c.overload = -max(time.Duration(c.t.cfg.clock.Now().UnixNano()-c.start), 1)
+		c.overload = -max(c.pick.Elapsed(), 1) // no forward step of the clock (see balancer.MonotonicClock)
 	}
 	if resp.StatusCode == http.StatusServiceUnavailable && c.overload <= 0 {
 		c.watchShed() // its body may say the server shed the call
@@ -1532,9 +1532,9 @@ func (c *call) finish(err error) {
 	o.Tenant = c.info.Tenant // a refusal of the tenant's calls only (inferlb.Outcome.Tenant)
 	f := c.t.cfg.onResult
 	if f != nil {
-		// Otherwise Done measures it on the same clock from the pick, a
-		// clock read fewer per call.
-		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
+		// Otherwise Done measures it, as Elapsed does, a clock read
+		// fewer per call.
+		o.Latency = c.pick.Elapsed()
 	}
 	var events int64
 	var tbt time.Duration

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/inferlb/inferlb"
 	ctxwindow "github.com/inferlb/inferlb/internal/window"
@@ -141,7 +140,7 @@ func (c *call) refusalCarried(rb *reqBody) bool {
 func (c *call) reportNow(o inferlb.Outcome, status int, failedOver bool) {
 	f := c.t.cfg.onResult
 	if f != nil {
-		o.Latency = time.Duration(c.t.cfg.clock.Now().UnixNano() - c.start)
+		o.Latency = c.pick.Elapsed() // as Done would measure it
 	}
 	c.pick.Done(o)
 	if f != nil {
