@@ -342,13 +342,13 @@ type call struct {
 	pick      core.Pick
 	core      *core.Balancer
 	childDone func(balancer.DoneInfo)
-	retry     *retryState  // the UnaryRetry interceptor's, or nil
+	retry     *retryState  // the UnaryRetry or UnaryOutcome interceptor's, or nil
 	stream    *streamState // the StreamTiming interceptor's, or nil
 	perCall   bool
 	gen       bool // a generation call (inferlb.ServiceLLM): see report
 	armed     bool
 	ctx       context.Context         // the call's (PickInfo.Ctx): whether its caller cancelled it (report)
-	req       inferlb.Request         // scratch for Pick; after it, only its Model is read (report)
+	req       inferlb.Request         // scratch for Pick; after it, only its Model and Tenant are read (report)
 	doneFn    func(balancer.DoneInfo) // c.done, bound once
 	heldDI    balancer.DoneInfo       // while retry or stream holds the report (retryState.hold, streamState.hold)
 	heldStop  func() bool             // stops the held stream's AfterFunc (streamState.hold)
