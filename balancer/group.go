@@ -470,7 +470,14 @@ type needRange struct{ lo, hi, plo, phi int64 }
 // (refused) and filters whose needs lie in its needRange: between the
 // windows of the members they pass over and those they do not. A
 // window, "not served" answer or refusal learnt since shows when the view
-// lapses, as a new reading does in fleetView. A group holds fitSlots,
+// lapses, as a new reading does in fleetView. So do the calls this caller
+// started or ended on the members passed over: aside holds those in
+// flight there when the view was summed, and the bound takes it from the
+// group's live count (withinBound), so each such call since moves the
+// load the owner's bound shares by one, for up to fleetViewTTL. fleetView's
+// aside is on members out of rotation, which take no new calls; the
+// members passed over here go on taking other calls (other models',
+// tenants', shorter ones). A group holds fitSlots,
 // chosen by the model and tenant (seeded hashes); calls of more at once
 // take each other's slots, and sum their view again.
 //
