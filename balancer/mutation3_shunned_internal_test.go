@@ -1,0 +1,81 @@
+package balancer
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+)
+
+// A session stuck to a replica that is passed over for its client errors
+// (a wrong API key there) moves on to its key's owner; when that one
+// refuses the call too (the user's own token expired), the refusal is the
+// key's: it counts in neither the owner's share nor sticks the session
+// there. Kills pickAffine not marking the pick past its shunned sticky
+// endpoint (pastShunned left false): the owner's share then rose on the
+// user's refusals, the session stuck to it, and the next ones took it out
+// of every other user's rotation in turn.
+func TestRefusalPastAShunnedStickyEndpointIsTheKeys(t *testing.T) {
+	r := newStayRig(t, 4, Options{StickyTTL: time.Minute})
+	owner, stuck := r.order[0], r.order[1]
+	r.b.sticky.Put(r.b.memKey(stayKey, ""), r.g.hashes[stuck])
+	for range 20 {
+		r.b.noteAnswer(r.g.members[stuck], r.clock.Now().UnixNano(), true)
+	}
+	require.True(t, r.g.members[stuck].ceShunnable.Load(), "the sticky endpoint refuses every call")
+
+	p, err := r.b.Pick(&inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: stayKey})
+	require.NoError(t, err)
+	require.Equal(t, r.g.members[owner].id, p.ID(), "the session left its shunned endpoint for the key's owner")
+	p.Done(inferlb.Outcome{ClientError: true})
+
+	assert.Zero(t, r.g.members[owner].clientErrorShare(r.b.cfg, r.clock.Now().UnixNano()), "the key's refusal counted as the owner's")
+	v, ok := r.b.sticky.Get(r.b.memKey(stayKey, ""))
+	require.True(t, ok)
+	assert.Equal(t, r.g.hashes[stuck], v, "the refused session stuck to the owner")
+}
+
+// A candidate is passed over for its client errors only when its share is
+// more than clientErrorGap above the other's: at exactly the gap the two
+// are compared on cost. Kills shunned's comparison made >=.
+func TestClientErrorShareAtTheGapIsNotPassedOver(t *testing.T) {
+	r := newStayRig(t, 2, Options{})
+	nowNs := r.clock.Now().UnixNano()
+	marked, other := r.g.members[0], r.g.members[1]
+	marked.ceShunnable.Store(true)
+	r.b.shunnable.Add(1)
+	marked.ceShare.Store(math.Float64bits(clientErrorGap))
+	marked.ceAt.Store(nowNs)
+	require.Equal(t, clientErrorGap, marked.clientErrorShare(r.b.cfg, nowNs))
+	other.inFlight.Store(3) // on cost, marked wins
+	req := &inferlb.Request{Service: inferlb.ServiceEmbedding}
+	for range 10 {
+		assert.False(t, r.b.prefer(req, r.g, 0, 1, r.clock.Now()), "passed over at exactly the gap")
+		assert.True(t, r.b.prefer(req, r.g, 1, 0, r.clock.Now()))
+	}
+}
+
+// An endpoint whose answers bring its share back under the gap leaves the
+// count of marked endpoints (Balancer.shunnable), which is 0 again once
+// none is marked: Pick reads no share then, and the affinity bound reads
+// no fleet view for it (clientErrorShare). Kills the count not lowered on
+// unmarking: every pick of a Balancer that ever marked an endpoint kept
+// reading shares and fleet views for good.
+func TestUnmarkedEndpointLeavesTheShunnableCount(t *testing.T) {
+	r := newStayRig(t, 4, Options{})
+	e := r.g.members[0]
+	for range 20 {
+		r.b.noteAnswer(e, r.clock.Now().UnixNano(), true)
+	}
+	require.True(t, e.ceShunnable.Load())
+	require.EqualValues(t, 1, r.b.shunnable.Load())
+	for range 20 {
+		r.b.noteAnswer(e, r.clock.Now().UnixNano(), false) // its key rotated: it answers
+	}
+	assert.False(t, e.ceShunnable.Load())
+	assert.Zero(t, r.b.shunnable.Load(), "marked endpoints counted with none marked")
+}
