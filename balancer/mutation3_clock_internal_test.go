@@ -43,3 +43,24 @@ func TestDefaultClockMeasuresACallsTimeOut(t *testing.T) {
 		})
 	}
 }
+
+// The default clock reads the wall clock again every second, at every
+// second, not only the first time: a wall clock its anchor has drifted
+// from (an NTP step of the host's clock) is caught up with within a
+// second, each time. Kills the re-anchoring writer never releasing its
+// flag (writing left set): after its first re-anchor the clock ran on the
+// monotonic clock alone, and telemetry stamped by other processes with
+// time.Now drifted from the balancer's readings for good.
+func TestMonoClockReanchorsEverySecond(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newMonoClock()
+		for round := range 3 {
+			time.Sleep(2 * time.Second)
+			c.read()                                         // re-anchors
+			c.slots[c.cur.Load()].wall.Add(int64(time.Hour)) // the host's wall clock stepped back an hour
+			require.NotEqual(t, time.Now().UnixNano(), c.unixNano())
+			time.Sleep(2 * time.Second)
+			assert.Equal(t, time.Now().UnixNano(), c.unixNano(), "round %d: not back on the wall clock", round)
+		}
+	})
+}

@@ -242,3 +242,19 @@ func TestForwardClockStepIsNoWaitForAPickAt(t *testing.T) {
 	assert.Zero(t, s.Abandoned, "run of abandoned generation calls")
 	assert.Equal(t, 200*time.Millisecond, s.ServiceLatency[inferlb.ServiceEmbedding], "embedding latency")
 }
+
+// Only an answer after a call became overdue clears it: a call picked
+// with it and answered in the replica's usual time, at the very instant
+// the other became overdue, says nothing of the time after, in which the
+// replica answered nothing. Kills answeredSince taking an answer at ns
+// (at >= ns) for one after it.
+func TestAnswerAtTheOverdueInstantIsNotAfterIt(t *testing.T) {
+	r := newHungRig(t, inferlb.Endpoint{Addr: "a:80"})
+	r.answered(r.b, 1, 10*time.Second) // its answers take 10 s
+	x, y := r.gen(r.b, 1), r.gen(r.b, 1)
+	r.clock.Advance(10 * time.Second)
+	y.Done(inferlb.Outcome{}) // 10 s: x is overdue now
+	r.clock.Advance(10 * time.Second)
+	x.Done(unanswered)
+	assert.EqualValues(t, 1, r.abandoned("a:80"), "nothing came back after the call was overdue")
+}

@@ -79,3 +79,26 @@ func TestUnmarkedEndpointLeavesTheShunnableCount(t *testing.T) {
 	assert.False(t, e.ceShunnable.Load())
 	assert.Zero(t, r.b.shunnable.Load(), "marked endpoints counted with none marked")
 }
+
+// Only a share above clientErrorGap marks an endpoint shunnable: one at
+// exactly the gap (one client error at ErrorAlpha 0.5) takes none of the
+// pool's room, which goes to the replica refusing every call. Kills
+// noteAnswer marking at the gap (r >= clientErrorGap): the first took the
+// only room (MaxEjectedFraction 0.25 of 4), and the refusing replica
+// stayed in every pick's rotation.
+func TestShareAtTheGapTakesNoShunnableRoom(t *testing.T) {
+	r := newStayRig(t, 4, Options{ErrorAlpha: 0.5, MaxEjectedFraction: 0.25})
+	nowNs := r.clock.Now().UnixNano()
+	atGap, refusing := r.g.members[0], r.g.members[1]
+	r.b.noteAnswer(atGap, nowNs, true)
+	require.Equal(t, clientErrorGap, atGap.clientErrorShare(r.b.cfg, nowNs))
+	for range 4 {
+		r.b.noteAnswer(refusing, nowNs, true)
+	}
+	assert.False(t, atGap.ceShunnable.Load(), "marked at the gap")
+	assert.True(t, refusing.ceShunnable.Load(), "the refusing replica found no room")
+	refusing.inFlight.Store(0)
+	r.g.members[2].inFlight.Store(3) // on cost, the refusing replica wins
+	req := &inferlb.Request{Service: inferlb.ServiceEmbedding}
+	assert.True(t, r.b.prefer(req, r.g, 1, 2, r.clock.Now()), "the refusing replica was not passed over")
+}
