@@ -1,6 +1,7 @@
 package httpbalancer_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -68,4 +69,50 @@ func TestStreamGivenUpThroughRequestCancelBeforeItsFirstTokenIsUnanswered(t *tes
 	assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
 	assert.True(t, r.Outcome.Unanswered)
 	assert.EqualValues(t, 1, statsByID(tr.Balancer())["10.0.0.1:8000"].Unanswered)
+}
+
+// A stream whose headers were slow (a proxy's queue) and whose reader
+// then waited for its first token until it gave up had nothing of its
+// answer: the reader's time away counts from the headers, not from the
+// pick, and is weighed against the call's whole age. Kills awaitedFirst
+// measuring the reader's absence from the attempt's start (the 20 s to
+// the headers read as the reader's), and weighing it against the last
+// Read's wait alone (a second away, of a call 20 s old, read as late).
+func TestStreamAfterSlowHeadersGivenUpBeforeItsFirstTokenIsUnanswered(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		headers, away, wait time.Duration
+	}{
+		{"read at once, gave up after 2 s", 20 * time.Second, 0, 2 * time.Second},
+		{"read a second late, gave up after 100 ms", 19 * time.Second, time.Second, 100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			res := newResults(4)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}},
+				Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+					clock.Advance(tc.headers)
+					h := http.Header{"Content-Type": {"text/event-stream"}}
+					body := &hangingStream{clock: clock, wait: tc.wait, cancel: cancel, ctx: ctx}
+					return &http.Response{StatusCode: http.StatusOK, Header: h, Body: body, ContentLength: -1, Request: r}, nil
+				}),
+				BalancerOptions: balancer.Options{Clock: clock},
+				OnResult:        res.on,
+			})
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+			require.NoError(t, err)
+			resp, err := tr.RoundTrip(req)
+			require.NoError(t, err)
+			clock.Advance(tc.away)
+			_, err = io.ReadAll(resp.Body)
+			require.ErrorIs(t, err, context.Canceled)
+			require.NoError(t, resp.Body.Close())
+			r := <-res.c
+			assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
+			assert.True(t, r.Outcome.Unanswered)
+		})
+	}
 }
