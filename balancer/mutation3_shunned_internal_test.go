@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"context"
 	"math"
 	"testing"
 	"time"
@@ -101,4 +102,43 @@ func TestShareAtTheGapTakesNoShunnableRoom(t *testing.T) {
 	r.g.members[2].inFlight.Store(3) // on cost, the refusing replica wins
 	req := &inferlb.Request{Service: inferlb.ServiceEmbedding}
 	assert.True(t, r.b.prefer(req, r.g, 1, 2, r.clock.Now()), "the refusing replica was not passed over")
+}
+
+// A tenant's keyed call compares its owner's client-error share with the
+// first members of the key's order within the tenant's shard, not with
+// endpoints outside it: one tenant whose calls every replica refuses (an
+// expired key) raises its shard members' shares alone, and its keys stay
+// on their owners, whose peers in the shard refuse alike. Kills
+// keyBestShare counting members outside the shard: the reference was an
+// outsider's share of 0, every shard member was passed over, and the
+// tenant's keys left their owners (for a random member of the shard).
+func TestKeyShareReferenceIsTheTenantsShard(t *testing.T) {
+	r := newStayRig(t, 8, Options{TenantShardSize: 2})
+	req := inferlb.Request{Service: inferlb.ServiceLLM, Tenant: "x"}
+	var sh shard
+	require.True(t, r.b.tenantShard(&req, r.g, &sh))
+	for _, m := range sh.members[:sh.n] {
+		for range 20 {
+			r.b.noteAnswer(r.g.members[m], r.clock.Now().UnixNano(), true)
+		}
+		require.True(t, r.g.members[m].ceShunnable.Load())
+	}
+	for k := uint64(1); k <= 16; k++ {
+		w := r.g.placement.Walk(k << 20)
+		owner, outsiderFirst := -1, false
+		for owner < 0 {
+			i, ok := w.Next()
+			require.True(t, ok)
+			if sh.has(i) {
+				owner = i
+			} else {
+				outsiderFirst = true
+			}
+		}
+		req.AffinityKey = k << 20
+		p, err := r.b.Pick(&req)
+		require.NoError(t, err)
+		p.Done(inferlb.Outcome{Err: context.Canceled}) // its shares stay as they are
+		assert.Equal(t, r.g.members[owner].id, p.ID(), "key %d (an outsider before its owner: %v) left its owner", k, outsiderFirst)
+	}
 }
