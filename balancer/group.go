@@ -400,13 +400,33 @@ func probesOverdue(e *endpoint, nowNs int64) bool {
 type fleetView struct {
 	computing   atomic.Bool
 	epoch       atomic.Uint64
-	from, until atomic.Int64  // valid for now in [from, until)
-	total       atomic.Uint64 // math.Float64bits
-	weight      atomic.Uint64 // math.Float64bits
-	asleep      atomic.Uint64 // math.Float64bits
-	shunned     atomic.Uint64 // math.Float64bits
-	silent      atomic.Uint64 // math.Float64bits
-	aside       atomic.Int64
+	from, until atomic.Int64 // valid for now in [from, until)
+	sums        sumCells
+}
+
+// sumCells holds a fleetSum in atomics, for fleetView and fitCache: the
+// floats as math.Float64bits. Each field is read and written whole; the
+// caches say how a reader avoids pairing two writes' fields.
+type sumCells struct {
+	total, weight, asleep, shunned, silent, passed atomic.Uint64
+	aside                                          atomic.Int64
+}
+
+func (c *sumCells) load() fleetSum {
+	t := math.Float64frombits(c.total.Load())
+	return fleetSum{total: t, weight: math.Float64frombits(c.weight.Load()), asleep: math.Float64frombits(c.asleep.Load()),
+		shunned: math.Float64frombits(c.shunned.Load()), silent: math.Float64frombits(c.silent.Load()),
+		passed: math.Float64frombits(c.passed.Load()), aside: c.aside.Load(), ok: !math.IsNaN(t)}
+}
+
+func (c *sumCells) store(v fleetSum) {
+	c.total.Store(math.Float64bits(v.total))
+	c.weight.Store(math.Float64bits(v.weight))
+	c.asleep.Store(math.Float64bits(v.asleep))
+	c.shunned.Store(math.Float64bits(v.shunned))
+	c.silent.Store(math.Float64bits(v.silent))
+	c.passed.Store(math.Float64bits(v.passed))
+	c.aside.Store(v.aside)
 }
 
 // fleetSum is what fleetView caches; ok is false when total is NaN.
@@ -485,14 +505,13 @@ type needRange struct{ lo, hi, plo, phi int64 }
 // one that made it odd, writes them, and a reader that saw it odd or
 // changed misses, so it never pairs one filter's view with another's.
 type fitCache struct {
-	seq                                            atomic.Uint64
-	epoch                                          atomic.Uint64
-	from, until                                    atomic.Int64 // valid for now in [from, until)
-	model, tenant                                  atomic.Uint64
-	flags                                          atomic.Uint32 // fitLack, fitRefused
-	lo, hi, plo, phi                               atomic.Int64  // needRange
-	total, weight, asleep, shunned, silent, passed atomic.Uint64 // math.Float64bits
-	aside                                          atomic.Int64
+	seq              atomic.Uint64
+	epoch            atomic.Uint64
+	from, until      atomic.Int64 // valid for now in [from, until)
+	model, tenant    atomic.Uint64
+	flags            atomic.Uint32 // fitLack, fitRefused
+	lo, hi, plo, phi atomic.Int64  // needRange
+	sums             sumCells
 }
 
 // fitCache.flags: which of the pick's filters were set.
@@ -518,10 +537,7 @@ func (g *group) fitLoad(cfg *config, st *standing, now time.Time, c *cand) fleet
 	if s := f.seq.Load(); s&1 == 0 && f.epoch.Load() == st.epoch && f.from.Load() <= nowNs && nowNs < f.until.Load() &&
 		f.model.Load() == c.model && f.tenant.Load() == tenant && f.flags.Load() == flags &&
 		f.lo.Load() < need && need <= f.hi.Load() && f.plo.Load() < needP && needP <= f.phi.Load() {
-		t := math.Float64frombits(f.total.Load())
-		v := fleetSum{total: t, weight: math.Float64frombits(f.weight.Load()), asleep: math.Float64frombits(f.asleep.Load()),
-			shunned: math.Float64frombits(f.shunned.Load()), silent: math.Float64frombits(f.silent.Load()),
-			passed: math.Float64frombits(f.passed.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
+		v := f.sums.load()
 		if f.seq.Load() == s {
 			return v
 		}
@@ -539,13 +555,7 @@ func (g *group) fitLoad(cfg *config, st *standing, now time.Time, c *cand) fleet
 		f.hi.Store(r.hi)
 		f.plo.Store(r.plo)
 		f.phi.Store(r.phi)
-		f.total.Store(math.Float64bits(v.total))
-		f.weight.Store(math.Float64bits(v.weight))
-		f.asleep.Store(math.Float64bits(v.asleep))
-		f.shunned.Store(math.Float64bits(v.shunned))
-		f.silent.Store(math.Float64bits(v.silent))
-		f.passed.Store(math.Float64bits(v.passed))
-		f.aside.Store(v.aside)
+		f.sums.store(v)
 		f.seq.Store(s + 2)
 	}
 	return v
@@ -583,19 +593,12 @@ func (g *group) fleetLoad(c *config, st *standing, now time.Time) fleetSum {
 	nowNs := now.UnixNano()
 	f := &g.fleet
 	if f.epoch.Load() == st.epoch && f.from.Load() <= nowNs && nowNs < f.until.Load() {
-		t := math.Float64frombits(f.total.Load())
-		return fleetSum{total: t, weight: math.Float64frombits(f.weight.Load()), asleep: math.Float64frombits(f.asleep.Load()),
-			shunned: math.Float64frombits(f.shunned.Load()), silent: math.Float64frombits(f.silent.Load()), aside: f.aside.Load(), ok: !math.IsNaN(t)}
+		return f.sums.load()
 	}
 	v := g.sumReported(c, st, now, nil, nil)
 	if f.computing.CompareAndSwap(false, true) {
 		f.until.Store(math.MinInt64) // readers recompute while it is written
-		f.total.Store(math.Float64bits(v.total))
-		f.weight.Store(math.Float64bits(v.weight))
-		f.asleep.Store(math.Float64bits(v.asleep))
-		f.shunned.Store(math.Float64bits(v.shunned))
-		f.silent.Store(math.Float64bits(v.silent))
-		f.aside.Store(v.aside)
+		f.sums.store(v)
 		f.epoch.Store(st.epoch)
 		f.from.Store(nowNs)
 		f.until.Store(nowNs + int64(fleetViewTTL))
