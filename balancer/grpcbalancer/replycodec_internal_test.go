@@ -38,6 +38,7 @@ func TestWatchReplyWrapsTheCallsCodec(t *testing.T) {
 		{name: "content-subtype", opts: []grpc.CallOption{grpc.CallContentSubtype("proto")}, wrapped: true, wantName: "proto"},
 		{name: "V2 codec", opts: []grpc.CallOption{grpc.ForceCodecV2(encoding.GetCodecV2("proto"))}, wrapped: true, wantName: "proto"},
 		{name: "V1 codec", opts: []grpc.CallOption{grpc.ForceCodec(jsonCodec{})}, wrapped: true, wantName: "JSON"},
+		//lint:ignore SA1019 the deprecated option is what this case holds the wrapper to leave alone
 		{name: "deprecated codec", opts: []grpc.CallOption{grpc.CallCustomCodec(oldCodec{})}},
 		{name: "no codec registered", opts: []grpc.CallOption{grpc.CallContentSubtype("nonesuch")}},
 	} {
