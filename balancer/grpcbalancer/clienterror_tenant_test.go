@@ -43,125 +43,85 @@ func (s *tenantServer) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testg
 
 // TestE2ETenantRefusedOnOneServer: of three embedding servers on
 // loopback, one answers tenant A's calls UNAUTHENTICATED and B's well.
-// The policy names the call's tenant (from tenantHeader) in its outcome,
-// so that server is passed over for A's calls only: B's still go there.
-func TestE2ETenantRefusedOnOneServer(t *testing.T) {
-	clock := testutil.NewClock()
-	servers := make([]*tenantServer, 3)
-	for i := range servers {
-		servers[i] = &tenantServer{clock: clock}
-	}
-	bs := testBackends(t, servers...)
-	name, _ := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(3), SlowStartWindow: -1})
-	conn, _ := dial(t, bs, name, `{"defaultService": "embedding", "tenantHeader": "x-tenant"}`)
-	client := testgrpc.NewTestServiceClient(conn)
-	ctx := testContext(t)
-	ctxA := metadata.AppendToOutgoingContext(ctx, "x-tenant", "A")
-	ctxB := metadata.AppendToOutgoingContext(ctx, "x-tenant", "B")
-	// Every server connected and answering first.
-	for n := 0; servers[0].b.Load() == 0 || servers[1].b.Load() == 0 || servers[2].b.Load() == 0; n++ {
-		if n == 1000 {
-			t.Fatal("some server got none of 1000 calls")
-		}
-		if _, err := client.EmptyCall(ctxB, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bad := servers[2]
-	bad.refuseA.Store(true)
-	a0, b0 := bad.a.Load(), bad.b.Load()
-	const n = 600
-	refused := 0
-	for i := range n {
-		c := ctxB
-		if i%2 == 0 {
-			c = ctxA
-		}
-		_, err := client.EmptyCall(c, &testgrpc.Empty{}, grpc.WaitForReady(true))
-		switch status.Code(err) {
-		case codes.OK:
-		case codes.Unauthenticated:
-			refused++
-		default:
-			t.Fatal(err)
-		}
-	}
-	drewA, drewB := bad.a.Load()-a0, bad.b.Load()-b0
-	t.Logf("the server refusing A drew %d of A's %d calls (%d refused) and %d of B's", drewA, n/2, refused, drewB)
-	if refused >= 30 {
-		t.Errorf("%d of A's %d calls refused", refused, n/2)
-	}
-	if drewB <= n/2/5 {
-		t.Errorf("the server refusing A drew %d of B's %d calls", drewB, n/2)
-	}
-}
-
-// TestE2ETenantFromContextRefusedOnOneServer is the test above with the
-// tenant given in an inferlb.Request in the call's context
+// The policy names the call's tenant in its outcome, so that server is
+// passed over for A's calls only: B's still go there. The tenant comes
+// from tenantHeader, or from an inferlb.Request in the call's context
 // (inferlb.NewContext), the way a caller that sets the call's model and
-// tokens there names it, and no tenantHeader: the policy names that
-// tenant in the outcome too, so the server refusing A is passed over for
-// A's calls only. (The outcome named the tenant only when it came from
-// metadata, or from a context Request whose Service the policy filled
-// in: with the Service set, A's refusals counted for no tenant, and the
-// server that refuses A kept drawing A's calls.)
-func TestE2ETenantFromContextRefusedOnOneServer(t *testing.T) {
-	clock := testutil.NewClock()
-	servers := make([]*tenantServer, 3)
-	for i := range servers {
-		servers[i] = &tenantServer{clock: clock}
-	}
-	bs := testBackends(t, servers...)
-	name, b := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(3), SlowStartWindow: -1})
-	conn, _ := dial(t, bs, name, `{"defaultService": "embedding"}`)
-	client := testgrpc.NewTestServiceClient(conn)
-	ctx := testContext(t)
-	// The server tells the tenants apart by metadata; the policy reads the
-	// tenant from the context's Request alone.
-	ctxA := inferlb.NewContext(metadata.AppendToOutgoingContext(ctx, "x-tenant", "A"),
-		&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "A"})
-	ctxB := inferlb.NewContext(metadata.AppendToOutgoingContext(ctx, "x-tenant", "B"),
-		&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "B"})
-	for n := 0; servers[0].b.Load() == 0 || servers[1].b.Load() == 0 || servers[2].b.Load() == 0; n++ {
-		if n == 1000 {
-			t.Fatal("some server got none of 1000 calls")
-		}
-		if _, err := client.EmptyCall(ctxB, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bad := servers[2]
-	bad.refuseA.Store(true)
-	a0, b0 := bad.a.Load(), bad.b.Load()
-	const n = 600
-	refused := 0
-	for i := range n {
-		c := ctxB
-		if i%2 == 0 {
-			c = ctxA
-		}
-		_, err := client.EmptyCall(c, &testgrpc.Empty{}, grpc.WaitForReady(true))
-		switch status.Code(err) {
-		case codes.OK:
-		case codes.Unauthenticated:
-			refused++
-		default:
-			t.Fatal(err)
-		}
-	}
-	drewA, drewB := bad.a.Load()-a0, bad.b.Load()-b0
-	t.Logf("the server refusing A drew %d of A's %d calls (%d refused) and %d of B's", drewA, n/2, refused, drewB)
-	if refused >= 30 {
-		t.Errorf("%d of A's %d calls refused", refused, n/2)
-	}
-	if drewB <= n/2/5 {
-		t.Errorf("the server refusing A drew %d of B's %d calls", drewB, n/2)
-	}
-	var passedOver int
-	for _, s := range b.Stats() {
-		passedOver += s.RefusedTenants
-	}
-	if passedOver != 1 {
-		t.Errorf("%d endpoint-tenant pairs passed over, want 1 (the server refusing A, for A)", passedOver)
+// tokens there names it (the server tells the tenants apart by metadata
+// either way). With the context's Request, the outcome named no tenant
+// when the Request's Service was set: A's refusals counted for no tenant,
+// and the server that refuses A was shunned for B's calls too (16 of
+// B's 300, no pair passed over).
+func TestE2ETenantRefusedOnOneServer(t *testing.T) {
+	for _, tc := range []struct {
+		name, config string
+		ctxFor       func(ctx context.Context, tenant string) context.Context
+	}{
+		{"tenantHeader", `{"defaultService": "embedding", "tenantHeader": "x-tenant"}`,
+			func(ctx context.Context, tenant string) context.Context {
+				return metadata.AppendToOutgoingContext(ctx, "x-tenant", tenant)
+			}},
+		{"context Request", `{"defaultService": "embedding"}`,
+			func(ctx context.Context, tenant string) context.Context {
+				return inferlb.NewContext(metadata.AppendToOutgoingContext(ctx, "x-tenant", tenant),
+					&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: tenant})
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			servers := make([]*tenantServer, 3)
+			for i := range servers {
+				servers[i] = &tenantServer{clock: clock}
+			}
+			bs := testBackends(t, servers...)
+			name, b := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(3), SlowStartWindow: -1})
+			conn, _ := dial(t, bs, name, tc.config)
+			client := testgrpc.NewTestServiceClient(conn)
+			ctx := testContext(t)
+			ctxA, ctxB := tc.ctxFor(ctx, "A"), tc.ctxFor(ctx, "B")
+			// Every server connected and answering first.
+			for n := 0; servers[0].b.Load() == 0 || servers[1].b.Load() == 0 || servers[2].b.Load() == 0; n++ {
+				if n == 1000 {
+					t.Fatal("some server got none of 1000 calls")
+				}
+				if _, err := client.EmptyCall(ctxB, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			bad := servers[2]
+			bad.refuseA.Store(true)
+			a0, b0 := bad.a.Load(), bad.b.Load()
+			const n = 600
+			refused := 0
+			for i := range n {
+				c := ctxB
+				if i%2 == 0 {
+					c = ctxA
+				}
+				_, err := client.EmptyCall(c, &testgrpc.Empty{}, grpc.WaitForReady(true))
+				switch status.Code(err) {
+				case codes.OK:
+				case codes.Unauthenticated:
+					refused++
+				default:
+					t.Fatal(err)
+				}
+			}
+			drewA, drewB := bad.a.Load()-a0, bad.b.Load()-b0
+			t.Logf("the server refusing A drew %d of A's %d calls (%d refused) and %d of B's", drewA, n/2, refused, drewB)
+			if refused >= 30 {
+				t.Errorf("%d of A's %d calls refused", refused, n/2)
+			}
+			if drewB <= n/2/5 {
+				t.Errorf("the server refusing A drew %d of B's %d calls", drewB, n/2)
+			}
+			var passedOver int
+			for _, s := range b.Stats() {
+				passedOver += s.RefusedTenants
+			}
+			if passedOver != 1 {
+				t.Errorf("%d endpoint-tenant pairs passed over, want 1 (the server refusing A, for A)", passedOver)
+			}
+		})
 	}
 }

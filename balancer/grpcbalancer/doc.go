@@ -184,7 +184,7 @@
 // tenant (Outcome.Tenant, from tenantHeader or the inferlb.Request in the
 // context), so a server that refuses one tenant's calls only is passed over
 // for that tenant's calls only (TestE2ETenantRefusedOnOneServer,
-// TestE2ETenantFromContextRefusedOnOneServer). A pick whose call was never sent counts as nothing,
+// both ways). A pick whose call was never sent counts as nothing,
 // and so does a request the client could not encode (an INTERNAL "error
 // while marshaling" or "compressing" before any answer: a proto3 string
 // that is not UTF-8, say), and an answer the client could not unmarshal
