@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -12,15 +13,11 @@ import (
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
-// A group caches the view of a filtered call (fitCache) for the calls
-// whose filter passes the same members over: those whose tokens lie
-// between the windows of the members passed over and those not. A fleet
-// of three windows: a call of 6,000 tokens passes the two 4,096 members
-// over, and so does one of 7,000, which reads the cached view; one of
-// 10,000 passes the 8,192 members over too, and must not read it, nor
-// must a call of 6,000 read the view cached for 10,000.
-func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
-	const model = "llama"
+// threeWindowFleet is a Balancer on a fake clock over 6 endpoints of
+// model, two remembered with a 4,096-token window, two with 8,192 and two
+// with none, and that group with its eligibility at the clock's time.
+func threeWindowFleet(t *testing.T, model string) (*Balancer, *group, *standing, time.Time) {
+	t.Helper()
 	clock := testutil.NewClock()
 	b := New(Options{AffinitySeed: 0x5eed, Clock: clock, Rand: testutil.NewRand(1)})
 	t.Cleanup(b.Close)
@@ -35,6 +32,19 @@ func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
 		b.rememberWindow(g.members[i], model, w, false, now.UnixNano())
 	}
 	st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
+	return b, g, st, now
+}
+
+// A group caches the view of a filtered call (fitCache) for the calls
+// whose filter passes the same members over: those whose tokens lie
+// between the windows of the members passed over and those not. A fleet
+// of three windows: a call of 6,000 tokens passes the two 4,096 members
+// over, and so does one of 7,000, which reads the cached view; one of
+// 10,000 passes the 8,192 members over too, and must not read it, nor
+// must a call of 6,000 read the view cached for 10,000.
+func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
+	const model = "llama"
+	b, g, st, now := threeWindowFleet(t, model)
 	for _, step := range []struct {
 		tokens int
 		passed float64
@@ -67,20 +77,7 @@ func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
 // reader pairs one's key with the other's sums (the slot's seqlock).
 func TestFitCacheReadersNeverMixTwoViews(t *testing.T) {
 	const model = "llama"
-	clock := testutil.NewClock()
-	b := New(Options{AffinitySeed: 0x5eed, Clock: clock, Rand: testutil.NewRand(1)})
-	t.Cleanup(b.Close)
-	eps := make([]inferlb.Endpoint, 6)
-	for i := range eps {
-		eps[i] = inferlb.Endpoint{ID: fmt.Sprintf("ep-%d", i)}
-	}
-	require.NoError(t, b.Update(eps))
-	g := b.def.snap.Load().groupFor(model)
-	now := clock.Now()
-	for i, w := range []int{4096, 4096, 8192, 8192} {
-		b.rememberWindow(g.members[i], model, w, false, now.UnixNano())
-	}
-	st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
+	b, g, st, now := threeWindowFleet(t, model)
 	cands := map[int]cand{}
 	for _, tokens := range []int{6000, 10000} {
 		c := cand{nowNs: now.UnixNano(), bit: b.def.bit}
