@@ -1,7 +1,6 @@
 package httpbalancer_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -87,32 +86,7 @@ func TestStreamAfterSlowHeadersGivenUpBeforeItsFirstTokenIsUnanswered(t *testing
 		{"read a second late, gave up after 100 ms", 19 * time.Second, time.Second, 100 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := testutil.NewClock()
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			res := newResults(4)
-			tr := newTransport(t, httpbalancer.Options{
-				Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}},
-				Base: baseFunc(func(r *http.Request) (*http.Response, error) {
-					clock.Advance(tc.headers)
-					h := http.Header{"Content-Type": {"text/event-stream"}}
-					body := &hangingStream{clock: clock, wait: tc.wait, cancel: cancel, ctx: ctx}
-					return &http.Response{StatusCode: http.StatusOK, Header: h, Body: body, ContentLength: -1, Request: r}, nil
-				}),
-				BalancerOptions: balancer.Options{Clock: clock},
-				OnResult:        res.on,
-			})
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
-			require.NoError(t, err)
-			resp, err := tr.RoundTrip(req)
-			require.NoError(t, err)
-			clock.Advance(tc.away)
-			_, err = io.ReadAll(resp.Body)
-			require.ErrorIs(t, err, context.Canceled)
-			require.NoError(t, resp.Body.Close())
-			r := <-res.c
-			assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
-			assert.True(t, r.Outcome.Unanswered)
+			assert.True(t, streamGivenUp(t, tc.headers, nil, tc.away, tc.wait).Unanswered)
 		})
 	}
 }

@@ -286,31 +286,42 @@ func TestStreamCancelledBeforeItsFirstTokenIsUnanswered(t *testing.T) {
 		{"reader away, gave up at once", nil, 20 * time.Second, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := testutil.NewClock()
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			res := newResults(4)
-			tr := newTransport(t, httpbalancer.Options{
-				Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}},
-				Base: baseFunc(func(r *http.Request) (*http.Response, error) {
-					h := http.Header{"Content-Type": {"text/event-stream"}}
-					body := &hangingStream{clock: clock, chunks: tc.chunks, wait: tc.wait, cancel: cancel, ctx: ctx}
-					return &http.Response{StatusCode: http.StatusOK, Header: h, Body: body, ContentLength: -1, Request: r}, nil
-				}),
-				BalancerOptions: balancer.Options{Clock: clock},
-				OnResult:        res.on,
-			})
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
-			require.NoError(t, err)
-			resp, err := tr.RoundTrip(req)
-			require.NoError(t, err)
-			clock.Advance(tc.away)
-			_, err = io.ReadAll(resp.Body)
-			require.ErrorIs(t, err, context.Canceled)
-			require.NoError(t, resp.Body.Close())
-			r := <-res.c
-			assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
-			assert.Equal(t, tc.unanswered, r.Outcome.Unanswered)
+			o := streamGivenUp(t, 0, tc.chunks, tc.away, tc.wait)
+			assert.Equal(t, tc.unanswered, o.Unanswered)
 		})
 	}
+}
+
+// streamGivenUp is the outcome of a chat stream whose headers come after
+// headers (on a fake clock), then chunks, after which it hangs; its reader
+// comes to it away after the headers and gives up (cancels the call's
+// context) after waiting wait in a Read. The outcome must be a cancel.
+func streamGivenUp(t *testing.T, headers time.Duration, chunks []string, away, wait time.Duration) inferlb.Outcome {
+	t.Helper()
+	clock := testutil.NewClock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := newResults(4)
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}},
+		Base: baseFunc(func(r *http.Request) (*http.Response, error) {
+			clock.Advance(headers)
+			h := http.Header{"Content-Type": {"text/event-stream"}}
+			body := &hangingStream{clock: clock, chunks: chunks, wait: wait, cancel: cancel, ctx: ctx}
+			return &http.Response{StatusCode: http.StatusOK, Header: h, Body: body, ContentLength: -1, Request: r}, nil
+		}),
+		BalancerOptions: balancer.Options{Clock: clock},
+		OnResult:        res.on,
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	clock.Advance(away)
+	_, err = io.ReadAll(resp.Body)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, resp.Body.Close())
+	r := <-res.c
+	assert.True(t, r.Outcome.Canceled(), "%v", r.Outcome.Err)
+	return r.Outcome
 }
