@@ -138,3 +138,86 @@ func TestForwardClockStepIsNoEmbeddingLatency(t *testing.T) {
 	s := tr.Balancer().Stats()[0]
 	assert.Equal(t, 200*time.Millisecond, s.ServiceLatency[inferlb.ServiceEmbedding], "embedding latency")
 }
+
+// stepBody hands out one chunk a Read, running the chunk's action (the
+// time it takes to come: clock moves) before it.
+type stepBody struct {
+	chunks []string
+	before []func()
+}
+
+func (b *stepBody) Read(p []byte) (int, error) {
+	if len(b.chunks) == 0 {
+		return 0, io.EOF
+	}
+	b.before[0]()
+	n := copy(p, b.chunks[0])
+	b.chunks, b.before = b.chunks[1:], b.before[1:]
+	return n, nil
+}
+
+func (b *stepBody) Close() error { return nil }
+
+// A forward step of the wall clock while a stream is out is no time to
+// its first token, nor between its tokens. The transport stamped the
+// stream's data events from the wall clock: a step of an hour before the
+// first token (answered in 200 ms) made its TTFT 1h0m0.2s, and set the
+// endpoint's TTFT EWMA to it; a step between the third and fourth of five
+// tokens 20 ms apart made the time between tokens 15m0.02s, and the
+// endpoint's decode speed an hour per token too slow. Without a step the
+// stream measures as it did.
+func TestForwardClockStepIsNoStreamTiming(t *testing.T) {
+	const ev = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"
+	for _, tc := range []struct {
+		name   string
+		stepAt int // the Read before whose chunk the wall clock steps an hour (-1: none)
+	}{
+		{name: "no step", stepAt: -1},
+		{name: "step before the first token", stepAt: 0},
+		{name: "step between tokens", stepAt: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewMonoClock()
+			base := baseFunc(func(r *http.Request) (*http.Response, error) {
+				body := &stepBody{}
+				for i := range 5 {
+					d := 20 * time.Millisecond
+					if i == 0 {
+						d = 200 * time.Millisecond
+					}
+					body.chunks = append(body.chunks, ev)
+					body.before = append(body.before, func() {
+						clock.Advance(d / 2)
+						if i == tc.stepAt {
+							clock.Step(time.Hour)
+						}
+						clock.Advance(d / 2)
+					})
+				}
+				return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
+					Body: body, Request: r}, nil
+			})
+			res := newResults(1)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints:       []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}},
+				Base:            base,
+				BalancerOptions: balancer.Options{Clock: clock, Rand: testutil.NewRand(1)},
+				OnResult:        res.on,
+			})
+			req, err := http.NewRequest(http.MethodPost, chatURL, strings.NewReader(chatBody(1, true)))
+			require.NoError(t, err)
+			resp, err := tr.RoundTrip(req)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			require.NoError(t, resp.Body.Close())
+			r := <-res.c
+			s := tr.Balancer().Stats()[0]
+			t.Logf("TTFT %v, time between tokens %v; endpoint TTFT %v, time per output token %v",
+				r.Outcome.TTFT, r.TimeBetweenTokens, s.TTFT, s.TimePerOutputToken)
+			assert.Equal(t, 200*time.Millisecond, r.Outcome.TTFT, "TTFT")
+			assert.Equal(t, 20*time.Millisecond, r.TimeBetweenTokens, "time between tokens")
+			assert.Equal(t, 200*time.Millisecond, s.TTFT, "endpoint's TTFT")
+			assert.Equal(t, 20*time.Millisecond, s.TimePerOutputToken, "endpoint's time per output token")
+		})
+	}
+}

@@ -433,10 +433,10 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	case (len(ct) >= len(eventStream) && strings.EqualFold(ct[:len(eventStream)], eventStream) || c.info.Stream && !hasJSON(ct)) && !encoded(h):
 		// The headers' time: a first token the caller comes for late
 		// after it may have been waiting (see readerLate).
-		c.sse = &sseState{counting: true, fromNs: c.t.cfg.clock.Now().UnixNano()}
+		c.sse = &sseState{counting: true, fromNs: c.stamps().Now().UnixNano()}
 	case len(ct) >= len(ndjson) && strings.EqualFold(ct[:len(ndjson)], ndjson) && !encoded(h):
 		// Ollama's stream: a JSON object a line (see sseState.ndjson).
-		c.sse = &sseState{counting: true, ndjson: true, fromNs: c.t.cfg.clock.Now().UnixNano()}
+		c.sse = &sseState{counting: true, ndjson: true, fromNs: c.stamps().Now().UnixNano()}
 	}
 	if c.t.cfg.chains != nil && c.info.AffinityKey != 0 && resp.StatusCode/100 == 2 && isResponses(c.out.URL.Path) {
 		if c.sse == nil {
@@ -589,6 +589,24 @@ func clientError(code int) bool {
 		code != http.StatusFailedDependency && code != http.StatusTooManyRequests
 }
 
+// stamps is the clock a stream's events are timed on: the attempt's start
+// (its pick's) plus the pick's Elapsed, so that a forward step of the
+// wall clock is no time between two stamps, as it is none in a call's
+// wait (see balancer.MonotonicClock); a step back shortens as it did.
+// Read from the wall clock, a step of an hour before a stream's first
+// token made its TTFT an hour, and the endpoint's TTFT EWMA with it; one
+// between its tokens, its decode speed. Without a step, or with a Clock
+// that is no MonotonicClock, it reads what the Balancer's clock reads: as
+// many reads, and no allocation (a *call converted).
+type stamps call
+
+func (c *call) stamps() balancer.Clock { return (*stamps)(c) }
+
+func (s *stamps) Now() time.Time {
+	c := (*call)(s)
+	return time.Unix(0, c.start+int64(c.pick.Elapsed()))
+}
+
 // errBodyPanicked is the Outcome.Err of a call whose response body, as
 // Base returned it, panicked in Read or Close (a mock's, a middleware's).
 // As with a Base that panics (errBasePanicked), the panic goes on, the
@@ -607,11 +625,11 @@ func (c *call) Read(p []byte) (int, error) {
 	s := c.sse
 	var entered int64
 	if s != nil && s.counting {
-		entered = c.t.cfg.clock.Now().UnixNano() // see readerLate, readerPaced
+		entered = c.stamps().Now().UnixNano() // see readerLate, readerPaced
 	}
 	n, err := c.rc.Read(p)
 	if s != nil && n > 0 {
-		s.read(p[:n], c.t.cfg.clock, entered)
+		s.read(p[:n], c.stamps(), entered)
 	}
 	returned = true
 	if c.left >= 0 && err == nil {
@@ -629,7 +647,7 @@ func (c *call) Read(p []byte) (int, error) {
 		switch {
 		case err == io.EOF:
 			if s != nil && s.crEnd {
-				s.endCR(c.t.cfg.clock) // no LF can follow the CR
+				s.endCR(c.stamps()) // no LF can follow the CR
 			}
 			c.finish(nil)
 		case c.ends.Load()&endClosing != 0:
@@ -643,7 +661,7 @@ func (c *call) Read(p []byte) (int, error) {
 			// cause, when the caller gave one: WithCancelCause): no
 			// endpoint broke, and callers compare it with ==
 			// (httputil.ReverseProxy tells a client gone by it).
-			if s != nil && s.awaitedFirst(c.start, entered, c.t.cfg.clock) {
+			if s != nil && s.awaitedFirst(c.start, entered, c.stamps()) {
 				c.ends.Or(endAwaited)
 			}
 			c.finish(err)
