@@ -123,3 +123,32 @@ func (c *config) waited(startNs, monoNs, nowNs, monoNow int64) time.Duration {
 	}
 	return time.Duration(d)
 }
+
+// Stamp reads the Balancer's clock for timing events within a call
+// against each other and against their pick's Pick.Stamped (a stream's
+// first and last tokens): with a MonotonicClock (the default clock is
+// one) its monotonic reading, which no step of the wall clock moves;
+// else Now's, unix ns. Only differences of stamps mean anything. One
+// clock read, as Now is.
+func (b *Balancer) Stamp() int64 {
+	c := b.cfg
+	switch {
+	case c.mono != nil:
+		return int64(c.mono.Monotonic())
+	case c.monoSrc != nil:
+		return int64(c.monoSrc.Monotonic())
+	}
+	return c.clock.Now().UnixNano()
+}
+
+// Stamped is the pick's reading of its Balancer's clock as Stamp reads
+// it. 0 for an empty Pick.
+func (p *Pick) Stamped() int64 {
+	if p.e == nil {
+		return 0
+	}
+	if c := p.e.b.cfg; c.mono != nil || c.monoSrc != nil {
+		return p.mono
+	}
+	return p.start
+}

@@ -401,7 +401,7 @@ func (c *call) report(di balancer.DoneInfo) {
 	}
 	answered := serverFailure(di)
 	if c.stream != nil { // the core reads TTFT of successes and cancellations
-		c.stream.fill(&o, c.pick.PickedAt()) // and marks a deadline mid-stream
+		c.stream.fill(&o, c.pick.Stamped()) // and marks a deadline mid-stream
 		if c.stream.inbandOutcome(&o) {
 			answered = true // an error in a message of the server's
 			if o.ContextWindow > 0 && !c.believed() {
@@ -409,7 +409,7 @@ func (c *call) report(di balancer.DoneInfo) {
 			}
 		}
 	}
-	if c.stream != nil && !o.Unanswered && di.BytesReceived && o.Canceled() && isCancel(di.Err) && c.stream.unanswered(c.pick.PickedAt().UnixNano()) {
+	if c.stream != nil && !o.Unanswered && di.BytesReceived && o.Canceled() && isCancel(di.Err) && c.stream.unanswered(c.pick.Stamped()) {
 		// The server's headers, and no message: a hung engine's
 		// server sends them at once (see streamState.unanswered).
 		o.Unanswered = true

@@ -22,7 +22,10 @@ import (
 
 // streamState links one stream to the picker: the picker resets it for
 // each attempt and records the Balancer that routed it, whose clock the
-// stream then stamps its first token with; Done reads what the stream saw.
+// stream then stamps its first token with (Balancer.Stamp: a forward step
+// of the wall clock is no time between stamps; read from Now, a step of
+// an hour before a stream's first token made its TTFT an hour, and one
+// between its tokens its decode speed); Done reads what the stream saw.
 //
 // Concurrency: ctx and method are immutable; the application's goroutines
 // receive and send, gRPC's reports Done; every other field is atomic.
@@ -41,7 +44,7 @@ type streamState struct {
 	held heldReport
 
 	core   atomic.Pointer[core.Balancer]
-	first  atomic.Int64 // the routing Balancer's clock at the first token, unix ns; 0 = none yet
+	first  atomic.Int64 // the routing Balancer's Stamp at the first token; 0 = none yet
 	last   atomic.Int64 // ... at the latest token
 	tokens atomic.Int64 // output tokens received in the current attempt
 	// Before the first token (see package pace): the time from which the
@@ -60,8 +63,8 @@ type streamState struct {
 	inband atomic.Pointer[error]
 	// got is set once a message of the current attempt is received;
 	// awaiting is when the RecvMsg the application is in, waiting for the
-	// stream's first message, began (the routing Balancer's clock, unix
-	// ns; 0 when it is in none). See unanswered.
+	// stream's first message, began (the routing Balancer's Stamp; 0
+	// when it is in none). See unanswered.
 	got      atomic.Bool
 	awaiting atomic.Int64
 
@@ -119,7 +122,7 @@ func (st *streamState) attempt(b *core.Balancer) {
 }
 
 // unanswered reports whether the caller's cancellation of a stream whose
-// server sent its headers, with start the attempt's pick (unix ns), left
+// server sent its headers, with start the attempt's pick (Pick.Stamped), left
 // it with nothing of its answer: the application was in a RecvMsg
 // waiting for the stream's first message when the attempt ended, and
 // had come for it in time, as the HTTP transport's reader must
@@ -147,7 +150,7 @@ func (st *streamState) unanswered(start int64) bool {
 	if !asked {
 		return false
 	}
-	now := b.Now().UnixNano()
+	now := b.Stamp()
 	from := st.from.Load()
 	if from == 0 {
 		from = start // not created through StreamTiming's interceptor
@@ -308,7 +311,7 @@ func (st *streamState) inbandOutcome(o *inferlb.Outcome) bool {
 var errStreamHidden = fmt.Errorf("inferlb: the stream ended with an error that is no gRPC status: %w", context.Canceled)
 
 // fill adds the stream's timing to an attempt's outcome: time to first
-// token from the pick, and the output tokens received. Its latency, which
+// token from the pick (start, its Pick.Stamped), and the output tokens received. Its latency, which
 // decode speed is taken from, runs to the last token: an application that
 // receives every token as it comes and ends the stream later (its last
 // receive after its own work) has had all the endpoint did. A stream the
@@ -317,7 +320,7 @@ var errStreamHidden = fmt.Errorf("inferlb: the stream ended with an error that i
 // is the application's. A deadline that ended the stream after its first
 // token becomes errDeadlineMidStream here, whether or not the token's time
 // is known.
-func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
+func (st *streamState) fill(o *inferlb.Outcome, start int64) {
 	first := st.first.Load()
 	n := st.tokens.Load()
 	if first == 0 || n <= 0 {
@@ -328,7 +331,6 @@ func (st *streamState) fill(o *inferlb.Outcome, pickedAt time.Time) {
 	if o.Err != nil && !o.Canceled() && status.Code(o.Err) == codes.DeadlineExceeded {
 		o.Err = errDeadlineMidStream
 	}
-	start := pickedAt.UnixNano()
 	ttft := first - start
 	if ttft <= 0 {
 		return
@@ -447,7 +449,7 @@ func StreamTimingWith(o StreamOptions) grpc.StreamClientInterceptor {
 			return nil, err
 		}
 		if b := st.core.Load(); b != nil {
-			st.from.Store(b.Now().UnixNano()) // see timedStream.sent
+			st.from.Store(b.Stamp()) // see timedStream.sent
 		}
 		return &timedStream{ClientStream: cs, st: st, tokens: count, errOf: errOf}, nil
 	}
@@ -472,7 +474,7 @@ func (s *timedStream) RecvMsg(m any) error {
 	if b != nil {
 		// Before the first token, to tell whether it was waiting; after
 		// it, to measure the wait (see package pace).
-		entered = b.Now().UnixNano()
+		entered = b.Stamp()
 		started = s.st.first.Load() != 0
 	}
 	// Waiting for the first message: a cancel that ends this wait leaves
@@ -494,7 +496,7 @@ func (s *timedStream) RecvMsg(m any) error {
 	}
 	var now int64
 	if started {
-		now = b.Now().UnixNano()
+		now = b.Stamp()
 		s.st.waited.Add(max(now-entered, 0))
 	}
 	n := 1
@@ -514,12 +516,12 @@ func (s *timedStream) RecvMsg(m any) error {
 		if !started {
 			// A message before the first token: waiting for it is no
 			// time away from the stream.
-			s.st.from.Add(max(b.Now().UnixNano()-entered, 0))
+			s.st.from.Add(max(b.Stamp()-entered, 0))
 		}
 		return nil
 	}
 	if now == 0 {
-		now = max(b.Now().UnixNano(), 1)
+		now = max(b.Stamp(), 1)
 	}
 	if s.st.tokens.Add(int64(n)) == int64(n) {
 		s.st.entered.Store(entered) // before first: fill reads it after
@@ -562,7 +564,7 @@ func (s *timedStream) CloseSend() error {
 
 func (s *timedStream) sent() {
 	if b := s.st.core.Load(); b != nil && s.st.first.Load() == 0 {
-		s.st.from.Store(b.Now().UnixNano())
+		s.st.from.Store(b.Stamp())
 	}
 }
 
@@ -579,9 +581,9 @@ func (s *timedStream) Header() (metadata.MD, error) {
 		}
 		return md, err
 	}
-	entered := b.Now().UnixNano()
+	entered := b.Stamp()
 	md, err := s.ClientStream.Header()
-	s.st.from.Add(max(b.Now().UnixNano()-entered, 0))
+	s.st.from.Add(max(b.Stamp()-entered, 0))
 	if err != nil {
 		s.st.settle(err)
 	}
