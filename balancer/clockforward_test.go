@@ -79,3 +79,52 @@ func TestForwardClockStepIsNoWait(t *testing.T) {
 		})
 	}
 }
+
+// A forward step of the wall clock is no time that calls out to an
+// endpoint have gone unanswered (scoring.State.Pending). Two embedding
+// calls out to a replica of weight 4, 20 ms old, and one to a replica of
+// weight 1: the next call goes to the bigger one (cost 0.05 s x 3 / 4
+// against 0.05 s x 2). With the wall clock stepped an hour forward, its
+// calls read an hour unanswered, the Latency scorer priced it at the
+// hour, and the call went to the small one, as after 30 s with no answer.
+func TestForwardClockStepIsNoPendingTime(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		step bool // the wall clock steps forward an hour; else 30 s pass
+		want string
+	}{
+		{name: "20 ms passed", want: "a:80"},
+		{name: "wall clock stepped forward", step: true, want: "a:80"},
+		{name: "30 s passed", want: "b:80"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewMonoClock()
+			b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1)})
+			t.Cleanup(b.Close)
+			require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:80", Weight: 4}, {Addr: "b:80", Weight: 1}}))
+			pick := func() balancer.Pick {
+				t.Helper()
+				p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding})
+				require.NoError(t, err)
+				return p
+			}
+			var out []string
+			for range 3 {
+				p := pick()
+				out = append(out, p.Endpoint().Addr)
+				defer p.Done(inferlb.Outcome{})
+			}
+			require.Equal(t, []string{"a:80", "b:80", "a:80"}, out)
+			clock.Advance(20 * time.Millisecond)
+			switch {
+			case tc.step:
+				clock.Step(time.Hour)
+			case tc.want == "b:80":
+				clock.Advance(30 * time.Second)
+			}
+			p := pick()
+			defer p.Done(inferlb.Outcome{})
+			assert.Equal(t, tc.want, p.Endpoint().Addr)
+		})
+	}
+}
