@@ -25,9 +25,21 @@ type Clock interface {
 // Pick.Elapsed, which measures the same way (the HTTP transport with
 // OnResult set, and its embedding and rerank calls, read Now and counted
 // a step: TestForwardClockStepIsNoWaitWithOnResult and
-// TestForwardClockStepIsNoEmbeddingLatency in httpbalancer). Times stamped
-// from Now within a call (TTFT, a stream's last token or message) are not
-// corrected.
+// TestForwardClockStepIsNoEmbeddingLatency in httpbalancer). So do the
+// times within a call: the HTTP transport stamps a stream's events as
+// the pick's time plus Elapsed, and StreamTiming (grpcbalancer) a
+// stream's messages with Stamp, so a step is no time to the first token
+// nor between tokens (read from Now, a step of an hour before a stream's
+// first token made the endpoint's TTFT an hour, and one between its
+// tokens its time per output token a quarter of an hour:
+// TestForwardClockStepIsNoStreamTiming in httpbalancer,
+// TestForwardClockStepIsNoStreamTimingOverGRPC in grpcbalancer); and the
+// time an endpoint's calls have gone unanswered (scoring.State.Pending)
+// is measured as a call's wait is (an hour forward priced an embedding
+// replica with two calls out at the hour: TestForwardClockStepIsNoPendingTime).
+// (Stamp is the monotonic reading alone: there a step back counts as no
+// time either.) What decays with time (the latency and error EWMAs, the
+// prefill estimate) goes by Now: a step forward ages it by its length.
 type MonotonicClock interface {
 	Clock
 	// Monotonic returns the time since a fixed instant of the clock's
