@@ -273,15 +273,10 @@ func (e *endpoint) rampEnd(c *config, nowNs int64) (int64, bool) {
 	return end, end > nowNs
 }
 
-// state fills a scoring.State for e at now, for a call of service svc.
-// Its Pending is the wall clock's measure (see stateAt).
-func (e *endpoint) state(c *config, now time.Time, svc inferlb.Service, weight float64, st *scoring.State) {
-	e.stateAt(c, now, noMono, svc, weight, st)
-}
-
-// stateAt is state with the clock's monotonic reading monoNs taken with
-// now (see config.readNs), or noMono, for Pending (see pendingAt).
-func (e *endpoint) stateAt(c *config, now time.Time, monoNs int64, svc inferlb.Service, weight float64, st *scoring.State) {
+// state fills a scoring.State for e at now, for a call of service svc;
+// monoNs is the clock's monotonic reading taken with now (see
+// config.readNs), or noMono, for Pending (see pendingAt).
+func (e *endpoint) state(c *config, now time.Time, monoNs int64, svc inferlb.Service, weight float64, st *scoring.State) {
 	nowNs := now.UnixNano()
 	st.Endpoint = e.info.Load()
 	st.Now = now
