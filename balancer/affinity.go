@@ -729,7 +729,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			}
 			return b.spilled(mem, g, first, c.nowNs)
 		}
-		if b.prefer(req, g, first, i, now, c.monoNs) {
+		if b.prefer(req, g, first, i, now) {
 			return b.spilled(mem, g, i, c.nowNs)
 		}
 		return b.spilled(mem, g, first, c.nowNs)

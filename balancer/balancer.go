@@ -1104,7 +1104,7 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 			if i < 0 || len(g.members) == 1 {
 				return i, 0
 			}
-			if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now, c.monoNs) {
+			if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
 				return j, 0
 			}
 			return i, 0
@@ -1130,7 +1130,7 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 		if fi {
 			return j, 0
 		}
-	case b.prefer(req, g, i, j, now, c.monoNs):
+	case b.prefer(req, g, i, j, now):
 		return j, 0
 	}
 	return i, 0
@@ -1331,10 +1331,7 @@ func (b *Balancer) admitRamp(e *endpoint, c *cand) bool {
 // known, the slower one's by how much slower it is (see "Decode speed" at
 // the end of this file). Before any cost, a candidate whose share of
 // client-error answers is far above the other's loses (clienterror.go).
-//
-// monoNs is the clock's monotonic reading taken with now (config.readNs),
-// or noMono, for the candidates' Pending (see endpoint.pendingAt).
-func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time, monoNs int64) bool {
+func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
 	if ei, ej := g.members[i], g.members[j]; b.shunnable.Load() > 0 && (ei.ceShunnable.Load() || ej.ceShunnable.Load()) {
 		// One refuses calls the other takes (a wrong API key, a
 		// missing route): its refusals are fast and leave nothing in
@@ -1360,8 +1357,8 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	sc := b.scorer(req.Service)
 	var si, sj scoring.State
 	nowNs := now.UnixNano()
-	g.members[i].state(b.cfg, now, monoNs, req.Service, g.weights[i], &si)
-	g.members[j].state(b.cfg, now, monoNs, req.Service, g.weights[j], &sj)
+	g.members[i].state(b.cfg, now, req.Service, g.weights[i], &si)
+	g.members[j].state(b.cfg, now, req.Service, g.weights[j], &sj)
 	if loadFields(&si) != loadFields(&sj) {
 		// One of the two has the server's count of its calls (every
 		// caller's), the other only this caller's: compared so, the
@@ -1520,7 +1517,7 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 		if bestProbe && !probe && zz == bestZz {
 			continue
 		}
-		e.state(b.cfg, now, c.monoNs, req.Service, g.weights[i], &st)
+		e.state(b.cfg, now, req.Service, g.weights[i], &st)
 		cost := b.priced(sc, req, g, i, c.nowNs, &st)
 		switch {
 		case best < 0 || zz != bestZz || probe != bestProbe || cost < bestCost:
@@ -1576,7 +1573,6 @@ func (b *Balancer) acquire(e *endpoint, req *inferlb.Request, c cand) Pick {
 	}
 	if e.inFlight.Add(1) == 1 {
 		e.busySince.Store(c.nowNs) // see endpoint.pending
-		e.busyMono.Store(c.monoNs)
 	}
 	if tokens != 0 {
 		e.inFlightTokens.Add(int64(tokens))
@@ -1746,7 +1742,6 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		// endpoint.pending). It ends a run of generation calls
 		// abandoned with nothing back (noteAbandoned): e answers.
 		e.lastDone.Store(nowNs)
-		e.doneMono.Store(monoNs)
 		if e.abandoned.Load() != 0 {
 			e.abandoned.Store(0)
 			b.markUnanswering(e, false)

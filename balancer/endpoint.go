@@ -39,8 +39,6 @@ type endpoint struct {
 	inFlightTokens atomic.Int64
 	busySince      atomic.Int64                     // unix ns of the last pick that took inFlight from 0 to 1 (see pending)
 	lastDone       atomic.Int64                     // unix ns of the last Done that was not a cancellation (see pending)
-	busyMono       atomic.Int64                     // the clock's monotonic reading with busySince, ns (see pendingAt)
-	doneMono       atomic.Int64                     // ... with lastDone
 	abandoned      atomic.Int64                     // generation calls given up on with nothing back since then (see noteAbandoned)
 	histSec        atomic.Uint32                    // unix second + 1 of the last entry in hist (see recordInFlight)
 	info           atomic.Pointer[inferlb.Endpoint] // latest description from Update
@@ -273,10 +271,8 @@ func (e *endpoint) rampEnd(c *config, nowNs int64) (int64, bool) {
 	return end, end > nowNs
 }
 
-// state fills a scoring.State for e at now, for a call of service svc;
-// monoNs is the clock's monotonic reading taken with now (see
-// config.readNs), or noMono, for Pending (see pendingAt).
-func (e *endpoint) state(c *config, now time.Time, monoNs int64, svc inferlb.Service, weight float64, st *scoring.State) {
+// state fills a scoring.State for e at now, for a call of service svc.
+func (e *endpoint) state(c *config, now time.Time, svc inferlb.Service, weight float64, st *scoring.State) {
 	nowNs := now.UnixNano()
 	st.Endpoint = e.info.Load()
 	st.Now = now
@@ -299,7 +295,7 @@ func (e *endpoint) state(c *config, now time.Time, monoNs int64, svc inferlb.Ser
 	st.LatencyDecay = c.latencyDecay
 	st.TTFTEWMA = time.Duration(e.ttftEWMA.Load())
 	st.ErrorRate = e.errorRate(c, nowNs)
-	st.Pending = e.pendingAt(c, st.InFlight, nowNs, monoNs)
+	st.Pending = e.pending(st.InFlight, nowNs)
 	st.Abandoned = e.abandoned.Load()
 	slot := e.slot.Load()
 	slot.LoadInto(&st.Telemetry, now, c.telemetryMaxAge)
@@ -544,25 +540,6 @@ func (e *endpoint) pending(inFlight, nowNs int64) time.Duration {
 		return 0
 	}
 	return time.Duration(nowNs - since)
-}
-
-// noMono stands for no monotonic reading (see pendingAt).
-const noMono = math.MinInt64
-
-// pendingAt is pending with the monotonic reading monoNs taken with nowNs:
-// with a MonotonicClock, the shorter of the two clocks' measures, as a
-// call's wait is (config.waited), so a forward step of the wall clock is
-// no time unanswered. Measured by the wall clock alone, a step an hour
-// forward priced every endpoint with two or more calls out as an hour
-// slow (scoring.Latency) until it answered one. The monotonic readings
-// are stored after the wall ones; one read between two stores is at most
-// the time between them off, never below 0.
-func (e *endpoint) pendingAt(c *config, inFlight, nowNs, monoNs int64) time.Duration {
-	d := e.pending(inFlight, nowNs)
-	if d > 0 && monoNs != noMono && (c.mono != nil || c.monoSrc != nil) {
-		d = min(d, time.Duration(max(monoNs-max(e.busyMono.Load(), e.doneMono.Load()), 0)))
-	}
-	return d
 }
 
 // stepTolerance is how far a time an endpoint stamped may be ahead of a

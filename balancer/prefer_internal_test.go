@@ -31,11 +31,11 @@ func TestPreferScoresEachCandidateOnItsOwn(t *testing.T) {
 	b.Publish("b", sb)
 	now := clock.Now()
 	var st scoring.State
-	g.members[ia].state(b.cfg, now, noMono, inferlb.ServiceLLM, g.weights[ia], &st) // a's reading is seen at in-flight 0
+	g.members[ia].state(b.cfg, now, inferlb.ServiceLLM, g.weights[ia], &st) // a's reading is seen at in-flight 0
 	g.members[ia].inFlight.Add(10)
 	g.members[ib].inFlight.Add(3)
 	// a: (10 + 1) / 2 = 5.5; b: (3 + 1) / 1 = 4, in either order.
 	req := &inferlb.Request{Service: inferlb.ServiceLLM}
-	require.False(t, b.prefer(req, g, ib, ia, now, noMono), "a is not cheaper than b")
-	require.True(t, b.prefer(req, g, ia, ib, now, noMono), "b is cheaper than a")
+	require.False(t, b.prefer(req, g, ib, ia, now), "a is not cheaper than b")
+	require.True(t, b.prefer(req, g, ia, ib, now), "b is cheaper than a")
 }

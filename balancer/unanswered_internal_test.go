@@ -22,7 +22,7 @@ func seenLatency(t *testing.T, b *Balancer, svc inferlb.Service) (seen, ewma tim
 	b.mu.Unlock()
 	require.NotNil(t, e)
 	var st scoring.State
-	e.state(b.cfg, b.Now(), noMono, svc, 1, &st)
+	e.state(b.cfg, b.Now(), svc, 1, &st)
 	return st.Latency(), st.LatencyEWMA
 }
 
