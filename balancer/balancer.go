@@ -848,16 +848,22 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 			return Pick{}, ErrNoEndpoints
 		}
 	}
-	if req.Tenant != "" && b.refusedAt.Load() > nowNs {
-		// Endpoints that refuse this tenant (tenantrefusal.go); as with
-		// the model, a retry to one would only fetch its refusal again.
-		if all := b.tenantMarks(req.Tenant, g, &c); all && refused {
-			return Pick{}, ErrNoEndpoints
-		}
-	}
 	if b.windowFilter(req, g, &c, refused) && refused {
 		// No endpoint would take it: each refused as much (window.go).
 		return Pick{}, ErrNoEndpoints
+	}
+	if req.Tenant != "" && b.refusedAt.Load() > nowNs {
+		// Endpoints that refuse this tenant (tenantrefusal.go); as with
+		// the model, a retry to one would only fetch its refusal again.
+		// After the window filter: the members it passes over are no
+		// others for the tenant's calls to go to (c.ok). Checked first,
+		// the tenant's memory passed over the only members that fit a
+		// long call while too small ones were left, and the window
+		// filter, finding every member left too small, gave way: the
+		// call went where it was sure to be refused as too long.
+		if all := b.tenantMarks(req.Tenant, g, &c); all && refused {
+			return Pick{}, ErrNoEndpoints
+		}
 	}
 	if c.lack != nil || c.windowNeed != 0 || c.promptNeed != 0 || c.refused != nil {
 		var fit fitView // read only by the affinity bound (see fitView)

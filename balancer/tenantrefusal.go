@@ -463,7 +463,11 @@ func (t *refusalTable) markedMember(i int, key, now uint64, g *group) *endpoint 
 // allows is not. It leaves c as it was otherwise; then all reports
 // whether every member c allows is so marked, no more than that
 // fraction (a failover then has nowhere to go: see pickWith). Only picks
-// made while some entry is live (refusedAt) call it.
+// made while some entry is live (refusedAt) call it, after the window
+// filter (windowFilter): the members c passes over as too small for the
+// call are none it allows, so a long call whose only members that fit
+// refuse the tenant goes to one of them, not to one sure to refuse it as
+// too long (TestTenantRefusalAndContextWindowTogether).
 func (b *Balancer) tenantMarks(tenant string, g *group, c *cand) (all bool) {
 	t := b.refused.Load()
 	if t == nil {
