@@ -1,0 +1,146 @@
+package balancer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// streakFleet is a Balancer of two endpoints, "a" and "b", that may hold
+// one of them out (MaxEjectedFraction 0.5), with b tripped: a breaker of a
+// that opens is capped, kept in rotation, until b recovers. Its report
+// reaches the breaker's mutex for every outcome, excluded ones too: only a
+// closed breaker's take the lock-free path.
+type streakFleet struct {
+	t      *testing.T
+	b      *Balancer
+	clock  *testutil.Clock
+	events []Event
+}
+
+func newStreakFleet(t *testing.T) *streakFleet {
+	f := &streakFleet{t: t, clock: testutil.NewClock()}
+	f.b = New(Options{
+		Clock: f.clock, Rand: testutil.NewRand(1), OutlierInterval: -1, PanicThreshold: -1,
+		MaxEjectedFraction: 0.5,
+		OnEvent:            func(ev Event) { f.events = append(f.events, ev) },
+	})
+	t.Cleanup(f.b.Close)
+	require.NoError(t, f.b.Update([]inferlb.Endpoint{{Addr: "a"}, {Addr: "b"}}))
+	for range DefaultBreakerFailures {
+		f.call("b", inferlb.Outcome{Err: errFailed})
+	}
+	require.Equal(t, []EventKind{EventTripped}, f.kinds())
+	return f
+}
+
+func (f *streakFleet) call(id string, o inferlb.Outcome) {
+	f.t.Helper()
+	serial, ok := f.b.Serial(id)
+	require.True(f.t, ok)
+	p, err := f.b.PickAt(&inferlb.Request{}, serial)
+	require.NoError(f.t, err)
+	require.Equal(f.t, id, p.ID())
+	p.Done(o)
+}
+
+func (f *streakFleet) stats(id string) EndpointStats {
+	f.t.Helper()
+	for _, s := range f.b.Stats() {
+		if s.ID == id {
+			return s
+		}
+	}
+	require.FailNow(f.t, "no stats", id)
+	return EndpointStats{}
+}
+
+func (f *streakFleet) kinds() []EventKind {
+	var k []EventKind
+	for _, ev := range f.events {
+		k = append(k, ev.Kind)
+	}
+	return k
+}
+
+// capA fails a's calls until its breaker opens, capped.
+func (f *streakFleet) capA() {
+	f.t.Helper()
+	for range DefaultBreakerFailures {
+		f.call("a", inferlb.Outcome{Err: errFailed})
+	}
+	require.Equal(f.t, []EventKind{EventTripped, EventCapped}, f.kinds())
+}
+
+// recoverB passes b's probes once its exclusion is over: room for a trip
+// of a again.
+func (f *streakFleet) recoverB() {
+	f.t.Helper()
+	f.clock.Advance(DefaultEjectionTime)
+	for range DefaultBreakerProbes {
+		f.call("b", inferlb.Outcome{})
+	}
+	require.Equal(f.t, EventRecovered, f.events[len(f.events)-1].Kind)
+}
+
+// trip fails a's next call, which trips its breaker now that there is
+// room, and returns the trip's event.
+func (f *streakFleet) trip() Event {
+	f.t.Helper()
+	n := len(f.events)
+	f.call("a", inferlb.Outcome{Err: errFailed})
+	require.Len(f.t, f.events, n+1)
+	ev := f.events[n]
+	require.Equal(f.t, EventTripped, ev.Kind)
+	require.Equal(f.t, "a", ev.Endpoint)
+	return ev
+}
+
+// Excluded outcomes say nothing about health, also while a's breaker is
+// capped and its reports take the mutex: a cancelled call (an overloaded
+// answer, a client error) in a run of failures does not end the run, and
+// the trip that ends it, once there is room, tells the detection time
+// from the run's first failure. Noted as a success, the cancellation started
+// the run over at the next failure, and the trip told 10s for a run 12s
+// long.
+func TestExcludedOutcomesDoNotEndTheStreakOfACappedBreaker(t *testing.T) {
+	for _, excluded := range []inferlb.Outcome{{Err: context.Canceled}, {Overloaded: true}, {ClientError: true}} {
+		f := newStreakFleet(t)
+		f.capA() // the run begins: failures at 0s
+		f.clock.Advance(time.Second)
+		f.call("a", excluded)
+		f.clock.Advance(time.Second)
+		f.call("a", inferlb.Outcome{Err: errFailed}) // capped again at 2s
+		f.recoverB()                                 // 12s
+		ev := f.trip()
+		assert.Equal(t, 12*time.Second, ev.Detection, "%+v in the run", excluded)
+		assert.Equal(t, 12*time.Second, f.stats("a").LastDetection)
+	}
+}
+
+// Nor do they begin a run: a's capped breaker, half-open after a success
+// (the run ended), sees a cancelled call at 2s and its next failure at
+// 5s; the run that trips it, at 17s, began at 5s. Noted as a failure, the
+// cancellation began it, and the trip told 15s.
+func TestExcludedOutcomesDoNotBeginAStreakOfACappedBreaker(t *testing.T) {
+	for _, excluded := range []inferlb.Outcome{{Err: context.Canceled}, {Overloaded: true}, {ClientError: true}} {
+		f := newStreakFleet(t)
+		f.capA()
+		f.clock.Advance(time.Second)
+		f.call("a", inferlb.Outcome{}) // ends the run; one success of the probes' three
+		f.clock.Advance(time.Second)
+		f.call("a", excluded)
+		f.clock.Advance(3 * time.Second)
+		f.call("a", inferlb.Outcome{Err: errFailed}) // capped again at 5s: the run begins
+		f.clock.Advance(2 * time.Second)
+		f.recoverB() // 17s
+		ev := f.trip()
+		assert.Equal(t, 12*time.Second, ev.Detection, "%+v before the run", excluded)
+	}
+}
