@@ -13,7 +13,7 @@ import (
 )
 
 // streakFleet is a Balancer of two endpoints, "a" and "b", that may hold
-// one of them out (MaxEjectedFraction 0.5), with b tripped: a breaker of a
+// one of them out (MaxEjectedFraction 0.5). With b tripped, a breaker of a
 // that opens is capped, kept in rotation, until b recovers. Its report
 // reaches the breaker's mutex for every outcome, excluded ones too: only a
 // closed breaker's take the lock-free path.
@@ -33,11 +33,17 @@ func newStreakFleet(t *testing.T) *streakFleet {
 	})
 	t.Cleanup(f.b.Close)
 	require.NoError(t, f.b.Update([]inferlb.Endpoint{{Addr: "a"}, {Addr: "b"}}))
+	return f
+}
+
+// tripB trips b's breaker: no room for a's.
+func (f *streakFleet) tripB() {
+	f.t.Helper()
 	for range DefaultBreakerFailures {
 		f.call("b", inferlb.Outcome{Err: errFailed})
 	}
-	require.Equal(t, []EventKind{EventTripped}, f.kinds())
-	return f
+	require.Equal(f.t, EventTripped, f.events[len(f.events)-1].Kind)
+	f.events = nil
 }
 
 func (f *streakFleet) call(id string, o inferlb.Outcome) {
@@ -75,7 +81,7 @@ func (f *streakFleet) capA() {
 	for range DefaultBreakerFailures {
 		f.call("a", inferlb.Outcome{Err: errFailed})
 	}
-	require.Equal(f.t, []EventKind{EventTripped, EventCapped}, f.kinds())
+	require.Equal(f.t, []EventKind{EventCapped}, f.kinds())
 }
 
 // recoverB passes b's probes once its exclusion is over: room for a trip
@@ -112,6 +118,7 @@ func (f *streakFleet) trip() Event {
 func TestExcludedOutcomesDoNotEndTheStreakOfACappedBreaker(t *testing.T) {
 	for _, excluded := range []inferlb.Outcome{{Err: context.Canceled}, {Overloaded: true}, {ClientError: true}} {
 		f := newStreakFleet(t)
+		f.tripB()
 		f.capA() // the run begins: failures at 0s
 		f.clock.Advance(time.Second)
 		f.call("a", excluded)
@@ -131,6 +138,7 @@ func TestExcludedOutcomesDoNotEndTheStreakOfACappedBreaker(t *testing.T) {
 func TestExcludedOutcomesDoNotBeginAStreakOfACappedBreaker(t *testing.T) {
 	for _, excluded := range []inferlb.Outcome{{Err: context.Canceled}, {Overloaded: true}, {ClientError: true}} {
 		f := newStreakFleet(t)
+		f.tripB()
 		f.capA()
 		f.clock.Advance(time.Second)
 		f.call("a", inferlb.Outcome{}) // ends the run; one success of the probes' three
@@ -143,4 +151,33 @@ func TestExcludedOutcomesDoNotBeginAStreakOfACappedBreaker(t *testing.T) {
 		ev := f.trip()
 		assert.Equal(t, 12*time.Second, ev.Detection, "%+v before the run", excluded)
 	}
+}
+
+// A capped breaker that is half-open (a success ended the run of
+// failures) trips on one failure once there is room: a run that began
+// with the failure that ends it, detected at once. EndpointStats says so
+// (LastDetection 0), not the detection time of a's trip before. The
+// streak is noted before the breaker hears of the failure: noted after,
+// the trip found no run and left LastDetection at 4s.
+func TestATripOnTheFirstFailureOfItsRunIsDetectedAtOnce(t *testing.T) {
+	f := newStreakFleet(t)
+	for range DefaultBreakerFailures { // a trips at 4s, 4s after its run began
+		f.call("a", inferlb.Outcome{Err: errFailed})
+		f.clock.Advance(time.Second)
+	}
+	require.Equal(t, 4*time.Second, f.events[0].Detection)
+	require.Equal(t, 4*time.Second, f.stats("a").LastDetection)
+	f.clock.Advance(DefaultEjectionTime)
+	for range DefaultBreakerProbes {
+		f.call("a", inferlb.Outcome{})
+	}
+	require.Equal(t, EventRecovered, f.events[len(f.events)-1].Kind)
+
+	f.tripB()
+	f.capA()
+	f.call("a", inferlb.Outcome{}) // ends the run; one success of the probes' three
+	f.recoverB()
+	ev := f.trip()
+	assert.Zero(t, ev.Detection)
+	assert.Zero(t, f.stats("a").LastDetection)
 }
