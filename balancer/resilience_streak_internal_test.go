@@ -181,3 +181,53 @@ func TestATripOnTheFirstFailureOfItsRunIsDetectedAtOnce(t *testing.T) {
 	assert.Zero(t, ev.Detection)
 	assert.Zero(t, f.stats("a").LastDetection)
 }
+
+// A probe's failure that meets a new breaker generation once it holds the
+// breaker's mutex (its peers passed meanwhile: a recovered) is a
+// straggler, and ignored: it begins no run of failures either. Noted
+// before the generation check, it began one that the closed breaker did
+// not count, and the trip of a's next run, 4s long, told 7s.
+func TestAStragglerBeginsNoStreak(t *testing.T) {
+	f := newStreakFleet(t)
+	for range DefaultBreakerFailures {
+		f.call("a", inferlb.Outcome{Err: errFailed})
+	}
+	require.Equal(t, []EventKind{EventTripped}, f.kinds())
+	serial, ok := f.b.Serial("a")
+	require.True(t, ok)
+	pick := func() *Pick {
+		p, err := f.b.PickAt(&inferlb.Request{}, serial)
+		require.NoError(t, err)
+		require.Equal(t, "a", p.ID())
+		return &p
+	}
+	f.clock.Advance(DefaultEjectionTime)
+	var probes []*Pick
+	for range DefaultBreakerProbes {
+		probes = append(probes, pick())
+	}
+	f.clock.Advance(DefaultEjectionTime) // the probes are overdue: one more
+	straggler := pick()
+	passed := false
+	f.b.beforeBrMu = func() {
+		if !passed {
+			passed = true
+			for _, p := range probes {
+				p.Done(inferlb.Outcome{})
+			}
+		}
+	}
+	straggler.Done(inferlb.Outcome{Err: errFailed})
+	f.b.beforeBrMu = nil
+	require.Equal(t, []EventKind{EventTripped, EventRecovered}, f.kinds(), "the straggler is ignored")
+
+	f.clock.Advance(3 * time.Second)
+	for i := range DefaultBreakerFailures {
+		if i > 0 {
+			f.clock.Advance(time.Second)
+		}
+		f.call("a", inferlb.Outcome{Err: errFailed})
+	}
+	require.Equal(t, []EventKind{EventTripped, EventRecovered, EventTripped}, f.kinds())
+	assert.Equal(t, 4*time.Second, f.events[2].Detection)
+}
