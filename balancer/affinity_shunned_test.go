@@ -52,21 +52,9 @@ func TestAffinityBoundLeavesOutShunnedMembers(t *testing.T) {
 			require.Greater(t, stat(t, b, id).ClientErrorShare, 0.5)
 		}, true},
 	} {
-		for _, how := range []string{"", "reported load", "a tenant's shard"} {
-			name, n, tenant := tc.name, 4, ""
-			switch how {
-			case "reported load":
-				// Every server reports its calls; the owner's KV cache
-				// is too full for the bound to widen, the others' is
-				// not (see withinBound).
-				name += ", " + how
-			case "a tenant's shard":
-				// A tenant's shard of 4 of 5: the shard is the group
-				// (tenant.go, shard.share).
-				name += ", " + how
-				n, tenant = 5, "t"
-			}
-			t.Run(name, func(t *testing.T) {
+		for _, p := range boundPaths(tc.name, 4) {
+			how, n, tenant := p.how, p.n, p.tenant
+			t.Run(p.name, func(t *testing.T) {
 				clock := testutil.NewClock()
 				b := affine(t, n, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), BreakerFailures: 1, TenantShardSize: 4})
 				req := func(key uint64) *inferlb.Request {
@@ -170,4 +158,26 @@ func TestShunnedMemberLeavesOwnersTheirKeys(t *testing.T) {
 		out.keys, out.hits, out.spills, out.settled, shunned.hits, shunned.spills, shunned.settled)
 	require.Positive(t, out.keys)
 	assert.GreaterOrEqual(t, float64(shunned.hits), 0.97*float64(out.hits), "calls of the good replicas' keys on their owner")
+}
+
+// boundPath is one of the three ways the affinity bound shares a group's
+// load (withinBound), for a test over n endpoints named name.
+type boundPath struct {
+	how, name string
+	n         int
+	tenant    string
+}
+
+// boundPaths returns the three: this caller's own calls (how ""); every
+// server reporting its calls ("reported load"; the test sets the owner's
+// KV cache too full for the bound to widen, the others' not); and a
+// tenant's shard of n of n+1 endpoints, which is then the group
+// ("a tenant's shard", tenant "t"; tenant.go, shard.share: the test sets
+// TenantShardSize to n).
+func boundPaths(name string, n int) []boundPath {
+	return []boundPath{
+		{"", name, n, ""},
+		{"reported load", name + ", reported load", n, ""},
+		{"a tenant's shard", name + ", a tenant's shard", n + 1, "t"},
+	}
 }

@@ -205,21 +205,13 @@ func TestAffinityBoundLeavesOutSilentMembers(t *testing.T) {
 		{"no call out", 0, 5, 5, 4, true, "the owner, with 5 calls of 14 shared by 3, lost its key"},
 	} {
 		for _, silent := range []bool{false, true} {
-			for _, how := range []string{"", "reported load", "a tenant's shard"} {
-				name, n, tenant := load.name, 4, ""
-				if silent {
-					name += ", silent"
-				} else {
-					name += ", not ready"
-				}
-				switch how {
-				case "reported load":
-					name += ", " + how
-				case "a tenant's shard":
-					name += ", " + how
-					n, tenant = 5, "t"
-				}
-				t.Run(name, func(t *testing.T) {
+			state := ", not ready"
+			if silent {
+				state = ", silent"
+			}
+			for _, p := range boundPaths(load.name+state, 4) {
+				how, n, tenant := p.how, p.n, p.tenant
+				t.Run(p.name, func(t *testing.T) {
 					clock := testutil.NewClock()
 					b := affine(t, n, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), TenantShardSize: 4})
 					req := func(key uint64) *inferlb.Request {

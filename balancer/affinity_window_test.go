@@ -183,16 +183,9 @@ func TestAffinityBoundLeavesOutMembersPassedOver(t *testing.T) {
 		{"busy", 6, 3, 2, 10, false, "the owner, with 6 calls of 11 shared by the 3 it fits, took a 7th"},
 	} {
 		for _, filter := range []string{"window", "lack"} {
-			for _, how := range []string{"", "reported load", "a tenant's shard"} {
-				name, n, tenant := load.name+", "+filter, 5, ""
-				switch how {
-				case "reported load":
-					name += ", " + how
-				case "a tenant's shard":
-					name += ", " + how
-					n, tenant = 6, "t"
-				}
-				t.Run(name, func(t *testing.T) {
+			for _, p := range boundPaths(load.name+", "+filter, 5) {
+				how, n, tenant := p.how, p.n, p.tenant
+				t.Run(p.name, func(t *testing.T) {
 					clock := testutil.NewClock()
 					b := affine(t, n, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), TenantShardSize: 5, NotServedMemory: time.Minute})
 					req := func(key uint64, tokens int) *inferlb.Request {
