@@ -80,14 +80,9 @@ func TestE2ETenantRefusedOnOneServer(t *testing.T) {
 			ctx := testContext(t)
 			ctxA, ctxB := tc.ctxFor(ctx, "A"), tc.ctxFor(ctx, "B")
 			// Every server connected and answering first.
-			for n := 0; servers[0].b.Load() == 0 || servers[1].b.Load() == 0 || servers[2].b.Load() == 0; n++ {
-				if n == 1000 {
-					t.Fatal("some server got none of 1000 calls")
-				}
-				if _, err := client.EmptyCall(ctxB, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			callUntil(t, client, ctxB, func() bool {
+				return servers[0].b.Load() > 0 && servers[1].b.Load() > 0 && servers[2].b.Load() > 0
+			})
 			bad := servers[2]
 			bad.refuseA.Store(true)
 			a0, b0 := bad.a.Load(), bad.b.Load()

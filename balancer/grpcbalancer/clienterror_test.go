@@ -51,14 +51,9 @@ func TestE2EFastUnauthenticatedDrawsNoTraffic(t *testing.T) {
 	client := testgrpc.NewTestServiceClient(conn)
 	ctx := testContext(t)
 	// Every server connected and answering before the key goes bad.
-	for n := 0; servers[0].calls.Load() == 0 || servers[1].calls.Load() == 0 || servers[2].calls.Load() == 0; n++ {
-		if n == 1000 {
-			t.Fatal("some server got none of 1000 calls")
-		}
-		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	callUntil(t, client, ctx, func() bool {
+		return servers[0].calls.Load() > 0 && servers[1].calls.Load() > 0 && servers[2].calls.Load() > 0
+	})
 	bad := servers[2]
 	bad.refuse.Store(true)
 	before := bad.calls.Load()
@@ -94,4 +89,19 @@ func testBackends[S testgrpc.TestServiceServer](t *testing.T, servers ...S) []*b
 		bs[i] = &backend{addr: serve(t, func(srv *grpc.Server) { testgrpc.RegisterTestServiceServer(srv, s) })}
 	}
 	return bs
+}
+
+// callUntil makes EmptyCalls (wait for ready) with ctx until done reports
+// true, failing t on an error or when 1000 calls did not get there (some
+// server never connected).
+func callUntil(t *testing.T, client testgrpc.TestServiceClient, ctx context.Context, done func() bool) {
+	t.Helper()
+	for n := 0; !done(); n++ {
+		if n == 1000 {
+			t.Fatal("some server got none of 1000 calls")
+		}
+		if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
