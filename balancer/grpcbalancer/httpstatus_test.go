@@ -201,8 +201,14 @@ func TestE2ETritonUnknownModelIsNotServed(t *testing.T) {
 			if tc.fromCtx {
 				ctx = inferlb.NewContext(testContext(t), &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llm"})
 			}
-			failed := 0
-			for range 20 {
+			// Calls until one meets the server without the model (the
+			// draws decide when: on a loaded machine all of a fixed 20
+			// once went to the other), then 19 more.
+			failed, calls, after := 0, 0, 0
+			for ; after < 19 && calls < 1000; calls++ {
+				if failed > 0 {
+					after++
+				}
 				if _, err := client.EmptyCall(ctx, &testgrpc.Empty{}); err != nil {
 					require.Equal(t, code, status.Code(err), "the server's answer reaches the caller")
 					failed++
@@ -213,7 +219,7 @@ func TestE2ETritonUnknownModelIsNotServed(t *testing.T) {
 			assert.Equal(t, uint64(1), s.NotServed)
 			assert.Zero(t, s.Failures)
 			assert.False(t, s.BreakerOpen)
-			assert.Equal(t, int64(19), serving.calls.Load())
+			assert.Equal(t, int64(calls-1), serving.calls.Load())
 		})
 	}
 }
