@@ -170,8 +170,9 @@
 // waiting unread); a unary generation call (the llm service) whose
 // server sent its headers before its answer (grpc.SendHeader) is
 // reported Unanswered through UnaryOutcome or UnaryRetry when no
-// response message had arrived (they watch the call's codec), and is not
-// without them, nor for other services; a CANCEL reset while
+// response message had arrived (its reply message is still empty), and
+// is not without them, nor for other services; a
+// CANCEL reset while
 // the caller still waits is not); the codes that map to 4xx
 // (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED,
 // PERMISSION_DENIED, another NOT_FOUND, ALREADY_EXISTS, ABORTED) describe

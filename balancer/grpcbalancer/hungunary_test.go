@@ -24,9 +24,10 @@ import (
 
 // Modes of hungUnary.
 const (
-	unaryAnswer      = iota // wait for the gate, then answer
-	unaryHeadersHang        // send the headers, then nothing until the caller leaves
-	unaryReplyHang          // send the answer's message, then no status until the caller leaves
+	unaryAnswer         = iota // wait for the gate, then answer
+	unaryHeadersHang           // send the headers, then nothing until the caller leaves
+	unaryReplyHang             // send the answer's message, then no status until the caller leaves
+	unaryEmptyReplyHang        // unaryReplyHang with a message whose fields are all unset
 )
 
 // hungUnary serves grpc.testing.TestService/UnaryCall as a generation
@@ -38,8 +39,8 @@ type hungUnary struct {
 	mode    atomic.Int32
 	started chan struct{} // unaryAnswer: signalled as a call arrives
 	gate    chan struct{} // unaryAnswer: the call answers once it can receive
-	// contentType is the latest call's content-type: the codec the
-	// interceptors wrap must leave it as it was.
+	// contentType is the latest call's content-type: the interceptors
+	// must leave it as it was.
 	contentType atomic.Value
 }
 
@@ -72,6 +73,10 @@ func (h *hungUnary) handle(ss grpc.ServerStream) error {
 			return err
 		}
 	case unaryReplyHang:
+		if err := ss.SendMsg(&testgrpc.SimpleResponse{Username: "partial"}); err != nil {
+			return err
+		}
+	case unaryEmptyReplyHang:
 		if err := ss.SendMsg(&testgrpc.SimpleResponse{}); err != nil {
 			return err
 		}
@@ -110,6 +115,18 @@ func (a *arrivals) HandleRPC(_ context.Context, s grpcstats.RPCStats) {
 	}
 }
 
+// awaitArrival waits for a signal on ch (see arrivals), and fails the
+// test at once if the call ends first (ended): a call that failed, its
+// request not read by the server, sends no headers to wait for.
+func awaitArrival(t *testing.T, ch chan struct{}, ended chan error) {
+	t.Helper()
+	select {
+	case <-ch:
+	case err := <-ended:
+		t.Fatalf("the call ended before the server's answer came: %v", err)
+	}
+}
+
 // A unary generation call whose server sent its headers and no message
 // (grpc.SendHeader before the answer, with its engine hung), and whose
 // caller gave up on it, had nothing of its answer: through UnaryOutcome or
@@ -118,9 +135,13 @@ func (a *arrivals) HandleRPC(_ context.Context, s grpcstats.RPCStats) {
 // replica up (scoring.State.Abandoned). grpc-go counts the headers as
 // bytes received: before, both counted as answered (Unanswered 0,
 // Abandoned 0), as they still do without either interceptor, which alone
-// sees the messages (through the call's codec). A caller that gives up
-// after the answer's message arrived (the server held its status back)
-// had its answer, and an embedding call keeps counting its headers as
+// sees the messages (a reply still empty had none decoded into it), with
+// any codec and content-subtype, set in the call's options or by an
+// interceptor inside. A caller that gives up after the answer's message
+// arrived (the server held its status back) had its answer, also when the
+// message was empty, decoded by proto's codec; with a JSON codec an empty
+// message ("{}") leaves the reply as it was, and reads as none (a limit
+// of reading the reply). An embedding call keeps counting its headers as
 // answered.
 func TestE2EHungUnaryCancelledAfterHeadersIsUnanswered(t *testing.T) {
 	for _, tc := range []struct {
@@ -129,16 +150,30 @@ func TestE2EHungUnaryCancelledAfterHeadersIsUnanswered(t *testing.T) {
 		service       string
 		mode          int32
 		opts          []grpc.CallOption
-		inner         bool // an interceptor inside sets the call's codec itself
+		inner         []grpc.CallOption // options an interceptor inside adds
+		contentType   string            // on the wire; "" is "application/grpc"
 		want, wantRun uint64
 	}{
 		{name: "headers, UnaryOutcome", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryHeadersHang, want: 2, wantRun: 2},
 		{name: "headers, UnaryRetry", ic: grpcbalancer.UnaryRetry(3), service: "llm", mode: unaryHeadersHang, want: 2, wantRun: 2},
 		{name: "headers, proto content-subtype", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryHeadersHang,
-			opts: []grpc.CallOption{grpc.CallContentSubtype("proto")}, want: 2, wantRun: 2},
-		{name: "headers, codec set inside", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryHeadersHang, inner: true},
+			opts: []grpc.CallOption{grpc.CallContentSubtype("proto")}, contentType: "application/grpc+proto", want: 2, wantRun: 2},
+		{name: "headers, codec set inside", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryHeadersHang,
+			inner: []grpc.CallOption{grpc.ForceCodecV2(encoding.GetCodecV2("proto"))}, contentType: "application/grpc+proto", want: 2, wantRun: 2},
+		{name: "headers, JSON content-subtype set inside", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryHeadersHang,
+			inner: []grpc.CallOption{grpc.CallContentSubtype(testJSONName)}, contentType: "application/grpc+" + testJSONName, want: 2, wantRun: 2},
+		{name: "headers, UnaryRetry, JSON content-subtype set inside", ic: grpcbalancer.UnaryRetry(3), service: "llm", mode: unaryHeadersHang,
+			inner: []grpc.CallOption{grpc.CallContentSubtype(testJSONName)}, contentType: "application/grpc+" + testJSONName, want: 2, wantRun: 2},
+		{name: "headers, JSON codec", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryHeadersHang,
+			opts: []grpc.CallOption{grpc.ForceCodec(testJSON{})}, contentType: "application/grpc+" + testJSONName, want: 2, wantRun: 2},
 		{name: "headers, without an interceptor", service: "llm", mode: unaryHeadersHang},
 		{name: "after the answer's message", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryReplyHang},
+		{name: "after the answer's message, UnaryRetry", ic: grpcbalancer.UnaryRetry(3), service: "llm", mode: unaryReplyHang},
+		{name: "after an empty message", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryEmptyReplyHang},
+		{name: "after the answer's message, JSON codec", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryReplyHang,
+			opts: []grpc.CallOption{grpc.ForceCodec(testJSON{})}, contentType: "application/grpc+" + testJSONName},
+		{name: "after an empty message, JSON codec", ic: grpcbalancer.UnaryOutcome(), service: "llm", mode: unaryEmptyReplyHang,
+			opts: []grpc.CallOption{grpc.ForceCodec(testJSON{})}, contentType: "application/grpc+" + testJSONName, want: 2, wantRun: 2},
 		{name: "headers, embedding", ic: grpcbalancer.UnaryOutcome(), service: "embedding", mode: unaryHeadersHang},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -151,12 +186,9 @@ func TestE2EHungUnaryCancelledAfterHeadersIsUnanswered(t *testing.T) {
 			if tc.ic != nil {
 				dopts = append(dopts, grpc.WithChainUnaryInterceptor(tc.ic))
 			}
-			if tc.inner {
-				// Its codec replaces the one UnaryOutcome watches, which
-				// then tells nothing: the headers count as answered.
-				force := grpc.ForceCodecV2(encoding.GetCodecV2("proto"))
+			if tc.inner != nil {
 				dopts = append(dopts, grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-					return invoker(ctx, method, req, reply, cc, append(opts, force)...)
+					return invoker(ctx, method, req, reply, cc, append(opts, tc.inner...)...)
 				}))
 			}
 			conn, _ := dial(t, []*backend{{addr: addr}}, name, `{"methods": {"/grpc.testing.TestService/": "`+tc.service+`"}}`, dopts...)
@@ -175,7 +207,11 @@ func TestE2EHungUnaryCancelledAfterHeadersIsUnanswered(t *testing.T) {
 				_, err := client.UnaryCall(testContext(t), &testgrpc.SimpleRequest{}, opts...)
 				answered <- err
 			}()
-			<-engine.started
+			select {
+			case <-engine.started:
+			case err := <-answered:
+				t.Fatalf("the call ended before the server began it: %v", err)
+			}
 			clock.Advance(time.Second)
 			close(engine.gate)
 			require.NoError(t, <-answered)
@@ -195,18 +231,18 @@ func TestE2EHungUnaryCancelledAfterHeadersIsUnanswered(t *testing.T) {
 					_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, opts...)
 					ended <- err
 				}()
-				<-arrived.header // the headers came: bytes received
-				if tc.mode == unaryReplyHang {
-					<-arrived.payload // and the answer's message, decoded
+				awaitArrival(t, arrived.header, ended) // the headers came: bytes received
+				if tc.mode == unaryReplyHang || tc.mode == unaryEmptyReplyHang {
+					awaitArrival(t, arrived.payload, ended) // and the answer's message, decoded
 				}
 				clock.Advance(30 * time.Second)
 				cancel()
 				assert.Equal(t, codes.Canceled, status.Code(<-ended))
 				idle()
 			}
-			contentType := "application/grpc"
-			if len(tc.opts) > 0 || tc.inner {
-				contentType += "+proto"
+			contentType := tc.contentType
+			if contentType == "" {
+				contentType = "application/grpc"
 			}
 			assert.Equal(t, []string{contentType}, engine.contentType.Load(), "content-type on the wire")
 			s := endpointStats(t, b, addr)

@@ -3,6 +3,7 @@ package grpcbalancer
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 
@@ -27,10 +28,11 @@ import (
 type retryState struct {
 	method string // the call's, as gRPC names it to the picker (retryStateFrom)
 	// req is the call's request message, which a refusal as too long is
-	// checked against (see carriesRefusal). reqMu guards it and returned,
-	// set when the interceptor returns: the application owns the message
-	// again then, and an attempt that ends later (one an inner
-	// interceptor left running) must not read it while it changes.
+	// checked against (see carriesRefusal). reqMu guards it, reply and
+	// returned, set when the interceptor returns: the application owns
+	// the messages again then, and an attempt that ends later (one an
+	// inner interceptor left running) must not read them while they
+	// change.
 	reqMu    sync.Mutex
 	req      any
 	returned bool
@@ -58,26 +60,46 @@ type retryState struct {
 	// known (see hold).
 	held heldReport
 
-	// codec is the call's codec, wrapped (see watchReply): asked is set
-	// once it encoded the request, replied once a response message
-	// arrived. See unanswered.
-	codec          replyCodec
-	asked, replied atomic.Bool
+	// reply is the call's reply message, which gRPC decodes a response
+	// message into (guarded by reqMu, released with req). See unanswered.
+	reply any
 }
 
 // unanswered reports whether a unary call whose server sent its headers
-// had no response message when its caller cancelled it: its request went
-// through the codec watchReply wrapped (one an interceptor inside ours
-// set instead tells nothing), and no message came back through it.
-// grpc-go counts the headers as bytes received, and a server may send
-// them before it has an answer, also when its engine hangs: such a
-// generation call that its caller gave up on looked answered, and fed no
-// signal (TestE2EHungUnaryCancelledAfterHeadersIsUnanswered). gRPC decodes
-// the message on the caller's goroutine before it ends the attempt there,
-// so a cancel after the message never reads as none; a message that
-// arrives as the caller cancels may count as none.
+// had no response message when its caller cancelled it: its reply
+// message is still its type's zero value (a non-nil pointer to it, as
+// generated clients pass). grpc-go counts the headers as bytes received,
+// and a server may send them before it has an answer, also when its
+// engine hangs: such a generation call that its caller gave up on looked
+// answered, and fed no signal
+// (TestE2EHungUnaryCancelledAfterHeadersIsUnanswered).
+//
+// gRPC decodes a response message into the reply on the caller's
+// goroutine before it ends the attempt there (grpc-go's unary call
+// receives the message, then waits for the status), so a cancel after
+// the message never reads as none; a message that arrives as the caller
+// cancels may count as none. A message decoded changes the reply even
+// when it is empty, with the proto codec gRPC registers: decoding a
+// generated message records its type in the message's internal state
+// (TestUnansweredReadsTheReply pins that). A codec that leaves an empty
+// message's reply at the zero value (encoding/json on "{}") makes that
+// message read as none. A reply the application passed not empty
+// (reused), or not as a pointer, tells nothing: the call counts as
+// answered, as it did before this reading; so does an attempt that ends
+// after the interceptor returned (an interceptor inside ours left it
+// running), whose reply is the application's again. The reply is read
+// here only, in the rare report that needs it: a call pays nothing for it.
 func (st *retryState) unanswered() bool {
-	return st.asked.Load() && !st.replied.Load()
+	st.reqMu.Lock()
+	defer st.reqMu.Unlock()
+	return !st.returned && zeroReply(st.reply)
+}
+
+// zeroReply reports whether reply is a non-nil pointer to its type's zero
+// value. It allocates nothing.
+func zeroReply(reply any) bool {
+	v := reflect.ValueOf(reply)
+	return v.Kind() == reflect.Pointer && !v.IsNil() && v.Elem().IsZero()
 }
 
 // hold keeps the report of an attempt that grpc-go ended without error
@@ -299,9 +321,8 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	maxAttempts = max(maxAttempts, 2)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		st := &retryState{method: method, req: req}
+		st := &retryState{method: method, req: req, reply: reply}
 		ctx = context.WithValue(ctx, retryKey{}, st)
-		opts = st.watchReply(opts)
 		defer st.release()       // after the close below, whose report may read req
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		// The last refusal as too long, when the call went on.
@@ -311,8 +332,6 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			st.received.Store(false)
 			st.notServed.Store(false)
 			st.tooLong.Store(false)
-			st.asked.Store(false)
-			st.replied.Store(false)
 			sent := st.sent.Load()
 			err := invokeSettled(ctx, st, invoker, method, req, reply, cc, opts)
 			if refused != nil && err != nil && st.sent.Load() == sent {
@@ -379,29 +398,31 @@ func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoke
 // (grpc.SendHeader), also when its engine hangs: without either
 // interceptor such calls count as answered, and a hung replica behind
 // such a server is not priced up (scoring.State.Abandoned). They learn it
-// from the call's codec, which they give gRPC wrapped (grpc.ForceCodecV2
-// around the codec the call's options name, under the same
-// content-subtype: nothing changes on the wire). An interceptor chained
-// inside that sets a codec of its own (grpc.ForceCodec) leaves such calls
-// answered, as before; one inside that sets only a content-subtype
-// (grpc.CallContentSubtype) would have its messages encoded with the
-// codec the options named before it: set the content-subtype in the
-// call's options, or in an interceptor chained before these.
+// from the call's reply message, which they read and leave alone: one
+// that the application passed as its type's zero value (as generated
+// clients do) and that still is when the call's caller cancelled it had
+// no message decoded into it. The call's options, and its codec and
+// content-subtype, stay as the caller and any interceptor set them. A
+// reused reply that was not empty tells nothing: such calls count as
+// answered, as without the interceptors; a response message that a codec
+// other than proto's decodes to the zero value (encoding/json's "{}")
+// reads as none (see retryState.unanswered).
 func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		st := &retryState{method: method, req: req}
+		st := &retryState{method: method, req: req, reply: reply}
 		defer st.release()       // after the close below, whose report may read req
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
-		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, st.watchReply(opts))
+		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, opts)
 	}
 }
 
-// release gives the call's request message back to the application: a
-// refusal of an attempt that ends later is not believed (see believed).
+// release gives the call's request and reply messages back to the
+// application: a refusal of an attempt that ends later is not believed
+// (see believed), and its reply tells nothing (see unanswered).
 func (st *retryState) release() {
 	st.reqMu.Lock()
-	st.req, st.returned = nil, true
+	st.req, st.reply, st.returned = nil, nil, true
 	st.reqMu.Unlock()
 }
 
