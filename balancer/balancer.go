@@ -810,6 +810,52 @@ const (
 	pickHop
 )
 
+// passOverFilters sets c up to pass over the members the call would only
+// be refused by, as remembered: those that do not serve its model
+// (lacking), those too small for its tokens (windowFilter) and those that
+// refuse its tenant's calls (tenantMarks), in that order, each among the
+// members the ones before it leave. A filter that finds every member left
+// so gives way: a first pick goes ahead (the memory may be stale, the
+// request's tokens are an estimate, and the server's answer is the
+// caller's), while with refused (a retry's or a failover's pick) it
+// reports true: the pick has nowhere to go, and a retry would only fetch
+// the same answer again, on the retry budget.
+//
+// The order decides only where a call goes when no member escapes every
+// filter: the one that gives way is the latest that finds every member
+// left. The window filter runs after the not-served memory: a member
+// that serves the model may take a call whose tokens, a first pick's
+// estimate, are over its window, and if not its answer (too long) is the
+// call's true one; a member without the model takes it at no length, and
+// its answer says the fleet has no such model. Tried the other way
+// round, with the members serving the model remembered too small, the
+// window filter sent every call to a member without it: those the model's
+// members would have served (an estimate over the window) were answered
+// "not found", 50 of 50 (TestNotServedAndContextWindowTogether). It runs
+// before the tenant
+// memory: that one counted members too small for a long call as others
+// for the tenant's calls to go to, passed over the only members that fit
+// it, and the window filter, finding every member left too small, gave
+// way, so the call went where it was sure to be refused as too long
+// (TestTenantRefusalAndContextWindowTogether). The fit view (fitView)
+// reads the filters as set here, whichever gave way.
+func (b *Balancer) passOverFilters(req *inferlb.Request, g *group, c *cand, refused bool) (none bool) {
+	if req.Model != "" && b.lackAt.Load() > c.nowNs {
+		if b.lacking(req.Model, g, c) && refused {
+			return true
+		}
+	}
+	if b.windowFilter(req, g, c, refused) && refused {
+		return true
+	}
+	if req.Tenant != "" && b.refusedAt.Load() > c.nowNs {
+		if b.tenantMarks(req.Tenant, g, c) && refused {
+			return true
+		}
+	}
+	return false
+}
+
 // pickWith is pick; observe says whether the pick is a call's first (its
 // affinity key counts as seen and it earns retry budget), not a failover,
 // which is the same call again; mode how a failover differs.
@@ -839,31 +885,8 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	if st.leadFrom != 0 {
 		c.lead = st.lead(b.cfg, nowNs)
 	}
-	if req.Model != "" && b.lackAt.Load() > nowNs {
-		if all := b.lacking(req.Model, g, &c); all && refused {
-			// A first pick goes ahead (the memory may be stale: the
-			// server's answer is the caller's), but a retry to an
-			// endpoint remembered not to serve the model would only
-			// fetch that answer again, on the retry budget.
-			return Pick{}, ErrNoEndpoints
-		}
-	}
-	if b.windowFilter(req, g, &c, refused) && refused {
-		// No endpoint would take it: each refused as much (window.go).
+	if b.passOverFilters(req, g, &c, refused) {
 		return Pick{}, ErrNoEndpoints
-	}
-	if req.Tenant != "" && b.refusedAt.Load() > nowNs {
-		// Endpoints that refuse this tenant (tenantrefusal.go); as with
-		// the model, a retry to one would only fetch its refusal again.
-		// After the window filter: the members it passes over are no
-		// others for the tenant's calls to go to (c.ok). Checked first,
-		// the tenant's memory passed over the only members that fit a
-		// long call while too small ones were left, and the window
-		// filter, finding every member left too small, gave way: the
-		// call went where it was sure to be refused as too long.
-		if all := b.tenantMarks(req.Tenant, g, &c); all && refused {
-			return Pick{}, ErrNoEndpoints
-		}
 	}
 	if c.lack != nil || c.windowNeed != 0 || c.promptNeed != 0 || c.refused != nil {
 		var fit fitView // read only by the affinity bound (see fitView)

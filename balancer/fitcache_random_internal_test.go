@@ -36,7 +36,7 @@ func TestFitCacheGivesEachFilterItsOwnView(t *testing.T) {
 		models := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
 		tenants := []string{"", "t0", "t1", "t2", "t3"}
 		windows := []int{1000, 2000, 4000, 8000}
-		filtered, cached, bad := 0, 0, 0
+		filtered, cached, bad, refusing := 0, 0, 0, 0
 		for step := range 5000 {
 			g := b.def.snap.Load().groupFor("")
 			nowNs := clock.Now().UnixNano()
@@ -47,9 +47,17 @@ func TestFitCacheGivesEachFilterItsOwnView(t *testing.T) {
 			case r == 1:
 				b.notServed(g.members[rng.IntN(8)], models[rng.IntN(len(models))], nowNs)
 			case r == 2:
-				e, tenant := g.members[rng.IntN(8)], tenants[1+rng.IntN(4)]
-				for range refusalMinRun + 5 {
-					b.tenantRefused(e, tenant, nowNs)
+				// A run of refusals on one member among the tenant's
+				// calls served on others, which keep its share of
+				// refusals low enough for the run to mark the member
+				// (needRun). Refusals alone raised the share faster than
+				// the run grew, and no member was ever marked.
+				i, tenant := rng.IntN(8), tenants[1+rng.IntN(4)]
+				for range 20 {
+					for range 3 {
+						b.tenantServed(g.members[(i+1+rng.IntN(7))%8], tenant, nowNs, false)
+					}
+					b.tenantRefused(g.members[i], tenant, nowNs)
 				}
 			case r == 3:
 				clock.Advance(time.Duration(rng.IntN(200)) * time.Millisecond)
@@ -63,17 +71,14 @@ func TestFitCacheGivesEachFilterItsOwnView(t *testing.T) {
 			now := time.Unix(0, nowNs)
 			// The filters as pickWith sets them.
 			c := cand{nowNs: nowNs, bit: b.def.bit}
-			if b.lackAt.Load() > nowNs {
-				b.lacking(req.Model, g, &c)
-			}
-			if req.Tenant != "" && b.refusedAt.Load() > nowNs {
-				b.tenantMarks(req.Tenant, g, &c)
-			}
-			b.windowFilter(req, g, &c, false)
+			b.passOverFilters(req, g, &c, false)
 			if c.lack == nil && c.windowNeed == 0 && c.promptNeed == 0 && c.refused == nil {
 				continue
 			}
 			filtered++
+			if c.refused != nil {
+				refusing++
+			}
 			st := g.eligibility(b.cfg, b.epoch.Load(), nowNs)
 			f := &g.fits[(c.model^c.tenant)>>(64-fitBits)]
 			if c.refused == nil {
@@ -102,5 +107,7 @@ func TestFitCacheGivesEachFilterItsOwnView(t *testing.T) {
 		// read from it.
 		assert.Greater(t, filtered, 500, "seed %d: filtered calls", seed)
 		assert.Greater(t, cached, filtered/10, "seed %d: calls that read a cached view", seed)
+		t.Logf("seed %d: %d filtered calls, %d passing members over for their tenant", seed, filtered, refusing)
+		assert.Greater(t, refusing, filtered/20, "seed %d: calls passing members over for their tenant", seed)
 	}
 }

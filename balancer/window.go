@@ -18,10 +18,12 @@ import (
 // The balancer remembers each endpoint's window per model for
 // windowMemory, and a pick whose request does not fit an endpoint's
 // remembered window (Request.Tokens, the prompt and the output asked for,
-// above it) passes that endpoint over while another can take the call. A
-// retry (PickRetry) that fits none fails with ErrNoEndpoints: it would
-// only be refused again. A first pick goes ahead anyway: the request's
-// tokens are an estimate, and the server's answer is the caller's.
+// above it) passes that endpoint over while another can take the call:
+// another not remembered not to serve the model (notserved.go), whose
+// memory is read first (see passOverFilters). A retry (PickRetry) that
+// fits none fails with ErrNoEndpoints: it would only be refused again. A
+// first pick goes ahead anyway: the request's tokens are an estimate, and
+// the server's answer is the caller's.
 //
 // A limit on the prompt alone (Outcome.PromptWindow: TGI's
 // max-input-tokens, TensorRT-LLM's maximum input length) is remembered
