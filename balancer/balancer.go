@@ -975,14 +975,34 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				// first pick goes ahead (the memory may be stale, the
 				// server's answer is the caller's); it failed with
 				// ErrTenantShardDown for the whole memory without
-				// trying a server.
+				// trying a server. The filters give way one at a
+				// time, the latest first, as in the group (see
+				// passOverFilters): cleared all at once, they sent a
+				// long call as often to a member without its model as
+				// to one with it, too small by the call's estimate.
 				rc := c
-				rc.lack, rc.windowNeed, rc.promptNeed, rc.refused, rc.fit = nil, 0, 0, nil, nil
-				sh.shared = false // its share left the members passed over out
-				if i, keyed = chooseOwn(rc, &sh); i < 0 && !rc.panicking && b.cfg.panicThreshold > 0 {
-					rc.panicking, rc.coolingOnly = true, true
-					rc.key, rc.affine = c.key, c.affine // the call's own, should the first have found a base reader
-					i, keyed = chooseOwn(rc, &sh)
+				rc.fit = nil // read by the group's bound, not the shard's
+				for give := range 3 {
+					switch {
+					case give == 0 && rc.refused != nil:
+						rc.refused = nil
+					case give == 1 && (rc.windowNeed != 0 || rc.promptNeed != 0):
+						rc.windowNeed, rc.promptNeed = 0, 0
+					case give == 2 && rc.lack != nil:
+						rc.lack = nil
+					default:
+						continue // no such filter: nothing new to choose from
+					}
+					sh.shared = false // its share left the members passed over out
+					rc.panicking, rc.coolingOnly = c.panicking, false
+					rc.key, rc.affine = c.key, c.affine // the call's own, should a choose have found a base reader
+					if i, keyed = chooseOwn(rc, &sh); i < 0 && !rc.panicking && b.cfg.panicThreshold > 0 {
+						rc.panicking, rc.coolingOnly = true, true
+						i, keyed = chooseOwn(rc, &sh)
+					}
+					if i >= 0 {
+						break
+					}
 				}
 			}
 			if i >= 0 && c.sleep && !b.cfg.tenantStrict && g.members[i].asleep(c.nowNs, b.cfg.telemetryMaxAge) {

@@ -58,3 +58,28 @@ func TestTenantShardStrictFirstPickGoesAheadPastTheMemory(t *testing.T) {
 		})
 	}
 }
+
+// A strict tenant's shard whose members the group's memory all passes
+// over, one as not serving the call's model and one as too small for it,
+// gives the call to the one that serves the model, as the group does
+// when no member both serves the model and fits (passOverFilters): the
+// filters give way the latest first, the window filter before the
+// not-served memory. The call's tokens are an estimate, over the window
+// here (4,200 against 4,096), and the member with the model may take it;
+// the one without answers "not found" at any length. Cleared all at
+// once, the filters sent 53 of 100 such calls to the member without the
+// model. A retry still finds none.
+func TestTenantShardStrictGivesWayTheLatestFilterFirst(t *testing.T) {
+	b := newBalancer(t, 8, balancer.Options{AffinitySeed: seed, TenantShardSize: 2, TenantShardStrict: true,
+		Rand: testutil.NewRand(5), Clock: testutil.NewClock(), OutlierInterval: -1})
+	shard := shardOf(t, b, "acme")
+	lacking, small := shard[0], shard[1]
+	refuse(t, b, small, "llama", 4096)
+	reportNotServed(t, b, lacking, "llama")
+	long := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "llama", Tenant: "acme", PromptTokens: 3700, MaxOutputTokens: 500}
+	got := picksOf(t, b, long, 100)
+	t.Logf("shard %v, %s without the model, %s too small: %v", shard, lacking, small, got)
+	assert.Equal(t, map[string]int{small: 100}, got, "the member that serves the model takes the calls")
+	_, err := b.PickRetry(long, small)
+	require.ErrorIs(t, err, balancer.ErrNoEndpoints, "a retry: the shard's other member lacks the model")
+}
