@@ -832,13 +832,14 @@ const (
 // window filter sent every call to a member without it: those the model's
 // members would have served (an estimate over the window) were answered
 // "not found", 50 of 50 (TestNotServedAndContextWindowTogether). It runs
-// before the tenant
-// memory: that one counted members too small for a long call as others
-// for the tenant's calls to go to, passed over the only members that fit
-// it, and the window filter, finding every member left too small, gave
-// way, so the call went where it was sure to be refused as too long
-// (TestTenantRefusalAndContextWindowTogether). The fit view (fitView)
-// reads the filters as set here, whichever gave way.
+// before the tenant memory: that one counted members too small for a long
+// call as others for the tenant's calls to go to, passed over the only
+// members that fit it, and the window filter, finding every member left
+// too small, gave way, so the call went where it was sure to be refused
+// as too long (TestTenantRefusalAndContextWindowTogether). The fit view
+// (fitView) reads the filters as set here, whichever gave way; a strict
+// tenant shard whose members they all pass over lets them give way in
+// the same order (pickWith).
 func (b *Balancer) passOverFilters(req *inferlb.Request, g *group, c *cand, refused bool) (none bool) {
 	if req.Model != "" && b.lackAt.Load() > c.nowNs {
 		if b.lacking(req.Model, g, c) && refused {
