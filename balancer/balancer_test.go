@@ -327,7 +327,24 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 	assert.Panics(t, func() { balancer.New(balancer.Options{ErrorAlpha: -1}) })
+
+	// A Scorer's own Validate error stays reachable through the one that
+	// names the service: scoring's sentinel, and a custom Scorer's error.
+	err := (&balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceEmbedding: &scoring.LLM{KVKnee: 85}}}).Validate()
+	require.ErrorIs(t, err, scoring.ErrInvalid)
+	assert.Contains(t, err.Error(), "balancer.Options.Scorers[embedding]: scoring.LLM.KVKnee")
+	err = (&balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceRerank: invalidScorer{}}}).Validate()
+	require.ErrorIs(t, err, errInvalidScorer)
+	assert.Equal(t, "inferlb: balancer.Options.Scorers[rerank]: my scorer: Weight must be positive", err.Error())
 }
+
+var errInvalidScorer = errors.New("inferlb: my scorer: Weight must be positive")
+
+// invalidScorer is a custom Scorer whose Validate always fails.
+type invalidScorer struct{}
+
+func (invalidScorer) Cost(*inferlb.Request, scoring.State) float64 { return 0 }
+func (invalidScorer) Validate() error                              { return errInvalidScorer }
 
 // A floor so small its period does not fit in int64 allows (almost) no
 // retries; converted unbounded it wrapped into allowing every one.

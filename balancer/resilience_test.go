@@ -414,3 +414,24 @@ func done(t *testing.T, b *balancer.Balancer, id string, o inferlb.Outcome) {
 	p := pickOn(t, b, id)
 	p.Done(o)
 }
+
+// Each EventKind prints the name an OnEvent hook logs it by; a kind this
+// version does not know (a value past the last) prints as "unknown", not
+// an index out of range.
+func TestEventKindNames(t *testing.T) {
+	for k, want := range map[balancer.EventKind]string{
+		balancer.EventTripped:           "tripped",
+		balancer.EventProbeFailed:       "probe-failed",
+		balancer.EventRecovered:         "recovered",
+		balancer.EventEjected:           "ejected",
+		balancer.EventCooldown:          "cooldown",
+		balancer.EventCapped:            "capped",
+		balancer.EventNotServed:         "not-served",
+		balancer.EventModelFailing:      "model-failing",
+		balancer.EventTenantRefused:     "tenant-refused",
+		balancer.EventTenantRefused + 1: "unknown",
+		255:                             "unknown",
+	} {
+		assert.Equal(t, want, k.String(), "kind %d", uint8(k))
+	}
+}

@@ -271,6 +271,15 @@ func TestEmptyBalancer(t *testing.T) {
 	var p balancer.Pick
 	p.Done(inferlb.Outcome{}) // the zero Pick is inert
 	assert.Empty(t, p.ID())
+	// Every accessor of the zero Pick reads as no endpoint, without a
+	// Balancer to dereference.
+	assert.Equal(t, inferlb.Endpoint{}, p.Endpoint())
+	own, ok := p.OwnEndpoint()
+	assert.False(t, ok)
+	assert.Equal(t, inferlb.Endpoint{}, own)
+	assert.Zero(t, p.Serial(), "serials start at 1: 0 is no endpoint")
+	assert.Zero(t, p.Elapsed())
+	assert.Zero(t, p.Stamped())
 }
 
 func TestCapacityWeights(t *testing.T) {

@@ -157,3 +157,26 @@ func TestNeverEjectedIsNotHeldOutOnAClockFromTheZeroTime(t *testing.T) {
 		assert.True(t, stat(t, b, ep.Key()).ExcludedUntil.IsZero(), "%s is not excluded", ep.Key())
 	}
 }
+
+// A clock that reads exactly the Unix epoch (a fake clock set to
+// time.Unix(0, 0)): a ramp's start is stored where 0 means "not ramping"
+// (nonZero), so an endpoint that joins a serving Balancer at that instant
+// still ramps up from then, as it does at any other reading.
+func TestJoinerSlowStartsOnAClockAtTheEpoch(t *testing.T) {
+	clock := testutil.NewClock()
+	clock.Set(time.Unix(0, 0))
+	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1), Scorers: constantScorers()})
+	require.NoError(t, b.Update(endpoints(3)))
+	spread(t, b, &inferlb.Request{}, 30)
+	require.NoError(t, b.Update(endpoints(4))) // joins at exactly 0 ns
+	joined := endpoints(4)[3].Key()
+	assert.Less(t, stat(t, b, joined).RampFactor, 0.5, "a joiner starts its ramp")
+	clock.Advance(balancer.DefaultSlowStartWindow / 2)
+	assert.InDelta(t, 0.5, stat(t, b, joined).RampFactor, 1e-6, "halfway through its ramp from the epoch")
+	for _, ep := range endpoints(3) {
+		assert.Equal(t, 1.0, stat(t, b, ep.Key()).RampFactor, ep.Key())
+	}
+	// The start is stored as 1 ns, so the window ends a nanosecond later.
+	clock.Advance(balancer.DefaultSlowStartWindow/2 + time.Nanosecond)
+	assert.Equal(t, 1.0, stat(t, b, joined).RampFactor, "at full weight after the window")
+}
