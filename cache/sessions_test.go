@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -228,4 +229,27 @@ func TestSessionsDoNotAllocate(t *testing.T) {
 		_, _ = s.Get(k + 1<<40)
 	})
 	assert.Zero(t, allocs)
+}
+
+// Without a Clock the table runs on the wall clock (time.Now, which a
+// synctest bubble fakes): a session lives for its TTL after its last Put
+// or refreshing Get, and no longer.
+func TestSessionsDefaultClockIsTheWallClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, err := cache.NewSessions(cache.SessionOptions{TTL: time.Minute})
+		require.NoError(t, err)
+		k := cache.NewKeyer(1)
+		alice, bob := k.Session("alice"), k.Session("bob")
+		s.Put(alice, 7)
+		s.Put(bob, 8)
+		time.Sleep(59 * time.Second)
+		v, ok := s.Get(alice) // refreshes its TTL from now
+		require.True(t, ok, "within its TTL")
+		assert.Equal(t, uint64(7), v)
+		time.Sleep(2 * time.Second)
+		_, ok = s.Get(bob)
+		assert.False(t, ok, "expired a TTL after its Put")
+		_, ok = s.Get(alice)
+		assert.True(t, ok, "refreshed by the Get")
+	})
 }

@@ -169,6 +169,28 @@ func TestPollerJitter(t *testing.T) {
 	})
 }
 
+// Without a Rand the Poller draws its jitter from the runtime's source:
+// every delay lies within ±Jitter of Interval, and they differ, so
+// replicas that started together drift apart.
+func TestPollerDefaultRandJitters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &scripted{errs: []error{nil}, start: time.Now()}
+		p, err := telemetry.NewPoller(src, &recorder{}, telemetry.PollerOptions{Interval: 10 * time.Second, Jitter: 0.1})
+		require.NoError(t, err)
+		runFor(t, p, 200*time.Second)
+		got := src.times()
+		require.GreaterOrEqual(t, len(got), 10)
+		gaps := map[time.Duration]bool{}
+		for i := 1; i < len(got); i++ {
+			d := got[i] - got[i-1]
+			assert.GreaterOrEqual(t, d, 9*time.Second, "gap %d", i)
+			assert.Less(t, d, 11*time.Second, "gap %d", i)
+			gaps[d] = true
+		}
+		assert.Greater(t, len(gaps), 1, "the delays are drawn, not fixed: %v", got)
+	})
+}
+
 func TestPollerTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()

@@ -142,6 +142,9 @@ func TestCollectErrors(t *testing.T) {
 		{"odd status", 200, `{"status":"pending"}`, `promapi: response status "pending"`},
 		{"matrix", 200, `{"status":"success","data":{"resultType":"matrix","result":[]}}`, `promapi: query returned a "matrix"`},
 		{"bad data", 200, `{"status":"success","data":{"resultType":"vector","result":{}}}`, "promapi: decoding query data"},
+		// An object key that is not a string is no JSON.
+		{"number as key", 200, `{"status":"success",7:{}}`, "promapi: decoding response"},
+		{"number as key in data", 200, `{"status":"success","data":{"resultType":"vector",7:[]}}`, "promapi: decoding"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
