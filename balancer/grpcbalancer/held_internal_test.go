@@ -192,6 +192,61 @@ func TestHeldStreamAttemptIsSettledOnce(t *testing.T) {
 	assert.EqualValues(t, n, s.Picks)
 }
 
+// Two attempts of one stream that end without error while it sends, with
+// no pick between them (hedged attempts; grpc-go makes none today, and a
+// retry's pick settles the held one first): streamState.hold keeps the
+// first and reports the second at once, as grpc-go ended it, so neither
+// stays in flight, and the first is settled by the stream's end. Ended
+// at once from two goroutines, exactly one is held, whichever wins.
+func TestSecondHeldStreamAttemptIsReportedAtOnce(t *testing.T) {
+	b := core.New(core.Options{Rand: testutil.NewRand(1)})
+	h := newHarness(t, registerShared(b), `{"methods": {"/ai.Gen/": "llm"}}`, 1)
+	inFlight := func() int64 { return b.Stats()[0].InFlight }
+	ok := balancer.DoneInfo{BytesSent: true, BytesReceived: true}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st := &streamState{ctx: ctx, method: "/ai.Gen/Stream"}
+	streamInUse.Store(true)
+	pctx := context.WithValue(ctx, streamKey{}, st)
+	a, first := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: pctx})
+	_, second := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: pctx})
+	require.EqualValues(t, 2, inFlight())
+	st.sending.Store(true)
+	first.Done(ok)
+	assert.EqualValues(t, 2, inFlight(), "the first is held")
+	second.Done(ok)
+	assert.EqualValues(t, 1, inFlight(), "the second is reported at once")
+	s := stats(t, b, a)
+	assert.Equal(t, [3]uint64{1, 0, 0}, [3]uint64{s.Successes, s.Failures, s.Overloads}, "as grpc-go ended it")
+	st.sending.Store(false)
+	st.settle(status.Error(codes.ResourceExhausted, "rate limited"))
+	s = stats(t, b, a)
+	assert.Equal(t, [3]uint64{1, 0, 1}, [3]uint64{s.Successes, s.Failures, s.Overloads}, "the held one: the stream's end")
+	assert.Zero(t, inFlight())
+	cancel()
+
+	const n = 200
+	for range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		st := &streamState{ctx: ctx, method: "/ai.Gen/Stream"}
+		pctx := context.WithValue(ctx, streamKey{}, st)
+		_, first := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: pctx})
+		_, second := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Stream", Ctx: pctx})
+		st.sending.Store(true)
+		var wg sync.WaitGroup
+		wg.Go(func() { first.Done(ok) })
+		wg.Go(func() { second.Done(ok) })
+		wg.Wait()
+		assert.EqualValues(t, 1, inFlight(), "exactly one is held")
+		st.settle(status.Error(codes.ResourceExhausted, "rate limited"))
+		assert.Zero(t, inFlight())
+		cancel()
+	}
+	s = stats(t, b, a)
+	assert.Equal(t, [3]uint64{1 + n, 0, 1 + n}, [3]uint64{s.Successes, s.Failures, s.Overloads}, "one reported at once, one held, per stream")
+}
+
 // rejectedStream is a stream as grpc-go gives it to StreamTiming when the
 // server failed it before the client wrote its request: the first SendMsg
 // ends the attempt without error (and returns nil on a server stream,
