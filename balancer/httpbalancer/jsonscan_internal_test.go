@@ -214,6 +214,20 @@ func TestScannerDecodesEscapedKeys(t *testing.T) {
 	require.True(t, got.stream)
 	require.Len(t, got.msgs, 1)
 	require.Equal(t, want, got)
+
+	// A key whose escapes are too long to spell any key looked for is
+	// none of them, without being decoded; so is one whose escape is not
+	// JSON. Neither hides the keys around it.
+	long := strings.Repeat(`\u006d`, maxKey+1)
+	require.Greater(t, len(long), 6*maxKey)
+	for _, key := range []string{long, `\u006dodel` + strings.Repeat(" ", 6*maxKey), `mod\el`, `\u00`} {
+		b := []byte(`{"stream":true,"` + key + `":"x","model":"m","max_tokens":4}`)
+		got := scanNew(b, true)
+		require.Equal(t, "m", got.model, "key %q", key)
+		require.Equal(t, 4, got.maxTokens, "key %q", key)
+		require.True(t, got.stream, "key %q", key)
+		require.Equal(t, scanRef(b, true), got, "key %q", key)
+	}
 }
 
 // TestInternedModelsAreBounded: model names are request data. A stream of

@@ -228,3 +228,39 @@ func TestBOMBodyPastThePeekKeepsItsModel(t *testing.T) {
 		assert.Equal(t, body, string(sent), mode)
 	}
 }
+
+// A body of unknown length without GetBody that the peek read whole is
+// sent with a GetBody of the transport's own, so that Base can send it
+// again (an HTTP/2 transport retrying on a new connection, a redirect
+// follower): each call gives a fresh copy of the bytes, and an empty body
+// is http.NoBody, as net/http's own requests have it.
+func TestPeekedBodyGetsAGetBody(t *testing.T) {
+	for _, body := range []string{chatBody(1, false), ""} {
+		var got []string
+		var replays []io.ReadCloser
+		base := baseFunc(func(r *http.Request) (*http.Response, error) {
+			require.NotNil(t, r.GetBody, "body %q", body)
+			for range 2 {
+				rc, err := r.GetBody()
+				require.NoError(t, err)
+				b, err := io.ReadAll(rc)
+				require.NoError(t, err)
+				require.NoError(t, rc.Close())
+				got = append(got, string(b))
+				replays = append(replays, rc)
+			}
+			return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+		})
+		tr := newTransport(t, httpbalancer.Options{Base: base, Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:80"}}})
+		req, err := http.NewRequest(http.MethodPost, chatURL, struct{ io.Reader }{strings.NewReader(body)})
+		require.NoError(t, err)
+		require.Nil(t, req.GetBody, "the caller gave none")
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		assert.Equal(t, []string{body, body}, got)
+		if body == "" {
+			assert.Equal(t, []io.ReadCloser{http.NoBody, http.NoBody}, replays)
+		}
+	}
+}

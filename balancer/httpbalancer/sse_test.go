@@ -329,6 +329,8 @@ func TestDeadlineMidStreamIsNotAFailure(t *testing.T) {
 		require.ErrorIs(t, r.Outcome.Err, context.DeadlineExceeded, "tokens=%d", tokens)
 		if tokens > 0 {
 			require.ErrorIs(t, r.Outcome.Err, httpbalancer.ErrDeadlineMidStream)
+			require.ErrorIs(t, r.Outcome.Err, context.Canceled, "counted as neither")
+			require.Equal(t, "inferlb: the caller's deadline ended the answer after it began (a stream's first token, another body's headers)", r.Outcome.Err.Error())
 			require.True(t, r.Outcome.Canceled())
 			require.Zero(t, st.Failures)
 		} else {
@@ -457,6 +459,12 @@ func TestStreamErrorEventKinds(t *testing.T) {
 		{"responses rate limited", responsesStart + responsesError("rate_limit_exceeded"), 0, true, 0},
 		{"responses invalid prompt", responsesStart + responsesError("invalid_prompt"), 0, false, 0},
 		{"responses failed", responsesStart + responsesDelta + responsesFailed, 500, false, 1},
+		// Data too short to hold a response's error (it fits the
+		// scanner's line buffer, so it is read whole: failedLineCode): a
+		// response that failed and says nothing of why is the endpoint's
+		// failure.
+		{"responses failed short data", responsesStart + responsesDelta + "event: response.failed\ndata: {}\n\n", 500, false, 1},
+		{"responses failed short data, CRLF", responsesStart + responsesDelta + "event: response.failed\r\ndata: null\r\n\r\n", 500, false, 1},
 		// The error's code says whose failure it is (the envelope's own
 		// members do not count).
 		{"responses failed rate limited", responsesStart + failedWith(`{"code":"rate_limit_exceeded","message":"Slow down"}`), 0, true, 0},
@@ -491,6 +499,7 @@ func requireStreamOutcome(t *testing.T, r httpbalancer.Result, n, events, code i
 	var se *httpbalancer.StatusError
 	require.ErrorAs(t, r.Outcome.Err, &se, "%d bytes a read", n)
 	require.Equal(t, code, se.StatusCode)
+	require.Equal(t, fmt.Sprintf("inferlb: endpoint answered %d %s", code, http.StatusText(code)), se.Error())
 }
 
 // TestDeadlineInABodyAfterItsHeadersIsNotAFailure: an answer that is no
