@@ -452,7 +452,7 @@ func (b *Balancer) withinBound(req *inferlb.Request, g *group, i int, now time.T
 		if okRep || fit || st.ramping || st.usable() < len(g.members) || b.sleepLive(now.UnixNano()) || b.shunnable.Load() != 0 || b.unanswering.Load() != 0 {
 			var v fleetSum
 			if fit {
-				v = c.fit.of(b.cfg, g, st, now, c)
+				v = c.fit.of(b, g, st, now, c)
 			} else {
 				v = g.fleetLoad(b.cfg, st, now)
 			}

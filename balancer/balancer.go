@@ -217,6 +217,10 @@ type Balancer struct {
 	// the tenants' refusals memory takes when it is allocated
 	// (refusalTable.looks). nil in production, and read only then.
 	tenantLooks atomic.Pointer[atomic.Int64]
+	// fitCounts, for tests only (testhook.SetFitCounts): counts the fit
+	// views picks read, and those summed anew (fitView.of). nil in
+	// production: one atomic load a pick that reads a fit view.
+	fitCounts atomic.Pointer[testhook.FitCounts]
 }
 
 func init() {
@@ -239,6 +243,9 @@ func init() {
 			panic("testhook.SetTenantLooks after the tenants' refusals memory was allocated")
 		}
 		b.(*Balancer).tenantLooks.Store(n)
+	}
+	testhook.SetFitCounts = func(b any, n *testhook.FitCounts) {
+		b.(*Balancer).fitCounts.Store(n)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
 	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/telemetry"
 )
@@ -206,6 +207,82 @@ func BenchmarkFilteredAffinePick(b *testing.B) {
 					i++
 				}
 			})
+		}
+	}
+}
+
+// BenchmarkFitViewRotation prices a group's cache of fit views
+// (fitCache) under keyed LLM calls (1,024 keys) whose filters rotate over
+// K distinct ones, call by call, on n endpoints with no model label (one
+// group). "models": K models, each remembered with a 4,096-token window
+// on half the endpoints, and calls of 6,000 tokens. "ranges": one model,
+// the endpoints remembered with K windows (1,000 to K x 1,000 tokens, and
+// every K+1st with none), and calls of j x 1,000 + 500 tokens for j in 1..K,
+// each passing a different set over. reads/op is the share of picks
+// that read a fit view (at their affinity bound), hit% the share of those
+// reads that found it cached, not summing the group anew (O(n)). Run:
+// go test -run '^$' -bench FitViewRotation -benchtime 20000x ./balancer/
+func BenchmarkFitViewRotation(b *testing.B) {
+	for _, n := range []int{64, 512} {
+		for _, kind := range []string{"models", "ranges"} {
+			for _, k := range []int{2, 4, 6, 8, 16} {
+				bal := newBalancer(b, n, balancer.Options{AffinitySeed: 1})
+				eps := endpoints(n)
+				remember := func(i int, model string, window int) {
+					serial, ok := bal.Serial(eps[i].Addr)
+					if !ok {
+						b.Fatal(eps[i].Addr)
+					}
+					p, err := bal.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model}, serial)
+					if err != nil {
+						b.Fatal(err)
+					}
+					p.Done(inferlb.Outcome{ContextWindow: window, Model: model})
+				}
+				models := make([]string, k)
+				tokens := make([]int, k)
+				for j := range k {
+					models[j], tokens[j] = "m", (j+1)*1000+500
+					if kind == "models" {
+						models[j], tokens[j] = fmt.Sprintf("m%d", j), 6000
+					}
+				}
+				for i := range n {
+					switch {
+					case kind == "models" && i%2 == 1:
+						for _, m := range models {
+							remember(i, m, 4096)
+						}
+					case kind == "ranges" && i%(k+1) < k:
+						remember(i, "m", (1+i%(k+1))*1000)
+					}
+				}
+				keys := make([]inferlb.Request, 1024)
+				for i := range keys {
+					keys[i] = inferlb.Request{Service: inferlb.ServiceLLM, Model: models[i%k], PromptTokens: tokens[i%k],
+						AffinityKey: uint64(i)*0x9e3779b97f4a7c15 | 1}
+				}
+				b.Run(fmt.Sprintf("n=%d/%s/K=%d", n, kind, k), func(b *testing.B) {
+					var counts testhook.FitCounts
+					testhook.SetFitCounts(bal, &counts)
+					defer testhook.SetFitCounts(bal, nil)
+					b.ReportAllocs()
+					i := 0
+					for b.Loop() {
+						p, err := bal.Pick(&keys[i%(1024/k*k)])
+						if err != nil {
+							b.Fatal(err)
+						}
+						p.Done(inferlb.Outcome{})
+						i++
+					}
+					reads, sums := counts.Reads.Load(), counts.Sums.Load()
+					b.ReportMetric(float64(reads)/float64(i), "reads/op")
+					if reads > 0 {
+						b.ReportMetric(100*float64(reads-sums)/float64(reads), "hit%")
+					}
+				})
+			}
 		}
 	}
 }

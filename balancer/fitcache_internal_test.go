@@ -63,7 +63,7 @@ func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
 		require.NotZero(t, c.windowNeed)
 		f := &g.fits[c.model>>(64-fitBits)]
 		seq := f.seq.Load()
-		v := g.fitLoad(b.cfg, st, now, &c)
+		v, _ := g.fitLoad(b.cfg, st, now, &c)
 		r := needRange{lo: -1, hi: 1 << 62, plo: -1, phi: 1 << 62}
 		fresh := g.sumReported(b.cfg, st, now, &c, &r)
 		assert.Equal(t, []float64{fresh.weight, fresh.passed, float64(fresh.aside)}, []float64{v.weight, v.passed, float64(v.aside)}, "%d tokens", step.tokens)
@@ -97,7 +97,7 @@ func TestFitCacheReadersNeverMixTwoViews(t *testing.T) {
 					tokens = 10000
 				}
 				c := cands[tokens]
-				if v := g.fitLoad(b.cfg, st, now, &c); v.passed != want[tokens] || v.weight != 6-want[tokens] {
+				if v, _ := g.fitLoad(b.cfg, st, now, &c); v.passed != want[tokens] || v.weight != 6-want[tokens] {
 					bad[w]++
 				}
 			}

@@ -85,7 +85,7 @@ func TestFitCacheGivesEachFilterItsOwnView(t *testing.T) {
 				f = &g.fits[c.model>>(64-fitBits)]
 			}
 			seq := f.seq.Load()
-			v := g.fitLoad(b.cfg, st, now, &c)
+			v, _ := g.fitLoad(b.cfg, st, now, &c)
 			if f.seq.Load() == seq {
 				cached++
 			}

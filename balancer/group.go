@@ -463,9 +463,17 @@ type fitView struct {
 }
 
 // of returns the view, reading it on first use (fitLoad).
-func (f *fitView) of(cfg *config, g *group, st *standing, now time.Time, c *cand) fleetSum {
+func (f *fitView) of(b *Balancer, g *group, st *standing, now time.Time, c *cand) fleetSum {
 	if !f.done {
-		f.v, f.done = g.fitLoad(cfg, st, now, c), true
+		var summed bool
+		f.v, summed = g.fitLoad(b.cfg, st, now, c)
+		f.done = true
+		if n := b.fitCounts.Load(); n != nil {
+			n.Reads.Add(1)
+			if summed {
+				n.Sums.Add(1)
+			}
+		}
 	}
 	return f.v
 }
@@ -521,8 +529,9 @@ const (
 )
 
 // fitLoad returns the group's view at now for c's filter (see fitView),
-// with st its current eligibility.
-func (g *group) fitLoad(cfg *config, st *standing, now time.Time, c *cand) fleetSum {
+// with st its current eligibility, and whether it summed the members anew
+// (no cached view held for the filter).
+func (g *group) fitLoad(cfg *config, st *standing, now time.Time, c *cand) (fleetSum, bool) {
 	nowNs := now.UnixNano()
 	var flags uint32
 	var tenant uint64
@@ -539,7 +548,7 @@ func (g *group) fitLoad(cfg *config, st *standing, now time.Time, c *cand) fleet
 		f.lo.Load() < need && need <= f.hi.Load() && f.plo.Load() < needP && needP <= f.phi.Load() {
 		v := f.sums.load()
 		if f.seq.Load() == s {
-			return v
+			return v, false
 		}
 	}
 	r := needRange{lo: -1, hi: math.MaxInt64, plo: -1, phi: math.MaxInt64}
@@ -558,7 +567,7 @@ func (g *group) fitLoad(cfg *config, st *standing, now time.Time, c *cand) fleet
 		f.sums.store(v)
 		f.seq.Store(s + 2)
 	}
-	return v
+	return v, true
 }
 
 // fleetViewTTL is how long a group's reported load is reused: well under

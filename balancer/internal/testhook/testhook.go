@@ -4,7 +4,8 @@
 // goroutine of its own when the call's context ends, and reports a
 // connection READY, or an out-of-band load report, on goroutines of its
 // own too. And the balancer's own tests count the work a pick does where
-// a clock would only time it on a shared, noisy machine (SetTenantLooks).
+// a clock would only time it on a shared, noisy machine (SetTenantLooks,
+// SetFitCounts).
 // It is internal, so nothing outside the balancer's packages can reach
 // it, and nothing in production sets it.
 package testhook
@@ -40,6 +41,21 @@ var SetOnChange func(b any, f func(endpointID string))
 // names a tenant and ends in a client error: the memory, allocated then,
 // takes n from b, and it panics once the memory is allocated.
 var SetTenantLooks func(b any, n *atomic.Int64)
+
+// FitCounts counts the fit views (the group's load without the members a
+// filtered keyed pick passes over) that b's picks read, and those of them
+// that found no cached view for their filter and summed the group's
+// members anew, at a cost that grows with the group.
+type FitCounts struct {
+	Reads, Sums atomic.Int64
+}
+
+// SetFitCounts, set by package balancer, makes b (a *balancer.Balancer)
+// count in n each fit view its picks read, and each one summed anew, so
+// that a benchmark or test can tell the cache's hits from its misses
+// without timing them; nil stops it. Set it before b's picks that read
+// fit views.
+var SetFitCounts func(b any, n *FitCounts)
 
 // Await calls cond, and again after each Done, SetReady, SetReconnected
 // or Publish on b (a *balancer.Balancer), until it reports true, and
