@@ -221,7 +221,7 @@ func BenchmarkFilteredAffinePick(b *testing.B) {
 // each passing a different set over. reads/op is the share of picks
 // that read a fit view (at their affinity bound), hit% the share of those
 // reads that found it cached, not summing the group anew (O(n)). Run:
-// go test -run '^$' -bench FitViewRotation -benchtime 20000x ./balancer/
+// go test -run '^$' -bench FitViewRotation -benchtime 20000x -cpu 1 ./balancer/
 func BenchmarkFitViewRotation(b *testing.B) {
 	for _, n := range []int{64, 512} {
 		for _, kind := range []string{"models", "ranges"} {

@@ -41,7 +41,9 @@ func threeWindowFleet(t *testing.T, model string) (*Balancer, *group, *standing,
 // of three windows: a call of 6,000 tokens passes the two 4,096 members
 // over, and so does one of 7,000, which reads the cached view; one of
 // 10,000 passes the 8,192 members over too, and must not read it, nor
-// must a call of 6,000 read the view cached for 10,000.
+// must a call of 6,000 read the view cached for 10,000: it reads its own,
+// which the view of 10,000 took another slot than (fitSlots), as 8,193
+// reads the view of 10,000.
 func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
 	const model = "llama"
 	b, g, st, now := threeWindowFleet(t, model)
@@ -53,56 +55,71 @@ func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
 		{6000, 2, false},
 		{7000, 2, true},
 		{10000, 4, false},
-		{6000, 2, false},
+		{6000, 2, true},
 		{8192, 2, true},
-		{8193, 4, false},
+		{8193, 4, true},
 	} {
 		c := cand{nowNs: now.UnixNano(), bit: b.def.bit}
 		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: model, PromptTokens: step.tokens}
 		require.False(t, b.windowFilter(req, g, &c, false))
 		require.NotZero(t, c.windowNeed)
-		f := &g.fits[c.model>>(64-fitBits)]
-		seq := f.seq.Load()
-		v, _ := g.fitLoad(b.cfg, st, now, &c)
+		v, summed := g.fitLoad(b.cfg, st, now, &c)
 		r := needRange{lo: -1, hi: 1 << 62, plo: -1, phi: 1 << 62}
 		fresh := g.sumReported(b.cfg, st, now, &c, &r)
 		assert.Equal(t, []float64{fresh.weight, fresh.passed, float64(fresh.aside)}, []float64{v.weight, v.passed, float64(v.aside)}, "%d tokens", step.tokens)
 		assert.Equal(t, step.passed, v.passed, "%d tokens: the weight passed over", step.tokens)
-		assert.Equal(t, step.cached, f.seq.Load() == seq, "%d tokens: read from the cache", step.tokens)
+		assert.Equal(t, step.cached, !summed, "%d tokens: read from the cache", step.tokens)
 	}
 }
 
-// Calls of two token counts that pass different members over share a
-// slot, and overwrite each other's view there while others read it: no
-// reader pairs one's key with the other's sums (the slot's seqlock).
+// Calls of two token counts that pass different members over, for more
+// models than a group has slots (fitSlots), overwrite each other's views
+// while others read them: no reader pairs one's key with the other's sums
+// (the slot's seqlock).
 func TestFitCacheReadersNeverMixTwoViews(t *testing.T) {
 	const model = "llama"
 	b, g, st, now := threeWindowFleet(t, model)
-	cands := map[int]cand{}
-	for _, tokens := range []int{6000, 10000} {
-		c := cand{nowNs: now.UnixNano(), bit: b.def.bit}
-		require.False(t, b.windowFilter(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model, PromptTokens: tokens}, g, &c, false))
-		cands[tokens] = c
+	models := []string{model}
+	for m := range fitSlots / 2 {
+		other := fmt.Sprintf("%s-%d", model, m)
+		for i, w := range []int{4096, 4096, 8192, 8192} {
+			b.rememberWindow(g.members[i], other, w, false, now.UnixNano())
+		}
+		models = append(models, other)
 	}
-	want := map[int]float64{6000: 2, 10000: 4}
+	st = g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
+	var cands []cand
+	var want []float64
+	for _, m := range models {
+		for _, tokens := range []int{6000, 10000} {
+			c := cand{nowNs: now.UnixNano(), bit: b.def.bit}
+			require.False(t, b.windowFilter(&inferlb.Request{Service: inferlb.ServiceLLM, Model: m, PromptTokens: tokens}, g, &c, false))
+			cands = append(cands, c)
+			want = append(want, map[int]float64{6000: 2, 10000: 4}[tokens])
+		}
+	}
+	require.Greater(t, len(cands), fitSlots)
 	var wg sync.WaitGroup
 	bad := make([]int, 4)
+	summed := make([]int, 4)
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range 2000 {
-				tokens := 6000
-				if (i+w)%3 == 0 {
-					tokens = 10000
-				}
-				c := cands[tokens]
-				if v, _ := g.fitLoad(b.cfg, st, now, &c); v.passed != want[tokens] || v.weight != 6-want[tokens] {
+				j := (i + 3*w) % len(cands)
+				c := cands[j]
+				v, sum := g.fitLoad(b.cfg, st, now, &c)
+				if v.passed != want[j] || v.weight != 6-want[j] {
 					bad[w]++
+				}
+				if sum {
+					summed[w]++
 				}
 			}
 		}()
 	}
 	wg.Wait()
 	assert.Equal(t, []int{0, 0, 0, 0}, bad, "views read with the wrong members passed over, per reader")
+	assert.Greater(t, summed[0]+summed[1]+summed[2]+summed[3], 400, "views summed anew, taking another's slot")
 }
