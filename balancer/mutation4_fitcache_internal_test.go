@@ -22,8 +22,16 @@ import (
 // cache at now, and asserts that it is the view summed afresh.
 func fitAgrees(t *testing.T, b *Balancer, g *group, now time.Time, c *cand, what string) fleetSum {
 	t.Helper()
+	v, _ := fitRead(t, b, g, now, c, what)
+	return v
+}
+
+// fitRead is fitAgrees, which also reports whether the view was summed
+// anew rather than read from the cache.
+func fitRead(t *testing.T, b *Balancer, g *group, now time.Time, c *cand, what string) (fleetSum, bool) {
+	t.Helper()
 	st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
-	v := g.fitLoad(b.cfg, st, now, c)
+	v, summed := g.fitLoad(b.cfg, st, now, c)
 	r := needRange{lo: -1, hi: math.MaxInt64, plo: -1, phi: math.MaxInt64}
 	fresh := g.sumReported(b.cfg, st, now, c, &r)
 	assert.Equal(t, fresh.ok, v.ok, "%s: ok", what)
@@ -31,7 +39,7 @@ func fitAgrees(t *testing.T, b *Balancer, g *group, now time.Time, c *cand, what
 	if fresh.ok && v.ok {
 		assert.Equal(t, fresh.total, v.total, "%s: total", what)
 	}
-	return v
+	return v, summed
 }
 
 // windowCand is the filter of a call of tokens prompt tokens for model at
@@ -44,23 +52,17 @@ func windowCand(t *testing.T, b *Balancer, g *group, model string, tokens int, n
 	return c
 }
 
-// Two tenants whose fit views share a slot (their keys' top bits agree)
-// do not read each other's: A's call passes over ep-0 (weight 1), B's
-// ep-2 (weight 2). Kills fitLoad leaving the tenant out of the view's key
-// (f.tenant compared), and leaving it out of the key and the slot both
-// (tenant not taken from c): B's call read A's view, 1 passed over.
+// Two tenants' fit views of one group do not mix: A's call passes over
+// ep-0 (weight 1), B's ep-2 (weight 2). Kills fitLoad leaving the tenant
+// out of the view's key and its tag both (tenant not taken from c): B's
+// call read A's view, 1 passed over.
 func TestFitCacheKeepsTenantsApart(t *testing.T) {
 	clock := testutil.NewClock()
 	b := New(Options{Clock: clock, Rand: testutil.NewRand(1), MaxEjectedFraction: 0.5, AffinitySeed: 3})
 	t.Cleanup(b.Close)
 	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "e0", Weight: 1}, {Addr: "e1", Weight: 1}, {Addr: "e2", Weight: 2}, {Addr: "e3", Weight: 2}}))
 	f := &marksFleet{t: t, b: b, clock: clock, looks: new(atomic.Int64)}
-	tenantB := ""
-	for i := 0; tenantB == ""; i++ {
-		if name := fmt.Sprintf("b%d", i); f.key(name)>>(64-fitBits) == f.key("A")>>(64-fitBits) {
-			tenantB = name
-		}
-	}
+	const tenantB = "B"
 	f.mark("A", f.ep(0), f.ep(1), f.ep(3))
 	f.mark(tenantB, f.ep(2), f.ep(1), f.ep(3))
 	g, now := f.group(), clock.Now()
@@ -85,10 +87,15 @@ func TestFitCacheMissesWhileAWriterWrites(t *testing.T) {
 	b, g, _, now := threeWindowFleet(t, model)
 	c := windowCand(t, b, g, model, 6000, now)
 	fitAgrees(t, b, g, now, &c, "cached")
-	f := &g.fits[c.model>>(64-fitBits)]
-	f.seq.Add(1) // a writer begins...
-	f.sums.store(fleetSum{total: 1e6, weight: 1e6, passed: 1e6, aside: 1e6, ok: true})
-	v := fitAgrees(t, b, g, now, &c, "while a writer writes")
+	_, summed := fitRead(t, b, g, now, &c, "cached")
+	require.False(t, summed, "the view is cached")
+	for i := range g.fits { // a writer begins, on whichever slot holds it...
+		f := &g.fits[i]
+		f.seq.Add(1)
+		f.sums.store(fleetSum{total: 1e6, weight: 1e6, passed: 1e6, aside: 1e6, ok: true})
+	}
+	v, summed := fitRead(t, b, g, now, &c, "while a writer writes")
+	assert.True(t, summed, "summed afresh")
 	assert.Equal(t, 2.0, v.passed)
 }
 
@@ -143,9 +150,9 @@ func TestFitCacheAtAClockSteppedBack(t *testing.T) {
 }
 
 // A view lapses fleetViewTTL after it was summed: a window learnt
-// meanwhile shows from then on (not a moment later). Kills fitLoad
-// reading a view at its end (now <= until): the window stood unseen
-// at fleetViewTTL.
+// meanwhile shows from then on (not a moment later). Kills fitCache.live
+// holding a view at its end (now-from <= fleetViewTTL): the window stood
+// unseen at fleetViewTTL.
 func TestFitCacheLapsesAtItsTTL(t *testing.T) {
 	const model = "llama"
 	b, g, _, now := threeWindowFleet(t, model)
@@ -155,7 +162,9 @@ func TestFitCacheLapsesAtItsTTL(t *testing.T) {
 	st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
 	before := now.Add(fleetViewTTL - 1)
 	c = windowCand(t, b, g, model, 6000, before)
-	assert.Equal(t, 2.0, g.fitLoad(b.cfg, st, before, &c).passed, "within the view's life: the view as cached")
+	v, summed := g.fitLoad(b.cfg, st, before, &c)
+	assert.Equal(t, 2.0, v.passed, "within the view's life: the view as cached")
+	assert.False(t, summed, "within the view's life: read from the cache")
 	at := now.Add(fleetViewTTL)
 	c = windowCand(t, b, g, model, 6000, at)
 	assert.Equal(t, 3.0, fitAgrees(t, b, g, at, &c, "at fleetViewTTL").passed, "ep-4's window of 5,000 tokens")
@@ -193,11 +202,9 @@ func TestFitCacheHoldsForPromptsUpToTheWindow(t *testing.T) {
 	} {
 		c := windowCand(t, b, g, model, step.tokens, now)
 		require.NotZero(t, c.promptNeed)
-		f := &g.fits[c.model>>(64-fitBits)]
-		seq := f.seq.Load()
-		v := fitAgrees(t, b, g, now, &c, fmt.Sprintf("%d tokens", step.tokens))
+		v, summed := fitRead(t, b, g, now, &c, fmt.Sprintf("%d tokens", step.tokens))
 		assert.Equal(t, step.passed, v.passed, "%d tokens: the weight passed over", step.tokens)
-		assert.Equal(t, step.cached, f.seq.Load() == seq, "%d tokens: read from the cache", step.tokens)
+		assert.Equal(t, step.cached, !summed, "%d tokens: read from the cache", step.tokens)
 	}
 }
 
