@@ -14,8 +14,9 @@ import (
 // an attempt so when the server failed the call before the client had
 // written its request (see outcome). The unary interceptors
 // (retryState.hold) and StreamTiming (streamState.hold) decide what to
-// hold and when to settle; the attempt's DoneInfo waits in its call
-// (call.heldDI).
+// hold and when to settle, and the unary interceptors also park an
+// attempt whose report reads the call's reply (retryState.park); the
+// attempt's DoneInfo waits in its call (call.heldDI).
 //
 // Once closed (the unary interceptors close it when their call returns),
 // it holds nothing more: an attempt that ends after the call returned (an

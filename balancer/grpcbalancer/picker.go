@@ -346,6 +346,7 @@ type call struct {
 	stream    *streamState // the StreamTiming interceptor's, or nil
 	perCall   bool
 	gen       bool // a generation call (inferlb.ServiceLLM): see report
+	noReply   bool // the reply was empty as the interceptor's invoker returned (retryState.unpark)
 	armed     bool
 	ctx       context.Context         // the call's (PickInfo.Ctx): whether its caller cancelled it (report)
 	req       inferlb.Request         // scratch for Pick; after it, only its Model and Tenant are read (report)
@@ -379,6 +380,13 @@ func (c *call) done(di balancer.DoneInfo) {
 	}
 	if c.stream != nil && di.Err == nil && di.BytesReceived && c.stream.sending.Load() && c.stream.hold(c, di) {
 		return // reported once the application reads the stream's end (see streamState.hold)
+	}
+	if c.retry != nil && c.gen && di.BytesReceived && isCancel(di.Err) && c.ctx != nil && c.ctx.Err() == context.Canceled && c.retry.park(c, di) {
+		// Reported as the interceptor's invoker returns, which reads the
+		// reply then (see retryState.unanswered). Only a cancel of the
+		// caller's, after bytes came: gRPC makes no attempt after it, so
+		// none waits for this one's report.
+		return
 	}
 	c.report(di)
 }
@@ -414,7 +422,7 @@ func (c *call) report(di balancer.DoneInfo) {
 		// server sends them at once (see streamState.unanswered).
 		o.Unanswered = true
 	}
-	if c.retry != nil && c.gen && !o.Unanswered && di.BytesReceived && o.Canceled() && isCancel(di.Err) && c.retry.unanswered() {
+	if c.retry != nil && c.gen && !o.Unanswered && di.BytesReceived && o.Canceled() && isCancel(di.Err) && c.noReply {
 		// A unary generation call's headers, and no message: a server
 		// may send them before its answer (see retryState.unanswered).
 		// Only a generation's: an embedding's or rerank's unanswered
@@ -471,6 +479,7 @@ func (c *call) release() {
 	c.retry = nil
 	c.stream = nil
 	c.gen = false
+	c.noReply = false
 	c.ctx = nil
 	c.req = inferlb.Request{}
 	c.heldDI = balancer.DoneInfo{}

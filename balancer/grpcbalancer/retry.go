@@ -63,6 +63,9 @@ type retryState struct {
 	// reply is the call's reply message, which gRPC decodes a response
 	// message into (guarded by reqMu, released with req). See unanswered.
 	reply any
+	// parked holds the report of an attempt whose reading needs the
+	// reply, until the interceptor's invoker returns (see park).
+	parked heldReport
 }
 
 // unanswered reports whether a unary call whose server sent its headers
@@ -74,25 +77,63 @@ type retryState struct {
 // answered, and fed no signal
 // (TestE2EHungUnaryCancelledAfterHeadersIsUnanswered).
 //
-// gRPC decodes a response message into the reply on the caller's
-// goroutine before it ends the attempt there (grpc-go's unary call
-// receives the message, then waits for the status), so a cancel after
-// the message never reads as none; a message that arrives as the caller
-// cancels may count as none. A message decoded changes the reply even
-// when it is empty, with the proto codec gRPC registers: decoding a
-// generated message records its type in the message's internal state
-// (TestUnansweredReadsTheReply pins that). A codec that leaves an empty
-// message's reply at the zero value (encoding/json on "{}") makes that
-// message read as none. A reply the application passed not empty
-// (reused), or not as a pointer, tells nothing: the call counts as
+// It is read on the interceptor's goroutine once the invoker has
+// returned (see park), never in the attempt's Done: an interceptor
+// chained inside ours owns the reply until then, and may fill it on
+// another goroutine than the attempt's (a hedge that decodes each
+// attempt into a reply of its own and copies the winner's), where a read
+// in Done raced with the copy, and read an answered call's loser as
+// given up on with nothing back
+// (TestInnerHedgeReplyIsReadAfterTheInvokerReturns). Without an
+// interceptor inside, grpc-go's unary call decodes a response message
+// into the reply before it waits for the status, and the invoker returns
+// right after the attempt ends, so a cancel after the message never
+// reads as none; a message that arrives as the caller cancels may count
+// as none. A message decoded changes the reply even when it is empty,
+// with the proto codec gRPC registers and generated messages: decoding
+// records the message's type in its internal state
+// (TestUnansweredReadsTheReply pins that). A codec or message type that
+// leaves an empty message's reply at the zero value (encoding/json on
+// "{}") makes that message read as none, and so does an interceptor
+// inside that decodes into a reply of its own and leaves the call's
+// empty when the caller cancels. A reply the application passed not
+// empty (reused, or Reset by a generated message's Reset, which records
+// its type), or not as a pointer, tells nothing: the call counts as
 // answered, as it did before this reading; so does an attempt that ends
 // after the interceptor returned (an interceptor inside ours left it
 // running), whose reply is the application's again. The reply is read
-// here only, in the rare report that needs it: a call pays nothing for it.
+// only for the rare report that needs it: a call pays nothing for it.
 func (st *retryState) unanswered() bool {
 	st.reqMu.Lock()
 	defer st.reqMu.Unlock()
 	return !st.returned && zeroReply(st.reply)
+}
+
+// park holds the report of c's attempt, which ended with di (a
+// generation call's, cancelled after its server's headers: whether it is
+// Unanswered rests on the reply, see unanswered), until the invoker that
+// made it returns (unpark). It reports false when the invoker has
+// returned (an interceptor inside ours left the attempt running) or
+// another attempt is parked (an inner hedge's): that one is reported now,
+// as answered.
+func (st *retryState) park(c *call, di balancer.DoneInfo) bool {
+	return st.parked.hold(c, di)
+}
+
+// unpark reports the parked attempt, if any, reading the reply for it
+// (unanswered); it runs on the interceptor's goroutine as the invoker
+// returns, and parks nothing more until the next invoke reopens it.
+func (st *retryState) unpark() {
+	st.parked.closed.Store(true)
+	if st.parked.c.Load() == nil {
+		return
+	}
+	c := st.parked.c.Swap(nil)
+	if c == nil {
+		return
+	}
+	c.noReply = st.unanswered()
+	c.report(c.heldDI)
 }
 
 // zeroReply reports whether reply is a non-nil pointer to its type's zero
@@ -370,10 +411,15 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 }
 
 // invokeSettled invokes the call and settles its held attempt (see hold)
-// with the call's error, also when the invoker panics.
+// with the call's error, and reports its parked one (see park), also when
+// the invoker panics.
 func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoker, method string, req, reply any, cc *grpc.ClientConn, opts []grpc.CallOption) (err error) {
 	err = errRetriedAttempt // what a panic leaves: no success
-	defer func() { st.settle(err) }()
+	st.parked.closed.Store(false)
+	defer func() {
+		st.settle(err)
+		st.unpark() // the invoker returned: the reply is ours to read
+	}()
 	err = invoker(ctx, method, req, reply, cc, opts...)
 	return err
 }
@@ -400,7 +446,8 @@ func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoke
 // such a server is not priced up (scoring.State.Abandoned). They learn it
 // from the call's reply message, which they read and leave alone: one
 // that the application passed as its type's zero value (as generated
-// clients do) and that still is when the call's caller cancelled it had
+// clients do) and that still is when the call its caller cancelled comes
+// back to them (from gRPC, or from the interceptors chained inside) had
 // no message decoded into it. The call's options, and its codec and
 // content-subtype, stay as the caller and any interceptor set them. A
 // reused reply that was not empty tells nothing: such calls count as

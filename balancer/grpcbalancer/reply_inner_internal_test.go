@@ -1,0 +1,82 @@
+package grpcbalancer
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// An interceptor chained inside UnaryOutcome or UnaryRetry that hedges a
+// generation call: two attempts, each decoding into a reply of its own,
+// the first to answer copying its reply into the call's and cancelling
+// the other, which had only the server's headers. The loser's report
+// comes from the goroutine the hedge ran it on, while the hedge fills the
+// call's reply on its own: read there (in Done), the reply was read as
+// still empty when the loser ended first, so an answered call counted its
+// loser's endpoint as given up on with nothing back (Unanswered 1), and
+// read as the hedge wrote it when they overlapped (a data race, which
+// -race does not see: reflect's reads are not instrumented). The reply
+// is read once the interceptor's invoker has returned, on the
+// interceptor's goroutine: the call had its answer, and neither
+// attempt's endpoint is charged.
+func TestInnerHedgeReplyIsReadAfterTheInvokerReturns(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ic        grpc.UnaryClientInterceptor
+		loserLast bool // the loser ends as the hedge copies the winner's reply (racing)
+	}{
+		{"UnaryOutcome, the loser ends first", UnaryOutcome(), false},
+		{"UnaryRetry, the loser ends first", UnaryRetry(2), false},
+		{"UnaryOutcome, the loser ends as the reply is filled", UnaryOutcome(), true},
+		{"UnaryRetry, the loser ends as the reply is filled", UnaryRetry(2), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := core.New(core.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(1)})
+			t.Cleanup(b.Close)
+			h := newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
+			const method = "/grpc.testing.TestService/UnaryCall"
+			canceled := status.Error(codes.Canceled, "context canceled")
+			hedge := func(ctx context.Context, method string, req, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+				lctx, cancelLoser := context.WithCancel(ctx)
+				defer cancelLoser()
+				_, loser := h.pick(balancer.PickInfo{FullMethodName: method, Ctx: lctx})
+				_, winner := h.pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+				winner.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+				cancelLoser()
+				var wg sync.WaitGroup
+				wg.Go(func() { // gRPC ends the loser on the hedge's goroutine for it
+					loser.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+				})
+				if !tc.loserLast {
+					wg.Wait()
+				}
+				reply.(*testgrpc.SimpleResponse).Username = "the winner's" // proto.Merge of the winner's reply
+				wg.Wait()
+				return nil
+			}
+			reply := &testgrpc.SimpleResponse{}
+			require.NoError(t, tc.ic(context.Background(), method, &testgrpc.SimpleRequest{}, reply, nil, hedge))
+			var unanswered, canceledN, successes uint64
+			for _, s := range b.Stats() {
+				unanswered += s.Unanswered
+				canceledN += s.Canceled
+				successes += s.Successes
+				assert.Zero(t, s.InFlight, s.ID)
+			}
+			assert.EqualValues(t, 1, successes, "the winner")
+			assert.EqualValues(t, 1, canceledN, "the loser")
+			assert.Zero(t, unanswered, "the call was answered: no endpoint is charged for the loser")
+		})
+	}
+}
