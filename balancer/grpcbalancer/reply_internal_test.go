@@ -52,6 +52,12 @@ func TestUnansweredReadsTheReply(t *testing.T) {
 		{name: "json, a message", reply: &plain{}, decode: func(r any) { require.NoError(t, json.Unmarshal([]byte(`{"text":"t"}`), r)) }},
 		{name: "json, empty message", reply: &plain{}, decode: func(r any) { require.NoError(t, json.Unmarshal([]byte(`{}`), r)) }, want: true},
 		{name: "reused reply", reply: &testgrpc.SimpleResponse{Username: "old"}},
+		// Any reflective use of a generated reply before the call (a
+		// pooled reply's Reset, proto.Size or String in a logging
+		// interceptor) records its type, as decoding does: answered, the
+		// conservative reading, whatever comes.
+		{name: "proto, Reset before the call", reply: func() any { r := &testgrpc.SimpleResponse{}; r.Reset(); return r }()},
+		{name: "proto, sized before the call", reply: func() any { r := &testgrpc.SimpleResponse{}; _ = proto.Size(r); return r }()},
 		{name: "nil reply", reply: nil},
 		{name: "nil pointer", reply: (*testgrpc.SimpleResponse)(nil)},
 		{name: "map", reply: map[string]any{}},

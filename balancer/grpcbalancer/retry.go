@@ -97,12 +97,14 @@ type retryState struct {
 // "{}") makes that message read as none, and so does an interceptor
 // inside that decodes into a reply of its own and leaves the call's
 // empty when the caller cancels. A reply the application passed not
-// empty (reused, or Reset by a generated message's Reset, which records
-// its type), or not as a pointer, tells nothing: the call counts as
-// answered, as it did before this reading; so does an attempt that ends
-// after the interceptor returned (an interceptor inside ours left it
-// running), whose reply is the application's again. The reply is read
-// only for the rare report that needs it: a call pays nothing for it.
+// empty (reused; or a generated message that anything reflective touched
+// before the call, its Reset, proto.Size or String, each of which
+// records its type as decoding does), or not as a pointer, tells
+// nothing: the call counts as answered, as it did before this reading;
+// so does an attempt that ends after the interceptor returned (an
+// interceptor inside ours left it running), whose reply is the
+// application's again. The reply is read only for the rare report that
+// needs it: a call pays nothing for it.
 func (st *retryState) unanswered() bool {
 	st.reqMu.Lock()
 	defer st.reqMu.Unlock()
