@@ -80,3 +80,57 @@ func TestInnerHedgeReplyIsReadAfterTheInvokerReturns(t *testing.T) {
 		})
 	}
 }
+
+// An attempt that an interceptor inside ours left running when it
+// returned, cancelled by its caller after its server's headers, ends
+// after the invoker returned: nothing would report a parked attempt then,
+// so it is reported at once, as answered (the reply is the
+// application's again), and leaves nothing in flight. So is a second
+// such attempt that ends while the first is parked (an inner hedge's).
+func TestLateOrSecondCancelledAttemptIsReportedAtOnce(t *testing.T) {
+	b := core.New(core.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	h := newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
+	const method = "/grpc.testing.TestService/UnaryCall"
+	canceled := status.Error(codes.Canceled, "context canceled")
+	inFlight := func() (n int64) {
+		for _, s := range b.Stats() {
+			n += s.InFlight
+		}
+		return n
+	}
+	unanswered := func() (n uint64) {
+		for _, s := range b.Stats() {
+			n += s.Unanswered
+		}
+		return n
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var late balancer.PickResult
+	leave := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+		_, late = h.pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+		return status.Error(codes.DeadlineExceeded, "the inner interceptor gave up")
+	}
+	require.Error(t, UnaryOutcome()(ctx, method, &testgrpc.SimpleRequest{}, &testgrpc.SimpleResponse{}, nil, leave))
+	cancel()
+	late.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+	assert.Zero(t, inFlight(), "reported at once")
+	assert.Zero(t, unanswered(), "the reply is the application's: answered")
+
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	two := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+		_, first := h.pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+		_, second := h.pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+		cancel()
+		first.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+		assert.EqualValues(t, 2, inFlight(), "the first is parked")
+		second.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+		assert.EqualValues(t, 1, inFlight(), "the second is reported at once")
+		assert.Zero(t, unanswered(), "as answered")
+		return canceled
+	}
+	require.Error(t, UnaryRetry(3)(ctx, method, &testgrpc.SimpleRequest{}, &testgrpc.SimpleResponse{}, nil, two))
+	assert.Zero(t, inFlight())
+	assert.EqualValues(t, 1, unanswered(), "the parked one, its reply still empty as the invoker returned")
+}
