@@ -18,8 +18,18 @@ import (
 // with none, and that group with its eligibility at the clock's time.
 func threeWindowFleet(t *testing.T, model string) (*Balancer, *group, *standing, time.Time) {
 	t.Helper()
+	b, g, now := threeWindowFleetWith(t, model, Options{}, false)
+	st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
+	return b, g, st, now
+}
+
+// threeWindowFleetWith is threeWindowFleet with o's other options, the
+// windows remembered as prompt windows when prompt is set.
+func threeWindowFleetWith(t *testing.T, model string, o Options, prompt bool) (*Balancer, *group, time.Time) {
+	t.Helper()
 	clock := testutil.NewClock()
-	b := New(Options{AffinitySeed: 0x5eed, Clock: clock, Rand: testutil.NewRand(1)})
+	o.AffinitySeed, o.Clock, o.Rand = 0x5eed, clock, testutil.NewRand(1)
+	b := New(o)
 	t.Cleanup(b.Close)
 	eps := make([]inferlb.Endpoint, 6)
 	for i := range eps {
@@ -29,10 +39,9 @@ func threeWindowFleet(t *testing.T, model string) (*Balancer, *group, *standing,
 	g := b.def.snap.Load().groupFor(model)
 	now := clock.Now()
 	for i, w := range []int{4096, 4096, 8192, 8192} {
-		b.rememberWindow(g.members[i], model, w, false, now.UnixNano())
+		b.rememberWindow(g.members[i], model, w, prompt, now.UnixNano())
 	}
-	st := g.eligibility(b.cfg, b.epoch.Load(), now.UnixNano())
-	return b, g, st, now
+	return b, g, now
 }
 
 // A group caches the view of a filtered call (fitCache) for the calls

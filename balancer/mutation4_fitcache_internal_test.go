@@ -117,19 +117,7 @@ func TestFitCacheFollowsEligibility(t *testing.T) {
 // comparing the view's start with now: the view stood with its load.
 func TestFitCacheAtAClockSteppedBack(t *testing.T) {
 	const model = "llama"
-	clock := testutil.NewClock()
-	b := New(Options{AffinitySeed: 0x5eed, Clock: clock, Rand: testutil.NewRand(1), TelemetryMaxAge: 500 * time.Millisecond})
-	t.Cleanup(b.Close)
-	eps := make([]inferlb.Endpoint, 6)
-	for i := range eps {
-		eps[i] = inferlb.Endpoint{ID: fmt.Sprintf("ep-%d", i)}
-	}
-	require.NoError(t, b.Update(eps))
-	g := b.def.snap.Load().groupFor(model)
-	now := clock.Now()
-	for i, w := range []int{4096, 4096, 8192, 8192} {
-		b.rememberWindow(g.members[i], model, w, false, now.UnixNano())
-	}
+	b, g, now := threeWindowFleetWith(t, model, Options{TelemetryMaxAge: 500 * time.Millisecond}, false)
 	for i := range 6 {
 		var s telemetry.Sample
 		require.True(t, s.Set(telemetry.Running, 2))
@@ -177,19 +165,7 @@ func TestFitCacheLapsesAtItsTTL(t *testing.T) {
 // summed its view again.
 func TestFitCacheHoldsForPromptsUpToTheWindow(t *testing.T) {
 	const model = "llama"
-	clock := testutil.NewClock()
-	b := New(Options{AffinitySeed: 0x5eed, Clock: clock, Rand: testutil.NewRand(1)})
-	t.Cleanup(b.Close)
-	eps := make([]inferlb.Endpoint, 6)
-	for i := range eps {
-		eps[i] = inferlb.Endpoint{ID: fmt.Sprintf("ep-%d", i)}
-	}
-	require.NoError(t, b.Update(eps))
-	g := b.def.snap.Load().groupFor(model)
-	now := clock.Now()
-	for i, w := range []int{4096, 4096, 8192, 8192} {
-		b.rememberWindow(g.members[i], model, w, true, now.UnixNano())
-	}
+	b, g, now := threeWindowFleetWith(t, model, Options{}, true)
 	for _, step := range []struct {
 		tokens int
 		passed float64
