@@ -83,10 +83,35 @@ func TestStrictShardWhoseOnlyLiveMemberRefusesItsTenant(t *testing.T) {
 // endpoint, and afterwards the memory still passes r0 over for A. (C's
 // calls are not asserted on: r0 and r1, refusing a third of all calls,
 // may be shunned for everyone by their own shares, clienterror.go.)
+//
+// Each call reports its latency (a millisecond), and endpoints join at
+// full weight (no SlowStartWindow), so that where the calls go, and so
+// A's share of client errors, does not hang on how the goroutines are
+// scheduled. Measured, a call's latency was the time on the shared clock
+// between its Pick and its Done, which the other goroutines advance: a
+// worker descheduled there on a busy machine gave its endpoint a latency
+// of seconds (1.5 s to 6.8 s seen). When that endpoint was r1, the only
+// other one at full weight (r2 and r4 to r6 rejoin new, r3 turns ready
+// again, all in slow start), A's calls went to r0 nine in ten, refused:
+// A's share of client errors rose to 0.77 to 0.94, where no run passes an
+// endpoint over (needRun; a tenant whose calls all go to endpoints that
+// refuse it, see tenantrefusal.go), its entry live and its run on r0 at
+// the most the count holds, and the serial calls after the run, r1 still
+// priced out, drew 180 of A's 200 on r0 (1 run in 120). The memory was
+// not stuck: a serial run with one 6 s latency on r1, r2 and r3 in slow
+// start, and refusals that name no tenant (which it never sees) in place
+// of the made-up tenants, did the same. With latencies alike but slow
+// start, A's calls went half to r0 in the concurrent part, and its share,
+// near 0.5, now and then still kept the memory from learning before the
+// end (2 to 4 of A's calls on r0 after, 10 runs in 1,500).
+//
+// A's calls keep off r0 also when r0's own share shuns it for everyone,
+// or when the picks' turns give A the other members: a failover of A's
+// whose only candidate is r0 asks the memory itself.
 func TestTenantRefusalConcurrent(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	clock := testutil.NewClock()
-	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(7)})
+	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(7), SlowStartWindow: -1})
 	defer b.Close()
 	eps := func(addrs ...string) []inferlb.Endpoint {
 		out := make([]inferlb.Endpoint, len(addrs))
@@ -140,7 +165,7 @@ func TestTenantRefusalConcurrent(t *testing.T) {
 					return
 				}
 				clock.Advance(time.Millisecond)
-				p.Done(inferlb.Outcome{Tenant: tn, ClientError: refuses(p.Endpoint().Addr, tn)})
+				p.Done(inferlb.Outcome{Tenant: tn, ClientError: refuses(p.Endpoint().Addr, tn), Latency: time.Millisecond})
 			}
 		}()
 	}
@@ -160,10 +185,25 @@ func TestTenantRefusalConcurrent(t *testing.T) {
 		require.NoError(t, err)
 		drew[tn][p.Endpoint().Addr]++
 		clock.Advance(time.Millisecond)
-		p.Done(inferlb.Outcome{Tenant: tn, ClientError: refuses(p.Endpoint().Addr, tn)})
+		p.Done(inferlb.Outcome{Tenant: tn, ClientError: refuses(p.Endpoint().Addr, tn), Latency: time.Millisecond})
 	}
 	t.Logf("after the run: A's calls %v, C's %v", drew["A"], drew["C"])
 	assert.Less(t, drew["A"]["r0"], 5, "A's calls on r0")
+	// The memory's own verdict: a failover of A's whose only candidate is
+	// r0 finds none; C's goes there.
+	require.True(t, b.SetReady("r2", false))
+	require.True(t, b.SetReady("r3", false))
+	p, err := b.PickExcept(&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "A"}, "r1")
+	if err == nil {
+		t.Errorf("a failover of A's went to %s, which refuses A", p.Endpoint().Addr)
+		p.Done(inferlb.Outcome{Tenant: "A", ClientError: true, Latency: time.Millisecond})
+	} else {
+		assert.ErrorIs(t, err, balancer.ErrNoEndpoints)
+	}
+	p, err = b.PickExcept(&inferlb.Request{Service: inferlb.ServiceEmbedding, Tenant: "C"}, "r1")
+	require.NoError(t, err, "C's failover to r0")
+	assert.Equal(t, "r0", p.Endpoint().Addr)
+	p.Done(inferlb.Outcome{Tenant: "C", Latency: time.Millisecond})
 }
 
 // maxTenantLooks bounds the members and slots of marked pairs the
