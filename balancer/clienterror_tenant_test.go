@@ -137,8 +137,8 @@ func tenantMix(pctA int) func(n int) string {
 // calls on r0); at 60% r0 was shunned for everyone, A lost 277 of 72,000
 // and the other tenants drew 0.4% of their calls on r0 (213 of 48,000)
 // instead of a quarter. With the answers naming the tenant
-// (Outcome.Tenant), r0 refuses 9 to 20 of A's calls in the first 10 s,
-// while the run builds up, and then takes none but probes (at most 12 of
+// (Outcome.Tenant), r0 refuses 7 to 13 of A's calls in the first 10 s,
+// while the run builds up, and then takes none but probes (at most 15 of
 // 72,000 refused, a few per ErrorDecay); the others draw r0 as a peer: a
 // quarter of their calls or more, as A's load is off it. Without the
 // tenant named, the figures are as they were.

@@ -28,15 +28,30 @@ import (
 // wherever its calls go would make once in refusalChance runs (needRun:
 // at least refusalMinRun), the tenant's picks pass the endpoint over for
 // ErrorDecay, and its other tenants' picks go on as before. A's calls so
-// lose 9 to 20 calls while the run builds up (r0's own refusals raise
-// A's share), and none but probes after. The memory is kept for
-// ErrorDecay past the pass-over, so that the first call of the tenant's
-// there when it ends (a probe), refused again, starts the next one at
-// once: the tenant loses a call per ErrorDecay and caller, where a
-// shunned endpoint takes one every few seconds (clientErrorGap). A call
-// of the tenant's served there ends it. The endpoint's own share counts
-// every refusal as before, and goes on shunning an endpoint that refuses
-// everyone's calls.
+// lose 7 to 13 calls while the run builds up, and none but probes after.
+// The memory is kept for ErrorDecay past the pass-over, so that the
+// first call of the tenant's there when it ends (a probe), refused
+// again, starts the next one at once: the tenant loses a call per
+// ErrorDecay and caller, where a shunned endpoint takes one every few
+// seconds (clientErrorGap). A call of the tenant's served there ends it.
+// The endpoint's own share counts every refusal as before, and goes on
+// shunning an endpoint that refuses everyone's calls.
+//
+// The share counts the run's own refusals, and the pick can send most of
+// the tenant's calls to the endpoint that refuses them: r1 priced out by
+// its latency, r2 and r3 in slow start, nine in ten of A's calls went to
+// r0, A's share rose to 0.9, where no run is long enough, and A lost 180
+// of 200 calls to r0, though the 20 that went elsewhere were all served
+// (TestTenantRefusalWeighsItsCallsElsewhere). So the run is also
+// weighed against the tenant's answers elsewhere since it began
+// (refusalElsewhere): with k of them served and m refused, and the run's
+// first refusal counted with those as one of the tenant's own,
+// (m+1)/(m+k+1) stands for the share when it is the lower. A lost 28
+// (12 to 45 over 40 seeds). Not Laplace's (m+1)/(m+k+2): one call served
+// elsewhere then allowed a run of 17, and a tenant bad at 80% to 95%
+// everywhere had r0 passed over in 8 of 480 such runs, where this has in
+// none. With no call served elsewhere during the run (k = 0) the share
+// alone decides.
 //
 // A run, weighed against the tenant's share, and not one refusal nor a
 // fixed count: a tenant sends bad calls of its own (a malformed body
@@ -55,12 +70,14 @@ import (
 // Nor can it tell a tenant whose calls all go to endpoints that refuse
 // it (a shard, TenantShardSize, whose members all lack its key) from one
 // whose own key expired: its share says it is refused wherever it goes,
-// and nothing is passed over (TestShardMemberRefusingItsTenant).
+// none of its calls is served elsewhere, and nothing is passed over
+// (TestShardMemberRefusingItsTenant,
+// TestTenantRefusedEverywhereOrOftenMarksNothing).
 //
 // Tenants are request data, and the memory is bounded whatever the
 // requests say: a table of refusalPairs (endpoint, tenant) entries and
 // one of refusalTenants tenants (a pick consults the pairs only for a
-// tenant the second holds), 29 KiB allocated at the first refusal that
+// tenant the second holds), 40 KiB allocated at the first refusal that
 // names a tenant, 4-way set associative with two choices as the
 // not-served memory's (notserved.go), keyed by the tenant's hash seeded
 // per process (the affinity Keyer's seed), so a client cannot aim a
@@ -84,9 +101,10 @@ import (
 // over (the first, mostly): whatever the size of the group, where the
 // count the cap needs took a look at each member (107 µs a pick over
 // 4,096 endpoints; BenchmarkPickTenantRefused). A success that names a
-// tenant costs the same but the look at the marks, and once in its
-// entry's life, when the memory steered it, a look at its endpoint's
-// pools to keep the tenant's pairs (tenantServed).
+// tenant costs the same but the look at the marks, plus an atomic add to
+// its counts, and once in its entry's life, when the memory steered it,
+// a look at its endpoint's pools to keep the tenant's pairs
+// (tenantServed).
 
 const (
 	refusalPairs   = 1024 // (endpoint, tenant) pairs remembered
@@ -121,9 +139,10 @@ const (
 )
 
 // refusalTable is the memory. Readers load words; writers of entries hold
-// mu. A tenant's share is updated by CAS without it: a success folded in
-// while its slot passes to another tenant lands in the new tenant's share
-// (reset to 0 when the slot is taken), which errs by one answer.
+// mu. A tenant's share is updated by CAS without it, and its counts by an
+// add: a success folded in while its slot passes to another tenant lands
+// in the new tenant's share and counts (reset to 0 when the slot is
+// taken), which errs by one answer.
 type refusalTable struct {
 	mu      sync.Mutex
 	pairs   [refusalPairs]atomic.Uint64
@@ -133,6 +152,17 @@ type refusalTable struct {
 	horizon uint64                        // as lackTable's: refusalHorizon
 	hold    uint64                        // ErrorDecay in lackNow's units, rounded up
 	looks   *atomic.Int64                 // for tests only (testhook.SetTenantLooks), nil in production: see look
+
+	// The tenant's answers since its slot was taken, served<<32 |
+	// refused (refusalServed), by the tenants' slot, reset with shares;
+	// births[i] is takes when slot i was last taken; runs, by the pairs'
+	// slot, the tenant's counts when the pair's run began (refusalRun).
+	// Only tenantRefused reads them, under mu, to weigh a run against
+	// the tenant's answers elsewhere meanwhile (refusalElsewhere).
+	counts [refusalTenants]atomic.Uint64
+	births [refusalTenants]uint16 // guarded by mu
+	takes  uint16                 // guarded by mu
+	runs   [refusalPairs]uint64   // guarded by mu
 
 	// Where a tenant's marked pairs are, so that a pick finds them
 	// without looking at every member of its group (tenantMarks): for
@@ -163,6 +193,53 @@ func needRun(q float64) uint64 {
 	}
 	n := math.Ceil(math.Log(refusalChance) / math.Log(q))
 	return uint64(min(max(n, refusalMinRun), refusalCountMask+1))
+}
+
+// A tenant's counts word holds its served answers above refusalServed
+// and its refused ones below; a run's word (refusalTable.runs) the low
+// refusalRunBits of each, as they were when the run began, under the
+// birth of the tenant's slot (refusalTable.births). Differences are
+// taken modulo 1<<refusalRunBits: right while a run spans fewer of the
+// tenant's answers than that.
+const (
+	refusalServed  = 1 << 32
+	refusalRunBits = 24
+	refusalRunMask = 1<<refusalRunBits - 1
+)
+
+// refusalRun returns the run word of a pair after a refusal that made its
+// run n long: run is its word before, pw its entry before (0 for a new
+// run), c the counts of its tenant, this refusal included, and birth that
+// of the tenant's slot. A new run, or one whose tenant's slot was taken
+// since it began (its counts restarted, and the run's refusals are not in
+// them), starts from c less the run's n refusals: the answers elsewhere
+// are weighed from now on. A refusal past a full count (refusalCountMask)
+// is added to the run's start, so that what refusalElsewhere counts as
+// refused elsewhere stays so.
+func refusalRun(run, pw, n, c uint64, birth uint16) uint64 {
+	switch {
+	case pw>>refusalCountShift&refusalCountMask == 0 || uint16(run>>48) != birth:
+		return uint64(birth)<<48 | c>>32&refusalRunMask<<refusalRunBits | (c-n)&refusalRunMask
+	case pw>>refusalCountShift&refusalCountMask == refusalCountMask:
+		return run&^refusalRunMask | (run+1)&refusalRunMask
+	}
+	return run
+}
+
+// refusalElsewhere returns the tenant's answers served (k) and refused (m) at
+// other endpoints since run, a pair's run word, began: c is the tenant's
+// counts and n the run's length, this refusal included. A call served
+// where the pair's endpoint is ends the run, so those served are all
+// elsewhere; of those refused, the run's n were here. Counts that
+// disagree with the run (fewer refused than n: a slot passing to another
+// tenant mid-answer) give 0, 0.
+func refusalElsewhere(run, c, n uint64) (k, m uint64) {
+	k = (c>>32 - run>>refusalRunBits) & refusalRunMask
+	r := (c - run) & refusalRunMask
+	if r < n {
+		return 0, 0
+	}
+	return k, r - n
 }
 
 // refusalTag is the tag of entry w in its table: narrower than lackTag,
@@ -235,28 +312,28 @@ func refusalSlot(sets lackSets, now, horizon uint64, pair bool) *atomic.Uint64 {
 	return best
 }
 
-// share returns the share word of the tenant of key whose entry is in
-// slot s, one of the two sets lackSet gives key in t.tenants.
-func (t *refusalTable) share(key uint64, s *atomic.Uint64) *atomic.Uint64 {
+// tenantIndex returns the index of slot s, the entry of the tenant of
+// key, in t.tenants: s is in one of the two sets lackSet gives key.
+func (t *refusalTable) tenantIndex(key uint64, s *atomic.Uint64) int {
 	n := uint64(refusalTenants / lackWays)
 	for _, base := range [2]int{int(key%n) * lackWays, int(key>>lackAltShift%n) * lackWays} {
 		for i := base; i < base+lackWays; i++ {
 			if &t.tenants[i] == s {
-				return &t.shares[i]
+				return i
 			}
 		}
 	}
 	panic("inferlb: tenant entry outside its sets")
 }
 
-// foldShare folds an answer of the tenant of key, in slot s, a client error or
-// not, into its share, and returns the share before it.
-func (t *refusalTable) foldShare(key uint64, s *atomic.Uint64, clientErr bool) float64 {
+// foldShare folds an answer of the tenant in slot i of the tenants, a
+// client error or not, into its share, and returns the share before it.
+func (t *refusalTable) foldShare(i int, clientErr bool) float64 {
 	x := 0.0
 	if clientErr {
 		x = 1
 	}
-	w := t.share(key, s)
+	w := &t.shares[i]
 	for {
 		old := w.Load()
 		q := math.Float64frombits(old)
@@ -315,27 +392,40 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) bool {
 	defer t.mu.Unlock()
 	tsets, ttag := refusalSets(t.tenants[:], key, false)
 	ts, tw := refusalFind(tsets, ttag, now, t.horizon, false)
-	if ts == nil {
+	fresh := ts == nil
+	if fresh {
 		ts = refusalSlot(tsets, now, t.horizon, false)
-		t.share(key, ts).Store(0)
+	}
+	ti := t.tenantIndex(key, ts)
+	if fresh {
+		t.shares[ti].Store(0)
+		t.counts[ti].Store(0)
+		t.takes++
+		t.births[ti] = t.takes
 	}
 	tw = tw&(lackKept|refusalMarked) | ttag<<lackTimeBits | until
 	ts.Store(tw)
-	q := t.foldShare(key, ts, true)
+	q := t.foldShare(ti, true)
+	c := t.counts[ti].Add(1)
 	psets, ptag := refusalSets(t.pairs[:], pairKey(e.serial, key), true)
 	ps, pw := refusalFind(psets, ptag, now, t.horizon, true)
 	if ps == nil {
 		ps = refusalSlot(psets, now, t.horizon, true)
 	}
+	i := t.own(pairKey(e.serial, key), ps, e.serial, refusalBucket(key))
 	n := min(pw>>refusalCountShift&refusalCountMask+1, refusalCountMask)
+	t.runs[i] = refusalRun(t.runs[i], pw, n, c, t.births[ti])
+	need := needRun(q)
+	if k, m := refusalElsewhere(t.runs[i], c, n); k > 0 {
+		need = min(need, needRun(float64(m+1)/float64(m+k+1)))
+	}
 	w := (pw|tw)&lackKept | n<<refusalCountShift | ptag<<lackTimeBits | until
 	began := false
-	if n >= needRun(q) {
+	if n >= need {
 		w |= refusalMarked
 		ts.Store(tw | refusalMarked)
 		began = pw&refusalMarked == 0 || pw&lackTimeMask <= now+t.hold
 	}
-	i := t.own(pairKey(e.serial, key), ps, e.serial, refusalBucket(key))
 	ps.Store(w)
 	if w&refusalMarked != 0 {
 		t.noteMark(refusalBucket(key), i/lackWays)
@@ -365,7 +455,9 @@ func (b *Balancer) tenantServed(e *endpoint, tenant string, nowNs int64, steered
 	if ts == nil {
 		return
 	}
-	t.foldShare(key, ts, false)
+	ti := t.tenantIndex(key, ts)
+	t.foldShare(ti, false)
+	t.counts[ti].Add(refusalServed)
 	psets, ptag := refusalSets(t.pairs[:], pairKey(e.serial, key), true)
 	ps, _ := refusalFind(psets, ptag, now, t.horizon, true)
 	if ps == nil && !steered {

@@ -103,7 +103,10 @@ func TestStrictShardWhoseOnlyLiveMemberRefusesItsTenant(t *testing.T) {
 // of the made-up tenants, did the same. With latencies alike but slow
 // start, A's calls went half to r0 in the concurrent part, and its share,
 // near 0.5, now and then still kept the memory from learning before the
-// end (2 to 4 of A's calls on r0 after, 10 runs in 1,500).
+// end (2 to 4 of A's calls on r0 after, 10 runs in 1,500). The memory
+// now weighs a run against the tenant's calls served elsewhere during
+// it, and passes r0 over in the serial run after 28 of A's calls
+// (TestTenantRefusalWeighsItsCallsElsewhere).
 //
 // A's calls keep off r0 also when r0's own share shuns it for everyone,
 // or when the picks' turns give A the other members: a failover of A's
