@@ -156,8 +156,10 @@
 // client error that names its tenant (Outcome.Tenant, set by the
 // adapters) also counts for that endpoint and tenant, in a bounded table
 // keyed by the seeded hash of the tenant: an endpoint that refused a run
-// of a tenant's calls too long to be the tenant's own bad calls is passed
-// over for that tenant only (a replica its API key has not reached yet),
+// of a tenant's calls too long to be the tenant's own bad calls (judged
+// by the tenant's share of client errors, or by its answers at other
+// endpoints during the run when some were served) is passed over for
+// that tenant only (a replica its API key has not reached yet),
 // for ErrorDecay, and the other tenants still draw it
 // (EndpointStats.RefusedTenants counts the tenants it is passed over for).
 // Done releases the load, feeds the latency,
