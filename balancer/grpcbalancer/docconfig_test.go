@@ -16,6 +16,10 @@ import (
 // grpc.WithDefaultServiceConfig(`...`) calls.
 var serviceConfigs = regexp.MustCompile("WithDefaultServiceConfig\\(`([^`]*)`\\)")
 
+// configFragments finds a policy config's fields shown inline, in a code
+// span of their own: `"orca": {"outOfBand": true}`.
+var configFragments = regexp.MustCompile("`(\"[a-z][a-zA-Z]*\": [^`]+)`")
+
 // TestDocumentedConfigsParse parses the policy configs that README.md and
 // the package doc show, with the policy's own parser, so a renamed or
 // retyped field cannot leave a config in the docs that a channel refuses.
@@ -85,6 +89,16 @@ func TestDocumentedConfigsParse(t *testing.T) {
 		for _, m := range found {
 			parse(src.where, m[1])
 		}
+	}
+	// Fields the README names inline as the policy config spells them
+	// (`"idByHost": true`): a key in lowerCamelCase, as the policy's are,
+	// unlike a request body's snake_case fields quoted beside them.
+	fragments := configFragments.FindAllStringSubmatch(string(readme), -1)
+	if len(fragments) < 2 {
+		t.Errorf("README.md: %d inline config fields found", len(fragments))
+	}
+	for _, m := range fragments {
+		parse("README.md's inline "+m[1], `{"loadBalancingConfig": [{"inferlb": {`+m[1]+`}}]}`)
 	}
 	if len(annotated) < 10 {
 		t.Fatalf("doc.go: the annotated config object was not found (%d lines)", len(annotated))
