@@ -58,3 +58,28 @@ func TestRefusalRunCountsAnswersElsewhere(t *testing.T) {
 	k, m := refusalElsewhere(5<<refusalRunBits|10, 9<<32|12, 3)
 	assert.Equal(t, [2]uint64{0, 0}, [2]uint64{k, m})
 }
+
+// A run is unlikely, against the tenant's answers elsewhere, by Fisher's
+// exact test: one call served elsewhere never makes one (a run of 31, 1
+// in 32), none served leaves it to the share, and with none refused
+// elsewhere a full run needs 6 served (1 in 2,324,784; 5 is 1 in 376,992);
+// no run shorter than refusalMinRun is, however many were served.
+func TestRefusalUnlikely(t *testing.T) {
+	for _, tc := range []struct {
+		n, k, m uint64
+		want    bool
+	}{
+		{refusalCountMask, 0, 0, false},
+		{28, 1, 0, false},
+		{refusalCountMask, 1, 0, false},
+		{refusalCountMask, 5, 0, false},
+		{refusalCountMask, 6, 0, true},
+		{refusalCountMask, 6, 1, false},
+		{10, 40, 0, true},
+		{10, 40, 40, false},
+		{2, 1 << 20, 0, false}, // refusalMinRun
+		{3, 1 << 20, 0, true},
+	} {
+		assert.Equal(t, tc.want, refusalUnlikely(tc.n, tc.k, tc.m), "n %d, k %d, m %d", tc.n, tc.k, tc.m)
+	}
+}
