@@ -256,11 +256,13 @@ func refusalElsewhere(run, c, n uint64) (k, m uint64) {
 // whatever the tenant's rate (Fisher's exact test). It needs no share:
 // one call served elsewhere never makes a run of 31 unlikely (1 in 32),
 // where a share put at (m+1)/(m+k+1) passed the endpoint over after 28.
-// Never a run shorter than refusalMinRun, as by the share: a call of the
-// tenant's own, bad, sent twice where its affinity key goes, is no
-// refusal of the tenant, however many of its calls were served elsewhere.
+// Never a run shorter than the share asks of a tenant that no endpoint
+// refused (needRun(0): 6): the test holds for calls refused alike
+// wherever they go, and a tenant's own bad calls need not be (one
+// session's, a broken client's, sent where its affinity key goes, while
+// the tenant's other calls are served elsewhere by the hundred).
 func refusalUnlikely(n, k, m uint64) bool {
-	if k == 0 || n < refusalMinRun {
+	if k == 0 || n < needRun(0) {
 		return false
 	}
 	p := 1.0

@@ -63,7 +63,8 @@ func TestRefusalRunCountsAnswersElsewhere(t *testing.T) {
 // exact test: one call served elsewhere never makes one (a run of 31, 1
 // in 32), none served leaves it to the share, and with none refused
 // elsewhere a full run needs 6 served (1 in 2,324,784; 5 is 1 in 376,992);
-// no run shorter than refusalMinRun is, however many were served.
+// no run shorter than the share asks of a tenant never refused
+// (needRun(0), 6) is, however many were served.
 func TestRefusalUnlikely(t *testing.T) {
 	for _, tc := range []struct {
 		n, k, m uint64
@@ -77,8 +78,9 @@ func TestRefusalUnlikely(t *testing.T) {
 		{refusalCountMask, 6, 1, false},
 		{10, 40, 0, true},
 		{10, 40, 40, false},
-		{2, 1 << 20, 0, false}, // refusalMinRun
-		{3, 1 << 20, 0, true},
+		{3, 1 << 20, 0, false}, // shorter than needRun(0)
+		{5, 1 << 20, 0, false},
+		{6, 1 << 20, 0, true},
 	} {
 		assert.Equal(t, tc.want, refusalUnlikely(tc.n, tc.k, tc.m), "n %d, k %d, m %d", tc.n, tc.k, tc.m)
 	}
