@@ -174,18 +174,9 @@ func BenchmarkFilteredAffinePick(b *testing.B) {
 	for _, n := range benchSizes[:3] {
 		bal := newBalancer(b, n, balancer.Options{AffinitySeed: 1})
 		for i, e := range endpoints(n) {
-			if i%2 == 0 {
-				continue
+			if i%2 == 1 {
+				benchRememberWindow(b, bal, e.Addr, model, 4096)
 			}
-			serial, ok := bal.Serial(e.Addr)
-			if !ok {
-				b.Fatal(e.Addr)
-			}
-			p, err := bal.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model}, serial)
-			if err != nil {
-				b.Fatal(err)
-			}
-			p.Done(inferlb.Outcome{ContextWindow: 4096, Model: model})
 		}
 		for _, tc := range []struct {
 			name   string
@@ -211,6 +202,20 @@ func BenchmarkFilteredAffinePick(b *testing.B) {
 	}
 }
 
+// benchRememberWindow has the endpoint at addr refuse a call of model as
+// longer than its window of window tokens, so that bal remembers it.
+func benchRememberWindow(b *testing.B, bal *balancer.Balancer, addr, model string, window int) {
+	serial, ok := bal.Serial(addr)
+	if !ok {
+		b.Fatal(addr)
+	}
+	p, err := bal.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model}, serial)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.Done(inferlb.Outcome{ContextWindow: window, Model: model})
+}
+
 // BenchmarkFitViewRotation prices a group's cache of fit views
 // (fitCache) under keyed LLM calls (1,024 keys) whose filters rotate over
 // K distinct ones, call by call, on n endpoints with no model label (one
@@ -228,17 +233,7 @@ func BenchmarkFitViewRotation(b *testing.B) {
 			for _, k := range []int{2, 4, 6, 8, 16} {
 				bal := newBalancer(b, n, balancer.Options{AffinitySeed: 1})
 				eps := endpoints(n)
-				remember := func(i int, model string, window int) {
-					serial, ok := bal.Serial(eps[i].Addr)
-					if !ok {
-						b.Fatal(eps[i].Addr)
-					}
-					p, err := bal.PickAt(&inferlb.Request{Service: inferlb.ServiceLLM, Model: model}, serial)
-					if err != nil {
-						b.Fatal(err)
-					}
-					p.Done(inferlb.Outcome{ContextWindow: window, Model: model})
-				}
+				remember := func(i int, model string, window int) { benchRememberWindow(b, bal, eps[i].Addr, model, window) }
 				models := make([]string, k)
 				tokens := make([]int, k)
 				for j := range k {
