@@ -45,11 +45,7 @@ func newTenantRun(t *testing.T, opts balancer.Options, addrs ...string) *tenantR
 	opts.Clock = clock
 	b := balancer.New(opts)
 	t.Cleanup(b.Close)
-	eps := make([]inferlb.Endpoint, len(addrs))
-	for i, a := range addrs {
-		eps[i] = inferlb.Endpoint{Addr: a}
-	}
-	require.NoError(t, b.Update(eps))
+	require.NoError(t, b.Update(addrEndpoints(addrs...)))
 	return &tenantRun{t: t, b: b, clock: clock, svc: inferlb.ServiceEmbedding, tell: true}
 }
 
@@ -363,4 +359,13 @@ func firstSeenShard(t *testing.T, b *balancer.Balancer, tenant string, n int) []
 		p.Done(inferlb.Outcome{Tenant: tenant})
 	}
 	return shard
+}
+
+// addrEndpoints returns an endpoint for each of addrs, known by its address.
+func addrEndpoints(addrs ...string) []inferlb.Endpoint {
+	out := make([]inferlb.Endpoint, len(addrs))
+	for i, a := range addrs {
+		out[i] = inferlb.Endpoint{Addr: a}
+	}
+	return out
 }

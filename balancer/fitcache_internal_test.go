@@ -55,7 +55,7 @@ func threeWindowFleetWith(t *testing.T, model string, o Options, prompt bool) (*
 // reads the view of 10,000.
 func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
 	const model = "llama"
-	b, g, st, now := threeWindowFleet(t, model)
+	b, g, _, now := threeWindowFleet(t, model)
 	for _, step := range []struct {
 		tokens int
 		passed float64
@@ -68,14 +68,8 @@ func TestFitCacheHoldsForTheSameMembersPassedOver(t *testing.T) {
 		{8192, 2, true},
 		{8193, 4, true},
 	} {
-		c := cand{nowNs: now.UnixNano(), bit: b.def.bit}
-		req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: model, PromptTokens: step.tokens}
-		require.False(t, b.windowFilter(req, g, &c, false))
-		require.NotZero(t, c.windowNeed)
-		v, summed := g.fitLoad(b.cfg, st, now, &c)
-		r := needRange{lo: -1, hi: 1 << 62, plo: -1, phi: 1 << 62}
-		fresh := g.sumReported(b.cfg, st, now, &c, &r)
-		assert.Equal(t, []float64{fresh.weight, fresh.passed, float64(fresh.aside)}, []float64{v.weight, v.passed, float64(v.aside)}, "%d tokens", step.tokens)
+		c := windowCand(t, b, g, model, step.tokens, now)
+		v, summed := fitRead(t, b, g, now, &c, fmt.Sprintf("%d tokens", step.tokens)) // the view as summed afresh
 		assert.Equal(t, step.passed, v.passed, "%d tokens: the weight passed over", step.tokens)
 		assert.Equal(t, step.cached, !summed, "%d tokens: read from the cache", step.tokens)
 	}

@@ -30,14 +30,7 @@ func pricedOutRun(t *testing.T, seed uint64, r1Lat time.Duration, refused func(a
 		}
 	}})
 	defer b.Close()
-	eps := func(addrs ...string) []inferlb.Endpoint {
-		out := make([]inferlb.Endpoint, len(addrs))
-		for i, a := range addrs {
-			out[i] = inferlb.Endpoint{Addr: a}
-		}
-		return out
-	}
-	require.NoError(t, b.Update(eps("r0", "r1")))
+	require.NoError(t, b.Update(addrEndpoints("r0", "r1")))
 	drew = map[string]int{}
 	aN := 0
 	call := func(tn string, ce bool) {
@@ -65,7 +58,7 @@ func pricedOutRun(t *testing.T, seed uint64, r1Lat time.Duration, refused func(a
 	for range 3000 {
 		call("", true)
 	}
-	require.NoError(t, b.Update(eps("r0", "r1", "r2", "r3")))
+	require.NoError(t, b.Update(addrEndpoints("r0", "r1", "r2", "r3")))
 	for n := range 400 {
 		call([...]string{"A", "C"}[n%2], false)
 	}

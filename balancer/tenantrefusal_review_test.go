@@ -116,14 +116,7 @@ func TestTenantRefusalConcurrent(t *testing.T) {
 	clock := testutil.NewClock()
 	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(7), SlowStartWindow: -1})
 	defer b.Close()
-	eps := func(addrs ...string) []inferlb.Endpoint {
-		out := make([]inferlb.Endpoint, len(addrs))
-		for i, a := range addrs {
-			out[i] = inferlb.Endpoint{Addr: a}
-		}
-		return out
-	}
-	require.NoError(t, b.Update(eps("r0", "r1", "r2", "r3", "r4", "r5")))
+	require.NoError(t, b.Update(addrEndpoints("r0", "r1", "r2", "r3", "r4", "r5")))
 	refuses := func(addr, tn string) bool {
 		return addr == "r0" && tn == "A" || addr == "r1" && tn == "B" || len(tn) > 1
 	}
@@ -135,7 +128,7 @@ func TestTenantRefusalConcurrent(t *testing.T) {
 	churn.Add(1)
 	go func() {
 		defer churn.Done()
-		sets := [][]inferlb.Endpoint{eps("r0", "r1", "r2", "r3", "r4", "r5"), eps("r0", "r1", "r2", "r3", "r6"), eps("r0", "r1", "r3", "r4", "r5", "r6")}
+		sets := [][]inferlb.Endpoint{addrEndpoints("r0", "r1", "r2", "r3", "r4", "r5"), addrEndpoints("r0", "r1", "r2", "r3", "r6"), addrEndpoints("r0", "r1", "r3", "r4", "r5", "r6")}
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -179,7 +172,7 @@ func TestTenantRefusalConcurrent(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	require.NoError(t, b.Update(eps("r0", "r1", "r2", "r3")))
+	require.NoError(t, b.Update(addrEndpoints("r0", "r1", "r2", "r3")))
 	b.SetReady("r3", true)
 	drew := map[string]map[string]int{"A": {}, "C": {}}
 	for n := range 400 {
