@@ -81,6 +81,19 @@ type Options struct {
 	// Scorers overrides the scorer per Service; services not named keep
 	// scoring.DefaultFor. A Scorer with a Validate() error method (the
 	// scoring package's have one) is validated with the Options.
+	//
+	// Besides its costs, a Scorer's type decides two things, read once
+	// at New: a scoring.FullScanner whose FullScan reports true (as
+	// *scoring.Latency's does) has its calls compared over every endpoint
+	// of their group (ScanLimit) rather than two drawn at random; and a
+	// *scoring.LLM given here itself (with LoRAWait not 1) has calls for a
+	// LoRA adapter kept off servers whose adapter slots other adapters
+	// hold, and rare adapters sent to a home endpoint (AdapterHomes). A
+	// Scorer of your own that wraps a built-in one keeps only what it
+	// exposes: embed the wrapped *scoring.Latency (its FullScan and
+	// Validate are promoted) or forward them, as the scoring package's
+	// Example_wrap shows; a wrapped *scoring.LLM loses the LoRA slot
+	// handling.
 	Scorers map[inferlb.Service]scoring.Scorer
 	// Telemetry is where the balancer reads endpoint samples. nil means a
 	// private Store on the Balancer's Clock, reachable through

@@ -55,7 +55,9 @@ type Scorer interface {
 // over Telemetry, a reading every caller shares, all callers scanning pick
 // the same endpoint until its next reading, where two random choices
 // spread them. Latency reports true; LLM and LeastLoaded (the default for
-// unknown traffic; see there why) do not implement it.
+// unknown traffic; see there why) do not implement it. The balancer asks
+// the Scorer it was given, so a Scorer that wraps a Latency scans only if
+// it has a FullScan of its own (Example_wrap).
 type FullScanner interface {
 	FullScan() bool
 }
