@@ -26,9 +26,9 @@ func ExampleNewTransport() {
 		defer srv.Close()
 		endpoints = append(endpoints, inferlb.Endpoint{Addr: srv.URL})
 	}
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	t, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: endpoints, Base: base})
+	// Base left nil: the Transport's own clone of http.DefaultTransport,
+	// tuned for model servers, whose idle connections Close closes.
+	t, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: endpoints})
 	if err != nil {
 		panic(err)
 	}
