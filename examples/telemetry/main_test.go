@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestTelemetryExample runs the example end to end at a small scale, so a
+// change that breaks it fails CI: every call succeeds; with the scraped
+// /metrics the sleeping replica gets no call (the Balancer sends a sleeper
+// none while an awake endpoint can take it) and the full one few (it wins
+// only a draw whose other candidate sleeps); the idle ones take the rest;
+// and targets named by host:port have all their samples dropped as
+// unknown, which the output says.
+func TestTelemetryExample(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a second of real time")
+	}
+	var out strings.Builder
+	cfg := config{calls: 40, workers: 4}
+	res, err := run(context.Background(), &out, cfg)
+	t.Log("\n" + out.String())
+	require.NoError(t, err)
+
+	for _, policy := range []string{"without telemetry", "with /metrics"} {
+		var sum int64
+		for _, n := range res.calls[policy] {
+			sum += n
+		}
+		assert.Equal(t, int64(cfg.calls), sum, "%s: %v", policy, res.calls[policy])
+	}
+	with := res.calls["with /metrics"]
+	assert.Zero(t, with["vllm-2"], "calls to the sleeping replica: %v", with)
+	assert.LessOrEqual(t, with["vllm-1"], int64(cfg.calls/10), "calls to the full replica: %v", with)
+	assert.Positive(t, with["vllm-0"], "%v", with)
+	assert.Positive(t, with["vllm-3"], "%v", with)
+
+	assert.Equal(t, uint64(4), res.dropped)
+	assert.Contains(t, out.String(), "4 of 4 samples dropped as unknown, none used.")
+	for _, name := range []string{"vllm-0", "vllm-1", "vllm-2", "vllm-3"} {
+		assert.Contains(t, out.String(), name)
+	}
+}
