@@ -332,7 +332,8 @@
 //	    "errorDecay": "30s", "panicThreshold": 0.5, "defaultCooldown": "1s",
 //	    "maxCooldown": "30s", "slowStartWindow": "30s", "slowStartMinWeight": 0.1,
 //	    "slowStartAggression": 1, "retryRatio": 0.2, "retryFloor": 10,
-//	    "affinity": "prefer", "loadBound": 1.25, "affinitySeed": 0,
+//	    "affinity": "prefer",           // "prefer", "strict" (first within its load bound) or "off" (no affinity)
+//	    "loadBound": 1.25, "affinitySeed": 0,
 //	    "tenantShardSize": 0,           // > 0: each tenant (tenantHeader) on its own shard of endpoints
 //	    "tenantShardStrict": false,     // true: a tenant's calls fail rather than leave its shard
 //	    "spillMemory": "45s",           // how long a spilled key's endpoint counts as warm; negative: off
