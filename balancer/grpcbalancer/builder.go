@@ -95,7 +95,8 @@ func (bb *Builder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingC
 
 // Build implements balancer.Builder: endpointsharding over pickfirst
 // children (gRFC A61), one child per resolver endpoint, with pickfirst's
-// health listener on so a child reports READY only when healthy.
+// health listener on so a child reports READY only when healthy (when the
+// service config asks for health checks: see Structure in the package doc).
 func (bb *Builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
 	lb := &lbBalancer{
 		ClientConn: cc,

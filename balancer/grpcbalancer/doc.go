@@ -37,7 +37,11 @@
 // The policy follows grpc-go's modern recipe for endpoint-level policies
 // (gRFC A61, as least_request of gRFC A48 does): endpointsharding with one
 // pickfirst child per resolver endpoint, pickfirst's health listener on so
-// a child is READY only when healthy. The core holds one endpoint per
+// a child is READY only when healthy. gRPC checks health only when the
+// channel's service config asks for it ("healthCheckConfig": {"serviceName":
+// ""} beside "loadBalancingConfig", with google.golang.org/grpc/health linked
+// in); without it a server that reports NOT_SERVING stays READY and takes
+// calls (TestE2EHealthNeedsHealthCheckConfig). The core holds one endpoint per
 // resolver endpoint, keyed by the smallest of its addresses (or the ID
 // given with WithEndpoint); its state survives picker rebuilds because the policy calls
 // its membership's Update only when the endpoint set changes and SetReady

@@ -447,6 +447,29 @@ func TestE2EHealthCheckNotServing(t *testing.T) {
 	}
 }
 
+// Without healthCheckConfig in the service config, gRPC runs no health
+// checks, and a backend that reports NOT_SERVING stays READY and takes
+// calls, as the package doc says: the policy's health listener reports
+// health only when the channel asks for it.
+func TestE2EHealthNeedsHealthCheckConfig(t *testing.T) {
+	hs, bs := healthyFleet(t, 2)
+	name, b := shared(t, core.Options{SlowStartWindow: -1})
+	conn, _ := dial(t, bs, name, `{}`)
+	ctx := testContext(t)
+	warm(ctx, t, conn, bs)
+	hs[0].health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	before := counts(bs)
+	if err := load(ctx, conn, 2, 40, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	if c := counts(bs); c[0] == before[0] {
+		t.Errorf("the NOT_SERVING backend took no calls without healthCheckConfig: %v -> %v", before, c)
+	}
+	if !endpointStats(t, b, bs[0].addr).Ready {
+		t.Error("the NOT_SERVING backend is not ready without healthCheckConfig")
+	}
+}
+
 // closeSignal is a policy that sends on closed once each instance it built
 // has closed, so a test can wait for gRPC's asynchronous Close.
 type closeSignal struct {
