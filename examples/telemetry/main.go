@@ -185,7 +185,11 @@ func scrape(ctx context.Context, t *httpbalancer.Transport, id func(inferlb.Endp
 	src := &modelserver.Source{Targets: func() []modelserver.Target {
 		var ts []modelserver.Target
 		for _, e := range t.Endpoints() { // follows Update and Discovery
-			ts = append(ts, modelserver.Target{EndpointID: id(e), URL: e.Addr + "/metrics"})
+			base := e.Addr // "http://127.0.0.1:port" here; "host:port" needs a scheme
+			if !strings.Contains(base, "://") {
+				base = "http://" + base
+			}
+			ts = append(ts, modelserver.Target{EndpointID: id(e), URL: base + "/metrics"})
 		}
 		return ts
 	}}
