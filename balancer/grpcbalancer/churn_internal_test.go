@@ -13,6 +13,7 @@ import (
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/internal/testutil/grpcfake"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // shutdownCC is a fake ClientConn that, like a channel, tells a SubConn's
@@ -49,15 +50,17 @@ func (cc *shutdownCC) reportShutdowns() {
 }
 
 // The resolver replaces the endpoints on every deploy: the policy's tables
-// (the SubConns it follows for out-of-band ORCA, addresses, readiness) and
-// its core must hold the current endpoints only.
+// (the SubConns it follows for out-of-band ORCA, addresses, readiness,
+// the endpoints connected before) and its core must hold the current
+// endpoints only. The fake forgets the SubConns shut down, as a channel
+// does, so that nothing but the policy could hold them.
 func TestResolverChurnKeepsThePolicysTablesToTheCurrentEndpoints(t *testing.T) {
 	fake := grpcfake.NewClientConn()
 	cc := &shutdownCC{ClientConn: fake}
 	bal := balancer.Get(Name).Build(cc, balancer.BuildOptions{})
 	t.Cleanup(bal.Close)
 	lb := bal.(*lbBalancer)
-	const rounds, size = 500, 3
+	const rounds, size = 2_000, 3
 	for r := range rounds {
 		var eps []resolver.Endpoint
 		for i := range size {
@@ -67,6 +70,7 @@ func TestResolverChurnKeepsThePolicysTablesToTheCurrentEndpoints(t *testing.T) {
 		for fake.ConnectAll() > 0 {
 		}
 		cc.reportShutdowns()
+		fake.DropShutdown()
 		res, err := fake.State().Picker.Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.Background()})
 		require.NoError(t, err)
 		res.Done(sent)
@@ -77,6 +81,12 @@ func TestResolverChurnKeepsThePolicysTablesToTheCurrentEndpoints(t *testing.T) {
 	assert.Equal(t, size, len(lb.addrToID))
 	assert.Equal(t, size, len(lb.ready))
 	assert.Equal(t, size, len(lb.conn))
+	assert.Equal(t, size, len(lb.connected), "endpoints connected before")
+	assert.Equal(t, size, len(lb.eps))
+	assert.Len(t, fake.SubConns(), size, "SubConns the channel has")
+	require.NotNil(t, lb.current)
+	assert.Len(t, lb.current.children.byID, size, "the picker's children")
+	assert.LessOrEqual(t, len(lb.current.children.bySerial), maxSparse*size+8, "serials are never reused: the picker's table by serial is bounded by its children")
 	assert.Equal(t, size, len(lb.core.Load().Stats()), "core endpoints")
 }
 
@@ -130,4 +140,46 @@ func TestSameEndpoints(t *testing.T) {
 	} {
 		assert.Equal(t, tc.same, sameEndpoints(tc.a, tc.b), "%v / %v", tc.a, tc.b)
 	}
+}
+
+// An address that left the resolver's endpoints and comes back (a pod IP
+// reused by a new pod) is a new endpoint: its first READY is a first
+// connection, which keeps what a Poller published about the new replica,
+// not a reconnect to the old process, which would expire it. The policy
+// forgets the endpoints it had connected to as they leave.
+func TestReAddedAddressFirstReadyIsNoReconnect(t *testing.T) {
+	fake := grpcfake.NewClientConn()
+	cc := &shutdownCC{ClientConn: fake}
+	bal := balancer.Get(Name).Build(cc, balancer.BuildOptions{})
+	t.Cleanup(bal.Close)
+	lb := bal.(*lbBalancer)
+	x, y := resolver.Endpoint{Addresses: []resolver.Address{{Addr: "10.0.0.1:50051"}}}, resolver.Endpoint{Addresses: []resolver.Address{{Addr: "10.0.0.2:50051"}}}
+	update := func(eps ...resolver.Endpoint) {
+		require.NoError(t, bal.UpdateClientConnState(balancer.ClientConnState{ResolverState: resolver.State{Endpoints: eps}}))
+	}
+	settle := func() {
+		for fake.ConnectAll() > 0 {
+		}
+		cc.reportShutdowns()
+	}
+	update(x, y)
+	settle()
+	update(y)
+	settle()
+	update(x, y)
+	core := lb.core.Load()
+	var s telemetry.Sample
+	s.Set(telemetry.KVCacheUsage, 0.25)
+	s.Time = core.Now()
+	core.Publish("10.0.0.1:50051", s) // a Poller's reading of the new replica, before its channel connects
+	settle()
+	for _, st := range core.Stats() {
+		if st.ID == "10.0.0.1:50051" {
+			v, ok := st.Telemetry.Get(telemetry.KVCacheUsage)
+			require.True(t, ok, "the new replica's reading was expired as if its first connection were a reconnect")
+			assert.Equal(t, 0.25, v)
+			return
+		}
+	}
+	t.Fatal("the endpoint added back is not in the core")
 }

@@ -243,3 +243,22 @@ func (noopRecorder) RecordInt64UpDownCount(*estats.Int64UpDownCountHandle, int64
 func (noopRecorder) RegisterAsyncReporter(estats.AsyncMetricReporter, ...estats.AsyncMetric) func() {
 	return func() {}
 }
+
+// DropShutdown forgets the SubConns the policy has shut down, so that a
+// churn test's fake does not itself hold every SubConn ever made (and,
+// through their listeners, the policy state they reach). It returns how
+// many it dropped.
+func (cc *ClientConn) DropShutdown() int {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	live := cc.subConns[:0]
+	for _, sc := range cc.subConns {
+		if !sc.IsShutdown() {
+			live = append(live, sc)
+		}
+	}
+	n := len(cc.subConns) - len(live)
+	clear(cc.subConns[len(live):])
+	cc.subConns = live
+	return n
+}
