@@ -23,7 +23,7 @@ import (
 // left behind would be a cardinality leak in the Prometheus server (a
 // new one per pod IP for good); the collectors keep no state, so the
 // series of an endpoint go with it from the next scrape.
-func TestScrapesExportTheCurrentEndpointsOnly(t *testing.T) {
+func TestScrapesDuringEndpointChurnExportTheCurrentEndpointsOnly(t *testing.T) {
 	clock := testutil.NewClock()
 	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(9)})
 	t.Cleanup(b.Close)
