@@ -17,6 +17,9 @@
 // calls and tokens, peak-EWMA latency, error rate, telemetry slot, standing).
 // Update builds a new immutable snapshot and swaps it in atomically; the state
 // of endpoints that stay is kept. Pick never blocks, locks or allocates.
+// An endpoint that no membership lists any more leaves with its state
+// (see Update), so a client whose fleet gets new pod addresses on every
+// rollout holds state for its current endpoints only.
 //
 // A call its caller cancelled (Outcome.Canceled: a user's stop, a hedged
 // call's loser, an abandoned agent step) counts as neither success nor
@@ -391,6 +394,17 @@ var (
 // Update sets the Balancer's own membership, which Pick routes over; an
 // adapter sharing the Balancer with others sets its own through a Membership,
 // which this call does not touch.
+//
+// An endpoint that leaves every membership leaves the Balancer with its
+// state: Stats no longer lists it, its telemetry slot is released (a Store
+// shared with other Balancers keeps the slots they hold), and its calls
+// still out leave the load its former peers share, ending on its own state.
+// What its answers taught (models it does not serve, context windows, a
+// model's failures, tenants it refused) and the sessions and spills that
+// name it stay in fixed-size tables, keyed by its Serial, until they lapse
+// or are evicted: they never grow with churn and never apply to another
+// endpoint. An ID added back is a new endpoint, with a new Serial and clean
+// state.
 func (b *Balancer) Update(endpoints []inferlb.Endpoint) error {
 	return b.def.Update(endpoints)
 }

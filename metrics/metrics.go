@@ -56,9 +56,12 @@
 // (bytes, Celsius, watts, counts, ratios; its HELP lists them): select one
 // field before aggregating.
 //
-// An endpoint removed by Update and added back under the same ID is a new
-// endpoint to the Balancer, with clean state, and the collectors keep no
-// state of their own: its counters start again at 0, which rate() and
+// The collectors keep no state of their own: each scrape exports the
+// endpoints the Balancer has then, so a removed endpoint's series are gone
+// from the next scrape, and pods replaced at new addresses on every
+// rollout add no series that outlive them. An endpoint removed by Update
+// and added back under the same ID is a new endpoint to the Balancer, with
+// clean state: its counters start again at 0, which rate() and
 // increase() read as a counter reset, as for a restarted process. What the
 // old endpoint counted after the last scrape before its removal is not in
 // them, nor is the reset seen when the new one counts past the old one's

@@ -53,6 +53,13 @@
 // TRANSIENT_FAILURE (the server closed it gracefully, as its
 // MaxConnectionAge does) is the same warm server: it comes back without
 // slow start (Membership.SetReconnected); after a failure it ramps.
+// An endpoint the resolver stops listing leaves the channel's membership
+// (and the core, with its state, unless another membership lists it), and
+// the policy forgets it: its address, readiness and connection history
+// and, once gRPC reports them shut down, its SubConns, so pods replaced at
+// new addresses on every rollout leave the policy holding the current
+// endpoints only. An address listed again later is a new endpoint: its
+// first READY is a first connection, not a reconnect.
 //
 // Connectivity: the channel is READY while any child is READY, and calls go
 // through the core over the READY children. Otherwise the policy reports

@@ -150,7 +150,11 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 // "http(s)://host[:port]" (see Options.Endpoints), or that repeat an
 // earlier entry's ID or server (its Addr spelled another way), are skipped
 // and reported in the error, as are the Balancer's own complaints; the
-// rest is applied.
+// rest is applied. An endpoint left out leaves the Balancer with its state
+// (balancer.Balancer.Update); the Transport keeps no table of it, but, on a
+// shared Balancer, its address until the next Update or discovered set,
+// for calls picked just before this one: pods replaced on every rollout
+// leave it holding the current set and the last one at most.
 // After Close (or on a closed Balancer or Membership) it returns
 // balancer.ErrClosed or balancer.ErrMembershipClosed and changes nothing: Endpoints still lists
 // the set from before. That holds too for a Transport that routes over a
