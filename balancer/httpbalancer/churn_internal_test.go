@@ -132,3 +132,16 @@ func TestDiscoveryChurnKeepsTheSetToTwiceAnAnswer(t *testing.T) {
 	defer tr.mu.Unlock()
 	assert.Len(t, tr.discovered, 2*answer)
 }
+
+// The default Base bounds the idle connections of endpoints that left the
+// set, as Options.Base says: closed after 4 s idle, 1,024 at most across
+// endpoints (with net/http's own DefaultTransport, whose 100 it raises).
+func TestDefaultBaseBoundsTheIdleConnectionsOfEndpointsGone(t *testing.T) {
+	base, own := defaultBase()
+	require.True(t, own)
+	tr := base.(*http.Transport)
+	assert.Equal(t, defaultIdleConnTimeout, tr.IdleConnTimeout)
+	assert.Equal(t, 4*time.Second, tr.IdleConnTimeout)
+	assert.Equal(t, 1024, tr.MaxIdleConns)
+	assert.Equal(t, 64, tr.MaxIdleConnsPerHost)
+}

@@ -80,7 +80,14 @@ type Options struct {
 	// second would otherwise dial anew and leave a socket in TIME_WAIT) and
 	// closes a connection idle for 4 s, before the 5 s after which uvicorn
 	// (vLLM, SGLang) closes it, which would race a call sent on it. Close
-	// closes its idle connections. A program that replaced
+	// closes its idle connections. The idle connections of an endpoint that
+	// left the set take no call while it is out: they close within those
+	// 4 s, and the pool keeps at most 1,024 idle connections across
+	// endpoints meanwhile, however fast endpoints come and go (more only
+	// where http.DefaultTransport's MaxIdleConns is larger, or 0: no limit).
+	// A Base of your own keeps them for its IdleConnTimeout (net/http's zero
+	// value: until the server closes them), so give it one where endpoints
+	// leave the set while their servers run. A program that replaced
 	// http.DefaultTransport with another RoundTripper (instrumentation)
 	// gets that one, as it is.
 	Base http.RoundTripper
