@@ -1,0 +1,88 @@
+package balancer_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// The sweeps behind the tenant refusal memory's figures, too slow for
+// every run: INFERLB_TENANT_SWEEP=1 go test -run TestTenantRefusalSweep -v ./balancer/
+func tenantSweep(t *testing.T) {
+	t.Helper()
+	if os.Getenv("INFERLB_TENANT_SWEEP") == "" {
+		t.Skip("set INFERLB_TENANT_SWEEP=1 to run the tenant refusal sweeps")
+	}
+}
+
+// The priced-out run of TestTenantRefusalWeighsItsCallsElsewhere over
+// seeds 1 to 40: A's calls refused by r0, least, median and most.
+func TestTenantRefusalSweepPricedOut(t *testing.T) {
+	tenantSweep(t)
+	var lost []int
+	for seed := uint64(1); seed <= 40; seed++ {
+		_, l, _ := pricedOutRun(t, seed, 6*time.Second, func(addr string, _ int) bool { return addr == "r0" })
+		lost = append(lost, l)
+	}
+	t.Logf("A's calls refused, seeds 1 to 40: %v", lost)
+	slices.Sort(lost)
+	sum := 0
+	for _, l := range lost {
+		sum += l
+	}
+	t.Logf("least %d, median %d, most %d, total %d", lost[0], (lost[19]+lost[20])/2, lost[39], sum)
+}
+
+// A tenant whose own calls are bad at 50%, 70% or 90% wherever they go,
+// its calls under 0 (none), 1 or 3 affinity keys, over 4 and 8
+// endpoints, 20 seeds each: 360 runs of 1,500 rounds of 40 calls. It
+// logs the runs in which some endpoint was passed over for A (none is
+// refusing it more than the others).
+func TestTenantRefusalSweepBadEverywhere(t *testing.T) {
+	tenantSweep(t)
+	runs, marked, total := 0, 0, 0
+	for _, eps := range []int{4, 8} {
+		addrs := make([]string, eps)
+		for i := range addrs {
+			addrs[i] = fmt.Sprintf("r%d", i)
+		}
+		for _, pct := range []int{50, 70, 90} {
+			for _, keys := range []int{0, 1, 3} {
+				for seed := uint64(1); seed <= 20; seed++ {
+					marks := 0
+					r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(seed), AffinitySeed: seed, OnEvent: func(ev balancer.Event) {
+						if ev.Kind == balancer.EventTenantRefused {
+							marks++
+						}
+					}}, addrs...)
+					mix := tenantMix(30)
+					r.tenant = mix
+					if keys > 0 {
+						r.key = func(n int) uint64 {
+							if mix(n) == "A" {
+								return 1 + uint64(n%keys)
+							}
+							return 1000 + uint64(n%64)
+						}
+					}
+					src := rand.New(rand.NewPCG(seed, uint64(pct)))
+					r.refuse = func(_, tn string, _ int) bool { return tn == "A" && src.IntN(100) < pct }
+					r.rounds(1500, 40)
+					runs++
+					if marks > 0 {
+						marked++
+						total += marks
+						t.Logf("%d endpoints, %d%% bad, %d keys, seed %d: %d pass-overs", eps, pct, keys, seed, marks)
+					}
+				}
+			}
+		}
+	}
+	t.Logf("runs with a pass-over: %d of %d (%d pass-overs)", marked, runs, total)
+}
