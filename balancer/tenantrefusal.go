@@ -48,16 +48,27 @@ import (
 // is passed over too when a tenant refused alike everywhere would have
 // its n calls there all among its n+m refused less often than
 // refusalChance (refusalUnlikely, Fisher's exact test): with none
-// refused elsewhere, a run of 31 (the full count) and 6 served
-// elsewhere. A lost 52 (21 to 120 over 40 seeds). Not a share put at
-// (m+1)/(m+k+1) (A lost 28, 12 to 45), nor at Laplace's (m+1)/(m+k+2):
-// one call served elsewhere then allowed a run of 28 (17), and the pick
-// sends few calls elsewhere when they carry an affinity key: a tenant bad
-// at 50% to 90% everywhere, one key for its calls, had its key's owner
-// passed over in 14 of 360 runs over 4 and 8 endpoints, against 1 before
-// the weighing and with it now
-// (TestTenantBadEverywhereWithOneAffinityKeyMarksNothing). With no call
-// served elsewhere during the run (k = 0) the share alone decides.
+// refused elsewhere, a run of 31 and 6 served elsewhere, of 39 and 5, or
+// of 68 and 4. A lost 39 (21 to 89 over seeds 1 to 40, median 49); 52
+// (21 to 120, median 56) while the run was counted only to 31. Not a
+// share put at (m+1)/(m+k+1) (A lost 28, 12 to 45), nor at Laplace's
+// (m+1)/(m+k+2): one call served elsewhere then allowed a run of 28
+// (17), and the pick sends few calls elsewhere when they carry an
+// affinity key: a tenant bad at 50% to 90% everywhere, its calls under
+// 0, 1 or 3 keys, had an endpoint passed over in 14 of 360 runs over 4
+// and 8 endpoints, against 1 before the weighing and with it now
+// (TestTenantBadEverywhereWithOneAffinityKeyMarksNothing). The run is
+// counted to refusalRunMax, 127, and no further: the test is asked at
+// each refusal of each run, and its chance is at least exp(-k n/m), so
+// a longer count lets it pass endpoints over for tenants refused more
+// often elsewhere. Counted to 255, a run of 132 of a tenant bad at 90%
+// everywhere, and one of 214 at 95% (of 240 runs at 80% and 95%), passed
+// an endpoint over; counted to 127 none did, and no tenant whose calls
+// elsewhere are refused at 90.2% or more can have one passed over so
+// (TestRefusalUnlikelyNeverAboveTheFullCountsRate). The sweeps:
+// INFERLB_TENANT_SWEEP=1 go test -run TestTenantRefusalSweep -v ./balancer/.
+// With no call served elsewhere during the run (k = 0) the share alone
+// decides.
 //
 // A run, weighed against the tenant's share, and not one refusal nor a
 // fixed count: a tenant sends bad calls of its own (a malformed body
@@ -83,7 +94,7 @@ import (
 // Tenants are request data, and the memory is bounded whatever the
 // requests say: a table of refusalPairs (endpoint, tenant) entries and
 // one of refusalTenants tenants (a pick consults the pairs only for a
-// tenant the second holds), 40 KiB allocated at the first refusal that
+// tenant the second holds), 41 KiB allocated at the first refusal that
 // names a tenant, 4-way set associative with two choices as the
 // not-served memory's (notserved.go), keyed by the tenant's hash seeded
 // per process (the affinity Keyer's seed), so a client cannot aim a
@@ -123,8 +134,9 @@ const (
 	refusalBuckets  = 256
 
 	// A pair's entry: lackKept, refusalMarked, a 5-bit count of the
-	// tenant's calls refused there in a row, a 17-bit tag, and the time
-	// it lapses in lackNow's units. A tenant's entry: lackKept,
+	// tenant's calls refused there in a row, to 31 (not 0 while a run
+	// goes on; its whole length is in refusalTable.lens), a 17-bit tag,
+	// and the time it lapses in lackNow's units. A tenant's entry: lackKept,
 	// refusalMarked (one of its pairs was marked while the entry lived),
 	// a 22-bit tag, and the time the last of its pairs lapses; and, in a
 	// word of its own, its share of client errors.
@@ -138,10 +150,17 @@ const (
 	// errors; refusalChance is how unlikely a run must be, for a tenant
 	// refused at that share wherever its calls go, to pass an endpoint
 	// over (needRun); refusalSlack is added to the share for its noise.
-	refusalAlpha  = 0.05
-	refusalChance = 1e-6
-	refusalSlack  = 0.1
-	refusalMinRun = 3
+	// A run is counted to refusalRunMax (refusalTable.lens) and weighed
+	// by the share to refusalShareMax, as when the entry held the whole
+	// count: longer runs pass an endpoint over only by the weighing
+	// against the tenant's answers elsewhere (refusalUnlikely), whose
+	// full count bounds the tenants it can pass one over for.
+	refusalAlpha    = 0.05
+	refusalChance   = 1e-6
+	refusalSlack    = 0.1
+	refusalMinRun   = 3
+	refusalRunMax   = 1<<7 - 1
+	refusalShareMax = refusalCountMask
 )
 
 // refusalTable is the memory. Readers load words; writers of entries hold
@@ -162,13 +181,15 @@ type refusalTable struct {
 	// The tenant's answers since its slot was taken, served<<32 |
 	// refused (refusalServed), by the tenants' slot, reset with shares;
 	// births[i] is takes when slot i was last taken; runs, by the pairs'
-	// slot, the tenant's counts when the pair's run began (refusalRun).
+	// slot, the tenant's counts when the pair's run began (refusalRun),
+	// and lens its length, read while the pair's entry counts a run.
 	// Only tenantRefused reads them, under mu, to weigh a run against
 	// the tenant's answers elsewhere meanwhile (refusalElsewhere).
 	counts [refusalTenants]atomic.Uint64
 	births [refusalTenants]uint16 // guarded by mu
 	takes  uint16                 // guarded by mu
 	runs   [refusalPairs]uint64   // guarded by mu
+	lens   [refusalPairs]uint8    // guarded by mu: each pair's run, to refusalRunMax
 
 	// Where a tenant's marked pairs are, so that a pick finds them
 	// without looking at every member of its group (tenantMarks): for
@@ -191,14 +212,16 @@ func refusalBucket(key uint64) int { return int(key >> 32 % refusalBuckets) }
 // whose share of client errors over all its answers is q: as many as
 // make such a run less likely than refusalChance for an endpoint that
 // refuses the tenant's calls no more often than q+refusalSlack, at least
-// refusalMinRun; refusalCountMask+1 (never) when that takes more.
+// refusalMinRun; refusalRunMax+1 (never) when that takes more than
+// refusalShareMax.
 func needRun(q float64) uint64 {
 	q += refusalSlack
-	if q >= 1 {
-		return refusalCountMask + 1
+	if q < 1 {
+		if n := math.Ceil(math.Log(refusalChance) / math.Log(q)); n <= refusalShareMax {
+			return uint64(max(n, refusalMinRun))
+		}
 	}
-	n := math.Ceil(math.Log(refusalChance) / math.Log(q))
-	return uint64(min(max(n, refusalMinRun), refusalCountMask+1))
+	return refusalRunMax + 1
 }
 
 // A tenant's counts word holds its served answers above refusalServed
@@ -214,19 +237,19 @@ const (
 )
 
 // refusalRun returns the run word of a pair after a refusal that made its
-// run n long: run is its word before, pw its entry before (0 for a new
-// run), c the counts of its tenant, this refusal included, and birth that
+// run n long: run is its word before, prev the run's length before (0
+// for a new run), c the counts of its tenant, this refusal included, and birth that
 // of the tenant's slot. A new run, or one whose tenant's slot was taken
 // since it began (its counts restarted, and the run's refusals are not in
 // them), starts from c less the run's n refusals: the answers elsewhere
-// are weighed from now on. A refusal past a full count (refusalCountMask)
-// is added to the run's start, so that what refusalElsewhere counts as
+// are weighed from now on. A refusal past a full count (refusalRunMax,
+// prev == n) is added to the run's start, so that what refusalElsewhere counts as
 // refused elsewhere stays so.
-func refusalRun(run, pw, n, c uint64, birth uint16) uint64 {
+func refusalRun(run, prev, n, c uint64, birth uint16) uint64 {
 	switch {
-	case pw>>refusalCountShift&refusalCountMask == 0 || uint16(run>>48) != birth:
+	case prev == 0 || uint16(run>>48) != birth:
 		return uint64(birth)<<48 | c>>32&refusalRunMask<<refusalRunBits | (c-n)&refusalRunMask
-	case pw>>refusalCountShift&refusalCountMask == refusalCountMask:
+	case prev == n:
 		return run&^refusalRunMask | (run+1)&refusalRunMask
 	}
 	return run
@@ -254,7 +277,7 @@ func refusalElsewhere(run, c, n uint64) (k, m uint64) {
 // alike wherever they go: of its n+m+k answers, n+m refused, the chance
 // that the n at this endpoint are all among them, C(n+m, n)/C(n+m+k, n),
 // whatever the tenant's rate (Fisher's exact test). It needs no share:
-// one call served elsewhere never makes a run of 31 unlikely (1 in 32),
+// one call served elsewhere never makes a full run unlikely (1 in 128),
 // where a share put at (m+1)/(m+k+1) passed the endpoint over after 28.
 // Never a run shorter than the share asks of a tenant that no endpoint
 // refused (needRun(0): 6): the test holds for calls refused alike
@@ -445,10 +468,15 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) bool {
 		ps = refusalSlot(psets, now, t.horizon, true)
 	}
 	i := t.own(pairKey(e.serial, key), ps, e.serial, refusalBucket(key))
-	n := min(pw>>refusalCountShift&refusalCountMask+1, refusalCountMask)
-	t.runs[i] = refusalRun(t.runs[i], pw, n, c, t.births[ti])
+	prev := uint64(0)
+	if pw>>refusalCountShift&refusalCountMask != 0 {
+		prev = uint64(t.lens[i])
+	}
+	n := min(prev+1, refusalRunMax)
+	t.lens[i] = uint8(n)
+	t.runs[i] = refusalRun(t.runs[i], prev, n, c, t.births[ti])
 	k, m := refusalElsewhere(t.runs[i], c, n)
-	w := (pw|tw)&lackKept | n<<refusalCountShift | ptag<<lackTimeBits | until
+	w := (pw|tw)&lackKept | min(n, refusalCountMask)<<refusalCountShift | ptag<<lackTimeBits | until
 	began := false
 	if n >= needRun(q) || refusalUnlikely(n, k, m) {
 		w |= refusalMarked

@@ -46,13 +46,24 @@ func TestTenantRefusalSweepPricedOut(t *testing.T) {
 // refusing it more than the others).
 func TestTenantRefusalSweepBadEverywhere(t *testing.T) {
 	tenantSweep(t)
+	badEverywhereSweep(t, 50, 70, 90)
+}
+
+// As TestTenantRefusalSweepBadEverywhere, bad at 80% and 95%: rates
+// between and above the guard's, where a long run is likelier.
+func TestTenantRefusalSweepBadEverywhereHigh(t *testing.T) {
+	tenantSweep(t)
+	badEverywhereSweep(t, 80, 95)
+}
+
+func badEverywhereSweep(t *testing.T, pcts ...int) {
 	runs, marked, total := 0, 0, 0
 	for _, eps := range []int{4, 8} {
 		addrs := make([]string, eps)
 		for i := range addrs {
 			addrs[i] = fmt.Sprintf("r%d", i)
 		}
-		for _, pct := range []int{50, 70, 90} {
+		for _, pct := range pcts {
 			for _, keys := range []int{0, 1, 3} {
 				for seed := uint64(1); seed <= 20; seed++ {
 					marks := 0
