@@ -16,8 +16,8 @@ import (
 // A run's word counts the tenant's answers elsewhere from the run's
 // first refusal: served ones, and refused ones less the run's own; it
 // restarts with a new run or a new slot of the tenant's (its counts
-// reset), and refusals past a full count (refusalRunMax) stay the run's
-// own. The counts are taken modulo 1<<refusalRunBits, through a refused
+// reset), and refusals past the run's first refusalOwnRun, not counted,
+// or past a full count (refusalRunMax), change nothing. The counts are taken modulo 1<<refusalRunBits, through a refused
 // count below the run's length (a slot reset while the run went on) and
 // the 32-bit halves' wrap.
 func TestRefusalRunCountsAnswersElsewhere(t *testing.T) {
@@ -33,21 +33,25 @@ func TestRefusalRunCountsAnswersElsewhere(t *testing.T) {
 		k, m = refusalElsewhere(run, c, 2)
 		assert.Equal(t, [2]uint64{4, 2}, [2]uint64{k, m}, "base %#x: after 4 served and 2 refused elsewhere", base)
 
-		// Refusals here past a full count are the run's own.
+		// Refusals here past the first refusalOwnRun are not counted
+		// in c, nor past a full count in the run's length.
 		for n := uint64(3); n <= refusalRunMax+5; n++ {
-			c++
+			if n <= refusalOwnRun {
+				c++
+			}
 			run = refusalRun(run, min(n-1, refusalRunMax), min(n, refusalRunMax), c, 3)
 		}
 		k, m = refusalElsewhere(run, c, refusalRunMax)
 		assert.Equal(t, [2]uint64{4, 2}, [2]uint64{k, m}, "base %#x: past a full count", base)
 
 		// The tenant's slot taken anew (births differ): its counts
-		// restarted, and the run is weighed from now on.
-		c2 := uint64(1)
+		// restarted, and the run is weighed from now on. This refusal,
+		// past the run's first refusalOwnRun, is not in them.
+		c2 := uint64(0)
 		run = refusalRun(run, refusalRunMax, refusalRunMax, c2, 4)
 		k, m = refusalElsewhere(run, c2, refusalRunMax)
 		assert.Equal(t, [2]uint64{0, 0}, [2]uint64{k, m}, "base %#x: a new slot", base)
-		c2 += refusalServed + 1
+		c2 += refusalServed
 		run = refusalRun(run, refusalRunMax, refusalRunMax, c2, 4)
 		k, m = refusalElsewhere(run, c2, refusalRunMax)
 		assert.Equal(t, [2]uint64{1, 0}, [2]uint64{k, m}, "base %#x: one served in the new slot", base)
@@ -156,6 +160,38 @@ func TestTenantRunCountsPastTheEntrysField(t *testing.T) {
 		}
 		assert.Equal(t, []uint8{refusalRunMax}, lens, "%d served elsewhere: e0's run", tc.served)
 	}
+}
+
+// Refusals at an endpoint past the first refusalOwnRun of its own run
+// are not counted among the tenant's refusals elsewhere: e1 refusing A's
+// calls 100 times in a row, then e0 and e1 each A's next call in turn,
+// and e2 serving 5 of them early on, e0 is passed over at its 39th
+// refusal in a row (k 5, m 0: 1 in 1,086,008), as if e1 refused nothing
+// meanwhile. Counting e1's refusals, m is about n, and e0 never was.
+// e1's own first 63, while e0's run had not begun, weigh nothing against
+// e0's.
+func TestTenantRefusalsOfAnotherLongRunAreItsOwn(t *testing.T) {
+	clock := testutil.NewClock()
+	b := New(Options{Clock: clock, Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "e0"}, {Addr: "e1"}, {Addr: "e2"}, {Addr: "e3"}}))
+	nowNs := func() int64 { return clock.Now().UnixNano() }
+	for range 100 {
+		clock.Advance(time.Millisecond)
+		b.tenantRefused(b.eps["e1"], "A", nowNs())
+	}
+	got := 0
+	for n := 1; n <= 120; n++ {
+		clock.Advance(time.Millisecond)
+		if b.tenantRefused(b.eps["e0"], "A", nowNs()) && got == 0 {
+			got = n
+		}
+		b.tenantRefused(b.eps["e1"], "A", nowNs())
+		if n <= 5 {
+			b.tenantServed(b.eps["e2"], "A", nowNs(), false)
+		}
+	}
+	assert.Equal(t, 39, got, "the refusal of e0's run that began its pass-over")
 }
 
 // The memory's size, as the docs quote it (41 KiB, allocated at the first

@@ -97,3 +97,16 @@ func badEverywhereSweep(t *testing.T, pcts ...int) {
 	}
 	t.Logf("runs with a pass-over: %d of %d (%d pass-overs)", marked, runs, total)
 }
+
+// The priced-out run with r0 and r1 both refusing A, r1 answering in a
+// millisecond: A's calls go to r0 and r1 nine in ten (r2 and r3 in slow
+// start). A's calls refused over seeds 1 to 40, of 8,000.
+func TestTenantRefusalSweepTwoRefusing(t *testing.T) {
+	tenantSweep(t)
+	lost := 0
+	for seed := uint64(1); seed <= 40; seed++ {
+		_, l, _ := pricedOutRun(t, seed, time.Millisecond, func(addr string, _ int) bool { return addr == "r0" || addr == "r1" })
+		lost += l
+	}
+	t.Logf("r0 and r1 refusing A: %d of A's 8,000 calls refused over seeds 1 to 40", lost)
+}
