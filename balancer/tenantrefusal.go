@@ -148,10 +148,10 @@ const (
 	// A pair's entry: lackKept, refusalMarked, a 5-bit count of the
 	// tenant's calls refused there in a row, to 31 (not 0 while a run
 	// goes on; its whole length is in refusalTable.lens), a 17-bit tag,
-	// and the time it lapses in lackNow's units. A tenant's entry: lackKept,
-	// refusalMarked (one of its pairs was marked while the entry lived),
-	// a 22-bit tag, and the time the last of its pairs lapses; and, in a
-	// word of its own, its share of client errors.
+	// and the time it lapses in lackNow's units. A tenant's entry:
+	// lackKept, refusalMarked (one of its pairs was marked while the
+	// entry lived), a 22-bit tag, and the time the last of its pairs
+	// lapses; and, in a word of its own, its share of client errors.
 	refusalMarked        = 1 << 62
 	refusalCountShift    = 57
 	refusalCountMask     = 1<<5 - 1
@@ -243,11 +243,11 @@ func needRun(q float64) uint64 {
 // and its refused ones below, but for those refused past the first
 // refusalOwnRun of their run: an endpoint that refused the tenant's
 // calls so many times in a row refuses them itself, and its refusals
-// say nothing of how the tenant's calls fare elsewhere. A run's word (refusalTable.runs) the low
-// refusalRunBits of each, as they were when the run began, under the
-// birth of the tenant's slot (refusalTable.births). Differences are
-// taken modulo 1<<refusalRunBits: right while a run spans fewer of the
-// tenant's answers than that.
+// say nothing of how the tenant's calls fare elsewhere. A run's word
+// (refusalTable.runs) holds the low refusalRunBits of each, as they were
+// when the run began, under the birth of the tenant's slot
+// (refusalTable.births). Differences are taken modulo 1<<refusalRunBits:
+// right while a run spans fewer of the tenant's answers than that.
 const (
 	refusalServed  = 1 << 32
 	refusalRunBits = 24
