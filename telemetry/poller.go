@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -99,6 +100,18 @@ type PollerOptions struct {
 	Rand rand.Source
 	// OnError, if set, is called with each failed or partial round's error
 	// (for logging). It runs on the polling goroutine and must not block.
+	//
+	// It is called too, with an *UnknownEndpointsError (errors.Is
+	// ErrUnknownEndpoint), when the Sink is a CheckedSink (a
+	// balancer.Balancer) that dropped some of a round's samples for IDs it
+	// knows no endpoint by: a target named "10.0.0.5:8000" where the
+	// endpoint's Addr is "http://10.0.0.5:8000". The error names up to 3 of
+	// those IDs and 3 the Sink knows. It comes at the first round that drops
+	// any, and again only when a round drops a different number of samples
+	// or a different first ID than the last round that published, so one
+	// misnamed target is reported once, not at every Interval; a round
+	// scraping an endpoint that has just left reports it too. It neither
+	// fails the round nor counts in Partial: the Source answered.
 	OnError func(error)
 }
 
@@ -110,6 +123,11 @@ type PollerStats struct {
 	Partial   uint64 // rounds that returned observations with an ErrPartial error
 	Published uint64 // samples handed to the Sink
 	Skipped   uint64 // observations without an endpoint ID or a field
+	// Unknown counts the samples of Published that the Sink dropped as
+	// being for an endpoint it does not know (a CheckedSink, such as a
+	// balancer.Balancer; see UnknownEndpointsError). Always 0 for a Sink
+	// that is not a CheckedSink (a Store keeps every ID).
+	Unknown uint64
 	// Early counts rounds run ahead of their Interval because the Sink
 	// dropped readings (MinInterval): the extra load on the Source.
 	Early uint64
@@ -126,6 +144,13 @@ type PollerStats struct {
 // clients woken together (a server's restart) do not scrape together. A Poller never stops on an error: telemetry is
 // advisory, and a source that is down now may be back at the next round.
 //
+// A Sink that keeps samples only for the endpoints it knows (a
+// balancer.Balancer, a CheckedSink) drops those for any other ID; the
+// Poller counts them (PollerStats.Unknown) and tells OnError of them
+// (UnknownEndpointsError), so a Source whose targets are named otherwise
+// than the endpoints does not go unnoticed. A round whose IDs are all known
+// allocates nothing for this.
+//
 // Stats may be called from any goroutine while Run is going; Run may be
 // active in only one goroutine at a time (ErrPollerRunning).
 type Poller struct {
@@ -138,7 +163,12 @@ type Poller struct {
 
 	running atomic.Bool
 
-	rounds, failures, timeouts, partial, published, skipped, streak, early atomic.Uint64
+	rounds, failures, timeouts, partial, published, skipped, streak, early, unknown atomic.Uint64
+
+	// The unknown IDs of the last round that published (reportUnknown):
+	// touched by Poll only, which never runs concurrently with itself.
+	lastDropped      int
+	lastFirstUnknown string
 }
 
 type wallClock struct{}
@@ -309,7 +339,15 @@ func (p *Poller) Poll(ctx context.Context) bool {
 		p.report(err)
 	}
 	p.streak.Store(0)
-	var end time.Time
+	checked, _ := p.sink.(CheckedSink)
+	var (
+		end     time.Time
+		unknown [maxNamedIDs]string // the first distinct unknown IDs; on the stack
+		nu      int                 // how many of unknown are set
+		dropped int                 // samples the Sink dropped as unknown
+		sent    int                 // samples handed to the Sink
+		more    bool                // more distinct unknown IDs than unknown holds
+	)
 	for _, o := range obs {
 		if o.EndpointID == "" || o.Sample.Empty() {
 			p.skipped.Add(1)
@@ -331,10 +369,61 @@ func (p *Poller) Poll(ctx context.Context) bool {
 				o.Sample.Time = end
 			}
 		}
-		p.sink.Publish(o.EndpointID, o.Sample)
+		sent++
 		p.published.Add(1)
+		if checked == nil {
+			p.sink.Publish(o.EndpointID, o.Sample)
+			continue
+		}
+		if checked.PublishChecked(o.EndpointID, o.Sample) {
+			continue
+		}
+		dropped++
+		if !slices.Contains(unknown[:nu], o.EndpointID) {
+			if nu < len(unknown) {
+				unknown[nu] = o.EndpointID
+				nu++
+			} else {
+				more = true
+			}
+		}
 	}
+	if dropped > 0 {
+		p.unknown.Add(uint64(dropped))
+	}
+	p.reportUnknown(checked, dropped, sent, unknown[:nu], more)
 	return true
+}
+
+// reportUnknown reports through OnError a round whose samples the Sink
+// dropped as unknown (dropped of sent; ids the first of them), when it
+// differs from the round before that published: in how many were dropped,
+// or in the first unknown ID. A Source that names its targets otherwise
+// than the Balancer names its endpoints does so at every round, and a
+// report at each (every 15 s by default) would flood a log with one
+// mistake; once per change still tells of it when the Poller starts and
+// when it gets worse, better, or comes back after a round without it.
+// Every drop is counted all the same (PollerStats.Unknown,
+// StoreStats.DroppedUnknown).
+func (p *Poller) reportUnknown(sink CheckedSink, dropped, sent int, ids []string, more bool) {
+	var first string
+	if len(ids) > 0 {
+		first = ids[0]
+	}
+	if dropped == p.lastDropped && first == p.lastFirstUnknown {
+		return // as the round before: reported then, or nothing to report
+	}
+	p.lastDropped, p.lastFirstUnknown = dropped, first
+	if dropped == 0 || p.opts.OnError == nil {
+		return
+	}
+	e := &UnknownEndpointsError{Dropped: dropped, Published: sent, IDs: slices.Clone(ids), moreIDs: more}
+	if known := sink.KnownIDs(maxNamedIDs + 1); len(known) > maxNamedIDs {
+		e.Known, e.moreKnown = known[:maxNamedIDs], true
+	} else {
+		e.Known = known
+	}
+	p.opts.OnError(e)
 }
 
 func (p *Poller) report(err error) {
@@ -385,6 +474,7 @@ func (p *Poller) Stats() PollerStats {
 		Partial:             p.partial.Load(),
 		Published:           p.published.Load(),
 		Skipped:             p.skipped.Load(),
+		Unknown:             p.unknown.Load(),
 		Early:               p.early.Load(),
 		ConsecutiveFailures: p.streak.Load(),
 	}

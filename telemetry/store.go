@@ -94,11 +94,14 @@ type StoreStats struct {
 	DroppedOld   uint64 // samples older than every field they carried
 	DroppedFull  uint64 // samples for a new ID once MaxEndpoints were tracked
 	// DroppedUnknown counts PublishKnown samples for an ID with no slot:
-	// an endpoint the Balancer does not have (yet, or any more).
+	// an endpoint the Balancer does not have (yet, or any more). A
+	// telemetry.Poller publishing into a Balancer reports them through its
+	// OnError too (UnknownEndpointsError, naming the IDs), once per change.
 	DroppedUnknown uint64
 	// LastUnknown is the ID of the latest of those samples: when every
 	// sample of a source is dropped so, compare it with the endpoints' IDs
-	// (an endpoint's ID is its Addr as written, scheme included).
+	// (an endpoint's ID is its Endpoint.Key: its ID, else its Addr as
+	// written, scheme included).
 	LastUnknown string
 	// ArrivedStale counts samples merged (not counted in Accepted) whose
 	// Time was already older than the publishing reader's max age when
@@ -453,8 +456,14 @@ func (st *Store) nowNs() int64 {
 //
 // A sample merged whose Time is older than the largest max age the
 // Store's readers declared (ReadWithin) is counted in ArrivedStale.
-func (st *Store) PublishKnown(id string, s Sample) {
-	st.publishKnown(id, s, st.readersStaleBefore())
+//
+// It reports whether id has a slot: false means s was dropped and counted
+// in DroppedUnknown. (An unusable sample is counted in DroppedEmpty instead,
+// slot or not; the result still says whether id has one.) A Balancer's
+// PublishChecked returns it, so a Poller can report unknown IDs
+// (UnknownEndpointsError).
+func (st *Store) PublishKnown(id string, s Sample) (known bool) {
+	return st.publishKnown(id, s, st.readersStaleBefore())
 }
 
 // PublishKnownWithin is PublishKnown for a reader that ignores fields
@@ -465,21 +474,23 @@ func (st *Store) PublishKnown(id string, s Sample) {
 // ones arriving later (a scrape of a process since expired) and keeps
 // GPU memory out of the price for a server that reports a KV cache (see
 // LoadInto), and no reader of that max age uses it. Balancer.Publish
-// publishes through it with its clock and TelemetryMaxAge.
-func (st *Store) PublishKnownWithin(id string, s Sample, now time.Time, maxAge time.Duration) {
+// publishes through it with its clock and TelemetryMaxAge. It reports
+// whether id has a slot, as PublishKnown does.
+func (st *Store) PublishKnownWithin(id string, s Sample, now time.Time, maxAge time.Duration) (known bool) {
 	staleBefore := int64(math.MinInt64)
 	if n := now.UnixNano(); maxAge > 0 && n >= math.MinInt64+int64(maxAge) {
 		staleBefore = n - int64(maxAge) // as LoadInto's lo
 	}
-	st.publishKnown(id, s, staleBefore)
+	return st.publishKnown(id, s, staleBefore)
 }
 
 // publishKnown is PublishKnown counting a merged sample whose time is
 // before staleBefore (unix ns) as ArrivedStale.
-func (st *Store) publishKnown(id string, s Sample, staleBefore int64) {
+func (st *Store) publishKnown(id string, s Sample, staleBefore int64) (known bool) {
 	if !s.usable() {
 		st.droppedEmpty.Add(1)
-		return
+		_, ok := st.slots.Load(id)
+		return ok
 	}
 	v, ok := st.slots.Load(id)
 	if !ok {
@@ -488,7 +499,7 @@ func (st *Store) publishKnown(id string, s Sample, staleBefore int64) {
 			last := id // a copy: taking id's address would move it to the heap on every call
 			st.lastUnknown.Store(&last)
 		}
-		return
+		return false
 	}
 	switch {
 	case !v.(*Slot).merge(s, st):
@@ -498,6 +509,7 @@ func (st *Store) publishKnown(id string, s Sample, staleBefore int64) {
 	default:
 		st.accepted.Add(1)
 	}
+	return true
 }
 
 // usable reports whether s has a time and at least one value of a known
