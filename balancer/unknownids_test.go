@@ -1,0 +1,83 @@
+package balancer_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+	"github.com/inferlb/inferlb/telemetry"
+)
+
+// A Poller whose targets are named by host:port, publishing into a
+// Balancer that knows its endpoints by their Addr with the scheme: every
+// sample is dropped as unknown, and the Poller's OnError hears of it, with
+// the IDs it should have used.
+func TestPollerTellsOfTargetsTheBalancerDoesNotKnow(t *testing.T) {
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	defer b.Close()
+	addrs := []string{"http://10.0.0.5:8000", "http://10.0.0.6:8000", "http://10.0.0.7:8000", "http://10.0.0.8:8000"}
+	var eps []inferlb.Endpoint
+	for _, a := range addrs {
+		eps = append(eps, inferlb.Endpoint{Addr: a})
+	}
+	require.NoError(t, b.Update(eps))
+
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		var obs []telemetry.Observation
+		for _, a := range addrs {
+			s := telemetry.Sample{}
+			s.Set(telemetry.Waiting, 3)
+			obs = append(obs, telemetry.Observation{EndpointID: strings.TrimPrefix(a, "http://"), Sample: s})
+		}
+		return obs, nil
+	})
+	var errs []error
+	p, err := telemetry.NewPoller(src, b, telemetry.PollerOptions{Clock: clock, OnError: func(err error) { errs = append(errs, err) }})
+	require.NoError(t, err)
+	require.True(t, p.Poll(t.Context()), "the round succeeds")
+	require.True(t, p.Poll(t.Context()))
+
+	require.Len(t, errs, 1, "once for the same mistake: %v", errs)
+	var ue *telemetry.UnknownEndpointsError
+	require.ErrorAs(t, errs[0], &ue)
+	assert.ErrorIs(t, errs[0], telemetry.ErrUnknownEndpoint)
+	assert.Equal(t, 4, ue.Dropped)
+	assert.Equal(t, []string{"10.0.0.5:8000", "10.0.0.6:8000", "10.0.0.7:8000"}, ue.IDs)
+	assert.Equal(t, addrs[:3], ue.Known, "the Balancer's endpoint keys, sorted")
+	assert.Equal(t, `telemetry: 4 of 4 samples dropped: the Sink knows no endpoint "10.0.0.5:8000", "10.0.0.6:8000", "10.0.0.7:8000", ... `+
+		`(it knows "http://10.0.0.5:8000", "http://10.0.0.6:8000", "http://10.0.0.7:8000", ...); `+
+		`name each target by its endpoint's Endpoint.Key: the Endpoint.ID, else the Addr exactly as given, scheme included`,
+		ue.Error(), "as README's Telemetry section quotes it")
+	assert.EqualValues(t, 8, b.Telemetry().Stats().DroppedUnknown)
+	assert.EqualValues(t, 8, p.Stats().Unknown)
+	assert.Zero(t, p.Stats().Failures)
+}
+
+// PublishChecked reports whether the Balancer knows the ID; KnownIDs lists
+// its endpoints' keys, sorted and bounded.
+func TestBalancerPublishChecked(t *testing.T) {
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	defer b.Close()
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "b", Addr: "10.0.0.6:8000"}, {Addr: "http://10.0.0.5:8000"}}))
+	s := telemetry.Sample{Time: clock.Now()}
+	s.Set(telemetry.Waiting, 1)
+	assert.True(t, b.PublishChecked("b", s))
+	assert.True(t, b.PublishChecked("http://10.0.0.5:8000", s))
+	assert.False(t, b.PublishChecked("10.0.0.6:8000", s), "known by its ID, not its Addr")
+	assert.False(t, b.PublishChecked("10.0.0.5:8000", s), "its Addr is written with the scheme")
+	assert.True(t, b.PublishChecked("b", telemetry.Sample{}), "an empty sample for a known ID: dropped as empty, not unknown")
+	assert.Equal(t, []string{"b", "http://10.0.0.5:8000"}, b.KnownIDs(3))
+	assert.Equal(t, []string{"b"}, b.KnownIDs(1))
+	assert.Empty(t, b.KnownIDs(0))
+	st := b.Telemetry().Stats()
+	assert.EqualValues(t, 2, st.DroppedUnknown)
+	assert.EqualValues(t, 1, st.DroppedEmpty)
+}
