@@ -16,12 +16,15 @@
 // (Endpoint.ID, else Addr exactly as given, scheme included), so the
 // scrape targets are built from Transport.Endpoints, by Endpoint.Key. Last,
 // the program scrapes with targets named by host:port instead: every sample
-// is dropped, silently but for the telemetry Store's DroppedUnknown count,
-// which is where to look when telemetry seems to change nothing.
+// is dropped, and the Poller's OnError says so with a
+// telemetry.UnknownEndpointsError that names the unknown IDs and the ones
+// the Balancer knows (the telemetry Store's DroppedUnknown counts them
+// too), which is where to look when telemetry seems to change nothing.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -93,6 +96,7 @@ type config struct {
 type result struct {
 	calls   map[string]map[string]int64 // policy -> replica -> calls
 	dropped uint64                      // samples dropped as unknown with host:port targets
+	unknown error                       // what the Poller's OnError got for them
 }
 
 func main() {
@@ -127,7 +131,7 @@ func run(ctx context.Context, out io.Writer, cfg config) (result, error) {
 			return res, err
 		}
 		if policy == "with /metrics" {
-			stop, err := scrape(ctx, t, func(e inferlb.Endpoint) string { return e.Key() })
+			stop, err := scrape(ctx, t, func(e inferlb.Endpoint) string { return e.Key() }, logError)
 			if err != nil {
 				t.Close()
 				return res, err
@@ -160,43 +164,38 @@ func run(ctx context.Context, out io.Writer, cfg config) (result, error) {
 
 	// The same scrape with targets named by host:port, not by the
 	// endpoints' IDs: the Balancer knows no such endpoint and drops every
-	// sample, counting it.
+	// sample, counting it, and the Poller tells OnError (once while the
+	// mistake stays the same).
 	t, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: endpoints})
 	if err != nil {
 		return res, err
 	}
 	defer t.Close()
-	stop, err := scrape(ctx, t, func(e inferlb.Endpoint) string { return strings.TrimPrefix(e.Addr, "http://") })
+	p, err := newPoller(t, func(e inferlb.Endpoint) string { return strings.TrimPrefix(e.Addr, "http://") }, func(err error) {
+		if errors.Is(err, telemetry.ErrUnknownEndpoint) {
+			res.unknown = err
+			return
+		}
+		logError(err)
+	})
 	if err != nil {
 		return res, err
 	}
-	stop()
+	p.Poll(ctx) // one round: OnError runs on this goroutine
 	st := t.Balancer().Telemetry().Stats()
 	res.dropped = st.DroppedUnknown
-	fmt.Fprintf(out, "\nTargets named by host:port (%s) instead of the endpoints' IDs: %d of %d samples dropped as unknown, none used.\n",
-		st.LastUnknown, st.DroppedUnknown, len(replicas))
+	fmt.Fprintf(out, "\nTargets named by host:port instead of the endpoints' IDs: %d of %d samples dropped as unknown, none used. The Poller's OnError got:\n%v\n",
+		st.DroppedUnknown, len(replicas), res.unknown)
 	return res, nil
 }
 
-// scrape starts a Poller that scrapes every endpoint of t, naming each
-// target with id, into t's Balancer. It polls once before returning, so
-// the first calls already see the readings; stop ends it.
-func scrape(ctx context.Context, t *httpbalancer.Transport, id func(inferlb.Endpoint) string) (stop func(), err error) {
-	src := &modelserver.Source{Targets: func() []modelserver.Target {
-		var ts []modelserver.Target
-		for _, e := range t.Endpoints() { // follows Update and Discovery
-			base := e.Addr // "http://127.0.0.1:port" here; "host:port" needs a scheme
-			if !strings.Contains(base, "://") {
-				base = "http://" + base
-			}
-			ts = append(ts, modelserver.Target{EndpointID: id(e), URL: base + "/metrics"})
-		}
-		return ts
-	}}
-	p, err := telemetry.NewPoller(src, t.Balancer(), telemetry.PollerOptions{
-		Interval: time.Second,
-		OnError:  func(err error) { log.Print("telemetry: ", err) },
-	})
+func logError(err error) { log.Print("telemetry: ", err) }
+
+// scrape starts a Poller (newPoller) into t's Balancer. It polls once
+// before returning, so the first calls already see the readings; stop
+// ends it.
+func scrape(ctx context.Context, t *httpbalancer.Transport, id func(inferlb.Endpoint) string, onError func(error)) (stop func(), err error) {
+	p, err := newPoller(t, id, onError)
 	if err != nil {
 		return nil, err
 	}
@@ -208,6 +207,26 @@ func scrape(ctx context.Context, t *httpbalancer.Transport, id func(inferlb.Endp
 		_ = p.Run(ctx) // until ctx ends
 	}()
 	return func() { cancel(); <-done }, nil
+}
+
+// newPoller returns a Poller that scrapes every endpoint of t, naming each
+// target with id, into t's Balancer, and tells onError of what went wrong.
+func newPoller(t *httpbalancer.Transport, id func(inferlb.Endpoint) string, onError func(error)) (*telemetry.Poller, error) {
+	src := &modelserver.Source{Targets: func() []modelserver.Target {
+		var ts []modelserver.Target
+		for _, e := range t.Endpoints() { // follows Update and Discovery
+			base := e.Addr // "http://127.0.0.1:port" here; "host:port" needs a scheme
+			if !strings.Contains(base, "://") {
+				base = "http://" + base
+			}
+			ts = append(ts, modelserver.Target{EndpointID: id(e), URL: base + "/metrics"})
+		}
+		return ts
+	}}
+	return telemetry.NewPoller(src, t.Balancer(), telemetry.PollerOptions{
+		Interval: time.Second,
+		OnError:  onError,
+	})
 }
 
 // send makes cfg.calls chat completions, each with a prompt of its own,

@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -18,7 +20,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // none while an awake endpoint can take it) and the full one few (it wins
 // only a draw whose other candidate sleeps); the idle ones take the rest;
 // and targets named by host:port have all their samples dropped as
-// unknown, which the output says.
+// unknown, which the Poller reports through OnError and the output says.
 func TestTelemetryExample(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a second of real time")
@@ -44,6 +46,15 @@ func TestTelemetryExample(t *testing.T) {
 
 	assert.Equal(t, uint64(4), res.dropped)
 	assert.Contains(t, out.String(), "4 of 4 samples dropped as unknown, none used.")
+	var ue *telemetry.UnknownEndpointsError
+	require.ErrorAs(t, res.unknown, &ue, "the Poller's OnError heard of the unknown IDs")
+	assert.Equal(t, 4, ue.Dropped)
+	assert.Len(t, ue.IDs, 3)
+	for _, id := range ue.IDs {
+		assert.Regexp(t, `^127\.0\.0\.1:\d+$`, id)
+	}
+	assert.Equal(t, []string{"vllm-0", "vllm-1", "vllm-2"}, ue.Known)
+	assert.Contains(t, out.String(), `(it knows "vllm-0", "vllm-1", "vllm-2", ...); name each target by its endpoint's Endpoint.Key`)
 	for _, name := range []string{"vllm-0", "vllm-1", "vllm-2", "vllm-3"} {
 		assert.Contains(t, out.String(), name)
 	}
