@@ -19,7 +19,7 @@ type PollerStatser interface {
 type PollerCollector struct {
 	p PollerStatser
 
-	rounds, failures, timeouts, partial, published, skipped, early, consecutive *prometheus.Desc
+	rounds, failures, timeouts, partial, published, skipped, unknown, early, consecutive *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*PollerCollector)(nil)
@@ -39,6 +39,7 @@ func NewPollerCollector(p PollerStatser, pollerName string) *PollerCollector {
 		partial:     d("partial_total", "Rounds that returned observations with a partial-result error."),
 		published:   d("published_total", "Samples handed to the Poller's Sink (a Balancer or a telemetry Store)."),
 		skipped:     d("skipped_total", "Observations dropped for having no endpoint ID or no field."),
+		unknown:     d("unknown_total", "Published samples the Sink (a Balancer) dropped for an endpoint ID it does not know: targets named otherwise than the endpoints' keys (Endpoint.Key), or endpoints that left while scraped."),
 		early:       d("early_rounds_total", "Rounds run ahead of the Poller's Interval because its Sink dropped readings (a reconnect, a failure exclusion); at most one per MinInterval."),
 		consecutive: d("consecutive_failures", "Failed rounds in a row now (0 after a success); the Poller backs off while it grows."),
 	}
@@ -46,7 +47,7 @@ func NewPollerCollector(p PollerStatser, pollerName string) *PollerCollector {
 
 // Describe implements prometheus.Collector.
 func (c *PollerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.rounds, c.failures, c.timeouts, c.partial, c.published, c.skipped, c.early, c.consecutive} {
+	for _, d := range []*prometheus.Desc{c.rounds, c.failures, c.timeouts, c.partial, c.published, c.skipped, c.unknown, c.early, c.consecutive} {
 		ch <- d
 	}
 }
@@ -63,6 +64,7 @@ func (c *PollerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.partial, s.Partial)
 	counter(c.published, s.Published)
 	counter(c.skipped, s.Skipped)
+	counter(c.unknown, s.Unknown)
 	counter(c.early, s.Early)
 	ch <- prometheus.MustNewConstMetric(c.consecutive, prometheus.GaugeValue, float64(s.ConsecutiveFailures))
 }

@@ -66,7 +66,7 @@ inferlb_telemetry_poll_rounds_total{poller="vllm"} 3
 # TYPE inferlb_telemetry_poll_skipped_total counter
 inferlb_telemetry_poll_skipped_total{poller="vllm"} 1
 `), "inferlb_telemetry_poll_consecutive_failures", "inferlb_telemetry_poll_published_total", "inferlb_telemetry_poll_rounds_total", "inferlb_telemetry_poll_skipped_total"))
-	require.Equal(t, 8, testutil.CollectAndCount(c))
+	require.Equal(t, 9, testutil.CollectAndCount(c))
 }
 
 // statsFunc is a PollerStatser over fixed counters.
@@ -89,4 +89,32 @@ inferlb_telemetry_poll_early_rounds_total{poller="dcgm"} 4
 # TYPE inferlb_telemetry_poll_rounds_total counter
 inferlb_telemetry_poll_rounds_total{poller="dcgm"} 9
 `), "inferlb_telemetry_poll_early_rounds_total", "inferlb_telemetry_poll_rounds_total"))
+}
+
+// TestPollerCollectorExportsUnknownSamples: samples the Balancer dropped
+// as unknown (targets named by host:port, endpoints known by their Addr
+// with the scheme) show per Poller.
+func TestPollerCollectorExportsUnknownSamples(t *testing.T) {
+	clock := tu.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	defer b.Close()
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "http://10.0.0.5:8000"}, {Addr: "http://10.0.0.6:8000"}}))
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		s := telemetry.Sample{Time: clock.Now()}
+		s.Set(telemetry.KVCacheUsage, 0.5)
+		return []telemetry.Observation{{EndpointID: "http://10.0.0.5:8000", Sample: s}, {EndpointID: "10.0.0.6:8000", Sample: s}}, nil
+	})
+	p, err := telemetry.NewPoller(src, b, telemetry.PollerOptions{Clock: clock})
+	require.NoError(t, err)
+	c := metrics.NewPollerCollector(p, "vllm")
+	p.Poll(context.Background())
+	p.Poll(context.Background())
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_telemetry_poll_published_total Samples handed to the Poller's Sink (a Balancer or a telemetry Store).
+# TYPE inferlb_telemetry_poll_published_total counter
+inferlb_telemetry_poll_published_total{poller="vllm"} 4
+# HELP inferlb_telemetry_poll_unknown_total Published samples the Sink (a Balancer) dropped for an endpoint ID it does not know: targets named otherwise than the endpoints' keys (Endpoint.Key), or endpoints that left while scraped.
+# TYPE inferlb_telemetry_poll_unknown_total counter
+inferlb_telemetry_poll_unknown_total{poller="vllm"} 2
+`), "inferlb_telemetry_poll_published_total", "inferlb_telemetry_poll_unknown_total"))
 }
