@@ -306,7 +306,9 @@ func (p *Poller) Run(ctx context.Context) error {
 // Poll runs one round: Collect under Timeout, then Publish every usable
 // observation. It reports whether the round succeeded (a partial result
 // counts as success: the source answered). Run calls it; tests and callers
-// that schedule rounds themselves may too, but not concurrently with Run.
+// that schedule rounds themselves may too, but not concurrently with Run or
+// with another Poll: it compares a round's unknown endpoint IDs with the
+// last round's (OnError).
 func (p *Poller) Poll(ctx context.Context) bool {
 	p.rounds.Add(1)
 	start := p.opts.Clock.Now()
