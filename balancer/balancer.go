@@ -345,8 +345,9 @@ func (b *Balancer) TelemetryMaxAge() time.Duration { return b.cfg.telemetryMaxAg
 // telemetry.Poller can publish into it. A sample for an ID that is not one
 // of the Balancer's endpoints (or another's on a shared Store) is dropped
 // and counted in Telemetry().Stats().DroppedUnknown: the Store keeps slots
-// only for endpoints someone routes to (a telemetry.Poller publishes
-// through PublishChecked, and reports such IDs through its OnError). A sample with no time (Sample.Time
+// only for endpoints someone routes to (a telemetry.Poller asks Known of
+// each ID it publishes, and reports the unknown ones through its OnError).
+// A sample with no time (Sample.Time
 // zero) or no usable field is dropped and counted in DroppedEmpty: stamp
 // samples with the Balancer's clock (a telemetry.Poller stamps those its
 // Source left at zero).
@@ -361,24 +362,21 @@ func (b *Balancer) TelemetryMaxAge() time.Duration { return b.cfg.telemetryMaxAg
 // never read, and counted in ArrivedStale, not Accepted
 // (telemetry.Store.PublishKnownWithin).
 func (b *Balancer) Publish(endpointID string, s telemetry.Sample) {
-	b.PublishChecked(endpointID, s)
-}
-
-// PublishChecked is Publish, reporting whether the Balancer knows
-// endpointID: false means the sample was dropped and counted in
-// DroppedUnknown. The Balancer is a telemetry.CheckedSink: a
-// telemetry.Poller publishes through it and reports the IDs it did not
-// know through its OnError (telemetry.UnknownEndpointsError). It
-// allocates no more than Publish.
-func (b *Balancer) PublishChecked(endpointID string, s telemetry.Sample) (known bool) {
 	now := time.Unix(0, b.cfg.nowNs())
 	if s.Time.After(now) {
 		s.Time = now
 	}
-	known = b.cfg.store.PublishKnownWithin(endpointID, s, now, b.cfg.telemetryMaxAge)
+	b.cfg.store.PublishKnownWithin(endpointID, s, now, b.cfg.telemetryMaxAge)
 	b.changed(endpointID)
-	return known
 }
+
+// Known reports whether Publish keeps samples for endpointID: whether it
+// is the key (Endpoint.Key) of an endpoint with a slot in the Balancer's
+// telemetry Store (one of the Balancer's endpoints, or another's on a
+// shared Store). The Balancer is a telemetry.KnownSink: a telemetry.Poller
+// asks it of each ID it publishes and reports the unknown ones through its
+// OnError (telemetry.UnknownEndpointsError). It never allocates or locks.
+func (b *Balancer) Known(endpointID string) bool { return b.cfg.store.Known(endpointID) }
 
 // KnownIDs returns up to n of the Balancer's endpoint IDs (Endpoint.Key,
 // across its memberships), sorted: what a telemetry.Poller names in an
@@ -407,7 +405,7 @@ func (b *Balancer) Expired() <-chan struct{} { return b.cfg.store.Expired() }
 
 var (
 	_ telemetry.Sink           = (*Balancer)(nil)
-	_ telemetry.CheckedSink    = (*Balancer)(nil)
+	_ telemetry.KnownSink      = (*Balancer)(nil)
 	_ telemetry.ExpiryNotifier = (*Balancer)(nil)
 )
 

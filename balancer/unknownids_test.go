@@ -60,24 +60,22 @@ func TestPollerTellsOfTargetsTheBalancerDoesNotKnow(t *testing.T) {
 	assert.Zero(t, p.Stats().Failures)
 }
 
-// PublishChecked reports whether the Balancer knows the ID; KnownIDs lists
-// its endpoints' keys, sorted and bounded.
-func TestBalancerPublishChecked(t *testing.T) {
+// Known reports whether the Balancer keeps samples for an ID: its
+// endpoints' keys only; KnownIDs lists those keys, sorted and bounded.
+func TestBalancerKnown(t *testing.T) {
 	clock := testutil.NewClock()
 	b := balancer.New(balancer.Options{Clock: clock})
 	defer b.Close()
 	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "b", Addr: "10.0.0.6:8000"}, {Addr: "http://10.0.0.5:8000"}}))
-	s := telemetry.Sample{Time: clock.Now()}
-	s.Set(telemetry.Waiting, 1)
-	assert.True(t, b.PublishChecked("b", s))
-	assert.True(t, b.PublishChecked("http://10.0.0.5:8000", s))
-	assert.False(t, b.PublishChecked("10.0.0.6:8000", s), "known by its ID, not its Addr")
-	assert.False(t, b.PublishChecked("10.0.0.5:8000", s), "its Addr is written with the scheme")
-	assert.True(t, b.PublishChecked("b", telemetry.Sample{}), "an empty sample for a known ID: dropped as empty, not unknown")
+	assert.True(t, b.Known("b"))
+	assert.True(t, b.Known("http://10.0.0.5:8000"))
+	assert.False(t, b.Known("10.0.0.6:8000"), "known by its ID, not its Addr")
+	assert.False(t, b.Known("10.0.0.5:8000"), "its Addr is written with the scheme")
 	assert.Equal(t, []string{"b", "http://10.0.0.5:8000"}, b.KnownIDs(3))
 	assert.Equal(t, []string{"b"}, b.KnownIDs(1))
 	assert.Empty(t, b.KnownIDs(0))
-	st := b.Telemetry().Stats()
-	assert.EqualValues(t, 2, st.DroppedUnknown)
-	assert.EqualValues(t, 1, st.DroppedEmpty)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { b.Known("10.0.0.5:8000") }))
+
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "b", Addr: "10.0.0.6:8000"}}))
+	assert.False(t, b.Known("http://10.0.0.5:8000"), "an endpoint that left")
 }

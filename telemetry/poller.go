@@ -102,7 +102,7 @@ type PollerOptions struct {
 	// (for logging). It runs on the polling goroutine and must not block.
 	//
 	// It is called too, with an *UnknownEndpointsError (errors.Is
-	// ErrUnknownEndpoint), when the Sink is a CheckedSink (a
+	// ErrUnknownEndpoint), when the Sink is a KnownSink (a
 	// balancer.Balancer) that dropped some of a round's samples for IDs it
 	// knows no endpoint by: a target named "10.0.0.5:8000" where the
 	// endpoint's Addr is "http://10.0.0.5:8000". The error names up to 3 of
@@ -124,9 +124,9 @@ type PollerStats struct {
 	Published uint64 // samples handed to the Sink
 	Skipped   uint64 // observations without an endpoint ID or a field
 	// Unknown counts the samples of Published that the Sink dropped as
-	// being for an endpoint it does not know (a CheckedSink, such as a
+	// being for an endpoint it does not know (a KnownSink, such as a
 	// balancer.Balancer; see UnknownEndpointsError). Always 0 for a Sink
-	// that is not a CheckedSink (a Store keeps every ID).
+	// that is not a KnownSink (a Store keeps every ID).
 	Unknown uint64
 	// Early counts rounds run ahead of their Interval because the Sink
 	// dropped readings (MinInterval): the extra load on the Source.
@@ -145,7 +145,7 @@ type PollerStats struct {
 // advisory, and a source that is down now may be back at the next round.
 //
 // A Sink that keeps samples only for the endpoints it knows (a
-// balancer.Balancer, a CheckedSink) drops those for any other ID; the
+// balancer.Balancer, a KnownSink) drops those for any other ID; the
 // Poller counts them (PollerStats.Unknown) and tells OnError of them
 // (UnknownEndpointsError), so a Source whose targets are named otherwise
 // than the endpoints does not go unnoticed. A round whose IDs are all known
@@ -341,7 +341,7 @@ func (p *Poller) Poll(ctx context.Context) bool {
 		p.report(err)
 	}
 	p.streak.Store(0)
-	checked, _ := p.sink.(CheckedSink)
+	known, _ := p.sink.(KnownSink)
 	var (
 		end     time.Time
 		unknown [maxNamedIDs]string // the first distinct unknown IDs; on the stack
@@ -371,13 +371,13 @@ func (p *Poller) Poll(ctx context.Context) bool {
 				o.Sample.Time = end
 			}
 		}
-		sent++
+		p.sink.Publish(o.EndpointID, o.Sample)
 		p.published.Add(1)
-		if checked == nil {
-			p.sink.Publish(o.EndpointID, o.Sample)
-			continue
-		}
-		if checked.PublishChecked(o.EndpointID, o.Sample) {
+		sent++
+		// Asked after Publish, not through a Publish that reports it: a
+		// Sink that embeds a Balancer to wrap its Publish would have its
+		// own Publish passed over.
+		if known == nil || known.Known(o.EndpointID) {
 			continue
 		}
 		dropped++
@@ -393,7 +393,7 @@ func (p *Poller) Poll(ctx context.Context) bool {
 	if dropped > 0 {
 		p.unknown.Add(uint64(dropped))
 	}
-	p.reportUnknown(checked, dropped, sent, unknown[:nu], more)
+	p.reportUnknown(known, dropped, sent, unknown[:nu], more)
 	return true
 }
 
@@ -407,7 +407,7 @@ func (p *Poller) Poll(ctx context.Context) bool {
 // when it gets worse, better, or comes back after a round without it.
 // Every drop is counted all the same (PollerStats.Unknown,
 // StoreStats.DroppedUnknown).
-func (p *Poller) reportUnknown(sink CheckedSink, dropped, sent int, ids []string, more bool) {
+func (p *Poller) reportUnknown(sink KnownSink, dropped, sent int, ids []string, more bool) {
 	var first string
 	if len(ids) > 0 {
 		first = ids[0]

@@ -253,6 +253,14 @@ func (st *Store) Forget(id string) {
 	}
 }
 
+// Known reports whether id has a slot, so that PublishKnown keeps its
+// samples. It never allocates or locks. A Balancer answers
+// telemetry.KnownSink's Known with it.
+func (st *Store) Known(id string) bool {
+	_, ok := st.slots.Load(id)
+	return ok
+}
+
 // Len returns the number of IDs tracked.
 func (st *Store) Len() int { return int(st.n.Load()) }
 
@@ -456,14 +464,8 @@ func (st *Store) nowNs() int64 {
 //
 // A sample merged whose Time is older than the largest max age the
 // Store's readers declared (ReadWithin) is counted in ArrivedStale.
-//
-// It reports whether id has a slot: false means s was dropped and counted
-// in DroppedUnknown. (An unusable sample is counted in DroppedEmpty instead,
-// slot or not; the result still says whether id has one.) A Balancer's
-// PublishChecked returns it, so a Poller can report unknown IDs
-// (UnknownEndpointsError).
-func (st *Store) PublishKnown(id string, s Sample) (known bool) {
-	return st.publishKnown(id, s, st.readersStaleBefore())
+func (st *Store) PublishKnown(id string, s Sample) {
+	st.publishKnown(id, s, st.readersStaleBefore())
 }
 
 // PublishKnownWithin is PublishKnown for a reader that ignores fields
@@ -474,23 +476,21 @@ func (st *Store) PublishKnown(id string, s Sample) (known bool) {
 // ones arriving later (a scrape of a process since expired) and keeps
 // GPU memory out of the price for a server that reports a KV cache (see
 // LoadInto), and no reader of that max age uses it. Balancer.Publish
-// publishes through it with its clock and TelemetryMaxAge. It reports
-// whether id has a slot, as PublishKnown does.
-func (st *Store) PublishKnownWithin(id string, s Sample, now time.Time, maxAge time.Duration) (known bool) {
+// publishes through it with its clock and TelemetryMaxAge.
+func (st *Store) PublishKnownWithin(id string, s Sample, now time.Time, maxAge time.Duration) {
 	staleBefore := int64(math.MinInt64)
 	if n := now.UnixNano(); maxAge > 0 && n >= math.MinInt64+int64(maxAge) {
 		staleBefore = n - int64(maxAge) // as LoadInto's lo
 	}
-	return st.publishKnown(id, s, staleBefore)
+	st.publishKnown(id, s, staleBefore)
 }
 
 // publishKnown is PublishKnown counting a merged sample whose time is
 // before staleBefore (unix ns) as ArrivedStale.
-func (st *Store) publishKnown(id string, s Sample, staleBefore int64) (known bool) {
+func (st *Store) publishKnown(id string, s Sample, staleBefore int64) {
 	if !s.usable() {
 		st.droppedEmpty.Add(1)
-		_, ok := st.slots.Load(id)
-		return ok
+		return
 	}
 	v, ok := st.slots.Load(id)
 	if !ok {
@@ -499,7 +499,7 @@ func (st *Store) publishKnown(id string, s Sample, staleBefore int64) (known boo
 			last := id // a copy: taking id's address would move it to the heap on every call
 			st.lastUnknown.Store(&last)
 		}
-		return false
+		return
 	}
 	switch {
 	case !v.(*Slot).merge(s, st):
@@ -509,7 +509,6 @@ func (st *Store) publishKnown(id string, s Sample, staleBefore int64) (known boo
 	default:
 		st.accepted.Add(1)
 	}
-	return true
 }
 
 // usable reports whether s has a time and at least one value of a known

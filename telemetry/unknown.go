@@ -7,19 +7,21 @@ import (
 	"strings"
 )
 
-// CheckedSink is a Sink that keeps samples only for the endpoints it knows
-// and says which ones it dropped for that reason. A balancer.Balancer is
-// one: it knows its endpoints by Endpoint.Key (the ID, else the Addr
-// exactly as given, scheme included). A Poller publishes into a
-// CheckedSink through PublishChecked and reports a round's unknown IDs
-// through PollerOptions.OnError (UnknownEndpointsError).
-type CheckedSink interface {
+// KnownSink is a Sink that keeps samples only for the endpoints it knows,
+// and says which those are. A balancer.Balancer is one: it knows its
+// endpoints by Endpoint.Key (the ID, else the Addr exactly as given, scheme
+// included) and drops samples for any other ID (StoreStats.DroppedUnknown).
+// A Poller publishing into a KnownSink asks Known of each sample's ID after
+// Publish, and reports a round's unknown IDs through PollerOptions.OnError
+// (UnknownEndpointsError). A Sink that wraps a Balancer by embedding it (to
+// see what is published) is one too, and its own Publish is still the one
+// called.
+type KnownSink interface {
 	Sink
-	// PublishChecked publishes s as Publish does and reports whether the
-	// Sink knows endpointID: false means s was dropped as unknown
-	// (StoreStats.DroppedUnknown). It must not allocate more than
-	// Publish does.
-	PublishChecked(endpointID string, s Sample) (known bool)
+	// Known reports whether the Sink keeps samples for endpointID. A
+	// Poller calls it for every sample it publishes: it must not allocate
+	// or block.
+	Known(endpointID string) bool
 	// KnownIDs returns up to n of the endpoint IDs the Sink knows, in a
 	// stable order, for an error message. It is called only after a round
 	// with unknown IDs, and may allocate and lock.
@@ -39,7 +41,7 @@ var ErrUnknownEndpoint = errors.New("telemetry: samples for unknown endpoint IDs
 const maxNamedIDs = 3
 
 // UnknownEndpointsError is reported through PollerOptions.OnError when a
-// round's samples were dropped by a CheckedSink (a balancer.Balancer) as
+// round's samples were dropped by a KnownSink (a balancer.Balancer) as
 // being for endpoint IDs it does not know. It does not fail the round: the
 // Source answered, and the samples for known IDs were published.
 // errors.Is(err, ErrUnknownEndpoint) matches it.

@@ -14,7 +14,7 @@ import (
 	"github.com/inferlb/inferlb/telemetry"
 )
 
-// knownSink is a CheckedSink over a Store that knows the IDs it holds, as
+// knownSink is a KnownSink over a Store that knows the IDs it holds, as
 // a Balancer is over its Store.
 type knownSink struct {
 	st    telemetry.Store
@@ -30,13 +30,11 @@ func newKnownSink(ids ...string) *knownSink {
 }
 
 func (k *knownSink) Publish(id string, s telemetry.Sample) { k.st.PublishKnown(id, s) }
-func (k *knownSink) PublishChecked(id string, s telemetry.Sample) bool {
-	return k.st.PublishKnown(id, s)
-}
+func (k *knownSink) Known(id string) bool                  { return k.st.Known(id) }
 
 func (k *knownSink) KnownIDs(n int) []string { return k.known[:min(n, len(k.known))] }
 
-var _ telemetry.CheckedSink = (*knownSink)(nil)
+var _ telemetry.KnownSink = (*knownSink)(nil)
 
 // rounds is a Source that returns the IDs of rounds[i] on its i-th call
 // (the last repeats), one sample each.
@@ -144,11 +142,11 @@ func (nopSink) Publish(string, telemetry.Sample) {}
 
 type nopChecked struct{ nopSink }
 
-func (nopChecked) PublishChecked(string, telemetry.Sample) bool { return true }
-func (nopChecked) KnownIDs(int) []string                        { return nil }
+func (nopChecked) Known(string) bool     { return true }
+func (nopChecked) KnownIDs(int) []string { return nil }
 
 // A round whose IDs are all known allocates nothing but its Timeout's
-// context, through a CheckedSink as through a plain Sink: the unknown IDs
+// context, through a KnownSink as through a plain Sink: the unknown IDs
 // are kept on the stack, and no error is built.
 func TestPollerKnownRoundAllocatesNothingNew(t *testing.T) {
 	obs := []telemetry.Observation{
@@ -168,10 +166,10 @@ func TestPollerKnownRoundAllocatesNothingNew(t *testing.T) {
 		cancel()
 	})
 	assert.Equal(t, timeout, allocs(nopSink{}), "through a plain Sink")
-	assert.Equal(t, timeout, allocs(nopChecked{}), "through a CheckedSink")
+	assert.Equal(t, timeout, allocs(nopChecked{}), "through a KnownSink")
 }
 
-// A Sink that is not a CheckedSink (a Store, which keeps every ID) gets
+// A Sink that is not a KnownSink (a Store, which keeps every ID) gets
 // no such report.
 func TestPollerIntoAStoreReportsNoUnknownEndpoint(t *testing.T) {
 	var st telemetry.Store
@@ -181,4 +179,41 @@ func TestPollerIntoAStoreReportsNoUnknownEndpoint(t *testing.T) {
 	require.True(t, p.Poll(t.Context()))
 	assert.Empty(t, errs)
 	assert.Equal(t, 1, st.Len())
+}
+
+// wrapped embeds a KnownSink and wraps its Publish, as a program that
+// watches what reaches its Balancer does: the Poller still publishes
+// through the wrapper's Publish.
+type wrapped struct {
+	*knownSink
+	seen []string
+}
+
+func (w *wrapped) Publish(id string, s telemetry.Sample) {
+	w.seen = append(w.seen, id)
+	w.knownSink.Publish(id, s)
+}
+
+func TestPollerPublishesThroughAWrappedKnownSink(t *testing.T) {
+	w := &wrapped{knownSink: newKnownSink("a")}
+	var errs []error
+	p, err := telemetry.NewPoller(&rounds{r: [][]string{{"a", "x"}}}, w, telemetry.PollerOptions{OnError: func(err error) { errs = append(errs, err) }})
+	require.NoError(t, err)
+	require.True(t, p.Poll(t.Context()))
+	assert.Equal(t, []string{"a", "x"}, w.seen, "the wrapper's Publish")
+	require.Len(t, errs, 1)
+	assert.ErrorContains(t, errs[0], `no endpoint "x" (it knows "a")`)
+}
+
+// Store.Known says whether PublishKnown keeps an ID's samples: while it
+// has a slot.
+func TestStoreKnown(t *testing.T) {
+	var st telemetry.Store
+	assert.False(t, st.Known("a"))
+	st.Hold("a")
+	assert.True(t, st.Known("a"))
+	st.Release("a")
+	assert.False(t, st.Known("a"))
+	assert.False(t, st.Known("a"), "asking makes no slot")
+	assert.Zero(t, st.Len())
 }
