@@ -182,6 +182,7 @@ func FuzzKeys(f *testing.F) {
 	f.Add(uint64(1), "m", "system", "hello", "user", "world", "a prompt")
 	f.Add(uint64(0), "", "", "", "", "", "")
 	f.Add(uint64(42), "model", "user", strings.Repeat("z", 5000), "assistant", "\x00\xff", "\x00")
+	f.Add(uint64(200), "m", "user", strings.Repeat("u", 400), "assistant", "a", strings.Repeat("p", 256))
 	f.Fuzz(func(t *testing.T, seed uint64, model, r1, c1, r2, c2, prompt string) {
 		k := cache.NewKeyer(seed)
 		msgs := []cache.Message{{Role: r1, Content: c1}, {Role: r2, Content: c2}}
@@ -202,6 +203,46 @@ func FuzzKeys(f *testing.F) {
 		}
 		if got := len(k.PromptBlocks(model, prompt, nil)); got != len(prompt)/cache.BlockChars {
 			t.Fatalf("PromptBlocks: %d blocks for %d bytes", got, len(prompt))
+		}
+
+		// The chain: a conversation's blocks start with those of every
+		// conversation it extends, and a prompt's with those of its
+		// prefixes; blocks append to dst, and another Keyer of the seed
+		// gives the same.
+		again := cache.NewKeyer(k.Seed())
+		all := k.Blocks(model, msgs, nil)
+		if first := k.Blocks(model, msgs[:1], nil); !slices.Equal(all[:len(first)], first) {
+			t.Fatalf("Blocks(%q): the first message's blocks are not a prefix", msgs)
+		}
+		if got := again.Blocks(model, msgs, []uint64{7}); got[0] != 7 || !slices.Equal(got[1:], all) {
+			t.Fatalf("Blocks(%q) into dst [7]: %v, alone %v", msgs, got, all)
+		}
+		pb := k.PromptBlocks(model, prompt, nil)
+		if half := k.PromptBlocks(model, prompt[:len(prompt)/2], nil); !slices.Equal(pb[:len(half)], half) {
+			t.Fatalf("PromptBlocks(%q): its first half's blocks are not a prefix", prompt)
+		}
+		// A key covers Depth characters of the prompt, or of the first user
+		// message, and nothing after that message; where the depth ends on
+		// a block's end, it is that block's hash (1 for 0).
+		kd := k.WithDepth(cache.BlockChars + int(seed%256))
+		d := kd.Depth()
+		if got, want := kd.Prompt(model, prompt), kd.Prompt(model, prompt[:min(d, len(prompt))]); got != want {
+			t.Fatalf("Prompt(%q) at depth %d reads past it", prompt, d)
+		}
+		if n := len(prompt); n > 0 && n <= d && n%cache.BlockChars == 0 {
+			if got, want := kd.Prompt(model, prompt), max(pb[len(pb)-1], 1); got != want {
+				t.Fatalf("Prompt(%q) = %x, its last block %x", prompt, got, want)
+			}
+		}
+		user := []cache.Message{{Role: "user", Content: c1}, {Role: r2, Content: c2}}
+		if kd.Chat(model, user) != kd.Chat(model, user[:1]) {
+			t.Fatalf("Chat(%q) reads past the first user message", user)
+		}
+		if len(c1) >= d && kd.Chat(model, user[:1]) != kd.Chat(model, []cache.Message{{Role: "user", Content: c1[:d]}}) {
+			t.Fatalf("Chat(%q) at depth %d reads past it", user[:1], d)
+		}
+		if k.Chat(model, msgs) != again.Chat(model, msgs) || k.Prompt(model, prompt) != again.Prompt(model, prompt) {
+			t.Fatal("two Keyers of one seed disagree")
 		}
 	})
 }
