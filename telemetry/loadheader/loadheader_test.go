@@ -2,6 +2,10 @@ package loadheader_test
 
 import (
 	"errors"
+	"math"
+	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -221,11 +225,32 @@ func TestParseTextDoesNotAllocate(t *testing.T) {
 	assert.Zero(t, allocs, "the response path parses this header on every call")
 }
 
+// loadKeys are the keys Parse reads, one spelling a field, as vLLM writes
+// them in each form.
+var loadKeys = []struct {
+	f          telemetry.Field
+	text, json string // the JSON key under "named_metrics", or at the top
+	named      bool
+}{
+	{telemetry.KVCacheUsage, "named_metrics.kv_cache_usage_perc", "kv_cache_usage_perc", true},
+	{telemetry.Waiting, "named_metrics.num_requests_waiting", "num_requests_waiting", true},
+	{telemetry.Running, "named_metrics.num_requests_running", "num_requests_running", true},
+	{telemetry.CPUUtil, "cpu_utilization", "cpu_utilization", false},
+	{telemetry.AppUtil, "application_utilization", "application_utilization", false},
+}
+
+// FuzzParse: whatever a server sends, Parse returns fields only with no
+// error or a partial one, and only the fields it reads, each a value a
+// server can measure; and what it read, written back as vLLM writes
+// either form, reads back the same with no error.
 func FuzzParse(f *testing.F) {
 	for _, seed := range []string{
 		"TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3",
 		`JSON {"named_metrics": {"kv_cache_usage_perc": 0.4}, "cpu_utilization": 0.2}`,
 		"TEXT ,=,==,", "JSON", "BIN x", "",
+		"TEXT named_metrics.num_requests_running=1e6, named_metrics.num_requests_running=1e6, cpu_utilization=0x1p-2",
+		`JSON {"namedMetrics": {"kv_cache_utilization": 1, "num_requests_waiting": NaN}, "cpuUtilization": 3, "cpu_utilization": 2}`,
+		`json {"named_metrics": null, "application_utilization": -Infinity, "x": "NaN"}`,
 	} {
 		f.Add(seed)
 	}
@@ -237,8 +262,40 @@ func FuzzParse(f *testing.F) {
 		if err == nil && s.Empty() {
 			t.Fatal("success must return at least one field")
 		}
-		if u, ok := s.Get(telemetry.KVCacheUsage); ok && (u < 0 || u > 1) {
-			t.Fatalf("kv cache usage %v out of range", u)
+		if !s.Time.IsZero() {
+			t.Fatalf("Time %v: the caller stamps it", s.Time)
+		}
+		var text, named, top []string
+		var read telemetry.FieldSet
+		for _, k := range loadKeys {
+			x, ok := s.Get(k.f)
+			if !ok {
+				continue
+			}
+			read |= 1 << k.f
+			if x < 0 || math.IsInf(x, 0) || math.IsNaN(x) || k.f == telemetry.KVCacheUsage && x > 1 {
+				t.Fatalf("%s = %v: no server measures it", k.f, x)
+			}
+			num := strconv.FormatFloat(x, 'g', -1, 64)
+			text = append(text, k.text+"="+num)
+			if k.named {
+				named = append(named, strconv.Quote(k.json)+": "+num)
+			} else {
+				top = append(top, strconv.Quote(k.json)+": "+num)
+			}
+		}
+		if s.Has != read {
+			t.Fatalf("%q: fields %v, of which Parse reads only %v", v, s.Has, read)
+		}
+		if s.Empty() {
+			return
+		}
+		js := `JSON {` + strings.Join(append(top, `"named_metrics": {`+strings.Join(named, ", ")+`}`), ", ") + `}`
+		for _, again := range []string{"TEXT " + strings.Join(text, ", "), js} {
+			s2, err := loadheader.Parse(again)
+			if err != nil || !reflect.DeepEqual(fields(s2), fields(s)) {
+				t.Fatalf("%q read %v; written back as %q, %v %v", v, fields(s), again, fields(s2), err)
+			}
 		}
 	})
 }
