@@ -3,6 +3,7 @@ package promtext_test
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -113,6 +114,77 @@ func FuzzParseSelected(f *testing.F) {
 			if a, e := flat(want), flat(some); a != e {
 				t.Fatalf("Parse(%q) read for the names selected:\n%s\nParseSelected:\n%s", data, a, e)
 			}
+		}
+	})
+}
+
+// FuzzSampleValueMatchesParse: SampleValue, the adapters' quick read of
+// one sample line, reads every sample Parse reads of a line, the same value
+// under the same name; and it judges a value as Parse does: of a line that
+// is a valid name and one token, it reads a value exactly when Parse does.
+// (It checks no metric or label name, so of other lines it may read a
+// value Parse refuses, and of a bare name with a character no name has,
+// the parser reads another name.)
+func FuzzSampleValueMatchesParse(f *testing.F) {
+	for _, s := range []string{
+		"a 3", "  a{x=\"} y\"} 1.5e9\r", "a{x=\"a b\"}7", "{\"vllm:x\", y=\"1\"} 2 1700000000.5 # {t=\"1\"} 1",
+		"a{x=\"1\"} NaN", "a{x=\"1\"} twelve", "a{x=\"1\"", "# TYPE a gauge", "", "a +Inf", "a -inf 17",
+		"vllm:lora_requests_info{running_lora_adapters=\"a\"} 1.7e9", "0x1p4", "1_0", "a 1 2 3", "a{} 1 # {} 2", "a {}0", "a {x=\"1\"} 5 1700000000.5",
+	} {
+		f.Add([]byte(s))
+	}
+	check := func(t *testing.T, line []byte, exact bool) {
+		name, v, ok := promtext.SampleValue(line)
+		fams, _, _ := promtext.Parse(append(bytes.Clone(line), '\n'))
+		var family string
+		var got []float64
+		for n, fam := range fams {
+			for _, m := range fam.Metric {
+				family = n
+				got = append(got, promtext.RawValue(m))
+			}
+		}
+		switch {
+		case len(got) > 1:
+			t.Fatalf("Parse(%q) read %d samples of one line", line, len(got))
+		case len(got) == 0 && ok && exact:
+			t.Fatalf("%q: SampleValue reads %v, Parse nothing", line, v)
+		case len(got) == 0:
+		case !ok:
+			t.Fatalf("%q: Parse reads %v, SampleValue nothing", line, got[0])
+		case got[0] != v && !(math.IsNaN(v) && math.IsNaN(got[0])):
+			t.Fatalf("%q: SampleValue %v, Parse %v", line, v, got[0])
+		case !bytes.Contains(line, []byte(`\`)) && string(name) != family:
+			// (a quoted name's escapes: keep sees it as written)
+			t.Fatalf("%q: SampleValue names %q, Parse %q", line, name, family)
+		}
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		if i := bytes.IndexByte(line, '\n'); i >= 0 {
+			line = line[:i]
+		}
+		// expfmt ends a bare name at any character a name cannot have
+		// ("a+1" is a, +1), where keep and SampleValue see one name: not
+		// compared.
+		// Nor is a line without a name ("{x}1"), which SampleValue says is
+		// no sample line, and the parser may read.
+		bare := bytes.TrimSpace(line)
+		if j := bytes.IndexAny(bare, "{ \t"); j >= 0 {
+			bare = bare[:j]
+		}
+		quoted := bytes.HasPrefix(bytes.TrimLeft(bytes.TrimSpace(line)[len(bare):], "{ \t"), []byte(`"`))
+		if (len(bare) > 0 || quoted) && bytes.IndexFunc(bare, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == ':')
+		}) < 0 {
+			check(t, line, false)
+		}
+		// The line's first token as the value of a valid name.
+		tok := bytes.TrimSpace(line)
+		if i := bytes.IndexAny(tok, " \t"); i >= 0 {
+			tok = tok[:i]
+		}
+		if !bytes.HasPrefix(tok, []byte("{")) { // a label set, not a value
+			check(t, append([]byte("a "), tok...), true)
 		}
 	})
 }

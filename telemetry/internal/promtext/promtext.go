@@ -297,13 +297,17 @@ func SampleValue(line []byte) (name []byte, v float64, ok bool) {
 	if kind != sampleLine {
 		return nil, 0, false
 	}
-	n, fits := samplePrefix(line)
+	i, n, fits := sampleValue(line)
 	if !fits {
 		return name, 0, false
 	}
-	// The value is the last token before n: after the label set's closing
-	// brace, and after a blank (a label value may hold either).
-	i := max(bytes.LastIndexAny(line[:n], " \t"), bytes.LastIndexByte(line[:n], '}')) + 1
+	// The format's numbers are strconv's less Go's hexadecimal floats and
+	// digit separators ("0x1p4", "1_0"), which the parser refuses, as
+	// expfmt's own parseFloat does: read here, such a line's value was
+	// one the parse then dropped.
+	if bytes.ContainsAny(line[i:n], "pP_") {
+		return name, 0, false
+	}
 	v, err := strconv.ParseFloat(string(line[i:n]), 64)
 	return name, v, err == nil
 }
@@ -411,50 +415,57 @@ func appendTypeLine(out, line []byte) []byte {
 // a timestamp, then an exemplar ("# {labels} value [timestamp]"). line has
 // no surrounding space.
 func samplePrefix(line []byte) (int, bool) {
+	_, end, ok := sampleValue(line)
+	return end, ok
+}
+
+// sampleValue is samplePrefix that also returns where the value starts:
+// after the name and the label set, if any, and the blanks after them
+// (line[start:end] is the value's token).
+func sampleValue(line []byte) (start, end int, ok bool) {
 	i := 0
 	for i < len(line) && line[i] != '{' && !blank(line[i]) {
 		i++
 	}
-	if i < len(line) && line[i] == '{' {
-		var ok bool
-		if i, ok = skipLabels(line, i); !ok {
-			return 0, false
+	if j := skipBlanks(line, i); j < len(line) && line[j] == '{' { // the parser allows blanks before it
+		if i, ok = skipLabels(line, j); !ok {
+			return 0, 0, false
 		}
 	}
-	i = skipBlanks(line, i)
-	end := token(line, i)
+	start = skipBlanks(line, i)
+	i = start
+	end = token(line, i)
 	if end == i {
-		return 0, false
+		return 0, 0, false
 	}
 	i = skipBlanks(line, end)
 	if i < len(line) && line[i] != '#' { // a timestamp
 		if i = number(line, i); i < 0 {
-			return 0, false
+			return 0, 0, false
 		}
 	}
 	if i == len(line) {
-		return end, true
+		return start, end, true
 	}
 	if line[i] != '#' {
-		return 0, false
+		return 0, 0, false
 	}
 	i = skipBlanks(line, i+1)
 	if i == len(line) || line[i] != '{' {
-		return 0, false
+		return 0, 0, false
 	}
-	i, ok := skipLabels(line, i)
-	if !ok {
-		return 0, false
+	if i, ok = skipLabels(line, i); !ok {
+		return 0, 0, false
 	}
 	if i = number(line, skipBlanks(line, i)); i < 0 { // the exemplar's value
-		return 0, false
+		return 0, 0, false
 	}
 	if i < len(line) {
 		if i = number(line, i); i < 0 { // its timestamp
-			return 0, false
+			return 0, 0, false
 		}
 	}
-	return end, i == len(line)
+	return start, end, i == len(line)
 }
 
 // skipLabels returns the index after the label set that opens at line[i]
