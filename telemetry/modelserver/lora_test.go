@@ -92,6 +92,28 @@ vllm:num_requests_waiting{model_name="base"} %v
 			assert.Equal(t, []string{"sql"}, s.Adapters.Running, v)
 		}
 	})
+	// A label set the exposition parser cannot read (a value in Go's
+	// syntax but not the format's, labels without their comma) is
+	// malformed too, whatever time it seems to hold: dropped and counted,
+	// and the latest of the others read. It was taken for the latest
+	// and the others cut before the parser saw them, which then dropped
+	// it: no adapters at all.
+	t.Run("a label set the parser cannot read", func(t *testing.T) {
+		for fault, later := range map[string]string{
+			"hex float":       strings.Replace(info("2", "chat", ""), "1.7e9", "0x1p40", 1),
+			"digit separator": strings.Replace(info("2", "chat", ""), "1.7e9", "1_800_000_000", 1),
+			"no comma":        strings.Replace(strings.Replace(info("2", "chat", ""), "1.7e9", "1.8e9", 1), `",waiting`, `" waiting`, 1),
+		} {
+			t.Run(fault, func(t *testing.T) {
+				s, err := parse(t, fmt.Sprintf(counts, 3, 1)+info("2", "sql", "")+later)
+				require.ErrorIs(t, err, telemetry.ErrPartial)
+				require.NotNil(t, s.Adapters)
+				assert.Equal(t, []string{"sql"}, s.Adapters.Running)
+				v, _ := s.Get(telemetry.Running)
+				assert.Equal(t, 3.0, v)
+			})
+		}
+	})
 	t.Run("no base model named", func(t *testing.T) {
 		s, err := parse(t, "vllm:num_requests_running 3\n"+info("2", "sql", ""))
 		require.NoError(t, err)

@@ -2,6 +2,7 @@ package modelserver
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -271,8 +272,11 @@ func preallocates(e Engine, seen engines, trtBackend bool) bool {
 // server exports thousands, and read whole they ran past the parser's
 // bound, which dropped the newest and left an old state read. A line whose
 // value is not a finite number is kept, for loraInfo to count, and so is a
-// last line without a line feed, for the parser to count. data itself is
-// returned when there is nothing to cut.
+// last line without a line feed, for the parser to count. So is a line
+// the parser cannot read (its labels malformed), whatever its value: it is
+// not the latest, which is the largest that the parser reads; cut to it,
+// the others were lost with it. data itself is returned when there is
+// nothing to cut.
 func latestLoRA(data []byte) []byte {
 	const name = "vllm_lora_requests_info" // index form
 	tail := []byte("lora_requests_info")
@@ -290,30 +294,69 @@ func latestLoRA(data []byte) []byte {
 		terminated := line[len(line)-1] == '\n'
 		return ok && terminated && !math.IsNaN(v) && !math.IsInf(v, 0), v, true
 	}
-	best, lines := -1, 0
-	bestV := math.Inf(-1)
-	off := 0
+	type candidate struct {
+		off, n int
+		v      float64
+	}
+	var cands []candidate
+	lines, off := 0, 0
 	for line := range bytes.Lines(data) {
 		if latest, v, is := isLoRA(line); is {
 			lines++
-			if latest && v > bestV {
-				best, bestV = off, v
+			if latest {
+				cands = append(cands, candidate{off, len(line), v})
 			}
 		}
 		off += len(line)
 	}
-	if lines <= 1 || best < 0 {
+	if lines <= 1 || len(cands) == 0 {
 		return data
 	}
+	// Latest first; of equal times the first written, as the parser's
+	// reading keeps it. The lines tried before the one the parser reads
+	// stay, for it to count.
+	slices.SortStableFunc(cands, func(a, b candidate) int { return cmp.Compare(b.v, a.v) })
+	keep := len(cands)
+	for i, c := range cands {
+		if parsesAs(data[c.off:c.off+c.n], c.v) {
+			keep = i + 1
+			break
+		}
+	}
+	if keep == len(cands) {
+		return data // none to cut
+	}
+	kept := make([]int, keep)
+	for i, c := range cands[:keep] {
+		kept[i] = c.off
+	}
+	slices.Sort(kept)
 	out := make([]byte, 0, len(data))
 	off = 0
 	for line := range bytes.Lines(data) {
-		if latest, _, is := isLoRA(line); !is || !latest || off == best {
+		if latest, _, is := isLoRA(line); !is || !latest || len(kept) > 0 && kept[0] == off {
+			if is && latest {
+				kept = kept[1:]
+			}
 			out = append(out, line...)
 		}
 		off += len(line)
 	}
 	return out
+}
+
+// parsesAs reports whether the parser reads line, a sample line, as one
+// sample of value v: SampleValue checks no label set.
+func parsesAs(line []byte, v float64) bool {
+	fams, skipped, _ := promtext.Parse(line)
+	n, same := 0, false
+	for _, f := range fams {
+		for _, m := range f.Metric {
+			n++
+			same = promtext.RawValue(m) == v
+		}
+	}
+	return skipped == 0 && n == 1 && same
 }
 
 // metrics indexes gauge, counter and untyped families by name, with a
