@@ -1,6 +1,8 @@
 package grpcbalancer
 
 import (
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -206,7 +208,9 @@ func TestParseConfigThroughBuilder(t *testing.T) {
 // a DNS TXT record or a control plane. Whatever the bytes, parsing returns
 // either an error carrying the package prefix or a config whose options
 // the core accepts and can build a Balancer from; never a panic, and the
-// same bytes always parse the same way.
+// same bytes always parse the same way (the whole config, not a few
+// fields). An error names the field at fault, or says the bytes are no
+// JSON object: well-formed JSON is never refused without a field named.
 func FuzzParseConfig(f *testing.F) {
 	for _, s := range []string{
 		``, `{}`, `{"methods": {"/ai.Gen/": "llm", "/ai.Gen/Embed": "embedding"}, "defaultService": "rerank"}`,
@@ -214,6 +218,8 @@ func FuzzParseConfig(f *testing.F) {
 		`{"orca": {"perCall": false, "outOfBand": true, "interval": "2s"}}`,
 		`{"balancer": {"affinity": "strict", "loadBound": 1.5, "tenantShardSize": 4, "spillMemory": "30s", "minKeyReuse": 0.1}}`,
 		`{"balancer": {"latencyDecay": "-1s", "errorAlpha": 2}}`, `{"methods": {"//C": "llm"}}`, `{} {}`, `[`,
+		`"x"`, `null`, `{"methods": 3}`, `{"methods": {"/a.B/C": 3}}`, `{"balancer": {"breakerFailures": 2.5}}`,
+		`{"orca": {"interval": 5}}`, `{"balancer": {"affinitySeed": -1}}`, `{"balancer": {"oops": 1}}`,
 	} {
 		f.Add([]byte(s), false)
 	}
@@ -225,8 +231,14 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		c, err := parseConfig(js, shared)
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "inferlb: ") {
-				t.Fatalf("parseConfig(%q): error %q lacks the inferlb prefix", js, err)
+			msg := err.Error()
+			switch {
+			case strings.HasPrefix(msg, "inferlb: service config field "),
+				strings.HasPrefix(msg, "inferlb: service config: unknown field "):
+			case !json.Valid(js) && (strings.HasPrefix(msg, "inferlb: service config: invalid JSON") ||
+				msg == "inferlb: service config: unexpected data after the JSON object"):
+			default:
+				t.Fatalf("parseConfig(%q): error %q names no field (json.Valid %v)", js, err, json.Valid(js))
 			}
 			return
 		}
@@ -241,9 +253,8 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		_ = core.New(c.opts) // must not panic
 		again, err := parseConfig(js, shared)
-		if err != nil || again.tunables != c.tunables || again.defaultService != c.defaultService ||
-			again.affinityHeader != c.affinityHeader || len(again.exact) != len(c.exact) || len(again.prefix) != len(c.prefix) {
-			t.Fatalf("parseConfig(%q) is not deterministic: %v", js, err)
+		if err != nil || !reflect.DeepEqual(again, c) {
+			t.Fatalf("parseConfig(%q) is not deterministic: %v\n%+v\n%+v", js, err, c, again)
 		}
 	})
 }
