@@ -3,6 +3,7 @@ package httpbalancer
 import (
 	"bytes"
 	"encoding/json"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -58,7 +59,7 @@ func TestCallPickedBeforeAnUpdateKeepsItsAddress(t *testing.T) {
 
 // FuzzSSEScan: no stream, cut into reads of any size, makes the SSE scanner
 // panic; it never counts more events than the stream has lines; the reads'
-// sizes change nothing it finds, nor do the bytes of a last line that has
+// sizes, equal or mixed, change nothing it finds, nor do the bytes of a last line that has
 // not ended; and when the stream's error lines are
 // well-formed JSON, the code it reads from them is the one encoding/json
 // reads (see errScan and jsonErrorCode).
@@ -120,6 +121,31 @@ func FuzzSSEScan(f *testing.F) {
 		}
 		if n, w := s.outTokens.Load(), whole.outTokens.Load(); n != w || n < 0 {
 			t.Fatalf("%d bytes a read: %d output tokens; in one read: %d", size, n, w)
+		}
+		// Reads of mixed sizes, as a network delivers a stream (1 to
+		// 2*size bytes each, drawn from n and the length): after each
+		// read the record is that of the bytes so far read at once (so
+		// an event counts in the read that ends its line, and its time
+		// is that read's); past 1 KiB, at the end only (each check reads
+		// the stream again).
+		r := rand.New(rand.NewPCG(uint64(n), uint64(len(body))))
+		var cuts []int
+		for at := 0; at < len(body); {
+			at = min(at+1+r.IntN(2*size), len(body))
+			cuts = append(cuts, at)
+		}
+		if len(body) <= 1<<10 {
+			requireSplitsAgree(t, body, ndjson, cuts)
+		} else {
+			mixed := &sseState{counting: true, ndjson: ndjson}
+			from := 0
+			for _, to := range cuts {
+				mixed.scan(body[from:to], clock)
+				from = to
+			}
+			if got, want := recordOf(mixed), recordOf(whole); got != want {
+				t.Fatalf("read in cuts %v: %+v; in one read: %+v", cuts, got, want)
+			}
 		}
 		// Nothing is read from a line that has not ended.
 		at, cr := lineStart(body, len(body), ndjson)
