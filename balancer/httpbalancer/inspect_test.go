@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -311,7 +312,8 @@ func TestCustomInspectorSeesTheCallersRequest(t *testing.T) {
 }
 
 // FuzzInspect: no body makes inspection panic or produce negative work,
-// whole or cut anywhere; on valid JSON the fields agree with encoding/json.
+// whole or cut anywhere; on valid JSON the fields agree with encoding/json
+// (stream as pydantic's lax mode reads encoding/json's value: laxBool).
 func FuzzInspect(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5}`,
@@ -324,6 +326,7 @@ func FuzzInspect(f *testing.F) {
 		"",
 		`{"model":"m","max_tokens":9,"n":2,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"QUJD"}},{"type":"input_audio","input_audio":{"data":"QUJD","format":"wav"}},{"type":"text","text":"q\u00e9"}]}]}`,
 		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":{"url":{"url":"x"}}}}]}]}`,
+		`{"stream":"YES","model":"m","stream":1.0}`, `{"stream":"yeſ"}`, `{"stream":0,"stream":"on"}`, `{"stream":10e-1}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -348,11 +351,33 @@ func FuzzInspect(f *testing.F) {
 		}
 		info := inspect("/v1/chat/completions", string(body), true)
 		model, _ := m["model"].(string)
-		stream, _ := m["stream"].(bool)
+		stream := laxBool(m["stream"])
 		if info.Model != model || info.Stream != stream {
 			t.Fatalf("inspector read model %q stream %v; encoding/json %q %v", info.Model, info.Stream, model, stream)
 		}
 	})
+}
+
+// laxBool is what pydantic's lax mode, with which vLLM and SGLang validate
+// a request, makes of v (as encoding/json decodes it) for a bool field:
+// true for true, the number 1 and the strings "1", "t", "y", "on", "yes"
+// and "true" in any ASCII case; anything else is false or refused.
+func laxBool(v any) bool {
+	switch v := v.(type) {
+	case bool:
+		return v
+	case float64:
+		return v == 1
+	case string:
+		lower := strings.Map(func(r rune) rune {
+			if 'A' <= r && r <= 'Z' {
+				return r + 'a' - 'A'
+			}
+			return r
+		}, v)
+		return slices.Contains([]string{"1", "t", "y", "on", "yes", "true"}, lower)
+	}
+	return false
 }
 
 // TestInspectKeysAFirstTurnCutByThePeek: a first user message longer than
