@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -265,6 +266,12 @@ func FuzzParseMetrics(f *testing.F) {
 		f.Add(readFile(f, name))
 	}
 	f.Add([]byte("DCGM_FI_DEV_FB_USED{UUID=\"x\"} 1e308\nDCGM_FI_DEV_FB_FREE{UUID=\"x\"} 1e308\n"))
+	f.Add([]byte("DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-aaaa0000-0000-0000-0000-000000000000\",device=\"nvidia0\",Hostname=\"node-a\",container=\"vllm\",namespace=\"ml\",pod=\"vllm-0\"} 1\n" +
+		"# TYPE DCGM_FI_DEV_FB_USED counter\nDCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu=\"1\",UUID=\"GPU-aaaa1111-1111-1111-1111-111111111111\"} 0.5 1700000000\n# EOF\n"))
+	// The exposition a malformed tail follows (see below).
+	good := readFile(f, "node-a-two-gpus-one-pod.txt")
+	base, err := dcgm.ParseMetrics(bytes.NewReader(good))
+	require.NoError(f, err)
 	f.Fuzz(func(t *testing.T, in []byte) {
 		gpus, err := dcgm.ParseMetrics(bytes.NewReader(in))
 		if err != nil && !errors.Is(err, telemetry.ErrPartial) && len(gpus) > 0 {
@@ -282,7 +289,39 @@ func FuzzParseMetrics(f *testing.F) {
 				t.Fatalf("util %v", v)
 			}
 		}
+
+		// Whatever follows a good exposition (a proxy's junk, a second
+		// exporter's series, the same GPUs' series again) is ignored or
+		// counted: every GPU of the good part keeps each value it had,
+		// since the first series of a gauge counts.
+		all, err := dcgm.ParseMetrics(bytes.NewReader(slices.Concat(good, []byte("\n"), in)))
+		if err != nil && !errors.Is(err, telemetry.ErrPartial) {
+			t.Fatalf("the good part failed with what follows it: %v", err)
+		}
+		for _, g := range base {
+			i := slices.IndexFunc(all, func(h dcgm.GPU) bool {
+				return h.Host == g.Host && h.UUID == g.UUID && h.Index == g.Index && h.Device == g.Device &&
+					h.MIGInstance == g.MIGInstance && h.Namespace == g.Namespace && h.Pod == g.Pod && h.Container == g.Container
+			})
+			if i < 0 {
+				t.Fatalf("GPU %s lost to what follows it", g.UUID)
+			}
+			h := all[i]
+			for m := range dcgm.XIDErrors + 1 {
+				if g.Has.Has(m) && (!h.Has.Has(m) || gpuValue(&h, m) != gpuValue(&g, m)) {
+					t.Fatalf("GPU %s, metric %d: %v, then %v (%v)", g.UUID, m, gpuValue(&g, m), gpuValue(&h, m), h.Has.Has(m))
+				}
+			}
+			if !h.Time.Equal(g.Time) {
+				t.Fatalf("GPU %s measured at %v, then %v", g.UUID, g.Time, h.Time)
+			}
+		}
 	})
+}
+
+// gpuValue returns g's field for m.
+func gpuValue(g *dcgm.GPU, m dcgm.Metric) float64 {
+	return [...]float64{g.FBUsedMiB, g.FBFreeMiB, g.FBReservedMiB, g.UtilPercent, g.TempC, g.PowerW, g.XIDError}[m]
 }
 
 // Series that land on one GPU record (no UUID, gpu or device label to tell GPUs
