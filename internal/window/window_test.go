@@ -1,6 +1,8 @@
 package window
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -76,6 +78,70 @@ func FuzzRefusal(f *testing.F) {
 		w, p, o, po := Refusal(body)
 		if w < 0 || p < -1 || o < -1 || po && w == 0 {
 			t.Fatalf("%d %d %d", w, p, o)
+		}
+	})
+}
+
+// refusalTemplates are the servers' texts with their counts left open:
+// window, prompt and output, in that order (%[1]d, %[2]d, %[3]d), with
+// what Refusal reads of them (-1: not said), and whether the window bounds
+// the prompt alone.
+var refusalTemplates = []struct {
+	text               string
+	prompt, output, po bool
+}{
+	{"This model's maximum context length is %[1]d tokens. However, you requested 5000 tokens (%[2]d in the messages, %[3]d in the completion). Please reduce the length of the messages or completion.", true, true, false},
+	{"This model's maximum context length is %[1]d tokens. However, you requested %[3]d output tokens and your prompt contains at least %[2]d input tokens, for a total of at least 1 tokens.", true, true, false},
+	{"'max_tokens' or 'max_completion_tokens' is too large: %[3]d. This model's maximum context length is %[1]d tokens and your request has %[2]d input tokens (1 > 2 - 3).", true, true, false},
+	{"The input (%[2]d tokens) is longer than the model's context length (%[1]d tokens).", true, false, false},
+	{"Requested token count exceeds the model's maximum context length of %[1]d tokens. You requested a total of 7 tokens: %[2]d tokens from the input messages and %[3]d tokens for the completion.", true, true, false},
+	{"Input validation error: `inputs` tokens + `max_new_tokens` must be <= %[1]d. Given: %[2]d `inputs` tokens and %[3]d `max_new_tokens`", true, true, false},
+	{"Input validation error: `inputs` must have less than %[1]d tokens. Given: %[2]d", true, false, true},
+	{"Encountered an error when fetching new request: Prompt length (%[2]d) exceeds maximum sequence length (%[1]d).", true, false, false},
+	{"Prompt length (%[2]d) exceeds maximum input length (%[1]d)", true, false, true},
+	{"The decoder prompt (length %[2]d) is longer than the maximum model length of %[1]d. Make sure that `max_model_len` is no smaller than the number of text tokens.", true, false, false},
+	{"request (%[2]d tokens) exceeds the available context size (%[1]d tokens), try increasing it", true, false, true},
+}
+
+// refusalMarkers are the phrases Refusal looks for: text around a refusal
+// that holds one may be read for it.
+var refusalMarkers = []string{
+	"context", "requested", "in the messages", "in the completion", "your prompt", "your request", "too large",
+	"the input (", "tokens from the input", "tokens for the completion", "max_new_tokens", "inputs", "given:",
+	"decoder prompt", "maximum model length", "request (", "n_ctx", "n_prompt_tokens", "prompt length (", "exceeds maximum",
+}
+
+// FuzzRefusalReadsTheCounts: each server's text, with any counts a server
+// can give (up to 2^31-1), inside any text that does not itself hold a
+// refusal's phrases (a JSON body, a gRPC status), reads as those counts.
+func FuzzRefusalReadsTheCounts(f *testing.F) {
+	for i := range refusalTemplates {
+		f.Add(uint8(i), uint32(4096), uint32(5000), uint32(1000), `{"object":"error","message":"`, `","code":400}`)
+	}
+	f.Add(uint8(0), uint32(0), uint32(1<<31-1), uint32(7), "", "")
+	f.Fuzz(func(t *testing.T, which uint8, w, p, o uint32, before, after string) {
+		if after != "" && after[0] >= '0' && after[0] <= '9' {
+			return // a count that ends a text ("Given: 600") goes on
+		}
+		lower := strings.ToLower(before + "\x00" + after)
+		for _, m := range refusalMarkers {
+			if strings.Contains(lower, m) {
+				return
+			}
+		}
+		tpl := refusalTemplates[int(which)%len(refusalTemplates)]
+		w, p, o = w%(1<<31), p%(1<<31), o%(1<<31)
+		body := before + fmt.Sprintf(tpl.text, w, p, o) + after
+		gw, gp, gotO, gpo := Refusal([]byte(body))
+		wantP, wantO := -1, -1
+		if tpl.prompt {
+			wantP = int(p)
+		}
+		if tpl.output {
+			wantO = int(o)
+		}
+		if gw != int(w) || gp != wantP || gotO != wantO || gpo != (tpl.po && w > 0) {
+			t.Fatalf("%q: %d %d %d %v, want %d %d %d %v", body, gw, gp, gotO, gpo, w, wantP, wantO, tpl.po && w > 0)
 		}
 	})
 }
