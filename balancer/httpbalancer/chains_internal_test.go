@@ -1,10 +1,12 @@
 package httpbalancer
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -86,4 +88,43 @@ func TestMaxResponsesSizesTheTable(t *testing.T) {
 		_, err := (&Options{MaxResponses: bad}).resolve()
 		require.ErrorContains(t, err, "MaxResponses")
 	}
+}
+
+// FuzzIDCapture: whatever a /v1/responses answer holds, and however it is
+// read, the ID captured is the one captured of the answer read at once: a
+// string value of an "id" key within the first 512 bytes, at most
+// maxResponseID bytes, without escapes, that a JSON object holding it as
+// its first key reads the same.
+func FuzzIDCapture(f *testing.F) {
+	f.Add([]byte(`{"id":"resp_abc","object":"response","output":[{"id":"msg_1"}]}`), uint8(1))
+	f.Add([]byte("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\" :\t\"resp_s\"}}\n\n"), uint8(5))
+	f.Add([]byte(`{"id":17,"item_id":"x","id":"resp_\"x","id":""}`), uint8(3))
+	f.Fuzz(func(t *testing.T, b []byte, step uint8) {
+		var whole idCapture
+		whole.feed(b)
+		var c idCapture
+		for p := b; len(p) > 0 && !c.done; {
+			n := min(int(step%32)+1, len(p))
+			c.feed(p[:n])
+			p = p[n:]
+		}
+		id := whole.id()
+		if c.id() != id {
+			t.Fatalf("%q read %d bytes at a time: ID %q, read at once %q", b, step%32+1, c.id(), id)
+		}
+		if id == "" {
+			return
+		}
+		if len(id) > maxResponseID || strings.ContainsAny(id, `\"`) || !strings.Contains(string(b[:min(len(b), len(whole.buf))]), `"`+id+`"`) {
+			t.Fatalf("%q: ID %q", b, id)
+		}
+		var v struct {
+			ID string `json:"id"`
+		}
+		if js := `{"id":"` + id + `"}`; utf8.ValidString(id) && !strings.ContainsFunc(id, func(r rune) bool { return r < ' ' }) {
+			if err := json.Unmarshal([]byte(js), &v); err != nil || v.ID != id {
+				t.Fatalf("%q: ID %q, which JSON reads as %q (%v)", b, id, v.ID, err)
+			}
+		}
+	})
 }
