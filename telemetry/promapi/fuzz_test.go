@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/inferlb/inferlb/telemetry"
@@ -29,8 +30,9 @@ func (f answerFunc) RoundTrip(r *http.Request) (*http.Response, error) {
 // observations only with no error or a partial one, and only of an answer
 // that is a JSON object, read to its end; never more than MaxEndpoints,
 // one an endpoint, each with a field and values a server can report; and
-// of an answer that is a well-formed vector (as encoding/json reads it)
-// it reads without failing, only endpoints its series name.
+// of an answer that is a well-formed vector (as encoding/json reads it,
+// with its keys spelt as Prometheus spells them) it reads without
+// failing, only endpoints its series name.
 func FuzzCollect(f *testing.F) {
 	for _, s := range []string{
 		okBody,
@@ -111,8 +113,23 @@ func FuzzCollect(f *testing.F) {
 				} `json:"result"`
 			} `json:"data"`
 		}
-		if status != 200 || json.Unmarshal(body, &ans) != nil || ans.Status != "success" || ans.Data == nil || ans.Data.ResultType != "vector" {
+		if status != 200 || json.Unmarshal(body, &ans) != nil || ans.Status != "success" || ans.Data == nil || ans.Data.ResultType != "vector" ||
+			!exactKeys(body, "status", "data", "warnings", "error", "errorType") {
 			return
+		}
+		var top struct {
+			Data json.RawMessage `json:"data"`
+		}
+		var data struct {
+			Result []json.RawMessage `json:"result"`
+		}
+		if json.Unmarshal(body, &top) != nil || json.Unmarshal(top.Data, &data) != nil || !exactKeys(top.Data, "resultType", "result") {
+			return
+		}
+		for _, s := range data.Result {
+			if !exactKeys(s, "metric", "value") {
+				return
+			}
 		}
 		if err != nil && !errors.Is(err, telemetry.ErrPartial) {
 			t.Fatalf("%q: a well-formed answer refused: %v", body, err)
@@ -127,4 +144,22 @@ func FuzzCollect(f *testing.F) {
 			}
 		}
 	})
+}
+
+// exactKeys reports whether the JSON object raw spells each of keys as
+// given where it has it: encoding/json matches a key in any case
+// ("stAtus"), Prometheus writes them so, and Collect reads them so.
+func exactKeys(raw []byte, keys ...string) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return false
+	}
+	for k := range m {
+		for _, want := range keys {
+			if k != want && strings.EqualFold(k, want) {
+				return false
+			}
+		}
+	}
+	return true
 }
