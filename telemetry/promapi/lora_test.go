@@ -1,6 +1,8 @@
 package promapi_test
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -8,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb/telemetry"
+	"github.com/inferlb/inferlb/telemetry/promapi"
 )
 
 // A LoRASlots series is read from its labels: the latest (largest valued)
@@ -40,6 +43,31 @@ func TestCollectLoRA(t *testing.T) {
 	for _, id := range []string{"c", "d"} {
 		assert.Nil(t, by[id].Adapters, id)
 		assert.Equal(t, map[string]float64{"running": 1}, fields(by[id]), id)
+	}
+}
+
+// A LoRASlots series that is skipped (its labels give no state) makes no
+// observation for an endpoint that has no other series. One was made
+// before the series was found bad, with no field and no time: the Poller
+// skipped it and counted it a second time, and it took one of
+// MaxEndpoints places, so that an answer of such series for as many
+// endpoints crowded out every good one after them.
+func TestCollectBadLoRAAloneMakesNoObservation(t *testing.T) {
+	const bad = `{"metric":{"instance":"c%d","inferlb_field":"lora_slots","max_lora":"0","model_name":"llama"},"value":[1767225600,"1764931211"]},`
+	const good = `{"metric":{"instance":"b","inferlb_field":"waiting"},"value":[1767225600,"2"]}`
+	for _, n := range []int{1, promapi.MaxEndpoints} {
+		var b strings.Builder
+		b.WriteString(`{"status":"success","data":{"resultType":"vector","result":[`)
+		for i := range n {
+			fmt.Fprintf(&b, bad, i)
+		}
+		b.WriteString(good + `]}}`)
+		obs, err := fakeProm(t, 200, b.String(), nil).Collect(t.Context())
+		require.ErrorIs(t, err, telemetry.ErrPartial, n)
+		assert.Contains(t, err.Error(), fmt.Sprintf("%d series skipped; first: lora_slots for c0: max_lora \"0\" is not a slot count", n))
+		require.Len(t, obs, 1, n)
+		assert.Equal(t, "b", obs[0].EndpointID, n)
+		assert.Equal(t, map[string]float64{"waiting": 2}, fields(obs[0].Sample), n)
 	}
 }
 

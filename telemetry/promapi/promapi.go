@@ -545,6 +545,17 @@ func (c *collector) add(metric map[string]string, value [2]any) {
 	}
 	j, seen := c.at[id]
 	if !seen {
+		// A LoRA series whose labels give no state is skipped before it
+		// makes its endpoint an observation: left with no field and no
+		// time, it would take one of MaxEndpoints places.
+		if isValue && f == telemetry.LoRASlots {
+			if _, _, err := loraState(metric); err != nil {
+				if c.skip() {
+					c.firstSkip = fmt.Sprintf("lora_slots for %s: %v", lv, err)
+				}
+				return
+			}
+		}
 		if len(c.obs) == MaxEndpoints {
 			if c.skip() {
 				c.firstSkip = fmt.Sprintf("%s for %s: more than %d endpoints in one answer", what, lv, MaxEndpoints)
@@ -594,14 +605,7 @@ func (c *collector) addLoRA(j int, metric map[string]string, v float64, lv strin
 	if at, ok := c.loraAt[j]; ok && at >= v {
 		return true // an older state
 	}
-	slots, err := strconv.ParseFloat(metric["max_lora"], 64)
-	base := metric["model_name"]
-	switch {
-	case err != nil || !(slots >= 1) || math.IsInf(slots, 0):
-		err = fmt.Errorf("max_lora %q is not a slot count", metric["max_lora"])
-	case base == "":
-		err = errors.New("no model_name label (the base model)")
-	}
+	slots, base, err := loraState(metric)
 	if err != nil {
 		if c.skip() {
 			c.firstSkip = fmt.Sprintf("lora_slots for %s: %v", lv, err)
@@ -618,6 +622,20 @@ func (c *collector) addLoRA(j int, metric map[string]string, v float64, lv strin
 		Waiting: telemetry.AdapterNames(metric["waiting_lora_adapters"]),
 	})
 	return true
+}
+
+// loraState reads a LoRASlots series' labels: its slots (max_lora) and
+// base model (model_name), or why they give no state.
+func loraState(metric map[string]string) (slots float64, base string, err error) {
+	slots, err = strconv.ParseFloat(metric["max_lora"], 64)
+	base = metric["model_name"]
+	switch {
+	case err != nil || !(slots >= 1) || math.IsInf(slots, 0):
+		return 0, "", fmt.Errorf("max_lora %q is not a slot count", metric["max_lora"])
+	case base == "":
+		return 0, "", errors.New("no model_name label (the base model)")
+	}
+	return slots, base, nil
 }
 
 // idleAdapters empties the running (waiting) adapters of a sample whose
