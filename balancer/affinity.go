@@ -595,7 +595,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	// in the walk: at a ramp of f it comes back with probability 2f - f^2.)
 	mem := b.memOf(&c, req.Model)
 	if v, ok := b.sticky.Get(mem); ok {
-		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) {
+		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && !(c.steer && onProbation(g.members[i], c.nowNs)) {
 			if b.shunnedOnWalk(g, i, &c, sh) {
 				pastShunned = true
 			} else if b.admitRamp(g.members[i], &c) {
@@ -663,8 +663,8 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if home >= 0 && rank > pressureLook && first < 0 {
 			return b.goHome(req, g, home, homeOver, afterOwner, c, sh, now) // nothing nearby is better off
 		}
-		if i == first || i == home || i == crowd || !c.ok(g.members[i]) {
-			continue
+		if i == first || i == home || i == crowd || !c.ok(g.members[i]) || c.steer && onProbation(g.members[i], c.nowNs) {
+			continue // on probation: as if cooling down still (see Balancer.cooldown)
 		}
 		if b.shunnedOnWalk(g, i, &c, sh) {
 			*pastShunned = true
@@ -729,7 +729,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 			}
 			return b.spilled(mem, g, first, c.nowNs)
 		}
-		if b.prefer(req, g, first, i, now) {
+		if b.prefer(req, g, first, i, now, c.steer) {
 			return b.spilled(mem, g, i, c.nowNs)
 		}
 		return b.spilled(mem, g, first, c.nowNs)

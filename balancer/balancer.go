@@ -932,7 +932,8 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 		return Pick{}, ErrNoEndpoints
 	}
 	c := cand{nowNs: nowNs, monoNs: monoNs, bit: m.bit, panicking: panicking, exclude: exclude, failover: !observe,
-		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff, key: req.AffinityKey}
+		affine: req.AffinityKey != 0 && b.cfg.affinity != AffinityOff, key: req.AffinityKey,
+		steer: !panicking && st.settled > 0 && st.settled < st.good}
 	if st.leadFrom != 0 {
 		c.lead = st.lead(b.cfg, nowNs)
 	}
@@ -1204,7 +1205,7 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 			if i < 0 || len(g.members) == 1 {
 				return i, 0
 			}
-			if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now) {
+			if j := b.draw(g, c, sh, i); j >= 0 && b.prefer(req, g, i, j, now, c.steer) {
 				return j, 0
 			}
 			return i, 0
@@ -1230,7 +1231,7 @@ func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand,
 		if fi {
 			return j, 0
 		}
-	case b.prefer(req, g, i, j, now):
+	case b.prefer(req, g, i, j, now, c.steer):
 		return j, 0
 	}
 	return i, 0
@@ -1301,6 +1302,12 @@ type cand struct {
 	// tenantKeep: with refused, the tenant's entry is not kept yet
 	// (pickTenantKeep). Next to ceRefSet, in its padding.
 	tenantKeep bool
+	// steer: out of panic routing, some members in good standing are on
+	// probation after an overload cooldown and some are not: the former
+	// lose every comparison with the latter, and an affinity key passes
+	// them over (see Balancer.cooldown). In panic routing the calls are
+	// spread over the ready members, as they were.
+	steer bool
 	// With refused set, the members that refused the request's tenant's
 	// calls (tenant, its Keyer.Tenant key) are passed over.
 	refused *refusalTable
@@ -1430,8 +1437,10 @@ func (b *Balancer) admitRamp(e *endpoint, c *cand) bool {
 // prefill (prefillBacklog) and, when both candidates' decode speed is
 // known, the slower one's by how much slower it is (see "Decode speed" at
 // the end of this file). Before any cost, a candidate whose share of
-// client-error answers is far above the other's loses (clienterror.go).
-func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time) bool {
+// client-error answers is far above the other's loses (clienterror.go),
+// then one that is not a half-open probe, then, with steer (cand.steer),
+// one on probation after an overload cooldown (onProbation).
+func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Time, steer bool) bool {
 	if ei, ej := g.members[i], g.members[j]; b.shunnable.Load() > 0 && (ei.ceShunnable.Load() || ej.ceShunnable.Load()) {
 		// One refuses calls the other takes (a wrong API key, a
 		// missing route): its refusals are fast and leave nothing in
@@ -1453,6 +1462,13 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 		// have recovered out of rotation for tens of seconds. Its probe
 		// slots bound what it takes.
 		return pj
+	}
+	if steer {
+		if pi, pj := onProbation(g.members[i], now.UnixNano()), onProbation(g.members[j], now.UnixNano()); pi != pj {
+			// It just refused a call: the caller's retry, at Retry-After,
+			// goes to the other (see Balancer.cooldown).
+			return pi
+		}
 	}
 	sc := b.scorer(req.Service)
 	var si, sj scoring.State
@@ -1549,7 +1565,8 @@ func raise(c, f float64) float64 {
 // with no latency yet, is the cheapest of every scan it is in: it took
 // its factor of all calls (0.1 of them among 32, three times its full
 // share) from its first second. A half-open breaker's probe wins over
-// every other candidate, as in prefer, and a member marked shunnable whose
+// every other candidate, as in prefer, then one not on probation after an
+// overload cooldown (with cand.steer), and a member marked shunnable whose
 // share of client errors is far above the least among the candidates is
 // passed over, as in prefer (clienterror.go). Ties go to one of the tied
 // alike.
@@ -1571,7 +1588,8 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 	var salt uint64 // the ramp's verdicts (rampOK); 0 until one is needed
 	scale := min(1, 2/float64(m))
 	best, ties, bestProbe, bestCost := -1, 0, false, 0.0
-	bestZz := false // the best sleeps (see sleep.go)
+	bestZz := false   // the best sleeps (see sleep.go)
+	bestShed := false // the best is on probation (see cand.steer)
 	// Client errors first, as in prefer: a member whose share is far
 	// above the least of the candidates' is passed over. Only while some
 	// endpoint may be (markShunnable): the least share takes a pass of its
@@ -1617,11 +1635,15 @@ func (b *Balancer) scan(req *inferlb.Request, g *group, c cand, sh *shard, now t
 		if bestProbe && !probe && zz == bestZz {
 			continue
 		}
+		shed := c.steer && onProbation(e, c.nowNs)
+		if best >= 0 && shed && !bestShed && zz == bestZz && probe == bestProbe {
+			continue
+		}
 		e.state(b.cfg, now, req.Service, g.weights[i], &st)
 		cost := b.priced(sc, req, g, i, c.nowNs, &st)
 		switch {
-		case best < 0 || zz != bestZz || probe != bestProbe || cost < bestCost:
-			best, ties, bestProbe, bestZz, bestCost = i, 1, probe, zz, cost
+		case best < 0 || zz != bestZz || probe != bestProbe || shed != bestShed || cost < bestCost:
+			best, ties, bestProbe, bestZz, bestShed, bestCost = i, 1, probe, zz, shed, cost
 		case cost == bestCost:
 			ties++
 			if b.rand()%uint64(ties) == 0 {
@@ -1894,7 +1916,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		b.returnProbe(p)
 	case o.Overloaded:
 		e.overloads.Add(1)
-		b.cooldown(e, nowNs, o.RetryAfter)
+		b.cooldown(e, nowNs, p.start, o.RetryAfter)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.ClientError:
@@ -1925,6 +1947,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
 		e.successes.Add(1)
+		if e.shedStreak.Load() != 0 && p.start >= e.shedBack.Load() {
+			b.shedServed(e) // sent after its cooldown, and served
+		}
 		if o.Tenant != "" && b.refusedAt.Load() > nowNs {
 			b.tenantServed(e, o.Tenant, nowNs, atomic.LoadUint32(&p.flags)&pickTenantKeep != 0)
 		}
@@ -1950,7 +1975,31 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 // cooldown keeps e out of rotation for the server's Retry-After hint, or
 // DefaultCooldown, capped at MaxCooldown (which is at least DefaultCooldown).
 // It never shortens an exclusion.
-func (b *Balancer) cooldown(e *endpoint, nowNs int64, retryAfter time.Duration) {
+//
+// Then e is on probation (onProbation): in good standing, but second
+// choice wherever a peer in good standing is not on probation, for the
+// cooldown's length again, doubled for each refusal in a row, up to
+// MaxCooldown. The cooldown is the server's own word, so a caller's retry
+// at exactly Retry-After (the OpenAI SDKs', and most others') found e
+// back in full standing: with affinity the key's owner took the retry
+// back, without it e and a healthy peer tied, and a replica that refused
+// every call kept a share of the calls and of their retries: 10 of 30
+// calls failed all three attempts of openai-go's default retries with
+// affinity, 2 without (TestRetryAfterRetriesAvoidRefusingReplica). The
+// cooldown itself is not lengthened: with nowhere else to go (a single
+// replica, every peer cooling down or on probation too) the call goes to
+// e at the time the server asked, as before, and panic routing, which
+// the probation does not move, spreads over the ready members as it did.
+//
+// A refusal counts in the row (shedStreak) when its call was picked
+// after the latest cooldown had ended (shedBack): the answers of calls
+// already in flight when e began to shed, and those panic routing sent
+// it while it cooled down, are the same burst, and a replica that shed
+// one burst is back in full standing twice its Retry-After after its
+// last refusal. The row ends when e serves a call picked after its
+// cooldown (shedServed), or when the refusal comes more than MaxCooldown
+// after its probation ended.
+func (b *Balancer) cooldown(e *endpoint, nowNs, pickedNs int64, retryAfter time.Duration) {
 	d := retryAfter
 	if d <= 0 {
 		d = b.cfg.cooldown
@@ -1959,20 +2008,58 @@ func (b *Balancer) cooldown(e *endpoint, nowNs int64, retryAfter time.Duration) 
 	if d <= 0 {
 		return
 	}
-	if until := later(nowNs, d); exclude(e, until) {
+	until := later(nowNs, d)
+	n := e.shedStreak.Load()
+	if pickedNs >= e.shedBack.Load() {
+		if pu := e.probationUntil.Load(); n > 0 && (pu == math.MinInt64 || pu < nowNs && uint64(nowNs-pu) > uint64(b.cfg.maxCooldown)) {
+			n = 0 // long since: a new row
+		}
+		n = min(n+1, maxShedStreak)
+		e.shedStreak.Store(n)
+	}
+	probation := d
+	for k := int32(1); k < n && probation < b.cfg.maxCooldown; k++ {
+		probation = min(probation, b.cfg.maxCooldown/2) * 2
+	}
+	probation = min(probation, b.cfg.maxCooldown)
+	exclude(&e.shedBack, until)
+	moved := exclude(&e.probationUntil, later(until, probation))
+	if exclude(&e.excludedUntil, until) {
 		b.epoch.Add(1)
 		b.emit(e, Event{Kind: EventCooldown, Endpoint: e.id, At: time.Unix(0, nowNs), Until: time.Unix(0, until)})
+	} else if moved {
+		b.epoch.Add(1) // the group's count of members on probation (see standing.settled)
 	}
 }
 
-// exclude extends e's exclusion to until; it reports whether it changed.
-func exclude(e *endpoint, until int64) bool {
+// maxShedStreak bounds shedStreak: past it, doubling the probation has
+// long reached any MaxCooldown.
+const maxShedStreak = 64
+
+// shedServed ends e's row of overload answers and its probation: it
+// served a call sent to it after its cooldown.
+func (b *Balancer) shedServed(e *endpoint) {
+	e.shedStreak.Store(0)
+	if e.probationUntil.Swap(math.MinInt64) != math.MinInt64 {
+		b.epoch.Add(1)
+	}
+}
+
+// onProbation reports whether e is second choice at nowNs after an
+// overload cooldown (see Balancer.cooldown). One load.
+func onProbation(e *endpoint, nowNs int64) bool {
+	return e.probationUntil.Load() > nowNs
+}
+
+// exclude extends a deadline of an endpoint (its exclusion, excludedUntil)
+// to until; it reports whether it changed.
+func exclude(v *atomic.Int64, until int64) bool {
 	for {
-		cur := e.excludedUntil.Load()
+		cur := v.Load()
 		if cur >= until {
 			return false
 		}
-		if e.excludedUntil.CompareAndSwap(cur, until) {
+		if v.CompareAndSwap(cur, until) {
 			return true
 		}
 	}

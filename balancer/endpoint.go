@@ -126,6 +126,14 @@ type endpoint struct {
 	trips         atomic.Uint64
 	recoveries    atomic.Uint64
 	ejectCount    atomic.Uint64
+	// Overload answers (see Balancer.cooldown): the refusals in a row of
+	// calls sent to it in good standing; when its latest cooldown ends
+	// (unix ns), which tells such calls from those of the same burst; and
+	// until when it is second choice after that cooldown (its
+	// probation, unix ns). Pick reads only probationUntil.
+	shedStreak     atomic.Int32
+	shedBack       atomic.Int64
+	probationUntil atomic.Int64
 	// When the half-open breaker's probes, all out, are overdue and let
 	// one more through (unix ns; set as the last slot is taken, read only
 	// while none is free), and the wait before the next (ns): see takeProbe.
@@ -202,6 +210,8 @@ func newEndpoint(b *Balancer, id string, slot *telemetry.Slot) *endpoint {
 	// (see afterStepBack) happened to mend it.
 	e.excludedUntil.Store(math.MinInt64)
 	e.ejectedUntil.Store(math.MinInt64)
+	e.shedBack.Store(math.MinInt64)
+	e.probationUntil.Store(math.MinInt64)
 	e.slot.Store(slot)
 	e.groupLoads.Store(new(loadSet)) // in no group until reconcile
 	return e

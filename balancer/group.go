@@ -58,6 +58,10 @@ type standing struct {
 	until int64 // earliest excludedUntil or ramp end in the future at compute time
 	ready int
 	good  int
+	// settled: of the good, those not on probation after an overload
+	// cooldown (onProbation). While some are and some are not, picks
+	// pass the former over for the latter (cand.steer).
+	settled int
 	// Capacity weight of the good members, and of the ready ones: the
 	// affinity load bound shares the group's load among the members that
 	// can take it, not among all.
@@ -249,6 +253,11 @@ func (g *group) eligibility(c *config, epoch uint64, nowNs int64) *standing {
 			next.until = min(next.until, u)
 		} else if inGoodStanding(e, nowNs) {
 			next.good++
+			if pu := e.probationUntil.Load(); pu > nowNs {
+				next.until = min(next.until, pu)
+			} else {
+				next.settled++
+			}
 			next.goodWeight += g.weights[i]
 			good.add(ramps, e)
 		} else if d := e.probeDue.Load(); d > nowNs {

@@ -41,8 +41,8 @@ func TestPreferPassesOverOnlyAMarkedCandidate(t *testing.T) {
 	marked.inFlight.Store(3)
 	req := &inferlb.Request{Service: inferlb.ServiceEmbedding}
 	for range 10 {
-		assert.False(t, r.b.prefer(req, r.g, 1, 0, r.clock.Now()), "the unmarked, cheaper candidate was passed over")
-		assert.True(t, r.b.prefer(req, r.g, 0, 1, r.clock.Now()))
+		assert.False(t, r.b.prefer(req, r.g, 1, 0, r.clock.Now(), false), "the unmarked, cheaper candidate was passed over")
+		assert.True(t, r.b.prefer(req, r.g, 0, 1, r.clock.Now(), false))
 	}
 }
 

@@ -55,8 +55,8 @@ func TestClientErrorShareAtTheGapIsNotPassedOver(t *testing.T) {
 	other.inFlight.Store(3) // on cost, marked wins
 	req := &inferlb.Request{Service: inferlb.ServiceEmbedding}
 	for range 10 {
-		assert.False(t, r.b.prefer(req, r.g, 0, 1, r.clock.Now()), "passed over at exactly the gap")
-		assert.True(t, r.b.prefer(req, r.g, 1, 0, r.clock.Now()))
+		assert.False(t, r.b.prefer(req, r.g, 0, 1, r.clock.Now(), false), "passed over at exactly the gap")
+		assert.True(t, r.b.prefer(req, r.g, 1, 0, r.clock.Now(), false))
 	}
 }
 
@@ -101,7 +101,7 @@ func TestShareAtTheGapTakesNoShunnableRoom(t *testing.T) {
 	refusing.inFlight.Store(0)
 	r.g.members[2].inFlight.Store(3) // on cost, the refusing replica wins
 	req := &inferlb.Request{Service: inferlb.ServiceEmbedding}
-	assert.True(t, r.b.prefer(req, r.g, 1, 2, r.clock.Now()), "the refusing replica was not passed over")
+	assert.True(t, r.b.prefer(req, r.g, 1, 2, r.clock.Now(), false), "the refusing replica was not passed over")
 }
 
 // A tenant's keyed call compares its owner's client-error share with the

@@ -36,6 +36,6 @@ func TestPreferScoresEachCandidateOnItsOwn(t *testing.T) {
 	g.members[ib].inFlight.Add(3)
 	// a: (10 + 1) / 2 = 5.5; b: (3 + 1) / 1 = 4, in either order.
 	req := &inferlb.Request{Service: inferlb.ServiceLLM}
-	require.False(t, b.prefer(req, g, ib, ia, now), "a is not cheaper than b")
-	require.True(t, b.prefer(req, g, ia, ib, now), "b is cheaper than a")
+	require.False(t, b.prefer(req, g, ib, ia, now, false), "a is not cheaper than b")
+	require.True(t, b.prefer(req, g, ia, ib, now, false), "b is cheaper than a")
 }

@@ -166,7 +166,7 @@ func (b *Balancer) onBreakerChange(e *endpoint, from, to gobreaker.State) {
 		n := b.tripCount(e, nowNs)
 		hold := b.ejectionTime(n)
 		until := later(nowNs, hold)
-		exclude(e, until) // before the new generation: see acquire
+		exclude(&e.excludedUntil, until) // before the new generation: see acquire
 		// The endpoint returns when its exclusion ends: an overload
 		// cooldown in force may outlast the breaker's.
 		until = max(until, e.excludedUntil.Load())
@@ -334,7 +334,7 @@ func (b *Balancer) forgetLoad(e *endpoint, now time.Time) {
 // every endpoint began a ramp (the initial set too) at its first pick.
 // (No exclusion or ejection is 0: "none" is math.MinInt64, see newEndpoint.)
 func (e *endpoint) afterStepBack(nowNs, horizon int64) {
-	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.ejectedUntil, &e.rampFrom, &e.probeDue, &e.capProbeAt} {
+	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.ejectedUntil, &e.rampFrom, &e.probeDue, &e.capProbeAt, &e.shedBack, &e.probationUntil} {
 		if t := v.Load(); t != 0 && t > nowNs && t-nowNs > horizon {
 			v.CompareAndSwap(t, nowNs)
 		}
@@ -351,7 +351,7 @@ func (e *endpoint) afterStepBack(nowNs, horizon int64) {
 // deadline) is further than horizon ahead of nowNs: none is ever set that
 // far ahead, so it was set before the clock stepped back.
 func (e *endpoint) setBeforeStep(nowNs, horizon int64) bool {
-	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.rampFrom, &e.probeDue, &e.capProbeAt} {
+	for _, v := range [...]*atomic.Int64{&e.excludedUntil, &e.rampFrom, &e.probeDue, &e.capProbeAt, &e.probationUntil} {
 		if t := v.Load(); t != 0 && t > nowNs && t-nowNs > horizon {
 			return true
 		}
@@ -835,7 +835,7 @@ func (b *Balancer) maybeEvaluateOutliers(nowNs int64) {
 		until := later(nowNs, b.ejectionTime(n))
 		e.ejectedUntil.Store(until)
 		b.ejectMu.Unlock()
-		exclude(e, until)
+		exclude(&e.excludedUntil, until)
 		// It returns when its exclusion ends: a cooldown in force may
 		// outlast the ejection.
 		back := max(until, e.excludedUntil.Load())

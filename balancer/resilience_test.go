@@ -210,8 +210,14 @@ func TestOverloadAndCancellationDoNotTrip(t *testing.T) {
 		p := pickOn(t, b, id)
 		p.Done(inferlb.Outcome{Err: context.Canceled})
 	}
+	serial, ok := b.Serial(id)
+	require.True(t, ok)
 	for range 10 {
-		p := pickOn(t, b, id)
+		// By serial: after each cooldown it is on probation, second
+		// choice to its healthy peer (see TestOverloadProbation).
+		p, err := b.PickAt(&inferlb.Request{}, serial)
+		require.NoError(t, err)
+		require.Equal(t, id, p.ID())
 		p.Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Millisecond})
 		clock.Advance(time.Millisecond)
 	}

@@ -123,7 +123,7 @@ func (b *Balancer) fitScan(req *inferlb.Request, g *group, c cand, sh *shard, no
 			first = i
 			continue
 		}
-		if b.prefer(req, g, first, i, now) {
+		if b.prefer(req, g, first, i, now, c.steer) {
 			return i
 		}
 		return first

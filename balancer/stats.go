@@ -23,7 +23,14 @@ type EndpointStats struct {
 	// EjectedUntil is when the outlier ejection in force ends, zero with
 	// none; ExcludedUntil is at least it. An exclusion with BreakerOpen
 	// false and no ejection in force is an overload cooldown.
-	EjectedUntil   time.Time
+	EjectedUntil time.Time
+	// ProbationUntil is when the endpoint stops being second choice after
+	// an overload cooldown (see Options.DefaultCooldown), zero when it is
+	// not; past ExcludedUntil while it is. OverloadStreak is its overload
+	// answers in a row to calls sent after its cooldown ended, which
+	// lengthen the probation; 0 once it serves such a call.
+	ProbationUntil time.Time
+	OverloadStreak int
 	Weight         float64 // capacity weight (Endpoint.Capacity)
 	RampFactor     float64 // slow-start fraction of Weight now, 1 when done
 	InFlight       int64
@@ -180,6 +187,10 @@ func (b *Balancer) Stats() []EndpointStats {
 		if u := e.ejectedUntil.Load(); u > nowNs {
 			s.EjectedUntil = time.Unix(0, u)
 		}
+		if u := e.probationUntil.Load(); u > nowNs {
+			s.ProbationUntil = time.Unix(0, u)
+		}
+		s.OverloadStreak = int(e.shedStreak.Load())
 		out[i] = s
 	}
 	return out

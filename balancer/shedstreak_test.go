@@ -1,0 +1,224 @@
+package balancer_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// sdkRetryCalls makes calls as the official OpenAI SDKs do with their
+// default two retries: an overload answer's Retry-After (retryAfter) is
+// waited out on the fake clock, exactly, and the call tried again, up to
+// three attempts in all. Every call to refusing is answered "overloaded";
+// the others serve it. It returns how many calls failed all three attempts
+// and how many attempts went to refusing.
+func sdkRetryCalls(t *testing.T, b *balancer.Balancer, clock *testutil.Clock, refusing string, req *inferlb.Request, calls int, retryAfter, gap time.Duration) (failed, refused int) {
+	t.Helper()
+	for range calls {
+		served := false
+		for attempt := range 3 {
+			p, err := b.Pick(req)
+			require.NoError(t, err)
+			if p.ID() == refusing {
+				clock.Advance(5 * time.Millisecond)
+				p.Done(inferlb.Outcome{Overloaded: true, RetryAfter: retryAfter})
+				refused++
+				if attempt < 2 {
+					clock.Advance(retryAfter) // the SDK's wait
+				}
+				continue
+			}
+			clock.Advance(50 * time.Millisecond)
+			p.Done(inferlb.Outcome{})
+			served = true
+			break
+		}
+		if !served {
+			failed++
+		}
+		clock.Advance(gap)
+	}
+	return failed, refused
+}
+
+// A replica that answers every call "overloaded, Retry-After: 1", next to
+// a healthy one, under a caller whose SDK retries at exactly Retry-After
+// (openai-go's default two retries): the cooldown lasted Retry-After, so
+// each retry found the refusing replica back in full standing. With
+// affinity the key's owner took the retry back every time, and all three
+// attempts of a call went to it: 10 of 30 calls failed (seed 5); without
+// affinity the two tied, and 5 of 30 failed. After a cooldown an endpoint
+// is second choice for a while (its probation), so the retry goes to the
+// healthy replica, and no call fails.
+func TestRetryAfterRetriesAvoidRefusingReplica(t *testing.T) {
+	for _, mode := range []balancer.AffinityMode{balancer.AffinityPrefer, balancer.AffinityOff} {
+		t.Run(mode.String(), func(t *testing.T) {
+			clock := testutil.NewClock()
+			b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), Affinity: mode})
+			req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "m", AffinityKey: 0x5eed}
+			p, err := b.Pick(req)
+			require.NoError(t, err)
+			refusing := p.ID() // the key's owner, with affinity
+			p.Done(inferlb.Outcome{})
+
+			failed, refused := sdkRetryCalls(t, b, clock, refusing, req, 30, time.Second, 300*time.Millisecond)
+			t.Logf("%v: %d of 30 calls failed, %d attempts refused", mode, failed, refused)
+			assert.Zero(t, failed, "calls that failed all three attempts")
+			// Its probation doubles while it refuses every call it gets
+			// back: a handful of the 30 calls' first attempts, not a
+			// share of every retry.
+			assert.LessOrEqual(t, refused, 6)
+		})
+	}
+}
+
+// The same for embedding calls, whose scorer compares every candidate
+// (scoring.FullScanner) instead of two: the refusing replica's cost,
+// nothing in flight, tied the healthy one's.
+func TestRetryAfterRetriesAvoidRefusingReplicaScan(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 3, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
+	req := &inferlb.Request{Service: inferlb.ServiceEmbedding}
+	refusing := endpoints(3)[0].Addr
+	failed, refused := sdkRetryCalls(t, b, clock, refusing, req, 30, time.Second, 300*time.Millisecond)
+	t.Logf("%d of 30 calls failed, %d attempts refused", failed, refused)
+	assert.Zero(t, failed)
+	assert.LessOrEqual(t, refused, 6)
+}
+
+// pickSerial picks id by its serial (PickAt), which takes it whatever
+// its probation.
+func pickSerial(t *testing.T, b *balancer.Balancer, id string) *balancer.Pick {
+	t.Helper()
+	serial, ok := b.Serial(id)
+	require.True(t, ok)
+	p, err := b.PickAt(&inferlb.Request{}, serial)
+	require.NoError(t, err)
+	require.Equal(t, id, p.ID())
+	return &p
+}
+
+// After an overload cooldown an endpoint is on probation for the
+// cooldown's length again, doubled for each refusal in a row of a call
+// sent to it after its cooldown ended, up to MaxCooldown; a call it
+// serves ends the row and the probation. The refusals of calls already in
+// flight when it began to shed are the same burst: a replica that sheds
+// one burst is back in full twice its Retry-After after it.
+func TestOverloadProbation(t *testing.T) {
+	overloaded := inferlb.Outcome{Overloaded: true, RetryAfter: time.Second}
+	t.Run("burst", func(t *testing.T) {
+		clock := testutil.NewClock()
+		b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
+		hot := endpoints(2)[0].Addr
+		var burst []*balancer.Pick
+		for range 5 {
+			burst = append(burst, pickSerial(t, b, hot))
+		}
+		clock.Advance(10 * time.Millisecond)
+		for _, p := range burst {
+			p.Done(overloaded)
+		}
+		s := stat(t, b, hot)
+		assert.Equal(t, 1, s.OverloadStreak, "one burst")
+		assert.WithinDuration(t, clock.Now().Add(time.Second), s.ExcludedUntil, 0)
+		assert.WithinDuration(t, clock.Now().Add(2*time.Second), s.ProbationUntil, 0)
+
+		clock.Advance(time.Second)
+		assert.Zero(t, spread(t, b, &inferlb.Request{}, 200)[hot], "on probation")
+		clock.Advance(time.Second)
+		assert.True(t, stat(t, b, hot).ProbationUntil.IsZero())
+		assert.Greater(t, spread(t, b, &inferlb.Request{}, 200)[hot], 60, "back in full")
+	})
+	t.Run("row", func(t *testing.T) {
+		clock := testutil.NewClock()
+		b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), MaxCooldown: 5 * time.Second})
+		hot := endpoints(2)[0].Addr
+		for k, probation := range []time.Duration{1, 2, 4, 5, 5} {
+			straggler := pickSerial(t, b, hot) // picked before the refusal
+			pickSerial(t, b, hot).Done(overloaded)
+			s := stat(t, b, hot)
+			assert.Equal(t, k+1, s.OverloadStreak)
+			assert.WithinDuration(t, clock.Now().Add(time.Second+probation*time.Second), s.ProbationUntil, 0, "refusal %d", k+1)
+			straggler.Done(overloaded)
+			assert.Equal(t, k+1, stat(t, b, hot).OverloadStreak, "the same burst")
+			clock.Advance(time.Second) // the cooldown's end: a retry there
+		}
+		// A success of a call picked before the cooldown ended is no
+		// verdict; one after is.
+		early := pickSerial(t, b, hot)
+		pickSerial(t, b, hot).Done(overloaded)
+		early.Done(inferlb.Outcome{})
+		assert.Equal(t, 6, stat(t, b, hot).OverloadStreak)
+		clock.Advance(time.Second)
+		pickSerial(t, b, hot).Done(inferlb.Outcome{})
+		s := stat(t, b, hot)
+		assert.Zero(t, s.OverloadStreak)
+		assert.True(t, s.ProbationUntil.IsZero(), "served: probation over")
+		assert.Positive(t, spread(t, b, &inferlb.Request{}, 200)[hot])
+
+		// A refusal long after the last probation ended starts a new row.
+		pickSerial(t, b, hot).Done(overloaded)
+		clock.Advance(time.Second)
+		pickSerial(t, b, hot).Done(overloaded)
+		assert.Equal(t, 2, stat(t, b, hot).OverloadStreak)
+		clock.Advance(time.Minute)
+		pickSerial(t, b, hot).Done(overloaded)
+		assert.Equal(t, 1, stat(t, b, hot).OverloadStreak)
+	})
+}
+
+// With nowhere else to go the probation changes nothing: a single
+// replica that refuses call after call takes each retry at exactly its
+// Retry-After, with panic routing (which takes calls to it while it cools
+// down) and without it (which fails them until then, as before). Its
+// cooldown is the server's Retry-After, never lengthened.
+func TestOverloadProbationSingleReplica(t *testing.T) {
+	for _, panicThreshold := range []float64{0, -1} {
+		clock := testutil.NewClock()
+		b := newBalancer(t, 1, balancer.Options{Clock: clock, PanicThreshold: panicThreshold})
+		for range 6 {
+			p, err := b.Pick(&inferlb.Request{})
+			require.NoError(t, err, "panic threshold %v", panicThreshold)
+			p.Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Second})
+			assert.WithinDuration(t, clock.Now().Add(time.Second), stat(t, b, p.ID()).ExcludedUntil, 0)
+			_, err = b.Pick(&inferlb.Request{})
+			if panicThreshold < 0 {
+				assert.ErrorIs(t, err, balancer.ErrNoEndpoints, "cooling down, no panic routing")
+			} else {
+				assert.NoError(t, err, "panic routing")
+			}
+			clock.Advance(time.Second)
+		}
+	}
+}
+
+// Panic routing spreads calls over the ready members whatever their
+// standing, and the probation does not undo it: a member on probation is
+// no second choice there, or the few members in good standing would take
+// the whole load.
+func TestOverloadProbationInPanic(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 6, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
+	eps := endpoints(6)
+	shed := eps[0].Addr
+	pickSerial(t, b, shed).Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Second})
+	clock.Advance(time.Second) // on probation
+	for _, ep := range eps[2:5] {
+		pickSerial(t, b, ep.Addr).Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Minute})
+	}
+	// Three of six in good standing: not below half, no panic; the one on
+	// probation is second choice to the other two.
+	got := spread(t, b, &inferlb.Request{}, 600)
+	assert.Zero(t, got[shed])
+	pickSerial(t, b, eps[5].Addr).Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Minute})
+	got = spread(t, b, &inferlb.Request{}, 600) // two of six: panic
+	for _, ep := range eps {
+		assert.Greater(t, got[ep.Addr], 50, ep.Addr)
+	}
+}
