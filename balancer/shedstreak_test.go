@@ -53,9 +53,10 @@ func sdkRetryCalls(t *testing.T, b *balancer.Balancer, clock *testutil.Clock, re
 // each retry found the refusing replica back in full standing. With
 // affinity the key's owner took the retry back every time, and all three
 // attempts of a call went to it: 10 of 30 calls failed (seed 5); without
-// affinity the two tied, and 5 of 30 failed. After a cooldown an endpoint
-// is second choice for a while (its probation), so the retry goes to the
-// healthy replica, and no call fails.
+// affinity the two tied, and 2 of 30 failed. After a cooldown an endpoint
+// that refused again a call sent at its Retry-After is second choice for
+// a while (its probation), so the retries go to the healthy replica, and
+// no call fails.
 func TestRetryAfterRetriesAvoidRefusingReplica(t *testing.T) {
 	for _, mode := range []balancer.AffinityMode{balancer.AffinityPrefer, balancer.AffinityOff} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -104,12 +105,13 @@ func pickSerial(t *testing.T, b *balancer.Balancer, id string) *balancer.Pick {
 	return &p
 }
 
-// After an overload cooldown an endpoint is on probation for the
-// cooldown's length again, doubled for each refusal in a row of a call
-// sent to it after its cooldown ended, up to MaxCooldown; a call it
-// serves ends the row and the probation. The refusals of calls already in
-// flight when it began to shed are the same burst: a replica that sheds
-// one burst is back in full twice its Retry-After after it.
+// The first overload answer is taken at its word: the endpoint is back in
+// full at its Retry-After. A second in a row (the call was sent after that
+// cooldown ended) puts it on probation once its cooldown ends, for twice
+// the cooldown, doubled for each refusal in a row after, up to
+// MaxCooldown; a call it serves ends the row and the probation. The
+// refusals of calls already in flight when it began to shed are the same
+// burst: a replica that sheds one burst is back in full at its Retry-After.
 func TestOverloadProbation(t *testing.T) {
 	overloaded := inferlb.Outcome{Overloaded: true, RetryAfter: time.Second}
 	t.Run("burst", func(t *testing.T) {
@@ -127,27 +129,32 @@ func TestOverloadProbation(t *testing.T) {
 		s := stat(t, b, hot)
 		assert.Equal(t, 1, s.OverloadStreak, "one burst")
 		assert.WithinDuration(t, clock.Now().Add(time.Second), s.ExcludedUntil, 0)
-		assert.WithinDuration(t, clock.Now().Add(2*time.Second), s.ProbationUntil, 0)
+		assert.True(t, s.ProbationUntil.IsZero(), "no probation")
 
 		clock.Advance(time.Second)
-		assert.Zero(t, spread(t, b, &inferlb.Request{}, 200)[hot], "on probation")
-		clock.Advance(time.Second)
-		assert.True(t, stat(t, b, hot).ProbationUntil.IsZero())
-		assert.Greater(t, spread(t, b, &inferlb.Request{}, 200)[hot], 60, "back in full")
+		assert.Greater(t, spread(t, b, &inferlb.Request{}, 200)[hot], 60, "back in full at Retry-After")
+		assert.Zero(t, stat(t, b, hot).OverloadStreak, "served")
 	})
 	t.Run("row", func(t *testing.T) {
 		clock := testutil.NewClock()
 		b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), MaxCooldown: 5 * time.Second})
 		hot := endpoints(2)[0].Addr
-		for k, probation := range []time.Duration{1, 2, 4, 5, 5} {
+		for k, probation := range []time.Duration{0, 2, 4, 5, 5} {
 			straggler := pickSerial(t, b, hot) // picked before the refusal
 			pickSerial(t, b, hot).Done(overloaded)
 			s := stat(t, b, hot)
 			assert.Equal(t, k+1, s.OverloadStreak)
-			assert.WithinDuration(t, clock.Now().Add(time.Second+probation*time.Second), s.ProbationUntil, 0, "refusal %d", k+1)
+			if probation == 0 {
+				assert.True(t, s.ProbationUntil.IsZero())
+			} else {
+				assert.WithinDuration(t, clock.Now().Add(time.Second+probation*time.Second), s.ProbationUntil, 0, "refusal %d", k+1)
+			}
 			straggler.Done(overloaded)
 			assert.Equal(t, k+1, stat(t, b, hot).OverloadStreak, "the same burst")
 			clock.Advance(time.Second) // the cooldown's end: a retry there
+			if probation != 0 {
+				assert.Zero(t, spread(t, b, &inferlb.Request{}, 100)[hot], "on probation")
+			}
 		}
 		// A success of a call picked before the cooldown ended is no
 		// verdict; one after is.
@@ -162,7 +169,7 @@ func TestOverloadProbation(t *testing.T) {
 		assert.True(t, s.ProbationUntil.IsZero(), "served: probation over")
 		assert.Positive(t, spread(t, b, &inferlb.Request{}, 200)[hot])
 
-		// A refusal long after the last probation ended starts a new row.
+		// A refusal long after it was last back in full starts a new row.
 		pickSerial(t, b, hot).Done(overloaded)
 		clock.Advance(time.Second)
 		pickSerial(t, b, hot).Done(overloaded)
@@ -207,8 +214,10 @@ func TestOverloadProbationInPanic(t *testing.T) {
 	b := newBalancer(t, 6, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
 	eps := endpoints(6)
 	shed := eps[0].Addr
-	pickSerial(t, b, shed).Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Second})
-	clock.Advance(time.Second) // on probation
+	for range 2 {
+		pickSerial(t, b, shed).Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Second})
+		clock.Advance(time.Second)
+	} // on probation
 	for _, ep := range eps[2:5] {
 		pickSerial(t, b, ep.Addr).Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Minute})
 	}
