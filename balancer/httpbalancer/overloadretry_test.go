@@ -1,0 +1,161 @@
+package httpbalancer_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// refusingPair starts two fake chat servers; the one named by the
+// returned pointer once it is set answers every call 429 with header (a
+// Retry-After or retry-after-ms) set to value.
+func refusingPair(t *testing.T, header, value string) (bs []*backend, refusing *atomic.Pointer[string]) {
+	t.Helper()
+	refusing = new(atomic.Pointer[string])
+	for _, name := range []string{"a", "b"} {
+		b := &backend{name: name}
+		b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if p := refusing.Load(); p != nil && *p == b.name {
+				_, _ = io.Copy(io.Discard, r.Body)
+				b.hits.Add(1)
+				w.Header().Set(header, value)
+				http.Error(w, `{"error":{"message":"too many requests","type":"rate_limit_exceeded"}}`, http.StatusTooManyRequests)
+				return
+			}
+			b.fakeChat(w, r)
+		}))
+		t.Cleanup(b.srv.Close)
+		bs = append(bs, b)
+	}
+	return bs, refusing
+}
+
+// ownerOf makes one call and returns the name of the backend that took
+// it: with affinity, the owner of every call of the same prompt.
+func ownerOf(t *testing.T, client *http.Client, bs []*backend) string {
+	t.Helper()
+	before := []int64{bs[0].hits.Load(), bs[1].hits.Load()}
+	resp, _ := post(t, client, chatBody(0, false))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	if bs[0].hits.Load() > before[0] {
+		return bs[0].name
+	}
+	return bs[1].name
+}
+
+// Through the transport, with a fake clock: one replica answers every
+// call 429 with Retry-After: 1, the other serves; the caller retries as
+// the OpenAI SDKs do, at exactly Retry-After, three attempts in all, with
+// 300 ms between calls. Every retry found the refusing replica back from
+// its cooldown: with affinity (the same prompt, the same key) 8 of 30
+// calls failed, all three attempts on it; without, 2. Now a replica that
+// refuses the call sent at its Retry-After is second choice for a while,
+// and no call fails.
+func TestRetryAfterRetriesAvoidRefusingReplicaHTTP(t *testing.T) {
+	for _, mode := range []balancer.AffinityMode{balancer.AffinityPrefer, balancer.AffinityOff} {
+		t.Run(mode.String(), func(t *testing.T) {
+			bs, refusing := refusingPair(t, "Retry-After", "1")
+			clock := testutil.NewClock()
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints:       endpointsOf(bs...),
+				BalancerOptions: balancer.Options{Clock: clock, Rand: testutil.NewRand(5), AffinitySeed: 1, Affinity: mode},
+			})
+			client := &http.Client{Transport: tr}
+			owner := ownerOf(t, client, bs)
+			refusing.Store(&owner)
+
+			failed, refused := 0, 0
+			for range 30 {
+				served := false
+				for attempt := range 3 {
+					resp, _ := post(t, client, chatBody(0, false))
+					if resp.StatusCode == http.StatusOK {
+						served = true
+						break
+					}
+					require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+					refused++
+					if attempt < 2 {
+						secs, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+						require.NoError(t, err)
+						clock.Advance(time.Duration(secs) * time.Second)
+					}
+				}
+				if !served {
+					failed++
+				}
+				clock.Advance(300 * time.Millisecond)
+			}
+			t.Logf("%v: %d of 30 calls failed, %d attempts refused", mode, failed, refused)
+			assert.Zero(t, failed)
+			assert.LessOrEqual(t, refused, 6)
+			assert.Zero(t, totalInFlight(tr.Balancer()))
+		})
+	}
+}
+
+// The official OpenAI client with its default retries, over loopback, real
+// time: the refusing replica sends retry-after-ms: 100 (which openai-go
+// honours, waiting exactly that), and the transport, which reads no such
+// header, cools it down for DefaultCooldown, set to the same 100 ms. 30
+// calls, the same prompt, 30 ms apart. Before the probation 8 and 10 of 30
+// calls failed in two runs (affinity on); now none does, whatever the
+// scheduling: the second refusal in a row puts the replica on probation
+// for twice its cooldown, far past the SDK's next retry.
+func TestOpenAIClientRetriesAvoidRefusingReplica(t *testing.T) {
+	bs, refusing := refusingPair(t, "retry-after-ms", "100")
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: endpointsOf(bs...),
+		BalancerOptions: balancer.Options{
+			Rand: testutil.NewRand(5), AffinitySeed: 1,
+			DefaultCooldown: 100 * time.Millisecond, MaxCooldown: time.Second,
+		},
+	})
+	owner := ownerOf(t, &http.Client{Transport: tr}, bs)
+	refusing.Store(&owner)
+	client := openai.NewClient(
+		option.WithHTTPClient(&http.Client{Transport: tr}),
+		option.WithBaseURL("http://llm.internal/v1/"),
+		option.WithAPIKey("unused"),
+		option.WithMaxRetries(2), // the default, said
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	failed := 0
+	for range 30 {
+		_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model:     "m",
+			Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("question 0")},
+			MaxTokens: openai.Int(16),
+		})
+		if err != nil {
+			var apiErr *openai.Error
+			require.True(t, errors.As(err, &apiErr), "%v", err)
+			require.Equal(t, http.StatusTooManyRequests, apiErr.StatusCode)
+			failed++
+		}
+		time.Sleep(30 * time.Millisecond) // the caller's pace, not a wait for goroutines
+	}
+	refused := bs[0].hits.Load()
+	if owner == bs[1].name {
+		refused = bs[1].hits.Load()
+	}
+	t.Logf("%d of 30 calls failed, %d attempts refused", failed, refused)
+	assert.Zero(t, failed)
+	assert.Zero(t, totalInFlight(tr.Balancer()))
+}
