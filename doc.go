@@ -50,7 +50,11 @@
 //     reports an Outcome through Done exactly once.
 //  8. Done releases the load, feeds the latency, TTFT, decode-speed and
 //     error EWMAs and the circuit breaker; an overload answer cools the
-//     endpoint down for its Retry-After. Some answers are neither success
+//     endpoint down for its Retry-After, and one that refuses again a call
+//     sent at that time is second choice to its peers for a while after
+//     (its probation, doubling while the refusals go on, see
+//     balancer.Options.DefaultCooldown), so a client's retry at
+//     Retry-After goes to a peer. Some answers are neither success
 //     nor failure and teach the Balancer something else (see Answers that
 //     are neither success nor failure).
 //

@@ -161,8 +161,22 @@ type Options struct {
 	// DefaultCooldown is how long an endpoint that answered "overloaded"
 	// without a Retry-After hint is kept out of rotation. Default 1s, or
 	// MaxCooldown when that is set shorter.
+	//
+	// An endpoint that answers "overloaded" again to a call sent once its
+	// cooldown had ended (its hint was wrong) is, after the new
+	// cooldown, on probation: in good standing (it counts against
+	// PanicThreshold as such, and takes calls when no peer can), but
+	// second choice to every peer in good standing that is not on
+	// probation, and passed over by affinity keys, for twice the
+	// cooldown, doubled for each further refusal in a row, up to
+	// MaxCooldown. A call it serves ends both; EndpointStats shows them
+	// (ProbationUntil, OverloadStreak). The cooldown itself stays the
+	// server's hint, so a single replica still takes the caller's retry
+	// at its Retry-After, while next to a healthy peer a replica that
+	// refuses every call no longer takes each retry back.
 	DefaultCooldown time.Duration
-	// MaxCooldown caps any Retry-After hint. Default 30s, or
+	// MaxCooldown caps any Retry-After hint, and the probation after a
+	// row of overload answers (see DefaultCooldown). Default 30s, or
 	// DefaultCooldown when that is longer; set, it must be at least
 	// DefaultCooldown.
 	MaxCooldown time.Duration

@@ -147,7 +147,8 @@
 // stream read. Classification: 429 (and 529, Anthropic's
 // "overloaded", which gateways answer), and 503 with Retry-After,
 // are overload answers (the endpoint cools down for Retry-After, it is not
-// failed), and so is the 503 with which Triton and SGLang shed load (its
+// failed; refusing again a call sent at that time, it is second choice for
+// a while after: see balancer.Options.DefaultCooldown), and so is the 503 with which Triton and SGLang shed load (its
 // body, once read, says "Exceeds maximum queue size" or "Request timeout
 // expired", Triton's, "The request queue is full.", SGLang's, or
 // "maximum pending requests exceeded", Ollama's; a cooldown for the
