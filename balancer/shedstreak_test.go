@@ -231,3 +231,29 @@ func TestOverloadProbationInPanic(t *testing.T) {
 		assert.Greater(t, got[ep.Addr], 50, ep.Addr)
 	}
 }
+
+// A pick while a member is on probation (steered away from, by affinity
+// and by P2C) allocates nothing, as every pick.
+func TestProbationPickDoesNotAllocate(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 4, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
+	shed := endpoints(4)[0].Addr
+	for range 2 {
+		pickSerial(t, b, shed).Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Second})
+		clock.Advance(time.Second)
+	}
+	require.False(t, stat(t, b, shed).ProbationUntil.IsZero())
+	keyed := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "m", AffinityKey: 7}
+	plain := &inferlb.Request{Service: inferlb.ServiceLLM}
+	embed := &inferlb.Request{Service: inferlb.ServiceEmbedding}
+	allocs := testing.AllocsPerRun(200, func() {
+		for _, req := range []*inferlb.Request{keyed, plain, embed} {
+			p, err := b.Pick(req)
+			if err != nil || p.ID() == shed {
+				panic("picked the endpoint on probation")
+			}
+			p.Done(inferlb.Outcome{})
+		}
+	})
+	assert.Zero(t, allocs)
+}
