@@ -1465,8 +1465,9 @@ func (b *Balancer) prefer(req *inferlb.Request, g *group, i, j int, now time.Tim
 	}
 	if steer {
 		if pi, pj := onProbation(g.members[i], now.UnixNano()), onProbation(g.members[j], now.UnixNano()); pi != pj {
-			// It just refused a call: the caller's retry, at Retry-After,
-			// goes to the other (see Balancer.cooldown).
+			// It refused even the call sent at its Retry-After: the
+			// caller's next retry goes to the other (see
+			// Balancer.cooldown).
 			return pi
 		}
 	}
@@ -1976,18 +1977,19 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 // DefaultCooldown, capped at MaxCooldown (which is at least DefaultCooldown).
 // It never shortens an exclusion.
 //
-// An overload answer from e to a call sent after its previous cooldown
-// had ended, right after such an answer, puts it on probation
-// (onProbation) once this cooldown ends: in good standing, but second
+// A second overload answer in a row (to a call sent after the first's
+// cooldown had ended, none served in between) puts e on probation
+// (onProbation) once its new cooldown ends: in good standing, but second
 // choice wherever a peer in good standing is not on probation, for twice
 // the cooldown, doubled again for each further refusal in a row, up to
 // MaxCooldown. The cooldown is the server's own word, so a caller's retry
 // at exactly Retry-After (the OpenAI SDKs', and most others') found e back
 // in full standing: with affinity the key's owner took the retry back,
 // without it e and a healthy peer tied, and a replica that refused every
-// call kept a share of the calls and of their retries: 10 of 30 calls
-// failed all three attempts of openai-go's default retries with affinity,
-// 2 without (TestRetryAfterRetriesAvoidRefusingReplica). The first
+// call kept a share of the calls and of their retries: with two retries
+// at Retry-After, as openai-go's defaults make them, 10 of 30 calls failed
+// all three attempts with affinity, 2 without
+// (TestRetryAfterRetriesAvoidRefusingReplica). The first
 // refusal is taken at its word, as before: the replica said when it would
 // have room, and a replica that sheds one burst is back in full at its
 // Retry-After, its affinity keys with it. Once it has refused a call sent

@@ -127,10 +127,13 @@ type endpoint struct {
 	recoveries    atomic.Uint64
 	ejectCount    atomic.Uint64
 	// Overload answers (see Balancer.cooldown): the refusals in a row of
-	// calls sent to it in good standing; when its latest cooldown ends
-	// (unix ns), which tells such calls from those of the same burst; and
-	// until when it is second choice after that cooldown (its
-	// probation, unix ns). Pick reads only probationUntil.
+	// calls sent to it after its latest cooldown had ended; when that
+	// cooldown ends (unix ns), which tells such calls from those of the
+	// same burst; and until when it is second choice after it (its
+	// probation, unix ns; math.MinInt64 for none). Written by Done
+	// without a lock: answers that race may miscount the row by one,
+	// which moves one probation by a doubling. Pick reads only
+	// probationUntil.
 	shedStreak     atomic.Int32
 	shedBack       atomic.Int64
 	probationUntil atomic.Int64
