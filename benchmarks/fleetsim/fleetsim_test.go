@@ -124,7 +124,7 @@ func TestDataParallelRanksStepTogether(t *testing.T) {
 // answers cool a replica down for a second; read as failures, five in a
 // row open its breaker and eject it, and the fleet fails more calls with
 // fewer replicas. The shedding scenario at its headline rate, past
-// capacity (seeds 1-4: 2.1-3.8 times as many failed calls).
+// capacity (seeds 1-4: 2.0-3.1 times as many failed calls).
 func TestShedAnswersAreOverloadsNotFailures(t *testing.T) {
 	sc := fleetsim.SheddingScenario()
 	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
