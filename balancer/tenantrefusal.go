@@ -56,7 +56,9 @@ import (
 // (17), and the pick sends few calls elsewhere when they carry an
 // affinity key: a tenant bad at 50% to 90% everywhere, its calls under
 // 0, 1 or 3 keys, had an endpoint passed over in 14 of 360 runs over 4
-// and 8 endpoints, against 1 before the weighing and with it now
+// and 8 endpoints, against 1 before the weighing and with it, 0 since the
+// share needRun weighs a run against is at least the tenant's share
+// elsewhere during the run (runShare)
 // (TestTenantBadEverywhereWithOneAffinityKeyMarksNothing). The run is
 // counted to refusalRunMax, 127, and no further: the test is asked at
 // each refusal of each run, and its chance is at least exp(-k n/m), so
@@ -71,7 +73,8 @@ import (
 // itself, as a second replica without its key does, and its refusals
 // would hide the first's (TestTenantRefusalsOfAnotherLongRunAreItsOwn).
 // A tenant bad at a rate p everywhere still has about p+p^2+...+p^63
-// counted per call served elsewhere, 9.2 or more from p = 0.903.
+// counted per call served elsewhere, 9.2 or more from p = 0.903: on
+// average; a run's own counts vary about it, the fewer the more.
 // With r0 and r1 both refusing A in the priced-out run (r1 answering in a
 // millisecond) A lost 6,981 of 8,000 calls over those 40 seeds, against
 // 7,298 with every refusal counted: when the two take nine in ten of its
@@ -237,6 +240,22 @@ func needRun(q float64) uint64 {
 		}
 	}
 	return refusalRunMax + 1
+}
+
+// runShare is the share a run is weighed against by needRun: the
+// tenant's share q, or its share of refusals among its answers
+// elsewhere during the run, m of m+k (one more served, so that a first
+// refusal elsewhere does not put it at 1), if that is higher. The share
+// forgets in about 1/refusalAlpha answers, and a run at an endpoint that
+// takes few of the tenant's calls (one of 16, or not its affinity key's
+// owner) spans hundreds of its answers elsewhere: a tenant bad at 65%
+// everywhere, its calls under 2 affinity keys over 16 endpoints, had its
+// share dip to 0.42 during a run of 24 at one of them, while 139 of its
+// 227 answers elsewhere meanwhile were refused, and the endpoint was
+// passed over (7 of 340 runs so, seeds 21 to 60 and 61 to 360;
+// TestTenantBadEverywhereOverManyEndpointsMarksNothing).
+func runShare(q float64, k, m uint64) float64 {
+	return max(q, float64(m)/float64(m+k+1))
 }
 
 // A tenant's counts word holds its served answers above refusalServed
@@ -495,7 +514,7 @@ func (b *Balancer) tenantRefused(e *endpoint, tenant string, nowNs int64) bool {
 	k, m := refusalElsewhere(t.runs[i], c, n)
 	w := (pw|tw)&lackKept | min(n, refusalCountMask)<<refusalCountShift | ptag<<lackTimeBits | until
 	began := false
-	if n >= needRun(q) || refusalUnlikely(n, k, m) {
+	if n >= needRun(runShare(q, k, m)) || refusalUnlikely(n, k, m) {
 		w |= refusalMarked
 		ts.Store(tw | refusalMarked)
 		began = pw&refusalMarked == 0 || pw&lackTimeMask <= now+t.hold

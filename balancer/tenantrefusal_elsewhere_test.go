@@ -182,3 +182,46 @@ func TestTenantBadEverywhereWithOneAffinityKeyMarksNothing(t *testing.T) {
 		assert.Zero(t, marks, name)
 	}
 }
+
+// A tenant whose calls are bad at 65% or 75% wherever they go, over 16
+// endpoints: an endpoint that owns none of its affinity keys takes few of
+// its calls, and a run of refusals there spans hundreds of its answers
+// elsewhere, over which its share of client errors (an EWMA of about 20
+// answers) wanders. In these runs the share dipped below 0.46 during a
+// run of 24 to 36, and needRun passed the endpoint over, while 61% to 75%
+// of the answers elsewhere meanwhile were refused (139 of 227 in the
+// first). Weighed against the share elsewhere during the run when that
+// is higher (runShare), none is passed over.
+func TestTenantBadEverywhereOverManyEndpointsMarksNothing(t *testing.T) {
+	addrs := make([]string, 16)
+	for i := range addrs {
+		addrs[i] = fmt.Sprintf("r%d", i)
+	}
+	for _, tc := range []struct {
+		pct, keys int
+		seed      uint64
+	}{{65, 2, 32}, {65, 5, 26}, {75, 0, 30}, {75, 2, 47}} {
+		marks := 0
+		r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(tc.seed), AffinitySeed: tc.seed, OnEvent: func(ev balancer.Event) {
+			if ev.Kind == balancer.EventTenantRefused {
+				marks++
+			}
+		}}, addrs...)
+		mix := tenantMix(30)
+		r.tenant = mix
+		if tc.keys > 0 {
+			r.key = func(n int) uint64 {
+				if mix(n) == "A" {
+					return 1 + uint64(n%tc.keys)
+				}
+				return 1000 + uint64(n%64)
+			}
+		}
+		src := rand.New(rand.NewPCG(tc.seed, uint64(tc.pct)))
+		r.refuse = func(_, tn string, _ int) bool { return tn == "A" && src.IntN(100) < tc.pct }
+		got := r.rounds(1500, 40)
+		name := fmt.Sprintf("%d%% of A's calls bad, %d keys, seed %d", tc.pct, tc.keys, tc.seed)
+		t.Logf("%s: %d of A's calls refused, %d pass-overs", name, got.refused["A"], marks)
+		assert.Zero(t, marks, name)
+	}
+}
