@@ -111,8 +111,9 @@ func TestRetryAfterRetriesAvoidRefusingReplicaHTTP(t *testing.T) {
 
 // The official OpenAI client with its default retries, over loopback, real
 // time: the refusing replica sends retry-after-ms: 100 (which openai-go
-// honours, waiting exactly that), and the transport, which reads no such
-// header, cools it down for DefaultCooldown, set to the same 100 ms. 30
+// honours, waiting exactly that), and the transport cools it down for
+// those 100 ms (before it read the header, for DefaultCooldown, set to
+// the same 100 ms here). 30
 // calls, the same prompt, 30 ms apart. Before the probation 8 and 10 of 30
 // calls failed in two runs (affinity on); now none does, whatever the
 // scheduling: the second refusal in a row puts the replica on probation

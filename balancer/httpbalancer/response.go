@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -134,7 +135,8 @@ type call struct {
 	// What the status line and headers said: the Outcome's Err (endFailed:
 	// a StatusError of status), Overloaded and RetryAfter.
 	// overload is 0 unless the answer was an overload signal, and then the
-	// Retry-After hint plus 1 (so that a hint of 0, none, is still seen).
+	// server's hint (retry-after-ms, else Retry-After: see retryAfter)
+	// plus 1 (so that a hint of 0, none, is still seen).
 	// Negative, it is minus the time to the response headers of a call
 	// whose latency is measured there (see headersLatency). One field
 	// rather than three keeps call in the 640-byte size class.
@@ -218,7 +220,7 @@ type sseState struct {
 	// line of an NDJSON stream: where the line's JSON is for the member
 	// that carries the server's count of the output tokens (see tokens).
 	tk   tokenScan
-	shed *shedBody // a 503's body, when it had no Retry-After
+	shed *shedBody // a 503's body, when it had no Retry-After nor retry-after-ms
 	// The current event's JSON is open at the end of a data line: the
 	// event's next data lines go on with it (see opens).
 	cont     bool
@@ -387,8 +389,9 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		d, _ := retryAfter(h, c.t.cfg.clock)
 		c.overload = d + 1
 	case code == http.StatusServiceUnavailable:
-		// 503 with Retry-After is "busy, come back later"; without it, it is
-		// as likely a broken or starting server, which is a failure.
+		// 503 with Retry-After (or retry-after-ms) is "busy, come back
+		// later"; without either, it is as likely a broken or starting
+		// server, which is a failure.
 		if d, ok := retryAfter(h, c.t.cfg.clock); ok {
 			c.overload = d + 1
 		} else {
@@ -535,16 +538,29 @@ func headersLatency(s inferlb.Service) bool {
 // gateways in front of model servers give too: an overload, as 429 is.
 const statusOverloaded = 529
 
-// retryAfter parses Retry-After: delay-seconds or an HTTP date. ok reports
-// that the header is present, even if unparsable (then the balancer's
-// default cooldown applies).
+// retryAfter reads the overload answer's hint as the official OpenAI
+// SDKs do: retry-after-ms first (milliseconds, possibly fractional: Azure
+// OpenAI's and other gateways'), else Retry-After (delay-seconds or an
+// HTTP date). The SDK waits the milliseconds and retries; cooled down for
+// the rounded-up Retry-After, or for the default cooldown, the endpoint
+// would be out far longer than the server asked. A retry-after-ms that is
+// no number (strconv.ParseFloat's syntax, as openai-go reads it), negative,
+// NaN or infinite is ignored for Retry-After; one past float64's range is
+// a very long hint. ok reports that either header is present, even if
+// unparsable (then the balancer's default cooldown applies). Called for
+// overload answers only: other answers never look the headers up.
 func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) {
+	if v := h["Retry-After-Ms"]; len(v) > 0 {
+		if d, valid := retryAfterMs(v[0]); valid {
+			return d, true
+		}
+		ok = true
+	}
 	v := h["Retry-After"]
 	if len(v) == 0 {
-		return 0, false
+		return 0, ok
 	}
 	s := strings.TrimSpace(v[0])
-	const maxHint = 24 * time.Hour // the balancer caps far lower
 	// Past int64, ParseInt saturates and reports a range error: still a
 	// number of seconds, a very large (or very negative) one, when digits
 	// are all there is (ParseInt reports the overflow before it reads on,
@@ -559,6 +575,23 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 		return min(max(t.Sub(clock.Now()), 0), maxHint), true
 	}
 	return 0, true
+}
+
+// maxHint caps a server's hint (the balancer caps far lower).
+const maxHint = 24 * time.Hour
+
+// retryAfterMs reads a retry-after-ms value; valid is false for one that
+// openai-go skips for Retry-After. It converts as openai-go does (the
+// float's milliseconds times a millisecond, truncated), capped at maxHint.
+func retryAfterMs(v string) (d time.Duration, valid bool) {
+	ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	switch {
+	case err == nil && ms >= 0 && !math.IsInf(ms, 1): // NaN is not >= 0
+		return time.Duration(min(ms, float64(maxHint/time.Millisecond)) * float64(time.Millisecond)), true
+	case errors.Is(err, strconv.ErrRange) && math.IsInf(ms, 1):
+		return maxHint, true // digits past float64's range: a very long hint
+	}
+	return 0, false
 }
 
 // signedDigits reports whether s is a sign and digits and nothing else.

@@ -1,8 +1,11 @@
 package httpbalancer
 
 import (
+	"errors"
+	"math"
 	"math/big"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,32 +34,84 @@ func retryAfterRef(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// FuzzRetryAfter: a server's Retry-After, whatever it says and whenever
-// it comes, is a hint present (ok), between 0 and a day, that agrees with
-// the exact reading.
+// retryAfterMsRef is retryAfterMs's model: the value, kept within 0 to
+// a day, of what strconv.ParseFloat reads (the syntax openai-go accepts),
+// times a millisecond in exact arithmetic; ok false for what openai-go
+// skips for Retry-After (no number, negative, NaN, infinite). A number
+// past float64's range is a day.
+func retryAfterMsRef(v string) (exact *big.Float, ok bool) {
+	const day = 24 * time.Hour
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if errors.Is(err, strconv.ErrRange) && math.IsInf(f, 1) {
+		return new(big.Float).SetInt64(int64(day)), true
+	}
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
+		return nil, false
+	}
+	ns := new(big.Float).SetPrec(0).SetFloat64(f) // exact: precision of f
+	ns.SetPrec(1000).Mul(ns, big.NewFloat(float64(time.Millisecond)))
+	if ns.Cmp(new(big.Float).SetInt64(int64(day))) > 0 {
+		return new(big.Float).SetInt64(int64(day)), true
+	}
+	return ns, true
+}
+
+// FuzzRetryAfter: a server's hint, whatever it says and whenever it comes,
+// is seen when either header is present, between 0 and a day, and agrees
+// with the exact reading: retry-after-ms when it is a valid number (to the
+// nanosecond: the product of two float64s rounds), else Retry-After.
 func FuzzRetryAfter(f *testing.F) {
 	for _, s := range []string{
 		"120", "0", "-5", "+7", " 30 ", "99999999999999999999", "-99999999999999999999", "99999999999999999999x",
 		"1.5", "0x10", "1_000", "", "Wed, 21 Oct 2015 07:28:00 GMT", "Sunday, 06-Nov-94 08:49:37 GMT",
 		"Sun Nov  6 08:49:37 1994", "Fri, 31 Dec 9999 23:59:59 GMT", "Mon, 07 Dec 2026 11:00:30 GMT",
 	} {
-		f.Add(s, int64(0))
-		f.Add(s, int64(1_800_000_000))
+		f.Add(s, true, "", false, int64(0))
+		f.Add(s, true, "", false, int64(1_800_000_000))
+		f.Add(s, true, "250", true, int64(0))
+		f.Add(s, true, "soon", true, int64(0))
 	}
-	f.Fuzz(func(t *testing.T, v string, nowUnix int64) {
+	for _, ms := range []string{
+		"250", "250.7", "0", "-0", "-5", " 100 ", "+100", ".5", "1e3", "0x1p3", "1_000", "86400000", "86400001",
+		"1e20", "1e400", "-1e400", "1e-400", "4.9e-324", "inf", "-Inf", "NaN", "", "soon", "100ms",
+	} {
+		f.Add("", false, ms, true, int64(0))
+		f.Add("7", true, ms, true, int64(0))
+	}
+	f.Add("", false, "", false, int64(0))
+	f.Fuzz(func(t *testing.T, ra string, hasRA bool, ms string, hasMs bool, nowUnix int64) {
 		clock := testutil.NewClock()
 		if nowUnix != 0 {
 			clock.Set(time.Unix(nowUnix, 0))
 		}
-		d, ok := retryAfter(http.Header{"Retry-After": {v}}, clock)
-		if !ok {
-			t.Fatalf("Retry-After %q: not seen", v)
+		h := http.Header{}
+		if hasRA {
+			h["Retry-After"] = []string{ra}
+		}
+		if hasMs {
+			h["Retry-After-Ms"] = []string{ms}
+		}
+		d, ok := retryAfter(h, clock)
+		if ok != (hasRA || hasMs) {
+			t.Fatalf("%v: seen %v", h, ok)
 		}
 		if d < 0 || d > 24*time.Hour {
-			t.Fatalf("Retry-After %q: %v", v, d)
+			t.Fatalf("%v: %v", h, d)
 		}
-		if want := retryAfterRef(v, clock.Now()); d != want {
-			t.Fatalf("Retry-After %q at %v: %v, want %v", v, clock.Now(), d, want)
+		if exact, valid := retryAfterMsRef(ms); hasMs && valid {
+			// Within a nanosecond of the exact product.
+			diff := new(big.Float).SetPrec(1000).Sub(new(big.Float).SetInt64(int64(d)), exact)
+			if diff.Abs(diff).Cmp(big.NewFloat(1)) >= 0 {
+				t.Fatalf("%v: %v, want %v ns", h, d, exact.Text('g', 30))
+			}
+			return
+		}
+		want := time.Duration(0)
+		if hasRA {
+			want = retryAfterRef(ra, clock.Now())
+		}
+		if d != want {
+			t.Fatalf("%v at %v: %v, want %v", h, clock.Now(), d, want)
 		}
 	})
 }

@@ -565,8 +565,9 @@ func errorCode(line []byte, typed bool) int {
 
 // shedBody keeps the start of a 503's body, which says whether the server
 // shed the call: Triton, SGLang and Ollama answer a request their queue
-// has no room for with 503, no Retry-After and a body that says so (the
-// texts and where each comes from: package internal/shed). Such answers
+// has no room for with 503, no Retry-After (nor retry-after-ms) and a
+// body that says so (the texts and where each comes from: package
+// internal/shed). Such answers
 // are overloads, not failures: counted as failures, a busy server tripped
 // its breaker after five and was ejected. Only a body the caller reads
 // tells (every client reads an error's body to report it); one closed
@@ -589,9 +590,9 @@ type shedBody struct {
 	n    atomic.Int32
 }
 
-// watchShed keeps the start of a 503's body, which has no Retry-After
-// (see shedBody). Out of line, as shed is: only such answers run them, and
-// the calls that succeed run through less code.
+// watchShed keeps the start of a 503's body, which has no Retry-After nor
+// retry-after-ms (see shedBody). Out of line, as shed is: only such
+// answers run them, and the calls that succeed run through less code.
 //
 //go:noinline
 func (c *call) watchShed() {

@@ -457,6 +457,59 @@ func TestRetryAfterDate(t *testing.T) {
 	assert.Equal(t, 5*time.Second, r.Outcome.RetryAfter)
 }
 
+// TestRetryAfterMs: the millisecond hint of Azure OpenAI and other
+// OpenAI-compatible gateways, retry-after-ms, is the cooldown, before
+// Retry-After, as the OpenAI SDKs read it: they retry after 250 ms, and
+// the endpoint is back by then. Read as it was before, a 429 with it alone
+// cooled the endpoint down for DefaultCooldown (1 s), with Retry-After: 7
+// too for 7 s; a 503 with it alone was a failure. One that is no valid
+// number leaves Retry-After the hint.
+func TestRetryAfterMs(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		code       int
+		ms, secs   string // "" for none
+		hint, cool time.Duration
+	}{
+		{"alone", 429, "250", "", 250 * time.Millisecond, 250 * time.Millisecond},
+		{"before Retry-After", 429, "250", "7", 250 * time.Millisecond, 250 * time.Millisecond},
+		{"fractional", 429, "250.5", "7", 250*time.Millisecond + 500*time.Microsecond, 250*time.Millisecond + 500*time.Microsecond},
+		{"503", 503, "250", "", 250 * time.Millisecond, 250 * time.Millisecond},
+		{"529", 529, "250", "", 250 * time.Millisecond, 250 * time.Millisecond},
+		{"malformed", 429, "soon", "7", 7 * time.Second, 7 * time.Second},
+		{"negative", 429, "-250", "7", 7 * time.Second, 7 * time.Second},
+		{"malformed alone", 429, "soon", "", 0, time.Second},
+		{"malformed alone 503", 503, "soon", "", 0, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if tc.ms != "" {
+					w.Header().Set("retry-after-ms", tc.ms)
+				}
+				if tc.secs != "" {
+					w.Header().Set("Retry-After", tc.secs)
+				}
+				http.Error(w, `{"error":{"message":"busy"}}`, tc.code)
+			}))
+			defer srv.Close()
+			res := newResults(1)
+			tr := newTransport(t, httpbalancer.Options{
+				Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
+				BalancerOptions: balancer.Options{Clock: clock},
+				OnResult:        res.on,
+			})
+			resp, _ := post(t, &http.Client{Transport: tr}, chatBody(1, false))
+			assert.Equal(t, tc.code, resp.StatusCode)
+			r := <-res.c
+			assert.True(t, r.Outcome.Overloaded, "overloaded: %v", r.Outcome.Err)
+			assert.Equal(t, tc.hint, r.Outcome.RetryAfter)
+			assert.WithinDuration(t, clock.Now().Add(tc.cool), statsByID(tr.Balancer())["e"].ExcludedUntil, 0, "cooled down until")
+		})
+	}
+}
+
 // TestNoEndpoints: an empty fleet fails fast with the core's sentinel and
 // closes the body.
 func TestNoEndpoints(t *testing.T) {
