@@ -145,10 +145,14 @@
 // first token was seen). Leave Accept-Encoding to Base (net/http's
 // Transport then asks for gzip and decompresses it) to have a compressed
 // stream read. Classification: 429 (and 529, Anthropic's
-// "overloaded", which gateways answer), and 503 with Retry-After,
-// are overload answers (the endpoint cools down for Retry-After, it is not
-// failed; refusing again a call sent at that time, it is second choice for
-// a while after: see balancer.Options.DefaultCooldown), and so is the 503 with which Triton and SGLang shed load (its
+// "overloaded", which gateways answer), and 503 with Retry-After (or
+// retry-after-ms), are overload answers (the endpoint cools down for the
+// server's hint, it is not failed: retry-after-ms, the milliseconds Azure
+// OpenAI and other OpenAI-compatible gateways send, read first as the
+// OpenAI SDKs read it, else Retry-After, in seconds or an HTTP date;
+// refusing again a call sent at that time, it is second choice for a
+// while after: see balancer.Options.DefaultCooldown), and so is the 503
+// with which Triton and SGLang shed load (its
 // body, once read, says "Exceeds maximum queue size" or "Request timeout
 // expired", Triton's, "The request queue is full.", SGLang's, or
 // "maximum pending requests exceeded", Ollama's; a cooldown for the
