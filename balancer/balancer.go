@@ -186,6 +186,12 @@ type Balancer struct {
 	// first such answer, and the unix ns after which no entry is live.
 	refused   atomic.Pointer[refusalTable]
 	refusedAt atomic.Int64
+	// How many endpoints are in a row of overload answers (a shedStreak
+	// not 0; see Balancer.cooldown): while none is, a served call's Done
+	// reads this word, next to refusedAt, which it reads as well, and not
+	// the endpoint's cache line of its row. An endpoint that leaves in a
+	// row leaves it counted: the check is then made, and finds nothing.
+	shedRows atomic.Int64
 
 	adapters adapterCounts // this Balancer's calls in flight per LoRA adapter (lora.go)
 
@@ -1948,7 +1954,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
 		e.successes.Add(1)
-		if e.shedStreak.Load() != 0 && p.start >= e.shedBack.Load() {
+		if b.shedRows.Load() != 0 && e.shedStreak.Load() != 0 && p.start >= e.shedBack.Load() {
 			b.shedServed(e) // sent after its cooldown, and served
 		}
 		if o.Tenant != "" && b.refusedAt.Load() > nowNs {
@@ -2027,11 +2033,22 @@ func (b *Balancer) cooldown(e *endpoint, nowNs, pickedNs int64, retryAfter time.
 	if pickedNs >= e.shedBack.Load() {
 		// When it was last back in full standing: its latest cooldown's
 		// end, or its probation's after it.
-		if back := max(e.shedBack.Load(), e.probationUntil.Load()); n > 0 && back < nowNs && uint64(nowNs-back) > uint64(b.cfg.maxCooldown) {
-			n = 0 // long since: a new row
+		back := max(e.shedBack.Load(), e.probationUntil.Load())
+		for {
+			next := n
+			if n > 0 && back < nowNs && uint64(nowNs-back) > uint64(b.cfg.maxCooldown) {
+				next = 0 // long since: a new row
+			}
+			next = min(next+1, maxShedStreak)
+			if e.shedStreak.CompareAndSwap(n, next) {
+				if n == 0 {
+					b.shedRows.Add(1) // a new row (see Balancer.shedRows)
+				}
+				n = next
+				break
+			}
+			n = e.shedStreak.Load()
 		}
-		n = min(n+1, maxShedStreak)
-		e.shedStreak.Store(n)
 	}
 	exclude(&e.shedBack, until)
 	moved := false
@@ -2058,7 +2075,9 @@ const maxShedStreak = 64
 // shedServed ends e's row of overload answers and its probation: it
 // served a call sent to it after its cooldown.
 func (b *Balancer) shedServed(e *endpoint) {
-	e.shedStreak.Store(0)
+	if e.shedStreak.Swap(0) != 0 {
+		b.shedRows.Add(-1)
+	}
 	if e.probationUntil.Swap(math.MinInt64) != math.MinInt64 {
 		b.epoch.Add(1)
 	}
