@@ -1,15 +1,10 @@
 package balancer_test
 
 import (
-	"fmt"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/inferlb/inferlb/balancer"
-	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // The sweeps behind the tenant refusal memory's figures, too slow for
@@ -59,32 +54,13 @@ func TestTenantRefusalSweepBadEverywhereHigh(t *testing.T) {
 func badEverywhereSweep(t *testing.T, pcts ...int) {
 	runs, marked, total := 0, 0, 0
 	for _, eps := range []int{4, 8} {
-		addrs := make([]string, eps)
-		for i := range addrs {
-			addrs[i] = fmt.Sprintf("r%d", i)
-		}
 		for _, pct := range pcts {
 			for _, keys := range []int{0, 1, 3} {
 				for seed := uint64(1); seed <= 20; seed++ {
 					marks := 0
-					r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(seed), AffinitySeed: seed, OnEvent: func(ev balancer.Event) {
-						if ev.Kind == balancer.EventTenantRefused {
-							marks++
-						}
-					}}, addrs...)
-					mix := tenantMix(30)
-					r.tenant = mix
-					if keys > 0 {
-						r.key = func(n int) uint64 {
-							if mix(n) == "A" {
-								return 1 + uint64(n%keys)
-							}
-							return 1000 + uint64(n%64)
-						}
+					for _, c := range badEverywhereRun(t, eps, pct, keys, seed, false) {
+						marks += c
 					}
-					src := rand.New(rand.NewPCG(seed, uint64(pct)))
-					r.refuse = func(_, tn string, _ int) bool { return tn == "A" && src.IntN(100) < pct }
-					r.rounds(1500, 40)
 					runs++
 					if marks > 0 {
 						marked++
