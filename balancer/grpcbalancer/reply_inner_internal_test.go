@@ -29,7 +29,10 @@ import (
 // -race does not see: reflect's reads are not instrumented). The reply
 // is read once the interceptor's invoker has returned, on the
 // interceptor's goroutine: the call had its answer, and neither
-// attempt's endpoint is charged.
+// attempt's endpoint is charged. The caller cancels the call as the
+// winner's answer comes (the loser, cancelled with it, is parked: an
+// attempt that the hedge alone cancelled is reported at once, see
+// TestInnerHedgeLoserLeavesNoLoadWhileTheCallGoesOn).
 func TestInnerHedgeReplyIsReadAfterTheInvokerReturns(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -47,13 +50,15 @@ func TestInnerHedgeReplyIsReadAfterTheInvokerReturns(t *testing.T) {
 			h := newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
 			const method = "/grpc.testing.TestService/UnaryCall"
 			canceled := status.Error(codes.Canceled, "context canceled")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			hedge := func(ctx context.Context, method string, req, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
 				lctx, cancelLoser := context.WithCancel(ctx)
 				defer cancelLoser()
 				_, loser := h.pick(balancer.PickInfo{FullMethodName: method, Ctx: lctx})
 				_, winner := h.pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
 				winner.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
-				cancelLoser()
+				cancel() // the caller's, which ends the loser too
 				var wg sync.WaitGroup
 				wg.Go(func() { // gRPC ends the loser on the hedge's goroutine for it
 					loser.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
@@ -66,7 +71,7 @@ func TestInnerHedgeReplyIsReadAfterTheInvokerReturns(t *testing.T) {
 				return nil
 			}
 			reply := &testgrpc.SimpleResponse{}
-			require.NoError(t, tc.ic(context.Background(), method, &testgrpc.SimpleRequest{}, reply, nil, hedge))
+			require.NoError(t, tc.ic(ctx, method, &testgrpc.SimpleRequest{}, reply, nil, hedge))
 			var unanswered, canceledN, successes uint64
 			for _, s := range b.Stats() {
 				unanswered += s.Unanswered

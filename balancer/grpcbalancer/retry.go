@@ -27,6 +27,10 @@ import (
 // Concurrency: attempts may overlap (gRPC hedging), so every field is atomic.
 type retryState struct {
 	method string // the call's, as gRPC names it to the picker (retryStateFrom)
+	// ctx is the call's context as the interceptor got it: whether the
+	// call's caller cancelled it, rather than an interceptor inside ours
+	// one attempt (see park).
+	ctx context.Context
 	// req is the call's request message, which a refusal as too long is
 	// checked against (see carriesRefusal). reqMu guards it, reply and
 	// returned, set when the interceptor returns: the application owns
@@ -114,11 +118,31 @@ func (st *retryState) unanswered() bool {
 // park holds the report of c's attempt, which ended with di (a
 // generation call's, cancelled after its server's headers: whether it is
 // Unanswered rests on the reply, see unanswered), until the invoker that
-// made it returns (unpark). It reports false when the invoker has
-// returned (an interceptor inside ours left the attempt running) or
-// another attempt is parked (an inner hedge's): that one is reported now,
+// made it returns (unpark). A parked attempt stays in flight on its
+// endpoint, its request and tokens counted, until then: the core has no
+// way to release its load before its outcome.
+//
+// It parks only when the call's caller cancelled the call (its context,
+// st.ctx, is cancelled: a cancel of the caller's reaches the attempt's
+// context through it, so it is cancelled first), and reports false
+// otherwise: an attempt that an interceptor inside ours cancelled while
+// the caller still waits (a hedge's loser, cancelled as the hedge
+// commits to another attempt whose answer may take minutes) is no wait
+// the caller gave up on. Such an attempt is reported at once, as answered
+// (cancelled), as grpc-go ended it: parked, it held its endpoint's load
+// for the rest of the call, and, when the call then came back empty (the
+// attempt the hedge kept hung, and the caller gave up on it), it took the
+// reading of Unanswered that belonged to the attempt the caller gave up
+// on (TestInnerHedgeLoserLeavesNoLoadWhileTheCallGoesOn).
+//
+// It also reports false when the invoker has returned (an interceptor
+// inside ours left the attempt running) or another attempt is parked (an
+// inner hedge's, both cancelled by the caller): that one is reported now,
 // as answered.
 func (st *retryState) park(c *call, di balancer.DoneInfo) bool {
+	if st.ctx == nil || st.ctx.Err() != context.Canceled {
+		return false
+	}
 	return st.parked.hold(c, di)
 }
 
@@ -364,7 +388,7 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	maxAttempts = max(maxAttempts, 2)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		st := &retryState{method: method, req: req, reply: reply}
+		st := &retryState{method: method, ctx: ctx, req: req, reply: reply}
 		ctx = context.WithValue(ctx, retryKey{}, st)
 		defer st.release()       // after the close below, whose report may read req
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
@@ -455,11 +479,18 @@ func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoke
 // reused reply that was not empty tells nothing: such calls count as
 // answered, as without the interceptors; a response message that a codec
 // other than proto's decodes to the zero value (encoding/json's "{}")
-// reads as none (see retryState.unanswered).
+// reads as none (see retryState.unanswered). Only the caller's cancel
+// counts: an attempt that an interceptor chained inside them cancels
+// while the call's context lives (a hedge's loser) is reported as it
+// ends, as answered, and frees its endpoint then. An attempt the caller
+// cancelled stays in flight on its endpoint until the interceptors'
+// invoker returns, which reads the reply for it (see retryState.park):
+// with an interceptor inside that does not return once the caller has
+// cancelled, until it does.
 func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		st := &retryState{method: method, req: req, reply: reply}
+		st := &retryState{method: method, ctx: ctx, req: req, reply: reply}
 		defer st.release()       // after the close below, whose report may read req
 		defer st.held.close(nil) // an attempt ending later is reported as it ends
 		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, opts)
