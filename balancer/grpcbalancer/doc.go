@@ -182,7 +182,9 @@
 // server sent its headers before its answer (grpc.SendHeader) is
 // reported Unanswered through UnaryOutcome or UnaryRetry when no
 // response message had arrived (its reply message is still empty), and
-// is not without them, nor for other services; a
+// is not without them, nor for other services, nor an attempt that an
+// interceptor chained inside them cancelled while the call's caller
+// still waited (a hedge's loser: reported as it ends, answered); a
 // CANCEL reset while
 // the caller still waits is not); the codes that map to 4xx
 // (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED,
