@@ -149,7 +149,8 @@
 // retry-after-ms), are overload answers (the endpoint cools down for the
 // server's hint, it is not failed: retry-after-ms, the milliseconds Azure
 // OpenAI and other OpenAI-compatible gateways send, read first as the
-// OpenAI SDKs read it, else Retry-After, in seconds or an HTTP date;
+// OpenAI SDKs read it, else Retry-After, in seconds (a fraction, such as
+// "1.5", counts, as it does for the SDKs) or an HTTP date;
 // refusing again a call sent at that time, it is second choice for a
 // while after: see balancer.Options.DefaultCooldown), and so is the 503
 // with which Triton and SGLang shed load (its

@@ -540,8 +540,9 @@ const statusOverloaded = 529
 
 // retryAfter reads the overload answer's hint as the official OpenAI
 // SDKs do: retry-after-ms first (milliseconds, possibly fractional: Azure
-// OpenAI's and other gateways'), else Retry-After (delay-seconds or an
-// HTTP date). The SDK waits the milliseconds and retries; cooled down for
+// OpenAI's and other gateways'), else Retry-After (delay-seconds, which
+// may have a fraction, as the SDKs read it: see delaySeconds; or an HTTP
+// date). The SDK waits the milliseconds and retries; cooled down for
 // the rounded-up Retry-After, or for the default cooldown, the endpoint
 // would be out far longer than the server asked. A retry-after-ms that is
 // no number (strconv.ParseFloat's syntax, as openai-go reads it), negative,
@@ -561,12 +562,8 @@ func retryAfter(h http.Header, clock balancer.Clock) (d time.Duration, ok bool) 
 		return 0, ok
 	}
 	s := strings.TrimSpace(v[0])
-	// Past int64, ParseInt saturates and reports a range error: still a
-	// number of seconds, a very large (or very negative) one, when digits
-	// are all there is (ParseInt reports the overflow before it reads on,
-	// and "99999999999999999999x" is unreadable).
-	if secs, err := strconv.ParseInt(s, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) && signedDigits(s) {
-		return time.Duration(min(max(secs, 0), int64(maxHint/time.Second))) * time.Second, true
+	if d, valid := delaySeconds(s); valid {
+		return d, true
 	}
 	if t, err := http.ParseTime(s); err == nil {
 		// Capped as well: a date 292 years ahead saturates Sub at the largest
@@ -594,10 +591,54 @@ func retryAfterMs(v string) (d time.Duration, valid bool) {
 	return 0, false
 }
 
-// signedDigits reports whether s is a sign and digits and nothing else.
-func signedDigits(s string) bool {
-	rest := strings.TrimRight(s, "0123456789")
-	return len(rest) < len(s) && (rest == "" || rest == "+" || rest == "-")
+// delaySeconds reads a Retry-After of seconds: RFC 9110's delay-seconds
+// (digits), with an optional sign, as strconv.ParseInt reads it, and with
+// an optional fraction ("1.5", ".5", "2."), which gateways send and the
+// OpenAI SDKs read (openai-go with strconv.ParseFloat, the Python one with
+// float). The fraction counts to the nanosecond, truncated beyond; a
+// negative number is 0, and any number is capped at maxHint, however many
+// digits it has. Other syntax (an exponent, hex, a digit separator, "inf",
+// trailing text) is not a number of seconds: valid is false.
+func delaySeconds(s string) (d time.Duration, valid bool) {
+	i := 0
+	neg := false
+	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		neg = s[i] == '-'
+		i++
+	}
+	start := i
+	for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+		i++
+	}
+	whole := s[start:i]
+	frac := ""
+	if i < len(s) && s[i] == '.' {
+		i++
+		start = i
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+		frac = s[start:i]
+	}
+	if i != len(s) || whole == "" && frac == "" {
+		return 0, false
+	}
+	if neg {
+		return 0, true
+	}
+	var secs int64
+	for _, c := range whole {
+		if secs = secs*10 + int64(c-'0'); secs > int64(maxHint/time.Second) {
+			return maxHint, true // and so is any longer run of digits
+		}
+	}
+	d = time.Duration(secs) * time.Second
+	unit := time.Second
+	for j := 0; j < len(frac) && j < 9; j++ {
+		unit /= 10
+		d += time.Duration(frac[j]-'0') * unit
+	}
+	return min(d, maxHint), true
 }
 
 // Bits of call.ends. One word for both keeps call in its size class.

@@ -21,7 +21,7 @@ import (
 // TestStatusClassification: what each answer tells the balancer. 429, 529
 // (Anthropic's "overloaded", which gateways in front of model servers
 // answer), and 503 with a Retry-After in any form, are overloads with the hint read
-// from it (seconds or an HTTP date; 0, for the balancer's default, when it
+// from it (seconds, a fraction too, or an HTTP date; 0, for the balancer's default, when it
 // is unreadable, negative or past; a day at most); other 5xx are failures,
 // and so is 424, TGI's and TEI's answer when inference fails (a shard's
 // CUDA error, TEI's backend error);
@@ -43,7 +43,8 @@ func TestStatusClassification(t *testing.T) {
 		{429, " 7 ", true, 7 * time.Second, false, false},
 		{429, "0", true, 0, false, false},
 		{429, "-5", true, 0, false, false},
-		{429, "1.5", true, 0, false, false},
+		{429, "1.5", true, 1500 * time.Millisecond, false, false}, // a fraction, as the OpenAI SDKs read it
+		{429, "1e3", true, 0, false, false},                       // an exponent: unreadable
 		{429, "soon", true, 0, false, false},
 		{429, "86400", true, 24 * time.Hour, false, false},
 		{429, "9999999999", true, 24 * time.Hour, false, false},
