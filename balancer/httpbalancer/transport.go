@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -98,7 +99,8 @@ var _ http.RoundTripper = (*Transport)(nil)
 
 // NewTransport returns a Transport for o. It fails on invalid Options or
 // Endpoints, an out-of-range Weight (which Update would correct and apply)
-// included; with Discovery it resolves the name once before returning (a
+// included, with one line per bad entry that names it by its index
+// ("Options.Endpoints[1]") and says what is wrong; with Discovery it resolves the name once before returning (a
 // failure there is reported to Discovery.OnError, not returned, so a fleet
 // that is briefly unresolvable at start does not stop the caller) and keeps
 // resolving until Close.
@@ -122,17 +124,32 @@ func NewTransport(o Options) (*Transport, error) {
 		}
 	}
 	if len(o.Endpoints) > 0 {
-		if err := t.Update(o.Endpoints); err != nil {
-			err = fmt.Errorf("inferlb: NewTransport: Options.Endpoints: no Transport was made (Update would skip the entries reported skipped, correct the Weights reported out of range, and apply the rest): %w", err)
-			// Update applied the valid endpoints: let go of them, or
-			// their telemetry slots would be held for good.
+		// Checked before anything is applied: a bad entry fails the
+		// whole call, so its error says what is wrong with each, by
+		// its index in Options.Endpoints, and not what Update would do
+		// about it (skip it, correct it), since nothing was made.
+		keep, problems := checkEndpoints(o.Endpoints)
+		var errs []error
+		for _, p := range problems {
+			errs = append(errs, p.options)
+		}
+		if len(errs) == 0 {
+			t.mu.Lock()
+			if err := t.applyLocked(keep, nil); err != nil {
+				errs = append(errs, fmt.Errorf("inferlb: NewTransport: Options.Endpoints: %w", err))
+			}
+			t.mu.Unlock()
+		}
+		if len(errs) > 0 {
+			// applyLocked may have applied the endpoints: let go of
+			// them, or their telemetry slots would be held for good.
 			if t.mem != nil {
 				t.mem.Close()
 			}
 			if t.ownB {
 				b.Close()
 			}
-			return nil, err
+			return nil, errors.Join(errs...)
 		}
 	}
 	if o.Discovery != nil {
@@ -149,8 +166,10 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 // found by Discovery are kept. Endpoints whose Addr is not "host:port" or
 // "http(s)://host[:port]" (see Options.Endpoints), or that repeat an
 // earlier entry's ID or server (its Addr spelled another way), are skipped
-// and reported in the error, as are the Balancer's own complaints; the
-// rest is applied. An endpoint left out leaves the Balancer with its state
+// and reported in the error; a Weight that is negative or not finite is
+// read as 1, and one above balancer.MaxWeight as MaxWeight, as the
+// Balancer reads them, and reported too. Each problem names the entry by
+// its index in endpoints. The rest is applied. An endpoint left out leaves the Balancer with its state
 // (balancer.Balancer.Update); the Transport keeps no table of it, but, on a
 // shared Balancer, its address until the next Update or discovered set,
 // for calls picked just before this one: pods replaced on every rollout
@@ -163,40 +182,10 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 // returns an error wrapping balancer.ErrClosed that says the Transport is
 // closed, and the shared set stays as it was.
 func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
-	var errs []error
-	keep := make([]inferlb.Endpoint, 0, len(endpoints))
-	seen := make(map[string]bool, len(endpoints))
-	servers := make(map[string]int, len(endpoints)) // serverKey -> index in endpoints of the entry kept
-	for i, ep := range endpoints {
-		scheme, host, ok := splitAddr(ep.Addr)
-		if !ok || !validHostPort(scheme, host) {
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q is not host:port or http(s)://host[:port]; skipped", i, ep.Key(), ep.Addr))
-			continue
-		}
-		// A later duplicate of an ID is skipped here, as the Balancer
-		// would skip it, so that the error gives its index in endpoints:
-		// the Balancer's would count in the set it is given, without
-		// the entries skipped above, and name another entry (one kept).
-		if seen[ep.Key()] {
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: duplicate ID %q; skipped", i, ep.Key()))
-			continue
-		}
-		// One server spelled two ways ("10.0.0.5:8000" and
-		// "http://10.0.0.5:8000/", or under two IDs) would be two
-		// endpoints: twice the share of calls, its load split between
-		// two states that each see half of it.
-		server := serverKey(scheme, host)
-		if j, dup := servers[server]; dup {
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %d (%q): Addr %q names the server of endpoint %d (%q, Addr %q), %s: list each server once; skipped", i, ep.Key(), ep.Addr, j, endpoints[j].Key(), endpoints[j].Addr, server))
-			continue
-		}
-		seen[ep.Key()] = true
-		servers[server] = i
-		// Kept, and applied again with each set Discovery finds, on
-		// its goroutine: a copy, as the Balancer takes one, so that the
-		// caller may reuse its map once Update has returned.
-		ep.Labels = maps.Clone(ep.Labels)
-		keep = append(keep, ep)
+	keep, problems := checkEndpoints(endpoints)
+	errs := make([]error, 0, len(problems)+1)
+	for _, p := range problems {
+		errs = append(errs, p.update)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -208,6 +197,88 @@ func (t *Transport) Update(endpoints []inferlb.Endpoint) error {
 	}
 	errs = append(errs, t.applyLocked(keep, t.discovered))
 	return errors.Join(errs...)
+}
+
+// entryProblem is what is wrong with one entry of an endpoint list, said
+// two ways: as Update reports it, naming the entry by its index in the
+// list ("endpoint 2") and saying what it did about it ("skipped", "using
+// 1"), and as NewTransport does, which made nothing and so did nothing
+// about it, naming the field ("Options.Endpoints[2]").
+type entryProblem struct {
+	update, options error
+}
+
+// checkEndpoints reads endpoints as Update and NewTransport take them: the
+// entries to apply (Labels copied, an out-of-range Weight corrected) and
+// the problems of the others, each by its index in endpoints.
+func checkEndpoints(endpoints []inferlb.Endpoint) (keep []inferlb.Endpoint, problems []entryProblem) {
+	keep = make([]inferlb.Endpoint, 0, len(endpoints))
+	ids := make(map[string]int, len(endpoints))     // Key -> index in endpoints of the entry kept
+	servers := make(map[string]int, len(endpoints)) // serverKey -> index in endpoints of the entry kept
+	// bad records entry i's problem, the text after the entry's name,
+	// and what Update does about it.
+	bad := func(i int, problem, action string) {
+		key := endpoints[i].Key()
+		problems = append(problems, entryProblem{
+			update:  fmt.Errorf("inferlb: endpoint %d (%q): %s; %s", i, key, problem, action),
+			options: fmt.Errorf("inferlb: NewTransport: Options.Endpoints[%d] (%q): %s", i, key, problem),
+		})
+	}
+	for i, ep := range endpoints {
+		scheme, host, ok := splitAddr(ep.Addr)
+		if !ok || !validHostPort(scheme, host) {
+			bad(i, fmt.Sprintf("Addr %q is not host:port or http(s)://host[:port]", ep.Addr), "skipped")
+			continue
+		}
+		// A later duplicate of an ID is skipped here, as the Balancer
+		// would skip it, so that the error gives its index in endpoints:
+		// the Balancer's would count in the set it is given, without
+		// the entries skipped above, and name another entry (one kept).
+		if j, dup := ids[ep.Key()]; dup {
+			empty := ""
+			if ep.ID == "" {
+				empty = "; an empty ID is the Addr"
+			}
+			problems = append(problems, entryProblem{
+				update:  fmt.Errorf("inferlb: endpoint %d: duplicate ID %q; skipped", i, ep.Key()),
+				options: fmt.Errorf("inferlb: NewTransport: Options.Endpoints[%d]: duplicate ID %q (Options.Endpoints[%d]'s%s)", i, ep.Key(), j, empty),
+			})
+			continue
+		}
+		// One server spelled two ways ("10.0.0.5:8000" and
+		// "http://10.0.0.5:8000/", or under two IDs) would be two
+		// endpoints: twice the share of calls, its load split between
+		// two states that each see half of it.
+		server := serverKey(scheme, host)
+		if j, dup := servers[server]; dup {
+			other := endpoints[j]
+			problems = append(problems, entryProblem{
+				update: fmt.Errorf("inferlb: endpoint %d (%q): Addr %q names the server of endpoint %d (%q, Addr %q), %s: list each server once; skipped",
+					i, ep.Key(), ep.Addr, j, other.Key(), other.Addr, server),
+				options: fmt.Errorf("inferlb: NewTransport: Options.Endpoints[%d] (%q): Addr %q names the server of Options.Endpoints[%d] (%q, Addr %q), %s: list each server once",
+					i, ep.Key(), ep.Addr, j, other.Key(), other.Addr, server),
+			})
+			continue
+		}
+		// Corrected here as the Balancer would correct it, so that the
+		// error gives its index in endpoints: the Balancer's names the
+		// entry by ID alone.
+		if w := ep.Weight; w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
+			bad(i, fmt.Sprintf("Weight %v is not a finite non-negative number", w), "using 1")
+			ep.Weight = 1
+		} else if w > balancer.MaxWeight {
+			bad(i, fmt.Sprintf("Weight %v is above balancer.MaxWeight (%v)", w, float64(balancer.MaxWeight)), fmt.Sprintf("using %v", float64(balancer.MaxWeight)))
+			ep.Weight = balancer.MaxWeight
+		}
+		ids[ep.Key()] = i
+		servers[server] = i
+		// Kept, and applied again with each set Discovery finds, on
+		// its goroutine: a copy, as the Balancer takes one, so that the
+		// caller may reuse its map once Update has returned.
+		ep.Labels = maps.Clone(ep.Labels)
+		keep = append(keep, ep)
+	}
+	return keep, problems
 }
 
 // Endpoints returns the endpoints this Transport gave its Balancer:

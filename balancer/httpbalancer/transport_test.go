@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -36,7 +37,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"endpoints", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}, {Addr: "https://h:8443/"}}}, ""},
 		{"bad addr", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "ftp://h:1"}}}, `Addr "ftp://h:1"`},
 		{"addr with path", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:1/v1"}}}, "not host:port"},
-		{"empty addr", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{ID: "a"}}}, `endpoint 0 ("a")`},
+		{"empty addr", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{ID: "a"}}}, `Options.Endpoints[0] ("a")`},
 		// A forgotten port dialed port 80; a typo in one failed only at dial time.
 		{"no port", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "127.0.0.1"}}}, `Addr "127.0.0.1" is not host:port`},
 		{"port not a number", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.5:800O"}}}, `Addr "10.0.0.5:800O"`},
@@ -55,7 +56,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"addr with a query", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:1?x=1"}}}, `Addr "http://h:1?x=1"`},
 		{"addr with user information", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://u:p@h:1"}}}, `Addr "http://u:p@h:1"`},
 		// Refused as a whole, whatever the part says.
-		{"duplicate ID", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "h:1"}, {Addr: "h:1"}}}, "no Transport was made"},
+		{"duplicate ID", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "h:1"}, {Addr: "h:1"}}}, `Options.Endpoints[1]: duplicate ID "h:1" (Options.Endpoints[0]'s`},
 		{"both balancers", httpbalancer.Options{Balancer: shared, BalancerOptions: balancer.Options{ErrorAlpha: 0.5}}, "Options.BalancerOptions: must be zero"},
 		{"bad balancer options", httpbalancer.Options{BalancerOptions: balancer.Options{ErrorAlpha: 2}}, "ErrorAlpha"},
 		{"discovery target", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc"}}, "Options.Discovery.Target"},
@@ -94,19 +95,96 @@ func TestOptionsValidation(t *testing.T) {
 	}
 }
 
-// TestNewTransportSaysAWeightWouldBeCorrected: an out-of-range Weight fails
-// NewTransport as a whole, as any bad entry does, but the error said Update
-// "would apply the valid endpoints and skip these", though the Balancer
-// skips no such endpoint: it applies it with the Weight corrected (1 for a
-// negative one, MaxWeight above it). The error says what Update would do.
-func TestNewTransportSaysAWeightWouldBeCorrected(t *testing.T) {
-	for _, w := range []float64{-1, balancer.MaxWeight * 2} {
-		_, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000", Weight: w}}})
-		require.Error(t, err)
-		assert.Contains(t, err.Error(), "no Transport was made")
-		assert.NotContains(t, err.Error(), "skip these", "the endpoint is not skipped")
-		assert.Contains(t, err.Error(), "correct the Weights reported out of range")
-		assert.Contains(t, err.Error(), "Weight")
+// TestNewTransportNamesAnOutOfRangeWeight: an out-of-range Weight fails
+// NewTransport as a whole, as any bad entry does. The error once said
+// Update "would apply the valid endpoints and skip these", though such an
+// endpoint is applied with the Weight corrected (1 for a negative one,
+// MaxWeight above it); now it names the entry and its Weight, and says
+// nothing of what Update would do, since nothing was made.
+func TestNewTransportNamesAnOutOfRangeWeight(t *testing.T) {
+	for _, tc := range []struct {
+		w    float64
+		want string
+	}{
+		{-1, `inferlb: NewTransport: Options.Endpoints[0] ("10.0.0.1:8000"): Weight -1 is not a finite non-negative number`},
+		{math.NaN(), `inferlb: NewTransport: Options.Endpoints[0] ("10.0.0.1:8000"): Weight NaN is not a finite non-negative number`},
+		{balancer.MaxWeight * 2, `inferlb: NewTransport: Options.Endpoints[0] ("10.0.0.1:8000"): Weight 2e+06 is above balancer.MaxWeight (1e+06)`},
+	} {
+		_, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000", Weight: tc.w}}})
+		require.EqualError(t, err, tc.want)
+	}
+}
+
+// TestNewTransportErrorNamesEachEntry: NewTransport's error for bad
+// Endpoints read "inferlb: NewTransport: Options.Endpoints: no Transport
+// was made (Update would skip the entries reported skipped, ...):
+// inferlb: endpoint 1 ("ftp://x"): Addr ...; skipped", a doubled prefix,
+// and "skipped" though nothing was made. Each problem is now one line
+// naming the entry by its field, Options.Endpoints[i]; Update's error for
+// the same list still says what it skipped and corrected, and applies the
+// rest.
+func TestNewTransportErrorNamesEachEntry(t *testing.T) {
+	_, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:80"}, {Addr: "ftp://x"}}})
+	require.EqualError(t, err, `inferlb: NewTransport: Options.Endpoints[1] ("ftp://x"): Addr "ftp://x" is not host:port or http(s)://host[:port]`)
+
+	eps := []inferlb.Endpoint{
+		{ID: "a", Addr: "10.0.0.5:8000"},
+		{ID: "b", Addr: "http://10.0.0.5:8000/"},
+		{Addr: "10.0.0.1"},
+		{ID: "w", Addr: "10.0.0.2:8000", Weight: -1},
+		{ID: "a", Addr: "10.0.0.3:8000"},
+	}
+	_, err = httpbalancer.NewTransport(httpbalancer.Options{Endpoints: eps})
+	require.EqualError(t, err, strings.Join([]string{
+		`inferlb: NewTransport: Options.Endpoints[1] ("b"): Addr "http://10.0.0.5:8000/" names the server of Options.Endpoints[0] ("a", Addr "10.0.0.5:8000"), 10.0.0.5:8000: list each server once`,
+		`inferlb: NewTransport: Options.Endpoints[2] ("10.0.0.1"): Addr "10.0.0.1" is not host:port or http(s)://host[:port]`,
+		`inferlb: NewTransport: Options.Endpoints[3] ("w"): Weight -1 is not a finite non-negative number`,
+		`inferlb: NewTransport: Options.Endpoints[4]: duplicate ID "a" (Options.Endpoints[0]'s)`,
+	}, "\n"))
+
+	tr := newTransport(t, httpbalancer.Options{})
+	err = tr.Update(eps)
+	require.EqualError(t, err, strings.Join([]string{
+		`inferlb: endpoint 1 ("b"): Addr "http://10.0.0.5:8000/" names the server of endpoint 0 ("a", Addr "10.0.0.5:8000"), 10.0.0.5:8000: list each server once; skipped`,
+		`inferlb: endpoint 2 ("10.0.0.1"): Addr "10.0.0.1" is not host:port or http(s)://host[:port]; skipped`,
+		`inferlb: endpoint 3 ("w"): Weight -1 is not a finite non-negative number; using 1`,
+		`inferlb: endpoint 4: duplicate ID "a"; skipped`,
+	}, "\n"))
+	var got []string
+	for _, e := range tr.Endpoints() {
+		got = append(got, fmt.Sprintf("%s %s %v", e.Key(), e.Addr, e.Weight))
+	}
+	assert.Equal(t, []string{"a 10.0.0.5:8000 0", "w 10.0.0.2:8000 1"}, got, "the rest applied, the Weight corrected")
+}
+
+// TestUpdateWeightErrorGivesTheCallersIndex: the Balancer named an
+// entry with an out-of-range Weight by its ID alone ("endpoint \"w\""),
+// with no index in the list the caller gave Update; the Transport names
+// it by that index, as it does every other problem.
+func TestUpdateWeightErrorGivesTheCallersIndex(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		o := httpbalancer.Options{}
+		if shared {
+			o.Balancer = balancer.New(balancer.Options{})
+			defer o.Balancer.Close()
+			o.Endpoints = []inferlb.Endpoint{}
+		}
+		tr := newTransport(t, o)
+		err := tr.Update([]inferlb.Endpoint{
+			{ID: "bad", Addr: "10.0.0.2"}, // no port: skipped
+			{ID: "w", Addr: "10.0.0.3:8000", Weight: balancer.MaxWeight + 1},
+		})
+		require.EqualError(t, err, strings.Join([]string{
+			`inferlb: endpoint 0 ("bad"): Addr "10.0.0.2" is not host:port or http(s)://host[:port]; skipped`,
+			`inferlb: endpoint 1 ("w"): Weight 1.000001e+06 is above balancer.MaxWeight (1e+06); using 1e+06`,
+		}, "\n"), "shared %v", shared)
+		var w float64
+		for _, s := range tr.Balancer().Stats() {
+			if s.ID == "w" {
+				w = s.Weight
+			}
+		}
+		assert.Equal(t, float64(balancer.MaxWeight), w, "shared %v: applied with the Weight corrected", shared)
 	}
 }
 
