@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -105,6 +106,22 @@ const ProcessLoad = FieldSet(1<<Running | 1<<Waiting | 1<<KVCacheUsage | 1<<Pref
 
 // Has reports whether f is in the set.
 func (s FieldSet) Has(f Field) bool { return s&(1<<f) != 0 }
+
+// String lists the set's fields by name, in Field order:
+// "{running,kv_cache_usage}" ("{}" for none). A bit past the last field
+// is listed as Field.String names it ("Field(20)").
+func (s FieldSet) String() string {
+	b := []byte{'{'}
+	for f := range Field(32) {
+		if s.Has(f) {
+			if len(b) > 1 {
+				b = append(b, ',')
+			}
+			b = append(b, f.String()...)
+		}
+	}
+	return string(append(b, '}'))
+}
 
 // Sample is one observation of an endpoint. Only the fields in Has are
 // meaningful; the zero Sample carries nothing.
@@ -301,6 +318,43 @@ func (s *Sample) MemoryPressure() (float64, bool) {
 		return 0, false
 	}
 	return s.MemoryUsage()
+}
+
+// String formats the sample for people: its time (RFC 3339, left out when
+// zero), then each field it carries as name=value, in Field order, and
+// its Adapters when it has any, as in
+// "{time=2026-01-01T00:00:00Z running=3 kv_cache_usage=0.95}". Values of
+// fields not in Has are left out: they mean nothing. It has a value
+// receiver so that fmt finds it in a Sample held by value (as
+// balancer.EndpointStats.Telemetry is); nothing on a pick's path calls
+// it.
+func (s Sample) String() string {
+	var b []byte
+	sep := func() {
+		if len(b) > 0 {
+			b = append(b, ' ')
+		}
+	}
+	if !s.Time.IsZero() {
+		b = append(b, "time="...)
+		b = s.Time.AppendFormat(b, time.RFC3339Nano)
+	}
+	for f := range Field(32) {
+		if !s.Has.Has(f) {
+			continue
+		}
+		sep()
+		b = append(b, f.String()...)
+		if int(f) < NumFields {
+			b = append(b, '=')
+			b = strconv.AppendFloat(b, s.Values[f], 'g', -1, 64)
+		}
+	}
+	if a := s.Adapters; a != nil {
+		sep()
+		b = fmt.Appendf(b, "adapters={base=%q running=%q waiting=%q}", a.Base, a.Running, a.Waiting)
+	}
+	return "{" + string(b) + "}"
 }
 
 // Empty reports whether the sample carries no field.
