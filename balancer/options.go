@@ -63,10 +63,12 @@ const (
 // millisecond (minDuration): a bare number in a Duration is nanoseconds.
 type Options struct {
 	// Clock is the time source; nil means the wall clock. It may step back,
-	// as the wall clock does: no exclusion, slow-start ramp, probe
-	// deadline, outlier evaluation or forgiveness of a flapping breaker
-	// then waits out a step longer than twice the longest cooldown or
-	// ejection (MaxCooldown, MaxEjectionTime), and the error-rate, latency
+	// as the wall clock does: no exclusion, overload probation, slow-start
+	// ramp, probe deadline, outlier evaluation or forgiveness of a
+	// flapping breaker then waits out a step longer than twice the
+	// furthest ahead such a deadline is set (the longest ejection,
+	// MaxEjectionTime, or a cooldown and the probation after it, twice
+	// MaxCooldown), and the error-rate, latency
 	// and recent-prefill estimates count no time across a step of more
 	// than a second and decay on from the new reading. A step forward
 	// cannot be told from time passing by Now alone: with a
@@ -593,10 +595,12 @@ type config struct {
 	outlierMargin      float64
 	onEvent            func(Event)
 	// Twice the furthest ahead of the clock (ns) the balancer sets an
-	// exclusion or a ramp's start (the longest cooldown or ejection):
-	// further ahead, the clock has stepped back. Twice, so that a reading
-	// taken a moment before another goroutine's, which set a deadline, is
-	// no step.
+	// exclusion, a probation's end or a ramp's start (the longest
+	// ejection, or a cooldown and the probation after it, twice
+	// MaxCooldown): further ahead, the clock has stepped back. Twice, so
+	// that a reading taken a moment before another goroutine's, which set
+	// a deadline, is no step (TestProbationSurvivesSmallStepBack: at once
+	// the probation's end, it was cut short by a step back of 1ms).
 	horizon int64
 }
 
@@ -805,7 +809,9 @@ func (o *Options) resolve() (*config, error) {
 	}
 	c.maxEjectionTime = max(c.maxEjectionTime, c.ejectionTime)
 	c.maxCooldown = max(c.maxCooldown, c.cooldown)
-	c.horizon = 2 * int64(min(max(c.maxCooldown, c.maxEjectionTime), maxHold)) // bounded: at-horizon must not wrap
+	// A probation ends up to twice MaxCooldown ahead (a cooldown, then a
+	// probation as long; see Balancer.cooldown).
+	c.horizon = 2 * int64(min(max(2*min(c.maxCooldown, maxHold), c.maxEjectionTime), maxHold)) // bounded: at-horizon must not wrap
 	if c.clock == nil {
 		c.mono = newMonoClock()
 		c.clock = c.mono

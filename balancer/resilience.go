@@ -321,7 +321,7 @@ func (b *Balancer) forgetLoad(e *endpoint, now time.Time) {
 }
 
 // afterStepBack mends e's deadlines after the clock stepped back: an
-// exclusion, outlier ejection or ramp start further than horizon ahead of
+// exclusion, outlier ejection, probation or ramp start further than horizon ahead of
 // now was set before the step, and would otherwise hold for the length of
 // the step on top of its own (a one-second cooldown for an hour, after an
 // hour's NTP step). How much of it was left is unknown: the exclusion ends

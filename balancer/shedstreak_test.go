@@ -257,3 +257,31 @@ func TestProbationPickDoesNotAllocate(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 }
+
+// A probation at its longest ends twice MaxCooldown after the refusal (a
+// cooldown of MaxCooldown, then a probation of MaxCooldown). With
+// MaxEjectionTime no longer than MaxCooldown that was the whole clock-step
+// horizon (twice the longest cooldown or ejection), with no margin: a
+// reading a millisecond earlier than the refusal's (the clock stepped
+// back by that much, or another goroutine's pick read it just before)
+// took the probation for one set before a step back and ended it, and the
+// replica that refused its Retry-After call took its keys and retries
+// back at the next Retry-After.
+func TestProbationSurvivesSmallStepBack(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5),
+		MaxCooldown: 2 * time.Minute, MaxEjectionTime: 2 * time.Minute})
+	hot := endpoints(2)[0].Addr
+	overloaded := inferlb.Outcome{Overloaded: true, RetryAfter: 2 * time.Minute}
+	pickSerial(t, b, hot).Done(overloaded)
+	clock.Advance(2 * time.Minute)
+	pickSerial(t, b, hot).Done(overloaded)
+	until := stat(t, b, hot).ProbationUntil
+	require.WithinDuration(t, clock.Now().Add(4*time.Minute), until, 0)
+
+	clock.Set(clock.Now().Add(-time.Millisecond)) // a small step back
+	spread(t, b, &inferlb.Request{}, 10)          // picks at the earlier reading
+	assert.Equal(t, until, stat(t, b, hot).ProbationUntil, "probation kept")
+	clock.Advance(2*time.Minute + time.Millisecond) // its cooldown's end
+	assert.Zero(t, spread(t, b, &inferlb.Request{}, 100)[hot], "on probation")
+}
