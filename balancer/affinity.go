@@ -582,6 +582,15 @@ const (
 // answer is then the key's (pickPastShunned), and the key is not stuck
 // to i, whose later answers to it would be counted as i's own.
 func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) (i int, pastShunned bool) {
+	if c.steer && !b.settledFor(g, &c, sh) {
+		// Every member the key may go to is on probation (the group's
+		// settled members are outside the tenant's shard, or passed
+		// over by the call's filters): passed over, all of them, the
+		// key fell to P2C and scattered over them, cold prefills of its
+		// prefix, until a probation ended. As without steering, it goes
+		// to its own (TestProbationShardKeysStayWithoutSettledMember).
+		c.steer = false
+	}
 	if b.sticky == nil {
 		i = b.walkAffine(req, g, now, c, sh, &pastShunned)
 		return i, pastShunned
@@ -610,6 +619,27 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 		b.sticky.Put(mem, g.hashes[i])
 	}
 	return i, pastShunned
+}
+
+// settledFor reports whether a member c admits, in sh when not nil, is not
+// on probation (onProbation): with cand.steer, somewhere to steer a key
+// to. Asked only while steering (some member of the group is on
+// probation), and it stops at the first it finds.
+func (b *Balancer) settledFor(g *group, c *cand, sh *shard) bool {
+	n := len(g.members)
+	if sh != nil {
+		n = sh.n
+	}
+	for k := range n {
+		i := k
+		if sh != nil {
+			i = int(sh.members[k])
+		}
+		if e := g.members[i]; !onProbation(e, c.nowNs) && c.ok(e) {
+			return true
+		}
+	}
+	return false
 }
 
 // walkAffine follows the key's preference order on the ring.

@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -284,4 +285,62 @@ func TestProbationSurvivesSmallStepBack(t *testing.T) {
 	assert.Equal(t, until, stat(t, b, hot).ProbationUntil, "probation kept")
 	clock.Advance(2*time.Minute + time.Millisecond) // its cooldown's end
 	assert.Zero(t, spread(t, b, &inferlb.Request{}, 100)[hot], "on probation")
+}
+
+// A tenant's shard whose members are all on probation while members
+// outside it are not: steering is on for the group, but in the shard there
+// is no settled member to steer to. The affinity walk passed over every
+// member on probation and found none, and P2C scattered the keys over
+// the shard: cold prefills on the member that does not hold the key's
+// prefix, for as long as the probation. With no settled member to go to,
+// a key goes to its owner, as it would without the probation.
+func TestProbationShardKeysStayWithoutSettledMember(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 6, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), AffinitySeed: seed,
+		TenantShardSize: 2, MinKeyReuse: -1})
+	key := func(k int) *inferlb.Request {
+		return &inferlb.Request{Service: inferlb.ServiceLLM, Model: "m", Tenant: "acme", AffinityKey: uint64(k+1) * 0x9e3779b97f4a7c15}
+	}
+	const keys = 16
+	owner := make([]string, keys)
+	shard := map[string]bool{}
+	for k := range keys {
+		p, err := b.Pick(key(k))
+		require.NoError(t, err)
+		owner[k] = p.ID()
+		shard[p.ID()] = true
+		p.Done(inferlb.Outcome{})
+	}
+	require.Len(t, shard, 2, "the tenant's shard")
+	for range 2 {
+		for id := range shard {
+			pickSerial(t, b, id).Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Second})
+		}
+		clock.Advance(time.Second)
+	}
+	for id := range shard {
+		require.False(t, stat(t, b, id).ProbationUntil.IsZero(), id)
+	}
+	moved := 0
+	for k := range keys {
+		p, err := b.Pick(key(k))
+		require.NoError(t, err)
+		require.True(t, shard[p.ID()], "in the shard")
+		if p.ID() != owner[k] {
+			moved++
+		}
+		p.Done(inferlb.Outcome{Err: context.Canceled}) // no verdict on the probation
+	}
+	assert.Zero(t, moved, "keys moved off their owner")
+
+	// With a settled member in the shard, the keys of the one on
+	// probation go there.
+	settled := owner[0]
+	pickSerial(t, b, settled).Done(inferlb.Outcome{}) // served: its probation is over
+	for k := range keys {
+		p, err := b.Pick(key(k))
+		require.NoError(t, err)
+		assert.Equal(t, settled, p.ID(), "key %d", k)
+		p.Done(inferlb.Outcome{Err: context.Canceled})
+	}
 }
