@@ -344,3 +344,45 @@ func TestProbationShardKeysStayWithoutSettledMember(t *testing.T) {
 		p.Done(inferlb.Outcome{Err: context.Canceled})
 	}
 }
+
+// Steering follows the probations' ends on time: the group's standing is
+// cached until the earliest of them. With every member in good standing on
+// probation there is no one to steer to, and the calls are spread as
+// without it; once the first probation ends, at that instant, the member
+// still on probation is second choice again.
+func TestProbationEndsOnTime(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
+	eps := endpoints(2)
+	a, c := eps[0].Addr, eps[1].Addr
+	overloaded := inferlb.Outcome{Overloaded: true, RetryAfter: time.Second}
+	// a refuses at 0s and 1s: on probation from 2s to 4s; c at 1s and
+	// 2s: from 3s to 5s.
+	pickSerial(t, b, a).Done(overloaded)
+	clock.Advance(time.Second)
+	pickSerial(t, b, a).Done(overloaded)
+	pickSerial(t, b, c).Done(overloaded)
+	clock.Advance(time.Second)
+	pickSerial(t, b, c).Done(overloaded)
+	clock.Advance(time.Second)
+	require.WithinDuration(t, clock.Now().Add(time.Second), stat(t, b, a).ProbationUntil, 0)
+	require.WithinDuration(t, clock.Now().Add(2*time.Second), stat(t, b, c).ProbationUntil, 0)
+	// No verdict on either probation (a served call would end it).
+	picks := func() map[string]int {
+		got := map[string]int{}
+		for range 100 {
+			p, err := b.Pick(&inferlb.Request{})
+			require.NoError(t, err)
+			got[p.ID()]++
+			p.Done(inferlb.Outcome{Err: context.Canceled})
+		}
+		return got
+	}
+	got := picks()
+	assert.Greater(t, got[a], 20, "both on probation: no steering")
+	assert.Greater(t, got[c], 20, "both on probation: no steering")
+	clock.Advance(time.Second - time.Millisecond)
+	picks()
+	clock.Advance(time.Millisecond) // a's probation ends
+	assert.Zero(t, picks()[c], "c still on probation")
+}
