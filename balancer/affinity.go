@@ -604,7 +604,7 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 	// in the walk: at a ramp of f it comes back with probability 2f - f^2.)
 	mem := b.memOf(&c, req.Model)
 	if v, ok := b.sticky.Get(mem); ok {
-		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && !(c.steer && onProbation(g.members[i], c.nowNs)) {
+		if i, ok := g.byHash[v]; ok && (sh == nil || sh.has(i)) && c.ok(g.members[i]) && !c.steerOff(g.members[i]) {
 			if b.shunnedOnWalk(g, i, &c, sh) {
 				pastShunned = true
 			} else if b.admitRamp(g.members[i], &c) {
@@ -619,6 +619,15 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 		b.sticky.Put(mem, g.hashes[i])
 	}
 	return i, pastShunned
+}
+
+// steerOff reports whether an affinity key passes e over, with c.steer,
+// for its probation after an overload cooldown: one that is not a
+// half-open breaker's probe, which wins over every peer as in prefer.
+// Passed over, the key's owner, half-open and on probation, was probed by
+// none of its keys' calls (TestProbationKeyedProbeWins).
+func (c *cand) steerOff(e *endpoint) bool {
+	return c.steer && onProbation(e, c.nowNs) && !probing(e, c.nowNs)
 }
 
 // settledFor reports whether a member c admits, in sh when not nil, is not
@@ -693,7 +702,7 @@ func (b *Balancer) walkAffine(req *inferlb.Request, g *group, now time.Time, c c
 		if home >= 0 && rank > pressureLook && first < 0 {
 			return b.goHome(req, g, home, homeOver, afterOwner, c, sh, now) // nothing nearby is better off
 		}
-		if i == first || i == home || i == crowd || !c.ok(g.members[i]) || c.steer && onProbation(g.members[i], c.nowNs) {
+		if i == first || i == home || i == crowd || !c.ok(g.members[i]) || c.steerOff(g.members[i]) {
 			continue // on probation: as if cooling down still (see Balancer.cooldown)
 		}
 		if b.shunnedOnWalk(g, i, &c, sh) {

@@ -386,3 +386,38 @@ func TestProbationEndsOnTime(t *testing.T) {
 	clock.Advance(time.Millisecond) // a's probation ends
 	assert.Zero(t, picks()[c], "c still on probation")
 }
+
+// A half-open breaker's probe wins over a peer in good standing (prefer,
+// scan), on probation too: a member that may have recovered is not kept
+// out of rotation for the probation's length. So with an affinity key:
+// the key's owner, half-open and on probation, took none of its keys'
+// calls, which went to its peer until the probation ended, and was
+// probed only by calls without a key.
+func TestProbationKeyedProbeWins(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), AffinitySeed: seed, MinKeyReuse: -1,
+		BreakerFailures: 1, BreakerProbes: 1, OutlierInterval: -1, MaxEjectedFraction: 1})
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, Model: "m", AffinityKey: 0x5eed}
+	p, err := b.Pick(req)
+	require.NoError(t, err)
+	hot := p.ID() // the key's owner
+	p.Done(inferlb.Outcome{})
+	overloaded := inferlb.Outcome{Overloaded: true, RetryAfter: 10 * time.Second}
+	pickSerial(t, b, hot).Done(overloaded)
+	clock.Advance(10 * time.Second)
+	pickSerial(t, b, hot).Done(overloaded) // on probation 20s after its cooldown
+	clock.Advance(10 * time.Second)
+	pickSerial(t, b, hot).Done(inferlb.Outcome{Err: errDown}) // tripped: out for 10s
+	clock.Advance(balancer.DefaultEjectionTime)
+	s := stat(t, b, hot)
+	require.True(t, s.BreakerOpen)
+	require.True(t, s.ProbationUntil.After(clock.Now()))
+
+	p, err = b.Pick(req)
+	require.NoError(t, err)
+	assert.Equal(t, hot, p.ID(), "the probe")
+	p.Done(inferlb.Outcome{})
+	s = stat(t, b, hot)
+	assert.False(t, s.BreakerOpen, "the probe closed it")
+	assert.True(t, s.ProbationUntil.IsZero(), "served: probation over")
+}
