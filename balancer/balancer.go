@@ -1004,9 +1004,13 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 				// calls, as they would the group's. In panic they
 				// sent half of them to another tenant's flooded,
 				// cooling members. A shard in panic itself spreads
-				// over its ready members, as the group does.
+				// over its ready members, as the group does. Out of
+				// panic, members on probation are second choice to
+				// settled ones, as in the group (cand.steer), which
+				// the group's panic had turned off.
 				rc := c
 				rc.panicking = false
+				rc.steer = st.settled > 0 && st.settled < st.good
 				i, keyed = chooseOwn(rc, &sh)
 			}
 			if i < 0 {

@@ -421,3 +421,40 @@ func TestProbationKeyedProbeWins(t *testing.T) {
 	assert.False(t, s.BreakerOpen, "the probe closed it")
 	assert.True(t, s.ProbationUntil.IsZero(), "served: probation over")
 }
+
+// A tenant's shard that is calm while its group is in panic routing takes
+// its calls as the group would out of panic (pickWith): its member on
+// probation is second choice to its settled one there too. Steering was
+// decided with the group's panic, and was off: the member on probation
+// took half the tenant's calls.
+func TestProbationInCalmShardOfPanickingGroup(t *testing.T) {
+	clock := testutil.NewClock()
+	b := newBalancer(t, 6, balancer.Options{Clock: clock, Rand: testutil.NewRand(5), AffinitySeed: seed, TenantShardSize: 2})
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, Tenant: "acme"}
+	shard := spread(t, b, req, 100)
+	require.Len(t, shard, 2)
+	var shed, settled string
+	for id := range shard {
+		shed, settled = id, shed
+	}
+	overloaded := inferlb.Outcome{Overloaded: true, RetryAfter: time.Second}
+	for range 2 {
+		pickSerial(t, b, shed).Done(overloaded)
+		clock.Advance(time.Second)
+	}
+	require.False(t, stat(t, b, shed).ProbationUntil.IsZero())
+	for _, ep := range endpoints(6) {
+		if shard[ep.Addr] == 0 {
+			pickSerial(t, b, ep.Addr).Done(inferlb.Outcome{Overloaded: true, RetryAfter: time.Minute})
+		}
+	} // two of six in good standing: the group panics, the shard does not
+	got := map[string]int{}
+	for range 100 {
+		p, err := b.Pick(req)
+		require.NoError(t, err)
+		got[p.ID()]++
+		p.Done(inferlb.Outcome{Err: context.Canceled})
+	}
+	assert.Zero(t, got[shed], "on probation")
+	assert.Equal(t, 100, got[settled], "the shard's settled member")
+}
