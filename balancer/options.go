@@ -169,9 +169,11 @@ type Options struct {
 	// cooldown, on probation: in good standing (it counts against
 	// PanicThreshold as such, and takes calls when no peer can), but
 	// second choice to every peer in good standing that is not on
-	// probation, and passed over by affinity keys, for twice the
-	// cooldown, doubled for each further refusal in a row, up to
-	// MaxCooldown. A call it serves ends both; EndpointStats shows them
+	// probation, and passed over by affinity keys that have such a peer
+	// to go to (in the tenant's shard, past the call's filters), for
+	// twice the cooldown, doubled for each further refusal in a row, up
+	// to MaxCooldown. A half-open breaker's probe still wins over its
+	// peers. A call it serves ends both; EndpointStats shows them
 	// (ProbationUntil, OverloadStreak). The cooldown itself stays the
 	// server's hint, so a single replica still takes the caller's retry
 	// at its Retry-After, while next to a healthy peer a replica that
