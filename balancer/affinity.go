@@ -627,7 +627,15 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 // Passed over, the key's owner, half-open and on probation, was probed by
 // none of its keys' calls (TestProbationKeyedProbeWins).
 func (c *cand) steerOff(e *endpoint) bool {
-	return c.steer && onProbation(e, c.nowNs) && !probing(e, c.nowNs)
+	return c.steer && steerPast(e, c.nowNs) // inlined: one test of steer when no member is on probation
+}
+
+// steerPast is steerOff's test of e, out of line: a member on probation
+// and not probing.
+//
+//go:noinline
+func steerPast(e *endpoint, nowNs int64) bool {
+	return onProbation(e, nowNs) && !probing(e, nowNs)
 }
 
 // settledFor reports whether a member c admits, in sh when not nil, is not
