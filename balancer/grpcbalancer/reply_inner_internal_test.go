@@ -17,6 +17,16 @@ import (
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
+// llmPair is the policy over a Balancer of its own on clock, with two
+// endpoints and every method of the test service an LLM's: where the
+// inner-hedge tests pick their attempts.
+func llmPair(t *testing.T, clock core.Clock) (*core.Balancer, *harness) {
+	t.Helper()
+	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	return b, newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
+}
+
 // An interceptor chained inside UnaryOutcome or UnaryRetry that hedges a
 // generation call: two attempts, each decoding into a reply of its own,
 // the first to answer copying its reply into the call's and cancelling
@@ -45,9 +55,7 @@ func TestInnerHedgeReplyIsReadAfterTheInvokerReturns(t *testing.T) {
 		{"UnaryRetry, the loser ends as the reply is filled", UnaryRetry(2), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := core.New(core.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(1)})
-			t.Cleanup(b.Close)
-			h := newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
+			b, h := llmPair(t, testutil.NewClock())
 			const method = "/grpc.testing.TestService/UnaryCall"
 			canceled := status.Error(codes.Canceled, "context canceled")
 			ctx, cancel := context.WithCancel(context.Background())
@@ -93,9 +101,7 @@ func TestInnerHedgeReplyIsReadAfterTheInvokerReturns(t *testing.T) {
 // application's again), and leaves nothing in flight. So is a second
 // such attempt that ends while the first is parked (an inner hedge's).
 func TestLateOrSecondCancelledAttemptIsReportedAtOnce(t *testing.T) {
-	b := core.New(core.Options{Clock: testutil.NewClock(), Rand: testutil.NewRand(1)})
-	t.Cleanup(b.Close)
-	h := newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
+	b, h := llmPair(t, testutil.NewClock())
 	const method = "/grpc.testing.TestService/UnaryCall"
 	canceled := status.Error(codes.Canceled, "context canceled")
 	inFlight := func() (n int64) {

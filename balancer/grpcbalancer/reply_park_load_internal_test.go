@@ -49,9 +49,7 @@ func TestInnerHedgeLoserLeavesNoLoadWhileTheCallGoesOn(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.NewClock()
-			b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
-			t.Cleanup(b.Close)
-			h := newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
+			b, h := llmPair(t, clock)
 			const method = "/grpc.testing.TestService/UnaryCall"
 			canceled := status.Error(codes.Canceled, "context canceled")
 			stats := func(id string) core.EndpointStats {

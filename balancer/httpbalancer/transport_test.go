@@ -535,39 +535,16 @@ func TestRetryAfterDate(t *testing.T) {
 	assert.Equal(t, 5*time.Second, r.Outcome.RetryAfter)
 }
 
-// TestRetryAfterFractional: a Retry-After of seconds with a fraction,
-// which some gateways send and the OpenAI SDKs wait for as such, is the
-// hint and the cooldown: 1.5 s, not the default second, as it was when
-// only whole seconds were read.
-func TestRetryAfterFractional(t *testing.T) {
-	clock := testutil.NewClock()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Retry-After", "1.5")
-		http.Error(w, `{"error":{"message":"busy"}}`, http.StatusTooManyRequests)
-	}))
-	defer srv.Close()
-	res := newResults(1)
-	tr := newTransport(t, httpbalancer.Options{
-		Endpoints:       []inferlb.Endpoint{{ID: "e", Addr: strings.TrimPrefix(srv.URL, "http://")}},
-		BalancerOptions: balancer.Options{Clock: clock},
-		OnResult:        res.on,
-	})
-	resp, _ := post(t, &http.Client{Transport: tr}, chatBody(1, false))
-	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
-	r := <-res.c
-	assert.True(t, r.Outcome.Overloaded)
-	assert.Equal(t, 1500*time.Millisecond, r.Outcome.RetryAfter)
-	assert.WithinDuration(t, clock.Now().Add(1500*time.Millisecond), statsByID(tr.Balancer())["e"].ExcludedUntil, 0, "cooled down until")
-}
-
 // TestRetryAfterMs: the millisecond hint of Azure OpenAI and other
 // OpenAI-compatible gateways, retry-after-ms, is the cooldown, before
 // Retry-After, as the OpenAI SDKs read it: they retry after 250 ms, and
 // the endpoint is back by then. Read as it was before, a 429 with it alone
 // cooled the endpoint down for DefaultCooldown (1 s), with Retry-After: 7
 // too for 7 s; a 503 with it alone was a failure. One that is no valid
-// number leaves Retry-After the hint.
+// number leaves Retry-After the hint. A Retry-After of seconds with a
+// fraction, which some gateways send and the SDKs wait for as such, is
+// the hint and the cooldown too: 1.5 s, not the default second, as it was
+// when only whole seconds were read.
 func TestRetryAfterMs(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -584,6 +561,7 @@ func TestRetryAfterMs(t *testing.T) {
 		{"negative", 429, "-250", "7", 7 * time.Second, 7 * time.Second},
 		{"malformed alone", 429, "soon", "", 0, time.Second},
 		{"malformed alone 503", 503, "soon", "", 0, time.Second},
+		{"Retry-After fractional, no retry-after-ms", 429, "", "1.5", 1500 * time.Millisecond, 1500 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.NewClock()
