@@ -176,14 +176,9 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 			continue
 		}
 		seen[id] = true
-		if w := ep.Weight; w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %q: Weight %v is not a finite non-negative number; using 1", id, w))
-			ep.Weight = 1
-		} else if w > MaxWeight {
-			// Weights are relative; sums of huge ones overflow to +Inf,
-			// which would make every member's share 0.
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %q: Weight %v is above MaxWeight; using %v", id, w, float64(MaxWeight)))
-			ep.Weight = MaxWeight
+		if w, problem := CheckWeight(ep.Weight); problem != "" {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %q: %s; using %v", id, problem, w))
+			ep.Weight = w
 		}
 		e, ok := b.eps[id]
 		if !ok {
@@ -333,4 +328,20 @@ func (m *Membership) Close() {
 	b.memberships[m.idx] = nil
 	b.reconcile()
 	b.epoch.Add(1)
+}
+
+// CheckWeight returns the weight Update uses for an Endpoint.Weight of w,
+// and, when that is not w, what is wrong with w ("" when nothing is):
+// one that is negative, NaN or infinite is read as 1, one above MaxWeight
+// as MaxWeight (weights are relative; sums of huge ones overflow to +Inf,
+// which would make every member's share 0). Adapters that check their
+// endpoint lists before they reach Update name the entry with it.
+func CheckWeight(w float64) (float64, string) {
+	switch {
+	case w < 0 || math.IsNaN(w) || math.IsInf(w, 0):
+		return 1, fmt.Sprintf("Weight %v is not a finite non-negative number", w)
+	case w > MaxWeight:
+		return MaxWeight, fmt.Sprintf("Weight %v is above MaxWeight (%v)", w, float64(MaxWeight))
+	}
+	return w, ""
 }

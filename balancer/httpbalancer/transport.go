@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -263,12 +262,9 @@ func checkEndpoints(endpoints []inferlb.Endpoint) (keep []inferlb.Endpoint, prob
 		// Corrected here as the Balancer would correct it, so that the
 		// error gives its index in endpoints: the Balancer's names the
 		// entry by ID alone.
-		if w := ep.Weight; w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
-			bad(i, fmt.Sprintf("Weight %v is not a finite non-negative number", w), "using 1")
-			ep.Weight = 1
-		} else if w > balancer.MaxWeight {
-			bad(i, fmt.Sprintf("Weight %v is above balancer.MaxWeight (%v)", w, float64(balancer.MaxWeight)), fmt.Sprintf("using %v", float64(balancer.MaxWeight)))
-			ep.Weight = balancer.MaxWeight
+		if w, problem := balancer.CheckWeight(ep.Weight); problem != "" {
+			bad(i, problem, fmt.Sprintf("using %v", w))
+			ep.Weight = w
 		}
 		ids[ep.Key()] = i
 		servers[server] = i

@@ -108,7 +108,7 @@ func TestNewTransportNamesAnOutOfRangeWeight(t *testing.T) {
 	}{
 		{-1, `inferlb: NewTransport: Options.Endpoints[0] ("10.0.0.1:8000"): Weight -1 is not a finite non-negative number`},
 		{math.NaN(), `inferlb: NewTransport: Options.Endpoints[0] ("10.0.0.1:8000"): Weight NaN is not a finite non-negative number`},
-		{balancer.MaxWeight * 2, `inferlb: NewTransport: Options.Endpoints[0] ("10.0.0.1:8000"): Weight 2e+06 is above balancer.MaxWeight (1e+06)`},
+		{balancer.MaxWeight * 2, `inferlb: NewTransport: Options.Endpoints[0] ("10.0.0.1:8000"): Weight 2e+06 is above MaxWeight (1e+06)`},
 	} {
 		_, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000", Weight: tc.w}}})
 		require.EqualError(t, err, tc.want)
@@ -176,7 +176,7 @@ func TestUpdateWeightErrorGivesTheCallersIndex(t *testing.T) {
 		})
 		require.EqualError(t, err, strings.Join([]string{
 			`inferlb: endpoint 0 ("bad"): Addr "10.0.0.2" is not host:port or http(s)://host[:port]; skipped`,
-			`inferlb: endpoint 1 ("w"): Weight 1.000001e+06 is above balancer.MaxWeight (1e+06); using 1e+06`,
+			`inferlb: endpoint 1 ("w"): Weight 1.000001e+06 is above MaxWeight (1e+06); using 1e+06`,
 		}, "\n"), "shared %v", shared)
 		var w float64
 		for _, s := range tr.Balancer().Stats() {
