@@ -582,15 +582,6 @@ const (
 // answer is then the key's (pickPastShunned), and the key is not stuck
 // to i, whose later answers to it would be counted as i's own.
 func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) (i int, pastShunned bool) {
-	if c.steer && !b.settledFor(g, &c, sh) {
-		// Every member the key may go to is on probation (the group's
-		// settled members are outside the tenant's shard, or passed
-		// over by the call's filters): passed over, all of them, the
-		// key fell to P2C and scattered over them, cold prefills of its
-		// prefix, until a probation ended. As without steering, it goes
-		// to its own (TestProbationShardKeysStayWithoutSettledMember).
-		c.steer = false
-	}
 	if b.sticky == nil {
 		i = b.walkAffine(req, g, now, c, sh, &pastShunned)
 		return i, pastShunned
@@ -619,6 +610,24 @@ func (b *Balancer) pickAffine(req *inferlb.Request, g *group, now time.Time, c c
 		b.sticky.Put(mem, g.hashes[i])
 	}
 	return i, pastShunned
+}
+
+// pickSteered is pickAffine while some member is on probation
+// (cand.steer), out of line so that a call steering nothing carries none
+// of its code.
+//
+//go:noinline
+func (b *Balancer) pickSteered(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) (i int, pastShunned bool) {
+	if !b.settledFor(g, &c, sh) {
+		// Every member the key may go to is on probation (the group's
+		// settled members are outside the tenant's shard, or passed
+		// over by the call's filters): passed over, all of them, the
+		// key fell to P2C and scattered over them, cold prefills of its
+		// prefix, until a probation ended. As without steering, it goes
+		// to its own (TestProbationShardKeysStayWithoutSettledMember).
+		c.steer = false
+	}
+	return b.pickAffine(req, g, now, c, sh)
 }
 
 // steerOff reports whether an affinity key passes e over, with c.steer,

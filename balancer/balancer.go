@@ -1195,7 +1195,14 @@ func (b *Balancer) inStrictShard(req *inferlb.Request, g *group, i int) bool {
 // req.
 func (b *Balancer) choose(req *inferlb.Request, g *group, now time.Time, c cand, sh *shard) (i int, keyed keyUse) {
 	if c.affine && g.placement != nil {
-		if i, past := b.pickAffine(req, g, now, c, sh); i >= 0 {
+		var i int
+		var past bool
+		if c.steer {
+			i, past = b.pickSteered(req, g, now, c, sh) // out of line
+		} else {
+			i, past = b.pickAffine(req, g, now, c, sh)
+		}
+		if i >= 0 {
 			if past {
 				return i, keyChose | keyPastShunned
 			}
