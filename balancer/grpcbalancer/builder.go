@@ -62,7 +62,8 @@ var (
 // has READY, so channels to different fleets, and an HTTP transport on the
 // same b, never remove or hide each other's endpoints, while the endpoints
 // they have in common (by ID) share one live state. Use WithEndpoint in the
-// resolver to give endpoints the IDs the other transport uses; each
+// resolver, or the config's "endpoints" (or "idByHost") with the stock
+// resolvers, to give endpoints the IDs the other transport uses; each
 // transport still sends to its own address for an ID (this channel to its
 // SubConns, an httpbalancer.Transport to the Addr it was given), so a
 // replica's gRPC and HTTP ports can differ. Closing the channel closes its
@@ -248,7 +249,7 @@ func (lb *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error 
 	eps := make([]inferlb.Endpoint, 0, len(resolverEps))
 	addrToID := make(map[string]string, len(resolverEps))
 	for _, ep := range resolverEps {
-		e := endpointOf(ep, cfg.idByHost)
+		e := endpointOf(ep, cfg)
 		if e.ID == "" {
 			continue
 		}
@@ -590,7 +591,6 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 		return
 	}
 	b, mem := lb.core.Load(), lb.mem
-	byHost := lb.cfg != nil && lb.cfg.idByHost
 	ready := make(map[string]bool, len(children))
 	pickers := make(map[string]balancer.Picker, len(children))
 	type child struct {
@@ -612,7 +612,7 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	}
 	stale := false
 	for _, c := range children {
-		id := endpointID(c.Endpoint, byHost)
+		id := endpointID(c.Endpoint, lb.cfg)
 		if id != "" && !current[id] {
 			stale = true
 			continue

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,14 +35,23 @@ const DefaultOOBInterval = 10 * time.Second
 // jsonConfig is the service config as written. Durations are strings parsed
 // in a second pass so an error can name the field.
 type jsonConfig struct {
-	Methods           map[string]string `json:"methods"`
-	DefaultService    string            `json:"defaultService"`
-	AffinityKeyHeader string            `json:"affinityKeyHeader"`
-	TenantHeader      string            `json:"tenantHeader"`
-	ModelHeader       string            `json:"modelHeader"`
-	IDByHost          bool              `json:"idByHost"`
-	ORCA              *jsonORCA         `json:"orca"`
-	Balancer          *jsonTunables     `json:"balancer"`
+	Methods           map[string]string       `json:"methods"`
+	DefaultService    string                  `json:"defaultService"`
+	AffinityKeyHeader string                  `json:"affinityKeyHeader"`
+	TenantHeader      string                  `json:"tenantHeader"`
+	ModelHeader       string                  `json:"modelHeader"`
+	IDByHost          bool                    `json:"idByHost"`
+	Endpoints         map[string]jsonEndpoint `json:"endpoints"`
+	ORCA              *jsonORCA               `json:"orca"`
+	Balancer          *jsonTunables           `json:"balancer"`
+}
+
+// jsonEndpoint is one entry of "endpoints": what WithEndpoint would say
+// of the address it is keyed by.
+type jsonEndpoint struct {
+	ID     string            `json:"id"`
+	Weight float64           `json:"weight"`
+	Labels map[string]string `json:"labels"`
 }
 
 type jsonORCA struct {
@@ -106,6 +117,9 @@ type lbConfig struct {
 	modelHeader    string
 
 	idByHost bool // endpoints without a WithEndpoint ID are named by host, not host:port
+	// endpoints describes endpoints by address (canonicalAddr), for those
+	// whose resolver gives no WithEndpoint; nil when the config has none.
+	endpoints map[string]*endpointAttr
 
 	orcaPerCall bool
 	oob         bool
@@ -205,6 +219,10 @@ func parseConfig(js json.RawMessage, shared *core.Balancer) (*lbConfig, error) {
 		c.templates[s] = inferlb.Request{Service: inferlb.Service(s)}
 	}
 
+	if c.endpoints, err = parseEndpoints(raw.Endpoints); err != nil {
+		return nil, err
+	}
+
 	headers := []struct {
 		field string
 		src   string
@@ -273,6 +291,58 @@ func parseConfig(js json.RawMessage, shared *core.Balancer) (*lbConfig, error) {
 		}
 	}
 	return c, nil
+}
+
+// MaxConfigEndpoints bounds the entries of a service config's "endpoints",
+// and MaxConfigLabels the labels of one entry: a service config can come
+// from the name resolver, which pushes it to every client.
+const (
+	MaxConfigEndpoints = 4096
+	MaxConfigLabels    = 64
+)
+
+// parseEndpoints validates a config's "endpoints" and keys them by
+// canonical address. Entries are read in address order, so that of two
+// bad ones the same is reported every time.
+func parseEndpoints(raw map[string]jsonEndpoint) (map[string]*endpointAttr, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	if len(raw) > MaxConfigEndpoints {
+		return nil, configError("endpoints", "%d entries, more than MaxConfigEndpoints (%d)", len(raw), MaxConfigEndpoints)
+	}
+	out := make(map[string]*endpointAttr, len(raw))
+	by := make(map[string]string, len(raw)) // canonical -> as written
+	for _, addr := range slices.Sorted(maps.Keys(raw)) {
+		e := raw[addr]
+		field := fmt.Sprintf("endpoints[%q]", addr)
+		key, ok := canonicalAddr(addr)
+		if !ok {
+			return nil, configError(field, "want an address as the resolver gives it, host:port with a port from 1 to 65535 (10.0.0.5:8000, [fd00::5]:8000, llm-0.llm.svc:8000)")
+		}
+		if prev, dup := by[key]; dup {
+			return nil, configError(field, "the same address as endpoints[%q] (%s): each address may appear once", prev, key)
+		}
+		by[key] = addr
+		if strings.ContainsFunc(e.ID, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+			return nil, configError(field+".id", "%q has control characters", e.ID)
+		}
+		if _, problem := core.CheckWeight(e.Weight); problem != "" {
+			return nil, configError(field+".weight", "%s", strings.TrimPrefix(problem, "Weight "))
+		}
+		if len(e.Labels) > MaxConfigLabels {
+			return nil, configError(field+".labels", "%d labels, more than MaxConfigLabels (%d)", len(e.Labels), MaxConfigLabels)
+		}
+		if _, empty := e.Labels[""]; empty {
+			return nil, configError(field+".labels", "a label needs a name (\"model\", \"version\", \"dp_group\")")
+		}
+		var labels map[string]string
+		if len(e.Labels) > 0 {
+			labels = maps.Clone(e.Labels)
+		}
+		out[key] = &endpointAttr{id: e.ID, weight: e.Weight, labels: labels}
+	}
+	return out, nil
 }
 
 // MaxConfigStickyEntries bounds the sticky table a service config may ask
@@ -451,24 +521,36 @@ func (t *jsonTunables) canonical(o *core.Options) jsonTunables {
 
 // duplicateKey returns an error naming the first key that one of js's
 // objects repeats, or nil. encoding/json keeps a repeated key's last value
-// (and merges a repeated object into the first), so a method or tunable
-// named twice would take whichever came last, silently. Field names repeat
-// when they match as encoding/json matches them, case-insensitively;
-// method names (the keys of "methods") only when equal, as gRPC compares
-// them. js has decoded into jsonConfig already, so it is valid JSON of the
-// schema's shape.
+// (and merges a repeated object into the first), so a method, an endpoint,
+// a label or a tunable named twice would take whichever came last,
+// silently. Field names repeat when they match as encoding/json matches
+// them, case-insensitively; the keys of "methods", "endpoints" and an
+// endpoint's "labels" only when equal, as gRPC compares method names and
+// the balancer labels (two spellings of one address are parseEndpoints'
+// to find). js has decoded into jsonConfig already, so it is valid JSON
+// of the schema's shape.
 func duplicateKey(js []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(js))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil // not an object: Decode said what is wrong
 	}
-	return duplicateIn(dec, "", false)
+	return duplicateIn(dec, "", objFields)
 }
 
+// objKind is what the keys of an object of the schema are.
+type objKind int
+
+const (
+	objFields  objKind = iota // field names of the top level or a section
+	objEntry                  // field names of an "endpoints" entry
+	objScalars                // names (methods, labels) of string values
+	objEntries                // addresses ("endpoints") of entries
+)
+
 // duplicateIn reads the rest of an object whose '{' dec has just read, at
-// path ("" for the top level); isMethods says its keys are method names.
-// No field of the schema is an array, so a value is an object or a scalar.
-func duplicateIn(dec *json.Decoder, path string, isMethods bool) error {
+// path ("" for the top level), whose keys are of kind. No field of the
+// schema is an array, so a value is an object or a scalar.
+func duplicateIn(dec *json.Decoder, path string, kind objKind) error {
 	seen := map[string]string{} // key as compared -> key as first written
 	for dec.More() {
 		tok, err := dec.Token()
@@ -476,12 +558,24 @@ func duplicateIn(dec *json.Decoder, path string, isMethods bool) error {
 			return nil
 		}
 		key, _ := tok.(string)
-		if isMethods {
-			field := fmt.Sprintf("%s[%q]", path, key)
+		var field string
+		child := objFields
+		if kind == objScalars || kind == objEntries {
+			field = fmt.Sprintf("%s[%q]", path, key)
 			if _, ok := seen[key]; ok {
-				return configError(field, "duplicate key: each method may appear once")
+				what := "method"
+				switch {
+				case kind == objEntries:
+					what = "address"
+				case strings.HasSuffix(path, ".labels"):
+					what = "label"
+				}
+				return configError(field, "duplicate key: each %s may appear once", what)
 			}
 			seen[key] = key
+			if kind == objEntries {
+				child = objEntry
+			}
 		} else {
 			// encoding/json's fold: "IDBYHOST", "methodſ" (long s) and
 			// "brea\u212aerFailures" (Kelvin sign) all match their field.
@@ -491,7 +585,7 @@ func duplicateIn(dec *json.Decoder, path string, isMethods bool) error {
 				first = key
 				seen[cmp] = key
 			}
-			field := first
+			field = first
 			if path != "" {
 				field = path + "." + first
 			}
@@ -501,18 +595,20 @@ func duplicateIn(dec *json.Decoder, path string, isMethods bool) error {
 			case ok:
 				return configError(field, "duplicate key %q: each field may appear once, and field names match case-insensitively", key)
 			}
-			if tok, err = dec.Token(); err != nil {
-				return nil
+			switch {
+			case kind == objFields && path == "" && cmp == "methods", kind == objEntry && cmp == "labels":
+				child = objScalars
+			case kind == objFields && path == "" && cmp == "endpoints":
+				child = objEntries
 			}
-			if tok == json.Delim('{') {
-				if err := duplicateIn(dec, field, path == "" && cmp == "methods"); err != nil {
-					return err
-				}
-			}
-			continue
 		}
-		if _, err := dec.Token(); err != nil { // a method's value: a string
+		if tok, err = dec.Token(); err != nil {
 			return nil
+		}
+		if tok == json.Delim('{') {
+			if err := duplicateIn(dec, field, child); err != nil {
+				return err
+			}
 		}
 	}
 	_, _ = dec.Token() // '}'
@@ -558,6 +654,9 @@ func decodeError(js []byte, err error) error {
 		if field == "methods" {
 			field = badMethod(js) // a value in the map, or the map
 		}
+		if field == "endpoints" || strings.HasPrefix(field, "endpoints.") {
+			field = badEndpoint(js, field) // an entry, or the map
+		}
 		// A number of the wrong kind (2.5 for a count) or one that does
 		// not fit (1e30 for a count, 1e400 for any field).
 		if num, ok := strings.CutPrefix(typeErr.Value, "number "); ok {
@@ -572,7 +671,13 @@ func decodeError(js []byte, err error) error {
 		return fmt.Errorf("inferlb: service config: invalid JSON at offset %d: %v", syntaxErr.Offset, err)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		key, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
-		return fmt.Errorf("inferlb: service config: unknown field %q", unknownFieldPath(js, key))
+		path := unknownFieldPath(js, key)
+		if entry, ok := strings.CutSuffix(path, "."+key); ok && strings.HasPrefix(entry, "endpoints[") {
+			// The entry's address, quoted inside a quoted path, would
+			// come out in backslashes.
+			return configError(entry, "unknown field %q (want id, weight or labels)", key)
+		}
+		return fmt.Errorf("inferlb: service config: unknown field %q", path)
 	}
 	return fmt.Errorf("inferlb: service config: %v", err)
 }
@@ -606,6 +711,39 @@ func badMethod(js []byte) string {
 	}
 }
 
+// badEndpoint names the first entry of js's "endpoints", in the order
+// written, that does not decode, as endpoints["10.0.0.5:8000"] followed
+// by the rest of field (".weight"): encoding/json's error names no map
+// key. It returns field when it finds none.
+func badEndpoint(js []byte, field string) string {
+	var top struct {
+		Endpoints json.RawMessage `json:"endpoints"`
+	}
+	if json.Unmarshal(js, &top) != nil || len(top.Endpoints) == 0 {
+		return field
+	}
+	dec := json.NewDecoder(bytes.NewReader(top.Endpoints))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return field // not an object: the map itself is wrong
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return field
+		}
+		addr, _ := tok.(string)
+		var raw json.RawMessage
+		if dec.Decode(&raw) != nil {
+			return field
+		}
+		var e jsonEndpoint
+		if json.Unmarshal(raw, &e) != nil {
+			return fmt.Sprintf("endpoints[%q]", addr) + strings.TrimPrefix(field, "endpoints")
+		}
+	}
+	return field
+}
+
 // unknownFieldPath names the section an unknown field is in ("orca.oob"):
 // encoding/json's error names the key alone. A section counts only when
 // the unknown field it has is key itself: the config may have other
@@ -615,11 +753,19 @@ func badMethod(js []byte) string {
 // place, even to a field that exists ("balancer.slowStartWindow").
 func unknownFieldPath(js []byte, key string) string {
 	var top struct {
-		ORCA     json.RawMessage `json:"orca"`
-		Balancer json.RawMessage `json:"balancer"`
+		ORCA      json.RawMessage            `json:"orca"`
+		Balancer  json.RawMessage            `json:"balancer"`
+		Endpoints map[string]json.RawMessage `json:"endpoints"`
 	}
 	if json.Unmarshal(js, &top) != nil {
 		return key
+	}
+	for _, addr := range slices.Sorted(maps.Keys(top.Endpoints)) {
+		dec := json.NewDecoder(bytes.NewReader(top.Endpoints[addr]))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&jsonEndpoint{}); err != nil && err.Error() == "json: unknown field "+strconv.Quote(key) {
+			return fmt.Sprintf("endpoints[%q].%s", addr, key)
+		}
 	}
 	sections := []struct {
 		name string

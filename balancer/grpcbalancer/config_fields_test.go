@@ -39,6 +39,9 @@ func TestParseConfigNamesEachField(t *testing.T) {
 	for _, tag := range tags(jsonTunables{}) {
 		check(t, `{"balancer": {"`+tag+`": [1]}}`, "balancer."+tag)
 	}
+	for _, tag := range tags(jsonEndpoint{}) {
+		check(t, `{"endpoints": {"10.0.0.1:80": {"`+tag+`": [1]}}}`, `endpoints["10.0.0.1:80"].`+tag)
+	}
 
 	// Values of the right type that a field's rule refuses, one or more
 	// per tunable with a rule; the others take any value of their type.

@@ -335,6 +335,9 @@
 //	  "tenantHeader": "",               // metadata key of the tenant; default none
 //	  "modelHeader": "",                // metadata key of the model name; default none
 //	  "idByHost": false,                // name endpoints by host, not host:port (see below); default false
+//	  "endpoints": {                    // what each address serves, for resolvers that give addresses only (see below); default none
+//	    "10.0.0.5:50051": {"id": "gpu-5", "weight": 2, "labels": {"model": "llama,llama-lora-sql"}}
+//	  },
 //	  "orca": {
 //	    "perCall": true,                // read per-call reports; default true
 //	    "outOfBand": false,             // run an ORCA stream per READY SubConn; default false
@@ -386,6 +389,32 @@
 // Discovery.IDByHost) shares their state although the ports differ, with
 // the stock DNS resolver and no WithEndpoint. It assumes one replica per
 // host: two endpoints on one host would be one to the Balancer.
+//
+// "endpoints" describes endpoints by address for resolvers that say
+// nothing else (dns:///, passthrough:///), as WithEndpoint does in a custom
+// resolver: each entry, keyed by an address as the resolver gives it
+// (host:port), has the endpoint's "id" (default: its address, or host with
+// idByHost), "weight" (relative capacity; 0 or absent means 1) and
+// "labels" ("model": the models served, comma-separated, LoRA adapters and
+// version names included; "dp_group"; any other label a custom Scorer
+// reads). It is a static map, so it fits addresses that stay (static IPs
+// from DNS, a name dialed through passthrough); pods whose IPs change need
+// a resolver that describes them (WithEndpoint). An address matches however either side writes it: an
+// IP address in any notation, a name in any case, a port with leading
+// zeros. An endpoint with several addresses takes the entry of the
+// smallest that has one; an address without an entry keeps the defaults;
+// an entry whose address the resolver does not give is unused. An endpoint
+// the resolver describes with WithEndpoint keeps that description whole,
+// none of the entry's fields mixed in: the resolver speaks for the
+// endpoint as it is at each update, the entry was written ahead for
+// resolvers that cannot. The entries apply at every resolver update and
+// config change, never on a call's path. An address that is not
+// host:port with a port from 1 to 65535, two entries for one address
+// (also spelt differently), a weight that is negative or above
+// balancer.MaxWeight, an ID with control characters, a label without a
+// name, more than MaxConfigEndpoints entries or more than MaxConfigLabels
+// labels in one fails the parse, naming the entry
+// (endpoints["10.0.0.5:50051"].weight).
 //
 // Affinity keys are hashed with the Balancer's own Keyer (Balancer.Keyer),
 // which shares its AffinitySeed with the consistent placement. With an

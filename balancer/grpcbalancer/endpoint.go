@@ -3,6 +3,9 @@ package grpcbalancer
 import (
 	"maps"
 	"net"
+	"net/netip"
+	"strconv"
+	"strings"
 
 	"google.golang.org/grpc/resolver"
 
@@ -49,6 +52,12 @@ func (a *endpointAttr) Equal(o any) bool {
 //     (see inferlb.Endpoint).
 //
 // info.Addr is ignored: the address is always ep's own.
+//
+// With a resolver that gives addresses only (dns:///, passthrough:///),
+// say the same in the service config's "endpoints", by address (see
+// Service config in the package doc). For an endpoint that carries
+// WithEndpoint's description, that description counts, whole: the config's
+// entry for its address is not merged into it.
 func WithEndpoint(ep resolver.Endpoint, info inferlb.Endpoint) resolver.Endpoint {
 	ep.Attributes = ep.Attributes.WithValue(endpointKey{}, &endpointAttr{
 		id:     info.ID,
@@ -58,30 +67,85 @@ func WithEndpoint(ep resolver.Endpoint, info inferlb.Endpoint) resolver.Endpoint
 	return ep
 }
 
-// endpointOf describes ep for the Balancer. The ID is the WithEndpoint ID,
-// else its naming address (namingAddr), or with byHost that address's
-// host. Addr is the naming address too.
-func endpointOf(ep resolver.Endpoint, byHost bool) inferlb.Endpoint {
+// endpointOf describes ep for the Balancer. The ID is the WithEndpoint ID
+// (or that of the config's "endpoints" entry, see attrOf), else its naming
+// address (namingAddr), or with byHost that address's host. Addr is the
+// naming address too. cfg may be nil.
+func endpointOf(ep resolver.Endpoint, cfg *lbConfig) inferlb.Endpoint {
 	var e inferlb.Endpoint
 	e.Addr = namingAddr(ep.Addresses)
-	if a, ok := ep.Attributes.Value(endpointKey{}).(*endpointAttr); ok && a != nil {
+	if a := attrOf(ep, cfg); a != nil {
 		e.ID, e.Weight, e.Labels = a.id, a.weight, a.labels
 	}
 	if e.ID == "" {
-		e.ID = defaultID(e.Addr, byHost)
+		e.ID = defaultID(e.Addr, cfg != nil && cfg.idByHost)
 	}
 	return e
 }
 
-// endpointID is endpointOf(ep, byHost).ID without building the rest.
-func endpointID(ep resolver.Endpoint, byHost bool) string {
-	if a, ok := ep.Attributes.Value(endpointKey{}).(*endpointAttr); ok && a != nil && a.id != "" {
+// endpointID is endpointOf(ep, cfg).ID without building the rest.
+func endpointID(ep resolver.Endpoint, cfg *lbConfig) string {
+	if a := attrOf(ep, cfg); a != nil && a.id != "" {
 		return a.id
 	}
 	if len(ep.Addresses) > 0 {
-		return defaultID(namingAddr(ep.Addresses), byHost)
+		return defaultID(namingAddr(ep.Addresses), cfg != nil && cfg.idByHost)
 	}
 	return ""
+}
+
+// attrOf is what ep's resolver, else the config's "endpoints", says of
+// it; nil when neither says anything. WithEndpoint's attributes win whole,
+// not field by field: the resolver describes the endpoint as it is at this
+// update, while a config entry is written ahead for resolvers that carry
+// nothing (DNS, passthrough), and an ID from one with models from the
+// other would describe an endpoint nobody wrote down. Of an endpoint's
+// addresses with a config entry, the smallest (as a string) counts, so the
+// order a resolver lists them in changes nothing (see namingAddr). It runs
+// on resolver updates and child state changes, never on a pick.
+func attrOf(ep resolver.Endpoint, cfg *lbConfig) *endpointAttr {
+	if a, ok := ep.Attributes.Value(endpointKey{}).(*endpointAttr); ok && a != nil {
+		return a
+	}
+	if cfg == nil || cfg.endpoints == nil {
+		return nil
+	}
+	var found *endpointAttr
+	least := ""
+	for _, ad := range ep.Addresses {
+		key, ok := canonicalAddr(ad.Addr)
+		if !ok {
+			continue
+		}
+		if a := cfg.endpoints[key]; a != nil && (found == nil || ad.Addr < least) {
+			found, least = a, ad.Addr
+		}
+	}
+	return found
+}
+
+// canonicalAddr spells a "host:port" address one way, so that a config's
+// "endpoints" key matches the resolver's address however either writes
+// it: an IP address in its standard form ("fd00::5", "10.0.0.5" for
+// "::ffff:10.0.0.5"), a name in lower case (names are case-insensitive),
+// the port as a plain number ("80" for "080"). It reports false for
+// anything else: no port, a port that is not 1..65535, an empty host, or a
+// host with spaces, control characters or '/' (a unix socket path).
+func canonicalAddr(s string) (string, bool) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil || host == "" || strings.ContainsFunc(host, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '/' }) {
+		return "", false
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return "", false
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	} else {
+		host = strings.ToLower(host)
+	}
+	return net.JoinHostPort(host, strconv.FormatUint(n, 10)), true
 }
 
 // namingAddr is the address an endpoint is named by: the smallest of its

@@ -97,6 +97,32 @@ func ExampleWithEndpoint() {
 	// Output: 1 10.0.0.7:50051
 }
 
+// With the stock DNS (or passthrough) resolver, which gives addresses only,
+// the config says what each address serves: a call whose "x-model"
+// metadata names an adapter goes only to the replica that lists it. A
+// mistake in an entry names it, when the channel receives the config.
+func Example_endpoints() {
+	conn, err := grpc.NewClient("dns:///llm.internal:50051",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"inferlb": {
+			"modelHeader": "x-model",
+			"endpoints": {
+				"10.0.0.5:50051": {"labels": {"model": "llama-3-8b,llama-3-8b-sql-lora"}},
+				"10.0.0.6:50051": {"weight": 2, "labels": {"model": "llama-3-8b"}}
+			}
+		}}]}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+
+	p := balancer.Get(grpcbalancer.Name).(balancer.ConfigParser)
+	_, err = p.ParseConfig([]byte(`{"endpoints": {"10.0.0.5": {"labels": {"model": "llama-3-8b"}}}}`))
+	fmt.Println(err)
+	// Output:
+	// inferlb: service config field endpoints["10.0.0.5"]: want an address as the resolver gives it, host:port with a port from 1 to 65535 (10.0.0.5:8000, [fd00::5]:8000, llm-0.llm.svc:8000)
+}
+
 // The config is checked once, when the channel receives it; a mistake
 // names the field.
 func ExampleBuilder_ParseConfig() {
