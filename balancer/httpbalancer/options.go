@@ -50,6 +50,8 @@ const (
 
 // Options configure a Transport. Only Endpoints (or Discovery, or a shared
 // Balancer that someone else feeds) is needed; everything else has a default.
+// Without any of them the Transport starts empty, for Update to fill: its
+// calls fail with balancer.ErrNoEndpoints until then (see NewTransport).
 type Options struct {
 	// Endpoints is the initial endpoint set. An Addr is "host:port", or
 	// "scheme://host[:port]" with scheme http or https (in either case;

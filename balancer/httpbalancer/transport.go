@@ -103,6 +103,13 @@ var _ http.RoundTripper = (*Transport)(nil)
 // failure there is reported to Discovery.OnError, not returned, so a fleet
 // that is briefly unresolvable at start does not stop the caller) and keeps
 // resolving until Close.
+//
+// Options with nothing to route to (no Endpoints, no Discovery, no
+// Balancer) are not refused: a Transport may start empty and get its
+// endpoints from Update later (a config watcher's first answer, say). Until
+// it has some, each call fails at once, before anything is sent, with an
+// error that wraps balancer.ErrNoEndpoints (errors.Is finds it) and says to
+// give endpoints through Options.Endpoints, Options.Discovery or Update.
 func NewTransport(o Options) (*Transport, error) {
 	cfg, err := o.resolve()
 	if err != nil {
@@ -625,7 +632,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		// has none: one over a shared Balancer's own set (Options.Balancer
 		// alone) routes over endpoints someone else gave it.
 		if errors.Is(err, balancer.ErrNoEndpoints) && (t.ownB || t.mem != nil) && t.endpointCount() == 0 {
-			return nil, fmt.Errorf("%w: this Transport has none (Options.Endpoints empty, emptied by Update, or none found by Discovery yet)", err)
+			return nil, fmt.Errorf("%w: this Transport has none (Options.Endpoints empty, emptied by Update, or none found by Discovery yet): give it some with Options.Endpoints, Options.Discovery or Update", err)
 		}
 		if c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) && !errors.Is(err, balancer.ErrTenantShardDown) {
 			// The usual cause is a model this Transport's endpoints

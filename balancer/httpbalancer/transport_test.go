@@ -891,14 +891,25 @@ func TestUnusableAddrBlamesNoEndpoint(t *testing.T) {
 }
 
 // TestNoEndpointsSaysSo: a Transport with no endpoints at all (none given
-// yet, or Update emptied it) says that, not that no endpoint serves the
-// model or each is out of rotation.
+// yet, or Update emptied it) says that, and which fields or call give it
+// some, not that no endpoint serves the model or each is out of rotation.
+// NewTransport takes empty Options, as documented: Update fills it later,
+// and the calls after that are sent.
 func TestNoEndpointsSaysSo(t *testing.T) {
 	tr := newTransport(t, httpbalancer.Options{})
 	_, err := tr.RoundTrip(chatRequest(t, 1))
 	require.ErrorIs(t, err, balancer.ErrNoEndpoints)
 	assert.ErrorContains(t, err, "this Transport has none")
+	assert.ErrorContains(t, err, "give it some with Options.Endpoints, Options.Discovery or Update")
 	assert.NotContains(t, err.Error(), "out of rotation")
+
+	be := newBackend(t, "llm")
+	require.NoError(t, tr.Update([]inferlb.Endpoint{{Addr: be.addr()}}))
+	resp, err := tr.RoundTrip(chatRequest(t, 2))
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
 // TestNoEndpointForModelOnASharedBalancersSet: a Transport routing over a
