@@ -214,6 +214,11 @@ type Balancer struct {
 	// runs in report just before it takes an endpoint's brMu: the point
 	// where a racing report can overtake it.
 	beforeBrMu func()
+	// shedCounted, when set (by internal tests only, before any call),
+	// runs in cooldown between counting a refusal in its row and setting
+	// the probation that follows: the point where a served call's Done
+	// (shedServed) can end the row first.
+	shedCounted func()
 
 	// onDone, for tests only (testhook.SetOnDone): called at the end of
 	// every effective Done. nil in production: one atomic load a Done.
@@ -2034,6 +2039,9 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 // it while it cooled down, are the same burst. The row ends when e serves
 // a call picked after its cooldown (shedServed), or when the refusal
 // comes more than MaxCooldown after it was last back in full standing.
+// A served call ends the probation of a refusal counted before its Done,
+// even when the refusal's Done sets the probation after it
+// (TestServedDoneDuringRefusalEndsItsProbation).
 func (b *Balancer) cooldown(e *endpoint, nowNs, pickedNs int64, retryAfter time.Duration) {
 	d := retryAfter
 	if d <= 0 {
@@ -2065,6 +2073,9 @@ func (b *Balancer) cooldown(e *endpoint, nowNs, pickedNs int64, retryAfter time.
 			n = e.shedStreak.Load()
 		}
 	}
+	if b.shedCounted != nil {
+		b.shedCounted()
+	}
 	exclude(&e.shedBack, until)
 	moved := false
 	if n >= 2 {
@@ -2073,7 +2084,20 @@ func (b *Balancer) cooldown(e *endpoint, nowNs, pickedNs int64, retryAfter time.
 			probation = min(probation, b.cfg.maxCooldown/2) * 2
 		}
 		probation = min(probation, b.cfg.maxCooldown)
-		moved = exclude(&e.probationUntil, later(until, probation))
+		pu := later(until, probation)
+		moved = exclude(&e.probationUntil, pu)
+		if moved && e.shedStreak.Load() < n {
+			// A served call's Done ended the row (shedServed) after it
+			// was counted above and before this probation was set: the
+			// row only grows, but for that. Left, the probation stood
+			// until its end with no row on, and no served call ended it
+			// (a served call's Done looks at e only while e is in a row,
+			// see Balancer.shedRows). The served call came after the
+			// refusal, and ends its probation as it would have a moment
+			// later. The epoch moves all the same (moved): a pick may
+			// have counted e on probation meanwhile.
+			e.probationUntil.CompareAndSwap(pu, math.MinInt64)
+		}
 	}
 	if exclude(&e.excludedUntil, until) {
 		b.epoch.Add(1)
