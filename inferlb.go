@@ -222,6 +222,18 @@ type Outcome struct {
 	// refused or drained without processing it): the endpoint is cooled
 	// down, not failed.
 	Overloaded bool
+	// Drained qualifies Overloaded: the endpoint did not process the call
+	// because its connection was closing, not because it was busy (over
+	// gRPC, a stream an HTTP/2 GOAWAY dropped unprocessed: a graceful
+	// restart, a draining sidecar, MaxConnectionAge; and an attempt gRPC
+	// ended with nothing back, which may have been one). The endpoint cools
+	// down as for an overload answer, so that the call's retry goes
+	// elsewhere, but the answer is no refusal: it neither counts towards
+	// a row of overload answers nor ends one, so it never puts the
+	// endpoint on probation (see balancer.Options.DefaultCooldown), which
+	// is for a replica that keeps saying it is too busy. Without
+	// Overloaded it changes nothing.
+	Drained bool
 	// RetryAfter is the server's hint for how long to stay away (0 = none).
 	RetryAfter time.Duration
 	// Latency is the whole call, pick to end of response. 0 means "measure

@@ -215,7 +215,7 @@ type Balancer struct {
 	// where a racing report can overtake it.
 	beforeBrMu func()
 	// shedCounted, when set (by internal tests only, before any call),
-	// runs in cooldown between counting a refusal in its row and setting
+	// runs in countShed between counting a refusal in its row and setting
 	// the probation that follows: the point where a served call's Done
 	// (shedServed) can end the row first.
 	shedCounted func()
@@ -1939,7 +1939,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		b.returnProbe(p)
 	case o.Overloaded:
 		e.overloads.Add(1)
-		b.cooldown(e, nowNs, p.start, o.RetryAfter)
+		b.cooldown(e, nowNs, p.start, o.RetryAfter, !o.Drained)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.ClientError:
@@ -2042,7 +2042,11 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 // A served call ends the probation of a refusal counted before its Done,
 // even when the refusal's Done sets the probation after it
 // (TestServedDoneDuringRefusalEndsItsProbation).
-func (b *Balancer) cooldown(e *endpoint, nowNs, pickedNs int64, retryAfter time.Duration) {
+//
+// refusal is false for a call the endpoint dropped unprocessed as its
+// connection closed (Outcome.Drained): it cools e down all the same, and
+// leaves the row and the probation as they were (see countShed).
+func (b *Balancer) cooldown(e *endpoint, nowNs, pickedNs int64, retryAfter time.Duration, refusal bool) {
 	d := retryAfter
 	if d <= 0 {
 		d = b.cfg.cooldown
@@ -2052,6 +2056,32 @@ func (b *Balancer) cooldown(e *endpoint, nowNs, pickedNs int64, retryAfter time.
 		return
 	}
 	until := later(nowNs, d)
+	moved := refusal && b.countShed(e, nowNs, pickedNs, d, until)
+	if exclude(&e.excludedUntil, until) {
+		b.epoch.Add(1)
+		b.emit(e, Event{Kind: EventCooldown, Endpoint: e.id, At: time.Unix(0, nowNs), Until: time.Unix(0, until)})
+	} else if moved {
+		b.epoch.Add(1) // the group's count of members on probation (see standing.settled)
+	}
+}
+
+// countShed counts a refusal of e's (an overload answer at nowNs to a call
+// picked at pickedNs, cooling e down for d, until until) in its row, and
+// from the row's second puts e on probation after until (see cooldown). It
+// reports whether the probation moved.
+//
+// Only refusals count: a call the endpoint dropped unprocessed as its
+// connection closed (Outcome.Drained; gRPC's "the connection is
+// draining") says nothing of its load. Counted, a replica restarted
+// behind a listener that drained every connection with a GOAWAY (a
+// sidecar's, as its application restarted) had two or three such calls
+// in a row, and came back on probation: it took none of the first 30
+// calls after it was back, and its peers all of them
+// (TestE2EDrainedReplicaTakesCallsWhenBack). A connection that fails
+// outright (refused, reset, closed with a call on it) is a failure in
+// both adapters, for the breaker and ejection, never an overload answer
+// (TestConnectionFailuresAreNoOverloads in httpbalancer).
+func (b *Balancer) countShed(e *endpoint, nowNs, pickedNs int64, d time.Duration, until int64) bool {
 	n := e.shedStreak.Load()
 	if pickedNs >= e.shedBack.Load() {
 		// When it was last back in full standing: its latest cooldown's
@@ -2099,12 +2129,7 @@ func (b *Balancer) cooldown(e *endpoint, nowNs, pickedNs int64, retryAfter time.
 			e.probationUntil.CompareAndSwap(pu, math.MinInt64)
 		}
 	}
-	if exclude(&e.excludedUntil, until) {
-		b.epoch.Add(1)
-		b.emit(e, Event{Kind: EventCooldown, Endpoint: e.id, At: time.Unix(0, nowNs), Until: time.Unix(0, until)})
-	} else if moved {
-		b.epoch.Add(1) // the group's count of members on probation (see standing.settled)
-	}
+	return moved
 }
 
 // maxShedStreak bounds shedStreak: past it, doubling the probation has

@@ -177,7 +177,12 @@ type Options struct {
 	// (ProbationUntil, OverloadStreak). The cooldown itself stays the
 	// server's hint, so a single replica still takes the caller's retry
 	// at its Retry-After, while next to a healthy peer a replica that
-	// refuses every call no longer takes each retry back.
+	// refuses every call no longer takes each retry back. A call the
+	// endpoint dropped unprocessed as its connection closed
+	// (inferlb.Outcome.Drained: a gRPC stream a GOAWAY dropped, as in a
+	// restart) cools it down for DefaultCooldown, but is no refusal: it
+	// neither counts in a row nor ends one. Connection failures are
+	// failures, not overload answers.
 	DefaultCooldown time.Duration
 	// MaxCooldown caps any Retry-After hint, and the probation after a
 	// row of overload answers (see DefaultCooldown). Default 30s, or

@@ -458,3 +458,39 @@ func TestProbationInCalmShardOfPanickingGroup(t *testing.T) {
 	assert.Zero(t, got[shed], "on probation")
 	assert.Equal(t, 100, got[settled], "the shard's settled member")
 }
+
+// A call the endpoint dropped unprocessed as its connection closed
+// (Outcome.Drained: gRPC's stream dropped by a GOAWAY) cools it down as an
+// overload answer without a hint does, but is no refusal. Drained calls
+// in a row, each sent after the last one's cooldown (a replica restarting
+// behind a draining listener gives them so), put it on probation from the
+// second, as refusals do; now they neither start a row nor end one.
+func TestDrainedCallIsNoRefusal(t *testing.T) {
+	drained := inferlb.Outcome{Overloaded: true, Drained: true}
+	overloaded := inferlb.Outcome{Overloaded: true, RetryAfter: time.Second}
+	clock := testutil.NewClock()
+	b := newBalancer(t, 2, balancer.Options{Clock: clock, Rand: testutil.NewRand(5)})
+	id := endpoints(2)[0].Addr
+	for range 3 {
+		pickSerial(t, b, id).Done(drained)
+		s := stat(t, b, id)
+		assert.WithinDuration(t, clock.Now().Add(balancer.DefaultCooldown), s.ExcludedUntil, 0, "cooled down")
+		assert.Zero(t, s.OverloadStreak)
+		assert.True(t, s.ProbationUntil.IsZero(), "on probation until %v", s.ProbationUntil)
+		clock.Advance(balancer.DefaultCooldown)
+	}
+	assert.EqualValues(t, 3, stat(t, b, id).Overloads)
+	assert.Greater(t, spread(t, b, &inferlb.Request{}, 100)[id], 30, "back in full")
+
+	// Between two refusals, a drained call leaves the row as it was: the
+	// second refusal puts it on probation.
+	pickSerial(t, b, id).Done(overloaded)
+	clock.Advance(time.Second)
+	pickSerial(t, b, id).Done(drained)
+	assert.Equal(t, 1, stat(t, b, id).OverloadStreak, "not ended")
+	clock.Advance(time.Second)
+	pickSerial(t, b, id).Done(overloaded)
+	s := stat(t, b, id)
+	assert.Equal(t, 2, s.OverloadStreak)
+	assert.WithinDuration(t, clock.Now().Add(3*time.Second), s.ProbationUntil, 0)
+}
