@@ -210,7 +210,10 @@
 // hint, not a failure: the endpoint cools down for the Balancer's
 // DefaultCooldown (1s unless set), so gRPC's transparent retry of the call
 // goes elsewhere, and connection rotations do not add to its error rate or
-// trip its breaker.
+// trip its breaker. A GOAWAY's stream is no refusal, though
+// (inferlb.Outcome.Drained): it never puts the endpoint on the probation
+// that follows overload answers in a row, so a replica restarted behind a
+// draining listener takes its share of calls once it is back.
 // With StreamTiming, a DEADLINE_EXCEEDED that ends a stream after its first
 // token counts as neither too: a long generation outlasting the caller's
 // time budget says nothing about the endpoint, and counted as failures such

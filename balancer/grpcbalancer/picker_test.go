@@ -1206,3 +1206,27 @@ func TestOutcomeClientErrors(t *testing.T) {
 	assert.False(t, o.ClientError, "a refusal as too long")
 	assert.True(t, outcomeOf(tooLong, false).ClientError, "a refusal as too long not believed is what its code makes it")
 }
+
+// Of the overload answers, a stream a GOAWAY dropped and an attempt that
+// ended with nothing back are no refusal (inferlb.Outcome.Drained): the
+// connection closed, which says nothing of the endpoint's load, and they
+// must not put it on probation. A refused stream, and every answer that
+// says the server is busy, is one.
+func TestOutcomeDrained(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		di      balancer.DoneInfo
+		drained bool
+	}{
+		{"dropped by GOAWAY", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "the connection is draining"), BytesSent: true}, true},
+		{"ended with no answer", balancer.DoneInfo{BytesSent: true}, true},
+		{"refused stream", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "stream terminated by RST_STREAM with error code: REFUSED_STREAM"), BytesSent: true}, false},
+		{"exhausted", balancer.DoneInfo{Err: status.Error(codes.ResourceExhausted, "x"), BytesSent: true}, false},
+		{"HTTP 429 from a proxy", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "unexpected HTTP status code received from server: 429 (Too Many Requests)"), BytesSent: true, BytesReceived: true}, false},
+		{"Triton's queue full", balancer.DoneInfo{Err: status.Error(codes.Unavailable, "Exceeds maximum queue size"), BytesSent: true, BytesReceived: true}, false},
+	} {
+		o := outcome(tc.di)
+		assert.True(t, o.Overloaded, tc.name)
+		assert.Equal(t, tc.drained, o.Drained, tc.name)
+	}
+}
