@@ -638,15 +638,20 @@ func (e *endpoint) observe(c *config, nowNs int64, svc inferlb.Service, latency,
 	// its next embedding, as if it took as long.
 	if counted && !failed && latency > 0 {
 		lat := &e.lat[svcIndex(svc)]
-		at := lat.at.Load()
-		w := decay.Weight(float64(nowNs-at) / float64(c.latencyDecay))
-		update(&lat.ewma, func(cur int64) int64 {
-			if cur == 0 || int64(latency) > cur {
-				return int64(latency) // peak: jump up at once
-			}
-			return int64(float64(cur)*w + float64(latency)*(1-w))
-		})
-		lat.at.Store(nowNs)
+		if latencyScored(svc) && lat.ewma.Load() == 0 {
+			latency = lat.firstTwo(latency, nowNs) // 0: held aside
+		}
+		if latency > 0 {
+			at := lat.at.Load()
+			w := decay.Weight(float64(nowNs-at) / float64(c.latencyDecay))
+			update(&lat.ewma, func(cur int64) int64 {
+				if cur == 0 || int64(latency) > cur {
+					return int64(latency) // peak: jump up at once
+				}
+				return int64(float64(cur)*w + float64(latency)*(1-w))
+			})
+			lat.at.Store(nowNs)
+		}
 	}
 	if counted && !failed && ttft > 0 && outTokens >= minTPOTTokens && latency > ttft {
 		// Time per output token after the first: the endpoint's decode
@@ -689,7 +694,9 @@ func waitBounds(svc inferlb.Service) bool {
 // Latency) moves the sample's time forward until the decayed value is the
 // wait, the EWMA itself unchanged. Without a latency yet it does nothing:
 // the scorer prices such an endpoint at its prior, which a shorter wait
-// would lower, and the prior is the scorer's setting, unknown here.
+// would lower, and the prior is the scorer's setting, unknown here. With
+// the first answer's latency held aside (firstTwo), a wait longer than
+// it starts the EWMA, as a second answer that long would.
 // Without it a hung endpoint whose callers give up
 // on its calls kept the latency of its last answer while every call out
 // was abandoned, and drew calls at that price (see
@@ -704,7 +711,14 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 		cur, at := lat.ewma.Load(), lat.at.Load()
 		switch {
 		case cur <= 0:
-			return
+			if first := lat.first.Load(); first == 0 || int64(wait) <= first {
+				return // none yet, or the wait is within the first answer's
+			}
+			if lat.ewma.CompareAndSwap(0, int64(wait)) {
+				lat.at.Store(nowNs)
+				return
+			}
+			continue
 		case int64(wait) > cur:
 			if lat.ewma.CompareAndSwap(cur, int64(wait)) {
 				lat.at.Store(nowNs)
@@ -902,6 +916,37 @@ func (e *endpoint) unanswering() bool {
 type latencyMark struct {
 	ewma atomic.Int64 // ns
 	at   atomic.Int64 // unix ns of the last sample
+	// first is the first sample of a latency-scored service, held aside
+	// until the second (see firstTwo); ewma is 0 until then.
+	first atomic.Int64 // ns
+}
+
+// latencyScored reports whether calls of svc are priced by their latency
+// (scoring.Latency, the default for embeddings and rerankers), where one
+// sample decides which endpoint the next calls go to.
+func latencyScored(svc inferlb.Service) bool {
+	return svc == inferlb.ServiceEmbedding || svc == inferlb.ServiceRerank
+}
+
+// firstTwo takes a sample of a latency-scored service with no EWMA yet:
+// it holds the first aside and returns 0 (none to fold in), and returns
+// the smaller of the first two for the second, which starts the EWMA; the
+// endpoint is priced as unexplored until then (scoring.Latency probes it
+// when idle). The first call to an endpoint over HTTP pays for the
+// connection (TCP, TLS), which the calls after it do not. As the EWMA's
+// first peak, one slow handshake priced an endpoint at that latency, and
+// as sequential calls never put one in flight elsewhere, it lost every
+// comparison until its EWMA had decayed below its peers': 58 ms of
+// handshake before a 2 ms embedding kept an endpoint of three out of
+// rotation for 32 s, whatever the rate
+// (TestSlowFirstSampleDoesNotShunEndpoint). A slow endpoint pays one more
+// slow call for it; its peaks count in full from the second on.
+func (m *latencyMark) firstTwo(latency time.Duration, nowNs int64) time.Duration {
+	if m.first.CompareAndSwap(0, int64(latency)) {
+		m.at.Store(nowNs)
+		return 0
+	}
+	return min(latency, time.Duration(m.first.Load()))
 }
 
 // svcIndex is svc's entry in per-service tables: ServiceUnknown's for a

@@ -41,7 +41,10 @@ type EndpointStats struct {
 	// of the latest such call:
 	// each service keeps its own (ServiceLatency), as the scorers read
 	// them, so on an endpoint that serves chats and embeddings alike an
-	// embedding is not priced by a chat's seconds.
+	// embedding is not priced by a chat's seconds. After an endpoint's
+	// first embedding or rerank answer it is that answer's latency, which
+	// the scorer does not see: the second answer's starts the peak-EWMA
+	// if it is the shorter (the first may include the connection's setup).
 	Latency time.Duration
 	// ServiceLatency is Latency per Service (indexed by it); 0 for a
 	// service the endpoint has not answered.
@@ -142,6 +145,9 @@ func (b *Balancer) Stats() []EndpointStats {
 		latency := time.Duration(0)
 		for svc := range e.lat {
 			lat[svc] = time.Duration(e.lat[svc].ewma.Load())
+			if lat[svc] == 0 {
+				lat[svc] = time.Duration(e.lat[svc].first.Load()) // held aside: see firstTwo
+			}
 			if at := e.lat[svc].at.Load(); lat[svc] > 0 && (latency == 0 || at > latest) {
 				latest, latency = at, lat[svc]
 			}

@@ -77,9 +77,11 @@ func runRerankEnding(t *testing.T, every time.Duration, seconds int, from time.D
 // while its calls were out it decayed to the scorer's 50 ms prior, its floor
 // with calls in flight. The stuck endpoint then cost a quarter of a
 // healthy one per call in flight and drew calls until it held several
-// times as many as each of them: 13 calls in its first 10 s (4 now), each
-// to hang until the caller gave up. Two calls out with none finished for longer
-// than its latency now price it at least at that wait.
+// times as many as each of them: 13 calls in its first 10 s (4 or 5 now,
+// with the run's seed; 5 with seed 1 since an endpoint's first answer is
+// held aside, which shifts the run's order of picks), each to hang until
+// the caller gave up. Two calls out with none finished for longer than
+// its latency now price it at least at that wait.
 func TestStuckEndpointStopsDrawingCalls(t *testing.T) {
 	const stuckAt = 20 * time.Second
 	drew := runRerank(t, 20*time.Millisecond, 30, stuckAt, func(addr string, elapsed time.Duration) time.Duration {
@@ -88,7 +90,7 @@ func TestStuckEndpointStopsDrawingCalls(t *testing.T) {
 		}
 		return 200 * time.Millisecond
 	})
-	assert.LessOrEqual(t, drew["a:80"], 4, "calls the stuck endpoint drew in 10 s, of %v", drew)
+	assert.LessOrEqual(t, drew["a:80"], 5, "calls the stuck endpoint drew in 10 s, of %v", drew)
 }
 
 // A stuck endpoint whose callers give up on their calls after a second
@@ -99,7 +101,8 @@ func TestStuckEndpointStopsDrawingCalls(t *testing.T) {
 // the next started a busy period afresh, at the latency of its last answer
 // (200 ms). Its abandoned calls had nothing back (Outcome.Unanswered), so
 // each now says it takes at least the second its caller waited, and it
-// draws 13 (4 when nobody cancels, its wait then growing unbounded).
+// draws 13 or 14 with the run's seed (4 or 5 when nobody cancels, its
+// wait then growing unbounded).
 func TestStuckEndpointStopsDrawingCallsItsCallersCancel(t *testing.T) {
 	const stuckAt = 20 * time.Second
 	drew := runRerankEnding(t, 20*time.Millisecond, 30, stuckAt, func(addr string, elapsed time.Duration) (time.Duration, inferlb.Outcome) {
@@ -108,7 +111,7 @@ func TestStuckEndpointStopsDrawingCallsItsCallersCancel(t *testing.T) {
 		}
 		return 200 * time.Millisecond, inferlb.Outcome{}
 	})
-	assert.LessOrEqual(t, drew["a:80"], 13, "calls the stuck endpoint drew in 10 s, of %v", drew)
+	assert.LessOrEqual(t, drew["a:80"], 14, "calls the stuck endpoint drew in 10 s, of %v", drew)
 }
 
 // One slow call on an endpoint that serves others meanwhile (a pathological

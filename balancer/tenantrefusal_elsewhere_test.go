@@ -81,7 +81,9 @@ func badEverywhere(pct int, seed uint64) func(string, int) bool {
 // refused, while the 20 that went elsewhere were all served. Weighed
 // against A's answers elsewhere during the run (refusalUnlikely), r0 is
 // passed over once the run is 39 long and 5 of A's calls were served
-// elsewhere: 39 of A's 200 (over seeds 1 to 40: 21 to 89, 49 the median,
+// elsewhere: 86 of A's 200 with this seed (39 before an endpoint's first
+// embedding answer was held aside, which reorders the run's picks; over
+// seeds 1 to 40: 21 to 97, 48 the median, against 21 to 89 and 49,
 // TestTenantRefusalSweepPricedOut; 52, and 21 to 120, with the run
 // counted only to 31, when a full run needed 6 served elsewhere; 175 to
 // 191 before the weighing; 12 to 45 with a share put at (m+1)/(m+k+1),
@@ -93,7 +95,7 @@ func TestTenantRefusalWeighsItsCallsElsewhere(t *testing.T) {
 	for _, tc := range []struct {
 		r1Lat time.Duration
 		most  int
-	}{{6 * time.Second, 45}, {time.Millisecond, 10}} {
+	}{{6 * time.Second, 100}, {time.Millisecond, 10}} {
 		drew, lost, marks := pricedOutRun(t, 7, tc.r1Lat, func(addr string, _ int) bool { return addr == "r0" })
 		t.Logf("r1 answering in %v: A's calls %v, %d refused, %d pass-overs of r0 begun", tc.r1Lat, drew, lost, marks)
 		assert.LessOrEqual(t, drew["r0"], tc.most, "A's calls on r0, r1 answering in %v", tc.r1Lat)

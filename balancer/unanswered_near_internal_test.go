@@ -23,11 +23,35 @@ func TestUnansweredWaitJustPastTheEWMABecomesIt(t *testing.T) {
 	const svc = inferlb.ServiceEmbedding
 
 	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{})
+	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{}) // the EWMA starts at the second (firstTwo)
 	_, ewma := seenLatency(t, b, svc)
 	require.Equal(t, 200*time.Millisecond, ewma)
 
 	call(t, b, clock, svc, 300*time.Millisecond, inferlb.Outcome{Err: context.Canceled, Unanswered: true})
 	seen, ewma := seenLatency(t, b, svc)
 	assert.Equal(t, 300*time.Millisecond, ewma, "a wait of 1.5x the EWMA becomes it")
+	assert.Equal(t, 300*time.Millisecond, seen)
+}
+
+// With the first answer's latency held aside (firstTwo), the scorer sees no
+// EWMA yet; an unanswered wait within that answer says nothing, and one
+// longer starts the EWMA, as a second answer that long would.
+func TestUnansweredWaitAfterFirstAnswer(t *testing.T) {
+	clock := testutil.NewClock()
+	b := New(Options{Clock: clock, Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	require.NoError(t, b.Update([]inferlb.Endpoint{{Addr: "a:80"}}))
+	const svc = inferlb.ServiceRerank
+	abandoned := inferlb.Outcome{Err: context.Canceled, Unanswered: true}
+
+	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{})
+	_, ewma := seenLatency(t, b, svc)
+	require.Zero(t, ewma, "the first answer is held aside")
+	call(t, b, clock, svc, 150*time.Millisecond, abandoned)
+	_, ewma = seenLatency(t, b, svc)
+	assert.Zero(t, ewma, "a wait within the first answer's latency")
+	call(t, b, clock, svc, 300*time.Millisecond, abandoned)
+	seen, ewma := seenLatency(t, b, svc)
+	assert.Equal(t, 300*time.Millisecond, ewma, "a wait longer than the first answer starts the EWMA")
 	assert.Equal(t, 300*time.Millisecond, seen)
 }

@@ -69,12 +69,12 @@ func Example_wrap() {
 			panic(err)
 		}
 		local := 0
-		for i := range 4 + 100 { // the first calls measure each endpoint
+		for i := range 8 + 100 { // the first two calls to each endpoint measure it
 			p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding})
 			if err != nil {
 				panic(err)
 			}
-			if i >= 4 && p.Endpoint().Labels["zone"] == "us-east-1a" {
+			if i >= 8 && p.Endpoint().Labels["zone"] == "us-east-1a" {
 				local++
 			}
 			p.Done(inferlb.Outcome{Latency: 20 * time.Millisecond})

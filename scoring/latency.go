@@ -28,6 +28,10 @@ type Latency struct {
 	// EWMA decayed while idle, an endpoint is probed the same way; once
 	// calls are out to it, or while it has a recent error rate, it is
 	// priced at least at its last EWMA, or at the prior if that is less.
+	// The balancer counts an endpoint with one answer as without
+	// history (see State.LatencyEWMA), so a slow first call, which paid
+	// for a new connection, does not keep it out of rotation until its
+	// EWMA has decayed below its peers'.
 	Prior time.Duration
 	// ErrorPenalty scales the odds of failure into a multiplier, as in LLM. Default 10.
 	ErrorPenalty float64

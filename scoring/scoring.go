@@ -80,7 +80,11 @@ type State struct {
 	InFlightTokens int64
 	// LatencyEWMA is the peak-EWMA of the latency of the endpoint's
 	// successful calls of the scored request's service, as of LastLatency;
-	// 0 means no history. For embeddings and rerankers, a call its caller
+	// 0 means no history. For embeddings and rerankers the balancer
+	// holds an endpoint's first answer aside and starts the EWMA at the
+	// smaller of its first two (the first call over a new connection
+	// pays for the handshake), so it is 0 until the second answer, or
+	// until a wait longer than the first (below). For them, a call its caller
 	// gave up on with nothing back (inferlb.Outcome.Unanswered) raises it,
 	// or moves LastLatency on, so that Latency is at least its wait. Each service keeps its own, so an embedding on an
 	// endpoint that also serves chats is not priced by a chat's seconds.
