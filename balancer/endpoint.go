@@ -638,17 +638,18 @@ func (e *endpoint) observe(c *config, nowNs int64, svc inferlb.Service, latency,
 	// its next embedding, as if it took as long.
 	if counted && !failed && latency > 0 {
 		lat := &e.lat[svcIndex(svc)]
+		sample := latency
 		if latencyScored(svc) && lat.ewma.Load() == 0 {
-			latency = lat.firstTwo(latency, nowNs) // 0: held aside
+			sample = lat.firstTwo(latency, nowNs) // 0: held aside
 		}
-		if latency > 0 {
+		if sample > 0 {
 			at := lat.at.Load()
 			w := decay.Weight(float64(nowNs-at) / float64(c.latencyDecay))
 			update(&lat.ewma, func(cur int64) int64 {
-				if cur == 0 || int64(latency) > cur {
-					return int64(latency) // peak: jump up at once
+				if cur == 0 || int64(sample) > cur {
+					return int64(sample) // peak: jump up at once
 				}
-				return int64(float64(cur)*w + float64(latency)*(1-w))
+				return int64(float64(cur)*w + float64(sample)*(1-w))
 			})
 			lat.at.Store(nowNs)
 		}
