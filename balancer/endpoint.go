@@ -89,6 +89,11 @@ type endpoint struct {
 	// answer, as a generation's success is (see answeredSince). Written
 	// on such a call's Done only, read on the Done of one abandoned.
 	firstTokenAt atomic.Int64
+	// latFirst is, per Service, the first latency sample of a
+	// latency-scored service, held aside until the second (see firstTwo);
+	// lat's EWMA is 0 until then. Cold: read only while that is 0, and
+	// never for a generation call.
+	latFirst [inferlb.NumServices]atomic.Int64 // ns
 
 	// The server's load reading (telemetry Running, else Waiting) as last
 	// seen by a pick: when it was observed (unix ns), and this process's
@@ -640,7 +645,7 @@ func (e *endpoint) observe(c *config, nowNs int64, svc inferlb.Service, latency,
 		lat := &e.lat[svcIndex(svc)]
 		sample := latency
 		if latencyScored(svc) && lat.ewma.Load() == 0 {
-			sample = lat.firstTwo(latency, nowNs) // 0: held aside
+			sample = e.firstTwo(svc, latency, nowNs) // 0: held aside
 		}
 		if sample > 0 {
 			at := lat.at.Load()
@@ -712,7 +717,7 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 		cur, at := lat.ewma.Load(), lat.at.Load()
 		switch {
 		case cur <= 0:
-			if first := lat.first.Load(); first == 0 || int64(wait) <= first {
+			if first := e.latFirst[svcIndex(svc)].Load(); first == 0 || int64(wait) <= first {
 				return // none yet, or the wait is within the first answer's
 			}
 			if lat.ewma.CompareAndSwap(0, int64(wait)) {
@@ -917,9 +922,6 @@ func (e *endpoint) unanswering() bool {
 type latencyMark struct {
 	ewma atomic.Int64 // ns
 	at   atomic.Int64 // unix ns of the last sample
-	// first is the first sample of a latency-scored service, held aside
-	// until the second (see firstTwo); ewma is 0 until then.
-	first atomic.Int64 // ns
 }
 
 // latencyScored reports whether calls of svc are priced by their latency
@@ -942,12 +944,13 @@ func latencyScored(svc inferlb.Service) bool {
 // rotation for 32 s, whatever the rate
 // (TestSlowFirstSampleDoesNotShunEndpoint). A slow endpoint pays one more
 // slow call for it; its peaks count in full from the second on.
-func (m *latencyMark) firstTwo(latency time.Duration, nowNs int64) time.Duration {
-	if m.first.CompareAndSwap(0, int64(latency)) {
-		m.at.Store(nowNs)
+func (e *endpoint) firstTwo(svc inferlb.Service, latency time.Duration, nowNs int64) time.Duration {
+	first := &e.latFirst[svcIndex(svc)]
+	if first.CompareAndSwap(0, int64(latency)) {
+		e.lat[svcIndex(svc)].at.Store(nowNs)
 		return 0
 	}
-	return min(latency, time.Duration(m.first.Load()))
+	return min(latency, time.Duration(first.Load()))
 }
 
 // svcIndex is svc's entry in per-service tables: ServiceUnknown's for a
