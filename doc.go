@@ -237,7 +237,8 @@
 //
 //   - An embedding or rerank call cancelled before the endpoint sent
 //     anything back (Outcome.Unanswered: over HTTP before the response
-//     headers or a stream's first token; over gRPC with nothing received
+//     headers, a stream's first token, or the first byte of an answer
+//     whose headers announced no length; over gRPC with nothing received
 //     or, through StreamTiming, in a RecvMsg that waited for a stream's
 //     first message, or through UnaryOutcome or UnaryRetry, before a unary
 //     generation call's message arrived) raises that service's latency to

@@ -185,7 +185,9 @@ type Outcome struct {
 	// the response headers arrived, or for a stream (server-sent events),
 	// in a Read that waited for its first token (a server sends a
 	// stream's headers at once, before any token, also when its engine
-	// hangs); over gRPC with nothing received
+	// hangs), or for another answer whose headers announced no length (a
+	// gateway or server that flushes them before the answer exists), in
+	// a Read before its first byte; over gRPC with nothing received
 	// (balancer.DoneInfo.BytesReceived false), or for a stream timed by
 	// grpcbalancer.StreamTiming, in a RecvMsg that waited for its first
 	// message (its headers came at once), or for a unary generation call

@@ -185,16 +185,22 @@
 // the request's, and no code a failure; a canceled context (or a closed
 // Request.Cancel, which http.Client sets with a Timeout, closed before the
 // context's deadline: at it, Client.Timeout is the deadline's) is neither
-// (before the response headers, or in a Read that waited for a stream's
-// first token, it is reported Unanswered: the balancer reads an
+// (before the response headers, in a Read that waited for a stream's
+// first token, or in a Read before the first byte of another answer whose
+// headers announced no length, it is reported Unanswered: the balancer reads an
 // embedding's or rerank's wait as a lower bound on the endpoint's
 // latency, and a generation's, as long as its answers take, towards a
 // run that prices a hung replica up; vLLM sends a stream's headers before
-// its first token, also when its engine hangs; a reader that comes back
+// its first token, also when its engine hangs, and a gateway or server
+// that flushes a JSON answer's headers at once sends them before the
+// answer exists, without its length; a reader that comes back
 // to a stream only to give up may have left a token waiting, and is not;
 // the ends this transport reports as canceled to blame no one, such as
 // the caller's own body failing, are not), and so is a deadline that ends a stream after its first token, or another
-// answer's body after its headers (ErrDeadlineMidStream); a Close before EOF is a success (a JSON decoder stops at the
+// answer's body after its headers (ErrDeadlineMidStream), but for a body
+// whose headers announced no length and that a Read gave up on before its
+// first byte: that deadline is the endpoint's failure, as before the
+// headers; a Close before EOF is a success (a JSON decoder stops at the
 // closing brace), also when it makes a Read blocked in another goroutine
 // fail. A call that fails on an endpoint, before any response (RoundTrip's
 // error, from the last endpoint tried) or in its body (Read's: a reset, a

@@ -24,7 +24,9 @@ import (
 // ErrDeadlineMidStream is the Outcome.Err of a stream that the caller's
 // deadline ended after its first token, and of any other answer (a JSON
 // body: an embedding, a rerank, a chat not streamed) that it ended after
-// the headers, while the caller read the body: the endpoint was
+// the headers, while the caller read the body, unless a Read gave up
+// before the first byte of a body whose length the headers did not
+// announce (see noByte): the endpoint was
 // generating or had answered, and a long answer outlasting the caller's
 // time budget, or a large body read slowly, says nothing about its
 // health, so it counts as neither success nor failure (it wraps
@@ -33,8 +35,9 @@ import (
 // generations under a tight deadline would trip the breakers of healthy
 // endpoints, moving their load to the others, where it times out too. A
 // deadline that passes before the first token (before the headers, for
-// an answer that is no stream) is a failure, as before: an endpoint that
-// hangs or queues without answering is what the breaker is for.
+// an answer that is no stream, or in a Read before the first byte of one
+// whose headers announced no length) is a failure, as before: an endpoint
+// that hangs or queues without answering is what the breaker is for.
 var ErrDeadlineMidStream error = deadlineMidStream{}
 
 type deadlineMidStream struct{}
@@ -130,7 +133,8 @@ type call struct {
 
 	rc io.ReadCloser // the response body
 	// left is what the body has still to deliver of the length its header
-	// announced (-1 when it announced none, or 0): see Read.
+	// announced (leftUnknown when it announced none, or 0, and leftBegun
+	// once such a body delivered a byte): see Read and noByte.
 	left int64
 	// What the status line and headers said: the Outcome's Err (endFailed:
 	// a StatusError of status), Overloaded and RetryAfter.
@@ -454,7 +458,7 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 		c.watchShed() // its body may say the server shed the call
 	}
 	c.rc = resp.Body
-	c.left = -1
+	c.left = leftUnknown
 	if resp.ContentLength > 0 {
 		// 0 is left unknown: a Response made by hand (a mock, a
 		// middleware) often has a body and a ContentLength never set
@@ -529,7 +533,8 @@ func knownEmpty(resp *http.Response) bool {
 // slow. Linkerd's peak-EWMA balancer measures to the headers too. The
 // call stays in flight until the body ends, and Result reports the whole
 // call. Streams, and generation calls (whose price ignores latency), are
-// left as they were.
+// left as they were. An answer given up on before its first byte (see
+// noByte) is priced at its wait, as one given up on before its headers.
 func headersLatency(s inferlb.Service) bool {
 	return s == inferlb.ServiceEmbedding || s == inferlb.ServiceRerank
 }
@@ -641,6 +646,28 @@ func delaySeconds(s string) (d time.Duration, valid bool) {
 	return min(d, maxHint), true
 }
 
+// call.left of a body whose length its headers did not announce: before
+// and after its first byte.
+//
+// noByte: an answer that is no stream (a JSON body) whose caller's context
+// ended a Read before the body's first byte had nothing of the answer,
+// when the headers announced no length: a gateway, or a server, that
+// flushes the headers at once, before the answer exists, sends them also
+// when the engine behind it hangs, and they say no more than a stream's
+// headers do before its first token. It is read as a stream given up on
+// before its first token is (endAwaited): a cancel is Unanswered, a
+// deadline the endpoint's failure, not ErrDeadlineMidStream. A body whose
+// headers announced its length had its answer when they came (a server
+// knows the length once it has the answer), and keeps reading as begun.
+// Only the bodies of unknown length pay for it, a store at their first
+// byte; a Read that returned any byte before tells net/http's buffered
+// bytes from none, since it hands over what it buffered before the
+// context's error.
+const (
+	leftUnknown = -1
+	leftBegun   = -2
+)
+
 // Bits of call.ends. One word for both keeps call in its size class.
 const (
 	endClosing     = 1 << iota // Close has begun
@@ -649,7 +676,7 @@ const (
 	endFailed                  // the status is the endpoint's failure (StatusError)
 	endNotServed               // the endpoint does not serve the call's model (see notServed)
 	endClientError             // the status says the call was bad or not allowed (see clientError)
-	endAwaited                 // the caller gave up in a Read that waited for a stream's first token (see awaitedFirst)
+	endAwaited                 // the caller gave up in a Read that waited for a stream's first token (see awaitedFirst), or before an answer's first byte (see noByte)
 )
 
 // clientError reports whether an HTTP status says the call was bad or not
@@ -706,16 +733,20 @@ func (c *call) Read(p []byte) (int, error) {
 		s.read(p[:n], c.stamps(), entered)
 	}
 	returned = true
-	if c.left >= 0 && err == nil {
+	if c.left >= 0 {
 		// The body has delivered all it announced: the call is over, as
 		// at EOF. net/http hands over io.EOF with an HTTP/1.1 body's last
 		// bytes, but over HTTP/2 the EOF waits for one more Read, which a
 		// JSON decoder (it stops at the closing brace) never makes: the
 		// call would stay in flight on its endpoint until the caller's
 		// Close, after its own work on the answer.
-		if c.left -= int64(n); c.left <= 0 {
-			c.finish(nil)
+		if err == nil {
+			if c.left -= int64(n); c.left <= 0 {
+				c.finish(nil)
+			}
 		}
+	} else if n > 0 {
+		c.left = leftBegun // see noByte
 	}
 	if err != nil {
 		switch {
@@ -735,8 +766,12 @@ func (c *call) Read(p []byte) (int, error) {
 			// cause, when the caller gave one: WithCancelCause): no
 			// endpoint broke, and callers compare it with ==
 			// (httputil.ReverseProxy tells a client gone by it).
-			if s != nil && s.awaitedFirst(c.start, entered, c.stamps()) {
-				c.ends.Or(endAwaited)
+			if s != nil && s.counting {
+				if s.awaitedFirst(c.start, entered, c.stamps()) {
+					c.ends.Or(endAwaited)
+				}
+			} else if c.left == leftUnknown {
+				c.ends.Or(endAwaited) // no byte of an answer that is no stream (see noByte)
 			}
 			c.finish(err)
 		default:
@@ -1583,12 +1618,16 @@ func (c *call) finish(err error) {
 		if ce != nil {
 			o.Err = ce
 			// A body is read after its headers: an answer that is no
-			// stream had begun; a stream, at its first token.
-			if errors.Is(ce, context.DeadlineExceeded) && (c.sse == nil || c.sse.events.Load() > 0) {
+			// stream had begun, unless its caller gave up before its
+			// first byte of a length not announced (noByte); a stream,
+			// at its first token.
+			if errors.Is(ce, context.DeadlineExceeded) && c.begun() {
 				o.Err = ErrDeadlineMidStream
 			}
 			// A stream its reader gave up on while waiting for its first
-			// token had nothing of its answer, whatever its headers said.
+			// token, and an answer given up on before its first byte
+			// (noByte), had nothing of the answer, whatever the headers
+			// said.
 			o.Unanswered = c.ends.Load()&endAwaited != 0 && (ce == context.Canceled || ce == errLegacyCanceled)
 		}
 	}
@@ -1658,7 +1697,9 @@ func (c *call) finish(err error) {
 			}
 		}
 	}
-	if headers > 0 {
+	if headers > 0 && (o.Err == nil || c.ends.Load()&endAwaited == 0) {
+		// Not for an answer given up on before its first byte (noByte):
+		// its wait, pick to end, is what the balancer reads.
 		scored.Latency = headers
 	}
 	c.pick.Done(scored)
@@ -1678,6 +1719,16 @@ func (c *call) finish(err error) {
 			Resent:            c.ends.Load()&endResent != 0,
 		})
 	}
+}
+
+// begun reports whether the answer had begun when the caller's deadline
+// ended the call: a stream's first token came, or the body of another
+// answer was not given up on before its first byte (see noByte).
+func (c *call) begun() bool {
+	if s := c.sse; s != nil && s.counting {
+		return s.events.Load() > 0
+	}
+	return c.ends.Load()&endAwaited == 0
 }
 
 // isResponses reports whether path is the Responses API's create call

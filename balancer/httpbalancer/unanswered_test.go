@@ -76,15 +76,16 @@ func TestCancelBeforeHeadersIsUnanswered(t *testing.T) {
 // Request.Cancel is closed.
 var errNetHTTPCanceled = errors.New("net/http: request canceled")
 
-// A cancel after the response headers of a JSON answer, or after a
-// stream's first token (a user stopping an answer it was reading), is not
+// A cancel after the first byte of a JSON answer, or after a stream's
+// first token (a user stopping an answer it was reading), is not
 // Unanswered: the endpoint answered. (A stream cancelled before its first
-// token: TestStreamCancelledBeforeItsFirstTokenIsUnanswered.)
+// token: TestStreamCancelledBeforeItsFirstTokenIsUnanswered; a JSON answer
+// before its first byte: TestAnswerGivenUpBeforeItsFirstByte.)
 func TestCancelMidBodyIsAnswered(t *testing.T) {
 	for _, ct := range []string{"application/json", "text/event-stream"} {
 		tr, res := unansweredTransport(t, 0, func(r *http.Request) (*http.Response, error) {
 			h := http.Header{"Content-Type": {ct}}
-			body := &silentBody{ctx: r.Context()}
+			body := &silentBody{ctx: r.Context(), first: `{"id":"chatcmpl-1",`}
 			if ct == "text/event-stream" {
 				body.first = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"
 			}
@@ -95,10 +96,8 @@ func TestCancelMidBodyIsAnswered(t *testing.T) {
 		require.NoError(t, err)
 		resp, err := tr.RoundTrip(req)
 		require.NoError(t, err)
-		if ct == "text/event-stream" {
-			_, err = resp.Body.Read(make([]byte, 256)) // the first token
-			require.NoError(t, err)
-		}
+		_, err = resp.Body.Read(make([]byte, 256)) // the first token, the JSON's first bytes
+		require.NoError(t, err)
 		cancel()
 		_, err = io.ReadAll(resp.Body)
 		require.ErrorIs(t, err, context.Canceled)
