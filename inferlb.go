@@ -194,7 +194,9 @@ type Outcome struct {
 	// through grpcbalancer.UnaryOutcome or UnaryRetry, before its message
 	// arrived (a server may send its headers first). The adapters set it only
 	// when the caller's own context (or an http.Request's Cancel channel)
-	// ended the call, never for the ends they report as canceled to blame
+	// ended the call (over gRPC, the attempt's context, which an
+	// interceptor inside may end, as a per-attempt timeout does: see
+	// grpcbalancer.UnaryOutcome for a hedge's loser), never for the ends they report as canceled to blame
 	// no one (the caller's request body failing, a panic, a call not
 	// sent, the handling of a "model not served" answer), nor for a
 	// cancellation after the answer began (a user stopping a stream it

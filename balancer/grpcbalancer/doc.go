@@ -182,9 +182,14 @@
 // server sent its headers before its answer (grpc.SendHeader) is
 // reported Unanswered through UnaryOutcome or UnaryRetry when no
 // response message had arrived (its reply message is still empty), and
-// is not without them, nor for other services, nor an attempt that an
+// is not without them, nor for other services; an attempt that an
 // interceptor chained inside them cancelled while the call's caller
-// still waited (a hedge's loser: reported as it ends, answered); a
+// still waited counts as the caller's cancel when it was the only
+// attempt picked for the invoke (a per-attempt timeout built on
+// context.WithCancel and a timer: its reply is read as the interceptor
+// returns, or, when the interceptor tries again, it is reported
+// Unanswered as the retry is picked), and is reported as it ends,
+// answered, when another attempt had been picked (a hedge's loser); a
 // CANCEL reset while
 // the caller still waits is not); the codes that map to 4xx
 // (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED,

@@ -252,7 +252,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		}
 		c.core = p.mem.Balancer()
 		if st != nil {
-			st.core.Store(c.core)
+			if st.core.Swap(c.core) != nil { // Swap costs what Store did
+				st.another() // not the invoke's only attempt (see another)
+			}
 			c.retry = st
 			if windowRetry {
 				st.windowRetry.Store(false) // spent

@@ -70,6 +70,10 @@ type retryState struct {
 	// parked holds the report of an attempt whose reading needs the
 	// reply, until the interceptor's invoker returns (see park).
 	parked heldReport
+	// siblings: the invoke picked for more than one attempt (see
+	// another), so an attempt that an interceptor inside ours cancelled
+	// may be a hedge's loser, and is not parked.
+	siblings atomic.Bool
 }
 
 // unanswered reports whether a unary call whose server sent its headers
@@ -122,28 +126,62 @@ func (st *retryState) unanswered() bool {
 // endpoint, its request and tokens counted, until then: the core has no
 // way to release its load before its outcome.
 //
-// It parks only when the call's caller cancelled the call (its context,
+// It parks when the call's caller cancelled the call (its context,
 // st.ctx, is cancelled: a cancel of the caller's reaches the attempt's
-// context through it, so it is cancelled first), and reports false
-// otherwise: an attempt that an interceptor inside ours cancelled while
-// the caller still waits (a hedge's loser, cancelled as the hedge
-// commits to another attempt whose answer may take minutes) is no wait
-// the caller gave up on. Such an attempt is reported at once, as answered
-// (cancelled), as grpc-go ended it: parked, it held its endpoint's load
-// for the rest of the call, and, when the call then came back empty (the
-// attempt the hedge kept hung, and the caller gave up on it), it took the
-// reading of Unanswered that belonged to the attempt the caller gave up
-// on (TestInnerHedgeLoserLeavesNoLoadWhileTheCallGoesOn).
+// context through it, so it is cancelled first), and when an interceptor
+// inside ours cancelled the invoke's only attempt while the caller still
+// waits (a per-attempt timeout built on context.WithCancel and a timer:
+// it returns the attempt's CANCELLED, or tries again, see another).
+// Otherwise it reports false: an attempt that an interceptor inside ours
+// cancelled while another attempt of the invoke had been picked (a
+// hedge's loser, cancelled as the hedge commits to another attempt whose
+// answer may take minutes) is no wait anyone gave up on. Such an attempt
+// is reported at once, as answered (cancelled), as grpc-go ended it:
+// parked, it held its endpoint's load for the rest of the call, and, when
+// the call then came back empty (the attempt the hedge kept hung, and the
+// caller gave up on it), it took the reading of Unanswered that belonged
+// to the attempt the caller gave up on
+// (TestInnerHedgeLoserLeavesNoLoadWhileTheCallGoesOn). Parking only
+// the caller's cancels, an inner per-attempt timeout's cancel of a hung
+// attempt after its headers read as answered, and the hung replica
+// behind it drew its calls on
+// (TestE2EHungUnaryBehindAnInnerPerAttemptCancelIsUnanswered).
 //
 // It also reports false when the invoker has returned (an interceptor
 // inside ours left the attempt running) or another attempt is parked (an
 // inner hedge's, both cancelled by the caller): that one is reported now,
 // as answered.
 func (st *retryState) park(c *call, di balancer.DoneInfo) bool {
-	if st.ctx == nil || st.ctx.Err() != context.Canceled {
+	if st.ctx == nil || st.ctx.Err() != context.Canceled && st.siblings.Load() {
 		return false
 	}
 	return st.parked.hold(c, di)
+}
+
+// another records that the invoke picked for an attempt after another
+// one (the picker found st.core set): a hedge's, an interceptor inside
+// ours trying again, or gRPC's own retry. Only calls with more than one
+// attempt come here. An attempt parked meanwhile was cancelled by an
+// interceptor inside ours alone (a caller's cancel makes no attempt
+// after it), and that interceptor went on to another attempt: it gave
+// the parked one up with nothing back that it could use (a per-attempt
+// timeout, then a retry), and it is reported so now, Unanswered, freeing
+// its endpoint rather than holding it until the invoker returns; its
+// reply is the next attempt's to fill, and tells nothing of it. A
+// server that sent the answer's message and then held its status back
+// would read as none here, as a message that arrives as the caller
+// cancels may (see unanswered).
+func (st *retryState) another() {
+	if !st.siblings.Load() {
+		st.siblings.Store(true)
+	}
+	if st.parked.c.Load() == nil || st.ctx != nil && st.ctx.Err() == context.Canceled {
+		return
+	}
+	if c := st.parked.c.Swap(nil); c != nil {
+		c.noReply = true
+		c.report(c.heldDI)
+	}
 }
 
 // unpark reports the parked attempt, if any, reading the reply for it
@@ -395,6 +433,9 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 		// The last refusal as too long, when the call went on.
 		var refused error
 		for attempt := 1; ; attempt++ {
+			if attempt > 1 {
+				st.siblings.Store(false) // a new invoke (see another)
+			}
 			st.core.Store(nil)
 			st.received.Store(false)
 			st.notServed.Store(false)
@@ -479,14 +520,18 @@ func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoke
 // reused reply that was not empty tells nothing: such calls count as
 // answered, as without the interceptors; a response message that a codec
 // other than proto's decodes to the zero value (encoding/json's "{}")
-// reads as none (see retryState.unanswered). Only the caller's cancel
-// counts: an attempt that an interceptor chained inside them cancels
-// while the call's context lives (a hedge's loser) is reported as it
-// ends, as answered, and frees its endpoint then. An attempt the caller
-// cancelled stays in flight on its endpoint until the interceptors'
-// invoker returns, which reads the reply for it (see retryState.park):
-// with an interceptor inside that does not return once the caller has
-// cancelled, until it does.
+// reads as none (see retryState.unanswered). The caller's cancel counts,
+// and so does the cancel of an interceptor chained inside them while the
+// call's context lives when the attempt it cancels is the only one the
+// invoke picked (a per-attempt timeout built on context.WithCancel and
+// a timer); when the interceptor then tries again, the attempt it gave
+// up is reported Unanswered as the next one is picked. An attempt that
+// such an interceptor cancels after another was picked (a hedge's loser)
+// is reported as it ends, as answered, and frees its endpoint then. An
+// attempt read from the reply stays in flight on its endpoint until the
+// interceptors' invoker returns, which reads the reply for it (see
+// retryState.park): with an interceptor inside that does not return once
+// the caller has cancelled, until it does.
 func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
