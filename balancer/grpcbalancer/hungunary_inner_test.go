@@ -33,18 +33,7 @@ type turning struct {
 	hung   chan struct{}
 }
 
-func (s *turning) register(srv *grpc.Server) {
-	srv.RegisterService(&grpc.ServiceDesc{
-		ServiceName: "grpc.testing.TestService",
-		HandlerType: (*any)(nil),
-		Streams: []grpc.StreamDesc{{
-			StreamName:    "UnaryCall",
-			ServerStreams: true,
-			ClientStreams: true,
-			Handler:       func(_ any, ss grpc.ServerStream) error { return s.handle(ss) },
-		}},
-	}, struct{}{})
-}
+func (s *turning) register(srv *grpc.Server) { registerUnaryAsStream(srv, s.handle) }
 
 func (s *turning) handle(ss grpc.ServerStream) error {
 	if err := ss.RecvMsg(new(testgrpc.SimpleRequest)); err != nil {

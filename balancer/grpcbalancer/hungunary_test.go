@@ -44,7 +44,12 @@ type hungUnary struct {
 	contentType atomic.Value
 }
 
-func (h *hungUnary) register(srv *grpc.Server) {
+func (h *hungUnary) register(srv *grpc.Server) { registerUnaryAsStream(srv, h.handle) }
+
+// registerUnaryAsStream registers handle as grpc.testing.TestService's
+// UnaryCall, a stream handler, so that it can send the headers or the
+// answer's message and hold the call's status back.
+func registerUnaryAsStream(srv *grpc.Server, handle func(grpc.ServerStream) error) {
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "grpc.testing.TestService",
 		HandlerType: (*any)(nil),
@@ -52,7 +57,7 @@ func (h *hungUnary) register(srv *grpc.Server) {
 			StreamName:    "UnaryCall",
 			ServerStreams: true,
 			ClientStreams: true,
-			Handler:       func(_ any, ss grpc.ServerStream) error { return h.handle(ss) },
+			Handler:       func(_ any, ss grpc.ServerStream) error { return handle(ss) },
 		}},
 	}, struct{}{})
 }
