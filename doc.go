@@ -36,7 +36,11 @@
 //     adapters, its own balancer.Membership, which holds that adapter's
 //     endpoint set and readiness over the one shared state per endpoint ID.
 //  3. Pick loads the current immutable snapshot and chooses the group that
-//     serves the model and, for a request that names a tenant when
+//     serves the model (endpoints name their models in inferlb.Endpoint's
+//     labels: given to the HTTP transport with each Addr, to the gRPC
+//     policy by the service config's "endpoints" for the stock DNS and
+//     passthrough resolvers, or by grpcbalancer.WithEndpoint in a resolver
+//     of one's own) and, for a request that names a tenant when
 //     Options.TenantShardSize is set, the tenant's shard of it.
 //  4. A request with an affinity key goes to the key's owner while the
 //     owner is within its bounded load, else to the next endpoints in the
@@ -169,7 +173,10 @@
 //     neither success nor failure (a long answer outlasting the caller's
 //     budget says nothing about the endpoint).
 //   - A gRPC stream the server did not process (refused, or dropped by a
-//     graceful GOAWAY) is an overload answer, not a failure.
+//     graceful GOAWAY) is an overload answer, not a failure. A dropped one
+//     (Outcome.Drained: a restart, a draining sidecar) only cools the
+//     endpoint down: it is no refusal, so it never starts the probation a
+//     row of refusals does. Connection failures are failures.
 //
 // # Answers that are neither success nor failure
 //
