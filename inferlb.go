@@ -238,6 +238,19 @@ type Outcome struct {
 	// is for a replica that keeps saying it is too busy. Without
 	// Overloaded it changes nothing.
 	Drained bool
+	// Dialed says the call's latency may include setting up a new
+	// connection (a TCP dial, a TLS handshake) that the endpoint's next
+	// calls, on that connection, do not pay: a call whose connection was
+	// closed while the endpoint drew no calls (an idle timeout), or one of
+	// calls sent together while a connection was set up for another. For
+	// an embedding or rerank call (priced by its latency, where one slow
+	// sample is the peak) the balancer holds such a success's latency
+	// aside and counts the smaller of it and the endpoint's next answer's,
+	// as it does an endpoint's first answer; a sample that counts is thus
+	// always the latency of one of the endpoint's calls, never less. For
+	// other calls, and other outcomes, it changes nothing. httpbalancer
+	// sets it with its default Base (see httpbalancer.Options.Base).
+	Dialed bool
 	// RetryAfter is the server's hint for how long to stay away (0 = none).
 	RetryAfter time.Duration
 	// Latency is the whole call, pick to end of response. 0 means "measure

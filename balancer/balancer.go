@@ -1921,7 +1921,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		} else if o.TTFT > 0 {
 			e.noteFirstToken(svc, p.start, nowNs, o.TTFT)
 		}
-		e.observe(b.cfg, nowNs, svc, 0, o.TTFT, 0, false, false)
+		e.observe(b.cfg, nowNs, svc, 0, o.TTFT, 0, false, false, false)
 		b.report(e, p.gen, errExcluded, nowNs)
 		b.returnProbe(p)
 	case o.NotServedModel != "":
@@ -1966,7 +1966,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 		e.failures.Add(1)
 		e.failed.note(modelID(o.Model), nowNs) // 0 without one: a call of no model
 		b.noteAnswer(e, nowNs, false)
-		e.observe(b.cfg, nowNs, svc, latency, 0, 0, true, true)
+		e.observe(b.cfg, nowNs, svc, latency, 0, 0, true, true, false)
 		b.report(e, p.gen, errFailed, nowNs)
 	default:
 		e.successes.Add(1)
@@ -1986,7 +1986,7 @@ func (b *Balancer) finish(p *Pick, o inferlb.Outcome) {
 			}
 		}
 		b.noteAnswer(e, nowNs, false)
-		e.observe(b.cfg, nowNs, svc, latency, o.TTFT, o.OutputTokens, true, false)
+		e.observe(b.cfg, nowNs, svc, latency, o.TTFT, o.OutputTokens, true, false, o.Dialed)
 		b.report(e, p.gen, nil, nowNs)
 	}
 	b.maybeEvaluateOutliers(nowNs)

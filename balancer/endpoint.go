@@ -94,6 +94,12 @@ type endpoint struct {
 	// lat's EWMA is 0 until then. Cold: read only while that is 0, and
 	// never for a generation call.
 	latFirst [inferlb.NumServices]atomic.Int64 // ns
+	// latDialed is, per Service, a later latency sample of a
+	// latency-scored service that may include a new connection's setup
+	// (inferlb.Outcome.Dialed), held aside until the next sample (see
+	// pairDialed); 0 when none is. Cold: read for latency-scored calls
+	// only.
+	latDialed [inferlb.NumServices]atomic.Int64 // ns
 
 	// The server's load reading (telemetry Running, else Waiting) as last
 	// seen by a pick: when it was observed (unix ns), and this process's
@@ -607,16 +613,18 @@ func decayedRate(v *atomic.Uint64, at *atomic.Int64, decayBy time.Duration, nowN
 	return r
 }
 
-// observe folds one finished call into the EWMAs. counted is false for an
-// outcome that says nothing about health (overload, cancellation).
-// outTokens is the call's output token count (0 when unknown).
 // maxObserved bounds a reported latency or time to first token: anything
 // longer (13 days) is a bad report, and near the largest Duration the
 // EWMAs' float arithmetic wrapped negative, so the endpoint read as the
 // fastest there is.
 const maxObserved = time.Duration(1) << 50
 
-func (e *endpoint) observe(c *config, nowNs int64, svc inferlb.Service, latency, ttft time.Duration, outTokens int, counted, failed bool) {
+// observe folds one finished call into the EWMAs. counted is false for an
+// outcome that says nothing about health (overload, cancellation).
+// outTokens is the call's output token count (0 when unknown). dialed
+// says the latency may include a new connection's setup
+// (inferlb.Outcome.Dialed).
+func (e *endpoint) observe(c *config, nowNs int64, svc inferlb.Service, latency, ttft time.Duration, outTokens int, counted, failed, dialed bool) {
 	latency, ttft = min(latency, maxObserved), min(ttft, maxObserved)
 	if counted && (failed || e.errRate.Load() != 0) {
 		// A success on a clean endpoint leaves the rate at 0: no writes.
@@ -644,8 +652,13 @@ func (e *endpoint) observe(c *config, nowNs int64, svc inferlb.Service, latency,
 	if counted && !failed && latency > 0 {
 		lat := &e.lat[svcIndex(svc)]
 		sample := latency
-		if latencyScored(svc) && lat.ewma.Load() == 0 {
-			sample = e.firstTwo(svc, latency, nowNs) // 0: held aside
+		if latencyScored(svc) {
+			switch {
+			case lat.ewma.Load() == 0:
+				sample = e.firstTwo(svc, latency, nowNs) // 0: held aside
+			case dialed || e.latDialed[svcIndex(svc)].Load() != 0:
+				sample = e.pairDialed(svc, latency, dialed) // 0: held aside
+			}
 		}
 		if sample > 0 {
 			at := lat.at.Load()
@@ -951,6 +964,48 @@ func (e *endpoint) firstTwo(svc inferlb.Service, latency time.Duration, nowNs in
 		return 0
 	}
 	return min(latency, time.Duration(first.Load()))
+}
+
+// pairDialed takes a sample of a latency-scored service with an EWMA,
+// when the sample may include a new connection's setup (dialed) or such a
+// sample is held aside: it holds a dialed sample aside and returns 0 (none
+// to fold in) when none is held, and otherwise returns the smaller of the
+// held one and this one, which is folded in, and lets the held one go.
+//
+// An endpoint that drew no call for longer than the caller's idle timeout
+// (4 s for httpbalancer's default Base, below the servers' keep-alive
+// timeout) lost its connection, and its next call, the probe that its
+// EWMA's decay below its peers' brings, paid for a new one (TCP, TLS).
+// Folded in, that sample was a new peak, and it took the endpoint out of
+// rotation again for about LatencyDecay x ln(sample / peers' latency),
+// long enough to lose its connection again: 20 ms embeddings, one a
+// second, with a 30 ms handshake on one endpoint of three, one 40 ms call
+// on it, and it drew 11 calls in two minutes against 55 and 54 for its
+// peers, each of the 11 over a new connection (httpbalancer's
+// TestReconnectingEndpointKeepsItsShare; 37 against 42 and 41 now). Held
+// aside, the probe leaves the decayed EWMA as it is, and the endpoint's
+// next call, on the new connection, is what counts. The smaller of two of the endpoint's
+// calls' latencies is never below what its calls take, and an endpoint
+// whose every call dials (a server that closes each connection) still
+// counts every second call, with its handshake, as its callers pay it.
+// A held sample is not aged: one the endpoint's next call comes long
+// after may hide that call's slowness once, as the first answer's may
+// (firstTwo); the endpoint's calls after it count in full.
+func (e *endpoint) pairDialed(svc inferlb.Service, latency time.Duration, dialed bool) time.Duration {
+	held := &e.latDialed[svcIndex(svc)]
+	for {
+		h := held.Load()
+		switch {
+		case h != 0:
+			if held.CompareAndSwap(h, 0) {
+				return min(latency, time.Duration(h))
+			}
+		case !dialed:
+			return latency
+		case held.CompareAndSwap(0, int64(latency)):
+			return 0
+		}
+	}
 }
 
 // svcIndex is svc's entry in per-service tables: ServiceUnknown's for a
