@@ -137,7 +137,7 @@ func TestDiscoveryChurnKeepsTheSetToTwiceAnAnswer(t *testing.T) {
 // set, as Options.Base says: closed after 4 s idle, 1,024 at most across
 // endpoints (with net/http's own DefaultTransport, whose 100 it raises).
 func TestDefaultBaseBoundsTheIdleConnectionsOfEndpointsGone(t *testing.T) {
-	base, own := defaultBase()
+	base, own := defaultBase(newDialMarks())
 	require.True(t, own)
 	tr := base.(*http.Transport)
 	assert.Equal(t, defaultIdleConnTimeout, tr.IdleConnTimeout)

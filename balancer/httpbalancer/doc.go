@@ -383,6 +383,37 @@
 // now. Nor do its 404s evict the not-served memory of the models the
 // fleet serves (see balancer.Options.NotServedMemory).
 //
+// # New connections
+//
+// An embedding or rerank call is priced by its latency (peak-EWMA), and a
+// call over a new connection waits for its setup too: a TCP dial, a TLS
+// handshake, tens of milliseconds across zones. The balancer holds an
+// endpoint's first answer aside for that (see scoring.State.LatencyEWMA),
+// but connections are set up again later: the default Base closes one
+// idle for 4 s, so an endpoint that drew no call for that long (one that
+// a slow answer priced out until its EWMA decayed) answers its next call,
+// the probe that brings it back, over a new connection. Counted, that
+// answer was a new peak, which priced it out again for about
+// LatencyDecay x ln(peak / its peers' latency), long enough to lose that
+// connection too: 20 ms embeddings with a 30 ms handshake on one endpoint
+// of three, and one 40 ms answer from it left it 11 calls of 120 in two
+// minutes, each over a new connection (TestReconnectingEndpointKeepsItsShare;
+// 37 now). So the default Base marks, per address, when it begins a dial
+// (plain, or TLS when it dials TLS itself), and a call during which one to
+// its endpoint began reports inferlb.Outcome.Dialed: the balancer holds its
+// latency aside and counts the smaller of it and the endpoint's next
+// answer's. A call sent on a warm connection while another's dial began
+// is marked too; the smaller of two answers is never below what the
+// endpoint's calls take, and an endpoint whose every call dials (a server
+// that closes each connection) still counts every second answer, with
+// its handshake, as its callers pay it. The check is two string hashes
+// and an atomic load at the headers of an embedding or rerank call;
+// other calls do no more than before. A Base of your own is not watched:
+// net/http tells a request that its connection is new only through an
+// httptrace.ClientTrace in its context, allocations on every call, and a
+// middleware's dials may be anything. Nor are dials through a proxy
+// (HTTP_PROXY), which are to the proxy's address.
+//
 // # Cost
 //
 // On a small chat completion over loopback (a 31-64 us call) the transport

@@ -92,6 +92,16 @@ type Options struct {
 	// leave the set while their servers run. A program that replaced
 	// http.DefaultTransport with another RoundTripper (instrumentation)
 	// gets that one, as it is.
+	//
+	// The Transport's own Base also marks the dials it begins, per address:
+	// an embedding or rerank call during which a connection to its
+	// endpoint was set up (the first call after 4 s without one, the calls
+	// of a burst past the idle connections) is reported with
+	// inferlb.Outcome.Dialed, and the balancer holds its latency, handshake
+	// and all, aside (see New connections in the package doc). A Base of
+	// your own is not watched, nor are dials to a proxy (HTTP_PROXY):
+	// their calls count with their connections' setup, as every call did
+	// before.
 	Base http.RoundTripper
 	// Balancer is a Balancer to share with other adapters (a gRPC policy
 	// routing to the same fleet sees the same live load). nil means the
@@ -330,7 +340,8 @@ type Result struct {
 // config is Options with defaults applied; immutable after NewTransport.
 type config struct {
 	base          http.RoundTripper
-	ownBase       bool // base is defaultBase's clone, the Transport's own
+	ownBase       bool       // base is defaultBase's clone, the Transport's own
+	dials         *dialMarks // the own base's dials; nil for a Base of the caller's
 	inspector     Inspector
 	keyer         *cache.Keyer
 	maxPeek       int
@@ -356,13 +367,14 @@ const (
 )
 
 // defaultBase returns the Base for Options.Base nil, and whether it is the
-// Transport's own.
-func defaultBase() (http.RoundTripper, bool) {
+// Transport's own; when it is, it marks its dials in d.
+func defaultBase(d *dialMarks) (http.RoundTripper, bool) {
 	dt, ok := http.DefaultTransport.(*http.Transport)
 	if !ok {
 		return http.DefaultTransport, false
 	}
 	t := dt.Clone()
+	d.watch(t)
 	t.MaxIdleConnsPerHost = max(t.MaxIdleConnsPerHost, defaultIdleConnsPerHost)
 	if t.MaxIdleConns != 0 { // 0 is no limit; net/http's 100 would cap the above
 		t.MaxIdleConns = max(t.MaxIdleConns, defaultIdleConns)
@@ -456,7 +468,10 @@ func (o *Options) resolve() (*config, error) {
 		onResult:      o.OnResult,
 	}
 	if c.base == nil {
-		c.base, c.ownBase = defaultBase()
+		c.dials = newDialMarks()
+		if c.base, c.ownBase = defaultBase(c.dials); !c.ownBase {
+			c.dials = nil
+		}
 	}
 	if o.ResponseMemory >= 0 {
 		c.chains = &responseChains{ttl: cmp.Or(o.ResponseMemory, DefaultResponseMemory), entries: 2 * o.MaxResponses}
@@ -470,6 +485,9 @@ func (o *Options) resolve() (*config, error) {
 // bind fills the defaults that come from the Balancer.
 func (c *config) bind(b *balancer.Balancer) {
 	c.clock = b
+	if c.dials != nil {
+		c.dials.clock = b
+	}
 	if c.keyer == nil {
 		c.keyer = b.Keyer()
 	}

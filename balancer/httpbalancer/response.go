@@ -453,6 +453,11 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	}
 	if c.sse == nil && c.overload == 0 && headersLatency(c.info.Service) {
 		c.overload = -max(c.pick.Elapsed(), 1) // no forward step of the clock (see balancer.MonotonicClock)
+		if d := c.t.cfg.dials; d != nil && resp.Request != nil && d.since(resp.Request.URL, c.start) {
+			// A connection to the endpoint was set up while the call was
+			// out: its latency may include the setup (see dialMarks).
+			c.ends.Or(endDialed)
+		}
 	}
 	if resp.StatusCode == http.StatusServiceUnavailable && c.overload <= 0 {
 		c.watchShed() // its body may say the server shed the call
@@ -677,6 +682,7 @@ const (
 	endNotServed               // the endpoint does not serve the call's model (see notServed)
 	endClientError             // the status says the call was bad or not allowed (see clientError)
 	endAwaited                 // the caller gave up in a Read that waited for a stream's first token (see awaitedFirst), or before an answer's first byte (see noByte)
+	endDialed                  // a connection to the endpoint was set up while a latency-scored call was out (see dialMarks)
 )
 
 // clientError reports whether an HTTP status says the call was bad or not
@@ -1701,6 +1707,9 @@ func (c *call) finish(err error) {
 		// Not for an answer given up on before its first byte (noByte):
 		// its wait, pick to end, is what the balancer reads.
 		scored.Latency = headers
+		if c.ends.Load()&endDialed != 0 {
+			o.Dialed, scored.Dialed = true, true
+		}
 	}
 	c.pick.Done(scored)
 	if s := c.sse; s != nil && s.id != nil && o.Err == nil && !o.Overloaded {
