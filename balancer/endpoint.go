@@ -984,10 +984,11 @@ func (e *endpoint) firstTwo(svc inferlb.Service, latency time.Duration, nowNs in
 // peers, each of the 11 over a new connection (httpbalancer's
 // TestReconnectingEndpointKeepsItsShare; 37 against 42 and 41 now). Held
 // aside, the probe leaves the decayed EWMA as it is, and the endpoint's
-// next call, on the new connection, is what counts. The smaller of two of the endpoint's
-// calls' latencies is never below what its calls take, and an endpoint
-// whose every call dials (a server that closes each connection) still
-// counts every second call, with its handshake, as its callers pay it.
+// next call, on the new connection, is what counts. The smaller of two of
+// the endpoint's calls' latencies is never below what its calls take, and
+// an endpoint whose every call dials (a server that closes each
+// connection) still counts every second call, with its handshake, as its
+// callers pay it.
 // A held sample is not aged: one the endpoint's next call comes long
 // after may hide that call's slowness once, as the first answer's may
 // (firstTwo); the endpoint's calls after it count in full.
