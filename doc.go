@@ -168,7 +168,11 @@
 //     over HTTP or gRPC; SGLang's and Ollama's 503 queue full; the same in
 //     a stream's error event) gives an overload answer, not a failure.
 //   - An embedding or rerank call's latency runs to its response headers,
-//     as the rest is the caller's pace of reading the body.
+//     as the rest is the caller's pace of reading the body. An endpoint's
+//     first such answer, and one during which a connection to it was set
+//     up (Outcome.Dialed, which the HTTP transport's own Base reports),
+//     is held aside and counted with the next: a handshake is no peak of
+//     the endpoint's.
 //   - A deadline that ends a stream after its first token counts as
 //     neither success nor failure (a long answer outlasting the caller's
 //     budget says nothing about the endpoint).
