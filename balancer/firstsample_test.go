@@ -1,6 +1,7 @@
 package balancer_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -84,4 +85,39 @@ func TestSlowEndpointDrawsOneMoreCall(t *testing.T) {
 		sum += n
 	}
 	assert.Equal(t, 2, sum, "calls the slow endpoint drew: %v", windows)
+}
+
+// A replica whose first embedding answer was slow (a cold start: 300 ms)
+// and that then hangs, its callers giving up on each call after 250 ms
+// with nothing back. Its only answer is held aside (no EWMA yet), and a
+// wait shorter than that answer started nothing: with no latency and
+// nothing in flight it was priced as an idle probe, the cheapest there
+// is, and drew every call sent one at a time (200 of 200). A wait starts
+// the EWMA as a lower bound, as it raises an EWMA below it.
+func TestHungAfterOneSlowAnswerStopsDrawingCalls(t *testing.T) {
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "a", Addr: "a:80"}, {ID: "b", Addr: "b:80"}, {ID: "c", Addr: "c:80"}}))
+	calls := map[string]int{}
+	for range 200 {
+		p, err := b.Pick(&inferlb.Request{Service: inferlb.ServiceEmbedding})
+		require.NoError(t, err)
+		id := p.ID()
+		switch {
+		case id != "a":
+			clock.Advance(2 * time.Millisecond)
+			p.Done(inferlb.Outcome{})
+		case calls[id] == 0:
+			clock.Advance(300 * time.Millisecond)
+			p.Done(inferlb.Outcome{})
+		default:
+			clock.Advance(250 * time.Millisecond)
+			p.Done(inferlb.Outcome{Err: context.Canceled, Unanswered: true})
+		}
+		calls[id]++
+		clock.Advance(100 * time.Millisecond)
+	}
+	t.Logf("calls: %v", calls)
+	assert.LessOrEqual(t, calls["a"], 4, "calls the hung replica drew, of %v", calls)
 }

@@ -34,8 +34,10 @@ func TestUnansweredWaitJustPastTheEWMABecomesIt(t *testing.T) {
 }
 
 // With the first answer's latency held aside (firstTwo), the scorer sees no
-// EWMA yet; an unanswered wait within that answer says nothing, and one
-// longer starts the EWMA, as a second answer that long would.
+// EWMA yet; an unanswered wait starts it at that answer's latency and
+// bounds it below as any EWMA, also when the wait is shorter than that
+// answer (left at none, the endpoint was priced as an idle probe:
+// TestHungAfterOneSlowAnswerStopsDrawingCalls).
 func TestUnansweredWaitAfterFirstAnswer(t *testing.T) {
 	clock := testutil.NewClock()
 	b := New(Options{Clock: clock, Rand: testutil.NewRand(1)})
@@ -47,11 +49,13 @@ func TestUnansweredWaitAfterFirstAnswer(t *testing.T) {
 	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{})
 	_, ewma := seenLatency(t, b, svc)
 	require.Zero(t, ewma, "the first answer is held aside")
+	clock.Advance(10 * time.Second)
 	call(t, b, clock, svc, 150*time.Millisecond, abandoned)
-	_, ewma = seenLatency(t, b, svc)
-	assert.Zero(t, ewma, "a wait within the first answer's latency")
-	call(t, b, clock, svc, 300*time.Millisecond, abandoned)
 	seen, ewma := seenLatency(t, b, svc)
-	assert.Equal(t, 300*time.Millisecond, ewma, "a wait longer than the first answer starts the EWMA")
+	assert.Equal(t, 200*time.Millisecond, ewma, "a wait within the first answer's latency starts the EWMA at it")
+	assert.InDelta(t, float64(150*time.Millisecond), float64(seen), float64(time.Millisecond), "and the scorer sees at least the wait")
+	call(t, b, clock, svc, 300*time.Millisecond, abandoned)
+	seen, ewma = seenLatency(t, b, svc)
+	assert.Equal(t, 300*time.Millisecond, ewma, "a longer wait raises it")
 	assert.Equal(t, 300*time.Millisecond, seen)
 }

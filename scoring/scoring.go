@@ -84,9 +84,10 @@ type State struct {
 	// holds an endpoint's first answer aside and starts the EWMA at the
 	// smaller of its first two (the first call over a new connection
 	// pays for the handshake), so it is 0 until the second answer, or
-	// until a wait longer than the first (below); later answers that may
-	// include a new connection's setup (inferlb.Outcome.Dialed) are held
-	// aside alike, the smaller of each and the next answer counting. For them, a call its caller
+	// until a call given up on with nothing back, which starts it at the
+	// first (below); later answers that may include a new connection's
+	// setup (inferlb.Outcome.Dialed) are held aside alike, the smaller of
+	// each and the next answer counting. For them, a call its caller
 	// gave up on with nothing back (inferlb.Outcome.Unanswered) raises it,
 	// or moves LastLatency on, so that Latency is at least its wait. Each service keeps its own, so an embedding on an
 	// endpoint that also serves chats is not priced by a chat's seconds.
