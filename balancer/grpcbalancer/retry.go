@@ -155,8 +155,28 @@ func (st *retryState) park(c *call, di balancer.DoneInfo) bool {
 	if st.ctx == nil || st.ctx.Err() != context.Canceled && st.siblings.Load() {
 		return false
 	}
-	return st.parked.hold(c, di)
+	if f := parkRace.Load(); f != nil {
+		(*f)(st)
+	}
+	if !st.parked.hold(c, di) {
+		return false
+	}
+	if st.siblings.Load() && st.ctx.Err() != context.Canceled && st.parked.c.CompareAndSwap(c, nil) {
+		// Another attempt was picked since the look above, and its
+		// pick (another) may have looked for a parked one before c was
+		// held: an interceptor inside ours that started the next
+		// attempt without waiting for this one to end. Reported now,
+		// as another reports it, not held for the rest of the call.
+		c.noReply = true
+		return false
+	}
+	return true
 }
+
+// parkRace, for tests only, runs in park between its look at siblings
+// and the hold: where a pick of the invoke's next attempt can come. One
+// load on the cancel path alone.
+var parkRace atomic.Pointer[func(*retryState)]
 
 // another records that the invoke picked for an attempt after another
 // one (the picker found st.core set): a hedge's, an interceptor inside
