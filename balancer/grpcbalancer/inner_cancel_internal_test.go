@@ -109,21 +109,7 @@ func TestInnerCancelOfAnAttemptAfterItsHeaders(t *testing.T) {
 			}, []uint64{0, 0}},
 		} {
 			t.Run(ic.name+", "+tc.name, func(t *testing.T) {
-				clock := testutil.NewClock()
-				b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
-				t.Cleanup(b.Close)
-				h := newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
-				stats := func(id string) core.EndpointStats {
-					for _, s := range b.Stats() {
-						if s.ID == id {
-							return s
-						}
-					}
-					t.Fatalf("no endpoint %q", id)
-					return core.EndpointStats{}
-				}
-				req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 1000, MaxOutputTokens: 200}
-				ctx := inferlb.NewContext(context.Background(), req)
+				clock, h, stats, ctx := innerRig(t)
 				var ids []string
 				var innerErr error
 				invoker := func(ctx context.Context, method string, _, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
@@ -148,4 +134,25 @@ func TestInnerCancelOfAnAttemptAfterItsHeaders(t *testing.T) {
 			})
 		}
 	}
+}
+
+// innerRig is the setup of the inner-interceptor tests: a harness of two
+// endpoints on a shared Balancer with a test clock, a lookup of an
+// endpoint's stats by ID, and a context carrying an LLM call's Request.
+func innerRig(t *testing.T) (*testutil.Clock, *harness, func(string) core.EndpointStats, context.Context) {
+	clock := testutil.NewClock()
+	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
+	t.Cleanup(b.Close)
+	h := newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
+	stats := func(id string) core.EndpointStats {
+		for _, s := range b.Stats() {
+			if s.ID == id {
+				return s
+			}
+		}
+		t.Fatalf("no endpoint %q", id)
+		return core.EndpointStats{}
+	}
+	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 1000, MaxOutputTokens: 200}
+	return clock, h, stats, inferlb.NewContext(context.Background(), req)
 }

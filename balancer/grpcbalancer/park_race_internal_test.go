@@ -12,10 +12,6 @@ import (
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
-
-	"github.com/inferlb/inferlb"
-	core "github.com/inferlb/inferlb/balancer"
-	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 // An interceptor inside UnaryOutcome that gives an attempt up after its
@@ -30,21 +26,7 @@ import (
 func TestInnerRetryPickedAsTheGivenUpAttemptParks(t *testing.T) {
 	const method = "/grpc.testing.TestService/UnaryCall"
 	canceled := status.Error(codes.Canceled, "context canceled")
-	clock := testutil.NewClock()
-	b := core.New(core.Options{Clock: clock, Rand: testutil.NewRand(1)})
-	t.Cleanup(b.Close)
-	h := newHarness(t, registerShared(b), `{"methods": {"/grpc.testing.TestService/": "llm"}}`, 2)
-	stats := func(id string) core.EndpointStats {
-		for _, s := range b.Stats() {
-			if s.ID == id {
-				return s
-			}
-		}
-		t.Fatalf("no endpoint %q", id)
-		return core.EndpointStats{}
-	}
-	req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 1000, MaxOutputTokens: 200}
-	ctx := inferlb.NewContext(context.Background(), req)
+	clock, h, stats, ctx := innerRig(t)
 	var first, second string
 	invoker := func(ctx context.Context, method string, _, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
 		pick := func(ctx context.Context) (string, balancer.PickResult) {
