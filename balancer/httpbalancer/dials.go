@@ -133,6 +133,7 @@ func (d *dialMarks) since(u *url.URL, startNs int64) bool {
 func (d *dialMarks) watch(t *http.Transport) {
 	dial := t.DialContext
 	if dial == nil {
+		//lint:ignore SA1019 honoured as net/http honours it: a DefaultTransport set up with Dial
 		if old := t.Dial; old != nil {
 			dial = func(_ context.Context, network, addr string) (net.Conn, error) { return old(network, addr) }
 		} else {
@@ -145,7 +146,9 @@ func (d *dialMarks) watch(t *http.Transport) {
 		return dial(ctx, network, addr)
 	}
 	tlsDial := t.DialTLSContext
+	//lint:ignore SA1019 honoured as net/http honours it: a DefaultTransport set up with DialTLS
 	if tlsDial == nil && t.DialTLS != nil {
+		//lint:ignore SA1019 as above
 		old := t.DialTLS
 		tlsDial = func(_ context.Context, network, addr string) (net.Conn, error) { return old(network, addr) }
 	}

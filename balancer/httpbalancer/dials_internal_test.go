@@ -95,6 +95,7 @@ func TestDialMarksWatchEveryDialFunction(t *testing.T) {
 			DialContext:    func(_ context.Context, n, a string) (net.Conn, error) { return plain(n, a) },
 			DialTLSContext: func(_ context.Context, n, a string) (net.Conn, error) { return tls(n, a) },
 		}},
+		//lint:ignore SA1019 the deprecated fields a DefaultTransport may still be set up with
 		{"no Context", &http.Transport{Dial: plain, DialTLS: tls}},
 	} {
 		dialed = nil
