@@ -664,8 +664,8 @@ func delaySeconds(s string) (d time.Duration, valid bool) {
 // deadline the endpoint's failure, not ErrDeadlineMidStream. A body whose
 // headers announced its length had its answer when they came (a server
 // knows the length once it has the answer), and keeps reading as begun.
-// Only the bodies of unknown length pay for it, a store at their first
-// byte; a Read that returned any byte before tells net/http's buffered
+// Only the bodies of unknown length pay for it, a plain store in each Read
+// that returns bytes; a Read that returned any byte before tells net/http's buffered
 // bytes from none, since it hands over what it buffered before the
 // context's error.
 const (
