@@ -324,7 +324,7 @@ func parseEndpoints(raw map[string]jsonEndpoint) (map[string]*endpointAttr, erro
 			return nil, configError(field, "the same address as endpoints[%q] (%s): each address may appear once", prev, key)
 		}
 		by[key] = addr
-		if strings.ContainsFunc(e.ID, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		if hasControl(e.ID) {
 			return nil, configError(field+".id", "%q has control characters", e.ID)
 		}
 		if _, problem := core.CheckWeight(e.Weight); problem != "" {
@@ -336,6 +336,15 @@ func parseEndpoints(raw map[string]jsonEndpoint) (map[string]*endpointAttr, erro
 		if _, empty := e.Labels[""]; empty {
 			return nil, configError(field+".labels", "a label needs a name (\"model\", \"version\", \"dp_group\")")
 		}
+		// Names are matched exactly ("model", balancer.subsetLabel, a
+		// Scorer's); one with a control character is a typo that no
+		// reader would match. Values are free text, as Update takes
+		// them: the core trims the spaces around each name of "model".
+		for _, name := range slices.Sorted(maps.Keys(e.Labels)) {
+			if hasControl(name) {
+				return nil, configError(fmt.Sprintf("%s.labels[%q]", field, name), "a label name has no control characters")
+			}
+		}
 		var labels map[string]string
 		if len(e.Labels) > 0 {
 			labels = maps.Clone(e.Labels)
@@ -343,6 +352,12 @@ func parseEndpoints(raw map[string]jsonEndpoint) (map[string]*endpointAttr, erro
 		out[key] = &endpointAttr{id: e.ID, weight: e.Weight, labels: labels}
 	}
 	return out, nil
+}
+
+// hasControl reports whether s has an ASCII control character (U+0000 to
+// U+001F, or DEL).
+func hasControl(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f })
 }
 
 // MaxConfigStickyEntries bounds the sticky table a service config may ask
@@ -738,10 +753,46 @@ func badEndpoint(js []byte, field string) string {
 		}
 		var e jsonEndpoint
 		if json.Unmarshal(raw, &e) != nil {
-			return fmt.Sprintf("endpoints[%q]", addr) + strings.TrimPrefix(field, "endpoints")
+			rest := strings.TrimPrefix(field, "endpoints")
+			if rest == ".labels" {
+				rest += badLabel(raw)
+			}
+			return fmt.Sprintf("endpoints[%q]", addr) + rest
 		}
 	}
 	return field
+}
+
+// badLabel names the first label of the endpoint entry raw, in the order
+// written, whose value is not a string, as ["model"]; "" when there is
+// none, or "labels" is no object (the map itself is wrong).
+func badLabel(raw json.RawMessage) string {
+	var e struct {
+		Labels json.RawMessage `json:"labels"` // matched as jsonEndpoint's is
+	}
+	if json.Unmarshal(raw, &e) != nil || len(e.Labels) == 0 {
+		return ""
+	}
+	dec := json.NewDecoder(bytes.NewReader(e.Labels))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return ""
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		name, _ := tok.(string)
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return ""
+		}
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			return fmt.Sprintf("[%q]", name)
+		}
+	}
+	return ""
 }
 
 // unknownFieldPath names the section an unknown field is in ("orca.oob"):

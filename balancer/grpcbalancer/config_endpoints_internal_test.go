@@ -112,7 +112,11 @@ func TestParseConfigEndpoints(t *testing.T) {
 		{`{"endpoints": [1]}`, `field endpoints: got JSON array, want an object`},
 		{`{"endpoints": {"10.0.0.1:80": 3}}`, `field endpoints["10.0.0.1:80"]: got JSON number, want an object`},
 		{`{"endpoints": {"10.0.0.1:80": {}, "10.0.0.2:80": {"weight": "2"}}}`, `field endpoints["10.0.0.2:80"].weight: got JSON string, want a number`},
-		{`{"endpoints": {"10.0.0.1:80": {"labels": {"model": 3}}}}`, `field endpoints["10.0.0.1:80"].labels: got JSON number, want a string`},
+		// A label's value of the wrong type names the label, as a
+		// method's names the method; labels that are no object, the map.
+		{`{"endpoints": {"10.0.0.1:80": {"labels": {"model": 3}}}}`, `field endpoints["10.0.0.1:80"].labels["model"]: got JSON number, want a string`},
+		{`{"endpoints": {"10.0.0.1:80": {"labels": {"model": "a"}}, "10.0.0.2:80": {"LABELS": {"model": "b", "dp_group": 0}}}}`, `field endpoints["10.0.0.2:80"].labels["dp_group"]: got JSON number, want a string`},
+		{`{"endpoints": {"10.0.0.1:80": {"labels": [1]}}}`, `field endpoints["10.0.0.1:80"].labels: got JSON array, want an object`},
 		{`{"endpoints": {"10.0.0.1:80": {"modle": "llama"}}}`, `field endpoints["10.0.0.1:80"]: unknown field "modle" (want id, weight or labels)`},
 		{`{"endpoints": {"10.0.0.1": {}}}`, `field endpoints["10.0.0.1"]: want an address as the resolver gives it, host:port`},
 		{`{"endpoints": {"llm:http": {}}}`, `field endpoints["llm:http"]: want an address`},
@@ -123,6 +127,10 @@ func TestParseConfigEndpoints(t *testing.T) {
 		{`{"endpoints": {"10.0.0.1:80": {"weight": 2e6}}}`, `field endpoints["10.0.0.1:80"].weight: 2e+06 is above MaxWeight`},
 		{`{"endpoints": {"10.0.0.1:80": {"id": "a\nb"}}}`, `field endpoints["10.0.0.1:80"].id: "a\nb" has control characters`},
 		{`{"endpoints": {"10.0.0.1:80": {"labels": {"": "llama"}}}}`, `field endpoints["10.0.0.1:80"].labels: a label needs a name`},
+		// A label name with a control character matches no label the
+		// balancer or a Scorer reads: a typo, refused as in an id.
+		{`{"endpoints": {"10.0.0.1:80": {"labels": {"model\n": "llama"}}}}`, `field endpoints["10.0.0.1:80"].labels["model\n"]: a label name has no control characters`},
+		{`{"endpoints": {"10.0.0.1:80": {"labels": {"dp\u007fgroup": "0"}}}}`, `field endpoints["10.0.0.1:80"].labels["dp\x7fgroup"]: a label name has no control characters`},
 		// Two spellings of one address, and exact repeats, which
 		// encoding/json would merge silently.
 		{`{"endpoints": {"LLM:80": {}, "llm:080": {}}}`, `field endpoints["llm:080"]: the same address as endpoints["LLM:80"] (llm:80)`},
@@ -161,8 +169,11 @@ func TestParseConfigEndpoints(t *testing.T) {
 	_, err = parseConfig([]byte(`{"endpoints": {"10.0.0.1:80": {"labels": {`+strings.Join(labels, ",")+`}}}}`), nil)
 	assert.ErrorContains(t, err, `field endpoints["10.0.0.1:80"].labels: 65 labels, more than MaxConfigLabels (64)`)
 
-	// The same label in two entries, and a null entry, are fine.
-	c, err := parseConfig([]byte(`{"endpoints": {"10.0.0.1:80": {"labels": {"model": "a"}}, "10.0.0.2:80": {"labels": {"model": "a"}}, "10.0.0.3:80": null}}`), nil)
+	// The same label in two entries, and a null entry, are fine; so is a
+	// label value with a control character, as Update takes it (the core
+	// trims the spaces, tabs and newlines around each of "model"'s names).
+	c, err := parseConfig([]byte(`{"endpoints": {"10.0.0.1:80": {"labels": {"model": "a"}}, "10.0.0.2:80": {"labels": {"model": "a\n", "note": "x\ty"}}, "10.0.0.3:80": null}}`), nil)
 	require.NoError(t, err)
 	assert.Len(t, c.endpoints, 3)
+	assert.Equal(t, map[string]string{"model": "a\n", "note": "x\ty"}, c.endpoints["10.0.0.2:80"].labels)
 }

@@ -42,6 +42,9 @@ func TestParseConfigNamesEachField(t *testing.T) {
 	for _, tag := range tags(jsonEndpoint{}) {
 		check(t, `{"endpoints": {"10.0.0.1:80": {"`+tag+`": [1]}}}`, `endpoints["10.0.0.1:80"].`+tag)
 	}
+	// A value of a map field names its key.
+	check(t, `{"methods": {"/a.B/C": [1]}}`, `methods["/a.B/C"]`)
+	check(t, `{"endpoints": {"10.0.0.1:80": {"labels": {"model": [1]}}}}`, `endpoints["10.0.0.1:80"].labels["model"]`)
 
 	// Values of the right type that a field's rule refuses, one or more
 	// per tunable with a rule; the others take any value of their type.
