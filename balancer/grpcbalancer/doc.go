@@ -419,10 +419,15 @@
 // config change, never on a call's path. An address that is not
 // host:port with a port from 1 to 65535, two entries for one address
 // (also spelt differently), a weight that is negative or above
-// balancer.MaxWeight, an ID with control characters, a label without a
-// name, more than MaxConfigEndpoints entries or more than MaxConfigLabels
-// labels in one fails the parse, naming the entry
-// (endpoints["10.0.0.5:50051"].weight).
+// balancer.MaxWeight, an ID or a label name with an ASCII control
+// character (U+0000 to U+001F, DEL), a label without a name, a label
+// value that is not a string, more than MaxConfigEndpoints entries or
+// more than MaxConfigLabels labels in one fails the parse, naming the
+// entry and the field (endpoints["10.0.0.5:50051"].weight,
+// endpoints["10.0.0.5:50051"].labels["model"]). Label values are free
+// text, as balancer.Balancer.Update takes them (each name in "model" is
+// trimmed of the spaces around it), and an ID or a label has no length
+// limit of its own, as in Update: the config's size bounds them.
 //
 // Affinity keys are hashed with the Balancer's own Keyer (Balancer.Keyer),
 // which shares its AffinitySeed with the consistent placement. With an
