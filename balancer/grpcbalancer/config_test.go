@@ -220,6 +220,7 @@ func FuzzParseConfig(f *testing.F) {
 		`{"balancer": {"latencyDecay": "-1s", "errorAlpha": 2}}`, `{"methods": {"//C": "llm"}}`, `{} {}`, `[`,
 		`"x"`, `null`, `{"methods": 3}`, `{"methods": {"/a.B/C": 3}}`, `{"balancer": {"breakerFailures": 2.5}}`,
 		`{"orca": {"interval": 5}}`, `{"balancer": {"affinitySeed": -1}}`, `{"balancer": {"oops": 1}}`,
+		`{"endpoints": {"10.0.0.1:80": {"id": "a", "weight": 2, "labels": {"model": "m", "dp_group": 0}}, "LLM:080": {"Labels": {"v\u0001": "x"}}}}`,
 	} {
 		f.Add([]byte(s), false)
 	}
