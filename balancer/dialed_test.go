@@ -32,7 +32,7 @@ func TestDialedSampleIsHeldAside(t *testing.T) {
 		return b.Stats()[0].ServiceLatency[svc]
 	}
 	const emb = inferlb.ServiceEmbedding
-	call(emb, 20*time.Millisecond, true) // the first, held aside (firstTwo)
+	call(emb, 20*time.Millisecond, true) // the first, held aside (see endpoint.observe)
 	require.Equal(t, 20*time.Millisecond, call(emb, 20*time.Millisecond, false))
 	assert.Equal(t, 20*time.Millisecond, call(emb, 50*time.Millisecond, true), "the EWMA after an answer over a new connection")
 	assert.Equal(t, 25*time.Millisecond, call(emb, 25*time.Millisecond, false), "the smaller of it and the next (a peak)")

@@ -89,16 +89,11 @@ type endpoint struct {
 	// answer, as a generation's success is (see answeredSince). Written
 	// on such a call's Done only, read on the Done of one abandoned.
 	firstTokenAt atomic.Int64
-	// latFirst is, per Service, the first latency sample of a
-	// latency-scored service, held aside until the second (see firstTwo);
-	// lat's EWMA is 0 until then. Cold: read only while that is 0, and
-	// never for a generation call.
-	latFirst [inferlb.NumServices]atomic.Int64 // ns
-	// latDialed is, per Service, a later latency sample of a
-	// latency-scored service that may include a new connection's setup
-	// (inferlb.Outcome.Dialed), held aside until the next sample (see
-	// pairDialed); 0 when none is. Cold: read for latency-scored calls
-	// only.
+	// latDialed is, per Service, a latency sample of a latency-scored
+	// service that may include a new connection's setup (the endpoint's
+	// first answer, or one marked inferlb.Outcome.Dialed), held aside
+	// until the next sample (see pairDialed); 0 when none is. Cold: read
+	// for latency-scored calls only.
 	latDialed [inferlb.NumServices]atomic.Int64 // ns
 
 	// The server's load reading (telemetry Running, else Waiting) as last
@@ -655,7 +650,21 @@ func (e *endpoint) observe(c *config, nowNs int64, svc inferlb.Service, latency,
 		if latencyScored(svc) {
 			switch {
 			case lat.ewma.Load() == 0:
-				sample = e.firstTwo(svc, latency, nowNs) // 0: held aside
+				// The endpoint's first answer paid for its connection
+				// (TCP, TLS), which the calls after it do not: held
+				// aside as a dialed one (see pairDialed), the EWMA
+				// starts at the smaller of the first two. As the
+				// EWMA's first peak, one slow handshake priced an
+				// endpoint at that latency, and as sequential calls
+				// never put one in flight elsewhere, it lost every
+				// comparison until its EWMA had decayed below its
+				// peers': 58 ms of handshake before a 2 ms embedding
+				// kept an endpoint of three out of rotation for 32 s,
+				// whatever the rate (TestSlowFirstSampleDoesNotShunEndpoint).
+				// A slow endpoint pays one more slow call for it.
+				if sample = e.pairDialed(svc, latency, true); sample == 0 {
+					lat.at.Store(nowNs) // its time, for observeUnanswered
+				}
 			case dialed || e.latDialed[svcIndex(svc)].Load() != 0:
 				sample = e.pairDialed(svc, latency, dialed) // 0: held aside
 			}
@@ -714,7 +723,7 @@ func waitBounds(svc inferlb.Service) bool {
 // wait, the EWMA itself unchanged. Without a latency yet it does nothing:
 // the scorer prices such an endpoint at its prior, which a shorter wait
 // would lower, and the prior is the scorer's setting, unknown here. With
-// the first answer's latency held aside (firstTwo), that answer starts
+// the first answer's latency held aside (see observe), that answer starts
 // the EWMA, as it did before it was held aside, and the wait bounds it as
 // above, also when it is shorter than that answer: left at none, the
 // endpoint was priced as an idle probe, and a replica that answered once
@@ -735,13 +744,16 @@ func (e *endpoint) observeUnanswered(c *config, nowNs int64, svc inferlb.Service
 		cur, at := lat.ewma.Load(), lat.at.Load()
 		switch {
 		case cur <= 0:
-			first := e.latFirst[svcIndex(svc)].Load()
+			held := &e.latDialed[svcIndex(svc)]
+			first := held.Load()
 			if first == 0 {
 				return // no answer yet: the scorer's prior
 			}
 			// The answer held aside starts the EWMA, as of its time
-			// (firstTwo stored it), and the wait bounds it below.
-			lat.ewma.CompareAndSwap(0, first)
+			// (observe stored it), and the wait bounds it below.
+			if held.CompareAndSwap(first, 0) {
+				lat.ewma.CompareAndSwap(0, first)
+			}
 			continue
 		case int64(wait) > cur:
 			if lat.ewma.CompareAndSwap(cur, int64(wait)) {
@@ -949,31 +961,9 @@ func latencyScored(svc inferlb.Service) bool {
 	return svc == inferlb.ServiceEmbedding || svc == inferlb.ServiceRerank
 }
 
-// firstTwo takes a sample of a latency-scored service with no EWMA yet:
-// it holds the first aside and returns 0 (none to fold in), and returns
-// the smaller of the first two for the second, which starts the EWMA; the
-// endpoint is priced as unexplored until then (scoring.Latency probes it
-// when idle). The first call to an endpoint over HTTP pays for the
-// connection (TCP, TLS), which the calls after it do not. As the EWMA's
-// first peak, one slow handshake priced an endpoint at that latency, and
-// as sequential calls never put one in flight elsewhere, it lost every
-// comparison until its EWMA had decayed below its peers': 58 ms of
-// handshake before a 2 ms embedding kept an endpoint of three out of
-// rotation for 32 s, whatever the rate
-// (TestSlowFirstSampleDoesNotShunEndpoint). A slow endpoint pays one more
-// slow call for it; its peaks count in full from the second on.
-func (e *endpoint) firstTwo(svc inferlb.Service, latency time.Duration, nowNs int64) time.Duration {
-	first := &e.latFirst[svcIndex(svc)]
-	if first.CompareAndSwap(0, int64(latency)) {
-		e.lat[svcIndex(svc)].at.Store(nowNs)
-		return 0
-	}
-	return min(latency, time.Duration(first.Load()))
-}
-
-// pairDialed takes a sample of a latency-scored service with an EWMA,
-// when the sample may include a new connection's setup (dialed) or such a
-// sample is held aside: it holds a dialed sample aside and returns 0 (none
+// pairDialed takes a sample of a latency-scored service when the sample
+// may include a new connection's setup (dialed: the endpoint's first
+// answer too, see observe) or such a sample is held aside: it holds a dialed sample aside and returns 0 (none
 // to fold in) when none is held, and otherwise returns the smaller of the
 // held one and this one, which is folded in, and lets the held one go.
 //
@@ -995,8 +985,8 @@ func (e *endpoint) firstTwo(svc inferlb.Service, latency time.Duration, nowNs in
 // connection) still counts every second call, with its handshake, as its
 // callers pay it.
 // A held sample is not aged: one the endpoint's next call comes long
-// after may hide that call's slowness once, as the first answer's may
-// (firstTwo); the endpoint's calls after it count in full.
+// after may hide that call's slowness once, as the first answer's may;
+// the endpoint's calls after it count in full.
 func (e *endpoint) pairDialed(svc inferlb.Service, latency time.Duration, dialed bool) time.Duration {
 	held := &e.latDialed[svcIndex(svc)]
 	for {

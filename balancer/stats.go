@@ -146,7 +146,7 @@ func (b *Balancer) Stats() []EndpointStats {
 		for svc := range e.lat {
 			lat[svc] = time.Duration(e.lat[svc].ewma.Load())
 			if lat[svc] == 0 {
-				lat[svc] = time.Duration(e.latFirst[svc].Load()) // held aside: see firstTwo
+				lat[svc] = time.Duration(e.latDialed[svc].Load()) // the first answer, held aside (see observe)
 			}
 			if at := e.lat[svc].at.Load(); lat[svc] > 0 && (latency == 0 || at > latest) {
 				latest, latency = at, lat[svc]

@@ -53,7 +53,7 @@ func TestUnansweredWaitRaisesLatencyOnly(t *testing.T) {
 	assert.Zero(t, ewma, "no latency yet: the scorer's prior prices the endpoint, not the wait")
 
 	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{})
-	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{}) // the EWMA starts at the second (firstTwo)
+	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{}) // the EWMA starts at the second (see endpoint.observe)
 	call(t, b, clock, svc, 50*time.Millisecond, abandoned)
 	seen, ewma := seenLatency(t, b, svc)
 	assert.Equal(t, 200*time.Millisecond, ewma, "a wait shorter than the latency says nothing")

@@ -23,7 +23,7 @@ func TestUnansweredWaitJustPastTheEWMABecomesIt(t *testing.T) {
 	const svc = inferlb.ServiceEmbedding
 
 	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{})
-	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{}) // the EWMA starts at the second (firstTwo)
+	call(t, b, clock, svc, 200*time.Millisecond, inferlb.Outcome{}) // the EWMA starts at the second (see endpoint.observe)
 	_, ewma := seenLatency(t, b, svc)
 	require.Equal(t, 200*time.Millisecond, ewma)
 
@@ -33,7 +33,7 @@ func TestUnansweredWaitJustPastTheEWMABecomesIt(t *testing.T) {
 	assert.Equal(t, 300*time.Millisecond, seen)
 }
 
-// With the first answer's latency held aside (firstTwo), the scorer sees no
+// With the first answer's latency held aside (see endpoint.observe), the scorer sees no
 // EWMA yet; an unanswered wait starts it at that answer's latency and
 // bounds it below as any EWMA, also when the wait is shorter than that
 // answer (left at none, the endpoint was priced as an idle probe:
