@@ -157,9 +157,10 @@ type lbBalancer struct {
 	waking atomic.Bool // a wake is armed or being armed: failing picks skip wakeLater
 
 	// gen counts the membership changes, Close included, and the updates
-	// in which an endpoint left READY: a picker built before the last one
-	// (gen differs from its own) may see the core refuse every pick while
-	// the next picker is on its way, and queues its calls for it. Written
+	// in which an endpoint left or entered READY: a picker built before
+	// the last one (gen differs from its own) may see the core refuse
+	// every pick, or choose an endpoint it holds no child for, while the
+	// next picker is on its way, and queues its calls for it. Written
 	// under mu.
 	gen atomic.Uint64
 }
@@ -642,9 +643,14 @@ func (lb *lbBalancer) UpdateState(st balancer.State) {
 	// hold a child for: a pick on one of them that the core now refuses
 	// (nothing else READY, or the rest excluded) must queue for the picker
 	// this publishes, as gRPC re-picks when a picker returns a SubConn no
-	// longer READY. gen moves first, so such a pick sees it.
+	// longer READY. An endpoint that enters READY is one they hold none
+	// for, and the core offers it from SetReady on, before this picker is
+	// out: a pick on an older one that the core gives it must queue for
+	// this one too, not go elsewhere (an affinity key's owner that just
+	// connected, or a fleet's only healthy endpoint, would lose the call
+	// to whatever else is READY). gen moves first, so such a pick sees it.
 	for _, e := range lb.eps {
-		if lb.ready[e.ID] && !ready[e.ID] {
+		if lb.ready[e.ID] != ready[e.ID] {
 			lb.gen.Add(1)
 			break
 		}

@@ -215,12 +215,6 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		if !ok {
 			// The core chose an endpoint with no READY child here:
 			// readiness is changing and a new picker is on its way.
-			// Give it back and ask again without it (a failover keeps
-			// its own exclusion): an
-			// affinity key's owner would otherwise be chosen every time,
-			// and the key goes where its spills go (its next endpoints). A
-			// pick with an exclusion is a failover to the core, so it does
-			// not count the call's key as seen again.
 			c.pick.Done(inferlb.Outcome{Err: errNotSent})
 			if windowRetry {
 				// Not for the window retry: the endpoint it found is
@@ -233,6 +227,19 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 				c.release()
 				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 			}
+			if p.lb != nil && p.lb.gen.Load() != p.gen {
+				// It entered READY since this picker was built (gen
+				// moved before the core heard of it): the call waits for
+				// the picker that holds its child, and picks there.
+				c.release()
+				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+			}
+			// Otherwise give it back and ask again without it (a
+			// failover keeps its own exclusion): an affinity key's owner
+			// would otherwise be chosen every time, and the key goes
+			// where its spills go (its next endpoints). A pick with an
+			// exclusion is a failover to the core, so it does not count
+			// the call's key as seen again.
 			if exclude == "" {
 				exclude = c.pick.ID()
 			}
