@@ -189,7 +189,10 @@
 // context.WithCancel and a timer: its reply is read as the interceptor
 // returns, or, when the interceptor tries again, it is reported
 // Unanswered as the retry is picked), and is reported as it ends,
-// answered, when another attempt had been picked (a hedge's loser); a
+// answered, when another attempt had been picked (a hedge's loser); an
+// attempt that ends after the invoke that picked it returned (one such
+// an interceptor left running) is reported as it ends, as grpc-go ended
+// it, and never settled against a later invoke of UnaryRetry's; a
 // CANCEL reset while
 // the caller still waits is not); the codes that map to 4xx
 // (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED,

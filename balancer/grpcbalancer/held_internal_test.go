@@ -339,7 +339,7 @@ func TestHeldReportClosingRacesAnAttemptsEnd(t *testing.T) {
 		var wg sync.WaitGroup
 		wg.Add(2)
 		go func() { defer wg.Done(); res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true}) }()
-		go func() { defer wg.Done(); st.held.close(nil) }()
+		go func() { defer wg.Done(); st.first.held.close(nil) }()
 		wg.Wait()
 	}
 	s := stats(t, b, a)

@@ -259,8 +259,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		}
 		c.core = p.mem.Balancer()
 		if st != nil {
+			c.inv = st.current()
 			if st.core.Swap(c.core) != nil { // Swap costs what Store did
-				st.another() // not the invoke's only attempt (see another)
+				st.another(c.inv) // not the invoke's only attempt (see another)
 			}
 			c.retry = st
 			if windowRetry {
@@ -352,6 +353,7 @@ type call struct {
 	core      *core.Balancer
 	childDone func(balancer.DoneInfo)
 	retry     *retryState  // the UnaryRetry or UnaryOutcome interceptor's, or nil
+	inv       *invoke      // with retry: the invoke the attempt was picked in
 	stream    *streamState // the StreamTiming interceptor's, or nil
 	perCall   bool
 	gen       bool // a generation call (inferlb.ServiceLLM): see report
@@ -392,9 +394,10 @@ func (c *call) done(di balancer.DoneInfo) {
 	}
 	if c.retry != nil && c.gen && di.BytesReceived && isCancel(di.Err) && c.ctx != nil && c.ctx.Err() == context.Canceled && c.retry.park(c, di) {
 		// Reported as the interceptor's invoker returns, which reads the
-		// reply then (see retryState.unanswered). Only a cancel of the
-		// caller's, after bytes came: gRPC makes no attempt after it, so
-		// none waits for this one's report.
+		// reply then (see retryState.unanswered), or as the next attempt
+		// is picked (another). Only a cancel after bytes came: the
+		// caller's, or an interceptor's inside ours on the invoke's only
+		// attempt (see retryState.park).
 		return
 	}
 	c.report(di)
@@ -486,6 +489,7 @@ func (c *call) release() {
 	c.core = nil
 	c.childDone = nil
 	c.retry = nil
+	c.inv = nil
 	c.stream = nil
 	c.gen = false
 	c.noReply = false

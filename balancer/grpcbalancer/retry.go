@@ -60,20 +60,49 @@ type retryState struct {
 	sent        atomic.Int32           // attempts that reached an endpoint
 	exclude     atomic.Pointer[string] // endpoint the previous attempt failed on
 
-	// An attempt that ended without error, held until the call's error is
-	// known (see hold).
-	held heldReport
-
 	// reply is the call's reply message, which gRPC decodes a response
 	// message into (guarded by reqMu, released with req). See unanswered.
 	reply any
+
+	// The invoke under way: inv, or first while inv is nil (the call's
+	// first invoke, and a retryState a test builds). An invoke's attempts
+	// are held and parked in it, never in another invoke's.
+	first invoke
+	inv   atomic.Pointer[invoke]
+}
+
+// invoke is one run of the interceptor's invoker (UnaryRetry runs it once
+// per retry): the attempts picked while it runs, and the reports held or
+// parked for it. An attempt belongs to the invoke it was picked in
+// (call.inv), and is held and parked only there: its slots close as the
+// invoker returns (invokeSettled), so an attempt that an interceptor
+// inside ours left running, ending after that, is reported at once, as
+// grpc-go ended it, and not settled against the next invoke (its error,
+// its reply, its attempts): TestLeftOverAttemptSettlesAgainstItsOwnInvoke.
+// A left-over attempt that gRPC itself retries (transparently) picks in
+// the invoke under way: the context carries the call's retryState, not
+// the invoke's.
+//
+// Concurrency: every field is atomic; a closed slot stays closed.
+type invoke struct {
+	// An attempt that ended without error, held until the invoke's
+	// error is known (see hold).
+	held heldReport
 	// parked holds the report of an attempt whose reading needs the
-	// reply, until the interceptor's invoker returns (see park).
+	// reply, until the invoker returns (see park).
 	parked heldReport
 	// siblings: the invoke picked for more than one attempt (see
 	// another), so an attempt that an interceptor inside ours cancelled
 	// may be a hedge's loser, and is not parked.
 	siblings atomic.Bool
+}
+
+// current returns the invoke under way.
+func (st *retryState) current() *invoke {
+	if inv := st.inv.Load(); inv != nil {
+		return inv
+	}
+	return &st.first
 }
 
 // unanswered reports whether a unary call whose server sent its headers
@@ -147,21 +176,22 @@ func (st *retryState) unanswered() bool {
 // behind it drew its calls on
 // (TestE2EHungUnaryBehindAnInnerPerAttemptCancelIsUnanswered).
 //
-// It also reports false when the invoker has returned (an interceptor
-// inside ours left the attempt running) or another attempt is parked (an
-// inner hedge's, both cancelled by the caller): that one is reported now,
-// as answered.
+// It also reports false when the attempt's invoke has returned (an
+// interceptor inside ours left the attempt running; see invoke) or
+// another attempt is parked (an inner hedge's, both cancelled by the
+// caller): that one is reported now, as answered.
 func (st *retryState) park(c *call, di balancer.DoneInfo) bool {
-	if st.ctx == nil || st.ctx.Err() != context.Canceled && st.siblings.Load() {
+	inv := c.inv
+	if st.ctx == nil || inv == nil || st.ctx.Err() != context.Canceled && inv.siblings.Load() {
 		return false
 	}
 	if f := parkRace.Load(); f != nil {
 		(*f)(st)
 	}
-	if !st.parked.hold(c, di) {
+	if !inv.parked.hold(c, di) {
 		return false
 	}
-	if st.siblings.Load() && st.ctx.Err() != context.Canceled && st.parked.c.CompareAndSwap(c, nil) {
+	if inv.siblings.Load() && st.ctx.Err() != context.Canceled && inv.parked.c.CompareAndSwap(c, nil) {
 		// Another attempt was picked since the look above, and its
 		// pick (another) may have looked for a parked one before c was
 		// held: an interceptor inside ours that started the next
@@ -178,41 +208,41 @@ func (st *retryState) park(c *call, di balancer.DoneInfo) bool {
 // load on the cancel path alone.
 var parkRace atomic.Pointer[func(*retryState)]
 
-// another records that the invoke picked for an attempt after another
-// one (the picker found st.core set): a hedge's, an interceptor inside
-// ours trying again, or gRPC's own retry. Only calls with more than one
-// attempt come here. An attempt parked meanwhile was cancelled by an
-// interceptor inside ours alone (a caller's cancel makes no attempt
-// after it), and that interceptor went on to another attempt: it gave
-// the parked one up with nothing back that it could use (a per-attempt
-// timeout, then a retry), and it is reported so now, Unanswered, freeing
-// its endpoint rather than holding it until the invoker returns; its
-// reply is the next attempt's to fill, and tells nothing of it. A
-// server that sent the answer's message and then held its status back
-// would read as none here, as a message that arrives as the caller
-// cancels may (see unanswered).
-func (st *retryState) another() {
-	if !st.siblings.Load() {
-		st.siblings.Store(true)
+// another records that inv, an invoke of st, picked for an attempt
+// after another one (the picker found st.core set): a hedge's, an
+// interceptor inside ours trying again, or gRPC's own retry. Only calls
+// with more than one attempt come here. An attempt parked meanwhile was
+// cancelled by an interceptor inside ours alone (a caller's cancel makes
+// no attempt after it), and that interceptor went on to another attempt:
+// it gave the parked one up with nothing back that it could use (a
+// per-attempt timeout, then a retry), and it is reported so now,
+// Unanswered, freeing its endpoint rather than holding it until the
+// invoker returns; its reply is the next attempt's to fill, and tells
+// nothing of it. A server that sent the answer's message and then held
+// its status back would read as none here, as a message that arrives as
+// the caller cancels may (see unanswered).
+func (st *retryState) another(inv *invoke) {
+	if !inv.siblings.Load() {
+		inv.siblings.Store(true)
 	}
-	if st.parked.c.Load() == nil || st.ctx != nil && st.ctx.Err() == context.Canceled {
+	if inv.parked.c.Load() == nil || st.ctx != nil && st.ctx.Err() == context.Canceled {
 		return
 	}
-	if c := st.parked.c.Swap(nil); c != nil {
+	if c := inv.parked.c.Swap(nil); c != nil {
 		c.noReply = true
 		c.report(c.heldDI)
 	}
 }
 
-// unpark reports the parked attempt, if any, reading the reply for it
-// (unanswered); it runs on the interceptor's goroutine as the invoker
-// returns, and parks nothing more until the next invoke reopens it.
-func (st *retryState) unpark() {
-	st.parked.closed.Store(true)
-	if st.parked.c.Load() == nil {
+// unpark reports inv's parked attempt, if any, reading the reply for it
+// (unanswered); it runs on the interceptor's goroutine as inv's invoker
+// returns, and inv parks nothing more.
+func (st *retryState) unpark(inv *invoke) {
+	inv.parked.closed.Store(true)
+	if inv.parked.c.Load() == nil {
 		return
 	}
-	c := st.parked.c.Swap(nil)
+	c := inv.parked.c.Swap(nil)
 	if c == nil {
 		return
 	}
@@ -237,16 +267,19 @@ func zeroReply(reply any) bool {
 // its endpoint cooled down and excluded, as streamState.hold leaves it
 // too. It reports false when another attempt is held already (hedging):
 // that one is reported now, as before.
+//
+// It is held in the invoke it was picked in, and settled with that
+// invoke's error: once that invoke has returned, it is reported at once.
 func (st *retryState) hold(c *call, di balancer.DoneInfo) bool {
-	return st.held.hold(c, di)
+	return c.inv != nil && c.inv.held.hold(c, di)
 }
 
-// settle reports the held attempt, if any, with the call's error err: an
-// attempt grpc-go ended without error, in a call that failed, failed with
-// that error. nil st settles nothing.
+// settle reports the held attempt of the invoke under way, if any, with
+// err: an attempt grpc-go ended without error, in a call that failed,
+// failed with that error. nil st settles nothing.
 func (st *retryState) settle(err error) {
 	if st != nil {
-		st.held.settle(err)
+		st.current().held.settle(err)
 	}
 }
 
@@ -448,20 +481,21 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{method: method, ctx: ctx, req: req, reply: reply}
 		ctx = context.WithValue(ctx, retryKey{}, st)
-		defer st.release()       // after the close below, whose report may read req
-		defer st.held.close(nil) // an attempt ending later is reported as it ends
+		defer st.release() // after each invoke's close, whose report may read req
 		// The last refusal as too long, when the call went on.
 		var refused error
 		for attempt := 1; ; attempt++ {
+			inv := &st.first
 			if attempt > 1 {
-				st.siblings.Store(false) // a new invoke (see another)
+				inv = new(invoke) // its attempts are its own (see invoke)
+				st.inv.Store(inv)
 			}
 			st.core.Store(nil)
 			st.received.Store(false)
 			st.notServed.Store(false)
 			st.tooLong.Store(false)
 			sent := st.sent.Load()
-			err := invokeSettled(ctx, st, invoker, method, req, reply, cc, opts)
+			err := invokeSettled(ctx, st, inv, invoker, method, req, reply, cc, opts)
 			if refused != nil && err != nil && st.sent.Load() == sent {
 				// Sent nowhere: no endpoint left whose window might
 				// take it. The caller gets the server's refusal.
@@ -497,15 +531,15 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	}
 }
 
-// invokeSettled invokes the call and settles its held attempt (see hold)
-// with the call's error, and reports its parked one (see park), also when
-// the invoker panics.
-func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoker, method string, req, reply any, cc *grpc.ClientConn, opts []grpc.CallOption) (err error) {
+// invokeSettled runs inv, an invoke of the call: it invokes the call,
+// settles inv's held attempt (see hold) with the call's error, reports its
+// parked one (see park), and closes both, also when the invoker panics:
+// an attempt of inv that ends later is reported as it ends.
+func invokeSettled(ctx context.Context, st *retryState, inv *invoke, invoker grpc.UnaryInvoker, method string, req, reply any, cc *grpc.ClientConn, opts []grpc.CallOption) (err error) {
 	err = errRetriedAttempt // what a panic leaves: no success
-	st.parked.closed.Store(false)
 	defer func() {
-		st.settle(err)
-		st.unpark() // the invoker returned: the reply is ours to read
+		inv.held.close(err)
+		st.unpark(inv) // the invoker returned: the reply is ours to read
 	}()
 	err = invoker(ctx, method, req, reply, cc, opts...)
 	return err
@@ -547,18 +581,20 @@ func invokeSettled(ctx context.Context, st *retryState, invoker grpc.UnaryInvoke
 // a timer); when the interceptor then tries again, the attempt it gave
 // up is reported Unanswered as the next one is picked. An attempt that
 // such an interceptor cancels after another was picked (a hedge's loser)
-// is reported as it ends, as answered, and frees its endpoint then. An
-// attempt read from the reply stays in flight on its endpoint until the
-// interceptors' invoker returns, which reads the reply for it (see
-// retryState.park): with an interceptor inside that does not return once
-// the caller has cancelled, until it does.
+// is reported as it ends, as answered, and frees its endpoint then. An attempt read from the reply
+// stays in flight on its endpoint until the interceptors' invoker
+// returns, which reads the reply for it (see retryState.park): with an
+// interceptor inside that does not return once the caller has
+// cancelled, until it does. An attempt that ends after the invoker that
+// picked it returned (an interceptor inside left it running) is reported
+// as it ends, as grpc-go ended it: UnaryRetry's next invoke neither
+// holds it nor reads its reply for it (see invoke).
 func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{method: method, ctx: ctx, req: req, reply: reply}
-		defer st.release()       // after the close below, whose report may read req
-		defer st.held.close(nil) // an attempt ending later is reported as it ends
-		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, invoker, method, req, reply, cc, opts)
+		defer st.release() // after the invoke's close, whose report may read req
+		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, &st.first, invoker, method, req, reply, cc, opts)
 	}
 }
 

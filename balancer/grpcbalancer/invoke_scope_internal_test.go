@@ -1,0 +1,109 @@
+package grpcbalancer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+)
+
+// UnaryRetry invokes again after an invoke that an interceptor inside it
+// ended without waiting for its attempt (a per-attempt timeout that runs
+// the invoker on a goroutine, cancels the attempt and returns UNAVAILABLE
+// at once): that attempt ends during the next invoke. Each invoke's
+// attempts settle against that invoke alone; one that ends after its
+// invoke returned is reported at once, as grpc-go ended it, as one that
+// ends after the call returned is (TestLateOrSecondCancelledAttemptIsReportedAtOnce).
+//
+//   - Cancelled after its headers, it was parked in the next invoke's
+//     slot: it held its endpoint's load for the whole of that invoke's
+//     attempt, and when the interceptor's timer gave that one up too,
+//     with nothing back, the slot was taken, so that attempt was reported
+//     as answered and the hung replica it ran on went unmarked, while the
+//     left-over attempt took the reading of Unanswered.
+//   - Answered (ended without error), it was held in the next invoke's
+//     slot and settled with that invoke's error: a failure of another
+//     attempt on another endpoint was charged to the endpoint that had
+//     answered.
+func TestLeftOverAttemptSettlesAgainstItsOwnInvoke(t *testing.T) {
+	const method = "/grpc.testing.TestService/UnaryCall"
+	canceled := status.Error(codes.Canceled, "context canceled")
+	timedOut := status.Error(codes.Unavailable, "the attempt timed out")
+	t.Run("cancelled after its headers", func(t *testing.T) {
+		clock, h, stats, ctx := innerRig(t)
+		var left balancer.PickResult
+		var leftID, hungID string
+		invokes := 0
+		inner := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+			invokes++
+			actx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			pick := func() (string, balancer.PickResult) {
+				return h.pick(balancer.PickInfo{FullMethodName: method, Ctx: actx})
+			}
+			if invokes == 1 {
+				leftID, left = pick() // its headers came, then nothing
+				clock.Advance(30 * time.Second)
+				cancel()        // the timer fires
+				return timedOut // without waiting for the attempt to end
+			}
+			var res balancer.PickResult
+			hungID, res = pick()
+			require.NotEqual(t, leftID, hungID, "the retry goes to the endpoint with nothing in flight")
+			// The left-over attempt ends now: gRPC's goroutine for it.
+			left.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+			assert.Zero(t, stats(leftID).InFlight, "the left-over attempt, reported as it ends")
+			clock.Advance(30 * time.Second) // the retry's headers came, then nothing
+			cancel()
+			res.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+			return canceled
+		}
+		err := UnaryRetry(3)(ctx, method, &testgrpc.SimpleRequest{}, &testgrpc.SimpleResponse{}, nil, inner)
+		assert.Equal(t, canceled, err)
+		require.Equal(t, 2, invokes)
+		l, w := stats(leftID), stats(hungID)
+		assert.Zero(t, l.InFlight+w.InFlight)
+		assert.Zero(t, l.Unanswered, "the left-over attempt ended after its invoke returned: answered, as grpc-go ended it")
+		assert.EqualValues(t, 1, l.Canceled)
+		assert.EqualValues(t, 1, w.Unanswered, "the retry, given up with nothing back, its invoke's only attempt")
+	})
+	t.Run("answered", func(t *testing.T) {
+		_, h, stats, ctx := innerRig(t)
+		var left balancer.PickResult
+		var leftID, failedID string
+		invokes := 0
+		inner := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+			invokes++
+			pick := func() (string, balancer.PickResult) {
+				return h.pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+			}
+			if invokes == 1 {
+				leftID, left = pick()
+				return timedOut // without waiting for the attempt to end
+			}
+			var res balancer.PickResult
+			failedID, res = pick()
+			require.NotEqual(t, leftID, failedID, "the retry goes to the endpoint with nothing in flight")
+			// The left-over attempt's answer comes now, too late.
+			left.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+			assert.EqualValues(t, 1, stats(leftID).Successes, "the left-over attempt, reported as it ends")
+			res.Done(balancer.DoneInfo{Err: timedOut, BytesSent: true}) // the connection broke
+			return timedOut
+		}
+		// A response came for the call (the left-over attempt's): it is
+		// not tried a third time.
+		assert.Equal(t, timedOut, UnaryRetry(3)(ctx, method, &testgrpc.SimpleRequest{}, &testgrpc.SimpleResponse{}, nil, inner))
+		require.Equal(t, 2, invokes)
+		l, f := stats(leftID), stats(failedID)
+		assert.Zero(t, l.InFlight+f.InFlight)
+		assert.Zero(t, l.Failures, "the endpoint that answered is not charged with the next invoke's failure")
+		assert.EqualValues(t, 1, f.Failures, "the attempt that failed")
+	})
+}
