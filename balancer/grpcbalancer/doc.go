@@ -184,12 +184,14 @@
 // response message had arrived (its reply message is still empty), and
 // is not without them, nor for other services; an attempt that an
 // interceptor chained inside them cancelled while the call's caller
-// still waited counts as the caller's cancel when it was the only
-// attempt picked for the invoke (a per-attempt timeout built on
-// context.WithCancel and a timer: its reply is read as the interceptor
-// returns, or, when the interceptor tries again, it is reported
-// Unanswered as the retry is picked), and is reported as it ends,
-// answered, when another attempt had been picked (a hedge's loser); an
+// still waited counts as the caller's cancel when no other attempt of
+// the invoke was in flight at any time during it (a per-attempt timeout
+// built on context.WithCancel and a timer: its reply is read as the
+// interceptor returns, or, when the interceptor tries again, it is
+// reported Unanswered as the retry is picked; gRPC's own retries within
+// the attempt, transparent or by a retry policy, end each try before
+// they pick the next, and do not count), and is reported as it ends,
+// answered, when it overlapped another attempt (a hedge's loser); an
 // attempt that ends after the invoke that picked it returned (one such
 // an interceptor left running) is reported as it ends, as grpc-go ended
 // it, and never settled against a later invoke of UnaryRetry's; a

@@ -31,6 +31,10 @@ import (
 //   - the same timeout, then a retry: the attempt given up is reported
 //     Unanswered as the retry is picked, its endpoint freed then, not held
 //     while the retry runs;
+//   - the same timeout on an attempt that gRPC retried within it
+//     (transparently, or by a retry policy), or after a retry of the
+//     interceptor's that timed out too: the attempt given up was the only
+//     one in flight, and is Unanswered (see afterRetried);
 //   - a hedge whose loser was picked after the attempt it keeps (the
 //     first attempt's headers came first): the loser is reported at once,
 //     as answered, whichever order the two were picked in (the order of
@@ -107,6 +111,28 @@ func TestInnerCancelOfAnAttemptAfterItsHeaders(t *testing.T) {
 				reply.(*testgrpc.SimpleResponse).Username = "the winner's"
 				return []string{winnerID, loserID}, nil
 			}, []uint64{0, 0}},
+			{"per-attempt timeout, then a retry that times out too", func(t *testing.T, ctx context.Context, _ any, pick func(context.Context) (string, balancer.PickResult), stats func(string) core.EndpointStats, clock *testutil.Clock) ([]string, error) {
+				var ids []string
+				for range 2 {
+					actx, cancel := context.WithCancel(ctx)
+					defer cancel()
+					id, res := pick(actx)
+					clock.Advance(30 * time.Second)
+					cancel()
+					res.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+					ids = append(ids, id)
+				}
+				return ids, canceled
+			}, []uint64{1, 1}},
+			// gRPC's own retries within the attempt the interceptor
+			// timed out: the attempt before ended before the next was
+			// picked (grpc-go's retryLocked), and the one the
+			// interceptor gave up is the call's only one in flight.
+			{"per-attempt timeout after a transparent retry of a refused stream", afterRetried(balancer.DoneInfo{Err: status.Error(codes.Unavailable, "stream terminated by "+msgRefused), BytesSent: true}), []uint64{0, 1}},
+			{"per-attempt timeout after a transparent retry of a stream a GOAWAY dropped", afterRetried(balancer.DoneInfo{Err: status.Error(codes.Unavailable, msgGoAway), BytesSent: true}), []uint64{0, 1}},
+			{"per-attempt timeout after a transparent retry of a stream reset as it was written", afterRetried(balancer.DoneInfo{BytesSent: true}), []uint64{0, 1}},
+			{"per-attempt timeout after a transparent retry of an attempt without a stream", afterRetried(balancer.DoneInfo{Err: status.Error(codes.Unavailable, "connection closed")}), []uint64{0, 1}},
+			{"per-attempt timeout after a retry policy's retry", afterRetried(balancer.DoneInfo{Err: status.Error(codes.Unavailable, "shedding load"), BytesSent: true, BytesReceived: true}), []uint64{0, 1}},
 		} {
 			t.Run(ic.name+", "+tc.name, func(t *testing.T) {
 				clock, h, stats, ctx := innerRig(t)
@@ -133,6 +159,29 @@ func TestInnerCancelOfAnAttemptAfterItsHeaders(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// afterRetried is an inner interceptor's per-attempt timeout whose
+// attempt gRPC retried within itself (transparently, or by a retry
+// policy) after its first try ended with first: the retry got its
+// server's headers and then nothing, and the timer gave it up. The retry
+// was the only attempt in flight when it was given up, and is
+// Unanswered: the try before it, ended before the retry was picked, is
+// no hedge's sibling. It read as a hedge's loser, answered, and the hung
+// replica behind it fed no signal.
+func afterRetried(first balancer.DoneInfo) func(*testing.T, context.Context, any, func(context.Context) (string, balancer.PickResult), func(string) core.EndpointStats, *testutil.Clock) ([]string, error) {
+	return func(t *testing.T, ctx context.Context, _ any, pick func(context.Context) (string, balancer.PickResult), _ func(string) core.EndpointStats, clock *testutil.Clock) ([]string, error) {
+		canceled := status.Error(codes.Canceled, "context canceled")
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		refused, res := pick(actx)
+		res.Done(first) // gRPC ends the try before it picks the retry
+		retried, res := pick(actx)
+		clock.Advance(30 * time.Second) // the retry's headers came, then nothing
+		cancel()
+		res.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+		return []string{refused, retried}, canceled
 	}
 }
 

@@ -18,8 +18,8 @@ import (
 // headers (a per-attempt timeout) and starts the next one at once, on
 // another goroutine, without waiting for the first to end: the first
 // attempt's Done (its park) runs as the second is picked. When the pick
-// (and its look for a parked attempt, another) fell between park's look
-// at siblings and its hold, the first attempt stayed parked, its
+// (and its look for a parked attempt, another) fell between park's first
+// look and its hold, the first attempt stayed parked, its
 // endpoint's call in flight, until the invoker returned: for the whole of
 // the second attempt, which may take minutes. It is reported as the pick
 // would have reported it (Unanswered), at once.

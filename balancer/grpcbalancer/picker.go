@@ -259,8 +259,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		}
 		c.core = p.mem.Balancer()
 		if st != nil {
+			st.core.Store(c.core)
 			c.inv = st.current()
-			if st.core.Swap(c.core) != nil { // Swap costs what Store did
+			c.seq, c.overlap = c.inv.picked()
+			if c.seq > 1 {
 				st.another(c.inv) // not the invoke's only attempt (see another)
 			}
 			c.retry = st
@@ -354,6 +356,8 @@ type call struct {
 	childDone func(balancer.DoneInfo)
 	retry     *retryState  // the UnaryRetry or UnaryOutcome interceptor's, or nil
 	inv       *invoke      // with retry: the invoke the attempt was picked in
+	seq       uint32       // with retry: the attempt's number in inv (invoke.picked)
+	overlap   bool         // with retry: another attempt of inv was in flight during it (see retryState.park)
 	stream    *streamState // the StreamTiming interceptor's, or nil
 	perCall   bool
 	gen       bool // a generation call (inferlb.ServiceLLM): see report
@@ -386,6 +390,9 @@ func (c *call) done(di balancer.DoneInfo) {
 	if c.childDone != nil {
 		c.childDone(di)
 	}
+	if c.inv != nil && c.inv.ended(c.seq) {
+		c.overlap = true // another attempt was picked while this one ran
+	}
 	if c.retry != nil && di.Err == nil && di.BytesReceived && c.retry.hold(c, di) {
 		return // reported once the interceptor sees the call's error (see hold)
 	}
@@ -396,8 +403,8 @@ func (c *call) done(di balancer.DoneInfo) {
 		// Reported as the interceptor's invoker returns, which reads the
 		// reply then (see retryState.unanswered), or as the next attempt
 		// is picked (another). Only a cancel after bytes came: the
-		// caller's, or an interceptor's inside ours on the invoke's only
-		// attempt (see retryState.park).
+		// caller's, or an interceptor's inside ours on an attempt that
+		// overlapped no other of its invoke (see retryState.park).
 		return
 	}
 	c.report(di)
@@ -490,6 +497,8 @@ func (c *call) release() {
 	c.childDone = nil
 	c.retry = nil
 	c.inv = nil
+	c.seq = 0
+	c.overlap = false
 	c.stream = nil
 	c.gen = false
 	c.noReply = false

@@ -91,10 +91,31 @@ type invoke struct {
 	// parked holds the report of an attempt whose reading needs the
 	// reply, until the invoker returns (see park).
 	parked heldReport
-	// siblings: the invoke picked for more than one attempt (see
-	// another), so an attempt that an interceptor inside ours cancelled
-	// may be a hedge's loser, and is not parked.
-	siblings atomic.Bool
+	// attempts counts the attempts picked in the invoke (high 32 bits)
+	// and those of them that have not ended (low 32 bits: picked, Done
+	// not yet called), in one word so that each pick and each end see
+	// the other in one order: see picked and ended.
+	attempts atomic.Uint64
+}
+
+// picked records a pick in inv and returns its number in the invoke
+// (from 1) and whether another of the invoke's attempts was in flight
+// then.
+func (inv *invoke) picked() (seq uint32, overlap bool) {
+	n := inv.attempts.Add(1<<32 | 1)
+	return uint32(n >> 32), uint32(n) > 1
+}
+
+// ended records the end of the invoke's attempt number seq, and reports
+// whether another attempt was picked while it was in flight.
+func (inv *invoke) ended(seq uint32) bool {
+	return uint32(inv.attempts.Add(^uint64(0))>>32) != seq
+}
+
+// pickedSince reports whether the invoke picked an attempt after its
+// attempt number seq.
+func (inv *invoke) pickedSince(seq uint32) bool {
+	return uint32(inv.attempts.Load()>>32) != seq
 }
 
 // current returns the invoke under way.
@@ -158,11 +179,13 @@ func (st *retryState) unanswered() bool {
 // It parks when the call's caller cancelled the call (its context,
 // st.ctx, is cancelled: a cancel of the caller's reaches the attempt's
 // context through it, so it is cancelled first), and when an interceptor
-// inside ours cancelled the invoke's only attempt while the caller still
-// waits (a per-attempt timeout built on context.WithCancel and a timer:
-// it returns the attempt's CANCELLED, or tries again, see another).
+// inside ours cancelled an attempt while the caller still waits and no
+// other attempt of the invoke was in flight at any time during it (a
+// per-attempt timeout built on context.WithCancel and a timer: it
+// returns the attempt's CANCELLED, or tries again, see another).
 // Otherwise it reports false: an attempt that an interceptor inside ours
-// cancelled while another attempt of the invoke had been picked (a
+// cancelled while it overlapped another attempt of the invoke (picked
+// while that one was in flight, or in flight as that one was picked: a
 // hedge's loser, cancelled as the hedge commits to another attempt whose
 // answer may take minutes) is no wait anyone gave up on. Such an attempt
 // is reported at once, as answered (cancelled), as grpc-go ended it:
@@ -176,55 +199,68 @@ func (st *retryState) unanswered() bool {
 // behind it drew its calls on
 // (TestE2EHungUnaryBehindAnInnerPerAttemptCancelIsUnanswered).
 //
+// Attempts one after another do not overlap: gRPC's own retries
+// (transparent ones, of a stream the server did not process, and a
+// retry policy's) end the attempt before they pick the next (grpc-go's
+// clientStream.retryLocked), and so does an interceptor inside ours that
+// waits for each attempt before it tries again. An attempt timed out
+// after such a retry is the invoke's only one in flight, and is read as
+// such: when any second pick counted as a hedge's, the hung attempt
+// after a refused stream or a GOAWAY, or the interceptor's own retry
+// timed out in turn, read as answered, and its hung replica went
+// unmarked (TestE2EHungUnaryAfterATransparentRetryIsUnanswered, and
+// TestInnerCancelOfAnAttemptAfterItsHeaders).
+//
 // It also reports false when the attempt's invoke has returned (an
 // interceptor inside ours left the attempt running; see invoke) or
 // another attempt is parked (an inner hedge's, both cancelled by the
 // caller): that one is reported now, as answered.
 func (st *retryState) park(c *call, di balancer.DoneInfo) bool {
-	inv := c.inv
-	if st.ctx == nil || inv == nil || st.ctx.Err() != context.Canceled && inv.siblings.Load() {
+	if st.ctx == nil || c.inv == nil {
+		return false
+	}
+	caller := st.ctx.Err() == context.Canceled
+	if !caller && c.overlap {
 		return false
 	}
 	if f := parkRace.Load(); f != nil {
 		(*f)(st)
 	}
-	if !inv.parked.hold(c, di) {
+	if !c.inv.parked.hold(c, di) {
 		return false
 	}
-	if inv.siblings.Load() && st.ctx.Err() != context.Canceled && inv.parked.c.CompareAndSwap(c, nil) {
-		// Another attempt was picked since the look above, and its
-		// pick (another) may have looked for a parked one before c was
-		// held: an interceptor inside ours that started the next
-		// attempt without waiting for this one to end. Reported now,
-		// as another reports it, not held for the rest of the call.
+	if !caller && c.inv.pickedSince(c.seq) && c.inv.parked.c.CompareAndSwap(c, nil) {
+		// The next attempt was picked after this one ended (it
+		// overlapped none), and its pick (another) may have looked for
+		// a parked one before c was held: an interceptor inside ours
+		// that started the next attempt without waiting for this one's
+		// report. Reported now, as another reports it, not held for
+		// the rest of the call.
 		c.noReply = true
 		return false
 	}
 	return true
 }
 
-// parkRace, for tests only, runs in park between its look at siblings
-// and the hold: where a pick of the invoke's next attempt can come. One
-// load on the cancel path alone.
+// parkRace, for tests only, runs in park between its look at the
+// attempt's overlap and the hold: where a pick of the invoke's next
+// attempt can come. One load on the cancel path alone.
 var parkRace atomic.Pointer[func(*retryState)]
 
-// another records that inv, an invoke of st, picked for an attempt
-// after another one (the picker found st.core set): a hedge's, an
-// interceptor inside ours trying again, or gRPC's own retry. Only calls
-// with more than one attempt come here. An attempt parked meanwhile was
-// cancelled by an interceptor inside ours alone (a caller's cancel makes
-// no attempt after it), and that interceptor went on to another attempt:
-// it gave the parked one up with nothing back that it could use (a
-// per-attempt timeout, then a retry), and it is reported so now,
-// Unanswered, freeing its endpoint rather than holding it until the
-// invoker returns; its reply is the next attempt's to fill, and tells
-// nothing of it. A server that sent the answer's message and then held
-// its status back would read as none here, as a message that arrives as
-// the caller cancels may (see unanswered).
+// another runs as inv, an invoke of st, picks an attempt after another
+// one: a hedge's, an interceptor inside ours trying again, or gRPC's own
+// retry. Only calls with more than one attempt come here. An attempt
+// parked meanwhile was cancelled by an interceptor inside ours alone (a
+// caller's cancel makes no attempt after it) and overlapped no other,
+// and that interceptor went on to another attempt: it gave the parked
+// one up with nothing back that it could use (a per-attempt timeout,
+// then a retry), and it is reported so now, Unanswered, freeing its
+// endpoint rather than holding it until the invoker returns; its reply
+// is the next attempt's to fill, and tells nothing of it. A server that
+// sent the answer's message and then held its status back would read as
+// none here, as a message that arrives as the caller cancels may (see
+// unanswered).
 func (st *retryState) another(inv *invoke) {
-	if !inv.siblings.Load() {
-		inv.siblings.Store(true)
-	}
 	if inv.parked.c.Load() == nil || st.ctx != nil && st.ctx.Err() == context.Canceled {
 		return
 	}
@@ -576,12 +612,15 @@ func invokeSettled(ctx context.Context, st *retryState, inv *invoke, invoker grp
 // other than proto's decodes to the zero value (encoding/json's "{}")
 // reads as none (see retryState.unanswered). The caller's cancel counts,
 // and so does the cancel of an interceptor chained inside them while the
-// call's context lives when the attempt it cancels is the only one the
-// invoke picked (a per-attempt timeout built on context.WithCancel and
-// a timer); when the interceptor then tries again, the attempt it gave
-// up is reported Unanswered as the next one is picked. An attempt that
-// such an interceptor cancels after another was picked (a hedge's loser)
-// is reported as it ends, as answered, and frees its endpoint then. An attempt read from the reply
+// call's context lives when no other attempt of the invoke was in
+// flight at any time during the one it cancels (a per-attempt timeout
+// built on context.WithCancel and a timer; gRPC's own retries within
+// that attempt, transparent or by a retry policy, end each try before
+// the next, and do not count); when the interceptor then tries again,
+// the attempt it gave up is reported Unanswered as the next one is
+// picked. An attempt that such an interceptor cancels while it
+// overlapped another (a hedge's loser) is reported as it ends, as
+// answered, and frees its endpoint then. An attempt read from the reply
 // stays in flight on its endpoint until the interceptors' invoker
 // returns, which reads the reply for it (see retryState.park): with an
 // interceptor inside that does not return once the caller has

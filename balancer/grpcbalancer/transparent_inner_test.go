@@ -1,0 +1,111 @@
+package grpcbalancer_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+
+	"github.com/inferlb/inferlb"
+	core "github.com/inferlb/inferlb/balancer"
+	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
+	"github.com/inferlb/inferlb/internal/testutil"
+)
+
+// A generation call whose first try a server did not process (a stream
+// refused with REFUSED_STREAM, or dropped by a graceful GOAWAY), which
+// gRPC retried transparently on a replica whose engine hangs behind its
+// live API server (its headers at once, then nothing), and which an
+// interceptor inside UnaryOutcome or UnaryRetry gave up after 30 s
+// (context.WithCancel and a timer, the caller still waiting), had
+// nothing back: Unanswered, as a call given up there without the refused
+// try before it is. The refused try ended before gRPC picked the retry,
+// so the retry was the invoke's only attempt in flight; the second pick
+// made it read as a hedge's loser, answered, and every call whose first
+// try met the refusing server left the hung replica unmarked.
+func TestE2EHungUnaryAfterATransparentRetryIsUnanswered(t *testing.T) {
+	const refusedFirst = 2 // calls whose first try the refusing server saw
+	for _, tc := range []struct {
+		name   string
+		goAway bool
+		ic     grpc.UnaryClientInterceptor
+	}{
+		{"refused stream, UnaryOutcome", false, grpcbalancer.UnaryOutcome()},
+		{"graceful goaway, UnaryOutcome", true, grpcbalancer.UnaryOutcome()},
+		{"refused stream, UnaryRetry", false, grpcbalancer.UnaryRetry(3)},
+		{"graceful goaway, UnaryRetry", true, grpcbalancer.UnaryRetry(3)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock()
+			hung := &turning{clock: clock, hung: make(chan struct{})}
+			hung.hang.Store(true)
+			ref := startRefuser(t, tc.goAway)
+			bs := []*backend{{addr: ref.addr}, {addr: serve(t, hung.register)}}
+			name, b := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(1), PanicThreshold: -1, OutlierInterval: -1})
+			arrived := &arrivals{header: make(chan struct{}, 1), payload: make(chan struct{}, 1)}
+			timers := make(chan context.CancelFunc, 1)
+			perAttempt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				actx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				timers <- cancel // the attempt's timer: the test fires it
+				return invoker(actx, method, req, reply, cc, opts...)
+			}
+			conn, _ := dial(t, bs, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
+				grpc.WithStatsHandler(arrived), grpc.WithChainUnaryInterceptor(tc.ic, perAttempt))
+			allReady(t, conn, b, len(bs))
+			client := testgrpc.NewTestServiceClient(conn)
+			req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 100, MaxOutputTokens: 100}
+			calls, refused := 0, 0
+			for refused < refusedFirst {
+				require.Less(t, calls, 40, "the refusing server saw the first try of %d of %d calls", refused, calls)
+				calls++
+				clock.Advance(2 * core.DefaultCooldown) // past the refusal's cooldown
+				for _, ch := range []chan struct{}{arrived.header, arrived.payload} {
+					select {
+					case <-ch:
+					default:
+					}
+				}
+				before := ref.streams.Load()
+				ended := make(chan error, 1)
+				go func() {
+					_, err := client.UnaryCall(inferlb.NewContext(testContext(t), req), &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
+					ended <- err
+				}()
+				timer := <-timers
+				select {
+				case <-hung.hung:
+				case err := <-ended:
+					t.Fatalf("call %d ended before it reached the hung replica: %v", calls, err)
+				}
+				awaitArrival(t, arrived.header, ended) // the headers came: bytes received
+				clock.Advance(30 * time.Second)
+				timer() // the caller still waits
+				assert.Equal(t, codes.Canceled, status.Code(<-ended))
+				ctx, cancel := context.WithTimeout(testContext(t), 5*time.Second)
+				require.NoError(t, testhook.Await(ctx, b, func() bool {
+					var n int64
+					for _, s := range b.Stats() {
+						n += s.InFlight
+					}
+					return n == 0
+				}))
+				cancel()
+				if ref.streams.Load() > before {
+					refused++
+				}
+			}
+			s := endpointStats(t, b, bs[1].addr)
+			t.Logf("%d calls, %d of them refused first; the hung replica: unanswered %d, abandoned run %d", calls, refused, s.Unanswered, s.Abandoned)
+			assert.EqualValues(t, calls, s.Unanswered, "every call given up on the hung replica with nothing back")
+			assert.Zero(t, endpointStats(t, b, bs[0].addr).Unanswered, "the refusing server answered nothing it was asked")
+		})
+	}
+}
