@@ -107,3 +107,78 @@ func TestLeftOverAttemptSettlesAgainstItsOwnInvoke(t *testing.T) {
 		assert.EqualValues(t, 1, f.Failures, "the attempt that failed")
 	})
 }
+
+// gRPC retries a left-over attempt of UnaryRetry's first invoke
+// transparently (its stream was refused) while the next invoke's attempt
+// runs: the retry's pick is the first invoke's, as the attempt it
+// retries is (the context it picks with carries that invoke). It was
+// taken for the invoke under way: its attempt then read as a hedge's
+// sibling, and when the interceptor's timer gave it up after its headers,
+// with nothing back, it was reported answered, its hung replica
+// unmarked; or, held with an answer until the invoke's error is known,
+// it was settled as retried, neither success nor failure, by the
+// left-over attempt's pick.
+func TestLeftOverAttemptRetriedByGRPCPicksInItsOwnInvoke(t *testing.T) {
+	const method = "/grpc.testing.TestService/UnaryCall"
+	canceled := status.Error(codes.Canceled, "context canceled")
+	timedOut := status.Error(codes.Unavailable, "the attempt timed out")
+	refused := status.Error(codes.Unavailable, "stream terminated by "+msgRefused)
+	for _, answered := range []bool{false, true} {
+		name := "given up after its headers"
+		if answered {
+			name = "answered"
+		}
+		t.Run(name, func(t *testing.T) {
+			clock, h, stats, ctx := innerRig(t)
+			var lctx context.Context
+			var left balancer.PickResult
+			var leftID, id string
+			invokes := 0
+			inner := func(ctx context.Context, method string, _, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+				invokes++
+				pick := func(ctx context.Context) (string, balancer.PickResult) {
+					return h.pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+				}
+				if invokes == 1 {
+					lctx = ctx // the attempt's context: the invoke's, left uncancelled
+					leftID, left = pick(lctx)
+					return timedOut // without waiting for the attempt
+				}
+				actx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				var res balancer.PickResult
+				id, res = pick(actx)
+				require.NotEqual(t, leftID, id, "the retry goes to the endpoint with nothing in flight")
+				clock.Advance(30 * time.Second)
+				if answered {
+					res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true}) // held for the invoke's error
+				}
+				// The left-over attempt's stream is refused, and gRPC
+				// retries it at once, on its own goroutine.
+				left.Done(balancer.DoneInfo{Err: refused, BytesSent: true})
+				_, left = pick(lctx)
+				if answered {
+					reply.(*testgrpc.SimpleResponse).Username = "answered"
+					return nil
+				}
+				cancel() // the timer gives the attempt up: its headers, then nothing
+				res.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+				return canceled
+			}
+			err := UnaryRetry(3)(ctx, method, &testgrpc.SimpleRequest{}, &testgrpc.SimpleResponse{}, nil, inner)
+			require.Equal(t, 2, invokes)
+			s := stats(id)
+			if answered {
+				require.NoError(t, err)
+				assert.EqualValues(t, 1, s.Successes, "the answered attempt, settled with its invoke's error")
+			} else {
+				assert.Equal(t, canceled, err)
+				assert.EqualValues(t, 1, s.Unanswered, "the attempt given up, its invoke's only one in flight")
+			}
+			left.Done(balancer.DoneInfo{Err: canceled, BytesSent: true, BytesReceived: true})
+			for _, id := range []string{leftID, id} {
+				assert.Zero(t, stats(id).InFlight, "in flight at %s", id)
+			}
+		})
+	}
+}

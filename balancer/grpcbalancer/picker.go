@@ -149,7 +149,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	// tenant's refusals would count for no tenant (inferlb.Outcome.Tenant).
 	c.req.Model = req.Model
 	c.req.Tenant = req.Tenant
-	st, ss := retriedStates(info)
+	st, inv, ss := retriedStates(info)
 	if st != nil {
 		req = st.fit(req, c)
 	}
@@ -260,7 +260,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		c.core = p.mem.Balancer()
 		if st != nil {
 			st.core.Store(c.core)
-			c.inv = st.current()
+			c.inv = inv
 			c.seq, c.overlap = c.inv.picked()
 			if c.seq > 1 {
 				st.another(c.inv) // not the invoke's only attempt (see another)

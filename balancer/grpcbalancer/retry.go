@@ -79,12 +79,16 @@ type retryState struct {
 // inside ours left running, ending after that, is reported at once, as
 // grpc-go ended it, and not settled against the next invoke (its error,
 // its reply, its attempts): TestLeftOverAttemptSettlesAgainstItsOwnInvoke.
-// A left-over attempt that gRPC itself retries (transparently) picks in
-// the invoke under way: the context carries the call's retryState, not
-// the invoke's.
+// So does a left-over attempt's retry by gRPC (transparent, or a retry
+// policy's): UnaryRetry's contexts carry their invoke (invokeFrom).
+// Taken for the invoke under way, its pick made that invoke's attempt
+// a hedge's sibling, and settled its held attempt as retried
+// (TestLeftOverAttemptRetriedByGRPCPicksInItsOwnInvoke).
 //
-// Concurrency: every field is atomic; a closed slot stays closed.
+// Concurrency: st is immutable; every other field is atomic; a closed
+// slot stays closed.
 type invoke struct {
+	st *retryState // the call's
 	// An attempt that ended without error, held until the invoke's
 	// error is known (see hold).
 	held heldReport
@@ -430,20 +434,21 @@ type retryKey struct{}
 var retryInUse atomic.Bool
 
 // retriedStates returns the call's retry and stream states (nil when it
-// has none) once it has settled their held attempts as retried: gRPC
-// picks for a call again only to retry an attempt that failed (see
-// retryState.hold and streamState.hold). Every picker the policy
-// publishes calls it, so none leaves an attempt held.
-func retriedStates(info balancer.PickInfo) (*retryState, *streamState) {
-	st := retryStateFrom(info.Ctx, info.FullMethodName)
+// has none), and the invoke the pick is for (with the retry state), once
+// it has settled their held attempts as retried: gRPC picks for a call
+// again only to retry an attempt that failed (see retryState.hold and
+// streamState.hold). Every picker the policy publishes calls it, so none
+// leaves an attempt held.
+func retriedStates(info balancer.PickInfo) (*retryState, *invoke, *streamState) {
+	st, inv := invokeFrom(info.Ctx, info.FullMethodName)
 	if st != nil { // settle is not inlined: no call without an interceptor
-		st.settle(errRetriedAttempt)
+		inv.held.settle(errRetriedAttempt)
 	}
 	ss := streamStateFrom(info.Ctx, info.FullMethodName)
 	if ss != nil {
 		ss.settle(errRetriedAttempt)
 	}
-	return st, ss
+	return st, inv, ss
 }
 
 // retryStateFrom returns the retry state of the call of method that ctx
@@ -452,14 +457,35 @@ func retriedStates(info balancer.PickInfo) (*retryState, *streamState) {
 // service) has its own method, and must neither spend the call's retry
 // state nor have its attempts held and reported as the call's.
 func retryStateFrom(ctx context.Context, method string) *retryState {
-	if ctx == nil || !retryInUse.Load() {
-		return nil
-	}
-	st, _ := ctx.Value(retryKey{}).(*retryState)
-	if st == nil || st.method != method {
-		return nil
-	}
+	st, _ := invokeFrom(ctx, method)
 	return st
+}
+
+// invokeFrom returns the retry state of the call of method that ctx
+// carries (see retryStateFrom) and the invoke ctx was made for, or nils.
+// UnaryRetry's contexts carry their invoke (one per retry), so an attempt
+// picks in the invoke it was made for, also when gRPC retries it after
+// that invoke returned (an interceptor inside ours left it running);
+// UnaryOutcome's carry its retryState, whose one invoke is first.
+func invokeFrom(ctx context.Context, method string) (*retryState, *invoke) {
+	if ctx == nil || !retryInUse.Load() {
+		return nil, nil
+	}
+	var st *retryState
+	var inv *invoke
+	switch v := ctx.Value(retryKey{}).(type) {
+	case *invoke:
+		st, inv = v.st, v
+	case *retryState:
+		st = v
+	}
+	if st == nil || st.method != method {
+		return nil, nil
+	}
+	if inv == nil {
+		inv = st.current()
+	}
+	return st, inv
 }
 
 // UnaryRetry returns a unary client interceptor that fails a call over to
@@ -516,14 +542,14 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 	maxAttempts = max(maxAttempts, 2)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{method: method, ctx: ctx, req: req, reply: reply}
-		ctx = context.WithValue(ctx, retryKey{}, st)
+		st.first.st = st
 		defer st.release() // after each invoke's close, whose report may read req
 		// The last refusal as too long, when the call went on.
 		var refused error
 		for attempt := 1; ; attempt++ {
 			inv := &st.first
 			if attempt > 1 {
-				inv = new(invoke) // its attempts are its own (see invoke)
+				inv = &invoke{st: st} // its attempts are its own (see invoke)
 				st.inv.Store(inv)
 			}
 			st.core.Store(nil)
@@ -531,7 +557,7 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			st.notServed.Store(false)
 			st.tooLong.Store(false)
 			sent := st.sent.Load()
-			err := invokeSettled(ctx, st, inv, invoker, method, req, reply, cc, opts)
+			err := invokeSettled(context.WithValue(ctx, retryKey{}, inv), st, inv, invoker, method, req, reply, cc, opts)
 			if refused != nil && err != nil && st.sent.Load() == sent {
 				// Sent nowhere: no endpoint left whose window might
 				// take it. The caller gets the server's refusal.
@@ -632,6 +658,7 @@ func UnaryOutcome() grpc.UnaryClientInterceptor {
 	retryInUse.Store(true)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		st := &retryState{method: method, ctx: ctx, req: req, reply: reply}
+		st.first.st = st
 		defer st.release() // after the invoke's close, whose report may read req
 		return invokeSettled(context.WithValue(ctx, retryKey{}, st), st, &st.first, invoker, method, req, reply, cc, opts)
 	}
