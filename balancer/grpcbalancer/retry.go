@@ -64,11 +64,10 @@ type retryState struct {
 	// message into (guarded by reqMu, released with req). See unanswered.
 	reply any
 
-	// The invoke under way: inv, or first while inv is nil (the call's
-	// first invoke, and a retryState a test builds). An invoke's attempts
-	// are held and parked in it, never in another invoke's.
+	// first is the call's first invoke: UnaryOutcome's only one, and
+	// UnaryRetry's first (each retry has one of its own). An invoke's
+	// attempts are held and parked in it, never in another invoke's.
 	first invoke
-	inv   atomic.Pointer[invoke]
 }
 
 // invoke is one run of the interceptor's invoker (UnaryRetry runs it once
@@ -120,14 +119,6 @@ func (inv *invoke) ended(seq uint32) bool {
 // attempt number seq.
 func (inv *invoke) pickedSince(seq uint32) bool {
 	return uint32(inv.attempts.Load()>>32) != seq
-}
-
-// current returns the invoke under way.
-func (st *retryState) current() *invoke {
-	if inv := st.inv.Load(); inv != nil {
-		return inv
-	}
-	return &st.first
 }
 
 // unanswered reports whether a unary call whose server sent its headers
@@ -314,12 +305,13 @@ func (st *retryState) hold(c *call, di balancer.DoneInfo) bool {
 	return c.inv != nil && c.inv.held.hold(c, di)
 }
 
-// settle reports the held attempt of the invoke under way, if any, with
-// err: an attempt grpc-go ended without error, in a call that failed,
-// failed with that error. nil st settles nothing.
+// settle reports the first invoke's held attempt, if any, with err: an
+// attempt grpc-go ended without error, in a call that failed, failed with
+// that error. nil st settles nothing. (The interceptors settle each
+// invoke's as it returns: invokeSettled.)
 func (st *retryState) settle(err error) {
 	if st != nil {
-		st.current().held.settle(err)
+		st.first.held.settle(err)
 	}
 }
 
@@ -466,7 +458,7 @@ func retryStateFrom(ctx context.Context, method string) *retryState {
 // UnaryRetry's contexts carry their invoke (one per retry), so an attempt
 // picks in the invoke it was made for, also when gRPC retries it after
 // that invoke returned (an interceptor inside ours left it running);
-// UnaryOutcome's carry its retryState, whose one invoke is first.
+// UnaryOutcome's carries its retryState, whose one invoke is first.
 func invokeFrom(ctx context.Context, method string) (*retryState, *invoke) {
 	if ctx == nil || !retryInUse.Load() {
 		return nil, nil
@@ -483,7 +475,7 @@ func invokeFrom(ctx context.Context, method string) (*retryState, *invoke) {
 		return nil, nil
 	}
 	if inv == nil {
-		inv = st.current()
+		inv = &st.first
 	}
 	return st, inv
 }
@@ -550,7 +542,6 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			inv := &st.first
 			if attempt > 1 {
 				inv = &invoke{st: st} // its attempts are its own (see invoke)
-				st.inv.Store(inv)
 			}
 			st.core.Store(nil)
 			st.received.Store(false)
