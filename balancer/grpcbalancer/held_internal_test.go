@@ -373,3 +373,7 @@ func TestHeldAttemptSettledByAPickWhileNotReady(t *testing.T) {
 	s = stats(t, b, a)
 	assert.Zero(t, s.Failures, "the call's error is not the retried attempt's")
 }
+
+// settle reports the first invoke's held attempt, if any, with err, as
+// invokeSettled does for each invoke as its invoker returns.
+func (st *retryState) settle(err error) { st.first.held.settle(err) }

@@ -289,7 +289,7 @@ func zeroReply(reply any) bool {
 }
 
 // hold keeps the report of an attempt that grpc-go ended without error
-// until the interceptor sees the error the call returns (settle): grpc-go
+// until the interceptor sees the error the call returns (invokeSettled): grpc-go
 // also ends an attempt so when the server failed the call before the
 // client had written its request (see outcome), and only the call's error
 // tells. Only an attempt with an answer is held (call.done): one that
@@ -303,16 +303,6 @@ func zeroReply(reply any) bool {
 // invoke's error: once that invoke has returned, it is reported at once.
 func (st *retryState) hold(c *call, di balancer.DoneInfo) bool {
 	return c.inv != nil && c.inv.held.hold(c, di)
-}
-
-// settle reports the first invoke's held attempt, if any, with err: an
-// attempt grpc-go ended without error, in a call that failed, failed with
-// that error. nil st settles nothing. (The interceptors settle each
-// invoke's as it returns: invokeSettled.)
-func (st *retryState) settle(err error) {
-	if st != nil {
-		st.first.held.settle(err)
-	}
 }
 
 // errRetriedAttempt is the error of a held attempt (see hold, and
