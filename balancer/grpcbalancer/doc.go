@@ -87,7 +87,11 @@
 // Calls queued while a new channel connects go, as with round_robin, to the
 // children READY when the first one is, which may be that one alone (six
 // long calls sent at once on a fresh channel to three local servers all
-// went to one in two runs of four).
+// went to one in two runs of four). A call that gRPC picks for on the
+// picker from before a child turned READY, and that the core gives that
+// child's endpoint, waits for the picker that holds it (a moment) rather
+// than going elsewhere: an affinity key whose owner has just connected
+// keeps its calls there.
 // Before a burst of long generations, connect the channel ahead of time
 // (ClientConn.Connect: a channel starts IDLE) and let its children connect.
 //
