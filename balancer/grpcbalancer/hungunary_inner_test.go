@@ -17,7 +17,6 @@ import (
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
-	"github.com/inferlb/inferlb/balancer/internal/testhook"
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
@@ -81,39 +80,9 @@ func TestE2EHungUnaryBehindAnInnerPerAttemptCancelIsUnanswered(t *testing.T) {
 				bs[i] = &backend{addr: serve(t, s.register)}
 			}
 			name, b := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(1)})
-			arrived := &arrivals{header: make(chan struct{}, 1), payload: make(chan struct{}, 1)}
-			timers := make(chan context.CancelFunc, 1)
-			perAttempt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				actx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				timers <- cancel // the attempt's timer: the test fires it
-				return invoker(actx, method, req, reply, cc, opts...)
-			}
-			conn, _ := dial(t, bs, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
-				grpc.WithStatsHandler(arrived), grpc.WithChainUnaryInterceptor(tc.ic, perAttempt))
-			allReady(t, conn, b, len(bs)) // the key's owner is ready for its first call
-			client := testgrpc.NewTestServiceClient(conn)
+			// Every endpoint READY: the key's owner is ready for its first call.
+			client, arrived, timers := attemptTimers(t, bs, name, b, tc.ic)
 			req := &inferlb.Request{Service: inferlb.ServiceLLM, AffinityKey: 0x5eed, Session: true, PromptTokens: 100, MaxOutputTokens: 100}
-			drain := func() {
-				for _, ch := range []chan struct{}{arrived.header, arrived.payload} {
-					select {
-					case <-ch:
-					default:
-					}
-				}
-			}
-			idle := func() {
-				t.Helper()
-				ctx, cancel := context.WithTimeout(testContext(t), 5*time.Second)
-				defer cancel()
-				require.NoError(t, testhook.Await(ctx, b, func() bool {
-					var n int64
-					for _, s := range b.Stats() {
-						n += s.InFlight
-					}
-					return n == 0
-				}))
-			}
 			// start makes one call with the key. When it lands on a hung
 			// server it returns once the call has its headers, with the
 			// attempt's timer and the call's end; when it is answered, nil.
@@ -130,11 +99,11 @@ func TestE2EHungUnaryBehindAnInnerPerAttemptCancelIsUnanswered(t *testing.T) {
 				case <-servers[1].hung:
 				case err := <-ended:
 					require.NoError(t, err)
-					drain()
+					arrived.drain()
 					return nil, nil
 				}
 				awaitArrival(t, arrived.header, ended) // the headers came: bytes received
-				drain()
+				arrived.drain()
 				return timer, ended
 			}
 			// giveUp fires a hung call's timer after its 30 s.
@@ -164,7 +133,7 @@ func TestE2EHungUnaryBehindAnInnerPerAttemptCancelIsUnanswered(t *testing.T) {
 				if timer != nil {
 					landed++
 					giveUp(timer, ended)
-					idle()
+					idle(t, b, "a call given up")
 				}
 			}
 			s := endpointStats(t, b, bs[owner].addr)
@@ -186,7 +155,7 @@ func TestE2EHungUnaryBehindAnInnerPerAttemptCancelIsUnanswered(t *testing.T) {
 			if out != nil {
 				giveUp(out, outEnded)
 			}
-			idle()
+			idle(t, b, "the calls given up")
 			s = endpointStats(t, b, bs[owner].addr)
 			t.Logf("%d of %d calls landed on the hung replica, %d of the %d while one was out went to its peer; unanswered %d, abandoned run %d",
 				landed, 3+later, moved, later, s.Unanswered, s.Abandoned)
@@ -196,4 +165,26 @@ func TestE2EHungUnaryBehindAnInnerPerAttemptCancelIsUnanswered(t *testing.T) {
 			assert.EqualValues(t, 3, s.Abandoned)
 		})
 	}
+}
+
+// attemptTimers dials bs with balancer name (b's) through ic and, inside
+// it, an interceptor that gives each attempt a timer the test fires: the
+// attempt's cancel (context.WithCancel, which ends the attempt CANCELLED
+// while the caller's context lives) comes on timers as the attempt
+// starts. arrived signals the calls' headers and messages. It returns
+// once every endpoint is READY.
+func attemptTimers(t *testing.T, bs []*backend, name string, b *core.Balancer, ic grpc.UnaryClientInterceptor) (client testgrpc.TestServiceClient, arrived *arrivals, timers chan context.CancelFunc) {
+	t.Helper()
+	arrived = &arrivals{header: make(chan struct{}, 1), payload: make(chan struct{}, 1)}
+	timers = make(chan context.CancelFunc, 1)
+	perAttempt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		timers <- cancel // the attempt's timer: the test fires it
+		return invoker(actx, method, req, reply, cc, opts...)
+	}
+	conn, _ := dial(t, bs, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
+		grpc.WithStatsHandler(arrived), grpc.WithChainUnaryInterceptor(ic, perAttempt))
+	allReady(t, conn, b, len(bs))
+	return testgrpc.NewTestServiceClient(conn), arrived, timers
 }

@@ -99,6 +99,16 @@ type arrivals struct {
 	header, payload chan struct{}
 }
 
+// drain drops the arrivals signalled so far.
+func (a *arrivals) drain() {
+	for _, ch := range []chan struct{}{a.header, a.payload} {
+		select {
+		case <-ch:
+		default:
+		}
+	}
+}
+
 func (a *arrivals) TagRPC(ctx context.Context, _ *grpcstats.RPCTagInfo) context.Context { return ctx }
 func (a *arrivals) TagConn(ctx context.Context, _ *grpcstats.ConnTagInfo) context.Context {
 	return ctx

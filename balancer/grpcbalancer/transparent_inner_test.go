@@ -1,7 +1,6 @@
 package grpcbalancer_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
-	"github.com/inferlb/inferlb/balancer/internal/testhook"
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
@@ -49,30 +47,14 @@ func TestE2EHungUnaryAfterATransparentRetryIsUnanswered(t *testing.T) {
 			ref := startRefuser(t, tc.goAway)
 			bs := []*backend{{addr: ref.addr}, {addr: serve(t, hung.register)}}
 			name, b := shared(t, core.Options{Clock: clock, Rand: testutil.NewRand(1), PanicThreshold: -1, OutlierInterval: -1})
-			arrived := &arrivals{header: make(chan struct{}, 1), payload: make(chan struct{}, 1)}
-			timers := make(chan context.CancelFunc, 1)
-			perAttempt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				actx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				timers <- cancel // the attempt's timer: the test fires it
-				return invoker(actx, method, req, reply, cc, opts...)
-			}
-			conn, _ := dial(t, bs, name, `{"methods": {"/grpc.testing.TestService/": "llm"}}`,
-				grpc.WithStatsHandler(arrived), grpc.WithChainUnaryInterceptor(tc.ic, perAttempt))
-			allReady(t, conn, b, len(bs))
-			client := testgrpc.NewTestServiceClient(conn)
+			client, arrived, timers := attemptTimers(t, bs, name, b, tc.ic)
 			req := &inferlb.Request{Service: inferlb.ServiceLLM, PromptTokens: 100, MaxOutputTokens: 100}
 			calls, refused := 0, 0
 			for refused < refusedFirst {
 				require.Less(t, calls, 40, "the refusing server saw the first try of %d of %d calls", refused, calls)
 				calls++
 				clock.Advance(2 * core.DefaultCooldown) // past the refusal's cooldown
-				for _, ch := range []chan struct{}{arrived.header, arrived.payload} {
-					select {
-					case <-ch:
-					default:
-					}
-				}
+				arrived.drain()
 				before := ref.streams.Load()
 				ended := make(chan error, 1)
 				go func() {
@@ -89,15 +71,7 @@ func TestE2EHungUnaryAfterATransparentRetryIsUnanswered(t *testing.T) {
 				clock.Advance(30 * time.Second)
 				timer() // the caller still waits
 				assert.Equal(t, codes.Canceled, status.Code(<-ended))
-				ctx, cancel := context.WithTimeout(testContext(t), 5*time.Second)
-				require.NoError(t, testhook.Await(ctx, b, func() bool {
-					var n int64
-					for _, s := range b.Stats() {
-						n += s.InFlight
-					}
-					return n == 0
-				}))
-				cancel()
+				idle(t, b, "a call given up")
 				if ref.streams.Load() > before {
 					refused++
 				}
