@@ -45,6 +45,11 @@ type backend struct {
 	started chan struct{} // if set, signalled (without blocking) as each call starts
 	kv      float64       // per-call ORCA kv_cache_usage to report; 0 = none
 	perMsg  time.Duration // StreamingOutputCall: time to "generate" each message after the first
+	// held, if set, is unbuffered: an EmptyCall that finds a receiver
+	// already waiting on it hands it a signal and is then held until its
+	// context ends (the server stops), so the receiver knows that call is
+	// in flight until it acts. Calls finding no receiver go on as usual.
+	held chan struct{}
 	// clock, if set, is the fake clock of the core that routes to b:
 	// StreamingOutputCall then does not sleep perMsg but sends every
 	// message at once, naming b in each, and the test's client advances
@@ -111,6 +116,14 @@ func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.E
 	if b.started != nil {
 		select {
 		case b.started <- struct{}{}:
+		default:
+		}
+	}
+	if b.held != nil {
+		select {
+		case b.held <- struct{}{}:
+			<-ctx.Done()
+			return nil, ctx.Err()
 		default:
 		}
 	}
