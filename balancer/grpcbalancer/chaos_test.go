@@ -1,6 +1,7 @@
 package grpcbalancer_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
 )
 
 // endpointStats returns the core's view of the endpoint at address a.
@@ -36,7 +38,7 @@ func TestE2EChaosKillAndRestart(t *testing.T) {
 	bs := fleet(t, 4, func(i int, b *backend) {
 		b.delay = 2 * time.Millisecond
 		if i == 0 {
-			b.held = make(chan struct{})
+			b.hold = &holdGate{arrived: make(chan struct{}, 1)}
 		}
 	})
 	name, b := shared(t, core.Options{})
@@ -52,20 +54,43 @@ func TestE2EChaosKillAndRestart(t *testing.T) {
 	dead := bs[0].addr
 
 	// Steady load; backend 0 is killed a third of the way through, while
-	// it holds a call it has accepted (the kill must lose something). The
-	// call is held until the kill: a call that only took the backend's
-	// delay to answer was, on a loaded machine, answered before the kill
-	// now and then (1 run in 7 of the package's tests, three binaries on 2
-	// cores: "the kill cost 0 failures"; every run with a 50 ms pause
-	// before the kill).
+	// it holds calls it has accepted (the kill must lose something) and
+	// none of its answers is under way: from the kill's start it holds
+	// every call it starts, and the kill waits until each call in flight
+	// to it is one it holds. A call whose answer had begun (its headers
+	// came) is not UnaryRetry's to retry, by design. Before, the kill
+	// stopped the server once a call had started there, counting on the
+	// backend's 2 ms delay: now and then that call was answered first and
+	// the kill lost nothing (1 run in 7 of the package's race binary,
+	// -test.cpu 4, three binaries on 2 cores; every run with a 50 ms pause
+	// before the kill), and now and then another call's answer was half
+	// written and that call failed (2 runs in 31; its attempt had
+	// received bytes).
 	var atKill core.EndpointStats
 	kill := func() {
-		select {
-		case <-bs[0].held:
-		case <-ctx.Done():
+		gate := bs[0].hold
+		gate.on.Store(true)
+		quiet := func() bool {
+			n := gate.n.Load()
+			return n > 0 && endpointStats(t, b, dead).InFlight == n
+		}
+		// Each call that leaves flight wakes Await; a call that arrives
+		// and is held wakes it through arrived.
+		for !quiet() && ctx.Err() == nil {
+			wctx, cancel := context.WithCancel(ctx)
+			go func() {
+				select {
+				case <-gate.arrived:
+					cancel()
+				case <-wctx.Done():
+				}
+			}()
+			_ = testhook.Await(wctx, b, quiet)
+			cancel()
 		}
 		atKill = endpointStats(t, b, dead)
 		bs[0].srv.Stop()
+		gate.on.Store(false) // the restarted backend answers
 	}
 	if err := loadWith(ctx, conn, workers, 900, 300, kill, wfr); err != nil {
 		t.Fatalf("a wait-for-ready call was lost across the kill: %v", err)

@@ -45,11 +45,9 @@ type backend struct {
 	started chan struct{} // if set, signalled (without blocking) as each call starts
 	kv      float64       // per-call ORCA kv_cache_usage to report; 0 = none
 	perMsg  time.Duration // StreamingOutputCall: time to "generate" each message after the first
-	// held, if set, is unbuffered: an EmptyCall that finds a receiver
-	// already waiting on it hands it a signal and is then held until its
-	// context ends (the server stops), so the receiver knows that call is
-	// in flight until it acts. Calls finding no receiver go on as usual.
-	held chan struct{}
+	// hold, if set and on, holds each EmptyCall that b starts until its
+	// context ends (the server stops), answering nothing (see holdGate).
+	hold *holdGate
 	// clock, if set, is the fake clock of the core that routes to b:
 	// StreamingOutputCall then does not sleep perMsg but sends every
 	// message at once, naming b in each, and the test's client advances
@@ -119,13 +117,14 @@ func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.E
 		default:
 		}
 	}
-	if b.held != nil {
+	if b.hold != nil && b.hold.on.Load() {
+		b.hold.n.Add(1)
 		select {
-		case b.held <- struct{}{}:
-			<-ctx.Done()
-			return nil, ctx.Err()
+		case b.hold.arrived <- struct{}{}:
 		default:
 		}
+		<-ctx.Done()
+		return nil, ctx.Err()
 	}
 	if b.kv > 0 {
 		rec := orca.CallMetricsRecorderFromContext(ctx)
@@ -142,6 +141,16 @@ func (b *backend) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.E
 		}
 	}
 	return &testgrpc.Empty{}, nil
+}
+
+// holdGate holds the calls a backend starts once on is set: n counts
+// them, and arrived (buffered, one) is told, without blocking, as each
+// arrives. A held call writes nothing, so a test that stops the server
+// when every call in flight to it is held knows none had begun its answer.
+type holdGate struct {
+	on      atomic.Bool
+	n       atomic.Int64
+	arrived chan struct{}
 }
 
 // StreamingOutputCall streams one message per response parameter, as a
