@@ -390,5 +390,10 @@ func TestHeldAttemptSettledByAPickWhileNotReady(t *testing.T) {
 }
 
 // settle reports the first invoke's held attempt, if any, with err, as
-// invokeSettled does for each invoke as its invoker returns.
-func (st *retryState) settle(err error) { st.first.held.settle(err) }
+// invokeSettled does for each invoke as its invoker returns. nil st
+// settles nothing.
+func (st *retryState) settle(err error) {
+	if st != nil {
+		st.first.held.settle(err)
+	}
+}
