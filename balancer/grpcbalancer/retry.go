@@ -26,7 +26,7 @@ import (
 //
 // Concurrency: attempts may overlap (gRPC hedging), so every field is atomic.
 type retryState struct {
-	method string // the call's, as gRPC names it to the picker (retryStateFrom)
+	method string // the call's, as gRPC names it to the picker (invokeFrom)
 	// ctx is the call's context as the interceptor got it: whether the
 	// call's caller cancelled it, rather than an interceptor inside ours
 	// one attempt (see park).
@@ -433,22 +433,16 @@ func retriedStates(info balancer.PickInfo) (*retryState, *invoke, *streamState) 
 	return st, inv, ss
 }
 
-// retryStateFrom returns the retry state of the call of method that ctx
-// carries, or nil. Another call made under the same context (by an
-// interceptor further in, or per-RPC credentials that call a gRPC token
-// service) has its own method, and must neither spend the call's retry
-// state nor have its attempts held and reported as the call's.
-func retryStateFrom(ctx context.Context, method string) *retryState {
-	st, _ := invokeFrom(ctx, method)
-	return st
-}
-
 // invokeFrom returns the retry state of the call of method that ctx
-// carries (see retryStateFrom) and the invoke ctx was made for, or nils.
-// UnaryRetry's contexts carry their invoke (one per retry), so an attempt
-// picks in the invoke it was made for, also when gRPC retries it after
-// that invoke returned (an interceptor inside ours left it running);
-// UnaryOutcome's carries its retryState, whose one invoke is first.
+// carries and the invoke ctx was made for, or nils. Another call made
+// under the same context (by an interceptor further in, or per-RPC
+// credentials that call a gRPC token service) has its own method, and
+// must neither spend the call's retry state nor have its attempts held
+// and reported as the call's. UnaryRetry's contexts carry their invoke
+// (one per retry), so an attempt picks in the invoke it was made for,
+// also when gRPC retries it after that invoke returned (an interceptor
+// inside ours left it running); UnaryOutcome's carries its retryState,
+// whose one invoke is first.
 func invokeFrom(ctx context.Context, method string) (*retryState, *invoke) {
 	if ctx == nil || !retryInUse.Load() {
 		return nil, nil

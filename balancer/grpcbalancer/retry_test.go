@@ -294,3 +294,9 @@ func TestWindowRefusalOutlivesGRPCsOwnRetry(t *testing.T) {
 	assert.Equal(t, codes.Internal, status.Code(err), "%v", err)
 	assert.Equal(t, status.Convert(refused).Message(), status.Convert(err).Message())
 }
+
+// retryStateFrom is invokeFrom's retry state alone.
+func retryStateFrom(ctx context.Context, method string) *retryState {
+	st, _ := invokeFrom(ctx, method)
+	return st
+}
