@@ -198,8 +198,9 @@
 // answered, when it overlapped another attempt (a hedge's loser); an
 // attempt that ends after the invoke that picked it returned (one such
 // an interceptor left running) is reported as it ends, as grpc-go ended
-// it, and never settled against a later invoke of UnaryRetry's; a
-// CANCEL reset while
+// it, and never settled against a later invoke of UnaryRetry's, nor
+// counted in its decision to retry that one (bytes it received, a
+// refusal or not-served answer it got); a CANCEL reset while
 // the caller still waits is not); the codes that map to 4xx
 // (INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED,
 // PERMISSION_DENIED, another NOT_FOUND, ALREADY_EXISTS, ABORTED) describe

@@ -77,35 +77,101 @@ func TestLeftOverAttemptSettlesAgainstItsOwnInvoke(t *testing.T) {
 	t.Run("answered", func(t *testing.T) {
 		_, h, stats, ctx := innerRig(t)
 		var left balancer.PickResult
-		var leftID, failedID string
+		var leftID, failedID, thirdID string
 		invokes := 0
-		inner := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+		inner := func(ctx context.Context, method string, _, reply any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
 			invokes++
 			pick := func() (string, balancer.PickResult) {
 				return h.pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
 			}
-			if invokes == 1 {
+			switch invokes {
+			case 1:
 				leftID, left = pick()
 				return timedOut // without waiting for the attempt to end
+			case 2:
+				var res balancer.PickResult
+				failedID, res = pick()
+				require.NotEqual(t, leftID, failedID, "the retry goes to the endpoint with nothing in flight")
+				// The left-over attempt's answer comes now, too late.
+				left.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+				assert.EqualValues(t, 1, stats(leftID).Successes, "the left-over attempt, reported as it ends")
+				res.Done(balancer.DoneInfo{Err: timedOut, BytesSent: true}) // the connection broke
+				return timedOut
 			}
 			var res balancer.PickResult
-			failedID, res = pick()
-			require.NotEqual(t, leftID, failedID, "the retry goes to the endpoint with nothing in flight")
-			// The left-over attempt's answer comes now, too late.
-			left.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
-			assert.EqualValues(t, 1, stats(leftID).Successes, "the left-over attempt, reported as it ends")
-			res.Done(balancer.DoneInfo{Err: timedOut, BytesSent: true}) // the connection broke
-			return timedOut
+			thirdID, res = pick()
+			res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
+			reply.(*testgrpc.SimpleResponse).Username = "answered"
+			return nil
 		}
-		// A response came for the call (the left-over attempt's): it is
-		// not tried a third time.
-		assert.Equal(t, timedOut, UnaryRetry(3)(ctx, method, &testgrpc.SimpleRequest{}, &testgrpc.SimpleResponse{}, nil, inner))
-		require.Equal(t, 2, invokes)
+		// The left-over attempt's answer, which its invoke's interceptor
+		// had given up on, is no answer begun of the second invoke, which
+		// broke before any byte came: that one is retried, as any such
+		// failure (a third time, within maxAttempts).
+		require.NoError(t, UnaryRetry(3)(ctx, method, &testgrpc.SimpleRequest{}, &testgrpc.SimpleResponse{}, nil, inner))
+		require.Equal(t, 3, invokes)
+		assert.NotEqual(t, failedID, thirdID, "the third attempt avoids where the second failed")
 		l, f := stats(leftID), stats(failedID)
-		assert.Zero(t, l.InFlight+f.InFlight)
+		assert.Zero(t, l.InFlight+f.InFlight+stats(thirdID).InFlight)
 		assert.Zero(t, l.Failures, "the endpoint that answered is not charged with the next invoke's failure")
 		assert.EqualValues(t, 1, f.Failures, "the attempt that failed")
 	})
+}
+
+// What UnaryRetry does after an invoke rests on that invoke's attempts:
+// a left-over attempt of the invoke before it (an interceptor inside ours
+// gave it up and returned without waiting) that ends while the next one
+// runs decides nothing about that one's failure. It set the call's
+// "response bytes received" and "endpoint does not serve the model" for
+// the whole call: a second invoke that broke before any byte came was not
+// retried, and its failure was taken for a not-served answer (a window
+// retry next, and, when that could go nowhere, the second invoke's error
+// returned in place of the last one's).
+func TestLeftOverAttemptDoesNotDecideTheNextInvokesRetry(t *testing.T) {
+	const method = "/grpc.testing.TestService/UnaryCall"
+	timedOut := status.Error(codes.Unavailable, "the attempt timed out")
+	broke := status.Error(codes.Unavailable, "connection reset")
+	for _, tc := range []struct {
+		name string
+		left balancer.DoneInfo // how the left-over attempt ends
+	}{
+		{"its connection reset after its headers", balancer.DoneInfo{Err: broke, BytesSent: true, BytesReceived: true}},
+		{"not served", balancer.DoneInfo{Err: status.Error(codes.NotFound, "Request for unknown model: 'llm' is not found"), BytesSent: true, BytesReceived: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, h, stats, ctx := innerRig(t)
+			var left balancer.PickResult
+			var ids []string
+			last := status.Error(codes.Unavailable, "the third invoke's own error")
+			invokes := 0
+			inner := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+				invokes++
+				pick := func() (string, balancer.PickResult) {
+					return h.pick(balancer.PickInfo{FullMethodName: method, Ctx: ctx})
+				}
+				switch invokes {
+				case 1:
+					var id string
+					id, left = pick()
+					ids = append(ids, id)
+					return timedOut // without waiting for the attempt to end
+				case 2:
+					id, res := pick()
+					ids = append(ids, id)
+					left.Done(tc.left) // the left-over attempt ends now
+					res.Done(balancer.DoneInfo{Err: broke, BytesSent: true}) // nothing came back
+					return broke
+				}
+				return last // sent nowhere (no endpoint ready for it, say)
+			}
+			err := UnaryRetry(3)(ctx, method, &testgrpc.SimpleRequest{}, &testgrpc.SimpleResponse{}, nil, inner)
+			assert.Equal(t, 3, invokes, "the second invoke broke before any byte came: retried")
+			assert.Equal(t, status.Convert(last).Message(), status.Convert(err).Message(), "the caller gets the last invoke's error")
+			for _, id := range ids {
+				assert.Zero(t, stats(id).InFlight, "in flight at %s", id)
+			}
+		})
+	}
 }
 
 // gRPC retries a left-over attempt of UnaryRetry's first invoke

@@ -160,13 +160,13 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	// when an earlier attempt failed elsewhere (exclude outlives it): the
 	// failover pick spends no budget and takes endpoints too small for
 	// the call when it finds nothing else. It does not repick (see !ok).
-	windowRetry := st != nil && st.windowRetry.Load()
+	windowRetry := inv != nil && inv.windowRetry.Load()
 	for range 1 + maxRepicks {
 		var err error
 		switch {
 		case windowRetry:
 			retry := p.mem.PickRetry
-			if st.hop.Load() {
+			if inv.hop.Load() {
 				retry = p.mem.PickNotServedRetry
 			}
 			c.pick, err = retry(req, exclude)
@@ -223,7 +223,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 				// small, where a failover pick still goes. It waits for
 				// the next picker, and picks there without spending
 				// the budget again.
-				st.windowRetry.Store(false)
+				inv.windowRetry.Store(false)
 				c.release()
 				return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 			}
@@ -252,14 +252,14 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 				// PickRetry spent the budget: gRPC's next pick of this
 				// attempt, if any, must not spend it again (the window
 				// filter still passes over the endpoints too small).
-				st.windowRetry.Store(false)
+				inv.windowRetry.Store(false)
 			}
 			c.release()
 			return res, err
 		}
 		c.core = p.mem.Balancer()
 		if st != nil {
-			st.core.Store(c.core)
+			inv.core.Store(c.core)
 			c.inv = inv
 			c.seq, c.overlap = c.inv.picked()
 			if c.seq > 1 {
@@ -267,7 +267,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			}
 			c.retry = st
 			if windowRetry {
-				st.windowRetry.Store(false) // spent
+				inv.windowRetry.Store(false) // spent
 			}
 		}
 		if ss != nil {
@@ -417,7 +417,7 @@ func (c *call) report(di balancer.DoneInfo) {
 		o = outcomeOf(di, false)
 	}
 	if c.retry != nil {
-		c.retry.attemptDone(c.pick.ID(), di, &o)
+		c.retry.attemptDone(c.inv, c.pick.ID(), di, &o)
 	}
 	if c.perCall && di.ServerLoad != nil {
 		if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok {
@@ -461,7 +461,7 @@ func (c *call) report(di balancer.DoneInfo) {
 		// Neither success nor failure; the window is the model's there.
 		o = inferlb.Outcome{ContextWindow: o.ContextWindow, PromptWindow: o.PromptWindow, Model: c.req.Model}
 		if c.retry != nil {
-			c.retry.refusedTooLong(di) // retried elsewhere (see UnaryRetry)
+			c.retry.refusedTooLong(c.inv, di) // retried elsewhere (see UnaryRetry)
 		}
 	case !o.Overloaded && (o.Err == nil || answered && !o.Canceled()):
 		// The server answered for the model: a failure it returned may be

@@ -17,10 +17,9 @@ import (
 	ctxwindow "github.com/inferlb/inferlb/internal/window"
 )
 
-// retryState links one call's attempts to the picker: the picker records
-// the Balancer that routed the attempt (so the retry spends that
-// Balancer's budget), and Done whether any response byte arrived, how many
-// attempts reached an endpoint and which endpoint the last failure was on.
+// retryState links one call's attempts to the picker: what holds for the
+// call as a whole, whichever attempt learned it. Each run of the invoker
+// has its own invoke, which records what its attempts did (see invoke).
 // The attempts are the interceptor's and, within each of them, gRPC's own
 // (transparent retries, and a retryPolicy's): the picker sees them all.
 //
@@ -40,25 +39,12 @@ type retryState struct {
 	reqMu    sync.Mutex
 	req      any
 	returned bool
-	core     atomic.Pointer[core.Balancer]
-	received atomic.Bool
-	// notServed: the attempt's endpoint answered that it does not serve
-	// the call's model (errUnknownModel).
-	notServed atomic.Bool
-	// tooLong: the attempt's endpoint refused the call as longer than its
-	// context window for the call's model; refusal holds the last such
-	// refusal's figures, which every later attempt's pick carries (fit).
-	tooLong atomic.Bool
+	// refusal holds the call's refusals as too long (the last first):
+	// its token counts are the request's, whichever attempt was refused,
+	// and every later attempt's pick carries them (fit).
 	refusal atomic.Pointer[refusal]
-	// windowRetry: the next attempt is the retry of a refusal as too
-	// long, or of an answer that the endpoint does not serve the call's
-	// model; its pick is Membership.PickRetry (see Pick), or, with hop
-	// (the answer was not-served), Membership.PickNotServedRetry, which
-	// leaves failover a reserve of the retry budget.
-	windowRetry atomic.Bool
-	hop         atomic.Bool
-	sent        atomic.Int32           // attempts that reached an endpoint
-	exclude     atomic.Pointer[string] // endpoint the previous attempt failed on
+	sent    atomic.Int32           // attempts that reached an endpoint, in every invoke
+	exclude atomic.Pointer[string] // endpoint the last failed attempt failed on
 
 	// reply is the call's reply message, which gRPC decodes a response
 	// message into (guarded by reqMu, released with req). See unanswered.
@@ -71,18 +57,28 @@ type retryState struct {
 }
 
 // invoke is one run of the interceptor's invoker (UnaryRetry runs it once
-// per retry): the attempts picked while it runs, and the reports held or
-// parked for it. An attempt belongs to the invoke it was picked in
-// (call.inv), and is held and parked only there: its slots close as the
-// invoker returns (invokeSettled), so an attempt that an interceptor
-// inside ours left running, ending after that, is reported at once, as
-// grpc-go ended it, and not settled against the next invoke (its error,
-// its reply, its attempts): TestLeftOverAttemptSettlesAgainstItsOwnInvoke.
-// So does a left-over attempt's retry by gRPC (transparent, or a retry
-// policy's): UnaryRetry's contexts carry their invoke (invokeFrom).
-// Taken for the invoke under way, its pick made that invoke's attempt
-// a hedge's sibling, and settled its held attempt as retried
+// per retry): the attempts picked while it runs, what they did, and the
+// reports held or parked for it. An attempt belongs to the invoke it was
+// picked in (call.inv), and is held and parked only there: its slots
+// close as the invoker returns (invokeSettled), so an attempt that an
+// interceptor inside ours left running, ending after that, is reported
+// at once, as grpc-go ended it, and not settled against the next invoke
+// (its error, its reply, its attempts):
+// TestLeftOverAttemptSettlesAgainstItsOwnInvoke. So does a left-over
+// attempt's retry by gRPC (transparent, or a retry policy's): UnaryRetry's
+// contexts carry their invoke (invokeFrom). Taken for the invoke under
+// way, its pick made that invoke's attempt a hedge's sibling, and settled
+// its held attempt as retried
 // (TestLeftOverAttemptRetriedByGRPCPicksInItsOwnInvoke).
+//
+// What UnaryRetry decides after an invoke (retry or not, and how) rests
+// on that invoke's attempts alone: a left-over attempt of an earlier one
+// that got bytes back, or was refused as too long or as not serving the
+// model, while a later invoke ran did not make the later invoke's
+// failure an answer begun, or a refusal to return
+// (TestLeftOverAttemptDoesNotDecideTheNextInvokesRetry). What it learned
+// of the endpoints stays the call's: where it failed (exclude), and a
+// refusal's token counts (refusal).
 //
 // Concurrency: st is immutable; every other field is atomic; a closed
 // slot stays closed.
@@ -99,6 +95,28 @@ type invoke struct {
 	// not yet called), in one word so that each pick and each end see
 	// the other in one order: see picked and ended.
 	attempts atomic.Uint64
+
+	// core is the Balancer that routed the invoke's last attempt: a
+	// retry spends that Balancer's budget.
+	core atomic.Pointer[core.Balancer]
+	// received: a response byte of an attempt of the invoke arrived.
+	received atomic.Bool
+	// sent counts the invoke's attempts that reached an endpoint.
+	sent atomic.Int32
+	// notServed: an attempt's endpoint answered that it does not serve
+	// the call's model (errUnknownModel).
+	notServed atomic.Bool
+	// tooLong: an attempt's endpoint refused the call as longer than its
+	// context window for the call's model (see retryState.refusal).
+	tooLong atomic.Bool
+	// windowRetry: the invoke is the retry of a refusal as too long, or
+	// of an answer that the endpoint does not serve the call's model;
+	// its first pick is Membership.PickRetry (see Pick), or, with hop
+	// (the answer was not-served), Membership.PickNotServedRetry, which
+	// leaves failover a reserve of the retry budget. Set before the
+	// invoke runs, and spent by that pick.
+	windowRetry atomic.Bool
+	hop         atomic.Bool
 }
 
 // picked records a pick in inv and returns its number in the invoke
@@ -313,17 +331,18 @@ func (st *retryState) hold(c *call, di balancer.DoneInfo) bool {
 // not a failure it cannot name.
 var errRetriedAttempt = fmt.Errorf("inferlb: the attempt ended without an error, and gRPC retried it: %w", context.Canceled)
 
-// attemptDone records how an attempt on endpoint id ended: a failure (or an
-// overload answer) there is what the call's next attempt, whoever makes it,
-// must avoid.
-func (st *retryState) attemptDone(id string, di balancer.DoneInfo, o *inferlb.Outcome) {
+// attemptDone records how an attempt of the call's invoke inv on endpoint
+// id ended: a failure (or an overload answer) there is what the call's
+// next attempt, whoever makes it, must avoid.
+func (st *retryState) attemptDone(inv *invoke, id string, di balancer.DoneInfo, o *inferlb.Outcome) {
 	if di.BytesReceived {
-		st.received.Store(true)
+		inv.received.Store(true)
 	}
 	if di.BytesSent {
 		st.sent.Add(1)
+		inv.sent.Add(1)
 		if o.Err == errUnknownModel {
-			st.notServed.Store(true) // retried, elsewhere (see UnaryRetry)
+			inv.notServed.Store(true) // retried, elsewhere (see UnaryRetry)
 		} else if o.Err == nil || o.Canceled() {
 			return // an answer, or the client's own cancellation
 		}
@@ -348,9 +367,10 @@ type refusal struct {
 	prev                   *refusal
 }
 
-// refusedTooLong records that the attempt that ended with di was refused
-// as longer than the endpoint's context window (see tooLong).
-func (st *retryState) refusedTooLong(di balancer.DoneInfo) {
+// refusedTooLong records that the attempt of the call's invoke inv that
+// ended with di was refused as longer than the endpoint's context window
+// (see invoke.tooLong).
+func (st *retryState) refusedTooLong(inv *invoke, di balancer.DoneInfo) {
 	w, p, o, po := ctxwindow.Refusal(refusalText(status.Convert(di.Err).Message()))
 	r := &refusal{window: w, prompt: p, output: o, promptOnly: po, err: di.Err}
 	for { // hedged attempts may be refused at once
@@ -359,7 +379,7 @@ func (st *retryState) refusedTooLong(di balancer.DoneInfo) {
 			break
 		}
 	}
-	st.tooLong.Store(true)
+	inv.tooLong.Store(true)
 }
 
 // fit returns req with the token counts of the call's refusals as too
@@ -522,18 +542,18 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 		defer st.release() // after each invoke's close, whose report may read req
 		// The last refusal as too long, when the call went on.
 		var refused error
+		// Whether the next invoke is the retry of a refusal (see
+		// invoke.windowRetry), and of a not-served answer (hop).
+		var window, hop bool
 		for attempt := 1; ; attempt++ {
 			inv := &st.first
 			if attempt > 1 {
 				inv = &invoke{st: st} // its attempts are its own (see invoke)
 			}
-			st.core.Store(nil)
-			st.received.Store(false)
-			st.notServed.Store(false)
-			st.tooLong.Store(false)
-			sent := st.sent.Load()
+			inv.windowRetry.Store(window)
+			inv.hop.Store(hop)
 			err := invokeSettled(context.WithValue(ctx, retryKey{}, inv), st, inv, invoker, method, req, reply, cc, opts)
-			if refused != nil && err != nil && st.sent.Load() == sent {
+			if refused != nil && err != nil && inv.sent.Load() == 0 {
 				// Sent nowhere: no endpoint left whose window might
 				// take it. The caller gets the server's refusal.
 				return refused
@@ -541,7 +561,7 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 			if err == nil || attempt >= maxAttempts || int(st.sent.Load()) >= maxAttempts || ctx.Err() != nil {
 				return err
 			}
-			if st.tooLong.Load() || st.notServed.Load() {
+			if inv.tooLong.Load() || inv.notServed.Load() {
 				// The next attempt's pick spends the retry budget, and
 				// only when some endpoint might take the call (fit, and
 				// not one remembered without its model): a retry to an
@@ -549,17 +569,17 @@ func UnaryRetry(maxAttempts int) grpc.UnaryClientInterceptor {
 				// fetch that answer again, on the budget, up to
 				// maxAttempts times in every call for a made-up model.
 				refused = err // the refusal's status, not a later attempt's
-				if r := st.refusal.Load(); st.tooLong.Load() && r != nil && r.err != nil {
+				if r := st.refusal.Load(); inv.tooLong.Load() && r != nil && r.err != nil {
 					refused = r.err // (gRPC's retry policy may have tried again)
 				}
-				st.hop.Store(!st.tooLong.Load())
-				st.windowRetry.Store(true)
+				window, hop = true, !inv.tooLong.Load()
 				continue
 			}
-			if status.Code(err) != codes.Unavailable || st.received.Load() {
+			window, hop = false, false
+			if status.Code(err) != codes.Unavailable || inv.received.Load() {
 				return err
 			}
-			if b := st.core.Load(); b == nil || !b.AllowRetry() {
+			if b := inv.core.Load(); b == nil || !b.AllowRetry() {
 				return err
 			}
 			// The retry avoids where this attempt died: attemptDone

@@ -44,14 +44,14 @@ func TestUnaryRetry(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			calls := 0
 			invoker := func(ctx context.Context, method string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
-				st := retryStateFrom(ctx, method)
+				st, inv := invokeFrom(ctx, method)
 				if st == nil {
 					t.Fatal("the interceptor put no retry state in the context")
 				}
 				if tt.b != nil {
-					st.core.Store(tt.b) // what the picker does
+					inv.core.Store(tt.b) // what the picker does
 				}
-				st.received.Store(tt.received) // what Done does
+				inv.received.Store(tt.received) // what Done does
 				err := tt.errs[min(calls, len(tt.errs)-1)]
 				calls++
 				return err
@@ -178,8 +178,8 @@ func TestWindowRetryWaitsForTheEndpointThatJustConnected(t *testing.T) {
 	a, res := h.pick(info)
 	require.Equal(t, addr(0), a)
 	res.Done(balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, "This model's maximum context length is 1000 tokens. However, your request has 5000 input tokens."), BytesSent: true, BytesReceived: true})
-	require.True(t, st.tooLong.Load())
-	st.windowRetry.Store(true)
+	require.True(t, st.first.tooLong.Load())
+	st.first.windowRetry.Store(true) // what UnaryRetry does for its retry's invoke
 
 	// Endpoint 1 is back: the core has it ready, and the next picker is
 	// published; the retry's pick runs on the one before.
@@ -214,13 +214,13 @@ func TestSideCallDoesNotShareTheRetryState(t *testing.T) {
 		side[a]++
 	}
 	assert.Positive(t, side[addr(0)], "the side call avoided the endpoint the retried call failed on: %v", side)
-	assert.Nil(t, st.core.Load(), "the side call recorded its Balancer as the call's")
+	assert.Nil(t, st.first.core.Load(), "the side call recorded its Balancer as the call's")
 	assert.Zero(t, st.sent.Load(), "the side call counted as the call's attempts")
 
 	a, res := h.pick(balancer.PickInfo{FullMethodName: "/ai.Gen/Chat", Ctx: ctx})
 	res.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
 	assert.Equal(t, addr(1), a, "the call's own retry avoids where it failed")
-	assert.NotNil(t, st.core.Load())
+	assert.NotNil(t, st.first.core.Load())
 }
 
 // A window retry whose pick the endpoint's child picker fails (its
@@ -245,8 +245,8 @@ func TestWindowRetryChildErrorSpendsOnce(t *testing.T) {
 		a, res = h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: context.WithValue(ctx, retryKey{}, st)})
 	}
 	res.Done(balancer.DoneInfo{Err: status.Error(codes.InvalidArgument, "This model's maximum context length is 1000 tokens. However, your request has 5000 input tokens."), BytesSent: true, BytesReceived: true})
-	require.True(t, st.tooLong.Load())
-	st.windowRetry.Store(true)
+	require.True(t, st.first.tooLong.Load())
+	st.first.windowRetry.Store(true) // what UnaryRetry does for its retry's invoke
 
 	byID := maps.Clone(cur.children.byID)
 	byID[addr(1)] = base.NewErrPicker(balancer.ErrNoSubConnAvailable)
@@ -293,10 +293,4 @@ func TestWindowRefusalOutlivesGRPCsOwnRetry(t *testing.T) {
 	err := UnaryRetry(3)(ctx, "/x.Y/Z", nil, nil, nil, invoker)
 	assert.Equal(t, codes.Internal, status.Code(err), "%v", err)
 	assert.Equal(t, status.Convert(refused).Message(), status.Convert(err).Message())
-}
-
-// retryStateFrom is invokeFrom's retry state alone.
-func retryStateFrom(ctx context.Context, method string) *retryState {
-	st, _ := invokeFrom(ctx, method)
-	return st
 }
