@@ -158,7 +158,7 @@ func TestLeftOverAttemptDoesNotDecideTheNextInvokesRetry(t *testing.T) {
 				case 2:
 					id, res := pick()
 					ids = append(ids, id)
-					left.Done(tc.left) // the left-over attempt ends now
+					left.Done(tc.left)                                       // the left-over attempt ends now
 					res.Done(balancer.DoneInfo{Err: broke, BytesSent: true}) // nothing came back
 					return broke
 				}
