@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,6 +19,31 @@ func TestPromptsSharingAPrefixShareBlockHashes(t *testing.T) {
 	// Same tokens in a different position hash differently: hashes are chained.
 	c := NewPrompt(Segment{ID: 2, Tokens: 50})
 	assert.NotEqual(t, c.Hashes[0], a.Hashes[100/BlockSize])
+}
+
+// Extend hashes only what follows its prompt's last full block: the
+// result must be NewPrompt's of all the segments, whatever the segments'
+// lengths against the block size (zero, under one block, ending on a
+// block's edge or within one), turn after turn.
+func TestExtendHashesAsNewPrompt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	lengths := []int{0, 1, 5, BlockSize - 1, BlockSize, BlockSize + 1, 2 * BlockSize, 100, 333}
+	for trial := range 50 {
+		all := []Segment{}
+		p := NewPrompt()
+		for turn := range 8 {
+			segs := make([]Segment, rng.IntN(3))
+			for i := range segs {
+				segs[i] = Segment{ID: rng.Uint64(), Tokens: lengths[rng.IntN(len(lengths))]}
+			}
+			all = append(all, segs...)
+			p = p.Extend(segs...)
+			want := NewPrompt(all...)
+			require.Equal(t, want.Tokens, p.Tokens, "trial %d turn %d", trial, turn)
+			require.Equal(t, want.Segments, p.Segments, "trial %d turn %d", trial, turn)
+			require.Equal(t, want.Hashes, p.Hashes, "trial %d turn %d", trial, turn)
+		}
+	}
 }
 
 func TestBlockPoolCachesAndEvictsLeastRecentlyFreed(t *testing.T) {
