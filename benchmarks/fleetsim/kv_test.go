@@ -46,6 +46,35 @@ func TestExtendHashesAsNewPrompt(t *testing.T) {
 	}
 }
 
+// tokensAt reads the stream tokenAt does, from any start, across segments
+// of any length (zero included), the prompt's end and into the answer; for
+// prompts of segments and of explicit tokens.
+func TestTokensAtReadsAsTokenAt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	lengths := []int{0, 1, 5, BlockSize - 1, BlockSize, BlockSize + 1, 40}
+	for trial := range 100 {
+		segs := make([]Segment, rng.IntN(5))
+		for i := range segs {
+			segs[i] = Segment{ID: rng.Uint64(), Tokens: lengths[rng.IntN(len(lengths))]}
+		}
+		p := NewPrompt(segs...)
+		raw := make([]uint64, rng.IntN(50))
+		for i := range raw {
+			raw[i] = rng.Uint64()
+		}
+		answer := rng.Uint64()
+		for _, q := range []*Prompt{p, PromptFromTokens(raw)} {
+			for start := range q.Tokens + 2*BlockSize {
+				got := make([]uint64, rng.IntN(2*BlockSize)+1)
+				q.tokensAt(start, answer, got)
+				for k, tok := range got {
+					require.Equal(t, q.tokenAt(start+k, answer), tok, "trial %d, start %d, token %d", trial, start, k)
+				}
+			}
+		}
+	}
+}
+
 func TestBlockPoolCachesAndEvictsLeastRecentlyFreed(t *testing.T) {
 	p := newBlockPool(4)
 	h := []uint64{11, 13, 15}

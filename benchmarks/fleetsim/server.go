@@ -681,9 +681,11 @@ func (r *replica) answerBlockHash(s *seq, k int) uint64 {
 	if k > 0 {
 		h.parent = s.hashes[k-1]
 	}
+	var toks [BlockSize]uint64
+	s.prompt.tokensAt(k*BlockSize, s.job.req.AnswerID, toks[:])
 	var out uint64
-	for i := k * BlockSize; i < (k+1)*BlockSize; i++ {
-		out, _ = h.add(s.prompt.tokenAt(i, s.job.req.AnswerID))
+	for _, tok := range toks {
+		out, _ = h.add(tok)
 	}
 	return out
 }
