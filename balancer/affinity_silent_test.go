@@ -165,6 +165,7 @@ func driveSilent(t *testing.T, n int, out bool) silentRun {
 // the balancer's Rand gave 3,274-3,308 of 5,298 with 8 replicas, 3,998-
 // 4,089 not ready, 3,921-4,063 now.)
 func TestSilentMemberLeavesOwnersTheirKeys(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{4, 8} {
 		hungRun, outRun := driveSilent(t, n, false), driveSilent(t, n, true)
 		t.Logf("%d replicas: keys of the healthy ones (%d), calls on their owner / elsewhere (keys with 90%% on it): hung replica not ready %d/%d (%d), silent %d/%d (%d); the hung replica drew %d, %d out at most (%d while silent from the hang)",

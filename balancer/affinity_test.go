@@ -59,6 +59,7 @@ func ownerTakes(t *testing.T, b *balancer.Balancer, key uint64, home string, n i
 }
 
 func TestIndependentBalancersAgree(t *testing.T) {
+	t.Parallel()
 	// Two processes: same endpoints (in a different order) and seed, their
 	// own random sources and no shared state.
 	// 100,000 keys seen once each: without MinKeyReuse -1 both would

@@ -72,6 +72,7 @@ func (constant) Cost(*inferlb.Request, scoring.State) float64 { return 1 }
 // ln ln n / ln 2 + O(1) (about 3.3 + O(1) for n = 1e5), against about 7.7
 // for one random choice.
 func TestTwoChoicesMaxLoad(t *testing.T) {
+	t.Parallel()
 	const n = 100_000
 	seeds := 5
 	if testutil.Race {

@@ -21,6 +21,7 @@ import (
 // membership's durable group counters and its model groups; request data
 // must add nothing.
 func TestChurnKeepsEveryTableToTheCurrentFleet(t *testing.T) {
+	t.Parallel()
 	clock := testutil.NewClock()
 	b := New(Options{Clock: clock, Rand: testutil.NewRand(1), StickyTTL: time.Minute, TenantShardSize: 2, SpillMemory: time.Minute})
 	side, err := b.NewMembership()

@@ -27,6 +27,7 @@ import (
 // entries of removed endpoints only until those lapse or are evicted,
 // and never grow).
 func TestChurnWithEveryOutcomeKeepsTheTablesToTheCurrentSet(t *testing.T) {
+	t.Parallel()
 	clock := testutil.NewClock()
 	var trips, ejections atomic.Int64
 	b := New(Options{Clock: clock, Rand: testutil.NewRand(7), StickyTTL: time.Minute, SpillMemory: time.Minute,

@@ -27,6 +27,7 @@ import (
 // errors is the key's, not the endpoint's: not counted, the key takes out
 // its owner only (653 and 646), and a session moved so sticks to nothing.
 func TestRefusedKeyTakesOutItsOwnerOnly(t *testing.T) {
+	t.Parallel()
 	const seeds, rounds = 20, 300
 	for _, tc := range []struct {
 		name    string

@@ -139,6 +139,7 @@ func tenantMix(pctA int) func(n int) string {
 // quarter of their calls or more, as A's load is off it. Without the
 // tenant named, the figures are as they were.
 func TestTenantRefusedOnOneReplicaPassesItOverForThatTenantOnly(t *testing.T) {
+	t.Parallel()
 	for _, svc := range []inferlb.Service{inferlb.ServiceEmbedding, inferlb.ServiceLLM} {
 		for _, pct := range []int{10, 30, 60} {
 			for _, perRound := range []int{4, 40} {
@@ -177,6 +178,7 @@ func TestTenantRefusedOnOneReplicaPassesItOverForThatTenantOnly(t *testing.T) {
 // of its calls are bad, or all of them (its key expired: refused
 // everywhere, every replica is passed over, and none is).
 func TestTenantsOwnBadCallsKeepItsCallsSpread(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []int{1, 3, 10} { // tenths of A's calls refused everywhere
 		for _, perRound := range []int{4, 40} {
 			r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(uint64(bad))}, "r0", "r1", "r2", "r3")
@@ -228,6 +230,7 @@ func TestTenantRefusalEndsWhenTheReplicaServesIt(t *testing.T) {
 // other. Evicted, A's entries were learnt again, three refused calls at a
 // time, as the flood evicted them.
 func TestMadeUpTenantsKeepARealTenantsRefusal(t *testing.T) {
+	t.Parallel()
 	for _, perRound := range []int{4, 40} {
 		r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(5)}, "r0", "r1", "r2", "r3")
 		real := tenantMix(20)

@@ -209,6 +209,7 @@ func TestClientErrorsDoNotAllocate(t *testing.T) {
 // At the defaults (ErrorAlpha 0.1, ErrorDecay 30 s) it comes to one call
 // every 2 to 3 s, whether the fleet takes 200 calls a second or 2,000.
 func TestShunnedReplicaIsTriedNowAndThen(t *testing.T) {
+	t.Parallel()
 	for _, perRound := range []int{4, 40} {
 		b, clock := threeEndpoints(t, 13)
 		answer := func(addr string, _ int) (time.Duration, bool) {

@@ -60,6 +60,7 @@ func mixedShare(t *testing.T, prompt, busy int) float64 {
 // and a 32k-token prompt went to it over an idle rank with three calls
 // in flight there.
 func TestIdleRankAndReplicaShareAlike(t *testing.T) {
+	t.Parallel()
 	for _, prompt := range []int{2000, 8000, 32000} {
 		assert.InDelta(t, 1.0/3, mixedShare(t, prompt, 0), 0.07, "all idle, prompt %d", prompt)
 	}

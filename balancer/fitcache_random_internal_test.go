@@ -23,6 +23,7 @@ import (
 // lapse first (fleetViewTTL): what a view may miss within its life is not
 // what this checks.
 func TestFitCacheGivesEachFilterItsOwnView(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(8) {
 		clock := testutil.NewClock()
 		b := New(Options{AffinitySeed: 0x5eed, Clock: clock, Rand: testutil.NewRand(seed), MaxEjectedFraction: 0.5})

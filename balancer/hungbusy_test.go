@@ -54,6 +54,7 @@ var silentFrom = 10 * time.Minute
 // without them (within a call or two with keys from the start: the
 // first minutes' runs).
 func TestBusyFleetsLateStopsOfLongGenerationsKeepTheirShare(t *testing.T) {
+	t.Parallel()
 	for _, join := range []time.Duration{0, 20 * time.Minute} {
 		for _, keys := range []int{0, 1000} {
 			var draws [2]map[string]int

@@ -227,6 +227,7 @@ func TestModelFailingEverywhere(t *testing.T) {
 // that were under way end well after the first failures and show it
 // serving for a moment).
 func TestServerFailingEverythingStillTrips(t *testing.T) {
+	t.Parallel()
 	for _, hold := range []int{16, 64} {
 		for at := 1000; at < 1040; at += 7 {
 			broken := func(i, e int, m string) bool { return i >= at && e == 0 }
@@ -244,6 +245,7 @@ func TestServerFailingEverythingStillTrips(t *testing.T) {
 // healthy: naming the model in the outcomes changes nothing, the breaker
 // trips after the same failures.
 func TestOneModelServerFailingTripsAsBefore(t *testing.T) {
+	t.Parallel()
 	for _, hold := range []int{16, 64} {
 		for at := 1000; at < 1040; at += 7 {
 			broken := func(i, e int, m string) bool { return i >= at && e == 0 }
@@ -264,6 +266,7 @@ func TestOneModelServerFailingTripsAsBefore(t *testing.T) {
 // server does not trip, with the model broken on one endpoint or on all.
 // A server failing every call, its calls under way too, still trips.
 func TestModelBreakingMidCall(t *testing.T) {
+	t.Parallel()
 	for _, hold := range []int{16, 64} {
 		for _, everywhere := range []bool{false, true} {
 			broken := func(i, e int, m string) bool { return i >= 1000 && m == "x" && (everywhere || e == 0) }
@@ -327,6 +330,7 @@ func TestServerCrashTripsWhicheverModelFailsFirst(t *testing.T) {
 // are summed over several picker seeds: the flaky endpoint's share of one
 // run's last 1,000 swings by half with the picks' random stream.
 func TestFlakyServerKeepsItsFailures(t *testing.T) {
+	t.Parallel()
 	var calls, oldCalls int
 	var modelFailures, failures uint64
 	for seed := uint64(1); seed <= 8; seed++ {

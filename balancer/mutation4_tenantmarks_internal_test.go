@@ -212,6 +212,7 @@ func TestTenantRefusalThatMarksNothingNotesNoSet(t *testing.T) {
 // a marked pair of any bucket as the bucket's; the run must have dropped
 // a set that still held another bucket's mark.
 func TestTenantMarkBitsAreTheSetsHoldingMarks(t *testing.T) {
+	t.Parallel()
 	f := newMarksFleet(t, 64, 0.5)
 	tenants := make([]string, 24)
 	for i := range tenants {

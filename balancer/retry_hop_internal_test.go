@@ -15,6 +15,7 @@ import (
 // most 1, negative ones are 0; RetryFloor any finite value, negative ones
 // 0), clocks before 1970 included.
 func TestRetryHopsLeaveFailoverARetry(t *testing.T) {
+	t.Parallel()
 	for _, ratio := range []float64{0, 0.001, 0.01, 0.015, 0.0199, 0.02, 0.03, 0.2, 1} {
 		for _, floor := range []float64{0, 1e-300, 0.05, 0.1, 0.15, 0.2, 0.25, 1, 10, 1e3, 1e9, 1e12, 1e300} {
 			for _, nowNs := range []int64{0, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano(), time.Time{}.UnixNano(), math.MinInt64 / 2, math.MaxInt64 / 2} {

@@ -206,6 +206,7 @@ func TestEndpointChurnDoesNotFillTheTelemetryStore(t *testing.T) {
 // (65,536 by default: weeks of rollouts and autoscaling) every new pod
 // would route with no telemetry at all.
 func TestUnheldSlotsMakeRoomForABalancersEndpoints(t *testing.T) {
+	t.Parallel()
 	clock := testutil.NewClock()
 	store := &telemetry.Store{MaxEndpoints: 64, Clock: clock}
 	b := balancer.New(balancer.Options{Clock: clock, Telemetry: store})

@@ -20,6 +20,7 @@ import (
 // each member of a shard is the first on the ring from one of the tenant's
 // keys that the shard does not hold yet).
 func TestTenantShardJoinMovesOnlyTheShardsItEnters(t *testing.T) {
+	t.Parallel()
 	b := sharded(t, 16, 4)
 	before := map[string][]string{}
 	for i := range 100 {

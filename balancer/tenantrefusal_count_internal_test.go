@@ -63,6 +63,7 @@ func (b *Balancer) scanMarks(tenant string, g *group, c *cand) (all bool, marked
 // failover), is compared with scanMarks'; the runs must have passed
 // members over, passed over every member allowed, and hit the cap.
 func TestTenantMarksCountAsALookAtEachMember(t *testing.T) {
+	t.Parallel()
 	clock := testutil.NewClock()
 	b := New(Options{Clock: clock, Rand: testutil.NewRand(1), MaxEjectedFraction: 0.25, AffinitySeed: 5})
 	t.Cleanup(b.Close)

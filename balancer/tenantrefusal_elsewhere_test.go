@@ -112,6 +112,7 @@ func TestTenantRefusalWeighsItsCallsElsewhere(t *testing.T) {
 // had r0 passed over in 8 of 480 runs of these fleets over seeds 1 to
 // 40, bad at 60% to 100%: one call served elsewhere allowed a run of 17.)
 func TestTenantRefusedEverywhereOrOftenMarksNothing(t *testing.T) {
+	t.Parallel()
 	for _, r1Lat := range []time.Duration{6 * time.Second, time.Millisecond} {
 		for _, pct := range []int{60, 90, 100} {
 			for seed := uint64(1); seed <= 4; seed++ {
@@ -128,6 +129,7 @@ func TestTenantRefusedEverywhereOrOftenMarksNothing(t *testing.T) {
 // drawn at random (runs of bad calls as long as chance makes them): the
 // memory passes no endpoint over for A, and its calls stay spread.
 func TestTenantsOwnBadCallsAtSixtyPercentMarkNothing(t *testing.T) {
+	t.Parallel()
 	for _, perRound := range []int{4, 40} {
 		marks := 0
 		r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(6), OnEvent: func(ev balancer.Event) {
@@ -160,6 +162,7 @@ func TestTenantsOwnBadCallsAtSixtyPercentMarkNothing(t *testing.T) {
 // elsewhere, more than one served: none is passed over, as before the
 // weighing.
 func TestTenantBadEverywhereWithOneAffinityKeyMarksNothing(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ pct, seed int }{{90, 3}, {90, 18}, {70, 3}} {
 		marks := 0
 		seed := uint64(tc.seed)
@@ -195,6 +198,7 @@ func TestTenantBadEverywhereWithOneAffinityKeyMarksNothing(t *testing.T) {
 // first). Weighed against the share elsewhere during the run when that
 // is higher (runShare), none is passed over.
 func TestTenantBadEverywhereOverManyEndpointsMarksNothing(t *testing.T) {
+	t.Parallel()
 	addrs := make([]string, 16)
 	for i := range addrs {
 		addrs[i] = fmt.Sprintf("r%d", i)

@@ -87,6 +87,7 @@ func TestStatsRefusedTenantsDropWhenTheEndpointServesTheTenant(t *testing.T) {
 // another each time a refused probe starts the pass-over again, once per
 // ErrorDecay; none while it is in force.
 func TestTenantRefusedEventMarksEachPassOver(t *testing.T) {
+	t.Parallel()
 	var events []balancer.Event
 	r := newTenantRun(t, balancer.Options{Rand: testutil.NewRand(13), OnEvent: func(ev balancer.Event) {
 		events = append(events, ev)
