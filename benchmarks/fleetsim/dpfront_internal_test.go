@@ -39,6 +39,7 @@ func (m *membersRecorder) SetMembers(ms []int) {
 // shows it: one endpoint per engine, whose front end spreads the calls
 // over the engine's ranks; inferlb sees every rank.
 func TestBaselinesSeeOneEndpointPerEngine(t *testing.T) {
+	t.Parallel()
 	sc := DataParallelScenario()
 	cfg := RunConfig{Rate: 10, Clients: 1, Seed: 1, Warmup: 10 * time.Second, Duration: 40 * time.Second, Drain: 60 * time.Second}
 	var got [][]int

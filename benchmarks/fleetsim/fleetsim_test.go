@@ -12,6 +12,15 @@ import (
 	"github.com/inferlb/inferlb/benchmarks/fleetsim"
 )
 
+// The tests that run simulations for a second or more under the race
+// detector call t.Parallel, so that CI's -race run of this package, which
+// came within a minute of go test's 10-minute limit on a loaded machine,
+// runs them on both cores. A simulation is one goroutine over its own
+// scenario (the Scenario functions build a new one each call); the
+// package's variables are never written. The testing package starts them
+// only once every other test of the binary has returned, so the live
+// server's goleak checks never see them.
+
 // smallSharedPrefix is the shared-prefix scenario cut to run in about a
 // second (several under -race): 4 replicas, 60 groups whose contexts
 // (360k tokens) exceed one replica's cache, shorter answers.
@@ -40,6 +49,7 @@ func runAt(sc *fleetsim.Scenario, p fleetsim.Policy, clients int, seed uint64) f
 }
 
 func TestSameSeedSameResult(t *testing.T) {
+	t.Parallel()
 	sc := smallSharedPrefix()
 	sc.Warmup, sc.Duration, sc.Drain = 10*time.Second, 40*time.Second, 20*time.Second
 	for _, p := range []fleetsim.Policy{fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), fleetsim.Oracle()} {
@@ -53,6 +63,7 @@ func TestSameSeedSameResult(t *testing.T) {
 }
 
 func TestInferLBBeatsRoundRobinOnSharedPrefixes(t *testing.T) {
+	t.Parallel()
 	sc := smallSharedPrefix()
 	rr := runAt(sc, fleetsim.RoundRobin(), 1, 1)
 	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
@@ -71,6 +82,7 @@ func TestInferLBBeatsRoundRobinOnSharedPrefixes(t *testing.T) {
 // eight callers lost 4.6-6.5 points of cache hits against one (and p90 TTFT
 // went from 0.05-0.08s to 0.19-0.33s), seeds 1-3.
 func TestManyCallersKeepTheCacheHitsOfOne(t *testing.T) {
+	t.Parallel()
 	sc := smallSharedPrefix()
 	lb := fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"})
 	for seed := uint64(1); seed <= 3; seed++ {
@@ -82,6 +94,7 @@ func TestManyCallersKeepTheCacheHitsOfOne(t *testing.T) {
 }
 
 func TestInferLBAvoidsASlowEmbeddingReplica(t *testing.T) {
+	t.Parallel()
 	sc := smallEmbedding()
 	rr := runAt(sc, fleetsim.RoundRobin(), 1, 1)
 	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
@@ -126,6 +139,7 @@ func TestDataParallelRanksStepTogether(t *testing.T) {
 // fewer replicas. The shedding scenario at its headline rate, past
 // capacity (seeds 1-4: 2.0-3.1 times as many failed calls).
 func TestShedAnswersAreOverloadsNotFailures(t *testing.T) {
+	t.Parallel()
 	sc := fleetsim.SheddingScenario()
 	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
 	asFailure := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb shed-as-failure", ShedAsFailure: true}), 1, 1)
@@ -145,6 +159,7 @@ func TestShedAnswersAreOverloadsNotFailures(t *testing.T) {
 // meet its calls about once per replica and adapter in that time. The lora
 // scenario at its headline rate, in a shorter window.
 func TestNotServedAnswersAreRememberedNotSuccesses(t *testing.T) {
+	t.Parallel()
 	sc := fleetsim.LoRAScenario()
 	sc.Warmup, sc.Duration, sc.Drain = 30*time.Second, 120*time.Second, 60*time.Second
 	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
@@ -168,6 +183,7 @@ func TestNotServedAnswersAreRememberedNotSuccesses(t *testing.T) {
 // one failed; read as client errors, it draws a few calls a minute. The
 // unauthorized scenario at its headline rate, in a shorter window.
 func TestUnauthorizedReplicaIsShunned(t *testing.T) {
+	t.Parallel()
 	sc := fleetsim.UnauthorizedScenario()
 	sc.Warmup, sc.Duration, sc.Drain = 10*time.Second, 40*time.Second, 20*time.Second
 	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
@@ -188,6 +204,7 @@ func TestUnauthorizedReplicaIsShunned(t *testing.T) {
 // fails no more calls than two choices do (61: the trickle r0 draws as
 // its share fades), while the other conversations keep their caches.
 func TestUnauthorizedChatReplicaLosesItsConversations(t *testing.T) {
+	t.Parallel()
 	sc := fleetsim.UnauthorizedChatScenario()
 	sc.Warmup, sc.Duration, sc.Drain = 60*time.Second, 240*time.Second, 60*time.Second
 	policy := func(name string) fleetsim.Policy {

@@ -73,6 +73,7 @@ func (r *endingRecorder) Pick(req *Request) (int, func(inferlb.Outcome), error) 
 // came back; those younger than 30 s at the restart fail with it. Calls
 // picked before the hang on r0, and the other replicas' calls, succeed.
 func TestHungReplicaAnswersNothing(t *testing.T) {
+	t.Parallel()
 	sc := shortHung()
 	var ends []ending
 	res := runHung(sc, recordEndings(RoundRobin(), &ends), 1)
@@ -110,6 +111,7 @@ func TestHungReplicaAnswersNothing(t *testing.T) {
 // replica than the same balancer without it, with and without affinity,
 // on every seed tried; and more tokens get through.
 func TestHungInferLBAbandonsFewerWithUnanswered(t *testing.T) {
+	t.Parallel()
 	sc := shortHung()
 	for _, seed := range []uint64{1, 2} {
 		for _, pair := range [][2]Variant{

@@ -193,6 +193,7 @@ func shortLoRASlots() *fleetsim.Scenario {
 // it has the contention it is about: with every adapter on every
 // replica, round-robin's calls wait for slots and load adapters.
 func TestLoRASlotsScenarioIsDeterministic(t *testing.T) {
+	t.Parallel()
 	sc := shortLoRASlots()
 	for _, p := range []fleetsim.Policy{fleetsim.RoundRobin(), fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"})} {
 		a, b := runAt(sc, p, 1, 3), runAt(sc, p, 1, 3)

@@ -106,6 +106,7 @@ func healthyOn(r fleetsim.Result) float64 {
 // keep 5-16% of their attempts there and lose 2.5-4.4% of their tokens
 // (seeds 1-8).
 func TestModelFailureKeepsTheReplicasForOtherModels(t *testing.T) {
+	t.Parallel()
 	sc := shortModelFailure(fleetsim.ModelFailureScenario())
 	for seed := uint64(1); seed <= 2; seed++ {
 		lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, seed)
@@ -140,6 +141,7 @@ func TestModelFailureKeepsTheReplicasForOtherModels(t *testing.T) {
 // replicas trip against the old reading's 4-5 (seeds 1-8), and the
 // others' p99 TTFT is lower on every seed.
 func TestModelFailingEverywhereIsHeldAgainstTheModel(t *testing.T) {
+	t.Parallel()
 	sc := shortModelFailure(fleetsim.ModelFailureEverywhereScenario())
 	lb := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb"}), 1, 1)
 	old := runAt(sc, fleetsim.InferLB(fleetsim.Variant{Name: "inferlb no-outcome-model", NoOutcomeModel: true}), 1, 1)

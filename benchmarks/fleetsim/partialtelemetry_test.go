@@ -43,6 +43,7 @@ func capture(pol Policy, out *[]*inferlbRouter) Policy {
 // each of the others; the same fleet with that replica scraped gives them
 // its readings too (so the check can fail). The replica still takes calls.
 func TestPartialTelemetryWithholdsOneReplicasTelemetry(t *testing.T) {
+	t.Parallel()
 	for _, withheld := range []bool{true, false} {
 		t.Run(fmt.Sprintf("withheld=%v", withheld), func(t *testing.T) {
 			sc := shortPartialTelemetry()
@@ -75,6 +76,7 @@ func TestPartialTelemetryWithholdsOneReplicasTelemetry(t *testing.T) {
 // the mean; the full scenario, seed 1, against 12.8% since) and its p99
 // TTFT at 40 req/s was 30.6s (0.89s since).
 func TestPartialTelemetryScenarioIsDeterministicAndHerdsNoCalls(t *testing.T) {
+	t.Parallel()
 	sc := shortPartialTelemetry()
 	for _, p := range sc.Policies {
 		if p.Name != "inferlb" && p.Name != "inferlb -affinity" && p.Name != "round-robin" {

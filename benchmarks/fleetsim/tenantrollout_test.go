@@ -16,6 +16,7 @@ import (
 // over for A's calls only: A loses fewer calls than with the tenant left
 // out, and r0 keeps about its eighth of the other tenants' calls.
 func TestTenantRolloutPassesR0OverForTenantAOnly(t *testing.T) {
+	t.Parallel()
 	sc := fleetsim.TenantRolloutScenario()
 	sc.Warmup, sc.Duration, sc.Drain = 60*time.Second, 240*time.Second, 60*time.Second
 	policy := func(name string) fleetsim.Policy {

@@ -100,6 +100,7 @@ func TestInferLBRetryReachesTheLargeReplica(t *testing.T) {
 // the figures its table reports hold: inferlb fails no call, the
 // baselines fail some, refusals are counted.
 func TestContextWindowsScenarioIsDeterministic(t *testing.T) {
+	t.Parallel()
 	sc := fleetsim.Lookup("context-windows")
 	require.NotNil(t, sc)
 	q := sc.Quick()

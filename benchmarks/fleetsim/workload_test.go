@@ -139,6 +139,7 @@ func testChat(rerender float64) *Chat {
 // prompt's full blocks cached, and nothing from the block where the answer
 // starts on.
 func TestChatRerenderedFollowUpHitsOnlyUpToThePreviousPrompt(t *testing.T) {
+	t.Parallel()
 	for _, f := range chatFollowUps(t, testChat(1)) {
 		require.True(t, f.rerender)
 		p, o := f.prev.Prompt.Tokens, f.prev.OutputTokens
@@ -153,6 +154,7 @@ func TestChatRerenderedFollowUpHitsOnlyUpToThePreviousPrompt(t *testing.T) {
 // apart from every other random stream, so the turns themselves (lengths,
 // keys) are those of the workload without re-rendering.
 func TestChatDefaultShareKeepsTheAnswerHitForOtherSessions(t *testing.T) {
+	t.Parallel()
 	require.Equal(t, ChatRerender, ChatScenario().Workload(10).(*Chat).Rerender)
 	fs := chatFollowUps(t, testChat(ChatRerender))
 	sessions := map[*chatSession]bool{}
