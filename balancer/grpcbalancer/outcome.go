@@ -30,7 +30,7 @@ var (
 	// failure.
 	errNotSent = fmt.Errorf("inferlb: call not sent: %w", context.Canceled)
 	// errUnknownModel is an answer that the endpoint does not serve the
-	// call's model (see notServed). The call's report turns it into
+	// call's model (see invoke.notServed). The call's report turns it into
 	// Outcome.NotServedModel when the call names its model; otherwise it
 	// counts as neither success nor failure, since it wraps
 	// context.Canceled: the endpoint is healthy, only without that model.
