@@ -143,8 +143,10 @@ func TestChaos(t *testing.T) {
 
 	// Phases 1 and 2: d dies abruptly after 20 requests, under load: its
 	// keep-alive connections are closed under the client's pool, and its
-	// port refuses new ones.
-	addr := victim.addr()
+	// port refuses new ones. The port stays the test's while d is down
+	// (newBackend holds it, see testutil.PortHold): closed and given back,
+	// another test's listener could be given it, and then take d's calls
+	// in the outage, or keep d from coming back on it.
 	run.run(1, 150, inFlight, step, 20, func() {
 		victim.srv.CloseClientConnections()
 		victim.srv.Close()
@@ -156,8 +158,9 @@ func TestChaos(t *testing.T) {
 	assert.LessOrEqual(t, deadFailures, 8, "traffic to the dead backend stops within a few failures")
 	assert.Zero(t, run.attempts[2]["d"], "no traffic to the dead backend once it is out")
 
-	// d comes back on the same address; the breaker's window passes.
-	bs[3] = newBackendAt(t, "d", addr)
+	// d comes back on the same address, a new listener on its held port;
+	// the breaker's window passes.
+	bs[3] = newBackendOn(t, "d", victim.port)
 	clock.Advance(balancer.DefaultEjectionTime)
 
 	// Phases 3..: recovery, in batches spanning the slow-start window.

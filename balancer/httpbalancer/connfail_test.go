@@ -81,18 +81,12 @@ func answering(t *testing.T, status int) string {
 // refusal: three in a row, each sent after the last one's cooldown, put
 // the replica on probation.
 func TestConnectionFailuresAreNoOverloads(t *testing.T) {
-	refused := func(t *testing.T) string {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		require.NoError(t, lis.Close())
-		return lis.Addr().String()
-	}
 	for _, tc := range []struct {
 		name     string
 		addr     func(t *testing.T) string
 		overload bool
 	}{
-		{"connection refused", refused, false},
+		{"connection refused", func(t *testing.T) string { return testutil.RefusedAddr(t) }, false},
 		{"connection reset", func(t *testing.T) string { return hangUp(t, true) }, false},
 		{"closed after the request", func(t *testing.T) string { return hangUp(t, false) }, false},
 		{"503 without Retry-After", func(t *testing.T) string { return answering(t, http.StatusServiceUnavailable) }, false},

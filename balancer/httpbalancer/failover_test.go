@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -23,16 +22,6 @@ import (
 	"github.com/inferlb/inferlb/internal/testutil"
 	"github.com/inferlb/inferlb/scoring"
 )
-
-// refusedAddr returns a loopback address nobody listens on.
-func refusedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
-}
 
 // preferUntilFailed makes endpoint id the cheapest until it has failed, so
 // the first attempt deterministically goes there.
@@ -71,7 +60,7 @@ func TestFailoverRetriesOnAnotherEndpoint(t *testing.T) {
 			good.hits.Store(0)
 			res := newResults(4)
 			tr := newTransport(t, httpbalancer.Options{
-				Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: refusedAddr(t)}, {ID: "good", Addr: good.addr()}},
+				Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: testutil.RefusedAddr(t)}, {ID: "good", Addr: good.addr()}},
 				BalancerOptions: preferOpts("dead"),
 				OnResult:        res.on,
 				MaxPeek:         tc.maxPeek,
@@ -100,7 +89,7 @@ func TestFailoverFromAffinityOwner(t *testing.T) {
 	good := newBackend(t, "good")
 	res := newResults(64)
 	tr := newTransport(t, httpbalancer.Options{
-		Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: refusedAddr(t)}, {ID: "good", Addr: good.addr()}},
+		Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: testutil.RefusedAddr(t)}, {ID: "good", Addr: good.addr()}},
 		BalancerOptions: balancer.Options{Rand: testutil.NewRand(1), AffinitySeed: 1},
 		Keyer:           cache.NewKeyer(1),
 		OnResult:        res.on,
@@ -152,15 +141,15 @@ func TestNoFailover(t *testing.T) {
 		ctx     func() (context.Context, context.CancelFunc)
 		started bool // the response started: the error shows on the body
 	}{
-		{name: "body not replayable", addr: refusedAddr(t),
+		{name: "body not replayable", addr: testutil.RefusedAddr(t),
 			opts: func(o *httpbalancer.Options) { o.MaxPeek = -1 },
 			body: func() io.Reader { return onlyReader{strings.NewReader(chatBody(1, false))} }},
-		{name: "body over the peek and not replayable", addr: refusedAddr(t),
+		{name: "body over the peek and not replayable", addr: testutil.RefusedAddr(t),
 			opts: func(o *httpbalancer.Options) { o.MaxPeek = 8 },
 			body: func() io.Reader { return onlyReader{strings.NewReader(chatBody(1, false))} }},
-		{name: "failover disabled", addr: refusedAddr(t),
+		{name: "failover disabled", addr: testutil.RefusedAddr(t),
 			opts: func(o *httpbalancer.Options) { o.DisableFailover = true }},
-		{name: "retry budget spent", addr: refusedAddr(t),
+		{name: "retry budget spent", addr: testutil.RefusedAddr(t),
 			opts: func(o *httpbalancer.Options) { o.BalancerOptions.RetryRatio, o.BalancerOptions.RetryFloor = -1, -1 }},
 		{name: "context canceled", addr: strings.TrimPrefix(hang.URL, "http://"),
 			ctx: func() (context.Context, context.CancelFunc) {
@@ -317,7 +306,7 @@ func (p preferAlways) Cost(_ *inferlb.Request, s scoring.State) float64 {
 // with nowhere to go.
 func TestFailoverWithNowhereToGoSpendsNoRetry(t *testing.T) {
 	good := newBackend(t, "good")
-	dead := inferlb.Endpoint{ID: "dead", Addr: refusedAddr(t)}
+	dead := inferlb.Endpoint{ID: "dead", Addr: testutil.RefusedAddr(t)}
 	res := newResults(8)
 	tr := newTransport(t, httpbalancer.Options{
 		Endpoints: []inferlb.Endpoint{dead},
@@ -357,7 +346,7 @@ func TestFailoverWithoutABodySpendsNoRetry(t *testing.T) {
 	good := newBackend(t, "good")
 	res := newResults(4)
 	tr := newTransport(t, httpbalancer.Options{
-		Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: refusedAddr(t)}, {ID: "good", Addr: good.addr()}},
+		Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: testutil.RefusedAddr(t)}, {ID: "good", Addr: good.addr()}},
 		BalancerOptions: preferOpts("dead"),
 		OnResult:        res.on,
 		MaxPeek:         -1, // so the body is replayed by GetBody alone
@@ -420,7 +409,7 @@ func TestFailoverBodyFromABadGetBodyBlamesNoEndpoint(t *testing.T) {
 			good.hits.Store(0)
 			res := newResults(4)
 			tr := newTransport(t, httpbalancer.Options{
-				Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: refusedAddr(t)}, {ID: "good", Addr: good.addr()}},
+				Endpoints:       []inferlb.Endpoint{{ID: "dead", Addr: testutil.RefusedAddr(t)}, {ID: "good", Addr: good.addr()}},
 				BalancerOptions: preferOpts("dead"),
 				OnResult:        res.on,
 			})

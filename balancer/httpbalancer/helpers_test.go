@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,6 +19,7 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -38,6 +38,7 @@ type backend struct {
 	name string
 	srv  *httptest.Server
 	hits atomic.Int64
+	port *testutil.PortHold // srv's port, where newBackendOn started it; else nil
 }
 
 // fakeChat answers /v1/chat/completions like vLLM: JSON, or an SSE stream of
@@ -78,25 +79,34 @@ const chunks = 5
 
 func newBackend(t testing.TB, name string) *backend {
 	t.Helper()
-	b := &backend{name: name}
-	b.srv = httptest.NewServer(http.HandlerFunc(b.fakeChat))
-	t.Cleanup(b.srv.Close)
+	return newBackendOn(t, name, testutil.HoldPort(t))
+}
+
+// newBackendOn starts a backend on port: a fresh one, or a killed
+// backend's, to restart it where it was.
+func newBackendOn(t testing.TB, name string, port *testutil.PortHold) *backend {
+	t.Helper()
+	b := &backend{name: name, port: port}
+	b.srv = serveOn(t, port, http.HandlerFunc(b.fakeChat))
 	return b
 }
 
-// newBackendAt starts a backend on a given address (to restart a killed one
-// where it was).
-func newBackendAt(t testing.TB, name, addr string) *backend {
+// serveOn starts a test server for h on port until the test ends. The
+// port is held for the test (testutil.PortHold): once a test closes the
+// server, as it kills a backend, the backend's address refuses
+// connections until the test ends, or until a server is started on the
+// port again, and no other test's listener can be given the port in
+// between, as one could a port the closed listener gave back.
+func serveOn(t testing.TB, port *testutil.PortHold, h http.Handler) *httptest.Server {
 	t.Helper()
-	l, err := net.Listen("tcp", addr)
+	l, err := port.Listen()
 	require.NoError(t, err)
-	b := &backend{name: name}
-	b.srv = httptest.NewUnstartedServer(http.HandlerFunc(b.fakeChat))
-	_ = b.srv.Listener.Close()
-	b.srv.Listener = l
-	b.srv.Start()
-	t.Cleanup(b.srv.Close)
-	return b
+	srv := httptest.NewUnstartedServer(h)
+	_ = srv.Listener.Close()
+	srv.Listener = l
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 func (b *backend) addr() string { return strings.TrimPrefix(b.srv.URL, "http://") }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/internal/testutil"
 )
 
 const embeddingsURL = "http://llm.internal/v1/embeddings"
@@ -25,7 +25,7 @@ const embeddingsURL = "http://llm.internal/v1/embeddings"
 func newEmbeddingBackend(t *testing.T, name string, window int) *windowBackend {
 	t.Helper()
 	b := &windowBackend{backend: &backend{name: name}}
-	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	b.srv = serveOn(t, testutil.HoldPort(t), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var req struct {
 			Input json.RawMessage `json:"input"`
@@ -50,7 +50,6 @@ func newEmbeddingBackend(t *testing.T, name string, window int) *windowBackend {
 		w.Header().Set("X-Backend", name)
 		fmt.Fprintf(w, `{"object":"list","data":[],"model":"e5","usage":{"prompt_tokens":%d,"total_tokens":%d}}`, len(body)/4, len(body)/4)
 	}))
-	t.Cleanup(b.srv.Close)
 	return b
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -48,7 +47,7 @@ func newRefusingBackend(t *testing.T, name string, window int, refuse func(w htt
 func newRefusingBackendIf(t *testing.T, name string, tooLong func(prompt, out int) bool, refuse func(w http.ResponseWriter, prompt, out int)) *windowBackend {
 	t.Helper()
 	b := &windowBackend{backend: &backend{name: name}}
-	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	b.srv = serveOn(t, testutil.HoldPort(t), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var req struct {
 			Messages []struct {
@@ -70,7 +69,6 @@ func newRefusingBackendIf(t *testing.T, name string, tooLong func(prompt, out in
 		r.Body = io.NopCloser(strings.NewReader(string(body)))
 		b.fakeChat(w, r)
 	}))
-	t.Cleanup(b.srv.Close)
 	return b
 }
 
