@@ -112,8 +112,9 @@ func TestE2EChaosKillAndRestart(t *testing.T) {
 		t.Errorf("the kill cost %d failures and %d retries; the test meant to lose an accepted call", failures, retries.Allowed)
 	}
 
-	// Restart it on the same address; the channel reconnects with backoff
-	// and the backend gets calls again, none of them failing meanwhile.
+	// Restart it on the same address, its port held by start while it was
+	// down; the channel reconnects with backoff and the backend gets calls
+	// again, none of them failing meanwhile.
 	served := bs[0].calls.Load()
 	bs[0].start(t)
 	deadline := time.Now().Add(10 * time.Second)

@@ -38,6 +38,7 @@ type backend struct {
 	testgrpc.UnimplementedTestServiceServer
 
 	addr  string
+	port  *testutil.PortHold // addr's port, held for the test, where start chose it
 	srv   *grpc.Server
 	calls atomic.Int64
 
@@ -185,18 +186,24 @@ func (b *backend) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, 
 	return nil
 }
 
-// start serves b on a fresh loopback port (or on addr, when restarting).
+// start serves b on a fresh loopback port held for the test, or on the
+// same port again once b's server is stopped (b restarts where it was), or
+// on b.addr if the test set it. The held port (testutil.PortHold) refuses
+// connections while b is down and is never free: another test's listener
+// cannot be given it, to take b's calls or keep b from coming back.
 func (b *backend) start(t testing.TB) {
 	t.Helper()
-	a := b.addr
-	if a == "" {
-		a = "127.0.0.1:0"
+	if b.port == nil && b.addr == "" {
+		b.port = testutil.HoldPort(t)
 	}
-	lis, err := net.Listen("tcp", a)
+	listen := func() (net.Listener, error) { return net.Listen("tcp", b.addr) }
+	if b.port != nil {
+		b.addr, listen = b.port.Addr(), b.port.Listen
+	}
+	lis, err := listen()
 	if err != nil {
-		t.Fatalf("listen %s: %v", a, err)
+		t.Fatalf("listen %s: %v", b.addr, err)
 	}
-	b.addr = lis.Addr().String()
 	srv := grpc.NewServer(orca.CallMetricsServerOption(nil))
 	testgrpc.RegisterTestServiceServer(srv, b)
 	if b.smr != nil {
@@ -882,12 +889,7 @@ func TestClosedSharedBalancerFailsCallsAtOnce(t *testing.T) {
 // uses while nothing is READY asked no one, and such a call waited for
 // its deadline for endpoints the Balancer would never give again.
 func TestE2EClosedSharedBalancerFailsCallsWhileNothingIsReady(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close() // nothing listens: every connection attempt is refused
+	dead := testutil.RefusedAddr(t) // every connection attempt is refused
 	name, b := shared(t, core.Options{})
 	conn, _ := dial(t, []*backend{{addr: dead}}, name, `{}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -899,7 +901,7 @@ func TestE2EClosedSharedBalancerFailsCallsWhileNothingIsReady(t *testing.T) {
 		}
 	}
 	b.Close()
-	_, err = testgrpc.NewTestServiceClient(conn).EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+	_, err := testgrpc.NewTestServiceClient(conn).EmptyCall(ctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), core.ErrClosed.Error()) {
 		t.Fatalf("a wait-for-ready call on a closed Balancer, no connection up: %v; want UNAVAILABLE with %q", err, core.ErrClosed)
 	}
