@@ -109,31 +109,62 @@ func TestRetryAfterRetriesAvoidRefusingReplicaHTTP(t *testing.T) {
 	}
 }
 
-// The official OpenAI client with its default retries, over loopback, real
-// time: the refusing replica sends retry-after-ms: 100 (which openai-go
-// honours, waiting exactly that), and the transport cools it down for
-// those 100 ms (before it read the header, for DefaultCooldown, set to
-// the same 100 ms here). 30
-// calls, the same prompt, 30 ms apart. Before the probation 8 and 10 of 30
-// calls failed in two runs (affinity on); now none does, whatever the
-// scheduling: the second refusal in a row puts the replica on probation
-// for twice its cooldown, far past the SDK's next retry.
+// The official OpenAI client with its default retries, over loopback: the
+// refusing replica sends retry-after-ms: 100, which openai-go honours,
+// waiting exactly that, and the transport cools it down for those 100 ms
+// (before it read the header, for DefaultCooldown, set to the same 100 ms
+// here). 30 calls, the same prompt, 30 ms apart. Before the probation 8
+// and 10 of 30 calls failed in two runs (affinity on); now none does: the
+// second refusal in a row puts the replica on probation for twice its
+// cooldown, past the SDK's next retry.
+//
+// The balancer runs on a fake clock, and so do the SDK's waits: a
+// middleware between openai-go's retry loop and the transport hands the
+// SDK each 429 with retry-after-ms: 0, so that it retries at once (the
+// SDK's own retry, with its count and its replayed body), and advances
+// the clock by the 100 ms the SDK would have slept before that retry's
+// attempt goes out. Every retry then comes at exactly the end of the
+// cooldown, as the SDK means it to, the case that failed, whatever the
+// scheduling; on the wall clock, the SDK's sleep and the cooldown raced,
+// with some 100 ms of margin to the probation's end.
 func TestOpenAIClientRetriesAvoidRefusingReplica(t *testing.T) {
 	bs, refusing := refusingPair(t, "retry-after-ms", "100")
+	clock := testutil.NewClock()
 	tr := newTransport(t, httpbalancer.Options{
 		Endpoints: endpointsOf(bs...),
 		BalancerOptions: balancer.Options{
-			Rand: testutil.NewRand(5), AffinitySeed: 1,
+			Clock: clock, Rand: testutil.NewRand(5), AffinitySeed: 1,
 			DefaultCooldown: 100 * time.Millisecond, MaxCooldown: time.Second,
 		},
 	})
 	owner := ownerOf(t, &http.Client{Transport: tr}, bs)
 	refusing.Store(&owner)
+	// The middleware runs on the calling goroutine, one attempt at a time.
+	var (
+		wait    time.Duration // the SDK's wait before its next retry, taken from it
+		retries int
+	)
+	waitOnClock := func(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+		if n := req.Header.Get("X-Stainless-Retry-Count"); n != "" && n != "0" {
+			retries++
+			clock.Advance(wait)
+		}
+		wait = 0
+		resp, err := next(req)
+		if err == nil && resp.Header.Get("retry-after-ms") != "" {
+			ms, perr := strconv.Atoi(resp.Header.Get("retry-after-ms"))
+			require.NoError(t, perr)
+			wait = time.Duration(ms) * time.Millisecond
+			resp.Header.Set("retry-after-ms", "0") // the transport read it already
+		}
+		return resp, err
+	}
 	client := openai.NewClient(
 		option.WithHTTPClient(&http.Client{Transport: tr}),
 		option.WithBaseURL("http://llm.internal/v1/"),
 		option.WithAPIKey("unused"),
 		option.WithMaxRetries(2), // the default, said
+		option.WithMiddleware(waitOnClock),
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -150,13 +181,14 @@ func TestOpenAIClientRetriesAvoidRefusingReplica(t *testing.T) {
 			require.Equal(t, http.StatusTooManyRequests, apiErr.StatusCode)
 			failed++
 		}
-		time.Sleep(30 * time.Millisecond) // the caller's pace, not a wait for goroutines
+		clock.Advance(30 * time.Millisecond) // the caller's pace
 	}
 	refused := bs[0].hits.Load()
 	if owner == bs[1].name {
 		refused = bs[1].hits.Load()
 	}
-	t.Logf("%d of 30 calls failed, %d attempts refused", failed, refused)
+	t.Logf("%d of 30 calls failed, %d attempts refused, %d retries", failed, refused, retries)
+	require.Positive(t, retries, "openai-go retried no refusal: the test tests nothing")
 	assert.Zero(t, failed)
 	assert.Zero(t, totalInFlight(tr.Balancer()))
 }
