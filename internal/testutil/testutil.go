@@ -1,5 +1,6 @@
-// Package testutil holds test helpers: a fake clock and deterministic random
-// sources. It is for tests only.
+// Package testutil holds test helpers: a fake clock, deterministic random
+// sources, and loopback ports held for a test (PortHold). It is for tests
+// only.
 package testutil
 
 import (
