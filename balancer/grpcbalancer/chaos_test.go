@@ -141,9 +141,14 @@ func TestE2EChaosKillAndRestart(t *testing.T) {
 	c := counts(bs)
 	got := []int64{c[0] - before[0], c[1] - before[1], c[2] - before[2], c[3] - before[3]}
 	t.Logf("first 400 calls after the restart: %v", got)
-	for i := 1; i < 4; i++ {
-		if got[0] >= got[i] {
-			t.Errorf("the restarted backend took %d calls, as many as peer %d (%d): no ramp", got[0], i, got[i])
-		}
+	// Against half the peers' mean, not each peer: the peers' shares
+	// follow their real latencies on a busy machine, and one peer that met
+	// a stall drew fewer calls than the ramping backend (1 run in 260
+	// under -race: [30 20 165 185]). With the ramp the backend takes 10-25%
+	// of a peer's mean share ([11 127 128 134] .. [30 ...]); without it
+	// (SlowStartWindow: -1) about all of it ([92 106 104 98], [106 93 101
+	// 100]), which each peer's share alone did not always tell.
+	if peers := got[1] + got[2] + got[3]; 6*got[0] >= peers {
+		t.Errorf("the restarted backend took %d calls, half its peers' mean (%d) or more: no ramp", got[0], peers/3)
 	}
 }
