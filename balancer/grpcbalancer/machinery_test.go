@@ -510,21 +510,59 @@ func (s signalOnClose) Close() {
 // A channel that goes idle closes its policy, and with it its membership
 // in a shared Balancer; leaving idle builds a new one, and calls go
 // through.
+//
+// The channel is judged active while a call is held in flight on a
+// backend, which keeps gRPC from idling it: judged after the load's last
+// call, a test goroutine that a busy machine ran 50 ms late (the idle
+// timeout) found the policy closed already, 0 endpoints (a 150 ms sleep
+// there failed 3 runs of 3).
 func TestE2EIdleChannelLeavesAndRejoinsTheSharedCore(t *testing.T) {
-	bs := fleet(t, 2, nil)
+	gate := &holdGate{arrived: make(chan struct{}, 1)}
+	bs := fleet(t, 2, func(_ int, b *backend) { b.hold = gate })
 	b := core.New(core.Options{})
 	name := fmt.Sprintf("inferlb-idle-%d", time.Now().UnixNano())
 	closed := make(chan struct{}, 1)
 	balancer.Register(closeSignal{Builder: grpcbalancer.NewBuilder(name, b), closed: closed})
 	conn, _ := dial(t, bs, name, `{}`, grpc.WithIdleTimeout(50*time.Millisecond))
 	ctx := testContext(t)
+	// whileActive runs check while a call is held on a backend.
+	whileActive := func(check func()) {
+		t.Helper()
+		gate.on.Store(true)
+		defer gate.on.Store(false)
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		ended := make(chan error, 1)
+		go func() {
+			_, err := testgrpc.NewTestServiceClient(conn).EmptyCall(cctx, &testgrpc.Empty{}, grpc.WaitForReady(true))
+			ended <- err
+		}()
+		select {
+		case <-gate.arrived:
+		case <-ctx.Done():
+			t.Fatal("the held call never reached a backend")
+		}
+		check()
+		cancel()
+		if err := <-ended; status.Code(err) != codes.Canceled {
+			t.Fatalf("the held call: %v, want CANCELED", err)
+		}
+	}
 	for range 3 {
 		if err := load(ctx, conn, 2, 20, grpc.WaitForReady(true)); err != nil {
 			t.Fatal(err)
 		}
-		if got := len(b.Stats()); got != 2 {
-			t.Fatalf("an active channel's Balancer knows %d endpoints, want 2", got)
-		}
+		whileActive(func() {
+			if got := len(b.Stats()); got != 2 {
+				t.Fatalf("an active channel's Balancer knows %d endpoints, want 2", got)
+			}
+			// A close from an idle spell between the load and the held
+			// call (which left it) is not the one the test waits for.
+			select {
+			case <-closed:
+			default:
+			}
+		})
 		select {
 		case <-closed: // idle: gRPC closed the policy
 		case <-ctx.Done():
