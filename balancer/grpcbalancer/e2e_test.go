@@ -629,6 +629,10 @@ func TestE2ERemovingAServerMovesItsTraffic(t *testing.T) {
 	conn, r := dial(t, bs, "", `{}`)
 	ctx := testContext(t)
 	wfr := grpc.WaitForReady(true)
+	// Every backend connected first: backend 3 must have calls to lose,
+	// and one whose first connection attempt failed waits out gRPC's
+	// reconnect backoff (about 1s), longer than the 200 calls take.
+	warm(ctx, t, conn, bs)
 	if err := load(ctx, conn, 4, 200, wfr); err != nil {
 		t.Fatal(err)
 	}
