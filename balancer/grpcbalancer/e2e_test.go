@@ -668,8 +668,11 @@ func TestE2ETwoChannelsShareOneCore(t *testing.T) {
 	ctx := testContext(t)
 	// Interleaved: each channel's updates land after the other's. A
 	// server's subchannel may turn READY after a round's calls were all
-	// sent, on a busy machine, so the rounds go on (up to 20) until every
-	// server has served, the other servers serving meanwhile.
+	// sent, on a busy machine, so the rounds go on (for up to 10s) until
+	// every server has served, the other servers serving meanwhile. Not
+	// for up to 20 rounds: they took 0.7s under -race, less than gRPC's
+	// reconnect backoff (about 1s) for a server whose first connection
+	// attempt failed.
 	everyServerCalled := func() bool {
 		for _, bk := range append(slices.Clone(llm), embed...) {
 			if bk.calls.Load() == 0 {
@@ -679,7 +682,8 @@ func TestE2ETwoChannelsShareOneCore(t *testing.T) {
 		return true
 	}
 	rounds := 0
-	for rounds < 3 || rounds < 20 && !everyServerCalled() {
+	deadline := time.Now().Add(10 * time.Second)
+	for rounds < 3 || !everyServerCalled() && time.Now().Before(deadline) {
 		rounds++
 		if err := load(ctx, connA, 2, 30, grpc.WaitForReady(true)); err != nil {
 			t.Fatal(err)
