@@ -1,6 +1,7 @@
 package grpcbalancer_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/inferlb/inferlb"
 	core "github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/grpcbalancer"
+	"github.com/inferlb/inferlb/balancer/internal/testhook"
 	"github.com/inferlb/inferlb/internal/testutil"
 )
 
@@ -55,6 +57,15 @@ func TestE2EHungUnaryAfterATransparentRetryIsUnanswered(t *testing.T) {
 				calls++
 				clock.Advance(2 * core.DefaultCooldown) // past the refusal's cooldown
 				arrived.drain()
+				// A graceful GOAWAY closed the refuser's connection:
+				// gRPC connects again on goroutines of its own, and
+				// calls picked before it is READY go to the hung
+				// replica first. Without -race, 40 calls in a row
+				// could all come before it (1 full package run in 5).
+				wctx, cancel := context.WithTimeout(testContext(t), 10*time.Second)
+				require.NoError(t, testhook.Await(wctx, b, func() bool { return endpointStats(t, b, ref.addr).Ready }),
+					"the refusing server is not READY again in 10 s")
+				cancel()
 				before := ref.streams.Load()
 				ended := make(chan error, 1)
 				go func() {
