@@ -79,7 +79,8 @@ func TestTwoChoicesMaxLoad(t *testing.T) {
 		// One goroutine picks, so the race detector has nothing to check
 		// here; it makes each run ~10x slower, and on a loaded machine this
 		// test alone took up to 400 s of the package's 10-minute limit. The
-		// seeds are fixed, so one seed's loads are the same on every run.
+		// seeds are fixed, so one seed's loads are the same on every run,
+		// and the pass without -race (README) runs all five.
 		seeds = 1
 	}
 	var p2c, single float64
