@@ -94,8 +94,7 @@ func testBackends[S testgrpc.TestServiceServer](t *testing.T, servers ...S) []*b
 // callUntil makes EmptyCalls (wait for ready) with ctx until done reports
 // true, failing t on an error or when 10s of calls did not get there
 // (some server never connected). A count of calls, 1000 of them, took
-// less than the reconnect backoff of a server whose first connection
-// attempt failed (see warm).
+// less than a busy machine may take to connect a server (see warm).
 func callUntil(t *testing.T, client testgrpc.TestServiceClient, ctx context.Context, done func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

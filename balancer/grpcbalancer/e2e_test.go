@@ -630,8 +630,8 @@ func TestE2ERemovingAServerMovesItsTraffic(t *testing.T) {
 	ctx := testContext(t)
 	wfr := grpc.WaitForReady(true)
 	// Every backend connected first: backend 3 must have calls to lose,
-	// and one whose first connection attempt failed waits out gRPC's
-	// reconnect backoff (about 1s), longer than the 200 calls take.
+	// and on a busy machine one may take a second to connect (see warm),
+	// longer than the 200 calls take.
 	warm(ctx, t, conn, bs)
 	if err := load(ctx, conn, 4, 200, wfr); err != nil {
 		t.Fatal(err)
@@ -670,9 +670,8 @@ func TestE2ETwoChannelsShareOneCore(t *testing.T) {
 	// server's subchannel may turn READY after a round's calls were all
 	// sent, on a busy machine, so the rounds go on (for up to 10s) until
 	// every server has served, the other servers serving meanwhile. Not
-	// for up to 20 rounds: they took 0.7s under -race, less than gRPC's
-	// reconnect backoff (about 1s) for a server whose first connection
-	// attempt failed.
+	// for up to 20 rounds: they took 0.7s under -race, less than a busy
+	// machine may take to connect a server (see warm).
 	everyServerCalled := func() bool {
 		for _, bk := range append(slices.Clone(llm), embed...) {
 			if bk.calls.Load() == 0 {
