@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/inferlb/inferlb"
@@ -408,7 +409,12 @@ func (o *Options) resolve() (*config, error) {
 	}
 	if o.Balancer == nil {
 		if err := o.BalancerOptions.Validate(); err != nil {
-			return nil, fmt.Errorf("inferlb: httpbalancer.Options.BalancerOptions: %w", err)
+			// Validate names the field as in balancer.Options; here it is
+			// named as the caller wrote it, under one "inferlb: " prefix
+			// (it once read "inferlb: httpbalancer.Options.BalancerOptions:
+			// inferlb: balancer.Options.LoadBound = 0.5: ...").
+			msg := "inferlb: httpbalancer.Options.BalancerOptions." + strings.TrimPrefix(err.Error(), "inferlb: balancer.Options.")
+			return nil, &renamedError{msg: msg, err: err}
 		}
 	}
 	// A nil pointer or func in the interface is not nil (a Base declared as
@@ -501,3 +507,14 @@ func (c *config) bind(b *balancer.Balancer) {
 	}
 	_, c.reopen = c.inspector.(*OpenAI)
 }
+
+// renamedError is an error of another package's, its message reworded to
+// name the field as the caller wrote it; errors.Is and errors.As still find
+// the original.
+type renamedError struct {
+	msg string
+	err error
+}
+
+func (e *renamedError) Error() string { return e.msg }
+func (e *renamedError) Unwrap() error { return e.err }

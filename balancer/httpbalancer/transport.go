@@ -259,9 +259,9 @@ func checkEndpoints(endpoints []inferlb.Endpoint) (keep []inferlb.Endpoint, prob
 		if j, dup := servers[server]; dup {
 			other := endpoints[j]
 			problems = append(problems, entryProblem{
-				update: fmt.Errorf("inferlb: endpoint %d (%q): Addr %q names the server of endpoint %d (%q, Addr %q), %s: list each server once; skipped",
+				update: fmt.Errorf("inferlb: endpoint %d (%q): Addr %q names the server of endpoint %d (%q, Addr %q), as both are %s: list each server once; skipped",
 					i, ep.Key(), ep.Addr, j, other.Key(), other.Addr, server),
-				options: fmt.Errorf("inferlb: NewTransport: Options.Endpoints[%d] (%q): Addr %q names the server of Options.Endpoints[%d] (%q, Addr %q), %s: list each server once",
+				options: fmt.Errorf("inferlb: NewTransport: Options.Endpoints[%d] (%q): Addr %q names the server of Options.Endpoints[%d] (%q, Addr %q), as both are %s: list each server once",
 					i, ep.Key(), ep.Addr, j, other.Key(), other.Addr, server),
 			})
 			continue

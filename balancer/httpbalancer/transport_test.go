@@ -58,7 +58,7 @@ func TestOptionsValidation(t *testing.T) {
 		// Refused as a whole, whatever the part says.
 		{"duplicate ID", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "h:1"}, {Addr: "h:1"}}}, `Options.Endpoints[1]: duplicate ID "h:1" (Options.Endpoints[0]'s`},
 		{"both balancers", httpbalancer.Options{Balancer: shared, BalancerOptions: balancer.Options{ErrorAlpha: 0.5}}, "Options.BalancerOptions: must be zero"},
-		{"bad balancer options", httpbalancer.Options{BalancerOptions: balancer.Options{ErrorAlpha: 2}}, "ErrorAlpha"},
+		{"bad balancer options", httpbalancer.Options{BalancerOptions: balancer.Options{ErrorAlpha: 2}}, "inferlb: httpbalancer.Options.BalancerOptions.ErrorAlpha = 2: must be in [0, 1]"},
 		{"discovery target", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc"}}, "Options.Discovery.Target"},
 		{"discovery scheme", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:80", Scheme: "grpc"}}, "Options.Discovery.Scheme"},
 		{"discovery interval", httpbalancer.Options{Discovery: &httpbalancer.Discovery{Target: "vllm.svc:80", Interval: -time.Second}}, "Options.Discovery.Interval"},
@@ -91,6 +91,9 @@ func TestOptionsValidation(t *testing.T) {
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.True(t, strings.HasPrefix(err.Error(), "inferlb: "), err.Error())
+			for line := range strings.SplitSeq(err.Error(), "\n") {
+				assert.Equal(t, 1, strings.Count(line, "inferlb: "), "one prefix a line: %s", line)
+			}
 		})
 	}
 }
@@ -136,7 +139,7 @@ func TestNewTransportErrorNamesEachEntry(t *testing.T) {
 	}
 	_, err = httpbalancer.NewTransport(httpbalancer.Options{Endpoints: eps})
 	require.EqualError(t, err, strings.Join([]string{
-		`inferlb: NewTransport: Options.Endpoints[1] ("b"): Addr "http://10.0.0.5:8000/" names the server of Options.Endpoints[0] ("a", Addr "10.0.0.5:8000"), 10.0.0.5:8000: list each server once`,
+		`inferlb: NewTransport: Options.Endpoints[1] ("b"): Addr "http://10.0.0.5:8000/" names the server of Options.Endpoints[0] ("a", Addr "10.0.0.5:8000"), as both are 10.0.0.5:8000: list each server once`,
 		`inferlb: NewTransport: Options.Endpoints[2] ("10.0.0.1"): Addr "10.0.0.1" is not host:port or http(s)://host[:port]`,
 		`inferlb: NewTransport: Options.Endpoints[3] ("w"): Weight -1 is not a finite non-negative number`,
 		`inferlb: NewTransport: Options.Endpoints[4]: duplicate ID "a" (Options.Endpoints[0]'s)`,
@@ -145,7 +148,7 @@ func TestNewTransportErrorNamesEachEntry(t *testing.T) {
 	tr := newTransport(t, httpbalancer.Options{})
 	err = tr.Update(eps)
 	require.EqualError(t, err, strings.Join([]string{
-		`inferlb: endpoint 1 ("b"): Addr "http://10.0.0.5:8000/" names the server of endpoint 0 ("a", Addr "10.0.0.5:8000"), 10.0.0.5:8000: list each server once; skipped`,
+		`inferlb: endpoint 1 ("b"): Addr "http://10.0.0.5:8000/" names the server of endpoint 0 ("a", Addr "10.0.0.5:8000"), as both are 10.0.0.5:8000: list each server once; skipped`,
 		`inferlb: endpoint 2 ("10.0.0.1"): Addr "10.0.0.1" is not host:port or http(s)://host[:port]; skipped`,
 		`inferlb: endpoint 3 ("w"): Weight -1 is not a finite non-negative number; using 1`,
 		`inferlb: endpoint 4: duplicate ID "a"; skipped`,
