@@ -29,7 +29,7 @@ const (
 	// The bound is the one AffinityPrefer uses, telemetry's widening
 	// included, and so is the reserve: an owner somewhat over it keeps its
 	// keys when the endpoint they would spill to is queueing too (see
-	// walkAffine).
+	// Options.LoadBound).
 	AffinityStrict
 )
 

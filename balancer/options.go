@@ -60,7 +60,7 @@ const (
 // Options configure a Balancer. The zero value is ready to use: wall clock,
 // the runtime's random source, the default scorer per service and the
 // documented defaults. A duration set positive must be at least a
-// millisecond (minDuration): a bare number in a Duration is nanoseconds.
+// millisecond: a bare number in a Duration is nanoseconds.
 type Options struct {
 	// Clock is the time source; nil means the wall clock. It may step back,
 	// as the wall clock does: no exclusion, overload probation, slow-start

@@ -503,8 +503,8 @@ func invokeFrom(ctx context.Context, method string) (*retryState, *invoke) {
 // over the endpoints the Balancer remembers too small for them. When no
 // endpoint is left that might take it, the call ends with the refusal as
 // the server sent it. A refusal is believed only of a call whose request
-// message carries no such text (UnaryOutcome checks it too; see
-// carriesRefusal): one that does ends with it, nothing remembered.
+// message carries no such text (UnaryOutcome checks it too; see Outcomes
+// in the package doc): one that does ends with it, nothing remembered.
 //
 // It also retries a call whose endpoint answered that it does not serve
 // the call's model (Triton's "Request for unknown model", see the package
@@ -631,7 +631,7 @@ func invokeSettled(ctx context.Context, st *retryState, inv *invoke, invoker grp
 // reused reply that was not empty tells nothing: such calls count as
 // answered, as without the interceptors; a response message that a codec
 // other than proto's decodes to the zero value (encoding/json's "{}")
-// reads as none (see retryState.unanswered). The caller's cancel counts,
+// reads as none. The caller's cancel counts,
 // and so does the cancel of an interceptor chained inside them while the
 // call's context lives when no other attempt of the invoke was in
 // flight at any time during the one it cancels (a per-attempt timeout
@@ -643,7 +643,7 @@ func invokeSettled(ctx context.Context, st *retryState, inv *invoke, invoker grp
 // overlapped another (a hedge's loser) is reported as it ends, as
 // answered, and frees its endpoint then. An attempt read from the reply
 // stays in flight on its endpoint until the interceptors' invoker
-// returns, which reads the reply for it (see retryState.park): with an
+// returns, which reads the reply for it: with an
 // interceptor inside that does not return once the caller has
 // cancelled, until it does. An attempt that ends after the invoker that
 // picked it returned (an interceptor inside left it running) is reported

@@ -383,9 +383,9 @@ func (st *streamState) fill(o *inferlb.Outcome, start int64) {
 // bytes, and a hung engine's server sends them at once.
 //
 // It keeps the first message the application sends, which a refusal of
-// the stream as too long is checked against (see carriesRefusal): a
-// refusal of a stream whose message carries such text itself, or that
-// sent more than one, is no refusal (nothing remembered).
+// the stream as too long is checked against (see Outcomes in the package
+// doc): a refusal of a stream whose message carries such text itself, or
+// that sent more than one, is no refusal (nothing remembered).
 func StreamTiming(tokens func(msg any) int) grpc.StreamClientInterceptor {
 	return StreamTimingWith(StreamOptions{Tokens: tokens})
 }
