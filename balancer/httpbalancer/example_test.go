@@ -2,14 +2,17 @@ package httpbalancer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/inferlb/inferlb"
+	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
 	"github.com/inferlb/inferlb/telemetry/modelserver"
 )
@@ -97,4 +100,114 @@ func ExampleDiscovery() {
 	// Output:
 	// 10.0.0.5:8000 http://10.0.0.5:8000/metrics
 	// 10.0.0.6:8000 http://10.0.0.6:8000/metrics
+}
+
+// Start empty and take the endpoints from Update (a config watcher's
+// answers, say). Until the first Update every call fails at once with
+// balancer.ErrNoEndpoints; an Update with bad entries applies the rest and
+// names each bad one by its index.
+func ExampleTransport_Update() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, `{"object":"chat.completion"}`)
+	}))
+	defer srv.Close()
+
+	t, err := httpbalancer.NewTransport(httpbalancer.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer t.Close()
+	client := &http.Client{Transport: t}
+	call := func() {
+		resp, err := client.Post("http://llm.internal/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			fmt.Println("no endpoints yet:", errors.Is(err, balancer.ErrNoEndpoints))
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		fmt.Println(resp.Status)
+	}
+	call()
+
+	err = t.Update([]inferlb.Endpoint{
+		{ID: "vllm-0", Addr: srv.URL},
+		{ID: "vllm-1", Addr: "10.0.0.7"}, // no port: skipped
+	})
+	fmt.Println(err)
+	for _, e := range t.Endpoints() {
+		fmt.Println("routing to", e.ID)
+	}
+	call()
+	// Output:
+	// no endpoints yet: true
+	// inferlb: endpoint 1 ("vllm-1"): Addr "10.0.0.7" is not host:port or http(s)://host[:port]; skipped
+	// routing to vllm-0
+	// 200 OK
+}
+
+// A session header (Options.SessionHeader, default X-Session-Id) keeps a
+// conversation's turns on one endpoint, where its prefix is cached; a
+// tenant header (Options.TenantHeader, default X-Tenant-Id) confines a
+// tenant to its shard of BalancerOptions.TenantShardSize endpoints. Both
+// are taken as sent: a gateway sets them from the authenticated caller.
+func ExampleOptions_sessionAndTenant() {
+	served := map[string]map[string]bool{} // header value -> backends
+	var mu sync.Mutex
+	var endpoints []inferlb.Endpoint
+	for i := range 4 {
+		name := fmt.Sprintf("vllm-%d", i)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			mu.Lock()
+			for _, k := range []string{r.Header.Get("X-Session-Id"), r.Header.Get("X-Tenant-Id")} {
+				if k != "" {
+					if served[k] == nil {
+						served[k] = map[string]bool{}
+					}
+					served[k][name] = true
+				}
+			}
+			mu.Unlock()
+			fmt.Fprint(w, `{"object":"chat.completion"}`)
+		}))
+		defer srv.Close()
+		endpoints = append(endpoints, inferlb.Endpoint{ID: name, Addr: srv.URL})
+	}
+	t, err := httpbalancer.NewTransport(httpbalancer.Options{
+		Endpoints:       endpoints,
+		BalancerOptions: balancer.Options{AffinitySeed: 7355608, TenantShardSize: 2},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer t.Close()
+	client := &http.Client{Transport: t}
+
+	send := func(header, value string, turn int) {
+		body := fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"turn %d"}]}`, turn)
+		req, err := http.NewRequest("POST", "http://llm.internal/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			panic(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(header, value)
+		resp, err := client.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	for turn := range 20 {
+		send("X-Session-Id", "conversation-42", turn)
+		send("X-Tenant-Id", "team-a", turn)
+	}
+	fmt.Println("backends of the session:", len(served["conversation-42"]))
+	fmt.Println("backends of the tenant, at most 2:", len(served["team-a"]) <= 2)
+	// Output:
+	// backends of the session: 1
+	// backends of the tenant, at most 2: true
 }
