@@ -143,7 +143,7 @@ func ExampleTransport_Update() {
 	call()
 	// Output:
 	// no endpoints yet: true
-	// inferlb: endpoint 1 ("vllm-1"): Addr "10.0.0.7" is not host:port or http(s)://host[:port]; skipped
+	// inferlb: endpoint 1 ("vllm-1"): Addr "10.0.0.7" is not host:port or http(s)://host[:port] (no port: give one, "10.0.0.7:<port>", or a scheme for its default, "http://10.0.0.7"); skipped
 	// routing to vllm-0
 	// 200 OK
 }

@@ -233,7 +233,7 @@ func checkEndpoints(endpoints []inferlb.Endpoint) (keep []inferlb.Endpoint, prob
 	for i, ep := range endpoints {
 		scheme, host, ok := splitAddr(ep.Addr)
 		if !ok || !validHostPort(scheme, host) {
-			bad(i, fmt.Sprintf("Addr %q is not host:port or http(s)://host[:port]", ep.Addr), "skipped")
+			bad(i, fmt.Sprintf("Addr %q is not host:port or http(s)://host[:port]%s", ep.Addr, addrHint(ep.Addr)), "skipped")
 			continue
 		}
 		// A later duplicate of an ID is skipped here, as the Balancer
@@ -449,6 +449,28 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 		return "", "", false
 	}
 	return scheme, host, true
+}
+
+// addrHint says, for the mistakes a new user makes, why splitAddr or
+// validHostPort refused addr: a base URL's path (an OpenAI client's
+// "http://10.0.0.5:8000/v1"), a missing port, another scheme. It is ""
+// when no short reason fits. Wording of an error only.
+func addrHint(addr string) string {
+	host := addr
+	if i := strings.Index(addr, "://"); i >= 0 {
+		scheme := addr[:i]
+		if !strings.EqualFold(scheme, "http") && !strings.EqualFold(scheme, "https") {
+			return fmt.Sprintf(" (scheme %q is neither http nor https)", scheme)
+		}
+		host = addr[i+3:]
+	}
+	if i := strings.IndexByte(host, '/'); i >= 0 && strings.TrimRight(host[i:], "/") != "" {
+		return fmt.Sprintf(" (%q: an endpoint names a server only; each call keeps its request URL's path, so a base path such as /v1 goes in the client's base URL)", host[i:])
+	}
+	if addr == host && host != "" && !strings.ContainsAny(host, ":/?#@ \t\r\n[") {
+		return fmt.Sprintf(" (no port: give one, %q, or a scheme for its default, %q)", host+":<port>", "http://"+host)
+	}
+	return ""
 }
 
 // serverKey returns the server that an Addr which splitAddr and

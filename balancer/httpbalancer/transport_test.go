@@ -53,6 +53,9 @@ func TestOptionsValidation(t *testing.T) {
 		// Options.Endpoints lists the forms: a scheme in either case, no
 		// query, no user information.
 		{"scheme in upper case", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "HTTPS://h"}}}, ""},
+		// An OpenAI client's base URL, path and all, is the usual mistake:
+		// the error says where the path goes.
+		{"addr with a path", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://10.0.0.5:8000/v1"}}}, `Addr "http://10.0.0.5:8000/v1" is not host:port or http(s)://host[:port] ("/v1": an endpoint names a server only; each call keeps its request URL's path, so a base path such as /v1 goes in the client's base URL)`},
 		{"addr with a query", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:1?x=1"}}}, `Addr "http://h:1?x=1"`},
 		{"addr with user information", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://u:p@h:1"}}}, `Addr "http://u:p@h:1"`},
 		// Refused as a whole, whatever the part says.
@@ -128,7 +131,7 @@ func TestNewTransportNamesAnOutOfRangeWeight(t *testing.T) {
 // rest.
 func TestNewTransportErrorNamesEachEntry(t *testing.T) {
 	_, err := httpbalancer.NewTransport(httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:80"}, {Addr: "ftp://x"}}})
-	require.EqualError(t, err, `inferlb: NewTransport: Options.Endpoints[1] ("ftp://x"): Addr "ftp://x" is not host:port or http(s)://host[:port]`)
+	require.EqualError(t, err, `inferlb: NewTransport: Options.Endpoints[1] ("ftp://x"): Addr "ftp://x" is not host:port or http(s)://host[:port] (scheme "ftp" is neither http nor https)`)
 
 	eps := []inferlb.Endpoint{
 		{ID: "a", Addr: "10.0.0.5:8000"},
@@ -140,7 +143,7 @@ func TestNewTransportErrorNamesEachEntry(t *testing.T) {
 	_, err = httpbalancer.NewTransport(httpbalancer.Options{Endpoints: eps})
 	require.EqualError(t, err, strings.Join([]string{
 		`inferlb: NewTransport: Options.Endpoints[1] ("b"): Addr "http://10.0.0.5:8000/" names the server of Options.Endpoints[0] ("a", Addr "10.0.0.5:8000"), as both are 10.0.0.5:8000: list each server once`,
-		`inferlb: NewTransport: Options.Endpoints[2] ("10.0.0.1"): Addr "10.0.0.1" is not host:port or http(s)://host[:port]`,
+		`inferlb: NewTransport: Options.Endpoints[2] ("10.0.0.1"): Addr "10.0.0.1" is not host:port or http(s)://host[:port] (no port: give one, "10.0.0.1:<port>", or a scheme for its default, "http://10.0.0.1")`,
 		`inferlb: NewTransport: Options.Endpoints[3] ("w"): Weight -1 is not a finite non-negative number`,
 		`inferlb: NewTransport: Options.Endpoints[4]: duplicate ID "a" (Options.Endpoints[0]'s)`,
 	}, "\n"))
@@ -149,7 +152,7 @@ func TestNewTransportErrorNamesEachEntry(t *testing.T) {
 	err = tr.Update(eps)
 	require.EqualError(t, err, strings.Join([]string{
 		`inferlb: endpoint 1 ("b"): Addr "http://10.0.0.5:8000/" names the server of endpoint 0 ("a", Addr "10.0.0.5:8000"), as both are 10.0.0.5:8000: list each server once; skipped`,
-		`inferlb: endpoint 2 ("10.0.0.1"): Addr "10.0.0.1" is not host:port or http(s)://host[:port]; skipped`,
+		`inferlb: endpoint 2 ("10.0.0.1"): Addr "10.0.0.1" is not host:port or http(s)://host[:port] (no port: give one, "10.0.0.1:<port>", or a scheme for its default, "http://10.0.0.1"); skipped`,
 		`inferlb: endpoint 3 ("w"): Weight -1 is not a finite non-negative number; using 1`,
 		`inferlb: endpoint 4: duplicate ID "a"; skipped`,
 	}, "\n"))
@@ -178,7 +181,7 @@ func TestUpdateWeightErrorGivesTheCallersIndex(t *testing.T) {
 			{ID: "w", Addr: "10.0.0.3:8000", Weight: balancer.MaxWeight + 1},
 		})
 		require.EqualError(t, err, strings.Join([]string{
-			`inferlb: endpoint 0 ("bad"): Addr "10.0.0.2" is not host:port or http(s)://host[:port]; skipped`,
+			`inferlb: endpoint 0 ("bad"): Addr "10.0.0.2" is not host:port or http(s)://host[:port] (no port: give one, "10.0.0.2:<port>", or a scheme for its default, "http://10.0.0.2"); skipped`,
 			`inferlb: endpoint 1 ("w"): Weight 1.000001e+06 is above MaxWeight (1e+06); using 1e+06`,
 		}, "\n"), "shared %v", shared)
 		var w float64
