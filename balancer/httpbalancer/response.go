@@ -26,7 +26,7 @@ import (
 // body: an embedding, a rerank, a chat not streamed) that it ended after
 // the headers, while the caller read the body, unless a Read gave up
 // before the first byte of a body whose length the headers did not
-// announce (see noByte): the endpoint was
+// announce: the endpoint was
 // generating or had answered, and a long answer outlasting the caller's
 // time budget, or a large body read slowly, says nothing about its
 // health, so it counts as neither success nor failure (it wraps
