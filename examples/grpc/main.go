@@ -201,7 +201,7 @@ func run(out io.Writer, cfg config) (unary, streamed []row, err error) {
 	}
 	fmt.Fprintln(out, `
 inferlb/llm prices LLM calls on load and KV-cache pressure, not latency: it
-keeps calls off the server whose KV cache is 99% full, where a real model
+keeps most calls off the server whose KV cache is 99% full, where a real model
 server would queue or preempt them (this one does not slow down, so the
 elapsed column does not show what that saves). inferlb/emb prices latency,
 as for embedding calls, and all but drops the slow server.`)
@@ -236,6 +236,11 @@ as for embedding calls, and all but drops the slow server.`)
 		streamed = append(streamed, row{p.name, c})
 		fmt.Fprintf(out, "%-22s %8d %8d %8d %13d %9v\n", p.name, c[0], c[1], c[2], c[3], elapsed.Round(time.Millisecond))
 	}
+	// Each channel has a Balancer of its own, and only EmptyCall reports
+	// the KV cache: these streams' channels never learn it.
+	fmt.Fprintln(out, `
+The kv-cache server reports its load on the unary calls only, so to these
+streams it is one more healthy server.`)
 	return unary, streamed, nil
 }
 
