@@ -416,11 +416,12 @@
 //
 // # Cost
 //
-// On a small chat completion over loopback (a 31-64 us call) the transport
-// adds about 1.6-4 us per call (+4-7.9% of the median call, depending on
-// the machine and, by half a point either way, on the binary's code
-// layout), with 1 allocation (640 bytes) beyond the bare request; with
-// MaxPeek -1 it adds about 2.2-3.7% of the median call.
+// On a small chat completion over loopback (a 22-60 us call) the transport
+// adds about 1-6 us per call (+4-9.4% of the median call over the runs
+// in BENCH.md: the slower the machine, the higher, and by half a point
+// either way with the binary's code layout), with 1 allocation (640
+// bytes) beyond the bare request; with MaxPeek -1 it adds about 2.2-4.6%
+// of the median call.
 // Against a model server's milliseconds both are below 0.1%. On that path
 // a call's cost is mostly how much code and fresh memory it touches, so:
 // the call state is one
