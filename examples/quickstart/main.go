@@ -72,8 +72,11 @@ func main() {
 
 	fmt.Printf("quickstart: %d simulated vLLM replicas (32B model, %dk-token KV cache each), %d documents x %d users,\n",
 		replicas, kvTokens/1000, documents, users)
-	fmt.Printf("%d-token document + %d-token question -> %d-token streamed answer, %.0f req/s for %v (model time, run %gx faster)\n\n",
+	fmt.Printf("%d-token document + %d-token question -> %d-token streamed answer, %.0f req/s for %v (model time, run %gx faster)\n",
 		docTokens, question, answer, *rate, *dur, speedup)
+	// Nothing else prints until both runs are done: say how long that is.
+	fmt.Printf("Running round-robin, then inferlb: about %v of wall time...\n\n",
+		(time.Duration(float64(2**dur)/speedup) + time.Second).Round(time.Second))
 
 	var rows []result
 	for _, policy := range []string{"round-robin", "inferlb"} {
