@@ -341,7 +341,8 @@
 // # Service config
 //
 // The policy's config object, every field optional (the // comments are
-// notes for the reader: JSON has no comments, and ParseConfig refuses them):
+// notes for the reader: JSON has no comments, and Builder.ParseConfig
+// refuses them):
 //
 //	{
 //	  "methods": {                      // method or service -> Service kind
@@ -388,7 +389,7 @@
 // Service names are those inferlb.ParseService accepts. Header keys are
 // case-insensitive metadata keys and may not start with "grpc-". Durations
 // are Go or protobuf-JSON durations ("1.5s", "250ms"). The config is
-// parsed and validated once, by ParseConfig: an unknown field, a key
+// parsed and validated once, by Builder.ParseConfig: an unknown field, a key
 // given twice in one object (a field, in any case, or a method), a value
 // of the wrong type, a bad method pattern, a bad header or a tunable that
 // balancer.Options.Validate rejects fails with an error that starts with
