@@ -175,7 +175,12 @@ func (t *Transport) Balancer() *balancer.Balancer { return t.b }
 // and reported in the error; a Weight that is negative or not finite is
 // read as 1, and one above balancer.MaxWeight as MaxWeight, as the
 // Balancer reads them, and reported too. Each problem names the entry by
-// its index in endpoints. The rest is applied. An endpoint left out leaves the Balancer with its state
+// its index in endpoints. The rest is applied. An endpoint new to a set
+// that already serves ramps up to its weight over the Balancer's
+// SlowStartWindow (balancer.Options; 30 s by default), from a tenth of it
+// (SlowStartMinWeight): an endpoint added here draws few calls at first,
+// by design, not for a fault.
+// An endpoint left out leaves the Balancer with its state
 // (balancer.Balancer.Update); the Transport keeps no table of it, but, on a
 // shared Balancer, its address until the next Update or discovered set,
 // for calls picked just before this one: pods replaced on every rollout
