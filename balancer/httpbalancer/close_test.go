@@ -123,6 +123,7 @@ func TestNewTransportNamesTheBalancerItCannotJoin(t *testing.T) {
 	_, err := httpbalancer.NewTransport(httpbalancer.Options{Balancer: closed, Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.1:8000"}}})
 	require.ErrorIs(t, err, balancer.ErrClosed)
 	assert.Contains(t, err.Error(), "httpbalancer.Options.Balancer")
+	assert.Equal(t, 1, strings.Count(err.Error(), "inferlb: "), "one prefix: %s", err)
 
 	full := balancer.New(balancer.Options{})
 	defer full.Close()
@@ -134,6 +135,7 @@ func TestNewTransportNamesTheBalancerItCannotJoin(t *testing.T) {
 		Target: "vllm.svc:8000", LookupHost: (&fakeDNS{}).LookupHost}})
 	require.ErrorIs(t, err, balancer.ErrTooManyMemberships)
 	assert.Contains(t, err.Error(), "httpbalancer.Options.Balancer")
+	assert.Equal(t, 1, strings.Count(err.Error(), "inferlb: "), "one prefix: %s", err)
 }
 
 // Update after Close failed (balancer.ErrClosed, or ErrMembershipClosed on

@@ -405,7 +405,7 @@ func (o *Options) resolve() (*config, error) {
 	// Without Endpoints or Discovery nothing else would ask the Balancer
 	// anything before the first call, and every call would fail.
 	if o.Balancer != nil && o.Balancer.Closed() {
-		return nil, fmt.Errorf("inferlb: httpbalancer.Options.Balancer: must not be closed: %w", balancer.ErrClosed)
+		return nil, rewrap("inferlb: httpbalancer.Options.Balancer: must not be closed", balancer.ErrClosed)
 	}
 	if o.Balancer == nil {
 		if err := o.BalancerOptions.Validate(); err != nil {
@@ -518,3 +518,9 @@ type renamedError struct {
 
 func (e *renamedError) Error() string { return e.msg }
 func (e *renamedError) Unwrap() error { return e.err }
+
+// rewrap is fmt.Errorf("%s: %w", msg, err) with err's own "inferlb: "
+// prefix dropped, so that the message has one.
+func rewrap(msg string, err error) error {
+	return &renamedError{msg: msg + ": " + strings.TrimPrefix(err.Error(), "inferlb: "), err: err}
+}

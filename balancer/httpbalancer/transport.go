@@ -126,7 +126,7 @@ func NewTransport(o Options) (*Transport, error) {
 	// set, which another Transport's Update would overwrite.
 	if o.Balancer != nil && (o.Endpoints != nil || o.Discovery != nil) {
 		if t.mem, err = b.NewMembership(); err != nil {
-			return nil, fmt.Errorf("inferlb: httpbalancer.Options.Balancer: a Transport with Endpoints or Discovery takes a Membership of it: %w", err)
+			return nil, rewrap("inferlb: httpbalancer.Options.Balancer: a Transport with Endpoints or Discovery takes a Membership of it", err)
 		}
 	}
 	if len(o.Endpoints) > 0 {
