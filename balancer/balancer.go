@@ -112,6 +112,15 @@ var ErrNoEndpoints = errors.New("inferlb: no endpoint available")
 // ErrNoEndpoints.
 var ErrTenantShardDown = fmt.Errorf("%w: no endpoint of the tenant's shard can take the call (TenantShardStrict)", ErrNoEndpoints)
 
+// ErrModelNotListed is returned by Pick when the request names a model
+// (inferlb.Request.Model) that no endpoint of the set lists, while some
+// endpoints list models and none is unlabelled (an unlabelled endpoint
+// takes any model): most often a typo in the model name, or a call sent to
+// the wrong fleet, which waiting will not mend. A model that some endpoint
+// lists, all of them out of rotation, gets plain ErrNoEndpoints. It wraps
+// ErrNoEndpoints.
+var ErrModelNotListed = fmt.Errorf("%w: no endpoint lists the requested model", ErrNoEndpoints)
+
 // ErrClosed is returned by every pick of a closed Balancer (Close), its
 // own and its Memberships', and by their Update and by NewMembership.
 // It is not ErrNoEndpoints: that one says nothing can serve the request
@@ -930,6 +939,9 @@ func (b *Balancer) pickWith(m *Membership, req *inferlb.Request, exclude string,
 	}
 	g := snap.groupFor(req.Model)
 	if g == nil || len(g.members) == 0 {
+		if req.Model != "" && snap.byModel != nil && len(snap.all.members) > 0 {
+			return Pick{}, ErrModelNotListed
+		}
 		return Pick{}, snap.none()
 	}
 	nowNs, monoNs := b.cfg.readNs()

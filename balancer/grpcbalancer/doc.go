@@ -79,8 +79,9 @@
 // When children are READY but the core may pick none of them (all cooling
 // down, ejected or tripped, with panic routing off), non wait-for-ready
 // calls fail UNAVAILABLE at once, with a message that says so (for a call
-// that names a model: that no READY endpoint serves it, or each that does
-// is excluded), and wait-for-ready calls wait: the policy publishes its
+// that names a model: that no READY endpoint may serve it, or each that may
+// is excluded; a model that no endpoint lists at all, READY or not, fails
+// with core.ErrModelNotListed and its name), and wait-for-ready calls wait: the policy publishes its
 // picker again when the earliest exclusion ends (within 10 ms to 1 s), and
 // they go through then.
 //

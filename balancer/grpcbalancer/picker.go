@@ -55,11 +55,16 @@ func excludedError(n int) error {
 // When the call names a model, the READY endpoints may also just not serve
 // it.
 func (p *picker) noEndpoint(req *inferlb.Request, err error) error {
+	if errors.Is(err, core.ErrModelNotListed) {
+		// No endpoint lists it, READY or not: a typo, or a call for
+		// another fleet, which waiting will not mend.
+		return fmt.Errorf("%w: %s (check the name against the endpoints' model labels)", err, quoteModel(req.Model))
+	}
 	if !errors.Is(err, core.ErrNoEndpoints) || p.excluded == nil || errors.Is(err, core.ErrTenantShardDown) {
 		return err
 	}
 	if req.Model != "" {
-		return fmt.Errorf("%w for model %s: no READY endpoint serves it, or each that does is excluded (breaker open or probing, cooling down after RESOURCE_EXHAUSTED, or ejected as an outlier)", core.ErrNoEndpoints, quoteModel(req.Model))
+		return fmt.Errorf("%w for model %s: no READY endpoint may serve it, or each that may is excluded (breaker open or probing, cooling down after RESOURCE_EXHAUSTED, or ejected as an outlier)", core.ErrNoEndpoints, quoteModel(req.Model))
 	}
 	return p.excluded
 }

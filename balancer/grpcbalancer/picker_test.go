@@ -815,7 +815,8 @@ func TestModelHeaderSelectsSubset(t *testing.T) {
 	ctx = metadata.AppendToOutgoingContext(context.Background(), "x-model", "mistral-7b")
 	_, err := h.picker().Pick(balancer.PickInfo{FullMethodName: "/x.Y/Z", Ctx: ctx})
 	require.ErrorIs(t, err, core.ErrNoEndpoints)
-	assert.Contains(t, err.Error(), `model "mistral-7b": no READY endpoint serves it`)
+	require.ErrorIs(t, err, core.ErrModelNotListed)
+	assert.Contains(t, err.Error(), `no endpoint lists the requested model: "mistral-7b"`)
 	_, isStatus := status.FromError(err)
 	assert.False(t, isStatus, "a status error would end wait-for-ready calls instead of holding them")
 

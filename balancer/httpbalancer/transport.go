@@ -661,11 +661,14 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		if errors.Is(err, balancer.ErrNoEndpoints) && (t.ownB || t.mem != nil) && t.endpointCount() == 0 {
 			return nil, fmt.Errorf("%w: this Transport has none (Options.Endpoints empty, emptied by Update, or none found by Discovery yet): give it some with Options.Endpoints, Options.Discovery or Update", err)
 		}
-		if c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) && !errors.Is(err, balancer.ErrTenantShardDown) {
-			// The usual cause is a model this Transport's endpoints
-			// do not list (an embedding sent through the LLM
-			// Transport, a typo); say which, as the gRPC policy does.
-			err = fmt.Errorf("%w for model %s: no endpoint serves it, or each that does is out of rotation (breaker open, cooling down or ejected)", err, quoteModel(c.info.Model))
+		switch {
+		case errors.Is(err, balancer.ErrModelNotListed):
+			// A model no endpoint lists (a typo, an embedding sent
+			// through the LLM Transport): say which, as the gRPC policy
+			// does, and that waiting will not mend it.
+			err = fmt.Errorf("%w: %s (check the name against the endpoints' model labels)", err, quoteModel(c.info.Model))
+		case c.info.Model != "" && errors.Is(err, balancer.ErrNoEndpoints) && !errors.Is(err, balancer.ErrTenantShardDown):
+			err = fmt.Errorf("%w for model %s: each endpoint that may serve it is out of rotation (breaker open, cooling down or ejected)", err, quoteModel(c.info.Model))
 		}
 		return nil, err
 	}
