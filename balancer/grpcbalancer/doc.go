@@ -361,7 +361,7 @@
 //	  "orca": {
 //	    "perCall": true,                // read per-call reports; default true
 //	    "outOfBand": false,             // run an ORCA stream per READY SubConn; default false
-//	    "interval": "10s"               // requested OOB interval; default 10s; at most telemetryMaxAge (a NewBuilder Balancer's own)
+//	    "interval": "10s"               // requested OOB interval; read only with outOfBand true (kept, unchecked, while it is off); default 10s; at most telemetryMaxAge (a NewBuilder Balancer's own)
 //	  },
 //	  "balancer": {                     // balancer.Options; 0 or absent = the core's default
 //	    "telemetryMaxAge": "30s", "latencyDecay": "10s", "errorAlpha": 0.1,
