@@ -441,6 +441,11 @@ func (t *jsonTunables) options() (core.Options, error) {
 		{"scanLimit", func(o *core.Options) error { o.ScanLimit = t.ScanLimit; return nil }},
 		{"stickyTTL", dur(t.StickyTTL, func(o *core.Options) *time.Duration { return &o.StickyTTL })},
 		{"stickyEntries", func(o *core.Options) error {
+			if t.StickyEntries < 0 {
+				// The core's own error gives its range, up to
+				// MaxStickyEntries, which a service config may not ask for.
+				return fmt.Errorf("%d must be in [0, %d] (0 means the default)", t.StickyEntries, MaxConfigStickyEntries)
+			}
 			if t.StickyEntries > MaxConfigStickyEntries {
 				return fmt.Errorf("%d is over the %d a service config may ask for (a larger table: NewBuilder with your own Balancer's Options.StickyEntries)", t.StickyEntries, MaxConfigStickyEntries)
 			}

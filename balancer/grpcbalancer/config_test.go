@@ -136,7 +136,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"adapter homes as string", `{"balancer": {"adapterHomes": "half"}}`, false, "balancer.adapterHomes"},
 		{"tenant shard too large", `{"balancer": {"tenantShardSize": 33}}`, false, "balancer.tenantShardSize"},
 		{"sticky TTL not a duration", `{"balancer": {"stickyTTL": "2 minutes"}}`, false, "balancer.stickyTTL"},
-		{"sticky entries negative", `{"balancer": {"stickyEntries": -1}}`, false, "balancer.stickyEntries"},
+		{"sticky entries negative", `{"balancer": {"stickyEntries": -1}}`, false, "balancer.stickyEntries: -1 must be in [0, 1048576] (0 means the default)"},
 		{"scan limit too large", `{"balancer": {"scanLimit": 5000}}`, false, "balancer.scanLimit"},
 		{"scan limit as string", `{"balancer": {"scanLimit": "all"}}`, false, "balancer.scanLimit"},
 		{"sticky entries too many", `{"balancer": {"stickyEntries": 100000000}}`, false, "balancer.stickyEntries"},
