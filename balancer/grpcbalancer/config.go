@@ -279,15 +279,21 @@ func parseConfig(js json.RawMessage, shared *core.Balancer) (*lbConfig, error) {
 	// An interval past the age at which a report is ignored would leave
 	// the endpoints' load unknown most of the time: every report stale
 	// before the next came. A negative age never goes stale (0 here).
+	// An interval the config does not give is the default: say so, and
+	// what to set, or the error names a value the config does not have.
+	interval, shorten := c.oobInterval.String(), "shorten it"
+	if raw.ORCA == nil || raw.ORCA.Interval == "" {
+		interval, shorten = fmt.Sprintf("the default %s (DefaultOOBInterval: none given)", c.oobInterval), "give a shorter one"
+	}
 	switch {
 	case !c.oob:
 	case shared != nil:
 		if maxAge := shared.TelemetryMaxAge(); maxAge > 0 && c.oobInterval > maxAge {
-			return nil, configError("orca.interval", "%s is longer than the shared Balancer's TelemetryMaxAge (%s, balancer.Options.TelemetryMaxAge of the Balancer given to NewBuilder), after which a report is ignored as stale: shorten it or raise the Balancer's TelemetryMaxAge", c.oobInterval, maxAge)
+			return nil, configError("orca.interval", "%s is longer than the shared Balancer's TelemetryMaxAge (%s, balancer.Options.TelemetryMaxAge of the Balancer given to NewBuilder), after which a report is ignored as stale: %s or raise the Balancer's TelemetryMaxAge", interval, maxAge, shorten)
 		}
 	default:
 		if maxAge := cmp.Or(c.opts.TelemetryMaxAge, core.DefaultTelemetryMaxAge); maxAge > 0 && c.oobInterval > maxAge {
-			return nil, configError("orca.interval", "%s is longer than balancer.telemetryMaxAge (%s), after which a report is ignored as stale: shorten it or raise telemetryMaxAge", c.oobInterval, maxAge)
+			return nil, configError("orca.interval", "%s is longer than balancer.telemetryMaxAge (%s), after which a report is ignored as stale: %s or raise telemetryMaxAge", interval, maxAge, shorten)
 		}
 	}
 	return c, nil

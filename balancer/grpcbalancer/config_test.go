@@ -102,6 +102,7 @@ func TestParseConfigBad(t *testing.T) {
 		{"unknown service", `{"methods": {"/a.B/C": "vision"}}`, false, `methods["/a.B/C"]: unknown service "vision"`},
 		// Each report would be stale before the next arrived.
 		{"OOB interval past the telemetry age", `{"orca": {"outOfBand": true, "interval": "45s"}}`, false, "orca.interval: 45s is longer than balancer.telemetryMaxAge (30s)"},
+		{"default OOB interval past a set telemetry age", `{"orca": {"outOfBand": true}, "balancer": {"telemetryMaxAge": "5s"}}`, false, "orca.interval: the default 10s (DefaultOOBInterval: none given) is longer than balancer.telemetryMaxAge (5s), after which a report is ignored as stale: give a shorter one or raise telemetryMaxAge"},
 		{"OOB interval past a set telemetry age", `{"orca": {"outOfBand": true, "interval": "15s"}, "balancer": {"telemetryMaxAge": "10s"}}`, false, "orca.interval: 15s is longer than balancer.telemetryMaxAge (10s)"},
 		// Read as unknown, it would override defaultService for the entry.
 		{"null service", `{"defaultService": "llm", "methods": {"/a.B/": null}}`, false, `methods["/a.B/"]: want llm, embedding, rerank or unknown`},
