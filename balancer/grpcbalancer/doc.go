@@ -307,6 +307,10 @@
 // fraction), num_requests_waiting and queue_depth Waiting,
 // num_requests_running Running, prefix_cache_hit_rate PrefixCacheHitRate
 // (of two names of one field in a report, the larger value counts).
+// Servers send them with google.golang.org/grpc/orca: per-call reports
+// through orca.CallMetricsServerOption and, in a handler,
+// orca.CallMetricsRecorderFromContext; out-of-band ones through
+// orca.Register's ORCA service (see Example (OrcaServer)).
 // Utilizations of 0 read as "not reported" (proto3 has no presence), as in
 // weighted round robin (gRFC A58). The built-in LLM scorer prices
 // AppUtil, not CPUUtil, and does not fall back to CPU as A58's weights do:

@@ -1,6 +1,7 @@
 package grpcbalancer_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -8,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/orca"
 	"google.golang.org/grpc/resolver"
 
 	"github.com/inferlb/inferlb"
@@ -190,5 +192,37 @@ func ExampleStreamTimingWith() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
+	// Output:
+}
+
+// A model server sends the load the policy reads with grpc-go's orca
+// package: per-call reports in each call's trailer (the policy reads them
+// unless "orca": {"perCall": false}), and, for channels whose config sets
+// "orca": {"outOfBand": true}, a stream of reports from the ORCA service.
+// The names are those the package doc lists (ORCA load reports).
+func Example_orcaServer() {
+	srv := grpc.NewServer(orca.CallMetricsServerOption(nil)) // per-call reports
+	defer srv.Stop()
+
+	// Out-of-band: the ORCA service reports what the recorder holds,
+	// at most as often as MinReportingInterval (30s unless set).
+	load := orca.NewServerMetricsRecorder()
+	if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: load}); err != nil {
+		log.Fatal(err)
+	}
+	load.SetNamedUtilization("kv_cache_usage", 0.42) // update as the engine's KV cache fills
+	// The recorder drops a named utilization above 1: counts such as
+	// num_requests_waiting go out of band as NamedMetrics, from a
+	// ServerMetricsProvider of your own, or per call as below.
+
+	// Per call, in a handler of the service you register on srv. The
+	// recorder is nil on a server without CallMetricsServerOption.
+	handler := func(ctx context.Context) {
+		if rec := orca.CallMetricsRecorderFromContext(ctx); rec != nil {
+			rec.SetNamedMetric("kv_cache_usage", 0.42)
+			rec.SetNamedMetric("num_requests_waiting", 3)
+		}
+	}
+	_ = handler
 	// Output:
 }
