@@ -198,6 +198,10 @@ func parseConfig(js json.RawMessage, shared *core.Balancer) (*lbConfig, error) {
 			// No call's method has one (it is an HTTP/2 :path): a stray
 			// space would make the entry silently match nothing.
 			return nil, configError(field, "a method name has no spaces or control characters")
+		case strings.Contains(m, "*"):
+			// No method or service of a .proto has one: the entry would
+			// silently match nothing, as a glob that is not one.
+			return nil, configError(field, `no wildcards: "/package.Service/" covers every method of a service`)
 		case strings.HasSuffix(m, "/"):
 			if c.prefix == nil {
 				c.prefix = map[string]inferlb.Service{}

@@ -167,6 +167,8 @@ func TestParseConfigBad(t *testing.T) {
 		{"negative cooldown", `{"balancer": {"defaultCooldown": "-1s"}}`, false, "balancer.defaultCooldown"},
 		{"duration under a millisecond", `{"balancer": {"stickyTTL": "500us"}}`, false, "balancer.stickyTTL: balancer.Options.StickyTTL = 500µs: must be 0 (the default) or at least 1ms"},
 		{"tunables on a shared Balancer", `{"balancer": {}}`, true, "field balancer: not allowed"},
+		{"method with a wildcard", `{"methods": {"/ai.Gen/*": "llm"}}`, false, `methods["/ai.Gen/*"]: no wildcards: "/package.Service/" covers every method of a service`},
+		{"service with a wildcard", `{"methods": {"/ai.*/Embed": "embedding"}}`, false, `methods["/ai.*/Embed"]: no wildcards`},
 		{"duration past its range", `{"balancer": {"latencyDecay": "3000000h"}}`, false, `balancer.latencyDecay: "3000000h" is out of range: a duration may be at most 2562047h47m16.854775807s`},
 		{"interval past its range", `{"orca": {"interval": "1.5s9999999999h"}}`, false, `orca.interval: "1.5s9999999999h" is out of range`},
 		{"duration with a unit missing", `{"orca": {"interval": "1.5s20"}}`, false, `orca.interval: "1.5s20" is not a duration`},

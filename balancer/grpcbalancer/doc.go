@@ -352,7 +352,7 @@
 //	{
 //	  "methods": {                      // method or service -> Service kind
 //	    "/pkg.Svc/Embed": "embedding",  //   exact method
-//	    "/pkg.Svc/": "llm"              //   every method of a service
+//	    "/pkg.Svc/": "llm"              //   every method of a service (no wildcards: "/pkg.Svc/*" is refused)
 //	  },
 //	  "defaultService": "unknown",      // for unlisted methods; default "unknown"
 //	  "affinityKeyHeader": "",          // metadata key of a session/affinity value; default none
