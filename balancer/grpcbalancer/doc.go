@@ -393,7 +393,11 @@
 //
 // Service names are those inferlb.ParseService accepts. Header keys are
 // case-insensitive metadata keys and may not start with "grpc-". Durations
-// are Go or protobuf-JSON durations ("1.5s", "250ms"). The config is
+// are Go or protobuf-JSON durations ("1.5s", "250ms"); an empty string is
+// the field left out. Field names match in any case, as encoding/json
+// matches them ("ModelHeader" is modelHeader). A "balancer" tunable's range,
+// and what 0 or a negative value means (often: that feature off), are those
+// of the balancer.Options field of the same name. The config is
 // parsed and validated once, by Builder.ParseConfig: an unknown field, a key
 // given twice in one object (a field, in any case, or a method), a value
 // of the wrong type, a bad method pattern, a bad header or a tunable that
