@@ -493,6 +493,10 @@ func invokeFrom(ctx context.Context, method string) (*retryState, *invoke) {
 // second, shared with every other adapter on that Balancer), so retries
 // cannot storm a degraded fleet. The retry avoids the endpoint the call
 // last failed on (Membership.PickFailover), unless no other can take it.
+// An overload answer the server sent (RESOURCE_EXHAUSTED, or an
+// UNAVAILABLE with a pushback) is not retried: it comes back to the
+// caller, the endpoint cools down (see Outcomes in the package doc), and
+// the caller's own retry is routed past it while it does.
 //
 // It also retries a call that an endpoint refused as longer than its
 // context window for the call's model (vLLM's, SGLang's, TGI's or
