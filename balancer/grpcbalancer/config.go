@@ -22,9 +22,10 @@ import (
 
 // DefaultOOBInterval is how often out-of-band ORCA reports are requested
 // when "orca.outOfBand" is on and no interval is given. The server may send
-// them less often: grpc-go's ORCA service enforces its own minimum (30s by
-// default, orca.ServiceOptions.MinReportingInterval), which is also the
-// core's default telemetry age. With such a server and no per-call
+// them less often: grpc-go's ORCA service (orca.Register) sends them at
+// most every 30s, a floor its orca.ServiceOptions.MinReportingInterval can
+// raise but not lower (grpc-go v1.85), and 30s is also the core's default
+// telemetry age. With such a server and no per-call
 // reports, set "balancer.telemetryMaxAge" above the server's interval
 // (45s, say), or each report is stale for a moment before the next. An
 // interval longer than telemetryMaxAge (a NewBuilder policy's Balancer's

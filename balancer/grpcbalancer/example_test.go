@@ -204,8 +204,8 @@ func Example_orcaServer() {
 	srv := grpc.NewServer(orca.CallMetricsServerOption(nil)) // per-call reports
 	defer srv.Stop()
 
-	// Out-of-band: the ORCA service reports what the recorder holds,
-	// at most as often as MinReportingInterval (30s unless set).
+	// Out-of-band: the ORCA service reports what the recorder holds, at
+	// once and then at most every 30s (see DefaultOOBInterval).
 	load := orca.NewServerMetricsRecorder()
 	if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: load}); err != nil {
 		log.Fatal(err)
