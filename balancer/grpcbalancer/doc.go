@@ -444,7 +444,12 @@
 // value that is not a string, more than MaxConfigEndpoints entries or
 // more than MaxConfigLabels labels in one fails the parse, naming the
 // entry and the field (endpoints["10.0.0.5:50051"].weight,
-// endpoints["10.0.0.5:50051"].labels["model"]). Label values are free
+// endpoints["10.0.0.5:50051"].labels["model"]). Two entries that give one
+// "id" are accepted, as two addresses of one server may be (its IPv4 and
+// IPv6 addresses, say): they name one endpoint, whose state and load
+// reports both addresses share, and the Balancer keeps one of them in its
+// set at each update (grpclog warns "duplicate ID" of the other), so give
+// each replica its own ID. Label values are free
 // text, as balancer.Balancer.Update takes them (each name in "model" is
 // trimmed of the spaces around it), and an ID or a label has no length
 // limit of its own, as in Update: the config's size bounds them.
