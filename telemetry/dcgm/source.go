@@ -134,7 +134,10 @@ func (s *Source) validateConfig() error {
 // OpenMetrics exposition was cut short, perhaps at a line boundary where
 // nothing else shows it: its exporter fails, and none of it is read, since
 // the lines lost may be any GPU's. Under another Content-Type a body is
-// read as it came: the text format has no end marker. A target without a
+// read as it came: the text format has no end marker. A body that is a web
+// page (HTML or XML: a login page behind a redirect, a proxy's own page)
+// fails its exporter with an error that says so, naming the URL, the
+// Content-Type and where a redirect led. A target without a
 // Mapping (its own Map and Map both nil) is a configuration error, returned
 // before any scrape.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {

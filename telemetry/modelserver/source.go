@@ -99,6 +99,9 @@ func (s *Source) validateConfig() error {
 // nothing else shows it: its target fails, and none of it is read, since
 // the lines lost may be any metric's (a queue read as empty). Under another
 // Content-Type a body is read as it came: the text format has no end marker.
+// A body that is a web page (HTML or XML: a login page behind a redirect,
+// a proxy's own page) fails its target with an error that says so, naming
+// the URL, the Content-Type and where a redirect led.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	if err := s.validateConfig(); err != nil {
 		return nil, err

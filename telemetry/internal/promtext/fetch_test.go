@@ -136,3 +136,57 @@ func TestFetchRejectsOpenMetricsWithoutEOF(t *testing.T) {
 		assert.Equal(t, cut, body)
 	}
 }
+
+// A metrics URL that answers with a web page (an ingress's default page, a
+// login page behind a redirect, a server's index for a URL without its
+// /metrics path) was read as an exposition with no metric in it: the
+// Sources said "no ... metrics found", and when the page's last line had no
+// line feed, that the body "may be cut short", which points at a truncated
+// scrape instead of the wrong page. Fetch fails such a body, saying it is a
+// web page and naming the URL, its Content-Type and where a redirect led.
+// An exposition, whatever its Content-Type, is returned as served.
+func TestFetchRejectsAWebPage(t *testing.T) {
+	expo := []byte("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/nginx":
+			w.Header().Set("Content-Type", "text/html")
+			_, _ = w.Write([]byte("<!DOCTYPE html><html><body><h1>Welcome to nginx!</h1></body></html>"))
+		case "/metrics":
+			http.Redirect(w, r, "/login?next=/metrics", http.StatusFound)
+		case "/login":
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			_, _ = w.Write([]byte("\n  <html><body>Sign in</body></html>\n"))
+		case "/xml":
+			w.Header()["Content-Type"] = nil
+			_, _ = w.Write([]byte("\ufeff<?xml version=\"1.0\"?><Error>AccessDenied</Error>"))
+		default: // an exposition served under a wrong type
+			w.Header().Set("Content-Type", "text/html")
+			_, _ = w.Write(expo)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+
+	for path, want := range map[string][]string{
+		"/nginx":   {srv.URL + "/nginx", `"text/html"`},
+		"/metrics": {srv.URL + "/metrics", `"text/html; charset=utf-8"`, "redirected to " + srv.URL + "/login?next=/metrics"},
+		"/xml":     {srv.URL + "/xml", `Content-Type ""`},
+	} {
+		body, err := promtext.Fetch(t.Context(), client, srv.URL+path, 0)
+		require.ErrorIs(t, err, promtext.ErrMarkup, path)
+		assert.Nil(t, body)
+		for _, w := range want {
+			assert.Contains(t, err.Error(), w, path)
+		}
+		assert.NotContains(t, err.Error(), "cut short", path)
+		if path != "/metrics" {
+			assert.NotContains(t, err.Error(), "redirected", path)
+		}
+	}
+	body, err := promtext.Fetch(t.Context(), client, srv.URL+"/expo", 0)
+	require.NoError(t, err)
+	assert.Equal(t, expo, body)
+}

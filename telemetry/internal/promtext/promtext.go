@@ -613,7 +613,29 @@ func Fetch(ctx context.Context, client *http.Client, url string, maxBytes int64)
 	if ct := resp.Header.Get("Content-Type"); servedOpenMetrics(ct) && !isOpenMetrics(body) {
 		return nil, fmt.Errorf("GET %s: %w (Content-Type %q, %d bytes)", Redacted(url), ErrNoEOF, ct, len(body))
 	}
+	if isMarkup(body) {
+		var where string
+		if final := resp.Request.URL.String(); final != req.URL.String() {
+			where = ", redirected to " + Redacted(final)
+		}
+		return nil, fmt.Errorf("GET %s: %w (Content-Type %q%s)", Redacted(url), ErrMarkup, resp.Header.Get("Content-Type"), where)
+	}
 	return body, nil
+}
+
+// ErrMarkup reports a body that is a web page (HTML, XML), not an
+// exposition: a login page behind a redirect, a proxy's or an ingress's
+// own page, a URL missing its /metrics path. Parsed, it read as an
+// exposition without a single metric, "cut short" when its last line had
+// no line feed, which sent users looking for a truncated scrape.
+var ErrMarkup = errors.New("served a web page (HTML or XML), not a metrics exposition: check the URL and any proxy, ingress or login in front of the server")
+
+// isMarkup reports whether body starts, after white space, with "<": no
+// exposition line does (one starts with a metric name or "#"), while every
+// HTML and XML document does.
+func isMarkup(body []byte) bool {
+	b := bytes.TrimLeft(body, " \t\r\n\ufeff")
+	return len(b) > 0 && b[0] == '<'
 }
 
 // ErrTooLarge reports a body over the limit.
