@@ -736,7 +736,8 @@ func (s *Source) query(ctx context.Context, query string, c *collector) ([]strin
 	if err != nil {
 		return nil, fmt.Errorf("promapi: Source.URL: %w", err) // Validate refuses it first
 	}
-	endpoint := u.JoinPath("api/v1/query").String()
+	api := u.JoinPath("api/v1/query")
+	endpoint := api.String()
 	form := url.Values{"query": {query}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(form.Encode()))
 	if err != nil {
@@ -763,27 +764,42 @@ func (s *Source) query(ctx context.Context, query string, c *collector) ([]strin
 	env, derr := c.decode(json.NewDecoder(body))
 	// Drain a little so the connection can be reused.
 	_, _ = io.Copy(io.Discard, io.LimitReader(body, 4096))
+	// Each error about the answer names where it came from (the client's
+	// own errors do): one Source's URL may be a Grafana, a login page or
+	// a proxy rather than Prometheus, which only the URL and the answer's
+	// Content-Type tell.
+	at := " (POST " + api.Redacted() + ")"
 	var inData *dataError
 	switch {
 	case body.N <= 0:
-		return nil, fmt.Errorf("promapi: response larger than %d bytes", limit)
+		return nil, fmt.Errorf("promapi: response larger than %d bytes%s", limit, at)
 	case derr == nil && env.status == "error":
 		// Prometheus explains bad queries (400, 422) and overload (503) here.
-		return nil, fmt.Errorf("promapi: query failed (HTTP %d, %s): %s", resp.StatusCode, env.errorType, env.errMsg)
+		return nil, fmt.Errorf("promapi: query failed (HTTP %d, %s): %s%s", resp.StatusCode, env.errorType, env.errMsg, at)
 	case resp.StatusCode/100 != 2:
-		return nil, fmt.Errorf("promapi: query: HTTP %s", resp.Status)
+		return nil, fmt.Errorf("promapi: query: HTTP %s%s", resp.Status, at)
 	case derr != nil && errors.As(derr, &inData) && !malformed(derr):
-		return nil, fmt.Errorf("promapi: decoding query data: %w", inData.err)
+		return nil, fmt.Errorf("promapi: decoding query data: %w%s", inData.err, at)
 	case derr != nil:
-		return nil, fmt.Errorf("promapi: decoding response: %w", derr)
+		if ct := resp.Header.Get("Content-Type"); !servedJSON(ct) {
+			at = fmt.Sprintf(" (POST %s answered Content-Type %q, not Prometheus' application/json)", api.Redacted(), ct)
+		}
+		return nil, fmt.Errorf("promapi: decoding response: %w%s", derr, at)
 	case env.status != "success":
-		return nil, fmt.Errorf("promapi: response status %q, want \"success\"", env.status)
+		return nil, fmt.Errorf("promapi: response status %q, want \"success\"%s", env.status, at)
 	case !env.data:
-		return nil, errors.New("promapi: decoding query data: the answer has no data")
+		return nil, fmt.Errorf("promapi: decoding query data: the answer has no data%s", at)
 	case env.resultType != "vector":
-		return nil, fmt.Errorf("promapi: query returned a %q, want a vector (instant query of series)", env.resultType)
+		return nil, fmt.Errorf("promapi: query returned a %q, want a vector (instant query of series)%s", env.resultType, at)
 	}
 	return env.warnings, nil
+}
+
+// servedJSON reports whether contentType names JSON, as Prometheus' API
+// answers (application/json), in any spelling.
+func servedJSON(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
 }
 
 // envelope is what an /api/v1 answer says besides its series.

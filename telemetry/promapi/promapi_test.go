@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,13 +149,36 @@ func TestCollectErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			obs, err := fakeProm(t, tt.status, tt.body, nil).Collect(t.Context())
+			src := fakeProm(t, tt.status, tt.body, nil)
+			obs, err := src.Collect(t.Context())
 			require.Error(t, err)
 			assert.NotErrorIs(t, err, telemetry.ErrPartial)
 			assert.Contains(t, err.Error(), tt.want)
+			assert.Contains(t, err.Error(), "POST "+src.URL+"api/v1/query", "where the answer came from")
 			assert.Empty(t, obs)
 		})
 	}
+}
+
+// A Source.URL that is not Prometheus' (a Grafana, a login page, an
+// ingress's default backend) answers a web page. The error said
+// "promapi: decoding response: invalid character '<' looking for beginning
+// of value", naming neither the URL nor what came back. It names both,
+// the URL without its password.
+func TestCollectErrorNamesTheURLAndAWebPagesContentType(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = io.WriteString(w, "<!doctype html><html><title>Grafana</title></html>")
+	}))
+	tr := &http.Transport{}
+	t.Cleanup(func() { srv.Close(); tr.CloseIdleConnections() })
+	u := strings.Replace(srv.URL, "http://", "http://reader:s3cr3t@", 1)
+	_, err := (&promapi.Source{URL: u, Client: &http.Client{Transport: tr}}).Collect(t.Context())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "promapi: decoding response")
+	assert.Contains(t, err.Error(), "POST http://reader:xxxxx@"+strings.TrimPrefix(srv.URL, "http://")+"/api/v1/query")
+	assert.Contains(t, err.Error(), `answered Content-Type "text/html; charset=utf-8", not Prometheus' application/json`)
+	assert.NotContains(t, err.Error(), "s3cr3t")
 }
 
 // The combined query is an `or` of the fields' queries, and while no
