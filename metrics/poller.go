@@ -36,7 +36,7 @@ func NewPollerCollector(p PollerStatser, pollerName string) *PollerCollector {
 		rounds:      d("rounds_total", "Rounds the Poller ran (Source.Collect calls)."),
 		failures:    d("failures_total", "Rounds that failed with no usable result, timeouts that left none included."),
 		timeouts:    d("timeouts_total", "Rounds cut short by the Poller's Timeout, failed or partial (the targets that answered waited for one that did not)."),
-		partial:     d("partial_total", "Rounds that returned observations with a partial-result error."),
+		partial:     d("partial_total", "Rounds that returned observations with a partial-result error: some targets failed or were read in part (lines or values dropped) while others answered."),
 		published:   d("published_total", "Samples handed to the Poller's Sink (a Balancer or a telemetry Store)."),
 		skipped:     d("skipped_total", "Observations dropped for having no endpoint ID or no field."),
 		unknown:     d("unknown_total", "Published samples the Sink (a Balancer) dropped for an endpoint ID it does not know: targets named otherwise than the endpoints' keys (Endpoint.Key), or endpoints that left while scraped."),
