@@ -199,13 +199,16 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	promtext.Each(ctx, len(exporters), par, func(ctx context.Context, i int) {
 		e := exporters[i]
 		body, err := promtext.Fetch(ctx, s.Client, e.url, s.MaxBodyBytes)
+		// The round's error starts with "dcgm: " (and "telemetry: partial
+		// result: " when some exporters answered): an exporter's does not
+		// repeat them.
 		if err != nil {
-			results[i].err = fmt.Errorf("dcgm: scrape: %w", err)
+			results[i].err = fmt.Errorf("scrape: %w", err)
 			return
 		}
 		gpus, err := parseBytes(body)
 		if err != nil {
-			err = fmt.Errorf("%s: %w", promtext.Redacted(e.url), err)
+			err = fmt.Errorf("%s: %w", promtext.Redacted(e.url), promtext.Trimmed(err, telemetry.ErrPartial.Error()+": ", "dcgm: "))
 		}
 		results[i] = result{gpus: gpus, err: err}
 	})

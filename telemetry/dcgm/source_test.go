@@ -429,3 +429,30 @@ func TestSourceRejectsOpenMetricsCutShort(t *testing.T) {
 	u, _ := obs[0].Sample.MemoryUsage()
 	assert.InDelta(t, 0.9, u, 1e-12, "a whole OpenMetrics body is read")
 }
+
+// A round's error goes to OnError's log, and read "telemetry: partial
+// result: dcgm: 0 of 2 exporters failed, 1 partial; first: http://...:
+// telemetry: partial result: dcgm: exposition partly read ...", and "dcgm:
+// all 1 exporters failed; first: dcgm: scrape: ...": each prefix twice. An
+// exporter's error no longer repeats them, and errors.Is still finds
+// ErrPartial through it.
+func TestCollectErrorSaysEachPrefixOnce(t *testing.T) {
+	const l = `{gpu="0",UUID="GPU-0",Hostname="node-a"}`
+	good := newExporter(t, "DCGM_FI_DEV_FB_USED"+l+" 100\nDCGM_FI_DEV_FB_FREE"+l+" 100\n", false)
+	cut := newExporter(t, "DCGM_FI_DEV_FB_USED"+l+" 100\nDCGM_FI_DEV_FB_FREE"+l+" 100\nDCGM_FI_DEV_GPU_UT", false)
+	m := dcgm.ByHost(map[string]string{"a": "node-a"})
+	src := &dcgm.Source{Targets: dcgm.Static(dcgm.Target{URL: good.url, Map: m}, dcgm.Target{URL: cut.url, Map: m})}
+	_, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Equal(t, 1, strings.Count(err.Error(), "dcgm: "), err.Error())
+	assert.Equal(t, 1, strings.Count(err.Error(), "partial result"), err.Error())
+	assert.Contains(t, err.Error(), "first: "+cut.url+": exposition partly read")
+
+	down := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(down.Close)
+	src = &dcgm.Source{Targets: dcgm.Static(dcgm.Target{URL: down.URL + "/metrics", Map: m})}
+	_, err = src.Collect(t.Context())
+	require.Error(t, err)
+	assert.Equal(t, 1, strings.Count(err.Error(), "dcgm: "), err.Error())
+	assert.Contains(t, err.Error(), "first: scrape: GET "+down.URL+"/metrics: status 404")
+}

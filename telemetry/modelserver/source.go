@@ -163,7 +163,8 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		f := fetched[firstOf[i]]
 		err := f.err
 		if err != nil {
-			err = fmt.Errorf("endpoint %q: %w", t.EndpointID, err)
+			// The round's error starts with both prefixes already.
+			err = fmt.Errorf("endpoint %q: %w", t.EndpointID, promtext.Trimmed(err, telemetry.ErrPartial.Error()+": ", "modelserver: "))
 		}
 		ok := err == nil || errors.Is(err, telemetry.ErrPartial)
 		results[i] = result{obs: telemetry.Observation{EndpointID: t.EndpointID, Sample: f.sample}, ok: ok, err: err}

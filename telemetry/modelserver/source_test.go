@@ -310,3 +310,33 @@ func TestSourceRejectsOpenMetricsCutShort(t *testing.T) {
 	require.Len(t, obs, 1)
 	assert.Equal(t, map[string]float64{"running": 14}, fields(obs[0].Sample))
 }
+
+// A round's error goes to OnError's log, and read "telemetry: partial
+// result: modelserver: 1 of 3 targets failed, 1 partial; first: endpoint
+// "a": modelserver: scrape: ..." and, for a target read in part,
+// "...; first: endpoint "b": telemetry: partial result: modelserver: vllm
+// exposition ...": each prefix twice. A target's error no longer repeats
+// them, and errors.Is still finds ErrPartial through it.
+func TestCollectErrorSaysEachPrefixOnce(t *testing.T) {
+	good := "vllm:num_requests_waiting 1\n"
+	cut := "vllm:num_requests_waiting 1\nvllm:num_requests_running 2\nvllm:kv_cache_us"
+	src := &modelserver.Source{Client: client(t), Targets: modelserver.Static(
+		modelserver.Target{EndpointID: "good", URL: serve(t, http.StatusOK, good)},
+		modelserver.Target{EndpointID: "cut", URL: serve(t, http.StatusOK, cut)},
+	)}
+	obs, err := src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Len(t, obs, 2)
+	assert.Equal(t, 1, strings.Count(err.Error(), "modelserver: "), err.Error())
+	assert.Equal(t, 1, strings.Count(err.Error(), "partial result"), err.Error())
+	assert.Contains(t, err.Error(), `first: endpoint "cut": vllm exposition partly read`)
+
+	src.Targets = modelserver.Static(
+		modelserver.Target{EndpointID: "good", URL: serve(t, http.StatusOK, good)},
+		modelserver.Target{EndpointID: "down", URL: serve(t, http.StatusInternalServerError, "")},
+	)
+	_, err = src.Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	assert.Equal(t, 1, strings.Count(err.Error(), "modelserver: "), err.Error())
+	assert.Contains(t, err.Error(), `first: endpoint "down": scrape: GET `)
+}
