@@ -445,8 +445,9 @@ func valid(f telemetry.Field, v float64) bool {
 	return v >= 0
 }
 
-// values returns the valid values of ms for f, counting the rest.
-func (x *extractor) values(f telemetry.Field, ms []*dto.Metric) []float64 {
+// values returns the valid values of ms for f, counting the rest, and
+// whether there was no rest.
+func (x *extractor) values(f telemetry.Field, ms []*dto.Metric) (vs []float64, complete bool) {
 	out := make([]float64, 0, len(ms))
 	for _, m := range ms {
 		v, ok := promtext.Value(m)
@@ -456,7 +457,7 @@ func (x *extractor) values(f telemetry.Field, ms []*dto.Metric) []float64 {
 		}
 		out = append(out, v)
 	}
-	return out
+	return out, len(out) == len(ms)
 }
 
 func (x *extractor) drop(f telemetry.Field, v float64) {
@@ -466,8 +467,12 @@ func (x *extractor) drop(f telemetry.Field, v float64) {
 	}
 }
 
+// sum sets f to the sum of ms's values. A series whose value is dropped
+// withholds f (the drop is counted): the sum of the others, one
+// data-parallel engine's count without its peer's, would understate the
+// server's load and draw calls to it, where an unknown field does not.
 func (x *extractor) sum(f telemetry.Field, ms []*dto.Metric) {
-	if vs := x.values(f, ms); len(vs) > 0 {
+	if vs, complete := x.values(f, ms); complete && len(vs) > 0 {
 		total := 0.0
 		for _, v := range vs {
 			total += v
@@ -489,8 +494,12 @@ func (x *extractor) setSum(f telemetry.Field, total float64) {
 // series whose labels agree except for replicas: each group's replicas report
 // one state, so the group counts once, with its largest value (replicas
 // sample at slightly different times).
+//
+// A group none of whose series has a valid value withholds f, as in sum:
+// the other groups' total would understate the server's load. A replica's
+// dropped series, with another of its group read, loses nothing.
 func (x *extractor) sumOverGroups(f telemetry.Field, ms []*dto.Metric, replicas ...string) {
-	if total, ok := x.groupTotal(f, ms, replicas); ok {
+	if total, ok, complete := x.groupTotal(f, ms, replicas); ok && complete {
 		x.setSum(f, total)
 	}
 }
@@ -500,25 +509,29 @@ func (x *extractor) sumOverGroups(f telemetry.Field, ms []*dto.Metric, replicas 
 // different counts however alike their labels). It sets f only when first
 // has a reading: the others add to it and without it f is unknown.
 func (x *extractor) sumOverGroupsOf(f telemetry.Field, replicas []string, first []*dto.Metric, more ...[]*dto.Metric) {
-	total, ok := x.groupTotal(f, first, replicas)
+	total, ok, complete := x.groupTotal(f, first, replicas)
 	for _, ms := range more {
-		t, _ := x.groupTotal(f, ms, replicas)
+		t, _, c := x.groupTotal(f, ms, replicas)
 		total += t
+		complete = complete && c
 	}
-	if ok {
+	if ok && complete {
 		x.setSum(f, total)
 	}
 }
 
-// groupTotal returns sumOverGroups' sum over ms, and whether ms had a valid
-// value.
-func (x *extractor) groupTotal(f telemetry.Field, ms []*dto.Metric, replicas []string) (float64, bool) {
+// groupTotal returns sumOverGroups' sum over ms, whether ms had a valid
+// value, and whether every group had one (a group whose every series was
+// dropped is missing from the sum).
+func (x *extractor) groupTotal(f telemetry.Field, ms []*dto.Metric, replicas []string) (total float64, ok, complete bool) {
 	var keys []string // first-seen order keeps the sum deterministic
 	largest := make(map[string]float64, len(ms))
+	var dropped []string // groups of dropped series
 	for _, m := range ms {
 		v, ok := promtext.Value(m)
 		if !ok || !valid(f, v) {
 			x.drop(f, promtext.RawValue(m))
+			dropped = append(dropped, groupKey(m, replicas))
 			continue
 		}
 		k := groupKey(m, replicas)
@@ -529,11 +542,16 @@ func (x *extractor) groupTotal(f telemetry.Field, ms []*dto.Metric, replicas []s
 			largest[k] = v
 		}
 	}
-	total := 0.0
 	for _, k := range keys {
 		total += largest[k]
 	}
-	return total, len(keys) > 0
+	complete = true
+	for _, k := range dropped {
+		if _, read := largest[k]; !read {
+			complete = false
+		}
+	}
+	return total, len(keys) > 0, complete
 }
 
 // groupKey identifies m by its labels other than skip, in name order.
@@ -548,8 +566,10 @@ func groupKey(m *dto.Metric, skip []string) string {
 	return strings.Join(pairs, "\xfe")
 }
 
+// max sets f to the largest of ms's values; a dropped one withholds f, as
+// in sum: the fuller engine's KV cache may be the one that was dropped.
 func (x *extractor) max(f telemetry.Field, ms []*dto.Metric) {
-	if vs := x.values(f, ms); len(vs) > 0 {
+	if vs, complete := x.values(f, ms); complete && len(vs) > 0 {
 		m := math.Inf(-1)
 		for _, v := range vs {
 			m = math.Max(m, v)
@@ -558,8 +578,10 @@ func (x *extractor) max(f telemetry.Field, ms []*dto.Metric) {
 	}
 }
 
+// mean sets f to the mean of ms's valid values: the others' mean stands
+// for a dropped one (a hit rate, which no pick reads as load).
 func (x *extractor) mean(f telemetry.Field, ms []*dto.Metric) {
-	if vs := x.values(f, ms); len(vs) > 0 {
+	if vs, _ := x.values(f, ms); len(vs) > 0 {
 		total := 0.0
 		for _, v := range vs {
 			total += v

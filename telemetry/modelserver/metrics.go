@@ -165,7 +165,12 @@ func ParseMetrics(r io.Reader) (telemetry.Sample, error) {
 // the limit are skipped, and values out of range (a negative count, a
 // fraction above 1) and repeats of a series (same name, in either spelling,
 // and labels: the first counts) are dropped; either makes the error wrap
-// telemetry.ErrPartial while the Result keeps what was read. An exposition
+// telemetry.ErrPartial while the Result keeps what was read. A field read
+// as the sum or the largest of several series (data-parallel engines, each
+// SGLang dp_rank's batch, Triton's queue ahead of its backend) is withheld,
+// not read from the rest, when one of them is dropped: the rest would
+// understate the server's load and draw calls to it; an unknown field does
+// not (a hit rate, a mean, is read from the rest). An exposition
 // with no metric of a known engine returns ErrUnknownEngine; one with none of
 // the load metrics above, or whose every value of them was dropped, returns
 // an error saying which and an empty Sample. Parse never panics.
