@@ -34,6 +34,7 @@
 //	StoreCollector, {store="name"}:
 //	  inferlb_telemetry_samples_total{result="accepted|dropped_empty|
 //	  dropped_old|dropped_full|dropped_unknown|arrived_stale"},
+//	  inferlb_telemetry_partial_samples_total (malformed fields left out),
 //	  inferlb_telemetry_store_endpoints
 //	PollerCollector, {poller="name"}:
 //	  inferlb_telemetry_poll_rounds_total, _failures_total, _timeouts_total,

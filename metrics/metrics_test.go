@@ -81,6 +81,9 @@ inferlb_endpoint_time_per_output_token_seconds{balancer="llm",endpoint="a:1"} 0.
 
 	sc := metrics.NewStoreCollector(b.Telemetry(), "llm")
 	require.NoError(t, testutil.CollectAndCompare(sc, strings.NewReader(`
+# HELP inferlb_telemetry_partial_samples_total Samples an adapter published with some fields left out as malformed (an HTTP load header or an ORCA report with a NaN, a negative count, a field that does not parse); their other fields count in inferlb_telemetry_samples_total as usual.
+# TYPE inferlb_telemetry_partial_samples_total counter
+inferlb_telemetry_partial_samples_total{store="llm"} 0
 # HELP inferlb_telemetry_samples_total Telemetry samples offered to the store, by what happened to them.
 # TYPE inferlb_telemetry_samples_total counter
 inferlb_telemetry_samples_total{result="accepted",store="llm"} 0

@@ -21,7 +21,7 @@ import (
 type StoreCollector struct {
 	st *telemetry.Store
 
-	samples, endpoints *prometheus.Desc
+	samples, endpoints, partial *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*StoreCollector)(nil)
@@ -35,6 +35,8 @@ func NewStoreCollector(st *telemetry.Store, storeName string) *StoreCollector {
 		st: st,
 		samples: prometheus.NewDesc("inferlb_telemetry_samples_total",
 			"Telemetry samples offered to the store, by what happened to them.", []string{"result"}, cl),
+		partial: prometheus.NewDesc("inferlb_telemetry_partial_samples_total",
+			"Samples an adapter published with some fields left out as malformed (an HTTP load header or an ORCA report with a NaN, a negative count, a field that does not parse); their other fields count in inferlb_telemetry_samples_total as usual.", nil, cl),
 		endpoints: prometheus.NewDesc("inferlb_telemetry_store_endpoints",
 			"Endpoint IDs the store has a slot for: a Balancer's endpoints, read or not yet, and IDs published to the store directly. Past its MaxEndpoints, samples for an ID without a slot are dropped: dropped_full when published to the store directly (a Poller whose Sink is the store), dropped_unknown through a Balancer.", nil, cl),
 	}
@@ -43,6 +45,7 @@ func NewStoreCollector(st *telemetry.Store, storeName string) *StoreCollector {
 // Describe implements prometheus.Collector.
 func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.samples
+	ch <- c.partial
 	ch <- c.endpoints
 }
 
@@ -62,5 +65,6 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(c.samples, prometheus.CounterValue, float64(r.n), r.result)
 	}
+	ch <- prometheus.MustNewConstMetric(c.partial, prometheus.CounterValue, float64(t.Partial))
 	ch <- prometheus.MustNewConstMetric(c.endpoints, prometheus.GaugeValue, float64(c.st.Len()))
 }

@@ -79,6 +79,9 @@ func TestStoreEndpointsHelpSaysWhereAFullStoreDrops(t *testing.T) {
 	store.Publish("c:1", s) // a Poller publishing into the Store
 
 	require.NoError(t, testutil.CollectAndCompare(metrics.NewStoreCollector(store, "shared"), strings.NewReader(`
+# HELP inferlb_telemetry_partial_samples_total Samples an adapter published with some fields left out as malformed (an HTTP load header or an ORCA report with a NaN, a negative count, a field that does not parse); their other fields count in inferlb_telemetry_samples_total as usual.
+# TYPE inferlb_telemetry_partial_samples_total counter
+inferlb_telemetry_partial_samples_total{store="shared"} 0
 # HELP inferlb_telemetry_samples_total Telemetry samples offered to the store, by what happened to them.
 # TYPE inferlb_telemetry_samples_total counter
 inferlb_telemetry_samples_total{result="accepted",store="shared"} 0

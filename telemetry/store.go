@@ -46,6 +46,7 @@ type Store struct {
 	asleepAt       atomic.Int64 // newest observation time of a merged Asleep of 1, unix ns
 	accepted       atomic.Uint64
 	droppedEmpty   atomic.Uint64 // no valid field
+	partial        atomic.Uint64 // published with malformed fields left out (CountPartial)
 	droppedOld     atomic.Uint64 // older than what is held
 	droppedFull    atomic.Uint64 // table full
 	droppedUnknown atomic.Uint64 // PublishKnown for an ID without a slot
@@ -116,7 +117,20 @@ type StoreStats struct {
 	// (ReadWithin: a Balancer reading the Store declares its
 	// TelemetryMaxAge), and in Accepted when none was declared.
 	ArrivedStale uint64
+	// Partial counts samples published with some of their fields left
+	// out as malformed by the adapter that read them (CountPartial: an
+	// HTTP load header or an ORCA report with a NaN, a negative count, a
+	// field that does not parse). Their other fields were published, so
+	// each is counted by what became of it too.
+	Partial uint64
 }
+
+// CountPartial counts, in StoreStats.Partial, a sample whose adapter left
+// some fields out as malformed and published the rest: a field dropped so
+// is ignored and counted, as a sample without any usable field is
+// (DroppedEmpty). A Source's partial rounds go to its Poller's OnError
+// instead.
+func (st *Store) CountPartial() { st.partial.Add(1) }
 
 // Stats returns the counters.
 func (st *Store) Stats() StoreStats {
@@ -129,6 +143,7 @@ func (st *Store) Stats() StoreStats {
 		DroppedUnknown: st.droppedUnknown.Load(),
 		LastUnknown:    st.lastUnknownID(),
 		ArrivedStale:   st.arrivedStale.Load(),
+		Partial:        st.partial.Load(),
 	}
 }
 

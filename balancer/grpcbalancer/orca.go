@@ -46,7 +46,8 @@ var namedMetrics = [...]namedMetric{
 // utilization or count, a fraction above 1): it is left out of the sample.
 // The caller publishes a report with bad values even when nothing else is
 // left, so that the Store counts it as malformed (DroppedEmpty), as the
-// HTTP transport counts an unreadable load header.
+// HTTP transport counts an unreadable load header; one with good values
+// left is counted in StoreStats.Partial (Store.CountPartial).
 func sampleFromORCA(r *v3orcapb.OrcaLoadReport, now time.Time) (s telemetry.Sample, bad bool) {
 	s = telemetry.Sample{Time: now}
 	if r == nil {
@@ -122,6 +123,9 @@ func (s *subConn) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
 	}
 	if b := s.lb.core.Load(); b != nil {
 		if smp, bad := sampleFromORCA(r, b.Now()); bad || !smp.Empty() {
+			if bad && !smp.Empty() {
+				b.Telemetry().CountPartial()
+			}
 			b.Publish(id, smp) // an empty one is counted (see sampleFromORCA)
 		}
 	}

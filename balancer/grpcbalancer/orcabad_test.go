@@ -70,3 +70,35 @@ func TestPartlyMalformedORCAKeepsTheRest(t *testing.T) {
 	assert.True(t, bad)
 	assert.Equal(t, telemetry.FieldSet(1<<telemetry.KVCacheUsage), s.Has)
 }
+
+// A report with a good value beside a bad one publishes the good one and
+// counts the bad one (StoreStats.Partial), per call and out of band: the
+// bad field was dropped with nothing counted, where a report with nothing
+// good was counted in DroppedEmpty.
+func TestPartlyMalformedORCAIsCounted(t *testing.T) {
+	partly := &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_usage": 0.5, "num_requests_waiting": -1}}
+	good := &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_usage": 0.25}}
+
+	h := newHarness(t, Name, `{}`, 1)
+	store := h.lb().core.Load().Telemetry()
+	for _, r := range []*v3orcapb.OrcaLoadReport{good, partly, badORCAReports[0]} {
+		_, res := h.pick(balancer.PickInfo{FullMethodName: "/x.Y/Z"})
+		di := sent
+		di.ServerLoad = r
+		res.Done(di)
+	}
+	st := store.Stats()
+	assert.EqualValues(t, 1, st.Partial, "per call: %+v", st)
+	assert.EqualValues(t, 1, st.DroppedEmpty, "per call: %+v", st)
+	s, ok := store.Latest(addr(0), time.Now(), time.Minute)
+	assert.True(t, ok)
+	kv, _ := s.Get(telemetry.KVCacheUsage)
+	assert.Equal(t, 0.5, kv, "the partly malformed report's good field was applied")
+
+	oob := newHarness(t, Name, `{}`, 1)
+	sc := oob.onlySubConn(t)
+	store = oob.lb().core.Load().Telemetry()
+	sc.OnLoadReport(good)
+	sc.OnLoadReport(partly)
+	assert.EqualValues(t, 1, store.Stats().Partial, "out of band: %+v", store.Stats())
+}

@@ -427,6 +427,9 @@ func (c *call) report(di balancer.DoneInfo) {
 	if c.perCall && di.ServerLoad != nil {
 		if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok {
 			if s, bad := sampleFromORCA(r, c.core.Now()); bad || !s.Empty() {
+				if bad && !s.Empty() {
+					c.core.Telemetry().CountPartial()
+				}
 				c.core.Publish(c.pick.ID(), s) // an empty one is counted (see sampleFromORCA)
 			}
 		}

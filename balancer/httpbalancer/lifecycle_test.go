@@ -20,6 +20,7 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/balancer/httpbalancer"
+	"github.com/inferlb/inferlb/telemetry"
 )
 
 // cannedResponse is a Base that closes the request body and answers 200
@@ -114,6 +115,31 @@ func TestMalformedLoadReportIsCounted(t *testing.T) {
 	assert.EqualValues(t, 1, st.DroppedEmpty, "%+v", st)
 	assert.Zero(t, st.Accepted)
 	assert.Equal(t, 1, int(statsByID(tr.Balancer())["a"].Successes), "a bad report is not the call's failure")
+}
+
+// TestPartlyMalformedLoadReportIsCounted: a header with one good field and
+// one that does not parse publishes the good one and counts the sample in
+// StoreStats.Partial; the bad field was dropped with nothing counted.
+func TestPartlyMalformedLoadReportIsCounted(t *testing.T) {
+	h := http.Header{}
+	h.Set("Endpoint-Load-Metrics", "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_waiting=lots")
+	tr := newTransport(t, httpbalancer.Options{
+		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}},
+		Base:      cannedResponse(h, "{}"),
+	})
+	resp, err := tr.RoundTrip(chatRequest(t, 1))
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	st := tr.Balancer().Telemetry().Stats()
+	assert.EqualValues(t, 1, st.Partial, "%+v", st)
+	assert.EqualValues(t, 1, st.Accepted, "%+v", st)
+	assert.Zero(t, st.DroppedEmpty)
+	s := statsByID(tr.Balancer())["a"].Telemetry
+	kv, ok := s.Get(telemetry.KVCacheUsage)
+	assert.True(t, ok)
+	assert.Equal(t, 0.5, kv)
+	assert.False(t, s.Has.Has(telemetry.Waiting))
 }
 
 // TestMalformedRequestBlamesNoEndpoint: a request net/http refuses to send

@@ -412,12 +412,16 @@ func (c *call) respond(resp *http.Response) (*http.Response, error) {
 	}
 	if v := h[loadHeader]; len(v) > 0 {
 		// A partly readable report (err wraps telemetry.ErrPartial) still
-		// carries good fields; an unreadable one carries none, and is
-		// published all the same so that the Store counts it
-		// (DroppedEmpty): malformed telemetry is ignored and counted.
-		s, _ := loadheader.Parse(v[0])
+		// carries good fields, and the Store counts the fields it lost
+		// (Partial); an unreadable one carries none, and is published
+		// all the same so that the Store counts it (DroppedEmpty):
+		// malformed telemetry is ignored and counted.
+		s, err := loadheader.Parse(v[0])
 		if !s.Empty() {
 			s.Time = c.t.cfg.clock.Now() // parsers leave it zero
+			if err != nil {
+				c.t.b.Telemetry().CountPartial()
+			}
 		}
 		c.t.b.Publish(c.pick.ID(), s)
 	}
