@@ -65,8 +65,10 @@ DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",Hostname="n",pod="tp2",namespace="ml"}
 // /federate endpoint, its endpoint keeps the time its other GPUs' values
 // carry rather than taking the poll's.
 func TestAggregateTimeIgnoresAGPUWithEveryValueDropped(t *testing.T) {
+	// (GPU 1's one value is its temperature, which the endpoint then does
+	// not report: GPU 0's utilization stands.)
 	const expo = `DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",Hostname="n"} 40 1767225590250
-DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",Hostname="n"} NaN 1767225590250
+DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-1",Hostname="n"} NaN 1767225590250
 `
 	gpus, err := dcgm.ParseMetrics(strings.NewReader(expo))
 	require.Error(t, err)
@@ -74,4 +76,26 @@ DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",Hostname="n"} NaN 1767225590250
 	obs := dcgm.Aggregate(gpus, dcgm.ByHost(map[string]string{"e": "n"}))
 	require.Len(t, obs, 1)
 	assert.True(t, obs[0].Sample.Time.Equal(time.UnixMilli(1767225590250)), "%v", obs[0].Sample.Time)
+	assert.Equal(t, map[string]float64{"gpu_util": 0.4}, fields(obs[0].Sample))
+}
+
+// An endpoint one of whose GPUs had its utilization, temperature or power
+// dropped (NaN, out of range) reports none of that field: the largest of
+// its other GPUs' understated it (here 0.4 and 61 C, where the GPU it could
+// not read may be the busier and hotter), as its memory was already
+// withheld when one GPU's could not be read. The fields every GPU gave
+// stand.
+func TestAggregateWithholdsAFieldOneGPUCouldNotGive(t *testing.T) {
+	const expo = `DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",Hostname="n"} 40
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",Hostname="n"} NaN
+DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-0",Hostname="n"} 61
+DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-1",Hostname="n"} 900
+DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-0",Hostname="n"} 300
+DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-1",Hostname="n"} 350
+`
+	gpus, err := dcgm.ParseMetrics(strings.NewReader(expo))
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	obs := dcgm.Aggregate(gpus, dcgm.ByHost(map[string]string{"e": "n"}))
+	require.Len(t, obs, 1)
+	assert.Equal(t, map[string]float64{"gpu_power_w": 350}, fields(obs[0].Sample))
 }

@@ -66,7 +66,10 @@ func ByPod(podOf map[string]Pod) Mapping {
 // reading (a memory gauge in its Dropped set, or FB_USED without FB_FREE
 // or the reverse) gets no GPUMemUsed or GPUMemTotal: the GPU it cannot read
 // may be its fullest, and its other GPUs' figures would say it has room it
-// may not have. A GPU with no series at all is not known to be missing (a
+// may not have. Likewise an endpoint one of whose GPUs has its utilization,
+// temperature or power gauge dropped gets none of that field: the largest
+// of its other GPUs' may be below the one it could not read. A GPU with no
+// series at all is not known to be missing (a
 // Mapping does not say how many GPUs an endpoint has): the endpoint reads
 // the GPUs it has. A sample's Time is the oldest of its GPUs' Times when
 // every one with a value read has one, else zero.
@@ -84,7 +87,10 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 	at := map[string]int{}
 	pressure := map[string]float64{}
 	memUnknown := map[string]bool{} // endpoints with a GPU whose memory is unreadable
-	untimed := map[string]bool{}    // endpoints with a GPU without a Time
+	// endpoints with a GPU whose utilization, temperature or power gauge
+	// was dropped: the others' largest may understate it
+	unknown := map[string]telemetry.FieldSet{}
+	untimed := map[string]bool{} // endpoints with a GPU without a Time
 	for i := range gpus {
 		g := &gpus[i]
 		ids := mapOf(i)(g)
@@ -95,6 +101,15 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 		p, hasP := g.MemPressure()
 		const memory = 1<<FBUsed | 1<<FBFree | 1<<FBReserved
 		unreadable := g.Dropped&memory != 0 || (g.Has&memory != 0 && !hasP)
+		var lost telemetry.FieldSet
+		for _, d := range [...]struct {
+			m Metric
+			f telemetry.Field
+		}{{Util, telemetry.GPUUtil}, {Temp, telemetry.GPUTemp}, {Power, telemetry.GPUPower}} {
+			if g.Dropped.Has(d.m) {
+				lost |= 1 << d.f
+			}
+		}
 		for _, id := range ids {
 			j, seen := at[id]
 			if !seen {
@@ -115,6 +130,7 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 			if unreadable {
 				memUnknown[id] = true
 			}
+			unknown[id] |= lost
 			if hasP {
 				if prev, ok := pressure[id]; !ok || p > prev {
 					pressure[id] = p
@@ -134,10 +150,16 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 		}
 	}
 	for i := range out {
+		s := &out[i].Sample
 		if memUnknown[out[i].EndpointID] {
-			s := &out[i].Sample
 			s.Has &^= 1<<telemetry.GPUMemUsed | 1<<telemetry.GPUMemTotal
 			s.Values[telemetry.GPUMemUsed], s.Values[telemetry.GPUMemTotal] = 0, 0
+		}
+		for _, f := range []telemetry.Field{telemetry.GPUUtil, telemetry.GPUTemp, telemetry.GPUPower} {
+			if unknown[out[i].EndpointID].Has(f) {
+				s.Has &^= 1 << f
+				s.Values[f] = 0
+			}
 		}
 	}
 	// An endpoint left with nothing (its one GPU's memory unreadable) has
