@@ -97,12 +97,13 @@ type closeCounter struct {
 
 func (c *closeCounter) Close() error { c.closed++; return nil }
 
-// TestMalformedLoadReportIsCounted: an endpoint-load-metrics header with
-// nothing readable in it (here, a huge one) changes no telemetry and is
-// counted as a dropped sample, as malformed telemetry is elsewhere.
-func TestMalformedLoadReportIsCounted(t *testing.T) {
+// callWithLoadReport makes one call through a Transport over endpoint "a"
+// whose answer carries report as its endpoint-load-metrics header, reads
+// the answer to its end and returns the Transport.
+func callWithLoadReport(t *testing.T, report string) *httpbalancer.Transport {
+	t.Helper()
 	h := http.Header{}
-	h.Set("Endpoint-Load-Metrics", "TEXT "+strings.Repeat("named_metrics.kv_cache_usage_perc=garbage,", 10000))
+	h.Set("Endpoint-Load-Metrics", report)
 	tr := newTransport(t, httpbalancer.Options{
 		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}},
 		Base:      cannedResponse(h, "{}"),
@@ -111,6 +112,14 @@ func TestMalformedLoadReportIsCounted(t *testing.T) {
 	require.NoError(t, err)
 	_, _ = io.Copy(io.Discard, resp.Body)
 	require.NoError(t, resp.Body.Close())
+	return tr
+}
+
+// TestMalformedLoadReportIsCounted: an endpoint-load-metrics header with
+// nothing readable in it (here, a huge one) changes no telemetry and is
+// counted as a dropped sample, as malformed telemetry is elsewhere.
+func TestMalformedLoadReportIsCounted(t *testing.T) {
+	tr := callWithLoadReport(t, "TEXT "+strings.Repeat("named_metrics.kv_cache_usage_perc=garbage,", 10000))
 	st := tr.Balancer().Telemetry().Stats()
 	assert.EqualValues(t, 1, st.DroppedEmpty, "%+v", st)
 	assert.Zero(t, st.Accepted)
@@ -121,16 +130,7 @@ func TestMalformedLoadReportIsCounted(t *testing.T) {
 // one that does not parse publishes the good one and counts the sample in
 // StoreStats.Partial; the bad field was dropped with nothing counted.
 func TestPartlyMalformedLoadReportIsCounted(t *testing.T) {
-	h := http.Header{}
-	h.Set("Endpoint-Load-Metrics", "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_waiting=lots")
-	tr := newTransport(t, httpbalancer.Options{
-		Endpoints: []inferlb.Endpoint{{ID: "a", Addr: "10.0.0.1:80"}},
-		Base:      cannedResponse(h, "{}"),
-	})
-	resp, err := tr.RoundTrip(chatRequest(t, 1))
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, resp.Body)
-	require.NoError(t, resp.Body.Close())
+	tr := callWithLoadReport(t, "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_waiting=lots")
 	st := tr.Balancer().Telemetry().Stats()
 	assert.EqualValues(t, 1, st.Partial, "%+v", st)
 	assert.EqualValues(t, 1, st.Accepted, "%+v", st)
