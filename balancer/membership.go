@@ -162,7 +162,7 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 		}
 	}
 	var errs []error
-	seen := make(map[string]bool, len(endpoints))
+	seen := make(map[string]int, len(endpoints)) // ID -> index of its first entry
 	members := make([]*endpoint, 0, len(endpoints))
 	infos := make([]*inferlb.Endpoint, 0, len(endpoints))
 	for i, ep := range endpoints {
@@ -171,11 +171,11 @@ func (m *Membership) Update(endpoints []inferlb.Endpoint) error {
 			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: ID and Addr are both empty; skipped", i))
 			continue
 		}
-		if seen[id] {
-			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: duplicate ID %q; skipped", i, id))
+		if first, dup := seen[id]; dup {
+			errs = append(errs, fmt.Errorf("inferlb: endpoint %d: duplicate ID %q (endpoint %d's); skipped", i, id, first))
 			continue
 		}
-		seen[id] = true
+		seen[id] = i
 		if w, problem := CheckWeight(ep.Weight); problem != "" {
 			errs = append(errs, fmt.Errorf("inferlb: endpoint %q: %s; using %v", id, problem, w))
 			ep.Weight = w

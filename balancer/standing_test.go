@@ -254,7 +254,7 @@ func TestUpdateReportsBadEntriesAndAppliesTheRest(t *testing.T) {
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "endpoint 1: ID and Addr are both empty")
-	assert.Contains(t, err.Error(), `duplicate ID "a:1"`)
+	assert.Contains(t, err.Error(), `endpoint 2: duplicate ID "a:1" (endpoint 0's); skipped`, "the entry kept is named too")
 	assert.Contains(t, err.Error(), `endpoint "b:1": Weight NaN`)
 	stats := b.Stats()
 	require.Len(t, stats, 2)

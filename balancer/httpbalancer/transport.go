@@ -251,7 +251,7 @@ func checkEndpoints(endpoints []inferlb.Endpoint) (keep []inferlb.Endpoint, prob
 				empty = "; an empty ID is the Addr"
 			}
 			problems = append(problems, entryProblem{
-				update:  fmt.Errorf("inferlb: endpoint %d: duplicate ID %q; skipped", i, ep.Key()),
+				update:  fmt.Errorf("inferlb: endpoint %d: duplicate ID %q (endpoint %d's); skipped", i, ep.Key(), j),
 				options: fmt.Errorf("inferlb: NewTransport: Options.Endpoints[%d]: duplicate ID %q (Options.Endpoints[%d]'s%s)", i, ep.Key(), j, empty),
 			})
 			continue

@@ -154,7 +154,7 @@ func TestNewTransportErrorNamesEachEntry(t *testing.T) {
 		`inferlb: endpoint 1 ("b"): Addr "http://10.0.0.5:8000/" names the server of endpoint 0 ("a", Addr "10.0.0.5:8000"), as both are 10.0.0.5:8000: list each server once; skipped`,
 		`inferlb: endpoint 2 ("10.0.0.1"): Addr "10.0.0.1" is not host:port or http(s)://host[:port] (no port: give one, "10.0.0.1:<port>", or a scheme for its default, "http://10.0.0.1"); skipped`,
 		`inferlb: endpoint 3 ("w"): Weight -1 is not a finite non-negative number; using 1`,
-		`inferlb: endpoint 4: duplicate ID "a"; skipped`,
+		`inferlb: endpoint 4: duplicate ID "a" (endpoint 0's); skipped`,
 	}, "\n"))
 	var got []string
 	for _, e := range tr.Endpoints() {
@@ -991,8 +991,9 @@ func TestDuplicateIDErrorGivesTheCallersIndex(t *testing.T) {
 		})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), `endpoint 0 ("bad")`, "shared %v", shared)
-		assert.Contains(t, err.Error(), `endpoint 2: duplicate ID "x"; skipped`, "shared %v", shared)
-		assert.NotContains(t, err.Error(), "endpoint 1", "shared %v: endpoint 1 was applied", shared)
+		assert.Contains(t, err.Error(), `endpoint 2: duplicate ID "x" (endpoint 1's); skipped`, "shared %v", shared)
+		assert.NotContains(t, err.Error(), "endpoint 1:", "shared %v: endpoint 1 was applied", shared)
+		assert.NotContains(t, err.Error(), "endpoint 1 (", "shared %v: endpoint 1 was applied", shared)
 		eps := tr.Endpoints()
 		require.Len(t, eps, 1, "shared %v", shared)
 		assert.Equal(t, "10.0.0.3:8000", eps[0].Addr, "shared %v", shared)
