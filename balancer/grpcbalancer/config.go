@@ -740,7 +740,7 @@ func decodeError(js []byte, err error) error {
 		// not fit (1e30 for a count, 1e400 for any field).
 		if num, ok := strings.CutPrefix(typeErr.Value, "number "); ok {
 			if f, err := strconv.ParseFloat(num, 64); err != nil || math.Abs(f) >= 1<<63 {
-				return configError(field, "JSON number %s is out of range", num)
+				return configError(field, "JSON number %s is out of range%s", num, kindRange(typeErr.Type.Kind().String()))
 			}
 		}
 		return configError(field, "got JSON %s, want %s", typeErr.Value, jsonKind(typeErr.Type.Kind().String()))
@@ -759,6 +759,21 @@ func decodeError(js []byte, err error) error {
 		return fmt.Errorf("inferlb: service config: unknown field %q", path)
 	}
 	return fmt.Errorf("inferlb: service config: %v", err)
+}
+
+// kindRange says, for an out-of-range number's error, the most a field of
+// Go kind k can hold; the field's own bounds, checked after decoding, may
+// be narrower (balancer.Options documents them).
+func kindRange(k string) string {
+	switch k {
+	case "uint64":
+		return " (an integer from 0 to 2^64-1)"
+	case "int", "int64":
+		return " (an integer, at most 2^63-1; the field's own bound may be lower)"
+	case "float64":
+		return " (a number, at most about 1.8e308; the field's own bound may be lower)"
+	}
+	return ""
 }
 
 // badMethod names the first entry of js's "methods" whose value is not a
