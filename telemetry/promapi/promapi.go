@@ -438,7 +438,9 @@ func (s *Source) Validate() error {
 // wrong shape, or of endpoints past the first MaxEndpoints are skipped; if
 // any were, the error wraps telemetry.ErrPartial. When one endpoint has
 // several series for a field the largest value wins (the conservative
-// reading), and the oldest timestamp. The answer is read series by series,
+// reading), and the oldest timestamp; when one of them was skipped as bad,
+// the endpoint gives none of that field, as the largest of the rest may
+// understate it. The answer is read series by series,
 // never held whole, so its cost follows the observations kept rather than
 // the series sent.
 func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
@@ -480,10 +482,14 @@ type collector struct {
 	// time; stamps[j], when j < len(stamps), the times obs[j]'s fields
 	// were measured (unix ns, 0 for none): an answer without timestamp
 	// series costs nothing for them.
-	obs       []telemetry.Observation
-	loraAt    map[int]float64 // obs index -> value of the LoRASlots series read
-	stamps    [][telemetry.NumFields]int64
-	at        map[string]int // endpoint ID -> index in obs
+	obs    []telemetry.Observation
+	loraAt map[int]float64 // obs index -> value of the LoRASlots series read
+	stamps [][telemetry.NumFields]int64
+	at     map[string]int // endpoint ID -> index in obs
+	// lost holds, by endpoint ID, the fields one of whose value series
+	// was skipped as bad: the largest of the others may understate the
+	// endpoint, so observations withholds them.
+	lost      map[string]telemetry.FieldSet
 	skipped   int
 	firstSkip string
 }
@@ -540,6 +546,12 @@ func (c *collector) add(metric map[string]string, value [2]any) {
 	if err != nil {
 		if c.skip() {
 			c.firstSkip = fmt.Sprintf("%s for %s: value %v (%v)", what, lv, value[1], err)
+		}
+		if isValue && f != telemetry.LoRASlots {
+			if c.lost == nil {
+				c.lost = map[string]telemetry.FieldSet{}
+			}
+			c.lost[id] |= 1 << f
 		}
 		return
 	}
@@ -674,6 +686,15 @@ const maxUnixSeconds = math.MaxInt64/1e9 - 1
 func (c *collector) observations() []telemetry.Observation {
 	obs := c.obs
 	for j := range obs {
+		if lost := c.lost[obs[j].EndpointID]; lost != 0 {
+			s := &obs[j].Sample
+			s.Has &^= lost
+			for f := range telemetry.NumFields {
+				if lost.Has(telemetry.Field(f)) {
+					s.Values[f] = 0
+				}
+			}
+		}
 		idleAdapters(&obs[j].Sample)
 	}
 	for j := range c.stamps {
@@ -719,8 +740,9 @@ func (c *collector) observations() []telemetry.Observation {
 			o.Sample.Adapters = nil
 		}
 	}
-	if len(c.stamps) > 0 {
-		// Endpoints that only timestamp series named hold no field.
+	if len(c.stamps) > 0 || len(c.lost) > 0 {
+		// Endpoints that only timestamp series named hold no field, nor
+		// do those whose every field was withheld.
 		obs = slices.DeleteFunc(obs, func(o telemetry.Observation) bool { return o.Sample.Empty() })
 	}
 	return obs

@@ -112,6 +112,33 @@ func TestCollectSkipsBadSeries(t *testing.T) {
 	assert.Equal(t, map[string]float64{"running": 4}, fields(obs[0].Sample))
 }
 
+// An endpoint with several series for a field (a query without an
+// aggregation: one per data-parallel engine) takes the largest; when one of
+// them is bad it gives none, as the largest of the rest may understate it.
+// Its other fields, and the other endpoints, stand; an endpoint left with
+// no field has no observation.
+func TestCollectWithholdsAFieldOneOfWhoseSeriesIsBad(t *testing.T) {
+	body := `{"status":"success","data":{"resultType":"vector","result":[
+ {"metric":{"instance":"a","engine":"0","inferlb_field":"waiting"},"value":[1767225600,"3"]},
+ {"metric":{"instance":"a","engine":"1","inferlb_field":"waiting"},"value":[1767225600,"NaN"]},
+ {"metric":{"instance":"a","inferlb_field":"kv_cache_usage"},"value":[1767225600,"0.5"]},
+ {"metric":{"instance":"b","engine":"0","inferlb_field":"waiting"},"value":[1767225600,"2"]},
+ {"metric":{"instance":"b","engine":"1","inferlb_field":"waiting"},"value":[1767225600,"5"]},
+ {"metric":{"instance":"c","engine":"0","inferlb_field":"waiting"},"value":[1767225600,"-4"]},
+ {"metric":{"instance":"c","engine":"1","inferlb_field":"waiting"},"value":[1767225600,"1"]}
+]}}`
+	obs, err := fakeProm(t, 200, body, nil).Collect(t.Context())
+	require.ErrorIs(t, err, telemetry.ErrPartial)
+	got := map[string]map[string]float64{}
+	for _, o := range obs {
+		got[o.EndpointID] = fields(o.Sample)
+	}
+	assert.Equal(t, map[string]map[string]float64{
+		"a": {"kv_cache_usage": 0.5},
+		"b": {"waiting": 5},
+	}, got)
+}
+
 // Prometheus (and Thanos or Mimir answering in part) may say "success"
 // with warnings: the series that came are used, and the round is partial.
 func TestCollectWarningsMakeAPartialResult(t *testing.T) {
