@@ -16,6 +16,7 @@ import (
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/balancer"
 	"github.com/inferlb/inferlb/cache"
+	"github.com/inferlb/inferlb/internal/errtext"
 )
 
 // Defaults for Options. Each is what the zero value of its field means.
@@ -414,7 +415,7 @@ func (o *Options) resolve() (*config, error) {
 			// (it once read "inferlb: httpbalancer.Options.BalancerOptions:
 			// inferlb: balancer.Options.LoadBound = 0.5: ...").
 			msg := "inferlb: httpbalancer.Options.BalancerOptions." + strings.TrimPrefix(err.Error(), "inferlb: balancer.Options.")
-			return nil, &renamedError{msg: msg, err: err}
+			return nil, errtext.Reworded(err, msg)
 		}
 	}
 	// A nil pointer or func in the interface is not nil (a Base declared as
@@ -508,19 +509,8 @@ func (c *config) bind(b *balancer.Balancer) {
 	_, c.reopen = c.inspector.(*OpenAI)
 }
 
-// renamedError is an error of another package's, its message reworded to
-// name the field as the caller wrote it; errors.Is and errors.As still find
-// the original.
-type renamedError struct {
-	msg string
-	err error
-}
-
-func (e *renamedError) Error() string { return e.msg }
-func (e *renamedError) Unwrap() error { return e.err }
-
 // rewrap is fmt.Errorf("%s: %w", msg, err) with err's own "inferlb: "
 // prefix dropped, so that the message has one.
 func rewrap(msg string, err error) error {
-	return &renamedError{msg: msg + ": " + strings.TrimPrefix(err.Error(), "inferlb: "), err: err}
+	return errtext.Reworded(err, msg+": "+strings.TrimPrefix(err.Error(), "inferlb: "))
 }

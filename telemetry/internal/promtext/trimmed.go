@@ -1,6 +1,10 @@
 package promtext
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/inferlb/inferlb/internal/errtext"
+)
 
 // Trimmed returns err with prefixes taken off the front of its message, each
 // in turn where it is there, so that a Source naming a target's error after
@@ -19,13 +23,5 @@ func Trimmed(err error, prefixes ...string) error {
 	if m == msg {
 		return err
 	}
-	return trimmed{err, m}
+	return errtext.Reworded(err, m)
 }
-
-type trimmed struct {
-	err error
-	msg string
-}
-
-func (t trimmed) Error() string { return t.msg }
-func (t trimmed) Unwrap() error { return t.err }
