@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"math"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -671,49 +672,16 @@ func parseDuration(field, s string) (time.Duration, error) {
 	return d, nil
 }
 
-// wellFormedDuration reports whether s is written as time.ParseDuration
-// reads a duration (an optional sign, then numbers, decimal fractions
-// allowed, each with a unit), whatever its size.
-func wellFormedDuration(s string) bool {
-	if s != "" && (s[0] == '-' || s[0] == '+') {
-		s = s[1:]
-	}
-	if s == "" {
-		return false
-	}
-	digit := func(i int) bool { return i < len(s) && s[i] >= '0' && s[i] <= '9' }
-	for s != "" {
-		i, digits := 0, 0
-		for ; digit(i); i++ {
-			digits++
-		}
-		if i < len(s) && s[i] == '.' {
-			for i++; digit(i); i++ {
-				digits++
-			}
-		}
-		if digits == 0 {
-			return false
-		}
-		j := i
-		for j < len(s) && s[j] != '.' && !digit(j) {
-			j++
-		}
-		switch s[i:j] {
-		case "ns", "us", "µs", "μs", "ms", "s", "m", "h":
-		default:
-			return false
-		}
-		s = s[j:]
-	}
-	return true
-}
+// wellFormedDuration matches a duration written as time.ParseDuration
+// reads one (an optional sign, then numbers, decimal fractions allowed,
+// each with a unit), whatever its size.
+var wellFormedDuration = regexp.MustCompile(`^[-+]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+$`)
 
 // durationProblem says what is wrong with s, which time.ParseDuration
 // refused: a duration past time.Duration's range ("3000000h") is written
 // correctly and must not be told it is no duration.
 func durationProblem(s string) string {
-	if wellFormedDuration(s) {
+	if wellFormedDuration.MatchString(s) {
 		return fmt.Sprintf("%q is out of range: a duration may be at most %v (about 292 years)", s, time.Duration(math.MaxInt64))
 	}
 	return fmt.Sprintf("%q is not a duration such as \"1.5s\" or \"250ms\"", s)
