@@ -130,7 +130,9 @@ func aggregate(gpus []GPU, mapOf func(i int) Mapping) []telemetry.Observation {
 			if unreadable {
 				memUnknown[id] = true
 			}
-			unknown[id] |= lost
+			if lost != 0 {
+				unknown[id] |= lost
+			}
 			if hasP {
 				if prev, ok := pressure[id]; !ok || p > prev {
 					pressure[id] = p
