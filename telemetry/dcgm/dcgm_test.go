@@ -3,6 +3,7 @@ package dcgm_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -238,7 +239,7 @@ func TestSourceCollect(t *testing.T) {
 	src := &dcgm.Source{URLs: []string{nodeA, nodeB, down}, Map: mapping, Client: &http.Client{Transport: tr}}
 	obs, err := src.Collect(t.Context())
 	require.ErrorIs(t, err, telemetry.ErrPartial)
-	assert.Contains(t, err.Error(), "dcgm: 1 of 3 exporters failed")
+	assert.Contains(t, err.Error(), fmt.Sprintf("dcgm: 1 of 3 exporters failed (%q), 0 partial; first: scrape: GET %s", down, down))
 	got := map[string]float64{}
 	for _, o := range obs {
 		u, ok := o.Sample.MemoryUsage()

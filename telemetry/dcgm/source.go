@@ -128,8 +128,10 @@ func (s *Source) validateConfig() error {
 // endpoint, a caching sidecar): then the oldest of them (the Poller reads
 // one ahead of its clock as now). A time older than a Store's maximum age
 // makes the sample stale, so it is ignored. If some exporters fail
-// (or return partial expositions) the error wraps telemetry.ErrPartial; if
-// all fail it does not. A body served as OpenMetrics (a proxy in front of
+// (or return partial expositions) the error wraps telemetry.ErrPartial and
+// names the URLs of up to three of each (`1 of 4 exporters failed
+// ("http://10.0.0.7:9400/metrics"), 0 partial`) before the first failure's
+// error; if all fail it does not wrap ErrPartial. A body served as OpenMetrics (a proxy in front of
 // an exporter may answer it) without the "# EOF" line that ends every
 // OpenMetrics exposition was cut short, perhaps at a line boundary where
 // nothing else shows it: its exporter fails, and none of it is read, since
@@ -215,7 +217,7 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	var all []GPU
 	var mapOf []Mapping // mapOf[j] maps all[j]: its target's Mapping
 	var first error
-	failed, partial := 0, 0
+	var failed, partial promtext.Names
 	gpus := 0
 	for i, r := range results {
 		gpus += len(r.gpus)
@@ -231,9 +233,9 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 		case r.err == nil:
 			continue
 		case len(r.gpus) > 0:
-			partial++
+			partial.Add(promtext.Redacted(exporters[i].url))
 		default:
-			failed++
+			failed.Add(promtext.Redacted(exporters[i].url))
 		}
 		if first == nil {
 			first = r.err
@@ -246,5 +248,6 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	case gpus == 0:
 		return nil, fmt.Errorf("dcgm: all %d exporters failed; first: %w", len(exporters), first)
 	}
-	return obs, fmt.Errorf("%w: dcgm: %d of %d exporters failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(exporters), partial, first)
+	return obs, fmt.Errorf("%w: dcgm: %d of %d exporters failed%s, %d partial%s; first: %w",
+		telemetry.ErrPartial, failed.Len(), len(exporters), failed.Bracketed(), partial.Len(), partial.Bracketed(), first)
 }

@@ -91,9 +91,10 @@ func (s *Source) validateConfig() error {
 // sample read carries a timestamp (a federation endpoint, a caching
 // sidecar): then the oldest of them (the Poller reads one ahead of its
 // clock as now). A time older than a Store's maximum age makes the
-// sample stale, so it is ignored. If some targets fail
-// the error wraps telemetry.ErrPartial and names the first failure; if all
-// fail it does not. A body served as OpenMetrics (Content-Type
+// sample stale, so it is ignored. If some targets fail or are read in
+// part the error wraps telemetry.ErrPartial, names the endpoints of up to
+// three of each (`2 of 16 targets failed ("a", "b"), 0 partial`) and gives
+// the first failure's error; if all fail it does not wrap ErrPartial. A body served as OpenMetrics (Content-Type
 // application/openmetrics-text) without the "# EOF" line that ends every
 // OpenMetrics exposition was cut short, perhaps at a line boundary where
 // nothing else shows it: its target fails, and none of it is read, since
@@ -171,19 +172,23 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	}
 	var obs []telemetry.Observation
 	var firstFailed, firstPartial error
-	failed, partial := 0, 0
-	for _, r := range results {
+	var failed, partial promtext.Names
+	for i, r := range results {
 		switch {
 		case r.ok && r.err == nil:
 			obs = append(obs, r.obs)
 		case r.ok: // usable, with lines or values skipped
 			obs = append(obs, r.obs)
-			partial++
+			partial.Add(targets[i].EndpointID)
 			if firstPartial == nil {
 				firstPartial = r.err
 			}
 		default:
-			failed++
+			name := targets[i].EndpointID
+			if name == "" { // a target that names no endpoint: its URL
+				name = promtext.Redacted(targets[i].URL)
+			}
+			failed.Add(name)
 			if firstFailed == nil {
 				firstFailed = r.err
 			}
@@ -199,7 +204,8 @@ func (s *Source) Collect(ctx context.Context) ([]telemetry.Observation, error) {
 	case len(obs) == 0:
 		return nil, fmt.Errorf("modelserver: all %d targets failed; first: %w", len(targets), first)
 	}
-	return obs, fmt.Errorf("%w: modelserver: %d of %d targets failed, %d partial; first: %w", telemetry.ErrPartial, failed, len(targets), partial, first)
+	return obs, fmt.Errorf("%w: modelserver: %d of %d targets failed%s, %d partial%s; first: %w",
+		telemetry.ErrPartial, failed.Len(), len(targets), failed.Bracketed(), partial.Len(), partial.Bracketed(), first)
 }
 
 func (s *Source) scrape(ctx context.Context, t Target) (telemetry.Sample, error) {

@@ -59,7 +59,7 @@ func TestSourceCollect(t *testing.T) {
 	}
 	obs, err := src.Collect(t.Context())
 	require.ErrorIs(t, err, telemetry.ErrPartial)
-	assert.Contains(t, err.Error(), "modelserver: 3 of 5 targets failed, 1 partial")
+	assert.Contains(t, err.Error(), `modelserver: 3 of 5 targets failed ("down", "html", "huge"), 1 partial ("partial"); first: endpoint "down"`)
 	assert.Contains(t, err.Error(), `endpoint "down"`)
 	assert.Contains(t, err.Error(), "503")
 
@@ -84,7 +84,7 @@ func TestSourceCollect(t *testing.T) {
 	)
 	obs, err = src.Collect(t.Context())
 	require.ErrorIs(t, err, telemetry.ErrPartial)
-	assert.Contains(t, err.Error(), "0 of 2 targets failed, 1 partial")
+	assert.Contains(t, err.Error(), `0 of 2 targets failed, 1 partial ("partial"); first: endpoint "partial"`)
 	assert.Len(t, obs, 2)
 }
 
@@ -111,7 +111,7 @@ func TestSourceScrapesEachURLOnce(t *testing.T) {
 	}
 	obs, err := src.Collect(t.Context())
 	require.ErrorIs(t, err, telemetry.ErrPartial)
-	assert.Contains(t, err.Error(), "2 of 4 targets failed")
+	assert.Contains(t, err.Error(), `2 of 4 targets failed ("c", "d"), 0 partial; first: endpoint "c"`)
 	assert.EqualValues(t, 1, hits.Load(), "one fetch for both spellings")
 	require.Len(t, obs, 2)
 	assert.Equal(t, "a", obs[0].EndpointID)
