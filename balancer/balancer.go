@@ -357,7 +357,9 @@ func (b *Balancer) Telemetry() *telemetry.Store { return b.cfg.store }
 // telemetry field: Options.TelemetryMaxAge with its default applied, or 0
 // when it keeps every field whatever its age (a negative
 // Options.TelemetryMaxAge). Adapters that share a Balancer check their
-// report intervals against it.
+// report intervals against it, and it makes the Balancer a
+// telemetry.AgingSink: a telemetry.Poller publishing into it reports
+// samples that arrive older than this (StaleSamplesError).
 func (b *Balancer) TelemetryMaxAge() time.Duration { return b.cfg.telemetryMaxAge }
 
 // Publish records a telemetry sample for an endpoint; the Balancer is a
@@ -426,6 +428,7 @@ func (b *Balancer) Expired() <-chan struct{} { return b.cfg.store.Expired() }
 var (
 	_ telemetry.Sink           = (*Balancer)(nil)
 	_ telemetry.KnownSink      = (*Balancer)(nil)
+	_ telemetry.AgingSink      = (*Balancer)(nil)
 	_ telemetry.ExpiryNotifier = (*Balancer)(nil)
 )
 

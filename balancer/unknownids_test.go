@@ -2,8 +2,10 @@ package balancer_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -78,4 +80,47 @@ func TestBalancerKnown(t *testing.T) {
 
 	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "b", Addr: "10.0.0.6:8000"}}))
 	assert.False(t, b.Known("http://10.0.0.5:8000"), "an endpoint that left")
+}
+
+// A Poller reading Prometheus (promapi stamps each reading with its
+// scrape's time) that scrapes once a minute, into a Balancer with the
+// default 30 s TelemetryMaxAge: readings from the older scrapes arrive
+// stale and route nothing. The Store counts them (ArrivedStale) and the
+// Poller's OnError says so with the fix; with a TelemetryMaxAge above the
+// scrape interval nothing is reported.
+func TestPollerTellsOfSamplesTooOldForTheBalancer(t *testing.T) {
+	for _, tt := range []struct {
+		maxAge    time.Duration
+		wantStale int
+	}{{0, 1}, {2 * time.Minute, 0}} {
+		t.Run(fmt.Sprint("TelemetryMaxAge ", tt.maxAge), func(t *testing.T) {
+			clock := testutil.NewClock()
+			b := balancer.New(balancer.Options{Clock: clock, TelemetryMaxAge: tt.maxAge})
+			defer b.Close()
+			require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "a", Addr: "10.0.0.5:8000"}, {ID: "b", Addr: "10.0.0.6:8000"}}))
+			src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+				var obs []telemetry.Observation
+				for id, age := range map[string]time.Duration{"a": 50 * time.Second, "b": 10 * time.Second} {
+					s := telemetry.Sample{Time: clock.Now().Add(-age)}
+					s.Set(telemetry.Waiting, 3)
+					obs = append(obs, telemetry.Observation{EndpointID: id, Sample: s})
+				}
+				return obs, nil
+			})
+			var errs []error
+			p, err := telemetry.NewPoller(src, b, telemetry.PollerOptions{Clock: clock, OnError: func(err error) { errs = append(errs, err) }})
+			require.NoError(t, err)
+			require.True(t, p.Poll(t.Context()))
+			assert.EqualValues(t, tt.wantStale, b.Telemetry().Stats().ArrivedStale)
+			assert.EqualValues(t, tt.wantStale, p.Stats().Stale)
+			if tt.wantStale == 0 {
+				assert.Empty(t, errs)
+				return
+			}
+			require.Len(t, errs, 1)
+			var se *telemetry.StaleSamplesError
+			require.ErrorAs(t, errs[0], &se)
+			assert.Equal(t, telemetry.StaleSamplesError{Stale: 1, Published: 2, Oldest: 50 * time.Second, MaxAge: balancer.DefaultTelemetryMaxAge, Since: 1}, *se)
+		})
+	}
 }

@@ -39,7 +39,7 @@
 //	PollerCollector, {poller="name"}:
 //	  inferlb_telemetry_poll_rounds_total, _failures_total, _timeouts_total,
 //	  _partial_total, _published_total, _skipped_total, _unknown_total,
-//	  _early_rounds_total, _consecutive_failures
+//	  _stale_total, _early_rounds_total, _consecutive_failures
 //	TransportCollector, {transport="name"}:
 //	  inferlb_http_failovers_total, inferlb_http_idle_close_resends_total
 //

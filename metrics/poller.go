@@ -19,7 +19,7 @@ type PollerStatser interface {
 type PollerCollector struct {
 	p PollerStatser
 
-	rounds, failures, timeouts, partial, published, skipped, unknown, early, consecutive *prometheus.Desc
+	rounds, failures, timeouts, partial, published, skipped, unknown, stale, early, consecutive *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*PollerCollector)(nil)
@@ -40,6 +40,7 @@ func NewPollerCollector(p PollerStatser, pollerName string) *PollerCollector {
 		published:   d("published_total", "Samples handed to the Poller's Sink (a Balancer or a telemetry Store)."),
 		skipped:     d("skipped_total", "Observations dropped for having no endpoint ID or no field."),
 		unknown:     d("unknown_total", "Published samples the Sink (a Balancer) dropped for an endpoint ID it does not know: targets named otherwise than the endpoints' keys (Endpoint.Key), or endpoints that left while scraped."),
+		stale:       d("stale_total", "Published samples already older than the Sink's TelemetryMaxAge as they were published (a Balancer ignores them): a Source that scrapes less often than the max age, such as Prometheus at its default 1m read through promapi."),
 		early:       d("early_rounds_total", "Rounds run ahead of the Poller's Interval because its Sink dropped readings (a reconnect, a failure exclusion); at most one per MinInterval."),
 		consecutive: d("consecutive_failures", "Failed rounds in a row now (0 after a success); the Poller backs off while it grows."),
 	}
@@ -47,7 +48,7 @@ func NewPollerCollector(p PollerStatser, pollerName string) *PollerCollector {
 
 // Describe implements prometheus.Collector.
 func (c *PollerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.rounds, c.failures, c.timeouts, c.partial, c.published, c.skipped, c.unknown, c.early, c.consecutive} {
+	for _, d := range []*prometheus.Desc{c.rounds, c.failures, c.timeouts, c.partial, c.published, c.skipped, c.unknown, c.stale, c.early, c.consecutive} {
 		ch <- d
 	}
 }
@@ -65,6 +66,7 @@ func (c *PollerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.published, s.Published)
 	counter(c.skipped, s.Skipped)
 	counter(c.unknown, s.Unknown)
+	counter(c.stale, s.Stale)
 	counter(c.early, s.Early)
 	ch <- prometheus.MustNewConstMetric(c.consecutive, prometheus.GaugeValue, float64(s.ConsecutiveFailures))
 }

@@ -66,7 +66,7 @@ inferlb_telemetry_poll_rounds_total{poller="vllm"} 3
 # TYPE inferlb_telemetry_poll_skipped_total counter
 inferlb_telemetry_poll_skipped_total{poller="vllm"} 1
 `), "inferlb_telemetry_poll_consecutive_failures", "inferlb_telemetry_poll_published_total", "inferlb_telemetry_poll_rounds_total", "inferlb_telemetry_poll_skipped_total"))
-	require.Equal(t, 9, testutil.CollectAndCount(c))
+	require.Equal(t, 10, testutil.CollectAndCount(c))
 }
 
 // statsFunc is a PollerStatser over fixed counters.
@@ -117,4 +117,17 @@ inferlb_telemetry_poll_published_total{poller="vllm"} 4
 # TYPE inferlb_telemetry_poll_unknown_total counter
 inferlb_telemetry_poll_unknown_total{poller="vllm"} 2
 `), "inferlb_telemetry_poll_published_total", "inferlb_telemetry_poll_unknown_total"))
+}
+
+// TestPollerCollectorExportsStaleSamples: samples that arrived older than
+// the Balancer's TelemetryMaxAge show per Poller.
+func TestPollerCollectorExportsStaleSamples(t *testing.T) {
+	c := metrics.NewPollerCollector(statsFunc(func() telemetry.PollerStats {
+		return telemetry.PollerStats{Published: 9, Stale: 7}
+	}), "prometheus")
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inferlb_telemetry_poll_stale_total Published samples already older than the Sink's TelemetryMaxAge as they were published (a Balancer ignores them): a Source that scrapes less often than the max age, such as Prometheus at its default 1m read through promapi.
+# TYPE inferlb_telemetry_poll_stale_total counter
+inferlb_telemetry_poll_stale_total{poller="prometheus"} 7
+`), "inferlb_telemetry_poll_stale_total"))
 }

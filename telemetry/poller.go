@@ -112,6 +112,14 @@ type PollerOptions struct {
 	// misnamed target is reported once, not at every Interval; a round
 	// scraping an endpoint that has just left reports it too. It neither
 	// fails the round nor counts in Partial: the Source answered.
+	//
+	// It is called too, with a *StaleSamplesError (errors.Is
+	// ErrStaleSamples), when the Sink is an AgingSink (a
+	// balancer.Balancer) and some of a round's samples were already older
+	// than its TelemetryMaxAge as they were published: a Source that
+	// scrapes less often than that. It comes at the first round with any,
+	// then at most once every 10 minutes while they go on, and does not
+	// fail the round either.
 	OnError func(error)
 }
 
@@ -131,6 +139,11 @@ type PollerStats struct {
 	// Early counts rounds run ahead of their Interval because the Sink
 	// dropped readings (MinInterval): the extra load on the Source.
 	Early uint64
+	// Stale counts the samples of Published that were already older than
+	// the Sink's TelemetryMaxAge as they were published (an AgingSink,
+	// such as a balancer.Balancer; see StaleSamplesError): kept, but read
+	// by no one. Always 0 for a Sink that is not an AgingSink.
+	Stale uint64
 	// ConsecutiveFailures is the current run of failed rounds (0 after a success).
 	ConsecutiveFailures uint64
 }
@@ -163,12 +176,15 @@ type Poller struct {
 
 	running atomic.Bool
 
-	rounds, failures, timeouts, partial, published, skipped, streak, early, unknown atomic.Uint64
+	rounds, failures, timeouts, partial, published, skipped, streak, early, unknown, stale atomic.Uint64
 
-	// The unknown IDs of the last round that published (reportUnknown):
+	// The unknown IDs of the last round that published (reportUnknown),
+	// and the stale samples since the last report of them (reportStale):
 	// touched by Poll only, which never runs concurrently with itself.
 	lastDropped      int
 	lastFirstUnknown string
+	lastStaleReport  time.Time
+	staleSince       uint64
 }
 
 type wallClock struct{}
@@ -343,6 +359,14 @@ func (p *Poller) Poll(ctx context.Context) bool {
 	p.streak.Store(0)
 	known, _ := p.sink.(KnownSink)
 	var (
+		maxAge time.Duration // the Sink's, when it declares one
+		stale  int           // samples published older than maxAge
+		oldest time.Duration // the oldest of them
+	)
+	if a, ok := p.sink.(AgingSink); ok {
+		maxAge = a.TelemetryMaxAge()
+	}
+	var (
 		end     time.Time
 		unknown [maxNamedIDs]string // the first distinct unknown IDs; on the stack
 		nu      int                 // how many of unknown are set
@@ -378,6 +402,15 @@ func (p *Poller) Poll(ctx context.Context) bool {
 		// Sink that embeds a Balancer to wrap its Publish would have its
 		// own Publish passed over.
 		if known == nil || known.Known(o.EndpointID) {
+			if maxAge > 0 {
+				if end.IsZero() {
+					end = p.opts.Clock.Now()
+				}
+				if age := end.Sub(o.Sample.Time); age > maxAge {
+					stale++
+					oldest = max(oldest, age)
+				}
+			}
 			continue
 		}
 		dropped++
@@ -394,6 +427,7 @@ func (p *Poller) Poll(ctx context.Context) bool {
 		p.unknown.Add(uint64(dropped))
 	}
 	p.reportUnknown(known, dropped, sent, unknown[:nu], more)
+	p.reportStale(stale, sent, oldest, maxAge, end)
 	return true
 }
 
@@ -478,6 +512,7 @@ func (p *Poller) Stats() PollerStats {
 		Skipped:             p.skipped.Load(),
 		Unknown:             p.unknown.Load(),
 		Early:               p.early.Load(),
+		Stale:               p.stale.Load(),
 		ConsecutiveFailures: p.streak.Load(),
 	}
 }

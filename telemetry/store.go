@@ -72,6 +72,7 @@ type ExpiryNotifier interface {
 var (
 	_ Sink           = (*Store)(nil)
 	_ ExpiryNotifier = (*Store)(nil)
+	_ AgingSink      = (*Store)(nil)
 )
 
 // Slot is one endpoint's entry in a Store. Its methods are safe for concurrent use.
@@ -333,6 +334,15 @@ func (st *Store) ReadWithin(maxAge time.Duration) {
 			return
 		}
 	}
+}
+
+// TelemetryMaxAge returns the largest max age the Store's readers
+// declared (ReadWithin), or 0 when none did or one keeps every field: the
+// age past which no reader uses a sample. It makes the Store an AgingSink,
+// so a Poller publishing into it reports samples that arrive older than
+// that.
+func (st *Store) TelemetryMaxAge() time.Duration {
+	return time.Duration(max(st.readMaxAge.Load(), 0))
 }
 
 // readersStaleBefore is the time (unix ns) before which a sample merged
