@@ -79,7 +79,7 @@ func TestE2EResolverChurnLeavesTheCurrentConnectionsOnly(t *testing.T) {
 	testgrpc.RegisterTestServiceServer(srv, s)
 	smr := orca.NewServerMetricsRecorder()
 	smr.SetApplicationUtilization(0.5)
-	if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: smr, MinReportingInterval: 30 * time.Millisecond}); err != nil {
+	if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: smr}); err != nil {
 		t.Fatal(err)
 	}
 	var serving sync.WaitGroup

@@ -55,7 +55,7 @@ func startOOB(t *testing.T, changed chan<- struct{}) *oobServer {
 	testgrpc.RegisterTestServiceServer(srv, s)
 	smr := orca.NewServerMetricsRecorder()
 	smr.SetApplicationUtilization(0.5)
-	if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: smr, MinReportingInterval: 30 * time.Millisecond}); err != nil {
+	if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: smr}); err != nil {
 		t.Fatal(err)
 	}
 	run(t, srv, lis)
