@@ -308,7 +308,10 @@
 // vLLM's load header are merged per endpoint and per field in a
 // telemetry.Store, each field with the time it was measured (a Prometheus
 // scrape's, not the query's). Scorers see only fresh fields; a stale or missing field is
-// neutral. The LLM scorer's cost rises steeply (hyperbolically) as KV-cache
+// neutral. A telemetry.Poller tells its OnError of samples it could not
+// use: for endpoints the Balancer does not know (UnknownEndpointsError),
+// and already older than its TelemetryMaxAge as they arrive
+// (StaleSamplesError: a Prometheus scraping less often than that). The LLM scorer's cost rises steeply (hyperbolically) as KV-cache
 // use, GPU memory or utilization near their ceiling; GPU memory counts only
 // for servers that report no KV cache (the engines that do pre-allocate it,
 // so their memory shows their configuration, not their load) and are not
