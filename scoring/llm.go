@@ -52,8 +52,9 @@ import (
 // than the scrape's Running) brings the usage up to now; without them the
 // endpoint that looked emptiest at the last scrape would take every pick
 // until the next. When telemetry is absent or stale the factors are neutral
-// (1) and the cost is this process's own view. A server count, a load or
-// an error rate below zero (a broken reading or counter) counts as zero.
+// (1) and the cost is this process's own view. A server count, an
+// in-flight token count, a load or an error rate below zero (a broken
+// reading or counter) counts as zero.
 // Completion latency is deliberately ignored: it measures prompt and output
 // length more than the endpoint. (The balancer's P2C does weigh decode speed,
 // the time per output token of streamed calls, on top of this cost.)
@@ -188,7 +189,10 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 		// since is not in it.
 		load = max(load, server+float64(s.InFlightSinceReading))
 	}
-	load += float64(s.InFlightTokens) / orDefault(l.TokenUnit, 4096)
+	// A negative token count is a broken counter and counts as none: with
+	// a TokenUnit small enough to make it -Inf beside a queue priced at
+	// +Inf (an infinite QueueWeight), the sum was NaN.
+	load += float64(max(s.InFlightTokens, 0)) / orDefault(l.TokenUnit, 4096)
 	// Counters below zero would make the busier endpoint the cheaper one.
 	cost := (max(load, 0) + 1) / s.weight()
 	cost = reliability(cost, l.ErrorPenalty, s.ErrorRate)

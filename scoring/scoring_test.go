@@ -202,6 +202,10 @@ func TestScorersNeverReturnNaNOrNegative(t *testing.T) {
 		"Latency infinite":    &scoring.Latency{ErrorPenalty: inf},
 		"LeastLoaded":         &scoring.LeastLoaded{},
 		"LeastLoaded inf":     &scoring.LeastLoaded{ErrorPenalty: inf},
+
+		// Valid too: a queue counted at +Inf, and tokens divided by the
+		// least positive float, which makes a token count +-Inf.
+		"LLM infinite queue, tiny token unit": &scoring.LLM{QueueWeight: inf, TokenUnit: math.SmallestNonzeroFloat64},
 	}
 	base := scoring.State{Now: now, Weight: 1, LatencyEWMA: 20 * time.Millisecond, LastLatency: now, LatencyDecay: 10 * time.Second}
 	states := map[string]scoring.State{}
@@ -220,6 +224,10 @@ func TestScorersNeverReturnNaNOrNegative(t *testing.T) {
 	add("negative in-flight", func(s *scoring.State) { s.InFlight = -5 })
 	add("in-flight at the int64 limit", func(s *scoring.State) { s.InFlight = math.MaxInt64 })
 	add("negative in-flight tokens", func(s *scoring.State) { s.InFlightTokens = -1 << 40 })
+	add("negative in-flight tokens beside a queue", func(s *scoring.State) {
+		s.InFlightTokens = -1 << 40
+		s.Telemetry.Set(telemetry.Waiting, 3)
+	})
 	add("negative server counts", func(s *scoring.State) {
 		s.Telemetry.Set(telemetry.Running, -1e9)
 		s.Telemetry.Set(telemetry.Waiting, -1e9)
