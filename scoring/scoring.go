@@ -43,6 +43,14 @@ import (
 // the factors the balancer adds (a generation call's recent prefill, decode
 // speed, the data-parallel barrier) make any cost dearer, dividing a
 // negative one.
+//
+// Costs are only compared, between the candidates of one pick, so their
+// unit is the Scorer's own; but since the balancer's factors multiply
+// (or divide) them, a cost of 0 hides those factors. Keep costs above 0,
+// as the built-in ones do (in-flight + 1, a latency of at least a
+// microsecond). A Scorer that also has a Validate() error method, as the
+// built-in ones do, is validated when the balancer is built
+// (ExampleScorer).
 type Scorer interface {
 	Cost(req *inferlb.Request, s State) float64
 }
