@@ -7,7 +7,8 @@
 // 64-bit key, a Placement maps a key to its owner and spill order by
 // consistent hashing, and Sessions remembers where explicit sessions went.
 // The load bound that decides when a key spills lives in the balancer, which
-// holds the live in-flight counts. The package imports only the standard
+// holds the live in-flight counts (balancer.Options.LoadBound);
+// ExamplePlacement_Walk_boundedLoad applies one by hand. The package imports only the standard
 // library and xxhash, and nothing on a request's path allocates.
 //
 // # Keys
