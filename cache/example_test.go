@@ -2,6 +2,7 @@ package cache_test
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/inferlb/inferlb/cache"
@@ -76,4 +77,24 @@ func ExampleSessions() {
 	// Output:
 	// 2 true
 	// false
+}
+
+// A first user message that opens with a long shared context (a RAG
+// document, a file) keys on its first Depth bytes only, so questions
+// about the same document share an owner and the document's KV cache.
+// A depth past the document tells the questions apart again.
+func ExampleKeyer_WithDepth() {
+	k := cache.NewKeyer(0x5eed)
+	doc := strings.Repeat("Section 1. The parties agree ... ", 200) // 6,600 bytes
+	ask := func(q string) []cache.Message {
+		return []cache.Message{{Role: "user", Content: doc + "\n\nQuestion: " + q}}
+	}
+	a, b := ask("Who are the parties?"), ask("When does it end?")
+	fmt.Println(k.Depth(), k.Chat("llama", a) == k.Chat("llama", b))
+
+	deep := k.WithDepth(16 << 10)
+	fmt.Println(deep.Depth(), deep.Chat("llama", a) == deep.Chat("llama", b))
+	// Output:
+	// 4096 true
+	// 16384 false
 }
