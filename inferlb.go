@@ -111,6 +111,8 @@ func (e Endpoint) Capacity() float64 {
 // Request is what the balancer knows about one call. Adapters fill it from
 // the HTTP request or gRPC call; the zero value is a valid unclassified request.
 type Request struct {
+	// Service picks the Scorer the call is priced with (see Service):
+	// the zero value, ServiceUnknown, goes to the least-loaded endpoint.
 	Service Service
 	// Session says AffinityKey names a session the caller chose (a session
 	// header, prompt_cache_key, a conversation ID, a gRPC key from

@@ -35,7 +35,11 @@ const (
 
 // Message is one chat message as the affinity key sees it.
 type Message struct {
-	Role    string
+	// Role is the author as the API names it ("system", "user",
+	// "assistant", ...). Chat compares it with "user" exactly, to find
+	// the first user message.
+	Role string
+	// Content is the message's text.
 	Content string
 }
 
