@@ -56,20 +56,31 @@ type Keyer struct {
 // process.
 func NewKeyer(seed uint64) *Keyer {
 	if seed == 0 {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		seed = binary.LittleEndian.Uint64(b[:]) | 1
+		seed = randomSeed()
 	}
 	return &Keyer{seed: seed, depth: DefaultDepth}
+}
+
+// randomSeed draws a seed from crypto/rand; never 0, which marks the
+// unusable zero Keyer.
+func randomSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) | 1
 }
 
 // WithDepth returns a copy of k whose keys cover chars characters of the
 // first user message (Chat) or of the prompt (Prompt). Larger depths tell
 // more conversations apart; smaller ones let more requests that open with
 // the same long context share an endpoint. chars is clamped to
-// [BlockChars, MaxKeyChars].
+// [BlockChars, MaxKeyChars]. On the zero Keyer it is
+// NewKeyer(0).WithDepth(chars): a copy with a usable depth must not keep
+// the seed 0 everyone knows, under which an outsider can compute keys.
 func (k *Keyer) WithDepth(chars int) *Keyer {
 	c := *k
+	if c.seed == 0 {
+		c.seed = randomSeed()
+	}
 	c.depth = min(max(chars, BlockChars), MaxKeyChars)
 	return &c
 }

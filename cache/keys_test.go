@@ -153,6 +153,19 @@ func TestPromptDepth(t *testing.T) {
 	assert.Equal(t, blocks[len(blocks)-1], k.Prompt(model, preamble+"tail"))
 }
 
+// The zero Keyer is not usable (seed 0, depth 0), and a consumer such as
+// httpbalancer tells it by its depth of 0. WithDepth gives it a depth, so
+// its copy must not keep the seed everyone knows: keys hashed under seed 0
+// are keys an outsider can compute, and aim at one endpoint.
+func TestWithDepthOnTheZeroKeyerDrawsASeed(t *testing.T) {
+	var zero cache.Keyer
+	a, b := zero.WithDepth(8192), zero.WithDepth(8192)
+	assert.Equal(t, 8192, a.Depth())
+	assert.NotZero(t, a.Seed(), "a usable depth with the public seed 0")
+	assert.NotEqual(t, a.Seed(), b.Seed(), "each a random seed, as NewKeyer(0)")
+	assert.Equal(t, uint64(7), cache.NewKeyer(7).WithDepth(8192).Seed(), "a seeded Keyer keeps its seed")
+}
+
 func TestNewKeyerRandomSeed(t *testing.T) {
 	a, b := cache.NewKeyer(0), cache.NewKeyer(0)
 	assert.NotZero(t, a.Seed())
