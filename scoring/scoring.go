@@ -181,7 +181,14 @@ func (s *State) Latency() time.Duration {
 	if dt <= 0 || s.LatencyDecay <= 0 {
 		return s.LatencyEWMA
 	}
-	return time.Duration(float64(s.LatencyEWMA) * decay.Weight(float64(dt)/float64(s.LatencyDecay)))
+	w := decay.Weight(float64(dt) / float64(s.LatencyDecay))
+	if w >= 1 {
+		// Under a long time constant a moment rounds to no decay, and
+		// the largest Duration, through float64, to 2^63: converted
+		// back it wrapped to the most negative latency.
+		return s.LatencyEWMA
+	}
+	return time.Duration(float64(s.LatencyEWMA) * w)
 }
 
 // weight is Weight, or 1 for a non-positive, NaN or infinite one, as

@@ -458,3 +458,18 @@ func TestKVAboveOneIsAFullCache(t *testing.T) {
 		assert.GreaterOrEqual(t, l.Cost(req, busier), l.Cost(req, over), "MaxKVPressure %v: a call sent since makes it dearer", l.MaxKVPressure)
 	}
 }
+
+// State.Latency decays the EWMA by a weight that rounds to 1 a moment
+// after the last update under a long time constant; converting the
+// largest Duration times 1 back from float64 overflowed to a negative
+// latency, the fastest there is. A custom scorer may read State.Latency of
+// any State, not only the balancer's (which holds reports below 2^50 ns).
+func TestStateLatencyOfTheLargestDurationStaysPositive(t *testing.T) {
+	for _, ewma := range []time.Duration{math.MaxInt64, math.MaxInt64 - 512, 1 << 62} {
+		for _, decay := range []time.Duration{10 * time.Second, 1000 * time.Hour, math.MaxInt64} {
+			st := scoring.State{Now: now, LatencyEWMA: ewma, LastLatency: now.Add(-time.Nanosecond), LatencyDecay: decay}
+			assert.Positive(t, st.Latency(), "EWMA %d, decay %v", ewma, decay)
+			assert.LessOrEqual(t, st.Latency(), ewma, "EWMA %d, decay %v", ewma, decay)
+		}
+	}
+}
