@@ -37,7 +37,8 @@ import (
 )
 
 // Scorer returns the cost of sending req to the endpoint described by s; the
-// lower cost wins. Implementations must be safe for concurrent use and must not
+// lower cost wins. The balancer passes the call's own Request, never nil.
+// Implementations must be safe for concurrent use and must not
 // block, allocate or do I/O. The balancer reads a NaN cost as +Inf: the
 // endpoint loses to any candidate with a number. A cost may be negative:
 // the factors the balancer adds (a generation call's recent prefill, decode
@@ -230,7 +231,9 @@ func reliability(cost, penalty, rate float64) float64 {
 // ORCA utilization may be) the multiplier rises linearly: 401x at 1. The
 // hyperbola, not a line, is the point: near a full GPU the next request evicts
 // KV cache or preempts others, so the cost of filling the last percent is far
-// higher than that of the percent before.
+// higher than that of the percent before. A Scorer of your own that calls it
+// should hold its knee to [0, 1) and its steepness to 0 or more, as
+// LLM.Validate does: with a negative steepness a fuller endpoint costs less.
 func Pressure(u, knee, steepness float64) float64 {
 	if !(u > knee) { // also false for NaN
 		return 1
