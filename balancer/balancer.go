@@ -821,6 +821,8 @@ func (b *Balancer) rand() uint64 { return b.cfg.rand.Uint64() }
 // Pick chooses an endpoint for req. It never blocks, locks or allocates. The
 // caller must call Done on the returned Pick exactly once when the call ends
 // (later calls are no-ops). It returns ErrNoEndpoints when nothing can serve req.
+// req must not be nil (the zero Request is a call that names nothing); the
+// Pick methods below read it the same way.
 func (b *Balancer) Pick(req *inferlb.Request) (Pick, error) {
 	return b.pick(b.def, req, "")
 }
