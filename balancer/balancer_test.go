@@ -304,7 +304,7 @@ func TestOptionsValidate(t *testing.T) {
 		{balancer.Options{LatencyDecay: -time.Second}, "LatencyDecay"},
 		{balancer.Options{RetryRatio: 3}, "RetryRatio"},
 		{balancer.Options{StickyEntries: balancer.MaxStickyEntries}, ""},
-		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: &scoring.LLM{KVKnee: 85}}}, "balancer.Options.Scorers[llm]: scoring.LLM.KVKnee = 85: must be in [0, 1)"},
+		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: &scoring.LLM{KVKnee: 85}}}, "balancer.Options.Scorers[llm]: scoring.LLM.KVKnee = 85: must be in [0, 1]"},
 		{balancer.Options{Scorers: map[inferlb.Service]scoring.Scorer{inferlb.ServiceLLM: nil}}, "Scorers[llm]"},
 		// A nil *scoring.LLM is a Scorer that is not nil: an error, not a
 		// nil dereference inside Validate.

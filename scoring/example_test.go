@@ -37,5 +37,5 @@ func ExampleLLM() {
 	fmt.Println(bad.Validate())
 	// Output:
 	// full / idle: 5x
-	// inferlb: balancer.Options.Scorers[llm]: scoring.LLM.KVKnee = 85: must be in [0, 1) (0 means the default): invalid scorer setting
+	// inferlb: balancer.Options.Scorers[llm]: scoring.LLM.KVKnee = 85: must be in [0, 1] (0 means the default, 1 turns its factor off): invalid scorer setting
 }

@@ -71,7 +71,8 @@ type LLM struct {
 	// ten costs 2.1x, half its calls 11x, nine in ten 91x, so one that
 	// fails fast (and so looks idle) does not outbid busy healthy peers.
 	ErrorPenalty float64
-	// KVKnee is the KV-cache usage above which cost rises steeply. Default 0.85.
+	// KVKnee is the KV-cache usage above which cost rises steeply. Default
+	// 0.85; 1 turns the KV-cache factor off (MaxKVPressure 1 does too).
 	KVKnee float64
 	// MemoryKnee is the GPU memory usage above which cost rises steeply,
 	// for servers that report no KV-cache usage: those that do (vLLM,
@@ -81,13 +82,14 @@ type LLM struct {
 	// and TensorRT-LLM backends, which may report none: their source marks them
 	// (telemetry.KVCachePreallocated) and their memory does not count
 	// either. Default 0.92: a server that allocates as it goes has little
-	// headroom left above it.
+	// headroom left above it. 1 turns the memory factor off.
 	MemoryKnee float64
 	// MemorySteepness scales the memory pressure curve. Default 8: memory
 	// has no queue to absorb a burst, so 95% already costs 5.8x and 97% 14x.
 	MemorySteepness float64
 	// UtilKnee is the ORCA application utilization above which cost rises
-	// steeply. Default 0.9.
+	// steeply. Default 0.9; 1 turns the utilization factor off (a
+	// utilization above 1, which ORCA allows, included).
 	UtilKnee float64
 	// Steepness scales the KV-cache and utilization curves. Default 4.
 	Steepness float64
@@ -203,13 +205,13 @@ func (l *LLM) Cost(req *inferlb.Request, s State) float64 {
 		return cost // no fresh telemetry: every other factor is 1
 	}
 	steep := orDefault(l.Steepness, 4)
-	if kv, ok := tel.Get(telemetry.KVCacheUsage); ok {
+	if kv, ok := tel.Get(telemetry.KVCacheUsage); ok && l.KVKnee < 1 {
 		cost *= min(Pressure(projectKV(kv, tel, s.InFlightSinceKV), orDefault(l.KVKnee, 0.85), steep), orDefault(l.MaxKVPressure, 10))
 	}
-	if mem, ok := tel.MemoryPressure(); ok {
+	if mem, ok := tel.MemoryPressure(); ok && l.MemoryKnee < 1 {
 		cost *= Pressure(mem, orDefault(l.MemoryKnee, 0.92), orDefault(l.MemorySteepness, 8))
 	}
-	if u, ok := tel.Get(telemetry.AppUtil); ok {
+	if u, ok := tel.Get(telemetry.AppUtil); ok && l.UtilKnee < 1 {
 		cost *= Pressure(u, orDefault(l.UtilKnee, 0.9), steep)
 	}
 	if a, _ := tel.Get(telemetry.Asleep); a == 1 {

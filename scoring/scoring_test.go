@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/inferlb/inferlb"
 	"github.com/inferlb/inferlb/scoring"
@@ -77,6 +78,37 @@ func TestLLMCost(t *testing.T) {
 	assert.InDelta(t, 1, l.Cost(req, fullKV), 1e-9)
 	assert.Greater(t, l.Cost(req, withTelemetry(base, float64(telemetry.KVCacheUsage), 0.95)), 3.0)
 	assert.Greater(t, l.Cost(req, withTelemetry(base, float64(telemetry.AppUtil), 0.99)), 10.0)
+}
+
+// A knee of 1 turns its factor off: the endpoint costs what its load
+// says, however full its KV cache, memory or utilization (ORCA's above 1
+// included), and the other factors stay on.
+func TestLLMKneeOfOneTurnsItsFactorOff(t *testing.T) {
+	req := &inferlb.Request{Service: inferlb.ServiceLLM}
+	base := scoring.State{Now: now, Weight: 1, InFlight: 1}
+	gib := float64(1 << 30)
+	kv := withTelemetry(base, float64(telemetry.KVCacheUsage), 0.99)
+	mem := withTelemetry(base, float64(telemetry.GPUMemUsed), 79*gib, float64(telemetry.GPUMemTotal), 80*gib)
+	util := withTelemetry(base, float64(telemetry.AppUtil), 1.2)
+	for _, tc := range []struct {
+		name string
+		l    *scoring.LLM
+		off  scoring.State
+		on   []scoring.State
+	}{
+		{"KVKnee", &scoring.LLM{KVKnee: 1}, kv, []scoring.State{mem, util}},
+		{"MemoryKnee", &scoring.LLM{MemoryKnee: 1}, mem, []scoring.State{kv, util}},
+		{"UtilKnee", &scoring.LLM{UtilKnee: 1}, util, []scoring.State{kv, mem}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.NoError(t, tc.l.Validate())
+			assert.InDelta(t, 2, tc.l.Cost(req, tc.off), 1e-9, "off: the load alone")
+			assert.Greater(t, (&scoring.LLM{}).Cost(req, tc.off), 5.0, "on by default")
+			for _, s := range tc.on {
+				assert.Greater(t, tc.l.Cost(req, s), 5.0, "the other factors stay on")
+			}
+		})
+	}
 }
 
 func TestLLMCostBringsAReadingUpToNow(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 )
 
 // Validate reports the first field of l that cannot be meant: NaN or
-// negative values, knees outside [0, 1), a MaxKVPressure below 1, a
+// negative values, knees outside [0, 1], a MaxKVPressure below 1, a
 // LoRALoad or LoRAWait below 1 or infinite. Zero fields take their
 // defaults. The balancer calls it for the Scorers it is
 // given, so a mistyped setting fails at construction instead of quietly
@@ -35,8 +35,8 @@ func (l *LLM) Validate() error {
 		name string
 		v    float64
 	}{{"KVKnee", l.KVKnee}, {"MemoryKnee", l.MemoryKnee}, {"UtilKnee", l.UtilKnee}} {
-		if !(f.v >= 0 && f.v < 1) {
-			return invalid("LLM", f.name, f.v, "must be in [0, 1) (0 means the default)")
+		if !(f.v >= 0 && f.v <= 1) {
+			return invalid("LLM", f.name, f.v, "must be in [0, 1] (0 means the default, 1 turns its factor off)")
 		}
 	}
 	if l.MaxKVPressure != 0 && !(l.MaxKVPressure >= 1) {

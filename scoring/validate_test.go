@@ -19,7 +19,7 @@ func TestValidate(t *testing.T) {
 	}{
 		{&scoring.LLM{}, ""},
 		{&scoring.LLM{KVKnee: 0.7, MemoryKnee: 0.95, UtilKnee: 0.5, MaxKVPressure: 1, ErrorPenalty: inf}, ""},
-		{&scoring.LLM{KVKnee: 1.2}, "scoring.LLM.KVKnee = 1.2: must be in [0, 1)"},
+		{&scoring.LLM{KVKnee: 1.2}, "scoring.LLM.KVKnee = 1.2: must be in [0, 1]"},
 		{&scoring.LLM{MemoryKnee: -0.1}, "scoring.LLM.MemoryKnee = -0.1"},
 		{&scoring.LLM{UtilKnee: nan}, "scoring.LLM.UtilKnee = NaN"},
 		{&scoring.LLM{MaxKVPressure: 0.5}, "scoring.LLM.MaxKVPressure = 0.5: must be at least 1"},
