@@ -52,6 +52,12 @@ import (
 	"github.com/inferlb/inferlb/benchmarks/fleetsim"
 )
 
+// minScrape is the shortest -scrape: shorter than any real poller (llm-d's
+// endpoint picker refreshes every 50 ms), and every replica is scraped that
+// often in virtual time, so 1µs takes a minute for one quick run and 1ns
+// never ends.
+const minScrape = 10 * time.Millisecond
+
 // config is the command line, parsed and checked.
 type config struct {
 	list      bool
@@ -74,7 +80,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		quick  = fs.Bool("quick", false, "shorter runs at the headline rate only (seconds)")
 		only   = fs.String("policies", "", "comma-separated policy names to run (default all)")
 		extra  = fs.String("extra", "", "comma-separated baselines to add to every scenario: least-conn, consistent-hash-bounded")
-		scrape = fs.Duration("scrape", 0, "telemetry scrape interval instead of the scenario's (1s), e.g. 15s as a Prometheus-paced poller")
+		scrape = fs.Duration("scrape", 0, "telemetry scrape interval instead of the scenario's (1s), at least 10ms, e.g. 15s as a Prometheus-paced poller")
 		estErr = fs.Float64("estimate-error", 0, "spread the prompt tokens inferlb is told over [1-x, 1+x] times the truth, fixed per prompt text (0: exact)")
 		outFac = fs.Float64("declared-output", 0, "multiply the max_tokens inferlb is told by this (0: as the workload declares, the answer's length)")
 		rerend = fs.Float64("chat-rerender", fleetsim.ChatRerender, "share of chat sessions whose client re-renders the history, so a follow-up misses the cached previous answer (0: every answer quoted token for token, as before the flag)")
@@ -112,8 +118,10 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	} else {
 		return fail("unknown scenario %q; -list shows them", *name)
 	}
-	if *scrape < 0 {
-		return fail("-scrape %v: must not be negative", *scrape)
+	if *scrape != 0 && *scrape < minScrape {
+		// Every replica is scraped that often in virtual time, so a
+		// nanosecond interval never finishes a run.
+		return fail("-scrape %v: must be at least %v (0: the scenario's own)", *scrape, minScrape)
 	}
 	if !(*estErr >= 0 && *estErr < 1) {
 		return fail("-estimate-error %v: must be at least 0 and below 1", *estErr)

@@ -78,6 +78,11 @@ func TestFlagValuesTheCommandCannotHonourAreErrors(t *testing.T) {
 		{[]string{"-declared-output", "-2"}, "-declared-output -2: must be 0"},
 		{[]string{"-chat-rerender", "1.5"}, "-chat-rerender 1.5: must be a share from 0 to 1"},
 		{[]string{"-chat-rerender", "NaN"}, "-chat-rerender NaN"},
+		// Every replica is scraped that often in virtual time: 1ns
+		// scheduled a billion scrapes a simulated second and never ended.
+		{[]string{"-scrape", "1ns"}, "-scrape 1ns: must be at least 10ms"},
+		{[]string{"-scrape", "9ms"}, "-scrape 9ms: must be at least 10ms"},
+		{[]string{"-scrape", "-1s"}, "-scrape -1s: must be at least 10ms"},
 	} {
 		var stderr bytes.Buffer
 		_, err := parse(tc.args, &stderr)
