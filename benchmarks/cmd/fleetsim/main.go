@@ -41,6 +41,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -201,6 +202,16 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		keep = append(keep, sc)
 	}
 	c.scenarios = keep
+	if c.out != "" {
+		// Made now, so a directory that cannot be loses no run: the
+		// outputs are written after each scenario has run.
+		if err := os.MkdirAll(c.out, 0o755); err != nil {
+			if pe := (*iofs.PathError)(nil); errors.As(err, &pe) {
+				err = pe.Err // the path may be a parent of -out's
+			}
+			return fail("-out %s: %v", c.out, err)
+		}
+	}
 	return c, nil
 }
 

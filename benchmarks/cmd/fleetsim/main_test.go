@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -256,4 +258,22 @@ func TestTheTableOfLoadShares(t *testing.T) {
 		{"b", "8", "10", "50.0%", "50.0%", "1.00", "0.100s", "0.200s", "0.300s", "100"},
 	}, shareRows(sc, res))
 	assert.Contains(t, shareNote(sc, res), "telemetry of r1 reaches no client")
+}
+
+// A directory -out cannot be made in used to fail only after the first
+// scenario had run (minutes, with -scenario all), losing its tables.
+func TestOutThatCannotBeWrittenFailsBeforeAnyRun(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	var stderr bytes.Buffer
+	_, err := parse([]string{"-scenario", "embedding", "-out", filepath.Join(file, "out")}, &stderr)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "-out "+filepath.Join(file, "out")+":")
+	assert.Contains(t, stderr.String(), "-out ")
+
+	dir := filepath.Join(t.TempDir(), "a", "b")
+	c, err := parse([]string{"-scenario", "embedding", "-out", dir}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.Equal(t, dir, c.out)
+	assert.DirExists(t, dir)
 }
