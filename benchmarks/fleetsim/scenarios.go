@@ -88,7 +88,10 @@ func Lookup(name string) *Scenario {
 }
 
 // Quick returns a copy of sc shrunk to run in seconds: a shorter window and
-// the headline rate only.
+// the headline rate only. Each incident keeps its place: one in the warm-up
+// at the same share of it, one in the measured window at the same share of
+// that, so a model that fails and recovers within the window does so
+// within the quick one.
 func (sc *Scenario) Quick() *Scenario {
 	q := *sc
 	q.Rates = []float64{sc.Headline}
@@ -97,7 +100,11 @@ func (sc *Scenario) Quick() *Scenario {
 	q.Drain = sc.Drain / 2
 	var evs []FleetEvent
 	for _, ev := range sc.Events {
-		ev.At = ev.At / 2
+		if ev.At < sc.Warmup {
+			ev.At /= 2
+		} else {
+			ev.At = q.Warmup + (ev.At-sc.Warmup)/3
+		}
 		evs = append(evs, ev)
 	}
 	q.Events = evs
