@@ -6,8 +6,9 @@
 //	                                 [-policies NAME,NAME] [-extra NAME,NAME] [-parallel N]
 //	go run ./benchmarks/cmd/fleetsim -list
 //
-// It prints a table per scenario (the headline offered load in full, then a
-// sweep of throughput and p90 TTFT over every offered load), and with -out
+// It prints a legend of the columns, then a table per scenario (the headline
+// offered load in full, then a sweep of throughput and p90 TTFT over every
+// offered load), and with -out
 // writes NAME.csv, NAME.md and PNG charts of latency and throughput versus
 // offered load. With -json it prints one JSON array of every run instead.
 // -chat-rerender sets the share of chat sessions whose client re-renders the
@@ -250,6 +251,9 @@ func main() {
 			fmt.Printf("%-14s %s\n", sc.Name, sc.Description)
 		}
 		return
+	}
+	if !c.asJSON {
+		fmt.Print(legend, "\n")
 	}
 	var all []fleetsim.Result
 	for _, sc := range c.scenarios {
@@ -510,6 +514,22 @@ func pick(res []fleetsim.Result, f func(fleetsim.Result) bool) []fleetsim.Result
 	return out
 }
 
+// legend is printed above the tables: what each column of the table
+// measures (over the calls that arrived in the measured window), and how
+// far one seed goes.
+const legend = `columns, over the calls arriving in the measured window (better: more tok/s and cache hit, less latency and failed):
+  policy: the router; "inferlb -X" is inferlb with X off, "inferlb <word>" with one reading changed (the scenario's doc)
+  tok/s: output tokens a second (input tokens for embedding and rerank calls), less those of failed attempts
+  TTFT p50: time to first token, then its p90 and p99; calls that failed are left out, unfinished ones count
+  ITL p50: time between tokens of a stream, then its p99 ("-": the calls stream none)
+  E2E p50: time from arrival to the last token, then its p99
+  cache hit: prompt tokens found in the replicas' prefix caches, of all prompt tokens admitted
+  GPU busy: the replicas' mean share of the window spent in engine steps
+  max/mean: calls the busiest replica accepted over the mean (1.00: spread evenly)
+  failed: calls whose caller got an error after any retry
+each table is of one seed (-seed, default 1): rerun with -seed 2 and -seed 3 before reading a gap of a few percent
+`
+
 var header = []string{"policy", "tok/s", "TTFT p50", "p90", "p99", "ITL p50", "p99", "E2E p50", "p99", "cache hit", "GPU busy", "max/mean", "failed"}
 
 // notServedColumn reports whether a table of res has a "not served"
@@ -642,7 +662,7 @@ func secs(s float64) string {
 }
 
 func ms(s float64) string {
-	if s != s {
+	if s != s || s == 0 { // 0: no token gaps (pooling calls), never a measured ITL
 		return "-"
 	}
 	return fmt.Sprintf("%.0fms", 1000*s)

@@ -277,3 +277,25 @@ func TestOutThatCannotBeWrittenFailsBeforeAnyRun(t *testing.T) {
 	assert.Equal(t, dir, c.out)
 	assert.DirExists(t, dir)
 }
+
+// A newcomer saw columns such as "max/mean" and "GPU busy", and a table of
+// one seed, with nothing saying what they are or how far to trust a gap.
+// The legend explains every column of the table, and the seeds.
+func TestLegendExplainsEveryColumn(t *testing.T) {
+	for _, col := range header {
+		if col == "p90" || col == "p99" {
+			continue // of the column before: "TTFT p50 p90 p99"
+		}
+		assert.Contains(t, legend, col+":", "column %q", col)
+	}
+	assert.Contains(t, legend, "-seed")
+}
+
+// Embedding and rerank calls stream no tokens: their ITL is not 0 ms,
+// there is none.
+func TestNoITLIsADash(t *testing.T) {
+	r := row(fleetsim.Result{Policy: "p", TTFTP50: 0.02, ITLP50: 0, ITLP99: 0})
+	assert.Equal(t, []string{"-", "-"}, r[5:7])
+	r = row(fleetsim.Result{Policy: "p", ITLP50: 0.017, ITLP99: 0.2})
+	assert.Equal(t, []string{"17ms", "200ms"}, r[5:7])
+}
