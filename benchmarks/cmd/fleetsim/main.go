@@ -247,9 +247,7 @@ func main() {
 		os.Exit(2)
 	}
 	if c.list {
-		for _, sc := range fleetsim.Scenarios() {
-			fmt.Printf("%-14s %s\n", sc.Name, sc.Description)
-		}
+		writeList(os.Stdout)
 		return
 	}
 	if !c.asJSON {
@@ -278,6 +276,18 @@ func main() {
 			fmt.Fprintln(os.Stderr, "fleetsim:", err)
 			os.Exit(1)
 		}
+	}
+}
+
+// writeList prints each scenario's name and description, the descriptions
+// in one column however long the names.
+func writeList(w io.Writer) {
+	width := 0
+	for _, sc := range fleetsim.Scenarios() {
+		width = max(width, len(sc.Name))
+	}
+	for _, sc := range fleetsim.Scenarios() {
+		fmt.Fprintf(w, "%-*s  %s\n", width, sc.Name, sc.Description)
 	}
 }
 

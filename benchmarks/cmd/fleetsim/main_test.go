@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -298,4 +299,23 @@ func TestNoITLIsADash(t *testing.T) {
 	assert.Equal(t, []string{"-", "-"}, r[5:7])
 	r = row(fleetsim.Result{Policy: "p", ITLP50: 0.017, ITLP99: 0.2})
 	assert.Equal(t, []string{"17ms", "200ms"}, r[5:7])
+}
+
+// -list padded names to 14 characters, so the descriptions of
+// unauthorized-chat, model-failure-all and four others started further
+// right than the rest, one space after the name.
+func TestListAlignsTheDescriptions(t *testing.T) {
+	var b bytes.Buffer
+	writeList(&b)
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	require.Len(t, lines, len(fleetsim.Scenarios()))
+	col := -1
+	for i, sc := range fleetsim.Scenarios() {
+		at := strings.Index(lines[i], sc.Description)
+		require.Positive(t, at, lines[i])
+		if col < 0 {
+			col = at
+		}
+		assert.Equal(t, col, at, "%s: description at column %d", sc.Name, at)
+	}
 }
