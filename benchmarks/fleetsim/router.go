@@ -227,12 +227,18 @@ func (l *leastConn) Pick(*Request) (int, func(inferlb.Outcome), error) {
 }
 
 // RingHashBounded is RingHash with a load bound (Mirrokni, Thorup and
-// Zadimoghaddam, 2018; Envoy's hash_balance_factor, grpc-go has none): a
-// key goes to the first replica from its point along the ring whose calls
-// in flight (this client's), with this one, stay within factor times the
-// mean, rounded up. It is in no scenario's table; -extra
+// Zadimoghaddam, 2018) as Envoy's hash_balance_factor applies it (grpc-go
+// has none): a key goes to its ring owner while the calls in flight there
+// (this client's) are within its slots, max(ceil(ceil((total+1) x factor)
+// / n), 1) for n replicas of equal weight and total calls in flight
+// before this one; past them, to the first replica within its slots in
+// an order of the replicas shuffled by the key's hash (so every client
+// probes alike), and when none is, to the one with the fewest calls in
+// flight, the owner on a tie. That is Envoy's BoundedLoadHashingLoadBalancer;
+// it takes a host one call fuller than the paper's rule, which counts the
+// new call against the bound. It is in no scenario's table; -extra
 // consistent-hash-bounded adds it at factor 1.25, inferlb's LoadBound
-// default (see ExtraPolicies).
+// default (hash_balance_factor 125; see ExtraPolicies).
 func RingHashBounded(factor float64) Policy {
 	return Policy{Name: "consistent-hash-bounded", New: func(e Env) Router {
 		return &boundedRing{ringHash: ringHash{baseline: baseline{rng: rand.New(e.Rand())}, ids: e.IDs}, factor: factor, inFlight: make([]int, len(e.IDs))}
@@ -244,6 +250,7 @@ type boundedRing struct {
 	factor   float64
 	inFlight []int
 	total    int
+	order    []int // scratch for the probe order
 }
 
 func (r *boundedRing) Pick(req *Request) (int, func(inferlb.Outcome), error) {
@@ -252,16 +259,38 @@ func (r *boundedRing) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 		return 0, nil, err
 	}
 	if req.AffinityKey != 0 {
-		bound := int(math.Ceil(r.factor * float64(r.total+1) / float64(len(r.members))))
-		k := r.at(mix64(req.AffinityKey))
-		for step := 0; r.inFlight[i]+1 > bound && step < len(r.points); step++ {
-			k = (k + 1) % len(r.points)
-			i = r.points[k].rep
+		slots := max(int(math.Ceil(math.Ceil(float64(r.total+1)*r.factor)/float64(len(r.members)))), 1)
+		if r.inFlight[i] > slots {
+			i = r.probe(mix64(req.AffinityKey), i, slots)
 		}
 	}
 	r.inFlight[i]++
 	r.total++
 	return i, func(inferlb.Outcome) { r.inFlight[i]--; r.total-- }, nil
+}
+
+// probe returns the first member other than owner within its slots, in
+// an order shuffled by a generator seeded with the key's hash h; when
+// none is, the member with the fewest calls in flight (owner on a tie).
+func (r *boundedRing) probe(h uint64, owner, slots int) int {
+	r.order = append(r.order[:0], r.members...)
+	g := rand.New(rand.NewPCG(h, 0xb0a7d))
+	best := owner
+	for k := range r.order {
+		j := k + g.IntN(len(r.order)-k)
+		r.order[k], r.order[j] = r.order[j], r.order[k]
+		m := r.order[k]
+		if m == owner {
+			continue
+		}
+		if r.inFlight[m] <= slots {
+			return m
+		}
+		if r.inFlight[m] < r.inFlight[best] {
+			best = m
+		}
+	}
+	return best
 }
 
 // ExtraPolicies are baselines kept out of the scenarios' tables, which

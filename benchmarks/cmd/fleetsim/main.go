@@ -19,7 +19,7 @@
 // -scenario all the scenarios without any of them are skipped);
 // -extra adds baselines no scenario's table holds to every scenario run
 // (least-conn, a full scan for the fewest calls in flight;
-// consistent-hash-bounded, a ring with a load bound of 1.25: see
+// consistent-hash-bounded, a ring with Envoy's load bound, hash_balance_factor 125: see
 // fleetsim.ExtraPolicies), before -policies keeps its names;
 // -parallel sets how many runs are simulated at once
 // (default GOMAXPROCS), which changes no figure. -clients and -parallel
