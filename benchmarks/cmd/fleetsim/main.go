@@ -2,14 +2,13 @@
 // inference fleet, routing with inferlb's real Balancer in virtual time.
 //
 //	go run ./benchmarks/cmd/fleetsim -scenario shared-prefix [-quick] [-json] [-out DIR] [-seed N] [-clients N]
-//	                                 [-chat-rerender SHARE]
+//	                                 [-chat-rerender SHARE] [-scrape DURATION] [-estimate-error X] [-declared-output F]
 //	                                 [-policies NAME,NAME] [-extra NAME,NAME] [-parallel N]
 //	go run ./benchmarks/cmd/fleetsim -list
 //
 // It prints a legend of the columns, then a table per scenario (the headline
 // offered load in full, then a sweep of throughput and p90 TTFT over every
-// offered load), and with -out
-// writes NAME.csv, NAME.md and PNG charts of latency and throughput versus
+// offered load), and with -out writes NAME.csv, NAME.md and PNG charts of latency and throughput versus
 // offered load. With -json it prints one JSON array of every run instead.
 // -chat-rerender sets the share of chat sessions whose client re-renders the
 // history it resends (fleetsim.Chat.Rerender; default fleetsim.ChatRerender,
@@ -21,6 +20,10 @@
 // (least-conn, a full scan for the fewest calls in flight;
 // consistent-hash-bounded, a ring with Envoy's load bound, hash_balance_factor 125: see
 // fleetsim.ExtraPolicies), before -policies keeps its names;
+// -scrape sets the telemetry scrape interval (at least 10ms; 0, the
+// default, keeps each scenario's 1s); -estimate-error and -declared-output
+// put what inferlb is told of each call's size off the truth
+// (fleetsim.Estimate). -out's directory is made before any run.
 // -parallel sets how many runs are simulated at once
 // (default GOMAXPROCS), which changes no figure. -clients and -parallel
 // must be at least 1; multi-client runs 1 and 8 clients and
@@ -29,8 +32,9 @@
 // other scenarios). A scenario with a replica whose telemetry reaches no
 // client (partial-telemetry) also prints each replica's share of the
 // calls at every offered load. A scenario with Seeds runs that many seeds from -seed
-// on (model-failure, lora-slots, context-windows: 4): its first seed's
-// table, then one by model (model-failure), of adapter slots (lora-slots,
+// on (model-failure, model-failure-all, lora-slots, context-windows: 4):
+// its first seed's table, then one by model (model-failure,
+// model-failure-all), of adapter slots (lora-slots,
 // with one by request class for the first seed) or of context windows
 // (context-windows) with a row per policy and seed. Words after the flags are an error, not ignored.
 // The same seed gives the same output, byte for byte.
