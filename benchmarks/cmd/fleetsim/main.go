@@ -532,7 +532,7 @@ func pick(res []fleetsim.Result, f func(fleetsim.Result) bool) []fleetsim.Result
 // measures (over the calls that arrived in the measured window), and how
 // far one seed goes.
 const legend = `columns, over the calls arriving in the measured window (better: more tok/s and cache hit, less latency and failed):
-  policy: the router; "inferlb -X" is inferlb with X off, "inferlb <word>" with one reading changed (the scenario's doc)
+  policy: the router; "inferlb -X": inferlb with X off; "inferlb <word>", "<baseline> +conn", "+ranks": one setting changed (benchmarks/README.md)
   tok/s: output tokens a second (input tokens for embedding and rerank calls), less those of failed attempts
   TTFT p50: time to first token, then its p90 and p99; calls that failed are left out, unfinished ones count
   ITL p50: time between tokens of a stream, then its p99 ("-": the calls stream none)
