@@ -26,7 +26,7 @@
 // (fleetsim.Estimate). -out's directory is made before any run.
 // -parallel sets how many runs are simulated at once
 // (default GOMAXPROCS), which changes no figure. -clients and -parallel
-// must be at least 1; multi-client runs 1 and 8 clients and
+// must be at least 1, -clients at most 1000; multi-client runs 1 and 8 clients and
 // partial-telemetry 8, so -clients with -scenario multi-client or
 // partial-telemetry is an error (with -scenario all it applies to the
 // other scenarios). A scenario with a replica whose telemetry reaches no
@@ -63,6 +63,11 @@ import (
 // often in virtual time, so 1µs takes a minute for one quick run and 1ns
 // never ends.
 const minScrape = 10 * time.Millisecond
+
+// maxClients is the most -clients: each client is a Balancer of its own,
+// and 10,000 took 1.3 GB for one quick embedding run (runs go -parallel at
+// once), so 100,000 ran a machine out of memory with no message.
+const maxClients = 1000
 
 // config is the command line, parsed and checked.
 type config struct {
@@ -113,6 +118,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.clients < 1 {
 		return fail("-clients %d: must be at least 1", c.clients)
+	}
+	if c.clients > maxClients {
+		return fail("-clients %d: must be at most %d (each client is a Balancer of its own: 10,000 take over 1 GB a run)", c.clients, maxClients)
 	}
 	if c.par < 1 {
 		return fail("-parallel %d: must be at least 1", c.par)

@@ -83,6 +83,9 @@ func TestFlagValuesTheCommandCannotHonourAreErrors(t *testing.T) {
 		{[]string{"-chat-rerender", "NaN"}, "-chat-rerender NaN"},
 		// Every replica is scraped that often in virtual time: 1ns
 		// scheduled a billion scrapes a simulated second and never ended.
+		// Each client is a Balancer of its own: 10,000 took 1.3 GB for
+		// one quick run, and 100,000 ran the machine out of memory.
+		{[]string{"-clients", "1001"}, "-clients 1001: must be at most 1000"},
 		{[]string{"-scrape", "1ns"}, "-scrape 1ns: must be at least 10ms"},
 		{[]string{"-scrape", "9ms"}, "-scrape 9ms: must be at least 10ms"},
 		{[]string{"-scrape", "-1s"}, "-scrape -1s: must be at least 10ms"},
