@@ -11,8 +11,10 @@ import (
 // give its own policies (round_robin, least_request, ring_hash): a replica
 // whose connection broke or was refused leaves the rotation
 // (TRANSIENT_FAILURE) and is tried again by a connection attempt, not a
-// call, after a backoff of 1 s doubling to 120 s (grpc-go's default); it is
-// back once an attempt finds it up. Its name is p's with " +conn".
+// call, after a backoff of 1 s growing 1.6 times to 120 s (grpc-go's
+// default, without its jitter of 20%, which spreads many channels'
+// attempts; nextBackoff); it is back once an attempt finds it up. Its name
+// is p's with " +conn".
 //
 // The plain baselines keep no connection state, as an HTTP client's
 // endpoint list has none: a dead replica has nothing in flight, so
@@ -61,7 +63,7 @@ func (c *connAware) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 		if c.env.run.reps[i].up { // the connection attempt succeeds
 			c.until[i], c.backoff[i], changed = 0, 0, true
 		} else {
-			c.backoff[i] = min(2*c.backoff[i], 120*time.Second)
+			c.backoff[i] = nextBackoff(c.backoff[i])
 			c.until[i] = now + c.backoff[i]
 		}
 	}
@@ -75,9 +77,20 @@ func (c *connAware) Pick(req *Request) (int, func(inferlb.Outcome), error) {
 	return i, func(o inferlb.Outcome) {
 		done(o)
 		if (errors.Is(o.Err, errRefused) || errors.Is(o.Err, errCrashed)) && c.until[i] == 0 {
-			c.backoff[i] = time.Second
+			c.backoff[i] = nextBackoff(0)
 			c.until[i] = c.env.run.now + c.backoff[i]
 			c.apply()
 		}
 	}, nil
+}
+
+// nextBackoff is the wait before the connection attempt after one that
+// failed, which waited d (0: the connection has just broken): grpc-go's
+// default backoff (gRPC's connection-backoff.md: 1 s, multiplier 1.6, at
+// most 120 s), without the jitter.
+func nextBackoff(d time.Duration) time.Duration {
+	if d <= 0 {
+		return time.Second
+	}
+	return min(d*8/5, 120*time.Second)
 }
