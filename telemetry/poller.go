@@ -99,7 +99,9 @@ type PollerOptions struct {
 	// Rand draws the jitter. nil means math/rand/v2's runtime generator.
 	Rand rand.Source
 	// OnError, if set, is called with each failed or partial round's error
-	// (for logging). It runs on the polling goroutine and must not block.
+	// (for logging), but not a round cut short because its context ended:
+	// stopping the Poller is no target's failure. It runs on the polling
+	// goroutine and must not block.
 	//
 	// It is called too, with an *UnknownEndpointsError (errors.Is
 	// ErrUnknownEndpoint), when the Sink is a KnownSink (a
@@ -346,7 +348,7 @@ func (p *Poller) Poll(ctx context.Context) bool {
 		p.report(err)
 		return false
 	}
-	if err != nil {
+	if err != nil && ctx.Err() == nil { // targets cut short by shutting down are no fault of theirs
 		p.partial.Add(1)
 		if timedOut {
 			// Cut short too: the targets that answered waited for the

@@ -265,6 +265,38 @@ func TestPollerStopsDuringCollect(t *testing.T) {
 	})
 }
 
+// TestPollerStopsDuringPartialCollect: targets cut short because Run is
+// stopping make a partial result that is no fault of theirs, as a whole
+// round cut short is none: OnError hears nothing and Partial does not
+// count it (a program that stops its Poller would log a "context
+// canceled" scrape failure at every shutdown). What did arrive is kept.
+func TestPollerStopsDuringPartialCollect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		entered := make(chan struct{})
+		src := telemetry.SourceFunc(func(ctx context.Context) ([]telemetry.Observation, error) {
+			close(entered)
+			<-ctx.Done()
+			obs := []telemetry.Observation{{EndpointID: "a", Sample: sample(time.Time{}, float64(telemetry.Waiting), 1)}}
+			return obs, fmt.Errorf("%w: 1 of 2 targets failed: %w", telemetry.ErrPartial, ctx.Err())
+		})
+		var errs []error
+		sink := &recorder{}
+		p, err := telemetry.NewPoller(src, sink, telemetry.PollerOptions{Interval: time.Minute, OnError: func(err error) { errs = append(errs, err) }})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		<-entered
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+		assert.Empty(t, errs, "shutting down is not the targets' failure")
+		assert.Zero(t, p.Stats().Partial, "shutting down is not the targets' failure")
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		assert.Equal(t, []string{"a"}, sink.ids, "the observation that arrived is published")
+	})
+}
+
 func TestPollerPublishes(t *testing.T) {
 	clock := testutil.NewClock()
 	observed := t0.Add(-time.Minute)
