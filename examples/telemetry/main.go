@@ -90,6 +90,7 @@ func exposition(running, waiting int, kv float64, asleep bool) string {
 
 type config struct {
 	calls, workers int
+	onError        func(error) // what the Pollers report, but the host:port round's unknown IDs
 }
 
 // result is what run measured, for the test.
@@ -103,7 +104,15 @@ func main() {
 	calls := flag.Int("calls", 200, "chat completions per policy")
 	workers := flag.Int("workers", 8, "concurrent callers")
 	flag.Parse()
-	if _, err := run(context.Background(), os.Stdout, config{calls: *calls, workers: *workers}); err != nil {
+	switch {
+	case flag.NArg() > 0:
+		log.Fatalf("unexpected arguments %q: every setting is a flag (-h lists them)", flag.Args())
+	case *calls < 1:
+		log.Fatalf("-calls %d: must be at least 1", *calls)
+	case *workers < 1:
+		log.Fatalf("-workers %d: must be at least 1", *workers) // none would take the calls: run would wait for ever
+	}
+	if _, err := run(context.Background(), os.Stdout, config{calls: *calls, workers: *workers, onError: logError}); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -130,18 +139,22 @@ func run(ctx context.Context, out io.Writer, cfg config) (result, error) {
 		if err != nil {
 			return res, err
 		}
+		stop := func() {}
 		if policy == "with /metrics" {
-			stop, err := scrape(ctx, t, func(e inferlb.Endpoint) string { return e.Key() }, logError)
+			stop, err = scrape(ctx, t, func(e inferlb.Endpoint) string { return e.Key() }, cfg.onError)
 			if err != nil {
 				t.Close()
 				return res, err
 			}
-			defer stop()
 		}
 		for _, r := range replicas {
 			r.calls.Store(0)
 		}
 		err = send(ctx, t, cfg)
+		// The Poller stops first: one still publishing into the closed
+		// Balancer, which knows no endpoint, would report every sample
+		// as unknown.
+		stop()
 		t.Close()
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", policy, err)
@@ -176,7 +189,7 @@ func run(ctx context.Context, out io.Writer, cfg config) (result, error) {
 			res.unknown = err
 			return
 		}
-		logError(err)
+		cfg.onError(err)
 	})
 	if err != nil {
 		return res, err
@@ -189,7 +202,9 @@ func run(ctx context.Context, out io.Writer, cfg config) (result, error) {
 	return res, nil
 }
 
-func logError(err error) { log.Print("telemetry: ", err) }
+// logError logs what a Poller reports; its errors name their package
+// ("telemetry: ...") already.
+func logError(err error) { log.Print(err) }
 
 // scrape starts a Poller (newPoller) into t's Balancer. It polls once
 // before returning, so the first calls already see the readings; stop

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"io"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -26,7 +28,13 @@ func TestTelemetryExample(t *testing.T) {
 		t.Skip("runs a second of real time")
 	}
 	var out strings.Builder
-	cfg := config{calls: 40, workers: 4}
+	var mu sync.Mutex
+	var reported []error
+	cfg := config{calls: 40, workers: 4, onError: func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		reported = append(reported, err)
+	}}
 	res, err := run(context.Background(), &out, cfg)
 	t.Log("\n" + out.String())
 	require.NoError(t, err)
@@ -58,4 +66,30 @@ func TestTelemetryExample(t *testing.T) {
 	for _, name := range []string{"vllm-0", "vllm-1", "vllm-2", "vllm-3"} {
 		assert.Contains(t, out.String(), name)
 	}
+	// The scrapes into the live Balancer report nothing: a Poller still
+	// running when its Transport closes publishes into a Balancer that
+	// knows no endpoint any more, and its OnError blames the targets' names.
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, reported, "errors the Pollers reported")
+}
+
+// TestTelemetryExampleStopsPollingBeforeClose runs a batch short enough
+// that the Poller's Run is still in its first round when the batch ends:
+// the Poller must stop before its Transport closes, or it publishes into a
+// closed Balancer, which knows no endpoint, and OnError blames the
+// targets' names.
+func TestTelemetryExampleStopsPollingBeforeClose(t *testing.T) {
+	var mu sync.Mutex
+	var reported []error
+	cfg := config{calls: 1, workers: 1, onError: func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		reported = append(reported, err)
+	}}
+	_, err := run(context.Background(), io.Discard, cfg)
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, reported, "errors the Pollers reported")
 }
