@@ -83,7 +83,9 @@ func main() {
 		rows = append(rows, runPolicy(policy, *rate, *dur, *seed))
 	}
 	printTable(os.Stdout, rows)
-	fmt.Println("\nTimes are model time. The same comparison at fleet scale, with more policies:")
+	fmt.Println("\nTimes are model time. tok/s: answer tokens streamed per second; cache hit: the share of")
+	fmt.Println("prompt tokens a replica found in its prefix cache (the rest it had to prefill).")
+	fmt.Println("The same comparison at fleet scale, with more policies:")
 	fmt.Println("  go run ./benchmarks/cmd/fleetsim -scenario shared-prefix")
 }
 
