@@ -462,6 +462,15 @@ func splitAddr(addr string) (scheme, host string, ok bool) {
 // when no short reason fits. Wording of an error only.
 func addrHint(addr string) string {
 	host := addr
+	if !strings.Contains(addr, "://") {
+		// "http//h:1" is a typo, not a host "http" with a path.
+		for _, p := range []string{"https:/", "http:/", "https//", "http//"} {
+			if len(addr) > len(p) && strings.EqualFold(addr[:len(p)], p) {
+				fixed := addr[:len(p)-2] + "://" + strings.TrimLeft(addr[len(p):], "/")
+				return fmt.Sprintf(" (a scheme ends in \"://\": %q)", fixed)
+			}
+		}
+	}
 	if i := strings.Index(addr, "://"); i >= 0 {
 		scheme := addr[:i]
 		if !strings.EqualFold(scheme, "http") && !strings.EqualFold(scheme, "https") {
@@ -471,6 +480,11 @@ func addrHint(addr string) string {
 	}
 	if i := strings.IndexByte(host, '/'); i >= 0 && strings.TrimRight(host[i:], "/") != "" {
 		return fmt.Sprintf(" (%q: an endpoint names a server only; each call keeps its request URL's path, so a base path such as /v1 goes in the client's base URL)", host[i:])
+	}
+	if _, port, err := net.SplitHostPort(host); err == nil {
+		if n, err := strconv.Atoi(port); err == nil && (n < 1 || n > 65535) {
+			return fmt.Sprintf(" (port %d is not in 1-65535)", n)
+		}
 	}
 	if addr == host && host != "" && !strings.ContainsAny(host, ":/?#@ \t\r\n[") {
 		return fmt.Sprintf(" (no port: give one, %q, or a scheme for its default, %q)", host+":<port>", "http://"+host)

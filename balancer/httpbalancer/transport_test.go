@@ -56,6 +56,10 @@ func TestOptionsValidation(t *testing.T) {
 		// An OpenAI client's base URL, path and all, is the usual mistake:
 		// the error says where the path goes.
 		{"addr with a path", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://10.0.0.5:8000/v1"}}}, `Addr "http://10.0.0.5:8000/v1" is not host:port or http(s)://host[:port] ("/v1": an endpoint names a server only; each call keeps its request URL's path, so a base path such as /v1 goes in the client's base URL)`},
+		// A scheme missing its colon read as a host "http" and a path, and
+		// the error spoke of base paths; a port past 65535 got no reason.
+		{"scheme without its colon", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http//10.0.0.5:8000"}}}, `Addr "http//10.0.0.5:8000" is not host:port or http(s)://host[:port] (a scheme ends in "://": "http://10.0.0.5:8000")`},
+		{"port out of range, with its reason", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "10.0.0.5:99999"}}}, `Addr "10.0.0.5:99999" is not host:port or http(s)://host[:port] (port 99999 is not in 1-65535)`},
 		{"addr with a query", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://h:1?x=1"}}}, `Addr "http://h:1?x=1"`},
 		{"addr with user information", httpbalancer.Options{Endpoints: []inferlb.Endpoint{{Addr: "http://u:p@h:1"}}}, `Addr "http://u:p@h:1"`},
 		// Refused as a whole, whatever the part says.
