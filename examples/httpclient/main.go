@@ -277,10 +277,9 @@ func run(ctx context.Context, out io.Writer, cfg config) (outcome, error) {
 	fmt.Fprintln(tw, "backend\tKV cache\tplain\tstreamed\tshare\tTTFT (EWMA)\ttime/token (EWMA)\tsession turns\t")
 	for _, b := range backends {
 		n := b.plain.Load() + b.streamed.Load() - b.session.Load()
-		fmt.Fprintf(tw, "%s\t%.0f%%\t%d\t%d\t%.0f%%\t%v\t%v\t%d\t\n", b.name, 100*b.kvCache,
+		fmt.Fprintf(tw, "%s\t%.0f%%\t%d\t%d\t%.0f%%\t%s\t%s\t%d\t\n", b.name, 100*b.kvCache,
 			b.plain.Load()-b.session.Load(), b.streamed.Load(), 100*float64(n)/float64(cfg.calls),
-			stats[b.name].TTFT.Round(100*time.Microsecond),
-			stats[b.name].TimePerOutputToken.Round(100*time.Microsecond), b.session.Load())
+			ewma(stats[b.name].TTFT), ewma(stats[b.name].TimePerOutputToken), b.session.Load())
 	}
 	_ = tw.Flush()
 
@@ -351,6 +350,15 @@ func run(ctx context.Context, out io.Writer, cfg config) (outcome, error) {
 		fmt.Fprintf(out, "LoRA adapter on vllm-0 only, through %s: %d of %d calls failed (%d 404s met on the way)\n", c.name, failed, loraCalls, met-before)
 	}
 	return res, nil
+}
+
+// ewma prints a latency average, "-" when there is none yet (no streamed
+// answer from that backend), not a 0s that reads as fast.
+func ewma(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return d.Round(100 * time.Microsecond).String()
 }
 
 // newClient is the OpenAI client over rt, without retries of its own.
