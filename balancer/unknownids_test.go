@@ -124,3 +124,32 @@ func TestPollerTellsOfSamplesTooOldForTheBalancer(t *testing.T) {
 		})
 	}
 }
+
+// A Poller that outlives the Balancer it publishes into (closed first)
+// has every sample dropped: its OnError says the Sink is closed, not that
+// the targets are misnamed, which would send the reader after the wrong
+// mistake.
+func TestPollerTellsOfAClosedBalancer(t *testing.T) {
+	clock := testutil.NewClock()
+	b := balancer.New(balancer.Options{Clock: clock})
+	require.NoError(t, b.Update([]inferlb.Endpoint{{ID: "a", Addr: "10.0.0.5:8000"}}))
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		s := telemetry.Sample{}
+		s.Set(telemetry.Waiting, 3)
+		return []telemetry.Observation{{EndpointID: "a", Sample: s}}, nil
+	})
+	var errs []error
+	p, err := telemetry.NewPoller(src, b, telemetry.PollerOptions{Clock: clock, OnError: func(err error) { errs = append(errs, err) }})
+	require.NoError(t, err)
+	require.True(t, p.Poll(t.Context()))
+	require.Empty(t, errs, "known while open")
+
+	b.Close()
+	require.True(t, p.Poll(t.Context()))
+	require.Len(t, errs, 1)
+	var ue *telemetry.UnknownEndpointsError
+	require.ErrorAs(t, errs[0], &ue)
+	assert.True(t, ue.SinkClosed)
+	assert.Equal(t, "telemetry: 1 of 1 samples dropped: the Sink is closed; stop the Poller (end Run's context and wait for it to return) before closing the Balancer it publishes into", ue.Error())
+	assert.ErrorIs(t, errs[0], telemetry.ErrUnknownEndpoint)
+}

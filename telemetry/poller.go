@@ -456,6 +456,11 @@ func (p *Poller) reportUnknown(sink KnownSink, dropped, sent int, ids []string, 
 		return
 	}
 	e := &UnknownEndpointsError{Dropped: dropped, Published: sent, IDs: slices.Clone(ids), moreIDs: more}
+	if c, ok := sink.(interface{ Closed() bool }); ok && c.Closed() {
+		e.SinkClosed = true
+		p.opts.OnError(e)
+		return
+	}
 	if known := sink.KnownIDs(maxNamedIDs + 1); len(known) > maxNamedIDs {
 		e.Known, e.moreKnown = known[:maxNamedIDs], true
 	} else {

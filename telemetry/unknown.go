@@ -16,6 +16,11 @@ import (
 // (UnknownEndpointsError). A Sink that wraps a Balancer by embedding it (to
 // see what is published) is one too, and its own Publish is still the one
 // called.
+//
+// A KnownSink that also has a Closed() bool method reporting true (a
+// Balancer after Close) drops every sample; the Poller then says the Sink
+// is closed (UnknownEndpointsError.SinkClosed) instead of naming the IDs
+// as misnamed.
 type KnownSink interface {
 	Sink
 	// Known reports whether the Sink keeps samples for endpointID. A
@@ -55,6 +60,11 @@ type UnknownEndpointsError struct {
 	// Known are some IDs the Sink knows (at most 3; none when it knows
 	// none), as KnownIDs returned them.
 	Known []string
+	// SinkClosed is set when the Sink reports itself closed (a
+	// balancer.Balancer after Close, which knows no endpoint any more):
+	// the Poller outlived what it publishes into, and the IDs are not
+	// misnamed.
+	SinkClosed bool
 
 	moreIDs, moreKnown bool // there were more than IDs and Known name
 }
@@ -62,6 +72,10 @@ type UnknownEndpointsError struct {
 // Error names the unknown IDs, a few known ones, and the fix.
 func (e *UnknownEndpointsError) Error() string {
 	var b strings.Builder
+	if e.SinkClosed {
+		fmt.Fprintf(&b, "telemetry: %d of %d samples dropped: the Sink is closed; stop the Poller (end Run's context and wait for it to return) before closing the Balancer it publishes into", e.Dropped, e.Published)
+		return b.String()
+	}
 	fmt.Fprintf(&b, "telemetry: %d of %d samples dropped: the Sink knows no endpoint ", e.Dropped, e.Published)
 	quoteList(&b, e.IDs, e.moreIDs)
 	if len(e.Known) == 0 {
