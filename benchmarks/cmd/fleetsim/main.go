@@ -3,7 +3,7 @@
 //
 //	go run ./benchmarks/cmd/fleetsim -scenario shared-prefix [-quick] [-json] [-out DIR] [-seed N] [-clients N]
 //	                                 [-chat-rerender SHARE] [-scrape DURATION] [-estimate-error X] [-declared-output F]
-//	                                 [-policies NAME,NAME] [-extra NAME,NAME] [-parallel N]
+//	                                 [-policies NAME,NAME] [-extra NAME,NAME] [-parallel N] [-seeds N]
 //	go run ./benchmarks/cmd/fleetsim -list
 //
 // It prints a legend of the columns, then a table per scenario (the headline
@@ -36,7 +36,12 @@
 // its first seed's table, then one by model (model-failure,
 // model-failure-all), of adapter slots (lora-slots,
 // with one by request class for the first seed) or of context windows
-// (context-windows) with a row per policy and seed. Words after the flags are an error, not ignored.
+// (context-windows) with a row per policy and seed. -seeds N runs N seeds
+// from -seed on in every scenario (at most 50), and any run of more than
+// one seed prints, after the first seed's table, each policy's median and
+// range across the seeds at the headline load and in how many seeds it had
+// the lowest p90 TTFT: whether a gap is more than one seed's luck (on
+// stdout only; -out's files are as before). Words after the flags are an error, not ignored.
 // The same seed gives the same output, byte for byte.
 package main
 
@@ -94,6 +99,7 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		scrape = fs.Duration("scrape", 0, "telemetry scrape interval instead of the scenario's (1s), at least 10ms, e.g. 15s as a Prometheus-paced poller")
 		estErr = fs.Float64("estimate-error", 0, "spread the prompt tokens inferlb is told over [1-x, 1+x] times the truth, fixed per prompt text (0: exact)")
 		outFac = fs.Float64("declared-output", 0, "multiply the max_tokens inferlb is told by this (0: as the workload declares, the answer's length)")
+		seeds  = fs.Int("seeds", 0, "run this many seeds from -seed on and print each policy's median and range across them (0: the scenario's own, 1 for most)")
 		rerend = fs.Float64("chat-rerender", fleetsim.ChatRerender, "share of chat sessions whose client re-renders the history, so a follow-up misses the cached previous answer (0: every answer quoted token for token, as before the flag)")
 	)
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON array of results instead of tables")
@@ -142,6 +148,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 	}
 	if !(*outFac >= 0 && *outFac <= 1000) {
 		return fail("-declared-output %v: must be 0 (as declared) or a factor up to 1000", *outFac)
+	}
+	if *seeds < 0 || *seeds > maxSeeds {
+		return fail("-seeds %d: must be from 1 to %d (0: the scenario's own)", *seeds, maxSeeds)
 	}
 	if !(*rerend >= 0 && *rerend <= 1) {
 		return fail("-chat-rerender %v: must be a share from 0 to 1", *rerend)
@@ -207,6 +216,9 @@ func parse(args []string, stderr io.Writer) (config, error) {
 		}
 		if *scrape > 0 {
 			sc.Scrape = *scrape
+		}
+		if *seeds > 0 {
+			sc.Seeds = *seeds
 		}
 		sc.Estimate = fleetsim.Estimate{PromptError: *estErr, OutputFactor: *outFac}
 		if flagSet(fs, "chat-rerender") {
@@ -369,6 +381,7 @@ func printScenario(w io.Writer, sc *fleetsim.Scenario, all []fleetsim.Result) {
 		fmt.Fprintf(w, "\noffered load %g %s, %d client(s), seed %d\n", sc.Headline, sc.RateUnit, c, head[0].Seed)
 		writeTable(w, head)
 	}
+	writeSpread(w, sc, all)
 	if rows := byModelRows(sc, all); rows != nil {
 		fmt.Fprintf(w, "\nby model at %g %s (%s)\n", sc.Headline, sc.RateUnit, byModelNote(sc, all))
 		writeAligned(w, rows)
@@ -549,7 +562,7 @@ const legend = `columns, over the calls arriving in the measured window (better:
   GPU busy: the replicas' mean share of the window spent in engine steps
   max/mean: calls the busiest replica accepted over the mean (1.00: spread evenly)
   failed: calls whose caller got an error after any retry
-each table is of one seed (-seed, default 1): rerun with -seed 2 and -seed 3 before reading a gap of a few percent
+each table is of one seed (-seed, default 1): run -seeds 3 (medians and ranges across seeds) before reading a gap of a few percent
 `
 
 var header = []string{"policy", "tok/s", "TTFT p50", "p90", "p99", "ITL p50", "p99", "E2E p50", "p99", "cache hit", "GPU busy", "max/mean", "failed"}

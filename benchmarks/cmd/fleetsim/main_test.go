@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,6 +90,8 @@ func TestFlagValuesTheCommandCannotHonourAreErrors(t *testing.T) {
 		{[]string{"-scrape", "1ns"}, "-scrape 1ns: must be at least 10ms"},
 		{[]string{"-scrape", "9ms"}, "-scrape 9ms: must be at least 10ms"},
 		{[]string{"-scrape", "-1s"}, "-scrape -1s: must be at least 10ms"},
+		{[]string{"-seeds", "-1"}, "-seeds -1: must be from 1 to 50"},
+		{[]string{"-seeds", "51"}, "-seeds 51: must be from 1 to 50"},
 	} {
 		var stderr bytes.Buffer
 		_, err := parse(tc.args, &stderr)
@@ -153,6 +156,7 @@ func TestSeedsAndTheTableByModel(t *testing.T) {
 	assert.Contains(t, md.String(), "seed 5\n", "the first seed's table")
 	assert.NotContains(t, md.String(), "seed 6\n")
 	assert.Contains(t, md.String(), "seeds 5-8")
+	assert.Contains(t, md.String(), "across 4 seeds (5-8) at ", "the spread across the seeds")
 
 	all := fleetsim.ModelFailureEverywhereScenario()
 	assert.NotContains(t, byModelRows(all, res)[0], "healthy on r0+r3", "it fails on every replica")
@@ -321,4 +325,43 @@ func TestListAlignsTheDescriptions(t *testing.T) {
 		}
 		assert.Equal(t, col, at, "%s: description at column %d", sc.Name, at)
 	}
+}
+
+// -seeds sets every scenario's seeds, and a run of more than one prints
+// each policy's median and range across them at the headline load, with
+// how often it had the lowest p90 TTFT (the oracle aside); a single seed
+// prints no such table.
+func TestSeedsPrintTheSpreadAcrossThem(t *testing.T) {
+	c, err := parse([]string{"-scenario", "shared-prefix", "-seeds", "3"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 3, c.scenarios[0].Seeds)
+
+	sc := &fleetsim.Scenario{Headline: 10, RateUnit: "req/s", Policies: []fleetsim.Policy{{Name: "a"}, {Name: "b"}, {Name: "oracle"}}}
+	var res []fleetsim.Result
+	add := func(policy string, seed uint64, p90, tok float64) {
+		res = append(res, fleetsim.Result{Policy: policy, Clients: 1, Seed: seed, Rate: 10, Completed: 1, TTFTP50: p90 / 2, TTFTP90: p90, TTFTP99: 2 * p90, Throughput: tok, CacheHit: 0.5})
+	}
+	add("a", 4, 0.2, 100)
+	add("b", 4, 0.3, 90)
+	add("oracle", 4, 0.1, 120)
+	add("a", 5, 0.4, 130)
+	add("b", 5, 0.1, 80)
+	add("oracle", 5, 0.05, 120)
+	add("a", 6, 0.3, 110)
+	add("b", 6, 0.5, 70)
+	add("oracle", 6, 0.05, 120)
+	res = append(res, fleetsim.Result{Policy: "a", Clients: 1, Seed: 7, Rate: 5, Completed: 1, TTFTP90: 9}) // not the headline load
+	var out bytes.Buffer
+	writeSpread(&out, sc, res)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 5, out.String())
+	assert.Equal(t, "across 3 seeds (4-6) at 10 req/s, 1 client(s): median [least..most]", lines[0])
+	assert.Equal(t, []string{"a", "110", "[100..130]", "0.150s", "[0.100s..0.200s]", "0.300s", "[0.200s..0.400s]", "0.600s", "[0.400s..0.800s]", "50.0%", "[50.0%..50.0%]", "0", "[0..0]", "2", "of", "3"}, strings.Fields(lines[2]))
+	assert.Equal(t, []string{"2", "of", "3"}, strings.Fields(lines[2])[13:])
+	assert.Equal(t, []string{"1", "of", "3"}, strings.Fields(lines[3])[13:])
+	assert.Equal(t, []string{"0", "of", "3"}, strings.Fields(lines[4])[13:], "the oracle never counts as best")
+
+	var one bytes.Buffer
+	writeSpread(&one, sc, res[:3])
+	assert.Empty(t, one.String(), "one seed: no spread")
 }
