@@ -232,8 +232,9 @@ func reliability(cost, penalty, rate float64) float64 {
 // hyperbola, not a line, is the point: near a full GPU the next request evicts
 // KV cache or preempts others, so the cost of filling the last percent is far
 // higher than that of the percent before. A Scorer of your own that calls it
-// should hold its knee to [0, 1) and its steepness to 0 or more, as
-// LLM.Validate does: with a negative steepness a fuller endpoint costs less.
+// should hold its knee to [0, 1) and its steepness to 0 or more (LLM.Validate
+// also takes a knee of 1, for which LLM leaves the curve out): with a
+// negative steepness a fuller endpoint costs less.
 func Pressure(u, knee, steepness float64) float64 {
 	if !(u > knee) { // also false for NaN
 		return 1
