@@ -603,3 +603,82 @@ scrape_configs:
 		assert.LessOrEqual(t, len(times), served[f], "%v: %d distinct scrape times over %d polls, but only %d scrapes were there to read", f, len(times), polls, served[f])
 	}
 }
+
+// A Prometheus server scrapes less often than the Sink's readers accept
+// (here every 2 s, against a max age of 100 ms): readings read through
+// promapi carry their scrape's time, so they arrive too old to be used. The
+// Poller must say so through OnError (a StaleSamplesError), and count them
+// as the Store counts them, not leave only a counter climbing.
+func TestRealPrometheusStaleReadingsReported(t *testing.T) {
+	bin := prometheusBinary(t)
+	var server scrapeLog
+	instance := server.exporter(t, exporters["vllm-v1"])
+	prom := startPrometheus(t, bin, fmt.Sprintf(`global:
+  scrape_interval: 2s
+scrape_configs:
+  - job_name: vllm
+    static_configs:
+      - targets: [%q]
+`, instance))
+
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	src := &promapi.Source{URL: "http://" + prom.addr, Client: &http.Client{Transport: tr}}
+
+	const maxAge = 100 * time.Millisecond
+	// Prometheus is an external process: poll its API, within a deadline,
+	// until a scrape is visible and already more than three max ages old
+	// (a new scrape, every 2 s, makes the reading fresh again: wait for it
+	// to age, and try again if a scrape lands between the check and the
+	// round).
+	deadline := time.After(60 * time.Second)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for attempt := 0; ; attempt++ {
+		select {
+		case err := <-prom.exited:
+			prom.exited <- err
+			t.Fatalf("prometheus exited early: %v\n%s", err, prom.logs.String())
+		case <-deadline:
+			t.Fatalf("no round reported stale readings within 60s (%d attempts)\nprometheus log:\n%s", attempt, prom.logs.String())
+		case <-tick.C:
+		}
+		obs, err := src.Collect(t.Context())
+		if err != nil || len(obs) != 1 || time.Since(obs[0].Sample.Time) < 3*maxAge {
+			continue
+		}
+
+		var store telemetry.Store
+		store.ReadWithin(maxAge)
+		var reported []error
+		p, err := telemetry.NewPoller(src, &store, telemetry.PollerOptions{
+			Timeout: 5 * time.Second,
+			// Called from Poll, on this goroutine.
+			OnError: func(err error) { reported = append(reported, err) },
+		})
+		require.NoError(t, err)
+		require.True(t, p.Poll(t.Context()))
+		st := p.Stats()
+		if st.Stale == 0 {
+			t.Logf("attempt %d: a fresh scrape landed before the round; again", attempt)
+			continue
+		}
+		require.Len(t, reported, 1, "one report: %v", reported)
+		require.ErrorIs(t, reported[0], telemetry.ErrStaleSamples)
+		var se *telemetry.StaleSamplesError
+		require.ErrorAs(t, reported[0], &se)
+		assert.Equal(t, 1, se.Stale)
+		assert.Equal(t, 1, se.Published)
+		assert.Equal(t, maxAge, se.MaxAge)
+		assert.Greater(t, se.Oldest, maxAge)
+		assert.Less(t, se.Oldest, time.Minute, "a scrape's age, not the epoch's")
+		assert.Equal(t, uint64(1), st.Stale)
+		assert.Equal(t, uint64(1), st.Published)
+		// The Store counts it as the Poller does: merged, but read by none.
+		ss := store.Stats()
+		assert.Equal(t, st.Stale, ss.ArrivedStale)
+		assert.Zero(t, ss.Accepted)
+		t.Logf("reported: %v", reported[0])
+		return
+	}
+}
