@@ -404,7 +404,10 @@ func (p *Poller) Poll(ctx context.Context) bool {
 		// Sink that embeds a Balancer to wrap its Publish would have its
 		// own Publish passed over.
 		if known == nil || known.Known(o.EndpointID) {
-			if maxAge > 0 {
+			// A sample without a usable time (the Unix epoch a Source
+			// wrote for a missing timestamp) is dropped by the Store as
+			// such (DroppedEmpty), not kept stale: not counted here.
+			if maxAge > 0 && o.Sample.usable() {
 				if end.IsZero() {
 					end = p.opts.Clock.Now()
 				}

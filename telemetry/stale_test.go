@@ -131,3 +131,29 @@ func TestStoreTelemetryMaxAge(t *testing.T) {
 	st.ReadWithin(20 * time.Second)
 	assert.Equal(t, time.Minute, st.TelemetryMaxAge())
 }
+
+// A Source that stamps a missing timestamp as the Unix epoch (time.Unix(0,
+// 0), not the zero Time) hands over samples the Store drops as without a
+// usable time (DroppedEmpty). They are not stale readings: reporting them
+// so, 56 years old, with "raise TelemetryMaxAge" as the fix, sends the
+// operator the wrong way, and PollerStats.Stale would disagree with the
+// Store's ArrivedStale.
+func TestPollerDoesNotCountUnusableTimesAsStale(t *testing.T) {
+	clock := testutil.NewClock()
+	st := &telemetry.Store{Clock: clock}
+	st.ReadWithin(30 * time.Second)
+	src := telemetry.SourceFunc(func(context.Context) ([]telemetry.Observation, error) {
+		return []telemetry.Observation{
+			{EndpointID: "a", Sample: sample(time.Unix(0, 0), float64(telemetry.Waiting), 1)},
+			{EndpointID: "b", Sample: sample(clock.Now().Add(-time.Second), float64(telemetry.Waiting), 1)},
+		}, nil
+	})
+	var errs []error
+	p, err := telemetry.NewPoller(src, st, telemetry.PollerOptions{Clock: clock, OnError: func(err error) { errs = append(errs, err) }})
+	require.NoError(t, err)
+	require.True(t, p.Poll(t.Context()))
+	assert.Empty(t, errs)
+	assert.Zero(t, p.Stats().Stale)
+	assert.Equal(t, p.Stats().Stale, st.Stats().ArrivedStale, "the Poller and the Store agree")
+	assert.EqualValues(t, 1, st.Stats().DroppedEmpty)
+}
