@@ -63,7 +63,7 @@ func (e *StaleSamplesError) Error() string {
 	if e.Since > uint64(e.Stale) {
 		s += fmt.Sprintf(" (%d stale since the last report)", e.Since)
 	}
-	return s + "; these endpoints are scored without them: raise TelemetryMaxAge above the Source's scrape interval or have it scrape more often"
+	return s + "; the endpoints they describe are scored without them: raise TelemetryMaxAge above the Source's scrape interval plus a round's duration, or have it scrape more often"
 }
 
 // Is reports whether target is ErrStaleSamples.

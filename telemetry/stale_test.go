@@ -47,7 +47,7 @@ func TestPollerReportsStaleSamples(t *testing.T) {
 	require.ErrorAs(t, errs[0], &se)
 	assert.ErrorIs(t, errs[0], telemetry.ErrStaleSamples)
 	assert.Equal(t, telemetry.StaleSamplesError{Stale: 2, Published: 3, Oldest: 50 * time.Second, MaxAge: 30 * time.Second, Since: 2}, *se)
-	assert.Equal(t, "telemetry: 2 of 3 samples arrived stale: the oldest was observed 50s before it was published, and the Sink ignores readings older than 30s; these endpoints are scored without them: raise TelemetryMaxAge above the Source's scrape interval or have it scrape more often", se.Error())
+	assert.Equal(t, "telemetry: 2 of 3 samples arrived stale: the oldest was observed 50s before it was published, and the Sink ignores readings older than 30s; the endpoints they describe are scored without them: raise TelemetryMaxAge above the Source's scrape interval plus a round's duration, or have it scrape more often", se.Error())
 	assert.EqualValues(t, 2, p.Stats().Stale)
 	assert.EqualValues(t, 2, st.Stats().ArrivedStale, "the Poller and the Store agree")
 
