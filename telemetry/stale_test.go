@@ -157,3 +157,34 @@ func TestPollerDoesNotCountUnusableTimesAsStale(t *testing.T) {
 	assert.Equal(t, p.Stats().Stale, st.Stats().ArrivedStale, "the Poller and the Store agree")
 	assert.EqualValues(t, 1, st.Stats().DroppedEmpty)
 }
+
+// A wall clock stepped back (an NTP correction) must not hold the next
+// report back until the clock has caught up with the last one's time plus
+// 10 minutes: the round after the step reports, and the 10 minutes run
+// from there.
+func TestPollerStaleReportAfterClockSteppedBack(t *testing.T) {
+	clock := testutil.NewClock()
+	st := &telemetry.Store{Clock: clock}
+	st.ReadWithin(30 * time.Second)
+	var errs []error
+	p, err := telemetry.NewPoller(stamped(clock, map[string]time.Duration{"a": time.Minute}), st, telemetry.PollerOptions{Clock: clock, OnError: func(err error) { errs = append(errs, err) }})
+	require.NoError(t, err)
+	require.True(t, p.Poll(t.Context()))
+	require.Len(t, errs, 1)
+
+	clock.Advance(-time.Hour)
+	require.True(t, p.Poll(t.Context()))
+	require.Len(t, errs, 2, "reported after the step back")
+	var se *telemetry.StaleSamplesError
+	require.ErrorAs(t, errs[1], &se)
+	assert.EqualValues(t, 1, se.Since)
+
+	clock.Advance(time.Minute)
+	require.True(t, p.Poll(t.Context()))
+	assert.Len(t, errs, 2, "then at most once every 10 minutes again")
+	clock.Advance(9 * time.Minute)
+	require.True(t, p.Poll(t.Context()))
+	require.Len(t, errs, 3)
+	require.ErrorAs(t, errs[2], &se)
+	assert.EqualValues(t, 2, se.Since)
+}
