@@ -143,8 +143,12 @@ type PollerStats struct {
 	Early uint64
 	// Stale counts the samples of Published that were already older than
 	// the Sink's TelemetryMaxAge as they were published (an AgingSink,
-	// such as a balancer.Balancer; see StaleSamplesError): kept, but read
-	// by no one. Always 0 for a Sink that is not an AgingSink.
+	// such as a balancer.Balancer; see StaleSamplesError): no reader uses
+	// them. The Poller judges by the sample's time, not by what the Sink
+	// did with it, so one the Sink dropped for holding a newer reading of
+	// its fields (StoreStats.DroppedOld: a load header's beside a
+	// Prometheus scrape's) counts here too, and can leave this above the
+	// Store's ArrivedStale. Always 0 for a Sink that is not an AgingSink.
 	Stale uint64
 	// ConsecutiveFailures is the current run of failed rounds (0 after a success).
 	ConsecutiveFailures uint64
