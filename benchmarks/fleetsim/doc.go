@@ -166,8 +166,8 @@
 // calls, which the command prints for such a scenario. Before b1b8db7 the
 // Balancer compared such a pair on those two counts: without affinity the
 // clients sent r7 1.2-1.5 times its share, and at 40 req/s the p99 TTFT was
-// 30.6s (0.89s since); it now compares the pair on this client's calls
-// alone.
+// 30.6s (0.89s just after b1b8db7, 0.94s in today's table); it now
+// compares the pair on this client's calls alone.
 // A replica's engine may hang (Hang) behind a live API server: it accepts
 // calls and answers none (a stream gets its headers, no token), and its
 // scrape keeps answering with the gauges frozen at the hang; a Crash and
