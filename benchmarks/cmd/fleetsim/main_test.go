@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/csv"
 	"fmt"
 	"io"
 	"os"
@@ -364,4 +365,26 @@ func TestSeedsPrintTheSpreadAcrossThem(t *testing.T) {
 	var one bytes.Buffer
 	writeSpread(&one, sc, res[:3])
 	assert.Empty(t, one.String(), "one seed: no spread")
+}
+
+// The CSV carries what the text tables show of the failed calls: attempts
+// refused as over the context window or answered 401, and calls their
+// callers gave up on, by column name.
+func TestCSVCarriesTheFailedCallsBreakdown(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.csv")
+	require.NoError(t, writeCSV(path, []fleetsim.Result{{Scenario: "x", Policy: "p", Failed: 9, TooLong: 2, Unauthorized: 3, Abandoned: 4}}))
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	got := map[string]string{}
+	for i, h := range rows[0] {
+		got[h] = rows[1][i]
+	}
+	assert.Equal(t, "9", got["failed"])
+	assert.Equal(t, "2", got["too_long"])
+	assert.Equal(t, "3", got["unauthorized"])
+	assert.Equal(t, "4", got["abandoned"])
 }

@@ -34,7 +34,8 @@ func writeCSV(path string, res []fleetsim.Result) error {
 		"e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "cache_hit_rate", "gpu_busy", "max_mean_load", "preemptions", "not_served",
 		"healthy_requests", "healthy_failed", "healthy_throughput_tok_s", "healthy_ttft_p99_s",
 		"broken_requests", "broken_failed", "broken_throughput_tok_s",
-		"trips", "ejections", "capped", "endpoint_failures", "model_failures", "model_failing_events"}
+		"trips", "ejections", "capped", "endpoint_failures", "model_failures", "model_failing_events",
+		"too_long", "unauthorized", "abandoned"}
 	if lora {
 		hdr = append(hdr, "adapter_calls", "slot_waited", "slot_wait_mean_s", "slot_wait_p99_s", "slot_wait_total_s", "adapter_loads")
 	}
@@ -59,6 +60,9 @@ func writeCSV(path string, res []fleetsim.Result) error {
 		} else {
 			row = append(row, "", "", "", "", "", "")
 		}
+		// What the text tables show of the failed calls: attempts refused
+		// as over the context window or answered 401, calls given up on.
+		row = append(row, strconv.Itoa(r.TooLong), strconv.Itoa(r.Unauthorized), strconv.Itoa(r.Abandoned))
 		if l := r.LoRA; lora && l != nil {
 			loads := make([]string, len(l.Loads))
 			for i, n := range l.Loads {
