@@ -71,11 +71,10 @@ type UnknownEndpointsError struct {
 
 // Error names the unknown IDs, a few known ones, and the fix.
 func (e *UnknownEndpointsError) Error() string {
-	var b strings.Builder
 	if e.SinkClosed {
-		fmt.Fprintf(&b, "telemetry: %d of %d samples dropped: the Sink is closed; stop the Poller (end Run's context and wait for it to return) before closing the Balancer it publishes into", e.Dropped, e.Published)
-		return b.String()
+		return fmt.Sprintf("telemetry: %d of %d samples dropped: the Sink is closed; stop the Poller (end Run's context and wait for it to return) before closing the Balancer it publishes into", e.Dropped, e.Published)
 	}
+	var b strings.Builder
 	fmt.Fprintf(&b, "telemetry: %d of %d samples dropped: the Sink knows no endpoint ", e.Dropped, e.Published)
 	quoteList(&b, e.IDs, e.moreIDs)
 	if len(e.Known) == 0 {
